@@ -1,0 +1,159 @@
+# protrain — top-level build.
+#   make          plugin, cuda backend (when nvcc exists), sample_host, tests
+#   make test     build and run every test suite (cmocka), non-zero on failure
+#   make run      the main job: train the default model with the plugin
+#   make bench    benchmarks
+#   make asan / make tsan   sanitizer builds running the same tests
+#   make deps     install the Debian packages (root) or print the apt-get line
+#
+# Sources are picked up by wildcard so a new file needs no Makefile edit:
+#   plugin/*.c runtime/*.c gpu/*.c gpu/host/*.c -> build/protrain_plugin.so (+ libprotrain_core.a)
+#   gpu/cuda/*.cu gpu/cuda/*.c                  -> build/libprotrain_cuda.so
+#   sample_host/*.c (main.c separately)         -> build/sample_host
+#   tests/unit/test_*.c tests/integ/test_*.c     -> build/tests/test_*   (cmocka)
+#   tests/plugins/*.c                            -> build/tests/plugins/*.so
+#   tests/bench/bench_*.c                        -> build/bench/bench_*
+
+BUILD ?= build
+CC ?= gcc
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+SAN ?=
+OPT ?= -O2
+
+DEB_PKGS := libinih-dev libcmocka-dev libopenblas-dev liblapacke-dev libopenmpi-dev openmpi-bin pkg-config
+
+WARN := -Wall -Wextra -Werror
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -fno-math-errno -pthread $(WARN) \
+               -Ihost_api -Igpu -Iruntime -Iplugin -Isample_host -I/usr/include/x86_64-linux-gnu
+ifeq ($(SAN),tsan)
+  # libgomp is not tsan-instrumented: build the OpenMP loops serial under tsan.
+  OMPFLAGS :=
+  SANFLAGS := -fsanitize=thread -Wno-unknown-pragmas
+else ifeq ($(SAN),asan)
+  OMPFLAGS := -fopenmp
+  SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+else
+  OMPFLAGS := -fopenmp
+  SANFLAGS :=
+endif
+CFLAGS := $(CFLAGS_BASE) $(SANFLAGS) $(EXTRA_CFLAGS)
+LDFLAGS := $(SANFLAGS) -pthread
+LIBS := -linih -lopenblas -llapacke -lm -ldl
+
+CORE_SRCS := $(wildcard plugin/*.c runtime/*.c gpu/*.c gpu/host/*.c)
+CORE_OBJS := $(CORE_SRCS:%.c=$(BUILD)/obj/%.o)
+LOADER_OBJ := $(BUILD)/obj/host_api/loader.o
+SH_SRCS := $(filter-out sample_host/main.c,$(wildcard sample_host/*.c))
+SH_OBJS := $(SH_SRCS:%.c=$(BUILD)/obj/%.o)
+TEST_SRCS := $(wildcard tests/unit/test_*.c tests/integ/test_*.c)
+TEST_BINS := $(addprefix $(BUILD)/tests/,$(notdir $(TEST_SRCS:.c=)))
+TPLUG_SRCS := $(wildcard tests/plugins/*.c)
+TPLUG_SOS := $(addprefix $(BUILD)/tests/plugins/,$(notdir $(TPLUG_SRCS:.c=.so)))
+BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
+BENCH_BINS := $(addprefix $(BUILD)/bench/,$(notdir $(BENCH_SRCS:.c=)))
+CUDA_SRCS := $(wildcard gpu/cuda/*.cu)
+CUDA_CSRCS := $(wildcard gpu/cuda/*.c)
+
+PLUGIN := $(BUILD)/protrain_plugin.so
+CORE_LIB := $(BUILD)/libprotrain_core.a
+CUDA_LIB := $(BUILD)/libprotrain_cuda.so
+SAMPLE := $(BUILD)/sample_host
+
+ifneq ($(NVCC),)
+  CUDA_TARGET := $(CUDA_LIB)
+else
+  CUDA_TARGET := cuda-notice
+endif
+
+.PHONY: all test run bench asan tsan deps check-deps clean cuda-notice
+all: check-deps $(PLUGIN) $(CUDA_TARGET) $(SAMPLE) $(TEST_BINS) $(TPLUG_SOS) $(BENCH_BINS)
+
+# ---- dependencies ----
+deps:
+	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then echo "deps: all packages present"; \
+	elif [ "$$(id -u)" = 0 ]; then echo "deps: installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else echo "deps: missing packages; run as root:"; echo "  apt-get install -y$$missing"; exit 1; fi
+
+check-deps:
+	@for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || { $(MAKE) --no-print-directory deps || exit 1; break; }; done
+
+# ---- objects ----
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fvisibility=hidden -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/sample_host/%.o: sample_host/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(OMPFLAGS) -MMD -MP -c $< -o $@
+
+# ---- plugin ----
+$(CORE_LIB): $(CORE_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(PLUGIN): $(CORE_OBJS) plugin/exports.map
+	$(CC) -shared -o $@ $(CORE_OBJS) -Wl,--version-script=plugin/exports.map -Wl,-z,defs $(LDFLAGS) $(LIBS)
+
+# ---- cuda backend (separate .so, dlopened by the plugin) ----
+CUDA_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+CUDA_OBJS := $(CUDA_SRCS:%.cu=$(BUILD)/obj/%.cu.o) $(CUDA_CSRCS:%.c=$(BUILD)/obj/%.o)
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror \
+	  -Ihost_api -Igpu -Iruntime -c $< -o $@
+$(CUDA_LIB): $(CUDA_OBJS)
+	$(NVCC) -shared $(CUDA_ARCH) -o $@ $(CUDA_OBJS) -Xlinker --version-script=gpu/cuda/exports.map \
+	  -lcudart -lcublas
+cuda-notice:
+	@echo "notice: nvcc not found; skipping $(CUDA_LIB) (the plugin runs on the host backend)"
+
+# ---- sample host ----
+$(BUILD)/libsample.a: $(SH_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+$(SAMPLE): $(BUILD)/obj/sample_host/main.o $(BUILD)/libsample.a $(LOADER_OBJ)
+	$(CC) -o $@ $^ $(OMPFLAGS) $(LDFLAGS) -linih -lopenblas -lm -ldl
+
+# ---- tests ----
+TEST_LIBS := $(BUILD)/libsample.a $(CORE_LIB) $(LOADER_OBJ)
+$(BUILD)/tests/%: tests/unit/%.c $(TEST_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(OMPFLAGS) -Itests -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) -lcmocka $(LIBS)
+$(BUILD)/tests/%: tests/integ/%.c $(TEST_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(OMPFLAGS) -Itests -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) -lcmocka $(LIBS)
+$(BUILD)/tests/plugins/%.so: tests/plugins/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -shared -o $@ $< $(LDFLAGS)
+$(BUILD)/bench/%: tests/bench/%.c $(TEST_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(OMPFLAGS) -Itests -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) $(LIBS)
+
+# Tests find built artefacts through these variables.
+TEST_ENV := PT_BUILD=$(abspath $(BUILD)) PT_ROOT=$(CURDIR) OMP_NUM_THREADS=2 \
+            CMOCKA_MESSAGE_OUTPUT=stdout
+test: all
+	@fail=0; for t in $(TEST_BINS); do \
+	  echo "=== $$t"; \
+	  $(TEST_ENV) $$t || { echo "FAILED: $$t"; fail=1; }; \
+	done; \
+	for s in $(wildcard tests/*.sh); do echo "=== $$s"; $(TEST_ENV) bash $$s || { echo "FAILED: $$s"; fail=1; }; done; \
+	if [ $$fail = 0 ]; then echo "ALL TESTS PASSED ($(BUILD))"; else echo "SOME TESTS FAILED ($(BUILD))"; exit 1; fi
+
+run: check-deps $(PLUGIN) $(SAMPLE)
+	$(SAMPLE) --config conf/default.ini --plugin $(abspath $(PLUGIN))
+
+bench: all
+	@for b in $(BENCH_BINS); do echo "=== $$b"; PT_BUILD=$(abspath $(BUILD)) PT_ROOT=$(CURDIR) $$b || exit 1; done
+
+asan:
+	$(MAKE) test BUILD=build-asan SAN=asan OPT=-O1 CUDA_TARGET=
+tsan:
+	$(MAKE) test BUILD=build-tsan SAN=tsan OPT=-O1 CUDA_TARGET=
+
+clean:
+	rm -rf build build-asan build-tsan
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,158 @@
+/*
+ * gpu.h — the one device interface runtime/ and plugin/ use. Never includes
+ * CUDA, NCCL or MPI headers.
+ *
+ * Two layers:
+ *  - pt_gpu_backend: a vtable of raw operations implemented by a backend
+ *    (gpu/host/: the simulated device; gpu/cuda/: libprotrain_cuda.so, dlopened).
+ *  - pt_gpu: the device object runtime code holds. Its pt_gpu_* functions add what
+ *    every backend shares: capacity enforcement, exact accounting (current/peak,
+ *    per tag), error strings naming bytes needed vs available.
+ *
+ * Streams and events have CUDA semantics: work on one stream runs in FIFO order;
+ * event_record captures the work queued so far on a stream; stream_wait_event
+ * makes later work on a stream wait for it; event_sync blocks the caller.
+ * Pointers returned by dev_alloc are device addresses. On the host backend they
+ * are ordinary addressable memory (which is what lets the C sample host compute
+ * on them); on cuda they are not.
+ */
+#ifndef PT_GPU_H
+#define PT_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct pt_stream pt_stream;   /* opaque, backend-defined */
+typedef struct pt_event pt_event;     /* opaque, backend-defined */
+
+/* Accounting tags: fixed set so peak breakdowns are cheap. */
+typedef enum pt_mem_tag {
+    PT_TAG_PARAM = 0,     /* persistent params (compute dtype) */
+    PT_TAG_GRAD = 1,      /* persistent grads */
+    PT_TAG_OPTIM = 2,     /* device optimizer state (fp32 master, m, v) */
+    PT_TAG_BUFFER = 3,    /* chunk buffer pool slots */
+    PT_TAG_ACT = 4,       /* activation arenas */
+    PT_TAG_SCRATCH = 5,   /* host scratch / workspace */
+    PT_TAG_HOSTUSE = 6,   /* other host allocations via dev_alloc (inputs, logits) */
+    PT_TAG_OTHER = 7,     /* plugin internals */
+    PT_TAG_COUNT = 8
+} pt_mem_tag;
+
+const char *pt_mem_tag_name(int tag);
+int pt_mem_tag_parse(const char *s); /* free text -> tag (unknown -> PT_TAG_HOSTUSE) */
+
+typedef enum pt_gpu_copy { PT_GPU_H2D = 0, PT_GPU_D2H = 1, PT_GPU_D2D = 2, PT_GPU_H2H = 3 } pt_gpu_copy;
+
+/* Configuration a backend is opened with (from the INI [memory] / [host_backend]). */
+typedef struct pt_gpu_config {
+    int device_index;
+    uint64_t capacity;          /* device bytes; 0 = backend's total (cuda) or 1 GiB (host) */
+    uint64_t pinned_budget;     /* pinned host bytes; 0 = unlimited */
+    double copy_bandwidth;      /* host backend: bytes/s per copy stream, 0 = unthrottled */
+    int poison;                 /* host backend: poison freed device memory with NaN */
+    int fail_alloc_at;          /* host backend: fail the Nth device alloc (1-based), 0 = never */
+} pt_gpu_config;
+
+/* fp32 AdamW over a flat range; the element body is pt_adamw_elem (gpu/kernels_hd.h). */
+typedef struct pt_adamw_args {
+    float *param;               /* [n] fp32 master (or the param itself for fp32 params) */
+    const float *grad;          /* [n] */
+    float *m, *v;               /* [n] moments */
+    void *param_out;            /* [n] compute-dtype copy to write, or NULL */
+    int out_dtype;              /* pt_dtype of param_out */
+    size_t n;
+    float lr, beta1, beta2, eps, weight_decay;
+    float bc1;                  /* 1 - beta1^t */
+    float bc2_rsqrt;            /* 1 / sqrt(1 - beta2^t) */
+    float grad_scale;           /* multiply grads by this first (clipping, averaging) */
+} pt_adamw_args;
+
+typedef struct pt_gpu_backend {
+    const char *name;           /* "host" / "cuda" */
+    /* Open/close. impl receives backend state. err gets one sentence on failure. */
+    int (*open)(const pt_gpu_config *cfg, void **impl, char *err, size_t errlen);
+    void (*close)(void *impl);
+    void (*device_name)(void *impl, char *buf, size_t len);
+    uint64_t (*total_memory)(void *impl);     /* physical/simulated device bytes */
+
+    int (*dev_alloc)(void *impl, size_t bytes, void **p);   /* 0 or PT_ERR_OOM */
+    void (*dev_free)(void *impl, void *p, size_t bytes);
+    int (*host_alloc)(void *impl, size_t bytes, void **p);  /* pinned */
+    void (*host_free)(void *impl, void *p, size_t bytes);
+
+    int (*stream_create)(void *impl, pt_stream **s);
+    void (*stream_destroy)(void *impl, pt_stream *s);
+    int (*stream_sync)(void *impl, pt_stream *s);
+    int (*event_create)(void *impl, pt_event **e);
+    void (*event_destroy)(void *impl, pt_event *e);
+    int (*event_record)(void *impl, pt_event *e, pt_stream *s);
+    int (*stream_wait_event)(void *impl, pt_stream *s, pt_event *e);
+    int (*event_sync)(void *impl, pt_event *e);
+    int (*event_query)(void *impl, pt_event *e);             /* 1 done, 0 pending */
+    int (*event_elapsed_ms)(void *impl, pt_event *a, pt_event *b, float *ms);
+
+    int (*memset_async)(void *impl, void *p, int value, size_t bytes, pt_stream *s);
+    int (*memcpy_async)(void *impl, void *dst, const void *src, size_t bytes, int kind,
+                        pt_stream *s);
+    /* Run fn(arg) on the host once all earlier work on s is done (cudaLaunchHostFunc). */
+    int (*host_fn)(void *impl, pt_stream *s, void (*fn)(void *), void *arg);
+
+    /* Kernels (device-side math). */
+    int (*adamw)(void *impl, const pt_adamw_args *a, pt_stream *s);
+    /* *out (device float) += sum(x[i]^2 * scale^2) over n fp32/bf16/f16 elements. */
+    int (*sqnorm)(void *impl, const void *x, int dtype, size_t n, float *out, pt_stream *s);
+    /* x[i] *= alpha, fp32. */
+    int (*scale)(void *impl, float *x, float alpha, size_t n, pt_stream *s);
+    /* dst[i] = convert(src[i]) between dtypes (fp32 <-> bf16/f16); dst += src when acc. */
+    int (*convert)(void *impl, void *dst, int dst_dtype, const void *src, int src_dtype,
+                   size_t n, int accumulate, pt_stream *s);
+} pt_gpu_backend;
+
+/* The host backend is always linked in. */
+extern const pt_gpu_backend pt_gpu_backend_host;
+
+/* Symbol the cuda backend library exports (resolved with dlsym). */
+#define PT_CUDA_BACKEND_SYMBOL "pt_gpu_backend_cuda"
+#define PT_CUDA_BACKEND_LIB "libprotrain_cuda.so"
+
+typedef struct pt_gpu pt_gpu;
+
+/*
+ * Open a device. kind: "host", "cuda" or "auto" (cuda when the library loads and
+ * reports a device, else host). The cuda library is looked up beside the plugin
+ * .so, then on the loader path. Returns 0, or a pt_status with err filled.
+ */
+int pt_gpu_open(const char *kind, const pt_gpu_config *cfg, pt_gpu **out, char *err,
+                size_t errlen);
+void pt_gpu_close(pt_gpu *g);   /* reports (to err log) any allocation not freed */
+const char *pt_gpu_backend_name(const pt_gpu *g);
+void pt_gpu_device_name(const pt_gpu *g, char *buf, size_t len);
+
+/* Device memory with accounting. Fails (PT_ERR_OOM) with err naming bytes needed,
+ * available and capacity, and changes nothing. */
+int pt_gpu_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t errlen);
+void pt_gpu_free(pt_gpu *g, void *p);
+size_t pt_gpu_alloc_size(const pt_gpu *g, const void *p);   /* 0 if not ours */
+int pt_gpu_pinned_alloc(pt_gpu *g, size_t bytes, void **p, char *err, size_t errlen);
+void pt_gpu_pinned_free(pt_gpu *g, void *p);
+
+typedef struct pt_gpu_usage {
+    uint64_t capacity;
+    uint64_t current, peak;
+    uint64_t tag_current[PT_TAG_COUNT], tag_peak[PT_TAG_COUNT];
+    uint64_t pinned_current, pinned_peak, pinned_budget;
+    uint64_t h2d_bytes, d2h_bytes;
+    uint64_t n_allocs;
+} pt_gpu_usage;
+void pt_gpu_usage_get(const pt_gpu *g, pt_gpu_usage *u);
+void pt_gpu_reset_peak(pt_gpu *g);
+
+/* Thin pass-throughs (the backend's stream/event/copy/kernel ops). */
+const pt_gpu_backend *pt_gpu_ops(const pt_gpu *g);
+void *pt_gpu_impl(const pt_gpu *g);
+/* Copies also count h2d/d2h traffic. */
+int pt_gpu_memcpy_async(pt_gpu *g, void *dst, const void *src, size_t bytes, int kind,
+                        pt_stream *s);
+int pt_gpu_memcpy(pt_gpu *g, void *dst, const void *src, size_t bytes, int kind); /* sync */
+
+#endif /* PT_GPU_H */

@@ -1,0 +1,259 @@
+/*
+ * protrain.h — the only header a host trainer needs to drive protrain_plugin.so.
+ *
+ * ABI rules (see ../shared/design/ARCHITECTURE.md, "The ABI"):
+ *  - One exported const data symbol per ABI major: `protrain_plugin_v1`.
+ *  - Tables start with abi_version, struct_size; a host touches only hooks whose
+ *    offset lies inside struct_size; a NULL hook means "not implemented".
+ *  - Fixed-width types, explicit enum values, no structs by value, reserved slots
+ *    at the end of every table. Enum values are never renumbered.
+ *
+ * HOST CONTRACT (the plugin enforces what is cheap to check):
+ *  1. Call order: init -> post_model_load -> create_optimizer -> per step {
+ *       for each micro-batch m in [0, n_micro):
+ *         pre_step(step, m, n_micro);
+ *         forward:  for b in 0..n_blocks-1: block_pre_forward(b); <block b>; block_post_forward(b);
+ *         backward: for b in n_blocks-1..0: block_pre_backward(b); <block b bwd>; block_post_backward(b);
+ *       optimizer_step(lr) once after the last micro-batch; post_step(step, loss);
+ *     } -> finalize. A hook called out of order returns PT_ERR_ORDER and
+ *     last_error() names the hook and the state the plugin expected.
+ *  2. Parameters: after post_model_load the plugin owns every parameter's storage.
+ *     Read param->data / param->grad at each use, and only between the hooks of the
+ *     owning block (between block_pre_forward(b) and block_post_forward(b), or between
+ *     block_pre_backward(b) and block_post_backward(b)). Params with block == -1
+ *     (embeddings, final norm, head) are always resident and may be used any time
+ *     between pre_step and optimizer_step. Outside those windows the addresses may be
+ *     NULL or point at poisoned (NaN) memory.
+ *  3. Gradients: backward ACCUMULATES (+=) into param->grad. The plugin zeroes
+ *     gradients after each optimizer_step; with n_micro > 1 they accumulate across
+ *     micro-batches. Frozen params (trainable == 0) have grad == NULL.
+ *  4. Device memory: every device byte the host uses (activations, scratch, inputs)
+ *     comes from dev_alloc/dev_free so that accounting and prediction are exact.
+ *     A block's saved activations come from activation_arena(b, bytes) (one call per
+ *     block per micro-batch, after block_pre_forward(b)). The host keeps only the block
+ *     input outside the arena, and re-reads the arena address (activation_arena_get)
+ *     after block_pre_backward(b): the plugin may have freed and recomputed it (CKPT,
+ *     through host->recompute_block) or moved it to pinned memory and back (SWAP).
+ *  5. Callbacks (pt_host_v1) are called only from inside a hook, on the host's thread.
+ *  6. Every call returns pt_status; on non-zero, last_error(ctx) (or last_error(NULL)
+ *     when init failed) gives one sentence naming the cause. The plugin never aborts
+ *     the host process on a user error.
+ */
+#ifndef PROTRAIN_H
+#define PROTRAIN_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PT_ABI_VERSION 1u      /* newest table version this header describes */
+#define PT_ABI_MIN_VERSION 1u  /* oldest table version a host built with it accepts */
+#define PT_PLUGIN_SYMBOL "protrain_plugin_v1"
+
+/* Stable status codes: never renumbered. */
+typedef enum pt_status {
+    PT_OK = 0,
+    PT_ERR_INVALID_ARG = 1,   /* a NULL or out-of-range argument */
+    PT_ERR_CONFIG = 2,        /* INI file: unknown key, bad value, duplicate */
+    PT_ERR_OOM = 3,           /* device memory: bytes needed > available */
+    PT_ERR_HOST_OOM = 4,      /* pinned/host memory budget exceeded */
+    PT_ERR_ORDER = 5,         /* hook called out of order */
+    PT_ERR_BACKEND = 6,       /* device backend failed (driver, library) */
+    PT_ERR_IO = 7,            /* file I/O (state files, cache, plan file) */
+    PT_ERR_UNSUPPORTED = 8,   /* feature not available with this build/config */
+    PT_ERR_INTERNAL = 9,      /* a bug in the plugin */
+    PT_ERR_CALLBACK = 10,     /* a host callback returned non-zero */
+    PT_ERR_FORMAT = 11,       /* a file has the wrong magic/version/size */
+    PT_ERR_INFEASIBLE = 12    /* no plan fits the memory limits */
+} pt_status;
+
+typedef enum pt_dtype {
+    PT_F32 = 0,
+    PT_BF16 = 1,
+    PT_F16 = 2
+} pt_dtype;
+
+typedef enum pt_log_level {
+    PT_LOG_ERROR = 0,
+    PT_LOG_WARN = 1,
+    PT_LOG_INFO = 2,
+    PT_LOG_DEBUG = 3,
+    PT_LOG_TRACE = 4
+} pt_log_level;
+
+typedef enum pt_device_kind {
+    PT_DEVICE_AUTO = 0,
+    PT_DEVICE_HOST = 1,       /* the simulated device (host backend) */
+    PT_DEVICE_CUDA = 2
+} pt_device_kind;
+
+typedef enum pt_copy_kind {
+    PT_COPY_H2D = 0,          /* host (malloc'd or pinned) -> device */
+    PT_COPY_D2H = 1,
+    PT_COPY_D2D = 2
+} pt_copy_kind;
+
+typedef enum pt_optim_type {
+    PT_OPTIM_FROM_CONFIG = 0, /* use [optimizer] type from the INI */
+    PT_OPTIM_ADAMW = 1,
+    PT_OPTIM_REKLS = 2
+} pt_optim_type;
+
+/* What the host gives the plugin at init. Filled by the host; read-only to the plugin. */
+typedef struct pt_host_v1 {
+    uint32_t abi_version;     /* PT_ABI_VERSION the host was built with */
+    uint32_t struct_size;     /* sizeof(pt_host_v1) */
+    int32_t rank;             /* data-parallel rank, 0-based */
+    int32_t world_size;       /* 1 when not distributed */
+    int32_t local_rank;
+    int32_t device_kind;      /* pt_device_kind wanted; AUTO = from the INI */
+    int32_t device_index;
+    int32_t reserved0;
+    void *compute_stream;     /* cudaStream_t on cuda; NULL = plugin's own */
+    void *user;               /* passed back as first argument of every callback */
+    /* Logger; NULL = the plugin prints to stderr. */
+    void (*log)(void *user, int32_t level, const char *msg);
+    /* Re-run block b's forward from its saved input into a fresh arena (CKPT). */
+    int32_t (*recompute_block)(void *user, int32_t block);
+    /* One forward+backward on a representative batch, calling all block hooks. */
+    int32_t (*profile_step)(void *user);
+    /* TiledMLP: run block b's MLP forward/backward on tokens [begin, begin+count). */
+    int32_t (*mlp_forward)(void *user, int32_t block, int64_t token_begin, int64_t token_count);
+    int32_t (*mlp_backward)(void *user, int32_t block, int64_t token_begin, int64_t token_count);
+    void *reserved[8];
+} pt_host_v1;
+
+/* One parameter tensor. The host fills the inputs; the plugin writes data/grad. */
+typedef struct pt_param_v1 {
+    const char *name;
+    int32_t dtype;            /* pt_dtype of the compute copy */
+    int32_t ndim;             /* 1..4 */
+    int64_t shape[4];
+    int32_t block;            /* owning block, or -1 for non-block params */
+    int32_t trainable;        /* 0 = frozen: no grad, no optimizer state */
+    int32_t tie;              /* index of the param this one shares storage with, or -1 */
+    int32_t reserved0;
+    const void *init;         /* host memory with initial values (ignored when tie >= 0) */
+    /* written by the plugin: */
+    void *data;               /* device address of the compute copy (see contract 2) */
+    void *grad;               /* device address of the gradient, same dtype (contract 3) */
+    void *reserved[2];
+} pt_param_v1;
+
+typedef struct pt_model_v1 {
+    uint32_t struct_size;     /* sizeof(pt_model_v1) */
+    int32_t n_params;
+    pt_param_v1 *params;      /* n_params entries, owned by the host, must outlive ctx */
+    int32_t n_blocks;
+    int32_t reserved0;
+    int64_t batch;            /* micro-batch size B (profiler cache key, planner) */
+    int64_t seq;              /* sequence length T */
+    const char *arch;         /* free text describing the architecture (cache key) */
+    void *reserved[4];
+} pt_model_v1;
+
+/* Optimizer description. NaN (or negative where noted) fields mean "from the INI". */
+typedef struct pt_optim_v1 {
+    uint32_t struct_size;
+    int32_t type;             /* pt_optim_type */
+    float lr, beta1, beta2, eps, weight_decay;
+    float max_grad_norm;      /* <= 0 disables clipping; NaN = from the INI */
+    int32_t reserved[8];
+} pt_optim_v1;
+
+/* Counters the host may show (progress bar, metrics). */
+typedef struct pt_stats_v1 {
+    uint32_t struct_size;
+    int32_t reserved0;
+    uint64_t dev_capacity;    /* bytes the plugin may use on the device */
+    uint64_t dev_current;     /* bytes allocated now */
+    uint64_t dev_peak;        /* high-water mark since init or the last reset */
+    uint64_t pinned_current;  /* pinned host bytes allocated now */
+    uint64_t h2d_bytes, d2h_bytes; /* cumulative copy traffic */
+    double last_grad_norm;    /* global norm before clipping at the last step; NaN if not computed */
+    int64_t steps;            /* optimizer steps taken */
+    int32_t n_persist, n_buffer, n_swap, n_checkpoint, n_chunk; /* the active plan */
+    int32_t mode;             /* 0 = A (resident), 1 = B (replicated offload), 2 = C (sharded) */
+    uint64_t reserved[8];
+} pt_stats_v1;
+
+typedef struct protrain_plugin_v1 {
+    uint32_t abi_version;     /* == 1 */
+    uint32_t struct_size;     /* sizeof(protrain_plugin_v1) as the plugin was built */
+    const char *name;         /* "protrain" */
+    const char *version;      /* plugin release, e.g. "0.1.0" */
+
+    /* Lifecycle. ini_path may be NULL: then $PROTRAIN_CONFIG, else built-in defaults. */
+    int32_t (*init)(const char *ini_path, const pt_host_v1 *host, void **ctx);
+    const char *(*last_error)(void *ctx);  /* never NULL; ctx may be NULL */
+    int32_t (*post_model_load)(void *ctx, pt_model_v1 *model);
+    int32_t (*create_optimizer)(void *ctx, const pt_optim_v1 *desc);
+    int32_t (*pre_step)(void *ctx, int64_t step, int32_t micro, int32_t n_micro);
+    int32_t (*block_pre_forward)(void *ctx, int32_t block);
+    int32_t (*block_post_forward)(void *ctx, int32_t block);
+    int32_t (*block_pre_backward)(void *ctx, int32_t block);
+    int32_t (*block_post_backward)(void *ctx, int32_t block);
+    /* Clip (if configured), step every trainable param, zero grads. lr < 0: INI lr. */
+    int32_t (*optimizer_step)(void *ctx, float lr);
+    int32_t (*post_step)(void *ctx, int64_t step, float loss);
+    int32_t (*finalize)(void *ctx);        /* frees every byte, joins every thread */
+
+    /* Memory services. tag is free text for accounting ("act", "scratch", "input"). */
+    int32_t (*dev_alloc)(void *ctx, uint64_t bytes, const char *tag, void **ptr);
+    int32_t (*dev_free)(void *ctx, void *ptr);
+    int32_t (*activation_arena)(void *ctx, int32_t block, uint64_t bytes, void **ptr);
+    int32_t (*activation_arena_get)(void *ctx, int32_t block, void **ptr);
+    /* Synchronous copy on the plugin's compute stream (host buffers are ordinary memory). */
+    int32_t (*memcpy)(void *ctx, void *dst, const void *src, uint64_t bytes, int32_t kind);
+    int32_t (*get_stats)(void *ctx, pt_stats_v1 *out);
+    /* Copy the current fp32/compute value of param i to host memory (bytes = numel*dtype). */
+    int32_t (*read_param)(void *ctx, int32_t index, void *host_dst, uint64_t bytes);
+
+    /* State save/restore: one file per rank in dir, written atomically. */
+    int32_t (*save_state)(void *ctx, const char *dir);
+    int32_t (*load_state)(void *ctx, const char *dir);
+
+    /* Kernels (later issues). NULL until implemented. */
+    int32_t (*osft_linear_forward)(void *ctx, int32_t param, const void *x, void *y, int64_t rows);
+    int32_t (*osft_linear_backward)(void *ctx, int32_t param, const void *x, const void *dy,
+                                    void *dx, int64_t rows);
+    int32_t (*tiled_mlp_forward)(void *ctx, int32_t block, int64_t tokens);
+    int32_t (*tiled_mlp_backward)(void *ctx, int32_t block, int64_t tokens);
+
+    void *reserved[8];
+} protrain_plugin_v1;
+
+/* ---- host-side loader (host_api/loader.c; link it into the host) ---- */
+
+/* What a loaded plugin looks like to the host: always the newest table shape. */
+typedef struct pt_loaded_plugin {
+    void *dl;                          /* dlopen handle (NULL for `none`) */
+    const protrain_plugin_v1 *table;   /* NULL for `none` */
+    uint32_t abi_version;              /* version the plugin speaks */
+    char path[512];
+} pt_loaded_plugin;
+
+/*
+ * Load a plugin. `spec` is a path (contains '/' or ends in .so), a short name
+ * ("protrain" -> "libprotrain.so"/"protrain_plugin.so" searched beside the host
+ * and on the loader path), or "none" (success, table == NULL). On failure
+ * returns non-zero and writes one sentence into err: file not found, not a
+ * protrain plugin, ABI too new / too old (both numbers), table truncated.
+ * Never aborts.
+ */
+int pt_load_plugin(const char *spec, pt_loaded_plugin *out, char *err, uint64_t errlen);
+void pt_unload_plugin(pt_loaded_plugin *p);
+
+/* True when the hook lies inside the table's struct_size and is non-NULL. */
+#define PT_HAS_HOOK(tbl, field)                                                       \
+    ((tbl) != 0 &&                                                                    \
+     (uint64_t)((const char *)&(tbl)->field - (const char *)(tbl)) + sizeof((tbl)->field) <= \
+         (tbl)->struct_size &&                                                        \
+     (tbl)->field != 0)
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PROTRAIN_H */
