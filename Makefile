@@ -55,6 +55,7 @@ CUDA_SRCS := $(wildcard gpu/cuda/*.cu)
 CUDA_CSRCS := $(wildcard gpu/cuda/*.c)
 
 PLUGIN := $(BUILD)/protrain_plugin.so
+PLAN_CLI := $(BUILD)/protrain-plan
 CORE_LIB := $(BUILD)/libprotrain_core.a
 CUDA_LIB := $(BUILD)/libprotrain_cuda.so
 SAMPLE := $(BUILD)/sample_host
@@ -66,7 +67,7 @@ else
 endif
 
 .PHONY: all test run bench asan tsan deps check-deps clean cuda-notice
-all: check-deps $(PLUGIN) $(CUDA_TARGET) $(SAMPLE) $(TEST_BINS) $(TPLUG_SOS) $(BENCH_BINS)
+all: check-deps $(PLUGIN) $(CUDA_TARGET) $(SAMPLE) $(PLAN_CLI) $(TEST_BINS) $(TPLUG_SOS) $(BENCH_BINS)
 
 # ---- dependencies ----
 deps:
@@ -108,6 +109,10 @@ $(CUDA_LIB): $(CUDA_OBJS)
 	  -lcudart -lcublas
 cuda-notice:
 	@echo "notice: nvcc not found; skipping $(CUDA_LIB) (the plugin runs on the host backend)"
+
+# ---- planner CLI (no host, no device) ----
+$(PLAN_CLI): plugin/cli/protrain_plan.c $(CORE_LIB)
+	$(CC) $(CFLAGS) -o $@ $< $(CORE_LIB) $(LDFLAGS) $(LIBS)
 
 # ---- sample host ----
 $(BUILD)/libsample.a: $(SH_OBJS)

@@ -34,6 +34,10 @@
  *     input outside the arena, and re-reads the arena address (activation_arena_get)
  *     after block_pre_backward(b): the plugin may have freed and recomputed it (CKPT,
  *     through host->recompute_block) or moved it to pinned memory and back (SWAP).
+ *     Evaluation (validation loss, text generation): pre_step(step, -1, 0) starts a
+ *     forward-only pass: forward block hooks only, no backward, no gradients touched;
+ *     it ends after block_post_forward(n_blocks-1). Non-block params are readable
+ *     between pre_step and that last hook.
  *  5. Callbacks (pt_host_v1) are called only from inside a hook, on the host's thread.
  *  6. Every call returns pt_status; on non-zero, last_error(ctx) (or last_error(NULL)
  *     when init failed) gives one sentence naming the cause. The plugin never aborts
