@@ -1,0 +1,143 @@
+/*
+ * config.h — the plugin's INI configuration: one struct with every knob, a
+ * table-driven schema (one row per key) that drives parsing, defaults, error
+ * messages, pt_config_dump() and the reference text in conf/CONFIG.md.
+ *
+ * File rules (see conf/CONFIG.md):
+ *  - sections: plugin, memory, protrain, optimizer, osft, tiled_mlp, dist,
+ *    host_backend. Sections a host trainer owns are skipped whole:
+ *    [sample_host] and every [host.<anything>].
+ *  - `key = value`, one per line; leading whitespace is ignored, so values never
+ *    continue on the next line. Full-line comments start with ';' or '#',
+ *    inline comments with " ;". Lines are at most 198 characters (inih).
+ *  - Unknown sections/keys, bad values and duplicate keys are errors naming
+ *    file:line; nothing is silently ignored.
+ */
+#ifndef PT_CONFIG_H
+#define PT_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct pt_config {
+    /* [plugin] */
+    int log_level;            /* log_level = error|warn|info|debug|trace (PT_LOG_*); default info */
+    char backend[16];         /* backend = auto|cuda|host; default auto */
+    /* [memory] */
+    uint64_t device_capacity; /* device_capacity = auto | <size>; 0 = auto */
+    uint64_t reserve;         /* reserve = <size>, default 0: kept free on the device */
+    uint64_t pinned_budget;   /* pinned_budget = auto | <size>; 0 = auto (MemAvailable-based) */
+    uint64_t extra_headroom;  /* extra_headroom = <size>, default 0: memory the profiler cannot see */
+    /* [protrain] */
+    int auto_memory;          /* bool, default 1 */
+    int auto_mode;            /* bool, default 1 */
+    int force_all_persistent; /* bool, default 0 */
+    int zero3_shard;          /* auto|on|off -> -1|1|0, default -1 */
+    int n_persist, n_buffer, n_swap, n_checkpoint; /* auto | integer >= 0 -> -1 means search */
+    uint64_t chunk_size;      /* auto | <size>; 0 = auto */
+    char cache_dir[512];      /* default "" = no cache */
+    char plan_file[512];      /* default "" = no JSON plan */
+    /* [optimizer] */
+    int optim_type;           /* type = adamw|rekls -> PT_OPTIM_ADAMW|PT_OPTIM_REKLS */
+    float lr, beta1, beta2, eps, weight_decay, max_grad_norm; /* 3e-4, 0.9, 0.999, 1e-8, 0, 0 (0 = no clipping) */
+    int cpu_threads;          /* 0 = auto (cores available) */
+    int rekls_seed_shampoo;   /* bool, default 0 (KERNELS.md A.5 faithful step 1) */
+    float rekls_shampoo_beta; /* default 0.95 */
+    float rekls_eps;          /* default 1e-8 */
+    /* [osft] */
+    int osft_enabled;         /* enabled = bool, default 0 */
+    float osft_rank_ratio;    /* rank_ratio in (0,1], default 0.5: fraction of singular values frozen */
+    char osft_targets[256];   /* targets = comma list of param-name substrings, default "attn,mlp" */
+    /* [tiled_mlp] */
+    int tiled_mlp_enabled;    /* enabled = bool, default 0 */
+    int tiled_mlp_tiles;      /* tiles = auto|int >= 1 -> 0 = auto */
+    /* [dist] */
+    char dist_backend[16];    /* backend = auto|nccl|mpi|none */
+    char init_method[256];    /* init_method = env | file:///path | mpi ; default env */
+    /* [host_backend] */
+    double copy_bandwidth;    /* bytes/s, units B/s KB/s MB/s GB/s KiB/s MiB/s GiB/s; 0 = unthrottled */
+    int poison;               /* bool, default 1 */
+    int fail_alloc_at;        /* integer >= 0, default 0: fail the Nth device alloc (1-based), 0 = never */
+    char source[512];         /* path the config came from, or "(defaults)" */
+} pt_config;
+
+/* Every field at its schema default; source = "(defaults)". */
+void pt_config_defaults(pt_config *c);
+
+/* Defaults, then the file, then $PROTRAIN_LOG_LEVEL.
+ * path NULL or "" -> $PROTRAIN_CONFIG if set (and non-empty), else defaults only.
+ * Returns 0, or PT_ERR_CONFIG (2) / PT_ERR_IO (7) with one sentence in err.
+ * On error *c is left unchanged. */
+int pt_config_load(const char *path, pt_config *c, char *err, size_t errlen);
+
+/* Same as pt_config_load on INI text; name (NULL -> "(string)") is the file name
+ * used in messages and stored in c->source. Does not read $PROTRAIN_CONFIG. */
+int pt_config_parse_string(const char *text, const char *name, pt_config *c, char *err,
+                           size_t errlen);
+
+/* Set one key on an existing config (command-line overrides, tests): same
+ * validation as the file; messages name "<section>.<key>". 0 or PT_ERR_CONFIG. */
+int pt_config_set(pt_config *c, const char *section, const char *key, const char *value,
+                  char *err, size_t errlen);
+
+/* "64MiB", "1.5 GiB", "4096", "2GB" -> bytes. KiB/MiB/GiB/TiB = 1024^n, KB/MB/GB/TB =
+ * 1000^n, B or no unit = bytes; units case-insensitive; fractional bytes round down.
+ * Rejects negatives, garbage and overflow. 0 on success, PT_ERR_CONFIG otherwise. */
+int pt_parse_size(const char *s, uint64_t *out);
+
+/* "0", "12GiB/s", "800 MB/s", "1e9" (B/s) -> bytes per second. 0 or PT_ERR_CONFIG. */
+int pt_parse_rate(const char *s, double *out);
+
+/* The effective configuration as INI text that pt_config_parse_string reads back
+ * to the same struct. 0, or PT_ERR_INVALID_ARG when len is too small (buf then
+ * holds a truncated, NUL-terminated prefix). PT_CONFIG_DUMP_MAX always suffices. */
+#define PT_CONFIG_DUMP_MAX 8192
+int pt_config_dump(const pt_config *c, char *buf, size_t len);
+
+/* ---- the schema, for docs and tools ---- */
+typedef enum pt_cfg_type {
+    PT_CFG_BOOL = 0,  /* int 0/1 */
+    PT_CFG_INT = 1,   /* int in [lo, hi]; "auto" -> auto_int when PT_CFG_AUTO */
+    PT_CFG_FLOAT = 2, /* float in the range given by lo/hi and the OPEN flags */
+    PT_CFG_SIZE = 3,  /* uint64_t bytes; "auto" -> 0 when PT_CFG_AUTO */
+    PT_CFG_RATE = 4,  /* double bytes/s */
+    PT_CFG_ENUM = 5,  /* int: index of the value in choices mapped through enum_vals */
+    PT_CFG_WORD = 6,  /* char[cap]: one of choices, stored as text */
+    PT_CFG_STR = 7,   /* char[cap]: free text, checked by the row's checker if any */
+    PT_CFG_TRI = 8    /* int: auto -> -1, else a bool */
+} pt_cfg_type;
+
+enum {
+    PT_CFG_AUTO = 1u << 0,    /* "auto" accepted */
+    PT_CFG_LO_OPEN = 1u << 1, /* value > lo (else >= lo) */
+    PT_CFG_HI_OPEN = 1u << 2, /* value < hi (else <= hi) */
+    PT_CFG_NO_HI = 1u << 3    /* no upper bound */
+};
+
+typedef struct pt_config_key {
+    const char *section;
+    const char *key;
+    int type;                 /* pt_cfg_type */
+    unsigned flags;           /* PT_CFG_* bits */
+    size_t off;               /* offsetof(pt_config, field) */
+    size_t cap;               /* bytes of the char array (WORD, STR) */
+    double lo, hi;            /* numeric range */
+    int auto_int;             /* INT: value stored for "auto" */
+    const char *choices;      /* ENUM/WORD: "a|b|c" */
+    const int *enum_vals;     /* ENUM: value for each choice */
+    const char *form;         /* accepted form, overrides the generated one (STR) */
+    /* STR: extra check; returns 0 or writes why into why. */
+    int (*check)(const char *v, char *why, size_t whylen);
+    const char *def;          /* default, as INI text */
+    const char *help;         /* one or two sentences */
+} pt_config_key;
+
+/* The rows, in file order; *n gets the count. */
+const pt_config_key *pt_config_schema(size_t *n);
+/* "a float in [0, 1)", "auto or a size like 512MiB", ... (what error messages say). */
+void pt_config_key_form(const pt_config_key *k, char *buf, size_t len);
+/* Markdown tables (one per section) generated from the schema; conf/CONFIG.md
+ * embeds this text verbatim and a test checks it. 0 or PT_ERR_INVALID_ARG. */
+int pt_config_schema_markdown(char *buf, size_t len);
+
+#endif
