@@ -227,14 +227,16 @@ typedef struct protrain_plugin_v1 {
     int32_t (*tiled_mlp_backward)(void *ctx, int32_t block, int64_t tokens);
 
     void *reserved[8];
-} protrain_plugin_v1;
+} pt_plugin_v1;
+
+/* The exported symbol (a variable named like the struct tag; the type is pt_plugin_v1). */
 
 /* ---- host-side loader (host_api/loader.c; link it into the host) ---- */
 
 /* What a loaded plugin looks like to the host: always the newest table shape. */
 typedef struct pt_loaded_plugin {
     void *dl;                          /* dlopen handle (NULL for `none`) */
-    const protrain_plugin_v1 *table;   /* NULL for `none` */
+    const pt_plugin_v1 *table;         /* NULL for `none` */
     uint32_t abi_version;              /* version the plugin speaks */
     char path[512];
 } pt_loaded_plugin;
