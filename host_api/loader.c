@@ -1,0 +1,351 @@
+/*
+ * loader.c — host-side plugin loader (pt_load_plugin / pt_unload_plugin).
+ *
+ * Linked into the host, never into the plugin. Steps:
+ *  1. Resolve `spec`: "none" -> no plugin; a path (contains '/' or ends in
+ *     ".so") -> dlopen as given; a short name -> beside the running executable
+ *     ("<exe dir>/<name>_plugin.so", "<exe dir>/lib<name>.so"), then through the
+ *     dynamic loader path ("lib<name>.so", "<name>_plugin.so").
+ *  2. Find the table: dlsym "protrain_plugin_v<N>" for every version this host
+ *     has an adapter for, newest first. Each adapter validates the table it found
+ *     and fills a private, zero-filled pt_plugin_v1 (the newest shape), so
+ *     host code only ever sees one table layout and never reads past a short one.
+ *  3. If no supported symbol exists, probe neighbouring versions to say why:
+ *     ABI too new, too old, or not a protrain plugin at all.
+ *
+ * Status codes (pt_status): PT_ERR_INVALID_ARG bad arguments; PT_ERR_IO file not
+ * found or dlopen failed; PT_ERR_FORMAT not a plugin / truncated table;
+ * PT_ERR_UNSUPPORTED ABI version outside [PT_ABI_MIN_VERSION, PT_ABI_VERSION];
+ * PT_ERR_HOST_OOM when the private table copy cannot be allocated.
+ */
+#include "protrain.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <link.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* How far past PT_ABI_VERSION we probe to tell "too new" from "not a plugin". */
+#define ABI_PROBE_AHEAD 16u
+
+/* Mandatory core of a v1 table: every field up to and including finalize. */
+#define V1_CORE_BYTES (offsetof(pt_plugin_v1, finalize) + sizeof(void *))
+
+/* Adapter: validate the table behind `sym` (exported as protrain_plugin_v<ver>)
+ * and fill `dst` (zero-filled by the caller). Returns 0 or a pt_status. */
+typedef int (*adapt_fn)(const void *sym, uint32_t ver, uint32_t sym_bytes, const char *path,
+                        pt_plugin_v1 *dst, char *err, size_t errlen);
+
+typedef struct abi_entry {
+    uint32_t version;
+    const char *symbol;
+    adapt_fn adapt;
+} abi_entry;
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || errlen == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);   /* truncates safely, always terminates */
+    va_end(ap);
+}
+
+/* The version numbers this host understands, as "v1..v1". */
+static void host_range(char *buf, size_t len) {
+    snprintf(buf, len, "v%u..v%u", (unsigned)PT_ABI_MIN_VERSION, (unsigned)PT_ABI_VERSION);
+}
+
+/* Shared check for a table whose symbol says `ver`: the abi_version field must agree. */
+static int check_version_field(uint32_t field, uint32_t ver, const char *path, char *err,
+                               size_t errlen) {
+    if (field == ver) return 0;
+    char range[32];
+    host_range(range, sizeof range);
+    if (field > ver)
+        seterr(err, errlen,
+               "plugin ABI too new: %s exports protrain_plugin_v%u but its table says "
+               "abi_version %u, this host speaks %s",
+               path, (unsigned)ver, (unsigned)field, range);
+    else
+        seterr(err, errlen,
+               "plugin ABI too old: %s exports protrain_plugin_v%u but its table says "
+               "abi_version %u, this host needs >= v%u",
+               path, (unsigned)ver, (unsigned)field, (unsigned)PT_ABI_MIN_VERSION);
+    return PT_ERR_UNSUPPORTED;
+}
+
+/* v1 -> v1: validate, then copy min(struct_size, sizeof) bytes into the zeroed dst.
+ * struct_size in the copy is clamped to what the copy holds, so PT_HAS_HOOK on the
+ * copy agrees with what was copied (hooks past the plugin's struct_size read NULL). */
+static int adapt_v1(const void *sym, uint32_t ver, uint32_t sym_bytes, const char *path,
+                    pt_plugin_v1 *dst, char *err, size_t errlen) {
+    const pt_plugin_v1 *t = (const pt_plugin_v1 *)sym;
+    /* The ELF symbol size (when the plugin's object recorded one) bounds how many
+     * bytes really exist behind the symbol; never read past it. */
+    const size_t head = offsetof(pt_plugin_v1, name);   /* abi_version, struct_size */
+    if (sym_bytes != 0 && sym_bytes < head) {
+        seterr(err, errlen,
+               "plugin table truncated: the symbol protrain_plugin_v%u in %s is only %u bytes, "
+               "need at least %zu",
+               (unsigned)ver, path, (unsigned)sym_bytes, (size_t)V1_CORE_BYTES);
+        return PT_ERR_FORMAT;
+    }
+    int rc = check_version_field(t->abi_version, ver, path, err, errlen);
+    if (rc) return rc;
+    if (t->struct_size < V1_CORE_BYTES) {
+        seterr(err, errlen,
+               "plugin table truncated: struct_size %u bytes, need at least %zu "
+               "(every hook through finalize) in %s",
+               (unsigned)t->struct_size, (size_t)V1_CORE_BYTES, path);
+        return PT_ERR_FORMAT;
+    }
+    size_t n = t->struct_size < sizeof *dst ? t->struct_size : sizeof *dst;
+    if (sym_bytes != 0 && sym_bytes < n) {
+        seterr(err, errlen,
+               "plugin table truncated: struct_size says %u bytes but the symbol "
+               "protrain_plugin_v%u in %s is only %u bytes",
+               (unsigned)t->struct_size, (unsigned)ver, path, (unsigned)sym_bytes);
+        return PT_ERR_FORMAT;
+    }
+    memcpy(dst, t, n);
+    dst->struct_size = (uint32_t)n;
+    return 0;
+}
+
+/* Versions this host accepts, newest first. A future v2 host adds
+ * {2, "protrain_plugin_v2", adapt_v2} at the top and keeps adapt_v1 to wrap old
+ * plugins into the v2 shape (new hooks NULL); a v0 adapter would go at the end.
+ * Every entry's version must lie in [PT_ABI_MIN_VERSION, PT_ABI_VERSION]. */
+static const abi_entry k_abi[] = {
+    {1u, "protrain_plugin_v1", adapt_v1},
+};
+#define N_ABI (sizeof k_abi / sizeof k_abi[0])
+
+/* Size in bytes of the ELF symbol at addr, 0 if unknown. */
+static uint32_t symbol_bytes(const void *addr) {
+    Dl_info info;
+    const ElfW(Sym) *sym = NULL;
+    if (!dladdr1(addr, &info, (void **)&sym, RTLD_DL_SYMENT) || !sym) return 0;
+    if (info.dli_saddr != addr) return 0;
+    return sym->st_size > UINT32_MAX ? UINT32_MAX : (uint32_t)sym->st_size;
+}
+
+static const void *find_sym(void *dl, const char *name) {
+    dlerror();                      /* clear any stale error */
+    void *p = dlsym(dl, name);
+    if (dlerror() != NULL) return NULL;
+    return p;
+}
+
+static const void *find_version(void *dl, uint32_t v) {
+    char name[48];
+    snprintf(name, sizeof name, "protrain_plugin_v%u", (unsigned)v);
+    return find_sym(dl, name);
+}
+
+/* No supported symbol: explain why. Newer versions are probed newest first so the
+ * message names the newest one the plugin speaks. */
+static int explain_missing(void *dl, const char *path, char *err, size_t errlen) {
+    char range[32];
+    host_range(range, sizeof range);
+    for (uint32_t v = PT_ABI_VERSION + ABI_PROBE_AHEAD; v > PT_ABI_VERSION; v--) {
+        if (find_version(dl, v)) {
+            seterr(err, errlen, "plugin ABI too new: %s speaks protrain ABI v%u, this host speaks %s",
+                   path, (unsigned)v, range);
+            return PT_ERR_UNSUPPORTED;
+        }
+    }
+    for (uint32_t v = PT_ABI_MIN_VERSION; v-- > 0;) {
+        if (find_version(dl, v)) {
+            seterr(err, errlen,
+                   "plugin ABI too old: %s speaks protrain ABI v%u, this host needs >= v%u",
+                   path, (unsigned)v, (unsigned)PT_ABI_MIN_VERSION);
+            return PT_ERR_UNSUPPORTED;
+        }
+    }
+    seterr(err, errlen, "not a protrain plugin: %s exports no protrain_plugin_v* symbol", path);
+    return PT_ERR_FORMAT;
+}
+
+static int is_path_spec(const char *spec) {
+    size_t n = strlen(spec);
+    return strchr(spec, '/') != NULL || (n >= 3 && strcmp(spec + n - 3, ".so") == 0);
+}
+
+static int file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Directory of the running executable (no trailing slash), or "" if unknown. */
+static void exe_dir(char *buf, size_t len) {
+    char tmp[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", tmp, sizeof tmp - 1);
+    buf[0] = '\0';
+    if (n <= 0) return;
+    tmp[n] = '\0';
+    char *slash = strrchr(tmp, '/');
+    if (!slash) return;
+    *slash = '\0';
+    if (strlen(tmp) < len) strcpy(buf, tmp);
+}
+
+/* dlerror() text says ENOENT this way in glibc; any other dlopen failure (bad ELF,
+ * missing dependency, undefined symbol) is "cannot load", not "not found". */
+static int dl_not_found(const char *msg) {
+    return msg && strstr(msg, "No such file or directory") != NULL &&
+           strstr(msg, "cannot open shared object file") != NULL;
+}
+
+/* Copy a path into out[len]; a path that does not fit is an error, never truncated. */
+static int copy_path(char *out, size_t len, const char *p, char *err, size_t errlen) {
+    size_t n = strlen(p);
+    if (n >= len) {
+        seterr(err, errlen, "plugin path too long: %zu bytes, the limit is %zu: %.64s...", n,
+               len - 1, p);
+        return PT_ERR_INVALID_ARG;
+    }
+    memcpy(out, p, n + 1);
+    return 0;
+}
+
+/* The file a handle opened through the loader path actually came from. */
+static int handle_path(void *dl, const char *fallback, char *out, size_t len, char *err,
+                       size_t errlen) {
+    struct link_map *lm = NULL;
+    const char *p = fallback;
+    if (dlinfo(dl, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && lm->l_name[0]) p = lm->l_name;
+    return copy_path(out, len, p, err, errlen);
+}
+
+/* dlopen `file`; on failure write the right sentence and return NULL. `missing` is
+ * set when the file does not exist (as opposed to existing but failing to load). */
+static void *open_file(const char *file, int *missing, char *err, size_t errlen) {
+    *missing = 0;
+    void *dl = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+    if (dl) return dl;
+    const char *msg = dlerror();
+    if ((strchr(file, '/') && !file_exists(file)) || (!strchr(file, '/') && dl_not_found(msg))) {
+        *missing = 1;
+        seterr(err, errlen, "plugin file not found: %s", file);
+    } else {
+        seterr(err, errlen, "cannot load plugin %s: %s", file, msg ? msg : "unknown dlopen error");
+    }
+    return NULL;
+}
+
+/* A path spec: dlopen as given. One without '/' ("libx.so") is searched on the
+ * loader path by dlopen itself; record the file it came from. */
+static int open_path(const char *spec, void **dl, char *path, size_t pathlen, char *err,
+                     size_t errlen) {
+    int missing, rc;
+    if ((rc = copy_path(path, pathlen, spec, err, errlen))) return rc;
+    if (!(*dl = open_file(spec, &missing, err, errlen))) return PT_ERR_IO;
+    if (!strchr(spec, '/') && (rc = handle_path(*dl, spec, path, pathlen, err, errlen))) {
+        dlclose(*dl);
+        *dl = NULL;
+        return rc;
+    }
+    return 0;
+}
+
+/* Short name: the executable's directory first, then the loader path. A candidate
+ * that exists but fails to load stops the search (report that, do not mask it). */
+static int open_short(const char *name, void **dl, char *path, size_t pathlen, char *err,
+                      size_t errlen) {
+    char dir[PATH_MAX];
+    char cand[PATH_MAX + 64];
+    int missing, rc;
+    *dl = NULL;
+    exe_dir(dir, sizeof dir);
+    static const char *const beside[] = {"%s/%s_plugin.so", "%s/lib%s.so"};
+    for (size_t i = 0; dir[0] && i < 2; i++) {
+        int n = snprintf(cand, sizeof cand, beside[i], dir, name);
+        if (n < 0 || (size_t)n >= sizeof cand || !file_exists(cand)) continue;
+        if ((rc = copy_path(path, pathlen, cand, err, errlen))) return rc;
+        return (*dl = open_file(cand, &missing, err, errlen)) ? 0 : PT_ERR_IO;
+    }
+    static const char *const onpath[] = {"lib%s.so", "%s_plugin.so"};
+    for (size_t i = 0; i < 2; i++) {
+        int n = snprintf(cand, sizeof cand, onpath[i], name);
+        if (n < 0 || (size_t)n >= sizeof cand) continue;
+        if ((*dl = open_file(cand, &missing, err, errlen))) {
+            if ((rc = handle_path(*dl, cand, path, pathlen, err, errlen))) {
+                dlclose(*dl);
+                *dl = NULL;
+            }
+            return rc;
+        }
+        if (!missing) return PT_ERR_IO;
+    }
+    seterr(err, errlen,
+           "plugin file not found: %s (tried %s%s%s_plugin.so, %s%slib%s.so, then lib%s.so and "
+           "%s_plugin.so on the loader path)",
+           name, dir, dir[0] ? "/" : "", name, dir, dir[0] ? "/" : "", name, name, name);
+    return PT_ERR_IO;
+}
+
+int pt_load_plugin(const char *spec, pt_loaded_plugin *out, char *err, uint64_t errlen64) {
+    size_t errlen = errlen64 > SIZE_MAX ? SIZE_MAX : (size_t)errlen64;
+    if (err && errlen) err[0] = '\0';
+    if (!out) {
+        seterr(err, errlen, "pt_load_plugin: out is NULL");
+        return PT_ERR_INVALID_ARG;
+    }
+    memset(out, 0, sizeof *out);
+    if (!spec || !spec[0]) {
+        seterr(err, errlen, "pt_load_plugin: empty plugin spec (give a path, a short name or \"none\")");
+        return PT_ERR_INVALID_ARG;
+    }
+    if (strcmp(spec, "none") == 0) return PT_OK;
+
+    char path[sizeof out->path];
+    void *dl = NULL;
+    int rc = is_path_spec(spec) ? open_path(spec, &dl, path, sizeof path, err, errlen)
+                                : open_short(spec, &dl, path, sizeof path, err, errlen);
+    if (rc) return rc;
+
+    pt_plugin_v1 *copy = calloc(1, sizeof *copy);
+    if (!copy) {
+        dlclose(dl);
+        seterr(err, errlen, "pt_load_plugin: cannot allocate %zu bytes for the table copy",
+               sizeof *copy);
+        return PT_ERR_HOST_OOM;
+    }
+    for (size_t i = 0; i < N_ABI; i++) {
+        const void *sym = find_sym(dl, k_abi[i].symbol);
+        if (!sym) continue;
+        rc = k_abi[i].adapt(sym, k_abi[i].version, symbol_bytes(sym), path, copy, err, errlen);
+        if (rc) {
+            free(copy);
+            dlclose(dl);
+            return rc;
+        }
+        out->dl = dl;
+        out->table = copy;
+        out->abi_version = k_abi[i].version;
+        memcpy(out->path, path, strlen(path) + 1);
+        return PT_OK;
+    }
+    free(copy);
+    rc = explain_missing(dl, path, err, errlen);
+    dlclose(dl);
+    return rc;
+}
+
+void pt_unload_plugin(pt_loaded_plugin *p) {
+    if (!p) return;
+    /* table points at our private calloc'd copy, never into the plugin. */
+    free((void *)p->table);
+    if (p->dl) dlclose(p->dl);
+    memset(p, 0, sizeof *p);
+}

@@ -1,0 +1,8 @@
+/* oldfield.c — test plugin: symbol protrain_plugin_v1 but the table says abi_version 0. */
+#include "protrain.h"
+
+const pt_plugin_v1 protrain_plugin_v1 = {
+    .abi_version = 0,
+    .struct_size = sizeof(pt_plugin_v1),
+    .name = "oldfield-test",
+};
