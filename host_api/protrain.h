@@ -199,7 +199,8 @@ typedef struct protrain_plugin_v1 {
     int32_t (*block_post_forward)(void *ctx, int32_t block);
     int32_t (*block_pre_backward)(void *ctx, int32_t block);
     int32_t (*block_post_backward)(void *ctx, int32_t block);
-    /* Clip (if configured), step every trainable param, zero grads. lr < 0: INI lr. */
+    /* Clip (if configured), step every trainable param, zero grads.
+     * lr < 0: the lr given to set_lr for this step, else the last one used (INI at first). */
     int32_t (*optimizer_step)(void *ctx, float lr);
     int32_t (*post_step)(void *ctx, int64_t step, float loss);
     int32_t (*finalize)(void *ctx);        /* frees every byte, joins every thread */
@@ -225,6 +226,14 @@ typedef struct protrain_plugin_v1 {
                                     void *dx, int64_t rows);
     int32_t (*tiled_mlp_forward)(void *ctx, int32_t block, int64_t tokens);
     int32_t (*tiled_mlp_backward)(void *ctx, int32_t block, int64_t tokens);
+
+    /* Learning rate of the coming optimizer step, told early (e.g. right after
+     * pre_step of micro-batch 0). Offloaded chunks are stepped by the CPU optimizer
+     * while backward still runs (as each chunk's gradient lands), which needs lr
+     * before optimizer_step. Without set_lr for a step, the CPU steps all run inside
+     * optimizer_step (no overlap). optimizer_step(lr >= 0) after set_lr must pass the
+     * same lr (or a negative lr = "as set"). */
+    int32_t (*set_lr)(void *ctx, float lr);
 
     void *reserved[8];
 } pt_plugin_v1;
