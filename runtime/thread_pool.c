@@ -1,0 +1,283 @@
+/*
+ * thread_pool.c — pthread worker pool with task groups (see thread_pool.h).
+ *
+ * One mutex guards everything: the FIFO queue, the free list of task nodes,
+ * every group's counters and the shutdown state. Tasks are coarse (a CPU Adam
+ * slice is tens of microseconds at least), so one lock is not a bottleneck and
+ * keeps the invariants easy to check:
+ *   pending(g) = queued tasks of g + running tasks of g
+ *   a worker exits only when shutdown && queue empty && active == 0, because a
+ *   running task (active > 0) may still submit more work that must be drained.
+ */
+#include "thread_pool.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "protrain.h"
+
+typedef struct node {
+    struct node *next;
+    pt_task_fn fn;
+    void *arg;
+    pt_task_group *g;
+} node;
+
+struct pt_pool {
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;   /* workers: queue became non-empty, or shutdown progress */
+    pthread_cond_t done_cv;   /* waiters: some group's pending count reached zero */
+    node *head, *tail;        /* FIFO of queued tasks */
+    node *free_nodes;         /* recycled nodes (grows to the peak queue depth) */
+    size_t active;            /* tasks running now (on workers or helping waiters) */
+    int shutdown;             /* pt_pool_destroy has begun draining */
+    int closed;               /* drain finished: no more submissions */
+    int n_threads;
+    pthread_t *threads;       /* [n_threads] */
+};
+
+static int online_cpus(void) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int c = CPU_COUNT(&set);
+        if (c > 0) return c;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* Called with mu held after a task ran: account for it and recycle its node. */
+static void finish(pt_pool *p, node *t) {
+    pt_task_group *g = t->g;
+    p->active--;
+    if (g && --g->pending == 0) pthread_cond_broadcast(&p->done_cv);
+    if (p->shutdown && p->active == 0 && !p->head) pthread_cond_broadcast(&p->work_cv);
+    t->next = p->free_nodes;
+    p->free_nodes = t;
+}
+
+/* Called with mu held; returns with mu held. */
+static void run_locked(pt_pool *p, node *t) {
+    p->active++;
+    pthread_mutex_unlock(&p->mu);
+    t->fn(t->arg);
+    pthread_mutex_lock(&p->mu);
+    finish(p, t);
+}
+
+static node *pop_head(pt_pool *p) {
+    node *t = p->head;
+    if (t) {
+        p->head = t->next;
+        if (!p->head) p->tail = NULL;
+    }
+    return t;
+}
+
+/* First queued task of group g (FIFO among g's tasks), unlinked; NULL if none. */
+static node *pop_group(pt_pool *p, const pt_task_group *g) {
+    node *prev = NULL;
+    for (node *t = p->head; t; prev = t, t = t->next) {
+        if (t->g != g) continue;
+        if (prev) prev->next = t->next;
+        else p->head = t->next;
+        if (p->tail == t) p->tail = prev;
+        return t;
+    }
+    return NULL;
+}
+
+static void *worker(void *arg) {
+    pt_pool *p = arg;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        node *t = pop_head(p);
+        if (t) {
+            run_locked(p, t);
+            continue;
+        }
+        if (p->shutdown && p->active == 0) {
+            p->closed = 1;
+            pthread_cond_broadcast(&p->work_cv); /* let the other idle workers see it */
+            break;
+        }
+        pthread_cond_wait(&p->work_cv, &p->mu);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+pt_pool *pt_pool_create(int n_threads, char *err, size_t errlen) {
+    if (n_threads < 0) {
+        if (err) snprintf(err, errlen, "thread_pool: n_threads = %d is negative (0 = all CPUs)", n_threads);
+        return NULL;
+    }
+    if (n_threads == 0) n_threads = online_cpus();
+    pt_pool *p = calloc(1, sizeof *p);
+    pthread_t *th = calloc((size_t)n_threads, sizeof *th);
+    if (!p || !th) {
+        if (err) snprintf(err, errlen, "thread_pool: out of host memory creating a pool of %d threads", n_threads);
+        free(p);
+        free(th);
+        return NULL;
+    }
+    p->threads = th;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->work_cv, NULL);
+    pthread_cond_init(&p->done_cv, NULL);
+    for (int i = 0; i < n_threads; i++) {
+        int rc = pthread_create(&th[i], NULL, worker, p);
+        if (rc != 0) {
+            if (err) snprintf(err, errlen, "thread_pool: pthread_create failed for worker %d of %d: %s",
+                              i, n_threads, strerror(rc));
+            p->n_threads = i; /* join the ones that started */
+            pt_pool_destroy(p);
+            return NULL;
+        }
+    }
+    p->n_threads = n_threads;
+    return p;
+}
+
+void pt_pool_destroy(pt_pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->shutdown = 1;
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
+    /* With zero workers (failed create) nothing ran the queue; it is empty then,
+     * because create never returned the pool to anyone who could submit. */
+    for (node *t = p->free_nodes; t;) {
+        node *nx = t->next;
+        free(t);
+        t = nx;
+    }
+    pthread_cond_destroy(&p->done_cv);
+    pthread_cond_destroy(&p->work_cv);
+    pthread_mutex_destroy(&p->mu);
+    free(p->threads);
+    free(p);
+}
+
+int pt_pool_threads(const pt_pool *p) { return p ? p->n_threads : 0; }
+
+void pt_task_group_init(pt_task_group *g) {
+    if (g) memset(g, 0, sizeof *g);
+}
+
+int pt_pool_submit(pt_pool *p, pt_task_fn fn, void *arg, pt_task_group *g) {
+    if (!p || !fn) return PT_ERR_INVALID_ARG;
+    pthread_mutex_lock(&p->mu);
+    if (p->closed) {
+        pthread_mutex_unlock(&p->mu);
+        return PT_ERR_ORDER;
+    }
+    if (g && g->pool && g->pool != p) {
+        pthread_mutex_unlock(&p->mu);
+        return PT_ERR_INVALID_ARG;
+    }
+    node *t = p->free_nodes;
+    if (t) {
+        p->free_nodes = t->next;
+    } else {
+        /* malloc under the lock is rare (only while the free list grows). */
+        t = malloc(sizeof *t);
+        if (!t) {
+            pthread_mutex_unlock(&p->mu);
+            return PT_ERR_HOST_OOM;
+        }
+    }
+    t->next = NULL;
+    t->fn = fn;
+    t->arg = arg;
+    t->g = g;
+    if (g) {
+        g->pool = p;
+        g->pending++;
+        g->submitted++;
+    }
+    if (p->tail) p->tail->next = t;
+    else p->head = t;
+    p->tail = t;
+    pthread_cond_signal(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+    return PT_OK;
+}
+
+int pt_pool_wait(pt_pool *p, pt_task_group *g) {
+    if (!p || !g) return PT_ERR_INVALID_ARG;
+    pthread_mutex_lock(&p->mu);
+    if (g->pool && g->pool != p) {
+        pthread_mutex_unlock(&p->mu);
+        return PT_ERR_INVALID_ARG;
+    }
+    while (g->pending > 0) {
+        node *t = pop_group(p, g);
+        if (t) {
+            run_locked(p, t);
+            continue;
+        }
+        /* Everything left of g is running on other threads. */
+        pthread_cond_wait(&p->done_cv, &p->mu);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return PT_OK;
+}
+
+size_t pt_pool_pending(pt_pool *p, const pt_task_group *g) {
+    if (!p || !g) return 0;
+    pthread_mutex_lock(&p->mu);
+    size_t n = g->pool == p ? g->pending : 0;
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
+/* ---- parallel-for: pieces of `grain` handed out by an atomic counter ---- */
+
+typedef struct pf_job {
+    pt_range_fn fn;
+    void *arg;
+    size_t n, grain, pieces;  /* pieces = ceil(n / grain) */
+    atomic_size_t next;       /* next piece index to hand out */
+} pf_job;
+
+static void pf_task(void *a) {
+    pf_job *j = a;
+    for (;;) {
+        size_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (i >= j->pieces) break;
+        size_t b = i * j->grain;
+        size_t e = j->n - b < j->grain ? j->n : b + j->grain;
+        j->fn(j->arg, b, e);
+    }
+}
+
+int pt_pool_parallel_for(pt_pool *p, size_t n, size_t grain, pt_range_fn fn, void *arg) {
+    if (!fn) return PT_ERR_INVALID_ARG;
+    if (n == 0) return PT_OK;
+    if (!p) {
+        fn(arg, 0, n);
+        return PT_OK;
+    }
+    size_t nt = (size_t)p->n_threads;
+    if (grain == 0) grain = (n + nt - 1) / nt;
+    pf_job j = {.fn = fn, .arg = arg, .n = n, .grain = grain, .pieces = n / grain + (n % grain != 0)};
+    atomic_init(&j.next, 0);
+    /* The caller is one of the runners, so queue at most threads-1 helpers.
+     * Pieces are pulled dynamically, so a failed submit only means fewer
+     * runners: the caller's own loop still covers every piece. */
+    size_t helpers = (j.pieces < nt ? j.pieces : nt) - 1;
+    pt_task_group g = PT_TASK_GROUP_INIT;
+    for (size_t i = 0; i < helpers; i++)
+        if (pt_pool_submit(p, pf_task, &j, &g) != PT_OK) break;
+    pf_task(&j);
+    return pt_pool_wait(p, &g);
+}

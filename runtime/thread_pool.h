@@ -1,0 +1,82 @@
+/*
+ * thread_pool.h — a small pthread worker pool with waitable task groups.
+ *
+ * Used by the CPU Adam (runtime/cpu_adam.h) so that one chunk's optimizer
+ * update can be queued the moment its gradient lands on the host and run on
+ * the workers while the device keeps doing backward (ARCHITECTURE.md
+ * decision 3), and by anything else that wants a parallel-for.
+ *
+ * Semantics:
+ *  - Workers start tasks in submission order (one FIFO queue, no priorities);
+ *    a waiting caller may pull its own group's tasks ahead of that order.
+ *  - A pt_task_group counts the tasks submitted with it that have not finished.
+ *    pt_pool_wait(pool, g) returns when that count is zero. While waiting,
+ *    the caller runs queued tasks of the SAME group itself (never other
+ *    groups' tasks, so a wait is not delayed by unrelated long work). Nested
+ *    fork-join (a task that submits to its own sub-group and waits on it) is
+ *    therefore deadlock-free for any pool size >= 1.
+ *  - Submitting from any thread (including from inside a task) is safe.
+ *  - pt_pool_destroy drains: every task already queued, and every task those
+ *    tasks submit while the pool drains, runs before the workers are joined.
+ *    Submissions that arrive after the drain finished are refused.
+ *  - A group is bound to the pool of its first submission; using it with a
+ *    second pool is refused (PT_ERR_INVALID_ARG).
+ *
+ * Status codes are pt_status values from host_api/protrain.h (0 = PT_OK).
+ */
+#ifndef PT_THREAD_POOL_H
+#define PT_THREAD_POOL_H
+
+#include <stddef.h>
+
+typedef struct pt_pool pt_pool;
+
+/* A waitable set of tasks. Zero-initialise (PT_TASK_GROUP_INIT or
+ * pt_task_group_init) before first use; no destroy needed. Fields are private:
+ * they are read and written only under the owning pool's lock. */
+typedef struct pt_task_group {
+    pt_pool *pool;        /* pool of the first submission, NULL until then */
+    size_t pending;       /* submitted and not yet finished */
+    size_t submitted;     /* total ever submitted (statistics, tests) */
+} pt_task_group;
+
+#define PT_TASK_GROUP_INIT {0, 0, 0}
+
+typedef void (*pt_task_fn)(void *arg);
+/* Body of a parallel-for slice: process [begin, end). */
+typedef void (*pt_range_fn)(void *arg, size_t begin, size_t end);
+
+/* Create a pool of n_threads workers; 0 = the CPUs this process may run on
+ * (sched_getaffinity count, else sysconf online cores). Returns NULL and
+ * writes one sentence into err (may be NULL) on failure. */
+pt_pool *pt_pool_create(int n_threads, char *err, size_t errlen);
+
+/* Drain every queued task (see above), join the workers, free the pool.
+ * Must not be called from one of the pool's own tasks. NULL is a no-op. */
+void pt_pool_destroy(pt_pool *pool);
+
+int pt_pool_threads(const pt_pool *pool);
+
+/* Queue fn(arg). g may be NULL (fire and forget; pt_pool_destroy still runs
+ * it). Returns PT_OK, PT_ERR_INVALID_ARG (NULL pool/fn, group bound to another
+ * pool), PT_ERR_HOST_OOM (no memory for the task node) or PT_ERR_ORDER (the
+ * pool has finished draining). */
+int pt_pool_submit(pt_pool *pool, pt_task_fn fn, void *arg, pt_task_group *g);
+
+/* Block until every task of g has finished, running g's queued tasks on the
+ * calling thread meanwhile. Returns PT_OK or PT_ERR_INVALID_ARG. A group that
+ * was never submitted to returns at once. */
+int pt_pool_wait(pt_pool *pool, pt_task_group *g);
+
+/* Number of g's tasks not yet finished (a snapshot). */
+size_t pt_pool_pending(pt_pool *pool, const pt_task_group *g);
+
+void pt_task_group_init(pt_task_group *g);
+
+/* Run fn over [0, n) in slices of `grain` elements (the last may be shorter),
+ * spread over the workers and the caller, and wait. grain 0 picks
+ * ceil(n / threads). pool NULL runs fn(arg, 0, n) inline. Returns PT_OK or a
+ * submit error (slices already queued are still waited for). */
+int pt_pool_parallel_for(pt_pool *pool, size_t n, size_t grain, pt_range_fn fn, void *arg);
+
+#endif /* PT_THREAD_POOL_H */
