@@ -9,10 +9,12 @@
  *  - $PT_BUILD/protrain_plugin.so exports only protrain_plugin_v1, and its table
  *    loads with abi_version 1, struct_size sizeof(pt_plugin_v1), name "protrain";
  *  - $PT_BUILD/libprotrain_cuda.so (when built) exports only pt_gpu_backend_cuda,
- *    names itself "cuda", fills every op, and open() either succeeds or fails with
- *    "no CUDA device: ..." (no crash) on a machine without a GPU.
+ *    names itself "cuda", fills every op, and open() either fails with
+ *    "no CUDA device: ..." (no crash) on a machine without a GPU, or succeeds and
+ *    then every op runs once against the host bodies of kernels_hd.h.
  */
 #include <elf.h>
+#include <math.h>
 #include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,6 +29,7 @@
 #include <dlfcn.h>
 
 #include "gpu.h"
+#include "kernels_hd.h"
 #include "protrain.h"
 
 #define MAX_EXPORTS 64
@@ -215,6 +218,112 @@ static void test_plugin_exports(void **state) {
     pt_unload_plugin(&p);
 }
 
+static void set_flag(void *arg) { *(volatile int *)arg = 1; }
+
+/* Only on a machine with a GPU: every op once, results against the host bodies of
+ * kernels_hd.h. n is not a multiple of the block size so the tails are covered. */
+static void cuda_smoke(const pt_gpu_backend *be, void *impl) {
+    enum { N = 10007 };
+    static float x[N], y[N], p[N], g[N], m[N], v[N], got[N];
+    static uint16_t h16[N], got16[N];
+    for (int i = 0; i < N; i++) {
+        x[i] = (float)((i % 97) - 48) * 0.03125f + 0.001f * (float)(i % 7);
+        p[i] = 0.5f - 0.0001f * (float)i;
+        g[i] = (float)((i * 37) % 101 - 50) * 0.01f;
+        m[i] = 0.01f * (float)(i % 5);
+        v[i] = 0.001f * (float)(i % 3);
+    }
+    const size_t fb = sizeof(float) * N;
+    float *dx, *dp, *dg, *dm, *dv, *dout;
+    uint16_t *d16;
+    assert_int_equal(be->dev_alloc(impl, fb, (void **)&dx), 0);
+    assert_int_equal(be->dev_alloc(impl, fb, (void **)&dp), 0);
+    assert_int_equal(be->dev_alloc(impl, fb, (void **)&dg), 0);
+    assert_int_equal(be->dev_alloc(impl, fb, (void **)&dm), 0);
+    assert_int_equal(be->dev_alloc(impl, fb, (void **)&dv), 0);
+    assert_int_equal(be->dev_alloc(impl, sizeof(float), (void **)&dout), 0);
+    assert_int_equal(be->dev_alloc(impl, sizeof(uint16_t) * N, (void **)&d16), 0);
+    assert_int_equal(be->memcpy_async(impl, dx, x, fb, PT_GPU_H2D, NULL), 0);
+
+    /* sqnorm: float partial sums in a different order than the host's double sum;
+     * 1e-5 relative covers float rounding over ~1e4 positive terms. */
+    double ref = 0;
+    for (int i = 0; i < N; i++) ref += (double)x[i] * x[i];
+    float out = -1;
+    assert_int_equal(be->memset_async(impl, dout, 0, sizeof(float), NULL), 0);
+    assert_int_equal(be->sqnorm(impl, dx, PT_F32, N, dout, NULL), 0);
+    assert_int_equal(be->memcpy_async(impl, &out, dout, sizeof out, PT_GPU_D2H, NULL), 0);
+    assert_true(fabs(out - ref) <= 1e-5 * ref);
+
+    /* scale by 0.5 and fp32 -> bf16 are exact / bit-identical to the host bodies. */
+    assert_int_equal(be->scale(impl, dx, 0.5f, N, NULL), 0);
+    assert_int_equal(be->convert(impl, d16, PT_BF16, dx, PT_F32, N, 0, NULL), 0);
+    assert_int_equal(be->memcpy_async(impl, got16, d16, sizeof(uint16_t) * N, PT_GPU_D2H, NULL), 0);
+    for (int i = 0; i < N; i++) h16[i] = pt_f32_to_bf16(x[i] * 0.5f);
+    assert_memory_equal(got16, h16, sizeof h16);
+    /* accumulate: x += bf16(x), one fp32 add per element, so exact. */
+    assert_int_equal(be->convert(impl, dx, PT_F32, d16, PT_BF16, N, 1, NULL), 0);
+    assert_int_equal(be->memcpy_async(impl, got, dx, fb, PT_GPU_D2H, NULL), 0);
+    for (int i = 0; i < N; i++) y[i] = x[i] * 0.5f + pt_bf16_to_f32(h16[i]);
+    assert_memory_equal(got, y, fb);
+
+    /* AdamW step, param_out as f16. nvcc contracts mul+add into FMA, so allow a
+     * few ulp (2e-6 relative) against the host body. */
+    assert_int_equal(be->memcpy_async(impl, dp, p, fb, PT_GPU_H2D, NULL), 0);
+    assert_int_equal(be->memcpy_async(impl, dg, g, fb, PT_GPU_H2D, NULL), 0);
+    assert_int_equal(be->memcpy_async(impl, dm, m, fb, PT_GPU_H2D, NULL), 0);
+    assert_int_equal(be->memcpy_async(impl, dv, v, fb, PT_GPU_H2D, NULL), 0);
+    float bc1, bc2r;
+    pt_adamw_bias(0.9f, 0.999f, 3, &bc1, &bc2r);
+    pt_adamw_args a = {.param = dp, .grad = dg, .m = dm, .v = dv, .param_out = d16,
+                       .out_dtype = PT_F16, .n = N, .lr = 1e-3f, .beta1 = 0.9f,
+                       .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f, .bc1 = bc1,
+                       .bc2_rsqrt = bc2r, .grad_scale = 0.5f};
+    assert_int_equal(be->adamw(impl, &a, NULL), 0);
+    assert_int_equal(be->memcpy_async(impl, got, dp, fb, PT_GPU_D2H, NULL), 0);
+    pt_adamw_consts c = pt_adamw_make_consts(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, bc1,
+                                             bc2r, a.grad_scale);
+    for (int i = 0; i < N; i++) {
+        float want = pt_adamw_elem(&c, p[i], g[i], &m[i], &v[i]);
+        if (fabsf(got[i] - want) > 2e-6f * fabsf(want) + 1e-9f)
+            fail_msg("adamw[%d]: gpu %.9g host %.9g", i, got[i], want);
+    }
+
+    /* Streams, events, host functions, pinned memory. */
+    pt_stream *s = NULL;
+    pt_event *e0 = NULL, *e1 = NULL;
+    float *pin = NULL;
+    volatile int flag = 0;
+    float ms = -1;
+    assert_int_equal(be->stream_create(impl, &s), 0);
+    assert_int_equal(be->event_create(impl, &e0), 0);
+    assert_int_equal(be->event_create(impl, &e1), 0);
+    assert_int_equal(be->host_alloc(impl, fb, (void **)&pin), 0);
+    assert_int_equal(be->event_record(impl, e0, s), 0);
+    assert_int_equal(be->memcpy_async(impl, pin, dp, fb, PT_GPU_D2H, s), 0);
+    assert_int_equal(be->host_fn(impl, s, set_flag, (void *)&flag), 0);
+    assert_int_equal(be->event_record(impl, e1, s), 0);
+    assert_int_equal(be->stream_wait_event(impl, NULL, e1), 0);
+    assert_int_equal(be->event_sync(impl, e1), 0);
+    assert_int_equal(be->event_query(impl, e1), 1);
+    assert_int_equal(be->stream_sync(impl, s), 0);
+    assert_int_equal(flag, 1);
+    assert_memory_equal(pin, got, fb);
+    assert_int_equal(be->event_elapsed_ms(impl, e0, e1, &ms), 0);
+    assert_true(ms >= 0.0f);
+    be->host_free(impl, pin, fb);
+    be->event_destroy(impl, e0);
+    be->event_destroy(impl, e1);
+    be->stream_destroy(impl, s);
+    be->dev_free(impl, dx, fb);
+    be->dev_free(impl, dp, fb);
+    be->dev_free(impl, dg, fb);
+    be->dev_free(impl, dm, fb);
+    be->dev_free(impl, dv, fb);
+    be->dev_free(impl, dout, sizeof(float));
+    be->dev_free(impl, d16, sizeof(uint16_t) * N);
+}
+
 static void test_cuda_backend_exports(void **state) {
     (void)state;
     char path[PATH_MAX];
@@ -251,6 +360,7 @@ static void test_cuda_backend_exports(void **state) {
         be->device_name(impl, name, sizeof name);
         assert_true(strlen(name) > 0);
         assert_true(be->total_memory(impl) > 0);
+        cuda_smoke(be, impl);
         be->close(impl);
         printf("note: cuda backend opened %s\n", name);
     } else {
