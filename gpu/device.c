@@ -1,0 +1,715 @@
+/*
+ * device.c — the device wrapper every backend shares (gpu.h, device_ext.h):
+ * backend selection (host / cuda via dlopen / auto), one reservation of the whole
+ * device budget sub-allocated by our own allocator, exact accounting, poison on
+ * free, pinned-memory budget, failure injection, copy-traffic counters.
+ *
+ * Allocator: blocks (free and live) form an address-ordered doubly linked list
+ * covering [0, capacity) of the reservation; free blocks also sit in one of 64
+ * size bins, bin = floor(log2(size / 256)). A request takes the best fit (smallest
+ * block >= size, lowest offset on ties) from the first bin that has a fitting
+ * block: every block in a higher bin fits, so at most the blocks of two bins are
+ * scanned. Live blocks are found by pointer through an open-addressing hash map.
+ * Block headers live in host memory (device memory is not addressable on cuda).
+ *
+ * One mutex guards the allocator, the maps and the counters: runtime threads and
+ * stream-completion callbacks may call in concurrently.
+ */
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "device_ext.h"
+#include "gpu.h"
+#include "protrain.h"
+
+#define NBINS 64
+
+typedef struct blk {
+    uint64_t off, size;        /* extent in the reservation; size % PT_GPU_ALIGN == 0 */
+    uint64_t req;              /* bytes the caller asked for (live blocks) */
+    int tag;
+    int state;                 /* 0 free, 1 live, 2 being poisoned (not free, not findable) */
+    struct blk *prev, *next;   /* address order */
+    struct blk *fprev, *fnext; /* bin list (free blocks only) */
+} blk;
+
+/* Open addressing, linear probing, backward-shift deletion; key 0 = empty. */
+typedef struct pmap {
+    uintptr_t *keys;
+    uint64_t *vals;
+    size_t cap, n;             /* cap a power of two, n <= cap / 2 */
+} pmap;
+
+struct pt_gpu {
+    const pt_gpu_backend *ops;
+    void *impl;
+    void *dl;                  /* cuda backend library handle, or NULL */
+    pt_gpu_config cfg;
+    pthread_mutex_t mu;
+    uint8_t *base;             /* the reservation: capacity bytes */
+    blk *first;
+    blk *bins[NBINS];
+    pmap live;                 /* device pointer -> blk* */
+    pmap pinned;               /* pinned pointer -> bytes */
+    uint64_t attempts;         /* pt_gpu_alloc calls so far (failure injection) */
+    pt_gpu_usage u;
+    void (*log)(void *user, int32_t level, const char *msg);
+    void *log_user;
+};
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- tags ---- */
+
+static const char *const tag_names[PT_TAG_COUNT] = {"param", "grad",    "optim",   "buffer",
+                                                     "act",   "scratch", "hostuse", "other"};
+
+const char *pt_mem_tag_name(int tag) {
+    return (tag >= 0 && tag < PT_TAG_COUNT) ? tag_names[tag] : "invalid";
+}
+
+int pt_mem_tag_parse(const char *s) {
+    static const struct { const char *name; int tag; } alias[] = {
+        {"params", PT_TAG_PARAM},      {"parameter", PT_TAG_PARAM},  {"grads", PT_TAG_GRAD},
+        {"gradient", PT_TAG_GRAD},     {"optimizer", PT_TAG_OPTIM},  {"chunk", PT_TAG_BUFFER},
+        {"activation", PT_TAG_ACT},    {"activations", PT_TAG_ACT},  {"acts", PT_TAG_ACT},
+        {"workspace", PT_TAG_SCRATCH}, {"tmp", PT_TAG_SCRATCH},      {"temp", PT_TAG_SCRATCH},
+    };
+    if (!s) return PT_TAG_HOSTUSE;
+    for (int t = 0; t < PT_TAG_COUNT; t++)
+        if (strcasecmp(s, tag_names[t]) == 0) return t;
+    for (size_t i = 0; i < sizeof alias / sizeof alias[0]; i++)
+        if (strcasecmp(s, alias[i].name) == 0) return alias[i].tag;
+    return PT_TAG_HOSTUSE; /* "input", "logits", anything else the host names */
+}
+
+/* ---- pointer map ---- */
+
+static size_t slot_of(const pmap *m, uintptr_t k) {
+    uint64_t h = (uint64_t)k * 0x9E3779B97F4A7C15ull; /* Fibonacci hashing */
+    return (size_t)(h >> 32) & (m->cap - 1);
+}
+
+static int pmap_grow(pmap *m) {
+    size_t ncap = m->cap ? m->cap * 2 : 64;
+    uintptr_t *nk = calloc(ncap, sizeof *nk);
+    uint64_t *nv = calloc(ncap, sizeof *nv);
+    if (!nk || !nv) {
+        free(nk);
+        free(nv);
+        return -1;
+    }
+    pmap o = *m;
+    m->keys = nk;
+    m->vals = nv;
+    m->cap = ncap;
+    for (size_t i = 0; i < o.cap; i++) {
+        if (!o.keys[i]) continue;
+        size_t j = slot_of(m, o.keys[i]);
+        while (m->keys[j]) j = (j + 1) & (ncap - 1);
+        m->keys[j] = o.keys[i];
+        m->vals[j] = o.vals[i];
+    }
+    free(o.keys);
+    free(o.vals);
+    return 0;
+}
+
+static int pmap_put(pmap *m, uintptr_t k, uint64_t v) {
+    if ((m->n + 1) * 2 > m->cap && pmap_grow(m) != 0) return -1;
+    size_t j = slot_of(m, k);
+    while (m->keys[j] && m->keys[j] != k) j = (j + 1) & (m->cap - 1);
+    if (!m->keys[j]) m->n++;
+    m->keys[j] = k;
+    m->vals[j] = v;
+    return 0;
+}
+
+/* Returns 1 and *v when found. */
+static int pmap_get(const pmap *m, uintptr_t k, uint64_t *v) {
+    if (!m->cap || !k) return 0;
+    for (size_t j = slot_of(m, k); m->keys[j]; j = (j + 1) & (m->cap - 1)) {
+        if (m->keys[j] == k) {
+            if (v) *v = m->vals[j];
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void pmap_del(pmap *m, uintptr_t k) {
+    if (!m->cap || !k) return;
+    size_t mask = m->cap - 1, j = slot_of(m, k);
+    while (m->keys[j] && m->keys[j] != k) j = (j + 1) & mask;
+    if (!m->keys[j]) return;
+    m->keys[j] = 0;
+    m->n--;
+    /* backward shift: move later members of the probe run into the hole when
+     * their home slot does not lie cyclically in (hole, their slot]. */
+    for (size_t i = (j + 1) & mask; m->keys[i]; i = (i + 1) & mask) {
+        size_t home = slot_of(m, m->keys[i]);
+        int stays = (j <= i) ? (home > j && home <= i) : (home > j || home <= i);
+        if (stays) continue;
+        m->keys[j] = m->keys[i];
+        m->vals[j] = m->vals[i];
+        m->keys[i] = 0;
+        j = i;
+    }
+}
+
+static void pmap_free(pmap *m) {
+    free(m->keys);
+    free(m->vals);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- allocator (caller holds g->mu) ---- */
+
+static int bin_of(uint64_t size) {
+    uint64_t units = size / PT_GPU_ALIGN; /* >= 1 */
+    int b = 63 - __builtin_clzll(units);
+    return b < NBINS ? b : NBINS - 1;
+}
+
+static void bin_insert(pt_gpu *g, blk *x) {
+    int b = bin_of(x->size);
+    x->fprev = NULL;
+    x->fnext = g->bins[b];
+    if (g->bins[b]) g->bins[b]->fprev = x;
+    g->bins[b] = x;
+}
+
+static void bin_remove(pt_gpu *g, blk *x) {
+    if (x->fprev) x->fprev->fnext = x->fnext;
+    else g->bins[bin_of(x->size)] = x->fnext;
+    if (x->fnext) x->fnext->fprev = x->fprev;
+    x->fprev = x->fnext = NULL;
+}
+
+static blk *find_fit(pt_gpu *g, uint64_t size) {
+    for (int b = bin_of(size); b < NBINS; b++) {
+        blk *best = NULL;
+        for (blk *x = g->bins[b]; x; x = x->fnext)
+            if (x->size >= size &&
+                (!best || x->size < best->size || (x->size == best->size && x->off < best->off)))
+                best = x;
+        if (best) return best;
+    }
+    return NULL;
+}
+
+static blk *carve(pt_gpu *g, uint64_t size) {
+    blk *x = find_fit(g, size);
+    if (!x) return NULL;
+    bin_remove(g, x);
+    if (x->size - size >= PT_GPU_ALIGN) {
+        blk *r = calloc(1, sizeof *r);
+        if (r) { /* without a header for the tail the whole block is handed out */
+            r->off = x->off + size;
+            r->size = x->size - size;
+            r->prev = x;
+            r->next = x->next;
+            if (x->next) x->next->prev = r;
+            x->next = r;
+            x->size = size;
+            bin_insert(g, r);
+        }
+    }
+    x->state = 1;
+    return x;
+}
+
+/* Merge b into a (a directly precedes b); b's header goes. */
+static void absorb(blk *a, blk *b) {
+    a->size += b->size;
+    a->next = b->next;
+    if (b->next) b->next->prev = a;
+    free(b);
+}
+
+static void release(pt_gpu *g, blk *x) {
+    x->state = 0;
+    x->req = 0;
+    if (x->next && x->next->state == 0) {
+        bin_remove(g, x->next);
+        absorb(x, x->next);
+    }
+    if (x->prev && x->prev->state == 0) {
+        blk *p = x->prev;
+        bin_remove(g, p);
+        absorb(p, x);
+        x = p;
+    }
+    bin_insert(g, x);
+}
+
+static uint64_t largest_free_locked(const pt_gpu *g) {
+    for (int b = NBINS - 1; b >= 0; b--) {
+        if (!g->bins[b]) continue;
+        uint64_t m = 0;
+        for (const blk *x = g->bins[b]; x; x = x->fnext)
+            if (x->size > m) m = x->size;
+        return m;
+    }
+    return 0;
+}
+
+/* ---- open / close ---- */
+
+static const char self_anchor = 0; /* dladdr on this finds the file we were linked into */
+
+static int load_cuda(const pt_gpu_backend **ops, void **dl, char *err, size_t errlen) {
+    char path[4096] = "";
+    Dl_info di;
+    void *h = NULL;
+    if (dladdr(&self_anchor, &di) && di.dli_fname) {
+        const char *slash = strrchr(di.dli_fname, '/');
+        if (slash) {
+            snprintf(path, sizeof path, "%.*s/%s", (int)(slash - di.dli_fname), di.dli_fname,
+                     PT_CUDA_BACKEND_LIB);
+            if (access(path, F_OK) == 0) {
+                h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+                if (!h) {
+                    const char *e = dlerror();
+                    seterr(err, errlen, "cuda backend library %s exists but failed to load: %s",
+                           path, e ? e : "unknown dlopen error");
+                    return PT_ERR_BACKEND;
+                }
+            }
+        }
+    }
+    if (!h) h = dlopen(PT_CUDA_BACKEND_LIB, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        seterr(err, errlen,
+               "cuda backend library %s not found (looked beside %s and on the loader path: %s)",
+               PT_CUDA_BACKEND_LIB, path[0] ? path : "the plugin", e ? e : "no detail");
+        return PT_ERR_BACKEND;
+    }
+    const pt_gpu_backend *b = dlsym(h, PT_CUDA_BACKEND_SYMBOL);
+    if (!b || !b->open) {
+        seterr(err, errlen, "cuda backend library %s does not export %s", PT_CUDA_BACKEND_LIB,
+               PT_CUDA_BACKEND_SYMBOL);
+        dlclose(h);
+        return PT_ERR_BACKEND;
+    }
+    *ops = b;
+    *dl = h;
+    return PT_OK;
+}
+
+static void default_log(void *user, int32_t level, const char *msg) {
+    (void)user;
+    fprintf(stderr, "[protrain gpu %s] %s\n", level <= 0 ? "error" : "warn", msg);
+}
+
+/* Open one backend and reserve the whole budget. On failure closes what it opened
+ * (including dl) and fills err. */
+static int open_with(const pt_gpu_backend *ops, void *dl, const pt_gpu_config *cfg, pt_gpu **out,
+                     char *err, size_t errlen) {
+    void *impl = NULL;
+    char berr[512] = "";
+    int rc = ops->open(cfg, &impl, berr, sizeof berr);
+    if (rc != PT_OK) {
+        seterr(err, errlen, "%s backend failed to open: %s", ops->name,
+               berr[0] ? berr : "no reason given");
+        if (dl) dlclose(dl);
+        return PT_ERR_BACKEND;
+    }
+    uint64_t total = ops->total_memory(impl);
+    uint64_t cap = cfg->capacity;
+    if (!cap) /* host: total is the configured simulated size; real GPUs: leave 5% */
+        cap = strcmp(ops->name, "host") == 0 ? total : total - total / 20;
+    cap -= cap % PT_GPU_ALIGN;
+    void *base = NULL;
+    if (cap == 0 || ops->dev_alloc(impl, (size_t)cap, &base) != PT_OK || !base) {
+        seterr(err, errlen,
+               "could not reserve %" PRIu64 " bytes of device memory on the %s backend "
+               "(device reports %" PRIu64 " bytes total; lower [memory] capacity)",
+               cap, ops->name, total);
+        ops->close(impl);
+        if (dl) dlclose(dl);
+        return cap == 0 ? PT_ERR_INVALID_ARG : PT_ERR_OOM;
+    }
+    pt_gpu *g = calloc(1, sizeof *g);
+    blk *all = calloc(1, sizeof *all);
+    if (!g || !all || pthread_mutex_init(&g->mu, NULL) != 0) {
+        free(g);
+        free(all);
+        ops->dev_free(impl, base, (size_t)cap);
+        ops->close(impl);
+        if (dl) dlclose(dl);
+        seterr(err, errlen, "out of host memory for the device wrapper");
+        return PT_ERR_HOST_OOM;
+    }
+    g->ops = ops;
+    g->impl = impl;
+    g->dl = dl;
+    g->cfg = *cfg;
+    g->base = base;
+    g->log = default_log;
+    all->size = cap;
+    g->first = all;
+    bin_insert(g, all);
+    g->u.capacity = cap;
+    g->u.pinned_budget = cfg->pinned_budget;
+    *out = g;
+    return PT_OK;
+}
+
+int pt_gpu_open(const char *kind, const pt_gpu_config *cfg, pt_gpu **out, char *err,
+                size_t errlen) {
+    if (!out) {
+        seterr(err, errlen, "pt_gpu_open: output pointer is NULL");
+        return PT_ERR_INVALID_ARG;
+    }
+    *out = NULL;
+    pt_gpu_config c;
+    memset(&c, 0, sizeof c);
+    if (cfg) c = *cfg;
+    if (c.fail_alloc_at < 0) {
+        seterr(err, errlen, "fail_alloc_at = %d must be >= 0 (0 disables injection)",
+               c.fail_alloc_at);
+        return PT_ERR_INVALID_ARG;
+    }
+    if (!kind) kind = "auto";
+    if (strcmp(kind, "host") == 0) return open_with(&pt_gpu_backend_host, NULL, &c, out, err, errlen);
+    int is_cuda = strcmp(kind, "cuda") == 0;
+    if (!is_cuda && strcmp(kind, "auto") != 0) {
+        seterr(err, errlen, "unknown device kind '%s' (expected host, cuda or auto)", kind);
+        return PT_ERR_INVALID_ARG;
+    }
+    const pt_gpu_backend *ops = NULL;
+    void *dl = NULL;
+    char cerr[768] = "";
+    int rc = load_cuda(&ops, &dl, cerr, sizeof cerr);
+    if (rc == PT_OK) rc = open_with(ops, dl, &c, out, cerr, sizeof cerr);
+    if (rc == PT_OK) return PT_OK;
+    if (is_cuda) {
+        seterr(err, errlen, "%s", cerr);
+        return rc == PT_ERR_OOM ? PT_ERR_OOM : PT_ERR_BACKEND;
+    }
+    return open_with(&pt_gpu_backend_host, NULL, &c, out, err, errlen); /* auto: silent fallback */
+}
+
+void pt_gpu_set_log(pt_gpu *g, void (*fn)(void *user, int32_t level, const char *msg),
+                    void *user) {
+    if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    g->log = fn ? fn : default_log;
+    g->log_user = fn ? user : NULL;
+    pthread_mutex_unlock(&g->mu);
+}
+
+void pt_gpu_close(pt_gpu *g) {
+    if (!g) return;
+    char msg[256];
+    if (g->live.n) {
+        uint64_t bytes = 0, tb[PT_TAG_COUNT] = {0};
+        for (blk *x = g->first; x; x = x->next)
+            if (x->state) {
+                bytes += x->req;
+                tb[x->tag] += x->req;
+            }
+        int worst = 0;
+        for (int t = 1; t < PT_TAG_COUNT; t++)
+            if (tb[t] > tb[worst]) worst = t;
+        snprintf(msg, sizeof msg,
+                 "pt_gpu_close: %zu device allocations (%" PRIu64 " bytes) were never freed; "
+                 "most under tag %s (%" PRIu64 " bytes)",
+                 g->live.n, bytes, pt_mem_tag_name(worst), tb[worst]);
+        g->log(g->log_user, PT_LOG_WARN, msg);
+    }
+    if (g->pinned.n) {
+        snprintf(msg, sizeof msg,
+                 "pt_gpu_close: %zu pinned allocations (%" PRIu64 " bytes) were never freed; "
+                 "freeing them now",
+                 g->pinned.n, g->u.pinned_current);
+        g->log(g->log_user, PT_LOG_WARN, msg);
+        for (size_t i = 0; i < g->pinned.cap; i++)
+            if (g->pinned.keys[i])
+                g->ops->host_free(g->impl, (void *)g->pinned.keys[i], (size_t)g->pinned.vals[i]);
+    }
+    for (blk *x = g->first, *n; x; x = n) {
+        n = x->next;
+        free(x);
+    }
+    g->ops->dev_free(g->impl, g->base, (size_t)g->u.capacity);
+    g->ops->close(g->impl);
+    if (g->dl) dlclose(g->dl);
+    pmap_free(&g->live);
+    pmap_free(&g->pinned);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+}
+
+const char *pt_gpu_backend_name(const pt_gpu *g) { return g ? g->ops->name : "none"; }
+
+void pt_gpu_device_name(const pt_gpu *g, char *buf, size_t len) {
+    if (!buf || !len) return;
+    if (!g) {
+        snprintf(buf, len, "none");
+        return;
+    }
+    g->ops->device_name(g->impl, buf, len);
+}
+
+const pt_gpu_backend *pt_gpu_ops(const pt_gpu *g) { return g ? g->ops : NULL; }
+void *pt_gpu_impl(const pt_gpu *g) { return g ? g->impl : NULL; }
+
+/* ---- device memory ---- */
+
+uint64_t pt_gpu_round_size(uint64_t bytes) {
+    if (bytes == 0) return PT_GPU_ALIGN;
+    if (bytes > UINT64_MAX - (PT_GPU_ALIGN - 1)) return 0; /* unrepresentable */
+    return (bytes + PT_GPU_ALIGN - 1) / PT_GPU_ALIGN * PT_GPU_ALIGN;
+}
+
+/* The mutex is logically mutable: const getters lock it too. */
+static pthread_mutex_t *mu_of(const pt_gpu *g) { return (pthread_mutex_t *)&g->mu; }
+
+int pt_gpu_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t errlen) {
+    if (!g || !p || tag < 0 || tag >= PT_TAG_COUNT) {
+        seterr(err, errlen, "pt_gpu_alloc: %s", !g ? "device is NULL" : !p ? "output pointer is NULL"
+                                                                            : "tag out of range");
+        return PT_ERR_INVALID_ARG;
+    }
+    *p = NULL;
+    uint64_t size = pt_gpu_round_size(bytes);
+    pthread_mutex_lock(&g->mu);
+    uint64_t attempt = ++g->attempts;
+    if (g->cfg.fail_alloc_at > 0 && attempt == (uint64_t)g->cfg.fail_alloc_at) {
+        pthread_mutex_unlock(&g->mu);
+        seterr(err, errlen,
+               "device out of memory (injected failure): allocation #%" PRIu64 " (tag %s, %zu "
+               "bytes) failed because fail_alloc_at = %d",
+               attempt, pt_mem_tag_name(tag), bytes, g->cfg.fail_alloc_at);
+        return PT_ERR_OOM;
+    }
+    blk *x = size ? carve(g, size) : NULL;
+    if (x && pmap_put(&g->live, (uintptr_t)(g->base + x->off), (uint64_t)(uintptr_t)x) != 0) {
+        release(g, x);
+        pthread_mutex_unlock(&g->mu);
+        seterr(err, errlen, "pt_gpu_alloc: out of host memory for the allocation table");
+        return PT_ERR_HOST_OOM;
+    }
+    if (!x) {
+        uint64_t cap = g->u.capacity, freeb = cap - g->u.current;
+        uint64_t largest = largest_free_locked(g);
+        pthread_mutex_unlock(&g->mu);
+        if (size == bytes)
+            seterr(err, errlen,
+                   "device out of memory: tag %s needs %zu bytes, %" PRIu64 " free of %" PRIu64
+                   " capacity (largest free block %" PRIu64 ")",
+                   pt_mem_tag_name(tag), bytes, freeb, cap, largest);
+        else
+            seterr(err, errlen,
+                   "device out of memory: tag %s needs %zu bytes (%" PRIu64 " with %u-byte "
+                   "alignment), %" PRIu64 " free of %" PRIu64 " capacity (largest free block %"
+                   PRIu64 ")",
+                   pt_mem_tag_name(tag), bytes, size, PT_GPU_ALIGN, freeb, cap, largest);
+        return PT_ERR_OOM;
+    }
+    x->req = bytes;
+    x->tag = tag;
+    g->u.current += x->size;
+    if (g->u.current > g->u.peak) g->u.peak = g->u.current;
+    g->u.tag_current[tag] += x->size;
+    if (g->u.tag_current[tag] > g->u.tag_peak[tag]) g->u.tag_peak[tag] = g->u.tag_current[tag];
+    g->u.n_allocs++;
+    *p = g->base + x->off;
+    pthread_mutex_unlock(&g->mu);
+    return PT_OK;
+}
+
+int pt_gpu_free_checked(pt_gpu *g, void *p, char *err, size_t errlen) {
+    if (!g) {
+        seterr(err, errlen, "pt_gpu_free: device is NULL");
+        return PT_ERR_INVALID_ARG;
+    }
+    if (!p) return PT_OK;
+    uint64_t v;
+    pthread_mutex_lock(&g->mu);
+    if (!pmap_get(&g->live, (uintptr_t)p, &v)) {
+        pthread_mutex_unlock(&g->mu);
+        seterr(err, errlen,
+               "pt_gpu_free: %p is not a live device allocation (never allocated by this "
+               "device, already freed, or not the start of a block)",
+               p);
+        return PT_ERR_INVALID_ARG;
+    }
+    blk *x = (blk *)(uintptr_t)v;
+    pmap_del(&g->live, (uintptr_t)p);
+    if (g->cfg.poison) {
+        /* Unfindable (a second free fails) but not yet free (nobody can get it):
+         * poison it without holding the lock, then give it back. */
+        x->state = 2;
+        pthread_mutex_unlock(&g->mu);
+        g->ops->memset_async(g->impl, p, 0xFF, (size_t)x->size, NULL);
+        g->ops->stream_sync(g->impl, NULL);
+        pthread_mutex_lock(&g->mu);
+    }
+    g->u.current -= x->size;
+    g->u.tag_current[x->tag] -= x->size;
+    release(g, x);
+    pthread_mutex_unlock(&g->mu);
+    return PT_OK;
+}
+
+void pt_gpu_free(pt_gpu *g, void *p) { (void)pt_gpu_free_checked(g, p, NULL, 0); }
+
+size_t pt_gpu_alloc_size(const pt_gpu *g, const void *p) {
+    if (!g || !p) return 0;
+    uint64_t v;
+    size_t n = 0;
+    pthread_mutex_lock(mu_of(g));
+    if (pmap_get(&g->live, (uintptr_t)p, &v)) n = (size_t)((const blk *)(uintptr_t)v)->req;
+    pthread_mutex_unlock(mu_of(g));
+    return n;
+}
+
+size_t pt_gpu_live_allocs(const pt_gpu *g) {
+    if (!g) return 0;
+    pthread_mutex_lock(mu_of(g));
+    size_t n = g->live.n;
+    pthread_mutex_unlock(mu_of(g));
+    return n;
+}
+
+size_t pt_gpu_live_pinned(const pt_gpu *g) {
+    if (!g) return 0;
+    pthread_mutex_lock(mu_of(g));
+    size_t n = g->pinned.n;
+    pthread_mutex_unlock(mu_of(g));
+    return n;
+}
+
+uint64_t pt_gpu_largest_free(const pt_gpu *g) {
+    if (!g) return 0;
+    pthread_mutex_lock(mu_of(g));
+    uint64_t m = largest_free_locked(g);
+    pthread_mutex_unlock(mu_of(g));
+    return m;
+}
+
+size_t pt_gpu_free_extents(const pt_gpu *g) {
+    if (!g) return 0;
+    size_t n = 0;
+    pthread_mutex_lock(mu_of(g));
+    for (int b = 0; b < NBINS; b++)
+        for (const blk *x = g->bins[b]; x; x = x->fnext) n++;
+    pthread_mutex_unlock(mu_of(g));
+    return n;
+}
+
+/* ---- pinned host memory ---- */
+
+int pt_gpu_pinned_alloc(pt_gpu *g, size_t bytes, void **p, char *err, size_t errlen) {
+    if (!g || !p) {
+        seterr(err, errlen, "pt_gpu_pinned_alloc: %s", !g ? "device is NULL" : "output pointer is NULL");
+        return PT_ERR_INVALID_ARG;
+    }
+    *p = NULL;
+    pthread_mutex_lock(&g->mu);
+    uint64_t cur = g->u.pinned_current, budget = g->u.pinned_budget;
+    if (budget && (bytes > budget || cur > budget - bytes)) {
+        pthread_mutex_unlock(&g->mu);
+        seterr(err, errlen,
+               "pinned host memory budget exceeded: needs %zu bytes, %" PRIu64 " in use of a %"
+               PRIu64 "-byte budget",
+               bytes, cur, budget);
+        return PT_ERR_HOST_OOM;
+    }
+    /* Under the lock so the budget check and the charge are one step; pinned
+     * allocations are few and large. */
+    void *q = NULL;
+    if (g->ops->host_alloc(g->impl, bytes, &q) != PT_OK || !q) {
+        pthread_mutex_unlock(&g->mu);
+        seterr(err, errlen,
+               "pinned host allocation of %zu bytes failed on the %s backend (%" PRIu64
+               " bytes pinned so far)",
+               bytes, g->ops->name, cur);
+        return PT_ERR_HOST_OOM;
+    }
+    if (pmap_put(&g->pinned, (uintptr_t)q, bytes) != 0) {
+        g->ops->host_free(g->impl, q, bytes);
+        pthread_mutex_unlock(&g->mu);
+        seterr(err, errlen, "pt_gpu_pinned_alloc: out of host memory for the allocation table");
+        return PT_ERR_HOST_OOM;
+    }
+    g->u.pinned_current += bytes;
+    if (g->u.pinned_current > g->u.pinned_peak) g->u.pinned_peak = g->u.pinned_current;
+    pthread_mutex_unlock(&g->mu);
+    *p = q;
+    return PT_OK;
+}
+
+void pt_gpu_pinned_free(pt_gpu *g, void *p) {
+    if (!g || !p) return;
+    uint64_t bytes;
+    pthread_mutex_lock(&g->mu);
+    if (pmap_get(&g->pinned, (uintptr_t)p, &bytes)) {
+        pmap_del(&g->pinned, (uintptr_t)p);
+        g->u.pinned_current -= bytes;
+        g->ops->host_free(g->impl, p, (size_t)bytes);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* ---- counters ---- */
+
+void pt_gpu_usage_get(const pt_gpu *g, pt_gpu_usage *u) {
+    if (!u) return;
+    if (!g) {
+        memset(u, 0, sizeof *u);
+        return;
+    }
+    pthread_mutex_lock(mu_of(g));
+    *u = g->u;
+    pthread_mutex_unlock(mu_of(g));
+}
+
+void pt_gpu_reset_peak(pt_gpu *g) {
+    if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    g->u.peak = g->u.current;
+    for (int t = 0; t < PT_TAG_COUNT; t++) g->u.tag_peak[t] = g->u.tag_current[t];
+    g->u.pinned_peak = g->u.pinned_current;
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* ---- copies ---- */
+
+int pt_gpu_memcpy_async(pt_gpu *g, void *dst, const void *src, size_t bytes, int kind,
+                        pt_stream *s) {
+    if (!g) return PT_ERR_INVALID_ARG;
+    int rc = g->ops->memcpy_async(g->impl, dst, src, bytes, kind, s);
+    if (rc == PT_OK && (kind == PT_GPU_H2D || kind == PT_GPU_D2H)) {
+        pthread_mutex_lock(&g->mu);
+        if (kind == PT_GPU_H2D) g->u.h2d_bytes += bytes;
+        else g->u.d2h_bytes += bytes;
+        pthread_mutex_unlock(&g->mu);
+    }
+    return rc;
+}
+
+int pt_gpu_memcpy(pt_gpu *g, void *dst, const void *src, size_t bytes, int kind) {
+    int rc = pt_gpu_memcpy_async(g, dst, src, bytes, kind, NULL);
+    if (rc == PT_OK) rc = g->ops->stream_sync(g->impl, NULL);
+    return rc;
+}

@@ -1,0 +1,53 @@
+/*
+ * device_ext.h — extras of the device wrapper (gpu/device.c) beyond gpu.h:
+ * checked frees, leak counting, fragmentation figures, a log hook.
+ *
+ * Allocator facts callers and the planner may rely on:
+ *  - One backend reservation of `capacity` bytes is made at pt_gpu_open; every
+ *    pt_gpu_alloc is carved from it (best fit, lowest address on ties, split
+ *    remainders >= 256 bytes, neighbours coalesced on free). Fragmentation is
+ *    therefore real and the same on every backend.
+ *  - Every block is a multiple of PT_GPU_ALIGN bytes and starts on a multiple of
+ *    it. Accounting (current/peak/per tag) counts these rounded footprints, which
+ *    is what capacity is spent on; pt_gpu_alloc_size returns the requested size.
+ *    A 0-byte request gets a distinct PT_GPU_ALIGN-byte block (like malloc(0)).
+ *  - Fresh blocks are NOT zeroed (like cudaMalloc): callers memset what they need.
+ *    With cfg.poison, a block is filled with 0xFF bytes (NaN in fp32/bf16/fp16)
+ *    synchronously inside pt_gpu_free, before it can be handed out again.
+ *  - pt_gpu_free does not wait for in-flight stream work on the block (like a
+ *    caching allocator, unlike cudaFree): sync the streams that use it first.
+ *  - usage.n_allocs counts successful pt_gpu_alloc calls since open.
+ *  - cfg.fail_alloc_at = N fails the N-th pt_gpu_alloc call (1-based, counting
+ *    every call, failed ones included) with PT_ERR_OOM, once.
+ */
+#ifndef PT_DEVICE_EXT_H
+#define PT_DEVICE_EXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpu.h"
+
+#define PT_GPU_ALIGN 256u
+
+/* Footprint pt_gpu_alloc charges for a request of `bytes` (0 -> PT_GPU_ALIGN). */
+uint64_t pt_gpu_round_size(uint64_t bytes);
+
+/* pt_gpu_free that reports a pointer that is not a live allocation (never
+ * allocated here, freed twice, interior pointer) as PT_ERR_INVALID_ARG with one
+ * sentence, and changes nothing. NULL is a no-op returning 0. */
+int pt_gpu_free_checked(pt_gpu *g, void *p, char *err, size_t errlen);
+
+/* Device allocations still live (finalize tests assert 0 before pt_gpu_close). */
+size_t pt_gpu_live_allocs(const pt_gpu *g);
+/* Pinned allocations still live. */
+size_t pt_gpu_live_pinned(const pt_gpu *g);
+
+/* Fragmentation figures: the largest free extent and the number of free extents. */
+uint64_t pt_gpu_largest_free(const pt_gpu *g);
+size_t pt_gpu_free_extents(const pt_gpu *g);
+
+/* Where pt_gpu_close reports leaks (level: pt_log_level). NULL fn = stderr. */
+void pt_gpu_set_log(pt_gpu *g, void (*fn)(void *user, int32_t level, const char *msg), void *user);
+
+#endif /* PT_DEVICE_EXT_H */

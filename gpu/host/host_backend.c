@@ -1,0 +1,238 @@
+/*
+ * host_backend.c — the host backend's vtable: open/close, device and pinned
+ * memory, and the enqueueing side of copies and kernels (execution is in
+ * host_ops.c, streams and events in host_stream.c).
+ *
+ * Device memory is an anonymous mmap with MAP_NORESERVE: a simulated 1 GiB
+ * device costs no RAM until pages are touched. Fresh device memory is therefore
+ * zero on first use, but callers must not rely on that (cudaMalloc does not zero,
+ * and the device wrapper hands out recycled, possibly poisoned, blocks).
+ * Pinned memory is ordinary 64-byte aligned heap memory of the exact size.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "host_backend.h"
+#include "protrain.h"
+
+static void put_err(char *err, size_t errlen, const char *msg) {
+    if (err && errlen) snprintf(err, errlen, "%s", msg);
+}
+
+static int hb_open(const pt_gpu_config *cfg, void **impl, char *err, size_t errlen) {
+    if (!impl) {
+        put_err(err, errlen, "host backend open: impl pointer is NULL");
+        return PT_ERR_INVALID_ARG;
+    }
+    if (cfg && (cfg->copy_bandwidth < 0.0 || cfg->copy_bandwidth != cfg->copy_bandwidth)) {
+        if (err && errlen)
+            snprintf(err, errlen, "host backend open: copy_bandwidth %g bytes/s is not >= 0",
+                     cfg->copy_bandwidth);
+        return PT_ERR_INVALID_ARG;
+    }
+    hb *h = calloc(1, sizeof *h);
+    if (!h) {
+        put_err(err, errlen, "host backend open: out of host memory for the backend state");
+        return PT_ERR_HOST_OOM;
+    }
+    if (cfg) h->cfg = *cfg;
+    h->total = h->cfg.capacity ? h->cfg.capacity : PT_HB_DEFAULT_CAPACITY;
+    if (pthread_mutex_init(&h->mu, NULL) != 0) {
+        free(h);
+        put_err(err, errlen, "host backend open: pthread_mutex_init failed");
+        return PT_ERR_BACKEND;
+    }
+    if (pthread_cond_init(&h->progress, NULL) != 0) {
+        pthread_mutex_destroy(&h->mu);
+        free(h);
+        put_err(err, errlen, "host backend open: pthread_cond_init failed");
+        return PT_ERR_BACKEND;
+    }
+    *impl = h;
+    return PT_OK;
+}
+
+static void hb_close(void *impl) {
+    hb *h = impl;
+    if (!h) return;
+    /* Streams the caller forgot: drain and join them so no thread outlives us. */
+    for (;;) {
+        pthread_mutex_lock(&h->mu);
+        pt_stream *s = h->live;
+        pthread_mutex_unlock(&h->mu);
+        if (!s) break;
+        pt_hb_stream_destroy(h, s);
+    }
+    pthread_cond_destroy(&h->progress);
+    pthread_mutex_destroy(&h->mu);
+    free(h);
+}
+
+static void hb_device_name(void *impl, char *buf, size_t len) {
+    hb *h = impl;
+    if (!buf || !len) return;
+    if (!h) {
+        snprintf(buf, len, "host (simulated device)");
+        return;
+    }
+    if (h->cfg.copy_bandwidth > 0.0)
+        snprintf(buf, len, "host (simulated device, %.0f MiB, copies at %.1f MB/s)",
+                 (double)h->total / 1048576.0, h->cfg.copy_bandwidth / 1e6);
+    else
+        snprintf(buf, len, "host (simulated device, %.0f MiB, unthrottled copies)",
+                 (double)h->total / 1048576.0);
+}
+
+static uint64_t hb_total_memory(void *impl) {
+    hb *h = impl;
+    return h ? h->total : 0;
+}
+
+static int hb_dev_alloc(void *impl, size_t bytes, void **p) {
+    (void)impl;
+    if (!p) return PT_ERR_INVALID_ARG;
+    *p = NULL;
+    if (bytes == 0) return PT_OK;
+    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (m == MAP_FAILED) return PT_ERR_OOM;
+    *p = m;
+    return PT_OK;
+}
+
+static void hb_dev_free(void *impl, void *p, size_t bytes) {
+    (void)impl;
+    if (p && bytes) munmap(p, bytes);
+}
+
+static int hb_host_alloc(void *impl, size_t bytes, void **p) {
+    (void)impl;
+    if (!p) return PT_ERR_INVALID_ARG;
+    *p = NULL;
+    /* exact size (ProTrain's pinned allocator does not round up); 64-byte aligned
+     * for the vectorised CPU optimizer. malloc(0)-like: one aligned byte. */
+    if (posix_memalign(p, 64, bytes ? bytes : 1) != 0) {
+        *p = NULL;
+        return PT_ERR_HOST_OOM;
+    }
+    return PT_OK;
+}
+
+static void hb_host_free(void *impl, void *p, size_t bytes) {
+    (void)impl;
+    (void)bytes;
+    free(p);
+}
+
+/* ---- enqueueing ---- */
+
+static int valid_dtype(int d) { return d >= 0 && d <= 2; }
+
+static int hb_memset_async(void *impl, void *p, int value, size_t bytes, pt_stream *s) {
+    if (!impl || (!p && bytes)) return PT_ERR_INVALID_ARG;
+    hb_op *op = pt_hb_op_new(HB_OP_MEMSET);
+    if (!op) return PT_ERR_HOST_OOM;
+    op->u.ms.p = p;
+    op->u.ms.value = value;
+    op->u.ms.bytes = bytes;
+    return pt_hb_submit(impl, s, op);
+}
+
+static int hb_memcpy_async(void *impl, void *dst, const void *src, size_t bytes, int kind,
+                           pt_stream *s) {
+    if (!impl || ((!dst || !src) && bytes) || kind < PT_GPU_H2D || kind > PT_GPU_H2H)
+        return PT_ERR_INVALID_ARG;
+    hb_op *op = pt_hb_op_new(HB_OP_MEMCPY);
+    if (!op) return PT_ERR_HOST_OOM;
+    op->u.cp.dst = dst;
+    op->u.cp.src = src;
+    op->u.cp.bytes = bytes;
+    op->u.cp.kind = kind;
+    return pt_hb_submit(impl, s, op);
+}
+
+static int hb_host_fn(void *impl, pt_stream *s, void (*fn)(void *), void *arg) {
+    if (!impl || !fn) return PT_ERR_INVALID_ARG;
+    hb_op *op = pt_hb_op_new(HB_OP_HOSTFN);
+    if (!op) return PT_ERR_HOST_OOM;
+    op->u.fn.fn = fn;
+    op->u.fn.arg = arg;
+    return pt_hb_submit(impl, s, op);
+}
+
+static int hb_adamw(void *impl, const pt_adamw_args *a, pt_stream *s) {
+    if (!impl || !a) return PT_ERR_INVALID_ARG;
+    if (a->n && (!a->param || !a->grad || !a->m || !a->v)) return PT_ERR_INVALID_ARG;
+    if (a->param_out && !valid_dtype(a->out_dtype)) return PT_ERR_INVALID_ARG;
+    hb_op *op = pt_hb_op_new(HB_OP_ADAMW);
+    if (!op) return PT_ERR_HOST_OOM;
+    op->u.adamw = *a; /* by value: the caller's struct may be gone when this runs */
+    return pt_hb_submit(impl, s, op);
+}
+
+static int hb_sqnorm(void *impl, const void *x, int dtype, size_t n, float *out, pt_stream *s) {
+    if (!impl || !out || (!x && n) || !valid_dtype(dtype)) return PT_ERR_INVALID_ARG;
+    hb_op *op = pt_hb_op_new(HB_OP_SQNORM);
+    if (!op) return PT_ERR_HOST_OOM;
+    op->u.sq.x = x;
+    op->u.sq.dtype = dtype;
+    op->u.sq.n = n;
+    op->u.sq.out = out;
+    return pt_hb_submit(impl, s, op);
+}
+
+static int hb_scale(void *impl, float *x, float alpha, size_t n, pt_stream *s) {
+    if (!impl || (!x && n)) return PT_ERR_INVALID_ARG;
+    hb_op *op = pt_hb_op_new(HB_OP_SCALE);
+    if (!op) return PT_ERR_HOST_OOM;
+    op->u.sc.x = x;
+    op->u.sc.alpha = alpha;
+    op->u.sc.n = n;
+    return pt_hb_submit(impl, s, op);
+}
+
+static int hb_convert(void *impl, void *dst, int dst_dtype, const void *src, int src_dtype,
+                      size_t n, int accumulate, pt_stream *s) {
+    if (!impl || ((!dst || !src) && n) || !valid_dtype(dst_dtype) || !valid_dtype(src_dtype))
+        return PT_ERR_INVALID_ARG;
+    hb_op *op = pt_hb_op_new(HB_OP_CONVERT);
+    if (!op) return PT_ERR_HOST_OOM;
+    op->u.cv.dst = dst;
+    op->u.cv.dst_dtype = dst_dtype;
+    op->u.cv.src = src;
+    op->u.cv.src_dtype = src_dtype;
+    op->u.cv.n = n;
+    op->u.cv.acc = accumulate;
+    return pt_hb_submit(impl, s, op);
+}
+
+const pt_gpu_backend pt_gpu_backend_host = {
+    .name = "host",
+    .open = hb_open,
+    .close = hb_close,
+    .device_name = hb_device_name,
+    .total_memory = hb_total_memory,
+    .dev_alloc = hb_dev_alloc,
+    .dev_free = hb_dev_free,
+    .host_alloc = hb_host_alloc,
+    .host_free = hb_host_free,
+    .stream_create = pt_hb_stream_create,
+    .stream_destroy = pt_hb_stream_destroy,
+    .stream_sync = pt_hb_stream_sync,
+    .event_create = pt_hb_event_create,
+    .event_destroy = pt_hb_event_destroy,
+    .event_record = pt_hb_event_record,
+    .stream_wait_event = pt_hb_stream_wait_event,
+    .event_sync = pt_hb_event_sync,
+    .event_query = pt_hb_event_query,
+    .event_elapsed_ms = pt_hb_event_elapsed_ms,
+    .memset_async = hb_memset_async,
+    .memcpy_async = hb_memcpy_async,
+    .host_fn = hb_host_fn,
+    .adamw = hb_adamw,
+    .sqnorm = hb_sqnorm,
+    .scale = hb_scale,
+    .convert = hb_convert,
+};

@@ -1,0 +1,118 @@
+/*
+ * host_backend.h — internals of the host backend (the simulated GPU), shared by
+ * the .c files of gpu/host only. Nothing outside gpu/host includes this.
+ *
+ * Model:
+ *  - Device memory: each dev_alloc is one anonymous mmap (MAP_NORESERVE, so a
+ *    1 GiB reservation costs nothing until touched). The device wrapper
+ *    (gpu/device.c) makes exactly one such reservation and sub-allocates it.
+ *  - Streams: one worker thread per stream, draining a FIFO of ops. The NULL
+ *    stream runs every op synchronously on the calling thread (no implicit
+ *    synchronisation with other streams: like CUDA's per-thread default stream).
+ *  - Events: record enqueues a marker op on the stream; the event targets the
+ *    stream's sequence number of that marker, so it is complete exactly when all
+ *    work queued before it (and the marker) has run. Re-recording retargets it.
+ *  - Copy throttle (cfg.copy_bandwidth > 0): H2D, D2H and D2D copies each model
+ *    one link per direction (like a GPU's copy engines): a copy of N bytes
+ *    reserves its link from max(now, link_free) for N/bw seconds and completes at
+ *    the end of that window. A lone copy therefore takes N/bw on its stream; two
+ *    concurrent copies in the same direction share the link (serialise), two in
+ *    opposite directions overlap. H2H copies are plain memcpy. Applies to the NULL
+ *    stream too.
+ *
+ * Locking: one mutex per backend instance (hb.mu) guards every queue, sequence
+ * counter, event and refcount; `progress` is broadcast whenever any op finishes.
+ * Ops themselves run without the lock.
+ */
+#ifndef PT_HOST_BACKEND_H
+#define PT_HOST_BACKEND_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "gpu.h"
+
+#define PT_HB_DEFAULT_CAPACITY (1ull << 30)
+
+typedef enum hb_op_kind {
+    HB_OP_MEMCPY,
+    HB_OP_MEMSET,
+    HB_OP_HOSTFN,
+    HB_OP_RECORD,
+    HB_OP_WAIT,
+    HB_OP_ADAMW,
+    HB_OP_SQNORM,
+    HB_OP_SCALE,
+    HB_OP_CONVERT
+} hb_op_kind;
+
+typedef struct hb hb;
+
+typedef struct hb_op {
+    hb_op_kind kind;
+    struct hb_op *next;
+    union {
+        struct { void *dst; const void *src; size_t bytes; int kind; } cp;
+        struct { void *p; int value; size_t bytes; } ms;
+        struct { void (*fn)(void *); void *arg; } fn;
+        struct { pt_event *ev; uint64_t gen; } rec;
+        struct { pt_stream *src; uint64_t seq; } wait;   /* holds a ref on src */
+        pt_adamw_args adamw;
+        struct { const void *x; int dtype; size_t n; float *out; } sq;
+        struct { float *x; float alpha; size_t n; } sc;
+        struct { void *dst; int dst_dtype; const void *src; int src_dtype; size_t n; int acc; } cv;
+    } u;
+} hb_op;
+
+struct pt_stream {
+    hb *owner;
+    pthread_t thread;
+    pthread_cond_t work;        /* signalled when an op is queued or stop is set */
+    hb_op *head, *tail;         /* FIFO of ops not yet started */
+    uint64_t enq_seq;           /* ops queued so far (the n-th op has sequence n) */
+    uint64_t done_seq;          /* ops finished so far; ops finish in FIFO order */
+    int refs;                   /* creator + events recorded on it + wait ops naming it */
+    int stop;
+    struct pt_stream *lprev, *lnext; /* hb.live: streams not yet destroyed */
+};
+
+struct pt_event {
+    hb *owner;
+    pt_stream *s;               /* stream of the last record (holds a ref), NULL = NULL stream */
+    uint64_t seq;               /* complete when s->done_seq >= seq */
+    uint64_t gen;               /* bumped by every record; 0 = never recorded */
+    uint64_t stamped_gen;       /* gen whose marker op has run */
+    struct timespec t_done;     /* CLOCK_MONOTONIC time the marker of stamped_gen ran */
+    int pending_markers;        /* marker ops queued that still point at this event */
+};
+
+struct hb {
+    pt_gpu_config cfg;
+    uint64_t total;             /* simulated device bytes */
+    pthread_mutex_t mu;
+    pthread_cond_t progress;    /* broadcast after every finished op */
+    struct timespec link_free[3]; /* throttle: when each link (H2D, D2H, D2D) is free again */
+    pt_stream *live;            /* streams created and not destroyed (close joins them) */
+};
+
+/* host_stream.c */
+int pt_hb_stream_create(void *impl, pt_stream **s);
+void pt_hb_stream_destroy(void *impl, pt_stream *s);
+int pt_hb_stream_sync(void *impl, pt_stream *s);
+int pt_hb_event_create(void *impl, pt_event **e);
+void pt_hb_event_destroy(void *impl, pt_event *e);
+int pt_hb_event_record(void *impl, pt_event *e, pt_stream *s);
+int pt_hb_stream_wait_event(void *impl, pt_stream *s, pt_event *e);
+int pt_hb_event_sync(void *impl, pt_event *e);
+int pt_hb_event_query(void *impl, pt_event *e);
+int pt_hb_event_elapsed_ms(void *impl, pt_event *a, pt_event *b, float *ms);
+/* Queue op on s (NULL: run it now on the caller). Takes ownership of op. */
+int pt_hb_submit(hb *h, pt_stream *s, hb_op *op);
+hb_op *pt_hb_op_new(hb_op_kind kind);
+
+/* host_ops.c: what each op does (runs on the stream's thread, lock not held). */
+void pt_hb_exec(hb *h, hb_op *op);
+
+#endif /* PT_HOST_BACKEND_H */

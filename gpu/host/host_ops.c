@@ -1,0 +1,109 @@
+/*
+ * host_ops.c — what each queued op does on the host backend: copies (with the
+ * bandwidth throttle), memset, host functions and the numeric kernels. Runs on
+ * the stream's worker thread (or the caller for the NULL stream), without h->mu
+ * except for the throttle's link bookkeeping.
+ *
+ * Kernel bodies come from gpu/kernels_hd.h so the CUDA kernels compute the same
+ * per-element math. Loops are single-threaded: the simulated device runs one
+ * kernel at a time per stream, and tests want bit-exact, order-fixed results.
+ */
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "host_backend.h"
+#include "kernels_hd.h"
+
+static struct timespec ts_add_sec(struct timespec t, double sec) {
+    long long ns = (long long)(sec * 1e9);
+    t.tv_sec += (time_t)(ns / 1000000000ll);
+    t.tv_nsec += (long)(ns % 1000000000ll);
+    if (t.tv_nsec >= 1000000000l) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000l;
+    }
+    return t;
+}
+
+static int ts_before(struct timespec a, struct timespec b) {
+    return a.tv_sec < b.tv_sec || (a.tv_sec == b.tv_sec && a.tv_nsec < b.tv_nsec);
+}
+
+/* Throttled copy: reserve the direction's link for bytes/bw seconds starting at
+ * max(now, link free), copy, then sleep to the end of the reservation (absolute
+ * deadline, so the memcpy time is part of the window, not added to it). */
+static void copy_op(hb *h, void *dst, const void *src, size_t bytes, int kind) {
+    double bw = h->cfg.copy_bandwidth;
+    if (!(bw > 0.0) || kind == PT_GPU_H2H || kind < 0 || kind > PT_GPU_D2D) {
+        if (bytes) memmove(dst, src, bytes);
+        return;
+    }
+    struct timespec now, deadline;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    pthread_mutex_lock(&h->mu);
+    struct timespec start = ts_before(now, h->link_free[kind]) ? h->link_free[kind] : now;
+    deadline = ts_add_sec(start, (double)bytes / bw);
+    h->link_free[kind] = deadline;
+    pthread_mutex_unlock(&h->mu);
+    if (bytes) memmove(dst, src, bytes);
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &deadline, NULL) == EINTR) {
+    }
+}
+
+static void adamw_op(const pt_adamw_args *a) {
+    pt_adamw_consts c = pt_adamw_make_consts(a->lr, a->beta1, a->beta2, a->eps, a->weight_decay,
+                                             a->bc1, a->bc2_rsqrt, a->grad_scale);
+    for (size_t i = 0; i < a->n; i++) {
+        float p = pt_adamw_elem(&c, a->param[i], a->grad[i], &a->m[i], &a->v[i]);
+        a->param[i] = p;
+        if (a->param_out) pt_store_elem(a->param_out, a->out_dtype, i, p);
+    }
+}
+
+void pt_hb_exec(hb *h, hb_op *op) {
+    switch (op->kind) {
+    case HB_OP_MEMCPY:
+        copy_op(h, op->u.cp.dst, op->u.cp.src, op->u.cp.bytes, op->u.cp.kind);
+        break;
+    case HB_OP_MEMSET:
+        if (op->u.ms.bytes) memset(op->u.ms.p, op->u.ms.value, op->u.ms.bytes);
+        break;
+    case HB_OP_HOSTFN:
+        op->u.fn.fn(op->u.fn.arg);
+        break;
+    case HB_OP_ADAMW:
+        adamw_op(&op->u.adamw);
+        break;
+    case HB_OP_SQNORM: {
+        /* sum of squares in double (order fixed: i ascending), added once as float */
+        double acc = 0.0;
+        for (size_t i = 0; i < op->u.sq.n; i++) {
+            double x = (double)pt_load_elem(op->u.sq.x, op->u.sq.dtype, i);
+            acc += x * x;
+        }
+        *op->u.sq.out += (float)acc;
+        break;
+    }
+    case HB_OP_SCALE:
+        for (size_t i = 0; i < op->u.sc.n; i++) op->u.sc.x[i] *= op->u.sc.alpha;
+        break;
+    case HB_OP_CONVERT: {
+        const void *src = op->u.cv.src;
+        void *dst = op->u.cv.dst;
+        int sd = op->u.cv.src_dtype, dd = op->u.cv.dst_dtype;
+        if (op->u.cv.acc) {
+            /* dst = round(dst + src), the sum formed in fp32 */
+            for (size_t i = 0; i < op->u.cv.n; i++)
+                pt_store_elem(dst, dd, i, pt_load_elem(dst, dd, i) + pt_load_elem(src, sd, i));
+        } else {
+            for (size_t i = 0; i < op->u.cv.n; i++)
+                pt_store_elem(dst, dd, i, pt_load_elem(src, sd, i));
+        }
+        break;
+    }
+    case HB_OP_RECORD:
+    case HB_OP_WAIT:
+        break; /* handled by the worker under the lock */
+    }
+}
