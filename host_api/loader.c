@@ -236,7 +236,14 @@ static void *open_file(const char *file, int *missing, char *err, size_t errlen)
     const char *msg = dlerror();
     if ((strchr(file, '/') && !file_exists(file)) || (!strchr(file, '/') && dl_not_found(msg))) {
         *missing = 1;
-        seterr(err, errlen, "plugin file not found: %s", file);
+        /* dlopen never looks in the current directory for a name without '/'. */
+        if (!strchr(file, '/') && file_exists(file))
+            seterr(err, errlen,
+                   "plugin file not found: %s on the loader path (a file of that name is in "
+                   "the current directory: pass ./%s)",
+                   file, file);
+        else
+            seterr(err, errlen, "plugin file not found: %s", file);
     } else {
         seterr(err, errlen, "cannot load plugin %s: %s", file, msg ? msg : "unknown dlopen error");
     }

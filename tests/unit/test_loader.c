@@ -156,6 +156,16 @@ static void test_missing_file(void **state) {
     assert_int_equal(pt_load_plugin("libpt_no_such_plugin.so", &p, err, sizeof err), PT_ERR_IO);
     assert_string_equal(err, "plugin file not found: libpt_no_such_plugin.so");
 
+    /* A bare .so name is not looked up in the current directory; say so. */
+    char cwd[PATH_MAX];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    assert_int_equal(chdir(g_plugdir), 0);
+    int rc = pt_load_plugin("good.so", &p, err, sizeof err);
+    assert_int_equal(chdir(cwd), 0);
+    assert_int_equal(rc, PT_ERR_IO);
+    assert_contains(err, "plugin file not found: good.so");
+    assert_contains(err, "pass ./good.so");
+
     /* A short name that resolves nowhere lists what was tried. */
     assert_int_equal(pt_load_plugin("pt_no_such_thing", &p, err, sizeof err), PT_ERR_IO);
     assert_contains(err, "plugin file not found: pt_no_such_thing");
