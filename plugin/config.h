@@ -64,7 +64,8 @@ typedef struct pt_config {
 /* Every field at its schema default; source = "(defaults)". */
 void pt_config_defaults(pt_config *c);
 
-/* Defaults, then the file, then $PROTRAIN_LOG_LEVEL.
+/* Defaults, then the file, then $PROTRAIN_LOG_LEVEL. After the file, one
+ * cross-key rule: auto_memory = false needs all four n_* set to numbers.
  * path NULL or "" -> $PROTRAIN_CONFIG if set (and non-empty), else defaults only.
  * Returns 0, or PT_ERR_CONFIG (2) / PT_ERR_IO (7) with one sentence in err.
  * On error *c is left unchanged. */
@@ -76,7 +77,8 @@ int pt_config_parse_string(const char *text, const char *name, pt_config *c, cha
                            size_t errlen);
 
 /* Set one key on an existing config (command-line overrides, tests): same
- * validation as the file; messages name "<section>.<key>". 0 or PT_ERR_CONFIG. */
+ * per-key validation as the file; messages start with "override: " and name the
+ * key and section. 0 or PT_ERR_CONFIG; on error *c is unchanged. */
 int pt_config_set(pt_config *c, const char *section, const char *key, const char *value,
                   char *err, size_t errlen);
 
@@ -126,8 +128,9 @@ typedef struct pt_config_key {
     const char *choices;      /* ENUM/WORD: "a|b|c" */
     const int *enum_vals;     /* ENUM: value for each choice */
     const char *form;         /* accepted form, overrides the generated one (STR) */
-    /* STR: extra check; returns 0 or writes why into why. */
-    int (*check)(const char *v, char *why, size_t whylen);
+    /* STR: extra check on v (a copy of the value, cap bytes); may normalise v in
+     * place; returns 0, or 1 with the reason ("expected ...") in why. */
+    int (*check)(char *v, size_t cap, char *why, size_t whylen);
     const char *def;          /* default, as INI text */
     const char *help;         /* one or two sentences */
 } pt_config_key;

@@ -1,0 +1,965 @@
+/*
+ * config.c — INI configuration: schema table, value parsers, the inih driver
+ * with exact file:line messages, defaults, dump and generated reference text.
+ *
+ * Line numbers: the installed inih (r55) calls the handler without a line
+ * number, so we feed it through ini_parse_stream with our own reader. inih reads
+ * exactly one line per reader call and calls the handler while processing that
+ * line, so the reader's line counter is the handler's line. The reader also
+ * strips leading whitespace, which turns off inih's multi-line continuation
+ * (an indented "key = v" after another key would otherwise be glued onto it),
+ * and it validates section headers itself because inih does not call the
+ * handler for a header (an empty misspelt section must still be an error).
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <ini.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "protrain.h"
+
+#if defined(__GNUC__)
+#define FMT(a, b) __attribute__((format(printf, a, b)))
+#else
+#define FMT(a, b)
+#endif
+
+#define OFF(f) offsetof(pt_config, f)
+#define CAP(f) sizeof(((pt_config *)0)->f)
+
+static const int log_vals[] = {PT_LOG_ERROR, PT_LOG_WARN, PT_LOG_INFO, PT_LOG_DEBUG,
+                               PT_LOG_TRACE};
+static const int optim_vals[] = {PT_OPTIM_ADAMW, PT_OPTIM_REKLS};
+static const char *const sections[] = {"plugin",    "memory", "protrain", "optimizer",
+                                       "osft",      "tiled_mlp", "dist",  "host_backend"};
+#define N_SECTIONS (sizeof(sections) / sizeof(sections[0]))
+static const char bool_form[] = "true|false|on|off|yes|no|1|0";
+
+/* ---- row checkers for free-text keys (may normalise v in place) ---- */
+
+/* "attn, mlp" -> "attn,mlp": items are trimmed; an empty item is an error. */
+static int check_targets(char *v, size_t cap, char *why, size_t wl) {
+    char out[256];
+    size_t o = 0;
+    const char *p = v;
+    (void)cap;
+    for (;;) {
+        while (*p == ' ' || *p == '\t') p++;
+        const char *e = p;
+        while (*e && *e != ',') e++;
+        const char *t = e;
+        while (t > p && (t[-1] == ' ' || t[-1] == '\t')) t--;
+        if (t == p) {
+            snprintf(why, wl, "expected a comma-separated list of non-empty parameter-name "
+                              "substrings like attn,mlp");
+            return 1;
+        }
+        if (o) out[o++] = ',';
+        memcpy(out + o, p, (size_t)(t - p));
+        o += (size_t)(t - p);
+        if (!*e) break;
+        p = e + 1;
+    }
+    out[o] = '\0';
+    memcpy(v, out, o + 1); /* o <= strlen(v) < cap */
+    return 0;
+}
+
+static int check_init_method(char *v, size_t cap, char *why, size_t wl) {
+    (void)cap;
+    if (!strcmp(v, "env") || !strcmp(v, "mpi")) return 0;
+    if (!strncmp(v, "file://", 7) && v[7] == '/' && v[8]) return 0;
+    snprintf(why, wl, "expected env, mpi or file:///absolute/path");
+    return 1;
+}
+
+/* ---- the schema: one row per key, in file order ---- */
+#define R_BOOL(s, k, f, d, h) {s, k, PT_CFG_BOOL, 0, OFF(f), 0, 0, 0, 0, NULL, NULL, NULL, NULL, d, h}
+#define R_INT(s, k, f, fl, lo, hi, ai, d, h) \
+    {s, k, PT_CFG_INT, fl, OFF(f), 0, lo, hi, ai, NULL, NULL, NULL, NULL, d, h}
+#define R_FLT(s, k, f, fl, lo, hi, d, h) \
+    {s, k, PT_CFG_FLOAT, fl, OFF(f), 0, lo, hi, 0, NULL, NULL, NULL, NULL, d, h}
+#define R_SIZE(s, k, f, fl, d, h) {s, k, PT_CFG_SIZE, fl, OFF(f), 0, 0, 0, 0, NULL, NULL, NULL, NULL, d, h}
+#define R_ENUM(s, k, f, ch, vals, d, h) \
+    {s, k, PT_CFG_ENUM, 0, OFF(f), 0, 0, 0, 0, ch, vals, NULL, NULL, d, h}
+#define R_WORD(s, k, f, ch, d, h) \
+    {s, k, PT_CFG_WORD, 0, OFF(f), CAP(f), 0, 0, 0, ch, NULL, NULL, NULL, d, h}
+#define R_STR(s, k, f, form, chk, d, h) \
+    {s, k, PT_CFG_STR, 0, OFF(f), CAP(f), 0, 0, 0, NULL, NULL, form, chk, d, h}
+
+static const pt_config_key schema[] = {
+    R_ENUM("plugin", "log_level", log_level, "error|warn|info|debug|trace", log_vals, "info",
+           "Messages above this level are dropped. $PROTRAIN_LOG_LEVEL overrides it."),
+    R_WORD("plugin", "backend", backend, "auto|cuda|host", "auto",
+           "Device backend. cuda: libprotrain_cuda.so on a CUDA device; host: the simulated "
+           "device (own memory pool with a hard capacity, worker-thread streams); auto: cuda "
+           "when it loads and finds a device, else host."),
+    R_SIZE("memory", "device_capacity", device_capacity, PT_CFG_AUTO, "auto",
+           "Device bytes the plugin may use in all (parameters, gradients, buffers, "
+           "activations, every host dev_alloc). auto: the whole device on cuda, 1 GiB on the "
+           "host backend."),
+    R_SIZE("memory", "reserve", reserve, 0, "0",
+           "Device bytes kept free: subtracted from device_capacity before planning (other "
+           "processes, the CUDA context)."),
+    R_SIZE("memory", "pinned_budget", pinned_budget, PT_CFG_AUTO, "auto",
+           "Pinned host bytes the plugin may allocate (staging buffers, offloaded chunks, "
+           "optimizer state). auto: derived from MemAvailable in /proc/meminfo at init."),
+    R_SIZE("memory", "extra_headroom", extra_headroom, 0, "0",
+           "Device bytes the profiler cannot see (library workspaces, other allocators); the "
+           "planner keeps them free on top of its own margin."),
+    R_BOOL("protrain", "auto_memory", auto_memory, "true",
+           "true: the searcher picks every n_* knob left at auto (a number fixes that knob). "
+           "false: no search; n_persist, n_buffer, n_swap and n_checkpoint must all be set."),
+    R_BOOL("protrain", "auto_mode", auto_mode, "true",
+           "Pick the execution mode from memory: A (all resident) if everything fits, else B "
+           "(offload, replicated host state) if pinned RAM per rank holds it, else C (ZeRO-3 "
+           "sharding). false: force_all_persistent and zero3_shard decide."),
+    R_BOOL("protrain", "force_all_persistent", force_all_persistent, "false",
+           "Keep every chunk resident on the device (mode A); init fails with the byte counts "
+           "if it does not fit."),
+    {"protrain", "zero3_shard", PT_CFG_TRI, 0, OFF(zero3_shard), 0, 0, 0, 0, NULL, NULL, NULL,
+     NULL, "auto",
+     "Shard non-persistent chunks and their optimizer state across ranks (mode C). auto: "
+     "auto_mode decides. No effect with one rank."},
+    R_INT("protrain", "n_persist", n_persist, PT_CFG_AUTO | PT_CFG_NO_HI, 0, INT_MAX, -1, "auto",
+          "Chunks kept resident for the whole iteration (the first ones in execution order)."),
+    R_INT("protrain", "n_buffer", n_buffer, PT_CFG_AUTO | PT_CFG_NO_HI, 0, INT_MAX, -1, "auto",
+          "Device buffer slots that stream the non-persistent chunks (prefetch one block "
+          "ahead)."),
+    R_INT("protrain", "n_swap", n_swap, PT_CFG_AUTO | PT_CFG_NO_HI, 0, INT_MAX, -1, "auto",
+          "Blocks whose saved activations go to pinned host memory after forward and come back "
+          "before backward."),
+    R_INT("protrain", "n_checkpoint", n_checkpoint, PT_CFG_AUTO | PT_CFG_NO_HI, 0, INT_MAX, -1,
+          "auto",
+          "Blocks whose activations are freed after forward and recomputed in backward "
+          "(through the host's recompute_block)."),
+    R_SIZE("protrain", "chunk_size", chunk_size, PT_CFG_AUTO, "auto",
+           "Bytes per parameter chunk (consecutive parameters in execution order). auto: "
+           "searched to minimise wasted space."),
+    R_STR("protrain", "cache_dir", cache_dir, "a directory path, or empty for none", NULL, "",
+          "Directory for the profiler cache (keyed by model, batch, sequence and backend); "
+          "empty: profile on every run."),
+    R_STR("protrain", "plan_file", plan_file, "a file path, or empty for none", NULL, "",
+          "Write the chosen plan (knobs, predicted peak and time, mode, reasons) as JSON here; "
+          "empty: the plan is only logged."),
+    R_ENUM("optimizer", "type", optim_type, "adamw|rekls", optim_vals, "adamw",
+           "adamw, or rekls (KERNELS.md A.5; parameters that are not 2-D use AdamW). A host "
+           "descriptor type other than FROM_CONFIG wins."),
+    R_FLT("optimizer", "lr", lr, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "3e-4",
+          "Learning rate; the host may pass another one to each optimizer_step."),
+    R_FLT("optimizer", "beta1", beta1, PT_CFG_HI_OPEN, 0, 1, "0.9", "First-moment decay."),
+    R_FLT("optimizer", "beta2", beta2, PT_CFG_HI_OPEN, 0, 1, "0.999", "Second-moment decay."),
+    R_FLT("optimizer", "eps", eps, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "1e-8",
+          "Added to the denominator sqrt(v_hat)."),
+    R_FLT("optimizer", "weight_decay", weight_decay, PT_CFG_NO_HI, 0, 0, "0",
+          "Decoupled weight decay: p -= lr * weight_decay * p each step."),
+    R_FLT("optimizer", "max_grad_norm", max_grad_norm, PT_CFG_NO_HI, 0, 0, "0",
+          "Clip the global gradient L2 norm to this value; 0 disables clipping (CPU steps "
+          "then start without waiting for every gradient)."),
+    R_INT("optimizer", "cpu_threads", cpu_threads, PT_CFG_AUTO, 0, 1024, 0, "auto",
+          "Threads for the CPU optimizer step on offloaded chunks; auto (or 0): the cores "
+          "available to the process."),
+    R_BOOL("optimizer", "rekls_seed_shampoo", rekls_seed_shampoo, "false",
+           "REKLS: seed step 1 with plain Shampoo factors instead of the faithful step 1 "
+           "(KERNELS.md A.5)."),
+    R_FLT("optimizer", "rekls_shampoo_beta", rekls_shampoo_beta, PT_CFG_HI_OPEN, 0, 1, "0.95",
+          "REKLS: decay of the Kronecker factor averages."),
+    R_FLT("optimizer", "rekls_eps", rekls_eps, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "1e-8",
+          "REKLS: floor of the factor eigenvalues and Adam-ratio epsilon."),
+    R_BOOL("osft", "enabled", osft_enabled, "false",
+           "Orthogonal Subspace Fine-Tuning on the target weights (KERNELS.md B)."),
+    R_FLT("osft", "rank_ratio", osft_rank_ratio, PT_CFG_LO_OPEN, 0, 1, "0.5",
+          "Fraction of each target's singular values that is frozen."),
+    R_STR("osft", "targets", osft_targets,
+          "a comma-separated list of parameter-name substrings like attn,mlp", check_targets,
+          "attn,mlp", "2-D parameters whose name contains any of these substrings are targets."),
+    R_BOOL("tiled_mlp", "enabled", tiled_mlp_enabled, "false",
+           "Run each block's MLP in sequence tiles to cut its activation peak (KERNELS.md C)."),
+    R_INT("tiled_mlp", "tiles", tiled_mlp_tiles, PT_CFG_AUTO | PT_CFG_NO_HI, 1, INT_MAX, 0,
+          "auto", "Number of tiles; auto: from sequence length and hidden size."),
+    R_WORD("dist", "backend", dist_backend, "auto|nccl|mpi|none", "auto",
+           "Collectives between ranks. auto: nccl on cuda, mpi on the host backend, none with "
+           "one rank."),
+    R_STR("dist", "init_method", init_method, "env, mpi or file:///absolute/path",
+          check_init_method, "env",
+          "Rendezvous: env (rank/world from the host), mpi (MPI_Init/bcast), or a shared file "
+          "path."),
+    {"host_backend", "copy_bandwidth", PT_CFG_RATE, 0, OFF(copy_bandwidth), 0, 0, 0, 0, NULL,
+     NULL, NULL, NULL, "0",
+     "Throttle each copy stream to this rate (units B/s, KB/s, MB/s, GB/s, KiB/s, MiB/s, "
+     "GiB/s) so overlap can be measured; 0: unthrottled."},
+    R_BOOL("host_backend", "poison", poison, "true",
+           "Fill freed and offloaded device memory with NaN so a stray read fails a test."),
+    R_INT("host_backend", "fail_alloc_at", fail_alloc_at, PT_CFG_NO_HI, 0, INT_MAX, 0, "0",
+          "Testing: make the N-th device allocation (1-based) fail like an OOM; 0: never."),
+};
+#define N_KEYS (sizeof(schema) / sizeof(schema[0]))
+
+const pt_config_key *pt_config_schema(size_t *n) {
+    if (n) *n = N_KEYS;
+    return schema;
+}
+
+/* ---- small helpers ---- */
+
+static void seterr(char *err, size_t len, const char *fmt, ...) FMT(3, 4);
+static void seterr(char *err, size_t len, const char *fmt, ...) {
+    if (!err || !len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+}
+
+static int is_skipped_section(const char *s) {
+    return !strcmp(s, "sample_host") || !strncmp(s, "host.", 5);
+}
+
+static int section_index(const char *s) {
+    for (size_t i = 0; i < N_SECTIONS; i++)
+        if (!strcmp(s, sections[i])) return (int)i;
+    return -1;
+}
+
+static int find_key(const char *sec, const char *key) {
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (!strcmp(schema[i].section, sec) && !strcmp(schema[i].key, key)) return (int)i;
+    return -1;
+}
+
+/* Levenshtein distance, case-insensitive; names are short (inih caps them at 50). */
+static int lev(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63) return 64;
+    int prev[64], cur[64];
+    for (size_t j = 0; j <= lb; j++) prev[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        cur[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int sub = prev[j - 1] + (tolower((unsigned char)a[i - 1]) !=
+                                     tolower((unsigned char)b[j - 1]));
+            int del = prev[j] + 1, ins = cur[j - 1] + 1;
+            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+        memcpy(prev, cur, sizeof(int) * (lb + 1));
+    }
+    return prev[lb];
+}
+
+/* Suggest only when the typo is small relative to the word: d <= max(2, len/3). */
+static int close_enough(const char *typed, int d) {
+    int len = (int)strlen(typed), lim = len / 3 > 2 ? len / 3 : 2;
+    return d <= lim;
+}
+
+static void quote_val(const char *v, char *out, size_t len) {
+    size_t n = strlen(v);
+    if (n + 1 <= len && n <= 64) {
+        memcpy(out, v, n + 1);
+    } else {
+        snprintf(out, len, "%.60s...", v);
+    }
+}
+
+/* ---- value parsers ---- */
+
+static int parse_bool(const char *v, int *out) {
+    static const char *const t[] = {"true", "on", "yes", "1"}, *const f[] = {"false", "off", "no", "0"};
+    for (int i = 0; i < 4; i++) {
+        if (!strcasecmp(v, t[i])) return *out = 1, 0;
+        if (!strcasecmp(v, f[i])) return *out = 0, 0;
+    }
+    return 1;
+}
+
+static int parse_long(const char *v, long *out) {
+    if (!*v) return 1;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || end == v) return 1;
+    *out = x;
+    return 0;
+}
+
+static const struct unit {
+    const char *name;
+    uint64_t mult;
+} units[] = {{"", 1},
+             {"b", 1},
+             {"kb", 1000ull},
+             {"mb", 1000000ull},
+             {"gb", 1000000000ull},
+             {"tb", 1000000000000ull},
+             {"kib", 1ull << 10},
+             {"mib", 1ull << 20},
+             {"gib", 1ull << 30},
+             {"tib", 1ull << 40}};
+
+/* Parses "<digits>[.<digits>]" exactly: ip = integer part, frac/10^nfrac the rest.
+ * Returns the end pointer, or NULL on a malformed number or > 19 integer digits. */
+static const char *parse_decimal(const char *p, uint64_t *ip, uint64_t *frac, uint64_t *scale) {
+    uint64_t a = 0, f = 0, sc = 1;
+    if (!isdigit((unsigned char)*p)) return NULL;
+    for (; isdigit((unsigned char)*p); p++) {
+        unsigned d = (unsigned)(*p - '0');
+        if (a > (UINT64_MAX - d) / 10) return NULL;
+        a = a * 10 + d;
+    }
+    if (*p == '.') {
+        p++;
+        if (!isdigit((unsigned char)*p)) return NULL;
+        /* Digits past 1e18 cannot change a byte count below 2^64 by a whole byte
+         * after the multiply below; they are read and dropped. */
+        for (; isdigit((unsigned char)*p); p++)
+            if (sc < 1000000000000000000ull) f = f * 10 + (unsigned)(*p - '0'), sc *= 10;
+    }
+    *ip = a, *frac = f, *scale = sc;
+    return p;
+}
+
+static const struct unit *find_unit(const char *p, size_t n) {
+    char u[8];
+    if (n >= sizeof(u)) return NULL;
+    for (size_t i = 0; i < n; i++) u[i] = (char)tolower((unsigned char)p[i]);
+    u[n] = '\0';
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
+        if (!strcmp(u, units[i].name)) return &units[i];
+    return NULL;
+}
+
+int pt_parse_size(const char *s, uint64_t *out) {
+    if (!s || !out) return PT_ERR_CONFIG;
+    while (isspace((unsigned char)*s)) s++;
+    uint64_t ip, frac, sc;
+    const char *p = parse_decimal(s, &ip, &frac, &sc);
+    if (!p) return PT_ERR_CONFIG;
+    while (*p == ' ' || *p == '\t') p++;
+    size_t n = strlen(p);
+    while (n && isspace((unsigned char)p[n - 1])) n--;
+    const struct unit *u = find_unit(p, n);
+    if (!u) return PT_ERR_CONFIG;
+    uint64_t m = u->mult;
+    if (ip > UINT64_MAX / m) return PT_ERR_CONFIG;
+    /* floor(frac * m / sc) without overflow: frac < sc <= 1e18 and
+     * (m % sc) * frac < 1e18 * 1e18 does not fit, so split m = q*sc + r with r < sc
+     * and, because frac < sc, q*frac < m, while r*frac is done in long double only
+     * when it could overflow (r, frac < 1e18). */
+    uint64_t q = m / sc, r = m % sc, part = q * frac;
+    if (r && frac) {
+        if (r <= UINT64_MAX / frac) part += r * frac / sc;
+        else part += (uint64_t)((long double)r * (long double)frac / (long double)sc);
+    }
+    uint64_t whole = ip * m;
+    if (whole > UINT64_MAX - part) return PT_ERR_CONFIG;
+    *out = whole + part;
+    return PT_OK;
+}
+
+int pt_parse_rate(const char *s, double *out) {
+    if (!s || !out) return PT_ERR_CONFIG;
+    while (isspace((unsigned char)*s)) s++;
+    if (!isdigit((unsigned char)*s) && *s != '.') return PT_ERR_CONFIG;
+    char *end;
+    errno = 0;
+    double x = strtod(s, &end);
+    if (errno || end == s || !isfinite(x) || x < 0) return PT_ERR_CONFIG;
+    const char *p = end;
+    while (*p == ' ' || *p == '\t') p++;
+    size_t n = strlen(p);
+    while (n && isspace((unsigned char)p[n - 1])) n--;
+    if (n >= 2 && p[n - 2] == '/' && (p[n - 1] == 's' || p[n - 1] == 'S')) n -= 2;
+    else if (n) return PT_ERR_CONFIG; /* a unit must be a rate: "GiB/s", not "GiB" */
+    const struct unit *u = find_unit(p, n);
+    if (!u) return PT_ERR_CONFIG;
+    double r = x * (double)u->mult;
+    if (!isfinite(r)) return PT_ERR_CONFIG;
+    *out = r;
+    return PT_OK;
+}
+
+/* ---- forms (what an error message says is expected) ---- */
+
+static void num_str(double x, char *b, size_t n) { snprintf(b, n, "%g", x); }
+
+void pt_config_key_form(const pt_config_key *k, char *buf, size_t len) {
+    char lo[32], hi[32];
+    num_str(k->lo, lo, sizeof(lo));
+    num_str(k->hi, hi, sizeof(hi));
+    const char *au = (k->flags & PT_CFG_AUTO) ? "auto or " : "";
+    switch (k->type) {
+    case PT_CFG_BOOL: snprintf(buf, len, "%s", bool_form); break;
+    case PT_CFG_TRI: snprintf(buf, len, "auto|on|off (or another bool form)"); break;
+    case PT_CFG_INT:
+        if (k->flags & PT_CFG_NO_HI) snprintf(buf, len, "%san integer >= %s", au, lo);
+        else snprintf(buf, len, "%san integer in [%s, %s]", au, lo, hi);
+        break;
+    case PT_CFG_FLOAT: {
+        const char *lc = (k->flags & PT_CFG_LO_OPEN) ? "(" : "[";
+        const char *hc = (k->flags & PT_CFG_HI_OPEN) ? ")" : "]";
+        if (k->flags & PT_CFG_NO_HI)
+            snprintf(buf, len, "a float %s %s", (k->flags & PT_CFG_LO_OPEN) ? ">" : ">=", lo);
+        else snprintf(buf, len, "a float in %s%s, %s%s", lc, lo, hi, hc);
+        break;
+    }
+    case PT_CFG_SIZE: snprintf(buf, len, "%sa size like 512MiB", au); break;
+    case PT_CFG_RATE: snprintf(buf, len, "0 or a rate like 2GiB/s"); break;
+    case PT_CFG_ENUM:
+    case PT_CFG_WORD: snprintf(buf, len, "one of %s", k->choices); break;
+    default: snprintf(buf, len, "%s", k->form ? k->form : "text"); break;
+    }
+}
+
+/* Index of v among "a|b|c" (case-insensitive), or -1. */
+static int choice_index(const char *choices, const char *v) {
+    int i = 0;
+    size_t n = strlen(v);
+    for (const char *p = choices;; i++) {
+        const char *e = strchr(p, '|');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        if (l == n && !strncasecmp(p, v, n)) return i;
+        if (!e) return -1;
+        p = e + 1;
+    }
+}
+
+/* Parse v for row k into c. 0, or 1 with why = "expected ..." (or another reason). */
+static int set_value(const pt_config_key *k, pt_config *c, const char *v, char *why, size_t wl) {
+    char *base = (char *)c + k->off;
+    char form[160];
+    pt_config_key_form(k, form, sizeof(form));
+    snprintf(why, wl, "expected %s", form);
+    switch (k->type) {
+    case PT_CFG_BOOL: return parse_bool(v, (int *)base);
+    case PT_CFG_TRI:
+        if (!strcasecmp(v, "auto")) return *(int *)base = -1, 0;
+        return parse_bool(v, (int *)base);
+    case PT_CFG_INT: {
+        long x;
+        if ((k->flags & PT_CFG_AUTO) && !strcasecmp(v, "auto")) return *(int *)base = k->auto_int, 0;
+        if (parse_long(v, &x) || x < (long)k->lo || x > (long)k->hi) return 1;
+        *(int *)base = (int)x;
+        return 0;
+    }
+    case PT_CFG_FLOAT: {
+        char *end;
+        errno = 0;
+        double d = strtod(v, &end);
+        if (!*v || *end || errno == ERANGE || !isfinite(d)) return 1;
+        float f = (float)d; /* range is checked on the value actually stored */
+        if (!isfinite(f)) return 1;
+        if ((k->flags & PT_CFG_LO_OPEN) ? !(f > k->lo) : !(f >= k->lo)) return 1;
+        if (!(k->flags & PT_CFG_NO_HI) && ((k->flags & PT_CFG_HI_OPEN) ? !(f < k->hi) : !(f <= k->hi)))
+            return 1;
+        *(float *)base = f;
+        return 0;
+    }
+    case PT_CFG_SIZE: {
+        uint64_t x;
+        if ((k->flags & PT_CFG_AUTO) && !strcasecmp(v, "auto")) return *(uint64_t *)base = 0, 0;
+        if (pt_parse_size(v, &x)) return 1;
+        *(uint64_t *)base = x;
+        return 0;
+    }
+    case PT_CFG_RATE: return pt_parse_rate(v, (double *)base) ? 1 : 0;
+    case PT_CFG_ENUM: {
+        int i = choice_index(k->choices, v);
+        if (i < 0) return 1;
+        *(int *)base = k->enum_vals[i];
+        return 0;
+    }
+    case PT_CFG_WORD: {
+        int i = choice_index(k->choices, v);
+        if (i < 0) return 1;
+        /* store the canonical (lower-case) spelling */
+        const char *p = k->choices;
+        for (int j = 0; j < i; j++) p = strchr(p, '|') + 1;
+        size_t l = strcspn(p, "|");
+        memcpy(base, p, l);
+        base[l] = '\0';
+        return 0;
+    }
+    default: { /* PT_CFG_STR: one pair of surrounding double quotes is removed */
+        char tmp[512];
+        size_t n = strlen(v);
+        if (n >= 2 && v[0] == '"' && v[n - 1] == '"') v++, n -= 2;
+        if (n >= k->cap) {
+            snprintf(why, wl, "it is %zu characters long; at most %zu fit", n, k->cap - 1);
+            return 1;
+        }
+        memcpy(tmp, v, n);
+        tmp[n] = '\0';
+        if (k->check && k->check(tmp, k->cap, why, wl)) return 1;
+        memcpy(base, tmp, strlen(tmp) + 1);
+        return 0;
+    }
+    }
+}
+
+void pt_config_defaults(pt_config *c) {
+    char why[256];
+    memset(c, 0, sizeof(*c));
+    /* Defaults go through the parser, so a schema default that does not
+     * parse is caught by the unit test that checks every row. */
+    for (size_t i = 0; i < N_KEYS; i++) (void)set_value(&schema[i], c, schema[i].def, why, sizeof(why));
+    snprintf(c->source, sizeof(c->source), "(defaults)");
+}
+
+/* ---- messages for unknown names ---- */
+
+static void unknown_section_msg(const char *name, const char *sec, char *out, size_t len) {
+    int best = -1, bd = 1 << 20;
+    for (size_t i = 0; i < N_SECTIONS; i++) {
+        int d = lev(sec, sections[i]);
+        if (d < bd) bd = d, best = (int)i;
+    }
+    if (best >= 0 && close_enough(sec, bd)) {
+        snprintf(out, len, "%sunknown section [%s]; did you mean [%s]?", name, sec, sections[best]);
+        return;
+    }
+    snprintf(out, len,
+             "%sunknown section [%s]; valid sections are [plugin], [memory], [protrain], "
+             "[optimizer], [osft], [tiled_mlp], [dist], [host_backend] (host trainer sections "
+             "[sample_host] and [host.*] are skipped)", name, sec);
+}
+
+static void unknown_key_msg(const char *name, const char *sec, const char *key, char *out,
+                            size_t len) {
+    int best = -1, bd = 1 << 20, elsewhere = -1;
+    for (size_t i = 0; i < N_KEYS; i++) {
+        if (strcmp(schema[i].section, sec)) {
+            if (!strcmp(schema[i].key, key) && elsewhere < 0) elsewhere = (int)i;
+            continue;
+        }
+        int d = lev(key, schema[i].key);
+        if (d < bd) bd = d, best = (int)i;
+    }
+    int n = snprintf(out, len, "%sunknown key '%s' in [%s]; ", name, key, sec);
+    if (n < 0 || (size_t)n >= len) return;
+    out += n, len -= (size_t)n;
+    if (best >= 0 && close_enough(key, bd)) {
+        snprintf(out, len, "did you mean '%s'?", schema[best].key);
+    } else if (elsewhere >= 0) {
+        snprintf(out, len, "'%s' belongs in [%s]", key, schema[elsewhere].section);
+    } else {
+        size_t o = (size_t)snprintf(out, len, "valid keys in [%s] are", sec);
+        const char *sep = " ";
+        for (size_t i = 0; i < N_KEYS && o < len; i++) {
+            if (strcmp(schema[i].section, sec)) continue;
+            o += (size_t)snprintf(out + o, len - o, "%s%s", sep, schema[i].key);
+            sep = ", ";
+        }
+    }
+}
+
+/* ---- the inih driver ---- */
+
+typedef struct pstate {
+    const char *name;      /* file name for messages */
+    const char *text, *pos;
+    int line;              /* lines handed to inih so far = current line */
+    pt_config *c;
+    int set_line[N_KEYS];  /* where each key was first set, 0 = not yet */
+    int auto_memory_line;
+    int err_line;          /* first error found by us (0 = none) */
+    char err[768];
+} pstate;
+
+static void st_err(pstate *st, const char *fmt, ...) FMT(2, 3);
+static void st_err(pstate *st, const char *fmt, ...) {
+    if (st->err_line) return; /* keep the first one */
+    st->err_line = st->line;
+    int n = snprintf(st->err, sizeof(st->err), "%s:%d: ", st->name, st->line);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(st->err + n, sizeof(st->err) - (size_t)n, fmt, ap);
+    va_end(ap);
+}
+
+static void trim_copy(const char *s, size_t n, char *out, size_t len) {
+    while (n && isspace((unsigned char)*s)) s++, n--;
+    while (n && isspace((unsigned char)s[n - 1])) n--;
+    if (n >= len) n = len - 1;
+    memcpy(out, s, n);
+    out[n] = '\0';
+}
+
+/* fgets-style reader: one line per call, leading whitespace removed, CRLF -> LF. */
+static char *reader(char *str, int num, void *stream) {
+    pstate *st = stream;
+    const char *p = st->pos;
+    if (!*p) return NULL;
+    st->line++;
+    const char *nl = strchr(p, '\n');
+    const char *end = nl ? nl : p + strlen(p);
+    st->pos = nl ? nl + 1 : end;
+    while (p < end && (*p == ' ' || *p == '\t')) p++;
+    size_t n = (size_t)(end - p);
+    if (n && p[n - 1] == '\r') n--;
+    if (num < 3 || n + 2 > (size_t)num) {
+        char pre[48];
+        trim_copy(p, n < 40 ? n : 40, pre, sizeof(pre));
+        st_err(st, "line '%s...' is %zu characters long; inih reads at most %d", pre, n,
+               num - 2);
+        return NULL;
+    }
+    memcpy(str, p, n);
+    str[n] = '\n';
+    str[n + 1] = '\0';
+    if (*p == '[') { /* validate the header here: inih never reports empty sections */
+        const char *rb = memchr(p, ']', n);
+        if (rb) {
+            char sec[128];
+            trim_copy(p + 1, (size_t)(rb - p - 1), sec, sizeof(sec));
+            if (section_index(sec) < 0 && !is_skipped_section(sec)) {
+                char m[600];
+                unknown_section_msg("", sec, m, sizeof(m));
+                st_err(st, "%s", m);
+            }
+        }
+    }
+    return str;
+}
+
+static int handler(void *user, const char *section, const char *name, const char *value) {
+    pstate *st = user;
+    char sec[64], why[256], vq[72];
+    trim_copy(section, strlen(section), sec, sizeof(sec));
+    if (is_skipped_section(sec)) return 1;
+    if (!*sec) {
+        int k = -1;
+        for (size_t i = 0; i < N_KEYS && k < 0; i++)
+            if (!strcmp(schema[i].key, name)) k = (int)i;
+        if (k >= 0) st_err(st, "key '%s' is outside any section; put it under [%s]", name, schema[k].section);
+        else st_err(st, "key '%s' is outside any section; start the file with a [section] header", name);
+        return 0;
+    }
+    if (section_index(sec) < 0) return 1; /* reported at the header line */
+    int k = find_key(sec, name);
+    if (k < 0) {
+        char m[600];
+        unknown_key_msg("", sec, name, m, sizeof(m));
+        st_err(st, "%s", m);
+        return 0;
+    }
+    if (!value) {
+        st_err(st, "key '%s' in [%s] has no value", name, sec);
+        return 0;
+    }
+    if (st->set_line[k]) {
+        st_err(st, "duplicate key '%s' in [%s] (first set at line %d)", name, sec, st->set_line[k]);
+        return 0;
+    }
+    st->set_line[k] = st->line;
+    if (set_value(&schema[k], st->c, value, why, sizeof(why))) {
+        quote_val(value, vq, sizeof(vq));
+        st_err(st, "bad value '%s' for key '%s' in [%s]: %s", vq, name, sec, why);
+        return 0;
+    }
+    return 1;
+}
+
+/* Returns the text of line `no` (1-based) trimmed, into out. */
+static void line_text(const char *text, int no, char *out, size_t len) {
+    const char *p = text;
+    for (int i = 1; i < no && p; i++) {
+        p = strchr(p, '\n');
+        if (p) p++;
+    }
+    if (!p) p = "";
+    const char *e = strchr(p, '\n');
+    size_t n = e ? (size_t)(e - p) : strlen(p);
+    trim_copy(p, n < 64 ? n : 64, out, len);
+}
+
+/* Cross-key rules, checked after the whole file is read. */
+static int cross_check(pstate *st) {
+    const pt_config *c = st->c;
+    if (!c->auto_memory) {
+        const char *miss = c->n_persist < 0 ? "n_persist" : c->n_buffer < 0 ? "n_buffer"
+                           : c->n_swap < 0 ? "n_swap" : c->n_checkpoint < 0 ? "n_checkpoint" : NULL;
+        if (miss) {
+            st->line = st->set_line[find_key("protrain", "auto_memory")];
+            st_err(st, "[protrain] auto_memory = false needs n_persist, n_buffer, n_swap and "
+                       "n_checkpoint set to numbers, but %s is auto", miss);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int env_log_level(pt_config *c, char *err, size_t errlen) {
+    const char *v = getenv("PROTRAIN_LOG_LEVEL");
+    if (!v || !*v) return 0;
+    char why[256], vq[72];
+    if (set_value(&schema[find_key("plugin", "log_level")], c, v, why, sizeof(why))) {
+        quote_val(v, vq, sizeof(vq));
+        seterr(err, errlen, "environment variable PROTRAIN_LOG_LEVEL: bad value '%s': %s", vq, why);
+        return PT_ERR_CONFIG;
+    }
+    return 0;
+}
+
+int pt_config_parse_string(const char *text, const char *name, pt_config *c, char *err,
+                           size_t errlen) {
+    if (!text || !c) {
+        seterr(err, errlen, "pt_config_parse_string: text and config must not be NULL");
+        return PT_ERR_INVALID_ARG;
+    }
+    if (!name) name = "(string)";
+    pt_config tmp;
+    pt_config_defaults(&tmp);
+    pstate *st = calloc(1, sizeof(*st));
+    if (!st) {
+        seterr(err, errlen, "%s: out of host memory parsing the configuration", name);
+        return PT_ERR_HOST_OOM;
+    }
+    st->name = name, st->text = st->pos = text, st->c = &tmp;
+    int rc = ini_parse_stream(reader, st, handler, st);
+    if (rc == 0 && !st->err_line) cross_check(st);
+    int status = PT_OK;
+    if (rc > 0 && (!st->err_line || rc < st->err_line)) {
+        /* a line inih itself could not parse (no '=', unclosed '[') */
+        char lt[72];
+        line_text(text, rc, lt, sizeof(lt));
+        if (lt[0] == '[')
+            seterr(err, errlen, "%s:%d: section header '%s' has no closing ']'", name, rc, lt);
+        else
+            seterr(err, errlen, "%s:%d: cannot parse '%s': expected [section], key = value, "
+                                "or a comment starting with ';' or '#'", name, rc, lt);
+        status = PT_ERR_CONFIG;
+    } else if (st->err_line || rc != 0) {
+        if (st->err_line) seterr(err, errlen, "%s", st->err);
+        else seterr(err, errlen, "%s: inih failed with code %d", name, rc);
+        status = rc == -2 ? PT_ERR_HOST_OOM : PT_ERR_CONFIG;
+    }
+    free(st);
+    if (status) return status;
+    snprintf(tmp.source, sizeof(tmp.source), "%s", name);
+    if ((status = env_log_level(&tmp, err, errlen))) return status;
+    *c = tmp;
+    return PT_OK;
+}
+
+int pt_config_load(const char *path, pt_config *c, char *err, size_t errlen) {
+    if (!c) {
+        seterr(err, errlen, "pt_config_load: config must not be NULL");
+        return PT_ERR_INVALID_ARG;
+    }
+    if (!path || !*path) {
+        const char *e = getenv("PROTRAIN_CONFIG");
+        path = (e && *e) ? e : NULL;
+    }
+    if (!path) {
+        pt_config tmp;
+        pt_config_defaults(&tmp);
+        int st = env_log_level(&tmp, err, errlen);
+        if (!st) *c = tmp;
+        return st;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        seterr(err, errlen, "cannot open config file %s: %s", path, strerror(errno));
+        return PT_ERR_IO;
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    int rc = PT_OK;
+    while (buf) {
+        if (n + 1 >= cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) break;
+            buf = nb, cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - 1 - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    if (!buf || n + 1 >= cap) {
+        seterr(err, errlen, "out of host memory reading config file %s", path);
+        rc = PT_ERR_HOST_OOM;
+    } else if (ferror(f)) {
+        seterr(err, errlen, "cannot read config file %s: %s", path, strerror(errno));
+        rc = PT_ERR_IO;
+    }
+    fclose(f);
+    if (!rc) {
+        buf[n] = '\0';
+        if (strlen(buf) != n) {
+            int line = 1;
+            for (const char *p = buf; *p; p++) line += *p == '\n';
+            seterr(err, errlen, "%s:%d: the file contains a NUL byte; a config file must be "
+                                "text", path, line);
+            rc = PT_ERR_CONFIG;
+        } else {
+            rc = pt_config_parse_string(buf, path, c, err, errlen);
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+int pt_config_set(pt_config *c, const char *section, const char *key, const char *value,
+                  char *err, size_t errlen) {
+    if (!c || !section || !key || !value) {
+        seterr(err, errlen, "pt_config_set: arguments must not be NULL");
+        return PT_ERR_INVALID_ARG;
+    }
+    char m[600], why[256], vq[72];
+    if (section_index(section) < 0) {
+        unknown_section_msg("override: ", section, m, sizeof(m));
+        seterr(err, errlen, "%s", m);
+        return PT_ERR_CONFIG;
+    }
+    int k = find_key(section, key);
+    if (k < 0) {
+        unknown_key_msg("override: ", section, key, m, sizeof(m));
+        seterr(err, errlen, "%s", m);
+        return PT_ERR_CONFIG;
+    }
+    pt_config tmp = *c;
+    if (set_value(&schema[k], &tmp, value, why, sizeof(why))) {
+        quote_val(value, vq, sizeof(vq));
+        seterr(err, errlen, "override: bad value '%s' for key '%s' in [%s]: %s", vq, key, section, why);
+        return PT_ERR_CONFIG;
+    }
+    *c = tmp;
+    return PT_OK;
+}
+
+/* ---- dump and generated reference ---- */
+
+/* Shortest "%.Ng" that reads back to the same float (or double when dbl). */
+static void fmt_real(double x, int dbl, char *b, size_t n) {
+    for (int prec = 6; prec <= 17; prec++) {
+        snprintf(b, n, "%.*g", prec, x);
+        double y = strtod(b, NULL);
+        if (dbl ? y == x : (float)y == (float)x) return;
+    }
+}
+
+static void fmt_value(const pt_config_key *k, const pt_config *c, char *b, size_t n) {
+    const char *base = (const char *)c + k->off;
+    switch (k->type) {
+    case PT_CFG_BOOL: snprintf(b, n, "%s", *(const int *)base ? "true" : "false"); break;
+    case PT_CFG_TRI: {
+        int v = *(const int *)base;
+        snprintf(b, n, "%s", v < 0 ? "auto" : v ? "on" : "off");
+        break;
+    }
+    case PT_CFG_INT: {
+        int v = *(const int *)base;
+        if ((k->flags & PT_CFG_AUTO) && v == k->auto_int) snprintf(b, n, "auto");
+        else snprintf(b, n, "%d", v);
+        break;
+    }
+    case PT_CFG_FLOAT: fmt_real(*(const float *)base, 0, b, n); break;
+    case PT_CFG_SIZE: {
+        uint64_t v = *(const uint64_t *)base;
+        static const char *const un[] = {"TiB", "GiB", "MiB", "KiB"};
+        if (!v && (k->flags & PT_CFG_AUTO)) {
+            snprintf(b, n, "auto");
+            break;
+        }
+        snprintf(b, n, "%llu", (unsigned long long)v);
+        for (int i = 0; i < 4 && v; i++) {
+            uint64_t m = 1ull << (10 * (4 - i));
+            if (v % m == 0) {
+                snprintf(b, n, "%llu%s", (unsigned long long)(v / m), un[i]);
+                break;
+            }
+        }
+        break;
+    }
+    case PT_CFG_RATE: {
+        double v = *(const double *)base;
+        static const char *const un[] = {"GiB/s", "MiB/s", "KiB/s"};
+        char num[40];
+        for (int i = 0; i < 3; i++) {
+            double m = (double)(1ull << (10 * (3 - i))), q = v / m;
+            if (v > 0 && q == floor(q) && q * m == v && q < 1e15) {
+                snprintf(b, n, "%.0f%s", q, un[i]);
+                return;
+            }
+        }
+        fmt_real(v, 1, num, sizeof(num));
+        snprintf(b, n, v == 0 ? "%s" : "%sB/s", num);
+        break;
+    }
+    case PT_CFG_ENUM: {
+        int v = *(const int *)base, i = 0;
+        const char *p = k->choices;
+        while (k->enum_vals[i] != v && strchr(p, '|')) p = strchr(p, '|') + 1, i++;
+        snprintf(b, n, "%.*s", (int)strcspn(p, "|"), p);
+        break;
+    }
+    default: snprintf(b, n, "%s", base); break;
+    }
+}
+
+/* Appends to buf at *o; returns 1 once the buffer is full. */
+static int put(char *buf, size_t len, size_t *o, const char *fmt, ...) FMT(4, 5);
+static int put(char *buf, size_t len, size_t *o, const char *fmt, ...) {
+    if (*o >= len) return 1;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *o, len - *o, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= len - *o) {
+        *o = len;
+        return 1;
+    }
+    *o += (size_t)n;
+    return 0;
+}
+
+int pt_config_dump(const pt_config *c, char *buf, size_t len) {
+    if (!c || !buf || !len) return PT_ERR_INVALID_ARG;
+    size_t o = 0;
+    char v[600];
+    buf[0] = '\0';
+    put(buf, len, &o, "; protrain effective configuration (source: %s)\n", c->source);
+    for (size_t i = 0; i < N_KEYS; i++) {
+        if (!i || strcmp(schema[i].section, schema[i - 1].section))
+            put(buf, len, &o, "%s[%s]\n", i ? "\n" : "", schema[i].section);
+        fmt_value(&schema[i], c, v, sizeof(v));
+        put(buf, len, &o, "%s = %s\n", schema[i].key, v);
+    }
+    return o >= len ? PT_ERR_INVALID_ARG : PT_OK;
+}
+
+/* Markdown table cell: '|' must be escaped inside a table. */
+static void md_cell(char *buf, size_t len, size_t *o, const char *s) {
+    for (; *s; s++) {
+        if (*s == '|') put(buf, len, o, "\\|");
+        else put(buf, len, o, "%c", *s);
+    }
+}
+
+int pt_config_schema_markdown(char *buf, size_t len) {
+    if (!buf || !len) return PT_ERR_INVALID_ARG;
+    size_t o = 0;
+    char form[160];
+    buf[0] = '\0';
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const pt_config_key *k = &schema[i];
+        if (!i || strcmp(k->section, schema[i - 1].section))
+            put(buf, len, &o, "%s### [%s]\n\n| key | accepted values | default | meaning |\n"
+                              "|---|---|---|---|\n", i ? "\n" : "", k->section);
+        pt_config_key_form(k, form, sizeof(form));
+        put(buf, len, &o, "| `%s` | ", k->key);
+        md_cell(buf, len, &o, form);
+        put(buf, len, &o, " | `%s` | ", *k->def ? k->def : "\"\"");
+        md_cell(buf, len, &o, k->help);
+        put(buf, len, &o, " |\n");
+    }
+    return o >= len ? PT_ERR_INVALID_ARG : PT_OK;
+}
