@@ -343,6 +343,8 @@ int be_memcpy_async(void *impl, void *dst, const void *src, size_t bytes, int ki
     return finish("cudaMemcpyAsync", s);
 }
 
+/* On a real stream fn runs on a CUDA-internal thread and, by cudaLaunchHostFunc's
+ * rules, must not call CUDA itself (it may signal a host thread that does). */
 int be_host_fn(void *impl, pt_stream *s, void (*fn)(void *), void *arg) {
     if (int rc = use(impl)) return rc;
     if (!s) {   /* synchronous: drain this thread's stream, then run fn here */
