@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "buffer_pool.h"
+#include "device_ext.h"
 #include "protrain.h"
 
 static pt_bufpool *mk(int32_t n, uint64_t bytes) {
@@ -268,6 +269,77 @@ static void test_threads(void **st) {
     pt_bufpool_destroy(bp);
 }
 
+
+static pt_gpu *open_host(uint64_t capacity) {
+    pt_gpu_config cfg = { .capacity = capacity, .poison = 1 };
+    pt_gpu *g = NULL;
+    char err[256] = "";
+    if (pt_gpu_open("host", &cfg, &g, err, sizeof err)) fail_msg("pt_gpu_open: %s", err);
+    return g;
+}
+
+/* On the simulated device: slots are PT_TAG_BUFFER allocations made once; oversize
+ * allocations come and go with their leases; destroy frees everything. */
+static void test_device_accounting(void **st) {
+    (void)st;
+    pt_gpu *g = open_host(1 << 20);
+    pt_bufpool *bp = NULL;
+    char err[256] = "";
+    assert_int_equal(pt_bufpool_create(g, 4, 4096, &bp, err, sizeof err), PT_OK);
+    pt_gpu_usage u;
+    pt_gpu_usage_get(g, &u);
+    assert_true(u.tag_current[PT_TAG_BUFFER] == 4 * pt_gpu_round_size(4096));
+    assert_true(u.n_allocs == 4);
+    for (int32_t c = 0; c < 10; c++) {    /* steady-state traffic allocates nothing */
+        int32_t s, h;
+        assert_int_equal(pt_bufpool_acquire(bp, c, &s, &h), PT_OK);
+        assert_true(pt_bufpool_slot_ptr(bp, s) != NULL);
+        assert_true(pt_gpu_alloc_size(g, pt_bufpool_slot_ptr(bp, s)) == 4096);
+        pt_bufpool_release(bp, s);
+    }
+    pt_gpu_usage_get(g, &u);
+    assert_true(u.n_allocs == 4);
+    int32_t s, h;
+    assert_int_equal(pt_bufpool_acquire_sized(bp, 50, 100000, &s, &h), PT_OK);
+    pt_gpu_usage_get(g, &u);
+    assert_true(u.tag_current[PT_TAG_BUFFER] ==
+                4 * pt_gpu_round_size(4096) + pt_gpu_round_size(100000));
+    pt_bufpool_release(bp, s);
+    pt_gpu_usage_get(g, &u);
+    assert_true(u.tag_current[PT_TAG_BUFFER] == 4 * pt_gpu_round_size(4096));
+    assert_true(u.tag_peak[PT_TAG_BUFFER] ==
+                4 * pt_gpu_round_size(4096) + pt_gpu_round_size(100000));
+    pt_bufpool_destroy(bp);
+    assert_int_equal(pt_gpu_live_allocs(g), 0);
+    pt_gpu_close(g);
+}
+
+/* Capacity: a pool that does not fit fails with PT_ERR_OOM naming the slot and leaves
+ * nothing allocated; an oversize chunk past capacity fails the acquire only. */
+static void test_device_oom(void **st) {
+    (void)st;
+    pt_gpu *g = open_host(64 * 1024);
+    pt_bufpool *bp = NULL;
+    char err[512] = "";
+    assert_int_equal(pt_bufpool_create(g, 5, 16 * 1024, &bp, err, sizeof err), PT_ERR_OOM);
+    assert_null(bp);
+    assert_non_null(strstr(err, "slot 4 of 5"));
+    assert_int_equal(pt_gpu_live_allocs(g), 0);
+    assert_int_equal(pt_bufpool_create(g, 2, 16 * 1024, &bp, err, sizeof err), PT_OK);
+    int32_t s = -1, h = -1;
+    assert_int_equal(pt_bufpool_acquire_sized(bp, 3, 48 * 1024, &s, &h), PT_ERR_OOM);
+    assert_non_null(strstr(pt_bufpool_error(bp), "oversize chunk 3"));
+    pt_bufpool_stats stt;
+    pt_bufpool_stats_get(bp, &stt);
+    assert_int_equal(stt.leased_slots, 0);
+    assert_true(stt.bytes_held == 2 * 16 * 1024);
+    assert_int_equal(pt_bufpool_acquire(bp, 3, &s, &h), PT_OK);  /* regular path still works */
+    pt_bufpool_release(bp, s);
+    pt_bufpool_destroy(bp);
+    assert_int_equal(pt_gpu_live_allocs(g), 0);
+    pt_gpu_close(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_backward_reuse),
@@ -277,6 +349,8 @@ int main(void) {
         cmocka_unit_test(test_oversize),
         cmocka_unit_test(test_user_and_bad_args),
         cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_device_accounting),
+        cmocka_unit_test(test_device_oom),
     };
     return cmocka_run_group_tests_name("buffer_pool", tests, NULL, NULL);
 }
