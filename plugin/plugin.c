@@ -1,0 +1,311 @@
+/*
+ * plugin.c — the exported table `protrain_plugin_v1`. Thin: checks hook
+ * order (lifecycle.c), turns hooks into runtime calls (runtime/rt.h), keeps
+ * the last error sentence. Never aborts the host.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "lifecycle.h"
+#include "log.h"
+#include "protrain.h"
+#include "rt.h"
+
+#define PT_PLUGIN_VERSION "0.1.0"
+
+typedef struct pt_ctx {
+    pt_config cfg;
+    pt_logger lg;
+    pt_lifecycle lc;
+    pt_rt *rt;
+    char err[1024];
+} pt_ctx;
+
+/* Errors from init (no ctx yet) and from calls with a NULL ctx. */
+static _Thread_local char g_err[1024] = "no error";
+
+static int fail_null(const char *hook) {
+    snprintf(g_err, sizeof g_err, "%s called with a NULL context (init failed or was not called)",
+             hook);
+    return PT_ERR_INVALID_ARG;
+}
+
+#define CTX(hook)                                    \
+    pt_ctx *c = (pt_ctx *)vctx;                      \
+    if (!c) return fail_null(hook);                  \
+    if (c->lc.state == PT_LC_FINAL) {                \
+        snprintf(c->err, sizeof c->err, "%s called after finalize", hook); \
+        return PT_ERR_ORDER;                         \
+    }
+
+/* Log the failure once at debug level; the host reads last_error. */
+static int done(pt_ctx *c, int rc) {
+    if (rc) PT_LOGD(&c->lg, "error %d: %s", rc, c->err);
+    return rc;
+}
+
+static int32_t h_init(const char *ini_path, const pt_host_v1 *host, void **out) {
+    if (!out) {
+        snprintf(g_err, sizeof g_err, "init: ctx output pointer is NULL");
+        return PT_ERR_INVALID_ARG;
+    }
+    *out = NULL;
+    if (host && (host->struct_size < offsetof(pt_host_v1, reserved) || host->abi_version < 1)) {
+        snprintf(g_err, sizeof g_err,
+                 "init: pt_host_v1 too small or too old (struct_size %u, abi_version %u)",
+                 host->struct_size, host->abi_version);
+        return PT_ERR_INVALID_ARG;
+    }
+    pt_ctx *c = calloc(1, sizeof *c);
+    if (!c) {
+        snprintf(g_err, sizeof g_err, "init: out of host memory");
+        return PT_ERR_HOST_OOM;
+    }
+    int rc = pt_config_load(ini_path, &c->cfg, g_err, sizeof g_err);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    c->lg.level = c->cfg.log_level;
+    c->lg.fn = host ? host->log : NULL;
+    c->lg.user = host ? host->user : NULL;
+    c->lg.rank = (host && host->world_size > 1) ? host->rank : -1;
+    rc = pt_rt_create(&c->cfg, host, &c->lg, &c->rt, g_err, sizeof g_err);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    c->lc.state = PT_LC_INIT;
+    snprintf(c->err, sizeof c->err, "no error");
+    *out = c;
+    return PT_OK;
+}
+
+static const char *h_last_error(void *vctx) {
+    pt_ctx *c = (pt_ctx *)vctx;
+    return c ? c->err : g_err;
+}
+
+static int32_t h_post_model_load(void *vctx, pt_model_v1 *model) {
+    CTX("post_model_load");
+    if (!model) {
+        snprintf(c->err, sizeof c->err, "post_model_load: model is NULL");
+        return PT_ERR_INVALID_ARG;
+    }
+    int rc = pt_lc_post_model_load(&c->lc, model->n_blocks, c->err, sizeof c->err);
+    if (!rc) rc = pt_rt_model_load(c->rt, model, c->err, sizeof c->err);
+    if (!rc) c->lc.state = PT_LC_LOADED;
+    return done(c, rc);
+}
+
+static int32_t h_create_optimizer(void *vctx, const pt_optim_v1 *desc) {
+    CTX("create_optimizer");
+    int rc = pt_lc_create_optimizer(&c->lc, c->err, sizeof c->err);
+    if (!rc) rc = pt_rt_create_optimizer(c->rt, desc, c->err, sizeof c->err);
+    if (!rc) c->lc.state = PT_LC_READY;
+    return done(c, rc);
+}
+
+static int32_t h_pre_step(void *vctx, int64_t step, int32_t micro, int32_t n_micro) {
+    CTX("pre_step");
+    pt_lifecycle saved = c->lc;
+    int rc = pt_lc_pre_step(&c->lc, step, micro, n_micro, c->err, sizeof c->err);
+    if (!rc) {
+        rc = pt_rt_pre_step(c->rt, step, micro, n_micro, c->err, sizeof c->err);
+        if (rc) c->lc = saved;
+    }
+    return done(c, rc);
+}
+
+typedef int (*rt_block_fn)(pt_rt *, int32_t, char *, size_t);
+
+static int block_hook(pt_ctx *c, int which, int32_t b, rt_block_fn fn) {
+    pt_lifecycle saved = c->lc;
+    int rc = pt_lc_block(&c->lc, which, b, c->err, sizeof c->err);
+    if (!rc) {
+        rc = fn(c->rt, b, c->err, sizeof c->err);
+        if (rc) c->lc = saved;
+    }
+    return done(c, rc);
+}
+
+static int32_t h_pre_fwd(void *vctx, int32_t b) {
+    CTX("block_pre_forward");
+    return block_hook(c, PT_HOOK_PRE_FWD, b, pt_rt_pre_forward);
+}
+static int32_t h_post_fwd(void *vctx, int32_t b) {
+    CTX("block_post_forward");
+    return block_hook(c, PT_HOOK_POST_FWD, b, pt_rt_post_forward);
+}
+static int32_t h_pre_bwd(void *vctx, int32_t b) {
+    CTX("block_pre_backward");
+    return block_hook(c, PT_HOOK_PRE_BWD, b, pt_rt_pre_backward);
+}
+static int32_t h_post_bwd(void *vctx, int32_t b) {
+    CTX("block_post_backward");
+    return block_hook(c, PT_HOOK_POST_BWD, b, pt_rt_post_backward);
+}
+
+static int32_t h_optimizer_step(void *vctx, float lr) {
+    CTX("optimizer_step");
+    if (isnan(lr)) {
+        snprintf(c->err, sizeof c->err, "optimizer_step: lr is NaN");
+        return PT_ERR_INVALID_ARG;
+    }
+    pt_lifecycle saved = c->lc;
+    int rc = pt_lc_optimizer_step(&c->lc, c->err, sizeof c->err);
+    if (!rc) {
+        rc = pt_rt_optimizer_step(c->rt, lr, c->err, sizeof c->err);
+        if (rc) c->lc = saved;
+    }
+    return done(c, rc);
+}
+
+static int32_t h_set_lr(void *vctx, float lr) {
+    CTX("set_lr");
+    return done(c, pt_rt_set_lr(c->rt, lr, c->err, sizeof c->err));
+}
+
+static int32_t h_post_step(void *vctx, int64_t step, float loss) {
+    CTX("post_step");
+    int rc = pt_lc_post_step(&c->lc, step, c->err, sizeof c->err);
+    if (!rc) rc = pt_rt_post_step(c->rt, step, loss, c->err, sizeof c->err);
+    return done(c, rc);
+}
+
+static int32_t h_finalize(void *vctx) {
+    pt_ctx *c = (pt_ctx *)vctx;
+    if (!c) return fail_null("finalize");
+    pt_rt_destroy(c->rt);
+    free(c);
+    return PT_OK;
+}
+
+static int32_t h_dev_alloc(void *vctx, uint64_t bytes, const char *tag, void **ptr) {
+    CTX("dev_alloc");
+    return done(c, pt_rt_dev_alloc(c->rt, bytes, tag, ptr, c->err, sizeof c->err));
+}
+
+static int32_t h_dev_free(void *vctx, void *ptr) {
+    CTX("dev_free");
+    return done(c, pt_rt_dev_free(c->rt, ptr, c->err, sizeof c->err));
+}
+
+static int needs_model(pt_ctx *c, const char *hook) {
+    if (c->lc.state == PT_LC_INIT) {
+        snprintf(c->err, sizeof c->err, "hook %s called out of order: expected post_model_load "
+                 "first (state: %s)", hook, pt_lc_state_name(c->lc.state));
+        return PT_ERR_ORDER;
+    }
+    return PT_OK;
+}
+
+static int32_t h_arena(void *vctx, int32_t b, uint64_t bytes, void **ptr) {
+    CTX("activation_arena");
+    int rc = needs_model(c, "activation_arena");
+    if (!rc && !pt_lc_in_block(&c->lc, b) ) {
+        snprintf(c->err, sizeof c->err, "hook activation_arena(%d) called out of order: call it "
+                 "between block_pre_forward(%d) and block_post_forward(%d)", b, b, b);
+        rc = PT_ERR_ORDER;
+    }
+    if (!rc) rc = pt_rt_arena(c->rt, b, bytes, ptr, c->err, sizeof c->err);
+    return done(c, rc);
+}
+
+static int32_t h_arena_get(void *vctx, int32_t b, void **ptr) {
+    CTX("activation_arena_get");
+    int rc = needs_model(c, "activation_arena_get");
+    if (!rc) rc = pt_rt_arena_get(c->rt, b, ptr, c->err, sizeof c->err);
+    return done(c, rc);
+}
+
+static int32_t h_memcpy(void *vctx, void *dst, const void *src, uint64_t bytes, int32_t kind) {
+    CTX("memcpy");
+    return done(c, pt_rt_memcpy(c->rt, dst, src, bytes, kind, c->err, sizeof c->err));
+}
+
+static int32_t h_get_stats(void *vctx, pt_stats_v1 *out) {
+    CTX("get_stats");
+    if (!out) {
+        snprintf(c->err, sizeof c->err, "get_stats: out is NULL");
+        return PT_ERR_INVALID_ARG;
+    }
+    return pt_rt_stats(c->rt, out);
+}
+
+static int32_t h_read_param(void *vctx, int32_t index, void *dst, uint64_t bytes) {
+    CTX("read_param");
+    int rc = needs_model(c, "read_param");
+    if (!rc) rc = pt_rt_read_param(c->rt, index, dst, bytes, c->err, sizeof c->err);
+    return done(c, rc);
+}
+
+/* Hooks whose behaviour later work defines: present, and honest about it. */
+static int32_t unsupported(void *vctx, const char *hook, const char *why) {
+    pt_ctx *c = (pt_ctx *)vctx;
+    if (!c) return fail_null(hook);
+    snprintf(c->err, sizeof c->err, "%s is not implemented in protrain %s: %s", hook,
+             PT_PLUGIN_VERSION, why);
+    return PT_ERR_UNSUPPORTED;
+}
+static int32_t h_save_state(void *vctx, const char *dir) {
+    (void)dir;
+    return unsupported(vctx, "save_state", "state save/restore is not built yet");
+}
+static int32_t h_load_state(void *vctx, const char *dir) {
+    (void)dir;
+    return unsupported(vctx, "load_state", "state save/restore is not built yet");
+}
+static int32_t h_osft_fwd(void *vctx, int32_t p, const void *x, void *y, int64_t rows) {
+    (void)p; (void)x; (void)y; (void)rows;
+    return unsupported(vctx, "osft_linear_forward", "the OSFT kernel is not built yet");
+}
+static int32_t h_osft_bwd(void *vctx, int32_t p, const void *x, const void *dy, void *dx,
+                          int64_t rows) {
+    (void)p; (void)x; (void)dy; (void)dx; (void)rows;
+    return unsupported(vctx, "osft_linear_backward", "the OSFT kernel is not built yet");
+}
+static int32_t h_tiled_fwd(void *vctx, int32_t b, int64_t tokens) {
+    (void)b; (void)tokens;
+    return unsupported(vctx, "tiled_mlp_forward", "the TiledMLP kernel is not built yet");
+}
+static int32_t h_tiled_bwd(void *vctx, int32_t b, int64_t tokens) {
+    (void)b; (void)tokens;
+    return unsupported(vctx, "tiled_mlp_backward", "the TiledMLP kernel is not built yet");
+}
+
+__attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
+    .abi_version = 1,
+    .struct_size = sizeof(pt_plugin_v1),
+    .name = "protrain",
+    .version = PT_PLUGIN_VERSION,
+    .init = h_init,
+    .last_error = h_last_error,
+    .post_model_load = h_post_model_load,
+    .create_optimizer = h_create_optimizer,
+    .pre_step = h_pre_step,
+    .block_pre_forward = h_pre_fwd,
+    .block_post_forward = h_post_fwd,
+    .block_pre_backward = h_pre_bwd,
+    .block_post_backward = h_post_bwd,
+    .optimizer_step = h_optimizer_step,
+    .post_step = h_post_step,
+    .finalize = h_finalize,
+    .dev_alloc = h_dev_alloc,
+    .dev_free = h_dev_free,
+    .activation_arena = h_arena,
+    .activation_arena_get = h_arena_get,
+    .memcpy = h_memcpy,
+    .get_stats = h_get_stats,
+    .read_param = h_read_param,
+    .save_state = h_save_state,
+    .load_state = h_load_state,
+    .osft_linear_forward = h_osft_fwd,
+    .osft_linear_backward = h_osft_bwd,
+    .tiled_mlp_forward = h_tiled_fwd,
+    .tiled_mlp_backward = h_tiled_bwd,
+    .set_lr = h_set_lr,
+};

@@ -1,0 +1,542 @@
+/*
+ * chunk_runtime.c — moving chunks during a step (PROTRAIN.md sections 2-3):
+ *  - gather: before block b, its streamed chunks are leased from the buffer
+ *    pool (a hit when a slot still holds them) or uploaded H2D on the h2d
+ *    stream; the next block's chunks are prefetched (one block ahead, both
+ *    directions);
+ *  - release: after block b the leases drop (the slot keeps its tag, so
+ *    backward reuses what forward left); the host's pointers are cleared;
+ *  - after a block's backward, each streamed chunk whose gradient is complete
+ *    (its lowest block just finished) is copied D2H on the d2h stream and a
+ *    CPU task is queued at once: accumulate (n_micro > 1), squared norms
+ *    (clipping), and the AdamW step itself when lr is already known and no
+ *    clipping is configured — overlapping the rest of backward
+ *    (ARCHITECTURE.md decision 3);
+ *  - optimizer_step waits for all of it, computes the global norm when
+ *    clipping, steps what is left on the CPU, steps persistent chunks on the
+ *    device and zeroes their gradients.
+ * The host computes synchronously on its own thread, so "the compute stream
+ * waits for an upload" is an event_sync inside the hook.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device_ext.h"
+#include "kernels_hd.h"
+#include "ms_internal.h"
+
+#define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
+
+static const pt_gpu_backend *OPS(pt_rt *rt) { return pt_gpu_ops(rt->gpu); }
+static void *IMPL(pt_rt *rt) { return pt_gpu_impl(rt->gpu); }
+
+int pt_cs_init_runtime(pt_rt *rt, char *err, size_t errlen) {
+    struct pt_ms *ms = rt->ms;
+    int rc;
+    if ((rc = pt_gpu_alloc(rt->gpu, sizeof(float), PT_TAG_OTHER, (void **)&ms->norm_dev, err,
+                           errlen)))
+        return rc;
+    if (!ms->n_offloaded) return PT_OK;
+    uint64_t S = ms->lay.chunk_size;
+    if ((rc = pt_bufpool_create(rt->gpu, ms->n_buffer, 2 * S, &ms->pool, err, errlen))) return rc;
+    ms->buffer_bytes = (uint64_t)ms->n_buffer * 2 * S;
+    ms->slot_free = calloc((size_t)ms->n_buffer, sizeof *ms->slot_free);
+    if (!ms->slot_free) {
+        ERR("out of host memory");
+        return PT_ERR_HOST_OOM;
+    }
+    for (int s = 0; s < ms->n_buffer; s++)
+        if (OPS(rt)->event_create(IMPL(rt), &ms->slot_free[s])) goto ev_fail;
+    for (int k = 0; k < ms->n_chunks; k++) {
+        cs_chunk *c = &ms->ch[k];
+        if (c->persistent) continue;
+        if (OPS(rt)->event_create(IMPL(rt), &c->ev_up) ||
+            OPS(rt)->event_create(IMPL(rt), &c->ev_d2h))
+            goto ev_fail;
+    }
+    ms->workers = pt_pool_create(rt->cfg.cpu_threads, err, errlen);
+    if (!ms->workers) return PT_ERR_HOST_OOM;
+    PT_LOGI(&rt->lg, "CPU optimizer: %d worker thread(s), %s path", pt_pool_threads(ms->workers),
+            pt_cpu_adam_isa());
+    return PT_OK;
+ev_fail:
+    ERR("cannot create device events");
+    return PT_ERR_BACKEND;
+}
+
+void pt_cs_fini_runtime(pt_rt *rt) {
+    struct pt_ms *ms = rt->ms;
+    if (ms->workers) {
+        pt_pool_destroy(ms->workers);
+        ms->workers = NULL;
+    }
+    if (rt->s_d2h) OPS(rt)->stream_sync(IMPL(rt), rt->s_d2h);
+    if (rt->s_h2d) OPS(rt)->stream_sync(IMPL(rt), rt->s_h2d);
+    for (int s = 0; ms->slot_free && s < ms->n_buffer; s++)
+        if (ms->slot_free[s]) OPS(rt)->event_destroy(IMPL(rt), ms->slot_free[s]);
+    free(ms->slot_free);
+    ms->slot_free = NULL;
+    for (int k = 0; ms->ch && k < ms->n_chunks; k++) {
+        cs_chunk *c = &ms->ch[k];
+        if (c->ev_up) OPS(rt)->event_destroy(IMPL(rt), c->ev_up);
+        if (c->ev_d2h) OPS(rt)->event_destroy(IMPL(rt), c->ev_d2h);
+        c->ev_up = c->ev_d2h = NULL;
+    }
+    pt_bufpool_destroy(ms->pool);
+    ms->pool = NULL;
+    pt_gpu_free(rt->gpu, ms->norm_dev);
+    ms->norm_dev = NULL;
+}
+
+/* Point every param stored in chunk c at param_base/grad_base + its offset
+ * (NULL bases clear them). Frozen params never get a grad pointer. */
+void pt_cs_set_pointers(pt_rt *rt, cs_chunk *c, void *pbase, void *gbase) {
+    struct pt_ms *ms = rt->ms;
+    pt_model_v1 *m = rt->model;
+    for (int j = 0; j < c->lc->n_params; j++) {
+        int root = ms->lay.order[c->lc->first_param + j];
+        uint64_t off = ms->lay.param_offset[root];
+        void *d = pbase ? (char *)pbase + off : NULL;
+        void *g = (gbase && ms->root_tr[root]) ? (char *)gbase + off : NULL;
+        m->params[root].data = d;
+        m->params[root].grad = g;
+    }
+    for (int t = 0; t < ms->n_tied; t++) {
+        int i = ms->tied[t];
+        if (ms->lay.param_chunk[i] != c->id) continue;
+        m->params[i].data = m->params[ms->root[i]].data;
+        m->params[i].grad = m->params[ms->root[i]].grad;
+    }
+}
+
+int pt_ms_pre_step(pt_rt *rt, char *err, size_t errlen) {
+    struct pt_ms *ms = rt->ms;
+    if (rt->eval) return PT_OK;
+    if (!rt->opt.ready) {
+        ERR("pre_step: no optimizer (call create_optimizer first)");
+        return PT_ERR_ORDER;
+    }
+    for (int k = 0; k < ms->n_chunks; k++) ms->ch[k].bwd_zeroed = 0;
+    if (rt->n_micro > 1 && !ms->gacc_ready) {
+        /* accumulated fp32 gradients of offloaded chunks, allocated on first need */
+        uint64_t more = 0;
+        for (int k = 0; k < ms->n_chunks; k++)
+            if (!ms->ch[k].persistent && ms->ch[k].trainable) more += 4 * ms->ch[k].n_state;
+        for (int k = 0; k < ms->n_chunks; k++) {
+            cs_chunk *c = &ms->ch[k];
+            if (c->persistent || !c->trainable) continue;
+            int rc = pt_gpu_pinned_alloc(rt->gpu, (size_t)c->n_state * 4, (void **)&c->h_gacc,
+                                         err, errlen);
+            if (rc) return rc;
+        }
+        ms->pinned_bytes += more;
+        ms->gacc_ready = 1;
+        PT_LOGI(&rt->lg, "gradient accumulation over %d micro-batches: %.2f MiB more pinned "
+                         "memory for fp32 gradient sums", rt->n_micro, more / 1048576.0);
+    }
+    return PT_OK;
+}
+
+/* Upload chunk c into a leased slot (async on the h2d stream). */
+static int lease(pt_rt *rt, cs_chunk *c, char *err, size_t errlen) {
+    struct pt_ms *ms = rt->ms;
+    int32_t slot, hit;
+    int rc = pt_bufpool_acquire(ms->pool, c->id, &slot, &hit);
+    if (rc) {
+        ERR("buffer pool: %s (n_buffer %d)", pt_bufpool_error(ms->pool), ms->n_buffer);
+        return rc;
+    }
+    c->slot = slot;
+    if (hit) return PT_OK;
+    void *dst = pt_bufpool_slot_ptr(ms->pool, slot);
+    /* the slot's previous gradient may still be on its way to the host */
+    OPS(rt)->stream_wait_event(IMPL(rt), rt->s_h2d, ms->slot_free[slot]);
+    rc = pt_gpu_memcpy_async(rt->gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D, rt->s_h2d);
+    if (!rc) rc = OPS(rt)->event_record(IMPL(rt), c->ev_up, rt->s_h2d);
+    if (rc) {
+        ERR("upload of chunk %d (%llu bytes) failed", c->id, (unsigned long long)c->used);
+        return PT_ERR_BACKEND;
+    }
+    return PT_OK;
+}
+
+static void prefetch_block(pt_rt *rt, int b) {
+    struct pt_ms *ms = rt->ms;
+    if (b < 0 || b >= rt->n_blocks || ms->lay.block_chunk_first[b] < 0) return;
+    for (int k = ms->lay.block_chunk_first[b]; k <= ms->lay.block_chunk_last[b]; k++) {
+        cs_chunk *c = &ms->ch[k];
+        if (c->persistent || c->prefetched || c->users) continue;
+        char e[8];
+        /* No free slot: skip; the gather of block b uploads it synchronously. */
+        if (lease(rt, c, e, sizeof e)) return;
+        c->prefetched = 1;
+    }
+}
+
+int pt_ms_gather(pt_rt *rt, int32_t b, int backward, char *err, size_t errlen) {
+    struct pt_ms *ms = rt->ms;
+    if (!ms->n_offloaded || ms->lay.block_chunk_first[b] < 0) return PT_OK;
+    for (int k = ms->lay.block_chunk_first[b]; k <= ms->lay.block_chunk_last[b]; k++) {
+        cs_chunk *c = &ms->ch[k];
+        if (c->persistent) continue;
+        if (c->prefetched) {
+            c->prefetched = 0;          /* the prefetch lease becomes this block's */
+        } else if (c->users) {
+            int32_t s, hit;             /* shared with the previous block: one more lease */
+            pt_bufpool_acquire(ms->pool, c->id, &s, &hit);
+        } else {
+            int rc = lease(rt, c, err, errlen);
+            if (rc) return rc;
+        }
+        int rc = OPS(rt)->event_sync(IMPL(rt), c->ev_up);
+        if (rc) {
+            ERR("waiting for the upload of chunk %d failed", c->id);
+            return PT_ERR_BACKEND;
+        }
+        void *base = pt_bufpool_slot_ptr(ms->pool, c->slot);
+        void *gbase = (backward && c->trainable) ? (char *)base + ms->lay.chunk_size : NULL;
+        if (gbase && !c->bwd_zeroed) {
+            OPS(rt)->event_sync(IMPL(rt), ms->slot_free[c->slot]);
+            OPS(rt)->memset_async(IMPL(rt), gbase, 0, (size_t)c->cap, NULL);
+            c->bwd_zeroed = 1;
+        }
+        c->users++;
+        pt_cs_set_pointers(rt, c, base, gbase);
+    }
+    prefetch_block(rt, backward ? b - 1 : b + 1);
+    return PT_OK;
+}
+
+/* ---- CPU side of a chunk's gradient ---- */
+
+/* Adam over every trainable region of an offloaded chunk. Runs on a worker. */
+static void chunk_adam(pt_rt *rt, cs_chunk *c, const pt_adamw_consts *k, int from_acc) {
+    for (int r = 0; r < c->lc->n_regions; r++) {
+        const pt_chunk_region *g = &c->lc->regions[r];
+        if (c->reg_state[r] == UINT64_MAX) continue;
+        uint64_t s = c->reg_state[r], n = g->bytes / pt_dtype_size(g->dtype);
+        pt_cpu_adam_args a;
+        memset(&a, 0, sizeof a);
+        a.n = (size_t)n;
+        a.c = *k;
+        a.m = c->h_m + s;
+        a.v = c->h_v + s;
+        if (from_acc) {
+            a.g = c->h_gacc + s;
+            a.g_dtype = PT_F32;
+        } else {
+            a.g = (char *)c->h_gstage + g->offset;
+            a.g_dtype = g->dtype;
+        }
+        if (g->dtype == PT_F32) {
+            a.p = (float *)((char *)c->h_param + g->offset);
+        } else {
+            a.p = c->h_master + s;
+            a.out = (char *)c->h_param + g->offset;
+            a.out_dtype = g->dtype;
+        }
+        pt_cpu_adam_range(&a, 0, a.n);
+    }
+    (void)rt;
+}
+
+/* Squared norms per param root, in double, element order (matches a host that
+ * sums g^2 param by param). Reads the gradient the optimizer will use. */
+static void chunk_norms(pt_rt *rt, cs_chunk *c, int from_acc) {
+    struct pt_ms *ms = rt->ms;
+    for (int j = 0; j < c->lc->n_params; j++) {
+        int root = ms->lay.order[c->lc->first_param + j];
+        const pt_param_v1 *p = &rt->model->params[root];
+        uint64_t off = ms->lay.param_offset[root], n = 1;
+        for (int d = 0; d < p->ndim; d++) n *= (uint64_t)p->shape[d];
+        double sq = 0;
+        if (from_acc) {
+            /* the state offset of a param = region state offset + (off - region offset) / es */
+            for (int r = 0; r < c->lc->n_regions; r++) {
+                const pt_chunk_region *g = &c->lc->regions[r];
+                if (off < g->offset || off >= g->offset + g->bytes || c->reg_state[r] == UINT64_MAX)
+                    continue;
+                const float *x = c->h_gacc + c->reg_state[r] + (off - g->offset) / pt_dtype_size(g->dtype);
+                for (uint64_t e = 0; e < n; e++) sq += (double)x[e] * x[e];
+            }
+        } else {
+            const char *x = (const char *)c->h_gstage + off;
+            for (uint64_t e = 0; e < n; e++) {
+                double v = pt_load_elem(x, p->dtype, (size_t)e);
+                sq += v * v;
+            }
+        }
+        ms->psq[root] = sq;
+    }
+}
+
+/* acc (+)= stage, region by region, widening to fp32. */
+static void chunk_accumulate(cs_chunk *c, int first) {
+    for (int r = 0; r < c->lc->n_regions; r++) {
+        const pt_chunk_region *g = &c->lc->regions[r];
+        if (c->reg_state[r] == UINT64_MAX) continue;
+        float *acc = c->h_gacc + c->reg_state[r];
+        const char *src = (const char *)c->h_gstage + g->offset;
+        uint64_t n = g->bytes / pt_dtype_size(g->dtype);
+        if (first) pt_cvt(acc, PT_F32, src, g->dtype, (size_t)n);
+        else
+            for (uint64_t e = 0; e < n; e++) acc[e] += pt_load_elem(src, g->dtype, (size_t)e);
+    }
+}
+
+typedef struct { pt_rt *rt; cs_chunk *c; } chunk_job;
+
+static void grad_task(void *arg) {
+    chunk_job *j = arg;
+    pt_rt *rt = j->rt;
+    cs_chunk *c = j->c;
+    free(j);
+    OPS(rt)->event_sync(IMPL(rt), c->ev_d2h);   /* the gradient is on the host */
+    int acc = c->t_n_micro > 1;
+    if (acc) chunk_accumulate(c, c->t_micro == 0);
+    int last = c->t_micro == c->t_n_micro - 1;
+    if (last && c->t_norm) chunk_norms(rt, c, acc);
+    if (last && c->t_step_now) chunk_adam(rt, c, &c->t_consts, acc);
+}
+
+static void step_consts(pt_rt *rt, float lr, float gs, pt_adamw_consts *k) {
+    pt_optim_state *o = &rt->opt;
+    float bc1, bc2r;
+    pt_adamw_bias(o->beta1, o->beta2, o->t + 1, &bc1, &bc2r);
+    *k = pt_adamw_make_consts(lr, o->beta1, o->beta2, o->eps, o->weight_decay, bc1, bc2r, gs);
+}
+
+static int offload_grad(pt_rt *rt, cs_chunk *c, char *err, size_t errlen) {
+    struct pt_ms *ms = rt->ms;
+    /* the previous micro-batch's task still reads h_gstage */
+    pt_pool_wait(ms->workers, &c->tg);
+    void *gsrc = (char *)pt_bufpool_slot_ptr(ms->pool, c->slot) + ms->lay.chunk_size;
+    int rc = pt_gpu_memcpy_async(rt->gpu, c->h_gstage, gsrc, (size_t)c->used, PT_GPU_D2H,
+                                 rt->s_d2h);
+    if (!rc) rc = OPS(rt)->event_record(IMPL(rt), c->ev_d2h, rt->s_d2h);
+    if (!rc) rc = OPS(rt)->event_record(IMPL(rt), ms->slot_free[c->slot], rt->s_d2h);
+    if (rc) {
+        ERR("gradient copy of chunk %d to the host failed", c->id);
+        return PT_ERR_BACKEND;
+    }
+    int last = rt->micro == rt->n_micro - 1;
+    c->t_micro = rt->micro;
+    c->t_n_micro = rt->n_micro;
+    c->t_norm = rt->opt.max_grad_norm > 0;
+    c->t_step_now = last && ms->lr_set && !c->t_norm;
+    if (c->t_step_now) {
+        step_consts(rt, ms->lr_next, 1.0f, &c->t_consts);
+        c->stepped = 1;
+        ms->overlapped = 1;
+    }
+    chunk_job *j = malloc(sizeof *j);
+    if (!j) {
+        ERR("out of host memory");
+        return PT_ERR_HOST_OOM;
+    }
+    j->rt = rt;
+    j->c = c;
+    /* two groups: the chunk's own (reuse of h_gstage) and the step's */
+    if ((rc = pt_pool_submit(ms->workers, grad_task, j, &c->tg))) {
+        free(j);
+        ERR("cannot queue the CPU optimizer task of chunk %d", c->id);
+        return rc;
+    }
+    return PT_OK;
+}
+
+int pt_ms_release(pt_rt *rt, int32_t b, int backward, char *err, size_t errlen) {
+    struct pt_ms *ms = rt->ms;
+    if (!ms->n_offloaded || ms->lay.block_chunk_first[b] < 0) return PT_OK;
+    for (int k = ms->lay.block_chunk_first[b]; k <= ms->lay.block_chunk_last[b]; k++) {
+        cs_chunk *c = &ms->ch[k];
+        if (c->persistent) continue;
+        if (backward && c->trainable && c->lc->block_first == b && !rt->eval) {
+            int rc = offload_grad(rt, c, err, errlen);
+            if (rc) return rc;
+        }
+        c->users--;
+        pt_bufpool_release(ms->pool, c->slot);
+        if (!c->users) {
+            pt_cs_set_pointers(rt, c, NULL, NULL);
+            if (!c->prefetched) c->slot = -1;
+        }
+    }
+    return PT_OK;
+}
+
+int pt_ms_set_lr(pt_rt *rt, float lr) {
+    rt->ms->lr_set = 1;
+    rt->ms->lr_next = lr;
+    return PT_OK;
+}
+
+/* Wait for every chunk's CPU task. */
+static void wait_tasks(pt_rt *rt) {
+    struct pt_ms *ms = rt->ms;
+    for (int k = 0; k < ms->n_chunks; k++)
+        if (!ms->ch[k].persistent) pt_pool_wait(ms->workers, &ms->ch[k].tg);
+}
+
+static int device_norms(pt_rt *rt, char *err, size_t errlen) {
+    struct pt_ms *ms = rt->ms;
+    pt_model_v1 *m = rt->model;
+    for (int i = 0; i < m->n_params; i++) {
+        if (ms->root[i] != i || !m->params[i].grad) continue;
+        cs_chunk *c = &ms->ch[ms->lay.param_chunk[i]];
+        if (!c->persistent) continue;
+        uint64_t n = 1;
+        for (int d = 0; d < m->params[i].ndim; d++) n *= (uint64_t)m->params[i].shape[d];
+        float part = 0.0f;
+        OPS(rt)->memset_async(IMPL(rt), ms->norm_dev, 0, sizeof(float), rt->s_compute);
+        OPS(rt)->sqnorm(IMPL(rt), (char *)c->d_grad + ms->lay.param_offset[i], m->params[i].dtype,
+                        (size_t)n, ms->norm_dev, rt->s_compute);
+        int rc = pt_gpu_memcpy_async(rt->gpu, &part, ms->norm_dev, sizeof part, PT_GPU_D2H,
+                                     rt->s_compute);
+        if (!rc) rc = OPS(rt)->stream_sync(IMPL(rt), rt->s_compute);
+        if (rc) {
+            ERR("optimizer_step: gradient-norm reduction failed on the device");
+            return PT_ERR_BACKEND;
+        }
+        ms->psq[i] = part;
+    }
+    return PT_OK;
+}
+
+static int device_adam(pt_rt *rt, cs_chunk *c, float lr, float gs, char *err, size_t errlen) {
+    struct pt_ms *ms = rt->ms;
+    pt_optim_state *o = &rt->opt;
+    float bc1, bc2r;
+    pt_adamw_bias(o->beta1, o->beta2, o->t + 1, &bc1, &bc2r);
+    for (int r = 0; r < c->lc->n_regions; r++) {
+        const pt_chunk_region *g = &c->lc->regions[r];
+        if (c->reg_state[r] == UINT64_MAX) continue;
+        uint64_t s = c->reg_state[r], n = g->bytes / pt_dtype_size(g->dtype);
+        pt_adamw_args a;
+        memset(&a, 0, sizeof a);
+        a.n = (size_t)n;
+        a.m = c->d_m + s;
+        a.v = c->d_v + s;
+        a.lr = lr;
+        a.beta1 = o->beta1;
+        a.beta2 = o->beta2;
+        a.eps = o->eps;
+        a.weight_decay = o->weight_decay;
+        a.bc1 = bc1;
+        a.bc2_rsqrt = bc2r;
+        a.grad_scale = gs;
+        if (g->dtype == PT_F32) {
+            a.param = (float *)((char *)c->d_param + g->offset);
+            a.grad = (const float *)((char *)c->d_grad + g->offset);
+        } else {
+            /* widen the 16-bit gradient into fp32 scratch first */
+            OPS(rt)->convert(IMPL(rt), ms->d_gtmp, PT_F32, (char *)c->d_grad + g->offset,
+                             g->dtype, (size_t)n, 0, rt->s_compute);
+            a.param = c->d_master + s;
+            a.grad = ms->d_gtmp;
+            a.param_out = (char *)c->d_param + g->offset;
+            a.out_dtype = g->dtype;
+        }
+        if (OPS(rt)->adamw(IMPL(rt), &a, rt->s_compute)) {
+            ERR("optimizer_step: device AdamW failed on chunk %d", c->id);
+            return PT_ERR_BACKEND;
+        }
+    }
+    OPS(rt)->memset_async(IMPL(rt), c->d_grad, 0, (size_t)c->cap, rt->s_compute);
+    return PT_OK;
+}
+
+typedef struct { pt_rt *rt; cs_chunk *c; pt_adamw_consts k; int acc; } adam_job;
+static void adam_task(void *arg) {
+    adam_job *j = arg;
+    chunk_adam(j->rt, j->c, &j->k, j->acc);
+}
+
+int pt_ms_optimizer_step(pt_rt *rt, char *err, size_t errlen) {
+    struct pt_ms *ms = rt->ms;
+    pt_optim_state *o = &rt->opt;
+    pt_model_v1 *m = rt->model;
+    float lr = rt->lr_arg >= 0 ? rt->lr_arg : o->lr;
+    if (ms->lr_set) {
+        if (ms->overlapped && rt->lr_arg >= 0 && rt->lr_arg != ms->lr_next) {
+            ERR("optimizer_step: lr %g differs from the lr %g given to set_lr, which the CPU "
+                "optimizer already applied while backward ran", (double)rt->lr_arg,
+                (double)ms->lr_next);
+            return PT_ERR_INVALID_ARG;
+        }
+        lr = ms->lr_next;
+    }
+    o->lr = lr;
+    if (ms->n_offloaded) {
+        OPS(rt)->stream_sync(IMPL(rt), rt->s_d2h);
+        wait_tasks(rt);
+    }
+    float gs = 1.0f;
+    o->last_norm = NAN;
+    if (o->max_grad_norm > 0) {
+        int rc = device_norms(rt, err, errlen);
+        if (rc) return rc;
+        double sq = 0;
+        for (int i = 0; i < m->n_params; i++) {
+            if (ms->root[i] != i) continue;
+            if (ms->root_tr[i]) sq += ms->psq[i];
+        }
+        double norm = sqrt(sq);
+        o->last_norm = norm;
+        if (norm > o->max_grad_norm) gs = (float)(o->max_grad_norm / (norm + 1e-6));
+    }
+    /* CPU steps that could not overlap (clipping, or lr unknown during backward) */
+    pt_task_group g = PT_TASK_GROUP_INIT;
+    adam_job *jobs = NULL;
+    if (ms->n_offloaded) {
+        jobs = calloc((size_t)ms->n_chunks, sizeof *jobs);
+        if (!jobs) {
+            ERR("out of host memory");
+            return PT_ERR_HOST_OOM;
+        }
+        for (int k = 0; k < ms->n_chunks; k++) {
+            cs_chunk *c = &ms->ch[k];
+            if (c->persistent || !c->trainable || c->stepped) continue;
+            jobs[k].rt = rt;
+            jobs[k].c = c;
+            jobs[k].acc = rt->n_micro > 1;
+            step_consts(rt, lr, gs, &jobs[k].k);
+            if (pt_pool_submit(ms->workers, adam_task, &jobs[k], &g)) adam_task(&jobs[k]);
+        }
+    }
+    for (int k = 0; k < ms->n_chunks; k++) {
+        cs_chunk *c = &ms->ch[k];
+        if (!c->persistent || !c->trainable) continue;
+        int rc = device_adam(rt, c, lr, gs, err, errlen);
+        if (rc) {
+            if (jobs) pt_pool_wait(ms->workers, &g);
+            free(jobs);
+            return rc;
+        }
+    }
+    if (jobs) pt_pool_wait(ms->workers, &g);
+    free(jobs);
+    if (OPS(rt)->stream_sync(IMPL(rt), rt->s_compute)) {
+        ERR("optimizer_step: device stream failed");
+        return PT_ERR_BACKEND;
+    }
+    /* Streamed copies in slots are stale now: drop their tags (and poison them,
+     * so a host that kept a pointer reads NaN). */
+    for (int k = 0; k < ms->n_chunks; k++) {
+        cs_chunk *c = &ms->ch[k];
+        c->stepped = 0;
+        if (c->persistent || !c->trainable) continue;
+        int32_t s = pt_bufpool_lookup(ms->pool, c->id);
+        if (s < 0) continue;
+        if (rt->cfg.poison)
+            OPS(rt)->memset_async(IMPL(rt), pt_bufpool_slot_ptr(ms->pool, s), 0xFF,
+                                  (size_t)pt_bufpool_slot_size(ms->pool, s), NULL);
+        pt_bufpool_invalidate(ms->pool, c->id);
+    }
+    ms->lr_set = 0;
+    ms->overlapped = 0;
+    o->t++;
+    return PT_OK;
+}

@@ -1,0 +1,449 @@
+/*
+ * model_state.c — the chunked model-state store: validation of the host's
+ * descriptors, chunk layout, the knobs (n_persist, n_buffer), storage for
+ * persistent and offloaded chunks, the initial upload, the plan summary.
+ * Runtime movement (gather/release/offload/optimizer) is in chunk_runtime.c.
+ * Everything resident (mode A) is the special case n_persist = N_chunk.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "device_ext.h"
+#include "kernels_hd.h"
+#include "ms_internal.h"
+
+#define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
+
+static uint64_t numel_of(const pt_param_v1 *p) {
+    uint64_t n = 1;
+    for (int d = 0; d < p->ndim; d++) n *= (uint64_t)p->shape[d];
+    return n;
+}
+
+int pt_ms_validate(const pt_model_v1 *m, char *err, size_t errlen) {
+    for (int i = 0; i < m->n_params; i++) {
+        const pt_param_v1 *p = &m->params[i];
+        const char *nm = p->name ? p->name : "(unnamed)";
+        if (p->ndim < 1 || p->ndim > 4) {
+            ERR("post_model_load: param %d '%s' has ndim %d (need 1..4)", i, nm, p->ndim);
+            return PT_ERR_INVALID_ARG;
+        }
+        for (int d = 0; d < p->ndim; d++)
+            if (p->shape[d] <= 0) {
+                ERR("post_model_load: param %d '%s' has shape[%d] = %lld (need > 0)", i, nm, d,
+                    (long long)p->shape[d]);
+                return PT_ERR_INVALID_ARG;
+            }
+        if (p->dtype < PT_F32 || p->dtype > PT_F16) {
+            ERR("post_model_load: param %d '%s' has unknown dtype %d (0 f32, 1 bf16, 2 f16)", i,
+                nm, p->dtype);
+            return PT_ERR_INVALID_ARG;
+        }
+        if (p->block < -1 || p->block >= m->n_blocks) {
+            ERR("post_model_load: param %d '%s' names block %d but the model has %d blocks", i,
+                nm, p->block, m->n_blocks);
+            return PT_ERR_INVALID_ARG;
+        }
+        if (p->tie >= 0) {
+            if (p->tie >= m->n_params || p->tie == i || m->params[p->tie].tie >= 0) {
+                ERR("post_model_load: param %d '%s' is tied to %d, which is not a valid untied "
+                    "param", i, nm, p->tie);
+                return PT_ERR_INVALID_ARG;
+            }
+            const pt_param_v1 *t = &m->params[p->tie];
+            if (numel_of(t) != numel_of(p) || t->dtype != p->dtype) {
+                ERR("post_model_load: param %d '%s' is tied to '%s' but their sizes or dtypes "
+                    "differ", i, nm, t->name ? t->name : "(unnamed)");
+                return PT_ERR_INVALID_ARG;
+            }
+        } else if (!p->init) {
+            ERR("post_model_load: param %d '%s' has no initial values (init is NULL)", i, nm);
+            return PT_ERR_INVALID_ARG;
+        }
+    }
+    return PT_OK;
+}
+
+/* Lookahead minimum of the pool: the streamed chunks of two consecutive blocks
+ * (the running block and the one being prefetched), at least 1 when anything
+ * streams. Fewer slots than one block's streamed chunks cannot run at all. */
+static int min_buffers(const struct pt_ms *ms, int n_blocks, int lookahead) {
+    int need = 0;
+    for (int b = 0; b < n_blocks; b++) {
+        int k = 0;
+        int hi = (lookahead && b + 1 < n_blocks) ? b + 1 : b;
+        int c0 = ms->lay.block_chunk_first[b], c1 = ms->lay.block_chunk_last[hi];
+        if (c0 < 0) continue;
+        if (c1 < c0) c1 = ms->lay.block_chunk_last[b];
+        for (int c = c0; c <= c1; c++) k += !ms->ch[c].persistent;
+        if (k > need) need = k;
+    }
+    return need;
+}
+
+static int choose_layout(pt_rt *rt, char *err, size_t errlen) {
+    struct pt_ms *ms = rt->ms;
+    pt_model_v1 *m = rt->model;
+    pt_layout_param *lp = calloc((size_t)m->n_params, sizeof *lp);
+    if (!lp) {
+        ERR("out of host memory");
+        return PT_ERR_HOST_OOM;
+    }
+    int rc = pt_layout_params_from_model(m, NULL, lp, err, errlen);
+    uint64_t S = rt->cfg.chunk_size;
+    pt_chunk_size_choice choice;
+    if (!rc && !S) {
+        rc = pt_chunk_size_choose(lp, m->n_params, m->n_blocks, &choice, err, errlen);
+        if (!rc) {
+            S = choice.chosen;
+            char tab[4096];
+            pt_chunk_size_table(&choice, tab, sizeof tab);
+            PT_LOGD(&rt->lg, "chunk size candidates:");
+            pt_log_text(&rt->lg, PT_LOG_DEBUG, tab);
+        }
+    } else if (!rc) {
+        S = (S + PT_LAYOUT_ALIGN - 1) / PT_LAYOUT_ALIGN * PT_LAYOUT_ALIGN;
+    }
+    if (!rc) rc = pt_layout_build(lp, m->n_params, m->n_blocks, S, &ms->lay, err, errlen);
+    free(lp);
+    return rc;
+}
+
+/* Pinned bytes of one offloaded chunk (ARCHITECTURE.md decision 4: the real cost). */
+static uint64_t pinned_of(const cs_chunk *c, int with_gacc) {
+    uint64_t b = 2 * c->cap + 8 * c->n_state;     /* h_param, h_gstage, m, v */
+    if (c->has16) b += 4 * c->n_state;             /* fp32 masters */
+    if (with_gacc) b += 4 * c->n_state;
+    return b;
+}
+
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+static int check_pinned(pt_rt *rt, uint64_t need, char *err, size_t errlen) {
+    uint64_t avail = mem_available();
+    uint64_t budget = rt->cfg.pinned_budget;
+    struct rlimit rl;
+    int have_rl = getrlimit(RLIMIT_MEMLOCK, &rl) == 0;
+    char lim[64];
+    if (!have_rl || rl.rlim_cur == RLIM_INFINITY) snprintf(lim, sizeof lim, "unlimited");
+    else snprintf(lim, sizeof lim, "%llu", (unsigned long long)rl.rlim_cur);
+    /* auto budget: 90% of MemAvailable. RLIMIT_MEMLOCK binds only where pages are
+     * really locked (cuda pins through the driver, which ignores it; the host
+     * backend does not lock), so it is reported, not enforced. */
+    uint64_t eff = budget ? budget : avail / 10 * 9;
+    if (need > eff || (avail && need > avail)) {
+        ERR("pinned host memory: the offloaded chunks need %llu bytes, but the budget is %llu "
+            "(pinned_budget = %s), MemAvailable is %llu and RLIMIT_MEMLOCK is %s; lower "
+            "offload (raise n_persist / device_capacity) or raise [memory] pinned_budget",
+            (unsigned long long)need, (unsigned long long)eff, budget ? "set" : "auto: 90% of "
+            "MemAvailable", (unsigned long long)avail, lim);
+        return PT_ERR_HOST_OOM;
+    }
+    return PT_OK;
+}
+
+static int alloc_persistent(pt_rt *rt, cs_chunk *c, char *err, size_t errlen) {
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
+    void *impl = pt_gpu_impl(rt->gpu);
+    int rc = pt_gpu_alloc(rt->gpu, c->cap, PT_TAG_PARAM, &c->d_param, err, errlen);
+    if (rc) return rc;
+    ops->memset_async(impl, c->d_param, 0, c->cap, NULL);
+    if (c->trainable) {
+        if ((rc = pt_gpu_alloc(rt->gpu, c->cap, PT_TAG_GRAD, &c->d_grad, err, errlen))) return rc;
+        ops->memset_async(impl, c->d_grad, 0, c->cap, NULL);
+    }
+    rt->ms->persist_bytes += c->cap * (c->trainable ? 2 : 1);
+    return PT_OK;
+}
+
+static int alloc_offloaded(pt_rt *rt, cs_chunk *c, char *err, size_t errlen) {
+    int rc;
+    if ((rc = pt_gpu_pinned_alloc(rt->gpu, c->cap, &c->h_param, err, errlen))) return rc;
+    memset(c->h_param, 0, c->cap);
+    if (!c->trainable) return PT_OK;
+    size_t eb = (size_t)c->n_state * sizeof(float);
+    if ((rc = pt_gpu_pinned_alloc(rt->gpu, c->cap, &c->h_gstage, err, errlen)) ||
+        (rc = pt_gpu_pinned_alloc(rt->gpu, eb, (void **)&c->h_m, err, errlen)) ||
+        (rc = pt_gpu_pinned_alloc(rt->gpu, eb, (void **)&c->h_v, err, errlen)))
+        return rc;
+    memset(c->h_m, 0, eb);
+    memset(c->h_v, 0, eb);
+    if (c->has16) {
+        if ((rc = pt_gpu_pinned_alloc(rt->gpu, eb, (void **)&c->h_master, err, errlen))) return rc;
+        memset(c->h_master, 0, eb);
+    }
+    return PT_OK;
+}
+
+/* Copy the host's initial values into the chunks (tied members share the root). */
+static int upload_initial(pt_rt *rt, char *err, size_t errlen) {
+    struct pt_ms *ms = rt->ms;
+    pt_model_v1 *m = rt->model;
+    for (int i = 0; i < m->n_params; i++) {
+        if (ms->root[i] != i) continue;
+        const pt_param_v1 *p = &m->params[i];
+        cs_chunk *c = &ms->ch[ms->lay.param_chunk[i]];
+        uint64_t off = ms->lay.param_offset[i];
+        size_t bytes = (size_t)(numel_of(p) * pt_dtype_size(p->dtype));
+        if (c->persistent) {
+            int rc = pt_gpu_memcpy(rt->gpu, (char *)c->d_param + off, p->init, bytes, PT_GPU_H2D);
+            if (rc) {
+                ERR("post_model_load: upload of param '%s' failed", p->name);
+                return rc;
+            }
+        } else {
+            memcpy((char *)c->h_param + off, p->init, bytes);
+        }
+    }
+    return PT_OK;
+}
+
+static void set_static_pointers(pt_rt *rt) {
+    struct pt_ms *ms = rt->ms;
+    for (int k = 0; k < ms->n_chunks; k++) {
+        cs_chunk *c = &ms->ch[k];
+        if (c->persistent) pt_cs_set_pointers(rt, c, c->d_param, c->d_grad);
+        else pt_cs_set_pointers(rt, c, NULL, NULL);
+    }
+}
+
+int pt_ms_load(pt_rt *rt, char *err, size_t errlen) {
+    pt_model_v1 *m = rt->model;
+    struct pt_ms *ms = calloc(1, sizeof *ms);
+    if (!ms) {
+        ERR("out of host memory");
+        return PT_ERR_HOST_OOM;
+    }
+    rt->ms = ms;
+    ms->n_params = m->n_params;
+    int rc = choose_layout(rt, err, errlen);
+    if (rc) return rc;
+    pt_layout *L = &ms->lay;
+    ms->n_chunks = L->n_chunks;
+    ms->ch = calloc((size_t)L->n_chunks, sizeof *ms->ch);
+    ms->root = calloc((size_t)m->n_params, sizeof *ms->root);
+    ms->psq = calloc((size_t)m->n_params, sizeof *ms->psq);
+    if (!ms->ch || !ms->root || !ms->psq) {
+        ERR("out of host memory");
+        return PT_ERR_HOST_OOM;
+    }
+    ms->root_tr = calloc((size_t)m->n_params, sizeof *ms->root_tr);
+    ms->tied = calloc((size_t)m->n_params, sizeof *ms->tied);
+    if (!ms->root_tr || !ms->tied) {
+        ERR("out of host memory");
+        return PT_ERR_HOST_OOM;
+    }
+    for (int i = 0; i < m->n_params; i++) {
+        ms->root[i] = L->param_root[i];
+        if (m->params[i].trainable) ms->root_tr[ms->root[i]] = 1;
+        if (ms->root[i] != i) ms->tied[ms->n_tied++] = i;
+    }
+
+    /* Knobs: INI overrides, else everything persistent until the searcher decides. */
+    int np = rt->cfg.n_persist;
+    ms->np_fixed = np >= 0 && !rt->cfg.force_all_persistent;
+    if (np < 0 || rt->cfg.force_all_persistent || np > L->n_chunks) np = L->n_chunks;
+    for (int k = 0; k < L->n_chunks; k++) {
+        cs_chunk *c = &ms->ch[k];
+        c->lc = &L->chunks[k];
+        c->id = k;
+        c->slot = -1;
+        c->cap = c->lc->capacity;
+        c->used = c->lc->bytes_used;
+        /* Oversize chunks stay resident: a pool slot cannot hold them, and a
+         * dedicated per-gather allocation would fragment the device. */
+        c->persistent = k < np || c->lc->mandatory_persistent || c->lc->oversize;
+        c->reg_state = calloc((size_t)(c->lc->n_regions ? c->lc->n_regions : 1), sizeof(uint64_t));
+        if (!c->reg_state) {
+            ERR("out of host memory");
+            return PT_ERR_HOST_OOM;
+        }
+        for (int r = 0; r < c->lc->n_regions; r++) {
+            const pt_chunk_region *g = &c->lc->regions[r];
+            if (!g->trainable) {
+                c->reg_state[r] = UINT64_MAX;
+                continue;
+            }
+            c->reg_state[r] = c->n_state;
+            c->n_state += g->bytes / pt_dtype_size(g->dtype);
+            c->trainable = 1;
+            if (g->dtype != PT_F32) c->has16 = 1;
+        }
+        if (c->persistent) ms->n_persist++;
+        else ms->n_offloaded++;
+    }
+    int nb = rt->cfg.n_buffer;
+    ms->nb_fixed = nb >= 0;
+    int need = min_buffers(ms, m->n_blocks, 0), look = min_buffers(ms, m->n_blocks, 1);
+    if (nb < 0) nb = look;
+    if (nb < need) {
+        ERR("n_buffer = %d is too small: block streaming needs at least %d buffer(s) to hold one "
+            "block's offloaded chunks (%d with one-block prefetch); raise [protrain] n_buffer",
+            nb, need, look);
+        return PT_ERR_INVALID_ARG;
+    }
+    if (nb > ms->n_offloaded) nb = ms->n_offloaded;
+    ms->n_buffer = nb;
+
+    uint64_t pinned = 0;
+    for (int k = 0; k < ms->n_chunks; k++)
+        if (!ms->ch[k].persistent) pinned += pinned_of(&ms->ch[k], 0);
+    if ((rc = check_pinned(rt, pinned, err, errlen))) return rc;
+
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int k = 0; k < ms->n_chunks; k++) {
+        cs_chunk *c = &ms->ch[k];
+        rc = c->persistent ? alloc_persistent(rt, c, err, errlen)
+                           : alloc_offloaded(rt, c, err, errlen);
+        if (rc) return rc;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    ms->pin_seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    ms->pinned_bytes = pinned;
+    if ((rc = pt_cs_init_runtime(rt, err, errlen))) return rc;
+    if ((rc = upload_initial(rt, err, errlen))) return rc;
+    set_static_pointers(rt);
+
+    uint64_t n_el = 0, n_tr = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (ms->root[i] == i) {
+            n_el += numel_of(&m->params[i]);
+            if (m->params[i].trainable) n_tr += numel_of(&m->params[i]);
+        }
+    PT_LOGI(&rt->lg, "model: %d params (%llu elements, %llu trainable), %d blocks", m->n_params,
+            (unsigned long long)n_el, (unsigned long long)n_tr, m->n_blocks);
+    PT_LOGI(&rt->lg, "chunks: S_chunk %llu bytes, N_chunk %d (%d mandatory persistent), "
+                     "n_persist %d%s, n_buffer %d%s (minimum %d, with prefetch %d)",
+            (unsigned long long)L->chunk_size, L->n_chunks, L->n_mandatory, ms->n_persist,
+            ms->np_fixed ? " (INI)" : (rt->cfg.force_all_persistent ? " (force_all_persistent)"
+                                                                      : " (all resident)"),
+            ms->n_buffer, ms->nb_fixed ? " (INI)" : "", need, look);
+    PT_LOGI(&rt->lg, "memory: persistent chunks %.2f MiB, buffers %.2f MiB on the device; "
+                     "pinned host %.2f MiB allocated in %.3f s; mode %s",
+            ms->persist_bytes / 1048576.0, ms->buffer_bytes / 1048576.0, pinned / 1048576.0,
+            ms->pin_seconds, ms->n_offloaded ? "B (offload)" : "A (everything resident)");
+    return PT_OK;
+}
+
+int pt_ms_optimizer_init(pt_rt *rt, char *err, size_t errlen) {
+    struct pt_ms *ms = rt->ms;
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
+    void *impl = pt_gpu_impl(rt->gpu);
+    uint64_t max16 = 0;
+    for (int k = 0; k < ms->n_chunks; k++) {
+        cs_chunk *c = &ms->ch[k];
+        if (!c->trainable) continue;
+        if (!c->persistent) {
+            /* fp32 masters of 16-bit regions from the staged copy */
+            for (int r = 0; c->has16 && r < c->lc->n_regions; r++) {
+                const pt_chunk_region *g = &c->lc->regions[r];
+                if (c->reg_state[r] == UINT64_MAX || g->dtype == PT_F32) continue;
+                pt_cvt(c->h_master + c->reg_state[r], PT_F32, (char *)c->h_param + g->offset,
+                       g->dtype, g->bytes / 2);
+            }
+            continue;
+        }
+        size_t eb = (size_t)c->n_state * sizeof(float);
+        int rc;
+        if ((rc = pt_gpu_alloc(rt->gpu, eb, PT_TAG_OPTIM, (void **)&c->d_m, err, errlen)) ||
+            (rc = pt_gpu_alloc(rt->gpu, eb, PT_TAG_OPTIM, (void **)&c->d_v, err, errlen)))
+            return rc;
+        ops->memset_async(impl, c->d_m, 0, eb, NULL);
+        ops->memset_async(impl, c->d_v, 0, eb, NULL);
+        if (c->has16) {
+            if ((rc = pt_gpu_alloc(rt->gpu, eb, PT_TAG_OPTIM, (void **)&c->d_master, err, errlen)))
+                return rc;
+            for (int r = 0; r < c->lc->n_regions; r++) {
+                const pt_chunk_region *g = &c->lc->regions[r];
+                if (c->reg_state[r] == UINT64_MAX || g->dtype == PT_F32) continue;
+                ops->convert(impl, c->d_master + c->reg_state[r], PT_F32,
+                             (char *)c->d_param + g->offset, g->dtype, g->bytes / 2, 0, NULL);
+                if (g->bytes / 2 > max16) max16 = g->bytes / 2;
+            }
+        }
+    }
+    if (max16) {
+        ms->gtmp_elems = max16;
+        int rc = pt_gpu_alloc(rt->gpu, max16 * 4, PT_TAG_OTHER, &ms->d_gtmp, err, errlen);
+        if (rc) return rc;
+    }
+    rt->opt.ready = 1;
+    return PT_OK;
+}
+
+int pt_ms_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *err,
+                     size_t errlen) {
+    struct pt_ms *ms = rt->ms;
+    if (!ms || index < 0 || index >= ms->n_params || !dst) {
+        ERR("read_param: bad index %d (model has %d params) or NULL destination", index,
+            ms ? ms->n_params : 0);
+        return PT_ERR_INVALID_ARG;
+    }
+    int root = ms->root[index];
+    const pt_param_v1 *p = &rt->model->params[root];
+    uint64_t need = numel_of(p) * pt_dtype_size(p->dtype);
+    if (bytes != need) {
+        ERR("read_param: param %d holds %llu bytes, caller passed %llu", index,
+            (unsigned long long)need, (unsigned long long)bytes);
+        return PT_ERR_INVALID_ARG;
+    }
+    cs_chunk *c = &ms->ch[ms->lay.param_chunk[root]];
+    uint64_t off = ms->lay.param_offset[root];
+    if (c->persistent) return pt_gpu_memcpy(rt->gpu, dst, (char *)c->d_param + off, bytes, PT_GPU_D2H);
+    pt_pool_wait(ms->workers, &c->tg);
+    memcpy(dst, (char *)c->h_param + off, bytes);
+    return PT_OK;
+}
+
+void pt_ms_plan_stats(pt_rt *rt, pt_stats_v1 *s) {
+    struct pt_ms *ms = rt->ms;
+    if (!ms) return;
+    s->n_chunk = ms->n_chunks;
+    s->n_persist = ms->n_persist;
+    s->n_buffer = ms->n_buffer;
+    s->mode = ms->n_offloaded ? 1 : 0;
+}
+
+void pt_ms_destroy(pt_rt *rt) {
+    struct pt_ms *ms = rt->ms;
+    if (!ms) return;
+    pt_cs_fini_runtime(rt);
+    for (int k = 0; ms->ch && k < ms->n_chunks; k++) {
+        cs_chunk *c = &ms->ch[k];
+        pt_gpu_free(rt->gpu, c->d_param);
+        pt_gpu_free(rt->gpu, c->d_grad);
+        pt_gpu_free(rt->gpu, c->d_master);
+        pt_gpu_free(rt->gpu, c->d_m);
+        pt_gpu_free(rt->gpu, c->d_v);
+        pt_gpu_pinned_free(rt->gpu, c->h_param);
+        pt_gpu_pinned_free(rt->gpu, c->h_gstage);
+        pt_gpu_pinned_free(rt->gpu, c->h_master);
+        pt_gpu_pinned_free(rt->gpu, c->h_m);
+        pt_gpu_pinned_free(rt->gpu, c->h_v);
+        pt_gpu_pinned_free(rt->gpu, c->h_gacc);
+        free(c->reg_state);
+    }
+    pt_gpu_free(rt->gpu, ms->d_gtmp);
+    free(ms->ch);
+    free(ms->root);
+    free(ms->root_tr);
+    free(ms->tied);
+    free(ms->psq);
+    pt_layout_free(&ms->lay);
+    free(ms);
+    rt->ms = NULL;
+}

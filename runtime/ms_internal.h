@@ -1,0 +1,85 @@
+/*
+ * ms_internal.h — the chunked model-state store shared by model_state.c
+ * (layout, storage, plan, load) and chunk_runtime.c (gather/release,
+ * prefetch, gradient offload, CPU/device optimizer).
+ *
+ * Storage per chunk (S = chunk capacity in bytes, E = fp32 state elements =
+ * sum over its trainable regions of bytes / elem_size, padding included):
+ *   persistent:  d_param [S] compute dtype, d_grad [S], d_m/d_v [E] fp32,
+ *                d_master [E] fp32 only when a trainable region is 16-bit.
+ *   offloaded:   h_param [S] pinned, compute dtype (fp32 regions ARE the master,
+ *                16-bit regions are the staged copy the next upload reads),
+ *                h_gstage [S] pinned (gradient landing zone, compute dtype),
+ *                h_m/h_v [E], h_master [E] (16-bit regions), h_gacc [E] fp32
+ *                (accumulated gradient, only when n_micro > 1).
+ *   Streamed chunks live on the device only inside a buffer-pool slot of 2*S_chunk
+ *   bytes: [0, S) params, [S, 2S) gradients.
+ */
+#ifndef PT_MS_INTERNAL_H
+#define PT_MS_INTERNAL_H
+
+#include "buffer_pool.h"
+#include "chunk_layout.h"
+#include "cpu_adam.h"
+#include "rt_internal.h"
+#include "thread_pool.h"
+
+typedef struct cs_chunk {
+    const pt_chunk *lc;       /* layout chunk */
+    int id;
+    int persistent;
+    int trainable;            /* any trainable region */
+    int has16;                /* a trainable 16-bit region (needs fp32 masters) */
+    uint64_t cap, used, n_state;
+    uint64_t *reg_state;      /* [n_regions] state offset (elements), UINT64_MAX if frozen */
+    /* persistent */
+    void *d_param, *d_grad;
+    float *d_master, *d_m, *d_v;
+    /* offloaded */
+    void *h_param, *h_gstage;
+    float *h_master, *h_m, *h_v, *h_gacc;
+    /* runtime (hook thread only, except where noted) */
+    int slot;                 /* pool slot while leased, else -1 */
+    int users;                /* gathers by blocks (pointers set while > 0) */
+    int prefetched;           /* holds one lease taken by a prefetch */
+    int bwd_zeroed;           /* grad half zeroed in this micro-batch's backward */
+    int stepped;              /* the CPU optimizer stepped it this step */
+    pt_event *ev_up;          /* upload into its slot done */
+    pt_event *ev_d2h;         /* gradient copy to h_gstage done */
+    pt_task_group tg;         /* its CPU task (accumulate / norm / step) */
+    /* snapshot the CPU task works from (written before submit) */
+    int t_micro, t_n_micro, t_step_now, t_norm;
+    pt_adamw_consts t_consts;
+} cs_chunk;
+
+struct pt_ms {
+    pt_layout lay;
+    int n_chunks, n_persist, n_buffer, n_offloaded;
+    int np_fixed, nb_fixed;   /* knobs fixed by the INI (1) or chosen (0) */
+    cs_chunk *ch;
+    int n_params;
+    int *root;                /* [n_params] storage owner */
+    int *root_tr;             /* [n_params] for roots: 1 when any member is trainable */
+    int *tied;                /* [n_tied] params whose storage is another's */
+    int n_tied;
+    double *psq;              /* [n_params] squared grad norm per root (clipping) */
+    pt_bufpool *pool;
+    pt_event **slot_free;     /* [n_buffer] last D2H out of the slot done */
+    pt_pool *workers;
+    float *norm_dev;          /* [1] device scalar for sqnorm */
+    void *d_gtmp;             /* fp32 scratch for 16-bit persistent grads */
+    uint64_t gtmp_elems;
+    int gacc_ready;           /* h_gacc allocated */
+    int lr_set;               /* set_lr called for the coming step */
+    float lr_next;
+    int overlapped;           /* CPU steps that already ran with lr_next */
+    uint64_t pinned_bytes, persist_bytes, buffer_bytes;
+    double pin_seconds;
+};
+
+/* chunk_runtime.c */
+int pt_cs_init_runtime(pt_rt *rt, char *err, size_t errlen);
+void pt_cs_fini_runtime(pt_rt *rt);
+void pt_cs_set_pointers(pt_rt *rt, cs_chunk *c, void *param_base, void *grad_base);
+
+#endif

@@ -1,0 +1,294 @@
+/*
+ * rt.c — runtime context, device services for the host (dev_alloc, arenas,
+ * memcpy, stats) and the hook entry points. Parameter storage and the
+ * optimizer live in model_state.c; this file wires them to the hooks.
+ */
+#include "rt.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device_ext.h"
+#include "rt_internal.h"
+
+#define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
+
+int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *lg, pt_rt **out,
+                 char *err, size_t errlen) {
+    *out = NULL;
+    pt_rt *rt = calloc(1, sizeof *rt);
+    if (!rt) {
+        ERR("out of host memory creating the runtime");
+        return PT_ERR_HOST_OOM;
+    }
+    rt->cfg = *cfg;
+    rt->lg = *lg;
+    if (host) {
+        size_t n = host->struct_size < sizeof rt->host ? host->struct_size : sizeof rt->host;
+        memcpy(&rt->host, host, n);
+    }
+    pt_gpu_config gc = {0};
+    gc.device_index = host ? host->device_index : 0;
+    gc.capacity = cfg->device_capacity;
+    gc.pinned_budget = cfg->pinned_budget;
+    gc.copy_bandwidth = cfg->copy_bandwidth;
+    gc.poison = cfg->poison;
+    gc.fail_alloc_at = cfg->fail_alloc_at;
+    const char *kind = cfg->backend;
+    if (host && host->device_kind == PT_DEVICE_HOST) kind = "host";
+    if (host && host->device_kind == PT_DEVICE_CUDA) kind = "cuda";
+    int rc = pt_gpu_open(kind, &gc, &rt->gpu, err, errlen);
+    if (rc) {
+        free(rt);
+        return rc;
+    }
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
+    void *impl = pt_gpu_impl(rt->gpu);
+    if ((rc = ops->stream_create(impl, &rt->s_compute)) ||
+        (rc = ops->stream_create(impl, &rt->s_h2d)) || (rc = ops->stream_create(impl, &rt->s_d2h))) {
+        ERR("cannot create device streams on the %s backend", pt_gpu_backend_name(rt->gpu));
+        pt_rt_destroy(rt);
+        return PT_ERR_BACKEND;
+    }
+    char name[128];
+    pt_gpu_device_name(rt->gpu, name, sizeof name);
+    pt_gpu_usage u;
+    pt_gpu_usage_get(rt->gpu, &u);
+    PT_LOGI(&rt->lg, "backend %s (%s), device capacity %.1f MiB, config %s",
+            pt_gpu_backend_name(rt->gpu), name, u.capacity / 1048576.0, cfg->source);
+    *out = rt;
+    return PT_OK;
+}
+
+size_t pt_rt_destroy(pt_rt *rt) {
+    if (!rt) return 0;
+    pt_ms_destroy(rt);
+    if (rt->arena) {
+        for (int b = 0; b < rt->n_blocks; b++)
+            if (rt->arena[b].ptr) pt_gpu_free(rt->gpu, rt->arena[b].ptr);
+        free(rt->arena);
+    }
+    size_t leaked = 0;
+    if (rt->gpu) {
+        const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
+        void *impl = pt_gpu_impl(rt->gpu);
+        if (rt->s_compute) ops->stream_destroy(impl, rt->s_compute);
+        if (rt->s_h2d) ops->stream_destroy(impl, rt->s_h2d);
+        if (rt->s_d2h) ops->stream_destroy(impl, rt->s_d2h);
+        leaked = pt_gpu_live_allocs(rt->gpu);
+        if (leaked)
+            PT_LOGW(&rt->lg, "finalize: %zu device allocation(s) made through dev_alloc were "
+                             "never freed by the host; reclaimed", leaked);
+        pt_gpu_close(rt->gpu);
+    }
+    free(rt);
+    return leaked;
+}
+
+int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
+    if (!model || model->n_params <= 0 || !model->params || model->n_blocks < 0) {
+        ERR("post_model_load: model descriptor is empty (n_params %d, n_blocks %d)",
+            model ? model->n_params : 0, model ? model->n_blocks : 0);
+        return PT_ERR_INVALID_ARG;
+    }
+    int rc = pt_ms_validate(model, err, errlen);
+    if (rc) return rc;
+    rt->model = model;
+    rt->n_blocks = model->n_blocks;
+    rt->arena = calloc((size_t)(model->n_blocks > 0 ? model->n_blocks : 1), sizeof *rt->arena);
+    if (!rt->arena) {
+        ERR("out of host memory");
+        return PT_ERR_HOST_OOM;
+    }
+    return pt_ms_load(rt, err, errlen);
+}
+
+int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t errlen) {
+    pt_optim_state *o = &rt->opt;
+    const pt_config *c = &rt->cfg;
+    int type = (d && d->type != PT_OPTIM_FROM_CONFIG) ? d->type : c->optim_type;
+    if (type != PT_OPTIM_ADAMW) {
+        ERR("create_optimizer: optimizer type %d is not available in this build (adamw only; "
+            "REKLS lands with the kernels issue)", type);
+        return PT_ERR_UNSUPPORTED;
+    }
+#define PICK(f, cf) o->f = (d && !isnan(d->f)) ? d->f : c->cf
+    PICK(lr, lr);
+    PICK(beta1, beta1);
+    PICK(beta2, beta2);
+    PICK(eps, eps);
+    PICK(weight_decay, weight_decay);
+    PICK(max_grad_norm, max_grad_norm);
+#undef PICK
+    if (!(o->lr >= 0) || !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) ||
+        !(o->eps > 0) || !(o->weight_decay >= 0)) {
+        ERR("create_optimizer: bad hyper-parameters lr %g beta1 %g beta2 %g eps %g weight_decay %g "
+            "(need lr >= 0, betas in [0,1), eps > 0, weight_decay >= 0)",
+            o->lr, o->beta1, o->beta2, o->eps, o->weight_decay);
+        return PT_ERR_INVALID_ARG;
+    }
+    o->t = 0;
+    o->last_norm = NAN;
+    PT_LOGI(&rt->lg, "optimizer adamw lr %g betas (%g, %g) eps %g weight_decay %g clip %s",
+            o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
+            o->max_grad_norm > 0 ? "global-norm" : "off");
+    return pt_ms_optimizer_init(rt, err, errlen);
+}
+
+int pt_rt_pre_step(pt_rt *rt, int64_t step, int32_t micro, int32_t n_micro, char *err,
+                   size_t errlen) {
+    rt->step = step;
+    rt->micro = micro;
+    rt->n_micro = n_micro;
+    rt->eval = (n_micro == 0);
+    return pt_ms_pre_step(rt, err, errlen);
+}
+
+int pt_rt_pre_forward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
+    return pt_ms_gather(rt, b, 0, err, errlen);
+}
+
+int pt_rt_post_forward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
+    return pt_ms_release(rt, b, 0, err, errlen);
+}
+
+int pt_rt_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
+    return pt_ms_gather(rt, b, 1, err, errlen);
+}
+
+int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
+    return pt_ms_release(rt, b, 1, err, errlen);
+}
+
+int pt_rt_optimizer_step(pt_rt *rt, float lr, char *err, size_t errlen) {
+    rt->lr_arg = lr;
+    return pt_ms_optimizer_step(rt, err, errlen);
+}
+
+int pt_rt_set_lr(pt_rt *rt, float lr, char *err, size_t errlen) {
+    if (!(lr >= 0)) {
+        ERR("set_lr: lr %g must be >= 0", (double)lr);
+        return PT_ERR_INVALID_ARG;
+    }
+    if (!rt->ms) {
+        ERR("hook set_lr called out of order: expected post_model_load first");
+        return PT_ERR_ORDER;
+    }
+    return pt_ms_set_lr(rt, lr);
+}
+
+int pt_rt_post_step(pt_rt *rt, int64_t step, float loss, char *err, size_t errlen) {
+    (void)err;
+    (void)errlen;
+    rt->last_loss = loss;
+    PT_LOGD(&rt->lg, "step %lld loss %.6f grad-norm %.6g", (long long)step, (double)loss,
+            rt->opt.last_norm);
+    return PT_OK;
+}
+
+/* ---- host memory services ---- */
+
+int pt_rt_dev_alloc(pt_rt *rt, uint64_t bytes, const char *tag, void **ptr, char *err,
+                    size_t errlen) {
+    if (!ptr) {
+        ERR("dev_alloc: ptr is NULL");
+        return PT_ERR_INVALID_ARG;
+    }
+    *ptr = NULL;
+    if (bytes == 0) {
+        ERR("dev_alloc: zero-byte request (tag %s)", tag ? tag : "(none)");
+        return PT_ERR_INVALID_ARG;
+    }
+    return pt_gpu_alloc(rt->gpu, (size_t)bytes, pt_mem_tag_parse(tag), ptr, err, errlen);
+}
+
+int pt_rt_dev_free(pt_rt *rt, void *ptr, char *err, size_t errlen) {
+    if (!ptr) return PT_OK;
+    for (int b = 0; b < rt->n_blocks; b++)
+        if (rt->arena && rt->arena[b].ptr == ptr) {
+            ERR("dev_free: %p is block %d's activation arena, which the plugin owns", ptr, b);
+            return PT_ERR_INVALID_ARG;
+        }
+    return pt_gpu_free_checked(rt->gpu, ptr, err, errlen);
+}
+
+/* NONE mode: one arena per block, kept across micro-batches and steps (re-used
+ * when large enough), freed at finalize. CKPT/SWAP policies replace this. */
+int pt_rt_arena(pt_rt *rt, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen) {
+    if (!ptr || b < 0 || b >= rt->n_blocks || bytes == 0) {
+        ERR("activation_arena: bad arguments (block %d of %d, %llu bytes)", b, rt->n_blocks,
+            (unsigned long long)bytes);
+        return PT_ERR_INVALID_ARG;
+    }
+    pt_arena *a = &rt->arena[b];
+    if (a->ptr && a->bytes < bytes) {
+        pt_gpu_free(rt->gpu, a->ptr);
+        a->ptr = NULL;
+    }
+    if (!a->ptr) {
+        int rc = pt_gpu_alloc(rt->gpu, (size_t)bytes, PT_TAG_ACT, &a->ptr, err, errlen);
+        if (rc) return rc;
+        a->bytes = bytes;
+    }
+    *ptr = a->ptr;
+    return PT_OK;
+}
+
+int pt_rt_arena_get(pt_rt *rt, int32_t b, void **ptr, char *err, size_t errlen) {
+    if (!ptr || b < 0 || b >= rt->n_blocks) {
+        ERR("activation_arena_get: bad block %d (model has %d)", b, rt->n_blocks);
+        return PT_ERR_INVALID_ARG;
+    }
+    if (!rt->arena[b].ptr) {
+        ERR("activation_arena_get: block %d has no arena (call activation_arena after "
+            "block_pre_forward(%d))", b, b);
+        return PT_ERR_ORDER;
+    }
+    *ptr = rt->arena[b].ptr;
+    return PT_OK;
+}
+
+int pt_rt_memcpy(pt_rt *rt, void *dst, const void *src, uint64_t bytes, int32_t kind, char *err,
+                 size_t errlen) {
+    if ((!dst || !src) && bytes) {
+        ERR("memcpy: NULL pointer");
+        return PT_ERR_INVALID_ARG;
+    }
+    if (kind < PT_COPY_H2D || kind > PT_COPY_D2D) {
+        ERR("memcpy: unknown copy kind %d (0 H2D, 1 D2H, 2 D2D)", kind);
+        return PT_ERR_INVALID_ARG;
+    }
+    int rc = pt_gpu_memcpy(rt->gpu, dst, src, (size_t)bytes, kind);
+    if (rc) ERR("memcpy of %llu bytes failed on the %s backend", (unsigned long long)bytes,
+                pt_gpu_backend_name(rt->gpu));
+    return rc;
+}
+
+int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out) {
+    pt_gpu_usage u;
+    pt_gpu_usage_get(rt->gpu, &u);
+    pt_stats_v1 s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    s.dev_capacity = u.capacity;
+    s.dev_current = u.current;
+    s.dev_peak = u.peak;
+    s.pinned_current = u.pinned_current;
+    s.h2d_bytes = u.h2d_bytes;
+    s.d2h_bytes = u.d2h_bytes;
+    s.last_grad_norm = rt->opt.last_norm;
+    s.steps = rt->opt.t;
+    pt_ms_plan_stats(rt, &s);
+    uint32_t n = out->struct_size && out->struct_size < sizeof s ? out->struct_size : sizeof s;
+    memcpy(out, &s, n);
+    out->struct_size = n;
+    return PT_OK;
+}
+
+int pt_rt_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *err,
+                     size_t errlen) {
+    return pt_ms_read_param(rt, index, dst, bytes, err, errlen);
+}

@@ -1,0 +1,49 @@
+/*
+ * rt.h — the runtime the plugin's hooks turn into calls: memory policy,
+ * parameter placement, activations, the optimizer. One pt_rt per plugin ctx.
+ * Every call takes an error buffer; on failure it holds one sentence.
+ * Hook ordering is checked by the plugin (plugin/lifecycle.c), not here.
+ */
+#ifndef PT_RT_H
+#define PT_RT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "gpu.h"
+#include "log.h"
+#include "protrain.h"
+
+typedef struct pt_rt pt_rt;
+
+int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *lg, pt_rt **out,
+                 char *err, size_t errlen);
+/* Frees every byte, joins every thread; returns the count of leaked device allocations. */
+size_t pt_rt_destroy(pt_rt *rt);
+
+int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen);
+int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *desc, char *err, size_t errlen);
+
+int pt_rt_pre_step(pt_rt *rt, int64_t step, int32_t micro, int32_t n_micro, char *err,
+                   size_t errlen);
+int pt_rt_pre_forward(pt_rt *rt, int32_t b, char *err, size_t errlen);
+int pt_rt_post_forward(pt_rt *rt, int32_t b, char *err, size_t errlen);
+int pt_rt_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen);
+int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen);
+int pt_rt_optimizer_step(pt_rt *rt, float lr, char *err, size_t errlen);
+int pt_rt_set_lr(pt_rt *rt, float lr, char *err, size_t errlen);
+int pt_rt_post_step(pt_rt *rt, int64_t step, float loss, char *err, size_t errlen);
+
+int pt_rt_dev_alloc(pt_rt *rt, uint64_t bytes, const char *tag, void **ptr, char *err,
+                    size_t errlen);
+int pt_rt_dev_free(pt_rt *rt, void *ptr, char *err, size_t errlen);
+int pt_rt_arena(pt_rt *rt, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen);
+int pt_rt_arena_get(pt_rt *rt, int32_t b, void **ptr, char *err, size_t errlen);
+int pt_rt_memcpy(pt_rt *rt, void *dst, const void *src, uint64_t bytes, int32_t kind, char *err,
+                 size_t errlen);
+int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out);
+int pt_rt_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *err,
+                     size_t errlen);
+
+#endif

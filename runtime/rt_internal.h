@@ -1,0 +1,53 @@
+/* rt_internal.h — the runtime's private state, shared by rt.c and model_state*.c. */
+#ifndef PT_RT_INTERNAL_H
+#define PT_RT_INTERNAL_H
+
+#include "rt.h"
+
+typedef struct pt_arena {
+    void *ptr;            /* device bytes of the block's saved activations */
+    uint64_t bytes;
+} pt_arena;
+
+typedef struct pt_optim_state {
+    float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
+    int64_t t;            /* optimizer steps taken (bias correction uses t+1) */
+    double last_norm;     /* global grad norm before clipping, NaN when not computed */
+    int ready;
+} pt_optim_state;
+
+struct pt_ms;             /* model-state store (model_state.c) */
+
+struct pt_rt {
+    pt_config cfg;
+    pt_logger lg;
+    pt_host_v1 host;
+    pt_gpu *gpu;
+    pt_stream *s_compute, *s_h2d, *s_d2h;
+    pt_model_v1 *model;
+    int n_blocks;
+    pt_arena *arena;      /* [n_blocks] */
+    pt_optim_state opt;
+    struct pt_ms *ms;
+    int64_t step;
+    int32_t micro, n_micro;
+    int eval;
+    float lr_arg;         /* lr passed to optimizer_step (< 0: none) */
+    float last_loss;
+};
+
+/* model_state.c */
+int pt_ms_validate(const pt_model_v1 *m, char *err, size_t errlen);
+int pt_ms_load(pt_rt *rt, char *err, size_t errlen);
+int pt_ms_optimizer_init(pt_rt *rt, char *err, size_t errlen);
+int pt_ms_pre_step(pt_rt *rt, char *err, size_t errlen);
+int pt_ms_gather(pt_rt *rt, int32_t b, int backward, char *err, size_t errlen);
+int pt_ms_release(pt_rt *rt, int32_t b, int backward, char *err, size_t errlen);
+int pt_ms_optimizer_step(pt_rt *rt, char *err, size_t errlen);
+int pt_ms_set_lr(pt_rt *rt, float lr);
+int pt_ms_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *err,
+                     size_t errlen);
+void pt_ms_plan_stats(pt_rt *rt, pt_stats_v1 *s);
+void pt_ms_destroy(pt_rt *rt);
+
+#endif

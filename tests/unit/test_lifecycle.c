@@ -1,0 +1,379 @@
+/*
+ * test_lifecycle.c — the plugin table driven directly (statically linked):
+ * hook order, error sentences, the resident AdamW against a reference loop,
+ * clipping, memory services, finalize.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kernels_hd.h"
+#include "protrain.h"
+
+extern const pt_plugin_v1 protrain_plugin_v1;
+static const pt_plugin_v1 *P = &protrain_plugin_v1;
+
+static char ini_path[256];
+
+static void write_ini(const char *text) {
+    snprintf(ini_path, sizeof ini_path, "/tmp/pt_lc_%d.ini", (int)getpid());
+    FILE *f = fopen(ini_path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* A tiny model: 2 blocks, one weight + bias each, plus a non-block embedding
+ * and a head tied to it. */
+enum { NP = 6, NB = 2 };
+typedef struct tiny {
+    pt_param_v1 p[NP];
+    pt_model_v1 m;
+    float init[NP][64];
+} tiny;
+
+static void tiny_make(tiny *t) {
+    memset(t, 0, sizeof *t);
+    static const char *names[NP] = {"emb", "b0.w", "b0.b", "b1.w", "b1.b", "head"};
+    static const int64_t n[NP] = {64, 48, 8, 48, 8, 64};
+    static const int blk[NP] = {-1, 0, 0, 1, 1, -1};
+    for (int i = 0; i < NP; i++) {
+        t->p[i].name = names[i];
+        t->p[i].dtype = PT_F32;
+        t->p[i].ndim = 1;
+        t->p[i].shape[0] = n[i];
+        t->p[i].block = blk[i];
+        t->p[i].trainable = 1;
+        t->p[i].tie = -1;
+        for (int k = 0; k < n[i]; k++) t->init[i][k] = 0.01f * (float)((i * 37 + k * 11) % 23) - 0.1f;
+        t->p[i].init = t->init[i];
+    }
+    t->p[5].tie = 0;
+    t->p[5].init = NULL;
+    t->m.struct_size = sizeof t->m;
+    t->m.n_params = NP;
+    t->m.params = t->p;
+    t->m.n_blocks = NB;
+    t->m.batch = 1;
+    t->m.seq = 1;
+    t->m.arch = "tiny";
+}
+
+static void *start(tiny *t, const char *extra) {
+    char text[1024];
+    snprintf(text, sizeof text,
+             "[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 4MiB\n%s",
+             extra ? extra : "");
+    write_ini(text);
+    void *ctx = NULL;
+    int rc = P->init(ini_path, NULL, &ctx);
+    if (rc) fail_msg("init failed: %s", P->last_error(NULL));
+    tiny_make(t);
+    assert_int_equal(P->post_model_load(ctx, &t->m), PT_OK);
+    return ctx;
+}
+
+static void test_table_header(void **state) {
+    (void)state;
+    assert_int_equal(P->abi_version, 1);
+    assert_int_equal(P->struct_size, sizeof(pt_plugin_v1));
+    assert_string_equal(P->name, "protrain");
+    /* Every hook present. */
+    const void *const *hooks = (const void *const *)&P->init;
+    const void *const *end = (const void *const *)&P->reserved;
+    for (; hooks < end; hooks++) assert_non_null(*hooks);
+}
+
+static void test_init_bad_config(void **state) {
+    (void)state;
+    write_ini("[memory]\ndevice_capacty = 4MiB\n");
+    void *ctx = (void *)1;
+    int rc = P->init(ini_path, NULL, &ctx);
+    assert_int_equal(rc, PT_ERR_CONFIG);
+    assert_null(ctx);
+    const char *e = P->last_error(NULL);
+    assert_non_null(strstr(e, ":2"));
+    assert_non_null(strstr(e, "device_capacty"));
+    assert_non_null(strstr(e, "device_capacity"));
+}
+
+static void test_out_of_order(void **state) {
+    (void)state;
+    tiny t;
+    void *ctx = start(&t, NULL);
+    /* pre_step before create_optimizer */
+    assert_int_equal(P->pre_step(ctx, 0, 0, 1), PT_ERR_ORDER);
+    assert_non_null(strstr(P->last_error(ctx), "pre_step"));
+    assert_non_null(strstr(P->last_error(ctx), "create_optimizer"));
+    /* post_model_load twice */
+    assert_int_equal(P->post_model_load(ctx, &t.m), PT_ERR_ORDER);
+    assert_int_equal(P->create_optimizer(ctx, NULL), PT_OK);
+    assert_int_equal(P->pre_step(ctx, 0, 0, 1), PT_OK);
+    /* backward hook during forward */
+    assert_int_equal(P->block_pre_backward(ctx, 1), PT_ERR_ORDER);
+    const char *e = P->last_error(ctx);
+    assert_non_null(strstr(e, "block_pre_backward(1)"));
+    assert_non_null(strstr(e, "expected block_pre_forward(0)"));
+    /* skipping a block */
+    assert_int_equal(P->block_pre_forward(ctx, 0), PT_OK);
+    assert_int_equal(P->block_post_forward(ctx, 0), PT_OK);
+    assert_int_equal(P->block_pre_forward(ctx, 0), PT_ERR_ORDER);
+    assert_non_null(strstr(P->last_error(ctx), "expected block_pre_forward(1)"));
+    assert_int_equal(P->optimizer_step(ctx, -1.0f), PT_ERR_ORDER);
+    /* the failed calls changed nothing: the sequence continues */
+    assert_int_equal(P->block_pre_forward(ctx, 1), PT_OK);
+    assert_int_equal(P->block_post_forward(ctx, 1), PT_OK);
+    assert_int_equal(P->block_pre_backward(ctx, 1), PT_OK);
+    assert_int_equal(P->block_post_backward(ctx, 1), PT_OK);
+    assert_int_equal(P->post_step(ctx, 0, 1.0f), PT_ERR_ORDER);
+    assert_non_null(strstr(P->last_error(ctx), "post_step"));
+    assert_int_equal(P->block_pre_backward(ctx, 0), PT_OK);
+    assert_int_equal(P->block_post_backward(ctx, 0), PT_OK);
+    assert_int_equal(P->optimizer_step(ctx, -1.0f), PT_OK);
+    assert_int_equal(P->post_step(ctx, 0, 1.0f), PT_OK);
+    /* out-of-range block */
+    assert_int_equal(P->pre_step(ctx, 1, 0, 1), PT_OK);
+    assert_int_equal(P->block_pre_forward(ctx, 7), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(P->last_error(ctx), "out of range"));
+    assert_int_equal(P->finalize(ctx), PT_OK);
+    /* NULL ctx */
+    assert_int_equal(P->pre_step(NULL, 0, 0, 1), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(P->last_error(NULL), "NULL context"));
+}
+
+/* One step; inside each block's forward window the params must hold `expect`. */
+static void run_step(void *ctx, tiny *t, int64_t step, int n_micro, float gval,
+                     float expect[NP][64]) {
+    for (int mi = 0; mi < n_micro; mi++) {
+        assert_int_equal(P->pre_step(ctx, step, mi, n_micro), PT_OK);
+        for (int b = 0; b < NB; b++) {
+            assert_int_equal(P->block_pre_forward(ctx, b), PT_OK);
+            for (int i = 0; expect && i < NP; i++)
+                if (t->p[i].block == b)
+                    assert_memory_equal(t->p[i].data, expect[i], (size_t)t->p[i].shape[0] * 4);
+            assert_int_equal(P->block_post_forward(ctx, b), PT_OK);
+        }
+        for (int b = NB - 1; b >= 0; b--) {
+            assert_int_equal(P->block_pre_backward(ctx, b), PT_OK);
+            for (int i = 0; i < NP; i++) {
+                if (t->p[i].block != b) continue;
+                float *g = t->p[i].grad;
+                for (int k = 0; k < t->p[i].shape[0]; k++) g[k] += gval * (float)(k + 1);
+            }
+            assert_int_equal(P->block_post_backward(ctx, b), PT_OK);
+        }
+        /* non-block grads: embedding and the tied head both accumulate */
+        float *ge = t->p[0].grad, *gh = t->p[5].grad;
+        assert_ptr_equal(ge, gh);
+        for (int k = 0; k < 64; k++) {
+            ge[k] += gval;
+            gh[k] += 0.5f * gval;
+        }
+    }
+}
+
+/* Reference AdamW over the same element body, on host copies. */
+static void ref_adam(float *p, const float *g, float *m, float *v, int n, int64_t t, float lr,
+                     float wd, float gs) {
+    float bc1, bc2r;
+    pt_adamw_bias(0.9f, 0.999f, t, &bc1, &bc2r);
+    pt_adamw_consts c = pt_adamw_make_consts(lr, 0.9f, 0.999f, 1e-8f, wd, bc1, bc2r, gs);
+    for (int k = 0; k < n; k++) p[k] = pt_adamw_elem(&c, p[k], g[k], &m[k], &v[k]);
+}
+
+static void adam_case(float max_norm, int n_micro, const char *protrain, int use_set_lr) {
+    tiny t;
+    char extra[512];
+    snprintf(extra, sizeof extra,
+             "[optimizer]\nlr = 0.01\nweight_decay = 0.1\nmax_grad_norm = %g\n%s", max_norm,
+             protrain ? protrain : "");
+    void *ctx = start(&t, extra);
+    assert_int_equal(P->create_optimizer(ctx, NULL), PT_OK);
+    float ref[NP][64], m[NP][64], v[NP][64], g[NP][64];
+    memcpy(ref, t.init, sizeof ref);
+    memset(m, 0, sizeof m);
+    memset(v, 0, sizeof v);
+    for (int64_t step = 0; step < 3; step++) {
+        float gval = 0.3f * (float)(step + 1);
+        if (use_set_lr) assert_int_equal(P->set_lr(ctx, 0.01f), PT_OK);
+        run_step(ctx, &t, step, n_micro, gval, ref);
+        /* expected grads, accumulated over micro-batches */
+        memset(g, 0, sizeof g);
+        for (int mi = 0; mi < n_micro; mi++)
+            for (int i = 1; i < 5; i++)
+                for (int k = 0; k < t.p[i].shape[0]; k++) g[i][k] += gval * (float)(k + 1);
+        for (int mi = 0; mi < n_micro; mi++)
+            for (int k = 0; k < 64; k++) g[0][k] += gval;
+        for (int mi = 0; mi < n_micro; mi++)
+            for (int k = 0; k < 64; k++) g[0][k] += 0.5f * gval;
+        float gs = 1.0f;
+        double sq = 0;
+        for (int i = 0; i < 5; i++)
+            for (int k = 0; k < t.p[i].shape[0]; k++) sq += (double)g[i][k] * g[i][k];
+        if (max_norm > 0 && sqrt(sq) > max_norm) gs = (float)(max_norm / (sqrt(sq) + 1e-6));
+        assert_int_equal(P->optimizer_step(ctx, -1.0f), PT_OK);
+        assert_int_equal(P->post_step(ctx, step, 1.0f), PT_OK);
+        for (int i = 0; i < 5; i++)
+            ref_adam(ref[i], g[i], m[i], v[i], (int)t.p[i].shape[0], step + 1, 0.01f, 0.1f, gs);
+        pt_stats_v1 st = {.struct_size = sizeof st};
+        assert_int_equal(P->get_stats(ctx, &st), PT_OK);
+        assert_int_equal(st.steps, step + 1);
+        if (max_norm > 0) assert_true(fabs(st.last_grad_norm - sqrt(sq)) <= 1e-5 * sqrt(sq));
+    }
+    for (int i = 0; i < 5; i++) {
+        float out[64];
+        uint64_t bytes = (uint64_t)t.p[i].shape[0] * 4;
+        assert_int_equal(P->read_param(ctx, i, out, bytes), PT_OK);
+        if (max_norm > 0) {
+            /* the plugin sums per-param squared norms in float per param: scale may differ
+             * in the last bit from the all-double reference */
+            for (int k = 0; k < t.p[i].shape[0]; k++)
+                assert_true(fabsf(out[k] - ref[i][k]) <= 1e-6f * fmaxf(1.0f, fabsf(ref[i][k])));
+        } else {
+            assert_memory_equal(out, ref[i], bytes); /* same element body, same order */
+        }
+        /* grads were zeroed after the step */
+        if (t.p[i].grad)
+            for (int k = 0; k < t.p[i].shape[0]; k++) assert_true(((float *)t.p[i].grad)[k] == 0.0f);
+    }
+    assert_int_equal(P->finalize(ctx), PT_OK);
+}
+
+static void test_adam_matches_reference(void **s) { (void)s; adam_case(0.0f, 1, NULL, 0); }
+static void test_adam_accumulation(void **s) { (void)s; adam_case(0.0f, 3, NULL, 0); }
+static void test_adam_clipping(void **s) { (void)s; adam_case(1.0f, 2, NULL, 0); }
+
+/* Offloaded: every block chunk streamed through one buffer, CPU Adam. */
+#define STREAMED "[protrain]\nn_persist = 0\nn_buffer = 1\nchunk_size = 4KiB\n"
+static void test_offload_deferred(void **s) { (void)s; adam_case(0.0f, 1, STREAMED, 0); }
+static void test_offload_overlapped(void **s) { (void)s; adam_case(0.0f, 1, STREAMED, 1); }
+static void test_offload_accumulation(void **s) { (void)s; adam_case(0.0f, 3, STREAMED, 1); }
+static void test_offload_clipping(void **s) { (void)s; adam_case(1.0f, 2, STREAMED, 1); }
+
+/* A host that keeps an offloaded param's pointer past its block reads poison. */
+static void test_offload_poison(void **state) {
+    (void)state;
+    tiny t;
+    void *ctx = start(&t, STREAMED);
+    assert_int_equal(P->create_optimizer(ctx, NULL), PT_OK);
+    assert_int_equal(P->pre_step(ctx, 0, 0, 1), PT_OK);
+    assert_int_equal(P->block_pre_forward(ctx, 0), PT_OK);
+    float *stale = t.p[1].data;
+    assert_non_null(stale);
+    assert_false(isnan(stale[0]));
+    assert_int_equal(P->block_post_forward(ctx, 0), PT_OK);
+    assert_null(t.p[1].data); /* cleared at release */
+    assert_non_null(t.p[0].data); /* non-block params stay resident */
+    assert_int_equal(P->block_pre_forward(ctx, 1), PT_OK);
+    assert_int_equal(P->block_post_forward(ctx, 1), PT_OK);
+    for (int b = NB - 1; b >= 0; b--) {
+        assert_int_equal(P->block_pre_backward(ctx, b), PT_OK);
+        assert_int_equal(P->block_post_backward(ctx, b), PT_OK);
+    }
+    assert_int_equal(P->optimizer_step(ctx, -1.0f), PT_OK);
+    for (int k = 0; k < 48; k++) assert_true(isnan(stale[k]));
+    pt_stats_v1 st = {.struct_size = sizeof st};
+    assert_int_equal(P->get_stats(ctx, &st), PT_OK);
+    assert_int_equal(st.n_persist, 1); /* only the mandatory chunk(s) */
+    assert_int_equal(st.mode, 1);
+    assert_true(st.h2d_bytes > 0 && st.d2h_bytes > 0);
+    assert_int_equal(P->post_step(ctx, 0, 1.0f), PT_OK);
+    assert_int_equal(P->finalize(ctx), PT_OK);
+}
+
+/* set_lr then a different lr at optimizer_step after the overlap used it. */
+static void test_set_lr_mismatch(void **state) {
+    (void)state;
+    tiny t;
+    void *ctx = start(&t, STREAMED);
+    assert_int_equal(P->create_optimizer(ctx, NULL), PT_OK);
+    assert_int_equal(P->set_lr(ctx, 0.01f), PT_OK);
+    run_step(ctx, &t, 0, 1, 1.0f, NULL);
+    assert_int_equal(P->optimizer_step(ctx, 0.02f), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(P->last_error(ctx), "set_lr"));
+    assert_int_equal(P->optimizer_step(ctx, 0.01f), PT_OK);
+    assert_int_equal(P->finalize(ctx), PT_OK);
+}
+
+static void test_memory_services(void **state) {
+    (void)state;
+    tiny t;
+    void *ctx = start(&t, NULL);
+    void *p = NULL;
+    assert_int_equal(P->dev_alloc(ctx, 1 << 20, "scratch", &p), PT_OK);
+    assert_non_null(p);
+    void *q = NULL;
+    assert_int_equal(P->dev_alloc(ctx, 64u << 20, "act", &q), PT_ERR_OOM);
+    assert_null(q);
+    assert_non_null(strstr(P->last_error(ctx), "67108864"));
+    pt_stats_v1 st = {.struct_size = sizeof st};
+    assert_int_equal(P->get_stats(ctx, &st), PT_OK);
+    assert_int_equal(st.dev_capacity, 4u << 20);
+    assert_true(st.dev_current >= (1u << 20));
+    int x = 5;
+    assert_int_equal(P->dev_free(ctx, &x), PT_ERR_INVALID_ARG);
+    assert_int_equal(P->dev_free(ctx, p), PT_OK);
+    /* arenas only inside the block's forward window */
+    assert_int_equal(P->create_optimizer(ctx, NULL), PT_OK);
+    void *a = NULL;
+    assert_int_equal(P->activation_arena(ctx, 0, 4096, &a), PT_ERR_ORDER);
+    assert_int_equal(P->pre_step(ctx, 0, -1, 0), PT_OK); /* evaluation pass */
+    assert_int_equal(P->block_pre_forward(ctx, 0), PT_OK);
+    assert_int_equal(P->activation_arena(ctx, 0, 4096, &a), PT_OK);
+    void *a2 = NULL;
+    assert_int_equal(P->activation_arena_get(ctx, 0, &a2), PT_OK);
+    assert_ptr_equal(a, a2);
+    assert_int_equal(P->dev_free(ctx, a), PT_ERR_INVALID_ARG);
+    assert_int_equal(P->block_post_forward(ctx, 0), PT_OK);
+    assert_int_equal(P->block_pre_forward(ctx, 1), PT_OK);
+    assert_int_equal(P->block_post_forward(ctx, 1), PT_OK);
+    /* the evaluation pass ended: a new step may start */
+    assert_int_equal(P->pre_step(ctx, 0, 0, 1), PT_OK);
+    assert_int_equal(P->finalize(ctx), PT_OK);
+}
+
+static void test_bad_model(void **state) {
+    (void)state;
+    write_ini("[plugin]\nbackend = host\nlog_level = error\n");
+    void *ctx = NULL;
+    assert_int_equal(P->init(ini_path, NULL, &ctx), PT_OK);
+    tiny t;
+    tiny_make(&t);
+    t.p[3].block = 9;
+    assert_int_equal(P->post_model_load(ctx, &t.m), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(P->last_error(ctx), "b1.w"));
+    t.p[3].block = 1;
+    /* a model bigger than the device: OOM names the bytes, and loses nothing */
+    assert_int_equal(P->post_model_load(ctx, &t.m), PT_OK);
+    assert_int_equal(P->finalize(ctx), PT_OK);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_table_header),
+        cmocka_unit_test(test_init_bad_config),
+        cmocka_unit_test(test_out_of_order),
+        cmocka_unit_test(test_adam_matches_reference),
+        cmocka_unit_test(test_adam_accumulation),
+        cmocka_unit_test(test_adam_clipping),
+        cmocka_unit_test(test_offload_deferred),
+        cmocka_unit_test(test_offload_overlapped),
+        cmocka_unit_test(test_offload_accumulation),
+        cmocka_unit_test(test_offload_clipping),
+        cmocka_unit_test(test_offload_poison),
+        cmocka_unit_test(test_set_lr_mismatch),
+        cmocka_unit_test(test_memory_services),
+        cmocka_unit_test(test_bad_model),
+    };
+    int rc = cmocka_run_group_tests_name("lifecycle", tests, NULL, NULL);
+    unlink(ini_path);
+    return rc;
+}
