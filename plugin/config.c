@@ -280,29 +280,12 @@ static int parse_bool(const char *v, int *out) {
     return 1;
 }
 
-static int parse_long(const char *v, long *out) {
-    if (!*v) return 1;
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || end == v) return 1;
-    *out = x;
-    return 0;
-}
-
 static const struct unit {
     const char *name;
     uint64_t mult;
-} units[] = {{"", 1},
-             {"b", 1},
-             {"kb", 1000ull},
-             {"mb", 1000000ull},
-             {"gb", 1000000000ull},
-             {"tb", 1000000000000ull},
-             {"kib", 1ull << 10},
-             {"mib", 1ull << 20},
-             {"gib", 1ull << 30},
-             {"tib", 1ull << 40}};
+} units[] = {{"", 1},           {"b", 1},           {"kb", 1000ull},    {"mb", 1000000ull},
+             {"gb", 1000000000ull}, {"tb", 1000000000000ull}, {"kib", 1ull << 10},
+             {"mib", 1ull << 20},  {"gib", 1ull << 30}, {"tib", 1ull << 40}};
 
 /* Parses "<digits>[.<digits>]" exactly: ip = integer part, frac/10^nfrac the rest.
  * Returns the end pointer, or NULL on a malformed number or > 19 integer digits. */
@@ -349,16 +332,9 @@ int pt_parse_size(const char *s, uint64_t *out) {
     if (!u) return PT_ERR_CONFIG;
     uint64_t m = u->mult;
     if (ip > UINT64_MAX / m) return PT_ERR_CONFIG;
-    /* floor(frac * m / sc) without overflow: frac < sc <= 1e18 and
-     * (m % sc) * frac < 1e18 * 1e18 does not fit, so split m = q*sc + r with r < sc
-     * and, because frac < sc, q*frac < m, while r*frac is done in long double only
-     * when it could overflow (r, frac < 1e18). */
-    uint64_t q = m / sc, r = m % sc, part = q * frac;
-    if (r && frac) {
-        if (r <= UINT64_MAX / frac) part += r * frac / sc;
-        else part += (uint64_t)((long double)r * (long double)frac / (long double)sc);
-    }
-    uint64_t whole = ip * m;
+    /* bytes = ip*m + floor(frac*m/sc), exact: frac < sc <= 1e18 and m <= 2^40, so
+     * frac*m < 2^100 fits in 128 bits and part < m. */
+    uint64_t part = (uint64_t)((unsigned __int128)frac * m / sc), whole = ip * m;
     if (whole > UINT64_MAX - part) return PT_ERR_CONFIG;
     *out = whole + part;
     return PT_OK;
@@ -388,12 +364,10 @@ int pt_parse_rate(const char *s, double *out) {
 
 /* ---- forms (what an error message says is expected) ---- */
 
-static void num_str(double x, char *b, size_t n) { snprintf(b, n, "%g", x); }
-
 void pt_config_key_form(const pt_config_key *k, char *buf, size_t len) {
     char lo[32], hi[32];
-    num_str(k->lo, lo, sizeof(lo));
-    num_str(k->hi, hi, sizeof(hi));
+    snprintf(lo, sizeof(lo), "%g", k->lo);
+    snprintf(hi, sizeof(hi), "%g", k->hi);
     const char *au = (k->flags & PT_CFG_AUTO) ? "auto or " : "";
     switch (k->type) {
     case PT_CFG_BOOL: snprintf(buf, len, "%s", bool_form); break;
@@ -443,9 +417,11 @@ static int set_value(const pt_config_key *k, pt_config *c, const char *v, char *
         if (!strcasecmp(v, "auto")) return *(int *)base = -1, 0;
         return parse_bool(v, (int *)base);
     case PT_CFG_INT: {
-        long x;
+        char *end;
         if ((k->flags & PT_CFG_AUTO) && !strcasecmp(v, "auto")) return *(int *)base = k->auto_int, 0;
-        if (parse_long(v, &x) || x < (long)k->lo || x > (long)k->hi) return 1;
+        errno = 0;
+        long x = strtol(v, &end, 10);
+        if (!*v || *end || errno || x < (long)k->lo || x > (long)k->hi) return 1;
         *(int *)base = (int)x;
         return 0;
     }
@@ -521,11 +497,9 @@ static void unknown_section_msg(const char *name, const char *sec, char *out, si
         int d = lev(sec, sections[i]);
         if (d < bd) bd = d, best = (int)i;
     }
-    if (best >= 0 && close_enough(sec, bd)) {
+    if (best >= 0 && close_enough(sec, bd))
         snprintf(out, len, "%sunknown section [%s]; did you mean [%s]?", name, sec, sections[best]);
-        return;
-    }
-    snprintf(out, len,
+    else snprintf(out, len,
              "%sunknown section [%s]; valid sections are [plugin], [memory], [protrain], "
              "[optimizer], [osft], [tiled_mlp], [dist], [host_backend] (host trainer sections "
              "[sample_host] and [host.*] are skipped)", name, sec);
@@ -568,7 +542,6 @@ typedef struct pstate {
     int line;              /* lines handed to inih so far = current line */
     pt_config *c;
     int set_line[N_KEYS];  /* where each key was first set, 0 = not yet */
-    int auto_memory_line;
     int err_line;          /* first error found by us (0 = none) */
     char err[768];
 } pstate;
@@ -931,7 +904,7 @@ int pt_config_dump(const pt_config *c, char *buf, size_t len) {
         if (!i || strcmp(schema[i].section, schema[i - 1].section))
             put(buf, len, &o, "%s[%s]\n", i ? "\n" : "", schema[i].section);
         fmt_value(&schema[i], c, v, sizeof(v));
-        put(buf, len, &o, "%s = %s\n", schema[i].key, v);
+        put(buf, len, &o, "%s =%s%s\n", schema[i].key, *v ? " " : "", v);
     }
     return o >= len ? PT_ERR_INVALID_ARG : PT_OK;
 }
