@@ -119,16 +119,25 @@ static int prep_build(const pt_layout_param *p, int32_t n, int32_t n_blocks, pre
         rc = PT_ERR_HOST_OOM;
         goto out;
     }
-    /* Roots: follow tie chains; a chain longer than n has a cycle. */
+    /* Roots: follow tie chains, stopping at a param whose root is known (so a long
+     * chain costs O(n) in total); more than n steps means a cycle. */
+    for (int32_t i = 0; i < n; i++) pr->root[i] = -1;
     for (int32_t i = 0; i < n; i++) {
         int32_t r = i, steps = 0;
-        while (p[r].tie >= 0 && steps <= n) { r = p[r].tie; steps++; }
+        while (pr->root[r] < 0 && p[r].tie >= 0 && steps <= n) { r = p[r].tie; steps++; }
         if (steps > n) {
             seterr(err, errlen, "chunk layout: param %d has a tie cycle", (int)i);
             rc = PT_ERR_INVALID_ARG;
             goto out;
         }
-        pr->root[i] = r;
+        int32_t root = pr->root[r] >= 0 ? pr->root[r] : r;
+        for (int32_t x = i; pr->root[x] < 0; x = p[x].tie) {
+            pr->root[x] = root;
+            if (x == r) break;
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        int32_t r = pr->root[i];
         if (p[r].dtype != p[i].dtype || p[r].bytes != p[i].bytes) {
             seterr(err, errlen, "chunk layout: param %d is tied to param %d but has dtype %d "
                    "and %llu bytes vs dtype %d and %llu bytes", (int)i, (int)r,

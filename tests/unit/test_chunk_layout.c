@@ -357,6 +357,29 @@ static void test_ties(void **st) {
     pt_layout_free(&L);
 }
 
+/* A long tie chain (i -> i-1 -> ... -> 0) resolves every member to param 0. */
+static void test_tie_chain_long(void **st) {
+    (void)st;
+    enum { N = 3000 };
+    pt_layout_param *p = calloc(N, sizeof *p);
+    assert_non_null(p);
+    for (int i = 0; i < N; i++) {
+        p[i] = P(128, PT_F16, -1, N - i);   /* the last member is used first */
+        p[i].tie = i - 1;
+    }
+    pt_layout L;
+    assert_int_equal(pt_layout_build(p, N, 0, 4 * KiB, &L, NULL, 0), PT_OK);
+    assert_int_equal(L.n_placed, 1);
+    assert_int_equal(L.n_chunks, 1);
+    for (int i = 0; i < N; i++) assert_int_equal(L.param_root[i], 0);
+    pt_layout_free(&L);
+    p[0].tie = N - 1;                      /* close the loop: a cycle */
+    char err[256] = "";
+    assert_int_equal(pt_layout_build(p, N, 0, 4 * KiB, &L, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "cycle"));
+    free(p);
+}
+
 static void expect_err(pt_layout_param *p, int n, int nb, uint64_t S, const char *needle) {
     pt_layout L;
     char err[256] = "";
@@ -544,10 +567,10 @@ int main(void) {
         cmocka_unit_test(test_block_unit_order),  cmocka_unit_test(test_seal_before_block),
         cmocka_unit_test(test_block_spans),       cmocka_unit_test(test_oversize),
         cmocka_unit_test(test_regions),           cmocka_unit_test(test_ties),
-        cmocka_unit_test(test_errors),            cmocka_unit_test(test_random_invariants),
-        cmocka_unit_test(test_from_model),        cmocka_unit_test(test_size_least_waste),
-        cmocka_unit_test(test_size_tie_smaller),  cmocka_unit_test(test_size_min_chunks),
-        cmocka_unit_test(test_size_scales),
+        cmocka_unit_test(test_tie_chain_long),    cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_random_invariants), cmocka_unit_test(test_from_model),
+        cmocka_unit_test(test_size_least_waste),  cmocka_unit_test(test_size_tie_smaller),
+        cmocka_unit_test(test_size_min_chunks),   cmocka_unit_test(test_size_scales),
     };
     return cmocka_run_group_tests_name("chunk_layout", tests, NULL, NULL);
 }
