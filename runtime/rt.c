@@ -65,12 +65,8 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
 
 size_t pt_rt_destroy(pt_rt *rt) {
     if (!rt) return 0;
+    pt_act_fini(rt);
     pt_ms_destroy(rt);
-    if (rt->arena) {
-        for (int b = 0; b < rt->n_blocks; b++)
-            if (rt->arena[b].ptr) pt_gpu_free(rt->gpu, rt->arena[b].ptr);
-        free(rt->arena);
-    }
     size_t leaked = 0;
     if (rt->gpu) {
         const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
@@ -98,12 +94,17 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     if (rc) return rc;
     rt->model = model;
     rt->n_blocks = model->n_blocks;
-    rt->arena = calloc((size_t)(model->n_blocks > 0 ? model->n_blocks : 1), sizeof *rt->arena);
-    if (!rt->arena) {
+    rc = pt_ms_load(rt, err, errlen);
+    if (rc) return rc;
+    int32_t *modes = calloc((size_t)(rt->n_blocks > 0 ? rt->n_blocks : 1), sizeof *modes);
+    if (!modes) {
         ERR("out of host memory");
         return PT_ERR_HOST_OOM;
     }
-    return pt_ms_load(rt, err, errlen);
+    rc = pt_rt_block_modes(rt, modes, err, errlen);
+    if (!rc) rc = pt_act_init(rt, modes, err, errlen);
+    free(modes);
+    return rc;
 }
 
 int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t errlen) {
@@ -152,15 +153,41 @@ int pt_rt_pre_forward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
 }
 
 int pt_rt_post_forward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
-    return pt_ms_release(rt, b, 0, err, errlen);
+    int rc = pt_ms_release(rt, b, 0, err, errlen);
+    return rc ? rc : pt_act_post_forward(rt, b, err, errlen);
 }
 
+/* Parameters first, then activations: a CKPT recompute reads the block's params. */
 int pt_rt_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
-    return pt_ms_gather(rt, b, 1, err, errlen);
+    int rc = pt_ms_gather(rt, b, 1, err, errlen);
+    return rc ? rc : pt_act_pre_backward(rt, b, err, errlen);
 }
 
 int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
-    return pt_ms_release(rt, b, 1, err, errlen);
+    int rc = pt_ms_release(rt, b, 1, err, errlen);
+    return rc ? rc : pt_act_post_backward(rt, b);
+}
+
+/* Per-block activation modes from (n_swap, n_checkpoint) (INI overrides until
+ * the searcher decides): SWAP on the first n_swap blocks, CKPT spread evenly
+ * (centred) over the rest, NONE elsewhere (PROTRAIN.md 4.2). */
+int pt_rt_block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen) {
+    int n = rt->n_blocks;
+    int ns = rt->cfg.n_swap > 0 ? rt->cfg.n_swap : 0;
+    int nc = rt->cfg.n_checkpoint > 0 ? rt->cfg.n_checkpoint : 0;
+    if (ns + nc > n) {
+        ERR("n_swap (%d) + n_checkpoint (%d) exceeds the %d blocks of the model", ns, nc, n);
+        return PT_ERR_CONFIG;
+    }
+    for (int b = 0; b < n; b++) modes[b] = b < ns ? PT_ACT_SWAP : PT_ACT_NONE;
+    int r = n - ns;
+    for (int k = 0; k < nc; k++) modes[ns + (int)(((int64_t)(2 * k + 1) * r) / (2 * nc))] = PT_ACT_CKPT;
+    char map[512];
+    int m = 0;
+    for (int b = 0; b < n && m < (int)sizeof map - 1; b++) map[m++] = "NCS"[modes[b]];
+    map[m] = 0;
+    PT_LOGI(&rt->lg, "activation modes (N NONE, C CKPT, S SWAP): %s", n ? map : "(no blocks)");
+    return PT_OK;
 }
 
 int pt_rt_optimizer_step(pt_rt *rt, float lr, char *err, size_t errlen) {
@@ -213,42 +240,6 @@ int pt_rt_dev_free(pt_rt *rt, void *ptr, char *err, size_t errlen) {
             return PT_ERR_INVALID_ARG;
         }
     return pt_gpu_free_checked(rt->gpu, ptr, err, errlen);
-}
-
-/* NONE mode: one arena per block, kept across micro-batches and steps (re-used
- * when large enough), freed at finalize. CKPT/SWAP policies replace this. */
-int pt_rt_arena(pt_rt *rt, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen) {
-    if (!ptr || b < 0 || b >= rt->n_blocks || bytes == 0) {
-        ERR("activation_arena: bad arguments (block %d of %d, %llu bytes)", b, rt->n_blocks,
-            (unsigned long long)bytes);
-        return PT_ERR_INVALID_ARG;
-    }
-    pt_arena *a = &rt->arena[b];
-    if (a->ptr && a->bytes < bytes) {
-        pt_gpu_free(rt->gpu, a->ptr);
-        a->ptr = NULL;
-    }
-    if (!a->ptr) {
-        int rc = pt_gpu_alloc(rt->gpu, (size_t)bytes, PT_TAG_ACT, &a->ptr, err, errlen);
-        if (rc) return rc;
-        a->bytes = bytes;
-    }
-    *ptr = a->ptr;
-    return PT_OK;
-}
-
-int pt_rt_arena_get(pt_rt *rt, int32_t b, void **ptr, char *err, size_t errlen) {
-    if (!ptr || b < 0 || b >= rt->n_blocks) {
-        ERR("activation_arena_get: bad block %d (model has %d)", b, rt->n_blocks);
-        return PT_ERR_INVALID_ARG;
-    }
-    if (!rt->arena[b].ptr) {
-        ERR("activation_arena_get: block %d has no arena (call activation_arena after "
-            "block_pre_forward(%d))", b, b);
-        return PT_ERR_ORDER;
-    }
-    *ptr = rt->arena[b].ptr;
-    return PT_OK;
 }
 
 int pt_rt_memcpy(pt_rt *rt, void *dst, const void *src, uint64_t bytes, int32_t kind, char *err,

@@ -4,9 +4,17 @@
 
 #include "rt.h"
 
+enum { PT_ACT_NONE = 0, PT_ACT_CKPT = 1, PT_ACT_SWAP = 2 };
+
 typedef struct pt_arena {
-    void *ptr;            /* device bytes of the block's saved activations */
-    uint64_t bytes;
+    int mode;             /* PT_ACT_* */
+    void *ptr;            /* device bytes of the block's saved activations, or NULL */
+    uint64_t bytes;       /* size the host asked for */
+    int live;             /* forward saved it and its backward has not run yet */
+    void *host;           /* SWAP: pinned copy */
+    uint64_t host_bytes;
+    int swapping_out, swapping_in;
+    pt_event *ev_out, *ev_in;
 } pt_arena;
 
 typedef struct pt_optim_state {
@@ -34,7 +42,20 @@ struct pt_rt {
     int eval;
     float lr_arg;         /* lr passed to optimizer_step (< 0: none) */
     float last_loss;
+    uint64_t swap_out_bytes;  /* cumulative */
+    int64_t recomputes;       /* cumulative recompute_block calls */
 };
+
+int pt_rt_block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen);
+
+/* activations.c */
+const char *pt_act_mode_name(int m);
+int pt_act_init(pt_rt *rt, const int32_t *modes, char *err, size_t errlen);
+void pt_act_fini(pt_rt *rt);
+void pt_act_reap(pt_rt *rt, int wait);
+int pt_act_post_forward(pt_rt *rt, int32_t b, char *err, size_t errlen);
+int pt_act_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen);
+int pt_act_post_backward(pt_rt *rt, int32_t b);
 
 /* model_state.c */
 int pt_ms_validate(const pt_model_v1 *m, char *err, size_t errlen);

@@ -67,14 +67,17 @@ static void tiny_make(tiny *t) {
     t->m.arch = "tiny";
 }
 
-static void *start(tiny *t, const char *extra) {
+static void *start_host(tiny *t, const char *extra, const pt_host_v1 *host);
+static void *start(tiny *t, const char *extra) { return start_host(t, extra, NULL); }
+
+static void *start_host(tiny *t, const char *extra, const pt_host_v1 *host) {
     char text[1024];
     snprintf(text, sizeof text,
              "[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 4MiB\n%s",
              extra ? extra : "");
     write_ini(text);
     void *ctx = NULL;
-    int rc = P->init(ini_path, NULL, &ctx);
+    int rc = P->init(ini_path, host, &ctx);
     if (rc) fail_msg("init failed: %s", P->last_error(NULL));
     tiny_make(t);
     assert_int_equal(P->post_model_load(ctx, &t->m), PT_OK);
@@ -356,6 +359,88 @@ static void test_bad_model(void **state) {
     assert_int_equal(P->finalize(ctx), PT_OK);
 }
 
+/* ---- activation modes ---- */
+typedef struct act_host {
+    void *ctx;
+    int recomputes[NB];
+    float *stale[NB];
+} act_host;
+
+static const size_t ARENA_FLOATS = 1024;
+
+static void fill(float *a, int b) {
+    for (size_t k = 0; k < ARENA_FLOATS; k++) a[k] = (float)(b * 10000 + (int)k);
+}
+
+static int32_t recompute_cb(void *user, int32_t b) {
+    act_host *h = user;
+    void *a = NULL;
+    if (P->activation_arena_get(h->ctx, b, &a)) return 1;
+    fill(a, b);
+    h->recomputes[b]++;
+    return 0;
+}
+
+/* With the given modes, the arena a block reads in backward holds what its forward
+ * wrote; CKPT recomputes once per backward; stale CKPT pointers read NaN. */
+static void act_case(const char *modes_ini, int expect_ckpt, int expect_swap) {
+    act_host h;
+    memset(&h, 0, sizeof h);
+    pt_host_v1 host;
+    memset(&host, 0, sizeof host);
+    host.abi_version = 1;
+    host.struct_size = sizeof host;
+    host.world_size = 1;
+    host.user = &h;
+    host.recompute_block = recompute_cb;
+    tiny t;
+    void *ctx = start_host(&t, modes_ini, &host);
+    h.ctx = ctx;
+    assert_int_equal(P->create_optimizer(ctx, NULL), PT_OK);
+    for (int step = 0; step < 2; step++) {
+        assert_int_equal(P->pre_step(ctx, step, 0, 1), PT_OK);
+        for (int b = 0; b < NB; b++) {
+            assert_int_equal(P->block_pre_forward(ctx, b), PT_OK);
+            void *a = NULL;
+            assert_int_equal(P->activation_arena(ctx, b, ARENA_FLOATS * 4, &a), PT_OK);
+            fill(a, b);
+            h.stale[b] = a;
+            assert_int_equal(P->block_post_forward(ctx, b), PT_OK);
+        }
+        pt_stats_v1 st = {.struct_size = sizeof st};
+        assert_int_equal(P->get_stats(ctx, &st), PT_OK);
+        int n_ckpt_stale = 0;
+        for (int b = 0; b < NB; b++)
+            if (isnan(h.stale[b][0])) n_ckpt_stale++;
+        /* CKPT arenas freed (poisoned) after forward; SWAP ones after their copy */
+        assert_true(n_ckpt_stale >= expect_ckpt);
+        for (int b = NB - 1; b >= 0; b--) {
+            assert_int_equal(P->block_pre_backward(ctx, b), PT_OK);
+            void *a = NULL;
+            assert_int_equal(P->activation_arena_get(ctx, b, &a), PT_OK);
+            float want[1024];
+            fill(want, b);
+            assert_memory_equal(a, want, ARENA_FLOATS * 4);
+            assert_int_equal(P->block_post_backward(ctx, b), PT_OK);
+        }
+        assert_int_equal(P->optimizer_step(ctx, -1.0f), PT_OK);
+        assert_int_equal(P->post_step(ctx, step, 1.0f), PT_OK);
+    }
+    int total = 0;
+    for (int b = 0; b < NB; b++) total += h.recomputes[b];
+    assert_int_equal(total, 2 * expect_ckpt);
+    (void)expect_swap;
+    assert_int_equal(P->finalize(ctx), PT_OK);
+}
+
+static void test_act_none(void **s) { (void)s; act_case("[protrain]\nn_swap = 0\nn_checkpoint = 0\n", 0, 0); }
+static void test_act_ckpt(void **s) { (void)s; act_case("[protrain]\nn_checkpoint = 2\n", 2, 0); }
+static void test_act_swap(void **s) { (void)s; act_case("[protrain]\nn_swap = 1\nn_checkpoint = 1\n", 1, 1); }
+static void test_act_swap_streamed(void **s) {
+    (void)s;
+    act_case("[protrain]\nn_swap = 2\nn_persist = 0\nn_buffer = 1\nchunk_size = 4KiB\n", 0, 2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_header),
@@ -371,6 +456,10 @@ int main(void) {
         cmocka_unit_test(test_offload_poison),
         cmocka_unit_test(test_set_lr_mismatch),
         cmocka_unit_test(test_memory_services),
+        cmocka_unit_test(test_act_none),
+        cmocka_unit_test(test_act_ckpt),
+        cmocka_unit_test(test_act_swap),
+        cmocka_unit_test(test_act_swap_streamed),
         cmocka_unit_test(test_bad_model),
     };
     int rc = cmocka_run_group_tests_name("lifecycle", tests, NULL, NULL);
