@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "device_ext.h"
+#include "placement.h"
 #include "rt_internal.h"
 
 #define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
@@ -168,24 +169,28 @@ int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
     return rc ? rc : pt_act_post_backward(rt, b);
 }
 
-/* Per-block activation modes from (n_swap, n_checkpoint) (INI overrides until
- * the searcher decides): SWAP on the first n_swap blocks, CKPT spread evenly
- * (centred) over the rest, NONE elsewhere (PROTRAIN.md 4.2). */
+/* Per-block activation modes from (n_swap, n_checkpoint) — INI overrides until
+ * the searcher decides — by the placement rule of runtime/placement.h. The swap
+ * interval comes from the profile when there is one, else 1. */
 int pt_rt_block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen) {
     int n = rt->n_blocks;
     int ns = rt->cfg.n_swap > 0 ? rt->cfg.n_swap : 0;
     int nc = rt->cfg.n_checkpoint > 0 ? rt->cfg.n_checkpoint : 0;
-    if (ns + nc > n) {
-        ERR("n_swap (%d) + n_checkpoint (%d) exceeds the %d blocks of the model", ns, nc, n);
+    uint8_t *m8 = calloc((size_t)(n > 0 ? n : 1), 1);
+    if (!m8) {
+        ERR("out of host memory");
+        return PT_ERR_HOST_OOM;
+    }
+    int rc = pt_place_blocks(n, ns, nc, rt->swap_interval > 0 ? rt->swap_interval : 1, m8, err,
+                             errlen);
+    if (rc) {
+        free(m8);
         return PT_ERR_CONFIG;
     }
-    for (int b = 0; b < n; b++) modes[b] = b < ns ? PT_ACT_SWAP : PT_ACT_NONE;
-    int r = n - ns;
-    for (int k = 0; k < nc; k++) modes[ns + (int)(((int64_t)(2 * k + 1) * r) / (2 * nc))] = PT_ACT_CKPT;
+    for (int b = 0; b < n; b++) modes[b] = m8[b];
     char map[512];
-    int m = 0;
-    for (int b = 0; b < n && m < (int)sizeof map - 1; b++) map[m++] = "NCS"[modes[b]];
-    map[m] = 0;
+    pt_modes_string(m8, n, map, sizeof map);
+    free(m8);
     PT_LOGI(&rt->lg, "activation modes (N NONE, C CKPT, S SWAP): %s", n ? map : "(no blocks)");
     return PT_OK;
 }

@@ -44,6 +44,7 @@ struct pt_rt {
     float last_loss;
     uint64_t swap_out_bytes;  /* cumulative */
     int64_t recomputes;       /* cumulative recompute_block calls */
+    int swap_interval;        /* blocks of forward compute that hide one swap-out (>= 1) */
 };
 
 int pt_rt_block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen);
