@@ -55,7 +55,7 @@ CUDA_SRCS := $(wildcard gpu/cuda/*.cu)
 CUDA_CSRCS := $(wildcard gpu/cuda/*.c)
 
 PLUGIN := $(BUILD)/protrain_plugin.so
-PLAN_CLI := $(BUILD)/protrain-plan
+PLAN_CLI := $(if $(wildcard plugin/cli/protrain_plan.c),$(BUILD)/protrain-plan)
 CORE_LIB := $(BUILD)/libprotrain_core.a
 CUDA_LIB := $(BUILD)/libprotrain_cuda.so
 SAMPLE := $(BUILD)/sample_host
