@@ -297,8 +297,8 @@ static int load_cuda(const pt_gpu_backend **ops, void **dl, char *err, size_t er
     if (!h) {
         const char *e = dlerror();
         seterr(err, errlen,
-               "cuda backend library %s not found (looked beside %s and on the loader path: %s)",
-               PT_CUDA_BACKEND_LIB, path[0] ? path : "the plugin", e ? e : "no detail");
+               "cuda backend library %s not found (tried %s, then the loader path: %s)",
+               PT_CUDA_BACKEND_LIB, path[0] ? path : "beside the plugin", e ? e : "no detail");
         return PT_ERR_BACKEND;
     }
     const pt_gpu_backend *b = dlsym(h, PT_CUDA_BACKEND_SYMBOL);
@@ -400,11 +400,14 @@ int pt_gpu_open(const char *kind, const pt_gpu_config *cfg, pt_gpu **out, char *
     int rc = load_cuda(&ops, &dl, cerr, sizeof cerr);
     if (rc == PT_OK) rc = open_with(ops, dl, &c, out, cerr, sizeof cerr);
     if (rc == PT_OK) return PT_OK;
-    if (is_cuda) {
+    /* auto falls back to host, silently, only when there is no usable cuda device
+     * (library missing or its open failed); a GPU that is there but cannot hold
+     * the configured capacity is an error the user must see. */
+    if (is_cuda || rc != PT_ERR_BACKEND) {
         seterr(err, errlen, "%s", cerr);
-        return rc == PT_ERR_OOM ? PT_ERR_OOM : PT_ERR_BACKEND;
+        return rc;
     }
-    return open_with(&pt_gpu_backend_host, NULL, &c, out, err, errlen); /* auto: silent fallback */
+    return open_with(&pt_gpu_backend_host, NULL, &c, out, err, errlen);
 }
 
 void pt_gpu_set_log(pt_gpu *g, void (*fn)(void *user, int32_t level, const char *msg),

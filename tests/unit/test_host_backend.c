@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -269,8 +270,10 @@ static void test_destroy_and_close_drain(void **state) {
 
 static void test_copy_throttle(void **state) {
     (void)state;
-    const double bw = 100e6;                   /* 100 MB/s */
-    const size_t n = 8u << 20;                 /* 8 MiB -> 83.886 ms */
+    /* 8 MiB at 40 MB/s = 209.7 ms: long enough that scheduler wake-up jitter on a
+     * loaded 2-core machine (measured up to ~10 ms) stays well inside 15%. */
+    const double bw = 40e6;
+    const size_t n = 8u << 20;
     const double expect_ms = (double)n / bw * 1e3;
     void *h = open_hb(bw);
     pt_stream *s;
@@ -293,21 +296,23 @@ static void test_copy_throttle(void **state) {
     float ms = 0;
     assert_int_equal(B->event_elapsed_ms(h, e0, e1, &ms), PT_OK);
     assert_memory_equal(dst, src, n);
+    if (getenv("PT_TEST_VERBOSE")) fprintf(stderr, "throttle: expect %.2f ms, event %.2f ms, wall %.2f ms\n", expect_ms, ms, wall);
     /* Spec: N/bandwidth within 15% (event time and wall time). */
     assert_true(ms >= 0.85 * expect_ms && ms <= 1.15 * expect_ms);
     assert_true(wall >= 0.85 * expect_ms && wall <= 1.15 * expect_ms);
 
-    /* Same direction on two streams shares one link: two 4 MiB H2D copies cannot
-     * both finish sooner than 8 MiB / bw after they start (lower bound only). */
+    /* Same direction on two streams shares one link: two n/4 H2D copies cannot
+     * both finish sooner than (n/2)/bw after they start (a lower bound only: sleeps
+     * never end early, so this cannot flake). */
     pt_stream *s2;
     assert_int_equal(B->stream_create(h, &s2), PT_OK);
     t0 = now_ms();
-    assert_int_equal(B->memcpy_async(h, dst, src, n / 2, PT_GPU_H2D, s), PT_OK);
-    assert_int_equal(B->memcpy_async(h, dst + n / 2, src + n / 2, n / 2, PT_GPU_H2D, s2), PT_OK);
+    assert_int_equal(B->memcpy_async(h, dst, src, n / 4, PT_GPU_H2D, s), PT_OK);
+    assert_int_equal(B->memcpy_async(h, dst + n / 4, src + n / 4, n / 4, PT_GPU_H2D, s2), PT_OK);
     assert_int_equal(B->stream_sync(h, s), PT_OK);
     assert_int_equal(B->stream_sync(h, s2), PT_OK);
     wall = now_ms() - t0;
-    assert_true(wall >= 0.99 * expect_ms);
+    assert_true(wall >= 0.999 * expect_ms / 2);
 
     /* H2H is not a device copy: never throttled (the copy ran; no timing claim). */
     memset(dst, 0, n);
