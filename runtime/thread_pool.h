@@ -14,7 +14,8 @@
  *    the caller runs queued tasks of the SAME group itself (never other
  *    groups' tasks, so a wait is not delayed by unrelated long work). Nested
  *    fork-join (a task that submits to its own sub-group and waits on it) is
- *    therefore deadlock-free for any pool size >= 1.
+ *    therefore deadlock-free for any pool size >= 1. (A task must not wait
+ *    on a group it belongs to itself: that waits for its own return.)
  *  - Submitting from any thread (including from inside a task) is safe.
  *  - pt_pool_destroy drains: every task already queued, and every task those
  *    tasks submit while the pool drains, runs before the workers are joined.
