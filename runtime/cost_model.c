@@ -1,0 +1,459 @@
+/*
+ * cost_model.c — the time and peak-memory models documented in cost_model.h.
+ *
+ * Everything chunk-related is answered from prefix sums over chunk index, so a
+ * prediction costs O(n_block) whatever the chunk count: with n_persist = p the
+ * non-persistent chunks are the non-mandatory ones with index >= p, and with
+ * the hit threshold h (first cached chunk) the re-uploaded ones are the
+ * non-mandatory ones in [p, h). The chunks first (last) used by a block form one
+ * index range among the non-mandatory chunks (execution order, validated).
+ */
+#include "cost_model.h"
+#include "placement.h"
+#include "protrain.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct pt_cost_ctx {
+    const pt_trace *t;
+    int32_t N, K;
+    int32_t n_nm;          /* non-mandatory chunks */
+    int32_t interval;
+    /* prefix sums over chunk index [0, k), non-mandatory chunks only; [K+1] */
+    int32_t *cnt;
+    uint64_t *bytes, *grad, *train, *dev, *host;
+    int32_t *nm_pos;       /* [n_nm]: chunk index of the j-th non-mandatory chunk */
+    uint64_t mand_dev, mand_train, mand_grad;
+    /* per block: chunk index ranges of first use / last use; [N] */
+    int32_t *f_lo, *f_hi, *l_lo, *l_hi;
+    int32_t *nbmin;        /* [K+1]: lookahead minimum per n_persist */
+    double coll_f;         /* all-reduce seconds per gradient byte (0 = none) */
+};
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+static inline uint64_t rsum(const uint64_t *pre, int32_t lo, int32_t hi) {
+    return hi > lo ? pre[hi] - pre[lo] : 0;
+}
+static inline int32_t rcnt(const int32_t *pre, int32_t lo, int32_t hi) { return hi > lo ? pre[hi] - pre[lo] : 0; }
+static inline int32_t imax(int32_t a, int32_t b) { return a > b ? a : b; }
+static inline int32_t imin(int32_t a, int32_t b) { return a < b ? a : b; }
+static inline double dmax(double a, double b) { return a > b ? a : b; }
+
+void pt_cost_ctx_free(pt_cost_ctx *cx) {
+    if (!cx) return;
+    free(cx->cnt);
+    free(cx->bytes);
+    free(cx->grad);
+    free(cx->train);
+    free(cx->dev);
+    free(cx->host);
+    free(cx->nm_pos);
+    free(cx->f_lo);
+    free(cx->f_hi);
+    free(cx->l_lo);
+    free(cx->l_hi);
+    free(cx->nbmin);
+    free(cx);
+}
+
+const pt_trace *pt_cost_trace(const pt_cost_ctx *cx) { return cx->t; }
+int pt_cost_swap_interval(const pt_cost_ctx *cx) { return cx->interval; }
+
+int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errlen) {
+    *out = NULL;
+    int rc = pt_trace_validate(t, err, errlen);
+    if (rc) return rc;
+    pt_cost_ctx *cx = calloc(1, sizeof *cx);
+    if (!cx) return fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
+    int32_t N = t->n_block, K = t->n_chunk;
+    cx->t = t;
+    cx->N = N;
+    cx->K = K;
+    size_t k1 = (size_t)K + 1;
+    cx->cnt = calloc(k1, sizeof *cx->cnt);
+    cx->bytes = calloc(k1, sizeof(uint64_t));
+    cx->grad = calloc(k1, sizeof(uint64_t));
+    cx->train = calloc(k1, sizeof(uint64_t));
+    cx->dev = calloc(k1, sizeof(uint64_t));
+    cx->host = calloc(k1, sizeof(uint64_t));
+    cx->nm_pos = calloc(k1, sizeof *cx->nm_pos);
+    cx->f_lo = malloc((size_t)N * sizeof(int32_t));
+    cx->f_hi = malloc((size_t)N * sizeof(int32_t));
+    cx->l_lo = malloc((size_t)N * sizeof(int32_t));
+    cx->l_hi = malloc((size_t)N * sizeof(int32_t));
+    cx->nbmin = calloc(k1, sizeof *cx->nbmin);
+    if (!cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
+        !cx->f_hi || !cx->l_lo || !cx->l_hi || !cx->nbmin) {
+        pt_cost_ctx_free(cx);
+        return fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory for %d chunks", K);
+    }
+    for (int32_t b = 0; b < N; b++) cx->f_lo[b] = cx->f_hi[b] = cx->l_lo[b] = cx->l_hi[b] = 0;
+    for (int32_t k = 0; k < K; k++) {
+        const pt_trace_chunk *c = &t->chunks[k];
+        uint64_t g = c->trainable_elems * t->grad_elem_bytes;
+        int nm = !c->mandatory;
+        cx->cnt[k + 1] = cx->cnt[k] + nm;
+        cx->bytes[k + 1] = cx->bytes[k] + (nm ? c->bytes : 0);
+        cx->grad[k + 1] = cx->grad[k] + (nm ? g : 0);
+        cx->train[k + 1] = cx->train[k] + (nm ? c->trainable_elems : 0);
+        cx->dev[k + 1] = cx->dev[k] + (nm ? pt_trace_chunk_dev_state(t, c) : 0);
+        cx->host[k + 1] = cx->host[k] + (nm ? pt_trace_chunk_host_state(t, c) : 0);
+        if (!nm) {
+            cx->mand_dev += pt_trace_chunk_dev_state(t, c);
+            cx->mand_train += c->trainable_elems;
+            cx->mand_grad += g;
+            continue;
+        }
+        cx->nm_pos[cx->n_nm++] = k;
+        int32_t fb = c->first_block, lb = c->last_block;
+        /* Ranges grow monotonically (validated execution order). */
+        if (cx->f_hi[fb] == 0) cx->f_lo[fb] = k;
+        cx->f_hi[fb] = k + 1;
+        if (cx->l_hi[lb] == 0) cx->l_lo[lb] = k;
+        cx->l_hi[lb] = k + 1;
+    }
+    cx->nm_pos[cx->n_nm] = K;
+    /* Lookahead minimum: slots for the non-persistent chunks of any two
+     * consecutive blocks (a single block when N == 1), >= 1 when any chunk is
+     * streamed. Count over the union of the two blocks' ranges. */
+    for (int32_t p = 0; p <= K; p++) {
+        int32_t m = 0;
+        for (int32_t b = 0; b < N; b++) {
+            const pt_trace_block *B = &t->blocks[b];
+            int32_t lo = B->chunk_lo, hi = B->chunk_hi;
+            if (b + 1 < N && t->blocks[b + 1].chunk_lo >= 0) {
+                if (lo < 0) lo = t->blocks[b + 1].chunk_lo;
+                hi = imax(hi, t->blocks[b + 1].chunk_hi);
+            }
+            if (lo < 0) continue;
+            m = imax(m, rcnt(cx->cnt, imax(lo, p), hi));
+        }
+        if (m == 0 && rcnt(cx->cnt, p, K) > 0) m = 1;
+        cx->nbmin[p] = m;
+    }
+    if (t->key.world_size > 1 && t->hw.allreduce_Bps > 0)
+        cx->coll_f = 2.0 * (t->key.world_size - 1) / t->key.world_size / t->hw.allreduce_Bps;
+    cx->interval = pt_swap_interval(t);
+    *out = cx;
+    return PT_OK;
+}
+
+uint64_t pt_cost_budget(uint64_t capacity, const pt_cost_opts *o) {
+    uint64_t take = o->reserve_bytes + o->headroom_bytes;
+    return capacity > take ? capacity - take : 0;
+}
+
+uint64_t pt_cost_frag_bytes(double frag, uint64_t raw) {
+    if (!(frag > 0) || frag == 1.0) return raw;
+    return (uint64_t)ceil(frag * (double)raw);
+}
+
+int32_t pt_cost_n_offloaded(const pt_cost_ctx *cx, int32_t p) { return rcnt(cx->cnt, p, cx->K); }
+int32_t pt_cost_buffer_min(const pt_cost_ctx *cx, int32_t p) { return cx->nbmin[imin(imax(p, 0), cx->K)]; }
+uint64_t pt_cost_persist_bytes(const pt_cost_ctx *cx, int32_t p) { return cx->mand_dev + cx->dev[p]; }
+int pt_cost_persist_redundant(const pt_cost_ctx *cx, int32_t p) {
+    return p > 0 && cx->t->chunks[p - 1].mandatory;
+}
+
+uint64_t pt_cost_host_bytes(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int shard) {
+    uint64_t h = rsum(cx->host, p, cx->K);
+    if (shard && cx->t->key.world_size > 1) h = (h + (uint64_t)cx->t->key.world_size - 1) / (uint64_t)cx->t->key.world_size;
+    return h + (a ? a->swap_pool : 0);
+}
+
+/* ---------------- activation profile ---------------- */
+
+int pt_act_init(const pt_cost_ctx *cx, pt_act_profile *a) {
+    memset(a, 0, sizeof *a);
+    a->n_block = cx->N;
+    a->modes = calloc((size_t)cx->N, 1);
+    a->fwd_swap_s = calloc((size_t)cx->N + 1, sizeof *a->fwd_swap_s);
+    a->bwd_swap_in = calloc((size_t)cx->N + 1, sizeof *a->bwd_swap_in);
+    if (!a->modes || !a->fwd_swap_s || !a->bwd_swap_in) {
+        pt_act_free(a);
+        return PT_ERR_HOST_OOM;
+    }
+    return PT_OK;
+}
+
+void pt_act_free(pt_act_profile *a) {
+    if (!a) return;
+    free(a->modes);
+    free(a->fwd_swap_s);
+    free(a->bwd_swap_in);
+    memset(a, 0, sizeof *a);
+}
+
+static void note_peak(pt_act_profile *a, uint64_t act, uint64_t scr, int phase, int block) {
+    if (act + scr > a->peak_dyn || (a->peak_phase < 0)) {
+        a->peak_dyn = act + scr;
+        a->act_at_peak = act;
+        a->scratch_at_peak = scr;
+        a->peak_phase = phase;
+        a->peak_block = block;
+    }
+}
+
+void pt_act_compute(const pt_cost_ctx *cx, const uint8_t *modes, pt_act_profile *a) {
+    const pt_trace *t = cx->t;
+    const pt_trace_block *B = t->blocks;
+    int32_t N = cx->N;
+    memcpy(a->modes, modes, (size_t)N);
+    a->peak_dyn = a->act_at_peak = a->scratch_at_peak = 0;
+    a->peak_phase = -1;
+    a->peak_block = -1;
+    a->swap_pool = 0;
+    a->recompute_s = a->swap_out_s = a->swap_in_s = 0;
+    for (int32_t w = 0; w <= N; w++) {
+        a->fwd_swap_s[w] = 0;
+        a->bwd_swap_in[w] = 0;
+    }
+    /* Swap-out as a FIFO fluid: window w can hide fwd_s[w] seconds of D2H;
+     * done_at[j] is the last window (N = turn) holding part of j's D2H. The
+     * done_at array reuses bwd_swap_in's storage until the walk below. */
+    uint64_t *done_at = a->bwd_swap_in;
+    int32_t w = 1;
+    double left = N > 1 ? B[1].fwd_s : 0;   /* capacity left in window w */
+    for (int32_t j = 0; j < N; j++) {
+        if (modes[j] == PT_BLOCK_CKPT) a->recompute_s += B[j].recompute_s;
+        if (modes[j] != PT_BLOCK_SWAP) continue;
+        a->swap_pool += B[j].arena_bytes;
+        double need = (double)B[j].arena_bytes / t->hw.d2h_Bps;
+        a->swap_out_s += need;
+        a->swap_in_s += (double)B[j].arena_bytes / t->hw.h2d_Bps;
+        if (w < j + 1) {
+            w = j + 1;
+            left = w < N ? B[w].fwd_s : 0;
+        }
+        int32_t last = j;
+        while (need > 0) {
+            if (w >= N) {
+                a->fwd_swap_s[N] += need;
+                last = N;
+                break;
+            }
+            double take = need < left ? need : left;
+            if (take > 0) {
+                a->fwd_swap_s[w] += take;
+                need -= take;
+                left -= take;
+                last = w;
+            }
+            /* relative tolerance: a drain that finishes exactly at a window end stays in it */
+            if (need <= 1e-12 * (double)B[j].arena_bytes / t->hw.d2h_Bps) break;
+            w++;
+            left = w < N ? B[w].fwd_s : 0;
+        }
+        done_at[j] = (uint64_t)last;
+    }
+    /* Memory walk. inputs = sum of input_bytes alive; kept = NONE arenas of
+     * finished blocks; flight(w) = SWAP arenas j < w with done_at[j] >= w. */
+    uint64_t inputs = B[0].input_bytes, kept = 0;
+    note_peak(a, inputs, t->nonblock_scratch_bytes, PT_PHASE_EMBED_FWD, -1);
+    for (int32_t b = 0; b < N; b++) {
+        uint64_t flight = 0;
+        for (int32_t j = 0; j < b; j++)
+            if (modes[j] == PT_BLOCK_SWAP && done_at[j] >= (uint64_t)b) flight += B[j].arena_bytes;
+        uint64_t next_in = b + 1 < N ? B[b + 1].input_bytes : 0;
+        note_peak(a, inputs + next_in + kept + flight + B[b].arena_bytes, B[b].fwd_scratch_bytes, PT_PHASE_FWD, b);
+        inputs += next_in;
+        if (modes[b] == PT_BLOCK_NONE) kept += B[b].arena_bytes;
+    }
+    /* Turn: swaps still draining (a SWAP block N-1 always is: no forward window
+     * follows it, and its swap-in is charged in time but its arena counted
+     * once), head/loss scratch. */
+    uint64_t flight = 0;
+    for (int32_t j = 0; j < N; j++)
+        if (modes[j] == PT_BLOCK_SWAP && done_at[j] >= (uint64_t)N) flight += B[j].arena_bytes;
+    note_peak(a, inputs + kept + flight + B[N - 1].grad_act_bytes, t->nonblock_scratch_bytes, PT_PHASE_TURN, -1);
+    /* The swap-in schedule replaces done_at from here on. */
+    for (int32_t j = 0; j <= N; j++) a->bwd_swap_in[j] = 0;
+    if (modes[N - 1] == PT_BLOCK_SWAP) a->bwd_swap_in[N] = B[N - 1].arena_bytes;
+    for (int32_t b = N - 1; b >= 0; b--) {
+        if (modes[b] == PT_BLOCK_NONE) kept -= B[b].arena_bytes;   /* now "this block's arena" */
+        uint64_t ahead = 0;
+        if (b >= 1 && modes[b - 1] == PT_BLOCK_SWAP) {
+            ahead = B[b - 1].arena_bytes;
+            a->bwd_swap_in[b] = ahead;
+        }
+        uint64_t scr = B[b].bwd_scratch_bytes;
+        if (modes[b] == PT_BLOCK_CKPT && B[b].fwd_scratch_bytes > scr) scr = B[b].fwd_scratch_bytes;
+        note_peak(a, inputs + kept + B[b].arena_bytes + ahead + B[b].grad_act_bytes, scr, PT_PHASE_BWD, b);
+        inputs -= B[b].input_bytes;
+    }
+    note_peak(a, B[0].grad_act_bytes, t->nonblock_scratch_bytes, PT_PHASE_EMBED_BWD, -1);
+}
+
+/* ---------------- time ---------------- */
+
+static inline double win(double comp, double h2d, double d2h, double coll, int engines) {
+    double x = engines == 1 ? h2d + d2h : dmax(h2d, d2h);
+    return dmax(dmax(comp, x), coll);
+}
+
+void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int32_t nb, const pt_cost_opts *o,
+                  pt_cost *out) {
+    const int clip = o ? o->clip : 0;
+    const pt_trace *t = cx->t;
+    const pt_trace_block *B = t->blocks;
+    const double bh = t->hw.h2d_Bps, bd = t->hw.d2h_Bps, cf = cx->coll_f;
+    const int eng = t->hw.copy_engines;
+    const int32_t N = cx->N, K = cx->K;
+    /* Hit threshold: the last min(nb, |Q|) non-mandatory chunks (index >= h) are cached. */
+    int32_t q = rcnt(cx->cnt, p, K);
+    int32_t h = nb >= q ? p : cx->nm_pos[cx->n_nm - nb];
+    uint64_t up_bytes = 0, down_bytes = 0;
+    double comp = 0, exposed = 0;
+
+    /* forward */
+    double fwd = 0;
+    {
+        uint64_t u = N > 0 ? rsum(cx->bytes, imax(cx->f_lo[0], p), cx->f_hi[0]) : 0;
+        double c = t->embed_fwd_s, x = win(c, u / bh, 0, 0, eng);
+        up_bytes += u;
+        comp += c;
+        exposed += x - c;
+        fwd += x;
+    }
+    for (int32_t b = 0; b < N; b++) {
+        uint64_t u = b + 1 < N ? rsum(cx->bytes, imax(cx->f_lo[b + 1], p), cx->f_hi[b + 1]) : 0;
+        double c = B[b].fwd_s, x = win(c, u / bh, a->fwd_swap_s[b], 0, eng);
+        up_bytes += u;
+        comp += c;
+        exposed += x - c;
+        fwd += x;
+    }
+    /* turn + backward; land[b] = time (from bwd start) the gradients completed
+     * in block b are on the host. CPU Adam is folded in as we go (OVERLAP). */
+    double cpu_rate = t->hw.cpu_adam_elems_per_s;
+    /* Replicated offload: every rank steps the whole non-persistent set; sharded
+     * (mode C): its 1/W share. Uploads are charged at full chunk size either
+     * way (PROTRAIN.md 6: conservative). */
+    double shard_div = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
+    double clock = 0, cpu_clock = 0;
+    {
+        uint64_t u = rsum(cx->bytes, imax(cx->l_lo[N - 1], p), imin(cx->l_hi[N - 1], h)) + a->bwd_swap_in[N];
+        double c = t->head_fwd_s + t->head_bwd_s, x = win(c, u / bh, a->fwd_swap_s[N], 0, eng);
+        up_bytes += u;
+        comp += c;
+        exposed += x - c;
+        clock += x;
+    }
+    for (int32_t b = N - 1; b >= -1; b--) {
+        /* window b (b == -1: embedding backward) */
+        double c;
+        uint64_t u = 0;
+        if (b >= 0) {
+            c = B[b].bwd_s + (a->modes[b] == PT_BLOCK_CKPT ? B[b].recompute_s : 0);
+            if (b >= 1) u = rsum(cx->bytes, imax(cx->l_lo[b - 1], p), imin(cx->l_hi[b - 1], h));
+            u += a->bwd_swap_in[b];
+        } else {
+            c = t->embed_bwd_s;
+        }
+        int32_t g = b + 1;   /* gradients completed in block g are copied now */
+        uint64_t d = 0, all = 0, tr = 0;
+        if (g < N) {
+            d = rsum(cx->grad, imax(cx->f_lo[g], p), cx->f_hi[g]);
+            tr = rsum(cx->train, imax(cx->f_lo[g], p), cx->f_hi[g]);
+            all = rsum(cx->grad, cx->f_lo[g], cx->f_hi[g]);
+        }
+        if (b == -1) all += cx->mand_grad;
+        double x = win(c, u / bh, d / bd, all * cf, eng);
+        up_bytes += u;
+        down_bytes += d;
+        comp += c;
+        exposed += x - c;
+        clock += x;
+        if (g < N && tr) cpu_clock = dmax(cpu_clock, clock) + (double)tr / cpu_rate / shard_div;
+    }
+    /* Gradients completed in block 0 are copied during the embedding backward
+     * (g = 0 at b = -1 above); nothing completes later. */
+    double bwd = clock;
+    uint64_t cpu_elems = rsum(cx->train, p, K);
+    uint64_t dev_elems = cx->mand_train + cx->train[p];
+    double cpu_s = (double)cpu_elems / cpu_rate / shard_div, dev_s = (double)dev_elems / t->hw.dev_adam_elems_per_s;
+    double iter;
+    if (clip) {
+        iter = fwd + bwd + dmax(dev_s, cpu_s);
+        out->schedule = PT_SCHED_AFTER_BWD;
+    } else {
+        iter = fwd + dmax(bwd + dev_s, cpu_clock);
+        out->schedule = PT_SCHED_OVERLAP;
+    }
+    out->iter_s = iter;
+    out->fwd_s = fwd;
+    out->bwd_s = bwd;
+    out->opt_s = iter - fwd - bwd;
+    out->cpu_adam_s = cpu_s;
+    out->dev_adam_s = dev_s;
+    out->compute_s = comp;
+    out->recompute_s = a->recompute_s;
+    out->exposed_xfer_s = exposed;
+    /* swap traffic: out in forward/turn, back in backward/turn */
+    uint64_t swap_bytes = a->swap_pool;
+    out->h2d_bytes = up_bytes;   /* includes swap-in (added to u above) */
+    out->d2h_bytes = down_bytes + swap_bytes;
+    out->h2d_s = (double)out->h2d_bytes / bh;
+    out->d2h_s = (double)out->d2h_bytes / bd;
+    out->n_buffer_min = pt_cost_buffer_min(cx, p);
+}
+
+void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_profile *a, int32_t p, int32_t nb,
+                    pt_cost *out) {
+    const pt_trace *t = cx->t;
+    out->model_state_bytes = pt_cost_persist_bytes(cx, p);
+    out->buffer_bytes = (uint64_t)nb * t->slot_bytes;
+    out->nonblock_bytes = t->nonblock_bytes;
+    out->activation_bytes = a->act_at_peak;
+    out->scratch_bytes = a->scratch_at_peak;
+    out->raw_peak_bytes =
+        out->model_state_bytes + out->buffer_bytes + out->nonblock_bytes + out->activation_bytes + out->scratch_bytes;
+    out->peak_bytes = pt_cost_frag_bytes(o ? o->frag : 1.0, out->raw_peak_bytes);
+    out->peak_phase = a->peak_phase;
+    out->peak_block = a->peak_block;
+    out->swap_pool_bytes = a->swap_pool;
+    out->host_bytes = pt_cost_host_bytes(cx, a, p, o ? o->shard : 0);
+}
+
+int pt_cost_eval_modes(const pt_cost_ctx *cx, const pt_cost_opts *o, const uint8_t *modes, int32_t p, int32_t nb,
+                       pt_cost *out, char *err, size_t errlen) {
+    if (p < 0 || p > cx->K)
+        return fail(err, errlen, PT_ERR_INVALID_ARG, "n_persist=%d out of range [0, %d chunks]", p, cx->K);
+    int32_t q = pt_cost_n_offloaded(cx, p), lo = pt_cost_buffer_min(cx, p);
+    (void)q;
+    if (nb < lo || nb > cx->K - p)
+        return fail(err, errlen, PT_ERR_INVALID_ARG,
+                    "n_buffer=%d out of range [%d, %d] for n_persist=%d (lookahead minimum, n_chunk - n_persist)", nb,
+                    lo, cx->K - p, p);
+    pt_act_profile a;
+    if (pt_act_init(cx, &a)) return fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
+    pt_act_compute(cx, modes, &a);
+    memset(out, 0, sizeof *out);
+    pt_cost_time(cx, &a, p, nb, o, out);
+    pt_cost_memory(cx, o, &a, p, nb, out);
+    pt_act_free(&a);
+    return PT_OK;
+}
+
+int pt_cost_eval(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_knobs *k, pt_cost *out, char *err,
+                 size_t errlen) {
+    uint8_t *modes = malloc((size_t)cx->N);
+    if (!modes) return fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
+    int rc = pt_place_blocks(cx->N, k->n_swap, k->n_checkpoint, cx->interval, modes, err, errlen);
+    if (!rc) rc = pt_cost_eval_modes(cx, o, modes, k->n_persist, k->n_buffer, out, err, errlen);
+    free(modes);
+    return rc;
+}

@@ -1,0 +1,176 @@
+/*
+ * cost_model.h — predicted iteration time and peak device memory of a plan
+ * (PROTRAIN.md sections 6-7, adapted to this project).
+ *
+ * Knobs: n_persist (prefix of chunks kept on the device; mandatory chunks are
+ * persistent whatever it says), n_buffer (device slots streaming the other
+ * chunks), n_swap and n_checkpoint (counts; placement.h turns them into a
+ * per-block mode map).
+ *
+ * Time: one iteration is a sequence of windows; each window lasts
+ *   max(compute, H2D + D2H)             with one shared copy engine, or
+ *   max(compute, H2D, D2H, all-reduce)  with one engine per direction
+ * (all-reduce is its own resource, 0 when world_size == 1 or not measured),
+ * i.e. a transfer is hidden when the window's compute covers it.
+ *   embed fwd   compute embed_fwd_s; H2D: block 0's non-persistent chunks.
+ *   fwd b       compute fwd_s[b]; H2D: non-persistent chunks first used by
+ *               block b+1 (one-block prefetch); D2H: swap-out of earlier SWAP
+ *               arenas (see below).
+ *   turn        compute head_fwd_s + head_bwd_s (loss); H2D: block N-1's chunks
+ *               that are not cached, swap-in of block N-1; D2H: swap-out that did
+ *               not fit in the forward windows.
+ *   bwd b       compute bwd_s[b] (+ recompute_s[b] for CKPT); H2D: chunks last
+ *               used by block b-1 that are neither persistent nor cached (the
+ *               last min(n_buffer, |non-persistent|) chunks of the forward are
+ *               still in the pool: hits), swap-in of block b-1's arena;
+ *               D2H: gradients (trainable_elems * grad_elem_bytes) of the
+ *               non-persistent chunks whose gradients completed in block b+1;
+ *               all-reduce: all chunks completed in block b+1.
+ *   embed bwd   compute embed_bwd_s; D2H: gradients completed in block 0.
+ * Swap-out: SWAP block j's arena (arena_bytes / d2h_Bps seconds) drains in FIFO
+ * order through the forward windows j+1, j+2, ..., each window hiding at most
+ * its own fwd_s of swap traffic; what is left spills into the turn window.
+ * Optimizer: device Adam over persistent trainable elements; CPU Adam over the
+ * others. Schedule OVERLAP (no clipping): a chunk's CPU step starts when its
+ * gradient landed (end of the window that copied it) and the CPU works through
+ * chunks in that order, so
+ *   T_iter = T_fwd + max(T_bwd + T_dev_adam, CPU finish time from bwd start).
+ * Schedule AFTER_BWD (max_grad_norm > 0: the global norm needs every gradient):
+ *   T_iter = T_fwd + T_bwd + max(T_dev_adam, T_cpu_adam).
+ *
+ * Peak memory: static + dynamic, walked window by window.
+ *   static  = persistent chunk states (params + grads + master + m + v of the
+ *             trainable part; trace.h) + n_buffer * slot_bytes (a slot holds a
+ *             chunk's params and, in backward, its gradients: counted at full
+ *             size all iteration because slots are allocated once)
+ *             + nonblock_bytes.
+ *   dynamic = block inputs alive (every mode; trace.h) + NONE arenas of earlier
+ *             blocks + SWAP arenas whose D2H has not finished + the running
+ *             block's arena + scratch; in backward the running block's arena
+ *             (kept for NONE, recomputed for CKPT — the one-block bump —,
+ *             swapped back for SWAP), the next block's swapped-in arena (one
+ *             block ahead), grad_act_bytes, and
+ *             max(bwd_scratch, fwd_scratch if CKPT). Turn and embedding
+ *             windows add nonblock_scratch_bytes.
+ *   peak    = ceil(frag * (static + max dynamic)).
+ * Feasible when peak <= capacity - reserve - headroom and the host bytes
+ * (offloaded chunk states, trace.h, divided by world_size when sharded, plus
+ * the pinned swap pool = sum of SWAP arenas) fit the host budget.
+ *
+ * Monotonicity the searcher relies on (proved by construction, tested):
+ *   - time is non-increasing in n_buffer (more hits, nothing else changes);
+ *   - for a fixed n_buffer, peak is non-decreasing in n_persist (static grows,
+ *     dynamic does not depend on chunk knobs);
+ *   - peak is non-decreasing in n_buffer.
+ * NOT monotone: the minimum n_buffer falls as n_persist grows, so the smallest
+ * feasible peak is not monotone in n_persist (frozen chunks cost less
+ * persistent than the slots they free); the searcher does not assume it.
+ */
+#ifndef PT_COST_MODEL_H
+#define PT_COST_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "trace.h"
+
+typedef struct pt_knobs {
+    int32_t n_persist, n_buffer, n_swap, n_checkpoint;
+} pt_knobs;
+
+typedef struct pt_cost_opts {
+    double frag;              /* fragmentation factor from the allocator; <= 0 means 1.0 */
+    uint64_t reserve_bytes;   /* device bytes the plan may not use (context, workspaces) */
+    uint64_t headroom_bytes;  /* extra safety margin on top */
+    int32_t clip;             /* max_grad_norm > 0: optimizer schedule AFTER_BWD */
+    int32_t shard;            /* host state split over world_size ranks (mode C) */
+} pt_cost_opts;
+
+enum { PT_SCHED_OVERLAP = 0, PT_SCHED_AFTER_BWD = 1 };
+enum { PT_PHASE_EMBED_FWD = 0, PT_PHASE_FWD = 1, PT_PHASE_TURN = 2, PT_PHASE_BWD = 3, PT_PHASE_EMBED_BWD = 4 };
+
+typedef struct pt_cost {
+    /* memory, bytes */
+    uint64_t peak_bytes;         /* ceil(frag * raw_peak_bytes) */
+    uint64_t raw_peak_bytes;     /* the sum of the five parts below */
+    uint64_t model_state_bytes;  /* persistent chunks (mandatory included) */
+    uint64_t buffer_bytes;       /* n_buffer * slot_bytes */
+    uint64_t nonblock_bytes;     /* trace nonblock_bytes */
+    uint64_t activation_bytes;   /* at the peak: inputs, arenas, swaps in flight, act grads */
+    uint64_t scratch_bytes;      /* at the peak: block or non-block scratch */
+    int32_t peak_phase;          /* PT_PHASE_* of the peak window */
+    int32_t peak_block;          /* its block (-1 for non-block windows) */
+    uint64_t host_bytes;         /* pinned host bytes needed (per rank) */
+    uint64_t swap_pool_bytes;    /* part of host_bytes: SWAP arenas */
+    /* time, seconds */
+    double iter_s;               /* fwd_s + bwd_s + opt_s */
+    double fwd_s;                /* embedding + block forwards (window times) */
+    double bwd_s;                /* head/loss + block backwards + embedding backward */
+    double opt_s;                /* optimizer time not hidden behind backward */
+    double cpu_adam_s, dev_adam_s;  /* optimizer work */
+    double compute_s;            /* pure compute incl. recompute */
+    double recompute_s;
+    double exposed_xfer_s;       /* sum over windows of (window - compute) */
+    double h2d_s, d2h_s;         /* total copy time at the measured bandwidths */
+    uint64_t h2d_bytes, d2h_bytes;
+    int32_t schedule;            /* PT_SCHED_* */
+    int32_t n_buffer_min;        /* lookahead minimum for this n_persist */
+} pt_cost;
+
+/* Precomputed sums over one trace. The trace must outlive the context and not
+ * change while it is used. */
+typedef struct pt_cost_ctx pt_cost_ctx;
+int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errlen);
+void pt_cost_ctx_free(pt_cost_ctx *cx);
+const pt_trace *pt_cost_trace(const pt_cost_ctx *cx);
+int pt_cost_swap_interval(const pt_cost_ctx *cx);   /* pt_swap_interval of the trace */
+
+/* Whole prediction for one knob set (placement by placement.h). 0, or
+ * PT_ERR_INVALID_ARG with err naming the knob out of range (n_persist >
+ * n_chunk, n_swap + n_checkpoint > n_block, n_buffer below the lookahead
+ * minimum or above n_chunk - n_persist). */
+int pt_cost_eval(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_knobs *k, pt_cost *out,
+                 char *err, size_t errlen);
+/* The same with an explicit mode map (modes[n_block]); n_swap/n_checkpoint of k
+ * are ignored. */
+int pt_cost_eval_modes(const pt_cost_ctx *cx, const pt_cost_opts *o, const uint8_t *modes,
+                       int32_t n_persist, int32_t n_buffer, pt_cost *out, char *err, size_t errlen);
+/* Usable device bytes: capacity - reserve - headroom (0 if negative). */
+uint64_t pt_cost_budget(uint64_t capacity, const pt_cost_opts *o);
+
+/* ---- pieces the searcher combines (all O(1) or O(n_block)) ---- */
+
+/* Activation-side profile of one mode map: independent of the chunk knobs. */
+typedef struct pt_act_profile {
+    uint64_t peak_dyn;           /* max dynamic bytes over all windows */
+    uint64_t act_at_peak, scratch_at_peak;
+    int32_t peak_phase, peak_block;
+    uint64_t swap_pool;          /* sum of SWAP arenas (pinned host) */
+    double recompute_s;          /* sum of recompute_s over CKPT blocks */
+    double swap_out_s, swap_in_s;   /* total swap traffic time */
+    int32_t n_block;
+    uint8_t *modes;              /* [n_block] copy of the map */
+    double *fwd_swap_s;          /* [n_block + 1] swap-out seconds charged to fwd window b (n_block = turn) */
+    uint64_t *bwd_swap_in;       /* [n_block + 1] swap-in bytes in bwd window b (n_block = turn) */
+} pt_act_profile;
+
+int pt_act_init(const pt_cost_ctx *cx, pt_act_profile *a);
+void pt_act_free(pt_act_profile *a);
+void pt_act_compute(const pt_cost_ctx *cx, const uint8_t *modes, pt_act_profile *a);
+
+int32_t pt_cost_n_offloaded(const pt_cost_ctx *cx, int32_t n_persist);  /* |non-persistent| */
+int32_t pt_cost_buffer_min(const pt_cost_ctx *cx, int32_t n_persist);
+uint64_t pt_cost_persist_bytes(const pt_cost_ctx *cx, int32_t n_persist);
+/* 1 when chunk n_persist-1 is mandatory (n_persist and n_persist-1 are the same plan). */
+int pt_cost_persist_redundant(const pt_cost_ctx *cx, int32_t n_persist);
+uint64_t pt_cost_host_bytes(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, int shard);
+/* Time part of the prediction: fills the time fields of out. */
+void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, int32_t n_buffer,
+                  const pt_cost_opts *o, pt_cost *out);
+/* Memory part: fills the memory fields of out (host_bytes included). */
+void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_profile *a,
+                    int32_t n_persist, int32_t n_buffer, pt_cost *out);
+/* ceil(frag * raw) as the feasibility checks compute it. */
+uint64_t pt_cost_frag_bytes(double frag, uint64_t raw);
+
+#endif /* PT_COST_MODEL_H */

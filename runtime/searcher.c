@@ -1,0 +1,410 @@
+/*
+ * searcher.c — exhaustive four-knob search with the sound pruning listed in
+ * searcher.h.
+ */
+#include "searcher.h"
+#include "placement.h"
+#include "protrain.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define TIE 1.01   /* plans within 1% of the fastest are ties */
+
+typedef struct cand {
+    double T;
+    int32_t s, c, p, nb;
+} cand;
+
+typedef struct search {
+    const pt_trace *t;
+    pt_cost_ctx *cx;
+    const pt_search_opts *o;
+    uint64_t budget, host_budget;
+    double best_T;
+    cand *list;            /* candidates within TIE of the best seen */
+    size_t n, cap, n_at_compact;
+    cand alt[PT_PLAN_MAX_ALT + 1];   /* best per (s, c), sorted by T */
+    int n_alt_kept, alt_want;
+    int64_t n_eval;
+    int oom;
+} search;
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+void pt_search_opts_default(pt_search_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->cost.frag = 1.0;
+    o->n_persist = o->n_buffer = o->n_swap = o->n_checkpoint = -1;
+    o->n_alt = 3;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Does raw (without frag) fit the budget? */
+static int fits(const search *S, uint64_t raw) { return pt_cost_frag_bytes(S->o->cost.frag, raw) <= S->budget; }
+
+static void compact(search *S) {
+    size_t m = 0;
+    for (size_t i = 0; i < S->n; i++)
+        if (S->list[i].T <= TIE * S->best_T) S->list[m++] = S->list[i];
+    S->n = m;
+    S->n_at_compact = m;
+}
+
+static void add_cand(search *S, cand c) {
+    if (c.T < S->best_T) S->best_T = c.T;
+    if (c.T > TIE * S->best_T) return;
+    if (S->n == S->cap) {
+        if (S->n > 2 * S->n_at_compact + 64) compact(S);
+        if (S->n == S->cap) {
+            size_t nc = S->cap ? 2 * S->cap : 256;
+            cand *q = realloc(S->list, nc * sizeof *q);
+            if (!q) {
+                S->oom = 1;
+                return;
+            }
+            S->list = q;
+            S->cap = nc;
+        }
+    }
+    S->list[S->n++] = c;
+}
+
+/* Keep the best candidate per (s, c) among the alt_want+1 fastest pairs. */
+static void add_alt(search *S, cand c) {
+    int keep = S->alt_want + 1;
+    for (int i = 0; i < S->n_alt_kept; i++)
+        if (S->alt[i].s == c.s && S->alt[i].c == c.c) {
+            if (c.T >= S->alt[i].T) return;
+            memmove(&S->alt[i], &S->alt[i + 1], (size_t)(S->n_alt_kept - i - 1) * sizeof c);
+            S->n_alt_kept--;
+            break;
+        }
+    int i = S->n_alt_kept;
+    while (i > 0 && S->alt[i - 1].T > c.T) i--;
+    if (i >= keep) return;
+    int last = S->n_alt_kept < keep ? S->n_alt_kept : keep - 1;
+    memmove(&S->alt[i + 1], &S->alt[i], (size_t)(last - i) * sizeof c);
+    S->alt[i] = c;
+    if (S->n_alt_kept < keep) S->n_alt_kept++;
+}
+
+/* A pair can be skipped when its bound is beyond the tie band and every kept runner-up. */
+static int prunable(const search *S, double lb) {
+    if (lb <= TIE * S->best_T) return 0;
+    if (S->n_alt_kept < S->alt_want + 1) return 0;
+    return lb > S->alt[S->n_alt_kept - 1].T;
+}
+
+/* Largest n_persist whose persistent states alone fit next to dyn (bisection:
+ * persist bytes are non-decreasing in n_persist). -1 when even 0 does not fit. */
+static int32_t persist_hi(const search *S, uint64_t dyn) {
+    const pt_trace *t = S->t;
+    int32_t lo = -1, hi = t->n_chunk;   /* invariant: fits(lo) (or lo = -1), !fits(hi + 1) */
+    if (fits(S, pt_cost_persist_bytes(S->cx, hi) + t->nonblock_bytes + dyn)) return hi;
+    while (hi - lo > 1) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (fits(S, pt_cost_persist_bytes(S->cx, mid) + t->nonblock_bytes + dyn))
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Lower bound on the iteration time of any plan for this activation map when
+ * at most p_hi chunks can be persistent. */
+static double lower_bound(const search *S, const pt_act_profile *a, int32_t p_hi) {
+    const pt_trace *t = S->t;
+    double cf = t->embed_fwd_s, cb = t->head_fwd_s + t->head_bwd_s + t->embed_bwd_s + a->recompute_s;
+    for (int32_t b = 0; b < t->n_block; b++) {
+        cf += t->blocks[b].fwd_s;
+        cb += t->blocks[b].bwd_s;
+    }
+    /* Unavoidable traffic: non-mandatory chunks >= p_hi go up once and their grads down once. */
+    uint64_t up = 0, gd = 0, tr = 0;
+    for (int32_t k = p_hi < 0 ? 0 : p_hi; k < t->n_chunk; k++) {
+        const pt_trace_chunk *c = &t->chunks[k];
+        if (c->mandatory) continue;
+        up += c->bytes;
+        gd += c->trainable_elems * t->grad_elem_bytes;
+        tr += c->trainable_elems;
+    }
+    double h2d = (double)up / t->hw.h2d_Bps + a->swap_in_s, d2h = (double)gd / t->hw.d2h_Bps + a->swap_out_s;
+    double x = t->hw.copy_engines == 1 ? h2d + d2h : (h2d > d2h ? h2d : d2h);
+    double shard = (S->o->cost.shard && t->key.world_size > 1) ? t->key.world_size : 1;
+    double cpu = (double)tr / t->hw.cpu_adam_elems_per_s / shard;
+    double lb = cf + cb;
+    if (x > lb) lb = x;
+    double opt = S->o->cost.clip ? cf + cb + cpu : cf + cpu;
+    return opt > lb ? opt : lb;
+}
+
+/* Largest n_buffer in [lo, q] whose peak fits, or -1. */
+static int32_t buffer_max(const search *S, uint64_t raw_fixed, int32_t lo, int32_t q) {
+    uint64_t slot = S->t->slot_bytes;
+    if (q <= lo) return fits(S, raw_fixed + (uint64_t)lo * slot) ? lo : -1;
+    int32_t x = q;
+    double frag = S->o->cost.frag > 0 ? S->o->cost.frag : 1.0;
+    double room = (double)S->budget / frag - (double)raw_fixed;
+    if (slot && room < (double)q * (double)slot) x = room < 0 ? lo - 1 : (int32_t)(room / (double)slot);
+    if (x > q) x = q;
+    if (x < lo - 1) x = lo - 1;
+    while (x >= lo && !fits(S, raw_fixed + (uint64_t)x * slot)) x--;
+    while (x < q && fits(S, raw_fixed + (uint64_t)(x + 1) * slot)) x++;
+    return x >= lo ? x : -1;
+}
+
+static void range(int32_t fixed, int32_t lo, int32_t hi, int32_t *a, int32_t *b) {
+    if (fixed >= 0) {
+        *a = fixed;
+        *b = fixed;
+    } else {
+        *a = lo;
+        *b = hi;
+    }
+}
+
+/* Better under the tie rule (both within the tie band). */
+static int tie_better(const cand *x, const cand *y) {
+    if (x->c != y->c) return x->c < y->c;
+    if (x->s != y->s) return x->s < y->s;
+    if (x->p != y->p) return x->p > y->p;
+    if (x->nb != y->nb) return x->nb < y->nb;
+    return x->T < y->T;
+}
+
+static double time_of(const search *S, pt_act_profile *a, int32_t p, int32_t nb) {
+    pt_cost c;
+    pt_cost_time(S->cx, a, p, nb, &S->o->cost, &c);
+    return c.iter_s;
+}
+
+/* Fill a plan entry's full prediction. */
+static void full_cost(const search *S, pt_act_profile *a, uint8_t *modes, const cand *c, pt_cost *out) {
+    pt_place_blocks(S->t->n_block, c->s, c->c, pt_cost_swap_interval(S->cx), modes, NULL, 0);
+    pt_act_compute(S->cx, modes, a);
+    memset(out, 0, sizeof *out);
+    pt_cost_time(S->cx, a, c->p, c->nb, &S->o->cost, out);
+    pt_cost_memory(S->cx, &S->o->cost, a, c->p, c->nb, out);
+}
+
+static int check_overrides(const pt_trace *t, const pt_search_opts *o, char *err, size_t errlen) {
+    if (o->n_persist > t->n_chunk)
+        return fail(err, errlen, PT_ERR_INVALID_ARG, "override n_persist=%d exceeds the %d chunks", o->n_persist,
+                    t->n_chunk);
+    if (o->n_buffer > t->n_chunk)
+        return fail(err, errlen, PT_ERR_INVALID_ARG, "override n_buffer=%d exceeds the %d chunks", o->n_buffer,
+                    t->n_chunk);
+    if (o->n_persist >= 0 && o->n_buffer >= 0 && o->n_persist + o->n_buffer > t->n_chunk)
+        return fail(err, errlen, PT_ERR_INVALID_ARG, "overrides n_persist=%d + n_buffer=%d exceed the %d chunks",
+                    o->n_persist, o->n_buffer, t->n_chunk);
+    int s = o->n_swap > 0 ? o->n_swap : 0, c = o->n_checkpoint > 0 ? o->n_checkpoint : 0;
+    if (s + c > t->n_block)
+        return fail(err, errlen, PT_ERR_INVALID_ARG, "overrides n_swap=%d + n_checkpoint=%d exceed the %d blocks",
+                    s, c, t->n_block);
+    return PT_OK;
+}
+
+/* Infeasible: smallest capacity (minimum peak) under the host budget and fixed knobs. */
+static int explain_infeasible(search *S, pt_act_profile *a, uint8_t *modes, pt_plan *plan, char *err,
+                              size_t errlen) {
+    const pt_trace *t = S->t;
+    const pt_search_opts *o = S->o;
+    int32_t N = t->n_block, K = t->n_chunk, I = pt_cost_swap_interval(S->cx);
+    int32_t c0, c1, s0, s1, p0, p1;
+    range(o->n_checkpoint, 0, N, &c0, &c1);
+    range(o->n_persist, 0, K, &p0, &p1);
+    uint64_t best_need = UINT64_MAX, min_host = UINT64_MAX;
+    cand best = {0, 0, 0, 0, 0};
+    for (int32_t c = c0; c <= c1; c++) {
+        range(o->n_swap, 0, N - c < pt_swap_cap(N, I) ? N - c : pt_swap_cap(N, I), &s0, &s1);
+        for (int32_t s = s0; s <= s1 && s + c <= N; s++) {
+            pt_place_blocks(N, s, c, I, modes, NULL, 0);
+            pt_act_compute(S->cx, modes, a);
+            for (int32_t p = p0; p <= p1; p++) {
+                uint64_t host = pt_cost_host_bytes(S->cx, a, p, o->cost.shard);
+                if (host < min_host) min_host = host;
+                if (S->host_budget && host > S->host_budget) continue;
+                int32_t lo = pt_cost_buffer_min(S->cx, p), nb = lo;
+                if (o->n_buffer >= 0) {
+                    if (o->n_buffer < lo || o->n_buffer > K - p) continue;
+                    nb = o->n_buffer;
+                }
+                uint64_t raw = pt_cost_persist_bytes(S->cx, p) + (uint64_t)nb * t->slot_bytes + t->nonblock_bytes +
+                               a->peak_dyn;
+                uint64_t need = pt_cost_frag_bytes(o->cost.frag, raw) + o->cost.reserve_bytes + o->cost.headroom_bytes;
+                if (need < best_need) {
+                    best_need = need;
+                    best = (cand){0, s, c, p, nb};
+                }
+            }
+        }
+    }
+    if (best_need == UINT64_MAX) {
+        if (min_host == UINT64_MAX)
+            return fail(err, errlen, PT_ERR_INFEASIBLE,
+                        "no plan exists with the fixed knobs (n_buffer=%d is below the lookahead minimum for every allowed n_persist)",
+                        o->n_buffer);
+        return fail(err, errlen, PT_ERR_INFEASIBLE,
+                    "no plan fits host RAM: the smallest offloaded state needs %llu bytes (%.2f GiB) of pinned host memory, the budget is %llu bytes (%.2f GiB)",
+                    (unsigned long long)min_host, min_host / 1073741824.0, (unsigned long long)S->host_budget,
+                    S->host_budget / 1073741824.0);
+    }
+    plan->min_capacity = best_need;
+    plan->knobs = (pt_knobs){best.p, best.nb, best.s, best.c};
+    full_cost(S, a, modes, &best, &plan->cost);
+    memcpy(plan->modes, modes, (size_t)N);
+    return fail(err, errlen, PT_ERR_INFEASIBLE,
+                "no plan fits the device: capacity %llu bytes minus reserve %llu and headroom %llu leaves %llu; the smallest "
+                "peak (n_persist=%d n_buffer=%d n_swap=%d n_checkpoint=%d) is %llu bytes, so the device needs at least "
+                "%llu bytes (%.2f GiB)",
+                (unsigned long long)plan->capacity, (unsigned long long)o->cost.reserve_bytes,
+                (unsigned long long)o->cost.headroom_bytes, (unsigned long long)S->budget, best.p, best.nb, best.s,
+                best.c, (unsigned long long)plan->cost.peak_bytes, (unsigned long long)best_need,
+                best_need / 1073741824.0);
+}
+
+int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *err, size_t errlen) {
+    double t0 = now_s();
+    pt_plan_free(plan);
+    pt_plan_init(plan);
+    int rc = check_overrides(t, o, err, errlen);
+    if (rc) return rc;
+    search S;
+    memset(&S, 0, sizeof S);
+    S.t = t;
+    S.o = o;
+    rc = pt_cost_ctx_new(t, &S.cx, err, errlen);
+    if (rc) return rc;
+    int32_t N = t->n_block, K = t->n_chunk, I = pt_cost_swap_interval(S.cx), cap = pt_swap_cap(N, I);
+    plan->capacity = o->capacity ? o->capacity : t->hw.device_capacity;
+    S.budget = pt_cost_budget(plan->capacity, &o->cost);
+    S.host_budget = o->host_ram ? o->host_ram : t->hw.host_ram_bytes;
+    S.best_T = INFINITY;
+    S.alt_want = o->n_alt < 0 ? 0 : o->n_alt > PT_PLAN_MAX_ALT ? PT_PLAN_MAX_ALT : o->n_alt;
+    plan->budget = S.budget;
+    plan->host_budget = S.host_budget;
+    plan->opts = o->cost;
+    if (!(plan->opts.frag > 0)) plan->opts.frag = 1.0;
+    plan->n_block = N;
+    plan->n_chunk = K;
+    plan->chunk_size = t->chunk_size;
+    plan->swap_interval = I;
+    plan->swap_cap = cap;
+    plan->world_size = t->key.world_size;
+    memcpy(plan->device, t->key.device, sizeof plan->device);
+    plan->batch = t->key.batch;
+    plan->seq = t->key.seq;
+    plan->fixed = (o->n_persist >= 0 ? PT_KNOB_PERSIST : 0) | (o->n_buffer >= 0 ? PT_KNOB_BUFFER : 0) |
+                  (o->n_swap >= 0 ? PT_KNOB_SWAP : 0) | (o->n_checkpoint >= 0 ? PT_KNOB_CKPT : 0);
+    plan->modes = calloc((size_t)N, 1);
+    uint8_t *modes = malloc((size_t)N);
+    pt_act_profile a;
+    if (!plan->modes || !modes || pt_act_init(S.cx, &a)) {
+        free(modes);
+        pt_cost_ctx_free(S.cx);
+        return fail(err, errlen, PT_ERR_HOST_OOM, "searcher: out of memory");
+    }
+    if (plan->capacity == 0) {
+        rc = fail(err, errlen, PT_ERR_INVALID_ARG, "searcher: device capacity is 0 (set it in the trace or the options)");
+        goto out;
+    }
+
+    int32_t c0, c1, s0, s1, p0, p1;
+    range(o->n_checkpoint, 0, N, &c0, &c1);
+    range(o->n_persist, 0, K, &p0, &p1);
+    for (int32_t c = c0; c <= c1; c++) {
+        range(o->n_swap, 0, N - c < cap ? N - c : cap, &s0, &s1);
+        for (int32_t s = s0; s <= s1 && s + c <= N; s++) {
+            pt_place_blocks(N, s, c, I, modes, NULL, 0);
+            pt_act_compute(S.cx, modes, &a);
+            int32_t p_hi = persist_hi(&S, a.peak_dyn);
+            if (p_hi < p0) continue;   /* nothing fits next to these activations */
+            if (prunable(&S, lower_bound(&S, &a, o->n_persist >= 0 ? o->n_persist : p_hi))) continue;
+            cand pair_best = {INFINITY, s, c, 0, 0};
+            for (int32_t p = p0; p <= p1 && p <= p_hi; p++) {
+                if (o->n_persist < 0 && pt_cost_persist_redundant(S.cx, p)) continue;
+                if (S.host_budget && pt_cost_host_bytes(S.cx, &a, p, o->cost.shard) > S.host_budget) continue;
+                uint64_t raw_fixed = pt_cost_persist_bytes(S.cx, p) + t->nonblock_bytes + a.peak_dyn;
+                int32_t lo = pt_cost_buffer_min(S.cx, p), q = pt_cost_n_offloaded(S.cx, p), nb;
+                if (o->n_buffer >= 0) {
+                    nb = o->n_buffer;
+                    if (nb < lo || nb > K - p || !fits(&S, raw_fixed + (uint64_t)nb * t->slot_bytes)) continue;
+                } else {
+                    nb = buffer_max(&S, raw_fixed, lo, q);
+                    if (nb < 0) continue;
+                }
+                cand cd = {time_of(&S, &a, p, nb), s, c, p, nb};
+                S.n_eval++;
+                add_cand(&S, cd);
+                if (cd.T < pair_best.T) pair_best = cd;
+            }
+            if (pair_best.T < INFINITY) add_alt(&S, pair_best);
+        }
+    }
+    if (S.oom) {
+        rc = fail(err, errlen, PT_ERR_HOST_OOM, "searcher: out of memory keeping candidates");
+        goto out;
+    }
+    if (S.n == 0) {
+        rc = explain_infeasible(&S, &a, modes, plan, err, errlen);
+        goto out;
+    }
+    /* Tie rule over the final band, then the fewest buffers within it. */
+    cand *pick = NULL;
+    for (size_t i = 0; i < S.n; i++) {
+        if (S.list[i].T > TIE * S.best_T) continue;
+        if (!pick || tie_better(&S.list[i], pick)) pick = &S.list[i];
+    }
+    cand ch = *pick;
+    if (o->n_buffer < 0) {
+        pt_place_blocks(N, ch.s, ch.c, I, modes, NULL, 0);
+        pt_act_compute(S.cx, modes, &a);
+        int32_t lo = pt_cost_buffer_min(S.cx, ch.p), hi = ch.nb;   /* time(hi) is within the band */
+        while (lo < hi) {
+            int32_t mid = lo + (hi - lo) / 2;
+            if (time_of(&S, &a, ch.p, mid) <= TIE * S.best_T)
+                hi = mid;
+            else
+                lo = mid + 1;
+            S.n_eval++;
+        }
+        ch.nb = hi;
+    }
+    plan->knobs = (pt_knobs){ch.p, ch.nb, ch.s, ch.c};
+    full_cost(&S, &a, modes, &ch, &plan->cost);
+    memcpy(plan->modes, modes, (size_t)N);
+    for (int i = 0; i < S.n_alt_kept && plan->n_alt < S.alt_want; i++) {
+        if (S.alt[i].s == ch.s && S.alt[i].c == ch.c) continue;
+        pt_plan_alt *al = &plan->alt[plan->n_alt++];
+        al->knobs = (pt_knobs){S.alt[i].p, S.alt[i].nb, S.alt[i].s, S.alt[i].c};
+        full_cost(&S, &a, modes, &S.alt[i], &al->cost);
+    }
+    rc = PT_OK;
+out:
+    plan->n_evaluated = S.n_eval;
+    plan->search_s = now_s() - t0;
+    free(S.list);
+    free(modes);
+    pt_act_free(&a);
+    pt_cost_ctx_free(S.cx);
+    return rc;
+}

@@ -1,0 +1,58 @@
+/*
+ * searcher.h — the four-knob search (PROTRAIN.md section 8).
+ *
+ * Minimise predicted iteration time subject to
+ *   predicted peak <= capacity - reserve - headroom     (cost_model.h)
+ *   host bytes     <= host budget (when one is set)
+ * over n_checkpoint in [0, N], n_swap in [0, min(N - n_checkpoint, ceil(N/I))],
+ * n_persist in [0, N_chunk] (mandatory chunks always persistent), n_buffer in
+ * [lookahead minimum, non-persistent chunk count].
+ *
+ * Pruning, all sound in this cost model:
+ *  - the activation profile depends only on (n_swap, n_checkpoint): computed
+ *    once per pair;
+ *  - for a pair, the peak grows with n_persist at any fixed n_buffer, so once
+ *    persistent states alone no longer fit, larger n_persist cannot fit:
+ *    stop (the lookahead minimum falls with n_persist, so a plan that fails
+ *    only for lack of buffers does NOT stop the scan);
+ *  - time is non-increasing in n_buffer and peak increasing, so per n_persist
+ *    only the largest feasible n_buffer can be fastest; the tie rule's
+ *    "fewest buffers within 1%" is then found by bisection on n_buffer;
+ *  - a pair is skipped when a lower bound on its time (pure compute,
+ *    unavoidable copy traffic for the chunks that cannot be persistent, CPU
+ *    Adam) exceeds both 1.01 x the best time and every kept runner-up.
+ * Ties: among plans within 1% of the fastest, prefer fewer CKPT blocks, then
+ * fewer SWAP blocks, then more persistent chunks, then fewer buffers.
+ *
+ * No feasible plan: the search is repeated with unlimited device capacity
+ * minimising the peak (host budget and fixed knobs still apply) and the error
+ * sentence states the smallest capacity that works; plan->min_capacity holds
+ * it and plan->knobs the plan that achieves it.
+ */
+#ifndef PT_SEARCHER_H
+#define PT_SEARCHER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "plan.h"
+#include "trace.h"
+
+typedef struct pt_search_opts {
+    pt_cost_opts cost;          /* frag, reserve, headroom, clip, shard */
+    uint64_t capacity;          /* device bytes; 0 = trace hw.device_capacity */
+    uint64_t host_ram;          /* host budget; 0 = trace hw.host_ram_bytes (0 there = unlimited) */
+    int32_t n_persist, n_buffer, n_swap, n_checkpoint;   /* >= 0 fixes the knob, -1 searches it */
+    int32_t n_alt;              /* runner-ups to keep, <= PT_PLAN_MAX_ALT */
+} pt_search_opts;
+
+/* Defaults: frag 1.0, no reserve/headroom, no clipping, every knob searched, 3 runner-ups. */
+void pt_search_opts_default(pt_search_opts *o);
+
+/* Returns PT_OK with plan filled; PT_ERR_INFEASIBLE (err states the smallest
+ * capacity, or the host RAM shortfall); PT_ERR_INVALID_ARG (bad trace or an
+ * override out of range, named in err). plan must be pt_plan_init'ed; it is
+ * overwritten. */
+int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *err, size_t errlen);
+
+#endif /* PT_SEARCHER_H */

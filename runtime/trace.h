@@ -1,0 +1,162 @@
+/*
+ * trace.h — the profile trace: everything the planner's cost models need,
+ * measured by the profiler (runtime) or synthesised by protrain-plan.
+ *
+ * The planner (placement, cost_model, searcher, plan) is pure logic over this
+ * struct; it never touches a device. Units: seconds, bytes, elements.
+ *
+ * Block quantities (one pt_trace_block per transformer block, execution order).
+ * "Window" below = the interval between block_pre_*(b) and block_post_*(b).
+ *   fwd_s, bwd_s, recompute_s
+ *       compute time of the block's forward, backward (without recompute) and of
+ *       the recompute forward a CKPT block runs at the start of its backward.
+ *   arena_bytes
+ *       the block's saved activations when its mode is NONE (activation_arena).
+ *   input_bytes
+ *       the block input. The host keeps it OUTSIDE the arena in every mode (it is
+ *       what CKPT recomputes from, and for NONE/SWAP it is simply the previous
+ *       block's output the host holds anyway), so the models count it as an
+ *       always-resident activation: allocated while block b-1 runs (as its
+ *       output; for block 0 while the embedding runs) and freed after block b's
+ *       backward. The last block's output belongs to nonblock_bytes.
+ *   fwd_scratch_bytes
+ *       highest transient bytes during the forward window above
+ *       (bytes at window start + arena_bytes + next block's input_bytes).
+ *       A CKPT block's recompute is charged the same transient.
+ *   bwd_scratch_bytes
+ *       highest transient bytes during the backward window above
+ *       (bytes at window start + arena_bytes + grad_act_bytes).
+ *   grad_act_bytes
+ *       activation-gradient buffers alive during the block's backward: the
+ *       incoming dL/d(output) and the outgoing dL/d(input).
+ *   chunk_lo, chunk_hi
+ *       the chunks [chunk_lo, chunk_hi) holding this block's params (derived
+ *       from the chunks by pt_trace_derive_ranges; -1/-1 = none).
+ *
+ * Chunk quantities (execution order; see PROTRAIN.md 3.1):
+ *   bytes            param bytes in the compute dtype (<= chunk_size unless the
+ *                    chunk holds one oversized tensor).
+ *   elems            param elements; trainable_elems of them have a gradient and
+ *                    optimizer state (frozen ones: params only).
+ *   first_block, last_block
+ *                    blocks using the chunk (-1/-1 for a chunk of non-block
+ *                    params). Over non-mandatory chunks both must be
+ *                    non-decreasing in chunk index (execution-order packing).
+ *   mandatory        holds non-block params (embedding, final norm, head):
+ *                    always persistent, whatever n_persist says.
+ *
+ * Device model-state bytes per element (compute dtype p):
+ *   persistent chunk = elems * param_elem_bytes
+ *                    + trainable_elems * (grad_elem_bytes + master_elem_bytes
+ *                                         + adam_m_elem_bytes + adam_v_elem_bytes)
+ *   master_elem_bytes is 4 when p != fp32 (fp32 master copy), else 0.
+ *   A buffer-pool slot holds one chunk's params and, during backward, its
+ *   gradients: slot_bytes (normally chunk_size * (1 + grad/param size) = 2 S).
+ * Host (pinned) bytes per offloaded element (ARCHITECTURE.md decision 4):
+ *   trainable: param_elem (staged param) + host_grad_elem (fp32 grad, 4)
+ *              + 4 (fp32 master, also when p == fp32: the staged copy is what
+ *              uploads while the master is updated) + m + v
+ *   frozen:    param_elem only.
+ */
+#ifndef PT_TRACE_H
+#define PT_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PT_TRACE_VERSION 1u   /* bump when a field's meaning changes */
+
+/* Per-block activation modes (the plan's mode map). */
+enum { PT_BLOCK_NONE = 0, PT_BLOCK_CKPT = 1, PT_BLOCK_SWAP = 2 };
+
+/* Cache key: a trace is reusable only for the same model, shapes, device, world. */
+typedef struct pt_trace_key {
+    uint64_t arch_hash;       /* pt_trace_arch_hash(description of the architecture) */
+    int64_t batch;            /* micro-batch size */
+    int64_t seq;              /* sequence length */
+    int32_t world_size;       /* data-parallel ranks */
+    uint32_t version;         /* PT_TRACE_VERSION of the producer */
+    char device[64];          /* device name, NUL-terminated */
+} pt_trace_key;
+
+typedef struct pt_trace_block {
+    double fwd_s, bwd_s, recompute_s;
+    uint64_t arena_bytes;
+    uint64_t input_bytes;
+    uint64_t fwd_scratch_bytes;
+    uint64_t bwd_scratch_bytes;
+    uint64_t grad_act_bytes;
+    int32_t chunk_lo, chunk_hi;
+} pt_trace_block;
+
+typedef struct pt_trace_chunk {
+    uint64_t bytes;
+    uint64_t elems;
+    uint64_t trainable_elems;
+    int32_t first_block, last_block;
+    int32_t mandatory;
+    int32_t reserved0;
+} pt_trace_chunk;
+
+/* Measured hardware rates and limits. */
+typedef struct pt_trace_hw {
+    double h2d_Bps;               /* pinned host -> device bytes/s */
+    double d2h_Bps;               /* device -> pinned host bytes/s */
+    double cpu_adam_elems_per_s;  /* CPU AdamW, elements/s (all worker threads) */
+    double dev_adam_elems_per_s;  /* device AdamW, elements/s */
+    double allreduce_Bps;         /* gradient all-reduce bus bytes/s; 0 = not modelled */
+    int32_t copy_engines;         /* 1: H2D and D2H share one engine; 2: one per direction */
+    int32_t reserved0;
+    uint64_t host_ram_bytes;      /* pinned host budget for this rank; 0 = unlimited */
+    uint64_t device_capacity;     /* device bytes the plugin may use */
+} pt_trace_hw;
+
+typedef struct pt_trace {
+    pt_trace_key key;
+    int32_t n_block;
+    int32_t n_chunk;
+    uint64_t chunk_size;          /* S_chunk */
+    pt_trace_block *blocks;       /* [n_block], owned (pt_trace_free) */
+    pt_trace_chunk *chunks;       /* [n_chunk], owned */
+
+    /* Non-block work and memory. head_* includes the loss. */
+    double embed_fwd_s, embed_bwd_s, head_fwd_s, head_bwd_s;
+    uint64_t nonblock_bytes;          /* host allocations alive all iteration:
+                                         tokens, logits, residual/final output */
+    uint64_t nonblock_scratch_bytes;  /* transient peak of embedding/head/loss */
+
+    /* Model-state bytes per element (see the header comment). */
+    uint32_t param_elem_bytes;
+    uint32_t grad_elem_bytes;
+    uint32_t master_elem_bytes;
+    uint32_t adam_m_elem_bytes;
+    uint32_t adam_v_elem_bytes;
+    uint32_t host_grad_elem_bytes;
+    uint64_t slot_bytes;              /* one buffer-pool slot on the device */
+
+    pt_trace_hw hw;
+} pt_trace;
+
+/* ---- helpers (implemented in trace_cache.c) ---- */
+
+/* 64-bit FNV-1a over bytes, and over a NUL-terminated architecture description. */
+uint64_t pt_trace_fnv1a64(const void *data, size_t len);
+uint64_t pt_trace_arch_hash(const char *description);
+
+/* Zero a trace (no allocation). */
+void pt_trace_init(pt_trace *t);
+/* Allocate zeroed blocks/chunks arrays (frees previous ones). 0 or PT_ERR_HOST_OOM. */
+int pt_trace_alloc(pt_trace *t, int32_t n_block, int32_t n_chunk, char *err, size_t errlen);
+void pt_trace_free(pt_trace *t);
+/* Deep copy; dst must be initialised (pt_trace_init) or hold a trace to replace. */
+int pt_trace_copy(pt_trace *dst, const pt_trace *src, char *err, size_t errlen);
+/* Fill every block's chunk_lo/chunk_hi from the chunks' first/last block. */
+void pt_trace_derive_ranges(pt_trace *t);
+/* Check every invariant the models rely on. 0 or PT_ERR_INVALID_ARG with the
+ * first violated one named (field, index, value). */
+int pt_trace_validate(const pt_trace *t, char *err, size_t errlen);
+/* Bytes a persistent chunk keeps on the device / an offloaded chunk keeps on the host. */
+uint64_t pt_trace_chunk_dev_state(const pt_trace *t, const pt_trace_chunk *c);
+uint64_t pt_trace_chunk_host_state(const pt_trace *t, const pt_trace_chunk *c);
+
+#endif /* PT_TRACE_H */
