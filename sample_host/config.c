@@ -1,0 +1,319 @@
+/*
+ * config.c — defaults, [sample_host] INI section (inih) and command-line flags for
+ * sample_host. One table drives both the INI keys and the flags.
+ */
+#include "sh_config.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { T_INT, T_U64, T_FLOAT, T_STR, T_OPTIM, T_PROGRESS };
+
+typedef struct opt {
+    const char *key;   /* INI key in [sample_host]; the flag is --key with '_' -> '-' */
+    int type;
+    size_t off;
+    double lo, hi;     /* accepted range for numbers */
+    unsigned setbit;   /* SH_SET_* for model dims */
+    const char *help;
+} opt;
+
+#define O(f) offsetof(sh_config, f)
+static const opt OPTS[] = {
+    {"vocab", T_INT, O(vocab), 1, 65536, SH_SET_VOCAB, "vocabulary size (256 = bytes)"},
+    {"max_seq", T_INT, O(max_seq), 0, 1 << 20, SH_SET_MAXT, "position table rows (0 = seq)"},
+    {"layers", T_INT, O(layers), 1, 4096, SH_SET_LAYERS, "transformer blocks L"},
+    {"heads", T_INT, O(heads), 1, 4096, SH_SET_HEADS, "attention heads NH"},
+    {"channels", T_INT, O(channels), 1, 65536, SH_SET_CHANNELS, "channels C"},
+    {"batch", T_INT, O(batch), 1, 1 << 20, 0, "micro-batch size B"},
+    {"seq", T_INT, O(seq), 1, 1 << 20, 0, "sequence length T"},
+    {"grad_accum", T_INT, O(grad_accum), 1, 1 << 20, 0, "micro-batches per optimizer step"},
+    {"steps", T_INT, O(steps), 0, 1e9, 0, "optimizer steps"},
+    {"seed", T_U64, O(seed), 0, 0, 0, "seed of init, batches and sampling"},
+    {"optimizer", T_OPTIM, O(optim_from_ini), 0, 0, 0,
+     "adamw (settings below) | ini (plugin's [optimizer] section)"},
+    {"lr", T_FLOAT, O(lr), 0, 10, 0, "peak learning rate"},
+    {"min_lr_frac", T_FLOAT, O(min_lr_frac), 0, 1, 0, "cosine floor as a fraction of lr"},
+    {"warmup", T_INT, O(warmup), 0, 1e9, 0, "linear warmup steps"},
+    {"weight_decay", T_FLOAT, O(weight_decay), 0, 10, 0, "decoupled decay, all params"},
+    {"beta1", T_FLOAT, O(beta1), 0, 0.999999, 0, "AdamW beta1"},
+    {"beta2", T_FLOAT, O(beta2), 0, 0.999999, 0, "AdamW beta2"},
+    {"eps", T_FLOAT, O(eps), 0, 1, 0, "AdamW epsilon"},
+    {"max_grad_norm", T_FLOAT, O(max_grad_norm), 0, 1e30, 0, "global-norm clip (0 = off)"},
+    {"val_every", T_INT, O(val_every), 0, 1e9, 0, "validation loss every N steps (0 = end)"},
+    {"val_batches", T_INT, O(val_batches), 1, 1e6, 0, "batches per validation"},
+    {"gen_every", T_INT, O(gen_every), 0, 1e9, 0, "sample text every N steps (0 = never)"},
+    {"gen_len", T_INT, O(gen_len), 1, 1 << 20, 0, "tokens per sample"},
+    {"temperature", T_FLOAT, O(temperature), 0, 100, 0, "sampling temperature (0 = greedy)"},
+    {"log_every", T_INT, O(log_every), 1, 1e9, 0, "plain-line log period (steps)"},
+    {"data", T_STR, O(data), 0, 0, 0, "text file or llm.c shard (default: repo text)"},
+    {"metrics", T_STR, O(metrics), 0, 0, 0, "JSON-lines metrics file"},
+    {"load", T_STR, O(load), 0, 0, 0, "llm.c checkpoint to start from"},
+    {"save", T_STR, O(save), 0, 0, 0, "llm.c checkpoint written at the end"},
+    {"plugin", T_STR, O(plugin), 0, 0, 0, "plugin path or short name"},
+    {"progress", T_PROGRESS, O(progress), 0, 0, 0, "auto | on | off"},
+};
+#define NOPTS (sizeof OPTS / sizeof OPTS[0])
+
+void sh_config_defaults(sh_config *c) {
+    memset(c, 0, sizeof *c);
+    c->vocab = 256;
+    c->max_seq = 0;
+    c->layers = 4;
+    c->heads = 4;
+    c->channels = 128;
+    c->batch = 8;
+    c->seq = 128;
+    c->grad_accum = 1;
+    c->steps = 300;
+    c->seed = 1337;
+    c->lr = 1e-3f;
+    c->min_lr_frac = 0.1f;
+    c->warmup = 20;
+    c->weight_decay = 0.0f;
+    c->beta1 = 0.9f;
+    c->beta2 = 0.95f;
+    c->eps = 1e-8f;
+    c->max_grad_norm = 1.0f;
+    c->val_every = 50;
+    c->val_batches = 8;
+    c->gen_every = 100;
+    c->gen_len = 64;
+    c->temperature = 0.8f;
+    c->log_every = 10;
+    snprintf(c->plugin, sizeof c->plugin, "protrain");
+    c->progress = -1;
+}
+
+/* Parse value into the field; one sentence into msg on failure. */
+static int set_value(sh_config *c, const opt *o, const char *val, char *msg, size_t ml) {
+    char *end = NULL;
+    void *f = (char *)c + o->off;
+    errno = 0;
+    switch (o->type) {
+    case T_INT: {
+        long v = strtol(val, &end, 10);
+        if (end == val || *end || errno || v < (long)o->lo || v > (long)o->hi) {
+            snprintf(msg, ml, "'%s' = '%s' is not an integer in [%.0f, %.0f]", o->key, val,
+                     o->lo, o->hi);
+            return -1;
+        }
+        *(int *)f = (int)v;
+        return 0;
+    }
+    case T_U64: {
+        unsigned long long v = strtoull(val, &end, 0);
+        if (end == val || *end || errno || val[0] == '-') {
+            snprintf(msg, ml, "'%s' = '%s' is not an unsigned integer", o->key, val);
+            return -1;
+        }
+        *(uint64_t *)f = (uint64_t)v;
+        return 0;
+    }
+    case T_FLOAT: {
+        double v = strtod(val, &end);
+        if (end == val || *end || !isfinite(v) || v < o->lo || v > o->hi) {
+            snprintf(msg, ml, "'%s' = '%s' is not a number in [%g, %g]", o->key, val, o->lo,
+                     o->hi);
+            return -1;
+        }
+        *(float *)f = (float)v;
+        return 0;
+    }
+    case T_STR:
+        if (strlen(val) >= SH_PATH) {
+            snprintf(msg, ml, "'%s' value is longer than %d characters", o->key, SH_PATH - 1);
+            return -1;
+        }
+        snprintf((char *)f, SH_PATH, "%s", val);
+        return 0;
+    case T_OPTIM:
+        if (strcmp(val, "adamw") == 0) *(int *)f = 0;
+        else if (strcmp(val, "ini") == 0) *(int *)f = 1;
+        else {
+            snprintf(msg, ml, "'%s' = '%s' must be adamw or ini", o->key, val);
+            return -1;
+        }
+        return 0;
+    case T_PROGRESS:
+        if (strcmp(val, "auto") == 0) *(int *)f = -1;
+        else if (strcmp(val, "on") == 0) *(int *)f = 1;
+        else if (strcmp(val, "off") == 0) *(int *)f = 0;
+        else {
+            snprintf(msg, ml, "'%s' = '%s' must be auto, on or off", o->key, val);
+            return -1;
+        }
+        return 0;
+    }
+    return -1;
+}
+
+static const opt *find_key(const char *key) {
+    for (size_t i = 0; i < NOPTS; i++)
+        if (strcmp(OPTS[i].key, key) == 0) return &OPTS[i];
+    return NULL;
+}
+
+typedef struct ini_ud {
+    sh_config *c;
+    unsigned char seen[NOPTS];
+    char msg[384];   /* first error (inih reports its line) */
+} ini_ud;
+
+static int on_ini(void *user, const char *section, const char *name, const char *value) {
+    ini_ud *u = user;
+    if (strcmp(section, "sample_host") != 0) return 1; /* the plugin's sections */
+    if (u->msg[0]) return 0;
+    const opt *o = find_key(name);
+    if (!o) {
+        snprintf(u->msg, sizeof u->msg, "unknown key '%s' in [sample_host] (see "
+                 "sample_host/README.md)", name);
+        return 0;
+    }
+    size_t i = (size_t)(o - OPTS);
+    if (u->seen[i]) {
+        snprintf(u->msg, sizeof u->msg, "duplicate key '%s' in [sample_host]", name);
+        return 0;
+    }
+    u->seen[i] = 1;
+    return set_value(u->c, o, value, u->msg, sizeof u->msg) == 0;
+}
+
+int sh_config_load_ini(sh_config *c, const char *path, char *err, size_t errlen) {
+    ini_ud u;
+    memset(&u, 0, sizeof u);
+    u.c = c;
+    int rc = ini_parse(path, on_ini, &u);
+    if (rc == -1) {
+        snprintf(err, errlen, "cannot open config file %s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (rc == -2) {
+        snprintf(err, errlen, "out of memory parsing config file %s", path);
+        return -1;
+    }
+    if (rc > 0) {
+        snprintf(err, errlen, "%s:%d: %s", path, rc,
+                 u.msg[0] ? u.msg : "syntax error (expected 'key = value' or '[section]')");
+        return -1;
+    }
+    return 0;
+}
+
+void sh_config_usage(void) {
+    printf("usage: sample_host [flags]\n"
+           "  --config FILE        INI file: [sample_host] keys below, other sections go to "
+           "the plugin\n"
+           "  --no-plugin          train without the plugin (own AdamW, plain allocations)\n"
+           "  --metrics-no-time    write tok_s as null (bit-comparable metrics files)\n"
+           "  --write-shard OUT    convert --data text (or the default corpus) to an llm.c "
+           "shard and exit\n"
+           "  --quiet              no per-step lines and no samples\n"
+           "  --help\n"
+           "flags mirroring [sample_host] keys (--key VALUE or --key=VALUE):\n");
+    for (size_t i = 0; i < NOPTS; i++) {
+        char flag[64];
+        snprintf(flag, sizeof flag, "--%s", OPTS[i].key);
+        for (char *p = flag + 2; *p; p++)
+            if (*p == '_') *p = '-';
+        printf("  %-20s %s\n", flag, OPTS[i].help);
+    }
+}
+
+/* Match argv[*i] against --name (or --name=VALUE); fetch the value. */
+static int match(const char *arg, const char *name, int argc, char **argv, int *i,
+                 const char **val) {
+    size_t n = strlen(name);
+    if (strncmp(arg, name, n) != 0) return 0;
+    if (arg[n] == '=') {
+        *val = arg + n + 1;
+        return 1;
+    }
+    if (arg[n] != '\0') return 0;
+    if (*i + 1 >= argc) {
+        *val = NULL;
+        return 1;
+    }
+    *val = argv[++*i];
+    return 1;
+}
+
+int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t errlen) {
+    /* pass 1: --help and --config, so the file is read before the other flags apply */
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            sh_config_usage();
+            return 1;
+        }
+        if (match(argv[i], "--config", argc, argv, &i, &v)) {
+            if (!v) {
+                snprintf(err, errlen, "flag --config needs a value");
+                return -1;
+            }
+            snprintf(c->config, sizeof c->config, "%s", v);
+            if (sh_config_load_ini(c, v, err, errlen)) return -1;
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        if (strcmp(a, "--no-plugin") == 0) { c->no_plugin = 1; continue; }
+        if (strcmp(a, "--metrics-no-time") == 0) { c->metrics_no_time = 1; continue; }
+        if (strcmp(a, "--quiet") == 0) { c->quiet = 1; continue; }
+        if (match(a, "--config", argc, argv, &i, &v)) continue;
+        if (match(a, "--write-shard", argc, argv, &i, &v)) {
+            if (!v || strlen(v) >= SH_PATH) {
+                snprintf(err, errlen, "flag --write-shard needs a path value");
+                return -1;
+            }
+            snprintf(c->write_shard, sizeof c->write_shard, "%s", v);
+            continue;
+        }
+        int done = 0;
+        for (size_t k = 0; k < NOPTS && !done; k++) {
+            char flag[64];
+            snprintf(flag, sizeof flag, "--%s", OPTS[k].key);
+            for (char *p = flag + 2; *p; p++)
+                if (*p == '_') *p = '-';
+            if (!match(a, flag, argc, argv, &i, &v)) continue;
+            if (!v) {
+                snprintf(err, errlen, "flag %s needs a value", flag);
+                return -1;
+            }
+            char msg[384];
+            if (set_value(c, &OPTS[k], v, msg, sizeof msg)) {
+                snprintf(err, errlen, "command line: %s", msg);
+                return -1;
+            }
+            c->cli_dims |= OPTS[k].setbit;
+            done = 1;
+        }
+        if (!done) {
+            snprintf(err, errlen, "unknown command-line argument '%s' (try --help)", a);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int sh_config_check(const sh_config *c, char *err, size_t errlen) {
+    int maxT = c->max_seq ? c->max_seq : c->seq;
+    if (c->seq > maxT) {
+        snprintf(err, errlen, "seq (%d) is longer than max_seq (%d)", c->seq, maxT);
+        return -1;
+    }
+    if (c->channels % c->heads != 0) {
+        snprintf(err, errlen, "channels (%d) must be a multiple of heads (%d)", c->channels,
+                 c->heads);
+        return -1;
+    }
+    if ((double)c->batch * c->seq > 1e8) {
+        snprintf(err, errlen, "batch x seq = %.0f tokens is too large", (double)c->batch * c->seq);
+        return -1;
+    }
+    return 0;
+}

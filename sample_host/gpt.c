@@ -1,0 +1,237 @@
+/*
+ * gpt.c — GPT-2 parameter table, init, arena layout, block and head forward/backward.
+ */
+#include "sh_gpt.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sh_layers.h"
+#include "sh_rng.h"
+
+/* Largest dims we accept: keeps every size_t product far from overflow and int
+ * indexing (N*C, N*4C, B*NH*T*T) inside int range where the kernels use int. */
+#define MAX_DIM (1 << 20)
+
+int sh_dims_check(sh_dims *d, char *err, size_t errlen) {
+    if (d->Vp == 0) d->Vp = (d->V + 127) / 128 * 128;
+    const char *bad = NULL;
+    int val = 0;
+    if (d->V < 1 || d->V > 65536) bad = "vocab (1..65536)", val = d->V;
+    else if (d->Vp < d->V || d->Vp > MAX_DIM) bad = "padded vocab (>= vocab)", val = d->Vp;
+    else if (d->maxT < 1 || d->maxT > MAX_DIM) bad = "max_seq (>= 1)", val = d->maxT;
+    else if (d->L < 1 || d->L > 4096) bad = "layers (1..4096)", val = d->L;
+    else if (d->NH < 1 || d->NH > 4096) bad = "heads (1..4096)", val = d->NH;
+    else if (d->C < 1 || d->C > 65536) bad = "channels (1..65536)", val = d->C;
+    else if (d->C % d->NH != 0) bad = "channels (a multiple of heads)", val = d->C;
+    if (bad) {
+        snprintf(err, errlen, "model dimension %s has invalid value %d", bad, val);
+        return -1;
+    }
+    return 0;
+}
+
+size_t sh_param_numel(const pt_param_v1 *p) {
+    size_t n = 1;
+    for (int i = 0; i < p->ndim; i++) n *= (size_t)p->shape[i];
+    return n;
+}
+
+static void set_param(sh_model *m, int i, const char *name, int ndim, int64_t s0, int64_t s1,
+                      int block) {
+    pt_param_v1 *p = &m->params[i];
+    snprintf(m->names[i], sizeof m->names[i], "%s", name);
+    p->name = m->names[i];
+    p->dtype = PT_F32;
+    p->ndim = ndim;
+    p->shape[0] = s0;
+    p->shape[1] = ndim > 1 ? s1 : 0;
+    p->block = block;
+    p->trainable = 1;
+    p->tie = -1;
+}
+
+int sh_model_create(sh_model *m, const sh_dims *din, char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    sh_dims d = *din;
+    if (sh_dims_check(&d, err, errlen)) return -1;
+    m->d = d;
+    int L = d.L, C = d.C;
+    m->n_params = SH_N_PARAMS(L);
+    m->params = calloc((size_t)m->n_params, sizeof *m->params);
+    m->names = calloc((size_t)m->n_params, sizeof *m->names);
+    m->off = calloc((size_t)m->n_params, sizeof *m->off);
+    if (!m->params || !m->names || !m->off) goto oom;
+    set_param(m, SH_P_WTE, "wte", 2, d.Vp, C, -1);
+    set_param(m, SH_P_WPE, "wpe", 2, d.maxT, C, -1);
+    static const char *ln[SH_NLP] = {"ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+                                     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb"};
+    /* (rows, cols) of each per-layer tensor; cols 0 = 1-D */
+    int64_t rows[SH_NLP] = {C, C, 3 * C, 3 * C, C, C, C, C, 4 * C, 4 * C, C, C};
+    int64_t cols[SH_NLP] = {0, 0, C, 0, C, 0, 0, 0, C, 0, 4 * C, 0};
+    for (int l = 0; l < L; l++) {
+        for (int k = 0; k < SH_NLP; k++) {
+            char nm[24];
+            snprintf(nm, sizeof nm, "h%d.%s", l, ln[k]);
+            set_param(m, SH_P_LAYER(l, k), nm, cols[k] ? 2 : 1, rows[k], cols[k], l);
+        }
+    }
+    set_param(m, SH_P_LNFW(L), "lnfw", 1, C, 0, -1);
+    set_param(m, SH_P_LNFB(L), "lnfb", 1, C, 0, -1);
+    set_param(m, SH_P_HEAD(L), "lm_head", 2, d.Vp, C, -1);
+    m->params[SH_P_HEAD(L)].tie = SH_P_WTE;
+    size_t off = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        if (m->params[i].tie >= 0) {
+            m->off[i] = m->off[m->params[i].tie];
+            continue;
+        }
+        m->off[i] = off;
+        off += sh_param_numel(&m->params[i]);
+    }
+    m->n_floats = off;
+    m->init = calloc(off, sizeof(float));
+    if (!m->init) goto oom;
+    for (int i = 0; i < m->n_params; i++)
+        m->params[i].init = m->params[i].tie >= 0 ? NULL : m->init + m->off[i];
+    return 0;
+oom:
+    snprintf(err, errlen, "out of host memory building the parameter table (%zu params)",
+             (size_t)m->n_params);
+    sh_model_destroy(m);
+    return -1;
+}
+
+void sh_model_destroy(sh_model *m) {
+    free(m->params);
+    free(m->names);
+    free(m->off);
+    free(m->init);
+    memset(m, 0, sizeof *m);
+}
+
+void sh_model_init_random(sh_model *m, uint64_t seed) {
+    sh_rng r;
+    sh_rng_seed(&r, seed, SH_STREAM_INIT);
+    int L = m->d.L;
+    float std_res = 0.02f / sqrtf(2.0f * (float)L);
+    for (int i = 0; i < m->n_params; i++) {
+        pt_param_v1 *p = &m->params[i];
+        if (p->tie >= 0) continue;
+        float *x = m->init + m->off[i];
+        size_t n = sh_param_numel(p);
+        int k = (i >= 2 && i < SH_P_LNFW(L)) ? (i - 2) % SH_NLP : -1;
+        int is_ln_w = k == SH_LN1W || k == SH_LN2W || i == SH_P_LNFW(L);
+        if (is_ln_w) {
+            for (size_t j = 0; j < n; j++) x[j] = 1.0f;
+        } else if (p->ndim == 1) {
+            memset(x, 0, n * sizeof(float)); /* biases, LayerNorm shifts */
+        } else {
+            float std = (k == SH_ATTPROJW || k == SH_FCPROJW) ? std_res : 0.02f;
+            size_t live = n;
+            if (i == SH_P_WTE) live = (size_t)m->d.V * (size_t)m->d.C; /* padded rows 0 */
+            for (size_t j = 0; j < live; j++) x[j] = std * (float)sh_rng_normal(&r);
+            for (size_t j = live; j < n; j++) x[j] = 0.0f;
+        }
+    }
+}
+
+static size_t al16(size_t x) { return (x + 15) & ~(size_t)15; }
+
+void sh_arena_layout_make(sh_arena_layout *a, const sh_dims *d, int B, int T) {
+    size_t N = (size_t)B * T, C = (size_t)d->C, o = 0;
+    /* each slot starts on a 64-byte boundary (16 floats) */
+    a->ln1 = o;      o = al16(o + N * C);
+    a->ln1_mean = o; o = al16(o + N);
+    a->ln1_rstd = o; o = al16(o + N);
+    a->qkv = o;      o = al16(o + N * 3 * C);
+    a->atty = o;     o = al16(o + N * C);
+    a->att = o;      o = al16(o + (size_t)B * d->NH * T * T);
+    a->res2 = o;     o = al16(o + N * C);
+    a->ln2 = o;      o = al16(o + N * C);
+    a->ln2_mean = o; o = al16(o + N);
+    a->ln2_rstd = o; o = al16(o + N);
+    a->fch = o;      o = al16(o + N * 4 * C);
+    a->fch_gelu = o; o = al16(o + N * 4 * C);
+    a->total = o;
+}
+
+#define PD(l, k) ((const float *)m->params[SH_P_LAYER(l, k)].data)
+#define PG(l, k) ((float *)m->params[SH_P_LAYER(l, k)].grad)
+
+void sh_block_fwd(const sh_model *m, int l, float *arena, const float *x, float *out,
+                  int B, int T) {
+    sh_arena_layout a;
+    sh_arena_layout_make(&a, &m->d, B, T);
+    int N = B * T, C = m->d.C, NH = m->d.NH;
+    float *A = arena;
+    sh_layernorm_fwd(A + a.ln1, A + a.ln1_mean, A + a.ln1_rstd, x, PD(l, SH_LN1W),
+                     PD(l, SH_LN1B), N, C);
+    sh_matmul_fwd(A + a.qkv, A + a.ln1, PD(l, SH_QKVW), PD(l, SH_QKVB), N, C, 3 * C);
+    sh_attention_fwd(A + a.atty, A + a.att, A + a.qkv, B, T, C, NH);
+    /* res2 = (atty * attprojw^T + attprojb) + x */
+    sh_matmul_fwd(A + a.res2, A + a.atty, PD(l, SH_ATTPROJW), PD(l, SH_ATTPROJB), N, C, C);
+    sh_add_inplace(A + a.res2, x, (size_t)N * C);
+    sh_layernorm_fwd(A + a.ln2, A + a.ln2_mean, A + a.ln2_rstd, A + a.res2, PD(l, SH_LN2W),
+                     PD(l, SH_LN2B), N, C);
+    sh_matmul_fwd(A + a.fch, A + a.ln2, PD(l, SH_FCW), PD(l, SH_FCB), N, C, 4 * C);
+    sh_gelu_fwd(A + a.fch_gelu, A + a.fch, (size_t)N * 4 * C);
+    /* out = (fch_gelu * fcprojw^T + fcprojb) + res2 */
+    sh_matmul_fwd(out, A + a.fch_gelu, PD(l, SH_FCPROJW), PD(l, SH_FCPROJB), N, 4 * C, C);
+    sh_add_inplace(out, A + a.res2, (size_t)N * C);
+}
+
+void sh_block_bwd(const sh_model *m, int l, const float *arena, const float *x, float *dres,
+                  const sh_scratch *s, int B, int T) {
+    sh_arena_layout a;
+    sh_arena_layout_make(&a, &m->d, B, T);
+    int N = B * T, C = m->d.C, NH = m->d.NH;
+    const float *A = arena;
+    /* out = res2 + fcproj(gelu(fc(ln2(res2)))): dres flows to res2 unchanged plus the MLP
+     * branch. dbig (N,4C) holds d fch_gelu, then d fch in place. */
+    sh_matmul_bwd(s->dbig, PG(l, SH_FCPROJW), PG(l, SH_FCPROJB), dres, A + a.fch_gelu,
+                  PD(l, SH_FCPROJW), N, 4 * C, C);
+    sh_gelu_bwd(s->dbig, A + a.fch, s->dbig, (size_t)N * 4 * C);
+    sh_matmul_bwd(s->dsmall, PG(l, SH_FCW), PG(l, SH_FCB), s->dbig, A + a.ln2, PD(l, SH_FCW),
+                  N, C, 4 * C);
+    sh_layernorm_bwd(dres, PG(l, SH_LN2W), PG(l, SH_LN2B), s->dsmall, A + a.res2,
+                     PD(l, SH_LN2W), A + a.ln2_mean, A + a.ln2_rstd, N, C);
+    /* dres is now dL/d res2; res2 = x + attproj(attn(qkv(ln1(x)))). */
+    sh_matmul_bwd(s->dsmall, PG(l, SH_ATTPROJW), PG(l, SH_ATTPROJB), dres, A + a.atty,
+                  PD(l, SH_ATTPROJW), N, C, C);
+    /* dqkv (N,3C) reuses dbig (N,4C), which is free again */
+    sh_attention_bwd(s->dbig, s->datt, s->nslots, s->dsmall, A + a.qkv, A + a.att, B, T, C, NH);
+    sh_matmul_bwd(s->dsmall, PG(l, SH_QKVW), PG(l, SH_QKVB), s->dbig, A + a.ln1, PD(l, SH_QKVW),
+                  N, C, 3 * C);
+    sh_layernorm_bwd(dres, PG(l, SH_LN1W), PG(l, SH_LN1B), s->dsmall, x, PD(l, SH_LN1W),
+                     A + a.ln1_mean, A + a.ln1_rstd, N, C);
+}
+
+double sh_head_fwd(const sh_model *m, const sh_head_acts *a, const float *xL,
+                   const int32_t *targets, int B, int T) {
+    int N = B * T, C = m->d.C, L = m->d.L;
+    sh_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL,
+                     (const float *)m->params[SH_P_LNFW(L)].data,
+                     (const float *)m->params[SH_P_LNFB(L)].data, N, C);
+    /* logits (N,Vp) = lnf * lm_head^T; lm_head is tied to wte (Vp,C) */
+    sh_matmul_fwd(a->logits, a->lnf, (const float *)m->params[SH_P_HEAD(L)].data, NULL, N, C,
+                  m->d.Vp);
+    if (!targets) return 0.0;
+    return sh_crossentropy_fwd(a->logits, a->losses, targets, N, m->d.V, m->d.Vp);
+}
+
+void sh_head_bwd(const sh_model *m, const sh_head_acts *a, const float *xL,
+                 const int32_t *targets, float dloss, float *dres, float *dsmall, int B, int T) {
+    int N = B * T, C = m->d.C, L = m->d.L;
+    sh_crossentropy_bwd(a->logits, a->logits, targets, dloss, N, m->d.V, m->d.Vp);
+    /* dlnf (N,C) = dlogits * W;  dW(Vp,C) += dlogits^T * lnf  (into the tied grad) */
+    const pt_param_v1 *h = &m->params[SH_P_HEAD(L)];
+    sh_matmul_bwd(dsmall, (float *)h->grad, NULL, a->logits, a->lnf, (const float *)h->data, N,
+                  C, m->d.Vp);
+    memset(dres, 0, sizeof(float) * (size_t)N * C);
+    sh_layernorm_bwd(dres, (float *)m->params[SH_P_LNFW(L)].grad,
+                     (float *)m->params[SH_P_LNFB(L)].grad, dsmall, xL,
+                     (const float *)m->params[SH_P_LNFW(L)].data, a->lnf_mean, a->lnf_rstd, N, C);
+}

@@ -1,0 +1,350 @@
+/*
+ * run.c — the sample_host program around the trainer: data, plugin loading, the
+ * warmup + cosine schedule, validation, samples, metrics (JSON lines), a progress bar
+ * on a terminal (plain lines otherwise), the final summary and checkpoint save.
+ */
+#include "sh_run.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "protrain.h"
+#include "sh_ckpt.h"
+#include "sh_data.h"
+#include "sh_train.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* lr(step), step 1-based: linear warmup to lr over `warmup` steps, then cosine from lr
+ * to lr*min_lr_frac at the last step. */
+static float lr_at(const sh_config *c, int step) {
+    double lr = c->lr, mn = lr * c->min_lr_frac;
+    if (c->warmup > 0 && step <= c->warmup) return (float)(lr * step / c->warmup);
+    int decay = c->steps - c->warmup;
+    if (decay <= 0) return (float)lr;
+    double prog = (double)(step - c->warmup) / decay;
+    return (float)(mn + 0.5 * (1.0 + cos(M_PI * prog)) * (lr - mn));
+}
+
+static const char *human(double bytes, char *buf, size_t n) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (bytes >= 1024.0 && i < 4) {
+        bytes /= 1024.0;
+        i++;
+    }
+    snprintf(buf, n, i ? "%.1f %s" : "%.0f %s", bytes, u[i]);
+    return buf;
+}
+
+static void print_sample(const uint16_t *s, int n, int V) {
+    for (int i = 0; i < n; i++) {
+        if (V <= 256) {
+            int c = s[i];
+            putchar((c >= 32 && c < 127) || c == '\n' || c == '\t' ? c : '.');
+        } else {
+            printf("%s%u", i ? " " : "", (unsigned)s[i]);
+        }
+    }
+    putchar('\n');
+}
+
+typedef struct runstate {
+    const sh_config *c;
+    sh_trainer *tr;
+    sh_tokens all, train, val;
+    pt_loaded_plugin lp;
+    int have_plugin;
+    FILE *metrics;
+    int bar;
+    double train_time;
+    long long train_tokens;
+    double last_loss, last_val;
+} runstate;
+
+static int load_data(runstate *rs, char *err, size_t errlen) {
+    const sh_config *c = rs->c;
+    if (c->data[0]) return sh_load_data(c->data, &rs->all, err, errlen);
+    char root[4096];
+    if (sh_find_repo_root(root, sizeof root)) {
+        snprintf(err, errlen, "no --data given and the repository root (a folder with "
+                 "host_api/protrain.h) was not found from $PT_ROOT, the current folder or "
+                 "the executable's folder");
+        return -1;
+    }
+    return sh_default_corpus(root, &rs->all, err, errlen);
+}
+
+/* Model dims from the config, or from the checkpoint header with --load (dims given
+ * on the command line must then agree with the file). */
+static int resolve_dims(const sh_config *c, sh_dims *d, char *err, size_t errlen) {
+    d->V = c->vocab;
+    d->Vp = 0;
+    d->maxT = c->max_seq ? c->max_seq : c->seq;
+    d->L = c->layers;
+    d->NH = c->heads;
+    d->C = c->channels;
+    if (!c->load[0]) return sh_dims_check(d, err, errlen);
+    sh_dims f;
+    if (sh_ckpt_read_header(c->load, &f, err, errlen)) return -1;
+    struct { unsigned bit; const char *flag, *field; int cli, file; } chk[] = {
+        {SH_SET_VOCAB, "--vocab", "vocab_size", c->vocab, f.V},
+        {SH_SET_MAXT, "--max-seq", "max_seq_len", c->max_seq, f.maxT},
+        {SH_SET_LAYERS, "--layers", "num_layers", c->layers, f.L},
+        {SH_SET_HEADS, "--heads", "num_heads", c->heads, f.NH},
+        {SH_SET_CHANNELS, "--channels", "channels", c->channels, f.C},
+    };
+    for (size_t i = 0; i < sizeof chk / sizeof chk[0]; i++) {
+        if ((c->cli_dims & chk[i].bit) && chk[i].cli != chk[i].file) {
+            snprintf(err, errlen, "mismatched shape: %s %d but checkpoint %s has %s = %d",
+                     chk[i].flag, chk[i].cli, c->load, chk[i].field, chk[i].file);
+            return -1;
+        }
+    }
+    *d = f;
+    return 0;
+}
+
+static void plugin_log(void *user, int32_t level, const char *msg) {
+    runstate *rs = user;
+    if (level > PT_LOG_INFO || (rs->c->quiet && level > PT_LOG_WARN)) return;
+    static const char *nm[] = {"error", "warn", "info"};
+    fprintf(stderr, "%sprotrain %s: %s\n", rs->bar ? "\r\033[K" : "",
+            nm[level >= 0 && level <= 2 ? level : 2], msg ? msg : "");
+}
+
+static void show_step(runstate *rs, int step, double loss, float lr, double tok_s,
+                      double avg_step, int have_st, const pt_stats_v1 *st) {
+    const sh_config *c = rs->c;
+    char mem[128] = "", a[32], b[32], d[32];
+    if (have_st)
+        snprintf(mem, sizeof mem, " | dev %s / %s / %s", human((double)st->dev_current, a, 32),
+                 human((double)st->dev_peak, b, 32), human((double)st->dev_capacity, d, 32));
+    if (rs->bar) {
+        int w = 24, fill = c->steps ? (int)((long long)w * step / c->steps) : w;
+        char barbuf[32];
+        for (int i = 0; i < w; i++) barbuf[i] = i < fill ? '=' : (i == fill ? '>' : ' ');
+        barbuf[w] = '\0';
+        double eta = avg_step * (c->steps - step);
+        printf("\r\033[Kstep %d/%d [%s] loss %.4f | %.0f tok/s%s | ETA %dm%02ds", step, c->steps,
+               barbuf, loss, tok_s, mem, (int)(eta / 60), (int)fmod(eta, 60.0));
+        fflush(stdout);
+    } else if (step == 1 || step == c->steps || step % c->log_every == 0) {
+        printf("step %d/%d loss %.4f lr %.3e %.0f tok/s%s\n", step, c->steps, loss, lr, tok_s,
+               mem);
+        fflush(stdout);
+    }
+}
+
+static void write_metrics(runstate *rs, int step, double loss, float lr, double tok_s,
+                          int have_st, const pt_stats_v1 *st) {
+    if (!rs->metrics) return;
+    FILE *f = rs->metrics;
+    fprintf(f, "{\"step\":%d,\"loss\":", step);
+    if (isfinite(loss)) fprintf(f, "%.17g", loss);
+    else fprintf(f, "null");
+    fprintf(f, ",\"lr\":%.9g,\"tok_s\":", lr);
+    if (rs->c->metrics_no_time) fprintf(f, "null");
+    else fprintf(f, "%.1f", tok_s);
+    if (have_st)
+        fprintf(f, ",\"dev_peak\":%llu,\"dev_capacity\":%llu}\n",
+                (unsigned long long)st->dev_peak, (unsigned long long)st->dev_capacity);
+    else
+        fprintf(f, ",\"dev_peak\":null,\"dev_capacity\":null}\n");
+}
+
+static int evaluate(runstate *rs, int step) {
+    if (sh_trainer_eval(rs->tr, step, rs->c->val_batches, &rs->last_val)) return -1;
+    if (!rs->c->quiet)
+        printf("%sstep %d val loss %.4f\n", rs->bar ? "\r\033[K" : "", step, rs->last_val);
+    return 0;
+}
+
+static int sample(runstate *rs, int step, sh_rng *gen_rng) {
+    const sh_config *c = rs->c;
+    int np = rs->val.n < 8 ? (int)rs->val.n : 8;
+    int total = np + c->gen_len;
+    uint16_t *s = malloc((size_t)total * sizeof *s);
+    if (!s) return -1;
+    memcpy(s, rs->val.tok, (size_t)np * sizeof *s);
+    int rc = sh_trainer_generate(rs->tr, step, s, np, total, c->temperature, gen_rng);
+    if (!rc && !c->quiet) {
+        printf("%s--- sample at step %d (%s) ---\n", rs->bar ? "\r\033[K" : "", step,
+               c->temperature > 0.0f ? "sampled" : "greedy");
+        print_sample(s, total, sh_trainer_model(rs->tr)->d.V);
+        printf("---\n");
+    }
+    free(s);
+    return rc;
+}
+
+static int train_loop(runstate *rs, char *err, size_t errlen) {
+    const sh_config *c = rs->c;
+    sh_rng gen_rng;
+    sh_rng_seed(&gen_rng, c->seed, SH_STREAM_GEN);
+    long long tok_per_step = (long long)c->batch * c->seq * c->grad_accum;
+    pt_stats_v1 st;
+    memset(&st, 0, sizeof st);
+    for (int step = 1; step <= c->steps; step++) {
+        float lr = lr_at(c, step);
+        double t0 = now_s(), loss = 0.0;
+        if (sh_trainer_step(rs->tr, step, lr, &loss)) goto fail;
+        double dt = now_s() - t0;
+        rs->train_time += dt;
+        rs->train_tokens += tok_per_step;
+        rs->last_loss = loss;
+        int have_st = sh_trainer_stats(rs->tr, &st) == 0;
+        double tok_s = dt > 0 ? (double)tok_per_step / dt : 0.0;
+        write_metrics(rs, step, loss, lr, tok_s, have_st, &st);
+        if (!c->quiet) show_step(rs, step, loss, lr, tok_s, rs->train_time / step, have_st, &st);
+        if ((c->val_every > 0 && step % c->val_every == 0) || step == c->steps)
+            if (evaluate(rs, step)) goto fail;
+        if (c->gen_every > 0 && (step % c->gen_every == 0 || step == c->steps))
+            if (sample(rs, step, &gen_rng)) goto fail;
+    }
+    if (c->steps == 0 && evaluate(rs, 0)) goto fail;
+    return 0;
+fail:
+    snprintf(err, errlen, "%s", sh_trainer_error(rs->tr));
+    return -1;
+}
+
+static void summary(runstate *rs) {
+    const sh_config *c = rs->c;
+    const sh_model *m = sh_trainer_model(rs->tr);
+    pt_stats_v1 st;
+    char a[32], b[32];
+    printf("%s=== summary ===\n", rs->bar ? "\r\033[K\n" : "");
+    printf("steps %d | final train loss %.4f | final val loss %.4f\n", c->steps,
+           c->steps ? rs->last_loss : NAN, rs->last_val);
+    printf("tokens/s %.0f (%lld tokens in %.1f s of training)\n",
+           rs->train_time > 0 ? (double)rs->train_tokens / rs->train_time : 0.0,
+           rs->train_tokens, rs->train_time);
+    printf("model %.2fM params (L=%d C=%d NH=%d V=%d)\n", (double)m->n_floats / 1e6, m->d.L,
+           m->d.C, m->d.NH, m->d.V);
+    if (sh_trainer_stats(rs->tr, &st) == 0)
+        printf("device peak %s of %s capacity (%.1f%%)\n", human((double)st.dev_peak, a, 32),
+               human((double)st.dev_capacity, b, 32),
+               st.dev_capacity ? 100.0 * (double)st.dev_peak / (double)st.dev_capacity : 0.0);
+    else
+        printf("device peak n/a (no plugin)\n");
+}
+
+static int save_ckpt(runstate *rs, char *err, size_t errlen) {
+    const sh_model *m = sh_trainer_model(rs->tr);
+    float *flat = malloc(m->n_floats * sizeof(float));
+    if (!flat) {
+        snprintf(err, errlen, "out of host memory for the checkpoint (%zu floats)", m->n_floats);
+        return -1;
+    }
+    int rc = sh_trainer_snapshot(rs->tr, flat);
+    if (rc) snprintf(err, errlen, "%s", sh_trainer_error(rs->tr));
+    else rc = sh_ckpt_save(rs->c->save, m, flat, err, errlen);
+    free(flat);
+    if (!rc && !rs->c->quiet) printf("saved checkpoint %s\n", rs->c->save);
+    return rc;
+}
+
+int sh_run(const sh_config *c, char *err, size_t errlen) {
+    runstate rs;
+    memset(&rs, 0, sizeof rs);
+    rs.c = c;
+    rs.last_val = NAN;
+    rs.last_loss = NAN;
+    if (sh_config_check(c, err, errlen)) return -1;
+    int rc = load_data(&rs, err, errlen);
+    if (!rc && c->write_shard[0]) {
+        rc = sh_write_shard(c->write_shard, rs.all.tok, rs.all.n, err, errlen);
+        if (!rc && !c->quiet) printf("wrote %zu tokens to %s\n", rs.all.n, c->write_shard);
+        sh_tokens_free(&rs.all);
+        return rc;
+    }
+    sh_dims d;
+    if (!rc) rc = resolve_dims(c, &d, err, errlen);
+    if (!rc) sh_split(&rs.all, &rs.train, &rs.val);
+    if (!rc && !c->no_plugin) {
+        if (pt_load_plugin(c->plugin, &rs.lp, err, errlen)) rc = -1;
+        else rs.have_plugin = rs.lp.table != NULL;
+    }
+    rs.bar = !c->quiet && (c->progress == 1 || (c->progress == -1 && isatty(STDOUT_FILENO)));
+    if (!rc && c->metrics[0] && !(rs.metrics = fopen(c->metrics, "w"))) {
+        snprintf(err, errlen, "cannot create metrics file %s", c->metrics);
+        rc = -1;
+    }
+    if (!rc) {
+        sh_train_opts o;
+        memset(&o, 0, sizeof o);
+        o.dims = d;
+        o.B = c->batch;
+        o.T = c->seq;
+        o.n_micro = c->grad_accum;
+        o.seed = c->seed;
+        o.optim_from_ini = c->optim_from_ini;
+        o.lr = c->lr;
+        o.beta1 = c->beta1;
+        o.beta2 = c->beta2;
+        o.eps = c->eps;
+        o.weight_decay = c->weight_decay;
+        o.max_grad_norm = c->max_grad_norm;
+        o.tbl = rs.have_plugin ? rs.lp.table : NULL;
+        o.ini_path = c->config[0] ? c->config : NULL;
+        o.load_path = c->load[0] ? c->load : NULL;
+        o.train = &rs.train;
+        o.val = &rs.val;
+        o.log = plugin_log;
+        o.log_user = &rs;
+        if (!c->quiet)
+            printf("sample_host: L=%d C=%d NH=%d V=%d (Vp=%d) maxT=%d | batch %dx%d x%d | "
+                   "%zu train / %zu val tokens | plugin %s\n", d.L, d.C, d.NH, d.V,
+                   d.Vp ? d.Vp : (d.V + 127) / 128 * 128, d.maxT, c->batch, c->seq,
+                   c->grad_accum, rs.train.n, rs.val.n, rs.have_plugin ? rs.lp.path : "none");
+        if (c->optim_from_ini && !rs.have_plugin) {
+            snprintf(err, errlen, "optimizer = ini needs the plugin (its [optimizer] section)");
+            rc = -1;
+        } else {
+            rc = sh_trainer_create(&rs.tr, &o, err, errlen);
+        }
+    }
+    if (!rc) rc = train_loop(&rs, err, errlen);
+    if (!rc && !c->quiet) summary(&rs);
+    if (!rc && c->save[0]) rc = save_ckpt(&rs, err, errlen);
+    if (rs.metrics && fclose(rs.metrics) != 0 && !rc) {
+        snprintf(err, errlen, "error writing metrics file %s", c->metrics);
+        rc = -1;
+    }
+    if (rs.tr) {
+        const char *le = NULL;
+        int fs = sh_trainer_destroy(rs.tr);
+        if (fs != 0 && !rc) {
+            le = rs.lp.table ? rs.lp.table->last_error(NULL) : "";
+            snprintf(err, errlen, "plugin finalize failed with status %d: %s", fs, le ? le : "");
+            rc = -1;
+        }
+    }
+    if (rs.have_plugin || rs.lp.dl) pt_unload_plugin(&rs.lp);
+    sh_tokens_free(&rs.all);
+    return rc;
+}
+
+int sh_main(int argc, char **argv) {
+    sh_config c;
+    char err[1024] = "";
+    sh_config_defaults(&c);
+    int rc = sh_config_from_args(&c, argc, argv, err, sizeof err);
+    if (rc == 1) return 0;
+    if (rc == 0) rc = sh_run(&c, err, sizeof err);
+    if (rc) {
+        fflush(stdout);
+        fprintf(stderr, "sample_host: error: %s\n", err);
+        return 1;
+    }
+    return 0;
+}

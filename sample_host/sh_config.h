@@ -1,0 +1,54 @@
+/*
+ * sh_config.h — sample_host settings: built-in defaults, the [sample_host] section of
+ * the INI file (other sections belong to the plugin and are ignored here), then
+ * command-line flags, in that order of precedence (CLI wins).
+ */
+#ifndef SH_CONFIG_H
+#define SH_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SH_PATH 512
+
+/* Bits of sh_config.cli_dims: model dims given on the command line (checked against
+ * a --load checkpoint instead of being replaced by it). */
+enum { SH_SET_VOCAB = 1, SH_SET_MAXT = 2, SH_SET_LAYERS = 4, SH_SET_HEADS = 8,
+       SH_SET_CHANNELS = 16 };
+
+typedef struct sh_config {
+    /* model */
+    int vocab, max_seq, layers, heads, channels;
+    /* batch: micro-batch B x T, grad_accum micro-batches per optimizer step */
+    int batch, seq, grad_accum;
+    int steps;
+    uint64_t seed;
+    /* optimizer and schedule */
+    int optim_from_ini;  /* 1: let the plugin's [optimizer] section decide (plugin only) */
+    float lr, min_lr_frac, weight_decay, beta1, beta2, eps, max_grad_norm;
+    int warmup;
+    /* evaluation */
+    int val_every, val_batches, gen_every, gen_len;
+    float temperature;   /* <= 0: greedy */
+    int log_every;
+    /* I/O */
+    char config[SH_PATH], plugin[SH_PATH], data[SH_PATH], metrics[SH_PATH];
+    char load[SH_PATH], save[SH_PATH], write_shard[SH_PATH];
+    int no_plugin, metrics_no_time;
+    int progress;        /* -1 auto (TTY), 0 plain lines, 1 bar */
+    int quiet;           /* no per-step output and no samples (tests) */
+    unsigned cli_dims;   /* SH_SET_* bits */
+} sh_config;
+
+void sh_config_defaults(sh_config *c);
+/* Read [sample_host] from path. Unknown key, bad value or duplicate -> error naming
+ * path:line and the key. */
+int sh_config_load_ini(sh_config *c, const char *path, char *err, size_t errlen);
+/* Apply command-line flags (argv[1..]); --config is read first, then the other flags
+ * override it. Returns 0, or 1 when --help was printed, or -1 with err. */
+int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t errlen);
+/* Cross-field checks (positive sizes, ranges). */
+int sh_config_check(const sh_config *c, char *err, size_t errlen);
+void sh_config_usage(void);
+
+#endif /* SH_CONFIG_H */

@@ -1,0 +1,103 @@
+/*
+ * sh_gpt.h — the GPT-2 model of sample_host: parameter table (pt_param_v1, in the
+ * order the plugin sees), initialisation, activation-arena layout and the per-block
+ * forward/backward. The model never owns parameter storage: every kernel reads
+ * params[i].data / params[i].grad at the moment of use (protrain.h contract 2).
+ */
+#ifndef SH_GPT_H
+#define SH_GPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "protrain.h"
+
+typedef struct sh_dims {
+    int V;     /* vocabulary (loss/softmax range) */
+    int Vp;    /* padded vocabulary: rows of wte, columns of the logits */
+    int maxT;  /* rows of wpe */
+    int L;     /* transformer blocks */
+    int NH;    /* attention heads */
+    int C;     /* channels */
+} sh_dims;
+
+/* Per-layer parameter slots, in declaration order inside a block. */
+enum {
+    SH_LN1W, SH_LN1B, SH_QKVW, SH_QKVB, SH_ATTPROJW, SH_ATTPROJB,
+    SH_LN2W, SH_LN2B, SH_FCW, SH_FCB, SH_FCPROJW, SH_FCPROJB, SH_NLP
+};
+#define SH_P_WTE 0
+#define SH_P_WPE 1
+#define SH_P_LAYER(l, k) (2 + SH_NLP * (l) + (k))
+#define SH_P_LNFW(L) (2 + SH_NLP * (L))
+#define SH_P_LNFB(L) (3 + SH_NLP * (L))
+#define SH_P_HEAD(L) (4 + SH_NLP * (L))
+#define SH_N_PARAMS(L) (5 + SH_NLP * (L))
+
+typedef struct sh_model {
+    sh_dims d;
+    int n_params;
+    pt_param_v1 *params;   /* (n_params) descriptors handed to the plugin */
+    char (*names)[24];     /* storage for params[i].name */
+    size_t *off;           /* (n_params) float offset of param i in the flat layout;
+                              the tied head has its target's offset */
+    size_t n_floats;       /* total floats of all untied params (flat layout size) */
+    float *init;           /* (n_floats) host initial values, NULL once handed over */
+} sh_model;
+
+/* Validate dims (one sentence into err on failure) and round Vp up to 128 if 0. */
+int sh_dims_check(sh_dims *d, char *err, size_t errlen);
+/* Build the descriptor table and a zeroed init buffer. data/grad stay NULL. */
+int sh_model_create(sh_model *m, const sh_dims *d, char *err, size_t errlen);
+void sh_model_destroy(sh_model *m);
+/* GPT-2 init into m->init: N(0, 0.02) weights and embeddings, residual projections
+ * (attprojw, fcprojw) N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1, padded
+ * wte rows 0. Deterministic in seed. */
+void sh_model_init_random(sh_model *m, uint64_t seed);
+size_t sh_param_numel(const pt_param_v1 *p);
+
+/* Float offsets of the saved activations of one block inside its arena (N = B*T). */
+typedef struct sh_arena_layout {
+    size_t ln1, ln1_mean, ln1_rstd; /* (N,C) (N) (N) */
+    size_t qkv;                     /* (N,3C) */
+    size_t atty;                    /* (N,C) attention output before the projection */
+    size_t att;                     /* (B,NH,T,T) softmax probabilities */
+    size_t res2;                    /* (N,C) x + attproj: residual after attention */
+    size_t ln2, ln2_mean, ln2_rstd; /* (N,C) (N) (N) */
+    size_t fch, fch_gelu;           /* (N,4C) (N,4C) */
+    size_t total;                   /* floats in the arena */
+} sh_arena_layout;
+void sh_arena_layout_make(sh_arena_layout *lay, const sh_dims *d, int B, int T);
+
+/* Backward scratch of one block (floats): dbig (N,4C), dsmall (N,C), and datt of
+ * nslots (T,T) attention slots (see sh_attention_bwd). */
+typedef struct sh_scratch {
+    float *dbig, *dsmall, *datt;
+    int nslots;
+} sh_scratch;
+
+/* Block l forward: x (N,C) -> arena, out (N,C) = block(x). out may not alias x. */
+void sh_block_fwd(const sh_model *m, int l, float *arena, const float *x, float *out,
+                  int B, int T);
+/* Block l backward: dres (N,C) holds dL/d out on entry and dL/d x on return;
+ * parameter gradients accumulate (+=). */
+void sh_block_bwd(const sh_model *m, int l, const float *arena, const float *x, float *dres,
+                  const sh_scratch *s, int B, int T);
+
+/* Non-block activations: final LayerNorm and logits. */
+typedef struct sh_head_acts {
+    float *lnf, *lnf_mean, *lnf_rstd; /* (N,C) (N) (N) */
+    float *logits;                    /* (N,Vp): logits, then probabilities in place */
+    float *losses;                    /* (N) */
+} sh_head_acts;
+
+/* Final LayerNorm + tied LM head on xL (N,C). With targets: softmax over V in place and
+ * the mean cross-entropy is returned; without (NULL): raw logits are left, returns 0. */
+double sh_head_fwd(const sh_model *m, const sh_head_acts *a, const float *xL,
+                   const int32_t *targets, int B, int T);
+/* Head backward from the probabilities: dres (N,C) is OVERWRITTEN with dL/d xL;
+ * dsmall (N,C) is scratch; dloss scales every position's loss gradient. */
+void sh_head_bwd(const sh_model *m, const sh_head_acts *a, const float *xL,
+                 const int32_t *targets, float dloss, float *dres, float *dsmall, int B, int T);
+
+#endif /* SH_GPT_H */

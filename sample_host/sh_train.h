@@ -1,0 +1,73 @@
+/*
+ * sh_train.h — the sample_host trainer: one code path with or without the plugin.
+ *
+ * With a plugin table, every device byte comes from dev_alloc (tags "input", "act",
+ * "scratch") or activation_arena, parameters live where post_model_load put them, and
+ * the plugin steps the optimizer. Without one (--no-plugin) the trainer points
+ * params[i].data/grad at its own aligned allocations, uses plain allocations for the
+ * arenas and runs its own AdamW with the exact arithmetic of gpu/kernels_hd.h:
+ *   bc1 = (float)(1 - b1^t), bc2r = (float)(1/sqrt(1 - b2^t))   (double math)
+ *   norm = sqrt(sum over trainable untied params, in declaration order, of (double)g^2)
+ *   s = max_grad_norm > 0 && norm > max_grad_norm ? (float)(max_grad_norm/(norm+1e-6)) : 1
+ *   g = g*s; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g; p = p*(1 - lr*wd);
+ *   p = p - (lr/bc1)*m/(sqrtf(v)*bc2r + eps)
+ * with (1-b1), (1-b2), (1-lr*wd), lr/bc1 computed once per step in float; weight decay
+ * applies to every trainable parameter (the plugin applies one decay to all).
+ */
+#ifndef SH_TRAIN_H
+#define SH_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "protrain.h"
+#include "sh_data.h"
+#include "sh_gpt.h"
+
+typedef struct sh_trainer sh_trainer;
+
+typedef struct sh_train_opts {
+    sh_dims dims;
+    int B, T, n_micro;
+    uint64_t seed;
+    int optim_from_ini;   /* plugin only: NaN descriptor fields, the INI decides */
+    float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
+    const pt_plugin_v1 *tbl; /* NULL = no plugin */
+    const char *ini_path;          /* passed to the plugin's init (may be NULL) */
+    const char *load_path;         /* llm.c checkpoint for the initial values, or NULL */
+    const sh_tokens *train, *val;  /* borrowed; must outlive the trainer */
+    /* plugin log lines; NULL = stderr for levels <= INFO */
+    void (*log)(void *user, int32_t level, const char *msg);
+    void *log_user;
+} sh_train_opts;
+
+/* Build the model, start the plugin (init, buffers, post_model_load, create_optimizer)
+ * or the no-plugin state. On failure *out is NULL and err holds one sentence. */
+int sh_trainer_create(sh_trainer **out, const sh_train_opts *o, char *err, size_t errlen);
+/* One optimizer step (n_micro micro-batches from the batch stream); *loss = mean loss. */
+int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss);
+/* Mean loss over validation batches 0..n-1 (forward-only passes). */
+int sh_trainer_eval(sh_trainer *tr, int64_t step, int n_batches, double *loss);
+/* Extend seq[0..n_prompt) to seq[0..n_total) one token at a time: greedy when
+ * temperature <= 0, else sampled from softmax(logits / temperature) with rng. */
+int sh_trainer_generate(sh_trainer *tr, int64_t step, uint16_t *seq, int n_prompt,
+                        int n_total, float temperature, sh_rng *rng);
+/* Current parameter values in the model's flat layout (model->n_floats floats). */
+int sh_trainer_snapshot(sh_trainer *tr, float *flat);
+/* Device counters; returns 1 (st untouched) without a plugin or get_stats hook. */
+int sh_trainer_stats(sh_trainer *tr, pt_stats_v1 *st);
+const sh_model *sh_trainer_model(const sh_trainer *tr);
+const char *sh_trainer_error(const sh_trainer *tr);
+/* Global grad norm of the last no-plugin step (NaN if clipping was off). */
+double sh_trainer_last_norm(const sh_trainer *tr);
+/* Frees everything; calls the plugin's finalize. Returns its status (0 = OK). */
+int sh_trainer_destroy(sh_trainer *tr);
+
+/* Gradient-check entry (no-plugin only): one forward on (inp, tgt) of (B,T) tokens,
+ * plus backward with dloss = 1/(B*T) when backward != 0 (grads accumulate). */
+int sh_trainer_fwdbwd(sh_trainer *tr, const int32_t *inp, const int32_t *tgt, int backward,
+                      double *loss);
+/* No-plugin only: zero every gradient. */
+void sh_trainer_zero_grads(sh_trainer *tr);
+
+#endif /* SH_TRAIN_H */

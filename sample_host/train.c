@@ -1,0 +1,660 @@
+/*
+ * train.c — sample_host trainer: plugin lifecycle, device buffers, forward/backward
+ * passes with the block hooks, host callbacks (recompute_block, profile_step), the
+ * no-plugin AdamW. See sh_train.h for the contract and the optimizer arithmetic.
+ */
+#include "sh_train.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sh_ckpt.h"
+#include "sh_layers.h"
+
+struct sh_trainer {
+    sh_train_opts o;
+    sh_model model;
+    const pt_plugin_v1 *tbl; /* NULL: no plugin */
+    void *ctx;
+    pt_host_v1 host;
+    pt_model_v1 pm;
+    /* device buffers (dev_alloc or aligned_alloc) */
+    int32_t *inp, *tgt;   /* (B,T) "input" */
+    float **res;          /* L+1 of (B,T,C) "act": res[l] is the input of block l */
+    float *head_buf;      /* "act": lnf (N,C) mean (N) rstd (N) logits (N,Vp) losses (N) */
+    sh_head_acts head;
+    float *scr_buf;       /* "scratch": dres (N,C) dbig (N,4C) dsmall (N,C) datt (slots,T,T) */
+    float *dres;
+    sh_scratch scr;
+    float **arenas;       /* no-plugin: L arenas of the (B,T) layout */
+    /* no-plugin parameter state, flat layout (model.n_floats) */
+    float *p_data, *p_grad, *opt_m, *opt_v;
+    int64_t t;            /* no-plugin optimizer steps taken */
+    double last_norm;
+    /* host staging */
+    int32_t *h_inp, *h_tgt; /* (B,T) */
+    float *h_row;           /* (Vp) logits row for sampling */
+    sh_rng batch_rng;
+    int curB, curT, in_pass;
+    char err[768];
+    char cb_err[384];       /* error raised inside a callback */
+};
+
+#define P(i) (tr->model.params[(i)])
+
+static int fail(sh_trainer *tr, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tr->err, sizeof tr->err, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* A hook returned non-zero: name it, its argument, the status and the plugin's sentence. */
+static int hook_fail(sh_trainer *tr, const char *hook, long long arg, int32_t st) {
+    const char *le = tr->tbl->last_error ? tr->tbl->last_error(tr->ctx) : "";
+    fail(tr, "plugin hook %s(%lld) failed with status %d: %s%s%s", hook, arg, (int)st,
+         le ? le : "", tr->cb_err[0] ? " (host callback: " : "", tr->cb_err[0] ? tr->cb_err : "");
+    if (tr->cb_err[0]) strncat(tr->err, ")", sizeof tr->err - strlen(tr->err) - 1);
+    return -1;
+}
+
+#define HOOK(name, arg, ...)                                                   \
+    do {                                                                       \
+        int32_t st_ = tr->tbl->name(tr->ctx, __VA_ARGS__);                     \
+        if (st_ != 0) return hook_fail(tr, #name, (long long)(arg), st_);      \
+    } while (0)
+
+/* ---- memory: every device byte through one interface ---- */
+
+static int dalloc(sh_trainer *tr, size_t bytes, const char *tag, void **p) {
+    *p = NULL;
+    if (tr->tbl) {
+        int32_t st = tr->tbl->dev_alloc(tr->ctx, bytes, tag, p);
+        if (st != 0 || !*p) return hook_fail(tr, "dev_alloc", (long long)bytes, st ? st : -1);
+        return 0;
+    }
+    size_t n = (bytes + 63) & ~(size_t)63;
+    *p = aligned_alloc(64, n ? n : 64);
+    if (!*p) return fail(tr, "out of host memory: %zu bytes for %s buffers", bytes, tag);
+    return 0;
+}
+
+static void dfree(sh_trainer *tr, void *p) {
+    if (!p) return;
+    if (tr->tbl) tr->tbl->dev_free(tr->ctx, p);
+    else free(p);
+}
+
+/* Copy between host staging and device buffers (the plugin's memcpy when it has one). */
+static int copy(sh_trainer *tr, void *dst, const void *src, size_t bytes, int kind) {
+    if (tr->tbl && PT_HAS_HOOK(tr->tbl, memcpy)) {
+        int32_t st = tr->tbl->memcpy(tr->ctx, dst, src, bytes, kind);
+        if (st != 0) return hook_fail(tr, "memcpy", (long long)bytes, st);
+        return 0;
+    }
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+static size_t al16(size_t x) { return (x + 15) & ~(size_t)15; }
+
+static int alloc_buffers(sh_trainer *tr) {
+    const sh_dims *d = &tr->model.d;
+    size_t B = (size_t)tr->o.B, T = (size_t)tr->o.T, N = B * T, C = (size_t)d->C;
+    void *p;
+    if (dalloc(tr, N * sizeof(int32_t), "input", &p)) return -1;
+    tr->inp = p;
+    if (dalloc(tr, N * sizeof(int32_t), "input", &p)) return -1;
+    tr->tgt = p;
+    for (int l = 0; l <= d->L; l++) {
+        if (dalloc(tr, N * C * sizeof(float), "act", &p)) return -1;
+        tr->res[l] = p;
+    }
+    size_t o_lnf = 0, o_mean = al16(N * C), o_rstd = o_mean + al16(N),
+           o_logits = o_rstd + al16(N), o_loss = o_logits + al16(N * (size_t)d->Vp),
+           head_n = o_loss + al16(N);
+    if (dalloc(tr, head_n * sizeof(float), "act", &p)) return -1;
+    tr->head_buf = p;
+    tr->head.lnf = tr->head_buf + o_lnf;
+    tr->head.lnf_mean = tr->head_buf + o_mean;
+    tr->head.lnf_rstd = tr->head_buf + o_rstd;
+    tr->head.logits = tr->head_buf + o_logits;
+    tr->head.losses = tr->head_buf + o_loss;
+    int slots = sh_attention_slots();
+    size_t o_big = al16(N * C), o_small = o_big + al16(N * 4 * C),
+           o_att = o_small + al16(N * C), scr_n = o_att + al16((size_t)slots * T * T);
+    if (dalloc(tr, scr_n * sizeof(float), "scratch", &p)) return -1;
+    tr->scr_buf = p;
+    tr->dres = tr->scr_buf;
+    tr->scr.dbig = tr->scr_buf + o_big;
+    tr->scr.dsmall = tr->scr_buf + o_small;
+    tr->scr.datt = tr->scr_buf + o_att;
+    tr->scr.nslots = slots;
+    if (!tr->tbl) {
+        sh_arena_layout lay;
+        sh_arena_layout_make(&lay, d, tr->o.B, tr->o.T);
+        for (int l = 0; l < d->L; l++) {
+            if (dalloc(tr, lay.total * sizeof(float), "act", &p)) return -1;
+            tr->arenas[l] = p;
+        }
+    }
+    return 0;
+}
+
+static int arena_new(sh_trainer *tr, int l, size_t bytes, float **a) {
+    if (!tr->tbl) {
+        *a = tr->arenas[l];
+        return 0;
+    }
+    void *p = NULL;
+    HOOK(activation_arena, l, l, bytes, &p);
+    if (!p) return fail(tr, "plugin hook activation_arena(%d) returned a NULL arena", l);
+    *a = p;
+    return 0;
+}
+
+static int arena_get(sh_trainer *tr, int l, float **a) {
+    if (!tr->tbl) {
+        *a = tr->arenas[l];
+        return 0;
+    }
+    void *p = NULL;
+    HOOK(activation_arena_get, l, l, &p);
+    if (!p) return fail(tr, "plugin hook activation_arena_get(%d) returned NULL", l);
+    *a = p;
+    return 0;
+}
+
+/* ---- passes ---- */
+
+/* Forward over tr->inp (B,T): embeddings, blocks between their hooks, then the head
+ * inside the last block's window (so an evaluation pass, which ends at
+ * block_post_forward(L-1), reads the non-block params inside it). */
+static int pass_fwd(sh_trainer *tr, int B, int T, int with_targets, double *loss) {
+    const sh_model *m = &tr->model;
+    int L = m->d.L;
+    tr->curB = B;
+    tr->curT = T;
+    sh_encoder_fwd(tr->res[0], tr->inp, (const float *)P(SH_P_WTE).data,
+                   (const float *)P(SH_P_WPE).data, B, T, m->d.C);
+    sh_arena_layout lay;
+    sh_arena_layout_make(&lay, &m->d, B, T);
+    for (int l = 0; l < L; l++) {
+        float *a = NULL;
+        if (tr->tbl) HOOK(block_pre_forward, l, l);
+        if (arena_new(tr, l, lay.total * sizeof(float), &a)) return -1;
+        sh_block_fwd(m, l, a, tr->res[l], tr->res[l + 1], B, T);
+        if (l == L - 1) *loss = sh_head_fwd(m, &tr->head, tr->res[L], with_targets ? tr->tgt : NULL,
+                                            B, T);
+        if (tr->tbl) HOOK(block_post_forward, l, l);
+    }
+    return 0;
+}
+
+static int pass_bwd(sh_trainer *tr, int B, int T, float dloss) {
+    const sh_model *m = &tr->model;
+    int L = m->d.L;
+    sh_head_bwd(m, &tr->head, tr->res[L], tr->tgt, dloss, tr->dres, tr->scr.dsmall, B, T);
+    for (int l = L - 1; l >= 0; l--) {
+        float *a = NULL;
+        if (tr->tbl) HOOK(block_pre_backward, l, l);
+        /* re-read: the plugin may have recomputed (CKPT) or swapped the arena back */
+        if (arena_get(tr, l, &a)) return -1;
+        sh_block_bwd(m, l, a, tr->res[l], tr->dres, &tr->scr, B, T);
+        if (tr->tbl) HOOK(block_post_backward, l, l);
+    }
+    sh_encoder_bwd((float *)P(SH_P_WTE).grad, (float *)P(SH_P_WPE).grad, tr->dres, tr->inp, B, T,
+                   m->d.C);
+    return 0;
+}
+
+static float micro_dloss(const sh_trainer *tr) {
+    /* mean over B*T positions and over n_micro micro-batches */
+    return (float)(1.0 / ((double)tr->o.B * tr->o.T * tr->o.n_micro));
+}
+
+/* ---- host callbacks (called by the plugin from inside a hook, on this thread) ---- */
+
+static int32_t cb_recompute(void *user, int32_t b) {
+    sh_trainer *tr = user;
+    if (!tr->in_pass || b < 0 || b >= tr->model.d.L) {
+        snprintf(tr->cb_err, sizeof tr->cb_err, "recompute_block(%d) called outside a "
+                 "backward pass or with a bad block index", (int)b);
+        return PT_ERR_ORDER;
+    }
+    void *p = NULL;
+    int32_t st = tr->tbl->activation_arena_get(tr->ctx, b, &p);
+    if (st != 0 || !p) {
+        snprintf(tr->cb_err, sizeof tr->cb_err, "recompute_block(%d): activation_arena_get "
+                 "failed with status %d", (int)b, (int)st);
+        return st ? st : PT_ERR_INTERNAL;
+    }
+    /* Re-run the forward from the saved input res[b]; the block output is not needed
+     * again (block b+1's backward is done), so it goes to backward scratch that is
+     * idle between blocks instead of overwriting res[b+1]. */
+    sh_block_fwd(&tr->model, b, p, tr->res[b], tr->scr.dsmall, tr->curB, tr->curT);
+    return 0;
+}
+
+static int32_t cb_profile(void *user) {
+    sh_trainer *tr = user;
+    if (tr->in_pass) {
+        snprintf(tr->cb_err, sizeof tr->cb_err, "profile_step called during a pass");
+        return PT_ERR_ORDER;
+    }
+    double loss = 0.0;
+    tr->in_pass = 1;
+    int rc = pass_fwd(tr, tr->o.B, tr->o.T, 1, &loss);
+    if (rc == 0) rc = pass_bwd(tr, tr->o.B, tr->o.T, micro_dloss(tr));
+    tr->in_pass = 0;
+    if (rc) {
+        /* keep the first part of the pass's error: cb_err is shorter than err */
+        snprintf(tr->cb_err, sizeof tr->cb_err, "profile_step: %.360s", tr->err);
+        return PT_ERR_CALLBACK;
+    }
+    return 0;
+}
+
+/* pt_host_v1 has one user pointer for every callback: route log lines to the
+ * caller's logger (with its own user pointer) or to stderr for levels <= INFO. */
+static void log_tramp(void *user, int32_t level, const char *msg) {
+    sh_trainer *tr = user;
+    if (tr->o.log) {
+        tr->o.log(tr->o.log_user, level, msg);
+        return;
+    }
+    static const char *nm[] = {"error", "warn", "info", "debug", "trace"};
+    if (level <= PT_LOG_INFO)
+        fprintf(stderr, "protrain %s: %s\n", nm[level >= 0 && level <= 4 ? level : 2],
+                msg ? msg : "");
+}
+
+/* ---- setup ---- */
+
+static int check_table(sh_trainer *tr) {
+    const pt_plugin_v1 *t = tr->tbl;
+#define NEED(f)                                                                       \
+    if (!PT_HAS_HOOK(t, f)) return fail(tr, "plugin %s lacks the required hook " #f,  \
+                                        t->name ? t->name : "?");
+    NEED(init) NEED(last_error) NEED(post_model_load) NEED(create_optimizer) NEED(pre_step)
+    NEED(block_pre_forward) NEED(block_post_forward) NEED(block_pre_backward)
+    NEED(block_post_backward) NEED(optimizer_step) NEED(post_step) NEED(finalize)
+    NEED(dev_alloc) NEED(dev_free) NEED(activation_arena) NEED(activation_arena_get)
+#undef NEED
+    return 0;
+}
+
+static int check_data(sh_trainer *tr) {
+    const sh_train_opts *o = &tr->o;
+    const sh_tokens *s[2] = {o->train, o->val};
+    const char *nm[2] = {"training", "validation"};
+    for (int i = 0; i < 2; i++) {
+        if (!s[i] || s[i]->n <= (size_t)o->T)
+            return fail(tr, "the %s split has %zu tokens; it needs more than seq = %d", nm[i],
+                        s[i] ? s[i]->n : (size_t)0, o->T);
+        int v = sh_tokens_vocab(s[i]);
+        if (v > tr->model.d.V)
+            return fail(tr, "the %s data holds token id %d but the model vocab is %d", nm[i],
+                        v - 1, tr->model.d.V);
+    }
+    if (o->T > tr->model.d.maxT)
+        return fail(tr, "seq = %d is longer than the model's max_seq = %d", o->T,
+                    tr->model.d.maxT);
+    return 0;
+}
+
+static int start_plugin(sh_trainer *tr) {
+    if (check_table(tr)) return -1;
+    pt_host_v1 *h = &tr->host;
+    h->abi_version = PT_ABI_VERSION;
+    h->struct_size = sizeof *h;
+    h->world_size = 1;
+    /* the model runs as CPU code on device pointers: the device must be addressable */
+    h->device_kind = PT_DEVICE_HOST;
+    h->user = tr;
+    h->log = log_tramp;
+    h->recompute_block = cb_recompute;
+    h->profile_step = cb_profile;
+    int32_t st = tr->tbl->init(tr->o.ini_path, h, &tr->ctx);
+    if (st != 0) {
+        const char *le = tr->tbl->last_error(NULL);
+        tr->ctx = NULL;
+        return fail(tr, "plugin init failed with status %d: %s", (int)st, le ? le : "");
+    }
+    return 0;
+}
+
+static int start_model(sh_trainer *tr) {
+    sh_model *m = &tr->model;
+    if (tr->tbl) {
+        pt_model_v1 *pm = &tr->pm;
+        pm->struct_size = sizeof *pm;
+        pm->n_params = m->n_params;
+        pm->params = m->params;
+        pm->n_blocks = m->d.L;
+        pm->batch = tr->o.B;
+        pm->seq = tr->o.T;
+        pm->arch = "gpt2-fp32";
+        /* profile_step may run inside post_model_load: it needs a batch in place */
+        tr->in_pass = 0;
+        HOOK(post_model_load, m->d.L, pm);
+        pt_optim_v1 od;
+        memset(&od, 0, sizeof od);
+        od.struct_size = sizeof od;
+        if (tr->o.optim_from_ini) {
+            od.type = PT_OPTIM_FROM_CONFIG;
+            od.lr = od.beta1 = od.beta2 = od.eps = od.weight_decay = od.max_grad_norm = NAN;
+        } else {
+            od.type = PT_OPTIM_ADAMW;
+            od.lr = tr->o.lr;
+            od.beta1 = tr->o.beta1;
+            od.beta2 = tr->o.beta2;
+            od.eps = tr->o.eps;
+            od.weight_decay = tr->o.weight_decay;
+            od.max_grad_norm = tr->o.max_grad_norm;
+        }
+        HOOK(create_optimizer, od.type, &od);
+    } else {
+        size_t n = m->n_floats;
+        void *p;
+        if (dalloc(tr, n * sizeof(float), "param", &p)) return -1;
+        tr->p_data = p;
+        memcpy(tr->p_data, m->init, n * sizeof(float));
+        if (dalloc(tr, n * sizeof(float), "grad", &p)) return -1;
+        tr->p_grad = p;
+        if (dalloc(tr, n * sizeof(float), "optim", &p)) return -1;
+        tr->opt_m = p;
+        if (dalloc(tr, n * sizeof(float), "optim", &p)) return -1;
+        tr->opt_v = p;
+        memset(tr->p_grad, 0, n * sizeof(float));
+        memset(tr->opt_m, 0, n * sizeof(float));
+        memset(tr->opt_v, 0, n * sizeof(float));
+        for (int i = 0; i < m->n_params; i++) {
+            m->params[i].data = tr->p_data + m->off[i];
+            m->params[i].grad = tr->p_grad + m->off[i];
+        }
+    }
+    /* the initial values now live in plugin/trainer storage */
+    for (int i = 0; i < m->n_params; i++) m->params[i].init = NULL;
+    free(m->init);
+    m->init = NULL;
+    return 0;
+}
+
+int sh_trainer_create(sh_trainer **out, const sh_train_opts *o, char *err, size_t errlen) {
+    *out = NULL;
+    sh_trainer *tr = calloc(1, sizeof *tr);
+    if (!tr) {
+        snprintf(err, errlen, "out of host memory for the trainer");
+        return -1;
+    }
+    tr->o = *o;
+    tr->tbl = o->tbl;
+    sh_layers_init();
+    tr->last_norm = NAN;
+    int rc = 0;
+    if (o->B < 1 || o->T < 1 || o->n_micro < 1)
+        rc = fail(tr, "batch (%d), seq (%d) and grad_accum (%d) must be positive", o->B, o->T,
+                  o->n_micro);
+    if (!rc && sh_model_create(&tr->model, &o->dims, tr->err, sizeof tr->err)) rc = -1;
+    if (!rc) {
+        if (o->load_path && *o->load_path)
+            rc = sh_ckpt_load(o->load_path, &tr->model, tr->err, sizeof tr->err);
+        else
+            sh_model_init_random(&tr->model, o->seed);
+    }
+    if (!rc) rc = check_data(tr);
+    if (!rc) {
+        int L = tr->model.d.L;
+        size_t N = (size_t)o->B * o->T;
+        tr->res = calloc((size_t)L + 1, sizeof *tr->res);
+        tr->arenas = calloc((size_t)L, sizeof *tr->arenas);
+        tr->h_inp = malloc(N * sizeof(int32_t));
+        tr->h_tgt = malloc(N * sizeof(int32_t));
+        tr->h_row = malloc((size_t)tr->model.d.Vp * sizeof(float));
+        if (!tr->res || !tr->arenas || !tr->h_inp || !tr->h_tgt || !tr->h_row)
+            rc = fail(tr, "out of host memory for trainer tables");
+    }
+    sh_rng_seed(&tr->batch_rng, o->seed, SH_STREAM_BATCH);
+    if (!rc && tr->tbl) rc = start_plugin(tr);
+    if (!rc) rc = alloc_buffers(tr);
+    if (!rc) {
+        /* a representative batch for profile_step: the first training batch, drawn from
+         * a copy of the batch stream so training still starts with it */
+        sh_rng peek = tr->batch_rng;
+        sh_sample_batch(&peek, o->train, o->B, o->T, tr->h_inp, tr->h_tgt);
+        size_t nb = (size_t)o->B * o->T * sizeof(int32_t);
+        rc = copy(tr, tr->inp, tr->h_inp, nb, PT_COPY_H2D);
+        if (!rc) rc = copy(tr, tr->tgt, tr->h_tgt, nb, PT_COPY_H2D);
+    }
+    if (!rc) rc = start_model(tr);
+    if (rc) {
+        snprintf(err, errlen, "%s", tr->err);
+        sh_trainer_destroy(tr);
+        return -1;
+    }
+    *out = tr;
+    return 0;
+}
+
+int sh_trainer_destroy(sh_trainer *tr) {
+    if (!tr) return 0;
+    int rc = 0;
+    if (!tr->tbl || tr->ctx) {
+        dfree(tr, tr->inp);
+        dfree(tr, tr->tgt);
+        if (tr->res)
+            for (int l = 0; l <= tr->model.d.L; l++) dfree(tr, tr->res[l]);
+        dfree(tr, tr->head_buf);
+        dfree(tr, tr->scr_buf);
+        if (tr->arenas)
+            for (int l = 0; l < tr->model.d.L; l++) dfree(tr, tr->arenas[l]);
+        dfree(tr, tr->p_data);
+        dfree(tr, tr->p_grad);
+        dfree(tr, tr->opt_m);
+        dfree(tr, tr->opt_v);
+    }
+    if (tr->tbl && tr->ctx) {
+        rc = tr->tbl->finalize(tr->ctx);
+        tr->ctx = NULL;
+    }
+    free(tr->res);
+    free(tr->arenas);
+    free(tr->h_inp);
+    free(tr->h_tgt);
+    free(tr->h_row);
+    sh_model_destroy(&tr->model);
+    free(tr);
+    return rc;
+}
+
+/* ---- no-plugin optimizer ---- */
+
+static void adamw_step(sh_trainer *tr, float lr) {
+    const sh_model *m = &tr->model;
+    const sh_train_opts *o = &tr->o;
+    tr->t++;
+    float bc1 = (float)(1.0 - pow((double)o->beta1, (double)tr->t));
+    float bc2r = (float)(1.0 / sqrt(1.0 - pow((double)o->beta2, (double)tr->t)));
+    float scale = 1.0f;
+    tr->last_norm = NAN;
+    if (o->max_grad_norm > 0.0f) {
+        /* global L2 norm: squares in double, params in declaration order, tied once */
+        double s = 0.0;
+        for (int i = 0; i < m->n_params; i++) {
+            const pt_param_v1 *p = &m->params[i];
+            if (!p->trainable || p->tie >= 0) continue;
+            const float *g = (const float *)p->grad;
+            size_t n = sh_param_numel(p);
+            for (size_t k = 0; k < n; k++) s += (double)g[k] * (double)g[k];
+        }
+        double norm = sqrt(s);
+        tr->last_norm = norm;
+        if (norm > (double)o->max_grad_norm)
+            scale = (float)((double)o->max_grad_norm / (norm + 1e-6));
+    }
+    const float b1 = o->beta1, b2 = o->beta2, eps = o->eps;
+    const float omb1 = 1.0f - b1, omb2 = 1.0f - b2;
+    const float decay = 1.0f - lr * o->weight_decay;
+    const float step = lr / bc1;
+    float *pd = tr->p_data, *pg = tr->p_grad, *mm = tr->opt_m, *vv = tr->opt_v;
+    size_t n = m->n_floats; /* every untied param is trainable here */
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float g = pg[i] * scale;
+        float mi = b1 * mm[i] + omb1 * g;
+        float vi = b2 * vv[i] + omb2 * g * g;
+        mm[i] = mi;
+        vv[i] = vi;
+        float p = pd[i] * decay;
+        pd[i] = p - step * mi / (sqrtf(vi) * bc2r + eps);
+    }
+    memset(pg, 0, n * sizeof(float));
+}
+
+/* ---- public steps ---- */
+
+static int upload(sh_trainer *tr, size_t ntok) {
+    if (copy(tr, tr->inp, tr->h_inp, ntok * sizeof(int32_t), PT_COPY_H2D)) return -1;
+    return copy(tr, tr->tgt, tr->h_tgt, ntok * sizeof(int32_t), PT_COPY_H2D);
+}
+
+int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss) {
+    const sh_train_opts *o = &tr->o;
+    double acc = 0.0;
+    float dloss = micro_dloss(tr);
+    for (int mi = 0; mi < o->n_micro; mi++) {
+        if (tr->tbl) {
+            HOOK(pre_step, step, step, mi, o->n_micro);
+            /* lr early, so offloaded chunks can be stepped while backward runs */
+            if (mi == 0 && PT_HAS_HOOK(tr->tbl, set_lr)) HOOK(set_lr, step, lr);
+        }
+        sh_sample_batch(&tr->batch_rng, o->train, o->B, o->T, tr->h_inp, tr->h_tgt);
+        if (upload(tr, (size_t)o->B * o->T)) return -1;
+        double l = 0.0;
+        tr->in_pass = 1;
+        int rc = pass_fwd(tr, o->B, o->T, 1, &l);
+        if (!rc) rc = pass_bwd(tr, o->B, o->T, dloss);
+        tr->in_pass = 0;
+        if (rc) return -1;
+        acc += l;
+    }
+    *loss = acc / o->n_micro;
+    if (tr->tbl) {
+        HOOK(optimizer_step, step, lr);
+        HOOK(post_step, step, step, (float)*loss);
+    } else {
+        adamw_step(tr, lr);
+    }
+    return 0;
+}
+
+int sh_trainer_eval(sh_trainer *tr, int64_t step, int n_batches, double *loss) {
+    const sh_train_opts *o = &tr->o;
+    double acc = 0.0;
+    for (int k = 0; k < n_batches; k++) {
+        if (tr->tbl) HOOK(pre_step, step, step, -1, 0);
+        sh_val_batch(o->val, k, o->B, o->T, tr->h_inp, tr->h_tgt);
+        if (upload(tr, (size_t)o->B * o->T)) return -1;
+        double l = 0.0;
+        tr->in_pass = 1;
+        int rc = pass_fwd(tr, o->B, o->T, 1, &l);
+        tr->in_pass = 0;
+        if (rc) return -1;
+        acc += l;
+    }
+    *loss = n_batches > 0 ? acc / n_batches : NAN;
+    return 0;
+}
+
+int sh_trainer_generate(sh_trainer *tr, int64_t step, uint16_t *seq, int n_prompt,
+                        int n_total, float temperature, sh_rng *rng) {
+    const sh_dims *d = &tr->model.d;
+    if (n_prompt < 1) return fail(tr, "generation needs a prompt of at least one token");
+    for (int len = n_prompt; len < n_total; len++) {
+        int win = len < tr->o.T ? len : tr->o.T; /* sliding window of the last T tokens */
+        for (int i = 0; i < win; i++) tr->h_inp[i] = seq[len - win + i];
+        if (copy(tr, tr->inp, tr->h_inp, (size_t)win * sizeof(int32_t), PT_COPY_H2D))
+            return -1;
+        if (tr->tbl) HOOK(pre_step, step, step, -1, 0);
+        double unused = 0.0;
+        tr->in_pass = 1;
+        int rc = pass_fwd(tr, 1, win, 0, &unused);
+        tr->in_pass = 0;
+        if (rc) return -1;
+        if (copy(tr, tr->h_row, tr->head.logits + (size_t)(win - 1) * d->Vp,
+                 (size_t)d->Vp * sizeof(float), PT_COPY_D2H))
+            return -1;
+        int best = 0;
+        for (int i = 1; i < d->V; i++)
+            if (tr->h_row[i] > tr->h_row[best]) best = i;
+        int pick = best;
+        if (temperature > 0.0f) {
+            /* p_i ~ exp((z_i - z_max) / temperature), inverse-CDF draw in double */
+            double sum = 0.0;
+            for (int i = 0; i < d->V; i++)
+                sum += exp((double)(tr->h_row[i] - tr->h_row[best]) / temperature);
+            double u = sh_rng_uniform(rng) * sum, c = 0.0;
+            pick = d->V - 1;
+            for (int i = 0; i < d->V; i++) {
+                c += exp((double)(tr->h_row[i] - tr->h_row[best]) / temperature);
+                if (u < c) {
+                    pick = i;
+                    break;
+                }
+            }
+        }
+        seq[len] = (uint16_t)pick;
+    }
+    return 0;
+}
+
+int sh_trainer_snapshot(sh_trainer *tr, float *flat) {
+    const sh_model *m = &tr->model;
+    if (!tr->tbl) {
+        memcpy(flat, tr->p_data, m->n_floats * sizeof(float));
+        return 0;
+    }
+    if (!PT_HAS_HOOK(tr->tbl, read_param))
+        return fail(tr, "plugin lacks read_param: cannot read the parameters back");
+    for (int i = 0; i < m->n_params; i++) {
+        if (m->params[i].tie >= 0) continue;
+        size_t n = sh_param_numel(&m->params[i]);
+        HOOK(read_param, i, i, flat + m->off[i], n * sizeof(float));
+    }
+    return 0;
+}
+
+int sh_trainer_stats(sh_trainer *tr, pt_stats_v1 *st) {
+    if (!tr->tbl || !PT_HAS_HOOK(tr->tbl, get_stats)) return 1;
+    memset(st, 0, sizeof *st);
+    st->struct_size = sizeof *st;
+    HOOK(get_stats, 0, st);
+    return 0;
+}
+
+const sh_model *sh_trainer_model(const sh_trainer *tr) { return &tr->model; }
+const char *sh_trainer_error(const sh_trainer *tr) { return tr->err; }
+double sh_trainer_last_norm(const sh_trainer *tr) { return tr->last_norm; }
+
+int sh_trainer_fwdbwd(sh_trainer *tr, const int32_t *inp, const int32_t *tgt, int backward,
+                      double *loss) {
+    if (tr->tbl) return fail(tr, "sh_trainer_fwdbwd is for the no-plugin gradient check");
+    size_t n = (size_t)tr->o.B * tr->o.T;
+    memcpy(tr->inp, inp, n * sizeof(int32_t));
+    memcpy(tr->tgt, tgt, n * sizeof(int32_t));
+    if (pass_fwd(tr, tr->o.B, tr->o.T, 1, loss)) return -1;
+    if (backward) {
+        float dl = (float)(1.0 / (double)n);
+        if (pass_bwd(tr, tr->o.B, tr->o.T, dl)) return -1;
+    }
+    return 0;
+}
+
+void sh_trainer_zero_grads(sh_trainer *tr) {
+    if (!tr->tbl) memset(tr->p_grad, 0, tr->model.n_floats * sizeof(float));
+}
