@@ -25,7 +25,11 @@ int sh_dims_check(sh_dims *d, char *err, size_t errlen) {
     else if (d->L < 1 || d->L > 4096) bad = "layers (1..4096)", val = d->L;
     else if (d->NH < 1 || d->NH > 4096) bad = "heads (1..4096)", val = d->NH;
     else if (d->C < 1 || d->C > 65536) bad = "channels (1..65536)", val = d->C;
-    else if (d->C % d->NH != 0) bad = "channels (a multiple of heads)", val = d->C;
+    if (!bad && d->C % d->NH != 0) {
+        snprintf(err, errlen, "model dimension channels = %d is not a multiple of heads = %d",
+                 d->C, d->NH);
+        return -1;
+    }
     if (bad) {
         snprintf(err, errlen, "model dimension %s has invalid value %d", bad, val);
         return -1;
