@@ -165,7 +165,7 @@ int32_t pt_cost_n_offloaded(const pt_cost_ctx *cx, int32_t p) { return rcnt(cx->
 int32_t pt_cost_buffer_min(const pt_cost_ctx *cx, int32_t p) { return cx->nbmin[imin(imax(p, 0), cx->K)]; }
 uint64_t pt_cost_persist_bytes(const pt_cost_ctx *cx, int32_t p) { return cx->mand_dev + cx->dev[p]; }
 int pt_cost_persist_redundant(const pt_cost_ctx *cx, int32_t p) {
-    return p > 0 && cx->t->chunks[p - 1].mandatory;
+    return p < cx->K && cx->t->chunks[p].mandatory;
 }
 
 uint64_t pt_cost_host_bytes(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int shard) {

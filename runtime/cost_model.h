@@ -161,7 +161,8 @@ void pt_act_compute(const pt_cost_ctx *cx, const uint8_t *modes, pt_act_profile 
 int32_t pt_cost_n_offloaded(const pt_cost_ctx *cx, int32_t n_persist);  /* |non-persistent| */
 int32_t pt_cost_buffer_min(const pt_cost_ctx *cx, int32_t n_persist);
 uint64_t pt_cost_persist_bytes(const pt_cost_ctx *cx, int32_t n_persist);
-/* 1 when chunk n_persist-1 is mandatory (n_persist and n_persist-1 are the same plan). */
+/* 1 when chunk n_persist is mandatory: n_persist and n_persist+1 are the same
+ * plan, and the searcher reports the larger (so "all resident" reads N_chunk). */
 int pt_cost_persist_redundant(const pt_cost_ctx *cx, int32_t n_persist);
 uint64_t pt_cost_host_bytes(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, int shard);
 /* Time part of the prediction: fills the time fields of out. */

@@ -140,7 +140,8 @@ char *pt_plan_text(const pt_plan *p) {
         sb_printf(&b, "    %-16s %10.3f GiB  %5.1f%%\n", mem_names[i], mem[i] / GIB, pct((double)mem[i], (double)c->raw_peak_bytes));
     sb_printf(&b, "    %-16s x%.3f (+%.3f GiB)\n", "fragmentation", p->opts.frag,
               (double)(c->peak_bytes - c->raw_peak_bytes) / GIB);
-    sb_printf(&b, "  predicted iter   %.4f s\n", c->iter_s);
+    sb_printf(&b, "  predicted iter   %.4f s (fastest feasible %.4f s; plans within 1%% tie: fewer CKPT, fewer SWAP, more persistent, fewer buffers win)\n",
+              c->iter_s, p->best_iter_s);
     sb_printf(&b, "    %-16s %10.4f s  %5.1f%%\n", "forward", c->fwd_s, pct(c->fwd_s, c->iter_s));
     sb_printf(&b, "    %-16s %10.4f s  %5.1f%%  (head/loss included)\n", "backward", c->bwd_s, pct(c->bwd_s, c->iter_s));
     sb_printf(&b, "    %-16s %10.4f s  %5.1f%%  (not hidden behind backward)\n", "optimizer", c->opt_s,
@@ -250,6 +251,7 @@ char *pt_plan_json(const pt_plan *p) {
     json_str(&b, p->device);
     JI("batch", p->batch);
     JI("seq", p->seq);
+    JD("best_iter_s", p->best_iter_s);
     JI("n_evaluated", p->n_evaluated);
     JD("search_s", p->search_s);
     sb_printf(&b, ",\n  \"runner_ups\": [");

@@ -21,6 +21,7 @@
  *   optimizer_schedule "overlapped" | "after_backward"
  *   exec_mode          "A" | "B" | "C" | "auto" (not decided yet)
  *   world_size, device, batch, seq
+ *   best_iter_s        fastest feasible prediction (the plan is within 1%)
  *   n_evaluated, search_s
  *   runner_ups         array of {n_persist, n_buffer, n_swap, n_checkpoint,
  *                      modes, iter_s, peak_bytes}
@@ -59,6 +60,8 @@ typedef struct pt_plan {
     int64_t batch, seq;
     int32_t n_alt;
     pt_plan_alt alt[PT_PLAN_MAX_ALT];
+    double best_iter_s;         /* fastest feasible prediction; the chosen plan is within
+                                   1% of it (tie rule, searcher.h) */
     int64_t n_evaluated;        /* candidates the search scored */
     double search_s;            /* wall time of the search */
     uint64_t min_capacity;      /* infeasible search: smallest device capacity that works */

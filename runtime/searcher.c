@@ -390,6 +390,7 @@ int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *e
         ch.nb = hi;
     }
     plan->knobs = (pt_knobs){ch.p, ch.nb, ch.s, ch.c};
+    plan->best_iter_s = S.best_T;
     full_cost(&S, &a, modes, &ch, &plan->cost);
     memcpy(plan->modes, modes, (size_t)N);
     for (int i = 0; i < S.n_alt_kept && plan->n_alt < S.alt_want; i++) {

@@ -1,0 +1,334 @@
+/*
+ * test_cost_model.c — runtime/cost_model.h: exact numbers on a 2-block trace
+ * computed by hand from the formulas in the header, then the monotonicity
+ * properties the searcher relies on, swept over a larger synthetic trace.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cost_model.h"
+#include "placement.h"
+#include "protrain.h"
+#include "trace_cache.h"
+
+/* Uniform synthetic trace: optional mandatory first/last chunk, cpb chunks per block. */
+typedef struct synth {
+    int n_block, cpb, mand_first, mand_last, engines;
+    uint64_t chunk_bytes, arena, input, fscr, bscr, gact;
+    double fwd, bwd, h2d, d2h, cpu, dev, tf;
+} synth;
+
+static void build(pt_trace *t, const synth *s) {
+    pt_trace_init(t);
+    int K = s->n_block * s->cpb + s->mand_first + s->mand_last;
+    assert_int_equal(pt_trace_alloc(t, s->n_block, K, NULL, 0), PT_OK);
+    int k = 0;
+    uint64_t el = s->chunk_bytes / 2;
+    if (s->mand_first) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0};
+    for (int b = 0; b < s->n_block; b++)
+        for (int j = 0; j < s->cpb; j++)
+            t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, (uint64_t)(s->tf * (double)el), b, b, 0, 0};
+    if (s->mand_last) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0};
+    for (int b = 0; b < s->n_block; b++)
+        t->blocks[b] = (pt_trace_block){s->fwd, s->bwd, s->fwd, s->arena, s->input, s->fscr, s->bscr, s->gact, 0, 0};
+    pt_trace_derive_ranges(t);
+    t->chunk_size = s->chunk_bytes;
+    t->param_elem_bytes = 2;
+    t->grad_elem_bytes = 2;
+    t->master_elem_bytes = 4;
+    t->adam_m_elem_bytes = t->adam_v_elem_bytes = 4;
+    t->host_grad_elem_bytes = 4;
+    t->slot_bytes = 2 * s->chunk_bytes;
+    t->hw = (pt_trace_hw){s->h2d, s->d2h, s->cpu, s->dev, 0, s->engines, 0, 0, 1ull << 40};
+    t->key.world_size = 1;
+    t->key.version = PT_TRACE_VERSION;
+}
+
+/* The 2-block trace of the hand computations below. */
+static void tiny(pt_trace *t) {
+    synth s = {.n_block = 2, .cpb = 1, .engines = 2, .chunk_bytes = 100, .arena = 1000, .input = 10, .fscr = 5,
+               .bscr = 7, .gact = 20, .fwd = 1.0, .bwd = 2.0, .h2d = 100, .d2h = 50, .cpu = 25, .dev = 100, .tf = 1};
+    build(t, &s);
+    t->nonblock_bytes = 3;
+    t->nonblock_scratch_bytes = 1;
+    t->embed_fwd_s = 0.1;
+    t->embed_bwd_s = 0.2;
+    t->head_fwd_s = 0.3;
+    t->head_bwd_s = 0.4;
+}
+
+/* cmocka here has no assert_double_equal: compare with a bound on rounding
+ * of a handful of additions (no model tolerance involved). */
+#define EPS 1e-9
+#define assert_double_equal(a, b, eps) assert_true(fabs((double)(a) - (double)(b)) <= (eps))
+
+static void test_hand_all_resident(void **state) {
+    (void)state;
+    pt_trace t;
+    tiny(&t);
+    pt_cost_ctx *cx;
+    char err[256];
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    pt_cost_opts o = {1.0, 0, 0, 0, 0};
+    pt_knobs k = {2, 0, 0, 0};
+    pt_cost c;
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    /* persistent chunk: 100 param bytes + 50 elems * (2 grad + 4 master + 4 m + 4 v) = 800 */
+    assert_int_equal(c.model_state_bytes, 1600);
+    assert_int_equal(c.buffer_bytes, 0);
+    /* peak window: backward of block 1 = inputs 20 + block 0 arena 1000 + own
+     * arena 1000 + grad_act 20 (activations) + bwd scratch 7 */
+    assert_int_equal(c.activation_bytes, 2040);
+    assert_int_equal(c.scratch_bytes, 7);
+    assert_int_equal(c.peak_phase, PT_PHASE_BWD);
+    assert_int_equal(c.peak_block, 1);
+    assert_int_equal(c.raw_peak_bytes, 1600 + 3 + 2047);
+    assert_int_equal(c.peak_bytes, 3650);
+    assert_int_equal(c.host_bytes, 0);
+    /* time: fwd 0.1 + 1 + 1; bwd 0.7 + 2 + 2 + 0.2; device Adam 100 / 100 */
+    assert_double_equal(c.fwd_s, 2.1, EPS);
+    assert_double_equal(c.bwd_s, 4.9, EPS);
+    assert_double_equal(c.dev_adam_s, 1.0, EPS);
+    assert_double_equal(c.iter_s, 8.0, EPS);
+    assert_double_equal(c.exposed_xfer_s, 0.0, EPS);
+    assert_int_equal(c.schedule, PT_SCHED_OVERLAP);
+    /* fragmentation multiplies the whole raw peak, rounded up */
+    o.frag = 1.1;
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_int_equal(c.peak_bytes, (uint64_t)ceil(1.1 * 3650));
+    pt_cost_ctx_free(cx);
+    pt_trace_free(&t);
+}
+
+static void test_hand_streamed(void **state) {
+    (void)state;
+    pt_trace t;
+    tiny(&t);
+    pt_cost_ctx *cx;
+    char err[256];
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    assert_int_equal(pt_cost_buffer_min(cx, 0), 2);   /* chunks of blocks 0 and 1 */
+    assert_int_equal(pt_cost_buffer_min(cx, 1), 1);
+    assert_int_equal(pt_cost_buffer_min(cx, 2), 0);
+    pt_cost_opts o = {1.0, 0, 0, 0, 0};
+    pt_knobs k = {0, 2, 0, 0};
+    pt_cost c;
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    /* forward: each window waits for a 100-byte upload at 100 B/s: 1 + 1 + 1 */
+    assert_double_equal(c.fwd_s, 3.0, EPS);
+    /* backward: turn 0.7, block 1: 2 (both chunks cached), block 0: max(2,
+     * grad D2H 100 B / 50 B/s = 2), embedding: max(0.2, 2) */
+    assert_double_equal(c.bwd_s, 6.7, EPS);
+    /* CPU Adam 2 s per chunk: chunk 1 lands at 4.7 -> 6.7, chunk 0 at 6.7 -> 8.7 */
+    assert_double_equal(c.iter_s, 3.0 + 8.7, EPS);
+    assert_double_equal(c.cpu_adam_s, 4.0, EPS);
+    assert_int_equal(c.h2d_bytes, 200);
+    assert_int_equal(c.d2h_bytes, 200);
+    assert_int_equal(c.model_state_bytes, 0);
+    assert_int_equal(c.buffer_bytes, 400);
+    assert_int_equal(c.peak_bytes, 400 + 3 + 2047);
+    /* host: 100 staged + 50 * (4 grad + 4 master + 4 m + 4 v) per chunk */
+    assert_int_equal(c.host_bytes, 1800);
+    /* clipping: all CPU steps after backward */
+    o.clip = 1;
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_int_equal(c.schedule, PT_SCHED_AFTER_BWD);
+    assert_double_equal(c.iter_s, 3.0 + 6.7 + 4.0, EPS);
+    /* one slot fewer than the lookahead needs is refused with a sentence */
+    o.clip = 0;
+    k.n_buffer = 1;
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "n_buffer=1"));
+    pt_cost_ctx_free(cx);
+    pt_trace_free(&t);
+}
+
+static void test_hand_ckpt_swap(void **state) {
+    (void)state;
+    pt_trace t;
+    tiny(&t);
+    pt_cost_ctx *cx;
+    char err[256];
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    pt_cost_opts o = {1.0, 0, 0, 0, 0};
+    pt_cost c;
+    /* both CKPT: only inputs stay; peak = backward of block 1 with its
+     * recomputed arena: 20 + 1000 + 20 + max(7, 5) */
+    pt_knobs k = {2, 0, 0, 2};
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_int_equal(c.activation_bytes + c.scratch_bytes, 1047);
+    assert_double_equal(c.recompute_s, 2.0, EPS);
+    assert_double_equal(c.bwd_s, 4.9 + 2.0, EPS);
+    /* block 0 SWAP: D2H 1000 B at 50 B/s = 20 s; block 1's forward hides 1 s,
+     * 19 s spill into the turn; swap-in 1000 B at 100 B/s = 10 s in block 1's
+     * backward. I = min(ceil(20 / 1), N) = 2. */
+    assert_int_equal(pt_cost_swap_interval(cx), 2);
+    k = (pt_knobs){2, 0, 1, 0};
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_double_equal(c.fwd_s, 2.1, EPS);
+    assert_double_equal(c.bwd_s, 19.0 + 10.0 + 2.0 + 0.2, EPS);
+    assert_double_equal(c.iter_s, 2.1 + 31.2 + 1.0, EPS);
+    assert_int_equal(c.swap_pool_bytes, 1000);
+    assert_int_equal(c.host_bytes, 1000);
+    assert_int_equal(c.h2d_bytes, 1000);
+    assert_int_equal(c.d2h_bytes, 1000);
+    /* block 0's arena still drains at the turn (counted), and comes back one
+     * block ahead: backward of block 1 = 20 + 1000 + 1000 (ahead) + 20 + 7 */
+    assert_int_equal(c.activation_bytes + c.scratch_bytes, 2047);
+    pt_cost_ctx_free(cx);
+    pt_trace_free(&t);
+}
+
+static synth big(void) {
+    synth s = {.n_block = 8, .cpb = 2, .mand_first = 1, .mand_last = 1, .engines = 2, .chunk_bytes = 1 << 20,
+               .arena = 40 << 20, .input = 1 << 20, .fscr = 3 << 20, .bscr = 5 << 20, .gact = 2 << 20,
+               .fwd = 0.010, .bwd = 0.020, .h2d = 1e9, .d2h = 1e10, .cpu = 2e8, .dev = 1e10, .tf = 1};
+    return s;
+}
+
+static uint64_t peak_of(pt_cost_ctx *cx, int p, int nb, int s, int c) {
+    pt_cost_opts o = {1.0, 0, 0, 0, 0};
+    pt_knobs k = {p, nb, s, c};
+    pt_cost r;
+    char err[256];
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &r, err, sizeof err), PT_OK);
+    return r.peak_bytes;
+}
+
+static void test_peak_monotone_in_ckpt_and_swap(void **state) {
+    (void)state;
+    pt_trace t;
+    synth s = big();
+    build(&t, &s);
+    pt_cost_ctx *cx;
+    char err[256];
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    /* fast D2H: I = 1, every swap drains within the next block */
+    assert_int_equal(pt_cost_swap_interval(cx), 1);
+    int N = t.n_block, K = t.n_chunk;
+    int lo = pt_cost_buffer_min(cx, 0);
+    for (int sw = 0; sw <= 2; sw++) {
+        uint64_t prev = UINT64_MAX;
+        for (int c = 0; c + sw <= N; c++) {
+            uint64_t pk = peak_of(cx, 0, lo, sw, c);
+            assert_true(pk <= prev);
+            prev = pk;
+        }
+        assert_true(prev < peak_of(cx, 0, lo, sw, 0));
+    }
+    uint64_t none = peak_of(cx, K, 0, 0, 0), prev = none;
+    for (int sw = 1; sw <= N; sw++) {
+        uint64_t pk = peak_of(cx, K, 0, sw, 0);
+        assert_true(pk <= prev);
+        prev = pk;
+    }
+    assert_true(peak_of(cx, K, 0, N / 2, 0) < none);   /* SWAP lowers the peak */
+    pt_cost_ctx_free(cx);
+    pt_trace_free(&t);
+}
+
+static void test_peak_monotone_in_persist(void **state) {
+    (void)state;
+    for (int frozen = 0; frozen < 2; frozen++) {
+        pt_trace t;
+        synth s = big();
+        s.tf = frozen ? 0.0 : 1.0;   /* frozen chunks: persisting costs less than a slot */
+        build(&t, &s);
+        pt_cost_ctx *cx;
+        char err[256];
+        assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+        int K = t.n_chunk, nb = pt_cost_buffer_min(cx, 0);
+        for (int c = 0; c <= 4; c += 2) {
+            uint64_t prev = 0;
+            for (int p = 0; p + nb <= K; p++) {
+                uint64_t pk = peak_of(cx, p, nb, 1, c);
+                assert_true(pk >= prev);
+                prev = pk;
+            }
+        }
+        pt_cost_ctx_free(cx);
+        pt_trace_free(&t);
+    }
+}
+
+static void test_time_monotone_in_buffers(void **state) {
+    (void)state;
+    for (int engines = 1; engines <= 2; engines++) {
+        pt_trace t;
+        synth s = big();
+        s.engines = engines;
+        s.d2h = 2e9;   /* slower swaps: some transfers exposed */
+        build(&t, &s);
+        pt_cost_ctx *cx;
+        char err[256];
+        assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+        int K = t.n_chunk;
+        long checked = 0, strictly = 0;
+        for (int p = 0; p <= K; p++)
+            for (int sw = 0; sw <= 2; sw++)
+                for (int c = 0; c <= 3; c++)
+                    for (int clip = 0; clip < 2; clip++) {
+                        pt_cost_opts o = {1.0, 0, 0, clip, 0};
+                        double prev = INFINITY;
+                        uint64_t prev_peak = 0;
+                        for (int nb = pt_cost_buffer_min(cx, p); nb <= K - p; nb++) {
+                            pt_knobs k = {p, nb, sw, c};
+                            pt_cost r;
+                            assert_int_equal(pt_cost_eval(cx, &o, &k, &r, err, sizeof err), PT_OK);
+                            assert_true(r.iter_s <= prev + 1e-12);
+                            assert_true(r.peak_bytes >= prev_peak);
+                            if (r.iter_s < prev - 1e-9 && prev < INFINITY) strictly++;
+                            prev = r.iter_s;
+                            prev_peak = r.peak_bytes;
+                            checked++;
+                        }
+                    }
+        assert_true(checked > 500);
+        assert_true(strictly > 0);   /* buffers do buy time somewhere */
+        pt_cost_ctx_free(cx);
+        pt_trace_free(&t);
+    }
+}
+
+static void test_bad_trace_rejected(void **state) {
+    (void)state;
+    pt_trace t;
+    synth s = big();
+    build(&t, &s);
+    pt_cost_ctx *cx = NULL;
+    char err[256] = {0};
+    /* out of execution order */
+    t.chunks[3].first_block = t.chunks[3].last_block = 0;
+    t.chunks[2].first_block = t.chunks[2].last_block = 1;
+    pt_trace_derive_ranges(&t);
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_null(cx);
+    assert_non_null(strstr(err, "execution order"));
+    pt_trace_free(&t);
+    build(&t, &s);
+    t.slot_bytes = s.chunk_bytes - 1;
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "slot_bytes"));
+    pt_trace_free(&t);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hand_all_resident),
+        cmocka_unit_test(test_hand_streamed),
+        cmocka_unit_test(test_hand_ckpt_swap),
+        cmocka_unit_test(test_peak_monotone_in_ckpt_and_swap),
+        cmocka_unit_test(test_peak_monotone_in_persist),
+        cmocka_unit_test(test_time_monotone_in_buffers),
+        cmocka_unit_test(test_bad_trace_rejected),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
