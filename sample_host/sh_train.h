@@ -7,7 +7,8 @@
  * params[i].data/grad at its own aligned allocations, uses plain allocations for the
  * arenas and runs its own AdamW with the exact arithmetic of gpu/kernels_hd.h:
  *   bc1 = (float)(1 - b1^t), bc2r = (float)(1/sqrt(1 - b2^t))   (double math)
- *   norm = sqrt(sum over trainable untied params, in declaration order, of (double)g^2)
+ *   norm = sqrt(sum_i S_i), S_i = sum_k (double)g_ik^2 in element order, i over trainable
+ *          untied params in declaration order
  *   s = max_grad_norm > 0 && norm > max_grad_norm ? (float)(max_grad_norm/(norm+1e-6)) : 1
  *   g = g*s; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g; p = p*(1 - lr*wd);
  *   p = p - (lr/bc1)*m/(sqrtf(v)*bc2r + eps)

@@ -483,14 +483,17 @@ static void adamw_step(sh_trainer *tr, float lr) {
     float scale = 1.0f;
     tr->last_norm = NAN;
     if (o->max_grad_norm > 0.0f) {
-        /* global L2 norm: squares in double, params in declaration order, tied once */
+        /* global L2 norm: per param, squares summed in double in element order; the
+         * per-param sums added in declaration order; tied params counted once */
         double s = 0.0;
         for (int i = 0; i < m->n_params; i++) {
             const pt_param_v1 *p = &m->params[i];
             if (!p->trainable || p->tie >= 0) continue;
             const float *g = (const float *)p->grad;
             size_t n = sh_param_numel(p);
-            for (size_t k = 0; k < n; k++) s += (double)g[k] * (double)g[k];
+            double ps = 0.0;
+            for (size_t k = 0; k < n; k++) ps += (double)g[k] * (double)g[k];
+            s += ps;
         }
         double norm = sqrt(s);
         tr->last_norm = norm;
