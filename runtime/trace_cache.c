@@ -41,7 +41,7 @@ static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
 uint64_t pt_trace_fnv1a64(const void *data, size_t len) {
     /* FNV-1a: h = (h ^ byte) * prime, offset basis 14695981039346656037. */
     const unsigned char *p = data;
-    uint64_t h = 1469598103934665603ull;
+    uint64_t h = 14695981039346656037ull;
     for (size_t i = 0; i < len; i++) {
         h ^= p[i];
         h *= 1099511628211ull;
