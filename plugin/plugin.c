@@ -89,6 +89,34 @@ static const char *h_last_error(void *vctx) {
     return c ? c->err : g_err;
 }
 
+/* The profiler's measured step: the plugin opens a training micro-batch on the
+ * host's behalf (profile_step runs block hooks only), the host runs forward and
+ * backward through the hooks, then the runtime searches and rebuilds. */
+static int profile(pt_ctx *c) {
+    pt_lifecycle saved = c->lc;
+    int rc = PT_OK;
+    /* two passes: the first warms caches, page mappings and BLAS; the second is measured */
+    for (int pass = 0; pass < 2 && !rc; pass++) {
+        c->lc.state = PT_LC_READY;
+        rc = pt_lc_pre_step(&c->lc, -1, 0, 1, c->err, sizeof c->err);
+        if (!rc) rc = pt_rt_profile_begin(c->rt, c->err, sizeof c->err);
+        if (!rc) rc = pt_rt_pre_step(c->rt, -1, 0, 1, c->err, sizeof c->err);
+        if (!rc) rc = pt_rt_call_profile_step(c->rt, c->err, sizeof c->err);
+        if (!rc && c->lc.state != PT_LC_MICRO_DONE) {
+            char want[128];
+            snprintf(want, sizeof want, "%s", pt_lc_state_name(c->lc.state));
+            snprintf(c->err, sizeof c->err, "post_model_load: the host's profile_step returned "
+                     "before every block's forward and backward hooks ran (state: %s, next "
+                     "block %d)", want, c->lc.block);
+            rc = PT_ERR_CALLBACK;
+        }
+    }
+    if (!rc) rc = pt_rt_profile_end(c->rt, c->err, sizeof c->err);
+    else pt_rt_profile_abort(c->rt);
+    c->lc = saved;
+    return rc;
+}
+
 static int32_t h_post_model_load(void *vctx, pt_model_v1 *model) {
     CTX("post_model_load");
     if (!model) {
@@ -97,6 +125,7 @@ static int32_t h_post_model_load(void *vctx, pt_model_v1 *model) {
     }
     int rc = pt_lc_post_model_load(&c->lc, model->n_blocks, c->err, sizeof c->err);
     if (!rc) rc = pt_rt_model_load(c->rt, model, c->err, sizeof c->err);
+    if (!rc && pt_rt_profiling(c->rt)) rc = profile(c);
     if (!rc) c->lc.state = PT_LC_LOADED;
     return done(c, rc);
 }

@@ -21,6 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <time.h>
+
+#include "profiler.h"
 #include "rt_internal.h"
 
 #define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
@@ -28,11 +31,11 @@
 static const pt_gpu_backend *OPS(pt_rt *rt) { return pt_gpu_ops(rt->gpu); }
 static void *IMPL(pt_rt *rt) { return pt_gpu_impl(rt->gpu); }
 
-const char *pt_act_mode_name(int m) {
+const char *pt_acts_mode_name(int m) {
     return m == PT_ACT_CKPT ? "CKPT" : m == PT_ACT_SWAP ? "SWAP" : "NONE";
 }
 
-int pt_act_init(pt_rt *rt, const int32_t *modes, char *err, size_t errlen) {
+int pt_acts_init(pt_rt *rt, const int32_t *modes, char *err, size_t errlen) {
     int n = rt->n_blocks;
     rt->arena = calloc((size_t)(n > 0 ? n : 1), sizeof *rt->arena);
     if (!rt->arena) {
@@ -51,7 +54,7 @@ int pt_act_init(pt_rt *rt, const int32_t *modes, char *err, size_t errlen) {
     return PT_OK;
 }
 
-void pt_act_fini(pt_rt *rt) {
+void pt_acts_fini(pt_rt *rt) {
     if (!rt->arena) return;
     if (rt->s_d2h) OPS(rt)->stream_sync(IMPL(rt), rt->s_d2h);
     if (rt->s_h2d) OPS(rt)->stream_sync(IMPL(rt), rt->s_h2d);
@@ -67,7 +70,7 @@ void pt_act_fini(pt_rt *rt) {
 }
 
 /* Free the device copies of swapped-out arenas whose D2H finished (wait: all). */
-void pt_act_reap(pt_rt *rt, int wait) {
+void pt_acts_reap(pt_rt *rt, int wait) {
     for (int b = 0; b < rt->n_blocks; b++) {
         pt_arena *a = &rt->arena[b];
         if (!a->swapping_out) continue;
@@ -81,10 +84,10 @@ void pt_act_reap(pt_rt *rt, int wait) {
 
 /* Device allocation for an arena; a failure first waits for pending swap-outs. */
 static int arena_alloc(pt_rt *rt, pt_arena *a, uint64_t bytes, char *err, size_t errlen) {
-    pt_act_reap(rt, 0);
+    pt_acts_reap(rt, 0);
     int rc = pt_gpu_alloc(rt->gpu, (size_t)bytes, PT_TAG_ACT, &a->ptr, err, errlen);
     if (rc == PT_ERR_OOM) {
-        pt_act_reap(rt, 1);
+        pt_acts_reap(rt, 1);
         rc = pt_gpu_alloc(rt->gpu, (size_t)bytes, PT_TAG_ACT, &a->ptr, err, errlen);
     }
     if (!rc) a->bytes = bytes;
@@ -98,7 +101,7 @@ int pt_rt_arena(pt_rt *rt, int32_t b, uint64_t bytes, void **ptr, char *err, siz
         return PT_ERR_INVALID_ARG;
     }
     pt_arena *a = &rt->arena[b];
-    if (a->swapping_out) pt_act_reap(rt, 1);
+    if (a->swapping_out) pt_acts_reap(rt, 1);
     if (a->ptr && a->bytes != bytes) {
         pt_gpu_free(rt->gpu, a->ptr);
         a->ptr = NULL;
@@ -120,16 +123,16 @@ int pt_rt_arena_get(pt_rt *rt, int32_t b, void **ptr, char *err, size_t errlen) 
     pt_arena *a = &rt->arena[b];
     if (!a->ptr || a->swapping_out) {
         ERR("activation_arena_get: block %d has no arena on the device now (mode %s; its "
-            "activations are restored in block_pre_backward(%d))", b, pt_act_mode_name(a->mode), b);
+            "activations are restored in block_pre_backward(%d))", b, pt_acts_mode_name(a->mode), b);
         return PT_ERR_ORDER;
     }
     *ptr = a->ptr;
     return PT_OK;
 }
 
-int pt_act_post_forward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
+int pt_acts_post_forward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
     pt_arena *a = &rt->arena[b];
-    pt_act_reap(rt, 0);
+    pt_acts_reap(rt, 0);
     if (!a->ptr) return PT_OK;                    /* the block saved nothing */
     if (rt->eval || a->mode == PT_ACT_CKPT) {
         pt_gpu_free(rt->gpu, a->ptr);             /* poisoned: stale pointers read NaN */
@@ -180,9 +183,9 @@ static int swap_in_start(pt_rt *rt, int32_t b, char *err, size_t errlen) {
     return PT_OK;
 }
 
-int pt_act_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
+int pt_acts_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
     pt_arena *a = &rt->arena[b];
-    pt_act_reap(rt, 0);
+    pt_acts_reap(rt, 0);
     int rc = PT_OK;
     if (a->mode == PT_ACT_SWAP && a->live) {
         if ((rc = swap_in_start(rt, b, err, errlen))) return rc;
@@ -194,7 +197,13 @@ int pt_act_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
             ERR("block %d is CKPT but the host gave no recompute_block callback", b);
             return PT_ERR_CALLBACK;
         }
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         int hrc = rt->host.recompute_block(rt->host.user, b);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (rt->prof)
+            pt_prof_recompute(rt, b, (double)(t1.tv_sec - t0.tv_sec) +
+                                         1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
         if (hrc) {
             ERR("host recompute_block(%d) returned %d", b, hrc);
             return PT_ERR_CALLBACK;
@@ -209,13 +218,13 @@ int pt_act_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
     return PT_OK;
 }
 
-int pt_act_post_backward(pt_rt *rt, int32_t b) {
+int pt_acts_post_backward(pt_rt *rt, int32_t b) {
     pt_arena *a = &rt->arena[b];
     if (a->ptr && !a->swapping_out) {
         pt_gpu_free(rt->gpu, a->ptr);
         a->ptr = NULL;
     }
     a->live = 0;
-    pt_act_reap(rt, 0);
+    pt_acts_reap(rt, 0);
     return PT_OK;
 }

@@ -114,7 +114,7 @@ void pt_cs_set_pointers(pt_rt *rt, cs_chunk *c, void *pbase, void *gbase) {
 int pt_ms_pre_step(pt_rt *rt, char *err, size_t errlen) {
     struct pt_ms *ms = rt->ms;
     if (rt->eval) return PT_OK;
-    if (!rt->opt.ready) {
+    if (!rt->opt.ready && !rt->prof) {
         ERR("pre_step: no optimizer (call create_optimizer first)");
         return PT_ERR_ORDER;
     }
@@ -199,7 +199,7 @@ int pt_ms_gather(pt_rt *rt, int32_t b, int backward, char *err, size_t errlen) {
         void *gbase = (backward && c->trainable) ? (char *)base + ms->lay.chunk_size : NULL;
         if (gbase && !c->bwd_zeroed) {
             OPS(rt)->event_sync(IMPL(rt), ms->slot_free[c->slot]);
-            OPS(rt)->memset_async(IMPL(rt), gbase, 0, (size_t)c->cap, NULL);
+            OPS(rt)->memset_async(IMPL(rt), gbase, 0, (size_t)c->used, NULL);
             c->bwd_zeroed = 1;
         }
         c->users++;
@@ -444,7 +444,7 @@ static int device_adam(pt_rt *rt, cs_chunk *c, float lr, float gs, char *err, si
             return PT_ERR_BACKEND;
         }
     }
-    OPS(rt)->memset_async(IMPL(rt), c->d_grad, 0, (size_t)c->cap, rt->s_compute);
+    OPS(rt)->memset_async(IMPL(rt), c->d_grad, 0, (size_t)c->used, rt->s_compute);
     return PT_OK;
 }
 

@@ -15,6 +15,7 @@
 #include "device_ext.h"
 #include "kernels_hd.h"
 #include "ms_internal.h"
+#include "profiler.h"
 
 #define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
 
@@ -115,7 +116,7 @@ static int choose_layout(pt_rt *rt, char *err, size_t errlen) {
 
 /* Pinned bytes of one offloaded chunk (ARCHITECTURE.md decision 4: the real cost). */
 static uint64_t pinned_of(const cs_chunk *c, int with_gacc) {
-    uint64_t b = 2 * c->cap + 8 * c->n_state;     /* h_param, h_gstage, m, v */
+    uint64_t b = 2 * c->used + 8 * c->n_state;    /* h_param, h_gstage, m, v */
     if (c->has16) b += 4 * c->n_state;             /* fp32 masters */
     if (with_gacc) b += 4 * c->n_state;
     return b;
@@ -158,24 +159,25 @@ static int check_pinned(pt_rt *rt, uint64_t need, char *err, size_t errlen) {
 static int alloc_persistent(pt_rt *rt, cs_chunk *c, char *err, size_t errlen) {
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     void *impl = pt_gpu_impl(rt->gpu);
-    int rc = pt_gpu_alloc(rt->gpu, c->cap, PT_TAG_PARAM, &c->d_param, err, errlen);
+    /* a resident chunk never enters a pool slot: it needs its used bytes, not S */
+    int rc = pt_gpu_alloc(rt->gpu, c->used, PT_TAG_PARAM, &c->d_param, err, errlen);
     if (rc) return rc;
-    ops->memset_async(impl, c->d_param, 0, c->cap, NULL);
+    ops->memset_async(impl, c->d_param, 0, c->used, NULL);
     if (c->trainable) {
-        if ((rc = pt_gpu_alloc(rt->gpu, c->cap, PT_TAG_GRAD, &c->d_grad, err, errlen))) return rc;
-        ops->memset_async(impl, c->d_grad, 0, c->cap, NULL);
+        if ((rc = pt_gpu_alloc(rt->gpu, c->used, PT_TAG_GRAD, &c->d_grad, err, errlen))) return rc;
+        ops->memset_async(impl, c->d_grad, 0, c->used, NULL);
     }
-    rt->ms->persist_bytes += c->cap * (c->trainable ? 2 : 1);
+    rt->ms->persist_bytes += c->used * (c->trainable ? 2 : 1);
     return PT_OK;
 }
 
 static int alloc_offloaded(pt_rt *rt, cs_chunk *c, char *err, size_t errlen) {
     int rc;
-    if ((rc = pt_gpu_pinned_alloc(rt->gpu, c->cap, &c->h_param, err, errlen))) return rc;
-    memset(c->h_param, 0, c->cap);
+    if ((rc = pt_gpu_pinned_alloc(rt->gpu, c->used, &c->h_param, err, errlen))) return rc;
+    memset(c->h_param, 0, c->used);
     if (!c->trainable) return PT_OK;
     size_t eb = (size_t)c->n_state * sizeof(float);
-    if ((rc = pt_gpu_pinned_alloc(rt->gpu, c->cap, &c->h_gstage, err, errlen)) ||
+    if ((rc = pt_gpu_pinned_alloc(rt->gpu, c->used, &c->h_gstage, err, errlen)) ||
         (rc = pt_gpu_pinned_alloc(rt->gpu, eb, (void **)&c->h_m, err, errlen)) ||
         (rc = pt_gpu_pinned_alloc(rt->gpu, eb, (void **)&c->h_v, err, errlen)))
         return rc;
@@ -253,9 +255,9 @@ int pt_ms_load(pt_rt *rt, char *err, size_t errlen) {
     }
 
     /* Knobs: INI overrides, else everything persistent until the searcher decides. */
-    int np = rt->cfg.n_persist;
-    ms->np_fixed = np >= 0 && !rt->cfg.force_all_persistent;
-    if (np < 0 || rt->cfg.force_all_persistent || np > L->n_chunks) np = L->n_chunks;
+    int np = rt->kn.n_persist;
+    ms->np_fixed = np >= 0;
+    if (np < 0 || np > L->n_chunks) np = L->n_chunks;
     for (int k = 0; k < L->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
         c->lc = &L->chunks[k];
@@ -285,7 +287,7 @@ int pt_ms_load(pt_rt *rt, char *err, size_t errlen) {
         if (c->persistent) ms->n_persist++;
         else ms->n_offloaded++;
     }
-    int nb = rt->cfg.n_buffer;
+    int nb = rt->kn.n_buffer;
     ms->nb_fixed = nb >= 0;
     int need = min_buffers(ms, m->n_blocks, 0), look = min_buffers(ms, m->n_blocks, 1);
     if (nb < 0) nb = look;
@@ -327,16 +329,30 @@ int pt_ms_load(pt_rt *rt, char *err, size_t errlen) {
     PT_LOGI(&rt->lg, "model: %d params (%llu elements, %llu trainable), %d blocks", m->n_params,
             (unsigned long long)n_el, (unsigned long long)n_tr, m->n_blocks);
     PT_LOGI(&rt->lg, "chunks: S_chunk %llu bytes, N_chunk %d (%d mandatory persistent), "
-                     "n_persist %d%s, n_buffer %d%s (minimum %d, with prefetch %d)",
+                     "%d resident (n_persist %d, %s), n_buffer %d (%s; minimum %d, with "
+                     "prefetch %d)",
             (unsigned long long)L->chunk_size, L->n_chunks, L->n_mandatory, ms->n_persist,
-            ms->np_fixed ? " (INI)" : (rt->cfg.force_all_persistent ? " (force_all_persistent)"
-                                                                      : " (all resident)"),
-            ms->n_buffer, ms->nb_fixed ? " (INI)" : "", need, look);
+            np, ms->np_fixed ? rt->kn.source : "all resident", ms->n_buffer,
+            ms->nb_fixed ? rt->kn.source : "lookahead minimum", need, look);
     PT_LOGI(&rt->lg, "memory: persistent chunks %.2f MiB, buffers %.2f MiB on the device; "
                      "pinned host %.2f MiB allocated in %.3f s; mode %s",
             ms->persist_bytes / 1048576.0, ms->buffer_bytes / 1048576.0, pinned / 1048576.0,
             ms->pin_seconds, ms->n_offloaded ? "B (offload)" : "A (everything resident)");
     return PT_OK;
+}
+
+uint64_t pt_ms_arch_hash(pt_rt *rt) {
+    const pt_model_v1 *m = rt->model;
+    uint64_t h = pt_trace_arch_hash(m->arch ? m->arch : "");
+    for (int i = 0; i < m->n_params; i++) {
+        const pt_param_v1 *p = &m->params[i];
+        int32_t f[5] = {p->dtype, p->ndim, p->block, p->trainable, p->tie};
+        h ^= pt_trace_fnv1a64(f, sizeof f) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+        h ^= pt_trace_fnv1a64(p->shape, sizeof p->shape) + (h << 6) + (h >> 2);
+        if (p->name) h ^= pt_trace_fnv1a64(p->name, strlen(p->name)) + (h << 6) + (h >> 2);
+    }
+    h ^= (uint64_t)m->n_blocks * 0x100000001b3ull;
+    return h;
 }
 
 int pt_ms_optimizer_init(pt_rt *rt, char *err, size_t errlen) {

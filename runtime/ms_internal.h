@@ -5,11 +5,12 @@
  *
  * Storage per chunk (S = chunk capacity in bytes, E = fp32 state elements =
  * sum over its trainable regions of bytes / elem_size, padding included):
- *   persistent:  d_param [S] compute dtype, d_grad [S], d_m/d_v [E] fp32,
+ * (U = bytes used by its params, <= S: resident and pinned copies are U long)
+ *   persistent:  d_param [U] compute dtype, d_grad [U], d_m/d_v [E] fp32,
  *                d_master [E] fp32 only when a trainable region is 16-bit.
- *   offloaded:   h_param [S] pinned, compute dtype (fp32 regions ARE the master,
+ *   offloaded:   h_param [U] pinned, compute dtype (fp32 regions ARE the master,
  *                16-bit regions are the staged copy the next upload reads),
- *                h_gstage [S] pinned (gradient landing zone, compute dtype),
+ *                h_gstage [U] pinned (gradient landing zone, compute dtype),
  *                h_m/h_v [E], h_master [E] (16-bit regions), h_gacc [E] fp32
  *                (accumulated gradient, only when n_micro > 1).
  *   Streamed chunks live on the device only inside a buffer-pool slot of 2*S_chunk

@@ -13,6 +13,7 @@
 
 #include "device_ext.h"
 #include "placement.h"
+#include "profiler.h"
 #include "rt_internal.h"
 
 #define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
@@ -66,7 +67,7 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
 
 size_t pt_rt_destroy(pt_rt *rt) {
     if (!rt) return 0;
-    pt_act_fini(rt);
+    pt_acts_fini(rt);
     pt_ms_destroy(rt);
     size_t leaked = 0;
     if (rt->gpu) {
@@ -95,7 +96,26 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     if (rc) return rc;
     rt->model = model;
     rt->n_blocks = model->n_blocks;
-    rc = pt_ms_load(rt, err, errlen);
+    rt->kn.n_persist = rt->cfg.force_all_persistent ? -1 : rt->cfg.n_persist;
+    rt->kn.n_buffer = rt->cfg.n_buffer;
+    rt->kn.n_swap = rt->cfg.n_swap;
+    rt->kn.n_checkpoint = rt->cfg.n_checkpoint;
+    rt->kn.source = rt->cfg.force_all_persistent ? "force_all_persistent" : "INI";
+    if (pt_rt_wants_profile(rt)) {
+        /* bootstrap: stream every chunk through the minimal pool, checkpoint every
+         * block — what fits if anything does (ARCHITECTURE.md decision 1) */
+        rt->kn.n_persist = 0;
+        rt->kn.n_buffer = -1;
+        rt->kn.n_swap = 0;
+        rt->kn.n_checkpoint = model->n_blocks;
+        rt->kn.source = "bootstrap";
+    }
+    return pt_rt_build(rt, err, errlen);
+}
+
+/* (Re)build the store and the activation policy from rt->kn. */
+int pt_rt_build(pt_rt *rt, char *err, size_t errlen) {
+    int rc = pt_ms_load(rt, err, errlen);
     if (rc) return rc;
     int32_t *modes = calloc((size_t)(rt->n_blocks > 0 ? rt->n_blocks : 1), sizeof *modes);
     if (!modes) {
@@ -103,8 +123,11 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
         return PT_ERR_HOST_OOM;
     }
     rc = pt_rt_block_modes(rt, modes, err, errlen);
-    if (!rc) rc = pt_act_init(rt, modes, err, errlen);
+    if (!rc) rc = pt_acts_init(rt, modes, err, errlen);
     free(modes);
+    /* peaks from here on belong to the plan in force (not to profiling) */
+    pt_gpu_reset_peak(rt->gpu);
+    rt->calib_steps = 0;
     return rc;
 }
 
@@ -149,24 +172,39 @@ int pt_rt_pre_step(pt_rt *rt, int64_t step, int32_t micro, int32_t n_micro, char
     return pt_ms_pre_step(rt, err, errlen);
 }
 
+#define PROF(which, exit) \
+    do { if (rt->prof) pt_prof_hook(rt, which, b, exit); } while (0)
+
 int pt_rt_pre_forward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
-    return pt_ms_gather(rt, b, 0, err, errlen);
+    PROF(PT_PROF_PRE_FWD, 0);
+    int rc = pt_ms_gather(rt, b, 0, err, errlen);
+    PROF(PT_PROF_PRE_FWD, 1);
+    return rc;
 }
 
 int pt_rt_post_forward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
+    PROF(PT_PROF_POST_FWD, 0);
     int rc = pt_ms_release(rt, b, 0, err, errlen);
-    return rc ? rc : pt_act_post_forward(rt, b, err, errlen);
+    if (!rc) rc = pt_acts_post_forward(rt, b, err, errlen);
+    PROF(PT_PROF_POST_FWD, 1);
+    return rc;
 }
 
 /* Parameters first, then activations: a CKPT recompute reads the block's params. */
 int pt_rt_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
+    PROF(PT_PROF_PRE_BWD, 0);
     int rc = pt_ms_gather(rt, b, 1, err, errlen);
-    return rc ? rc : pt_act_pre_backward(rt, b, err, errlen);
+    if (!rc) rc = pt_acts_pre_backward(rt, b, err, errlen);
+    PROF(PT_PROF_PRE_BWD, 1);
+    return rc;
 }
 
 int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
+    PROF(PT_PROF_POST_BWD, 0);
     int rc = pt_ms_release(rt, b, 1, err, errlen);
-    return rc ? rc : pt_act_post_backward(rt, b);
+    if (!rc) rc = pt_acts_post_backward(rt, b);
+    PROF(PT_PROF_POST_BWD, 1);
+    return rc;
 }
 
 /* Per-block activation modes from (n_swap, n_checkpoint) — INI overrides until
@@ -174,8 +212,8 @@ int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
  * interval comes from the profile when there is one, else 1. */
 int pt_rt_block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen) {
     int n = rt->n_blocks;
-    int ns = rt->cfg.n_swap > 0 ? rt->cfg.n_swap : 0;
-    int nc = rt->cfg.n_checkpoint > 0 ? rt->cfg.n_checkpoint : 0;
+    int ns = rt->kn.n_swap > 0 ? rt->kn.n_swap : 0;
+    int nc = rt->kn.n_checkpoint > 0 ? rt->kn.n_checkpoint : 0;
     uint8_t *m8 = calloc((size_t)(n > 0 ? n : 1), 1);
     if (!m8) {
         ERR("out of host memory");
@@ -218,6 +256,7 @@ int pt_rt_post_step(pt_rt *rt, int64_t step, float loss, char *err, size_t errle
     rt->last_loss = loss;
     PT_LOGD(&rt->lg, "step %lld loss %.6f grad-norm %.6g", (long long)step, (double)loss,
             rt->opt.last_norm);
+    pt_rt_calibrate(rt);
     return PT_OK;
 }
 

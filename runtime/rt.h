@@ -23,6 +23,16 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
 size_t pt_rt_destroy(pt_rt *rt);
 
 int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen);
+/* Profiling at post_model_load (plan_rt.c): when pt_rt_profiling() after
+ * pt_rt_model_load, the plugin runs pre_step-equivalent state, then
+ * pt_rt_profile_begin, pt_rt_call_profile_step (the host re-enters the block
+ * hooks), pt_rt_profile_end (trace -> search -> rebuild). */
+int pt_rt_profiling(const pt_rt *rt);
+int pt_rt_profile_begin(pt_rt *rt, char *err, size_t errlen);
+int pt_rt_call_profile_step(pt_rt *rt, char *err, size_t errlen);
+int pt_rt_profile_end(pt_rt *rt, char *err, size_t errlen);
+void pt_rt_profile_abort(pt_rt *rt);
+
 int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *desc, char *err, size_t errlen);
 
 int pt_rt_pre_step(pt_rt *rt, int64_t step, int32_t micro, int32_t n_micro, char *err,

@@ -24,7 +24,15 @@ typedef struct pt_optim_state {
     int ready;
 } pt_optim_state;
 
+/* The four knobs the store and the activation policy run with (-1 = default:
+ * everything persistent, lookahead buffers, no swap, no checkpoint). */
+typedef struct pt_rt_knobs {
+    int32_t n_persist, n_buffer, n_swap, n_checkpoint;
+    const char *source;   /* "INI", "searched", "bootstrap" — for the log */
+} pt_rt_knobs;
+
 struct pt_ms;             /* model-state store (model_state.c) */
+struct pt_prof;           /* profiler state while profile_step runs (profiler.c) */
 
 struct pt_rt {
     pt_config cfg;
@@ -44,19 +52,35 @@ struct pt_rt {
     float last_loss;
     uint64_t swap_out_bytes;  /* cumulative */
     int64_t recomputes;       /* cumulative recompute_block calls */
+    struct pt_prof *prof;     /* non-NULL while profiling */
+    pt_rt_knobs kn;           /* what the current store was built with */
+    double prof_t0;
+    double frag;              /* allocator fragmentation factor for the cost model */
+    uint64_t pred_peak;       /* the plan's predicted peak and iteration time (0: no plan) */
+    double pred_iter_s;
+    int calib_steps;          /* post_steps since the plan took effect */
+    double calib_t[8];        /* their timestamps */
+    uint64_t meas_peak;       /* measured at calibration (0: not yet) */
+    double meas_iter_s;
     int swap_interval;        /* blocks of forward compute that hide one swap-out (>= 1) */
 };
 
 int pt_rt_block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen);
+int pt_rt_build(pt_rt *rt, char *err, size_t errlen);
+int pt_rt_wants_profile(const pt_rt *rt);   /* plan_rt.c */
+void pt_rt_calibrate(pt_rt *rt);
+struct pt_trace;
+int pt_rt_search_and_apply(pt_rt *rt, const struct pt_trace *t, double prof_s, char *err,
+                           size_t errlen);
 
 /* activations.c */
-const char *pt_act_mode_name(int m);
-int pt_act_init(pt_rt *rt, const int32_t *modes, char *err, size_t errlen);
-void pt_act_fini(pt_rt *rt);
-void pt_act_reap(pt_rt *rt, int wait);
-int pt_act_post_forward(pt_rt *rt, int32_t b, char *err, size_t errlen);
-int pt_act_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen);
-int pt_act_post_backward(pt_rt *rt, int32_t b);
+const char *pt_acts_mode_name(int m);
+int pt_acts_init(pt_rt *rt, const int32_t *modes, char *err, size_t errlen);
+void pt_acts_fini(pt_rt *rt);
+void pt_acts_reap(pt_rt *rt, int wait);
+int pt_acts_post_forward(pt_rt *rt, int32_t b, char *err, size_t errlen);
+int pt_acts_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen);
+int pt_acts_post_backward(pt_rt *rt, int32_t b);
 
 /* model_state.c */
 int pt_ms_validate(const pt_model_v1 *m, char *err, size_t errlen);

@@ -1,0 +1,165 @@
+/*
+ * plan_rt.c — planning at post_model_load: profile under the bootstrap plan
+ * (or reuse a cached trace), search the four knobs, rebuild the store under
+ * the chosen plan, log the plan (and write it as JSON when plan_file is set).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cost_model.h"
+#include "ms_internal.h"
+#include "plan.h"
+#include "profiler.h"
+#include "searcher.h"
+#include "trace_cache.h"
+
+#define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
+
+int pt_rt_wants_profile(const pt_rt *rt) {
+    const pt_config *c = &rt->cfg;
+    if (!c->auto_memory || c->force_all_persistent) return 0;
+    if (c->n_persist >= 0 && c->n_buffer >= 0 && c->n_swap >= 0 && c->n_checkpoint >= 0) return 0;
+    return rt->host.profile_step != NULL && rt->model && rt->model->n_blocks > 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int pt_rt_profile_begin(pt_rt *rt, char *err, size_t errlen) {
+    if (!rt->prof) rt->prof_t0 = now_s();
+    pt_prof_free(rt);     /* a second pass replaces the first (warm-up) one */
+    return pt_prof_begin(rt, err, errlen);
+}
+
+void pt_rt_profile_abort(pt_rt *rt) { pt_prof_free(rt); }
+
+/* After the host's profile_step returned: trace -> search -> rebuild. */
+int pt_rt_profile_end(pt_rt *rt, char *err, size_t errlen) {
+    pt_trace t;
+    int rc = pt_prof_finish(rt, &t, err, errlen);
+    pt_prof_free(rt);
+    if (rc) {
+        pt_trace_free(&t);
+        return rc;
+    }
+    double prof_s = now_s() - rt->prof_t0;
+    rt->swap_interval = 0;
+    rc = pt_rt_search_and_apply(rt, &t, prof_s, err, errlen);
+    pt_trace_free(&t);
+    return rc;
+}
+
+/* Auto pinned budget: 90% of MemAvailable (same rule as the store's check). */
+static uint64_t host_budget(const pt_rt *rt) {
+    if (rt->cfg.pinned_budget) return rt->cfg.pinned_budget;
+    FILE *f = fopen("/proc/meminfo", "r");
+    unsigned long long kb = 0;
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+        fclose(f);
+    }
+    return (uint64_t)kb * 1024 / 10 * 9;
+}
+
+int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *err,
+                           size_t errlen) {
+    pt_search_opts o;
+    pt_search_opts_default(&o);
+    o.cost.reserve_bytes = rt->cfg.reserve;
+    o.cost.headroom_bytes = rt->cfg.extra_headroom;
+    o.cost.clip = rt->cfg.max_grad_norm > 0;
+    o.cost.frag = rt->frag > 0 ? rt->frag : 1.0;
+    o.capacity = t->hw.device_capacity;
+    o.host_ram = host_budget(rt);
+    o.n_persist = rt->cfg.n_persist;
+    o.n_buffer = rt->cfg.n_buffer;
+    o.n_swap = rt->cfg.n_swap;
+    o.n_checkpoint = rt->cfg.n_checkpoint;
+    pt_plan plan;
+    pt_plan_init(&plan);
+    int rc = pt_search(t, &o, &plan, err, errlen);
+    if (rc) {
+        pt_plan_free(&plan);
+        return rc;
+    }
+    plan.exec_mode = plan.knobs.n_persist >= plan.n_chunk ? 0 : 1;
+    plan.world_size = t->key.world_size;
+    char *text = pt_plan_text(&plan);
+    if (text) {
+        PT_LOGI(&rt->lg, "plan (profiled in %.3f s, searched %lld candidates in %.3f ms):",
+                prof_s, (long long)plan.n_evaluated, plan.search_s * 1e3);
+        pt_log_text(&rt->lg, PT_LOG_INFO, text);
+        free(text);
+    }
+    if (rt->cfg.plan_file[0] && (rc = pt_plan_write_json(&plan, rt->cfg.plan_file, err, errlen))) {
+        pt_plan_free(&plan);
+        return rc;
+    }
+    rt->pred_peak = plan.cost.peak_bytes;
+    rt->pred_iter_s = plan.cost.iter_s;
+    rt->swap_interval = plan.swap_interval;
+    rt->kn.n_persist = plan.knobs.n_persist;
+    rt->kn.n_buffer = plan.knobs.n_buffer;
+    rt->kn.n_swap = plan.knobs.n_swap;
+    rt->kn.n_checkpoint = plan.knobs.n_checkpoint;
+    rt->kn.source = "searched";
+    pt_plan_free(&plan);
+    /* rebuild under the chosen plan: the bootstrap store goes, values come from the
+     * host's initial tensors again (profiling ran no optimizer step) */
+    pt_acts_fini(rt);
+    pt_ms_destroy(rt);
+    return pt_rt_build(rt, err, errlen);
+}
+
+int pt_rt_call_profile_step(pt_rt *rt, char *err, size_t errlen) {
+    int hrc = rt->host.profile_step(rt->host.user);
+    if (hrc) {
+        ERR("post_model_load: the host's profile_step returned %d", hrc);
+        return PT_ERR_CALLBACK;
+    }
+    return PT_OK;
+}
+
+int pt_rt_profiling(const pt_rt *rt) {
+    return rt->kn.source && !strcmp(rt->kn.source, "bootstrap");
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* After a few hot iterations under the plan: measured peak and median iteration
+ * time against the prediction, to the log (and get_stats). The first iteration
+ * after the plan is a warm-up (first uploads, first pinned swap buffers). */
+void pt_rt_calibrate(pt_rt *rt) {
+    enum { WARM = 1, MEASURE = 5 };
+    int k = rt->calib_steps++;
+    if (k < (int)(sizeof rt->calib_t / sizeof rt->calib_t[0])) rt->calib_t[k] = now_s();
+    if (k != WARM + MEASURE || !rt->pred_peak) return;
+    double dt[MEASURE];
+    for (int i = 0; i < MEASURE; i++) dt[i] = rt->calib_t[WARM + i + 1] - rt->calib_t[WARM + i];
+    qsort(dt, MEASURE, sizeof dt[0], cmp_d);
+    pt_gpu_usage u;
+    pt_gpu_usage_get(rt->gpu, &u);
+    rt->meas_peak = u.peak;
+    rt->meas_iter_s = dt[MEASURE / 2];
+    double pr = (double)u.peak / (double)rt->pred_peak;
+    PT_LOGI(&rt->lg, "calibration: measured peak %llu bytes (%.2f MiB) vs predicted %llu "
+                     "(x%.4f); median iteration %.4f s vs predicted %.4f s (x%.3f)",
+            (unsigned long long)u.peak, u.peak / 1048576.0, (unsigned long long)rt->pred_peak,
+            pr, rt->meas_iter_s, rt->pred_iter_s,
+            rt->pred_iter_s > 0 ? rt->meas_iter_s / rt->pred_iter_s : 0.0);
+    if (u.peak > rt->pred_peak)
+        PT_LOGW(&rt->lg, "calibration: the peak was under-predicted by %llu bytes; the next "
+                         "plan uses fragmentation factor %.4f",
+                (unsigned long long)(u.peak - rt->pred_peak), pr * (rt->frag > 0 ? rt->frag : 1.0));
+}

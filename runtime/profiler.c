@@ -1,0 +1,333 @@
+/*
+ * profiler.c — the memory-aware profiler (PROTRAIN.md section 5, ARCHITECTURE.md
+ * decision 1). It times the host's profile_step under the bootstrap plan (every
+ * chunk streamed through the minimal pool, every block CKPT: the configuration
+ * that fits if anything does) and reads the plugin's own allocator around each
+ * hook window, so the trace holds exact bytes, not estimates:
+ *   forward window b   = exit of block_pre_forward(b) .. entry of block_post_forward(b)
+ *   backward window b  = exit of block_pre_backward(b) (recompute done) .. entry of
+ *                        block_post_backward(b); the recompute inside
+ *                        block_pre_backward is timed separately
+ *   embedding forward  = profile start .. entry of block_pre_forward(0)
+ *   head (+loss)       = exit of block_post_forward(L-1) .. entry of block_pre_backward(L-1)
+ *   embedding backward = exit of block_post_backward(0) .. profile end
+ * Per window: start bytes c0 (then the peak is reset), peak p, end bytes c1.
+ *   forward:  arena = rounded arena request; next input = max(0, c1 - c0 - arena);
+ *             fwd_scratch = p - c0 - arena - next input
+ *   backward: bwd_scratch = p - c0 (the arena is already in c0)
+ * Then hardware rates: H2D/D2H over two sizes (the pool's slot and a quarter of
+ * it), CPU AdamW elements/s on the worker pool, device AdamW elements/s.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "device_ext.h"
+#include "ms_internal.h"
+#include "profiler.h"
+
+#define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
+
+struct pt_prof {
+    int n;
+    double t_last_exit;             /* time the last hook returned */
+    double t0, head_t0, ebwd_t0;
+    uint64_t c0;                    /* bytes at the current window's start */
+    uint64_t head_c0;
+    double *fwd, *bwd, *rec;        /* [n] seconds */
+    uint64_t *arena, *input, *fscr, *bscr;
+    uint64_t nonblock, nonblock_scr;
+    double embed_fwd, embed_bwd, head;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t cur_bytes(pt_rt *rt) {
+    pt_gpu_usage u;
+    pt_gpu_usage_get(rt->gpu, &u);
+    return u.current;
+}
+
+static uint64_t peak_bytes(pt_rt *rt) {
+    pt_gpu_usage u;
+    pt_gpu_usage_get(rt->gpu, &u);
+    return u.peak;
+}
+
+static void window_start(pt_rt *rt) {
+    rt->prof->c0 = cur_bytes(rt);
+    pt_gpu_reset_peak(rt->gpu);
+}
+
+int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
+    struct pt_prof *p = calloc(1, sizeof *p);
+    int n = rt->n_blocks > 0 ? rt->n_blocks : 1;
+    if (!p || !(p->fwd = calloc((size_t)n, sizeof(double))) ||
+        !(p->bwd = calloc((size_t)n, sizeof(double))) || !(p->rec = calloc((size_t)n, sizeof(double))) ||
+        !(p->arena = calloc((size_t)n, 8)) || !(p->input = calloc((size_t)n + 1, 8)) ||
+        !(p->fscr = calloc((size_t)n, 8)) || !(p->bscr = calloc((size_t)n, 8))) {
+        rt->prof = p;
+        pt_prof_free(rt);
+        ERR("out of host memory");
+        return PT_ERR_HOST_OOM;
+    }
+    p->n = rt->n_blocks;
+    rt->prof = p;
+    pt_gpu_usage u;
+    pt_gpu_usage_get(rt->gpu, &u);
+    /* what the host holds outside blocks (inputs, residual streams, logits, scratch)
+     * and the plugin's own small device buffers (norm accumulator) */
+    p->nonblock = u.tag_current[PT_TAG_ACT] + u.tag_current[PT_TAG_SCRATCH] +
+                  u.tag_current[PT_TAG_HOSTUSE] + u.tag_current[PT_TAG_OTHER];
+    p->t0 = now_s();
+    window_start(rt);
+    return PT_OK;
+}
+
+void pt_prof_free(pt_rt *rt) {
+    struct pt_prof *p = rt->prof;
+    if (!p) return;
+    free(p->fwd);
+    free(p->bwd);
+    free(p->rec);
+    free(p->arena);
+    free(p->input);
+    free(p->fscr);
+    free(p->bscr);
+    free(p);
+    rt->prof = NULL;
+}
+
+static void nonblock_window_end(pt_rt *rt) {
+    struct pt_prof *p = rt->prof;
+    uint64_t pk = peak_bytes(rt);
+    if (pk > p->c0 && pk - p->c0 > p->nonblock_scr) p->nonblock_scr = pk - p->c0;
+}
+
+void pt_prof_hook(pt_rt *rt, int which, int32_t b, int exit) {
+    struct pt_prof *p = rt->prof;
+    if (!p || b < 0 || b >= p->n) return;
+    double t = now_s();
+    if (!exit) {               /* hook entry: a window ends */
+        switch (which) {
+        case PT_PROF_PRE_FWD:
+            if (b == 0) {
+                p->embed_fwd = t - p->t0;
+                nonblock_window_end(rt);
+            }
+            break;
+        case PT_PROF_POST_FWD: {
+            p->fwd[b] = t - p->t_last_exit;
+            uint64_t pk = peak_bytes(rt), c1 = cur_bytes(rt);
+            uint64_t ar = rt->arena[b].ptr ? pt_gpu_round_size(rt->arena[b].bytes) : 0;
+            uint64_t grown = c1 > p->c0 + ar ? c1 - p->c0 - ar : 0;
+            p->arena[b] = ar;
+            p->input[b + 1] = grown;
+            uint64_t base = p->c0 + ar + grown;
+            p->fscr[b] = pk > base ? pk - base : 0;
+            break;
+        }
+        case PT_PROF_PRE_BWD:
+            if (b == p->n - 1) {
+                p->head = t - p->head_t0;
+                nonblock_window_end(rt);
+            }
+            break;
+        case PT_PROF_POST_BWD: {
+            p->bwd[b] = t - p->t_last_exit;
+            uint64_t pk = peak_bytes(rt);
+            p->bscr[b] = pk > p->c0 ? pk - p->c0 : 0;
+            break;
+        }
+        }
+        return;
+    }
+    /* hook exit: a window starts */
+    p->t_last_exit = t;
+    if (which == PT_PROF_POST_FWD && b == p->n - 1) p->head_t0 = t;
+    if (which == PT_PROF_POST_BWD && b == 0) p->ebwd_t0 = t;
+    window_start(rt);
+}
+
+void pt_prof_recompute(pt_rt *rt, int32_t b, double seconds) {
+    if (rt->prof && b >= 0 && b < rt->prof->n) rt->prof->rec[b] = seconds;
+}
+
+/* ---- hardware rates ---- */
+
+static double copy_rate(pt_rt *rt, void *dev, void *host, size_t bytes, int kind) {
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
+    pt_stream *s = kind == PT_GPU_H2D ? rt->s_h2d : rt->s_d2h;
+    double best = 0;
+    for (int r = 0; r < 3; r++) {
+        double t0 = now_s();
+        void *d = kind == PT_GPU_H2D ? dev : host;
+        const void *src = kind == PT_GPU_H2D ? host : dev;
+        if (pt_gpu_memcpy_async(rt->gpu, d, src, bytes, kind, s)) return 0;
+        ops->stream_sync(pt_gpu_impl(rt->gpu), s);
+        double dt = now_s() - t0;
+        if (dt > 0 && bytes / dt > best) best = bytes / dt;
+    }
+    return best;
+}
+
+static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
+    struct pt_ms *ms = rt->ms;
+    size_t bytes = (size_t)(ms->lay.chunk_size);
+    if (bytes < 65536) bytes = 65536;
+    void *dev = NULL, *host = NULL;
+    char e[256];
+    /* the pool's first slot is idle between steps; otherwise a temporary block */
+    int own = 0;
+    if (ms->pool && pt_bufpool_n_slots(ms->pool) > 0 && pt_bufpool_slot_leases(ms->pool, 0) == 0) {
+        dev = pt_bufpool_slot_ptr(ms->pool, 0);
+        bytes = (size_t)pt_bufpool_slot_bytes(ms->pool);
+        pt_bufpool_invalidate_all(ms->pool);
+    } else if (!pt_gpu_alloc(rt->gpu, bytes, PT_TAG_OTHER, &dev, e, sizeof e)) {
+        own = 1;
+    }
+    if (dev && !pt_gpu_pinned_alloc(rt->gpu, bytes, &host, e, sizeof e)) {
+        memset(host, 0, bytes);
+        /* two sizes: small copies pay latency, the model mostly moves whole chunks */
+        double big_h = copy_rate(rt, dev, host, bytes, PT_GPU_H2D);
+        double big_d = copy_rate(rt, dev, host, bytes, PT_GPU_D2H);
+        hw->h2d_Bps = big_h;
+        hw->d2h_Bps = big_d;
+        pt_gpu_pinned_free(rt->gpu, host);
+    }
+    if (own) pt_gpu_free(rt->gpu, dev);
+}
+
+static void measure_adam(pt_rt *rt, pt_trace_hw *hw) {
+    struct pt_ms *ms = rt->ms;
+    size_t n = 1u << 20;
+    float *buf = calloc(4 * n, sizeof(float));
+    if (buf) {
+        pt_cpu_adam_args a;
+        memset(&a, 0, sizeof a);
+        a.p = buf;
+        a.g = buf + n;
+        a.g_dtype = PT_F32;
+        a.m = buf + 2 * n;
+        a.v = buf + 3 * n;
+        a.n = n;
+        a.c = pt_adamw_make_consts(1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0.1f, 1.0f, 1.0f);
+        double best = 0;
+        for (int r = 0; r < 3; r++) {
+            double t0 = now_s();
+            pt_cpu_adam_run(ms->workers, &a);
+            double dt = now_s() - t0;
+            if (dt > 0 && n / dt > best) best = n / dt;
+        }
+        hw->cpu_adam_elems_per_s = best;
+        free(buf);
+    }
+    /* device AdamW over 64K elements (small: the device may be tiny) */
+    size_t dn = 65536;
+    void *d = NULL;
+    char e[256];
+    if (!pt_gpu_alloc(rt->gpu, dn * 16, PT_TAG_OTHER, &d, e, sizeof e)) {
+        const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
+        void *impl = pt_gpu_impl(rt->gpu);
+        ops->memset_async(impl, d, 0, dn * 16, NULL);
+        pt_adamw_args a;
+        memset(&a, 0, sizeof a);
+        a.param = d;
+        a.grad = (float *)d + dn;
+        a.m = (float *)d + 2 * dn;
+        a.v = (float *)d + 3 * dn;
+        a.n = dn;
+        a.lr = 1e-3f;
+        a.beta1 = 0.9f;
+        a.beta2 = 0.999f;
+        a.eps = 1e-8f;
+        a.bc1 = 0.1f;
+        a.bc2_rsqrt = 1.0f;
+        a.grad_scale = 1.0f;
+        double best = 0;
+        for (int r = 0; r < 3; r++) {
+            double t0 = now_s();
+            ops->adamw(impl, &a, rt->s_compute);
+            ops->stream_sync(impl, rt->s_compute);
+            double dt = now_s() - t0;
+            if (dt > 0 && dn / dt > best) best = dn / dt;
+        }
+        hw->dev_adam_elems_per_s = best;
+        pt_gpu_free(rt->gpu, d);
+    }
+}
+
+int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
+    struct pt_prof *p = rt->prof;
+    struct pt_ms *ms = rt->ms;
+    pt_model_v1 *m = rt->model;
+    double tend = now_s();
+    p->embed_bwd = tend - p->ebwd_t0;
+    nonblock_window_end(rt);
+    pt_trace_init(t);
+    int rc = pt_trace_alloc(t, rt->n_blocks, ms->n_chunks, err, errlen);
+    if (rc) return rc;
+    char name[64];
+    pt_gpu_device_name(rt->gpu, name, sizeof name);
+    snprintf(t->key.device, sizeof t->key.device, "%s", name);
+    t->key.batch = m->batch;
+    t->key.seq = m->seq;
+    t->key.world_size = rt->host.world_size > 0 ? rt->host.world_size : 1;
+    t->key.version = PT_TRACE_VERSION;
+    t->key.arch_hash = pt_ms_arch_hash(rt);
+    t->chunk_size = ms->lay.chunk_size;
+    for (int b = 0; b < rt->n_blocks; b++) {
+        pt_trace_block *tb = &t->blocks[b];
+        tb->fwd_s = p->fwd[b];
+        tb->bwd_s = p->bwd[b];
+        tb->recompute_s = p->rec[b] > 0 ? p->rec[b] : p->fwd[b];
+        tb->arena_bytes = p->arena[b];
+        tb->input_bytes = p->input[b];
+        tb->fwd_scratch_bytes = p->fscr[b];
+        tb->bwd_scratch_bytes = p->bscr[b];
+        tb->grad_act_bytes = 0;    /* the host's activation grads live in its own scratch */
+    }
+    for (int k = 0; k < ms->n_chunks; k++) {
+        const cs_chunk *c = &ms->ch[k];
+        pt_trace_chunk *tc = &t->chunks[k];
+        tc->bytes = c->used;
+        tc->elems = 0;
+        for (int r = 0; r < c->lc->n_regions; r++)
+            tc->elems += c->lc->regions[r].bytes / pt_dtype_size(c->lc->regions[r].dtype);
+        tc->trainable_elems = c->n_state;
+        tc->first_block = c->lc->mandatory_persistent ? -1 : c->lc->block_first;
+        tc->last_block = c->lc->mandatory_persistent ? -1 : c->lc->block_last;
+        tc->mandatory = c->lc->mandatory_persistent || c->lc->oversize;
+    }
+    pt_trace_derive_ranges(t);
+    /* the head window holds the loss and the head's backward: split 1:2 like a
+     * linear layer's forward:backward FLOPs */
+    t->embed_fwd_s = p->embed_fwd;
+    t->embed_bwd_s = p->embed_bwd;
+    t->head_fwd_s = p->head / 3.0;
+    t->head_bwd_s = p->head - t->head_fwd_s;
+    t->nonblock_bytes = p->nonblock;
+    t->nonblock_scratch_bytes = p->nonblock_scr;
+    int dt = m->n_params ? m->params[0].dtype : PT_F32;
+    t->param_elem_bytes = (uint32_t)pt_dtype_size(dt);
+    t->grad_elem_bytes = t->param_elem_bytes;
+    t->master_elem_bytes = dt == PT_F32 ? 0 : 4;
+    t->adam_m_elem_bytes = 4;
+    t->adam_v_elem_bytes = 4;
+    t->host_grad_elem_bytes = 4;
+    t->slot_bytes = 2 * ms->lay.chunk_size;
+    measure_copies(rt, &t->hw);
+    measure_adam(rt, &t->hw);
+    t->hw.copy_engines = 2;
+    pt_gpu_usage u;
+    pt_gpu_usage_get(rt->gpu, &u);
+    t->hw.device_capacity = u.capacity;
+    t->hw.host_ram_bytes = rt->cfg.pinned_budget;
+    return pt_trace_validate(t, err, errlen);
+}

@@ -1,0 +1,22 @@
+/* profiler.h — hook-window timing and allocator readings during profile_step
+ * (see profiler.c for the window definitions). */
+#ifndef PT_PROFILER_H
+#define PT_PROFILER_H
+
+#include "rt_internal.h"
+#include "trace.h"
+
+enum { PT_PROF_PRE_FWD = 0, PT_PROF_POST_FWD = 1, PT_PROF_PRE_BWD = 2, PT_PROF_POST_BWD = 3 };
+
+int pt_prof_begin(pt_rt *rt, char *err, size_t errlen);
+/* Called at entry (exit = 0) and exit (exit = 1) of each block hook while profiling. */
+void pt_prof_hook(pt_rt *rt, int which, int32_t b, int exit);
+void pt_prof_recompute(pt_rt *rt, int32_t b, double seconds);
+/* Builds the trace (blocks, chunks, non-block, hardware rates). */
+int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen);
+void pt_prof_free(pt_rt *rt);
+
+/* model_state.c: a hash of everything that shapes the layout and the profile. */
+uint64_t pt_ms_arch_hash(pt_rt *rt);
+
+#endif
