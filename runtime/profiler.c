@@ -228,11 +228,12 @@ static void measure_adam(pt_rt *rt, pt_trace_hw *hw) {
         hw->cpu_adam_elems_per_s = best;
         free(buf);
     }
-    /* device AdamW over 64K elements (small: the device may be tiny) */
+    /* device AdamW over 64K elements, fewer when the device is nearly full */
     size_t dn = 65536;
     void *d = NULL;
     char e[256];
-    if (!pt_gpu_alloc(rt->gpu, dn * 16, PT_TAG_OTHER, &d, e, sizeof e)) {
+    while (dn >= 1024 && pt_gpu_alloc(rt->gpu, dn * 16, PT_TAG_OTHER, &d, e, sizeof e)) dn /= 4;
+    if (d) {
         const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
         void *impl = pt_gpu_impl(rt->gpu);
         ops->memset_async(impl, d, 0, dn * 16, NULL);
@@ -260,6 +261,11 @@ static void measure_adam(pt_rt *rt, pt_trace_hw *hw) {
         }
         hw->dev_adam_elems_per_s = best;
         pt_gpu_free(rt->gpu, d);
+    } else {
+        /* no room at all: assume the CPU rate (the host backend runs the same loop) */
+        hw->dev_adam_elems_per_s = hw->cpu_adam_elems_per_s;
+        PT_LOGW(&rt->lg, "profiler: no device memory left to time the device AdamW; "
+                         "assuming the CPU rate");
     }
 }
 
