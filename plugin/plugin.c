@@ -93,8 +93,10 @@ static const char *h_last_error(void *vctx) {
  * host's behalf (profile_step runs block hooks only), the host runs forward and
  * backward through the hooks, then the runtime searches and rebuilds. */
 static int profile(pt_ctx *c) {
+    int hit = 0;
+    int rc = pt_rt_plan_from_cache(c->rt, &hit, c->err, sizeof c->err);
+    if (rc || hit) return rc;
     pt_lifecycle saved = c->lc;
-    int rc = PT_OK;
     /* two passes: the first warms caches, page mappings and BLAS; the second is measured */
     for (int pass = 0; pass < 2 && !rc; pass++) {
         c->lc.state = PT_LC_READY;

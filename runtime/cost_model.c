@@ -32,6 +32,8 @@ struct pt_cost_ctx {
     int32_t *f_lo, *f_hi, *l_lo, *l_hi;
     int32_t *nbmin;        /* [K+1]: lookahead minimum per n_persist */
     double coll_f;         /* all-reduce seconds per gradient byte (0 = none) */
+    double comp_f, comp_b; /* pure compute of forward (embedding + blocks) and backward
+                              (head/loss + blocks + embedding), without recompute */
 };
 
 static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
@@ -147,6 +149,12 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     if (t->key.world_size > 1 && t->hw.allreduce_Bps > 0)
         cx->coll_f = 2.0 * (t->key.world_size - 1) / t->key.world_size / t->hw.allreduce_Bps;
     cx->interval = pt_swap_interval(t);
+    cx->comp_f = t->embed_fwd_s;
+    cx->comp_b = t->head_fwd_s + t->head_bwd_s + t->embed_bwd_s;
+    for (int32_t b = 0; b < N; b++) {
+        cx->comp_f += t->blocks[b].fwd_s;
+        cx->comp_b += t->blocks[b].bwd_s;
+    }
     *out = cx;
     return PT_OK;
 }
@@ -182,7 +190,8 @@ int pt_act_init(const pt_cost_ctx *cx, pt_act_profile *a) {
     a->modes = calloc((size_t)cx->N, 1);
     a->fwd_swap_s = calloc((size_t)cx->N + 1, sizeof *a->fwd_swap_s);
     a->bwd_swap_in = calloc((size_t)cx->N + 1, sizeof *a->bwd_swap_in);
-    if (!a->modes || !a->fwd_swap_s || !a->bwd_swap_in) {
+    a->work = calloc((size_t)cx->N + 2, sizeof *a->work);
+    if (!a->modes || !a->fwd_swap_s || !a->bwd_swap_in || !a->work) {
         pt_act_free(a);
         return PT_ERR_HOST_OOM;
     }
@@ -194,6 +203,7 @@ void pt_act_free(pt_act_profile *a) {
     free(a->modes);
     free(a->fwd_swap_s);
     free(a->bwd_swap_in);
+    free(a->work);
     memset(a, 0, sizeof *a);
 }
 
@@ -260,25 +270,32 @@ void pt_act_compute(const pt_cost_ctx *cx, const uint8_t *modes, pt_act_profile 
         done_at[j] = (uint64_t)last;
     }
     /* Memory walk. inputs = sum of input_bytes alive; kept = NONE arenas of
-     * finished blocks; flight(w) = SWAP arenas j < w with done_at[j] >= w. */
+     * finished blocks; flight(w) = SWAP arenas j < w with done_at[j] >= w,
+     * kept as a difference array: +arena at window j+1, -arena after done_at[j]. */
+    int64_t *diff = a->work;
+    for (int32_t w2 = 0; w2 <= N + 1; w2++) diff[w2] = 0;
+    for (int32_t j = 0; j < N; j++)
+        if (modes[j] == PT_BLOCK_SWAP && done_at[j] >= (uint64_t)j + 1) {
+            diff[j + 1] += (int64_t)B[j].arena_bytes;
+            diff[done_at[j] + 1] -= (int64_t)B[j].arena_bytes;
+        }
     uint64_t inputs = B[0].input_bytes, kept = 0;
+    int64_t flight = 0;
     note_peak(a, inputs, t->nonblock_scratch_bytes, PT_PHASE_EMBED_FWD, -1);
     for (int32_t b = 0; b < N; b++) {
-        uint64_t flight = 0;
-        for (int32_t j = 0; j < b; j++)
-            if (modes[j] == PT_BLOCK_SWAP && done_at[j] >= (uint64_t)b) flight += B[j].arena_bytes;
+        flight += diff[b];
         uint64_t next_in = b + 1 < N ? B[b + 1].input_bytes : 0;
-        note_peak(a, inputs + next_in + kept + flight + B[b].arena_bytes, B[b].fwd_scratch_bytes, PT_PHASE_FWD, b);
+        note_peak(a, inputs + next_in + kept + (uint64_t)flight + B[b].arena_bytes, B[b].fwd_scratch_bytes,
+                  PT_PHASE_FWD, b);
         inputs += next_in;
         if (modes[b] == PT_BLOCK_NONE) kept += B[b].arena_bytes;
     }
     /* Turn: swaps still draining (a SWAP block N-1 always is: no forward window
      * follows it, and its swap-in is charged in time but its arena counted
      * once), head/loss scratch. */
-    uint64_t flight = 0;
-    for (int32_t j = 0; j < N; j++)
-        if (modes[j] == PT_BLOCK_SWAP && done_at[j] >= (uint64_t)N) flight += B[j].arena_bytes;
-    note_peak(a, inputs + kept + flight + B[N - 1].grad_act_bytes, t->nonblock_scratch_bytes, PT_PHASE_TURN, -1);
+    flight += diff[N];
+    note_peak(a, inputs + kept + (uint64_t)flight + B[N - 1].grad_act_bytes, t->nonblock_scratch_bytes,
+              PT_PHASE_TURN, -1);
     /* The swap-in schedule replaces done_at from here on. */
     for (int32_t j = 0; j <= N; j++) a->bwd_swap_in[j] = 0;
     if (modes[N - 1] == PT_BLOCK_SWAP) a->bwd_swap_in[N] = B[N - 1].arena_bytes;
@@ -409,6 +426,29 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     out->h2d_s = (double)out->h2d_bytes / bh;
     out->d2h_s = (double)out->d2h_bytes / bd;
     out->n_buffer_min = pt_cost_buffer_min(cx, p);
+}
+
+double pt_cost_time_lb(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int32_t nb,
+                       const pt_cost_opts *o) {
+    const pt_trace *t = cx->t;
+    const double bh = t->hw.h2d_Bps, bd = t->hw.d2h_Bps;
+    int32_t q = rcnt(cx->cnt, p, cx->K);
+    int32_t h = nb >= q ? p : cx->nm_pos[cx->n_nm - nb];
+    double up_f = (double)rsum(cx->bytes, p, cx->K) / bh;
+    double up_b = (double)rsum(cx->bytes, p, h) / bh + a->swap_in_s;
+    double down = (double)rsum(cx->grad, p, cx->K) / bd;
+    double tf = dmax(cx->comp_f, up_f), tb = dmax(dmax(cx->comp_b + a->recompute_s, up_b), down);
+    if (t->hw.copy_engines == 1) tb = dmax(tb, up_b + down);
+    /* all windows together vs the engines' total busy time (swap-out lands in
+     * forward or turn windows, so only the sum is bounded by it) */
+    double eng = t->hw.copy_engines == 1 ? up_f + up_b + down + a->swap_out_s
+                                         : dmax(up_f + up_b, down + a->swap_out_s);
+    double w = dmax(tf + tb, eng);
+    double shard = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
+    double cpu = (double)rsum(cx->train, p, cx->K) / t->hw.cpu_adam_elems_per_s / shard;
+    double dev = (double)(cx->mand_train + cx->train[p]) / t->hw.dev_adam_elems_per_s;
+    if (o && o->clip) return w + dmax(dev, cpu);
+    return dmax(w + dev, tf + cpu);
 }
 
 void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_profile *a, int32_t p, int32_t nb,

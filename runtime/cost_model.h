@@ -152,6 +152,7 @@ typedef struct pt_act_profile {
     uint8_t *modes;              /* [n_block] copy of the map */
     double *fwd_swap_s;          /* [n_block + 1] swap-out seconds charged to fwd window b (n_block = turn) */
     uint64_t *bwd_swap_in;       /* [n_block + 1] swap-in bytes in bwd window b (n_block = turn) */
+    int64_t *work;               /* [n_block + 2] internal */
 } pt_act_profile;
 
 int pt_act_init(const pt_cost_ctx *cx, pt_act_profile *a);
@@ -168,6 +169,13 @@ uint64_t pt_cost_host_bytes(const pt_cost_ctx *cx, const pt_act_profile *a, int3
 /* Time part of the prediction: fills the time fields of out. */
 void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, int32_t n_buffer,
                   const pt_cost_opts *o, pt_cost *out);
+/* A lower bound on pt_cost_time(...).iter_s in O(1): every window lasts at
+ * least its compute, the copy engine(s) at least their total traffic (every
+ * non-persistent chunk goes up once in forward, every non-cached one once more
+ * in backward, every non-persistent gradient down once, plus swaps), and the
+ * optimizer at least its work. Used by the searcher to skip candidates. */
+double pt_cost_time_lb(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, int32_t n_buffer,
+                       const pt_cost_opts *o);
 /* Memory part: fills the memory fields of out (host_bytes included). */
 void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_profile *a,
                     int32_t n_persist, int32_t n_buffer, pt_cost *out);

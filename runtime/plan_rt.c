@@ -50,6 +50,13 @@ int pt_rt_profile_end(pt_rt *rt, char *err, size_t errlen) {
     }
     double prof_s = now_s() - rt->prof_t0;
     rt->swap_interval = 0;
+    if (rt->cfg.cache_dir[0]) {
+        char e2[512];
+        if (pt_trace_cache_store(rt->cfg.cache_dir, &t, e2, sizeof e2))
+            PT_LOGW(&rt->lg, "profile cache: not stored: %s", e2);
+        else
+            PT_LOGI(&rt->lg, "profile cache: stored in %s", rt->cfg.cache_dir);
+    }
     rc = pt_rt_search_and_apply(rt, &t, prof_s, err, errlen);
     pt_trace_free(&t);
     return rc;
@@ -126,6 +133,29 @@ int pt_rt_call_profile_step(pt_rt *rt, char *err, size_t errlen) {
         return PT_ERR_CALLBACK;
     }
     return PT_OK;
+}
+
+/* A cached trace for this model/batch/device/world skips profiling. */
+int pt_rt_plan_from_cache(pt_rt *rt, int *hit, char *err, size_t errlen) {
+    *hit = 0;
+    if (!rt->cfg.cache_dir[0]) return PT_OK;
+    pt_trace_key key;
+    pt_prof_key(rt, &key);
+    pt_trace t;
+    pt_trace_init(&t);
+    char warn[512] = "";
+    if (pt_trace_cache_load(rt->cfg.cache_dir, &key, &t, warn, sizeof warn) != PT_CACHE_HIT) {
+        if (warn[0]) PT_LOGW(&rt->lg, "profile cache: %s; profiling again", warn);
+        pt_trace_free(&t);
+        return PT_OK;
+    }
+    char path[600];
+    pt_trace_cache_path(rt->cfg.cache_dir, &key, path, sizeof path);
+    PT_LOGI(&rt->lg, "profile cache: hit %s (no profiling step)", path);
+    *hit = 1;
+    int rc = pt_rt_search_and_apply(rt, &t, 0.0, err, errlen);
+    pt_trace_free(&t);
+    return rc;
 }
 
 int pt_rt_profiling(const pt_rt *rt) {

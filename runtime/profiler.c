@@ -269,6 +269,16 @@ static void measure_adam(pt_rt *rt, pt_trace_hw *hw) {
     }
 }
 
+void pt_prof_key(pt_rt *rt, pt_trace_key *k) {
+    memset(k, 0, sizeof *k);
+    pt_gpu_device_name(rt->gpu, k->device, sizeof k->device);
+    k->batch = rt->model->batch;
+    k->seq = rt->model->seq;
+    k->world_size = rt->host.world_size > 0 ? rt->host.world_size : 1;
+    k->version = PT_TRACE_VERSION;
+    k->arch_hash = pt_ms_arch_hash(rt);
+}
+
 int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
     struct pt_prof *p = rt->prof;
     struct pt_ms *ms = rt->ms;
@@ -279,14 +289,7 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
     pt_trace_init(t);
     int rc = pt_trace_alloc(t, rt->n_blocks, ms->n_chunks, err, errlen);
     if (rc) return rc;
-    char name[64];
-    pt_gpu_device_name(rt->gpu, name, sizeof name);
-    snprintf(t->key.device, sizeof t->key.device, "%s", name);
-    t->key.batch = m->batch;
-    t->key.seq = m->seq;
-    t->key.world_size = rt->host.world_size > 0 ? rt->host.world_size : 1;
-    t->key.version = PT_TRACE_VERSION;
-    t->key.arch_hash = pt_ms_arch_hash(rt);
+    pt_prof_key(rt, &t->key);
     t->chunk_size = ms->lay.chunk_size;
     for (int b = 0; b < rt->n_blocks; b++) {
         pt_trace_block *tb = &t->blocks[b];

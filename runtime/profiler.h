@@ -15,6 +15,8 @@ void pt_prof_recompute(pt_rt *rt, int32_t b, double seconds);
 /* Builds the trace (blocks, chunks, non-block, hardware rates). */
 int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen);
 void pt_prof_free(pt_rt *rt);
+/* The cache key of this model on this device (architecture hash, B, T, device, world). */
+void pt_prof_key(pt_rt *rt, pt_trace_key *k);
 
 /* model_state.c: a hash of everything that shapes the layout and the profile. */
 uint64_t pt_ms_arch_hash(pt_rt *rt);

@@ -32,6 +32,18 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
         size_t n = host->struct_size < sizeof rt->host ? host->struct_size : sizeof rt->host;
         memcpy(&rt->host, host, n);
     }
+    /* Configured features this build does not have: say so now, not mid-run. */
+    const char *missing = NULL;
+    if (cfg->osft_enabled) missing = "[osft] enabled = true: the OSFT kernel is not built yet";
+    else if (cfg->tiled_mlp_enabled) missing = "[tiled_mlp] enabled = true: TiledMLP is not built yet";
+    else if (host && host->world_size > 1)
+        missing = "world_size > 1: multi-rank modes (A/B/C with NCCL/MPI) are not built yet";
+    else if (cfg->zero3_shard == 1) missing = "[protrain] zero3_shard = on: mode C is not built yet";
+    if (missing) {
+        ERR("%s (config %s)", missing, cfg->source);
+        free(rt);
+        return PT_ERR_UNSUPPORTED;
+    }
     pt_gpu_config gc = {0};
     gc.device_index = host ? host->device_index : 0;
     gc.capacity = cfg->device_capacity;

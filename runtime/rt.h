@@ -28,6 +28,7 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen);
  * pt_rt_profile_begin, pt_rt_call_profile_step (the host re-enters the block
  * hooks), pt_rt_profile_end (trace -> search -> rebuild). */
 int pt_rt_profiling(const pt_rt *rt);
+int pt_rt_plan_from_cache(pt_rt *rt, int *hit, char *err, size_t errlen);
 int pt_rt_profile_begin(pt_rt *rt, char *err, size_t errlen);
 int pt_rt_call_profile_step(pt_rt *rt, char *err, size_t errlen);
 int pt_rt_profile_end(pt_rt *rt, char *err, size_t errlen);

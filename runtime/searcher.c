@@ -352,6 +352,8 @@ int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *e
                     nb = buffer_max(&S, raw_fixed, lo, q);
                     if (nb < 0) continue;
                 }
+                /* O(1) bound first: most candidates of a transfer-bound model stop here */
+                if (prunable(&S, pt_cost_time_lb(S.cx, &a, p, nb, &o->cost))) continue;
                 cand cd = {time_of(&S, &a, p, nb), s, c, p, nb};
                 S.n_eval++;
                 add_cand(&S, cd);

@@ -20,7 +20,9 @@
  *    "fewest buffers within 1%" is then found by bisection on n_buffer;
  *  - a pair is skipped when a lower bound on its time (pure compute,
  *    unavoidable copy traffic for the chunks that cannot be persistent, CPU
- *    Adam) exceeds both 1.01 x the best time and every kept runner-up.
+ *    Adam) exceeds both 1.01 x the best time and every kept runner-up; the
+ *    same test with pt_cost_time_lb (cost_model.h) skips single candidates
+ *    before their O(n_block) evaluation.
  * Ties: among plans within 1% of the fastest, prefer fewer CKPT blocks, then
  * fewer SWAP blocks, then more persistent chunks, then fewer buffers.
  *
