@@ -180,6 +180,12 @@ typedef struct pt_stats_v1 {
     int64_t steps;            /* optimizer steps taken */
     int32_t n_persist, n_buffer, n_swap, n_checkpoint, n_chunk; /* the active plan */
     int32_t mode;             /* 0 = A (resident), 1 = B (replicated offload), 2 = C (sharded) */
+    double cpu_optim_s;       /* cumulative seconds of CPU optimizer work (all threads) */
+    double optim_wait_s;      /* cumulative seconds optimizer_step waited for that work */
+    int64_t recomputes;       /* cumulative recompute_block calls (CKPT) */
+    uint64_t swap_bytes;      /* cumulative activation bytes swapped out (SWAP) */
+    uint64_t pred_peak;       /* the plan's predicted device peak (0: no plan) */
+    double pred_iter_s;       /* the plan's predicted iteration time (0: no plan) */
     uint64_t reserved[8];
 } pt_stats_v1;
 

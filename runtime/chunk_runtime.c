@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "device_ext.h"
 #include "kernels_hd.h"
@@ -288,17 +289,31 @@ static void chunk_accumulate(cs_chunk *c, int first) {
 
 typedef struct { pt_rt *rt; cs_chunk *c; } chunk_job;
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void add_optim_time(struct pt_ms *ms, double dt) {
+    pthread_mutex_lock(&ms->acct_mu);
+    ms->cpu_optim_s += dt;
+    pthread_mutex_unlock(&ms->acct_mu);
+}
+
 static void grad_task(void *arg) {
     chunk_job *j = arg;
     pt_rt *rt = j->rt;
     cs_chunk *c = j->c;
     free(j);
     OPS(rt)->event_sync(IMPL(rt), c->ev_d2h);   /* the gradient is on the host */
+    double t0 = now_s();
     int acc = c->t_n_micro > 1;
     if (acc) chunk_accumulate(c, c->t_micro == 0);
     int last = c->t_micro == c->t_n_micro - 1;
     if (last && c->t_norm) chunk_norms(rt, c, acc);
     if (last && c->t_step_now) chunk_adam(rt, c, &c->t_consts, acc);
+    add_optim_time(rt->ms, now_s() - t0);
 }
 
 static void step_consts(pt_rt *rt, float lr, float gs, pt_adamw_consts *k) {
@@ -451,7 +466,9 @@ static int device_adam(pt_rt *rt, cs_chunk *c, float lr, float gs, char *err, si
 typedef struct { pt_rt *rt; cs_chunk *c; pt_adamw_consts k; int acc; } adam_job;
 static void adam_task(void *arg) {
     adam_job *j = arg;
+    double t0 = now_s();
     chunk_adam(j->rt, j->c, &j->k, j->acc);
+    add_optim_time(j->rt->ms, now_s() - t0);
 }
 
 int pt_ms_optimizer_step(pt_rt *rt, char *err, size_t errlen) {
@@ -469,6 +486,7 @@ int pt_ms_optimizer_step(pt_rt *rt, char *err, size_t errlen) {
         lr = ms->lr_next;
     }
     o->lr = lr;
+    double w0 = now_s();
     if (ms->n_offloaded) {
         OPS(rt)->stream_sync(IMPL(rt), rt->s_d2h);
         wait_tasks(rt);
@@ -518,6 +536,9 @@ int pt_ms_optimizer_step(pt_rt *rt, char *err, size_t errlen) {
     }
     if (jobs) pt_pool_wait(ms->workers, &g);
     free(jobs);
+    /* what the host waited for CPU work (overlapped tasks + deferred steps); the
+     * device Adam of persistent chunks runs in the same window, ordered first */
+    ms->optim_wait_s += now_s() - w0;
     if (OPS(rt)->stream_sync(IMPL(rt), rt->s_compute)) {
         ERR("optimizer_step: device stream failed");
         return PT_ERR_BACKEND;

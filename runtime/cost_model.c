@@ -323,47 +323,42 @@ static inline double win(double comp, double h2d, double d2h, double coll, int e
 
 void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int32_t nb, const pt_cost_opts *o,
                   pt_cost *out) {
-    const int clip = o ? o->clip : 0;
     const pt_trace *t = cx->t;
     const pt_trace_block *B = t->blocks;
-    const double bh = t->hw.h2d_Bps, bd = t->hw.d2h_Bps, cf = cx->coll_f;
+    const int clip = o ? o->clip : 0;
+    /* reciprocals: this loop runs for every candidate the searcher scores */
+    const double ih = 1.0 / t->hw.h2d_Bps, id = 1.0 / t->hw.d2h_Bps, cf = cx->coll_f;
     const int eng = t->hw.copy_engines;
     const int32_t N = cx->N, K = cx->K;
+    const uint64_t *by = cx->bytes, *gr = cx->grad, *trn = cx->train;
     /* Hit threshold: the last min(nb, |Q|) non-mandatory chunks (index >= h) are cached. */
     int32_t q = rcnt(cx->cnt, p, K);
     int32_t h = nb >= q ? p : cx->nm_pos[cx->n_nm - nb];
     uint64_t up_bytes = 0, down_bytes = 0;
     double comp = 0, exposed = 0;
 
-    /* forward */
+    /* forward: the embedding window uploads block 0's chunks, window b those of b+1 */
     double fwd = 0;
-    {
-        uint64_t u = N > 0 ? rsum(cx->bytes, imax(cx->f_lo[0], p), cx->f_hi[0]) : 0;
-        double c = t->embed_fwd_s, x = win(c, u / bh, 0, 0, eng);
+    for (int32_t b = -1; b < N; b++) {
+        uint64_t u = b + 1 < N ? rsum(by, imax(cx->f_lo[b + 1], p), cx->f_hi[b + 1]) : 0;
+        double c = b < 0 ? t->embed_fwd_s : B[b].fwd_s;
+        double x = win(c, (double)u * ih, b < 0 ? 0 : a->fwd_swap_s[b], 0, eng);
         up_bytes += u;
         comp += c;
         exposed += x - c;
         fwd += x;
     }
-    for (int32_t b = 0; b < N; b++) {
-        uint64_t u = b + 1 < N ? rsum(cx->bytes, imax(cx->f_lo[b + 1], p), cx->f_hi[b + 1]) : 0;
-        double c = B[b].fwd_s, x = win(c, u / bh, a->fwd_swap_s[b], 0, eng);
-        up_bytes += u;
-        comp += c;
-        exposed += x - c;
-        fwd += x;
-    }
-    /* turn + backward; land[b] = time (from bwd start) the gradients completed
-     * in block b are on the host. CPU Adam is folded in as we go (OVERLAP). */
-    double cpu_rate = t->hw.cpu_adam_elems_per_s;
+    /* turn + backward; the CPU Adam of the gradients copied in a window starts
+     * when that window ends (OVERLAP), chunks in landing order. */
     /* Replicated offload: every rank steps the whole non-persistent set; sharded
      * (mode C): its 1/W share. Uploads are charged at full chunk size either
      * way (PROTRAIN.md 6: conservative). */
     double shard_div = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
+    const double icpu = 1.0 / t->hw.cpu_adam_elems_per_s / shard_div;
     double clock = 0, cpu_clock = 0;
     {
-        uint64_t u = rsum(cx->bytes, imax(cx->l_lo[N - 1], p), imin(cx->l_hi[N - 1], h)) + a->bwd_swap_in[N];
-        double c = t->head_fwd_s + t->head_bwd_s, x = win(c, u / bh, a->fwd_swap_s[N], 0, eng);
+        uint64_t u = rsum(by, imax(cx->l_lo[N - 1], p), imin(cx->l_hi[N - 1], h)) + a->bwd_swap_in[N];
+        double c = t->head_fwd_s + t->head_bwd_s, x = win(c, (double)u * ih, a->fwd_swap_s[N], 0, eng);
         up_bytes += u;
         comp += c;
         exposed += x - c;
@@ -375,7 +370,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
         uint64_t u = 0;
         if (b >= 0) {
             c = B[b].bwd_s + (a->modes[b] == PT_BLOCK_CKPT ? B[b].recompute_s : 0);
-            if (b >= 1) u = rsum(cx->bytes, imax(cx->l_lo[b - 1], p), imin(cx->l_hi[b - 1], h));
+            if (b >= 1) u = rsum(by, imax(cx->l_lo[b - 1], p), imin(cx->l_hi[b - 1], h));
             u += a->bwd_swap_in[b];
         } else {
             c = t->embed_bwd_s;
@@ -383,25 +378,24 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
         int32_t g = b + 1;   /* gradients completed in block g are copied now */
         uint64_t d = 0, all = 0, tr = 0;
         if (g < N) {
-            d = rsum(cx->grad, imax(cx->f_lo[g], p), cx->f_hi[g]);
-            tr = rsum(cx->train, imax(cx->f_lo[g], p), cx->f_hi[g]);
-            all = rsum(cx->grad, cx->f_lo[g], cx->f_hi[g]);
+            int32_t lo = imax(cx->f_lo[g], p), hi = cx->f_hi[g];
+            d = rsum(gr, lo, hi);
+            tr = rsum(trn, lo, hi);
+            if (cf > 0) all = rsum(gr, cx->f_lo[g], hi);
         }
         if (b == -1) all += cx->mand_grad;
-        double x = win(c, u / bh, d / bd, all * cf, eng);
+        double x = win(c, (double)u * ih, (double)d * id, (double)all * cf, eng);
         up_bytes += u;
         down_bytes += d;
         comp += c;
         exposed += x - c;
         clock += x;
-        if (g < N && tr) cpu_clock = dmax(cpu_clock, clock) + (double)tr / cpu_rate / shard_div;
+        if (tr) cpu_clock = dmax(cpu_clock, clock) + (double)tr * icpu;
     }
-    /* Gradients completed in block 0 are copied during the embedding backward
-     * (g = 0 at b = -1 above); nothing completes later. */
     double bwd = clock;
-    uint64_t cpu_elems = rsum(cx->train, p, K);
-    uint64_t dev_elems = cx->mand_train + cx->train[p];
-    double cpu_s = (double)cpu_elems / cpu_rate / shard_div, dev_s = (double)dev_elems / t->hw.dev_adam_elems_per_s;
+    uint64_t cpu_elems = rsum(trn, p, K);
+    uint64_t dev_elems = cx->mand_train + trn[p];
+    double cpu_s = (double)cpu_elems * icpu, dev_s = (double)dev_elems / t->hw.dev_adam_elems_per_s;
     double iter;
     if (clip) {
         iter = fwd + bwd + dmax(dev_s, cpu_s);
@@ -419,12 +413,11 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     out->compute_s = comp;
     out->recompute_s = a->recompute_s;
     out->exposed_xfer_s = exposed;
-    /* swap traffic: out in forward/turn, back in backward/turn */
-    uint64_t swap_bytes = a->swap_pool;
-    out->h2d_bytes = up_bytes;   /* includes swap-in (added to u above) */
-    out->d2h_bytes = down_bytes + swap_bytes;
-    out->h2d_s = (double)out->h2d_bytes / bh;
-    out->d2h_s = (double)out->d2h_bytes / bd;
+    /* swap traffic: out in forward/turn, back in backward/turn (in up_bytes) */
+    out->h2d_bytes = up_bytes;
+    out->d2h_bytes = down_bytes + a->swap_pool;
+    out->h2d_s = (double)out->h2d_bytes * ih;
+    out->d2h_s = (double)out->d2h_bytes * id;
     out->n_buffer_min = pt_cost_buffer_min(cx, p);
 }
 
@@ -449,6 +442,24 @@ double pt_cost_time_lb(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p
     double dev = (double)(cx->mand_train + cx->train[p]) / t->hw.dev_adam_elems_per_s;
     if (o && o->clip) return w + dmax(dev, cpu);
     return dmax(w + dev, tf + cpu);
+}
+
+double pt_cost_time_lb_persist(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, const pt_cost_opts *o) {
+    /* pt_cost_time_lb with n_buffer = |Q| (no backward re-upload) and without
+     * the device Adam term; every remaining term only shrinks as p grows. */
+    const pt_trace *t = cx->t;
+    const double bh = t->hw.h2d_Bps, bd = t->hw.d2h_Bps;
+    double up_f = (double)rsum(cx->bytes, p, cx->K) / bh, up_b = a->swap_in_s;
+    double down = (double)rsum(cx->grad, p, cx->K) / bd;
+    double tf = dmax(cx->comp_f, up_f), tb = dmax(dmax(cx->comp_b + a->recompute_s, up_b), down);
+    if (t->hw.copy_engines == 1) tb = dmax(tb, up_b + down);
+    double eng = t->hw.copy_engines == 1 ? up_f + up_b + down + a->swap_out_s
+                                         : dmax(up_f + up_b, down + a->swap_out_s);
+    double w = dmax(tf + tb, eng);
+    double shard = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
+    double cpu = (double)rsum(cx->train, p, cx->K) / t->hw.cpu_adam_elems_per_s / shard;
+    if (o && o->clip) return w + cpu;
+    return dmax(w, tf + cpu);
 }
 
 void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_profile *a, int32_t p, int32_t nb,

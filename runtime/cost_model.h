@@ -176,6 +176,12 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_pers
  * optimizer at least its work. Used by the searcher to skip candidates. */
 double pt_cost_time_lb(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, int32_t n_buffer,
                        const pt_cost_opts *o);
+/* A lower bound valid for every n_buffer and non-increasing in n_persist
+ * (all backward fetches taken as cached; the device Adam term, which grows
+ * with n_persist, left out): lets the searcher stop scanning n_persist
+ * downwards. */
+double pt_cost_time_lb_persist(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist,
+                               const pt_cost_opts *o);
 /* Memory part: fills the memory fields of out (host_bytes included). */
 void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_profile *a,
                     int32_t n_persist, int32_t n_buffer, pt_cost *out);

@@ -230,6 +230,7 @@ int pt_ms_load(pt_rt *rt, char *err, size_t errlen) {
         return PT_ERR_HOST_OOM;
     }
     rt->ms = ms;
+    pthread_mutex_init(&ms->acct_mu, NULL);
     ms->n_params = m->n_params;
     int rc = choose_layout(rt, err, errlen);
     if (rc) return rc;
@@ -432,6 +433,10 @@ void pt_ms_plan_stats(pt_rt *rt, pt_stats_v1 *s) {
     s->n_persist = ms->n_persist;
     s->n_buffer = ms->n_buffer;
     s->mode = ms->n_offloaded ? 1 : 0;
+    pthread_mutex_lock(&ms->acct_mu);
+    s->cpu_optim_s = ms->cpu_optim_s;
+    pthread_mutex_unlock(&ms->acct_mu);
+    s->optim_wait_s = ms->optim_wait_s;
 }
 
 void pt_ms_destroy(pt_rt *rt) {
@@ -460,6 +465,7 @@ void pt_ms_destroy(pt_rt *rt) {
     free(ms->tied);
     free(ms->psq);
     pt_layout_free(&ms->lay);
+    pthread_mutex_destroy(&ms->acct_mu);
     free(ms);
     rt->ms = NULL;
 }

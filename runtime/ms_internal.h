@@ -19,6 +19,8 @@
 #ifndef PT_MS_INTERNAL_H
 #define PT_MS_INTERNAL_H
 
+#include <pthread.h>
+
 #include "buffer_pool.h"
 #include "chunk_layout.h"
 #include "cpu_adam.h"
@@ -76,6 +78,9 @@ struct pt_ms {
     int overlapped;           /* CPU steps that already ran with lr_next */
     uint64_t pinned_bytes, persist_bytes, buffer_bytes;
     double pin_seconds;
+    double cpu_optim_s;       /* CPU optimizer work, summed over tasks (mutex: workers add) */
+    double optim_wait_s;      /* optimizer_step's wait for the CPU tasks */
+    pthread_mutex_t acct_mu;
 };
 
 /* chunk_runtime.c */

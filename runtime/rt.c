@@ -328,6 +328,10 @@ int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out) {
     s.d2h_bytes = u.d2h_bytes;
     s.last_grad_norm = rt->opt.last_norm;
     s.steps = rt->opt.t;
+    s.recomputes = rt->recomputes;
+    s.swap_bytes = rt->swap_out_bytes;
+    s.pred_peak = rt->pred_peak;
+    s.pred_iter_s = rt->pred_iter_s;
     pt_ms_plan_stats(rt, &s);
     uint32_t n = out->struct_size && out->struct_size < sizeof s ? out->struct_size : sizeof s;
     memcpy(out, &s, n);

@@ -340,7 +340,10 @@ int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *e
             if (p_hi < p0) continue;   /* nothing fits next to these activations */
             if (prunable(&S, lower_bound(&S, &a, o->n_persist >= 0 ? o->n_persist : p_hi))) continue;
             cand pair_best = {INFINITY, s, c, 0, 0};
-            for (int32_t p = p0; p <= p1 && p <= p_hi; p++) {
+            /* n_persist downwards from the largest that fits: the bound below
+             * only grows as n_persist falls, so the first miss ends the scan. */
+            for (int32_t p = p1 < p_hi ? p1 : p_hi; p >= p0; p--) {
+                if (prunable(&S, pt_cost_time_lb_persist(S.cx, &a, p, &o->cost))) break;
                 if (o->n_persist < 0 && pt_cost_persist_redundant(S.cx, p)) continue;
                 if (S.host_budget && pt_cost_host_bytes(S.cx, &a, p, o->cost.shard) > S.host_budget) continue;
                 uint64_t raw_fixed = pt_cost_persist_bytes(S.cx, p) + t->nonblock_bytes + a.peak_dyn;
