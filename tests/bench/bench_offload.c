@@ -1,0 +1,221 @@
+/*
+ * bench_offload.c — sample_host throughput under the plugin, in one process so
+ * every ratio compares runs made side by side (runs alternate, median of
+ * repeats). The model is the default one ([sample_host] in conf/default.ini);
+ * device capacity is raised to 1 GiB here so each configuration below is what
+ * its INI says, not what the demo capacity forces.
+ *
+ *   overhead   tokens/s plugin (everything resident, activations kept)
+ *              / tokens/s --no-plugin                     goal >= 0.98
+ *   offload    tokens/s with every block chunk streamed through the minimal
+ *              pool (n_persist 0) / everything resident, unthrottled copies
+ *   overlap    fraction of the CPU optimizer's work hidden behind backward:
+ *              1 - (optimizer_step's wait for it) / (its total work)
+ *   ckpt       seconds per step with every block CKPT / every block NONE
+ *              (expect about one extra forward: ~1.3x)
+ *   swap       with copies throttled to a PCIe-like rate scaled to the model,
+ *              the fraction of swap traffic hidden: 1 - (step time with SWAP on
+ *              every block - step time NONE) / (swap bytes / bandwidth)
+ *   profile    seconds post_model_load spends profiling the default model
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "protrain.h"
+#include "sh_config.h"
+#include "sh_data.h"
+#include "sh_train.h"
+
+#define REPEATS 5
+
+static pt_loaded_plugin PLUG;
+static sh_tokens ALL, TR, VA;
+static sh_config CFG;
+static char DIR_[128];
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void quiet(void *u, int32_t level, const char *msg) {
+    (void)u;
+    if (level <= PT_LOG_WARN) fprintf(stderr, "protrain: %s\n", msg);
+}
+
+static const char *ini(const char *name, const char *text) {
+    static char path[256];
+    snprintf(path, sizeof path, "%s/%s.ini", DIR_, name);
+    FILE *f = fopen(path, "w");
+    if (!f) exit(1);
+    fprintf(f, "[plugin]\nlog_level = warn\nbackend = host\n%s\n", text);
+    fclose(f);
+    return path;
+}
+
+typedef struct result {
+    double tok_s, step_s, create_s;
+    pt_stats_v1 st;
+} result;
+
+/* steps after one warm-up step; tokens/s over the timed ones */
+static int run(const pt_plugin_v1 *tbl, const char *ini_path, int steps, result *r) {
+    sh_train_opts o;
+    memset(&o, 0, sizeof o);
+    o.dims = (sh_dims){.V = CFG.vocab, .maxT = CFG.max_seq ? CFG.max_seq : CFG.seq,
+                       .L = CFG.layers, .NH = CFG.heads, .C = CFG.channels};
+    o.B = CFG.batch;
+    o.T = CFG.seq;
+    o.n_micro = 1;
+    o.seed = 1;
+    o.lr = 1e-3f;
+    o.beta1 = 0.9f;
+    o.beta2 = 0.95f;
+    o.eps = 1e-8f;
+    o.tbl = tbl;
+    o.ini_path = ini_path;
+    o.train = &TR;
+    o.val = &VA;
+    o.log = quiet;
+    sh_trainer *tr = NULL;
+    char err[1024];
+    double t0 = now_s();
+    if (sh_trainer_create(&tr, &o, err, sizeof err)) {
+        fprintf(stderr, "bench: %s\n", err);
+        return -1;
+    }
+    r->create_s = now_s() - t0;
+    double loss;
+    if (sh_trainer_step(tr, 1, 1e-3f, &loss)) goto fail;
+    t0 = now_s();
+    for (int s = 2; s < 2 + steps; s++)
+        if (sh_trainer_step(tr, s, 1e-3f, &loss)) goto fail;
+    double dt = now_s() - t0;
+    r->step_s = dt / steps;
+    r->tok_s = (double)steps * o.B * o.T / dt;
+    memset(&r->st, 0, sizeof r->st);
+    r->st.struct_size = sizeof r->st;
+    sh_trainer_stats(tr, &r->st);
+    sh_trainer_destroy(tr);
+    return 0;
+fail:
+    fprintf(stderr, "bench: %s\n", sh_trainer_error(tr));
+    sh_trainer_destroy(tr);
+    return -1;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int main(void) {
+    const char *root = getenv("PT_ROOT"), *build = getenv("PT_BUILD");
+    char path[600], err[600];
+    snprintf(DIR_, sizeof DIR_, "/tmp/bench_offload.XXXXXX");
+    if (!mkdtemp(DIR_)) return 1;
+    sh_config_defaults(&CFG);
+    snprintf(path, sizeof path, "%s/conf/default.ini", root ? root : ".");
+    if (sh_config_load_ini(&CFG, path, err, sizeof err)) {
+        fprintf(stderr, "bench: %s\n", err);
+        return 1;
+    }
+    snprintf(path, sizeof path, "%s/protrain_plugin.so", build ? build : "build");
+    if (pt_load_plugin(path, &PLUG, err, sizeof err) || !PLUG.table) {
+        fprintf(stderr, "bench: %s\n", err);
+        return 1;
+    }
+    if (sh_default_corpus(root ? root : ".", &ALL, err, sizeof err)) {
+        fprintf(stderr, "bench: %s\n", err);
+        return 1;
+    }
+    sh_split(&ALL, &TR, &VA);
+    printf("bench_offload: default model L=%d C=%d NH=%d B=%d T=%d, %d timed steps per run, "
+           "median of %d alternating runs\n", CFG.layers, CFG.channels, CFG.heads, CFG.batch,
+           CFG.seq, 6, REPEATS);
+    const char *resident = ini("resident", "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
+                                           "force_all_persistent = true\nn_swap = 0\nn_checkpoint = 0");
+    char r_path[256];
+    snprintf(r_path, sizeof r_path, "%s", resident);
+    const char *streamed = ini("streamed", "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
+                                           "n_persist = 0\nn_buffer = auto\nn_swap = 0\nn_checkpoint = 0");
+    char s_path[256];
+    snprintf(s_path, sizeof s_path, "%s", streamed);
+    char c_path[256], ck_text[256];
+    snprintf(ck_text, sizeof ck_text, "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
+             "force_all_persistent = true\nn_swap = 0\nn_checkpoint = %d", CFG.layers);
+    snprintf(c_path, sizeof c_path, "%s", ini("ckpt", ck_text));
+
+    double nop[REPEATS], res[REPEATS], str[REPEATS], ck[REPEATS], hid[REPEATS], prof[REPEATS];
+    result r;
+    for (int k = 0; k < REPEATS; k++) {
+        if (run(NULL, NULL, 6, &r)) return 1;
+        nop[k] = r.tok_s;
+        if (run(PLUG.table, r_path, 6, &r)) return 1;
+        res[k] = r.tok_s;
+        double res_step = r.step_s;
+        if (run(PLUG.table, s_path, 6, &r)) return 1;
+        str[k] = r.tok_s;
+        hid[k] = r.st.cpu_optim_s > 0 ? 1.0 - r.st.optim_wait_s / r.st.cpu_optim_s : NAN;
+        if (hid[k] < 0) hid[k] = 0;
+        if (run(PLUG.table, c_path, 6, &r)) return 1;
+        ck[k] = r.step_s / res_step;
+        /* profiling: the auto plan profiles (two passes) inside post_model_load */
+        result a;
+        if (run(PLUG.table, ini("auto", "[memory]\ndevice_capacity = 1GiB"), 1, &a)) return 1;
+        prof[k] = a.create_s;
+    }
+    double m_nop = median(nop, REPEATS), m_res = median(res, REPEATS), m_str = median(str, REPEATS);
+    printf("overhead: no-plugin %.0f tok/s, plugin resident %.0f tok/s, ratio %.3f (goal >= 0.98)\n",
+           m_nop, m_res, m_res / m_nop);
+    printf("offload:  everything streamed %.0f tok/s vs resident %.0f, ratio %.3f (unthrottled)\n",
+           m_str, m_res, m_str / m_res);
+    printf("overlap:  CPU optimizer work hidden behind backward (streamed run): %.1f%%\n",
+           100.0 * median(hid, REPEATS));
+    printf("ckpt:     step time, every block CKPT / every block NONE: %.3fx\n", median(ck, REPEATS));
+    printf("profile:  trainer start with profiling + search (auto plan): %.3f s\n",
+           median(prof, REPEATS));
+
+    /* swap: copies throttled so one block's arena takes about one block's forward */
+    result none, sw;
+    char t_none[256], t_swap[256], txt[512];
+    if (run(PLUG.table, r_path, 2, &none)) return 1;
+    /* activation bytes per step: measure with SWAP on every block once, unthrottled */
+    snprintf(txt, sizeof txt, "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
+             "force_all_persistent = true\nn_swap = %d\nn_checkpoint = 0", CFG.layers);
+    if (run(PLUG.table, ini("swapfree", txt), 2, &sw)) return 1;
+    double bytes_per_step = (double)sw.st.swap_bytes / 3.0;   /* 3 steps (1 warm-up) */
+    double fwd_s = none.step_s / 3.0;                          /* forward ~ 1/3 of a step */
+    double bw = bytes_per_step / fwd_s;                         /* swap-out fits the forward */
+    snprintf(txt, sizeof txt, "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
+             "force_all_persistent = true\nn_swap = 0\nn_checkpoint = 0\n"
+             "[host_backend]\ncopy_bandwidth = %.0f", bw);
+    snprintf(t_none, sizeof t_none, "%s", ini("thr_none", txt));
+    snprintf(txt, sizeof txt, "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
+             "force_all_persistent = true\nn_swap = %d\nn_checkpoint = 0\n"
+             "[host_backend]\ncopy_bandwidth = %.0f", CFG.layers, bw);
+    snprintf(t_swap, sizeof t_swap, "%s", ini("thr_swap", txt));
+    double hidden[REPEATS];
+    for (int k = 0; k < REPEATS; k++) {
+        if (run(PLUG.table, t_none, 4, &none) || run(PLUG.table, t_swap, 4, &sw)) return 1;
+        double xfer = 2.0 * bytes_per_step / bw;   /* out in forward + back in backward */
+        double extra = sw.step_s - none.step_s;
+        hidden[k] = 1.0 - (extra > 0 ? extra : 0) / xfer;
+    }
+    printf("swap:     copy throttle %.1f MB/s (one step's %.2f MiB of activations per forward), "
+           "swap traffic hidden behind compute: %.1f%%\n", bw / 1e6, bytes_per_step / 1048576.0,
+           100.0 * median(hidden, REPEATS));
+    pt_unload_plugin(&PLUG);
+    sh_tokens_free(&ALL);
+    snprintf(path, sizeof path, "rm -rf '%s'", DIR_);
+    return system(path) == 0 ? 0 : 1;
+}
