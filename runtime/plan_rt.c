@@ -18,10 +18,12 @@
 
 #define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
 
+/* auto_memory: profile and plan, even when the INI fixes all four knobs (the plan
+ * then checks them against the device and predicts their peak and time).
+ * auto_memory = false or force_all_persistent: run the INI knobs as given. */
 int pt_rt_wants_profile(const pt_rt *rt) {
     const pt_config *c = &rt->cfg;
     if (!c->auto_memory || c->force_all_persistent) return 0;
-    if (c->n_persist >= 0 && c->n_buffer >= 0 && c->n_swap >= 0 && c->n_checkpoint >= 0) return 0;
     return rt->host.profile_step != NULL && rt->model && rt->model->n_blocks > 0;
 }
 

@@ -73,7 +73,9 @@ static int teardown(void **st) {
     return system(cmd) == 0 ? 0 : -1;
 }
 
-/* 16 KiB chunks: every block spans several chunks, no tensor is oversize. */
+/* 16 KiB chunks: every block spans several chunks, no tensor is oversize.
+ * Fixed-knob runs set auto_memory = false: they test the runtime under exactly
+ * those knobs (below the planner's lookahead minimum too), not the planner. */
 static const char *ini(const char *name, const char *memory, const char *protrain) {
     static char path[400];
     snprintf(path, sizeof path, "%s/%s.ini", DIR_, name);
@@ -185,22 +187,22 @@ static void test_all_persistent(void **s) {
 }
 static void test_all_streamed(void **s) {
     (void)s;
-    case_("n_persist 0, minimal buffers", "n_persist = 0\nn_buffer = 6\nn_swap = 0\nn_checkpoint = 0",
+    case_("n_persist 0, minimal buffers", "auto_memory = false\nn_persist = 0\nn_buffer = 6\nn_swap = 0\nn_checkpoint = 0",
           0, 1, 1, 1);
 }
 static void test_middle(void **s) {
     (void)s;
-    case_("n_persist 9, n_buffer 12", "n_persist = 9\nn_buffer = 12\nn_swap = 0\nn_checkpoint = 0",
+    case_("n_persist 9, n_buffer 12", "auto_memory = false\nn_persist = 9\nn_buffer = 12\nn_swap = 0\nn_checkpoint = 0",
           0, 1, 1, 1);
 }
 static void test_streamed_micro4(void **s) {
     (void)s;
-    case_("streamed, n_micro 4", "n_persist = 2\nn_buffer = 8\nn_swap = 0\nn_checkpoint = 0", 0, 4,
+    case_("streamed, n_micro 4", "auto_memory = false\nn_persist = 2\nn_buffer = 8\nn_swap = 0\nn_checkpoint = 0", 0, 4,
           0, 1);
 }
 static void test_streamed_clip(void **s) {
     (void)s;
-    case_("streamed, clipping 0.05", "n_persist = 2\nn_buffer = 8\nn_swap = 0\nn_checkpoint = 0",
+    case_("streamed, clipping 0.05", "auto_memory = false\nn_persist = 2\nn_buffer = 8\nn_swap = 0\nn_checkpoint = 0",
           0.05f, 1, 0, 1);
 }
 
@@ -215,7 +217,7 @@ static void test_activation_grid(void **s) {
             if (sw[i] + ck[j] > NL) continue;
             char name[64], pr[160];
             snprintf(name, sizeof name, "swap %d ckpt %d streamed", sw[i], ck[j]);
-            snprintf(pr, sizeof pr, "n_persist = 1\nn_buffer = 6\nn_swap = %d\nn_checkpoint = %d",
+            snprintf(pr, sizeof pr, "auto_memory = false\nn_persist = 1\nn_buffer = 6\nn_swap = %d\nn_checkpoint = %d",
                      sw[i], ck[j]);
             run_out p;
             run(PLUG.table, ini("grid", NULL, pr), 0, 1, &p);
