@@ -21,6 +21,23 @@
 /* auto_memory: profile and plan, even when the INI fixes all four knobs (the plan
  * then checks them against the device and predicts their peak and time).
  * auto_memory = false or force_all_persistent: run the INI knobs as given. */
+/* The optimizer decides the schedule (clipping defers the CPU steps past backward);
+ * a plan made for the other schedule is searched again before any state exists. */
+int pt_rt_replan_for_optimizer(pt_rt *rt, int clip, char *err, size_t errlen) {
+    if (!rt->trace || clip == rt->plan_clip) return PT_OK;
+    rt->plan_clip = clip;
+    PT_LOGI(&rt->lg, "optimizer %s gradient clipping: planning again for the %s schedule",
+            clip ? "uses" : "does not use", clip ? "clipped (CPU steps after backward)"
+                                                 : "overlapped");
+    return pt_rt_search_and_apply(rt, rt->trace, 0.0, err, errlen);
+}
+
+void pt_rt_plan_free(pt_rt *rt) {
+    if (rt->trace) pt_trace_free(rt->trace);
+    free(rt->trace);
+    rt->trace = NULL;
+}
+
 int pt_rt_wants_profile(const pt_rt *rt) {
     const pt_config *c = &rt->cfg;
     if (!c->auto_memory || c->force_all_persistent) return 0;
@@ -84,7 +101,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     pt_search_opts_default(&o);
     o.cost.reserve_bytes = rt->cfg.reserve;
     o.cost.headroom_bytes = rt->cfg.extra_headroom;
-    o.cost.clip = rt->cfg.max_grad_norm > 0;
+    o.cost.clip = rt->plan_clip;
     o.cost.frag = rt->frag > 0 ? rt->frag : 1.0;
     o.capacity = t->hw.device_capacity;
     o.host_ram = host_budget(rt);
@@ -94,7 +111,17 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     o.n_checkpoint = rt->cfg.n_checkpoint;
     pt_plan plan;
     pt_plan_init(&plan);
-    int rc = pt_search(t, &o, &plan, err, errlen);
+    int rc = PT_OK;
+    if (t != rt->trace) {  /* keep it: create_optimizer may re-plan (clipping) */
+        if (!rt->trace && !(rt->trace = calloc(1, sizeof *rt->trace))) {
+            ERR("out of host memory");
+            return PT_ERR_HOST_OOM;
+        }
+        pt_trace_init(rt->trace);
+        rc = pt_trace_copy(rt->trace, t, err, errlen);
+        if (rc) return rc;
+    }
+    rc = pt_search(t, &o, &plan, err, errlen);
     if (rc) {
         pt_plan_free(&plan);
         return rc;

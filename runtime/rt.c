@@ -28,6 +28,7 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     }
     rt->cfg = *cfg;
     rt->lg = *lg;
+    rt->plan_clip = cfg->max_grad_norm > 0;
     if (host) {
         size_t n = host->struct_size < sizeof rt->host ? host->struct_size : sizeof rt->host;
         memcpy(&rt->host, host, n);
@@ -81,6 +82,7 @@ size_t pt_rt_destroy(pt_rt *rt) {
     if (!rt) return 0;
     pt_acts_fini(rt);
     pt_ms_destroy(rt);
+    pt_rt_plan_free(rt);
     size_t leaked = 0;
     if (rt->gpu) {
         const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
@@ -172,7 +174,8 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
     PT_LOGI(&rt->lg, "optimizer adamw lr %g betas (%g, %g) eps %g weight_decay %g clip %s",
             o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
             o->max_grad_norm > 0 ? "global-norm" : "off");
-    return pt_ms_optimizer_init(rt, err, errlen);
+    int rc = pt_rt_replan_for_optimizer(rt, o->max_grad_norm > 0, err, errlen);
+    return rc ? rc : pt_ms_optimizer_init(rt, err, errlen);
 }
 
 int pt_rt_pre_step(pt_rt *rt, int64_t step, int32_t micro, int32_t n_micro, char *err,

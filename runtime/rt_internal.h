@@ -58,6 +58,8 @@ struct pt_rt {
     double frag;              /* allocator fragmentation factor for the cost model */
     uint64_t pred_peak;       /* the plan's predicted peak and iteration time (0: no plan) */
     double pred_iter_s;
+    struct pt_trace *trace;   /* the profile the plan came from (kept for re-planning) */
+    int plan_clip;            /* the plan assumed clipping (deferred CPU steps) */
     int calib_steps;          /* post_steps since the plan took effect */
     double calib_t[8];        /* their timestamps */
     uint64_t meas_peak;       /* measured at calibration (0: not yet) */
@@ -69,6 +71,8 @@ int pt_rt_block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen);
 int pt_rt_build(pt_rt *rt, char *err, size_t errlen);
 int pt_rt_wants_profile(const pt_rt *rt);   /* plan_rt.c */
 void pt_rt_calibrate(pt_rt *rt);
+int pt_rt_replan_for_optimizer(pt_rt *rt, int clip, char *err, size_t errlen);
+void pt_rt_plan_free(pt_rt *rt);
 struct pt_trace;
 int pt_rt_search_and_apply(pt_rt *rt, const struct pt_trace *t, double prof_s, char *err,
                            size_t errlen);
