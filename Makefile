@@ -106,7 +106,7 @@ $(BUILD)/obj/%.cu.o: %.cu
 	  -Ihost_api -Igpu -Iruntime -c $< -o $@
 $(CUDA_LIB): $(CUDA_OBJS)
 	$(NVCC) -shared $(CUDA_ARCH) -o $@ $(CUDA_OBJS) -Xlinker --version-script=gpu/cuda/exports.map \
-	  -lcudart -lcublas
+	  -cudart static
 cuda-notice:
 	@echo "notice: nvcc not found; skipping $(CUDA_LIB) (the plugin runs on the host backend)"
 
@@ -129,7 +129,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(TEST_LIBS)
 $(BUILD)/tests/%: tests/integ/%.c $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(OMPFLAGS) -Itests -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) -lcmocka $(LIBS)
-$(BUILD)/tests/plugins/%.so: tests/plugins/%.c
+$(BUILD)/tests/plugins/%.so: tests/plugins/%.c host_api/protrain.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -shared -o $@ $< $(LDFLAGS)
 $(BUILD)/bench/%: tests/bench/%.c $(TEST_LIBS)

@@ -200,7 +200,13 @@ void be_device_name(void *impl, char *buf, size_t len) {
     if (buf && len) snprintf(buf, len, "%s", ((cuda_impl *)impl)->name);
 }
 
-uint64_t be_total_memory(void *impl) { return ((cuda_impl *)impl)->total; }
+/* What the plugin may reserve: the memory free now (other processes and the CUDA
+ * context already hold the rest), never more than the device total. */
+uint64_t be_total_memory(void *impl) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return ((cuda_impl *)impl)->total;
+    return free_b < ((cuda_impl *)impl)->total ? free_b : ((cuda_impl *)impl)->total;
+}
 
 /* ---- memory ---- */
 
