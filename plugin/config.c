@@ -1,6 +1,7 @@
 /*
- * config.c — INI configuration: schema table, value parsers, the inih driver
- * with exact file:line messages, defaults, dump and generated reference text.
+ * config.c — INI configuration: value parsers, the inih driver with exact
+ * file:line messages, defaults, overrides and the dump. The schema table, the
+ * accepted-value text and the markdown reference are in config_schema.c.
  *
  * Line numbers: the installed inih (r55) calls the handler without a line
  * number, so we feed it through ini_parse_stream with our own reader. inih reads
@@ -11,12 +12,11 @@
  * and it validates section headers itself because inih does not call the
  * handler for a header (an empty misspelt section must still be an error).
  */
-#include "config.h"
+#include "config_internal.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <ini.h>
-#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -25,188 +25,6 @@
 #include <strings.h>
 
 #include "protrain.h"
-
-#if defined(__GNUC__)
-#define FMT(a, b) __attribute__((format(printf, a, b)))
-#else
-#define FMT(a, b)
-#endif
-
-#define OFF(f) offsetof(pt_config, f)
-#define CAP(f) sizeof(((pt_config *)0)->f)
-
-static const int log_vals[] = {PT_LOG_ERROR, PT_LOG_WARN, PT_LOG_INFO, PT_LOG_DEBUG,
-                               PT_LOG_TRACE};
-static const int optim_vals[] = {PT_OPTIM_ADAMW, PT_OPTIM_REKLS};
-static const char *const sections[] = {"plugin",    "memory", "protrain", "optimizer",
-                                       "osft",      "tiled_mlp", "dist",  "host_backend"};
-#define N_SECTIONS (sizeof(sections) / sizeof(sections[0]))
-static const char bool_form[] = "true|false|on|off|yes|no|1|0";
-
-/* ---- row checkers for free-text keys (may normalise v in place) ---- */
-
-/* "attn, mlp" -> "attn,mlp": items are trimmed; an empty item is an error. */
-static int check_targets(char *v, size_t cap, char *why, size_t wl) {
-    char out[256];
-    size_t o = 0;
-    const char *p = v;
-    (void)cap;
-    for (;;) {
-        while (*p == ' ' || *p == '\t') p++;
-        const char *e = p;
-        while (*e && *e != ',') e++;
-        const char *t = e;
-        while (t > p && (t[-1] == ' ' || t[-1] == '\t')) t--;
-        if (t == p) {
-            snprintf(why, wl, "expected a comma-separated list of non-empty parameter-name "
-                              "substrings like attn,mlp");
-            return 1;
-        }
-        if (o) out[o++] = ',';
-        memcpy(out + o, p, (size_t)(t - p));
-        o += (size_t)(t - p);
-        if (!*e) break;
-        p = e + 1;
-    }
-    out[o] = '\0';
-    memcpy(v, out, o + 1); /* o <= strlen(v) < cap */
-    return 0;
-}
-
-static int check_init_method(char *v, size_t cap, char *why, size_t wl) {
-    (void)cap;
-    if (!strcmp(v, "env") || !strcmp(v, "mpi")) return 0;
-    if (!strncmp(v, "file://", 7) && v[7] == '/' && v[8]) return 0;
-    snprintf(why, wl, "expected env, mpi or file:///absolute/path");
-    return 1;
-}
-
-/* ---- the schema: one row per key, in file order ---- */
-#define R_BOOL(s, k, f, d, h) {s, k, PT_CFG_BOOL, 0, OFF(f), 0, 0, 0, 0, NULL, NULL, NULL, NULL, d, h}
-#define R_INT(s, k, f, fl, lo, hi, ai, d, h) \
-    {s, k, PT_CFG_INT, fl, OFF(f), 0, lo, hi, ai, NULL, NULL, NULL, NULL, d, h}
-#define R_FLT(s, k, f, fl, lo, hi, d, h) \
-    {s, k, PT_CFG_FLOAT, fl, OFF(f), 0, lo, hi, 0, NULL, NULL, NULL, NULL, d, h}
-#define R_SIZE(s, k, f, fl, d, h) {s, k, PT_CFG_SIZE, fl, OFF(f), 0, 0, 0, 0, NULL, NULL, NULL, NULL, d, h}
-#define R_ENUM(s, k, f, ch, vals, d, h) \
-    {s, k, PT_CFG_ENUM, 0, OFF(f), 0, 0, 0, 0, ch, vals, NULL, NULL, d, h}
-#define R_WORD(s, k, f, ch, d, h) \
-    {s, k, PT_CFG_WORD, 0, OFF(f), CAP(f), 0, 0, 0, ch, NULL, NULL, NULL, d, h}
-#define R_STR(s, k, f, form, chk, d, h) \
-    {s, k, PT_CFG_STR, 0, OFF(f), CAP(f), 0, 0, 0, NULL, NULL, form, chk, d, h}
-
-static const pt_config_key schema[] = {
-    R_ENUM("plugin", "log_level", log_level, "error|warn|info|debug|trace", log_vals, "info",
-           "Messages above this level are dropped. $PROTRAIN_LOG_LEVEL overrides it."),
-    R_WORD("plugin", "backend", backend, "auto|cuda|host", "auto",
-           "Device backend. cuda: libprotrain_cuda.so on a CUDA device; host: the simulated "
-           "device (own memory pool with a hard capacity, worker-thread streams); auto: cuda "
-           "when it loads and finds a device, else host."),
-    R_SIZE("memory", "device_capacity", device_capacity, PT_CFG_AUTO, "auto",
-           "Device bytes the plugin may use in all (parameters, gradients, buffers, "
-           "activations, every host dev_alloc). auto: the whole device on cuda, 1 GiB on the "
-           "host backend."),
-    R_SIZE("memory", "reserve", reserve, 0, "0",
-           "Device bytes kept free: subtracted from device_capacity before planning (other "
-           "processes, the CUDA context)."),
-    R_SIZE("memory", "pinned_budget", pinned_budget, PT_CFG_AUTO, "auto",
-           "Pinned host bytes the plugin may allocate (staging buffers, offloaded chunks, "
-           "optimizer state). auto: derived from MemAvailable in /proc/meminfo at init."),
-    R_SIZE("memory", "extra_headroom", extra_headroom, 0, "0",
-           "Device bytes the profiler cannot see (library workspaces, other allocators); the "
-           "planner keeps them free on top of its own margin."),
-    R_BOOL("protrain", "auto_memory", auto_memory, "true",
-           "true: the searcher picks every n_* knob left at auto (a number fixes that knob). "
-           "false: no search; n_persist, n_buffer, n_swap and n_checkpoint must all be set."),
-    R_BOOL("protrain", "auto_mode", auto_mode, "true",
-           "Pick the execution mode from memory: A (all resident) if everything fits, else B "
-           "(offload, replicated host state) if pinned RAM per rank holds it, else C (ZeRO-3 "
-           "sharding). false: force_all_persistent and zero3_shard decide."),
-    R_BOOL("protrain", "force_all_persistent", force_all_persistent, "false",
-           "Keep every chunk resident on the device (mode A); init fails with the byte counts "
-           "if it does not fit."),
-    {"protrain", "zero3_shard", PT_CFG_TRI, 0, OFF(zero3_shard), 0, 0, 0, 0, NULL, NULL, NULL,
-     NULL, "auto",
-     "Shard non-persistent chunks and their optimizer state across ranks (mode C). auto: "
-     "auto_mode decides. No effect with one rank."},
-    R_INT("protrain", "n_persist", n_persist, PT_CFG_AUTO | PT_CFG_NO_HI, 0, INT_MAX, -1, "auto",
-          "Chunks kept resident for the whole iteration (the first ones in execution order)."),
-    R_INT("protrain", "n_buffer", n_buffer, PT_CFG_AUTO | PT_CFG_NO_HI, 0, INT_MAX, -1, "auto",
-          "Device buffer slots that stream the non-persistent chunks (prefetch one block "
-          "ahead)."),
-    R_INT("protrain", "n_swap", n_swap, PT_CFG_AUTO | PT_CFG_NO_HI, 0, INT_MAX, -1, "auto",
-          "Blocks whose saved activations go to pinned host memory after forward and come back "
-          "before backward."),
-    R_INT("protrain", "n_checkpoint", n_checkpoint, PT_CFG_AUTO | PT_CFG_NO_HI, 0, INT_MAX, -1,
-          "auto",
-          "Blocks whose activations are freed after forward and recomputed in backward "
-          "(through the host's recompute_block)."),
-    R_SIZE("protrain", "chunk_size", chunk_size, PT_CFG_AUTO, "auto",
-           "Bytes per parameter chunk (consecutive parameters in execution order). auto: "
-           "searched to minimise wasted space."),
-    R_STR("protrain", "cache_dir", cache_dir, "a directory path, or empty for none", NULL, "",
-          "Directory for the profiler cache (keyed by model, batch, sequence and backend); "
-          "empty: profile on every run."),
-    R_STR("protrain", "plan_file", plan_file, "a file path, or empty for none", NULL, "",
-          "Write the chosen plan (knobs, predicted peak and time, mode, reasons) as JSON here; "
-          "empty: the plan is only logged."),
-    R_ENUM("optimizer", "type", optim_type, "adamw|rekls", optim_vals, "adamw",
-           "adamw, or rekls (KERNELS.md A.5; parameters that are not 2-D use AdamW). A host "
-           "descriptor type other than FROM_CONFIG wins."),
-    R_FLT("optimizer", "lr", lr, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "3e-4",
-          "Learning rate; the host may pass another one to each optimizer_step."),
-    R_FLT("optimizer", "beta1", beta1, PT_CFG_HI_OPEN, 0, 1, "0.9", "First-moment decay."),
-    R_FLT("optimizer", "beta2", beta2, PT_CFG_HI_OPEN, 0, 1, "0.999", "Second-moment decay."),
-    R_FLT("optimizer", "eps", eps, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "1e-8",
-          "Added to the denominator sqrt(v_hat)."),
-    R_FLT("optimizer", "weight_decay", weight_decay, PT_CFG_NO_HI, 0, 0, "0",
-          "Decoupled weight decay: p -= lr * weight_decay * p each step."),
-    R_FLT("optimizer", "max_grad_norm", max_grad_norm, PT_CFG_NO_HI, 0, 0, "0",
-          "Clip the global gradient L2 norm to this value; 0 disables clipping (CPU steps "
-          "then start without waiting for every gradient)."),
-    R_INT("optimizer", "cpu_threads", cpu_threads, PT_CFG_AUTO, 0, 1024, 0, "auto",
-          "Threads for the CPU optimizer step on offloaded chunks; auto (or 0): the cores "
-          "available to the process."),
-    R_BOOL("optimizer", "rekls_seed_shampoo", rekls_seed_shampoo, "false",
-           "REKLS: seed step 1 with plain Shampoo factors instead of the faithful step 1 "
-           "(KERNELS.md A.5)."),
-    R_FLT("optimizer", "rekls_shampoo_beta", rekls_shampoo_beta, PT_CFG_HI_OPEN, 0, 1, "0.95",
-          "REKLS: decay of the Kronecker factor averages."),
-    R_FLT("optimizer", "rekls_eps", rekls_eps, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "1e-8",
-          "REKLS: floor of the factor eigenvalues and Adam-ratio epsilon."),
-    R_BOOL("osft", "enabled", osft_enabled, "false",
-           "Orthogonal Subspace Fine-Tuning on the target weights (KERNELS.md B)."),
-    R_FLT("osft", "rank_ratio", osft_rank_ratio, PT_CFG_LO_OPEN, 0, 1, "0.5",
-          "Fraction of each target's singular values that is frozen."),
-    R_STR("osft", "targets", osft_targets,
-          "a comma-separated list of parameter-name substrings like attn,mlp", check_targets,
-          "attn,mlp", "2-D parameters whose name contains any of these substrings are targets."),
-    R_BOOL("tiled_mlp", "enabled", tiled_mlp_enabled, "false",
-           "Run each block's MLP in sequence tiles to cut its activation peak (KERNELS.md C)."),
-    R_INT("tiled_mlp", "tiles", tiled_mlp_tiles, PT_CFG_AUTO | PT_CFG_NO_HI, 1, INT_MAX, 0,
-          "auto", "Number of tiles; auto: from sequence length and hidden size."),
-    R_WORD("dist", "backend", dist_backend, "auto|nccl|mpi|none", "auto",
-           "Collectives between ranks. auto: nccl on cuda, mpi on the host backend, none with "
-           "one rank."),
-    R_STR("dist", "init_method", init_method, "env, mpi or file:///absolute/path",
-          check_init_method, "env",
-          "Rendezvous: env (rank/world from the host), mpi (MPI_Init/bcast), or a shared file "
-          "path."),
-    {"host_backend", "copy_bandwidth", PT_CFG_RATE, 0, OFF(copy_bandwidth), 0, 0, 0, 0, NULL,
-     NULL, NULL, NULL, "0",
-     "Throttle each copy stream to this rate (units B/s, KB/s, MB/s, GB/s, KiB/s, MiB/s, "
-     "GiB/s) so overlap can be measured; 0: unthrottled."},
-    R_BOOL("host_backend", "poison", poison, "true",
-           "Fill freed and offloaded device memory with NaN so a stray read fails a test."),
-    R_INT("host_backend", "fail_alloc_at", fail_alloc_at, PT_CFG_NO_HI, 0, INT_MAX, 0, "0",
-          "Testing: make the N-th device allocation (1-based) fail like an OOM; 0: never."),
-};
-#define N_KEYS (sizeof(schema) / sizeof(schema[0]))
-
-const pt_config_key *pt_config_schema(size_t *n) {
-    if (n) *n = N_KEYS;
-    return schema;
-}
 
 /* ---- small helpers ---- */
 
@@ -224,14 +42,14 @@ static int is_skipped_section(const char *s) {
 }
 
 static int section_index(const char *s) {
-    for (size_t i = 0; i < N_SECTIONS; i++)
-        if (!strcmp(s, sections[i])) return (int)i;
+    for (size_t i = 0; i < PT_CFG_NSECTIONS; i++)
+        if (!strcmp(s, pt_cfg_sections[i])) return (int)i;
     return -1;
 }
 
 static int find_key(const char *sec, const char *key) {
-    for (size_t i = 0; i < N_KEYS; i++)
-        if (!strcmp(schema[i].section, sec) && !strcmp(schema[i].key, key)) return (int)i;
+    for (size_t i = 0; i < PT_CFG_NKEYS; i++)
+        if (!strcmp(pt_cfg_keys[i].section, sec) && !strcmp(pt_cfg_keys[i].key, key)) return (int)i;
     return -1;
 }
 
@@ -362,36 +180,6 @@ int pt_parse_rate(const char *s, double *out) {
     return PT_OK;
 }
 
-/* ---- forms (what an error message says is expected) ---- */
-
-void pt_config_key_form(const pt_config_key *k, char *buf, size_t len) {
-    char lo[32], hi[32];
-    snprintf(lo, sizeof(lo), "%g", k->lo);
-    snprintf(hi, sizeof(hi), "%g", k->hi);
-    const char *au = (k->flags & PT_CFG_AUTO) ? "auto or " : "";
-    switch (k->type) {
-    case PT_CFG_BOOL: snprintf(buf, len, "%s", bool_form); break;
-    case PT_CFG_TRI: snprintf(buf, len, "auto|on|off (or another bool form)"); break;
-    case PT_CFG_INT:
-        if (k->flags & PT_CFG_NO_HI) snprintf(buf, len, "%san integer >= %s", au, lo);
-        else snprintf(buf, len, "%san integer in [%s, %s]", au, lo, hi);
-        break;
-    case PT_CFG_FLOAT: {
-        const char *lc = (k->flags & PT_CFG_LO_OPEN) ? "(" : "[";
-        const char *hc = (k->flags & PT_CFG_HI_OPEN) ? ")" : "]";
-        if (k->flags & PT_CFG_NO_HI)
-            snprintf(buf, len, "a float %s %s", (k->flags & PT_CFG_LO_OPEN) ? ">" : ">=", lo);
-        else snprintf(buf, len, "a float in %s%s, %s%s", lc, lo, hi, hc);
-        break;
-    }
-    case PT_CFG_SIZE: snprintf(buf, len, "%sa size like 512MiB", au); break;
-    case PT_CFG_RATE: snprintf(buf, len, "0 or a rate like 2GiB/s"); break;
-    case PT_CFG_ENUM:
-    case PT_CFG_WORD: snprintf(buf, len, "one of %s", k->choices); break;
-    default: snprintf(buf, len, "%s", k->form ? k->form : "text"); break;
-    }
-}
-
 /* Index of v among "a|b|c" (case-insensitive), or -1. */
 static int choice_index(const char *choices, const char *v) {
     int i = 0;
@@ -485,7 +273,7 @@ void pt_config_defaults(pt_config *c) {
     memset(c, 0, sizeof(*c));
     /* Defaults go through the parser, so a schema default that does not
      * parse is caught by the unit test that checks every row. */
-    for (size_t i = 0; i < N_KEYS; i++) (void)set_value(&schema[i], c, schema[i].def, why, sizeof(why));
+    for (size_t i = 0; i < PT_CFG_NKEYS; i++) (void)set_value(&pt_cfg_keys[i], c, pt_cfg_keys[i].def, why, sizeof(why));
     snprintf(c->source, sizeof(c->source), "(defaults)");
 }
 
@@ -493,12 +281,12 @@ void pt_config_defaults(pt_config *c) {
 
 static void unknown_section_msg(const char *name, const char *sec, char *out, size_t len) {
     int best = -1, bd = 1 << 20;
-    for (size_t i = 0; i < N_SECTIONS; i++) {
-        int d = lev(sec, sections[i]);
+    for (size_t i = 0; i < PT_CFG_NSECTIONS; i++) {
+        int d = lev(sec, pt_cfg_sections[i]);
         if (d < bd) bd = d, best = (int)i;
     }
     if (best >= 0 && close_enough(sec, bd))
-        snprintf(out, len, "%sunknown section [%s]; did you mean [%s]?", name, sec, sections[best]);
+        snprintf(out, len, "%sunknown section [%s]; did you mean [%s]?", name, sec, pt_cfg_sections[best]);
     else snprintf(out, len,
              "%sunknown section [%s]; valid sections are [plugin], [memory], [protrain], "
              "[optimizer], [osft], [tiled_mlp], [dist], [host_backend] (host trainer sections "
@@ -508,27 +296,27 @@ static void unknown_section_msg(const char *name, const char *sec, char *out, si
 static void unknown_key_msg(const char *name, const char *sec, const char *key, char *out,
                             size_t len) {
     int best = -1, bd = 1 << 20, elsewhere = -1;
-    for (size_t i = 0; i < N_KEYS; i++) {
-        if (strcmp(schema[i].section, sec)) {
-            if (!strcmp(schema[i].key, key) && elsewhere < 0) elsewhere = (int)i;
+    for (size_t i = 0; i < PT_CFG_NKEYS; i++) {
+        if (strcmp(pt_cfg_keys[i].section, sec)) {
+            if (!strcmp(pt_cfg_keys[i].key, key) && elsewhere < 0) elsewhere = (int)i;
             continue;
         }
-        int d = lev(key, schema[i].key);
+        int d = lev(key, pt_cfg_keys[i].key);
         if (d < bd) bd = d, best = (int)i;
     }
     int n = snprintf(out, len, "%sunknown key '%s' in [%s]; ", name, key, sec);
     if (n < 0 || (size_t)n >= len) return;
     out += n, len -= (size_t)n;
     if (best >= 0 && close_enough(key, bd)) {
-        snprintf(out, len, "did you mean '%s'?", schema[best].key);
+        snprintf(out, len, "did you mean '%s'?", pt_cfg_keys[best].key);
     } else if (elsewhere >= 0) {
-        snprintf(out, len, "'%s' belongs in [%s]", key, schema[elsewhere].section);
+        snprintf(out, len, "'%s' belongs in [%s]", key, pt_cfg_keys[elsewhere].section);
     } else {
         size_t o = (size_t)snprintf(out, len, "valid keys in [%s] are", sec);
         const char *sep = " ";
-        for (size_t i = 0; i < N_KEYS && o < len; i++) {
-            if (strcmp(schema[i].section, sec)) continue;
-            o += (size_t)snprintf(out + o, len - o, "%s%s", sep, schema[i].key);
+        for (size_t i = 0; i < PT_CFG_NKEYS && o < len; i++) {
+            if (strcmp(pt_cfg_keys[i].section, sec)) continue;
+            o += (size_t)snprintf(out + o, len - o, "%s%s", sep, pt_cfg_keys[i].key);
             sep = ", ";
         }
     }
@@ -541,7 +329,7 @@ typedef struct pstate {
     const char *text, *pos;
     int line;              /* lines handed to inih so far = current line */
     pt_config *c;
-    int set_line[N_KEYS];  /* where each key was first set, 0 = not yet */
+    int set_line[PT_CFG_NKEYS];  /* where each key was first set, 0 = not yet */
     int err_line;          /* first error found by us (0 = none) */
     char err[768];
 } pstate;
@@ -609,9 +397,9 @@ static int handler(void *user, const char *section, const char *name, const char
     if (is_skipped_section(sec)) return 1;
     if (!*sec) {
         int k = -1;
-        for (size_t i = 0; i < N_KEYS && k < 0; i++)
-            if (!strcmp(schema[i].key, name)) k = (int)i;
-        if (k >= 0) st_err(st, "key '%s' is outside any section; put it under [%s]", name, schema[k].section);
+        for (size_t i = 0; i < PT_CFG_NKEYS && k < 0; i++)
+            if (!strcmp(pt_cfg_keys[i].key, name)) k = (int)i;
+        if (k >= 0) st_err(st, "key '%s' is outside any section; put it under [%s]", name, pt_cfg_keys[k].section);
         else st_err(st, "key '%s' is outside any section; start the file with a [section] header", name);
         return 0;
     }
@@ -632,7 +420,7 @@ static int handler(void *user, const char *section, const char *name, const char
         return 0;
     }
     st->set_line[k] = st->line;
-    if (set_value(&schema[k], st->c, value, why, sizeof(why))) {
+    if (set_value(&pt_cfg_keys[k], st->c, value, why, sizeof(why))) {
         quote_val(value, vq, sizeof(vq));
         st_err(st, "bad value '%s' for key '%s' in [%s]: %s", vq, name, sec, why);
         return 0;
@@ -673,7 +461,7 @@ static int env_log_level(pt_config *c, char *err, size_t errlen) {
     const char *v = getenv("PROTRAIN_LOG_LEVEL");
     if (!v || !*v) return 0;
     char why[256], vq[72];
-    if (set_value(&schema[find_key("plugin", "log_level")], c, v, why, sizeof(why))) {
+    if (set_value(&pt_cfg_keys[find_key("plugin", "log_level")], c, v, why, sizeof(why))) {
         quote_val(v, vq, sizeof(vq));
         seterr(err, errlen, "environment variable PROTRAIN_LOG_LEVEL: bad value '%s': %s", vq, why);
         return PT_ERR_CONFIG;
@@ -799,7 +587,7 @@ int pt_config_set(pt_config *c, const char *section, const char *key, const char
         return PT_ERR_CONFIG;
     }
     pt_config tmp = *c;
-    if (set_value(&schema[k], &tmp, value, why, sizeof(why))) {
+    if (set_value(&pt_cfg_keys[k], &tmp, value, why, sizeof(why))) {
         quote_val(value, vq, sizeof(vq));
         seterr(err, errlen, "override: bad value '%s' for key '%s' in [%s]: %s", vq, key, section, why);
         return PT_ERR_CONFIG;
@@ -808,7 +596,7 @@ int pt_config_set(pt_config *c, const char *section, const char *key, const char
     return PT_OK;
 }
 
-/* ---- dump and generated reference ---- */
+/* ---- dump ---- */
 
 /* Shortest "%.Ng" that reads back to the same float (or double when dbl). */
 static void fmt_real(double x, int dbl, char *b, size_t n) {
@@ -878,61 +666,17 @@ static void fmt_value(const pt_config_key *k, const pt_config *c, char *b, size_
     }
 }
 
-/* Appends to buf at *o; returns 1 once the buffer is full. */
-static int put(char *buf, size_t len, size_t *o, const char *fmt, ...) FMT(4, 5);
-static int put(char *buf, size_t len, size_t *o, const char *fmt, ...) {
-    if (*o >= len) return 1;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf + *o, len - *o, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= len - *o) {
-        *o = len;
-        return 1;
-    }
-    *o += (size_t)n;
-    return 0;
-}
-
 int pt_config_dump(const pt_config *c, char *buf, size_t len) {
     if (!c || !buf || !len) return PT_ERR_INVALID_ARG;
     size_t o = 0;
     char v[600];
     buf[0] = '\0';
-    put(buf, len, &o, "; protrain effective configuration (source: %s)\n", c->source);
-    for (size_t i = 0; i < N_KEYS; i++) {
-        if (!i || strcmp(schema[i].section, schema[i - 1].section))
-            put(buf, len, &o, "%s[%s]\n", i ? "\n" : "", schema[i].section);
-        fmt_value(&schema[i], c, v, sizeof(v));
-        put(buf, len, &o, "%s =%s%s\n", schema[i].key, *v ? " " : "", v);
-    }
-    return o >= len ? PT_ERR_INVALID_ARG : PT_OK;
-}
-
-/* Markdown table cell: '|' must be escaped inside a table. */
-static void md_cell(char *buf, size_t len, size_t *o, const char *s) {
-    for (; *s; s++) {
-        if (*s == '|') put(buf, len, o, "\\|");
-        else put(buf, len, o, "%c", *s);
-    }
-}
-
-int pt_config_schema_markdown(char *buf, size_t len) {
-    if (!buf || !len) return PT_ERR_INVALID_ARG;
-    size_t o = 0;
-    char form[160];
-    buf[0] = '\0';
-    for (size_t i = 0; i < N_KEYS; i++) {
-        const pt_config_key *k = &schema[i];
-        if (!i || strcmp(k->section, schema[i - 1].section))
-            put(buf, len, &o, "%s### [%s]\n\n| key | accepted values | default | meaning |\n"
-                              "|---|---|---|---|\n", i ? "\n" : "", k->section);
-        pt_config_key_form(k, form, sizeof(form));
-        put(buf, len, &o, "| `%s` | ", k->key);
-        md_cell(buf, len, &o, form);
-        put(buf, len, &o, " | `%s` | ", *k->def ? k->def : "\"\"");
-        md_cell(buf, len, &o, k->help);
-        put(buf, len, &o, " |\n");
+    pt_cfg_put(buf, len, &o, "; protrain effective configuration (source: %s)\n", c->source);
+    for (size_t i = 0; i < PT_CFG_NKEYS; i++) {
+        if (!i || strcmp(pt_cfg_keys[i].section, pt_cfg_keys[i - 1].section))
+            pt_cfg_put(buf, len, &o, "%s[%s]\n", i ? "\n" : "", pt_cfg_keys[i].section);
+        fmt_value(&pt_cfg_keys[i], c, v, sizeof(v));
+        pt_cfg_put(buf, len, &o, "%s =%s%s\n", pt_cfg_keys[i].key, *v ? " " : "", v);
     }
     return o >= len ? PT_ERR_INVALID_ARG : PT_OK;
 }

@@ -1,0 +1,273 @@
+/*
+ * config_schema.c — what the configuration file may contain: the schema table
+ * (one row per key, in file order, with its default and help text), the
+ * accepted-value text that error messages and docs show for each row, and the
+ * markdown reference that conf/CONFIG.md embeds. Parsing, defaults, messages and
+ * the dump live in config.c; config_internal.h is the seam between the two.
+ */
+#include "config_internal.h"
+
+#include <limits.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "protrain.h"
+
+#define OFF(f) offsetof(pt_config, f)
+#define CAP(f) sizeof(((pt_config *)0)->f)
+
+static const int log_vals[] = {PT_LOG_ERROR, PT_LOG_WARN, PT_LOG_INFO, PT_LOG_DEBUG,
+                               PT_LOG_TRACE};
+static const int optim_vals[] = {PT_OPTIM_ADAMW, PT_OPTIM_REKLS};
+static const char bool_form[] = "true|false|on|off|yes|no|1|0";
+
+const char *const pt_cfg_sections[] = {"plugin",    "memory", "protrain", "optimizer",
+                                       "osft",      "tiled_mlp", "dist",  "host_backend"};
+_Static_assert(sizeof(pt_cfg_sections) / sizeof(pt_cfg_sections[0]) == PT_CFG_NSECTIONS,
+               "PT_CFG_NSECTIONS in config_internal.h must match pt_cfg_sections");
+
+/* ---- row checkers for free-text keys (may normalise v in place) ---- */
+
+/* "attn, mlp" -> "attn,mlp": items are trimmed; an empty item is an error. */
+static int check_targets(char *v, size_t cap, char *why, size_t wl) {
+    char out[256];
+    size_t o = 0;
+    const char *p = v;
+    (void)cap;
+    for (;;) {
+        while (*p == ' ' || *p == '\t') p++;
+        const char *e = p;
+        while (*e && *e != ',') e++;
+        const char *t = e;
+        while (t > p && (t[-1] == ' ' || t[-1] == '\t')) t--;
+        if (t == p) {
+            snprintf(why, wl, "expected a comma-separated list of non-empty parameter-name "
+                              "substrings like attn,mlp");
+            return 1;
+        }
+        if (o) out[o++] = ',';
+        memcpy(out + o, p, (size_t)(t - p));
+        o += (size_t)(t - p);
+        if (!*e) break;
+        p = e + 1;
+    }
+    out[o] = '\0';
+    memcpy(v, out, o + 1); /* o <= strlen(v) < cap */
+    return 0;
+}
+
+static int check_init_method(char *v, size_t cap, char *why, size_t wl) {
+    (void)cap;
+    if (!strcmp(v, "env") || !strcmp(v, "mpi")) return 0;
+    if (!strncmp(v, "file://", 7) && v[7] == '/' && v[8]) return 0;
+    snprintf(why, wl, "expected env, mpi or file:///absolute/path");
+    return 1;
+}
+
+/* ---- the schema: one row per key, in file order ---- */
+#define R_BOOL(s, k, f, d, h) {s, k, PT_CFG_BOOL, 0, OFF(f), 0, 0, 0, 0, NULL, NULL, NULL, NULL, d, h}
+#define R_INT(s, k, f, fl, lo, hi, ai, d, h) \
+    {s, k, PT_CFG_INT, fl, OFF(f), 0, lo, hi, ai, NULL, NULL, NULL, NULL, d, h}
+#define R_FLT(s, k, f, fl, lo, hi, d, h) \
+    {s, k, PT_CFG_FLOAT, fl, OFF(f), 0, lo, hi, 0, NULL, NULL, NULL, NULL, d, h}
+#define R_SIZE(s, k, f, fl, d, h) {s, k, PT_CFG_SIZE, fl, OFF(f), 0, 0, 0, 0, NULL, NULL, NULL, NULL, d, h}
+#define R_ENUM(s, k, f, ch, vals, d, h) \
+    {s, k, PT_CFG_ENUM, 0, OFF(f), 0, 0, 0, 0, ch, vals, NULL, NULL, d, h}
+#define R_WORD(s, k, f, ch, d, h) \
+    {s, k, PT_CFG_WORD, 0, OFF(f), CAP(f), 0, 0, 0, ch, NULL, NULL, NULL, d, h}
+#define R_STR(s, k, f, form, chk, d, h) \
+    {s, k, PT_CFG_STR, 0, OFF(f), CAP(f), 0, 0, 0, NULL, NULL, form, chk, d, h}
+
+const pt_config_key pt_cfg_keys[] = {
+    R_ENUM("plugin", "log_level", log_level, "error|warn|info|debug|trace", log_vals, "info",
+           "Messages above this level are dropped. $PROTRAIN_LOG_LEVEL overrides it."),
+    R_WORD("plugin", "backend", backend, "auto|cuda|host", "auto",
+           "Device backend. cuda: libprotrain_cuda.so on a CUDA device; host: the simulated "
+           "device (own memory pool with a hard capacity, worker-thread streams); auto: cuda "
+           "when it loads and finds a device, else host."),
+    R_SIZE("memory", "device_capacity", device_capacity, PT_CFG_AUTO, "auto",
+           "Device bytes the plugin may use in all (parameters, gradients, buffers, "
+           "activations, every host dev_alloc). auto: the whole device on cuda, 1 GiB on the "
+           "host backend."),
+    R_SIZE("memory", "reserve", reserve, 0, "0",
+           "Device bytes kept free: subtracted from device_capacity before planning (other "
+           "processes, the CUDA context)."),
+    R_SIZE("memory", "pinned_budget", pinned_budget, PT_CFG_AUTO, "auto",
+           "Pinned host bytes the plugin may allocate (staging buffers, offloaded chunks, "
+           "optimizer state). auto: derived from MemAvailable in /proc/meminfo at init."),
+    R_SIZE("memory", "extra_headroom", extra_headroom, 0, "0",
+           "Device bytes the profiler cannot see (library workspaces, other allocators); the "
+           "planner keeps them free on top of its own margin."),
+    R_BOOL("protrain", "auto_memory", auto_memory, "true",
+           "true: the searcher picks every n_* knob left at auto (a number fixes that knob). "
+           "false: no search; n_persist, n_buffer, n_swap and n_checkpoint must all be set."),
+    R_BOOL("protrain", "auto_mode", auto_mode, "true",
+           "Pick the execution mode from memory: A (all resident) if everything fits, else B "
+           "(offload, replicated host state) if pinned RAM per rank holds it, else C (ZeRO-3 "
+           "sharding). false: force_all_persistent and zero3_shard decide."),
+    R_BOOL("protrain", "force_all_persistent", force_all_persistent, "false",
+           "Keep every chunk resident on the device (mode A); init fails with the byte counts "
+           "if it does not fit."),
+    {"protrain", "zero3_shard", PT_CFG_TRI, 0, OFF(zero3_shard), 0, 0, 0, 0, NULL, NULL, NULL,
+     NULL, "auto",
+     "Shard non-persistent chunks and their optimizer state across ranks (mode C). auto: "
+     "auto_mode decides. No effect with one rank."},
+    R_INT("protrain", "n_persist", n_persist, PT_CFG_AUTO | PT_CFG_NO_HI, 0, INT_MAX, -1, "auto",
+          "Chunks kept resident for the whole iteration (the first ones in execution order)."),
+    R_INT("protrain", "n_buffer", n_buffer, PT_CFG_AUTO | PT_CFG_NO_HI, 0, INT_MAX, -1, "auto",
+          "Device buffer slots that stream the non-persistent chunks (prefetch one block "
+          "ahead)."),
+    R_INT("protrain", "n_swap", n_swap, PT_CFG_AUTO | PT_CFG_NO_HI, 0, INT_MAX, -1, "auto",
+          "Blocks whose saved activations go to pinned host memory after forward and come back "
+          "before backward."),
+    R_INT("protrain", "n_checkpoint", n_checkpoint, PT_CFG_AUTO | PT_CFG_NO_HI, 0, INT_MAX, -1,
+          "auto",
+          "Blocks whose activations are freed after forward and recomputed in backward "
+          "(through the host's recompute_block)."),
+    R_SIZE("protrain", "chunk_size", chunk_size, PT_CFG_AUTO, "auto",
+           "Bytes per parameter chunk (consecutive parameters in execution order). auto: "
+           "searched to minimise wasted space."),
+    R_STR("protrain", "cache_dir", cache_dir, "a directory path, or empty for none", NULL, "",
+          "Directory for the profiler cache (keyed by model, batch, sequence and backend); "
+          "empty: profile on every run."),
+    R_STR("protrain", "plan_file", plan_file, "a file path, or empty for none", NULL, "",
+          "Write the chosen plan (knobs, predicted peak and time, mode, reasons) as JSON here; "
+          "empty: the plan is only logged."),
+    R_ENUM("optimizer", "type", optim_type, "adamw|rekls", optim_vals, "adamw",
+           "adamw, or rekls (KERNELS.md A.5; parameters that are not 2-D use AdamW). A host "
+           "descriptor type other than FROM_CONFIG wins."),
+    R_FLT("optimizer", "lr", lr, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "3e-4",
+          "Learning rate; the host may pass another one to each optimizer_step."),
+    R_FLT("optimizer", "beta1", beta1, PT_CFG_HI_OPEN, 0, 1, "0.9", "First-moment decay."),
+    R_FLT("optimizer", "beta2", beta2, PT_CFG_HI_OPEN, 0, 1, "0.999", "Second-moment decay."),
+    R_FLT("optimizer", "eps", eps, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "1e-8",
+          "Added to the denominator sqrt(v_hat)."),
+    R_FLT("optimizer", "weight_decay", weight_decay, PT_CFG_NO_HI, 0, 0, "0",
+          "Decoupled weight decay: p -= lr * weight_decay * p each step."),
+    R_FLT("optimizer", "max_grad_norm", max_grad_norm, PT_CFG_NO_HI, 0, 0, "0",
+          "Clip the global gradient L2 norm to this value; 0 disables clipping (CPU steps "
+          "then start without waiting for every gradient)."),
+    R_INT("optimizer", "cpu_threads", cpu_threads, PT_CFG_AUTO, 0, 1024, 0, "auto",
+          "Threads for the CPU optimizer step on offloaded chunks; auto (or 0): the cores "
+          "available to the process."),
+    R_BOOL("optimizer", "rekls_seed_shampoo", rekls_seed_shampoo, "false",
+           "REKLS: seed step 1 with plain Shampoo factors instead of the faithful step 1 "
+           "(KERNELS.md A.5)."),
+    R_FLT("optimizer", "rekls_shampoo_beta", rekls_shampoo_beta, PT_CFG_HI_OPEN, 0, 1, "0.95",
+          "REKLS: decay of the Kronecker factor averages."),
+    R_FLT("optimizer", "rekls_eps", rekls_eps, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "1e-8",
+          "REKLS: floor of the factor eigenvalues and Adam-ratio epsilon."),
+    R_BOOL("osft", "enabled", osft_enabled, "false",
+           "Orthogonal Subspace Fine-Tuning on the target weights (KERNELS.md B)."),
+    R_FLT("osft", "rank_ratio", osft_rank_ratio, PT_CFG_LO_OPEN, 0, 1, "0.5",
+          "Fraction of each target's singular values that is frozen."),
+    R_STR("osft", "targets", osft_targets,
+          "a comma-separated list of parameter-name substrings like attn,mlp", check_targets,
+          "attn,mlp", "2-D parameters whose name contains any of these substrings are targets."),
+    R_BOOL("tiled_mlp", "enabled", tiled_mlp_enabled, "false",
+           "Run each block's MLP in sequence tiles to cut its activation peak (KERNELS.md C)."),
+    R_INT("tiled_mlp", "tiles", tiled_mlp_tiles, PT_CFG_AUTO | PT_CFG_NO_HI, 1, INT_MAX, 0,
+          "auto", "Number of tiles; auto: from sequence length and hidden size."),
+    R_WORD("dist", "backend", dist_backend, "auto|nccl|mpi|none", "auto",
+           "Collectives between ranks. auto: nccl on cuda, mpi on the host backend, none with "
+           "one rank."),
+    R_STR("dist", "init_method", init_method, "env, mpi or file:///absolute/path",
+          check_init_method, "env",
+          "Rendezvous: env (rank/world from the host), mpi (MPI_Init/bcast), or a shared file "
+          "path."),
+    {"host_backend", "copy_bandwidth", PT_CFG_RATE, 0, OFF(copy_bandwidth), 0, 0, 0, 0, NULL,
+     NULL, NULL, NULL, "0",
+     "Throttle each copy stream to this rate (units B/s, KB/s, MB/s, GB/s, KiB/s, MiB/s, "
+     "GiB/s) so overlap can be measured; 0: unthrottled."},
+    R_BOOL("host_backend", "poison", poison, "true",
+           "Fill freed and offloaded device memory with NaN so a stray read fails a test."),
+    R_INT("host_backend", "fail_alloc_at", fail_alloc_at, PT_CFG_NO_HI, 0, INT_MAX, 0, "0",
+          "Testing: make the N-th device allocation (1-based) fail like an OOM; 0: never."),
+};
+/* config.c sizes per-key arrays with PT_CFG_NKEYS; a row added here without
+ * bumping it fails the build rather than overrunning those arrays. */
+_Static_assert(sizeof(pt_cfg_keys) / sizeof(pt_cfg_keys[0]) == PT_CFG_NKEYS,
+               "PT_CFG_NKEYS in config_internal.h must match the rows of pt_cfg_keys");
+
+const pt_config_key *pt_config_schema(size_t *n) {
+    if (n) *n = PT_CFG_NKEYS;
+    return pt_cfg_keys;
+}
+
+/* ---- forms (what an error message says is expected) ---- */
+
+void pt_config_key_form(const pt_config_key *k, char *buf, size_t len) {
+    char lo[32], hi[32];
+    snprintf(lo, sizeof(lo), "%g", k->lo);
+    snprintf(hi, sizeof(hi), "%g", k->hi);
+    const char *au = (k->flags & PT_CFG_AUTO) ? "auto or " : "";
+    switch (k->type) {
+    case PT_CFG_BOOL: snprintf(buf, len, "%s", bool_form); break;
+    case PT_CFG_TRI: snprintf(buf, len, "auto|on|off (or another bool form)"); break;
+    case PT_CFG_INT:
+        if (k->flags & PT_CFG_NO_HI) snprintf(buf, len, "%san integer >= %s", au, lo);
+        else snprintf(buf, len, "%san integer in [%s, %s]", au, lo, hi);
+        break;
+    case PT_CFG_FLOAT: {
+        const char *lc = (k->flags & PT_CFG_LO_OPEN) ? "(" : "[";
+        const char *hc = (k->flags & PT_CFG_HI_OPEN) ? ")" : "]";
+        if (k->flags & PT_CFG_NO_HI)
+            snprintf(buf, len, "a float %s %s", (k->flags & PT_CFG_LO_OPEN) ? ">" : ">=", lo);
+        else snprintf(buf, len, "a float in %s%s, %s%s", lc, lo, hi, hc);
+        break;
+    }
+    case PT_CFG_SIZE: snprintf(buf, len, "%sa size like 512MiB", au); break;
+    case PT_CFG_RATE: snprintf(buf, len, "0 or a rate like 2GiB/s"); break;
+    case PT_CFG_ENUM:
+    case PT_CFG_WORD: snprintf(buf, len, "one of %s", k->choices); break;
+    default: snprintf(buf, len, "%s", k->form ? k->form : "text"); break;
+    }
+}
+
+/* ---- generated reference ---- */
+
+/* Appends to buf at *o; returns 1 once the buffer is full (config_internal.h). */
+int pt_cfg_put(char *buf, size_t len, size_t *o, const char *fmt, ...) {
+    if (*o >= len) return 1;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *o, len - *o, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= len - *o) {
+        *o = len;
+        return 1;
+    }
+    *o += (size_t)n;
+    return 0;
+}
+
+/* Markdown table cell: '|' must be escaped inside a table. */
+static void md_cell(char *buf, size_t len, size_t *o, const char *s) {
+    for (; *s; s++) {
+        if (*s == '|') pt_cfg_put(buf, len, o, "\\|");
+        else pt_cfg_put(buf, len, o, "%c", *s);
+    }
+}
+
+int pt_config_schema_markdown(char *buf, size_t len) {
+    if (!buf || !len) return PT_ERR_INVALID_ARG;
+    size_t o = 0;
+    char form[160];
+    buf[0] = '\0';
+    for (size_t i = 0; i < PT_CFG_NKEYS; i++) {
+        const pt_config_key *k = &pt_cfg_keys[i];
+        if (!i || strcmp(k->section, pt_cfg_keys[i - 1].section))
+            pt_cfg_put(buf, len, &o,
+                       "%s### [%s]\n\n| key | accepted values | default | meaning |\n"
+                       "|---|---|---|---|\n", i ? "\n" : "", k->section);
+        pt_config_key_form(k, form, sizeof(form));
+        pt_cfg_put(buf, len, &o, "| `%s` | ", k->key);
+        md_cell(buf, len, &o, form);
+        pt_cfg_put(buf, len, &o, " | `%s` | ", *k->def ? k->def : "\"\"");
+        md_cell(buf, len, &o, k->help);
+        pt_cfg_put(buf, len, &o, " |\n");
+    }
+    return o >= len ? PT_ERR_INVALID_ARG : PT_OK;
+}
