@@ -331,6 +331,10 @@ int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out) {
     s.d2h_bytes = u.d2h_bytes;
     s.last_grad_norm = rt->opt.last_norm;
     s.steps = rt->opt.t;
+    for (int b = 0; rt->arena && b < rt->n_blocks; b++) {
+        s.n_swap += rt->arena[b].mode == PT_ACT_SWAP;
+        s.n_checkpoint += rt->arena[b].mode == PT_ACT_CKPT;
+    }
     s.recomputes = rt->recomputes;
     s.swap_bytes = rt->swap_out_bytes;
     s.pred_peak = rt->pred_peak;
