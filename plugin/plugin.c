@@ -282,13 +282,25 @@ static int32_t unsupported(void *vctx, const char *hook, const char *why) {
              PT_PLUGIN_VERSION, why);
     return PT_ERR_UNSUPPORTED;
 }
+/* Between steps only: no gradient or CPU step may be in flight. */
+static int between_steps(pt_ctx *c, const char *hook) {
+    if (c->lc.state == PT_LC_READY) return PT_OK;
+    snprintf(c->err, sizeof c->err, "hook %s called out of order: expected it between steps "
+             "(after create_optimizer or post_step; state: %s)", hook,
+             pt_lc_state_name(c->lc.state));
+    return PT_ERR_ORDER;
+}
 static int32_t h_save_state(void *vctx, const char *dir) {
-    (void)dir;
-    return unsupported(vctx, "save_state", "state save/restore is not built yet");
+    CTX("save_state");
+    int rc = between_steps(c, "save_state");
+    if (!rc) rc = pt_rt_save_state(c->rt, dir, c->err, sizeof c->err);
+    return done(c, rc);
 }
 static int32_t h_load_state(void *vctx, const char *dir) {
-    (void)dir;
-    return unsupported(vctx, "load_state", "state save/restore is not built yet");
+    CTX("load_state");
+    int rc = between_steps(c, "load_state");
+    if (!rc) rc = pt_rt_load_state(c->rt, dir, c->err, sizeof c->err);
+    return done(c, rc);
 }
 static int32_t h_osft_fwd(void *vctx, int32_t p, const void *x, void *y, int64_t rows) {
     (void)p; (void)x; (void)y; (void)rows;

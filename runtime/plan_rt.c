@@ -14,6 +14,7 @@
 #include "plan.h"
 #include "profiler.h"
 #include "searcher.h"
+#include "state_io.h"
 #include "trace_cache.h"
 
 #define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
@@ -217,8 +218,25 @@ void pt_rt_calibrate(pt_rt *rt) {
             (unsigned long long)u.peak, u.peak / 1048576.0, (unsigned long long)rt->pred_peak,
             pr, rt->meas_iter_s, rt->pred_iter_s,
             rt->pred_iter_s > 0 ? rt->meas_iter_s / rt->pred_iter_s : 0.0);
-    if (u.peak > rt->pred_peak)
-        PT_LOGW(&rt->lg, "calibration: the peak was under-predicted by %llu bytes; the next "
-                         "plan uses fragmentation factor %.4f",
-                (unsigned long long)(u.peak - rt->pred_peak), pr * (rt->frag > 0 ? rt->frag : 1.0));
+    if (u.peak <= rt->pred_peak || !rt->trace) return;
+    /* Under-predicted: plan again with the measured correction, carrying the
+     * parameters and optimizer state across (the state image is per parameter). */
+    rt->frag = pr * (rt->frag > 0 ? rt->frag : 1.0);
+    PT_LOGW(&rt->lg, "calibration: the peak was under-predicted by %llu bytes; planning again "
+                     "with fragmentation factor %.4f",
+            (unsigned long long)(u.peak - rt->pred_peak), rt->frag);
+    char err[512];
+    pt_state_image img;
+    int rc = pt_state_snapshot(rt, &img, err, sizeof err);
+    if (!rc) {
+        rc = pt_rt_search_and_apply(rt, rt->trace, 0.0, err, sizeof err);
+        if (!rc) rc = pt_ms_optimizer_init(rt, err, sizeof err);
+        if (!rc) rc = pt_state_restore(rt, &img, err, sizeof err);
+        pt_state_image_free(&img);
+    }
+    if (rc) {
+        PT_LOGE(&rt->lg, "calibration re-plan failed: %s", err);
+        rt->broken = rc;
+    }
+    rt->calib_steps = WARM + MEASURE + 1;   /* measure once per plan */
 }

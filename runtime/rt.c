@@ -14,6 +14,7 @@
 #include "device_ext.h"
 #include "placement.h"
 #include "profiler.h"
+#include "state_io.h"
 #include "rt_internal.h"
 
 #define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
@@ -180,6 +181,10 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
 
 int pt_rt_pre_step(pt_rt *rt, int64_t step, int32_t micro, int32_t n_micro, char *err,
                    size_t errlen) {
+    if (rt->broken) {
+        ERR("pre_step: the plugin lost its state in a failed re-plan (see the log)");
+        return rt->broken;
+    }
     rt->step = step;
     rt->micro = micro;
     rt->n_micro = n_micro;
@@ -266,13 +271,23 @@ int pt_rt_set_lr(pt_rt *rt, float lr, char *err, size_t errlen) {
 }
 
 int pt_rt_post_step(pt_rt *rt, int64_t step, float loss, char *err, size_t errlen) {
-    (void)err;
-    (void)errlen;
     rt->last_loss = loss;
     PT_LOGD(&rt->lg, "step %lld loss %.6f grad-norm %.6g", (long long)step, (double)loss,
             rt->opt.last_norm);
     pt_rt_calibrate(rt);
+    if (rt->broken) {
+        ERR("post_step: the calibration re-plan failed (see the log); the run cannot continue");
+        return rt->broken;
+    }
     return PT_OK;
+}
+
+int pt_rt_save_state(pt_rt *rt, const char *dir, char *err, size_t errlen) {
+    return pt_state_save(rt, dir, err, errlen);
+}
+
+int pt_rt_load_state(pt_rt *rt, const char *dir, char *err, size_t errlen) {
+    return pt_state_load(rt, dir, err, errlen);
 }
 
 /* ---- host memory services ---- */

@@ -60,6 +60,7 @@ struct pt_rt {
     double pred_iter_s;
     struct pt_trace *trace;   /* the profile the plan came from (kept for re-planning) */
     int plan_clip;            /* the plan assumed clipping (deferred CPU steps) */
+    int broken;               /* a failed rebuild left no usable store: every hook fails */
     int calib_steps;          /* post_steps since the plan took effect */
     double calib_t[8];        /* their timestamps */
     uint64_t meas_peak;       /* measured at calibration (0: not yet) */

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -359,6 +360,105 @@ static void test_bad_model(void **state) {
     assert_int_equal(P->finalize(ctx), PT_OK);
 }
 
+/* ---- state save / restore ---- */
+static void read_all(void *ctx, tiny *t, float out[NP][64]) {
+    memset(out, 0, sizeof(float) * NP * 64);
+    for (int i = 0; i < NP; i++)
+        assert_int_equal(P->read_param(ctx, i, out[i], (uint64_t)t->p[i].shape[0] * 4), PT_OK);
+}
+
+/* Saved under one plan, restored under another: the continued runs agree bit for bit. */
+static void test_state_roundtrip(void **state) {
+    (void)state;
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/pt_state_%d", (int)getpid());
+    mkdir(dir, 0755);
+    const char *opt = "[optimizer]\nlr = 0.01\nweight_decay = 0.1\n";
+    char a_ini[256], b_ini[256];
+    snprintf(a_ini, sizeof a_ini, "%s%s", opt, STREAMED);
+    snprintf(b_ini, sizeof b_ini, "%s[protrain]\nforce_all_persistent = true\n", opt);
+    tiny ta, tb;
+    void *a = start(&ta, a_ini);
+    assert_int_equal(P->create_optimizer(a, NULL), PT_OK);
+    for (int s = 0; s < 3; s++) {
+        run_step(a, &ta, s, 1, 0.2f * (float)(s + 1), NULL);
+        assert_int_equal(P->optimizer_step(a, -1.0f), PT_OK);
+        assert_int_equal(P->post_step(a, s, 1.0f), PT_OK);
+    }
+    /* not mid-step */
+    assert_int_equal(P->pre_step(a, 3, 0, 1), PT_OK);
+    assert_int_equal(P->save_state(a, dir), PT_ERR_ORDER);
+    assert_non_null(strstr(P->last_error(a), "between steps"));
+    for (int b = 0; b < NB; b++) {
+        assert_int_equal(P->block_pre_forward(a, b), PT_OK);
+        assert_int_equal(P->block_post_forward(a, b), PT_OK);
+    }
+    for (int b = NB - 1; b >= 0; b--) {
+        assert_int_equal(P->block_pre_backward(a, b), PT_OK);
+        assert_int_equal(P->block_post_backward(a, b), PT_OK);
+    }
+    assert_int_equal(P->optimizer_step(a, -1.0f), PT_OK);
+    assert_int_equal(P->post_step(a, 3, 1.0f), PT_OK);
+    assert_int_equal(P->save_state(a, dir), PT_OK);
+
+    void *b = start(&tb, b_ini);
+    assert_int_equal(P->create_optimizer(b, NULL), PT_OK);
+    assert_int_equal(P->load_state(b, dir), PT_OK);
+    float va[NP][64], vb[NP][64];
+    read_all(a, &ta, va);
+    read_all(b, &tb, vb);
+    assert_memory_equal(va, vb, sizeof va);
+    for (int s = 4; s < 6; s++) {
+        run_step(a, &ta, s, 1, 0.3f, NULL);
+        run_step(b, &tb, s, 1, 0.3f, NULL);
+        assert_int_equal(P->optimizer_step(a, -1.0f), PT_OK);
+        assert_int_equal(P->optimizer_step(b, -1.0f), PT_OK);
+        assert_int_equal(P->post_step(a, s, 1.0f), PT_OK);
+        assert_int_equal(P->post_step(b, s, 1.0f), PT_OK);
+    }
+    read_all(a, &ta, va);
+    read_all(b, &tb, vb);
+    assert_memory_equal(va, vb, sizeof va);  /* m, v and step count came across too */
+    pt_stats_v1 st = {.struct_size = sizeof st};
+    assert_int_equal(P->get_stats(b, &st), PT_OK);
+    assert_int_equal(st.steps, 6);
+    assert_int_equal(P->finalize(b), PT_OK);
+
+    /* a different model: refused, nothing changed */
+    tiny tc;
+    void *c = NULL;
+    tiny_make(&tc);
+    char other[256];
+    snprintf(other, sizeof other, "[plugin]\nbackend = host\nlog_level = error\n"
+             "[memory]\ndevice_capacity = 4MiB\n");
+    write_ini(other);
+    assert_int_equal(P->init(ini_path, NULL, &c), PT_OK);
+    tc.p[3].shape[0] = 40;
+    assert_int_equal(P->post_model_load(c, &tc.m), PT_OK);
+    assert_int_equal(P->create_optimizer(c, NULL), PT_OK);
+    float before[NP][64], after[NP][64];
+    memset(before, 0, sizeof before);
+    memset(after, 0, sizeof after);
+    read_all(c, &tc, before);
+    assert_int_equal(P->load_state(c, dir), PT_ERR_FORMAT);
+    assert_non_null(strstr(P->last_error(c), "b1.w"));
+    read_all(c, &tc, after);
+    assert_memory_equal(before, after, sizeof before);
+    /* truncated and missing files */
+    char path[128], cmd[256];
+    snprintf(path, sizeof path, "%s/protrain_state_rank0.bin", dir);
+    snprintf(cmd, sizeof cmd, "truncate -s 300 %s", path);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(P->load_state(a, dir), PT_ERR_FORMAT);
+    assert_non_null(strstr(P->last_error(a), "truncated"));
+    unlink(path);
+    assert_int_equal(P->load_state(a, dir), PT_ERR_IO);
+    assert_non_null(strstr(P->last_error(a), path));
+    rmdir(dir);
+    assert_int_equal(P->finalize(c), PT_OK);
+    assert_int_equal(P->finalize(a), PT_OK);
+}
+
 /* ---- activation modes ---- */
 typedef struct act_host {
     void *ctx;
@@ -456,6 +556,7 @@ int main(void) {
         cmocka_unit_test(test_offload_poison),
         cmocka_unit_test(test_set_lr_mismatch),
         cmocka_unit_test(test_memory_services),
+        cmocka_unit_test(test_state_roundtrip),
         cmocka_unit_test(test_act_none),
         cmocka_unit_test(test_act_ckpt),
         cmocka_unit_test(test_act_swap),
