@@ -25,37 +25,20 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "protrain.h"
 #include "sh_config.h"
-#include "sh_data.h"
-#include "sh_train.h"
+#include "sh_harness.h"
 
 #define REPEATS 5
 
-static pt_loaded_plugin PLUG;
-static sh_tokens ALL, TR, VA;
+static sh_harness H;
 static sh_config CFG;
-static char DIR_[128];
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void quiet(void *u, int32_t level, const char *msg) {
-    (void)u;
-    if (level <= PT_LOG_WARN) fprintf(stderr, "protrain: %s\n", msg);
-}
 
 static const char *ini(const char *name, const char *text) {
-    static char path[256];
-    snprintf(path, sizeof path, "%s/%s.ini", DIR_, name);
-    FILE *f = fopen(path, "w");
-    if (!f) exit(1);
-    fprintf(f, "[plugin]\nlog_level = warn\nbackend = host\n%s\n", text);
-    fclose(f);
-    return path;
+    char full[1024];
+    snprintf(full, sizeof full, "[plugin]\nlog_level = warn\nbackend = host\n%s\n", text);
+    const char *p = sh_harness_ini(&H, name, full);
+    if (!p) exit(1);
+    return p;
 }
 
 typedef struct result {
@@ -65,37 +48,27 @@ typedef struct result {
 
 /* steps after one warm-up step; tokens/s over the timed ones */
 static int run(const pt_plugin_v1 *tbl, const char *ini_path, int steps, result *r) {
-    sh_train_opts o;
-    memset(&o, 0, sizeof o);
-    o.dims = (sh_dims){.V = CFG.vocab, .maxT = CFG.max_seq ? CFG.max_seq : CFG.seq,
-                       .L = CFG.layers, .NH = CFG.heads, .C = CFG.channels};
-    o.B = CFG.batch;
-    o.T = CFG.seq;
-    o.n_micro = 1;
+    sh_train_opts o = sh_harness_opts(&H, CFG.layers, CFG.channels, CFG.heads, CFG.batch, CFG.seq);
+    o.dims.V = CFG.vocab;
+    o.dims.maxT = CFG.max_seq ? CFG.max_seq : CFG.seq;
     o.seed = 1;
     o.lr = 1e-3f;
-    o.beta1 = 0.9f;
-    o.beta2 = 0.95f;
-    o.eps = 1e-8f;
     o.tbl = tbl;
     o.ini_path = ini_path;
-    o.train = &TR;
-    o.val = &VA;
-    o.log = quiet;
     sh_trainer *tr = NULL;
     char err[1024];
-    double t0 = now_s();
+    double t0 = sh_now_s();
     if (sh_trainer_create(&tr, &o, err, sizeof err)) {
         fprintf(stderr, "bench: %s\n", err);
         return -1;
     }
-    r->create_s = now_s() - t0;
+    r->create_s = sh_now_s() - t0;
     double loss;
     if (sh_trainer_step(tr, 1, 1e-3f, &loss)) goto fail;
-    t0 = now_s();
+    t0 = sh_now_s();
     for (int s = 2; s < 2 + steps; s++)
         if (sh_trainer_step(tr, s, 1e-3f, &loss)) goto fail;
-    double dt = now_s() - t0;
+    double dt = sh_now_s() - t0;
     r->step_s = dt / steps;
     r->tok_s = (double)steps * o.B * o.T / dt;
     memset(&r->st, 0, sizeof r->st);
@@ -109,36 +82,21 @@ fail:
     return -1;
 }
 
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 int main(void) {
-    const char *root = getenv("PT_ROOT"), *build = getenv("PT_BUILD");
+    const char *root = getenv("PT_ROOT");
     char path[600], err[600];
-    snprintf(DIR_, sizeof DIR_, "/tmp/bench_offload.XXXXXX");
-    if (!mkdtemp(DIR_)) return 1;
+    if (sh_harness_open(&H, "bench_offload", NULL, 0, 1, 1)) return 1;
     sh_config_defaults(&CFG);
     snprintf(path, sizeof path, "%s/conf/default.ini", root ? root : ".");
     if (sh_config_load_ini(&CFG, path, err, sizeof err)) {
         fprintf(stderr, "bench: %s\n", err);
         return 1;
     }
-    snprintf(path, sizeof path, "%s/protrain_plugin.so", build ? build : "build");
-    if (pt_load_plugin(path, &PLUG, err, sizeof err) || !PLUG.table) {
+    if (sh_default_corpus(root ? root : ".", &H.all, err, sizeof err)) {
         fprintf(stderr, "bench: %s\n", err);
         return 1;
     }
-    if (sh_default_corpus(root ? root : ".", &ALL, err, sizeof err)) {
-        fprintf(stderr, "bench: %s\n", err);
-        return 1;
-    }
-    sh_split(&ALL, &TR, &VA);
+    sh_split(&H.all, &H.train, &H.val);
     printf("bench_offload: default model L=%d C=%d NH=%d B=%d T=%d, %d timed steps per run, "
            "median of %d alternating runs\n", CFG.layers, CFG.channels, CFG.heads, CFG.batch,
            CFG.seq, 6, REPEATS);
@@ -160,39 +118,39 @@ int main(void) {
     for (int k = 0; k < REPEATS; k++) {
         if (run(NULL, NULL, 6, &r)) return 1;
         nop[k] = r.tok_s;
-        if (run(PLUG.table, r_path, 6, &r)) return 1;
+        if (run(H.plug.table, r_path, 6, &r)) return 1;
         res[k] = r.tok_s;
         double res_step = r.step_s;
-        if (run(PLUG.table, s_path, 6, &r)) return 1;
+        if (run(H.plug.table, s_path, 6, &r)) return 1;
         str[k] = r.tok_s;
         hid[k] = r.st.cpu_optim_s > 0 ? 1.0 - r.st.optim_wait_s / r.st.cpu_optim_s : NAN;
         if (hid[k] < 0) hid[k] = 0;
-        if (run(PLUG.table, c_path, 6, &r)) return 1;
+        if (run(H.plug.table, c_path, 6, &r)) return 1;
         ck[k] = r.step_s / res_step;
         /* profiling: the auto plan profiles (two passes) inside post_model_load */
         result a;
-        if (run(PLUG.table, ini("auto", "[memory]\ndevice_capacity = 1GiB"), 1, &a)) return 1;
+        if (run(H.plug.table, ini("auto", "[memory]\ndevice_capacity = 1GiB"), 1, &a)) return 1;
         prof[k] = a.create_s;
     }
-    double m_nop = median(nop, REPEATS), m_res = median(res, REPEATS), m_str = median(str, REPEATS);
+    double m_nop = sh_median(nop, REPEATS), m_res = sh_median(res, REPEATS), m_str = sh_median(str, REPEATS);
     printf("overhead: no-plugin %.0f tok/s, plugin resident %.0f tok/s, ratio %.3f (goal >= 0.98)\n",
            m_nop, m_res, m_res / m_nop);
     printf("offload:  everything streamed %.0f tok/s vs resident %.0f, ratio %.3f (unthrottled)\n",
            m_str, m_res, m_str / m_res);
     printf("overlap:  CPU optimizer work hidden behind backward (streamed run): %.1f%%\n",
-           100.0 * median(hid, REPEATS));
-    printf("ckpt:     step time, every block CKPT / every block NONE: %.3fx\n", median(ck, REPEATS));
+           100.0 * sh_median(hid, REPEATS));
+    printf("ckpt:     step time, every block CKPT / every block NONE: %.3fx\n", sh_median(ck, REPEATS));
     printf("profile:  trainer start with profiling + search (auto plan): %.3f s\n",
-           median(prof, REPEATS));
+           sh_median(prof, REPEATS));
 
     /* swap: copies throttled so one block's arena takes about one block's forward */
     result none, sw;
     char t_none[256], t_swap[256], txt[512];
-    if (run(PLUG.table, r_path, 2, &none)) return 1;
+    if (run(H.plug.table, r_path, 2, &none)) return 1;
     /* activation bytes per step: measure with SWAP on every block once, unthrottled */
     snprintf(txt, sizeof txt, "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
              "force_all_persistent = true\nn_swap = %d\nn_checkpoint = 0", CFG.layers);
-    if (run(PLUG.table, ini("swapfree", txt), 2, &sw)) return 1;
+    if (run(H.plug.table, ini("swapfree", txt), 2, &sw)) return 1;
     double bytes_per_step = (double)sw.st.swap_bytes / 3.0;   /* 3 steps (1 warm-up) */
     double fwd_s = none.step_s / 3.0;                          /* forward ~ 1/3 of a step */
     double bw = bytes_per_step / fwd_s;                         /* swap-out fits the forward */
@@ -206,16 +164,13 @@ int main(void) {
     snprintf(t_swap, sizeof t_swap, "%s", ini("thr_swap", txt));
     double hidden[REPEATS];
     for (int k = 0; k < REPEATS; k++) {
-        if (run(PLUG.table, t_none, 4, &none) || run(PLUG.table, t_swap, 4, &sw)) return 1;
+        if (run(H.plug.table, t_none, 4, &none) || run(H.plug.table, t_swap, 4, &sw)) return 1;
         double xfer = 2.0 * bytes_per_step / bw;   /* out in forward + back in backward */
         double extra = sw.step_s - none.step_s;
         hidden[k] = 1.0 - (extra > 0 ? extra : 0) / xfer;
     }
     printf("swap:     copy throttle %.1f MB/s (one step's %.2f MiB of activations per forward), "
            "swap traffic hidden behind compute: %.1f%%\n", bw / 1e6, bytes_per_step / 1048576.0,
-           100.0 * median(hidden, REPEATS));
-    pt_unload_plugin(&PLUG);
-    sh_tokens_free(&ALL);
-    snprintf(path, sizeof path, "rm -rf '%s'", DIR_);
-    return system(path) == 0 ? 0 : 1;
+           100.0 * sh_median(hidden, REPEATS));
+    return sh_harness_close(&H) ? 1 : 0;
 }

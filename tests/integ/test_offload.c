@@ -27,64 +27,34 @@
 
 #include <cmocka.h>
 
-#include "protrain.h"
-#include "sh_data.h"
-#include "sh_train.h"
+#include "sh_harness.h"
 
 #define STEPS 12
 #define NL 4
 
-static char DIR_[256];
-static pt_loaded_plugin PLUG;
-static sh_tokens ALL, TR, VA;
-
-static void quiet_log(void *u, int32_t level, const char *msg) {
-    (void)u;
-    if (level <= PT_LOG_WARN) fprintf(stderr, "protrain: %s\n", msg);
-}
+static sh_harness H;
 
 static int setup(void **st) {
     (void)st;
-    snprintf(DIR_, sizeof DIR_, "/tmp/test_offload.XXXXXX");
-    if (!mkdtemp(DIR_)) return -1;
-    const char *b = getenv("PT_BUILD");
-    char so[600], err[600];
-    snprintf(so, sizeof so, "%s/protrain_plugin.so", b ? b : "build");
-    if (pt_load_plugin(so, &PLUG, err, sizeof err) != 0 || !PLUG.table) {
-        fprintf(stderr, "test_offload: cannot load %s: %s\n", so, err);
-        return -1;
-    }
-    ALL.n = 6000;
-    ALL.tok = malloc(ALL.n * sizeof(uint16_t));
-    if (!ALL.tok) return -1;
-    const char *s = "a chunk in time saves nine; offload what you cannot hold. ";
-    size_t len = strlen(s);
-    for (size_t i = 0; i < ALL.n; i++) ALL.tok[i] = (uint16_t)(unsigned char)s[(i * 5 / 4) % len];
-    sh_split(&ALL, &TR, &VA);
-    return 0;
+    return sh_harness_open(&H, "test_offload",
+                           "a chunk in time saves nine; offload what you cannot hold. ", 6000, 5, 4);
 }
 
 static int teardown(void **st) {
     (void)st;
-    pt_unload_plugin(&PLUG);
-    sh_tokens_free(&ALL);
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", DIR_);
-    return system(cmd) == 0 ? 0 : -1;
+    return sh_harness_close(&H);
 }
 
 /* 16 KiB chunks: every block spans several chunks, no tensor is oversize.
  * Fixed-knob runs set auto_memory = false: they test the runtime under exactly
  * those knobs (below the planner's lookahead minimum too), not the planner. */
 static const char *ini(const char *name, const char *memory, const char *protrain) {
-    static char path[400];
-    snprintf(path, sizeof path, "%s/%s.ini", DIR_, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f, "[plugin]\nlog_level = warn\nbackend = host\n[memory]\n%s\n"
-               "[protrain]\nchunk_size = 16KiB\n%s\n",
-            memory ? memory : "device_capacity = 256MiB", protrain);
-    assert_int_equal(fclose(f), 0);
+    char text[1024];
+    snprintf(text, sizeof text, "[plugin]\nlog_level = warn\nbackend = host\n[memory]\n%s\n"
+             "[protrain]\nchunk_size = 16KiB\n%s\n",
+             memory ? memory : "device_capacity = 256MiB", protrain);
+    const char *path = sh_harness_ini(&H, name, text);
+    assert_non_null(path);
     return path;
 }
 
@@ -97,24 +67,12 @@ typedef struct run_out {
 
 static void run(const pt_plugin_v1 *tbl, const char *ini_path, float clip, int n_micro,
                 run_out *r) {
-    sh_train_opts o;
-    memset(&o, 0, sizeof o);
-    o.dims = (sh_dims){.V = 256, .maxT = 32, .L = NL, .NH = 2, .C = 32};
-    o.B = 4;
-    o.T = 32;
+    sh_train_opts o = sh_harness_opts(&H, NL, 32, 2, 4, 32);
     o.n_micro = n_micro;
-    o.seed = 7;
-    o.lr = 2e-3f;
-    o.beta1 = 0.9f;
-    o.beta2 = 0.95f;
-    o.eps = 1e-8f;
     o.weight_decay = 0.1f;
     o.max_grad_norm = clip;
     o.tbl = tbl;
     o.ini_path = ini_path;
-    o.train = &TR;
-    o.val = &VA;
-    o.log = quiet_log;
     sh_trainer *tr = NULL;
     char err[1024];
     int rc = sh_trainer_create(&tr, &o, err, sizeof err);
@@ -170,7 +128,7 @@ static void close_to(const char *what, const run_out *a, const run_out *b) {
 static void case_(const char *name, const char *protrain, float clip, int n_micro, int exact,
                   int expect_offload) {
     run_out p;
-    run(PLUG.table, ini(name, NULL, protrain), clip, n_micro, &p);
+    run(H.plug.table, ini(name, NULL, protrain), clip, n_micro, &p);
     if (expect_offload) {
         assert_int_equal(p.st.mode, 1);
         assert_true(p.st.n_persist < p.st.n_chunk);
@@ -220,7 +178,7 @@ static void test_activation_grid(void **s) {
             snprintf(pr, sizeof pr, "auto_memory = false\nn_persist = 1\nn_buffer = 6\nn_swap = %d\nn_checkpoint = %d",
                      sw[i], ck[j]);
             run_out p;
-            run(PLUG.table, ini("grid", NULL, pr), 0, 1, &p);
+            run(H.plug.table, ini("grid", NULL, pr), 0, 1, &p);
             identical(name, &p, ref(1, 0));
             peak[i][j] = p.st.dev_peak;
             free(p.params);
@@ -237,12 +195,12 @@ static void test_activation_grid(void **s) {
 static void test_capacity(void **s) {
     (void)s;
     run_out full, p;
-    run(PLUG.table, ini("full", NULL, "force_all_persistent = true\nn_swap = 0\nn_checkpoint = 0"),
+    run(H.plug.table, ini("full", NULL, "force_all_persistent = true\nn_swap = 0\nn_checkpoint = 0"),
         0, 1, &full);
     uint64_t cap = full.st.dev_peak * 6 / 10 / 4096 * 4096;
     char mem[64];
     snprintf(mem, sizeof mem, "device_capacity = %llu", (unsigned long long)cap);
-    run(PLUG.table, ini("small", mem, ""), 0, 1, &p);
+    run(H.plug.table, ini("small", mem, ""), 0, 1, &p);
     printf("  capacity %.2f MiB (60%% of resident peak %.2f MiB): peak %.2f MiB, n_persist %d/%d, "
            "n_buffer %d, n_swap %d, n_checkpoint %d\n", cap / 1048576.0,
            full.st.dev_peak / 1048576.0, p.st.dev_peak / 1048576.0, p.st.n_persist, p.st.n_chunk,
