@@ -185,8 +185,12 @@ int pt_ms_gather(pt_rt *rt, int32_t b, int backward, char *err, size_t errlen) {
         if (c->prefetched) {
             c->prefetched = 0;          /* the prefetch lease becomes this block's */
         } else if (c->users) {
-            int32_t s, hit;             /* shared with the previous block: one more lease */
-            pt_bufpool_acquire(ms->pool, c->id, &s, &hit);
+            int32_t s, hit;             /* still held by another gather: one more lease */
+            if (pt_bufpool_acquire(ms->pool, c->id, &s, &hit) || !hit || s != c->slot) {
+                ERR("buffer pool: chunk %d is in use but not resident (%s)", c->id,
+                    pt_bufpool_error(ms->pool));
+                return PT_ERR_INTERNAL;
+            }
         } else {
             int rc = lease(rt, c, err, errlen);
             if (rc) return rc;
