@@ -196,19 +196,19 @@ void sh_block_bwd(const sh_model *m, int l, const float *arena, const float *x, 
     /* out = res2 + fcproj(gelu(fc(ln2(res2)))): dres flows to res2 unchanged plus the MLP
      * branch. dbig (N,4C) holds d fch_gelu, then d fch in place. */
     sh_matmul_bwd(s->dbig, PG(l, SH_FCPROJW), PG(l, SH_FCPROJB), dres, A + a.fch_gelu,
-                  PD(l, SH_FCPROJW), N, 4 * C, C);
+                  PD(l, SH_FCPROJW), N, 4 * C, C, s->wtmp);
     sh_gelu_bwd(s->dbig, A + a.fch, s->dbig, (size_t)N * 4 * C);
     sh_matmul_bwd(s->dsmall, PG(l, SH_FCW), PG(l, SH_FCB), s->dbig, A + a.ln2, PD(l, SH_FCW),
-                  N, C, 4 * C);
+                  N, C, 4 * C, s->wtmp);
     sh_layernorm_bwd(dres, PG(l, SH_LN2W), PG(l, SH_LN2B), s->dsmall, A + a.res2,
                      PD(l, SH_LN2W), A + a.ln2_mean, A + a.ln2_rstd, N, C);
     /* dres is now dL/d res2; res2 = x + attproj(attn(qkv(ln1(x)))). */
     sh_matmul_bwd(s->dsmall, PG(l, SH_ATTPROJW), PG(l, SH_ATTPROJB), dres, A + a.atty,
-                  PD(l, SH_ATTPROJW), N, C, C);
+                  PD(l, SH_ATTPROJW), N, C, C, s->wtmp);
     /* dqkv (N,3C) reuses dbig (N,4C), which is free again */
     sh_attention_bwd(s->dbig, s->datt, s->nslots, s->dsmall, A + a.qkv, A + a.att, B, T, C, NH);
     sh_matmul_bwd(s->dsmall, PG(l, SH_QKVW), PG(l, SH_QKVB), s->dbig, A + a.ln1, PD(l, SH_QKVW),
-                  N, C, 3 * C);
+                  N, C, 3 * C, s->wtmp);
     sh_layernorm_bwd(dres, PG(l, SH_LN1W), PG(l, SH_LN1B), s->dsmall, x, PD(l, SH_LN1W),
                      A + a.ln1_mean, A + a.ln1_rstd, N, C);
 }
@@ -232,8 +232,9 @@ void sh_head_bwd(const sh_model *m, const sh_head_acts *a, const float *xL,
     sh_crossentropy_bwd(a->logits, a->logits, targets, dloss, N, m->d.V, m->d.Vp);
     /* dlnf (N,C) = dlogits * W;  dW(Vp,C) += dlogits^T * lnf  (into the tied grad) */
     const pt_param_v1 *h = &m->params[SH_P_HEAD(L)];
+    /* the head is never offloaded (block -1): accumulate in place, no (Vp,C) scratch */
     sh_matmul_bwd(dsmall, (float *)h->grad, NULL, a->logits, a->lnf, (const float *)h->data, N,
-                  C, m->d.Vp);
+                  C, m->d.Vp, NULL);
     memset(dres, 0, sizeof(float) * (size_t)N * C);
     sh_layernorm_bwd(dres, (float *)m->params[SH_P_LNFW(L)].grad,
                      (float *)m->params[SH_P_LNFB(L)].grad, dsmall, xL,

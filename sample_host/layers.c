@@ -13,7 +13,13 @@
 #endif
 
 /* Columns handled together by the column-parallel reductions (dW of layernorm,
- * bias gradients, embedding gradients): 16 floats = one 64-byte line. */
+ * bias gradients, embedding gradients): 16 floats = one 64-byte line.
+ *
+ * ACCUMULATION: block parameters' gradients are formed as "this call's full sum, then
+ * one add" (g = g + S), never by adding partial products into g. A plugin that offloads
+ * a chunk zeroes its device gradient per micro-batch and adds the micro-batch totals on
+ * the host (g1 + g2); a resident gradient accumulates in place (g1 + S2 with S2 == g2):
+ * the same arithmetic, so results are bit-identical wherever the chunk lives. */
 #define COLS 16
 
 void sh_encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe,
@@ -98,18 +104,24 @@ void sh_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, cons
             }
         }
     }
+    /* this call's sums first, then one add into the gradient (see ACCUMULATION) */
     int nblk = (C + COLS - 1) / COLS;
 #pragma omp parallel for schedule(static)
     for (int cb = 0; cb < nblk; cb++) {
         int c0 = cb * COLS, c1 = c0 + COLS < C ? c0 + COLS : C;
+        float sw[COLS] = {0}, sb[COLS] = {0};
         for (int n = 0; n < N; n++) {
             const float *x = inp + (size_t)n * C;
             const float *dy = dout + (size_t)n * C;
             float m = mean[n], s = rstd[n];
             for (int c = c0; c < c1; c++) {
-                dw[c] += dy[c] * ((x[c] - m) * s);
-                db[c] += dy[c];
+                sw[c - c0] += dy[c] * ((x[c] - m) * s);
+                sb[c - c0] += dy[c];
             }
+        }
+        for (int c = c0; c < c1; c++) {
+            dw[c] += sw[c - c0];
+            db[c] += sb[c - c0];
         }
     }
 }
@@ -154,7 +166,7 @@ void sh_matmul_fwd(float *out, const float *inp, const float *W, const float *bi
 }
 
 void sh_matmul_bwd(float *dinp, float *dW, float *dbias, const float *dout, const float *inp,
-                   const float *W, int N, int IC, int OC) {
+                   const float *W, int N, int IC, int OC, float *wtmp) {
     if (dinp) {
         int rs = slab_rows(N), ns = (N + rs - 1) / rs;
 #pragma omp parallel for schedule(static)
@@ -169,13 +181,22 @@ void sh_matmul_bwd(float *dinp, float *dW, float *dbias, const float *dout, cons
 #pragma omp parallel for schedule(static)
     for (int s = 0; s < ns; s++) {
         int j0 = s * rs, m = OC - j0 < rs ? OC - j0 : rs;
-        /* dW[j0:j0+m] (m,IC) += dout[:, j0:j0+m]^T (m,N) * inp (N,IC) */
+        /* dW[j0:j0+m] (m,IC) += dout[:, j0:j0+m]^T (m,N) * inp (N,IC): into wtmp, then
+         * one add (see ACCUMULATION); without wtmp straight into dW (beta = 1) */
+        size_t o = (size_t)j0 * IC, cnt = (size_t)m * IC;
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, IC, N, 1.0f, dout + j0, OC,
-                    inp, IC, 1.0f, dW + (size_t)j0 * IC, IC);
+                    inp, IC, wtmp ? 0.0f : 1.0f, (wtmp ? wtmp : dW) + o, IC);
+        if (wtmp)
+            for (size_t k = 0; k < cnt; k++) dW[o + k] += wtmp[o + k];
         if (dbias) {
-            for (int n = 0; n < N; n++) {
-                const float *d = dout + (size_t)n * OC;
-                for (int j = j0; j < j0 + m; j++) dbias[j] += d[j];
+            for (int jb = j0; jb < j0 + m; jb += COLS) {
+                int je = jb + COLS < j0 + m ? jb + COLS : j0 + m;
+                float acc[COLS] = {0};
+                for (int n = 0; n < N; n++) {
+                    const float *d = dout + (size_t)n * OC;
+                    for (int j = jb; j < je; j++) acc[j - jb] += d[j];
+                }
+                for (int j = jb; j < je; j++) dbias[j] += acc[j - jb];
             }
         }
     }

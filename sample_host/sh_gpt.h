@@ -69,10 +69,10 @@ typedef struct sh_arena_layout {
 } sh_arena_layout;
 void sh_arena_layout_make(sh_arena_layout *lay, const sh_dims *d, int B, int T);
 
-/* Backward scratch of one block (floats): dbig (N,4C), dsmall (N,C), and datt of
- * nslots (T,T) attention slots (see sh_attention_bwd). */
+/* Backward scratch of one block (floats): dbig (N,4C), dsmall (N,C), datt of nslots
+ * (T,T) attention slots (see sh_attention_bwd), and wtmp (4C,C) for weight gradients. */
 typedef struct sh_scratch {
-    float *dbig, *dsmall, *datt;
+    float *dbig, *dsmall, *datt, *wtmp;
     int nslots;
 } sh_scratch;
 

@@ -33,7 +33,7 @@ void sh_layers_init(void);
 /* out = (inp - mean) * rstd * w + b per row; mean (N), rstd (N) saved for backward. */
 void sh_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
                       const float *w, const float *b, int N, int C);
-/* dinp += ..., dw += ..., db += ...; dinp may be NULL (not needed). */
+/* dinp += ..., dw += S_w, db += S_b (this call's sums added once); dinp may be NULL. */
 void sh_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                       const float *w, const float *mean, const float *rstd, int N, int C);
 
@@ -41,9 +41,11 @@ void sh_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, cons
 void sh_matmul_fwd(float *out, const float *inp, const float *W, const float *bias,
                    int N, int IC, int OC);
 /* dinp(N,IC) = dout * W (OVERWRITTEN; NULL = skip); dW(OC,IC) += dout^T * inp;
- * dbias(OC) += column sums of dout (NULL = skip). */
+ * dbias(OC) += column sums of dout (NULL = skip). wtmp (OC,IC) scratch: the product is
+ * formed there and added to dW once (dW + S, the order an offloading plugin also uses
+ * across micro-batches); NULL: accumulated straight into dW by the GEMM (beta = 1). */
 void sh_matmul_bwd(float *dinp, float *dW, float *dbias, const float *dout, const float *inp,
-                   const float *W, int N, int IC, int OC);
+                   const float *W, int N, int IC, int OC, float *wtmp);
 
 /* Causal multi-head self-attention.
  * qkv (B,T,3C) holds q | k | v; head h uses channels [h*hd, (h+1)*hd), hd = C/NH.

@@ -26,7 +26,8 @@ struct sh_trainer {
     float **res;          /* L+1 of (B,T,C) "act": res[l] is the input of block l */
     float *head_buf;      /* "act": lnf (N,C) mean (N) rstd (N) logits (N,Vp) losses (N) */
     sh_head_acts head;
-    float *scr_buf;       /* "scratch": dres (N,C) dbig (N,4C) dsmall (N,C) datt (slots,T,T) */
+    float *scr_buf;       /* "scratch": dres (N,C) dbig (N,4C) dsmall (N,C) datt (slots,T,T)
+                             wtmp (4C,C) */
     float *dres;
     sh_scratch scr;
     float **arenas;       /* no-plugin: L arenas of the (B,T) layout */
@@ -126,7 +127,8 @@ static int alloc_buffers(sh_trainer *tr) {
     tr->head.losses = tr->head_buf + o_loss;
     int slots = sh_attention_slots();
     size_t o_big = al16(N * C), o_small = o_big + al16(N * 4 * C),
-           o_att = o_small + al16(N * C), scr_n = o_att + al16((size_t)slots * T * T);
+           o_att = o_small + al16(N * C), o_w = o_att + al16((size_t)slots * T * T),
+           scr_n = o_w + al16(4 * C * C);
     if (dalloc(tr, scr_n * sizeof(float), "scratch", &p)) return -1;
     tr->scr_buf = p;
     tr->dres = tr->scr_buf;
@@ -134,6 +136,7 @@ static int alloc_buffers(sh_trainer *tr) {
     tr->scr.dsmall = tr->scr_buf + o_small;
     tr->scr.datt = tr->scr_buf + o_att;
     tr->scr.nslots = slots;
+    tr->scr.wtmp = tr->scr_buf + o_w;
     if (!tr->tbl) {
         sh_arena_layout lay;
         sh_arena_layout_make(&lay, d, tr->o.B, tr->o.T);

@@ -109,10 +109,18 @@ static void test_layernorm(void **st) {
     assert_true(check_input("layernorm dinp", c.x, dx, nc, ln_obj, &c) < LAYER_BOUND);
     assert_true(check_input("layernorm dw", c.w, dw, (size_t)c.C, ln_obj, &c) < LAYER_BOUND);
     assert_true(check_input("layernorm db", c.b, db, (size_t)c.C, ln_obj, &c) < LAYER_BOUND);
-    /* dinp accumulates: a second backward doubles it */
+    /* everything accumulates: a second backward doubles dinp, and dw, db get exactly
+     * their own sum added once (g + S, with S = g here) */
     float first = dx[3];
+    float w0[16], b0[16];
+    memcpy(w0, dw, sizeof w0);
+    memcpy(b0, db, sizeof b0);
     sh_layernorm_bwd(dx, dw, db, c.wout, c.x, c.w, c.mean, c.rstd, c.N, c.C);
     assert_float_equal(dx[3], 2.0f * first, 1e-6f * fabsf(first) + 1e-12f);
+    for (int k = 0; k < c.C; k++) {
+        assert_true(dw[k] == w0[k] + w0[k]);
+        assert_true(db[k] == b0[k] + b0[k]);
+    }
     free(buf);
 }
 
@@ -129,10 +137,25 @@ static void run_matmul(int N, int IC, int OC) {
     c.x = malloc(nx * 4); c.W = malloc(nw * 4); c.bias = malloc((size_t)OC * 4);
     c.out = malloc(no * 4); c.wout = malloc(no * 4);
     float *dx = malloc(nx * 4), *dW = calloc(nw, 4), *db = calloc((size_t)OC, 4);
+    float *wtmp = malloc(nw * 4);
     fill(c.x, nx, -1, 1); fill(c.W, nw, -1, 1); fill(c.bias, (size_t)OC, -1, 1);
     fill(c.wout, no, -1, 1);
     mm_obj(&c);
-    sh_matmul_bwd(dx, dW, db, c.wout, c.x, c.W, N, IC, OC);
+    sh_matmul_bwd(dx, dW, db, c.wout, c.x, c.W, N, IC, OC, wtmp);
+    /* accumulation order: from a non-zero gradient g0 the result is exactly g0 + S, S
+     * the result from zero (what a plugin summing micro-batch totals computes) */
+    float *g0 = malloc(nw * 4), *b0 = malloc((size_t)OC * 4);
+    float *ga = malloc(nw * 4), *ba = malloc((size_t)OC * 4);
+    fill(g0, nw, -1, 1); fill(b0, (size_t)OC, -1, 1);
+    memcpy(ga, g0, nw * 4); memcpy(ba, b0, (size_t)OC * 4);
+    sh_matmul_bwd(NULL, ga, ba, c.wout, c.x, c.W, N, IC, OC, wtmp);
+    for (size_t k = 0; k < nw; k++) assert_true(ga[k] == g0[k] + dW[k]);
+    for (int k = 0; k < OC; k++) assert_true(ba[k] == b0[k] + db[k]);
+    /* without scratch the GEMM accumulates in place: same value up to rounding */
+    memcpy(ga, g0, nw * 4);
+    sh_matmul_bwd(NULL, ga, NULL, c.wout, c.x, c.W, N, IC, OC, NULL);
+    for (size_t k = 0; k < nw; k++) assert_true(fabsf(ga[k] - (g0[k] + dW[k])) <= 1e-5f);
+    free(g0); free(b0); free(ga); free(ba);
     char nm[64];
     snprintf(nm, sizeof nm, "matmul %dx%dx%d dinp", N, IC, OC);
     assert_true(check_input(nm, c.x, dx, nx, mm_obj, &c) < LAYER_BOUND);
@@ -141,6 +164,7 @@ static void run_matmul(int N, int IC, int OC) {
     snprintf(nm, sizeof nm, "matmul %dx%dx%d dbias", N, IC, OC);
     assert_true(check_input(nm, c.bias, db, (size_t)OC, mm_obj, &c) < LAYER_BOUND);
     free(c.x); free(c.W); free(c.bias); free(c.out); free(c.wout); free(dx); free(dW); free(db);
+    free(wtmp);
 }
 static void test_matmul(void **st) {
     (void)st;
