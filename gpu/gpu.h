@@ -99,8 +99,9 @@ typedef struct pt_gpu_backend {
 
     /* Kernels (device-side math). */
     int (*adamw)(void *impl, const pt_adamw_args *a, pt_stream *s);
-    /* *out (device float) += sum(x[i]^2 * scale^2) over n fp32/bf16/f16 elements. */
-    int (*sqnorm)(void *impl, const void *x, int dtype, size_t n, float *out, pt_stream *s);
+    /* *out (device double) += sum(x[i]^2) over n fp32/bf16/f16 elements, formed in
+     * double so a host that sums per-parameter squares in double matches it. */
+    int (*sqnorm)(void *impl, const void *x, int dtype, size_t n, double *out, pt_stream *s);
     /* x[i] *= alpha, fp32. */
     int (*scale)(void *impl, float *x, float alpha, size_t n, pt_stream *s);
     /* dst[i] = convert(src[i]) between dtypes (fp32 <-> bf16/f16); dst += src when acc. */

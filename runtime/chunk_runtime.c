@@ -36,7 +36,7 @@ static void *IMPL(pt_rt *rt) { return pt_gpu_impl(rt->gpu); }
 int pt_cs_init_runtime(pt_rt *rt, char *err, size_t errlen) {
     struct pt_ms *ms = rt->ms;
     int rc;
-    if ((rc = pt_gpu_alloc(rt->gpu, sizeof(float), PT_TAG_OTHER, (void **)&ms->norm_dev, err,
+    if ((rc = pt_gpu_alloc(rt->gpu, sizeof(double), PT_TAG_OTHER, (void **)&ms->norm_dev, err,
                            errlen)))
         return rc;
     if (!ms->n_offloaded) return PT_OK;
@@ -408,8 +408,8 @@ static int device_norms(pt_rt *rt, char *err, size_t errlen) {
         if (!c->persistent) continue;
         uint64_t n = 1;
         for (int d = 0; d < m->params[i].ndim; d++) n *= (uint64_t)m->params[i].shape[d];
-        float part = 0.0f;
-        OPS(rt)->memset_async(IMPL(rt), ms->norm_dev, 0, sizeof(float), rt->s_compute);
+        double part = 0.0;
+        OPS(rt)->memset_async(IMPL(rt), ms->norm_dev, 0, sizeof(double), rt->s_compute);
         OPS(rt)->sqnorm(IMPL(rt), (char *)c->d_grad + ms->lay.param_offset[i], m->params[i].dtype,
                         (size_t)n, ms->norm_dev, rt->s_compute);
         int rc = pt_gpu_memcpy_async(rt->gpu, &part, ms->norm_dev, sizeof part, PT_GPU_D2H,

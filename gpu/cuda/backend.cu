@@ -95,10 +95,10 @@ __global__ void k_adamw(float *p, const float *g, float *m, float *v, void *out,
     }
 }
 
-/* Block sum of one float per thread: a shared-memory tree (blockDim == kThreads,
+/* Block sum of one value per thread: a shared-memory tree (blockDim == kThreads,
  * a power of two), fixed order, so the result is deterministic. */
-__device__ float block_sum(float acc) {
-    __shared__ float part[kThreads];
+__device__ double block_sum(double acc) {
+    __shared__ double part[kThreads];
     part[threadIdx.x] = acc;
     __syncthreads();
     for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
@@ -111,24 +111,24 @@ __device__ float block_sum(float acc) {
 /* Pass 1 of sum(x^2): grid-stride per-thread sums, block tree, one partial per
  * block into part[blockIdx.x]; or, when part is NULL (no scratch), atomicAdd into
  * *out (order of the adds then varies run to run). */
-__global__ void k_sqnorm(const void *x, int dtype, size_t n, float *part, float *out) {
-    float acc = 0.0f;
+__global__ void k_sqnorm(const void *x, int dtype, size_t n, double *part, double *out) {
+    double acc = 0.0;
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        float a = pt_load_elem(x, dtype, i);
+        double a = (double)pt_load_elem(x, dtype, i);
         acc += a * a;
     }
-    float b = block_sum(acc);
+    double b = block_sum(acc);
     if (threadIdx.x != 0) return;
     if (part) part[blockIdx.x] = b;
     else atomicAdd(out, b);
 }
 
 /* Pass 2: one block adds the nb partials in a fixed order: *out += sum(part). */
-__global__ void k_sum_into(const float *part, unsigned nb, float *out) {
-    float acc = 0.0f;
+__global__ void k_sum_into(const double *part, unsigned nb, double *out) {
+    double acc = 0.0;
     for (unsigned i = threadIdx.x; i < nb; i += blockDim.x) acc += part[i];
-    float b = block_sum(acc);
+    double b = block_sum(acc);
     if (threadIdx.x == 0) *out += b;
 }
 
@@ -375,17 +375,17 @@ int be_adamw(void *impl, const pt_adamw_args *a, pt_stream *s) {
     return finish("adamw kernel", s);
 }
 
-/* Two passes through a stream-ordered scratch of one float per block (at most
- * 8 per SM: ~4 KiB, outside pt_gpu accounting), so the global grad norm is
+/* Two passes through a stream-ordered scratch of one double per block (at most
+ * 8 per SM: ~8 KiB, outside pt_gpu accounting), so the global grad norm is
  * bit-reproducible run to run. If the pool allocator is unavailable, fall back
  * to one pass with atomicAdd. */
-int be_sqnorm(void *impl, const void *x, int dtype, size_t n, float *out, pt_stream *s) {
+int be_sqnorm(void *impl, const void *x, int dtype, size_t n, double *out, pt_stream *s) {
     if (!dtype_ok(dtype)) return PT_ERR_INVALID_ARG;
     if (int rc = use(impl)) return rc;
     if (n == 0) return 0;
     unsigned nb = grid_for(impl, n);
-    float *part = nullptr;
-    if (cudaMallocAsync((void **)&part, sizeof(float) * nb, st(s)) != cudaSuccess) {
+    double *part = nullptr;
+    if (cudaMallocAsync((void **)&part, sizeof(double) * nb, st(s)) != cudaSuccess) {
         (void)cudaGetLastError();
         part = nullptr;
     }

@@ -172,7 +172,7 @@ static int hb_adamw(void *impl, const pt_adamw_args *a, pt_stream *s) {
     return pt_hb_submit(impl, s, op);
 }
 
-static int hb_sqnorm(void *impl, const void *x, int dtype, size_t n, float *out, pt_stream *s) {
+static int hb_sqnorm(void *impl, const void *x, int dtype, size_t n, double *out, pt_stream *s) {
     if (!impl || !out || (!x && n) || !valid_dtype(dtype)) return PT_ERR_INVALID_ARG;
     hb_op *op = pt_hb_op_new(HB_OP_SQNORM);
     if (!op) return PT_ERR_HOST_OOM;

@@ -60,7 +60,7 @@ typedef struct hb_op {
         struct { pt_event *ev; uint64_t gen; } rec;
         struct { pt_stream *src; uint64_t seq; } wait;   /* holds a ref on src */
         pt_adamw_args adamw;
-        struct { const void *x; int dtype; size_t n; float *out; } sq;
+        struct { const void *x; int dtype; size_t n; double *out; } sq;
         struct { float *x; float alpha; size_t n; } sc;
         struct { void *dst; int dst_dtype; const void *src; int src_dtype; size_t n; int acc; } cv;
     } u;

@@ -76,13 +76,13 @@ void pt_hb_exec(hb *h, hb_op *op) {
         adamw_op(&op->u.adamw);
         break;
     case HB_OP_SQNORM: {
-        /* sum of squares in double (order fixed: i ascending), added once as float */
+        /* sum of squares in double (order fixed: i ascending), added once */
         double acc = 0.0;
         for (size_t i = 0; i < op->u.sq.n; i++) {
             double x = (double)pt_load_elem(op->u.sq.x, op->u.sq.dtype, i);
             acc += x * x;
         }
-        *op->u.sq.out += (float)acc;
+        *op->u.sq.out += acc;
         break;
     }
     case HB_OP_SCALE:

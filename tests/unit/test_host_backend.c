@@ -418,17 +418,17 @@ static void test_convert_sqnorm_scale(void **state) {
         assert_int_equal(d16[i], pt_f32_to_f16(pt_f16_to_f32(ref16[i]) + x[i]));
 
     /* sqnorm adds sum(x^2) (formed in double) to *out */
-    float out = 2.5f;
+    double out = 2.5;
     double ref = 0.0;
     for (int i = 0; i < N; i++) ref += (double)x[i] * (double)x[i];
     assert_int_equal(B->sqnorm(h, x, PT_F32, N, &out, s), PT_OK);
     assert_int_equal(B->stream_sync(h, s), PT_OK);
-    assert_true(bits_equal(out, 2.5f + (float)ref));
-    float outb = 0.0f;
+    assert_true(out == 2.5 + ref);   /* the same double sum, same order: exact */
+    double outb = 0.0;
     double refb = 0.0;
     for (int i = 0; i < N; i++) refb += (double)pt_bf16_to_f32(hb16[i]) * pt_bf16_to_f32(hb16[i]);
     assert_int_equal(B->sqnorm(h, hb16, PT_BF16, N, &outb, NULL), PT_OK);
-    assert_true(bits_equal(outb, (float)refb));
+    assert_true(outb == refb);
 
     /* scale */
     float y[N];
