@@ -318,7 +318,7 @@ int pt_ms_load(pt_rt *rt, char *err, size_t errlen) {
     ms->pin_seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     ms->pinned_bytes = pinned;
     if ((rc = pt_cs_init_runtime(rt, err, errlen))) return rc;
-    if ((rc = upload_initial(rt, err, errlen))) return rc;
+    if (!rt->no_init_upload && (rc = upload_initial(rt, err, errlen))) return rc;
     set_static_pointers(rt);
 
     uint64_t n_el = 0, n_tr = 0;

@@ -96,6 +96,27 @@ static uint64_t host_budget(const pt_rt *rt) {
     return (uint64_t)kb * 1024 / 10 * 9;
 }
 
+/* Rebuild the store under rt->kn, carrying every parameter value (and the
+ * optimizer state when it exists) across through a per-parameter image: the
+ * host's initial tensors are only guaranteed during post_model_load. */
+static int rebuild_keeping_state(pt_rt *rt, char *err, size_t errlen) {
+    pt_state_image img;
+    int rc = pt_state_snapshot(rt, &img, err, errlen);
+    if (rc) return rc;
+    int had_opt = rt->opt.ready;
+    pt_acts_fini(rt);
+    pt_ms_destroy(rt);
+    rt->opt.ready = 0;
+    rt->no_init_upload = 1;
+    rc = pt_rt_build(rt, err, errlen);
+    rt->no_init_upload = 0;
+    if (!rc && had_opt) rc = pt_ms_optimizer_init(rt, err, errlen);
+    if (!rc) rc = pt_state_restore(rt, &img, err, errlen);
+    pt_state_image_free(&img);
+    if (rc) rt->broken = rc;
+    return rc;
+}
+
 int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *err,
                            size_t errlen) {
     pt_search_opts o;
@@ -149,11 +170,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     rt->kn.n_checkpoint = plan.knobs.n_checkpoint;
     rt->kn.source = "searched";
     pt_plan_free(&plan);
-    /* rebuild under the chosen plan: the bootstrap store goes, values come from the
-     * host's initial tensors again (profiling ran no optimizer step) */
-    pt_acts_fini(rt);
-    pt_ms_destroy(rt);
-    return pt_rt_build(rt, err, errlen);
+    return rebuild_keeping_state(rt, err, errlen);
 }
 
 int pt_rt_call_profile_step(pt_rt *rt, char *err, size_t errlen) {
@@ -226,14 +243,7 @@ void pt_rt_calibrate(pt_rt *rt) {
                      "with fragmentation factor %.4f",
             (unsigned long long)(u.peak - rt->pred_peak), rt->frag);
     char err[512];
-    pt_state_image img;
-    int rc = pt_state_snapshot(rt, &img, err, sizeof err);
-    if (!rc) {
-        rc = pt_rt_search_and_apply(rt, rt->trace, 0.0, err, sizeof err);
-        if (!rc) rc = pt_ms_optimizer_init(rt, err, sizeof err);
-        if (!rc) rc = pt_state_restore(rt, &img, err, sizeof err);
-        pt_state_image_free(&img);
-    }
+    int rc = pt_rt_search_and_apply(rt, rt->trace, 0.0, err, sizeof err);
     if (rc) {
         PT_LOGE(&rt->lg, "calibration re-plan failed: %s", err);
         rt->broken = rc;

@@ -61,6 +61,7 @@ struct pt_rt {
     struct pt_trace *trace;   /* the profile the plan came from (kept for re-planning) */
     int plan_clip;            /* the plan assumed clipping (deferred CPU steps) */
     int broken;               /* a failed rebuild left no usable store: every hook fails */
+    int no_init_upload;       /* rebuilding: values come from a state image, not init */
     int calib_steps;          /* post_steps since the plan took effect */
     double calib_t[8];        /* their timestamps */
     uint64_t meas_peak;       /* measured at calibration (0: not yet) */

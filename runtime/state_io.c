@@ -126,7 +126,7 @@ static int walk(pt_rt *rt, unsigned char *img, size_t *size, int mode, char *err
         void *pdata = c->persistent ? (char *)c->d_param + off : (char *)c->h_param + off;
         if (move && xfer(rt, c, img + pos, pdata, db, to_img)) goto io;
         pos += db;
-        if (!tr) continue;
+        if (!tr || !rt->opt.ready) continue;
         if (s == UINT64_MAX) {
             ERR("state: trainable parameter '%s' has no optimizer state", p->name ? p->name : "");
             return PT_ERR_INTERNAL;
@@ -150,9 +150,11 @@ io:
 }
 
 /* The optimizer state must exist (create_optimizer done) for m and v. */
-static int ready(pt_rt *rt, const char *what, char *err, size_t errlen) {
-    if (!rt->ms || !rt->opt.ready) {
-        ERR("%s: needs post_model_load and create_optimizer first", what);
+/* need_opt: files carry the optimizer state; in-memory images carry it when it
+ * exists (a re-plan before create_optimizer moves parameter values only). */
+static int ready(pt_rt *rt, const char *what, int need_opt, char *err, size_t errlen) {
+    if (!rt->ms || (need_opt && !rt->opt.ready)) {
+        ERR("%s: needs post_model_load%s first", what, need_opt ? " and create_optimizer" : "");
         return PT_ERR_ORDER;
     }
     /* no CPU task may still write a chunk */
@@ -163,7 +165,7 @@ static int ready(pt_rt *rt, const char *what, char *err, size_t errlen) {
 
 int pt_state_snapshot(pt_rt *rt, pt_state_image *img, char *err, size_t errlen) {
     memset(img, 0, sizeof *img);
-    int rc = ready(rt, "state snapshot", err, errlen);
+    int rc = ready(rt, "state snapshot", 0, err, errlen);
     if (rc) return rc;
     size_t n = 0;
     if ((rc = walk(rt, NULL, &n, W_SIZE, err, errlen))) return rc;
@@ -174,6 +176,7 @@ int pt_state_snapshot(pt_rt *rt, pt_state_image *img, char *err, size_t errlen) 
     }
     img->bytes = n;
     img->step = rt->opt.t;
+    img->has_opt = rt->opt.ready;
     rc = walk(rt, img->data, &n, W_SAVE, err, errlen);
     if (rc) pt_state_image_free(img);
     return rc;
@@ -186,8 +189,13 @@ static void invalidate_slots(pt_rt *rt) {
 }
 
 int pt_state_restore(pt_rt *rt, const pt_state_image *img, char *err, size_t errlen) {
-    int rc = ready(rt, "state restore", err, errlen);
+    int rc = ready(rt, "state restore", img->has_opt, err, errlen);
     if (rc) return rc;
+    if (img->has_opt != rt->opt.ready) {
+        ERR("state restore: the image %s optimizer state but the optimizer %s",
+            img->has_opt ? "holds" : "lacks", rt->opt.ready ? "exists" : "does not exist yet");
+        return PT_ERR_ORDER;
+    }
     size_t need = 0;
     if ((rc = walk(rt, NULL, &need, W_SIZE, err, errlen))) return rc;
     size_t have = img->bytes;
@@ -219,9 +227,10 @@ int pt_state_save(pt_rt *rt, const char *dir, char *err, size_t errlen) {
         ERR("save_state: no directory given");
         return PT_ERR_INVALID_ARG;
     }
-    pt_state_image img;
-    int rc = pt_state_snapshot(rt, &img, err, errlen);
+    int rc = ready(rt, "save_state", 1, err, errlen);
     if (rc) return rc;
+    pt_state_image img;
+    if ((rc = pt_state_snapshot(rt, &img, err, errlen))) return rc;
     st_header h;
     memset(&h, 0, sizeof h);
     h.magic = ST_MAGIC;
@@ -319,9 +328,11 @@ int pt_state_load(pt_rt *rt, const char *dir, char *err, size_t errlen) {
         rc = PT_ERR_FORMAT;
     }
     fclose(f);
+    if (!rc) rc = ready(rt, "load_state", 1, err, errlen);
     if (!rc) {
         img.bytes = h.payload_bytes;
         img.step = h.step;
+        img.has_opt = 1;
         rc = pt_state_restore(rt, &img, err, errlen);
     }
     pt_state_image_free(&img);

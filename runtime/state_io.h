@@ -11,6 +11,7 @@ typedef struct pt_state_image {
     unsigned char *data;
     size_t bytes;
     int64_t step;       /* optimizer steps taken */
+    int has_opt;        /* holds fp32 masters and Adam moments (optimizer existed) */
 } pt_state_image;
 
 /* In memory (calibration re-plan). Both need create_optimizer done. */
