@@ -139,7 +139,8 @@ typedef struct pt_param_v1 {
     int32_t trainable;        /* 0 = frozen: no grad, no optimizer state */
     int32_t tie;              /* index of the param this one shares storage with, or -1 */
     int32_t reserved0;
-    const void *init;         /* host memory with initial values (ignored when tie >= 0) */
+    const void *init;         /* host memory with initial values (ignored when tie >= 0);
+                                 read only during post_model_load */
     /* written by the plugin: */
     void *data;               /* device address of the compute copy (see contract 2) */
     void *grad;               /* device address of the gradient, same dtype (contract 3) */
