@@ -3,12 +3,16 @@
  *
  * Everything chunk-related is answered from prefix sums over chunk index, so a
  * prediction costs O(n_block) whatever the chunk count: with n_persist = p the
- * non-persistent chunks are the non-mandatory ones with index >= p, and with
- * the hit threshold h (first cached chunk) the re-uploaded ones are the
- * non-mandatory ones in [p, h). The chunks first (last) used by a block form one
- * index range among the non-mandatory chunks (execution order, validated).
+ * non-persistent chunks are the non-mandatory ones with index >= p. Which of
+ * them upload in which window comes from the buffer-pool walk of
+ * pool_model.c (O(1) per block). The chunks first (last) used by a block form
+ * one index range among the non-mandatory chunks (execution order,
+ * validated). The lower bounds below use the simpler hit threshold h (the
+ * last min(n_buffer, |Q|) streamed chunks are cached at the turn): chunks in
+ * [p, h) must upload again in backward whatever the pool does.
  */
 #include "cost_model.h"
+#include "cost_internal.h"
 #include "placement.h"
 #include "protrain.h"
 
@@ -18,23 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct pt_cost_ctx {
-    const pt_trace *t;
-    int32_t N, K;
-    int32_t n_nm;          /* non-mandatory chunks */
-    int32_t interval;
-    /* prefix sums over chunk index [0, k), non-mandatory chunks only; [K+1] */
-    int32_t *cnt;
-    uint64_t *bytes, *grad, *train, *dev, *host;
-    int32_t *nm_pos;       /* [n_nm]: chunk index of the j-th non-mandatory chunk */
-    uint64_t mand_dev, mand_train, mand_grad;
-    /* per block: chunk index ranges of first use / last use; [N] */
-    int32_t *f_lo, *f_hi, *l_lo, *l_hi;
-    int32_t *nbmin;        /* [K+1]: lookahead minimum per n_persist */
-    double coll_f;         /* all-reduce seconds per gradient byte (0 = none) */
-    double comp_f, comp_b; /* pure compute of forward (embedding + blocks) and backward
-                              (head/loss + blocks + embedding), without recompute */
-};
 
 static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
     if (err && errlen) {
@@ -68,6 +55,11 @@ void pt_cost_ctx_free(pt_cost_ctx *cx) {
     free(cx->l_lo);
     free(cx->l_hi);
     free(cx->nbmin);
+    free(cx->nbmin1);
+    free(cx->nmb);
+    free(cx->rlo);
+    free(cx->rhi);
+    free(cx->has);
     free(cx);
 }
 
@@ -97,8 +89,14 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     cx->l_lo = malloc((size_t)N * sizeof(int32_t));
     cx->l_hi = malloc((size_t)N * sizeof(int32_t));
     cx->nbmin = calloc(k1, sizeof *cx->nbmin);
+    cx->nbmin1 = calloc(k1, sizeof *cx->nbmin1);
+    cx->nmb = calloc(k1, sizeof *cx->nmb);
+    cx->rlo = malloc((size_t)N * sizeof(int32_t));
+    cx->rhi = malloc((size_t)N * sizeof(int32_t));
+    cx->has = malloc((size_t)N);
     if (!cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
-        !cx->f_hi || !cx->l_lo || !cx->l_hi || !cx->nbmin) {
+        !cx->f_hi || !cx->l_lo || !cx->l_hi || !cx->nbmin || !cx->nbmin1 || !cx->nmb || !cx->rlo || !cx->rhi ||
+        !cx->has) {
         pt_cost_ctx_free(cx);
         return fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory for %d chunks", K);
     }
@@ -119,6 +117,7 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
             cx->mand_grad += g;
             continue;
         }
+        cx->nmb[cx->n_nm + 1] = cx->nmb[cx->n_nm] + c->bytes;
         cx->nm_pos[cx->n_nm++] = k;
         int32_t fb = c->first_block, lb = c->last_block;
         /* Ranges grow monotonically (validated execution order). */
@@ -128,11 +127,22 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
         cx->l_hi[lb] = k + 1;
     }
     cx->nm_pos[cx->n_nm] = K;
-    /* Lookahead minimum: slots for the non-persistent chunks of any two
-     * consecutive blocks (a single block when N == 1), >= 1 when any chunk is
-     * streamed. Count over the union of the two blocks' ranges. */
+    for (int32_t b = 0; b < N; b++) {
+        const pt_trace_block *B = &t->blocks[b];
+        cx->has[b] = B->chunk_lo >= 0;
+        cx->rlo[b] = cx->has[b] ? cx->cnt[B->chunk_lo] : 0;
+        cx->rhi[b] = cx->has[b] ? cx->cnt[B->chunk_hi] : 0;
+        uint64_t by = cx->nmb[cx->rhi[b]] - cx->nmb[cx->rlo[b]];
+        if (by > cx->max_block_bytes) cx->max_block_bytes = by;
+    }
+    cx->all_have = 1;
+    for (int32_t b = 0; b < N; b++) cx->all_have &= cx->has[b];
+    /* One-block minimum: slots for the non-persistent chunks of the largest
+     * block (the runtime refuses fewer). Lookahead minimum: those of any two
+     * consecutive blocks (a single block when N == 1), so every prefetch fits;
+     * >= 1 when any chunk is streamed. Count over the union of the ranges. */
     for (int32_t p = 0; p <= K; p++) {
-        int32_t m = 0;
+        int32_t m = 0, m1 = 0;
         for (int32_t b = 0; b < N; b++) {
             const pt_trace_block *B = &t->blocks[b];
             int32_t lo = B->chunk_lo, hi = B->chunk_hi;
@@ -140,11 +150,14 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
                 if (lo < 0) lo = t->blocks[b + 1].chunk_lo;
                 hi = imax(hi, t->blocks[b + 1].chunk_hi);
             }
+            if (B->chunk_lo >= 0) m1 = imax(m1, rcnt(cx->cnt, imax(B->chunk_lo, p), B->chunk_hi));
             if (lo < 0) continue;
             m = imax(m, rcnt(cx->cnt, imax(lo, p), hi));
         }
         if (m == 0 && rcnt(cx->cnt, p, K) > 0) m = 1;
+        if (m1 == 0 && rcnt(cx->cnt, p, K) > 0) m1 = 1;
         cx->nbmin[p] = m;
+        cx->nbmin1[p] = m1;
     }
     if (t->key.world_size > 1 && t->hw.allreduce_Bps > 0)
         cx->coll_f = 2.0 * (t->key.world_size - 1) / t->key.world_size / t->hw.allreduce_Bps;
@@ -171,6 +184,11 @@ uint64_t pt_cost_frag_bytes(double frag, uint64_t raw) {
 
 int32_t pt_cost_n_offloaded(const pt_cost_ctx *cx, int32_t p) { return rcnt(cx->cnt, p, cx->K); }
 int32_t pt_cost_buffer_min(const pt_cost_ctx *cx, int32_t p) { return cx->nbmin[imin(imax(p, 0), cx->K)]; }
+int32_t pt_cost_buffer_min_block(const pt_cost_ctx *cx, int32_t p) { return cx->nbmin1[imin(imax(p, 0), cx->K)]; }
+uint64_t pt_cost_buffer_bytes(const pt_cost_ctx *cx, int32_t p, int32_t nb) {
+    int32_t q = pt_cost_n_offloaded(cx, imin(imax(p, 0), cx->K));
+    return nb <= 0 ? 0 : (uint64_t)imin(nb, q) * cx->t->slot_bytes;
+}
 uint64_t pt_cost_persist_bytes(const pt_cost_ctx *cx, int32_t p) { return cx->mand_dev + cx->dev[p]; }
 int pt_cost_persist_redundant(const pt_cost_ctx *cx, int32_t p) {
     return p < cx->K && cx->t->chunks[p].mandatory;
@@ -321,6 +339,79 @@ static inline double win(double comp, double h2d, double d2h, double coll, int e
     return dmax(dmax(comp, x), coll);
 }
 
+typedef struct fwd_pass {
+    double time;             /* window sum (embedding included) */
+    uint64_t up, sync;       /* chunk bytes uploaded, of which at a gather */
+} fwd_pass;
+
+/* The forward windows: pt_pool_fwd's rules, run with one block of lag —
+ * block b's new chunks split into the part block b-1 prefetched (overlapping
+ * window b-1) and the rest its gather uploads (exposed in window b), so
+ * window b-1 closes once block b's split is known. */
+static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt_pool_walk *w, fwd_pass *f) {
+    const pt_trace *t = cx->t;
+    const pt_trace_block *B = t->blocks;
+    const double ih = 1.0 / t->hw.h2d_Bps;
+    const int eng = t->hw.copy_engines;
+    const int32_t N = cx->N, base = w->base, nbe = w->nbe;
+    const uint64_t *nmb = cx->nmb;
+    if (w->simple) {
+        /* every prefetch fits: block 0 waits for its chunks, window b hides
+         * the chunks block b+1 uses first */
+        double time = t->embed_fwd_s;
+        uint64_t s0 = pt_pool_ibytes(w, cx->f_lo[0], cx->f_hi[0]), up = s0;
+        time += (double)s0 * ih;
+        for (int32_t b = 0; b < N; b++) {
+            uint64_t ua = b + 1 < N ? pt_pool_ibytes(w, cx->f_lo[b + 1], cx->f_hi[b + 1]) : 0;
+            time += win(B[b].fwd_s, (double)ua * ih, a->fwd_swap_s[b], 0, eng);
+            up += ua;
+        }
+        f->time = time;
+        f->up = up;
+        f->sync = s0;
+        return;
+    }
+    /* locals, not f->: stores through f could alias the trace's arrays */
+    double time = t->embed_fwd_s;
+    uint64_t up = 0, syn = 0;
+    int32_t plo = 0, phi = 0, ph = 0;
+    double pc = 0, psw = 0;
+    uint64_t psync = 0;
+    for (int32_t b = 0; b <= N; b++) {
+        uint64_t us = 0, ua = 0;   /* block b's sync; what window b-1 prefetched for it */
+        int32_t lo = 0, hi = 0, h = 0;
+        if (b < N) {
+            h = cx->has[b];
+            lo = cx->rlo[b] > base ? cx->rlo[b] : base;
+            hi = cx->rhi[b] > base ? cx->rhi[b] : base;
+            if (nbe && h) {
+                int32_t nlo = lo, pre = 0;
+                if (ph) {
+                    int32_t fr = nbe - (phi - plo);
+                    nlo = lo > phi ? lo : phi;
+                    pre = fr < 0 ? 0 : fr < hi - nlo ? fr : hi - nlo;
+                }
+                ua = nmb[nlo + pre] - nmb[nlo];
+                us = nmb[hi] - nmb[nlo + pre];
+            }
+        }
+        if (b > 0) time += (double)psync * ih + win(pc, (double)ua * ih, psw, 0, eng);
+        up += us + ua;
+        syn += us;
+        if (b < N) {
+            pc = B[b].fwd_s;
+            psw = a->fwd_swap_s[b];
+            psync = us;
+        }
+        plo = lo;
+        phi = hi;
+        ph = h;
+    }
+    f->time = time;
+    f->up = up;
+    f->sync = syn;
+}
+
 void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int32_t nb, const pt_cost_opts *o,
                   pt_cost *out) {
     const pt_trace *t = cx->t;
@@ -330,24 +421,22 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     const double ih = 1.0 / t->hw.h2d_Bps, id = 1.0 / t->hw.d2h_Bps, cf = cx->coll_f;
     const int eng = t->hw.copy_engines;
     const int32_t N = cx->N, K = cx->K;
-    const uint64_t *by = cx->bytes, *gr = cx->grad, *trn = cx->train;
-    /* Hit threshold: the last min(nb, |Q|) non-mandatory chunks (index >= h) are cached. */
-    int32_t q = rcnt(cx->cnt, p, K);
-    int32_t h = nb >= q ? p : cx->nm_pos[cx->n_nm - nb];
-    uint64_t up_bytes = 0, down_bytes = 0;
-    double comp = 0, exposed = 0;
+    const uint64_t *gr = cx->grad, *trn = cx->train;
+    /* Chunk uploads come from the buffer-pool walk (pool_model.c): a window
+     * starts with the synchronous uploads of its gather (exposed), then its
+     * compute overlaps the prefetch of the next block. */
+    pt_pool_walk pw;
+    pt_pool_walk_init(cx, p, nb, &pw);
+    uint64_t up_bytes = 0, down_bytes = 0, sync_bytes = 0;
+    /* pure compute is fixed by the mode map; exposed = windows - compute */
+    const double comp = cx->comp_f + cx->comp_b + a->recompute_s;
 
-    /* forward: the embedding window uploads block 0's chunks, window b those of b+1 */
-    double fwd = 0;
-    for (int32_t b = -1; b < N; b++) {
-        uint64_t u = b + 1 < N ? rsum(by, imax(cx->f_lo[b + 1], p), cx->f_hi[b + 1]) : 0;
-        double c = b < 0 ? t->embed_fwd_s : B[b].fwd_s;
-        double x = win(c, (double)u * ih, b < 0 ? 0 : a->fwd_swap_s[b], 0, eng);
-        up_bytes += u;
-        comp += c;
-        exposed += x - c;
-        fwd += x;
-    }
+    /* forward: the embedding window uploads nothing (nobody prefetches block 0) */
+    fwd_pass f;
+    fwd_windows(cx, a, &pw, &f);
+    double fwd = f.time;
+    up_bytes += f.up;
+    sync_bytes += f.sync;
     /* turn + backward; the CPU Adam of the gradients copied in a window starts
      * when that window ends (OVERLAP), chunks in landing order. */
     /* Replicated offload: every rank steps the whole non-persistent set; sharded
@@ -357,21 +446,25 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     const double icpu = 1.0 / t->hw.cpu_adam_elems_per_s / shard_div;
     double clock = 0, cpu_clock = 0;
     {
-        uint64_t u = rsum(by, imax(cx->l_lo[N - 1], p), imin(cx->l_hi[N - 1], h)) + a->bwd_swap_in[N];
+        /* head/loss: block N-1's swap-in; its chunks come at its gather */
+        uint64_t u = a->bwd_swap_in[N];
         double c = t->head_fwd_s + t->head_bwd_s, x = win(c, (double)u * ih, a->fwd_swap_s[N], 0, eng);
         up_bytes += u;
-        comp += c;
-        exposed += x - c;
         clock += x;
     }
     for (int32_t b = N - 1; b >= -1; b--) {
         /* window b (b == -1: embedding backward) */
         double c;
-        uint64_t u = 0;
+        uint64_t u = 0, us = 0;
         if (b >= 0) {
             c = B[b].bwd_s + (a->modes[b] == PT_BLOCK_CKPT ? B[b].recompute_s : 0);
-            if (b >= 1) u = rsum(by, imax(cx->l_lo[b - 1], p), imin(cx->l_hi[b - 1], h));
+            pt_pool_xfer x2 = pt_pool_bwd(&pw, b);
+            us = x2.sync;
+            u = x2.prefetch;
+            up_bytes += u + us;
+            sync_bytes += us;
             u += a->bwd_swap_in[b];
+            up_bytes += a->bwd_swap_in[b];
         } else {
             c = t->embed_bwd_s;
         }
@@ -384,11 +477,8 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
             if (cf > 0) all = rsum(gr, cx->f_lo[g], hi);
         }
         if (b == -1) all += cx->mand_grad;
-        double x = win(c, (double)u * ih, (double)d * id, (double)all * cf, eng);
-        up_bytes += u;
+        double x = (double)us * ih + win(c, (double)u * ih, (double)d * id, (double)all * cf, eng);
         down_bytes += d;
-        comp += c;
-        exposed += x - c;
         clock += x;
         if (tr) cpu_clock = dmax(cpu_clock, clock) + (double)tr * icpu;
     }
@@ -410,15 +500,19 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     out->opt_s = iter - fwd - bwd;
     out->cpu_adam_s = cpu_s;
     out->dev_adam_s = dev_s;
+    out->cpu_finish_s = clip ? bwd + cpu_s : cpu_clock;
     out->compute_s = comp;
     out->recompute_s = a->recompute_s;
-    out->exposed_xfer_s = exposed;
+    out->exposed_xfer_s = fwd + bwd - comp;
     /* swap traffic: out in forward/turn, back in backward/turn (in up_bytes) */
     out->h2d_bytes = up_bytes;
+    out->h2d_sync_bytes = sync_bytes;
+    out->sync_xfer_s = (double)sync_bytes * ih;
     out->d2h_bytes = down_bytes + a->swap_pool;
     out->h2d_s = (double)out->h2d_bytes * ih;
     out->d2h_s = (double)out->d2h_bytes * id;
     out->n_buffer_min = pt_cost_buffer_min(cx, p);
+    out->n_buffer_min_block = pt_cost_buffer_min_block(cx, p);
 }
 
 double pt_cost_time_lb(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int32_t nb,
@@ -462,11 +556,30 @@ double pt_cost_time_lb_persist(const pt_cost_ctx *cx, const pt_act_profile *a, i
     return dmax(w, tf + cpu);
 }
 
+/* Forward windows of pt_cost_time alone. */
+static double fwd_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int32_t nb) {
+    pt_pool_walk pw;
+    pt_pool_walk_init(cx, p, nb, &pw);
+    fwd_pass f;
+    fwd_windows(cx, a, &pw, &f);
+    return f.time;
+}
+
+double pt_cost_time_lb_small(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int32_t nb_top,
+                             const pt_cost *at) {
+    /* forward time is non-increasing in n_buffer from the one-block minimum
+     * up: fwd(nb) >= fwd(nb_top) */
+    double fwd = nb_top < 0 ? at->fwd_s : fwd_time(cx, a, p, nb_top);
+    if (at->schedule == PT_SCHED_AFTER_BWD) return fwd + at->bwd_s + dmax(at->dev_adam_s, at->cpu_adam_s);
+    double slack = (double)cx->max_block_bytes / cx->t->hw.h2d_Bps;
+    return fwd + dmax(at->bwd_s + at->dev_adam_s, at->cpu_finish_s - slack);
+}
+
 void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_profile *a, int32_t p, int32_t nb,
                     pt_cost *out) {
     const pt_trace *t = cx->t;
     out->model_state_bytes = pt_cost_persist_bytes(cx, p);
-    out->buffer_bytes = (uint64_t)nb * t->slot_bytes;
+    out->buffer_bytes = pt_cost_buffer_bytes(cx, p, nb);   /* the runtime allocates min(nb, |Q|) slots */
     out->nonblock_bytes = t->nonblock_bytes;
     out->activation_bytes = a->act_at_peak;
     out->scratch_bytes = a->scratch_at_peak;
@@ -483,12 +596,15 @@ int pt_cost_eval_modes(const pt_cost_ctx *cx, const pt_cost_opts *o, const uint8
                        pt_cost *out, char *err, size_t errlen) {
     if (p < 0 || p > cx->K)
         return fail(err, errlen, PT_ERR_INVALID_ARG, "n_persist=%d out of range [0, %d chunks]", p, cx->K);
-    int32_t q = pt_cost_n_offloaded(cx, p), lo = pt_cost_buffer_min(cx, p);
-    (void)q;
-    if (nb < lo || nb > cx->K - p)
+    int32_t lo = pt_cost_buffer_min_block(cx, p);
+    if (nb < lo)
         return fail(err, errlen, PT_ERR_INVALID_ARG,
-                    "n_buffer=%d out of range [%d, %d] for n_persist=%d (lookahead minimum, n_chunk - n_persist)", nb,
-                    lo, cx->K - p, p);
+                    "n_buffer=%d is below the one-block minimum %d for n_persist=%d (the largest block streams %d "
+                    "chunks; the lookahead minimum, which lets every prefetch overlap, is %d)",
+                    nb, lo, p, lo, pt_cost_buffer_min(cx, p));
+    if (nb > cx->K - p)
+        return fail(err, errlen, PT_ERR_INVALID_ARG,
+                    "n_buffer=%d exceeds n_chunk - n_persist = %d - %d = %d", nb, cx->K, p, cx->K - p);
     pt_act_profile a;
     if (pt_act_init(cx, &a)) return fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
     pt_act_compute(cx, modes, &a);

@@ -7,22 +7,34 @@
  * chunks), n_swap and n_checkpoint (counts; placement.h turns them into a
  * per-block mode map).
  *
+ * n_buffer range: [one-block minimum, n_chunk - n_persist]. The one-block
+ * minimum (the non-persistent chunks of the largest block) is what the runtime
+ * needs to run at all; the lookahead minimum (those of any two consecutive
+ * blocks) is what lets every one-block-ahead prefetch find a slot. Between the
+ * two the runtime skips the prefetch of the chunks that do not fit and the
+ * next gather uploads them synchronously: exposed. The runtime allocates
+ * min(n_buffer, |non-persistent|) slots; the model charges the same.
+ *
  * Time: one iteration is a sequence of windows; each window lasts
- *   max(compute, H2D + D2H)             with one shared copy engine, or
- *   max(compute, H2D, D2H, all-reduce)  with one engine per direction
+ *   sync + max(compute, H2D + D2H)             with one shared copy engine, or
+ *   sync + max(compute, H2D, D2H, all-reduce)  with one engine per direction
  * (all-reduce is its own resource, 0 when world_size == 1 or not measured),
- * i.e. a transfer is hidden when the window's compute covers it.
- *   embed fwd   compute embed_fwd_s; H2D: block 0's non-persistent chunks.
- *   fwd b       compute fwd_s[b]; H2D: non-persistent chunks first used by
- *               block b+1 (one-block prefetch); D2H: swap-out of earlier SWAP
- *               arenas (see below).
- *   turn        compute head_fwd_s + head_bwd_s (loss); H2D: block N-1's chunks
- *               that are not cached, swap-in of block N-1; D2H: swap-out that did
- *               not fit in the forward windows.
- *   bwd b       compute bwd_s[b] (+ recompute_s[b] for CKPT); H2D: chunks last
- *               used by block b-1 that are neither persistent nor cached (the
- *               last min(n_buffer, |non-persistent|) chunks of the forward are
- *               still in the pool: hits), swap-in of block b-1's arena;
+ * i.e. a transfer is hidden when the window's compute covers it, except the
+ * synchronous uploads of the window's gather ("sync", bytes / h2d_Bps), which
+ * the block waits for. Which chunk uploads when is the buffer pool's own
+ * behaviour, reproduced exactly by pool_model.c (prefetch one block ahead into
+ * free slots, LRU eviction of released slots, the forward's last chunks still
+ * cached in backward — but evicted before dead slots, see there); per window
+ * it is available from pt_cost_uploads below.
+ *   embed fwd   compute embed_fwd_s (nothing prefetches block 0).
+ *   fwd b       sync: block b's chunks nobody prefetched (all of block 0);
+ *               H2D: the prefetch of block b+1's new chunks that fit the free
+ *               slots; D2H: swap-out of earlier SWAP arenas (see below).
+ *   turn        compute head_fwd_s + head_bwd_s (loss); H2D: swap-in of block
+ *               N-1; D2H: swap-out that did not fit in the forward windows.
+ *   bwd b       compute bwd_s[b] (+ recompute_s[b] for CKPT); sync: block b's
+ *               chunks neither prefetched nor cached; H2D: the prefetch of
+ *               block b-1's chunks (misses only), swap-in of block b-1's arena;
  *               D2H: gradients (trainable_elems * grad_elem_bytes) of the
  *               non-persistent chunks whose gradients completed in block b+1;
  *               all-reduce: all chunks completed in block b+1.
@@ -40,7 +52,8 @@
  *
  * Peak memory: static + dynamic, walked window by window.
  *   static  = persistent chunk states (params + grads + master + m + v of the
- *             trainable part; trace.h) + n_buffer * slot_bytes (a slot holds a
+ *             trainable part, or the trace's exact dev_bytes; trace.h)
+ *             + min(n_buffer, |non-persistent|) * slot_bytes (a slot holds a
  *             chunk's params and, in backward, its gradients: counted at full
  *             size all iteration because slots are allocated once)
  *             + nonblock_bytes.
@@ -57,8 +70,18 @@
  * (offloaded chunk states, trace.h, divided by world_size when sharded, plus
  * the pinned swap pool = sum of SWAP arenas) fit the host budget.
  *
- * Monotonicity the searcher relies on (proved by construction, tested):
- *   - time is non-increasing in n_buffer (more hits, nothing else changes);
+ * Monotonicity the searcher relies on (proved in the comments of
+ * searcher.c, tested):
+ *   - from the lookahead minimum up, time is non-increasing in n_buffer (every
+ *     prefetch fits; more slots only turn backward uploads into hits);
+ *   - forward time is non-increasing in n_buffer from the one-block minimum
+ *     up (a chunk prefetched instead of waited for saves at least what it adds
+ *     to the prefetching window);
+ *   - below the lookahead minimum the total time is NOT monotone in general;
+ *     but the backward window sum is never below the one at the lookahead
+ *     minimum (every block uploads a superset there), and the OVERLAP CPU
+ *     finish time is at most max_block_bytes / h2d_Bps earlier (a synchronous
+ *     upload can move out of the window that copies a gradient);
  *   - for a fixed n_buffer, peak is non-decreasing in n_persist (static grows,
  *     dynamic does not depend on chunk knobs);
  *   - peak is non-decreasing in n_buffer.
@@ -111,10 +134,14 @@ typedef struct pt_cost {
     double compute_s;            /* pure compute incl. recompute */
     double recompute_s;
     double exposed_xfer_s;       /* sum over windows of (window - compute) */
+    double sync_xfer_s;          /* part of it: uploads a gather waited for (not prefetched) */
+    double cpu_finish_s;         /* CPU optimizer done, from backward start (OVERLAP: the landing-order chain) */
     double h2d_s, d2h_s;         /* total copy time at the measured bandwidths */
     uint64_t h2d_bytes, d2h_bytes;
+    uint64_t h2d_sync_bytes;     /* part of h2d_bytes uploaded synchronously at a gather */
     int32_t schedule;            /* PT_SCHED_* */
-    int32_t n_buffer_min;        /* lookahead minimum for this n_persist */
+    int32_t n_buffer_min;        /* lookahead minimum for this n_persist (every prefetch fits) */
+    int32_t n_buffer_min_block;  /* one-block minimum (smallest n_buffer the runtime runs) */
 } pt_cost;
 
 /* Precomputed sums over one trace. The trace must outlive the context and not
@@ -127,7 +154,7 @@ int pt_cost_swap_interval(const pt_cost_ctx *cx);   /* pt_swap_interval of the t
 
 /* Whole prediction for one knob set (placement by placement.h). 0, or
  * PT_ERR_INVALID_ARG with err naming the knob out of range (n_persist >
- * n_chunk, n_swap + n_checkpoint > n_block, n_buffer below the lookahead
+ * n_chunk, n_swap + n_checkpoint > n_block, n_buffer below the one-block
  * minimum or above n_chunk - n_persist). */
 int pt_cost_eval(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_knobs *k, pt_cost *out,
                  char *err, size_t errlen);
@@ -160,7 +187,22 @@ void pt_act_free(pt_act_profile *a);
 void pt_act_compute(const pt_cost_ctx *cx, const uint8_t *modes, pt_act_profile *a);
 
 int32_t pt_cost_n_offloaded(const pt_cost_ctx *cx, int32_t n_persist);  /* |non-persistent| */
+/* Lookahead minimum: slots for the non-persistent chunks of any two
+ * consecutive blocks (every prefetch fits). */
 int32_t pt_cost_buffer_min(const pt_cost_ctx *cx, int32_t n_persist);
+/* One-block minimum: those of the largest block; the smallest n_buffer the
+ * runtime (and the model) accepts. <= pt_cost_buffer_min. */
+int32_t pt_cost_buffer_min_block(const pt_cost_ctx *cx, int32_t n_persist);
+/* Device bytes of the pool: min(n_buffer, |non-persistent|) * slot_bytes. */
+uint64_t pt_cost_buffer_bytes(const pt_cost_ctx *cx, int32_t n_persist, int32_t n_buffer);
+/* Chunk uploads of (n_persist, n_buffer) per block window, bytes, into the
+ * caller's [n_block] arrays: fwd_sync[b] at block b's forward gather,
+ * fwd_prefetch[b] during block b's forward (block b+1's chunks), bwd_sync[b]
+ * at block b's backward gather, bwd_prefetch[b] during its backward (block
+ * b-1's). PT_ERR_INVALID_ARG when n_persist is out of range or n_buffer is
+ * below the one-block minimum. */
+int pt_cost_uploads(const pt_cost_ctx *cx, int32_t n_persist, int32_t n_buffer, uint64_t *fwd_sync,
+                    uint64_t *fwd_prefetch, uint64_t *bwd_sync, uint64_t *bwd_prefetch);
 uint64_t pt_cost_persist_bytes(const pt_cost_ctx *cx, int32_t n_persist);
 /* 1 when chunk n_persist is mandatory: n_persist and n_persist+1 are the same
  * plan, and the searcher reports the larger (so "all resident" reads N_chunk). */
@@ -182,6 +224,15 @@ double pt_cost_time_lb(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n
  * downwards. */
 double pt_cost_time_lb_persist(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist,
                                const pt_cost_opts *o);
+/* A lower bound on the time of every n_buffer in [one-block minimum, nb_top],
+ * nb_top below the lookahead minimum, given the prediction `at` of the same
+ * n_persist and mode map at an n_buffer at or above the lookahead minimum
+ * (monotonicity notes above; F = forward time at nb_top, O(n_block)):
+ *   clipping: F + at.bwd + max(dev_adam, cpu_adam)
+ *   OVERLAP:  F + max(at.bwd + dev_adam, at.cpu_finish - max_block_bytes / h2d_Bps)
+ * nb_top < 0: F = at's forward time (O(1), weaker). */
+double pt_cost_time_lb_small(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, int32_t nb_top,
+                             const pt_cost *at);
 /* Memory part: fills the memory fields of out (host_bytes included). */
 void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_profile *a,
                     int32_t n_persist, int32_t n_buffer, pt_cost *out);

@@ -193,7 +193,8 @@ static int64_t pack(const tens *t, int64_t n, int64_t L, uint64_t S, int64_t esz
         }
         if (bytes > S) {   /* oversized tensor: a chunk of its exact size */
             SEAL();
-            pt_trace_chunk c = {bytes, (uint64_t)t[i].elems, 0, t[i].block, t[i].block, nb, 0};
+            pt_trace_chunk c = {.bytes = bytes, .elems = (uint64_t)t[i].elems, .first_block = t[i].block,
+                                .last_block = t[i].block, .mandatory = nb};
             c.trainable_elems = (uint64_t)llround(tf * (double)t[i].elems);
             if (out) out[nc] = c;
             nc++;

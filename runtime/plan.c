@@ -117,8 +117,11 @@ char *pt_plan_text(const pt_plan *p) {
               (long long)p->batch, (long long)p->seq);
     sb_printf(&b, "  %-16s %8s   %s\n", "knob", "value", "source");
     sb_printf(&b, "  %-16s %8d   %s\n", "n_persist", p->knobs.n_persist, knob_src(p, PT_KNOB_PERSIST));
-    sb_printf(&b, "  %-16s %8d   %s (lookahead minimum %d)\n", "n_buffer", p->knobs.n_buffer,
-              knob_src(p, PT_KNOB_BUFFER), c->n_buffer_min);
+    sb_printf(&b, "  %-16s %8d   %s (one-block minimum %d, lookahead minimum %d)\n", "n_buffer", p->knobs.n_buffer,
+              knob_src(p, PT_KNOB_BUFFER), c->n_buffer_min_block, c->n_buffer_min);
+    if (p->knobs.n_buffer < c->n_buffer_min)
+        sb_printf(&b, "  %-16s below the lookahead minimum: prefetches that find no free slot are skipped and "
+                      "their chunks upload at the gather\n", "");
     sb_printf(&b, "  %-16s %8d   %s (swap interval %d blocks, cap %d)\n", "n_swap", p->knobs.n_swap,
               knob_src(p, PT_KNOB_SWAP), p->swap_interval, p->swap_cap);
     sb_printf(&b, "  %-16s %8d   %s\n", "n_checkpoint", p->knobs.n_checkpoint, knob_src(p, PT_KNOB_CKPT));
@@ -149,6 +152,8 @@ char *pt_plan_text(const pt_plan *p) {
     sb_printf(&b, "    %-16s %10.4f s  (recompute %.4f s)\n", "compute", c->compute_s, c->recompute_s);
     sb_printf(&b, "    %-16s H2D %.3f GiB %.4f s, D2H %.3f GiB %.4f s, exposed %.4f s\n", "transfers",
               c->h2d_bytes / GIB, c->h2d_s, c->d2h_bytes / GIB, c->d2h_s, c->exposed_xfer_s);
+    sb_printf(&b, "    %-16s %.3f GiB uploaded at a gather, not prefetched (%.4f s of the exposed time)\n",
+              "synchronous H2D", c->h2d_sync_bytes / GIB, c->sync_xfer_s);
     sb_printf(&b, "    %-16s CPU Adam %.4f s, device Adam %.4f s\n", "optimizer work", c->cpu_adam_s, c->dev_adam_s);
     sb_printf(&b, "  optimizer        %s\n",
               c->schedule == PT_SCHED_AFTER_BWD
@@ -199,6 +204,8 @@ char *pt_plan_json(const pt_plan *p) {
     sb_printf(&b, "{\n  \"version\": 1");
     JI("n_persist", p->knobs.n_persist);
     JI("n_buffer", p->knobs.n_buffer);
+    JI("n_buffer_min_block", c->n_buffer_min_block);
+    JI("n_buffer_min", c->n_buffer_min);
     JI("n_swap", p->knobs.n_swap);
     JI("n_checkpoint", p->knobs.n_checkpoint);
     JB("fixed_n_persist", p->fixed & PT_KNOB_PERSIST);
@@ -244,6 +251,9 @@ char *pt_plan_json(const pt_plan *p) {
     JD("d2h_s", c->d2h_s);
     JU("h2d_bytes", c->h2d_bytes);
     JU("d2h_bytes", c->d2h_bytes);
+    JU("h2d_sync_bytes", c->h2d_sync_bytes);
+    JD("sync_xfer_s", c->sync_xfer_s);
+    JD("cpu_finish_s", c->cpu_finish_s);
     sb_printf(&b, ",\n  \"optimizer_schedule\": \"%s\"", c->schedule == PT_SCHED_AFTER_BWD ? "after_backward" : "overlapped");
     sb_printf(&b, ",\n  \"exec_mode\": \"%s\"", mode_name(p->exec_mode));
     JI("world_size", p->world_size);

@@ -8,6 +8,8 @@
  * JSON object (flat; every key always present, numbers in bytes/seconds):
  *   version            1
  *   n_persist, n_buffer, n_swap, n_checkpoint       the knobs
+ *   n_buffer_min_block, n_buffer_min   one-block and lookahead minimum of
+ *                      n_buffer at this n_persist (cost_model.h)
  *   fixed_n_persist, fixed_n_buffer, fixed_n_swap, fixed_n_checkpoint
  *                      true when the knob came from an override (INI)
  *   n_block, n_chunk, chunk_size, swap_interval, swap_cap
@@ -17,7 +19,8 @@
  *   capacity_bytes, reserve_bytes, headroom_bytes, budget_bytes
  *   host_bytes, swap_pool_bytes, host_budget_bytes (0 = unlimited)
  *   iter_s, fwd_s, bwd_s, opt_s, cpu_adam_s, dev_adam_s, compute_s,
- *   recompute_s, exposed_xfer_s, h2d_s, d2h_s, h2d_bytes, d2h_bytes
+ *   recompute_s, exposed_xfer_s, h2d_s, d2h_s, h2d_bytes, d2h_bytes,
+ *   h2d_sync_bytes, sync_xfer_s (uploads a gather waited for), cpu_finish_s
  *   optimizer_schedule "overlapped" | "after_backward"
  *   exec_mode          "A" | "B" | "C" | "auto" (not decided yet)
  *   world_size, device, batch, seq

@@ -1,6 +1,27 @@
 /*
  * searcher.c — exhaustive four-knob search with the sound pruning listed in
  * searcher.h.
+ *
+ * Why pt_cost_time_lb_small bounds every n_buffer nb in [one-block minimum,
+ * top] by a prediction `at` at some n >= lookahead minimum m2 (cost_model.h):
+ *  - forward: block b's new chunks are split into the part block b-1
+ *    prefetched (async in window b-1) and the rest (sync in window b); one
+ *    more slot moves d bytes from the second to the first, and
+ *    win(c, x + d) <= win(c, x) + d, so the window sum never grows with
+ *    nb: fwd(nb) >= fwd(top).
+ *  - backward: below m2 every block uploads a superset of what it uploads at
+ *    m2 (its cached chunks are cached at m2 too; a block that misses one chunk
+ *    loses the rest; the shared-chunk re-uploads only add), split between the
+ *    prefetch in window b+1 and the sync at gather(b); the same inequality
+ *    gives bwd(nb) >= bwd(m2) >= bwd(n) (from m2 up every window only
+ *    shrinks). With clipping that bounds everything.
+ *  - OVERLAP: a window's end can come earlier than at m2 only by the sync of
+ *    the next gather that moved out of it (telescoping the per-window
+ *    differences), at most one block's bytes: the CPU chain starts each chunk
+ *    at most max_block_bytes / h2d_Bps earlier, and it is non-increasing in
+ *    n from m2 up.
+ * tests/unit/test_cost_model.c checks these bounds exhaustively on small
+ * traces and test_searcher.c checks the plans against brute force.
  */
 #include "searcher.h"
 #include "placement.h"
@@ -15,9 +36,15 @@
 
 #define TIE 1.01   /* plans within 1% of the fastest are ties */
 
+/* One (n_swap, n_checkpoint, n_persist) with its fastest n_buffer found so
+ * far. lb <= the true fastest time; lb < T while the buffers [nb_lo, nb_hi]
+ * (below the lookahead minimum) are not scored yet: they are scored at the
+ * end only if lb reaches the final tie band. */
 typedef struct cand {
     double T;
     int32_t s, c, p, nb;
+    double lb;
+    int32_t nb_lo, nb_hi;
 } cand;
 
 typedef struct search {
@@ -63,14 +90,14 @@ static int fits(const search *S, uint64_t raw) { return pt_cost_frag_bytes(S->o-
 static void compact(search *S) {
     size_t m = 0;
     for (size_t i = 0; i < S->n; i++)
-        if (S->list[i].T <= TIE * S->best_T) S->list[m++] = S->list[i];
+        if (S->list[i].lb <= TIE * S->best_T) S->list[m++] = S->list[i];
     S->n = m;
     S->n_at_compact = m;
 }
 
 static void add_cand(search *S, cand c) {
     if (c.T < S->best_T) S->best_T = c.T;
-    if (c.T > TIE * S->best_T) return;
+    if (c.lb > TIE * S->best_T) return;
     if (S->n == S->cap) {
         if (S->n > 2 * S->n_at_compact + 64) compact(S);
         if (S->n == S->cap) {
@@ -197,6 +224,135 @@ static double time_of(const search *S, pt_act_profile *a, int32_t p, int32_t nb)
     return c.iter_s;
 }
 
+/* Time of n_buffer = nb, or INFINITY when its O(1) bound prunes it (the bound
+ * is non-increasing in nb: a pruned nb prunes every smaller one). */
+static double eval_nb(search *S, pt_act_profile *a, int32_t p, int32_t nb, pt_cost *out) {
+    if (prunable(S, pt_cost_time_lb(S->cx, a, p, nb, &S->o->cost))) return INFINITY;
+    pt_cost_time(S->cx, a, p, nb, &S->o->cost, out);
+    S->n_eval++;
+    return out->iter_s;
+}
+
+/* Every nb in [lo, hi]; the fastest into *c. */
+static void eval_range(search *S, pt_act_profile *a, int32_t lo, int32_t hi, cand *c) {
+    pt_cost tmp;
+    for (int32_t nb = lo; nb <= hi; nb++) {
+        double T = eval_nb(S, a, c->p, nb, &tmp);
+        if (T < c->T) {
+            c->T = T;
+            c->nb = nb;
+        }
+    }
+    c->lb = c->T;
+    c->nb_lo = 1;
+    c->nb_hi = 0;
+}
+
+/* Values [lo, hi] of r not scored: r.lb = min(r.T, lb) bounds them. */
+static cand defer(cand r, double lb, int32_t lo, int32_t hi) {
+    r.lb = lb < r.T ? lb : r.T;
+    r.nb_lo = lo;
+    r.nb_hi = hi;
+    return r;
+}
+
+/* Score [lo, hi] (all below the lookahead minimum) too, keeping the faster,
+ * from hi down: forward time only grows as n_buffer falls, so once the bound
+ * pt_cost_time_lb_small(nb) reaches the best time so far it holds for every
+ * smaller nb as well, and those are deferred. `at` is a prediction at or
+ * above the lookahead minimum. */
+static cand score_down(search *S, pt_act_profile *a, cand r, int32_t lo, int32_t hi, const pt_cost *at) {
+    pt_cost tmp;
+    for (int32_t nb = hi; nb >= lo; nb--) {
+        double lbn = pt_cost_time_lb_small(S->cx, a, r.p, nb, at);
+        if (lbn >= S->best_T || S->o->defer_small) return defer(r, lbn, lo, nb);
+        double T = eval_nb(S, a, r.p, nb, &tmp);
+        if (T < r.T) {
+            r.T = T;
+            r.nb = nb;
+        }
+    }
+    r.lb = r.T;
+    return r;
+}
+
+/* The candidate of one (s, c, p) whose buffers can be anything in
+ * [lo1, nbmax] (lo1 = one-block minimum, lo2 = lookahead minimum; T is
+ * INFINITY when everything was pruned).
+ * From lo2 up, time is non-increasing in n_buffer, so there only nbmax can be
+ * fastest. Below lo2 it is not monotone; the values there are scored now only
+ * when a lower bound on all of them (pt_cost_time_lb_small, cheap form first;
+ * pt_cost_time_lb, non-increasing in n_buffer) is below the best time so far,
+ * i.e. one of them could become the best. Otherwise they are deferred
+ * (cand.lb) and pick_plan scores them only if that could change the pick. */
+static cand score_p(search *S, pt_act_profile *a, int32_t s, int32_t c, int32_t p, int32_t lo1, int32_t lo2,
+                    int32_t nbmax) {
+    cand r = {.T = INFINITY, .s = s, .c = c, .p = p, .nb = nbmax, .lb = INFINITY, .nb_lo = 1, .nb_hi = 0};
+    pt_cost at;
+    if (nbmax < lo2 && nbmax - lo1 < 2) {
+        eval_range(S, a, lo1, nbmax, &r);
+        return r;
+    }
+    r.T = r.lb = eval_nb(S, a, p, nbmax, &at);
+    if (!(r.T < INFINITY)) return r;   /* pruned: every smaller n_buffer is too */
+    if (nbmax >= lo2) {
+        if (lo1 >= lo2) return r;
+        double lbs = pt_cost_time_lb_small(S->cx, a, p, -1, &at);
+        if (!(lbs < r.T)) return r;   /* none below lo2 can be faster */
+        if (lbs >= S->best_T || S->o->defer_small) return defer(r, lbs, lo1, lo2 - 1);
+        return score_down(S, a, r, lo1, lo2 - 1, &at);
+    }
+    /* several values, all below lo2 */
+    double lb0 = pt_cost_time_lb(S->cx, a, p, nbmax - 1, &S->o->cost);
+    if (lb0 >= S->best_T || S->o->defer_small) return defer(r, lb0, lo1, nbmax - 1);
+    /* a prediction at lo2 (not feasible here) bounds their time */
+    pt_cost_time(S->cx, a, p, lo2, &S->o->cost, &at);
+    S->n_eval++;
+    return score_down(S, a, r, lo1, nbmax - 1, &at);
+}
+
+/* Score a deferred candidate's remaining buffers. */
+static void resolve(search *S, pt_act_profile *a, uint8_t *modes, cand *x) {
+    pt_place_blocks(S->t->n_block, x->s, x->c, pt_cost_swap_interval(S->cx), modes, NULL, 0);
+    pt_act_compute(S->cx, modes, a);
+    cand low = *x;
+    eval_range(S, a, x->nb_lo, x->nb_hi, &low);
+    if (low.T < x->T) *x = low;
+    x->lb = x->T;
+    x->nb_lo = 1;
+    x->nb_hi = 0;
+    add_alt(S, *x);
+}
+
+/* The tie rule over the final band. First every deferred candidate whose
+ * bound is below the best time is scored (it could be the best: the band
+ * depends on it; none is when deferral only happens at bound >= best, as in
+ * score_p, except under opts.defer_small). Then a deferred candidate is
+ * scored only when its bound reaches the band, it is above the band so far,
+ * and it would beat the current pick: a candidate already in the band needs
+ * no exact time. */
+static cand *pick_plan(search *S, pt_act_profile *a, uint8_t *modes) {
+    /* one pass: best_T only falls, so a candidate passed over earlier had its
+     * bound above a best that was already higher than the new one */
+    for (size_t i = 0; i < S->n; i++) {
+        cand *x = &S->list[i];
+        if (x->nb_lo > x->nb_hi || !(x->lb < S->best_T)) continue;
+        resolve(S, a, modes, x);
+        if (x->T < S->best_T) S->best_T = x->T;
+    }
+    double band = TIE * S->best_T;
+    cand *pick = NULL;
+    for (size_t i = 0; i < S->n; i++)
+        if (S->list[i].T <= band && (!pick || tie_better(&S->list[i], pick))) pick = &S->list[i];
+    for (size_t i = 0; i < S->n; i++) {
+        cand *x = &S->list[i];
+        if (x->nb_lo > x->nb_hi || x->lb > band || x->T <= band || (pick && !tie_better(x, pick))) continue;
+        resolve(S, a, modes, x);
+        if (x->T <= band && (!pick || tie_better(x, pick))) pick = x;
+    }
+    return pick;
+}
+
 /* Fill a plan entry's full prediction. */
 static void full_cost(const search *S, pt_act_profile *a, uint8_t *modes, const cand *c, pt_cost *out) {
     pt_place_blocks(S->t->n_block, c->s, c->c, pt_cost_swap_interval(S->cx), modes, NULL, 0);
@@ -223,7 +379,41 @@ static int check_overrides(const pt_trace *t, const pt_search_opts *o, char *err
     return PT_OK;
 }
 
-/* Infeasible: smallest capacity (minimum peak) under the host budget and fixed knobs. */
+/* A fixed n_buffer that no allowed n_persist accepts: the sentence names the
+ * closest miss with both numbers. 0 when some n_persist accepts it. */
+static int buffer_unusable(search *S, int32_t p0, int32_t p1, char *err, size_t errlen) {
+    const pt_search_opts *o = S->o;
+    int32_t K = S->t->n_chunk, nb = o->n_buffer, worst = -1, gap = INT32_MAX;
+    if (nb < 0) return 0;
+    for (int32_t p = p0; p <= p1; p++) {
+        int32_t lo1 = pt_cost_buffer_min_block(S->cx, p);
+        if (nb >= lo1 && nb <= K - p) return 0;
+        if (nb < lo1 && lo1 - nb < gap) {
+            gap = lo1 - nb;
+            worst = p;
+        }
+    }
+    if (worst < 0)   /* only n_persist + n_buffer > n_chunk (check_overrides names a fixed pair) */
+        return fail(err, errlen, PT_ERR_INFEASIBLE,
+                    "no n_persist works with the fixed n_buffer=%d: n_persist + n_buffer must stay within the %d chunks "
+                    "and n_persist=%d is the smallest allowed", nb, K, p0);
+    int32_t lo1 = pt_cost_buffer_min_block(S->cx, worst), lo2 = pt_cost_buffer_min(S->cx, worst);
+    if (p0 == p1)
+        return fail(err, errlen, PT_ERR_INFEASIBLE,
+                    "n_buffer=%d is below the one-block minimum %d for n_persist=%d: the largest block streams %d "
+                    "non-persistent chunks and each needs a slot while the block runs (the lookahead minimum, at "
+                    "which every prefetch overlaps, is %d); raise n_buffer to at least %d or n_persist",
+                    nb, lo1, worst, lo1, lo2, lo1);
+    return fail(err, errlen, PT_ERR_INFEASIBLE,
+                "no n_persist in [%d, %d] works with the fixed n_buffer=%d: it is below the one-block minimum (the "
+                "non-persistent chunks of the largest block) wherever n_persist + n_buffer fits the %d chunks; the "
+                "closest is n_persist=%d with a one-block minimum of %d (lookahead minimum %d)",
+                p0, p1, nb, K, worst, lo1, lo2);
+}
+
+/* Infeasible: name the real reason — a fixed n_buffer no n_persist accepts,
+ * then host RAM, then the device (the smallest capacity, i.e. the minimum peak
+ * under the host budget and the fixed knobs). */
 static int explain_infeasible(search *S, pt_act_profile *a, uint8_t *modes, pt_plan *plan, char *err,
                               size_t errlen) {
     const pt_trace *t = S->t;
@@ -232,42 +422,43 @@ static int explain_infeasible(search *S, pt_act_profile *a, uint8_t *modes, pt_p
     int32_t c0, c1, s0, s1, p0, p1;
     range(o->n_checkpoint, 0, N, &c0, &c1);
     range(o->n_persist, 0, K, &p0, &p1);
+    int rc = buffer_unusable(S, p0, p1, err, errlen);
+    if (rc) return rc;
     uint64_t best_need = UINT64_MAX, min_host = UINT64_MAX;
-    cand best = {0, 0, 0, 0, 0};
+    cand best = {.T = 0}, host_at = {.T = 0};
     for (int32_t c = c0; c <= c1; c++) {
         range(o->n_swap, 0, N - c < pt_swap_cap(N, I) ? N - c : pt_swap_cap(N, I), &s0, &s1);
         for (int32_t s = s0; s <= s1 && s + c <= N; s++) {
             pt_place_blocks(N, s, c, I, modes, NULL, 0);
             pt_act_compute(S->cx, modes, a);
             for (int32_t p = p0; p <= p1; p++) {
-                uint64_t host = pt_cost_host_bytes(S->cx, a, p, o->cost.shard);
-                if (host < min_host) min_host = host;
-                if (S->host_budget && host > S->host_budget) continue;
-                int32_t lo = pt_cost_buffer_min(S->cx, p), nb = lo;
+                int32_t nb = pt_cost_buffer_min_block(S->cx, p);   /* fewest slots: smallest peak */
                 if (o->n_buffer >= 0) {
-                    if (o->n_buffer < lo || o->n_buffer > K - p) continue;
+                    if (o->n_buffer < nb || o->n_buffer > K - p) continue;
                     nb = o->n_buffer;
                 }
-                uint64_t raw = pt_cost_persist_bytes(S->cx, p) + (uint64_t)nb * t->slot_bytes + t->nonblock_bytes +
-                               a->peak_dyn;
+                uint64_t host = pt_cost_host_bytes(S->cx, a, p, o->cost.shard);
+                if (host < min_host) {
+                    min_host = host;
+                    host_at = (cand){.s = s, .c = c, .p = p, .nb = nb};
+                }
+                if (S->host_budget && host > S->host_budget) continue;
+                uint64_t raw = pt_cost_persist_bytes(S->cx, p) + pt_cost_buffer_bytes(S->cx, p, nb) +
+                               t->nonblock_bytes + a->peak_dyn;
                 uint64_t need = pt_cost_frag_bytes(o->cost.frag, raw) + o->cost.reserve_bytes + o->cost.headroom_bytes;
                 if (need < best_need) {
                     best_need = need;
-                    best = (cand){0, s, c, p, nb};
+                    best = (cand){.s = s, .c = c, .p = p, .nb = nb};
                 }
             }
         }
     }
-    if (best_need == UINT64_MAX) {
-        if (min_host == UINT64_MAX)
-            return fail(err, errlen, PT_ERR_INFEASIBLE,
-                        "no plan exists with the fixed knobs (n_buffer=%d is below the lookahead minimum for every allowed n_persist)",
-                        o->n_buffer);
+    if (best_need == UINT64_MAX)
         return fail(err, errlen, PT_ERR_INFEASIBLE,
-                    "no plan fits host RAM: the smallest offloaded state needs %llu bytes (%.2f GiB) of pinned host memory, the budget is %llu bytes (%.2f GiB)",
-                    (unsigned long long)min_host, min_host / 1073741824.0, (unsigned long long)S->host_budget,
-                    S->host_budget / 1073741824.0);
-    }
+                    "no plan fits host RAM: the smallest pinned host footprint (n_persist=%d n_swap=%d: offloaded "
+                    "chunk states plus swap pool) is %llu bytes (%.2f GiB), the budget is %llu bytes (%.2f GiB)",
+                    host_at.p, host_at.s, (unsigned long long)min_host, min_host / 1073741824.0,
+                    (unsigned long long)S->host_budget, S->host_budget / 1073741824.0);
     plan->min_capacity = best_need;
     plan->knobs = (pt_knobs){best.p, best.nb, best.s, best.c};
     full_cost(S, a, modes, &best, &plan->cost);
@@ -339,7 +530,7 @@ int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *e
             int32_t p_hi = persist_hi(&S, a.peak_dyn);
             if (p_hi < p0) continue;   /* nothing fits next to these activations */
             if (prunable(&S, lower_bound(&S, &a, o->n_persist >= 0 ? o->n_persist : p_hi))) continue;
-            cand pair_best = {INFINITY, s, c, 0, 0};
+            cand pair_best = {.T = INFINITY, .s = s, .c = c};
             /* n_persist downwards from the largest that fits: the bound below
              * only grows as n_persist falls, so the first miss ends the scan. */
             for (int32_t p = p1 < p_hi ? p1 : p_hi; p >= p0; p--) {
@@ -347,18 +538,21 @@ int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *e
                 if (o->n_persist < 0 && pt_cost_persist_redundant(S.cx, p)) continue;
                 if (S.host_budget && pt_cost_host_bytes(S.cx, &a, p, o->cost.shard) > S.host_budget) continue;
                 uint64_t raw_fixed = pt_cost_persist_bytes(S.cx, p) + t->nonblock_bytes + a.peak_dyn;
-                int32_t lo = pt_cost_buffer_min(S.cx, p), q = pt_cost_n_offloaded(S.cx, p), nb;
+                int32_t lo1 = pt_cost_buffer_min_block(S.cx, p), lo2 = pt_cost_buffer_min(S.cx, p);
+                int32_t q = pt_cost_n_offloaded(S.cx, p);
+                cand cd;
                 if (o->n_buffer >= 0) {
-                    nb = o->n_buffer;
-                    if (nb < lo || nb > K - p || !fits(&S, raw_fixed + (uint64_t)nb * t->slot_bytes)) continue;
+                    int32_t nb = o->n_buffer;
+                    if (nb < lo1 || nb > K - p || !fits(&S, raw_fixed + pt_cost_buffer_bytes(S.cx, p, nb))) continue;
+                    cd = (cand){.T = INFINITY, .s = s, .c = c, .p = p, .nb = nb};
+                    eval_range(&S, &a, nb, nb, &cd);
                 } else {
-                    nb = buffer_max(&S, raw_fixed, lo, q);
+                    int32_t nb = buffer_max(&S, raw_fixed, lo1, q);
                     if (nb < 0) continue;
+                    /* O(1) bounds inside: most candidates of a transfer-bound model stop there */
+                    cd = score_p(&S, &a, s, c, p, lo1, lo2, nb);
                 }
-                /* O(1) bound first: most candidates of a transfer-bound model stop here */
-                if (prunable(&S, pt_cost_time_lb(S.cx, &a, p, nb, &o->cost))) continue;
-                cand cd = {time_of(&S, &a, p, nb), s, c, p, nb};
-                S.n_eval++;
+                if (!(cd.T < INFINITY)) continue;
                 add_cand(&S, cd);
                 if (cd.T < pair_best.T) pair_best = cd;
             }
@@ -373,17 +567,23 @@ int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *e
         rc = explain_infeasible(&S, &a, modes, plan, err, errlen);
         goto out;
     }
+
     /* Tie rule over the final band, then the fewest buffers within it. */
-    cand *pick = NULL;
-    for (size_t i = 0; i < S.n; i++) {
-        if (S.list[i].T > TIE * S.best_T) continue;
-        if (!pick || tie_better(&S.list[i], pick)) pick = &S.list[i];
-    }
-    cand ch = *pick;
+    cand ch = *pick_plan(&S, &a, modes);
     if (o->n_buffer < 0) {
+        /* fewest buffers within the band: below the lookahead minimum time is
+         * not monotone (scan), from it up it is (bisection) */
         pt_place_blocks(N, ch.s, ch.c, I, modes, NULL, 0);
         pt_act_compute(S.cx, modes, &a);
-        int32_t lo = pt_cost_buffer_min(S.cx, ch.p), hi = ch.nb;   /* time(hi) is within the band */
+        int32_t lo = pt_cost_buffer_min_block(S.cx, ch.p), lo2 = pt_cost_buffer_min(S.cx, ch.p);
+        int32_t hi = ch.nb;   /* time(hi) is within the band */
+        for (; lo < hi && lo < lo2; lo++) {
+            S.n_eval++;
+            if (time_of(&S, &a, ch.p, lo) <= TIE * S.best_T) {
+                hi = lo;
+                break;
+            }
+        }
         while (lo < hi) {
             int32_t mid = lo + (hi - lo) / 2;
             if (time_of(&S, &a, ch.p, mid) <= TIE * S.best_T)

@@ -6,18 +6,24 @@
  *   host bytes     <= host budget (when one is set)
  * over n_checkpoint in [0, N], n_swap in [0, min(N - n_checkpoint, ceil(N/I))],
  * n_persist in [0, N_chunk] (mandatory chunks always persistent), n_buffer in
- * [lookahead minimum, non-persistent chunk count].
+ * [one-block minimum, non-persistent chunk count] (cost_model.h: below the
+ * lookahead minimum some prefetches are synchronous, but the pool is smaller,
+ * which is what fits under a tight capacity).
  *
  * Pruning, all sound in this cost model:
  *  - the activation profile depends only on (n_swap, n_checkpoint): computed
  *    once per pair;
  *  - for a pair, the peak grows with n_persist at any fixed n_buffer, so once
  *    persistent states alone no longer fit, larger n_persist cannot fit:
- *    stop (the lookahead minimum falls with n_persist, so a plan that fails
+ *    stop (the buffer minimum falls with n_persist, so a plan that fails
  *    only for lack of buffers does NOT stop the scan);
- *  - time is non-increasing in n_buffer and peak increasing, so per n_persist
- *    only the largest feasible n_buffer can be fastest; the tie rule's
- *    "fewest buffers within 1%" is then found by bisection on n_buffer;
+ *  - from the lookahead minimum up, time is non-increasing in n_buffer and
+ *    peak increasing, so there only the largest feasible n_buffer can be
+ *    fastest; below it time is not monotone and each feasible value is
+ *    scored, unless the largest feasible is at or above the lookahead minimum
+ *    and pt_cost_time_lb_small shows none below can beat it; the tie rule's
+ *    "fewest buffers within 1%" scans below the lookahead minimum and
+ *    bisects above it;
  *  - a pair is skipped when a lower bound on its time (pure compute,
  *    unavoidable copy traffic for the chunks that cannot be persistent, CPU
  *    Adam) exceeds both 1.01 x the best time and every kept runner-up; the
@@ -26,10 +32,14 @@
  * Ties: among plans within 1% of the fastest, prefer fewer CKPT blocks, then
  * fewer SWAP blocks, then more persistent chunks, then fewer buffers.
  *
- * No feasible plan: the search is repeated with unlimited device capacity
- * minimising the peak (host budget and fixed knobs still apply) and the error
- * sentence states the smallest capacity that works; plan->min_capacity holds
- * it and plan->knobs the plan that achieves it.
+ * No feasible plan: the error sentence names the real reason, first match of
+ *  - a fixed n_buffer below the one-block minimum of every allowed n_persist
+ *    (both numbers given);
+ *  - host RAM: no plan's pinned footprint fits the host budget (smallest given);
+ *  - the device: the search is repeated with unlimited device capacity
+ *    minimising the peak (host budget and fixed knobs still apply) and the
+ *    sentence states the smallest capacity that works; plan->min_capacity
+ *    holds it and plan->knobs the plan that achieves it.
  */
 #ifndef PT_SEARCHER_H
 #define PT_SEARCHER_H
@@ -46,6 +56,8 @@ typedef struct pt_search_opts {
     uint64_t host_ram;          /* host budget; 0 = trace hw.host_ram_bytes (0 there = unlimited) */
     int32_t n_persist, n_buffer, n_swap, n_checkpoint;   /* >= 0 fixes the knob, -1 searches it */
     int32_t n_alt;              /* runner-ups to keep, <= PT_PLAN_MAX_ALT */
+    int32_t defer_small;        /* tests: score the n_buffer values below the lookahead minimum only
+                                   at the end (the deferred path); same plan, usually slower */
 } pt_search_opts;
 
 /* Defaults: frag 1.0, no reserve/headroom, no clipping, every knob searched, 3 runner-ups. */

@@ -44,18 +44,31 @@
  *                    non-decreasing in chunk index (execution-order packing).
  *   mandatory        holds non-block params (embedding, final norm, head):
  *                    always persistent, whatever n_persist says.
+ *   dev_bytes        exact device footprint of the chunk when persistent, as
+ *                    the runtime allocates it (every allocation rounded up by
+ *                    the device allocator); 0 = use the formula below. The
+ *                    profiler fills it; synthesised traces may leave it 0.
+ *   host_bytes       exact pinned host footprint when offloaded; 0 = formula.
+ *                    Both validated: 0, or bytes <= x <= 2 * formula + 2048 (the
+ *                    runtime's separate allocations — params, grads, m, v,
+ *                    masters, each rounded to 256 — stay within that; a value
+ *                    outside is a unit or corruption error).
  *
- * Device model-state bytes per element (compute dtype p):
- *   persistent chunk = elems * param_elem_bytes
- *                    + trainable_elems * (grad_elem_bytes + master_elem_bytes
- *                                         + adam_m_elem_bytes + adam_v_elem_bytes)
+ * Device model-state bytes of a persistent chunk (compute dtype p), when
+ * dev_bytes is 0:
+ *   bytes + trainable_elems * (grad_elem_bytes + master_elem_bytes
+ *                              + adam_m_elem_bytes + adam_v_elem_bytes)
  *   master_elem_bytes is 4 when p != fp32 (fp32 master copy), else 0.
+ *   The formula ignores allocator rounding and a gradient buffer sized to the
+ *   whole chunk when only part of it is trainable: dev_bytes is exact.
  *   A buffer-pool slot holds one chunk's params and, during backward, its
- *   gradients: slot_bytes (normally chunk_size * (1 + grad/param size) = 2 S).
- * Host (pinned) bytes per offloaded element (ARCHITECTURE.md decision 4):
+ *   gradients: slot_bytes (normally chunk_size * (1 + grad/param size) = 2 S),
+ *   used exactly as given.
+ * Host (pinned) bytes of an offloaded chunk, when host_bytes is 0
+ * (ARCHITECTURE.md decision 4):
  *   trainable: param_elem (staged param) + host_grad_elem (fp32 grad, 4)
  *              + 4 (fp32 master, also when p == fp32: the staged copy is what
- *              uploads while the master is updated) + m + v
+ *              uploads while the master is updated) + m + v per element
  *   frozen:    param_elem only.
  */
 #ifndef PT_TRACE_H
@@ -64,7 +77,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PT_TRACE_VERSION 1u   /* bump when a field's meaning changes */
+#define PT_TRACE_VERSION 2u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes */
 
 /* Per-block activation modes (the plan's mode map). */
 enum { PT_BLOCK_NONE = 0, PT_BLOCK_CKPT = 1, PT_BLOCK_SWAP = 2 };
@@ -96,6 +109,8 @@ typedef struct pt_trace_chunk {
     int32_t first_block, last_block;
     int32_t mandatory;
     int32_t reserved0;
+    uint64_t dev_bytes;  /* exact device footprint when persistent (allocator-rounded); 0 = use the formula */
+    uint64_t host_bytes; /* exact pinned footprint when offloaded; 0 = formula */
 } pt_trace_chunk;
 
 /* Measured hardware rates and limits. */
@@ -155,7 +170,8 @@ void pt_trace_derive_ranges(pt_trace *t);
 /* Check every invariant the models rely on. 0 or PT_ERR_INVALID_ARG with the
  * first violated one named (field, index, value). */
 int pt_trace_validate(const pt_trace *t, char *err, size_t errlen);
-/* Bytes a persistent chunk keeps on the device / an offloaded chunk keeps on the host. */
+/* Bytes a persistent chunk keeps on the device / an offloaded chunk keeps on the
+ * host: dev_bytes / host_bytes when non-zero, else the formulas above. */
 uint64_t pt_trace_chunk_dev_state(const pt_trace *t, const pt_trace_chunk *c);
 uint64_t pt_trace_chunk_host_state(const pt_trace *t, const pt_trace_chunk *c);
 

@@ -22,7 +22,7 @@
 /* Encoded sizes (see the format in trace_cache.h). */
 #define SCALAR_BYTES 156u
 #define BLOCK_BYTES 72u
-#define CHUNK_BYTES 36u
+#define CHUNK_BYTES 52u
 
 static const char MAGIC[8] = {'P', 'T', 'T', 'R', 'A', 'C', 'E', 0};
 
@@ -113,17 +113,32 @@ void pt_trace_derive_ranges(pt_trace *t) {
     }
 }
 
-uint64_t pt_trace_chunk_dev_state(const pt_trace *t, const pt_trace_chunk *c) {
+static uint64_t dev_formula(const pt_trace *t, const pt_trace_chunk *c) {
     uint64_t per_tr = (uint64_t)t->grad_elem_bytes + t->master_elem_bytes + t->adam_m_elem_bytes +
                       t->adam_v_elem_bytes;
     return c->bytes + c->trainable_elems * per_tr;
 }
 
-uint64_t pt_trace_chunk_host_state(const pt_trace *t, const pt_trace_chunk *c) {
+static uint64_t host_formula(const pt_trace *t, const pt_trace_chunk *c) {
     /* Decision 4: staged param (compute dtype) + fp32 grad + fp32 master + m + v
      * per trainable element; a frozen element needs only its staged param. */
     uint64_t per_tr = (uint64_t)t->host_grad_elem_bytes + 4u + t->adam_m_elem_bytes + t->adam_v_elem_bytes;
     return c->bytes + c->trainable_elems * per_tr;
+}
+
+/* The exact figures are what the runtime allocated (profiler), so they win. */
+uint64_t pt_trace_chunk_dev_state(const pt_trace *t, const pt_trace_chunk *c) {
+    return c->dev_bytes ? c->dev_bytes : dev_formula(t, c);
+}
+
+uint64_t pt_trace_chunk_host_state(const pt_trace *t, const pt_trace_chunk *c) {
+    return c->host_bytes ? c->host_bytes : host_formula(t, c);
+}
+
+/* An exact footprint must hold the params and stay within 2 x the formula +
+ * 2048 (trace.h); anything else is a unit mix-up or corruption. */
+static int exact_ok(uint64_t x, uint64_t bytes, uint64_t formula) {
+    return x == 0 || (x >= bytes && x <= 2 * formula + 2048);
 }
 
 static int finite_nonneg(double x) { return isfinite(x) && x >= 0.0; }
@@ -171,6 +186,19 @@ int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
         if (c->trainable_elems > c->elems)
             return fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d has trainable_elems %llu > elems %llu", k,
                         (unsigned long long)c->trainable_elems, (unsigned long long)c->elems);
+        if (c->elems > (1ull << 48) || c->bytes > (1ull << 52))
+            return fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d has %llu elements / %llu bytes (limit 2^48 / 2^52)",
+                        k, (unsigned long long)c->elems, (unsigned long long)c->bytes);
+        if (!exact_ok(c->dev_bytes, c->bytes, dev_formula(t, c)))
+            return fail(err, errlen, PT_ERR_INVALID_ARG,
+                        "trace: chunk %d dev_bytes %llu is outside [bytes %llu, 2 x formula %llu + 2048] (0 = use the formula)",
+                        k, (unsigned long long)c->dev_bytes, (unsigned long long)c->bytes,
+                        (unsigned long long)dev_formula(t, c));
+        if (!exact_ok(c->host_bytes, c->bytes, host_formula(t, c)))
+            return fail(err, errlen, PT_ERR_INVALID_ARG,
+                        "trace: chunk %d host_bytes %llu is outside [bytes %llu, 2 x formula %llu + 2048] (0 = use the formula)",
+                        k, (unsigned long long)c->host_bytes, (unsigned long long)c->bytes,
+                        (unsigned long long)host_formula(t, c));
         if (c->first_block < -1 || c->last_block < c->first_block || c->last_block >= t->n_block ||
             (c->first_block == -1) != (c->last_block == -1))
             return fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d block range [%d, %d] invalid for %d blocks",
@@ -337,6 +365,8 @@ static void encode_payload(wbuf *w, const pt_trace *t) {
         put_i32(w, c->first_block);
         put_i32(w, c->last_block);
         put_i32(w, c->mandatory);
+        put_u64(w, c->dev_bytes);
+        put_u64(w, c->host_bytes);
     }
 }
 
@@ -393,6 +423,8 @@ static int decode_payload(rbuf *r, pt_trace *t, char *err, size_t errlen) {
         c->first_block = get_i32(r);
         c->last_block = get_i32(r);
         c->mandatory = get_i32(r);
+        c->dev_bytes = get_u64(r);
+        c->host_bytes = get_u64(r);
     }
     if (r->bad || r->off != r->n) return fail(err, errlen, PT_ERR_FORMAT, "payload ends early or has trailing bytes");
     return PT_OK;

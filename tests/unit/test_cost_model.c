@@ -32,11 +32,11 @@ static void build(pt_trace *t, const synth *s) {
     assert_int_equal(pt_trace_alloc(t, s->n_block, K, NULL, 0), PT_OK);
     int k = 0;
     uint64_t el = s->chunk_bytes / 2;
-    if (s->mand_first) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0};
+    if (s->mand_first) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0};
     for (int b = 0; b < s->n_block; b++)
         for (int j = 0; j < s->cpb; j++)
-            t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, (uint64_t)(s->tf * (double)el), b, b, 0, 0};
-    if (s->mand_last) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0};
+            t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, (uint64_t)(s->tf * (double)el), b, b, 0, 0, 0, 0};
+    if (s->mand_last) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0};
     for (int b = 0; b < s->n_block; b++)
         t->blocks[b] = (pt_trace_block){s->fwd, s->bwd, s->fwd, s->arena, s->input, s->fscr, s->bscr, s->gact, 0, 0};
     pt_trace_derive_ranges(t);
@@ -118,17 +118,27 @@ static void test_hand_streamed(void **state) {
     assert_int_equal(pt_cost_buffer_min(cx, 0), 2);   /* chunks of blocks 0 and 1 */
     assert_int_equal(pt_cost_buffer_min(cx, 1), 1);
     assert_int_equal(pt_cost_buffer_min(cx, 2), 0);
+    assert_int_equal(pt_cost_buffer_min_block(cx, 0), 1);   /* one chunk per block */
+    assert_int_equal(pt_cost_buffer_min_block(cx, 1), 1);
+    assert_int_equal(pt_cost_buffer_min_block(cx, 2), 0);
     pt_cost_opts o = {1.0, 0, 0, 0, 0};
     pt_knobs k = {0, 2, 0, 0};
     pt_cost c;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
-    /* forward: each window waits for a 100-byte upload at 100 B/s: 1 + 1 + 1 */
-    assert_double_equal(c.fwd_s, 3.0, EPS);
+    /* forward: nothing prefetches block 0, so its gather waits 1 s for its
+     * 100-byte upload at 100 B/s; block 0's 1 s of compute hides block 1's
+     * prefetch: 0.1 + (1 + 1) + 1 */
+    assert_double_equal(c.fwd_s, 3.1, EPS);
+    assert_int_equal(c.h2d_sync_bytes, 100);
+    assert_double_equal(c.sync_xfer_s, 1.0, EPS);
     /* backward: turn 0.7, block 1: 2 (both chunks cached), block 0: max(2,
      * grad D2H 100 B / 50 B/s = 2), embedding: max(0.2, 2) */
     assert_double_equal(c.bwd_s, 6.7, EPS);
     /* CPU Adam 2 s per chunk: chunk 1 lands at 4.7 -> 6.7, chunk 0 at 6.7 -> 8.7 */
-    assert_double_equal(c.iter_s, 3.0 + 8.7, EPS);
+    assert_double_equal(c.iter_s, 3.1 + 8.7, EPS);
+    assert_double_equal(c.cpu_finish_s, 8.7, EPS);
+    /* exposed: block 0's sync 1 s, embedding backward's D2H 2 - 0.2 */
+    assert_double_equal(c.exposed_xfer_s, 1.0 + 1.8, EPS);
     assert_double_equal(c.cpu_adam_s, 4.0, EPS);
     assert_int_equal(c.h2d_bytes, 200);
     assert_int_equal(c.d2h_bytes, 200);
@@ -141,12 +151,34 @@ static void test_hand_streamed(void **state) {
     o.clip = 1;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
     assert_int_equal(c.schedule, PT_SCHED_AFTER_BWD);
-    assert_double_equal(c.iter_s, 3.0 + 6.7 + 4.0, EPS);
-    /* one slot fewer than the lookahead needs is refused with a sentence */
+    assert_double_equal(c.iter_s, 3.1 + 6.7 + 4.0, EPS);
+    /* one slot: below the lookahead minimum (2), at the one-block minimum (1).
+     * Forward: block 0 cannot prefetch block 1 (its own chunk holds the only
+     * slot), so both gathers upload synchronously: 0.1 + (1 + 1) + (1 + 1).
+     * At the turn the slot holds chunk 1 (hit); block 1's prefetch of chunk 0
+     * finds no free slot, so block 0's gather uploads it: window 0 =
+     * 1 + max(2, grad D2H 2) = 3. bwd = 0.7 + 2 + 3 + 2 */
     o.clip = 0;
     k.n_buffer = 1;
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_double_equal(c.fwd_s, 4.1, EPS);
+    assert_double_equal(c.bwd_s, 7.7, EPS);
+    /* chunk 1's gradient lands at 0.7 + 2 + 3 = 5.7 -> 7.7, chunk 0's at 7.7 -> 9.7 */
+    assert_double_equal(c.cpu_finish_s, 9.7, EPS);
+    assert_double_equal(c.iter_s, 4.1 + 9.7, EPS);
+    assert_int_equal(c.h2d_bytes, 300);
+    assert_int_equal(c.h2d_sync_bytes, 300);
+    assert_double_equal(c.sync_xfer_s, 3.0, EPS);
+    assert_double_equal(c.exposed_xfer_s, 1 + 1 + 1 + 1.8, EPS);
+    assert_int_equal(c.n_buffer_min, 2);
+    assert_int_equal(c.n_buffer_min_block, 1);
+    assert_int_equal(c.buffer_bytes, 200);
+    assert_int_equal(c.peak_bytes, 200 + 3 + 2047);
+    /* zero slots cannot run block 0 at all: refused with both minimums named */
+    k.n_buffer = 0;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_ERR_INVALID_ARG);
-    assert_non_null(strstr(err, "n_buffer=1"));
+    assert_non_null(strstr(err, "n_buffer=0 is below the one-block minimum 1"));
+    assert_non_null(strstr(err, "lookahead minimum, which lets every prefetch overlap, is 2"));
     pt_cost_ctx_free(cx);
     pt_trace_free(&t);
 }
@@ -245,10 +277,11 @@ static void test_peak_monotone_in_persist(void **state) {
         pt_cost_ctx *cx;
         char err[256];
         assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-        int K = t.n_chunk, nb = pt_cost_buffer_min(cx, 0);
+        int nb = pt_cost_buffer_min(cx, 0);
         for (int c = 0; c <= 4; c += 2) {
             uint64_t prev = 0;
-            for (int p = 0; p + nb <= K; p++) {
+            /* while the pool really has nb slots (the runtime allocates at most |Q|) */
+            for (int p = 0; nb <= pt_cost_n_offloaded(cx, p); p++) {
                 uint64_t pk = peak_of(cx, p, nb, 1, c);
                 assert_true(pk >= prev);
                 prev = pk;
@@ -320,6 +353,135 @@ static void test_bad_trace_rejected(void **state) {
     pt_trace_free(&t);
 }
 
+/* Exact footprints from the profiler replace the formulas, chunk by chunk. */
+static void test_exact_footprints(void **state) {
+    (void)state;
+    pt_trace t;
+    synth s = big();
+    build(&t, &s);
+    pt_cost_ctx *cx;
+    char err[256];
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    pt_cost_opts o = {1.0, 0, 0, 0, 0};
+    int K = t.n_chunk;
+    pt_knobs all = {K, 0, 0, 0}, half = {K / 2, pt_cost_buffer_min(cx, K / 2), 0, 0};
+    pt_cost c0, h0, c1, h1;
+    assert_int_equal(pt_cost_eval(cx, &o, &all, &c0, err, sizeof err), PT_OK);
+    assert_int_equal(pt_cost_eval(cx, &o, &half, &h0, err, sizeof err), PT_OK);
+    pt_cost_ctx_free(cx);
+    /* every device allocation of a persistent chunk rounded up to 256 bytes
+     * (5 of them: param, grad, m, v, master), like the runtime's allocator;
+     * offloaded chunks' pinned copies 100 bytes over the formula */
+    uint64_t dev_extra = 0, host_extra = 0;
+    for (int k = 0; k < K; k++) {
+        pt_trace_chunk *ch = &t.chunks[k];
+        uint64_t f = pt_trace_chunk_dev_state(&t, ch), n = ch->trainable_elems;
+        uint64_t r = 2 * ((ch->bytes + 255) / 256 * 256) + 3 * ((n * 4 + 255) / 256 * 256);
+        ch->dev_bytes = r + 256 * (uint64_t)(k % 3);   /* something the formula cannot know */
+        dev_extra += ch->dev_bytes - f;
+        if (k >= K / 2 && !ch->mandatory) {
+            ch->host_bytes = pt_trace_chunk_host_state(&t, ch) + 100;
+            host_extra += 100;
+        }
+    }
+    assert_true(dev_extra > 0);
+    assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_OK);
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    assert_int_equal(pt_cost_eval(cx, &o, &all, &c1, err, sizeof err), PT_OK);
+    assert_int_equal(pt_cost_eval(cx, &o, &half, &h1, err, sizeof err), PT_OK);
+    /* all resident: the model states are exactly the sum of dev_bytes */
+    uint64_t want = 0;
+    for (int k = 0; k < K; k++) want += t.chunks[k].dev_bytes;
+    assert_int_equal(c1.model_state_bytes, want);
+    assert_int_equal(c1.model_state_bytes - c0.model_state_bytes, dev_extra);
+    assert_int_equal(c1.peak_bytes - c0.peak_bytes, dev_extra);
+    /* half offloaded: pinned host bytes use host_bytes, time is unchanged */
+    assert_int_equal(h1.host_bytes - h0.host_bytes, host_extra);
+    assert_true(h1.model_state_bytes > h0.model_state_bytes);
+    assert_true(h1.iter_s == h0.iter_s);
+    pt_cost_ctx_free(cx);
+    /* values the runtime cannot produce are refused, naming the field */
+    uint64_t keep = t.chunks[3].dev_bytes;
+    t.chunks[3].dev_bytes = t.chunks[3].bytes - 1;   /* cannot even hold the params */
+    assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "chunk 3 dev_bytes"));
+    t.chunks[3].dev_bytes = 1ull << 40;                /* units mixed up */
+    assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_ERR_INVALID_ARG);
+    t.chunks[3].dev_bytes = keep;
+    t.chunks[K - 2].host_bytes = 7;
+    assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "host_bytes"));
+    pt_trace_free(&t);
+}
+
+/* Below the lookahead minimum time is not monotone in general, but the
+ * bounds the searcher prunes with must hold: forward time non-increasing in
+ * n_buffer from the one-block minimum, and pt_cost_time_lb_small below the
+ * time of every n_buffer under the lookahead minimum. */
+static void test_bounds_below_lookahead(void **state) {
+    (void)state;
+    long checked = 0, below = 0;
+    for (int variant = 0; variant < 4; variant++) {
+        pt_trace t;
+        synth s = big();
+        s.cpb = 3;
+        s.engines = 1 + variant % 2;
+        s.cpu = variant < 2 ? 2e8 : 2e6;   /* transfer-bound, then CPU-bound */
+        build(&t, &s);
+        /* share the boundary chunk of every block pair (a chunk used by both) */
+        for (int k = 1; k + 1 < t.n_chunk; k++)
+            if (t.chunks[k].first_block >= 0 && k % 3 == 0 && t.chunks[k].first_block + 1 < t.n_block)
+                t.chunks[k].last_block = t.chunks[k].first_block + 1;
+        pt_trace_derive_ranges(&t);
+        pt_cost_ctx *cx;
+        char err[256];
+        assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+        uint8_t *modes = malloc((size_t)t.n_block);
+        pt_act_profile a;
+        assert_int_equal(pt_act_init(cx, &a), PT_OK);
+        for (int clip = 0; clip < 2; clip++)
+            for (int sc = 0; sc < 3; sc++) {
+                assert_int_equal(pt_place_blocks(t.n_block, sc == 2, sc, pt_cost_swap_interval(cx), modes, NULL, 0),
+                                 PT_OK);
+                pt_act_compute(cx, modes, &a);
+                pt_cost_opts o = {1.0, 0, 0, clip, 0};
+                for (int p = 0; p <= t.n_chunk; p++) {
+                    int lo1 = pt_cost_buffer_min_block(cx, p), lo2 = pt_cost_buffer_min(cx, p);
+                    int q = pt_cost_n_offloaded(cx, p);
+                    double prev_fwd = INFINITY;
+                    pt_cost at, c;
+                    for (int nb = lo1; nb <= q; nb++) {
+                        pt_cost_time(cx, &a, p, nb, &o, &c);
+                        assert_true(c.fwd_s <= prev_fwd + 1e-12);
+                        prev_fwd = c.fwd_s;
+                        assert_true(c.iter_s >= pt_cost_time_lb(cx, &a, p, nb, &o) - 1e-12);
+                    }
+                    if (lo1 >= lo2) continue;
+                    for (int ref = lo2; ref <= q; ref++) {
+                        pt_cost_time(cx, &a, p, ref, &o, &at);
+                        double cheap = pt_cost_time_lb_small(cx, &a, p, -1, &at);
+                        for (int top = lo1; top < lo2; top++) {
+                            double lb = pt_cost_time_lb_small(cx, &a, p, top, &at);
+                            assert_true(lb >= cheap - 1e-12);
+                            for (int nb = lo1; nb <= top; nb++) {
+                                pt_cost_time(cx, &a, p, nb, &o, &c);
+                                assert_true(c.iter_s >= lb - 1e-9);
+                                checked++;
+                                below += c.h2d_sync_bytes > 0;
+                            }
+                        }
+                    }
+                }
+            }
+        pt_act_free(&a);
+        free(modes);
+        pt_cost_ctx_free(cx);
+        pt_trace_free(&t);
+    }
+    assert_true(checked > 1000);
+    assert_true(below == checked);   /* below the lookahead minimum some gather always waits */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hand_all_resident),
@@ -329,6 +491,8 @@ int main(void) {
         cmocka_unit_test(test_peak_monotone_in_persist),
         cmocka_unit_test(test_time_monotone_in_buffers),
         cmocka_unit_test(test_bad_trace_rejected),
+        cmocka_unit_test(test_exact_footprints),
+        cmocka_unit_test(test_bounds_below_lookahead),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

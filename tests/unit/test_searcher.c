@@ -24,6 +24,8 @@
 typedef struct synth {
     int n_block, cpb, engines;
     double tf, fwd, d2h;
+    int share;     /* the last chunk of each block is also used by the next one */
+    double cpu;    /* CPU Adam elements/s; 0 = 1e9 */
 } synth;
 
 /* Blocks with 2..3 chunks of varying size, mandatory embedding/head chunks. */
@@ -33,13 +35,14 @@ static void build(pt_trace *t, const synth *s) {
     assert_int_equal(pt_trace_alloc(t, s->n_block, K, NULL, 0), PT_OK);
     int k = 0;
     const uint64_t MB = 1 << 20;
-    t->chunks[k++] = (pt_trace_chunk){8 * MB, 4 * MB, 4 * MB, -1, -1, 1, 0};
+    t->chunks[k++] = (pt_trace_chunk){8 * MB, 4 * MB, 4 * MB, -1, -1, 1, 0, 0, 0};
     for (int b = 0; b < s->n_block; b++)
         for (int j = 0; j < s->cpb; j++) {
             uint64_t by = (6 + (uint64_t)((b * 3 + j) % 3)) * MB, el = by / 2;
-            t->chunks[k++] = (pt_trace_chunk){by, el, (uint64_t)(s->tf * (double)el), b, b, 0, 0};
+            int last = (s->share && j == s->cpb - 1 && b + 1 < s->n_block) ? b + 1 : b;
+            t->chunks[k++] = (pt_trace_chunk){by, el, (uint64_t)(s->tf * (double)el), b, last, 0, 0, 0, 0};
         }
-    t->chunks[k++] = (pt_trace_chunk){4 * MB, 2 * MB, 2 * MB, -1, -1, 1, 0};
+    t->chunks[k++] = (pt_trace_chunk){4 * MB, 2 * MB, 2 * MB, -1, -1, 1, 0, 0, 0};
     for (int b = 0; b < s->n_block; b++)
         t->blocks[b] = (pt_trace_block){s->fwd * (1 + 0.1 * (b % 2)), 2 * s->fwd, s->fwd, (20 + (uint64_t)b) * MB, MB,
                                          2 * MB, 3 * MB, 2 * MB, 0, 0};
@@ -53,7 +56,7 @@ static void build(pt_trace *t, const synth *s) {
     t->head_bwd_s = 0.004;
     t->nonblock_bytes = 5 * MB;
     t->nonblock_scratch_bytes = 4 * MB;
-    t->hw = (pt_trace_hw){2e9, s->d2h, 1e9, 2e10, 0, s->engines, 0, 0, 1ull << 30};
+    t->hw = (pt_trace_hw){2e9, s->d2h, s->cpu > 0 ? s->cpu : 1e9, 2e10, 0, s->engines, 0, 0, 1ull << 30};
     t->key.world_size = 1;
     t->key.version = PT_TRACE_VERSION;
     snprintf(t->key.device, sizeof t->key.device, "test");
@@ -88,7 +91,7 @@ static best brute(const pt_trace *t, const pt_search_opts *o) {
     for (int c = 0; c <= N; c++)
         for (int s = 0; s <= cap && s + c <= N; s++)
             for (int p = 0; p <= K; p++)
-                for (int nb = pt_cost_buffer_min(cx, p); nb <= K - p; nb++) {
+                for (int nb = pt_cost_buffer_min_block(cx, p); nb <= K - p; nb++) {
                     pt_knobs k = {p, nb, s, c};
                     if ((o->n_persist >= 0 && p != o->n_persist) || (o->n_buffer >= 0 && nb != o->n_buffer) ||
                         (o->n_swap >= 0 && s != o->n_swap) || (o->n_checkpoint >= 0 && c != o->n_checkpoint))
@@ -119,7 +122,16 @@ static best brute(const pt_trace *t, const pt_search_opts *o) {
     return b;
 }
 
-static int n_feasible, n_offloading;
+static int32_t pt_cost_buffer_min_block_of(const pt_trace *t, int32_t p) {
+    pt_cost_ctx *cx;
+    char err[256];
+    assert_int_equal(pt_cost_ctx_new(t, &cx, err, sizeof err), PT_OK);
+    int32_t m = pt_cost_buffer_min_block(cx, p);
+    pt_cost_ctx_free(cx);
+    return m;
+}
+
+static int n_feasible, n_offloading, n_below_lookahead;
 
 static void expect_same(const pt_trace *t, const pt_search_opts *o) {
     best b = brute(t, o);
@@ -141,6 +153,12 @@ static void expect_same(const pt_trace *t, const pt_search_opts *o) {
         assert_true(plan.cost.peak_bytes <= plan.budget);
         n_feasible++;
         if (plan.knobs.n_persist < t->n_chunk) n_offloading++;
+        assert_int_equal(plan.cost.n_buffer_min_block, pt_cost_buffer_min_block_of(t, plan.knobs.n_persist));
+        assert_true(plan.knobs.n_buffer >= plan.cost.n_buffer_min_block);
+        if (plan.knobs.n_buffer < plan.cost.n_buffer_min) {
+            n_below_lookahead++;
+            assert_true(plan.cost.h2d_sync_bytes > 0);
+        }
     }
     pt_plan_free(&plan);
 }
@@ -149,7 +167,8 @@ static void test_matches_brute_force(void **state) {
     (void)state;
     const uint64_t MB = 1 << 20;
     synth cases[] = {
-        {5, 2, 2, 1.0, 0.004, 2e9}, {5, 2, 1, 1.0, 0.004, 2e9}, {6, 2, 2, 0.0, 0.002, 1e9}, {4, 3, 2, 0.3, 0.02, 8e9},
+        {5, 2, 2, 1.0, 0.004, 2e9, 0, 0}, {5, 2, 1, 1.0, 0.004, 2e9, 0, 0}, {6, 2, 2, 0.0, 0.002, 1e9, 0, 0},
+        {4, 3, 2, 0.3, 0.02, 8e9, 0, 0},
     };
     uint64_t caps[] = {150, 180, 220, 260, 330, 420, 600, 1000};
     long runs = 0;
@@ -182,10 +201,180 @@ static void test_matches_brute_force(void **state) {
     assert_true(n_feasible - n_offloading >= 4);
 }
 
+/* Layouts whose consecutive blocks share a chunk (lookahead minimum well
+ * above the one-block minimum), transfer- and CPU-bound, under capacities
+ * from tight to loose: the plans below the lookahead minimum, the deferred
+ * scoring of small pools and the final fewest-buffers scan all face brute
+ * force. */
+static void test_matches_brute_force_small_pools(void **state) {
+    (void)state;
+    const uint64_t MB = 1 << 20;
+    synth cases[] = {
+        {5, 3, 2, 1.0, 0.004, 2e9, 1, 0},    {5, 3, 1, 1.0, 0.004, 2e9, 1, 3e7},
+        {4, 3, 2, 0.5, 0.01, 4e9, 1, 1e7},   {6, 2, 2, 1.0, 0.002, 2e9, 1, 2e7},
+    };
+    uint64_t caps[] = {120, 140, 160, 180, 200, 230, 270, 330};
+    int before_below = n_below_lookahead, before_feasible = n_feasible;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pt_trace t;
+        build(&t, &cases[i]);
+        for (size_t j = 0; j < sizeof caps / sizeof caps[0]; j++)
+            for (int clip = 0; clip < 2; clip++) {
+                pt_search_opts o;
+                pt_search_opts_default(&o);
+                o.capacity = caps[j] * MB;
+                o.cost.clip = clip;
+                o.cost.frag = j % 2 ? 1.05 : 1.0;
+                expect_same(&t, &o);
+                /* every small pool scored only at the end: the deferred path alone */
+                o.defer_small = 1;
+                expect_same(&t, &o);
+            }
+        pt_trace_free(&t);
+    }
+    assert_true(n_feasible - before_feasible >= 60);
+    assert_true(n_below_lookahead - before_below >= 16);   /* small pools do win under tight capacity */
+}
+
+static unsigned rnd_state = 7;
+static double unif(void) {
+    rnd_state = rnd_state * 1103515245u + 12345u;
+    return ((rnd_state >> 8) & 0xffffff) / 16777216.0;
+}
+
+/* Random layouts (shared chunks, frozen chunks, uneven sizes) and hardware
+ * (either copy-engine count, CPU from starved to fast), random capacity and
+ * clipping, with and without deferred scoring: always the brute-force plan. */
+static void test_matches_brute_force_random(void **state) {
+    (void)state;
+    const uint64_t MB = 1 << 20;
+    int before = n_feasible, before_below = n_below_lookahead;
+    for (int trial = 0; trial < 150; trial++) {
+        int N = 2 + (int)(unif() * 4), cpb = 1 + (int)(unif() * 3), K = N * cpb + 2;
+        pt_trace t;
+        pt_trace_init(&t);
+        assert_int_equal(pt_trace_alloc(&t, N, K, NULL, 0), PT_OK);
+        int k = 0;
+        t.chunks[k++] = (pt_trace_chunk){.bytes = 8 * MB, .elems = 4 * MB, .trainable_elems = 4 * MB,
+                                         .first_block = -1, .last_block = -1, .mandatory = 1};
+        for (int b = 0; b < N; b++)
+            for (int j = 0; j < cpb; j++) {
+                uint64_t by = (4 + (uint64_t)(unif() * 5)) * MB, el = by / 2;
+                int last = (j == cpb - 1 && b + 1 < N && unif() < 0.7) ? b + 1 : b;
+                t.chunks[k++] = (pt_trace_chunk){.bytes = by, .elems = el, .trainable_elems = unif() < 0.9 ? el : 0,
+                                                 .first_block = b, .last_block = last};
+            }
+        t.chunks[k++] = (pt_trace_chunk){.bytes = 4 * MB, .elems = 2 * MB, .trainable_elems = 2 * MB,
+                                         .first_block = -1, .last_block = -1, .mandatory = 1};
+        double fwd = 0.001 + unif() * 0.01;
+        for (int b = 0; b < N; b++)
+            t.blocks[b] = (pt_trace_block){fwd * (0.8 + 0.4 * unif()), 2 * fwd, fwd, (10 + (uint64_t)(unif() * 20)) * MB,
+                                           MB, 2 * MB, 3 * MB, 2 * MB, 0, 0};
+        pt_trace_derive_ranges(&t);
+        t.chunk_size = 8 * MB;
+        t.param_elem_bytes = t.grad_elem_bytes = 2;
+        t.master_elem_bytes = t.adam_m_elem_bytes = t.adam_v_elem_bytes = t.host_grad_elem_bytes = 4;
+        t.slot_bytes = 16 * MB;
+        t.embed_fwd_s = t.embed_bwd_s = 0.001;
+        t.head_fwd_s = 0.002;
+        t.head_bwd_s = 0.004;
+        t.nonblock_bytes = 5 * MB;
+        t.nonblock_scratch_bytes = 4 * MB;
+        t.hw = (pt_trace_hw){2e8 + unif() * 4e9, 2e8 + unif() * 4e9, 3e6 + unif() * 1e9, 2e10, 0, 1 + (unif() < 0.5),
+                             0, 0, 1ull << 30};
+        t.key.world_size = 1;
+        t.key.version = PT_TRACE_VERSION;
+        for (int d = 0; d < 2; d++) {
+            pt_search_opts o;
+            pt_search_opts_default(&o);
+            o.capacity = (uint64_t)((60 + unif() * 200) * (double)MB);
+            o.cost.clip = unif() < 0.3;
+            o.defer_small = d;
+            expect_same(&t, &o);
+        }
+        pt_trace_free(&t);
+    }
+    printf("random layouts: %d feasible searches, %d plans below the lookahead minimum\n", n_feasible - before,
+           n_below_lookahead - before_below);
+    assert_true(n_feasible - before >= 90);
+    assert_true(n_below_lookahead - before_below >= 30);
+}
+
+/* A fixed n_buffer between the one-block and the lookahead minimum is a valid
+ * plan: predicted with the synchronous uploads exposed. Below the one-block
+ * minimum the search fails naming both numbers, not host RAM. */
+static void test_fixed_small_buffer(void **state) {
+    (void)state;
+    const uint64_t MB = 1 << 20;
+    synth s = {5, 3, 2, 1.0, 0.004, 2e9, 1, 0};
+    pt_trace t;
+    build(&t, &s);
+    pt_cost_ctx *cx;
+    char err[512];
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    int lo1 = pt_cost_buffer_min_block(cx, 0), lo2 = pt_cost_buffer_min(cx, 0);
+    assert_true(lo1 + 2 <= lo2);   /* shared chunks: a real gap between the two */
+    pt_search_opts o;
+    pt_search_opts_default(&o);
+    o.capacity = 1ull << 30;
+    o.n_persist = 0;
+    o.host_ram = 20ull << 30;
+    pt_plan plan, at2;
+    pt_plan_init(&plan);
+    pt_plan_init(&at2);
+    o.n_buffer = lo2;
+    assert_int_equal(pt_search(&t, &o, &at2, err, sizeof err), PT_OK);
+    o.n_buffer = lo1;
+    assert_int_equal(pt_search(&t, &o, &plan, err, sizeof err), PT_OK);
+    assert_int_equal(plan.knobs.n_buffer, lo1);
+    assert_int_equal(plan.cost.n_buffer_min_block, lo1);
+    assert_int_equal(plan.cost.n_buffer_min, lo2);
+    /* smaller pool, more waiting */
+    assert_true(plan.cost.peak_bytes < at2.cost.peak_bytes);
+    assert_true(plan.cost.h2d_sync_bytes > at2.cost.h2d_sync_bytes);
+    assert_true(plan.cost.sync_xfer_s > 0);
+    assert_true(plan.cost.exposed_xfer_s >= plan.cost.sync_xfer_s - 1e-12);
+    assert_true(plan.cost.iter_s > at2.cost.iter_s);
+    char *tx = pt_plan_text(&plan);
+    assert_non_null(tx);
+    char want[128];
+    snprintf(want, sizeof want, "(one-block minimum %d, lookahead minimum %d)", lo1, lo2);
+    assert_non_null(strstr(tx, want));
+    assert_non_null(strstr(tx, "below the lookahead minimum"));
+    free(tx);
+    tx = pt_plan_json(&plan);
+    assert_non_null(tx);
+    assert_non_null(strstr(tx, "\"h2d_sync_bytes\""));
+    free(tx);
+    /* one below the one-block minimum: the runtime could not gather a block */
+    o.n_buffer = lo1 - 1;
+    assert_int_equal(pt_search(&t, &o, &plan, err, sizeof err), PT_ERR_INFEASIBLE);
+    char num[160];
+    snprintf(num, sizeof num, "n_buffer=%d is below the one-block minimum %d for n_persist=0", lo1 - 1, lo1);
+    if (!strstr(err, num)) fprintf(stderr, "%s\n", err);
+    assert_non_null(strstr(err, num));
+    assert_null(strstr(err, "host RAM"));
+    /* n_persist searched: still the buffer, with the closest n_persist */
+    o.n_persist = -1;
+    o.n_buffer = 0;
+    o.capacity = 40 * MB;   /* only all-resident would take 0 buffers, and it does not fit */
+    assert_int_equal(pt_search(&t, &o, &plan, err, sizeof err), PT_ERR_INFEASIBLE);
+    assert_null(strstr(err, "host RAM"));
+    assert_non_null(strstr(err, "needs at least"));   /* n_persist = n_chunk accepts 0: the device is the reason */
+    o.n_buffer = 1;
+    o.n_persist = 2;   /* block 0's three chunks stream: one slot cannot hold them */
+    assert_int_equal(pt_search(&t, &o, &plan, err, sizeof err), PT_ERR_INFEASIBLE);
+    assert_non_null(strstr(err, "n_buffer=1 is below the one-block minimum"));
+    pt_plan_free(&plan);
+    pt_plan_free(&at2);
+    pt_cost_ctx_free(cx);
+    pt_trace_free(&t);
+}
+
 static void test_overrides(void **state) {
     (void)state;
     const uint64_t MB = 1 << 20;
-    synth s = {6, 2, 2, 1.0, 0.004, 2e9};
+    synth s = {6, 2, 2, 1.0, 0.004, 2e9, 0, 0};
     pt_trace t;
     build(&t, &s);
     pt_search_opts o;
@@ -241,7 +430,7 @@ static void test_overrides(void **state) {
 static void test_capacity_monotone(void **state) {
     (void)state;
     pt_trace t;
-    synth s = {8, 2, 2, 1.0, 0.003, 3e9};
+    synth s = {8, 2, 2, 1.0, 0.003, 3e9, 0, 0};
     build(&t, &s);
     pt_plan plan;
     pt_plan_init(&plan);
@@ -281,7 +470,7 @@ static void test_capacity_monotone(void **state) {
 static void test_infeasible_states_capacity(void **state) {
     (void)state;
     pt_trace t;
-    synth s = {6, 2, 2, 1.0, 0.004, 2e9};
+    synth s = {6, 2, 2, 1.0, 0.004, 2e9, 0, 0};
     build(&t, &s);
     pt_plan plan;
     pt_plan_init(&plan);
@@ -354,7 +543,9 @@ static void test_shape_trace_respects_capacity(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_matches_brute_force),       cmocka_unit_test(test_overrides),
+        cmocka_unit_test(test_matches_brute_force),       cmocka_unit_test(test_matches_brute_force_small_pools),
+        cmocka_unit_test(test_matches_brute_force_random), cmocka_unit_test(test_fixed_small_buffer),
+        cmocka_unit_test(test_overrides),
         cmocka_unit_test(test_capacity_monotone),         cmocka_unit_test(test_infeasible_states_capacity),
         cmocka_unit_test(test_shape_trace_respects_capacity),
     };

@@ -56,6 +56,11 @@ static void sample(pt_trace *t) {
     char err[256];
     assert_int_equal(pt_shape_trace(&m, &hw, 4 << 20, t, err, sizeof err), PT_OK);
     t->blocks[3].fwd_s = 1.0 / 3.0;   /* a value that needs all 64 bits */
+    /* exact footprints on some chunks (as the profiler fills them), 0 on others */
+    for (int32_t k = 0; k < t->n_chunk; k += 2) {
+        t->chunks[k].dev_bytes = pt_trace_chunk_dev_state(t, &t->chunks[k]) + 256 * (uint64_t)(k % 5) + 17;
+        t->chunks[k].host_bytes = pt_trace_chunk_host_state(t, &t->chunks[k]) + (uint64_t)k;
+    }
 }
 
 static void assert_same(const pt_trace *a, const pt_trace *b) {
@@ -108,6 +113,9 @@ static void test_round_trip(void **state) {
     assert_int_equal(pt_trace_cache_load(dir, &t.key, &u, warn, sizeof warn), PT_CACHE_HIT);
     assert_string_equal(warn, "");
     assert_same(&t, &u);
+    assert_true(u.chunks[0].dev_bytes > 0 && u.chunks[2].host_bytes > 0);
+    assert_int_equal(pt_trace_chunk_dev_state(&u, &u.chunks[0]), t.chunks[0].dev_bytes);
+    assert_int_equal(pt_trace_chunk_host_state(&u, &u.chunks[2]), t.chunks[2].host_bytes);
     /* exactly one file, no temp left behind */
     DIR *d = opendir(dir);
     int files = 0;
