@@ -114,11 +114,26 @@ static int choose_layout(pt_rt *rt, char *err, size_t errlen) {
     return rc;
 }
 
-/* Pinned bytes of one offloaded chunk (ARCHITECTURE.md decision 4: the real cost). */
+/* Pinned bytes of one offloaded chunk (ARCHITECTURE.md decision 4: the real cost),
+ * exactly as alloc_offloaded allocates them. */
 static uint64_t pinned_of(const cs_chunk *c, int with_gacc) {
+    if (!c->trainable) return c->used;              /* h_param only */
     uint64_t b = 2 * c->used + 8 * c->n_state;    /* h_param, h_gstage, m, v */
     if (c->has16) b += 4 * c->n_state;             /* fp32 masters */
     if (with_gacc) b += 4 * c->n_state;
+    return b;
+}
+
+uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c) { return pinned_of(c, 0); }
+
+/* Device bytes of one resident chunk as alloc_persistent and pt_ms_optimizer_init
+ * allocate them, each allocation rounded like the allocator rounds it. */
+uint64_t pt_ms_chunk_dev_bytes(const cs_chunk *c) {
+    uint64_t b = pt_gpu_round_size(c->used);                    /* d_param */
+    if (!c->trainable) return b;
+    uint64_t st = pt_gpu_round_size(c->n_state * 4);
+    b += pt_gpu_round_size(c->used) + 2 * st;                   /* d_grad, d_m, d_v */
+    if (c->has16) b += st;                                      /* d_master */
     return b;
 }
 

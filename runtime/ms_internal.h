@@ -83,6 +83,10 @@ struct pt_ms {
     pthread_mutex_t acct_mu;
 };
 
+/* model_state.c: exact footprints (the profiler writes them into the trace) */
+uint64_t pt_ms_chunk_dev_bytes(const cs_chunk *c);
+uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c);
+
 /* chunk_runtime.c */
 int pt_cs_init_runtime(pt_rt *rt, char *err, size_t errlen);
 void pt_cs_fini_runtime(pt_rt *rt);

@@ -313,6 +313,8 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
         tc->first_block = c->lc->mandatory_persistent ? -1 : c->lc->block_first;
         tc->last_block = c->lc->mandatory_persistent ? -1 : c->lc->block_last;
         tc->mandatory = c->lc->mandatory_persistent || c->lc->oversize;
+        tc->dev_bytes = pt_ms_chunk_dev_bytes(c);
+        tc->host_bytes = pt_ms_chunk_host_bytes(c);
     }
     pt_trace_derive_ranges(t);
     /* the head window holds the loss and the head's backward: split 1:2 like a
