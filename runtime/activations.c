@@ -35,6 +35,19 @@ const char *pt_acts_mode_name(int m) {
     return m == PT_ACT_CKPT ? "CKPT" : m == PT_ACT_SWAP ? "SWAP" : "NONE";
 }
 
+/* Window w (forward of block w) starts: the swapped arenas the plan released by
+ * now leave, waiting for their copies when those run late. */
+void pt_acts_pre_forward(pt_rt *rt, int32_t w) {
+    for (int j = 0; j < w && j < rt->n_blocks; j++) {
+        pt_arena *a = &rt->arena[j];
+        if (!a->swapping_out || a->done_at < 0 || a->done_at >= w) continue;
+        OPS(rt)->event_sync(IMPL(rt), a->ev_out);
+        pt_gpu_free(rt->gpu, a->ptr);
+        a->ptr = NULL;
+        a->swapping_out = 0;
+    }
+}
+
 int pt_acts_init(pt_rt *rt, const int32_t *modes, char *err, size_t errlen) {
     int n = rt->n_blocks;
     rt->arena = calloc((size_t)(n > 0 ? n : 1), sizeof *rt->arena);
@@ -45,6 +58,7 @@ int pt_acts_init(pt_rt *rt, const int32_t *modes, char *err, size_t errlen) {
     for (int b = 0; b < n; b++) {
         pt_arena *a = &rt->arena[b];
         a->mode = modes ? modes[b] : PT_ACT_NONE;
+        a->done_at = rt->swap_done ? rt->swap_done[b] : -1;
         if (a->mode == PT_ACT_SWAP && (OPS(rt)->event_create(IMPL(rt), &a->ev_out) ||
                                        OPS(rt)->event_create(IMPL(rt), &a->ev_in))) {
             ERR("cannot create swap events");
@@ -69,13 +83,16 @@ void pt_acts_fini(pt_rt *rt) {
     rt->arena = NULL;
 }
 
-/* Free the device copies of swapped-out arenas whose D2H finished (wait: all). */
+/* Free the device copies of swapped-out arenas (wait = 1: all of them, waiting
+ * for their copies). wait = 0 frees the finished ones that have no planned
+ * release point: with a plan, an arena leaves exactly when the plan said
+ * (pt_acts_pre_forward), so the measured peak is the predicted one. */
 void pt_acts_reap(pt_rt *rt, int wait) {
     for (int b = 0; b < rt->n_blocks; b++) {
         pt_arena *a = &rt->arena[b];
         if (!a->swapping_out) continue;
         if (wait) OPS(rt)->event_sync(IMPL(rt), a->ev_out);
-        else if (!OPS(rt)->event_query(IMPL(rt), a->ev_out)) continue;
+        else if (a->done_at >= 0 || !OPS(rt)->event_query(IMPL(rt), a->ev_out)) continue;
         pt_gpu_free(rt->gpu, a->ptr);
         a->ptr = NULL;
         a->swapping_out = 0;
@@ -185,7 +202,8 @@ static int swap_in_start(pt_rt *rt, int32_t b, char *err, size_t errlen) {
 
 int pt_acts_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
     pt_arena *a = &rt->arena[b];
-    pt_acts_reap(rt, 0);
+    /* the turn: every swap-out is over by the first backward window */
+    pt_acts_reap(rt, b == rt->n_blocks - 1);
     int rc = PT_OK;
     if (a->mode == PT_ACT_SWAP && a->live) {
         if ((rc = swap_in_start(rt, b, err, errlen))) return rc;

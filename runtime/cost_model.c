@@ -209,7 +209,8 @@ int pt_act_init(const pt_cost_ctx *cx, pt_act_profile *a) {
     a->fwd_swap_s = calloc((size_t)cx->N + 1, sizeof *a->fwd_swap_s);
     a->bwd_swap_in = calloc((size_t)cx->N + 1, sizeof *a->bwd_swap_in);
     a->work = calloc((size_t)cx->N + 2, sizeof *a->work);
-    if (!a->modes || !a->fwd_swap_s || !a->bwd_swap_in || !a->work) {
+    a->swap_done = calloc((size_t)cx->N, sizeof *a->swap_done);
+    if (!a->modes || !a->fwd_swap_s || !a->bwd_swap_in || !a->work || !a->swap_done) {
         pt_act_free(a);
         return PT_ERR_HOST_OOM;
     }
@@ -222,6 +223,7 @@ void pt_act_free(pt_act_profile *a) {
     free(a->fwd_swap_s);
     free(a->bwd_swap_in);
     free(a->work);
+    free(a->swap_done);
     memset(a, 0, sizeof *a);
 }
 
@@ -256,6 +258,7 @@ void pt_act_compute(const pt_cost_ctx *cx, const uint8_t *modes, pt_act_profile 
     int32_t w = 1;
     double left = N > 1 ? B[1].fwd_s : 0;   /* capacity left in window w */
     for (int32_t j = 0; j < N; j++) {
+        a->swap_done[j] = -1;
         if (modes[j] == PT_BLOCK_CKPT) a->recompute_s += B[j].recompute_s;
         if (modes[j] != PT_BLOCK_SWAP) continue;
         a->swap_pool += B[j].arena_bytes;
@@ -286,6 +289,9 @@ void pt_act_compute(const pt_cost_ctx *cx, const uint8_t *modes, pt_act_profile 
             left = w < N ? B[w].fwd_s : 0;
         }
         done_at[j] = (uint64_t)last;
+        /* a copy done inside block j's own window (none is: it starts after it)
+         * still holds the arena until window j+1 starts */
+        a->swap_done[j] = last > j ? last : j;
     }
     /* Memory walk. inputs = sum of input_bytes alive; kept = NONE arenas of
      * finished blocks; flight(w) = SWAP arenas j < w with done_at[j] >= w,

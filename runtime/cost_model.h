@@ -180,6 +180,11 @@ typedef struct pt_act_profile {
     double *fwd_swap_s;          /* [n_block + 1] swap-out seconds charged to fwd window b (n_block = turn) */
     uint64_t *bwd_swap_in;       /* [n_block + 1] swap-in bytes in bwd window b (n_block = turn) */
     int64_t *work;               /* [n_block + 2] internal */
+    int32_t *swap_done;          /* [n_block] SWAP block j: the last forward window (n_block =
+                                    turn) still holding its arena; the runtime frees the arena
+                                    at the start of the next window, waiting for its copy if
+                                    needed, so the measured peak is the predicted one. -1 for
+                                    other blocks. */
 } pt_act_profile;
 
 int pt_act_init(const pt_cost_ctx *cx, pt_act_profile *a);

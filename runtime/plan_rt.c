@@ -34,6 +34,8 @@ int pt_rt_replan_for_optimizer(pt_rt *rt, int clip, char *err, size_t errlen) {
 }
 
 void pt_rt_plan_free(pt_rt *rt) {
+    free(rt->swap_done);
+    rt->swap_done = NULL;
     if (rt->trace) pt_trace_free(rt->trace);
     free(rt->trace);
     rt->trace = NULL;
@@ -164,6 +166,19 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     rt->pred_peak = plan.cost.peak_bytes;
     rt->pred_iter_s = plan.cost.iter_s;
     rt->swap_interval = plan.swap_interval;
+    /* the plan's release window of each swapped arena (the cost model's swap-out
+     * schedule), so the runtime holds exactly what the prediction counted */
+    free(rt->swap_done);
+    rt->swap_done = NULL;
+    pt_cost_ctx *cx = NULL;
+    pt_act_profile ap;
+    if (!pt_cost_ctx_new(t, &cx, err, errlen) && !pt_act_init(cx, &ap)) {
+        pt_act_compute(cx, plan.modes, &ap);
+        rt->swap_done = malloc((size_t)plan.n_block * sizeof *rt->swap_done);
+        if (rt->swap_done) memcpy(rt->swap_done, ap.swap_done, (size_t)plan.n_block * sizeof *rt->swap_done);
+        pt_act_free(&ap);
+    }
+    pt_cost_ctx_free(cx);
     rt->kn.n_persist = plan.knobs.n_persist;
     rt->kn.n_buffer = plan.knobs.n_buffer;
     rt->kn.n_swap = plan.knobs.n_swap;

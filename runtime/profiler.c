@@ -161,44 +161,50 @@ void pt_prof_recompute(pt_rt *rt, int32_t b, double seconds) {
 
 /* ---- hardware rates ---- */
 
+/* Median of three timed copies of `bytes`, as bytes/s (0 on failure). */
 static double copy_rate(pt_rt *rt, void *dev, void *host, size_t bytes, int kind) {
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     pt_stream *s = kind == PT_GPU_H2D ? rt->s_h2d : rt->s_d2h;
-    double best = 0;
+    double dt[3];
     for (int r = 0; r < 3; r++) {
         double t0 = now_s();
         void *d = kind == PT_GPU_H2D ? dev : host;
         const void *src = kind == PT_GPU_H2D ? host : dev;
         if (pt_gpu_memcpy_async(rt->gpu, d, src, bytes, kind, s)) return 0;
         ops->stream_sync(pt_gpu_impl(rt->gpu), s);
-        double dt = now_s() - t0;
-        if (dt > 0 && bytes / dt > best) best = bytes / dt;
+        dt[r] = now_s() - t0;
     }
-    return best;
+    double lo = dt[0] < dt[1] ? dt[0] : dt[1], hi = dt[0] < dt[1] ? dt[1] : dt[0];
+    double med = dt[2] < lo ? lo : dt[2] > hi ? hi : dt[2];
+    return med > 0 ? (double)bytes / med : 0;
 }
 
+/* Copy rates at the size the plan moves most: the larger of a pool slot and the
+ * largest activation arena (a per-copy latency makes small copies look slower;
+ * measuring at a small size made swap-outs look twice as long as they are). */
 static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
     struct pt_ms *ms = rt->ms;
-    size_t bytes = (size_t)(ms->lay.chunk_size);
+    struct pt_prof *p = rt->prof;
+    size_t bytes = (size_t)(2 * ms->lay.chunk_size);
+    for (int b = 0; b < p->n; b++)
+        if (p->arena[b] > bytes) bytes = (size_t)p->arena[b];
     if (bytes < 65536) bytes = 65536;
     void *dev = NULL, *host = NULL;
     char e[256];
-    /* the pool's first slot is idle between steps; otherwise a temporary block */
     int own = 0;
-    if (ms->pool && pt_bufpool_n_slots(ms->pool) > 0 && pt_bufpool_slot_leases(ms->pool, 0) == 0) {
+    if (!pt_gpu_alloc(rt->gpu, bytes, PT_TAG_OTHER, &dev, e, sizeof e)) {
+        own = 1;
+    } else if (ms->pool && pt_bufpool_n_slots(ms->pool) > 0 &&
+               pt_bufpool_slot_leases(ms->pool, 0) == 0) {
+        /* no room for a block that size: the pool's first slot is idle now */
         dev = pt_bufpool_slot_ptr(ms->pool, 0);
         bytes = (size_t)pt_bufpool_slot_bytes(ms->pool);
         pt_bufpool_invalidate_all(ms->pool);
-    } else if (!pt_gpu_alloc(rt->gpu, bytes, PT_TAG_OTHER, &dev, e, sizeof e)) {
-        own = 1;
     }
     if (dev && !pt_gpu_pinned_alloc(rt->gpu, bytes, &host, e, sizeof e)) {
         memset(host, 0, bytes);
-        /* two sizes: small copies pay latency, the model mostly moves whole chunks */
-        double big_h = copy_rate(rt, dev, host, bytes, PT_GPU_H2D);
-        double big_d = copy_rate(rt, dev, host, bytes, PT_GPU_D2H);
-        hw->h2d_Bps = big_h;
-        hw->d2h_Bps = big_d;
+        hw->h2d_Bps = copy_rate(rt, dev, host, bytes, PT_GPU_H2D);
+        hw->d2h_Bps = copy_rate(rt, dev, host, bytes, PT_GPU_D2H);
         pt_gpu_pinned_free(rt->gpu, host);
     }
     if (own) pt_gpu_free(rt->gpu, dev);

@@ -197,6 +197,7 @@ int pt_rt_pre_step(pt_rt *rt, int64_t step, int32_t micro, int32_t n_micro, char
 
 int pt_rt_pre_forward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
     PROF(PT_PROF_PRE_FWD, 0);
+    pt_acts_pre_forward(rt, b);
     int rc = pt_ms_gather(rt, b, 0, err, errlen);
     PROF(PT_PROF_PRE_FWD, 1);
     return rc;

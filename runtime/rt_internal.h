@@ -14,6 +14,7 @@ typedef struct pt_arena {
     void *host;           /* SWAP: pinned copy */
     uint64_t host_bytes;
     int swapping_out, swapping_in;
+    int32_t done_at;      /* SWAP: the last forward window holding the arena (plan), -1 = none */
     pt_event *ev_out, *ev_in;
 } pt_arena;
 
@@ -67,6 +68,7 @@ struct pt_rt {
     uint64_t meas_peak;       /* measured at calibration (0: not yet) */
     double meas_iter_s;
     int swap_interval;        /* blocks of forward compute that hide one swap-out (>= 1) */
+    int32_t *swap_done;       /* [n_blocks] the plan's release window per SWAP arena, or NULL */
 };
 
 int pt_rt_block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen);
@@ -84,6 +86,7 @@ const char *pt_acts_mode_name(int m);
 int pt_acts_init(pt_rt *rt, const int32_t *modes, char *err, size_t errlen);
 void pt_acts_fini(pt_rt *rt);
 void pt_acts_reap(pt_rt *rt, int wait);
+void pt_acts_pre_forward(pt_rt *rt, int32_t w);
 int pt_acts_post_forward(pt_rt *rt, int32_t b, char *err, size_t errlen);
 int pt_acts_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen);
 int pt_acts_post_backward(pt_rt *rt, int32_t b);
