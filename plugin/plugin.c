@@ -97,8 +97,9 @@ static int profile(pt_ctx *c) {
     int rc = pt_rt_plan_from_cache(c->rt, &hit, c->err, sizeof c->err);
     if (rc || hit) return rc;
     pt_lifecycle saved = c->lc;
-    /* two passes: the first warms caches, page mappings and BLAS; the second is measured */
-    for (int pass = 0; pass < 2 && !rc; pass++) {
+    /* one warm-up pass (caches, page mappings, BLAS), then measured passes whose
+     * per-window medians go into the trace */
+    for (int pass = 0; pass < pt_rt_profile_passes() && !rc; pass++) {
         c->lc.state = PT_LC_READY;
         rc = pt_lc_pre_step(&c->lc, -1, 0, 1, c->err, sizeof c->err);
         if (!rc) rc = pt_rt_profile_begin(c->rt, c->err, sizeof c->err);

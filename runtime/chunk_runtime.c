@@ -36,7 +36,8 @@ static void *IMPL(pt_rt *rt) { return pt_gpu_impl(rt->gpu); }
 int pt_cs_init_runtime(pt_rt *rt, char *err, size_t errlen) {
     struct pt_ms *ms = rt->ms;
     int rc;
-    if ((rc = pt_gpu_alloc(rt->gpu, sizeof(double), PT_TAG_OTHER, (void **)&ms->norm_dev, err,
+    if ((rc = pt_gpu_alloc(rt->gpu, sizeof(double) * (size_t)ms->n_params, PT_TAG_OTHER,
+                           (void **)&ms->norm_dev, err,
                            errlen)))
         return rc;
     if (!ms->n_offloaded) return PT_OK;
@@ -399,28 +400,38 @@ static void wait_tasks(pt_rt *rt) {
         if (!ms->ch[k].persistent) pt_pool_wait(ms->workers, &ms->ch[k].tg);
 }
 
+/* Squared norms of the resident params' gradients: one device double per param
+ * (norm_dev[i]), all queued, then one copy back and one synchronisation. */
 static int device_norms(pt_rt *rt, char *err, size_t errlen) {
     struct pt_ms *ms = rt->ms;
     pt_model_v1 *m = rt->model;
-    for (int i = 0; i < m->n_params; i++) {
+    size_t bytes = sizeof(double) * (size_t)m->n_params;
+    double *host = malloc(bytes);
+    if (!host) {
+        ERR("out of host memory");
+        return PT_ERR_HOST_OOM;
+    }
+    int rc = OPS(rt)->memset_async(IMPL(rt), ms->norm_dev, 0, bytes, rt->s_compute);
+    for (int i = 0; i < m->n_params && !rc; i++) {
         if (ms->root[i] != i || !m->params[i].grad) continue;
         cs_chunk *c = &ms->ch[ms->lay.param_chunk[i]];
         if (!c->persistent) continue;
         uint64_t n = 1;
         for (int d = 0; d < m->params[i].ndim; d++) n *= (uint64_t)m->params[i].shape[d];
-        double part = 0.0;
-        OPS(rt)->memset_async(IMPL(rt), ms->norm_dev, 0, sizeof(double), rt->s_compute);
-        OPS(rt)->sqnorm(IMPL(rt), (char *)c->d_grad + ms->lay.param_offset[i], m->params[i].dtype,
-                        (size_t)n, ms->norm_dev, rt->s_compute);
-        int rc = pt_gpu_memcpy_async(rt->gpu, &part, ms->norm_dev, sizeof part, PT_GPU_D2H,
-                                     rt->s_compute);
-        if (!rc) rc = OPS(rt)->stream_sync(IMPL(rt), rt->s_compute);
-        if (rc) {
-            ERR("optimizer_step: gradient-norm reduction failed on the device");
-            return PT_ERR_BACKEND;
-        }
-        ms->psq[i] = part;
+        rc = OPS(rt)->sqnorm(IMPL(rt), (char *)c->d_grad + ms->lay.param_offset[i],
+                             m->params[i].dtype, (size_t)n, ms->norm_dev + i, rt->s_compute);
     }
+    if (!rc) rc = pt_gpu_memcpy_async(rt->gpu, host, ms->norm_dev, bytes, PT_GPU_D2H, rt->s_compute);
+    if (!rc) rc = OPS(rt)->stream_sync(IMPL(rt), rt->s_compute);
+    if (rc) {
+        free(host);
+        ERR("optimizer_step: gradient-norm reduction failed on the device");
+        return PT_ERR_BACKEND;
+    }
+    for (int i = 0; i < m->n_params; i++)
+        if (ms->root[i] == i && m->params[i].grad && ms->ch[ms->lay.param_chunk[i]].persistent)
+            ms->psq[i] = host[i];
+    free(host);
     return PT_OK;
 }
 

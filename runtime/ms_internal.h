@@ -69,7 +69,7 @@ struct pt_ms {
     pt_bufpool *pool;
     pt_event **slot_free;     /* [n_buffer] last D2H out of the slot done */
     pt_pool *workers;
-    double *norm_dev;         /* [1] device scalar for sqnorm */
+    double *norm_dev;         /* [n_params] device squared norms (clipping) */
     void *d_gtmp;             /* fp32 scratch for 16-bit persistent grads */
     uint64_t gtmp_elems;
     int gacc_ready;           /* h_gacc allocated */

@@ -55,9 +55,10 @@ static double now_s(void) {
 
 int pt_rt_profile_begin(pt_rt *rt, char *err, size_t errlen) {
     if (!rt->prof) rt->prof_t0 = now_s();
-    pt_prof_free(rt);     /* a second pass replaces the first (warm-up) one */
     return pt_prof_begin(rt, err, errlen);
 }
+
+int pt_rt_profile_passes(void) { return pt_prof_passes(); }
 
 void pt_rt_profile_abort(pt_rt *rt) { pt_prof_free(rt); }
 

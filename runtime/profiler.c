@@ -30,17 +30,24 @@
 
 #define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
 
+/* Timings are kept per pass: the first pass warms caches, page mappings and
+ * BLAS and is dropped; the trace takes the median of the others per window. */
+#define PROF_PASSES 4
+
 struct pt_prof {
     int n;
+    int pass;                       /* current pass, 0-based */
     double t_last_exit;             /* time the last hook returned */
     double t0, head_t0, ebwd_t0;
     uint64_t c0;                    /* bytes at the current window's start */
     uint64_t head_c0;
-    double *fwd, *bwd, *rec;        /* [n] seconds */
+    double *fwd, *bwd, *rec;        /* [PROF_PASSES][n] seconds */
     uint64_t *arena, *input, *fscr, *bscr;
     uint64_t nonblock, nonblock_scr;
-    double embed_fwd, embed_bwd, head;
+    double embed_fwd[PROF_PASSES], embed_bwd[PROF_PASSES], head[PROF_PASSES];
 };
+
+#define AT(arr, b) (arr)[(size_t)p->pass * (size_t)p->n + (size_t)(b)]
 
 static double now_s(void) {
     struct timespec ts;
@@ -65,11 +72,21 @@ static void window_start(pt_rt *rt) {
     pt_gpu_reset_peak(rt->gpu);
 }
 
+int pt_prof_passes(void) { return PROF_PASSES; }
+
 int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
+    if (rt->prof) {                  /* a further pass: keep the earlier passes' timings */
+        struct pt_prof *p = rt->prof;
+        if (p->pass + 1 < PROF_PASSES) p->pass++;
+        p->t0 = now_s();
+        window_start(rt);
+        return PT_OK;
+    }
     struct pt_prof *p = calloc(1, sizeof *p);
     int n = rt->n_blocks > 0 ? rt->n_blocks : 1;
-    if (!p || !(p->fwd = calloc((size_t)n, sizeof(double))) ||
-        !(p->bwd = calloc((size_t)n, sizeof(double))) || !(p->rec = calloc((size_t)n, sizeof(double))) ||
+    size_t tn = (size_t)n * PROF_PASSES;
+    if (!p || !(p->fwd = calloc(tn, sizeof(double))) ||
+        !(p->bwd = calloc(tn, sizeof(double))) || !(p->rec = calloc(tn, sizeof(double))) ||
         !(p->arena = calloc((size_t)n, 8)) || !(p->input = calloc((size_t)n + 1, 8)) ||
         !(p->fscr = calloc((size_t)n, 8)) || !(p->bscr = calloc((size_t)n, 8))) {
         rt->prof = p;
@@ -118,12 +135,12 @@ void pt_prof_hook(pt_rt *rt, int which, int32_t b, int exit) {
         switch (which) {
         case PT_PROF_PRE_FWD:
             if (b == 0) {
-                p->embed_fwd = t - p->t0;
+                p->embed_fwd[p->pass] = t - p->t0;
                 nonblock_window_end(rt);
             }
             break;
         case PT_PROF_POST_FWD: {
-            p->fwd[b] = t - p->t_last_exit;
+            AT(p->fwd, b) = t - p->t_last_exit;
             uint64_t pk = peak_bytes(rt), c1 = cur_bytes(rt);
             uint64_t ar = rt->arena[b].ptr ? pt_gpu_round_size(rt->arena[b].bytes) : 0;
             uint64_t grown = c1 > p->c0 + ar ? c1 - p->c0 - ar : 0;
@@ -135,12 +152,12 @@ void pt_prof_hook(pt_rt *rt, int which, int32_t b, int exit) {
         }
         case PT_PROF_PRE_BWD:
             if (b == p->n - 1) {
-                p->head = t - p->head_t0;
+                p->head[p->pass] = t - p->head_t0;
                 nonblock_window_end(rt);
             }
             break;
         case PT_PROF_POST_BWD: {
-            p->bwd[b] = t - p->t_last_exit;
+            AT(p->bwd, b) = t - p->t_last_exit;
             uint64_t pk = peak_bytes(rt);
             p->bscr[b] = pk > p->c0 ? pk - p->c0 : 0;
             break;
@@ -156,7 +173,23 @@ void pt_prof_hook(pt_rt *rt, int which, int32_t b, int exit) {
 }
 
 void pt_prof_recompute(pt_rt *rt, int32_t b, double seconds) {
-    if (rt->prof && b >= 0 && b < rt->prof->n) rt->prof->rec[b] = seconds;
+    struct pt_prof *p = rt->prof;
+    if (p && b >= 0 && b < p->n) AT(p->rec, b) = seconds;
+}
+
+/* Median over the measured passes (1..pass; pass 0 alone when it is the only one)
+ * of v[k * stride + off]. */
+static double med_passes(const struct pt_prof *p, const double *v, size_t stride, size_t off) {
+    double x[PROF_PASSES];
+    int lo = p->pass > 0 ? 1 : 0, k = 0;
+    for (int q = lo; q <= p->pass; q++) x[k++] = v[(size_t)q * stride + off];
+    for (int i = 1; i < k; i++)
+        for (int j = i; j > 0 && x[j - 1] > x[j]; j--) {
+            double tmp = x[j];
+            x[j] = x[j - 1];
+            x[j - 1] = tmp;
+        }
+    return k % 2 ? x[k / 2] : 0.5 * (x[k / 2 - 1] + x[k / 2]);
 }
 
 /* ---- hardware rates ---- */
@@ -290,7 +323,7 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
     struct pt_ms *ms = rt->ms;
     pt_model_v1 *m = rt->model;
     double tend = now_s();
-    p->embed_bwd = tend - p->ebwd_t0;
+    p->embed_bwd[p->pass] = tend - p->ebwd_t0;
     nonblock_window_end(rt);
     pt_trace_init(t);
     int rc = pt_trace_alloc(t, rt->n_blocks, ms->n_chunks, err, errlen);
@@ -299,9 +332,11 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
     t->chunk_size = ms->lay.chunk_size;
     for (int b = 0; b < rt->n_blocks; b++) {
         pt_trace_block *tb = &t->blocks[b];
-        tb->fwd_s = p->fwd[b];
-        tb->bwd_s = p->bwd[b];
-        tb->recompute_s = p->rec[b] > 0 ? p->rec[b] : p->fwd[b];
+        size_t n = (size_t)p->n;
+        tb->fwd_s = med_passes(p, p->fwd, n, (size_t)b);
+        tb->bwd_s = med_passes(p, p->bwd, n, (size_t)b);
+        double rec = med_passes(p, p->rec, n, (size_t)b);
+        tb->recompute_s = rec > 0 ? rec : tb->fwd_s;
         tb->arena_bytes = p->arena[b];
         tb->input_bytes = p->input[b];
         tb->fwd_scratch_bytes = p->fscr[b];
@@ -325,10 +360,11 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
     pt_trace_derive_ranges(t);
     /* the head window holds the loss and the head's backward: split 1:2 like a
      * linear layer's forward:backward FLOPs */
-    t->embed_fwd_s = p->embed_fwd;
-    t->embed_bwd_s = p->embed_bwd;
-    t->head_fwd_s = p->head / 3.0;
-    t->head_bwd_s = p->head - t->head_fwd_s;
+    double head = med_passes(p, p->head, 1, 0);
+    t->embed_fwd_s = med_passes(p, p->embed_fwd, 1, 0);
+    t->embed_bwd_s = med_passes(p, p->embed_bwd, 1, 0);
+    t->head_fwd_s = head / 3.0;
+    t->head_bwd_s = head - t->head_fwd_s;
     t->nonblock_bytes = p->nonblock;
     t->nonblock_scratch_bytes = p->nonblock_scr;
     int dt = m->n_params ? m->params[0].dtype : PT_F32;

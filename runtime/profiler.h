@@ -8,7 +8,10 @@
 
 enum { PT_PROF_PRE_FWD = 0, PT_PROF_POST_FWD = 1, PT_PROF_PRE_BWD = 2, PT_PROF_POST_BWD = 3 };
 
+/* Starts a pass; called again, starts the next pass keeping earlier timings
+ * (pass 0 is a warm-up, the trace takes the median of the rest). */
 int pt_prof_begin(pt_rt *rt, char *err, size_t errlen);
+int pt_prof_passes(void);
 /* Called at entry (exit = 0) and exit (exit = 1) of each block hook while profiling. */
 void pt_prof_hook(pt_rt *rt, int which, int32_t b, int exit);
 void pt_prof_recompute(pt_rt *rt, int32_t b, double seconds);
