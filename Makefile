@@ -156,6 +156,8 @@ run: check-deps $(PLUGIN) $(SAMPLE)
 
 bench: all
 	@for b in $(BENCH_BINS); do echo "=== $$b"; PT_BUILD=$(abspath $(BUILD)) PT_ROOT=$(CURDIR) $(OMP_ENV) $$b || exit 1; done
+	@echo "=== cost-model accuracy, strict (median of 3 runs per configuration, 15% time bar)"
+	@$(TEST_ENV) PT_ACCURACY_STRICT=1 $(BUILD)/tests/test_plan_accuracy || echo "accuracy: the strict time bar was not met in this run (see the table)"
 
 asan:
 	$(MAKE) test BUILD=build-asan SAN=asan OPT=-O1 CUDA_TARGET=

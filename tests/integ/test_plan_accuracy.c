@@ -1,0 +1,159 @@
+/*
+ * test_plan_accuracy.c — the cost model against the runtime (issue 6): sample_host
+ * through the plugin on the host backend with throttled copies, over a sweep of
+ * 12 knob settings fixed in the INI (the plugin still profiles and predicts them).
+ *
+ * Peak: predicted >= measured >= predicted / 1.05, asserted for every
+ * configuration. It is exact arithmetic on the plugin's own allocator (and the
+ * runtime releases swapped arenas on the plan's schedule), so it is deterministic.
+ *
+ * Time: the issue's bar is "within 15% of the measured median after warm-up".
+ * On the machines this project runs on (2-core VMs with steal time) the same step
+ * was measured 0.6x to 1.9x of itself in back-to-back runs of this sweep, and one
+ * profile feeds every prediction, so a 15% assertion in `make test` would fail
+ * on noise, not on the model. Here each configuration's median of 7 steps must be
+ * within [0.5, 2] of the prediction (a gross modelling error still fails);
+ * `make bench` runs the sweep with PT_ACCURACY_STRICT=1: three measurements per
+ * configuration (median) and the 15% bar asserted, and the README reports it.
+ *
+ * One profile serves every configuration (cache_dir: the first run profiles and
+ * stores the trace, the others hit it), so all predictions come from the same
+ * measurements.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "sh_harness.h"
+
+#define NL 4
+#define WARM 2
+#define MEAS 7
+
+static sh_harness H;
+
+static int setup(void **st) {
+    (void)st;
+    sh_harness_log_level = 0; /* errors only: calibration warnings are expected here */
+    return sh_harness_open(&H, "test_plan_accuracy",
+                           " !\"#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`"
+                           "abcdefghijklmnopqrstuvwxyz{|}~", 20000, 7, 1);
+}
+
+static int teardown(void **st) {
+    (void)st;
+    return sh_harness_close(&H);
+}
+
+typedef struct meas {
+    pt_stats_v1 st;
+    double median_s;
+} meas;
+
+/* Copies throttled to 400 MB/s: a block's chunks take about as long to upload as
+ * the block takes to compute, so the transfer terms of the model matter. */
+static void run(const char *knobs, meas *m) {
+    char text[1024];
+    snprintf(text, sizeof text, "[plugin]\nlog_level = error\nbackend = host\n[memory]\n"
+             "device_capacity = 256MiB\n[host_backend]\ncopy_bandwidth = 400MB/s\n[protrain]\n"
+             "chunk_size = 128KiB\ncache_dir = %s/cache\n%s\n", H.dir, knobs);
+    const char *path = sh_harness_ini(&H, "cfg", text);
+    assert_non_null(path);
+    sh_train_opts o = sh_harness_opts(&H, NL, 128, 4, 4, 64);
+    o.seed = 3;
+    o.lr = 1e-3f;
+    o.tbl = H.plug.table;
+    o.ini_path = path;
+    sh_trainer *tr = NULL;
+    char err[1024];
+    int rc = sh_trainer_create(&tr, &o, err, sizeof err);
+    if (rc) fail_msg("create (%s): %s", knobs, err);
+    double t[WARM + MEAS + 1], loss;
+    t[0] = sh_now_s();
+    for (int s = 1; s <= WARM + MEAS; s++) {
+        rc = sh_trainer_step(tr, s, 1e-3f, &loss);
+        if (rc) fail_msg("step %d: %s", s, sh_trainer_error(tr));
+        t[s] = sh_now_s();
+    }
+    double d[MEAS];
+    for (int i = 0; i < MEAS; i++) d[i] = t[WARM + i + 1] - t[WARM + i];
+    m->median_s = sh_median(d, MEAS);
+    memset(&m->st, 0, sizeof m->st);
+    m->st.struct_size = sizeof m->st;
+    assert_int_equal(sh_trainer_stats(tr, &m->st), 0);
+    assert_int_equal(sh_trainer_destroy(tr), 0);
+}
+
+static void test_sweep(void **st) {
+    (void)st;
+    /* n_persist counts the prefix in execution order; mandatory chunks stay too.
+     * A first run (all knobs searched) tells the chunk count N. */
+    meas first;
+    run("", &first);
+    int N = first.st.n_chunk;
+    assert_true(N > 8);
+    char all[4][96];
+    static const int allsc[4][2] = {{0, 0}, {0, 4}, {2, 0}, {1, 2}};
+    for (int k = 0; k < 4; k++)
+        snprintf(all[k], sizeof all[k], "n_persist = %d\nn_buffer = 0\nn_swap = %d\nn_checkpoint = %d",
+                 N, allsc[k][0], allsc[k][1]);
+    const char *cfg[] = {
+        all[0], all[1], all[2], all[3],
+        "n_persist = 0\nn_buffer = auto\nn_swap = 0\nn_checkpoint = 0",
+        "n_persist = 0\nn_buffer = auto\nn_swap = 0\nn_checkpoint = 4",
+        "n_persist = 0\nn_buffer = auto\nn_swap = 2\nn_checkpoint = 1",
+        "n_persist = 0\nn_buffer = 24\nn_swap = 0\nn_checkpoint = 2",
+        "n_persist = 6\nn_buffer = auto\nn_swap = 0\nn_checkpoint = 0",
+        "n_persist = 6\nn_buffer = 16\nn_swap = 1\nn_checkpoint = 1",
+        "n_persist = 10\nn_buffer = auto\nn_swap = 0\nn_checkpoint = 2",
+        "n_persist = 10\nn_buffer = auto\nn_swap = 2\nn_checkpoint = 2",
+    };
+    int n = (int)(sizeof cfg / sizeof cfg[0]);
+    int time_ok = 0;
+    const char *strict_env = getenv("PT_ACCURACY_STRICT");
+    int strict = strict_env && *strict_env && *strict_env != '0';
+    printf("  %-3s %-4s %-4s %-4s %-4s | %12s %12s %7s | %9s %9s %7s\n", "#", "np", "nb", "sw", "ck",
+           "pred peak", "meas peak", "ratio", "pred s", "meas s", "ratio");
+    for (int i = 0; i < n; i++) {
+        meas m;
+        run(cfg[i], &m);
+        double tr = m.median_s / m.st.pred_iter_s;
+        if (strict) {   /* median of three measurements (see header) */
+            double r[3] = {tr, 0, 0};
+            for (int k = 1; k < 3; k++) {
+                meas m2;
+                run(cfg[i], &m2);
+                r[k] = m2.median_s / m2.st.pred_iter_s;
+            }
+            tr = sh_median(r, 3);
+            m.median_s = tr * m.st.pred_iter_s;
+        }
+        double pr = (double)m.st.pred_peak / (double)m.st.dev_peak;
+        printf("  %-3d %-4d %-4d %-4d %-4d | %12llu %12llu %7.4f | %9.4f %9.4f %7.3f\n", i,
+               m.st.n_persist, m.st.n_buffer, m.st.n_swap, m.st.n_checkpoint,
+               (unsigned long long)m.st.pred_peak, (unsigned long long)m.st.dev_peak, pr,
+               m.st.pred_iter_s, m.median_s, tr);
+        assert_true(m.st.pred_peak > 0);
+        assert_true(m.st.pred_peak >= m.st.dev_peak);
+        assert_true(pr <= 1.05);
+        time_ok += fabs(tr - 1.0) <= 0.15;
+        if (!strict) assert_true(tr >= 0.5 && tr <= 2.0);
+    }
+    printf("  time within 15%%: %d of %d configurations%s\n", time_ok, n,
+           strict ? " (strict: median of 3 measurements each)" : "");
+    if (strict) assert_int_equal(time_ok, n);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_sweep)};
+    return cmocka_run_group_tests_name("cost model vs runtime", tests, setup, teardown);
+}
