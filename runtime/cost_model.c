@@ -15,6 +15,7 @@
 #include "cost_internal.h"
 #include "placement.h"
 #include "protrain.h"
+#include "log.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -23,15 +24,6 @@
 #include <string.h>
 
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 static inline uint64_t rsum(const uint64_t *pre, int32_t lo, int32_t hi) {
     return hi > lo ? pre[hi] - pre[lo] : 0;
@@ -71,7 +63,7 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     int rc = pt_trace_validate(t, err, errlen);
     if (rc) return rc;
     pt_cost_ctx *cx = calloc(1, sizeof *cx);
-    if (!cx) return fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
+    if (!cx) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
     int32_t N = t->n_block, K = t->n_chunk;
     cx->t = t;
     cx->N = N;
@@ -98,7 +90,7 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
         !cx->f_hi || !cx->l_lo || !cx->l_hi || !cx->nbmin || !cx->nbmin1 || !cx->nmb || !cx->rlo || !cx->rhi ||
         !cx->has) {
         pt_cost_ctx_free(cx);
-        return fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory for %d chunks", K);
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory for %d chunks", K);
     }
     for (int32_t b = 0; b < N; b++) cx->f_lo[b] = cx->f_hi[b] = cx->l_lo[b] = cx->l_hi[b] = 0;
     for (int32_t k = 0; k < K; k++) {
@@ -601,18 +593,18 @@ void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_p
 int pt_cost_eval_modes(const pt_cost_ctx *cx, const pt_cost_opts *o, const uint8_t *modes, int32_t p, int32_t nb,
                        pt_cost *out, char *err, size_t errlen) {
     if (p < 0 || p > cx->K)
-        return fail(err, errlen, PT_ERR_INVALID_ARG, "n_persist=%d out of range [0, %d chunks]", p, cx->K);
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "n_persist=%d out of range [0, %d chunks]", p, cx->K);
     int32_t lo = pt_cost_buffer_min_block(cx, p);
     if (nb < lo)
-        return fail(err, errlen, PT_ERR_INVALID_ARG,
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                     "n_buffer=%d is below the one-block minimum %d for n_persist=%d (the largest block streams %d "
                     "chunks; the lookahead minimum, which lets every prefetch overlap, is %d)",
                     nb, lo, p, lo, pt_cost_buffer_min(cx, p));
     if (nb > cx->K - p)
-        return fail(err, errlen, PT_ERR_INVALID_ARG,
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                     "n_buffer=%d exceeds n_chunk - n_persist = %d - %d = %d", nb, cx->K, p, cx->K - p);
     pt_act_profile a;
-    if (pt_act_init(cx, &a)) return fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
+    if (pt_act_init(cx, &a)) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
     pt_act_compute(cx, modes, &a);
     memset(out, 0, sizeof *out);
     pt_cost_time(cx, &a, p, nb, o, out);
@@ -624,7 +616,7 @@ int pt_cost_eval_modes(const pt_cost_ctx *cx, const pt_cost_opts *o, const uint8
 int pt_cost_eval(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_knobs *k, pt_cost *out, char *err,
                  size_t errlen) {
     uint8_t *modes = malloc((size_t)cx->N);
-    if (!modes) return fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
+    if (!modes) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
     int rc = pt_place_blocks(cx->N, k->n_swap, k->n_checkpoint, cx->interval, modes, err, errlen);
     if (!rc) rc = pt_cost_eval_modes(cx, o, modes, k->n_persist, k->n_buffer, out, err, errlen);
     free(modes);

@@ -26,6 +26,7 @@
 #include "searcher.h"
 #include "placement.h"
 #include "protrain.h"
+#include "log.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -61,15 +62,6 @@ typedef struct search {
     int oom;
 } search;
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 void pt_search_opts_default(pt_search_opts *o) {
     memset(o, 0, sizeof *o);
@@ -364,17 +356,17 @@ static void full_cost(const search *S, pt_act_profile *a, uint8_t *modes, const 
 
 static int check_overrides(const pt_trace *t, const pt_search_opts *o, char *err, size_t errlen) {
     if (o->n_persist > t->n_chunk)
-        return fail(err, errlen, PT_ERR_INVALID_ARG, "override n_persist=%d exceeds the %d chunks", o->n_persist,
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "override n_persist=%d exceeds the %d chunks", o->n_persist,
                     t->n_chunk);
     if (o->n_buffer > t->n_chunk)
-        return fail(err, errlen, PT_ERR_INVALID_ARG, "override n_buffer=%d exceeds the %d chunks", o->n_buffer,
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "override n_buffer=%d exceeds the %d chunks", o->n_buffer,
                     t->n_chunk);
     if (o->n_persist >= 0 && o->n_buffer >= 0 && o->n_persist + o->n_buffer > t->n_chunk)
-        return fail(err, errlen, PT_ERR_INVALID_ARG, "overrides n_persist=%d + n_buffer=%d exceed the %d chunks",
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "overrides n_persist=%d + n_buffer=%d exceed the %d chunks",
                     o->n_persist, o->n_buffer, t->n_chunk);
     int s = o->n_swap > 0 ? o->n_swap : 0, c = o->n_checkpoint > 0 ? o->n_checkpoint : 0;
     if (s + c > t->n_block)
-        return fail(err, errlen, PT_ERR_INVALID_ARG, "overrides n_swap=%d + n_checkpoint=%d exceed the %d blocks",
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "overrides n_swap=%d + n_checkpoint=%d exceed the %d blocks",
                     s, c, t->n_block);
     return PT_OK;
 }
@@ -394,17 +386,17 @@ static int buffer_unusable(search *S, int32_t p0, int32_t p1, char *err, size_t 
         }
     }
     if (worst < 0)   /* only n_persist + n_buffer > n_chunk (check_overrides names a fixed pair) */
-        return fail(err, errlen, PT_ERR_INFEASIBLE,
+        return pt_fail(err, errlen, PT_ERR_INFEASIBLE,
                     "no n_persist works with the fixed n_buffer=%d: n_persist + n_buffer must stay within the %d chunks "
                     "and n_persist=%d is the smallest allowed", nb, K, p0);
     int32_t lo1 = pt_cost_buffer_min_block(S->cx, worst), lo2 = pt_cost_buffer_min(S->cx, worst);
     if (p0 == p1)
-        return fail(err, errlen, PT_ERR_INFEASIBLE,
+        return pt_fail(err, errlen, PT_ERR_INFEASIBLE,
                     "n_buffer=%d is below the one-block minimum %d for n_persist=%d: the largest block streams %d "
                     "non-persistent chunks and each needs a slot while the block runs (the lookahead minimum, at "
                     "which every prefetch overlaps, is %d); raise n_buffer to at least %d or n_persist",
                     nb, lo1, worst, lo1, lo2, lo1);
-    return fail(err, errlen, PT_ERR_INFEASIBLE,
+    return pt_fail(err, errlen, PT_ERR_INFEASIBLE,
                 "no n_persist in [%d, %d] works with the fixed n_buffer=%d: it is below the one-block minimum (the "
                 "non-persistent chunks of the largest block) wherever n_persist + n_buffer fits the %d chunks; the "
                 "closest is n_persist=%d with a one-block minimum of %d (lookahead minimum %d)",
@@ -454,7 +446,7 @@ static int explain_infeasible(search *S, pt_act_profile *a, uint8_t *modes, pt_p
         }
     }
     if (best_need == UINT64_MAX)
-        return fail(err, errlen, PT_ERR_INFEASIBLE,
+        return pt_fail(err, errlen, PT_ERR_INFEASIBLE,
                     "no plan fits host RAM: the smallest pinned host footprint (n_persist=%d n_swap=%d: offloaded "
                     "chunk states plus swap pool) is %llu bytes (%.2f GiB), the budget is %llu bytes (%.2f GiB)",
                     host_at.p, host_at.s, (unsigned long long)min_host, min_host / 1073741824.0,
@@ -463,7 +455,7 @@ static int explain_infeasible(search *S, pt_act_profile *a, uint8_t *modes, pt_p
     plan->knobs = (pt_knobs){best.p, best.nb, best.s, best.c};
     full_cost(S, a, modes, &best, &plan->cost);
     memcpy(plan->modes, modes, (size_t)N);
-    return fail(err, errlen, PT_ERR_INFEASIBLE,
+    return pt_fail(err, errlen, PT_ERR_INFEASIBLE,
                 "no plan fits the device: capacity %llu bytes minus reserve %llu and headroom %llu leaves %llu; the smallest "
                 "peak (n_persist=%d n_buffer=%d n_swap=%d n_checkpoint=%d) is %llu bytes, so the device needs at least "
                 "%llu bytes (%.2f GiB)",
@@ -512,10 +504,10 @@ int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *e
     if (!plan->modes || !modes || pt_act_init(S.cx, &a)) {
         free(modes);
         pt_cost_ctx_free(S.cx);
-        return fail(err, errlen, PT_ERR_HOST_OOM, "searcher: out of memory");
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "searcher: out of memory");
     }
     if (plan->capacity == 0) {
-        rc = fail(err, errlen, PT_ERR_INVALID_ARG, "searcher: device capacity is 0 (set it in the trace or the options)");
+        rc = pt_fail(err, errlen, PT_ERR_INVALID_ARG, "searcher: device capacity is 0 (set it in the trace or the options)");
         goto out;
     }
 
@@ -560,7 +552,7 @@ int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *e
         }
     }
     if (S.oom) {
-        rc = fail(err, errlen, PT_ERR_HOST_OOM, "searcher: out of memory keeping candidates");
+        rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "searcher: out of memory keeping candidates");
         goto out;
     }
     if (S.n == 0) {

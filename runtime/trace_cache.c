@@ -6,6 +6,7 @@
  */
 #include "trace_cache.h"
 #include "protrain.h"
+#include "log.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -26,15 +27,6 @@
 
 static const char MAGIC[8] = {'P', 'T', 'T', 'R', 'A', 'C', 'E', 0};
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 /* ---------------- trace helpers ---------------- */
 
@@ -66,7 +58,7 @@ void pt_trace_free(pt_trace *t) {
 
 int pt_trace_alloc(pt_trace *t, int32_t n_block, int32_t n_chunk, char *err, size_t errlen) {
     if (n_block < 1 || n_block > MAX_BLOCKS || n_chunk < 1 || n_chunk > MAX_CHUNKS)
-        return fail(err, errlen, PT_ERR_INVALID_ARG,
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                     "trace: n_block=%d and n_chunk=%d must be in [1, %d] and [1, %d]", n_block,
                     n_chunk, MAX_BLOCKS, MAX_CHUNKS);
     pt_trace_block *b = calloc((size_t)n_block, sizeof *b);
@@ -74,7 +66,7 @@ int pt_trace_alloc(pt_trace *t, int32_t n_block, int32_t n_chunk, char *err, siz
     if (!b || !c) {
         free(b);
         free(c);
-        return fail(err, errlen, PT_ERR_HOST_OOM, "trace: cannot allocate %zu bytes for %d blocks and %d chunks",
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "trace: cannot allocate %zu bytes for %d blocks and %d chunks",
                     (size_t)n_block * sizeof *b + (size_t)n_chunk * sizeof *c, n_block, n_chunk);
     }
     free(t->blocks);
@@ -145,70 +137,70 @@ static int finite_nonneg(double x) { return isfinite(x) && x >= 0.0; }
 
 int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
     if (!t || !t->blocks || !t->chunks)
-        return fail(err, errlen, PT_ERR_INVALID_ARG, "trace: blocks or chunks array is NULL");
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: blocks or chunks array is NULL");
     if (t->n_block < 1 || t->n_block > MAX_BLOCKS || t->n_chunk < 1 || t->n_chunk > MAX_CHUNKS)
-        return fail(err, errlen, PT_ERR_INVALID_ARG, "trace: n_block=%d or n_chunk=%d out of range",
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: n_block=%d or n_chunk=%d out of range",
                     t->n_block, t->n_chunk);
     if (memchr(t->key.device, 0, sizeof t->key.device) == NULL)
-        return fail(err, errlen, PT_ERR_INVALID_ARG, "trace: key.device is not NUL-terminated");
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: key.device is not NUL-terminated");
     if (t->key.world_size < 1 || t->key.batch < 0 || t->key.seq < 0)
-        return fail(err, errlen, PT_ERR_INVALID_ARG, "trace: key world_size=%d batch=%lld seq=%lld invalid",
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: key world_size=%d batch=%lld seq=%lld invalid",
                     t->key.world_size, (long long)t->key.batch, (long long)t->key.seq);
-    if (t->chunk_size == 0) return fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk_size is 0");
+    if (t->chunk_size == 0) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk_size is 0");
     if (t->param_elem_bytes < 1 || t->param_elem_bytes > 8 || t->grad_elem_bytes > 8 ||
         t->master_elem_bytes > 8 || t->adam_m_elem_bytes > 8 || t->adam_v_elem_bytes > 8 ||
         t->host_grad_elem_bytes > 8)
-        return fail(err, errlen, PT_ERR_INVALID_ARG,
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                     "trace: per-element byte sizes (param %u grad %u master %u m %u v %u host grad %u) out of range",
                     t->param_elem_bytes, t->grad_elem_bytes, t->master_elem_bytes, t->adam_m_elem_bytes,
                     t->adam_v_elem_bytes, t->host_grad_elem_bytes);
     if (!finite_nonneg(t->embed_fwd_s) || !finite_nonneg(t->embed_bwd_s) || !finite_nonneg(t->head_fwd_s) ||
         !finite_nonneg(t->head_bwd_s))
-        return fail(err, errlen, PT_ERR_INVALID_ARG, "trace: a non-block time is negative or not finite");
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: a non-block time is negative or not finite");
     const pt_trace_hw *h = &t->hw;
     if (!(isfinite(h->h2d_Bps) && h->h2d_Bps > 0) || !(isfinite(h->d2h_Bps) && h->d2h_Bps > 0) ||
         !(isfinite(h->cpu_adam_elems_per_s) && h->cpu_adam_elems_per_s > 0) ||
         !(isfinite(h->dev_adam_elems_per_s) && h->dev_adam_elems_per_s > 0) || !finite_nonneg(h->allreduce_Bps))
-        return fail(err, errlen, PT_ERR_INVALID_ARG,
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                     "trace: hw rates must be positive and finite (h2d %g d2h %g B/s, cpu adam %g, dev adam %g elem/s)",
                     h->h2d_Bps, h->d2h_Bps, h->cpu_adam_elems_per_s, h->dev_adam_elems_per_s);
     if (h->copy_engines != 1 && h->copy_engines != 2)
-        return fail(err, errlen, PT_ERR_INVALID_ARG, "trace: hw.copy_engines=%d must be 1 or 2", h->copy_engines);
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: hw.copy_engines=%d must be 1 or 2", h->copy_engines);
     for (int32_t b = 0; b < t->n_block; b++) {
         const pt_trace_block *B = &t->blocks[b];
         if (!finite_nonneg(B->fwd_s) || !finite_nonneg(B->bwd_s) || !finite_nonneg(B->recompute_s))
-            return fail(err, errlen, PT_ERR_INVALID_ARG, "trace: block %d has a negative or non-finite time", b);
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: block %d has a negative or non-finite time", b);
     }
     int32_t last_first = -1, last_last = -1;
     uint64_t max_stream = 0;
     for (int32_t k = 0; k < t->n_chunk; k++) {
         const pt_trace_chunk *c = &t->chunks[k];
         if (c->trainable_elems > c->elems)
-            return fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d has trainable_elems %llu > elems %llu", k,
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d has trainable_elems %llu > elems %llu", k,
                         (unsigned long long)c->trainable_elems, (unsigned long long)c->elems);
         if (c->elems > (1ull << 48) || c->bytes > (1ull << 52))
-            return fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d has %llu elements / %llu bytes (limit 2^48 / 2^52)",
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d has %llu elements / %llu bytes (limit 2^48 / 2^52)",
                         k, (unsigned long long)c->elems, (unsigned long long)c->bytes);
         if (!exact_ok(c->dev_bytes, c->bytes, dev_formula(t, c)))
-            return fail(err, errlen, PT_ERR_INVALID_ARG,
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                         "trace: chunk %d dev_bytes %llu is outside [bytes %llu, 2 x formula %llu + 2048] (0 = use the formula)",
                         k, (unsigned long long)c->dev_bytes, (unsigned long long)c->bytes,
                         (unsigned long long)dev_formula(t, c));
         if (!exact_ok(c->host_bytes, c->bytes, host_formula(t, c)))
-            return fail(err, errlen, PT_ERR_INVALID_ARG,
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                         "trace: chunk %d host_bytes %llu is outside [bytes %llu, 2 x formula %llu + 2048] (0 = use the formula)",
                         k, (unsigned long long)c->host_bytes, (unsigned long long)c->bytes,
                         (unsigned long long)host_formula(t, c));
         if (c->first_block < -1 || c->last_block < c->first_block || c->last_block >= t->n_block ||
             (c->first_block == -1) != (c->last_block == -1))
-            return fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d block range [%d, %d] invalid for %d blocks",
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d block range [%d, %d] invalid for %d blocks",
                         k, c->first_block, c->last_block, t->n_block);
         if (c->first_block < 0 && !c->mandatory)
-            return fail(err, errlen, PT_ERR_INVALID_ARG,
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                         "trace: chunk %d uses no block but is not mandatory (non-block params stay persistent)", k);
         if (c->mandatory) continue;
         if (c->first_block < last_first || c->last_block < last_last)
-            return fail(err, errlen, PT_ERR_INVALID_ARG,
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                         "trace: chunk %d blocks [%d, %d] go backwards after [%d, %d]; chunks must be in execution order",
                         k, c->first_block, c->last_block, last_first, last_last);
         last_first = c->first_block;
@@ -216,11 +208,11 @@ int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
         if (c->bytes > max_stream) max_stream = c->bytes;
     }
     if (t->slot_bytes < max_stream)
-        return fail(err, errlen, PT_ERR_INVALID_ARG, "trace: slot_bytes %llu cannot hold the largest streamed chunk (%llu bytes)",
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: slot_bytes %llu cannot hold the largest streamed chunk (%llu bytes)",
                     (unsigned long long)t->slot_bytes, (unsigned long long)max_stream);
     /* Block ranges must be what the chunks say (derive, then compare). */
     int32_t *rng = malloc((size_t)t->n_block * 2 * sizeof *rng);
-    if (!rng) return fail(err, errlen, PT_ERR_HOST_OOM, "trace: cannot allocate the range check");
+    if (!rng) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "trace: cannot allocate the range check");
     for (int32_t b = 0; b < 2 * t->n_block; b++) rng[b] = -1;
     for (int32_t k = 0; k < t->n_chunk; k++) {
         const pt_trace_chunk *c = &t->chunks[k];
@@ -233,7 +225,7 @@ int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
         int32_t lo = rng[2 * b], hi = rng[2 * b + 1];
         if (t->blocks[b].chunk_lo != lo || t->blocks[b].chunk_hi != hi) {
             free(rng);
-            return fail(err, errlen, PT_ERR_INVALID_ARG,
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                         "trace: block %d chunk range [%d, %d) differs from the chunks' [%d, %d) (call pt_trace_derive_ranges)",
                         b, t->blocks[b].chunk_lo, t->blocks[b].chunk_hi, lo, hi);
         }
@@ -374,9 +366,9 @@ static void encode_payload(wbuf *w, const pt_trace *t) {
 static int decode_payload(rbuf *r, pt_trace *t, char *err, size_t errlen) {
     int32_t nb = get_i32(r), nc = get_i32(r);
     if (r->bad || nb < 1 || nb > MAX_BLOCKS || nc < 1 || nc > MAX_CHUNKS)
-        return fail(err, errlen, PT_ERR_FORMAT, "block/chunk counts %d/%d out of range", nb, nc);
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "block/chunk counts %d/%d out of range", nb, nc);
     if ((uint64_t)r->n != SCALAR_BYTES + (uint64_t)nb * BLOCK_BYTES + (uint64_t)nc * CHUNK_BYTES)
-        return fail(err, errlen, PT_ERR_FORMAT, "payload of %zu bytes does not match %d blocks and %d chunks", r->n,
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "payload of %zu bytes does not match %d blocks and %d chunks", r->n,
                     nb, nc);
     int rc = pt_trace_alloc(t, nb, nc, err, errlen);
     if (rc) return rc;
@@ -426,7 +418,7 @@ static int decode_payload(rbuf *r, pt_trace *t, char *err, size_t errlen) {
         c->dev_bytes = get_u64(r);
         c->host_bytes = get_u64(r);
     }
-    if (r->bad || r->off != r->n) return fail(err, errlen, PT_ERR_FORMAT, "payload ends early or has trailing bytes");
+    if (r->bad || r->off != r->n) return pt_fail(err, errlen, PT_ERR_FORMAT, "payload ends early or has trailing bytes");
     return PT_OK;
 }
 
@@ -483,7 +475,7 @@ int pt_trace_cache_path(const char *dir, const pt_trace_key *key, char *buf, siz
 int pt_trace_write_file(const char *path, const pt_trace *t, char *err, size_t errlen) {
     char verr[256];
     if (pt_trace_validate(t, verr, sizeof verr))
-        return fail(err, errlen, PT_ERR_INVALID_ARG, "refusing to write an invalid trace to %s: %s", path, verr);
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "refusing to write an invalid trace to %s: %s", path, verr);
     wbuf pay = {0}, all = {0};
     encode_payload(&pay, t);
     if (!pay.oom) {
@@ -493,18 +485,18 @@ int pt_trace_write_file(const char *path, const pt_trace *t, char *err, size_t e
     free(pay.p);
     if (pay.oom || all.oom) {
         free(all.p);
-        return fail(err, errlen, PT_ERR_HOST_OOM, "out of memory encoding the trace for %s", path);
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of memory encoding the trace for %s", path);
     }
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) {
         free(all.p);
-        return fail(err, errlen, PT_ERR_INVALID_ARG, "trace path too long: %s", path);
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace path too long: %s", path);
     }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
         int e = errno;
         free(all.p);
-        return fail(err, errlen, PT_ERR_IO, "cannot create %s: %s", tmp, strerror(e));
+        return pt_fail(err, errlen, PT_ERR_IO, "cannot create %s: %s", tmp, strerror(e));
     }
     size_t off = 0;
     while (off < all.n) {
@@ -515,7 +507,7 @@ int pt_trace_write_file(const char *path, const pt_trace *t, char *err, size_t e
             close(fd);
             unlink(tmp);
             free(all.p);
-            return fail(err, errlen, PT_ERR_IO, "cannot write %s: %s", tmp, strerror(e));
+            return pt_fail(err, errlen, PT_ERR_IO, "cannot write %s: %s", tmp, strerror(e));
         }
         off += (size_t)m;
     }
@@ -523,12 +515,12 @@ int pt_trace_write_file(const char *path, const pt_trace *t, char *err, size_t e
     if (fsync(fd) != 0 || close(fd) != 0) {
         int e = errno;
         unlink(tmp);
-        return fail(err, errlen, PT_ERR_IO, "cannot flush %s: %s", tmp, strerror(e));
+        return pt_fail(err, errlen, PT_ERR_IO, "cannot flush %s: %s", tmp, strerror(e));
     }
     if (rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
-        return fail(err, errlen, PT_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(e));
+        return pt_fail(err, errlen, PT_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(e));
     }
     /* Make the rename itself durable. */
     char dir[4096];
@@ -550,18 +542,18 @@ int pt_trace_write_file(const char *path, const pt_trace *t, char *err, size_t e
 
 int pt_trace_read_file(const char *path, const pt_trace_key *expect, pt_trace *out, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
-    if (!f) return fail(err, errlen, PT_ERR_IO, "cannot open trace %s: %s", path, strerror(errno));
+    if (!f) return pt_fail(err, errlen, PT_ERR_IO, "cannot open trace %s: %s", path, strerror(errno));
     unsigned char hdr[PT_TRACE_HEADER_BYTES];
     size_t got = fread(hdr, 1, sizeof hdr, f);
     if (got != sizeof hdr) {
         fclose(f);
-        return fail(err, errlen, PT_ERR_FORMAT, "trace %s is truncated: %zu of %u header bytes", path, got,
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "trace %s is truncated: %zu of %u header bytes", path, got,
                     PT_TRACE_HEADER_BYTES);
     }
     rbuf r = {hdr, sizeof hdr, 0, 0};
     if (memcmp(hdr, MAGIC, 8) != 0) {
         fclose(f);
-        return fail(err, errlen, PT_ERR_FORMAT, "trace %s has a wrong magic (not a protrain trace)", path);
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "trace %s has a wrong magic (not a protrain trace)", path);
     }
     r.off = 8;
     uint32_t fver = get_u32(&r), hsize = get_u32(&r);
@@ -577,21 +569,21 @@ int pt_trace_read_file(const char *path, const pt_trace_key *expect, pt_trace *o
     uint64_t psize = get_u64(&r), sum = get_u64(&r);
     if (fver != PT_TRACE_FILE_VERSION || hsize != PT_TRACE_HEADER_BYTES) {
         fclose(f);
-        return fail(err, errlen, PT_ERR_FORMAT, "trace %s has file format %u (header %u), this build reads %u", path,
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "trace %s has file format %u (header %u), this build reads %u", path,
                     fver, hsize, PT_TRACE_FILE_VERSION);
     }
     if (memchr(k.device, 0, sizeof k.device) == NULL) {
         fclose(f);
-        return fail(err, errlen, PT_ERR_FORMAT, "trace %s has an unterminated device name", path);
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "trace %s has an unterminated device name", path);
     }
     if (k.version != PT_TRACE_VERSION) {
         fclose(f);
-        return fail(err, errlen, PT_ERR_FORMAT, "trace %s is trace version %u, this build wants %u", path, k.version,
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "trace %s is trace version %u, this build wants %u", path, k.version,
                     PT_TRACE_VERSION);
     }
     if (expect && !key_equal(&k, expect)) {
         fclose(f);
-        return fail(err, errlen, PT_ERR_FORMAT,
+        return pt_fail(err, errlen, PT_ERR_FORMAT,
                     "trace %s belongs to another key (arch %016llx batch %lld seq %lld device '%s' world %d)", path,
                     (unsigned long long)k.arch_hash, (long long)k.batch, (long long)k.seq, k.device, k.world_size);
     }
@@ -601,24 +593,24 @@ int pt_trace_read_file(const char *path, const pt_trace_key *expect, pt_trace *o
         (uint64_t)st.st_size != (uint64_t)PT_TRACE_HEADER_BYTES + psize ||
         psize > SCALAR_BYTES + (uint64_t)MAX_BLOCKS * BLOCK_BYTES + (uint64_t)MAX_CHUNKS * CHUNK_BYTES) {
         fclose(f);
-        return fail(err, errlen, PT_ERR_FORMAT, "trace %s is truncated or oversized: header says %llu payload bytes, file has %lld",
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "trace %s is truncated or oversized: header says %llu payload bytes, file has %lld",
                     path, (unsigned long long)psize, (long long)st.st_size - PT_TRACE_HEADER_BYTES);
     }
     unsigned char *pay = malloc(psize ? psize : 1);
     if (!pay) {
         fclose(f);
-        return fail(err, errlen, PT_ERR_HOST_OOM, "cannot allocate %llu bytes to read %s", (unsigned long long)psize, path);
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "cannot allocate %llu bytes to read %s", (unsigned long long)psize, path);
     }
     got = fread(pay, 1, psize, f);
     fclose(f);
     if (got != psize) {
         free(pay);
-        return fail(err, errlen, PT_ERR_FORMAT, "trace %s is truncated: %zu of %llu payload bytes", path, got,
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "trace %s is truncated: %zu of %llu payload bytes", path, got,
                     (unsigned long long)psize);
     }
     if (pt_trace_fnv1a64(pay, psize) != sum) {
         free(pay);
-        return fail(err, errlen, PT_ERR_FORMAT, "trace %s is corrupt: payload checksum mismatch", path);
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "trace %s is corrupt: payload checksum mismatch", path);
     }
     pt_trace t;
     pt_trace_init(&t);
@@ -630,7 +622,7 @@ int pt_trace_read_file(const char *path, const pt_trace_key *expect, pt_trace *o
     if (!rc) rc = pt_trace_validate(&t, derr, sizeof derr);
     if (rc) {
         pt_trace_free(&t);
-        return fail(err, errlen, PT_ERR_FORMAT, "trace %s is corrupt: %s", path, derr);
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "trace %s is corrupt: %s", path, derr);
     }
     pt_trace_free(out);
     *out = t;
@@ -638,12 +630,12 @@ int pt_trace_read_file(const char *path, const pt_trace_key *expect, pt_trace *o
 }
 
 int pt_trace_cache_store(const char *dir, const pt_trace *t, char *err, size_t errlen) {
-    if (!dir || !*dir) return fail(err, errlen, PT_ERR_INVALID_ARG, "trace cache: no cache directory given");
+    if (!dir || !*dir) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace cache: no cache directory given");
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return fail(err, errlen, PT_ERR_IO, "trace cache: cannot create directory %s: %s", dir, strerror(errno));
+        return pt_fail(err, errlen, PT_ERR_IO, "trace cache: cannot create directory %s: %s", dir, strerror(errno));
     char path[4096];
     if (pt_trace_cache_path(dir, &t->key, path, sizeof path))
-        return fail(err, errlen, PT_ERR_INVALID_ARG, "trace cache: directory path too long: %s", dir);
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace cache: directory path too long: %s", dir);
     return pt_trace_write_file(path, t, err, errlen);
 }
 
@@ -651,14 +643,14 @@ int pt_trace_cache_load(const char *dir, const pt_trace_key *key, pt_trace *out,
     if (warn && warnlen) warn[0] = 0;
     char path[4096];
     if (!dir || !*dir || pt_trace_cache_path(dir, key, path, sizeof path)) {
-        fail(warn, warnlen, 0, "trace cache: directory missing or path too long; profiling");
+        pt_fail(warn, warnlen, 0, "trace cache: directory missing or path too long; profiling");
         return PT_CACHE_MISS;
     }
     if (access(path, F_OK) != 0) return PT_CACHE_MISS;   /* clean miss */
     char e[512];
     int rc = pt_trace_read_file(path, key, out, e, sizeof e);
     if (rc) {
-        fail(warn, warnlen, 0, "trace cache: ignoring %s", e);
+        pt_fail(warn, warnlen, 0, "trace cache: ignoring %s", e);
         return PT_CACHE_MISS;
     }
     return PT_CACHE_HIT;
