@@ -358,7 +358,8 @@ static int offload_grad(pt_rt *rt, cs_chunk *c, char *err, size_t errlen) {
     }
     j->rt = rt;
     j->c = c;
-    /* two groups: the chunk's own (reuse of h_gstage) and the step's */
+    /* the chunk's own group: the next micro-batch's copy into h_gstage waits on it,
+     * and optimizer_step waits on every chunk's group */
     if ((rc = pt_pool_submit(ms->workers, grad_task, j, &c->tg))) {
         free(j);
         ERR("cannot queue the CPU optimizer task of chunk %d", c->id);
