@@ -109,6 +109,11 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     }
     int rc = pt_ms_validate(model, err, errlen);
     if (rc) return rc;
+    /* a retry after a failed post_model_load starts from nothing */
+    pt_acts_fini(rt);
+    pt_ms_destroy(rt);
+    pt_rt_plan_free(rt);
+    rt->broken = 0;
     rt->model = model;
     rt->n_blocks = model->n_blocks;
     rt->kn.n_persist = rt->cfg.force_all_persistent ? -1 : rt->cfg.n_persist;
