@@ -58,7 +58,9 @@ int pt_acts_init(pt_rt *rt, const int32_t *modes, char *err, size_t errlen) {
     for (int b = 0; b < n; b++) {
         pt_arena *a = &rt->arena[b];
         a->mode = modes ? modes[b] : PT_ACT_NONE;
-        a->done_at = rt->swap_done ? rt->swap_done[b] : -1;
+        /* without a plan: one forward window of overlap for each swap-out, then the
+         * arena leaves (waiting for a late copy), so peaks do not depend on timing */
+        a->done_at = rt->swap_done ? rt->swap_done[b] : b + 1;
         if (a->mode == PT_ACT_SWAP && (OPS(rt)->event_create(IMPL(rt), &a->ev_out) ||
                                        OPS(rt)->event_create(IMPL(rt), &a->ev_in))) {
             ERR("cannot create swap events");

@@ -255,8 +255,7 @@ static void chunk_norms(pt_rt *rt, cs_chunk *c, int from_acc) {
     for (int j = 0; j < c->lc->n_params; j++) {
         int root = ms->lay.order[c->lc->first_param + j];
         const pt_param_v1 *p = &rt->model->params[root];
-        uint64_t off = ms->lay.param_offset[root], n = 1;
-        for (int d = 0; d < p->ndim; d++) n *= (uint64_t)p->shape[d];
+        uint64_t off = ms->lay.param_offset[root], n = pt_param_numel(p);
         double sq = 0;
         if (from_acc) {
             /* the state offset of a param = region state offset + (off - region offset) / es */
@@ -417,8 +416,7 @@ static int device_norms(pt_rt *rt, char *err, size_t errlen) {
         if (ms->root[i] != i || !m->params[i].grad) continue;
         cs_chunk *c = &ms->ch[ms->lay.param_chunk[i]];
         if (!c->persistent) continue;
-        uint64_t n = 1;
-        for (int d = 0; d < m->params[i].ndim; d++) n *= (uint64_t)m->params[i].shape[d];
+        uint64_t n = pt_param_numel(&m->params[i]);
         rc = OPS(rt)->sqnorm(IMPL(rt), (char *)c->d_grad + ms->lay.param_offset[i],
                              m->params[i].dtype, (size_t)n, ms->norm_dev + i, rt->s_compute);
     }

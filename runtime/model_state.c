@@ -19,7 +19,7 @@
 
 #define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
 
-static uint64_t numel_of(const pt_param_v1 *p) {
+uint64_t pt_param_numel(const pt_param_v1 *p) {
     uint64_t n = 1;
     for (int d = 0; d < p->ndim; d++) n *= (uint64_t)p->shape[d];
     return n;
@@ -56,7 +56,7 @@ int pt_ms_validate(const pt_model_v1 *m, char *err, size_t errlen) {
                 return PT_ERR_INVALID_ARG;
             }
             const pt_param_v1 *t = &m->params[p->tie];
-            if (numel_of(t) != numel_of(p) || t->dtype != p->dtype) {
+            if (pt_param_numel(t) != pt_param_numel(p) || t->dtype != p->dtype) {
                 ERR("post_model_load: param %d '%s' is tied to '%s' but their sizes or dtypes "
                     "differ", i, nm, t->name ? t->name : "(unnamed)");
                 return PT_ERR_INVALID_ARG;
@@ -214,7 +214,7 @@ static int upload_initial(pt_rt *rt, char *err, size_t errlen) {
         const pt_param_v1 *p = &m->params[i];
         cs_chunk *c = &ms->ch[ms->lay.param_chunk[i]];
         uint64_t off = ms->lay.param_offset[i];
-        size_t bytes = (size_t)(numel_of(p) * pt_dtype_size(p->dtype));
+        size_t bytes = (size_t)(pt_param_numel(p) * pt_dtype_size(p->dtype));
         if (c->persistent) {
             int rc = pt_gpu_memcpy(rt->gpu, (char *)c->d_param + off, p->init, bytes, PT_GPU_H2D);
             if (rc) {
@@ -339,8 +339,8 @@ int pt_ms_load(pt_rt *rt, char *err, size_t errlen) {
     uint64_t n_el = 0, n_tr = 0;
     for (int i = 0; i < m->n_params; i++)
         if (ms->root[i] == i) {
-            n_el += numel_of(&m->params[i]);
-            if (m->params[i].trainable) n_tr += numel_of(&m->params[i]);
+            n_el += pt_param_numel(&m->params[i]);
+            if (m->params[i].trainable) n_tr += pt_param_numel(&m->params[i]);
         }
     PT_LOGI(&rt->lg, "model: %d params (%llu elements, %llu trainable), %d blocks", m->n_params,
             (unsigned long long)n_el, (unsigned long long)n_tr, m->n_blocks);
@@ -427,7 +427,7 @@ int pt_ms_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *
     }
     int root = ms->root[index];
     const pt_param_v1 *p = &rt->model->params[root];
-    uint64_t need = numel_of(p) * pt_dtype_size(p->dtype);
+    uint64_t need = pt_param_numel(p) * pt_dtype_size(p->dtype);
     if (bytes != need) {
         ERR("read_param: param %d holds %llu bytes, caller passed %llu", index,
             (unsigned long long)need, (unsigned long long)bytes);

@@ -92,6 +92,7 @@ int pt_acts_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen);
 int pt_acts_post_backward(pt_rt *rt, int32_t b);
 
 /* model_state.c */
+uint64_t pt_param_numel(const pt_param_v1 *p);   /* product of the shape */
 int pt_ms_validate(const pt_model_v1 *m, char *err, size_t errlen);
 int pt_ms_load(pt_rt *rt, char *err, size_t errlen);
 int pt_ms_optimizer_init(pt_rt *rt, char *err, size_t errlen);

@@ -42,12 +42,6 @@ typedef struct st_header {
     uint32_t reserved[10];
 } st_header;
 
-static uint64_t numel_of(const pt_param_v1 *p) {
-    uint64_t n = 1;
-    for (int d = 0; d < p->ndim; d++) n *= (uint64_t)p->shape[d];
-    return n;
-}
-
 /* Where a root param's state lives: its chunk and fp32 state index. */
 static cs_chunk *locate(pt_rt *rt, int i, uint64_t *off, uint64_t *sidx) {
     struct pt_ms *ms = rt->ms;
@@ -90,7 +84,7 @@ static int walk(pt_rt *rt, unsigned char *img, size_t *size, int mode, char *err
         const pt_param_v1 *p = &m->params[i];
         uint32_t nl = (uint32_t)strlen(p->name ? p->name : "");
         uint32_t dt = (uint32_t)p->dtype, tr = (uint32_t)ms->root_tr[i];
-        uint64_t n = numel_of(p), off, s;
+        uint64_t n = pt_param_numel(p), off, s;
         cs_chunk *c = locate(rt, i, &off, &s);
         size_t db = (size_t)(n * pt_dtype_size(p->dtype)), fb = (size_t)n * 4;
         if (mode == W_SAVE) {
