@@ -181,6 +181,13 @@ uint64_t pt_cost_buffer_bytes(const pt_cost_ctx *cx, int32_t p, int32_t nb) {
     int32_t q = pt_cost_n_offloaded(cx, imin(imax(p, 0), cx->K));
     return nb <= 0 ? 0 : (uint64_t)imin(nb, q) * cx->t->slot_bytes;
 }
+void pt_cost_offload_sums(const pt_cost_ctx *cx, int32_t p, uint64_t *bytes, uint64_t *grad_bytes,
+                          uint64_t *train_elems) {
+    p = imin(imax(p, 0), cx->K);
+    *bytes = rsum(cx->bytes, p, cx->K);
+    *grad_bytes = rsum(cx->grad, p, cx->K);
+    *train_elems = rsum(cx->train, p, cx->K);
+}
 uint64_t pt_cost_persist_bytes(const pt_cost_ctx *cx, int32_t p) { return cx->mand_dev + cx->dev[p]; }
 int pt_cost_persist_redundant(const pt_cost_ctx *cx, int32_t p) {
     return p < cx->K && cx->t->chunks[p].mandatory;
@@ -571,6 +578,36 @@ double pt_cost_time_lb_small(const pt_cost_ctx *cx, const pt_act_profile *a, int
     if (at->schedule == PT_SCHED_AFTER_BWD) return fwd + at->bwd_s + dmax(at->dev_adam_s, at->cpu_adam_s);
     double slack = (double)cx->max_block_bytes / cx->t->hw.h2d_Bps;
     return fwd + dmax(at->bwd_s + at->dev_adam_s, at->cpu_finish_s - slack);
+}
+
+double pt_cost_time_lb_any(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, const pt_cost_opts *o) {
+    /* A chunk-less block breaks the simple walk at n_buffer = |Q|. */
+    if (!cx->all_have) return pt_cost_time_lb_persist(cx, a, p, o);
+    const pt_trace *t = cx->t;
+    const pt_trace_block *B = t->blocks;
+    const int32_t N = cx->N, K = cx->K;
+    const uint64_t *trn = cx->train;
+    p = imin(imax(p, 0), K);
+    /* forward: F(nb) >= F(|Q|) for every n_buffer (pt_cost_time_lb_small) */
+    double fwd = fwd_time(cx, a, p, rcnt(cx->cnt, p, K));
+    /* backward with every window at its compute alone, the same operations
+     * in the same order as pt_cost_time: rounded addition and dmax are
+     * monotone, so clock <= its clock and cpu <= its cpu_clock exactly */
+    double shard_div = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
+    const double icpu = 1.0 / t->hw.cpu_adam_elems_per_s / shard_div;
+    double clock = 0, cpu = 0;
+    clock += t->head_fwd_s + t->head_bwd_s;
+    for (int32_t b = N - 1; b >= -1; b--) {
+        double c = b >= 0 ? B[b].bwd_s + (a->modes[b] == PT_BLOCK_CKPT ? B[b].recompute_s : 0) : t->embed_bwd_s;
+        clock += c;
+        int32_t g = b + 1;
+        uint64_t tr = g < N ? rsum(trn, imax(cx->f_lo[g], p), cx->f_hi[g]) : 0;
+        if (tr) cpu = dmax(cpu, clock) + (double)tr * icpu;
+    }
+    double cpu_s = (double)rsum(trn, p, K) * icpu;
+    double dev_s = (double)(cx->mand_train + trn[p]) / t->hw.dev_adam_elems_per_s;
+    if (o && o->clip) return fwd + clock + dmax(dev_s, cpu_s);
+    return fwd + dmax(clock + dev_s, cpu);
 }
 
 void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_profile *a, int32_t p, int32_t nb,

@@ -209,6 +209,11 @@ uint64_t pt_cost_buffer_bytes(const pt_cost_ctx *cx, int32_t n_persist, int32_t 
 int pt_cost_uploads(const pt_cost_ctx *cx, int32_t n_persist, int32_t n_buffer, uint64_t *fwd_sync,
                     uint64_t *fwd_prefetch, uint64_t *bwd_sync, uint64_t *bwd_prefetch);
 uint64_t pt_cost_persist_bytes(const pt_cost_ctx *cx, int32_t n_persist);
+/* Sums over the non-mandatory chunks of index >= n_persist (clamped to
+ * [0, n_chunk]), O(1): param bytes, gradient bytes (trainable elements x
+ * grad_elem_bytes) and trainable elements. */
+void pt_cost_offload_sums(const pt_cost_ctx *cx, int32_t n_persist, uint64_t *bytes, uint64_t *grad_bytes,
+                          uint64_t *train_elems);
 /* 1 when chunk n_persist is mandatory: n_persist and n_persist+1 are the same
  * plan, and the searcher reports the larger (so "all resident" reads N_chunk). */
 int pt_cost_persist_redundant(const pt_cost_ctx *cx, int32_t n_persist);
@@ -229,6 +234,14 @@ double pt_cost_time_lb(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n
  * downwards. */
 double pt_cost_time_lb_persist(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist,
                                const pt_cost_opts *o);
+/* A lower bound on pt_cost_time(...).iter_s valid for every n_buffer, in
+ * O(n_block) but without the pool walk: the forward windows at n_buffer =
+ * |Q| (the smallest forward time), the backward windows at their compute
+ * alone, the CPU Adam chain over those windows. Tight when the CPU optimizer
+ * or the forward uploads set the time: the searcher uses it to skip an
+ * n_persist that cannot beat a larger one of the same mode map. Falls back
+ * to pt_cost_time_lb_persist when some block has no chunk. */
+double pt_cost_time_lb_any(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, const pt_cost_opts *o);
 /* A lower bound on the time of every n_buffer in [one-block minimum, nb_top],
  * nb_top below the lookahead minimum, given the prediction `at` of the same
  * n_persist and mode map at an n_buffer at or above the lookahead minimum

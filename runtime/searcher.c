@@ -158,14 +158,8 @@ static double lower_bound(const search *S, const pt_act_profile *a, int32_t p_hi
         cb += t->blocks[b].bwd_s;
     }
     /* Unavoidable traffic: non-mandatory chunks >= p_hi go up once and their grads down once. */
-    uint64_t up = 0, gd = 0, tr = 0;
-    for (int32_t k = p_hi < 0 ? 0 : p_hi; k < t->n_chunk; k++) {
-        const pt_trace_chunk *c = &t->chunks[k];
-        if (c->mandatory) continue;
-        up += c->bytes;
-        gd += c->trainable_elems * t->grad_elem_bytes;
-        tr += c->trainable_elems;
-    }
+    uint64_t up, gd, tr;   /* prefix sums: O(1) per pair instead of O(n_chunk) */
+    pt_cost_offload_sums(S->cx, p_hi, &up, &gd, &tr);
     double h2d = (double)up / t->hw.h2d_Bps + a->swap_in_s, d2h = (double)gd / t->hw.d2h_Bps + a->swap_out_s;
     double x = t->hw.copy_engines == 1 ? h2d + d2h : (h2d > d2h ? h2d : d2h);
     double shard = (S->o->cost.shard && t->key.world_size > 1) ? t->key.world_size : 1;
@@ -174,6 +168,18 @@ static double lower_bound(const search *S, const pt_act_profile *a, int32_t p_hi
     if (x > lb) lb = x;
     double opt = S->o->cost.clip ? cf + cb + cpu : cf + cpu;
     return opt > lb ? opt : lb;
+}
+
+/* Can n_persist = p of this mode map be skipped? Yes when a bound on all of
+ * its n_buffer values is prunable, or at least best_p, the fastest time found
+ * for a larger n_persist of the same (n_swap, n_checkpoint): that candidate
+ * y then is in the final tie band whenever p could be, the tie rule prefers
+ * y (more persistent chunks), and p can lower neither the best time nor the
+ * pair's runner-up entry (both need a strictly faster time). */
+static int dominated(const search *S, const pt_act_profile *a, int32_t p, double best_p) {
+    if (!(best_p < INFINITY)) return 0;   /* the pair's first: its bound is usually below */
+    double lb = pt_cost_time_lb_any(S->cx, a, p, &S->o->cost);
+    return lb >= best_p || prunable(S, lb);
 }
 
 /* Largest n_buffer in [lo, q] whose peak fits, or -1. */
@@ -536,11 +542,12 @@ int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *e
                 if (o->n_buffer >= 0) {
                     int32_t nb = o->n_buffer;
                     if (nb < lo1 || nb > K - p || !fits(&S, raw_fixed + pt_cost_buffer_bytes(S.cx, p, nb))) continue;
+                    if (dominated(&S, &a, p, pair_best.T)) continue;
                     cd = (cand){.T = INFINITY, .s = s, .c = c, .p = p, .nb = nb};
                     eval_range(&S, &a, nb, nb, &cd);
                 } else {
                     int32_t nb = buffer_max(&S, raw_fixed, lo1, q);
-                    if (nb < 0) continue;
+                    if (nb < 0 || dominated(&S, &a, p, pair_best.T)) continue;
                     /* O(1) bounds inside: most candidates of a transfer-bound model stop there */
                     cd = score_p(&S, &a, s, c, p, lo1, lo2, nb);
                 }
