@@ -28,7 +28,12 @@
  *    unavoidable copy traffic for the chunks that cannot be persistent, CPU
  *    Adam) exceeds both 1.01 x the best time and every kept runner-up; the
  *    same test with pt_cost_time_lb (cost_model.h) skips single candidates
- *    before their O(n_block) evaluation.
+ *    before their O(n_block) evaluation;
+ *  - within a pair, an n_persist whose pt_cost_time_lb_any (every n_buffer:
+ *    forward at the full pool, backward windows at compute, the CPU Adam
+ *    chain) is at least the fastest time of a larger n_persist is skipped:
+ *    the tie rule prefers the larger one whenever both could be in the band,
+ *    and only a strictly faster time changes the best or the runner-ups.
  * Ties: among plans within 1% of the fastest, prefer fewer CKPT blocks, then
  * fewer SWAP blocks, then more persistent chunks, then fewer buffers.
  *
