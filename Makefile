@@ -40,9 +40,10 @@ CFLAGS := $(CFLAGS_BASE) $(SANFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS := $(SANFLAGS) -pthread
 LIBS := -linih -lopenblas -llapacke -lm -ldl
 
-CORE_SRCS := $(wildcard plugin/*.c runtime/*.c gpu/*.c gpu/host/*.c)
+CORE_SRCS := host_api/util.c $(wildcard plugin/*.c runtime/*.c gpu/*.c gpu/host/*.c)
 CORE_OBJS := $(CORE_SRCS:%.c=$(BUILD)/obj/%.o)
 LOADER_OBJ := $(BUILD)/obj/host_api/loader.o
+UTIL_OBJ := $(BUILD)/obj/host_api/util.o
 SH_SRCS := $(filter-out sample_host/main.c,$(wildcard sample_host/*.c))
 SH_OBJS := $(SH_SRCS:%.c=$(BUILD)/obj/%.o)
 TEST_SRCS := $(wildcard tests/unit/test_*.c tests/integ/test_*.c)
@@ -118,7 +119,7 @@ $(PLAN_CLI): plugin/cli/protrain_plan.c $(CORE_LIB)
 $(BUILD)/libsample.a: $(SH_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
-$(SAMPLE): $(BUILD)/obj/sample_host/main.o $(BUILD)/libsample.a $(LOADER_OBJ)
+$(SAMPLE): $(BUILD)/obj/sample_host/main.o $(BUILD)/libsample.a $(LOADER_OBJ) $(UTIL_OBJ)
 	$(CC) -o $@ $^ $(OMPFLAGS) $(LDFLAGS) -linih -lopenblas -lm -ldl
 
 # ---- tests ----

@@ -43,13 +43,3 @@ void pt_log_text(const pt_logger *lg, int level, const char *text) {
         text = nl ? nl + 1 : text + strlen(text);
     }
 }
-
-int pt_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
