@@ -42,8 +42,9 @@ LIBS := -linih -lopenblas -llapacke -lm -ldl
 
 CORE_SRCS := host_api/util.c $(wildcard plugin/*.c runtime/*.c gpu/*.c gpu/host/*.c)
 CORE_OBJS := $(CORE_SRCS:%.c=$(BUILD)/obj/%.o)
-LOADER_OBJ := $(BUILD)/obj/host_api/loader.o
 UTIL_OBJ := $(BUILD)/obj/host_api/util.o
+# What a host links to load the plugin: the loader and the shared helpers it uses.
+LOADER_OBJ := $(BUILD)/obj/host_api/loader.o $(UTIL_OBJ)
 SH_SRCS := $(filter-out sample_host/main.c,$(wildcard sample_host/*.c))
 SH_OBJS := $(SH_SRCS:%.c=$(BUILD)/obj/%.o)
 TEST_SRCS := $(wildcard tests/unit/test_*.c tests/integ/test_*.c)
@@ -100,7 +101,7 @@ $(PLUGIN): $(CORE_OBJS) plugin/exports.map
 
 # ---- cuda backend (separate .so, dlopened by the plugin) ----
 CUDA_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
-CUDA_OBJS := $(CUDA_SRCS:%.cu=$(BUILD)/obj/%.cu.o) $(CUDA_CSRCS:%.c=$(BUILD)/obj/%.o)
+CUDA_OBJS := $(CUDA_SRCS:%.cu=$(BUILD)/obj/%.cu.o) $(CUDA_CSRCS:%.c=$(BUILD)/obj/%.o) $(UTIL_OBJ)
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror \
@@ -119,7 +120,7 @@ $(PLAN_CLI): plugin/cli/protrain_plan.c $(CORE_LIB)
 $(BUILD)/libsample.a: $(SH_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
-$(SAMPLE): $(BUILD)/obj/sample_host/main.o $(BUILD)/libsample.a $(LOADER_OBJ) $(UTIL_OBJ)
+$(SAMPLE): $(BUILD)/obj/sample_host/main.o $(BUILD)/libsample.a $(LOADER_OBJ)
 	$(CC) -o $@ $^ $(OMPFLAGS) $(LDFLAGS) -linih -lopenblas -lm -ldl
 
 # ---- tests ----
