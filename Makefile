@@ -7,7 +7,7 @@
 #   make deps     install the Debian packages (root) or print the apt-get line
 #
 # Sources are picked up by wildcard so a new file needs no Makefile edit:
-#   plugin/*.c runtime/*.c gpu/*.c gpu/host/*.c -> build/protrain_plugin.so (+ libprotrain_core.a)
+#   plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c -> build/protrain_plugin.so (+ libprotrain_core.a)
 #   gpu/cuda/*.cu gpu/cuda/*.c                  -> build/libprotrain_cuda.so
 #   sample_host/*.c (main.c separately)         -> build/sample_host
 #   tests/unit/test_*.c tests/integ/test_*.c     -> build/tests/test_*   (cmocka)
@@ -24,7 +24,19 @@ DEB_PKGS := libinih-dev libcmocka-dev libopenblas-dev liblapacke-dev libopenmpi-
 
 WARN := -Wall -Wextra -Werror
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -fno-math-errno -pthread $(WARN) \
-               -Ihost_api -Igpu -Iruntime -Iplugin -Isample_host -I/usr/include/x86_64-linux-gnu
+               -I/usr/include/x86_64-linux-gnu
+
+# Layers: each folder compiles with the include paths of what it may use, so a
+# wrong-way include (runtime -> plugin, sample_host -> runtime, ...) does not
+# compile. Inside runtime/, subsystems include each other as "store/store.h",
+# "planner/planner.h", ... and tests/check_layers.sh (run by make test) checks
+# that only those interface headers cross a subsystem boundary.
+INC_HOST_API := -Ihost_api
+INC_GPU      := -Ihost_api -Igpu
+INC_RUNTIME  := -Ihost_api -Igpu -Iruntime
+INC_PLUGIN   := -Ihost_api -Igpu -Iruntime -Iplugin
+INC_SAMPLE   := -Ihost_api
+INC_TESTS    := -Ihost_api -Igpu -Iruntime -Iplugin -Isample_host -Itests
 ifeq ($(SAN),tsan)
   # libgomp is not tsan-instrumented: build the OpenMP loops serial under tsan.
   OMPFLAGS :=
@@ -40,7 +52,7 @@ CFLAGS := $(CFLAGS_BASE) $(SANFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS := $(SANFLAGS) -pthread
 LIBS := -linih -lopenblas -llapacke -lm -ldl
 
-CORE_SRCS := host_api/util.c $(wildcard plugin/*.c runtime/*.c gpu/*.c gpu/host/*.c)
+CORE_SRCS := host_api/util.c $(wildcard plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c)
 CORE_OBJS := $(CORE_SRCS:%.c=$(BUILD)/obj/%.o)
 UTIL_OBJ := $(BUILD)/obj/host_api/util.o
 # What a host links to load the plugin: the loader and the shared helpers it uses.
@@ -82,14 +94,18 @@ deps:
 check-deps:
 	@for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || { $(MAKE) --no-print-directory deps || exit 1; break; }; done
 
-# ---- objects ----
-$(BUILD)/obj/%.o: %.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -fvisibility=hidden -MMD -MP -c $< -o $@
-
+# ---- objects (one rule per layer: its include paths) ----
+OBJ_CC = @mkdir -p $(dir $@); echo "  CC $<"; $(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/obj/host_api/%.o: host_api/%.c
+	$(OBJ_CC) $(INC_HOST_API) -fvisibility=hidden
+$(BUILD)/obj/gpu/%.o: gpu/%.c
+	$(OBJ_CC) $(INC_GPU) -fvisibility=hidden
+$(BUILD)/obj/runtime/%.o: runtime/%.c
+	$(OBJ_CC) $(INC_RUNTIME) -fvisibility=hidden
+$(BUILD)/obj/plugin/%.o: plugin/%.c
+	$(OBJ_CC) $(INC_PLUGIN) -fvisibility=hidden
 $(BUILD)/obj/sample_host/%.o: sample_host/%.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(OMPFLAGS) -MMD -MP -c $< -o $@
+	$(OBJ_CC) $(INC_SAMPLE) $(OMPFLAGS)
 
 # ---- plugin ----
 $(CORE_LIB): $(CORE_OBJS)
@@ -105,7 +121,7 @@ CUDA_OBJS := $(CUDA_SRCS:%.cu=$(BUILD)/obj/%.cu.o) $(CUDA_CSRCS:%.c=$(BUILD)/obj
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror \
-	  -Ihost_api -Igpu -Iruntime -c $< -o $@
+	  $(INC_GPU) -c $< -o $@
 $(CUDA_LIB): $(CUDA_OBJS)
 	$(NVCC) -shared $(CUDA_ARCH) -o $@ $(CUDA_OBJS) -Xlinker --version-script=gpu/cuda/exports.map \
 	  -cudart static
@@ -114,7 +130,7 @@ cuda-notice:
 
 # ---- planner CLI (no host, no device) ----
 $(PLAN_CLI): plugin/cli/protrain_plan.c $(CORE_LIB)
-	$(CC) $(CFLAGS) -o $@ $< $(CORE_LIB) $(LDFLAGS) $(LIBS)
+	$(CC) $(CFLAGS) $(INC_PLUGIN) -o $@ $< $(CORE_LIB) $(LDFLAGS) $(LIBS)
 
 # ---- sample host ----
 $(BUILD)/libsample.a: $(SH_OBJS)
@@ -124,19 +140,19 @@ $(SAMPLE): $(BUILD)/obj/sample_host/main.o $(BUILD)/libsample.a $(LOADER_OBJ)
 	$(CC) -o $@ $^ $(OMPFLAGS) $(LDFLAGS) -linih -lopenblas -lm -ldl
 
 # ---- tests ----
-TEST_LIBS := $(BUILD)/libsample.a $(CORE_LIB) $(LOADER_OBJ)
+TEST_LIBS := $(BUILD)/obj/host_api/loader.o $(BUILD)/libsample.a $(CORE_LIB)
 $(BUILD)/tests/%: tests/unit/%.c $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(OMPFLAGS) -Itests -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) -lcmocka $(LIBS)
+	$(CC) $(CFLAGS) $(OMPFLAGS) $(INC_TESTS) -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) -lcmocka $(LIBS)
 $(BUILD)/tests/%: tests/integ/%.c $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(OMPFLAGS) -Itests -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) -lcmocka $(LIBS)
+	$(CC) $(CFLAGS) $(OMPFLAGS) $(INC_TESTS) -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) -lcmocka $(LIBS)
 $(BUILD)/tests/plugins/%.so: tests/plugins/%.c host_api/protrain.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared -o $@ $< $(LDFLAGS)
+	$(CC) $(CFLAGS) $(INC_TESTS) -shared -o $@ $< $(LDFLAGS)
 $(BUILD)/bench/%: tests/bench/%.c $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(OMPFLAGS) -Itests -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) $(LIBS)
+	$(CC) $(CFLAGS) $(OMPFLAGS) $(INC_TESTS) -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) $(LIBS)
 
 # Tests find built artefacts through these variables.
 # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads of the host must not spin on the

@@ -19,47 +19,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct pt_config {
-    /* [plugin] */
-    int log_level;            /* log_level = error|warn|info|debug|trace (PT_LOG_*); default info */
-    char backend[16];         /* backend = auto|cuda|host; default auto */
-    /* [memory] */
-    uint64_t device_capacity; /* device_capacity = auto | <size>; 0 = auto */
-    uint64_t reserve;         /* reserve = <size>, default 0: kept free on the device */
-    uint64_t pinned_budget;   /* pinned_budget = auto | <size>; 0 = auto (MemAvailable-based) */
-    uint64_t extra_headroom;  /* extra_headroom = <size>, default 0: memory the profiler cannot see */
-    /* [protrain] */
-    int auto_memory;          /* bool, default 1 */
-    int auto_mode;            /* bool, default 1 */
-    int force_all_persistent; /* bool, default 0 */
-    int zero3_shard;          /* auto|on|off -> -1|1|0, default -1 */
-    int n_persist, n_buffer, n_swap, n_checkpoint; /* auto | integer >= 0 -> -1 means search */
-    uint64_t chunk_size;      /* auto | <size>; 0 = auto */
-    char cache_dir[512];      /* default "" = no cache */
-    char plan_file[512];      /* default "" = no JSON plan */
-    /* [optimizer] */
-    int optim_type;           /* type = adamw|rekls -> PT_OPTIM_ADAMW|PT_OPTIM_REKLS */
-    float lr, beta1, beta2, eps, weight_decay, max_grad_norm; /* 3e-4, 0.9, 0.999, 1e-8, 0, 0 (0 = no clipping) */
-    int cpu_threads;          /* 0 = auto (cores available) */
-    int rekls_seed_shampoo;   /* bool, default 0 (KERNELS.md A.5 faithful step 1) */
-    float rekls_shampoo_beta; /* default 0.95 */
-    float rekls_eps;          /* default 1e-8 */
-    /* [osft] */
-    int osft_enabled;         /* enabled = bool, default 0 */
-    float osft_rank_ratio;    /* rank_ratio in (0,1], default 0.5: fraction of singular values frozen */
-    char osft_targets[256];   /* targets = comma list of param-name substrings, default "attn,mlp" */
-    /* [tiled_mlp] */
-    int tiled_mlp_enabled;    /* enabled = bool, default 0 */
-    int tiled_mlp_tiles;      /* tiles = auto|int >= 1 -> 0 = auto */
-    /* [dist] */
-    char dist_backend[16];    /* backend = auto|nccl|mpi|none */
-    char init_method[256];    /* init_method = env | file:///path | mpi ; default env */
-    /* [host_backend] */
-    double copy_bandwidth;    /* bytes/s, units B/s KB/s MB/s GB/s KiB/s MiB/s GiB/s; 0 = unthrottled */
-    int poison;               /* bool, default 1 */
-    int fail_alloc_at;        /* integer >= 0, default 0: fail the Nth device alloc (1-based), 0 = never */
-    char source[512];         /* path the config came from, or "(defaults)" */
-} pt_config;
+/* The parsed configuration type, pt_config, lives in runtime/base (the runtime
+ * runs with it; this layer only fills it from INI text). */
+#include "base/base.h"
 
 /* Every field at its schema default; source = "(defaults)". */
 void pt_config_defaults(pt_config *c);

@@ -10,9 +10,9 @@
 
 #include "config.h"
 #include "lifecycle.h"
-#include "log.h"
+#include "base/base.h"
 #include "protrain.h"
-#include "rt.h"
+#include "core/rt.h"
 
 #define PT_PLUGIN_VERSION "0.1.0"
 

@@ -20,11 +20,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "ds_estimates.h"
-#include "plan.h"
+#include "planner/planner.h"
 #include "protrain.h"
-#include "searcher.h"
-#include "trace_cache.h"
 
 #define GIB 1073741824.0
 

@@ -22,9 +22,9 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include "cpu_adam.h"
+#include "optim/cpu_adam.h"
 #include "protrain.h"
-#include "thread_pool.h"
+#include "optim/thread_pool.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

@@ -14,8 +14,8 @@
 #include <time.h>
 
 #include "protrain.h"
-#include "searcher.h"
-#include "trace_cache.h"
+#include "planner/searcher.h"
+#include "planner/trace_cache.h"
 
 typedef struct layout {
     const char *name;

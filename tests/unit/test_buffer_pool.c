@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "buffer_pool.h"
+#include "store/buffer_pool.h"
 #include "device_ext.h"
 #include "protrain.h"
 

@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "chunk_layout.h"
+#include "store/chunk_layout.h"
 
 #define KiB 1024u
 

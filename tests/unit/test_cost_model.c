@@ -14,10 +14,10 @@
 
 #include <cmocka.h>
 
-#include "cost_model.h"
-#include "placement.h"
+#include "planner/cost_model.h"
+#include "planner/placement.h"
 #include "protrain.h"
-#include "trace_cache.h"
+#include "planner/trace_cache.h"
 
 /* Uniform synthetic trace: optional mandatory first/last chunk, cpb chunks per block. */
 typedef struct synth {

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_adam.h"
+#include "optim/cpu_adam.h"
 #include "protrain.h"
 
 /* ---- deterministic data ---- */

@@ -12,9 +12,9 @@
 
 #include <cmocka.h>
 
-#include "placement.h"
+#include "planner/placement.h"
 #include "protrain.h"
-#include "trace_cache.h"
+#include "planner/trace_cache.h"
 
 enum { S = PT_BLOCK_SWAP, C = PT_BLOCK_CKPT, N = PT_BLOCK_NONE };
 

@@ -17,9 +17,9 @@
 
 #include <cmocka.h>
 
-#include "ds_estimates.h"
+#include "planner/ds_estimates.h"
 #include "protrain.h"
-#include "trace_cache.h"
+#include "planner/trace_cache.h"
 
 #define GIB 1073741824.0
 

@@ -25,10 +25,10 @@
 
 #include <cmocka.h>
 
-#include "buffer_pool.h"
-#include "cost_model.h"
+#include "store/buffer_pool.h"
+#include "planner/cost_model.h"
 #include "protrain.h"
-#include "trace_cache.h"
+#include "planner/trace_cache.h"
 
 #define MAXK 64
 

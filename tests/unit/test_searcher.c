@@ -14,12 +14,12 @@
 
 #include <cmocka.h>
 
-#include "cost_model.h"
-#include "ds_estimates.h"
-#include "placement.h"
+#include "planner/cost_model.h"
+#include "planner/ds_estimates.h"
+#include "planner/placement.h"
 #include "protrain.h"
-#include "searcher.h"
-#include "trace_cache.h"
+#include "planner/searcher.h"
+#include "planner/trace_cache.h"
 
 typedef struct synth {
     int n_block, cpb, engines;

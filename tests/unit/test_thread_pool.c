@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "protrain.h"
-#include "thread_pool.h"
+#include "optim/thread_pool.h"
 
 /* cmocka's assert macros must not run on pool threads (they longjmp to the
  * test's stack); tasks count problems here and the test asserts on it. */

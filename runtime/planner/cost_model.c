@@ -15,7 +15,7 @@
 #include "cost_internal.h"
 #include "placement.h"
 #include "protrain.h"
-#include "log.h"
+#include "base/base.h"
 
 #include <math.h>
 #include <stdarg.h>

@@ -23,11 +23,8 @@
 #include <unistd.h>
 
 #include "kernels_hd.h"
-#include "ms_internal.h"
-#include "state_io.h"
-#include "trace.h"
+#include "store_internal.h"
 
-#define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
 
 #define ST_MAGIC 0x54535450u /* "PTST" */
 #define ST_VERSION 1u
@@ -43,8 +40,8 @@ typedef struct st_header {
 } st_header;
 
 /* Where a root param's state lives: its chunk and fp32 state index. */
-static cs_chunk *locate(pt_rt *rt, int i, uint64_t *off, uint64_t *sidx) {
-    struct pt_ms *ms = rt->ms;
+static cs_chunk *locate(pt_store *st, int i, uint64_t *off, uint64_t *sidx) {
+    pt_store *ms = st;
     cs_chunk *c = &ms->ch[ms->lay.param_chunk[i]];
     *off = ms->lay.param_offset[i];
     *sidx = UINT64_MAX;
@@ -58,26 +55,26 @@ static cs_chunk *locate(pt_rt *rt, int i, uint64_t *off, uint64_t *sidx) {
 
 /* Copy n bytes between the state image and a chunk's storage: device memory
  * through the backend for resident chunks, pinned memory directly otherwise. */
-static int xfer(pt_rt *rt, cs_chunk *c, void *img, void *store, size_t n, int to_img) {
+static int xfer(pt_store *st, cs_chunk *c, void *img, void *store, size_t n, int to_img) {
     if (!store || !n) return PT_OK;
     if (!c->persistent) {
         if (to_img) memcpy(img, store, n);
         else memcpy(store, img, n);
         return PT_OK;
     }
-    return to_img ? pt_gpu_memcpy(rt->gpu, img, store, n, PT_GPU_D2H)
-                  : pt_gpu_memcpy(rt->gpu, store, img, n, PT_GPU_H2D);
+    return to_img ? pt_gpu_memcpy(st->gpu, img, store, n, PT_GPU_D2H)
+                  : pt_gpu_memcpy(st->gpu, store, img, n, PT_GPU_H2D);
 }
 
 /* Walk every root param. mode W_SIZE: only the size; W_SAVE: store -> img;
  * W_CHECK: compare img's per-param headers with the model, move nothing;
  * W_LOAD: img -> store (after a W_CHECK, so a bad file changes nothing). */
 enum { W_SIZE, W_SAVE, W_CHECK, W_LOAD };
-static int walk(pt_rt *rt, unsigned char *img, size_t *size, int mode, char *err, size_t errlen) {
+static int walk(pt_store *st, unsigned char *img, size_t *size, int mode, char *err, size_t errlen) {
     int to_img = mode == W_SAVE;
     int move = mode == W_SAVE || mode == W_LOAD;
-    struct pt_ms *ms = rt->ms;
-    pt_model_v1 *m = rt->model;
+    pt_store *ms = st;
+    pt_model_v1 *m = st->model;
     size_t pos = 0;
     for (int i = 0; i < m->n_params; i++) {
         if (ms->root[i] != i) continue;
@@ -85,7 +82,7 @@ static int walk(pt_rt *rt, unsigned char *img, size_t *size, int mode, char *err
         uint32_t nl = (uint32_t)strlen(p->name ? p->name : "");
         uint32_t dt = (uint32_t)p->dtype, tr = (uint32_t)ms->root_tr[i];
         uint64_t n = pt_param_numel(p), off, s;
-        cs_chunk *c = locate(rt, i, &off, &s);
+        cs_chunk *c = locate(st, i, &off, &s);
         size_t db = (size_t)(n * pt_dtype_size(p->dtype)), fb = (size_t)n * 4;
         if (mode == W_SAVE) {
             memcpy(img + pos, &nl, 4);
@@ -95,114 +92,105 @@ static int walk(pt_rt *rt, unsigned char *img, size_t *size, int mode, char *err
             memcpy(img + pos + 12 + nl, &n, 8);
         } else if (mode == W_CHECK) {
             if (pos + 20 + nl > *size) {
-                ERR("load_state: the file ends inside parameter '%s'", p->name ? p->name : "");
-                return PT_ERR_FORMAT;
+                return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: the file ends inside parameter '%s'", p->name ? p->name : "");
             }
             uint32_t fnl, fdt, ftr;
             uint64_t fn;
             memcpy(&fnl, img + pos, 4);
             if (fnl != nl || memcmp(img + pos + 4, p->name ? p->name : "", nl)) {
-                ERR("load_state: parameter %d is '%s' in the model but '%.*s' in the file", i,
+                return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: parameter %d is '%s' in the model but '%.*s' in the file", i,
                     p->name ? p->name : "", (int)(fnl < 64 ? fnl : 64), (const char *)img + pos + 4);
-                return PT_ERR_FORMAT;
             }
             memcpy(&fdt, img + pos + 4 + nl, 4);
             memcpy(&ftr, img + pos + 8 + nl, 4);
             memcpy(&fn, img + pos + 12 + nl, 8);
             if (fdt != dt || ftr != tr || fn != n) {
-                ERR("load_state: parameter '%s' has dtype %u, trainable %u, %llu elements in the "
+                return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: parameter '%s' has dtype %u, trainable %u, %llu elements in the "
                     "model but %u, %u, %llu in the file", p->name ? p->name : "", dt, tr,
                     (unsigned long long)n, fdt, ftr, (unsigned long long)fn);
-                return PT_ERR_FORMAT;
             }
         }
         pos += 20 + nl;
         void *pdata = c->persistent ? (char *)c->d_param + off : (char *)c->h_param + off;
-        if (move && xfer(rt, c, img + pos, pdata, db, to_img)) goto io;
+        if (move && xfer(st, c, img + pos, pdata, db, to_img)) goto io;
         pos += db;
-        if (!tr || !rt->opt.ready) continue;
+        if (!tr || !st->opt_ready) continue;
         if (s == UINT64_MAX) {
-            ERR("state: trainable parameter '%s' has no optimizer state", p->name ? p->name : "");
-            return PT_ERR_INTERNAL;
+            return pt_fail(err, errlen, PT_ERR_INTERNAL, "state: trainable parameter '%s' has no optimizer state", p->name ? p->name : "");
         }
         float *master = c->persistent ? c->d_master : c->h_master;
         float *mm = c->persistent ? c->d_m : c->h_m, *vv = c->persistent ? c->d_v : c->h_v;
         if (p->dtype != PT_F32) {
-            if (move && xfer(rt, c, img + pos, master + s, fb, to_img)) goto io;
+            if (move && xfer(st, c, img + pos, master + s, fb, to_img)) goto io;
             pos += fb;
         }
-        if (move && (xfer(rt, c, img + pos, mm + s, fb, to_img) ||
-                    xfer(rt, c, img + pos + fb, vv + s, fb, to_img)))
+        if (move && (xfer(st, c, img + pos, mm + s, fb, to_img) ||
+                    xfer(st, c, img + pos + fb, vv + s, fb, to_img)))
             goto io;
         pos += 2 * fb;
     }
     *size = pos;
     return PT_OK;
 io:
-    ERR("state: device copy failed");
-    return PT_ERR_BACKEND;
+    return pt_fail(err, errlen, PT_ERR_BACKEND, "state: device copy failed");
 }
 
 /* The optimizer state must exist (create_optimizer done) for m and v. */
 /* need_opt: files carry the optimizer state; in-memory images carry it when it
  * exists (a re-plan before create_optimizer moves parameter values only). */
-static int ready(pt_rt *rt, const char *what, int need_opt, char *err, size_t errlen) {
-    if (!rt->ms || (need_opt && !rt->opt.ready)) {
-        ERR("%s: needs post_model_load%s first", what, need_opt ? " and create_optimizer" : "");
-        return PT_ERR_ORDER;
+static int ready(pt_store *st, const char *what, int need_opt, char *err, size_t errlen) {
+    if (!st || (need_opt && !st->opt_ready)) {
+        return pt_fail(err, errlen, PT_ERR_ORDER, "%s: needs post_model_load%s first", what, need_opt ? " and create_optimizer" : "");
     }
     /* no CPU task may still write a chunk */
-    for (int k = 0; k < rt->ms->n_chunks; k++)
-        if (rt->ms->workers) pt_pool_wait(rt->ms->workers, &rt->ms->ch[k].tg);
+    for (int k = 0; k < st->n_chunks; k++)
+        if (st->workers) pt_pool_wait(st->workers, &st->ch[k].tg);
     return PT_OK;
 }
 
-int pt_state_snapshot(pt_rt *rt, pt_state_image *img, char *err, size_t errlen) {
+int pt_store_snapshot(pt_store *st, pt_state_image *img, char *err, size_t errlen) {
     memset(img, 0, sizeof *img);
-    int rc = ready(rt, "state snapshot", 0, err, errlen);
+    int rc = ready(st, "state snapshot", 0, err, errlen);
     if (rc) return rc;
     size_t n = 0;
-    if ((rc = walk(rt, NULL, &n, W_SIZE, err, errlen))) return rc;
+    if ((rc = walk(st, NULL, &n, W_SIZE, err, errlen))) return rc;
     img->data = malloc(n ? n : 1);
     if (!img->data) {
-        ERR("state: out of host memory for a %zu-byte snapshot", n);
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "state: out of host memory for a %zu-byte snapshot", n);
     }
     img->bytes = n;
-    img->step = rt->opt.t;
-    img->has_opt = rt->opt.ready;
-    rc = walk(rt, img->data, &n, W_SAVE, err, errlen);
+    img->step = st->opt->t;
+    img->has_opt = st->opt_ready;
+    rc = walk(st, img->data, &n, W_SAVE, err, errlen);
     if (rc) pt_state_image_free(img);
     return rc;
 }
 
 /* Streamed copies in buffer slots no longer match the store: drop their tags. */
-static void invalidate_slots(pt_rt *rt) {
-    struct pt_ms *ms = rt->ms;
+static void invalidate_slots(pt_store *st) {
+    pt_store *ms = st;
     if (ms->pool) pt_bufpool_invalidate_all(ms->pool);
 }
 
-int pt_state_restore(pt_rt *rt, const pt_state_image *img, char *err, size_t errlen) {
-    int rc = ready(rt, "state restore", img->has_opt, err, errlen);
+int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t errlen) {
+    int rc = ready(st, "state restore", img->has_opt, err, errlen);
     if (rc) return rc;
-    if (img->has_opt != rt->opt.ready) {
-        ERR("state restore: the image %s optimizer state but the optimizer %s",
-            img->has_opt ? "holds" : "lacks", rt->opt.ready ? "exists" : "does not exist yet");
-        return PT_ERR_ORDER;
+    if (img->has_opt != st->opt_ready) {
+        return pt_fail(err, errlen, PT_ERR_ORDER, "state restore: the image %s optimizer state but the optimizer %s",
+            img->has_opt ? "holds" : "lacks", st->opt_ready ? "exists" : "does not exist yet");
     }
     size_t need = 0;
-    if ((rc = walk(rt, NULL, &need, W_SIZE, err, errlen))) return rc;
+    if ((rc = walk(st, NULL, &need, W_SIZE, err, errlen))) return rc;
     size_t have = img->bytes;
-    if ((rc = walk(rt, img->data, &have, W_CHECK, err, errlen))) return rc;
+    if ((rc = walk(st, img->data, &have, W_CHECK, err, errlen))) return rc;
     if (need != img->bytes) {
-        ERR("load_state: the state holds %zu bytes of parameters and optimizer state, this "
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: the state holds %zu bytes of parameters and optimizer state, this "
             "model needs %zu (a different model)", img->bytes, need);
-        return PT_ERR_FORMAT;
     }
     size_t n = img->bytes;
-    if ((rc = walk(rt, img->data, &n, W_LOAD, err, errlen))) return rc;
-    rt->opt.t = img->step;
-    invalidate_slots(rt);
+    if ((rc = walk(st, img->data, &n, W_LOAD, err, errlen))) return rc;
+    st->opt->t = img->step;
+    invalidate_slots(st);
     return PT_OK;
 }
 
@@ -212,42 +200,42 @@ void pt_state_image_free(pt_state_image *img) {
     img->bytes = 0;
 }
 
-static void file_path(pt_rt *rt, const char *dir, char *buf, size_t len) {
-    snprintf(buf, len, "%s/protrain_state_rank%d.bin", dir, rt->host.rank);
+static void file_path(pt_store *st, const char *dir, char *buf, size_t len) {
+    snprintf(buf, len, "%s/protrain_state_rank%d.bin", dir, st->host->rank);
 }
 
-int pt_state_save(pt_rt *rt, const char *dir, char *err, size_t errlen) {
+int pt_store_save(pt_store *st, const char *dir, char *err, size_t errlen) {
     if (!dir || !*dir) {
-        ERR("save_state: no directory given");
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "save_state: no directory given");
     }
-    int rc = ready(rt, "save_state", 1, err, errlen);
+    int rc = ready(st, "save_state", 1, err, errlen);
     if (rc) return rc;
     pt_state_image img;
-    if ((rc = pt_state_snapshot(rt, &img, err, errlen))) return rc;
+    if ((rc = pt_store_snapshot(st, &img, err, errlen))) return rc;
     st_header h;
     memset(&h, 0, sizeof h);
     h.magic = ST_MAGIC;
     h.version = ST_VERSION;
-    h.n_params = (uint32_t)rt->model->n_params;
-    h.rank = (uint32_t)rt->host.rank;
+    h.n_params = (uint32_t)st->model->n_params;
+    h.rank = (uint32_t)st->host->rank;
     h.step = img.step;
     h.payload_bytes = img.bytes;
-    h.checksum = pt_trace_fnv1a64(img.data, img.bytes);
-    h.lr = rt->opt.lr;
-    h.beta1 = rt->opt.beta1;
-    h.beta2 = rt->opt.beta2;
-    h.eps = rt->opt.eps;
-    h.weight_decay = rt->opt.weight_decay;
-    h.max_grad_norm = rt->opt.max_grad_norm;
+    h.checksum = pt_fnv1a64(img.data, img.bytes);
+    h.lr = st->opt->lr;
+    h.beta1 = st->opt->beta1;
+    h.beta2 = st->opt->beta2;
+    h.eps = st->opt->eps;
+    h.weight_decay = st->opt->weight_decay;
+    h.max_grad_norm = st->opt->max_grad_norm;
     char path[1024], tmp[1100];
-    file_path(rt, dir, path, sizeof path);
+    file_path(st, dir, path, sizeof path);
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
-        ERR("save_state: cannot create %s: %s", tmp, strerror(errno));
+        rc = pt_fail(err, errlen, PT_ERR_IO, "save_state: cannot create %s: %s", tmp,
+                     strerror(errno));
         pt_state_image_free(&img);
-        return PT_ERR_IO;
+        return rc;
     }
     const unsigned char *parts[2] = {(const unsigned char *)&h, img.data};
     size_t lens[2] = {sizeof h, img.bytes};
@@ -255,81 +243,68 @@ int pt_state_save(pt_rt *rt, const char *dir, char *err, size_t errlen) {
         for (size_t done = 0; done < lens[k];) {
             ssize_t w = write(fd, parts[k] + done, lens[k] - done);
             if (w <= 0) {
-                ERR("save_state: writing %s failed: %s", tmp, strerror(errno));
-                rc = PT_ERR_IO;
+                rc = pt_fail(err, errlen, PT_ERR_IO, "save_state: writing %s failed: %s", tmp, strerror(errno));
                 break;
             }
             done += (size_t)w;
         }
     if (!rc && fsync(fd)) {
-        ERR("save_state: fsync of %s failed: %s", tmp, strerror(errno));
-        rc = PT_ERR_IO;
+        rc = pt_fail(err, errlen, PT_ERR_IO, "save_state: fsync of %s failed: %s", tmp, strerror(errno));
     }
     close(fd);
     pt_state_image_free(&img);
     if (!rc && rename(tmp, path)) {
-        ERR("save_state: rename %s -> %s failed: %s", tmp, path, strerror(errno));
-        rc = PT_ERR_IO;
+        rc = pt_fail(err, errlen, PT_ERR_IO, "save_state: rename %s -> %s failed: %s", tmp, path, strerror(errno));
     }
     if (rc) unlink(tmp);
-    else PT_LOGI(&rt->lg, "state saved to %s (step %lld, %llu bytes)", path, (long long)h.step,
+    else PT_LOGI(st->lg, "state saved to %s (step %lld, %llu bytes)", path, (long long)h.step,
                  (unsigned long long)(sizeof h + h.payload_bytes));
     return rc;
 }
 
-int pt_state_load(pt_rt *rt, const char *dir, char *err, size_t errlen) {
+int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
     if (!dir || !*dir) {
-        ERR("load_state: no directory given");
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "load_state: no directory given");
     }
     char path[1024];
-    file_path(rt, dir, path, sizeof path);
+    file_path(st, dir, path, sizeof path);
     FILE *f = fopen(path, "rb");
     if (!f) {
-        ERR("load_state: cannot open %s: %s", path, strerror(errno));
-        return PT_ERR_IO;
+        return pt_fail(err, errlen, PT_ERR_IO, "load_state: cannot open %s: %s", path, strerror(errno));
     }
     st_header h;
     int rc = PT_OK;
     pt_state_image img = {0};
     struct stat sb;
     if (fread(&h, sizeof h, 1, f) != 1) {
-        ERR("load_state: %s is truncated (no complete header)", path);
-        rc = PT_ERR_FORMAT;
+        rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is truncated (no complete header)", path);
     } else if (h.magic != ST_MAGIC) {
-        ERR("load_state: %s is not a protrain state file (magic %08x)", path, h.magic);
-        rc = PT_ERR_FORMAT;
+        rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is not a protrain state file (magic %08x)", path, h.magic);
     } else if (h.version != ST_VERSION) {
-        ERR("load_state: %s has state format version %u, this plugin reads %u", path, h.version,
+        rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s has state format version %u, this plugin reads %u", path, h.version,
             ST_VERSION);
-        rc = PT_ERR_FORMAT;
-    } else if (h.n_params != (uint32_t)rt->model->n_params) {
-        ERR("load_state: %s holds a model with %u parameters, this one has %d", path, h.n_params,
-            rt->model->n_params);
-        rc = PT_ERR_FORMAT;
+    } else if (h.n_params != (uint32_t)st->model->n_params) {
+        rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s holds a model with %u parameters, this one has %d", path, h.n_params,
+            st->model->n_params);
     } else if (fstat(fileno(f), &sb) || (uint64_t)sb.st_size != sizeof h + h.payload_bytes) {
-        ERR("load_state: %s is %lld bytes, its header says %llu (truncated or trailing bytes)",
+        rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is %lld bytes, its header says %llu (truncated or trailing bytes)",
             path, (long long)sb.st_size, (unsigned long long)(sizeof h + h.payload_bytes));
-        rc = PT_ERR_FORMAT;
     } else if (!(img.data = malloc(h.payload_bytes ? h.payload_bytes : 1))) {
-        ERR("load_state: out of host memory (%llu bytes)", (unsigned long long)h.payload_bytes);
-        rc = PT_ERR_HOST_OOM;
+        rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "load_state: out of host memory (%llu bytes)", (unsigned long long)h.payload_bytes);
     } else if (fread(img.data, 1, h.payload_bytes, f) != h.payload_bytes) {
-        ERR("load_state: reading %s failed", path);
-        rc = PT_ERR_IO;
-    } else if (pt_trace_fnv1a64(img.data, h.payload_bytes) != h.checksum) {
-        ERR("load_state: %s is corrupt (checksum mismatch)", path);
-        rc = PT_ERR_FORMAT;
+        rc = pt_fail(err, errlen, PT_ERR_IO, "load_state: reading %s failed", path);
+    } else if (pt_fnv1a64(img.data, h.payload_bytes) != h.checksum) {
+        rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is corrupt (checksum mismatch)", path);
     }
     fclose(f);
-    if (!rc) rc = ready(rt, "load_state", 1, err, errlen);
+    if (!rc) rc = ready(st, "load_state", 1, err, errlen);
     if (!rc) {
         img.bytes = h.payload_bytes;
         img.step = h.step;
         img.has_opt = 1;
-        rc = pt_state_restore(rt, &img, err, errlen);
+        rc = pt_store_restore(st, &img, err, errlen);
     }
     pt_state_image_free(&img);
-    if (!rc) PT_LOGI(&rt->lg, "state loaded from %s (step %lld)", path, (long long)h.step);
+    if (!rc) PT_LOGI(st->lg, "state loaded from %s (step %lld)", path, (long long)h.step);
     return rc;
 }

@@ -155,7 +155,6 @@ typedef struct pt_trace {
 /* ---- helpers (implemented in trace_cache.c) ---- */
 
 /* 64-bit FNV-1a over bytes, and over a NUL-terminated architecture description. */
-uint64_t pt_trace_fnv1a64(const void *data, size_t len);
 uint64_t pt_trace_arch_hash(const char *description);
 
 /* Zero a trace (no allocation). */

@@ -4,7 +4,7 @@
 #define PT_PROFILER_H
 
 #include "rt_internal.h"
-#include "trace.h"
+#include "planner/planner.h"
 
 enum { PT_PROF_PRE_FWD = 0, PT_PROF_POST_FWD = 1, PT_PROF_PRE_BWD = 2, PT_PROF_POST_BWD = 3 };
 
@@ -20,8 +20,5 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen);
 void pt_prof_free(pt_rt *rt);
 /* The cache key of this model on this device (architecture hash, B, T, device, world). */
 void pt_prof_key(pt_rt *rt, pt_trace_key *k);
-
-/* model_state.c: a hash of everything that shapes the layout and the profile. */
-uint64_t pt_ms_arch_hash(pt_rt *rt);
 
 #endif

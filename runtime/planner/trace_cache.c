@@ -6,7 +6,7 @@
  */
 #include "trace_cache.h"
 #include "protrain.h"
-#include "log.h"
+#include "base/base.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -30,19 +30,8 @@ static const char MAGIC[8] = {'P', 'T', 'T', 'R', 'A', 'C', 'E', 0};
 
 /* ---------------- trace helpers ---------------- */
 
-uint64_t pt_trace_fnv1a64(const void *data, size_t len) {
-    /* FNV-1a: h = (h ^ byte) * prime, offset basis 14695981039346656037. */
-    const unsigned char *p = data;
-    uint64_t h = 14695981039346656037ull;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
 uint64_t pt_trace_arch_hash(const char *description) {
-    return pt_trace_fnv1a64(description ? description : "", description ? strlen(description) : 0);
+    return pt_fnv1a64(description ? description : "", description ? strlen(description) : 0);
 }
 
 void pt_trace_init(pt_trace *t) { memset(t, 0, sizeof *t); }
@@ -456,7 +445,7 @@ static uint64_t key_hash(const pt_trace_key *k) {
     char dev[64];
     norm_device(dev, k->device);
     put(&w, dev, 64);
-    uint64_t h = w.oom ? 0 : pt_trace_fnv1a64(w.p, w.n);
+    uint64_t h = w.oom ? 0 : pt_fnv1a64(w.p, w.n);
     free(w.p);
     return h;
 }
@@ -479,7 +468,7 @@ int pt_trace_write_file(const char *path, const pt_trace *t, char *err, size_t e
     wbuf pay = {0}, all = {0};
     encode_payload(&pay, t);
     if (!pay.oom) {
-        encode_header(&all, &t->key, pay.n, pt_trace_fnv1a64(pay.p, pay.n));
+        encode_header(&all, &t->key, pay.n, pt_fnv1a64(pay.p, pay.n));
         put(&all, pay.p, pay.n);
     }
     free(pay.p);
@@ -608,7 +597,7 @@ int pt_trace_read_file(const char *path, const pt_trace_key *expect, pt_trace *o
         return pt_fail(err, errlen, PT_ERR_FORMAT, "trace %s is truncated: %zu of %llu payload bytes", path, got,
                     (unsigned long long)psize);
     }
-    if (pt_trace_fnv1a64(pay, psize) != sum) {
+    if (pt_fnv1a64(pay, psize) != sum) {
         free(pay);
         return pt_fail(err, errlen, PT_ERR_FORMAT, "trace %s is corrupt: payload checksum mismatch", path);
     }

@@ -1,7 +1,8 @@
 /*
  * rt.c — runtime context, device services for the host (dev_alloc, arenas,
- * memcpy, stats) and the hook entry points. Parameter storage and the
- * optimizer live in model_state.c; this file wires them to the hooks.
+ * memcpy, stats) and the hook entry points. Parameter storage, activations
+ * and the optimizer live in the chunk store (store/store.h); this file
+ * builds the store under the plan in force and wires it to the hooks.
  */
 #include "rt.h"
 
@@ -12,20 +13,25 @@
 #include <string.h>
 
 #include "device_ext.h"
-#include "placement.h"
+#include "planner/planner.h"
 #include "profiler.h"
-#include "state_io.h"
 #include "rt_internal.h"
 
-#define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
+
+/* save/load/read need the store and (save/load) the optimizer's state. */
+static int need_store(pt_rt *rt, const char *what, int need_opt, char *err, size_t errlen) {
+    if (!rt->st || (need_opt && !pt_store_optimizer_ready(rt->st)))
+        return pt_fail(err, errlen, PT_ERR_ORDER, "%s needs post_model_load%s first", what,
+                       need_opt ? " and create_optimizer" : "");
+    return PT_OK;
+}
 
 int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *lg, pt_rt **out,
                  char *err, size_t errlen) {
     *out = NULL;
     pt_rt *rt = calloc(1, sizeof *rt);
     if (!rt) {
-        ERR("out of host memory creating the runtime");
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory creating the runtime");
     }
     rt->cfg = *cfg;
     rt->lg = *lg;
@@ -42,9 +48,8 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
         missing = "world_size > 1: multi-rank modes (A/B/C with NCCL/MPI) are not built yet";
     else if (cfg->zero3_shard == 1) missing = "[protrain] zero3_shard = on: mode C is not built yet";
     if (missing) {
-        ERR("%s (config %s)", missing, cfg->source);
         free(rt);
-        return PT_ERR_UNSUPPORTED;
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "%s (config %s)", missing, cfg->source);
     }
     pt_gpu_config gc = {0};
     gc.device_index = host ? host->device_index : 0;
@@ -65,7 +70,8 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     void *impl = pt_gpu_impl(rt->gpu);
     if ((rc = ops->stream_create(impl, &rt->s_compute)) ||
         (rc = ops->stream_create(impl, &rt->s_h2d)) || (rc = ops->stream_create(impl, &rt->s_d2h))) {
-        ERR("cannot create device streams on the %s backend", pt_gpu_backend_name(rt->gpu));
+        pt_fail(err, errlen, PT_ERR_BACKEND, "cannot create device streams on the %s backend",
+                pt_gpu_backend_name(rt->gpu));
         pt_rt_destroy(rt);
         return PT_ERR_BACKEND;
     }
@@ -81,8 +87,7 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
 
 size_t pt_rt_destroy(pt_rt *rt) {
     if (!rt) return 0;
-    pt_acts_fini(rt);
-    pt_ms_destroy(rt);
+    pt_rt_store_free(rt);
     pt_rt_plan_free(rt);
     size_t leaked = 0;
     if (rt->gpu) {
@@ -103,15 +108,13 @@ size_t pt_rt_destroy(pt_rt *rt) {
 
 int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     if (!model || model->n_params <= 0 || !model->params || model->n_blocks < 0) {
-        ERR("post_model_load: model descriptor is empty (n_params %d, n_blocks %d)",
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: model descriptor is empty (n_params %d, n_blocks %d)",
             model ? model->n_params : 0, model ? model->n_blocks : 0);
-        return PT_ERR_INVALID_ARG;
     }
-    int rc = pt_ms_validate(model, err, errlen);
+    int rc = pt_store_validate(model, err, errlen);
     if (rc) return rc;
     /* a retry after a failed post_model_load starts from nothing */
-    pt_acts_fini(rt);
-    pt_ms_destroy(rt);
+    pt_rt_store_free(rt);
     pt_rt_plan_free(rt);
     rt->broken = 0;
     rt->model = model;
@@ -123,127 +126,27 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     rt->kn.source = rt->cfg.force_all_persistent ? "force_all_persistent" : "INI";
     if (pt_rt_wants_profile(rt)) {
         /* bootstrap: stream every chunk through the minimal pool, checkpoint every
-         * block — what fits if anything does (ARCHITECTURE.md decision 1) */
+         * block — what fits if anything does, so profiling itself never OOMs
+         * where a plan exists */
         rt->kn.n_persist = 0;
         rt->kn.n_buffer = -1;
         rt->kn.n_swap = 0;
         rt->kn.n_checkpoint = model->n_blocks;
         rt->kn.source = "bootstrap";
     }
-    return pt_rt_build(rt, err, errlen);
-}
-
-/* (Re)build the store and the activation policy from rt->kn. */
-int pt_rt_build(pt_rt *rt, char *err, size_t errlen) {
-    int rc = pt_ms_load(rt, err, errlen);
-    if (rc) return rc;
-    int32_t *modes = calloc((size_t)(rt->n_blocks > 0 ? rt->n_blocks : 1), sizeof *modes);
-    if (!modes) {
-        ERR("out of host memory");
-        return PT_ERR_HOST_OOM;
-    }
-    rc = pt_rt_block_modes(rt, modes, err, errlen);
-    if (!rc) rc = pt_acts_init(rt, modes, err, errlen);
-    free(modes);
-    /* peaks from here on belong to the plan in force (not to profiling) */
-    pt_gpu_reset_peak(rt->gpu);
-    rt->calib_steps = 0;
-    return rc;
-}
-
-int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t errlen) {
-    pt_optim_state *o = &rt->opt;
-    const pt_config *c = &rt->cfg;
-    int type = (d && d->type != PT_OPTIM_FROM_CONFIG) ? d->type : c->optim_type;
-    if (type != PT_OPTIM_ADAMW) {
-        ERR("create_optimizer: optimizer type %d is not available in this build (adamw only; "
-            "REKLS lands with the kernels issue)", type);
-        return PT_ERR_UNSUPPORTED;
-    }
-#define PICK(f, cf) o->f = (d && !isnan(d->f)) ? d->f : c->cf
-    PICK(lr, lr);
-    PICK(beta1, beta1);
-    PICK(beta2, beta2);
-    PICK(eps, eps);
-    PICK(weight_decay, weight_decay);
-    PICK(max_grad_norm, max_grad_norm);
-#undef PICK
-    if (!(o->lr >= 0) || !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) ||
-        !(o->eps > 0) || !(o->weight_decay >= 0)) {
-        ERR("create_optimizer: bad hyper-parameters lr %g beta1 %g beta2 %g eps %g weight_decay %g "
-            "(need lr >= 0, betas in [0,1), eps > 0, weight_decay >= 0)",
-            o->lr, o->beta1, o->beta2, o->eps, o->weight_decay);
-        return PT_ERR_INVALID_ARG;
-    }
-    o->t = 0;
-    o->last_norm = NAN;
-    PT_LOGI(&rt->lg, "optimizer adamw lr %g betas (%g, %g) eps %g weight_decay %g clip %s",
-            o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
-            o->max_grad_norm > 0 ? "global-norm" : "off");
-    int rc = pt_rt_replan_for_optimizer(rt, o->max_grad_norm > 0, err, errlen);
-    return rc ? rc : pt_ms_optimizer_init(rt, err, errlen);
-}
-
-int pt_rt_pre_step(pt_rt *rt, int64_t step, int32_t micro, int32_t n_micro, char *err,
-                   size_t errlen) {
-    if (rt->broken) {
-        ERR("pre_step: the plugin lost its state in a failed re-plan (see the log)");
-        return rt->broken;
-    }
-    rt->step = step;
-    rt->micro = micro;
-    rt->n_micro = n_micro;
-    rt->eval = (n_micro == 0);
-    return pt_ms_pre_step(rt, err, errlen);
-}
-
-#define PROF(which, exit) \
-    do { if (rt->prof) pt_prof_hook(rt, which, b, exit); } while (0)
-
-int pt_rt_pre_forward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
-    PROF(PT_PROF_PRE_FWD, 0);
-    pt_acts_pre_forward(rt, b);
-    int rc = pt_ms_gather(rt, b, 0, err, errlen);
-    PROF(PT_PROF_PRE_FWD, 1);
-    return rc;
-}
-
-int pt_rt_post_forward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
-    PROF(PT_PROF_POST_FWD, 0);
-    int rc = pt_ms_release(rt, b, 0, err, errlen);
-    if (!rc) rc = pt_acts_post_forward(rt, b, err, errlen);
-    PROF(PT_PROF_POST_FWD, 1);
-    return rc;
-}
-
-/* Parameters first, then activations: a CKPT recompute reads the block's params. */
-int pt_rt_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
-    PROF(PT_PROF_PRE_BWD, 0);
-    int rc = pt_ms_gather(rt, b, 1, err, errlen);
-    if (!rc) rc = pt_acts_pre_backward(rt, b, err, errlen);
-    PROF(PT_PROF_PRE_BWD, 1);
-    return rc;
-}
-
-int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
-    PROF(PT_PROF_POST_BWD, 0);
-    int rc = pt_ms_release(rt, b, 1, err, errlen);
-    if (!rc) rc = pt_acts_post_backward(rt, b);
-    PROF(PT_PROF_POST_BWD, 1);
-    return rc;
+    return pt_rt_build(rt, 0, err, errlen);
 }
 
 /* Per-block activation modes from (n_swap, n_checkpoint) — INI overrides until
  * the searcher decides — by the placement rule of runtime/placement.h. The swap
  * interval comes from the profile when there is one, else 1. */
-int pt_rt_block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen) {
+static int block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen) {
     int n = rt->n_blocks;
     int ns = rt->kn.n_swap > 0 ? rt->kn.n_swap : 0;
     int nc = rt->kn.n_checkpoint > 0 ? rt->kn.n_checkpoint : 0;
     uint8_t *m8 = calloc((size_t)(n > 0 ? n : 1), 1);
     if (!m8) {
-        ERR("out of host memory");
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
     int rc = pt_place_blocks(n, ns, nc, rt->swap_interval > 0 ? rt->swap_interval : 1, m8, err,
                              errlen);
@@ -259,21 +162,117 @@ int pt_rt_block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen) {
     return PT_OK;
 }
 
+static void on_recompute(void *user, int32_t b, double seconds) {
+    pt_rt *rt = user;
+    if (rt->prof) pt_prof_recompute(rt, b, seconds);
+}
+
+void pt_rt_store_free(pt_rt *rt) {
+    pt_store_destroy(rt->st);
+    rt->st = NULL;
+}
+
+/* (Re)build the store and the activation policy from rt->kn; from_image: the
+ * caller restores parameter values from a state image next. */
+int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
+    pt_rt_store_free(rt);
+    int32_t *modes = calloc((size_t)(rt->n_blocks > 0 ? rt->n_blocks : 1), sizeof *modes);
+    if (!modes) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    int rc = block_modes(rt, modes, err, errlen);
+    if (!rc) {
+        pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->gpu, rt->s_compute, rt->s_h2d,
+                            rt->s_d2h, rt->model, &rt->opt, &rt->sx, on_recompute, rt};
+        rc = pt_store_create(&env, &rt->kn, modes, rt->swap_done, from_image, &rt->st, err,
+                             errlen);
+    }
+    free(modes);
+    /* peaks from here on belong to the plan in force (not to profiling) */
+    pt_gpu_reset_peak(rt->gpu);
+    rt->calib_steps = 0;
+    return rc;
+}
+
+int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t errlen) {
+    pt_optim_state *o = &rt->opt;
+    const pt_config *c = &rt->cfg;
+    int type = (d && d->type != PT_OPTIM_FROM_CONFIG) ? d->type : c->optim_type;
+    if (type != PT_OPTIM_ADAMW) {
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "create_optimizer: optimizer type %d is not available in this build (adamw only; "
+            "REKLS lands with the kernels issue)", type);
+    }
+#define PICK(f, cf) o->f = (d && !isnan(d->f)) ? d->f : c->cf
+    PICK(lr, lr);
+    PICK(beta1, beta1);
+    PICK(beta2, beta2);
+    PICK(eps, eps);
+    PICK(weight_decay, weight_decay);
+    PICK(max_grad_norm, max_grad_norm);
+#undef PICK
+    if (!(o->lr >= 0) || !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) ||
+        !(o->eps > 0) || !(o->weight_decay >= 0)) {
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "create_optimizer: bad hyper-parameters lr %g beta1 %g beta2 %g eps %g weight_decay %g "
+            "(need lr >= 0, betas in [0,1), eps > 0, weight_decay >= 0)",
+            o->lr, o->beta1, o->beta2, o->eps, o->weight_decay);
+    }
+    o->t = 0;
+    o->last_norm = NAN;
+    PT_LOGI(&rt->lg, "optimizer adamw lr %g betas (%g, %g) eps %g weight_decay %g clip %s",
+            o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
+            o->max_grad_norm > 0 ? "global-norm" : "off");
+    int rc = pt_rt_replan_for_optimizer(rt, o->max_grad_norm > 0, err, errlen);
+    if (!rc) rc = pt_store_optimizer_init(rt->st, err, errlen);
+    rt->opt_created = !rc;
+    return rc;
+}
+
+int pt_rt_pre_step(pt_rt *rt, int64_t step, int32_t micro, int32_t n_micro, char *err,
+                   size_t errlen) {
+    if (rt->broken) {
+        return pt_fail(err, errlen, rt->broken, "pre_step: the plugin lost its state in a failed re-plan (see the log)");
+    }
+    rt->sx.step = step;
+    rt->sx.micro = micro;
+    rt->sx.n_micro = n_micro;
+    rt->sx.eval = (n_micro == 0);
+    return pt_store_pre_step(rt->st, err, errlen);
+}
+
+/* A block hook: the store's work, bracketed by the profiler's window marks
+ * while profiling. */
+typedef int (*store_hook)(pt_store *st, int32_t b, char *err, size_t errlen);
+static int hook(pt_rt *rt, int which, store_hook fn, int32_t b, char *err, size_t errlen) {
+    if (rt->prof) pt_prof_hook(rt, which, b, 0);
+    int rc = fn(rt->st, b, err, errlen);
+    if (rt->prof) pt_prof_hook(rt, which, b, 1);
+    return rc;
+}
+
+int pt_rt_pre_forward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
+    return hook(rt, PT_PROF_PRE_FWD, pt_store_pre_forward, b, err, errlen);
+}
+int pt_rt_post_forward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
+    return hook(rt, PT_PROF_POST_FWD, pt_store_post_forward, b, err, errlen);
+}
+int pt_rt_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
+    return hook(rt, PT_PROF_PRE_BWD, pt_store_pre_backward, b, err, errlen);
+}
+int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
+    return hook(rt, PT_PROF_POST_BWD, pt_store_post_backward, b, err, errlen);
+}
+
 int pt_rt_optimizer_step(pt_rt *rt, float lr, char *err, size_t errlen) {
-    rt->lr_arg = lr;
-    return pt_ms_optimizer_step(rt, err, errlen);
+    rt->sx.lr_arg = lr;
+    return pt_store_optimizer_step(rt->st, err, errlen);
 }
 
 int pt_rt_set_lr(pt_rt *rt, float lr, char *err, size_t errlen) {
     if (!(lr >= 0)) {
-        ERR("set_lr: lr %g must be >= 0", (double)lr);
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "set_lr: lr %g must be >= 0", (double)lr);
     }
-    if (!rt->ms) {
-        ERR("hook set_lr called out of order: expected post_model_load first");
-        return PT_ERR_ORDER;
+    if (!rt->st) {
+        return pt_fail(err, errlen, PT_ERR_ORDER, "hook set_lr called out of order: expected post_model_load first");
     }
-    return pt_ms_set_lr(rt, lr);
+    return pt_store_set_lr(rt->st, lr);
 }
 
 int pt_rt_post_step(pt_rt *rt, int64_t step, float loss, char *err, size_t errlen) {
@@ -282,18 +281,19 @@ int pt_rt_post_step(pt_rt *rt, int64_t step, float loss, char *err, size_t errle
             rt->opt.last_norm);
     pt_rt_calibrate(rt);
     if (rt->broken) {
-        ERR("post_step: the calibration re-plan failed (see the log); the run cannot continue");
-        return rt->broken;
+        return pt_fail(err, errlen, rt->broken, "post_step: the calibration re-plan failed (see the log); the run cannot continue");
     }
     return PT_OK;
 }
 
 int pt_rt_save_state(pt_rt *rt, const char *dir, char *err, size_t errlen) {
-    return pt_state_save(rt, dir, err, errlen);
+    int rc = need_store(rt, "save_state", 1, err, errlen);
+    return rc ? rc : pt_store_save(rt->st, dir, err, errlen);
 }
 
 int pt_rt_load_state(pt_rt *rt, const char *dir, char *err, size_t errlen) {
-    return pt_state_load(rt, dir, err, errlen);
+    int rc = need_store(rt, "load_state", 1, err, errlen);
+    return rc ? rc : pt_store_load(rt->st, dir, err, errlen);
 }
 
 /* ---- host memory services ---- */
@@ -301,40 +301,46 @@ int pt_rt_load_state(pt_rt *rt, const char *dir, char *err, size_t errlen) {
 int pt_rt_dev_alloc(pt_rt *rt, uint64_t bytes, const char *tag, void **ptr, char *err,
                     size_t errlen) {
     if (!ptr) {
-        ERR("dev_alloc: ptr is NULL");
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "dev_alloc: ptr is NULL");
     }
     *ptr = NULL;
     if (bytes == 0) {
-        ERR("dev_alloc: zero-byte request (tag %s)", tag ? tag : "(none)");
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "dev_alloc: zero-byte request (tag %s)", tag ? tag : "(none)");
     }
     return pt_gpu_alloc(rt->gpu, (size_t)bytes, pt_mem_tag_parse(tag), ptr, err, errlen);
 }
 
 int pt_rt_dev_free(pt_rt *rt, void *ptr, char *err, size_t errlen) {
     if (!ptr) return PT_OK;
-    for (int b = 0; b < rt->n_blocks; b++)
-        if (rt->arena && rt->arena[b].ptr == ptr) {
-            ERR("dev_free: %p is block %d's activation arena, which the plugin owns", ptr, b);
-            return PT_ERR_INVALID_ARG;
-        }
+    int b = pt_store_is_arena(rt->st, ptr);
+    if (b >= 0)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "dev_free: %p is block %d's activation arena, which the plugin owns", ptr, b);
     return pt_gpu_free_checked(rt->gpu, ptr, err, errlen);
+}
+
+int pt_rt_arena(pt_rt *rt, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen) {
+    int rc = need_store(rt, "activation_arena", 0, err, errlen);
+    return rc ? rc : pt_store_arena(rt->st, b, bytes, ptr, err, errlen);
+}
+
+int pt_rt_arena_get(pt_rt *rt, int32_t b, void **ptr, char *err, size_t errlen) {
+    int rc = need_store(rt, "activation_arena_get", 0, err, errlen);
+    return rc ? rc : pt_store_arena_get(rt->st, b, ptr, err, errlen);
 }
 
 int pt_rt_memcpy(pt_rt *rt, void *dst, const void *src, uint64_t bytes, int32_t kind, char *err,
                  size_t errlen) {
     if ((!dst || !src) && bytes) {
-        ERR("memcpy: NULL pointer");
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "memcpy: NULL pointer");
     }
     if (kind < PT_COPY_H2D || kind > PT_COPY_D2D) {
-        ERR("memcpy: unknown copy kind %d (0 H2D, 1 D2H, 2 D2D)", kind);
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "memcpy: unknown copy kind %d (0 H2D, 1 D2H, 2 D2D)", kind);
     }
     int rc = pt_gpu_memcpy(rt->gpu, dst, src, (size_t)bytes, kind);
-    if (rc) ERR("memcpy of %llu bytes failed on the %s backend", (unsigned long long)bytes,
-                pt_gpu_backend_name(rt->gpu));
+    if (rc)
+        pt_fail(err, errlen, rc, "memcpy of %llu bytes failed on the %s backend",
+                (unsigned long long)bytes, pt_gpu_backend_name(rt->gpu));
     return rc;
 }
 
@@ -352,15 +358,9 @@ int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out) {
     s.d2h_bytes = u.d2h_bytes;
     s.last_grad_norm = rt->opt.last_norm;
     s.steps = rt->opt.t;
-    for (int b = 0; rt->arena && b < rt->n_blocks; b++) {
-        s.n_swap += rt->arena[b].mode == PT_ACT_SWAP;
-        s.n_checkpoint += rt->arena[b].mode == PT_ACT_CKPT;
-    }
-    s.recomputes = rt->recomputes;
-    s.swap_bytes = rt->swap_out_bytes;
     s.pred_peak = rt->pred_peak;
     s.pred_iter_s = rt->pred_iter_s;
-    pt_ms_plan_stats(rt, &s);
+    pt_store_stats(rt->st, &s);
     uint32_t n = out->struct_size && out->struct_size < sizeof s ? out->struct_size : sizeof s;
     memcpy(out, &s, n);
     out->struct_size = n;
@@ -369,5 +369,6 @@ int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out) {
 
 int pt_rt_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *err,
                      size_t errlen) {
-    return pt_ms_read_param(rt, index, dst, bytes, err, errlen);
+    int rc = need_store(rt, "read_param", 0, err, errlen);
+    return rc ? rc : pt_store_read_param(rt->st, index, dst, bytes, err, errlen);
 }

@@ -1,7 +1,9 @@
 /*
- * ms_internal.h — the chunked model-state store shared by model_state.c
- * (layout, storage, plan, load) and chunk_runtime.c (gather/release,
- * prefetch, gradient offload, CPU/device optimizer).
+ * store_internal.h — the chunk store's private state, shared by the files of
+ * runtime/store only: model_state.c (layout, storage, load), chunk_runtime.c
+ * (gather/release, prefetch, gradient offload, CPU/device optimizer),
+ * activations.c (arenas) and state_io.c (images and files). Code outside
+ * runtime/store uses store.h.
  *
  * Storage per chunk (S = chunk capacity in bytes, E = fp32 state elements =
  * sum over its trainable regions of bytes / elem_size, padding included):
@@ -16,16 +18,28 @@
  *   Streamed chunks live on the device only inside a buffer-pool slot of 2*S_chunk
  *   bytes: [0, S) params, [S, 2S) gradients.
  */
-#ifndef PT_MS_INTERNAL_H
-#define PT_MS_INTERNAL_H
+#ifndef PT_STORE_INTERNAL_H
+#define PT_STORE_INTERNAL_H
 
 #include <pthread.h>
 
+#include "device_ext.h"
 #include "buffer_pool.h"
 #include "chunk_layout.h"
-#include "cpu_adam.h"
-#include "rt_internal.h"
-#include "thread_pool.h"
+#include "optim/optim.h"
+#include "store.h"
+
+typedef struct pt_arena {
+    int mode;             /* PT_ACT_* */
+    void *ptr;            /* device bytes of the block's saved activations, or NULL */
+    uint64_t bytes;       /* size the host asked for */
+    int live;             /* forward saved it and its backward has not run yet */
+    void *host;           /* SWAP: pinned copy */
+    uint64_t host_bytes;
+    int swapping_out, swapping_in;
+    int32_t done_at;      /* SWAP: the last forward window holding the arena (plan), -1 = none */
+    pt_event *ev_out, *ev_in;
+} pt_arena;
 
 typedef struct cs_chunk {
     const pt_chunk *lc;       /* layout chunk */
@@ -55,7 +69,27 @@ typedef struct cs_chunk {
     pt_adamw_consts t_consts;
 } cs_chunk;
 
-struct pt_ms {
+struct pt_store {
+    /* lent by the caller (pt_store_env) */
+    const pt_config *cfg;
+    const pt_logger *lg;
+    const pt_host_v1 *host;
+    pt_gpu *gpu;
+    pt_stream *s_compute, *s_h2d, *s_d2h;
+    pt_model_v1 *model;
+    int n_blocks;
+    pt_optim_state *opt;
+    const pt_step_state *sx;
+    void (*on_recompute)(void *user, int32_t block, double seconds);
+    void *user;
+    pt_store_knobs kn;
+    int no_init_upload;       /* values come from a state image, not the host's tensors */
+    int opt_ready;            /* optimizer state allocated */
+    /* activations */
+    pt_arena *arena;          /* [n_blocks] */
+    uint64_t swap_out_bytes;  /* cumulative */
+    int64_t recomputes;       /* cumulative recompute_block calls */
+    /* chunks */
     pt_layout lay;
     int n_chunks, n_persist, n_buffer, n_offloaded;
     int np_fixed, nb_fixed;   /* knobs fixed by the INI (1) or chosen (0) */
@@ -83,13 +117,25 @@ struct pt_ms {
     pthread_mutex_t acct_mu;
 };
 
-/* model_state.c: exact footprints (the profiler writes them into the trace) */
+/* model_state.c */
 uint64_t pt_ms_chunk_dev_bytes(const cs_chunk *c);
 uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c);
 
 /* chunk_runtime.c */
-int pt_cs_init_runtime(pt_rt *rt, char *err, size_t errlen);
-void pt_cs_fini_runtime(pt_rt *rt);
-void pt_cs_set_pointers(pt_rt *rt, cs_chunk *c, void *param_base, void *grad_base);
+int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen);
+void pt_cs_fini_runtime(pt_store *st);
+void pt_cs_set_pointers(pt_store *st, cs_chunk *c, void *param_base, void *grad_base);
+int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen);
+int pt_ms_release(pt_store *st, int32_t b, int backward, char *err, size_t errlen);
+
+/* activations.c */
+const char *pt_acts_mode_name(int m);
+int pt_acts_init(pt_store *st, const int32_t *modes, const int32_t *swap_done, char *err,
+                 size_t errlen);
+void pt_acts_fini(pt_store *st);
+void pt_acts_pre_forward(pt_store *st, int32_t w);
+int pt_acts_post_forward(pt_store *st, int32_t b, char *err, size_t errlen);
+int pt_acts_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen);
+int pt_acts_post_backward(pt_store *st, int32_t b);
 
 #endif

@@ -14,10 +14,8 @@
 
 #include "device_ext.h"
 #include "kernels_hd.h"
-#include "ms_internal.h"
-#include "profiler.h"
+#include "store_internal.h"
 
-#define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
 
 uint64_t pt_param_numel(const pt_param_v1 *p) {
     uint64_t n = 1;
@@ -25,45 +23,38 @@ uint64_t pt_param_numel(const pt_param_v1 *p) {
     return n;
 }
 
-int pt_ms_validate(const pt_model_v1 *m, char *err, size_t errlen) {
+int pt_store_validate(const pt_model_v1 *m, char *err, size_t errlen) {
     for (int i = 0; i < m->n_params; i++) {
         const pt_param_v1 *p = &m->params[i];
         const char *nm = p->name ? p->name : "(unnamed)";
         if (p->ndim < 1 || p->ndim > 4) {
-            ERR("post_model_load: param %d '%s' has ndim %d (need 1..4)", i, nm, p->ndim);
-            return PT_ERR_INVALID_ARG;
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' has ndim %d (need 1..4)", i, nm, p->ndim);
         }
         for (int d = 0; d < p->ndim; d++)
             if (p->shape[d] <= 0) {
-                ERR("post_model_load: param %d '%s' has shape[%d] = %lld (need > 0)", i, nm, d,
+                return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' has shape[%d] = %lld (need > 0)", i, nm, d,
                     (long long)p->shape[d]);
-                return PT_ERR_INVALID_ARG;
             }
         if (p->dtype < PT_F32 || p->dtype > PT_F16) {
-            ERR("post_model_load: param %d '%s' has unknown dtype %d (0 f32, 1 bf16, 2 f16)", i,
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' has unknown dtype %d (0 f32, 1 bf16, 2 f16)", i,
                 nm, p->dtype);
-            return PT_ERR_INVALID_ARG;
         }
         if (p->block < -1 || p->block >= m->n_blocks) {
-            ERR("post_model_load: param %d '%s' names block %d but the model has %d blocks", i,
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' names block %d but the model has %d blocks", i,
                 nm, p->block, m->n_blocks);
-            return PT_ERR_INVALID_ARG;
         }
         if (p->tie >= 0) {
             if (p->tie >= m->n_params || p->tie == i || m->params[p->tie].tie >= 0) {
-                ERR("post_model_load: param %d '%s' is tied to %d, which is not a valid untied "
+                return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' is tied to %d, which is not a valid untied "
                     "param", i, nm, p->tie);
-                return PT_ERR_INVALID_ARG;
             }
             const pt_param_v1 *t = &m->params[p->tie];
             if (pt_param_numel(t) != pt_param_numel(p) || t->dtype != p->dtype) {
-                ERR("post_model_load: param %d '%s' is tied to '%s' but their sizes or dtypes "
+                return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' is tied to '%s' but their sizes or dtypes "
                     "differ", i, nm, t->name ? t->name : "(unnamed)");
-                return PT_ERR_INVALID_ARG;
             }
         } else if (!p->init) {
-            ERR("post_model_load: param %d '%s' has no initial values (init is NULL)", i, nm);
-            return PT_ERR_INVALID_ARG;
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' has no initial values (init is NULL)", i, nm);
         }
     }
     return PT_OK;
@@ -72,7 +63,7 @@ int pt_ms_validate(const pt_model_v1 *m, char *err, size_t errlen) {
 /* Lookahead minimum of the pool: the streamed chunks of two consecutive blocks
  * (the running block and the one being prefetched), at least 1 when anything
  * streams. Fewer slots than one block's streamed chunks cannot run at all. */
-static int min_buffers(const struct pt_ms *ms, int n_blocks, int lookahead) {
+static int min_buffers(const pt_store *ms, int n_blocks, int lookahead) {
     int need = 0;
     for (int b = 0; b < n_blocks; b++) {
         int k = 0;
@@ -86,16 +77,15 @@ static int min_buffers(const struct pt_ms *ms, int n_blocks, int lookahead) {
     return need;
 }
 
-static int choose_layout(pt_rt *rt, char *err, size_t errlen) {
-    struct pt_ms *ms = rt->ms;
-    pt_model_v1 *m = rt->model;
+static int choose_layout(pt_store *st, char *err, size_t errlen) {
+    pt_store *ms = st;
+    pt_model_v1 *m = st->model;
     pt_layout_param *lp = calloc((size_t)m->n_params, sizeof *lp);
     if (!lp) {
-        ERR("out of host memory");
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
     int rc = pt_layout_params_from_model(m, NULL, lp, err, errlen);
-    uint64_t S = rt->cfg.chunk_size;
+    uint64_t S = st->cfg->chunk_size;
     pt_chunk_size_choice choice;
     if (!rc && !S) {
         rc = pt_chunk_size_choose(lp, m->n_params, m->n_blocks, &choice, err, errlen);
@@ -103,8 +93,8 @@ static int choose_layout(pt_rt *rt, char *err, size_t errlen) {
             S = choice.chosen;
             char tab[4096];
             pt_chunk_size_table(&choice, tab, sizeof tab);
-            PT_LOGD(&rt->lg, "chunk size candidates:");
-            pt_log_text(&rt->lg, PT_LOG_DEBUG, tab);
+            PT_LOGD(st->lg, "chunk size candidates:");
+            pt_log_text(st->lg, PT_LOG_DEBUG, tab);
         }
     } else if (!rc) {
         S = (S + PT_LAYOUT_ALIGN - 1) / PT_LAYOUT_ALIGN * PT_LAYOUT_ALIGN;
@@ -148,9 +138,9 @@ static uint64_t mem_available(void) {
     return (uint64_t)kb * 1024;
 }
 
-static int check_pinned(pt_rt *rt, uint64_t need, char *err, size_t errlen) {
+static int check_pinned(pt_store *st, uint64_t need, char *err, size_t errlen) {
     uint64_t avail = mem_available();
-    uint64_t budget = rt->cfg.pinned_budget;
+    uint64_t budget = st->cfg->pinned_budget;
     struct rlimit rl;
     int have_rl = getrlimit(RLIMIT_MEMLOCK, &rl) == 0;
     char lim[64];
@@ -161,54 +151,53 @@ static int check_pinned(pt_rt *rt, uint64_t need, char *err, size_t errlen) {
      * backend does not lock), so it is reported, not enforced. */
     uint64_t eff = budget ? budget : avail / 10 * 9;
     if (need > eff || (avail && need > avail)) {
-        ERR("pinned host memory: the offloaded chunks need %llu bytes, but the budget is %llu "
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "pinned host memory: the offloaded chunks need %llu bytes, but the budget is %llu "
             "(pinned_budget = %s), MemAvailable is %llu and RLIMIT_MEMLOCK is %s; lower "
             "offload (raise n_persist / device_capacity) or raise [memory] pinned_budget",
             (unsigned long long)need, (unsigned long long)eff, budget ? "set" : "auto: 90% of "
             "MemAvailable", (unsigned long long)avail, lim);
-        return PT_ERR_HOST_OOM;
     }
     return PT_OK;
 }
 
-static int alloc_persistent(pt_rt *rt, cs_chunk *c, char *err, size_t errlen) {
-    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
-    void *impl = pt_gpu_impl(rt->gpu);
+static int alloc_persistent(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
+    const pt_gpu_backend *ops = pt_gpu_ops(st->gpu);
+    void *impl = pt_gpu_impl(st->gpu);
     /* a resident chunk never enters a pool slot: it needs its used bytes, not S */
-    int rc = pt_gpu_alloc(rt->gpu, c->used, PT_TAG_PARAM, &c->d_param, err, errlen);
+    int rc = pt_gpu_alloc(st->gpu, c->used, PT_TAG_PARAM, &c->d_param, err, errlen);
     if (rc) return rc;
     ops->memset_async(impl, c->d_param, 0, c->used, NULL);
     if (c->trainable) {
-        if ((rc = pt_gpu_alloc(rt->gpu, c->used, PT_TAG_GRAD, &c->d_grad, err, errlen))) return rc;
+        if ((rc = pt_gpu_alloc(st->gpu, c->used, PT_TAG_GRAD, &c->d_grad, err, errlen))) return rc;
         ops->memset_async(impl, c->d_grad, 0, c->used, NULL);
     }
-    rt->ms->persist_bytes += c->used * (c->trainable ? 2 : 1);
+    st->persist_bytes += c->used * (c->trainable ? 2 : 1);
     return PT_OK;
 }
 
-static int alloc_offloaded(pt_rt *rt, cs_chunk *c, char *err, size_t errlen) {
+static int alloc_offloaded(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     int rc;
-    if ((rc = pt_gpu_pinned_alloc(rt->gpu, c->used, &c->h_param, err, errlen))) return rc;
+    if ((rc = pt_gpu_pinned_alloc(st->gpu, c->used, &c->h_param, err, errlen))) return rc;
     memset(c->h_param, 0, c->used);
     if (!c->trainable) return PT_OK;
     size_t eb = (size_t)c->n_state * sizeof(float);
-    if ((rc = pt_gpu_pinned_alloc(rt->gpu, c->used, &c->h_gstage, err, errlen)) ||
-        (rc = pt_gpu_pinned_alloc(rt->gpu, eb, (void **)&c->h_m, err, errlen)) ||
-        (rc = pt_gpu_pinned_alloc(rt->gpu, eb, (void **)&c->h_v, err, errlen)))
+    if ((rc = pt_gpu_pinned_alloc(st->gpu, c->used, &c->h_gstage, err, errlen)) ||
+        (rc = pt_gpu_pinned_alloc(st->gpu, eb, (void **)&c->h_m, err, errlen)) ||
+        (rc = pt_gpu_pinned_alloc(st->gpu, eb, (void **)&c->h_v, err, errlen)))
         return rc;
     memset(c->h_m, 0, eb);
     memset(c->h_v, 0, eb);
     if (c->has16) {
-        if ((rc = pt_gpu_pinned_alloc(rt->gpu, eb, (void **)&c->h_master, err, errlen))) return rc;
+        if ((rc = pt_gpu_pinned_alloc(st->gpu, eb, (void **)&c->h_master, err, errlen))) return rc;
         memset(c->h_master, 0, eb);
     }
     return PT_OK;
 }
 
 /* Copy the host's initial values into the chunks (tied members share the root). */
-static int upload_initial(pt_rt *rt, char *err, size_t errlen) {
-    struct pt_ms *ms = rt->ms;
-    pt_model_v1 *m = rt->model;
+static int upload_initial(pt_store *st, char *err, size_t errlen) {
+    pt_store *ms = st;
+    pt_model_v1 *m = st->model;
     for (int i = 0; i < m->n_params; i++) {
         if (ms->root[i] != i) continue;
         const pt_param_v1 *p = &m->params[i];
@@ -216,10 +205,9 @@ static int upload_initial(pt_rt *rt, char *err, size_t errlen) {
         uint64_t off = ms->lay.param_offset[i];
         size_t bytes = (size_t)(pt_param_numel(p) * pt_dtype_size(p->dtype));
         if (c->persistent) {
-            int rc = pt_gpu_memcpy(rt->gpu, (char *)c->d_param + off, p->init, bytes, PT_GPU_H2D);
+            int rc = pt_gpu_memcpy(st->gpu, (char *)c->d_param + off, p->init, bytes, PT_GPU_H2D);
             if (rc) {
-                ERR("post_model_load: upload of param '%s' failed", p->name);
-                return rc;
+                return pt_fail(err, errlen, rc, "post_model_load: upload of param '%s' failed", p->name);
             }
         } else {
             memcpy((char *)c->h_param + off, p->init, bytes);
@@ -228,26 +216,21 @@ static int upload_initial(pt_rt *rt, char *err, size_t errlen) {
     return PT_OK;
 }
 
-static void set_static_pointers(pt_rt *rt) {
-    struct pt_ms *ms = rt->ms;
+static void set_static_pointers(pt_store *st) {
+    pt_store *ms = st;
     for (int k = 0; k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
-        if (c->persistent) pt_cs_set_pointers(rt, c, c->d_param, c->d_grad);
-        else pt_cs_set_pointers(rt, c, NULL, NULL);
+        if (c->persistent) pt_cs_set_pointers(st, c, c->d_param, c->d_grad);
+        else pt_cs_set_pointers(st, c, NULL, NULL);
     }
 }
 
-int pt_ms_load(pt_rt *rt, char *err, size_t errlen) {
-    pt_model_v1 *m = rt->model;
-    struct pt_ms *ms = calloc(1, sizeof *ms);
-    if (!ms) {
-        ERR("out of host memory");
-        return PT_ERR_HOST_OOM;
-    }
-    rt->ms = ms;
-    pthread_mutex_init(&ms->acct_mu, NULL);
+/* Chunks and their storage under st->kn (the caller destroys st on failure). */
+static int load_chunks(pt_store *st, char *err, size_t errlen) {
+    pt_model_v1 *m = st->model;
+    pt_store *ms = st;
     ms->n_params = m->n_params;
-    int rc = choose_layout(rt, err, errlen);
+    int rc = choose_layout(st, err, errlen);
     if (rc) return rc;
     pt_layout *L = &ms->lay;
     ms->n_chunks = L->n_chunks;
@@ -255,14 +238,12 @@ int pt_ms_load(pt_rt *rt, char *err, size_t errlen) {
     ms->root = calloc((size_t)m->n_params, sizeof *ms->root);
     ms->psq = calloc((size_t)m->n_params, sizeof *ms->psq);
     if (!ms->ch || !ms->root || !ms->psq) {
-        ERR("out of host memory");
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
     ms->root_tr = calloc((size_t)m->n_params, sizeof *ms->root_tr);
     ms->tied = calloc((size_t)m->n_params, sizeof *ms->tied);
     if (!ms->root_tr || !ms->tied) {
-        ERR("out of host memory");
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
     for (int i = 0; i < m->n_params; i++) {
         ms->root[i] = L->param_root[i];
@@ -271,7 +252,7 @@ int pt_ms_load(pt_rt *rt, char *err, size_t errlen) {
     }
 
     /* Knobs: INI overrides, else everything persistent until the searcher decides. */
-    int np = rt->kn.n_persist;
+    int np = st->kn.n_persist;
     ms->np_fixed = np >= 0;
     if (np < 0 || np > L->n_chunks) np = L->n_chunks;
     for (int k = 0; k < L->n_chunks; k++) {
@@ -286,8 +267,7 @@ int pt_ms_load(pt_rt *rt, char *err, size_t errlen) {
         c->persistent = k < np || c->lc->mandatory_persistent || c->lc->oversize;
         c->reg_state = calloc((size_t)(c->lc->n_regions ? c->lc->n_regions : 1), sizeof(uint64_t));
         if (!c->reg_state) {
-            ERR("out of host memory");
-            return PT_ERR_HOST_OOM;
+            return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
         }
         for (int r = 0; r < c->lc->n_regions; r++) {
             const pt_chunk_region *g = &c->lc->regions[r];
@@ -303,15 +283,14 @@ int pt_ms_load(pt_rt *rt, char *err, size_t errlen) {
         if (c->persistent) ms->n_persist++;
         else ms->n_offloaded++;
     }
-    int nb = rt->kn.n_buffer;
+    int nb = st->kn.n_buffer;
     ms->nb_fixed = nb >= 0;
     int need = min_buffers(ms, m->n_blocks, 0), look = min_buffers(ms, m->n_blocks, 1);
     if (nb < 0) nb = look;
     if (nb < need) {
-        ERR("n_buffer = %d is too small: block streaming needs at least %d buffer(s) to hold one "
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "n_buffer = %d is too small: block streaming needs at least %d buffer(s) to hold one "
             "block's offloaded chunks (%d with one-block prefetch); raise [protrain] n_buffer",
             nb, need, look);
-        return PT_ERR_INVALID_ARG;
     }
     if (nb > ms->n_offloaded) nb = ms->n_offloaded;
     ms->n_buffer = nb;
@@ -319,22 +298,20 @@ int pt_ms_load(pt_rt *rt, char *err, size_t errlen) {
     uint64_t pinned = 0;
     for (int k = 0; k < ms->n_chunks; k++)
         if (!ms->ch[k].persistent) pinned += pinned_of(&ms->ch[k], 0);
-    if ((rc = check_pinned(rt, pinned, err, errlen))) return rc;
+    if ((rc = check_pinned(st, pinned, err, errlen))) return rc;
 
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = pt_now_s();
     for (int k = 0; k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
-        rc = c->persistent ? alloc_persistent(rt, c, err, errlen)
-                           : alloc_offloaded(rt, c, err, errlen);
+        rc = c->persistent ? alloc_persistent(st, c, err, errlen)
+                           : alloc_offloaded(st, c, err, errlen);
         if (rc) return rc;
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    ms->pin_seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    ms->pin_seconds = pt_now_s() - t0;
     ms->pinned_bytes = pinned;
-    if ((rc = pt_cs_init_runtime(rt, err, errlen))) return rc;
-    if (!rt->no_init_upload && (rc = upload_initial(rt, err, errlen))) return rc;
-    set_static_pointers(rt);
+    if ((rc = pt_cs_init_runtime(st, err, errlen))) return rc;
+    if (!st->no_init_upload && (rc = upload_initial(st, err, errlen))) return rc;
+    set_static_pointers(st);
 
     uint64_t n_el = 0, n_tr = 0;
     for (int i = 0; i < m->n_params; i++)
@@ -342,39 +319,39 @@ int pt_ms_load(pt_rt *rt, char *err, size_t errlen) {
             n_el += pt_param_numel(&m->params[i]);
             if (m->params[i].trainable) n_tr += pt_param_numel(&m->params[i]);
         }
-    PT_LOGI(&rt->lg, "model: %d params (%llu elements, %llu trainable), %d blocks", m->n_params,
+    PT_LOGI(st->lg, "model: %d params (%llu elements, %llu trainable), %d blocks", m->n_params,
             (unsigned long long)n_el, (unsigned long long)n_tr, m->n_blocks);
-    PT_LOGI(&rt->lg, "chunks: S_chunk %llu bytes, N_chunk %d (%d mandatory persistent), "
+    PT_LOGI(st->lg, "chunks: S_chunk %llu bytes, N_chunk %d (%d mandatory persistent), "
                      "%d resident (n_persist %d, %s), n_buffer %d (%s; minimum %d, with "
                      "prefetch %d)",
             (unsigned long long)L->chunk_size, L->n_chunks, L->n_mandatory, ms->n_persist,
-            np, ms->np_fixed ? rt->kn.source : "all resident", ms->n_buffer,
-            ms->nb_fixed ? rt->kn.source : "lookahead minimum", need, look);
-    PT_LOGI(&rt->lg, "memory: persistent chunks %.2f MiB, buffers %.2f MiB on the device; "
+            np, ms->np_fixed ? st->kn.source : "all resident", ms->n_buffer,
+            ms->nb_fixed ? st->kn.source : "lookahead minimum", need, look);
+    PT_LOGI(st->lg, "memory: persistent chunks %.2f MiB, buffers %.2f MiB on the device; "
                      "pinned host %.2f MiB allocated in %.3f s; mode %s",
             ms->persist_bytes / 1048576.0, ms->buffer_bytes / 1048576.0, pinned / 1048576.0,
             ms->pin_seconds, ms->n_offloaded ? "B (offload)" : "A (everything resident)");
     return PT_OK;
 }
 
-uint64_t pt_ms_arch_hash(pt_rt *rt) {
-    const pt_model_v1 *m = rt->model;
-    uint64_t h = pt_trace_arch_hash(m->arch ? m->arch : "");
+uint64_t pt_store_arch_hash(const pt_model_v1 *m, const pt_config *cfg) {
+    uint64_t h = pt_fnv1a64(m->arch ? m->arch : "", m->arch ? strlen(m->arch) : 0);
     for (int i = 0; i < m->n_params; i++) {
         const pt_param_v1 *p = &m->params[i];
         int32_t f[5] = {p->dtype, p->ndim, p->block, p->trainable, p->tie};
-        h ^= pt_trace_fnv1a64(f, sizeof f) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-        h ^= pt_trace_fnv1a64(p->shape, sizeof p->shape) + (h << 6) + (h >> 2);
-        if (p->name) h ^= pt_trace_fnv1a64(p->name, strlen(p->name)) + (h << 6) + (h >> 2);
+        h ^= pt_fnv1a64(f, sizeof f) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+        h ^= pt_fnv1a64(p->shape, sizeof p->shape) + (h << 6) + (h >> 2);
+        if (p->name) h ^= pt_fnv1a64(p->name, strlen(p->name)) + (h << 6) + (h >> 2);
     }
     h ^= (uint64_t)m->n_blocks * 0x100000001b3ull;
+    (void)cfg;
     return h;
 }
 
-int pt_ms_optimizer_init(pt_rt *rt, char *err, size_t errlen) {
-    struct pt_ms *ms = rt->ms;
-    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
-    void *impl = pt_gpu_impl(rt->gpu);
+int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
+    pt_store *ms = st;
+    const pt_gpu_backend *ops = pt_gpu_ops(st->gpu);
+    void *impl = pt_gpu_impl(st->gpu);
     uint64_t max16 = 0;
     for (int k = 0; k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
@@ -391,13 +368,13 @@ int pt_ms_optimizer_init(pt_rt *rt, char *err, size_t errlen) {
         }
         size_t eb = (size_t)c->n_state * sizeof(float);
         int rc;
-        if ((rc = pt_gpu_alloc(rt->gpu, eb, PT_TAG_OPTIM, (void **)&c->d_m, err, errlen)) ||
-            (rc = pt_gpu_alloc(rt->gpu, eb, PT_TAG_OPTIM, (void **)&c->d_v, err, errlen)))
+        if ((rc = pt_gpu_alloc(st->gpu, eb, PT_TAG_OPTIM, (void **)&c->d_m, err, errlen)) ||
+            (rc = pt_gpu_alloc(st->gpu, eb, PT_TAG_OPTIM, (void **)&c->d_v, err, errlen)))
             return rc;
         ops->memset_async(impl, c->d_m, 0, eb, NULL);
         ops->memset_async(impl, c->d_v, 0, eb, NULL);
         if (c->has16) {
-            if ((rc = pt_gpu_alloc(rt->gpu, eb, PT_TAG_OPTIM, (void **)&c->d_master, err, errlen)))
+            if ((rc = pt_gpu_alloc(st->gpu, eb, PT_TAG_OPTIM, (void **)&c->d_master, err, errlen)))
                 return rc;
             for (int r = 0; r < c->lc->n_regions; r++) {
                 const pt_chunk_region *g = &c->lc->regions[r];
@@ -410,39 +387,39 @@ int pt_ms_optimizer_init(pt_rt *rt, char *err, size_t errlen) {
     }
     if (max16) {
         ms->gtmp_elems = max16;
-        int rc = pt_gpu_alloc(rt->gpu, max16 * 4, PT_TAG_OTHER, &ms->d_gtmp, err, errlen);
+        int rc = pt_gpu_alloc(st->gpu, max16 * 4, PT_TAG_OTHER, &ms->d_gtmp, err, errlen);
         if (rc) return rc;
     }
-    rt->opt.ready = 1;
+    st->opt_ready = 1;
     return PT_OK;
 }
 
-int pt_ms_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *err,
+int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, char *err,
                      size_t errlen) {
-    struct pt_ms *ms = rt->ms;
+    pt_store *ms = st;
     if (!ms || index < 0 || index >= ms->n_params || !dst) {
-        ERR("read_param: bad index %d (model has %d params) or NULL destination", index,
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "read_param: bad index %d (model has %d params) or NULL destination", index,
             ms ? ms->n_params : 0);
-        return PT_ERR_INVALID_ARG;
     }
     int root = ms->root[index];
-    const pt_param_v1 *p = &rt->model->params[root];
+    const pt_param_v1 *p = &st->model->params[root];
     uint64_t need = pt_param_numel(p) * pt_dtype_size(p->dtype);
     if (bytes != need) {
-        ERR("read_param: param %d holds %llu bytes, caller passed %llu", index,
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "read_param: param %d holds %llu bytes, caller passed %llu", index,
             (unsigned long long)need, (unsigned long long)bytes);
-        return PT_ERR_INVALID_ARG;
     }
     cs_chunk *c = &ms->ch[ms->lay.param_chunk[root]];
     uint64_t off = ms->lay.param_offset[root];
-    if (c->persistent) return pt_gpu_memcpy(rt->gpu, dst, (char *)c->d_param + off, bytes, PT_GPU_D2H);
+    if (c->persistent) return pt_gpu_memcpy(st->gpu, dst, (char *)c->d_param + off, bytes, PT_GPU_D2H);
     pt_pool_wait(ms->workers, &c->tg);
     memcpy(dst, (char *)c->h_param + off, bytes);
     return PT_OK;
 }
 
-void pt_ms_plan_stats(pt_rt *rt, pt_stats_v1 *s) {
-    struct pt_ms *ms = rt->ms;
+int pt_store_optimizer_ready(const pt_store *st) { return st && st->opt_ready; }
+
+void pt_store_stats(const pt_store *st, pt_stats_v1 *s) {
+    pt_store *ms = (pt_store *)st;   /* the accounting mutex */
     if (!ms) return;
     s->n_chunk = ms->n_chunks;
     s->n_persist = ms->n_persist;
@@ -452,28 +429,96 @@ void pt_ms_plan_stats(pt_rt *rt, pt_stats_v1 *s) {
     s->cpu_optim_s = ms->cpu_optim_s;
     pthread_mutex_unlock(&ms->acct_mu);
     s->optim_wait_s = ms->optim_wait_s;
+    for (int b = 0; ms->arena && b < ms->n_blocks; b++) {
+        s->n_swap += ms->arena[b].mode == PT_ACT_SWAP;
+        s->n_checkpoint += ms->arena[b].mode == PT_ACT_CKPT;
+    }
+    s->recomputes = ms->recomputes;
+    s->swap_bytes = ms->swap_out_bytes;
 }
 
-void pt_ms_destroy(pt_rt *rt) {
-    struct pt_ms *ms = rt->ms;
+uint64_t pt_store_chunk_size(const pt_store *st) { return st->lay.chunk_size; }
+int pt_store_n_chunks(const pt_store *st) { return st->n_chunks; }
+
+void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out) {
+    const cs_chunk *c = &st->ch[k];
+    memset(out, 0, sizeof *out);
+    out->used = c->used;
+    for (int r = 0; r < c->lc->n_regions; r++)
+        out->elems += c->lc->regions[r].bytes / pt_dtype_size(c->lc->regions[r].dtype);
+    out->n_state = c->n_state;
+    out->first_block = c->lc->mandatory_persistent ? -1 : c->lc->block_first;
+    out->last_block = c->lc->mandatory_persistent ? -1 : c->lc->block_last;
+    out->mandatory = c->lc->mandatory_persistent || c->lc->oversize;
+    out->dev_bytes = pt_ms_chunk_dev_bytes(c);
+    out->host_bytes = pt_ms_chunk_host_bytes(c);
+}
+
+int pt_store_borrow_slot(pt_store *st, void **dev, uint64_t *bytes) {
+    if (!st->pool || pt_bufpool_n_slots(st->pool) == 0 || pt_bufpool_slot_leases(st->pool, 0))
+        return 0;
+    *dev = pt_bufpool_slot_ptr(st->pool, 0);
+    *bytes = pt_bufpool_slot_bytes(st->pool);
+    pt_bufpool_invalidate_all(st->pool);
+    return 1;
+}
+
+struct pt_pool *pt_store_workers(pt_store *st) { return st->workers; }
+
+int pt_store_create(const pt_store_env *env, const pt_store_knobs *kn, const int32_t *modes,
+                    const int32_t *swap_done, int from_image, pt_store **out, char *err,
+                    size_t errlen) {
+    *out = NULL;
+    pt_store *st = calloc(1, sizeof *st);
+    if (!st) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    pthread_mutex_init(&st->acct_mu, NULL);
+    st->cfg = env->cfg;
+    st->lg = env->lg;
+    st->host = env->host;
+    st->gpu = env->gpu;
+    st->s_compute = env->s_compute;
+    st->s_h2d = env->s_h2d;
+    st->s_d2h = env->s_d2h;
+    st->model = env->model;
+    st->n_blocks = env->model->n_blocks;
+    st->opt = env->opt;
+    st->sx = env->sx;
+    st->on_recompute = env->on_recompute;
+    st->user = env->user;
+    st->kn = *kn;
+    st->no_init_upload = from_image;
+    int rc = load_chunks(st, err, errlen);
+    if (!rc) rc = pt_acts_init(st, modes, swap_done, err, errlen);
+    st->no_init_upload = 0;
+    if (rc) {
+        pt_store_destroy(st);
+        return rc;
+    }
+    *out = st;
+    return PT_OK;
+}
+
+void pt_store_destroy(pt_store *st) {
+    pt_store *ms = st;
     if (!ms) return;
-    pt_cs_fini_runtime(rt);
+    pt_acts_fini(st);
+    pt_cs_fini_runtime(st);
     for (int k = 0; ms->ch && k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
-        pt_gpu_free(rt->gpu, c->d_param);
-        pt_gpu_free(rt->gpu, c->d_grad);
-        pt_gpu_free(rt->gpu, c->d_master);
-        pt_gpu_free(rt->gpu, c->d_m);
-        pt_gpu_free(rt->gpu, c->d_v);
-        pt_gpu_pinned_free(rt->gpu, c->h_param);
-        pt_gpu_pinned_free(rt->gpu, c->h_gstage);
-        pt_gpu_pinned_free(rt->gpu, c->h_master);
-        pt_gpu_pinned_free(rt->gpu, c->h_m);
-        pt_gpu_pinned_free(rt->gpu, c->h_v);
-        pt_gpu_pinned_free(rt->gpu, c->h_gacc);
+        pt_gpu_free(st->gpu, c->d_param);
+        pt_gpu_free(st->gpu, c->d_grad);
+        pt_gpu_free(st->gpu, c->d_master);
+        pt_gpu_free(st->gpu, c->d_m);
+        pt_gpu_free(st->gpu, c->d_v);
+        pt_gpu_pinned_free(st->gpu, c->h_param);
+        pt_gpu_pinned_free(st->gpu, c->h_gstage);
+        pt_gpu_pinned_free(st->gpu, c->h_master);
+        pt_gpu_pinned_free(st->gpu, c->h_m);
+        pt_gpu_pinned_free(st->gpu, c->h_v);
+        pt_gpu_pinned_free(st->gpu, c->h_gacc);
         free(c->reg_state);
     }
-    pt_gpu_free(rt->gpu, ms->d_gtmp);
+    pt_gpu_free(st->gpu, ms->d_gtmp);
     free(ms->ch);
     free(ms->root);
     free(ms->root_tr);
@@ -482,5 +527,4 @@ void pt_ms_destroy(pt_rt *rt) {
     pt_layout_free(&ms->lay);
     pthread_mutex_destroy(&ms->acct_mu);
     free(ms);
-    rt->ms = NULL;
 }

@@ -10,9 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
+#include "base/base.h"
 #include "gpu.h"
-#include "log.h"
 #include "protrain.h"
 
 typedef struct pt_rt pt_rt;

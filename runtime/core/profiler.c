@@ -25,10 +25,9 @@
 #include <time.h>
 
 #include "device_ext.h"
-#include "ms_internal.h"
+#include "optim/optim.h"
 #include "profiler.h"
 
-#define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
 
 /* Timings are kept per pass: the first pass warms caches, page mappings and
  * BLAS and is dropped; the trace takes the median of the others per window. */
@@ -49,11 +48,6 @@ struct pt_prof {
 
 #define AT(arr, b) (arr)[(size_t)p->pass * (size_t)p->n + (size_t)(b)]
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static uint64_t cur_bytes(pt_rt *rt) {
     pt_gpu_usage u;
@@ -78,7 +72,7 @@ int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
     if (rt->prof) {                  /* a further pass: keep the earlier passes' timings */
         struct pt_prof *p = rt->prof;
         if (p->pass + 1 < PROF_PASSES) p->pass++;
-        p->t0 = now_s();
+        p->t0 = pt_now_s();
         window_start(rt);
         return PT_OK;
     }
@@ -91,8 +85,7 @@ int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
         !(p->fscr = calloc((size_t)n, 8)) || !(p->bscr = calloc((size_t)n, 8))) {
         rt->prof = p;
         pt_prof_free(rt);
-        ERR("out of host memory");
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
     p->n = rt->n_blocks;
     rt->prof = p;
@@ -102,7 +95,7 @@ int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
      * and the plugin's own small device buffers (norm accumulator) */
     p->nonblock = u.tag_current[PT_TAG_ACT] + u.tag_current[PT_TAG_SCRATCH] +
                   u.tag_current[PT_TAG_HOSTUSE] + u.tag_current[PT_TAG_OTHER];
-    p->t0 = now_s();
+    p->t0 = pt_now_s();
     window_start(rt);
     return PT_OK;
 }
@@ -130,7 +123,7 @@ static void nonblock_window_end(pt_rt *rt) {
 void pt_prof_hook(pt_rt *rt, int which, int32_t b, int exit) {
     struct pt_prof *p = rt->prof;
     if (!p || b < 0 || b >= p->n) return;
-    double t = now_s();
+    double t = pt_now_s();
     if (!exit) {               /* hook entry: a window ends */
         switch (which) {
         case PT_PROF_PRE_FWD:
@@ -142,7 +135,7 @@ void pt_prof_hook(pt_rt *rt, int which, int32_t b, int exit) {
         case PT_PROF_POST_FWD: {
             AT(p->fwd, b) = t - p->t_last_exit;
             uint64_t pk = peak_bytes(rt), c1 = cur_bytes(rt);
-            uint64_t ar = rt->arena[b].ptr ? pt_gpu_round_size(rt->arena[b].bytes) : 0;
+            uint64_t ar = pt_store_arena_bytes(rt->st, b);
             uint64_t grown = c1 > p->c0 + ar ? c1 - p->c0 - ar : 0;
             p->arena[b] = ar;
             p->input[b + 1] = grown;
@@ -200,12 +193,12 @@ static double copy_rate(pt_rt *rt, void *dev, void *host, size_t bytes, int kind
     pt_stream *s = kind == PT_GPU_H2D ? rt->s_h2d : rt->s_d2h;
     double dt[3];
     for (int r = 0; r < 3; r++) {
-        double t0 = now_s();
+        double t0 = pt_now_s();
         void *d = kind == PT_GPU_H2D ? dev : host;
         const void *src = kind == PT_GPU_H2D ? host : dev;
         if (pt_gpu_memcpy_async(rt->gpu, d, src, bytes, kind, s)) return 0;
         ops->stream_sync(pt_gpu_impl(rt->gpu), s);
-        dt[r] = now_s() - t0;
+        dt[r] = pt_now_s() - t0;
     }
     double lo = dt[0] < dt[1] ? dt[0] : dt[1], hi = dt[0] < dt[1] ? dt[1] : dt[0];
     double med = dt[2] < lo ? lo : dt[2] > hi ? hi : dt[2];
@@ -216,9 +209,8 @@ static double copy_rate(pt_rt *rt, void *dev, void *host, size_t bytes, int kind
  * largest activation arena (a per-copy latency makes small copies look slower;
  * measuring at a small size made swap-outs look twice as long as they are). */
 static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
-    struct pt_ms *ms = rt->ms;
     struct pt_prof *p = rt->prof;
-    size_t bytes = (size_t)(2 * ms->lay.chunk_size);
+    size_t bytes = (size_t)(2 * pt_store_chunk_size(rt->st));
     for (int b = 0; b < p->n; b++)
         if (p->arena[b] > bytes) bytes = (size_t)p->arena[b];
     if (bytes < 65536) bytes = 65536;
@@ -227,12 +219,10 @@ static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
     int own = 0;
     if (!pt_gpu_alloc(rt->gpu, bytes, PT_TAG_OTHER, &dev, e, sizeof e)) {
         own = 1;
-    } else if (ms->pool && pt_bufpool_n_slots(ms->pool) > 0 &&
-               pt_bufpool_slot_leases(ms->pool, 0) == 0) {
-        /* no room for a block that size: the pool's first slot is idle now */
-        dev = pt_bufpool_slot_ptr(ms->pool, 0);
-        bytes = (size_t)pt_bufpool_slot_bytes(ms->pool);
-        pt_bufpool_invalidate_all(ms->pool);
+    } else {
+        /* no room for a block that size: time with an idle pool slot */
+        uint64_t sb = 0;
+        if (pt_store_borrow_slot(rt->st, &dev, &sb)) bytes = (size_t)sb;
     }
     if (dev && !pt_gpu_pinned_alloc(rt->gpu, bytes, &host, e, sizeof e)) {
         memset(host, 0, bytes);
@@ -244,7 +234,6 @@ static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
 }
 
 static void measure_adam(pt_rt *rt, pt_trace_hw *hw) {
-    struct pt_ms *ms = rt->ms;
     size_t n = 1u << 20;
     float *buf = calloc(4 * n, sizeof(float));
     if (buf) {
@@ -259,9 +248,9 @@ static void measure_adam(pt_rt *rt, pt_trace_hw *hw) {
         a.c = pt_adamw_make_consts(1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0.1f, 1.0f, 1.0f);
         double best = 0;
         for (int r = 0; r < 3; r++) {
-            double t0 = now_s();
-            pt_cpu_adam_run(ms->workers, &a);
-            double dt = now_s() - t0;
+            double t0 = pt_now_s();
+            pt_cpu_adam_run(pt_store_workers(rt->st), &a);
+            double dt = pt_now_s() - t0;
             if (dt > 0 && n / dt > best) best = n / dt;
         }
         hw->cpu_adam_elems_per_s = best;
@@ -292,10 +281,10 @@ static void measure_adam(pt_rt *rt, pt_trace_hw *hw) {
         a.grad_scale = 1.0f;
         double best = 0;
         for (int r = 0; r < 3; r++) {
-            double t0 = now_s();
+            double t0 = pt_now_s();
             ops->adamw(impl, &a, rt->s_compute);
             ops->stream_sync(impl, rt->s_compute);
-            double dt = now_s() - t0;
+            double dt = pt_now_s() - t0;
             if (dt > 0 && dn / dt > best) best = dn / dt;
         }
         hw->dev_adam_elems_per_s = best;
@@ -315,21 +304,21 @@ void pt_prof_key(pt_rt *rt, pt_trace_key *k) {
     k->seq = rt->model->seq;
     k->world_size = rt->host.world_size > 0 ? rt->host.world_size : 1;
     k->version = PT_TRACE_VERSION;
-    k->arch_hash = pt_ms_arch_hash(rt);
+    k->arch_hash = pt_store_arch_hash(rt->model, &rt->cfg);
 }
 
 int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
     struct pt_prof *p = rt->prof;
-    struct pt_ms *ms = rt->ms;
     pt_model_v1 *m = rt->model;
-    double tend = now_s();
+    int n_chunks = pt_store_n_chunks(rt->st);
+    double tend = pt_now_s();
     p->embed_bwd[p->pass] = tend - p->ebwd_t0;
     nonblock_window_end(rt);
     pt_trace_init(t);
-    int rc = pt_trace_alloc(t, rt->n_blocks, ms->n_chunks, err, errlen);
+    int rc = pt_trace_alloc(t, rt->n_blocks, n_chunks, err, errlen);
     if (rc) return rc;
     pt_prof_key(rt, &t->key);
-    t->chunk_size = ms->lay.chunk_size;
+    t->chunk_size = pt_store_chunk_size(rt->st);
     for (int b = 0; b < rt->n_blocks; b++) {
         pt_trace_block *tb = &t->blocks[b];
         size_t n = (size_t)p->n;
@@ -343,19 +332,18 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
         tb->bwd_scratch_bytes = p->bscr[b];
         tb->grad_act_bytes = 0;    /* the host's activation grads live in its own scratch */
     }
-    for (int k = 0; k < ms->n_chunks; k++) {
-        const cs_chunk *c = &ms->ch[k];
+    for (int k = 0; k < n_chunks; k++) {
+        pt_store_chunk_info ci;
+        pt_store_chunk_info_get(rt->st, k, &ci);
         pt_trace_chunk *tc = &t->chunks[k];
-        tc->bytes = c->used;
-        tc->elems = 0;
-        for (int r = 0; r < c->lc->n_regions; r++)
-            tc->elems += c->lc->regions[r].bytes / pt_dtype_size(c->lc->regions[r].dtype);
-        tc->trainable_elems = c->n_state;
-        tc->first_block = c->lc->mandatory_persistent ? -1 : c->lc->block_first;
-        tc->last_block = c->lc->mandatory_persistent ? -1 : c->lc->block_last;
-        tc->mandatory = c->lc->mandatory_persistent || c->lc->oversize;
-        tc->dev_bytes = pt_ms_chunk_dev_bytes(c);
-        tc->host_bytes = pt_ms_chunk_host_bytes(c);
+        tc->bytes = ci.used;
+        tc->elems = ci.elems;
+        tc->trainable_elems = ci.n_state;
+        tc->first_block = ci.first_block;
+        tc->last_block = ci.last_block;
+        tc->mandatory = ci.mandatory;
+        tc->dev_bytes = ci.dev_bytes;
+        tc->host_bytes = ci.host_bytes;
     }
     pt_trace_derive_ranges(t);
     /* the head window holds the loss and the head's backward: split 1:2 like a
@@ -374,7 +362,7 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
     t->adam_m_elem_bytes = 4;
     t->adam_v_elem_bytes = 4;
     t->host_grad_elem_bytes = 4;
-    t->slot_bytes = 2 * ms->lay.chunk_size;
+    t->slot_bytes = 2 * pt_store_chunk_size(rt->st);
     measure_copies(rt, &t->hw);
     measure_adam(rt, &t->hw);
     t->hw.copy_engines = 2;

@@ -26,77 +26,74 @@
 
 #include "device_ext.h"
 #include "kernels_hd.h"
-#include "ms_internal.h"
+#include "store_internal.h"
 
-#define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
 
-static const pt_gpu_backend *OPS(pt_rt *rt) { return pt_gpu_ops(rt->gpu); }
-static void *IMPL(pt_rt *rt) { return pt_gpu_impl(rt->gpu); }
+static const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->gpu); }
+static void *IMPL(pt_store *st) { return pt_gpu_impl(st->gpu); }
 
-int pt_cs_init_runtime(pt_rt *rt, char *err, size_t errlen) {
-    struct pt_ms *ms = rt->ms;
+int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen) {
+    pt_store *ms = st;
     int rc;
-    if ((rc = pt_gpu_alloc(rt->gpu, sizeof(double) * (size_t)ms->n_params, PT_TAG_OTHER,
+    if ((rc = pt_gpu_alloc(st->gpu, sizeof(double) * (size_t)ms->n_params, PT_TAG_OTHER,
                            (void **)&ms->norm_dev, err,
                            errlen)))
         return rc;
     if (!ms->n_offloaded) return PT_OK;
     uint64_t S = ms->lay.chunk_size;
-    if ((rc = pt_bufpool_create(rt->gpu, ms->n_buffer, 2 * S, &ms->pool, err, errlen))) return rc;
+    if ((rc = pt_bufpool_create(st->gpu, ms->n_buffer, 2 * S, &ms->pool, err, errlen))) return rc;
     ms->buffer_bytes = (uint64_t)ms->n_buffer * 2 * S;
     ms->slot_free = calloc((size_t)ms->n_buffer, sizeof *ms->slot_free);
     if (!ms->slot_free) {
-        ERR("out of host memory");
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
     for (int s = 0; s < ms->n_buffer; s++)
-        if (OPS(rt)->event_create(IMPL(rt), &ms->slot_free[s])) goto ev_fail;
+        if (OPS(st)->event_create(IMPL(st), &ms->slot_free[s])) goto ev_fail;
     for (int k = 0; k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
         if (c->persistent) continue;
-        if (OPS(rt)->event_create(IMPL(rt), &c->ev_up) ||
-            OPS(rt)->event_create(IMPL(rt), &c->ev_d2h))
+        if (OPS(st)->event_create(IMPL(st), &c->ev_up) ||
+            OPS(st)->event_create(IMPL(st), &c->ev_d2h))
             goto ev_fail;
     }
-    ms->workers = pt_pool_create(rt->cfg.cpu_threads, err, errlen);
+    ms->workers = pt_pool_create(st->cfg->cpu_threads, err, errlen);
     if (!ms->workers) return PT_ERR_HOST_OOM;
-    PT_LOGI(&rt->lg, "CPU optimizer: %d worker thread(s), %s path", pt_pool_threads(ms->workers),
+    PT_LOGI(st->lg, "CPU optimizer: %d worker thread(s), %s path", pt_pool_threads(ms->workers),
             pt_cpu_adam_isa());
     return PT_OK;
 ev_fail:
-    ERR("cannot create device events");
-    return PT_ERR_BACKEND;
+    return pt_fail(err, errlen, PT_ERR_BACKEND, "cannot create device events");
 }
 
-void pt_cs_fini_runtime(pt_rt *rt) {
-    struct pt_ms *ms = rt->ms;
+void pt_cs_fini_runtime(pt_store *st) {
+    pt_store *ms = st;
     if (ms->workers) {
         pt_pool_destroy(ms->workers);
         ms->workers = NULL;
     }
-    if (rt->s_d2h) OPS(rt)->stream_sync(IMPL(rt), rt->s_d2h);
-    if (rt->s_h2d) OPS(rt)->stream_sync(IMPL(rt), rt->s_h2d);
+    if (st->s_d2h) OPS(st)->stream_sync(IMPL(st), st->s_d2h);
+    if (st->s_h2d) OPS(st)->stream_sync(IMPL(st), st->s_h2d);
     for (int s = 0; ms->slot_free && s < ms->n_buffer; s++)
-        if (ms->slot_free[s]) OPS(rt)->event_destroy(IMPL(rt), ms->slot_free[s]);
+        if (ms->slot_free[s]) OPS(st)->event_destroy(IMPL(st), ms->slot_free[s]);
     free(ms->slot_free);
     ms->slot_free = NULL;
     for (int k = 0; ms->ch && k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
-        if (c->ev_up) OPS(rt)->event_destroy(IMPL(rt), c->ev_up);
-        if (c->ev_d2h) OPS(rt)->event_destroy(IMPL(rt), c->ev_d2h);
+        if (c->ev_up) OPS(st)->event_destroy(IMPL(st), c->ev_up);
+        if (c->ev_d2h) OPS(st)->event_destroy(IMPL(st), c->ev_d2h);
         c->ev_up = c->ev_d2h = NULL;
     }
     pt_bufpool_destroy(ms->pool);
     ms->pool = NULL;
-    pt_gpu_free(rt->gpu, ms->norm_dev);
+    pt_gpu_free(st->gpu, ms->norm_dev);
     ms->norm_dev = NULL;
 }
 
 /* Point every param stored in chunk c at param_base/grad_base + its offset
  * (NULL bases clear them). Frozen params never get a grad pointer. */
-void pt_cs_set_pointers(pt_rt *rt, cs_chunk *c, void *pbase, void *gbase) {
-    struct pt_ms *ms = rt->ms;
-    pt_model_v1 *m = rt->model;
+void pt_cs_set_pointers(pt_store *st, cs_chunk *c, void *pbase, void *gbase) {
+    pt_store *ms = st;
+    pt_model_v1 *m = st->model;
     for (int j = 0; j < c->lc->n_params; j++) {
         int root = ms->lay.order[c->lc->first_param + j];
         uint64_t off = ms->lay.param_offset[root];
@@ -113,15 +110,14 @@ void pt_cs_set_pointers(pt_rt *rt, cs_chunk *c, void *pbase, void *gbase) {
     }
 }
 
-int pt_ms_pre_step(pt_rt *rt, char *err, size_t errlen) {
-    struct pt_ms *ms = rt->ms;
-    if (rt->eval) return PT_OK;
-    if (!rt->opt.ready && !rt->prof) {
-        ERR("pre_step: no optimizer (call create_optimizer first)");
-        return PT_ERR_ORDER;
+int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
+    pt_store *ms = st;
+    if (st->sx->eval) return PT_OK;
+    if (!st->opt_ready && !st->sx->profiling) {
+        return pt_fail(err, errlen, PT_ERR_ORDER, "pre_step: no optimizer (call create_optimizer first)");
     }
     for (int k = 0; k < ms->n_chunks; k++) ms->ch[k].bwd_zeroed = 0;
-    if (rt->n_micro > 1 && !ms->gacc_ready) {
+    if (st->sx->n_micro > 1 && !ms->gacc_ready) {
         /* accumulated fp32 gradients of offloaded chunks, allocated on first need */
         uint64_t more = 0;
         for (int k = 0; k < ms->n_chunks; k++)
@@ -129,56 +125,54 @@ int pt_ms_pre_step(pt_rt *rt, char *err, size_t errlen) {
         for (int k = 0; k < ms->n_chunks; k++) {
             cs_chunk *c = &ms->ch[k];
             if (c->persistent || !c->trainable) continue;
-            int rc = pt_gpu_pinned_alloc(rt->gpu, (size_t)c->n_state * 4, (void **)&c->h_gacc,
+            int rc = pt_gpu_pinned_alloc(st->gpu, (size_t)c->n_state * 4, (void **)&c->h_gacc,
                                          err, errlen);
             if (rc) return rc;
         }
         ms->pinned_bytes += more;
         ms->gacc_ready = 1;
-        PT_LOGI(&rt->lg, "gradient accumulation over %d micro-batches: %.2f MiB more pinned "
-                         "memory for fp32 gradient sums", rt->n_micro, more / 1048576.0);
+        PT_LOGI(st->lg, "gradient accumulation over %d micro-batches: %.2f MiB more pinned "
+                         "memory for fp32 gradient sums", st->sx->n_micro, more / 1048576.0);
     }
     return PT_OK;
 }
 
 /* Upload chunk c into a leased slot (async on the h2d stream). */
-static int lease(pt_rt *rt, cs_chunk *c, char *err, size_t errlen) {
-    struct pt_ms *ms = rt->ms;
+static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
+    pt_store *ms = st;
     int32_t slot, hit;
     int rc = pt_bufpool_acquire(ms->pool, c->id, &slot, &hit);
     if (rc) {
-        ERR("buffer pool: %s (n_buffer %d)", pt_bufpool_error(ms->pool), ms->n_buffer);
-        return rc;
+        return pt_fail(err, errlen, rc, "buffer pool: %s (n_buffer %d)", pt_bufpool_error(ms->pool), ms->n_buffer);
     }
     c->slot = slot;
     if (hit) return PT_OK;
     void *dst = pt_bufpool_slot_ptr(ms->pool, slot);
     /* the slot's previous gradient may still be on its way to the host */
-    OPS(rt)->stream_wait_event(IMPL(rt), rt->s_h2d, ms->slot_free[slot]);
-    rc = pt_gpu_memcpy_async(rt->gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D, rt->s_h2d);
-    if (!rc) rc = OPS(rt)->event_record(IMPL(rt), c->ev_up, rt->s_h2d);
+    OPS(st)->stream_wait_event(IMPL(st), st->s_h2d, ms->slot_free[slot]);
+    rc = pt_gpu_memcpy_async(st->gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D, st->s_h2d);
+    if (!rc) rc = OPS(st)->event_record(IMPL(st), c->ev_up, st->s_h2d);
     if (rc) {
-        ERR("upload of chunk %d (%llu bytes) failed", c->id, (unsigned long long)c->used);
-        return PT_ERR_BACKEND;
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "upload of chunk %d (%llu bytes) failed", c->id, (unsigned long long)c->used);
     }
     return PT_OK;
 }
 
-static void prefetch_block(pt_rt *rt, int b) {
-    struct pt_ms *ms = rt->ms;
-    if (b < 0 || b >= rt->n_blocks || ms->lay.block_chunk_first[b] < 0) return;
+static void prefetch_block(pt_store *st, int b) {
+    pt_store *ms = st;
+    if (b < 0 || b >= st->n_blocks || ms->lay.block_chunk_first[b] < 0) return;
     for (int k = ms->lay.block_chunk_first[b]; k <= ms->lay.block_chunk_last[b]; k++) {
         cs_chunk *c = &ms->ch[k];
         if (c->persistent || c->prefetched || c->users) continue;
         char e[8];
         /* No free slot: skip; the gather of block b uploads it synchronously. */
-        if (lease(rt, c, e, sizeof e)) return;
+        if (lease(st, c, e, sizeof e)) return;
         c->prefetched = 1;
     }
 }
 
-int pt_ms_gather(pt_rt *rt, int32_t b, int backward, char *err, size_t errlen) {
-    struct pt_ms *ms = rt->ms;
+int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen) {
+    pt_store *ms = st;
     if (!ms->n_offloaded || ms->lay.block_chunk_first[b] < 0) return PT_OK;
     for (int k = ms->lay.block_chunk_first[b]; k <= ms->lay.block_chunk_last[b]; k++) {
         cs_chunk *c = &ms->ch[k];
@@ -188,37 +182,35 @@ int pt_ms_gather(pt_rt *rt, int32_t b, int backward, char *err, size_t errlen) {
         } else if (c->users) {
             int32_t s, hit;             /* still held by another gather: one more lease */
             if (pt_bufpool_acquire(ms->pool, c->id, &s, &hit) || !hit || s != c->slot) {
-                ERR("buffer pool: chunk %d is in use but not resident (%s)", c->id,
+                return pt_fail(err, errlen, PT_ERR_INTERNAL, "buffer pool: chunk %d is in use but not resident (%s)", c->id,
                     pt_bufpool_error(ms->pool));
-                return PT_ERR_INTERNAL;
             }
         } else {
-            int rc = lease(rt, c, err, errlen);
+            int rc = lease(st, c, err, errlen);
             if (rc) return rc;
         }
-        int rc = OPS(rt)->event_sync(IMPL(rt), c->ev_up);
+        int rc = OPS(st)->event_sync(IMPL(st), c->ev_up);
         if (rc) {
-            ERR("waiting for the upload of chunk %d failed", c->id);
-            return PT_ERR_BACKEND;
+            return pt_fail(err, errlen, PT_ERR_BACKEND, "waiting for the upload of chunk %d failed", c->id);
         }
         void *base = pt_bufpool_slot_ptr(ms->pool, c->slot);
         void *gbase = (backward && c->trainable) ? (char *)base + ms->lay.chunk_size : NULL;
         if (gbase && !c->bwd_zeroed) {
-            OPS(rt)->event_sync(IMPL(rt), ms->slot_free[c->slot]);
-            OPS(rt)->memset_async(IMPL(rt), gbase, 0, (size_t)c->used, NULL);
+            OPS(st)->event_sync(IMPL(st), ms->slot_free[c->slot]);
+            OPS(st)->memset_async(IMPL(st), gbase, 0, (size_t)c->used, NULL);
             c->bwd_zeroed = 1;
         }
         c->users++;
-        pt_cs_set_pointers(rt, c, base, gbase);
+        pt_cs_set_pointers(st, c, base, gbase);
     }
-    prefetch_block(rt, backward ? b - 1 : b + 1);
+    prefetch_block(st, backward ? b - 1 : b + 1);
     return PT_OK;
 }
 
 /* ---- CPU side of a chunk's gradient ---- */
 
 /* Adam over every trainable region of an offloaded chunk. Runs on a worker. */
-static void chunk_adam(pt_rt *rt, cs_chunk *c, const pt_adamw_consts *k, int from_acc) {
+static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc) {
     for (int r = 0; r < c->lc->n_regions; r++) {
         const pt_chunk_region *g = &c->lc->regions[r];
         if (c->reg_state[r] == UINT64_MAX) continue;
@@ -245,16 +237,16 @@ static void chunk_adam(pt_rt *rt, cs_chunk *c, const pt_adamw_consts *k, int fro
         }
         pt_cpu_adam_range(&a, 0, a.n);
     }
-    (void)rt;
+    (void)st;
 }
 
 /* Squared norms per param root, in double, element order (matches a host that
  * sums g^2 param by param). Reads the gradient the optimizer will use. */
-static void chunk_norms(pt_rt *rt, cs_chunk *c, int from_acc) {
-    struct pt_ms *ms = rt->ms;
+static void chunk_norms(pt_store *st, cs_chunk *c, int from_acc) {
+    pt_store *ms = st;
     for (int j = 0; j < c->lc->n_params; j++) {
         int root = ms->lay.order[c->lc->first_param + j];
-        const pt_param_v1 *p = &rt->model->params[root];
+        const pt_param_v1 *p = &st->model->params[root];
         uint64_t off = ms->lay.param_offset[root], n = pt_param_numel(p);
         double sq = 0;
         if (from_acc) {
@@ -291,7 +283,7 @@ static void chunk_accumulate(cs_chunk *c, int first) {
     }
 }
 
-typedef struct { pt_rt *rt; cs_chunk *c; } chunk_job;
+typedef struct { pt_store *st; cs_chunk *c; } chunk_job;
 
 static double now_s(void) {
     struct timespec ts;
@@ -299,7 +291,7 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void add_optim_time(struct pt_ms *ms, double dt) {
+static void add_optim_time(pt_store *ms, double dt) {
     pthread_mutex_lock(&ms->acct_mu);
     ms->cpu_optim_s += dt;
     pthread_mutex_unlock(&ms->acct_mu);
@@ -307,125 +299,120 @@ static void add_optim_time(struct pt_ms *ms, double dt) {
 
 static void grad_task(void *arg) {
     chunk_job *j = arg;
-    pt_rt *rt = j->rt;
+    pt_store *st = j->st;
     cs_chunk *c = j->c;
     free(j);
-    OPS(rt)->event_sync(IMPL(rt), c->ev_d2h);   /* the gradient is on the host */
+    OPS(st)->event_sync(IMPL(st), c->ev_d2h);   /* the gradient is on the host */
     double t0 = now_s();
     int acc = c->t_n_micro > 1;
     if (acc) chunk_accumulate(c, c->t_micro == 0);
     int last = c->t_micro == c->t_n_micro - 1;
-    if (last && c->t_norm) chunk_norms(rt, c, acc);
-    if (last && c->t_step_now) chunk_adam(rt, c, &c->t_consts, acc);
-    add_optim_time(rt->ms, now_s() - t0);
+    if (last && c->t_norm) chunk_norms(st, c, acc);
+    if (last && c->t_step_now) chunk_adam(st, c, &c->t_consts, acc);
+    add_optim_time(st, now_s() - t0);
 }
 
-static void step_consts(pt_rt *rt, float lr, float gs, pt_adamw_consts *k) {
-    pt_optim_state *o = &rt->opt;
+static void step_consts(pt_store *st, float lr, float gs, pt_adamw_consts *k) {
+    pt_optim_state *o = st->opt;
     float bc1, bc2r;
     pt_adamw_bias(o->beta1, o->beta2, o->t + 1, &bc1, &bc2r);
     *k = pt_adamw_make_consts(lr, o->beta1, o->beta2, o->eps, o->weight_decay, bc1, bc2r, gs);
 }
 
-static int offload_grad(pt_rt *rt, cs_chunk *c, char *err, size_t errlen) {
-    struct pt_ms *ms = rt->ms;
+static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
+    pt_store *ms = st;
     /* the previous micro-batch's task still reads h_gstage */
     pt_pool_wait(ms->workers, &c->tg);
     void *gsrc = (char *)pt_bufpool_slot_ptr(ms->pool, c->slot) + ms->lay.chunk_size;
-    int rc = pt_gpu_memcpy_async(rt->gpu, c->h_gstage, gsrc, (size_t)c->used, PT_GPU_D2H,
-                                 rt->s_d2h);
-    if (!rc) rc = OPS(rt)->event_record(IMPL(rt), c->ev_d2h, rt->s_d2h);
-    if (!rc) rc = OPS(rt)->event_record(IMPL(rt), ms->slot_free[c->slot], rt->s_d2h);
+    int rc = pt_gpu_memcpy_async(st->gpu, c->h_gstage, gsrc, (size_t)c->used, PT_GPU_D2H,
+                                 st->s_d2h);
+    if (!rc) rc = OPS(st)->event_record(IMPL(st), c->ev_d2h, st->s_d2h);
+    if (!rc) rc = OPS(st)->event_record(IMPL(st), ms->slot_free[c->slot], st->s_d2h);
     if (rc) {
-        ERR("gradient copy of chunk %d to the host failed", c->id);
-        return PT_ERR_BACKEND;
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "gradient copy of chunk %d to the host failed", c->id);
     }
-    int last = rt->micro == rt->n_micro - 1;
-    c->t_micro = rt->micro;
-    c->t_n_micro = rt->n_micro;
-    c->t_norm = rt->opt.max_grad_norm > 0;
+    int last = st->sx->micro == st->sx->n_micro - 1;
+    c->t_micro = st->sx->micro;
+    c->t_n_micro = st->sx->n_micro;
+    c->t_norm = st->opt->max_grad_norm > 0;
     c->t_step_now = last && ms->lr_set && !c->t_norm;
     if (c->t_step_now) {
-        step_consts(rt, ms->lr_next, 1.0f, &c->t_consts);
+        step_consts(st, ms->lr_next, 1.0f, &c->t_consts);
         c->stepped = 1;
         ms->overlapped = 1;
     }
     chunk_job *j = malloc(sizeof *j);
     if (!j) {
-        ERR("out of host memory");
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
-    j->rt = rt;
+    j->st = st;
     j->c = c;
     /* the chunk's own group: the next micro-batch's copy into h_gstage waits on it,
      * and optimizer_step waits on every chunk's group */
     if ((rc = pt_pool_submit(ms->workers, grad_task, j, &c->tg))) {
         free(j);
-        ERR("cannot queue the CPU optimizer task of chunk %d", c->id);
-        return rc;
+        return pt_fail(err, errlen, rc, "cannot queue the CPU optimizer task of chunk %d", c->id);
     }
     return PT_OK;
 }
 
-int pt_ms_release(pt_rt *rt, int32_t b, int backward, char *err, size_t errlen) {
-    struct pt_ms *ms = rt->ms;
+int pt_ms_release(pt_store *st, int32_t b, int backward, char *err, size_t errlen) {
+    pt_store *ms = st;
     if (!ms->n_offloaded || ms->lay.block_chunk_first[b] < 0) return PT_OK;
     for (int k = ms->lay.block_chunk_first[b]; k <= ms->lay.block_chunk_last[b]; k++) {
         cs_chunk *c = &ms->ch[k];
         if (c->persistent) continue;
-        if (backward && c->trainable && c->lc->block_first == b && !rt->eval) {
-            int rc = offload_grad(rt, c, err, errlen);
+        if (backward && c->trainable && c->lc->block_first == b && !st->sx->eval) {
+            int rc = offload_grad(st, c, err, errlen);
             if (rc) return rc;
         }
         c->users--;
         pt_bufpool_release(ms->pool, c->slot);
         if (!c->users) {
-            pt_cs_set_pointers(rt, c, NULL, NULL);
+            pt_cs_set_pointers(st, c, NULL, NULL);
             if (!c->prefetched) c->slot = -1;
         }
     }
     return PT_OK;
 }
 
-int pt_ms_set_lr(pt_rt *rt, float lr) {
-    rt->ms->lr_set = 1;
-    rt->ms->lr_next = lr;
+int pt_store_set_lr(pt_store *st, float lr) {
+    st->lr_set = 1;
+    st->lr_next = lr;
     return PT_OK;
 }
 
 /* Wait for every chunk's CPU task. */
-static void wait_tasks(pt_rt *rt) {
-    struct pt_ms *ms = rt->ms;
+static void wait_tasks(pt_store *st) {
+    pt_store *ms = st;
     for (int k = 0; k < ms->n_chunks; k++)
         if (!ms->ch[k].persistent) pt_pool_wait(ms->workers, &ms->ch[k].tg);
 }
 
 /* Squared norms of the resident params' gradients: one device double per param
  * (norm_dev[i]), all queued, then one copy back and one synchronisation. */
-static int device_norms(pt_rt *rt, char *err, size_t errlen) {
-    struct pt_ms *ms = rt->ms;
-    pt_model_v1 *m = rt->model;
+static int device_norms(pt_store *st, char *err, size_t errlen) {
+    pt_store *ms = st;
+    pt_model_v1 *m = st->model;
     size_t bytes = sizeof(double) * (size_t)m->n_params;
     double *host = malloc(bytes);
     if (!host) {
-        ERR("out of host memory");
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
-    int rc = OPS(rt)->memset_async(IMPL(rt), ms->norm_dev, 0, bytes, rt->s_compute);
+    int rc = OPS(st)->memset_async(IMPL(st), ms->norm_dev, 0, bytes, st->s_compute);
     for (int i = 0; i < m->n_params && !rc; i++) {
         if (ms->root[i] != i || !m->params[i].grad) continue;
         cs_chunk *c = &ms->ch[ms->lay.param_chunk[i]];
         if (!c->persistent) continue;
         uint64_t n = pt_param_numel(&m->params[i]);
-        rc = OPS(rt)->sqnorm(IMPL(rt), (char *)c->d_grad + ms->lay.param_offset[i],
-                             m->params[i].dtype, (size_t)n, ms->norm_dev + i, rt->s_compute);
+        rc = OPS(st)->sqnorm(IMPL(st), (char *)c->d_grad + ms->lay.param_offset[i],
+                             m->params[i].dtype, (size_t)n, ms->norm_dev + i, st->s_compute);
     }
-    if (!rc) rc = pt_gpu_memcpy_async(rt->gpu, host, ms->norm_dev, bytes, PT_GPU_D2H, rt->s_compute);
-    if (!rc) rc = OPS(rt)->stream_sync(IMPL(rt), rt->s_compute);
+    if (!rc) rc = pt_gpu_memcpy_async(st->gpu, host, ms->norm_dev, bytes, PT_GPU_D2H, st->s_compute);
+    if (!rc) rc = OPS(st)->stream_sync(IMPL(st), st->s_compute);
     if (rc) {
         free(host);
-        ERR("optimizer_step: gradient-norm reduction failed on the device");
-        return PT_ERR_BACKEND;
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "optimizer_step: gradient-norm reduction failed on the device");
     }
     for (int i = 0; i < m->n_params; i++)
         if (ms->root[i] == i && m->params[i].grad && ms->ch[ms->lay.param_chunk[i]].persistent)
@@ -434,9 +421,9 @@ static int device_norms(pt_rt *rt, char *err, size_t errlen) {
     return PT_OK;
 }
 
-static int device_adam(pt_rt *rt, cs_chunk *c, float lr, float gs, char *err, size_t errlen) {
-    struct pt_ms *ms = rt->ms;
-    pt_optim_state *o = &rt->opt;
+static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err, size_t errlen) {
+    pt_store *ms = st;
+    pt_optim_state *o = st->opt;
     float bc1, bc2r;
     pt_adamw_bias(o->beta1, o->beta2, o->t + 1, &bc1, &bc2r);
     for (int r = 0; r < c->lc->n_regions; r++) {
@@ -461,54 +448,52 @@ static int device_adam(pt_rt *rt, cs_chunk *c, float lr, float gs, char *err, si
             a.grad = (const float *)((char *)c->d_grad + g->offset);
         } else {
             /* widen the 16-bit gradient into fp32 scratch first */
-            OPS(rt)->convert(IMPL(rt), ms->d_gtmp, PT_F32, (char *)c->d_grad + g->offset,
-                             g->dtype, (size_t)n, 0, rt->s_compute);
+            OPS(st)->convert(IMPL(st), ms->d_gtmp, PT_F32, (char *)c->d_grad + g->offset,
+                             g->dtype, (size_t)n, 0, st->s_compute);
             a.param = c->d_master + s;
             a.grad = ms->d_gtmp;
             a.param_out = (char *)c->d_param + g->offset;
             a.out_dtype = g->dtype;
         }
-        if (OPS(rt)->adamw(IMPL(rt), &a, rt->s_compute)) {
-            ERR("optimizer_step: device AdamW failed on chunk %d", c->id);
-            return PT_ERR_BACKEND;
+        if (OPS(st)->adamw(IMPL(st), &a, st->s_compute)) {
+            return pt_fail(err, errlen, PT_ERR_BACKEND, "optimizer_step: device AdamW failed on chunk %d", c->id);
         }
     }
-    OPS(rt)->memset_async(IMPL(rt), c->d_grad, 0, (size_t)c->used, rt->s_compute);
+    OPS(st)->memset_async(IMPL(st), c->d_grad, 0, (size_t)c->used, st->s_compute);
     return PT_OK;
 }
 
-typedef struct { pt_rt *rt; cs_chunk *c; pt_adamw_consts k; int acc; } adam_job;
+typedef struct { pt_store *st; cs_chunk *c; pt_adamw_consts k; int acc; } adam_job;
 static void adam_task(void *arg) {
     adam_job *j = arg;
     double t0 = now_s();
-    chunk_adam(j->rt, j->c, &j->k, j->acc);
-    add_optim_time(j->rt->ms, now_s() - t0);
+    chunk_adam(j->st, j->c, &j->k, j->acc);
+    add_optim_time(j->st, now_s() - t0);
 }
 
-int pt_ms_optimizer_step(pt_rt *rt, char *err, size_t errlen) {
-    struct pt_ms *ms = rt->ms;
-    pt_optim_state *o = &rt->opt;
-    pt_model_v1 *m = rt->model;
-    float lr = rt->lr_arg >= 0 ? rt->lr_arg : o->lr;
+int pt_store_optimizer_step(pt_store *st, char *err, size_t errlen) {
+    pt_store *ms = st;
+    pt_optim_state *o = st->opt;
+    pt_model_v1 *m = st->model;
+    float lr = st->sx->lr_arg >= 0 ? st->sx->lr_arg : o->lr;
     if (ms->lr_set) {
-        if (ms->overlapped && rt->lr_arg >= 0 && rt->lr_arg != ms->lr_next) {
-            ERR("optimizer_step: lr %g differs from the lr %g given to set_lr, which the CPU "
-                "optimizer already applied while backward ran", (double)rt->lr_arg,
+        if (ms->overlapped && st->sx->lr_arg >= 0 && st->sx->lr_arg != ms->lr_next) {
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "optimizer_step: lr %g differs from the lr %g given to set_lr, which the CPU "
+                "optimizer already applied while backward ran", (double)st->sx->lr_arg,
                 (double)ms->lr_next);
-            return PT_ERR_INVALID_ARG;
         }
         lr = ms->lr_next;
     }
     o->lr = lr;
     double w0 = now_s();
     if (ms->n_offloaded) {
-        OPS(rt)->stream_sync(IMPL(rt), rt->s_d2h);
-        wait_tasks(rt);
+        OPS(st)->stream_sync(IMPL(st), st->s_d2h);
+        wait_tasks(st);
     }
     float gs = 1.0f;
     o->last_norm = NAN;
     if (o->max_grad_norm > 0) {
-        int rc = device_norms(rt, err, errlen);
+        int rc = device_norms(st, err, errlen);
         if (rc) return rc;
         double sq = 0;
         for (int i = 0; i < m->n_params; i++) {
@@ -525,23 +510,22 @@ int pt_ms_optimizer_step(pt_rt *rt, char *err, size_t errlen) {
     if (ms->n_offloaded) {
         jobs = calloc((size_t)ms->n_chunks, sizeof *jobs);
         if (!jobs) {
-            ERR("out of host memory");
-            return PT_ERR_HOST_OOM;
+            return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
         }
         for (int k = 0; k < ms->n_chunks; k++) {
             cs_chunk *c = &ms->ch[k];
             if (c->persistent || !c->trainable || c->stepped) continue;
-            jobs[k].rt = rt;
+            jobs[k].st = st;
             jobs[k].c = c;
-            jobs[k].acc = rt->n_micro > 1;
-            step_consts(rt, lr, gs, &jobs[k].k);
+            jobs[k].acc = st->sx->n_micro > 1;
+            step_consts(st, lr, gs, &jobs[k].k);
             if (pt_pool_submit(ms->workers, adam_task, &jobs[k], &g)) adam_task(&jobs[k]);
         }
     }
     for (int k = 0; k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
         if (!c->persistent || !c->trainable) continue;
-        int rc = device_adam(rt, c, lr, gs, err, errlen);
+        int rc = device_adam(st, c, lr, gs, err, errlen);
         if (rc) {
             if (jobs) pt_pool_wait(ms->workers, &g);
             free(jobs);
@@ -553,9 +537,8 @@ int pt_ms_optimizer_step(pt_rt *rt, char *err, size_t errlen) {
     /* what the host waited for CPU work (overlapped tasks + deferred steps); the
      * device Adam of persistent chunks runs in the same window, ordered first */
     ms->optim_wait_s += now_s() - w0;
-    if (OPS(rt)->stream_sync(IMPL(rt), rt->s_compute)) {
-        ERR("optimizer_step: device stream failed");
-        return PT_ERR_BACKEND;
+    if (OPS(st)->stream_sync(IMPL(st), st->s_compute)) {
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "optimizer_step: device stream failed");
     }
     /* Streamed copies in slots are stale now: drop their tags (and poison them,
      * so a host that kept a pointer reads NaN). */
@@ -565,8 +548,8 @@ int pt_ms_optimizer_step(pt_rt *rt, char *err, size_t errlen) {
         if (c->persistent || !c->trainable) continue;
         int32_t s = pt_bufpool_lookup(ms->pool, c->id);
         if (s < 0) continue;
-        if (rt->cfg.poison)
-            OPS(rt)->memset_async(IMPL(rt), pt_bufpool_slot_ptr(ms->pool, s), 0xFF,
+        if (st->cfg->poison)
+            OPS(st)->memset_async(IMPL(st), pt_bufpool_slot_ptr(ms->pool, s), 0xFF,
                                   (size_t)pt_bufpool_slot_size(ms->pool, s), NULL);
         pt_bufpool_invalidate(ms->pool, c->id);
     }

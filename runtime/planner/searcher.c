@@ -26,7 +26,7 @@
 #include "searcher.h"
 #include "placement.h"
 #include "protrain.h"
-#include "log.h"
+#include "base/base.h"
 
 #include <math.h>
 #include <stdarg.h>

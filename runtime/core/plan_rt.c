@@ -9,15 +9,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "cost_model.h"
-#include "ms_internal.h"
-#include "plan.h"
+#include "planner/planner.h"
 #include "profiler.h"
-#include "searcher.h"
-#include "state_io.h"
-#include "trace_cache.h"
+#include "rt_internal.h"
 
-#define ERR(...) (snprintf(err, errlen, __VA_ARGS__))
 
 /* auto_memory: profile and plan, even when the INI fixes all four knobs (the plan
  * then checks them against the device and predicts their peak and time).
@@ -47,31 +42,30 @@ int pt_rt_wants_profile(const pt_rt *rt) {
     return rt->host.profile_step != NULL && rt->model && rt->model->n_blocks > 0;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int pt_rt_profile_begin(pt_rt *rt, char *err, size_t errlen) {
-    if (!rt->prof) rt->prof_t0 = now_s();
-    return pt_prof_begin(rt, err, errlen);
+    if (!rt->prof) rt->prof_t0 = pt_now_s();
+    int rc = pt_prof_begin(rt, err, errlen);
+    rt->sx.profiling = rt->prof != NULL;
+    return rc;
 }
 
 int pt_rt_profile_passes(void) { return pt_prof_passes(); }
 
-void pt_rt_profile_abort(pt_rt *rt) { pt_prof_free(rt); }
+void pt_rt_profile_abort(pt_rt *rt) {
+    pt_prof_free(rt);
+    rt->sx.profiling = 0;
+}
 
 /* After the host's profile_step returned: trace -> search -> rebuild. */
 int pt_rt_profile_end(pt_rt *rt, char *err, size_t errlen) {
     pt_trace t;
     int rc = pt_prof_finish(rt, &t, err, errlen);
-    pt_prof_free(rt);
+    pt_rt_profile_abort(rt);
     if (rc) {
         pt_trace_free(&t);
         return rc;
     }
-    double prof_s = now_s() - rt->prof_t0;
+    double prof_s = pt_now_s() - rt->prof_t0;
     rt->swap_interval = 0;
     if (rt->cfg.cache_dir[0]) {
         char e2[512];
@@ -104,17 +98,12 @@ static uint64_t host_budget(const pt_rt *rt) {
  * host's initial tensors are only guaranteed during post_model_load. */
 static int rebuild_keeping_state(pt_rt *rt, char *err, size_t errlen) {
     pt_state_image img;
-    int rc = pt_state_snapshot(rt, &img, err, errlen);
+    int rc = pt_store_snapshot(rt->st, &img, err, errlen);
     if (rc) return rc;
-    int had_opt = rt->opt.ready;
-    pt_acts_fini(rt);
-    pt_ms_destroy(rt);
-    rt->opt.ready = 0;
-    rt->no_init_upload = 1;
-    rc = pt_rt_build(rt, err, errlen);
-    rt->no_init_upload = 0;
-    if (!rc && had_opt) rc = pt_ms_optimizer_init(rt, err, errlen);
-    if (!rc) rc = pt_state_restore(rt, &img, err, errlen);
+    int had_opt = pt_store_optimizer_ready(rt->st);
+    rc = pt_rt_build(rt, 1, err, errlen);
+    if (!rc && had_opt) rc = pt_store_optimizer_init(rt->st, err, errlen);
+    if (!rc) rc = pt_store_restore(rt->st, &img, err, errlen);
     pt_state_image_free(&img);
     if (rc) rt->broken = rc;
     return rc;
@@ -139,8 +128,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     int rc = PT_OK;
     if (t != rt->trace) {  /* keep it: create_optimizer may re-plan (clipping) */
         if (!rt->trace && !(rt->trace = calloc(1, sizeof *rt->trace))) {
-            ERR("out of host memory");
-            return PT_ERR_HOST_OOM;
+            return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
         }
         pt_trace_init(rt->trace);
         rc = pt_trace_copy(rt->trace, t, err, errlen);
@@ -192,8 +180,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
 int pt_rt_call_profile_step(pt_rt *rt, char *err, size_t errlen) {
     int hrc = rt->host.profile_step(rt->host.user);
     if (hrc) {
-        ERR("post_model_load: the host's profile_step returned %d", hrc);
-        return PT_ERR_CALLBACK;
+        return pt_fail(err, errlen, PT_ERR_CALLBACK, "post_model_load: the host's profile_step returned %d", hrc);
     }
     return PT_OK;
 }
@@ -236,7 +223,7 @@ static int cmp_d(const void *a, const void *b) {
 void pt_rt_calibrate(pt_rt *rt) {
     enum { WARM = 1, MEASURE = 5 };
     int k = rt->calib_steps++;
-    if (k < (int)(sizeof rt->calib_t / sizeof rt->calib_t[0])) rt->calib_t[k] = now_s();
+    if (k < (int)(sizeof rt->calib_t / sizeof rt->calib_t[0])) rt->calib_t[k] = pt_now_s();
     if (k != WARM + MEASURE || !rt->pred_peak) return;
     double dt[MEASURE];
     for (int i = 0; i < MEASURE; i++) dt[i] = rt->calib_t[WARM + i + 1] - rt->calib_t[WARM + i];

@@ -1,0 +1,82 @@
+/*
+ * base.h — the bottom of runtime/: what every subsystem runs with.
+ *  - pt_config: every configuration knob, parsed and validated by plugin/
+ *    (INI schema, file:line errors) and handed to the runtime read-only.
+ *  - pt_logger and pt_log*: leveled logging through the host's logger
+ *    (pt_host_v1.log) or stderr.
+ *  - pt_fail / pt_now_s (from pt_util.h): the one error idiom and the one clock.
+ */
+#ifndef PT_BASE_H
+#define PT_BASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pt_util.h"   /* pt_fail, pt_now_s, PT_PRINTF */
+
+typedef struct pt_config {
+    /* [plugin] */
+    int log_level;            /* log_level = error|warn|info|debug|trace (PT_LOG_*); default info */
+    char backend[16];         /* backend = auto|cuda|host; default auto */
+    /* [memory] */
+    uint64_t device_capacity; /* device_capacity = auto | <size>; 0 = auto */
+    uint64_t reserve;         /* reserve = <size>, default 0: kept free on the device */
+    uint64_t pinned_budget;   /* pinned_budget = auto | <size>; 0 = auto (MemAvailable-based) */
+    uint64_t extra_headroom;  /* extra_headroom = <size>, default 0: memory the profiler cannot see */
+    /* [protrain] */
+    int auto_memory;          /* bool, default 1 */
+    int auto_mode;            /* bool, default 1 */
+    int force_all_persistent; /* bool, default 0 */
+    int zero3_shard;          /* auto|on|off -> -1|1|0, default -1 */
+    int n_persist, n_buffer, n_swap, n_checkpoint; /* auto | integer >= 0 -> -1 means search */
+    uint64_t chunk_size;      /* auto | <size>; 0 = auto */
+    char cache_dir[512];      /* default "" = no cache */
+    char plan_file[512];      /* default "" = no JSON plan */
+    /* [optimizer] */
+    int optim_type;           /* type = adamw|rekls -> PT_OPTIM_ADAMW|PT_OPTIM_REKLS */
+    float lr, beta1, beta2, eps, weight_decay, max_grad_norm; /* 3e-4, 0.9, 0.999, 1e-8, 0, 0 (0 = no clipping) */
+    int cpu_threads;          /* 0 = auto (cores available) */
+    int rekls_seed_shampoo;   /* bool, default 0 (KERNELS.md A.5 faithful step 1) */
+    float rekls_shampoo_beta; /* default 0.95 */
+    float rekls_eps;          /* default 1e-8 */
+    /* [osft] */
+    int osft_enabled;         /* enabled = bool, default 0 */
+    float osft_rank_ratio;    /* rank_ratio in (0,1], default 0.5: fraction of singular values frozen */
+    char osft_targets[256];   /* targets = comma list of param-name substrings, default "attn,mlp" */
+    /* [tiled_mlp] */
+    int tiled_mlp_enabled;    /* enabled = bool, default 0 */
+    int tiled_mlp_tiles;      /* tiles = auto|int >= 1 -> 0 = auto */
+    /* [dist] */
+    char dist_backend[16];    /* backend = auto|nccl|mpi|none */
+    char init_method[256];    /* init_method = env | file:///path | mpi ; default env */
+    /* [host_backend] */
+    double copy_bandwidth;    /* bytes/s, units B/s KB/s MB/s GB/s KiB/s MiB/s GiB/s; 0 = unthrottled */
+    int poison;               /* bool, default 1 */
+    int fail_alloc_at;        /* integer >= 0, default 0: fail the Nth device alloc (1-based), 0 = never */
+    char source[512];         /* path the config came from, or "(defaults)" */
+} pt_config;
+
+typedef struct pt_logger {
+    int level;                                   /* pt_log_level: messages above it are dropped */
+    void (*fn)(void *user, int32_t level, const char *msg);  /* NULL = stderr */
+    void *user;
+    int rank;                                    /* prefixed when world > 1 (-1 = none) */
+} pt_logger;
+
+
+void pt_log(const pt_logger *lg, int level, const char *fmt, ...) PT_PRINTF(3, 4);
+/* Multi-line text: one logger call per line (plans, tables). */
+void pt_log_text(const pt_logger *lg, int level, const char *text);
+const char *pt_log_level_name(int level);
+
+/* FNV-1a 64-bit: h = (h ^ byte) * 1099511628211, offset basis
+ * 14695981039346656037. Checksums of state files and profile caches, and the
+ * model-architecture hash of the cache key. */
+uint64_t pt_fnv1a64(const void *data, size_t len);
+
+#define PT_LOGE(lg, ...) pt_log((lg), 0, __VA_ARGS__)
+#define PT_LOGW(lg, ...) pt_log((lg), 1, __VA_ARGS__)
+#define PT_LOGI(lg, ...) pt_log((lg), 2, __VA_ARGS__)
+#define PT_LOGD(lg, ...) pt_log((lg), 3, __VA_ARGS__)
+
+#endif

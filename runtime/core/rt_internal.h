@@ -1,0 +1,58 @@
+/*
+ * rt_internal.h — the runtime context, private to runtime/core: rt.c (hooks
+ * and host services), plan_rt.c (profile, search, rebuild, calibration) and
+ * profiler.c. The chunk store and the planner are reached through their
+ * interfaces (store/store.h, planner/planner.h).
+ */
+#ifndef PT_RT_INTERNAL_H
+#define PT_RT_INTERNAL_H
+
+#include "rt.h"
+#include "store/store.h"
+
+struct pt_prof;           /* profiler state while profile_step runs (profiler.c) */
+struct pt_trace;
+
+struct pt_rt {
+    pt_config cfg;
+    pt_logger lg;
+    pt_host_v1 host;
+    pt_gpu *gpu;
+    pt_stream *s_compute, *s_h2d, *s_d2h;
+    pt_model_v1 *model;
+    int n_blocks;
+    pt_optim_state opt;
+    int opt_created;          /* create_optimizer succeeded */
+    pt_step_state sx;         /* the one copy of where the host is in its step */
+    pt_store *st;             /* the store under the plan in force, or NULL */
+    pt_store_knobs kn;        /* what the current store was built with */
+    float last_loss;
+    struct pt_prof *prof;     /* non-NULL while profiling */
+    double prof_t0;
+    double frag;              /* allocator fragmentation factor for the cost model */
+    uint64_t pred_peak;       /* the plan's predicted peak and iteration time (0: no plan) */
+    double pred_iter_s;
+    struct pt_trace *trace;   /* the profile the plan came from (kept for re-planning) */
+    int plan_clip;            /* the plan assumed clipping (deferred CPU steps) */
+    int broken;               /* a failed rebuild left no usable store: every hook fails */
+    int calib_steps;          /* post_steps since the plan took effect */
+    double calib_t[8];        /* their timestamps */
+    uint64_t meas_peak;       /* measured at calibration (0: not yet) */
+    double meas_iter_s;
+    int swap_interval;        /* blocks of forward compute that hide one swap-out (>= 1) */
+    int32_t *swap_done;       /* [n_blocks] the plan's release window per SWAP arena, or NULL */
+};
+
+/* rt.c */
+int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen);
+void pt_rt_store_free(pt_rt *rt);
+
+/* plan_rt.c */
+int pt_rt_wants_profile(const pt_rt *rt);
+void pt_rt_calibrate(pt_rt *rt);
+int pt_rt_replan_for_optimizer(pt_rt *rt, int clip, char *err, size_t errlen);
+void pt_rt_plan_free(pt_rt *rt);
+int pt_rt_search_and_apply(pt_rt *rt, const struct pt_trace *t, double prof_s, char *err,
+                           size_t errlen);
+
+#endif

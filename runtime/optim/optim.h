@@ -1,0 +1,13 @@
+/*
+ * optim.h — the optimizers subsystem's interface: a worker pool with waitable
+ * task groups (thread_pool.h) and the vectorised, multi-threaded CPU AdamW
+ * with its bulk dtype converters (cpu_adam.h). Code outside runtime/optim
+ * includes this header only; it depends on nothing else in runtime/.
+ */
+#ifndef PT_OPTIM_H
+#define PT_OPTIM_H
+
+#include "thread_pool.h"
+#include "cpu_adam.h"
+
+#endif

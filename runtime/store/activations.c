@@ -1,0 +1,233 @@
+/*
+ * activations.c — per-block activation policy, one mode per block:
+ *   NONE  the block's arena stays on the device from its forward to its backward;
+ *   CKPT  the arena is freed after block_post_forward(b) (the host keeps the block
+ *         input outside it); block_pre_backward(b) allocates a fresh arena and calls
+ *         the host's recompute_block(b) before returning;
+ *   SWAP  after block_post_forward(b) the arena is copied to a pinned swap buffer on
+ *         the d2h stream and freed once the copy's event completes (polled at every
+ *         hook, forced when an allocation would fail); in backward it is brought
+ *         back on the h2d stream one block ahead and block_pre_backward(b) waits.
+ * Arenas are allocated per micro-batch at activation_arena() and freed after the
+ * block's backward (or after its forward in an evaluation pass), so the device
+ * allocator's peak is the true activation footprint of the chosen mode map.
+ *
+ * Copy ordering: swap-outs use the d2h stream, which in forward carries nothing
+ * else; swap-ins share the h2d stream with chunk prefetch, queued after the
+ * chunks of the same block (pre_backward gathers first), so a block never waits
+ * for the next block's activations before its own parameters.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store_internal.h"
+
+static const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->gpu); }
+static void *IMPL(pt_store *st) { return pt_gpu_impl(st->gpu); }
+
+const char *pt_acts_mode_name(int m) {
+    return m == PT_ACT_CKPT ? "CKPT" : m == PT_ACT_SWAP ? "SWAP" : "NONE";
+}
+
+/* Window w (forward of block w) starts: the swapped arenas the plan released by
+ * now leave, waiting for their copies when those run late. */
+void pt_acts_pre_forward(pt_store *st, int32_t w) {
+    for (int j = 0; j < w && j < st->n_blocks; j++) {
+        pt_arena *a = &st->arena[j];
+        if (!a->swapping_out || a->done_at < 0 || a->done_at >= w) continue;
+        OPS(st)->event_sync(IMPL(st), a->ev_out);
+        pt_gpu_free(st->gpu, a->ptr);
+        a->ptr = NULL;
+        a->swapping_out = 0;
+    }
+}
+
+int pt_acts_init(pt_store *st, const int32_t *modes, const int32_t *swap_done, char *err,
+                 size_t errlen) {
+    int n = st->n_blocks;
+    st->arena = calloc((size_t)(n > 0 ? n : 1), sizeof *st->arena);
+    if (!st->arena) {
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    }
+    for (int b = 0; b < n; b++) {
+        pt_arena *a = &st->arena[b];
+        a->mode = modes ? modes[b] : PT_ACT_NONE;
+        /* without a plan: one forward window of overlap for each swap-out, then the
+         * arena leaves (waiting for a late copy), so peaks do not depend on timing */
+        a->done_at = swap_done ? swap_done[b] : b + 1;
+        if (a->mode == PT_ACT_SWAP && (OPS(st)->event_create(IMPL(st), &a->ev_out) ||
+                                       OPS(st)->event_create(IMPL(st), &a->ev_in))) {
+            return pt_fail(err, errlen, PT_ERR_BACKEND, "cannot create swap events");
+        }
+    }
+    return PT_OK;
+}
+
+void pt_acts_fini(pt_store *st) {
+    if (!st->arena) return;
+    if (st->s_d2h) OPS(st)->stream_sync(IMPL(st), st->s_d2h);
+    if (st->s_h2d) OPS(st)->stream_sync(IMPL(st), st->s_h2d);
+    for (int b = 0; b < st->n_blocks; b++) {
+        pt_arena *a = &st->arena[b];
+        if (a->ptr) pt_gpu_free(st->gpu, a->ptr);
+        if (a->host) pt_gpu_pinned_free(st->gpu, a->host);
+        if (a->ev_out) OPS(st)->event_destroy(IMPL(st), a->ev_out);
+        if (a->ev_in) OPS(st)->event_destroy(IMPL(st), a->ev_in);
+    }
+    free(st->arena);
+    st->arena = NULL;
+}
+
+/* Free the device copies of swapped-out arenas (wait = 1: all of them, waiting
+ * for their copies). wait = 0 frees the finished ones that have no planned
+ * release point: with a plan, an arena leaves exactly when the plan said
+ * (pt_acts_pre_forward), so the measured peak is the predicted one. */
+static void reap(pt_store *st, int wait) {
+    for (int b = 0; b < st->n_blocks; b++) {
+        pt_arena *a = &st->arena[b];
+        if (!a->swapping_out) continue;
+        if (wait) OPS(st)->event_sync(IMPL(st), a->ev_out);
+        else if (a->done_at >= 0 || !OPS(st)->event_query(IMPL(st), a->ev_out)) continue;
+        pt_gpu_free(st->gpu, a->ptr);
+        a->ptr = NULL;
+        a->swapping_out = 0;
+    }
+}
+
+/* Device allocation for an arena; a failure first waits for pending swap-outs. */
+static int arena_alloc(pt_store *st, pt_arena *a, uint64_t bytes, char *err, size_t errlen) {
+    reap(st, 0);
+    int rc = pt_gpu_alloc(st->gpu, (size_t)bytes, PT_TAG_ACT, &a->ptr, err, errlen);
+    if (rc == PT_ERR_OOM) {
+        reap(st, 1);
+        rc = pt_gpu_alloc(st->gpu, (size_t)bytes, PT_TAG_ACT, &a->ptr, err, errlen);
+    }
+    if (!rc) a->bytes = bytes;
+    return rc;
+}
+
+int pt_store_arena(pt_store *st, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen) {
+    if (!ptr || b < 0 || b >= st->n_blocks || bytes == 0) {
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "activation_arena: bad arguments (block %d of %d, %llu bytes)", b, st->n_blocks,
+            (unsigned long long)bytes);
+    }
+    pt_arena *a = &st->arena[b];
+    if (a->swapping_out) reap(st, 1);
+    if (a->ptr && a->bytes != bytes) {
+        pt_gpu_free(st->gpu, a->ptr);
+        a->ptr = NULL;
+    }
+    if (!a->ptr) {
+        int rc = arena_alloc(st, a, bytes, err, errlen);
+        if (rc) return rc;
+    }
+    a->live = 1;
+    *ptr = a->ptr;
+    return PT_OK;
+}
+
+int pt_store_arena_get(pt_store *st, int32_t b, void **ptr, char *err, size_t errlen) {
+    if (!ptr || b < 0 || b >= st->n_blocks) {
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "activation_arena_get: bad block %d (model has %d)", b, st->n_blocks);
+    }
+    pt_arena *a = &st->arena[b];
+    if (!a->ptr || a->swapping_out) {
+        return pt_fail(err, errlen, PT_ERR_ORDER, "activation_arena_get: block %d has no arena on the device now (mode %s; its "
+            "activations are restored in block_pre_backward(%d))", b, pt_acts_mode_name(a->mode), b);
+    }
+    *ptr = a->ptr;
+    return PT_OK;
+}
+
+int pt_acts_post_forward(pt_store *st, int32_t b, char *err, size_t errlen) {
+    pt_arena *a = &st->arena[b];
+    reap(st, 0);
+    if (!a->ptr) return PT_OK;                    /* the block saved nothing */
+    if (st->sx->eval || a->mode == PT_ACT_CKPT) {
+        pt_gpu_free(st->gpu, a->ptr);             /* poisoned: stale pointers read NaN */
+        a->ptr = NULL;
+        return PT_OK;
+    }
+    if (a->mode != PT_ACT_SWAP) return PT_OK;
+    if (a->host && a->host_bytes < a->bytes) {
+        pt_gpu_pinned_free(st->gpu, a->host);
+        a->host = NULL;
+    }
+    if (!a->host) {
+        int rc = pt_gpu_pinned_alloc(st->gpu, (size_t)a->bytes, &a->host, err, errlen);
+        if (rc) return rc;
+        a->host_bytes = a->bytes;
+    }
+    int rc = pt_gpu_memcpy_async(st->gpu, a->host, a->ptr, (size_t)a->bytes, PT_GPU_D2H, st->s_d2h);
+    if (!rc) rc = OPS(st)->event_record(IMPL(st), a->ev_out, st->s_d2h);
+    if (rc) {
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "swap-out of block %d's activations failed", b);
+    }
+    a->swapping_out = 1;
+    st->swap_out_bytes += a->bytes;
+    return PT_OK;
+}
+
+/* Start bringing block b's swapped activations back (async on the h2d stream). */
+static int swap_in_start(pt_store *st, int32_t b, char *err, size_t errlen) {
+    pt_arena *a = &st->arena[b];
+    if (a->mode != PT_ACT_SWAP || a->swapping_in || !a->host || !a->live) return PT_OK;
+    if (a->swapping_out) {
+        OPS(st)->event_sync(IMPL(st), a->ev_out);
+        pt_gpu_free(st->gpu, a->ptr);
+        a->ptr = NULL;
+        a->swapping_out = 0;
+    }
+    if (a->ptr) return PT_OK;
+    int rc = arena_alloc(st, a, a->host_bytes < a->bytes ? a->host_bytes : a->bytes, err, errlen);
+    if (rc) return rc;
+    rc = pt_gpu_memcpy_async(st->gpu, a->ptr, a->host, (size_t)a->bytes, PT_GPU_H2D, st->s_h2d);
+    if (!rc) rc = OPS(st)->event_record(IMPL(st), a->ev_in, st->s_h2d);
+    if (rc) {
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "swap-in of block %d's activations failed", b);
+    }
+    a->swapping_in = 1;
+    return PT_OK;
+}
+
+int pt_acts_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
+    pt_arena *a = &st->arena[b];
+    /* the turn: every swap-out is over by the first backward window */
+    reap(st, b == st->n_blocks - 1);
+    int rc = PT_OK;
+    if (a->mode == PT_ACT_SWAP && a->live) {
+        if ((rc = swap_in_start(st, b, err, errlen))) return rc;
+        OPS(st)->event_sync(IMPL(st), a->ev_in);
+        a->swapping_in = 0;
+    } else if (a->mode == PT_ACT_CKPT && a->live) {
+        if ((rc = arena_alloc(st, a, a->bytes, err, errlen))) return rc;
+        if (!st->host->recompute_block) {
+            return pt_fail(err, errlen, PT_ERR_CALLBACK, "block %d is CKPT but the host gave no recompute_block callback", b);
+        }
+        double t0 = pt_now_s();
+        int hrc = st->host->recompute_block(st->host->user, b);
+        if (st->on_recompute) st->on_recompute(st->user, b, pt_now_s() - t0);
+        if (hrc) {
+            return pt_fail(err, errlen, PT_ERR_CALLBACK, "host recompute_block(%d) returned %d", b, hrc);
+        }
+        st->recomputes++;
+    }
+    /* prefetch the next backward block's swapped activations */
+    if (b > 0) {
+        char e2[256];
+        if (swap_in_start(st, b - 1, e2, sizeof e2)) PT_LOGD(st->lg, "swap-in prefetch: %s", e2);
+    }
+    return PT_OK;
+}
+
+int pt_acts_post_backward(pt_store *st, int32_t b) {
+    pt_arena *a = &st->arena[b];
+    if (a->ptr && !a->swapping_out) {
+        pt_gpu_free(st->gpu, a->ptr);
+        a->ptr = NULL;
+    }
+    a->live = 0;
+    reap(st, 0);
+    return PT_OK;
+}

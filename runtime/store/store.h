@@ -1,0 +1,147 @@
+/*
+ * store.h — the chunk store's interface: everything the runtime keeps on the
+ * device and in pinned memory for one model under one plan.
+ *
+ * It owns: the chunk layout (parameters grouped into fixed-size chunks in
+ * execution order), the device buffer pool that streamed chunks pass through,
+ * the persistent/offloaded storage of parameters, gradients and optimizer state,
+ * chunk movement at the block hooks (gather with prefetch, release, gradient
+ * offload with the CPU optimizer overlapping backward), the per-block
+ * activation arenas (NONE / CKPT / SWAP), and state images and files
+ * (save/resume, and carrying values across a rebuild under another plan).
+ *
+ * It does not decide anything: the knobs and the per-block activation modes
+ * come from the caller (runtime/core, from the planner or the INI). It runs
+ * with what the caller lends it (pt_store_env) and changes only its own
+ * state, plus the optimizer's progress (t, last_norm) in env->opt and the
+ * parameter pointers in env->model that the host reads.
+ */
+#ifndef PT_STORE_H
+#define PT_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/base.h"
+#include "gpu.h"
+#include "protrain.h"
+
+enum { PT_ACT_NONE = 0, PT_ACT_CKPT = 1, PT_ACT_SWAP = 2 };
+
+/* Optimizer hyper-parameters and progress (owned by the caller, lent to the store). */
+typedef struct pt_optim_state {
+    float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
+    int64_t t;            /* optimizer steps taken (bias correction uses t+1) */
+    double last_norm;     /* global grad norm before clipping, NaN when not computed */
+} pt_optim_state;
+
+/* Where the host is in its step (written by the caller at each hook; the store
+ * reads it). One copy in the whole plugin: the lifecycle reads it from here. */
+typedef struct pt_step_state {
+    int64_t step;
+    int32_t micro, n_micro;
+    int eval;             /* a forward-only pass (pre_step with n_micro == 0) */
+    int profiling;        /* the host's profile_step is running (bootstrap plan) */
+    float lr_arg;         /* lr passed to optimizer_step (< 0: none) */
+} pt_step_state;
+
+/* The four knobs the store runs with (-1 = default: everything persistent,
+ * lookahead buffers, no swap, no checkpoint). */
+typedef struct pt_store_knobs {
+    int32_t n_persist, n_buffer, n_swap, n_checkpoint;
+    const char *source;   /* "INI", "searched", "bootstrap" — for the log */
+} pt_store_knobs;
+
+/* What the store runs with; every pointer outlives the store. */
+typedef struct pt_store_env {
+    const pt_config *cfg;
+    const pt_logger *lg;
+    const pt_host_v1 *host;         /* recompute_block for CKPT */
+    pt_gpu *gpu;
+    pt_stream *s_compute, *s_h2d, *s_d2h;
+    pt_model_v1 *model;             /* validated by pt_store_validate */
+    pt_optim_state *opt;
+    const pt_step_state *sx;
+    /* Told the time each CKPT recompute took (the profiler's per-block recompute
+     * time), or NULL. */
+    void (*on_recompute)(void *user, int32_t block, double seconds);
+    void *user;
+} pt_store_env;
+
+typedef struct pt_store pt_store;
+
+/* Checks a model descriptor (names, dtypes, shapes, blocks, ties). */
+int pt_store_validate(const pt_model_v1 *m, char *err, size_t errlen);
+uint64_t pt_param_numel(const pt_param_v1 *p);   /* product of the shape */
+/* A hash of everything that shapes the layout and the profile (cache key). */
+uint64_t pt_store_arch_hash(const pt_model_v1 *m, const pt_config *cfg);
+
+/* Lays out chunks, allocates storage under the knobs, sets the activation mode
+ * of each block (modes[n_blocks], PT_ACT_*; swap_done[n_blocks] the last forward
+ * window that holds each swapped arena, or NULL for "one window after its copy
+ * starts"), and uploads the host's initial values unless from_image (the caller
+ * restores a state image next). */
+int pt_store_create(const pt_store_env *env, const pt_store_knobs *kn, const int32_t *modes,
+                    const int32_t *swap_done, int from_image, pt_store **out, char *err,
+                    size_t errlen);
+void pt_store_destroy(pt_store *st);
+
+/* Optimizer state (moments, masters) for every trainable chunk. */
+int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen);
+int pt_store_optimizer_ready(const pt_store *st);
+
+/* Hooks. */
+int pt_store_pre_step(pt_store *st, char *err, size_t errlen);
+int pt_store_pre_forward(pt_store *st, int32_t b, char *err, size_t errlen);
+int pt_store_post_forward(pt_store *st, int32_t b, char *err, size_t errlen);
+int pt_store_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen);
+int pt_store_post_backward(pt_store *st, int32_t b, char *err, size_t errlen);
+int pt_store_optimizer_step(pt_store *st, char *err, size_t errlen);
+int pt_store_set_lr(pt_store *st, float lr);
+
+/* Host services. */
+int pt_store_arena(pt_store *st, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen);
+int pt_store_arena_get(pt_store *st, int32_t b, void **ptr, char *err, size_t errlen);
+int pt_store_is_arena(const pt_store *st, const void *ptr);   /* block index, or -1 */
+uint64_t pt_store_arena_bytes(const pt_store *st, int32_t b); /* device bytes held now */
+int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, char *err,
+                        size_t errlen);
+/* Fills the plan, optimizer-time and activation fields of s. */
+void pt_store_stats(const pt_store *st, pt_stats_v1 *s);
+
+/* For the profiler: chunk geometry and exact footprints, a buffer slot to time
+ * copies with, the CPU optimizer's workers. */
+uint64_t pt_store_chunk_size(const pt_store *st);
+int pt_store_n_chunks(const pt_store *st);
+typedef struct pt_store_chunk_info {
+    uint64_t used;        /* bytes its parameters occupy (<= chunk size) */
+    uint64_t elems;       /* parameter elements */
+    uint64_t n_state;     /* fp32 optimizer elements (trainable, padding included) */
+    int32_t first_block, last_block;  /* blocks using it; -1 for non-block chunks */
+    int mandatory;        /* must stay resident (non-block params, oversize) */
+    uint64_t dev_bytes;   /* exact device footprint while persistent */
+    uint64_t host_bytes;  /* exact pinned footprint while offloaded */
+} pt_store_chunk_info;
+void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out);
+/* A free buffer-pool slot to time copies with (its cached chunk is dropped),
+ * or 0 when none is free. */
+int pt_store_borrow_slot(pt_store *st, void **dev, uint64_t *bytes);
+struct pt_pool *pt_store_workers(pt_store *st);
+
+/* State: images (in memory, across a rebuild) and files (save/resume). */
+typedef struct pt_state_image {
+    unsigned char *data;
+    size_t bytes;
+    int64_t step;       /* optimizer steps taken */
+    int has_opt;        /* holds fp32 masters and Adam moments (optimizer existed) */
+} pt_state_image;
+int pt_store_snapshot(pt_store *st, pt_state_image *img, char *err, size_t errlen);
+int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t errlen);
+void pt_state_image_free(pt_state_image *img);
+/* <dir>/protrain_state_rank<r>.bin, written atomically (temp, fsync, rename);
+ * load checks magic, version, size, checksum and every parameter's name, dtype
+ * and size before it changes anything. */
+int pt_store_save(pt_store *st, const char *dir, char *err, size_t errlen);
+int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen);
+
+#endif
