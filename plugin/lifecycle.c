@@ -18,7 +18,6 @@ const char *pt_lc_state_name(pt_lc_state s) {
     case PT_LC_BWD: return "backward pass";
     case PT_LC_MICRO_DONE: return "micro-batch done (expects pre_step of the next micro-batch or optimizer_step)";
     case PT_LC_STEPPED: return "optimizer stepped (expects post_step)";
-    case PT_LC_FINAL: return "finalized";
     }
     return "?";
 }
@@ -35,8 +34,8 @@ static void expected(const pt_lifecycle *lc, char *buf, size_t n) {
                  lc->block);
         break;
     case PT_LC_MICRO_DONE:
-        if (lc->micro + 1 < lc->n_micro)
-            snprintf(buf, n, "pre_step(step %lld, micro %d)", (long long)lc->step, lc->micro + 1);
+        if (lc->sx.micro + 1 < lc->sx.n_micro)
+            snprintf(buf, n, "pre_step(step %lld, micro %d)", (long long)lc->sx.step, lc->sx.micro + 1);
         else
             snprintf(buf, n, "optimizer_step");
         break;
@@ -65,7 +64,7 @@ int pt_lc_create_optimizer(pt_lifecycle *lc, char *err, size_t errlen) {
 
 /* After the forward of the last block (or at once for a block-less model). */
 static void forward_done(pt_lifecycle *lc) {
-    if (lc->eval) {
+    if (lc->sx.eval) {
         lc->state = PT_LC_READY;
     } else if (lc->n_blocks > 0) {
         lc->state = PT_LC_BWD;
@@ -90,14 +89,14 @@ int pt_lc_pre_step(pt_lifecycle *lc, int64_t step, int32_t micro, int32_t n_micr
         return PT_ERR_INVALID_ARG;
     } else if (micro == 0) {
         if (lc->state != PT_LC_READY) return order_err(lc, called, err, errlen);
-    } else if (lc->state != PT_LC_MICRO_DONE || lc->micro + 1 != micro || lc->step != step ||
-               lc->n_micro != n_micro) {
+    } else if (lc->state != PT_LC_MICRO_DONE || lc->sx.micro + 1 != micro || lc->sx.step != step ||
+               lc->sx.n_micro != n_micro) {
         return order_err(lc, called, err, errlen);
     }
-    lc->eval = eval;
-    lc->step = step;
-    lc->micro = micro;
-    lc->n_micro = n_micro;
+    lc->sx.eval = eval;
+    lc->sx.step = step;
+    lc->sx.micro = micro;
+    lc->sx.n_micro = n_micro;
     lc->state = PT_LC_FWD;
     lc->block = 0;
     lc->inside = 0;
@@ -131,7 +130,7 @@ int pt_lc_block(pt_lifecycle *lc, int which, int32_t b, char *err, size_t errlen
 }
 
 int pt_lc_optimizer_step(pt_lifecycle *lc, char *err, size_t errlen) {
-    if (lc->state != PT_LC_MICRO_DONE || lc->micro + 1 != lc->n_micro)
+    if (lc->state != PT_LC_MICRO_DONE || lc->sx.micro + 1 != lc->sx.n_micro)
         return order_err(lc, "optimizer_step", err, errlen);
     lc->state = PT_LC_STEPPED;
     return PT_OK;

@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/base.h"   /* pt_step_state */
+
 typedef enum pt_lc_state {
     PT_LC_INIT = 0,       /* after init: expects post_model_load */
     PT_LC_LOADED,         /* expects create_optimizer */
@@ -16,8 +18,7 @@ typedef enum pt_lc_state {
     PT_LC_FWD,            /* forward pass: block hooks in increasing order */
     PT_LC_BWD,            /* backward pass: block hooks in decreasing order */
     PT_LC_MICRO_DONE,     /* backward done: next micro-batch's pre_step or optimizer_step */
-    PT_LC_STEPPED,        /* optimizer_step done: expects post_step */
-    PT_LC_FINAL           /* finalized */
+    PT_LC_STEPPED         /* optimizer_step done: expects post_step */
 } pt_lc_state;
 
 typedef struct pt_lifecycle {
@@ -25,9 +26,7 @@ typedef struct pt_lifecycle {
     int n_blocks;
     int block;            /* next block expected (FWD: ascending, BWD: descending) */
     int inside;           /* 1 between pre_X(block) and post_X(block) */
-    int eval;             /* forward-only pass */
-    int64_t step;
-    int32_t micro, n_micro;
+    pt_step_state sx;     /* the plugin's one copy of the step state (the runtime reads it) */
 } pt_lifecycle;
 
 enum { PT_HOOK_PRE_FWD = 0, PT_HOOK_POST_FWD, PT_HOOK_PRE_BWD, PT_HOOK_POST_BWD };

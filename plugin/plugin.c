@@ -35,11 +35,7 @@ static int fail_null(const char *hook) {
 
 #define CTX(hook)                                    \
     pt_ctx *c = (pt_ctx *)vctx;                      \
-    if (!c) return fail_null(hook);                  \
-    if (c->lc.state == PT_LC_FINAL) {                \
-        snprintf(c->err, sizeof c->err, "%s called after finalize", hook); \
-        return PT_ERR_ORDER;                         \
-    }
+    if (!c) return fail_null(hook)
 
 /* Log the failure once at debug level; the host reads last_error. */
 static int done(pt_ctx *c, int rc) {
@@ -73,7 +69,7 @@ static int32_t h_init(const char *ini_path, const pt_host_v1 *host, void **out) 
     c->lg.fn = host ? host->log : NULL;
     c->lg.user = host ? host->user : NULL;
     c->lg.rank = (host && host->world_size > 1) ? host->rank : -1;
-    rc = pt_rt_create(&c->cfg, host, &c->lg, &c->rt, g_err, sizeof g_err);
+    rc = pt_rt_create(&c->cfg, host, &c->lg, &c->lc.sx, &c->rt, g_err, sizeof g_err);
     if (rc) {
         free(c);
         return rc;
@@ -103,7 +99,7 @@ static int profile(pt_ctx *c) {
         c->lc.state = PT_LC_READY;
         rc = pt_lc_pre_step(&c->lc, -1, 0, 1, c->err, sizeof c->err);
         if (!rc) rc = pt_rt_profile_begin(c->rt, c->err, sizeof c->err);
-        if (!rc) rc = pt_rt_pre_step(c->rt, -1, 0, 1, c->err, sizeof c->err);
+        if (!rc) rc = pt_rt_pre_step(c->rt, c->err, sizeof c->err);
         if (!rc) rc = pt_rt_call_profile_step(c->rt, c->err, sizeof c->err);
         if (!rc && c->lc.state != PT_LC_MICRO_DONE) {
             char want[128];
@@ -146,7 +142,7 @@ static int32_t h_pre_step(void *vctx, int64_t step, int32_t micro, int32_t n_mic
     pt_lifecycle saved = c->lc;
     int rc = pt_lc_pre_step(&c->lc, step, micro, n_micro, c->err, sizeof c->err);
     if (!rc) {
-        rc = pt_rt_pre_step(c->rt, step, micro, n_micro, c->err, sizeof c->err);
+        rc = pt_rt_pre_step(c->rt, c->err, sizeof c->err);
         if (rc) c->lc = saved;
     }
     return done(c, rc);

@@ -74,6 +74,15 @@ const char *pt_log_level_name(int level);
  * model-architecture hash of the cache key. */
 uint64_t pt_fnv1a64(const void *data, size_t len);
 
+/* Where the host is in its step. One copy in the whole plugin: the hook-order
+ * state machine (plugin/lifecycle) owns it and rolls it back with its state
+ * when a hook fails; the runtime reads it through a pointer. */
+typedef struct pt_step_state {
+    int64_t step;
+    int32_t micro, n_micro;
+    int eval;             /* a forward-only pass (pre_step with n_micro == 0) */
+} pt_step_state;
+
 #define PT_LOGE(lg, ...) pt_log((lg), 0, __VA_ARGS__)
 #define PT_LOGW(lg, ...) pt_log((lg), 1, __VA_ARGS__)
 #define PT_LOGI(lg, ...) pt_log((lg), 2, __VA_ARGS__)

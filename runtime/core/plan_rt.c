@@ -45,7 +45,7 @@ int pt_rt_wants_profile(const pt_rt *rt) {
 int pt_rt_profile_begin(pt_rt *rt, char *err, size_t errlen) {
     if (!rt->prof) rt->prof_t0 = pt_now_s();
     int rc = pt_prof_begin(rt, err, errlen);
-    rt->sx.profiling = rt->prof != NULL;
+    pt_store_set_profiling(rt->st, rt->prof != NULL);
     return rc;
 }
 
@@ -53,7 +53,7 @@ int pt_rt_profile_passes(void) { return pt_prof_passes(); }
 
 void pt_rt_profile_abort(pt_rt *rt) {
     pt_prof_free(rt);
-    rt->sx.profiling = 0;
+    if (rt->st) pt_store_set_profiling(rt->st, 0);
 }
 
 /* After the host's profile_step returned: trace -> search -> rebuild. */

@@ -26,8 +26,8 @@ static int need_store(pt_rt *rt, const char *what, int need_opt, char *err, size
     return PT_OK;
 }
 
-int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *lg, pt_rt **out,
-                 char *err, size_t errlen) {
+int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *lg,
+                 const pt_step_state *sx, pt_rt **out, char *err, size_t errlen) {
     *out = NULL;
     pt_rt *rt = calloc(1, sizeof *rt);
     if (!rt) {
@@ -35,6 +35,7 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     }
     rt->cfg = *cfg;
     rt->lg = *lg;
+    rt->sx = sx;
     rt->plan_clip = cfg->max_grad_norm > 0;
     if (host) {
         size_t n = host->struct_size < sizeof rt->host ? host->struct_size : sizeof rt->host;
@@ -181,7 +182,7 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
     int rc = block_modes(rt, modes, err, errlen);
     if (!rc) {
         pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->gpu, rt->s_compute, rt->s_h2d,
-                            rt->s_d2h, rt->model, &rt->opt, &rt->sx, on_recompute, rt};
+                            rt->s_d2h, rt->model, &rt->opt, rt->sx, on_recompute, rt};
         rc = pt_store_create(&env, &rt->kn, modes, rt->swap_done, from_image, &rt->st, err,
                              errlen);
     }
@@ -225,15 +226,10 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
     return rc;
 }
 
-int pt_rt_pre_step(pt_rt *rt, int64_t step, int32_t micro, int32_t n_micro, char *err,
-                   size_t errlen) {
+int pt_rt_pre_step(pt_rt *rt, char *err, size_t errlen) {
     if (rt->broken) {
         return pt_fail(err, errlen, rt->broken, "pre_step: the plugin lost its state in a failed re-plan (see the log)");
     }
-    rt->sx.step = step;
-    rt->sx.micro = micro;
-    rt->sx.n_micro = n_micro;
-    rt->sx.eval = (n_micro == 0);
     return pt_store_pre_step(rt->st, err, errlen);
 }
 
@@ -261,8 +257,7 @@ int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
 }
 
 int pt_rt_optimizer_step(pt_rt *rt, float lr, char *err, size_t errlen) {
-    rt->sx.lr_arg = lr;
-    return pt_store_optimizer_step(rt->st, err, errlen);
+    return pt_store_optimizer_step(rt->st, lr, err, errlen);
 }
 
 int pt_rt_set_lr(pt_rt *rt, float lr, char *err, size_t errlen) {

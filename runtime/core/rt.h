@@ -16,8 +16,9 @@
 
 typedef struct pt_rt pt_rt;
 
-int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *lg, pt_rt **out,
-                 char *err, size_t errlen);
+/* sx: the caller's step state (read at every hook; it outlives the runtime). */
+int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *lg,
+                 const pt_step_state *sx, pt_rt **out, char *err, size_t errlen);
 /* Frees every byte, joins every thread; returns the count of leaked device allocations. */
 size_t pt_rt_destroy(pt_rt *rt);
 
@@ -36,8 +37,7 @@ int pt_rt_profile_passes(void);   /* profile_step calls per profile (1 warm-up +
 
 int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *desc, char *err, size_t errlen);
 
-int pt_rt_pre_step(pt_rt *rt, int64_t step, int32_t micro, int32_t n_micro, char *err,
-                   size_t errlen);
+int pt_rt_pre_step(pt_rt *rt, char *err, size_t errlen);   /* reads the step state */
 int pt_rt_pre_forward(pt_rt *rt, int32_t b, char *err, size_t errlen);
 int pt_rt_post_forward(pt_rt *rt, int32_t b, char *err, size_t errlen);
 int pt_rt_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen);

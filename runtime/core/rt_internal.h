@@ -23,7 +23,7 @@ struct pt_rt {
     int n_blocks;
     pt_optim_state opt;
     int opt_created;          /* create_optimizer succeeded */
-    pt_step_state sx;         /* the one copy of where the host is in its step */
+    const pt_step_state *sx;  /* where the host is in its step (the lifecycle's) */
     pt_store *st;             /* the store under the plan in force, or NULL */
     pt_store_knobs kn;        /* what the current store was built with */
     float last_loss;

@@ -113,7 +113,7 @@ void pt_cs_set_pointers(pt_store *st, cs_chunk *c, void *pbase, void *gbase) {
 int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
     if (st->sx->eval) return PT_OK;
-    if (!st->opt_ready && !st->sx->profiling) {
+    if (!st->opt_ready && !st->profiling) {
         return pt_fail(err, errlen, PT_ERR_ORDER, "pre_step: no optimizer (call create_optimizer first)");
     }
     for (int k = 0; k < ms->n_chunks; k++) ms->ch[k].bwd_zeroed = 0;
@@ -471,15 +471,17 @@ static void adam_task(void *arg) {
     add_optim_time(j->st, now_s() - t0);
 }
 
-int pt_store_optimizer_step(pt_store *st, char *err, size_t errlen) {
+void pt_store_set_profiling(pt_store *st, int on) { st->profiling = on; }
+
+int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen) {
     pt_store *ms = st;
     pt_optim_state *o = st->opt;
     pt_model_v1 *m = st->model;
-    float lr = st->sx->lr_arg >= 0 ? st->sx->lr_arg : o->lr;
+    float lr = lr_arg >= 0 ? lr_arg : o->lr;
     if (ms->lr_set) {
-        if (ms->overlapped && st->sx->lr_arg >= 0 && st->sx->lr_arg != ms->lr_next) {
+        if (ms->overlapped && lr_arg >= 0 && lr_arg != ms->lr_next) {
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "optimizer_step: lr %g differs from the lr %g given to set_lr, which the CPU "
-                "optimizer already applied while backward ran", (double)st->sx->lr_arg,
+                "optimizer already applied while backward ran", (double)lr_arg,
                 (double)ms->lr_next);
         }
         lr = ms->lr_next;

@@ -35,16 +35,6 @@ typedef struct pt_optim_state {
     double last_norm;     /* global grad norm before clipping, NaN when not computed */
 } pt_optim_state;
 
-/* Where the host is in its step (written by the caller at each hook; the store
- * reads it). One copy in the whole plugin: the lifecycle reads it from here. */
-typedef struct pt_step_state {
-    int64_t step;
-    int32_t micro, n_micro;
-    int eval;             /* a forward-only pass (pre_step with n_micro == 0) */
-    int profiling;        /* the host's profile_step is running (bootstrap plan) */
-    float lr_arg;         /* lr passed to optimizer_step (< 0: none) */
-} pt_step_state;
-
 /* The four knobs the store runs with (-1 = default: everything persistent,
  * lookahead buffers, no swap, no checkpoint). */
 typedef struct pt_store_knobs {
@@ -96,7 +86,10 @@ int pt_store_pre_forward(pt_store *st, int32_t b, char *err, size_t errlen);
 int pt_store_post_forward(pt_store *st, int32_t b, char *err, size_t errlen);
 int pt_store_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen);
 int pt_store_post_backward(pt_store *st, int32_t b, char *err, size_t errlen);
-int pt_store_optimizer_step(pt_store *st, char *err, size_t errlen);
+/* lr < 0: the lr given to set_lr for this step, else the optimizer's. */
+int pt_store_optimizer_step(pt_store *st, float lr, char *err, size_t errlen);
+/* The host's profile_step is running: no optimizer exists yet, and that is fine. */
+void pt_store_set_profiling(pt_store *st, int on);
 int pt_store_set_lr(pt_store *st, float lr);
 
 /* Host services. */

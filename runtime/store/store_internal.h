@@ -85,6 +85,7 @@ struct pt_store {
     pt_store_knobs kn;
     int no_init_upload;       /* values come from a state image, not the host's tensors */
     int opt_ready;            /* optimizer state allocated */
+    int profiling;            /* pt_store_set_profiling */
     /* activations */
     pt_arena *arena;          /* [n_blocks] */
     uint64_t swap_out_bytes;  /* cumulative */

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The layering rules, checked on the sources (make test runs this). The build
+# already compiles each layer with only the include paths it may use; this
+# adds what include paths cannot express:
+#  1. runtime/ includes no CUDA, NCCL or MPI header (system or local);
+#  2. inside runtime/, a file reaches another subsystem only through that
+#     subsystem's interface header (base/base.h, optim/optim.h,
+#     planner/planner.h, store/store.h, core/rt.h);
+#  3. sample_host/ includes nothing but host_api headers and system headers;
+#  4. no two headers or sources include each other in a loop.
+set -u
+cd "${PT_ROOT:-$(dirname "$0")/..}" || exit 2
+fail=0
+bad() { echo "layers: $*"; fail=1; }
+
+# 1
+while IFS= read -r hit; do bad "runtime must not include device/transport headers: $hit"; done < <(
+  grep -rnE '#\s*include\s*[<"](cuda|cublas|cusolver|nccl|mpi)[^">]*[">]' runtime)
+
+# 2
+declare -A iface=([base]=base.h [optim]=optim.h [planner]=planner.h [store]=store.h [core]=rt.h)
+for f in runtime/*/*.[ch]; do
+  sub=${f#runtime/}; sub=${sub%%/*}
+  while IFS= read -r inc; do
+    dir=${inc%%/*}; file=${inc#*/}
+    [ "$dir" = "$inc" ] && continue            # same-folder include
+    [ -n "${iface[$dir]:-}" ] || { bad "$f includes \"$inc\": no such subsystem"; continue; }
+    [ "$dir" = "$sub" ] && { bad "$f includes its own subsystem as \"$inc\" (use \"$file\")"; continue; }
+    [ "$file" = "${iface[$dir]}" ] || bad "$f includes \"$inc\": only $dir/${iface[$dir]} crosses the $dir boundary"
+  done < <(sed -n 's/^#\s*include\s*"\([^"]*\)".*/\1/p' "$f")
+done
+
+# 3
+while IFS= read -r hit; do
+  inc=$(sed -n 's/.*#\s*include\s*"\([^"]*\)".*/\1/p' <<<"${hit#*:*:}")
+  [ -e "sample_host/$inc" ] || [ -e "host_api/$inc" ] || bad "sample_host may include only host_api headers: $hit"
+done < <(grep -rnE '#\s*include\s*"' sample_host)
+
+# 4: every quoted include resolved to a file, fed to tsort (which reports loops)
+edges=$(for f in $(find host_api gpu runtime plugin sample_host -name '*.[ch]'); do
+  d=$(dirname "$f")
+  sed -n 's/^#\s*include\s*"\([^"]*\)".*/\1/p' "$f" | while IFS= read -r inc; do
+    for c in "$d/$inc" "runtime/$inc" "gpu/$inc" "host_api/$inc" "plugin/$inc"; do
+      if [ -e "$c" ]; then echo "$(realpath --relative-to=. "$f") $(realpath --relative-to=. "$c")"; break; fi
+    done
+  done
+done)
+if ! out=$(tsort <<<"$edges" 2>&1 >/dev/null) || [ -n "$out" ]; then bad "include loop: $out"; fi
+
+if [ $fail = 0 ]; then echo "layers: 1 passed, 0 failed"; else echo "layers: 0 passed, 1 failed"; fi
+exit $fail
