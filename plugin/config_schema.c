@@ -136,7 +136,8 @@ const pt_config_key pt_cfg_keys[] = {
           "Write the chosen plan (knobs, predicted peak and time, mode, reasons) as JSON here; "
           "empty: the plan is only logged."),
     R_ENUM("optimizer", "type", optim_type, "adamw|rekls", optim_vals, "adamw",
-           "adamw, or rekls (KERNELS.md A.5; parameters that are not 2-D use AdamW). A host "
+           "adamw, or rekls (KL-Shampoo in its eigenbasis; parameters that are not 2-D use "
+           "AdamW). A host "
            "descriptor type other than FROM_CONFIG wins."),
     R_FLT("optimizer", "lr", lr, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "3e-4",
           "Learning rate; the host may pass another one to each optimizer_step."),
@@ -153,21 +154,21 @@ const pt_config_key pt_cfg_keys[] = {
           "Threads for the CPU optimizer step on offloaded chunks; auto (or 0): the cores "
           "available to the process."),
     R_BOOL("optimizer", "rekls_seed_shampoo", rekls_seed_shampoo, "false",
-           "REKLS: seed step 1 with plain Shampoo factors instead of the faithful step 1 "
-           "(KERNELS.md A.5)."),
+           "REKLS: seed step 1 with plain Shampoo factors instead of the reference "
+           "implementation's step 1."),
     R_FLT("optimizer", "rekls_shampoo_beta", rekls_shampoo_beta, PT_CFG_HI_OPEN, 0, 1, "0.95",
           "REKLS: decay of the Kronecker factor averages."),
     R_FLT("optimizer", "rekls_eps", rekls_eps, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "1e-8",
           "REKLS: floor of the factor eigenvalues and Adam-ratio epsilon."),
     R_BOOL("osft", "enabled", osft_enabled, "false",
-           "Orthogonal Subspace Fine-Tuning on the target weights (KERNELS.md B)."),
+           "Orthogonal Subspace Fine-Tuning on the target weights."),
     R_FLT("osft", "rank_ratio", osft_rank_ratio, PT_CFG_LO_OPEN, 0, 1, "0.5",
           "Fraction of each target's singular values that is frozen."),
     R_STR("osft", "targets", osft_targets,
           "a comma-separated list of parameter-name substrings like attn,mlp", check_targets,
           "attn,mlp", "2-D parameters whose name contains any of these substrings are targets."),
     R_BOOL("tiled_mlp", "enabled", tiled_mlp_enabled, "false",
-           "Run each block's MLP in sequence tiles to cut its activation peak (KERNELS.md C)."),
+           "Run each block's MLP in sequence tiles to cut its activation peak."),
     R_INT("tiled_mlp", "tiles", tiled_mlp_tiles, PT_CFG_AUTO | PT_CFG_NO_HI, 1, INT_MAX, 0,
           "auto", "Number of tiles; auto: from sequence length and hidden size."),
     R_WORD("dist", "backend", dist_backend, "auto|nccl|mpi|none", "auto",

@@ -1,5 +1,5 @@
 /*
- * sh_ckpt.h — llm.c GPT-2 checkpoint load/save (ANCHORS.md 2b).
+ * sh_ckpt.h — llm.c GPT-2 checkpoint load/save (llm.c's format).
  *
  * Format (little-endian): header of 256 int32 —
  *   [0] 20240326 magic, [1] 3 version (fp32), [2] maxT, [3] V, [4] L, [5] NH, [6] C,

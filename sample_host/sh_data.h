@@ -2,7 +2,7 @@
  * sh_data.h — token data for sample_host: byte-level text, the default corpus (the
  * repository's own text files), llm.c token shards, and deterministic batch sampling.
  *
- * llm.c token shard (ANCHORS.md 2b): header of 256 little-endian int32
+ * llm.c token shard (llm.c's format): header of 256 little-endian int32
  *   [0] = 20240520 (magic), [1] = 1 (version), [2] = number of tokens n, rest 0;
  * then n uint16 tokens. File size must be exactly 1024 + 2n.
  */

@@ -1,7 +1,7 @@
 /*
  * sh_layers.h — fp32 forward/backward kernels of the GPT-2 layers used by sample_host.
  *
- * Conventions (same as llm.c's CPU reference, see ANCHORS.md 2b):
+ * Conventions (same as llm.c's CPU reference):
  *  - activations are row-major (N, C) with N = B*T rows (token positions);
  *  - linear weights are (out, in) row-major and out = inp * W^T + b;
  *  - backward functions ACCUMULATE (+=) into parameter gradients, because the host

@@ -9,7 +9,7 @@
  * [model] (the shape), [hw] (the machine), [plan] (search options). The model
  * shape is turned into a synthetic trace (runtime/ds_estimates.h), the
  * searcher picks the plan, and the plan is printed beside DeepSpeed's ZeRO-2 /
- * ZeRO-3 model-state estimates for the same model (ANCHORS.md 5a/5b).
+ * ZeRO-3 model-state estimates for the same model (DeepSpeed's own formulas).
  * Exit status: 0 plan found, 1 no plan fits (the message states the capacity
  * that would), 2 bad input.
  */
@@ -296,7 +296,7 @@ static void print_ds(const opts *o, int64_t P, int64_t Lm, int json) {
         printf(",\n  \"deepspeed\": {\"params\": %lld, \"largest_module\": %lld, \"gpus_per_node\": %d, \"nodes\": %d",
                (long long)P, (long long)Lm, g, nodes);
     else
-        printf("DeepSpeed model-state estimates, same model (ANCHORS.md 5a/5b; P = %lld, largest module %lld, "
+        printf("DeepSpeed model-state estimates, same model (P = %lld, largest module %lld, "
                "%d GPU(s)/node x %d node(s), buffer factor %.1f; activations not included):\n",
                (long long)P, (long long)Lm, g, nodes, PT_DS_BUFFER_FACTOR);
     for (size_t i = 0; i < nr; i++) {

@@ -36,7 +36,7 @@ typedef struct pt_config {
     int optim_type;           /* type = adamw|rekls -> PT_OPTIM_ADAMW|PT_OPTIM_REKLS */
     float lr, beta1, beta2, eps, weight_decay, max_grad_norm; /* 3e-4, 0.9, 0.999, 1e-8, 0, 0 (0 = no clipping) */
     int cpu_threads;          /* 0 = auto (cores available) */
-    int rekls_seed_shampoo;   /* bool, default 0 (KERNELS.md A.5 faithful step 1) */
+    int rekls_seed_shampoo;   /* bool, default 0 (step 1 as the reference implementation) */
     float rekls_shampoo_beta; /* default 0.95 */
     float rekls_eps;          /* default 1e-8 */
     /* [osft] */

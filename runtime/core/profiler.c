@@ -1,6 +1,5 @@
 /*
- * profiler.c — the memory-aware profiler (PROTRAIN.md section 5, ARCHITECTURE.md
- * decision 1). It times the host's profile_step under the bootstrap plan (every
+ * profiler.c — the memory-aware profiler. It times the host's profile_step under the bootstrap plan (every
  * chunk streamed through the minimal pool, every block CKPT: the configuration
  * that fits if anything does) and reads the plugin's own allocator around each
  * hook window, so the trace holds exact bytes, not estimates:

@@ -104,7 +104,7 @@ static int choose_layout(pt_store *st, char *err, size_t errlen) {
     return rc;
 }
 
-/* Pinned bytes of one offloaded chunk (ARCHITECTURE.md decision 4: the real cost),
+/* Pinned bytes of one offloaded chunk (the real cost of an offloaded parameter, never 2 bytes per parameter),
  * exactly as alloc_offloaded allocates them. */
 static uint64_t pinned_of(const cs_chunk *c, int with_gacc) {
     if (!c->trainable) return c->used;              /* h_param only */

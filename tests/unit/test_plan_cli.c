@@ -1,5 +1,5 @@
 /*
- * test_plan_cli.c — DeepSpeed estimates against ANCHORS.md 5a/5b/5c, the shape
+ * test_plan_cli.c — DeepSpeed estimates against figures DeepSpeed's estimators print, the shape
  * parameter count, and the protrain-plan binary ($PT_BUILD/protrain-plan):
  * resident plan for a small model, offload for a big one, JSON that parses,
  * INI input and its errors, infeasible exit, --trace input.
@@ -30,7 +30,7 @@ static void gib2(double bytes, const char *want) {
     assert_string_equal(got, want);
 }
 
-/* ANCHORS.md 5a: t5-3b, P = 2851e6, Lmax = 32e6, 1 node x 8 GPUs, printed in GiB. */
+/* DeepSpeed's ZeRO-3 estimator example: t5-3b, P = 2851e6, Lmax = 32e6, 1 node x 8 GPUs, printed in GiB. */
 static void test_ds_t5_3b(void **state) {
     (void)state;
     const int64_t P = 2851000000LL, L = 32000000LL;
@@ -58,7 +58,7 @@ static void test_ds_t5_3b(void **state) {
     assert_int_equal(pt_ds_zero3(P, L, 8, 1, 1, 0, 1, PT_DS_BUFFER_FACTOR, &e), -1);
 }
 
-/* ANCHORS.md 5c: GPT-2 124M on one GPU, exact bytes. */
+/* GPT-2 124M on one GPU, exact bytes. */
 static void test_ds_gpt2_exact(void **state) {
     (void)state;
     pt_model_shape m = {PT_ARCH_GPT, 12, 768, 12, 0, 0, 50257, 1024, 1, 1024, PT_F32, 1, 0, 1.0};
