@@ -106,6 +106,19 @@ typedef enum pt_optim_type {
 } pt_optim_type;
 
 /* What the host gives the plugin at init. Filled by the host; read-only to the plugin. */
+/* pt_host_v1.flags */
+enum {
+    /* The host runs its device work asynchronously on the device's compute stream:
+     * through the plugin's launch hook (any backend), or as kernels on the
+     * cudaStream_t it gives in compute_stream (cuda). Then a hook returns before
+     * the work it follows has run, and the plugin orders every copy, free and
+     * kernel of its own against that stream with events instead of blocking the
+     * host's thread. Without this flag the plugin assumes the host's work is done
+     * when it calls a hook and finishes its own work before a hook returns
+     * (every ABI 1.0 host). */
+    PT_HOST_ASYNC_COMPUTE = 1u << 0
+};
+
 typedef struct pt_host_v1 {
     uint32_t abi_version;     /* PT_ABI_VERSION the host was built with */
     uint32_t struct_size;     /* sizeof(pt_host_v1) */
@@ -114,7 +127,7 @@ typedef struct pt_host_v1 {
     int32_t local_rank;
     int32_t device_kind;      /* pt_device_kind wanted; AUTO = from the INI */
     int32_t device_index;
-    int32_t reserved0;
+    uint32_t flags;           /* PT_HOST_* bits (was reserved, 0 in older hosts) */
     void *compute_stream;     /* cudaStream_t on cuda; NULL = plugin's own */
     void *user;               /* passed back as first argument of every callback */
     /* Logger; NULL = the plugin prints to stderr. */
@@ -242,7 +255,27 @@ typedef struct protrain_plugin_v1 {
      * same lr (or a negative lr = "as set"). */
     int32_t (*set_lr)(void *ctx, float lr);
 
-    void *reserved[8];
+    /* The device's compute stream (ABI 1.1, in the former reserved slots; NULL in
+     * older plugins). With PT_HOST_ASYNC_COMPUTE, a host runs each piece of device
+     * work (a block's forward, its backward, a recompute, the head) as
+     * launch(ctx, fn, arg): fn(arg) runs on the compute stream after everything
+     * launched before it and after every plugin operation the hooks ordered before
+     * it (uploads of gathered chunks, swap-ins), and before the plugin's later
+     * uses of the memory it touches (gradient copies, swap-outs, buffer reuse,
+     * frees), which wait for it on the device.
+     *  - On the host backend fn runs later, on the simulated device's compute
+     *    thread, possibly after the hook that followed the launch has returned:
+     *    like a kernel's arguments, every address fn uses (param->data, ->grad, the
+     *    arena) must be read when launching, not inside fn.
+     *  - On cuda, fn runs at once on the calling thread and enqueues its kernels on
+     *    the host's compute stream (compute_stream, or the plugin's own when NULL).
+     * One host source therefore drives both. launch returns PT_OK, or an error
+     * (fn is not run). stream_sync(ctx) blocks until all launched work has run:
+     * call it before the CPU reads a value the device computed (a loss, logits). */
+    int32_t (*launch)(void *ctx, void (*fn)(void *arg), void *arg);
+    int32_t (*stream_sync)(void *ctx);
+
+    void *reserved[6];
 } pt_plugin_v1;
 
 /* The exported symbol (a variable named like the struct tag; the type is pt_plugin_v1). */
