@@ -19,7 +19,6 @@
 #include "kernels_hd.h"
 #include "protrain.h"
 
-extern const pt_plugin_v1 protrain_plugin_v1;
 static const pt_plugin_v1 *P = &protrain_plugin_v1;
 
 static char ini_path[256];
