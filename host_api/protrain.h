@@ -10,7 +10,8 @@
  *    lies inside struct_size.
  *  - Plugin table: the host calls a hook only when it lies inside the table's
  *    struct_size and is non-NULL (PT_HAS_HOOK below). A NULL hook means the plugin
- *    does not implement it.
+ *    does not implement it; the plugin never fills a slot with a stub that only
+ *    reports "unsupported".
  *  - pt_param_v1 has no struct_size: it is an array element whose stride is fixed
  *    for the major version, so it can grow only into its reserved slots.
  *  - Structs the plugin fills (pt_stats_v1): the plugin writes no more than the
@@ -243,7 +244,7 @@ typedef struct pt_plugin_table_v1 {
     int32_t (*save_state)(void *ctx, const char *dir);
     int32_t (*load_state)(void *ctx, const char *dir);
 
-    /* Kernels (later issues). NULL until implemented. */
+    /* Kernels (later issues). NULL in a build that does not have them. */
     int32_t (*osft_linear_forward)(void *ctx, int32_t param, const void *x, void *y, int64_t rows);
     int32_t (*osft_linear_backward)(void *ctx, int32_t param, const void *x, const void *dy,
                                     void *dx, int64_t rows);

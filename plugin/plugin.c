@@ -275,14 +275,6 @@ static int32_t h_read_param(void *vctx, int32_t index, void *dst, uint64_t bytes
     return done(c, rc);
 }
 
-/* Hooks whose behaviour later work defines: present, and honest about it. */
-static int32_t unsupported(void *vctx, const char *hook, const char *why) {
-    pt_ctx *c = (pt_ctx *)vctx;
-    if (!c) return fail_null(hook);
-    snprintf(c->err, sizeof c->err, "%s is not implemented in protrain %s: %s", hook,
-             PT_PLUGIN_VERSION, why);
-    return PT_ERR_UNSUPPORTED;
-}
 /* Between steps only: no gradient or CPU step may be in flight. */
 static int between_steps(pt_ctx *c, const char *hook) {
     if (c->lc.state == PT_LC_READY) return PT_OK;
@@ -303,24 +295,9 @@ static int32_t h_load_state(void *vctx, const char *dir) {
     if (!rc) rc = pt_rt_load_state(c->rt, dir, c->err, sizeof c->err);
     return done(c, rc);
 }
-static int32_t h_osft_fwd(void *vctx, int32_t p, const void *x, void *y, int64_t rows) {
-    (void)p; (void)x; (void)y; (void)rows;
-    return unsupported(vctx, "osft_linear_forward", "the OSFT kernel is not built yet");
-}
-static int32_t h_osft_bwd(void *vctx, int32_t p, const void *x, const void *dy, void *dx,
-                          int64_t rows) {
-    (void)p; (void)x; (void)dy; (void)dx; (void)rows;
-    return unsupported(vctx, "osft_linear_backward", "the OSFT kernel is not built yet");
-}
-static int32_t h_tiled_fwd(void *vctx, int32_t b, int64_t tokens) {
-    (void)b; (void)tokens;
-    return unsupported(vctx, "tiled_mlp_forward", "the TiledMLP kernel is not built yet");
-}
-static int32_t h_tiled_bwd(void *vctx, int32_t b, int64_t tokens) {
-    (void)b; (void)tokens;
-    return unsupported(vctx, "tiled_mlp_backward", "the TiledMLP kernel is not built yet");
-}
 
+/* osft_linear_forward/backward and tiled_mlp_forward/backward stay NULL: they are
+ * not built, and a NULL slot is how the ABI says so (PT_HAS_HOOK is false). */
 __attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
     .abi_version = 1,
     .struct_size = sizeof(pt_plugin_v1),
@@ -347,9 +324,5 @@ __attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
     .read_param = h_read_param,
     .save_state = h_save_state,
     .load_state = h_load_state,
-    .osft_linear_forward = h_osft_fwd,
-    .osft_linear_backward = h_osft_bwd,
-    .tiled_mlp_forward = h_tiled_fwd,
-    .tiled_mlp_backward = h_tiled_bwd,
     .set_lr = h_set_lr,
 };
