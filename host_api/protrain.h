@@ -12,8 +12,13 @@
  *    struct_size and is non-NULL (PT_HAS_HOOK below). A NULL hook means the plugin
  *    does not implement it; the plugin never fills a slot with a stub that only
  *    reports "unsupported".
- *  - pt_param_v1 has no struct_size: it is an array element whose stride is fixed
- *    for the major version, so it can grow only into its reserved slots.
+ *  - Structs the host passes in (pt_host_v1, pt_model_v1, pt_optim_v1): a
+ *    struct_size smaller than the v1 fields (everything before the trailing
+ *    reserved slots) is refused with PT_ERR_INVALID_ARG and nothing changes, so
+ *    the host can call again with a correct struct; a larger one is accepted and
+ *    the plugin ignores the bytes past the fields it knows. pt_param_v1 has no
+ *    struct_size: it is an array element whose stride is fixed for the major
+ *    version, so it can grow only into its reserved slots.
  *  - Structs the plugin fills (pt_stats_v1): the plugin writes no more than the
  *    host's struct_size (0 stands for the plugin's own size) and sets struct_size
  *    to the bytes it wrote.
@@ -176,7 +181,7 @@ typedef struct pt_model_v1 {
 
 /* Optimizer description. NaN (or negative where noted) fields mean "from the INI". */
 typedef struct pt_optim_v1 {
-    uint32_t struct_size;
+    uint32_t struct_size;     /* sizeof(pt_optim_v1) */
     int32_t type;             /* pt_optim_type */
     float lr, beta1, beta2, eps, weight_decay;
     float max_grad_norm;      /* <= 0 disables clipping; NaN = from the INI */

@@ -4,6 +4,7 @@
  * the last error sentence. Never aborts the host.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "lifecycle.h"
 #include "log.h"
 #include "protrain.h"
+#include "pt_util.h"
 #include "rt.h"
 
 #define PT_PLUGIN_VERSION "0.1.0"
@@ -47,17 +49,32 @@ static int done(pt_ctx *c, int rc) {
     return rc;
 }
 
+/* Bytes an input struct must cover: every v1 field, i.e. all but the trailing
+ * reserved slots (which mean nothing in v1). More is fine: a newer host's struct
+ * starts with the same v1 fields, and only those are ever read. Checked before
+ * the lifecycle or the runtime see the call, so a refusal changes nothing and the
+ * host can call again with a correct struct. */
+#define V1_FIELDS(type) offsetof(type, reserved)
+
+static int check_struct_size(pt_ctx *c, const char *hook, const char *type, uint32_t given,
+                             size_t need) {
+    if (given >= need) return PT_OK;
+    return pt_fail(c->err, sizeof c->err, PT_ERR_INVALID_ARG,
+                   "%s: %s.struct_size is %u bytes, too small: need at least %zu (its v1 "
+                   "fields)", hook, type, (unsigned)given, need);
+}
+
 static int32_t h_init(const char *ini_path, const pt_host_v1 *host, void **out) {
     if (!out) {
         snprintf(g_err, sizeof g_err, "init: ctx output pointer is NULL");
         return PT_ERR_INVALID_ARG;
     }
     *out = NULL;
-    if (host && (host->struct_size < offsetof(pt_host_v1, reserved) || host->abi_version < 1)) {
-        snprintf(g_err, sizeof g_err,
-                 "init: pt_host_v1 too small or too old (struct_size %u, abi_version %u)",
-                 host->struct_size, host->abi_version);
-        return PT_ERR_INVALID_ARG;
+    if (host && (host->struct_size < V1_FIELDS(pt_host_v1) || host->abi_version < 1)) {
+        return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
+                       "init: pt_host_v1 too small or too old (struct_size %u, need at least "
+                       "%zu; abi_version %u, need at least 1)",
+                       host->struct_size, V1_FIELDS(pt_host_v1), host->abi_version);
     }
     pt_ctx *c = calloc(1, sizeof *c);
     if (!c) {
@@ -126,7 +143,10 @@ static int32_t h_post_model_load(void *vctx, pt_model_v1 *model) {
         snprintf(c->err, sizeof c->err, "post_model_load: model is NULL");
         return PT_ERR_INVALID_ARG;
     }
-    int rc = pt_lc_post_model_load(&c->lc, model->n_blocks, c->err, sizeof c->err);
+    int rc = check_struct_size(c, "post_model_load", "pt_model_v1", model->struct_size,
+                               V1_FIELDS(pt_model_v1));
+    if (rc) return done(c, rc);
+    rc = pt_lc_post_model_load(&c->lc, model->n_blocks, c->err, sizeof c->err);
     if (!rc) rc = pt_rt_model_load(c->rt, model, c->err, sizeof c->err);
     if (!rc && pt_rt_profiling(c->rt)) rc = profile(c);
     if (!rc) c->lc.state = PT_LC_LOADED;
@@ -135,7 +155,11 @@ static int32_t h_post_model_load(void *vctx, pt_model_v1 *model) {
 
 static int32_t h_create_optimizer(void *vctx, const pt_optim_v1 *desc) {
     CTX("create_optimizer");
-    int rc = pt_lc_create_optimizer(&c->lc, c->err, sizeof c->err);
+    /* desc NULL: every setting from the INI */
+    int rc = desc ? check_struct_size(c, "create_optimizer", "pt_optim_v1", desc->struct_size,
+                                      V1_FIELDS(pt_optim_v1))
+                  : PT_OK;
+    if (!rc) rc = pt_lc_create_optimizer(&c->lc, c->err, sizeof c->err);
     if (!rc) rc = pt_rt_create_optimizer(c->rt, desc, c->err, sizeof c->err);
     if (!rc) c->lc.state = PT_LC_READY;
     return done(c, rc);
