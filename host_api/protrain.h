@@ -273,7 +273,7 @@ typedef struct pt_plugin_table_v1 {
  * is here for code linked with the plugin itself (its tests, static builds). */
 extern const pt_plugin_v1 protrain_plugin_v1;
 
-/* ---- host-side loader (host_api/loader.c; link it into the host) ---- */
+/* ---- host-side loader (host_api/loader.c with host_api/util.c; link both into the host) ---- */
 
 /* What a loaded plugin looks like to the host: always the newest table shape. */
 typedef struct pt_loaded_plugin {
