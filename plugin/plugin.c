@@ -30,18 +30,15 @@ typedef struct pt_ctx {
 static _Thread_local char g_err[1024] = "no error";
 
 static int fail_null(const char *hook) {
-    snprintf(g_err, sizeof g_err, "%s called with a NULL context (init failed or was not called)",
-             hook);
-    return PT_ERR_INVALID_ARG;
+    return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
+                   "%s called with a NULL context (init failed or was not called)", hook);
 }
 
-#define CTX(hook)                                    \
-    pt_ctx *c = (pt_ctx *)vctx;                      \
-    if (!c) return fail_null(hook);                  \
-    if (c->lc.state == PT_LC_FINAL) {                \
-        snprintf(c->err, sizeof c->err, "%s called after finalize", hook); \
-        return PT_ERR_ORDER;                         \
-    }
+#define CTX(hook)                                                                   \
+    pt_ctx *c = (pt_ctx *)vctx;                                                     \
+    if (!c) return fail_null(hook);                                                 \
+    if (c->lc.state == PT_LC_FINAL)                                                 \
+        return pt_fail(c->err, sizeof c->err, PT_ERR_ORDER, "%s called after finalize", hook);
 
 /* Log the failure once at debug level; the host reads last_error. */
 static int done(pt_ctx *c, int rc) {
@@ -65,10 +62,8 @@ static int check_struct_size(pt_ctx *c, const char *hook, const char *type, uint
 }
 
 static int32_t h_init(const char *ini_path, const pt_host_v1 *host, void **out) {
-    if (!out) {
-        snprintf(g_err, sizeof g_err, "init: ctx output pointer is NULL");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!out)
+        return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG, "init: ctx output pointer is NULL");
     *out = NULL;
     if (host && (host->struct_size < V1_FIELDS(pt_host_v1) || host->abi_version < 1)) {
         return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
@@ -77,10 +72,7 @@ static int32_t h_init(const char *ini_path, const pt_host_v1 *host, void **out) 
                        host->struct_size, V1_FIELDS(pt_host_v1), host->abi_version);
     }
     pt_ctx *c = calloc(1, sizeof *c);
-    if (!c) {
-        snprintf(g_err, sizeof g_err, "init: out of host memory");
-        return PT_ERR_HOST_OOM;
-    }
+    if (!c) return pt_fail(g_err, sizeof g_err, PT_ERR_HOST_OOM, "init: out of host memory");
     int rc = pt_config_load(ini_path, &c->cfg, g_err, sizeof g_err);
     if (rc) {
         free(c);
@@ -125,10 +117,10 @@ static int profile(pt_ctx *c) {
         if (!rc && c->lc.state != PT_LC_MICRO_DONE) {
             char want[128];
             snprintf(want, sizeof want, "%s", pt_lc_state_name(c->lc.state));
-            snprintf(c->err, sizeof c->err, "post_model_load: the host's profile_step returned "
-                     "before every block's forward and backward hooks ran (state: %s, next "
-                     "block %d)", want, c->lc.block);
-            rc = PT_ERR_CALLBACK;
+            rc = pt_fail(c->err, sizeof c->err, PT_ERR_CALLBACK,
+                         "post_model_load: the host's profile_step returned before every "
+                         "block's forward and backward hooks ran (state: %s, next block %d)",
+                         want, c->lc.block);
         }
     }
     if (!rc) rc = pt_rt_profile_end(c->rt, c->err, sizeof c->err);
@@ -139,10 +131,8 @@ static int profile(pt_ctx *c) {
 
 static int32_t h_post_model_load(void *vctx, pt_model_v1 *model) {
     CTX("post_model_load");
-    if (!model) {
-        snprintf(c->err, sizeof c->err, "post_model_load: model is NULL");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!model)
+        return pt_fail(c->err, sizeof c->err, PT_ERR_INVALID_ARG, "post_model_load: model is NULL");
     int rc = check_struct_size(c, "post_model_load", "pt_model_v1", model->struct_size,
                                V1_FIELDS(pt_model_v1));
     if (rc) return done(c, rc);
@@ -207,10 +197,8 @@ static int32_t h_post_bwd(void *vctx, int32_t b) {
 
 static int32_t h_optimizer_step(void *vctx, float lr) {
     CTX("optimizer_step");
-    if (isnan(lr)) {
-        snprintf(c->err, sizeof c->err, "optimizer_step: lr is NaN");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (isnan(lr))
+        return pt_fail(c->err, sizeof c->err, PT_ERR_INVALID_ARG, "optimizer_step: lr is NaN");
     pt_lifecycle saved = c->lc;
     int rc = pt_lc_optimizer_step(&c->lc, c->err, sizeof c->err);
     if (!rc) {
@@ -251,22 +239,20 @@ static int32_t h_dev_free(void *vctx, void *ptr) {
 }
 
 static int needs_model(pt_ctx *c, const char *hook) {
-    if (c->lc.state == PT_LC_INIT) {
-        snprintf(c->err, sizeof c->err, "hook %s called out of order: expected post_model_load "
-                 "first (state: %s)", hook, pt_lc_state_name(c->lc.state));
-        return PT_ERR_ORDER;
-    }
+    if (c->lc.state == PT_LC_INIT)
+        return pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
+                       "hook %s called out of order: expected post_model_load first (state: %s)",
+                       hook, pt_lc_state_name(c->lc.state));
     return PT_OK;
 }
 
 static int32_t h_arena(void *vctx, int32_t b, uint64_t bytes, void **ptr) {
     CTX("activation_arena");
     int rc = needs_model(c, "activation_arena");
-    if (!rc && !pt_lc_in_block(&c->lc, b) ) {
-        snprintf(c->err, sizeof c->err, "hook activation_arena(%d) called out of order: call it "
-                 "between block_pre_forward(%d) and block_post_forward(%d)", b, b, b);
-        rc = PT_ERR_ORDER;
-    }
+    if (!rc && !pt_lc_in_block(&c->lc, b))
+        rc = pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
+                     "hook activation_arena(%d) called out of order: call it between "
+                     "block_pre_forward(%d) and block_post_forward(%d)", b, b, b);
     if (!rc) rc = pt_rt_arena(c->rt, b, bytes, ptr, c->err, sizeof c->err);
     return done(c, rc);
 }
@@ -285,10 +271,7 @@ static int32_t h_memcpy(void *vctx, void *dst, const void *src, uint64_t bytes, 
 
 static int32_t h_get_stats(void *vctx, pt_stats_v1 *out) {
     CTX("get_stats");
-    if (!out) {
-        snprintf(c->err, sizeof c->err, "get_stats: out is NULL");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!out) return pt_fail(c->err, sizeof c->err, PT_ERR_INVALID_ARG, "get_stats: out is NULL");
     return pt_rt_stats(c->rt, out);
 }
 
@@ -302,10 +285,10 @@ static int32_t h_read_param(void *vctx, int32_t index, void *dst, uint64_t bytes
 /* Between steps only: no gradient or CPU step may be in flight. */
 static int between_steps(pt_ctx *c, const char *hook) {
     if (c->lc.state == PT_LC_READY) return PT_OK;
-    snprintf(c->err, sizeof c->err, "hook %s called out of order: expected it between steps "
-             "(after create_optimizer or post_step; state: %s)", hook,
-             pt_lc_state_name(c->lc.state));
-    return PT_ERR_ORDER;
+    return pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
+                   "hook %s called out of order: expected it between steps (after "
+                   "create_optimizer or post_step; state: %s)", hook,
+                   pt_lc_state_name(c->lc.state));
 }
 static int32_t h_save_state(void *vctx, const char *dir) {
     CTX("save_state");
