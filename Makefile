@@ -140,7 +140,9 @@ $(SAMPLE): $(BUILD)/obj/sample_host/main.o $(BUILD)/libsample.a $(LOADER_OBJ)
 	$(CC) -o $@ $^ $(OMPFLAGS) $(LDFLAGS) -linih -lopenblas -lm -ldl
 
 # ---- tests ----
-TEST_LIBS := $(BUILD)/obj/host_api/loader.o $(BUILD)/libsample.a $(CORE_LIB)
+# The loader objects come first: util.o is then linked once, and the archive
+# copy of it is never pulled (listing it after the archive defined it twice).
+TEST_LIBS := $(LOADER_OBJ) $(BUILD)/libsample.a $(CORE_LIB)
 $(BUILD)/tests/%: tests/unit/%.c $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(OMPFLAGS) $(INC_TESTS) -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) -lcmocka $(LIBS)

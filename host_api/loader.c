@@ -1,7 +1,7 @@
 /*
  * loader.c — host-side plugin loader (pt_load_plugin / pt_unload_plugin).
  *
- * Linked into the host, never into the plugin. Steps:
+ * Linked into the host (with util.c, for pt_fail), never into the plugin. Steps:
  *  1. Resolve `spec`: "none" -> no plugin; a path (contains '/' or ends in
  *     ".so") -> dlopen as given; a short name -> beside the running executable
  *     ("<exe dir>/<name>_plugin.so", "<exe dir>/lib<name>.so"), then through the
@@ -19,12 +19,12 @@
  * PT_ERR_HOST_OOM when the private table copy cannot be allocated.
  */
 #include "protrain.h"
+#include "pt_util.h"
 
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
 #include <link.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,16 +49,6 @@ typedef struct abi_entry {
     adapt_fn adapt;
 } abi_entry;
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);   /* truncates safely, always terminates */
-    va_end(ap);
-}
-
 /* The version numbers this host understands, as "v1..v1". */
 static void host_range(char *buf, size_t len) {
     snprintf(buf, len, "v%u..v%u", (unsigned)PT_ABI_MIN_VERSION, (unsigned)PT_ABI_VERSION);
@@ -71,16 +61,14 @@ static int check_version_field(uint32_t field, uint32_t ver, const char *path, c
     char range[32];
     host_range(range, sizeof range);
     if (field > ver)
-        seterr(err, errlen,
-               "plugin ABI too new: %s exports protrain_plugin_v%u but its table says "
-               "abi_version %u, this host speaks %s",
-               path, (unsigned)ver, (unsigned)field, range);
-    else
-        seterr(err, errlen,
-               "plugin ABI too old: %s exports protrain_plugin_v%u but its table says "
-               "abi_version %u, this host needs >= v%u",
-               path, (unsigned)ver, (unsigned)field, (unsigned)PT_ABI_MIN_VERSION);
-    return PT_ERR_UNSUPPORTED;
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                       "plugin ABI too new: %s exports protrain_plugin_v%u but its table says "
+                       "abi_version %u, this host speaks %s",
+                       path, (unsigned)ver, (unsigned)field, range);
+    return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                   "plugin ABI too old: %s exports protrain_plugin_v%u but its table says "
+                   "abi_version %u, this host needs >= v%u",
+                   path, (unsigned)ver, (unsigned)field, (unsigned)PT_ABI_MIN_VERSION);
 }
 
 /* v1 -> v1: validate, then copy min(struct_size, sizeof) bytes into the zeroed dst.
@@ -92,30 +80,24 @@ static int adapt_v1(const void *sym, uint32_t ver, uint32_t sym_bytes, const cha
     /* The ELF symbol size (when the plugin's object recorded one) bounds how many
      * bytes really exist behind the symbol; never read past it. */
     const size_t head = offsetof(pt_plugin_v1, name);   /* abi_version, struct_size */
-    if (sym_bytes != 0 && sym_bytes < head) {
-        seterr(err, errlen,
-               "plugin table truncated: the symbol protrain_plugin_v%u in %s is only %u bytes, "
-               "need at least %zu",
-               (unsigned)ver, path, (unsigned)sym_bytes, (size_t)V1_CORE_BYTES);
-        return PT_ERR_FORMAT;
-    }
+    if (sym_bytes != 0 && sym_bytes < head)
+        return pt_fail(err, errlen, PT_ERR_FORMAT,
+                       "plugin table truncated: the symbol protrain_plugin_v%u in %s is only %u "
+                       "bytes, need at least %zu",
+                       (unsigned)ver, path, (unsigned)sym_bytes, (size_t)V1_CORE_BYTES);
     int rc = check_version_field(t->abi_version, ver, path, err, errlen);
     if (rc) return rc;
-    if (t->struct_size < V1_CORE_BYTES) {
-        seterr(err, errlen,
-               "plugin table truncated: struct_size %u bytes, need at least %zu "
-               "(every hook through finalize) in %s",
-               (unsigned)t->struct_size, (size_t)V1_CORE_BYTES, path);
-        return PT_ERR_FORMAT;
-    }
+    if (t->struct_size < V1_CORE_BYTES)
+        return pt_fail(err, errlen, PT_ERR_FORMAT,
+                       "plugin table truncated: struct_size %u bytes, need at least %zu "
+                       "(every hook through finalize) in %s",
+                       (unsigned)t->struct_size, (size_t)V1_CORE_BYTES, path);
     size_t n = t->struct_size < sizeof *dst ? t->struct_size : sizeof *dst;
-    if (sym_bytes != 0 && sym_bytes < n) {
-        seterr(err, errlen,
-               "plugin table truncated: struct_size says %u bytes but the symbol "
-               "protrain_plugin_v%u in %s is only %u bytes",
-               (unsigned)t->struct_size, (unsigned)ver, path, (unsigned)sym_bytes);
-        return PT_ERR_FORMAT;
-    }
+    if (sym_bytes != 0 && sym_bytes < n)
+        return pt_fail(err, errlen, PT_ERR_FORMAT,
+                       "plugin table truncated: struct_size says %u bytes but the symbol "
+                       "protrain_plugin_v%u in %s is only %u bytes",
+                       (unsigned)t->struct_size, (unsigned)ver, path, (unsigned)sym_bytes);
     memcpy(dst, t, n);
     dst->struct_size = (uint32_t)n;
     return 0;
@@ -158,22 +140,19 @@ static int explain_missing(void *dl, const char *path, char *err, size_t errlen)
     char range[32];
     host_range(range, sizeof range);
     for (uint32_t v = PT_ABI_VERSION + ABI_PROBE_AHEAD; v > PT_ABI_VERSION; v--) {
-        if (find_version(dl, v)) {
-            seterr(err, errlen, "plugin ABI too new: %s speaks protrain ABI v%u, this host speaks %s",
-                   path, (unsigned)v, range);
-            return PT_ERR_UNSUPPORTED;
-        }
+        if (find_version(dl, v))
+            return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                           "plugin ABI too new: %s speaks protrain ABI v%u, this host speaks %s",
+                           path, (unsigned)v, range);
     }
     for (uint32_t v = PT_ABI_MIN_VERSION; v-- > 0;) {
-        if (find_version(dl, v)) {
-            seterr(err, errlen,
-                   "plugin ABI too old: %s speaks protrain ABI v%u, this host needs >= v%u",
-                   path, (unsigned)v, (unsigned)PT_ABI_MIN_VERSION);
-            return PT_ERR_UNSUPPORTED;
-        }
+        if (find_version(dl, v))
+            return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                           "plugin ABI too old: %s speaks protrain ABI v%u, this host needs >= v%u",
+                           path, (unsigned)v, (unsigned)PT_ABI_MIN_VERSION);
     }
-    seterr(err, errlen, "not a protrain plugin: %s exports no protrain_plugin_v* symbol", path);
-    return PT_ERR_FORMAT;
+    return pt_fail(err, errlen, PT_ERR_FORMAT,
+                   "not a protrain plugin: %s exports no protrain_plugin_v* symbol", path);
 }
 
 static int is_path_spec(const char *spec) {
@@ -209,11 +188,10 @@ static int dl_not_found(const char *msg) {
 /* Copy a path into out[len]; a path that does not fit is an error, never truncated. */
 static int copy_path(char *out, size_t len, const char *p, char *err, size_t errlen) {
     size_t n = strlen(p);
-    if (n >= len) {
-        seterr(err, errlen, "plugin path too long: %zu bytes, the limit is %zu: %.64s...", n,
-               len - 1, p);
-        return PT_ERR_INVALID_ARG;
-    }
+    if (n >= len)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "plugin path too long: %zu bytes, the limit is %zu: %.64s...", n, len - 1,
+                       p);
     memcpy(out, p, n + 1);
     return 0;
 }
@@ -238,14 +216,15 @@ static void *open_file(const char *file, int *missing, char *err, size_t errlen)
         *missing = 1;
         /* dlopen never looks in the current directory for a name without '/'. */
         if (!strchr(file, '/') && file_exists(file))
-            seterr(err, errlen,
-                   "plugin file not found: %s on the loader path (a file of that name is in "
-                   "the current directory: pass ./%s)",
-                   file, file);
+            pt_fail(err, errlen, PT_ERR_IO,
+                    "plugin file not found: %s on the loader path (a file of that name is in "
+                    "the current directory: pass ./%s)",
+                    file, file);
         else
-            seterr(err, errlen, "plugin file not found: %s", file);
+            pt_fail(err, errlen, PT_ERR_IO, "plugin file not found: %s", file);
     } else {
-        seterr(err, errlen, "cannot load plugin %s: %s", file, msg ? msg : "unknown dlopen error");
+        pt_fail(err, errlen, PT_ERR_IO, "cannot load plugin %s: %s", file,
+                msg ? msg : "unknown dlopen error");
     }
     return NULL;
 }
@@ -294,25 +273,20 @@ static int open_short(const char *name, void **dl, char *path, size_t pathlen, c
         }
         if (!missing) return PT_ERR_IO;
     }
-    seterr(err, errlen,
-           "plugin file not found: %s (tried %s%s%s_plugin.so, %s%slib%s.so, then lib%s.so and "
-           "%s_plugin.so on the loader path)",
-           name, dir, dir[0] ? "/" : "", name, dir, dir[0] ? "/" : "", name, name, name);
-    return PT_ERR_IO;
+    return pt_fail(err, errlen, PT_ERR_IO,
+                   "plugin file not found: %s (tried %s%s%s_plugin.so, %s%slib%s.so, then lib%s.so "
+                   "and %s_plugin.so on the loader path)",
+                   name, dir, dir[0] ? "/" : "", name, dir, dir[0] ? "/" : "", name, name, name);
 }
 
 int pt_load_plugin(const char *spec, pt_loaded_plugin *out, char *err, uint64_t errlen64) {
     size_t errlen = errlen64 > SIZE_MAX ? SIZE_MAX : (size_t)errlen64;
     if (err && errlen) err[0] = '\0';
-    if (!out) {
-        seterr(err, errlen, "pt_load_plugin: out is NULL");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!out) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_load_plugin: out is NULL");
     memset(out, 0, sizeof *out);
-    if (!spec || !spec[0]) {
-        seterr(err, errlen, "pt_load_plugin: empty plugin spec (give a path, a short name or \"none\")");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!spec || !spec[0])
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "pt_load_plugin: empty plugin spec (give a path, a short name or \"none\")");
     if (strcmp(spec, "none") == 0) return PT_OK;
 
     char path[sizeof out->path];
@@ -324,9 +298,9 @@ int pt_load_plugin(const char *spec, pt_loaded_plugin *out, char *err, uint64_t 
     pt_plugin_v1 *copy = calloc(1, sizeof *copy);
     if (!copy) {
         dlclose(dl);
-        seterr(err, errlen, "pt_load_plugin: cannot allocate %zu bytes for the table copy",
-               sizeof *copy);
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "pt_load_plugin: cannot allocate %zu bytes for the table copy",
+                       sizeof *copy);
     }
     for (size_t i = 0; i < N_ABI; i++) {
         const void *sym = find_sym(dl, k_abi[i].symbol);

@@ -1,12 +1,32 @@
 /*
  * protrain.h — the only header a host trainer needs to drive protrain_plugin.so.
  *
- * ABI rules (see ../shared/design/ARCHITECTURE.md, "The ABI"):
- *  - One exported const data symbol per ABI major: `protrain_plugin_v1`.
- *  - Tables start with abi_version, struct_size; a host touches only hooks whose
- *    offset lies inside struct_size; a NULL hook means "not implemented".
- *  - Fixed-width types, explicit enum values, no structs by value, reserved slots
- *    at the end of every table. Enum values are never renumbered.
+ * ABI rules (what keeps a host and a plugin built at different times working):
+ *  - The plugin exports one const data object per ABI major version, named
+ *    `protrain_plugin_v<N>` (this header: v1). Nothing else is exported.
+ *  - The table, pt_host_v1, pt_model_v1, pt_optim_v1 and pt_stats_v1 carry a
+ *    struct_size near their start (the table and pt_host_v1 after abi_version).
+ *    A struct grows only at its end, and a reader uses a field only when the field
+ *    lies inside struct_size.
+ *  - Plugin table: the host calls a hook only when it lies inside the table's
+ *    struct_size and is non-NULL (PT_HAS_HOOK below). A NULL hook means the plugin
+ *    does not implement it; the plugin never fills a slot with a stub that only
+ *    reports "unsupported".
+ *  - Structs the host passes in (pt_host_v1, pt_model_v1, pt_optim_v1): a
+ *    struct_size smaller than the v1 fields (everything before the trailing
+ *    reserved slots) is refused with PT_ERR_INVALID_ARG and nothing changes, so
+ *    the host can call again with a correct struct; a larger one is accepted and
+ *    the plugin ignores the bytes past the fields it knows. pt_param_v1 has no
+ *    struct_size: it is an array element whose stride is fixed for the major
+ *    version, so it can grow only into its reserved slots.
+ *  - Structs the plugin fills (pt_stats_v1): the plugin writes no more than the
+ *    host's struct_size (0 stands for the plugin's own size) and sets struct_size
+ *    to the bytes it wrote.
+ *  - Only fixed-width types (intN_t, float, double) and pointers cross the
+ *    boundary; enums travel as int32_t and every enum value is written out. No
+ *    struct is passed by value. Every struct ends in reserved slots, which the
+ *    host leaves zero. Enum values and status codes are never renumbered; a change
+ *    that cannot follow these rules is a new major version.
  *
  * HOST CONTRACT (the plugin enforces what is cheap to check):
  *  1. Call order: init -> post_model_load -> create_optimizer -> per step {
@@ -174,7 +194,7 @@ typedef struct pt_model_v1 {
 
 /* Optimizer description. NaN (or negative where noted) fields mean "from the INI". */
 typedef struct pt_optim_v1 {
-    uint32_t struct_size;
+    uint32_t struct_size;     /* sizeof(pt_optim_v1) */
     int32_t type;             /* pt_optim_type */
     float lr, beta1, beta2, eps, weight_decay;
     float max_grad_norm;      /* <= 0 disables clipping; NaN = from the INI */
@@ -203,9 +223,11 @@ typedef struct pt_stats_v1 {
     uint64_t reserved[8];
 } pt_stats_v1;
 
-typedef struct protrain_plugin_v1 {
+/* The plugin's table. The struct tag differs from the exported object's name
+ * (protrain_plugin_v1): in C++ a variable and a class of one name hide each other. */
+typedef struct pt_plugin_table_v1 {
     uint32_t abi_version;     /* == 1 */
-    uint32_t struct_size;     /* sizeof(protrain_plugin_v1) as the plugin was built */
+    uint32_t struct_size;     /* sizeof(pt_plugin_v1) as the plugin was built */
     const char *name;         /* "protrain" */
     const char *version;      /* plugin release, e.g. "0.1.0" */
 
@@ -240,7 +262,7 @@ typedef struct protrain_plugin_v1 {
     int32_t (*save_state)(void *ctx, const char *dir);
     int32_t (*load_state)(void *ctx, const char *dir);
 
-    /* Kernels (later issues). NULL until implemented. */
+    /* Kernels (later issues). NULL in a build that does not have them. */
     int32_t (*osft_linear_forward)(void *ctx, int32_t param, const void *x, void *y, int64_t rows);
     int32_t (*osft_linear_backward)(void *ctx, int32_t param, const void *x, const void *dy,
                                     void *dx, int64_t rows);
@@ -278,9 +300,13 @@ typedef struct protrain_plugin_v1 {
     void *reserved[6];
 } pt_plugin_v1;
 
-/* The exported symbol (a variable named like the struct tag; the type is pt_plugin_v1). */
+/* The exported table (symbol name PT_PLUGIN_SYMBOL). A host normally does not
+ * link against it: it finds the table at run time with dlsym, through
+ * pt_load_plugin below, which also checks the version and size. The declaration
+ * is here for code linked with the plugin itself (its tests, static builds). */
+extern const pt_plugin_v1 protrain_plugin_v1;
 
-/* ---- host-side loader (host_api/loader.c; link it into the host) ---- */
+/* ---- host-side loader (host_api/loader.c with host_api/util.c; link both into the host) ---- */
 
 /* What a loaded plugin looks like to the host: always the newest table shape. */
 typedef struct pt_loaded_plugin {

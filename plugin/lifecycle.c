@@ -3,8 +3,7 @@
 #include <stdio.h>
 
 #include "protrain.h"
-
-#define ERR(...) (snprintf(err, errlen, __VA_ARGS__), PT_ERR_ORDER)
+#include "pt_util.h"
 
 static const char *hook_names[] = {"block_pre_forward", "block_post_forward",
                                    "block_pre_backward", "block_post_backward"};
@@ -47,8 +46,9 @@ static void expected(const pt_lifecycle *lc, char *buf, size_t n) {
 static int order_err(const pt_lifecycle *lc, const char *called, char *err, size_t errlen) {
     char want[160];
     expected(lc, want, sizeof want);
-    return ERR("hook %s called out of order: expected %s (state: %s)", called, want,
-               pt_lc_state_name(lc->state));
+    return pt_fail(err, errlen, PT_ERR_ORDER,
+                   "hook %s called out of order: expected %s (state: %s)", called, want,
+                   pt_lc_state_name(lc->state));
 }
 
 int pt_lc_post_model_load(pt_lifecycle *lc, int n_blocks, char *err, size_t errlen) {
@@ -84,9 +84,9 @@ int pt_lc_pre_step(pt_lifecycle *lc, int64_t step, int32_t micro, int32_t n_micr
     if (eval) {
         if (lc->state != PT_LC_READY) return order_err(lc, called, err, errlen);
     } else if (n_micro < 0 || micro < 0 || micro >= n_micro) {
-        snprintf(err, errlen, "%s: micro must be in [0, n_micro) and n_micro >= 1 (0 = evaluation)",
-                 called);
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "%s: micro must be in [0, n_micro) and n_micro >= 1 (0 = evaluation)",
+                       called);
     } else if (micro == 0) {
         if (lc->state != PT_LC_READY) return order_err(lc, called, err, errlen);
     } else if (lc->state != PT_LC_MICRO_DONE || lc->sx.micro + 1 != micro || lc->sx.step != step ||
@@ -107,11 +107,10 @@ int pt_lc_pre_step(pt_lifecycle *lc, int64_t step, int32_t micro, int32_t n_micr
 int pt_lc_block(pt_lifecycle *lc, int which, int32_t b, char *err, size_t errlen) {
     char called[64];
     snprintf(called, sizeof called, "%s(%d)", hook_names[which], b);
-    if (b < 0 || b >= lc->n_blocks) {
-        snprintf(err, errlen, "%s: block %d out of range (model has %d blocks)", hook_names[which],
-                 b, lc->n_blocks);
-        return PT_ERR_INVALID_ARG;
-    }
+    if (b < 0 || b >= lc->n_blocks)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "%s: block %d out of range (model has %d blocks)", hook_names[which], b,
+                       lc->n_blocks);
     int fwd = which <= PT_HOOK_POST_FWD, pre = (which == PT_HOOK_PRE_FWD || which == PT_HOOK_PRE_BWD);
     pt_lc_state want = fwd ? PT_LC_FWD : PT_LC_BWD;
     if (lc->state != want || lc->block != b || lc->inside != !pre)

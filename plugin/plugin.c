@@ -4,6 +4,7 @@
  * the last error sentence. Never aborts the host.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include "base/base.h"
 #include "protrain.h"
 #include "core/rt.h"
+#include "pt_util.h"
 
 #define PT_PLUGIN_VERSION "0.1.0"
 
@@ -28,9 +30,8 @@ typedef struct pt_ctx {
 static _Thread_local char g_err[1024] = "no error";
 
 static int fail_null(const char *hook) {
-    snprintf(g_err, sizeof g_err, "%s called with a NULL context (init failed or was not called)",
-             hook);
-    return PT_ERR_INVALID_ARG;
+    return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
+                   "%s called with a NULL context (init failed or was not called)", hook);
 }
 
 #define CTX(hook)                                    \
@@ -43,23 +44,33 @@ static int done(pt_ctx *c, int rc) {
     return rc;
 }
 
+/* Bytes an input struct must cover: every v1 field, i.e. all but the trailing
+ * reserved slots (which mean nothing in v1). More is fine: a newer host's struct
+ * starts with the same v1 fields, and only those are ever read. Checked before
+ * the lifecycle or the runtime see the call, so a refusal changes nothing and the
+ * host can call again with a correct struct. */
+#define V1_FIELDS(type) offsetof(type, reserved)
+
+static int check_struct_size(pt_ctx *c, const char *hook, const char *type, uint32_t given,
+                             size_t need) {
+    if (given >= need) return PT_OK;
+    return pt_fail(c->err, sizeof c->err, PT_ERR_INVALID_ARG,
+                   "%s: %s.struct_size is %u bytes, too small: need at least %zu (its v1 "
+                   "fields)", hook, type, (unsigned)given, need);
+}
+
 static int32_t h_init(const char *ini_path, const pt_host_v1 *host, void **out) {
-    if (!out) {
-        snprintf(g_err, sizeof g_err, "init: ctx output pointer is NULL");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!out)
+        return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG, "init: ctx output pointer is NULL");
     *out = NULL;
-    if (host && (host->struct_size < offsetof(pt_host_v1, reserved) || host->abi_version < 1)) {
-        snprintf(g_err, sizeof g_err,
-                 "init: pt_host_v1 too small or too old (struct_size %u, abi_version %u)",
-                 host->struct_size, host->abi_version);
-        return PT_ERR_INVALID_ARG;
+    if (host && (host->struct_size < V1_FIELDS(pt_host_v1) || host->abi_version < 1)) {
+        return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
+                       "init: pt_host_v1 too small or too old (struct_size %u, need at least "
+                       "%zu; abi_version %u, need at least 1)",
+                       host->struct_size, V1_FIELDS(pt_host_v1), host->abi_version);
     }
     pt_ctx *c = calloc(1, sizeof *c);
-    if (!c) {
-        snprintf(g_err, sizeof g_err, "init: out of host memory");
-        return PT_ERR_HOST_OOM;
-    }
+    if (!c) return pt_fail(g_err, sizeof g_err, PT_ERR_HOST_OOM, "init: out of host memory");
     int rc = pt_config_load(ini_path, &c->cfg, g_err, sizeof g_err);
     if (rc) {
         free(c);
@@ -104,10 +115,10 @@ static int profile(pt_ctx *c) {
         if (!rc && c->lc.state != PT_LC_MICRO_DONE) {
             char want[128];
             snprintf(want, sizeof want, "%s", pt_lc_state_name(c->lc.state));
-            snprintf(c->err, sizeof c->err, "post_model_load: the host's profile_step returned "
-                     "before every block's forward and backward hooks ran (state: %s, next "
-                     "block %d)", want, c->lc.block);
-            rc = PT_ERR_CALLBACK;
+            rc = pt_fail(c->err, sizeof c->err, PT_ERR_CALLBACK,
+                         "post_model_load: the host's profile_step returned before every "
+                         "block's forward and backward hooks ran (state: %s, next block %d)",
+                         want, c->lc.block);
         }
     }
     if (!rc) rc = pt_rt_profile_end(c->rt, c->err, sizeof c->err);
@@ -118,11 +129,12 @@ static int profile(pt_ctx *c) {
 
 static int32_t h_post_model_load(void *vctx, pt_model_v1 *model) {
     CTX("post_model_load");
-    if (!model) {
-        snprintf(c->err, sizeof c->err, "post_model_load: model is NULL");
-        return PT_ERR_INVALID_ARG;
-    }
-    int rc = pt_lc_post_model_load(&c->lc, model->n_blocks, c->err, sizeof c->err);
+    if (!model)
+        return pt_fail(c->err, sizeof c->err, PT_ERR_INVALID_ARG, "post_model_load: model is NULL");
+    int rc = check_struct_size(c, "post_model_load", "pt_model_v1", model->struct_size,
+                               V1_FIELDS(pt_model_v1));
+    if (rc) return done(c, rc);
+    rc = pt_lc_post_model_load(&c->lc, model->n_blocks, c->err, sizeof c->err);
     if (!rc) rc = pt_rt_model_load(c->rt, model, c->err, sizeof c->err);
     if (!rc && pt_rt_profiling(c->rt)) rc = profile(c);
     if (!rc) c->lc.state = PT_LC_LOADED;
@@ -131,7 +143,11 @@ static int32_t h_post_model_load(void *vctx, pt_model_v1 *model) {
 
 static int32_t h_create_optimizer(void *vctx, const pt_optim_v1 *desc) {
     CTX("create_optimizer");
-    int rc = pt_lc_create_optimizer(&c->lc, c->err, sizeof c->err);
+    /* desc NULL: every setting from the INI */
+    int rc = desc ? check_struct_size(c, "create_optimizer", "pt_optim_v1", desc->struct_size,
+                                      V1_FIELDS(pt_optim_v1))
+                  : PT_OK;
+    if (!rc) rc = pt_lc_create_optimizer(&c->lc, c->err, sizeof c->err);
     if (!rc) rc = pt_rt_create_optimizer(c->rt, desc, c->err, sizeof c->err);
     if (!rc) c->lc.state = PT_LC_READY;
     return done(c, rc);
@@ -179,10 +195,8 @@ static int32_t h_post_bwd(void *vctx, int32_t b) {
 
 static int32_t h_optimizer_step(void *vctx, float lr) {
     CTX("optimizer_step");
-    if (isnan(lr)) {
-        snprintf(c->err, sizeof c->err, "optimizer_step: lr is NaN");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (isnan(lr))
+        return pt_fail(c->err, sizeof c->err, PT_ERR_INVALID_ARG, "optimizer_step: lr is NaN");
     pt_lifecycle saved = c->lc;
     int rc = pt_lc_optimizer_step(&c->lc, c->err, sizeof c->err);
     if (!rc) {
@@ -223,22 +237,20 @@ static int32_t h_dev_free(void *vctx, void *ptr) {
 }
 
 static int needs_model(pt_ctx *c, const char *hook) {
-    if (c->lc.state == PT_LC_INIT) {
-        snprintf(c->err, sizeof c->err, "hook %s called out of order: expected post_model_load "
-                 "first (state: %s)", hook, pt_lc_state_name(c->lc.state));
-        return PT_ERR_ORDER;
-    }
+    if (c->lc.state == PT_LC_INIT)
+        return pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
+                       "hook %s called out of order: expected post_model_load first (state: %s)",
+                       hook, pt_lc_state_name(c->lc.state));
     return PT_OK;
 }
 
 static int32_t h_arena(void *vctx, int32_t b, uint64_t bytes, void **ptr) {
     CTX("activation_arena");
     int rc = needs_model(c, "activation_arena");
-    if (!rc && !pt_lc_in_block(&c->lc, b) ) {
-        snprintf(c->err, sizeof c->err, "hook activation_arena(%d) called out of order: call it "
-                 "between block_pre_forward(%d) and block_post_forward(%d)", b, b, b);
-        rc = PT_ERR_ORDER;
-    }
+    if (!rc && !pt_lc_in_block(&c->lc, b))
+        rc = pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
+                     "hook activation_arena(%d) called out of order: call it between "
+                     "block_pre_forward(%d) and block_post_forward(%d)", b, b, b);
     if (!rc) rc = pt_rt_arena(c->rt, b, bytes, ptr, c->err, sizeof c->err);
     return done(c, rc);
 }
@@ -257,10 +269,7 @@ static int32_t h_memcpy(void *vctx, void *dst, const void *src, uint64_t bytes, 
 
 static int32_t h_get_stats(void *vctx, pt_stats_v1 *out) {
     CTX("get_stats");
-    if (!out) {
-        snprintf(c->err, sizeof c->err, "get_stats: out is NULL");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!out) return pt_fail(c->err, sizeof c->err, PT_ERR_INVALID_ARG, "get_stats: out is NULL");
     return pt_rt_stats(c->rt, out);
 }
 
@@ -271,21 +280,13 @@ static int32_t h_read_param(void *vctx, int32_t index, void *dst, uint64_t bytes
     return done(c, rc);
 }
 
-/* Hooks whose behaviour later work defines: present, and honest about it. */
-static int32_t unsupported(void *vctx, const char *hook, const char *why) {
-    pt_ctx *c = (pt_ctx *)vctx;
-    if (!c) return fail_null(hook);
-    snprintf(c->err, sizeof c->err, "%s is not implemented in protrain %s: %s", hook,
-             PT_PLUGIN_VERSION, why);
-    return PT_ERR_UNSUPPORTED;
-}
 /* Between steps only: no gradient or CPU step may be in flight. */
 static int between_steps(pt_ctx *c, const char *hook) {
     if (c->lc.state == PT_LC_READY) return PT_OK;
-    snprintf(c->err, sizeof c->err, "hook %s called out of order: expected it between steps "
-             "(after create_optimizer or post_step; state: %s)", hook,
-             pt_lc_state_name(c->lc.state));
-    return PT_ERR_ORDER;
+    return pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
+                   "hook %s called out of order: expected it between steps (after "
+                   "create_optimizer or post_step; state: %s)", hook,
+                   pt_lc_state_name(c->lc.state));
 }
 static int32_t h_save_state(void *vctx, const char *dir) {
     CTX("save_state");
@@ -299,24 +300,9 @@ static int32_t h_load_state(void *vctx, const char *dir) {
     if (!rc) rc = pt_rt_load_state(c->rt, dir, c->err, sizeof c->err);
     return done(c, rc);
 }
-static int32_t h_osft_fwd(void *vctx, int32_t p, const void *x, void *y, int64_t rows) {
-    (void)p; (void)x; (void)y; (void)rows;
-    return unsupported(vctx, "osft_linear_forward", "the OSFT kernel is not built yet");
-}
-static int32_t h_osft_bwd(void *vctx, int32_t p, const void *x, const void *dy, void *dx,
-                          int64_t rows) {
-    (void)p; (void)x; (void)dy; (void)dx; (void)rows;
-    return unsupported(vctx, "osft_linear_backward", "the OSFT kernel is not built yet");
-}
-static int32_t h_tiled_fwd(void *vctx, int32_t b, int64_t tokens) {
-    (void)b; (void)tokens;
-    return unsupported(vctx, "tiled_mlp_forward", "the TiledMLP kernel is not built yet");
-}
-static int32_t h_tiled_bwd(void *vctx, int32_t b, int64_t tokens) {
-    (void)b; (void)tokens;
-    return unsupported(vctx, "tiled_mlp_backward", "the TiledMLP kernel is not built yet");
-}
 
+/* osft_linear_forward/backward and tiled_mlp_forward/backward stay NULL: they are
+ * not built, and a NULL slot is how the ABI says so (PT_HAS_HOOK is false). */
 __attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
     .abi_version = 1,
     .struct_size = sizeof(pt_plugin_v1),
@@ -343,9 +329,5 @@ __attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
     .read_param = h_read_param,
     .save_state = h_save_state,
     .load_state = h_load_state,
-    .osft_linear_forward = h_osft_fwd,
-    .osft_linear_backward = h_osft_bwd,
-    .tiled_mlp_forward = h_tiled_fwd,
-    .tiled_mlp_backward = h_tiled_bwd,
     .set_lr = h_set_lr,
 };

@@ -5,7 +5,12 @@
  */
 #include <stdint.h>
 
+/* protrain.h declares protrain_plugin_v1 with the full table type, and this file
+ * must define that symbol with a smaller one: rename the header's declaration out
+ * of the way (only sizeof(pt_plugin_v1) is needed from it). */
+#define protrain_plugin_v1 pt_tiny_unused_declaration
 #include "protrain.h"
+#undef protrain_plugin_v1
 
 typedef struct tiny_head {
     uint32_t abi_version;

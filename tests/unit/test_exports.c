@@ -7,7 +7,9 @@
  * undefined and ignored). Checks:
  *  - the parser itself on test plugins with known exports;
  *  - $PT_BUILD/protrain_plugin.so exports only protrain_plugin_v1, and its table
- *    loads with abi_version 1, struct_size sizeof(pt_plugin_v1), name "protrain";
+ *    loads with abi_version 1, struct_size sizeof(pt_plugin_v1), name "protrain",
+ *    PT_HAS_HOOK true for every implemented hook and false for the four kernel
+ *    hooks that are not built (osft_linear_*, tiled_mlp_*);
  *  - $PT_BUILD/libprotrain_cuda.so (when built) exports only pt_gpu_backend_cuda,
  *    names itself "cuda", fills every op, and open() either fails with
  *    "no CUDA device: ..." (no crash) on a machine without a GPU, or succeeds and
@@ -214,6 +216,32 @@ static void test_plugin_exports(void **state) {
     assert_true(PT_HAS_HOOK(t, optimizer_step));
     assert_true(PT_HAS_HOOK(t, post_step));
     assert_true(PT_HAS_HOOK(t, finalize));
+    /* Every other hook this build implements. */
+    assert_true(PT_HAS_HOOK(t, dev_alloc));
+    assert_true(PT_HAS_HOOK(t, dev_free));
+    assert_true(PT_HAS_HOOK(t, activation_arena));
+    assert_true(PT_HAS_HOOK(t, activation_arena_get));
+    assert_true(PT_HAS_HOOK(t, memcpy));
+    assert_true(PT_HAS_HOOK(t, get_stats));
+    assert_true(PT_HAS_HOOK(t, read_param));
+    assert_true(PT_HAS_HOOK(t, save_state));
+    assert_true(PT_HAS_HOOK(t, load_state));
+    assert_true(PT_HAS_HOOK(t, set_lr));
+    /* The kernels are not built: their slots are NULL, so a host sees them as
+     * absent instead of calling a stub that only answers "unsupported". */
+    assert_false(PT_HAS_HOOK(t, osft_linear_forward));
+    assert_false(PT_HAS_HOOK(t, osft_linear_backward));
+    assert_false(PT_HAS_HOOK(t, tiled_mlp_forward));
+    assert_false(PT_HAS_HOOK(t, tiled_mlp_backward));
+    assert_null(t->osft_linear_forward);
+    assert_null(t->tiled_mlp_backward);
+    /* The list above is every slot: count the non-NULL ones so a hook added to the
+     * table later has to be added here too. */
+    int present = 0;
+    for (const void *const *h = (const void *const *)&t->init;
+         h < (const void *const *)&t->reserved; h++)
+        present += *h != NULL;
+    assert_int_equal(present, 22);
     assert_non_null(t->last_error(NULL));   /* "never NULL; ctx may be NULL" */
     pt_unload_plugin(&p);
 }

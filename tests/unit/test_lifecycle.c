@@ -19,7 +19,6 @@
 #include "kernels_hd.h"
 #include "protrain.h"
 
-extern const pt_plugin_v1 protrain_plugin_v1;
 static const pt_plugin_v1 *P = &protrain_plugin_v1;
 
 static char ini_path[256];
@@ -90,10 +89,16 @@ static void test_table_header(void **state) {
     assert_int_equal(P->abi_version, 1);
     assert_int_equal(P->struct_size, sizeof(pt_plugin_v1));
     assert_string_equal(P->name, "protrain");
-    /* Every hook present. */
-    const void *const *hooks = (const void *const *)&P->init;
+    /* Every hook present except the kernels this build lacks, which are NULL
+     * (the ABI's "not implemented"), never a stub. */
+    const void *const *first = (const void *const *)&P->init;
     const void *const *end = (const void *const *)&P->reserved;
-    for (; hooks < end; hooks++) assert_non_null(*hooks);
+    const void *const *osft = (const void *const *)&P->osft_linear_forward;
+    const void *const *after_kernels = (const void *const *)&P->set_lr;
+    for (const void *const *h = first; h < end; h++) {
+        if (h >= osft && h < after_kernels) assert_null(*h);
+        else assert_non_null(*h);
+    }
 }
 
 static void test_init_bad_config(void **state) {
@@ -367,6 +372,158 @@ static void read_all(void *ctx, tiny *t, float out[NP][64]) {
         assert_int_equal(P->read_param(ctx, i, out[i], (uint64_t)t->p[i].shape[0] * 4), PT_OK);
 }
 
+/* ---- struct_size of the structs the host passes in ---- */
+
+/* Too small: refused with both sizes named, and nothing changed (the same ctx
+ * goes on with a correct struct). */
+static void test_struct_size_too_small(void **state) {
+    (void)state;
+    write_ini("[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 4MiB\n");
+    char want[64];
+    /* pt_host_v1 at init (no ctx yet: the sentence is in last_error(NULL)) */
+    pt_host_v1 host;
+    memset(&host, 0, sizeof host);
+    host.abi_version = 1;
+    host.struct_size = 16;
+    host.world_size = 1;
+    void *ctx = (void *)1;
+    assert_int_equal(P->init(ini_path, &host, &ctx), PT_ERR_INVALID_ARG);
+    assert_null(ctx);
+    assert_non_null(strstr(P->last_error(NULL), "pt_host_v1"));
+    assert_non_null(strstr(P->last_error(NULL), "struct_size 16"));
+    snprintf(want, sizeof want, "need at least %zu", offsetof(pt_host_v1, reserved));
+    assert_non_null(strstr(P->last_error(NULL), want));
+
+    assert_int_equal(P->init(ini_path, NULL, &ctx), PT_OK);
+    tiny t;
+    tiny_make(&t);
+    /* pt_model_v1: one byte short of its v1 fields, then 0 (a host that forgot it) */
+    const size_t model_need = offsetof(pt_model_v1, reserved);
+    const uint32_t model_sizes[2] = {(uint32_t)model_need - 1, 0};
+    for (int i = 0; i < 2; i++) {
+        t.m.struct_size = model_sizes[i];
+        assert_int_equal(P->post_model_load(ctx, &t.m), PT_ERR_INVALID_ARG);
+        const char *e = P->last_error(ctx);
+        assert_non_null(strstr(e, "post_model_load"));
+        assert_non_null(strstr(e, "pt_model_v1"));
+        snprintf(want, sizeof want, "struct_size is %u bytes", (unsigned)model_sizes[i]);
+        assert_non_null(strstr(e, want));
+        snprintf(want, sizeof want, "need at least %zu", model_need);
+        assert_non_null(strstr(e, want));
+        assert_null(t.p[1].data);   /* the runtime never saw the model */
+        /* still expecting post_model_load */
+        assert_int_equal(P->create_optimizer(ctx, NULL), PT_ERR_ORDER);
+        assert_non_null(strstr(P->last_error(ctx), "expects post_model_load"));
+    }
+    t.m.struct_size = sizeof t.m;
+    assert_int_equal(P->post_model_load(ctx, &t.m), PT_OK);
+
+    /* pt_optim_v1 */
+    const size_t optim_need = offsetof(pt_optim_v1, reserved);
+    pt_optim_v1 od;
+    memset(&od, 0, sizeof od);
+    od.type = PT_OPTIM_ADAMW;
+    od.lr = od.beta1 = od.beta2 = od.eps = od.weight_decay = od.max_grad_norm = NAN;
+    const uint32_t optim_sizes[2] = {(uint32_t)optim_need - 1, 0};
+    for (int i = 0; i < 2; i++) {
+        od.struct_size = optim_sizes[i];
+        assert_int_equal(P->create_optimizer(ctx, &od), PT_ERR_INVALID_ARG);
+        const char *e = P->last_error(ctx);
+        assert_non_null(strstr(e, "create_optimizer"));
+        assert_non_null(strstr(e, "pt_optim_v1"));
+        snprintf(want, sizeof want, "struct_size is %u bytes", (unsigned)optim_sizes[i]);
+        assert_non_null(strstr(e, want));
+        snprintf(want, sizeof want, "need at least %zu", optim_need);
+        assert_non_null(strstr(e, want));
+        /* still expecting create_optimizer */
+        assert_int_equal(P->pre_step(ctx, 0, 0, 1), PT_ERR_ORDER);
+        assert_non_null(strstr(P->last_error(ctx), "create_optimizer"));
+    }
+    od.struct_size = sizeof od;
+    assert_int_equal(P->create_optimizer(ctx, &od), PT_OK);
+    run_step(ctx, &t, 0, 1, 0.5f, t.init);
+    assert_int_equal(P->optimizer_step(ctx, -1.0f), PT_OK);
+    assert_int_equal(P->post_step(ctx, 0, 1.0f), PT_OK);
+    assert_int_equal(P->finalize(ctx), PT_OK);
+}
+
+/* A newer host's structs: the v1 struct first, then fields this plugin does not
+ * know, struct_size covering all of it. */
+typedef struct model_v1_plus {
+    pt_model_v1 v1;
+    uint64_t later[6];
+} model_v1_plus;
+typedef struct optim_v1_plus {
+    pt_optim_v1 v1;
+    float later_lr;
+    int32_t later[9];
+} optim_v1_plus;
+
+/* Three steps with the given descriptors; params read back into out. */
+static void train_with(tiny *t, pt_model_v1 *m, const pt_optim_v1 *od, float out[NP][64]) {
+    /* the INI's lr differs from the descriptors': a run that ignored them shows */
+    write_ini("[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 4MiB\n"
+              "[optimizer]\nlr = 0.5\nweight_decay = 0\n");
+    void *ctx = NULL;
+    assert_int_equal(P->init(ini_path, NULL, &ctx), PT_OK);
+    assert_int_equal(P->post_model_load(ctx, m), PT_OK);
+    assert_int_equal(P->create_optimizer(ctx, od), PT_OK);
+    for (int s = 0; s < 3; s++) {
+        run_step(ctx, t, s, 1, 0.25f * (float)(s + 1), NULL);
+        assert_int_equal(P->optimizer_step(ctx, -1.0f), PT_OK);
+        assert_int_equal(P->post_step(ctx, s, 1.0f), PT_OK);
+    }
+    read_all(ctx, t, out);
+    pt_stats_v1 st = {.struct_size = sizeof st};
+    assert_int_equal(P->get_stats(ctx, &st), PT_OK);
+    assert_int_equal(st.steps, 3);
+    assert_int_equal(P->finalize(ctx), PT_OK);
+}
+
+static void test_struct_size_larger(void **state) {
+    (void)state;
+    pt_optim_v1 od;
+    memset(&od, 0, sizeof od);
+    od.struct_size = sizeof od;
+    od.type = PT_OPTIM_ADAMW;
+    od.lr = 0.01f;
+    od.beta1 = 0.9f;
+    od.beta2 = 0.999f;
+    od.eps = 1e-8f;
+    od.weight_decay = 0.1f;
+    od.max_grad_norm = 0.0f;
+
+    /* the plain v1 structs */
+    tiny ta;
+    tiny_make(&ta);
+    float plain[NP][64];
+    train_with(&ta, &ta.m, &od, plain);
+
+    /* the same content inside bigger structs, their tails full of junk */
+    tiny tb;
+    tiny_make(&tb);
+    model_v1_plus mp;
+    memset(&mp, 0xA5, sizeof mp);
+    mp.v1 = tb.m;
+    mp.v1.struct_size = sizeof mp;
+    optim_v1_plus op;
+    memset(&op, 0xA5, sizeof op);
+    op.v1 = od;
+    op.v1.struct_size = sizeof op;
+    op.later_lr = 7.0f;
+    float plus[NP][64];
+    train_with(&tb, &mp.v1, &op.v1, plus);
+    assert_memory_equal(plain, plus, sizeof plain);
+    for (int k = 0; k < 6; k++) assert_true(mp.later[k] == 0xA5A5A5A5A5A5A5A5ull); /* untouched */
+
+    /* and the descriptors were used: the INI's lr alone gives other values */
+    tiny tc;
+    tiny_make(&tc);
+    float ini_only[NP][64];
+    train_with(&tc, &tc.m, NULL, ini_only);
+    assert_true(memcmp(plain, ini_only, sizeof plain) != 0);
+}
+
 /* Saved under one plan, restored under another: the continued runs agree bit for bit. */
 static void test_state_roundtrip(void **state) {
     (void)state;
@@ -562,6 +719,8 @@ int main(void) {
         cmocka_unit_test(test_act_swap),
         cmocka_unit_test(test_act_swap_streamed),
         cmocka_unit_test(test_bad_model),
+        cmocka_unit_test(test_struct_size_too_small),
+        cmocka_unit_test(test_struct_size_larger),
     };
     int rc = cmocka_run_group_tests_name("lifecycle", tests, NULL, NULL);
     unlink(ini_path);

@@ -22,7 +22,6 @@
 #include "kernels_hd.h"
 #include "protrain.h"
 
-extern const pt_plugin_v1 protrain_plugin_v1;
 static const pt_plugin_v1 *P = &protrain_plugin_v1;
 
 enum { NP = 5, NB = 2, MAXN = 96 };
