@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "device_ext.h"
+#include "pt_util.h"
 #include "gpu.h"
 #include "protrain.h"
 
@@ -715,4 +716,32 @@ int pt_gpu_memcpy(pt_gpu *g, void *dst, const void *src, size_t bytes, int kind)
     int rc = pt_gpu_memcpy_async(g, dst, src, bytes, kind, NULL);
     if (rc == PT_OK) rc = g->ops->stream_sync(g->impl, NULL);
     return rc;
+}
+
+/* Stream-ordered free: the block goes back to the allocator now (accounting
+ * stays exact), and with poison on, its NaN fill is queued on s, so it lands
+ * after the work already queued there that may still read or write the block.
+ * The next owner of these bytes must order its own writes after s: work on s
+ * itself is ordered by FIFO; a copy on another stream waits for an event
+ * recorded on s (which also covers the poison). */
+int pt_gpu_free_on_stream(pt_gpu *g, void *p, pt_stream *s, char *err, size_t errlen) {
+    if (!g) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_free: device is NULL");
+    if (!p) return PT_OK;
+    uint64_t v;
+    pthread_mutex_lock(&g->mu);
+    if (!pmap_get(&g->live, (uintptr_t)p, &v)) {
+        pthread_mutex_unlock(&g->mu);
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "pt_gpu_free: %p is not a live device allocation (never allocated by "
+                       "this device, already freed, or not the start of a block)", p);
+    }
+    blk *x = (blk *)(uintptr_t)v;
+    pmap_del(&g->live, (uintptr_t)p);
+    int rc = g->cfg.poison ? g->ops->memset_async(g->impl, p, 0xFF, (size_t)x->size, s) : 0;
+    g->u.current -= x->size;
+    g->u.tag_current[x->tag] -= x->size;
+    release(g, x);
+    pthread_mutex_unlock(&g->mu);
+    return rc ? pt_fail(err, errlen, PT_ERR_BACKEND, "pt_gpu_free: queueing the poison fill failed")
+              : PT_OK;
 }

@@ -38,6 +38,10 @@ uint64_t pt_gpu_round_size(uint64_t bytes);
  * sentence, and changes nothing. NULL is a no-op returning 0. */
 int pt_gpu_free_checked(pt_gpu *g, void *p, char *err, size_t errlen);
 
+/* Stream-ordered free (see device.c): the bytes are free for the allocator at
+ * once; the poison fill (when on) is queued on s behind the work that uses them. */
+int pt_gpu_free_on_stream(pt_gpu *g, void *p, pt_stream *s, char *err, size_t errlen);
+
 /* Device allocations still live (finalize tests assert 0 before pt_gpu_close). */
 size_t pt_gpu_live_allocs(const pt_gpu *g);
 /* Pinned allocations still live. */

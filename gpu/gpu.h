@@ -51,6 +51,8 @@ typedef struct pt_gpu_config {
     double copy_bandwidth;      /* host backend: bytes/s per copy stream, 0 = unthrottled */
     int poison;                 /* host backend: poison freed device memory with NaN */
     int fail_alloc_at;          /* host backend: fail the Nth device alloc (1-based), 0 = never */
+    double compute_jitter_s;    /* host backend: host_fn work first sleeps up to this, 0 = none */
+    uint64_t jitter_seed;       /* host backend: seed of those delays */
 } pt_gpu_config;
 
 /* fp32 AdamW over a flat range; the element body is pt_adamw_elem (gpu/kernels_hd.h). */

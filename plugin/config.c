@@ -180,6 +180,29 @@ int pt_parse_rate(const char *s, double *out) {
     return PT_OK;
 }
 
+int pt_parse_duration(const char *s, double *out) {
+    if (!s || !out) return PT_ERR_CONFIG;
+    while (isspace((unsigned char)*s)) s++;
+    if (!isdigit((unsigned char)*s) && *s != '.') return PT_ERR_CONFIG;
+    char *end;
+    errno = 0;
+    double x = strtod(s, &end);
+    if (errno || end == s || !isfinite(x) || x < 0) return PT_ERR_CONFIG;
+    const char *p = end;
+    while (*p == ' ' || *p == '\t') p++;
+    size_t n = strlen(p);
+    while (n && isspace((unsigned char)p[n - 1])) n--;
+    static const struct { const char *u; double m; } units[] = {
+        {"s", 1.0}, {"ms", 1e-3}, {"us", 1e-6}, {"ns", 1e-9}};
+    double m = -1.0;
+    if (n == 0 && x == 0) m = 1.0;   /* a bare number is ambiguous unless it is 0 */
+    for (size_t i = 0; i < sizeof units / sizeof units[0] && m < 0; i++)
+        if (strlen(units[i].u) == n && !strncasecmp(p, units[i].u, n)) m = units[i].m;
+    if (m < 0) return PT_ERR_CONFIG;
+    *out = x * m;
+    return PT_OK;
+}
+
 /* Index of v among "a|b|c" (case-insensitive), or -1. */
 static int choice_index(const char *choices, const char *v) {
     int i = 0;
@@ -234,6 +257,12 @@ static int set_value(const pt_config_key *k, pt_config *c, const char *v, char *
         return 0;
     }
     case PT_CFG_RATE: return pt_parse_rate(v, (double *)base) ? 1 : 0;
+    case PT_CFG_DUR: {
+        double d;
+        if (pt_parse_duration(v, &d) || d < k->lo || d > k->hi) return 1;
+        *(double *)base = d;
+        return 0;
+    }
     case PT_CFG_ENUM: {
         int i = choice_index(k->choices, v);
         if (i < 0) return 1;
@@ -638,6 +667,12 @@ static void fmt_value(const pt_config_key *k, const pt_config *c, char *b, size_
                 break;
             }
         }
+        break;
+    }
+    case PT_CFG_DUR: {
+        char num[40];
+        fmt_real(*(const double *)base, 1, num, sizeof(num));
+        snprintf(b, n, "%ss", num);
         break;
     }
     case PT_CFG_RATE: {

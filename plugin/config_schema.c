@@ -186,6 +186,19 @@ const pt_config_key pt_cfg_keys[] = {
            "Fill freed and offloaded device memory with NaN so a stray read fails a test."),
     R_INT("host_backend", "fail_alloc_at", fail_alloc_at, PT_CFG_NO_HI, 0, INT_MAX, 0, "0",
           "Testing: make the N-th device allocation (1-based) fail like an OOM; 0: never."),
+    R_BOOL("host_backend", "async_compute", async_compute, "true",
+           "Run a host's launched work on the simulated device's compute stream, after the "
+           "hook that launched it returns, as a GPU does; false: launched work runs at once "
+           "on the host's thread."),
+    {"host_backend", "compute_jitter", PT_CFG_DUR, 0, OFF(compute_jitter), 0, 0, 1.0, 0, NULL,
+     NULL, NULL, NULL, "0",
+     "Each piece of launched work first sleeps a random time up to this (seeded by "
+     "jitter_seed), so a missing stream ordering shows up as a failed test; 0: none."},
+    R_INT("host_backend", "jitter_seed", jitter_seed, PT_CFG_NO_HI, 0, INT_MAX, 0, "1",
+          "Seed of the compute jitter's random delays."),
+    R_BOOL("host_backend", "debug_skip_ordering", debug_skip_ordering, "false",
+           "Testing only: skip the plugin's stream ordering against the host's compute, to "
+           "show that the tests catch its absence. Never in training."),
 };
 /* config.c sizes per-key arrays with PT_CFG_NKEYS; a row added here without
  * bumping it fails the build rather than overrunning those arrays. */
@@ -221,6 +234,7 @@ void pt_config_key_form(const pt_config_key *k, char *buf, size_t len) {
     }
     case PT_CFG_SIZE: snprintf(buf, len, "%sa size like 512MiB", au); break;
     case PT_CFG_RATE: snprintf(buf, len, "0 or a rate like 2GiB/s"); break;
+    case PT_CFG_DUR: snprintf(buf, len, "a duration like 2ms (s, ms, us, ns) up to %gs", k->hi); break;
     case PT_CFG_ENUM:
     case PT_CFG_WORD: snprintf(buf, len, "one of %s", k->choices); break;
     default: snprintf(buf, len, "%s", k->form ? k->form : "text"); break;

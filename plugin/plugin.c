@@ -211,6 +211,18 @@ static int32_t h_set_lr(void *vctx, float lr) {
     return done(c, pt_rt_set_lr(c->rt, lr, c->err, sizeof c->err));
 }
 
+/* The device's compute stream: valid from init on (a host may launch work
+ * before post_model_load, e.g. to initialise its own buffers). */
+static int32_t h_launch(void *vctx, void (*fn)(void *), void *arg) {
+    CTX("launch");
+    return done(c, pt_rt_launch(c->rt, fn, arg, c->err, sizeof c->err));
+}
+
+static int32_t h_stream_sync(void *vctx) {
+    CTX("stream_sync");
+    return done(c, pt_rt_stream_sync(c->rt, c->err, sizeof c->err));
+}
+
 static int32_t h_post_step(void *vctx, int64_t step, float loss) {
     CTX("post_step");
     int rc = pt_lc_post_step(&c->lc, step, c->err, sizeof c->err);
@@ -330,4 +342,6 @@ __attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
     .save_state = h_save_state,
     .load_state = h_load_state,
     .set_lr = h_set_lr,
+    .launch = h_launch,
+    .stream_sync = h_stream_sync,
 };

@@ -38,6 +38,7 @@ static int hb_open(const pt_gpu_config *cfg, void **impl, char *err, size_t errl
         return PT_ERR_HOST_OOM;
     }
     if (cfg) h->cfg = *cfg;
+    h->jitter_state = (h->cfg.jitter_seed ? h->cfg.jitter_seed : 1) * 0x9e3779b97f4a7c15ull;
     h->total = h->cfg.capacity ? h->cfg.capacity : PT_HB_DEFAULT_CAPACITY;
     if (pthread_mutex_init(&h->mu, NULL) != 0) {
         free(h);
@@ -159,6 +160,19 @@ static int hb_host_fn(void *impl, pt_stream *s, void (*fn)(void *), void *arg) {
     if (!op) return PT_ERR_HOST_OOM;
     op->u.fn.fn = fn;
     op->u.fn.arg = arg;
+    hb *h = impl;
+    if (h->cfg.compute_jitter_s > 0) {
+        /* the delay is drawn at submission, in submission order, so a seed gives
+         * the same delays whatever the threads' timing */
+        pthread_mutex_lock(&h->mu);
+        uint64_t x = h->jitter_state;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        h->jitter_state = x;
+        pthread_mutex_unlock(&h->mu);
+        op->u.fn.delay_s = h->cfg.compute_jitter_s * (double)(x >> 11) * 0x1.0p-53;
+    }
     return pt_hb_submit(impl, s, op);
 }
 

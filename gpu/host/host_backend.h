@@ -56,7 +56,7 @@ typedef struct hb_op {
     union {
         struct { void *dst; const void *src; size_t bytes; int kind; } cp;
         struct { void *p; int value; size_t bytes; } ms;
-        struct { void (*fn)(void *); void *arg; } fn;
+        struct { void (*fn)(void *); void *arg; double delay_s; } fn;
         struct { pt_event *ev; uint64_t gen; } rec;
         struct { pt_stream *src; uint64_t seq; } wait;   /* holds a ref on src */
         pt_adamw_args adamw;
@@ -95,6 +95,7 @@ struct hb {
     pthread_cond_t progress;    /* broadcast after every finished op */
     struct timespec link_free[3]; /* throttle: when each link (H2D, D2H, D2D) is free again */
     pt_stream *live;            /* streams created and not destroyed (close joins them) */
+    uint64_t jitter_state;      /* xorshift64 state of the host-function jitter (under mu) */
 };
 
 /* host_stream.c */

@@ -70,6 +70,11 @@ void pt_hb_exec(hb *h, hb_op *op) {
         if (op->u.ms.bytes) memset(op->u.ms.p, op->u.ms.value, op->u.ms.bytes);
         break;
     case HB_OP_HOSTFN:
+        if (op->u.fn.delay_s > 0) {
+            struct timespec d = {(time_t)op->u.fn.delay_s,
+                                 (long)((op->u.fn.delay_s - (double)(time_t)op->u.fn.delay_s) * 1e9)};
+            while (nanosleep(&d, &d) && errno == EINTR) {}
+        }
         op->u.fn.fn(op->u.fn.arg);
         break;
     case HB_OP_ADAMW:

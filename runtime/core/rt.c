@@ -59,6 +59,8 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     gc.copy_bandwidth = cfg->copy_bandwidth;
     gc.poison = cfg->poison;
     gc.fail_alloc_at = cfg->fail_alloc_at;
+    gc.compute_jitter_s = cfg->compute_jitter;
+    gc.jitter_seed = (uint64_t)cfg->jitter_seed;
     const char *kind = cfg->backend;
     if (host && host->device_kind == PT_DEVICE_HOST) kind = "host";
     if (host && host->device_kind == PT_DEVICE_CUDA) kind = "cuda";
@@ -76,6 +78,13 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
         pt_rt_destroy(rt);
         return PT_ERR_BACKEND;
     }
+    rt->host_async = host && (host->flags & PT_HOST_ASYNC_COMPUTE);
+    rt->launch_queued = rt->host_async && cfg->async_compute &&
+                        !strcmp(pt_gpu_backend_name(rt->gpu), "host");
+    rt->ordered = rt->host_async && !cfg->debug_skip_ordering;
+    if (rt->host_async && cfg->debug_skip_ordering)
+        PT_LOGW(&rt->lg, "[host_backend] debug_skip_ordering = true: the plugin does not order "
+                         "its work after the host's compute (a testing aid: training is wrong)");
     char name[128];
     pt_gpu_device_name(rt->gpu, name, sizeof name);
     pt_gpu_usage u;
@@ -182,7 +191,8 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
     int rc = block_modes(rt, modes, err, errlen);
     if (!rc) {
         pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->gpu, rt->s_compute, rt->s_h2d,
-                            rt->s_d2h, rt->model, &rt->opt, rt->sx, on_recompute, rt};
+                            rt->s_d2h, rt->model, &rt->opt, rt->sx, on_recompute, rt,
+                            rt->ordered};
         rc = pt_store_create(&env, &rt->kn, modes, rt->swap_done, from_image, &rt->st, err,
                              errlen);
     }
@@ -311,7 +321,9 @@ int pt_rt_dev_free(pt_rt *rt, void *ptr, char *err, size_t errlen) {
     if (b >= 0)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "dev_free: %p is block %d's activation arena, which the plugin owns", ptr, b);
-    return pt_gpu_free_checked(rt->gpu, ptr, err, errlen);
+    /* the host's queued kernels may still use it: free in the compute stream's order */
+    return rt->ordered ? pt_gpu_free_on_stream(rt->gpu, ptr, rt->s_compute, err, errlen)
+                       : pt_gpu_free_checked(rt->gpu, ptr, err, errlen);
 }
 
 int pt_rt_arena(pt_rt *rt, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen) {
@@ -332,7 +344,10 @@ int pt_rt_memcpy(pt_rt *rt, void *dst, const void *src, uint64_t bytes, int32_t 
     if (kind < PT_COPY_H2D || kind > PT_COPY_D2D) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "memcpy: unknown copy kind %d (0 H2D, 1 D2H, 2 D2D)", kind);
     }
-    int rc = pt_gpu_memcpy(rt->gpu, dst, src, (size_t)bytes, kind);
+    /* a copy on the compute stream: after the host's launched work */
+    int rc = rt->ordered ? pt_rt_stream_sync(rt, err, errlen) : PT_OK;
+    if (rc) return rc;
+    rc = pt_gpu_memcpy(rt->gpu, dst, src, (size_t)bytes, kind);
     if (rc)
         pt_fail(err, errlen, rc, "memcpy of %llu bytes failed on the %s backend",
                 (unsigned long long)bytes, pt_gpu_backend_name(rt->gpu));
@@ -366,4 +381,28 @@ int pt_rt_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *
                      size_t errlen) {
     int rc = need_store(rt, "read_param", 0, err, errlen);
     return rc ? rc : pt_store_read_param(rt->st, index, dst, bytes, err, errlen);
+}
+
+int pt_rt_launch(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t errlen) {
+    if (!fn) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "launch: fn is NULL");
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
+    void *impl = pt_gpu_impl(rt->gpu);
+    if (rt->launch_queued) {
+        if (ops->host_fn(impl, rt->s_compute, fn, arg))
+            return pt_fail(err, errlen, PT_ERR_BACKEND,
+                           "launch: queueing work on the compute stream failed");
+        return PT_OK;
+    }
+    /* synchronous: what the stream holds (uploads the hooks ordered) runs first */
+    int rc = pt_rt_stream_sync(rt, err, errlen);
+    if (rc) return rc;
+    fn(arg);
+    return PT_OK;
+}
+
+int pt_rt_stream_sync(pt_rt *rt, char *err, size_t errlen) {
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
+    if (ops->stream_sync(pt_gpu_impl(rt->gpu), rt->s_compute))
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "stream_sync: the compute stream failed");
+    return PT_OK;
 }

@@ -54,6 +54,9 @@ int pt_rt_arena_get(pt_rt *rt, int32_t b, void **ptr, char *err, size_t errlen);
 int pt_rt_memcpy(pt_rt *rt, void *dst, const void *src, uint64_t bytes, int32_t kind, char *err,
                  size_t errlen);
 int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out);
+/* The host's work on the device's compute stream (protrain.h: launch, stream_sync). */
+int pt_rt_launch(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t errlen);
+int pt_rt_stream_sync(pt_rt *rt, char *err, size_t errlen);
 int pt_rt_save_state(pt_rt *rt, const char *dir, char *err, size_t errlen);
 int pt_rt_load_state(pt_rt *rt, const char *dir, char *err, size_t errlen);
 int pt_rt_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *err,

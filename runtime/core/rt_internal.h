@@ -25,6 +25,9 @@ struct pt_rt {
     int opt_created;          /* create_optimizer succeeded */
     const pt_step_state *sx;  /* where the host is in its step (the lifecycle's) */
     pt_store *st;             /* the store under the plan in force, or NULL */
+    int host_async;           /* the host set PT_HOST_ASYNC_COMPUTE */
+    int launch_queued;        /* launch queues on s_compute (host backend, async_compute) */
+    int ordered;              /* order plugin work after the host's with events */
     pt_store_knobs kn;        /* what the current store was built with */
     float last_loss;
     struct pt_prof *prof;     /* non-NULL while profiling */

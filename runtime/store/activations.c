@@ -37,7 +37,7 @@ void pt_acts_pre_forward(pt_store *st, int32_t w) {
         pt_arena *a = &st->arena[j];
         if (!a->swapping_out || a->done_at < 0 || a->done_at >= w) continue;
         OPS(st)->event_sync(IMPL(st), a->ev_out);
-        pt_gpu_free(st->gpu, a->ptr);
+        pt_cs_free(st, a->ptr);
         a->ptr = NULL;
         a->swapping_out = 0;
     }
@@ -70,7 +70,7 @@ void pt_acts_fini(pt_store *st) {
     if (st->s_h2d) OPS(st)->stream_sync(IMPL(st), st->s_h2d);
     for (int b = 0; b < st->n_blocks; b++) {
         pt_arena *a = &st->arena[b];
-        if (a->ptr) pt_gpu_free(st->gpu, a->ptr);
+        if (a->ptr) pt_cs_free(st, a->ptr);
         if (a->host) pt_gpu_pinned_free(st->gpu, a->host);
         if (a->ev_out) OPS(st)->event_destroy(IMPL(st), a->ev_out);
         if (a->ev_in) OPS(st)->event_destroy(IMPL(st), a->ev_in);
@@ -89,7 +89,7 @@ static void reap(pt_store *st, int wait) {
         if (!a->swapping_out) continue;
         if (wait) OPS(st)->event_sync(IMPL(st), a->ev_out);
         else if (a->done_at >= 0 || !OPS(st)->event_query(IMPL(st), a->ev_out)) continue;
-        pt_gpu_free(st->gpu, a->ptr);
+        pt_cs_free(st, a->ptr);
         a->ptr = NULL;
         a->swapping_out = 0;
     }
@@ -115,7 +115,7 @@ int pt_store_arena(pt_store *st, int32_t b, uint64_t bytes, void **ptr, char *er
     pt_arena *a = &st->arena[b];
     if (a->swapping_out) reap(st, 1);
     if (a->ptr && a->bytes != bytes) {
-        pt_gpu_free(st->gpu, a->ptr);
+        pt_cs_free(st, a->ptr);
         a->ptr = NULL;
     }
     if (!a->ptr) {
@@ -145,7 +145,7 @@ int pt_acts_post_forward(pt_store *st, int32_t b, char *err, size_t errlen) {
     reap(st, 0);
     if (!a->ptr) return PT_OK;                    /* the block saved nothing */
     if (st->sx->eval || a->mode == PT_ACT_CKPT) {
-        pt_gpu_free(st->gpu, a->ptr);             /* poisoned: stale pointers read NaN */
+        pt_cs_free(st, a->ptr);             /* poisoned: stale pointers read NaN */
         a->ptr = NULL;
         return PT_OK;
     }
@@ -159,7 +159,9 @@ int pt_acts_post_forward(pt_store *st, int32_t b, char *err, size_t errlen) {
         if (rc) return rc;
         a->host_bytes = a->bytes;
     }
-    int rc = pt_gpu_memcpy_async(st->gpu, a->host, a->ptr, (size_t)a->bytes, PT_GPU_D2H, st->s_d2h);
+    /* the copy reads what the host's forward of b writes */
+    int rc = pt_cs_after_compute(st, st->s_d2h);
+    if (!rc) rc = pt_gpu_memcpy_async(st->gpu, a->host, a->ptr, (size_t)a->bytes, PT_GPU_D2H, st->s_d2h);
     if (!rc) rc = OPS(st)->event_record(IMPL(st), a->ev_out, st->s_d2h);
     if (rc) {
         return pt_fail(err, errlen, PT_ERR_BACKEND, "swap-out of block %d's activations failed", b);
@@ -175,14 +177,16 @@ static int swap_in_start(pt_store *st, int32_t b, char *err, size_t errlen) {
     if (a->mode != PT_ACT_SWAP || a->swapping_in || !a->host || !a->live) return PT_OK;
     if (a->swapping_out) {
         OPS(st)->event_sync(IMPL(st), a->ev_out);
-        pt_gpu_free(st->gpu, a->ptr);
+        pt_cs_free(st, a->ptr);
         a->ptr = NULL;
         a->swapping_out = 0;
     }
     if (a->ptr) return PT_OK;
     int rc = arena_alloc(st, a, a->host_bytes < a->bytes ? a->host_bytes : a->bytes, err, errlen);
     if (rc) return rc;
-    rc = pt_gpu_memcpy_async(st->gpu, a->ptr, a->host, (size_t)a->bytes, PT_GPU_H2D, st->s_h2d);
+    /* the new arena's bytes may have been freed in the compute stream's order */
+    rc = pt_cs_after_compute(st, st->s_h2d);
+    if (!rc) rc = pt_gpu_memcpy_async(st->gpu, a->ptr, a->host, (size_t)a->bytes, PT_GPU_H2D, st->s_h2d);
     if (!rc) rc = OPS(st)->event_record(IMPL(st), a->ev_in, st->s_h2d);
     if (rc) {
         return pt_fail(err, errlen, PT_ERR_BACKEND, "swap-in of block %d's activations failed", b);
@@ -198,7 +202,9 @@ int pt_acts_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
     int rc = PT_OK;
     if (a->mode == PT_ACT_SWAP && a->live) {
         if ((rc = swap_in_start(st, b, err, errlen))) return rc;
-        OPS(st)->event_sync(IMPL(st), a->ev_in);
+        /* the host's backward of b reads the swapped-in arena */
+        if (pt_cs_compute_waits(st, a->ev_in))
+            return pt_fail(err, errlen, PT_ERR_BACKEND, "waiting for block %d's swap-in failed", b);
         a->swapping_in = 0;
     } else if (a->mode == PT_ACT_CKPT && a->live) {
         if ((rc = arena_alloc(st, a, a->bytes, err, errlen))) return rc;
@@ -224,7 +230,7 @@ int pt_acts_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
 int pt_acts_post_backward(pt_store *st, int32_t b) {
     pt_arena *a = &st->arena[b];
     if (a->ptr && !a->swapping_out) {
-        pt_gpu_free(st->gpu, a->ptr);
+        pt_cs_free(st, a->ptr);
         a->ptr = NULL;
     }
     a->live = 0;

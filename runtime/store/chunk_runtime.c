@@ -32,9 +32,36 @@
 static const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->gpu); }
 static void *IMPL(pt_store *st) { return pt_gpu_impl(st->gpu); }
 
+int pt_cs_after_compute(pt_store *st, pt_stream *s) {
+    if (!st->ordered) return PT_OK;
+    int rc = OPS(st)->event_record(IMPL(st), st->ev_compute, st->s_compute);
+    return rc ? rc : OPS(st)->stream_wait_event(IMPL(st), s, st->ev_compute);
+}
+
+int pt_cs_compute_waits(pt_store *st, pt_event *e) {
+    return st->ordered ? OPS(st)->stream_wait_event(IMPL(st), st->s_compute, e)
+                       : OPS(st)->event_sync(IMPL(st), e);
+}
+
+void pt_cs_free(pt_store *st, void *p) {
+    if (st->ordered) pt_gpu_free_on_stream(st->gpu, p, st->s_compute, NULL, 0);
+    else pt_gpu_free(st->gpu, p);
+}
+
+int pt_store_sync(pt_store *st, char *err, size_t errlen) {
+    if (!st) return PT_OK;
+    const pt_gpu_backend *o = OPS(st);
+    if (o->stream_sync(IMPL(st), st->s_compute) || o->stream_sync(IMPL(st), st->s_h2d) ||
+        o->stream_sync(IMPL(st), st->s_d2h))
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "waiting for the device streams failed");
+    return PT_OK;
+}
+
 int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
     int rc;
+    if (OPS(st)->event_create(IMPL(st), &ms->ev_compute))
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "cannot create device events");
     if ((rc = pt_gpu_alloc(st->gpu, sizeof(double) * (size_t)ms->n_params, PT_TAG_OTHER,
                            (void **)&ms->norm_dev, err,
                            errlen)))
@@ -44,11 +71,14 @@ int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen) {
     if ((rc = pt_bufpool_create(st->gpu, ms->n_buffer, 2 * S, &ms->pool, err, errlen))) return rc;
     ms->buffer_bytes = (uint64_t)ms->n_buffer * 2 * S;
     ms->slot_free = calloc((size_t)ms->n_buffer, sizeof *ms->slot_free);
-    if (!ms->slot_free) {
+    ms->slot_used = calloc((size_t)ms->n_buffer, sizeof *ms->slot_used);
+    if (!ms->slot_free || !ms->slot_used) {
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
     for (int s = 0; s < ms->n_buffer; s++)
-        if (OPS(st)->event_create(IMPL(st), &ms->slot_free[s])) goto ev_fail;
+        if (OPS(st)->event_create(IMPL(st), &ms->slot_free[s]) ||
+            OPS(st)->event_create(IMPL(st), &ms->slot_used[s]))
+            goto ev_fail;
     for (int k = 0; k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
         if (c->persistent) continue;
@@ -71,12 +101,16 @@ void pt_cs_fini_runtime(pt_store *st) {
         pt_pool_destroy(ms->workers);
         ms->workers = NULL;
     }
-    if (st->s_d2h) OPS(st)->stream_sync(IMPL(st), st->s_d2h);
-    if (st->s_h2d) OPS(st)->stream_sync(IMPL(st), st->s_h2d);
-    for (int s = 0; ms->slot_free && s < ms->n_buffer; s++)
-        if (ms->slot_free[s]) OPS(st)->event_destroy(IMPL(st), ms->slot_free[s]);
+    pt_store_sync(st, NULL, 0);
+    for (int s = 0; s < ms->n_buffer; s++) {
+        if (ms->slot_free && ms->slot_free[s]) OPS(st)->event_destroy(IMPL(st), ms->slot_free[s]);
+        if (ms->slot_used && ms->slot_used[s]) OPS(st)->event_destroy(IMPL(st), ms->slot_used[s]);
+    }
     free(ms->slot_free);
-    ms->slot_free = NULL;
+    free(ms->slot_used);
+    ms->slot_free = ms->slot_used = NULL;
+    if (ms->ev_compute) OPS(st)->event_destroy(IMPL(st), ms->ev_compute);
+    ms->ev_compute = NULL;
     for (int k = 0; ms->ch && k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
         if (c->ev_up) OPS(st)->event_destroy(IMPL(st), c->ev_up);
@@ -148,8 +182,10 @@ static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     c->slot = slot;
     if (hit) return PT_OK;
     void *dst = pt_bufpool_slot_ptr(ms->pool, slot);
-    /* the slot's previous gradient may still be on its way to the host */
+    /* the slot's previous gradient may still be on its way to the host, and the
+     * host's kernels may still read its previous chunk */
     OPS(st)->stream_wait_event(IMPL(st), st->s_h2d, ms->slot_free[slot]);
+    if (st->ordered) OPS(st)->stream_wait_event(IMPL(st), st->s_h2d, ms->slot_used[slot]);
     rc = pt_gpu_memcpy_async(st->gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D, st->s_h2d);
     if (!rc) rc = OPS(st)->event_record(IMPL(st), c->ev_up, st->s_h2d);
     if (rc) {
@@ -189,15 +225,23 @@ int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen
             int rc = lease(st, c, err, errlen);
             if (rc) return rc;
         }
-        int rc = OPS(st)->event_sync(IMPL(st), c->ev_up);
+        /* the host's work after this hook reads the upload */
+        int rc = pt_cs_compute_waits(st, c->ev_up);
         if (rc) {
             return pt_fail(err, errlen, PT_ERR_BACKEND, "waiting for the upload of chunk %d failed", c->id);
         }
         void *base = pt_bufpool_slot_ptr(ms->pool, c->slot);
         void *gbase = (backward && c->trainable) ? (char *)base + ms->lay.chunk_size : NULL;
         if (gbase && !c->bwd_zeroed) {
-            OPS(st)->event_sync(IMPL(st), ms->slot_free[c->slot]);
-            OPS(st)->memset_async(IMPL(st), gbase, 0, (size_t)c->used, NULL);
+            /* the slot's last gradient copy to the host is done before the zeroing,
+             * which lands before the host's backward accumulates */
+            if (st->ordered) {
+                OPS(st)->stream_wait_event(IMPL(st), st->s_compute, ms->slot_free[c->slot]);
+                OPS(st)->memset_async(IMPL(st), gbase, 0, (size_t)c->used, st->s_compute);
+            } else {
+                OPS(st)->event_sync(IMPL(st), ms->slot_free[c->slot]);
+                OPS(st)->memset_async(IMPL(st), gbase, 0, (size_t)c->used, NULL);
+            }
             c->bwd_zeroed = 1;
         }
         c->users++;
@@ -324,6 +368,8 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     /* the previous micro-batch's task still reads h_gstage */
     pt_pool_wait(ms->workers, &c->tg);
     void *gsrc = (char *)pt_bufpool_slot_ptr(ms->pool, c->slot) + ms->lay.chunk_size;
+    /* the gradient is complete once the host's backward of this block has run */
+    if (st->ordered) OPS(st)->stream_wait_event(IMPL(st), st->s_d2h, ms->slot_used[c->slot]);
     int rc = pt_gpu_memcpy_async(st->gpu, c->h_gstage, gsrc, (size_t)c->used, PT_GPU_D2H,
                                  st->s_d2h);
     if (!rc) rc = OPS(st)->event_record(IMPL(st), c->ev_d2h, st->s_d2h);
@@ -362,6 +408,8 @@ int pt_ms_release(pt_store *st, int32_t b, int backward, char *err, size_t errle
     for (int k = ms->lay.block_chunk_first[b]; k <= ms->lay.block_chunk_last[b]; k++) {
         cs_chunk *c = &ms->ch[k];
         if (c->persistent) continue;
+        /* the host's work on this slot so far: what a reuse or a copy-out waits for */
+        if (st->ordered) OPS(st)->event_record(IMPL(st), ms->slot_used[c->slot], st->s_compute);
         if (backward && c->trainable && c->lc->block_first == b && !st->sx->eval) {
             int rc = offload_grad(st, c, err, errlen);
             if (rc) return rc;
@@ -539,20 +587,27 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
     /* what the host waited for CPU work (overlapped tasks + deferred steps); the
      * device Adam of persistent chunks runs in the same window, ordered first */
     ms->optim_wait_s += now_s() - w0;
-    if (OPS(st)->stream_sync(IMPL(st), st->s_compute)) {
+    /* A host computing on its own thread reads the device AdamW's results right
+     * after this hook; an ordered host's next work queues behind it anyway. */
+    if (!st->ordered && OPS(st)->stream_sync(IMPL(st), st->s_compute)) {
         return pt_fail(err, errlen, PT_ERR_BACKEND, "optimizer_step: device stream failed");
     }
     /* Streamed copies in slots are stale now: drop their tags (and poison them,
-     * so a host that kept a pointer reads NaN). */
+     * so a host that kept a pointer reads NaN). Their gradient copies are done
+     * (the CPU steps waited for them); ordered, the fill queues behind the host's
+     * last use of the slot and the next upload into it waits for the fill. */
     for (int k = 0; k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
         c->stepped = 0;
         if (c->persistent || !c->trainable) continue;
         int32_t s = pt_bufpool_lookup(ms->pool, c->id);
         if (s < 0) continue;
-        if (st->cfg->poison)
+        if (st->cfg->poison) {
             OPS(st)->memset_async(IMPL(st), pt_bufpool_slot_ptr(ms->pool, s), 0xFF,
-                                  (size_t)pt_bufpool_slot_size(ms->pool, s), NULL);
+                                  (size_t)pt_bufpool_slot_size(ms->pool, s),
+                                  st->ordered ? st->s_compute : NULL);
+            if (st->ordered) OPS(st)->event_record(IMPL(st), ms->slot_used[s], st->s_compute);
+        }
         pt_bufpool_invalidate(ms->pool, c->id);
     }
     ms->lr_set = 0;

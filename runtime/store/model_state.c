@@ -410,7 +410,11 @@ int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, 
     }
     cs_chunk *c = &ms->ch[ms->lay.param_chunk[root]];
     uint64_t off = ms->lay.param_offset[root];
-    if (c->persistent) return pt_gpu_memcpy(st->gpu, dst, (char *)c->d_param + off, bytes, PT_GPU_D2H);
+    if (c->persistent) {
+        /* the device AdamW of the last step may still be queued */
+        int rc = st->ordered ? pt_store_sync(st, err, errlen) : PT_OK;
+        return rc ? rc : pt_gpu_memcpy(st->gpu, dst, (char *)c->d_param + off, bytes, PT_GPU_D2H);
+    }
     pt_pool_wait(ms->workers, &c->tg);
     memcpy(dst, (char *)c->h_param + off, bytes);
     return PT_OK;
@@ -485,6 +489,7 @@ int pt_store_create(const pt_store_env *env, const pt_store_knobs *kn, const int
     st->sx = env->sx;
     st->on_recompute = env->on_recompute;
     st->user = env->user;
+    st->ordered = env->ordered;
     st->kn = *kn;
     st->no_init_upload = from_image;
     int rc = load_chunks(st, err, errlen);
@@ -501,6 +506,7 @@ int pt_store_create(const pt_store_env *env, const pt_store_knobs *kn, const int
 void pt_store_destroy(pt_store *st) {
     pt_store *ms = st;
     if (!ms) return;
+    pt_store_sync(st, NULL, 0);   /* nothing queued may touch what is freed below */
     pt_acts_fini(st);
     pt_cs_fini_runtime(st);
     for (int k = 0; ms->ch && k < ms->n_chunks; k++) {

@@ -149,6 +149,7 @@ static int ready(pt_store *st, const char *what, int need_opt, char *err, size_t
 }
 
 int pt_store_snapshot(pt_store *st, pt_state_image *img, char *err, size_t errlen) {
+    if (pt_store_sync(st, err, errlen)) return PT_ERR_BACKEND;   /* queued work may use the state */
     memset(img, 0, sizeof *img);
     int rc = ready(st, "state snapshot", 0, err, errlen);
     if (rc) return rc;
@@ -173,6 +174,7 @@ static void invalidate_slots(pt_store *st) {
 }
 
 int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t errlen) {
+    if (pt_store_sync(st, err, errlen)) return PT_ERR_BACKEND;   /* queued work may use the state */
     int rc = ready(st, "state restore", img->has_opt, err, errlen);
     if (rc) return rc;
     if (img->has_opt != st->opt_ready) {

@@ -56,6 +56,11 @@ typedef struct pt_store_env {
      * time), or NULL. */
     void (*on_recompute)(void *user, int32_t block, double seconds);
     void *user;
+    /* The host computes asynchronously on s_compute (PT_HOST_ASYNC_COMPUTE): the
+     * store orders its copies, frees and kernels after the host's work with
+     * events on s_compute instead of assuming that work is done at each hook, and
+     * makes s_compute (not the host's thread) wait for its uploads. */
+    int ordered;
 } pt_store_env;
 
 typedef struct pt_store pt_store;
@@ -79,6 +84,10 @@ void pt_store_destroy(pt_store *st);
 /* Optimizer state (moments, masters) for every trainable chunk. */
 int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen);
 int pt_store_optimizer_ready(const pt_store *st);
+
+/* Waits for everything queued on the store's streams (the host's compute
+ * included): before the CPU reads device memory outside the hooks. */
+int pt_store_sync(pt_store *st, char *err, size_t errlen);
 
 /* Hooks. */
 int pt_store_pre_step(pt_store *st, char *err, size_t errlen);

@@ -85,6 +85,8 @@ struct pt_store {
     pt_store_knobs kn;
     int no_init_upload;       /* values come from a state image, not the host's tensors */
     int opt_ready;            /* optimizer state allocated */
+    int ordered;              /* pt_store_env.ordered */
+    pt_event *ev_compute;     /* recorded on s_compute where a copy stream must wait for it */
     int profiling;            /* pt_store_set_profiling */
     /* activations */
     pt_arena *arena;          /* [n_blocks] */
@@ -103,6 +105,7 @@ struct pt_store {
     double *psq;              /* [n_params] squared grad norm per root (clipping) */
     pt_bufpool *pool;
     pt_event **slot_free;     /* [n_buffer] last D2H out of the slot done */
+    pt_event **slot_used;     /* [n_buffer] the compute stream's last use of the slot */
     pt_pool *workers;
     double *norm_dev;         /* [n_params] device squared norms (clipping) */
     void *d_gtmp;             /* fp32 scratch for 16-bit persistent grads */
@@ -123,6 +126,12 @@ uint64_t pt_ms_chunk_dev_bytes(const cs_chunk *c);
 uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c);
 
 /* chunk_runtime.c */
+/* Ordered: copy stream s waits for everything queued on s_compute so far. */
+int pt_cs_after_compute(pt_store *st, pt_stream *s);
+/* Ordered: s_compute waits for event e (an upload); else the host's thread does. */
+int pt_cs_compute_waits(pt_store *st, pt_event *e);
+/* Free device bytes the host's compute may still use (stream-ordered when ordered). */
+void pt_cs_free(pt_store *st, void *p);
 int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen);
 void pt_cs_fini_runtime(pt_store *st);
 void pt_cs_set_pointers(pt_store *st, cs_chunk *c, void *param_base, void *grad_base);

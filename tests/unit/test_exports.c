@@ -227,6 +227,8 @@ static void test_plugin_exports(void **state) {
     assert_true(PT_HAS_HOOK(t, save_state));
     assert_true(PT_HAS_HOOK(t, load_state));
     assert_true(PT_HAS_HOOK(t, set_lr));
+    assert_true(PT_HAS_HOOK(t, launch));
+    assert_true(PT_HAS_HOOK(t, stream_sync));
     /* The kernels are not built: their slots are NULL, so a host sees them as
      * absent instead of calling a stub that only answers "unsupported". */
     assert_false(PT_HAS_HOOK(t, osft_linear_forward));
@@ -241,7 +243,7 @@ static void test_plugin_exports(void **state) {
     for (const void *const *h = (const void *const *)&t->init;
          h < (const void *const *)&t->reserved; h++)
         present += *h != NULL;
-    assert_int_equal(present, 22);
+    assert_int_equal(present, 24);
     assert_non_null(t->last_error(NULL));   /* "never NULL; ctx may be NULL" */
     pt_unload_plugin(&p);
 }
