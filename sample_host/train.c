@@ -13,6 +13,7 @@
 
 #include "sh_ckpt.h"
 #include "sh_layers.h"
+#include "sh_work.h"
 
 struct sh_trainer {
     sh_train_opts o;
@@ -39,6 +40,8 @@ struct sh_trainer {
     int32_t *h_inp, *h_tgt; /* (B,T) */
     float *h_row;           /* (Vp) logits row for sampling */
     sh_rng batch_rng;
+    sh_launcher lw;         /* device work: at once, or launched on the plugin's stream */
+    double loss_acc;        /* the head's losses land here (read after sh_work_sync) */
     int curB, curT, in_pass;
     char err[768];
     char cb_err[384];       /* error raised inside a callback */
@@ -67,6 +70,21 @@ static int hook_fail(sh_trainer *tr, const char *hook, long long arg, int32_t st
     do {                                                                       \
         int32_t st_ = tr->tbl->name(tr->ctx, __VA_ARGS__);                     \
         if (st_ != 0) return hook_fail(tr, #name, (long long)(arg), st_);      \
+    } while (0)
+
+/* Run or launch one piece of device work (sh_work.h). */
+#define WORK(...)                                                              \
+    do {                                                                       \
+        sh_op op_ = {__VA_ARGS__};                                             \
+        int32_t st_ = sh_work_run(&tr->lw, &tr->model, &op_);                  \
+        if (st_ != 0) return hook_fail(tr, "launch", (long long)op_.kind, st_); \
+    } while (0)
+
+/* The CPU is about to read what launched work computed. */
+#define SYNC()                                                                 \
+    do {                                                                       \
+        int32_t st_ = sh_work_sync(&tr->lw);                                   \
+        if (st_ != 0) return hook_fail(tr, "stream_sync", 0, st_);             \
     } while (0)
 
 /* ---- memory: every device byte through one interface ---- */
@@ -177,22 +195,25 @@ static int arena_get(sh_trainer *tr, int l, float **a) {
 /* Forward over tr->inp (B,T): embeddings, blocks between their hooks, then the head
  * inside the last block's window (so an evaluation pass, which ends at
  * block_post_forward(L-1), reads the non-block params inside it). */
+/* The head adds the mean loss to *loss (when with_targets), which the CPU reads
+ * after SYNC(). */
 static int pass_fwd(sh_trainer *tr, int B, int T, int with_targets, double *loss) {
     const sh_model *m = &tr->model;
     int L = m->d.L;
     tr->curB = B;
     tr->curT = T;
-    sh_encoder_fwd(tr->res[0], tr->inp, (const float *)P(SH_P_WTE).data,
-                   (const float *)P(SH_P_WPE).data, B, T, m->d.C);
+    WORK(.kind = SH_OP_ENCODER_FWD, .B = B, .T = T, .out = tr->res[0], .tok = tr->inp);
     sh_arena_layout lay;
     sh_arena_layout_make(&lay, &m->d, B, T);
     for (int l = 0; l < L; l++) {
         float *a = NULL;
         if (tr->tbl) HOOK(block_pre_forward, l, l);
         if (arena_new(tr, l, lay.total * sizeof(float), &a)) return -1;
-        sh_block_fwd(m, l, a, tr->res[l], tr->res[l + 1], B, T);
-        if (l == L - 1) *loss = sh_head_fwd(m, &tr->head, tr->res[L], with_targets ? tr->tgt : NULL,
-                                            B, T);
+        WORK(.kind = SH_OP_BLOCK_FWD, .l = l, .B = B, .T = T, .a = a, .x = tr->res[l],
+             .out = tr->res[l + 1]);
+        if (l == L - 1)
+            WORK(.kind = SH_OP_HEAD_FWD, .B = B, .T = T, .x = tr->res[L],
+                 .tgt = with_targets ? tr->tgt : NULL, .head = tr->head, .loss_out = loss);
         if (tr->tbl) HOOK(block_post_forward, l, l);
     }
     return 0;
@@ -201,17 +222,18 @@ static int pass_fwd(sh_trainer *tr, int B, int T, int with_targets, double *loss
 static int pass_bwd(sh_trainer *tr, int B, int T, float dloss) {
     const sh_model *m = &tr->model;
     int L = m->d.L;
-    sh_head_bwd(m, &tr->head, tr->res[L], tr->tgt, dloss, tr->dres, tr->scr.dsmall, B, T);
+    WORK(.kind = SH_OP_HEAD_BWD, .B = B, .T = T, .x = tr->res[L], .tgt = tr->tgt, .dloss = dloss,
+         .dres = tr->dres, .head = tr->head, .scr = tr->scr);
     for (int l = L - 1; l >= 0; l--) {
         float *a = NULL;
         if (tr->tbl) HOOK(block_pre_backward, l, l);
         /* re-read: the plugin may have recomputed (CKPT) or swapped the arena back */
         if (arena_get(tr, l, &a)) return -1;
-        sh_block_bwd(m, l, a, tr->res[l], tr->dres, &tr->scr, B, T);
+        WORK(.kind = SH_OP_BLOCK_BWD, .l = l, .B = B, .T = T, .a = a, .x = tr->res[l],
+             .dres = tr->dres, .scr = tr->scr);
         if (tr->tbl) HOOK(block_post_backward, l, l);
     }
-    sh_encoder_bwd((float *)P(SH_P_WTE).grad, (float *)P(SH_P_WPE).grad, tr->dres, tr->inp, B, T,
-                   m->d.C);
+    WORK(.kind = SH_OP_ENCODER_BWD, .B = B, .T = T, .dres = tr->dres, .tok = tr->inp);
     return 0;
 }
 
@@ -239,7 +261,14 @@ static int32_t cb_recompute(void *user, int32_t b) {
     /* Re-run the forward from the saved input res[b]; the block output is not needed
      * again (block b+1's backward is done), so it goes to backward scratch that is
      * idle between blocks instead of overwriting res[b+1]. */
-    sh_block_fwd(&tr->model, b, p, tr->res[b], tr->scr.dsmall, tr->curB, tr->curT);
+    sh_op op = {.kind = SH_OP_BLOCK_FWD, .l = b, .B = tr->curB, .T = tr->curT, .a = p,
+                .x = tr->res[b], .out = tr->scr.dsmall};
+    st = sh_work_run(&tr->lw, &tr->model, &op);
+    if (st != 0) {
+        snprintf(tr->cb_err, sizeof tr->cb_err, "recompute_block(%d): launch failed with "
+                 "status %d", (int)b, (int)st);
+        return st;
+    }
     return 0;
 }
 
@@ -249,9 +278,8 @@ static int32_t cb_profile(void *user) {
         snprintf(tr->cb_err, sizeof tr->cb_err, "profile_step called during a pass");
         return PT_ERR_ORDER;
     }
-    double loss = 0.0;
     tr->in_pass = 1;
-    int rc = pass_fwd(tr, tr->o.B, tr->o.T, 1, &loss);
+    int rc = pass_fwd(tr, tr->o.B, tr->o.T, 1, &tr->loss_acc);
     if (rc == 0) rc = pass_bwd(tr, tr->o.B, tr->o.T, micro_dloss(tr));
     tr->in_pass = 0;
     if (rc) {
@@ -322,12 +350,17 @@ static int start_plugin(sh_trainer *tr) {
     h->log = log_tramp;
     h->recompute_block = cb_recompute;
     h->profile_step = cb_profile;
+    /* with a compute stream, every piece of device work is launched on it */
+    if (sh_work_can_launch(tr->tbl)) h->flags |= PT_HOST_ASYNC_COMPUTE;
     int32_t st = tr->tbl->init(tr->o.ini_path, h, &tr->ctx);
     if (st != 0) {
         const char *le = tr->tbl->last_error(NULL);
         tr->ctx = NULL;
         return fail(tr, "plugin init failed with status %d: %s", (int)st, le ? le : "");
     }
+    tr->lw.tbl = tr->tbl;
+    tr->lw.ctx = tr->ctx;
+    tr->lw.async = sh_work_can_launch(tr->tbl);
     return 0;
 }
 
@@ -524,15 +557,24 @@ static void adamw_step(sh_trainer *tr, float lr) {
 
 /* ---- public steps ---- */
 
+/* Tokens into the device buffers: launched (the bytes copied at launch, so the
+ * staging buffers are free at once) behind the work still reading the previous
+ * batch, or copied now. */
+static int upload_to(sh_trainer *tr, void *dst, const void *src, size_t bytes) {
+    if (!tr->lw.async) return copy(tr, dst, src, bytes, PT_COPY_H2D);
+    WORK(.kind = SH_OP_UPLOAD, .dst = dst, .src = src, .bytes = bytes);
+    return 0;
+}
+
 static int upload(sh_trainer *tr, size_t ntok) {
-    if (copy(tr, tr->inp, tr->h_inp, ntok * sizeof(int32_t), PT_COPY_H2D)) return -1;
-    return copy(tr, tr->tgt, tr->h_tgt, ntok * sizeof(int32_t), PT_COPY_H2D);
+    if (upload_to(tr, tr->inp, tr->h_inp, ntok * sizeof(int32_t))) return -1;
+    return upload_to(tr, tr->tgt, tr->h_tgt, ntok * sizeof(int32_t));
 }
 
 int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss) {
     const sh_train_opts *o = &tr->o;
-    double acc = 0.0;
     float dloss = micro_dloss(tr);
+    tr->loss_acc = 0.0;   /* no work of an earlier step is pending: it synced */
     for (int mi = 0; mi < o->n_micro; mi++) {
         if (tr->tbl) {
             HOOK(pre_step, step, step, mi, o->n_micro);
@@ -541,19 +583,19 @@ int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss) {
         }
         sh_sample_batch(&tr->batch_rng, o->train, o->B, o->T, tr->h_inp, tr->h_tgt);
         if (upload(tr, (size_t)o->B * o->T)) return -1;
-        double l = 0.0;
         tr->in_pass = 1;
-        int rc = pass_fwd(tr, o->B, o->T, 1, &l);
+        int rc = pass_fwd(tr, o->B, o->T, 1, &tr->loss_acc);
         if (!rc) rc = pass_bwd(tr, o->B, o->T, dloss);
         tr->in_pass = 0;
         if (rc) return -1;
-        acc += l;
     }
-    *loss = acc / o->n_micro;
     if (tr->tbl) {
         HOOK(optimizer_step, step, lr);
+        SYNC();   /* the loss, for post_step and the caller */
+        *loss = tr->loss_acc / o->n_micro;
         HOOK(post_step, step, step, (float)*loss);
     } else {
+        *loss = tr->loss_acc / o->n_micro;
         adamw_step(tr, lr);
     }
     return 0;
@@ -561,19 +603,18 @@ int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss) {
 
 int sh_trainer_eval(sh_trainer *tr, int64_t step, int n_batches, double *loss) {
     const sh_train_opts *o = &tr->o;
-    double acc = 0.0;
+    tr->loss_acc = 0.0;
     for (int k = 0; k < n_batches; k++) {
         if (tr->tbl) HOOK(pre_step, step, step, -1, 0);
         sh_val_batch(o->val, k, o->B, o->T, tr->h_inp, tr->h_tgt);
         if (upload(tr, (size_t)o->B * o->T)) return -1;
-        double l = 0.0;
         tr->in_pass = 1;
-        int rc = pass_fwd(tr, o->B, o->T, 1, &l);
+        int rc = pass_fwd(tr, o->B, o->T, 1, &tr->loss_acc);
         tr->in_pass = 0;
         if (rc) return -1;
-        acc += l;
     }
-    *loss = n_batches > 0 ? acc / n_batches : NAN;
+    SYNC();
+    *loss = n_batches > 0 ? tr->loss_acc / n_batches : NAN;
     return 0;
 }
 
@@ -584,14 +625,13 @@ int sh_trainer_generate(sh_trainer *tr, int64_t step, uint16_t *seq, int n_promp
     for (int len = n_prompt; len < n_total; len++) {
         int win = len < tr->o.T ? len : tr->o.T; /* sliding window of the last T tokens */
         for (int i = 0; i < win; i++) tr->h_inp[i] = seq[len - win + i];
-        if (copy(tr, tr->inp, tr->h_inp, (size_t)win * sizeof(int32_t), PT_COPY_H2D))
-            return -1;
+        if (upload_to(tr, tr->inp, tr->h_inp, (size_t)win * sizeof(int32_t))) return -1;
         if (tr->tbl) HOOK(pre_step, step, step, -1, 0);
-        double unused = 0.0;
         tr->in_pass = 1;
-        int rc = pass_fwd(tr, 1, win, 0, &unused);
+        int rc = pass_fwd(tr, 1, win, 0, NULL);
         tr->in_pass = 0;
         if (rc) return -1;
+        SYNC();   /* the logits */
         if (copy(tr, tr->h_row, tr->head.logits + (size_t)(win - 1) * d->Vp,
                  (size_t)d->Vp * sizeof(float), PT_COPY_D2H))
             return -1;
@@ -653,6 +693,7 @@ int sh_trainer_fwdbwd(sh_trainer *tr, const int32_t *inp, const int32_t *tgt, in
     size_t n = (size_t)tr->o.B * tr->o.T;
     memcpy(tr->inp, inp, n * sizeof(int32_t));
     memcpy(tr->tgt, tgt, n * sizeof(int32_t));
+    *loss = 0.0;
     if (pass_fwd(tr, tr->o.B, tr->o.T, 1, loss)) return -1;
     if (backward) {
         float dl = (float)(1.0 / (double)n);

@@ -1,5 +1,6 @@
 /*
- * profiler.c — the memory-aware profiler. It times the host's profile_step under the bootstrap plan (every
+ * profiler.c — the memory-aware profiler. It times the host's profile_step on the
+ * device's clock (pt_rt_dev_clock) under the bootstrap plan (every
  * chunk streamed through the minimal pool, every block CKPT: the configuration
  * that fits if anything does) and reads the plugin's own allocator around each
  * hook window, so the trace holds exact bytes, not estimates:
@@ -71,7 +72,7 @@ int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
     if (rt->prof) {                  /* a further pass: keep the earlier passes' timings */
         struct pt_prof *p = rt->prof;
         if (p->pass + 1 < PROF_PASSES) p->pass++;
-        p->t0 = pt_now_s();
+        p->t0 = pt_rt_dev_clock(rt);
         window_start(rt);
         return PT_OK;
     }
@@ -94,7 +95,7 @@ int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
      * and the plugin's own small device buffers (norm accumulator) */
     p->nonblock = u.tag_current[PT_TAG_ACT] + u.tag_current[PT_TAG_SCRATCH] +
                   u.tag_current[PT_TAG_HOSTUSE] + u.tag_current[PT_TAG_OTHER];
-    p->t0 = pt_now_s();
+    p->t0 = pt_rt_dev_clock(rt);
     window_start(rt);
     return PT_OK;
 }
@@ -122,7 +123,7 @@ static void nonblock_window_end(pt_rt *rt) {
 void pt_prof_hook(pt_rt *rt, int which, int32_t b, int exit) {
     struct pt_prof *p = rt->prof;
     if (!p || b < 0 || b >= p->n) return;
-    double t = pt_now_s();
+    double t = pt_rt_dev_clock(rt);
     if (!exit) {               /* hook entry: a window ends */
         switch (which) {
         case PT_PROF_PRE_FWD:
@@ -310,7 +311,7 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
     struct pt_prof *p = rt->prof;
     pt_model_v1 *m = rt->model;
     int n_chunks = pt_store_n_chunks(rt->st);
-    double tend = pt_now_s();
+    double tend = pt_rt_dev_clock(rt);
     p->embed_bwd[p->pass] = tend - p->ebwd_t0;
     nonblock_window_end(rt);
     pt_trace_init(t);

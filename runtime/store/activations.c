@@ -211,9 +211,10 @@ int pt_acts_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
         if (!st->host->recompute_block) {
             return pt_fail(err, errlen, PT_ERR_CALLBACK, "block %d is CKPT but the host gave no recompute_block callback", b);
         }
-        double t0 = pt_now_s();
+        double t0 = st->clock ? st->clock(st->user) : pt_now_s();
         int hrc = st->host->recompute_block(st->host->user, b);
-        if (st->on_recompute) st->on_recompute(st->user, b, pt_now_s() - t0);
+        if (st->on_recompute)
+            st->on_recompute(st->user, b, (st->clock ? st->clock(st->user) : pt_now_s()) - t0);
         if (hrc) {
             return pt_fail(err, errlen, PT_ERR_CALLBACK, "host recompute_block(%d) returned %d", b, hrc);
         }

@@ -488,6 +488,7 @@ int pt_store_create(const pt_store_env *env, const pt_store_knobs *kn, const int
     st->opt = env->opt;
     st->sx = env->sx;
     st->on_recompute = env->on_recompute;
+    st->clock = env->clock;
     st->user = env->user;
     st->ordered = env->ordered;
     st->kn = *kn;

@@ -53,8 +53,10 @@ typedef struct pt_store_env {
     pt_optim_state *opt;
     const pt_step_state *sx;
     /* Told the time each CKPT recompute took (the profiler's per-block recompute
-     * time), or NULL. */
+     * time), or NULL; read on clock(user): the device's clock (it waits for the
+     * host's launched work while profiling). */
     void (*on_recompute)(void *user, int32_t block, double seconds);
+    double (*clock)(void *user);
     void *user;
     /* The host computes asynchronously on s_compute (PT_HOST_ASYNC_COMPUTE): the
      * store orders its copies, frees and kernels after the host's work with

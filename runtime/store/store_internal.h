@@ -81,6 +81,7 @@ struct pt_store {
     pt_optim_state *opt;
     const pt_step_state *sx;
     void (*on_recompute)(void *user, int32_t block, double seconds);
+    double (*clock)(void *user);
     void *user;
     pt_store_knobs kn;
     int no_init_upload;       /* values come from a state image, not the host's tensors */
