@@ -102,8 +102,6 @@ typedef struct pt_gpu_backend {
     /* *out (device double) += sum(x[i]^2) over n fp32/bf16/f16 elements, formed in
      * double so a host that sums per-parameter squares in double matches it. */
     int (*sqnorm)(void *impl, const void *x, int dtype, size_t n, double *out, pt_stream *s);
-    /* x[i] *= alpha, fp32. */
-    int (*scale)(void *impl, float *x, float alpha, size_t n, pt_stream *s);
     /* dst[i] = convert(src[i]) between dtypes (fp32 <-> bf16/f16); dst += src when acc. */
     int (*convert)(void *impl, void *dst, int dst_dtype, const void *src, int src_dtype,
                    size_t n, int accumulate, pt_stream *s);

@@ -132,11 +132,6 @@ __global__ void k_sum_into(const double *part, unsigned nb, double *out) {
     if (threadIdx.x == 0) *out += b;
 }
 
-__global__ void k_scale(float *x, float alpha, size_t n) {
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) x[i] *= alpha;
-}
-
 __global__ void k_convert(void *dst, int dd, const void *src, int sd, size_t n, int acc) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -397,13 +392,6 @@ int be_sqnorm(void *impl, const void *x, int dtype, size_t n, double *out, pt_st
     return finish("sqnorm kernel", s);
 }
 
-int be_scale(void *impl, float *x, float alpha, size_t n, pt_stream *s) {
-    if (int rc = use(impl)) return rc;
-    if (n == 0) return 0;
-    k_scale<<<grid_for(impl, n), kThreads, 0, st(s)>>>(x, alpha, n);
-    return finish("scale kernel", s);
-}
-
 int be_convert(void *impl, void *dst, int dst_dtype, const void *src, int src_dtype, size_t n,
                int accumulate, pt_stream *s) {
     if (!dtype_ok(dst_dtype) || !dtype_ok(src_dtype)) return PT_ERR_INVALID_ARG;
@@ -443,6 +431,5 @@ extern "C" PT_EXPORT const pt_gpu_backend pt_gpu_backend_cuda = {
     .host_fn = be_host_fn,
     .adamw = be_adamw,
     .sqnorm = be_sqnorm,
-    .scale = be_scale,
     .convert = be_convert,
 };

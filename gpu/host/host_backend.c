@@ -183,16 +183,6 @@ static int hb_sqnorm(void *impl, const void *x, int dtype, size_t n, double *out
     return pt_hb_submit(impl, s, op);
 }
 
-static int hb_scale(void *impl, float *x, float alpha, size_t n, pt_stream *s) {
-    if (!impl || (!x && n)) return PT_ERR_INVALID_ARG;
-    hb_op *op = pt_hb_op_new(HB_OP_SCALE);
-    if (!op) return PT_ERR_HOST_OOM;
-    op->u.sc.x = x;
-    op->u.sc.alpha = alpha;
-    op->u.sc.n = n;
-    return pt_hb_submit(impl, s, op);
-}
-
 static int hb_convert(void *impl, void *dst, int dst_dtype, const void *src, int src_dtype,
                       size_t n, int accumulate, pt_stream *s) {
     if (!impl || ((!dst || !src) && n) || !valid_dtype(dst_dtype) || !valid_dtype(src_dtype))
@@ -233,6 +223,5 @@ const pt_gpu_backend pt_gpu_backend_host = {
     .host_fn = hb_host_fn,
     .adamw = hb_adamw,
     .sqnorm = hb_sqnorm,
-    .scale = hb_scale,
     .convert = hb_convert,
 };

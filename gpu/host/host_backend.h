@@ -44,7 +44,6 @@ typedef enum hb_op_kind {
     HB_OP_WAIT,
     HB_OP_ADAMW,
     HB_OP_SQNORM,
-    HB_OP_SCALE,
     HB_OP_CONVERT
 } hb_op_kind;
 
@@ -61,7 +60,6 @@ typedef struct hb_op {
         struct { pt_stream *src; uint64_t seq; } wait;   /* holds a ref on src */
         pt_adamw_args adamw;
         struct { const void *x; int dtype; size_t n; double *out; } sq;
-        struct { float *x; float alpha; size_t n; } sc;
         struct { void *dst; int dst_dtype; const void *src; int src_dtype; size_t n; int acc; } cv;
     } u;
 } hb_op;

@@ -85,9 +85,6 @@ void pt_hb_exec(hb *h, hb_op *op) {
         *op->u.sq.out += acc;
         break;
     }
-    case HB_OP_SCALE:
-        for (size_t i = 0; i < op->u.sc.n; i++) op->u.sc.x[i] *= op->u.sc.alpha;
-        break;
     case HB_OP_CONVERT: {
         const void *src = op->u.cv.src;
         void *dst = op->u.cv.dst;
