@@ -18,7 +18,6 @@
 #include <dlfcn.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +27,7 @@
 #include "device_ext.h"
 #include "gpu.h"
 #include "protrain.h"
+#include "pt_util.h"
 
 #define NBINS 64
 
@@ -63,16 +63,6 @@ struct pt_gpu {
     void (*log)(void *user, int32_t level, const char *msg);
     void *log_user;
 };
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- tags ---- */
 
@@ -286,9 +276,9 @@ static int load_cuda(const pt_gpu_backend **ops, void **dl, char *err, size_t er
                 h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
                 if (!h) {
                     const char *e = dlerror();
-                    seterr(err, errlen, "cuda backend library %s exists but failed to load: %s",
-                           path, e ? e : "unknown dlopen error");
-                    return PT_ERR_BACKEND;
+                    return pt_fail(err, errlen, PT_ERR_BACKEND,
+                                   "cuda backend library %s exists but failed to load: %s", path,
+                                   e ? e : "unknown dlopen error");
                 }
             }
         }
@@ -296,17 +286,16 @@ static int load_cuda(const pt_gpu_backend **ops, void **dl, char *err, size_t er
     if (!h) h = dlopen(PT_CUDA_BACKEND_LIB, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *e = dlerror();
-        seterr(err, errlen,
-               "cuda backend library %s not found (tried %s, then the loader path: %s)",
-               PT_CUDA_BACKEND_LIB, path[0] ? path : "beside the plugin", e ? e : "no detail");
-        return PT_ERR_BACKEND;
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "cuda backend library %s not found (tried %s, then the loader path: %s)",
+                       PT_CUDA_BACKEND_LIB, path[0] ? path : "beside the plugin",
+                       e ? e : "no detail");
     }
     const pt_gpu_backend *b = dlsym(h, PT_CUDA_BACKEND_SYMBOL);
     if (!b || !b->open) {
-        seterr(err, errlen, "cuda backend library %s does not export %s", PT_CUDA_BACKEND_LIB,
-               PT_CUDA_BACKEND_SYMBOL);
         dlclose(h);
-        return PT_ERR_BACKEND;
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "cuda backend library %s does not export %s",
+                       PT_CUDA_BACKEND_LIB, PT_CUDA_BACKEND_SYMBOL);
     }
     *ops = b;
     *dl = h;
@@ -326,10 +315,11 @@ static int open_with(const pt_gpu_backend *ops, void *dl, const pt_gpu_config *c
     char berr[512] = "";
     int rc = ops->open(cfg, &impl, berr, sizeof berr);
     if (rc != PT_OK) {
-        seterr(err, errlen, "%s backend failed to open: %s", ops->name,
-               berr[0] ? berr : "no reason given");
+        /* the sentence first: ops->name lives in the library dlclose unmaps */
+        rc = pt_fail(err, errlen, PT_ERR_BACKEND, "%s backend failed to open: %s", ops->name,
+                     berr[0] ? berr : "no reason given");
         if (dl) dlclose(dl);
-        return PT_ERR_BACKEND;
+        return rc;
     }
     uint64_t total = ops->total_memory(impl);
     uint64_t cap = cfg->capacity;
@@ -338,13 +328,13 @@ static int open_with(const pt_gpu_backend *ops, void *dl, const pt_gpu_config *c
     cap -= cap % PT_GPU_ALIGN;
     void *base = NULL;
     if (cap == 0 || ops->dev_alloc(impl, (size_t)cap, &base) != PT_OK || !base) {
-        seterr(err, errlen,
-               "could not reserve %" PRIu64 " bytes of device memory on the %s backend "
-               "(device reports %" PRIu64 " bytes total; lower [memory] capacity)",
-               cap, ops->name, total);
+        rc = pt_fail(err, errlen, cap == 0 ? PT_ERR_INVALID_ARG : PT_ERR_OOM,
+                     "could not reserve %" PRIu64 " bytes of device memory on the %s backend "
+                     "(device reports %" PRIu64 " bytes total; lower [memory] capacity)",
+                     cap, ops->name, total);
         ops->close(impl);
         if (dl) dlclose(dl);
-        return cap == 0 ? PT_ERR_INVALID_ARG : PT_ERR_OOM;
+        return rc;
     }
     pt_gpu *g = calloc(1, sizeof *g);
     blk *all = calloc(1, sizeof *all);
@@ -354,8 +344,7 @@ static int open_with(const pt_gpu_backend *ops, void *dl, const pt_gpu_config *c
         ops->dev_free(impl, base, (size_t)cap);
         ops->close(impl);
         if (dl) dlclose(dl);
-        seterr(err, errlen, "out of host memory for the device wrapper");
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for the device wrapper");
     }
     g->ops = ops;
     g->impl = impl;
@@ -374,26 +363,21 @@ static int open_with(const pt_gpu_backend *ops, void *dl, const pt_gpu_config *c
 
 int pt_gpu_open(const char *kind, const pt_gpu_config *cfg, pt_gpu **out, char *err,
                 size_t errlen) {
-    if (!out) {
-        seterr(err, errlen, "pt_gpu_open: output pointer is NULL");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!out)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_open: output pointer is NULL");
     *out = NULL;
     pt_gpu_config c;
     memset(&c, 0, sizeof c);
     if (cfg) c = *cfg;
-    if (c.fail_alloc_at < 0) {
-        seterr(err, errlen, "fail_alloc_at = %d must be >= 0 (0 disables injection)",
-               c.fail_alloc_at);
-        return PT_ERR_INVALID_ARG;
-    }
+    if (c.fail_alloc_at < 0)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "fail_alloc_at = %d must be >= 0 (0 disables injection)", c.fail_alloc_at);
     if (!kind) kind = "auto";
     if (strcmp(kind, "host") == 0) return open_with(&pt_gpu_backend_host, NULL, &c, out, err, errlen);
     int is_cuda = strcmp(kind, "cuda") == 0;
-    if (!is_cuda && strcmp(kind, "auto") != 0) {
-        seterr(err, errlen, "unknown device kind '%s' (expected host, cuda or auto)", kind);
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!is_cuda && strcmp(kind, "auto") != 0)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "unknown device kind '%s' (expected host, cuda or auto)", kind);
     const pt_gpu_backend *ops = NULL;
     void *dl = NULL;
     char cerr[768] = "";
@@ -403,10 +387,7 @@ int pt_gpu_open(const char *kind, const pt_gpu_config *cfg, pt_gpu **out, char *
     /* auto falls back to host, silently, only when there is no usable cuda device
      * (library missing or its open failed); a GPU that is there but cannot hold
      * the configured capacity is an error the user must see. */
-    if (is_cuda || rc != PT_ERR_BACKEND) {
-        seterr(err, errlen, "%s", cerr);
-        return rc;
-    }
+    if (is_cuda || rc != PT_ERR_BACKEND) return pt_fail(err, errlen, rc, "%s", cerr);
     return open_with(&pt_gpu_backend_host, NULL, &c, out, err, errlen);
 }
 
@@ -487,46 +468,41 @@ uint64_t pt_gpu_round_size(uint64_t bytes) {
 static pthread_mutex_t *mu_of(const pt_gpu *g) { return (pthread_mutex_t *)&g->mu; }
 
 int pt_gpu_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t errlen) {
-    if (!g || !p || tag < 0 || tag >= PT_TAG_COUNT) {
-        seterr(err, errlen, "pt_gpu_alloc: %s", !g ? "device is NULL" : !p ? "output pointer is NULL"
-                                                                            : "tag out of range");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!g || !p || tag < 0 || tag >= PT_TAG_COUNT)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_alloc: %s",
+                       !g ? "device is NULL" : !p ? "output pointer is NULL" : "tag out of range");
     *p = NULL;
     uint64_t size = pt_gpu_round_size(bytes);
     pthread_mutex_lock(&g->mu);
     uint64_t attempt = ++g->attempts;
     if (g->cfg.fail_alloc_at > 0 && attempt == (uint64_t)g->cfg.fail_alloc_at) {
         pthread_mutex_unlock(&g->mu);
-        seterr(err, errlen,
-               "device out of memory (injected failure): allocation #%" PRIu64 " (tag %s, %zu "
-               "bytes) failed because fail_alloc_at = %d",
-               attempt, pt_mem_tag_name(tag), bytes, g->cfg.fail_alloc_at);
-        return PT_ERR_OOM;
+        return pt_fail(err, errlen, PT_ERR_OOM,
+                       "device out of memory (injected failure): allocation #%" PRIu64
+                       " (tag %s, %zu bytes) failed because fail_alloc_at = %d",
+                       attempt, pt_mem_tag_name(tag), bytes, g->cfg.fail_alloc_at);
     }
     blk *x = size ? carve(g, size) : NULL;
     if (x && pmap_put(&g->live, (uintptr_t)(g->base + x->off), (uint64_t)(uintptr_t)x) != 0) {
         release(g, x);
         pthread_mutex_unlock(&g->mu);
-        seterr(err, errlen, "pt_gpu_alloc: out of host memory for the allocation table");
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "pt_gpu_alloc: out of host memory for the allocation table");
     }
     if (!x) {
         uint64_t cap = g->u.capacity, freeb = cap - g->u.current;
         uint64_t largest = largest_free_locked(g);
         pthread_mutex_unlock(&g->mu);
         if (size == bytes)
-            seterr(err, errlen,
-                   "device out of memory: tag %s needs %zu bytes, %" PRIu64 " free of %" PRIu64
-                   " capacity (largest free block %" PRIu64 ")",
-                   pt_mem_tag_name(tag), bytes, freeb, cap, largest);
-        else
-            seterr(err, errlen,
-                   "device out of memory: tag %s needs %zu bytes (%" PRIu64 " with %u-byte "
-                   "alignment), %" PRIu64 " free of %" PRIu64 " capacity (largest free block %"
-                   PRIu64 ")",
-                   pt_mem_tag_name(tag), bytes, size, PT_GPU_ALIGN, freeb, cap, largest);
-        return PT_ERR_OOM;
+            return pt_fail(err, errlen, PT_ERR_OOM,
+                           "device out of memory: tag %s needs %zu bytes, %" PRIu64
+                           " free of %" PRIu64 " capacity (largest free block %" PRIu64 ")",
+                           pt_mem_tag_name(tag), bytes, freeb, cap, largest);
+        return pt_fail(err, errlen, PT_ERR_OOM,
+                       "device out of memory: tag %s needs %zu bytes (%" PRIu64 " with %u-byte "
+                       "alignment), %" PRIu64 " free of %" PRIu64 " capacity (largest free block %"
+                       PRIu64 ")",
+                       pt_mem_tag_name(tag), bytes, size, PT_GPU_ALIGN, freeb, cap, largest);
     }
     x->req = bytes;
     x->tag = tag;
@@ -541,20 +517,16 @@ int pt_gpu_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t e
 }
 
 int pt_gpu_free_checked(pt_gpu *g, void *p, char *err, size_t errlen) {
-    if (!g) {
-        seterr(err, errlen, "pt_gpu_free: device is NULL");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!g) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_free: device is NULL");
     if (!p) return PT_OK;
     uint64_t v;
     pthread_mutex_lock(&g->mu);
     if (!pmap_get(&g->live, (uintptr_t)p, &v)) {
         pthread_mutex_unlock(&g->mu);
-        seterr(err, errlen,
-               "pt_gpu_free: %p is not a live device allocation (never allocated by this "
-               "device, already freed, or not the start of a block)",
-               p);
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "pt_gpu_free: %p is not a live device allocation (never allocated by this "
+                       "device, already freed, or not the start of a block)",
+                       p);
     }
     blk *x = (blk *)(uintptr_t)v;
     pmap_del(&g->live, (uintptr_t)p);
@@ -623,37 +595,34 @@ size_t pt_gpu_free_extents(const pt_gpu *g) {
 /* ---- pinned host memory ---- */
 
 int pt_gpu_pinned_alloc(pt_gpu *g, size_t bytes, void **p, char *err, size_t errlen) {
-    if (!g || !p) {
-        seterr(err, errlen, "pt_gpu_pinned_alloc: %s", !g ? "device is NULL" : "output pointer is NULL");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!g || !p)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_pinned_alloc: %s",
+                       !g ? "device is NULL" : "output pointer is NULL");
     *p = NULL;
     pthread_mutex_lock(&g->mu);
     uint64_t cur = g->u.pinned_current, budget = g->u.pinned_budget;
     if (budget && (bytes > budget || cur > budget - bytes)) {
         pthread_mutex_unlock(&g->mu);
-        seterr(err, errlen,
-               "pinned host memory budget exceeded: needs %zu bytes, %" PRIu64 " in use of a %"
-               PRIu64 "-byte budget",
-               bytes, cur, budget);
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "pinned host memory budget exceeded: needs %zu bytes, %" PRIu64
+                       " in use of a %" PRIu64 "-byte budget",
+                       bytes, cur, budget);
     }
     /* Under the lock so the budget check and the charge are one step; pinned
      * allocations are few and large. */
     void *q = NULL;
     if (g->ops->host_alloc(g->impl, bytes, &q) != PT_OK || !q) {
         pthread_mutex_unlock(&g->mu);
-        seterr(err, errlen,
-               "pinned host allocation of %zu bytes failed on the %s backend (%" PRIu64
-               " bytes pinned so far)",
-               bytes, g->ops->name, cur);
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "pinned host allocation of %zu bytes failed on the %s backend (%" PRIu64
+                       " bytes pinned so far)",
+                       bytes, g->ops->name, cur);
     }
     if (pmap_put(&g->pinned, (uintptr_t)q, bytes) != 0) {
         g->ops->host_free(g->impl, q, bytes);
         pthread_mutex_unlock(&g->mu);
-        seterr(err, errlen, "pt_gpu_pinned_alloc: out of host memory for the allocation table");
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "pt_gpu_pinned_alloc: out of host memory for the allocation table");
     }
     g->u.pinned_current += bytes;
     if (g->u.pinned_current > g->u.pinned_peak) g->u.pinned_peak = g->u.pinned_current;

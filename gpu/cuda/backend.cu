@@ -28,6 +28,7 @@ extern "C" {
 #include "protrain.h"
 }
 #include "kernels_hd.h"
+#include "pt_util.h"
 
 #define PT_EXPORT __attribute__((visibility("default")))
 
@@ -147,39 +148,32 @@ int dtype_ok(int d) { return d == PT_F32 || d == PT_BF16 || d == PT_F16; }
 
 int be_open(const pt_gpu_config *cfg, void **impl, char *err, size_t errlen) {
     if (impl) *impl = nullptr;
-    if (!cfg || !impl) {
-        if (err && errlen) snprintf(err, errlen, "cuda backend open: NULL config or impl pointer");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!cfg || !impl)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "cuda backend open: NULL config or impl pointer");
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
         (void)cudaGetLastError();
-        if (err && errlen)
-            snprintf(err, errlen, "no CUDA device: %s",
-                     e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount reports 0 devices");
-        return PT_ERR_BACKEND;
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "no CUDA device: %s",
+                       e != cudaSuccess ? cudaGetErrorString(e)
+                                        : "cudaGetDeviceCount reports 0 devices");
     }
-    if (cfg->device_index < 0 || cfg->device_index >= count) {
-        if (err && errlen)
-            snprintf(err, errlen, "CUDA device index %d out of range: this machine has %d device(s)",
-                     cfg->device_index, count);
-        return PT_ERR_INVALID_ARG;
-    }
+    if (cfg->device_index < 0 || cfg->device_index >= count)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "CUDA device index %d out of range: this machine has %d device(s)",
+                       cfg->device_index, count);
     cudaDeviceProp prop;
     if ((e = cudaSetDevice(cfg->device_index)) != cudaSuccess ||
         (e = cudaGetDeviceProperties(&prop, cfg->device_index)) != cudaSuccess) {
         (void)cudaGetLastError();
-        if (err && errlen)
-            snprintf(err, errlen, "cannot open CUDA device %d: %s", cfg->device_index,
-                     cudaGetErrorString(e));
-        return PT_ERR_BACKEND;
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "cannot open CUDA device %d: %s",
+                       cfg->device_index, cudaGetErrorString(e));
     }
     cuda_impl *c = (cuda_impl *)calloc(1, sizeof *c);
-    if (!c) {
-        if (err && errlen) snprintf(err, errlen, "cuda backend open: out of host memory (%zu bytes)", sizeof *c);
-        return PT_ERR_HOST_OOM;
-    }
+    if (!c)
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "cuda backend open: out of host memory (%zu bytes)", sizeof *c);
     c->dev = cfg->device_index;
     c->n_sm = prop.multiProcessorCount;
     c->total = prop.totalGlobalMem;

@@ -16,39 +16,29 @@
 
 #include "host_backend.h"
 #include "protrain.h"
-
-static void put_err(char *err, size_t errlen, const char *msg) {
-    if (err && errlen) snprintf(err, errlen, "%s", msg);
-}
+#include "pt_util.h"
 
 static int hb_open(const pt_gpu_config *cfg, void **impl, char *err, size_t errlen) {
-    if (!impl) {
-        put_err(err, errlen, "host backend open: impl pointer is NULL");
-        return PT_ERR_INVALID_ARG;
-    }
-    if (cfg && (cfg->copy_bandwidth < 0.0 || cfg->copy_bandwidth != cfg->copy_bandwidth)) {
-        if (err && errlen)
-            snprintf(err, errlen, "host backend open: copy_bandwidth %g bytes/s is not >= 0",
-                     cfg->copy_bandwidth);
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!impl)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "host backend open: impl pointer is NULL");
+    if (cfg && (cfg->copy_bandwidth < 0.0 || cfg->copy_bandwidth != cfg->copy_bandwidth))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "host backend open: copy_bandwidth %g bytes/s is not >= 0",
+                       cfg->copy_bandwidth);
     hb *h = calloc(1, sizeof *h);
-    if (!h) {
-        put_err(err, errlen, "host backend open: out of host memory for the backend state");
-        return PT_ERR_HOST_OOM;
-    }
+    if (!h)
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "host backend open: out of host memory for the backend state");
     if (cfg) h->cfg = *cfg;
     h->total = h->cfg.capacity ? h->cfg.capacity : PT_HB_DEFAULT_CAPACITY;
     if (pthread_mutex_init(&h->mu, NULL) != 0) {
         free(h);
-        put_err(err, errlen, "host backend open: pthread_mutex_init failed");
-        return PT_ERR_BACKEND;
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "host backend open: pthread_mutex_init failed");
     }
     if (pthread_cond_init(&h->progress, NULL) != 0) {
         pthread_mutex_destroy(&h->mu);
         free(h);
-        put_err(err, errlen, "host backend open: pthread_cond_init failed");
-        return PT_ERR_BACKEND;
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "host backend open: pthread_cond_init failed");
     }
     *impl = h;
     return PT_OK;
