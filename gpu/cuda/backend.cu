@@ -399,8 +399,12 @@ int be_convert(void *impl, void *dst, int dst_dtype, const void *src, int src_dt
 }  // namespace
 
 /* Designated initializers (in declaration order, as C++ requires) keep this a
- * constant-initialised object: no constructor runs at dlopen. */
-extern "C" PT_EXPORT const pt_gpu_backend pt_gpu_backend_cuda = {
+ * constant-initialised object: no constructor runs at dlopen. The symbol's name
+ * carries the table version (PT_CUDA_BACKEND_SYMBOL) and the head repeats it, so
+ * a plugin from another build refuses this library instead of misreading it. */
+extern "C" PT_EXPORT const pt_gpu_backend pt_gpu_backend_cuda_v1 = {
+    .abi_version = PT_GPU_BACKEND_VERSION,
+    .struct_size = sizeof(pt_gpu_backend),
     .name = "cuda",
     .open = be_open,
     .close = be_close,

@@ -188,7 +188,11 @@ static int hb_convert(void *impl, void *dst, int dst_dtype, const void *src, int
     return pt_hb_submit(impl, s, op);
 }
 
+/* Linked into the plugin, so always the same build as the wrapper; the head is
+ * filled anyway so every table reads the same way. */
 const pt_gpu_backend pt_gpu_backend_host = {
+    .abi_version = PT_GPU_BACKEND_VERSION,
+    .struct_size = sizeof(pt_gpu_backend),
     .name = "host",
     .open = hb_open,
     .close = hb_close,

@@ -8,10 +8,12 @@
  *  - the parser itself on test plugins with known exports;
  *  - $PT_BUILD/protrain_plugin.so exports only protrain_plugin_v1, and its table
  *    loads with abi_version 1, struct_size sizeof(pt_plugin_v1), name "protrain";
- *  - $PT_BUILD/libprotrain_cuda.so (when built) exports only pt_gpu_backend_cuda,
- *    names itself "cuda", fills every op, and open() either fails with
- *    "no CUDA device: ..." (no crash) on a machine without a GPU, or succeeds and
- *    then every op runs once against the host bodies of kernels_hd.h.
+ *  - $PT_BUILD/libprotrain_cuda.so (when built) exports only pt_gpu_backend_cuda_v1
+ *    (PT_CUDA_BACKEND_SYMBOL), whose head says abi_version PT_GPU_BACKEND_VERSION
+ *    and struct_size sizeof(pt_gpu_backend); it names itself "cuda", fills every
+ *    op, and open() either fails with "no CUDA device: ..." (no crash) on a
+ *    machine without a GPU, or succeeds and then every op runs once against the
+ *    host bodies of kernels_hd.h.
  */
 #include <elf.h>
 #include <math.h>
@@ -338,9 +340,15 @@ static void test_cuda_backend_exports(void **state) {
     if (!dl) fail_msg("cannot dlopen %s: %s", path, dlerror());
     const pt_gpu_backend *be = dlsym(dl, PT_CUDA_BACKEND_SYMBOL);
     assert_non_null(be);
+    assert_int_equal(be->abi_version, PT_GPU_BACKEND_VERSION);
+    assert_int_equal(be->struct_size, sizeof(pt_gpu_backend));
     assert_string_equal(be->name, "cuda");
+    /* The symbol name carries the same version as the head. */
+    char want[64];
+    snprintf(want, sizeof want, "%s_v%u", PT_CUDA_BACKEND_SYMBOL_STEM, PT_GPU_BACKEND_VERSION);
+    assert_string_equal(PT_CUDA_BACKEND_SYMBOL, want);
     /* Every op is implemented. */
-#define OP(f) if (!be->f) fail_msg("pt_gpu_backend_cuda." #f " is NULL")
+#define OP(f) if (!be->f) fail_msg(PT_CUDA_BACKEND_SYMBOL "." #f " is NULL")
     OP(open); OP(close); OP(device_name); OP(total_memory);
     OP(dev_alloc); OP(dev_free); OP(host_alloc); OP(host_free);
     OP(stream_create); OP(stream_destroy); OP(stream_sync);
