@@ -3,7 +3,7 @@
  * backend selection (host / cuda via dlopen, the library's table version checked
  * / auto), one reservation of the whole device budget sub-allocated by our own
  * allocator, exact accounting, poison on free, pinned-memory budget, failure
- * injection, copy-traffic counters.
+ * injection, copy-traffic counters, the log hook backends report through.
  *
  * Allocator: blocks (free and live) form an address-ordered doubly linked list
  * covering [0, capacity) of the reservation; free blocks also sit in one of 64
@@ -14,7 +14,8 @@
  * Block headers live in host memory (device memory is not addressable on cuda).
  *
  * One mutex guards the allocator, the maps and the counters: runtime threads and
- * stream-completion callbacks may call in concurrently.
+ * stream-completion callbacks may call in concurrently. The log hook has a
+ * second one (see struct pt_gpu).
  */
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -62,7 +63,10 @@ struct pt_gpu {
     pmap pinned;               /* pinned pointer -> bytes */
     uint64_t attempts;         /* pt_gpu_alloc calls so far (failure injection) */
     pt_gpu_usage u;
-    void (*log)(void *user, int32_t level, const char *msg);
+    /* The log hook has its own lock: the backend reports through it from inside
+     * ops that device.c calls with mu held (host_alloc, for one). */
+    pthread_mutex_t log_mu;
+    pt_gpu_log_fn log;
     void *log_user;
     char fallback[768];        /* why auto did not open cuda; "" otherwise */
 };
@@ -427,6 +431,26 @@ static void default_log(void *user, int32_t level, const char *msg) {
     fprintf(stderr, "[protrain gpu %s] %s\n", level <= 0 ? "error" : "warn", msg);
 }
 
+/* What the backend reports goes to whatever hook pt_gpu_set_log installed by then. */
+static void backend_log(void *user, int32_t level, const char *msg) {
+    pt_gpu *g = user;
+    pthread_mutex_lock(&g->log_mu);
+    pt_gpu_log_fn fn = g->log;
+    void *u = g->log_user;
+    pthread_mutex_unlock(&g->log_mu);
+    fn(u, level, msg);
+}
+
+/* Until the device object exists, the backend's first report is kept here so a
+ * failed reservation can say what the driver said. */
+typedef struct first_report { char msg[256]; } first_report;
+
+static void keep_first(void *user, int32_t level, const char *msg) {
+    first_report *r = user;
+    (void)level;
+    if (!r->msg[0]) snprintf(r->msg, sizeof r->msg, "%s", msg);
+}
+
 /* Open one backend and reserve the whole budget. On failure closes what it opened
  * (including dl) and fills err. */
 static int open_with(const pt_gpu_backend *ops, void *dl, const pt_gpu_config *cfg, pt_gpu **out,
@@ -441,6 +465,8 @@ static int open_with(const pt_gpu_backend *ops, void *dl, const pt_gpu_config *c
         if (dl) dlclose(dl);
         return rc;
     }
+    first_report first = {""};
+    if (ops->set_log) ops->set_log(impl, keep_first, &first);
     uint64_t total = ops->total_memory(impl);
     uint64_t cap = cfg->capacity;
     if (!cap) /* host: total is the configured simulated size; real GPUs: leave 5% */
@@ -450,15 +476,21 @@ static int open_with(const pt_gpu_backend *ops, void *dl, const pt_gpu_config *c
     if (cap == 0 || ops->dev_alloc(impl, (size_t)cap, &base) != PT_OK || !base) {
         rc = pt_fail(err, errlen, cap == 0 ? PT_ERR_INVALID_ARG : PT_ERR_OOM,
                      "could not reserve %" PRIu64 " bytes of device memory on the %s backend "
-                     "(device reports %" PRIu64 " bytes total; lower [memory] capacity)",
-                     cap, ops->name, total);
+                     "(device reports %" PRIu64 " bytes total; lower [memory] capacity)%s%s",
+                     cap, ops->name, total, first.msg[0] ? ": " : "", first.msg);
         ops->close(impl);
         if (dl) dlclose(dl);
         return rc;
     }
     pt_gpu *g = calloc(1, sizeof *g);
     blk *all = calloc(1, sizeof *all);
-    if (!g || !all || pthread_mutex_init(&g->mu, NULL) != 0) {
+    int locks = 0;
+    if (g && all && pthread_mutex_init(&g->mu, NULL) == 0) {
+        locks = 1;
+        if (pthread_mutex_init(&g->log_mu, NULL) == 0) locks = 2;
+    }
+    if (locks < 2) {
+        if (locks == 1) pthread_mutex_destroy(&g->mu);
         free(g);
         free(all);
         ops->dev_free(impl, base, (size_t)cap);
@@ -477,6 +509,7 @@ static int open_with(const pt_gpu_backend *ops, void *dl, const pt_gpu_config *c
     bin_insert(g, all);
     g->u.capacity = cap;
     g->u.pinned_budget = cfg->pinned_budget;
+    if (ops->set_log) ops->set_log(impl, backend_log, g); /* `first` goes out of scope */
     *out = g;
     return PT_OK;
 }
@@ -521,13 +554,12 @@ int pt_gpu_open(const char *kind, const pt_gpu_config *cfg, pt_gpu **out, char *
 
 const char *pt_gpu_fallback_reason(const pt_gpu *g) { return g ? g->fallback : ""; }
 
-void pt_gpu_set_log(pt_gpu *g, void (*fn)(void *user, int32_t level, const char *msg),
-                    void *user) {
+void pt_gpu_set_log(pt_gpu *g, pt_gpu_log_fn fn, void *user) {
     if (!g) return;
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->log_mu);
     g->log = fn ? fn : default_log;
     g->log_user = fn ? user : NULL;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->log_mu);
 }
 
 void pt_gpu_close(pt_gpu *g) {
@@ -568,6 +600,7 @@ void pt_gpu_close(pt_gpu *g) {
     if (g->dl) dlclose(g->dl);
     pmap_free(&g->live);
     pmap_free(&g->pinned);
+    pthread_mutex_destroy(&g->log_mu);
     pthread_mutex_destroy(&g->mu);
     free(g);
 }

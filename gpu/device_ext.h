@@ -48,8 +48,9 @@ size_t pt_gpu_live_pinned(const pt_gpu *g);
 uint64_t pt_gpu_largest_free(const pt_gpu *g);
 size_t pt_gpu_free_extents(const pt_gpu *g);
 
-/* Where pt_gpu_close reports leaks (level: pt_log_level). NULL fn = stderr. */
-void pt_gpu_set_log(pt_gpu *g, void (*fn)(void *user, int32_t level, const char *msg), void *user);
+/* Where pt_gpu_close reports leaks, and where the backend reports failed driver
+ * calls (level: pt_log_level). NULL fn = stderr. May be called from any thread. */
+void pt_gpu_set_log(pt_gpu *g, pt_gpu_log_fn fn, void *user);
 
 /*
  * pt_gpu_open, with the cuda backend library taken from `lib` (passed to dlopen

@@ -81,6 +81,9 @@ typedef struct pt_adamw_args {
  */
 #define PT_GPU_BACKEND_VERSION 1u
 
+/* Log sink a backend may be handed (level: pt_log_level, msg: one sentence). */
+typedef void (*pt_gpu_log_fn)(void *user, int32_t level, const char *msg);
+
 typedef struct pt_gpu_backend {
     uint32_t abi_version;       /* PT_GPU_BACKEND_VERSION the table was compiled with */
     uint32_t struct_size;       /* sizeof(pt_gpu_backend) as the table was compiled */
@@ -88,6 +91,12 @@ typedef struct pt_gpu_backend {
     /* Open/close. impl receives backend state. err gets one sentence on failure. */
     int (*open)(const pt_gpu_config *cfg, void **impl, char *err, size_t errlen);
     void (*close)(void *impl);
+    /* Where the backend reports what an op's status code cannot carry (which
+     * driver call failed and the driver's own text). The device wrapper calls it
+     * right after open and again once its log hook exists, both times from the
+     * opening thread before any op runs elsewhere. NULL: the backend has nothing
+     * to report. Until it is called a backend stays silent. */
+    void (*set_log)(void *impl, pt_gpu_log_fn fn, void *user);
     void (*device_name)(void *impl, char *buf, size_t len);
     uint64_t (*total_memory)(void *impl);     /* physical/simulated device bytes */
 

@@ -189,13 +189,15 @@ static int hb_convert(void *impl, void *dst, int dst_dtype, const void *src, int
 }
 
 /* Linked into the plugin, so always the same build as the wrapper; the head is
- * filled anyway so every table reads the same way. */
+ * filled anyway so every table reads the same way. No set_log: every failure of
+ * this backend is fully described by its status code. */
 const pt_gpu_backend pt_gpu_backend_host = {
     .abi_version = PT_GPU_BACKEND_VERSION,
     .struct_size = sizeof(pt_gpu_backend),
     .name = "host",
     .open = hb_open,
     .close = hb_close,
+    .set_log = NULL,
     .device_name = hb_device_name,
     .total_memory = hb_total_memory,
     .dev_alloc = hb_dev_alloc,

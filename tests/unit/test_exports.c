@@ -349,7 +349,7 @@ static void test_cuda_backend_exports(void **state) {
     assert_string_equal(PT_CUDA_BACKEND_SYMBOL, want);
     /* Every op is implemented. */
 #define OP(f) if (!be->f) fail_msg(PT_CUDA_BACKEND_SYMBOL "." #f " is NULL")
-    OP(open); OP(close); OP(device_name); OP(total_memory);
+    OP(open); OP(close); OP(set_log); OP(device_name); OP(total_memory);
     OP(dev_alloc); OP(dev_free); OP(host_alloc); OP(host_free);
     OP(stream_create); OP(stream_destroy); OP(stream_sync);
     OP(event_create); OP(event_destroy); OP(event_record); OP(stream_wait_event);

@@ -607,7 +607,9 @@ static void test_backend_lib_open_error(void **state) {
                    "fakebk_openfail: no device behind this fake", NULL);
 }
 
-/* A table longer than this build's, of the same version, is accepted. */
+/* A table longer than this build's, of the same version, is accepted; the
+ * backend's failure reports reach the hook set with pt_gpu_set_log after open,
+ * and, when the reservation at open fails, the error sentence. */
 static void test_backend_lib_accepted(void **state) {
     (void)state;
     char path[PATH_MAX], err[1024] = "";
@@ -625,9 +627,23 @@ static void test_backend_lib_accepted(void **state) {
         assert_string_equal(name, "fakebk_works");
         void *p = NULL;
         assert_int_equal(pt_gpu_alloc(g, 1000, PT_TAG_ACT, &p, err, sizeof err), PT_OK);
+
+        captured cap = {0, ""};
+        pt_gpu_set_log(g, capture_log, &cap);
+        assert_int_equal(pt_gpu_ops(g)->memset_async(pt_gpu_impl(g), p, 0, 64, NULL),
+                         PT_ERR_BACKEND);
+        assert_int_equal(cap.calls, 1);
+        assert_string_equal(cap.msg, "fakebk_works: memset_async of 64 bytes refused");
         pt_gpu_free(g, p);
         close_dev(g);
     }
+    /* the fake has 4 MiB: a larger reservation fails with the fake's own words */
+    c.capacity = 8 * MiB;
+    pt_gpu *g = (pt_gpu *)&c;
+    assert_int_equal(pt_gpu_open_lib("cuda", path, &c, &g, err, sizeof err), PT_ERR_OOM);
+    assert_null(g);
+    assert_contains(err, "could not reserve 8388608 bytes");
+    assert_contains(err, "fakebk_works: no room for 8388608 bytes");
 
     /* the built-in host table carries the same head */
     assert_int_equal(pt_gpu_backend_host.abi_version, PT_GPU_BACKEND_VERSION);
