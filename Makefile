@@ -149,7 +149,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(TEST_LIBS)
 $(BUILD)/tests/%: tests/integ/%.c $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(OMPFLAGS) $(INC_TESTS) -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) -lcmocka $(LIBS)
-$(BUILD)/tests/plugins/%.so: tests/plugins/%.c host_api/protrain.h
+$(BUILD)/tests/plugins/%.so: tests/plugins/%.c host_api/protrain.h gpu/gpu.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(INC_TESTS) -shared -o $@ $< $(LDFLAGS)
 $(BUILD)/bench/%: tests/bench/%.c $(TEST_LIBS)

@@ -1,8 +1,9 @@
 /*
  * device.c — the device wrapper every backend shares (gpu.h, device_ext.h):
- * backend selection (host / cuda via dlopen / auto), one reservation of the whole
- * device budget sub-allocated by our own allocator, exact accounting, poison on
- * free, pinned-memory budget, failure injection, copy-traffic counters.
+ * backend selection (host / cuda via dlopen, the library's table version checked
+ * / auto), one reservation of the whole device budget sub-allocated by our own
+ * allocator, exact accounting, poison on free, pinned-memory budget, failure
+ * injection, copy-traffic counters, the log hook backends report through.
  *
  * Allocator: blocks (free and live) form an address-ordered doubly linked list
  * covering [0, capacity) of the reservation; free blocks also sit in one of 64
@@ -13,12 +14,13 @@
  * Block headers live in host memory (device memory is not addressable on cuda).
  *
  * One mutex guards the allocator, the maps and the counters: runtime threads and
- * stream-completion callbacks may call in concurrently.
+ * stream-completion callbacks may call in concurrently. The log hook has a
+ * second one (see struct pt_gpu).
  */
 #include <dlfcn.h>
 #include <inttypes.h>
+#include <link.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,19 +63,13 @@ struct pt_gpu {
     pmap pinned;               /* pinned pointer -> bytes */
     uint64_t attempts;         /* pt_gpu_alloc calls so far (failure injection) */
     pt_gpu_usage u;
-    void (*log)(void *user, int32_t level, const char *msg);
+    /* The log hook has its own lock: the backend reports through it from inside
+     * ops that device.c calls with mu held (host_alloc, for one). */
+    pthread_mutex_t log_mu;
+    pt_gpu_log_fn log;
     void *log_user;
+    char fallback[768];        /* why auto did not open cuda; "" otherwise */
 };
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- tags ---- */
 
@@ -270,53 +266,189 @@ static uint64_t largest_free_locked(const pt_gpu *g) {
     return 0;
 }
 
-/* ---- open / close ---- */
+/* ---- the cuda backend library ---- */
+
+/* How far past this build's version a library is probed, to tell "too new" from
+ * "not a cuda backend". */
+#define BACKEND_PROBE_AHEAD 16u
 
 static const char self_anchor = 0; /* dladdr on this finds the file we were linked into */
 
-static int load_cuda(const pt_gpu_backend **ops, void **dl, char *err, size_t errlen) {
+static const void *find_sym(void *h, const char *name) {
+    dlerror(); /* clear a stale error so the check below sees only this lookup's */
+    void *p = dlsym(h, name);
+    return dlerror() ? NULL : p;
+}
+
+static const void *find_version(void *h, uint32_t v) {
+    char name[64];
+    snprintf(name, sizeof name, "%s_v%u", PT_CUDA_BACKEND_SYMBOL_STEM, (unsigned)v);
+    return find_sym(h, name);
+}
+
+/* Bytes the library's object file gives the symbol at addr; 0 when it says nothing.
+ * A table may not claim more than this. */
+static size_t symbol_bytes(const void *addr) {
+    Dl_info info;
+    const ElfW(Sym) *sym = NULL;
+    if (!dladdr1(addr, &info, (void **)&sym, RTLD_DL_SYMENT) || !sym) return 0;
+    if (info.dli_saddr != addr) return 0;
+    return (size_t)sym->st_size;
+}
+
+/* The library has no table of this build's version: say which version it has. */
+static int explain_missing(void *h, const char *path, char *err, size_t errlen) {
+    for (uint32_t v = PT_GPU_BACKEND_VERSION + BACKEND_PROBE_AHEAD; v > PT_GPU_BACKEND_VERSION; v--)
+        if (find_version(h, v))
+            return pt_fail(err, errlen, PT_ERR_BACKEND,
+                           "cuda backend library %s is too new: it exports %s_v%u (backend "
+                           "table version %u) but this plugin speaks version %u; use the "
+                           "%s built with this plugin",
+                           path, PT_CUDA_BACKEND_SYMBOL_STEM, (unsigned)v, (unsigned)v,
+                           (unsigned)PT_GPU_BACKEND_VERSION, PT_CUDA_BACKEND_LIB);
+    for (uint32_t v = PT_GPU_BACKEND_VERSION; v-- > 0;)
+        if (find_version(h, v))
+            return pt_fail(err, errlen, PT_ERR_BACKEND,
+                           "cuda backend library %s is too old: it exports %s_v%u (backend "
+                           "table version %u) but this plugin speaks version %u; use the "
+                           "%s built with this plugin",
+                           path, PT_CUDA_BACKEND_SYMBOL_STEM, (unsigned)v, (unsigned)v,
+                           (unsigned)PT_GPU_BACKEND_VERSION, PT_CUDA_BACKEND_LIB);
+    if (find_sym(h, PT_CUDA_BACKEND_SYMBOL_STEM))
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "cuda backend library %s is too old: it exports only the unversioned "
+                       "%s (backend table version 0, from before tables were versioned) but "
+                       "this plugin speaks version %u; use the %s built with this plugin",
+                       path, PT_CUDA_BACKEND_SYMBOL_STEM, (unsigned)PT_GPU_BACKEND_VERSION,
+                       PT_CUDA_BACKEND_LIB);
+    return pt_fail(err, errlen, PT_ERR_BACKEND,
+                   "cuda backend library %s does not export %s (nor any other version of it): "
+                   "it is not a protrain cuda backend",
+                   path, PT_CUDA_BACKEND_SYMBOL);
+}
+
+/* Take this build's table from an opened library, or say why it is refused.
+ * Nothing past the 8-byte head is read before struct_size (and the symbol's size,
+ * when known) vouch for it. */
+static int take_table(void *h, const char *path, const pt_gpu_backend **ops, char *err,
+                      size_t errlen) {
+    const pt_gpu_backend *b = find_sym(h, PT_CUDA_BACKEND_SYMBOL);
+    if (!b) return explain_missing(h, path, err, errlen);
+    const size_t head = offsetof(pt_gpu_backend, name), need = sizeof *b;
+    size_t bytes = symbol_bytes(b);
+    if (bytes && bytes < head)
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "cuda backend library %s: its %s is only %zu bytes, too short for a "
+                       "backend table of any version (this plugin speaks version %u)",
+                       path, PT_CUDA_BACKEND_SYMBOL, bytes, (unsigned)PT_GPU_BACKEND_VERSION);
+    if (b->abi_version != PT_GPU_BACKEND_VERSION)
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "cuda backend library %s exports %s but its table says version %u, and "
+                       "this plugin speaks version %u; use the %s built with this plugin",
+                       path, PT_CUDA_BACKEND_SYMBOL, (unsigned)b->abi_version,
+                       (unsigned)PT_GPU_BACKEND_VERSION, PT_CUDA_BACKEND_LIB);
+    if (b->struct_size < need)
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "cuda backend library %s: its version %u table is %u bytes, smaller than "
+                       "this plugin's version %u table of %zu bytes, so it was built from other "
+                       "sources; use the %s built with this plugin",
+                       path, (unsigned)b->abi_version, (unsigned)b->struct_size,
+                       (unsigned)PT_GPU_BACKEND_VERSION, need, PT_CUDA_BACKEND_LIB);
+    if (bytes && bytes < need)
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "cuda backend library %s: its version %u table says %u bytes but the "
+                       "symbol %s holds only %zu, less than this plugin's version %u table of "
+                       "%zu bytes",
+                       path, (unsigned)b->abi_version, (unsigned)b->struct_size,
+                       PT_CUDA_BACKEND_SYMBOL, bytes, (unsigned)PT_GPU_BACKEND_VERSION, need);
+    if (!b->name || !b->open)
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "cuda backend library %s: its version %u table has no %s", path,
+                       (unsigned)b->abi_version, !b->name ? "name" : "open op");
+    *ops = b;
+    return PT_OK;
+}
+
+/* Load the cuda backend library: `lib` as given, or (lib NULL) the default search,
+ * beside the file device.c was linked into, then the loader path. */
+static int load_cuda(const char *lib, const pt_gpu_backend **ops, void **dl, char *err,
+                     size_t errlen) {
     char path[4096] = "";
-    Dl_info di;
     void *h = NULL;
-    if (dladdr(&self_anchor, &di) && di.dli_fname) {
-        const char *slash = strrchr(di.dli_fname, '/');
-        if (slash) {
-            snprintf(path, sizeof path, "%.*s/%s", (int)(slash - di.dli_fname), di.dli_fname,
-                     PT_CUDA_BACKEND_LIB);
-            if (access(path, F_OK) == 0) {
-                h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-                if (!h) {
-                    const char *e = dlerror();
-                    seterr(err, errlen, "cuda backend library %s exists but failed to load: %s",
-                           path, e ? e : "unknown dlopen error");
-                    return PT_ERR_BACKEND;
+    if (lib) {
+        snprintf(path, sizeof path, "%s", lib);
+        h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            const char *e = dlerror();
+            return pt_fail(err, errlen, PT_ERR_BACKEND,
+                           "cuda backend library %s failed to load: %s", lib,
+                           e ? e : "unknown dlopen error");
+        }
+    } else {
+        Dl_info di;
+        if (dladdr(&self_anchor, &di) && di.dli_fname) {
+            const char *slash = strrchr(di.dli_fname, '/');
+            if (slash) {
+                snprintf(path, sizeof path, "%.*s/%s", (int)(slash - di.dli_fname), di.dli_fname,
+                         PT_CUDA_BACKEND_LIB);
+                if (access(path, F_OK) == 0) {
+                    h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+                    if (!h) {
+                        const char *e = dlerror();
+                        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                                       "cuda backend library %s exists but failed to load: %s",
+                                       path, e ? e : "unknown dlopen error");
+                    }
                 }
             }
         }
+        if (!h) {
+            h = dlopen(PT_CUDA_BACKEND_LIB, RTLD_NOW | RTLD_LOCAL);
+            if (!h) {
+                const char *e = dlerror();
+                return pt_fail(err, errlen, PT_ERR_BACKEND,
+                               "cuda backend library %s not found (tried %s, then the loader "
+                               "path: %s)",
+                               PT_CUDA_BACKEND_LIB, path[0] ? path : "beside the plugin",
+                               e ? e : "no detail");
+            }
+            snprintf(path, sizeof path, "%s", PT_CUDA_BACKEND_LIB);
+        }
     }
-    if (!h) h = dlopen(PT_CUDA_BACKEND_LIB, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        const char *e = dlerror();
-        seterr(err, errlen,
-               "cuda backend library %s not found (tried %s, then the loader path: %s)",
-               PT_CUDA_BACKEND_LIB, path[0] ? path : "beside the plugin", e ? e : "no detail");
-        return PT_ERR_BACKEND;
-    }
-    const pt_gpu_backend *b = dlsym(h, PT_CUDA_BACKEND_SYMBOL);
-    if (!b || !b->open) {
-        seterr(err, errlen, "cuda backend library %s does not export %s", PT_CUDA_BACKEND_LIB,
-               PT_CUDA_BACKEND_SYMBOL);
+    int rc = take_table(h, path, ops, err, errlen);
+    if (rc != PT_OK) {
         dlclose(h);
-        return PT_ERR_BACKEND;
+        return rc;
     }
-    *ops = b;
     *dl = h;
     return PT_OK;
 }
 
+/* ---- open / close ---- */
+
 static void default_log(void *user, int32_t level, const char *msg) {
     (void)user;
     fprintf(stderr, "[protrain gpu %s] %s\n", level <= 0 ? "error" : "warn", msg);
+}
+
+/* What the backend reports goes to whatever hook pt_gpu_set_log installed by then. */
+static void backend_log(void *user, int32_t level, const char *msg) {
+    pt_gpu *g = user;
+    pthread_mutex_lock(&g->log_mu);
+    pt_gpu_log_fn fn = g->log;
+    void *u = g->log_user;
+    pthread_mutex_unlock(&g->log_mu);
+    fn(u, level, msg);
+}
+
+/* Until the device object exists, the backend's first report is kept here so a
+ * failed reservation can say what the driver said. */
+typedef struct first_report { char msg[256]; } first_report;
+
+static void keep_first(void *user, int32_t level, const char *msg) {
+    first_report *r = user;
+    (void)level;
+    if (!r->msg[0]) snprintf(r->msg, sizeof r->msg, "%s", msg);
 }
 
 /* Open one backend and reserve the whole budget. On failure closes what it opened
@@ -327,11 +459,14 @@ static int open_with(const pt_gpu_backend *ops, void *dl, const pt_gpu_config *c
     char berr[512] = "";
     int rc = ops->open(cfg, &impl, berr, sizeof berr);
     if (rc != PT_OK) {
-        seterr(err, errlen, "%s backend failed to open: %s", ops->name,
-               berr[0] ? berr : "no reason given");
+        /* the sentence first: ops->name lives in the library dlclose unmaps */
+        rc = pt_fail(err, errlen, PT_ERR_BACKEND, "%s backend failed to open: %s", ops->name,
+                     berr[0] ? berr : "no reason given");
         if (dl) dlclose(dl);
-        return PT_ERR_BACKEND;
+        return rc;
     }
+    first_report first = {""};
+    if (ops->set_log) ops->set_log(impl, keep_first, &first);
     uint64_t total = ops->total_memory(impl);
     uint64_t cap = cfg->capacity;
     if (!cap) /* host: total is the configured simulated size; real GPUs: leave 5% */
@@ -339,24 +474,29 @@ static int open_with(const pt_gpu_backend *ops, void *dl, const pt_gpu_config *c
     cap -= cap % PT_GPU_ALIGN;
     void *base = NULL;
     if (cap == 0 || ops->dev_alloc(impl, (size_t)cap, &base) != PT_OK || !base) {
-        seterr(err, errlen,
-               "could not reserve %" PRIu64 " bytes of device memory on the %s backend "
-               "(device reports %" PRIu64 " bytes total; lower [memory] capacity)",
-               cap, ops->name, total);
+        rc = pt_fail(err, errlen, cap == 0 ? PT_ERR_INVALID_ARG : PT_ERR_OOM,
+                     "could not reserve %" PRIu64 " bytes of device memory on the %s backend "
+                     "(device reports %" PRIu64 " bytes total; lower [memory] capacity)%s%s",
+                     cap, ops->name, total, first.msg[0] ? ": " : "", first.msg);
         ops->close(impl);
         if (dl) dlclose(dl);
-        return cap == 0 ? PT_ERR_INVALID_ARG : PT_ERR_OOM;
+        return rc;
     }
     pt_gpu *g = calloc(1, sizeof *g);
     blk *all = calloc(1, sizeof *all);
-    if (!g || !all || pthread_mutex_init(&g->mu, NULL) != 0) {
+    int locks = 0;
+    if (g && all && pthread_mutex_init(&g->mu, NULL) == 0) {
+        locks = 1;
+        if (pthread_mutex_init(&g->log_mu, NULL) == 0) locks = 2;
+    }
+    if (locks < 2) {
+        if (locks == 1) pthread_mutex_destroy(&g->mu);
         free(g);
         free(all);
         ops->dev_free(impl, base, (size_t)cap);
         ops->close(impl);
         if (dl) dlclose(dl);
-        seterr(err, errlen, "out of host memory for the device wrapper");
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for the device wrapper");
     }
     g->ops = ops;
     g->impl = impl;
@@ -369,55 +509,57 @@ static int open_with(const pt_gpu_backend *ops, void *dl, const pt_gpu_config *c
     bin_insert(g, all);
     g->u.capacity = cap;
     g->u.pinned_budget = cfg->pinned_budget;
+    if (ops->set_log) ops->set_log(impl, backend_log, g); /* `first` goes out of scope */
     *out = g;
     return PT_OK;
 }
 
-int pt_gpu_open(const char *kind, const pt_gpu_config *cfg, pt_gpu **out, char *err,
-                size_t errlen) {
-    if (!out) {
-        seterr(err, errlen, "pt_gpu_open: output pointer is NULL");
-        return PT_ERR_INVALID_ARG;
-    }
+int pt_gpu_open_lib(const char *kind, const char *lib, const pt_gpu_config *cfg, pt_gpu **out,
+                    char *err, size_t errlen) {
+    if (!out)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_open: output pointer is NULL");
     *out = NULL;
     pt_gpu_config c;
     memset(&c, 0, sizeof c);
     if (cfg) c = *cfg;
-    if (c.fail_alloc_at < 0) {
-        seterr(err, errlen, "fail_alloc_at = %d must be >= 0 (0 disables injection)",
-               c.fail_alloc_at);
-        return PT_ERR_INVALID_ARG;
-    }
+    if (c.fail_alloc_at < 0)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "fail_alloc_at = %d must be >= 0 (0 disables injection)", c.fail_alloc_at);
     if (!kind) kind = "auto";
     if (strcmp(kind, "host") == 0) return open_with(&pt_gpu_backend_host, NULL, &c, out, err, errlen);
     int is_cuda = strcmp(kind, "cuda") == 0;
-    if (!is_cuda && strcmp(kind, "auto") != 0) {
-        seterr(err, errlen, "unknown device kind '%s' (expected host, cuda or auto)", kind);
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!is_cuda && strcmp(kind, "auto") != 0)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "unknown device kind '%s' (expected host, cuda or auto)", kind);
     const pt_gpu_backend *ops = NULL;
     void *dl = NULL;
     char cerr[768] = "";
-    int rc = load_cuda(&ops, &dl, cerr, sizeof cerr);
+    int rc = load_cuda(lib, &ops, &dl, cerr, sizeof cerr);
     if (rc == PT_OK) rc = open_with(ops, dl, &c, out, cerr, sizeof cerr);
     if (rc == PT_OK) return PT_OK;
     /* auto falls back to host, silently, only when there is no usable cuda device
-     * (library missing or its open failed); a GPU that is there but cannot hold
-     * the configured capacity is an error the user must see. */
-    if (is_cuda || rc != PT_ERR_BACKEND) {
-        seterr(err, errlen, "%s", cerr);
-        return rc;
-    }
-    return open_with(&pt_gpu_backend_host, NULL, &c, out, err, errlen);
+     * (library missing or refused, or its open failed); a GPU that is there but
+     * cannot hold the configured capacity is an error the user must see. The
+     * reason stays readable through pt_gpu_fallback_reason. */
+    if (is_cuda || rc != PT_ERR_BACKEND) return pt_fail(err, errlen, rc, "%s", cerr);
+    rc = open_with(&pt_gpu_backend_host, NULL, &c, out, err, errlen);
+    if (rc == PT_OK) snprintf((*out)->fallback, sizeof (*out)->fallback, "%s", cerr);
+    return rc;
 }
 
-void pt_gpu_set_log(pt_gpu *g, void (*fn)(void *user, int32_t level, const char *msg),
-                    void *user) {
+int pt_gpu_open(const char *kind, const pt_gpu_config *cfg, pt_gpu **out, char *err,
+                size_t errlen) {
+    return pt_gpu_open_lib(kind, NULL, cfg, out, err, errlen);
+}
+
+const char *pt_gpu_fallback_reason(const pt_gpu *g) { return g ? g->fallback : ""; }
+
+void pt_gpu_set_log(pt_gpu *g, pt_gpu_log_fn fn, void *user) {
     if (!g) return;
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->log_mu);
     g->log = fn ? fn : default_log;
     g->log_user = fn ? user : NULL;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->log_mu);
 }
 
 void pt_gpu_close(pt_gpu *g) {
@@ -458,6 +600,7 @@ void pt_gpu_close(pt_gpu *g) {
     if (g->dl) dlclose(g->dl);
     pmap_free(&g->live);
     pmap_free(&g->pinned);
+    pthread_mutex_destroy(&g->log_mu);
     pthread_mutex_destroy(&g->mu);
     free(g);
 }
@@ -488,46 +631,41 @@ uint64_t pt_gpu_round_size(uint64_t bytes) {
 static pthread_mutex_t *mu_of(const pt_gpu *g) { return (pthread_mutex_t *)&g->mu; }
 
 int pt_gpu_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t errlen) {
-    if (!g || !p || tag < 0 || tag >= PT_TAG_COUNT) {
-        seterr(err, errlen, "pt_gpu_alloc: %s", !g ? "device is NULL" : !p ? "output pointer is NULL"
-                                                                            : "tag out of range");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!g || !p || tag < 0 || tag >= PT_TAG_COUNT)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_alloc: %s",
+                       !g ? "device is NULL" : !p ? "output pointer is NULL" : "tag out of range");
     *p = NULL;
     uint64_t size = pt_gpu_round_size(bytes);
     pthread_mutex_lock(&g->mu);
     uint64_t attempt = ++g->attempts;
     if (g->cfg.fail_alloc_at > 0 && attempt == (uint64_t)g->cfg.fail_alloc_at) {
         pthread_mutex_unlock(&g->mu);
-        seterr(err, errlen,
-               "device out of memory (injected failure): allocation #%" PRIu64 " (tag %s, %zu "
-               "bytes) failed because fail_alloc_at = %d",
-               attempt, pt_mem_tag_name(tag), bytes, g->cfg.fail_alloc_at);
-        return PT_ERR_OOM;
+        return pt_fail(err, errlen, PT_ERR_OOM,
+                       "device out of memory (injected failure): allocation #%" PRIu64
+                       " (tag %s, %zu bytes) failed because fail_alloc_at = %d",
+                       attempt, pt_mem_tag_name(tag), bytes, g->cfg.fail_alloc_at);
     }
     blk *x = size ? carve(g, size) : NULL;
     if (x && pmap_put(&g->live, (uintptr_t)(g->base + x->off), (uint64_t)(uintptr_t)x) != 0) {
         release(g, x);
         pthread_mutex_unlock(&g->mu);
-        seterr(err, errlen, "pt_gpu_alloc: out of host memory for the allocation table");
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "pt_gpu_alloc: out of host memory for the allocation table");
     }
     if (!x) {
         uint64_t cap = g->u.capacity, freeb = cap - g->u.current;
         uint64_t largest = largest_free_locked(g);
         pthread_mutex_unlock(&g->mu);
         if (size == bytes)
-            seterr(err, errlen,
-                   "device out of memory: tag %s needs %zu bytes, %" PRIu64 " free of %" PRIu64
-                   " capacity (largest free block %" PRIu64 ")",
-                   pt_mem_tag_name(tag), bytes, freeb, cap, largest);
-        else
-            seterr(err, errlen,
-                   "device out of memory: tag %s needs %zu bytes (%" PRIu64 " with %u-byte "
-                   "alignment), %" PRIu64 " free of %" PRIu64 " capacity (largest free block %"
-                   PRIu64 ")",
-                   pt_mem_tag_name(tag), bytes, size, PT_GPU_ALIGN, freeb, cap, largest);
-        return PT_ERR_OOM;
+            return pt_fail(err, errlen, PT_ERR_OOM,
+                           "device out of memory: tag %s needs %zu bytes, %" PRIu64
+                           " free of %" PRIu64 " capacity (largest free block %" PRIu64 ")",
+                           pt_mem_tag_name(tag), bytes, freeb, cap, largest);
+        return pt_fail(err, errlen, PT_ERR_OOM,
+                       "device out of memory: tag %s needs %zu bytes (%" PRIu64 " with %u-byte "
+                       "alignment), %" PRIu64 " free of %" PRIu64 " capacity (largest free block %"
+                       PRIu64 ")",
+                       pt_mem_tag_name(tag), bytes, size, PT_GPU_ALIGN, freeb, cap, largest);
     }
     x->req = bytes;
     x->tag = tag;
@@ -542,20 +680,16 @@ int pt_gpu_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t e
 }
 
 int pt_gpu_free_checked(pt_gpu *g, void *p, char *err, size_t errlen) {
-    if (!g) {
-        seterr(err, errlen, "pt_gpu_free: device is NULL");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!g) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_free: device is NULL");
     if (!p) return PT_OK;
     uint64_t v;
     pthread_mutex_lock(&g->mu);
     if (!pmap_get(&g->live, (uintptr_t)p, &v)) {
         pthread_mutex_unlock(&g->mu);
-        seterr(err, errlen,
-               "pt_gpu_free: %p is not a live device allocation (never allocated by this "
-               "device, already freed, or not the start of a block)",
-               p);
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "pt_gpu_free: %p is not a live device allocation (never allocated by this "
+                       "device, already freed, or not the start of a block)",
+                       p);
     }
     blk *x = (blk *)(uintptr_t)v;
     pmap_del(&g->live, (uintptr_t)p);
@@ -624,37 +758,34 @@ size_t pt_gpu_free_extents(const pt_gpu *g) {
 /* ---- pinned host memory ---- */
 
 int pt_gpu_pinned_alloc(pt_gpu *g, size_t bytes, void **p, char *err, size_t errlen) {
-    if (!g || !p) {
-        seterr(err, errlen, "pt_gpu_pinned_alloc: %s", !g ? "device is NULL" : "output pointer is NULL");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!g || !p)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_pinned_alloc: %s",
+                       !g ? "device is NULL" : "output pointer is NULL");
     *p = NULL;
     pthread_mutex_lock(&g->mu);
     uint64_t cur = g->u.pinned_current, budget = g->u.pinned_budget;
     if (budget && (bytes > budget || cur > budget - bytes)) {
         pthread_mutex_unlock(&g->mu);
-        seterr(err, errlen,
-               "pinned host memory budget exceeded: needs %zu bytes, %" PRIu64 " in use of a %"
-               PRIu64 "-byte budget",
-               bytes, cur, budget);
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "pinned host memory budget exceeded: needs %zu bytes, %" PRIu64
+                       " in use of a %" PRIu64 "-byte budget",
+                       bytes, cur, budget);
     }
     /* Under the lock so the budget check and the charge are one step; pinned
      * allocations are few and large. */
     void *q = NULL;
     if (g->ops->host_alloc(g->impl, bytes, &q) != PT_OK || !q) {
         pthread_mutex_unlock(&g->mu);
-        seterr(err, errlen,
-               "pinned host allocation of %zu bytes failed on the %s backend (%" PRIu64
-               " bytes pinned so far)",
-               bytes, g->ops->name, cur);
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "pinned host allocation of %zu bytes failed on the %s backend (%" PRIu64
+                       " bytes pinned so far)",
+                       bytes, g->ops->name, cur);
     }
     if (pmap_put(&g->pinned, (uintptr_t)q, bytes) != 0) {
         g->ops->host_free(g->impl, q, bytes);
         pthread_mutex_unlock(&g->mu);
-        seterr(err, errlen, "pt_gpu_pinned_alloc: out of host memory for the allocation table");
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "pt_gpu_pinned_alloc: out of host memory for the allocation table");
     }
     g->u.pinned_current += bytes;
     if (g->u.pinned_current > g->u.pinned_peak) g->u.pinned_peak = g->u.pinned_current;

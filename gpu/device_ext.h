@@ -1,6 +1,7 @@
 /*
  * device_ext.h — extras of the device wrapper (gpu/device.c) beyond gpu.h:
- * checked frees, leak counting, fragmentation figures, a log hook.
+ * checked frees, leak counting, fragmentation figures, a log hook, opening a
+ * given backend library.
  *
  * Allocator facts callers and the planner may rely on:
  *  - One backend reservation of `capacity` bytes is made at pt_gpu_open; every
@@ -51,7 +52,31 @@ size_t pt_gpu_live_pinned(const pt_gpu *g);
 uint64_t pt_gpu_largest_free(const pt_gpu *g);
 size_t pt_gpu_free_extents(const pt_gpu *g);
 
-/* Where pt_gpu_close reports leaks (level: pt_log_level). NULL fn = stderr. */
-void pt_gpu_set_log(pt_gpu *g, void (*fn)(void *user, int32_t level, const char *msg), void *user);
+/* Where pt_gpu_close reports leaks, and where the backend reports failed driver
+ * calls (level: pt_log_level). NULL fn = stderr. May be called from any thread. */
+void pt_gpu_set_log(pt_gpu *g, pt_gpu_log_fn fn, void *user);
+
+/*
+ * pt_gpu_open, with the cuda backend library taken from `lib` (passed to dlopen
+ * as given: a path with a '/' names that file, a bare name goes through the
+ * loader path) instead of the default search. lib NULL is the default search
+ * (beside the file this code is linked into, then the loader path), so
+ * pt_gpu_open(kind, ...) is pt_gpu_open_lib(kind, NULL, ...). kind "host" never
+ * loads a library. Tests use it to load fake backend libraries.
+ *
+ * The library must export PT_CUDA_BACKEND_SYMBOL with abi_version ==
+ * PT_GPU_BACKEND_VERSION and struct_size >= sizeof(pt_gpu_backend); otherwise it
+ * is refused with PT_ERR_BACKEND and one sentence naming the library's version
+ * and this build's (a library with only the unversioned symbol counts as
+ * version 0). Like a missing library or a failed backend open, a refusal makes
+ * "auto" fall back to the host backend; "cuda" returns it.
+ */
+int pt_gpu_open_lib(const char *kind, const char *lib, const pt_gpu_config *cfg, pt_gpu **out,
+                    char *err, size_t errlen);
+
+/* When "auto" fell back to the host backend: the sentence saying why cuda did
+ * not open (missing, refused or failed library). "" otherwise. Valid until
+ * pt_gpu_close. */
+const char *pt_gpu_fallback_reason(const pt_gpu *g);
 
 #endif /* PT_DEVICE_EXT_H */

@@ -69,11 +69,36 @@ typedef struct pt_adamw_args {
     float grad_scale;           /* multiply grads by this first (clipping, averaging) */
 } pt_adamw_args;
 
+/*
+ * Version of the pt_gpu_backend layout. The cuda backend is a separate shared
+ * object that may come from another build than the plugin loading it, so its
+ * table says which layout it was compiled against: the exported symbol carries
+ * the version in its name (PT_CUDA_BACKEND_SYMBOL) and the table starts with
+ * abi_version and struct_size. pt_gpu_open refuses a library whose symbol or
+ * abi_version differ from this build's, or whose struct_size is smaller than
+ * this build's table (a table with more trailing ops is accepted). Any change to
+ * the ops below that an older library would get wrong (an op removed, reordered
+ * or given another signature) bumps the version; appending an op does not, as
+ * struct_size covers it.
+ */
+#define PT_GPU_BACKEND_VERSION 1u
+
+/* Log sink a backend may be handed (level: pt_log_level, msg: one sentence). */
+typedef void (*pt_gpu_log_fn)(void *user, int32_t level, const char *msg);
+
 typedef struct pt_gpu_backend {
+    uint32_t abi_version;       /* PT_GPU_BACKEND_VERSION the table was compiled with */
+    uint32_t struct_size;       /* sizeof(pt_gpu_backend) as the table was compiled */
     const char *name;           /* "host" / "cuda" */
     /* Open/close. impl receives backend state. err gets one sentence on failure. */
     int (*open)(const pt_gpu_config *cfg, void **impl, char *err, size_t errlen);
     void (*close)(void *impl);
+    /* Where the backend reports what an op's status code cannot carry (which
+     * driver call failed and the driver's own text). The device wrapper calls it
+     * right after open and again once its log hook exists, both times from the
+     * opening thread before any op runs elsewhere. NULL: the backend has nothing
+     * to report. Until it is called a backend stays silent. */
+    void (*set_log)(void *impl, pt_gpu_log_fn fn, void *user);
     void (*device_name)(void *impl, char *buf, size_t len);
     uint64_t (*total_memory)(void *impl);     /* physical/simulated device bytes */
 
@@ -104,8 +129,6 @@ typedef struct pt_gpu_backend {
     /* *out (device double) += sum(x[i]^2) over n fp32/bf16/f16 elements, formed in
      * double so a host that sums per-parameter squares in double matches it. */
     int (*sqnorm)(void *impl, const void *x, int dtype, size_t n, double *out, pt_stream *s);
-    /* x[i] *= alpha, fp32. */
-    int (*scale)(void *impl, float *x, float alpha, size_t n, pt_stream *s);
     /* dst[i] = convert(src[i]) between dtypes (fp32 <-> bf16/f16); dst += src when acc. */
     int (*convert)(void *impl, void *dst, int dst_dtype, const void *src, int src_dtype,
                    size_t n, int accumulate, pt_stream *s);
@@ -114,8 +137,11 @@ typedef struct pt_gpu_backend {
 /* The host backend is always linked in. */
 extern const pt_gpu_backend pt_gpu_backend_host;
 
-/* Symbol the cuda backend library exports (resolved with dlsym). */
-#define PT_CUDA_BACKEND_SYMBOL "pt_gpu_backend_cuda"
+/* Symbol the cuda backend library exports (resolved with dlsym): the stem plus
+ * "_v<PT_GPU_BACKEND_VERSION>". Libraries built before the table was versioned
+ * export the bare stem. */
+#define PT_CUDA_BACKEND_SYMBOL_STEM "pt_gpu_backend_cuda"
+#define PT_CUDA_BACKEND_SYMBOL "pt_gpu_backend_cuda_v1"
 #define PT_CUDA_BACKEND_LIB "libprotrain_cuda.so"
 
 typedef struct pt_gpu pt_gpu;

@@ -11,9 +11,10 @@
  *  - A NULL pt_stream means "synchronous": the work goes on the calling thread's
  *    per-thread default stream and the op waits for it before returning.
  *  - Ops return 0 or a pt_status: PT_ERR_OOM / PT_ERR_HOST_OOM for failed device /
- *    pinned allocations, PT_ERR_BACKEND for any other CUDA error. The vtable has no
- *    error-string op, so a failure also prints one line naming the op and the CUDA
- *    error to stderr (never aborts).
+ *    pinned allocations, PT_ERR_BACKEND for any other CUDA error. A status code
+ *    cannot say which CUDA call failed or why, so each failure also sends one
+ *    sentence naming the call and CUDA's error to the log sink the device wrapper
+ *    installs with set_log (its pt_gpu log hook). Never aborts.
  *  - Every op first selects the opened device on the calling thread: the runtime's
  *    current device is per host thread and stream workers are other threads.
  */
@@ -28,6 +29,7 @@ extern "C" {
 #include "protrain.h"
 }
 #include "kernels_hd.h"
+#include "pt_util.h"
 
 #define PT_EXPORT __attribute__((visibility("default")))
 
@@ -38,37 +40,47 @@ struct cuda_impl {
     int n_sm;             /* multiprocessors: sizes the grid of grid-stride kernels */
     size_t total;         /* totalGlobalMem */
     char name[320];       /* "<prop.name> (cuda:N, sm_XY)"; prop.name is 256 bytes */
+    pt_gpu_log_fn log;    /* set_log: where failures are reported; NULL = nowhere yet */
+    void *log_user;
 };
 
 constexpr int kThreads = 256;
 
-/* Report a CUDA failure and map it to a pt_status. Clears the (non-sticky) error so
- * the next call does not see it again. */
-int fail(const char *op, cudaError_t e) {
-    (void)cudaGetLastError();
-    fprintf(stderr, "protrain cuda: %s failed: %s (%s)\n", op, cudaGetErrorString(e),
-            cudaGetErrorName(e));
-    return PT_ERR_BACKEND;
+/* Hand one failure sentence to the wrapper's log and pass its status through. */
+int report(void *impl, int code, const char *msg) {
+    const cuda_impl *c = (const cuda_impl *)impl;
+    if (c && c->log) c->log(c->log_user, PT_LOG_ERROR, msg);
+    return code;
 }
 
-#define CK(op, call)                                  \
-    do {                                              \
-        cudaError_t e_ = (call);                      \
-        if (e_ != cudaSuccess) return fail(op, e_);   \
+/* Report a CUDA failure and map it to a pt_status. Clears the (non-sticky) error so
+ * the next call does not see it again. */
+int fail(void *impl, const char *op, cudaError_t e) {
+    (void)cudaGetLastError();
+    char msg[256];
+    int rc = pt_fail(msg, sizeof msg, PT_ERR_BACKEND, "cuda backend: %s failed: %s (%s)", op,
+                     cudaGetErrorString(e), cudaGetErrorName(e));
+    return report(impl, rc, msg);
+}
+
+#define CK(impl, op, call)                                  \
+    do {                                                    \
+        cudaError_t e_ = (call);                            \
+        if (e_ != cudaSuccess) return fail(impl, op, e_);   \
     } while (0)
 
 cudaStream_t st(pt_stream *s) { return s ? (cudaStream_t)s : cudaStreamPerThread; }
 
 /* After queueing work: a NULL stream means the caller wants it done on return. */
-int finish(const char *op, pt_stream *s) {
+int finish(void *impl, const char *op, pt_stream *s) {
     cudaError_t e = cudaGetLastError();   /* launch-configuration errors */
-    if (e != cudaSuccess) return fail(op, e);
-    if (!s) CK(op, cudaStreamSynchronize(cudaStreamPerThread));
+    if (e != cudaSuccess) return fail(impl, op, e);
+    if (!s) CK(impl, op, cudaStreamSynchronize(cudaStreamPerThread));
     return 0;
 }
 
 int use(void *impl) {
-    CK("cudaSetDevice", cudaSetDevice(((cuda_impl *)impl)->dev));
+    CK(impl, "cudaSetDevice", cudaSetDevice(((cuda_impl *)impl)->dev));
     return 0;
 }
 
@@ -132,11 +144,6 @@ __global__ void k_sum_into(const double *part, unsigned nb, double *out) {
     if (threadIdx.x == 0) *out += b;
 }
 
-__global__ void k_scale(float *x, float alpha, size_t n) {
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) x[i] *= alpha;
-}
-
 __global__ void k_convert(void *dst, int dd, const void *src, int sd, size_t n, int acc) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -152,39 +159,32 @@ int dtype_ok(int d) { return d == PT_F32 || d == PT_BF16 || d == PT_F16; }
 
 int be_open(const pt_gpu_config *cfg, void **impl, char *err, size_t errlen) {
     if (impl) *impl = nullptr;
-    if (!cfg || !impl) {
-        if (err && errlen) snprintf(err, errlen, "cuda backend open: NULL config or impl pointer");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!cfg || !impl)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "cuda backend open: NULL config or impl pointer");
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
         (void)cudaGetLastError();
-        if (err && errlen)
-            snprintf(err, errlen, "no CUDA device: %s",
-                     e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount reports 0 devices");
-        return PT_ERR_BACKEND;
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "no CUDA device: %s",
+                       e != cudaSuccess ? cudaGetErrorString(e)
+                                        : "cudaGetDeviceCount reports 0 devices");
     }
-    if (cfg->device_index < 0 || cfg->device_index >= count) {
-        if (err && errlen)
-            snprintf(err, errlen, "CUDA device index %d out of range: this machine has %d device(s)",
-                     cfg->device_index, count);
-        return PT_ERR_INVALID_ARG;
-    }
+    if (cfg->device_index < 0 || cfg->device_index >= count)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "CUDA device index %d out of range: this machine has %d device(s)",
+                       cfg->device_index, count);
     cudaDeviceProp prop;
     if ((e = cudaSetDevice(cfg->device_index)) != cudaSuccess ||
         (e = cudaGetDeviceProperties(&prop, cfg->device_index)) != cudaSuccess) {
         (void)cudaGetLastError();
-        if (err && errlen)
-            snprintf(err, errlen, "cannot open CUDA device %d: %s", cfg->device_index,
-                     cudaGetErrorString(e));
-        return PT_ERR_BACKEND;
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "cannot open CUDA device %d: %s",
+                       cfg->device_index, cudaGetErrorString(e));
     }
     cuda_impl *c = (cuda_impl *)calloc(1, sizeof *c);
-    if (!c) {
-        if (err && errlen) snprintf(err, errlen, "cuda backend open: out of host memory (%zu bytes)", sizeof *c);
-        return PT_ERR_HOST_OOM;
-    }
+    if (!c)
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "cuda backend open: out of host memory (%zu bytes)", sizeof *c);
     c->dev = cfg->device_index;
     c->n_sm = prop.multiProcessorCount;
     c->total = prop.totalGlobalMem;
@@ -195,6 +195,15 @@ int be_open(const pt_gpu_config *cfg, void **impl, char *err, size_t errlen) {
 
 /* No cudaDeviceReset: the host process may use CUDA itself. */
 void be_close(void *impl) { free(impl); }
+
+/* Called only by the opening thread before other threads use impl (see gpu.h),
+ * so no lock is needed. */
+void be_set_log(void *impl, pt_gpu_log_fn fn, void *user) {
+    cuda_impl *c = (cuda_impl *)impl;
+    if (!c) return;
+    c->log = fn;
+    c->log_user = user;
+}
 
 void be_device_name(void *impl, char *buf, size_t len) {
     if (buf && len) snprintf(buf, len, "%s", ((cuda_impl *)impl)->name);
@@ -218,7 +227,7 @@ int be_dev_alloc(void *impl, size_t bytes, void **p) {
         *p = nullptr;
         return PT_ERR_OOM;
     }
-    CK("cudaMalloc", e);
+    CK(impl, "cudaMalloc", e);
     return 0;
 }
 
@@ -226,7 +235,7 @@ void be_dev_free(void *impl, void *p, size_t bytes) {
     (void)bytes;
     if (!p || use(impl)) return;
     cudaError_t e = cudaFree(p);
-    if (e != cudaSuccess) fail("cudaFree", e);
+    if (e != cudaSuccess) fail(impl, "cudaFree", e);
 }
 
 /* Portable: pinned for every context, so copies from any thread are DMA. */
@@ -238,16 +247,15 @@ int be_host_alloc(void *impl, size_t bytes, void **p) {
         *p = nullptr;
         return PT_ERR_HOST_OOM;
     }
-    CK("cudaHostAlloc", e);
+    CK(impl, "cudaHostAlloc", e);
     return 0;
 }
 
 void be_host_free(void *impl, void *p, size_t bytes) {
-    (void)impl;
     (void)bytes;
     if (!p) return;
     cudaError_t e = cudaFreeHost(p);
-    if (e != cudaSuccess) fail("cudaFreeHost", e);
+    if (e != cudaSuccess) fail(impl, "cudaFreeHost", e);
 }
 
 /* ---- streams and events ---- */
@@ -255,42 +263,40 @@ void be_host_free(void *impl, void *p, size_t bytes) {
 int be_stream_create(void *impl, pt_stream **s) {
     if (int rc = use(impl)) return rc;
     cudaStream_t cs;
-    CK("cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    CK(impl, "cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
     *s = (pt_stream *)cs;
     return 0;
 }
 
 void be_stream_destroy(void *impl, pt_stream *s) {
-    (void)impl;
     if (!s) return;
     cudaError_t e = cudaStreamDestroy((cudaStream_t)s);
-    if (e != cudaSuccess) fail("cudaStreamDestroy", e);
+    if (e != cudaSuccess) fail(impl, "cudaStreamDestroy", e);
 }
 
 int be_stream_sync(void *impl, pt_stream *s) {
     if (int rc = use(impl)) return rc;
-    CK("cudaStreamSynchronize", cudaStreamSynchronize(st(s)));
+    CK(impl, "cudaStreamSynchronize", cudaStreamSynchronize(st(s)));
     return 0;
 }
 
 int be_event_create(void *impl, pt_event **ev) {
     if (int rc = use(impl)) return rc;
     cudaEvent_t e;
-    CK("cudaEventCreate", cudaEventCreate(&e));   /* timing on: event_elapsed_ms needs it */
+    CK(impl, "cudaEventCreate", cudaEventCreate(&e));   /* timing on: event_elapsed_ms needs it */
     *ev = (pt_event *)e;
     return 0;
 }
 
 void be_event_destroy(void *impl, pt_event *ev) {
-    (void)impl;
     if (!ev) return;
     cudaError_t e = cudaEventDestroy((cudaEvent_t)ev);
-    if (e != cudaSuccess) fail("cudaEventDestroy", e);
+    if (e != cudaSuccess) fail(impl, "cudaEventDestroy", e);
 }
 
 int be_event_record(void *impl, pt_event *ev, pt_stream *s) {
     if (int rc = use(impl)) return rc;
-    CK("cudaEventRecord", cudaEventRecord((cudaEvent_t)ev, st(s)));
+    CK(impl, "cudaEventRecord", cudaEventRecord((cudaEvent_t)ev, st(s)));
     return 0;
 }
 
@@ -298,14 +304,14 @@ int be_event_record(void *impl, pt_event *ev, pt_stream *s) {
  * ordered after the event too). */
 int be_stream_wait_event(void *impl, pt_stream *s, pt_event *ev) {
     if (int rc = use(impl)) return rc;
-    if (!s) CK("cudaEventSynchronize", cudaEventSynchronize((cudaEvent_t)ev));
-    else CK("cudaStreamWaitEvent", cudaStreamWaitEvent((cudaStream_t)s, (cudaEvent_t)ev, 0));
+    if (!s) CK(impl, "cudaEventSynchronize", cudaEventSynchronize((cudaEvent_t)ev));
+    else CK(impl, "cudaStreamWaitEvent", cudaStreamWaitEvent((cudaStream_t)s, (cudaEvent_t)ev, 0));
     return 0;
 }
 
 int be_event_sync(void *impl, pt_event *ev) {
     if (int rc = use(impl)) return rc;
-    CK("cudaEventSynchronize", cudaEventSynchronize((cudaEvent_t)ev));
+    CK(impl, "cudaEventSynchronize", cudaEventSynchronize((cudaEvent_t)ev));
     return 0;
 }
 
@@ -318,12 +324,12 @@ int be_event_query(void *impl, pt_event *ev) {
         (void)cudaGetLastError();
         return 0;
     }
-    return -fail("cudaEventQuery", e);
+    return -fail(impl, "cudaEventQuery", e);
 }
 
 int be_event_elapsed_ms(void *impl, pt_event *a, pt_event *b, float *ms) {
     if (int rc = use(impl)) return rc;
-    CK("cudaEventElapsedTime", cudaEventElapsedTime(ms, (cudaEvent_t)a, (cudaEvent_t)b));
+    CK(impl, "cudaEventElapsedTime", cudaEventElapsedTime(ms, (cudaEvent_t)a, (cudaEvent_t)b));
     return 0;
 }
 
@@ -332,21 +338,23 @@ int be_event_elapsed_ms(void *impl, pt_event *a, pt_event *b, float *ms) {
 int be_memset_async(void *impl, void *p, int value, size_t bytes, pt_stream *s) {
     if (int rc = use(impl)) return rc;
     if (bytes == 0) return 0;
-    CK("cudaMemsetAsync", cudaMemsetAsync(p, value, bytes, st(s)));
-    return finish("cudaMemsetAsync", s);
+    CK(impl, "cudaMemsetAsync", cudaMemsetAsync(p, value, bytes, st(s)));
+    return finish(impl, "cudaMemsetAsync", s);
 }
 
 int be_memcpy_async(void *impl, void *dst, const void *src, size_t bytes, int kind, pt_stream *s) {
     static const cudaMemcpyKind map[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
                                          cudaMemcpyDeviceToDevice, cudaMemcpyHostToHost};
     if (kind < PT_GPU_H2D || kind > PT_GPU_H2H) {
-        fprintf(stderr, "protrain cuda: memcpy_async: bad copy kind %d\n", kind);
-        return PT_ERR_INVALID_ARG;
+        char msg[128];
+        return report(impl, pt_fail(msg, sizeof msg, PT_ERR_INVALID_ARG,
+                                    "cuda backend: memcpy_async: bad copy kind %d", kind),
+                      msg);
     }
     if (int rc = use(impl)) return rc;
     if (bytes == 0) return 0;
-    CK("cudaMemcpyAsync", cudaMemcpyAsync(dst, src, bytes, map[kind], st(s)));
-    return finish("cudaMemcpyAsync", s);
+    CK(impl, "cudaMemcpyAsync", cudaMemcpyAsync(dst, src, bytes, map[kind], st(s)));
+    return finish(impl, "cudaMemcpyAsync", s);
 }
 
 /* On a real stream fn runs on a CUDA-internal thread and, by cudaLaunchHostFunc's
@@ -354,11 +362,11 @@ int be_memcpy_async(void *impl, void *dst, const void *src, size_t bytes, int ki
 int be_host_fn(void *impl, pt_stream *s, void (*fn)(void *), void *arg) {
     if (int rc = use(impl)) return rc;
     if (!s) {   /* synchronous: drain this thread's stream, then run fn here */
-        CK("cudaStreamSynchronize", cudaStreamSynchronize(cudaStreamPerThread));
+        CK(impl, "cudaStreamSynchronize", cudaStreamSynchronize(cudaStreamPerThread));
         fn(arg);
         return 0;
     }
-    CK("cudaLaunchHostFunc", cudaLaunchHostFunc((cudaStream_t)s, fn, arg));
+    CK(impl, "cudaLaunchHostFunc", cudaLaunchHostFunc((cudaStream_t)s, fn, arg));
     return 0;
 }
 
@@ -372,7 +380,7 @@ int be_adamw(void *impl, const pt_adamw_args *a, pt_stream *s) {
                                              a->bc1, a->bc2_rsqrt, a->grad_scale);
     k_adamw<<<grid_for(impl, a->n), kThreads, 0, st(s)>>>(a->param, a->grad, a->m, a->v,
                                                          a->param_out, a->out_dtype, a->n, c);
-    return finish("adamw kernel", s);
+    return finish(impl, "adamw kernel", s);
 }
 
 /* Two passes through a stream-ordered scratch of one double per block (at most
@@ -392,16 +400,9 @@ int be_sqnorm(void *impl, const void *x, int dtype, size_t n, double *out, pt_st
     k_sqnorm<<<nb, kThreads, 0, st(s)>>>(x, dtype, n, part, out);
     if (part) {
         k_sum_into<<<1, kThreads, 0, st(s)>>>(part, nb, out);
-        CK("cudaFreeAsync", cudaFreeAsync(part, st(s)));
+        CK(impl, "cudaFreeAsync", cudaFreeAsync(part, st(s)));
     }
-    return finish("sqnorm kernel", s);
-}
-
-int be_scale(void *impl, float *x, float alpha, size_t n, pt_stream *s) {
-    if (int rc = use(impl)) return rc;
-    if (n == 0) return 0;
-    k_scale<<<grid_for(impl, n), kThreads, 0, st(s)>>>(x, alpha, n);
-    return finish("scale kernel", s);
+    return finish(impl, "sqnorm kernel", s);
 }
 
 int be_convert(void *impl, void *dst, int dst_dtype, const void *src, int src_dtype, size_t n,
@@ -411,17 +412,22 @@ int be_convert(void *impl, void *dst, int dst_dtype, const void *src, int src_dt
     if (n == 0) return 0;
     k_convert<<<grid_for(impl, n), kThreads, 0, st(s)>>>(dst, dst_dtype, src, src_dtype, n,
                                                         accumulate);
-    return finish("convert kernel", s);
+    return finish(impl, "convert kernel", s);
 }
 
 }  // namespace
 
 /* Designated initializers (in declaration order, as C++ requires) keep this a
- * constant-initialised object: no constructor runs at dlopen. */
-extern "C" PT_EXPORT const pt_gpu_backend pt_gpu_backend_cuda = {
+ * constant-initialised object: no constructor runs at dlopen. The symbol's name
+ * carries the table version (PT_CUDA_BACKEND_SYMBOL) and the head repeats it, so
+ * a plugin from another build refuses this library instead of misreading it. */
+extern "C" PT_EXPORT const pt_gpu_backend pt_gpu_backend_cuda_v1 = {
+    .abi_version = PT_GPU_BACKEND_VERSION,
+    .struct_size = sizeof(pt_gpu_backend),
     .name = "cuda",
     .open = be_open,
     .close = be_close,
+    .set_log = be_set_log,
     .device_name = be_device_name,
     .total_memory = be_total_memory,
     .dev_alloc = be_dev_alloc,
@@ -443,6 +449,5 @@ extern "C" PT_EXPORT const pt_gpu_backend pt_gpu_backend_cuda = {
     .host_fn = be_host_fn,
     .adamw = be_adamw,
     .sqnorm = be_sqnorm,
-    .scale = be_scale,
     .convert = be_convert,
 };

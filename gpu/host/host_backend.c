@@ -16,40 +16,30 @@
 
 #include "host_backend.h"
 #include "protrain.h"
-
-static void put_err(char *err, size_t errlen, const char *msg) {
-    if (err && errlen) snprintf(err, errlen, "%s", msg);
-}
+#include "pt_util.h"
 
 static int hb_open(const pt_gpu_config *cfg, void **impl, char *err, size_t errlen) {
-    if (!impl) {
-        put_err(err, errlen, "host backend open: impl pointer is NULL");
-        return PT_ERR_INVALID_ARG;
-    }
-    if (cfg && (cfg->copy_bandwidth < 0.0 || cfg->copy_bandwidth != cfg->copy_bandwidth)) {
-        if (err && errlen)
-            snprintf(err, errlen, "host backend open: copy_bandwidth %g bytes/s is not >= 0",
-                     cfg->copy_bandwidth);
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!impl)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "host backend open: impl pointer is NULL");
+    if (cfg && (cfg->copy_bandwidth < 0.0 || cfg->copy_bandwidth != cfg->copy_bandwidth))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "host backend open: copy_bandwidth %g bytes/s is not >= 0",
+                       cfg->copy_bandwidth);
     hb *h = calloc(1, sizeof *h);
-    if (!h) {
-        put_err(err, errlen, "host backend open: out of host memory for the backend state");
-        return PT_ERR_HOST_OOM;
-    }
+    if (!h)
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "host backend open: out of host memory for the backend state");
     if (cfg) h->cfg = *cfg;
     h->jitter_state = (h->cfg.jitter_seed ? h->cfg.jitter_seed : 1) * 0x9e3779b97f4a7c15ull;
     h->total = h->cfg.capacity ? h->cfg.capacity : PT_HB_DEFAULT_CAPACITY;
     if (pthread_mutex_init(&h->mu, NULL) != 0) {
         free(h);
-        put_err(err, errlen, "host backend open: pthread_mutex_init failed");
-        return PT_ERR_BACKEND;
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "host backend open: pthread_mutex_init failed");
     }
     if (pthread_cond_init(&h->progress, NULL) != 0) {
         pthread_mutex_destroy(&h->mu);
         free(h);
-        put_err(err, errlen, "host backend open: pthread_cond_init failed");
-        return PT_ERR_BACKEND;
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "host backend open: pthread_cond_init failed");
     }
     *impl = h;
     return PT_OK;
@@ -197,16 +187,6 @@ static int hb_sqnorm(void *impl, const void *x, int dtype, size_t n, double *out
     return pt_hb_submit(impl, s, op);
 }
 
-static int hb_scale(void *impl, float *x, float alpha, size_t n, pt_stream *s) {
-    if (!impl || (!x && n)) return PT_ERR_INVALID_ARG;
-    hb_op *op = pt_hb_op_new(HB_OP_SCALE);
-    if (!op) return PT_ERR_HOST_OOM;
-    op->u.sc.x = x;
-    op->u.sc.alpha = alpha;
-    op->u.sc.n = n;
-    return pt_hb_submit(impl, s, op);
-}
-
 static int hb_convert(void *impl, void *dst, int dst_dtype, const void *src, int src_dtype,
                       size_t n, int accumulate, pt_stream *s) {
     if (!impl || ((!dst || !src) && n) || !valid_dtype(dst_dtype) || !valid_dtype(src_dtype))
@@ -222,10 +202,16 @@ static int hb_convert(void *impl, void *dst, int dst_dtype, const void *src, int
     return pt_hb_submit(impl, s, op);
 }
 
+/* Linked into the plugin, so always the same build as the wrapper; the head is
+ * filled anyway so every table reads the same way. No set_log: every failure of
+ * this backend is fully described by its status code. */
 const pt_gpu_backend pt_gpu_backend_host = {
+    .abi_version = PT_GPU_BACKEND_VERSION,
+    .struct_size = sizeof(pt_gpu_backend),
     .name = "host",
     .open = hb_open,
     .close = hb_close,
+    .set_log = NULL,
     .device_name = hb_device_name,
     .total_memory = hb_total_memory,
     .dev_alloc = hb_dev_alloc,
@@ -247,6 +233,5 @@ const pt_gpu_backend pt_gpu_backend_host = {
     .host_fn = hb_host_fn,
     .adamw = hb_adamw,
     .sqnorm = hb_sqnorm,
-    .scale = hb_scale,
     .convert = hb_convert,
 };

@@ -30,7 +30,6 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <time.h>
 
 #include "gpu.h"
 
@@ -44,7 +43,6 @@ typedef enum hb_op_kind {
     HB_OP_WAIT,
     HB_OP_ADAMW,
     HB_OP_SQNORM,
-    HB_OP_SCALE,
     HB_OP_CONVERT
 } hb_op_kind;
 
@@ -61,7 +59,6 @@ typedef struct hb_op {
         struct { pt_stream *src; uint64_t seq; } wait;   /* holds a ref on src */
         pt_adamw_args adamw;
         struct { const void *x; int dtype; size_t n; double *out; } sq;
-        struct { float *x; float alpha; size_t n; } sc;
         struct { void *dst; int dst_dtype; const void *src; int src_dtype; size_t n; int acc; } cv;
     } u;
 } hb_op;
@@ -84,7 +81,7 @@ struct pt_event {
     uint64_t seq;               /* complete when s->done_seq >= seq */
     uint64_t gen;               /* bumped by every record; 0 = never recorded */
     uint64_t stamped_gen;       /* gen whose marker op has run */
-    struct timespec t_done;     /* CLOCK_MONOTONIC time the marker of stamped_gen ran */
+    double t_done;              /* pt_now_s() when the marker of stamped_gen ran */
     int pending_markers;        /* marker ops queued that still point at this event */
 };
 
@@ -93,7 +90,7 @@ struct hb {
     uint64_t total;             /* simulated device bytes */
     pthread_mutex_t mu;
     pthread_cond_t progress;    /* broadcast after every finished op */
-    struct timespec link_free[3]; /* throttle: when each link (H2D, D2H, D2D) is free again */
+    double link_free[3];        /* throttle: pt_now_s() time each link (H2D, D2H, D2D) is free */
     pt_stream *live;            /* streams created and not destroyed (close joins them) */
     uint64_t jitter_state;      /* xorshift64 state of the host-function jitter (under mu) */
 };

@@ -14,20 +14,16 @@
 
 #include "host_backend.h"
 #include "kernels_hd.h"
+#include "pt_util.h"
 
-static struct timespec ts_add_sec(struct timespec t, double sec) {
-    long long ns = (long long)(sec * 1e9);
-    t.tv_sec += (time_t)(ns / 1000000000ll);
-    t.tv_nsec += (long)(ns % 1000000000ll);
-    if (t.tv_nsec >= 1000000000l) {
-        t.tv_sec++;
-        t.tv_nsec -= 1000000000l;
-    }
-    return t;
-}
-
-static int ts_before(struct timespec a, struct timespec b) {
-    return a.tv_sec < b.tv_sec || (a.tv_sec == b.tv_sec && a.tv_nsec < b.tv_nsec);
+/* A pt_now_s() time as the absolute CLOCK_MONOTONIC deadline clock_nanosleep
+ * takes (pt_now_s reads that same clock). */
+static struct timespec deadline_of(double t) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)t;
+    long ns = (long)((t - (double)ts.tv_sec) * 1e9);
+    ts.tv_nsec = ns < 0 ? 0 : ns > 999999999l ? 999999999l : ns;
+    return ts;
 }
 
 /* Throttled copy: reserve the direction's link for bytes/bw seconds starting at
@@ -39,14 +35,14 @@ static void copy_op(hb *h, void *dst, const void *src, size_t bytes, int kind) {
         if (bytes) memmove(dst, src, bytes);
         return;
     }
-    struct timespec now, deadline;
-    clock_gettime(CLOCK_MONOTONIC, &now);
+    double now = pt_now_s();
     pthread_mutex_lock(&h->mu);
-    struct timespec start = ts_before(now, h->link_free[kind]) ? h->link_free[kind] : now;
-    deadline = ts_add_sec(start, (double)bytes / bw);
-    h->link_free[kind] = deadline;
+    double start = now < h->link_free[kind] ? h->link_free[kind] : now;
+    double end = start + (double)bytes / bw;
+    h->link_free[kind] = end;
     pthread_mutex_unlock(&h->mu);
     if (bytes) memmove(dst, src, bytes);
+    struct timespec deadline = deadline_of(end);
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &deadline, NULL) == EINTR) {
     }
 }
@@ -90,9 +86,6 @@ void pt_hb_exec(hb *h, hb_op *op) {
         *op->u.sq.out += acc;
         break;
     }
-    case HB_OP_SCALE:
-        for (size_t i = 0; i < op->u.sc.n; i++) op->u.sc.x[i] *= op->u.sc.alpha;
-        break;
     case HB_OP_CONVERT: {
         const void *src = op->u.cv.src;
         void *dst = op->u.cv.dst;

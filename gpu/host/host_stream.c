@@ -12,6 +12,7 @@
 
 #include "host_backend.h"
 #include "protrain.h"
+#include "pt_util.h"
 
 hb_op *pt_hb_op_new(hb_op_kind kind) {
     hb_op *op = calloc(1, sizeof *op);
@@ -50,7 +51,7 @@ static void *worker(void *arg) {
         } else if (op->kind == HB_OP_RECORD) {
             pt_event *e = op->u.rec.ev;
             if (e->gen == op->u.rec.gen) {
-                clock_gettime(CLOCK_MONOTONIC, &e->t_done);
+                e->t_done = pt_now_s();
                 e->stamped_gen = e->gen;
             }
             e->pending_markers--;
@@ -173,7 +174,7 @@ int pt_hb_event_record(void *impl, pt_event *e, pt_stream *s) {
     e->gen++;
     if (!s) { /* NULL stream: everything before this call already ran */
         e->seq = 0;
-        clock_gettime(CLOCK_MONOTONIC, &e->t_done);
+        e->t_done = pt_now_s();
         e->stamped_gen = e->gen;
         pthread_mutex_unlock(&h->mu);
         return PT_OK;
@@ -244,11 +245,7 @@ int pt_hb_event_elapsed_ms(void *impl, pt_event *a, pt_event *b, float *ms) {
     pthread_mutex_lock(&h->mu);
     /* Both must be recorded and complete (cudaErrorNotReady / invalid otherwise). */
     int ok = a->gen && b->gen && event_complete(a) && event_complete(b);
-    if (ok) {
-        double d = (double)(b->t_done.tv_sec - a->t_done.tv_sec) * 1e3 +
-                   (double)(b->t_done.tv_nsec - a->t_done.tv_nsec) * 1e-6;
-        *ms = (float)d;
-    }
+    if (ok) *ms = (float)((b->t_done - a->t_done) * 1e3);
     pthread_mutex_unlock(&h->mu);
     return ok ? PT_OK : PT_ERR_INVALID_ARG;
 }

@@ -26,6 +26,10 @@ static int need_store(pt_rt *rt, const char *what, int need_opt, char *err, size
     return PT_OK;
 }
 
+static void gpu_log(void *user, int32_t level, const char *msg) {
+    pt_log(&((pt_rt *)user)->lg, level, "%s", msg);
+}
+
 int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *lg,
                  const pt_step_state *sx, pt_rt **out, char *err, size_t errlen) {
     *out = NULL;
@@ -78,6 +82,12 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
         pt_rt_destroy(rt);
         return PT_ERR_BACKEND;
     }
+    /* the device layer's reports (leaks at close, backend failures) go to the log */
+    pt_gpu_set_log(rt->gpu, gpu_log, rt);
+    const char *why = pt_gpu_fallback_reason(rt->gpu);
+    if (why && *why)
+        PT_LOGW(&rt->lg, "backend = auto: the cuda backend was not used (%s); running on the "
+                         "simulated host device", why);
     rt->host_async = host && (host->flags & PT_HOST_ASYNC_COMPUTE);
     rt->launch_queued = rt->host_async && cfg->async_compute &&
                         !strcmp(pt_gpu_backend_name(rt->gpu), "host");

@@ -10,10 +10,12 @@
  *    loads with abi_version 1, struct_size sizeof(pt_plugin_v1), name "protrain",
  *    PT_HAS_HOOK true for every implemented hook and false for the four kernel
  *    hooks that are not built (osft_linear_*, tiled_mlp_*);
- *  - $PT_BUILD/libprotrain_cuda.so (when built) exports only pt_gpu_backend_cuda,
- *    names itself "cuda", fills every op, and open() either fails with
- *    "no CUDA device: ..." (no crash) on a machine without a GPU, or succeeds and
- *    then every op runs once against the host bodies of kernels_hd.h.
+ *  - $PT_BUILD/libprotrain_cuda.so (when built) exports only pt_gpu_backend_cuda_v1
+ *    (PT_CUDA_BACKEND_SYMBOL), whose head says abi_version PT_GPU_BACKEND_VERSION
+ *    and struct_size sizeof(pt_gpu_backend); it names itself "cuda", fills every
+ *    op, and open() either fails with "no CUDA device: ..." (no crash) on a
+ *    machine without a GPU, or succeeds and then every op runs once against the
+ *    host bodies of kernels_hd.h.
  */
 #include <elf.h>
 #include <math.h>
@@ -286,16 +288,15 @@ static void cuda_smoke(const pt_gpu_backend *be, void *impl) {
     assert_int_equal(be->memcpy_async(impl, &out, dout, sizeof out, PT_GPU_D2H, NULL), 0);
     assert_true(fabs(out - ref) <= 1e-12 * ref);
 
-    /* scale by 0.5 and fp32 -> bf16 are exact / bit-identical to the host bodies. */
-    assert_int_equal(be->scale(impl, dx, 0.5f, N, NULL), 0);
+    /* fp32 -> bf16 is bit-identical to the host body. */
     assert_int_equal(be->convert(impl, d16, PT_BF16, dx, PT_F32, N, 0, NULL), 0);
     assert_int_equal(be->memcpy_async(impl, got16, d16, sizeof(uint16_t) * N, PT_GPU_D2H, NULL), 0);
-    for (int i = 0; i < N; i++) h16[i] = pt_f32_to_bf16(x[i] * 0.5f);
+    for (int i = 0; i < N; i++) h16[i] = pt_f32_to_bf16(x[i]);
     assert_memory_equal(got16, h16, sizeof h16);
     /* accumulate: x += bf16(x), one fp32 add per element, so exact. */
     assert_int_equal(be->convert(impl, dx, PT_F32, d16, PT_BF16, N, 1, NULL), 0);
     assert_int_equal(be->memcpy_async(impl, got, dx, fb, PT_GPU_D2H, NULL), 0);
-    for (int i = 0; i < N; i++) y[i] = x[i] * 0.5f + pt_bf16_to_f32(h16[i]);
+    for (int i = 0; i < N; i++) y[i] = x[i] + pt_bf16_to_f32(h16[i]);
     assert_memory_equal(got, y, fb);
 
     /* AdamW step, param_out as f16. nvcc contracts mul+add into FMA, so allow a
@@ -369,16 +370,22 @@ static void test_cuda_backend_exports(void **state) {
     if (!dl) fail_msg("cannot dlopen %s: %s", path, dlerror());
     const pt_gpu_backend *be = dlsym(dl, PT_CUDA_BACKEND_SYMBOL);
     assert_non_null(be);
+    assert_int_equal(be->abi_version, PT_GPU_BACKEND_VERSION);
+    assert_int_equal(be->struct_size, sizeof(pt_gpu_backend));
     assert_string_equal(be->name, "cuda");
+    /* The symbol name carries the same version as the head. */
+    char want[64];
+    snprintf(want, sizeof want, "%s_v%u", PT_CUDA_BACKEND_SYMBOL_STEM, PT_GPU_BACKEND_VERSION);
+    assert_string_equal(PT_CUDA_BACKEND_SYMBOL, want);
     /* Every op is implemented. */
-#define OP(f) if (!be->f) fail_msg("pt_gpu_backend_cuda." #f " is NULL")
-    OP(open); OP(close); OP(device_name); OP(total_memory);
+#define OP(f) if (!be->f) fail_msg(PT_CUDA_BACKEND_SYMBOL "." #f " is NULL")
+    OP(open); OP(close); OP(set_log); OP(device_name); OP(total_memory);
     OP(dev_alloc); OP(dev_free); OP(host_alloc); OP(host_free);
     OP(stream_create); OP(stream_destroy); OP(stream_sync);
     OP(event_create); OP(event_destroy); OP(event_record); OP(stream_wait_event);
     OP(event_sync); OP(event_query); OP(event_elapsed_ms);
     OP(memset_async); OP(memcpy_async); OP(host_fn);
-    OP(adamw); OP(sqnorm); OP(scale); OP(convert);
+    OP(adamw); OP(sqnorm); OP(convert);
 #undef OP
 
     pt_gpu_config cfg = {0};

@@ -1,9 +1,12 @@
 /*
  * test_gpu_device.c — the device wrapper (gpu/device.c) on the host backend:
  * capacity and OOM sentences, exact accounting, fragmentation, poison, checked
- * frees, pinned budget, failure injection, backend selection, thread safety.
+ * frees, pinned budget, failure injection, backend selection, thread safety;
+ * and the version checks on a cuda backend library, against the fake backend
+ * libraries built from tests/plugins/fakebk_*.c into $PT_BUILD/tests/plugins.
  */
 #include <dlfcn.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -512,6 +515,171 @@ static void test_leak_report(void **state) {
     assert_non_null(strstr(cap.msg, "act"));
 }
 
+/* ---- the cuda backend library: version checks ---- */
+
+static void fake_lib(char *buf, size_t len, const char *name) {
+    const char *b = getenv("PT_BUILD");
+    if (!b || !b[0]) fail_msg("PT_BUILD is not set (run through `make test`)");
+    snprintf(buf, len, "%s/tests/plugins/%s.so", b, name);
+    if (access(buf, R_OK) != 0) fail_msg("fake backend %s is missing (build tests/plugins first)", buf);
+}
+
+static void assert_contains(const char *hay, const char *needle) {
+    if (!strstr(hay, needle)) fail_msg("expected \"%s\" in \"%s\"", needle, hay);
+}
+
+static pt_gpu_config small_cfg(void) {
+    pt_gpu_config c;
+    memset(&c, 0, sizeof c);
+    c.capacity = 2 * MiB;
+    return c;
+}
+
+/* The library at `path` is refused by kind "cuda" with PT_ERR_BACKEND and a
+ * sentence holding every given substring (NULL-terminated), without the open
+ * of a refused table having run; kind "auto" then opens the host backend and
+ * keeps that same sentence as the fallback reason. */
+static void expect_refused(const char *path, ...) {
+    pt_gpu_config c = small_cfg();
+    pt_gpu *g = (pt_gpu *)&c; /* must come back NULL */
+    char err[1024] = "";
+    assert_int_equal(pt_gpu_open_lib("cuda", path, &c, &g, err, sizeof err), PT_ERR_BACKEND);
+    assert_null(g);
+    va_list ap;
+    va_start(ap, path);
+    for (const char *n = va_arg(ap, const char *); n; n = va_arg(ap, const char *))
+        assert_contains(err, n);
+    va_end(ap);
+    assert_null(strstr(err, "open was called"));
+
+    char err2[1024] = "";
+    assert_int_equal(pt_gpu_open_lib("auto", path, &c, &g, err2, sizeof err2), PT_OK);
+    assert_string_equal(pt_gpu_backend_name(g), "host");
+    assert_string_equal(pt_gpu_fallback_reason(g), err);
+    close_dev(g);
+}
+
+static void test_backend_lib_refused(void **state) {
+    (void)state;
+    char path[PATH_MAX], ours[64], sizes[2][96];
+    snprintf(ours, sizeof ours, "this plugin speaks version %u", PT_GPU_BACKEND_VERSION);
+
+    /* the versioned name, but a head saying version 0 */
+    fake_lib(path, sizeof path, "fakebk_oldver");
+    expect_refused(path, path, "exports " PT_CUDA_BACKEND_SYMBOL, "table says version 0", ours,
+                   NULL);
+
+    /* only a later version's symbol */
+    fake_lib(path, sizeof path, "fakebk_newver");
+    expect_refused(path, path, "too new", PT_CUDA_BACKEND_SYMBOL_STEM "_v2", "version 2", ours,
+                   NULL);
+
+    /* only the name from before versions */
+    fake_lib(path, sizeof path, "fakebk_unversioned");
+    expect_refused(path, path, "too old", "unversioned " PT_CUDA_BACKEND_SYMBOL_STEM, "version 0",
+                   ours, NULL);
+
+    /* the right version, but a table shorter than this build's */
+    fake_lib(path, sizeof path, "fakebk_small");
+    snprintf(sizes[0], sizeof sizes[0], "version %u table is %zu bytes", PT_GPU_BACKEND_VERSION,
+             offsetof(pt_gpu_backend, convert));
+    snprintf(sizes[1], sizeof sizes[1], "version %u table of %zu bytes", PT_GPU_BACKEND_VERSION,
+             sizeof(pt_gpu_backend));
+    expect_refused(path, path, sizes[0], sizes[1], NULL);
+
+    /* a shared object with no backend table at all (a test plugin) */
+    fake_lib(path, sizeof path, "nosym");
+    expect_refused(path, path, "does not export " PT_CUDA_BACKEND_SYMBOL, NULL);
+
+    /* no such file */
+    char missing[PATH_MAX + 32];
+    snprintf(missing, sizeof missing, "%s.absent.so", path);
+    expect_refused(missing, missing, "failed to load", NULL);
+}
+
+/* A library that passes every check has its open called; its failure sentence
+ * comes through, and auto still falls back to host. */
+static void test_backend_lib_open_error(void **state) {
+    (void)state;
+    char path[PATH_MAX];
+    fake_lib(path, sizeof path, "fakebk_openfail");
+    expect_refused(path, "fake-openfail backend failed to open",
+                   "fakebk_openfail: no device behind this fake", NULL);
+}
+
+/* A table longer than this build's, of the same version, is accepted; the
+ * backend's failure reports reach the hook set with pt_gpu_set_log after open,
+ * and, when the reservation at open fails, the error sentence. */
+static void test_backend_lib_accepted(void **state) {
+    (void)state;
+    char path[PATH_MAX], err[1024] = "";
+    fake_lib(path, sizeof path, "fakebk_works");
+    pt_gpu_config c = small_cfg();
+    const char *kinds[] = {"cuda", "auto"};
+    for (int k = 0; k < 2; k++) {
+        pt_gpu *g = NULL;
+        int rc = pt_gpu_open_lib(kinds[k], path, &c, &g, err, sizeof err);
+        if (rc != PT_OK) fail_msg("%s: %s", kinds[k], err);
+        assert_string_equal(pt_gpu_backend_name(g), "fake-works");
+        assert_string_equal(pt_gpu_fallback_reason(g), "");
+        char name[64];
+        pt_gpu_device_name(g, name, sizeof name);
+        assert_string_equal(name, "fakebk_works");
+        void *p = NULL;
+        assert_int_equal(pt_gpu_alloc(g, 1000, PT_TAG_ACT, &p, err, sizeof err), PT_OK);
+
+        captured cap = {0, ""};
+        pt_gpu_set_log(g, capture_log, &cap);
+        assert_int_equal(pt_gpu_ops(g)->memset_async(pt_gpu_impl(g), p, 0, 64, NULL),
+                         PT_ERR_BACKEND);
+        assert_int_equal(cap.calls, 1);
+        assert_string_equal(cap.msg, "fakebk_works: memset_async of 64 bytes refused");
+        pt_gpu_free(g, p);
+        close_dev(g);
+    }
+    /* the fake has 4 MiB: a larger reservation fails with the fake's own words */
+    c.capacity = 8 * MiB;
+    pt_gpu *g = (pt_gpu *)&c;
+    assert_int_equal(pt_gpu_open_lib("cuda", path, &c, &g, err, sizeof err), PT_ERR_OOM);
+    assert_null(g);
+    assert_contains(err, "could not reserve 8388608 bytes");
+    assert_contains(err, "fakebk_works: no room for 8388608 bytes");
+
+    /* the built-in host table carries the same head */
+    assert_int_equal(pt_gpu_backend_host.abi_version, PT_GPU_BACKEND_VERSION);
+    assert_int_equal(pt_gpu_backend_host.struct_size, sizeof(pt_gpu_backend));
+
+    /* the host backend opened directly has no fallback reason */
+    pt_gpu *h = open_dev(1 * MiB, 0, 0, 0);
+    assert_string_equal(pt_gpu_fallback_reason(h), "");
+    close_dev(h);
+}
+
+/* The cuda library of this build passes the version checks: kind "cuda" either
+ * opens a GPU or reaches the library's own open, whose sentence comes through. */
+static void test_built_cuda_lib_accepted(void **state) {
+    (void)state;
+    const char *b = getenv("PT_BUILD");
+    if (!b || !b[0]) fail_msg("PT_BUILD is not set (run through `make test`)");
+    char path[PATH_MAX], err[1024] = "";
+    snprintf(path, sizeof path, "%s/%s", b, PT_CUDA_BACKEND_LIB);
+    if (access(path, R_OK) != 0) {
+        printf("note: %s not built (no nvcc, or a sanitizer build); skipping\n", path);
+        skip();
+    }
+    pt_gpu_config c = small_cfg();
+    pt_gpu *g = NULL;
+    int rc = pt_gpu_open_lib("cuda", path, &c, &g, err, sizeof err);
+    if (rc == PT_OK) {
+        assert_string_equal(pt_gpu_backend_name(g), "cuda");
+        close_dev(g);
+        return;
+    }
+    assert_int_equal(rc, PT_ERR_BACKEND);
+    assert_contains(err, "cuda backend failed to open: ");
+    assert_null(strstr(err, "speaks version"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_oom_changes_nothing),
@@ -527,6 +695,10 @@ int main(void) {
         cmocka_unit_test(test_random_invariants),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_leak_report),
+        cmocka_unit_test(test_backend_lib_refused),
+        cmocka_unit_test(test_backend_lib_open_error),
+        cmocka_unit_test(test_backend_lib_accepted),
+        cmocka_unit_test(test_built_cuda_lib_accepted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
