@@ -196,9 +196,10 @@ const pt_config_key pt_cfg_keys[] = {
      "jitter_seed), so a missing stream ordering shows up as a failed test; 0: none."},
     R_INT("host_backend", "jitter_seed", jitter_seed, PT_CFG_NO_HI, 0, INT_MAX, 0, "1",
           "Seed of the compute jitter's random delays."),
-    R_BOOL("host_backend", "debug_skip_ordering", debug_skip_ordering, "false",
-           "Testing only: skip the plugin's stream ordering against the host's compute, to "
-           "show that the tests catch its absence. Never in training."),
+    R_INT("host_backend", "debug_skip_ordering", debug_skip_ordering, 0, 0, 127, 0, "0",
+          "Testing only: orderings after the host's compute to skip, a bit mask (1 uploads, "
+          "2 slot reuse, 4 gradient copies, 8 swaps, 16 frees, 32 optimizer step, 64 host "
+          "memcpy; 127 all), so a test shows it fails without each. Never in training."),
 };
 /* config.c sizes per-key arrays with PT_CFG_NKEYS; a row added here without
  * bumping it fails the build rather than overrunning those arrays. */

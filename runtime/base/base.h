@@ -56,7 +56,7 @@ typedef struct pt_config {
     int async_compute;        /* bool, default 1: launched host work runs on the compute stream */
     double compute_jitter;    /* seconds, default 0: random delay before each launched item */
     int jitter_seed;          /* default 1 */
-    int debug_skip_ordering;  /* bool, default 0: testing only (negative control) */
+    int debug_skip_ordering;  /* PT_ORD_* mask, default 0: testing only (negative controls) */
     char source[512];         /* path the config came from, or "(defaults)" */
 } pt_config;
 

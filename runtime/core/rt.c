@@ -91,10 +91,12 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     rt->host_async = host && (host->flags & PT_HOST_ASYNC_COMPUTE);
     rt->launch_queued = rt->host_async && cfg->async_compute &&
                         !strcmp(pt_gpu_backend_name(rt->gpu), "host");
-    rt->ordered = rt->host_async && !cfg->debug_skip_ordering;
-    if (rt->host_async && cfg->debug_skip_ordering)
-        PT_LOGW(&rt->lg, "[host_backend] debug_skip_ordering = true: the plugin does not order "
-                         "its work after the host's compute (a testing aid: training is wrong)");
+    rt->ordered = rt->host_async;
+    rt->skip = (unsigned)cfg->debug_skip_ordering;
+    if (rt->host_async && rt->skip)
+        PT_LOGW(&rt->lg, "[host_backend] debug_skip_ordering = %u: the plugin skips some of its "
+                         "ordering after the host's compute (a testing aid: training is wrong)",
+                rt->skip);
     char name[128];
     pt_gpu_device_name(rt->gpu, name, sizeof name);
     pt_gpu_usage u;
@@ -212,7 +214,7 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
     if (!rc) {
         pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->gpu, rt->s_compute, rt->s_h2d,
                             rt->s_d2h, rt->model, &rt->opt, rt->sx, on_recompute, dev_clock,
-                            rt, rt->ordered};
+                            rt, rt->ordered, rt->skip};
         rc = pt_store_create(&env, &rt->kn, modes, rt->swap_done, from_image, &rt->st, err,
                              errlen);
     }
@@ -342,7 +344,7 @@ int pt_rt_dev_free(pt_rt *rt, void *ptr, char *err, size_t errlen) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "dev_free: %p is block %d's activation arena, which the plugin owns", ptr, b);
     /* the host's queued kernels may still use it: free in the compute stream's order */
-    return rt->ordered ? pt_gpu_free_on_stream(rt->gpu, ptr, rt->s_compute, err, errlen)
+    return rt->ordered && !(rt->skip & PT_ORD_FREE) ? pt_gpu_free_on_stream(rt->gpu, ptr, rt->s_compute, err, errlen)
                        : pt_gpu_free_checked(rt->gpu, ptr, err, errlen);
 }
 
@@ -365,7 +367,7 @@ int pt_rt_memcpy(pt_rt *rt, void *dst, const void *src, uint64_t bytes, int32_t 
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "memcpy: unknown copy kind %d (0 H2D, 1 D2H, 2 D2D)", kind);
     }
     /* a copy on the compute stream: after the host's launched work */
-    int rc = rt->ordered ? pt_rt_stream_sync(rt, err, errlen) : PT_OK;
+    int rc = rt->ordered && !(rt->skip & PT_ORD_HOSTIO) ? pt_rt_stream_sync(rt, err, errlen) : PT_OK;
     if (rc) return rc;
     rc = pt_gpu_memcpy(rt->gpu, dst, src, (size_t)bytes, kind);
     if (rc)

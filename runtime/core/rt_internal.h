@@ -28,6 +28,7 @@ struct pt_rt {
     int host_async;           /* the host set PT_HOST_ASYNC_COMPUTE */
     int launch_queued;        /* launch queues on s_compute (host backend, async_compute) */
     int ordered;              /* order plugin work after the host's with events */
+    unsigned skip;            /* PT_ORD_* orderings a test switched off */
     pt_store_knobs kn;        /* what the current store was built with */
     float last_loss;
     struct pt_prof *prof;     /* non-NULL while profiling */

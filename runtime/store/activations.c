@@ -160,7 +160,7 @@ int pt_acts_post_forward(pt_store *st, int32_t b, char *err, size_t errlen) {
         a->host_bytes = a->bytes;
     }
     /* the copy reads what the host's forward of b writes */
-    int rc = pt_cs_after_compute(st, st->s_d2h);
+    int rc = pt_cs_after_compute(st, st->s_d2h, PT_ORD_SWAP);
     if (!rc) rc = pt_gpu_memcpy_async(st->gpu, a->host, a->ptr, (size_t)a->bytes, PT_GPU_D2H, st->s_d2h);
     if (!rc) rc = OPS(st)->event_record(IMPL(st), a->ev_out, st->s_d2h);
     if (rc) {
@@ -185,7 +185,7 @@ static int swap_in_start(pt_store *st, int32_t b, char *err, size_t errlen) {
     int rc = arena_alloc(st, a, a->host_bytes < a->bytes ? a->host_bytes : a->bytes, err, errlen);
     if (rc) return rc;
     /* the new arena's bytes may have been freed in the compute stream's order */
-    rc = pt_cs_after_compute(st, st->s_h2d);
+    rc = pt_cs_after_compute(st, st->s_h2d, PT_ORD_SWAP);
     if (!rc) rc = pt_gpu_memcpy_async(st->gpu, a->ptr, a->host, (size_t)a->bytes, PT_GPU_H2D, st->s_h2d);
     if (!rc) rc = OPS(st)->event_record(IMPL(st), a->ev_in, st->s_h2d);
     if (rc) {

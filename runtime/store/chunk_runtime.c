@@ -32,19 +32,20 @@
 static const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->gpu); }
 static void *IMPL(pt_store *st) { return pt_gpu_impl(st->gpu); }
 
-int pt_cs_after_compute(pt_store *st, pt_stream *s) {
-    if (!st->ordered) return PT_OK;
+int pt_cs_after_compute(pt_store *st, pt_stream *s, unsigned bit) {
+    if (!pt_cs_ord(st, bit)) return PT_OK;
     int rc = OPS(st)->event_record(IMPL(st), st->ev_compute, st->s_compute);
     return rc ? rc : OPS(st)->stream_wait_event(IMPL(st), s, st->ev_compute);
 }
 
 int pt_cs_compute_waits(pt_store *st, pt_event *e) {
-    return st->ordered ? OPS(st)->stream_wait_event(IMPL(st), st->s_compute, e)
-                       : OPS(st)->event_sync(IMPL(st), e);
+    if (!st->ordered) return OPS(st)->event_sync(IMPL(st), e);
+    return pt_cs_ord(st, PT_ORD_UPLOAD) ? OPS(st)->stream_wait_event(IMPL(st), st->s_compute, e)
+                                        : PT_OK;
 }
 
 void pt_cs_free(pt_store *st, void *p) {
-    if (st->ordered) pt_gpu_free_on_stream(st->gpu, p, st->s_compute, NULL, 0);
+    if (pt_cs_ord(st, PT_ORD_FREE)) pt_gpu_free_on_stream(st->gpu, p, st->s_compute, NULL, 0);
     else pt_gpu_free(st->gpu, p);
 }
 
@@ -185,7 +186,7 @@ static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     /* the slot's previous gradient may still be on its way to the host, and the
      * host's kernels may still read its previous chunk */
     OPS(st)->stream_wait_event(IMPL(st), st->s_h2d, ms->slot_free[slot]);
-    if (st->ordered) OPS(st)->stream_wait_event(IMPL(st), st->s_h2d, ms->slot_used[slot]);
+    if (pt_cs_ord(st, PT_ORD_SLOT)) OPS(st)->stream_wait_event(IMPL(st), st->s_h2d, ms->slot_used[slot]);
     rc = pt_gpu_memcpy_async(st->gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D, st->s_h2d);
     if (!rc) rc = OPS(st)->event_record(IMPL(st), c->ev_up, st->s_h2d);
     if (rc) {
@@ -235,7 +236,7 @@ int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen
         if (gbase && !c->bwd_zeroed) {
             /* the slot's last gradient copy to the host is done before the zeroing,
              * which lands before the host's backward accumulates */
-            if (st->ordered) {
+            if (pt_cs_ord(st, PT_ORD_SLOT)) {
                 OPS(st)->stream_wait_event(IMPL(st), st->s_compute, ms->slot_free[c->slot]);
                 OPS(st)->memset_async(IMPL(st), gbase, 0, (size_t)c->used, st->s_compute);
             } else {
@@ -369,7 +370,7 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     pt_pool_wait(ms->workers, &c->tg);
     void *gsrc = (char *)pt_bufpool_slot_ptr(ms->pool, c->slot) + ms->lay.chunk_size;
     /* the gradient is complete once the host's backward of this block has run */
-    if (st->ordered) OPS(st)->stream_wait_event(IMPL(st), st->s_d2h, ms->slot_used[c->slot]);
+    if (pt_cs_ord(st, PT_ORD_GRAD)) OPS(st)->stream_wait_event(IMPL(st), st->s_d2h, ms->slot_used[c->slot]);
     int rc = pt_gpu_memcpy_async(st->gpu, c->h_gstage, gsrc, (size_t)c->used, PT_GPU_D2H,
                                  st->s_d2h);
     if (!rc) rc = OPS(st)->event_record(IMPL(st), c->ev_d2h, st->s_d2h);
@@ -605,7 +606,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         if (st->cfg->poison) {
             OPS(st)->memset_async(IMPL(st), pt_bufpool_slot_ptr(ms->pool, s), 0xFF,
                                   (size_t)pt_bufpool_slot_size(ms->pool, s),
-                                  st->ordered ? st->s_compute : NULL);
+                                  pt_cs_ord(st, PT_ORD_STEP) ? st->s_compute : NULL);
             if (st->ordered) OPS(st)->event_record(IMPL(st), ms->slot_used[s], st->s_compute);
         }
         pt_bufpool_invalidate(ms->pool, c->id);

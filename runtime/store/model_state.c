@@ -412,7 +412,7 @@ int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, 
     uint64_t off = ms->lay.param_offset[root];
     if (c->persistent) {
         /* the device AdamW of the last step may still be queued */
-        int rc = st->ordered ? pt_store_sync(st, err, errlen) : PT_OK;
+        int rc = pt_cs_ord(st, PT_ORD_STEP) ? pt_store_sync(st, err, errlen) : PT_OK;
         return rc ? rc : pt_gpu_memcpy(st->gpu, dst, (char *)c->d_param + off, bytes, PT_GPU_D2H);
     }
     pt_pool_wait(ms->workers, &c->tg);
@@ -491,6 +491,7 @@ int pt_store_create(const pt_store_env *env, const pt_store_knobs *kn, const int
     st->clock = env->clock;
     st->user = env->user;
     st->ordered = env->ordered;
+    st->skip = env->skip;
     st->kn = *kn;
     st->no_init_upload = from_image;
     int rc = load_chunks(st, err, errlen);

@@ -28,6 +28,21 @@
 
 enum { PT_ACT_NONE = 0, PT_ACT_CKPT = 1, PT_ACT_SWAP = 2 };
 
+/* The orderings after an asynchronous host's compute, one bit each so a test
+ * can drop one at a time ([host_backend] debug_skip_ordering) and show that it
+ * fails without it. */
+enum {
+    PT_ORD_UPLOAD = 1,   /* the compute stream waits for uploads (chunks, swap-ins) */
+    PT_ORD_SLOT = 2,     /* a buffer slot is refilled or its gradient zeroed only after
+                            the compute stream's last use of it */
+    PT_ORD_GRAD = 4,     /* a gradient copy to the host starts after the backward */
+    PT_ORD_SWAP = 8,     /* swap-out after the forward; swap-in after frees in compute order */
+    PT_ORD_FREE = 16,    /* frees (and their poison) in the compute stream's order */
+    PT_ORD_STEP = 32,    /* optimizer_step's slot poison and parameter reads after compute */
+    PT_ORD_HOSTIO = 64,  /* the host's memcpy after its launched work */
+    PT_ORD_ALL = 127
+};
+
 /* Optimizer hyper-parameters and progress (owned by the caller, lent to the store). */
 typedef struct pt_optim_state {
     float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
@@ -63,6 +78,7 @@ typedef struct pt_store_env {
      * events on s_compute instead of assuming that work is done at each hook, and
      * makes s_compute (not the host's thread) wait for its uploads. */
     int ordered;
+    unsigned skip;       /* PT_ORD_* bits not to honour (testing only) */
 } pt_store_env;
 
 typedef struct pt_store pt_store;

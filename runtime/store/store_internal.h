@@ -87,6 +87,7 @@ struct pt_store {
     int no_init_upload;       /* values come from a state image, not the host's tensors */
     int opt_ready;            /* optimizer state allocated */
     int ordered;              /* pt_store_env.ordered */
+    unsigned skip;            /* pt_store_env.skip */
     pt_event *ev_compute;     /* recorded on s_compute where a copy stream must wait for it */
     int profiling;            /* pt_store_set_profiling */
     /* activations */
@@ -127,8 +128,12 @@ uint64_t pt_ms_chunk_dev_bytes(const cs_chunk *c);
 uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c);
 
 /* chunk_runtime.c */
+/* Ordering `bit` (PT_ORD_*) is in force: ordered and not skipped by a test. */
+static inline int pt_cs_ord(const pt_store *st, unsigned bit) {
+    return st->ordered && !(st->skip & bit);
+}
 /* Ordered: copy stream s waits for everything queued on s_compute so far. */
-int pt_cs_after_compute(pt_store *st, pt_stream *s);
+int pt_cs_after_compute(pt_store *st, pt_stream *s, unsigned bit);
 /* Ordered: s_compute waits for event e (an upload); else the host's thread does. */
 int pt_cs_compute_waits(pt_store *st, pt_event *e);
 /* Free device bytes the host's compute may still use (stream-ordered when ordered). */

@@ -14,9 +14,9 @@
  * CKPT, streamed chunks with gradient offload over 2 micro-batches, and streamed
  * with global-norm clipping.
  *
- * Negative control: [host_backend] debug_skip_ordering = true drops that ordering
- * (the host still launches asynchronously); the same streamed run must then
- * differ from --no-plugin, which shows the oracle can see a missing ordering.
+ * Negative controls: [host_backend] debug_skip_ordering drops orderings (a bit
+ * each; the host still launches asynchronously); the runs must then differ from
+ * --no-plugin, which shows the oracle can see each missing ordering.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -93,11 +93,13 @@ static int identical(const run_out *a, const run_out *b) {
 
 static const char *ini(const char *name, const char *protrain, int seed, const char *extra) {
     char text[1024];
+    /* extra may set its own compute_jitter */
+    int jitter = !extra || !strstr(extra, "compute_jitter");
     snprintf(text, sizeof text,
              "[plugin]\nlog_level = warn\nbackend = host\n[memory]\ndevice_capacity = 1GiB\n"
-             "[protrain]\n%s\n[host_backend]\nasync_compute = true\ncompute_jitter = 300us\n"
+             "[protrain]\n%s\n[host_backend]\nasync_compute = true\n%s"
              "jitter_seed = %d\n%s",
-             protrain, seed, extra ? extra : "");
+             protrain, jitter ? "compute_jitter = 300us\n" : "", seed, extra ? extra : "");
     return sh_harness_ini(&H, name, text);
 }
 
@@ -141,29 +143,64 @@ static void test_async_oracle(void **st) {
     free(ref_clip.params);
 }
 
-/* Without the ordering the same launched work races the plugin's copies and
- * frees: some run must differ (NaN from poison, a stale gradient, a lost update). */
-static void test_negative_control(void **st) {
+/* Without an ordering the same launched work races the plugin's copies and frees:
+ * some run must differ (NaN from poison, a stale gradient, a lost update). Each
+ * ordering is dropped alone, on the configuration that exercises it, over up to 3
+ * jitter seeds; "all" drops every one. An ordering this model cannot show the
+ * absence of is printed as such and not asserted (see the list in main's note). */
+typedef struct skip_case {
+    const char *what;
+    int mask;
+    const char *protrain;
+    int must_fail;
+    const char *backend;      /* more [host_backend] lines, e.g. a copy throttle */
+} skip_case;
+
+static void test_negative_controls(void **st) {
     (void)st;
+    static const skip_case cases[] = {
+        {"all orderings", 127, NULL, 1, NULL},
+        /* uploads slower than the jittered compute, so a launch that does not wait
+         * for one reads the slot's previous contents */
+        {"uploads (1)", 1, NULL, 1, "copy_bandwidth = 20MB/s\n"},
+        {"slot reuse (2)", 2, NULL, 1, NULL},
+        {"gradient copies (4)", 4, NULL, 1, NULL},
+        {"swap-out/in (8)", 8, "force_all_persistent = true\nn_checkpoint = 0\nn_swap = 4", 1, NULL},
+        /* Not observable with this host: its device runs a whole pass behind, so
+         * an arena poisoned too early is written again by its late forward before
+         * its backward reads it. tests/unit/test_gpu_device.c shows the
+         * stream-ordered free against a queued reader instead. */
+        {"frees (16)", 16, "force_all_persistent = true\nn_checkpoint = 0\nn_swap = 0", 0,
+         NULL},
+        {"optimizer step (32)", 32, NULL, 0, NULL},
+        {"host memcpy (64)", 64, NULL, 0, NULL},
+    };
     run_out ref;
     run(NULL, 0.0f, 2, &ref);
-    int differs = 0;
-    for (int seed = 1; seed <= 3 && !differs; seed++) {
-        run_out p;
-        run(ini("skip", STREAMED, seed, "debug_skip_ordering = true\n"), 0.0f, 2, &p);
-        differs = !identical(&p, &ref);
-        printf("  ordering skipped, jitter seed %d: %s (final loss %g)\n", seed,
-               differs ? "differs, as it must" : "identical", p.loss[STEPS - 1]);
-        free(p.params);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int differs = 0, seed;
+        for (seed = 1; seed <= 3 && !differs; seed++) {
+            char extra[128];
+            snprintf(extra, sizeof extra, "debug_skip_ordering = %d\n%s", cases[c].mask,
+                     cases[c].backend ? cases[c].backend : "");
+            run_out p;
+            run(ini("skip", cases[c].protrain ? cases[c].protrain : STREAMED, seed, extra), 0.0f, 2,
+                &p);
+            differs = !identical(&p, &ref);
+            free(p.params);
+        }
+        printf("  without %-22s %s\n", cases[c].what,
+               differs ? "differs from --no-plugin, as it must"
+                       : "still identical here (not shown by this model; not asserted)");
+        if (cases[c].must_fail) assert_true(differs);
     }
-    assert_true(differs);
     free(ref.params);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_oracle),
-        cmocka_unit_test(test_negative_control),
+        cmocka_unit_test(test_negative_controls),
     };
     return cmocka_run_group_tests_name("asynchronous compute stream", tests, setup, teardown);
 }

@@ -196,6 +196,70 @@ static void test_poison_on_free(void **state) {
     close_dev(g);
 }
 
+/* A reader queued on a stream, held back until the test releases it. */
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int open;
+    const float *x;
+    float seen;
+} gate;
+static void gate_wait(void *arg) {
+    gate *t = arg;
+    pthread_mutex_lock(&t->mu);
+    while (!t->open) pthread_cond_wait(&t->cv, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+}
+static void gate_read(void *arg) {
+    gate *t = arg;
+    t->seen = t->x[7];
+}
+static void gate_open(gate *t) {
+    pthread_mutex_lock(&t->mu);
+    t->open = 1;
+    pthread_cond_signal(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* Stream-ordered free: the bytes return to the allocator at once (accounting
+ * exact), but the NaN fill lands after the work already queued on the stream,
+ * so a queued reader still sees the data. Negative control: the plain free
+ * poisons under the queued reader. */
+static void test_free_on_stream(void **state) {
+    (void)state;
+    for (int ordered = 1; ordered >= 0; ordered--) {
+        pt_gpu *g = open_dev(4 * MiB, 1, 0, 0);
+        const pt_gpu_backend *o = pt_gpu_ops(g);
+        void *impl = pt_gpu_impl(g);
+        pt_stream *s = NULL;
+        assert_int_equal(o->stream_create(impl, &s), PT_OK);
+        float *x = NULL;
+        assert_int_equal(pt_gpu_alloc(g, 1000 * sizeof(float), PT_TAG_ACT, (void **)&x, NULL, 0),
+                         PT_OK);
+        for (int i = 0; i < 1000; i++) x[i] = (float)i;
+        gate t = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, x, 0.0f};
+        assert_int_equal(o->host_fn(impl, s, gate_wait, &t), PT_OK);
+        assert_int_equal(o->host_fn(impl, s, gate_read, &t), PT_OK);
+        pt_gpu_usage u;
+        pt_gpu_usage_get(g, &u);
+        uint64_t before = u.current;
+        if (ordered) assert_int_equal(pt_gpu_free_on_stream(g, x, s, NULL, 0), PT_OK);
+        else pt_gpu_free(g, x);
+        pt_gpu_usage_get(g, &u);
+        assert_true(u.current < before);     /* free for the allocator now */
+        gate_open(&t);
+        assert_int_equal(o->stream_sync(impl, s), PT_OK);
+        if (ordered) {
+            assert_true(t.seen == 7.0f);      /* the reader ran before the fill */
+            assert_true(isnan(x[7]));         /* and the fill came after it */
+        } else {
+            assert_true(isnan(t.seen));       /* poisoned under the queued reader */
+        }
+        o->stream_destroy(impl, s);
+        close_dev(g);
+    }
+}
+
 static void test_checked_free(void **state) {
     (void)state;
     pt_gpu *g = open_dev(4 * MiB, 1, 0, 0);
@@ -686,6 +750,7 @@ int main(void) {
         cmocka_unit_test(test_peak_accounting),
         cmocka_unit_test(test_fragmentation),
         cmocka_unit_test(test_poison_on_free),
+        cmocka_unit_test(test_free_on_stream),
         cmocka_unit_test(test_checked_free),
         cmocka_unit_test(test_pinned_budget),
         cmocka_unit_test(test_failure_injection),
