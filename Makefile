@@ -161,7 +161,7 @@ $(BUILD)/bench/%: tests/bench/%.c $(TEST_LIBS)
 # cores the plugin's stream and CPU-optimizer threads need (measured: test_offload
 # 32 s spinning vs 2.4 s passive on 2 cores).
 OMP_ENV := OMP_WAIT_POLICY=PASSIVE
-TEST_ENV := PT_BUILD=$(abspath $(BUILD)) PT_ROOT=$(CURDIR) OMP_NUM_THREADS=2 $(OMP_ENV) \
+TEST_ENV := PT_BUILD=$(abspath $(BUILD)) PT_ROOT=$(CURDIR) PT_SAN=$(SAN) OMP_NUM_THREADS=2 $(OMP_ENV) \
             CMOCKA_MESSAGE_OUTPUT=stdout
 test: all
 	@fail=0; for t in $(TEST_BINS); do \
