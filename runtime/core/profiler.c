@@ -1,6 +1,6 @@
 /*
  * profiler.c — the memory-aware profiler. It times the host's profile_step on the
- * device's clock (pt_rt_dev_clock) under the bootstrap plan (every
+ * device's clock under the bootstrap plan (every
  * chunk streamed through the minimal pool, every block CKPT: the configuration
  * that fits if anything does) and reads the plugin's own allocator around each
  * hook window, so the trace holds exact bytes, not estimates:
@@ -15,6 +15,11 @@
  *   forward:  arena = rounded arena request; next input = max(0, c1 - c0 - arena);
  *             fwd_scratch = p - c0 - arena - next input
  *   backward: bwd_scratch = p - c0 (the arena is already in c0)
+ * Times are on the device's clock: each window edge records an event on the
+ * compute stream, and a window is the elapsed time between its two events,
+ * read once the pass has run (a host that launches its work asynchronously
+ * returns from the hooks long before the device reaches them; the host's wall
+ * clock between hook calls would time its launches).
  * Then hardware rates: H2D/D2H over two sizes (the pool's slot and a quarter of
  * it), CPU AdamW elements/s on the worker pool, device AdamW elements/s.
  */
@@ -33,11 +38,15 @@
  * BLAS and is dropped; the trace takes the median of the others per window. */
 #define PROF_PASSES 4
 
+/* Window edges of a pass: one event each, recorded on the compute stream. */
+enum { E_XPF, E_EPO, E_XPB, E_EPB, E_RC0, E_RC1, E_PER_BLOCK };   /* [b] each */
+enum { E_T0, E_PF0, E_HD0, E_HD1, E_EB0, E_END, E_GLOBAL };       /* after the blocks */
+
 struct pt_prof {
     int n;
     int pass;                       /* current pass, 0-based */
-    double t_last_exit;             /* time the last hook returned */
-    double t0, head_t0, ebwd_t0;
+    pt_event **ev;                  /* [E_PER_BLOCK * n + E_GLOBAL] */
+    unsigned char *ev_set;          /* recorded in this pass */
     uint64_t c0;                    /* bytes at the current window's start */
     uint64_t head_c0;
     double *fwd, *bwd, *rec;        /* [PROF_PASSES][n] seconds */
@@ -61,6 +70,44 @@ static uint64_t peak_bytes(pt_rt *rt) {
     return u.peak;
 }
 
+static int ev_index(const struct pt_prof *p, int kind, int b) {
+    return b >= 0 ? kind * p->n + b : E_PER_BLOCK * p->n + kind;
+}
+
+/* A window edge: the device's clock when the compute stream reaches this point. */
+static void mark(pt_rt *rt, int kind, int b) {
+    struct pt_prof *p = rt->prof;
+    int i = ev_index(p, kind, b);
+    if (!pt_gpu_ops(rt->gpu)->event_record(pt_gpu_impl(rt->gpu), p->ev[i], rt->s_compute))
+        p->ev_set[i] = 1;
+}
+
+/* Seconds between two edges of this pass (0 when either was not recorded). */
+static double span(pt_rt *rt, int ka, int ba, int kb, int bb) {
+    struct pt_prof *p = rt->prof;
+    int a = ev_index(p, ka, ba), b = ev_index(p, kb, bb);
+    float ms = 0.0f;
+    if (!p->ev_set[a] || !p->ev_set[b] ||
+        pt_gpu_ops(rt->gpu)->event_elapsed_ms(pt_gpu_impl(rt->gpu), p->ev[a], p->ev[b], &ms))
+        return 0.0;
+    return ms > 0 ? 1e-3 * (double)ms : 0.0;
+}
+
+/* The pass has been launched: wait for the device, turn its edges into times. */
+static void resolve_pass(pt_rt *rt) {
+    struct pt_prof *p = rt->prof;
+    pt_gpu_ops(rt->gpu)->stream_sync(pt_gpu_impl(rt->gpu), rt->s_compute);
+    for (int b = 0; b < p->n; b++) {
+        AT(p->fwd, b) = span(rt, E_XPF, b, E_EPO, b);
+        AT(p->bwd, b) = span(rt, E_XPB, b, E_EPB, b);
+        AT(p->rec, b) = span(rt, E_RC0, b, E_RC1, b);
+    }
+    p->embed_fwd[p->pass] = span(rt, E_T0, -1, E_PF0, -1);
+    p->head[p->pass] = span(rt, E_HD0, -1, E_HD1, -1);
+    p->embed_bwd[p->pass] = span(rt, E_EB0, -1, E_END, -1);
+    memset(p->ev_set, 0, (size_t)(E_PER_BLOCK * p->n + E_GLOBAL));
+}
+
 static void window_start(pt_rt *rt) {
     rt->prof->c0 = cur_bytes(rt);
     pt_gpu_reset_peak(rt->gpu);
@@ -71,8 +118,9 @@ int pt_prof_passes(void) { return PROF_PASSES; }
 int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
     if (rt->prof) {                  /* a further pass: keep the earlier passes' timings */
         struct pt_prof *p = rt->prof;
+        resolve_pass(rt);
         if (p->pass + 1 < PROF_PASSES) p->pass++;
-        p->t0 = pt_rt_dev_clock(rt);
+        mark(rt, E_T0, -1);
         window_start(rt);
         return PT_OK;
     }
@@ -82,20 +130,27 @@ int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
     if (!p || !(p->fwd = calloc(tn, sizeof(double))) ||
         !(p->bwd = calloc(tn, sizeof(double))) || !(p->rec = calloc(tn, sizeof(double))) ||
         !(p->arena = calloc((size_t)n, 8)) || !(p->input = calloc((size_t)n + 1, 8)) ||
-        !(p->fscr = calloc((size_t)n, 8)) || !(p->bscr = calloc((size_t)n, 8))) {
+        !(p->fscr = calloc((size_t)n, 8)) || !(p->bscr = calloc((size_t)n, 8)) ||
+        !(p->ev = calloc((size_t)(E_PER_BLOCK * n + E_GLOBAL), sizeof *p->ev)) ||
+        !(p->ev_set = calloc((size_t)(E_PER_BLOCK * n + E_GLOBAL), 1))) {
         rt->prof = p;
         pt_prof_free(rt);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
     p->n = rt->n_blocks;
     rt->prof = p;
+    for (int i = 0; i < E_PER_BLOCK * p->n + E_GLOBAL; i++)
+        if (pt_gpu_ops(rt->gpu)->event_create(pt_gpu_impl(rt->gpu), &p->ev[i])) {
+            pt_prof_free(rt);
+            return pt_fail(err, errlen, PT_ERR_BACKEND, "profiler: cannot create device events");
+        }
     pt_gpu_usage u;
     pt_gpu_usage_get(rt->gpu, &u);
     /* what the host holds outside blocks (inputs, residual streams, logits, scratch)
      * and the plugin's own small device buffers (norm accumulator) */
     p->nonblock = u.tag_current[PT_TAG_ACT] + u.tag_current[PT_TAG_SCRATCH] +
                   u.tag_current[PT_TAG_HOSTUSE] + u.tag_current[PT_TAG_OTHER];
-    p->t0 = pt_rt_dev_clock(rt);
+    mark(rt, E_T0, -1);
     window_start(rt);
     return PT_OK;
 }
@@ -110,6 +165,10 @@ void pt_prof_free(pt_rt *rt) {
     free(p->input);
     free(p->fscr);
     free(p->bscr);
+    for (int i = 0; p->ev && i < E_PER_BLOCK * p->n + E_GLOBAL; i++)
+        if (p->ev[i]) pt_gpu_ops(rt->gpu)->event_destroy(pt_gpu_impl(rt->gpu), p->ev[i]);
+    free(p->ev);
+    free(p->ev_set);
     free(p);
     rt->prof = NULL;
 }
@@ -123,17 +182,16 @@ static void nonblock_window_end(pt_rt *rt) {
 void pt_prof_hook(pt_rt *rt, int which, int32_t b, int exit) {
     struct pt_prof *p = rt->prof;
     if (!p || b < 0 || b >= p->n) return;
-    double t = pt_rt_dev_clock(rt);
     if (!exit) {               /* hook entry: a window ends */
         switch (which) {
         case PT_PROF_PRE_FWD:
             if (b == 0) {
-                p->embed_fwd[p->pass] = t - p->t0;
+                mark(rt, E_PF0, -1);
                 nonblock_window_end(rt);
             }
             break;
         case PT_PROF_POST_FWD: {
-            AT(p->fwd, b) = t - p->t_last_exit;
+            mark(rt, E_EPO, b);
             uint64_t pk = peak_bytes(rt), c1 = cur_bytes(rt);
             uint64_t ar = pt_store_arena_bytes(rt->st, b);
             uint64_t grown = c1 > p->c0 + ar ? c1 - p->c0 - ar : 0;
@@ -145,12 +203,12 @@ void pt_prof_hook(pt_rt *rt, int which, int32_t b, int exit) {
         }
         case PT_PROF_PRE_BWD:
             if (b == p->n - 1) {
-                p->head[p->pass] = t - p->head_t0;
+                mark(rt, E_HD1, -1);
                 nonblock_window_end(rt);
             }
             break;
         case PT_PROF_POST_BWD: {
-            AT(p->bwd, b) = t - p->t_last_exit;
+            mark(rt, E_EPB, b);
             uint64_t pk = peak_bytes(rt);
             p->bscr[b] = pk > p->c0 ? pk - p->c0 : 0;
             break;
@@ -159,15 +217,16 @@ void pt_prof_hook(pt_rt *rt, int which, int32_t b, int exit) {
         return;
     }
     /* hook exit: a window starts */
-    p->t_last_exit = t;
-    if (which == PT_PROF_POST_FWD && b == p->n - 1) p->head_t0 = t;
-    if (which == PT_PROF_POST_BWD && b == 0) p->ebwd_t0 = t;
+    if (which == PT_PROF_PRE_FWD) mark(rt, E_XPF, b);
+    if (which == PT_PROF_PRE_BWD) mark(rt, E_XPB, b);
+    if (which == PT_PROF_POST_FWD && b == p->n - 1) mark(rt, E_HD0, -1);
+    if (which == PT_PROF_POST_BWD && b == 0) mark(rt, E_EB0, -1);
     window_start(rt);
 }
 
-void pt_prof_recompute(pt_rt *rt, int32_t b, double seconds) {
+void pt_prof_recompute_mark(pt_rt *rt, int32_t b, int after) {
     struct pt_prof *p = rt->prof;
-    if (p && b >= 0 && b < p->n) AT(p->rec, b) = seconds;
+    if (p && b >= 0 && b < p->n) mark(rt, after ? E_RC1 : E_RC0, b);
 }
 
 /* Median over the measured passes (1..pass; pass 0 alone when it is the only one)
@@ -311,8 +370,8 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
     struct pt_prof *p = rt->prof;
     pt_model_v1 *m = rt->model;
     int n_chunks = pt_store_n_chunks(rt->st);
-    double tend = pt_rt_dev_clock(rt);
-    p->embed_bwd[p->pass] = tend - p->ebwd_t0;
+    mark(rt, E_END, -1);
+    resolve_pass(rt);
     nonblock_window_end(rt);
     pt_trace_init(t);
     int rc = pt_trace_alloc(t, rt->n_blocks, n_chunks, err, errlen);

@@ -184,20 +184,10 @@ static int block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen) {
     return PT_OK;
 }
 
-static void on_recompute(void *user, int32_t b, double seconds) {
+static void recompute_mark(void *user, int32_t b, int after) {
     pt_rt *rt = user;
-    if (rt->prof) pt_prof_recompute(rt, b, seconds);
+    if (rt->prof) pt_prof_recompute_mark(rt, b, after);
 }
-
-double pt_rt_dev_clock(pt_rt *rt) {
-    /* While profiling, the time of a hook is when the device reaches it: wait for
-     * the host's launched work first (profile passes only; never while training). */
-    if (rt->prof && rt->launch_queued)
-        pt_gpu_ops(rt->gpu)->stream_sync(pt_gpu_impl(rt->gpu), rt->s_compute);
-    return pt_now_s();
-}
-
-static double dev_clock(void *user) { return pt_rt_dev_clock(user); }
 
 void pt_rt_store_free(pt_rt *rt) {
     pt_store_destroy(rt->st);
@@ -213,8 +203,8 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
     int rc = block_modes(rt, modes, err, errlen);
     if (!rc) {
         pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->gpu, rt->s_compute, rt->s_h2d,
-                            rt->s_d2h, rt->model, &rt->opt, rt->sx, on_recompute, dev_clock,
-                            rt, rt->ordered, rt->skip};
+                            rt->s_d2h, rt->model, &rt->opt, rt->sx, recompute_mark, rt,
+                            rt->ordered, rt->skip};
         rc = pt_store_create(&env, &rt->kn, modes, rt->swap_done, from_image, &rt->st, err,
                              errlen);
     }

@@ -49,9 +49,6 @@ struct pt_rt {
 
 /* rt.c */
 int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen);
-/* Seconds on the device's clock: while profiling an asynchronous host, waits for
- * its launched work first, so windows time the device, not the launches. */
-double pt_rt_dev_clock(pt_rt *rt);
 void pt_rt_store_free(pt_rt *rt);
 
 /* plan_rt.c */

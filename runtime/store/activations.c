@@ -211,10 +211,9 @@ int pt_acts_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
         if (!st->host->recompute_block) {
             return pt_fail(err, errlen, PT_ERR_CALLBACK, "block %d is CKPT but the host gave no recompute_block callback", b);
         }
-        double t0 = st->clock ? st->clock(st->user) : pt_now_s();
+        if (st->recompute_mark) st->recompute_mark(st->user, b, 0);
         int hrc = st->host->recompute_block(st->host->user, b);
-        if (st->on_recompute)
-            st->on_recompute(st->user, b, (st->clock ? st->clock(st->user) : pt_now_s()) - t0);
+        if (st->recompute_mark) st->recompute_mark(st->user, b, 1);
         if (hrc) {
             return pt_fail(err, errlen, PT_ERR_CALLBACK, "host recompute_block(%d) returned %d", b, hrc);
         }

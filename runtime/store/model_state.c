@@ -487,8 +487,7 @@ int pt_store_create(const pt_store_env *env, const pt_store_knobs *kn, const int
     st->n_blocks = env->model->n_blocks;
     st->opt = env->opt;
     st->sx = env->sx;
-    st->on_recompute = env->on_recompute;
-    st->clock = env->clock;
+    st->recompute_mark = env->recompute_mark;
     st->user = env->user;
     st->ordered = env->ordered;
     st->skip = env->skip;

@@ -67,11 +67,9 @@ typedef struct pt_store_env {
     pt_model_v1 *model;             /* validated by pt_store_validate */
     pt_optim_state *opt;
     const pt_step_state *sx;
-    /* Told the time each CKPT recompute took (the profiler's per-block recompute
-     * time), or NULL; read on clock(user): the device's clock (it waits for the
-     * host's launched work while profiling). */
-    void (*on_recompute)(void *user, int32_t block, double seconds);
-    double (*clock)(void *user);
+    /* Called right before (after = 0) and after (after = 1) each CKPT recompute
+     * callback, so the profiler can mark the device's clock there; or NULL. */
+    void (*recompute_mark)(void *user, int32_t block, int after);
     void *user;
     /* The host computes asynchronously on s_compute (PT_HOST_ASYNC_COMPUTE): the
      * store orders its copies, frees and kernels after the host's work with

@@ -80,8 +80,7 @@ struct pt_store {
     int n_blocks;
     pt_optim_state *opt;
     const pt_step_state *sx;
-    void (*on_recompute)(void *user, int32_t block, double seconds);
-    double (*clock)(void *user);
+    void (*recompute_mark)(void *user, int32_t block, int after);
     void *user;
     pt_store_knobs kn;
     int no_init_upload;       /* values come from a state image, not the host's tensors */
