@@ -45,11 +45,16 @@ static int teardown(void **st) {
 /* 16 KiB chunks: every block spans several chunks, no tensor is oversize.
  * Fixed-knob runs set auto_memory = false: they test the runtime under exactly
  * those knobs (below the planner's lookahead minimum too), not the planner. */
+/* Every run computes on the asynchronous device with jitter; the seed rotates
+ * over 1..3 from run to run, so each oracle below holds under several
+ * interleavings of the host's work and the plugin's copies. */
 static const char *ini(const char *name, const char *memory, const char *protrain) {
+    static int runs;
     char text[1024];
     snprintf(text, sizeof text, "[plugin]\nlog_level = warn\nbackend = host\n[memory]\n%s\n"
-             "[protrain]\nchunk_size = 16KiB\n%s\n",
-             memory ? memory : "device_capacity = 256MiB", protrain);
+             "[protrain]\nchunk_size = 16KiB\n%s\n[host_backend]\nasync_compute = true\n"
+             "compute_jitter = 200us\njitter_seed = %d\n",
+             memory ? memory : "device_capacity = 256MiB", protrain, 1 + runs++ % 3);
     const char *path = sh_harness_ini(&H, name, text);
     assert_non_null(path);
     return path;
