@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "device_ext.h"
 #include "kernels_hd.h"
@@ -330,12 +329,6 @@ static void chunk_accumulate(cs_chunk *c, int first) {
 
 typedef struct { pt_store *st; cs_chunk *c; } chunk_job;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void add_optim_time(pt_store *ms, double dt) {
     pthread_mutex_lock(&ms->acct_mu);
     ms->cpu_optim_s += dt;
@@ -348,13 +341,13 @@ static void grad_task(void *arg) {
     cs_chunk *c = j->c;
     free(j);
     OPS(st)->event_sync(IMPL(st), c->ev_d2h);   /* the gradient is on the host */
-    double t0 = now_s();
+    double t0 = pt_now_s();
     int acc = c->t_n_micro > 1;
     if (acc) chunk_accumulate(c, c->t_micro == 0);
     int last = c->t_micro == c->t_n_micro - 1;
     if (last && c->t_norm) chunk_norms(st, c, acc);
     if (last && c->t_step_now) chunk_adam(st, c, &c->t_consts, acc);
-    add_optim_time(st, now_s() - t0);
+    add_optim_time(st, pt_now_s() - t0);
 }
 
 static void step_consts(pt_store *st, float lr, float gs, pt_adamw_consts *k) {
@@ -515,9 +508,9 @@ static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
 typedef struct { pt_store *st; cs_chunk *c; pt_adamw_consts k; int acc; } adam_job;
 static void adam_task(void *arg) {
     adam_job *j = arg;
-    double t0 = now_s();
+    double t0 = pt_now_s();
     chunk_adam(j->st, j->c, &j->k, j->acc);
-    add_optim_time(j->st, now_s() - t0);
+    add_optim_time(j->st, pt_now_s() - t0);
 }
 
 void pt_store_set_profiling(pt_store *st, int on) { st->profiling = on; }
@@ -536,7 +529,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         lr = ms->lr_next;
     }
     o->lr = lr;
-    double w0 = now_s();
+    double w0 = pt_now_s();
     if (ms->n_offloaded) {
         OPS(st)->stream_sync(IMPL(st), st->s_d2h);
         wait_tasks(st);
@@ -587,7 +580,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
     free(jobs);
     /* what the host waited for CPU work (overlapped tasks + deferred steps); the
      * device Adam of persistent chunks runs in the same window, ordered first */
-    ms->optim_wait_s += now_s() - w0;
+    ms->optim_wait_s += pt_now_s() - w0;
     /* A host computing on its own thread reads the device AdamW's results right
      * after this hook; an ordered host's next work queues behind it anyway. */
     if (!st->ordered && OPS(st)->stream_sync(IMPL(st), st->s_compute)) {

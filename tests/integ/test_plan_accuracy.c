@@ -80,11 +80,11 @@ static void run(const char *knobs, meas *m) {
     int rc = sh_trainer_create(&tr, &o, err, sizeof err);
     if (rc) fail_msg("create (%s): %s", knobs, err);
     double t[WARM + MEAS + 1], loss;
-    t[0] = sh_now_s();
+    t[0] = pt_now_s();
     for (int s = 1; s <= WARM + MEAS; s++) {
         rc = sh_trainer_step(tr, s, 1e-3f, &loss);
         if (rc) fail_msg("step %d: %s", s, sh_trainer_error(tr));
-        t[s] = sh_now_s();
+        t[s] = pt_now_s();
     }
     double d[MEAS];
     for (int i = 0; i < MEAS; i++) d[i] = t[WARM + i + 1] - t[WARM + i];
