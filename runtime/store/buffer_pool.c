@@ -6,11 +6,11 @@
 #include "buffer_pool.h"
 
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "protrain.h"
 
 typedef struct slot {
@@ -37,21 +37,13 @@ struct pt_bufpool {
     char err[320];
 };
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static int dev_alloc(pt_gpu *g, uint64_t bytes, void **p, char *err, size_t errlen) {
     if (g) return pt_gpu_alloc(g, (size_t)bytes, PT_TAG_BUFFER, p, err, errlen);
     *p = calloc(1, (size_t)bytes);
     if (!*p) {
-        seterr(err, errlen, "buffer pool: out of host memory for a %llu-byte slot",
-               (unsigned long long)bytes);
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "buffer pool: out of host memory for a %llu-byte slot",
+                       (unsigned long long)bytes);
     }
     return PT_OK;
 }
@@ -87,17 +79,17 @@ static int32_t find(const pt_bufpool *bp, int32_t chunk) {
 int pt_bufpool_create(pt_gpu *g, int32_t n_slots, uint64_t slot_bytes, pt_bufpool **out,
                       char *err, size_t errlen) {
     if (!out || n_slots < 0 || (n_slots > 0 && slot_bytes == 0)) {
-        seterr(err, errlen, "buffer pool: bad arguments (%d slots of %llu bytes)",
-               (int)n_slots, (unsigned long long)slot_bytes);
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "buffer pool: bad arguments (%d slots of %llu bytes)",
+                       (int)n_slots, (unsigned long long)slot_bytes);
     }
     *out = NULL;
     pt_bufpool *bp = calloc(1, sizeof *bp);
     if (bp) bp->slots = calloc((size_t)(n_slots ? n_slots : 1), sizeof *bp->slots);
     if (!bp || !bp->slots) {
         free(bp);
-        seterr(err, errlen, "buffer pool: out of host memory for %d slot records", (int)n_slots);
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "buffer pool: out of host memory for %d slot records", (int)n_slots);
     }
     bp->g = g;
     bp->n_slots = n_slots;
@@ -111,10 +103,9 @@ int pt_bufpool_create(pt_gpu *g, int32_t n_slots, uint64_t slot_bytes, pt_bufpoo
         char e2[256] = "";
         int rc = dev_alloc(g, slot_bytes, &s->ptr, e2, sizeof e2);
         if (rc) {
-            seterr(err, errlen, "buffer pool: slot %d of %d (%llu bytes each): %s", (int)i,
-                   (int)n_slots, (unsigned long long)slot_bytes, e2);
             pt_bufpool_destroy(bp);
-            return rc;
+            return pt_fail(err, errlen, rc, "buffer pool: slot %d of %d (%llu bytes each): %s", (int)i,
+                           (int)n_slots, (unsigned long long)slot_bytes, e2);
         }
         held_add(bp, slot_bytes);
     }
