@@ -20,8 +20,10 @@
  * starts on a cache-line boundary for fp32 and 16-bit arrays alike and two
  * threads never write the same line) and queues them on a pt_pool.
  *
- * Status codes are pt_status values (host_api/protrain.h); on failure
- * pt_cpu_adam_last_error() returns one sentence (thread-local).
+ * Errors: functions that can fail return a pt_status (host_api/protrain.h)
+ * and write one sentence into the caller's err buffer (may be NULL).
+ * pt_cpu_adam_run and the converters return the status alone: they fail only
+ * on arguments their callers have already validated.
  */
 #ifndef PT_CPU_ADAM_H
 #define PT_CPU_ADAM_H
@@ -65,10 +67,10 @@ pt_cpu_isa pt_cpu_adam_isa_id(void);
 pt_cpu_isa pt_cpu_adam_isa_best(void);
 /* Force a path (process-wide; call when no step is running). Returns
  * PT_ERR_UNSUPPORTED if the CPU lacks it, PT_ERR_INVALID_ARG if unknown. */
-int pt_cpu_adam_set_isa(pt_cpu_isa isa);
+int pt_cpu_adam_set_isa(pt_cpu_isa isa, char *err, size_t errlen);
 
-/* Check args; PT_OK or PT_ERR_INVALID_ARG with last_error set. */
-int pt_cpu_adam_check(const pt_cpu_adam_args *a);
+/* Check args: PT_OK, or PT_ERR_INVALID_ARG naming the bad field. */
+int pt_cpu_adam_check(const pt_cpu_adam_args *a, char *err, size_t errlen);
 
 /* Update elements [begin, end) on the calling thread (no checks beyond
  * begin <= end <= n; call pt_cpu_adam_check first). */
@@ -81,12 +83,10 @@ void pt_cpu_adam_range(const pt_cpu_adam_args *a, size_t begin, size_t end);
  * Returns PT_OK, PT_ERR_INVALID_ARG, or PT_ERR_HOST_OOM/PT_ERR_ORDER from the
  * pool (in which case the slices that could not be queued were run inline,
  * so the update is still complete after the wait). */
-int pt_cpu_adam_step(pt_pool *pool, const pt_cpu_adam_args *a, pt_task_group *g);
+int pt_cpu_adam_step(pt_pool *pool, const pt_cpu_adam_args *a, pt_task_group *g, char *err, size_t errlen);
 
-/* Synchronous convenience: pt_cpu_adam_step(pool, a, NULL). */
+/* Synchronous, status only: pt_cpu_adam_step(pool, a, NULL, NULL, 0). */
 int pt_cpu_adam_run(pt_pool *pool, const pt_cpu_adam_args *a);
-
-const char *pt_cpu_adam_last_error(void);
 
 /* ---- bulk converters, bit-identical to the scalar ones in kernels_hd.h ---- */
 void pt_cvt_f32_to_bf16(uint16_t *dst, const float *src, size_t n);

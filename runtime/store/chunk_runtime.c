@@ -86,8 +86,7 @@ int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen) {
             OPS(st)->event_create(IMPL(st), &c->ev_d2h))
             goto ev_fail;
     }
-    ms->workers = pt_pool_create(st->cfg->cpu_threads, err, errlen);
-    if (!ms->workers) return PT_ERR_HOST_OOM;
+    if ((rc = pt_pool_create(st->cfg->cpu_threads, &ms->workers, err, errlen))) return rc;
     PT_LOGI(st->lg, "CPU optimizer: %d worker thread(s), %s path", pt_pool_threads(ms->workers),
             pt_cpu_adam_isa());
     return PT_OK;
@@ -389,9 +388,10 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     j->c = c;
     /* the chunk's own group: the next micro-batch's copy into h_gstage waits on it,
      * and optimizer_step waits on every chunk's group */
-    if ((rc = pt_pool_submit(ms->workers, grad_task, j, &c->tg))) {
+    char why[160];
+    if ((rc = pt_pool_submit(ms->workers, grad_task, j, &c->tg, why, sizeof why))) {
         free(j);
-        return pt_fail(err, errlen, rc, "cannot queue the CPU optimizer task of chunk %d", c->id);
+        return pt_fail(err, errlen, rc, "cannot queue the CPU optimizer task of chunk %d (%s)", c->id, why);
     }
     return PT_OK;
 }
@@ -563,7 +563,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
             jobs[k].c = c;
             jobs[k].acc = st->sx->n_micro > 1;
             step_consts(st, lr, gs, &jobs[k].k);
-            if (pt_pool_submit(ms->workers, adam_task, &jobs[k], &g)) adam_task(&jobs[k]);
+            if (pt_pool_submit(ms->workers, adam_task, &jobs[k], &g, NULL, 0)) adam_task(&jobs[k]);
         }
     }
     for (int k = 0; k < ms->n_chunks; k++) {

@@ -144,8 +144,8 @@ int main(int argc, char **argv) {
         uint16_t *out16 = (uint16_t *)alloc_f(n / 2 + 1);
         for (int nt = 1; nt <= 2 && rc == 0; nt++) {
             char err[200];
-            pt_pool *pool = pt_pool_create(nt, err, sizeof err);
-            if (!pool) {
+            pt_pool *pool = NULL;
+            if (pt_pool_create(nt, &pool, err, sizeof err)) {
                 fprintf(stderr, "bench_cpu_adam: %s\n", err);
                 rc = 1;
                 break;
@@ -169,8 +169,8 @@ int main(int argc, char **argv) {
                                                                     1.0f)};
                     double t0 = pt_now_s();
                     if (k < 2) {
-                        if (pt_cpu_adam_run(pool, &a) != PT_OK) {
-                            fprintf(stderr, "bench_cpu_adam: %s\n", pt_cpu_adam_last_error());
+                        if (pt_cpu_adam_step(pool, &a, NULL, err, sizeof err) != PT_OK) {
+                            fprintf(stderr, "bench_cpu_adam: %s\n", err);
                             rc = 1;
                         }
                     } else {
