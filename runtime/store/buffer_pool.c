@@ -19,7 +19,6 @@ typedef struct slot {
     uint64_t stamp;       /* release counter value at the last release; 0 = never */
     int32_t chunk;        /* tag, -1 = none */
     int32_t leases;
-    void *user;
     int live;             /* oversize entries: allocated and leased */
 } slot;
 
@@ -316,16 +315,7 @@ SLOT_GETTER(pt_bufpool_slot_ptr, void *, s->ptr, NULL)
 SLOT_GETTER(pt_bufpool_slot_size, uint64_t, s->bytes, 0)
 SLOT_GETTER(pt_bufpool_slot_chunk, int32_t, s->chunk, -1)
 SLOT_GETTER(pt_bufpool_slot_leases, int32_t, s->leases, 0)
-SLOT_GETTER(pt_bufpool_slot_user, void *, s->user, NULL)
 #undef SLOT_GETTER
-
-void pt_bufpool_set_slot_user(pt_bufpool *bp, int32_t i, void *user) {
-    if (!bp) return;
-    pthread_mutex_lock(&bp->mu);
-    slot *s = get(bp, i);
-    if (s) s->user = user;
-    pthread_mutex_unlock(&bp->mu);
-}
 
 int32_t pt_bufpool_last_evicted(pt_bufpool *bp) {
     if (!bp) return -1;

@@ -24,8 +24,8 @@
  * this path only runs with a hand-set chunk size.
  *
  * Slot indices: 0 .. n_slots-1 are the regular slots; oversize slots get indices
- * >= n_slots, valid while leased. Each slot carries a `void *user` the runtime may
- * use (its ready/last-use events); the pool never touches it.
+ * >= n_slots, valid while leased. The pool knows nothing of streams: the store
+ * keeps its own per-slot event (the last gradient copy out of the slot).
  *
  * Device: with g != NULL slots come from pt_gpu_alloc (accounted, capacity-checked).
  * With g == NULL they are plain host memory from calloc (planning dry runs, tests).
@@ -81,8 +81,6 @@ void *pt_bufpool_slot_ptr(pt_bufpool *bp, int32_t slot);     /* NULL if invalid 
 uint64_t pt_bufpool_slot_size(pt_bufpool *bp, int32_t slot); /* 0 if invalid */
 int32_t pt_bufpool_slot_chunk(pt_bufpool *bp, int32_t slot); /* -1 if untagged/invalid */
 int32_t pt_bufpool_slot_leases(pt_bufpool *bp, int32_t slot);
-void *pt_bufpool_slot_user(pt_bufpool *bp, int32_t slot);
-void pt_bufpool_set_slot_user(pt_bufpool *bp, int32_t slot, void *user);
 /* The chunk whose tag the last acquire dropped, or -1. */
 int32_t pt_bufpool_last_evicted(pt_bufpool *bp);
 

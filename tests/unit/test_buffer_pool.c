@@ -215,7 +215,7 @@ static void test_oversize(void **st) {
     pt_bufpool_destroy(bp);
 }
 
-static void test_user_and_bad_args(void **st) {
+static void test_bad_args_and_accessors(void **st) {
     (void)st;
     pt_bufpool *bp = NULL;
     char err[256] = "";
@@ -228,11 +228,7 @@ static void test_user_and_bad_args(void **st) {
     assert_int_equal(pt_bufpool_acquire(bp, 0, &s, &h), PT_ERR_INTERNAL);
     pt_bufpool_destroy(bp);
     bp = mk(2, 64);
-    int x;
-    pt_bufpool_set_slot_user(bp, 1, &x);
-    assert_ptr_equal(pt_bufpool_slot_user(bp, 1), &x);
-    assert_null(pt_bufpool_slot_user(bp, 0));
-    assert_null(pt_bufpool_slot_user(bp, 5));
+    assert_null(pt_bufpool_slot_ptr(bp, 5));   /* no such slot */
     assert_int_equal(pt_bufpool_n_slots(bp), 2);
     assert_true(pt_bufpool_slot_bytes(bp) == 64);
     assert_true(pt_bufpool_slot_ptr(bp, 0) != pt_bufpool_slot_ptr(bp, 1));
@@ -347,7 +343,7 @@ int main(void) {
         cmocka_unit_test(test_untagged_first),
         cmocka_unit_test(test_leases_and_all_leased),
         cmocka_unit_test(test_oversize),
-        cmocka_unit_test(test_user_and_bad_args),
+        cmocka_unit_test(test_bad_args_and_accessors),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_device_accounting),
         cmocka_unit_test(test_device_oom),
