@@ -55,7 +55,6 @@ void pt_cost_ctx_free(pt_cost_ctx *cx) {
     free(cx);
 }
 
-const pt_trace *pt_cost_trace(const pt_cost_ctx *cx) { return cx->t; }
 int pt_cost_swap_interval(const pt_cost_ctx *cx) { return cx->interval; }
 
 int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errlen) {
@@ -627,8 +626,9 @@ void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_p
     out->host_bytes = pt_cost_host_bytes(cx, a, p, o ? o->shard : 0);
 }
 
-int pt_cost_eval_modes(const pt_cost_ctx *cx, const pt_cost_opts *o, const uint8_t *modes, int32_t p, int32_t nb,
-                       pt_cost *out, char *err, size_t errlen) {
+/* pt_cost_eval with an explicit mode map (modes[n_block]). */
+static int eval_modes(const pt_cost_ctx *cx, const pt_cost_opts *o, const uint8_t *modes, int32_t p, int32_t nb,
+                      pt_cost *out, char *err, size_t errlen) {
     if (p < 0 || p > cx->K)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "n_persist=%d out of range [0, %d chunks]", p, cx->K);
     int32_t lo = pt_cost_buffer_min_block(cx, p);
@@ -655,7 +655,7 @@ int pt_cost_eval(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_knobs *k
     uint8_t *modes = malloc((size_t)cx->N);
     if (!modes) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
     int rc = pt_place_blocks(cx->N, k->n_swap, k->n_checkpoint, cx->interval, modes, err, errlen);
-    if (!rc) rc = pt_cost_eval_modes(cx, o, modes, k->n_persist, k->n_buffer, out, err, errlen);
+    if (!rc) rc = eval_modes(cx, o, modes, k->n_persist, k->n_buffer, out, err, errlen);
     free(modes);
     return rc;
 }
