@@ -14,12 +14,10 @@
 #include "protrain.h"
 
 typedef struct slot {
-    void *ptr;            /* [bytes] device memory (host memory when g == NULL) */
-    uint64_t bytes;
+    void *ptr;            /* [slot_bytes] device memory (host memory when g == NULL) */
     uint64_t stamp;       /* release counter value at the last release; 0 = never */
     int32_t chunk;        /* tag, -1 = none */
     int32_t leases;
-    int live;             /* oversize entries: allocated and leased */
 } slot;
 
 struct pt_bufpool {
@@ -28,8 +26,6 @@ struct pt_bufpool {
     int32_t n_slots;
     uint64_t slot_bytes;
     slot *slots;          /* [n_slots] */
-    slot *ov;             /* [n_ov] oversize entries; index n_slots + k */
-    int32_t n_ov;
     uint64_t clock;       /* release counter */
     int32_t last_evicted;
     pt_bufpool_stats st;
@@ -53,25 +49,12 @@ static void dev_free(pt_gpu *g, void *p) {
     else free(p);
 }
 
-static void held_add(pt_bufpool *bp, uint64_t b) {
-    bp->st.bytes_held += b;
-    if (bp->st.bytes_held > bp->st.bytes_peak) bp->st.bytes_peak = bp->st.bytes_held;
-}
-
-/* Slot by index (regular or live oversize), or NULL. Caller holds mu. */
-static slot *get(pt_bufpool *bp, int32_t i) {
-    if (i < 0) return NULL;
-    if (i < bp->n_slots) return &bp->slots[i];
-    i -= bp->n_slots;
-    if (i < bp->n_ov && bp->ov[i].live) return &bp->ov[i];
-    return NULL;
-}
+/* Slot by index, or NULL. */
+static slot *get(pt_bufpool *bp, int32_t i) { return i >= 0 && i < bp->n_slots ? &bp->slots[i] : NULL; }
 
 static int32_t find(const pt_bufpool *bp, int32_t chunk) {
     for (int32_t i = 0; i < bp->n_slots; i++)
         if (bp->slots[i].chunk == chunk) return i;
-    for (int32_t k = 0; k < bp->n_ov; k++)
-        if (bp->ov[k].live && bp->ov[k].chunk == chunk) return bp->n_slots + k;
     return -1;
 }
 
@@ -98,7 +81,6 @@ int pt_bufpool_create(pt_gpu *g, int32_t n_slots, uint64_t slot_bytes, pt_bufpoo
     for (int32_t i = 0; i < n_slots; i++) {
         slot *s = &bp->slots[i];
         s->chunk = -1;
-        s->bytes = slot_bytes;
         char e2[256] = "";
         int rc = dev_alloc(g, slot_bytes, &s->ptr, e2, sizeof e2);
         if (rc) {
@@ -106,7 +88,7 @@ int pt_bufpool_create(pt_gpu *g, int32_t n_slots, uint64_t slot_bytes, pt_bufpoo
             return pt_fail(err, errlen, rc, "buffer pool: slot %d of %d (%llu bytes each): %s", (int)i,
                            (int)n_slots, (unsigned long long)slot_bytes, e2);
         }
-        held_add(bp, slot_bytes);
+        bp->st.bytes_held += slot_bytes;
     }
     *out = bp;
     return PT_OK;
@@ -115,16 +97,13 @@ int pt_bufpool_create(pt_gpu *g, int32_t n_slots, uint64_t slot_bytes, pt_bufpoo
 void pt_bufpool_destroy(pt_bufpool *bp) {
     if (!bp) return;
     for (int32_t i = 0; i < bp->n_slots; i++) dev_free(bp->g, bp->slots[i].ptr);
-    for (int32_t k = 0; k < bp->n_ov; k++)
-        if (bp->ov[k].live) dev_free(bp->g, bp->ov[k].ptr);
     pthread_mutex_destroy(&bp->mu);
     free(bp->slots);
-    free(bp->ov);
     free(bp);
 }
 
-/* Caller holds mu. Regular path: hit, else untagged unleased slot, else LRU unleased. */
-static int acquire_regular(pt_bufpool *bp, int32_t chunk, int32_t *out, int32_t *hit) {
+/* Caller holds mu. A hit, else an untagged unleased slot, else the LRU unleased one. */
+static int acquire_locked(pt_bufpool *bp, int32_t chunk, int32_t *out, int32_t *hit) {
     int32_t i = find(bp, chunk);
     if (i >= 0) {
         get(bp, i)->leases++;
@@ -164,61 +143,7 @@ static int acquire_regular(pt_bufpool *bp, int32_t chunk, int32_t *out, int32_t 
     return PT_OK;
 }
 
-/* Caller holds mu. Oversize path: share a live allocation, else make one. */
-static int acquire_oversize(pt_bufpool *bp, int32_t chunk, uint64_t bytes, int32_t *out,
-                            int32_t *hit) {
-    int32_t i = find(bp, chunk);
-    if (i >= 0 && i < bp->n_slots) {
-        snprintf(bp->err, sizeof bp->err, "buffer pool: chunk %d is cached in regular slot %d "
-                 "but was requested as oversize (%llu bytes > %llu-byte slots)", (int)chunk,
-                 (int)i, (unsigned long long)bytes, (unsigned long long)bp->slot_bytes);
-        return PT_ERR_INTERNAL;
-    }
-    if (i >= bp->n_slots) {
-        get(bp, i)->leases++;
-        bp->st.hits++;
-        *out = i;
-        *hit = 1;
-        return PT_OK;
-    }
-    int32_t k = 0;
-    while (k < bp->n_ov && bp->ov[k].live) k++;
-    if (k == bp->n_ov) {
-        slot *nv = realloc(bp->ov, sizeof *nv * (size_t)(bp->n_ov + 1));
-        if (!nv) {
-            snprintf(bp->err, sizeof bp->err, "buffer pool: out of host memory for an "
-                     "oversize slot record");
-            return PT_ERR_HOST_OOM;
-        }
-        bp->ov = nv;
-        memset(&bp->ov[bp->n_ov++], 0, sizeof *nv);
-    }
-    slot *s = &bp->ov[k];
-    char e2[256] = "";
-    void *p = NULL;
-    int rc = dev_alloc(bp->g, bytes, &p, e2, sizeof e2);
-    if (rc) {
-        snprintf(bp->err, sizeof bp->err, "buffer pool: oversize chunk %d (%llu bytes, slots "
-                 "are %llu): %s", (int)chunk, (unsigned long long)bytes,
-                 (unsigned long long)bp->slot_bytes, e2);
-        return rc;
-    }
-    memset(s, 0, sizeof *s);
-    s->ptr = p;
-    s->bytes = bytes;
-    s->chunk = chunk;
-    s->leases = 1;
-    s->live = 1;
-    held_add(bp, bytes);
-    bp->st.misses++;
-    bp->st.oversize_allocs++;
-    *out = bp->n_slots + k;
-    *hit = 0;
-    return PT_OK;
-}
-
-int pt_bufpool_acquire_sized(pt_bufpool *bp, int32_t chunk, uint64_t bytes, int32_t *slot_out,
-                             int32_t *hit) {
+int pt_bufpool_acquire(pt_bufpool *bp, int32_t chunk, int32_t *slot_out, int32_t *hit) {
     if (!bp || !slot_out || !hit || chunk < 0) {
         if (bp) snprintf(bp->err, sizeof bp->err, "buffer pool: acquire of chunk %d with a "
                          "NULL output or negative chunk", (int)chunk);
@@ -227,15 +152,10 @@ int pt_bufpool_acquire_sized(pt_bufpool *bp, int32_t chunk, uint64_t bytes, int3
     pthread_mutex_lock(&bp->mu);
     bp->last_evicted = -1;
     bp->st.acquires++;
-    int rc = bytes > bp->slot_bytes ? acquire_oversize(bp, chunk, bytes, slot_out, hit)
-                                    : acquire_regular(bp, chunk, slot_out, hit);
+    int rc = acquire_locked(bp, chunk, slot_out, hit);
     if (rc) bp->st.acquires--;
     pthread_mutex_unlock(&bp->mu);
     return rc;
-}
-
-int pt_bufpool_acquire(pt_bufpool *bp, int32_t chunk, int32_t *slot_out, int32_t *hit) {
-    return pt_bufpool_acquire_sized(bp, chunk, 0, slot_out, hit);
 }
 
 int pt_bufpool_release(pt_bufpool *bp, int32_t i) {
@@ -249,12 +169,6 @@ int pt_bufpool_release(pt_bufpool *bp, int32_t i) {
         rc = PT_ERR_INVALID_ARG;
     } else if (--s->leases == 0) {
         s->stamp = ++bp->clock;
-        if (i >= bp->n_slots) {      /* oversize: not cached, give the memory back */
-            dev_free(bp->g, s->ptr);
-            bp->st.bytes_held -= s->bytes;
-            memset(s, 0, sizeof *s);
-            s->chunk = -1;
-        }
     }
     pthread_mutex_unlock(&bp->mu);
     return rc;
@@ -288,7 +202,6 @@ int32_t pt_bufpool_invalidate_all(pt_bufpool *bp) {
         if (s->leases) kept += s->chunk >= 0;
         else s->chunk = -1;
     }
-    for (int32_t k = 0; k < bp->n_ov; k++) kept += bp->ov[k].live;   /* live = leased */
     pthread_mutex_unlock(&bp->mu);
     return kept;
 }
@@ -312,7 +225,7 @@ int32_t pt_bufpool_lookup(pt_bufpool *bp, int32_t chunk) {
         return v;                                              \
     }
 SLOT_GETTER(pt_bufpool_slot_ptr, void *, s->ptr, NULL)
-SLOT_GETTER(pt_bufpool_slot_size, uint64_t, s->bytes, 0)
+SLOT_GETTER(pt_bufpool_slot_size, uint64_t, bp->slot_bytes, 0)
 SLOT_GETTER(pt_bufpool_slot_chunk, int32_t, s->chunk, -1)
 SLOT_GETTER(pt_bufpool_slot_leases, int32_t, s->leases, 0)
 #undef SLOT_GETTER
@@ -334,7 +247,6 @@ void pt_bufpool_stats_get(pt_bufpool *bp, pt_bufpool_stats *st) {
     *st = bp->st;
     st->leased_slots = 0;
     for (int32_t i = 0; i < bp->n_slots; i++) st->leased_slots += bp->slots[i].leases > 0;
-    for (int32_t k = 0; k < bp->n_ov; k++) st->leased_slots += bp->ov[k].live;
     pthread_mutex_unlock(&bp->mu);
 }
 

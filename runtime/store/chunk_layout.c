@@ -371,15 +371,6 @@ uint64_t pt_layout_waste(const pt_layout *l) {
     return w;
 }
 
-uint64_t pt_layout_max_streamed_oversize(const pt_layout *l) {
-    uint64_t m = 0;
-    for (int32_t c = 0; c < l->n_chunks; c++) {
-        const pt_chunk *ch = &l->chunks[c];
-        if (ch->oversize && !ch->mandatory_persistent && ch->capacity > m) m = ch->capacity;
-    }
-    return m;
-}
-
 int pt_layout_params_from_model(const pt_model_v1 *m, const int32_t *exec_order,
                                 pt_layout_param *p, char *err, size_t errlen) {
     if (!m || !p || m->n_params < 0 || (m->n_params > 0 && !m->params)) {

@@ -109,9 +109,6 @@ void pt_layout_free(pt_layout *l);
 /* Non-tail waste, PROTRAIN.md 3.2: sum over chunks k = 0..N-2 of capacity_k - used_k;
  * oversize chunks count 0 (their capacity is exact anyway). */
 uint64_t pt_layout_waste(const pt_layout *l);
-/* Largest capacity over non-persistent oversize chunks (0 if none): the biggest
- * dedicated buffer the pool may have to allocate for one streamed oversize chunk. */
-uint64_t pt_layout_max_streamed_oversize(const pt_layout *l);
 
 /*
  * Fill p[i] from the host's descriptors: bytes = prod(shape) * elem_size(dtype).
@@ -145,8 +142,8 @@ typedef struct pt_chunk_size_choice {
  * Grid: powers of two from lo to hi, where (T = total placed bytes,
  * Bmax = largest block's bytes, Tmax = largest block-owned tensor):
  *   lo = max(4 KiB, pow2ceil(Tmax), pow2floor(Bmax / 8), pow2floor(T / 4096))
- *     - pow2ceil(Tmax): no block tensor is ever oversize, so streamed chunks always
- *       fit a pool slot (oversize slots are dedicated allocations, see buffer_pool.h);
+ *     - pow2ceil(Tmax): no block tensor is ever oversize, so no block chunk is pinned
+ *       on the device for being oversize (the store keeps oversize chunks persistent);
  *     - Bmax / 8: a block spans at most ~8-16 chunks (per-chunk copy and event
  *       overheads stay small next to the transfer);
  *     - T / 4096: at most a few thousand chunks for block-less models;

@@ -1,8 +1,8 @@
 /*
  * test_buffer_pool.c — the chunk buffer pool: forward->backward reuse, LRU eviction,
- * leases, the all-leased error, oversize slots, invalidation, accounting on the host
- * device. Most tests run the pool without a device (g == NULL: calloc'd slots) so
- * the policy is checked on its own; test_device_* use the simulated device.
+ * leases, the all-leased error, invalidation, accounting on the host device. Most
+ * tests run the pool without a device (g == NULL: calloc'd slots) so the policy is
+ * checked on its own; test_device_* use the simulated device.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -168,53 +168,6 @@ static void test_leases_and_all_leased(void **st) {
     pt_bufpool_destroy(bp);
 }
 
-/* Oversize chunks get their own allocation at acquire, shared while leased, freed at
- * the last release (not cached); held bytes and peak track it. */
-static void test_oversize(void **st) {
-    (void)st;
-    pt_bufpool *bp = mk(2, 1024);
-    int32_t s = -1, h = -1, s2 = -1;
-    assert_int_equal(pt_bufpool_acquire_sized(bp, 9, 5000, &s, &h), PT_OK);
-    assert_true(s >= 2);
-    assert_int_equal(h, 0);
-    assert_true(pt_bufpool_slot_size(bp, s) == 5000);
-    memset(pt_bufpool_slot_ptr(bp, s), 7, 5000);               /* whole range writable */
-    assert_int_equal(pt_bufpool_acquire_sized(bp, 9, 5000, &s2, &h), PT_OK);
-    assert_int_equal(s2, s);
-    assert_int_equal(h, 1);
-    int32_t t = -1;
-    assert_int_equal(pt_bufpool_acquire_sized(bp, 4, 3000, &t, &h), PT_OK);
-    assert_true(t >= 2 && t != s);
-    pt_bufpool_stats stt;
-    pt_bufpool_stats_get(bp, &stt);
-    assert_true(stt.bytes_held == 2 * 1024 + 5000 + 3000);
-    assert_true(stt.oversize_allocs == 2);
-    /* Sized acquire that fits a slot takes the regular path. */
-    int32_t r = -1;
-    assert_int_equal(pt_bufpool_acquire_sized(bp, 3, 1024, &r, &h), PT_OK);
-    assert_true(r >= 0 && r < 2);
-    /* A chunk cached in a regular slot cannot be asked for as oversize. */
-    pt_bufpool_release(bp, r);
-    assert_int_equal(pt_bufpool_acquire_sized(bp, 3, 4096, &r, &h), PT_ERR_INTERNAL);
-    pt_bufpool_release(bp, s);
-    assert_int_equal(pt_bufpool_lookup(bp, 9), s);              /* one lease left */
-    pt_bufpool_release(bp, s2);
-    assert_int_equal(pt_bufpool_lookup(bp, 9), -1);             /* freed */
-    assert_null(pt_bufpool_slot_ptr(bp, s));
-    assert_int_equal(pt_bufpool_release(bp, s), PT_ERR_INVALID_ARG);
-    /* The freed entry is reused for the next oversize chunk. */
-    int32_t u = -1;
-    assert_int_equal(pt_bufpool_acquire_sized(bp, 11, 2048, &u, &h), PT_OK);
-    assert_int_equal(u, s);
-    pt_bufpool_release(bp, u);
-    pt_bufpool_release(bp, t);
-    pt_bufpool_stats_get(bp, &stt);
-    assert_true(stt.bytes_held == 2 * 1024);
-    assert_true(stt.bytes_peak == 2 * 1024 + 5000 + 3000);
-    assert_int_equal(stt.leased_slots, 0);
-    pt_bufpool_destroy(bp);
-}
-
 static void test_bad_args_and_accessors(void **st) {
     (void)st;
     pt_bufpool *bp = NULL;
@@ -274,8 +227,8 @@ static pt_gpu *open_host(uint64_t capacity) {
     return g;
 }
 
-/* On the simulated device: slots are PT_TAG_BUFFER allocations made once; oversize
- * allocations come and go with their leases; destroy frees everything. */
+/* On the simulated device: slots are PT_TAG_BUFFER allocations made once; traffic
+ * allocates nothing; destroy frees everything. */
 static void test_device_accounting(void **st) {
     (void)st;
     pt_gpu *g = open_host(1 << 20);
@@ -295,23 +248,14 @@ static void test_device_accounting(void **st) {
     }
     pt_gpu_usage_get(g, &u);
     assert_true(u.n_allocs == 4);
-    int32_t s, h;
-    assert_int_equal(pt_bufpool_acquire_sized(bp, 50, 100000, &s, &h), PT_OK);
-    pt_gpu_usage_get(g, &u);
-    assert_true(u.tag_current[PT_TAG_BUFFER] ==
-                4 * pt_gpu_round_size(4096) + pt_gpu_round_size(100000));
-    pt_bufpool_release(bp, s);
-    pt_gpu_usage_get(g, &u);
     assert_true(u.tag_current[PT_TAG_BUFFER] == 4 * pt_gpu_round_size(4096));
-    assert_true(u.tag_peak[PT_TAG_BUFFER] ==
-                4 * pt_gpu_round_size(4096) + pt_gpu_round_size(100000));
     pt_bufpool_destroy(bp);
     assert_int_equal(pt_gpu_live_allocs(g), 0);
     pt_gpu_close(g);
 }
 
 /* Capacity: a pool that does not fit fails with PT_ERR_OOM naming the slot and leaves
- * nothing allocated; an oversize chunk past capacity fails the acquire only. */
+ * nothing allocated; one that fits holds exactly its slots. */
 static void test_device_oom(void **st) {
     (void)st;
     pt_gpu *g = open_host(64 * 1024);
@@ -323,13 +267,11 @@ static void test_device_oom(void **st) {
     assert_int_equal(pt_gpu_live_allocs(g), 0);
     assert_int_equal(pt_bufpool_create(g, 2, 16 * 1024, &bp, err, sizeof err), PT_OK);
     int32_t s = -1, h = -1;
-    assert_int_equal(pt_bufpool_acquire_sized(bp, 3, 48 * 1024, &s, &h), PT_ERR_OOM);
-    assert_non_null(strstr(pt_bufpool_error(bp), "oversize chunk 3"));
     pt_bufpool_stats stt;
     pt_bufpool_stats_get(bp, &stt);
     assert_int_equal(stt.leased_slots, 0);
     assert_true(stt.bytes_held == 2 * 16 * 1024);
-    assert_int_equal(pt_bufpool_acquire(bp, 3, &s, &h), PT_OK);  /* regular path still works */
+    assert_int_equal(pt_bufpool_acquire(bp, 3, &s, &h), PT_OK);
     pt_bufpool_release(bp, s);
     pt_bufpool_destroy(bp);
     assert_int_equal(pt_gpu_live_allocs(g), 0);
@@ -342,7 +284,6 @@ int main(void) {
         cmocka_unit_test(test_lru_order),
         cmocka_unit_test(test_untagged_first),
         cmocka_unit_test(test_leases_and_all_leased),
-        cmocka_unit_test(test_oversize),
         cmocka_unit_test(test_bad_args_and_accessors),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_device_accounting),
