@@ -497,23 +497,3 @@ int pt_cvt(void *dst, int ddt, const void *src, int sdt, size_t n) {
     }
     return PT_OK;
 }
-
-typedef struct cvt_job {
-    void *dst;
-    const void *src;
-    int ddt, sdt;
-} cvt_job;
-
-static void cvt_slice(void *arg, size_t b, size_t e) {
-    const cvt_job *j = arg;
-    pt_cvt((char *)j->dst + b * pt_dtype_size(j->ddt), j->ddt, (const char *)j->src + b * pt_dtype_size(j->sdt),
-           j->sdt, e - b);
-}
-
-int pt_cvt_par(pt_pool *pool, void *dst, int ddt, const void *src, int sdt, size_t n) {
-    /* validate once, before any slice runs */
-    if (!dtype_ok(ddt) || !dtype_ok(sdt) || (n && (!dst || !src))) return PT_ERR_INVALID_ARG;
-    if (n == 0) return PT_OK;
-    cvt_job j = {dst, src, ddt, sdt};
-    return pt_pool_parallel_for(pool, n, 4 * PT_CPU_ADAM_SLICE, cvt_slice, &j);
-}

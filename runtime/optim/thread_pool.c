@@ -170,10 +170,6 @@ void pt_pool_destroy(pt_pool *p) {
 
 int pt_pool_threads(const pt_pool *p) { return p ? p->n_threads : 0; }
 
-void pt_task_group_init(pt_task_group *g) {
-    if (g) memset(g, 0, sizeof *g);
-}
-
 int pt_pool_submit(pt_pool *p, pt_task_fn fn, void *arg, pt_task_group *g, char *err, size_t errlen) {
     if (!p || !fn)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "thread_pool: submit with a NULL %s",

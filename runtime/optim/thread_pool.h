@@ -36,8 +36,8 @@
 
 typedef struct pt_pool pt_pool;
 
-/* A waitable set of tasks. Zero-initialise (PT_TASK_GROUP_INIT or
- * pt_task_group_init) before first use; no destroy needed. Fields are private:
+/* A waitable set of tasks. Zero-initialise (PT_TASK_GROUP_INIT) before first
+ * use; no destroy needed. Fields are private:
  * they are read and written only under the owning pool's lock. */
 typedef struct pt_task_group {
     pt_pool *pool;        /* pool of the first submission, NULL until then */
@@ -77,8 +77,6 @@ int pt_pool_wait(pt_pool *pool, pt_task_group *g);
 
 /* Number of g's tasks not yet finished (a snapshot). */
 size_t pt_pool_pending(pt_pool *pool, const pt_task_group *g);
-
-void pt_task_group_init(pt_task_group *g);
 
 /* Run fn over [0, n) in slices of `grain` elements (the last may be shorter),
  * spread over the workers and the caller, and wait. grain 0 picks

@@ -142,8 +142,7 @@ static void test_wait_semantics(void **state) {
     assert_int_equal(pt_pool_wait(p, &empty), PT_OK);
     assert_int_equal(pt_pool_pending(p, &empty), 0);
     slow_arg a[8];
-    pt_task_group g;
-    pt_task_group_init(&g);
+    pt_task_group g = PT_TASK_GROUP_INIT;
     for (int i = 0; i < 8; i++) {
         atomic_init(&a[i].done, 0);
         assert_int_equal(pt_pool_submit(p, slow_task, &a[i], &g, NULL, 0), PT_OK);
