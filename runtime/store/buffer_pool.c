@@ -29,7 +29,6 @@ struct pt_bufpool {
     uint64_t clock;       /* release counter */
     int32_t last_evicted;
     pt_bufpool_stats st;
-    char err[320];
 };
 
 static int dev_alloc(pt_gpu *g, uint64_t bytes, void **p, char *err, size_t errlen) {
@@ -103,7 +102,8 @@ void pt_bufpool_destroy(pt_bufpool *bp) {
 }
 
 /* Caller holds mu. A hit, else an untagged unleased slot, else the LRU unleased one. */
-static int acquire_locked(pt_bufpool *bp, int32_t chunk, int32_t *out, int32_t *hit) {
+static int acquire_locked(pt_bufpool *bp, int32_t chunk, int32_t *out, int32_t *hit, char *err,
+                          size_t errlen) {
     int32_t i = find(bp, chunk);
     if (i >= 0) {
         get(bp, i)->leases++;
@@ -120,15 +120,14 @@ static int acquire_locked(pt_bufpool *bp, int32_t chunk, int32_t *out, int32_t *
         if (victim < 0 || s->stamp < bp->slots[victim].stamp) victim = j;
     }
     if (victim < 0) {
-        int n = snprintf(bp->err, sizeof bp->err, "buffer pool: all %d slots are leased "
-                         "(chunks", (int)bp->n_slots);
-        for (int32_t j = 0; j < bp->n_slots && n > 0 && (size_t)n < sizeof bp->err - 40; j++)
-            n += snprintf(bp->err + n, sizeof bp->err - (size_t)n, " %d", (int)bp->slots[j].chunk);
-        if (n > 0 && (size_t)n < sizeof bp->err)
-            snprintf(bp->err + n, sizeof bp->err - (size_t)n, "), so chunk %d cannot be "
-                     "gathered: n_buffer is below one block's chunks plus the prefetch",
-                     (int)chunk);
-        return PT_ERR_INTERNAL;
+        char held[256] = "";
+        size_t n = 0;
+        for (int32_t j = 0; j < bp->n_slots && n + 12 < sizeof held; j++)
+            n += (size_t)snprintf(held + n, sizeof held - n, " %d", (int)bp->slots[j].chunk);
+        return pt_fail(err, errlen, PT_ERR_INTERNAL,
+                       "buffer pool: all %d slots are leased (chunks%s), so chunk %d cannot be "
+                       "gathered: n_buffer is below one block's chunks plus the prefetch",
+                       (int)bp->n_slots, held, (int)chunk);
     }
     slot *s = &bp->slots[victim];
     if (s->chunk >= 0) {
@@ -143,30 +142,28 @@ static int acquire_locked(pt_bufpool *bp, int32_t chunk, int32_t *out, int32_t *
     return PT_OK;
 }
 
-int pt_bufpool_acquire(pt_bufpool *bp, int32_t chunk, int32_t *slot_out, int32_t *hit) {
-    if (!bp || !slot_out || !hit || chunk < 0) {
-        if (bp) snprintf(bp->err, sizeof bp->err, "buffer pool: acquire of chunk %d with a "
-                         "NULL output or negative chunk", (int)chunk);
-        return PT_ERR_INVALID_ARG;
-    }
+int pt_bufpool_acquire(pt_bufpool *bp, int32_t chunk, int32_t *slot_out, int32_t *hit, char *err,
+                       size_t errlen) {
+    if (!bp || !slot_out || !hit || chunk < 0)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "buffer pool: acquire of chunk %d with a NULL output or negative chunk", (int)chunk);
     pthread_mutex_lock(&bp->mu);
     bp->last_evicted = -1;
     bp->st.acquires++;
-    int rc = acquire_locked(bp, chunk, slot_out, hit);
+    int rc = acquire_locked(bp, chunk, slot_out, hit, err, errlen);
     if (rc) bp->st.acquires--;
     pthread_mutex_unlock(&bp->mu);
     return rc;
 }
 
-int pt_bufpool_release(pt_bufpool *bp, int32_t i) {
-    if (!bp) return PT_ERR_INVALID_ARG;
+int pt_bufpool_release(pt_bufpool *bp, int32_t i, char *err, size_t errlen) {
+    if (!bp) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "buffer pool: release of slot %d in a NULL pool", (int)i);
     pthread_mutex_lock(&bp->mu);
     slot *s = get(bp, i);
     int rc = PT_OK;
     if (!s || s->leases <= 0) {
-        snprintf(bp->err, sizeof bp->err, "buffer pool: release of slot %d which %s", (int)i,
-                 s ? "holds no lease (double release)" : "does not exist");
-        rc = PT_ERR_INVALID_ARG;
+        rc = pt_fail(err, errlen, PT_ERR_INVALID_ARG, "buffer pool: release of slot %d which %s", (int)i,
+                     s ? "holds no lease (double release)" : "does not exist");
     } else if (--s->leases == 0) {
         s->stamp = ++bp->clock;
     }
@@ -174,17 +171,19 @@ int pt_bufpool_release(pt_bufpool *bp, int32_t i) {
     return rc;
 }
 
-int pt_bufpool_invalidate(pt_bufpool *bp, int32_t chunk) {
-    if (!bp) return PT_ERR_INVALID_ARG;
+int pt_bufpool_invalidate(pt_bufpool *bp, int32_t chunk, char *err, size_t errlen) {
+    if (!bp)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "buffer pool: invalidate of chunk %d in a NULL pool",
+                       (int)chunk);
     pthread_mutex_lock(&bp->mu);
     int rc = PT_OK;
     int32_t i = find(bp, chunk);
     if (i >= 0) {
         slot *s = get(bp, i);
         if (s->leases) {
-            snprintf(bp->err, sizeof bp->err, "buffer pool: invalidate of chunk %d while slot "
-                     "%d holds %d lease(s) on it", (int)chunk, (int)i, (int)s->leases);
-            rc = PT_ERR_INTERNAL;
+            rc = pt_fail(err, errlen, PT_ERR_INTERNAL,
+                         "buffer pool: invalidate of chunk %d while slot %d holds %d lease(s) on it",
+                         (int)chunk, (int)i, (int)s->leases);
         } else {
             s->chunk = -1;
         }
@@ -250,4 +249,3 @@ void pt_bufpool_stats_get(pt_bufpool *bp, pt_bufpool_stats *st) {
     pthread_mutex_unlock(&bp->mu);
 }
 
-const char *pt_bufpool_error(pt_bufpool *bp) { return bp ? bp->err : ""; }

@@ -53,15 +53,18 @@ int pt_bufpool_create(pt_gpu *g, int32_t n_slots, uint64_t slot_bytes, pt_bufpoo
 void pt_bufpool_destroy(pt_bufpool *bp);
 
 /* Lease a slot holding `chunk` (>= 0). *hit = 1 when the slot already held it (no
- * upload needed), 0 when it was retagged (the caller must upload). */
-int pt_bufpool_acquire(pt_bufpool *bp, int32_t chunk, int32_t *slot, int32_t *hit);
+ * upload needed), 0 when it was retagged (the caller must upload). PT_ERR_INTERNAL
+ * when every slot is leased, PT_ERR_INVALID_ARG for a negative chunk or NULL
+ * outputs; err gets one sentence. */
+int pt_bufpool_acquire(pt_bufpool *bp, int32_t chunk, int32_t *slot, int32_t *hit, char *err,
+                       size_t errlen);
 /* Drop one lease; the tag stays. PT_ERR_INVALID_ARG for a bad slot or a slot with
  * no lease. */
-int pt_bufpool_release(pt_bufpool *bp, int32_t slot);
+int pt_bufpool_release(pt_bufpool *bp, int32_t slot, char *err, size_t errlen);
 
 /* Forget the cached copy of `chunk` (e.g. the CPU optimizer rewrote the chunk, so
  * the slot is stale). No-op when not cached; PT_ERR_INTERNAL when it is leased. */
-int pt_bufpool_invalidate(pt_bufpool *bp, int32_t chunk);
+int pt_bufpool_invalidate(pt_bufpool *bp, int32_t chunk, char *err, size_t errlen);
 /* Forget every unleased tag; returns the number of leased slots left tagged. */
 int32_t pt_bufpool_invalidate_all(pt_bufpool *bp);
 
@@ -76,7 +79,5 @@ int32_t pt_bufpool_last_evicted(pt_bufpool *bp);
 int32_t pt_bufpool_n_slots(const pt_bufpool *bp);
 uint64_t pt_bufpool_slot_bytes(const pt_bufpool *bp);
 void pt_bufpool_stats_get(pt_bufpool *bp, pt_bufpool_stats *s);
-/* The last failure as one sentence ("" if none). */
-const char *pt_bufpool_error(pt_bufpool *bp);
 
 #endif /* PT_BUFFER_POOL_H */

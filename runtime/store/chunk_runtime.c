@@ -174,10 +174,8 @@ int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
 static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     pt_store *ms = st;
     int32_t slot, hit;
-    int rc = pt_bufpool_acquire(ms->pool, c->id, &slot, &hit);
-    if (rc) {
-        return pt_fail(err, errlen, rc, "buffer pool: %s (n_buffer %d)", pt_bufpool_error(ms->pool), ms->n_buffer);
-    }
+    int rc = pt_bufpool_acquire(ms->pool, c->id, &slot, &hit, err, errlen);
+    if (rc) return rc;
     c->slot = slot;
     if (hit) return PT_OK;
     void *dst = pt_bufpool_slot_ptr(ms->pool, slot);
@@ -199,9 +197,8 @@ static void prefetch_block(pt_store *st, int b) {
     for (int k = ms->lay.block_chunk_first[b]; k <= ms->lay.block_chunk_last[b]; k++) {
         cs_chunk *c = &ms->ch[k];
         if (c->persistent || c->prefetched || c->users) continue;
-        char e[8];
         /* No free slot: skip; the gather of block b uploads it synchronously. */
-        if (lease(st, c, e, sizeof e)) return;
+        if (lease(st, c, NULL, 0)) return;
         c->prefetched = 1;
     }
 }
@@ -216,9 +213,10 @@ int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen
             c->prefetched = 0;          /* the prefetch lease becomes this block's */
         } else if (c->users) {
             int32_t s, hit;             /* still held by another gather: one more lease */
-            if (pt_bufpool_acquire(ms->pool, c->id, &s, &hit) || !hit || s != c->slot) {
-                return pt_fail(err, errlen, PT_ERR_INTERNAL, "buffer pool: chunk %d is in use but not resident (%s)", c->id,
-                    pt_bufpool_error(ms->pool));
+            char why[320] = "not cached in its slot";
+            if (pt_bufpool_acquire(ms->pool, c->id, &s, &hit, why, sizeof why) || !hit || s != c->slot) {
+                return pt_fail(err, errlen, PT_ERR_INTERNAL, "buffer pool: chunk %d is in use but not resident (%s)",
+                               c->id, why);
             }
         } else {
             int rc = lease(st, c, err, errlen);
@@ -409,7 +407,7 @@ int pt_ms_release(pt_store *st, int32_t b, int backward, char *err, size_t errle
             if (rc) return rc;
         }
         c->users--;
-        pt_bufpool_release(ms->pool, c->slot);
+        pt_bufpool_release(ms->pool, c->slot, NULL, 0);
         if (!c->users) {
             pt_cs_set_pointers(st, c, NULL, NULL);
             if (!c->prefetched) c->slot = -1;
@@ -602,7 +600,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
                                   pt_cs_ord(st, PT_ORD_STEP) ? st->s_compute : NULL);
             if (st->ordered) OPS(st)->event_record(IMPL(st), ms->slot_used[s], st->s_compute);
         }
-        pt_bufpool_invalidate(ms->pool, c->id);
+        pt_bufpool_invalidate(ms->pool, c->id, NULL, 0);
     }
     ms->lr_set = 0;
     ms->overlapped = 0;
