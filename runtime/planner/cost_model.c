@@ -445,7 +445,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
      * when that window ends (OVERLAP), chunks in landing order. */
     /* Replicated offload: every rank steps the whole non-persistent set; sharded
      * (mode C): its 1/W share. Uploads are charged at full chunk size either
-     * way (PROTRAIN.md 6: conservative). */
+     * way, so the time is never under-predicted. */
     double shard_div = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
     const double icpu = 1.0 / t->hw.cpu_adam_elems_per_s / shard_div;
     double clock = 0, cpu_clock = 0;

@@ -1,6 +1,5 @@
 /*
- * cost_model.h — predicted iteration time and peak device memory of a plan
- * (PROTRAIN.md sections 6-7, adapted to this project).
+ * cost_model.h — predicted iteration time and peak device memory of a plan.
  *
  * Knobs: n_persist (prefix of chunks kept on the device; mandatory chunks are
  * persistent whatever it says), n_buffer (device slots streaming the other

@@ -1,6 +1,6 @@
 /*
- * buffer_pool.h — the device buffer pool for non-persistent chunks
- * (PROTRAIN.md 3.4): n_buffer slots of slot_bytes each, allocated once.
+ * buffer_pool.h — the device buffer pool for non-persistent chunks: n_buffer
+ * slots of slot_bytes each, allocated once.
  *
  * Slots double as a cache. A released slot keeps its chunk tag, so a chunk used
  * late in forward is still there when backward (which runs in reverse) needs it:

@@ -1,8 +1,8 @@
 /*
- * chunk_layout.h — packing parameters into chunks (PROTRAIN.md 3.1) and choosing
- * the chunk size S_chunk (PROTRAIN.md 3.2). Pure logic: no device, no threads.
+ * chunk_layout.h — packing parameters into chunks and choosing the chunk size
+ * S_chunk. Pure logic: no device, no threads.
  *
- * Placement rules (binding, issue 4):
+ * Placement rules:
  *  - Placement follows execution order (exec_order, first use in the profiled step;
  *    declaration order breaks ties). exec_order < 0 means "not observed": such
  *    params go after every observed one, in declaration order.
@@ -11,7 +11,7 @@
  *    remaining space of the open chunk, that chunk is sealed; a block larger than
  *    S_chunk starts a fresh chunk and spans consecutive chunks.
  *  - Non-block params (block == -1) are singleton units in execution order. They
- *    never share a chunk with block params (our choice, beyond PROTRAIN.md 3.1):
+ *    never share a chunk with block params (our choice):
  *    chunks holding any non-block param are mandatory persistent, and mixing one
  *    small norm weight into a block chunk would pin a whole S_chunk of block params
  *    on the device for the entire run.
@@ -19,7 +19,7 @@
  *    (oversize). The open chunk is sealed first so chunk order stays execution order.
  *  - Tied params are placed once. All params tied (directly or through a chain) to
  *    the same root form a group stored at the root's place; the group's position is
- *    the earliest exec_order of any member (PROTRAIN.md 3.1: "at first occurrence").
+ *    the earliest exec_order of any member (a tied tensor is placed at its first use).
  *    If the members belong to different blocks (or any is non-block), the storage is
  *    treated as non-block (needed outside a single block's hook window -> must be
  *    resident). The group is trainable if any member is. Members must agree on
@@ -106,8 +106,8 @@ int pt_layout_build(const pt_layout_param *p, int32_t n_params, int32_t n_blocks
                     uint64_t chunk_size, pt_layout *out, char *err, size_t errlen);
 void pt_layout_free(pt_layout *l);
 
-/* Non-tail waste, PROTRAIN.md 3.2: sum over chunks k = 0..N-2 of capacity_k - used_k;
- * oversize chunks count 0 (their capacity is exact anyway). */
+/* Non-tail waste, what the chunk-size choice minimises: sum over chunks k = 0..N-2
+ * of capacity_k - used_k; oversize chunks count 0 (their capacity is exact anyway). */
 uint64_t pt_layout_waste(const pt_layout *l);
 
 /*

@@ -1,5 +1,5 @@
 /*
- * chunk_runtime.c — moving chunks during a step (PROTRAIN.md sections 2-3):
+ * chunk_runtime.c — moving chunks during a step:
  *  - gather: before block b, its streamed chunks are leased from the buffer
  *    pool (a hit when a slot still holds them) or uploaded H2D on the h2d
  *    stream; the next block's chunks are prefetched (one block ahead, both
@@ -10,8 +10,8 @@
  *    (its lowest block just finished) is copied D2H on the d2h stream and a
  *    CPU task is queued at once: accumulate (n_micro > 1), squared norms
  *    (clipping), and the AdamW step itself when lr is already known and no
- *    clipping is configured — overlapping the rest of backward
- *    (ARCHITECTURE.md decision 3);
+ *    clipping is configured — so the CPU optimizer runs while the rest of
+ *    backward does instead of after it;
  *  - optimizer_step waits for all of it, computes the global norm when
  *    clipping, steps what is left on the CPU, steps persistent chunks on the
  *    device and zeroes their gradients.

@@ -2,7 +2,7 @@
  * bench_cpu_adam.c — CPU AdamW throughput against a STREAM-style triad run
  * in the same process on the same pool (make bench).
  *
- * Accounting (fixed by the task, so numbers compare across machines):
+ * Accounting (fixed, so numbers compare across machines):
  *   adam : 28 B per param = read p, g, m, v + write p, m, v (7 x 4 B fp32)
  *   triad: 12 B per element = a[i] = b[i] + s*c[i], 3 arrays x 4 B
  * Caveat printed with the results: with ordinary stores the CPU also reads

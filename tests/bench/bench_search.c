@@ -1,12 +1,12 @@
 /*
  * bench_search.c — wall time of pt_search on synthetic 7B (32 blocks, ~200
  * chunks) and 70B (80 blocks, ~1200 chunks) layouts; median of 5 runs each.
- * Goal (issue 6): under 50 ms per search.
+ * Goal: under 50 ms per search.
  *
  * Layouts are uniform: each block's params split into cpb equal chunks, plus
  * a mandatory embedding and head chunk; per-block times and activation bytes
  * follow the Llama shape (bf16, flash attention, seq 4096, batch 1) as in
- * runtime/ds_estimates.c; hardware is an H100-class card on PCIe 5.
+ * runtime/planner/ds_estimates.c; hardware is an H100-class card on PCIe 5.
  */
 #include <stdio.h>
 #include <stdlib.h>

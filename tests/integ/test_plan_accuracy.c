@@ -1,5 +1,5 @@
 /*
- * test_plan_accuracy.c — the cost model against the runtime (issue 6): sample_host
+ * test_plan_accuracy.c — the cost model against the runtime: sample_host
  * through the plugin on the host backend with throttled copies, over a sweep of
  * 12 knob settings fixed in the INI (the plugin still profiles and predicts them).
  *
@@ -7,7 +7,7 @@
  * configuration. It is exact arithmetic on the plugin's own allocator (and the
  * runtime releases swapped arenas on the plan's schedule), so it is deterministic.
  *
- * Time: the issue's bar is "within 15% of the measured median after warm-up".
+ * Time: the target is "within 15% of the measured median after warm-up".
  * On the machines this project runs on (2-core VMs with steal time) the same step
  * was measured 0.6x to 1.9x of itself in back-to-back runs of this sweep, and one
  * profile feeds every prediction, so a 15% assertion in `make test` would fail

@@ -1,7 +1,7 @@
 /*
- * test_pool_model.c — runtime/pool_model.c (pt_cost_uploads): the chunk
+ * test_pool_model.c — runtime/planner/pool_model.c (pt_cost_uploads): the chunk
  * uploads the cost model charges, window by window, against a replay of
- * runtime/chunk_runtime.c's gather / prefetch / release loops on a real
+ * runtime/store/chunk_runtime.c's gather / prefetch / release loops on a real
  * pt_bufpool (host memory), over random layouts: chunks shared by two or
  * three blocks, blocks without chunks, mandatory chunks inside block ranges,
  * every n_persist and every n_buffer from the one-block minimum up.
