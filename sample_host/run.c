@@ -9,19 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "protrain.h"
+#include "pt_util.h"
 #include "sh_ckpt.h"
 #include "sh_data.h"
 #include "sh_train.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* lr(step), step 1-based: linear warmup to lr over `warmup` steps, then cosine from lr
  * to lr*min_lr_frac at the last step. */
@@ -195,9 +189,9 @@ static int train_loop(runstate *rs, char *err, size_t errlen) {
     memset(&st, 0, sizeof st);
     for (int step = 1; step <= c->steps; step++) {
         float lr = lr_at(c, step);
-        double t0 = now_s(), loss = 0.0;
+        double t0 = pt_now_s(), loss = 0.0;
         if (sh_trainer_step(rs->tr, step, lr, &loss)) goto fail;
-        double dt = now_s() - t0;
+        double dt = pt_now_s() - t0;
         rs->train_time += dt;
         rs->train_tokens += tok_per_step;
         rs->last_loss = loss;

@@ -1,7 +1,7 @@
 /*
  * sh_harness.h — what the integration tests and benchmarks that drive
  * sample_host in process share: a scratch folder, the built plugin, a token
- * stream, an INI writer, sample_host options, a clock and a median.
+ * stream, an INI writer, sample_host options and a median.
  * Header-only (static functions); include once per test program.
  */
 #ifndef PT_SH_HARNESS_H
@@ -10,10 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "protrain.h"
+#include "pt_util.h"
 #include "sh_data.h"
 #include "sh_train.h"
 
@@ -90,12 +90,6 @@ static inline sh_train_opts sh_harness_opts(const sh_harness *h, int L, int C, i
     o.val = &h->val;
     o.log = sh_harness_log;
     return o;
-}
-
-static inline double sh_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static inline int sh_cmp_double(const void *a, const void *b) {

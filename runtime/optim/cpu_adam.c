@@ -21,11 +21,11 @@
 #include "cpu_adam.h"
 
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "protrain.h"
+#include "pt_util.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PT_X86 1
@@ -33,10 +33,6 @@
 #else
 #define PT_X86 0
 #endif
-
-static _Thread_local char last_err[256];
-
-const char *pt_cpu_adam_last_error(void) { return last_err; }
 
 #define ODT_NONE (-1) /* "no output copy" in the kernels' out-dtype argument */
 
@@ -357,16 +353,13 @@ pt_cpu_isa pt_cpu_adam_isa_id(void) {
 
 const char *pt_cpu_adam_isa(void) { return K[pt_cpu_adam_isa_id()].name; }
 
-int pt_cpu_adam_set_isa(pt_cpu_isa isa) {
-    if ((int)isa < PT_ISA_SCALAR || (int)isa > PT_ISA_AVX512) {
-        snprintf(last_err, sizeof last_err, "cpu_adam: unknown ISA id %d (0 scalar, 1 avx2, 2 avx512)", (int)isa);
-        return PT_ERR_INVALID_ARG;
-    }
-    if (isa > pt_cpu_adam_isa_best()) {
-        snprintf(last_err, sizeof last_err, "cpu_adam: this CPU does not support the %s path (best: %s)",
-                 K[isa].name, K[pt_cpu_adam_isa_best()].name);
-        return PT_ERR_UNSUPPORTED;
-    }
+int pt_cpu_adam_set_isa(pt_cpu_isa isa, char *err, size_t errlen) {
+    if ((int)isa < PT_ISA_SCALAR || (int)isa > PT_ISA_AVX512)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "cpu_adam: unknown ISA id %d (0 scalar, 1 avx2, 2 avx512)",
+                       (int)isa);
+    if (isa > pt_cpu_adam_isa_best())
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "cpu_adam: this CPU does not support the %s path (best: %s)",
+                       K[isa].name, K[pt_cpu_adam_isa_best()].name);
     atomic_store(&isa_sel, (int)isa);
     return PT_OK;
 }
@@ -377,26 +370,17 @@ static const kernels *kern(void) { return &K[pt_cpu_adam_isa_id()]; }
 
 static int dtype_ok(int dt) { return dt == PT_F32 || dt == PT_BF16 || dt == PT_F16; }
 
-int pt_cpu_adam_check(const pt_cpu_adam_args *a) {
-    if (!a) {
-        snprintf(last_err, sizeof last_err, "cpu_adam: args pointer is NULL");
-        return PT_ERR_INVALID_ARG;
-    }
-    if (!dtype_ok(a->g_dtype)) {
-        snprintf(last_err, sizeof last_err, "cpu_adam: g_dtype %d is not a pt_dtype (0 f32, 1 bf16, 2 f16)",
-                 a->g_dtype);
-        return PT_ERR_INVALID_ARG;
-    }
-    if (a->out && !dtype_ok(a->out_dtype)) {
-        snprintf(last_err, sizeof last_err, "cpu_adam: out_dtype %d is not a pt_dtype (0 f32, 1 bf16, 2 f16)",
-                 a->out_dtype);
-        return PT_ERR_INVALID_ARG;
-    }
-    if (a->n > 0 && (!a->p || !a->g || !a->m || !a->v)) {
-        snprintf(last_err, sizeof last_err, "cpu_adam: n = %zu but %s is NULL", a->n,
-                 !a->p ? "p" : !a->g ? "g" : !a->m ? "m" : "v");
-        return PT_ERR_INVALID_ARG;
-    }
+int pt_cpu_adam_check(const pt_cpu_adam_args *a, char *err, size_t errlen) {
+    if (!a) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "cpu_adam: args pointer is NULL");
+    if (!dtype_ok(a->g_dtype))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "cpu_adam: g_dtype %d is not a pt_dtype (0 f32, 1 bf16, 2 f16)",
+                       a->g_dtype);
+    if (a->out && !dtype_ok(a->out_dtype))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "cpu_adam: out_dtype %d is not a pt_dtype (0 f32, 1 bf16, 2 f16)", a->out_dtype);
+    if (a->n > 0 && (!a->p || !a->g || !a->m || !a->v))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "cpu_adam: n = %zu but %s is NULL", a->n,
+                       !a->p ? "p" : !a->g ? "g" : !a->m ? "m" : "v");
     return PT_OK;
 }
 
@@ -435,8 +419,8 @@ static void job_task(void *arg) {
     job_put(j, 1);
 }
 
-int pt_cpu_adam_step(pt_pool *pool, const pt_cpu_adam_args *a, pt_task_group *g) {
-    int rc = pt_cpu_adam_check(a);
+int pt_cpu_adam_step(pt_pool *pool, const pt_cpu_adam_args *a, pt_task_group *g, char *err, size_t errlen) {
+    int rc = pt_cpu_adam_check(a, err, errlen);
     if (rc != PT_OK || a->n == 0) return rc;
     size_t slices = a->n / PT_CPU_ADAM_SLICE + (a->n % PT_CPU_ADAM_SLICE != 0);
     size_t nt = (size_t)pt_pool_threads(pool);
@@ -457,12 +441,12 @@ int pt_cpu_adam_step(pt_pool *pool, const pt_cpu_adam_args *a, pt_task_group *g)
     pt_task_group local = PT_TASK_GROUP_INIT;
     pt_task_group *grp = g ? g : &local;
     size_t to_queue = g ? k : k - 1, queued = 0;
+    char why[160];
     for (; queued < to_queue; queued++) {
-        rc = pt_pool_submit(pool, job_task, j, grp);
+        rc = pt_pool_submit(pool, job_task, j, grp, why, sizeof why);
         if (rc != PT_OK) {
-            snprintf(last_err, sizeof last_err,
-                     "cpu_adam: queueing slice task %zu of %zu failed (pt_status %d); ran the rest inline",
-                     queued + 1, to_queue, rc);
+            pt_fail(err, errlen, rc, "cpu_adam: queueing slice task %zu of %zu failed (%s); ran the rest inline",
+                    queued + 1, to_queue, why);
             break;
         }
     }
@@ -478,7 +462,7 @@ int pt_cpu_adam_step(pt_pool *pool, const pt_cpu_adam_args *a, pt_task_group *g)
     return rc;
 }
 
-int pt_cpu_adam_run(pt_pool *pool, const pt_cpu_adam_args *a) { return pt_cpu_adam_step(pool, a, NULL); }
+int pt_cpu_adam_run(pt_pool *pool, const pt_cpu_adam_args *a) { return pt_cpu_adam_step(pool, a, NULL, NULL, 0); }
 
 /* ============================= converters =============================== */
 
@@ -488,16 +472,9 @@ void pt_cvt_f32_to_f16(uint16_t *d, const float *s, size_t n) { kern()->to_f16(d
 void pt_cvt_f16_to_f32(float *d, const uint16_t *s, size_t n) { kern()->from_f16(d, s, 0, n); }
 
 int pt_cvt(void *dst, int ddt, const void *src, int sdt, size_t n) {
-    if (!dtype_ok(ddt) || !dtype_ok(sdt)) {
-        snprintf(last_err, sizeof last_err, "cpu_adam: pt_cvt dtype %d -> %d is not a pt_dtype pair", sdt, ddt);
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!dtype_ok(ddt) || !dtype_ok(sdt)) return PT_ERR_INVALID_ARG;
     if (n == 0) return PT_OK;
-    if (!dst || !src) {
-        snprintf(last_err, sizeof last_err, "cpu_adam: pt_cvt of %zu elements with a NULL %s", n,
-                 dst ? "src" : "dst");
-        return PT_ERR_INVALID_ARG;
-    }
+    if (!dst || !src) return PT_ERR_INVALID_ARG;
     if (ddt == sdt) {
         memmove(dst, src, n * pt_dtype_size(ddt));
         return PT_OK;
@@ -519,25 +496,4 @@ int pt_cvt(void *dst, int ddt, const void *src, int sdt, size_t n) {
         }
     }
     return PT_OK;
-}
-
-typedef struct cvt_job {
-    void *dst;
-    const void *src;
-    int ddt, sdt;
-} cvt_job;
-
-static void cvt_slice(void *arg, size_t b, size_t e) {
-    const cvt_job *j = arg;
-    pt_cvt((char *)j->dst + b * pt_dtype_size(j->ddt), j->ddt, (const char *)j->src + b * pt_dtype_size(j->sdt),
-           j->sdt, e - b);
-}
-
-int pt_cvt_par(pt_pool *pool, void *dst, int ddt, const void *src, int sdt, size_t n) {
-    /* validate once on the caller's thread so last_error lands there */
-    int rc = pt_cvt(dst, ddt, src, sdt, 0);
-    if (rc != PT_OK || n == 0) return rc;
-    if (!dst || !src) return pt_cvt(dst, ddt, src, sdt, n);
-    cvt_job j = {dst, src, ddt, sdt};
-    return pt_pool_parallel_for(pool, n, 4 * PT_CPU_ADAM_SLICE, cvt_slice, &j);
 }

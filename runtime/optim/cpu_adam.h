@@ -20,8 +20,10 @@
  * starts on a cache-line boundary for fp32 and 16-bit arrays alike and two
  * threads never write the same line) and queues them on a pt_pool.
  *
- * Status codes are pt_status values (host_api/protrain.h); on failure
- * pt_cpu_adam_last_error() returns one sentence (thread-local).
+ * Errors: functions that can fail return a pt_status (host_api/protrain.h)
+ * and write one sentence into the caller's err buffer (may be NULL).
+ * pt_cpu_adam_run and the converters return the status alone: they fail only
+ * on arguments their callers have already validated.
  */
 #ifndef PT_CPU_ADAM_H
 #define PT_CPU_ADAM_H
@@ -65,10 +67,10 @@ pt_cpu_isa pt_cpu_adam_isa_id(void);
 pt_cpu_isa pt_cpu_adam_isa_best(void);
 /* Force a path (process-wide; call when no step is running). Returns
  * PT_ERR_UNSUPPORTED if the CPU lacks it, PT_ERR_INVALID_ARG if unknown. */
-int pt_cpu_adam_set_isa(pt_cpu_isa isa);
+int pt_cpu_adam_set_isa(pt_cpu_isa isa, char *err, size_t errlen);
 
-/* Check args; PT_OK or PT_ERR_INVALID_ARG with last_error set. */
-int pt_cpu_adam_check(const pt_cpu_adam_args *a);
+/* Check args: PT_OK, or PT_ERR_INVALID_ARG naming the bad field. */
+int pt_cpu_adam_check(const pt_cpu_adam_args *a, char *err, size_t errlen);
 
 /* Update elements [begin, end) on the calling thread (no checks beyond
  * begin <= end <= n; call pt_cpu_adam_check first). */
@@ -81,22 +83,19 @@ void pt_cpu_adam_range(const pt_cpu_adam_args *a, size_t begin, size_t end);
  * Returns PT_OK, PT_ERR_INVALID_ARG, or PT_ERR_HOST_OOM/PT_ERR_ORDER from the
  * pool (in which case the slices that could not be queued were run inline,
  * so the update is still complete after the wait). */
-int pt_cpu_adam_step(pt_pool *pool, const pt_cpu_adam_args *a, pt_task_group *g);
+int pt_cpu_adam_step(pt_pool *pool, const pt_cpu_adam_args *a, pt_task_group *g, char *err, size_t errlen);
 
-/* Synchronous convenience: pt_cpu_adam_step(pool, a, NULL). */
+/* Synchronous, status only: pt_cpu_adam_step(pool, a, NULL, NULL, 0). */
 int pt_cpu_adam_run(pt_pool *pool, const pt_cpu_adam_args *a);
-
-const char *pt_cpu_adam_last_error(void);
 
 /* ---- bulk converters, bit-identical to the scalar ones in kernels_hd.h ---- */
 void pt_cvt_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
 void pt_cvt_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
 void pt_cvt_f32_to_f16(uint16_t *dst, const float *src, size_t n);
 void pt_cvt_f16_to_f32(float *dst, const uint16_t *src, size_t n);
-/* Any pt_dtype to any pt_dtype (same dtype: memmove). PT_OK or
- * PT_ERR_INVALID_ARG for an unknown dtype. 16->16 goes through fp32. */
+/* Any pt_dtype to any pt_dtype (same dtype: memmove). PT_OK, or
+ * PT_ERR_INVALID_ARG for an unknown dtype or a NULL array. 16->16 goes through
+ * fp32. */
 int pt_cvt(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
-/* Multi-threaded pt_cvt over a pool (NULL: calling thread). */
-int pt_cvt_par(pt_pool *pool, void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
 
 #endif /* PT_CPU_ADAM_H */

@@ -15,12 +15,12 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "protrain.h"
+#include "pt_util.h"
 
 typedef struct node {
     struct node *next;
@@ -114,19 +114,20 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-pt_pool *pt_pool_create(int n_threads, char *err, size_t errlen) {
-    if (n_threads < 0) {
-        if (err) snprintf(err, errlen, "thread_pool: n_threads = %d is negative (0 = all CPUs)", n_threads);
-        return NULL;
-    }
+int pt_pool_create(int n_threads, pt_pool **out, char *err, size_t errlen) {
+    if (!out) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "thread_pool: NULL output pool pointer");
+    *out = NULL;
+    if (n_threads < 0)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "thread_pool: n_threads = %d is negative (0 = all CPUs)",
+                       n_threads);
     if (n_threads == 0) n_threads = online_cpus();
     pt_pool *p = calloc(1, sizeof *p);
     pthread_t *th = calloc((size_t)n_threads, sizeof *th);
     if (!p || !th) {
-        if (err) snprintf(err, errlen, "thread_pool: out of host memory creating a pool of %d threads", n_threads);
         free(p);
         free(th);
-        return NULL;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "thread_pool: out of host memory creating a pool of %d threads", n_threads);
     }
     p->threads = th;
     pthread_mutex_init(&p->mu, NULL);
@@ -135,15 +136,15 @@ pt_pool *pt_pool_create(int n_threads, char *err, size_t errlen) {
     for (int i = 0; i < n_threads; i++) {
         int rc = pthread_create(&th[i], NULL, worker, p);
         if (rc != 0) {
-            if (err) snprintf(err, errlen, "thread_pool: pthread_create failed for worker %d of %d: %s",
-                              i, n_threads, strerror(rc));
             p->n_threads = i; /* join the ones that started */
             pt_pool_destroy(p);
-            return NULL;
+            return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                           "thread_pool: pthread_create failed for worker %d of %d: %s", i, n_threads, strerror(rc));
         }
     }
     p->n_threads = n_threads;
-    return p;
+    *out = p;
+    return PT_OK;
 }
 
 void pt_pool_destroy(pt_pool *p) {
@@ -169,20 +170,19 @@ void pt_pool_destroy(pt_pool *p) {
 
 int pt_pool_threads(const pt_pool *p) { return p ? p->n_threads : 0; }
 
-void pt_task_group_init(pt_task_group *g) {
-    if (g) memset(g, 0, sizeof *g);
-}
-
-int pt_pool_submit(pt_pool *p, pt_task_fn fn, void *arg, pt_task_group *g) {
-    if (!p || !fn) return PT_ERR_INVALID_ARG;
+int pt_pool_submit(pt_pool *p, pt_task_fn fn, void *arg, pt_task_group *g, char *err, size_t errlen) {
+    if (!p || !fn)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "thread_pool: submit with a NULL %s",
+                       p ? "task function" : "pool");
     pthread_mutex_lock(&p->mu);
     if (p->closed) {
         pthread_mutex_unlock(&p->mu);
-        return PT_ERR_ORDER;
+        return pt_fail(err, errlen, PT_ERR_ORDER,
+                       "thread_pool: submit after the pool finished draining for destroy");
     }
     if (g && g->pool && g->pool != p) {
         pthread_mutex_unlock(&p->mu);
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "thread_pool: the task group belongs to another pool");
     }
     node *t = p->free_nodes;
     if (t) {
@@ -192,7 +192,7 @@ int pt_pool_submit(pt_pool *p, pt_task_fn fn, void *arg, pt_task_group *g) {
         t = malloc(sizeof *t);
         if (!t) {
             pthread_mutex_unlock(&p->mu);
-            return PT_ERR_HOST_OOM;
+            return pt_fail(err, errlen, PT_ERR_HOST_OOM, "thread_pool: out of host memory for a task node");
         }
     }
     t->next = NULL;
@@ -277,7 +277,7 @@ int pt_pool_parallel_for(pt_pool *p, size_t n, size_t grain, pt_range_fn fn, voi
     size_t helpers = (j.pieces < nt ? j.pieces : nt) - 1;
     pt_task_group g = PT_TASK_GROUP_INIT;
     for (size_t i = 0; i < helpers; i++)
-        if (pt_pool_submit(p, pf_task, &j, &g) != PT_OK) break;
+        if (pt_pool_submit(p, pf_task, &j, &g, NULL, 0) != PT_OK) break;
     pf_task(&j);
     return pt_pool_wait(p, &g);
 }

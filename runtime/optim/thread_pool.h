@@ -1,10 +1,11 @@
 /*
  * thread_pool.h — a small pthread worker pool with waitable task groups.
  *
- * Used by the CPU Adam (runtime/cpu_adam.h) so that one chunk's optimizer
- * update can be queued the moment its gradient lands on the host and run on
- * the workers while the device keeps doing backward (ARCHITECTURE.md
- * decision 3), and by anything else that wants a parallel-for.
+ * Used by the CPU Adam (cpu_adam.h) and the chunk store so that one chunk's
+ * optimizer update can be queued the moment its gradient lands on the host
+ * and run on the workers while the device keeps doing backward (the CPU step
+ * hides behind backward instead of following it), and by anything else that
+ * wants a parallel-for.
  *
  * Semantics:
  *  - Workers start tasks in submission order (one FIFO queue, no priorities);
@@ -23,7 +24,10 @@
  *  - A group is bound to the pool of its first submission; using it with a
  *    second pool is refused (PT_ERR_INVALID_ARG).
  *
- * Status codes are pt_status values from host_api/protrain.h (0 = PT_OK).
+ * Errors: pt_pool_create and pt_pool_submit return a pt_status
+ * (host_api/protrain.h, 0 = PT_OK) and write one sentence into the caller's
+ * err buffer (may be NULL); pt_pool_wait and pt_pool_parallel_for fail only
+ * on misuse and return the code alone.
  */
 #ifndef PT_THREAD_POOL_H
 #define PT_THREAD_POOL_H
@@ -32,8 +36,8 @@
 
 typedef struct pt_pool pt_pool;
 
-/* A waitable set of tasks. Zero-initialise (PT_TASK_GROUP_INIT or
- * pt_task_group_init) before first use; no destroy needed. Fields are private:
+/* A waitable set of tasks. Zero-initialise (PT_TASK_GROUP_INIT) before first
+ * use; no destroy needed. Fields are private:
  * they are read and written only under the owning pool's lock. */
 typedef struct pt_task_group {
     pt_pool *pool;        /* pool of the first submission, NULL until then */
@@ -47,10 +51,11 @@ typedef void (*pt_task_fn)(void *arg);
 /* Body of a parallel-for slice: process [begin, end). */
 typedef void (*pt_range_fn)(void *arg, size_t begin, size_t end);
 
-/* Create a pool of n_threads workers; 0 = the CPUs this process may run on
- * (sched_getaffinity count, else sysconf online cores). Returns NULL and
- * writes one sentence into err (may be NULL) on failure. */
-pt_pool *pt_pool_create(int n_threads, char *err, size_t errlen);
+/* Create a pool of n_threads workers into *out; 0 = the CPUs this process may
+ * run on (sched_getaffinity count, else sysconf online cores). PT_OK, or
+ * PT_ERR_INVALID_ARG (negative n_threads, NULL out) or PT_ERR_HOST_OOM (no
+ * memory, or a worker thread could not start) with *out NULL. */
+int pt_pool_create(int n_threads, pt_pool **out, char *err, size_t errlen);
 
 /* Drain every queued task (see above), join the workers, free the pool.
  * Must not be called from one of the pool's own tasks. NULL is a no-op. */
@@ -62,22 +67,23 @@ int pt_pool_threads(const pt_pool *pool);
  * it). Returns PT_OK, PT_ERR_INVALID_ARG (NULL pool/fn, group bound to another
  * pool), PT_ERR_HOST_OOM (no memory for the task node) or PT_ERR_ORDER (the
  * pool has finished draining). */
-int pt_pool_submit(pt_pool *pool, pt_task_fn fn, void *arg, pt_task_group *g);
+int pt_pool_submit(pt_pool *pool, pt_task_fn fn, void *arg, pt_task_group *g, char *err, size_t errlen);
 
 /* Block until every task of g has finished, running g's queued tasks on the
- * calling thread meanwhile. Returns PT_OK or PT_ERR_INVALID_ARG. A group that
- * was never submitted to returns at once. */
+ * calling thread meanwhile. A group that was never submitted to returns at
+ * once. Returns PT_OK, or PT_ERR_INVALID_ARG without a sentence: it fails only
+ * on misuse (NULL pool or group, a group bound to another pool). */
 int pt_pool_wait(pt_pool *pool, pt_task_group *g);
 
 /* Number of g's tasks not yet finished (a snapshot). */
 size_t pt_pool_pending(pt_pool *pool, const pt_task_group *g);
 
-void pt_task_group_init(pt_task_group *g);
-
 /* Run fn over [0, n) in slices of `grain` elements (the last may be shorter),
  * spread over the workers and the caller, and wait. grain 0 picks
- * ceil(n / threads). pool NULL runs fn(arg, 0, n) inline. Returns PT_OK or a
- * submit error (slices already queued are still waited for). */
+ * ceil(n / threads). pool NULL runs fn(arg, 0, n) inline. A helper task that
+ * cannot be queued only means fewer runners: the caller still covers every
+ * slice. Returns PT_OK, or PT_ERR_INVALID_ARG without a sentence for a NULL
+ * fn (misuse). */
 int pt_pool_parallel_for(pt_pool *pool, size_t n, size_t grain, pt_range_fn fn, void *arg);
 
 #endif /* PT_THREAD_POOL_H */

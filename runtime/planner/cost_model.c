@@ -55,7 +55,6 @@ void pt_cost_ctx_free(pt_cost_ctx *cx) {
     free(cx);
 }
 
-const pt_trace *pt_cost_trace(const pt_cost_ctx *cx) { return cx->t; }
 int pt_cost_swap_interval(const pt_cost_ctx *cx) { return cx->interval; }
 
 int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errlen) {
@@ -446,7 +445,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
      * when that window ends (OVERLAP), chunks in landing order. */
     /* Replicated offload: every rank steps the whole non-persistent set; sharded
      * (mode C): its 1/W share. Uploads are charged at full chunk size either
-     * way (PROTRAIN.md 6: conservative). */
+     * way, so the time is never under-predicted. */
     double shard_div = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
     const double icpu = 1.0 / t->hw.cpu_adam_elems_per_s / shard_div;
     double clock = 0, cpu_clock = 0;
@@ -520,12 +519,14 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     out->n_buffer_min_block = pt_cost_buffer_min_block(cx, p);
 }
 
-double pt_cost_time_lb(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int32_t nb,
-                       const pt_cost_opts *o) {
+/* The one formula behind pt_cost_time_lb and pt_cost_time_lb_persist: the
+ * searcher prunes with both, so a change here must hold for both or neither.
+ * Chunks of index [p, h) go up a second time in backward (h = p: all cached);
+ * with_dev adds the device Adam over the persistent trainable elements. */
+static double time_lb(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int32_t h, int with_dev,
+                      const pt_cost_opts *o) {
     const pt_trace *t = cx->t;
     const double bh = t->hw.h2d_Bps, bd = t->hw.d2h_Bps;
-    int32_t q = rcnt(cx->cnt, p, cx->K);
-    int32_t h = nb >= q ? p : cx->nm_pos[cx->n_nm - nb];
     double up_f = (double)rsum(cx->bytes, p, cx->K) / bh;
     double up_b = (double)rsum(cx->bytes, p, h) / bh + a->swap_in_s;
     double down = (double)rsum(cx->grad, p, cx->K) / bd;
@@ -538,27 +539,24 @@ double pt_cost_time_lb(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p
     double w = dmax(tf + tb, eng);
     double shard = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
     double cpu = (double)rsum(cx->train, p, cx->K) / t->hw.cpu_adam_elems_per_s / shard;
-    double dev = (double)(cx->mand_train + cx->train[p]) / t->hw.dev_adam_elems_per_s;
+    double dev = with_dev ? (double)(cx->mand_train + cx->train[p]) / t->hw.dev_adam_elems_per_s : 0.0;
     if (o && o->clip) return w + dmax(dev, cpu);
     return dmax(w + dev, tf + cpu);
+}
+
+double pt_cost_time_lb(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int32_t nb,
+                       const pt_cost_opts *o) {
+    /* backward re-uploads every non-persistent chunk but the nb last ones,
+     * which forward leaves cached in the slots */
+    int32_t q = rcnt(cx->cnt, p, cx->K);
+    int32_t h = nb >= q ? p : cx->nm_pos[cx->n_nm - nb];
+    return time_lb(cx, a, p, h, 1, o);
 }
 
 double pt_cost_time_lb_persist(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, const pt_cost_opts *o) {
     /* pt_cost_time_lb with n_buffer = |Q| (no backward re-upload) and without
      * the device Adam term; every remaining term only shrinks as p grows. */
-    const pt_trace *t = cx->t;
-    const double bh = t->hw.h2d_Bps, bd = t->hw.d2h_Bps;
-    double up_f = (double)rsum(cx->bytes, p, cx->K) / bh, up_b = a->swap_in_s;
-    double down = (double)rsum(cx->grad, p, cx->K) / bd;
-    double tf = dmax(cx->comp_f, up_f), tb = dmax(dmax(cx->comp_b + a->recompute_s, up_b), down);
-    if (t->hw.copy_engines == 1) tb = dmax(tb, up_b + down);
-    double eng = t->hw.copy_engines == 1 ? up_f + up_b + down + a->swap_out_s
-                                         : dmax(up_f + up_b, down + a->swap_out_s);
-    double w = dmax(tf + tb, eng);
-    double shard = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
-    double cpu = (double)rsum(cx->train, p, cx->K) / t->hw.cpu_adam_elems_per_s / shard;
-    if (o && o->clip) return w + cpu;
-    return dmax(w, tf + cpu);
+    return time_lb(cx, a, p, p, 0, o);
 }
 
 /* Forward windows of pt_cost_time alone. */
@@ -627,8 +625,9 @@ void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_p
     out->host_bytes = pt_cost_host_bytes(cx, a, p, o ? o->shard : 0);
 }
 
-int pt_cost_eval_modes(const pt_cost_ctx *cx, const pt_cost_opts *o, const uint8_t *modes, int32_t p, int32_t nb,
-                       pt_cost *out, char *err, size_t errlen) {
+/* pt_cost_eval with an explicit mode map (modes[n_block]). */
+static int eval_modes(const pt_cost_ctx *cx, const pt_cost_opts *o, const uint8_t *modes, int32_t p, int32_t nb,
+                      pt_cost *out, char *err, size_t errlen) {
     if (p < 0 || p > cx->K)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "n_persist=%d out of range [0, %d chunks]", p, cx->K);
     int32_t lo = pt_cost_buffer_min_block(cx, p);
@@ -655,7 +654,7 @@ int pt_cost_eval(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_knobs *k
     uint8_t *modes = malloc((size_t)cx->N);
     if (!modes) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
     int rc = pt_place_blocks(cx->N, k->n_swap, k->n_checkpoint, cx->interval, modes, err, errlen);
-    if (!rc) rc = pt_cost_eval_modes(cx, o, modes, k->n_persist, k->n_buffer, out, err, errlen);
+    if (!rc) rc = eval_modes(cx, o, modes, k->n_persist, k->n_buffer, out, err, errlen);
     free(modes);
     return rc;
 }

@@ -1,6 +1,5 @@
 /*
- * cost_model.h — predicted iteration time and peak device memory of a plan
- * (PROTRAIN.md sections 6-7, adapted to this project).
+ * cost_model.h — predicted iteration time and peak device memory of a plan.
  *
  * Knobs: n_persist (prefix of chunks kept on the device; mandatory chunks are
  * persistent whatever it says), n_buffer (device slots streaming the other
@@ -149,7 +148,6 @@ typedef struct pt_cost {
 typedef struct pt_cost_ctx pt_cost_ctx;
 int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errlen);
 void pt_cost_ctx_free(pt_cost_ctx *cx);
-const pt_trace *pt_cost_trace(const pt_cost_ctx *cx);
 int pt_cost_swap_interval(const pt_cost_ctx *cx);   /* pt_swap_interval of the trace */
 
 /* Whole prediction for one knob set (placement by placement.h). 0, or
@@ -158,10 +156,6 @@ int pt_cost_swap_interval(const pt_cost_ctx *cx);   /* pt_swap_interval of the t
  * minimum or above n_chunk - n_persist). */
 int pt_cost_eval(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_knobs *k, pt_cost *out,
                  char *err, size_t errlen);
-/* The same with an explicit mode map (modes[n_block]); n_swap/n_checkpoint of k
- * are ignored. */
-int pt_cost_eval_modes(const pt_cost_ctx *cx, const pt_cost_opts *o, const uint8_t *modes,
-                       int32_t n_persist, int32_t n_buffer, pt_cost *out, char *err, size_t errlen);
 /* Usable device bytes: capacity - reserve - headroom (0 if negative). */
 uint64_t pt_cost_budget(uint64_t capacity, const pt_cost_opts *o);
 

@@ -33,7 +33,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define TIE 1.01   /* plans within 1% of the fastest are ties */
 
@@ -68,12 +67,6 @@ void pt_search_opts_default(pt_search_opts *o) {
     o->cost.frag = 1.0;
     o->n_persist = o->n_buffer = o->n_swap = o->n_checkpoint = -1;
     o->n_alt = 3;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* Does raw (without frag) fit the budget? */
@@ -472,7 +465,7 @@ static int explain_infeasible(search *S, pt_act_profile *a, uint8_t *modes, pt_p
 }
 
 int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *err, size_t errlen) {
-    double t0 = now_s();
+    double t0 = pt_now_s();
     pt_plan_free(plan);
     pt_plan_init(plan);
     int rc = check_overrides(t, o, err, errlen);
@@ -606,7 +599,7 @@ int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *e
     rc = PT_OK;
 out:
     plan->n_evaluated = S.n_eval;
-    plan->search_s = now_s() - t0;
+    plan->search_s = pt_now_s() - t0;
     free(S.list);
     free(modes);
     pt_act_free(&a);

@@ -248,17 +248,15 @@ static void put(wbuf *w, const void *src, size_t n) {
     w->n += n;
 }
 
-/* Explicit little-endian so the file is the same on any host. */
-static void put_u64(wbuf *w, uint64_t v) {
+/* Explicit little-endian so the file is the same on any host: the low nb
+ * bytes of v, lowest first. */
+static void put_le(wbuf *w, uint64_t v, int nb) {
     unsigned char b[8];
-    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
-    put(w, b, 8);
+    for (int i = 0; i < nb; i++) b[i] = (unsigned char)(v >> (8 * i));
+    put(w, b, (size_t)nb);
 }
-static void put_u32(wbuf *w, uint32_t v) {
-    unsigned char b[4];
-    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
-    put(w, b, 4);
-}
+static void put_u64(wbuf *w, uint64_t v) { put_le(w, v, 8); }
+static void put_u32(wbuf *w, uint32_t v) { put_le(w, v, 4); }
 static void put_i32(wbuf *w, int32_t v) { put_u32(w, (uint32_t)v); }
 static void put_f64(wbuf *w, double d) {
     uint64_t v;
@@ -272,26 +270,19 @@ typedef struct rbuf {
     int bad;
 } rbuf;
 
-static uint64_t get_u64(rbuf *r) {
-    if (r->bad || r->n - r->off < 8) {
+/* nb little-endian bytes; past the end: 0, and the buffer is marked bad. */
+static uint64_t get_le(rbuf *r, int nb) {
+    if (r->bad || r->n - r->off < (size_t)nb) {
         r->bad = 1;
         return 0;
     }
     uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)r->p[r->off + i] << (8 * i);
-    r->off += 8;
+    for (int i = 0; i < nb; i++) v |= (uint64_t)r->p[r->off + i] << (8 * i);
+    r->off += (size_t)nb;
     return v;
 }
-static uint32_t get_u32(rbuf *r) {
-    if (r->bad || r->n - r->off < 4) {
-        r->bad = 1;
-        return 0;
-    }
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)r->p[r->off + i] << (8 * i);
-    r->off += 4;
-    return v;
-}
+static uint64_t get_u64(rbuf *r) { return get_le(r, 8); }
+static uint32_t get_u32(rbuf *r) { return (uint32_t)get_le(r, 4); }
 static int32_t get_i32(rbuf *r) { return (int32_t)get_u32(r); }
 static double get_f64(rbuf *r) {
     uint64_t v = get_u64(r);

@@ -6,21 +6,18 @@
 #include "buffer_pool.h"
 
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "protrain.h"
 
 typedef struct slot {
-    void *ptr;            /* [bytes] device memory (host memory when g == NULL) */
-    uint64_t bytes;
+    void *ptr;            /* [slot_bytes] device memory (host memory when g == NULL) */
     uint64_t stamp;       /* release counter value at the last release; 0 = never */
     int32_t chunk;        /* tag, -1 = none */
     int32_t leases;
-    void *user;
-    int live;             /* oversize entries: allocated and leased */
 } slot;
 
 struct pt_bufpool {
@@ -29,29 +26,18 @@ struct pt_bufpool {
     int32_t n_slots;
     uint64_t slot_bytes;
     slot *slots;          /* [n_slots] */
-    slot *ov;             /* [n_ov] oversize entries; index n_slots + k */
-    int32_t n_ov;
     uint64_t clock;       /* release counter */
     int32_t last_evicted;
     pt_bufpool_stats st;
-    char err[320];
 };
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static int dev_alloc(pt_gpu *g, uint64_t bytes, void **p, char *err, size_t errlen) {
     if (g) return pt_gpu_alloc(g, (size_t)bytes, PT_TAG_BUFFER, p, err, errlen);
     *p = calloc(1, (size_t)bytes);
     if (!*p) {
-        seterr(err, errlen, "buffer pool: out of host memory for a %llu-byte slot",
-               (unsigned long long)bytes);
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "buffer pool: out of host memory for a %llu-byte slot",
+                       (unsigned long long)bytes);
     }
     return PT_OK;
 }
@@ -62,42 +48,29 @@ static void dev_free(pt_gpu *g, void *p) {
     else free(p);
 }
 
-static void held_add(pt_bufpool *bp, uint64_t b) {
-    bp->st.bytes_held += b;
-    if (bp->st.bytes_held > bp->st.bytes_peak) bp->st.bytes_peak = bp->st.bytes_held;
-}
-
-/* Slot by index (regular or live oversize), or NULL. Caller holds mu. */
-static slot *get(pt_bufpool *bp, int32_t i) {
-    if (i < 0) return NULL;
-    if (i < bp->n_slots) return &bp->slots[i];
-    i -= bp->n_slots;
-    if (i < bp->n_ov && bp->ov[i].live) return &bp->ov[i];
-    return NULL;
-}
+/* Slot by index, or NULL. */
+static slot *get(pt_bufpool *bp, int32_t i) { return i >= 0 && i < bp->n_slots ? &bp->slots[i] : NULL; }
 
 static int32_t find(const pt_bufpool *bp, int32_t chunk) {
     for (int32_t i = 0; i < bp->n_slots; i++)
         if (bp->slots[i].chunk == chunk) return i;
-    for (int32_t k = 0; k < bp->n_ov; k++)
-        if (bp->ov[k].live && bp->ov[k].chunk == chunk) return bp->n_slots + k;
     return -1;
 }
 
 int pt_bufpool_create(pt_gpu *g, int32_t n_slots, uint64_t slot_bytes, pt_bufpool **out,
                       char *err, size_t errlen) {
     if (!out || n_slots < 0 || (n_slots > 0 && slot_bytes == 0)) {
-        seterr(err, errlen, "buffer pool: bad arguments (%d slots of %llu bytes)",
-               (int)n_slots, (unsigned long long)slot_bytes);
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "buffer pool: bad arguments (%d slots of %llu bytes)",
+                       (int)n_slots, (unsigned long long)slot_bytes);
     }
     *out = NULL;
     pt_bufpool *bp = calloc(1, sizeof *bp);
     if (bp) bp->slots = calloc((size_t)(n_slots ? n_slots : 1), sizeof *bp->slots);
     if (!bp || !bp->slots) {
         free(bp);
-        seterr(err, errlen, "buffer pool: out of host memory for %d slot records", (int)n_slots);
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "buffer pool: out of host memory for %d slot records", (int)n_slots);
     }
     bp->g = g;
     bp->n_slots = n_slots;
@@ -107,16 +80,14 @@ int pt_bufpool_create(pt_gpu *g, int32_t n_slots, uint64_t slot_bytes, pt_bufpoo
     for (int32_t i = 0; i < n_slots; i++) {
         slot *s = &bp->slots[i];
         s->chunk = -1;
-        s->bytes = slot_bytes;
         char e2[256] = "";
         int rc = dev_alloc(g, slot_bytes, &s->ptr, e2, sizeof e2);
         if (rc) {
-            seterr(err, errlen, "buffer pool: slot %d of %d (%llu bytes each): %s", (int)i,
-                   (int)n_slots, (unsigned long long)slot_bytes, e2);
             pt_bufpool_destroy(bp);
-            return rc;
+            return pt_fail(err, errlen, rc, "buffer pool: slot %d of %d (%llu bytes each): %s", (int)i,
+                           (int)n_slots, (unsigned long long)slot_bytes, e2);
         }
-        held_add(bp, slot_bytes);
+        bp->st.bytes_held += slot_bytes;
     }
     *out = bp;
     return PT_OK;
@@ -125,16 +96,14 @@ int pt_bufpool_create(pt_gpu *g, int32_t n_slots, uint64_t slot_bytes, pt_bufpoo
 void pt_bufpool_destroy(pt_bufpool *bp) {
     if (!bp) return;
     for (int32_t i = 0; i < bp->n_slots; i++) dev_free(bp->g, bp->slots[i].ptr);
-    for (int32_t k = 0; k < bp->n_ov; k++)
-        if (bp->ov[k].live) dev_free(bp->g, bp->ov[k].ptr);
     pthread_mutex_destroy(&bp->mu);
     free(bp->slots);
-    free(bp->ov);
     free(bp);
 }
 
-/* Caller holds mu. Regular path: hit, else untagged unleased slot, else LRU unleased. */
-static int acquire_regular(pt_bufpool *bp, int32_t chunk, int32_t *out, int32_t *hit) {
+/* Caller holds mu. A hit, else an untagged unleased slot, else the LRU unleased one. */
+static int acquire_locked(pt_bufpool *bp, int32_t chunk, int32_t *out, int32_t *hit, char *err,
+                          size_t errlen) {
     int32_t i = find(bp, chunk);
     if (i >= 0) {
         get(bp, i)->leases++;
@@ -151,15 +120,14 @@ static int acquire_regular(pt_bufpool *bp, int32_t chunk, int32_t *out, int32_t 
         if (victim < 0 || s->stamp < bp->slots[victim].stamp) victim = j;
     }
     if (victim < 0) {
-        int n = snprintf(bp->err, sizeof bp->err, "buffer pool: all %d slots are leased "
-                         "(chunks", (int)bp->n_slots);
-        for (int32_t j = 0; j < bp->n_slots && n > 0 && (size_t)n < sizeof bp->err - 40; j++)
-            n += snprintf(bp->err + n, sizeof bp->err - (size_t)n, " %d", (int)bp->slots[j].chunk);
-        if (n > 0 && (size_t)n < sizeof bp->err)
-            snprintf(bp->err + n, sizeof bp->err - (size_t)n, "), so chunk %d cannot be "
-                     "gathered: n_buffer is below one block's chunks plus the prefetch",
-                     (int)chunk);
-        return PT_ERR_INTERNAL;
+        char held[256] = "";
+        size_t n = 0;
+        for (int32_t j = 0; j < bp->n_slots && n + 12 < sizeof held; j++)
+            n += (size_t)snprintf(held + n, sizeof held - n, " %d", (int)bp->slots[j].chunk);
+        return pt_fail(err, errlen, PT_ERR_INTERNAL,
+                       "buffer pool: all %d slots are leased (chunks%s), so chunk %d cannot be "
+                       "gathered: n_buffer is below one block's chunks plus the prefetch",
+                       (int)bp->n_slots, held, (int)chunk);
     }
     slot *s = &bp->slots[victim];
     if (s->chunk >= 0) {
@@ -174,113 +142,48 @@ static int acquire_regular(pt_bufpool *bp, int32_t chunk, int32_t *out, int32_t 
     return PT_OK;
 }
 
-/* Caller holds mu. Oversize path: share a live allocation, else make one. */
-static int acquire_oversize(pt_bufpool *bp, int32_t chunk, uint64_t bytes, int32_t *out,
-                            int32_t *hit) {
-    int32_t i = find(bp, chunk);
-    if (i >= 0 && i < bp->n_slots) {
-        snprintf(bp->err, sizeof bp->err, "buffer pool: chunk %d is cached in regular slot %d "
-                 "but was requested as oversize (%llu bytes > %llu-byte slots)", (int)chunk,
-                 (int)i, (unsigned long long)bytes, (unsigned long long)bp->slot_bytes);
-        return PT_ERR_INTERNAL;
-    }
-    if (i >= bp->n_slots) {
-        get(bp, i)->leases++;
-        bp->st.hits++;
-        *out = i;
-        *hit = 1;
-        return PT_OK;
-    }
-    int32_t k = 0;
-    while (k < bp->n_ov && bp->ov[k].live) k++;
-    if (k == bp->n_ov) {
-        slot *nv = realloc(bp->ov, sizeof *nv * (size_t)(bp->n_ov + 1));
-        if (!nv) {
-            snprintf(bp->err, sizeof bp->err, "buffer pool: out of host memory for an "
-                     "oversize slot record");
-            return PT_ERR_HOST_OOM;
-        }
-        bp->ov = nv;
-        memset(&bp->ov[bp->n_ov++], 0, sizeof *nv);
-    }
-    slot *s = &bp->ov[k];
-    char e2[256] = "";
-    void *p = NULL;
-    int rc = dev_alloc(bp->g, bytes, &p, e2, sizeof e2);
-    if (rc) {
-        snprintf(bp->err, sizeof bp->err, "buffer pool: oversize chunk %d (%llu bytes, slots "
-                 "are %llu): %s", (int)chunk, (unsigned long long)bytes,
-                 (unsigned long long)bp->slot_bytes, e2);
-        return rc;
-    }
-    memset(s, 0, sizeof *s);
-    s->ptr = p;
-    s->bytes = bytes;
-    s->chunk = chunk;
-    s->leases = 1;
-    s->live = 1;
-    held_add(bp, bytes);
-    bp->st.misses++;
-    bp->st.oversize_allocs++;
-    *out = bp->n_slots + k;
-    *hit = 0;
-    return PT_OK;
-}
-
-int pt_bufpool_acquire_sized(pt_bufpool *bp, int32_t chunk, uint64_t bytes, int32_t *slot_out,
-                             int32_t *hit) {
-    if (!bp || !slot_out || !hit || chunk < 0) {
-        if (bp) snprintf(bp->err, sizeof bp->err, "buffer pool: acquire of chunk %d with a "
-                         "NULL output or negative chunk", (int)chunk);
-        return PT_ERR_INVALID_ARG;
-    }
+int pt_bufpool_acquire(pt_bufpool *bp, int32_t chunk, int32_t *slot_out, int32_t *hit, char *err,
+                       size_t errlen) {
+    if (!bp || !slot_out || !hit || chunk < 0)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "buffer pool: acquire of chunk %d with a NULL output or negative chunk", (int)chunk);
     pthread_mutex_lock(&bp->mu);
     bp->last_evicted = -1;
     bp->st.acquires++;
-    int rc = bytes > bp->slot_bytes ? acquire_oversize(bp, chunk, bytes, slot_out, hit)
-                                    : acquire_regular(bp, chunk, slot_out, hit);
+    int rc = acquire_locked(bp, chunk, slot_out, hit, err, errlen);
     if (rc) bp->st.acquires--;
     pthread_mutex_unlock(&bp->mu);
     return rc;
 }
 
-int pt_bufpool_acquire(pt_bufpool *bp, int32_t chunk, int32_t *slot_out, int32_t *hit) {
-    return pt_bufpool_acquire_sized(bp, chunk, 0, slot_out, hit);
-}
-
-int pt_bufpool_release(pt_bufpool *bp, int32_t i) {
-    if (!bp) return PT_ERR_INVALID_ARG;
+int pt_bufpool_release(pt_bufpool *bp, int32_t i, char *err, size_t errlen) {
+    if (!bp) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "buffer pool: release of slot %d in a NULL pool", (int)i);
     pthread_mutex_lock(&bp->mu);
     slot *s = get(bp, i);
     int rc = PT_OK;
     if (!s || s->leases <= 0) {
-        snprintf(bp->err, sizeof bp->err, "buffer pool: release of slot %d which %s", (int)i,
-                 s ? "holds no lease (double release)" : "does not exist");
-        rc = PT_ERR_INVALID_ARG;
+        rc = pt_fail(err, errlen, PT_ERR_INVALID_ARG, "buffer pool: release of slot %d which %s", (int)i,
+                     s ? "holds no lease (double release)" : "does not exist");
     } else if (--s->leases == 0) {
         s->stamp = ++bp->clock;
-        if (i >= bp->n_slots) {      /* oversize: not cached, give the memory back */
-            dev_free(bp->g, s->ptr);
-            bp->st.bytes_held -= s->bytes;
-            memset(s, 0, sizeof *s);
-            s->chunk = -1;
-        }
     }
     pthread_mutex_unlock(&bp->mu);
     return rc;
 }
 
-int pt_bufpool_invalidate(pt_bufpool *bp, int32_t chunk) {
-    if (!bp) return PT_ERR_INVALID_ARG;
+int pt_bufpool_invalidate(pt_bufpool *bp, int32_t chunk, char *err, size_t errlen) {
+    if (!bp)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "buffer pool: invalidate of chunk %d in a NULL pool",
+                       (int)chunk);
     pthread_mutex_lock(&bp->mu);
     int rc = PT_OK;
     int32_t i = find(bp, chunk);
     if (i >= 0) {
         slot *s = get(bp, i);
         if (s->leases) {
-            snprintf(bp->err, sizeof bp->err, "buffer pool: invalidate of chunk %d while slot "
-                     "%d holds %d lease(s) on it", (int)chunk, (int)i, (int)s->leases);
-            rc = PT_ERR_INTERNAL;
+            rc = pt_fail(err, errlen, PT_ERR_INTERNAL,
+                         "buffer pool: invalidate of chunk %d while slot %d holds %d lease(s) on it",
+                         (int)chunk, (int)i, (int)s->leases);
         } else {
             s->chunk = -1;
         }
@@ -298,7 +201,6 @@ int32_t pt_bufpool_invalidate_all(pt_bufpool *bp) {
         if (s->leases) kept += s->chunk >= 0;
         else s->chunk = -1;
     }
-    for (int32_t k = 0; k < bp->n_ov; k++) kept += bp->ov[k].live;   /* live = leased */
     pthread_mutex_unlock(&bp->mu);
     return kept;
 }
@@ -322,19 +224,10 @@ int32_t pt_bufpool_lookup(pt_bufpool *bp, int32_t chunk) {
         return v;                                              \
     }
 SLOT_GETTER(pt_bufpool_slot_ptr, void *, s->ptr, NULL)
-SLOT_GETTER(pt_bufpool_slot_size, uint64_t, s->bytes, 0)
+SLOT_GETTER(pt_bufpool_slot_size, uint64_t, bp->slot_bytes, 0)
 SLOT_GETTER(pt_bufpool_slot_chunk, int32_t, s->chunk, -1)
 SLOT_GETTER(pt_bufpool_slot_leases, int32_t, s->leases, 0)
-SLOT_GETTER(pt_bufpool_slot_user, void *, s->user, NULL)
 #undef SLOT_GETTER
-
-void pt_bufpool_set_slot_user(pt_bufpool *bp, int32_t i, void *user) {
-    if (!bp) return;
-    pthread_mutex_lock(&bp->mu);
-    slot *s = get(bp, i);
-    if (s) s->user = user;
-    pthread_mutex_unlock(&bp->mu);
-}
 
 int32_t pt_bufpool_last_evicted(pt_bufpool *bp) {
     if (!bp) return -1;
@@ -353,8 +246,6 @@ void pt_bufpool_stats_get(pt_bufpool *bp, pt_bufpool_stats *st) {
     *st = bp->st;
     st->leased_slots = 0;
     for (int32_t i = 0; i < bp->n_slots; i++) st->leased_slots += bp->slots[i].leases > 0;
-    for (int32_t k = 0; k < bp->n_ov; k++) st->leased_slots += bp->ov[k].live;
     pthread_mutex_unlock(&bp->mu);
 }
 
-const char *pt_bufpool_error(pt_bufpool *bp) { return bp ? bp->err : ""; }

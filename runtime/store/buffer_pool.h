@@ -1,6 +1,6 @@
 /*
- * buffer_pool.h — the device buffer pool for non-persistent chunks
- * (PROTRAIN.md 3.4): n_buffer slots of slot_bytes each, allocated once.
+ * buffer_pool.h — the device buffer pool for non-persistent chunks: n_buffer
+ * slots of slot_bytes each, allocated once.
  *
  * Slots double as a cache. A released slot keeps its chunk tag, so a chunk used
  * late in forward is still there when backward (which runs in reverse) needs it:
@@ -15,17 +15,12 @@
  * with PT_ERR_INTERNAL: the plan gave fewer buffers than one block plus its
  * prefetch need, which is a planner bug, not a user error.
  *
- * Oversize chunks (a single tensor larger than S_chunk, pt_chunk.oversize) do not fit
- * a slot. acquire_sized() gives them a dedicated allocation (tag PT_TAG_BUFFER) made
- * at acquire and freed when the last lease is released — they are not cached. The
- * memory model therefore charges n_slots * slot_bytes plus the oversize chunks leased
- * at the same time (at most the current block's and the prefetched block's). The
- * default chunk-size grid never makes a block tensor oversize (chunk_layout.h), so
- * this path only runs with a hand-set chunk size.
+ * Every slot has the same size: an oversize chunk (one tensor larger than S_chunk)
+ * never streams, because the store keeps it persistent, so the memory model charges
+ * exactly n_slots * slot_bytes.
  *
- * Slot indices: 0 .. n_slots-1 are the regular slots; oversize slots get indices
- * >= n_slots, valid while leased. Each slot carries a `void *user` the runtime may
- * use (its ready/last-use events); the pool never touches it.
+ * Slot indices are 0 .. n_slots-1. The pool knows nothing of streams: the store
+ * keeps its own per-slot event (the last gradient copy out of the slot).
  *
  * Device: with g != NULL slots come from pt_gpu_alloc (accounted, capacity-checked).
  * With g == NULL they are plain host memory from calloc (planning dry runs, tests).
@@ -45,10 +40,8 @@ typedef struct pt_bufpool pt_bufpool;
 
 typedef struct pt_bufpool_stats {
     uint64_t acquires, hits, misses, evictions;  /* evictions: misses that dropped a tag */
-    uint64_t oversize_allocs;
-    uint64_t bytes_held;          /* device bytes held now (slots + live oversize) */
-    uint64_t bytes_peak;          /* max of bytes_held since create */
-    int32_t leased_slots;         /* slots (regular + oversize) with leases > 0 now */
+    uint64_t bytes_held;          /* device bytes of the slots */
+    int32_t leased_slots;         /* slots with leases > 0 now */
 } pt_bufpool_stats;
 
 /* Allocate n_slots (>= 0) slots of slot_bytes (> 0 when n_slots > 0). On failure
@@ -60,19 +53,18 @@ int pt_bufpool_create(pt_gpu *g, int32_t n_slots, uint64_t slot_bytes, pt_bufpoo
 void pt_bufpool_destroy(pt_bufpool *bp);
 
 /* Lease a slot holding `chunk` (>= 0). *hit = 1 when the slot already held it (no
- * upload needed), 0 when it was retagged (the caller must upload). */
-int pt_bufpool_acquire(pt_bufpool *bp, int32_t chunk, int32_t *slot, int32_t *hit);
-/* Same for a chunk of `bytes`; bytes > slot_bytes takes the oversize path (may fail
- * with PT_ERR_OOM). bytes <= slot_bytes behaves as pt_bufpool_acquire. */
-int pt_bufpool_acquire_sized(pt_bufpool *bp, int32_t chunk, uint64_t bytes, int32_t *slot,
-                             int32_t *hit);
-/* Drop one lease. The tag stays (regular slots); an oversize slot is freed at zero.
- * PT_ERR_INVALID_ARG for a bad slot or a slot with no lease. */
-int pt_bufpool_release(pt_bufpool *bp, int32_t slot);
+ * upload needed), 0 when it was retagged (the caller must upload). PT_ERR_INTERNAL
+ * when every slot is leased, PT_ERR_INVALID_ARG for a negative chunk or NULL
+ * outputs; err gets one sentence. */
+int pt_bufpool_acquire(pt_bufpool *bp, int32_t chunk, int32_t *slot, int32_t *hit, char *err,
+                       size_t errlen);
+/* Drop one lease; the tag stays. PT_ERR_INVALID_ARG for a bad slot or a slot with
+ * no lease. */
+int pt_bufpool_release(pt_bufpool *bp, int32_t slot, char *err, size_t errlen);
 
 /* Forget the cached copy of `chunk` (e.g. the CPU optimizer rewrote the chunk, so
  * the slot is stale). No-op when not cached; PT_ERR_INTERNAL when it is leased. */
-int pt_bufpool_invalidate(pt_bufpool *bp, int32_t chunk);
+int pt_bufpool_invalidate(pt_bufpool *bp, int32_t chunk, char *err, size_t errlen);
 /* Forget every unleased tag; returns the number of leased slots left tagged. */
 int32_t pt_bufpool_invalidate_all(pt_bufpool *bp);
 
@@ -81,15 +73,11 @@ void *pt_bufpool_slot_ptr(pt_bufpool *bp, int32_t slot);     /* NULL if invalid 
 uint64_t pt_bufpool_slot_size(pt_bufpool *bp, int32_t slot); /* 0 if invalid */
 int32_t pt_bufpool_slot_chunk(pt_bufpool *bp, int32_t slot); /* -1 if untagged/invalid */
 int32_t pt_bufpool_slot_leases(pt_bufpool *bp, int32_t slot);
-void *pt_bufpool_slot_user(pt_bufpool *bp, int32_t slot);
-void pt_bufpool_set_slot_user(pt_bufpool *bp, int32_t slot, void *user);
 /* The chunk whose tag the last acquire dropped, or -1. */
 int32_t pt_bufpool_last_evicted(pt_bufpool *bp);
 
 int32_t pt_bufpool_n_slots(const pt_bufpool *bp);
 uint64_t pt_bufpool_slot_bytes(const pt_bufpool *bp);
 void pt_bufpool_stats_get(pt_bufpool *bp, pt_bufpool_stats *s);
-/* The last failure as one sentence ("" if none). */
-const char *pt_bufpool_error(pt_bufpool *bp);
 
 #endif /* PT_BUFFER_POOL_H */

@@ -10,20 +10,13 @@
  */
 #include "chunk_layout.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define UNOBSERVED INT64_MAX   /* exec key of a param never seen in the profile */
+#include "base/base.h"
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+#define UNOBSERVED INT64_MAX   /* exec key of a param never seen in the profile */
 
 static uint64_t align_up(uint64_t x) {
     return (x + PT_LAYOUT_ALIGN - 1) & ~(uint64_t)(PT_LAYOUT_ALIGN - 1);
@@ -77,33 +70,33 @@ static int prep_build(const pt_layout_param *p, int32_t n, int32_t n_blocks, pre
                       char *err, size_t errlen) {
     memset(pr, 0, sizeof *pr);
     if (n < 0 || n_blocks < 0 || (n > 0 && !p)) {
-        seterr(err, errlen, "chunk layout: bad arguments (n_params %d, n_blocks %d, params %p)",
-               (int)n, (int)n_blocks, (const void *)p);
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "chunk layout: bad arguments (n_params %d, n_blocks %d, params %p)",
+                       (int)n, (int)n_blocks, (const void *)p);
     }
     for (int32_t i = 0; i < n; i++) {
         uint32_t es = dtype_size(p[i].dtype);
         if (!es || p[i].elem_size != es) {
-            seterr(err, errlen, "chunk layout: param %d has dtype %d with elem_size %u "
-                   "(f32 needs 4, bf16/f16 need 2)", (int)i, (int)p[i].dtype,
-                   (unsigned)p[i].elem_size);
-            return PT_ERR_INVALID_ARG;
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                           "chunk layout: param %d has dtype %d with elem_size %u "
+                           "(f32 needs 4, bf16/f16 need 2)", (int)i, (int)p[i].dtype,
+                           (unsigned)p[i].elem_size);
         }
         if (p[i].bytes == 0 || p[i].bytes % es) {
-            seterr(err, errlen, "chunk layout: param %d has %llu bytes, not a positive "
-                   "multiple of its element size %u", (int)i,
-                   (unsigned long long)p[i].bytes, (unsigned)es);
-            return PT_ERR_INVALID_ARG;
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                           "chunk layout: param %d has %llu bytes, not a positive "
+                           "multiple of its element size %u", (int)i,
+                           (unsigned long long)p[i].bytes, (unsigned)es);
         }
         if (p[i].block < -1 || p[i].block >= n_blocks) {
-            seterr(err, errlen, "chunk layout: param %d has block %d outside [-1, %d)",
-                   (int)i, (int)p[i].block, (int)n_blocks);
-            return PT_ERR_INVALID_ARG;
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                           "chunk layout: param %d has block %d outside [-1, %d)",
+                           (int)i, (int)p[i].block, (int)n_blocks);
         }
         if (p[i].tie < -1 || p[i].tie >= n || p[i].tie == i) {
-            seterr(err, errlen, "chunk layout: param %d has tie %d (must be -1 or another "
-                   "param in [0, %d))", (int)i, (int)p[i].tie, (int)n);
-            return PT_ERR_INVALID_ARG;
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                           "chunk layout: param %d has tie %d (must be -1 or another "
+                           "param in [0, %d))", (int)i, (int)p[i].tie, (int)n);
         }
     }
     pr->n = n;
@@ -115,8 +108,7 @@ static int prep_build(const pt_layout_param *p, int32_t n, int32_t n_blocks, pre
     int32_t *bkey_i = malloc(sizeof *bkey_i * (size_t)(n_blocks ? n_blocks : 1));
     int rc = PT_OK;
     if (!pr->root || !slot || !pr->ents || !bkey_e || !bkey_i) {
-        seterr(err, errlen, "chunk layout: out of host memory for %d params", (int)n);
-        rc = PT_ERR_HOST_OOM;
+        rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "chunk layout: out of host memory for %d params", (int)n);
         goto out;
     }
     /* Roots: follow tie chains, stopping at a param whose root is known (so a long
@@ -126,8 +118,7 @@ static int prep_build(const pt_layout_param *p, int32_t n, int32_t n_blocks, pre
         int32_t r = i, steps = 0;
         while (pr->root[r] < 0 && p[r].tie >= 0 && steps <= n) { r = p[r].tie; steps++; }
         if (steps > n) {
-            seterr(err, errlen, "chunk layout: param %d has a tie cycle", (int)i);
-            rc = PT_ERR_INVALID_ARG;
+            rc = pt_fail(err, errlen, PT_ERR_INVALID_ARG, "chunk layout: param %d has a tie cycle", (int)i);
             goto out;
         }
         int32_t root = pr->root[r] >= 0 ? pr->root[r] : r;
@@ -139,11 +130,11 @@ static int prep_build(const pt_layout_param *p, int32_t n, int32_t n_blocks, pre
     for (int32_t i = 0; i < n; i++) {
         int32_t r = pr->root[i];
         if (p[r].dtype != p[i].dtype || p[r].bytes != p[i].bytes) {
-            seterr(err, errlen, "chunk layout: param %d is tied to param %d but has dtype %d "
-                   "and %llu bytes vs dtype %d and %llu bytes", (int)i, (int)r,
-                   (int)p[i].dtype, (unsigned long long)p[i].bytes, (int)p[r].dtype,
-                   (unsigned long long)p[r].bytes);
-            rc = PT_ERR_INVALID_ARG;
+            rc = pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                         "chunk layout: param %d is tied to param %d but has dtype %d "
+                         "and %llu bytes vs dtype %d and %llu bytes", (int)i, (int)r,
+                         (int)p[i].dtype, (unsigned long long)p[i].bytes, (int)p[r].dtype,
+                         (unsigned long long)p[r].bytes);
             goto out;
         }
     }
@@ -301,8 +292,8 @@ static int pack(const pt_layout_param *p, const prep *pr, uint64_t S, pt_layout 
         !L->param_root || !L->block_chunk_first || !L->block_chunk_last || !k.rfirst) {
         free(k.rfirst);
         pt_layout_free(L);
-        seterr(err, errlen, "chunk layout: out of host memory for %d params", (int)pr->n);
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "chunk layout: out of host memory for %d params", (int)pr->n);
     }
     for (int32_t a = 0; a < pr->n_ents;) {
         int32_t z = a + 1;
@@ -343,15 +334,14 @@ static int pack(const pt_layout_param *p, const prep *pr, uint64_t S, pt_layout 
 int pt_layout_build(const pt_layout_param *p, int32_t n_params, int32_t n_blocks,
                     uint64_t chunk_size, pt_layout *out, char *err, size_t errlen) {
     if (!out) {
-        seterr(err, errlen, "chunk layout: NULL output layout");
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "chunk layout: NULL output layout");
     }
     memset(out, 0, sizeof *out);
     if (chunk_size == 0 || chunk_size % PT_LAYOUT_ALIGN) {
-        seterr(err, errlen, "chunk layout: chunk size %llu bytes is not a positive multiple "
-               "of the %u-byte parameter alignment", (unsigned long long)chunk_size,
-               (unsigned)PT_LAYOUT_ALIGN);
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "chunk layout: chunk size %llu bytes is not a positive multiple "
+                       "of the %u-byte parameter alignment", (unsigned long long)chunk_size,
+                       (unsigned)PT_LAYOUT_ALIGN);
     }
     prep pr;
     int rc = prep_build(p, n_params, n_blocks, &pr, err, errlen);
@@ -381,39 +371,29 @@ uint64_t pt_layout_waste(const pt_layout *l) {
     return w;
 }
 
-uint64_t pt_layout_max_streamed_oversize(const pt_layout *l) {
-    uint64_t m = 0;
-    for (int32_t c = 0; c < l->n_chunks; c++) {
-        const pt_chunk *ch = &l->chunks[c];
-        if (ch->oversize && !ch->mandatory_persistent && ch->capacity > m) m = ch->capacity;
-    }
-    return m;
-}
-
 int pt_layout_params_from_model(const pt_model_v1 *m, const int32_t *exec_order,
                                 pt_layout_param *p, char *err, size_t errlen) {
     if (!m || !p || m->n_params < 0 || (m->n_params > 0 && !m->params)) {
-        seterr(err, errlen, "chunk layout: NULL or empty model descriptor");
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "chunk layout: NULL or empty model descriptor");
     }
     for (int32_t i = 0; i < m->n_params; i++) {
         const pt_param_v1 *q = &m->params[i];
         const char *nm = q->name ? q->name : "?";
         uint32_t es = dtype_size(q->dtype);
         if (!es) {
-            seterr(err, errlen, "param %d (%s): unknown dtype %d", (int)i, nm, (int)q->dtype);
-            return PT_ERR_INVALID_ARG;
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                           "param %d (%s): unknown dtype %d", (int)i, nm, (int)q->dtype);
         }
         if (q->ndim < 1 || q->ndim > 4) {
-            seterr(err, errlen, "param %d (%s): ndim %d outside 1..4", (int)i, nm, (int)q->ndim);
-            return PT_ERR_INVALID_ARG;
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                           "param %d (%s): ndim %d outside 1..4", (int)i, nm, (int)q->ndim);
         }
         uint64_t numel = 1;
         for (int32_t d = 0; d < q->ndim; d++) {
             if (q->shape[d] <= 0 || (uint64_t)q->shape[d] > (UINT64_MAX / 8) / numel) {
-                seterr(err, errlen, "param %d (%s): shape[%d] = %lld is not positive or "
-                       "the size overflows", (int)i, nm, (int)d, (long long)q->shape[d]);
-                return PT_ERR_INVALID_ARG;
+                return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                               "param %d (%s): shape[%d] = %lld is not positive or "
+                               "the size overflows", (int)i, nm, (int)d, (long long)q->shape[d]);
             }
             numel *= (uint64_t)q->shape[d];
         }
@@ -446,8 +426,7 @@ static uint64_t pow2floor(uint64_t x) {
 int pt_chunk_size_choose(const pt_layout_param *p, int32_t n_params, int32_t n_blocks,
                          pt_chunk_size_choice *out, char *err, size_t errlen) {
     if (!out) {
-        seterr(err, errlen, "chunk size: NULL output");
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "chunk size: NULL output");
     }
     memset(out, 0, sizeof *out);
     prep pr;
@@ -458,8 +437,7 @@ int pt_chunk_size_choose(const pt_layout_param *p, int32_t n_params, int32_t n_b
     uint64_t *bsum = calloc((size_t)(n_blocks ? n_blocks : 1), sizeof *bsum);
     if (!bsum) {
         prep_free(&pr);
-        seterr(err, errlen, "chunk size: out of host memory");
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "chunk size: out of host memory");
     }
     for (int32_t j = 0; j < pr.n_ents; j++) {
         const ent *e = &pr.ents[j];

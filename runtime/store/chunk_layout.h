@@ -1,8 +1,8 @@
 /*
- * chunk_layout.h — packing parameters into chunks (PROTRAIN.md 3.1) and choosing
- * the chunk size S_chunk (PROTRAIN.md 3.2). Pure logic: no device, no threads.
+ * chunk_layout.h — packing parameters into chunks and choosing the chunk size
+ * S_chunk. Pure logic: no device, no threads.
  *
- * Placement rules (binding, issue 4):
+ * Placement rules:
  *  - Placement follows execution order (exec_order, first use in the profiled step;
  *    declaration order breaks ties). exec_order < 0 means "not observed": such
  *    params go after every observed one, in declaration order.
@@ -11,7 +11,7 @@
  *    remaining space of the open chunk, that chunk is sealed; a block larger than
  *    S_chunk starts a fresh chunk and spans consecutive chunks.
  *  - Non-block params (block == -1) are singleton units in execution order. They
- *    never share a chunk with block params (our choice, beyond PROTRAIN.md 3.1):
+ *    never share a chunk with block params (our choice):
  *    chunks holding any non-block param are mandatory persistent, and mixing one
  *    small norm weight into a block chunk would pin a whole S_chunk of block params
  *    on the device for the entire run.
@@ -19,7 +19,7 @@
  *    (oversize). The open chunk is sealed first so chunk order stays execution order.
  *  - Tied params are placed once. All params tied (directly or through a chain) to
  *    the same root form a group stored at the root's place; the group's position is
- *    the earliest exec_order of any member (PROTRAIN.md 3.1: "at first occurrence").
+ *    the earliest exec_order of any member (a tied tensor is placed at its first use).
  *    If the members belong to different blocks (or any is non-block), the storage is
  *    treated as non-block (needed outside a single block's hook window -> must be
  *    resident). The group is trainable if any member is. Members must agree on
@@ -106,12 +106,9 @@ int pt_layout_build(const pt_layout_param *p, int32_t n_params, int32_t n_blocks
                     uint64_t chunk_size, pt_layout *out, char *err, size_t errlen);
 void pt_layout_free(pt_layout *l);
 
-/* Non-tail waste, PROTRAIN.md 3.2: sum over chunks k = 0..N-2 of capacity_k - used_k;
- * oversize chunks count 0 (their capacity is exact anyway). */
+/* Non-tail waste, what the chunk-size choice minimises: sum over chunks k = 0..N-2
+ * of capacity_k - used_k; oversize chunks count 0 (their capacity is exact anyway). */
 uint64_t pt_layout_waste(const pt_layout *l);
-/* Largest capacity over non-persistent oversize chunks (0 if none): the biggest
- * dedicated buffer the pool may have to allocate for one streamed oversize chunk. */
-uint64_t pt_layout_max_streamed_oversize(const pt_layout *l);
 
 /*
  * Fill p[i] from the host's descriptors: bytes = prod(shape) * elem_size(dtype).
@@ -145,8 +142,8 @@ typedef struct pt_chunk_size_choice {
  * Grid: powers of two from lo to hi, where (T = total placed bytes,
  * Bmax = largest block's bytes, Tmax = largest block-owned tensor):
  *   lo = max(4 KiB, pow2ceil(Tmax), pow2floor(Bmax / 8), pow2floor(T / 4096))
- *     - pow2ceil(Tmax): no block tensor is ever oversize, so streamed chunks always
- *       fit a pool slot (oversize slots are dedicated allocations, see buffer_pool.h);
+ *     - pow2ceil(Tmax): no block tensor is ever oversize, so no block chunk is pinned
+ *       on the device for being oversize (the store keeps oversize chunks persistent);
  *     - Bmax / 8: a block spans at most ~8-16 chunks (per-chunk copy and event
  *       overheads stay small next to the transfer);
  *     - T / 4096: at most a few thousand chunks for block-less models;

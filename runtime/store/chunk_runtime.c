@@ -1,5 +1,5 @@
 /*
- * chunk_runtime.c — moving chunks during a step (PROTRAIN.md sections 2-3):
+ * chunk_runtime.c — moving chunks during a step:
  *  - gather: before block b, its streamed chunks are leased from the buffer
  *    pool (a hit when a slot still holds them) or uploaded H2D on the h2d
  *    stream; the next block's chunks are prefetched (one block ahead, both
@@ -10,8 +10,8 @@
  *    (its lowest block just finished) is copied D2H on the d2h stream and a
  *    CPU task is queued at once: accumulate (n_micro > 1), squared norms
  *    (clipping), and the AdamW step itself when lr is already known and no
- *    clipping is configured — overlapping the rest of backward
- *    (ARCHITECTURE.md decision 3);
+ *    clipping is configured — so the CPU optimizer runs while the rest of
+ *    backward does instead of after it;
  *  - optimizer_step waits for all of it, computes the global norm when
  *    clipping, steps what is left on the CPU, steps persistent chunks on the
  *    device and zeroes their gradients.
@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "device_ext.h"
 #include "kernels_hd.h"
@@ -87,8 +86,7 @@ int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen) {
             OPS(st)->event_create(IMPL(st), &c->ev_d2h))
             goto ev_fail;
     }
-    ms->workers = pt_pool_create(st->cfg->cpu_threads, err, errlen);
-    if (!ms->workers) return PT_ERR_HOST_OOM;
+    if ((rc = pt_pool_create(st->cfg->cpu_threads, &ms->workers, err, errlen))) return rc;
     PT_LOGI(st->lg, "CPU optimizer: %d worker thread(s), %s path", pt_pool_threads(ms->workers),
             pt_cpu_adam_isa());
     return PT_OK;
@@ -176,10 +174,8 @@ int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
 static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     pt_store *ms = st;
     int32_t slot, hit;
-    int rc = pt_bufpool_acquire(ms->pool, c->id, &slot, &hit);
-    if (rc) {
-        return pt_fail(err, errlen, rc, "buffer pool: %s (n_buffer %d)", pt_bufpool_error(ms->pool), ms->n_buffer);
-    }
+    int rc = pt_bufpool_acquire(ms->pool, c->id, &slot, &hit, err, errlen);
+    if (rc) return rc;
     c->slot = slot;
     if (hit) return PT_OK;
     void *dst = pt_bufpool_slot_ptr(ms->pool, slot);
@@ -201,9 +197,8 @@ static void prefetch_block(pt_store *st, int b) {
     for (int k = ms->lay.block_chunk_first[b]; k <= ms->lay.block_chunk_last[b]; k++) {
         cs_chunk *c = &ms->ch[k];
         if (c->persistent || c->prefetched || c->users) continue;
-        char e[8];
         /* No free slot: skip; the gather of block b uploads it synchronously. */
-        if (lease(st, c, e, sizeof e)) return;
+        if (lease(st, c, NULL, 0)) return;
         c->prefetched = 1;
     }
 }
@@ -218,9 +213,10 @@ int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen
             c->prefetched = 0;          /* the prefetch lease becomes this block's */
         } else if (c->users) {
             int32_t s, hit;             /* still held by another gather: one more lease */
-            if (pt_bufpool_acquire(ms->pool, c->id, &s, &hit) || !hit || s != c->slot) {
-                return pt_fail(err, errlen, PT_ERR_INTERNAL, "buffer pool: chunk %d is in use but not resident (%s)", c->id,
-                    pt_bufpool_error(ms->pool));
+            char why[320] = "not cached in its slot";
+            if (pt_bufpool_acquire(ms->pool, c->id, &s, &hit, why, sizeof why) || !hit || s != c->slot) {
+                return pt_fail(err, errlen, PT_ERR_INTERNAL, "buffer pool: chunk %d is in use but not resident (%s)",
+                               c->id, why);
             }
         } else {
             int rc = lease(st, c, err, errlen);
@@ -330,12 +326,6 @@ static void chunk_accumulate(cs_chunk *c, int first) {
 
 typedef struct { pt_store *st; cs_chunk *c; } chunk_job;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void add_optim_time(pt_store *ms, double dt) {
     pthread_mutex_lock(&ms->acct_mu);
     ms->cpu_optim_s += dt;
@@ -348,13 +338,13 @@ static void grad_task(void *arg) {
     cs_chunk *c = j->c;
     free(j);
     OPS(st)->event_sync(IMPL(st), c->ev_d2h);   /* the gradient is on the host */
-    double t0 = now_s();
+    double t0 = pt_now_s();
     int acc = c->t_n_micro > 1;
     if (acc) chunk_accumulate(c, c->t_micro == 0);
     int last = c->t_micro == c->t_n_micro - 1;
     if (last && c->t_norm) chunk_norms(st, c, acc);
     if (last && c->t_step_now) chunk_adam(st, c, &c->t_consts, acc);
-    add_optim_time(st, now_s() - t0);
+    add_optim_time(st, pt_now_s() - t0);
 }
 
 static void step_consts(pt_store *st, float lr, float gs, pt_adamw_consts *k) {
@@ -396,9 +386,10 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     j->c = c;
     /* the chunk's own group: the next micro-batch's copy into h_gstage waits on it,
      * and optimizer_step waits on every chunk's group */
-    if ((rc = pt_pool_submit(ms->workers, grad_task, j, &c->tg))) {
+    char why[160];
+    if ((rc = pt_pool_submit(ms->workers, grad_task, j, &c->tg, why, sizeof why))) {
         free(j);
-        return pt_fail(err, errlen, rc, "cannot queue the CPU optimizer task of chunk %d", c->id);
+        return pt_fail(err, errlen, rc, "cannot queue the CPU optimizer task of chunk %d (%s)", c->id, why);
     }
     return PT_OK;
 }
@@ -416,7 +407,7 @@ int pt_ms_release(pt_store *st, int32_t b, int backward, char *err, size_t errle
             if (rc) return rc;
         }
         c->users--;
-        pt_bufpool_release(ms->pool, c->slot);
+        pt_bufpool_release(ms->pool, c->slot, NULL, 0);
         if (!c->users) {
             pt_cs_set_pointers(st, c, NULL, NULL);
             if (!c->prefetched) c->slot = -1;
@@ -515,9 +506,9 @@ static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
 typedef struct { pt_store *st; cs_chunk *c; pt_adamw_consts k; int acc; } adam_job;
 static void adam_task(void *arg) {
     adam_job *j = arg;
-    double t0 = now_s();
+    double t0 = pt_now_s();
     chunk_adam(j->st, j->c, &j->k, j->acc);
-    add_optim_time(j->st, now_s() - t0);
+    add_optim_time(j->st, pt_now_s() - t0);
 }
 
 void pt_store_set_profiling(pt_store *st, int on) { st->profiling = on; }
@@ -536,7 +527,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         lr = ms->lr_next;
     }
     o->lr = lr;
-    double w0 = now_s();
+    double w0 = pt_now_s();
     if (ms->n_offloaded) {
         OPS(st)->stream_sync(IMPL(st), st->s_d2h);
         wait_tasks(st);
@@ -570,7 +561,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
             jobs[k].c = c;
             jobs[k].acc = st->sx->n_micro > 1;
             step_consts(st, lr, gs, &jobs[k].k);
-            if (pt_pool_submit(ms->workers, adam_task, &jobs[k], &g)) adam_task(&jobs[k]);
+            if (pt_pool_submit(ms->workers, adam_task, &jobs[k], &g, NULL, 0)) adam_task(&jobs[k]);
         }
     }
     for (int k = 0; k < ms->n_chunks; k++) {
@@ -587,7 +578,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
     free(jobs);
     /* what the host waited for CPU work (overlapped tasks + deferred steps); the
      * device Adam of persistent chunks runs in the same window, ordered first */
-    ms->optim_wait_s += now_s() - w0;
+    ms->optim_wait_s += pt_now_s() - w0;
     /* A host computing on its own thread reads the device AdamW's results right
      * after this hook; an ordered host's next work queues behind it anyway. */
     if (!st->ordered && OPS(st)->stream_sync(IMPL(st), st->s_compute)) {
@@ -609,7 +600,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
                                   pt_cs_ord(st, PT_ORD_STEP) ? st->s_compute : NULL);
             if (st->ordered) OPS(st)->event_record(IMPL(st), ms->slot_used[s], st->s_compute);
         }
-        pt_bufpool_invalidate(ms->pool, c->id);
+        pt_bufpool_invalidate(ms->pool, c->id, NULL, 0);
     }
     ms->lr_set = 0;
     ms->overlapped = 0;

@@ -2,7 +2,7 @@
  * bench_cpu_adam.c — CPU AdamW throughput against a STREAM-style triad run
  * in the same process on the same pool (make bench).
  *
- * Accounting (fixed by the task, so numbers compare across machines):
+ * Accounting (fixed, so numbers compare across machines):
  *   adam : 28 B per param = read p, g, m, v + write p, m, v (7 x 4 B fp32)
  *   triad: 12 B per element = a[i] = b[i] + s*c[i], 3 arrays x 4 B
  * Caveat printed with the results: with ordinary stores the CPU also reads
@@ -20,10 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 
 #include "optim/cpu_adam.h"
 #include "protrain.h"
+#include "pt_util.h"
 #include "optim/thread_pool.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -32,12 +32,6 @@
 #else
 #define HAVE_X86 0
 #endif
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -150,8 +144,8 @@ int main(int argc, char **argv) {
         uint16_t *out16 = (uint16_t *)alloc_f(n / 2 + 1);
         for (int nt = 1; nt <= 2 && rc == 0; nt++) {
             char err[200];
-            pt_pool *pool = pt_pool_create(nt, err, sizeof err);
-            if (!pool) {
+            pt_pool *pool = NULL;
+            if (pt_pool_create(nt, &pool, err, sizeof err)) {
                 fprintf(stderr, "bench_cpu_adam: %s\n", err);
                 rc = 1;
                 break;
@@ -173,16 +167,16 @@ int main(int argc, char **argv) {
                                           .out = k == 1 ? out16 : NULL, .out_dtype = PT_BF16, .n = n,
                                           .c = pt_adamw_make_consts(1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, bc1, bc2r,
                                                                     1.0f)};
-                    double t0 = now_s();
+                    double t0 = pt_now_s();
                     if (k < 2) {
-                        if (pt_cpu_adam_run(pool, &a) != PT_OK) {
-                            fprintf(stderr, "bench_cpu_adam: %s\n", pt_cpu_adam_last_error());
+                        if (pt_cpu_adam_step(pool, &a, NULL, err, sizeof err) != PT_OK) {
+                            fprintf(stderr, "bench_cpu_adam: %s\n", err);
                             rc = 1;
                         }
                     } else {
                         pt_pool_parallel_for(pool, n, PT_CPU_ADAM_SLICE, triad_slice, &tr[k - 2]);
                     }
-                    if (r >= 0) t[k][r] = now_s() - t0;
+                    if (r >= 0) t[k][r] = pt_now_s() - t0;
                 }
             }
             for (int k = 0; k < 4; k++) med[k] = k == 3 && !use_avx2 ? 1 : median(t[k], reps);

@@ -68,18 +68,18 @@ static int run(const pt_plugin_v1 *tbl, const char *ini_path, int steps, result 
     o.ini_path = ini_path;
     sh_trainer *tr = NULL;
     char err[1024];
-    double t0 = sh_now_s();
+    double t0 = pt_now_s();
     if (sh_trainer_create(&tr, &o, err, sizeof err)) {
         fprintf(stderr, "bench: %s\n", err);
         return -1;
     }
-    r->create_s = sh_now_s() - t0;
+    r->create_s = pt_now_s() - t0;
     double loss;
     if (sh_trainer_step(tr, 1, 1e-3f, &loss)) goto fail;
-    t0 = sh_now_s();
+    t0 = pt_now_s();
     for (int s = 2; s < 2 + steps; s++)
         if (sh_trainer_step(tr, s, 1e-3f, &loss)) goto fail;
-    double dt = sh_now_s() - t0;
+    double dt = pt_now_s() - t0;
     r->step_s = dt / steps;
     r->tok_s = (double)steps * o.B * o.T / dt;
     memset(&r->st, 0, sizeof r->st);

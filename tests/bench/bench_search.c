@@ -1,19 +1,19 @@
 /*
  * bench_search.c — wall time of pt_search on synthetic 7B (32 blocks, ~200
  * chunks) and 70B (80 blocks, ~1200 chunks) layouts; median of 5 runs each.
- * Goal (issue 6): under 50 ms per search.
+ * Goal: under 50 ms per search.
  *
  * Layouts are uniform: each block's params split into cpb equal chunks, plus
  * a mandatory embedding and head chunk; per-block times and activation bytes
  * follow the Llama shape (bf16, flash attention, seq 4096, batch 1) as in
- * runtime/ds_estimates.c; hardware is an H100-class card on PCIe 5.
+ * runtime/planner/ds_estimates.c; hardware is an H100-class card on PCIe 5.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "protrain.h"
+#include "pt_util.h"
 #include "planner/searcher.h"
 #include "planner/trace_cache.h"
 
@@ -57,12 +57,6 @@ static void build(pt_trace *t, const layout *L, uint64_t capacity) {
     snprintf(t->key.device, sizeof t->key.device, "bench");
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -90,9 +84,9 @@ int main(void) {
             char err[512];
             int rc = 0;
             for (int r = 0; r < 5; r++) {
-                double t0 = now_s();
+                double t0 = pt_now_s();
                 rc = pt_search(&t, &o, &plan, err, sizeof err);
-                ms[r] = 1e3 * (now_s() - t0);
+                ms[r] = 1e3 * (pt_now_s() - t0);
             }
             qsort(ms, 5, sizeof ms[0], cmp);
             printf("%-4s %6d %5.0fGiB %6.2fms %8.2fms %10lld   ", lays[i].name, t.n_chunk, gibs[g], ms[2], ms[0],

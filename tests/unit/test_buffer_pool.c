@@ -1,8 +1,8 @@
 /*
  * test_buffer_pool.c — the chunk buffer pool: forward->backward reuse, LRU eviction,
- * leases, the all-leased error, oversize slots, invalidation, accounting on the host
- * device. Most tests run the pool without a device (g == NULL: calloc'd slots) so
- * the policy is checked on its own; test_device_* use the simulated device.
+ * leases, the all-leased error, invalidation, accounting on the host device. Most
+ * tests run the pool without a device (g == NULL: calloc'd slots) so the policy is
+ * checked on its own; test_device_* use the simulated device.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -27,7 +27,8 @@ static pt_bufpool *mk(int32_t n, uint64_t bytes) {
 
 static int32_t acq(pt_bufpool *bp, int32_t chunk, int32_t *hit) {
     int32_t s = -1, h = -1;
-    if (pt_bufpool_acquire(bp, chunk, &s, &h)) fail_msg("acquire %d: %s", chunk, pt_bufpool_error(bp));
+    char err[320] = "";
+    if (pt_bufpool_acquire(bp, chunk, &s, &h, err, sizeof err)) fail_msg("acquire %d: %s", chunk, err);
     if (hit) *hit = h;
     return s;
 }
@@ -45,7 +46,7 @@ static void test_forward_backward_reuse(void **st) {
         fwd_slot[c] = acq(bp, c, &hit);
         assert_int_equal(hit, 0);
         memset(pt_bufpool_slot_ptr(bp, fwd_slot[c]), 0x40 + c, 256);
-        assert_int_equal(pt_bufpool_release(bp, fwd_slot[c]), PT_OK);
+        assert_int_equal(pt_bufpool_release(bp, fwd_slot[c], NULL, 0), PT_OK);
     }
     int hits = 0;
     for (int32_t c = NC - 1; c >= 0; c--) {
@@ -59,7 +60,7 @@ static void test_forward_backward_reuse(void **st) {
             assert_int_equal(hit, 0);
         }
         hits += hit;
-        assert_int_equal(pt_bufpool_release(bp, s), PT_OK);
+        assert_int_equal(pt_bufpool_release(bp, s, NULL, 0), PT_OK);
     }
     assert_int_equal(hits, NS);
     pt_bufpool_stats s;
@@ -75,9 +76,9 @@ static void test_lru_order(void **st) {
     (void)st;
     pt_bufpool *bp = mk(3, 64);
     int32_t a = acq(bp, 10, NULL), b = acq(bp, 11, NULL), c = acq(bp, 12, NULL);
-    pt_bufpool_release(bp, b);
-    pt_bufpool_release(bp, c);
-    pt_bufpool_release(bp, a);
+    pt_bufpool_release(bp, b, NULL, 0);
+    pt_bufpool_release(bp, c, NULL, 0);
+    pt_bufpool_release(bp, a, NULL, 0);
     int32_t s = acq(bp, 13, NULL);
     assert_int_equal(s, b);
     assert_int_equal(pt_bufpool_last_evicted(bp), 11);
@@ -89,9 +90,9 @@ static void test_lru_order(void **st) {
     int32_t h, a2 = acq(bp, 10, &h);
     assert_int_equal(h, 1);
     assert_int_equal(a2, a);
-    pt_bufpool_release(bp, b);   /* holds 13 */
-    pt_bufpool_release(bp, a2);  /* holds 10 */
-    pt_bufpool_release(bp, c);   /* holds 14 */
+    pt_bufpool_release(bp, b, NULL, 0);   /* holds 13 */
+    pt_bufpool_release(bp, a2, NULL, 0);  /* holds 10 */
+    pt_bufpool_release(bp, c, NULL, 0);   /* holds 14 */
     assert_int_equal(acq(bp, 15, NULL), b);
     assert_int_equal(pt_bufpool_last_evicted(bp), 13);
     assert_int_equal(pt_bufpool_lookup(bp, 13), -1);
@@ -104,18 +105,18 @@ static void test_untagged_first(void **st) {
     (void)st;
     pt_bufpool *bp = mk(3, 64);
     int32_t s0 = acq(bp, 0, NULL), s1 = acq(bp, 1, NULL), s2 = acq(bp, 2, NULL);
-    pt_bufpool_release(bp, s0);
-    pt_bufpool_release(bp, s1);
-    pt_bufpool_release(bp, s2);
-    assert_int_equal(pt_bufpool_invalidate(bp, 2), PT_OK);     /* s2 newest but untagged */
+    pt_bufpool_release(bp, s0, NULL, 0);
+    pt_bufpool_release(bp, s1, NULL, 0);
+    pt_bufpool_release(bp, s2, NULL, 0);
+    assert_int_equal(pt_bufpool_invalidate(bp, 2, NULL, 0), PT_OK);     /* s2 newest but untagged */
     assert_int_equal(pt_bufpool_slot_chunk(bp, s2), -1);
-    assert_int_equal(pt_bufpool_invalidate(bp, 99), PT_OK);    /* not cached: no-op */
+    assert_int_equal(pt_bufpool_invalidate(bp, 99, NULL, 0), PT_OK);    /* not cached: no-op */
     int32_t h, s = acq(bp, 2, &h);
     assert_int_equal(h, 0);                                      /* stale copy not reused */
     assert_int_equal(s, s2);
     assert_int_equal(pt_bufpool_last_evicted(bp), -1);
     assert_int_equal(pt_bufpool_lookup(bp, 0), s0);
-    pt_bufpool_release(bp, s);
+    pt_bufpool_release(bp, s, NULL, 0);
     pt_bufpool_destroy(bp);
 }
 
@@ -129,11 +130,11 @@ static void test_leases_and_all_leased(void **st) {
     assert_int_equal(h, 1);
     assert_int_equal(pt_bufpool_slot_leases(bp, a), 2);
     int32_t b = acq(bp, 6, NULL);
-    pt_bufpool_release(bp, a);            /* one lease left on chunk 5 */
+    pt_bufpool_release(bp, a, NULL, 0);            /* one lease left on chunk 5 */
     int32_t s = -1;
     h = -1;
-    assert_int_equal(pt_bufpool_acquire(bp, 7, &s, &h), PT_ERR_INTERNAL);
-    const char *e = pt_bufpool_error(bp);
+    char e[320] = "";
+    assert_int_equal(pt_bufpool_acquire(bp, 7, &s, &h, e, sizeof e), PT_ERR_INTERNAL);
     assert_non_null(strstr(e, "all 2 slots are leased"));
     assert_non_null(strstr(e, "chunk 7"));
     assert_int_equal(pt_bufpool_slot_chunk(bp, a), 5);
@@ -143,20 +144,20 @@ static void test_leases_and_all_leased(void **st) {
     assert_true(stt.acquires == 3 && stt.misses == 2);
     assert_int_equal(stt.leased_slots, 2);
     /* Invalidating a leased chunk is refused. */
-    assert_int_equal(pt_bufpool_invalidate(bp, 5), PT_ERR_INTERNAL);
+    assert_int_equal(pt_bufpool_invalidate(bp, 5, NULL, 0), PT_ERR_INTERNAL);
     assert_int_equal(pt_bufpool_slot_chunk(bp, a), 5);
-    pt_bufpool_release(bp, b);            /* 6 evictable now, 5 still leased */
+    pt_bufpool_release(bp, b, NULL, 0);            /* 6 evictable now, 5 still leased */
     assert_int_equal(acq(bp, 7, &h), b);
     assert_int_equal(h, 0);
     assert_int_equal(pt_bufpool_last_evicted(bp), 6);
-    pt_bufpool_release(bp, a);
-    pt_bufpool_release(bp, b);
+    pt_bufpool_release(bp, a, NULL, 0);
+    pt_bufpool_release(bp, b, NULL, 0);
     /* Release errors: no lease left, slot out of range. */
-    assert_int_equal(pt_bufpool_release(bp, a), PT_ERR_INVALID_ARG);
-    assert_non_null(strstr(pt_bufpool_error(bp), "double release"));
-    assert_int_equal(pt_bufpool_release(bp, 9), PT_ERR_INVALID_ARG);
-    assert_int_equal(pt_bufpool_release(bp, -1), PT_ERR_INVALID_ARG);
-    assert_int_equal(pt_bufpool_acquire(bp, -3, &s, &h), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_bufpool_release(bp, a, e, sizeof e), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(e, "double release"));
+    assert_int_equal(pt_bufpool_release(bp, 9, NULL, 0), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_bufpool_release(bp, -1, NULL, 0), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_bufpool_acquire(bp, -3, &s, &h, NULL, 0), PT_ERR_INVALID_ARG);
     /* invalidate_all drops unleased tags and counts the leased ones it keeps. */
     int32_t k = acq(bp, 8, NULL);         /* evicts 5 (released before 7) */
     assert_int_equal(k, a);
@@ -164,58 +165,11 @@ static void test_leases_and_all_leased(void **st) {
     assert_int_equal(pt_bufpool_lookup(bp, 8), k);
     assert_int_equal(pt_bufpool_lookup(bp, 7), -1);
     assert_int_equal(pt_bufpool_lookup(bp, 5), -1);
-    pt_bufpool_release(bp, k);
+    pt_bufpool_release(bp, k, NULL, 0);
     pt_bufpool_destroy(bp);
 }
 
-/* Oversize chunks get their own allocation at acquire, shared while leased, freed at
- * the last release (not cached); held bytes and peak track it. */
-static void test_oversize(void **st) {
-    (void)st;
-    pt_bufpool *bp = mk(2, 1024);
-    int32_t s = -1, h = -1, s2 = -1;
-    assert_int_equal(pt_bufpool_acquire_sized(bp, 9, 5000, &s, &h), PT_OK);
-    assert_true(s >= 2);
-    assert_int_equal(h, 0);
-    assert_true(pt_bufpool_slot_size(bp, s) == 5000);
-    memset(pt_bufpool_slot_ptr(bp, s), 7, 5000);               /* whole range writable */
-    assert_int_equal(pt_bufpool_acquire_sized(bp, 9, 5000, &s2, &h), PT_OK);
-    assert_int_equal(s2, s);
-    assert_int_equal(h, 1);
-    int32_t t = -1;
-    assert_int_equal(pt_bufpool_acquire_sized(bp, 4, 3000, &t, &h), PT_OK);
-    assert_true(t >= 2 && t != s);
-    pt_bufpool_stats stt;
-    pt_bufpool_stats_get(bp, &stt);
-    assert_true(stt.bytes_held == 2 * 1024 + 5000 + 3000);
-    assert_true(stt.oversize_allocs == 2);
-    /* Sized acquire that fits a slot takes the regular path. */
-    int32_t r = -1;
-    assert_int_equal(pt_bufpool_acquire_sized(bp, 3, 1024, &r, &h), PT_OK);
-    assert_true(r >= 0 && r < 2);
-    /* A chunk cached in a regular slot cannot be asked for as oversize. */
-    pt_bufpool_release(bp, r);
-    assert_int_equal(pt_bufpool_acquire_sized(bp, 3, 4096, &r, &h), PT_ERR_INTERNAL);
-    pt_bufpool_release(bp, s);
-    assert_int_equal(pt_bufpool_lookup(bp, 9), s);              /* one lease left */
-    pt_bufpool_release(bp, s2);
-    assert_int_equal(pt_bufpool_lookup(bp, 9), -1);             /* freed */
-    assert_null(pt_bufpool_slot_ptr(bp, s));
-    assert_int_equal(pt_bufpool_release(bp, s), PT_ERR_INVALID_ARG);
-    /* The freed entry is reused for the next oversize chunk. */
-    int32_t u = -1;
-    assert_int_equal(pt_bufpool_acquire_sized(bp, 11, 2048, &u, &h), PT_OK);
-    assert_int_equal(u, s);
-    pt_bufpool_release(bp, u);
-    pt_bufpool_release(bp, t);
-    pt_bufpool_stats_get(bp, &stt);
-    assert_true(stt.bytes_held == 2 * 1024);
-    assert_true(stt.bytes_peak == 2 * 1024 + 5000 + 3000);
-    assert_int_equal(stt.leased_slots, 0);
-    pt_bufpool_destroy(bp);
-}
-
-static void test_user_and_bad_args(void **st) {
+static void test_bad_args_and_accessors(void **st) {
     (void)st;
     pt_bufpool *bp = NULL;
     char err[256] = "";
@@ -225,14 +179,10 @@ static void test_user_and_bad_args(void **st) {
     /* Zero slots is legal (everything persistent); any acquire then fails clearly. */
     bp = mk(0, 0);
     int32_t s, h;
-    assert_int_equal(pt_bufpool_acquire(bp, 0, &s, &h), PT_ERR_INTERNAL);
+    assert_int_equal(pt_bufpool_acquire(bp, 0, &s, &h, NULL, 0), PT_ERR_INTERNAL);
     pt_bufpool_destroy(bp);
     bp = mk(2, 64);
-    int x;
-    pt_bufpool_set_slot_user(bp, 1, &x);
-    assert_ptr_equal(pt_bufpool_slot_user(bp, 1), &x);
-    assert_null(pt_bufpool_slot_user(bp, 0));
-    assert_null(pt_bufpool_slot_user(bp, 5));
+    assert_null(pt_bufpool_slot_ptr(bp, 5));   /* no such slot */
     assert_int_equal(pt_bufpool_n_slots(bp), 2);
     assert_true(pt_bufpool_slot_bytes(bp) == 64);
     assert_true(pt_bufpool_slot_ptr(bp, 0) != pt_bufpool_slot_ptr(bp, 1));
@@ -246,9 +196,9 @@ static void *worker(void *p) {
     thr_arg *a = p;
     for (int i = 0; i < 2000; i++) {
         int32_t s, h;
-        if (pt_bufpool_acquire(a->bp, a->base + i % 5, &s, &h)) { a->fails++; continue; }
+        if (pt_bufpool_acquire(a->bp, a->base + i % 5, &s, &h, NULL, 0)) { a->fails++; continue; }
         if (pt_bufpool_slot_chunk(a->bp, s) != a->base + i % 5) a->fails++;
-        if (pt_bufpool_release(a->bp, s)) a->fails++;
+        if (pt_bufpool_release(a->bp, s, NULL, 0)) a->fails++;
     }
     return NULL;
 }
@@ -278,8 +228,8 @@ static pt_gpu *open_host(uint64_t capacity) {
     return g;
 }
 
-/* On the simulated device: slots are PT_TAG_BUFFER allocations made once; oversize
- * allocations come and go with their leases; destroy frees everything. */
+/* On the simulated device: slots are PT_TAG_BUFFER allocations made once; traffic
+ * allocates nothing; destroy frees everything. */
 static void test_device_accounting(void **st) {
     (void)st;
     pt_gpu *g = open_host(1 << 20);
@@ -292,30 +242,21 @@ static void test_device_accounting(void **st) {
     assert_true(u.n_allocs == 4);
     for (int32_t c = 0; c < 10; c++) {    /* steady-state traffic allocates nothing */
         int32_t s, h;
-        assert_int_equal(pt_bufpool_acquire(bp, c, &s, &h), PT_OK);
+        assert_int_equal(pt_bufpool_acquire(bp, c, &s, &h, NULL, 0), PT_OK);
         assert_true(pt_bufpool_slot_ptr(bp, s) != NULL);
         assert_true(pt_gpu_alloc_size(g, pt_bufpool_slot_ptr(bp, s)) == 4096);
-        pt_bufpool_release(bp, s);
+        pt_bufpool_release(bp, s, NULL, 0);
     }
     pt_gpu_usage_get(g, &u);
     assert_true(u.n_allocs == 4);
-    int32_t s, h;
-    assert_int_equal(pt_bufpool_acquire_sized(bp, 50, 100000, &s, &h), PT_OK);
-    pt_gpu_usage_get(g, &u);
-    assert_true(u.tag_current[PT_TAG_BUFFER] ==
-                4 * pt_gpu_round_size(4096) + pt_gpu_round_size(100000));
-    pt_bufpool_release(bp, s);
-    pt_gpu_usage_get(g, &u);
     assert_true(u.tag_current[PT_TAG_BUFFER] == 4 * pt_gpu_round_size(4096));
-    assert_true(u.tag_peak[PT_TAG_BUFFER] ==
-                4 * pt_gpu_round_size(4096) + pt_gpu_round_size(100000));
     pt_bufpool_destroy(bp);
     assert_int_equal(pt_gpu_live_allocs(g), 0);
     pt_gpu_close(g);
 }
 
 /* Capacity: a pool that does not fit fails with PT_ERR_OOM naming the slot and leaves
- * nothing allocated; an oversize chunk past capacity fails the acquire only. */
+ * nothing allocated; one that fits holds exactly its slots. */
 static void test_device_oom(void **st) {
     (void)st;
     pt_gpu *g = open_host(64 * 1024);
@@ -327,14 +268,12 @@ static void test_device_oom(void **st) {
     assert_int_equal(pt_gpu_live_allocs(g), 0);
     assert_int_equal(pt_bufpool_create(g, 2, 16 * 1024, &bp, err, sizeof err), PT_OK);
     int32_t s = -1, h = -1;
-    assert_int_equal(pt_bufpool_acquire_sized(bp, 3, 48 * 1024, &s, &h), PT_ERR_OOM);
-    assert_non_null(strstr(pt_bufpool_error(bp), "oversize chunk 3"));
     pt_bufpool_stats stt;
     pt_bufpool_stats_get(bp, &stt);
     assert_int_equal(stt.leased_slots, 0);
     assert_true(stt.bytes_held == 2 * 16 * 1024);
-    assert_int_equal(pt_bufpool_acquire(bp, 3, &s, &h), PT_OK);  /* regular path still works */
-    pt_bufpool_release(bp, s);
+    assert_int_equal(pt_bufpool_acquire(bp, 3, &s, &h, NULL, 0), PT_OK);
+    pt_bufpool_release(bp, s, NULL, 0);
     pt_bufpool_destroy(bp);
     assert_int_equal(pt_gpu_live_allocs(g), 0);
     pt_gpu_close(g);
@@ -346,8 +285,7 @@ int main(void) {
         cmocka_unit_test(test_lru_order),
         cmocka_unit_test(test_untagged_first),
         cmocka_unit_test(test_leases_and_all_leased),
-        cmocka_unit_test(test_oversize),
-        cmocka_unit_test(test_user_and_bad_args),
+        cmocka_unit_test(test_bad_args_and_accessors),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_device_accounting),
         cmocka_unit_test(test_device_oom),

@@ -179,10 +179,9 @@ static void test_gpt_like(void **st) {
     check_invariants(p, NP, NB, &L);
     assert_int_equal(L.n_placed, NP - 1);
     assert_int_equal(L.param_chunk[NP - 1], L.param_chunk[0]);
-    /* wte (64 KiB > 32 KiB) is oversize and mandatory; not a streamed oversize. */
+    /* wte (64 KiB > 32 KiB) is oversize and mandatory. */
     assert_true(L.chunks[L.param_chunk[0]].oversize);
     assert_true(L.chunks[L.param_chunk[0]].mandatory_persistent);
-    assert_true(pt_layout_max_streamed_oversize(&L) == 0);
     /* Every block's chunks are streamable; ln_f sits in a mandatory chunk. */
     for (int b = 0; b < NB; b++)
         for (int32_t c = L.block_chunk_first[b]; c <= L.block_chunk_last[b]; c++)
@@ -296,8 +295,6 @@ static void test_oversize(void **st) {
     assert_true(L.chunks[1].oversize && L.chunks[1].capacity == 10000);
     assert_int_equal(L.param_chunk[2], 2);
     assert_true(L.chunks[3].oversize && L.chunks[3].mandatory_persistent);
-    /* Only the block's oversize chunk is streamed. */
-    assert_true(pt_layout_max_streamed_oversize(&L) == 10000);
     /* Non-tail waste: chunk 0 slack 3072, chunk 1 oversize 0, chunk 2 slack 3072. */
     assert_true(pt_layout_waste(&L) == 2 * 3072);
     pt_layout_free(&L);

@@ -123,7 +123,14 @@ static pt_cpu_adam_args args_of(const state *s, int gdt, int odt, pt_adamw_const
     return a;
 }
 
-static void restore_isa(void) { assert_int_equal(pt_cpu_adam_set_isa(pt_cpu_adam_isa_best()), PT_OK); }
+static void restore_isa(void) { assert_int_equal(pt_cpu_adam_set_isa(pt_cpu_adam_isa_best(), NULL, 0), PT_OK); }
+
+static pt_pool *mk_pool(int nt) {
+    pt_pool *p = NULL;
+    char err[160] = "";
+    if (pt_pool_create(nt, &p, err, sizeof err)) fail_msg("pt_pool_create: %s", err);
+    return p;
+}
 
 /* ---- AdamW bit identity ---- */
 
@@ -134,7 +141,7 @@ static void test_adam_bit_identical_all_paths(void **st) {
     rng_state = 1;
     const size_t n = 1237;
     for (int isa = 0; isa <= (int)pt_cpu_adam_isa_best(); isa++) {
-        assert_int_equal(pt_cpu_adam_set_isa((pt_cpu_isa)isa), PT_OK);
+        assert_int_equal(pt_cpu_adam_set_isa((pt_cpu_isa)isa, NULL, 0), PT_OK);
         assert_int_equal((int)pt_cpu_adam_isa_id(), isa);
         for (int gdt = 0; gdt < 3; gdt++)
             for (int odt = -1; odt < 3; odt++)
@@ -147,7 +154,7 @@ static void test_adam_bit_identical_all_paths(void **st) {
                         st_copy(&r, &a, gdt, odt);
                         pt_adamw_consts c = consts_for(t, wd, gs);
                         pt_cpu_adam_args args = args_of(&a, gdt, odt, c);
-                        assert_int_equal(pt_cpu_adam_check(&args), PT_OK);
+                        assert_int_equal(pt_cpu_adam_check(&args, NULL, 0), PT_OK);
                         pt_cpu_adam_range(&args, 0, n);
                         ref_step(&c, &r, gdt, odt);
                         assert_same(&a, &r, odt);
@@ -166,7 +173,7 @@ static void test_adam_special_values(void **st) {
     rng_state = 2;
     const size_t n = 203;
     for (int isa = 0; isa <= (int)pt_cpu_adam_isa_best(); isa++) {
-        assert_int_equal(pt_cpu_adam_set_isa((pt_cpu_isa)isa), PT_OK);
+        assert_int_equal(pt_cpu_adam_set_isa((pt_cpu_isa)isa, NULL, 0), PT_OK);
         for (int odt = 0; odt < 3; odt++) {
             state a = st_alloc(n, PT_F32, odt), r = st_alloc(n, PT_F32, odt);
             st_init(&a);
@@ -196,7 +203,7 @@ static void test_adam_threads(void **st) {
     const size_t n = 3 * PT_CPU_ADAM_SLICE + 77;
     const int combos[][2] = {{PT_F32, PT_BF16}, {PT_BF16, PT_F16}, {PT_F32, -1}};
     for (int nt = 0; nt <= 3; nt++) { /* 0: no pool, the calling thread */
-        pt_pool *pool = nt ? pt_pool_create(nt, NULL, 0) : NULL;
+        pt_pool *pool = nt ? mk_pool(nt) : NULL;
         for (int ci = 0; ci < 3; ci++) {
             int gdt = combos[ci][0], odt = combos[ci][1];
             state a = st_alloc(n, gdt, odt), r = st_alloc(n, gdt, odt);
@@ -206,7 +213,7 @@ static void test_adam_threads(void **st) {
                 st_copy(&r, &a, gdt, odt);
                 pt_adamw_consts c = consts_for(t, ci == 1 ? 0.0f : 0.1f, t == 2 ? 0.5f : 1.0f);
                 pt_cpu_adam_args args = args_of(&a, gdt, odt, c);
-                assert_int_equal(pt_cpu_adam_run(pool, &args), PT_OK);
+                assert_int_equal(pt_cpu_adam_step(pool, &args, NULL, NULL, 0), PT_OK);
                 ref_step(&c, &r, gdt, odt);
                 assert_same(&a, &r, odt);
             }
@@ -222,7 +229,7 @@ static void test_adam_threads(void **st) {
         pt_cpu_adam_args args = args_of(&a, PT_F32, -1, c);
         args.out = a.p;
         args.out_dtype = PT_F32;
-        assert_int_equal(pt_cpu_adam_run(pool, &args), PT_OK);
+        assert_int_equal(pt_cpu_adam_step(pool, &args, NULL, NULL, 0), PT_OK);
         ref_step(&c, &r, PT_F32, -1);
         assert_same(&a, &r, -1);
         st_free(&a, PT_F32, -1);
@@ -241,7 +248,7 @@ static void test_adam_async_chunks(void **st) {
     const size_t sizes[] = {5, PT_CPU_ADAM_SLICE, 2 * PT_CPU_ADAM_SLICE + 1, 999, 64};
     enum { NC = 5 };
     for (int nt = 1; nt <= 2; nt++) {
-        pt_pool *pool = pt_pool_create(nt, NULL, 0);
+        pt_pool *pool = mk_pool(nt);
         state a[NC], r[NC];
         pt_task_group g = PT_TASK_GROUP_INIT;
         pt_adamw_consts c = consts_for(5, 0.01f, 0.25f);
@@ -252,7 +259,7 @@ static void test_adam_async_chunks(void **st) {
             fill_grads(a[k].g, PT_BF16, sizes[k]);
             st_copy(&r[k], &a[k], PT_BF16, PT_BF16);
             pt_cpu_adam_args args = args_of(&a[k], PT_BF16, PT_BF16, c);
-            assert_int_equal(pt_cpu_adam_step(pool, &args, &g), PT_OK);
+            assert_int_equal(pt_cpu_adam_step(pool, &args, &g, NULL, 0), PT_OK);
             memset(&args, 0xff, sizeof args); /* the step must have copied it */
         }
         assert_true(g.submitted >= NC);
@@ -272,21 +279,22 @@ static void test_adam_invalid_args(void **st) {
     (void)st;
     float p[4] = {0}, m[4] = {0}, v[4] = {0}, g[4] = {0};
     pt_cpu_adam_args a = {.p = p, .g = g, .g_dtype = 7, .m = m, .v = v, .n = 4, .c = consts_for(1, 0, 1)};
-    assert_int_equal(pt_cpu_adam_run(NULL, &a), PT_ERR_INVALID_ARG);
-    assert_non_null(strstr(pt_cpu_adam_last_error(), "g_dtype 7"));
+    char err[256] = "";
+    assert_int_equal(pt_cpu_adam_step(NULL, &a, NULL, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "g_dtype 7"));
     a.g_dtype = PT_F32;
     a.out = p;
     a.out_dtype = -2;
-    assert_int_equal(pt_cpu_adam_run(NULL, &a), PT_ERR_INVALID_ARG);
-    assert_non_null(strstr(pt_cpu_adam_last_error(), "out_dtype -2"));
+    assert_int_equal(pt_cpu_adam_step(NULL, &a, NULL, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "out_dtype -2"));
     a.out = NULL;
     a.m = NULL;
-    assert_int_equal(pt_cpu_adam_run(NULL, &a), PT_ERR_INVALID_ARG);
-    assert_non_null(strstr(pt_cpu_adam_last_error(), "m is NULL"));
-    assert_int_equal(pt_cpu_adam_run(NULL, NULL), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_cpu_adam_step(NULL, &a, NULL, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "m is NULL"));
+    assert_int_equal(pt_cpu_adam_step(NULL, NULL, NULL, err, sizeof err), PT_ERR_INVALID_ARG);
     a.n = 0; /* nothing to do: NULL arrays are fine */
-    assert_int_equal(pt_cpu_adam_run(NULL, &a), PT_OK);
-    assert_int_equal(pt_cpu_adam_set_isa((pt_cpu_isa)9), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_cpu_adam_step(NULL, &a, NULL, err, sizeof err), PT_OK);
+    assert_int_equal(pt_cpu_adam_set_isa((pt_cpu_isa)9, err, sizeof err), PT_ERR_INVALID_ARG);
 }
 
 static void test_isa_dispatch(void **st) {
@@ -298,13 +306,14 @@ static void test_isa_dispatch(void **st) {
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx512f")) {
         assert_true(best < PT_ISA_AVX512); /* never pick a path the CPU lacks */
-        assert_int_equal(pt_cpu_adam_set_isa(PT_ISA_AVX512), PT_ERR_UNSUPPORTED);
-        assert_non_null(strstr(pt_cpu_adam_last_error(), "avx512"));
+        char err[256] = "";
+        assert_int_equal(pt_cpu_adam_set_isa(PT_ISA_AVX512, err, sizeof err), PT_ERR_UNSUPPORTED);
+        assert_non_null(strstr(err, "avx512"));
     }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) assert_true(best >= PT_ISA_AVX2);
 #endif
     if (!getenv("PT_CPU_ADAM_ISA")) assert_int_equal((int)pt_cpu_adam_isa_id(), (int)best);
-    assert_int_equal(pt_cpu_adam_set_isa(PT_ISA_SCALAR), PT_OK);
+    assert_int_equal(pt_cpu_adam_set_isa(PT_ISA_SCALAR, NULL, 0), PT_OK);
     assert_string_equal(pt_cpu_adam_isa(), "scalar");
     restore_isa();
     assert_string_equal(pt_cpu_adam_isa(), names[best]);
@@ -334,7 +343,7 @@ static void mixed_vs_fp32(int dt, double rel_bound) {
     uint16_t *g16 = malloc(n * 2), *copy = malloc(n * 2);
     assert_true(w && m && v && wr && mr && vr && g32 && g16 && copy);
     for (size_t i = 0; i < n; i++) w[i] = wr[i] = rsign() * unif(0.5f, 2.0f);
-    pt_pool *pool = pt_pool_create(2, NULL, 0);
+    pt_pool *pool = mk_pool(2);
     for (int t = 1; t <= T; t++) {
         for (size_t i = 0; i < n; i++) g32[i] = rsign() * unif(0.01f, 1.0f);
         assert_int_equal(pt_cvt(g16, dt, g32, PT_F32, n), PT_OK);
@@ -343,7 +352,7 @@ static void mixed_vs_fp32(int dt, double rel_bound) {
         pt_adamw_consts c = pt_adamw_make_consts(lr, 0.9f, 0.999f, 1e-8f, wd, bc1, bc2r, gs);
         pt_cpu_adam_args a = {.p = w, .g = g16, .g_dtype = dt, .m = m, .v = v,
                               .out = copy, .out_dtype = dt, .n = n, .c = c};
-        assert_int_equal(pt_cpu_adam_run(pool, &a), PT_OK);
+        assert_int_equal(pt_cpu_adam_step(pool, &a, NULL, NULL, 0), PT_OK);
         for (size_t i = 0; i < n; i++) wr[i] = pt_adamw_elem(&c, wr[i], g32[i], &mr[i], &vr[i]);
     }
     size_t master_differs = 0;
@@ -411,7 +420,7 @@ static void test_cvt_exhaustive_16bit(void **st) {
     assert_true(h && back && f);
     for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
     for (int isa = 0; isa <= (int)pt_cpu_adam_isa_best(); isa++) {
-        assert_int_equal(pt_cpu_adam_set_isa((pt_cpu_isa)isa), PT_OK);
+        assert_int_equal(pt_cpu_adam_set_isa((pt_cpu_isa)isa, NULL, 0), PT_OK);
         /* bf16 */
         pt_cvt_bf16_to_f32(f, h, 65536);
         pt_cvt_f32_to_bf16(back, f, 65536);
@@ -460,7 +469,7 @@ static void test_cvt_f32_to_16_sweep(void **st) {
         for (int k = 0; k < NL; k++)
             f[hi * NL + k] = from_bits(hi << 16 | (k >= NL - 2 ? (uint32_t)(rnd() & 0xffff) : lows[k]));
     for (int isa = 0; isa <= (int)pt_cpu_adam_isa_best(); isa++) {
-        assert_int_equal(pt_cpu_adam_set_isa((pt_cpu_isa)isa), PT_OK);
+        assert_int_equal(pt_cpu_adam_set_isa((pt_cpu_isa)isa, NULL, 0), PT_OK);
         pt_cvt_f32_to_bf16(b, f, n);
         pt_cvt_f32_to_f16(h, f, n);
         for (size_t i = 0; i < n; i++) {
@@ -488,21 +497,19 @@ static void test_cvt_f32_to_16_sweep(void **st) {
     free(f), free(b), free(h);
 }
 
-/* pt_cvt between every dtype pair and pt_cvt_par agree with the scalar bodies. */
-static void test_cvt_generic_and_parallel(void **st) {
+/* pt_cvt between every dtype pair agrees with the scalar bodies. */
+static void test_cvt_generic(void **st) {
     (void)st;
     rng_state = 7;
     const size_t n = 300001;
     float *src = malloc(n * 4);
-    void *mid = malloc(n * 4), *d1 = malloc(n * 4), *d2 = malloc(n * 4);
-    assert_true(src && mid && d1 && d2);
+    void *mid = malloc(n * 4), *d1 = malloc(n * 4);
+    assert_true(src && mid && d1);
     for (size_t i = 0; i < n; i++) src[i] = grad_value();
-    pt_pool *pool = pt_pool_create(2, NULL, 0);
     for (int sdt = 0; sdt < 3; sdt++)
         for (int ddt = 0; ddt < 3; ddt++) {
             assert_int_equal(pt_cvt(mid, sdt, src, PT_F32, n), PT_OK);
             assert_int_equal(pt_cvt(d1, ddt, mid, sdt, n), PT_OK);
-            assert_int_equal(pt_cvt_par(pool, d2, ddt, mid, sdt, n), PT_OK);
             for (size_t i = 0; i < n; i += 1) {
                 float x = pt_load_elem(mid, sdt, i);
                 float y = pt_load_elem(d1, ddt, i);
@@ -510,13 +517,11 @@ static void test_cvt_generic_and_parallel(void **st) {
                 uint32_t got = ddt == PT_F32 ? bits(y) : ((uint16_t *)d1)[i];
                 assert_int_equal(got, want);
             }
-            assert_memory_equal(d1, d2, n * pt_dtype_size(ddt));
         }
     assert_int_equal(pt_cvt(d1, 5, src, PT_F32, n), PT_ERR_INVALID_ARG);
-    assert_int_equal(pt_cvt_par(pool, d1, PT_F32, src, -1, n), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_cvt(d1, PT_F32, src, -1, n), PT_ERR_INVALID_ARG);
     assert_int_equal(pt_cvt(NULL, PT_F32, src, PT_BF16, n), PT_ERR_INVALID_ARG);
-    pt_pool_destroy(pool);
-    free(src), free(mid), free(d1), free(d2);
+    free(src), free(mid), free(d1);
 }
 
 int main(void) {
@@ -531,7 +536,7 @@ int main(void) {
         cmocka_unit_test(test_mixed_f16_vs_fp32),
         cmocka_unit_test(test_cvt_exhaustive_16bit),
         cmocka_unit_test(test_cvt_f32_to_16_sweep),
-        cmocka_unit_test(test_cvt_generic_and_parallel),
+        cmocka_unit_test(test_cvt_generic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

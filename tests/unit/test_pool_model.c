@@ -1,7 +1,7 @@
 /*
- * test_pool_model.c — runtime/pool_model.c (pt_cost_uploads): the chunk
+ * test_pool_model.c — runtime/planner/pool_model.c (pt_cost_uploads): the chunk
  * uploads the cost model charges, window by window, against a replay of
- * runtime/chunk_runtime.c's gather / prefetch / release loops on a real
+ * runtime/store/chunk_runtime.c's gather / prefetch / release loops on a real
  * pt_bufpool (host memory), over random layouts: chunks shared by two or
  * three blocks, blocks without chunks, mandatory chunks inside block ranges,
  * every n_persist and every n_buffer from the one-block minimum up.
@@ -49,7 +49,7 @@ typedef struct replay {
 /* lease(): acquire a slot; a miss uploads the chunk. */
 static int replay_lease(replay *r, int k, uint64_t *up) {
     int32_t slot, hit;
-    int rc = pt_bufpool_acquire(r->bp, k, &slot, &hit);
+    int rc = pt_bufpool_acquire(r->bp, k, &slot, &hit, NULL, 0);
     if (rc) return rc;
     r->ch[k].slot = slot;
     if (!hit) *up += r->t->chunks[k].bytes;
@@ -81,7 +81,7 @@ static void replay_gather(replay *r, int b, int backward, uint64_t *sync, uint64
             c->prefetched = 0;
         } else if (c->users) {
             int32_t s, hit;
-            assert_int_equal(pt_bufpool_acquire(r->bp, k, &s, &hit), PT_OK);
+            assert_int_equal(pt_bufpool_acquire(r->bp, k, &s, &hit, NULL, 0), PT_OK);
         } else if (replay_lease(r, k, sync)) {
             r->failed = 1;
             return;
@@ -98,7 +98,7 @@ static void replay_release(replay *r, int b) {
         rchunk *c = &r->ch[k];
         if (c->persistent) continue;
         c->users--;
-        assert_int_equal(pt_bufpool_release(r->bp, c->slot), PT_OK);
+        assert_int_equal(pt_bufpool_release(r->bp, c->slot, NULL, 0), PT_OK);
         if (!c->users && !c->prefetched) c->slot = -1;
     }
 }
@@ -123,7 +123,7 @@ static int replay_iter(replay *r, uint64_t *fs, uint64_t *fa, uint64_t *bs, uint
     }
     for (int k = 0; k < r->t->n_chunk; k++)
         if (!r->ch[k].persistent && r->t->chunks[k].trainable_elems)
-            assert_int_equal(pt_bufpool_invalidate(r->bp, k), PT_OK);
+            assert_int_equal(pt_bufpool_invalidate(r->bp, k, NULL, 0), PT_OK);
     return 1;
 }
 

@@ -45,16 +45,25 @@ static void gate_wait_entered(gate *g) {
     while (!atomic_load(&g->entered)) nap_us(100);
 }
 
+static pt_pool *mk_pool(int nt) {
+    pt_pool *p = NULL;
+    char err[200] = "";
+    if (pt_pool_create(nt, &p, err, sizeof err)) fail_msg("pt_pool_create: %s", err);
+    return p;
+}
+
 static void test_create_default_threads(void **state) {
     (void)state;
     char err[200] = "";
-    pt_pool *p = pt_pool_create(0, err, sizeof err);
+    pt_pool *p = NULL;
+    assert_int_equal(pt_pool_create(0, &p, err, sizeof err), PT_OK);
     assert_non_null(p);
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     assert_true(pt_pool_threads(p) >= 1);
     assert_true(pt_pool_threads(p) <= online); /* affinity count never exceeds online cores */
     pt_pool_destroy(p);
-    assert_null(pt_pool_create(-3, err, sizeof err));
+    assert_int_equal(pt_pool_create(-3, &p, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_null(p);
     assert_non_null(strstr(err, "-3"));
     pt_pool_destroy(NULL);
 }
@@ -62,12 +71,12 @@ static void test_create_default_threads(void **state) {
 static void test_many_small_tasks(void **state) {
     (void)state;
     for (int nt = 1; nt <= 3; nt++) {
-        pt_pool *p = pt_pool_create(nt, NULL, 0);
+        pt_pool *p = mk_pool(nt);
         assert_non_null(p);
         atomic_long count = 0;
         pt_task_group g = PT_TASK_GROUP_INIT;
         const long N = 20000;
-        for (long i = 0; i < N; i++) assert_int_equal(pt_pool_submit(p, add_one, &count, &g), PT_OK);
+        for (long i = 0; i < N; i++) assert_int_equal(pt_pool_submit(p, add_one, &count, &g, NULL, 0), PT_OK);
         assert_int_equal(pt_pool_wait(p, &g), PT_OK);
         assert_int_equal(atomic_load(&count), N);
         assert_int_equal(pt_pool_pending(p, &g), 0);
@@ -94,17 +103,17 @@ static void order_task(void *arg) {
 
 static void test_fifo_order(void **state) {
     (void)state;
-    pt_pool *p = pt_pool_create(1, NULL, 0);
+    pt_pool *p = mk_pool(1);
     gate gt = {0, 0};
     pt_task_group gg = PT_TASK_GROUP_INIT, ga = PT_TASK_GROUP_INIT;
-    assert_int_equal(pt_pool_submit(p, gate_task, &gt, &gg), PT_OK);
+    assert_int_equal(pt_pool_submit(p, gate_task, &gt, &gg, NULL, 0), PT_OK);
     gate_wait_entered(&gt);
     order_ctx ctx;
     memset(&ctx, 0, sizeof ctx);
     order_arg args[200];
     for (int i = 0; i < 200; i++) {
         args[i] = (order_arg){&ctx, i};
-        assert_int_equal(pt_pool_submit(p, order_task, &args[i], &ga), PT_OK);
+        assert_int_equal(pt_pool_submit(p, order_task, &args[i], &ga, NULL, 0), PT_OK);
     }
     assert_int_equal(pt_pool_pending(p, &ga), 200);
     atomic_store(&gt.open, 1);
@@ -128,32 +137,33 @@ static void slow_task(void *arg) {
 
 static void test_wait_semantics(void **state) {
     (void)state;
-    pt_pool *p = pt_pool_create(2, NULL, 0);
+    pt_pool *p = mk_pool(2);
     pt_task_group empty = PT_TASK_GROUP_INIT;
     assert_int_equal(pt_pool_wait(p, &empty), PT_OK);
     assert_int_equal(pt_pool_pending(p, &empty), 0);
     slow_arg a[8];
-    pt_task_group g;
-    pt_task_group_init(&g);
+    pt_task_group g = PT_TASK_GROUP_INIT;
     for (int i = 0; i < 8; i++) {
         atomic_init(&a[i].done, 0);
-        assert_int_equal(pt_pool_submit(p, slow_task, &a[i], &g), PT_OK);
+        assert_int_equal(pt_pool_submit(p, slow_task, &a[i], &g, NULL, 0), PT_OK);
     }
     assert_true(pt_pool_pending(p, &g) > 0); /* each task sleeps 2 ms */
     assert_int_equal(pt_pool_wait(p, &g), PT_OK);
     for (int i = 0; i < 8; i++) assert_int_equal(atomic_load(&a[i].done), 1);
     /* the group is reusable after a wait */
     atomic_store(&a[0].done, 0);
-    assert_int_equal(pt_pool_submit(p, slow_task, &a[0], &g), PT_OK);
+    assert_int_equal(pt_pool_submit(p, slow_task, &a[0], &g, NULL, 0), PT_OK);
     assert_int_equal(pt_pool_wait(p, &g), PT_OK);
     assert_int_equal(atomic_load(&a[0].done), 1);
     /* a group belongs to the pool of its first submission */
-    pt_pool *q = pt_pool_create(1, NULL, 0);
+    pt_pool *q = mk_pool(1);
     atomic_long c = 0;
-    assert_int_equal(pt_pool_submit(q, add_one, &c, &g), PT_ERR_INVALID_ARG);
+    char err[200] = "";
+    assert_int_equal(pt_pool_submit(q, add_one, &c, &g, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "another pool"));
     assert_int_equal(pt_pool_wait(q, &g), PT_ERR_INVALID_ARG);
-    assert_int_equal(pt_pool_submit(NULL, add_one, &c, NULL), PT_ERR_INVALID_ARG);
-    assert_int_equal(pt_pool_submit(p, NULL, &c, NULL), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_pool_submit(NULL, add_one, &c, NULL, NULL, 0), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_pool_submit(p, NULL, &c, NULL, NULL, 0), PT_ERR_INVALID_ARG);
     pt_pool_destroy(q);
     pt_pool_destroy(p);
 }
@@ -171,16 +181,16 @@ static void who_task(void *arg) {
 
 static void test_waiter_helps_own_group_only(void **state) {
     (void)state;
-    pt_pool *p = pt_pool_create(1, NULL, 0);
+    pt_pool *p = mk_pool(1);
     gate gt = {0, 0};
     pt_task_group gg = PT_TASK_GROUP_INIT, mine = PT_TASK_GROUP_INIT, other = PT_TASK_GROUP_INIT;
-    assert_int_equal(pt_pool_submit(p, gate_task, &gt, &gg), PT_OK);
+    assert_int_equal(pt_pool_submit(p, gate_task, &gt, &gg, NULL, 0), PT_OK);
     gate_wait_entered(&gt);
     atomic_long oc = 0;
-    assert_int_equal(pt_pool_submit(p, add_one, &oc, &other), PT_OK); /* queued before mine */
+    assert_int_equal(pt_pool_submit(p, add_one, &oc, &other, NULL, 0), PT_OK); /* queued before mine */
     who_arg w;
     atomic_init(&w.ran, 0);
-    assert_int_equal(pt_pool_submit(p, who_task, &w, &mine), PT_OK);
+    assert_int_equal(pt_pool_submit(p, who_task, &w, &mine, NULL, 0), PT_OK);
     assert_int_equal(pt_pool_wait(p, &mine), PT_OK); /* would hang without helping */
     assert_int_equal(atomic_load(&w.ran), 1);
     assert_true(pthread_equal(w.ran_on, pthread_self()));
@@ -213,7 +223,7 @@ static void sum_task(void *arg) {
     long step = (a->hi - a->lo) / 4;
     for (int k = 0; k < 4; k++) {
         kids[k] = (sum_arg){a->p, a->lo + k * step, k == 3 ? a->hi : a->lo + (k + 1) * step, 0};
-        if (pt_pool_submit(a->p, sum_task, &kids[k], &g) != PT_OK) atomic_fetch_add(&task_errors, 1);
+        if (pt_pool_submit(a->p, sum_task, &kids[k], &g, NULL, 0) != PT_OK) atomic_fetch_add(&task_errors, 1);
     }
     if (pt_pool_wait(a->p, &g) != PT_OK) atomic_fetch_add(&task_errors, 1);
     a->result = kids[0].result + kids[1].result + kids[2].result + kids[3].result;
@@ -222,11 +232,11 @@ static void sum_task(void *arg) {
 static void test_nested_waits(void **state) {
     (void)state;
     for (int nt = 1; nt <= 4; nt++) {
-        pt_pool *p = pt_pool_create(nt, NULL, 0);
+        pt_pool *p = mk_pool(nt);
         const long n = 16 * 1024 + 5;
         sum_arg root = {p, 0, n, 0};
         pt_task_group g = PT_TASK_GROUP_INIT;
-        assert_int_equal(pt_pool_submit(p, sum_task, &root, &g), PT_OK);
+        assert_int_equal(pt_pool_submit(p, sum_task, &root, &g, NULL, 0), PT_OK);
         assert_int_equal(pt_pool_wait(p, &g), PT_OK);
         assert_int_equal(root.result, n * (n - 1) / 2);
         assert_int_equal(atomic_load(&task_errors), 0);
@@ -243,13 +253,13 @@ static void *submitter(void *arg) {
     sub_arg *s = arg;
     pt_task_group g = PT_TASK_GROUP_INIT;
     for (int i = 0; i < 2000; i++)
-        if (pt_pool_submit(s->p, add_one, &s->count, &g) != PT_OK) return (void *)1;
+        if (pt_pool_submit(s->p, add_one, &s->count, &g, NULL, 0) != PT_OK) return (void *)1;
     return pt_pool_wait(s->p, &g) == PT_OK && atomic_load(&s->count) == 2000 ? NULL : (void *)1;
 }
 
 static void test_concurrent_submitters(void **state) {
     (void)state;
-    pt_pool *p = pt_pool_create(2, NULL, 0);
+    pt_pool *p = mk_pool(2);
     pthread_t th[4];
     sub_arg s[4];
     for (int i = 0; i < 4; i++) {
@@ -280,7 +290,7 @@ static void test_parallel_for_coverage(void **state) {
     assert_non_null(hits);
     size_t grains[] = {1, 64, 1000, 0, 200000};
     for (int nt = 0; nt <= 3; nt++) { /* nt 0 = no pool, inline */
-        pt_pool *p = nt ? pt_pool_create(nt, NULL, 0) : NULL;
+        pt_pool *p = nt ? mk_pool(nt) : NULL;
         for (size_t gi = 0; gi < sizeof grains / sizeof grains[0]; gi++) {
             size_t len = grains[gi] == 1 ? 5003 : n; /* grain 1 is slow: fewer elements */
             for (size_t i = 0; i < n; i++) atomic_store(&hits[i], 0);
@@ -306,20 +316,20 @@ static void spawn_task(void *arg) {
     spawn_arg *a = arg;
     nap_us(50);
     atomic_fetch_add(a->count, 1);
-    if (pt_pool_submit(a->p, add_one, a->count, NULL) != PT_OK) atomic_fetch_add(a->submit_fail, 1);
+    if (pt_pool_submit(a->p, add_one, a->count, NULL, NULL, 0) != PT_OK) atomic_fetch_add(a->submit_fail, 1);
 }
 
 static void test_destroy_drains(void **state) {
     (void)state;
     for (int nt = 1; nt <= 2; nt++) {
-        pt_pool *p = pt_pool_create(nt, NULL, 0);
+        pt_pool *p = mk_pool(nt);
         gate gt = {0, 0};
-        assert_int_equal(pt_pool_submit(p, gate_task, &gt, NULL), PT_OK);
+        assert_int_equal(pt_pool_submit(p, gate_task, &gt, NULL, NULL, 0), PT_OK);
         gate_wait_entered(&gt);
         atomic_long count = 0;
         atomic_int fails = 0;
         spawn_arg a = {p, &count, &fails};
-        for (int i = 0; i < 300; i++) assert_int_equal(pt_pool_submit(p, spawn_task, &a, NULL), PT_OK);
+        for (int i = 0; i < 300; i++) assert_int_equal(pt_pool_submit(p, spawn_task, &a, NULL, NULL, 0), PT_OK);
         atomic_store(&gt.open, 1);
         pt_pool_destroy(p); /* must run all 300 + the 300 they submit */
         assert_int_equal(atomic_load(&count), 600);
