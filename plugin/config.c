@@ -25,17 +25,9 @@
 #include <strings.h>
 
 #include "protrain.h"
+#include "pt_util.h"
 
 /* ---- small helpers ---- */
-
-static void seterr(char *err, size_t len, const char *fmt, ...) FMT(3, 4);
-static void seterr(char *err, size_t len, const char *fmt, ...) {
-    if (!err || !len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
 
 static int is_skipped_section(const char *s) {
     return !strcmp(s, "sample_host") || !strncmp(s, "host.", 5);
@@ -492,8 +484,7 @@ static int env_log_level(pt_config *c, char *err, size_t errlen) {
     char why[256], vq[72];
     if (set_value(&pt_cfg_keys[find_key("plugin", "log_level")], c, v, why, sizeof(why))) {
         quote_val(v, vq, sizeof(vq));
-        seterr(err, errlen, "environment variable PROTRAIN_LOG_LEVEL: bad value '%s': %s", vq, why);
-        return PT_ERR_CONFIG;
+        return pt_fail(err, errlen, PT_ERR_CONFIG, "environment variable PROTRAIN_LOG_LEVEL: bad value '%s': %s", vq, why);
     }
     return 0;
 }
@@ -501,16 +492,14 @@ static int env_log_level(pt_config *c, char *err, size_t errlen) {
 int pt_config_parse_string(const char *text, const char *name, pt_config *c, char *err,
                            size_t errlen) {
     if (!text || !c) {
-        seterr(err, errlen, "pt_config_parse_string: text and config must not be NULL");
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_config_parse_string: text and config must not be NULL");
     }
     if (!name) name = "(string)";
     pt_config tmp;
     pt_config_defaults(&tmp);
     pstate *st = calloc(1, sizeof(*st));
     if (!st) {
-        seterr(err, errlen, "%s: out of host memory parsing the configuration", name);
-        return PT_ERR_HOST_OOM;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "%s: out of host memory parsing the configuration", name);
     }
     st->name = name, st->text = st->pos = text, st->c = &tmp;
     int rc = ini_parse_stream(reader, st, handler, st);
@@ -521,15 +510,16 @@ int pt_config_parse_string(const char *text, const char *name, pt_config *c, cha
         char lt[72];
         line_text(text, rc, lt, sizeof(lt));
         if (lt[0] == '[')
-            seterr(err, errlen, "%s:%d: section header '%s' has no closing ']'", name, rc, lt);
+            status = pt_fail(err, errlen, PT_ERR_CONFIG,
+                             "%s:%d: section header '%s' has no closing ']'", name, rc, lt);
         else
-            seterr(err, errlen, "%s:%d: cannot parse '%s': expected [section], key = value, "
-                                "or a comment starting with ';' or '#'", name, rc, lt);
-        status = PT_ERR_CONFIG;
+            status = pt_fail(err, errlen, PT_ERR_CONFIG,
+                             "%s:%d: cannot parse '%s': expected [section], key = value, "
+                             "or a comment starting with ';' or '#'", name, rc, lt);
     } else if (st->err_line || rc != 0) {
-        if (st->err_line) seterr(err, errlen, "%s", st->err);
-        else seterr(err, errlen, "%s: inih failed with code %d", name, rc);
         status = rc == -2 ? PT_ERR_HOST_OOM : PT_ERR_CONFIG;
+        if (st->err_line) pt_fail(err, errlen, status, "%s", st->err);
+        else pt_fail(err, errlen, status, "%s: inih failed with code %d", name, rc);
     }
     free(st);
     if (status) return status;
@@ -541,8 +531,7 @@ int pt_config_parse_string(const char *text, const char *name, pt_config *c, cha
 
 int pt_config_load(const char *path, pt_config *c, char *err, size_t errlen) {
     if (!c) {
-        seterr(err, errlen, "pt_config_load: config must not be NULL");
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_config_load: config must not be NULL");
     }
     if (!path || !*path) {
         const char *e = getenv("PROTRAIN_CONFIG");
@@ -557,8 +546,7 @@ int pt_config_load(const char *path, pt_config *c, char *err, size_t errlen) {
     }
     FILE *f = fopen(path, "rb");
     if (!f) {
-        seterr(err, errlen, "cannot open config file %s: %s", path, strerror(errno));
-        return PT_ERR_IO;
+        return pt_fail(err, errlen, PT_ERR_IO, "cannot open config file %s: %s", path, strerror(errno));
     }
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
@@ -574,11 +562,9 @@ int pt_config_load(const char *path, pt_config *c, char *err, size_t errlen) {
         if (got == 0) break;
     }
     if (!buf || n + 1 >= cap) {
-        seterr(err, errlen, "out of host memory reading config file %s", path);
-        rc = PT_ERR_HOST_OOM;
+        rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory reading config file %s", path);
     } else if (ferror(f)) {
-        seterr(err, errlen, "cannot read config file %s: %s", path, strerror(errno));
-        rc = PT_ERR_IO;
+        rc = pt_fail(err, errlen, PT_ERR_IO, "cannot read config file %s: %s", path, strerror(errno));
     }
     fclose(f);
     if (!rc) {
@@ -586,9 +572,8 @@ int pt_config_load(const char *path, pt_config *c, char *err, size_t errlen) {
         if (strlen(buf) != n) {
             int line = 1;
             for (const char *p = buf; *p; p++) line += *p == '\n';
-            seterr(err, errlen, "%s:%d: the file contains a NUL byte; a config file must be "
+            rc = pt_fail(err, errlen, PT_ERR_CONFIG, "%s:%d: the file contains a NUL byte; a config file must be "
                                 "text", path, line);
-            rc = PT_ERR_CONFIG;
         } else {
             rc = pt_config_parse_string(buf, path, c, err, errlen);
         }
@@ -600,26 +585,22 @@ int pt_config_load(const char *path, pt_config *c, char *err, size_t errlen) {
 int pt_config_set(pt_config *c, const char *section, const char *key, const char *value,
                   char *err, size_t errlen) {
     if (!c || !section || !key || !value) {
-        seterr(err, errlen, "pt_config_set: arguments must not be NULL");
-        return PT_ERR_INVALID_ARG;
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_config_set: arguments must not be NULL");
     }
     char m[600], why[256], vq[72];
     if (section_index(section) < 0) {
         unknown_section_msg("override: ", section, m, sizeof(m));
-        seterr(err, errlen, "%s", m);
-        return PT_ERR_CONFIG;
+        return pt_fail(err, errlen, PT_ERR_CONFIG, "%s", m);
     }
     int k = find_key(section, key);
     if (k < 0) {
         unknown_key_msg("override: ", section, key, m, sizeof(m));
-        seterr(err, errlen, "%s", m);
-        return PT_ERR_CONFIG;
+        return pt_fail(err, errlen, PT_ERR_CONFIG, "%s", m);
     }
     pt_config tmp = *c;
     if (set_value(&pt_cfg_keys[k], &tmp, value, why, sizeof(why))) {
         quote_val(value, vq, sizeof(vq));
-        seterr(err, errlen, "override: bad value '%s' for key '%s' in [%s]: %s", vq, key, section, why);
-        return PT_ERR_CONFIG;
+        return pt_fail(err, errlen, PT_ERR_CONFIG, "override: bad value '%s' for key '%s' in [%s]: %s", vq, key, section, why);
     }
     *c = tmp;
     return PT_OK;

@@ -462,7 +462,6 @@ int pt_cpu_adam_step(pt_pool *pool, const pt_cpu_adam_args *a, pt_task_group *g,
     return rc;
 }
 
-int pt_cpu_adam_run(pt_pool *pool, const pt_cpu_adam_args *a) { return pt_cpu_adam_step(pool, a, NULL, NULL, 0); }
 
 /* ============================= converters =============================== */
 

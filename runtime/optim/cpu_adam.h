@@ -22,7 +22,7 @@
  *
  * Errors: functions that can fail return a pt_status (host_api/protrain.h)
  * and write one sentence into the caller's err buffer (may be NULL).
- * pt_cpu_adam_run and the converters return the status alone: they fail only
+ * The converters return the status alone: they fail only
  * on arguments their callers have already validated.
  */
 #ifndef PT_CPU_ADAM_H
@@ -84,9 +84,6 @@ void pt_cpu_adam_range(const pt_cpu_adam_args *a, size_t begin, size_t end);
  * pool (in which case the slices that could not be queued were run inline,
  * so the update is still complete after the wait). */
 int pt_cpu_adam_step(pt_pool *pool, const pt_cpu_adam_args *a, pt_task_group *g, char *err, size_t errlen);
-
-/* Synchronous, status only: pt_cpu_adam_step(pool, a, NULL, NULL, 0). */
-int pt_cpu_adam_run(pt_pool *pool, const pt_cpu_adam_args *a);
 
 /* ---- bulk converters, bit-identical to the scalar ones in kernels_hd.h ---- */
 void pt_cvt_f32_to_bf16(uint16_t *dst, const float *src, size_t n);

@@ -271,7 +271,7 @@ int pt_shape_trace(const pt_model_shape *m0, const pt_hw_shape *hw, uint64_t S, 
     double kvh = h / a * (double)m.kv_heads, V = (double)m.vocab, p = (double)esz, sbh = s * B * h;
     double tok = s * B, F = hw->flops;
     /* Saved activations per layer in 16-bit bytes (Korthikanti et al. 2022; the
-     * family of ANCHORS.md 5d): GPT 18sbh + 4sbf + 5as^2b (= sbh(34 + 5as/h)
+     * family of published activation estimates): GPT 18sbh + 4sbf + 5as^2b (= sbh(34 + 5as/h)
      * for f = 4h); Llama (no dropout, SwiGLU, GQA) 12sbh + 4sb*kvh + 8sbf +
      * 4as^2b. Flash attention drops the s^2 terms. Scaled by p/2 for fp32. The
      * block input (2sbh of it) is kept by the host outside the arena. */

@@ -1,6 +1,6 @@
 /*
  * ds_estimates.h — DeepSpeed's model-state memory estimates, re-implemented
- * from the formulas in ANCHORS.md 5a/5b (DeepSpeed's code, not its docs), so
+ * from DeepSpeed's own estimator formulas (its code, not its docs), so
  * protrain-plan can print them beside its own plan.
  *
  * P = total params (shared counted once), Lmax = params of the largest single
@@ -78,7 +78,7 @@ int pt_shape_check(pt_model_shape *m, char *err, size_t errlen);
 /* Total params (tied counted once) and the largest single module (DeepSpeed's Lmax). */
 void pt_shape_count(const pt_model_shape *m, int64_t *params, int64_t *largest_module,
                     int64_t *params_per_block);
-/* Chunk size by PROTRAIN.md 3.2: the grid {32, 64, 128, 256, 512} MiB, least
+/* Chunk size as ProTrain picks it: the grid {32, 64, 128, 256, 512} MiB, least
  * slack over all chunks but the last, ties to the smaller. */
 uint64_t pt_shape_chunk_size(const pt_model_shape *m);
 /* Synthesise a trace: chunks laid out with seal-before-block packing at

@@ -1,5 +1,5 @@
 /*
- * placement.h — which block gets which activation mode (PROTRAIN.md 4.2).
+ * placement.h — which block gets which activation mode.
  *
  * The searcher only chooses the COUNTS n_swap and n_checkpoint; this rule turns
  * them into a per-block map (PT_BLOCK_NONE / CKPT / SWAP, trace.h).

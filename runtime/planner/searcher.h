@@ -1,5 +1,5 @@
 /*
- * searcher.h — the four-knob search (PROTRAIN.md section 8).
+ * searcher.h — the four-knob search.
  *
  * Minimise predicted iteration time subject to
  *   predicted peak <= capacity - reserve - headroom     (cost_model.h)

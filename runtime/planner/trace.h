@@ -33,7 +33,7 @@
  *       the chunks [chunk_lo, chunk_hi) holding this block's params (derived
  *       from the chunks by pt_trace_derive_ranges; -1/-1 = none).
  *
- * Chunk quantities (execution order; see PROTRAIN.md 3.1):
+ * Chunk quantities (execution order):
  *   bytes            param bytes in the compute dtype (<= chunk_size unless the
  *                    chunk holds one oversized tensor).
  *   elems            param elements; trainable_elems of them have a gradient and
@@ -65,7 +65,7 @@
  *   gradients: slot_bytes (normally chunk_size * (1 + grad/param size) = 2 S),
  *   used exactly as given.
  * Host (pinned) bytes of an offloaded chunk, when host_bytes is 0
- * (ARCHITECTURE.md decision 4):
+ * (the real cost of offloading, never 2 bytes per parameter):
  *   trainable: param_elem (staged param) + host_grad_elem (fp32 grad, 4)
  *              + 4 (fp32 master, also when p == fp32: the staged copy is what
  *              uploads while the master is updated) + m + v per element

@@ -1,6 +1,6 @@
 /*
  * test_offload.c — sample_host through the plugin with streamed chunks and
- * activation modes, against --no-plugin (issues 4 and 5).
+ * activation modes, against --no-plugin.
  *
  * What is bit-identical and why: the model code is the same on plugin pointers,
  * chunk uploads copy bytes, the CPU AdamW is bit-identical to the element body the
@@ -149,7 +149,7 @@ static void test_streamed_clip(void **s) {
           0.05f, 1, 1);
 }
 
-/* Activation modes with streamed chunks: the grid of issue 5, bit-identical, and
+/* Activation modes with streamed chunks: every (n_swap, n_checkpoint) pair, bit-identical, and
  * the measured device peak falls as n_checkpoint grows; SWAP lowers it too. */
 static void test_activation_grid(void **s) {
     (void)s;

@@ -1,6 +1,6 @@
 /*
  * test_run_capacity.c — the built sample_host binary under a device smaller than
- * the model's all-resident footprint (issue 4): the run trains, and every line
+ * the model's all-resident footprint: the run trains, and every line
  * of its --metrics file reports a device peak within the device capacity.
  * A second run forces everything resident under the same capacity and must fail
  * with a clear out-of-memory sentence and a non-zero exit, not a crash.
