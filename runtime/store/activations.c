@@ -23,8 +23,8 @@
 
 #include "store_internal.h"
 
-static const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->gpu); }
-static void *IMPL(pt_store *st) { return pt_gpu_impl(st->gpu); }
+static const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->env.gpu); }
+static void *IMPL(pt_store *st) { return pt_gpu_impl(st->env.gpu); }
 
 const char *pt_acts_mode_name(int m) {
     return m == PT_ACT_CKPT ? "CKPT" : m == PT_ACT_SWAP ? "SWAP" : "NONE";
@@ -66,12 +66,12 @@ int pt_acts_init(pt_store *st, const int32_t *modes, const int32_t *swap_done, c
 
 void pt_acts_fini(pt_store *st) {
     if (!st->arena) return;
-    if (st->s_d2h) OPS(st)->stream_sync(IMPL(st), st->s_d2h);
-    if (st->s_h2d) OPS(st)->stream_sync(IMPL(st), st->s_h2d);
+    if (st->env.s_d2h) OPS(st)->stream_sync(IMPL(st), st->env.s_d2h);
+    if (st->env.s_h2d) OPS(st)->stream_sync(IMPL(st), st->env.s_h2d);
     for (int b = 0; b < st->n_blocks; b++) {
         pt_arena *a = &st->arena[b];
         if (a->ptr) pt_cs_free(st, a->ptr);
-        if (a->host) pt_gpu_pinned_free(st->gpu, a->host);
+        if (a->host) pt_gpu_pinned_free(st->env.gpu, a->host);
         if (a->ev_out) OPS(st)->event_destroy(IMPL(st), a->ev_out);
         if (a->ev_in) OPS(st)->event_destroy(IMPL(st), a->ev_in);
     }
@@ -98,10 +98,10 @@ static void reap(pt_store *st, int wait) {
 /* Device allocation for an arena; a failure first waits for pending swap-outs. */
 static int arena_alloc(pt_store *st, pt_arena *a, uint64_t bytes, char *err, size_t errlen) {
     reap(st, 0);
-    int rc = pt_gpu_alloc(st->gpu, (size_t)bytes, PT_TAG_ACT, &a->ptr, err, errlen);
+    int rc = pt_gpu_alloc(st->env.gpu, (size_t)bytes, PT_TAG_ACT, &a->ptr, err, errlen);
     if (rc == PT_ERR_OOM) {
         reap(st, 1);
-        rc = pt_gpu_alloc(st->gpu, (size_t)bytes, PT_TAG_ACT, &a->ptr, err, errlen);
+        rc = pt_gpu_alloc(st->env.gpu, (size_t)bytes, PT_TAG_ACT, &a->ptr, err, errlen);
     }
     if (!rc) a->bytes = bytes;
     return rc;
@@ -144,25 +144,25 @@ int pt_acts_post_forward(pt_store *st, int32_t b, char *err, size_t errlen) {
     pt_arena *a = &st->arena[b];
     reap(st, 0);
     if (!a->ptr) return PT_OK;                    /* the block saved nothing */
-    if (st->sx->eval || a->mode == PT_ACT_CKPT) {
+    if (st->env.sx->eval || a->mode == PT_ACT_CKPT) {
         pt_cs_free(st, a->ptr);             /* poisoned: stale pointers read NaN */
         a->ptr = NULL;
         return PT_OK;
     }
     if (a->mode != PT_ACT_SWAP) return PT_OK;
     if (a->host && a->host_bytes < a->bytes) {
-        pt_gpu_pinned_free(st->gpu, a->host);
+        pt_gpu_pinned_free(st->env.gpu, a->host);
         a->host = NULL;
     }
     if (!a->host) {
-        int rc = pt_gpu_pinned_alloc(st->gpu, (size_t)a->bytes, &a->host, err, errlen);
+        int rc = pt_gpu_pinned_alloc(st->env.gpu, (size_t)a->bytes, &a->host, err, errlen);
         if (rc) return rc;
         a->host_bytes = a->bytes;
     }
     /* the copy reads what the host's forward of b writes */
-    int rc = pt_cs_after_compute(st, st->s_d2h, PT_ORD_SWAP);
-    if (!rc) rc = pt_gpu_memcpy_async(st->gpu, a->host, a->ptr, (size_t)a->bytes, PT_GPU_D2H, st->s_d2h);
-    if (!rc) rc = OPS(st)->event_record(IMPL(st), a->ev_out, st->s_d2h);
+    int rc = pt_cs_after_compute(st, st->env.s_d2h, PT_ORD_SWAP);
+    if (!rc) rc = pt_gpu_memcpy_async(st->env.gpu, a->host, a->ptr, (size_t)a->bytes, PT_GPU_D2H, st->env.s_d2h);
+    if (!rc) rc = OPS(st)->event_record(IMPL(st), a->ev_out, st->env.s_d2h);
     if (rc) {
         return pt_fail(err, errlen, PT_ERR_BACKEND, "swap-out of block %d's activations failed", b);
     }
@@ -185,9 +185,9 @@ static int swap_in_start(pt_store *st, int32_t b, char *err, size_t errlen) {
     int rc = arena_alloc(st, a, a->host_bytes < a->bytes ? a->host_bytes : a->bytes, err, errlen);
     if (rc) return rc;
     /* the new arena's bytes may have been freed in the compute stream's order */
-    rc = pt_cs_after_compute(st, st->s_h2d, PT_ORD_SWAP);
-    if (!rc) rc = pt_gpu_memcpy_async(st->gpu, a->ptr, a->host, (size_t)a->bytes, PT_GPU_H2D, st->s_h2d);
-    if (!rc) rc = OPS(st)->event_record(IMPL(st), a->ev_in, st->s_h2d);
+    rc = pt_cs_after_compute(st, st->env.s_h2d, PT_ORD_SWAP);
+    if (!rc) rc = pt_gpu_memcpy_async(st->env.gpu, a->ptr, a->host, (size_t)a->bytes, PT_GPU_H2D, st->env.s_h2d);
+    if (!rc) rc = OPS(st)->event_record(IMPL(st), a->ev_in, st->env.s_h2d);
     if (rc) {
         return pt_fail(err, errlen, PT_ERR_BACKEND, "swap-in of block %d's activations failed", b);
     }
@@ -208,12 +208,12 @@ int pt_acts_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
         a->swapping_in = 0;
     } else if (a->mode == PT_ACT_CKPT && a->live) {
         if ((rc = arena_alloc(st, a, a->bytes, err, errlen))) return rc;
-        if (!st->host->recompute_block) {
+        if (!st->env.host->recompute_block) {
             return pt_fail(err, errlen, PT_ERR_CALLBACK, "block %d is CKPT but the host gave no recompute_block callback", b);
         }
-        if (st->recompute_mark) st->recompute_mark(st->user, b, 0);
-        int hrc = st->host->recompute_block(st->host->user, b);
-        if (st->recompute_mark) st->recompute_mark(st->user, b, 1);
+        if (st->env.recompute_mark) st->env.recompute_mark(st->env.user, b, 0);
+        int hrc = st->env.host->recompute_block(st->env.host->user, b);
+        if (st->env.recompute_mark) st->env.recompute_mark(st->env.user, b, 1);
         if (hrc) {
             return pt_fail(err, errlen, PT_ERR_CALLBACK, "host recompute_block(%d) returned %d", b, hrc);
         }
@@ -222,7 +222,7 @@ int pt_acts_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
     /* prefetch the next backward block's swapped activations */
     if (b > 0) {
         char e2[256];
-        if (swap_in_start(st, b - 1, e2, sizeof e2)) PT_LOGD(st->lg, "swap-in prefetch: %s", e2);
+        if (swap_in_start(st, b - 1, e2, sizeof e2)) PT_LOGD(st->env.lg, "swap-in prefetch: %s", e2);
     }
     return PT_OK;
 }

@@ -28,31 +28,31 @@
 #include "store_internal.h"
 
 
-static const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->gpu); }
-static void *IMPL(pt_store *st) { return pt_gpu_impl(st->gpu); }
+static const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->env.gpu); }
+static void *IMPL(pt_store *st) { return pt_gpu_impl(st->env.gpu); }
 
 int pt_cs_after_compute(pt_store *st, pt_stream *s, unsigned bit) {
     if (!pt_cs_ord(st, bit)) return PT_OK;
-    int rc = OPS(st)->event_record(IMPL(st), st->ev_compute, st->s_compute);
+    int rc = OPS(st)->event_record(IMPL(st), st->ev_compute, st->env.s_compute);
     return rc ? rc : OPS(st)->stream_wait_event(IMPL(st), s, st->ev_compute);
 }
 
 int pt_cs_compute_waits(pt_store *st, pt_event *e) {
-    if (!st->ordered) return OPS(st)->event_sync(IMPL(st), e);
-    return pt_cs_ord(st, PT_ORD_UPLOAD) ? OPS(st)->stream_wait_event(IMPL(st), st->s_compute, e)
+    if (!st->env.ordered) return OPS(st)->event_sync(IMPL(st), e);
+    return pt_cs_ord(st, PT_ORD_UPLOAD) ? OPS(st)->stream_wait_event(IMPL(st), st->env.s_compute, e)
                                         : PT_OK;
 }
 
 void pt_cs_free(pt_store *st, void *p) {
-    if (pt_cs_ord(st, PT_ORD_FREE)) pt_gpu_free_on_stream(st->gpu, p, st->s_compute, NULL, 0);
-    else pt_gpu_free(st->gpu, p);
+    if (pt_cs_ord(st, PT_ORD_FREE)) pt_gpu_free_on_stream(st->env.gpu, p, st->env.s_compute, NULL, 0);
+    else pt_gpu_free(st->env.gpu, p);
 }
 
 int pt_store_sync(pt_store *st, char *err, size_t errlen) {
     if (!st) return PT_OK;
     const pt_gpu_backend *o = OPS(st);
-    if (o->stream_sync(IMPL(st), st->s_compute) || o->stream_sync(IMPL(st), st->s_h2d) ||
-        o->stream_sync(IMPL(st), st->s_d2h))
+    if (o->stream_sync(IMPL(st), st->env.s_compute) || o->stream_sync(IMPL(st), st->env.s_h2d) ||
+        o->stream_sync(IMPL(st), st->env.s_d2h))
         return pt_fail(err, errlen, PT_ERR_BACKEND, "waiting for the device streams failed");
     return PT_OK;
 }
@@ -62,13 +62,13 @@ int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen) {
     int rc;
     if (OPS(st)->event_create(IMPL(st), &ms->ev_compute))
         return pt_fail(err, errlen, PT_ERR_BACKEND, "cannot create device events");
-    if ((rc = pt_gpu_alloc(st->gpu, sizeof(double) * (size_t)ms->n_params, PT_TAG_OTHER,
+    if ((rc = pt_gpu_alloc(st->env.gpu, sizeof(double) * (size_t)ms->n_params, PT_TAG_OTHER,
                            (void **)&ms->norm_dev, err,
                            errlen)))
         return rc;
     if (!ms->n_offloaded) return PT_OK;
     uint64_t S = ms->lay.chunk_size;
-    if ((rc = pt_bufpool_create(st->gpu, ms->n_buffer, 2 * S, &ms->pool, err, errlen))) return rc;
+    if ((rc = pt_bufpool_create(st->env.gpu, ms->n_buffer, 2 * S, &ms->pool, err, errlen))) return rc;
     ms->buffer_bytes = (uint64_t)ms->n_buffer * 2 * S;
     ms->slot_free = calloc((size_t)ms->n_buffer, sizeof *ms->slot_free);
     ms->slot_used = calloc((size_t)ms->n_buffer, sizeof *ms->slot_used);
@@ -86,8 +86,8 @@ int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen) {
             OPS(st)->event_create(IMPL(st), &c->ev_d2h))
             goto ev_fail;
     }
-    if ((rc = pt_pool_create(st->cfg->cpu_threads, &ms->workers, err, errlen))) return rc;
-    PT_LOGI(st->lg, "CPU optimizer: %d worker thread(s), %s path", pt_pool_threads(ms->workers),
+    if ((rc = pt_pool_create(st->env.cfg->cpu_threads, &ms->workers, err, errlen))) return rc;
+    PT_LOGI(st->env.lg, "CPU optimizer: %d worker thread(s), %s path", pt_pool_threads(ms->workers),
             pt_cpu_adam_isa());
     return PT_OK;
 ev_fail:
@@ -118,7 +118,7 @@ void pt_cs_fini_runtime(pt_store *st) {
     }
     pt_bufpool_destroy(ms->pool);
     ms->pool = NULL;
-    pt_gpu_free(st->gpu, ms->norm_dev);
+    pt_gpu_free(st->env.gpu, ms->norm_dev);
     ms->norm_dev = NULL;
 }
 
@@ -126,7 +126,7 @@ void pt_cs_fini_runtime(pt_store *st) {
  * (NULL bases clear them). Frozen params never get a grad pointer. */
 void pt_cs_set_pointers(pt_store *st, cs_chunk *c, void *pbase, void *gbase) {
     pt_store *ms = st;
-    pt_model_v1 *m = st->model;
+    pt_model_v1 *m = st->env.model;
     for (int j = 0; j < c->lc->n_params; j++) {
         int root = ms->lay.order[c->lc->first_param + j];
         uint64_t off = ms->lay.param_offset[root];
@@ -145,12 +145,12 @@ void pt_cs_set_pointers(pt_store *st, cs_chunk *c, void *pbase, void *gbase) {
 
 int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
-    if (st->sx->eval) return PT_OK;
+    if (st->env.sx->eval) return PT_OK;
     if (!st->opt_ready && !st->profiling) {
         return pt_fail(err, errlen, PT_ERR_ORDER, "pre_step: no optimizer (call create_optimizer first)");
     }
     for (int k = 0; k < ms->n_chunks; k++) ms->ch[k].bwd_zeroed = 0;
-    if (st->sx->n_micro > 1 && !ms->gacc_ready) {
+    if (st->env.sx->n_micro > 1 && !ms->gacc_ready) {
         /* accumulated fp32 gradients of offloaded chunks, allocated on first need */
         uint64_t more = 0;
         for (int k = 0; k < ms->n_chunks; k++)
@@ -158,14 +158,14 @@ int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
         for (int k = 0; k < ms->n_chunks; k++) {
             cs_chunk *c = &ms->ch[k];
             if (c->persistent || !c->trainable) continue;
-            int rc = pt_gpu_pinned_alloc(st->gpu, (size_t)c->n_state * 4, (void **)&c->h_gacc,
+            int rc = pt_gpu_pinned_alloc(st->env.gpu, (size_t)c->n_state * 4, (void **)&c->h_gacc,
                                          err, errlen);
             if (rc) return rc;
         }
         ms->pinned_bytes += more;
         ms->gacc_ready = 1;
-        PT_LOGI(st->lg, "gradient accumulation over %d micro-batches: %.2f MiB more pinned "
-                         "memory for fp32 gradient sums", st->sx->n_micro, more / 1048576.0);
+        PT_LOGI(st->env.lg, "gradient accumulation over %d micro-batches: %.2f MiB more pinned "
+                         "memory for fp32 gradient sums", st->env.sx->n_micro, more / 1048576.0);
     }
     return PT_OK;
 }
@@ -181,10 +181,10 @@ static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     void *dst = pt_bufpool_slot_ptr(ms->pool, slot);
     /* the slot's previous gradient may still be on its way to the host, and the
      * host's kernels may still read its previous chunk */
-    OPS(st)->stream_wait_event(IMPL(st), st->s_h2d, ms->slot_free[slot]);
-    if (pt_cs_ord(st, PT_ORD_SLOT)) OPS(st)->stream_wait_event(IMPL(st), st->s_h2d, ms->slot_used[slot]);
-    rc = pt_gpu_memcpy_async(st->gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D, st->s_h2d);
-    if (!rc) rc = OPS(st)->event_record(IMPL(st), c->ev_up, st->s_h2d);
+    OPS(st)->stream_wait_event(IMPL(st), st->env.s_h2d, ms->slot_free[slot]);
+    if (pt_cs_ord(st, PT_ORD_SLOT)) OPS(st)->stream_wait_event(IMPL(st), st->env.s_h2d, ms->slot_used[slot]);
+    rc = pt_gpu_memcpy_async(st->env.gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D, st->env.s_h2d);
+    if (!rc) rc = OPS(st)->event_record(IMPL(st), c->ev_up, st->env.s_h2d);
     if (rc) {
         return pt_fail(err, errlen, PT_ERR_BACKEND, "upload of chunk %d (%llu bytes) failed", c->id, (unsigned long long)c->used);
     }
@@ -233,8 +233,8 @@ int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen
             /* the slot's last gradient copy to the host is done before the zeroing,
              * which lands before the host's backward accumulates */
             if (pt_cs_ord(st, PT_ORD_SLOT)) {
-                OPS(st)->stream_wait_event(IMPL(st), st->s_compute, ms->slot_free[c->slot]);
-                OPS(st)->memset_async(IMPL(st), gbase, 0, (size_t)c->used, st->s_compute);
+                OPS(st)->stream_wait_event(IMPL(st), st->env.s_compute, ms->slot_free[c->slot]);
+                OPS(st)->memset_async(IMPL(st), gbase, 0, (size_t)c->used, st->env.s_compute);
             } else {
                 OPS(st)->event_sync(IMPL(st), ms->slot_free[c->slot]);
                 OPS(st)->memset_async(IMPL(st), gbase, 0, (size_t)c->used, NULL);
@@ -287,7 +287,7 @@ static void chunk_norms(pt_store *st, cs_chunk *c, int from_acc) {
     pt_store *ms = st;
     for (int j = 0; j < c->lc->n_params; j++) {
         int root = ms->lay.order[c->lc->first_param + j];
-        const pt_param_v1 *p = &st->model->params[root];
+        const pt_param_v1 *p = &st->env.model->params[root];
         uint64_t off = ms->lay.param_offset[root], n = pt_param_numel(p);
         double sq = 0;
         if (from_acc) {
@@ -348,7 +348,7 @@ static void grad_task(void *arg) {
 }
 
 static void step_consts(pt_store *st, float lr, float gs, pt_adamw_consts *k) {
-    pt_optim_state *o = st->opt;
+    pt_optim_state *o = st->env.opt;
     float bc1, bc2r;
     pt_adamw_bias(o->beta1, o->beta2, o->t + 1, &bc1, &bc2r);
     *k = pt_adamw_make_consts(lr, o->beta1, o->beta2, o->eps, o->weight_decay, bc1, bc2r, gs);
@@ -360,18 +360,18 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     pt_pool_wait(ms->workers, &c->tg);
     void *gsrc = (char *)pt_bufpool_slot_ptr(ms->pool, c->slot) + ms->lay.chunk_size;
     /* the gradient is complete once the host's backward of this block has run */
-    if (pt_cs_ord(st, PT_ORD_GRAD)) OPS(st)->stream_wait_event(IMPL(st), st->s_d2h, ms->slot_used[c->slot]);
-    int rc = pt_gpu_memcpy_async(st->gpu, c->h_gstage, gsrc, (size_t)c->used, PT_GPU_D2H,
-                                 st->s_d2h);
-    if (!rc) rc = OPS(st)->event_record(IMPL(st), c->ev_d2h, st->s_d2h);
-    if (!rc) rc = OPS(st)->event_record(IMPL(st), ms->slot_free[c->slot], st->s_d2h);
+    if (pt_cs_ord(st, PT_ORD_GRAD)) OPS(st)->stream_wait_event(IMPL(st), st->env.s_d2h, ms->slot_used[c->slot]);
+    int rc = pt_gpu_memcpy_async(st->env.gpu, c->h_gstage, gsrc, (size_t)c->used, PT_GPU_D2H,
+                                 st->env.s_d2h);
+    if (!rc) rc = OPS(st)->event_record(IMPL(st), c->ev_d2h, st->env.s_d2h);
+    if (!rc) rc = OPS(st)->event_record(IMPL(st), ms->slot_free[c->slot], st->env.s_d2h);
     if (rc) {
         return pt_fail(err, errlen, PT_ERR_BACKEND, "gradient copy of chunk %d to the host failed", c->id);
     }
-    int last = st->sx->micro == st->sx->n_micro - 1;
-    c->t_micro = st->sx->micro;
-    c->t_n_micro = st->sx->n_micro;
-    c->t_norm = st->opt->max_grad_norm > 0;
+    int last = st->env.sx->micro == st->env.sx->n_micro - 1;
+    c->t_micro = st->env.sx->micro;
+    c->t_n_micro = st->env.sx->n_micro;
+    c->t_norm = st->env.opt->max_grad_norm > 0;
     c->t_step_now = last && ms->lr_set && !c->t_norm;
     if (c->t_step_now) {
         step_consts(st, ms->lr_next, 1.0f, &c->t_consts);
@@ -401,8 +401,8 @@ int pt_ms_release(pt_store *st, int32_t b, int backward, char *err, size_t errle
         cs_chunk *c = &ms->ch[k];
         if (c->persistent) continue;
         /* the host's work on this slot so far: what a reuse or a copy-out waits for */
-        if (st->ordered) OPS(st)->event_record(IMPL(st), ms->slot_used[c->slot], st->s_compute);
-        if (backward && c->trainable && c->lc->block_first == b && !st->sx->eval) {
+        if (st->env.ordered) OPS(st)->event_record(IMPL(st), ms->slot_used[c->slot], st->env.s_compute);
+        if (backward && c->trainable && c->lc->block_first == b && !st->env.sx->eval) {
             int rc = offload_grad(st, c, err, errlen);
             if (rc) return rc;
         }
@@ -433,23 +433,23 @@ static void wait_tasks(pt_store *st) {
  * (norm_dev[i]), all queued, then one copy back and one synchronisation. */
 static int device_norms(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
-    pt_model_v1 *m = st->model;
+    pt_model_v1 *m = st->env.model;
     size_t bytes = sizeof(double) * (size_t)m->n_params;
     double *host = malloc(bytes);
     if (!host) {
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
-    int rc = OPS(st)->memset_async(IMPL(st), ms->norm_dev, 0, bytes, st->s_compute);
+    int rc = OPS(st)->memset_async(IMPL(st), ms->norm_dev, 0, bytes, st->env.s_compute);
     for (int i = 0; i < m->n_params && !rc; i++) {
         if (ms->root[i] != i || !m->params[i].grad) continue;
         cs_chunk *c = &ms->ch[ms->lay.param_chunk[i]];
         if (!c->persistent) continue;
         uint64_t n = pt_param_numel(&m->params[i]);
         rc = OPS(st)->sqnorm(IMPL(st), (char *)c->d_grad + ms->lay.param_offset[i],
-                             m->params[i].dtype, (size_t)n, ms->norm_dev + i, st->s_compute);
+                             m->params[i].dtype, (size_t)n, ms->norm_dev + i, st->env.s_compute);
     }
-    if (!rc) rc = pt_gpu_memcpy_async(st->gpu, host, ms->norm_dev, bytes, PT_GPU_D2H, st->s_compute);
-    if (!rc) rc = OPS(st)->stream_sync(IMPL(st), st->s_compute);
+    if (!rc) rc = pt_gpu_memcpy_async(st->env.gpu, host, ms->norm_dev, bytes, PT_GPU_D2H, st->env.s_compute);
+    if (!rc) rc = OPS(st)->stream_sync(IMPL(st), st->env.s_compute);
     if (rc) {
         free(host);
         return pt_fail(err, errlen, PT_ERR_BACKEND, "optimizer_step: gradient-norm reduction failed on the device");
@@ -463,7 +463,7 @@ static int device_norms(pt_store *st, char *err, size_t errlen) {
 
 static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err, size_t errlen) {
     pt_store *ms = st;
-    pt_optim_state *o = st->opt;
+    pt_optim_state *o = st->env.opt;
     float bc1, bc2r;
     pt_adamw_bias(o->beta1, o->beta2, o->t + 1, &bc1, &bc2r);
     for (int r = 0; r < c->lc->n_regions; r++) {
@@ -489,17 +489,17 @@ static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
         } else {
             /* widen the 16-bit gradient into fp32 scratch first */
             OPS(st)->convert(IMPL(st), ms->d_gtmp, PT_F32, (char *)c->d_grad + g->offset,
-                             g->dtype, (size_t)n, 0, st->s_compute);
+                             g->dtype, (size_t)n, 0, st->env.s_compute);
             a.param = c->d_master + s;
             a.grad = ms->d_gtmp;
             a.param_out = (char *)c->d_param + g->offset;
             a.out_dtype = g->dtype;
         }
-        if (OPS(st)->adamw(IMPL(st), &a, st->s_compute)) {
+        if (OPS(st)->adamw(IMPL(st), &a, st->env.s_compute)) {
             return pt_fail(err, errlen, PT_ERR_BACKEND, "optimizer_step: device AdamW failed on chunk %d", c->id);
         }
     }
-    OPS(st)->memset_async(IMPL(st), c->d_grad, 0, (size_t)c->used, st->s_compute);
+    OPS(st)->memset_async(IMPL(st), c->d_grad, 0, (size_t)c->used, st->env.s_compute);
     return PT_OK;
 }
 
@@ -515,8 +515,8 @@ void pt_store_set_profiling(pt_store *st, int on) { st->profiling = on; }
 
 int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen) {
     pt_store *ms = st;
-    pt_optim_state *o = st->opt;
-    pt_model_v1 *m = st->model;
+    pt_optim_state *o = st->env.opt;
+    pt_model_v1 *m = st->env.model;
     float lr = lr_arg >= 0 ? lr_arg : o->lr;
     if (ms->lr_set) {
         if (ms->overlapped && lr_arg >= 0 && lr_arg != ms->lr_next) {
@@ -529,7 +529,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
     o->lr = lr;
     double w0 = pt_now_s();
     if (ms->n_offloaded) {
-        OPS(st)->stream_sync(IMPL(st), st->s_d2h);
+        OPS(st)->stream_sync(IMPL(st), st->env.s_d2h);
         wait_tasks(st);
     }
     float gs = 1.0f;
@@ -559,7 +559,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
             if (c->persistent || !c->trainable || c->stepped) continue;
             jobs[k].st = st;
             jobs[k].c = c;
-            jobs[k].acc = st->sx->n_micro > 1;
+            jobs[k].acc = st->env.sx->n_micro > 1;
             step_consts(st, lr, gs, &jobs[k].k);
             if (pt_pool_submit(ms->workers, adam_task, &jobs[k], &g, NULL, 0)) adam_task(&jobs[k]);
         }
@@ -581,7 +581,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
     ms->optim_wait_s += pt_now_s() - w0;
     /* A host computing on its own thread reads the device AdamW's results right
      * after this hook; an ordered host's next work queues behind it anyway. */
-    if (!st->ordered && OPS(st)->stream_sync(IMPL(st), st->s_compute)) {
+    if (!st->env.ordered && OPS(st)->stream_sync(IMPL(st), st->env.s_compute)) {
         return pt_fail(err, errlen, PT_ERR_BACKEND, "optimizer_step: device stream failed");
     }
     /* Streamed copies in slots are stale now: drop their tags (and poison them,
@@ -594,11 +594,11 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         if (c->persistent || !c->trainable) continue;
         int32_t s = pt_bufpool_lookup(ms->pool, c->id);
         if (s < 0) continue;
-        if (st->cfg->poison) {
+        if (st->env.cfg->poison) {
             OPS(st)->memset_async(IMPL(st), pt_bufpool_slot_ptr(ms->pool, s), 0xFF,
                                   (size_t)pt_bufpool_slot_size(ms->pool, s),
-                                  pt_cs_ord(st, PT_ORD_STEP) ? st->s_compute : NULL);
-            if (st->ordered) OPS(st)->event_record(IMPL(st), ms->slot_used[s], st->s_compute);
+                                  pt_cs_ord(st, PT_ORD_STEP) ? st->env.s_compute : NULL);
+            if (st->env.ordered) OPS(st)->event_record(IMPL(st), ms->slot_used[s], st->env.s_compute);
         }
         pt_bufpool_invalidate(ms->pool, c->id, NULL, 0);
     }

@@ -79,13 +79,13 @@ static int min_buffers(const pt_store *ms, int n_blocks, int lookahead) {
 
 static int choose_layout(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
-    pt_model_v1 *m = st->model;
+    pt_model_v1 *m = st->env.model;
     pt_layout_param *lp = calloc((size_t)m->n_params, sizeof *lp);
     if (!lp) {
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
     int rc = pt_layout_params_from_model(m, NULL, lp, err, errlen);
-    uint64_t S = st->cfg->chunk_size;
+    uint64_t S = st->env.cfg->chunk_size;
     pt_chunk_size_choice choice;
     if (!rc && !S) {
         rc = pt_chunk_size_choose(lp, m->n_params, m->n_blocks, &choice, err, errlen);
@@ -93,8 +93,8 @@ static int choose_layout(pt_store *st, char *err, size_t errlen) {
             S = choice.chosen;
             char tab[4096];
             pt_chunk_size_table(&choice, tab, sizeof tab);
-            PT_LOGD(st->lg, "chunk size candidates:");
-            pt_log_text(st->lg, PT_LOG_DEBUG, tab);
+            PT_LOGD(st->env.lg, "chunk size candidates:");
+            pt_log_text(st->env.lg, PT_LOG_DEBUG, tab);
         }
     } else if (!rc) {
         S = (S + PT_LAYOUT_ALIGN - 1) / PT_LAYOUT_ALIGN * PT_LAYOUT_ALIGN;
@@ -140,7 +140,7 @@ static uint64_t mem_available(void) {
 
 static int check_pinned(pt_store *st, uint64_t need, char *err, size_t errlen) {
     uint64_t avail = mem_available();
-    uint64_t budget = st->cfg->pinned_budget;
+    uint64_t budget = st->env.cfg->pinned_budget;
     struct rlimit rl;
     int have_rl = getrlimit(RLIMIT_MEMLOCK, &rl) == 0;
     char lim[64];
@@ -161,14 +161,14 @@ static int check_pinned(pt_store *st, uint64_t need, char *err, size_t errlen) {
 }
 
 static int alloc_persistent(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
-    const pt_gpu_backend *ops = pt_gpu_ops(st->gpu);
-    void *impl = pt_gpu_impl(st->gpu);
+    const pt_gpu_backend *ops = pt_gpu_ops(st->env.gpu);
+    void *impl = pt_gpu_impl(st->env.gpu);
     /* a resident chunk never enters a pool slot: it needs its used bytes, not S */
-    int rc = pt_gpu_alloc(st->gpu, c->used, PT_TAG_PARAM, &c->d_param, err, errlen);
+    int rc = pt_gpu_alloc(st->env.gpu, c->used, PT_TAG_PARAM, &c->d_param, err, errlen);
     if (rc) return rc;
     ops->memset_async(impl, c->d_param, 0, c->used, NULL);
     if (c->trainable) {
-        if ((rc = pt_gpu_alloc(st->gpu, c->used, PT_TAG_GRAD, &c->d_grad, err, errlen))) return rc;
+        if ((rc = pt_gpu_alloc(st->env.gpu, c->used, PT_TAG_GRAD, &c->d_grad, err, errlen))) return rc;
         ops->memset_async(impl, c->d_grad, 0, c->used, NULL);
     }
     st->persist_bytes += c->used * (c->trainable ? 2 : 1);
@@ -177,18 +177,18 @@ static int alloc_persistent(pt_store *st, cs_chunk *c, char *err, size_t errlen)
 
 static int alloc_offloaded(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     int rc;
-    if ((rc = pt_gpu_pinned_alloc(st->gpu, c->used, &c->h_param, err, errlen))) return rc;
+    if ((rc = pt_gpu_pinned_alloc(st->env.gpu, c->used, &c->h_param, err, errlen))) return rc;
     memset(c->h_param, 0, c->used);
     if (!c->trainable) return PT_OK;
     size_t eb = (size_t)c->n_state * sizeof(float);
-    if ((rc = pt_gpu_pinned_alloc(st->gpu, c->used, &c->h_gstage, err, errlen)) ||
-        (rc = pt_gpu_pinned_alloc(st->gpu, eb, (void **)&c->h_m, err, errlen)) ||
-        (rc = pt_gpu_pinned_alloc(st->gpu, eb, (void **)&c->h_v, err, errlen)))
+    if ((rc = pt_gpu_pinned_alloc(st->env.gpu, c->used, &c->h_gstage, err, errlen)) ||
+        (rc = pt_gpu_pinned_alloc(st->env.gpu, eb, (void **)&c->h_m, err, errlen)) ||
+        (rc = pt_gpu_pinned_alloc(st->env.gpu, eb, (void **)&c->h_v, err, errlen)))
         return rc;
     memset(c->h_m, 0, eb);
     memset(c->h_v, 0, eb);
     if (c->has16) {
-        if ((rc = pt_gpu_pinned_alloc(st->gpu, eb, (void **)&c->h_master, err, errlen))) return rc;
+        if ((rc = pt_gpu_pinned_alloc(st->env.gpu, eb, (void **)&c->h_master, err, errlen))) return rc;
         memset(c->h_master, 0, eb);
     }
     return PT_OK;
@@ -197,7 +197,7 @@ static int alloc_offloaded(pt_store *st, cs_chunk *c, char *err, size_t errlen) 
 /* Copy the host's initial values into the chunks (tied members share the root). */
 static int upload_initial(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
-    pt_model_v1 *m = st->model;
+    pt_model_v1 *m = st->env.model;
     for (int i = 0; i < m->n_params; i++) {
         if (ms->root[i] != i) continue;
         const pt_param_v1 *p = &m->params[i];
@@ -205,7 +205,7 @@ static int upload_initial(pt_store *st, char *err, size_t errlen) {
         uint64_t off = ms->lay.param_offset[i];
         size_t bytes = (size_t)(pt_param_numel(p) * pt_dtype_size(p->dtype));
         if (c->persistent) {
-            int rc = pt_gpu_memcpy(st->gpu, (char *)c->d_param + off, p->init, bytes, PT_GPU_H2D);
+            int rc = pt_gpu_memcpy(st->env.gpu, (char *)c->d_param + off, p->init, bytes, PT_GPU_H2D);
             if (rc) {
                 return pt_fail(err, errlen, rc, "post_model_load: upload of param '%s' failed", p->name);
             }
@@ -227,7 +227,7 @@ static void set_static_pointers(pt_store *st) {
 
 /* Chunks and their storage under st->kn (the caller destroys st on failure). */
 static int load_chunks(pt_store *st, char *err, size_t errlen) {
-    pt_model_v1 *m = st->model;
+    pt_model_v1 *m = st->env.model;
     pt_store *ms = st;
     ms->n_params = m->n_params;
     int rc = choose_layout(st, err, errlen);
@@ -319,15 +319,15 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
             n_el += pt_param_numel(&m->params[i]);
             if (m->params[i].trainable) n_tr += pt_param_numel(&m->params[i]);
         }
-    PT_LOGI(st->lg, "model: %d params (%llu elements, %llu trainable), %d blocks", m->n_params,
+    PT_LOGI(st->env.lg, "model: %d params (%llu elements, %llu trainable), %d blocks", m->n_params,
             (unsigned long long)n_el, (unsigned long long)n_tr, m->n_blocks);
-    PT_LOGI(st->lg, "chunks: S_chunk %llu bytes, N_chunk %d (%d mandatory persistent), "
+    PT_LOGI(st->env.lg, "chunks: S_chunk %llu bytes, N_chunk %d (%d mandatory persistent), "
                      "%d resident (n_persist %d, %s), n_buffer %d (%s; minimum %d, with "
                      "prefetch %d)",
             (unsigned long long)L->chunk_size, L->n_chunks, L->n_mandatory, ms->n_persist,
             np, ms->np_fixed ? st->kn.source : "all resident", ms->n_buffer,
             ms->nb_fixed ? st->kn.source : "lookahead minimum", need, look);
-    PT_LOGI(st->lg, "memory: persistent chunks %.2f MiB, buffers %.2f MiB on the device; "
+    PT_LOGI(st->env.lg, "memory: persistent chunks %.2f MiB, buffers %.2f MiB on the device; "
                      "pinned host %.2f MiB allocated in %.3f s; mode %s",
             ms->persist_bytes / 1048576.0, ms->buffer_bytes / 1048576.0, pinned / 1048576.0,
             ms->pin_seconds, ms->n_offloaded ? "B (offload)" : "A (everything resident)");
@@ -350,8 +350,8 @@ uint64_t pt_store_arch_hash(const pt_model_v1 *m, const pt_config *cfg) {
 
 int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
-    const pt_gpu_backend *ops = pt_gpu_ops(st->gpu);
-    void *impl = pt_gpu_impl(st->gpu);
+    const pt_gpu_backend *ops = pt_gpu_ops(st->env.gpu);
+    void *impl = pt_gpu_impl(st->env.gpu);
     uint64_t max16 = 0;
     for (int k = 0; k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
@@ -368,13 +368,13 @@ int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
         }
         size_t eb = (size_t)c->n_state * sizeof(float);
         int rc;
-        if ((rc = pt_gpu_alloc(st->gpu, eb, PT_TAG_OPTIM, (void **)&c->d_m, err, errlen)) ||
-            (rc = pt_gpu_alloc(st->gpu, eb, PT_TAG_OPTIM, (void **)&c->d_v, err, errlen)))
+        if ((rc = pt_gpu_alloc(st->env.gpu, eb, PT_TAG_OPTIM, (void **)&c->d_m, err, errlen)) ||
+            (rc = pt_gpu_alloc(st->env.gpu, eb, PT_TAG_OPTIM, (void **)&c->d_v, err, errlen)))
             return rc;
         ops->memset_async(impl, c->d_m, 0, eb, NULL);
         ops->memset_async(impl, c->d_v, 0, eb, NULL);
         if (c->has16) {
-            if ((rc = pt_gpu_alloc(st->gpu, eb, PT_TAG_OPTIM, (void **)&c->d_master, err, errlen)))
+            if ((rc = pt_gpu_alloc(st->env.gpu, eb, PT_TAG_OPTIM, (void **)&c->d_master, err, errlen)))
                 return rc;
             for (int r = 0; r < c->lc->n_regions; r++) {
                 const pt_chunk_region *g = &c->lc->regions[r];
@@ -387,7 +387,7 @@ int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
     }
     if (max16) {
         ms->gtmp_elems = max16;
-        int rc = pt_gpu_alloc(st->gpu, max16 * 4, PT_TAG_OTHER, &ms->d_gtmp, err, errlen);
+        int rc = pt_gpu_alloc(st->env.gpu, max16 * 4, PT_TAG_OTHER, &ms->d_gtmp, err, errlen);
         if (rc) return rc;
     }
     st->opt_ready = 1;
@@ -402,7 +402,7 @@ int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, 
             ms ? ms->n_params : 0);
     }
     int root = ms->root[index];
-    const pt_param_v1 *p = &st->model->params[root];
+    const pt_param_v1 *p = &st->env.model->params[root];
     uint64_t need = pt_param_numel(p) * pt_dtype_size(p->dtype);
     if (bytes != need) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "read_param: param %d holds %llu bytes, caller passed %llu", index,
@@ -413,7 +413,7 @@ int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, 
     if (c->persistent) {
         /* the device AdamW of the last step may still be queued */
         int rc = pt_cs_ord(st, PT_ORD_STEP) ? pt_store_sync(st, err, errlen) : PT_OK;
-        return rc ? rc : pt_gpu_memcpy(st->gpu, dst, (char *)c->d_param + off, bytes, PT_GPU_D2H);
+        return rc ? rc : pt_gpu_memcpy(st->env.gpu, dst, (char *)c->d_param + off, bytes, PT_GPU_D2H);
     }
     pt_pool_wait(ms->workers, &c->tg);
     memcpy(dst, (char *)c->h_param + off, bytes);
@@ -476,21 +476,8 @@ int pt_store_create(const pt_store_env *env, const pt_store_knobs *kn, const int
     pt_store *st = calloc(1, sizeof *st);
     if (!st) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     pthread_mutex_init(&st->acct_mu, NULL);
-    st->cfg = env->cfg;
-    st->lg = env->lg;
-    st->host = env->host;
-    st->gpu = env->gpu;
-    st->s_compute = env->s_compute;
-    st->s_h2d = env->s_h2d;
-    st->s_d2h = env->s_d2h;
-    st->model = env->model;
+    st->env = *env;
     st->n_blocks = env->model->n_blocks;
-    st->opt = env->opt;
-    st->sx = env->sx;
-    st->recompute_mark = env->recompute_mark;
-    st->user = env->user;
-    st->ordered = env->ordered;
-    st->skip = env->skip;
     st->kn = *kn;
     st->no_init_upload = from_image;
     int rc = load_chunks(st, err, errlen);
@@ -512,20 +499,20 @@ void pt_store_destroy(pt_store *st) {
     pt_cs_fini_runtime(st);
     for (int k = 0; ms->ch && k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
-        pt_gpu_free(st->gpu, c->d_param);
-        pt_gpu_free(st->gpu, c->d_grad);
-        pt_gpu_free(st->gpu, c->d_master);
-        pt_gpu_free(st->gpu, c->d_m);
-        pt_gpu_free(st->gpu, c->d_v);
-        pt_gpu_pinned_free(st->gpu, c->h_param);
-        pt_gpu_pinned_free(st->gpu, c->h_gstage);
-        pt_gpu_pinned_free(st->gpu, c->h_master);
-        pt_gpu_pinned_free(st->gpu, c->h_m);
-        pt_gpu_pinned_free(st->gpu, c->h_v);
-        pt_gpu_pinned_free(st->gpu, c->h_gacc);
+        pt_gpu_free(st->env.gpu, c->d_param);
+        pt_gpu_free(st->env.gpu, c->d_grad);
+        pt_gpu_free(st->env.gpu, c->d_master);
+        pt_gpu_free(st->env.gpu, c->d_m);
+        pt_gpu_free(st->env.gpu, c->d_v);
+        pt_gpu_pinned_free(st->env.gpu, c->h_param);
+        pt_gpu_pinned_free(st->env.gpu, c->h_gstage);
+        pt_gpu_pinned_free(st->env.gpu, c->h_master);
+        pt_gpu_pinned_free(st->env.gpu, c->h_m);
+        pt_gpu_pinned_free(st->env.gpu, c->h_v);
+        pt_gpu_pinned_free(st->env.gpu, c->h_gacc);
         free(c->reg_state);
     }
-    pt_gpu_free(st->gpu, ms->d_gtmp);
+    pt_gpu_free(st->env.gpu, ms->d_gtmp);
     free(ms->ch);
     free(ms->root);
     free(ms->root_tr);

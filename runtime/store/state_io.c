@@ -62,8 +62,8 @@ static int xfer(pt_store *st, cs_chunk *c, void *img, void *store, size_t n, int
         else memcpy(store, img, n);
         return PT_OK;
     }
-    return to_img ? pt_gpu_memcpy(st->gpu, img, store, n, PT_GPU_D2H)
-                  : pt_gpu_memcpy(st->gpu, store, img, n, PT_GPU_H2D);
+    return to_img ? pt_gpu_memcpy(st->env.gpu, img, store, n, PT_GPU_D2H)
+                  : pt_gpu_memcpy(st->env.gpu, store, img, n, PT_GPU_H2D);
 }
 
 /* Walk every root param. mode W_SIZE: only the size; W_SAVE: store -> img;
@@ -74,7 +74,7 @@ static int walk(pt_store *st, unsigned char *img, size_t *size, int mode, char *
     int to_img = mode == W_SAVE;
     int move = mode == W_SAVE || mode == W_LOAD;
     pt_store *ms = st;
-    pt_model_v1 *m = st->model;
+    pt_model_v1 *m = st->env.model;
     size_t pos = 0;
     for (int i = 0; i < m->n_params; i++) {
         if (ms->root[i] != i) continue;
@@ -160,7 +160,7 @@ int pt_store_snapshot(pt_store *st, pt_state_image *img, char *err, size_t errle
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "state: out of host memory for a %zu-byte snapshot", n);
     }
     img->bytes = n;
-    img->step = st->opt->t;
+    img->step = st->env.opt->t;
     img->has_opt = st->opt_ready;
     rc = walk(st, img->data, &n, W_SAVE, err, errlen);
     if (rc) pt_state_image_free(img);
@@ -191,7 +191,7 @@ int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t 
     }
     size_t n = img->bytes;
     if ((rc = walk(st, img->data, &n, W_LOAD, err, errlen))) return rc;
-    st->opt->t = img->step;
+    st->env.opt->t = img->step;
     invalidate_slots(st);
     return PT_OK;
 }
@@ -203,7 +203,7 @@ void pt_state_image_free(pt_state_image *img) {
 }
 
 static void file_path(pt_store *st, const char *dir, char *buf, size_t len) {
-    snprintf(buf, len, "%s/protrain_state_rank%d.bin", dir, st->host->rank);
+    snprintf(buf, len, "%s/protrain_state_rank%d.bin", dir, st->env.host->rank);
 }
 
 int pt_store_save(pt_store *st, const char *dir, char *err, size_t errlen) {
@@ -218,17 +218,17 @@ int pt_store_save(pt_store *st, const char *dir, char *err, size_t errlen) {
     memset(&h, 0, sizeof h);
     h.magic = ST_MAGIC;
     h.version = ST_VERSION;
-    h.n_params = (uint32_t)st->model->n_params;
-    h.rank = (uint32_t)st->host->rank;
+    h.n_params = (uint32_t)st->env.model->n_params;
+    h.rank = (uint32_t)st->env.host->rank;
     h.step = img.step;
     h.payload_bytes = img.bytes;
     h.checksum = pt_fnv1a64(img.data, img.bytes);
-    h.lr = st->opt->lr;
-    h.beta1 = st->opt->beta1;
-    h.beta2 = st->opt->beta2;
-    h.eps = st->opt->eps;
-    h.weight_decay = st->opt->weight_decay;
-    h.max_grad_norm = st->opt->max_grad_norm;
+    h.lr = st->env.opt->lr;
+    h.beta1 = st->env.opt->beta1;
+    h.beta2 = st->env.opt->beta2;
+    h.eps = st->env.opt->eps;
+    h.weight_decay = st->env.opt->weight_decay;
+    h.max_grad_norm = st->env.opt->max_grad_norm;
     char path[1024], tmp[1100];
     file_path(st, dir, path, sizeof path);
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
@@ -259,7 +259,7 @@ int pt_store_save(pt_store *st, const char *dir, char *err, size_t errlen) {
         rc = pt_fail(err, errlen, PT_ERR_IO, "save_state: rename %s -> %s failed: %s", tmp, path, strerror(errno));
     }
     if (rc) unlink(tmp);
-    else PT_LOGI(st->lg, "state saved to %s (step %lld, %llu bytes)", path, (long long)h.step,
+    else PT_LOGI(st->env.lg, "state saved to %s (step %lld, %llu bytes)", path, (long long)h.step,
                  (unsigned long long)(sizeof h + h.payload_bytes));
     return rc;
 }
@@ -285,9 +285,9 @@ int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
     } else if (h.version != ST_VERSION) {
         rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s has state format version %u, this plugin reads %u", path, h.version,
             ST_VERSION);
-    } else if (h.n_params != (uint32_t)st->model->n_params) {
+    } else if (h.n_params != (uint32_t)st->env.model->n_params) {
         rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s holds a model with %u parameters, this one has %d", path, h.n_params,
-            st->model->n_params);
+            st->env.model->n_params);
     } else if (fstat(fileno(f), &sb) || (uint64_t)sb.st_size != sizeof h + h.payload_bytes) {
         rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is %lld bytes, its header says %llu (truncated or trailing bytes)",
             path, (long long)sb.st_size, (unsigned long long)(sizeof h + h.payload_bytes));
@@ -307,6 +307,6 @@ int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
         rc = pt_store_restore(st, &img, err, errlen);
     }
     pt_state_image_free(&img);
-    if (!rc) PT_LOGI(st->lg, "state loaded from %s (step %lld)", path, (long long)h.step);
+    if (!rc) PT_LOGI(st->env.lg, "state loaded from %s (step %lld)", path, (long long)h.step);
     return rc;
 }

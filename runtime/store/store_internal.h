@@ -70,23 +70,11 @@ typedef struct cs_chunk {
 } cs_chunk;
 
 struct pt_store {
-    /* lent by the caller (pt_store_env) */
-    const pt_config *cfg;
-    const pt_logger *lg;
-    const pt_host_v1 *host;
-    pt_gpu *gpu;
-    pt_stream *s_compute, *s_h2d, *s_d2h;
-    pt_model_v1 *model;
+    pt_store_env env;         /* lent by the caller */
     int n_blocks;
-    pt_optim_state *opt;
-    const pt_step_state *sx;
-    void (*recompute_mark)(void *user, int32_t block, int after);
-    void *user;
     pt_store_knobs kn;
     int no_init_upload;       /* values come from a state image, not the host's tensors */
     int opt_ready;            /* optimizer state allocated */
-    int ordered;              /* pt_store_env.ordered */
-    unsigned skip;            /* pt_store_env.skip */
     pt_event *ev_compute;     /* recorded on s_compute where a copy stream must wait for it */
     int profiling;            /* pt_store_set_profiling */
     /* activations */
@@ -129,7 +117,7 @@ uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c);
 /* chunk_runtime.c */
 /* Ordering `bit` (PT_ORD_*) is in force: ordered and not skipped by a test. */
 static inline int pt_cs_ord(const pt_store *st, unsigned bit) {
-    return st->ordered && !(st->skip & bit);
+    return st->env.ordered && !(st->env.skip & bit);
 }
 /* Ordered: copy stream s waits for everything queued on s_compute so far. */
 int pt_cs_after_compute(pt_store *st, pt_stream *s, unsigned bit);
