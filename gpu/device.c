@@ -679,7 +679,10 @@ int pt_gpu_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t e
     return PT_OK;
 }
 
-int pt_gpu_free_checked(pt_gpu *g, void *p, char *err, size_t errlen) {
+/* Frees a live block. s == NULL: the poison (when on) is written before the
+ * block can be handed out again. Otherwise stream-ordered: the block is free at
+ * once and its poison is queued on s behind the work already there. */
+static int free_block(pt_gpu *g, void *p, pt_stream *s, char *err, size_t errlen) {
     if (!g) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_free: device is NULL");
     if (!p) return PT_OK;
     uint64_t v;
@@ -693,7 +696,10 @@ int pt_gpu_free_checked(pt_gpu *g, void *p, char *err, size_t errlen) {
     }
     blk *x = (blk *)(uintptr_t)v;
     pmap_del(&g->live, (uintptr_t)p);
-    if (g->cfg.poison) {
+    int rc = 0;
+    if (g->cfg.poison && s) {
+        rc = g->ops->memset_async(g->impl, p, 0xFF, (size_t)x->size, s);
+    } else if (g->cfg.poison) {
         /* Unfindable (a second free fails) but not yet free (nobody can get it):
          * poison it without holding the lock, then give it back. */
         x->state = 2;
@@ -706,7 +712,12 @@ int pt_gpu_free_checked(pt_gpu *g, void *p, char *err, size_t errlen) {
     g->u.tag_current[x->tag] -= x->size;
     release(g, x);
     pthread_mutex_unlock(&g->mu);
-    return PT_OK;
+    return rc ? pt_fail(err, errlen, PT_ERR_BACKEND, "pt_gpu_free: queueing the poison fill failed")
+              : PT_OK;
+}
+
+int pt_gpu_free_checked(pt_gpu *g, void *p, char *err, size_t errlen) {
+    return free_block(g, p, NULL, err, errlen);
 }
 
 void pt_gpu_free(pt_gpu *g, void *p) { (void)pt_gpu_free_checked(g, p, NULL, 0); }
@@ -856,23 +867,6 @@ int pt_gpu_memcpy(pt_gpu *g, void *dst, const void *src, size_t bytes, int kind)
  * itself is ordered by FIFO; a copy on another stream waits for an event
  * recorded on s (which also covers the poison). */
 int pt_gpu_free_on_stream(pt_gpu *g, void *p, pt_stream *s, char *err, size_t errlen) {
-    if (!g) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_free: device is NULL");
-    if (!p) return PT_OK;
-    uint64_t v;
-    pthread_mutex_lock(&g->mu);
-    if (!pmap_get(&g->live, (uintptr_t)p, &v)) {
-        pthread_mutex_unlock(&g->mu);
-        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                       "pt_gpu_free: %p is not a live device allocation (never allocated by "
-                       "this device, already freed, or not the start of a block)", p);
-    }
-    blk *x = (blk *)(uintptr_t)v;
-    pmap_del(&g->live, (uintptr_t)p);
-    int rc = g->cfg.poison ? g->ops->memset_async(g->impl, p, 0xFF, (size_t)x->size, s) : 0;
-    g->u.current -= x->size;
-    g->u.tag_current[x->tag] -= x->size;
-    release(g, x);
-    pthread_mutex_unlock(&g->mu);
-    return rc ? pt_fail(err, errlen, PT_ERR_BACKEND, "pt_gpu_free: queueing the poison fill failed")
-              : PT_OK;
+    if (!s) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_free_on_stream: no stream");
+    return free_block(g, p, s, err, errlen);
 }

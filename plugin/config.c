@@ -150,18 +150,30 @@ int pt_parse_size(const char *s, uint64_t *out) {
     return PT_OK;
 }
 
-int pt_parse_rate(const char *s, double *out) {
-    if (!s || !out) return PT_ERR_CONFIG;
+/* "<non-negative number><blanks><unit>": *x the number, [*unit, *unit + *n) the
+ * unit text with trailing blanks cut (may be empty). 0 or PT_ERR_CONFIG. */
+static int number_unit(const char *s, double *x, const char **unit, size_t *n) {
+    if (!s) return PT_ERR_CONFIG;
     while (isspace((unsigned char)*s)) s++;
     if (!isdigit((unsigned char)*s) && *s != '.') return PT_ERR_CONFIG;
     char *end;
     errno = 0;
-    double x = strtod(s, &end);
-    if (errno || end == s || !isfinite(x) || x < 0) return PT_ERR_CONFIG;
+    *x = strtod(s, &end);
+    if (errno || end == s || !isfinite(*x) || *x < 0) return PT_ERR_CONFIG;
     const char *p = end;
     while (*p == ' ' || *p == '\t') p++;
-    size_t n = strlen(p);
-    while (n && isspace((unsigned char)p[n - 1])) n--;
+    size_t len = strlen(p);
+    while (len && isspace((unsigned char)p[len - 1])) len--;
+    *unit = p;
+    *n = len;
+    return PT_OK;
+}
+
+int pt_parse_rate(const char *s, double *out) {
+    double x;
+    const char *p;
+    size_t n;
+    if (!out || number_unit(s, &x, &p, &n)) return PT_ERR_CONFIG;
     if (n >= 2 && p[n - 2] == '/' && (p[n - 1] == 's' || p[n - 1] == 'S')) n -= 2;
     else if (n) return PT_ERR_CONFIG; /* a unit must be a rate: "GiB/s", not "GiB" */
     const struct unit *u = find_unit(p, n);
@@ -173,17 +185,10 @@ int pt_parse_rate(const char *s, double *out) {
 }
 
 int pt_parse_duration(const char *s, double *out) {
-    if (!s || !out) return PT_ERR_CONFIG;
-    while (isspace((unsigned char)*s)) s++;
-    if (!isdigit((unsigned char)*s) && *s != '.') return PT_ERR_CONFIG;
-    char *end;
-    errno = 0;
-    double x = strtod(s, &end);
-    if (errno || end == s || !isfinite(x) || x < 0) return PT_ERR_CONFIG;
-    const char *p = end;
-    while (*p == ' ' || *p == '\t') p++;
-    size_t n = strlen(p);
-    while (n && isspace((unsigned char)p[n - 1])) n--;
+    double x;
+    const char *p;
+    size_t n;
+    if (!out || number_unit(s, &x, &p, &n)) return PT_ERR_CONFIG;
     static const struct { const char *u; double m; } units[] = {
         {"s", 1.0}, {"ms", 1e-3}, {"us", 1e-6}, {"ns", 1e-9}};
     double m = -1.0;

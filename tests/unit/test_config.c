@@ -132,6 +132,30 @@ static void test_parse_rate(void **s) {
         assert_int_equal(pt_parse_rate(bad[i], &v), PT_ERR_CONFIG);
 }
 
+static void test_parse_duration(void **s) {
+    (void)s;
+    double v;
+    assert_int_equal(pt_parse_duration("0", &v), 0), assert_true(v == 0);
+    assert_int_equal(pt_parse_duration("2ms", &v), 0), assert_true(v == 2e-3);
+    assert_int_equal(pt_parse_duration("300 us", &v), 0), assert_true(v == 300 * 1e-6);
+    assert_int_equal(pt_parse_duration("0.25S", &v), 0), assert_true(v == 0.25);
+    assert_int_equal(pt_parse_duration("5ns", &v), 0), assert_true(v == 5 * 1e-9);
+    /* a bare non-zero number has no unit to read it in */
+    static const char *const bad[] = {"5", "2 min", "-1ms", "inf", "ms", "", "1e400s"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        assert_int_equal(pt_parse_duration(bad[i], &v), PT_ERR_CONFIG);
+    /* the key's range: at most 1 s, named in the error */
+    pt_config c;
+    char err[512];
+    assert_int_equal(pt_config_parse_string("[host_backend]\ncompute_jitter = 2s\n", "j.ini", &c,
+                                            err, sizeof err), PT_ERR_CONFIG);
+    assert_non_null(strstr(err, "j.ini:2"));
+    assert_non_null(strstr(err, "compute_jitter"));
+    assert_int_equal(pt_config_parse_string("[host_backend]\ncompute_jitter = 250us\n", "j.ini",
+                                            &c, err, sizeof err), 0);
+    assert_true(c.compute_jitter == 250 * 1e-6);
+}
+
 /* ---- every key, non-default values ---- */
 
 static const char full_ini[] =
@@ -567,6 +591,7 @@ int main(void) {
         cmocka_unit_test(test_schema_rows),
         cmocka_unit_test(test_parse_size),
         cmocka_unit_test(test_parse_rate),
+        cmocka_unit_test(test_parse_duration),
         cmocka_unit_test(test_every_key),
         cmocka_unit_test(test_dump_roundtrip),
         cmocka_unit_test(test_bools_and_autos),
