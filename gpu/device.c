@@ -870,3 +870,15 @@ int pt_gpu_free_on_stream(pt_gpu *g, void *p, pt_stream *s, char *err, size_t er
     if (!s) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_free_on_stream: no stream");
     return free_block(g, p, s, err, errlen);
 }
+
+int pt_gpu_adopt_stream(pt_gpu *g, void *native, pt_stream **s, char *err, size_t errlen) {
+    if (!g || !native || !s)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "adopt stream: NULL argument");
+    if (strcmp(g->ops->name, "cuda"))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "pt_host_v1.compute_stream is set, but the %s backend has no native "
+                       "streams: leave it NULL and launch work through the plugin's launch hook",
+                       g->ops->name);
+    *s = (pt_stream *)native;   /* the cuda backend's pt_stream* is a cudaStream_t */
+    return PT_OK;
+}

@@ -43,6 +43,12 @@ int pt_gpu_free_checked(pt_gpu *g, void *p, char *err, size_t errlen);
  * once; the poison fill (when on) is queued on s behind the work that uses them. */
 int pt_gpu_free_on_stream(pt_gpu *g, void *p, pt_stream *s, char *err, size_t errlen);
 
+/* The host's native compute stream (pt_host_v1.compute_stream) as a pt_stream
+ * the plugin records events on and makes wait, without owning it (never
+ * destroy it). Only backends with native streams (cuda: a cudaStream_t) take
+ * one; the host backend refuses with a sentence. */
+int pt_gpu_adopt_stream(pt_gpu *g, void *native, pt_stream **s, char *err, size_t errlen);
+
 /* Device allocations still live (finalize tests assert 0 before pt_gpu_close). */
 size_t pt_gpu_live_allocs(const pt_gpu *g);
 /* Pinned allocations still live. */

@@ -68,6 +68,9 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     const char *kind = cfg->backend;
     if (host && host->device_kind == PT_DEVICE_HOST) kind = "host";
     if (host && host->device_kind == PT_DEVICE_CUDA) kind = "cuda";
+    if (strcmp(kind, cfg->backend) && strcmp(cfg->backend, "auto"))
+        PT_LOGW(&rt->lg, "the host asks for the %s backend; [plugin] backend = %s in %s is not "
+                         "used", kind, cfg->backend, cfg->source);
     int rc = pt_gpu_open(kind, &gc, &rt->gpu, err, errlen);
     if (rc) {
         free(rt);
@@ -75,8 +78,19 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     }
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     void *impl = pt_gpu_impl(rt->gpu);
-    if ((rc = ops->stream_create(impl, &rt->s_compute)) ||
-        (rc = ops->stream_create(impl, &rt->s_h2d)) || (rc = ops->stream_create(impl, &rt->s_d2h))) {
+    /* the host's own compute stream (cuda) is the one the plugin orders against */
+    if (host && host->compute_stream) {
+        if ((rc = pt_gpu_adopt_stream(rt->gpu, host->compute_stream, &rt->s_compute, err,
+                                      errlen))) {
+            pt_rt_destroy(rt);
+            return rc;
+        }
+        rt->adopted_compute = 1;
+    } else if ((rc = ops->stream_create(impl, &rt->s_compute))) {
+        rt->s_compute = NULL;
+    }
+    if (rc || !rt->s_compute || (rc = ops->stream_create(impl, &rt->s_h2d)) ||
+        (rc = ops->stream_create(impl, &rt->s_d2h))) {
         pt_fail(err, errlen, PT_ERR_BACKEND, "cannot create device streams on the %s backend",
                 pt_gpu_backend_name(rt->gpu));
         pt_rt_destroy(rt);
@@ -115,7 +129,7 @@ size_t pt_rt_destroy(pt_rt *rt) {
     if (rt->gpu) {
         const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
         void *impl = pt_gpu_impl(rt->gpu);
-        if (rt->s_compute) ops->stream_destroy(impl, rt->s_compute);
+        if (rt->s_compute && !rt->adopted_compute) ops->stream_destroy(impl, rt->s_compute);
         if (rt->s_h2d) ops->stream_destroy(impl, rt->s_h2d);
         if (rt->s_d2h) ops->stream_destroy(impl, rt->s_d2h);
         leaked = pt_gpu_live_allocs(rt->gpu);
@@ -403,6 +417,12 @@ int pt_rt_launch(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t err
         if (ops->host_fn(impl, rt->s_compute, fn, arg))
             return pt_fail(err, errlen, PT_ERR_BACKEND,
                            "launch: queueing work on the compute stream failed");
+        return PT_OK;
+    }
+    /* cuda: fn enqueues its kernels on the compute stream, behind the plugin's
+     * waits; nothing to wait for here */
+    if (rt->host_async && strcmp(pt_gpu_backend_name(rt->gpu), "host")) {
+        fn(arg);
         return PT_OK;
     }
     /* synchronous: what the stream holds (uploads the hooks ordered) runs first */

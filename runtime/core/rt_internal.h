@@ -27,6 +27,7 @@ struct pt_rt {
     pt_store *st;             /* the store under the plan in force, or NULL */
     int host_async;           /* the host set PT_HOST_ASYNC_COMPUTE */
     int launch_queued;        /* launch queues on s_compute (host backend, async_compute) */
+    int adopted_compute;      /* s_compute is the host's own stream: not ours to destroy */
     int ordered;              /* order plugin work after the host's with events */
     unsigned skip;            /* PT_ORD_* orderings a test switched off */
     pt_store_knobs kn;        /* what the current store was built with */

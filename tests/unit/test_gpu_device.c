@@ -260,6 +260,21 @@ static void test_free_on_stream(void **state) {
     }
 }
 
+/* A host's native compute stream is taken only by a backend that has native
+ * streams; the simulated device refuses it with a sentence saying what to do. */
+static void test_adopt_stream(void **state) {
+    (void)state;
+    pt_gpu *g = open_dev(4 * MiB, 1, 0, 0);
+    pt_stream *s = NULL;
+    char err[256] = "";
+    int dummy = 0;
+    assert_int_equal(pt_gpu_adopt_stream(g, &dummy, &s, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_null(s);
+    assert_non_null(strstr(err, "no native streams"));
+    assert_int_equal(pt_gpu_adopt_stream(g, NULL, &s, err, sizeof err), PT_ERR_INVALID_ARG);
+    close_dev(g);
+}
+
 static void test_checked_free(void **state) {
     (void)state;
     pt_gpu *g = open_dev(4 * MiB, 1, 0, 0);
@@ -751,6 +766,7 @@ int main(void) {
         cmocka_unit_test(test_fragmentation),
         cmocka_unit_test(test_poison_on_free),
         cmocka_unit_test(test_free_on_stream),
+        cmocka_unit_test(test_adopt_stream),
         cmocka_unit_test(test_checked_free),
         cmocka_unit_test(test_pinned_budget),
         cmocka_unit_test(test_failure_injection),
