@@ -502,6 +502,9 @@ static int open_with(const pt_gpu_backend *ops, void *dl, const pt_gpu_config *c
     g->impl = impl;
     g->dl = dl;
     g->cfg = *cfg;
+    /* poisoning costs a memset per free: always on the simulated device (where
+     * tests look for stray reads), opt-in on a real one */
+    if (strcmp(ops->name, "host")) g->cfg.poison = cfg->poison_native;
     g->base = base;
     g->log = default_log;
     all->size = cap;
@@ -881,4 +884,10 @@ int pt_gpu_adopt_stream(pt_gpu *g, void *native, pt_stream **s, char *err, size_
                        g->ops->name);
     *s = (pt_stream *)native;   /* the cuda backend's pt_stream* is a cudaStream_t */
     return PT_OK;
+}
+
+int pt_gpu_event_create_timing(pt_gpu *g, pt_event **e) {
+    if (!g || !e) return PT_ERR_INVALID_ARG;
+    if (g->ops->event_create_timing) return g->ops->event_create_timing(g->impl, e);
+    return g->ops->event_create(g->impl, e);
 }

@@ -49,6 +49,11 @@ int pt_gpu_free_on_stream(pt_gpu *g, void *p, pt_stream *s, char *err, size_t er
  * one; the host backend refuses with a sentence. */
 int pt_gpu_adopt_stream(pt_gpu *g, void *native, pt_stream **s, char *err, size_t errlen);
 
+/* An event whose elapsed time can be read (the backend's event_create_timing;
+ * event_create where a backend has none). Ordering events come from
+ * ops->event_create, which on cuda are untimed and wait without spinning. */
+int pt_gpu_event_create_timing(pt_gpu *g, pt_event **e);
+
 /* Device allocations still live (finalize tests assert 0 before pt_gpu_close). */
 size_t pt_gpu_live_allocs(const pt_gpu *g);
 /* Pinned allocations still live. */

@@ -50,6 +50,7 @@ typedef struct pt_gpu_config {
     uint64_t pinned_budget;     /* pinned host bytes; 0 = unlimited */
     double copy_bandwidth;      /* host backend: bytes/s per copy stream, 0 = unthrottled */
     int poison;                 /* host backend: poison freed device memory with NaN */
+    int poison_native;          /* the same on a real device (cuda): a memset per free */
     int fail_alloc_at;          /* host backend: fail the Nth device alloc (1-based), 0 = never */
     double compute_jitter_s;    /* host backend: host_fn work first sleeps up to this, 0 = none */
     uint64_t jitter_seed;       /* host backend: seed of those delays */
@@ -132,6 +133,10 @@ typedef struct pt_gpu_backend {
     /* dst[i] = convert(src[i]) between dtypes (fp32 <-> bf16/f16); dst += src when acc. */
     int (*convert)(void *impl, void *dst, int dst_dtype, const void *src, int src_dtype,
                    size_t n, int accumulate, pt_stream *s);
+    /* An event event_elapsed_ms may read. event_create's events only order work
+     * (on cuda: no timing, and a host thread waiting on one sleeps instead of
+     * spinning); the profiler's edge events come from here. */
+    int (*event_create_timing)(void *impl, pt_event **e);
 } pt_gpu_backend;
 
 /* The host backend is always linked in. */

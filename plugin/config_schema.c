@@ -24,7 +24,8 @@ static const int optim_vals[] = {PT_OPTIM_ADAMW, PT_OPTIM_REKLS};
 static const char bool_form[] = "true|false|on|off|yes|no|1|0";
 
 const char *const pt_cfg_sections[] = {"plugin",    "memory", "protrain", "optimizer",
-                                       "osft",      "tiled_mlp", "dist",  "host_backend"};
+                                       "osft",      "tiled_mlp", "dist",  "host_backend",
+                                       "cuda"};
 _Static_assert(sizeof(pt_cfg_sections) / sizeof(pt_cfg_sections[0]) == PT_CFG_NSECTIONS,
                "PT_CFG_NSECTIONS in config_internal.h must match pt_cfg_sections");
 
@@ -200,6 +201,9 @@ const pt_config_key pt_cfg_keys[] = {
           "Testing only: orderings after the host's compute to skip, a bit mask (1 uploads, "
           "2 slot reuse, 4 gradient copies, 8 swaps, 16 frees, 32 optimizer step, 64 host "
           "memcpy; 127 all), so a test shows it fails without each. Never in training."),
+    R_BOOL("cuda", "poison", cuda_poison, "false",
+           "On a CUDA device, fill freed device memory with NaN too (a memset and a wait "
+           "on every free: a debugging aid, off by default for speed)."),
 };
 /* config.c sizes per-key arrays with PT_CFG_NKEYS; a row added here without
  * bumping it fails the build rather than overrunning those arrays. */

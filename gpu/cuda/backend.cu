@@ -15,11 +15,24 @@
  *    cannot say which CUDA call failed or why, so each failure also sends one
  *    sentence naming the call and CUDA's error to the log sink the device wrapper
  *    installs with set_log (its pt_gpu log hook). Never aborts.
- *  - Every op first selects the opened device on the calling thread: the runtime's
- *    current device is per host thread and stream workers are other threads.
+ *  - Every op selects the opened device on the calling thread for its own calls
+ *    (the runtime's current device is per host thread, and the plugin's workers
+ *    are other threads) and puts the caller's current device back before it
+ *    returns: the host's CUDA state stays the host's.
+ *  - A sticky error (an illegal address, a kernel fault: the CUDA context cannot
+ *    be used again) is reported once as fatal; every later op then fails at once
+ *    with PT_ERR_BACKEND naming it instead of retrying on a dead context.
+ *  - Arguments are checked as the host backend checks them (NULL pointers with a
+ *    non-zero size, unknown dtypes or copy kinds: PT_ERR_INVALID_ARG), so a bad
+ *    call fails the same way on both devices.
+ *  - Built with -fmad=false: nvcc would otherwise contract a*b+c into one
+ *    rounding (FMA), and the AdamW body would give other bits than the CPU's,
+ *    which never contracts. With it, every kernel here gives the CPU's bits.
  */
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <mutex>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +55,17 @@ struct cuda_impl {
     char name[320];       /* "<prop.name> (cuda:N, sm_XY)"; prop.name is 256 bytes */
     pt_gpu_log_fn log;    /* set_log: where failures are reported; NULL = nowhere yet */
     void *log_user;
+    std::atomic<int> dead;  /* 1 once a sticky error was seen (dead_msg written first) */
+    char dead_msg[200];
+    /* sqnorm's per-block partial sums: one buffer of max_blocks doubles per stream
+     * that ever ran a sqnorm (work on one stream is FIFO, so its calls can share
+     * one), allocated at first use and freed at close */
+    std::mutex mu;
+    static constexpr int kMaxScratch = 64;
+    int n_scratch;
+    cudaStream_t scratch_stream[kMaxScratch];
+    double *scratch[kMaxScratch];
+    std::mutex null_mu;     /* NULL-stream sqnorms of different threads share a buffer */
 };
 
 constexpr int kThreads = 256;
@@ -53,13 +77,44 @@ int report(void *impl, int code, const char *msg) {
     return code;
 }
 
-/* Report a CUDA failure and map it to a pt_status. Clears the (non-sticky) error so
- * the next call does not see it again. */
+/* Errors after which the context is unusable: every later CUDA call in the
+ * process returns them again. */
+bool sticky(cudaError_t e) {
+    switch (e) {
+    case cudaErrorIllegalAddress: case cudaErrorLaunchFailure: case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction: case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace: case cudaErrorInvalidPc: case cudaErrorAssert:
+    case cudaErrorECCUncorrectable: case cudaErrorLaunchTimeout: case cudaErrorUnknown:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Report a CUDA failure and map it to a pt_status. A plain error is cleared so
+ * the next call does not see it again; a sticky one marks the context dead. */
 int fail(void *impl, const char *op, cudaError_t e) {
     (void)cudaGetLastError();
-    char msg[256];
-    int rc = pt_fail(msg, sizeof msg, PT_ERR_BACKEND, "cuda backend: %s failed: %s (%s)", op,
-                     cudaGetErrorString(e), cudaGetErrorName(e));
+    cuda_impl *c = (cuda_impl *)impl;
+    char msg[320];
+    int rc;
+    if (sticky(e) && c) {
+        rc = pt_fail(msg, sizeof msg, PT_ERR_BACKEND,
+                     "cuda backend: %s failed: %s (%s); the CUDA context cannot be used again "
+                     "in this process", op, cudaGetErrorString(e), cudaGetErrorName(e));
+        int was = 0;
+        if (c->dead.load(std::memory_order_acquire) == 0) {
+            snprintf(c->dead_msg, sizeof c->dead_msg, "%s in %s", cudaGetErrorName(e), op);
+            was = c->dead.exchange(1, std::memory_order_acq_rel);
+        } else {
+            was = 1;
+        }
+        if (was) return rc;   /* reported once, by the first to see it */
+        if (c->log) c->log(c->log_user, PT_LOG_ERROR, msg);
+        return rc;
+    }
+    rc = pt_fail(msg, sizeof msg, PT_ERR_BACKEND, "cuda backend: %s failed: %s (%s)", op,
+                 cudaGetErrorString(e), cudaGetErrorName(e));
     return report(impl, rc, msg);
 }
 
@@ -79,10 +134,39 @@ int finish(void *impl, const char *op, pt_stream *s) {
     return 0;
 }
 
-int use(void *impl) {
-    CK(impl, "cudaSetDevice", cudaSetDevice(((cuda_impl *)impl)->dev));
-    return 0;
-}
+/* One op's device scope: refuses a dead context, selects the opened device for
+ * the op's calls and restores the caller's current device when it ends. */
+struct dev_scope {
+    int prev = -1, dev = -1, rc = 0;
+    explicit dev_scope(void *impl) {
+        cuda_impl *c = (cuda_impl *)impl;
+        if (!c) {
+            rc = PT_ERR_INVALID_ARG;
+            return;
+        }
+        if (c->dead.load(std::memory_order_acquire)) {
+            rc = PT_ERR_BACKEND;   /* the first failure was reported when it happened */
+            return;
+        }
+        dev = c->dev;
+        if (cudaGetDevice(&prev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            prev = -1;
+        }
+        if (prev != dev) {
+            cudaError_t e = cudaSetDevice(dev);
+            if (e != cudaSuccess) rc = fail(impl, "cudaSetDevice", e);
+        }
+    }
+    ~dev_scope() {
+        if (prev >= 0 && prev != dev && cudaSetDevice(prev) != cudaSuccess) (void)cudaGetLastError();
+    }
+    dev_scope(const dev_scope &) = delete;
+    dev_scope &operator=(const dev_scope &) = delete;
+};
+#define USE(impl)                   \
+    dev_scope scope_(impl);         \
+    if (scope_.rc) return scope_.rc
 
 /* Enough blocks to fill the device a few times over; the loops stride the rest. */
 unsigned grid_for(void *impl, size_t n) {
@@ -121,9 +205,8 @@ __device__ double block_sum(double acc) {
 }
 
 /* Pass 1 of sum(x^2): grid-stride per-thread sums, block tree, one partial per
- * block into part[blockIdx.x]; or, when part is NULL (no scratch), atomicAdd into
- * *out (order of the adds then varies run to run). */
-__global__ void k_sqnorm(const void *x, int dtype, size_t n, double *part, double *out) {
+ * block into part[blockIdx.x]. */
+__global__ void k_sqnorm(const void *x, int dtype, size_t n, double *part) {
     double acc = 0.0;
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -131,9 +214,7 @@ __global__ void k_sqnorm(const void *x, int dtype, size_t n, double *part, doubl
         acc += a * a;
     }
     double b = block_sum(acc);
-    if (threadIdx.x != 0) return;
-    if (part) part[blockIdx.x] = b;
-    else atomicAdd(out, b);
+    if (threadIdx.x == 0) part[blockIdx.x] = b;
 }
 
 /* Pass 2: one block adds the nb partials in a fixed order: *out += sum(part). */
@@ -157,6 +238,9 @@ int dtype_ok(int d) { return d == PT_F32 || d == PT_BF16 || d == PT_F16; }
 
 /* ---- lifecycle ---- */
 
+/* "12.4" from CUDA's 1000*major + 10*minor encoding */
+void cuda_version(int v, char *buf, size_t len) { snprintf(buf, len, "%d.%d", v / 1000, (v % 1000) / 10); }
+
 int be_open(const pt_gpu_config *cfg, void **impl, char *err, size_t errlen) {
     if (impl) *impl = nullptr;
     if (!cfg || !impl)
@@ -166,22 +250,50 @@ int be_open(const pt_gpu_config *cfg, void **impl, char *err, size_t errlen) {
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
         (void)cudaGetLastError();
-        return pt_fail(err, errlen, PT_ERR_BACKEND, "no CUDA device: %s",
-                       e != cudaSuccess ? cudaGetErrorString(e)
-                                        : "cudaGetDeviceCount reports 0 devices");
+        int drv = 0, rt = 0;
+        char dv[16] = "none", rv[16];
+        if (cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0) cuda_version(drv, dv, sizeof dv);
+        (void)cudaRuntimeGetVersion(&rt);
+        cuda_version(rt, rv, sizeof rv);
+        /* with no driver at all the runtime also says "insufficient driver": a
+         * driver version of 0 tells the two apart */
+        if (drv == 0)
+            return pt_fail(err, errlen, PT_ERR_BACKEND,
+                           "no CUDA device: no NVIDIA driver is loaded (%s)",
+                           cudaGetErrorName(e));
+        if (e == cudaErrorInsufficientDriver)
+            return pt_fail(err, errlen, PT_ERR_BACKEND,
+                           "the NVIDIA driver is too old for this build: it supports CUDA %s, "
+                           "libprotrain_cuda.so was built with CUDA %s (update the driver)",
+                           dv, rv);
+        if (e == cudaErrorNoDevice || e == cudaSuccess)
+            return pt_fail(err, errlen, PT_ERR_BACKEND,
+                           "no CUDA device: the driver (CUDA %s) sees no GPU", dv);
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "no CUDA device: %s (%s; driver CUDA %s)",
+                       cudaGetErrorString(e), cudaGetErrorName(e), dv);
     }
     if (cfg->device_index < 0 || cfg->device_index >= count)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "CUDA device index %d out of range: this machine has %d device(s)",
                        cfg->device_index, count);
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        prev = -1;
+    }
     cudaDeviceProp prop;
-    if ((e = cudaSetDevice(cfg->device_index)) != cudaSuccess ||
-        (e = cudaGetDeviceProperties(&prop, cfg->device_index)) != cudaSuccess) {
+    e = cudaGetDeviceProperties(&prop, cfg->device_index);
+    if (prev != cfg->device_index && e == cudaSuccess) e = cudaSetDevice(cfg->device_index);
+    /* the context is created here, on the opening thread (it is the primary
+     * context, shared with the host) */
+    if (e == cudaSuccess) e = cudaFree(nullptr);
+    if (prev >= 0 && prev != cfg->device_index) (void)cudaSetDevice(prev);
+    if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return pt_fail(err, errlen, PT_ERR_BACKEND, "cannot open CUDA device %d: %s",
                        cfg->device_index, cudaGetErrorString(e));
     }
-    cuda_impl *c = (cuda_impl *)calloc(1, sizeof *c);
+    cuda_impl *c = new (std::nothrow) cuda_impl();
     if (!c)
         return pt_fail(err, errlen, PT_ERR_HOST_OOM,
                        "cuda backend open: out of host memory (%zu bytes)", sizeof *c);
@@ -194,7 +306,16 @@ int be_open(const pt_gpu_config *cfg, void **impl, char *err, size_t errlen) {
 }
 
 /* No cudaDeviceReset: the host process may use CUDA itself. */
-void be_close(void *impl) { free(impl); }
+void be_close(void *impl) {
+    cuda_impl *c = (cuda_impl *)impl;
+    if (!c) return;
+    if (!c->dead.load()) {
+        dev_scope scope_(impl);
+        for (int i = 0; i < c->n_scratch; i++)
+            if (c->scratch[i] && cudaFree(c->scratch[i]) != cudaSuccess) (void)cudaGetLastError();
+    }
+    delete c;
+}
 
 /* Called only by the opening thread before other threads use impl (see gpu.h),
  * so no lock is needed. */
@@ -220,7 +341,8 @@ uint64_t be_total_memory(void *impl) {
 /* ---- memory ---- */
 
 int be_dev_alloc(void *impl, size_t bytes, void **p) {
-    if (int rc = use(impl)) return rc;
+    if (!p) return PT_ERR_INVALID_ARG;
+    USE(impl);
     cudaError_t e = cudaMalloc(p, bytes);
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();
@@ -233,14 +355,17 @@ int be_dev_alloc(void *impl, size_t bytes, void **p) {
 
 void be_dev_free(void *impl, void *p, size_t bytes) {
     (void)bytes;
-    if (!p || use(impl)) return;
+    if (!p) return;
+    dev_scope scope_(impl);
+    if (scope_.rc) return;
     cudaError_t e = cudaFree(p);
     if (e != cudaSuccess) fail(impl, "cudaFree", e);
 }
 
 /* Portable: pinned for every context, so copies from any thread are DMA. */
 int be_host_alloc(void *impl, size_t bytes, void **p) {
-    if (int rc = use(impl)) return rc;
+    if (!p) return PT_ERR_INVALID_ARG;
+    USE(impl);
     cudaError_t e = cudaHostAlloc(p, bytes, cudaHostAllocPortable);
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();
@@ -261,7 +386,8 @@ void be_host_free(void *impl, void *p, size_t bytes) {
 /* ---- streams and events ---- */
 
 int be_stream_create(void *impl, pt_stream **s) {
-    if (int rc = use(impl)) return rc;
+    if (!s) return PT_ERR_INVALID_ARG;
+    USE(impl);
     cudaStream_t cs;
     CK(impl, "cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
     *s = (pt_stream *)cs;
@@ -275,15 +401,30 @@ void be_stream_destroy(void *impl, pt_stream *s) {
 }
 
 int be_stream_sync(void *impl, pt_stream *s) {
-    if (int rc = use(impl)) return rc;
+    USE(impl);
     CK(impl, "cudaStreamSynchronize", cudaStreamSynchronize(st(s)));
     return 0;
 }
 
+/* Ordering events: no timestamp (recording one is cheaper and waits on it
+ * need none), and a host thread that waits on one sleeps (blocking sync)
+ * instead of spinning on a core the CPU optimizer needs. */
 int be_event_create(void *impl, pt_event **ev) {
-    if (int rc = use(impl)) return rc;
+    if (!ev) return PT_ERR_INVALID_ARG;
+    USE(impl);
     cudaEvent_t e;
-    CK(impl, "cudaEventCreate", cudaEventCreate(&e));   /* timing on: event_elapsed_ms needs it */
+    CK(impl, "cudaEventCreateWithFlags",
+       cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync));
+    *ev = (pt_event *)e;
+    return 0;
+}
+
+/* The profiler's edge events: timed, also blocking-sync. */
+int be_event_create_timing(void *impl, pt_event **ev) {
+    if (!ev) return PT_ERR_INVALID_ARG;
+    USE(impl);
+    cudaEvent_t e;
+    CK(impl, "cudaEventCreateWithFlags", cudaEventCreateWithFlags(&e, cudaEventBlockingSync));
     *ev = (pt_event *)e;
     return 0;
 }
@@ -295,7 +436,8 @@ void be_event_destroy(void *impl, pt_event *ev) {
 }
 
 int be_event_record(void *impl, pt_event *ev, pt_stream *s) {
-    if (int rc = use(impl)) return rc;
+    if (!ev) return PT_ERR_INVALID_ARG;
+    USE(impl);
     CK(impl, "cudaEventRecord", cudaEventRecord((cudaEvent_t)ev, st(s)));
     return 0;
 }
@@ -303,21 +445,25 @@ int be_event_record(void *impl, pt_event *ev, pt_stream *s) {
 /* NULL stream = the calling thread itself waits (later synchronous work is then
  * ordered after the event too). */
 int be_stream_wait_event(void *impl, pt_stream *s, pt_event *ev) {
-    if (int rc = use(impl)) return rc;
+    if (!ev) return PT_ERR_INVALID_ARG;
+    USE(impl);
     if (!s) CK(impl, "cudaEventSynchronize", cudaEventSynchronize((cudaEvent_t)ev));
     else CK(impl, "cudaStreamWaitEvent", cudaStreamWaitEvent((cudaStream_t)s, (cudaEvent_t)ev, 0));
     return 0;
 }
 
 int be_event_sync(void *impl, pt_event *ev) {
-    if (int rc = use(impl)) return rc;
+    if (!ev) return PT_ERR_INVALID_ARG;
+    USE(impl);
     CK(impl, "cudaEventSynchronize", cudaEventSynchronize((cudaEvent_t)ev));
     return 0;
 }
 
 /* 1 done, 0 pending, negative pt_status on error. */
 int be_event_query(void *impl, pt_event *ev) {
-    if (int rc = use(impl)) return -rc;
+    if (!ev) return -PT_ERR_INVALID_ARG;
+    dev_scope scope_(impl);
+    if (scope_.rc) return -scope_.rc;
     cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
     if (e == cudaSuccess) return 1;
     if (e == cudaErrorNotReady) {
@@ -328,7 +474,8 @@ int be_event_query(void *impl, pt_event *ev) {
 }
 
 int be_event_elapsed_ms(void *impl, pt_event *a, pt_event *b, float *ms) {
-    if (int rc = use(impl)) return rc;
+    if (!a || !b || !ms) return PT_ERR_INVALID_ARG;
+    USE(impl);
     CK(impl, "cudaEventElapsedTime", cudaEventElapsedTime(ms, (cudaEvent_t)a, (cudaEvent_t)b));
     return 0;
 }
@@ -336,8 +483,9 @@ int be_event_elapsed_ms(void *impl, pt_event *a, pt_event *b, float *ms) {
 /* ---- copies ---- */
 
 int be_memset_async(void *impl, void *p, int value, size_t bytes, pt_stream *s) {
-    if (int rc = use(impl)) return rc;
     if (bytes == 0) return 0;
+    if (!p) return PT_ERR_INVALID_ARG;
+    USE(impl);
     CK(impl, "cudaMemsetAsync", cudaMemsetAsync(p, value, bytes, st(s)));
     return finish(impl, "cudaMemsetAsync", s);
 }
@@ -345,13 +493,14 @@ int be_memset_async(void *impl, void *p, int value, size_t bytes, pt_stream *s) 
 int be_memcpy_async(void *impl, void *dst, const void *src, size_t bytes, int kind, pt_stream *s) {
     static const cudaMemcpyKind map[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
                                          cudaMemcpyDeviceToDevice, cudaMemcpyHostToHost};
+    if (bytes && (!dst || !src)) return PT_ERR_INVALID_ARG;
     if (kind < PT_GPU_H2D || kind > PT_GPU_H2H) {
         char msg[128];
         return report(impl, pt_fail(msg, sizeof msg, PT_ERR_INVALID_ARG,
                                     "cuda backend: memcpy_async: bad copy kind %d", kind),
                       msg);
     }
-    if (int rc = use(impl)) return rc;
+    USE(impl);
     if (bytes == 0) return 0;
     CK(impl, "cudaMemcpyAsync", cudaMemcpyAsync(dst, src, bytes, map[kind], st(s)));
     return finish(impl, "cudaMemcpyAsync", s);
@@ -360,7 +509,8 @@ int be_memcpy_async(void *impl, void *dst, const void *src, size_t bytes, int ki
 /* On a real stream fn runs on a CUDA-internal thread and, by cudaLaunchHostFunc's
  * rules, must not call CUDA itself (it may signal a host thread that does). */
 int be_host_fn(void *impl, pt_stream *s, void (*fn)(void *), void *arg) {
-    if (int rc = use(impl)) return rc;
+    if (!fn) return PT_ERR_INVALID_ARG;
+    USE(impl);
     if (!s) {   /* synchronous: drain this thread's stream, then run fn here */
         CK(impl, "cudaStreamSynchronize", cudaStreamSynchronize(cudaStreamPerThread));
         fn(arg);
@@ -373,8 +523,10 @@ int be_host_fn(void *impl, pt_stream *s, void (*fn)(void *), void *arg) {
 /* ---- kernels ---- */
 
 int be_adamw(void *impl, const pt_adamw_args *a, pt_stream *s) {
+    if (!a) return PT_ERR_INVALID_ARG;
+    if (a->n && (!a->param || !a->grad || !a->m || !a->v)) return PT_ERR_INVALID_ARG;
     if (a->param_out && !dtype_ok(a->out_dtype)) return PT_ERR_INVALID_ARG;
-    if (int rc = use(impl)) return rc;
+    USE(impl);
     if (a->n == 0) return 0;
     pt_adamw_consts c = pt_adamw_make_consts(a->lr, a->beta1, a->beta2, a->eps, a->weight_decay,
                                              a->bc1, a->bc2_rsqrt, a->grad_scale);
@@ -383,32 +535,60 @@ int be_adamw(void *impl, const pt_adamw_args *a, pt_stream *s) {
     return finish(impl, "adamw kernel", s);
 }
 
-/* Two passes through a stream-ordered scratch of one double per block (at most
- * 8 per SM: ~8 KiB, outside pt_gpu accounting), so the global grad norm is
- * bit-reproducible run to run. If the pool allocator is unavailable, fall back
- * to one pass with atomicAdd. */
+/* The partial-sum buffer of stream cs (created at its first sqnorm). */
+int scratch_for(void *impl, cudaStream_t cs, double **out) {
+    cuda_impl *c = (cuda_impl *)impl;
+    std::lock_guard<std::mutex> lock(c->mu);
+    for (int i = 0; i < c->n_scratch; i++)
+        if (c->scratch_stream[i] == cs) {
+            *out = c->scratch[i];
+            return 0;
+        }
+    if (c->n_scratch == cuda_impl::kMaxScratch) {
+        char msg[160];
+        return report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND,
+                                    "cuda backend: sqnorm used on more than %d streams",
+                                    cuda_impl::kMaxScratch), msg);
+    }
+    size_t bytes = sizeof(double) * (size_t)c->n_sm * 8;
+    double *p = nullptr;
+    cudaError_t e = cudaMalloc((void **)&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        return PT_ERR_OOM;
+    }
+    CK(impl, "cudaMalloc (sqnorm partials)", e);
+    c->scratch_stream[c->n_scratch] = cs;
+    c->scratch[c->n_scratch++] = p;
+    *out = p;
+    return 0;
+}
+
+/* Two passes through a per-stream buffer of one double per block (at most 8 per
+ * SM: ~8 KiB per stream, allocated once, outside the wrapper's capacity which
+ * keeps 5% of the device free): pass 1 writes each block's sum, pass 2 adds
+ * them in a fixed order, so the global grad norm is bit-reproducible run to run. */
 int be_sqnorm(void *impl, const void *x, int dtype, size_t n, double *out, pt_stream *s) {
-    if (!dtype_ok(dtype)) return PT_ERR_INVALID_ARG;
-    if (int rc = use(impl)) return rc;
+    if (!dtype_ok(dtype) || !out || (n && !x)) return PT_ERR_INVALID_ARG;
     if (n == 0) return 0;
+    USE(impl);
     unsigned nb = grid_for(impl, n);
     double *part = nullptr;
-    if (cudaMallocAsync((void **)&part, sizeof(double) * nb, st(s)) != cudaSuccess) {
-        (void)cudaGetLastError();
-        part = nullptr;
-    }
-    k_sqnorm<<<nb, kThreads, 0, st(s)>>>(x, dtype, n, part, out);
-    if (part) {
-        k_sum_into<<<1, kThreads, 0, st(s)>>>(part, nb, out);
-        CK(impl, "cudaFreeAsync", cudaFreeAsync(part, st(s)));
-    }
+    /* NULL stream: this thread's default stream; calls of several threads share
+     * the NULL buffer, so they run one at a time (each syncs before returning) */
+    std::unique_lock<std::mutex> null_lock;
+    if (!s) null_lock = std::unique_lock<std::mutex>(((cuda_impl *)impl)->null_mu);
+    if (int rc = scratch_for(impl, s ? (cudaStream_t)s : nullptr, &part)) return rc;
+    k_sqnorm<<<nb, kThreads, 0, st(s)>>>(x, dtype, n, part);
+    k_sum_into<<<1, kThreads, 0, st(s)>>>(part, nb, out);
     return finish(impl, "sqnorm kernel", s);
 }
 
 int be_convert(void *impl, void *dst, int dst_dtype, const void *src, int src_dtype, size_t n,
                int accumulate, pt_stream *s) {
-    if (!dtype_ok(dst_dtype) || !dtype_ok(src_dtype)) return PT_ERR_INVALID_ARG;
-    if (int rc = use(impl)) return rc;
+    if (!dtype_ok(dst_dtype) || !dtype_ok(src_dtype) || (n && (!dst || !src)))
+        return PT_ERR_INVALID_ARG;
+    USE(impl);
     if (n == 0) return 0;
     k_convert<<<grid_for(impl, n), kThreads, 0, st(s)>>>(dst, dst_dtype, src, src_dtype, n,
                                                         accumulate);
@@ -450,4 +630,5 @@ extern "C" PT_EXPORT const pt_gpu_backend pt_gpu_backend_cuda_v1 = {
     .adamw = be_adamw,
     .sqnorm = be_sqnorm,
     .convert = be_convert,
+    .event_create_timing = be_event_create_timing,
 };

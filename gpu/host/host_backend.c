@@ -234,4 +234,5 @@ const pt_gpu_backend pt_gpu_backend_host = {
     .adamw = hb_adamw,
     .sqnorm = hb_sqnorm,
     .convert = hb_convert,
+    .event_create_timing = pt_hb_event_create,   /* every host event has a time */
 };

@@ -57,6 +57,8 @@ typedef struct pt_config {
     double compute_jitter;    /* seconds, default 0: random delay before each launched item */
     int jitter_seed;          /* default 1 */
     int debug_skip_ordering;  /* PT_ORD_* mask, default 0: testing only (negative controls) */
+    /* [cuda] */
+    int cuda_poison;          /* bool, default 0: poison freed memory on a real GPU too */
     char source[512];         /* path the config came from, or "(defaults)" */
 } pt_config;
 

@@ -140,7 +140,7 @@ int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
     p->n = rt->n_blocks;
     rt->prof = p;
     for (int i = 0; i < E_PER_BLOCK * p->n + E_GLOBAL; i++)
-        if (pt_gpu_ops(rt->gpu)->event_create(pt_gpu_impl(rt->gpu), &p->ev[i])) {
+        if (pt_gpu_event_create_timing(rt->gpu, &p->ev[i])) {
             pt_prof_free(rt);
             return pt_fail(err, errlen, PT_ERR_BACKEND, "profiler: cannot create device events");
         }

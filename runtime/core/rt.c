@@ -62,6 +62,7 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     gc.pinned_budget = cfg->pinned_budget;
     gc.copy_bandwidth = cfg->copy_bandwidth;
     gc.poison = cfg->poison;
+    gc.poison_native = cfg->cuda_poison;
     gc.fail_alloc_at = cfg->fail_alloc_at;
     gc.compute_jitter_s = cfg->compute_jitter;
     gc.jitter_seed = (uint64_t)cfg->jitter_seed;
