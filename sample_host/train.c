@@ -510,6 +510,21 @@ int sh_trainer_destroy(sh_trainer *tr) {
 
 /* ---- no-plugin optimizer ---- */
 
+/* The per-step constants in float, as sh_train.h states them. */
+static sh_adamw_k adamw_consts(const sh_trainer *tr, float lr, float bc1, float bc2r) {
+    const sh_train_opts *o = &tr->o;
+    sh_adamw_k k;
+    k.b1 = o->beta1;
+    k.b2 = o->beta2;
+    k.eps = o->eps;
+    k.omb1 = 1.0f - o->beta1;
+    k.omb2 = 1.0f - o->beta2;
+    k.decay = 1.0f - lr * o->weight_decay;
+    k.step = lr / bc1;
+    k.bc2r = bc2r;
+    return k;
+}
+
 static void adamw_step(sh_trainer *tr, float lr) {
     const sh_model *m = &tr->model;
     const sh_train_opts *o = &tr->o;
@@ -536,22 +551,11 @@ static void adamw_step(sh_trainer *tr, float lr) {
         if (norm > (double)o->max_grad_norm)
             scale = (float)((double)o->max_grad_norm / (norm + 1e-6));
     }
-    const float b1 = o->beta1, b2 = o->beta2, eps = o->eps;
-    const float omb1 = 1.0f - b1, omb2 = 1.0f - b2;
-    const float decay = 1.0f - lr * o->weight_decay;
-    const float step = lr / bc1;
+    const sh_adamw_k k = adamw_consts(tr, lr, bc1, bc2r);
     float *pd = tr->p_data, *pg = tr->p_grad, *mm = tr->opt_m, *vv = tr->opt_v;
     size_t n = m->n_floats; /* every untied param is trainable here */
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float g = pg[i] * scale;
-        float mi = b1 * mm[i] + omb1 * g;
-        float vi = b2 * vv[i] + omb2 * g * g;
-        mm[i] = mi;
-        vv[i] = vi;
-        float p = pd[i] * decay;
-        pd[i] = p - step * mi / (sqrtf(vi) * bc2r + eps);
-    }
+    for (size_t i = 0; i < n; i++) sh_adamw_elem(&pd[i], &mm[i], &vv[i], pg[i] * scale, &k);
     memset(pg, 0, n * sizeof(float));
 }
 
