@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sh_adamw.h"
 #include "sh_ckpt.h"
 #include "sh_layers.h"
 #include "sh_work.h"
@@ -352,10 +353,11 @@ static int32_t cb_profile(void *user) {
  * caller's logger (with its own user pointer) or to stderr for levels <= INFO. */
 static void log_tramp(void *user, int32_t level, const char *msg) {
     sh_trainer *tr = user;
-    /* the plugin's start line, "backend NAME (device), ...": remember NAME */
+    /* the plugin's start line, "backend NAME (device), ...": remember NAME (a word of
+     * lower-case letters; other lines starting with "backend" are not it) */
     if (msg && strncmp(msg, "backend ", 8) == 0) {
-        size_t n = strcspn(msg + 8, " ,(");
-        if (n < sizeof tr->opened) {
+        size_t n = strspn(msg + 8, "abcdefghijklmnopqrstuvwxyz");
+        if (n > 0 && n < sizeof tr->opened && msg[8 + n] == ' ') {
             memcpy(tr->opened, msg + 8, n);
             tr->opened[n] = '\0';
         }
@@ -607,61 +609,22 @@ int sh_trainer_destroy(sh_trainer *tr) {
 
 /* ---- no-plugin optimizer ---- */
 
-/* The per-step constants in float, as sh_train.h states them. */
-static sh_adamw_k adamw_consts(const sh_trainer *tr, float lr, float bc1, float bc2r) {
-    const sh_train_opts *o = &tr->o;
-    sh_adamw_k k;
-    k.b1 = o->beta1;
-    k.b2 = o->beta2;
-    k.eps = o->eps;
-    k.omb1 = 1.0f - o->beta1;
-    k.omb2 = 1.0f - o->beta2;
-    k.decay = 1.0f - lr * o->weight_decay;
-    k.step = lr / bc1;
-    k.bc2r = bc2r;
-    return k;
-}
-
 static void adamw_step(sh_trainer *tr, float lr) {
     const sh_model *m = &tr->model;
     const sh_train_opts *o = &tr->o;
     tr->t++;
-    float bc1 = (float)(1.0 - pow((double)o->beta1, (double)tr->t));
-    float bc2r = (float)(1.0 / sqrt(1.0 - pow((double)o->beta2, (double)tr->t)));
-    float scale = 1.0f;
+    const sh_adamw_k k =
+        sh_adamw_consts(lr, o->beta1, o->beta2, o->eps, o->weight_decay, tr->t);
     tr->last_norm = NAN;
     if (tr->cu) {
         /* the same steps as kernels; the norm lands in dstat[1], read after the sync */
-        const sh_adamw_k k = adamw_consts(tr, lr, bc1, bc2r);
         tr->cu->api->adamw(tr->cu->ctx, tr->p_data, tr->p_grad, tr->opt_m, tr->opt_v,
                            m->n_floats, tr->seg_off, tr->seg_len, tr->nseg, o->max_grad_norm,
                            &k, &tr->dstat[1]);
         return;
     }
-    if (o->max_grad_norm > 0.0f) {
-        /* global L2 norm: per param, squares summed in double in element order; the
-         * per-param sums added in declaration order; tied params counted once */
-        double s = 0.0;
-        for (int i = 0; i < m->n_params; i++) {
-            const pt_param_v1 *p = &m->params[i];
-            if (!p->trainable || p->tie >= 0) continue;
-            const float *g = (const float *)p->grad;
-            size_t n = sh_param_numel(p);
-            double ps = 0.0;
-            for (size_t k = 0; k < n; k++) ps += (double)g[k] * (double)g[k];
-            s += ps;
-        }
-        double norm = sqrt(s);
-        tr->last_norm = norm;
-        if (norm > (double)o->max_grad_norm)
-            scale = (float)((double)o->max_grad_norm / (norm + 1e-6));
-    }
-    const sh_adamw_k k = adamw_consts(tr, lr, bc1, bc2r);
-    float *pd = tr->p_data, *pg = tr->p_grad, *mm = tr->opt_m, *vv = tr->opt_v;
-    size_t n = m->n_floats; /* every untied param is trainable here */
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) sh_adamw_elem(&pd[i], &mm[i], &vv[i], pg[i] * scale, &k);
-    memset(pg, 0, n * sizeof(float));
+    tr->last_norm =
+        sh_adamw_cpu(m, tr->p_data, tr->p_grad, tr->opt_m, tr->opt_v, o->max_grad_norm, &k);
 }
 
 /* ---- public steps ---- */
