@@ -4,7 +4,8 @@
  * formula, so the CPU and the GPU round the same expressions in the same order:
  * the CPU build is ISO C11 (no FMA contraction) and the CUDA build uses -fmad=false,
  * so a*b+c is two roundings on both. Differences left between devices come from the
- * libm functions (expf, tanh-free here) and from reduction order, not from these.
+ * math libraries (expf, sqrtf and division are correctly rounded or nearly so on both,
+ * but expf may differ in the last bit) and from reduction order, not from these.
  *
  * SH_HD marks a function callable from host and device code; in plain C it is an
  * ordinary static inline function.
