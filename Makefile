@@ -11,6 +11,7 @@
 #   plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c -> build/protrain_plugin.so (+ libprotrain_core.a)
 #   gpu/cuda/*.cu gpu/cuda/*.c                  -> build/libprotrain_cuda.so
 #   sample_host/*.c (main.c separately)         -> build/sample_host
+#   sample_host/cuda/*.cu                        -> build/libsample_cuda.so (dlopened by sample_host)
 #   tests/unit/test_*.c tests/integ/test_*.c     -> build/tests/test_*   (cmocka)
 #   tests/plugins/*.c                            -> build/tests/plugins/*.so
 #   tests/bench/bench_*.c                        -> build/bench/bench_*
@@ -75,8 +76,9 @@ CORE_LIB := $(BUILD)/libprotrain_core.a
 CUDA_LIB := $(BUILD)/libprotrain_cuda.so
 SAMPLE := $(BUILD)/sample_host
 
+SAMPLE_CUDA := $(BUILD)/libsample_cuda.so
 ifneq ($(NVCC),)
-  CUDA_TARGET := $(CUDA_LIB)
+  CUDA_TARGET := $(CUDA_LIB) $(SAMPLE_CUDA)
 else
   CUDA_TARGET := cuda-notice
 endif
@@ -132,6 +134,24 @@ $(CUDA_LIB): $(CUDA_OBJS)
 	  -cudart static
 cuda-notice:
 	@echo "notice: nvcc not found; skipping $(CUDA_LIB) (the plugin runs on the host backend)"
+	@echo "notice: nvcc not found; skipping $(SAMPLE_CUDA) (sample_host --device cuda is unavailable)"
+
+# ---- sample_host's CUDA layers (separate .so, dlopened by sample_host --device cuda) ----
+# -fmad=false: a*b+c rounds twice, as in the CPU layers (sh_elem.h). cuBLAS from the
+# toolkit's lib64 (rpath), the runtime linked statically.
+SH_CUDA_SRCS := $(wildcard sample_host/cuda/*.cu)
+SH_CUDA_OBJS := $(SH_CUDA_SRCS:%.cu=$(BUILD)/obj/%.cu.o)
+SH_CUDA_HDRS := $(wildcard sample_host/cuda/*.cuh) sample_host/sh_cuda.h sample_host/sh_ops.h \
+                sample_host/sh_elem.h
+CUDA_LIBDIR := $(abspath $(dir $(NVCC))../lib64)
+$(BUILD)/obj/sample_host/cuda/%.cu.o: sample_host/cuda/%.cu $(SH_CUDA_HDRS)
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -std=c++17 -fmad=false $(CUDA_ARCH) \
+	  -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror $(INC_SAMPLE) -Isample_host -c $< -o $@
+$(SAMPLE_CUDA): $(SH_CUDA_OBJS) sample_host/cuda/exports.map
+	$(NVCC) -shared $(CUDA_ARCH) -o $@ $(SH_CUDA_OBJS) \
+	  -Xlinker --version-script=sample_host/cuda/exports.map -Xlinker -rpath,$(CUDA_LIBDIR) \
+	  -L$(CUDA_LIBDIR) -lcublas -cudart static
 
 # ---- planner CLI (no host, no device) ----
 $(PLAN_CLI): plugin/cli/protrain_plan.c $(CORE_LIB)

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { T_INT, T_U64, T_FLOAT, T_STR, T_OPTIM, T_PROGRESS };
+enum { T_INT, T_U64, T_FLOAT, T_STR, T_OPTIM, T_PROGRESS, T_DEVICE };
 
 typedef struct opt {
     const char *key;   /* INI key in [sample_host]; the flag is --key with '_' -> '-' */
@@ -56,6 +56,8 @@ static const opt OPTS[] = {
     {"save", T_STR, O(save), 0, 0, 0, "llm.c checkpoint written at the end"},
     {"plugin", T_STR, O(plugin), 0, 0, 0, "plugin path or short name"},
     {"progress", T_PROGRESS, O(progress), 0, 0, 0, "auto | on | off"},
+    {"device", T_DEVICE, O(device), 0, 0, 0,
+     "cpu | cuda (the model's layers on a CUDA GPU through libsample_cuda.so)"},
 };
 #define NOPTS (sizeof OPTS / sizeof OPTS[0])
 
@@ -148,6 +150,14 @@ static int set_value(sh_config *c, const opt *o, const char *val, char *msg, siz
             return -1;
         }
         return 0;
+    case T_DEVICE:
+        if (strcmp(val, "cpu") == 0) *(int *)f = SH_DEVICE_CPU;
+        else if (strcmp(val, "cuda") == 0) *(int *)f = SH_DEVICE_CUDA;
+        else {
+            snprintf(msg, ml, "'%s' = '%s' must be cpu or cuda", o->key, val);
+            return -1;
+        }
+        return 0;
     }
     return -1;
 }
@@ -166,6 +176,9 @@ typedef struct ini_ud {
 
 static int on_ini(void *user, const char *section, const char *name, const char *value) {
     ini_ud *u = user;
+    /* the plugin's backend, remembered so a cuda host can refuse a host-backend plugin */
+    if (strcmp(section, "plugin") == 0 && strcmp(name, "backend") == 0)
+        snprintf(u->c->plugin_backend, sizeof u->c->plugin_backend, "%s", value);
     if (strcmp(section, "sample_host") != 0) return 1; /* the plugin's sections */
     if (u->msg[0]) return 0;
     const opt *o = find_key(name);
@@ -209,6 +222,7 @@ void sh_config_usage(void) {
            "  --config FILE        INI file: [sample_host] keys below, other sections go to "
            "the plugin\n"
            "  --no-plugin          train without the plugin (own AdamW, plain allocations)\n"
+           "  --device cpu|cuda    where the layers run (also [sample_host] device)\n"
            "  --metrics-no-time    write tok_s as null (bit-comparable metrics files)\n"
            "  --write-shard OUT    convert --data text (or the default corpus) to an llm.c "
            "shard and exit\n"

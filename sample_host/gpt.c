@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sh_layers.h"
+#include "sh_ops.h"
 #include "sh_rng.h"
 
 /* Largest dims we accept: keeps every size_t product far from overflow and int
@@ -162,81 +162,88 @@ void sh_arena_layout_make(sh_arena_layout *a, const sh_dims *d, int B, int T) {
     a->total = o;
 }
 
+/* The layer table the model runs on: the CPU layers unless the trainer set one. */
+static const sh_layer_ops *ops_of(const sh_model *m) { return m->ops ? m->ops : &sh_cpu_ops; }
+
 #define PD(l, k) ((const float *)m->params[SH_P_LAYER(l, k)].data)
 #define PG(l, k) ((float *)m->params[SH_P_LAYER(l, k)].grad)
 
 void sh_block_fwd(const sh_model *m, int l, float *arena, const float *x, float *out,
                   int B, int T) {
+    const sh_layer_ops *O = ops_of(m);
     sh_arena_layout a;
     sh_arena_layout_make(&a, &m->d, B, T);
     int N = B * T, C = m->d.C, NH = m->d.NH;
     float *A = arena;
-    sh_layernorm_fwd(A + a.ln1, A + a.ln1_mean, A + a.ln1_rstd, x, PD(l, SH_LN1W),
+    O->layernorm_fwd(O->ctx, A + a.ln1, A + a.ln1_mean, A + a.ln1_rstd, x, PD(l, SH_LN1W),
                      PD(l, SH_LN1B), N, C);
-    sh_matmul_fwd(A + a.qkv, A + a.ln1, PD(l, SH_QKVW), PD(l, SH_QKVB), N, C, 3 * C);
-    sh_attention_fwd(A + a.atty, A + a.att, A + a.qkv, B, T, C, NH);
+    O->matmul_fwd(O->ctx, A + a.qkv, A + a.ln1, PD(l, SH_QKVW), PD(l, SH_QKVB), N, C, 3 * C);
+    O->attention_fwd(O->ctx, A + a.atty, A + a.att, A + a.qkv, B, T, C, NH);
     /* res2 = (atty * attprojw^T + attprojb) + x */
-    sh_matmul_fwd(A + a.res2, A + a.atty, PD(l, SH_ATTPROJW), PD(l, SH_ATTPROJB), N, C, C);
-    sh_add_inplace(A + a.res2, x, (size_t)N * C);
-    sh_layernorm_fwd(A + a.ln2, A + a.ln2_mean, A + a.ln2_rstd, A + a.res2, PD(l, SH_LN2W),
+    O->matmul_fwd(O->ctx, A + a.res2, A + a.atty, PD(l, SH_ATTPROJW), PD(l, SH_ATTPROJB), N, C, C);
+    O->add_inplace(O->ctx, A + a.res2, x, (size_t)N * C);
+    O->layernorm_fwd(O->ctx, A + a.ln2, A + a.ln2_mean, A + a.ln2_rstd, A + a.res2, PD(l, SH_LN2W),
                      PD(l, SH_LN2B), N, C);
-    sh_matmul_fwd(A + a.fch, A + a.ln2, PD(l, SH_FCW), PD(l, SH_FCB), N, C, 4 * C);
-    sh_gelu_fwd(A + a.fch_gelu, A + a.fch, (size_t)N * 4 * C);
+    O->matmul_fwd(O->ctx, A + a.fch, A + a.ln2, PD(l, SH_FCW), PD(l, SH_FCB), N, C, 4 * C);
+    O->gelu_fwd(O->ctx, A + a.fch_gelu, A + a.fch, (size_t)N * 4 * C);
     /* out = (fch_gelu * fcprojw^T + fcprojb) + res2 */
-    sh_matmul_fwd(out, A + a.fch_gelu, PD(l, SH_FCPROJW), PD(l, SH_FCPROJB), N, 4 * C, C);
-    sh_add_inplace(out, A + a.res2, (size_t)N * C);
+    O->matmul_fwd(O->ctx, out, A + a.fch_gelu, PD(l, SH_FCPROJW), PD(l, SH_FCPROJB), N, 4 * C, C);
+    O->add_inplace(O->ctx, out, A + a.res2, (size_t)N * C);
 }
 
 void sh_block_bwd(const sh_model *m, int l, const float *arena, const float *x, float *dres,
                   const sh_scratch *s, int B, int T) {
+    const sh_layer_ops *O = ops_of(m);
     sh_arena_layout a;
     sh_arena_layout_make(&a, &m->d, B, T);
     int N = B * T, C = m->d.C, NH = m->d.NH;
     const float *A = arena;
     /* out = res2 + fcproj(gelu(fc(ln2(res2)))): dres flows to res2 unchanged plus the MLP
      * branch. dbig (N,4C) holds d fch_gelu, then d fch in place. */
-    sh_matmul_bwd(s->dbig, PG(l, SH_FCPROJW), PG(l, SH_FCPROJB), dres, A + a.fch_gelu,
+    O->matmul_bwd(O->ctx, s->dbig, PG(l, SH_FCPROJW), PG(l, SH_FCPROJB), dres, A + a.fch_gelu,
                   PD(l, SH_FCPROJW), N, 4 * C, C, s->wtmp);
-    sh_gelu_bwd(s->dbig, A + a.fch, s->dbig, (size_t)N * 4 * C);
-    sh_matmul_bwd(s->dsmall, PG(l, SH_FCW), PG(l, SH_FCB), s->dbig, A + a.ln2, PD(l, SH_FCW),
+    O->gelu_bwd(O->ctx, s->dbig, A + a.fch, s->dbig, (size_t)N * 4 * C);
+    O->matmul_bwd(O->ctx, s->dsmall, PG(l, SH_FCW), PG(l, SH_FCB), s->dbig, A + a.ln2, PD(l, SH_FCW),
                   N, C, 4 * C, s->wtmp);
-    sh_layernorm_bwd(dres, PG(l, SH_LN2W), PG(l, SH_LN2B), s->dsmall, A + a.res2,
+    O->layernorm_bwd(O->ctx, dres, PG(l, SH_LN2W), PG(l, SH_LN2B), s->dsmall, A + a.res2,
                      PD(l, SH_LN2W), A + a.ln2_mean, A + a.ln2_rstd, N, C);
     /* dres is now dL/d res2; res2 = x + attproj(attn(qkv(ln1(x)))). */
-    sh_matmul_bwd(s->dsmall, PG(l, SH_ATTPROJW), PG(l, SH_ATTPROJB), dres, A + a.atty,
+    O->matmul_bwd(O->ctx, s->dsmall, PG(l, SH_ATTPROJW), PG(l, SH_ATTPROJB), dres, A + a.atty,
                   PD(l, SH_ATTPROJW), N, C, C, s->wtmp);
     /* dqkv (N,3C) reuses dbig (N,4C), which is free again */
-    sh_attention_bwd(s->dbig, s->datt, s->nslots, s->dsmall, A + a.qkv, A + a.att, B, T, C, NH);
-    sh_matmul_bwd(s->dsmall, PG(l, SH_QKVW), PG(l, SH_QKVB), s->dbig, A + a.ln1, PD(l, SH_QKVW),
+    O->attention_bwd(O->ctx, s->dbig, s->datt, s->nslots, s->dsmall, A + a.qkv, A + a.att, B, T, C, NH);
+    O->matmul_bwd(O->ctx, s->dsmall, PG(l, SH_QKVW), PG(l, SH_QKVB), s->dbig, A + a.ln1, PD(l, SH_QKVW),
                   N, C, 3 * C, s->wtmp);
-    sh_layernorm_bwd(dres, PG(l, SH_LN1W), PG(l, SH_LN1B), s->dsmall, x, PD(l, SH_LN1W),
+    O->layernorm_bwd(O->ctx, dres, PG(l, SH_LN1W), PG(l, SH_LN1B), s->dsmall, x, PD(l, SH_LN1W),
                      A + a.ln1_mean, A + a.ln1_rstd, N, C);
 }
 
-double sh_head_fwd(const sh_model *m, const sh_head_acts *a, const float *xL,
-                   const int32_t *targets, int B, int T) {
+void sh_head_fwd(const sh_model *m, const sh_head_acts *a, const float *xL,
+                 const int32_t *targets, int B, int T, double *loss_acc) {
+    const sh_layer_ops *O = ops_of(m);
     int N = B * T, C = m->d.C, L = m->d.L;
-    sh_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL,
+    O->layernorm_fwd(O->ctx, a->lnf, a->lnf_mean, a->lnf_rstd, xL,
                      (const float *)m->params[SH_P_LNFW(L)].data,
                      (const float *)m->params[SH_P_LNFB(L)].data, N, C);
     /* logits (N,Vp) = lnf * lm_head^T; lm_head is tied to wte (Vp,C) */
-    sh_matmul_fwd(a->logits, a->lnf, (const float *)m->params[SH_P_HEAD(L)].data, NULL, N, C,
+    O->matmul_fwd(O->ctx, a->logits, a->lnf, (const float *)m->params[SH_P_HEAD(L)].data, NULL, N, C,
                   m->d.Vp);
-    if (!targets) return 0.0;
-    return sh_crossentropy_fwd(a->logits, a->losses, targets, N, m->d.V, m->d.Vp);
+    if (targets)
+        O->crossentropy_fwd(O->ctx, a->logits, a->losses, targets, N, m->d.V, m->d.Vp, loss_acc);
 }
 
 void sh_head_bwd(const sh_model *m, const sh_head_acts *a, const float *xL,
                  const int32_t *targets, float dloss, float *dres, float *dsmall, int B, int T) {
+    const sh_layer_ops *O = ops_of(m);
     int N = B * T, C = m->d.C, L = m->d.L;
-    sh_crossentropy_bwd(a->logits, a->logits, targets, dloss, N, m->d.V, m->d.Vp);
+    O->crossentropy_bwd(O->ctx, a->logits, a->logits, targets, dloss, N, m->d.V, m->d.Vp);
     /* dlnf (N,C) = dlogits * W;  dW(Vp,C) += dlogits^T * lnf  (into the tied grad) */
     const pt_param_v1 *h = &m->params[SH_P_HEAD(L)];
     /* the head is never offloaded (block -1): accumulate in place, no (Vp,C) scratch */
-    sh_matmul_bwd(dsmall, (float *)h->grad, NULL, a->logits, a->lnf, (const float *)h->data, N,
+    O->matmul_bwd(O->ctx, dsmall, (float *)h->grad, NULL, a->logits, a->lnf, (const float *)h->data, N,
                   C, m->d.Vp, NULL);
-    memset(dres, 0, sizeof(float) * (size_t)N * C);
-    sh_layernorm_bwd(dres, (float *)m->params[SH_P_LNFW(L)].grad,
+    O->zero(O->ctx, dres, sizeof(float) * (size_t)N * C);
+    O->layernorm_bwd(O->ctx, dres, (float *)m->params[SH_P_LNFW(L)].grad,
                      (float *)m->params[SH_P_LNFB(L)].grad, dsmall, xL,
                      (const float *)m->params[SH_P_LNFW(L)].data, a->lnf_mean, a->lnf_rstd, N, C);
 }

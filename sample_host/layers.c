@@ -67,9 +67,9 @@ void sh_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
             v += d * d;
         }
         v /= (float)C;
-        float s = 1.0f / sqrtf(v + SH_LN_EPS);
+        float s = sh_ln_rstd(v);
         float *o = out + (size_t)n * C;
-        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
+        for (int c = 0; c < C; c++) o[c] = sh_ln_out(x[c], m, s, w[c], b[c]);
         mean[n] = m;
         rstd[n] = s;
     }
@@ -89,7 +89,7 @@ void sh_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, cons
             float m = mean[n], s = rstd[n];
             float a = 0.0f, bsum = 0.0f;
             for (int c = 0; c < C; c++) {
-                float xh = (x[c] - m) * s;
+                float xh = sh_ln_xhat(x[c], m, s);
                 float dxh = dy[c] * w[c];
                 a += dxh;
                 bsum += dxh * xh;
@@ -98,9 +98,9 @@ void sh_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, cons
             bsum /= (float)C;
             float *dx = dinp + (size_t)n * C;
             for (int c = 0; c < C; c++) {
-                float xh = (x[c] - m) * s;
+                float xh = sh_ln_xhat(x[c], m, s);
                 float dxh = dy[c] * w[c];
-                dx[c] += (dxh - a - xh * bsum) * s;
+                dx[c] += sh_ln_dx(dxh, a, xh, bsum, s);
             }
         }
     }
@@ -115,7 +115,7 @@ void sh_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, cons
             const float *dy = dout + (size_t)n * C;
             float m = mean[n], s = rstd[n];
             for (int c = c0; c < c1; c++) {
-                sw[c - c0] += dy[c] * ((x[c] - m) * s);
+                sw[c - c0] += dy[c] * sh_ln_xhat(x[c], m, s);
                 sb[c - c0] += dy[c];
             }
         }
@@ -269,7 +269,7 @@ void sh_attention_bwd(float *dqkv, float *datt, int nslots, const float *dout,
                 float *d = S + (size_t)t * T;
                 float dot = 0.0f;
                 for (int t2 = 0; t2 <= t; t2++) dot += p[t2] * d[t2];
-                for (int t2 = 0; t2 <= t; t2++) d[t2] = p[t2] * (d[t2] - dot) * scale;
+                for (int t2 = 0; t2 <= t; t2++) d[t2] = sh_softmax_bwd(p[t2], d[t2], dot, scale);
                 for (int t2 = t + 1; t2 < T; t2++) d[t2] = 0.0f;
             }
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, S, T, Q + C,
@@ -280,31 +280,15 @@ void sh_attention_bwd(float *dqkv, float *datt, int nslots, const float *dout,
     }
 }
 
-#define GELU_S 0.7978845608028654f /* sqrt(2/pi) */
-#define GELU_A 0.044715f
-
-/* 0.5 (1 + tanh u) = sigmoid(2u) exactly, and expf is much cheaper than tanhf:
- *   gelu(x) = x * s,  s = 1 / (1 + exp(-2u)),  u = sqrt(2/pi) (x + 0.044715 x^3). */
+/* GELU and its derivative: sh_elem.h (shared with the CUDA kernels). */
 void sh_gelu_fwd(float *out, const float *inp, size_t n) {
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        float u = GELU_S * (x + GELU_A * x * x * x);
-        out[i] = x / (1.0f + expf(-2.0f * u));
-    }
+    for (size_t i = 0; i < n; i++) out[i] = sh_gelu(inp[i]);
 }
 
 void sh_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
-    /* d/dx [x s(2u)] = s + x * 2 s (1 - s) * du/dx,  du/dx = sqrt(2/pi) (1 + 3*0.044715 x^2)
-     * (s(1-s) is the sigmoid's derivative; 2 from the argument 2u). */
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        float u = GELU_S * (x + GELU_A * x * x * x);
-        float s = 1.0f / (1.0f + expf(-2.0f * u));
-        float du = GELU_S * (1.0f + 3.0f * GELU_A * x * x);
-        dinp[i] = (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
-    }
+    for (size_t i = 0; i < n; i++) dinp[i] = sh_gelu_grad(inp[i]) * dout[i];
 }
 
 void sh_add_inplace(float *out, const float *a, size_t n) {
@@ -344,7 +328,7 @@ void sh_crossentropy_bwd(float *dlogits, const float *probs, const int32_t *targ
         const float *p = probs + (size_t)n * Vp;
         float *d = dlogits + (size_t)n * Vp;
         int y = targets[n];
-        for (int i = 0; i < V; i++) d[i] = (p[i] - (i == y ? 1.0f : 0.0f)) * dloss;
+        for (int i = 0; i < V; i++) d[i] = sh_xent_grad(p[i], i == y, dloss);
         for (int i = V; i < Vp; i++) d[i] = 0.0f;
     }
 }

@@ -14,6 +14,7 @@
 #include "protrain.h"
 #include "pt_util.h"
 #include "sh_ckpt.h"
+#include "sh_cuda.h"
 #include "sh_data.h"
 #include "sh_train.h"
 
@@ -57,6 +58,8 @@ typedef struct runstate {
     sh_tokens all, train, val;
     pt_loaded_plugin lp;
     int have_plugin;
+    sh_cuda cuda;       /* --device cuda: the opened library */
+    int have_cuda;
     FILE *metrics;
     int bar;
     double train_time;
@@ -264,6 +267,19 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
     sh_dims d;
     if (!rc) rc = resolve_dims(c, &d, err, errlen);
     if (!rc) sh_split(&rs.all, &rs.train, &rs.val);
+    if (!rc && c->device == SH_DEVICE_CUDA) {
+        /* the plugin must run its cuda backend beside a cuda host: refuse an INI that
+         * asks for the simulated device before anything starts */
+        if (!c->no_plugin && strcmp(c->plugin_backend, "host") == 0) {
+            snprintf(err, errlen, "%s: [plugin] backend = host, but device = cuda needs the "
+                     "plugin's cuda backend (set backend = cuda or auto)", c->config);
+            rc = -1;
+        } else if (sh_cuda_load(&rs.cuda, 0, err, errlen)) {
+            rc = -1;
+        } else {
+            rs.have_cuda = 1;
+        }
+    }
     if (!rc && !c->no_plugin) {
         if (pt_load_plugin(c->plugin, &rs.lp, err, errlen)) rc = -1;
         else rs.have_plugin = rs.lp.table != NULL;
@@ -295,6 +311,9 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
         o.val = &rs.val;
         o.log = plugin_log;
         o.log_user = &rs;
+        o.cuda = rs.have_cuda ? &rs.cuda : NULL;
+        if (!c->quiet && rs.have_cuda)
+            printf("sample_host: device %s\n", rs.cuda.api->device_name(rs.cuda.ctx));
         if (!c->quiet)
             printf("sample_host: L=%d C=%d NH=%d V=%d (Vp=%d) maxT=%d | batch %dx%d x%d | "
                    "%zu train / %zu val tokens | plugin %s\n", d.L, d.C, d.NH, d.V,
@@ -324,6 +343,7 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
         }
     }
     if (rs.have_plugin || rs.lp.dl) pt_unload_plugin(&rs.lp);
+    if (rs.have_cuda) sh_cuda_unload(&rs.cuda);
     sh_tokens_free(&rs.all);
     return rc;
 }

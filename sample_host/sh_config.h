@@ -16,6 +16,9 @@
 enum { SH_SET_VOCAB = 1, SH_SET_MAXT = 2, SH_SET_LAYERS = 4, SH_SET_HEADS = 8,
        SH_SET_CHANNELS = 16 };
 
+/* sh_config.device */
+enum { SH_DEVICE_CPU = 0, SH_DEVICE_CUDA = 1 };
+
 typedef struct sh_config {
     /* model */
     int vocab, max_seq, layers, heads, channels;
@@ -38,6 +41,8 @@ typedef struct sh_config {
     int progress;        /* -1 auto (TTY), 0 plain lines, 1 bar */
     int quiet;           /* no per-step output and no samples (tests) */
     unsigned cli_dims;   /* SH_SET_* bits */
+    int device;          /* SH_DEVICE_*: where the layers run */
+    char plugin_backend[16]; /* [plugin] backend of the INI ("" when absent) */
 } sh_config;
 
 void sh_config_defaults(sh_config *c);

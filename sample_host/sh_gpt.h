@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "protrain.h"
+#include "sh_ops.h"
 
 typedef struct sh_dims {
     int V;     /* vocabulary (loss/softmax range) */
@@ -43,6 +44,7 @@ typedef struct sh_model {
                               the tied head has its target's offset */
     size_t n_floats;       /* total floats of all untied params (flat layout size) */
     float *init;           /* (n_floats) host initial values, NULL once handed over */
+    const sh_layer_ops *ops; /* the layers the passes run on; NULL = the CPU layers */
 } sh_model;
 
 /* Validate dims (one sentence into err on failure) and round Vp up to 128 if 0. */
@@ -70,7 +72,8 @@ typedef struct sh_arena_layout {
 void sh_arena_layout_make(sh_arena_layout *lay, const sh_dims *d, int B, int T);
 
 /* Backward scratch of one block (floats): dbig (N,4C), dsmall (N,C), datt of nslots
- * (T,T) attention slots (see sh_attention_bwd), and wtmp (4C,C) for weight gradients. */
+ * (T,T) attention slots (the layer table's attention_slots), and wtmp (4C,C) for weight
+ * gradients. */
 typedef struct sh_scratch {
     float *dbig, *dsmall, *datt, *wtmp;
     int nslots;
@@ -92,9 +95,10 @@ typedef struct sh_head_acts {
 } sh_head_acts;
 
 /* Final LayerNorm + tied LM head on xL (N,C). With targets: softmax over V in place and
- * the mean cross-entropy is returned; without (NULL): raw logits are left, returns 0. */
-double sh_head_fwd(const sh_model *m, const sh_head_acts *a, const float *xL,
-                   const int32_t *targets, int B, int T);
+ * the mean cross-entropy is added to *loss_acc (when not NULL; memory of the device the
+ * layers run on); without targets (NULL): raw logits are left. */
+void sh_head_fwd(const sh_model *m, const sh_head_acts *a, const float *xL,
+                 const int32_t *targets, int B, int T, double *loss_acc);
 /* Head backward from the probabilities: dres (N,C) is OVERWRITTEN with dL/d xL;
  * dsmall (N,C) is scratch; dloss scales every position's loss gradient. */
 void sh_head_bwd(const sh_model *m, const sh_head_acts *a, const float *xL,

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SH_LN_EPS 1e-5f
+#include "sh_elem.h" /* SH_LN_EPS and the element formulas */
 
 /* out(N,C)[n] = wte[tok[n]] + wpe[n % T]; wte (Vp,C), wpe (maxT,C). */
 void sh_encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe,

@@ -4,11 +4,12 @@
  * With a plugin table, every device byte comes from dev_alloc (tags "input", "act",
  * "scratch") or activation_arena, parameters live where post_model_load put them, and
  * the plugin steps the optimizer. Without one (--no-plugin) the trainer points
- * params[i].data/grad at its own aligned allocations, uses plain allocations for the
- * arenas and runs its own AdamW with the exact arithmetic of gpu/kernels_hd.h:
+ * params[i].data/grad at its own aligned allocations (cudaMalloc on cuda), uses plain
+ * allocations for the arenas and runs its own AdamW with the plugin's arithmetic (the
+ * element update is sh_adamw_elem of sh_elem.h, on the CPU or as a CUDA kernel):
  *   bc1 = (float)(1 - b1^t), bc2r = (float)(1/sqrt(1 - b2^t))   (double math)
- *   norm = sqrt(sum_i S_i), S_i = sum_k (double)g_ik^2 in element order, i over trainable
- *          untied params in declaration order
+ *   norm = sqrt(sum_i S_i), S_i = sum_k (double)g_ik^2 in element order (on cuda in a
+ *          fixed tree order), i over trainable untied params in declaration order
  *   s = max_grad_norm > 0 && norm > max_grad_norm ? (float)(max_grad_norm/(norm+1e-6)) : 1
  *   g = g*s; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g; p = p*(1 - lr*wd);
  *   p = p - (lr/bc1)*m/(sqrtf(v)*bc2r + eps)
@@ -22,6 +23,7 @@
 #include <stdint.h>
 
 #include "protrain.h"
+#include "sh_cuda.h"
 #include "sh_data.h"
 #include "sh_gpt.h"
 
@@ -40,6 +42,11 @@ typedef struct sh_train_opts {
     /* plugin log lines; NULL = stderr for levels <= INFO */
     void (*log)(void *user, int32_t level, const char *msg);
     void *log_user;
+    /* The opened CUDA library (borrowed, outlives the trainer), or NULL: the layers run
+     * on the CPU. With it every device byte is GPU memory, the layers are kernels on its
+     * stream, the plugin gets device_kind CUDA and that stream as compute_stream, and
+     * the CPU touches device memory only through the library's copies. */
+    const sh_cuda *cuda;
 } sh_train_opts;
 
 /* Build the model, start the plugin (init, buffers, post_model_load, create_optimizer)

@@ -3,8 +3,9 @@
  *
  * Each piece of a pass (embedding, a block's forward, the head, a block's
  * backward, a recompute, an input upload) is one sh_op. sh_work_run either runs
- * it at once on the calling thread (no plugin, or a plugin without a compute
- * stream) or launches it on the plugin's compute stream (protrain.h: launch),
+ * it at once on the calling thread (no plugin, a plugin without a compute
+ * stream, or CUDA, where running it enqueues its kernels on the host's stream)
+ * or launches it on the plugin's compute stream (protrain.h: launch),
  * where it runs later, after the hook that follows it may have returned.
  * Launching captures what a kernel launch captures: the op's buffers and the
  * model's parameter addresses as they are now (a copy of the descriptor
@@ -41,7 +42,8 @@ typedef struct sh_op {
     float *dres;              /* (B,T,C) residual gradient */
     sh_head_acts head;
     sh_scratch scr;
-    double *loss_out;         /* head forward adds its mean loss here */
+    double *loss_out;         /* head forward adds its mean loss here (device memory of
+                                 the model's layer table) */
     void *dst;                /* upload */
     const void *src;
     size_t bytes;

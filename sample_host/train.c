@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sh_adamw.h"
 #include "sh_ckpt.h"
 #include "sh_layers.h"
 #include "sh_work.h"
@@ -19,6 +20,7 @@ struct sh_trainer {
     sh_train_opts o;
     sh_model model;
     const pt_plugin_v1 *tbl; /* NULL: no plugin */
+    const sh_cuda *cu;       /* NULL: the layers run on the CPU */
     void *ctx;
     pt_host_v1 host;
     pt_model_v1 pm;
@@ -42,6 +44,10 @@ struct sh_trainer {
     sh_rng batch_rng;
     sh_launcher lw;         /* device work: at once, or launched on the plugin's stream */
     double loss_acc;        /* the head's losses land here (read after sh_work_sync) */
+    double *dstat;          /* cuda: device doubles [loss accumulator, last grad norm] */
+    size_t *seg_off, *seg_len; /* cuda no-plugin: trainable untied params (floats) */
+    int nseg;
+    char opened[16];        /* the backend the plugin's start line named ("" unseen) */
     int curB, curT, in_pass;
     char err[768];
     char cb_err[384];       /* error raised inside a callback */
@@ -80,11 +86,23 @@ static int hook_fail(sh_trainer *tr, const char *hook, long long arg, int32_t st
         if (st_ != 0) return hook_fail(tr, "launch", (long long)op_.kind, st_); \
     } while (0)
 
+/* The CPU waits for the device work so far: the CUDA stream, or the plugin's stream
+ * when work was launched on it. */
+static int sync_dev(sh_trainer *tr) {
+    if (tr->cu) {
+        if (tr->cu->api->sync(tr->cu->ctx) != 0)
+            return fail(tr, "%s", tr->cu->api->last_error(tr->cu->ctx));
+        return 0;
+    }
+    int32_t st = sh_work_sync(&tr->lw);
+    if (st != 0) return hook_fail(tr, "stream_sync", 0, st);
+    return 0;
+}
+
 /* The CPU is about to read what launched work computed. */
 #define SYNC()                                                                 \
     do {                                                                       \
-        int32_t st_ = sh_work_sync(&tr->lw);                                   \
-        if (st_ != 0) return hook_fail(tr, "stream_sync", 0, st_);             \
+        if (sync_dev(tr)) return -1;                                           \
     } while (0)
 
 /* ---- memory: every device byte through one interface ---- */
@@ -96,6 +114,12 @@ static int dalloc(sh_trainer *tr, size_t bytes, const char *tag, void **p) {
         if (st != 0 || !*p) return hook_fail(tr, "dev_alloc", (long long)bytes, st ? st : -1);
         return 0;
     }
+    if (tr->cu) {
+        if (tr->cu->api->dev_alloc(tr->cu->ctx, bytes, p) != 0 || !*p)
+            return fail(tr, "out of GPU memory: %zu bytes for %s buffers (%s)", bytes, tag,
+                        tr->cu->api->last_error(tr->cu->ctx));
+        return 0;
+    }
     size_t n = (bytes + 63) & ~(size_t)63;
     *p = aligned_alloc(64, n ? n : 64);
     if (!*p) return fail(tr, "out of host memory: %zu bytes for %s buffers", bytes, tag);
@@ -105,11 +129,28 @@ static int dalloc(sh_trainer *tr, size_t bytes, const char *tag, void **p) {
 static void dfree(sh_trainer *tr, void *p) {
     if (!p) return;
     if (tr->tbl) tr->tbl->dev_free(tr->ctx, p);
+    else if (tr->cu) tr->cu->api->dev_free(tr->cu->ctx, p);
     else free(p);
 }
 
-/* Copy between host staging and device buffers (the plugin's memcpy when it has one). */
+/* dst = 0 over bytes of device memory (ordered on the stream on cuda). */
+static void dzero(sh_trainer *tr, void *dst, size_t bytes) {
+    if (tr->cu) tr->cu->ops.zero(tr->cu->ctx, dst, bytes);
+    else memset(dst, 0, bytes);
+}
+
+/* Copy between host staging and device buffers. cuda: the library's copies on the
+ * stream (H2D returns with src free again; D2H waits, so dst is ready on return);
+ * else the plugin's memcpy when it has one, else memcpy. */
 static int copy(sh_trainer *tr, void *dst, const void *src, size_t bytes, int kind) {
+    if (tr->cu) {
+        if (kind == PT_COPY_H2D) {
+            tr->cu->api->h2d(tr->cu->ctx, dst, src, bytes);
+            return 0;
+        }
+        tr->cu->api->d2h(tr->cu->ctx, dst, src, bytes);
+        return sync_dev(tr);
+    }
     if (tr->tbl && PT_HAS_HOOK(tr->tbl, memcpy)) {
         int32_t st = tr->tbl->memcpy(tr->ctx, dst, src, bytes, kind);
         if (st != 0) return hook_fail(tr, "memcpy", (long long)bytes, st);
@@ -143,7 +184,8 @@ static int alloc_buffers(sh_trainer *tr) {
     tr->head.lnf_rstd = tr->head_buf + o_rstd;
     tr->head.logits = tr->head_buf + o_logits;
     tr->head.losses = tr->head_buf + o_loss;
-    int slots = sh_attention_slots();
+    const sh_layer_ops *ops = tr->cu ? &tr->cu->ops : &sh_cpu_ops;
+    int slots = ops->attention_slots(ops->ctx, d->NH);
     size_t o_big = al16(N * C), o_small = o_big + al16(N * 4 * C),
            o_att = o_small + al16(N * C), o_w = o_att + al16((size_t)slots * T * T),
            scr_n = o_w + al16(4 * C * C);
@@ -155,6 +197,10 @@ static int alloc_buffers(sh_trainer *tr) {
     tr->scr.datt = tr->scr_buf + o_att;
     tr->scr.nslots = slots;
     tr->scr.wtmp = tr->scr_buf + o_w;
+    if (tr->cu) {
+        if (dalloc(tr, 2 * sizeof(double), "scratch", &p)) return -1;
+        tr->dstat = p;
+    }
     if (!tr->tbl) {
         sh_arena_layout lay;
         sh_arena_layout_make(&lay, d, tr->o.B, tr->o.T);
@@ -237,6 +283,19 @@ static int pass_bwd(sh_trainer *tr, int B, int T, float dloss) {
     return 0;
 }
 
+/* Where the head adds its mean losses: host memory on the CPU, device memory on cuda. */
+static double *loss_ptr(sh_trainer *tr) { return tr->cu ? &tr->dstat[0] : &tr->loss_acc; }
+
+static void loss_reset(sh_trainer *tr) {
+    tr->loss_acc = 0.0;
+    if (tr->cu) dzero(tr, tr->dstat, sizeof(double));
+}
+
+/* After SYNC(): the accumulated losses into tr->loss_acc. */
+static int loss_read(sh_trainer *tr) {
+    return tr->cu ? copy(tr, &tr->loss_acc, tr->dstat, sizeof(double), PT_COPY_D2H) : 0;
+}
+
 static float micro_dloss(const sh_trainer *tr) {
     /* mean over B*T positions and over n_micro micro-batches */
     return (float)(1.0 / ((double)tr->o.B * tr->o.T * tr->o.n_micro));
@@ -279,7 +338,7 @@ static int32_t cb_profile(void *user) {
         return PT_ERR_ORDER;
     }
     tr->in_pass = 1;
-    int rc = pass_fwd(tr, tr->o.B, tr->o.T, 1, &tr->loss_acc);
+    int rc = pass_fwd(tr, tr->o.B, tr->o.T, 1, loss_ptr(tr));
     if (rc == 0) rc = pass_bwd(tr, tr->o.B, tr->o.T, micro_dloss(tr));
     tr->in_pass = 0;
     if (rc) {
@@ -294,6 +353,15 @@ static int32_t cb_profile(void *user) {
  * caller's logger (with its own user pointer) or to stderr for levels <= INFO. */
 static void log_tramp(void *user, int32_t level, const char *msg) {
     sh_trainer *tr = user;
+    /* the plugin's start line, "backend NAME (device), ...": remember NAME (a word of
+     * lower-case letters; other lines starting with "backend" are not it) */
+    if (msg && strncmp(msg, "backend ", 8) == 0) {
+        size_t n = strspn(msg + 8, "abcdefghijklmnopqrstuvwxyz");
+        if (n > 0 && n < sizeof tr->opened && msg[8 + n] == ' ') {
+            memcpy(tr->opened, msg + 8, n);
+            tr->opened[n] = '\0';
+        }
+    }
     if (tr->o.log) {
         tr->o.log(tr->o.log_user, level, msg);
         return;
@@ -344,14 +412,22 @@ static int start_plugin(sh_trainer *tr) {
     h->abi_version = PT_ABI_VERSION;
     h->struct_size = sizeof *h;
     h->world_size = 1;
-    /* the model runs as CPU code on device pointers: the device must be addressable */
-    h->device_kind = PT_DEVICE_HOST;
+    /* on the CPU the model runs as CPU code on device pointers: the device must be
+     * addressable (host backend). On cuda the layers are kernels on the library's
+     * stream, which the plugin adopts as its compute stream and orders its own copies
+     * against (so the host's work is asynchronous: the flag). */
+    h->device_kind = tr->cu ? PT_DEVICE_CUDA : PT_DEVICE_HOST;
     h->user = tr;
     h->log = log_tramp;
     h->recompute_block = cb_recompute;
     h->profile_step = cb_profile;
-    /* with a compute stream, every piece of device work is launched on it */
-    if (sh_work_can_launch(tr->tbl)) h->flags |= PT_HOST_ASYNC_COMPUTE;
+    if (tr->cu) {
+        h->compute_stream = tr->cu->api->stream(tr->cu->ctx);
+        h->flags |= PT_HOST_ASYNC_COMPUTE;
+    } else if (sh_work_can_launch(tr->tbl)) {
+        /* with a compute stream, every piece of device work is launched on it */
+        h->flags |= PT_HOST_ASYNC_COMPUTE;
+    }
     int32_t st = tr->tbl->init(tr->o.ini_path, h, &tr->ctx);
     if (st != 0) {
         const char *le = tr->tbl->last_error(NULL);
@@ -360,7 +436,12 @@ static int start_plugin(sh_trainer *tr) {
     }
     tr->lw.tbl = tr->tbl;
     tr->lw.ctx = tr->ctx;
-    tr->lw.async = sh_work_can_launch(tr->tbl);
+    /* cuda: running an op enqueues its kernels, no launch hook needed */
+    tr->lw.async = !tr->cu && sh_work_can_launch(tr->tbl);
+    if (tr->cu && tr->opened[0] && strcmp(tr->opened, "cuda") != 0)
+        return fail(tr, "the plugin opened its %s backend, but --device cuda needs its cuda "
+                    "backend ([plugin] backend = cuda or auto, on a machine with a GPU)",
+                    tr->opened);
     return 0;
 }
 
@@ -399,16 +480,27 @@ static int start_model(sh_trainer *tr) {
         void *p;
         if (dalloc(tr, n * sizeof(float), "param", &p)) return -1;
         tr->p_data = p;
-        memcpy(tr->p_data, m->init, n * sizeof(float));
+        if (copy(tr, tr->p_data, m->init, n * sizeof(float), PT_COPY_H2D)) return -1;
         if (dalloc(tr, n * sizeof(float), "grad", &p)) return -1;
         tr->p_grad = p;
         if (dalloc(tr, n * sizeof(float), "optim", &p)) return -1;
         tr->opt_m = p;
         if (dalloc(tr, n * sizeof(float), "optim", &p)) return -1;
         tr->opt_v = p;
-        memset(tr->p_grad, 0, n * sizeof(float));
-        memset(tr->opt_m, 0, n * sizeof(float));
-        memset(tr->opt_v, 0, n * sizeof(float));
+        dzero(tr, tr->p_grad, n * sizeof(float));
+        dzero(tr, tr->opt_m, n * sizeof(float));
+        dzero(tr, tr->opt_v, n * sizeof(float));
+        if (tr->cu) {
+            /* the clipping segments: trainable untied params in declaration order */
+            tr->seg_off = calloc((size_t)m->n_params, sizeof *tr->seg_off);
+            tr->seg_len = calloc((size_t)m->n_params, sizeof *tr->seg_len);
+            if (!tr->seg_off || !tr->seg_len) return fail(tr, "out of host memory");
+            for (int i = 0; i < m->n_params; i++) {
+                if (!m->params[i].trainable || m->params[i].tie >= 0) continue;
+                tr->seg_off[tr->nseg] = m->off[i];
+                tr->seg_len[tr->nseg++] = sh_param_numel(&m->params[i]);
+            }
+        }
         for (int i = 0; i < m->n_params; i++) {
             m->params[i].data = tr->p_data + m->off[i];
             m->params[i].grad = tr->p_grad + m->off[i];
@@ -430,6 +522,7 @@ int sh_trainer_create(sh_trainer **out, const sh_train_opts *o, char *err, size_
     }
     tr->o = *o;
     tr->tbl = o->tbl;
+    tr->cu = o->cuda;
     sh_layers_init();
     tr->last_norm = NAN;
     int rc = 0;
@@ -437,6 +530,7 @@ int sh_trainer_create(sh_trainer **out, const sh_train_opts *o, char *err, size_
         rc = fail(tr, "batch (%d), seq (%d) and grad_accum (%d) must be positive", o->B, o->T,
                   o->n_micro);
     if (!rc && sh_model_create(&tr->model, &o->dims, tr->err, sizeof tr->err)) rc = -1;
+    if (!rc && tr->cu) tr->model.ops = &tr->cu->ops;
     if (!rc) {
         if (o->load_path && *o->load_path)
             rc = sh_ckpt_load(o->load_path, &tr->model, tr->err, sizeof tr->err);
@@ -480,6 +574,8 @@ int sh_trainer_create(sh_trainer **out, const sh_train_opts *o, char *err, size_
 int sh_trainer_destroy(sh_trainer *tr) {
     if (!tr) return 0;
     int rc = 0;
+    /* no kernel may still use what is freed below (the error, if any, was reported) */
+    if (tr->cu) (void)tr->cu->api->sync(tr->cu->ctx);
     if (!tr->tbl || tr->ctx) {
         dfree(tr, tr->inp);
         dfree(tr, tr->tgt);
@@ -487,6 +583,7 @@ int sh_trainer_destroy(sh_trainer *tr) {
             for (int l = 0; l <= tr->model.d.L; l++) dfree(tr, tr->res[l]);
         dfree(tr, tr->head_buf);
         dfree(tr, tr->scr_buf);
+        dfree(tr, tr->dstat);
         if (tr->arenas)
             for (int l = 0; l < tr->model.d.L; l++) dfree(tr, tr->arenas[l]);
         dfree(tr, tr->p_data);
@@ -503,6 +600,8 @@ int sh_trainer_destroy(sh_trainer *tr) {
     free(tr->h_inp);
     free(tr->h_tgt);
     free(tr->h_row);
+    free(tr->seg_off);
+    free(tr->seg_len);
     sh_model_destroy(&tr->model);
     free(tr);
     return rc;
@@ -514,45 +613,18 @@ static void adamw_step(sh_trainer *tr, float lr) {
     const sh_model *m = &tr->model;
     const sh_train_opts *o = &tr->o;
     tr->t++;
-    float bc1 = (float)(1.0 - pow((double)o->beta1, (double)tr->t));
-    float bc2r = (float)(1.0 / sqrt(1.0 - pow((double)o->beta2, (double)tr->t)));
-    float scale = 1.0f;
+    const sh_adamw_k k =
+        sh_adamw_consts(lr, o->beta1, o->beta2, o->eps, o->weight_decay, tr->t);
     tr->last_norm = NAN;
-    if (o->max_grad_norm > 0.0f) {
-        /* global L2 norm: per param, squares summed in double in element order; the
-         * per-param sums added in declaration order; tied params counted once */
-        double s = 0.0;
-        for (int i = 0; i < m->n_params; i++) {
-            const pt_param_v1 *p = &m->params[i];
-            if (!p->trainable || p->tie >= 0) continue;
-            const float *g = (const float *)p->grad;
-            size_t n = sh_param_numel(p);
-            double ps = 0.0;
-            for (size_t k = 0; k < n; k++) ps += (double)g[k] * (double)g[k];
-            s += ps;
-        }
-        double norm = sqrt(s);
-        tr->last_norm = norm;
-        if (norm > (double)o->max_grad_norm)
-            scale = (float)((double)o->max_grad_norm / (norm + 1e-6));
+    if (tr->cu) {
+        /* the same steps as kernels; the norm lands in dstat[1], read after the sync */
+        tr->cu->api->adamw(tr->cu->ctx, tr->p_data, tr->p_grad, tr->opt_m, tr->opt_v,
+                           m->n_floats, tr->seg_off, tr->seg_len, tr->nseg, o->max_grad_norm,
+                           &k, &tr->dstat[1]);
+        return;
     }
-    const float b1 = o->beta1, b2 = o->beta2, eps = o->eps;
-    const float omb1 = 1.0f - b1, omb2 = 1.0f - b2;
-    const float decay = 1.0f - lr * o->weight_decay;
-    const float step = lr / bc1;
-    float *pd = tr->p_data, *pg = tr->p_grad, *mm = tr->opt_m, *vv = tr->opt_v;
-    size_t n = m->n_floats; /* every untied param is trainable here */
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float g = pg[i] * scale;
-        float mi = b1 * mm[i] + omb1 * g;
-        float vi = b2 * vv[i] + omb2 * g * g;
-        mm[i] = mi;
-        vv[i] = vi;
-        float p = pd[i] * decay;
-        pd[i] = p - step * mi / (sqrtf(vi) * bc2r + eps);
-    }
-    memset(pg, 0, n * sizeof(float));
+    tr->last_norm =
+        sh_adamw_cpu(m, tr->p_data, tr->p_grad, tr->opt_m, tr->opt_v, o->max_grad_norm, &k);
 }
 
 /* ---- public steps ---- */
@@ -574,7 +646,7 @@ static int upload(sh_trainer *tr, size_t ntok) {
 int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss) {
     const sh_train_opts *o = &tr->o;
     float dloss = micro_dloss(tr);
-    tr->loss_acc = 0.0;   /* no work of an earlier step is pending: it synced */
+    loss_reset(tr);       /* no work of an earlier step is pending: it synced */
     for (int mi = 0; mi < o->n_micro; mi++) {
         if (tr->tbl) {
             HOOK(pre_step, step, step, mi, o->n_micro);
@@ -584,7 +656,7 @@ int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss) {
         sh_sample_batch(&tr->batch_rng, o->train, o->B, o->T, tr->h_inp, tr->h_tgt);
         if (upload(tr, (size_t)o->B * o->T)) return -1;
         tr->in_pass = 1;
-        int rc = pass_fwd(tr, o->B, o->T, 1, &tr->loss_acc);
+        int rc = pass_fwd(tr, o->B, o->T, 1, loss_ptr(tr));
         if (!rc) rc = pass_bwd(tr, o->B, o->T, dloss);
         tr->in_pass = 0;
         if (rc) return -1;
@@ -592,8 +664,16 @@ int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss) {
     if (tr->tbl) {
         HOOK(optimizer_step, step, lr);
         SYNC();   /* the loss, for post_step and the caller */
+        if (loss_read(tr)) return -1;
         *loss = tr->loss_acc / o->n_micro;
         HOOK(post_step, step, step, (float)*loss);
+    } else if (tr->cu) {
+        adamw_step(tr, lr);
+        SYNC();   /* the loss and the gradient norm */
+        double st[2];
+        if (copy(tr, st, tr->dstat, sizeof st, PT_COPY_D2H)) return -1;
+        *loss = st[0] / o->n_micro;
+        if (o->max_grad_norm > 0.0f) tr->last_norm = st[1];
     } else {
         *loss = tr->loss_acc / o->n_micro;
         adamw_step(tr, lr);
@@ -603,17 +683,18 @@ int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss) {
 
 int sh_trainer_eval(sh_trainer *tr, int64_t step, int n_batches, double *loss) {
     const sh_train_opts *o = &tr->o;
-    tr->loss_acc = 0.0;
+    loss_reset(tr);
     for (int k = 0; k < n_batches; k++) {
         if (tr->tbl) HOOK(pre_step, step, step, -1, 0);
         sh_val_batch(o->val, k, o->B, o->T, tr->h_inp, tr->h_tgt);
         if (upload(tr, (size_t)o->B * o->T)) return -1;
         tr->in_pass = 1;
-        int rc = pass_fwd(tr, o->B, o->T, 1, &tr->loss_acc);
+        int rc = pass_fwd(tr, o->B, o->T, 1, loss_ptr(tr));
         tr->in_pass = 0;
         if (rc) return -1;
     }
     SYNC();
+    if (loss_read(tr)) return -1;
     *loss = n_batches > 0 ? tr->loss_acc / n_batches : NAN;
     return 0;
 }
@@ -662,8 +743,8 @@ int sh_trainer_generate(sh_trainer *tr, int64_t step, uint16_t *seq, int n_promp
 int sh_trainer_snapshot(sh_trainer *tr, float *flat) {
     const sh_model *m = &tr->model;
     if (!tr->tbl) {
-        memcpy(flat, tr->p_data, m->n_floats * sizeof(float));
-        return 0;
+        SYNC();
+        return copy(tr, flat, tr->p_data, m->n_floats * sizeof(float), PT_COPY_D2H);
     }
     if (!PT_HAS_HOOK(tr->tbl, read_param))
         return fail(tr, "plugin lacks read_param: cannot read the parameters back");
@@ -691,17 +772,20 @@ int sh_trainer_fwdbwd(sh_trainer *tr, const int32_t *inp, const int32_t *tgt, in
                       double *loss) {
     if (tr->tbl) return fail(tr, "sh_trainer_fwdbwd is for the no-plugin gradient check");
     size_t n = (size_t)tr->o.B * tr->o.T;
-    memcpy(tr->inp, inp, n * sizeof(int32_t));
-    memcpy(tr->tgt, tgt, n * sizeof(int32_t));
-    *loss = 0.0;
-    if (pass_fwd(tr, tr->o.B, tr->o.T, 1, loss)) return -1;
+    if (copy(tr, tr->inp, inp, n * sizeof(int32_t), PT_COPY_H2D)) return -1;
+    if (copy(tr, tr->tgt, tgt, n * sizeof(int32_t), PT_COPY_H2D)) return -1;
+    loss_reset(tr);
+    if (pass_fwd(tr, tr->o.B, tr->o.T, 1, loss_ptr(tr))) return -1;
     if (backward) {
         float dl = (float)(1.0 / (double)n);
         if (pass_bwd(tr, tr->o.B, tr->o.T, dl)) return -1;
     }
+    SYNC();
+    if (loss_read(tr)) return -1;
+    *loss = tr->loss_acc;
     return 0;
 }
 
 void sh_trainer_zero_grads(sh_trainer *tr) {
-    if (!tr->tbl) memset(tr->p_grad, 0, tr->model.n_floats * sizeof(float));
+    if (!tr->tbl) dzero(tr, tr->p_grad, tr->model.n_floats * sizeof(float));
 }

@@ -6,24 +6,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sh_layers.h"
+#include "sh_ops.h"
 
 static void exec(const sh_model *m, const sh_op *op) {
     const sh_dims *d = &m->d;
-    int L = d->L;
+    const sh_layer_ops *O = m->ops ? m->ops : &sh_cpu_ops;
     switch (op->kind) {
     case SH_OP_ENCODER_FWD:
-        sh_encoder_fwd(op->out, op->tok, (const float *)m->params[SH_P_WTE].data,
+        O->encoder_fwd(O->ctx, op->out, op->tok, (const float *)m->params[SH_P_WTE].data,
                        (const float *)m->params[SH_P_WPE].data, op->B, op->T, d->C);
         break;
     case SH_OP_BLOCK_FWD:
         sh_block_fwd(m, op->l, op->a, op->x, op->out, op->B, op->T);
         break;
-    case SH_OP_HEAD_FWD: {
-        double loss = sh_head_fwd(m, &op->head, op->x, op->tgt, op->B, op->T);
-        if (op->loss_out) *op->loss_out += loss;
+    case SH_OP_HEAD_FWD:
+        sh_head_fwd(m, &op->head, op->x, op->tgt, op->B, op->T, op->loss_out);
         break;
-    }
     case SH_OP_HEAD_BWD:
         sh_head_bwd(m, &op->head, op->x, op->tgt, op->dloss, op->dres, op->scr.dsmall, op->B,
                     op->T);
@@ -32,14 +30,14 @@ static void exec(const sh_model *m, const sh_op *op) {
         sh_block_bwd(m, op->l, op->a, op->x, op->dres, &op->scr, op->B, op->T);
         break;
     case SH_OP_ENCODER_BWD:
-        sh_encoder_bwd((float *)m->params[SH_P_WTE].grad, (float *)m->params[SH_P_WPE].grad,
-                       op->dres, op->tok, op->B, op->T, d->C);
+        O->encoder_bwd(O->ctx, (float *)m->params[SH_P_WTE].grad,
+                       (float *)m->params[SH_P_WPE].grad, op->dres, op->tok, op->B, op->T, d->C);
         break;
     case SH_OP_UPLOAD:
+        /* only launched on the host backend (device memory is host memory there) */
         memcpy(op->dst, op->src, op->bytes);
         break;
     }
-    (void)L;
 }
 
 /* A launched op: the op, the model with its own copy of the parameter
