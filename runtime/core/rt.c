@@ -64,6 +64,12 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     gc.poison = cfg->poison;
     gc.poison_native = cfg->cuda_poison;
     gc.fail_alloc_at = cfg->fail_alloc_at;
+    char bad[256];
+    if (pt_gpu_fail_op_parse(cfg->fail_op, &gc.fail_op, &gc.fail_op_at, bad, sizeof bad)) {
+        free(rt);   /* the INI checker refuses this first; a config built in code may not */
+        return pt_fail(err, errlen, PT_ERR_CONFIG, "[host_backend] fail_op = '%s': %s",
+                       cfg->fail_op, bad);
+    }
     gc.compute_jitter_s = cfg->compute_jitter;
     gc.jitter_seed = (uint64_t)cfg->jitter_seed;
     const char *kind = cfg->backend;
