@@ -50,6 +50,7 @@ typedef struct capture {
 
 static void cap_log(void *u, int32_t level, const char *msg) {
     capture *c = u;
+    if (getenv("PT_FAULTS_VERBOSE")) fprintf(stderr, "    log %d: %s\n", (int)level, msg);
     pthread_mutex_lock(&c->mu);
     if (strstr(msg, "injected failure")) {
         c->fired = 1;
