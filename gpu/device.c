@@ -707,15 +707,24 @@ static int free_block(pt_gpu *g, void *p, pt_stream *s, char *err, size_t errlen
          * poison it without holding the lock, then give it back. */
         x->state = 2;
         pthread_mutex_unlock(&g->mu);
-        g->ops->memset_async(g->impl, p, 0xFF, (size_t)x->size, NULL);
-        g->ops->stream_sync(g->impl, NULL);
+        /* a free has no status to fail with: an unpoisoned block is only a lost
+         * debugging aid, so it is reported and the block still goes back */
+        const char *bad = g->ops->memset_async(g->impl, p, 0xFF, (size_t)x->size, NULL) ? "memset"
+                          : g->ops->stream_sync(g->impl, NULL)                           ? "stream_sync"
+                                                                                         : NULL;
+        if (bad) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "pt_gpu_free: the poison fill of %p failed (%s)", p, bad);
+            backend_log(g, PT_LOG_WARN, msg);
+        }
         pthread_mutex_lock(&g->mu);
     }
     g->u.current -= x->size;
     g->u.tag_current[x->tag] -= x->size;
     release(g, x);
     pthread_mutex_unlock(&g->mu);
-    return rc ? pt_fail(err, errlen, PT_ERR_BACKEND, "pt_gpu_free: queueing the poison fill failed")
+    return rc ? pt_fail(err, errlen, PT_ERR_BACKEND,
+                        "pt_gpu_free: queueing the poison fill (memset) on the stream failed")
               : PT_OK;
 }
 
@@ -861,6 +870,18 @@ int pt_gpu_memcpy(pt_gpu *g, void *dst, const void *src, size_t bytes, int kind)
     int rc = pt_gpu_memcpy_async(g, dst, src, bytes, kind, NULL);
     if (rc == PT_OK) rc = g->ops->stream_sync(g->impl, NULL);
     return rc;
+}
+
+int pt_gpu_memcpy_sync(pt_gpu *g, void *dst, const void *src, size_t bytes, int kind, char *err,
+                       size_t errlen) {
+    static const char *const dir[] = {"H2D", "D2H", "D2D", "H2H"};
+    int rc = pt_gpu_memcpy_async(g, dst, src, bytes, kind, NULL);
+    const char *op = rc ? "memcpy" : NULL;
+    if (!rc && (rc = g->ops->stream_sync(g->impl, NULL))) op = "stream_sync after the copy";
+    if (!rc) return PT_OK;
+    return pt_fail(err, errlen, rc, "%s copy of %zu bytes on the %s backend failed (%s)",
+                   kind >= 0 && kind <= PT_GPU_H2H ? dir[kind] : "unknown-kind", bytes,
+                   g->ops->name, op);
 }
 
 /* Stream-ordered free: the block goes back to the allocator now (accounting

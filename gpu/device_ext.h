@@ -43,6 +43,11 @@ int pt_gpu_free_checked(pt_gpu *g, void *p, char *err, size_t errlen);
  * once; the poison fill (when on) is queued on s behind the work that uses them. */
 int pt_gpu_free_on_stream(pt_gpu *g, void *p, pt_stream *s, char *err, size_t errlen);
 
+/* pt_gpu_memcpy with one sentence in err on failure naming the op that failed
+ * (the copy, or the wait for it) and the backend's status as the return code. */
+int pt_gpu_memcpy_sync(pt_gpu *g, void *dst, const void *src, size_t bytes, int kind, char *err,
+                       size_t errlen);
+
 /* The host's native compute stream (pt_host_v1.compute_stream) as a pt_stream
  * the plugin records events on and makes wait, without owning it (never
  * destroy it). Only backends with native streams (cuda: a cudaStream_t) take

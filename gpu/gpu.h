@@ -54,7 +54,39 @@ typedef struct pt_gpu_config {
     int fail_alloc_at;          /* host backend: fail the Nth device alloc (1-based), 0 = never */
     double compute_jitter_s;    /* host backend: host_fn work first sleeps up to this, 0 = none */
     uint64_t jitter_seed;       /* host backend: seed of those delays */
+    /* host backend: fail the fail_op_at-th call (1-based, once) of op fail_op
+     * (pt_gpu_op) with PT_ERR_BACKEND; PT_GPU_OP_NONE or 0 = never. Appended
+     * last: a backend built against the older layout reads only the prefix. */
+    int fail_op;
+    int fail_op_at;
 } pt_gpu_config;
+
+/* The backend ops failure injection can target (pt_gpu_config.fail_op); the
+ * names are the op names of pt_gpu_backend, which is also what error sentences
+ * of the runtime call them. */
+typedef enum pt_gpu_op {
+    PT_GPU_OP_NONE = 0,
+    PT_GPU_OP_MEMSET,            /* memset_async */
+    PT_GPU_OP_MEMCPY,            /* memcpy_async (pt_gpu_memcpy / _async) */
+    PT_GPU_OP_EVENT_SYNC,
+    PT_GPU_OP_STREAM_SYNC,
+    PT_GPU_OP_CONVERT,
+    PT_GPU_OP_ADAMW,
+    PT_GPU_OP_SQNORM,
+    PT_GPU_OP_EVENT_RECORD,
+    PT_GPU_OP_STREAM_WAIT_EVENT,
+    PT_GPU_OP_EVENT_CREATE,      /* event_create and event_create_timing */
+    PT_GPU_OP_EVENT_ELAPSED_MS,
+    PT_GPU_OP_HOST_FN,
+    PT_GPU_OP_COUNT
+} pt_gpu_op;
+
+/* "memset", "event_sync", ...; "none" for PT_GPU_OP_NONE, "invalid" out of range. */
+const char *pt_gpu_op_name(int op);
+/* Parses a failure-injection spec "<op>:<n>" (op a pt_gpu_op_name, n >= 1), or
+ * "" / "none" (no injection: *op = PT_GPU_OP_NONE, *at = 0). 0, or -1 with one
+ * sentence in why saying what is expected. */
+int pt_gpu_fail_op_parse(const char *spec, int *op, int *at, char *why, size_t whylen);
 
 /* fp32 AdamW over a flat range; the element body is pt_adamw_elem (gpu/kernels_hd.h). */
 typedef struct pt_adamw_args {

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "gpu.h"
 #include "protrain.h"
 
 #define OFF(f) offsetof(pt_config, f)
@@ -65,6 +66,12 @@ static int check_init_method(char *v, size_t cap, char *why, size_t wl) {
     if (!strncmp(v, "file://", 7) && v[7] == '/' && v[8]) return 0;
     snprintf(why, wl, "expected env, mpi or file:///absolute/path");
     return 1;
+}
+
+/* "<op>:<n>" naming a backend op (gpu.h pt_gpu_op_name), or empty / none. */
+static int check_fail_op(char *v, size_t cap, char *why, size_t wl) {
+    (void)cap;
+    return pt_gpu_fail_op_parse(v, NULL, NULL, why, wl) ? 1 : 0;
 }
 
 /* ---- the schema: one row per key, in file order ---- */
@@ -187,6 +194,11 @@ const pt_config_key pt_cfg_keys[] = {
            "Fill freed and offloaded device memory with NaN so a stray read fails a test."),
     R_INT("host_backend", "fail_alloc_at", fail_alloc_at, PT_CFG_NO_HI, 0, INT_MAX, 0, "0",
           "Testing: make the N-th device allocation (1-based) fail like an OOM; 0: never."),
+    R_STR("host_backend", "fail_op", fail_op, "<op>:<n>, or empty for none", check_fail_op, "",
+          "Testing: make the n-th call (1-based) of one backend op fail like a driver error, "
+          "e.g. event_sync:3 (ops: memset, memcpy, event_sync, stream_sync, convert, adamw, "
+          "sqnorm, event_record, stream_wait_event, event_create, event_elapsed_ms, host_fn); "
+          "empty: never."),
     R_BOOL("host_backend", "async_compute", async_compute, "true",
            "Run a host's launched work on the simulated device's compute stream, after the "
            "hook that launched it returns, as a GPU does; false: launched work runs at once "

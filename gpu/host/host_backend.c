@@ -25,6 +25,11 @@ static int hb_open(const pt_gpu_config *cfg, void **impl, char *err, size_t errl
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "host backend open: copy_bandwidth %g bytes/s is not >= 0",
                        cfg->copy_bandwidth);
+    if (cfg && (cfg->fail_op < 0 || cfg->fail_op >= PT_GPU_OP_COUNT || cfg->fail_op_at < 0))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "host backend open: fail_op %d / fail_op_at %d out of range (op 0..%d, "
+                       "call number >= 0)",
+                       cfg->fail_op, cfg->fail_op_at, PT_GPU_OP_COUNT - 1);
     hb *h = calloc(1, sizeof *h);
     if (!h)
         return pt_fail(err, errlen, PT_ERR_HOST_OOM,
@@ -122,6 +127,7 @@ static void hb_host_free(void *impl, void *p, size_t bytes) {
 static int valid_dtype(int d) { return d >= 0 && d <= 2; }
 
 static int hb_memset_async(void *impl, void *p, int value, size_t bytes, pt_stream *s) {
+    if (pt_hb_inject(impl, PT_GPU_OP_MEMSET)) return PT_ERR_BACKEND;
     if (!impl || (!p && bytes)) return PT_ERR_INVALID_ARG;
     hb_op *op = pt_hb_op_new(HB_OP_MEMSET);
     if (!op) return PT_ERR_HOST_OOM;
@@ -133,6 +139,7 @@ static int hb_memset_async(void *impl, void *p, int value, size_t bytes, pt_stre
 
 static int hb_memcpy_async(void *impl, void *dst, const void *src, size_t bytes, int kind,
                            pt_stream *s) {
+    if (pt_hb_inject(impl, PT_GPU_OP_MEMCPY)) return PT_ERR_BACKEND;
     if (!impl || ((!dst || !src) && bytes) || kind < PT_GPU_H2D || kind > PT_GPU_H2H)
         return PT_ERR_INVALID_ARG;
     hb_op *op = pt_hb_op_new(HB_OP_MEMCPY);
@@ -145,6 +152,7 @@ static int hb_memcpy_async(void *impl, void *dst, const void *src, size_t bytes,
 }
 
 static int hb_host_fn(void *impl, pt_stream *s, void (*fn)(void *), void *arg) {
+    if (pt_hb_inject(impl, PT_GPU_OP_HOST_FN)) return PT_ERR_BACKEND;
     if (!impl || !fn) return PT_ERR_INVALID_ARG;
     hb_op *op = pt_hb_op_new(HB_OP_HOSTFN);
     if (!op) return PT_ERR_HOST_OOM;
@@ -167,6 +175,7 @@ static int hb_host_fn(void *impl, pt_stream *s, void (*fn)(void *), void *arg) {
 }
 
 static int hb_adamw(void *impl, const pt_adamw_args *a, pt_stream *s) {
+    if (pt_hb_inject(impl, PT_GPU_OP_ADAMW)) return PT_ERR_BACKEND;
     if (!impl || !a) return PT_ERR_INVALID_ARG;
     if (a->n && (!a->param || !a->grad || !a->m || !a->v)) return PT_ERR_INVALID_ARG;
     if (a->param_out && !valid_dtype(a->out_dtype)) return PT_ERR_INVALID_ARG;
@@ -177,6 +186,7 @@ static int hb_adamw(void *impl, const pt_adamw_args *a, pt_stream *s) {
 }
 
 static int hb_sqnorm(void *impl, const void *x, int dtype, size_t n, double *out, pt_stream *s) {
+    if (pt_hb_inject(impl, PT_GPU_OP_SQNORM)) return PT_ERR_BACKEND;
     if (!impl || !out || (!x && n) || !valid_dtype(dtype)) return PT_ERR_INVALID_ARG;
     hb_op *op = pt_hb_op_new(HB_OP_SQNORM);
     if (!op) return PT_ERR_HOST_OOM;
@@ -189,6 +199,7 @@ static int hb_sqnorm(void *impl, const void *x, int dtype, size_t n, double *out
 
 static int hb_convert(void *impl, void *dst, int dst_dtype, const void *src, int src_dtype,
                       size_t n, int accumulate, pt_stream *s) {
+    if (pt_hb_inject(impl, PT_GPU_OP_CONVERT)) return PT_ERR_BACKEND;
     if (!impl || ((!dst || !src) && n) || !valid_dtype(dst_dtype) || !valid_dtype(src_dtype))
         return PT_ERR_INVALID_ARG;
     hb_op *op = pt_hb_op_new(HB_OP_CONVERT);
@@ -203,15 +214,16 @@ static int hb_convert(void *impl, void *dst, int dst_dtype, const void *src, int
 }
 
 /* Linked into the plugin, so always the same build as the wrapper; the head is
- * filled anyway so every table reads the same way. No set_log: every failure of
- * this backend is fully described by its status code. */
+ * filled anyway so every table reads the same way. set_log only carries the
+ * notice of an injected failure (host_faults.c): every real failure of this
+ * backend is fully described by its status code. */
 const pt_gpu_backend pt_gpu_backend_host = {
     .abi_version = PT_GPU_BACKEND_VERSION,
     .struct_size = sizeof(pt_gpu_backend),
     .name = "host",
     .open = hb_open,
     .close = hb_close,
-    .set_log = NULL,
+    .set_log = pt_hb_set_log,
     .device_name = hb_device_name,
     .total_memory = hb_total_memory,
     .dev_alloc = hb_dev_alloc,

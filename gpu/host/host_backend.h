@@ -93,6 +93,9 @@ struct hb {
     double link_free[3];        /* throttle: pt_now_s() time each link (H2D, D2H, D2D) is free */
     pt_stream *live;            /* streams created and not destroyed (close joins them) */
     uint64_t jitter_state;      /* xorshift64 state of the host-function jitter (under mu) */
+    uint64_t op_calls;          /* calls of cfg.fail_op so far (under mu; injection) */
+    pt_gpu_log_fn log;          /* set_log's sink (under mu), NULL until set */
+    void *log_user;
 };
 
 /* host_stream.c */
@@ -109,6 +112,12 @@ int pt_hb_event_elapsed_ms(void *impl, pt_event *a, pt_event *b, float *ms);
 /* Queue op on s (NULL: run it now on the caller). Takes ownership of op. */
 int pt_hb_submit(hb *h, pt_stream *s, hb_op *op);
 hb_op *pt_hb_op_new(hb_op_kind kind);
+
+/* host_faults.c: 1 when this call of op is the one cfg.fail_op / fail_op_at
+ * names (the caller then returns PT_ERR_BACKEND and does nothing); says so in
+ * the log. Every entry point of an injectable op calls it first. */
+int pt_hb_inject(hb *h, int op);
+void pt_hb_set_log(void *impl, pt_gpu_log_fn fn, void *user);
 
 /* host_ops.c: what each op does (runs on the stream's thread, lock not held). */
 void pt_hb_exec(hb *h, hb_op *op);

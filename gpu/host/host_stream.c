@@ -114,6 +114,7 @@ void pt_hb_stream_destroy(void *impl, pt_stream *s) {
 int pt_hb_stream_sync(void *impl, pt_stream *s) {
     hb *h = impl;
     if (!h) return PT_ERR_INVALID_ARG;
+    if (pt_hb_inject(h, PT_GPU_OP_STREAM_SYNC)) return PT_ERR_BACKEND;
     if (!s) return PT_OK; /* NULL-stream work already ran on the caller */
     pthread_mutex_lock(&h->mu);
     uint64_t target = s->enq_seq; /* work queued before this call, not after */
@@ -142,6 +143,7 @@ int pt_hb_submit(hb *h, pt_stream *s, hb_op *op) {
 int pt_hb_event_create(void *impl, pt_event **out) {
     hb *h = impl;
     if (!h || !out) return PT_ERR_INVALID_ARG;
+    if (pt_hb_inject(h, PT_GPU_OP_EVENT_CREATE)) return PT_ERR_BACKEND;
     pt_event *e = calloc(1, sizeof *e);
     if (!e) return PT_ERR_HOST_OOM;
     e->owner = h;
@@ -163,6 +165,7 @@ void pt_hb_event_destroy(void *impl, pt_event *e) {
 int pt_hb_event_record(void *impl, pt_event *e, pt_stream *s) {
     hb *h = impl;
     if (!h || !e) return PT_ERR_INVALID_ARG;
+    if (pt_hb_inject(h, PT_GPU_OP_EVENT_RECORD)) return PT_ERR_BACKEND;
     hb_op *op = NULL;
     if (s && !(op = pt_hb_op_new(HB_OP_RECORD))) return PT_ERR_HOST_OOM;
     pthread_mutex_lock(&h->mu);
@@ -194,6 +197,7 @@ int pt_hb_event_record(void *impl, pt_event *e, pt_stream *s) {
 int pt_hb_stream_wait_event(void *impl, pt_stream *s, pt_event *e) {
     hb *h = impl;
     if (!h || !e) return PT_ERR_INVALID_ARG;
+    if (pt_hb_inject(h, PT_GPU_OP_STREAM_WAIT_EVENT)) return PT_ERR_BACKEND;
     hb_op *op = NULL;
     if (s && !(op = pt_hb_op_new(HB_OP_WAIT))) return PT_ERR_HOST_OOM;
     pthread_mutex_lock(&h->mu);
@@ -224,6 +228,7 @@ int pt_hb_stream_wait_event(void *impl, pt_stream *s, pt_event *e) {
 int pt_hb_event_sync(void *impl, pt_event *e) {
     hb *h = impl;
     if (!h || !e) return PT_ERR_INVALID_ARG;
+    if (pt_hb_inject(h, PT_GPU_OP_EVENT_SYNC)) return PT_ERR_BACKEND;
     pthread_mutex_lock(&h->mu);
     while (!event_complete(e)) pthread_cond_wait(&h->progress, &h->mu);
     pthread_mutex_unlock(&h->mu);
@@ -242,6 +247,7 @@ int pt_hb_event_query(void *impl, pt_event *e) {
 int pt_hb_event_elapsed_ms(void *impl, pt_event *a, pt_event *b, float *ms) {
     hb *h = impl;
     if (!h || !a || !b || !ms) return PT_ERR_INVALID_ARG;
+    if (pt_hb_inject(h, PT_GPU_OP_EVENT_ELAPSED_MS)) return PT_ERR_BACKEND;
     pthread_mutex_lock(&h->mu);
     /* Both must be recorded and complete (cudaErrorNotReady / invalid otherwise). */
     int ok = a->gen && b->gen && event_complete(a) && event_complete(b);

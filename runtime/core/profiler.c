@@ -53,7 +53,24 @@ struct pt_prof {
     uint64_t *arena, *input, *fscr, *bscr;
     uint64_t nonblock, nonblock_scr;
     double embed_fwd[PROF_PASSES], embed_bwd[PROF_PASSES], head[PROF_PASSES];
+    /* The first failed device op of the profile. The window marks run inside
+     * block hooks that must not fail for the profiler's sake mid-pass, and a
+     * missing edge would silently time a window as 0 s: the failure is kept
+     * and returned by the next pt_prof_begin or by pt_prof_finish, both inside
+     * the hook that runs the profile. */
+    int rc;
+    char why[200];
 };
+
+static void prof_failed(struct pt_prof *p, const char *what) {
+    if (p->rc) return;
+    p->rc = PT_ERR_BACKEND;
+    snprintf(p->why, sizeof p->why, "%s", what);
+}
+
+static int prof_status(struct pt_prof *p, char *err, size_t errlen) {
+    return p->rc ? pt_fail(err, errlen, p->rc, "profiler: %s", p->why) : PT_OK;
+}
 
 #define AT(arr, b) (arr)[(size_t)p->pass * (size_t)p->n + (size_t)(b)]
 
@@ -80,6 +97,8 @@ static void mark(pt_rt *rt, int kind, int b) {
     int i = ev_index(p, kind, b);
     if (!pt_gpu_ops(rt->gpu)->event_record(pt_gpu_impl(rt->gpu), p->ev[i], rt->s_compute))
         p->ev_set[i] = 1;
+    else
+        prof_failed(p, "event_record of a window edge on the compute stream failed");
 }
 
 /* Seconds between two edges of this pass (0 when either was not recorded). */
@@ -87,16 +106,19 @@ static double span(pt_rt *rt, int ka, int ba, int kb, int bb) {
     struct pt_prof *p = rt->prof;
     int a = ev_index(p, ka, ba), b = ev_index(p, kb, bb);
     float ms = 0.0f;
-    if (!p->ev_set[a] || !p->ev_set[b] ||
-        pt_gpu_ops(rt->gpu)->event_elapsed_ms(pt_gpu_impl(rt->gpu), p->ev[a], p->ev[b], &ms))
+    if (!p->ev_set[a] || !p->ev_set[b]) return 0.0;
+    if (pt_gpu_ops(rt->gpu)->event_elapsed_ms(pt_gpu_impl(rt->gpu), p->ev[a], p->ev[b], &ms)) {
+        prof_failed(p, "event_elapsed_ms between two window edges failed");
         return 0.0;
+    }
     return ms > 0 ? 1e-3 * (double)ms : 0.0;
 }
 
 /* The pass has been launched: wait for the device, turn its edges into times. */
 static void resolve_pass(pt_rt *rt) {
     struct pt_prof *p = rt->prof;
-    pt_gpu_ops(rt->gpu)->stream_sync(pt_gpu_impl(rt->gpu), rt->s_compute);
+    if (pt_gpu_ops(rt->gpu)->stream_sync(pt_gpu_impl(rt->gpu), rt->s_compute))
+        prof_failed(p, "stream_sync of the compute stream at the end of a pass failed");
     for (int b = 0; b < p->n; b++) {
         AT(p->fwd, b) = span(rt, E_XPF, b, E_EPO, b);
         AT(p->bwd, b) = span(rt, E_XPB, b, E_EPB, b);
@@ -122,7 +144,7 @@ int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
         if (p->pass + 1 < PROF_PASSES) p->pass++;
         mark(rt, E_T0, -1);
         window_start(rt);
-        return PT_OK;
+        return prof_status(p, err, errlen);
     }
     struct pt_prof *p = calloc(1, sizeof *p);
     int n = rt->n_blocks > 0 ? rt->n_blocks : 1;
@@ -142,7 +164,7 @@ int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
     for (int i = 0; i < E_PER_BLOCK * p->n + E_GLOBAL; i++)
         if (pt_gpu_event_create_timing(rt->gpu, &p->ev[i])) {
             pt_prof_free(rt);
-            return pt_fail(err, errlen, PT_ERR_BACKEND, "profiler: cannot create device events");
+            return pt_fail(err, errlen, PT_ERR_BACKEND, "profiler: event_create failed: cannot create device events");
         }
     pt_gpu_usage u;
     pt_gpu_usage_get(rt->gpu, &u);
@@ -152,7 +174,7 @@ int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
                   u.tag_current[PT_TAG_HOSTUSE] + u.tag_current[PT_TAG_OTHER];
     mark(rt, E_T0, -1);
     window_start(rt);
-    return PT_OK;
+    return prof_status(p, err, errlen);
 }
 
 void pt_prof_free(pt_rt *rt) {
@@ -246,7 +268,8 @@ static double med_passes(const struct pt_prof *p, const double *v, size_t stride
 
 /* ---- hardware rates ---- */
 
-/* Median of three timed copies of `bytes`, as bytes/s (0 on failure). */
+/* Median of three timed copies of `bytes`, as bytes/s (0 after a failure, which
+ * is kept in the profile's status). */
 static double copy_rate(pt_rt *rt, void *dev, void *host, size_t bytes, int kind) {
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     pt_stream *s = kind == PT_GPU_H2D ? rt->s_h2d : rt->s_d2h;
@@ -255,8 +278,14 @@ static double copy_rate(pt_rt *rt, void *dev, void *host, size_t bytes, int kind
         double t0 = pt_now_s();
         void *d = kind == PT_GPU_H2D ? dev : host;
         const void *src = kind == PT_GPU_H2D ? host : dev;
-        if (pt_gpu_memcpy_async(rt->gpu, d, src, bytes, kind, s)) return 0;
-        ops->stream_sync(pt_gpu_impl(rt->gpu), s);
+        if (pt_gpu_memcpy_async(rt->gpu, d, src, bytes, kind, s)) {
+            prof_failed(rt->prof, "memcpy timing a copy rate failed");
+            return 0;
+        }
+        if (ops->stream_sync(pt_gpu_impl(rt->gpu), s)) {
+            prof_failed(rt->prof, "stream_sync timing a copy rate failed");
+            return 0;
+        }
         dt[r] = pt_now_s() - t0;
     }
     double lo = dt[0] < dt[1] ? dt[0] : dt[1], hi = dt[0] < dt[1] ? dt[1] : dt[0];
@@ -323,7 +352,8 @@ static void measure_adam(pt_rt *rt, pt_trace_hw *hw) {
     if (d) {
         const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
         void *impl = pt_gpu_impl(rt->gpu);
-        ops->memset_async(impl, d, 0, dn * 16, NULL);
+        if (ops->memset_async(impl, d, 0, dn * 16, NULL))
+            prof_failed(rt->prof, "memset of the device AdamW timing buffer failed");
         pt_adamw_args a;
         memset(&a, 0, sizeof a);
         a.param = d;
@@ -339,10 +369,12 @@ static void measure_adam(pt_rt *rt, pt_trace_hw *hw) {
         a.bc2_rsqrt = 1.0f;
         a.grad_scale = 1.0f;
         double best = 0;
-        for (int r = 0; r < 3; r++) {
+        for (int r = 0; r < 3 && !rt->prof->rc; r++) {
             double t0 = pt_now_s();
-            ops->adamw(impl, &a, rt->s_compute);
-            ops->stream_sync(impl, rt->s_compute);
+            if (ops->adamw(impl, &a, rt->s_compute))
+                prof_failed(rt->prof, "adamw timing the device AdamW failed");
+            else if (ops->stream_sync(impl, rt->s_compute))
+                prof_failed(rt->prof, "stream_sync timing the device AdamW failed");
             double dt = pt_now_s() - t0;
             if (dt > 0 && dn / dt > best) best = dn / dt;
         }
@@ -424,6 +456,7 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
     t->slot_bytes = 2 * pt_store_chunk_size(rt->st);
     measure_copies(rt, &t->hw);
     measure_adam(rt, &t->hw);
+    if ((rc = prof_status(p, err, errlen))) return rc;
     t->hw.copy_engines = 2;
     pt_gpu_usage u;
     pt_gpu_usage_get(rt->gpu, &u);

@@ -64,6 +64,12 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     gc.poison = cfg->poison;
     gc.poison_native = cfg->cuda_poison;
     gc.fail_alloc_at = cfg->fail_alloc_at;
+    char bad[256];
+    if (pt_gpu_fail_op_parse(cfg->fail_op, &gc.fail_op, &gc.fail_op_at, bad, sizeof bad)) {
+        free(rt);   /* the INI checker refuses this first; a config built in code may not */
+        return pt_fail(err, errlen, PT_ERR_CONFIG, "[host_backend] fail_op = '%s': %s",
+                       cfg->fail_op, bad);
+    }
     gc.compute_jitter_s = cfg->compute_jitter;
     gc.jitter_seed = (uint64_t)cfg->jitter_seed;
     const char *kind = cfg->backend;
@@ -212,10 +218,14 @@ void pt_rt_store_free(pt_rt *rt) {
 /* (Re)build the store and the activation policy from rt->kn; from_image: the
  * caller restores parameter values from a state image next. */
 int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
+    /* the store's destructor can only log a failed wait; here a hook is
+     * running, so the failure is its error and the old store stays */
+    int rc = pt_store_sync(rt->st, err, errlen);
+    if (rc) return rc;
     pt_rt_store_free(rt);
     int32_t *modes = calloc((size_t)(rt->n_blocks > 0 ? rt->n_blocks : 1), sizeof *modes);
     if (!modes) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
-    int rc = block_modes(rt, modes, err, errlen);
+    rc = block_modes(rt, modes, err, errlen);
     if (!rc) {
         pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->gpu, rt->s_compute, rt->s_h2d,
                             rt->s_d2h, rt->model, &rt->opt, rt->sx, recompute_mark, rt,
@@ -374,10 +384,9 @@ int pt_rt_memcpy(pt_rt *rt, void *dst, const void *src, uint64_t bytes, int32_t 
     /* a copy on the compute stream: after the host's launched work */
     int rc = rt->ordered && !(rt->skip & PT_ORD_HOSTIO) ? pt_rt_stream_sync(rt, err, errlen) : PT_OK;
     if (rc) return rc;
-    rc = pt_gpu_memcpy(rt->gpu, dst, src, (size_t)bytes, kind);
-    if (rc)
-        pt_fail(err, errlen, rc, "memcpy of %llu bytes failed on the %s backend",
-                (unsigned long long)bytes, pt_gpu_backend_name(rt->gpu));
+    char e[256];
+    rc = pt_gpu_memcpy_sync(rt->gpu, dst, src, (size_t)bytes, kind, e, sizeof e);
+    if (rc) pt_fail(err, errlen, rc, "memcpy: %s", e);
     return rc;
 }
 
@@ -417,7 +426,7 @@ int pt_rt_launch(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t err
     if (rt->launch_queued) {
         if (ops->host_fn(impl, rt->s_compute, fn, arg))
             return pt_fail(err, errlen, PT_ERR_BACKEND,
-                           "launch: queueing work on the compute stream failed");
+                           "launch: queueing work on the compute stream failed: host_fn failed");
         return PT_OK;
     }
     /* cuda: fn enqueues its kernels on the compute stream, behind the plugin's

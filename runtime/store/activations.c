@@ -32,15 +32,19 @@ const char *pt_acts_mode_name(int m) {
 
 /* Window w (forward of block w) starts: the swapped arenas the plan released by
  * now leave, waiting for their copies when those run late. */
-void pt_acts_pre_forward(pt_store *st, int32_t w) {
+int pt_acts_pre_forward(pt_store *st, int32_t w, char *err, size_t errlen) {
     for (int j = 0; j < w && j < st->n_blocks; j++) {
         pt_arena *a = &st->arena[j];
         if (!a->swapping_out || a->done_at < 0 || a->done_at >= w) continue;
-        OPS(st)->event_sync(IMPL(st), a->ev_out);
+        /* the copy may still read the arena: it stays until the wait succeeds */
+        if (OPS(st)->event_sync(IMPL(st), a->ev_out))
+            return pt_fail(err, errlen, PT_ERR_BACKEND,
+                           "waiting for block %d's activation swap-out failed: event_sync failed", j);
         pt_cs_free(st, a->ptr);
         a->ptr = NULL;
         a->swapping_out = 0;
     }
+    return PT_OK;
 }
 
 int pt_acts_init(pt_store *st, const int32_t *modes, const int32_t *swap_done, char *err,
@@ -58,7 +62,7 @@ int pt_acts_init(pt_store *st, const int32_t *modes, const int32_t *swap_done, c
         a->done_at = swap_done ? swap_done[b] : b + 1;
         if (a->mode == PT_ACT_SWAP && (OPS(st)->event_create(IMPL(st), &a->ev_out) ||
                                        OPS(st)->event_create(IMPL(st), &a->ev_in))) {
-            return pt_fail(err, errlen, PT_ERR_BACKEND, "cannot create swap events");
+            return pt_fail(err, errlen, PT_ERR_BACKEND, "event_create failed: cannot create swap events");
         }
     }
     return PT_OK;
@@ -66,8 +70,10 @@ int pt_acts_init(pt_store *st, const int32_t *modes, const int32_t *swap_done, c
 
 void pt_acts_fini(pt_store *st) {
     if (!st->arena) return;
-    if (st->env.s_d2h) OPS(st)->stream_sync(IMPL(st), st->env.s_d2h);
-    if (st->env.s_h2d) OPS(st)->stream_sync(IMPL(st), st->env.s_h2d);
+    /* a destructor cannot fail: a failed wait is reported and the arenas go anyway */
+    if ((st->env.s_d2h && OPS(st)->stream_sync(IMPL(st), st->env.s_d2h)) |
+        (st->env.s_h2d && OPS(st)->stream_sync(IMPL(st), st->env.s_h2d)))
+        PT_LOGW(st->env.lg, "freeing the activation arenas: stream_sync of a copy stream failed");
     for (int b = 0; b < st->n_blocks; b++) {
         pt_arena *a = &st->arena[b];
         if (a->ptr) pt_cs_free(st, a->ptr);
@@ -83,24 +89,31 @@ void pt_acts_fini(pt_store *st) {
  * for their copies). wait = 0 frees the finished ones that have no planned
  * release point: with a plan, an arena leaves exactly when the plan said
  * (pt_acts_pre_forward), so the measured peak is the predicted one. */
-static void reap(pt_store *st, int wait) {
+static int reap(pt_store *st, int wait, char *err, size_t errlen) {
     for (int b = 0; b < st->n_blocks; b++) {
         pt_arena *a = &st->arena[b];
         if (!a->swapping_out) continue;
-        if (wait) OPS(st)->event_sync(IMPL(st), a->ev_out);
-        else if (a->done_at >= 0 || !OPS(st)->event_query(IMPL(st), a->ev_out)) continue;
+        if (wait) {
+            if (OPS(st)->event_sync(IMPL(st), a->ev_out))
+                return pt_fail(err, errlen, PT_ERR_BACKEND,
+                               "waiting for block %d's activation swap-out failed: event_sync "
+                               "failed", b);
+        } else if (a->done_at >= 0 || !OPS(st)->event_query(IMPL(st), a->ev_out)) {
+            continue;
+        }
         pt_cs_free(st, a->ptr);
         a->ptr = NULL;
         a->swapping_out = 0;
     }
+    return PT_OK;
 }
 
 /* Device allocation for an arena; a failure first waits for pending swap-outs. */
 static int arena_alloc(pt_store *st, pt_arena *a, uint64_t bytes, char *err, size_t errlen) {
-    reap(st, 0);
+    (void)reap(st, 0, NULL, 0);   /* without waiting it calls no failing op */
     int rc = pt_gpu_alloc(st->env.gpu, (size_t)bytes, PT_TAG_ACT, &a->ptr, err, errlen);
     if (rc == PT_ERR_OOM) {
-        reap(st, 1);
+        if ((rc = reap(st, 1, err, errlen))) return rc;
         rc = pt_gpu_alloc(st->env.gpu, (size_t)bytes, PT_TAG_ACT, &a->ptr, err, errlen);
     }
     if (!rc) a->bytes = bytes;
@@ -113,7 +126,10 @@ int pt_store_arena(pt_store *st, int32_t b, uint64_t bytes, void **ptr, char *er
             (unsigned long long)bytes);
     }
     pt_arena *a = &st->arena[b];
-    if (a->swapping_out) reap(st, 1);
+    if (a->swapping_out) {
+        int rc = reap(st, 1, err, errlen);
+        if (rc) return rc;
+    }
     if (a->ptr && a->bytes != bytes) {
         pt_cs_free(st, a->ptr);
         a->ptr = NULL;
@@ -142,7 +158,7 @@ int pt_store_arena_get(pt_store *st, int32_t b, void **ptr, char *err, size_t er
 
 int pt_acts_post_forward(pt_store *st, int32_t b, char *err, size_t errlen) {
     pt_arena *a = &st->arena[b];
-    reap(st, 0);
+    (void)reap(st, 0, NULL, 0);   /* without waiting it calls no failing op */
     if (!a->ptr) return PT_OK;                    /* the block saved nothing */
     if (st->env.sx->eval || a->mode == PT_ACT_CKPT) {
         pt_cs_free(st, a->ptr);             /* poisoned: stale pointers read NaN */
@@ -160,11 +176,15 @@ int pt_acts_post_forward(pt_store *st, int32_t b, char *err, size_t errlen) {
         a->host_bytes = a->bytes;
     }
     /* the copy reads what the host's forward of b writes */
-    int rc = pt_cs_after_compute(st, st->env.s_d2h, PT_ORD_SWAP);
-    if (!rc) rc = pt_gpu_memcpy_async(st->env.gpu, a->host, a->ptr, (size_t)a->bytes, PT_GPU_D2H, st->env.s_d2h);
-    if (!rc) rc = OPS(st)->event_record(IMPL(st), a->ev_out, st->env.s_d2h);
-    if (rc) {
-        return pt_fail(err, errlen, PT_ERR_BACKEND, "swap-out of block %d's activations failed", b);
+    const char *op = pt_cs_after_compute(st, st->env.s_d2h, PT_ORD_SWAP)
+                         ? "event_record or stream_wait_event"
+                     : pt_gpu_memcpy_async(st->env.gpu, a->host, a->ptr, (size_t)a->bytes,
+                                           PT_GPU_D2H, st->env.s_d2h)
+                         ? "memcpy"
+                     : OPS(st)->event_record(IMPL(st), a->ev_out, st->env.s_d2h) ? "event_record"
+                                                                                 : NULL;
+    if (op) {
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "swap-out of block %d's activations failed: %s failed", b, op);
     }
     a->swapping_out = 1;
     st->swap_out_bytes += a->bytes;
@@ -176,7 +196,9 @@ static int swap_in_start(pt_store *st, int32_t b, char *err, size_t errlen) {
     pt_arena *a = &st->arena[b];
     if (a->mode != PT_ACT_SWAP || a->swapping_in || !a->host || !a->live) return PT_OK;
     if (a->swapping_out) {
-        OPS(st)->event_sync(IMPL(st), a->ev_out);
+        if (OPS(st)->event_sync(IMPL(st), a->ev_out))
+            return pt_fail(err, errlen, PT_ERR_BACKEND,
+                           "waiting for block %d's activation swap-out failed: event_sync failed", b);
         pt_cs_free(st, a->ptr);
         a->ptr = NULL;
         a->swapping_out = 0;
@@ -185,11 +207,19 @@ static int swap_in_start(pt_store *st, int32_t b, char *err, size_t errlen) {
     int rc = arena_alloc(st, a, a->host_bytes < a->bytes ? a->host_bytes : a->bytes, err, errlen);
     if (rc) return rc;
     /* the new arena's bytes may have been freed in the compute stream's order */
-    rc = pt_cs_after_compute(st, st->env.s_h2d, PT_ORD_SWAP);
-    if (!rc) rc = pt_gpu_memcpy_async(st->env.gpu, a->ptr, a->host, (size_t)a->bytes, PT_GPU_H2D, st->env.s_h2d);
-    if (!rc) rc = OPS(st)->event_record(IMPL(st), a->ev_in, st->env.s_h2d);
-    if (rc) {
-        return pt_fail(err, errlen, PT_ERR_BACKEND, "swap-in of block %d's activations failed", b);
+    const char *op = pt_cs_after_compute(st, st->env.s_h2d, PT_ORD_SWAP)
+                         ? "event_record or stream_wait_event"
+                     : pt_gpu_memcpy_async(st->env.gpu, a->ptr, a->host, (size_t)a->bytes,
+                                           PT_GPU_H2D, st->env.s_h2d)
+                         ? "memcpy"
+                     : OPS(st)->event_record(IMPL(st), a->ev_in, st->env.s_h2d) ? "event_record"
+                                                                                : NULL;
+    if (op) {
+        /* without the copy the fresh arena holds garbage: drop it, so a retry
+         * allocates and copies again instead of finding it "already back" */
+        pt_cs_free(st, a->ptr);
+        a->ptr = NULL;
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "swap-in of block %d's activations failed: %s failed", b, op);
     }
     a->swapping_in = 1;
     return PT_OK;
@@ -198,13 +228,14 @@ static int swap_in_start(pt_store *st, int32_t b, char *err, size_t errlen) {
 int pt_acts_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
     pt_arena *a = &st->arena[b];
     /* the turn: every swap-out is over by the first backward window */
-    reap(st, b == st->n_blocks - 1);
-    int rc = PT_OK;
+    int rc = reap(st, b == st->n_blocks - 1, err, errlen);
+    if (rc) return rc;
     if (a->mode == PT_ACT_SWAP && a->live) {
         if ((rc = swap_in_start(st, b, err, errlen))) return rc;
         /* the host's backward of b reads the swapped-in arena */
         if (pt_cs_compute_waits(st, a->ev_in))
-            return pt_fail(err, errlen, PT_ERR_BACKEND, "waiting for block %d's swap-in failed", b);
+            return pt_fail(err, errlen, PT_ERR_BACKEND, "waiting for block %d's swap-in failed: %s failed", b,
+                           st->env.ordered ? "stream_wait_event" : "event_sync");
         a->swapping_in = 0;
     } else if (a->mode == PT_ACT_CKPT && a->live) {
         if ((rc = arena_alloc(st, a, a->bytes, err, errlen))) return rc;
@@ -221,8 +252,12 @@ int pt_acts_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
     }
     /* prefetch the next backward block's swapped activations */
     if (b > 0) {
+        /* a prefetch short of memory is retried by block b-1's own hook; a
+         * failed device op is an error now */
         char e2[256];
-        if (swap_in_start(st, b - 1, e2, sizeof e2)) PT_LOGD(st->env.lg, "swap-in prefetch: %s", e2);
+        int prc = swap_in_start(st, b - 1, e2, sizeof e2);
+        if (prc == PT_ERR_BACKEND) return pt_fail(err, errlen, prc, "swap-in prefetch: %s", e2);
+        if (prc) PT_LOGD(st->env.lg, "swap-in prefetch: %s", e2);
     }
     return PT_OK;
 }
@@ -234,6 +269,6 @@ int pt_acts_post_backward(pt_store *st, int32_t b) {
         a->ptr = NULL;
     }
     a->live = 0;
-    reap(st, 0);
+    (void)reap(st, 0, NULL, 0);   /* without waiting it calls no failing op */
     return PT_OK;
 }

@@ -44,24 +44,55 @@ int pt_cs_compute_waits(pt_store *st, pt_event *e) {
 }
 
 void pt_cs_free(pt_store *st, void *p) {
-    if (pt_cs_ord(st, PT_ORD_FREE)) pt_gpu_free_on_stream(st->env.gpu, p, st->env.s_compute, NULL, 0);
-    else pt_gpu_free(st->env.gpu, p);
+    if (!pt_cs_ord(st, PT_ORD_FREE)) {
+        pt_gpu_free(st->env.gpu, p);
+        return;
+    }
+    /* the bytes are back in the allocator either way; only their queued poison
+     * fill can fail, which costs a debugging aid, not correctness: reported */
+    char e[256];
+    if (pt_gpu_free_on_stream(st->env.gpu, p, st->env.s_compute, e, sizeof e))
+        PT_LOGW(st->env.lg, "%s", e);
 }
 
 int pt_store_sync(pt_store *st, char *err, size_t errlen) {
     if (!st) return PT_OK;
     const pt_gpu_backend *o = OPS(st);
-    if (o->stream_sync(IMPL(st), st->env.s_compute) || o->stream_sync(IMPL(st), st->env.s_h2d) ||
-        o->stream_sync(IMPL(st), st->env.s_d2h))
-        return pt_fail(err, errlen, PT_ERR_BACKEND, "waiting for the device streams failed");
+    /* every stream is waited for even after one fails: destructors free what
+     * the others may still be using */
+    pt_stream *s[3] = {st->env.s_compute, st->env.s_h2d, st->env.s_d2h};
+    static const char *const name[3] = {"compute", "h2d", "d2h"};
+    int bad = -1;
+    for (int i = 0; i < 3; i++)
+        if (o->stream_sync(IMPL(st), s[i]) && bad < 0) bad = i;
+    if (bad >= 0)
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "stream_sync of the %s stream failed",
+                       name[bad]);
     return PT_OK;
+}
+
+/* The status a chunk's CPU task left (grad_task), once its group was waited
+ * for: the worker cannot fail a hook itself, so the hook that waits reports it. */
+static int task_status(pt_store *st, cs_chunk *c, const char *hook, char *err, size_t errlen) {
+    int rc = c->t_rc;
+    c->t_rc = PT_OK;
+    (void)st;
+    if (!rc) return PT_OK;
+    return pt_fail(err, errlen, rc,
+                   "%s: event_sync on chunk %d's gradient copy to the host failed on the CPU "
+                   "optimizer's worker, so its gradient was not used", hook, c->id);
+}
+
+int pt_cs_wait_task(pt_store *st, cs_chunk *c, const char *hook, char *err, size_t errlen) {
+    pt_pool_wait(st->workers, &c->tg);
+    return task_status(st, c, hook, err, errlen);
 }
 
 int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
     int rc;
     if (OPS(st)->event_create(IMPL(st), &ms->ev_compute))
-        return pt_fail(err, errlen, PT_ERR_BACKEND, "cannot create device events");
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "event_create failed: cannot create device events");
     if ((rc = pt_gpu_alloc(st->env.gpu, sizeof(double) * (size_t)ms->n_params, PT_TAG_OTHER,
                            (void **)&ms->norm_dev, err,
                            errlen)))
@@ -91,7 +122,7 @@ int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen) {
             pt_cpu_adam_isa());
     return PT_OK;
 ev_fail:
-    return pt_fail(err, errlen, PT_ERR_BACKEND, "cannot create device events");
+    return pt_fail(err, errlen, PT_ERR_BACKEND, "event_create failed: cannot create device events");
 }
 
 void pt_cs_fini_runtime(pt_store *st) {
@@ -100,7 +131,8 @@ void pt_cs_fini_runtime(pt_store *st) {
         pt_pool_destroy(ms->workers);
         ms->workers = NULL;
     }
-    pt_store_sync(st, NULL, 0);
+    char e[256];
+    if (pt_store_sync(st, e, sizeof e)) PT_LOGW(st->env.lg, "freeing the chunk runtime: %s", e);
     for (int s = 0; s < ms->n_buffer; s++) {
         if (ms->slot_free && ms->slot_free[s]) OPS(st)->event_destroy(IMPL(st), ms->slot_free[s]);
         if (ms->slot_used && ms->slot_used[s]) OPS(st)->event_destroy(IMPL(st), ms->slot_used[s]);
@@ -181,26 +213,44 @@ static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     void *dst = pt_bufpool_slot_ptr(ms->pool, slot);
     /* the slot's previous gradient may still be on its way to the host, and the
      * host's kernels may still read its previous chunk */
-    OPS(st)->stream_wait_event(IMPL(st), st->env.s_h2d, ms->slot_free[slot]);
-    if (pt_cs_ord(st, PT_ORD_SLOT)) OPS(st)->stream_wait_event(IMPL(st), st->env.s_h2d, ms->slot_used[slot]);
-    rc = pt_gpu_memcpy_async(st->env.gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D, st->env.s_h2d);
-    if (!rc) rc = OPS(st)->event_record(IMPL(st), c->ev_up, st->env.s_h2d);
-    if (rc) {
-        return pt_fail(err, errlen, PT_ERR_BACKEND, "upload of chunk %d (%llu bytes) failed", c->id, (unsigned long long)c->used);
+    const pt_gpu_backend *o = OPS(st);
+    const char *op = NULL;
+    if (o->stream_wait_event(IMPL(st), st->env.s_h2d, ms->slot_free[slot]) ||
+        (pt_cs_ord(st, PT_ORD_SLOT) &&
+         o->stream_wait_event(IMPL(st), st->env.s_h2d, ms->slot_used[slot])))
+        op = "stream_wait_event";
+    else if (pt_gpu_memcpy_async(st->env.gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D,
+                                 st->env.s_h2d))
+        op = "memcpy";
+    else if (o->event_record(IMPL(st), c->ev_up, st->env.s_h2d))
+        op = "event_record";
+    if (op) {
+        /* the slot is tagged with c but never received it: untag it, or the next
+         * acquire would report a hit and the host would read stale bytes */
+        pt_bufpool_release(ms->pool, slot, NULL, 0);
+        pt_bufpool_invalidate(ms->pool, c->id, NULL, 0);
+        c->slot = -1;
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "upload of chunk %d (%llu bytes) failed: %s failed",
+                       c->id, (unsigned long long)c->used, op);
     }
     return PT_OK;
 }
 
-static void prefetch_block(pt_store *st, int b) {
+/* A full pool only skips the prefetch (the gather of block b uploads then); a
+ * backend failure is returned. */
+static int prefetch_block(pt_store *st, int b, char *err, size_t errlen) {
     pt_store *ms = st;
-    if (b < 0 || b >= st->n_blocks || ms->lay.block_chunk_first[b] < 0) return;
+    if (b < 0 || b >= st->n_blocks || ms->lay.block_chunk_first[b] < 0) return PT_OK;
     for (int k = ms->lay.block_chunk_first[b]; k <= ms->lay.block_chunk_last[b]; k++) {
         cs_chunk *c = &ms->ch[k];
         if (c->persistent || c->prefetched || c->users) continue;
-        /* No free slot: skip; the gather of block b uploads it synchronously. */
-        if (lease(st, c, NULL, 0)) return;
+        char e[512];
+        int rc = lease(st, c, e, sizeof e);
+        if (rc == PT_ERR_BACKEND) return pt_fail(err, errlen, rc, "prefetch of block %d: %s", b, e);
+        if (rc) return PT_OK;
         c->prefetched = 1;
     }
+    return PT_OK;
 }
 
 int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen) {
@@ -225,27 +275,35 @@ int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen
         /* the host's work after this hook reads the upload */
         int rc = pt_cs_compute_waits(st, c->ev_up);
         if (rc) {
-            return pt_fail(err, errlen, PT_ERR_BACKEND, "waiting for the upload of chunk %d failed", c->id);
+            return pt_fail(err, errlen, PT_ERR_BACKEND, "waiting for the upload of chunk %d failed (%s)",
+                           c->id, st->env.ordered ? "stream_wait_event" : "event_sync");
         }
         void *base = pt_bufpool_slot_ptr(ms->pool, c->slot);
         void *gbase = (backward && c->trainable) ? (char *)base + ms->lay.chunk_size : NULL;
         if (gbase && !c->bwd_zeroed) {
             /* the slot's last gradient copy to the host is done before the zeroing,
              * which lands before the host's backward accumulates */
-            if (pt_cs_ord(st, PT_ORD_SLOT)) {
-                OPS(st)->stream_wait_event(IMPL(st), st->env.s_compute, ms->slot_free[c->slot]);
-                OPS(st)->memset_async(IMPL(st), gbase, 0, (size_t)c->used, st->env.s_compute);
-            } else {
-                OPS(st)->event_sync(IMPL(st), ms->slot_free[c->slot]);
-                OPS(st)->memset_async(IMPL(st), gbase, 0, (size_t)c->used, NULL);
+            const pt_gpu_backend *o = OPS(st);
+            const char *op = NULL;
+            int ord = pt_cs_ord(st, PT_ORD_SLOT);
+            if (ord ? o->stream_wait_event(IMPL(st), st->env.s_compute, ms->slot_free[c->slot])
+                    : o->event_sync(IMPL(st), ms->slot_free[c->slot]))
+                op = ord ? "stream_wait_event" : "event_sync";
+            else if (o->memset_async(IMPL(st), gbase, 0, (size_t)c->used, ord ? st->env.s_compute : NULL))
+                op = "memset";
+            if (op) {
+                /* the lease taken above stays: the slot holds c's uploaded
+                 * params, and destroying the pool frees leased slots too */
+                return pt_fail(err, errlen, PT_ERR_BACKEND,
+                               "zeroing chunk %d's gradient before block %d's backward failed: %s "
+                               "failed", c->id, b, op);
             }
             c->bwd_zeroed = 1;
         }
         c->users++;
         pt_cs_set_pointers(st, c, base, gbase);
     }
-    prefetch_block(st, backward ? b - 1 : b + 1);
-    return PT_OK;
+    return prefetch_block(st, backward ? b - 1 : b + 1, err, errlen);
 }
 
 /* ---- CPU side of a chunk's gradient ---- */
@@ -337,7 +395,12 @@ static void grad_task(void *arg) {
     pt_store *st = j->st;
     cs_chunk *c = j->c;
     free(j);
-    OPS(st)->event_sync(IMPL(st), c->ev_d2h);   /* the gradient is on the host */
+    /* the gradient is on the host; if that cannot be known, nothing reads it
+     * and the hook that waits for this task reports the status */
+    if (OPS(st)->event_sync(IMPL(st), c->ev_d2h)) {
+        c->t_rc = PT_ERR_BACKEND;
+        return;
+    }
     double t0 = pt_now_s();
     int acc = c->t_n_micro > 1;
     if (acc) chunk_accumulate(c, c->t_micro == 0);
@@ -357,16 +420,24 @@ static void step_consts(pt_store *st, float lr, float gs, pt_adamw_consts *k) {
 static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     pt_store *ms = st;
     /* the previous micro-batch's task still reads h_gstage */
-    pt_pool_wait(ms->workers, &c->tg);
+    int rc = pt_cs_wait_task(st, c, "block_post_backward", err, errlen);
+    if (rc) return rc;
     void *gsrc = (char *)pt_bufpool_slot_ptr(ms->pool, c->slot) + ms->lay.chunk_size;
     /* the gradient is complete once the host's backward of this block has run */
-    if (pt_cs_ord(st, PT_ORD_GRAD)) OPS(st)->stream_wait_event(IMPL(st), st->env.s_d2h, ms->slot_used[c->slot]);
-    int rc = pt_gpu_memcpy_async(st->env.gpu, c->h_gstage, gsrc, (size_t)c->used, PT_GPU_D2H,
-                                 st->env.s_d2h);
-    if (!rc) rc = OPS(st)->event_record(IMPL(st), c->ev_d2h, st->env.s_d2h);
-    if (!rc) rc = OPS(st)->event_record(IMPL(st), ms->slot_free[c->slot], st->env.s_d2h);
-    if (rc) {
-        return pt_fail(err, errlen, PT_ERR_BACKEND, "gradient copy of chunk %d to the host failed", c->id);
+    const pt_gpu_backend *o = OPS(st);
+    const char *op = NULL;
+    if (pt_cs_ord(st, PT_ORD_GRAD) &&
+        o->stream_wait_event(IMPL(st), st->env.s_d2h, ms->slot_used[c->slot]))
+        op = "stream_wait_event";
+    else if (pt_gpu_memcpy_async(st->env.gpu, c->h_gstage, gsrc, (size_t)c->used, PT_GPU_D2H,
+                                 st->env.s_d2h))
+        op = "memcpy";
+    else if (o->event_record(IMPL(st), c->ev_d2h, st->env.s_d2h) ||
+             o->event_record(IMPL(st), ms->slot_free[c->slot], st->env.s_d2h))
+        op = "event_record";
+    if (op) {
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "gradient copy of chunk %d to the host failed: %s failed", c->id, op);
     }
     int last = st->env.sx->micro == st->env.sx->n_micro - 1;
     c->t_micro = st->env.sx->micro;
@@ -401,7 +472,11 @@ int pt_ms_release(pt_store *st, int32_t b, int backward, char *err, size_t errle
         cs_chunk *c = &ms->ch[k];
         if (c->persistent) continue;
         /* the host's work on this slot so far: what a reuse or a copy-out waits for */
-        if (st->env.ordered) OPS(st)->event_record(IMPL(st), ms->slot_used[c->slot], st->env.s_compute);
+        if (st->env.ordered &&
+            OPS(st)->event_record(IMPL(st), ms->slot_used[c->slot], st->env.s_compute))
+            return pt_fail(err, errlen, PT_ERR_BACKEND,
+                           "marking the end of block %d's use of chunk %d's slot failed: "
+                           "event_record failed", b, c->id);
         if (backward && c->trainable && c->lc->block_first == b && !st->env.sx->eval) {
             int rc = offload_grad(st, c, err, errlen);
             if (rc) return rc;
@@ -422,11 +497,17 @@ int pt_store_set_lr(pt_store *st, float lr) {
     return PT_OK;
 }
 
-/* Wait for every chunk's CPU task. */
-static void wait_tasks(pt_store *st) {
+/* Wait for every chunk's CPU task; the first failed task's status. */
+static int wait_tasks(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
-    for (int k = 0; k < ms->n_chunks; k++)
-        if (!ms->ch[k].persistent) pt_pool_wait(ms->workers, &ms->ch[k].tg);
+    int rc = PT_OK;
+    for (int k = 0; k < ms->n_chunks; k++) {
+        if (ms->ch[k].persistent) continue;
+        char e[320];
+        int r = pt_cs_wait_task(st, &ms->ch[k], "optimizer_step", e, sizeof e);
+        if (r && !rc) rc = pt_fail(err, errlen, r, "%s", e);
+    }
+    return rc;
 }
 
 /* Squared norms of the resident params' gradients: one device double per param
@@ -439,7 +520,9 @@ static int device_norms(pt_store *st, char *err, size_t errlen) {
     if (!host) {
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
+    const char *op = "memset";
     int rc = OPS(st)->memset_async(IMPL(st), ms->norm_dev, 0, bytes, st->env.s_compute);
+    if (!rc) op = "sqnorm";
     for (int i = 0; i < m->n_params && !rc; i++) {
         if (ms->root[i] != i || !m->params[i].grad) continue;
         cs_chunk *c = &ms->ch[ms->lay.param_chunk[i]];
@@ -448,11 +531,13 @@ static int device_norms(pt_store *st, char *err, size_t errlen) {
         rc = OPS(st)->sqnorm(IMPL(st), (char *)c->d_grad + ms->lay.param_offset[i],
                              m->params[i].dtype, (size_t)n, ms->norm_dev + i, st->env.s_compute);
     }
-    if (!rc) rc = pt_gpu_memcpy_async(st->env.gpu, host, ms->norm_dev, bytes, PT_GPU_D2H, st->env.s_compute);
-    if (!rc) rc = OPS(st)->stream_sync(IMPL(st), st->env.s_compute);
+    if (!rc && (op = "memcpy") &&
+        !(rc = pt_gpu_memcpy_async(st->env.gpu, host, ms->norm_dev, bytes, PT_GPU_D2H, st->env.s_compute)))
+        rc = OPS(st)->stream_sync(IMPL(st), st->env.s_compute), op = "stream_sync";
     if (rc) {
         free(host);
-        return pt_fail(err, errlen, PT_ERR_BACKEND, "optimizer_step: gradient-norm reduction failed on the device");
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "optimizer_step: gradient-norm reduction failed on the device: %s failed", op);
     }
     for (int i = 0; i < m->n_params; i++)
         if (ms->root[i] == i && m->params[i].grad && ms->ch[ms->lay.param_chunk[i]].persistent)
@@ -488,18 +573,24 @@ static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
             a.grad = (const float *)((char *)c->d_grad + g->offset);
         } else {
             /* widen the 16-bit gradient into fp32 scratch first */
-            OPS(st)->convert(IMPL(st), ms->d_gtmp, PT_F32, (char *)c->d_grad + g->offset,
-                             g->dtype, (size_t)n, 0, st->env.s_compute);
+            if (OPS(st)->convert(IMPL(st), ms->d_gtmp, PT_F32, (char *)c->d_grad + g->offset,
+                                 g->dtype, (size_t)n, 0, st->env.s_compute))
+                return pt_fail(err, errlen, PT_ERR_BACKEND,
+                               "optimizer_step: widening chunk %d's 16-bit gradient failed: "
+                               "convert failed", c->id);
             a.param = c->d_master + s;
             a.grad = ms->d_gtmp;
             a.param_out = (char *)c->d_param + g->offset;
             a.out_dtype = g->dtype;
         }
         if (OPS(st)->adamw(IMPL(st), &a, st->env.s_compute)) {
-            return pt_fail(err, errlen, PT_ERR_BACKEND, "optimizer_step: device AdamW failed on chunk %d", c->id);
+            return pt_fail(err, errlen, PT_ERR_BACKEND, "optimizer_step: device AdamW failed on chunk %d: adamw failed", c->id);
         }
     }
-    OPS(st)->memset_async(IMPL(st), c->d_grad, 0, (size_t)c->used, st->env.s_compute);
+    if (OPS(st)->memset_async(IMPL(st), c->d_grad, 0, (size_t)c->used, st->env.s_compute))
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "optimizer_step: zeroing chunk %d's device gradient failed: memset failed",
+                       c->id);
     return PT_OK;
 }
 
@@ -529,8 +620,14 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
     o->lr = lr;
     double w0 = pt_now_s();
     if (ms->n_offloaded) {
-        OPS(st)->stream_sync(IMPL(st), st->env.s_d2h);
-        wait_tasks(st);
+        /* the tasks are waited for even when the copies failed: none may still
+         * run when this hook returns */
+        int rc = OPS(st)->stream_sync(IMPL(st), st->env.s_d2h)
+                     ? pt_fail(err, errlen, PT_ERR_BACKEND,
+                               "optimizer_step: stream_sync of the d2h stream failed")
+                     : PT_OK;
+        int trc = wait_tasks(st, rc ? NULL : err, rc ? 0 : errlen);
+        if (rc || trc) return rc ? rc : trc;
     }
     float gs = 1.0f;
     o->last_norm = NAN;
@@ -582,28 +679,40 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
     /* A host computing on its own thread reads the device AdamW's results right
      * after this hook; an ordered host's next work queues behind it anyway. */
     if (!st->env.ordered && OPS(st)->stream_sync(IMPL(st), st->env.s_compute)) {
-        return pt_fail(err, errlen, PT_ERR_BACKEND, "optimizer_step: device stream failed");
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "optimizer_step: stream_sync of the compute stream failed");
     }
     /* Streamed copies in slots are stale now: drop their tags (and poison them,
      * so a host that kept a pointer reads NaN). Their gradient copies are done
      * (the CPU steps waited for them); ordered, the fill queues behind the host's
      * last use of the slot and the next upload into it waits for the fill. */
+    int prc = PT_OK;
     for (int k = 0; k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
         c->stepped = 0;
         if (c->persistent || !c->trainable) continue;
         int32_t s = pt_bufpool_lookup(ms->pool, c->id);
         if (s < 0) continue;
-        if (st->env.cfg->poison) {
-            OPS(st)->memset_async(IMPL(st), pt_bufpool_slot_ptr(ms->pool, s), 0xFF,
-                                  (size_t)pt_bufpool_slot_size(ms->pool, s),
-                                  pt_cs_ord(st, PT_ORD_STEP) ? st->env.s_compute : NULL);
-            if (st->env.ordered) OPS(st)->event_record(IMPL(st), ms->slot_used[s], st->env.s_compute);
-        }
+        /* untagged first: whatever fails below, no later gather takes the stale copy */
         pt_bufpool_invalidate(ms->pool, c->id, NULL, 0);
+        if (st->env.cfg->poison) {
+            const char *op =
+                OPS(st)->memset_async(IMPL(st), pt_bufpool_slot_ptr(ms->pool, s), 0xFF,
+                                      (size_t)pt_bufpool_slot_size(ms->pool, s),
+                                      pt_cs_ord(st, PT_ORD_STEP) ? st->env.s_compute : NULL)
+                    ? "memset"
+                : st->env.ordered &&
+                        OPS(st)->event_record(IMPL(st), ms->slot_used[s], st->env.s_compute)
+                    ? "event_record"
+                    : NULL;
+            /* the step itself is done: its bookkeeping below still runs */
+            if (op && !prc)
+                prc = pt_fail(err, errlen, PT_ERR_BACKEND,
+                              "optimizer_step: poisoning the stale copy of chunk %d failed: %s "
+                              "failed", c->id, op);
+        }
     }
     ms->lr_set = 0;
     ms->overlapped = 0;
     o->t++;
-    return PT_OK;
+    return prc;
 }

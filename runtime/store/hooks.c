@@ -8,8 +8,8 @@
 /* Forward of b: swapped arenas whose plan window ended leave first (their
  * bytes are free before b's chunks arrive), then b's chunks are gathered. */
 int pt_store_pre_forward(pt_store *st, int32_t b, char *err, size_t errlen) {
-    pt_acts_pre_forward(st, b);
-    return pt_ms_gather(st, b, 0, err, errlen);
+    int rc = pt_acts_pre_forward(st, b, err, errlen);
+    return rc ? rc : pt_ms_gather(st, b, 0, err, errlen);
 }
 
 int pt_store_post_forward(pt_store *st, int32_t b, char *err, size_t errlen) {

@@ -166,10 +166,14 @@ static int alloc_persistent(pt_store *st, cs_chunk *c, char *err, size_t errlen)
     /* a resident chunk never enters a pool slot: it needs its used bytes, not S */
     int rc = pt_gpu_alloc(st->env.gpu, c->used, PT_TAG_PARAM, &c->d_param, err, errlen);
     if (rc) return rc;
-    ops->memset_async(impl, c->d_param, 0, c->used, NULL);
+    if (ops->memset_async(impl, c->d_param, 0, c->used, NULL))
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "zeroing chunk %d's device parameters failed: memset failed", c->id);
     if (c->trainable) {
         if ((rc = pt_gpu_alloc(st->env.gpu, c->used, PT_TAG_GRAD, &c->d_grad, err, errlen))) return rc;
-        ops->memset_async(impl, c->d_grad, 0, c->used, NULL);
+        if (ops->memset_async(impl, c->d_grad, 0, c->used, NULL))
+            return pt_fail(err, errlen, PT_ERR_BACKEND,
+                           "zeroing chunk %d's device gradient failed: memset failed", c->id);
     }
     st->persist_bytes += c->used * (c->trainable ? 2 : 1);
     return PT_OK;
@@ -205,9 +209,10 @@ static int upload_initial(pt_store *st, char *err, size_t errlen) {
         uint64_t off = ms->lay.param_offset[i];
         size_t bytes = (size_t)(pt_param_numel(p) * pt_dtype_size(p->dtype));
         if (c->persistent) {
-            int rc = pt_gpu_memcpy(st->env.gpu, (char *)c->d_param + off, p->init, bytes, PT_GPU_H2D);
-            if (rc) {
-                return pt_fail(err, errlen, rc, "post_model_load: upload of param '%s' failed", p->name);
+            char e[256];
+            if (pt_gpu_memcpy_sync(st->env.gpu, (char *)c->d_param + off, p->init, bytes,
+                                   PT_GPU_H2D, e, sizeof e)) {
+                return pt_fail(err, errlen, PT_ERR_BACKEND, "post_model_load: upload of param '%s' failed: %s", p->name, e);
             }
         } else {
             memcpy((char *)c->h_param + off, p->init, bytes);
@@ -371,16 +376,21 @@ int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
         if ((rc = pt_gpu_alloc(st->env.gpu, eb, PT_TAG_OPTIM, (void **)&c->d_m, err, errlen)) ||
             (rc = pt_gpu_alloc(st->env.gpu, eb, PT_TAG_OPTIM, (void **)&c->d_v, err, errlen)))
             return rc;
-        ops->memset_async(impl, c->d_m, 0, eb, NULL);
-        ops->memset_async(impl, c->d_v, 0, eb, NULL);
+        if (ops->memset_async(impl, c->d_m, 0, eb, NULL) ||
+            ops->memset_async(impl, c->d_v, 0, eb, NULL))
+            return pt_fail(err, errlen, PT_ERR_BACKEND,
+                           "zeroing chunk %d's device Adam moments failed: memset failed", c->id);
         if (c->has16) {
             if ((rc = pt_gpu_alloc(st->env.gpu, eb, PT_TAG_OPTIM, (void **)&c->d_master, err, errlen)))
                 return rc;
             for (int r = 0; r < c->lc->n_regions; r++) {
                 const pt_chunk_region *g = &c->lc->regions[r];
                 if (c->reg_state[r] == UINT64_MAX || g->dtype == PT_F32) continue;
-                ops->convert(impl, c->d_master + c->reg_state[r], PT_F32,
-                             (char *)c->d_param + g->offset, g->dtype, g->bytes / 2, 0, NULL);
+                if (ops->convert(impl, c->d_master + c->reg_state[r], PT_F32,
+                                 (char *)c->d_param + g->offset, g->dtype, g->bytes / 2, 0, NULL))
+                    return pt_fail(err, errlen, PT_ERR_BACKEND,
+                                   "widening chunk %d's 16-bit parameters into fp32 masters "
+                                   "failed: convert failed", c->id);
                 if (g->bytes / 2 > max16) max16 = g->bytes / 2;
             }
         }
@@ -413,9 +423,15 @@ int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, 
     if (c->persistent) {
         /* the device AdamW of the last step may still be queued */
         int rc = pt_cs_ord(st, PT_ORD_STEP) ? pt_store_sync(st, err, errlen) : PT_OK;
-        return rc ? rc : pt_gpu_memcpy(st->env.gpu, dst, (char *)c->d_param + off, bytes, PT_GPU_D2H);
+        char e[256];
+        if (!rc && (rc = pt_gpu_memcpy_sync(st->env.gpu, dst, (char *)c->d_param + off, bytes,
+                                            PT_GPU_D2H, e, sizeof e)))
+            rc = pt_fail(err, errlen, PT_ERR_BACKEND, "read_param: reading param %d failed: %s",
+                         index, e);
+        return rc;
     }
-    pt_pool_wait(ms->workers, &c->tg);
+    int rc = pt_cs_wait_task(st, c, "read_param", err, errlen);
+    if (rc) return rc;
     memcpy(dst, (char *)c->h_param + off, bytes);
     return PT_OK;
 }
@@ -494,7 +510,10 @@ int pt_store_create(const pt_store_env *env, const pt_store_knobs *kn, const int
 void pt_store_destroy(pt_store *st) {
     pt_store *ms = st;
     if (!ms) return;
-    pt_store_sync(st, NULL, 0);   /* nothing queued may touch what is freed below */
+    /* nothing queued may touch what is freed below; a destructor cannot fail,
+     * so a failed wait is only reported */
+    char e[256];
+    if (pt_store_sync(st, e, sizeof e)) PT_LOGW(st->env.lg, "freeing the chunk store: %s", e);
     pt_acts_fini(st);
     pt_cs_fini_runtime(st);
     for (int k = 0; ms->ch && k < ms->n_chunks; k++) {

@@ -132,7 +132,9 @@ static int walk(pt_store *st, unsigned char *img, size_t *size, int mode, char *
     *size = pos;
     return PT_OK;
 io:
-    return pt_fail(err, errlen, PT_ERR_BACKEND, "state: device copy failed");
+    /* pt_gpu_memcpy is a memcpy followed by a stream_sync on the device */
+    return pt_fail(err, errlen, PT_ERR_BACKEND,
+                   "state: device copy failed (memcpy or the stream_sync after it)");
 }
 
 /* The optimizer state must exist (create_optimizer done) for m and v. */
@@ -142,10 +144,14 @@ static int ready(pt_store *st, const char *what, int need_opt, char *err, size_t
     if (!st || (need_opt && !st->opt_ready)) {
         return pt_fail(err, errlen, PT_ERR_ORDER, "%s: needs post_model_load%s first", what, need_opt ? " and create_optimizer" : "");
     }
-    /* no CPU task may still write a chunk */
-    for (int k = 0; k < st->n_chunks; k++)
-        if (st->workers) pt_pool_wait(st->workers, &st->ch[k].tg);
-    return PT_OK;
+    /* no CPU task may still write a chunk; one that failed fails this too */
+    int rc = PT_OK;
+    for (int k = 0; k < st->n_chunks && st->workers; k++) {
+        char e[320];
+        int r = pt_cs_wait_task(st, &st->ch[k], what, e, sizeof e);
+        if (r && !rc) rc = pt_fail(err, errlen, r, "%s", e);
+    }
+    return rc;
 }
 
 int pt_store_snapshot(pt_store *st, pt_state_image *img, char *err, size_t errlen) {

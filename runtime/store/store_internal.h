@@ -66,6 +66,8 @@ typedef struct cs_chunk {
     pt_task_group tg;         /* its CPU task (accumulate / norm / step) */
     /* snapshot the CPU task works from (written before submit) */
     int t_micro, t_n_micro, t_step_now, t_norm;
+    int t_rc;                 /* status of its last CPU task: written by the worker, read
+                               * (pt_cs_wait_task) only after waiting for tg */
     pt_adamw_consts t_consts;
 } cs_chunk;
 
@@ -123,8 +125,12 @@ static inline int pt_cs_ord(const pt_store *st, unsigned bit) {
 int pt_cs_after_compute(pt_store *st, pt_stream *s, unsigned bit);
 /* Ordered: s_compute waits for event e (an upload); else the host's thread does. */
 int pt_cs_compute_waits(pt_store *st, pt_event *e);
-/* Free device bytes the host's compute may still use (stream-ordered when ordered). */
+/* Free device bytes the host's compute may still use (stream-ordered when ordered);
+ * a failed poison fill is logged. */
 void pt_cs_free(pt_store *st, void *p);
+/* Wait for chunk c's CPU task and return the status it left (once), with a
+ * sentence naming `hook` and what failed on the worker. */
+int pt_cs_wait_task(pt_store *st, cs_chunk *c, const char *hook, char *err, size_t errlen);
 int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen);
 void pt_cs_fini_runtime(pt_store *st);
 void pt_cs_set_pointers(pt_store *st, cs_chunk *c, void *param_base, void *grad_base);
@@ -136,7 +142,7 @@ const char *pt_acts_mode_name(int m);
 int pt_acts_init(pt_store *st, const int32_t *modes, const int32_t *swap_done, char *err,
                  size_t errlen);
 void pt_acts_fini(pt_store *st);
-void pt_acts_pre_forward(pt_store *st, int32_t w);
+int pt_acts_pre_forward(pt_store *st, int32_t w, char *err, size_t errlen);
 int pt_acts_post_forward(pt_store *st, int32_t b, char *err, size_t errlen);
 int pt_acts_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen);
 int pt_acts_post_backward(pt_store *st, int32_t b);

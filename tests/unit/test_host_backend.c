@@ -1,7 +1,8 @@
 /*
  * test_host_backend.c — the simulated GPU (gpu/host/) through its vtable:
  * stream FIFO order, events (CUDA semantics), cross-stream ordering, the copy
- * throttle (the one timed test), and the kernels against scalar references.
+ * throttle (the one timed test), the kernels against scalar references, and
+ * failure injection of non-allocation ops.
  */
 #include <math.h>
 #include <pthread.h>
@@ -458,6 +459,42 @@ static void test_memory_and_name(void **state) {
     B->close(h2);
 }
 
+static void count_log(void *user, int32_t level, const char *msg) {
+    (void)level;
+    if (strstr(msg, "injected failure") && strstr(msg, "memset call #2")) ++*(int *)user;
+}
+
+/* fail_op / fail_op_at: exactly the n-th call of that op fails, once, with
+ * PT_ERR_BACKEND and without doing its work; other ops are not counted; the
+ * backend says so through set_log; a bad op number is refused at open. */
+static void test_fail_op_injection(void **state) {
+    (void)state;
+    pt_gpu_config c;
+    memset(&c, 0, sizeof c);
+    c.capacity = 64ull << 20;
+    c.fail_op = PT_GPU_OP_MEMSET;
+    c.fail_op_at = 2;
+    void *h = NULL;
+    assert_int_equal(B->open(&c, &h, NULL, 0), PT_OK);
+    int notices = 0;
+    B->set_log(h, count_log, &notices);
+    unsigned char buf[64];
+    memset(buf, 0, sizeof buf);
+    assert_int_equal(B->memset_async(h, buf, 1, 16, NULL), PT_OK);
+    assert_int_equal(B->stream_sync(h, NULL), PT_OK);            /* another op: not counted */
+    assert_int_equal(B->memset_async(h, buf + 16, 2, 16, NULL), PT_ERR_BACKEND);
+    assert_int_equal(buf[16], 0);                                 /* the failed call did nothing */
+    assert_int_equal(B->memset_async(h, buf + 32, 3, 16, NULL), PT_OK);   /* once only */
+    assert_int_equal(buf[0], 1);
+    assert_int_equal(buf[32], 3);
+    assert_int_equal(notices, 1);
+    B->close(h);
+    c.fail_op = PT_GPU_OP_COUNT;
+    char err[256] = "";
+    assert_int_equal(B->open(&c, &h, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "fail_op"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fifo_order),
@@ -468,6 +505,7 @@ int main(void) {
         cmocka_unit_test(test_adamw_matches_reference),
         cmocka_unit_test(test_convert_sqnorm),
         cmocka_unit_test(test_memory_and_name),
+        cmocka_unit_test(test_fail_op_injection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
