@@ -59,6 +59,15 @@ int pt_gpu_adopt_stream(pt_gpu *g, void *native, pt_stream **s, char *err, size_
  * ops->event_create, which on cuda are untimed and wait without spinning. */
 int pt_gpu_event_create_timing(pt_gpu *g, pt_event **e);
 
+/* Reserve one pinned arena of `bytes` (rounded up to PT_GPU_ALIGN) that later
+ * pt_gpu_pinned_alloc calls are carved from; their frees return blocks to it
+ * without a driver call (on cuda, cudaFreeHost waits for the whole device). An
+ * allocation the arena cannot hold gets its own backend allocation, counted in
+ * usage.pinned_own_allocs. Reserving again replaces the arena (only while
+ * nothing in it is live: else PT_ERR_INVALID_ARG); 0 drops it. The arena must
+ * fit the pinned budget (PT_ERR_HOST_OOM otherwise, nothing changed). */
+int pt_gpu_pinned_reserve(pt_gpu *g, size_t bytes, char *err, size_t errlen);
+
 /* Device allocations still live (finalize tests assert 0 before pt_gpu_close). */
 size_t pt_gpu_live_allocs(const pt_gpu *g);
 /* Pinned allocations still live. */

@@ -207,6 +207,8 @@ typedef struct pt_gpu_usage {
     uint64_t current, peak;
     uint64_t tag_current[PT_TAG_COUNT], tag_peak[PT_TAG_COUNT];
     uint64_t pinned_current, pinned_peak, pinned_budget;
+    uint64_t pinned_arena;      /* bytes of the pinned arena (pt_gpu_pinned_reserve), 0 = none */
+    uint64_t pinned_own_allocs; /* pinned allocations that got their own backend host_alloc */
     uint64_t h2d_bytes, d2h_bytes;
     uint64_t n_allocs;
 } pt_gpu_usage;

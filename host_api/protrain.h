@@ -220,7 +220,10 @@ typedef struct pt_stats_v1 {
     uint64_t swap_bytes;      /* cumulative activation bytes swapped out (SWAP) */
     uint64_t pred_peak;       /* the plan's predicted device peak (0: no plan) */
     double pred_iter_s;       /* the plan's predicted iteration time (0: no plan) */
-    uint64_t reserved[8];
+    /* ABI 1.1, from the reserved space (0 from older plugins): */
+    uint64_t pinned_arena;    /* bytes of the one pinned arena offloaded chunks live in */
+    uint64_t pinned_own_allocs; /* pinned allocations that did not fit the arena (each its own) */
+    uint64_t reserved[6];
 } pt_stats_v1;
 
 /* The plugin's table. The struct tag differs from the exported object's name

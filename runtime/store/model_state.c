@@ -116,6 +116,17 @@ static uint64_t pinned_of(const cs_chunk *c, int with_gacc) {
 
 uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c) { return pinned_of(c, 0); }
 
+/* The same allocations as pinned_of(c, 0), each rounded as the pinned arena
+ * rounds it: what alloc_offloaded carves from the arena. */
+static uint64_t arena_of(const cs_chunk *c) {
+    uint64_t b = pt_gpu_round_size(c->used);                       /* h_param */
+    if (!c->trainable) return b;
+    uint64_t eb = pt_gpu_round_size((uint64_t)c->n_state * 4);
+    b += pt_gpu_round_size(c->used) + 2 * eb;                      /* h_gstage, m, v */
+    if (c->has16) b += eb;                                         /* fp32 masters */
+    return b;
+}
+
 /* Device bytes of one resident chunk as alloc_persistent and pt_ms_optimizer_init
  * allocate them, each allocation rounded like the allocator rounds it. */
 uint64_t pt_ms_chunk_dev_bytes(const cs_chunk *c) {
@@ -304,6 +315,15 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
     for (int k = 0; k < ms->n_chunks; k++)
         if (!ms->ch[k].persistent) pinned += pinned_of(&ms->ch[k], 0);
     if ((rc = check_pinned(st, pinned, err, errlen))) return rc;
+    /* One pinned arena for every offloaded chunk, so no chunk costs its own
+     * driver allocation (and no later free a device-wide wait). If it cannot be
+     * had, the chunks still get their own allocations: slower, not wrong. */
+    uint64_t arena = 0;
+    for (int k = 0; k < ms->n_chunks; k++)
+        if (!ms->ch[k].persistent) arena += arena_of(&ms->ch[k]);
+    char why[512];
+    if (pt_gpu_pinned_reserve(st->env.gpu, (size_t)arena, why, sizeof why))
+        PT_LOGW(st->env.lg, "offloaded chunks get one pinned allocation each: %s", why);
 
     double t0 = pt_now_s();
     for (int k = 0; k < ms->n_chunks; k++) {

@@ -120,6 +120,11 @@ static void case_(const char *name, const char *protrain, float clip, int n_micr
         assert_int_equal(p.st.mode, 1);
         assert_true(p.st.n_persist < p.st.n_chunk);
         assert_true(p.st.h2d_bytes > 0 && p.st.d2h_bytes > 0);
+        /* the offloaded chunks live in one pinned arena: none took its own
+         * driver allocation (micro-batch sums and swap buffers come later and
+         * may; these cases use neither unless n_micro > 1) */
+        assert_true(p.st.pinned_arena > 0);
+        if (n_micro == 1 && !strstr(protrain, "n_swap = 1")) assert_int_equal(p.st.pinned_own_allocs, 0);
     }
     identical(name, &p, ref(n_micro, clip));
     free(p.params);

@@ -139,7 +139,8 @@ static void test_fragmentation(void **state) {
     void *p[16];
     for (int i = 0; i < 16; i++) {
         assert_int_equal(pt_gpu_alloc(g, piece, PT_TAG_BUFFER, &p[i], NULL, 0), PT_OK);
-        assert_int_equal((uintptr_t)p[i] % 256, 0);
+        assert_int_equal((uintptr_t)(p[i] - p[0]) % 256, 0);   /* 256-byte blocks */
+        assert_int_equal((uintptr_t)p[i] % 64, 0);
     }
     assert_int_equal(pt_gpu_largest_free(g), 0);
     for (int i = 0; i < 16; i += 2) pt_gpu_free(g, p[i]);
@@ -332,6 +333,69 @@ static void test_pinned_budget(void **state) {
     assert_int_equal(after.pinned_peak, budget);
     pt_gpu_pinned_free(g, b);
     assert_int_equal(pt_gpu_live_pinned(g), 0);
+    close_dev(g);
+}
+
+/* The pinned arena: allocations are carved from one reservation (no own
+ * backend allocation), frees return blocks to it, what does not fit gets its
+ * own allocation and is counted, and the arena is replaced only while empty. */
+static void test_pinned_arena(void **state) {
+    (void)state;
+    pt_gpu *g = open_dev(4 * MiB, 0, 2 * MiB, 0);
+    char err[512] = "";
+    pt_gpu_usage u;
+    assert_int_equal(pt_gpu_pinned_reserve(g, 3 * MiB, err, sizeof err), PT_ERR_HOST_OOM);
+    assert_non_null(strstr(err, "budget"));
+    assert_int_equal(pt_gpu_pinned_reserve(g, 1 * MiB, err, sizeof err), PT_OK);
+    pt_gpu_usage_get(g, &u);
+    assert_int_equal(u.pinned_arena, 1 * MiB);
+    assert_int_equal(u.pinned_current, 0);   /* reserved is not in use */
+    uint8_t *p[4];
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(pt_gpu_pinned_alloc(g, 200 * KiB + 1, (void **)&p[i], err, sizeof err), PT_OK);
+        assert_int_equal((uintptr_t)(p[i] - p[0]) % 256, 0);   /* 256-byte blocks */
+        assert_int_equal((uintptr_t)p[i] % 64, 0);
+        memset(p[i], i + 1, 200 * KiB + 1);
+    }
+    for (int i = 1; i < 4; i++) assert_true(p[i] >= p[0] + i * (200 * KiB + 1));   /* disjoint */
+    assert_true(p[3] + 200 * KiB + 1 <= p[0] + 1 * MiB);                             /* inside */
+    pt_gpu_usage_get(g, &u);
+    assert_int_equal(u.pinned_own_allocs, 0);
+    assert_int_equal(u.pinned_current, 4 * (200 * KiB + 1));
+    /* 300 KiB no longer fits the arena: its own allocation, counted */
+    void *big = NULL;
+    assert_int_equal(pt_gpu_pinned_alloc(g, 300 * KiB, &big, err, sizeof err), PT_OK);
+    pt_gpu_usage_get(g, &u);
+    assert_int_equal(u.pinned_own_allocs, 1);
+    assert_int_equal(pt_gpu_live_pinned(g), 5);
+    /* replacing the arena while blocks live is refused, nothing changes */
+    assert_int_equal(pt_gpu_pinned_reserve(g, 2 * MiB, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "live"));
+    /* a freed block is reused in place (best fit, lowest address) */
+    pt_gpu_pinned_free(g, p[1]);
+    uint8_t *again = NULL;
+    assert_int_equal(pt_gpu_pinned_alloc(g, 100 * KiB, (void **)&again, err, sizeof err), PT_OK);
+    assert_ptr_equal(again, p[1]);
+    for (size_t k = 0; k < 200 * KiB + 1; k++) assert_int_equal(p[2][k], 3);  /* neighbours intact */
+    pt_gpu_pinned_free(g, again);
+    for (int i = 0; i < 4; i++) if (i != 1) pt_gpu_pinned_free(g, p[i]);
+    pt_gpu_pinned_free(g, big);
+    assert_int_equal(pt_gpu_live_pinned(g), 0);
+    pt_gpu_usage_get(g, &u);
+    assert_int_equal(u.pinned_current, 0);
+    /* empty again: it can be replaced, and 0 drops it */
+    assert_int_equal(pt_gpu_pinned_reserve(g, 2 * MiB, err, sizeof err), PT_OK);
+    pt_gpu_usage_get(g, &u);
+    assert_int_equal(u.pinned_arena, 2 * MiB);
+    assert_int_equal(pt_gpu_pinned_reserve(g, 0, err, sizeof err), PT_OK);
+    pt_gpu_usage_get(g, &u);
+    assert_int_equal(u.pinned_arena, 0);
+    /* an arena left with a live block at close is reported and freed */
+    assert_int_equal(pt_gpu_pinned_reserve(g, 64 * KiB, err, sizeof err), PT_OK);
+    void *left = NULL;
+    assert_int_equal(pt_gpu_pinned_alloc(g, 1000, &left, err, sizeof err), PT_OK);
+    assert_int_equal(pt_gpu_live_pinned(g), 1);
+    pt_gpu_pinned_free(g, left);
     close_dev(g);
 }
 
@@ -769,6 +833,7 @@ int main(void) {
         cmocka_unit_test(test_adopt_stream),
         cmocka_unit_test(test_checked_free),
         cmocka_unit_test(test_pinned_budget),
+        cmocka_unit_test(test_pinned_arena),
         cmocka_unit_test(test_failure_injection),
         cmocka_unit_test(test_backend_selection),
         cmocka_unit_test(test_tags),

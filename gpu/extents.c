@@ -1,0 +1,209 @@
+/*
+ * extents.c — the extent allocator and pointer map of extents.h.
+ */
+#include "extents.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "device_ext.h"
+
+/* ---- pointer map ---- */
+
+static size_t slot_of(const pt_ptrmap *m, uintptr_t k) {
+    uint64_t h = (uint64_t)k * 0x9E3779B97F4A7C15ull; /* Fibonacci hashing */
+    return (size_t)(h >> 32) & (m->cap - 1);
+}
+
+static int grow(pt_ptrmap *m) {
+    size_t ncap = m->cap ? m->cap * 2 : 64;
+    uintptr_t *nk = calloc(ncap, sizeof *nk);
+    uint64_t *nv = calloc(ncap, sizeof *nv);
+    if (!nk || !nv) {
+        free(nk);
+        free(nv);
+        return -1;
+    }
+    pt_ptrmap o = *m;
+    m->keys = nk;
+    m->vals = nv;
+    m->cap = ncap;
+    for (size_t i = 0; i < o.cap; i++) {
+        if (!o.keys[i]) continue;
+        size_t j = slot_of(m, o.keys[i]);
+        while (m->keys[j]) j = (j + 1) & (ncap - 1);
+        m->keys[j] = o.keys[i];
+        m->vals[j] = o.vals[i];
+    }
+    free(o.keys);
+    free(o.vals);
+    return 0;
+}
+
+int pt_ptrmap_put(pt_ptrmap *m, uintptr_t k, uint64_t v) {
+    if ((m->n + 1) * 2 > m->cap && grow(m) != 0) return -1;
+    size_t j = slot_of(m, k);
+    while (m->keys[j] && m->keys[j] != k) j = (j + 1) & (m->cap - 1);
+    if (!m->keys[j]) m->n++;
+    m->keys[j] = k;
+    m->vals[j] = v;
+    return 0;
+}
+
+/* Returns 1 and *v when found. */
+int pt_ptrmap_get(const pt_ptrmap *m, uintptr_t k, uint64_t *v) {
+    if (!m->cap || !k) return 0;
+    for (size_t j = slot_of(m, k); m->keys[j]; j = (j + 1) & (m->cap - 1)) {
+        if (m->keys[j] == k) {
+            if (v) *v = m->vals[j];
+            return 1;
+        }
+    }
+    return 0;
+}
+
+void pt_ptrmap_del(pt_ptrmap *m, uintptr_t k) {
+    if (!m->cap || !k) return;
+    size_t mask = m->cap - 1, j = slot_of(m, k);
+    while (m->keys[j] && m->keys[j] != k) j = (j + 1) & mask;
+    if (!m->keys[j]) return;
+    m->keys[j] = 0;
+    m->n--;
+    /* backward shift: move later members of the probe run into the hole when
+     * their home slot does not lie cyclically in (hole, their slot]. */
+    for (size_t i = (j + 1) & mask; m->keys[i]; i = (i + 1) & mask) {
+        size_t home = slot_of(m, m->keys[i]);
+        int stays = (j <= i) ? (home > j && home <= i) : (home > j || home <= i);
+        if (stays) continue;
+        m->keys[j] = m->keys[i];
+        m->vals[j] = m->vals[i];
+        m->keys[i] = 0;
+        j = i;
+    }
+}
+
+void pt_ptrmap_free(pt_ptrmap *m) {
+    free(m->keys);
+    free(m->vals);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- extent allocator ---- */
+
+static int bin_of(uint64_t size) {
+    uint64_t units = size / PT_GPU_ALIGN; /* >= 1 */
+    int b = 63 - __builtin_clzll(units);
+    return b < PT_EXT_NBINS ? b : PT_EXT_NBINS - 1;
+}
+
+static void bin_insert(pt_extents *g, pt_blk *x) {
+    int b = bin_of(x->size);
+    x->fprev = NULL;
+    x->fnext = g->bins[b];
+    if (g->bins[b]) g->bins[b]->fprev = x;
+    g->bins[b] = x;
+}
+
+static void bin_remove(pt_extents *g, pt_blk *x) {
+    if (x->fprev) x->fprev->fnext = x->fnext;
+    else g->bins[bin_of(x->size)] = x->fnext;
+    if (x->fnext) x->fnext->fprev = x->fprev;
+    x->fprev = x->fnext = NULL;
+}
+
+static pt_blk *find_fit(pt_extents *g, uint64_t size) {
+    for (int b = bin_of(size); b < PT_EXT_NBINS; b++) {
+        pt_blk *best = NULL;
+        for (pt_blk *x = g->bins[b]; x; x = x->fnext)
+            if (x->size >= size &&
+                (!best || x->size < best->size || (x->size == best->size && x->off < best->off)))
+                best = x;
+        if (best) return best;
+    }
+    return NULL;
+}
+
+pt_blk *pt_ext_carve(pt_extents *g, uint64_t size) {
+    pt_blk *x = find_fit(g, size);
+    if (!x) return NULL;
+    bin_remove(g, x);
+    if (x->size - size >= PT_GPU_ALIGN) {
+        pt_blk *r = calloc(1, sizeof *r);
+        if (r) { /* without a header for the tail the whole block is handed out */
+            r->off = x->off + size;
+            r->size = x->size - size;
+            r->prev = x;
+            r->next = x->next;
+            if (x->next) x->next->prev = r;
+            x->next = r;
+            x->size = size;
+            bin_insert(g, r);
+        }
+    }
+    x->state = 1;
+    return x;
+}
+
+/* Merge b into a (a directly precedes b); b's header goes. */
+static void absorb(pt_blk *a, pt_blk *b) {
+    a->size += b->size;
+    a->next = b->next;
+    if (b->next) b->next->prev = a;
+    free(b);
+}
+
+void pt_ext_release(pt_extents *g, pt_blk *x) {
+    x->state = 0;
+    x->req = 0;
+    if (x->next && x->next->state == 0) {
+        bin_remove(g, x->next);
+        absorb(x, x->next);
+    }
+    if (x->prev && x->prev->state == 0) {
+        pt_blk *p = x->prev;
+        bin_remove(g, p);
+        absorb(p, x);
+        x = p;
+    }
+    bin_insert(g, x);
+}
+
+uint64_t pt_ext_largest_free(const pt_extents *g) {
+    for (int b = PT_EXT_NBINS - 1; b >= 0; b--) {
+        if (!g->bins[b]) continue;
+        uint64_t m = 0;
+        for (const pt_blk *x = g->bins[b]; x; x = x->fnext)
+            if (x->size > m) m = x->size;
+        return m;
+    }
+    return 0;
+}
+
+size_t pt_ext_free_count(const pt_extents *g) {
+    size_t n = 0;
+    for (int b = 0; b < PT_EXT_NBINS; b++)
+        for (const pt_blk *x = g->bins[b]; x; x = x->fnext) n++;
+    return n;
+}
+
+int pt_ext_all_free(const pt_extents *e) {
+    return !e->first || (e->first->state == 0 && !e->first->next);
+}
+
+int pt_ext_init(pt_extents *e, uint64_t size) {
+    memset(e, 0, sizeof *e);
+    pt_blk *all = calloc(1, sizeof *all);
+    if (!all) return -1;
+    all->size = size;
+    e->first = all;
+    bin_insert(e, all);
+    return 0;
+}
+
+void pt_ext_destroy(pt_extents *e) {
+    for (pt_blk *x = e->first, *n; x; x = n) {
+        n = x->next;
+        free(x);
+    }
+    memset(e, 0, sizeof *e);
+}
