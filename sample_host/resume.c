@@ -256,6 +256,17 @@ static int drop_gen(const char *dir, int64_t step) {
     return rm_tree(del);
 }
 
+/* Keep the newest `keep` generations at or before `step`; with drop_newer, drop
+ * those after it too (else they stay). */
+static void prune(const char *dir, int64_t step, int drop_newer, int keep) {
+    int64_t *g = NULL;
+    int n = 0, kept = 0;
+    if (list_gens(dir, &g, &n) == 0)
+        for (int i = 0; i < n; i++)
+            if (g[i] > step ? drop_newer : ++kept > keep) drop_gen(dir, g[i]);
+    free(g);
+}
+
 /* ---- host.txt ---- */
 
 static int host_text(const sh_resume *r, const sh_resume_state *st, char *buf, size_t n) {
@@ -464,14 +475,9 @@ int sh_resume_save(const sh_resume *r, sh_trainer *tr, const sh_resume_state *st
         return say(err, errlen, "cannot rename %s to %s: %s", tmp, fin, strerror(e));
     }
     if (fsync_dir(dir)) return say(err, errlen, "cannot fsync %s: %s", dir, strerror(errno));
-    /* prune: generations past this step belong to a future this run abandoned (a
-     * resume went back before them), then all but the newest checkpoint_keep */
-    int64_t *g = NULL;
-    int n = 0, kept = 0;
-    if (list_gens(dir, &g, &n) == 0)
-        for (int i = 0; i < n; i++)
-            if (g[i] > st->step || ++kept > r->c->checkpoint_keep) drop_gen(dir, g[i]);
-    free(g);
+    /* generations past this step belong to a future this run abandoned (a resume
+     * went back before them, they were not valid) */
+    prune(dir, st->step, 1, r->c->checkpoint_keep);
     return 0;
 }
 
@@ -601,6 +607,8 @@ int sh_resume_load(const sh_resume *r, sh_trainer *tr, sh_resume_state *st, char
         }
         sh_trainer_set_state(tr, &s.tr);
         *st = s;
+        /* a run killed between a save's rename and its pruning left one too many */
+        prune(dir, s.step, 0, r->c->checkpoint_keep);
         snprintf(gen, genlen, "%s", gp);
         rc = 0;
         break;
