@@ -222,6 +222,14 @@ static int train_loop(runstate *rs, char *err, size_t errlen) {
     double session_time = 0.0;
     pt_stats_v1 st;
     memset(&st, 0, sizeof st);
+    if (c->stop_after > 0 && rs->start_step >= c->stop_after && rs->start_step < c->steps) {
+        /* resumed at or past the stop: nothing to do in this process */
+        rs->stopped = 1;
+        if (!c->quiet)
+            printf("stopped at step %d (stop_after = %d); continue with --resume\n",
+                   rs->start_step, c->stop_after);
+        return 0;
+    }
     for (int step = rs->start_step + 1; step <= c->steps; step++) {
         float lr = lr_at(c, step);
         double t0 = pt_now_s(), loss = 0.0;

@@ -16,7 +16,9 @@
  *    generations remain;
  *  - a corrupt newest generation (a flipped manifest byte, a truncated state file, a
  *    flipped byte inside the plugin's state file) is skipped with a warning naming it
- *    and the previous one is used; a generation of a different run is refused.
+ *    and the previous one is used (the validation losses and sampled text printed
+ *    after the resume equal an uninterrupted binary run's); a generation of a
+ *    different run is refused naming the setting; all generations corrupt is an error.
  * A NaN loss (debug_nan_step) stops the run with exit status 1 and a sentence naming
  * the step, with no generation written after it; on_nonfinite = skip (no plugin)
  * skips and counts that step.
@@ -379,6 +381,22 @@ static void two_gens(const char *ck, const char *m, const char *s, const char *l
     assert_int_equal(count_entries(ck, "gen-"), 2);
 }
 
+/* The log from "step 6 val loss" up to the summary, without the timed lines: the
+ * validation losses and samples of steps 6..8. */
+static char *after_step6(const char *log) {
+    const char *a = strstr(log, "step 6 val loss"), *b = strstr(log, "=== summary");
+    assert_true(a && b && a < b);
+    char *out = calloc((size_t)(b - a) + 1, 1);
+    assert_non_null(out);
+    for (const char *p = a; p < b;) {
+        const char *nl = strchr(p, '\n');
+        size_t len = (size_t)(nl - p) + 1;
+        if (!memmem(p, len, "tok/s", 5)) strncat(out, p, len);
+        p = nl + 1;
+    }
+    return out;
+}
+
 static void corrupt_case(const char *tag, const char *victim, int how, const char *why) {
     ensure_refs();
     char m[300], s[300], ck[300], lg[300], args[3000], name[64], p[400];
@@ -415,6 +433,21 @@ static void corrupt_case(const char *tag, const char *victim, int how, const cha
     assert_non_null(strstr(w, why));
     snprintf(want, sizeof want, "resumed from %s/gen-00000004 (step 4", ck);
     assert_non_null(strstr(log, want));
+    /* validation losses and sampled text after the resume as in one run */
+    static char *ref_tail;
+    if (!ref_tail) {
+        char rm[300], rs[300], rck[300], rlg[300];
+        bin_args(args, sizeof args, INI_RES, path_in(rm, "bref.jsonl"), path_in(rs, "bref.bin"),
+                 path_in(rck, "bref.ck"), "");
+        assert_int_equal(run_bin(args, path_in(rlg, "bref.log")), 0);
+        char *rl = slurp(rlg);
+        ref_tail = after_step6(rl);
+        free(rl);
+    }
+    char *tail = after_step6(log);
+    assert_string_equal(tail, ref_tail);
+    assert_non_null(strstr(tail, "--- sample at step 6"));
+    free(tail);
     free(log);
     expect_same_run(tag, REF_P, REF_P_SAVE, m, s);
 }
