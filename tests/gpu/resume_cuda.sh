@@ -48,7 +48,7 @@ case_() { # case_ NAME args...
 }
 case_ no-plugin --no-plugin
 case_ plugin-resident $(ini res 8GiB) --plugin "$BUILD/protrain_plugin.so"
-case_ plugin-offload $(ini off 24MiB) --plugin "$BUILD/protrain_plugin.so"
+case_ plugin-offload $(ini off 16MiB) --plugin "$BUILD/protrain_plugin.so"
 # a cuda generation on cpu: refused, naming the setting
 if "$SH" "${MODEL[@]}" --no-plugin --device cpu --checkpoint-dir "$tmp/no-plugin.ck" --resume \
      >"$tmp/x.out" 2>&1; then
