@@ -306,7 +306,7 @@ static int find_val(const char *text, const char *key, int run, char *v, size_t 
 /* The saved run must be this run: every trajectory setting equal. */
 static int same_run(const sh_resume *r, const char *saved, const char *gen, char *err,
                     size_t errlen) {
-    for (const char *p = r->run; *p; p = strchr(p, '\n') + 1) {
+    for (const char *p = r->run; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
         char key[64], mine[128], theirs[128];
         if (sscanf(p, "run %63s %127s", key, mine) != 2) break;
         if (find_val(saved, key, 1, theirs, sizeof theirs) != 0)
