@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { T_INT, T_U64, T_FLOAT, T_STR, T_OPTIM, T_PROGRESS, T_DEVICE };
+enum { T_INT, T_U64, T_FLOAT, T_STR, T_OPTIM, T_PROGRESS, T_DEVICE, T_BOOL, T_NONFINITE };
 
 typedef struct opt {
     const char *key;   /* INI key in [sample_host]; the flag is --key with '_' -> '-' */
@@ -58,6 +58,21 @@ static const opt OPTS[] = {
     {"progress", T_PROGRESS, O(progress), 0, 0, 0, "auto | on | off"},
     {"device", T_DEVICE, O(device), 0, 0, 0,
      "cpu | cuda (the model's layers on a CUDA GPU through libsample_cuda.so)"},
+    {"checkpoint_dir", T_STR, O(checkpoint_dir), 0, 0, 0,
+     "folder of resumable checkpoint generations (gen-STEP/)"},
+    {"checkpoint_every", T_INT, O(checkpoint_every), 0, 1e9, 0,
+     "steps between generations (0 = only at the end)"},
+    {"checkpoint_keep", T_INT, O(checkpoint_keep), 1, 1e6, 0, "generations kept"},
+    {"resume", T_BOOL, O(resume), 0, 0, 0,
+     "true: continue from the newest valid generation (flag: --resume)"},
+    {"stop_after", T_INT, O(stop_after), 0, 1e9, 0,
+     "stop after this step, with a generation written (0 = off)"},
+    {"on_nonfinite", T_NONFINITE, O(on_nonfinite), 0, 0, 0,
+     "stop | skip: a NaN/inf loss stops the run, or skips its step (no plugin)"},
+    {"debug_nan_step", T_INT, O(debug_nan_step), 0, 1e9, 0,
+     "testing: NaN gradients and loss at this step (0 = off)"},
+    {"debug_save_sleep_ms", T_INT, O(debug_save_sleep_ms), 0, 60000, 0,
+     "testing: pause between the files of a checkpoint save"},
 };
 #define NOPTS (sizeof OPTS / sizeof OPTS[0])
 
@@ -89,6 +104,7 @@ void sh_config_defaults(sh_config *c) {
     c->log_every = 10;
     snprintf(c->plugin, sizeof c->plugin, "protrain");
     c->progress = -1;
+    c->checkpoint_keep = 2;
 }
 
 /* Parse value into the field; one sentence into msg on failure. */
@@ -155,6 +171,25 @@ static int set_value(sh_config *c, const opt *o, const char *val, char *msg, siz
         else if (strcmp(val, "cuda") == 0) *(int *)f = SH_DEVICE_CUDA;
         else {
             snprintf(msg, ml, "'%s' = '%s' must be cpu or cuda", o->key, val);
+            return -1;
+        }
+        return 0;
+    case T_BOOL:
+        if (!strcmp(val, "true") || !strcmp(val, "yes") || !strcmp(val, "on") || !strcmp(val, "1"))
+            *(int *)f = 1;
+        else if (!strcmp(val, "false") || !strcmp(val, "no") || !strcmp(val, "off") ||
+                 !strcmp(val, "0"))
+            *(int *)f = 0;
+        else {
+            snprintf(msg, ml, "'%s' = '%s' must be true or false", o->key, val);
+            return -1;
+        }
+        return 0;
+    case T_NONFINITE:
+        if (strcmp(val, "stop") == 0) *(int *)f = SH_NONFINITE_STOP;
+        else if (strcmp(val, "skip") == 0) *(int *)f = SH_NONFINITE_SKIP;
+        else {
+            snprintf(msg, ml, "'%s' = '%s' must be stop or skip", o->key, val);
             return -1;
         }
         return 0;
@@ -227,6 +262,8 @@ void sh_config_usage(void) {
            "  --write-shard OUT    convert --data text (or the default corpus) to an llm.c "
            "shard and exit\n"
            "  --quiet              no per-step lines and no samples\n"
+           "  --resume             continue from the newest valid generation in "
+           "--checkpoint-dir\n"
            "  --help\n"
            "flags mirroring [sample_host] keys (--key VALUE or --key=VALUE):\n");
     for (size_t i = 0; i < NOPTS; i++) {
@@ -278,6 +315,7 @@ int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t e
         if (strcmp(a, "--no-plugin") == 0) { c->no_plugin = 1; continue; }
         if (strcmp(a, "--metrics-no-time") == 0) { c->metrics_no_time = 1; continue; }
         if (strcmp(a, "--quiet") == 0) { c->quiet = 1; continue; }
+        if (strcmp(a, "--resume") == 0) { c->resume = 1; continue; }
         if (match(a, "--config", argc, argv, &i, &v)) continue;
         if (match(a, "--write-shard", argc, argv, &i, &v)) {
             if (!v || strlen(v) >= SH_PATH) {
@@ -323,6 +361,22 @@ int sh_config_check(const sh_config *c, char *err, size_t errlen) {
     if (c->channels % c->heads != 0) {
         snprintf(err, errlen, "channels (%d) must be a multiple of heads (%d)", c->channels,
                  c->heads);
+        return -1;
+    }
+    if (c->resume && !c->checkpoint_dir[0]) {
+        snprintf(err, errlen, "resume needs checkpoint_dir (--checkpoint-dir DIR): the folder "
+                 "of the generations to continue from");
+        return -1;
+    }
+    if (c->stop_after && !c->checkpoint_dir[0]) {
+        snprintf(err, errlen, "stop_after needs checkpoint_dir: the run would stop with "
+                 "nothing to resume from");
+        return -1;
+    }
+    if (c->on_nonfinite == SH_NONFINITE_SKIP && !c->no_plugin) {
+        snprintf(err, errlen, "on_nonfinite = skip needs --no-plugin: the plugin has no hook "
+                 "to drop a step (it steps offloaded chunks while backward runs), so use "
+                 "stop with the plugin");
         return -1;
     }
     if ((double)c->batch * c->seq > 1e8) {

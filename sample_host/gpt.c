@@ -247,3 +247,19 @@ void sh_head_bwd(const sh_model *m, const sh_head_acts *a, const float *xL,
                      (float *)m->params[SH_P_LNFB(L)].grad, dsmall, xL,
                      (const float *)m->params[SH_P_LNFW(L)].data, a->lnf_mean, a->lnf_rstd, N, C);
 }
+
+int sh_pick_token(const float *logits, int V, float temperature, sh_rng *rng) {
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (temperature <= 0.0f) return best;
+    /* p_i ~ exp((z_i - z_max) / temperature), inverse-CDF draw in double */
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) sum += exp((double)(logits[i] - logits[best]) / temperature);
+    double u = sh_rng_uniform(rng) * sum, c = 0.0;
+    for (int i = 0; i < V; i++) {
+        c += exp((double)(logits[i] - logits[best]) / temperature);
+        if (u < c) return i;
+    }
+    return V - 1;
+}

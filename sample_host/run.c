@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "protrain.h"
@@ -16,6 +17,7 @@
 #include "sh_ckpt.h"
 #include "sh_cuda.h"
 #include "sh_data.h"
+#include "sh_resume.h"
 #include "sh_train.h"
 
 /* lr(step), step 1-based: linear warmup to lr over `warmup` steps, then cosine from lr
@@ -65,6 +67,12 @@ typedef struct runstate {
     double train_time;
     long long train_tokens;
     double last_loss, last_val;
+    sh_rng gen_rng;     /* the sampling stream (saved in checkpoints) */
+    sh_resume rz;       /* checkpoint generations (sh_resume.h) */
+    int start_step;     /* steps done before this process (resume), else 0 */
+    char resumed_from[SH_PATH + 32];
+    long long n_skipped, last_gen; /* skipped steps; step of the newest generation (-1) */
+    int stopped;        /* stop_after ended the run early */
 } runstate;
 
 static int load_data(runstate *rs, char *err, size_t errlen) {
@@ -183,35 +191,157 @@ static int sample(runstate *rs, int step, sh_rng *gen_rng) {
     return rc;
 }
 
+/* The run's state after `step`: a checkpoint generation (sh_resume.h). The metrics
+ * lines so far are made durable first, so the generation never points past them. */
+static int checkpoint(runstate *rs, int step, char *err, size_t errlen) {
+    sh_resume_state st;
+    memset(&st, 0, sizeof st);
+    st.step = step;
+    sh_trainer_get_state(rs->tr, &st.tr);
+    st.gen_rng = rs->gen_rng.s;
+    st.n_skipped = rs->n_skipped;
+    if (rs->metrics) {
+        if (fflush(rs->metrics) != 0 || fsync(fileno(rs->metrics)) != 0) {
+            snprintf(err, errlen, "error writing metrics file %s", rs->c->metrics);
+            return -1;
+        }
+        st.metrics_bytes = ftell(rs->metrics);
+    }
+    st.train_tokens = rs->train_tokens;
+    st.train_time = rs->train_time;
+    st.last_loss = rs->last_loss;
+    st.last_val = rs->last_val;
+    if (sh_resume_save(&rs->rz, rs->tr, &st, err, errlen)) return -1;
+    rs->last_gen = step;
+    return 0;
+}
+
 static int train_loop(runstate *rs, char *err, size_t errlen) {
     const sh_config *c = rs->c;
-    sh_rng gen_rng;
-    sh_rng_seed(&gen_rng, c->seed, SH_STREAM_GEN);
     long long tok_per_step = (long long)c->batch * c->seq * c->grad_accum;
+    double session_time = 0.0;
     pt_stats_v1 st;
     memset(&st, 0, sizeof st);
-    for (int step = 1; step <= c->steps; step++) {
+    if (c->stop_after > 0 && rs->start_step >= c->stop_after && rs->start_step < c->steps) {
+        /* resumed at or past the stop: nothing to do in this process */
+        rs->stopped = 1;
+        if (!c->quiet)
+            printf("stopped at step %d (stop_after = %d); continue with --resume\n",
+                   rs->start_step, c->stop_after);
+        return 0;
+    }
+    for (int step = rs->start_step + 1; step <= c->steps; step++) {
         float lr = lr_at(c, step);
         double t0 = pt_now_s(), loss = 0.0;
-        if (sh_trainer_step(rs->tr, step, lr, &loss)) goto fail;
+        int sk = sh_trainer_step(rs->tr, step, lr, &loss);
+        if (sk < 0) goto fail;
         double dt = pt_now_s() - t0;
         rs->train_time += dt;
+        session_time += dt;
         rs->train_tokens += tok_per_step;
-        rs->last_loss = loss;
         int have_st = sh_trainer_stats(rs->tr, &st) == 0;
         double tok_s = dt > 0 ? (double)tok_per_step / dt : 0.0;
         write_metrics(rs, step, loss, lr, tok_s, have_st, &st);
-        if (!c->quiet) show_step(rs, step, loss, lr, tok_s, rs->train_time / step, have_st, &st);
+        if (!isfinite(loss)) {
+            char gen[96] = "no checkpoint generation was written";
+            if (rs->last_gen >= 0)
+                snprintf(gen, sizeof gen, "the newest checkpoint generation is step %lld",
+                         rs->last_gen);
+            if (!sk) {
+                /* the parameters are now poisoned: nothing after this may be saved */
+                snprintf(err, errlen, "the training loss is not finite (%g) at step %d: "
+                         "stopping (on_nonfinite = stop); %s", loss, step, gen);
+                return -1;
+            }
+            rs->n_skipped++;
+            fflush(stdout);
+            fprintf(stderr, "sample_host: warning: the training loss is not finite (%g) at "
+                    "step %d: optimizer step skipped (on_nonfinite = skip; %lld so far)\n",
+                    loss, step, rs->n_skipped);
+        } else {
+            rs->last_loss = loss;
+        }
+        if (!c->quiet)
+            show_step(rs, step, loss, lr, tok_s, session_time / (step - rs->start_step),
+                      have_st, &st);
         if ((c->val_every > 0 && step % c->val_every == 0) || step == c->steps)
             if (evaluate(rs, step)) goto fail;
         if (c->gen_every > 0 && (step % c->gen_every == 0 || step == c->steps))
-            if (sample(rs, step, &gen_rng)) goto fail;
+            if (sample(rs, step, &rs->gen_rng)) goto fail;
+        int stop = c->stop_after > 0 && step == c->stop_after && step < c->steps;
+        if (c->checkpoint_dir[0] &&
+            ((c->checkpoint_every > 0 && step % c->checkpoint_every == 0) ||
+             step == c->steps || stop))
+            if (checkpoint(rs, step, err, errlen)) return -1;
+        if (stop) {
+            rs->stopped = 1;
+            if (!c->quiet)
+                printf("%sstopped after step %d (stop_after); continue with --resume\n",
+                       rs->bar ? "\r\033[K" : "", step);
+            return 0;
+        }
     }
     if (c->steps == 0 && evaluate(rs, 0)) goto fail;
+    if (c->steps > 0 && !isfinite(rs->last_loss)) {
+        snprintf(err, errlen, "every training step's loss was non-finite (%lld skipped)",
+                 rs->n_skipped);
+        return -1;
+    }
     return 0;
 fail:
     snprintf(err, errlen, "%s", sh_trainer_error(rs->tr));
     return -1;
+}
+
+/* --resume: the newest valid generation into the trainer and the run's counters;
+ * then the metrics file is cut back to the lines that generation had written. */
+static int resume(runstate *rs, char *err, size_t errlen) {
+    const sh_config *c = rs->c;
+    sh_resume_state st;
+    int rc = sh_resume_load(&rs->rz, rs->tr, &st, rs->resumed_from, sizeof rs->resumed_from,
+                            err, errlen);
+    if (rc < 0) return -1;
+    if (rc == 1) {
+        if (!c->quiet)
+            printf("sample_host: no checkpoint generation in %s: starting at step 1\n",
+                   c->checkpoint_dir);
+        return 0;
+    }
+    if (st.step > c->steps) {
+        snprintf(err, errlen, "--resume: %s is at step %lld, past steps = %d", rs->resumed_from,
+                 (long long)st.step, c->steps);
+        return -1;
+    }
+    rs->start_step = (int)st.step;
+    rs->last_gen = st.step;
+    rs->gen_rng.s = st.gen_rng;
+    rs->n_skipped = st.n_skipped;
+    rs->train_tokens = st.train_tokens;
+    rs->train_time = st.train_time;
+    rs->last_loss = st.last_loss;
+    rs->last_val = st.last_val;
+    if (c->metrics[0]) {
+        FILE *f = fopen(c->metrics, "r+");
+        struct stat sb;
+        if (!f || fstat(fileno(f), &sb) != 0 || (long long)sb.st_size < st.metrics_bytes) {
+            snprintf(err, errlen, "--resume: metrics file %s is %s, but %s wrote %lld bytes of "
+                     "it (use another --metrics file to continue)", c->metrics,
+                     f ? "shorter" : "missing", rs->resumed_from, (long long)st.metrics_bytes);
+            if (f) fclose(f);
+            return -1;
+        }
+        if (ftruncate(fileno(f), (off_t)st.metrics_bytes) != 0 || fseek(f, 0, SEEK_END) != 0) {
+            snprintf(err, errlen, "--resume: cannot cut metrics file %s back to %lld bytes",
+                     c->metrics, (long long)st.metrics_bytes);
+            fclose(f);
+            return -1;
+        }
+        rs->metrics = f;
+    }
+    if (!c->quiet)
+        printf("sample_host: resumed from %s (step %lld of %d)\n", rs->resumed_from,
+               (long long)st.step, c->steps);
+    return 0;
 }
 
 static void summary(runstate *rs) {
@@ -222,6 +352,8 @@ static void summary(runstate *rs) {
     printf("%s=== summary ===\n", rs->bar ? "\r\033[K\n" : "");
     printf("steps %d | final train loss %.4f | final val loss %.4f\n", c->steps,
            c->steps ? rs->last_loss : NAN, rs->last_val);
+    if (rs->n_skipped)
+        printf("skipped optimizer steps (non-finite loss): %lld\n", rs->n_skipped);
     printf("tokens/s %.0f (%lld tokens in %.1f s of training)\n",
            rs->train_time > 0 ? (double)rs->train_tokens / rs->train_time : 0.0,
            rs->train_tokens, rs->train_time);
@@ -256,6 +388,8 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
     rs.c = c;
     rs.last_val = NAN;
     rs.last_loss = NAN;
+    rs.last_gen = -1;
+    sh_rng_seed(&rs.gen_rng, c->seed, SH_STREAM_GEN);
     if (sh_config_check(c, err, errlen)) return -1;
     int rc = load_data(&rs, err, errlen);
     if (!rc && c->write_shard[0]) {
@@ -285,10 +419,6 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
         else rs.have_plugin = rs.lp.table != NULL;
     }
     rs.bar = !c->quiet && (c->progress == 1 || (c->progress == -1 && isatty(STDOUT_FILENO)));
-    if (!rc && c->metrics[0] && !(rs.metrics = fopen(c->metrics, "w"))) {
-        snprintf(err, errlen, "cannot create metrics file %s", c->metrics);
-        rc = -1;
-    }
     if (!rc) {
         sh_train_opts o;
         memset(&o, 0, sizeof o);
@@ -312,6 +442,8 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
         o.log = plugin_log;
         o.log_user = &rs;
         o.cuda = rs.have_cuda ? &rs.cuda : NULL;
+        o.skip_nonfinite = c->on_nonfinite == SH_NONFINITE_SKIP;
+        o.nan_step = c->debug_nan_step;
         if (!c->quiet && rs.have_cuda)
             printf("sample_host: device %s\n", rs.cuda.api->device_name(rs.cuda.ctx));
         if (!c->quiet)
@@ -326,9 +458,15 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
             rc = sh_trainer_create(&rs.tr, &o, err, errlen);
         }
     }
+    if (!rc) sh_resume_init(&rs.rz, c, &d, &rs.train, &rs.val, rs.have_plugin);
+    if (!rc && c->resume) rc = resume(&rs, err, errlen);
+    if (!rc && c->metrics[0] && !rs.metrics && !(rs.metrics = fopen(c->metrics, "w"))) {
+        snprintf(err, errlen, "cannot create metrics file %s", c->metrics);
+        rc = -1;
+    }
     if (!rc) rc = train_loop(&rs, err, errlen);
-    if (!rc && !c->quiet) summary(&rs);
-    if (!rc && c->save[0]) rc = save_ckpt(&rs, err, errlen);
+    if (!rc && !rs.stopped && !c->quiet) summary(&rs);
+    if (!rc && !rs.stopped && c->save[0]) rc = save_ckpt(&rs, err, errlen);
     if (rs.metrics && fclose(rs.metrics) != 0 && !rc) {
         snprintf(err, errlen, "error writing metrics file %s", c->metrics);
         rc = -1;

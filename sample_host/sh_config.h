@@ -43,7 +43,19 @@ typedef struct sh_config {
     unsigned cli_dims;   /* SH_SET_* bits */
     int device;          /* SH_DEVICE_*: where the layers run */
     char plugin_backend[16]; /* [plugin] backend of the INI ("" when absent) */
+    /* checkpointing and resume (sh_resume.h) */
+    char checkpoint_dir[SH_PATH]; /* "" = no generations written */
+    int checkpoint_every;  /* steps between generations; 0 = only at the end */
+    int checkpoint_keep;   /* complete generations kept (>= 1) */
+    int resume;            /* continue from the newest valid generation */
+    int stop_after;        /* stop (exit 0) after this step's generation; 0 = off */
+    int on_nonfinite;      /* SH_NONFINITE_*: what a NaN/inf training loss does */
+    int debug_nan_step;    /* testing: NaN gradients and loss at this step (0 = off) */
+    int debug_save_sleep_ms; /* testing: pause between the files of a save */
 } sh_config;
+
+/* sh_config.on_nonfinite */
+enum { SH_NONFINITE_STOP = 0, SH_NONFINITE_SKIP = 1 };
 
 void sh_config_defaults(sh_config *c);
 /* Read [sample_host] from path. Unknown key, bad value or duplicate -> error naming

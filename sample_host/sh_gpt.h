@@ -12,6 +12,7 @@
 
 #include "protrain.h"
 #include "sh_ops.h"
+#include "sh_rng.h"
 
 typedef struct sh_dims {
     int V;     /* vocabulary (loss/softmax range) */
@@ -57,6 +58,10 @@ void sh_model_destroy(sh_model *m);
  * wte rows 0. Deterministic in seed. */
 void sh_model_init_random(sh_model *m, uint64_t seed);
 size_t sh_param_numel(const pt_param_v1 *p);
+/* Next token from one row of logits over the first V entries: the largest when
+ * temperature <= 0, else drawn from softmax(logits / temperature) with rng
+ * (inverse-CDF in double, one uniform per call). */
+int sh_pick_token(const float *logits, int V, float temperature, sh_rng *rng);
 
 /* Float offsets of the saved activations of one block inside its arena (N = B*T). */
 typedef struct sh_arena_layout {

@@ -47,12 +47,19 @@ typedef struct sh_train_opts {
      * stream, the plugin gets device_kind CUDA and that stream as compute_stream, and
      * the CPU touches device memory only through the library's copies. */
     const sh_cuda *cuda;
+    /* No plugin only: a step whose loss is not finite leaves parameters and AdamW
+     * state untouched (sh_trainer_step returns 1). The plugin cannot drop a step: it
+     * steps offloaded chunks while backward still runs. */
+    int skip_nonfinite;
+    /* Testing: step nan_step (> 0) gets NaN gradients and a NaN loss. */
+    int64_t nan_step;
 } sh_train_opts;
 
 /* Build the model, start the plugin (init, buffers, post_model_load, create_optimizer)
  * or the no-plugin state. On failure *out is NULL and err holds one sentence. */
 int sh_trainer_create(sh_trainer **out, const sh_train_opts *o, char *err, size_t errlen);
-/* One optimizer step (n_micro micro-batches from the batch stream); *loss = mean loss. */
+/* One optimizer step (n_micro micro-batches from the batch stream); *loss = mean loss.
+ * Returns 1 when skip_nonfinite skipped the update (the batches are still consumed). */
 int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss);
 /* Mean loss over validation batches 0..n-1 (forward-only passes). */
 int sh_trainer_eval(sh_trainer *tr, int64_t step, int n_batches, double *loss);
@@ -70,6 +77,21 @@ const char *sh_trainer_error(const sh_trainer *tr);
 double sh_trainer_last_norm(const sh_trainer *tr);
 /* Frees everything; calls the plugin's finalize. Returns its status (0 = OK). */
 int sh_trainer_destroy(sh_trainer *tr);
+
+/* Checkpoint access (sh_resume.h). The host's part of the training state besides
+ * the parameters: the batch sampler's position and the no-plugin optimizer's step
+ * count (bias correction continues from it). */
+typedef struct sh_trainer_state {
+    uint64_t batch_rng;
+    int64_t opt_steps;
+} sh_trainer_state;
+void sh_trainer_get_state(const sh_trainer *tr, sh_trainer_state *s);
+void sh_trainer_set_state(sh_trainer *tr, const sh_trainer_state *s);
+/* No plugin: the flat parameters and AdamW m, v (model->n_floats floats each) copied
+ * out of the trainer (load = 0) or into it (load = 1). */
+int sh_trainer_opt_io(sh_trainer *tr, float *p, float *m, float *v, int load);
+/* Plugin: save_state / load_state on dir (one file per rank, protrain.h). */
+int sh_trainer_plugin_state(sh_trainer *tr, const char *dir, int load);
 
 /* Gradient-check entry (no-plugin only): one forward on (inp, tgt) of (B,T) tokens,
  * plus backward with dloss = 1/(B*T) when backward != 0 (grads accumulate). */

@@ -645,7 +645,9 @@ static int upload(sh_trainer *tr, size_t ntok) {
 
 int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss) {
     const sh_train_opts *o = &tr->o;
-    float dloss = micro_dloss(tr);
+    /* test knob: this step's gradients and loss are NaN, as after an overflow */
+    int poison = o->nan_step > 0 && step == o->nan_step;
+    float dloss = poison ? NAN : micro_dloss(tr);
     loss_reset(tr);       /* no work of an earlier step is pending: it synced */
     for (int mi = 0; mi < o->n_micro; mi++) {
         if (tr->tbl) {
@@ -665,18 +667,28 @@ int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss) {
         HOOK(optimizer_step, step, lr);
         SYNC();   /* the loss, for post_step and the caller */
         if (loss_read(tr)) return -1;
-        *loss = tr->loss_acc / o->n_micro;
+        *loss = poison ? NAN : tr->loss_acc / o->n_micro;
         HOOK(post_step, step, step, (float)*loss);
-    } else if (tr->cu) {
-        adamw_step(tr, lr);
+        return 0;
+    }
+    /* no plugin: the loss before the update, so a non-finite one can skip it */
+    if (tr->cu && o->skip_nonfinite) {
+        SYNC();
+        if (loss_read(tr)) return -1;
+    }
+    *loss = poison ? NAN : tr->loss_acc / o->n_micro;
+    if (o->skip_nonfinite && !isfinite(*loss)) {
+        sh_trainer_zero_grads(tr);   /* the step never happened: t, m, v, p unchanged */
+        tr->last_norm = NAN;
+        return 1;
+    }
+    adamw_step(tr, lr);
+    if (tr->cu) {
         SYNC();   /* the loss and the gradient norm */
         double st[2];
         if (copy(tr, st, tr->dstat, sizeof st, PT_COPY_D2H)) return -1;
-        *loss = st[0] / o->n_micro;
+        *loss = poison ? NAN : st[0] / o->n_micro;
         if (o->max_grad_norm > 0.0f) tr->last_norm = st[1];
-    } else {
-        *loss = tr->loss_acc / o->n_micro;
-        adamw_step(tr, lr);
     }
     return 0;
 }
@@ -716,25 +728,7 @@ int sh_trainer_generate(sh_trainer *tr, int64_t step, uint16_t *seq, int n_promp
         if (copy(tr, tr->h_row, tr->head.logits + (size_t)(win - 1) * d->Vp,
                  (size_t)d->Vp * sizeof(float), PT_COPY_D2H))
             return -1;
-        int best = 0;
-        for (int i = 1; i < d->V; i++)
-            if (tr->h_row[i] > tr->h_row[best]) best = i;
-        int pick = best;
-        if (temperature > 0.0f) {
-            /* p_i ~ exp((z_i - z_max) / temperature), inverse-CDF draw in double */
-            double sum = 0.0;
-            for (int i = 0; i < d->V; i++)
-                sum += exp((double)(tr->h_row[i] - tr->h_row[best]) / temperature);
-            double u = sh_rng_uniform(rng) * sum, c = 0.0;
-            pick = d->V - 1;
-            for (int i = 0; i < d->V; i++) {
-                c += exp((double)(tr->h_row[i] - tr->h_row[best]) / temperature);
-                if (u < c) {
-                    pick = i;
-                    break;
-                }
-            }
-        }
+        int pick = sh_pick_token(tr->h_row, d->V, temperature, rng);
         seq[len] = (uint16_t)pick;
     }
     return 0;
@@ -788,4 +782,39 @@ int sh_trainer_fwdbwd(sh_trainer *tr, const int32_t *inp, const int32_t *tgt, in
 
 void sh_trainer_zero_grads(sh_trainer *tr) {
     if (!tr->tbl) dzero(tr, tr->p_grad, tr->model.n_floats * sizeof(float));
+}
+
+/* ---- checkpoint access (resume.c) ---- */
+
+void sh_trainer_get_state(const sh_trainer *tr, sh_trainer_state *s) {
+    s->batch_rng = tr->batch_rng.s;
+    s->opt_steps = tr->t;
+}
+
+void sh_trainer_set_state(sh_trainer *tr, const sh_trainer_state *s) {
+    tr->batch_rng.s = s->batch_rng;
+    tr->t = s->opt_steps;
+}
+
+int sh_trainer_opt_io(sh_trainer *tr, float *p, float *m, float *v, int load) {
+    if (tr->tbl) return fail(tr, "the optimizer state lives in the plugin (use save_state)");
+    size_t b = tr->model.n_floats * sizeof(float);
+    float *dev[3] = {tr->p_data, tr->opt_m, tr->opt_v}, *host[3] = {p, m, v};
+    SYNC();   /* no update may still be writing what is read or replaced */
+    for (int k = 0; k < 3; k++)
+        if (copy(tr, load ? dev[k] : host[k], load ? host[k] : dev[k], b,
+                 load ? PT_COPY_H2D : PT_COPY_D2H))
+            return -1;
+    SYNC();
+    return 0;
+}
+
+int sh_trainer_plugin_state(sh_trainer *tr, const char *dir, int load) {
+    if (!tr->tbl) return fail(tr, "no plugin: its state cannot be saved or loaded");
+    if (!(load ? PT_HAS_HOOK(tr->tbl, load_state) : PT_HAS_HOOK(tr->tbl, save_state)))
+        return fail(tr, "plugin lacks %s: it cannot checkpoint", load ? "load_state" : "save_state");
+    SYNC();
+    if (load) HOOK(load_state, 0, dir);
+    else HOOK(save_state, 0, dir);
+    return 0;
 }

@@ -8,6 +8,7 @@
 #      where compute-sanitizer is installed
 #   3. the device wrapper's tests, which open cuda when a GPU is there
 #   4. sample_host on cuda (tests/gpu/sample_cuda.sh), where it is built
+#   5. sample_host checkpoint/resume on cuda (tests/gpu/resume_cuda.sh), likewise
 set -u
 B=${PT_BUILD:-build}
 cd "$(dirname "$0")/../.."
@@ -46,6 +47,9 @@ if [ -f "$B/libsample_cuda.so" ] && [ -x tests/gpu/sample_cuda.sh ]; then
   check "sample_host on cuda" bash tests/gpu/sample_cuda.sh
 else
   skipped "sample_host on cuda" "$B/libsample_cuda.so or tests/gpu/sample_cuda.sh missing"
+fi
+if [ -f "$B/libsample_cuda.so" ] && [ -x tests/gpu/resume_cuda.sh ]; then
+  check "sample_host checkpoint/resume on cuda" bash tests/gpu/resume_cuda.sh
 fi
 echo "=== test-gpu summary"
 printf "%s" "$summary"

@@ -1,0 +1,621 @@
+/*
+ * resume.c — checkpoint generations (write, validate, choose, load, prune) for
+ * sample_host. Format and guarantees: sh_resume.h and sample_host/README.md.
+ */
+#include "sh_resume.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MANIFEST "MANIFEST"
+#define HOST_FILE "host.txt"
+#define PARAMS_FILE "params.bin"
+#define MANIFEST_MAX (64 * 1024)
+#define FNV_START 0xcbf29ce484222325ull
+/* a folder path (< PATH_MAX) plus a file name (< 256) */
+#define PBUF (PATH_MAX + 300)
+
+/* FNV-1a 64, continued from h: cheap, and enough to catch torn or flipped bytes. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static int say(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* ---- describing the run ---- */
+
+static void add_run(char *buf, size_t n, const char *key, const char *fmt, ...) {
+    size_t used = strlen(buf);
+    if (used >= n) return;
+    snprintf(buf + used, n - used, "run %s ", key);
+    used = strlen(buf);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + used, n - used, fmt, ap);
+    va_end(ap);
+    used = strlen(buf);
+    if (used + 1 < n) strcat(buf, "\n");
+}
+
+void sh_resume_init(sh_resume *r, const sh_config *c, const sh_dims *d, const sh_tokens *train,
+                    const sh_tokens *val, int plugin) {
+    memset(r, 0, sizeof *r);
+    r->c = c;
+    r->plugin = plugin;
+    char *b = r->run;
+    size_t n = sizeof r->run;
+    /* every setting the per-step losses depend on; the plan (the plugin's INI
+     * sections) is not one of them, so it may change between the halves */
+    add_run(b, n, "vocab", "%d", d->V);
+    add_run(b, n, "padded_vocab", "%d", d->Vp);
+    add_run(b, n, "max_seq", "%d", d->maxT);
+    add_run(b, n, "layers", "%d", d->L);
+    add_run(b, n, "heads", "%d", d->NH);
+    add_run(b, n, "channels", "%d", d->C);
+    add_run(b, n, "batch", "%d", c->batch);
+    add_run(b, n, "seq", "%d", c->seq);
+    add_run(b, n, "grad_accum", "%d", c->grad_accum);
+    add_run(b, n, "steps", "%d", c->steps);
+    add_run(b, n, "seed", "%" PRIu64, c->seed);
+    add_run(b, n, "optimizer", "%s", c->optim_from_ini ? "ini" : "adamw");
+    add_run(b, n, "lr", "%.9g", c->lr);
+    add_run(b, n, "min_lr_frac", "%.9g", c->min_lr_frac);
+    add_run(b, n, "warmup", "%d", c->warmup);
+    add_run(b, n, "weight_decay", "%.9g", c->weight_decay);
+    add_run(b, n, "beta1", "%.9g", c->beta1);
+    add_run(b, n, "beta2", "%.9g", c->beta2);
+    add_run(b, n, "eps", "%.9g", c->eps);
+    add_run(b, n, "max_grad_norm", "%.9g", c->max_grad_norm);
+    add_run(b, n, "device", "%s", c->device == SH_DEVICE_CUDA ? "cuda" : "cpu");
+    add_run(b, n, "plugin", "%s", plugin ? "yes" : "no");
+    add_run(b, n, "train_tokens", "%zu", train->n);
+    add_run(b, n, "train_hash", "%016" PRIx64, fnv(FNV_START, train->tok, train->n * 2));
+    add_run(b, n, "val_tokens", "%zu", val->n);
+    add_run(b, n, "val_hash", "%016" PRIx64, fnv(FNV_START, val->tok, val->n * 2));
+}
+
+/* ---- small file-system helpers ---- */
+
+static int write_all(int fd, const void *p, size_t n, uint64_t *h) {
+    const char *b = p;
+    for (size_t done = 0; done < n;) {
+        ssize_t w = write(fd, b + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        done += (size_t)w;
+    }
+    if (h) *h = fnv(*h, p, n);
+    return 0;
+}
+
+/* path = parts[0..k) concatenated, fsync'd; *h = their checksum. */
+static int write_file(const char *path, const void *const *parts, const size_t *lens, int k,
+                      uint64_t *h, char *err, size_t errlen) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return say(err, errlen, "cannot create %s: %s", path, strerror(errno));
+    *h = FNV_START;
+    int ok = 1;
+    for (int i = 0; i < k && ok; i++) ok = write_all(fd, parts[i], lens[i], h) == 0;
+    ok = ok && fsync(fd) == 0;
+    int e = errno;
+    ok = (close(fd) == 0) && ok;
+    if (!ok) return say(err, errlen, "cannot write %s: %s", path, strerror(e ? e : errno));
+    return 0;
+}
+
+static int hash_file(const char *path, uint64_t *h, long long *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    unsigned char buf[1 << 16];
+    size_t k;
+    *h = FNV_START;
+    *size = 0;
+    while ((k = fread(buf, 1, sizeof buf, f)) > 0) {
+        *h = fnv(*h, buf, k);
+        *size += (long long)k;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    return bad ? -1 : 0;
+}
+
+static int fsync_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(p) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+static int rm_tree(const char *path) { return nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* dir/name into out (a path too long for PATH_MAX is cut; it then fails to open). */
+static int join(char *out, size_t n, const char *dir, const char *name) {
+    int k = snprintf(out, n, "%s/%s", dir, name);
+    return k < 0 || (size_t)k >= n ? -1 : 0;
+}
+
+/* Test knob: widen the window in which a save can be interrupted. */
+static void pause_ms(int ms) {
+    if (ms <= 0) return;
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+/* ---- the generation folder names ---- */
+
+enum { E_OTHER, E_GEN, E_TMP, E_DEL };
+
+/* Classify a DIR entry: gen-<step>, gen-<step>.tmp.<pid> or gen-<step>.del.<pid>. */
+static int entry_kind(const char *name, int64_t *step, long *pid) {
+    if (strncmp(name, "gen-", 4) != 0 || name[4] < '0' || name[4] > '9') return E_OTHER;
+    char *end = NULL;
+    errno = 0;
+    long long s = strtoll(name + 4, &end, 10);
+    if (errno || s < 0) return E_OTHER;
+    *step = s;
+    if (*end == '\0') return E_GEN;
+    int kind = strncmp(end, ".tmp.", 5) == 0 ? E_TMP : strncmp(end, ".del.", 5) == 0 ? E_DEL : E_OTHER;
+    if (kind == E_OTHER || end[5] < '1' || end[5] > '9') return E_OTHER;
+    char *e2 = NULL;
+    long p = strtol(end + 5, &e2, 10);
+    if (*e2 != '\0' || p <= 0) return E_OTHER;
+    *pid = p;
+    return kind;
+}
+
+/* Remove .tmp/.del folders left by a writer that no longer runs (or by this one). A
+ * live other writer's are kept. A reused pid keeps a stale folder until that process
+ * ends: harmless, it is never taken for a generation. */
+static void clean_stale(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[PBUF];
+    while ((e = readdir(d)) != NULL) {
+        int64_t s;
+        long pid;
+        int k = entry_kind(e->d_name, &s, &pid);
+        if (k != E_TMP && k != E_DEL) continue;
+        if (pid != (long)getpid() && !(kill((pid_t)pid, 0) != 0 && errno == ESRCH)) continue;
+        if (join(path, sizeof path, dir, e->d_name) == 0) rm_tree(path);
+    }
+    closedir(d);
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x < y) - (x > y);
+}
+
+/* Steps of the complete generations in dir, newest first. -1 when dir is unreadable. */
+static int list_gens(const char *dir, int64_t **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int64_t s;
+        long pid;
+        if (entry_kind(e->d_name, &s, &pid) != E_GEN) continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            int64_t *v = realloc(*out, (size_t)cap * sizeof *v);
+            if (!v) break;
+            *out = v;
+        }
+        (*out)[(*n)++] = s;
+    }
+    closedir(d);
+    if (*n) qsort(*out, (size_t)*n, sizeof **out, cmp_desc);
+    return 0;
+}
+
+static void gen_path(char *buf, size_t n, const char *dir, int64_t step, const char *suffix,
+                     long pid) {
+    if (suffix) snprintf(buf, n, "%s/gen-%08lld.%s.%ld", dir, (long long)step, suffix, pid);
+    else snprintf(buf, n, "%s/gen-%08lld", dir, (long long)step);
+}
+
+/* Take a complete generation out of the set atomically, then delete it. */
+static int drop_gen(const char *dir, int64_t step) {
+    char g[PATH_MAX], del[PATH_MAX];
+    gen_path(g, sizeof g, dir, step, NULL, 0);
+    gen_path(del, sizeof del, dir, step, "del", (long)getpid());
+    if (rename(g, del) != 0) return -1;
+    return rm_tree(del);
+}
+
+/* Keep the newest `keep` generations at or before `step`; with drop_newer, drop
+ * those after it too (else they stay). */
+static void prune(const char *dir, int64_t step, int drop_newer, int keep) {
+    int64_t *g = NULL;
+    int n = 0, kept = 0;
+    if (list_gens(dir, &g, &n) == 0)
+        for (int i = 0; i < n; i++)
+            if (g[i] > step ? drop_newer : ++kept > keep) drop_gen(dir, g[i]);
+    free(g);
+}
+
+/* ---- host.txt ---- */
+
+static int host_text(const sh_resume *r, const sh_resume_state *st, char *buf, size_t n) {
+    int k = snprintf(buf, n,
+                     "sample_host-host-state 1\n"
+                     "step %lld\nbatch_rng 0x%016" PRIx64 "\nopt_steps %lld\n"
+                     "gen_rng 0x%016" PRIx64 "\nn_skipped %lld\nmetrics_bytes %lld\n"
+                     "train_tokens %lld\ntrain_time %a\nlast_loss %a\nlast_val %a\n%s",
+                     (long long)st->step, st->tr.batch_rng, (long long)st->tr.opt_steps,
+                     st->gen_rng, (long long)st->n_skipped, (long long)st->metrics_bytes,
+                     (long long)st->train_tokens, st->train_time, st->last_loss, st->last_val,
+                     r->run);
+    return k > 0 && (size_t)k < n ? k : -1;
+}
+
+/* The value of "key" in a "key value" line of text (a "run key value" line when
+ * run), copied into v; 0 when found. */
+static int find_val(const char *text, const char *key, int run, char *v, size_t vn) {
+    size_t kl = strlen(key);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        const char *q = p;
+        if (run) {
+            if (strncmp(q, "run ", 4) != 0) continue;
+            q += 4;
+        }
+        if (strncmp(q, key, kl) != 0 || q[kl] != ' ') continue;
+        q += kl + 1;
+        size_t len = strcspn(q, "\n");
+        if (len >= vn) len = vn - 1;
+        memcpy(v, q, len);
+        v[len] = '\0';
+        return 0;
+    }
+    return -1;
+}
+
+/* The saved run must be this run: every trajectory setting equal. */
+static int same_run(const sh_resume *r, const char *saved, const char *gen, char *err,
+                    size_t errlen) {
+    for (const char *p = r->run; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        char key[64], mine[128], theirs[128];
+        if (sscanf(p, "run %63s %127s", key, mine) != 2) break;
+        if (find_val(saved, key, 1, theirs, sizeof theirs) != 0)
+            return say(err, errlen, "--resume: %s does not record '%s' (written by another "
+                       "version of sample_host?)", gen, key);
+        if (strcmp(mine, theirs) != 0)
+            return say(err, errlen, "--resume: %s was written by a run with %s = %s but this "
+                       "run has %s = %s; resuming would not continue that run (settings "
+                       "that fix the losses must match; the plan may change)",
+                       gen, key, theirs, key, mine);
+    }
+    return 0;
+}
+
+static int parse_host(const char *text, sh_resume_state *st) {
+    char v[128];
+    const char *keys[] = {"step", "batch_rng", "opt_steps", "gen_rng", "n_skipped",
+                          "metrics_bytes", "train_tokens", "train_time", "last_loss",
+                          "last_val"};
+    if (strncmp(text, "sample_host-host-state 1\n", 25) != 0) return -1;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        if (find_val(text, keys[i], 0, v, sizeof v)) return -1;
+        char *end = NULL;
+        errno = 0;
+        if (i >= 7) {
+            double x = strtod(v, &end);
+            if (i == 7) st->train_time = x;
+            else if (i == 8) st->last_loss = x;
+            else st->last_val = x;
+        } else {
+            unsigned long long u = strtoull(v, &end, 0);
+            int64_t s = (int64_t)u;
+            switch (i) {
+            case 0: st->step = s; break;
+            case 1: st->tr.batch_rng = (uint64_t)u; break;
+            case 2: st->tr.opt_steps = s; break;
+            case 3: st->gen_rng = (uint64_t)u; break;
+            case 4: st->n_skipped = s; break;
+            case 5: st->metrics_bytes = s; break;
+            default: st->train_tokens = s; break;
+            }
+        }
+        if (end == v || *end || errno) return -1;
+    }
+    return 0;
+}
+
+/* ---- save ---- */
+
+typedef struct listed {
+    char name[128];
+    long long size;
+    uint64_t hash;
+    int hashed;
+} listed;
+
+/* The files of a generation folder (not MANIFEST), with sizes; the host's files
+ * with their checksums. */
+static int list_files(const char *dir, listed *v, int max, int *n, char *err, size_t errlen) {
+    DIR *d = opendir(dir);
+    if (!d) return say(err, errlen, "cannot list %s: %s", dir, strerror(errno));
+    struct dirent *e;
+    *n = 0;
+    int rc = 0;
+    while (!rc && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.' || strcmp(e->d_name, MANIFEST) == 0) continue;
+        char p[PBUF];
+        struct stat sb;
+        (void)join(p, sizeof p, dir, e->d_name);
+        if (stat(p, &sb) != 0 || !S_ISREG(sb.st_mode) || strlen(e->d_name) >= sizeof v->name ||
+            strchr(e->d_name, ' ') || *n == max) {
+            rc = say(err, errlen, "unexpected entry %s in a generation being written", p);
+            break;
+        }
+        listed *l = &v[(*n)++];
+        snprintf(l->name, sizeof l->name, "%s", e->d_name);
+        l->size = (long long)sb.st_size;
+        l->hashed = strcmp(l->name, HOST_FILE) == 0 || strcmp(l->name, PARAMS_FILE) == 0;
+        if (l->hashed && hash_file(p, &l->hash, &l->size))
+            rc = say(err, errlen, "cannot read back %s", p);
+    }
+    closedir(d);
+    return rc;
+}
+
+static int write_gen(const sh_resume *r, sh_trainer *tr, const sh_resume_state *st,
+                     const char *tmp, char *err, size_t errlen) {
+    const sh_config *c = r->c;
+    char p[PBUF];
+    uint64_t h;
+    if (r->plugin) {
+        if (sh_trainer_plugin_state(tr, tmp, 0))
+            return say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
+                       sh_trainer_error(tr));
+    } else {
+        size_t n = sh_trainer_model(tr)->n_floats;
+        float *buf = malloc(3 * n * sizeof(float) + 1);
+        if (!buf) return say(err, errlen, "out of host memory for a checkpoint (%zu floats)", 3 * n);
+        int rc = sh_trainer_opt_io(tr, buf, buf + n, buf + 2 * n, 0);
+        if (rc) say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
+                    sh_trainer_error(tr));
+        (void)join(p, sizeof p, tmp, PARAMS_FILE);
+        const void *parts[1] = {buf};
+        size_t lens[1] = {3 * n * sizeof(float)};
+        if (!rc) rc = write_file(p, parts, lens, 1, &h, err, errlen);
+        free(buf);
+        if (rc) return -1;
+    }
+    pause_ms(c->debug_save_sleep_ms);
+    char host[4096];
+    int hn = host_text(r, st, host, sizeof host);
+    if (hn < 0) return say(err, errlen, "host state too long for a checkpoint");
+    (void)join(p, sizeof p, tmp, HOST_FILE);
+    const void *hp[1] = {host};
+    size_t hl[1] = {(size_t)hn};
+    if (write_file(p, hp, hl, 1, &h, err, errlen)) return -1;
+    pause_ms(c->debug_save_sleep_ms);
+    listed files[64];
+    int nf = 0;
+    if (list_files(tmp, files, 64, &nf, err, errlen)) return -1;
+    char man[MANIFEST_MAX];
+    int k = snprintf(man, sizeof man, "sample_host-generation 1\nstep %lld\nstate %s\n",
+                     (long long)st->step, r->plugin ? "plugin" : "host");
+    for (int i = 0; i < nf && k > 0 && (size_t)k < sizeof man; i++) {
+        char hx[20] = "-";
+        if (files[i].hashed) snprintf(hx, sizeof hx, "%016" PRIx64, files[i].hash);
+        k += snprintf(man + k, sizeof man - (size_t)k, "file %s %lld %s\n", files[i].name,
+                      files[i].size, hx);
+    }
+    if (k <= 0 || (size_t)k + 32 >= sizeof man) return say(err, errlen, "manifest too long");
+    k += snprintf(man + k, sizeof man - (size_t)k, "end %016" PRIx64 "\n",
+                  fnv(FNV_START, man, (size_t)k));
+    (void)join(p, sizeof p, tmp, MANIFEST);
+    const void *mp[1] = {man};
+    size_t ml[1] = {(size_t)k};
+    if (write_file(p, mp, ml, 1, &h, err, errlen)) return -1;
+    if (fsync_dir(tmp)) return say(err, errlen, "cannot fsync %s: %s", tmp, strerror(errno));
+    pause_ms(c->debug_save_sleep_ms);
+    return 0;
+}
+
+int sh_resume_save(const sh_resume *r, sh_trainer *tr, const sh_resume_state *st, char *err,
+                   size_t errlen) {
+    const char *dir = r->c->checkpoint_dir;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return say(err, errlen, "cannot create checkpoint folder %s: %s", dir, strerror(errno));
+    clean_stale(dir);
+    char tmp[PATH_MAX], fin[PATH_MAX];
+    gen_path(tmp, sizeof tmp, dir, st->step, "tmp", (long)getpid());
+    gen_path(fin, sizeof fin, dir, st->step, NULL, 0);
+    if (mkdir(tmp, 0755) != 0)
+        return say(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+    if (write_gen(r, tr, st, tmp, err, errlen)) {
+        rm_tree(tmp);
+        return -1;
+    }
+    /* an older folder of this step (from before a resume that skipped it) goes first */
+    struct stat sb;
+    if (stat(fin, &sb) == 0 && drop_gen(dir, st->step) != 0) {
+        rm_tree(tmp);
+        return say(err, errlen, "cannot replace %s: %s", fin, strerror(errno));
+    }
+    if (rename(tmp, fin) != 0) {
+        int e = errno;
+        rm_tree(tmp);
+        return say(err, errlen, "cannot rename %s to %s: %s", tmp, fin, strerror(e));
+    }
+    if (fsync_dir(dir)) return say(err, errlen, "cannot fsync %s: %s", dir, strerror(errno));
+    /* generations past this step belong to a future this run abandoned (a resume
+     * went back before them, they were not valid) */
+    prune(dir, st->step, 1, r->c->checkpoint_keep);
+    return 0;
+}
+
+/* ---- validate and load ---- */
+
+/* A complete generation: its MANIFEST intact, every listed file of the listed size,
+ * the host's files with their checksums; host.txt into host (hn bytes). */
+static int check_gen(const sh_resume *r, const char *gp, int64_t step, char *host, size_t hn,
+                     char *why, size_t wl) {
+    char p[PBUF];
+    (void)join(p, sizeof p, gp, MANIFEST);
+    FILE *f = fopen(p, "rb");
+    if (!f) return say(why, wl, "no readable %s (%s)", MANIFEST, strerror(errno));
+    static char man[MANIFEST_MAX + 1];
+    size_t k = fread(man, 1, MANIFEST_MAX, f);
+    fclose(f);
+    man[k] = '\0';
+    if (k == 0 || k == MANIFEST_MAX || man[k - 1] != '\n')
+        return say(why, wl, "%s is empty, too long or cut short", MANIFEST);
+    man[k - 1] = '\0';
+    char *last = strrchr(man, '\n');
+    man[k - 1] = '\n';
+    uint64_t want;
+    if (!last || sscanf(last + 1, "end %" SCNx64, &want) != 1)
+        return say(why, wl, "%s has no end line (cut short)", MANIFEST);
+    if (fnv(FNV_START, man, (size_t)(last + 1 - man)) != want)
+        return say(why, wl, "%s checksum mismatch (corrupt)", MANIFEST);
+    long long ms;
+    char state[16];
+    if (sscanf(man, "sample_host-generation 1\nstep %lld\nstate %15s\n", &ms, state) != 2)
+        return say(why, wl, "%s has an unknown format", MANIFEST);
+    if (ms != step) return say(why, wl, "%s says step %lld, the folder %lld", MANIFEST, ms,
+                               (long long)step);
+    if (strcmp(state, r->plugin ? "plugin" : "host") != 0)
+        return say(why, wl, "it holds %s state but this run is %s", state,
+                   r->plugin ? "with the plugin" : "--no-plugin");
+    int have_host = 0;
+    for (char *line = man; line < last; line = strchr(line, '\n') + 1) {
+        char name[128], hx[20];
+        long long size;
+        if (sscanf(line, "file %127s %lld %19s", name, &size, hx) != 3) continue;
+        (void)join(p, sizeof p, gp, name);
+        struct stat sb;
+        if (stat(p, &sb) != 0) return say(why, wl, "file %s is missing", name);
+        if ((long long)sb.st_size != size)
+            return say(why, wl, "file %s is %lld bytes, the manifest says %lld (truncated?)",
+                       name, (long long)sb.st_size, size);
+        if (strcmp(hx, "-") == 0) continue;
+        uint64_t h, hw = strtoull(hx, NULL, 16);
+        long long got;
+        if (hash_file(p, &h, &got) || h != hw || got != size)
+            return say(why, wl, "file %s checksum mismatch (corrupt)", name);
+        if (strcmp(name, HOST_FILE) == 0) {
+            FILE *hf = fopen(p, "rb");
+            size_t hk = hf ? fread(host, 1, hn - 1, hf) : 0;
+            if (hf) fclose(hf);
+            host[hk] = '\0';
+            have_host = hk == (size_t)size;
+        }
+    }
+    if (!have_host) return say(why, wl, "%s is not listed or too long", HOST_FILE);
+    return 0;
+}
+
+static void warn_skip(const char *gp, const char *why) {
+    fflush(stdout);
+    fprintf(stderr, "sample_host: warning: skipping checkpoint generation %s: %s\n", gp, why);
+}
+
+/* Put one checked generation's training state into the trainer. 0, or -1 with why. */
+static int load_gen(const sh_resume *r, sh_trainer *tr, const char *gp, char *why, size_t wl) {
+    if (r->plugin) {
+        if (sh_trainer_plugin_state(tr, gp, 1))
+            return say(why, wl, "%s", sh_trainer_error(tr));
+        return 0;
+    }
+    size_t n = sh_trainer_model(tr)->n_floats;
+    char p[PBUF];
+    (void)join(p, sizeof p, gp, PARAMS_FILE);
+    float *buf = malloc(3 * n * sizeof(float) + 1);
+    if (!buf) return say(why, wl, "out of host memory (%zu floats)", 3 * n);
+    FILE *f = fopen(p, "rb");
+    int rc = 0;
+    if (!f) rc = say(why, wl, "cannot open %s", PARAMS_FILE);
+    else if (fread(buf, sizeof(float), 3 * n, f) != 3 * n || fgetc(f) != EOF)
+        rc = say(why, wl, "%s does not hold 3 x %zu floats (another model?)", PARAMS_FILE, n);
+    if (f) fclose(f);
+    if (!rc && sh_trainer_opt_io(tr, buf, buf + n, buf + 2 * n, 1))
+        rc = say(why, wl, "%s", sh_trainer_error(tr));
+    free(buf);
+    return rc;
+}
+
+int sh_resume_load(const sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
+                   size_t genlen, char *err, size_t errlen) {
+    const char *dir = r->c->checkpoint_dir;
+    struct stat sb;
+    if (stat(dir, &sb) != 0 && errno == ENOENT) return 1;
+    clean_stale(dir);
+    int64_t *g = NULL;
+    int n = 0;
+    if (list_gens(dir, &g, &n) != 0)
+        return say(err, errlen, "--resume: cannot read checkpoint folder %s: %s", dir,
+                   strerror(errno));
+    int rc = 1;
+    for (int i = 0; i < n; i++) {
+        char gp[PATH_MAX], why[512], host[4096];
+        gen_path(gp, sizeof gp, dir, g[i], NULL, 0);
+        if (check_gen(r, gp, g[i], host, sizeof host, why, sizeof why)) {
+            warn_skip(gp, why);
+            continue;
+        }
+        sh_resume_state s;
+        memset(&s, 0, sizeof s);
+        if (parse_host(host, &s) || s.step != g[i]) {
+            warn_skip(gp, HOST_FILE " is malformed");
+            continue;
+        }
+        /* a valid generation of another run is an error, not something to skip */
+        if (same_run(r, host, gp, err, errlen)) {
+            rc = -1;
+            break;
+        }
+        if (load_gen(r, tr, gp, why, sizeof why)) {
+            warn_skip(gp, why);
+            continue;
+        }
+        sh_trainer_set_state(tr, &s.tr);
+        *st = s;
+        /* a run killed between a save's rename and its pruning left one too many */
+        prune(dir, s.step, 0, r->c->checkpoint_keep);
+        snprintf(gen, genlen, "%s", gp);
+        rc = 0;
+        break;
+    }
+    if (rc == 1 && n > 0)
+        rc = say(err, errlen, "--resume: none of the %d checkpoint generations in %s could be "
+                 "loaded (each is named in a warning above)", n, dir);
+    free(g);
+    return rc;
+}
