@@ -130,7 +130,7 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
 
 size_t pt_rt_destroy(pt_rt *rt) {
     if (!rt) return 0;
-    pt_rt_store_free(rt);
+    (void)pt_rt_store_free(rt, NULL, 0);   /* logged: finalize goes on */
     pt_rt_plan_free(rt);
     size_t leaked = 0;
     if (rt->gpu) {
@@ -157,7 +157,7 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     int rc = pt_store_validate(model, err, errlen);
     if (rc) return rc;
     /* a retry after a failed post_model_load starts from nothing */
-    pt_rt_store_free(rt);
+    (void)pt_rt_store_free(rt, NULL, 0);
     pt_rt_plan_free(rt);
     rt->broken = 0;
     rt->model = model;
@@ -210,9 +210,10 @@ static void recompute_mark(void *user, int32_t b, int after) {
     if (rt->prof) pt_prof_recompute_mark(rt, b, after);
 }
 
-void pt_rt_store_free(pt_rt *rt) {
-    pt_store_destroy(rt->st);
+int pt_rt_store_free(pt_rt *rt, char *err, size_t errlen) {
+    int rc = pt_store_destroy(rt->st, err, errlen);
     rt->st = NULL;
+    return rc;
 }
 
 /* (Re)build the store and the activation policy from rt->kn; from_image: the
@@ -222,7 +223,7 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
      * running, so the failure is its error and the old store stays */
     int rc = pt_store_sync(rt->st, err, errlen);
     if (rc) return rc;
-    pt_rt_store_free(rt);
+    if ((rc = pt_rt_store_free(rt, err, errlen))) return rc;
     int32_t *modes = calloc((size_t)(rt->n_blocks > 0 ? rt->n_blocks : 1), sizeof *modes);
     if (!modes) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     rc = block_modes(rt, modes, err, errlen);

@@ -50,7 +50,8 @@ struct pt_rt {
 
 /* rt.c */
 int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen);
-void pt_rt_store_free(pt_rt *rt);
+/* Frees the store; the status of its wait for queued work (err NULL: logged). */
+int pt_rt_store_free(pt_rt *rt, char *err, size_t errlen);
 
 /* plan_rt.c */
 int pt_rt_wants_profile(const pt_rt *rt);

@@ -70,10 +70,7 @@ int pt_acts_init(pt_store *st, const int32_t *modes, const int32_t *swap_done, c
 
 void pt_acts_fini(pt_store *st) {
     if (!st->arena) return;
-    /* a destructor cannot fail: a failed wait is reported and the arenas go anyway */
-    if ((st->env.s_d2h && OPS(st)->stream_sync(IMPL(st), st->env.s_d2h)) |
-        (st->env.s_h2d && OPS(st)->stream_sync(IMPL(st), st->env.s_h2d)))
-        PT_LOGW(st->env.lg, "freeing the activation arenas: stream_sync of a copy stream failed");
+    /* pt_store_destroy, the only caller, has waited for every stream */
     for (int b = 0; b < st->n_blocks; b++) {
         pt_arena *a = &st->arena[b];
         if (a->ptr) pt_cs_free(st, a->ptr);

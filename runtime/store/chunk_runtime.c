@@ -131,8 +131,7 @@ void pt_cs_fini_runtime(pt_store *st) {
         pt_pool_destroy(ms->workers);
         ms->workers = NULL;
     }
-    char e[256];
-    if (pt_store_sync(st, e, sizeof e)) PT_LOGW(st->env.lg, "freeing the chunk runtime: %s", e);
+    /* pt_store_destroy, the only caller, has waited for every stream */
     for (int s = 0; s < ms->n_buffer; s++) {
         if (ms->slot_free && ms->slot_free[s]) OPS(st)->event_destroy(IMPL(st), ms->slot_free[s]);
         if (ms->slot_used && ms->slot_used[s]) OPS(st)->event_destroy(IMPL(st), ms->slot_used[s]);

@@ -520,20 +520,22 @@ int pt_store_create(const pt_store_env *env, const pt_store_knobs *kn, const int
     if (!rc) rc = pt_acts_init(st, modes, swap_done, err, errlen);
     st->no_init_upload = 0;
     if (rc) {
-        pt_store_destroy(st);
+        (void)pt_store_destroy(st, NULL, 0);   /* rc is the error that matters */
         return rc;
     }
     *out = st;
     return PT_OK;
 }
 
-void pt_store_destroy(pt_store *st) {
+int pt_store_destroy(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
-    if (!ms) return;
-    /* nothing queued may touch what is freed below; a destructor cannot fail,
-     * so a failed wait is only reported */
+    if (!ms) return PT_OK;
+    /* nothing queued may touch what is freed below (the runtime's and the
+     * arenas' teardown rely on this one wait) */
     char e[256];
-    if (pt_store_sync(st, e, sizeof e)) PT_LOGW(st->env.lg, "freeing the chunk store: %s", e);
+    int src = pt_store_sync(st, e, sizeof e);
+    if (src && err) pt_fail(err, errlen, src, "freeing the chunk store: %s", e);
+    else if (src) PT_LOGW(st->env.lg, "freeing the chunk store: %s", e);
     pt_acts_fini(st);
     pt_cs_fini_runtime(st);
     for (int k = 0; ms->ch && k < ms->n_chunks; k++) {
@@ -560,4 +562,5 @@ void pt_store_destroy(pt_store *st) {
     pt_layout_free(&ms->lay);
     pthread_mutex_destroy(&ms->acct_mu);
     free(ms);
+    return src;
 }

@@ -95,7 +95,12 @@ uint64_t pt_store_arch_hash(const pt_model_v1 *m, const pt_config *cfg);
 int pt_store_create(const pt_store_env *env, const pt_store_knobs *kn, const int32_t *modes,
                     const int32_t *swap_done, int from_image, pt_store **out, char *err,
                     size_t errlen);
-void pt_store_destroy(pt_store *st);
+/* Frees everything, after waiting for the work queued on the three streams
+ * (which may still touch what is freed). Returns that wait's status: a failed
+ * wait (PT_ERR_BACKEND, one sentence in err) means the device is failing, and
+ * a caller in the middle of a run must not go on as if nothing happened; with
+ * err NULL it is logged. The store is freed either way. */
+int pt_store_destroy(pt_store *st, char *err, size_t errlen);
 
 /* Optimizer state (moments, masters) for every trainable chunk. */
 int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen);
