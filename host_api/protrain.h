@@ -156,7 +156,19 @@ typedef struct pt_host_v1 {
     int32_t (*recompute_block)(void *user, int32_t block);
     /* One forward+backward on a representative batch, calling all block hooks. */
     int32_t (*profile_step)(void *user);
-    /* TiledMLP: run block b's MLP forward/backward on tokens [begin, begin+count). */
+    /* TiledMLP (called only from inside tiled_mlp_forward / tiled_mlp_backward).
+     * A token is one row of the block's (tokens, C) activations: with batch B and
+     * sequence T the host flattens (B, T) row-major, so the token of sequence b, position s is b*T + s and a
+     * tile [begin, begin+count) may span the end of one sequence and the start of
+     * the next (the MLP is token-wise, so that is exact).
+     *  - mlp_forward: compute the MLP on those tokens. Inside tiled_mlp_forward the
+     *    host writes the tile's output rows; inside tiled_mlp_backward it is the
+     *    tile's recompute: the intermediates the following mlp_backward needs go to
+     *    the tile scratch (tiled_mlp_scratch), the output is not needed.
+     *  - mlp_backward: back-propagate the same tile: the tile's input-gradient rows,
+     *    and weight gradients ACCUMULATED (+=) into param->grad, re-read at the call
+     *    (the plugin points the block's gradients at a zeroed fp32 accumulator for
+     *    the tile loop and adds the sum into the real gradient once afterwards). */
     int32_t (*mlp_forward)(void *user, int32_t block, int64_t token_begin, int64_t token_count);
     int32_t (*mlp_backward)(void *user, int32_t block, int64_t token_begin, int64_t token_count);
     void *reserved[8];
@@ -223,7 +235,12 @@ typedef struct pt_stats_v1 {
     /* ABI 1.1, from the reserved space (0 from older plugins): */
     uint64_t pinned_arena;    /* bytes of the one pinned arena offloaded chunks live in */
     uint64_t pinned_own_allocs; /* pinned allocations that did not fit the arena (each its own) */
-    uint64_t reserved[6];
+    /* ABI 1.2: TiledMLP. 0 = off (the host runs its MLP itself); otherwise the host
+     * runs each block's MLP through tiled_mlp_forward/backward. From init on it is
+     * the configured tile count (auto: 1); after post_model_load the tiles each
+     * MLP really runs in (N_eff). */
+    uint64_t mlp_tiles;
+    uint64_t reserved[5];
 } pt_stats_v1;
 
 /* The plugin's table. The struct tag differs from the exported object's name
@@ -269,6 +286,13 @@ typedef struct pt_plugin_table_v1 {
     int32_t (*osft_linear_forward)(void *ctx, int32_t param, const void *x, void *y, int64_t rows);
     int32_t (*osft_linear_backward)(void *ctx, int32_t param, const void *x, const void *dy,
                                     void *dx, int64_t rows);
+    /* TiledMLP: block b's MLP over `tokens` rows in tiles of c = ceil(tokens/N)
+     * rows (N from [tiled_mlp] tiles), N_eff = ceil(tokens/c) tiles, the last one
+     * shorter. Forward: called inside block b's forward window, in place of the
+     * host's MLP; calls host->mlp_forward per tile. Backward: inside block b's
+     * backward window; per tile host->mlp_forward (recompute) then
+     * host->mlp_backward; the block's weight gradients of all tiles are summed in
+     * fp32 and added to the gradients once (so with accumulation: G0 + dW). */
     int32_t (*tiled_mlp_forward)(void *ctx, int32_t block, int64_t tokens);
     int32_t (*tiled_mlp_backward)(void *ctx, int32_t block, int64_t tokens);
 
@@ -300,7 +324,16 @@ typedef struct pt_plugin_table_v1 {
     int32_t (*launch)(void *ctx, void (*fn)(void *arg), void *arg);
     int32_t (*stream_sync)(void *ctx);
 
-    void *reserved[6];
+    /* ABI 1.2 (NULL in older plugins). Inside host->mlp_forward / mlp_backward only:
+     * the device scratch for one tile's MLP intermediates, at least `bytes`. The
+     * plugin allocates it at the first tile (the largest) and keeps the same
+     * address for every tile of one tiled_mlp_forward/backward call, so a tile's
+     * recompute and its backward see the same bytes; it is freed when the call
+     * returns. Only one tile's worth ever exists and it is counted like every
+     * device byte. */
+    int32_t (*tiled_mlp_scratch)(void *ctx, uint64_t bytes, void **ptr);
+
+    void *reserved[5];
 } pt_plugin_v1;
 
 /* The exported table (symbol name PT_PLUGIN_SYMBOL). A host normally does not

@@ -313,8 +313,34 @@ static int32_t h_load_state(void *vctx, const char *dir) {
     return done(c, rc);
 }
 
-/* osft_linear_forward/backward and tiled_mlp_forward/backward stay NULL: they are
- * not built, and a NULL slot is how the ABI says so (PT_HAS_HOOK is false). */
+/* TiledMLP: inside block b's forward (or backward) window only, where the
+ * block's parameters are in place and the host's tile callbacks may use them. */
+static int32_t tiled(void *vctx, int32_t b, int64_t tokens, int backward) {
+    const char *hook = backward ? "tiled_mlp_backward" : "tiled_mlp_forward";
+    CTX(hook);
+    int rc = needs_model(c, hook);
+    pt_lc_state want = backward ? PT_LC_BWD : PT_LC_FWD;
+    if (!rc && !(c->lc.state == want && pt_lc_in_block(&c->lc, b)))
+        rc = pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
+                     "hook %s(%d) called out of order: call it between block_pre_%s(%d) and "
+                     "block_post_%s(%d) (state: %s)", hook, b, backward ? "backward" : "forward",
+                     b, backward ? "backward" : "forward", b, pt_lc_state_name(c->lc.state));
+    if (!rc) rc = pt_rt_tiled_mlp(c->rt, b, tokens, backward, c->err, sizeof c->err);
+    return done(c, rc);
+}
+static int32_t h_tiled_fwd(void *vctx, int32_t b, int64_t tokens) {
+    return tiled(vctx, b, tokens, 0);
+}
+static int32_t h_tiled_bwd(void *vctx, int32_t b, int64_t tokens) {
+    return tiled(vctx, b, tokens, 1);
+}
+static int32_t h_tiled_scratch(void *vctx, uint64_t bytes, void **ptr) {
+    CTX("tiled_mlp_scratch");
+    return done(c, pt_rt_tile_scratch(c->rt, bytes, ptr, c->err, sizeof c->err));
+}
+
+/* osft_linear_forward/backward stay NULL: they are not built, and a NULL slot is
+ * how the ABI says so (PT_HAS_HOOK is false). */
 __attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
     .abi_version = 1,
     .struct_size = sizeof(pt_plugin_v1),
@@ -344,4 +370,7 @@ __attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
     .set_lr = h_set_lr,
     .launch = h_launch,
     .stream_sync = h_stream_sync,
+    .tiled_mlp_forward = h_tiled_fwd,
+    .tiled_mlp_backward = h_tiled_bwd,
+    .tiled_mlp_scratch = h_tiled_scratch,
 };

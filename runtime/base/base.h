@@ -95,4 +95,21 @@ typedef struct pt_step_state {
 #define PT_LOGI(lg, ...) pt_log((lg), 2, __VA_ARGS__)
 #define PT_LOGD(lg, ...) pt_log((lg), 3, __VA_ARGS__)
 
+/* TiledMLP tiles over `tokens` rows (one row per (batch, position), flattened
+ * row-major) for a requested count n >= 1 (0 = auto): tile length
+ * c = ceil(tokens / n), N_eff = ceil(tokens / c) <= n tiles, tile i covering
+ * [i*c, min((i+1)*c, tokens)), so only the last tile is shorter and none is empty
+ * (tokens = 5, n = 4 gives c = 2 and 3 tiles). auto: tiles of at most
+ * PT_MLP_AUTO_TILE rows (a fixed rule, not a search). */
+#define PT_MLP_AUTO_TILE 1024
+static inline int64_t pt_mlp_tile_len(int64_t tokens, int64_t n) {
+    if (tokens < 1) return 1;
+    if (n < 1) n = (tokens + PT_MLP_AUTO_TILE - 1) / PT_MLP_AUTO_TILE;
+    return (tokens + n - 1) / n;
+}
+static inline int64_t pt_mlp_tiles_eff(int64_t tokens, int64_t n) {
+    int64_t c = pt_mlp_tile_len(tokens, n);
+    return tokens < 1 ? 0 : (tokens + c - 1) / c;
+}
+
 #endif

@@ -48,7 +48,6 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     /* Configured features this build does not have: say so now, not mid-run. */
     const char *missing = NULL;
     if (cfg->osft_enabled) missing = "[osft] enabled = true: the OSFT kernel is not built yet";
-    else if (cfg->tiled_mlp_enabled) missing = "[tiled_mlp] enabled = true: TiledMLP is not built yet";
     else if (host && host->world_size > 1)
         missing = "world_size > 1: multi-rank modes (A/B/C with NCCL/MPI) are not built yet";
     else if (cfg->zero3_shard == 1) missing = "[protrain] zero3_shard = on: mode C is not built yet";
@@ -162,6 +161,10 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     rt->broken = 0;
     rt->model = model;
     rt->n_blocks = model->n_blocks;
+    if ((rc = pt_rt_tiled_check(rt, err, errlen))) {
+        rt->model = NULL;
+        return rc;
+    }
     rt->kn.n_persist = rt->cfg.force_all_persistent ? -1 : rt->cfg.n_persist;
     rt->kn.n_buffer = rt->cfg.n_buffer;
     rt->kn.n_swap = rt->cfg.n_swap;
@@ -410,6 +413,7 @@ int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out) {
     s.pred_peak = rt->pred_peak;
     s.pred_iter_s = rt->pred_iter_s;
     pt_store_stats(rt->st, &s);
+    s.mlp_tiles = pt_rt_mlp_tiles(rt);
     uint32_t n = out->struct_size && out->struct_size < sizeof s ? out->struct_size : sizeof s;
     memcpy(out, &s, n);
     out->struct_size = n;

@@ -46,12 +46,20 @@ struct pt_rt {
     double meas_iter_s;
     int swap_interval;        /* blocks of forward compute that hide one swap-out (>= 1) */
     int32_t *swap_done;       /* [n_blocks] the plan's release window per SWAP arena, or NULL */
+    /* TiledMLP (tiled_mlp.c) */
+    int in_tiles;             /* inside a tiled_mlp_forward/backward tile loop */
+    void *tile_scr;           /* the tile scratch handed to the host, or NULL */
+    uint64_t tile_scr_bytes;
 };
 
 /* rt.c */
 int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen);
 /* Frees the store; the status of its wait for queued work (err NULL: logged). */
 int pt_rt_store_free(pt_rt *rt, char *err, size_t errlen);
+
+/* tiled_mlp.c: at post_model_load, refuse what TiledMLP cannot run (cuda, non-fp32
+ * gradients, a host without the callbacks). */
+int pt_rt_tiled_check(pt_rt *rt, char *err, size_t errlen);
 
 /* plan_rt.c */
 int pt_rt_wants_profile(const pt_rt *rt);

@@ -9,7 +9,7 @@
  *  - $PT_BUILD/protrain_plugin.so exports only protrain_plugin_v1, and its table
  *    loads with abi_version 1, struct_size sizeof(pt_plugin_v1), name "protrain",
  *    PT_HAS_HOOK true for every implemented hook and false for the four kernel
- *    hooks that are not built (osft_linear_*, tiled_mlp_*);
+ *    hooks that are not built (osft_linear_*);
  *  - $PT_BUILD/libprotrain_cuda.so (when built) exports only pt_gpu_backend_cuda_v1
  *    (PT_CUDA_BACKEND_SYMBOL), whose head says abi_version PT_GPU_BACKEND_VERSION
  *    and struct_size sizeof(pt_gpu_backend); it names itself "cuda", fills every
@@ -235,17 +235,18 @@ static void test_plugin_exports(void **state) {
      * absent instead of calling a stub that only answers "unsupported". */
     assert_false(PT_HAS_HOOK(t, osft_linear_forward));
     assert_false(PT_HAS_HOOK(t, osft_linear_backward));
-    assert_false(PT_HAS_HOOK(t, tiled_mlp_forward));
-    assert_false(PT_HAS_HOOK(t, tiled_mlp_backward));
     assert_null(t->osft_linear_forward);
-    assert_null(t->tiled_mlp_backward);
+    /* TiledMLP is built (ABI 1.2 adds its scratch hook) */
+    assert_true(PT_HAS_HOOK(t, tiled_mlp_forward));
+    assert_true(PT_HAS_HOOK(t, tiled_mlp_backward));
+    assert_true(PT_HAS_HOOK(t, tiled_mlp_scratch));
     /* The list above is every slot: count the non-NULL ones so a hook added to the
      * table later has to be added here too. */
     int present = 0;
     for (const void *const *h = (const void *const *)&t->init;
          h < (const void *const *)&t->reserved; h++)
         present += *h != NULL;
-    assert_int_equal(present, 24);
+    assert_int_equal(present, 27);
     assert_non_null(t->last_error(NULL));   /* "never NULL; ctx may be NULL" */
     pt_unload_plugin(&p);
 }

@@ -1,0 +1,220 @@
+/*
+ * tiled_mlp.c — TiledMLP: a block's MLP run in sequence tiles so that only one
+ * tile's (rows, 4C)-sized intermediates exist at a time.
+ *
+ * The plugin drives the tiles; the host computes one tile per callback:
+ *   forward:  for each tile: host mlp_forward(b, begin, count)
+ *   backward: for each tile: host mlp_forward (recompute into the tile scratch),
+ *             then host mlp_backward (input-gradient rows, weight gradients +=)
+ * Tiles are explicit (base.h pt_mlp_tile_len): c = ceil(tokens/N) rows each, the
+ * last one shorter, N_eff = ceil(tokens/c) of them, so no tile is empty and the
+ * loop ends on the row count, never on a comparison with N.
+ *
+ * Weight gradients: for the tile loop the block's gradient pointers are pointed
+ * at one zeroed fp32 accumulator (block's trainable fp32 params, their sizes), so
+ * every tile adds into it with scale 1 (tiles partition the tokens and the loss is
+ * a sum over tokens: per-tile gradients add, they are not averaged). After the
+ * last tile the real pointers come back and the sum is added into the gradient
+ * once (g = g + sum): the store sees one contribution per layer per backward and,
+ * with accumulation, the result is G0 + dW.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "device_ext.h"
+#include "rt_internal.h"
+
+int pt_rt_tiled_check(pt_rt *rt, char *err, size_t errlen) {
+    if (!rt->cfg.tiled_mlp_enabled) return PT_OK;
+    if (!rt->host.mlp_forward || !rt->host.mlp_backward)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                       "[tiled_mlp] enabled = true, but the host gives no mlp_forward / "
+                       "mlp_backward callbacks in pt_host_v1 (config %s)", rt->cfg.source);
+    /* the gradient sum is added on the device's stream by a host function, which
+     * needs device memory the CPU can address (the simulated device) */
+    if (strcmp(pt_gpu_backend_name(rt->gpu), "host") != 0)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                       "[tiled_mlp] enabled = true: TiledMLP runs only on the host backend for "
+                       "now (the %s backend has no gradient-add kernel yet)",
+                       pt_gpu_backend_name(rt->gpu));
+    const pt_model_v1 *m = rt->model;
+    for (int i = 0; i < m->n_params; i++) {
+        const pt_param_v1 *p = &m->params[i];
+        if (p->block >= 0 && p->trainable && p->tie < 0 && p->dtype != PT_F32)
+            return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                           "[tiled_mlp] enabled = true: parameter %d (%s) is not fp32; the tile "
+                           "gradient sum is built for fp32 gradients only", i,
+                           p->name ? p->name : "?");
+    }
+    return PT_OK;
+}
+
+uint64_t pt_rt_mlp_tiles(const pt_rt *rt) {
+    if (!rt->cfg.tiled_mlp_enabled) return 0;
+    if (!rt->model) return rt->cfg.tiled_mlp_tiles > 0 ? (uint64_t)rt->cfg.tiled_mlp_tiles : 1;
+    return (uint64_t)pt_mlp_tiles_eff(rt->model->batch * rt->model->seq, rt->cfg.tiled_mlp_tiles);
+}
+
+int pt_rt_tile_scratch(pt_rt *rt, uint64_t bytes, void **ptr, char *err, size_t errlen) {
+    if (!ptr) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "tiled_mlp_scratch: ptr is NULL");
+    *ptr = NULL;
+    if (!rt->in_tiles)
+        return pt_fail(err, errlen, PT_ERR_ORDER,
+                       "tiled_mlp_scratch called outside the host's mlp_forward / mlp_backward "
+                       "callbacks");
+    if (bytes == 0)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "tiled_mlp_scratch: zero bytes requested");
+    if (bytes > rt->tile_scr_bytes) {
+        /* a larger request than the first tile's: replace (the old one's queued users
+         * finish first, the free is in the stream's order) */
+        if (rt->tile_scr) {
+            int rc = pt_gpu_free_on_stream(rt->gpu, rt->tile_scr, rt->s_compute, err, errlen);
+            rt->tile_scr = NULL;
+            rt->tile_scr_bytes = 0;
+            if (rc) return rc;
+        }
+        int rc = pt_gpu_alloc(rt->gpu, (size_t)bytes, PT_TAG_SCRATCH, &rt->tile_scr, err, errlen);
+        if (rc) {
+            rt->tile_scr = NULL;
+            return rc;
+        }
+        rt->tile_scr_bytes = bytes;
+    }
+    *ptr = rt->tile_scr;
+    return PT_OK;
+}
+
+/* The deferred g += acc of one backward, run on the compute stream after the
+ * tiles' work: n pairs, each a gradient and its slice of the accumulator. */
+typedef struct grad_add {
+    size_t n;
+    struct { float *g; const float *a; size_t len; } e[];
+} grad_add;
+
+static void grad_add_run(void *arg) {
+    grad_add *ga = arg;
+    for (size_t i = 0; i < ga->n; i++)
+        for (size_t k = 0; k < ga->e[i].len; k++) ga->e[i].g[k] += ga->e[i].a[k];
+    free(ga);
+}
+
+static size_t numel(const pt_param_v1 *p) {
+    size_t n = 1;
+    for (int d = 0; d < p->ndim; d++) n *= (size_t)p->shape[d];
+    return n;
+}
+
+static int tgrad(const pt_param_v1 *p, int32_t b) {
+    return p->block == b && p->trainable && p->tie < 0 && p->grad;
+}
+
+int pt_rt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *err,
+                    size_t errlen) {
+    const char *hook = backward ? "tiled_mlp_backward" : "tiled_mlp_forward";
+    if (!rt->cfg.tiled_mlp_enabled)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                       "%s: [tiled_mlp] enabled = false in %s", hook, rt->cfg.source);
+    if (!rt->model || b < 0 || b >= rt->n_blocks || tokens < 1)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "%s(block %d, tokens %lld): bad block "
+                       "or token count", hook, (int)b, (long long)tokens);
+    if (rt->in_tiles)
+        return pt_fail(err, errlen, PT_ERR_ORDER, "%s called from inside a tile callback", hook);
+    pt_model_v1 *m = rt->model;
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
+    void *impl = pt_gpu_impl(rt->gpu);
+    int64_t c = pt_mlp_tile_len(tokens, rt->cfg.tiled_mlp_tiles);
+    int rc = PT_OK;
+
+    /* backward: the block's trainable gradients -> one zeroed fp32 accumulator,
+     * (sum of the block's gradient sizes) floats */
+    void **saved = NULL;
+    float *acc = NULL;
+    size_t acc_n = 0, n_g = 0;
+    if (backward) {
+        for (int i = 0; i < m->n_params; i++)
+            if (tgrad(&m->params[i], b)) acc_n += numel(&m->params[i]), n_g++;
+        if (acc_n) {
+            saved = calloc((size_t)m->n_params, sizeof *saved);
+            if (!saved)
+                return pt_fail(err, errlen, PT_ERR_HOST_OOM, "%s: out of host memory", hook);
+            void *p = NULL;
+            rc = pt_gpu_alloc(rt->gpu, acc_n * sizeof(float), PT_TAG_SCRATCH, &p, err, errlen);
+            if (rc) {
+                free(saved);
+                return rc;
+            }
+            acc = p;
+            if (ops->memset_async(impl, acc, 0, acc_n * sizeof(float), rt->s_compute)) {
+                pt_gpu_free(rt->gpu, acc);
+                free(saved);
+                return pt_fail(err, errlen, PT_ERR_BACKEND, "%s: zeroing the gradient "
+                               "accumulator failed", hook);
+            }
+            size_t off = 0;
+            for (int i = 0; i < m->n_params; i++) {
+                pt_param_v1 *p = &m->params[i];
+                if (!tgrad(p, b)) continue;
+                saved[i] = p->grad;
+                p->grad = acc + off;
+                off += numel(p);
+            }
+        }
+    }
+
+    rt->in_tiles = 1;
+    for (int64_t begin = 0; begin < tokens && !rc; begin += c) {
+        int64_t count = tokens - begin < c ? tokens - begin : c;
+        int32_t st = rt->host.mlp_forward(rt->host.user, b, begin, count);
+        const char *cb = "mlp_forward";
+        if (!st && backward) {
+            st = rt->host.mlp_backward(rt->host.user, b, begin, count);
+            cb = "mlp_backward";
+        }
+        if (st)
+            rc = pt_fail(err, errlen, PT_ERR_CALLBACK, "%s(%d): the host's %s(%d, %lld, %lld) "
+                         "returned %d", hook, (int)b, cb, (int)b, (long long)begin,
+                         (long long)count, (int)st);
+    }
+    rt->in_tiles = 0;
+
+    if (rt->tile_scr) {
+        char e2[256];
+        int r2 = pt_gpu_free_on_stream(rt->gpu, rt->tile_scr, rt->s_compute, e2, sizeof e2);
+        if (r2 && !rc) rc = pt_fail(err, errlen, r2, "%s: %s", hook, e2);
+        rt->tile_scr = NULL;
+        rt->tile_scr_bytes = 0;
+    }
+    if (acc) {
+        grad_add *ga = calloc(1, sizeof *ga + n_g * sizeof ga->e[0]);
+        size_t off = 0;
+        for (int i = 0; i < m->n_params; i++) {
+            pt_param_v1 *p = &m->params[i];
+            if (p->block != b || !saved[i]) continue;
+            p->grad = saved[i];   /* the real gradient comes back even on failure */
+            if (ga) {
+                ga->e[ga->n].g = saved[i];
+                ga->e[ga->n].a = acc + off;
+                ga->e[ga->n].len = numel(p);
+                ga->n++;
+            }
+            off += numel(p);
+        }
+        free(saved);
+        if (!ga && !rc) rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "%s: out of host memory", hook);
+        /* after the tiles' queued work, before the store's later reads of the
+         * gradient (its copies wait on the compute stream) */
+        if (ga && !rc && ops->host_fn(impl, rt->s_compute, grad_add_run, ga)) {
+            free(ga);
+            rc = pt_fail(err, errlen, PT_ERR_BACKEND, "%s: queueing the gradient add failed", hook);
+        } else if (ga && rc) {
+            free(ga);
+        }
+        char e2[256];
+        int r2 = pt_gpu_free_on_stream(rt->gpu, acc, rt->s_compute, e2, sizeof e2);
+        if (r2 && !rc) rc = pt_fail(err, errlen, r2, "%s: %s", hook, e2);
+    }
+    /* a host without PT_HOST_ASYNC_COMPUTE expects the plugin's work done on return */
+    if (!rc && !rt->host_async && ops->stream_sync(impl, rt->s_compute))
+        rc = pt_fail(err, errlen, PT_ERR_BACKEND, "%s: device stream sync failed", hook);
+    return rc;
+}
