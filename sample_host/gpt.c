@@ -145,7 +145,14 @@ void sh_model_init_random(sh_model *m, uint64_t seed) {
 static size_t al16(size_t x) { return (x + 15) & ~(size_t)15; }
 
 void sh_arena_layout_make(sh_arena_layout *a, const sh_dims *d, int B, int T) {
+    sh_arena_layout_make_t(a, d, B, T, 0);
+}
+
+void sh_arena_layout_make_t(sh_arena_layout *a, const sh_dims *d, int B, int T, int tiled) {
     size_t N = (size_t)B * T, C = (size_t)d->C, o = 0;
+    /* tiled: the MLP's (N,4C) intermediates are not saved (each tile's backward
+     * recomputes them from ln2), so fch and fch_gelu take no room */
+    size_t F = tiled ? 0 : N * 4 * C;
     /* each slot starts on a 64-byte boundary (16 floats) */
     a->ln1 = o;      o = al16(o + N * C);
     a->ln1_mean = o; o = al16(o + N);
@@ -157,8 +164,8 @@ void sh_arena_layout_make(sh_arena_layout *a, const sh_dims *d, int B, int T) {
     a->ln2 = o;      o = al16(o + N * C);
     a->ln2_mean = o; o = al16(o + N);
     a->ln2_rstd = o; o = al16(o + N);
-    a->fch = o;      o = al16(o + N * 4 * C);
-    a->fch_gelu = o; o = al16(o + N * 4 * C);
+    a->fch = o;      o = al16(o + F);
+    a->fch_gelu = o; o = al16(o + F);
     a->total = o;
 }
 
@@ -168,11 +175,11 @@ static const sh_layer_ops *ops_of(const sh_model *m) { return m->ops ? m->ops : 
 #define PD(l, k) ((const float *)m->params[SH_P_LAYER(l, k)].data)
 #define PG(l, k) ((float *)m->params[SH_P_LAYER(l, k)].grad)
 
-void sh_block_fwd(const sh_model *m, int l, float *arena, const float *x, float *out,
-                  int B, int T) {
+void sh_block_fwd_attn(const sh_model *m, int l, float *arena, const float *x, int B, int T,
+                       int tiled) {
     const sh_layer_ops *O = ops_of(m);
     sh_arena_layout a;
-    sh_arena_layout_make(&a, &m->d, B, T);
+    sh_arena_layout_make_t(&a, &m->d, B, T, tiled);
     int N = B * T, C = m->d.C, NH = m->d.NH;
     float *A = arena;
     O->layernorm_fwd(O->ctx, A + a.ln1, A + a.ln1_mean, A + a.ln1_rstd, x, PD(l, SH_LN1W),
@@ -184,38 +191,72 @@ void sh_block_fwd(const sh_model *m, int l, float *arena, const float *x, float 
     O->add_inplace(O->ctx, A + a.res2, x, (size_t)N * C);
     O->layernorm_fwd(O->ctx, A + a.ln2, A + a.ln2_mean, A + a.ln2_rstd, A + a.res2, PD(l, SH_LN2W),
                      PD(l, SH_LN2B), N, C);
-    O->matmul_fwd(O->ctx, A + a.fch, A + a.ln2, PD(l, SH_FCW), PD(l, SH_FCB), N, C, 4 * C);
-    O->gelu_fwd(O->ctx, A + a.fch_gelu, A + a.fch, (size_t)N * 4 * C);
-    /* out = (fch_gelu * fcprojw^T + fcprojb) + res2 */
-    O->matmul_fwd(O->ctx, out, A + a.fch_gelu, PD(l, SH_FCPROJW), PD(l, SH_FCPROJB), N, 4 * C, C);
-    O->add_inplace(O->ctx, out, A + a.res2, (size_t)N * C);
 }
 
-void sh_block_bwd(const sh_model *m, int l, const float *arena, const float *x, float *dres,
-                  const sh_scratch *s, int B, int T) {
+void sh_mlp_fwd(const sh_model *m, int l, const sh_mlp_rows *r) {
     const sh_layer_ops *O = ops_of(m);
+    int n = r->n, C = m->d.C;
+    O->matmul_fwd(O->ctx, r->fch, r->inp, PD(l, SH_FCW), PD(l, SH_FCB), n, C, 4 * C);
+    O->gelu_fwd(O->ctx, r->fch_gelu, r->fch, (size_t)n * 4 * C);
+    if (!r->out) return; /* a tile's recompute before its backward */
+    /* out = (fch_gelu * fcprojw^T + fcprojb) + res2 */
+    O->matmul_fwd(O->ctx, r->out, r->fch_gelu, PD(l, SH_FCPROJW), PD(l, SH_FCPROJB), n, 4 * C, C);
+    O->add_inplace(O->ctx, r->out, r->res, (size_t)n * C);
+}
+
+void sh_block_fwd(const sh_model *m, int l, float *arena, const float *x, float *out,
+                  int B, int T) {
     sh_arena_layout a;
     sh_arena_layout_make(&a, &m->d, B, T);
+    sh_block_fwd_attn(m, l, arena, x, B, T, 0);
+    sh_mlp_rows r = {.n = B * T, .inp = arena + a.ln2, .res = arena + a.res2, .out = out,
+                     .fch = arena + a.fch, .fch_gelu = arena + a.fch_gelu};
+    sh_mlp_fwd(m, l, &r);
+}
+
+void sh_mlp_bwd(const sh_model *m, int l, const sh_mlp_rows *r) {
+    const sh_layer_ops *O = ops_of(m);
+    int n = r->n, C = m->d.C;
+    /* dbig (n,4C) holds d fch_gelu, then d fch in place; dinp (n,C) = d ln2 */
+    O->matmul_bwd(O->ctx, r->dbig, PG(l, SH_FCPROJW), PG(l, SH_FCPROJB), r->dout, r->fch_gelu,
+                  PD(l, SH_FCPROJW), n, 4 * C, C, r->wtmp);
+    O->gelu_bwd(O->ctx, r->dbig, r->fch, r->dbig, (size_t)n * 4 * C);
+    O->matmul_bwd(O->ctx, r->dinp, PG(l, SH_FCW), PG(l, SH_FCB), r->dbig, r->inp, PD(l, SH_FCW),
+                  n, C, 4 * C, r->wtmp);
+}
+
+void sh_block_bwd_attn(const sh_model *m, int l, const float *arena, const float *x, float *dres,
+                       const sh_scratch *s, int B, int T, int tiled) {
+    const sh_layer_ops *O = ops_of(m);
+    sh_arena_layout a;
+    sh_arena_layout_make_t(&a, &m->d, B, T, tiled);
     int N = B * T, C = m->d.C, NH = m->d.NH;
     const float *A = arena;
-    /* out = res2 + fcproj(gelu(fc(ln2(res2)))): dres flows to res2 unchanged plus the MLP
-     * branch. dbig (N,4C) holds d fch_gelu, then d fch in place. */
-    O->matmul_bwd(O->ctx, s->dbig, PG(l, SH_FCPROJW), PG(l, SH_FCPROJB), dres, A + a.fch_gelu,
-                  PD(l, SH_FCPROJW), N, 4 * C, C, s->wtmp);
-    O->gelu_bwd(O->ctx, s->dbig, A + a.fch, s->dbig, (size_t)N * 4 * C);
-    O->matmul_bwd(O->ctx, s->dsmall, PG(l, SH_FCW), PG(l, SH_FCB), s->dbig, A + a.ln2, PD(l, SH_FCW),
-                  N, C, 4 * C, s->wtmp);
+    /* s->dsmall holds d ln2 (the MLP branch's input gradient) */
     O->layernorm_bwd(O->ctx, dres, PG(l, SH_LN2W), PG(l, SH_LN2B), s->dsmall, A + a.res2,
                      PD(l, SH_LN2W), A + a.ln2_mean, A + a.ln2_rstd, N, C);
     /* dres is now dL/d res2; res2 = x + attproj(attn(qkv(ln1(x)))). */
     O->matmul_bwd(O->ctx, s->dsmall, PG(l, SH_ATTPROJW), PG(l, SH_ATTPROJB), dres, A + a.atty,
                   PD(l, SH_ATTPROJW), N, C, C, s->wtmp);
-    /* dqkv (N,3C) reuses dbig (N,4C), which is free again */
+    /* dqkv (N,3C) reuses dbig (N,4C untiled, N,3C tiled), which is free again */
     O->attention_bwd(O->ctx, s->dbig, s->datt, s->nslots, s->dsmall, A + a.qkv, A + a.att, B, T, C, NH);
     O->matmul_bwd(O->ctx, s->dsmall, PG(l, SH_QKVW), PG(l, SH_QKVB), s->dbig, A + a.ln1, PD(l, SH_QKVW),
                   N, C, 3 * C, s->wtmp);
     O->layernorm_bwd(O->ctx, dres, PG(l, SH_LN1W), PG(l, SH_LN1B), s->dsmall, x, PD(l, SH_LN1W),
                      A + a.ln1_mean, A + a.ln1_rstd, N, C);
+}
+
+void sh_block_bwd(const sh_model *m, int l, const float *arena, const float *x, float *dres,
+                  const sh_scratch *s, int B, int T) {
+    sh_arena_layout a;
+    sh_arena_layout_make(&a, &m->d, B, T);
+    /* out = res2 + fcproj(gelu(fc(ln2(res2)))): dres flows to res2 unchanged plus the MLP
+     * branch */
+    sh_mlp_rows r = {.n = B * T, .inp = arena + a.ln2, .fch = (float *)arena + a.fch,
+                     .fch_gelu = (float *)arena + a.fch_gelu, .dout = dres, .dinp = s->dsmall,
+                     .dbig = s->dbig, .wtmp = s->wtmp};
+    sh_mlp_bwd(m, l, &r);
+    sh_block_bwd_attn(m, l, arena, x, dres, s, B, T, 0);
 }
 
 void sh_head_fwd(const sh_model *m, const sh_head_acts *a, const float *xL,

@@ -75,6 +75,9 @@ typedef struct sh_arena_layout {
     size_t total;                   /* floats in the arena */
 } sh_arena_layout;
 void sh_arena_layout_make(sh_arena_layout *lay, const sh_dims *d, int B, int T);
+/* tiled != 0: the layout when the MLP runs in tiles (TiledMLP): fch and fch_gelu
+ * are not saved (size 0), everything else as above. */
+void sh_arena_layout_make_t(sh_arena_layout *lay, const sh_dims *d, int B, int T, int tiled);
 
 /* Backward scratch of one block (floats): dbig (N,4C), dsmall (N,C), datt of nslots
  * (T,T) attention slots (the layer table's attention_slots), and wtmp (4C,C) for weight
@@ -91,6 +94,33 @@ void sh_block_fwd(const sh_model *m, int l, float *arena, const float *x, float 
  * parameter gradients accumulate (+=). */
 void sh_block_bwd(const sh_model *m, int l, const float *arena, const float *x, float *dres,
                   const sh_scratch *s, int B, int T);
+
+/* The block split at the MLP, for TiledMLP (the whole-block functions above are
+ * these run in order over all N rows).
+ * sh_block_fwd_attn: x -> arena up to ln2 (ln1, qkv, attention, res2, ln2).
+ * sh_mlp_fwd / sh_mlp_bwd: the MLP on n consecutive rows (tokens) of the (N,C)
+ * activations — the MLP is token-wise, so any row range is exact:
+ *   fch = inp fcw^T + fcb (n,4C); fch_gelu = gelu(fch); out = fch_gelu fcprojw^T +
+ *   fcprojb + res (skipped when out is NULL: a tile's recompute);
+ *   backward: dinp (n,C) = d inp (overwritten), weight gradients += (through wtmp,
+ *   or straight into the gradient with beta = 1 when wtmp is NULL).
+ * sh_block_bwd_attn: from dres = dL/d out and s->dsmall = d ln2: the rest. */
+typedef struct sh_mlp_rows {
+    int n;                  /* rows */
+    const float *inp, *res; /* (n,C): ln2 rows, res2 rows */
+    float *out;             /* (n,C) or NULL */
+    float *fch, *fch_gelu;  /* (n,4C) */
+    const float *dout;      /* (n,C) dL/d out */
+    float *dinp;            /* (n,C) */
+    float *dbig;            /* (n,4C) backward scratch */
+    float *wtmp;            /* (4C,C) or NULL */
+} sh_mlp_rows;
+void sh_block_fwd_attn(const sh_model *m, int l, float *arena, const float *x, int B, int T,
+                       int tiled);
+void sh_mlp_fwd(const sh_model *m, int l, const sh_mlp_rows *r);
+void sh_mlp_bwd(const sh_model *m, int l, const sh_mlp_rows *r);
+void sh_block_bwd_attn(const sh_model *m, int l, const float *arena, const float *x, float *dres,
+                       const sh_scratch *s, int B, int T, int tiled);
 
 /* Non-block activations: final LayerNorm and logits. */
 typedef struct sh_head_acts {

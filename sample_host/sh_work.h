@@ -28,7 +28,11 @@ typedef enum sh_op_kind {
     SH_OP_HEAD_BWD,        /* head backward into dres */
     SH_OP_BLOCK_BWD,       /* block l backward: arena a, input x, dres in/out */
     SH_OP_ENCODER_BWD,     /* dwte, dwpe += from dres */
-    SH_OP_UPLOAD           /* dst = a copy of src taken at launch (bytes) */
+    SH_OP_UPLOAD,          /* dst = a copy of src taken at launch (bytes) */
+    SH_OP_BLOCK_FWD_ATTN,  /* TiledMLP: block l up to ln2 (tiled arena layout) */
+    SH_OP_MLP_FWD,         /* TiledMLP: one tile's MLP forward (mlp) */
+    SH_OP_MLP_BWD,         /* TiledMLP: one tile's MLP backward (mlp) */
+    SH_OP_BLOCK_BWD_ATTN   /* TiledMLP: block l's backward below the MLP */
 } sh_op_kind;
 
 typedef struct sh_op {
@@ -44,6 +48,7 @@ typedef struct sh_op {
     sh_scratch scr;
     double *loss_out;         /* head forward adds its mean loss here (device memory of
                                  the model's layer table) */
+    sh_mlp_rows mlp;          /* TiledMLP tile ops */
     void *dst;                /* upload */
     const void *src;
     size_t bytes;

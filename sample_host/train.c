@@ -14,6 +14,7 @@
 #include "sh_adamw.h"
 #include "sh_ckpt.h"
 #include "sh_layers.h"
+#include "sh_tiled.h"
 #include "sh_work.h"
 
 struct sh_trainer {
@@ -49,6 +50,7 @@ struct sh_trainer {
     int nseg;
     char opened[16];        /* the backend the plugin's start line named ("" unseen) */
     int curB, curT, in_pass;
+    sh_tiled tl;            /* TiledMLP (tiled.c): tl.on when the plugin tiles the MLPs */
     char err[768];
     char cb_err[384];       /* error raised inside a callback */
 };
@@ -186,7 +188,8 @@ static int alloc_buffers(sh_trainer *tr) {
     tr->head.losses = tr->head_buf + o_loss;
     const sh_layer_ops *ops = tr->cu ? &tr->cu->ops : &sh_cpu_ops;
     int slots = ops->attention_slots(ops->ctx, d->NH);
-    size_t o_big = al16(N * C), o_small = o_big + al16(N * 4 * C),
+    /* dbig: (N,4C) for the MLP backward, or only dqkv (N,3C) when the MLP is tiled */
+    size_t o_big = al16(N * C), o_small = o_big + al16(N * (tr->tl.on ? 3 : 4) * C),
            o_att = o_small + al16(N * C), o_w = o_att + al16((size_t)slots * T * T),
            scr_n = o_w + al16(4 * C * C);
     if (dalloc(tr, scr_n * sizeof(float), "scratch", &p)) return -1;
@@ -250,13 +253,19 @@ static int pass_fwd(sh_trainer *tr, int B, int T, int with_targets, double *loss
     tr->curT = T;
     WORK(.kind = SH_OP_ENCODER_FWD, .B = B, .T = T, .out = tr->res[0], .tok = tr->inp);
     sh_arena_layout lay;
-    sh_arena_layout_make(&lay, &m->d, B, T);
+    sh_arena_layout_make_t(&lay, &m->d, B, T, tr->tl.on);
     for (int l = 0; l < L; l++) {
         float *a = NULL;
         if (tr->tbl) HOOK(block_pre_forward, l, l);
         if (arena_new(tr, l, lay.total * sizeof(float), &a)) return -1;
-        WORK(.kind = SH_OP_BLOCK_FWD, .l = l, .B = B, .T = T, .a = a, .x = tr->res[l],
-             .out = tr->res[l + 1]);
+        if (tr->tl.on) {
+            WORK(.kind = SH_OP_BLOCK_FWD_ATTN, .l = l, .B = B, .T = T, .a = a, .x = tr->res[l]);
+            int32_t st = sh_tiled_fwd(&tr->tl, l, a, tr->res[l + 1], B, T);
+            if (st) return hook_fail(tr, "tiled_mlp_forward", l, st);
+        } else {
+            WORK(.kind = SH_OP_BLOCK_FWD, .l = l, .B = B, .T = T, .a = a, .x = tr->res[l],
+                 .out = tr->res[l + 1]);
+        }
         if (l == L - 1)
             WORK(.kind = SH_OP_HEAD_FWD, .B = B, .T = T, .x = tr->res[L],
                  .tgt = with_targets ? tr->tgt : NULL, .head = tr->head, .loss_out = loss);
@@ -275,8 +284,15 @@ static int pass_bwd(sh_trainer *tr, int B, int T, float dloss) {
         if (tr->tbl) HOOK(block_pre_backward, l, l);
         /* re-read: the plugin may have recomputed (CKPT) or swapped the arena back */
         if (arena_get(tr, l, &a)) return -1;
-        WORK(.kind = SH_OP_BLOCK_BWD, .l = l, .B = B, .T = T, .a = a, .x = tr->res[l],
-             .dres = tr->dres, .scr = tr->scr);
+        if (tr->tl.on) {
+            int32_t st = sh_tiled_bwd(&tr->tl, l, a, tr->dres, tr->scr.dsmall, B, T);
+            if (st) return hook_fail(tr, "tiled_mlp_backward", l, st);
+            WORK(.kind = SH_OP_BLOCK_BWD_ATTN, .l = l, .B = B, .T = T, .a = a, .x = tr->res[l],
+                 .dres = tr->dres, .scr = tr->scr);
+        } else {
+            WORK(.kind = SH_OP_BLOCK_BWD, .l = l, .B = B, .T = T, .a = a, .x = tr->res[l],
+                 .dres = tr->dres, .scr = tr->scr);
+        }
         if (tr->tbl) HOOK(block_post_backward, l, l);
     }
     WORK(.kind = SH_OP_ENCODER_BWD, .B = B, .T = T, .dres = tr->dres, .tok = tr->inp);
@@ -320,7 +336,9 @@ static int32_t cb_recompute(void *user, int32_t b) {
     /* Re-run the forward from the saved input res[b]; the block output is not needed
      * again (block b+1's backward is done), so it goes to backward scratch that is
      * idle between blocks instead of overwriting res[b+1]. */
-    sh_op op = {.kind = SH_OP_BLOCK_FWD, .l = b, .B = tr->curB, .T = tr->curT, .a = p,
+    /* tiled MLP: only the part up to ln2; the MLP's output is not needed and each
+     * tile's backward recomputes its own intermediates */
+    sh_op op = {.kind = tr->tl.on ? SH_OP_BLOCK_FWD_ATTN : SH_OP_BLOCK_FWD, .l = b, .B = tr->curB, .T = tr->curT, .a = p,
                 .x = tr->res[b], .out = tr->scr.dsmall};
     st = sh_work_run(&tr->lw, &tr->model, &op);
     if (st != 0) {
@@ -329,6 +347,13 @@ static int32_t cb_recompute(void *user, int32_t b) {
         return st;
     }
     return 0;
+}
+
+static int32_t cb_mlp_fwd(void *user, int32_t b, int64_t begin, int64_t count) {
+    return sh_tiled_cb(&((sh_trainer *)user)->tl, b, begin, count, 0);
+}
+static int32_t cb_mlp_bwd(void *user, int32_t b, int64_t begin, int64_t count) {
+    return sh_tiled_cb(&((sh_trainer *)user)->tl, b, begin, count, 1);
 }
 
 static int32_t cb_profile(void *user) {
@@ -421,6 +446,8 @@ static int start_plugin(sh_trainer *tr) {
     h->log = log_tramp;
     h->recompute_block = cb_recompute;
     h->profile_step = cb_profile;
+    h->mlp_forward = cb_mlp_fwd;
+    h->mlp_backward = cb_mlp_bwd;
     if (tr->cu) {
         h->compute_stream = tr->cu->api->stream(tr->cu->ctx);
         h->flags |= PT_HOST_ASYNC_COMPUTE;
@@ -436,6 +463,12 @@ static int start_plugin(sh_trainer *tr) {
     }
     tr->lw.tbl = tr->tbl;
     tr->lw.ctx = tr->ctx;
+    tr->tl = (sh_tiled){.tbl = tr->tbl, .ctx = tr->ctx, .lw = &tr->lw, .m = &tr->model,
+                        .err = tr->cb_err, .errlen = sizeof tr->cb_err};
+    sh_tiled_query(&tr->tl);
+    if (tr->tl.on && tr->cu)
+        return fail(tr, "the plugin runs the MLP in tiles ([tiled_mlp] enabled = true), but "
+                    "sample_host --device cuda runs its MLP untiled: set enabled = false");
     /* cuda: running an op enqueues its kernels, no launch hook needed */
     tr->lw.async = !tr->cu && sh_work_can_launch(tr->tbl);
     if (tr->cu && tr->opened[0] && strcmp(tr->opened, "cuda") != 0)

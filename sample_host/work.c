@@ -33,6 +33,18 @@ static void exec(const sh_model *m, const sh_op *op) {
         O->encoder_bwd(O->ctx, (float *)m->params[SH_P_WTE].grad,
                        (float *)m->params[SH_P_WPE].grad, op->dres, op->tok, op->B, op->T, d->C);
         break;
+    case SH_OP_BLOCK_FWD_ATTN:
+        sh_block_fwd_attn(m, op->l, op->a, op->x, op->B, op->T, 1);
+        break;
+    case SH_OP_MLP_FWD:
+        sh_mlp_fwd(m, op->l, &op->mlp);
+        break;
+    case SH_OP_MLP_BWD:
+        sh_mlp_bwd(m, op->l, &op->mlp);
+        break;
+    case SH_OP_BLOCK_BWD_ATTN:
+        sh_block_bwd_attn(m, op->l, op->a, op->x, op->dres, &op->scr, op->B, op->T, 1);
+        break;
     case SH_OP_UPLOAD:
         /* only launched on the host backend (device memory is host memory there) */
         memcpy(op->dst, op->src, op->bytes);
