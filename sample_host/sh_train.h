@@ -53,6 +53,10 @@ typedef struct sh_train_opts {
     int skip_nonfinite;
     /* Testing: step nan_step (> 0) gets NaN gradients and a NaN loss. */
     int64_t nan_step;
+    /* Testing: called after block l's backward work has run (the device synced),
+     * inside its backward window, where params[i].grad of block l is readable. */
+    void (*grad_probe)(void *user, const sh_model *m, int l);
+    void *grad_probe_user;
 } sh_train_opts;
 
 /* Build the model, start the plugin (init, buffers, post_model_load, create_optimizer)

@@ -293,6 +293,10 @@ static int pass_bwd(sh_trainer *tr, int B, int T, float dloss) {
             WORK(.kind = SH_OP_BLOCK_BWD, .l = l, .B = B, .T = T, .a = a, .x = tr->res[l],
                  .dres = tr->dres, .scr = tr->scr);
         }
+        if (tr->o.grad_probe) {
+            SYNC();
+            tr->o.grad_probe(tr->o.grad_probe_user, m, l);
+        }
         if (tr->tbl) HOOK(block_post_backward, l, l);
     }
     WORK(.kind = SH_OP_ENCODER_BWD, .B = B, .T = T, .dres = tr->dres, .tok = tr->inp);
