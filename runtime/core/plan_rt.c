@@ -141,6 +141,12 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     }
     plan.exec_mode = plan.knobs.n_persist >= plan.n_chunk ? 0 : 1;
     plan.world_size = t->key.world_size;
+    if (rt->cfg.tiled_mlp_enabled) {
+        int64_t tok = plan.batch * plan.seq;
+        plan.mlp_tiles = pt_mlp_tiles_eff(tok, rt->cfg.tiled_mlp_tiles);
+        plan.mlp_tile_len = pt_mlp_tile_len(tok, rt->cfg.tiled_mlp_tiles);
+        plan.mlp_tiles_auto = rt->cfg.tiled_mlp_tiles <= 0;
+    }
     char *text = pt_plan_text(&plan);
     if (text) {
         PT_LOGI(&rt->lg, "plan (profiled in %.3f s, searched %lld candidates in %.3f ms):",

@@ -131,6 +131,13 @@ char *pt_plan_text(const pt_plan *p) {
     sb_printf(&b, "  block modes      %s   (%d blocks; S = swap, C = checkpoint, N = none)\n", ms ? ms : "?",
               p->n_block);
     free(ms);
+    if (p->mlp_tiles > 0) {
+        int64_t tok = p->batch * p->seq, last = tok - (p->mlp_tiles - 1) * p->mlp_tile_len;
+        sb_printf(&b, "  tiled MLP        %lld tiles of %lld tokens (last %lld) over batch x seq = %lld "
+                      "tokens, %s\n", (long long)p->mlp_tiles, (long long)p->mlp_tile_len,
+                  (long long)last, (long long)tok,
+                  p->mlp_tiles_auto ? "auto (tiles of at most 1024 tokens)" : "tiles from the INI");
+    }
     sb_printf(&b, "  predicted peak   %.3f GiB of %.3f GiB usable (capacity %.3f GiB - reserve %.3f - headroom %.3f), at %s",
               c->peak_bytes / GIB, p->budget / GIB, p->capacity / GIB, p->opts.reserve_bytes / GIB,
               p->opts.headroom_bytes / GIB, phase_name(c->peak_phase));
@@ -256,6 +263,8 @@ char *pt_plan_json(const pt_plan *p) {
     JD("cpu_finish_s", c->cpu_finish_s);
     sb_printf(&b, ",\n  \"optimizer_schedule\": \"%s\"", c->schedule == PT_SCHED_AFTER_BWD ? "after_backward" : "overlapped");
     sb_printf(&b, ",\n  \"exec_mode\": \"%s\"", mode_name(p->exec_mode));
+    sb_printf(&b, ",\n  \"mlp_tiles\": %lld, \"mlp_tile_len\": %lld", (long long)p->mlp_tiles,
+              (long long)p->mlp_tile_len);
     JI("world_size", p->world_size);
     sb_printf(&b, ",\n  \"device\": ");
     json_str(&b, p->device);

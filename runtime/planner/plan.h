@@ -61,6 +61,10 @@ typedef struct pt_plan {
     int32_t world_size;
     char device[64];
     int64_t batch, seq;
+    /* TiledMLP: 0 = off; else the tiles each block's MLP runs in (N_eff), of
+     * mlp_tile_len tokens (the last shorter), and whether the count was auto */
+    int64_t mlp_tiles, mlp_tile_len;
+    int32_t mlp_tiles_auto;
     int32_t n_alt;
     pt_plan_alt alt[PT_PLAN_MAX_ALT];
     double best_iter_s;         /* fastest feasible prediction; the chosen plan is within

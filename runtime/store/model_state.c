@@ -369,7 +369,12 @@ uint64_t pt_store_arch_hash(const pt_model_v1 *m, const pt_config *cfg) {
         if (p->name) h ^= pt_fnv1a64(p->name, strlen(p->name)) + (h << 6) + (h >> 2);
     }
     h ^= (uint64_t)m->n_blocks * 0x100000001b3ull;
-    (void)cfg;
+    /* a profile taken with the MLP in tiles has other activation and scratch bytes:
+     * it keys its own cache entry (untiled keys stay as they were) */
+    if (cfg && cfg->tiled_mlp_enabled) {
+        int32_t t[2] = {1, cfg->tiled_mlp_tiles};
+        h ^= pt_fnv1a64(t, sizeof t) + (h << 6) + (h >> 2);
+    }
     return h;
 }
 
