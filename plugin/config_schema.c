@@ -178,7 +178,8 @@ const pt_config_key pt_cfg_keys[] = {
     R_BOOL("tiled_mlp", "enabled", tiled_mlp_enabled, "false",
            "Run each block's MLP in sequence tiles to cut its activation peak."),
     R_INT("tiled_mlp", "tiles", tiled_mlp_tiles, PT_CFG_AUTO | PT_CFG_NO_HI, 1, INT_MAX, 0,
-          "auto", "Number of tiles; auto: from sequence length and hidden size."),
+          "auto", "Tiles over the batch x seq tokens (tile length ceil(tokens / tiles), the last "
+          "shorter); auto: tiles of at most 1024 tokens."),
     R_WORD("dist", "backend", dist_backend, "auto|nccl|mpi|none", "auto",
            "Collectives between ranks. auto: nccl on cuda, mpi on the host backend, none with "
            "one rank."),
