@@ -223,7 +223,9 @@ typedef struct pt_stats_v1 {
     /* ABI 1.1, from the reserved space (0 from older plugins): */
     uint64_t pinned_arena;    /* bytes of the one pinned arena offloaded chunks live in */
     uint64_t pinned_own_allocs; /* pinned allocations that did not fit the arena (each its own) */
-    uint64_t reserved[6];
+    double cpu_optim_hidden_s;  /* of cpu_optim_s: the part done before the device finished
+                                 * the step's backward (host clock; the rest was exposed) */
+    uint64_t reserved[5];
 } pt_stats_v1;
 
 /* The plugin's table. The struct tag differs from the exported object's name

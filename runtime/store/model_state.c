@@ -467,6 +467,7 @@ void pt_store_stats(const pt_store *st, pt_stats_v1 *s) {
     s->mode = ms->n_offloaded ? 1 : 0;
     pthread_mutex_lock(&ms->acct_mu);
     s->cpu_optim_s = ms->cpu_optim_s;
+    s->cpu_optim_hidden_s = ms->cpu_hidden_s;
     pthread_mutex_unlock(&ms->acct_mu);
     s->optim_wait_s = ms->optim_wait_s;
     for (int b = 0; ms->arena && b < ms->n_blocks; b++) {
