@@ -248,20 +248,32 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "create_optimizer: optimizer type %d is not available in this build (adamw only; "
             "REKLS lands with the kernels issue)", type);
     }
-#define PICK(f, cf) o->f = (d && !isnan(d->f)) ? d->f : c->cf
-    PICK(lr, lr);
-    PICK(beta1, beta1);
-    PICK(beta2, beta2);
-    PICK(eps, eps);
-    PICK(weight_decay, weight_decay);
-    PICK(max_grad_norm, max_grad_norm);
-#undef PICK
-    if (!(o->lr >= 0) || !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) ||
-        !(o->eps > 0) || !(o->weight_decay >= 0)) {
+    /* Into a copy first: a refused descriptor leaves the optimizer as it was. */
+    pt_optim_state n = *o;
+    static const char *const names[6] = {"lr", "beta1", "beta2", "eps", "weight_decay",
+                                         "max_grad_norm"};
+    const float given[6] = {d ? d->lr : NAN, d ? d->beta1 : NAN, d ? d->beta2 : NAN,
+                            d ? d->eps : NAN, d ? d->weight_decay : NAN,
+                            d ? d->max_grad_norm : NAN};
+    /* NaN means "from the INI"; an infinity is a host mistake, never a setting */
+    for (int i = 0; i < 6; i++)
+        if (isinf(given[i]))
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                           "create_optimizer: pt_optim_v1.%s is %g; it must be finite (NaN = "
+                           "from the INI)", names[i], (double)given[i]);
+    n.lr = !isnan(given[0]) ? given[0] : c->lr;
+    n.beta1 = !isnan(given[1]) ? given[1] : c->beta1;
+    n.beta2 = !isnan(given[2]) ? given[2] : c->beta2;
+    n.eps = !isnan(given[3]) ? given[3] : c->eps;
+    n.weight_decay = !isnan(given[4]) ? given[4] : c->weight_decay;
+    n.max_grad_norm = !isnan(given[5]) ? given[5] : c->max_grad_norm;
+    if (!(n.lr >= 0) || !(n.beta1 >= 0 && n.beta1 < 1) || !(n.beta2 >= 0 && n.beta2 < 1) ||
+        !(n.eps > 0) || !(n.weight_decay >= 0)) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "create_optimizer: bad hyper-parameters lr %g beta1 %g beta2 %g eps %g weight_decay %g "
             "(need lr >= 0, betas in [0,1), eps > 0, weight_decay >= 0)",
-            o->lr, o->beta1, o->beta2, o->eps, o->weight_decay);
+            n.lr, n.beta1, n.beta2, n.eps, n.weight_decay);
     }
+    *o = n;
     o->t = 0;
     o->last_norm = NAN;
     PT_LOGI(&rt->lg, "optimizer adamw lr %g betas (%g, %g) eps %g weight_decay %g clip %s",
@@ -308,8 +320,9 @@ int pt_rt_optimizer_step(pt_rt *rt, float lr, char *err, size_t errlen) {
 }
 
 int pt_rt_set_lr(pt_rt *rt, float lr, char *err, size_t errlen) {
-    if (!(lr >= 0)) {
-        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "set_lr: lr %g must be >= 0", (double)lr);
+    if (!(lr >= 0) || isinf(lr)) {
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "set_lr: lr is %g; it must be finite "
+                       "and >= 0", (double)lr);
     }
     if (!rt->st) {
         return pt_fail(err, errlen, PT_ERR_ORDER, "hook set_lr called out of order: expected post_model_load first");
@@ -380,6 +393,23 @@ int pt_rt_memcpy(pt_rt *rt, void *dst, const void *src, uint64_t bytes, int32_t 
     }
     if (kind < PT_COPY_H2D || kind > PT_COPY_D2D) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "memcpy: unknown copy kind %d (0 H2D, 1 D2H, 2 D2D)", kind);
+    }
+    /* On the simulated device, device memory is ordinary host memory, so a host
+     * address given as the device side would "work" here and crash on a GPU:
+     * refuse it where it is cheap to see. */
+    if (bytes && !strcmp(pt_gpu_backend_name(rt->gpu), "host")) {
+        static const char *const kn[] = {"H2D", "D2H", "D2D"};
+        const void *bad = NULL;
+        const char *side = NULL;
+        if (kind != PT_COPY_D2H && !pt_gpu_in_device(rt->gpu, dst, (size_t)bytes))
+            bad = dst, side = "destination";
+        else if (kind != PT_COPY_H2D && !pt_gpu_in_device(rt->gpu, src, (size_t)bytes))
+            bad = src, side = "source";
+        if (bad)
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                           "memcpy(%s, %llu bytes): the %s %p is not device memory (it does "
+                           "not lie inside an allocation from dev_alloc, an arena or a "
+                           "parameter)", kn[kind], (unsigned long long)bytes, side, bad);
     }
     /* a copy on the compute stream: after the host's launched work */
     int rc = rt->ordered && !(rt->skip & PT_ORD_HOSTIO) ? pt_rt_stream_sync(rt, err, errlen) : PT_OK;
