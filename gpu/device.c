@@ -454,6 +454,13 @@ uint64_t pt_gpu_last_oom(const pt_gpu *g, uint64_t tag_current[PT_TAG_COUNT]) {
     return need;
 }
 
+void pt_gpu_oom_reset(pt_gpu *g) {
+    if (!g) return;
+    pthread_mutex_lock(pt_gpu_mu(g));
+    g->oom_need = 0;
+    pthread_mutex_unlock(pt_gpu_mu(g));
+}
+
 /* Stream-ordered free: the block goes back to the allocator now (accounting
  * stays exact), and with poison on, its NaN fill is queued on s, so it lands
  * after the work already queued there that may still read or write the block.

@@ -217,6 +217,7 @@ static int32_t h_post_model_load(void *vctx, pt_model_v1 *model) {
     if (!rc) rc = pt_rt_model_load(c->rt, model, c->err, sizeof c->err);
     if (!rc && pt_rt_profiling(c->rt)) rc = profile(c);
     if (!rc) c->lc.state = PT_LC_LOADED;
+    else pt_rt_explain_oom(c->rt, rc, c->err, sizeof c->err);
     return done(c, rc);
 }
 
@@ -227,7 +228,10 @@ static int32_t h_create_optimizer(void *vctx, const pt_optim_v1 *desc) {
                                       V1_FIELDS(pt_optim_v1))
                   : PT_OK;
     if (!rc) rc = pt_lc_create_optimizer(&c->lc, c->err, sizeof c->err);
-    if (!rc) rc = pt_rt_create_optimizer(c->rt, desc, c->err, sizeof c->err);
+    if (!rc) {
+        rc = pt_rt_create_optimizer(c->rt, desc, c->err, sizeof c->err);
+        if (rc) pt_rt_explain_oom(c->rt, rc, c->err, sizeof c->err);
+    }
     if (!rc) c->lc.state = PT_LC_READY;
     return done(c, rc);
 }

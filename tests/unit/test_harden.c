@@ -224,6 +224,127 @@ static void test_dev_alloc_huge(void **state) {
     assert_int_equal(P->finalize(ctx), PT_OK);
 }
 
+/* ---- a host with profile_step (and maybe recompute_block), logging warnings ---- */
+typedef struct phost {
+    void *ctx;
+    uint64_t arena;
+    char log[4096];
+} phost;
+
+static void ph_log(void *user, int32_t level, const char *msg) {
+    phost *h = user;
+    if (level <= PT_LOG_WARN && strlen(h->log) + strlen(msg) + 2 < sizeof h->log) {
+        strcat(h->log, msg);
+        strcat(h->log, "\n");
+    }
+}
+
+static int32_t ph_recompute(void *user, int32_t b) {
+    phost *h = user;
+    void *a = NULL;
+    return P->activation_arena(h->ctx, b, h->arena, &a);
+}
+
+/* One forward and backward through the hooks, as a host's profile_step does. */
+static int32_t ph_profile(void *user) {
+    phost *h = user;
+    for (int b = 0; b < NB; b++) {
+        void *a = NULL;
+        int rc = P->block_pre_forward(h->ctx, b);
+        if (!rc) rc = P->activation_arena(h->ctx, b, h->arena, &a);
+        if (!rc) rc = P->block_post_forward(h->ctx, b);
+        if (rc) return rc;
+    }
+    for (int b = NB - 1; b >= 0; b--) {
+        void *a = NULL;
+        int rc = P->block_pre_backward(h->ctx, b);
+        if (!rc) rc = P->activation_arena_get(h->ctx, b, &a);
+        if (!rc) rc = P->block_post_backward(h->ctx, b);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* init with this host; post_model_load's status returned, ctx in h->ctx. */
+static int ph_start(phost *h, tiny *t, const char *extra, int with_recompute, int with_profile) {
+    char text[1024];
+    snprintf(text, sizeof text,
+             "[plugin]\nbackend = host\nlog_level = warn\n[memory]\n%s", extra);
+    write_ini(text);
+    pt_host_v1 host;
+    memset(&host, 0, sizeof host);
+    host.abi_version = PT_ABI_VERSION;
+    host.struct_size = sizeof host;
+    host.world_size = 1;
+    host.user = h;
+    host.log = ph_log;
+    host.profile_step = with_profile ? ph_profile : NULL;
+    host.recompute_block = with_recompute ? ph_recompute : NULL;
+    h->ctx = NULL;
+    if (P->init(ini_path, &host, &h->ctx)) fail_msg("init failed: %s", P->last_error(NULL));
+    tiny_make(t);
+    return P->post_model_load(h->ctx, &t->m);
+}
+
+/* No recompute_block: the profiling plan checkpoints every block, and the
+ * error says so (it was "profile_step returned 10"). */
+static void test_no_recompute_block(void **state) {
+    (void)state;
+    phost h = {.arena = 4096};
+    tiny t;
+    assert_int_equal(ph_start(&h, &t, "device_capacity = 4MiB\n", 0, 1), PT_ERR_INVALID_ARG);
+    const char *e = P->last_error(h.ctx);
+    if (!has(e, "recompute_block is NULL") || !has(e, "checkpoints every block"))
+        fail_msg("'%s' does not give the reason", e);
+    assert_int_equal(P->finalize(h.ctx), PT_OK);
+    /* with the callback the same run profiles and plans */
+    phost h2 = {.arena = 4096};
+    assert_int_equal(ph_start(&h2, &t, "device_capacity = 4MiB\n", 1, 1), PT_OK);
+    assert_int_equal(P->finalize(h2.ctx), PT_OK);
+}
+
+/* Too small a device: the error names the least capacity that could work (or
+ * a lower bound) and what held the bytes. */
+static void test_too_small_names_minimum(void **state) {
+    (void)state;
+    phost h = {.arena = 8u << 20};   /* one block's activations exceed the device */
+    tiny t;
+    assert_int_not_equal(ph_start(&h, &t, "device_capacity = 4MiB\n", 1, 1), PT_OK);
+    const char *e = P->last_error(h.ctx);
+    if (!has(e, "too small for this model and batch") || !has(e, "profiling plan") ||
+        !has(e, "needs at least") || !has(e, "in use when it failed"))
+        fail_msg("profiling: '%s' does not name the minimum", e);
+    assert_int_equal(P->finalize(h.ctx), PT_OK);
+
+    phost h2 = {.arena = 4096};
+    assert_int_equal(ph_start(&h2, &t, "device_capacity = 1KiB\n[protrain]\n"
+                                       "force_all_persistent = true\n", 1, 0), PT_ERR_OOM);
+    e = P->last_error(h2.ctx);
+    if (!has(e, "too small for this model and batch") || !has(e, "force_all_persistent") ||
+        !has(e, "needs at least"))
+        fail_msg("force_all_persistent: '%s' does not name the minimum", e);
+    assert_int_equal(P->finalize(h2.ctx), PT_OK);
+}
+
+/* n_persist beyond the chunk count and a chunk size off the alignment: run,
+ * with a warning naming the value used (both were silent). */
+static void test_knob_adjustments_warned(void **state) {
+    (void)state;
+    phost h = {.arena = 4096};
+    tiny t;
+    assert_int_equal(ph_start(&h, &t, "device_capacity = 4MiB\n[protrain]\nn_persist = 1000\n", 1, 0),
+                     PT_OK);
+    if (!has(h.log, "n_persist = 1000") || !has(h.log, "is used"))
+        fail_msg("no warning for n_persist = 1000: '%s'", h.log);
+    assert_int_equal(P->finalize(h.ctx), PT_OK);
+    phost h2 = {.arena = 4096};
+    assert_int_equal(ph_start(&h2, &t, "device_capacity = 4MiB\n[protrain]\nchunk_size = 1\n", 1, 0),
+                     PT_OK);
+    if (!has(h2.log, "chunk_size = 1 bytes") || !has(h2.log, "are used"))
+        fail_msg("no warning for chunk_size = 1: '%s'", h2.log);
+    assert_int_equal(P->finalize(h2.ctx), PT_OK);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_after_finalize),
@@ -232,6 +353,9 @@ int main(void) {
         cmocka_unit_test(test_nonfinite_hparams),
         cmocka_unit_test(test_memcpy_host_pointer),
         cmocka_unit_test(test_dev_alloc_huge),
+        cmocka_unit_test(test_no_recompute_block),
+        cmocka_unit_test(test_too_small_names_minimum),
+        cmocka_unit_test(test_knob_adjustments_warned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
