@@ -59,6 +59,18 @@ static pt_ctx *ctx_new(void) {
     return c;
 }
 
+/* When the plugin is unloaded (dlclose), no handle into it can be used any
+ * more: the graveyard goes back to malloc with it. */
+__attribute__((destructor)) static void ctx_graveyard_free(void) {
+    pthread_mutex_lock(&g_dead_mu);
+    while (g_dead) {
+        pt_ctx *c = g_dead;
+        g_dead = c->next_dead;
+        free(c);
+    }
+    pthread_mutex_unlock(&g_dead_mu);
+}
+
 /* The context goes to the graveyard: its state word says finalized and its
  * last_error explains, for a host that calls it again. */
 static void ctx_bury(pt_ctx *c, const char *why) {
