@@ -179,7 +179,7 @@ const pt_config_key pt_cfg_keys[] = {
            "Run each block's MLP in sequence tiles to cut its activation peak."),
     R_INT("tiled_mlp", "tiles", tiled_mlp_tiles, PT_CFG_AUTO | PT_CFG_NO_HI, 1, INT_MAX, 0,
           "auto", "Tiles over the batch x seq tokens (tile length ceil(tokens / tiles), the last "
-          "shorter); auto: tiles of at most 1024 tokens."),
+          "shorter); auto: the fewest tiles whose plan fits the device."),
     R_WORD("dist", "backend", dist_backend, "auto|nccl|mpi|none", "auto",
            "Collectives between ranks. auto: nccl on cuda, mpi on the host backend, none with "
            "one rank."),

@@ -102,9 +102,10 @@ typedef struct pt_step_state {
  * row-major) for a requested count n >= 1 (0 = auto): tile length
  * c = ceil(tokens / n), N_eff = ceil(tokens / c) <= n tiles, tile i covering
  * [i*c, min((i+1)*c, tokens)), so only the last tile is shorter and none is empty
- * (tokens = 5, n = 4 gives c = 2 and 3 tiles). auto: tiles of at most
- * PT_MLP_AUTO_TILE rows (a fixed rule, not a search). */
-#define PT_MLP_AUTO_TILE 1024
+ * (tokens = 5, n = 4 gives c = 2 and 3 tiles). n = 0: tiles of at most
+ * PT_MLP_AUTO_TILE rows, the count `tiles = auto` profiles with (the runtime then
+ * picks the fewest tiles whose plan fits, runtime/core/tiled_mlp.c). */
+#define PT_MLP_AUTO_TILE 256
 static inline int64_t pt_mlp_tile_len(int64_t tokens, int64_t n) {
     if (tokens < 1) return 1;
     if (n < 1) n = (tokens + PT_MLP_AUTO_TILE - 1) / PT_MLP_AUTO_TILE;

@@ -74,7 +74,9 @@ int pt_rt_profile_end(pt_rt *rt, char *err, size_t errlen) {
         else
             PT_LOGI(&rt->lg, "profile cache: stored in %s", rt->cfg.cache_dir);
     }
-    rc = pt_rt_search_and_apply(rt, &t, prof_s, err, errlen);
+    rc = rt->cfg.tiled_mlp_enabled && rt->cfg.tiled_mlp_tiles <= 0
+             ? pt_rt_tiles_auto_search(rt, &t, prof_s, err, errlen)
+             : pt_rt_search_and_apply(rt, &t, prof_s, err, errlen);
     pt_trace_free(&t);
     return rc;
 }
@@ -145,8 +147,8 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     plan.world_size = t->key.world_size;
     if (rt->cfg.tiled_mlp_enabled) {
         int64_t tok = plan.batch * plan.seq;
-        plan.mlp_tiles = pt_mlp_tiles_eff(tok, rt->cfg.tiled_mlp_tiles);
-        plan.mlp_tile_len = pt_mlp_tile_len(tok, rt->cfg.tiled_mlp_tiles);
+        plan.mlp_tiles = pt_mlp_tiles_eff(tok, pt_rt_tiles_req(rt));
+        plan.mlp_tile_len = pt_mlp_tile_len(tok, pt_rt_tiles_req(rt));
         plan.mlp_tiles_auto = rt->cfg.tiled_mlp_tiles <= 0;
     }
     char *text = pt_plan_text(&plan);
@@ -204,6 +206,12 @@ int pt_rt_call_profile_step(pt_rt *rt, char *err, size_t errlen) {
 int pt_rt_plan_from_cache(pt_rt *rt, int *hit, char *err, size_t errlen) {
     *hit = 0;
     if (!rt->cfg.cache_dir[0]) return PT_OK;
+    /* tiles = auto picks its count from the profiling run's per-row scratch, which a
+     * cached trace does not hold: profile again */
+    if (rt->cfg.tiled_mlp_enabled && rt->cfg.tiled_mlp_tiles <= 0) {
+        PT_LOGI(&rt->lg, "profile cache: not used with [tiled_mlp] tiles = auto");
+        return PT_OK;
+    }
     pt_trace_key key;
     pt_prof_key(rt, &key);
     pt_trace t;

@@ -162,6 +162,7 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     rt->broken = 0;
     rt->model = model;
     rt->n_blocks = model->n_blocks;
+    rt->mlp_auto_n = 0;   /* tiles = auto: decided after the profile */
     if ((rc = pt_rt_tiled_check(rt, err, errlen))) {
         rt->model = NULL;
         return rc;

@@ -50,6 +50,10 @@ struct pt_rt {
     int in_tiles;             /* inside a tiled_mlp_forward/backward tile loop */
     void *tile_scr;           /* the tile scratch handed to the host, or NULL */
     uint64_t tile_scr_bytes;
+    int64_t tile_count;       /* rows of the tile being run; tile_bwd: inside a backward */
+    int tile_bwd;
+    uint64_t tile_tok[2];     /* device bytes of tile scratch per row seen, forward / backward */
+    int64_t mlp_auto_n;       /* tiles = auto: the count chosen (0: not yet, the profile's) */
 };
 
 /* rt.c */
@@ -60,6 +64,12 @@ int pt_rt_store_free(pt_rt *rt, char *err, size_t errlen);
 /* tiled_mlp.c: at post_model_load, refuse what TiledMLP cannot run (cuda, non-fp32
  * gradients, a host without the callbacks). */
 int pt_rt_tiled_check(pt_rt *rt, char *err, size_t errlen);
+/* The tile count asked for: the INI's, the auto choice, or (0) the profiling rule. */
+int64_t pt_rt_tiles_req(const pt_rt *rt);
+/* tiles = auto: search with the profile t adjusted to each candidate count, fewest
+ * first; applies the first plan that fits (pt_rt_search_and_apply). */
+int pt_rt_tiles_auto_search(pt_rt *rt, const struct pt_trace *t, double prof_s, char *err,
+                            size_t errlen);
 
 /* plan_rt.c */
 int pt_rt_wants_profile(const pt_rt *rt);

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "device_ext.h"
+#include "planner/planner.h"
 #include "rt_internal.h"
 
 int pt_rt_tiled_check(pt_rt *rt, char *err, size_t errlen) {
@@ -49,10 +50,56 @@ int pt_rt_tiled_check(pt_rt *rt, char *err, size_t errlen) {
     return PT_OK;
 }
 
+int64_t pt_rt_tiles_req(const pt_rt *rt) {
+    return rt->cfg.tiled_mlp_tiles > 0 ? rt->cfg.tiled_mlp_tiles : rt->mlp_auto_n;
+}
+
 uint64_t pt_rt_mlp_tiles(const pt_rt *rt) {
     if (!rt->cfg.tiled_mlp_enabled) return 0;
     if (!rt->model) return rt->cfg.tiled_mlp_tiles > 0 ? (uint64_t)rt->cfg.tiled_mlp_tiles : 1;
-    return (uint64_t)pt_mlp_tiles_eff(rt->model->batch * rt->model->seq, rt->cfg.tiled_mlp_tiles);
+    return (uint64_t)pt_mlp_tiles_eff(rt->model->batch * rt->model->seq, pt_rt_tiles_req(rt));
+}
+
+/* tiles = auto. The profile ran with tiles of c0 = PT_MLP_AUTO_TILE rows (or fewer
+ * rows in all): its windows hold the tile scratch of c0 rows. A count with longer
+ * tiles c > c0 needs (c - c0) * (scratch bytes per row) more in each block's
+ * forward and backward window; adding that to the window's measured high-water
+ * mark is an upper bound (the peak may have been elsewhere in the window), so a
+ * plan the adjusted profile fits does fit. Candidates go from 1 tile up, one per
+ * distinct tile length; the last is the profiled count itself, unadjusted. */
+int pt_rt_tiles_auto_search(pt_rt *rt, const pt_trace *t, double prof_s, char *err,
+                            size_t errlen) {
+    int64_t tok = rt->model->batch * rt->model->seq;
+    int64_t n0 = pt_mlp_tiles_eff(tok, 0), c0 = pt_mlp_tile_len(tok, 0);
+    pt_trace a;
+    pt_trace_init(&a);
+    int rc = PT_ERR_INFEASIBLE;
+    int64_t prev_c = 0;
+    for (int64_t n = 1; n < n0; n++) {
+        int64_t c = pt_mlp_tile_len(tok, n);
+        if (c == prev_c || c <= c0) continue;
+        prev_c = c;
+        if ((rc = pt_trace_copy(&a, t, err, errlen))) break;
+        for (int b = 0; b < a.n_block; b++) {
+            a.blocks[b].fwd_scratch_bytes += (uint64_t)(c - c0) * rt->tile_tok[0];
+            a.blocks[b].bwd_scratch_bytes += (uint64_t)(c - c0) * rt->tile_tok[1];
+        }
+        rt->mlp_auto_n = n;
+        rc = pt_rt_search_and_apply(rt, &a, prof_s, err, errlen);
+        if (rc != PT_ERR_INFEASIBLE) break;
+        PT_LOGI(&rt->lg, "[tiled_mlp] tiles = auto: %lld tiles of %lld tokens do not fit; trying "
+                "more", (long long)n, (long long)c);
+    }
+    pt_trace_free(&a);
+    if (rc == PT_ERR_INFEASIBLE) {
+        rt->mlp_auto_n = n0;
+        rc = pt_rt_search_and_apply(rt, t, prof_s, err, errlen);
+    }
+    if (rc == PT_OK)
+        PT_LOGI(&rt->lg, "[tiled_mlp] tiles = auto: %lld tiles of %lld tokens, the fewest whose "
+                "plan fits", (long long)rt->mlp_auto_n,
+                (long long)pt_mlp_tile_len(tok, rt->mlp_auto_n));
+    return rc;
 }
 
 int pt_rt_tile_scratch(pt_rt *rt, uint64_t bytes, void **ptr, char *err, size_t errlen) {
@@ -80,6 +127,10 @@ int pt_rt_tile_scratch(pt_rt *rt, uint64_t bytes, void **ptr, char *err, size_t 
         }
         rt->tile_scr_bytes = bytes;
     }
+    /* device bytes per row (the allocator's rounding included) for tiles = auto */
+    uint64_t fp = pt_gpu_alloc_size(rt->gpu, rt->tile_scr), cnt = (uint64_t)rt->tile_count;
+    uint64_t per = cnt ? (fp + cnt - 1) / cnt : fp;
+    if (per > rt->tile_tok[rt->tile_bwd]) rt->tile_tok[rt->tile_bwd] = per;
     *ptr = rt->tile_scr;
     return PT_OK;
 }
@@ -122,7 +173,7 @@ int pt_rt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *er
     pt_model_v1 *m = rt->model;
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     void *impl = pt_gpu_impl(rt->gpu);
-    int64_t c = pt_mlp_tile_len(tokens, rt->cfg.tiled_mlp_tiles);
+    int64_t c = pt_mlp_tile_len(tokens, pt_rt_tiles_req(rt));
     int rc = PT_OK;
 
     /* backward: the block's trainable gradients -> one zeroed fp32 accumulator,
@@ -164,6 +215,8 @@ int pt_rt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *er
     rt->in_tiles = 1;
     for (int64_t begin = 0; begin < tokens && !rc; begin += c) {
         int64_t count = tokens - begin < c ? tokens - begin : c;
+        rt->tile_count = count;
+        rt->tile_bwd = backward;
         int32_t st = rt->host.mlp_forward(rt->host.user, b, begin, count);
         const char *cb = "mlp_forward";
         if (!st && backward) {

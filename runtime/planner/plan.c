@@ -136,7 +136,7 @@ char *pt_plan_text(const pt_plan *p) {
         sb_printf(&b, "  tiled MLP        %lld tiles of %lld tokens (last %lld) over batch x seq = %lld "
                       "tokens, %s\n", (long long)p->mlp_tiles, (long long)p->mlp_tile_len,
                   (long long)last, (long long)tok,
-                  p->mlp_tiles_auto ? "auto (tiles of at most 1024 tokens)" : "tiles from the INI");
+                  p->mlp_tiles_auto ? "auto (the fewest whose plan fits)" : "tiles from the INI");
     }
     sb_printf(&b, "  predicted peak   %.3f GiB of %.3f GiB usable (capacity %.3f GiB - reserve %.3f - headroom %.3f), at %s",
               c->peak_bytes / GIB, p->budget / GIB, p->capacity / GIB, p->opts.reserve_bytes / GIB,

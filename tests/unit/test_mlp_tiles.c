@@ -23,11 +23,12 @@ static void test_examples(void **st) {
     assert_int_equal(pt_mlp_tiles_eff(1, 1), 1);
     assert_int_equal(pt_mlp_tiles_eff(125, 4), 4); /* 32, 32, 32, 29 */
     assert_int_equal(pt_mlp_tile_len(125, 4), 32);
-    /* auto (0): tiles of at most PT_MLP_AUTO_TILE tokens */
-    assert_int_equal(pt_mlp_tiles_eff(1024, 0), 1);
-    assert_int_equal(pt_mlp_tiles_eff(1025, 0), 2);
-    assert_int_equal(pt_mlp_tile_len(1025, 0), 513);
-    assert_int_equal(pt_mlp_tiles_eff(8 * 4096, 0), 32);
+    /* n = 0 (what tiles = auto profiles with): tiles of at most PT_MLP_AUTO_TILE */
+    const int64_t A = PT_MLP_AUTO_TILE;
+    assert_int_equal(pt_mlp_tiles_eff(A, 0), 1);
+    assert_int_equal(pt_mlp_tiles_eff(A + 1, 0), 2);
+    assert_int_equal(pt_mlp_tile_len(A + 1, 0), A / 2 + 1);
+    assert_int_equal(pt_mlp_tiles_eff(32 * A, 0), 32);
 }
 
 static void test_partition(void **st) {
