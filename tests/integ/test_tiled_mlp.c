@@ -18,6 +18,7 @@
  *     the tiled run is below the untiled one;
  *   - plan: at a 24 MiB device the tiled profile buys a plan with fewer SWAP/CKPT
  *     blocks, its peak not under-predicted;
+ *   - auto: the fewest tiles whose plan fits (2 at 56 MiB, 1 at 72 MiB);
  *   - order: the tile hooks outside their windows are refused.
  */
 #include <math.h>
@@ -120,7 +121,7 @@ static void test_tile_counts(void **st) {
         assert_true(d <= 1e-6);
         assert_true(t.loss[STEPS - 1] < t.loss[0]); /* it trains */
     }
-    /* auto: tiles of at most 1024 rows, so 50 tokens are one tile */
+    /* auto on a roomy device: the fewest, one tile */
     run(&o, ini("auto", prot, -1), 2, &t);
     assert_int_equal(t.st.mlp_tiles, 1);
 }
@@ -268,6 +269,28 @@ static void test_plan(void **st) {
     assert_true(max_rel_loss(&t, &ref, 8) <= 1e-6);
 }
 
+/* tiles = auto: profiled with 256-token tiles (4 here), then the fewest tiles whose
+ * plan fits: at 56 MiB one 1024-token tile does not fit (its tile scratch is 12 MiB
+ * against 3 MiB for 256 rows), two do; at 72 MiB one does. Both runs compute the
+ * same losses. */
+static void test_auto(void **st) {
+    (void)st;
+    sh_train_opts o = sh_harness_opts(&H, 2, 256, 1, 1, 1024);
+    run_out a, b;
+    run(&o, ini("auto56", "[memory]\ndevice_capacity = 56MiB", -1), 1, &a);
+    run(&o, ini("auto72", "[memory]\ndevice_capacity = 72MiB", -1), 1, &b);
+    printf("tiles = auto over 1024 tokens: 56 MiB device -> %llu tiles, peak %.2f MiB "
+           "(predicted %.2f); 72 MiB -> %llu tiles, peak %.2f MiB (predicted %.2f); losses "
+           "%.9f / %.9f\n", (unsigned long long)a.st.mlp_tiles, a.st.dev_peak / 1048576.0,
+           a.st.pred_peak / 1048576.0, (unsigned long long)b.st.mlp_tiles,
+           b.st.dev_peak / 1048576.0, b.st.pred_peak / 1048576.0, a.loss[0], b.loss[0]);
+    assert_int_equal(a.st.mlp_tiles, 2);
+    assert_int_equal(b.st.mlp_tiles, 1);
+    assert_true(a.st.dev_peak <= a.st.dev_capacity && b.st.dev_peak <= b.st.dev_capacity);
+    assert_true(a.st.pred_peak >= a.st.dev_peak && b.st.pred_peak >= b.st.dev_peak);
+    assert_true(max_rel_loss(&a, &b, 1) <= 1e-6);
+}
+
 static void test_order(void **st) {
     (void)st;
     const pt_plugin_v1 *t = H.plug.table;
@@ -300,6 +323,7 @@ int main(void) {
         cmocka_unit_test(test_ckpt_streamed),
         cmocka_unit_test(test_peak),
         cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_auto),
         cmocka_unit_test(test_order),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
