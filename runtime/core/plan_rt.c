@@ -131,10 +131,12 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     pt_plan_init(&plan);
     int rc = PT_OK;
     if (t != rt->trace) {  /* keep it: create_optimizer may re-plan (clipping) */
-        if (!rt->trace && !(rt->trace = calloc(1, sizeof *rt->trace))) {
-            return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+        if (!rt->trace) {
+            if (!(rt->trace = calloc(1, sizeof *rt->trace)))
+                return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+            pt_trace_init(rt->trace);
         }
-        pt_trace_init(rt->trace);
+        /* a second search (tiles = auto tries several) replaces the kept trace */
         rc = pt_trace_copy(rt->trace, t, err, errlen);
         if (rc) return rc;
     }
