@@ -254,10 +254,21 @@ static void test_peak(void **st) {
 static void test_plan(void **st) {
     (void)st;
     sh_train_opts o = sh_harness_opts(&H, 4, 128, 4, 2, 256);
-    const char *prot = "[memory]\ndevice_capacity = 24MiB";
+    char prot[600], json[400];
+    snprintf(json, sizeof json, "%s/plan.json", H.dir);
+    snprintf(prot, sizeof prot, "[memory]\ndevice_capacity = 24MiB\n[protrain]\nplan_file = %s",
+             json);
     run_out ref, t;
     run(&o, ini("pl_untiled", prot, 0), 8, &ref);
     run(&o, ini("pl_tiled", prot, 4), 8, &t);
+    /* the plan names the tiles: 4 of 128 tokens over 2 x 256 */
+    FILE *f = fopen(json, "r");
+    assert_non_null(f);
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    assert_non_null(strstr(buf, "\"mlp_tiles\": 4, \"mlp_tile_len\": 128"));
     printf("24 MiB device, L 4, C 128, B 2 x T 256: untiled n_swap %d n_checkpoint %d, peak "
            "%.2f MiB (predicted %.2f); tiles 4: n_swap %d n_checkpoint %d, peak %.2f MiB "
            "(predicted %.2f)\n", ref.st.n_swap, ref.st.n_checkpoint, ref.st.dev_peak / 1048576.0,
