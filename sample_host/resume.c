@@ -84,8 +84,10 @@ void sh_resume_init(sh_resume *r, const sh_config *c, const sh_dims *d, const sh
     add_run(b, n, "warmup", "%d", c->warmup);
     /* written only when not the default, so generations of earlier versions (which
      * lack these lines and used random rows and cosine) still resume */
-    if (c->lr_schedule != SH_LR_COSINE) add_run(b, n, "lr_schedule", "%d", c->lr_schedule);
-    if (c->data_order != SH_ORDER_RANDOM) add_run(b, n, "data_order", "%d", c->data_order);
+    static const char *const sched[] = {"cosine", "constant", "linear"};
+    static const char *const order[] = {"random", "sequential", "shuffled"};
+    if (c->lr_schedule != SH_LR_COSINE) add_run(b, n, "lr_schedule", "%s", sched[c->lr_schedule]);
+    if (c->data_order != SH_ORDER_RANDOM) add_run(b, n, "data_order", "%s", order[c->data_order]);
     add_run(b, n, "weight_decay", "%.9g", c->weight_decay);
     add_run(b, n, "beta1", "%.9g", c->beta1);
     add_run(b, n, "beta2", "%.9g", c->beta2);
@@ -322,6 +324,16 @@ static int same_run(const sh_resume *r, const char *saved, const char *gen, char
                        "run has %s = %s; resuming would not continue that run (settings "
                        "that fix the losses must match; the plan may change)",
                        gen, key, theirs, key, mine);
+    }
+    /* and a setting only the saved run records (written when not the default, as
+     * data_order) differs from this run's default */
+    for (const char *p = saved; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        char key[64], theirs[128], mine[128];
+        if (sscanf(p, "run %63s %127s", key, theirs) != 2) continue;
+        if (find_val(r->run, key, 1, mine, sizeof mine) != 0)
+            return say(err, errlen, "--resume: %s was written by a run with %s = %s but this "
+                       "run has the default %s; resuming would not continue that run",
+                       gen, key, theirs, key);
     }
     return 0;
 }
