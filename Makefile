@@ -3,7 +3,7 @@
 #   make test     build and run every test suite (cmocka), non-zero on failure
 #   make test-gpu the CUDA suite on a GPU machine (says so and exits 0 without one)
 #   make run      the main job: train the default model with the plugin
-#   make bench    benchmarks
+#   make bench    benchmarks (make bench-gpu: sample_host throughput on a GPU)
 #   make asan / make tsan   sanitizer builds running the same tests
 #   make deps     install the Debian packages (root) or print the apt-get line
 #
@@ -83,7 +83,7 @@ else
   CUDA_TARGET := cuda-notice
 endif
 
-.PHONY: all test test-gpu run bench asan tsan deps check-deps clean cuda-notice
+.PHONY: all test test-gpu bench-gpu run bench asan tsan deps check-deps clean cuda-notice
 all: check-deps $(PLUGIN) $(CUDA_TARGET) $(SAMPLE) $(PLAN_CLI) $(TEST_BINS) $(TPLUG_SOS) $(BENCH_BINS)
 
 # ---- dependencies ----
@@ -199,6 +199,10 @@ test: all
 # The GPU suite (tests/gpu/run.sh): says so and exits 0 on a machine without a GPU.
 test-gpu: all
 	@PT_BUILD=$(abspath $(BUILD)) bash tests/gpu/run.sh
+
+# GPU throughput (tests/gpu/bench_cuda.sh): says so and exits 0 without a GPU.
+bench-gpu: all
+	@PT_BUILD=$(abspath $(BUILD)) PT_BENCH_STRICT=$(STRICT) bash tests/gpu/bench_cuda.sh
 
 run: check-deps $(PLUGIN) $(SAMPLE)
 	$(OMP_ENV) $(SAMPLE) --config conf/default.ini --plugin $(abspath $(PLUGIN))

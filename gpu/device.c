@@ -252,7 +252,15 @@ int pt_gpu_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t e
                        " (tag %s, %zu bytes) failed because fail_alloc_at = %d",
                        attempt, pt_mem_tag_name(tag), bytes, g->cfg.fail_alloc_at);
     }
-    pt_blk *x = size ? pt_ext_carve(&g->dev, size) : NULL;
+    if (!size) {
+        /* no rounding of this request fits in 64 bits: no device could hold it */
+        pthread_mutex_unlock(&g->mu);
+        return pt_fail(err, errlen, PT_ERR_OOM,
+                       "device out of memory: tag %s needs %zu bytes, more than any device "
+                       "holds (capacity %" PRIu64 ")", pt_mem_tag_name(tag), bytes,
+                       g->u.capacity);
+    }
+    pt_blk *x = pt_ext_carve(&g->dev, size);
     if (x && pt_ptrmap_put(&g->live, (uintptr_t)(g->base + x->off), (uint64_t)(uintptr_t)x) != 0) {
         pt_ext_release(&g->dev, x);
         pthread_mutex_unlock(&g->mu);
@@ -262,6 +270,8 @@ int pt_gpu_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t e
     if (!x) {
         uint64_t cap = g->u.capacity, freeb = cap - g->u.current;
         uint64_t largest = pt_ext_largest_free(&g->dev);
+        g->oom_need = g->u.current + size;
+        memcpy(g->oom_tags, g->u.tag_current, sizeof g->oom_tags);
         pthread_mutex_unlock(&g->mu);
         if (size == bytes)
             return pt_fail(err, errlen, PT_ERR_OOM,
@@ -427,6 +437,28 @@ int pt_gpu_memcpy_sync(pt_gpu *g, void *dst, const void *src, size_t bytes, int 
     return pt_fail(err, errlen, rc, "%s copy of %zu bytes on the %s backend failed (%s)",
                    kind >= 0 && kind <= PT_GPU_H2H ? dir[kind] : "unknown-kind", bytes,
                    g->ops->name, op);
+}
+
+int pt_gpu_in_device(const pt_gpu *g, const void *p, size_t bytes) {
+    if (!g || !g->base || !p) return 0;
+    uintptr_t a = (uintptr_t)p, lo = (uintptr_t)g->base, cap = (uintptr_t)g->u.capacity;
+    return a >= lo && a - lo <= cap && bytes <= cap - (a - lo);
+}
+
+uint64_t pt_gpu_last_oom(const pt_gpu *g, uint64_t tag_current[PT_TAG_COUNT]) {
+    if (!g) return 0;
+    pthread_mutex_lock(pt_gpu_mu(g));
+    uint64_t need = g->oom_need;
+    if (tag_current) memcpy(tag_current, g->oom_tags, sizeof g->oom_tags);
+    pthread_mutex_unlock(pt_gpu_mu(g));
+    return need;
+}
+
+void pt_gpu_oom_reset(pt_gpu *g) {
+    if (!g) return;
+    pthread_mutex_lock(pt_gpu_mu(g));
+    g->oom_need = 0;
+    pthread_mutex_unlock(pt_gpu_mu(g));
 }
 
 /* Stream-ordered free: the block goes back to the allocator now (accounting

@@ -73,6 +73,18 @@ size_t pt_gpu_live_allocs(const pt_gpu *g);
 /* Pinned allocations still live. */
 size_t pt_gpu_live_pinned(const pt_gpu *g);
 
+/* 1 when [p, p + bytes) lies inside the device's reservation (every allocation
+ * pt_gpu_alloc hands out lies there), 0 otherwise: ordinary host memory given
+ * where a device address belongs. */
+int pt_gpu_in_device(const pt_gpu *g, const void *p, size_t bytes);
+
+/* What the last failed device allocation wanted: the capacity it would have
+ * needed (bytes in use then + its rounded size) and the bytes in use per tag at
+ * that moment. 0 when no allocation has failed since open. */
+uint64_t pt_gpu_last_oom(const pt_gpu *g, uint64_t tag_current[PT_TAG_COUNT]);
+/* Forget the last failure, so a later pt_gpu_last_oom speaks of a new one only. */
+void pt_gpu_oom_reset(pt_gpu *g);
+
 /* Fragmentation figures: the largest free extent and the number of free extents. */
 uint64_t pt_gpu_largest_free(const pt_gpu *g);
 size_t pt_gpu_free_extents(const pt_gpu *g);

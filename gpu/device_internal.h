@@ -19,6 +19,8 @@ struct pt_gpu {
     pt_gpu_config cfg;
     pthread_mutex_t mu;
     uint8_t *base;             /* the reservation: capacity bytes */
+    uint64_t oom_need;         /* capacity the last failed allocation needed (0: none) */
+    uint64_t oom_tags[PT_TAG_COUNT]; /* bytes in use per tag when it failed */
     pt_extents dev;            /* sub-allocation of the reservation */
     pt_ptrmap live;            /* device pointer -> pt_blk* */
     pt_ptrmap pinned;          /* pinned pointer (own host_alloc) -> bytes */

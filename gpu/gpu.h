@@ -44,11 +44,18 @@ int pt_mem_tag_parse(const char *s); /* free text -> tag (unknown -> PT_TAG_HOST
 typedef enum pt_gpu_copy { PT_GPU_H2D = 0, PT_GPU_D2H = 1, PT_GPU_D2D = 2, PT_GPU_H2H = 3 } pt_gpu_copy;
 
 /* Configuration a backend is opened with (from the INI [memory] / [host_backend]). */
+/* The throttle's accepted rates. Below 1 MB/s a step's copies take hours (a
+ * 2-step run looks hung); far above any link the seconds per copy underflow.
+ * Both ends are refused with the value rather than run. */
+#define PT_GPU_COPY_BW_MIN 1e6
+#define PT_GPU_COPY_BW_MAX 1e15
+
 typedef struct pt_gpu_config {
     int device_index;
     uint64_t capacity;          /* device bytes; 0 = backend's total (cuda) or 1 GiB (host) */
     uint64_t pinned_budget;     /* pinned host bytes; 0 = unlimited */
-    double copy_bandwidth;      /* host backend: bytes/s per copy stream, 0 = unthrottled */
+    double copy_bandwidth;      /* host backend: bytes/s per copy stream, 0 = unthrottled,
+                                   else in [PT_GPU_COPY_BW_MIN, PT_GPU_COPY_BW_MAX] */
     int poison;                 /* host backend: poison freed device memory with NaN */
     int poison_native;          /* the same on a real device (cuda): a memset per free */
     int fail_alloc_at;          /* host backend: fail the Nth device alloc (1-based), 0 = never */

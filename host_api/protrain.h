@@ -36,7 +36,9 @@
  *         backward: for b in n_blocks-1..0: block_pre_backward(b); <block b bwd>; block_post_backward(b);
  *       optimizer_step(lr) once after the last micro-batch; post_step(step, loss);
  *     } -> finalize. A hook called out of order returns PT_ERR_ORDER and
- *     last_error() names the hook and the state the plugin expected.
+ *     last_error() names the hook and the state the plugin expected; so does
+ *     any call (finalize included) with a context after its finalize, until a
+ *     later init happens to hand the same pointer out again.
  *  2. Parameters: after post_model_load the plugin owns every parameter's storage.
  *     Read param->data / param->grad at each use, and only between the hooks of the
  *     owning block (between block_pre_forward(b) and block_post_forward(b), or between
@@ -223,7 +225,9 @@ typedef struct pt_stats_v1 {
     /* ABI 1.1, from the reserved space (0 from older plugins): */
     uint64_t pinned_arena;    /* bytes of the one pinned arena offloaded chunks live in */
     uint64_t pinned_own_allocs; /* pinned allocations that did not fit the arena (each its own) */
-    uint64_t reserved[6];
+    double cpu_optim_hidden_s;  /* of cpu_optim_s: the part done before the device finished
+                                 * the step's backward (host clock; the rest was exposed) */
+    uint64_t reserved[5];
 } pt_stats_v1;
 
 /* The plugin's table. The struct tag differs from the exported object's name

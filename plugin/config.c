@@ -250,10 +250,29 @@ static int set_value(const pt_config_key *k, pt_config *c, const char *v, char *
         uint64_t x;
         if ((k->flags & PT_CFG_AUTO) && !strcasecmp(v, "auto")) return *(uint64_t *)base = 0, 0;
         if (pt_parse_size(v, &x)) return 1;
+        /* a non-zero amount below one byte would silently become 0, which for
+         * these keys means "auto" or "none" */
+        if (x == 0 && strpbrk(v, "123456789")) {
+            snprintf(why, wl, "it is less than one byte and would round to 0 (which means %s); "
+                     "write %s explicitly or a size of at least 1 byte",
+                     (k->flags & PT_CFG_AUTO) ? "auto" : "none",
+                     (k->flags & PT_CFG_AUTO) ? "auto or 0" : "0");
+            return 1;
+        }
         *(uint64_t *)base = x;
         return 0;
     }
-    case PT_CFG_RATE: return pt_parse_rate(v, (double *)base) ? 1 : 0;
+    case PT_CFG_RATE: {
+        double r;
+        if (pt_parse_rate(v, &r)) return 1;
+        /* 0 is "off"; anything else must lie in the row's range (no rounding to 0) */
+        if (r != 0.0 && !(r >= k->lo && r <= k->hi)) {
+            snprintf(why, wl, "%g bytes/s is outside the accepted range: expected %s", r, form);
+            return 1;
+        }
+        *(double *)base = r;
+        return 0;
+    }
     case PT_CFG_DUR: {
         double d;
         if (pt_parse_duration(v, &d) || d < k->lo || d > k->hi) return 1;
@@ -388,6 +407,9 @@ static char *reader(char *str, int num, void *stream) {
     const char *nl = strchr(p, '\n');
     const char *end = nl ? nl : p + strlen(p);
     st->pos = nl ? nl + 1 : end;
+    /* A UTF-8 byte-order mark (editors on Windows write one) is not text: drop
+     * it here, so the first line is still checked like any other. */
+    if (st->line == 1 && end - p >= 3 && !memcmp(p, "\xEF\xBB\xBF", 3)) p += 3;
     while (p < end && (*p == ' ' || *p == '\t')) p++;
     size_t n = (size_t)(end - p);
     if (n && p[n - 1] == '\r') n--;
@@ -410,6 +432,16 @@ static char *reader(char *str, int num, void *stream) {
                 char m[600];
                 unknown_section_msg("", sec, m, sizeof(m));
                 st_err(st, "%s", m);
+            }
+            /* inih drops whatever follows ']': a key written on the header line
+             * would be lost without a word */
+            const char *q = rb + 1, *e = p + n;
+            while (q < e && (*q == ' ' || *q == '\t')) q++;
+            if (q < e && *q != ';' && *q != '#') {
+                char rest[72];
+                trim_copy(q, (size_t)(e - q) < 64 ? (size_t)(e - q) : 64, rest, sizeof(rest));
+                st_err(st, "text '%s' after the section header [%s] would be ignored; put each "
+                           "key = value on its own line", rest, sec);
             }
         }
     }

@@ -186,7 +186,8 @@ const pt_config_key pt_cfg_keys[] = {
           check_init_method, "env",
           "Rendezvous: env (rank/world from the host), mpi (MPI_Init/bcast), or a shared file "
           "path."),
-    {"host_backend", "copy_bandwidth", PT_CFG_RATE, 0, OFF(copy_bandwidth), 0, 0, 0, 0, NULL,
+    {"host_backend", "copy_bandwidth", PT_CFG_RATE, 0, OFF(copy_bandwidth), 0,
+     PT_GPU_COPY_BW_MIN, PT_GPU_COPY_BW_MAX, 0, NULL,
      NULL, NULL, NULL, "0",
      "Throttle each copy stream to this rate (units B/s, KB/s, MB/s, GB/s, KiB/s, MiB/s, "
      "GiB/s) so overlap can be measured; 0: unthrottled."},
@@ -250,7 +251,10 @@ void pt_config_key_form(const pt_config_key *k, char *buf, size_t len) {
         break;
     }
     case PT_CFG_SIZE: snprintf(buf, len, "%sa size like 512MiB", au); break;
-    case PT_CFG_RATE: snprintf(buf, len, "0 or a rate like 2GiB/s"); break;
+    case PT_CFG_RATE:
+        snprintf(buf, len, "0 or a rate like 2GiB/s, from 1MB/s (%g B/s) to 1PB/s (%g B/s)",
+                 k->lo, k->hi);
+        break;
     case PT_CFG_DUR: snprintf(buf, len, "a duration like 2ms (s, ms, us, ns) up to %gs", k->hi); break;
     case PT_CFG_ENUM:
     case PT_CFG_WORD: snprintf(buf, len, "one of %s", k->choices); break;

@@ -107,6 +107,9 @@ int pt_lc_pre_step(pt_lifecycle *lc, int64_t step, int32_t micro, int32_t n_micr
 int pt_lc_block(pt_lifecycle *lc, int which, int32_t b, char *err, size_t errlen) {
     char called[64];
     snprintf(called, sizeof called, "%s(%d)", hook_names[which], b);
+    /* outside a pass (before post_model_load, between steps) the block number
+     * means nothing yet: the mistake is the order, whatever b is */
+    if (lc->state != PT_LC_FWD && lc->state != PT_LC_BWD) return order_err(lc, called, err, errlen);
     if (b < 0 || b >= lc->n_blocks)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "%s: block %d out of range (model has %d blocks)", hook_names[which], b,

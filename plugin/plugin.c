@@ -4,6 +4,7 @@
  * the last error sentence. Never aborts the host.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +19,15 @@
 
 #define PT_PLUGIN_VERSION "0.1.0"
 
+/* A context's state word: a finalized context is never handed back to malloc
+ * (the host may still hold the pointer and call finalize or a hook with it),
+ * so reading this word is always defined and a late call is a clear
+ * PT_ERR_ORDER instead of a use-after-free. */
+enum { CTX_LIVE = 0x4c495645, CTX_DEAD = 0x44454144 };
+
 typedef struct pt_ctx {
+    uint32_t magic;
+    struct pt_ctx *next_dead;   /* graveyard link while finalized */
     pt_config cfg;
     pt_logger lg;
     pt_lifecycle lc;
@@ -34,9 +43,60 @@ static int fail_null(const char *hook) {
                    "%s called with a NULL context (init failed or was not called)", hook);
 }
 
+/* Finalized contexts, kept for reuse by the next init. Their memory stays ours,
+ * so a stale handle reads CTX_DEAD (until init recycles it for a new context,
+ * exactly as malloc would have). Reachable from here, so no leak report. */
+static pthread_mutex_t g_dead_mu = PTHREAD_MUTEX_INITIALIZER;
+static pt_ctx *g_dead;
+
+static pt_ctx *ctx_new(void) {
+    pthread_mutex_lock(&g_dead_mu);
+    pt_ctx *c = g_dead;
+    if (c) g_dead = c->next_dead;
+    pthread_mutex_unlock(&g_dead_mu);
+    if (c) memset(c, 0, sizeof *c);
+    else c = calloc(1, sizeof *c);
+    return c;
+}
+
+/* When the plugin is unloaded (dlclose), no handle into it can be used any
+ * more: the graveyard goes back to malloc with it. */
+__attribute__((destructor)) static void ctx_graveyard_free(void) {
+    pthread_mutex_lock(&g_dead_mu);
+    while (g_dead) {
+        pt_ctx *c = g_dead;
+        g_dead = c->next_dead;
+        free(c);
+    }
+    pthread_mutex_unlock(&g_dead_mu);
+}
+
+/* The context goes to the graveyard: its state word says finalized and its
+ * last_error explains, for a host that calls it again. */
+static void ctx_bury(pt_ctx *c, const char *why) {
+    memset(c, 0, sizeof *c);
+    c->magic = CTX_DEAD;
+    snprintf(c->err, sizeof c->err, "%s", why);
+    pthread_mutex_lock(&g_dead_mu);
+    c->next_dead = g_dead;
+    g_dead = c;
+    pthread_mutex_unlock(&g_dead_mu);
+}
+
+/* A hook called with a finalized (or never initialised) context. */
+static int fail_dead(pt_ctx *c, const char *hook) {
+    if (c->magic == CTX_DEAD)
+        return pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
+                       "hook %s called after finalize: this context is finished; call init "
+                       "for a new one", hook);
+    return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
+                   "%s called with a pointer that is not a context returned by init", hook);
+}
+
 #define CTX(hook)                                    \
     pt_ctx *c = (pt_ctx *)vctx;                      \
-    if (!c) return fail_null(hook)
+    if (!c) return fail_null(hook);                  \
+    if (c->magic != CTX_LIVE) return fail_dead(c, hook)
 
 /* Log the failure once at debug level; the host reads last_error. */
 static int done(pt_ctx *c, int rc) {
@@ -59,6 +119,33 @@ static int check_struct_size(pt_ctx *c, const char *hook, const char *type, uint
                    "fields)", hook, type, (unsigned)given, need);
 }
 
+/* The host's identity fields, checked before anything is built: a rank outside
+ * the world or an unknown device kind would otherwise pick files and backends by
+ * a meaningless number. */
+static int check_host(const pt_host_v1 *h) {
+    if (!h) return PT_OK;
+    if (h->world_size < 1)
+        return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
+                       "init: pt_host_v1.world_size is %d; it must be >= 1 (1 when not "
+                       "distributed)", h->world_size);
+    if (h->rank < 0 || h->rank >= h->world_size)
+        return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
+                       "init: pt_host_v1.rank is %d; it must be in [0, world_size %d)", h->rank,
+                       h->world_size);
+    if (h->local_rank < 0)
+        return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
+                       "init: pt_host_v1.local_rank is %d; it must be >= 0", h->local_rank);
+    if (h->device_kind != PT_DEVICE_AUTO && h->device_kind != PT_DEVICE_HOST &&
+        h->device_kind != PT_DEVICE_CUDA)
+        return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
+                       "init: pt_host_v1.device_kind is %d; it must be 0 (auto), 1 (host) or "
+                       "2 (cuda)", h->device_kind);
+    if (h->device_index < 0)
+        return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
+                       "init: pt_host_v1.device_index is %d; it must be >= 0", h->device_index);
+    return PT_OK;
+}
+
 static int32_t h_init(const char *ini_path, const pt_host_v1 *host, void **out) {
     if (!out)
         return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG, "init: ctx output pointer is NULL");
@@ -69,11 +156,13 @@ static int32_t h_init(const char *ini_path, const pt_host_v1 *host, void **out) 
                        "%zu; abi_version %u, need at least 1)",
                        host->struct_size, V1_FIELDS(pt_host_v1), host->abi_version);
     }
-    pt_ctx *c = calloc(1, sizeof *c);
+    int rc = check_host(host);
+    if (rc) return rc;
+    pt_ctx *c = ctx_new();
     if (!c) return pt_fail(g_err, sizeof g_err, PT_ERR_HOST_OOM, "init: out of host memory");
-    int rc = pt_config_load(ini_path, &c->cfg, g_err, sizeof g_err);
+    rc = pt_config_load(ini_path, &c->cfg, g_err, sizeof g_err);
     if (rc) {
-        free(c);
+        ctx_bury(c, "init failed");
         return rc;
     }
     c->lg.level = c->cfg.log_level;
@@ -82,15 +171,17 @@ static int32_t h_init(const char *ini_path, const pt_host_v1 *host, void **out) 
     c->lg.rank = (host && host->world_size > 1) ? host->rank : -1;
     rc = pt_rt_create(&c->cfg, host, &c->lg, &c->lc.sx, &c->rt, g_err, sizeof g_err);
     if (rc) {
-        free(c);
+        ctx_bury(c, "init failed");
         return rc;
     }
+    c->magic = CTX_LIVE;
     c->lc.state = PT_LC_INIT;
     snprintf(c->err, sizeof c->err, "no error");
     *out = c;
     return PT_OK;
 }
 
+/* A finalized context keeps its memory (see ctx_bury), so its sentence is readable. */
 static const char *h_last_error(void *vctx) {
     pt_ctx *c = (pt_ctx *)vctx;
     return c ? c->err : g_err;
@@ -138,6 +229,7 @@ static int32_t h_post_model_load(void *vctx, pt_model_v1 *model) {
     if (!rc) rc = pt_rt_model_load(c->rt, model, c->err, sizeof c->err);
     if (!rc && pt_rt_profiling(c->rt)) rc = profile(c);
     if (!rc) c->lc.state = PT_LC_LOADED;
+    else pt_rt_explain_oom(c->rt, rc, c->err, sizeof c->err);
     return done(c, rc);
 }
 
@@ -148,7 +240,10 @@ static int32_t h_create_optimizer(void *vctx, const pt_optim_v1 *desc) {
                                       V1_FIELDS(pt_optim_v1))
                   : PT_OK;
     if (!rc) rc = pt_lc_create_optimizer(&c->lc, c->err, sizeof c->err);
-    if (!rc) rc = pt_rt_create_optimizer(c->rt, desc, c->err, sizeof c->err);
+    if (!rc) {
+        rc = pt_rt_create_optimizer(c->rt, desc, c->err, sizeof c->err);
+        if (rc) pt_rt_explain_oom(c->rt, rc, c->err, sizeof c->err);
+    }
     if (!rc) c->lc.state = PT_LC_READY;
     return done(c, rc);
 }
@@ -195,8 +290,11 @@ static int32_t h_post_bwd(void *vctx, int32_t b) {
 
 static int32_t h_optimizer_step(void *vctx, float lr) {
     CTX("optimizer_step");
-    if (isnan(lr))
-        return pt_fail(c->err, sizeof c->err, PT_ERR_INVALID_ARG, "optimizer_step: lr is NaN");
+    /* a negative lr means "as set"; an infinite one would step every weight to inf */
+    if (!isfinite(lr))
+        return pt_fail(c->err, sizeof c->err, PT_ERR_INVALID_ARG,
+                       "optimizer_step: lr is %g; it must be finite (>= 0, or < 0 for the "
+                       "lr given to set_lr)", (double)lr);
     pt_lifecycle saved = c->lc;
     int rc = pt_lc_optimizer_step(&c->lc, c->err, sizeof c->err);
     if (!rc) {
@@ -231,10 +329,9 @@ static int32_t h_post_step(void *vctx, int64_t step, float loss) {
 }
 
 static int32_t h_finalize(void *vctx) {
-    pt_ctx *c = (pt_ctx *)vctx;
-    if (!c) return fail_null("finalize");
+    CTX("finalize");
     pt_rt_destroy(c->rt);
-    free(c);
+    ctx_bury(c, "this context was finalized; no error since");
     return PT_OK;
 }
 

@@ -21,10 +21,12 @@
 static int hb_open(const pt_gpu_config *cfg, void **impl, char *err, size_t errlen) {
     if (!impl)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "host backend open: impl pointer is NULL");
-    if (cfg && (cfg->copy_bandwidth < 0.0 || cfg->copy_bandwidth != cfg->copy_bandwidth))
+    if (cfg && cfg->copy_bandwidth != 0.0 &&
+        !(cfg->copy_bandwidth >= PT_GPU_COPY_BW_MIN && cfg->copy_bandwidth <= PT_GPU_COPY_BW_MAX))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                       "host backend open: copy_bandwidth %g bytes/s is not >= 0",
-                       cfg->copy_bandwidth);
+                       "host backend open: copy_bandwidth %g bytes/s is outside the accepted "
+                       "range: 0 (unthrottled) or %g to %g bytes/s",
+                       cfg->copy_bandwidth, PT_GPU_COPY_BW_MIN, PT_GPU_COPY_BW_MAX);
     if (cfg && (cfg->fail_op < 0 || cfg->fail_op >= PT_GPU_OP_COUNT || cfg->fail_op_at < 0))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "host backend open: fail_op %d / fail_op_at %d out of range (op 0..%d, "

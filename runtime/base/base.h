@@ -80,6 +80,9 @@ const char *pt_log_level_name(int level);
  * 14695981039346656037. Checksums of state files and profile caches, and the
  * model-architecture hash of the cache key. */
 uint64_t pt_fnv1a64(const void *data, size_t len);
+/* The same hash continued over more bytes: pt_fnv1a64_more(pt_fnv1a64(a), b)
+ * hashes a then b, for data that is not contiguous (a file's header and payload). */
+uint64_t pt_fnv1a64_more(uint64_t h, const void *data, size_t len);
 
 /* Where the host is in its step. One copy in the whole plugin: the hook-order
  * state machine (plugin/lifecycle) owns it and rolls it back with its state

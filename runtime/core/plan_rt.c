@@ -123,6 +123,8 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     o.n_buffer = rt->cfg.n_buffer;
     o.n_swap = rt->cfg.n_swap;
     o.n_checkpoint = rt->cfg.n_checkpoint;
+    /* CKPT recomputes through the host's callback: without it no plan may use it */
+    if (!rt->host.recompute_block && o.n_checkpoint < 0) o.n_checkpoint = 0;
     pt_plan plan;
     pt_plan_init(&plan);
     int rc = PT_OK;
@@ -178,9 +180,16 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
 }
 
 int pt_rt_call_profile_step(pt_rt *rt, char *err, size_t errlen) {
+    /* err is the context's error buffer: a hook that fails inside profile_step
+     * writes its reason there, which is the real cause of the failure */
+    if (err && errlen) err[0] = '\0';
     int hrc = rt->host.profile_step(rt->host.user);
     if (hrc) {
-        return pt_fail(err, errlen, PT_ERR_CALLBACK, "post_model_load: the host's profile_step returned %d", hrc);
+        char inner[640] = "";
+        if (err && errlen) snprintf(inner, sizeof inner, "%s", err);
+        return pt_fail(err, errlen, PT_ERR_CALLBACK, "post_model_load: the host's profile_step "
+                       "returned %d%s%s", hrc, inner[0] ? "; inside it the plugin reported: " : "",
+                       inner);
     }
     return PT_OK;
 }

@@ -425,6 +425,43 @@ static void measure_adam(pt_rt *rt, pt_trace_hw *hw) {
     }
 }
 
+/* Everything besides the model that changes what a profile measured: the chunk
+ * size in force (chunk boundaries, slot size, the chunk table itself), the
+ * device capacity (the device name does not say it on cuda; the timing buffers
+ * shrink on a full device), the backend and its copy throttle and compute
+ * jitter (every copy rate and window time), the optimizer kind and the
+ * OSFT/TiledMLP settings (what a block computes and keeps). A cache keyed on
+ * less handed a trace for other chunks to a run with another chunk_size, which
+ * then failed ("n_buffer = 1 is too small"). */
+static uint64_t measured_inputs(pt_rt *rt) {
+    const pt_config *c = &rt->cfg;
+    pt_gpu_usage u;
+    pt_gpu_usage_get(rt->gpu, &u);
+    struct {
+        uint64_t chunk, chunk_cfg, capacity;
+        double copy_bw, jitter;
+        int32_t optim, osft, tiled, tiles, async;
+        float osft_ratio;
+    } in;
+    memset(&in, 0, sizeof in);   /* padding hashed as zeros */
+    in.chunk = rt->st ? pt_store_chunk_size(rt->st) : 0;
+    in.chunk_cfg = c->chunk_size;
+    in.capacity = u.capacity;
+    in.copy_bw = c->copy_bandwidth;
+    in.jitter = c->compute_jitter;
+    in.optim = c->optim_type;
+    in.osft = c->osft_enabled;
+    in.tiled = c->tiled_mlp_enabled;
+    in.tiles = c->tiled_mlp_tiles;
+    in.async = c->async_compute;
+    in.osft_ratio = c->osft_rank_ratio;
+    const char *be = pt_gpu_backend_name(rt->gpu);
+    uint64_t h = pt_fnv1a64(&in, sizeof in);
+    h ^= pt_fnv1a64(be, strlen(be)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h ^= pt_fnv1a64(c->osft_targets, strlen(c->osft_targets)) + (h << 6) + (h >> 2);
+    return h;
+}
+
 void pt_prof_key(pt_rt *rt, pt_trace_key *k) {
     memset(k, 0, sizeof *k);
     pt_gpu_device_name(rt->gpu, k->device, sizeof k->device);
@@ -432,7 +469,8 @@ void pt_prof_key(pt_rt *rt, pt_trace_key *k) {
     k->seq = rt->model->seq;
     k->world_size = rt->host.world_size > 0 ? rt->host.world_size : 1;
     k->version = PT_TRACE_VERSION;
-    k->arch_hash = pt_store_arch_hash(rt->model, &rt->cfg);
+    uint64_t m = measured_inputs(rt);
+    k->arch_hash = pt_store_arch_hash(rt->model, &rt->cfg) ^ (m + 0x9e3779b97f4a7c15ull);
 }
 
 int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {

@@ -156,6 +156,7 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     }
     int rc = pt_store_validate(model, err, errlen);
     if (rc) return rc;
+    pt_gpu_oom_reset(rt->gpu);   /* pt_rt_explain_oom speaks of this call only */
     /* a retry after a failed post_model_load starts from nothing */
     (void)pt_rt_store_free(rt, NULL, 0);
     pt_rt_plan_free(rt);
@@ -227,6 +228,24 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
     int32_t *modes = calloc((size_t)(rt->n_blocks > 0 ? rt->n_blocks : 1), sizeof *modes);
     if (!modes) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     rc = block_modes(rt, modes, err, errlen);
+    int n_ckpt = 0;
+    for (int b = 0; b < rt->n_blocks; b++) n_ckpt += modes[b] == PT_ACT_CKPT;
+    if (!rc && n_ckpt && !rt->host.recompute_block) {
+        /* found now, not at the first backward (where it surfaced as a bare
+         * "profile_step returned 10") */
+        rc = !strcmp(rt->kn.source, "bootstrap")
+            ? pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                      "post_model_load: profiling runs a bootstrap plan that checkpoints every "
+                      "block (CKPT, recomputed through the host's recompute_block callback), but "
+                      "pt_host_v1.recompute_block is NULL: give the callback, or skip profiling "
+                      "([protrain] auto_memory = false with every n_* set and n_checkpoint = 0, "
+                      "or force_all_persistent = true)")
+            : pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                      "the plan checkpoints %d block(s) (n_checkpoint, %s), which needs the "
+                      "host's recompute_block callback, but pt_host_v1.recompute_block is NULL: "
+                      "give the callback or set [protrain] n_checkpoint = 0", n_ckpt,
+                      rt->kn.source);
+    }
     if (!rc) {
         pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->gpu, rt->s_compute, rt->s_h2d,
                             rt->s_d2h, rt->model, &rt->opt, rt->sx, recompute_mark, rt,
@@ -249,20 +268,33 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "create_optimizer: optimizer type %d is not available in this build (adamw only; "
             "REKLS lands with the kernels issue)", type);
     }
-#define PICK(f, cf) o->f = (d && !isnan(d->f)) ? d->f : c->cf
-    PICK(lr, lr);
-    PICK(beta1, beta1);
-    PICK(beta2, beta2);
-    PICK(eps, eps);
-    PICK(weight_decay, weight_decay);
-    PICK(max_grad_norm, max_grad_norm);
-#undef PICK
-    if (!(o->lr >= 0) || !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) ||
-        !(o->eps > 0) || !(o->weight_decay >= 0)) {
+    /* Into a copy first: a refused descriptor leaves the optimizer as it was. */
+    pt_optim_state n = *o;
+    static const char *const names[6] = {"lr", "beta1", "beta2", "eps", "weight_decay",
+                                         "max_grad_norm"};
+    const float given[6] = {d ? d->lr : NAN, d ? d->beta1 : NAN, d ? d->beta2 : NAN,
+                            d ? d->eps : NAN, d ? d->weight_decay : NAN,
+                            d ? d->max_grad_norm : NAN};
+    /* NaN means "from the INI"; an infinity is a host mistake, never a setting */
+    for (int i = 0; i < 6; i++)
+        if (isinf(given[i]))
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                           "create_optimizer: pt_optim_v1.%s is %g; it must be finite (NaN = "
+                           "from the INI)", names[i], (double)given[i]);
+    n.lr = !isnan(given[0]) ? given[0] : c->lr;
+    n.beta1 = !isnan(given[1]) ? given[1] : c->beta1;
+    n.beta2 = !isnan(given[2]) ? given[2] : c->beta2;
+    n.eps = !isnan(given[3]) ? given[3] : c->eps;
+    n.weight_decay = !isnan(given[4]) ? given[4] : c->weight_decay;
+    n.max_grad_norm = !isnan(given[5]) ? given[5] : c->max_grad_norm;
+    if (!(n.lr >= 0) || !(n.beta1 >= 0 && n.beta1 < 1) || !(n.beta2 >= 0 && n.beta2 < 1) ||
+        !(n.eps > 0) || !(n.weight_decay >= 0)) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "create_optimizer: bad hyper-parameters lr %g beta1 %g beta2 %g eps %g weight_decay %g "
             "(need lr >= 0, betas in [0,1), eps > 0, weight_decay >= 0)",
-            o->lr, o->beta1, o->beta2, o->eps, o->weight_decay);
+            n.lr, n.beta1, n.beta2, n.eps, n.weight_decay);
     }
+    *o = n;
+    pt_gpu_oom_reset(rt->gpu);
     o->t = 0;
     o->last_norm = NAN;
     PT_LOGI(&rt->lg, "optimizer adamw lr %g betas (%g, %g) eps %g weight_decay %g clip %s",
@@ -271,6 +303,58 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
     int rc = pt_rt_replan_for_optimizer(rt, o->max_grad_norm > 0, err, errlen);
     if (!rc) rc = pt_store_optimizer_init(rt->st, err, errlen);
     rt->opt_created = !rc;
+    return rc;
+}
+
+int pt_rt_explain_oom(pt_rt *rt, int rc, char *err, size_t errlen) {
+    uint64_t tags[PT_TAG_COUNT];
+    uint64_t need = pt_gpu_last_oom(rt->gpu, tags);
+    if (!rc || !need || !err || !errlen) return rc;
+    pt_gpu_usage u;
+    pt_gpu_usage_get(rt->gpu, &u);
+    const char *src = rt->kn.source ? rt->kn.source : "INI";
+    const char *plan = !strcmp(src, "bootstrap")
+        ? "the profiling plan (every chunk streamed through the minimal buffer pool, every "
+          "block checkpointed: the smallest plan there is)"
+        : !strcmp(src, "force_all_persistent") ? "force_all_persistent (everything resident)"
+                                               : "the plan in force";
+    const char *kind = "a lower bound: the failing request plus the bytes in use then";
+    /* everything resident: the model states' exact footprint is known from the
+     * store, plus whatever else was in use when the allocation failed */
+    if (rt->st && !strcmp(src, "force_all_persistent")) {
+        uint64_t states = 0;
+        for (int k = 0; k < pt_store_n_chunks(rt->st); k++) {
+            pt_store_chunk_info ci;
+            pt_store_chunk_info_get(rt->st, k, &ci);
+            states += ci.dev_bytes;
+        }
+        uint64_t other = 0;
+        for (int t = 0; t < PT_TAG_COUNT; t++)
+            if (t != PT_TAG_PARAM && t != PT_TAG_GRAD && t != PT_TAG_OPTIM) other += tags[t];
+        if (states + other > need) {
+            need = states + other;
+            kind = "parameters, gradients and optimizer state of every chunk, plus the other "
+                   "bytes in use then";
+        }
+    }
+    char held[512];
+    size_t o = 0;
+    held[0] = '\0';
+    for (int t = 0; t < PT_TAG_COUNT && o < sizeof held; t++) {
+        if (!tags[t]) continue;
+        int n = snprintf(held + o, sizeof held - o, "%s%s %.2f MiB", o ? ", " : "",
+                         pt_mem_tag_name(t), tags[t] / 1048576.0);
+        if (n < 0) break;
+        o += (size_t)n;
+    }
+    size_t len = strnlen(err, errlen);
+    if (len + 1 < errlen)
+        snprintf(err + len, errlen - len,
+                 "; the device (capacity %llu bytes, %.2f MiB) is too small for this model "
+                 "and batch under %s: it needs at least %llu bytes (%.2f MiB; %s); in use "
+                 "when it failed: %s",
+                 (unsigned long long)u.capacity, u.capacity / 1048576.0, plan,
+                 (unsigned long long)need, need / 1048576.0, kind, o ? held : "nothing");
     return rc;
 }
 
@@ -309,8 +393,9 @@ int pt_rt_optimizer_step(pt_rt *rt, float lr, char *err, size_t errlen) {
 }
 
 int pt_rt_set_lr(pt_rt *rt, float lr, char *err, size_t errlen) {
-    if (!(lr >= 0)) {
-        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "set_lr: lr %g must be >= 0", (double)lr);
+    if (!(lr >= 0) || isinf(lr)) {
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "set_lr: lr is %g; it must be finite "
+                       "and >= 0", (double)lr);
     }
     if (!rt->st) {
         return pt_fail(err, errlen, PT_ERR_ORDER, "hook set_lr called out of order: expected post_model_load first");
@@ -381,6 +466,23 @@ int pt_rt_memcpy(pt_rt *rt, void *dst, const void *src, uint64_t bytes, int32_t 
     }
     if (kind < PT_COPY_H2D || kind > PT_COPY_D2D) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "memcpy: unknown copy kind %d (0 H2D, 1 D2H, 2 D2D)", kind);
+    }
+    /* On the simulated device, device memory is ordinary host memory, so a host
+     * address given as the device side would "work" here and crash on a GPU:
+     * refuse it where it is cheap to see. */
+    if (bytes && !strcmp(pt_gpu_backend_name(rt->gpu), "host")) {
+        static const char *const kn[] = {"H2D", "D2H", "D2D"};
+        const void *bad = NULL;
+        const char *side = NULL;
+        if (kind != PT_COPY_D2H && !pt_gpu_in_device(rt->gpu, dst, (size_t)bytes))
+            bad = dst, side = "destination";
+        else if (kind != PT_COPY_H2D && !pt_gpu_in_device(rt->gpu, src, (size_t)bytes))
+            bad = src, side = "source";
+        if (bad)
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                           "memcpy(%s, %llu bytes): the %s %p is not device memory (it does "
+                           "not lie inside an allocation from dev_alloc, an arena or a "
+                           "parameter)", kn[kind], (unsigned long long)bytes, side, bad);
     }
     /* a copy on the compute stream: after the host's launched work */
     int rc = rt->ordered && !(rt->skip & PT_ORD_HOSTIO) ? pt_rt_stream_sync(rt, err, errlen) : PT_OK;

@@ -35,6 +35,12 @@ int pt_rt_profile_end(pt_rt *rt, char *err, size_t errlen);
 void pt_rt_profile_abort(pt_rt *rt);
 int pt_rt_profile_passes(void);   /* profile_step calls per profile (1 warm-up + measured) */
 
+/* After a failed post_model_load or create_optimizer: when a device allocation
+ * failed during it, append to err the capacity this model and batch need under
+ * the plan in force (exact where the store knows the footprint, else a lower
+ * bound: the failing request plus what was in use) and what held the bytes.
+ * Returns rc unchanged. */
+int pt_rt_explain_oom(pt_rt *rt, int rc, char *err, size_t errlen);
 int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *desc, char *err, size_t errlen);
 
 int pt_rt_pre_step(pt_rt *rt, char *err, size_t errlen);   /* reads the step state */

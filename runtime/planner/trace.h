@@ -84,7 +84,8 @@ enum { PT_BLOCK_NONE = 0, PT_BLOCK_CKPT = 1, PT_BLOCK_SWAP = 2 };
 
 /* Cache key: a trace is reusable only for the same model, shapes, device, world. */
 typedef struct pt_trace_key {
-    uint64_t arch_hash;       /* pt_trace_arch_hash(description of the architecture) */
+    uint64_t arch_hash;       /* the architecture, combined with everything else that changes
+                                 what was measured (chunk size, capacity, backend, throttle, ...) */
     int64_t batch;            /* micro-batch size */
     int64_t seq;              /* sequence length */
     int32_t world_size;       /* data-parallel ranks */

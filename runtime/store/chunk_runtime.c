@@ -91,7 +91,8 @@ int pt_cs_wait_task(pt_store *st, cs_chunk *c, const char *hook, char *err, size
 int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
     int rc;
-    if (OPS(st)->event_create(IMPL(st), &ms->ev_compute))
+    if (OPS(st)->event_create(IMPL(st), &ms->ev_compute) ||
+        OPS(st)->event_create(IMPL(st), &ms->ev_bwd))
         return pt_fail(err, errlen, PT_ERR_BACKEND, "event_create failed: cannot create device events");
     if ((rc = pt_gpu_alloc(st->env.gpu, sizeof(double) * (size_t)ms->n_params, PT_TAG_OTHER,
                            (void **)&ms->norm_dev, err,
@@ -141,6 +142,8 @@ void pt_cs_fini_runtime(pt_store *st) {
     ms->slot_free = ms->slot_used = NULL;
     if (ms->ev_compute) OPS(st)->event_destroy(IMPL(st), ms->ev_compute);
     ms->ev_compute = NULL;
+    if (ms->ev_bwd) OPS(st)->event_destroy(IMPL(st), ms->ev_bwd);
+    ms->ev_bwd = NULL;
     for (int k = 0; ms->ch && k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
         if (c->ev_up) OPS(st)->event_destroy(IMPL(st), c->ev_up);
@@ -180,7 +183,16 @@ int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
     if (!st->opt_ready && !st->profiling) {
         return pt_fail(err, errlen, PT_ERR_ORDER, "pre_step: no optimizer (call create_optimizer first)");
     }
-    for (int k = 0; k < ms->n_chunks; k++) ms->ch[k].bwd_zeroed = 0;
+    for (int k = 0; k < ms->n_chunks; k++) {
+        cs_chunk *c = &ms->ch[k];
+        c->bwd_zeroed = 0;
+        if (st->env.sx->micro == 0) c->t_early = c->t_start = c->t_end = 0;
+    }
+    if (st->env.sx->micro == 0) {
+        pthread_mutex_lock(&ms->acct_mu);
+        ms->bwd_done = 0;
+        pthread_mutex_unlock(&ms->acct_mu);
+    }
     if (st->env.sx->n_micro > 1 && !ms->gacc_ready) {
         /* accumulated fp32 gradients of offloaded chunks, allocated on first need */
         uint64_t more = 0;
@@ -406,7 +418,61 @@ static void grad_task(void *arg) {
     int last = c->t_micro == c->t_n_micro - 1;
     if (last && c->t_norm) chunk_norms(st, c, acc);
     if (last && c->t_step_now) chunk_adam(st, c, &c->t_consts, acc);
-    add_optim_time(st, pt_now_s() - t0);
+    double t1 = pt_now_s();
+    if (last) {
+        c->t_start = t0;
+        c->t_end = t1;
+    } else {
+        c->t_early += t1 - t0;   /* an earlier micro-batch: done inside the step's backward */
+    }
+    add_optim_time(st, t1 - t0);
+}
+
+/* Runs on the compute stream behind the step's last backward work. */
+static void stamp_bwd(void *arg) {
+    pt_store *ms = arg;
+    double t = pt_now_s();
+    pthread_mutex_lock(&ms->acct_mu);
+    ms->bwd_done = t;
+    pthread_mutex_unlock(&ms->acct_mu);
+}
+
+int pt_cs_mark_backward_end(pt_store *st, char *err, size_t errlen) {
+    pt_store *ms = st;
+    if (!ms->n_offloaded || st->env.sx->eval || st->env.sx->micro != st->env.sx->n_micro - 1)
+        return PT_OK;
+    if (!st->env.ordered) {   /* the host computed backward on this thread: done now */
+        stamp_bwd(ms);
+        return PT_OK;
+    }
+    const char *op = NULL;
+    if (OPS(st)->host_fn(IMPL(st), st->env.s_compute, stamp_bwd, ms)) op = "host_fn";
+    else if (OPS(st)->event_record(IMPL(st), ms->ev_bwd, st->env.s_compute)) op = "event_record";
+    return op ? pt_fail(err, errlen, PT_ERR_BACKEND,
+                        "marking the end of backward on the compute stream failed: %s failed", op)
+              : PT_OK;
+}
+
+/* The CPU optimizer work of this step that ran before the device finished
+ * backward: every earlier micro-batch's task, and of each chunk's last task
+ * the part before the end-of-backward stamp. Called after every task is done. */
+static int account_hidden(pt_store *st, char *err, size_t errlen) {
+    pt_store *ms = st;
+    if (st->env.ordered && OPS(st)->event_sync(IMPL(st), ms->ev_bwd))
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "optimizer_step: waiting for the end-of-backward mark failed: event_sync failed");
+    pthread_mutex_lock(&ms->acct_mu);
+    double done = ms->bwd_done, hid = 0;
+    for (int k = 0; done > 0 && k < ms->n_chunks; k++) {
+        const cs_chunk *c = &ms->ch[k];
+        if (c->persistent || !c->trainable) continue;
+        hid += c->t_early;
+        double end = c->t_end < done ? c->t_end : done;
+        if (c->t_end > 0 && end > c->t_start) hid += end - c->t_start;
+    }
+    ms->cpu_hidden_s += hid;
+    pthread_mutex_unlock(&ms->acct_mu);
+    return PT_OK;
 }
 
 static void step_consts(pt_store *st, float lr, float gs, pt_adamw_consts *k) {
@@ -627,6 +693,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
                      : PT_OK;
         int trc = wait_tasks(st, rc ? NULL : err, rc ? 0 : errlen);
         if (rc || trc) return rc ? rc : trc;
+        if ((rc = account_hidden(st, err, errlen))) return rc;
     }
     float gs = 1.0f;
     o->last_norm = NAN;

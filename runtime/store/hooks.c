@@ -25,7 +25,9 @@ int pt_store_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
 
 int pt_store_post_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
     int rc = pt_ms_release(st, b, 1, err, errlen);
-    return rc ? rc : pt_acts_post_backward(st, b);
+    if (!rc) rc = pt_acts_post_backward(st, b);
+    /* backward runs from the last block down: block 0 ends it */
+    return (rc || b != 0) ? rc : pt_cs_mark_backward_end(st, err, errlen);
 }
 
 int pt_store_is_arena(const pt_store *st, const void *ptr) {

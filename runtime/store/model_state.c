@@ -97,7 +97,13 @@ static int choose_layout(pt_store *st, char *err, size_t errlen) {
             pt_log_text(st->env.lg, PT_LOG_DEBUG, tab);
         }
     } else if (!rc) {
+        uint64_t asked = S;
         S = (S + PT_LAYOUT_ALIGN - 1) / PT_LAYOUT_ALIGN * PT_LAYOUT_ALIGN;
+        if (S != asked) {
+            PT_LOGW(st->env.lg, "[protrain] chunk_size = %llu bytes is not a multiple of the "
+                                "%u-byte parameter alignment: chunks of %llu bytes are used",
+                    (unsigned long long)asked, (unsigned)PT_LAYOUT_ALIGN, (unsigned long long)S);
+        }
     }
     if (!rc) rc = pt_layout_build(lp, m->n_params, m->n_blocks, S, &ms->lay, err, errlen);
     free(lp);
@@ -270,6 +276,10 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
     /* Knobs: INI overrides, else everything persistent until the searcher decides. */
     int np = st->kn.n_persist;
     ms->np_fixed = np >= 0;
+    if (np > L->n_chunks)
+        PT_LOGW(st->env.lg, "n_persist = %d (%s) is more than the model's %d chunks: all %d are "
+                            "resident (n_persist %d is used)", np, st->kn.source, L->n_chunks,
+                L->n_chunks, L->n_chunks);
     if (np < 0 || np > L->n_chunks) np = L->n_chunks;
     for (int k = 0; k < L->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
@@ -467,6 +477,7 @@ void pt_store_stats(const pt_store *st, pt_stats_v1 *s) {
     s->mode = ms->n_offloaded ? 1 : 0;
     pthread_mutex_lock(&ms->acct_mu);
     s->cpu_optim_s = ms->cpu_optim_s;
+    s->cpu_optim_hidden_s = ms->cpu_hidden_s;
     pthread_mutex_unlock(&ms->acct_mu);
     s->optim_wait_s = ms->optim_wait_s;
     for (int b = 0; ms->arena && b < ms->n_blocks; b++) {

@@ -12,10 +12,16 @@
  * File: header (below), then for each root param: name (u32 length + bytes),
  * u32 dtype, u32 trainable, u64 numel, data [numel * dtype size],
  * trainable: master [numel f32] when dtype != f32, m [numel f32], v [numel f32].
- * The checksum is FNV-1a 64 over everything after the header.
+ * The checksum is FNV-1a 64 over the whole file: the header with its checksum
+ * field zero, then the payload. Version 1 covered only the payload, so a flipped
+ * bit in step or a hyper-parameter loaded as valid (a flipped step went into the
+ * bias correction and made NaN weights); it is refused, not read.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,17 +33,28 @@
 
 
 #define ST_MAGIC 0x54535450u /* "PTST" */
-#define ST_VERSION 1u
+#define ST_VERSION 2u
 
 typedef struct st_header {
     uint32_t magic, version;
     uint32_t n_params, rank;
+    uint32_t world_size, reserved0;
     int64_t step;               /* optimizer steps taken (bias correction continues) */
     uint64_t payload_bytes;
-    uint64_t checksum;
+    uint64_t checksum;          /* over header (this field 0) and payload */
     float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
-    uint32_t reserved[10];
+    uint32_t reserved[8];
 } st_header;
+
+static uint64_t file_checksum(const st_header *h, const void *payload, size_t n) {
+    st_header z = *h;
+    z.checksum = 0;
+    return pt_fnv1a64_more(pt_fnv1a64(&z, sizeof z), payload, n);
+}
+
+static int running_world(const pt_store *st) {
+    return st->env.host->world_size > 0 ? st->env.host->world_size : 1;
+}
 
 /* Where a root param's state lives: its chunk and fp32 state index. */
 static cs_chunk *locate(pt_store *st, int i, uint64_t *off, uint64_t *sidx) {
@@ -98,8 +115,16 @@ static int walk(pt_store *st, unsigned char *img, size_t *size, int mode, char *
             uint64_t fn;
             memcpy(&fnl, img + pos, 4);
             if (fnl != nl || memcmp(img + pos + 4, p->name ? p->name : "", nl)) {
-                return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: parameter %d is '%s' in the model but '%.*s' in the file", i,
-                    p->name ? p->name : "", (int)(fnl < 64 ? fnl : 64), (const char *)img + pos + 4);
+                /* both names cut at the same place, and where they first differ,
+                 * so two long names sharing a prefix never print alike */
+                const char *mn = p->name ? p->name : "", *fname = (const char *)img + pos + 4;
+                uint32_t avail = (uint32_t)(*size - pos - 4 < fnl ? *size - pos - 4 : fnl);
+                uint32_t d = 0;
+                while (d < nl && d < avail && mn[d] == fname[d]) d++;
+                return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: parameter %d is named "
+                    "'%.96s' (%u bytes) in the model but '%.*s' (%u bytes) in the file; the "
+                    "names first differ at byte %u", i, mn, nl, (int)(avail < 96 ? avail : 96),
+                    fname, fnl, d);
             }
             memcpy(&fdt, img + pos + 4 + nl, 4);
             memcpy(&ftr, img + pos + 8 + nl, 4);
@@ -212,6 +237,37 @@ static void file_path(pt_store *st, const char *dir, char *buf, size_t len) {
     snprintf(buf, len, "%s/protrain_state_rank%d.bin", dir, st->env.host->rank);
 }
 
+/* A save killed between creating its temp file and the rename leaves
+ * <file>.tmp.<pid> behind. Before writing, remove those of this rank's file
+ * whose writer is gone (kill(pid, 0) says no such process); a live writer's
+ * temp file, or one we cannot judge, stays. Only this rank's name: another
+ * rank's writer may live on another machine, where its pid means nothing here. */
+static void remove_stale_temps(pt_store *st, const char *dir) {
+    char prefix[96];
+    int pl = snprintf(prefix, sizeof prefix, "protrain_state_rank%d.bin.tmp.", st->env.host->rank);
+    DIR *d = opendir(dir);
+    if (!d) return;   /* the save itself reports an unusable directory */
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, prefix, (size_t)pl)) continue;
+        const char *num = e->d_name + pl;
+        char *end;
+        errno = 0;
+        long pid = strtol(num, &end, 10);
+        if (!*num || *end || errno || pid <= 0 || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        char path[1200];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (!unlink(path))
+            PT_LOGI(st->env.lg, "save_state: removed %s, left by a save whose process (pid %ld) "
+                                "no longer exists", path, pid);
+        else
+            PT_LOGW(st->env.lg, "save_state: cannot remove the stale temp file %s: %s", path,
+                    strerror(errno));
+    }
+    closedir(d);
+}
+
 int pt_store_save(pt_store *st, const char *dir, char *err, size_t errlen) {
     if (!dir || !*dir) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "save_state: no directory given");
@@ -226,17 +282,19 @@ int pt_store_save(pt_store *st, const char *dir, char *err, size_t errlen) {
     h.version = ST_VERSION;
     h.n_params = (uint32_t)st->env.model->n_params;
     h.rank = (uint32_t)st->env.host->rank;
+    h.world_size = (uint32_t)running_world(st);
     h.step = img.step;
     h.payload_bytes = img.bytes;
-    h.checksum = pt_fnv1a64(img.data, img.bytes);
     h.lr = st->env.opt->lr;
     h.beta1 = st->env.opt->beta1;
     h.beta2 = st->env.opt->beta2;
     h.eps = st->env.opt->eps;
     h.weight_decay = st->env.opt->weight_decay;
     h.max_grad_norm = st->env.opt->max_grad_norm;
+    h.checksum = file_checksum(&h, img.data, img.bytes);
     char path[1024], tmp[1100];
     file_path(st, dir, path, sizeof path);
+    remove_stale_temps(st, dir);
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
@@ -270,6 +328,45 @@ int pt_store_save(pt_store *st, const char *dir, char *err, size_t errlen) {
     return rc;
 }
 
+/* Values a checksummed header may still hold that this run cannot use (a file
+ * written by a buggy or foreign writer): refused before anything is restored. */
+static int check_header(pt_store *st, const st_header *h, const char *path, char *err,
+                        size_t errlen) {
+    if (h->n_params != (uint32_t)st->env.model->n_params)
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s holds a model with %u parameters, this one has %d", path,
+                       h->n_params, st->env.model->n_params);
+    if (h->rank != (uint32_t)st->env.host->rank || h->world_size != (uint32_t)running_world(st))
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s was saved by rank %u of %u; "
+                       "this is rank %d of %d", path, h->rank, h->world_size,
+                       st->env.host->rank, running_world(st));
+    if (h->step < 0)
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s has step %lld; a step count "
+                       "must be >= 0", path, (long long)h->step);
+    const float hp[6] = {h->lr, h->beta1, h->beta2, h->eps, h->weight_decay, h->max_grad_norm};
+    static const char *const names[6] = {"lr", "beta1", "beta2", "eps", "weight_decay",
+                                         "max_grad_norm"};
+    for (int i = 0; i < 6; i++)
+        if (!isfinite(hp[i]))
+            return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s has %s = %g; "
+                           "hyper-parameters must be finite", path, names[i], (double)hp[i]);
+    return PT_OK;
+}
+
+/* The running optimizer's settings stay in force after a load (the host's
+ * create_optimizer chose them); a file saved under others is worth a word. */
+static void warn_hparams(pt_store *st, const st_header *h, const char *path) {
+    const pt_optim_state *o = st->env.opt;
+    const float saved[6] = {h->lr, h->beta1, h->beta2, h->eps, h->weight_decay, h->max_grad_norm};
+    const float run[6] = {o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->max_grad_norm};
+    static const char *const names[6] = {"lr", "beta1", "beta2", "eps", "weight_decay",
+                                         "max_grad_norm"};
+    for (int i = 0; i < 6; i++)
+        if (saved[i] != run[i])
+            PT_LOGW(st->env.lg, "load_state: %s was saved with %s = %g; the running optimizer's "
+                                "%s = %g is kept", path, names[i], (double)saved[i], names[i],
+                    (double)run[i]);
+}
+
 int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
     if (!dir || !*dir) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "load_state: no directory given");
@@ -289,20 +386,22 @@ int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
     } else if (h.magic != ST_MAGIC) {
         rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is not a protrain state file (magic %08x)", path, h.magic);
     } else if (h.version != ST_VERSION) {
-        rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s has state format version %u, this plugin reads %u", path, h.version,
-            ST_VERSION);
-    } else if (h.n_params != (uint32_t)st->env.model->n_params) {
-        rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s holds a model with %u parameters, this one has %d", path, h.n_params,
-            st->env.model->n_params);
-    } else if (fstat(fileno(f), &sb) || (uint64_t)sb.st_size != sizeof h + h.payload_bytes) {
+        rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s has state format version %u, "
+            "this plugin reads version %u only%s", path, h.version, ST_VERSION,
+            h.version == 1 ? " (version 1 did not checksum its header, so its step and "
+                             "hyper-parameters cannot be trusted)" : "");
+    } else if (fstat(fileno(f), &sb) || (uint64_t)sb.st_size < sizeof h ||
+               (uint64_t)sb.st_size - sizeof h != h.payload_bytes) {
         rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is %lld bytes, its header says %llu (truncated or trailing bytes)",
             path, (long long)sb.st_size, (unsigned long long)(sizeof h + h.payload_bytes));
     } else if (!(img.data = malloc(h.payload_bytes ? h.payload_bytes : 1))) {
         rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "load_state: out of host memory (%llu bytes)", (unsigned long long)h.payload_bytes);
     } else if (fread(img.data, 1, h.payload_bytes, f) != h.payload_bytes) {
         rc = pt_fail(err, errlen, PT_ERR_IO, "load_state: reading %s failed", path);
-    } else if (pt_fnv1a64(img.data, h.payload_bytes) != h.checksum) {
-        rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is corrupt (checksum mismatch)", path);
+    } else if (file_checksum(&h, img.data, h.payload_bytes) != h.checksum) {
+        rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is corrupt (checksum mismatch over its header and payload)", path);
+    } else {
+        rc = check_header(st, &h, path, err, errlen);
     }
     fclose(f);
     if (!rc) rc = ready(st, "load_state", 1, err, errlen);
@@ -313,6 +412,9 @@ int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
         rc = pt_store_restore(st, &img, err, errlen);
     }
     pt_state_image_free(&img);
-    if (!rc) PT_LOGI(st->env.lg, "state loaded from %s (step %lld)", path, (long long)h.step);
+    if (!rc) {
+        warn_hparams(st, &h, path);
+        PT_LOGI(st->env.lg, "state loaded from %s (step %lld)", path, (long long)h.step);
+    }
     return rc;
 }

@@ -69,6 +69,10 @@ typedef struct cs_chunk {
     int t_rc;                 /* status of its last CPU task: written by the worker, read
                                * (pt_cs_wait_task) only after waiting for tg */
     pt_adamw_consts t_consts;
+    /* this step's CPU work on the chunk (host clock, written by the worker,
+     * read after waiting for tg): the durations of the tasks of earlier
+     * micro-batches, and the last task's interval */
+    double t_early, t_start, t_end;
 } cs_chunk;
 
 struct pt_store {
@@ -78,6 +82,9 @@ struct pt_store {
     int no_init_upload;       /* values come from a state image, not the host's tensors */
     int opt_ready;            /* optimizer state allocated */
     pt_event *ev_compute;     /* recorded on s_compute where a copy stream must wait for it */
+    pt_event *ev_bwd;         /* recorded on s_compute behind the end-of-backward stamp */
+    double bwd_done;          /* host clock when the device finished this step's backward
+                               * (the stamp runs on the stream; mutex: acct_mu) */
     int profiling;            /* pt_store_set_profiling */
     /* activations */
     pt_arena *arena;          /* [n_blocks] */
@@ -109,6 +116,7 @@ struct pt_store {
     double pin_seconds;
     double cpu_optim_s;       /* CPU optimizer work, summed over tasks (mutex: workers add) */
     double optim_wait_s;      /* optimizer_step's wait for the CPU tasks */
+    double cpu_hidden_s;      /* CPU optimizer work done before the device finished backward */
     pthread_mutex_t acct_mu;
 };
 
@@ -117,6 +125,10 @@ uint64_t pt_ms_chunk_dev_bytes(const cs_chunk *c);
 uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c);
 
 /* chunk_runtime.c */
+/* After the last block's backward of the step's last micro-batch: note (on the
+ * compute stream) when the device is done with backward, so optimizer_step can
+ * tell how much CPU optimizer work ran before that. */
+int pt_cs_mark_backward_end(pt_store *st, char *err, size_t errlen);
 /* Ordering `bit` (PT_ORD_*) is in force: ordered and not skipped by a test. */
 static inline int pt_cs_ord(const pt_store *st, unsigned bit) {
     return st->env.ordered && !(st->env.skip & bit);

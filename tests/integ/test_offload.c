@@ -124,6 +124,9 @@ static void case_(const char *name, const char *protrain, float clip, int n_micr
          * driver allocation (micro-batch sums and swap buffers come later and
          * may; these cases use neither unless n_micro > 1) */
         assert_true(p.st.pinned_arena > 0);
+        /* the hidden part of the CPU optimizer's work is a part of it */
+        assert_true(p.st.cpu_optim_hidden_s >= 0);
+        assert_true(p.st.cpu_optim_hidden_s <= p.st.cpu_optim_s * (1 + 1e-9) + 1e-9);
         if (n_micro == 1 && !strstr(protrain, "n_swap = 1")) assert_int_equal(p.st.pinned_own_allocs, 0);
     }
     identical(name, &p, ref(n_micro, clip));

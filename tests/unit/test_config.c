@@ -336,7 +336,7 @@ static void test_bad_values(void **s) {
         {"[memory]\nreserve = -5MiB\n", "t.ini:2: bad value '-5MiB' for key 'reserve' in [memory]: expected a size like 512MiB"},
         {"[host_backend]\npoison = maybe\n", "t.ini:2: bad value 'maybe' for key 'poison' in [host_backend]: expected true|false|on|off|yes|no|1|0"},
         {"[host_backend]\nfail_alloc_at = -1\n", "t.ini:2: bad value '-1' for key 'fail_alloc_at' in [host_backend]: expected an integer >= 0"},
-        {"[host_backend]\ncopy_bandwidth = 2GiB\n", "t.ini:2: bad value '2GiB' for key 'copy_bandwidth' in [host_backend]: expected 0 or a rate like 2GiB/s"},
+        {"[host_backend]\ncopy_bandwidth = 2GiB\n", "t.ini:2: bad value '2GiB' for key 'copy_bandwidth' in [host_backend]: expected 0 or a rate like 2GiB/s, from 1MB/s (1e+06 B/s) to 1PB/s (1e+15 B/s)"},
         {"[protrain]\nn_persist = -1\n", "t.ini:2: bad value '-1' for key 'n_persist' in [protrain]: expected auto or an integer >= 0"},
         {"[protrain]\nn_swap = 99999999999\n", "t.ini:2: bad value '99999999999' for key 'n_swap' in [protrain]: expected auto or an integer >= 0"},
         {"[protrain]\nzero3_shard = sometimes\n", "t.ini:2: bad value 'sometimes' for key 'zero3_shard' in [protrain]: expected auto|on|off (or another bool form)"},
@@ -347,6 +347,40 @@ static void test_bad_values(void **s) {
         {"[dist]\nbackend = gloo\n", "t.ini:2: bad value 'gloo' for key 'backend' in [dist]: expected one of auto|nccl|mpi|none"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) expect_err(cases[i].ini, cases[i].msg);
+}
+
+/* Text the parser used to drop or bend without a word: a key on a section's
+ * header line, a misspelt first section after a byte-order mark, an absurd
+ * copy rate, a size below one byte that rounded to 0 (= auto). */
+static void test_nothing_dropped(void **s) {
+    (void)s;
+    expect_err("[memory] device_capacity = 1KiB\n",
+               "t.ini:1: text 'device_capacity = 1KiB' after the section header [memory] would "
+               "be ignored; put each key = value on its own line");
+    expect_err_has("[plugin]\nlog_level = info\n[optimizer]   lr = 0.1\n", "t.ini:3: text 'lr = 0.1'");
+    /* a comment after the header is fine */
+    pt_config c;
+    assert_int_equal(parse("[memory] ; the device\ndevice_capacity = 1KiB\n", &c), 0);
+    assert_true(c.device_capacity == 1024);
+    /* a BOM is skipped and the first section is still checked */
+    expect_err("\xEF\xBB\xBF[memroy]\ndevice_capacity = 1KiB\n",
+               "t.ini:1: unknown section [memroy]; did you mean [memory]?");
+    assert_int_equal(parse("\xEF\xBB\xBF[memory]\ndevice_capacity = 3KiB\n", &c), 0);
+    assert_true(c.device_capacity == 3072);
+    /* copy rates outside [1 MB/s, 1 PB/s] (0 = off) */
+    expect_err_has("[host_backend]\ncopy_bandwidth = 1B/s\n",
+                   "t.ini:2: bad value '1B/s' for key 'copy_bandwidth' in [host_backend]: 1 "
+                   "bytes/s is outside the accepted range");
+    expect_err_has("[host_backend]\ncopy_bandwidth = 1e-300B/s\n", "from 1MB/s");
+    expect_err_has("[host_backend]\ncopy_bandwidth = 1e300B/s\n", "outside the accepted range");
+    assert_int_equal(parse("[host_backend]\ncopy_bandwidth = 1MB/s\n", &c), 0);
+    assert_int_equal(parse("[host_backend]\ncopy_bandwidth = 0\n", &c), 0);
+    /* below one byte: not silently 0 (= auto, 1 GiB) */
+    expect_err_has("[memory]\ndevice_capacity = 0.0001KiB\n",
+                   "t.ini:2: bad value '0.0001KiB' for key 'device_capacity' in [memory]: it is "
+                   "less than one byte and would round to 0");
+    expect_err_has("[memory]\nreserve = 0.5B\n", "round to 0");
+    assert_int_equal(parse("[memory]\ndevice_capacity = 0\nreserve = 0.0MiB\n", &c), 0);
 }
 
 static void test_duplicates_and_syntax(void **s) {
@@ -599,6 +633,7 @@ int main(void) {
         cmocka_unit_test(test_unknown_names),
         cmocka_unit_test(test_bad_values),
         cmocka_unit_test(test_duplicates_and_syntax),
+        cmocka_unit_test(test_nothing_dropped),
         cmocka_unit_test(test_cross_rule),
         cmocka_unit_test(test_set),
         cmocka_unit_test_setup_teardown(test_files_and_env, setup_dir, teardown_dir),

@@ -1,0 +1,284 @@
+/*
+ * test_harden_state.c — state files that must not load: every single-bit flip
+ * of the header, an old format version; hyper-parameters that differ from the
+ * running ones (a warning, the load goes on); a parameter-name mismatch that
+ * names two different names; stale temp files of a killed save.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "protrain.h"
+
+static const pt_plugin_v1 *P = &protrain_plugin_v1;
+static char ini_path[256], dir[128], path[256];
+enum { HEADER_BYTES = 104 };  /* the state file header (runtime/store/state_io.c) */
+
+/* Two blocks of one weight each, plus a non-block embedding. */
+enum { NP = 3, NB = 2, NEL = 64 };
+typedef struct tiny {
+    pt_param_v1 p[NP];
+    pt_model_v1 m;
+    float init[NP][NEL];
+    char names[NP][128];
+} tiny;
+
+static void tiny_make(tiny *t) {
+    memset(t, 0, sizeof *t);
+    static const char *names[NP] = {"emb", "b0.w", "b1.w"};
+    static const int blk[NP] = {-1, 0, 1};
+    for (int i = 0; i < NP; i++) {
+        snprintf(t->names[i], sizeof t->names[i], "%s", names[i]);
+        t->p[i] = (pt_param_v1){.name = t->names[i], .dtype = PT_F32, .ndim = 1, .shape = {NEL},
+                                .block = blk[i], .trainable = 1, .tie = -1, .init = t->init[i]};
+        for (int k = 0; k < NEL; k++) t->init[i][k] = 0.01f * (float)((i * 7 + k) % 13);
+    }
+    t->m = (pt_model_v1){.struct_size = sizeof t->m, .n_params = NP, .params = t->p,
+                         .n_blocks = NB, .batch = 1, .seq = 1, .arch = "tiny"};
+}
+
+static char logbuf[8192];
+static void host_log(void *user, int32_t level, const char *msg) {
+    (void)user;
+    if (level <= PT_LOG_WARN && strlen(logbuf) + strlen(msg) + 2 < sizeof logbuf) {
+        strcat(logbuf, msg);
+        strcat(logbuf, "\n");
+    }
+}
+
+/* Initialised, model loaded, optimizer created; names may be changed first. */
+static void *start(tiny *t, const char *opt, void (*edit)(tiny *)) {
+    char text[1024];
+    snprintf(ini_path, sizeof ini_path, "/tmp/pt_hstate_%d.ini", (int)getpid());
+    snprintf(text, sizeof text,
+             "[plugin]\nbackend = host\nlog_level = warn\n[memory]\ndevice_capacity = 4MiB\n%s",
+             opt ? opt : "");
+    FILE *f = fopen(ini_path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    pt_host_v1 h;
+    memset(&h, 0, sizeof h);
+    h.abi_version = PT_ABI_VERSION;
+    h.struct_size = sizeof h;
+    h.world_size = 1;
+    h.log = host_log;
+    void *ctx = NULL;
+    if (P->init(ini_path, &h, &ctx)) fail_msg("init failed: %s", P->last_error(NULL));
+    tiny_make(t);
+    if (edit) edit(t);
+    assert_int_equal(P->post_model_load(ctx, &t->m), PT_OK);
+    assert_int_equal(P->create_optimizer(ctx, NULL), PT_OK);
+    return ctx;
+}
+
+static void train(void *ctx, tiny *t, int steps) {
+    for (int s = 0; s < steps; s++) {
+        assert_int_equal(P->pre_step(ctx, s, 0, 1), PT_OK);
+        for (int b = 0; b < NB; b++) {
+            assert_int_equal(P->block_pre_forward(ctx, b), PT_OK);
+            assert_int_equal(P->block_post_forward(ctx, b), PT_OK);
+        }
+        for (int b = NB - 1; b >= 0; b--) {
+            assert_int_equal(P->block_pre_backward(ctx, b), PT_OK);
+            for (int i = 0; i < NP; i++)
+                if (t->p[i].block == b)
+                    for (int k = 0; k < NEL; k++) ((float *)t->p[i].grad)[k] += 0.1f * (float)(k + s);
+            assert_int_equal(P->block_post_backward(ctx, b), PT_OK);
+        }
+        assert_int_equal(P->optimizer_step(ctx, -1.0f), PT_OK);
+        assert_int_equal(P->post_step(ctx, s, 1.0f), PT_OK);
+    }
+}
+
+static void read_all(void *ctx, float out[NP][NEL]) {
+    for (int i = 0; i < NP; i++)
+        assert_int_equal(P->read_param(ctx, i, out[i], sizeof out[i]), PT_OK);
+}
+
+static int64_t steps_of(void *ctx) {
+    pt_stats_v1 st = {.struct_size = sizeof st};
+    assert_int_equal(P->get_stats(ctx, &st), PT_OK);
+    return st.steps;
+}
+
+static unsigned char *slurp(size_t *n) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc(*n);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, *n, f), *n);
+    fclose(f);
+    return b;
+}
+
+static void spit(const unsigned char *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b, 1, n, f), n);
+    fclose(f);
+}
+
+static int setup(void **s) {
+    (void)s;
+    snprintf(dir, sizeof dir, "/tmp/pt_hstate_%d", (int)getpid());
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/protrain_state_rank0.bin", dir);
+    logbuf[0] = '\0';
+    return 0;
+}
+
+static int teardown(void **s) {
+    (void)s;
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Every bit of the header flipped in turn: each load refused with
+ * PT_ERR_FORMAT, and parameters and step count unchanged. Before the format
+ * covered its header, a flip in step or a hyper-parameter loaded as valid. */
+static void test_header_bit_flips(void **s) {
+    (void)s;
+    tiny ta, tb;
+    void *a = start(&ta, NULL, NULL);
+    train(a, &ta, 3);
+    assert_int_equal(P->save_state(a, dir), PT_OK);
+    void *b = start(&tb, NULL, NULL);
+    train(b, &tb, 1);
+    float before[NP][NEL], after[NP][NEL];
+    read_all(b, before);
+    size_t n;
+    unsigned char *good = slurp(&n);
+    assert_true(n > HEADER_BYTES);
+    int accepted = 0;
+    for (int bit = 0; bit < HEADER_BYTES * 8; bit++) {
+        unsigned char *bad = malloc(n);
+        memcpy(bad, good, n);
+        bad[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+        spit(bad, n);
+        free(bad);
+        int rc = P->load_state(b, dir);
+        if (rc != PT_ERR_FORMAT) {
+            if (accepted++ < 5)
+                print_message("bit %d (byte %d): load_state returned %d: %s\n", bit, bit / 8, rc,
+                              P->last_error(b));
+            continue;
+        }
+    }
+    assert_int_equal(accepted, 0);
+    read_all(b, after);
+    assert_memory_equal(before, after, sizeof before);
+    assert_int_equal(steps_of(b), 1);
+    /* the intact file still loads */
+    spit(good, n);
+    assert_int_equal(P->load_state(b, dir), PT_OK);
+    assert_int_equal(steps_of(b), 3);
+    /* an old-version file is refused with both versions named */
+    unsigned char *old = malloc(n);
+    memcpy(old, good, n);
+    uint32_t v1 = 1;
+    memcpy(old + 4, &v1, 4);
+    spit(old, n);
+    free(old);
+    assert_int_equal(P->load_state(b, dir), PT_ERR_FORMAT);
+    const char *e = P->last_error(b);
+    if (!strstr(e, "version 1") || !strstr(e, "version 2"))
+        fail_msg("'%s' does not name both versions", e);
+    free(good);
+    assert_int_equal(P->finalize(a), PT_OK);
+    assert_int_equal(P->finalize(b), PT_OK);
+}
+
+/* Hyper-parameters that differ from the running ones: loaded, with a warning. */
+static void test_hparam_warning(void **s) {
+    (void)s;
+    tiny ta, tb;
+    void *a = start(&ta, "[optimizer]\nlr = 0.01\n", NULL);
+    train(a, &ta, 1);
+    assert_int_equal(P->save_state(a, dir), PT_OK);
+    void *b = start(&tb, "[optimizer]\nlr = 0.02\n", NULL);
+    logbuf[0] = '\0';
+    assert_int_equal(P->load_state(b, dir), PT_OK);
+    if (!strstr(logbuf, "lr = 0.01") || !strstr(logbuf, "lr = 0.02"))
+        fail_msg("no warning naming both learning rates in the log: '%s'", logbuf);
+    assert_int_equal(P->finalize(a), PT_OK);
+    assert_int_equal(P->finalize(b), PT_OK);
+}
+
+/* Two long names that differ after a shared prefix: the message shows both
+ * differently and where they differ. */
+static void long_a(tiny *t) {
+    snprintf(t->names[1], sizeof t->names[1], "%s.alpha",
+             "transformer.layers.0.self_attention.query_key_value.weight_scale_xx");
+}
+static void long_b(tiny *t) {
+    snprintf(t->names[1], sizeof t->names[1], "%s.beta",
+             "transformer.layers.0.self_attention.query_key_value.weight_scale_xx");
+}
+static void test_name_mismatch(void **s) {
+    (void)s;
+    tiny ta, tb;
+    void *a = start(&ta, NULL, long_a);
+    assert_int_equal(P->save_state(a, dir), PT_OK);
+    void *b = start(&tb, NULL, long_b);
+    assert_int_equal(P->load_state(b, dir), PT_ERR_FORMAT);
+    const char *e = P->last_error(b);
+    if (!strstr(e, ".alpha") || !strstr(e, ".beta") || !strstr(e, "differ at byte 68"))
+        fail_msg("'%s' does not show the two names apart", e);
+    assert_int_equal(P->finalize(a), PT_OK);
+    assert_int_equal(P->finalize(b), PT_OK);
+}
+
+/* A save killed mid-write leaves <file>.tmp.<pid>; the next save removes those
+ * whose writer is dead and keeps a live writer's. */
+static void test_stale_temps(void **s) {
+    (void)s;
+    pid_t child = fork();
+    if (child == 0) _exit(0);
+    assert_true(child > 0);
+    assert_int_equal(waitpid(child, NULL, 0), child);
+    char dead[300], live[300], other[300];
+    snprintf(dead, sizeof dead, "%s.tmp.%d", path, (int)child);
+    snprintf(live, sizeof live, "%s.tmp.%d", path, (int)getppid());
+    snprintf(other, sizeof other, "%s/protrain_state_rank1.bin.tmp.%d", dir, (int)child);
+    const char *files[] = {dead, live, other};
+    for (int i = 0; i < 3; i++) {
+        FILE *f = fopen(files[i], "w");
+        assert_non_null(f);
+        fputs("partial", f);
+        fclose(f);
+    }
+    tiny t;
+    void *a = start(&t, NULL, NULL);
+    assert_int_equal(P->save_state(a, dir), PT_OK);
+    assert_int_equal(access(dead, F_OK), -1);    /* its writer is gone */
+    assert_int_equal(access(live, F_OK), 0);     /* its writer lives */
+    assert_int_equal(access(other, F_OK), 0);    /* another rank's: not ours to judge */
+    assert_int_equal(access(path, F_OK), 0);
+    assert_int_equal(P->finalize(a), PT_OK);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_header_bit_flips, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hparam_warning, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_name_mismatch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stale_temps, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
