@@ -73,7 +73,8 @@ expect_load "PROTRAIN_PLUGIN_PATH before beside" "$alt/protrain_plugin.so" "$sid
     PROTRAIN_PLUGIN_PATH="$alt"
 
 # the installed programs run from the prefix (sample_host finds the plugin in libdir)
-out=$(cd "$tmp" && env -u PROTRAIN_PLUGIN_PATH "$pfx/bin/sample_host" \
+for i in $(seq 200); do echo "line $i of a small corpus for the installed sample_host"; done >"$tmp/corpus.txt"
+out=$(cd "$tmp" && env -u PROTRAIN_PLUGIN_PATH "$pfx/bin/sample_host" --data "$tmp/corpus.txt" \
       --config "$pfx/share/protrain/default.ini" --layers 1 --channels 32 --heads 2 \
       --seq 16 --batch 2 --steps 2 --val-every 0 --val-batches 1 --gen-every 0 \
       --progress off 2>&1) || bad "installed sample_host failed: $out"
