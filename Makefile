@@ -5,6 +5,7 @@
 #   make run      the main job: train the default model with the plugin
 #   make bench    benchmarks (make bench-gpu: sample_host throughput on a GPU)
 #   make asan / make tsan   sanitizer builds running the same tests
+#   make fuzz     libFuzzer targets (clang) for FUZZ_SECONDS each
 #   make deps     install the Debian packages (root) or print the apt-get line
 #
 # Sources are picked up by wildcard so a new file needs no Makefile edit:
@@ -22,7 +23,8 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 SAN ?=
 OPT ?= -O2
 
-DEB_PKGS := libinih-dev libcmocka-dev libopenblas-dev liblapacke-dev libopenmpi-dev openmpi-bin pkg-config
+DEB_PKGS := libinih-dev libcmocka-dev libopenblas-dev liblapacke-dev libopenmpi-dev openmpi-bin pkg-config \
+            clang libclang-rt-14-dev
 
 WARN := -Wall -Wextra -Werror
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -fno-math-errno -pthread $(WARN) \
@@ -43,6 +45,12 @@ ifeq ($(SAN),tsan)
   # libgomp is not tsan-instrumented: build the OpenMP loops serial under tsan.
   OMPFLAGS :=
   SANFLAGS := -fsanitize=thread -Wno-unknown-pragmas
+else ifeq ($(SAN),fuzz)
+  # libFuzzer targets (clang): coverage instrumentation plus ASan+UBSan in every
+  # object; OpenMP off (clang's runtime is not installed).
+  OMPFLAGS :=
+  SANFLAGS := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer \
+              -fno-sanitize-recover=undefined -Wno-unknown-pragmas
 else ifeq ($(SAN),asan)
   OMPFLAGS := -fopenmp
   SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -83,7 +91,7 @@ else
   CUDA_TARGET := cuda-notice
 endif
 
-.PHONY: all test test-gpu bench-gpu run bench asan tsan deps check-deps clean cuda-notice
+.PHONY: all test test-gpu bench-gpu fuzz fuzz-build run bench asan tsan deps check-deps clean cuda-notice
 all: check-deps $(PLUGIN) $(CUDA_TARGET) $(SAMPLE) $(PLAN_CLI) $(TEST_BINS) $(TPLUG_SOS) $(BENCH_BINS)
 
 # ---- dependencies ----
@@ -194,6 +202,8 @@ test: all
 	  $(TEST_ENV) $$t || { echo "FAILED: $$t"; fail=1; }; \
 	done; \
 	for s in $(wildcard tests/*.sh); do echo "=== $$s"; $(TEST_ENV) bash $$s || { echo "FAILED: $$s"; fail=1; }; done; \
+	if [ -z "$(SAN)" ]; then echo "=== fuzz smoke (2 s per target)"; \
+	  $(MAKE) --no-print-directory fuzz FUZZ_SECONDS=2 || { echo "FAILED: fuzz smoke"; fail=1; }; fi; \
 	if [ $$fail = 0 ]; then echo "ALL TESTS PASSED ($(BUILD))"; else echo "SOME TESTS FAILED ($(BUILD))"; exit 1; fi
 
 # The GPU suite (tests/gpu/run.sh): says so and exits 0 on a machine without a GPU.
@@ -214,12 +224,83 @@ bench: all
 	@echo "=== cost-model accuracy, strict (median of 3 runs per configuration, 15% time bar)"
 	@$(TEST_ENV) PT_ACCURACY_STRICT=1 $(BUILD)/tests/test_plan_accuracy
 
+# ---- fuzzing (libFuzzer, clang): tests/fuzz/fuzz_*.c ----
+# The whole tree is rebuilt with clang's coverage instrumentation + ASan/UBSan in
+# build-fuzz/; each target then runs for FUZZ_SECONDS on a scratch corpus seeded
+# from tests/fuzz/corpus/<target>/. make test runs a short smoke (FUZZ_SECONDS=2).
+FUZZ_SECONDS ?= 60
+FUZZ_DIR := build-fuzz
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_NAMES := $(notdir $(FUZZ_SRCS:.c=))
+$(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_file.h $(BUILD)/libsample.a $(CORE_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fsanitize=fuzzer $(INC_TESTS) -o $@ $< $(BUILD)/libsample.a $(CORE_LIB) \
+	  $(LDFLAGS) -fsanitize=fuzzer $(LIBS)
+fuzz-build:
+	@command -v clang >/dev/null || { echo "fuzz: clang is not installed (make deps installs it)"; exit 1; }
+	@$(MAKE) --no-print-directory BUILD=$(FUZZ_DIR) CC=clang SAN=fuzz CUDA_TARGET= \
+	  $(addprefix $(FUZZ_DIR)/fuzz/,$(FUZZ_NAMES))
+fuzz: fuzz-build
+	@fail=0; total=0; for t in $(FUZZ_NAMES); do \
+	  mkdir -p $(FUZZ_DIR)/corpus/$$t $(FUZZ_DIR)/artifacts; \
+	  $(FUZZ_DIR)/fuzz/$$t $(FUZZ_DIR)/corpus/$$t tests/fuzz/corpus/$$t -max_total_time=$(FUZZ_SECONDS) \
+	    -print_final_stats=1 -artifact_prefix=$(FUZZ_DIR)/artifacts/$$t- -rss_limit_mb=2048 \
+	    > $(FUZZ_DIR)/$$t.log 2>&1; rc=$$?; \
+	  n=$$(sed -n 's/^stat::number_of_executed_units: *//p' $(FUZZ_DIR)/$$t.log); \
+	  total=$$((total + $${n:-0})); \
+	  if [ $$rc = 0 ]; then echo "fuzz $$t: $${n:-?} execs in $(FUZZ_SECONDS) s, 0 crashes"; \
+	  else echo "fuzz $$t: FAILED (exit $$rc) after $${n:-?} execs; see $(FUZZ_DIR)/$$t.log"; \
+	    grep -m3 -E "ERROR|SUMMARY|Test unit written" $(FUZZ_DIR)/$$t.log; fail=1; fi; \
+	done; echo "fuzz: $$total execs in all"; exit $$fail
+
 asan:
 	$(MAKE) test BUILD=build-asan SAN=asan OPT=-O1 CUDA_TARGET=
 tsan:
 	$(MAKE) test BUILD=build-tsan SAN=tsan OPT=-O1 CUDA_TARGET=
 
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-fuzz
+
+# ---- install like a library: make install PREFIX=... / make uninstall PREFIX=... ----
+# Installed: the plugin and the CUDA libraries (when built) in LIBDIR; protrain.h (it
+# needs only <stdint.h>) in INCDIR; the loader as libprotrain_loader.a with a
+# protrain.pc (pkg-config: -I for the header, the archive and -ldl); protrain-plan and
+# sample_host in BINDIR; the INI files in DATADIR. The loader and sample_host are
+# rebuilt for the install with LIBDIR compiled in (PT_INSTALL_LIBDIR), so a host
+# finds the installed plugin by short name with no environment; sample_host also gets
+# LIBDIR as its run path, for libsample_cuda.so.
+PREFIX ?= /usr/local
+LIBDIR ?= $(PREFIX)/lib
+INCDIR ?= $(PREFIX)/include
+BINDIR ?= $(PREFIX)/bin
+DATADIR ?= $(PREFIX)/share/protrain
+INST := $(BUILD)/install
+INST_LIBS := $(PLUGIN) $(wildcard $(CUDA_LIB) $(SAMPLE_CUDA))
+INST_FILES := $(notdir $(INST_LIBS)) libprotrain_loader.a pkgconfig/protrain.pc
+.PHONY: install uninstall install-build
+install-build: check-deps $(PLUGIN) $(CUDA_TARGET) $(SAMPLE) $(PLAN_CLI)
+	@mkdir -p $(INST)
+	$(CC) $(CFLAGS) $(INC_HOST_API) -fvisibility=hidden -DPT_INSTALL_LIBDIR='"$(abspath $(LIBDIR))"' \
+	  -c host_api/loader.c -o $(INST)/loader.o
+	rm -f $(INST)/libprotrain_loader.a && ar rcs $(INST)/libprotrain_loader.a $(INST)/loader.o $(UTIL_OBJ)
+	$(CC) -o $(INST)/sample_host $(BUILD)/obj/sample_host/main.o $(BUILD)/libsample.a \
+	  $(INST)/loader.o $(UTIL_OBJ) $(OMPFLAGS) $(LDFLAGS) -Wl,-rpath,$(abspath $(LIBDIR)) \
+	  -linih -lopenblas -lm -ldl
+	printf 'prefix=%s\nlibdir=%s\nincludedir=%s\n\nName: protrain\nDescription: %s\nVersion: 1\nCflags: -I$${includedir}\nLibs: -L$${libdir} -lprotrain_loader -ldl\n' \
+	  '$(abspath $(PREFIX))' '$(abspath $(LIBDIR))' '$(abspath $(INCDIR))' \
+	  'ProTrain plugin loader (pt_load_plugin) and ABI header' > $(INST)/protrain.pc
+install: install-build
+	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(DATADIR)
+	install -m 755 $(INST_LIBS) $(DESTDIR)$(LIBDIR)/
+	install -m 644 $(INST)/libprotrain_loader.a $(DESTDIR)$(LIBDIR)/
+	install -m 644 $(INST)/protrain.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
+	install -m 644 host_api/protrain.h $(DESTDIR)$(INCDIR)/
+	install -m 755 $(INST)/sample_host $(PLAN_CLI) $(DESTDIR)$(BINDIR)/
+	install -m 644 conf/*.ini $(DESTDIR)$(DATADIR)/
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(LIBDIR)/,$(INST_FILES) libprotrain_cuda.so libsample_cuda.so) \
+	  $(DESTDIR)$(INCDIR)/protrain.h $(DESTDIR)$(BINDIR)/sample_host $(DESTDIR)$(BINDIR)/protrain-plan \
+	  $(addprefix $(DESTDIR)$(DATADIR)/,$(notdir $(wildcard conf/*.ini)))
+	-rmdir $(DESTDIR)$(DATADIR) $(DESTDIR)$(LIBDIR)/pkgconfig 2>/dev/null
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

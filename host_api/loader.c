@@ -244,22 +244,59 @@ static int open_path(const char *spec, void **dl, char *path, size_t pathlen, ch
     return 0;
 }
 
-/* Short name: the executable's directory first, then the loader path. A candidate
- * that exists but fails to load stops the search (report that, do not mask it). */
+/* One directory of the short-name search: NAME_plugin.so, then libNAME.so in dir.
+ * Returns 1 when a candidate exists there (*rc: 0 loaded, or the error of loading
+ * it), 0 when neither file is there. */
+static int try_dir(const char *dir, const char *name, void **dl, char *path, size_t pathlen,
+                   char *err, size_t errlen, int *rc) {
+    static const char *const forms[] = {"%s/%s_plugin.so", "%s/lib%s.so"};
+    char cand[PATH_MAX + 64];
+    int missing;
+    for (size_t i = 0; dir[0] && i < 2; i++) {
+        int n = snprintf(cand, sizeof cand, forms[i], dir, name);
+        if (n < 0 || (size_t)n >= sizeof cand || !file_exists(cand)) continue;
+        if ((*rc = copy_path(path, pathlen, cand, err, errlen))) return 1;
+        *rc = (*dl = open_file(cand, &missing, err, errlen)) ? 0 : PT_ERR_IO;
+        return 1;
+    }
+    return 0;
+}
+
+/* Short name, searched in this order (protrain.h):
+ *   1. each directory of $PROTRAIN_PLUGIN_PATH (colon-separated), so a user can
+ *      point any host at another build without touching its command line;
+ *   2. the directory of the host executable (a build tree, a bundled install);
+ *   3. the library directory the loader was installed into (PT_INSTALL_LIBDIR,
+ *      compiled in by `make install`), so an installed host needs no setup;
+ *   4. the dynamic loader's path (LD_LIBRARY_PATH, ld.so.cache): libNAME.so, then
+ *      NAME_plugin.so.
+ * A candidate that exists but fails to load stops the search (report that, do not
+ * mask it with another file). */
 static int open_short(const char *name, void **dl, char *path, size_t pathlen, char *err,
                       size_t errlen) {
     char dir[PATH_MAX];
     char cand[PATH_MAX + 64];
-    int missing, rc;
+    int missing, rc = 0;
     *dl = NULL;
-    exe_dir(dir, sizeof dir);
-    static const char *const beside[] = {"%s/%s_plugin.so", "%s/lib%s.so"};
-    for (size_t i = 0; dir[0] && i < 2; i++) {
-        int n = snprintf(cand, sizeof cand, beside[i], dir, name);
-        if (n < 0 || (size_t)n >= sizeof cand || !file_exists(cand)) continue;
-        if ((rc = copy_path(path, pathlen, cand, err, errlen))) return rc;
-        return (*dl = open_file(cand, &missing, err, errlen)) ? 0 : PT_ERR_IO;
+    const char *env = getenv("PROTRAIN_PLUGIN_PATH");
+    for (const char *p = env; p && *p;) {
+        size_t len = strcspn(p, ":");
+        if (len > 0 && len < sizeof dir) {
+            memcpy(dir, p, len);
+            dir[len] = '\0';
+            if (try_dir(dir, name, dl, path, pathlen, err, errlen, &rc)) return rc;
+        }
+        p += len;
+        if (*p == ':') p++;
     }
+    exe_dir(dir, sizeof dir);
+    if (try_dir(dir, name, dl, path, pathlen, err, errlen, &rc)) return rc;
+#ifdef PT_INSTALL_LIBDIR
+    if (try_dir(PT_INSTALL_LIBDIR, name, dl, path, pathlen, err, errlen, &rc)) return rc;
+#define PT_LIBDIR_NOTE ", " PT_INSTALL_LIBDIR
+#else
+#define PT_LIBDIR_NOTE ""
+#endif
     static const char *const onpath[] = {"lib%s.so", "%s_plugin.so"};
     for (size_t i = 0; i < 2; i++) {
         int n = snprintf(cand, sizeof cand, onpath[i], name);
@@ -274,9 +311,11 @@ static int open_short(const char *name, void **dl, char *path, size_t pathlen, c
         if (!missing) return PT_ERR_IO;
     }
     return pt_fail(err, errlen, PT_ERR_IO,
-                   "plugin file not found: %s (tried %s%s%s_plugin.so, %s%slib%s.so, then lib%s.so "
-                   "and %s_plugin.so on the loader path)",
-                   name, dir, dir[0] ? "/" : "", name, dir, dir[0] ? "/" : "", name, name, name);
+                   "plugin file not found: %s (looked for %s_plugin.so and lib%s.so in "
+                   "$PROTRAIN_PLUGIN_PATH%s%s, beside the executable (%s)" PT_LIBDIR_NOTE
+                   ", then on the loader path)",
+                   name, name, name, env && *env ? " = " : " (unset)", env && *env ? env : "",
+                   dir[0] ? dir : "unknown");
 }
 
 int pt_load_plugin(const char *spec, pt_loaded_plugin *out, char *err, uint64_t errlen64) {

@@ -357,9 +357,14 @@ typedef struct pt_loaded_plugin {
 } pt_loaded_plugin;
 
 /*
- * Load a plugin. `spec` is a path (contains '/' or ends in .so), a short name
- * ("protrain" -> "libprotrain.so"/"protrain_plugin.so" searched beside the host
- * and on the loader path), or "none" (success, table == NULL). On failure
+ * Load a plugin. `spec` is a path (contains '/' or ends in .so), a short name, or
+ * "none" (success, table == NULL). A short name NAME ("protrain") is looked up as
+ * NAME_plugin.so, then libNAME.so, in: (1) each directory of $PROTRAIN_PLUGIN_PATH
+ * (colon-separated), (2) the host executable's directory, (3) the library directory
+ * the loader was installed into by `make install` (libprotrain_loader.a; a loader
+ * built in the tree has none), then (4) libNAME.so and NAME_plugin.so on the dynamic
+ * loader's path. The first existing file is used: one that exists but does not load
+ * is reported, not skipped. On failure
  * returns non-zero and writes one sentence into err: file not found, not a
  * protrain plugin, ABI too new / too old (both numbers), table truncated.
  * Never aborts.

@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { T_INT, T_U64, T_FLOAT, T_STR, T_OPTIM, T_PROGRESS, T_DEVICE, T_BOOL, T_NONFINITE };
+#include "sh_llmc.h"
+
+enum { T_INT, T_U64, T_FLOAT, T_STR, T_OPTIM, T_PROGRESS, T_DEVICE, T_BOOL, T_NONFINITE, T_ORDER, T_SCHED };
 
 typedef struct opt {
     const char *key;   /* INI key in [sample_host]; the flag is --key with '_' -> '-' */
@@ -21,6 +23,12 @@ typedef struct opt {
     unsigned setbit;   /* SH_SET_* for model dims */
     const char *help;
 } opt;
+
+/* Words of the T_ORDER and T_SCHED keys; a value is its word's index (sh_llmc.h). */
+
+static const char *const ORDER_NAMES[] = {"random", "sequential", "shuffled", NULL};
+static const char *const SCHED_NAMES[] = {"cosine", "constant", "linear", NULL};
+_Static_assert(SH_ORDER_SHUFFLED == 2 && SH_LR_LINEAR == 2, "names are indexed by the enums");
 
 #define O(f) offsetof(sh_config, f)
 static const opt OPTS[] = {
@@ -73,6 +81,10 @@ static const opt OPTS[] = {
      "testing: NaN gradients and loss at this step (0 = off)"},
     {"debug_save_sleep_ms", T_INT, O(debug_save_sleep_ms), 0, 60000, 0,
      "testing: pause between the files of a checkpoint save"},
+    {"data_order", T_ORDER, O(data_order), 0, 0, 0,
+     "random | sequential | shuffled (llm.c's loaders, sample_host/README.md)"},
+    {"val_data", T_STR, O(val_data), 0, 0, 0, "validation file (default: last 10% of data)"},
+    {"lr_schedule", T_SCHED, O(lr_schedule), 0, 0, 0, "cosine | constant | linear after warmup"},
 };
 #define NOPTS (sizeof OPTS / sizeof OPTS[0])
 
@@ -193,6 +205,21 @@ static int set_value(sh_config *c, const opt *o, const char *val, char *msg, siz
             return -1;
         }
         return 0;
+    case T_ORDER:
+    case T_SCHED: {
+        const char *const *names = o->type == T_ORDER ? ORDER_NAMES : SCHED_NAMES;
+        char words[128] = "";
+        for (int k = 0; names[k]; k++) {
+            if (strcmp(val, names[k]) == 0) {
+                *(int *)f = k;
+                return 0;
+            }
+            snprintf(words + strlen(words), sizeof words - strlen(words), "%s%s",
+                     k ? (names[k + 1] ? ", " : " or ") : "", names[k]);
+        }
+        snprintf(msg, ml, "'%s' = '%s' must be %s", o->key, val, words);
+        return -1;
+    }
     }
     return -1;
 }

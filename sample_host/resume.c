@@ -82,6 +82,12 @@ void sh_resume_init(sh_resume *r, const sh_config *c, const sh_dims *d, const sh
     add_run(b, n, "lr", "%.9g", c->lr);
     add_run(b, n, "min_lr_frac", "%.9g", c->min_lr_frac);
     add_run(b, n, "warmup", "%d", c->warmup);
+    /* written only when not the default, so generations of earlier versions (which
+     * lack these lines and used random rows and cosine) still resume */
+    static const char *const sched[] = {"cosine", "constant", "linear"};
+    static const char *const order[] = {"random", "sequential", "shuffled"};
+    if (c->lr_schedule != SH_LR_COSINE) add_run(b, n, "lr_schedule", "%s", sched[c->lr_schedule]);
+    if (c->data_order != SH_ORDER_RANDOM) add_run(b, n, "data_order", "%s", order[c->data_order]);
     add_run(b, n, "weight_decay", "%.9g", c->weight_decay);
     add_run(b, n, "beta1", "%.9g", c->beta1);
     add_run(b, n, "beta2", "%.9g", c->beta2);
@@ -274,11 +280,12 @@ static int host_text(const sh_resume *r, const sh_resume_state *st, char *buf, s
                      "sample_host-host-state 1\n"
                      "step %lld\nbatch_rng 0x%016" PRIx64 "\nopt_steps %lld\n"
                      "gen_rng 0x%016" PRIx64 "\nn_skipped %lld\nmetrics_bytes %lld\n"
-                     "train_tokens %lld\ntrain_time %a\nlast_loss %a\nlast_val %a\n%s",
+                     "train_tokens %lld\ntrain_time %a\nlast_loss %a\nlast_val %a\n"
+                     "data_epoch %" PRIu64 "\ndata_pos %" PRIu64 "\n%s",
                      (long long)st->step, st->tr.batch_rng, (long long)st->tr.opt_steps,
                      st->gen_rng, (long long)st->n_skipped, (long long)st->metrics_bytes,
                      (long long)st->train_tokens, st->train_time, st->last_loss, st->last_val,
-                     r->run);
+                     st->tr.data_epoch, st->tr.data_pos, r->run);
     return k > 0 && (size_t)k < n ? k : -1;
 }
 
@@ -318,6 +325,16 @@ static int same_run(const sh_resume *r, const char *saved, const char *gen, char
                        "that fix the losses must match; the plan may change)",
                        gen, key, theirs, key, mine);
     }
+    /* and a setting only the saved run records (written when not the default, as
+     * data_order) differs from this run's default */
+    for (const char *p = saved; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        char key[64], theirs[128], mine[128];
+        if (sscanf(p, "run %63s %127s", key, theirs) != 2) continue;
+        if (find_val(r->run, key, 1, mine, sizeof mine) != 0)
+            return say(err, errlen, "--resume: %s was written by a run with %s = %s but this "
+                       "run has the default %s; resuming would not continue that run",
+                       gen, key, theirs, key);
+    }
     return 0;
 }
 
@@ -351,6 +368,11 @@ static int parse_host(const char *text, sh_resume_state *st) {
         }
         if (end == v || *end || errno) return -1;
     }
+    /* the ordered loaders' position; absent in earlier versions' files (random rows
+     * only, where the batch_rng above is the whole position) */
+    st->tr.data_epoch = st->tr.data_pos = 0;
+    if (find_val(text, "data_epoch", 0, v, sizeof v) == 0) st->tr.data_epoch = strtoull(v, NULL, 0);
+    if (find_val(text, "data_pos", 0, v, sizeof v) == 0) st->tr.data_pos = strtoull(v, NULL, 0);
     return 0;
 }
 

@@ -20,15 +20,9 @@
 #include "sh_resume.h"
 #include "sh_train.h"
 
-/* lr(step), step 1-based: linear warmup to lr over `warmup` steps, then cosine from lr
- * to lr*min_lr_frac at the last step. */
+/* lr(step), step 1-based: linear warmup, then the configured schedule (sh_llmc.h). */
 static float lr_at(const sh_config *c, int step) {
-    double lr = c->lr, mn = lr * c->min_lr_frac;
-    if (c->warmup > 0 && step <= c->warmup) return (float)(lr * step / c->warmup);
-    int decay = c->steps - c->warmup;
-    if (decay <= 0) return (float)lr;
-    double prog = (double)(step - c->warmup) / decay;
-    return (float)(mn + 0.5 * (1.0 + cos(M_PI * prog)) * (lr - mn));
+    return sh_lr_at(c->lr_schedule, c->lr, c->min_lr_frac, c->warmup, c->steps, step);
 }
 
 static const char *human(double bytes, char *buf, size_t n) {
@@ -58,6 +52,7 @@ typedef struct runstate {
     const sh_config *c;
     sh_trainer *tr;
     sh_tokens all, train, val;
+    sh_tokens val_file; /* --val-data: its tokens (val views them), else empty */
     pt_loaded_plugin lp;
     int have_plugin;
     sh_cuda cuda;       /* --device cuda: the opened library */
@@ -77,7 +72,8 @@ typedef struct runstate {
 
 static int load_data(runstate *rs, char *err, size_t errlen) {
     const sh_config *c = rs->c;
-    if (c->data[0]) return sh_load_data(c->data, &rs->all, err, errlen);
+    if (c->val_data[0] && sh_load_data(c->val_data, &rs->val_file, err, errlen)) return -1;
+    if (c->data[0]) return sh_load_data_list(c->data, &rs->all, err, errlen);
     char root[4096];
     if (sh_find_repo_root(root, sizeof root)) {
         snprintf(err, errlen, "no --data given and the repository root (a folder with "
@@ -400,7 +396,13 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
     }
     sh_dims d;
     if (!rc) rc = resolve_dims(c, &d, err, errlen);
-    if (!rc) sh_split(&rs.all, &rs.train, &rs.val);
+    if (!rc && c->val_data[0]) {
+        /* a separate validation file: all of --data trains, as in llm.c */
+        rs.train = rs.all;
+        rs.val = rs.val_file;
+    } else if (!rc) {
+        sh_split(&rs.all, &rs.train, &rs.val);
+    }
     if (!rc && c->device == SH_DEVICE_CUDA) {
         /* the plugin must run its cuda backend beside a cuda host: refuse an INI that
          * asks for the simulated device before anything starts */
@@ -444,6 +446,7 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
         o.cuda = rs.have_cuda ? &rs.cuda : NULL;
         o.skip_nonfinite = c->on_nonfinite == SH_NONFINITE_SKIP;
         o.nan_step = c->debug_nan_step;
+        o.data_order = c->data_order;
         if (!c->quiet && rs.have_cuda)
             printf("sample_host: device %s\n", rs.cuda.api->device_name(rs.cuda.ctx));
         if (!c->quiet)
@@ -483,6 +486,7 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
     if (rs.have_plugin || rs.lp.dl) pt_unload_plugin(&rs.lp);
     if (rs.have_cuda) sh_cuda_unload(&rs.cuda);
     sh_tokens_free(&rs.all);
+    sh_tokens_free(&rs.val_file);
     return rc;
 }
 

@@ -52,6 +52,9 @@ typedef struct sh_config {
     int on_nonfinite;      /* SH_NONFINITE_*: what a NaN/inf training loss does */
     int debug_nan_step;    /* testing: NaN gradients and loss at this step (0 = off) */
     int debug_save_sleep_ms; /* testing: pause between the files of a save */
+    /* llm.c data (sh_llmc.h): SH_ORDER_*, SH_LR_*, validation file ("" = split --data) */
+    int data_order, lr_schedule;
+    char val_data[SH_PATH];
 } sh_config;
 
 /* sh_config.on_nonfinite */

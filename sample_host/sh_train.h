@@ -26,6 +26,7 @@
 #include "sh_cuda.h"
 #include "sh_data.h"
 #include "sh_gpt.h"
+#include "sh_llmc.h"
 
 typedef struct sh_trainer sh_trainer;
 
@@ -53,6 +54,8 @@ typedef struct sh_train_opts {
     int skip_nonfinite;
     /* Testing: step nan_step (> 0) gets NaN gradients and a NaN loss. */
     int64_t nan_step;
+    /* SH_ORDER_* (sh_llmc.h): how batches are drawn from train; 0 = random rows. */
+    int data_order;
     /* Testing: called after block l's backward work has run (the device synced),
      * inside its backward window, where params[i].grad of block l is readable. */
     void (*grad_probe)(void *user, const sh_model *m, int l);
@@ -83,11 +86,12 @@ double sh_trainer_last_norm(const sh_trainer *tr);
 int sh_trainer_destroy(sh_trainer *tr);
 
 /* Checkpoint access (sh_resume.h). The host's part of the training state besides
- * the parameters: the batch sampler's position and the no-plugin optimizer's step
+ * the parameters: the batch sampler's position (random stream, epoch and window) and the no-plugin optimizer's step
  * count (bias correction continues from it). */
 typedef struct sh_trainer_state {
     uint64_t batch_rng;
     int64_t opt_steps;
+    uint64_t data_epoch, data_pos; /* sequential / shuffled orders: the next window */
 } sh_trainer_state;
 void sh_trainer_get_state(const sh_trainer *tr, sh_trainer_state *s);
 void sh_trainer_set_state(sh_trainer *tr, const sh_trainer_state *s);

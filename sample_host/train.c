@@ -42,7 +42,7 @@ struct sh_trainer {
     /* host staging */
     int32_t *h_inp, *h_tgt; /* (B,T) */
     float *h_row;           /* (Vp) logits row for sampling */
-    sh_rng batch_rng;
+    sh_sampler batch;   /* the batch order (sh_llmc.h) */
     sh_launcher lw;         /* device work: at once, or launched on the plugin's stream */
     double loss_acc;        /* the head's losses land here (read after sh_work_sync) */
     double *dstat;          /* cuda: device doubles [loss accumulator, last grad norm] */
@@ -586,14 +586,13 @@ int sh_trainer_create(sh_trainer **out, const sh_train_opts *o, char *err, size_
         if (!tr->res || !tr->arenas || !tr->h_inp || !tr->h_tgt || !tr->h_row)
             rc = fail(tr, "out of host memory for trainer tables");
     }
-    sh_rng_seed(&tr->batch_rng, o->seed, SH_STREAM_BATCH);
+    if (!rc && sh_sampler_init(&tr->batch, o->data_order, o->train, o->B, o->T, o->seed,
+                               tr->err, sizeof tr->err)) rc = -1;
     if (!rc && tr->tbl) rc = start_plugin(tr);
     if (!rc) rc = alloc_buffers(tr);
     if (!rc) {
-        /* a representative batch for profile_step: the first training batch, drawn from
-         * a copy of the batch stream so training still starts with it */
-        sh_rng peek = tr->batch_rng;
-        sh_sample_batch(&peek, o->train, o->B, o->T, tr->h_inp, tr->h_tgt);
+        /* profile_step's batch: the first training batch, peeked so training starts with it */
+        sh_sampler_peek(&tr->batch, tr->h_inp, tr->h_tgt);
         size_t nb = (size_t)o->B * o->T * sizeof(int32_t);
         rc = copy(tr, tr->inp, tr->h_inp, nb, PT_COPY_H2D);
         if (!rc) rc = copy(tr, tr->tgt, tr->h_tgt, nb, PT_COPY_H2D);
@@ -640,6 +639,7 @@ int sh_trainer_destroy(sh_trainer *tr) {
     free(tr->seg_off);
     free(tr->seg_len);
     sh_model_destroy(&tr->model);
+    sh_sampler_free(&tr->batch);
     free(tr);
     return rc;
 }
@@ -692,7 +692,7 @@ int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss) {
             /* lr early, so offloaded chunks can be stepped while backward runs */
             if (mi == 0 && PT_HAS_HOOK(tr->tbl, set_lr)) HOOK(set_lr, step, lr);
         }
-        sh_sample_batch(&tr->batch_rng, o->train, o->B, o->T, tr->h_inp, tr->h_tgt);
+        sh_sampler_next(&tr->batch, tr->h_inp, tr->h_tgt);
         if (upload(tr, (size_t)o->B * o->T)) return -1;
         tr->in_pass = 1;
         int rc = pass_fwd(tr, o->B, o->T, 1, loss_ptr(tr));
@@ -824,12 +824,12 @@ void sh_trainer_zero_grads(sh_trainer *tr) {
 /* ---- checkpoint access (resume.c) ---- */
 
 void sh_trainer_get_state(const sh_trainer *tr, sh_trainer_state *s) {
-    s->batch_rng = tr->batch_rng.s;
+    sh_sampler_get(&tr->batch, &s->batch_rng, &s->data_epoch, &s->data_pos);
     s->opt_steps = tr->t;
 }
 
 void sh_trainer_set_state(sh_trainer *tr, const sh_trainer_state *s) {
-    tr->batch_rng.s = s->batch_rng;
+    sh_sampler_set(&tr->batch, s->batch_rng, s->data_epoch, s->data_pos);
     tr->t = s->opt_steps;
 }
 

@@ -29,6 +29,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PT_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define PT_X86 0
@@ -329,7 +330,11 @@ pt_cpu_isa pt_cpu_adam_isa_best(void) {
 #if PT_X86
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) return PT_ISA_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return PT_ISA_AVX2;
+    /* F16C from CPUID leaf 1, ECX bit 29: clang's __builtin_cpu_supports has no
+     * "f16c", and the fuzz build compiles this file with clang */
+    unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+    int f16c = __get_cpuid(1, &a1, &b1, &c1, &d1) && (c1 & (1u << 29));
+    if (__builtin_cpu_supports("avx2") && f16c) return PT_ISA_AVX2;
 #endif
     return PT_ISA_SCALAR;
 }

@@ -22,6 +22,8 @@
  * A NaN loss (debug_nan_step) stops the run with exit status 1 and a sentence naming
  * the step, with no generation written after it; on_nonfinite = skip (no plugin)
  * skips and counts that step.
+ * With data_order = sequential or shuffled (epochs wrapping before and after the stop)
+ * a resumed run is identical too, and resuming under another order is refused.
  */
 #include <dirent.h>
 #include <math.h>
@@ -324,6 +326,56 @@ static pid_t spawn_bin(const char *args, const char *log) {
     return p;
 }
 
+/* data_order = sequential and shuffled: the loaders' position (epoch, window) is in
+ * the generation. The data holds 5 windows of B*T+1 tokens and a run draws 16, so the
+ * order wraps into new epochs (a new permutation each) before and after the stop. */
+static void ordered_case(const char *tag, int order, const char *ini) {
+    char small[300], m[300], s[300], rm[300], rs[300], ck[300], name[64];
+    path_in(small, "small.txt");
+    FILE *f = fopen(small, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 12; i++) fprintf(f, "%d: lazy dogs and quick foxes. ", i % 10);
+    assert_int_equal(fclose(f), 0);
+    snprintf(name, sizeof name, "%s_ref.jsonl", tag);
+    path_in(rm, name);
+    snprintf(name, sizeof name, "%s_ref.bin", tag);
+    path_in(rs, name);
+    snprintf(name, sizeof name, "%s.jsonl", tag);
+    path_in(m, name);
+    snprintf(name, sizeof name, "%s.bin", tag);
+    path_in(s, name);
+    snprintf(name, sizeof name, "%s.ck", tag);
+    path_in(ck, name);
+    sh_config c;
+    cfg(&c, ini, rm, rs, NULL);
+    snprintf(c.data, sizeof c.data, "%s", small);
+    c.data_order = order;
+    run_ok(&c);
+    cfg(&c, ini, m, s, ck);
+    snprintf(c.data, sizeof c.data, "%s", small);
+    c.data_order = order;
+    c.stop_after = 3; /* 6 windows drawn: inside epoch 1 */
+    run_ok(&c);
+    /* another order than the generation's is refused, naming the setting */
+    cfg(&c, ini, m, s, ck);
+    snprintf(c.data, sizeof c.data, "%s", small);
+    c.resume = 1;
+    char err[1024] = "";
+    assert_int_equal(sh_run(&c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "data_order"));
+    c.data_order = order;
+    run_ok(&c);
+    expect_same_run(tag, rm, rs, m, s);
+    printf("  %-22s stop after 3, resume: %d losses and the parameters identical\n", tag, STEPS);
+}
+
+static void test_ordered_data(void **st) {
+    (void)st;
+    ordered_case("sequential", 1, NULL);
+    ordered_case("shuffled", 2, NULL);
+    ordered_case("shuffled_plugin", 2, INI_RES);
+}
+
 static void test_sigkill(void **st) {
     (void)st;
     need_exe();
@@ -580,6 +632,7 @@ int main(void) {
         cmocka_unit_test(test_ckpt_swap),
         cmocka_unit_test(test_plan_change),
         cmocka_unit_test(test_no_plugin),
+        cmocka_unit_test(test_ordered_data),
         cmocka_unit_test(test_sigkill),
         cmocka_unit_test(test_corrupt_manifest),
         cmocka_unit_test(test_truncated_state),
