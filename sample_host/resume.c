@@ -404,7 +404,8 @@ static int list_files(const char *dir, listed *v, int max, int *n, char *err, si
             break;
         }
         listed *l = &v[(*n)++];
-        snprintf(l->name, sizeof l->name, "%s", e->d_name);
+        size_t nl = strlen(e->d_name);   /* < sizeof l->name, checked above */
+        memcpy(l->name, e->d_name, nl + 1);
         l->size = (long long)sb.st_size;
         l->hashed = strcmp(l->name, HOST_FILE) == 0 || strcmp(l->name, PARAMS_FILE) == 0;
         if (l->hashed && hash_file(p, &l->hash, &l->size))
