@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "coll.h"
 #include "device_ext.h"
 #include "kernels_hd.h"
 #include "store_internal.h"
@@ -193,8 +194,10 @@ int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
         ms->bwd_done = 0;
         pthread_mutex_unlock(&ms->acct_mu);
     }
-    if (st->env.sx->n_micro > 1 && !ms->gacc_ready) {
-        /* accumulated fp32 gradients of offloaded chunks, allocated on first need */
+    if ((st->env.sx->n_micro > 1 || st->env.coll) && !ms->gacc_ready) {
+        /* accumulated fp32 gradients of offloaded chunks, allocated on first need;
+         * with several ranks always: the all-reduce sums them in fp32 whatever the
+         * chunk's dtype (a 16-bit sum would round at every rank) */
         uint64_t more = 0;
         for (int k = 0; k < ms->n_chunks; k++)
             if (!ms->ch[k].persistent && ms->ch[k].trainable) more += 4 * ms->ch[k].n_state;
@@ -413,7 +416,7 @@ static void grad_task(void *arg) {
         return;
     }
     double t0 = pt_now_s();
-    int acc = c->t_n_micro > 1;
+    int acc = c->t_n_micro > 1 || st->env.coll;
     if (acc) chunk_accumulate(c, c->t_micro == 0);
     int last = c->t_micro == c->t_n_micro - 1;
     if (last && c->t_norm) chunk_norms(st, c, acc);
@@ -507,8 +510,9 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     int last = st->env.sx->micro == st->env.sx->n_micro - 1;
     c->t_micro = st->env.sx->micro;
     c->t_n_micro = st->env.sx->n_micro;
-    c->t_norm = st->env.opt->max_grad_norm > 0;
-    c->t_step_now = last && ms->lr_set && !c->t_norm;
+    /* several ranks: norms and steps wait for the all-reduce in optimizer_step */
+    c->t_norm = st->env.opt->max_grad_norm > 0 && !st->env.coll;
+    c->t_step_now = last && ms->lr_set && !c->t_norm && !st->env.coll;
     if (c->t_step_now) {
         step_consts(st, ms->lr_next, 1.0f, &c->t_consts);
         c->stepped = 1;
@@ -659,6 +663,8 @@ static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
     return PT_OK;
 }
 
+static int o_clip(const pt_store *st) { return st->env.opt->max_grad_norm > 0; }
+
 typedef struct { pt_store *st; cs_chunk *c; pt_adamw_consts k; int acc; } adam_job;
 static void adam_task(void *arg) {
     adam_job *j = arg;
@@ -668,6 +674,50 @@ static void adam_task(void *arg) {
 }
 
 void pt_store_set_profiling(pt_store *st, int on) { st->profiling = on; }
+
+/* Data parallel: every trainable chunk's gradient becomes the mean over the
+ * ranks (sum in rank order, times 1/world) before clipping and the optimizer,
+ * so every rank steps the same values. Resident chunks are reduced in place in
+ * device memory (host memory on the host backend, the only one multi-rank runs
+ * on); offloaded chunks on the host side, in their fp32 accumulator, after the
+ * D2H copies and before CPU Adam: one fp32 reduction per step whatever the
+ * dtype and micro-batch count, and no device memory held for it. Chunks go in
+ * layout order, identical on every rank. */
+static int dist_reduce(pt_store *st, char *err, size_t errlen) {
+    pt_store *ms = st;
+    double scale = 1.0 / pt_coll_world(st->env.coll);
+    /* the host's last backward work on resident gradients is done before the CPU reads them */
+    if (OPS(st)->stream_sync(IMPL(st), st->env.s_compute))
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "optimizer_step: stream_sync of the compute stream failed");
+    char what[64];
+    for (int k = 0; k < ms->n_chunks; k++) {
+        cs_chunk *c = &ms->ch[k];
+        if (!c->trainable) continue;
+        snprintf(what, sizeof what, "gradient of chunk %d", c->id);
+        if (!c->persistent) {
+            int rc = pt_coll_allreduce(st->env.coll, c->h_gacc, (size_t)c->n_state, PT_COLL_F32,
+                                       scale, what, err, errlen);
+            if (rc) return rc;
+            if (o_clip(st)) chunk_norms(st, c, 1);
+            continue;
+        }
+        for (int r = 0; r < c->lc->n_regions; r++) {
+            const pt_chunk_region *g = &c->lc->regions[r];
+            if (c->reg_state[r] == UINT64_MAX) continue;
+            if (g->dtype != PT_F32)
+                return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                               "optimizer_step: chunk %d holds 16-bit gradients; reducing them "
+                               "across ranks on the device is not built yet (fp32 parameters "
+                               "are)", c->id);
+            int rc = pt_coll_allreduce(st->env.coll, (char *)c->d_grad + g->offset,
+                                       (size_t)(g->bytes / 4), PT_COLL_F32, scale, what, err,
+                                       errlen);
+            if (rc) return rc;
+        }
+    }
+    return PT_OK;
+}
 
 int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen) {
     pt_store *ms = st;
@@ -694,6 +744,10 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         int trc = wait_tasks(st, rc ? NULL : err, rc ? 0 : errlen);
         if (rc || trc) return rc ? rc : trc;
         if ((rc = account_hidden(st, err, errlen))) return rc;
+    }
+    if (st->env.coll) {
+        int rc = dist_reduce(st, err, errlen);
+        if (rc) return rc;
     }
     float gs = 1.0f;
     o->last_norm = NAN;
@@ -722,7 +776,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
             if (c->persistent || !c->trainable || c->stepped) continue;
             jobs[k].st = st;
             jobs[k].c = c;
-            jobs[k].acc = st->env.sx->n_micro > 1;
+            jobs[k].acc = st->env.sx->n_micro > 1 || st->env.coll;
             step_consts(st, lr, gs, &jobs[k].k);
             if (pt_pool_submit(ms->workers, adam_task, &jobs[k], &g, NULL, 0)) adam_task(&jobs[k]);
         }
