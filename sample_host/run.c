@@ -158,7 +158,7 @@ static void write_metrics(runstate *rs, int step, double loss, float lr, double 
     else fprintf(f, "%.1f", tok_s);
     /* world: ranks whose micro-batches the loss averages; mode: the plugin's
      * execution mode (A resident, B replicated offload, C sharded) */
-    fprintf(f, ",\"world\":%d,\"mode\":", rs->c->world);
+    fprintf(f, ",\"world\":%d,\"mode\":", rs->c->world > 1 ? rs->c->world : 1);
     if (have_st) fprintf(f, "\"%c\"", st->mode >= 0 && st->mode <= 2 ? "ABC"[st->mode] : '?');
     else fprintf(f, "null");
     if (have_st)
