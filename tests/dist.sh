@@ -82,6 +82,16 @@ for mode in A B; do
     fi
 done
 
+# Control: the step-1 equality above is not trivial: one rank on its own batch
+# (no accumulation) reports another loss, so a wrong batch split would show.
+if "$sh" --config "$tmp/A.ini" "${common[@]}" --steps 1 --grad-accum 1 --metrics "$tmp/c.json" \
+        >"$tmp/c.log" 2>&1; then
+    [ "$(jf "$tmp/c.json" loss)" != "$(jf "$tmp/A.2.json" loss | head -1)" ] && ok ||
+        bad "control: 1 rank on batch 0 alone gives the 2-rank step-1 loss; the check is blind"
+else
+    cat "$tmp/c.log"; bad "control: the 1-rank --grad-accum 1 run failed"
+fi
+
 # A hung rank: the other names it and exits non-zero within the timeout (+ start-up).
 sed 's/^timeout = 20/timeout = 2\ndebug_hang_rank = 1/' "$tmp/A.ini" > "$tmp/hang.ini"
 t0=$(date +%s)

@@ -23,7 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll.h"
 #include "device_ext.h"
 #include "kernels_hd.h"
 #include "store_internal.h"
@@ -355,7 +354,7 @@ static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int 
 
 /* Squared norms per param root, in double, element order (matches a host that
  * sums g^2 param by param). Reads the gradient the optimizer will use. */
-static void chunk_norms(pt_store *st, cs_chunk *c, int from_acc) {
+void pt_cs_chunk_norms(pt_store *st, cs_chunk *c, int from_acc) {
     pt_store *ms = st;
     for (int j = 0; j < c->lc->n_params; j++) {
         int root = ms->lay.order[c->lc->first_param + j];
@@ -419,7 +418,7 @@ static void grad_task(void *arg) {
     int acc = c->t_n_micro > 1 || st->env.coll;
     if (acc) chunk_accumulate(c, c->t_micro == 0);
     int last = c->t_micro == c->t_n_micro - 1;
-    if (last && c->t_norm) chunk_norms(st, c, acc);
+    if (last && c->t_norm) pt_cs_chunk_norms(st, c, acc);
     if (last && c->t_step_now) chunk_adam(st, c, &c->t_consts, acc);
     double t1 = pt_now_s();
     if (last) {
@@ -663,8 +662,6 @@ static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
     return PT_OK;
 }
 
-static int o_clip(const pt_store *st) { return st->env.opt->max_grad_norm > 0; }
-
 typedef struct { pt_store *st; cs_chunk *c; pt_adamw_consts k; int acc; } adam_job;
 static void adam_task(void *arg) {
     adam_job *j = arg;
@@ -675,49 +672,6 @@ static void adam_task(void *arg) {
 
 void pt_store_set_profiling(pt_store *st, int on) { st->profiling = on; }
 
-/* Data parallel: every trainable chunk's gradient becomes the mean over the
- * ranks (sum in rank order, times 1/world) before clipping and the optimizer,
- * so every rank steps the same values. Resident chunks are reduced in place in
- * device memory (host memory on the host backend, the only one multi-rank runs
- * on); offloaded chunks on the host side, in their fp32 accumulator, after the
- * D2H copies and before CPU Adam: one fp32 reduction per step whatever the
- * dtype and micro-batch count, and no device memory held for it. Chunks go in
- * layout order, identical on every rank. */
-static int dist_reduce(pt_store *st, char *err, size_t errlen) {
-    pt_store *ms = st;
-    double scale = 1.0 / pt_coll_world(st->env.coll);
-    /* the host's last backward work on resident gradients is done before the CPU reads them */
-    if (OPS(st)->stream_sync(IMPL(st), st->env.s_compute))
-        return pt_fail(err, errlen, PT_ERR_BACKEND,
-                       "optimizer_step: stream_sync of the compute stream failed");
-    char what[64];
-    for (int k = 0; k < ms->n_chunks; k++) {
-        cs_chunk *c = &ms->ch[k];
-        if (!c->trainable) continue;
-        snprintf(what, sizeof what, "gradient of chunk %d", c->id);
-        if (!c->persistent) {
-            int rc = pt_coll_allreduce(st->env.coll, c->h_gacc, (size_t)c->n_state, PT_COLL_F32,
-                                       scale, what, err, errlen);
-            if (rc) return rc;
-            if (o_clip(st)) chunk_norms(st, c, 1);
-            continue;
-        }
-        for (int r = 0; r < c->lc->n_regions; r++) {
-            const pt_chunk_region *g = &c->lc->regions[r];
-            if (c->reg_state[r] == UINT64_MAX) continue;
-            if (g->dtype != PT_F32)
-                return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
-                               "optimizer_step: chunk %d holds 16-bit gradients; reducing them "
-                               "across ranks on the device is not built yet (fp32 parameters "
-                               "are)", c->id);
-            int rc = pt_coll_allreduce(st->env.coll, (char *)c->d_grad + g->offset,
-                                       (size_t)(g->bytes / 4), PT_COLL_F32, scale, what, err,
-                                       errlen);
-            if (rc) return rc;
-        }
-    }
-    return PT_OK;
-}
 
 int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen) {
     pt_store *ms = st;
@@ -746,7 +700,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         if ((rc = account_hidden(st, err, errlen))) return rc;
     }
     if (st->env.coll) {
-        int rc = dist_reduce(st, err, errlen);
+        int rc = pt_cs_dist_reduce(st, err, errlen);
         if (rc) return rc;
     }
     float gs = 1.0f;
