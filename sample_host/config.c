@@ -258,10 +258,33 @@ static int on_ini(void *user, const char *section, const char *name, const char 
     return set_value(u->c, o, value, u->msg, sizeof u->msg) == 0;
 }
 
+/* inih reads a line into a fixed buffer of INI_MAX_LINE bytes and silently
+ * drops the rest of a longer one (a long path would be cut short without a
+ * word): such a line is an error naming it, found before inih sees the file. */
+static int long_line(const char *path, char *err, size_t errlen) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;   /* ini_parse reports the open failure */
+    int line = 1, len = 0, ch, rc = 0;
+    while ((ch = fgetc(f)) != EOF) {
+        if (ch == '\n') {
+            line++;
+            len = 0;
+        } else if (++len >= INI_MAX_LINE - 1) {
+            snprintf(err, errlen, "%s:%d: line longer than %d characters (the INI reader would "
+                     "cut it short)", path, line, INI_MAX_LINE - 2);
+            rc = -1;
+            break;
+        }
+    }
+    fclose(f);
+    return rc;
+}
+
 int sh_config_load_ini(sh_config *c, const char *path, char *err, size_t errlen) {
     ini_ud u;
     memset(&u, 0, sizeof u);
     u.c = c;
+    if (long_line(path, err, errlen)) return -1;
     int rc = ini_parse(path, on_ini, &u);
     if (rc == -1) {
         snprintf(err, errlen, "cannot open config file %s: %s", path, strerror(errno));

@@ -315,7 +315,15 @@ static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
     if (dev && !pt_gpu_pinned_alloc(rt->gpu, bytes, &host, e, sizeof e)) {
         memset(host, 0, bytes);
         hw->h2d_Bps = copy_rate(rt, dev, host, bytes, PT_GPU_H2D);
-        hw->d2h_Bps = copy_rate(rt, dev, host, bytes, PT_GPU_D2H);
+        /* after a failed wait the first copy may still run: no second copy
+         * over the same bytes, and both copy streams drained (their own
+         * failures are already recorded) before the buffers go */
+        if (!p->rc) hw->d2h_Bps = copy_rate(rt, dev, host, bytes, PT_GPU_D2H);
+        if (p->rc) {
+            const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
+            (void)ops->stream_sync(pt_gpu_impl(rt->gpu), rt->s_h2d);
+            (void)ops->stream_sync(pt_gpu_impl(rt->gpu), rt->s_d2h);
+        }
         pt_gpu_pinned_free(rt->gpu, host);
     }
     if (own) pt_gpu_free(rt->gpu, dev);

@@ -183,11 +183,7 @@ int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
     if (!st->opt_ready && !st->profiling) {
         return pt_fail(err, errlen, PT_ERR_ORDER, "pre_step: no optimizer (call create_optimizer first)");
     }
-    for (int k = 0; k < ms->n_chunks; k++) {
-        cs_chunk *c = &ms->ch[k];
-        c->bwd_zeroed = 0;
-        if (st->env.sx->micro == 0) c->t_early = c->t_start = c->t_end = 0;
-    }
+    for (int k = 0; k < ms->n_chunks; k++) ms->ch[k].bwd_zeroed = 0;
     if (st->env.sx->micro == 0) {
         pthread_mutex_lock(&ms->acct_mu);
         ms->bwd_done = 0;
@@ -415,6 +411,9 @@ static void grad_task(void *arg) {
         return;
     }
     double t0 = pt_now_s();
+    /* the task times are the worker's: a profiling pass's task may still run
+     * when the next pre_step comes, so they are reset here, not there */
+    if (c->t_micro == 0) c->t_early = 0;
     int acc = c->t_n_micro > 1 || st->env.coll;
     if (acc) chunk_accumulate(c, c->t_micro == 0);
     int last = c->t_micro == c->t_n_micro - 1;

@@ -333,6 +333,28 @@ static void test_config(void **st) {
         assert_non_null(strstr(err, p));
         assert_non_null(strstr(err, bad[i].want));
     }
+    /* a line longer than the INI reader's buffer is refused with its own line
+     * number (the reader would keep only its first 198 characters) */
+    {
+        char longini[512];
+        int n = snprintf(longini, sizeof longini, "[sample_host]\nlayers = 2\nmetrics = /tmp/");
+        memset(longini + n, 'a', 300);
+        snprintf(longini + n + 300, sizeof longini - (size_t)n - 300, "\nlayrs = 3\n");
+        write_bytes(p, longini, strlen(longini));
+        sh_config_defaults(&c);
+        assert_int_equal(sh_config_load_ini(&c, p, err, sizeof err), -1);
+        printf("  ini -> %s\n", err);
+        assert_non_null(strstr(err, ":3: line longer than"));
+        /* 198 characters still fit */
+        n = snprintf(longini, sizeof longini, "[sample_host]\nmetrics = ");
+        memset(longini + n, 'b', 198 - (size_t)n + 14);
+        longini[14 + 198] = '\n';
+        longini[14 + 199] = '\0';
+        write_bytes(p, longini, strlen(longini));
+        sh_config_defaults(&c);
+        assert_int_equal(sh_config_load_ini(&c, p, err, sizeof err), 0);
+        assert_int_equal(strlen(c.metrics), 198 - 10);
+    }
     sh_config_defaults(&c);
     char b1[] = "--bogus";
     char *argv2[] = {a0, b1};
