@@ -9,7 +9,7 @@
 #   make deps     install the Debian packages (root) or print the apt-get line
 #
 # Sources are picked up by wildcard so a new file needs no Makefile edit:
-#   plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c -> build/protrain_plugin.so (+ libprotrain_core.a)
+#   plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c gpu/mpi/*.c -> build/protrain_plugin.so (+ libprotrain_core.a)
 #   gpu/cuda/*.cu gpu/cuda/*.c                  -> build/libprotrain_cuda.so
 #   sample_host/*.c (main.c separately)         -> build/sample_host
 #   sample_host/cuda/*.cu                        -> build/libsample_cuda.so (dlopened by sample_host)
@@ -60,9 +60,12 @@ else
 endif
 CFLAGS := $(CFLAGS_BASE) $(SANFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS := $(SANFLAGS) -pthread
-LIBS := -linih -lopenblas -llapacke -lm -ldl
+# MPI (gpu/mpi/ only compiles with its headers; whatever links the core links libmpi).
+MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null)
+MPI_LIBS := $(shell pkg-config --libs ompi-c 2>/dev/null || echo -lmpi)
+LIBS := -linih -lopenblas -llapacke -lm -ldl $(MPI_LIBS)
 
-CORE_SRCS := host_api/util.c $(wildcard plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c)
+CORE_SRCS := host_api/util.c $(wildcard plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c gpu/mpi/*.c)
 CORE_OBJS := $(CORE_SRCS:%.c=$(BUILD)/obj/%.o)
 UTIL_OBJ := $(BUILD)/obj/host_api/util.o
 # What a host links to load the plugin: the loader and the shared helpers it uses.
@@ -109,6 +112,8 @@ check-deps:
 OBJ_CC = @mkdir -p $(dir $@); echo "  CC $<"; $(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 $(BUILD)/obj/host_api/%.o: host_api/%.c
 	$(OBJ_CC) $(INC_HOST_API) -fvisibility=hidden
+$(BUILD)/obj/gpu/mpi/%.o: gpu/mpi/%.c
+	$(OBJ_CC) $(INC_GPU) $(MPI_CFLAGS) -fvisibility=hidden
 $(BUILD)/obj/gpu/%.o: gpu/%.c
 	$(OBJ_CC) $(INC_GPU) -fvisibility=hidden
 $(BUILD)/obj/runtime/%.o: runtime/%.c

@@ -337,7 +337,15 @@ typedef struct pt_plugin_table_v1 {
      * device byte. */
     int32_t (*tiled_mlp_scratch)(void *ctx, uint64_t bytes, void **ptr);
 
-    void *reserved[5];
+    /* ABI 1.3 (NULL in older plugins). Data parallel (pt_host_v1.world_size > 1):
+     * values[0..n) becomes the sum over the ranks, added in rank order (so every
+     * rank gets the same bits, and 2 ranks give what one rank adding the same
+     * values in that order gives). Every rank must call it at the same point with
+     * the same n (e.g. after optimizer_step, for the step's loss). Fails naming
+     * the rank that did not arrive within [dist] timeout. One rank: unchanged. */
+    int32_t (*dist_allreduce)(void *ctx, double *values, int32_t n);
+
+    void *reserved[4];
 } pt_plugin_v1;
 
 /* The exported table (symbol name PT_PLUGIN_SYMBOL). A host normally does not

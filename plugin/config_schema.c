@@ -185,8 +185,14 @@ const pt_config_key pt_cfg_keys[] = {
            "one rank."),
     R_STR("dist", "init_method", init_method, "env, mpi or file:///absolute/path",
           check_init_method, "env",
-          "Rendezvous: env (rank/world from the host), mpi (MPI_Init/bcast), or a shared file "
-          "path."),
+          "Rendezvous: env (rank/world from the host, checked against MPI's) or mpi (the plugin "
+          "calls MPI_Init unless the host did); both run on MPI. file:// is not built yet."),
+    R_FLT("dist", "timeout", dist_timeout, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "300",
+          "Seconds a collective may wait for the other ranks; past it the rank fails with an "
+          "error naming the rank that did not arrive, instead of hanging."),
+    R_INT("dist", "debug_hang_rank", debug_hang_rank, PT_CFG_NO_HI, -1, INT_MAX, 0, "-1",
+          "Testing: this rank stops joining collectives (as if hung) so the others must time "
+          "out naming it; -1: none."),
     {"host_backend", "copy_bandwidth", PT_CFG_RATE, 0, OFF(copy_bandwidth), 0,
      PT_GPU_COPY_BW_MIN, PT_GPU_COPY_BW_MAX, 0, NULL,
      NULL, NULL, NULL, "0",

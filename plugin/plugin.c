@@ -304,6 +304,11 @@ static int32_t h_optimizer_step(void *vctx, float lr) {
     return done(c, rc);
 }
 
+static int32_t h_dist_allreduce(void *vctx, double *values, int32_t n) {
+    CTX("dist_allreduce");
+    return done(c, pt_rt_dist_allreduce(c->rt, values, n, c->err, sizeof c->err));
+}
+
 static int32_t h_set_lr(void *vctx, float lr) {
     CTX("set_lr");
     return done(c, pt_rt_set_lr(c->rt, lr, c->err, sizeof c->err));
@@ -470,4 +475,5 @@ __attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
     .tiled_mlp_forward = h_tiled_fwd,
     .tiled_mlp_backward = h_tiled_bwd,
     .tiled_mlp_scratch = h_tiled_scratch,
+    .dist_allreduce = h_dist_allreduce,
 };

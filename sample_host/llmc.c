@@ -97,6 +97,19 @@ void sh_sampler_next(sh_sampler *s, int32_t *inp, int32_t *tgt) {
     }
 }
 
+void sh_sampler_next_rank(sh_sampler *s, int world, int rank, int32_t *inp, int32_t *tgt,
+                          int32_t *scratch) {
+    if (world <= 1) {
+        sh_sampler_next(s, inp, tgt);
+        return;
+    }
+    size_t bt = (size_t)s->B * (size_t)s->T;
+    for (int r = 0; r < world; r++) {
+        if (r == rank) sh_sampler_next(s, inp, tgt);
+        else sh_sampler_next(s, scratch, scratch + bt);
+    }
+}
+
 void sh_sampler_get(const sh_sampler *s, uint64_t *rng, uint64_t *epoch, uint64_t *pos) {
     *rng = s->rng.s;
     *epoch = s->epoch;

@@ -3,6 +3,7 @@
  * warmup + cosine schedule, validation, samples, metrics (JSON lines), a progress bar
  * on a terminal (plain lines otherwise), the final summary and checkpoint save.
  */
+#include "sh_dist.h"
 #include "sh_run.h"
 
 #include <math.h>
@@ -155,6 +156,11 @@ static void write_metrics(runstate *rs, int step, double loss, float lr, double 
     fprintf(f, ",\"lr\":%.9g,\"tok_s\":", lr);
     if (rs->c->metrics_no_time) fprintf(f, "null");
     else fprintf(f, "%.1f", tok_s);
+    /* world: ranks whose micro-batches the loss averages; mode: the plugin's
+     * execution mode (A resident, B replicated offload, C sharded) */
+    fprintf(f, ",\"world\":%d,\"mode\":", rs->c->world > 1 ? rs->c->world : 1);
+    if (have_st) fprintf(f, "\"%c\"", st->mode >= 0 && st->mode <= 2 ? "ABC"[st->mode] : '?');
+    else fprintf(f, "null");
     if (have_st)
         fprintf(f, ",\"dev_peak\":%llu,\"dev_capacity\":%llu}\n",
                 (unsigned long long)st->dev_peak, (unsigned long long)st->dev_capacity);
@@ -447,6 +453,9 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
         o.skip_nonfinite = c->on_nonfinite == SH_NONFINITE_SKIP;
         o.nan_step = c->debug_nan_step;
         o.data_order = c->data_order;
+        o.world = c->world;
+        o.rank = c->rank;
+        o.local_rank = c->local_rank;
         if (!c->quiet && rs.have_cuda)
             printf("sample_host: device %s\n", rs.cuda.api->device_name(rs.cuda.ctx));
         if (!c->quiet)
@@ -496,10 +505,12 @@ int sh_main(int argc, char **argv) {
     sh_config_defaults(&c);
     int rc = sh_config_from_args(&c, argc, argv, err, sizeof err);
     if (rc == 1) return 0;
+    if (rc == 0) rc = sh_dist_setup(&c, err, sizeof err);
     if (rc == 0) rc = sh_run(&c, err, sizeof err);
     if (rc) {
         fflush(stdout);
-        fprintf(stderr, "sample_host: error: %s\n", err);
+        if (c.world > 1) fprintf(stderr, "sample_host: rank %d: error: %s\n", c.rank, err);
+        else fprintf(stderr, "sample_host: error: %s\n", err);
         return 1;
     }
     return 0;

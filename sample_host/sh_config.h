@@ -55,6 +55,8 @@ typedef struct sh_config {
     /* llm.c data (sh_llmc.h): SH_ORDER_*, SH_LR_*, validation file ("" = split --data) */
     int data_order, lr_schedule;
     char val_data[SH_PATH];
+    /* data parallel, from the MPI launcher's environment (sh_dist.h) */
+    int world, rank, local_rank;
 } sh_config;
 
 /* sh_config.on_nonfinite */

@@ -51,6 +51,12 @@ int sh_sampler_init(sh_sampler *s, int order, const sh_tokens *t, int B, int T, 
 void sh_sampler_free(sh_sampler *s);
 /* The next batch (B x T inputs and targets), and advance. */
 void sh_sampler_next(sh_sampler *s, int32_t *inp, int32_t *tgt);
+/* Data parallel: draws `world` batches and returns batch `rank` of them (the others
+ * go through scratch, 2*B*T ints, only so the random order advances the same way),
+ * so every rank's sampler stays in one state and W ranks see the batches one rank
+ * drawing W times sees. world <= 1 is sh_sampler_next. */
+void sh_sampler_next_rank(sh_sampler *s, int world, int rank, int32_t *inp, int32_t *tgt,
+                          int32_t *scratch);
 /* The batch sh_sampler_next would return, without advancing. */
 void sh_sampler_peek(const sh_sampler *s, int32_t *inp, int32_t *tgt);
 /* State for checkpoints; set rebuilds the permutation of that epoch. */

@@ -60,6 +60,10 @@ typedef struct sh_train_opts {
      * inside its backward window, where params[i].grad of block l is readable. */
     void (*grad_probe)(void *user, const sh_model *m, int l);
     void *grad_probe_user;
+    /* Data parallel (0 = 1): this process is rank `rank` of `world` (sh_dist.h). Each
+     * micro-batch draws `world` batches and trains on batch `rank` of them; the
+     * reported loss is the mean over every rank's micro-batches (plugin only). */
+    int world, rank, local_rank;
 } sh_train_opts;
 
 /* Build the model, start the plugin (init, buffers, post_model_load, create_optimizer)

@@ -41,6 +41,7 @@ struct sh_trainer {
     double last_norm;
     /* host staging */
     int32_t *h_inp, *h_tgt; /* (B,T) */
+    int32_t *h_skip;        /* (2,B,T): other ranks' batches, drawn and dropped */
     float *h_row;           /* (Vp) logits row for sampling */
     sh_sampler batch;   /* the batch order (sh_llmc.h) */
     sh_launcher lw;         /* device work: at once, or launched on the plugin's stream */
@@ -440,7 +441,9 @@ static int start_plugin(sh_trainer *tr) {
     pt_host_v1 *h = &tr->host;
     h->abi_version = PT_ABI_VERSION;
     h->struct_size = sizeof *h;
-    h->world_size = 1;
+    h->world_size = tr->o.world > 1 ? tr->o.world : 1;
+    h->rank = tr->o.world > 1 ? tr->o.rank : 0;
+    h->local_rank = tr->o.world > 1 ? tr->o.local_rank : 0;
     /* on the CPU the model runs as CPU code on device pointers: the device must be
      * addressable (host backend). On cuda the layers are kernels on the library's
      * stream, which the plugin adopts as its compute stream and orders its own copies
@@ -582,8 +585,9 @@ int sh_trainer_create(sh_trainer **out, const sh_train_opts *o, char *err, size_
         tr->arenas = calloc((size_t)L, sizeof *tr->arenas);
         tr->h_inp = malloc(N * sizeof(int32_t));
         tr->h_tgt = malloc(N * sizeof(int32_t));
+        tr->h_skip = malloc(2 * N * sizeof(int32_t));
         tr->h_row = malloc((size_t)tr->model.d.Vp * sizeof(float));
-        if (!tr->res || !tr->arenas || !tr->h_inp || !tr->h_tgt || !tr->h_row)
+        if (!tr->res || !tr->arenas || !tr->h_inp || !tr->h_tgt || !tr->h_skip || !tr->h_row)
             rc = fail(tr, "out of host memory for trainer tables");
     }
     if (!rc && sh_sampler_init(&tr->batch, o->data_order, o->train, o->B, o->T, o->seed,
@@ -635,6 +639,7 @@ int sh_trainer_destroy(sh_trainer *tr) {
     free(tr->arenas);
     free(tr->h_inp);
     free(tr->h_tgt);
+    free(tr->h_skip);
     free(tr->h_row);
     free(tr->seg_off);
     free(tr->seg_len);
@@ -680,6 +685,16 @@ static int upload(sh_trainer *tr, size_t ntok) {
     return upload_to(tr, tr->tgt, tr->h_tgt, ntok * sizeof(int32_t));
 }
 
+/* Several ranks: loss_acc becomes the sum of every rank's, added in rank order by
+ * the plugin, so the mean matches one rank accumulating the same micro-batches. */
+static int world_loss(sh_trainer *tr) {
+    if (tr->o.world <= 1) return 0;
+    if (!PT_HAS_HOOK(tr->tbl, dist_allreduce))
+        return fail(tr, "%d ranks need a plugin with dist_allreduce (ABI 1.3)", tr->o.world);
+    HOOK(dist_allreduce, tr->o.world, &tr->loss_acc, 1);
+    return 0;
+}
+
 int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss) {
     const sh_train_opts *o = &tr->o;
     /* test knob: this step's gradients and loss are NaN, as after an overflow */
@@ -692,7 +707,7 @@ int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss) {
             /* lr early, so offloaded chunks can be stepped while backward runs */
             if (mi == 0 && PT_HAS_HOOK(tr->tbl, set_lr)) HOOK(set_lr, step, lr);
         }
-        sh_sampler_next(&tr->batch, tr->h_inp, tr->h_tgt);
+        sh_sampler_next_rank(&tr->batch, o->world, o->rank, tr->h_inp, tr->h_tgt, tr->h_skip);
         if (upload(tr, (size_t)o->B * o->T)) return -1;
         tr->in_pass = 1;
         int rc = pass_fwd(tr, o->B, o->T, 1, loss_ptr(tr));
@@ -704,7 +719,8 @@ int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss) {
         HOOK(optimizer_step, step, lr);
         SYNC();   /* the loss, for post_step and the caller */
         if (loss_read(tr)) return -1;
-        *loss = poison ? NAN : tr->loss_acc / o->n_micro;
+        if (world_loss(tr)) return -1;
+        *loss = poison ? NAN : tr->loss_acc / ((double)o->n_micro * (o->world > 1 ? o->world : 1));
         HOOK(post_step, step, step, (float)*loss);
         return 0;
     }

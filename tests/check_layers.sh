@@ -7,7 +7,8 @@
 #     subsystem's interface header (base/base.h, optim/optim.h,
 #     planner/planner.h, store/store.h, core/rt.h);
 #  3. sample_host/ includes nothing but host_api headers and system headers;
-#  4. no two headers or sources include each other in a loop.
+#  4. no two headers or sources include each other in a loop;
+#  1b. an MPI header only in gpu/mpi/ (the collectives' one implementation).
 set -u
 cd "${PT_ROOT:-$(dirname "$0")/..}" || exit 2
 fail=0
@@ -16,6 +17,11 @@ bad() { echo "layers: $*"; fail=1; }
 # 1
 while IFS= read -r hit; do bad "runtime must not include device/transport headers: $hit"; done < <(
   grep -rnE '#\s*include\s*[<"](cuda|cublas|cusolver|nccl|mpi)[^">]*[">]' runtime)
+
+# 1b: MPI only behind gpu/coll.h, in gpu/mpi/ (plugin, host_api, sample_host and
+# the rest of gpu/ must not see a transport's types either)
+while IFS= read -r hit; do bad "only gpu/mpi/ may include an MPI header: $hit"; done < <(
+  grep -rnE '#\s*include\s*[<"]mpi[^">]*[">]' host_api gpu plugin sample_host | grep -v '^gpu/mpi/')
 
 # 2
 declare -A iface=([base]=base.h [optim]=optim.h [planner]=planner.h [store]=store.h [core]=rt.h)

@@ -49,6 +49,8 @@ typedef struct pt_config {
     /* [dist] */
     char dist_backend[16];    /* backend = auto|nccl|mpi|none */
     char init_method[256];    /* init_method = env | file:///path | mpi ; default env */
+    float dist_timeout;       /* timeout = seconds > 0, default 300 */
+    int debug_hang_rank;      /* integer >= -1, default -1: testing only */
     /* [host_backend] */
     double copy_bandwidth;    /* bytes/s, units B/s KB/s MB/s GB/s KiB/s MiB/s GiB/s; 0 = unthrottled */
     int poison;               /* bool, default 1 */

@@ -48,9 +48,20 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     /* Configured features this build does not have: say so now, not mid-run. */
     const char *missing = NULL;
     if (cfg->osft_enabled) missing = "[osft] enabled = true: the OSFT kernel is not built yet";
-    else if (host && host->world_size > 1)
-        missing = "world_size > 1: multi-rank modes (A/B/C with NCCL/MPI) are not built yet";
-    else if (cfg->zero3_shard == 1) missing = "[protrain] zero3_shard = on: mode C is not built yet";
+    else if (cfg->zero3_shard == 1)
+        missing = "[protrain] zero3_shard = on: mode C (ZeRO-3 sharding) is not built yet; "
+                  "modes A (all resident) and B (replicated offload) are";
+    else if (host && host->world_size > 1 && !strcmp(cfg->dist_backend, "nccl"))
+        missing = "[dist] backend = nccl: NCCL is not built yet (mpi on the host backend is)";
+    else if (host && host->world_size > 1 && !strcmp(cfg->dist_backend, "none"))
+        missing = "[dist] backend = none with world_size > 1: the ranks could not agree on "
+                  "gradients";
+    else if (host && host->world_size > 1 && !strncmp(cfg->init_method, "file:", 5))
+        missing = "[dist] init_method = file://: the shared-file rendezvous is not built yet "
+                  "(use env or mpi under mpirun)";
+    else if (host && host->world_size > 1 && host->device_kind == PT_DEVICE_CUDA)
+        missing = "world_size > 1 on the cuda backend needs NCCL, which is not built yet "
+                  "(multi-rank runs work on the host backend with MPI)";
     if (missing) {
         free(rt);
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "%s (config %s)", missing, cfg->source);
@@ -117,6 +128,23 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
         PT_LOGW(&rt->lg, "[host_backend] debug_skip_ordering = %u: the plugin skips some of its "
                          "ordering after the host's compute (a testing aid: training is wrong)",
                 rt->skip);
+    if (host && host->world_size > 1) {
+        if (strcmp(pt_gpu_backend_name(rt->gpu), "host")) {
+            pt_rt_destroy(rt);   /* collectives read device memory with the CPU */
+            return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                           "world_size > 1 runs on the host backend only (cuda needs NCCL, "
+                           "not built yet); set [plugin] backend = host (config %s)",
+                           cfg->source);
+        }
+        pt_coll_config cc = {host->world_size, host->rank, cfg->init_method,
+                             (double)cfg->dist_timeout, cfg->debug_hang_rank};
+        if ((rc = pt_coll_open(&cc, &rt->coll, err, errlen))) {
+            pt_rt_destroy(rt);
+            return rc;
+        }
+        PT_LOGI(&rt->lg, "data parallel: rank %d of %d over MPI (init_method %s, timeout %g s)",
+                host->rank, host->world_size, cfg->init_method, (double)cfg->dist_timeout);
+    }
     char name[128];
     pt_gpu_device_name(rt->gpu, name, sizeof name);
     pt_gpu_usage u;
@@ -131,6 +159,8 @@ size_t pt_rt_destroy(pt_rt *rt) {
     if (!rt) return 0;
     (void)pt_rt_store_free(rt, NULL, 0);   /* logged: finalize goes on */
     pt_rt_plan_free(rt);
+    pt_coll_close(rt->coll);
+    rt->coll = NULL;
     size_t leaked = 0;
     if (rt->gpu) {
         const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
@@ -253,7 +283,7 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
     if (!rc) {
         pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->gpu, rt->s_compute, rt->s_h2d,
                             rt->s_d2h, rt->model, &rt->opt, rt->sx, recompute_mark, rt,
-                            rt->ordered, rt->skip};
+                            rt->ordered, rt->skip, rt->coll};
         rc = pt_store_create(&env, &rt->kn, modes, rt->swap_done, from_image, &rt->st, err,
                              errlen);
     }
@@ -394,6 +424,15 @@ int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
 
 int pt_rt_optimizer_step(pt_rt *rt, float lr, char *err, size_t errlen) {
     return pt_store_optimizer_step(rt->st, lr, err, errlen);
+}
+
+int pt_rt_dist_allreduce(pt_rt *rt, double *values, int32_t n, char *err, size_t errlen) {
+    if (n < 0 || (n > 0 && !values))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "dist_allreduce: values is NULL or n (%d) is negative", (int)n);
+    if (!rt->coll) return PT_OK;
+    return pt_coll_allreduce(rt->coll, values, (size_t)n, PT_COLL_F64, 1.0, "dist_allreduce",
+                             err, errlen);
 }
 
 int pt_rt_set_lr(pt_rt *rt, float lr, char *err, size_t errlen) {

@@ -50,6 +50,8 @@ int pt_rt_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen);
 int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen);
 int pt_rt_optimizer_step(pt_rt *rt, float lr, char *err, size_t errlen);
 int pt_rt_set_lr(pt_rt *rt, float lr, char *err, size_t errlen);
+/* Host doubles summed over the ranks in rank order (no-op with one rank). */
+int pt_rt_dist_allreduce(pt_rt *rt, double *values, int32_t n, char *err, size_t errlen);
 int pt_rt_post_step(pt_rt *rt, int64_t step, float loss, char *err, size_t errlen);
 
 int pt_rt_dev_alloc(pt_rt *rt, uint64_t bytes, const char *tag, void **ptr, char *err,

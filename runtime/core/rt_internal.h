@@ -7,6 +7,7 @@
 #ifndef PT_RT_INTERNAL_H
 #define PT_RT_INTERNAL_H
 
+#include "coll.h"
 #include "rt.h"
 #include "store/store.h"
 
@@ -18,6 +19,7 @@ struct pt_rt {
     pt_logger lg;
     pt_host_v1 host;
     pt_gpu *gpu;
+    pt_coll *coll;            /* data-parallel collectives (world > 1), else NULL */
     pt_stream *s_compute, *s_h2d, *s_d2h;
     pt_model_v1 *model;
     int n_blocks;

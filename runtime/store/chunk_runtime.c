@@ -189,8 +189,10 @@ int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
         ms->bwd_done = 0;
         pthread_mutex_unlock(&ms->acct_mu);
     }
-    if (st->env.sx->n_micro > 1 && !ms->gacc_ready) {
-        /* accumulated fp32 gradients of offloaded chunks, allocated on first need */
+    if ((st->env.sx->n_micro > 1 || st->env.coll) && !ms->gacc_ready) {
+        /* accumulated fp32 gradients of offloaded chunks, allocated on first need;
+         * with several ranks always: the all-reduce sums them in fp32 whatever the
+         * chunk's dtype (a 16-bit sum would round at every rank) */
         uint64_t more = 0;
         for (int k = 0; k < ms->n_chunks; k++)
             if (!ms->ch[k].persistent && ms->ch[k].trainable) more += 4 * ms->ch[k].n_state;
@@ -348,7 +350,7 @@ static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int 
 
 /* Squared norms per param root, in double, element order (matches a host that
  * sums g^2 param by param). Reads the gradient the optimizer will use. */
-static void chunk_norms(pt_store *st, cs_chunk *c, int from_acc) {
+void pt_cs_chunk_norms(pt_store *st, cs_chunk *c, int from_acc) {
     pt_store *ms = st;
     for (int j = 0; j < c->lc->n_params; j++) {
         int root = ms->lay.order[c->lc->first_param + j];
@@ -412,10 +414,10 @@ static void grad_task(void *arg) {
     /* the task times are the worker's: a profiling pass's task may still run
      * when the next pre_step comes, so they are reset here, not there */
     if (c->t_micro == 0) c->t_early = 0;
-    int acc = c->t_n_micro > 1;
+    int acc = c->t_n_micro > 1 || st->env.coll;
     if (acc) chunk_accumulate(c, c->t_micro == 0);
     int last = c->t_micro == c->t_n_micro - 1;
-    if (last && c->t_norm) chunk_norms(st, c, acc);
+    if (last && c->t_norm) pt_cs_chunk_norms(st, c, acc);
     if (last && c->t_step_now) chunk_adam(st, c, &c->t_consts, acc);
     double t1 = pt_now_s();
     if (last) {
@@ -506,8 +508,9 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     int last = st->env.sx->micro == st->env.sx->n_micro - 1;
     c->t_micro = st->env.sx->micro;
     c->t_n_micro = st->env.sx->n_micro;
-    c->t_norm = st->env.opt->max_grad_norm > 0;
-    c->t_step_now = last && ms->lr_set && !c->t_norm;
+    /* several ranks: norms and steps wait for the all-reduce in optimizer_step */
+    c->t_norm = st->env.opt->max_grad_norm > 0 && !st->env.coll;
+    c->t_step_now = last && ms->lr_set && !c->t_norm && !st->env.coll;
     if (c->t_step_now) {
         step_consts(st, ms->lr_next, 1.0f, &c->t_consts);
         c->stepped = 1;
@@ -668,6 +671,7 @@ static void adam_task(void *arg) {
 
 void pt_store_set_profiling(pt_store *st, int on) { st->profiling = on; }
 
+
 int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen) {
     pt_store *ms = st;
     pt_optim_state *o = st->env.opt;
@@ -693,6 +697,10 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         int trc = wait_tasks(st, rc ? NULL : err, rc ? 0 : errlen);
         if (rc || trc) return rc ? rc : trc;
         if ((rc = account_hidden(st, err, errlen))) return rc;
+    }
+    if (st->env.coll) {
+        int rc = pt_cs_dist_reduce(st, err, errlen);
+        if (rc) return rc;
     }
     float gs = 1.0f;
     o->last_norm = NAN;
@@ -721,7 +729,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
             if (c->persistent || !c->trainable || c->stepped) continue;
             jobs[k].st = st;
             jobs[k].c = c;
-            jobs[k].acc = st->env.sx->n_micro > 1;
+            jobs[k].acc = st->env.sx->n_micro > 1 || st->env.coll;
             step_consts(st, lr, gs, &jobs[k].k);
             if (pt_pool_submit(ms->workers, adam_task, &jobs[k], &g, NULL, 0)) adam_task(&jobs[k]);
         }

@@ -77,6 +77,10 @@ typedef struct pt_store_env {
      * makes s_compute (not the host's thread) wait for its uploads. */
     int ordered;
     unsigned skip;       /* PT_ORD_* bits not to honour (testing only) */
+    /* Data parallel (world > 1): gradients are summed over the ranks in rank
+     * order and scaled by 1/world before clipping and the optimizer; NULL with
+     * one rank. */
+    struct pt_coll *coll;
 } pt_store_env;
 
 typedef struct pt_store pt_store;

@@ -147,6 +147,12 @@ int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen);
 void pt_cs_fini_runtime(pt_store *st);
 void pt_cs_set_pointers(pt_store *st, cs_chunk *c, void *param_base, void *grad_base);
 int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen);
+/* Squared norms of chunk c's parameters into psq[], from the fp32 accumulator
+ * (from_acc) or the staged gradient. */
+void pt_cs_chunk_norms(pt_store *st, cs_chunk *c, int from_acc);
+/* Data parallel (env.coll): every trainable gradient becomes the mean over the
+ * ranks, before clipping and the optimizer (dist_grad.c). */
+int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen);
 int pt_ms_release(pt_store *st, int32_t b, int backward, char *err, size_t errlen);
 
 /* activations.c */

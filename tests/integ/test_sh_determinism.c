@@ -88,12 +88,14 @@ static void test_same_seed_same_metrics(void **st) {
     assert_true(strlen(a) > 100);
     assert_string_equal(a, b);
     assert_true(strcmp(a, d) != 0);
-    /* 8 JSON lines with the documented keys; no plugin -> null device fields */
+    /* 8 JSON lines with the documented keys; no plugin -> null device fields and
+     * mode, one rank */
     int lines = 0;
     for (char *p = a; *p; p++) lines += *p == '\n';
     assert_int_equal(lines, 8);
     assert_non_null(strstr(a, "{\"step\":1,\"loss\":"));
-    assert_non_null(strstr(a, "\"tok_s\":null,\"dev_peak\":null,\"dev_capacity\":null}"));
+    assert_non_null(strstr(a, "\"tok_s\":null,\"world\":1,\"mode\":null,\"dev_peak\":null,"
+                              "\"dev_capacity\":null}"));
     free(a);
     free(b);
     free(d);
