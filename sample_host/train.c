@@ -15,50 +15,13 @@
 #include "sh_ckpt.h"
 #include "sh_layers.h"
 #include "sh_tiled.h"
+#include "sh_trainer_int.h"
 #include "sh_work.h"
 
-struct sh_trainer {
-    sh_train_opts o;
-    sh_model model;
-    const pt_plugin_v1 *tbl; /* NULL: no plugin */
-    const sh_cuda *cu;       /* NULL: the layers run on the CPU */
-    void *ctx;
-    pt_host_v1 host;
-    pt_model_v1 pm;
-    /* device buffers (dev_alloc or aligned_alloc) */
-    int32_t *inp, *tgt;   /* (B,T) "input" */
-    float **res;          /* L+1 of (B,T,C) "act": res[l] is the input of block l */
-    float *head_buf;      /* "act": lnf (N,C) mean (N) rstd (N) logits (N,Vp) losses (N) */
-    sh_head_acts head;
-    float *scr_buf;       /* "scratch": dres (N,C) dbig (N,4C) dsmall (N,C) datt (slots,T,T)
-                             wtmp (4C,C) */
-    float *dres;
-    sh_scratch scr;
-    float **arenas;       /* no-plugin: L arenas of the (B,T) layout */
-    /* no-plugin parameter state, flat layout (model.n_floats) */
-    float *p_data, *p_grad, *opt_m, *opt_v;
-    int64_t t;            /* no-plugin optimizer steps taken */
-    double last_norm;
-    /* host staging */
-    int32_t *h_inp, *h_tgt; /* (B,T) */
-    int32_t *h_skip;        /* (2,B,T): other ranks' batches, drawn and dropped */
-    float *h_row;           /* (Vp) logits row for sampling */
-    sh_sampler batch;   /* the batch order (sh_llmc.h) */
-    sh_launcher lw;         /* device work: at once, or launched on the plugin's stream */
-    double loss_acc;        /* the head's losses land here (read after sh_work_sync) */
-    double *dstat;          /* cuda: device doubles [loss accumulator, last grad norm] */
-    size_t *seg_off, *seg_len; /* cuda no-plugin: trainable untied params (floats) */
-    int nseg;
-    char opened[16];        /* the backend the plugin's start line named ("" unseen) */
-    int curB, curT, in_pass;
-    sh_tiled tl;            /* TiledMLP (tiled.c): tl.on when the plugin tiles the MLPs */
-    char err[768];
-    char cb_err[384];       /* error raised inside a callback */
-};
 
 #define P(i) (tr->model.params[(i)])
 
-static int fail(sh_trainer *tr, const char *fmt, ...) {
+int sh_tr_fail(sh_trainer *tr, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(tr->err, sizeof tr->err, fmt, ap);
@@ -67,46 +30,36 @@ static int fail(sh_trainer *tr, const char *fmt, ...) {
 }
 
 /* A hook returned non-zero: name it, its argument, the status and the plugin's sentence. */
-static int hook_fail(sh_trainer *tr, const char *hook, long long arg, int32_t st) {
+int sh_tr_hook_fail(sh_trainer *tr, const char *hook, long long arg, int32_t st) {
     const char *le = tr->tbl->last_error ? tr->tbl->last_error(tr->ctx) : "";
-    fail(tr, "plugin hook %s(%lld) failed with status %d: %s%s%s", hook, arg, (int)st,
+    sh_tr_fail(tr, "plugin hook %s(%lld) failed with status %d: %s%s%s", hook, arg, (int)st,
          le ? le : "", tr->cb_err[0] ? " (host callback: " : "", tr->cb_err[0] ? tr->cb_err : "");
     if (tr->cb_err[0]) strncat(tr->err, ")", sizeof tr->err - strlen(tr->err) - 1);
     return -1;
 }
 
-#define HOOK(name, arg, ...)                                                   \
-    do {                                                                       \
-        int32_t st_ = tr->tbl->name(tr->ctx, __VA_ARGS__);                     \
-        if (st_ != 0) return hook_fail(tr, #name, (long long)(arg), st_);      \
-    } while (0)
 
 /* Run or launch one piece of device work (sh_work.h). */
 #define WORK(...)                                                              \
     do {                                                                       \
         sh_op op_ = {__VA_ARGS__};                                             \
         int32_t st_ = sh_work_run(&tr->lw, &tr->model, &op_);                  \
-        if (st_ != 0) return hook_fail(tr, "launch", (long long)op_.kind, st_); \
+        if (st_ != 0) return sh_tr_hook_fail(tr, "launch", (long long)op_.kind, st_); \
     } while (0)
 
 /* The CPU waits for the device work so far: the CUDA stream, or the plugin's stream
  * when work was launched on it. */
-static int sync_dev(sh_trainer *tr) {
+int sh_tr_sync(sh_trainer *tr) {
     if (tr->cu) {
         if (tr->cu->api->sync(tr->cu->ctx) != 0)
-            return fail(tr, "%s", tr->cu->api->last_error(tr->cu->ctx));
+            return sh_tr_fail(tr, "%s", tr->cu->api->last_error(tr->cu->ctx));
         return 0;
     }
     int32_t st = sh_work_sync(&tr->lw);
-    if (st != 0) return hook_fail(tr, "stream_sync", 0, st);
+    if (st != 0) return sh_tr_hook_fail(tr, "stream_sync", 0, st);
     return 0;
 }
 
-/* The CPU is about to read what launched work computed. */
-#define SYNC()                                                                 \
-    do {                                                                       \
-        if (sync_dev(tr)) return -1;                                           \
-    } while (0)
 
 /* ---- memory: every device byte through one interface ---- */
 
@@ -114,18 +67,18 @@ static int dalloc(sh_trainer *tr, size_t bytes, const char *tag, void **p) {
     *p = NULL;
     if (tr->tbl) {
         int32_t st = tr->tbl->dev_alloc(tr->ctx, bytes, tag, p);
-        if (st != 0 || !*p) return hook_fail(tr, "dev_alloc", (long long)bytes, st ? st : -1);
+        if (st != 0 || !*p) return sh_tr_hook_fail(tr, "dev_alloc", (long long)bytes, st ? st : -1);
         return 0;
     }
     if (tr->cu) {
         if (tr->cu->api->dev_alloc(tr->cu->ctx, bytes, p) != 0 || !*p)
-            return fail(tr, "out of GPU memory: %zu bytes for %s buffers (%s)", bytes, tag,
+            return sh_tr_fail(tr, "out of GPU memory: %zu bytes for %s buffers (%s)", bytes, tag,
                         tr->cu->api->last_error(tr->cu->ctx));
         return 0;
     }
     size_t n = (bytes + 63) & ~(size_t)63;
     *p = aligned_alloc(64, n ? n : 64);
-    if (!*p) return fail(tr, "out of host memory: %zu bytes for %s buffers", bytes, tag);
+    if (!*p) return sh_tr_fail(tr, "out of host memory: %zu bytes for %s buffers", bytes, tag);
     return 0;
 }
 
@@ -137,7 +90,7 @@ static void dfree(sh_trainer *tr, void *p) {
 }
 
 /* dst = 0 over bytes of device memory (ordered on the stream on cuda). */
-static void dzero(sh_trainer *tr, void *dst, size_t bytes) {
+void sh_tr_dzero(sh_trainer *tr, void *dst, size_t bytes) {
     if (tr->cu) tr->cu->ops.zero(tr->cu->ctx, dst, bytes);
     else memset(dst, 0, bytes);
 }
@@ -145,18 +98,18 @@ static void dzero(sh_trainer *tr, void *dst, size_t bytes) {
 /* Copy between host staging and device buffers. cuda: the library's copies on the
  * stream (H2D returns with src free again; D2H waits, so dst is ready on return);
  * else the plugin's memcpy when it has one, else memcpy. */
-static int copy(sh_trainer *tr, void *dst, const void *src, size_t bytes, int kind) {
+int sh_tr_copy(sh_trainer *tr, void *dst, const void *src, size_t bytes, int kind) {
     if (tr->cu) {
         if (kind == PT_COPY_H2D) {
             tr->cu->api->h2d(tr->cu->ctx, dst, src, bytes);
             return 0;
         }
         tr->cu->api->d2h(tr->cu->ctx, dst, src, bytes);
-        return sync_dev(tr);
+        return sh_tr_sync(tr);
     }
     if (tr->tbl && PT_HAS_HOOK(tr->tbl, memcpy)) {
         int32_t st = tr->tbl->memcpy(tr->ctx, dst, src, bytes, kind);
-        if (st != 0) return hook_fail(tr, "memcpy", (long long)bytes, st);
+        if (st != 0) return sh_tr_hook_fail(tr, "memcpy", (long long)bytes, st);
         return 0;
     }
     memcpy(dst, src, bytes);
@@ -223,7 +176,7 @@ static int arena_new(sh_trainer *tr, int l, size_t bytes, float **a) {
     }
     void *p = NULL;
     HOOK(activation_arena, l, l, bytes, &p);
-    if (!p) return fail(tr, "plugin hook activation_arena(%d) returned a NULL arena", l);
+    if (!p) return sh_tr_fail(tr, "plugin hook activation_arena(%d) returned a NULL arena", l);
     *a = p;
     return 0;
 }
@@ -235,7 +188,7 @@ static int arena_get(sh_trainer *tr, int l, float **a) {
     }
     void *p = NULL;
     HOOK(activation_arena_get, l, l, &p);
-    if (!p) return fail(tr, "plugin hook activation_arena_get(%d) returned NULL", l);
+    if (!p) return sh_tr_fail(tr, "plugin hook activation_arena_get(%d) returned NULL", l);
     *a = p;
     return 0;
 }
@@ -262,7 +215,7 @@ static int pass_fwd(sh_trainer *tr, int B, int T, int with_targets, double *loss
         if (tr->tl.on) {
             WORK(.kind = SH_OP_BLOCK_FWD_ATTN, .l = l, .B = B, .T = T, .a = a, .x = tr->res[l]);
             int32_t st = sh_tiled_fwd(&tr->tl, l, a, tr->res[l + 1], B, T);
-            if (st) return hook_fail(tr, "tiled_mlp_forward", l, st);
+            if (st) return sh_tr_hook_fail(tr, "tiled_mlp_forward", l, st);
         } else {
             WORK(.kind = SH_OP_BLOCK_FWD, .l = l, .B = B, .T = T, .a = a, .x = tr->res[l],
                  .out = tr->res[l + 1]);
@@ -287,7 +240,7 @@ static int pass_bwd(sh_trainer *tr, int B, int T, float dloss) {
         if (arena_get(tr, l, &a)) return -1;
         if (tr->tl.on) {
             int32_t st = sh_tiled_bwd(&tr->tl, l, a, tr->dres, tr->scr.dsmall, B, T);
-            if (st) return hook_fail(tr, "tiled_mlp_backward", l, st);
+            if (st) return sh_tr_hook_fail(tr, "tiled_mlp_backward", l, st);
             WORK(.kind = SH_OP_BLOCK_BWD_ATTN, .l = l, .B = B, .T = T, .a = a, .x = tr->res[l],
                  .dres = tr->dres, .scr = tr->scr);
         } else {
@@ -309,12 +262,12 @@ static double *loss_ptr(sh_trainer *tr) { return tr->cu ? &tr->dstat[0] : &tr->l
 
 static void loss_reset(sh_trainer *tr) {
     tr->loss_acc = 0.0;
-    if (tr->cu) dzero(tr, tr->dstat, sizeof(double));
+    if (tr->cu) sh_tr_dzero(tr, tr->dstat, sizeof(double));
 }
 
 /* After SYNC(): the accumulated losses into tr->loss_acc. */
 static int loss_read(sh_trainer *tr) {
-    return tr->cu ? copy(tr, &tr->loss_acc, tr->dstat, sizeof(double), PT_COPY_D2H) : 0;
+    return tr->cu ? sh_tr_copy(tr, &tr->loss_acc, tr->dstat, sizeof(double), PT_COPY_D2H) : 0;
 }
 
 static float micro_dloss(const sh_trainer *tr) {
@@ -407,7 +360,7 @@ static void log_tramp(void *user, int32_t level, const char *msg) {
 static int check_table(sh_trainer *tr) {
     const pt_plugin_v1 *t = tr->tbl;
 #define NEED(f)                                                                       \
-    if (!PT_HAS_HOOK(t, f)) return fail(tr, "plugin %s lacks the required hook " #f,  \
+    if (!PT_HAS_HOOK(t, f)) return sh_tr_fail(tr, "plugin %s lacks the required hook " #f,  \
                                         t->name ? t->name : "?");
     NEED(init) NEED(last_error) NEED(post_model_load) NEED(create_optimizer) NEED(pre_step)
     NEED(block_pre_forward) NEED(block_post_forward) NEED(block_pre_backward)
@@ -423,15 +376,15 @@ static int check_data(sh_trainer *tr) {
     const char *nm[2] = {"training", "validation"};
     for (int i = 0; i < 2; i++) {
         if (!s[i] || s[i]->n <= (size_t)o->T)
-            return fail(tr, "the %s split has %zu tokens; it needs more than seq = %d", nm[i],
+            return sh_tr_fail(tr, "the %s split has %zu tokens; it needs more than seq = %d", nm[i],
                         s[i] ? s[i]->n : (size_t)0, o->T);
         int v = sh_tokens_vocab(s[i]);
         if (v > tr->model.d.V)
-            return fail(tr, "the %s data holds token id %d but the model vocab is %d", nm[i],
+            return sh_tr_fail(tr, "the %s data holds token id %d but the model vocab is %d", nm[i],
                         v - 1, tr->model.d.V);
     }
     if (o->T > tr->model.d.maxT)
-        return fail(tr, "seq = %d is longer than the model's max_seq = %d", o->T,
+        return sh_tr_fail(tr, "seq = %d is longer than the model's max_seq = %d", o->T,
                     tr->model.d.maxT);
     return 0;
 }
@@ -466,7 +419,7 @@ static int start_plugin(sh_trainer *tr) {
     if (st != 0) {
         const char *le = tr->tbl->last_error(NULL);
         tr->ctx = NULL;
-        return fail(tr, "plugin init failed with status %d: %s", (int)st, le ? le : "");
+        return sh_tr_fail(tr, "plugin init failed with status %d: %s", (int)st, le ? le : "");
     }
     tr->lw.tbl = tr->tbl;
     tr->lw.ctx = tr->ctx;
@@ -474,12 +427,12 @@ static int start_plugin(sh_trainer *tr) {
                         .err = tr->cb_err, .errlen = sizeof tr->cb_err};
     sh_tiled_query(&tr->tl);
     if (tr->tl.on && tr->cu)
-        return fail(tr, "the plugin runs the MLP in tiles ([tiled_mlp] enabled = true), but "
+        return sh_tr_fail(tr, "the plugin runs the MLP in tiles ([tiled_mlp] enabled = true), but "
                     "sample_host --device cuda runs its MLP untiled: set enabled = false");
     /* cuda: running an op enqueues its kernels, no launch hook needed */
     tr->lw.async = !tr->cu && sh_work_can_launch(tr->tbl);
     if (tr->cu && tr->opened[0] && strcmp(tr->opened, "cuda") != 0)
-        return fail(tr, "the plugin opened its %s backend, but --device cuda needs its cuda "
+        return sh_tr_fail(tr, "the plugin opened its %s backend, but --device cuda needs its cuda "
                     "backend ([plugin] backend = cuda or auto, on a machine with a GPU)",
                     tr->opened);
     return 0;
@@ -520,21 +473,21 @@ static int start_model(sh_trainer *tr) {
         void *p;
         if (dalloc(tr, n * sizeof(float), "param", &p)) return -1;
         tr->p_data = p;
-        if (copy(tr, tr->p_data, m->init, n * sizeof(float), PT_COPY_H2D)) return -1;
+        if (sh_tr_copy(tr, tr->p_data, m->init, n * sizeof(float), PT_COPY_H2D)) return -1;
         if (dalloc(tr, n * sizeof(float), "grad", &p)) return -1;
         tr->p_grad = p;
         if (dalloc(tr, n * sizeof(float), "optim", &p)) return -1;
         tr->opt_m = p;
         if (dalloc(tr, n * sizeof(float), "optim", &p)) return -1;
         tr->opt_v = p;
-        dzero(tr, tr->p_grad, n * sizeof(float));
-        dzero(tr, tr->opt_m, n * sizeof(float));
-        dzero(tr, tr->opt_v, n * sizeof(float));
+        sh_tr_dzero(tr, tr->p_grad, n * sizeof(float));
+        sh_tr_dzero(tr, tr->opt_m, n * sizeof(float));
+        sh_tr_dzero(tr, tr->opt_v, n * sizeof(float));
         if (tr->cu) {
             /* the clipping segments: trainable untied params in declaration order */
             tr->seg_off = calloc((size_t)m->n_params, sizeof *tr->seg_off);
             tr->seg_len = calloc((size_t)m->n_params, sizeof *tr->seg_len);
-            if (!tr->seg_off || !tr->seg_len) return fail(tr, "out of host memory");
+            if (!tr->seg_off || !tr->seg_len) return sh_tr_fail(tr, "out of host memory");
             for (int i = 0; i < m->n_params; i++) {
                 if (!m->params[i].trainable || m->params[i].tie >= 0) continue;
                 tr->seg_off[tr->nseg] = m->off[i];
@@ -567,7 +520,7 @@ int sh_trainer_create(sh_trainer **out, const sh_train_opts *o, char *err, size_
     tr->last_norm = NAN;
     int rc = 0;
     if (o->B < 1 || o->T < 1 || o->n_micro < 1)
-        rc = fail(tr, "batch (%d), seq (%d) and grad_accum (%d) must be positive", o->B, o->T,
+        rc = sh_tr_fail(tr, "batch (%d), seq (%d) and grad_accum (%d) must be positive", o->B, o->T,
                   o->n_micro);
     if (!rc && sh_model_create(&tr->model, &o->dims, tr->err, sizeof tr->err)) rc = -1;
     if (!rc && tr->cu) tr->model.ops = &tr->cu->ops;
@@ -588,7 +541,7 @@ int sh_trainer_create(sh_trainer **out, const sh_train_opts *o, char *err, size_
         tr->h_skip = malloc(2 * N * sizeof(int32_t));
         tr->h_row = malloc((size_t)tr->model.d.Vp * sizeof(float));
         if (!tr->res || !tr->arenas || !tr->h_inp || !tr->h_tgt || !tr->h_skip || !tr->h_row)
-            rc = fail(tr, "out of host memory for trainer tables");
+            rc = sh_tr_fail(tr, "out of host memory for trainer tables");
     }
     if (!rc && sh_sampler_init(&tr->batch, o->data_order, o->train, o->B, o->T, o->seed,
                                tr->err, sizeof tr->err)) rc = -1;
@@ -598,8 +551,8 @@ int sh_trainer_create(sh_trainer **out, const sh_train_opts *o, char *err, size_
         /* profile_step's batch: the first training batch, peeked so training starts with it */
         sh_sampler_peek(&tr->batch, tr->h_inp, tr->h_tgt);
         size_t nb = (size_t)o->B * o->T * sizeof(int32_t);
-        rc = copy(tr, tr->inp, tr->h_inp, nb, PT_COPY_H2D);
-        if (!rc) rc = copy(tr, tr->tgt, tr->h_tgt, nb, PT_COPY_H2D);
+        rc = sh_tr_copy(tr, tr->inp, tr->h_inp, nb, PT_COPY_H2D);
+        if (!rc) rc = sh_tr_copy(tr, tr->tgt, tr->h_tgt, nb, PT_COPY_H2D);
     }
     if (!rc) rc = start_model(tr);
     if (rc) {
@@ -675,7 +628,7 @@ static void adamw_step(sh_trainer *tr, float lr) {
  * staging buffers are free at once) behind the work still reading the previous
  * batch, or copied now. */
 static int upload_to(sh_trainer *tr, void *dst, const void *src, size_t bytes) {
-    if (!tr->lw.async) return copy(tr, dst, src, bytes, PT_COPY_H2D);
+    if (!tr->lw.async) return sh_tr_copy(tr, dst, src, bytes, PT_COPY_H2D);
     WORK(.kind = SH_OP_UPLOAD, .dst = dst, .src = src, .bytes = bytes);
     return 0;
 }
@@ -690,7 +643,7 @@ static int upload(sh_trainer *tr, size_t ntok) {
 static int world_loss(sh_trainer *tr) {
     if (tr->o.world <= 1) return 0;
     if (!PT_HAS_HOOK(tr->tbl, dist_allreduce))
-        return fail(tr, "%d ranks need a plugin with dist_allreduce (ABI 1.3)", tr->o.world);
+        return sh_tr_fail(tr, "%d ranks need a plugin with dist_allreduce (ABI 1.3)", tr->o.world);
     HOOK(dist_allreduce, tr->o.world, &tr->loss_acc, 1);
     return 0;
 }
@@ -739,7 +692,7 @@ int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss) {
     if (tr->cu) {
         SYNC();   /* the loss and the gradient norm */
         double st[2];
-        if (copy(tr, st, tr->dstat, sizeof st, PT_COPY_D2H)) return -1;
+        if (sh_tr_copy(tr, st, tr->dstat, sizeof st, PT_COPY_D2H)) return -1;
         *loss = poison ? NAN : st[0] / o->n_micro;
         if (o->max_grad_norm > 0.0f) tr->last_norm = st[1];
     }
@@ -767,7 +720,7 @@ int sh_trainer_eval(sh_trainer *tr, int64_t step, int n_batches, double *loss) {
 int sh_trainer_generate(sh_trainer *tr, int64_t step, uint16_t *seq, int n_prompt,
                         int n_total, float temperature, sh_rng *rng) {
     const sh_dims *d = &tr->model.d;
-    if (n_prompt < 1) return fail(tr, "generation needs a prompt of at least one token");
+    if (n_prompt < 1) return sh_tr_fail(tr, "generation needs a prompt of at least one token");
     for (int len = n_prompt; len < n_total; len++) {
         int win = len < tr->o.T ? len : tr->o.T; /* sliding window of the last T tokens */
         for (int i = 0; i < win; i++) tr->h_inp[i] = seq[len - win + i];
@@ -778,7 +731,7 @@ int sh_trainer_generate(sh_trainer *tr, int64_t step, uint16_t *seq, int n_promp
         tr->in_pass = 0;
         if (rc) return -1;
         SYNC();   /* the logits */
-        if (copy(tr, tr->h_row, tr->head.logits + (size_t)(win - 1) * d->Vp,
+        if (sh_tr_copy(tr, tr->h_row, tr->head.logits + (size_t)(win - 1) * d->Vp,
                  (size_t)d->Vp * sizeof(float), PT_COPY_D2H))
             return -1;
         int pick = sh_pick_token(tr->h_row, d->V, temperature, rng);
@@ -787,40 +740,12 @@ int sh_trainer_generate(sh_trainer *tr, int64_t step, uint16_t *seq, int n_promp
     return 0;
 }
 
-int sh_trainer_snapshot(sh_trainer *tr, float *flat) {
-    const sh_model *m = &tr->model;
-    if (!tr->tbl) {
-        SYNC();
-        return copy(tr, flat, tr->p_data, m->n_floats * sizeof(float), PT_COPY_D2H);
-    }
-    if (!PT_HAS_HOOK(tr->tbl, read_param))
-        return fail(tr, "plugin lacks read_param: cannot read the parameters back");
-    for (int i = 0; i < m->n_params; i++) {
-        if (m->params[i].tie >= 0) continue;
-        size_t n = sh_param_numel(&m->params[i]);
-        HOOK(read_param, i, i, flat + m->off[i], n * sizeof(float));
-    }
-    return 0;
-}
-
-int sh_trainer_stats(sh_trainer *tr, pt_stats_v1 *st) {
-    if (!tr->tbl || !PT_HAS_HOOK(tr->tbl, get_stats)) return 1;
-    memset(st, 0, sizeof *st);
-    st->struct_size = sizeof *st;
-    HOOK(get_stats, 0, st);
-    return 0;
-}
-
-const sh_model *sh_trainer_model(const sh_trainer *tr) { return &tr->model; }
-const char *sh_trainer_error(const sh_trainer *tr) { return tr->err; }
-double sh_trainer_last_norm(const sh_trainer *tr) { return tr->last_norm; }
-
 int sh_trainer_fwdbwd(sh_trainer *tr, const int32_t *inp, const int32_t *tgt, int backward,
                       double *loss) {
-    if (tr->tbl) return fail(tr, "sh_trainer_fwdbwd is for the no-plugin gradient check");
+    if (tr->tbl) return sh_tr_fail(tr, "sh_trainer_fwdbwd is for the no-plugin gradient check");
     size_t n = (size_t)tr->o.B * tr->o.T;
-    if (copy(tr, tr->inp, inp, n * sizeof(int32_t), PT_COPY_H2D)) return -1;
-    if (copy(tr, tr->tgt, tgt, n * sizeof(int32_t), PT_COPY_H2D)) return -1;
+    if (sh_tr_copy(tr, tr->inp, inp, n * sizeof(int32_t), PT_COPY_H2D)) return -1;
+    if (sh_tr_copy(tr, tr->tgt, tgt, n * sizeof(int32_t), PT_COPY_H2D)) return -1;
     loss_reset(tr);
     if (pass_fwd(tr, tr->o.B, tr->o.T, 1, loss_ptr(tr))) return -1;
     if (backward) {
@@ -833,41 +758,3 @@ int sh_trainer_fwdbwd(sh_trainer *tr, const int32_t *inp, const int32_t *tgt, in
     return 0;
 }
 
-void sh_trainer_zero_grads(sh_trainer *tr) {
-    if (!tr->tbl) dzero(tr, tr->p_grad, tr->model.n_floats * sizeof(float));
-}
-
-/* ---- checkpoint access (resume.c) ---- */
-
-void sh_trainer_get_state(const sh_trainer *tr, sh_trainer_state *s) {
-    sh_sampler_get(&tr->batch, &s->batch_rng, &s->data_epoch, &s->data_pos);
-    s->opt_steps = tr->t;
-}
-
-void sh_trainer_set_state(sh_trainer *tr, const sh_trainer_state *s) {
-    sh_sampler_set(&tr->batch, s->batch_rng, s->data_epoch, s->data_pos);
-    tr->t = s->opt_steps;
-}
-
-int sh_trainer_opt_io(sh_trainer *tr, float *p, float *m, float *v, int load) {
-    if (tr->tbl) return fail(tr, "the optimizer state lives in the plugin (use save_state)");
-    size_t b = tr->model.n_floats * sizeof(float);
-    float *dev[3] = {tr->p_data, tr->opt_m, tr->opt_v}, *host[3] = {p, m, v};
-    SYNC();   /* no update may still be writing what is read or replaced */
-    for (int k = 0; k < 3; k++)
-        if (copy(tr, load ? dev[k] : host[k], load ? host[k] : dev[k], b,
-                 load ? PT_COPY_H2D : PT_COPY_D2H))
-            return -1;
-    SYNC();
-    return 0;
-}
-
-int sh_trainer_plugin_state(sh_trainer *tr, const char *dir, int load) {
-    if (!tr->tbl) return fail(tr, "no plugin: its state cannot be saved or loaded");
-    if (!(load ? PT_HAS_HOOK(tr->tbl, load_state) : PT_HAS_HOOK(tr->tbl, save_state)))
-        return fail(tr, "plugin lacks %s: it cannot checkpoint", load ? "load_state" : "save_state");
-    SYNC();
-    if (load) HOOK(load_state, 0, dir);
-    else HOOK(save_state, 0, dir);
-    return 0;
-}
