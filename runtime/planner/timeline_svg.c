@@ -14,6 +14,7 @@
 #include "base/base.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -90,16 +91,14 @@ static void human(char *buf, size_t len, double bytes) {
         snprintf(buf, len, "%.2f GiB", bytes / GIB);
 }
 
-/* A tick step of 1, 2 or 5 times a power of two of MiB (or of GiB): round
- * numbers in the unit the labels use, about five ticks over [0, top]. */
+/* Tick unit for labels: MiB up to 2 GiB, GiB above. */
+static double tick_unit(double top) { return top >= 2 * GIB ? GIB : MIB; }
+/* A tick step of 1, 2 or 5 times a power of ten of the unit: round numbers
+ * in the unit the labels use, at most about six ticks over [0, top]. */
 static double tick_step(double top) {
-    double unit = top >= 2 * GIB ? GIB : MIB, s = unit / 1024.0;
-    while (s * 5 < top) {
-        if (s * 2 * 5 >= top) return s * 2;
-        if (s * 5 * 5 >= top) return s * 5;
-        s *= 10;
-    }
-    return s > 0 ? s : 1;
+    double unit = tick_unit(top), x = top / unit / 6, mag = pow(10, floor(log10(x > 0 ? x : 1e-9)));
+    double m = x / mag, k = m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10;
+    return k * mag * unit;
 }
 
 int pt_timeline_svg_write(FILE *f, const pt_mem_window *win, int32_t n, const pt_timeline_svg_opts *o) {
@@ -137,11 +136,11 @@ int pt_timeline_svg_write(FILE *f, const pt_mem_window *win, int32_t n, const pt
     for (double v = step; v < ymax; v += step)
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", ML, Y(v), ML + pw, Y(v));
     fprintf(f, "</g>\n<g text-anchor=\"end\" fill=\"#333\">\n");
+    double unit = tick_unit(ymax);
+    int dec = step >= unit ? 0 : (int)ceil(-log10(step / unit) - 1e-9);
     for (double v = 0; v < ymax; v += step) {
         char t[32];
-        if (step >= GIB) snprintf(t, sizeof t, "%.0f GiB", v / GIB);
-        else if (step >= MIB) snprintf(t, sizeof t, "%.0f MiB", v / MIB);
-        else snprintf(t, sizeof t, "%.2f MiB", v / MIB);
+        snprintf(t, sizeof t, "%.*f %s", dec, v / unit, unit == GIB ? "GiB" : "MiB");
         fprintf(f, "<text x=\"%d\" y=\"%.1f\">%s</text>\n", ML - 6, Y(v) + 4, t);
     }
     fprintf(f, "</g>\n");
@@ -196,7 +195,8 @@ int pt_timeline_svg_write(FILE *f, const pt_mem_window *win, int32_t n, const pt
     const char *anchor = pk < n / 3 ? "start" : pk > 2 * n / 3 ? "end" : "middle";
     fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"none\" stroke=\"#000\" stroke-width=\"2\"/>\n", px,
             py);
-    fprintf(f, "<text id=\"peak\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" font-weight=\"bold\">peak %llu B (%s) at %s"
+    fprintf(f, "<text id=\"peak\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" font-weight=\"bold\" "
+               "stroke=\"white\" stroke-width=\"3\" paint-order=\"stroke\">peak %llu B (%s) at %s"
                "</text>\n", px, py - 10, anchor, (unsigned long long)peak, pb, pn);
 
     /* axes, x labels (thinned to about 40 so they stay readable), titles */
