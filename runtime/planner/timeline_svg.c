@@ -111,6 +111,7 @@ int pt_timeline_svg_write(FILE *f, const pt_mem_window *win, int32_t n, const pt
     if (o->measured)
         for (int32_t i = 0; i < n; i++)
             if (o->measured[i] > top) top = o->measured[i];
+    if (o->measured_peak_bytes > top) top = o->measured_peak_bytes;
     double ymax = top > 0 ? (double)top * 1.08 : 1.0;   /* room above the highest line for its label */
     double pw = W - ML - MR, ph = H - MT - MB, bw = pw / n;
 #define X(i) (ML + (i) * bw)
@@ -190,6 +191,16 @@ int pt_timeline_svg_write(FILE *f, const pt_mem_window *win, int32_t n, const pt
                 ML + pw - 4, Y(o->budget_bytes) + 14, t);
     }
 
+    if (o->measured_peak_bytes) {
+        /* the step's measured peak (the allocator's high-water mark): one number, so a line */
+        char t[32];
+        human(t, sizeof t, (double)o->measured_peak_bytes);
+        double y = Y(o->measured_peak_bytes);
+        fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#d62728\" stroke-width=\"1.5\" "
+                   "stroke-dasharray=\"2,3\"/>\n", ML, y, ML + pw, y);
+        fprintf(f, "<text id=\"measured-peak\" x=\"%d\" y=\"%.1f\" fill=\"#d62728\">measured peak %llu B (%s)</text>\n",
+                ML + 4, y - 4, (unsigned long long)o->measured_peak_bytes, t);
+    }
     /* the peak: marker and exact label (anchored so it stays inside the plot) */
     double px = X(pk) + bw / 2, py = Y(peak);
     const char *anchor = pk < n / 3 ? "start" : pk > 2 * n / 3 ? "end" : "middle";
@@ -239,6 +250,12 @@ int pt_timeline_svg_write(FILE *f, const pt_mem_window *win, int32_t n, const pt
     if (o->measured) {
         fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"#d62728\"/>\n", lx + 7, ly + 7);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">measured</text>\n", lx + 20, ly + 11);
+        ly += 20;
+    }
+    if (o->measured_peak_bytes) {
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#d62728\" stroke-width=\"1.5\" "
+                   "stroke-dasharray=\"2,3\"/>\n", lx, ly + 7, lx + 14, ly + 7);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">measured peak</text>\n", lx + 20, ly + 11);
     }
     fprintf(f, "</g>\n</svg>\n");
 #undef X
@@ -246,39 +263,59 @@ int pt_timeline_svg_write(FILE *f, const pt_mem_window *win, int32_t n, const pt
     return ferror(f) ? PT_ERR_IO : PT_OK;
 }
 
-int pt_timeline_svg_plan(const pt_trace *t, const pt_plan *plan, const uint64_t *measured, const char *path,
-                         char *err, size_t errlen) {
+void pt_timeline_free(pt_timeline *tl) {
+    if (!tl) return;
+    free(tl->win);
+    memset(tl, 0, sizeof *tl);
+}
+
+int pt_timeline_from_plan(const pt_trace *t, const pt_plan *plan, pt_timeline *tl, char *err, size_t errlen) {
+    memset(tl, 0, sizeof *tl);
     pt_cost_ctx *cx = NULL;
     int rc = pt_cost_ctx_new(t, &cx, err, errlen);
     if (rc) return rc;
     int32_t n = pt_cost_n_windows(cx);
-    pt_mem_window *win = calloc((size_t)n, sizeof *win);
-    if (!win) {
+    tl->win = calloc((size_t)n, sizeof *tl->win);
+    if (!tl->win) {
         pt_cost_ctx_free(cx);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "memory timeline: out of memory");
     }
     /* the plan's own mode map: the runtime runs it, whatever placement would say today */
     const uint8_t *modes = plan->modes && plan->n_block == t->n_block ? plan->modes : NULL;
-    rc = pt_cost_mem_windows(cx, &plan->opts, &plan->knobs, modes, win, n, NULL, err, errlen);
-    if (!rc) {
-        char title[160];
-        snprintf(title, sizeof title, "Predicted device memory of one step: %s, %d blocks, modes ", plan->device,
-                 (int)plan->n_block);
-        size_t tl = strlen(title);
-        for (int32_t b = 0; b < plan->n_block && modes && tl + 1 < sizeof title; b++)
-            title[tl++] = modes[b] == PT_BLOCK_SWAP ? 'S' : modes[b] == PT_BLOCK_CKPT ? 'C' : 'N';
-        title[tl] = 0;
-        pt_timeline_svg_opts o = {title, plan->capacity, plan->budget, measured};
-        FILE *f = fopen(path, "w");
-        if (!f) {
-            rc = pt_fail(err, errlen, PT_ERR_IO, "memory timeline: cannot write %s: %s", path, strerror(errno));
-        } else {
-            rc = pt_timeline_svg_write(f, win, n, &o);
-            if (fclose(f) && !rc) rc = PT_ERR_IO;
-            if (rc) pt_fail(err, errlen, rc, "memory timeline: writing %s failed", path);
-        }
-    }
-    free(win);
+    rc = pt_cost_mem_windows(cx, &plan->opts, &plan->knobs, modes, tl->win, n, NULL, err, errlen);
     pt_cost_ctx_free(cx);
+    if (rc) {
+        pt_timeline_free(tl);
+        return rc;
+    }
+    tl->n = n;
+    tl->capacity = plan->capacity;
+    tl->budget = plan->budget;
+    snprintf(tl->title, sizeof tl->title, "Predicted device memory of one step: %s, %d blocks, modes ",
+             plan->device, (int)plan->n_block);
+    size_t len = strlen(tl->title);
+    for (int32_t b = 0; b < plan->n_block && modes && len + 1 < sizeof tl->title; b++)
+        tl->title[len++] = modes[b] == PT_BLOCK_SWAP ? 'S' : modes[b] == PT_BLOCK_CKPT ? 'C' : 'N';
+    tl->title[len] = 0;
+    return PT_OK;
+}
+
+int pt_timeline_write_file(const pt_timeline *tl, const uint64_t *measured, uint64_t measured_peak_bytes,
+                           const char *path, char *err, size_t errlen) {
+    pt_timeline_svg_opts o = {tl->title, tl->capacity, tl->budget, measured, measured_peak_bytes};
+    FILE *f = fopen(path, "w");
+    if (!f) return pt_fail(err, errlen, PT_ERR_IO, "memory timeline: cannot write %s: %s", path, strerror(errno));
+    int rc = pt_timeline_svg_write(f, tl->win, tl->n, &o);
+    if (fclose(f) && !rc) rc = PT_ERR_IO;
+    if (rc) pt_fail(err, errlen, rc, "memory timeline: writing %s failed", path);
+    return rc;
+}
+
+int pt_timeline_svg_plan(const pt_trace *t, const pt_plan *plan, const uint64_t *measured, const char *path,
+                         char *err, size_t errlen) {
+    pt_timeline tl;
+    int rc = pt_timeline_from_plan(t, plan, &tl, err, errlen);
+    if (!rc) rc = pt_timeline_write_file(&tl, measured, 0, path, err, errlen);
+    pt_timeline_free(&tl);
     return rc;
 }
