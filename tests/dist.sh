@@ -28,6 +28,8 @@ fi
 if [ -n "${PT_SAN:-}" ]; then
     # Open MPI's own allocations would be reported as leaks by LeakSanitizer
     export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+    # and TSan's reports from inside Open MPI's uninstrumented libraries
+    export TSAN_OPTIONS="${TSAN_OPTIONS:-} suppressions=$(cd "$(dirname "$0")" && pwd)/tsan_openmpi.supp"
 fi
 fail=0; pass=0
 bad() { echo "dist: FAIL: $*"; fail=1; }
