@@ -94,7 +94,8 @@ else
   CUDA_TARGET := cuda-notice
 endif
 
-.PHONY: all test test-gpu bench-gpu fuzz fuzz-build run bench asan tsan deps check-deps clean cuda-notice
+.PHONY: all test test-gpu bench-gpu fuzz fuzz-build run bench asan tsan deps check-deps clean cuda-notice \
+        timeline-example
 all: check-deps $(PLUGIN) $(CUDA_TARGET) $(SAMPLE) $(PLAN_CLI) $(TEST_BINS) $(TPLUG_SOS) $(BENCH_BINS)
 
 # ---- dependencies ----
@@ -169,6 +170,16 @@ $(SAMPLE_CUDA): $(SH_CUDA_OBJS) sample_host/cuda/exports.map
 # ---- planner CLI (no host, no device) ----
 $(PLAN_CLI): plugin/cli/protrain_plan.c $(CORE_LIB)
 	$(CC) $(CFLAGS) $(INC_PLUGIN) -o $@ $< $(CORE_LIB) $(LDFLAGS) $(LIBS)
+
+# The README's example picture (conf/timeline_example.svg): sample_host's
+# default model (conf/default.ini [sample_host]: 6 layers, 192 channels, 6
+# heads, vocab 256, batch 8, seq 128, fp32, clipping) on a 0.06 GiB device
+# with 1 MiB chunks, so the plan streams chunks and checkpoints.
+TIMELINE_EXAMPLE_ARGS := --layers 6 --hidden 192 --heads 6 --vocab 256 --batch 8 --seq 128 --dtype fp32 \
+  --max_grad_norm 1 --reserve_gib 0 --headroom_gib 0 --chunk_mib 1 --device_memory_gib 0.06
+timeline-example: $(PLAN_CLI)
+	$(PLAN_CLI) $(TIMELINE_EXAMPLE_ARGS) --timeline conf/timeline_example.svg > /dev/null
+	@echo "wrote conf/timeline_example.svg"
 
 # ---- sample host ----
 $(BUILD)/libsample.a: $(SH_OBJS)

@@ -143,6 +143,9 @@ const pt_config_key pt_cfg_keys[] = {
     R_STR("protrain", "plan_file", plan_file, "a file path, or empty for none", NULL, "",
           "Write the chosen plan (knobs, predicted peak and time, mode, reasons) as JSON here; "
           "empty: the plan is only logged."),
+    R_STR("protrain", "timeline_file", timeline_file, "a file path, or empty for none", NULL, "",
+          "Write the plan's predicted device memory per window of one step as an SVG picture "
+          "here (rewritten with the measured peak after calibration); empty: none."),
     R_ENUM("optimizer", "type", optim_type, "adamw|rekls", optim_vals, "adamw",
            "adamw, or rekls (KL-Shampoo in its eigenbasis; parameters that are not 2-D use "
            "AdamW). A host "

@@ -4,12 +4,15 @@
  *   protrain-plan --model gpt2.ini --hw a100.ini [--json] [--json-file F]
  *   protrain-plan --layers 32 --hidden 4096 --heads 32 --arch llama --device-memory-gib 24
  *   protrain-plan --trace cache/0123456789abcdef.trace
+ *   protrain-plan --model gpt2.ini --timeline step.svg
  *
  * Every INI key is also a flag (--key value, '-' or '_' alike). Sections:
  * [model] (the shape), [hw] (the machine), [plan] (search options). The model
  * shape is turned into a synthetic trace (runtime/ds_estimates.h), the
  * searcher picks the plan, and the plan is printed beside DeepSpeed's ZeRO-2 /
  * ZeRO-3 model-state estimates for the same model (DeepSpeed's own formulas).
+ * --timeline FILE.svg draws the plan's predicted device memory, window by
+ * window (runtime/planner/timeline_svg.h).
  * Exit status: 0 plan found, 1 no plan fits (the message states the capacity
  * that would), 2 bad input.
  */
@@ -33,7 +36,7 @@ typedef struct opts {
     int64_t gpus_per_node;
     int64_t n_persist, n_buffer, n_swap, n_checkpoint, runner_ups, shard;
     int64_t layers_set, hidden_set, heads_set;
-    const char *trace_path, *json_file;
+    const char *trace_path, *json_file, *timeline_file;
     int json;
     char arch[16], dtype[8];
 } opts;
@@ -176,9 +179,10 @@ static int load_ini(opts *o, const char *path) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: protrain-plan [--model FILE.ini] [--hw FILE.ini] [--trace FILE] [--json] [--json-file F]\n"
-               "                     [--KEY VALUE ...]\n"
+               "                     [--timeline FILE.svg] [--KEY VALUE ...]\n"
                "Plans ProTrain's four knobs for a model shape (or a cached profile trace) without a device,\n"
-               "and prints DeepSpeed's ZeRO-2/ZeRO-3 estimates for the same model. Keys (INI section, flag):\n");
+               "and prints DeepSpeed's ZeRO-2/ZeRO-3 estimates for the same model. --timeline writes the plan's\n"
+               "predicted device memory per window of one step as an SVG picture. Keys (INI section, flag):\n");
     for (size_t i = 0; i < NKEYS; i++) fprintf(f, "  [%s] --%-20s %s\n", KEYS[i].section, KEYS[i].name, KEYS[i].help);
 }
 
@@ -221,6 +225,10 @@ static int parse_args(opts *o, int argc, char **argv) {
         }
         if (!strcmp(name, "trace")) {
             o->trace_path = val;
+            continue;
+        }
+        if (!strcmp(name, "timeline")) {
+            o->timeline_file = val;
             continue;
         }
         if (!strcmp(name, "json-file") || !strcmp(name, "json_file")) {
@@ -394,6 +402,10 @@ int main(int argc, char **argv) {
                 printf("(DeepSpeed estimates need a model shape: give --model instead of --trace)\n");
         }
         if (o.json_file && pt_plan_write_json(&plan, o.json_file, err, sizeof err)) {
+            fprintf(stderr, "protrain-plan: %s\n", err);
+            exit_code = 2;
+        }
+        if (o.timeline_file && pt_timeline_svg_plan(&t, &plan, NULL, o.timeline_file, err, sizeof err)) {
             fprintf(stderr, "protrain-plan: %s\n", err);
             exit_code = 2;
         }

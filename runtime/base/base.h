@@ -32,6 +32,7 @@ typedef struct pt_config {
     uint64_t chunk_size;      /* auto | <size>; 0 = auto */
     char cache_dir[512];      /* default "" = no cache */
     char plan_file[512];      /* default "" = no JSON plan */
+    char timeline_file[512];  /* default "" = no SVG memory timeline */
     /* [optimizer] */
     int optim_type;           /* type = adamw|rekls -> PT_OPTIM_ADAMW|PT_OPTIM_REKLS */
     float lr, beta1, beta2, eps, weight_decay, max_grad_norm; /* 3e-4, 0.9, 0.999, 1e-8, 0, 0 (0 = no clipping) */

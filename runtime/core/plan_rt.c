@@ -31,6 +31,9 @@ int pt_rt_replan_for_optimizer(pt_rt *rt, int clip, char *err, size_t errlen) {
 void pt_rt_plan_free(pt_rt *rt) {
     free(rt->swap_done);
     rt->swap_done = NULL;
+    pt_timeline_free(rt->tl);
+    free(rt->tl);
+    rt->tl = NULL;
     if (rt->trace) pt_trace_free(rt->trace);
     free(rt->trace);
     rt->trace = NULL;
@@ -164,6 +167,17 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
         pt_plan_free(&plan);
         return rc;
     }
+    if (rt->cfg.timeline_file[0]) {
+        /* an unwritable path fails like plan_file: the user asked for the file */
+        if (!rt->tl && !(rt->tl = calloc(1, sizeof *rt->tl))) rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+        pt_timeline_free(rt->tl);
+        if (!rc) rc = pt_timeline_from_plan(t, &plan, rt->tl, err, errlen);
+        if (!rc) rc = pt_timeline_write_file(rt->tl, NULL, 0, rt->cfg.timeline_file, err, errlen);
+        if (rc) {
+            pt_plan_free(&plan);
+            return rc;
+        }
+    }
     rt->pred_peak = plan.cost.peak_bytes;
     rt->pred_iter_s = plan.cost.iter_s;
     rt->swap_interval = plan.swap_interval;
@@ -263,6 +277,13 @@ void pt_rt_calibrate(pt_rt *rt) {
             (unsigned long long)u.peak, u.peak / 1048576.0, (unsigned long long)rt->pred_peak,
             pr, rt->meas_iter_s, rt->pred_iter_s,
             rt->pred_iter_s > 0 ? rt->meas_iter_s / rt->pred_iter_s : 0.0);
+    if (rt->tl && rt->tl->n) {
+        /* the picture of the plan that ran, now with what it really peaked at
+         * (a re-plan below then writes its own prediction over it) */
+        char terr[512];
+        if (pt_timeline_write_file(rt->tl, NULL, u.peak, rt->cfg.timeline_file, terr, sizeof terr))
+            PT_LOGW(&rt->lg, "calibration: %s", terr);
+    }
     if (u.peak <= rt->pred_peak || !rt->trace) return;
     /* Under-predicted: plan again with the measured correction, carrying the
      * parameters and optimizer state across (the state image is per parameter). */

@@ -48,6 +48,8 @@ struct pt_rt {
     double meas_iter_s;
     int swap_interval;        /* blocks of forward compute that hide one swap-out (>= 1) */
     int32_t *swap_done;       /* [n_blocks] the plan's release window per SWAP arena, or NULL */
+    struct pt_timeline *tl;   /* timeline_file set: the plan's memory picture, kept so calibration
+                                 can write it again with the measured peak; else NULL */
     /* TiledMLP (tiled_mlp.c) */
     int in_tiles;             /* inside a tiled_mlp_forward/backward tile loop */
     void *tile_scr;           /* the tile scratch handed to the host, or NULL */

@@ -225,7 +225,13 @@ void pt_act_free(pt_act_profile *a) {
     memset(a, 0, sizeof *a);
 }
 
-static void note_peak(pt_act_profile *a, uint64_t act, uint64_t scr, int phase, int block) {
+/* Every window's dynamic bytes pass through here, so the per-window picture
+ * (rec_*, pt_cost_mem_windows) and the peak are one computation. */
+static void note_peak(pt_act_profile *a, int32_t win, uint64_t act, uint64_t scr, int phase, int block) {
+    if (a->rec_act) {
+        a->rec_act[win] = act;
+        a->rec_scr[win] = scr;
+    }
     if (act + scr > a->peak_dyn || (a->peak_phase < 0)) {
         a->peak_dyn = act + scr;
         a->act_at_peak = act;
@@ -303,11 +309,11 @@ void pt_act_compute(const pt_cost_ctx *cx, const uint8_t *modes, pt_act_profile 
         }
     uint64_t inputs = B[0].input_bytes, kept = 0;
     int64_t flight = 0;
-    note_peak(a, inputs, t->nonblock_scratch_bytes, PT_PHASE_EMBED_FWD, -1);
+    note_peak(a, 0, inputs, t->nonblock_scratch_bytes, PT_PHASE_EMBED_FWD, -1);
     for (int32_t b = 0; b < N; b++) {
         flight += diff[b];
         uint64_t next_in = b + 1 < N ? B[b + 1].input_bytes : 0;
-        note_peak(a, inputs + next_in + kept + (uint64_t)flight + B[b].arena_bytes, B[b].fwd_scratch_bytes,
+        note_peak(a, 1 + b, inputs + next_in + kept + (uint64_t)flight + B[b].arena_bytes, B[b].fwd_scratch_bytes,
                   PT_PHASE_FWD, b);
         inputs += next_in;
         if (modes[b] == PT_BLOCK_NONE) kept += B[b].arena_bytes;
@@ -316,7 +322,7 @@ void pt_act_compute(const pt_cost_ctx *cx, const uint8_t *modes, pt_act_profile 
      * follows it, and its swap-in is charged in time but its arena counted
      * once), head/loss scratch. */
     flight += diff[N];
-    note_peak(a, inputs + kept + (uint64_t)flight + B[N - 1].grad_act_bytes, t->nonblock_scratch_bytes,
+    note_peak(a, N + 1, inputs + kept + (uint64_t)flight + B[N - 1].grad_act_bytes, t->nonblock_scratch_bytes,
               PT_PHASE_TURN, -1);
     /* The swap-in schedule replaces done_at from here on. */
     for (int32_t j = 0; j <= N; j++) a->bwd_swap_in[j] = 0;
@@ -330,10 +336,10 @@ void pt_act_compute(const pt_cost_ctx *cx, const uint8_t *modes, pt_act_profile 
         }
         uint64_t scr = B[b].bwd_scratch_bytes;
         if (modes[b] == PT_BLOCK_CKPT && B[b].fwd_scratch_bytes > scr) scr = B[b].fwd_scratch_bytes;
-        note_peak(a, inputs + kept + B[b].arena_bytes + ahead + B[b].grad_act_bytes, scr, PT_PHASE_BWD, b);
+        note_peak(a, 2 * N + 1 - b, inputs + kept + B[b].arena_bytes + ahead + B[b].grad_act_bytes, scr, PT_PHASE_BWD, b);
         inputs -= B[b].input_bytes;
     }
-    note_peak(a, B[0].grad_act_bytes, t->nonblock_scratch_bytes, PT_PHASE_EMBED_BWD, -1);
+    note_peak(a, 2 * N + 2, B[0].grad_act_bytes, t->nonblock_scratch_bytes, PT_PHASE_EMBED_BWD, -1);
 }
 
 /* ---------------- time ---------------- */
@@ -625,9 +631,10 @@ void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_p
     out->host_bytes = pt_cost_host_bytes(cx, a, p, o ? o->shard : 0);
 }
 
-/* pt_cost_eval with an explicit mode map (modes[n_block]). */
+/* pt_cost_eval with an explicit mode map (modes[n_block]); rec_act/rec_scr
+ * (NULL, or [pt_cost_n_windows]) receive the per-window dynamic bytes. */
 static int eval_modes(const pt_cost_ctx *cx, const pt_cost_opts *o, const uint8_t *modes, int32_t p, int32_t nb,
-                      pt_cost *out, char *err, size_t errlen) {
+                      pt_cost *out, uint64_t *rec_act, uint64_t *rec_scr, char *err, size_t errlen) {
     if (p < 0 || p > cx->K)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "n_persist=%d out of range [0, %d chunks]", p, cx->K);
     int32_t lo = pt_cost_buffer_min_block(cx, p);
@@ -641,7 +648,10 @@ static int eval_modes(const pt_cost_ctx *cx, const pt_cost_opts *o, const uint8_
                     "n_buffer=%d exceeds n_chunk - n_persist = %d - %d = %d", nb, cx->K, p, cx->K - p);
     pt_act_profile a;
     if (pt_act_init(cx, &a)) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
+    a.rec_act = rec_act;
+    a.rec_scr = rec_scr;
     pt_act_compute(cx, modes, &a);
+    a.rec_act = a.rec_scr = NULL;   /* the caller's: pt_act_free must not free them */
     memset(out, 0, sizeof *out);
     pt_cost_time(cx, &a, p, nb, o, out);
     pt_cost_memory(cx, o, &a, p, nb, out);
@@ -654,7 +664,67 @@ int pt_cost_eval(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_knobs *k
     uint8_t *modes = malloc((size_t)cx->N);
     if (!modes) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
     int rc = pt_place_blocks(cx->N, k->n_swap, k->n_checkpoint, cx->interval, modes, err, errlen);
-    if (!rc) rc = eval_modes(cx, o, modes, k->n_persist, k->n_buffer, out, err, errlen);
+    if (!rc) rc = eval_modes(cx, o, modes, k->n_persist, k->n_buffer, out, NULL, NULL, err, errlen);
     free(modes);
+    return rc;
+}
+
+/* ---------------- per-window picture ---------------- */
+
+int32_t pt_cost_n_windows(const pt_cost_ctx *cx) { return 2 * cx->N + 3; }
+
+int32_t pt_cost_window_index(const pt_cost_ctx *cx, int32_t phase, int32_t block) {
+    int32_t N = cx->N;
+    int in = block >= 0 && block < N;
+    switch (phase) {
+    case PT_PHASE_EMBED_FWD: return 0;
+    case PT_PHASE_FWD: return in ? 1 + block : -1;
+    case PT_PHASE_TURN: return N + 1;
+    case PT_PHASE_BWD: return in ? 2 * N + 1 - block : -1;
+    case PT_PHASE_EMBED_BWD: return 2 * N + 2;
+    default: return -1;
+    }
+}
+
+int pt_cost_mem_windows(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_knobs *k, const uint8_t *modes,
+                        pt_mem_window *win, int32_t n_win, pt_cost *out, char *err, size_t errlen) {
+    int32_t n = pt_cost_n_windows(cx);
+    if (n_win < n)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "memory timeline: %d windows needed, room for %d", n, n_win);
+    uint8_t *own = NULL;
+    uint64_t *rec = calloc((size_t)n * 2, sizeof *rec);
+    pt_cost c;
+    int rc = rec ? PT_OK : pt_fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
+    if (!rc && !modes) {
+        own = malloc((size_t)cx->N);
+        rc = own ? pt_place_blocks(cx->N, k->n_swap, k->n_checkpoint, cx->interval, own, err, errlen)
+                 : pt_fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
+        modes = own;
+    }
+    if (!rc) rc = eval_modes(cx, o, modes, k->n_persist, k->n_buffer, &c, rec, rec + n, err, errlen);
+    if (!rc) {
+        /* The static part is c's own (what the peak adds the maximum to), and
+         * each total goes through the same rounding as the peak: ceil(frag * x)
+         * is monotone, so the largest total is ceil(frag * (static + max)) =
+         * c.peak_bytes exactly. */
+        uint64_t stat = c.model_state_bytes + c.buffer_bytes + c.nonblock_bytes;
+        for (int32_t i = 0; i < n; i++) {
+            pt_mem_window *w = &win[i];
+            w->phase = i == 0 ? PT_PHASE_EMBED_FWD : i <= cx->N ? PT_PHASE_FWD : i == cx->N + 1 ? PT_PHASE_TURN
+                     : i < n - 1 ? PT_PHASE_BWD : PT_PHASE_EMBED_BWD;
+            w->block = w->phase == PT_PHASE_FWD ? i - 1 : w->phase == PT_PHASE_BWD ? 2 * cx->N + 1 - i : -1;
+            w->model_state_bytes = c.model_state_bytes;
+            w->buffer_bytes = c.buffer_bytes;
+            w->nonblock_bytes = c.nonblock_bytes;
+            w->activation_bytes = rec[i];
+            w->scratch_bytes = rec[n + i];
+            w->raw_bytes = stat + rec[i] + rec[n + i];
+            w->total_bytes = pt_cost_frag_bytes(o ? o->frag : 1.0, w->raw_bytes);
+            w->frag_bytes = w->total_bytes - w->raw_bytes;
+        }
+        if (out) *out = c;
+    }
+    free(own);
+    free(rec);
     return rc;
 }

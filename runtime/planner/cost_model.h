@@ -179,6 +179,10 @@ typedef struct pt_act_profile {
                                     at the start of the next window, waiting for its copy if
                                     needed, so the measured peak is the predicted one. -1 for
                                     other blocks. */
+    uint64_t *rec_act, *rec_scr; /* NULL (pt_act_init), or [pt_cost_n_windows] arrays the caller
+                                    owns: pt_act_compute then stores each window's activation and
+                                    scratch bytes too (pt_cost_mem_windows; the searcher leaves
+                                    them NULL) */
 } pt_act_profile;
 
 int pt_act_init(const pt_cost_ctx *cx, pt_act_profile *a);
@@ -248,6 +252,41 @@ double pt_cost_time_lb_small(const pt_cost_ctx *cx, const pt_act_profile *a, int
 /* Memory part: fills the memory fields of out (host_bytes included). */
 void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_profile *a,
                     int32_t n_persist, int32_t n_buffer, pt_cost *out);
+/* ---- the memory picture of one step, window by window ----
+ *
+ * The peak above is a maximum over the windows of one step; this hands out
+ * every term of that maximum, so a picture of it (timeline_svg.h) has exactly
+ * the plan's peak as its highest point. Window order, n = 2 * n_block + 3:
+ *   0 embed fwd, 1 + b fwd block b, n_block + 1 turn (head/loss),
+ *   2 * n_block + 1 - b bwd block b, 2 * n_block + 2 embed bwd.
+ * The optimizer step is not a window: the memory model charges it nothing
+ * beyond the static part (CPU Adam works on host copies, device Adam in the
+ * persistent states already counted). */
+typedef struct pt_mem_window {
+    int32_t phase;              /* PT_PHASE_* */
+    int32_t block;              /* -1 for the embedding and turn windows */
+    uint64_t model_state_bytes; /* persistent chunks: the same in every window */
+    uint64_t buffer_bytes;      /* chunk buffer slots: allocated once, the same in every window */
+    uint64_t nonblock_bytes;    /* embedding / head / loss states: the same in every window */
+    uint64_t activation_bytes;  /* inputs, arenas, swaps in flight, activation grads */
+    uint64_t scratch_bytes;     /* block or non-block scratch of this window */
+    uint64_t frag_bytes;        /* total - raw: the allocator's fragmentation on top */
+    uint64_t raw_bytes;         /* the five parts above frag_bytes */
+    uint64_t total_bytes;       /* ceil(frag * raw_bytes); the peak is the largest */
+} pt_mem_window;
+
+int32_t pt_cost_n_windows(const pt_cost_ctx *cx);
+/* Fills win[pt_cost_n_windows(cx)] (n_win must be at least that) and, when
+ * out is not NULL, the whole prediction as pt_cost_eval does — through the
+ * same walk, so max(win[i].total_bytes) == out->peak_bytes and the first
+ * window reaching it is out->peak_phase / peak_block. modes: the plan's
+ * per-block map, or NULL for placement.h's map of k. Errors as pt_cost_eval,
+ * PT_ERR_INVALID_ARG when n_win is too small. */
+int pt_cost_mem_windows(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_knobs *k, const uint8_t *modes,
+                        pt_mem_window *win, int32_t n_win, pt_cost *out, char *err, size_t errlen);
+/* Index of window (phase, block) in the order above, -1 if there is none. */
+int32_t pt_cost_window_index(const pt_cost_ctx *cx, int32_t phase, int32_t block);
+
 /* ceil(frag * raw) as the feasibility checks compute it. */
 uint64_t pt_cost_frag_bytes(double frag, uint64_t raw);
 

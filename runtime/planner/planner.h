@@ -8,6 +8,7 @@
  *   searcher.h     the four-knob search
  *   plan.h         the chosen plan as text and JSON
  *   ds_estimates.h DeepSpeed ZeRO-2/3 memory estimates (planner CLI)
+ *   timeline_svg.h the predicted memory of one step, window by window, as SVG
  * Code outside runtime/planner includes this header only.
  */
 #ifndef PT_PLANNER_H
@@ -20,5 +21,6 @@
 #include "searcher.h"
 #include "plan.h"
 #include "ds_estimates.h"
+#include "timeline_svg.h"
 
 #endif

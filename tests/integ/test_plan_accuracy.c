@@ -155,7 +155,40 @@ static void test_sweep(void **st) {
     if (strict) assert_int_equal(time_ok, n);
 }
 
+/* [protrain] timeline_file: the plugin writes the plan's picture, and after
+ * calibration (step 6 of 9 here) writes it again with the measured peak. The
+ * label is the prediction get_stats reports, exactly; the measured peak is the
+ * calibration's, at most the prediction (asserted over the sweep above). */
+static void test_timeline_file(void **st) {
+    (void)st;
+    char knobs[600], svg_path[512];
+    snprintf(svg_path, sizeof svg_path, "%s/timeline.svg", H.dir);
+    snprintf(knobs, sizeof knobs, "n_persist = 6\nn_buffer = 16\nn_swap = 1\nn_checkpoint = 1\ntimeline_file = %s",
+             svg_path);
+    meas m;
+    run(knobs, &m);
+    FILE *f = fopen(svg_path, "r");
+    assert_non_null(f);
+    static char svg[1 << 16];
+    size_t n = fread(svg, 1, sizeof svg - 1, f);
+    svg[n] = 0;
+    fclose(f);
+    assert_true(n > 0 && n < sizeof svg - 1);
+    assert_non_null(strstr(svg, "<svg "));
+    assert_non_null(strstr(svg, "</svg>"));
+    char want[64];
+    snprintf(want, sizeof want, ">peak %llu B (", (unsigned long long)m.st.pred_peak);
+    if (!strstr(svg, want)) fprintf(stderr, "no '%s' in %s\n", want, svg_path);
+    assert_non_null(strstr(svg, want));
+    const char *mp = strstr(svg, ">measured peak ");
+    assert_non_null(mp);
+    unsigned long long meas_peak = strtoull(mp + strlen(">measured peak "), NULL, 10);
+    printf("  timeline: predicted peak %llu B, measured peak %llu B\n", (unsigned long long)m.st.pred_peak,
+           meas_peak);
+    assert_true(meas_peak > 0 && meas_peak <= m.st.pred_peak);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_sweep)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_sweep), cmocka_unit_test(test_timeline_file)};
     return cmocka_run_group_tests_name("cost model vs runtime", tests, setup, teardown);
 }
