@@ -22,7 +22,7 @@
 #define GIB 1073741824.0
 
 /* Canvas and margins, user units (= px). */
-enum { W = 1000, H = 520, ML = 96, MR = 210, MT = 64, MB = 96 };
+enum { W = 1100, H = 520, ML = 96, MR = 300, MT = 64, MB = 96 };   /* MR: room for the legend */
 
 typedef struct cat {
     const char *name, *color;
