@@ -230,8 +230,11 @@ test-gpu: all
 bench-gpu: all
 	@PT_BUILD=$(abspath $(BUILD)) PT_BENCH_STRICT=$(STRICT) bash tests/gpu/bench_cuda.sh
 
+# The default INI, plus the memory timeline of the plan written beside the build.
 run: check-deps $(PLUGIN) $(SAMPLE)
-	$(OMP_ENV) $(SAMPLE) --config conf/default.ini --plugin $(abspath $(PLUGIN))
+	@sed 's|^timeline_file =.*|timeline_file = $(abspath $(BUILD))/run_timeline.svg|' conf/default.ini > $(BUILD)/run.ini
+	$(OMP_ENV) $(SAMPLE) --config $(BUILD)/run.ini --plugin $(abspath $(PLUGIN))
+	@echo "memory timeline of the plan (predicted, and the measured peak after calibration): $(BUILD)/run_timeline.svg"
 
 # make bench STRICT=1: a missed goal fails the run (benchmarks that have goals).
 STRICT ?= 0

@@ -198,8 +198,11 @@ int pt_timeline_svg_write(FILE *f, const pt_mem_window *win, int32_t n, const pt
         double y = Y(o->measured_peak_bytes);
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#d62728\" stroke-width=\"1.5\" "
                    "stroke-dasharray=\"2,3\"/>\n", ML, y, ML + pw, y);
-        fprintf(f, "<text id=\"measured-peak\" x=\"%d\" y=\"%.1f\" fill=\"#d62728\">measured peak %llu B (%s)</text>\n",
-                ML + 4, y - 4, (unsigned long long)o->measured_peak_bytes, t);
+        /* below its line at the right end, clear of the peak label above the bars */
+        fprintf(f, "<text id=\"measured-peak\" x=\"%.1f\" y=\"%.1f\" fill=\"#d62728\" "
+                   "text-anchor=\"end\" stroke=\"white\" stroke-width=\"3\" paint-order=\"stroke\">"
+                   "measured peak %llu B (%s)</text>\n",
+                ML + pw - 4, y + 14, (unsigned long long)o->measured_peak_bytes, t);
     }
     /* the peak: marker and exact label (anchored so it stays inside the plot) */
     double px = X(pk) + bw / 2, py = Y(peak);
