@@ -50,11 +50,15 @@ base_ini() {   # $1 = file, $2 = mode-specific [protrain] lines
 }
 base_ini "$tmp/A.ini" 'force_all_persistent = true'
 base_ini "$tmp/B.ini" 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swap = 0\nn_checkpoint = 0\nchunk_size = 16384'
+# AT: mode A with the MLPs in 3 tiles on every rank (TiledMLP composes with ranks)
+base_ini "$tmp/AT.ini" 'force_all_persistent = true'
+printf '[tiled_mlp]\nenabled = true\ntiles = 3\n' >> "$tmp/AT.ini"
 
 # field value of every line: jf FILE KEY
 jf() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
 
-for mode in A B; do
+for mode in A B AT; do
+    want=${mode:0:1}   # the execution mode the plugin must report
     m1="$tmp/$mode.1.json"; m2="$tmp/$mode.2.json"
     if ! "$sh" --config "$tmp/$mode.ini" "${common[@]}" --grad-accum 2 --metrics "$m1" \
             >"$tmp/$mode.1.log" 2>&1; then
@@ -66,7 +70,7 @@ for mode in A B; do
     fi
     [ "$(jf "$m1" world | sort -u)" = 1 ] && [ "$(jf "$m2" world | sort -u)" = 2 ] && ok ||
         bad "mode $mode: world fields are '$(jf "$m1" world | sort -u)' / '$(jf "$m2" world | sort -u)', want 1 / 2"
-    [ "$(jf "$m2" mode | sort -u)" = "\"$mode\"" ] && [ "$(jf "$m1" mode | sort -u)" = "\"$mode\"" ] && ok ||
+    [ "$(jf "$m2" mode | sort -u)" = "\"$want\"" ] && [ "$(jf "$m1" mode | sort -u)" = "\"$want\"" ] && ok ||
         bad "mode $mode: the plugin ran mode '$(jf "$m2" mode | sort -u)' (2 ranks) / '$(jf "$m1" mode | sort -u)' (1 rank)"
     [ "$(wc -l < "$m2")" = 6 ] && ok || bad "mode $mode: rank 0's metrics have $(wc -l < "$m2") lines, want 6 (one writer)"
     l1=$(jf "$m1" loss | tr '\n' ' '); l2=$(jf "$m2" loss | tr '\n' ' ')
