@@ -109,5 +109,30 @@ rc=$?; dt=$(( $(date +%s) - t0 ))
 grep -q "rank 0: error: .*rank 1 did not send its part within \[dist\] timeout = 2 s" "$tmp/hang.log" && ok ||
     { tail -15 "$tmp/hang.log"; bad "hung rank: rank 0's error does not name rank 1 and the timeout"; }
 
+# A killed rank (SIGKILL, mid-run): the job ends non-zero, well within the guard.
+# Rank 1 is found among this run's processes by the rank mpirun put in its
+# environment.
+(cd "$tmp" && exec timeout 60 "${mpi[@]}" "$sh" --config "$tmp/A.ini" "${common[@]}" --steps 100000) \
+    >"$tmp/kill.log" 2>&1 &
+job=$!
+t0=$(date +%s); r1=""
+for w in $(seq 1 400); do
+    for d in /proc/[0-9]*; do
+        [ "$(readlink "$d/exe" 2>/dev/null)" = "$(readlink -f "$sh")" ] || continue
+        tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && r1=${d#/proc/}
+    done
+    [ -n "$r1" ] && break
+    sleep 0.05
+done
+if [ -z "$r1" ]; then
+    kill "$job" 2>/dev/null; wait "$job"; bad "killed rank: rank 1's process was not found"
+else
+    sleep 0.5   # let it get into training
+    kill -9 "$r1"
+    wait "$job"; rc=$?; dt=$(( $(date +%s) - t0 ))
+    [ $rc != 0 ] && [ $rc != 124 ] && ok || bad "killed rank: mpirun exited $rc (want non-zero, not the 60 s guard)"
+    [ $dt -le 30 ] && ok || bad "killed rank: the job took $dt s to end"
+fi
+
 echo "dist: $pass passed, $fail failed"
 exit $fail
