@@ -24,11 +24,25 @@ typedef struct opt {
     const char *help;
 } opt;
 
-/* Words of the T_ORDER and T_SCHED keys; a value is its word's index (sh_llmc.h). */
-
+/* Words of the keys that take one of a few words; a value is its word's index
+ * (the enums in sh_config.h and sh_llmc.h). */
 static const char *const ORDER_NAMES[] = {"random", "sequential", "shuffled", NULL};
 static const char *const SCHED_NAMES[] = {"cosine", "constant", "linear", NULL};
-_Static_assert(SH_ORDER_SHUFFLED == 2 && SH_LR_LINEAR == 2, "names are indexed by the enums");
+static const char *const DEVICE_NAMES[] = {"cpu", "cuda", NULL};
+static const char *const NONFINITE_NAMES[] = {"stop", "skip", NULL};
+_Static_assert(SH_ORDER_SHUFFLED == 2 && SH_LR_LINEAR == 2 && SH_DEVICE_CUDA == 1 &&
+                   SH_NONFINITE_SKIP == 1,
+               "names are indexed by the enums");
+
+static const char *const *words_of(int type) {
+    switch (type) {
+    case T_ORDER: return ORDER_NAMES;
+    case T_SCHED: return SCHED_NAMES;
+    case T_DEVICE: return DEVICE_NAMES;
+    case T_NONFINITE: return NONFINITE_NAMES;
+    default: return NULL;
+    }
+}
 
 #define O(f) offsetof(sh_config, f)
 static const opt OPTS[] = {
@@ -178,14 +192,6 @@ static int set_value(sh_config *c, const opt *o, const char *val, char *msg, siz
             return -1;
         }
         return 0;
-    case T_DEVICE:
-        if (strcmp(val, "cpu") == 0) *(int *)f = SH_DEVICE_CPU;
-        else if (strcmp(val, "cuda") == 0) *(int *)f = SH_DEVICE_CUDA;
-        else {
-            snprintf(msg, ml, "'%s' = '%s' must be cpu or cuda", o->key, val);
-            return -1;
-        }
-        return 0;
     case T_BOOL:
         if (!strcmp(val, "true") || !strcmp(val, "yes") || !strcmp(val, "on") || !strcmp(val, "1"))
             *(int *)f = 1;
@@ -197,17 +203,11 @@ static int set_value(sh_config *c, const opt *o, const char *val, char *msg, siz
             return -1;
         }
         return 0;
+    case T_DEVICE:
     case T_NONFINITE:
-        if (strcmp(val, "stop") == 0) *(int *)f = SH_NONFINITE_STOP;
-        else if (strcmp(val, "skip") == 0) *(int *)f = SH_NONFINITE_SKIP;
-        else {
-            snprintf(msg, ml, "'%s' = '%s' must be stop or skip", o->key, val);
-            return -1;
-        }
-        return 0;
     case T_ORDER:
     case T_SCHED: {
-        const char *const *names = o->type == T_ORDER ? ORDER_NAMES : SCHED_NAMES;
+        const char *const *names = words_of(o->type);
         char words[128] = "";
         for (int k = 0; names[k]; k++) {
             if (strcmp(val, names[k]) == 0) {

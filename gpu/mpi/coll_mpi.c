@@ -174,6 +174,20 @@ static void scale_buf(void *buf, size_t n, int32_t dtype, double scale) {
     }
 }
 
+/* acc[e] += src[e] for m elements of dtype (f32 sums stay f32: a single rank
+ * accumulating micro-batches adds in f32 too). */
+static void add_into(void *acc, const void *src, size_t m, int dtype) {
+    if (dtype == PT_COLL_F32) {
+        float *a = acc;
+        const float *x = src;
+        for (size_t e = 0; e < m; e++) a[e] += x[e];
+    } else {
+        double *a = acc;
+        const double *x = src;
+        for (size_t e = 0; e < m; e++) a[e] += x[e];
+    }
+}
+
 int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale,
                       const char *what, char *err, size_t errlen) {
     if (!c || c->world == 1) {
@@ -200,7 +214,13 @@ int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sca
     MPI_Datatype mt = dtype == PT_COLL_F64 ? MPI_DOUBLE : MPI_FLOAT;
     int np = c->world - 1;
     int *peer = malloc(sizeof(int) * (size_t)(2 * np));
-    if (!peer) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    /* one segment's sum, reused by every segment */
+    void *acc = malloc((n < SEG_ELEMS ? n : SEG_ELEMS) * es + 1);
+    if (!peer || !acc) {
+        free(peer);
+        free(acc);
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    }
     double deadline = pt_now_s() + c->timeout_s;
     int rc = PT_OK;
     for (size_t off = 0; off < n || (n == 0 && off == 0); off += SEG_ELEMS) {
@@ -226,32 +246,17 @@ int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sca
         /* sum in rank order: ranks below us, ours, ranks above (the first
          * addend is copied, not added to 0, so -0 and NaN payloads match a
          * single rank's accumulation) */
-        if (dtype == PT_COLL_F32) {
-            float *o = (float *)mine, *acc = malloc(m * sizeof(float) + 1);
-            if (!acc) { rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory"); break; }
-            for (int p = 0; p < c->world; p++) {
-                const float *src = p == c->rank ? o
-                    : (const float *)c->recv + (size_t)(p < c->rank ? p : p - 1) * SEG_ELEMS;
-                if (p == 0) memcpy(acc, src, m * sizeof(float));
-                else for (size_t e = 0; e < m; e++) acc[e] += src[e];
-            }
-            memcpy(o, acc, m * sizeof(float));
-            free(acc);
-        } else {
-            double *o = (double *)mine, *acc = malloc(m * sizeof(double) + 1);
-            if (!acc) { rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory"); break; }
-            for (int p = 0; p < c->world; p++) {
-                const double *src = p == c->rank ? o
-                    : (const double *)c->recv + (size_t)(p < c->rank ? p : p - 1) * SEG_ELEMS;
-                if (p == 0) memcpy(acc, src, m * sizeof(double));
-                else for (size_t e = 0; e < m; e++) acc[e] += src[e];
-            }
-            memcpy(o, acc, m * sizeof(double));
-            free(acc);
+        for (int p = 0; p < c->world; p++) {
+            const char *src = p == c->rank ? mine
+                              : (const char *)c->recv + (size_t)(p < c->rank ? p : p - 1) * SEG_ELEMS * es;
+            if (p == 0) memcpy(acc, src, m * es);
+            else add_into(acc, src, m, dtype);
         }
+        memcpy(mine, acc, m * es);
         if (n == 0) break;
     }
     free(peer);
+    free(acc);
     if (!rc) scale_buf(buf, n, dtype, scale);
     return rc;
 }

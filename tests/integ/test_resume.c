@@ -42,6 +42,8 @@
 
 #include <cmocka.h>
 
+#include "test_files.h"
+
 #include "sh_config.h"
 #include "sh_run.h"
 
@@ -88,19 +90,6 @@ static int teardown(void **st) {
     return system(cmd) == 0 ? 0 : -1;
 }
 
-static char *slurp(const char *p) {
-    FILE *f = fopen(p, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = calloc((size_t)n + 1, 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    return b;
-}
-
 static char *path_in(char *buf, const char *name) {
     snprintf(buf, 300, "%s/%s", DIR_, name);
     return buf;
@@ -141,7 +130,7 @@ static void run_ok(const sh_config *c) {
 /* Metrics lines cut before "tok_s": step, loss (17 digits) and lr only, which do not
  * depend on the plan (dev_peak does). Returns the number of lines. */
 static int losses(const char *metrics, char *out, size_t n) {
-    char *t = slurp(metrics);
+    char *t = pt_test_slurp(metrics);
     assert_non_null(t);
     int lines = 0;
     out[0] = '\0';
@@ -167,7 +156,7 @@ static void expect_same_run(const char *tag, const char *ref_metrics, const char
     assert_int_equal(nb, STEPS);
     if (strcmp(a, b) != 0) fprintf(stderr, "%s: losses differ\n--- ref\n%s--- got\n%s", tag, a, b);
     assert_string_equal(a, b);
-    char *x = slurp(ref_save), *y = slurp(save);
+    char *x = pt_test_slurp(ref_save), *y = pt_test_slurp(save);
     struct stat sa, sb;
     assert_int_equal(stat(ref_save, &sa), 0);
     assert_int_equal(stat(save, &sb), 0);
@@ -228,7 +217,7 @@ static void interrupted(const char *tag, const char *ini1, const char *ini2, int
 }
 
 static long long dev_peak(const char *metrics) {
-    char *t = slurp(metrics);
+    char *t = pt_test_slurp(metrics);
     assert_non_null(t);
     const char *p = strstr(t, "\"dev_peak\":");
     assert_non_null(p);
@@ -429,7 +418,7 @@ static void test_sigkill(void **st) {
                newest(ck), mid ? ", inside a save" : "");
     }
     assert_int_equal(run_bin(args, lg), 0);
-    char *log = slurp(lg);
+    char *log = pt_test_slurp(lg);
     const char *r = strstr(log, "resumed from");
     printf("  final run: %.*s\n", r ? (int)strcspn(r, "\n") : 11, r ? r : "from step 1");
     free(log);
@@ -495,7 +484,7 @@ static void corrupt_case(const char *tag, const char *victim, int how, const cha
     }
     bin_args(args, sizeof args, INI_RES, m, s, ck, "--checkpoint-every 2 --resume");
     assert_int_equal(run_bin(args, lg), 0);
-    char *log = slurp(lg), want[400];
+    char *log = pt_test_slurp(lg), want[400];
     snprintf(want, sizeof want, "warning: skipping checkpoint generation %s/gen-00000006: ", ck);
     const char *w = strstr(log, want);
     assert_non_null(w);
@@ -510,7 +499,7 @@ static void corrupt_case(const char *tag, const char *victim, int how, const cha
         bin_args(args, sizeof args, INI_RES, path_in(rm, "bref.jsonl"), path_in(rs, "bref.bin"),
                  path_in(rck, "bref.ck"), "");
         assert_int_equal(run_bin(args, path_in(rlg, "bref.log")), 0);
-        char *rl = slurp(rlg);
+        char *rl = pt_test_slurp(rlg);
         ref_tail = after_step6(rl);
         free(rl);
     }
@@ -554,7 +543,7 @@ static void test_other_run_refused(void **st) {
     /* another learning rate: resuming would not continue that run */
     bin_args(args, sizeof args, INI_RES, m, s, ck, "--checkpoint-every 2 --resume --lr 1e-3");
     assert_int_equal(run_bin(args, lg), 1);
-    char *log = slurp(lg);
+    char *log = pt_test_slurp(lg);
     const char *e = strstr(log, "error: --resume:");
     assert_non_null(e);
     printf("  %.*s\n", (int)strcspn(e, "\n"), e);
@@ -568,7 +557,7 @@ static void test_other_run_refused(void **st) {
     assert_int_equal(truncate(p, 10), 0);
     bin_args(args, sizeof args, INI_RES, m, s, ck, "--checkpoint-every 2 --resume");
     assert_int_equal(run_bin(args, lg), 1);
-    log = slurp(lg);
+    log = pt_test_slurp(lg);
     assert_non_null(strstr(log, "none of the 2 checkpoint generations"));
     free(log);
 }
@@ -583,7 +572,7 @@ static void test_nan_stops(void **st) {
     path_in(lg, "nan.log");
     bin_args(args, sizeof args, INI_STR, m, s, ck, "--checkpoint-every 2 --debug-nan-step 5");
     assert_int_equal(run_bin(args, lg), 1);
-    char *log = slurp(lg);
+    char *log = pt_test_slurp(lg);
     const char *e = strstr(log, "error: ");
     assert_non_null(e);
     printf("  plugin: %.*s\n", (int)strcspn(e, "\n"), e);
@@ -600,7 +589,7 @@ static void test_nan_stops(void **st) {
     path_in(ck, "nan_skip.ck");
     bin_args(args, sizeof args, NULL, m, s, ck, "--debug-nan-step 5 --on-nonfinite skip");
     assert_int_equal(run_bin(args, lg), 0);
-    log = slurp(lg);
+    log = pt_test_slurp(lg);
     assert_non_null(strstr(log, "not finite (nan) at step 5: optimizer step skipped"));
     assert_non_null(strstr(log, "skipped optimizer steps (non-finite loss): 1"));
     assert_null(strstr(log, "final train loss nan"));

@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "protrain.h"
+#include "tiny_model.h"
 
 static const pt_plugin_v1 *P = &protrain_plugin_v1;
 static char ini_path[256];
@@ -28,27 +29,6 @@ static void write_ini(const char *text) {
     assert_non_null(f);
     fputs(text, f);
     fclose(f);
-}
-
-/* Two blocks of one weight each, plus a non-block embedding. */
-enum { NP = 3, NB = 2, NEL = 64 };
-typedef struct tiny {
-    pt_param_v1 p[NP];
-    pt_model_v1 m;
-    float init[NP][NEL];
-} tiny;
-
-static void tiny_make(tiny *t) {
-    memset(t, 0, sizeof *t);
-    static const char *names[NP] = {"emb", "b0.w", "b1.w"};
-    static const int blk[NP] = {-1, 0, 1};
-    for (int i = 0; i < NP; i++) {
-        t->p[i] = (pt_param_v1){.name = names[i], .dtype = PT_F32, .ndim = 1, .shape = {NEL},
-                                .block = blk[i], .trainable = 1, .tie = -1, .init = t->init[i]};
-        for (int k = 0; k < NEL; k++) t->init[i][k] = 0.01f * (float)((i * 7 + k) % 13);
-    }
-    t->m = (pt_model_v1){.struct_size = sizeof t->m, .n_params = NP, .params = t->p,
-                         .n_blocks = NB, .batch = 1, .seq = 1, .arch = "tiny"};
 }
 
 static void *start(tiny *t, const char *extra) {

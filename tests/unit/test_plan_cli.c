@@ -17,6 +17,8 @@
 
 #include <cmocka.h>
 
+#include "test_files.h"
+
 #include "planner/ds_estimates.h"
 #include "protrain.h"
 #include "planner/trace_cache.h"
@@ -105,19 +107,6 @@ static int teardown(void **state) {
     return system(cmd) == 0 ? 0 : -1;
 }
 
-static char *slurp(const char *p) {
-    FILE *f = fopen(p, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    size_t got = fread(b, 1, (size_t)n, f);
-    b[got] = 0;
-    fclose(f);
-    return b;
-}
-
 /* Run protrain-plan with args; returns the exit status; out and err get stdout and stderr. */
 static int run(const char *args, char **out, char **err) {
     const char *bd = getenv("PT_BUILD");
@@ -125,8 +114,8 @@ static int run(const char *args, char **out, char **err) {
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "'%s/protrain-plan' %s > '%s' 2> '%s'", bd, args, outp, errp);
     int st = system(cmd);
-    *out = slurp(outp);
-    *err = slurp(errp);
+    *out = pt_test_slurp(outp);
+    *err = pt_test_slurp(errp);
     assert_non_null(*out);
     assert_non_null(*err);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
@@ -287,7 +276,7 @@ static void test_cli_ini_and_errors(void **state) {
     snprintf(args, sizeof args, "--model '%s' --hw '%s' --json-file '%s'", model, hw, jf);
     assert_int_equal(run(args, &out, &err), 0);
     assert_non_null(strstr(out, "ProTrain plan"));
-    char *js = slurp(jf);
+    char *js = pt_test_slurp(jf);
     assert_non_null(js);
     assert_json(js);
     assert_true(jnum(js, "capacity_bytes") == 12.0 * GIB);

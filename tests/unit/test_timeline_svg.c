@@ -22,6 +22,8 @@
 
 #include <cmocka.h>
 
+#include "test_files.h"
+
 #include "planner/planner.h"
 #include "protrain.h"
 
@@ -266,19 +268,6 @@ static void test_windows_peak_every_knob_set(void **state) {
     pt_cost_ctx_free(cx);
 }
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    size_t got = fread(b, 1, (size_t)n, f);
-    b[got] = 0;
-    fclose(f);
-    return b;
-}
-
 /* The number in the label "peak N B (...) at WINDOW"; asserts the shape. */
 static unsigned long long peak_label(const char *svg, char *where, size_t wlen) {
     const char *p = strstr(svg, "id=\"peak\"");
@@ -335,7 +324,7 @@ static void test_svg_of_searched_plans(void **state) {
         assert_true(2 * T.n_block + 3 <= 64);
         for (int32_t w = 0; w < 2 * T.n_block + 3; w += 2) meas[w] = plan.cost.peak_bytes / 2 + (uint64_t)w;
         assert_int_equal(pt_timeline_svg_plan(&T, &plan, i == 2 ? meas : NULL, path, err, sizeof err), PT_OK);
-        char *svg = slurp(path);
+        char *svg = pt_test_slurp(path);
         assert_non_null(svg);
         const char *why = xml_check(svg, "svg");
         if (why) fprintf(stderr, "not well-formed: %s\n", why);
@@ -381,7 +370,7 @@ static void test_cli_timeline(void **state) {
              bd, svgp, outp);
     int st = system(cmd);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    char *js = slurp(outp), *svg = slurp(svgp);
+    char *js = pt_test_slurp(outp), *svg = pt_test_slurp(svgp);
     assert_non_null(js);
     assert_non_null(svg);
     const char *p = strstr(js, "\"peak_bytes\":");
