@@ -110,28 +110,18 @@ static int choose_layout(pt_store *st, char *err, size_t errlen) {
     return rc;
 }
 
-/* Pinned bytes of one offloaded chunk (the real cost of an offloaded parameter, never 2 bytes per parameter),
- * exactly as alloc_offloaded allocates them. */
-static uint64_t pinned_of(const cs_chunk *c, int with_gacc) {
-    if (!c->trainable) return c->used;              /* h_param only */
-    uint64_t b = 2 * c->used + 8 * c->n_state;    /* h_param, h_gstage, m, v */
-    if (c->has16) b += 4 * c->n_state;             /* fp32 masters */
-    if (with_gacc) b += 4 * c->n_state;
-    return b;
+/* Pinned bytes of one offloaded chunk (the real cost of an offloaded parameter,
+ * never 2 bytes per parameter), exactly as alloc_offloaded allocates them;
+ * rounded: each allocation rounded as the pinned arena carves it. */
+static uint64_t pinned_of(const cs_chunk *c, int rounded) {
+    uint64_t pb = rounded ? pt_gpu_round_size(c->used) : c->used;
+    if (!c->trainable) return pb;                              /* h_param only */
+    uint64_t eb = (uint64_t)c->n_state * 4;
+    if (rounded) eb = pt_gpu_round_size(eb);
+    return 2 * pb + 2 * eb + (c->has16 ? eb : 0);   /* h_param, h_gstage, m, v, fp32 masters */
 }
 
 uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c) { return pinned_of(c, 0); }
-
-/* The same allocations as pinned_of(c, 0), each rounded as the pinned arena
- * rounds it: what alloc_offloaded carves from the arena. */
-static uint64_t arena_of(const cs_chunk *c) {
-    uint64_t b = pt_gpu_round_size(c->used);                       /* h_param */
-    if (!c->trainable) return b;
-    uint64_t eb = pt_gpu_round_size((uint64_t)c->n_state * 4);
-    b += pt_gpu_round_size(c->used) + 2 * eb;                      /* h_gstage, m, v */
-    if (c->has16) b += eb;                                         /* fp32 masters */
-    return b;
-}
 
 /* Device bytes of one resident chunk as alloc_persistent and pt_ms_optimizer_init
  * allocate them, each allocation rounded like the allocator rounds it. */
@@ -330,7 +320,7 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
      * had, the chunks still get their own allocations: slower, not wrong. */
     uint64_t arena = 0;
     for (int k = 0; k < ms->n_chunks; k++)
-        if (!ms->ch[k].persistent) arena += arena_of(&ms->ch[k]);
+        if (!ms->ch[k].persistent) arena += pinned_of(&ms->ch[k], 1);
     char why[512];
     if (pt_gpu_pinned_reserve(st->env.gpu, (size_t)arena, why, sizeof why))
         PT_LOGW(st->env.lg, "offloaded chunks get one pinned allocation each: %s", why);
