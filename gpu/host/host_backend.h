@@ -43,7 +43,10 @@ typedef enum hb_op_kind {
     HB_OP_WAIT,
     HB_OP_ADAMW,
     HB_OP_SQNORM,
-    HB_OP_CONVERT
+    HB_OP_CONVERT,
+    HB_OP_SGEMM,
+    HB_OP_EIGH,
+    HB_OP_REKLS_EW
 } hb_op_kind;
 
 typedef struct hb hb;
@@ -60,6 +63,14 @@ typedef struct hb_op {
         pt_adamw_args adamw;
         struct { const void *x; int dtype; size_t n; double *out; } sq;
         struct { void *dst; int dst_dtype; const void *src; int src_dtype; size_t n; int acc; } cv;
+        struct {
+            int ta, tb, M, N, K, lda, ldb, ldc;
+            float alpha, beta;
+            const float *A, *B;
+            float *C;
+        } gemm;
+        struct { int n; float *A, *w; int *status; } eig;
+        pt_rekls_ew_args rew;
     } u;
 } hb_op;
 
