@@ -217,7 +217,8 @@ typedef struct pt_gpu_backend {
     /* Symmetric eigendecomposition in place: A [n x n] row-major symmetric in,
      * eigenvectors out as columns; w [n] the eigenvalues, both sorted descending.
      * fp32 first, retried in fp64 when fp32 does not converge. *status (device
-     * int) is set to 0, or to non-zero when both failed (A and w then hold NaN). */
+     * int), when not NULL, is set non-zero when both failed (A and w then hold
+     * NaN) and left as it was otherwise, so one zeroing covers many calls. */
     int (*eigh)(void *impl, int n, float *A, float *w, int *status, pt_stream *s);
     int (*rekls_ew)(void *impl, const pt_rekls_ew_args *a, pt_stream *s);
 } pt_gpu_backend;

@@ -86,7 +86,7 @@ void pt_hb_exec(hb *h, hb_op *op) {
         break;
     case HB_OP_EIGH: {
         int bad = pt_la_eigh_desc(op->u.eig.n, op->u.eig.A, op->u.eig.w);
-        if (op->u.eig.status) *op->u.eig.status = bad;
+        if (bad && op->u.eig.status) *op->u.eig.status = bad;   /* sticky until zeroed */
         break;
     }
     case HB_OP_REKLS_EW:

@@ -317,8 +317,14 @@ int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen
 
 /* ---- CPU side of a chunk's gradient ---- */
 
-/* Adam over every trainable region of an offloaded chunk. Runs on a worker. */
-static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc) {
+/* Adam over every trainable region of an offloaded chunk (REKLS for its 2-D
+ * block params when that is the optimizer). Runs on a worker. */
+static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc,
+                       float lr, float gs) {
+    if (c->rk_count) {
+        pt_rk_cpu_chunk(st, c, k, from_acc, lr, gs);
+        return;
+    }
     for (int r = 0; r < c->lc->n_regions; r++) {
         const pt_chunk_region *g = &c->lc->regions[r];
         if (c->reg_state[r] == UINT64_MAX) continue;
@@ -418,7 +424,7 @@ static void grad_task(void *arg) {
     if (acc) chunk_accumulate(c, c->t_micro == 0);
     int last = c->t_micro == c->t_n_micro - 1;
     if (last && c->t_norm) pt_cs_chunk_norms(st, c, acc);
-    if (last && c->t_step_now) chunk_adam(st, c, &c->t_consts, acc);
+    if (last && c->t_step_now) chunk_adam(st, c, &c->t_consts, acc, c->t_lr, 1.0f);
     double t1 = pt_now_s();
     if (last) {
         c->t_start = t0;
@@ -513,6 +519,7 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     c->t_step_now = last && ms->lr_set && !c->t_norm && !st->env.coll;
     if (c->t_step_now) {
         step_consts(st, ms->lr_next, 1.0f, &c->t_consts);
+        c->t_lr = ms->lr_next;
         c->stepped = 1;
         ms->overlapped = 1;
     }
@@ -618,7 +625,11 @@ static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
     pt_optim_state *o = st->env.opt;
     float bc1, bc2r;
     pt_adamw_bias(o->beta1, o->beta2, o->t + 1, &bc1, &bc2r);
-    for (int r = 0; r < c->lc->n_regions; r++) {
+    if (c->rk_count) {   /* REKLS chunk: param by param */
+        int rc = pt_rk_dev_chunk(st, c, lr, gs, err, errlen);
+        if (rc) return rc;
+    }
+    for (int r = 0; r < c->lc->n_regions && !c->rk_count; r++) {
         const pt_chunk_region *g = &c->lc->regions[r];
         if (c->reg_state[r] == UINT64_MAX) continue;
         uint64_t s = c->reg_state[r], n = g->bytes / pt_dtype_size(g->dtype);
@@ -661,11 +672,11 @@ static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
     return PT_OK;
 }
 
-typedef struct { pt_store *st; cs_chunk *c; pt_adamw_consts k; int acc; } adam_job;
+typedef struct { pt_store *st; cs_chunk *c; pt_adamw_consts k; int acc; float lr, gs; } adam_job;
 static void adam_task(void *arg) {
     adam_job *j = arg;
     double t0 = pt_now_s();
-    chunk_adam(j->st, j->c, &j->k, j->acc);
+    chunk_adam(j->st, j->c, &j->k, j->acc, j->lr, j->gs);
     add_optim_time(j->st, pt_now_s() - t0);
 }
 
@@ -731,6 +742,8 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
             jobs[k].c = c;
             jobs[k].acc = st->env.sx->n_micro > 1 || st->env.coll;
             step_consts(st, lr, gs, &jobs[k].k);
+            jobs[k].lr = lr;
+            jobs[k].gs = gs;
             if (pt_pool_submit(ms->workers, adam_task, &jobs[k], &g, NULL, 0)) adam_task(&jobs[k]);
         }
     }
@@ -746,6 +759,12 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
     }
     if (jobs) pt_pool_wait(ms->workers, &g);
     free(jobs);
+    if (ms->rk_failed) {   /* a CPU REKLS step failed (logged with its cause) */
+        int rc = ms->rk_failed;
+        ms->rk_failed = 0;
+        return pt_fail(err, errlen, rc, "optimizer_step: a REKLS step on the CPU failed (the log "
+                       "names the parameter and the cause)");
+    }
     /* what the host waited for CPU work (overlapped tasks + deferred steps); the
      * device Adam of persistent chunks runs in the same window, ordered first */
     ms->optim_wait_s += pt_now_s() - w0;

@@ -420,6 +420,10 @@ int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
         int rc = pt_gpu_alloc(st->env.gpu, max16 * 4, PT_TAG_OTHER, &ms->d_gtmp, err, errlen);
         if (rc) return rc;
     }
+    if (st->env.opt->type == PT_OPTIM_REKLS) {
+        int rc = pt_rk_init(st, err, errlen);
+        if (rc) return rc;
+    }
     st->opt_ready = 1;
     return PT_OK;
 }
@@ -539,6 +543,7 @@ int pt_store_destroy(pt_store *st, char *err, size_t errlen) {
     else if (src) PT_LOGW(st->env.lg, "freeing the chunk store: %s", e);
     pt_acts_fini(st);
     pt_cs_fini_runtime(st);
+    pt_rk_fini(st);
     for (int k = 0; ms->ch && k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
         pt_gpu_free(st->env.gpu, c->d_param);

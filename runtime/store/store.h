@@ -48,6 +48,7 @@ typedef struct pt_optim_state {
     float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
     int64_t t;            /* optimizer steps taken (bias correction uses t+1) */
     double last_norm;     /* global grad norm before clipping, NaN when not computed */
+    int type;             /* PT_OPTIM_ADAMW or PT_OPTIM_REKLS (0 reads as AdamW) */
 } pt_optim_state;
 
 /* The four knobs the store runs with (-1 = default: everything persistent,
