@@ -128,7 +128,7 @@ static void offload_vs_resident(float clip, int n_micro) {
 static void test_offload_equals_resident(void **s) {
     (void)s;
     offload_vs_resident(0, 1);
-    offload_vs_resident(1.0f, 1);
+    offload_vs_resident(0.05f, 1);   /* below the gradient norm: clipping acts */
     offload_vs_resident(0, 2);
     /* negative control: another factor decay changes the result */
     run_out a, b;
@@ -169,6 +169,19 @@ static void test_resume(void **s) {
     run(ini("c3", RES, REKLS), 1.0f, 1, 8, 4, &b);   /* saved and loaded resident */
     assert_true(same(&a, &b, 8));
     printf("  save after step 4, load, 4 more steps: bit-identical (offloaded and resident)\n");
+    /* the file says which optimizer wrote it: REKLS state into an AdamW run is refused */
+    sh_train_opts o = sh_harness_opts(&H, NL, 32, 2, 4, 32);
+    o.tbl = H.plug.table;
+    o.ini_path = ini("c4", OFF, "type = adamw");
+    o.optim_from_ini = 1;
+    sh_trainer *tr = NULL;
+    char err[512], dir[512];
+    assert_int_equal(sh_trainer_create(&tr, &o, err, sizeof err), 0);
+    snprintf(dir, sizeof dir, "%s/rekls_state", H.dir);
+    assert_int_not_equal(sh_trainer_plugin_state(tr, dir, 1), 0);
+    assert_non_null(strstr(sh_trainer_error(tr), "REKLS optimizer state"));
+    printf("  refused: %s\n", sh_trainer_error(tr));
+    sh_trainer_destroy(tr);
     free(a.params);
     free(b.params);
 }
