@@ -63,7 +63,8 @@ typedef struct run_out {
 static const char *RES = "force_all_persistent = true\nn_swap = 0\nn_checkpoint = 0";
 static const char *OFF = "auto_memory = false\nn_persist = 1\nn_buffer = 12\nn_swap = 0\n"
                          "n_checkpoint = 0";
-static const char *REKLS = "type = rekls\nweight_decay = 0.01\nbeta2 = 0.95";
+static const char *REKLS0 = "type = rekls\nweight_decay = 0.01\nbeta2 = 0.95";
+static const char *REKLS = "type = rekls\nweight_decay = 0.01\nbeta2 = 0.95\nmax_grad_norm = 1";
 
 /* steps [1, steps]; save_at > 0: save after that step into dir, then destroy
  * the trainer and continue in a new one loaded from it. */
@@ -110,29 +111,36 @@ static int same(const run_out *a, const run_out *b, int steps) {
            !memcmp(a->params, b->params, a->n * sizeof(float));
 }
 
-static void offload_vs_resident(float clip, int n_micro) {
+static void offload_vs_resident(float clip, int n_micro, run_out *keep) {
     run_out a, b;
-    run(ini("res", RES, REKLS), clip, n_micro, 6, 0, &a);
-    run(ini("off", OFF, REKLS), clip, n_micro, 6, 0, &b);
+    char opt[256];   /* optimizer settings come from the INI (optim_from_ini) */
+    snprintf(opt, sizeof opt, "%s\nmax_grad_norm = %g", REKLS0, (double)clip);
+    run(ini("res", RES, opt), clip, n_micro, 6, 0, &a);
+    run(ini("off", OFF, opt), clip, n_micro, 6, 0, &b);
     assert_int_equal(a.st.mode, 0);
     assert_int_equal(b.st.mode, 1);
     assert_true(b.st.n_persist < b.st.n_chunk);
     for (int s = 0; s < 6; s++) assert_true(isfinite(a.loss[s]));
     assert_true(same(&a, &b, 6));
     printf("  clip %g, %d micro-batch(es): resident and offloaded REKLS bit-identical over 6 steps "
-           "(loss %.6f -> %.6f)\n", (double)clip, n_micro, a.loss[0], a.loss[5]);
-    free(a.params);
+           "(loss %.6f -> %.9f)\n", (double)clip, n_micro, a.loss[0], a.loss[5]);
+    if (keep) *keep = a;
+    else free(a.params);
     free(b.params);
 }
 
 static void test_offload_equals_resident(void **s) {
     (void)s;
-    offload_vs_resident(0, 1);
-    offload_vs_resident(0.05f, 1);   /* below the gradient norm: clipping acts */
-    offload_vs_resident(0, 2);
+    run_out plain, clipped;
+    offload_vs_resident(0, 1, &plain);
+    offload_vs_resident(0.05f, 1, &clipped);   /* below the gradient norm: clipping acts */
+    assert_false(same(&plain, &clipped, 6));
+    free(plain.params);
+    free(clipped.params);
+    offload_vs_resident(0, 2, NULL);
     /* negative control: another factor decay changes the result */
     run_out a, b;
-    run(ini("res", RES, REKLS), 0, 1, 6, 0, &a);
+    run(ini("res", RES, REKLS0), 0, 1, 6, 0, &a);
     run(ini("off2", OFF, "type = rekls\nweight_decay = 0.01\nbeta2 = 0.95\nrekls_shampoo_beta = 0.9"),
         0, 1, 6, 0, &b);
     assert_false(same(&a, &b, 6));
@@ -143,8 +151,10 @@ static void test_offload_equals_resident(void **s) {
 static void test_trains(void **s) {
     (void)s;
     run_out r, w;
-    run(ini("r50", OFF, REKLS), 1.0f, 1, MAXSTEPS, 0, &r);
-    run(ini("a50", OFF, "type = adamw\nweight_decay = 0.01\nbeta2 = 0.95"), 1.0f, 1, MAXSTEPS, 0, &w);
+    run(ini("r50", OFF, "type = rekls\nweight_decay = 0.01\nbeta2 = 0.95\nmax_grad_norm = 1"), 1.0f,
+        1, MAXSTEPS, 0, &r);
+    run(ini("a50", OFF, "type = adamw\nweight_decay = 0.01\nbeta2 = 0.95\nmax_grad_norm = 1"), 1.0f,
+        1, MAXSTEPS, 0, &w);
     double first = 0, last = 0;
     printf("  step   REKLS     AdamW   (lr 3e-3, 10 warm-up steps, clip 1, 2 blocks C=32)\n");
     for (int i = 0; i < MAXSTEPS; i++) {
