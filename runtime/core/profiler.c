@@ -518,6 +518,7 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
         tc->mandatory = ci.mandatory;
         tc->dev_bytes = ci.dev_bytes;
         tc->host_bytes = ci.host_bytes;
+        tc->rekls_bytes = ci.rekls_bytes;
     }
     pt_trace_derive_ranges(t);
     /* the head window holds the loss and the head's backward: split 1:2 like a

@@ -77,7 +77,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PT_TRACE_VERSION 2u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes */
+#define PT_TRACE_VERSION 3u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
+                                 3: chunk rekls_bytes */
 
 /* Per-block activation modes (the plan's mode map). */
 enum { PT_BLOCK_NONE = 0, PT_BLOCK_CKPT = 1, PT_BLOCK_SWAP = 2 };
@@ -112,6 +113,8 @@ typedef struct pt_trace_chunk {
     int32_t reserved0;
     uint64_t dev_bytes;  /* exact device footprint when persistent (allocator-rounded); 0 = use the formula */
     uint64_t host_bytes; /* exact pinned footprint when offloaded; 0 = formula */
+    uint64_t rekls_bytes; /* REKLS factors, bases (and device scratch) in the footprints
+                             above; the formulas add it too (0 under AdamW) */
 } pt_trace_chunk;
 
 /* Measured hardware rates and limits. */

@@ -49,6 +49,28 @@ static uint64_t state_index(const pt_store *st, const cs_chunk *c, uint64_t off)
     return UINT64_MAX;
 }
 
+/* REKLS is the optimizer to plan for: the one create_optimizer chose, or
+ * before that the INI's (a host descriptor asking for REKLS under an INI that
+ * says adamw is planned without its factors; the store allocates them anyway). */
+static int planned(const pt_store *st) {
+    int t = st->env.opt ? st->env.opt->type : 0;
+    return t ? t == PT_OPTIM_REKLS : st->env.cfg->optim_type == PT_OPTIM_REKLS;
+}
+
+void pt_rk_plan_chunk(pt_store *st, cs_chunk *c) {
+    c->rk_plan_aux = c->rk_plan_ws = 0;
+    if (!planned(st) || !c->trainable) return;
+    const pt_model_v1 *m = st->env.model;
+    for (int j = 0; j < c->lc->n_params; j++) {
+        int i = st->lay.order[c->lc->first_param + j];
+        if (!eligible(st, i)) continue;
+        uint64_t a = (uint64_t)m->params[i].shape[0], b = (uint64_t)m->params[i].shape[1];
+        c->rk_plan_aux += pt_rekls_aux_words(a, b);
+        uint64_t w = pt_rekls_ws_words(a, b);
+        if (w > c->rk_plan_ws) c->rk_plan_ws = w;
+    }
+}
+
 int pt_rk_init(pt_store *st, char *err, size_t errlen) {
     pt_model_v1 *m = st->env.model;
     st->rk_of = malloc(sizeof(int) * (size_t)m->n_params);
@@ -99,8 +121,10 @@ int pt_rk_init(pt_store *st, char *err, size_t errlen) {
                 rc = pt_fail(err, errlen, PT_ERR_BACKEND,
                              "REKLS: copying chunk %d's initial factors to the device failed", k);
             free(img);
-        } else {
-            c->rk_aux = img;   /* host memory: the CPU optimizer's own */
+        } else {   /* pinned, like the chunk's moments: the host budget counts it */
+            rc = pt_gpu_pinned_alloc(st->env.gpu, bytes, (void **)&c->rk_aux, err, errlen);
+            if (!rc) memcpy(c->rk_aux, img, bytes);
+            free(img);
         }
         if (rc) return rc;
     }
@@ -128,7 +152,7 @@ void pt_rk_fini(pt_store *st) {
         cs_chunk *c = &st->ch[k];
         if (!c->rk_aux) continue;
         if (c->persistent) pt_gpu_free(st->env.gpu, c->rk_aux);
-        else free(c->rk_aux);
+        else pt_gpu_pinned_free(st->env.gpu, c->rk_aux);
         c->rk_aux = NULL;
     }
     pt_gpu_free(st->env.gpu, st->d_rk_ws);

@@ -406,7 +406,7 @@ int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
         rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is not a protrain state file (magic %08x)", path, h.magic);
     } else if (h.version != ST_VERSION && h.version != 2) {
         rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s has state format version %u, "
-            "this plugin reads versions 2 and %u only%s", path, h.version, ST_VERSION,
+            "this plugin reads version %u (and version 2, AdamW only)%s", path, h.version, ST_VERSION,
             h.version == 1 ? " (version 1 did not checksum its header, so its step and "
                              "hyper-parameters cannot be trusted)" : "");
     } else if (fstat(fileno(f), &sb) || (uint64_t)sb.st_size < sizeof h ||

@@ -79,6 +79,10 @@ typedef struct cs_chunk {
      * rk_first + rk_count) are its REKLS params */
     float *rk_aux;
     uint64_t rk_aux_words;
+    /* what REKLS will need, known at layout time (pt_rk_plan_chunk) so the
+     * footprints below and the planner count it: factor words, and the
+     * largest scratch of its params (words) */
+    uint64_t rk_plan_aux, rk_plan_ws;
     int rk_first, rk_count;
 } cs_chunk;
 
@@ -149,6 +153,7 @@ struct pt_store {
 /* model_state.c */
 uint64_t pt_ms_chunk_dev_bytes(const cs_chunk *c);
 uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c);
+uint64_t pt_ms_chunk_rekls_dev_bytes(const cs_chunk *c);
 
 /* chunk_runtime.c */
 /* After the last block's backward of the step's last micro-batch: note (on the
@@ -184,6 +189,7 @@ int pt_ms_release(pt_store *st, int32_t b, int backward, char *err, size_t errle
 /* rekls_store.c: which params REKLS steps (2-D block params; see README) and
  * their state; the CPU and device steps of a chunk holding any of them
  * (AdamW for the chunk's other params). */
+void pt_rk_plan_chunk(pt_store *st, cs_chunk *c);
 int pt_rk_init(pt_store *st, char *err, size_t errlen);
 void pt_rk_fini(pt_store *st);
 void pt_rk_cpu_chunk(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, float lr,

@@ -32,11 +32,11 @@ static void build(pt_trace *t, const synth *s) {
     assert_int_equal(pt_trace_alloc(t, s->n_block, K, NULL, 0), PT_OK);
     int k = 0;
     uint64_t el = s->chunk_bytes / 2;
-    if (s->mand_first) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0};
+    if (s->mand_first) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0, 0};
     for (int b = 0; b < s->n_block; b++)
         for (int j = 0; j < s->cpb; j++)
-            t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, (uint64_t)(s->tf * (double)el), b, b, 0, 0, 0, 0};
-    if (s->mand_last) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0};
+            t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, (uint64_t)(s->tf * (double)el), b, b, 0, 0, 0, 0, 0};
+    if (s->mand_last) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0, 0};
     for (int b = 0; b < s->n_block; b++)
         t->blocks[b] = (pt_trace_block){s->fwd, s->bwd, s->fwd, s->arena, s->input, s->fscr, s->bscr, s->gact, 0, 0};
     pt_trace_derive_ranges(t);
