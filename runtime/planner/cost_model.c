@@ -618,6 +618,12 @@ void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_p
                     pt_cost *out) {
     const pt_trace *t = cx->t;
     out->model_state_bytes = pt_cost_persist_bytes(cx, p);
+    out->rekls_dev_bytes = out->rekls_host_bytes = 0;
+    for (int32_t k = 0; k < t->n_chunk; k++) {
+        const pt_trace_chunk *c = &t->chunks[k];
+        if (c->mandatory || k < p) out->rekls_dev_bytes += c->rekls_bytes;
+        else out->rekls_host_bytes += c->rekls_bytes;
+    }
     out->buffer_bytes = pt_cost_buffer_bytes(cx, p, nb);   /* the runtime allocates min(nb, |Q|) slots */
     out->nonblock_bytes = t->nonblock_bytes;
     out->activation_bytes = a->act_at_peak;

@@ -148,6 +148,10 @@ char *pt_plan_text(const pt_plan *p) {
                        c->nonblock_bytes};
     for (int i = 0; i < 5; i++)
         sb_printf(&b, "    %-16s %10.3f GiB  %5.1f%%\n", mem_names[i], mem[i] / GIB, pct((double)mem[i], (double)c->raw_peak_bytes));
+    if (c->rekls_dev_bytes || c->rekls_host_bytes)
+        sb_printf(&b, "    %-16s %10.3f GiB of the model states on the device, %.3f GiB in pinned "
+                      "host memory (factors, bases; device scratch included)\n", "REKLS",
+                  c->rekls_dev_bytes / GIB, c->rekls_host_bytes / GIB);
     sb_printf(&b, "    %-16s x%.3f (+%.3f GiB)\n", "fragmentation", p->opts.frag,
               (double)(c->peak_bytes - c->raw_peak_bytes) / GIB);
     sb_printf(&b, "  predicted iter   %.4f s (fastest feasible %.4f s; plans within 1%% tie: fewer CKPT, fewer SWAP, more persistent, fewer buffers win)\n",
