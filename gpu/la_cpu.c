@@ -38,7 +38,24 @@ int pt_la_eigh_desc(int n, float *A, float *w) {
     float *keep = malloc(nn * sizeof *keep);
     if (!keep) goto fail;
     memcpy(keep, A, nn * sizeof *keep);
-    lapack_int info = LAPACKE_ssyevd(LAPACK_ROW_MAJOR, 'V', 'U', n, A, n, w);
+    /* a non-finite factor (a NaN gradient got in) has no eigendecomposition to
+     * retry: fail at once, so the caller reports it instead of stepping on NaN */
+    for (size_t i = 0; i < nn; i++)
+        if (!isfinite(keep[i])) {
+            free(keep);
+            goto fail;
+        }
+    /* explicit workspace (the documented minimum for vectors): the size query
+     * returns it as a float, which rounds 1 + 6n + 2n^2 down for n in the
+     * thousands and makes ssyevd refuse its own answer */
+    lapack_int lw = 1 + 6 * (lapack_int)n + 2 * (lapack_int)n * n, liw = 3 + 5 * (lapack_int)n;
+    float *work = malloc((size_t)lw * sizeof *work);
+    lapack_int *iwork = malloc((size_t)liw * sizeof *iwork);
+    lapack_int info = -1;
+    if (work && iwork)
+        info = LAPACKE_ssyevd_work(LAPACK_ROW_MAJOR, 'V', 'U', n, A, n, w, work, lw, iwork, liw);
+    free(work);
+    free(iwork);
     if (info == 0) {
         free(keep);
         reverse_cols(n, A, w);
@@ -48,7 +65,14 @@ int pt_la_eigh_desc(int n, float *A, float *w) {
     double *a = malloc(nn * sizeof *a), *wd = malloc((size_t)n * sizeof *wd);
     if (a && wd) {
         for (size_t i = 0; i < nn; i++) a[i] = keep[i];
-        info = LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', n, a, n, wd);
+        lapack_int lw = 1 + 6 * (lapack_int)n + 2 * (lapack_int)n * n, liw = 3 + 5 * (lapack_int)n;
+        double *work = malloc((size_t)lw * sizeof *work);
+        lapack_int *iwork = malloc((size_t)liw * sizeof *iwork);
+        info = work && iwork ? LAPACKE_dsyevd_work(LAPACK_ROW_MAJOR, 'V', 'U', n, a, n, wd, work,
+                                                   lw, iwork, liw)
+                             : -1;
+        free(work);
+        free(iwork);
         if (info == 0) {
             for (size_t i = 0; i < nn; i++) A[i] = (float)a[i];
             for (int i = 0; i < n; i++) w[i] = (float)wd[i];

@@ -22,7 +22,7 @@ void pt_la_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *
 /* A [n x n] symmetric (row-major; the upper triangle is read) -> eigenvectors
  * as the columns of A, w [n] eigenvalues, both in descending order of w.
  * ssyevd first; when it reports no convergence (or a bad argument) the input
- * is decomposed again in dsyevd and cast back. Returns 0, or non-zero when both
+ * is decomposed again in dsyevd and cast back. A non-finite input fails at once. Returns 0, or non-zero when both
  * failed (A and w are then filled with NaN, so nothing downstream mistakes them
  * for a basis). Allocates its scratch (n^2 floats + n^2 doubles at most). */
 int pt_la_eigh_desc(int n, float *A, float *w);
