@@ -166,6 +166,9 @@ char *pt_plan_text(const pt_plan *p) {
     sb_printf(&b, "    %-16s %.3f GiB uploaded at a gather, not prefetched (%.4f s of the exposed time)\n",
               "synchronous H2D", c->h2d_sync_bytes / GIB, c->sync_xfer_s);
     sb_printf(&b, "    %-16s CPU Adam %.4f s, device Adam %.4f s\n", "optimizer work", c->cpu_adam_s, c->dev_adam_s);
+    if (c->rekls_s > 0)
+        sb_printf(&b, "    %-16s %.4f s of that is REKLS (eigh + GEMMs at the profiled rates, chunks "
+                      "counted one after another)\n", "", c->rekls_s);
     sb_printf(&b, "  optimizer        %s\n",
               c->schedule == PT_SCHED_AFTER_BWD
                   ? "CPU Adam after backward (clipping needs the global norm first)"
