@@ -111,6 +111,18 @@ done
     bad "REKLS: the REKLS run reports AdamW's losses (the INI optimizer was not used)"
 echo "dist: REKLS: modes A (device) and B (CPU) bit-identical with 1 and with 2 ranks"
 
+# Tensor-parallel REKLS on 2 and 4 ranks: every rank's shard bit-identical to
+# single-rank REKLS of the full matrix over 5 steps (rows and columns split),
+# non-divisible shapes refused (tests/integ/test_rekls_tp.c).
+for np in 2 4; do
+    if (cd "$tmp" && timeout 120 mpirun --oversubscribe --allow-run-as-root -np $np \
+            "$build/tests/test_rekls_tp") >"$tmp/tp$np.log" 2>&1; then
+        ok; echo "dist: tensor-parallel REKLS on $np ranks: shards bit-identical to single-rank REKLS"
+    else
+        tail -20 "$tmp/tp$np.log"; bad "tensor-parallel REKLS on $np ranks failed"
+    fi
+done
+
 # Control: the step-1 equality above is not trivial: one rank on its own batch
 # (no accumulation) reports another loss, so a wrong batch split would show.
 if "$sh" --config "$tmp/A.ini" "${common[@]}" --steps 1 --grad-accum 1 --metrics "$tmp/c.json" \

@@ -11,5 +11,6 @@
 #include "thread_pool.h"
 #include "cpu_adam.h"
 #include "rekls.h"
+#include "rekls_tp.h"
 
 #endif

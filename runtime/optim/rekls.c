@@ -119,28 +119,15 @@ static pt_rekls_ew_args ew0(int kind, size_t cnt) {
     return a;
 }
 
-int pt_rekls_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_rekls_tensors *x,
+/* Steps 2-8 on a gradient already in G (fp32, scaled), the factors, bases and
+ * eigenvalues in s (bases and eigenvalues those of the previous step), the
+ * moments M, V: leaves the update D in G. T [mn], C and X [max(m,n)^2]. */
+int pt_rekls_core(const pt_rekls_la *la, const pt_rekls_hyper *h, int m, int n,
+                  pt_rekls_view s, float *M, float *V, float *G, float *T, float *C, float *X,
                   char *err, size_t errlen) {
-    const int m = x->m, n = x->n;
-    if (m < 1 || n < 1 || h->k < 1)
-        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                       "REKLS step: shape %d x %d or step %lld is not positive", m, n,
-                       (long long)h->k);
     const size_t mn = (size_t)m * (size_t)n, mm = (size_t)m * (size_t)m, nn = (size_t)n * (size_t)n;
-    const size_t d2 = mm > nn ? mm : nn;
-    pt_rekls_view s = pt_rekls_aux_view(x->aux, m, n);
-    float *G = x->ws, *T = G + mn, *C = T + mn, *X = C + d2;   /* [mn] [mn] [d^2] [d^2] */
     void *c = la->ctx;
     pt_rekls_ew_args a;
-
-    /* 1. G = grad * grad_scale (fp32) */
-    a = ew0(PT_RK_GRAD_IN, mn);
-    a.x = G;
-    a.src = x->grad;
-    a.src_dtype = x->grad_dtype;
-    a.a = h->grad_scale;
-    TRY(la->ew(c, &a), "rekls_ew (gradient in)");
-
     /* 2. weight of the new increment, 1 - beta_hat (double, rounded once) */
     double bs = h->shampoo_beta;
     float w = (float)((1.0 - bs) / (1.0 - pow(bs, (double)h->k)));
@@ -198,14 +185,14 @@ int pt_rekls_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_rekls
     }
 
     /* 4. M_w = Q_L M Q_R^T (old bases), new bases by eigh, M = Q_L^T M_w Q_R */
-    TRY(la->gemm(c, 0, 0, m, n, m, 1.0f, s.QL, m, x->M, n, 0.0f, T, n), "sgemm");
-    TRY(la->gemm(c, 0, 1, m, n, n, 1.0f, T, n, s.QR, n, 0.0f, x->M, n), "sgemm");
+    TRY(la->gemm(c, 0, 0, m, n, m, 1.0f, s.QL, m, M, n, 0.0f, T, n), "sgemm");
+    TRY(la->gemm(c, 0, 1, m, n, n, 1.0f, T, n, s.QR, n, 0.0f, M, n), "sgemm");
     TRY(la->copy(c, s.QL, s.L, mm), "copy");
     TRY(la->eigh(c, m, s.QL, s.lamL), "eigh of the left factor (fp32 and fp64)");
     TRY(la->copy(c, s.QR, s.R, nn), "copy");
     TRY(la->eigh(c, n, s.QR, s.lamR), "eigh of the right factor (fp32 and fp64)");
-    TRY(la->gemm(c, 1, 0, m, n, m, 1.0f, s.QL, m, x->M, n, 0.0f, T, n), "sgemm");
-    TRY(la->gemm(c, 0, 0, m, n, n, 1.0f, T, n, s.QR, n, 0.0f, x->M, n), "sgemm");
+    TRY(la->gemm(c, 1, 0, m, n, m, 1.0f, s.QL, m, M, n, 0.0f, T, n), "sgemm");
+    TRY(la->gemm(c, 0, 0, m, n, n, 1.0f, T, n, s.QR, n, 0.0f, M, n), "sgemm");
 
     /* 6. G~ = Q_L^T G Q_R (into G) */
     TRY(la->gemm(c, 1, 0, m, n, m, 1.0f, s.QL, m, G, n, 0.0f, T, n), "sgemm");
@@ -215,8 +202,8 @@ int pt_rekls_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_rekls
     double k = (double)h->k;
     a = ew0(PT_RK_ADAM, mn);
     a.x = G;
-    a.m = x->M;
-    a.v = x->V;
+    a.m = M;
+    a.v = V;
     a.a = 1.0f - h->beta1;
     a.b = 1.0f - h->beta2;
     a.c0 = (float)(1.0 - pow((double)h->beta1, k));
@@ -227,6 +214,33 @@ int pt_rekls_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_rekls
     /* 8. D = Q_L U Q_R^T (into G) */
     TRY(la->gemm(c, 0, 0, m, n, m, 1.0f, s.QL, m, G, n, 0.0f, T, n), "sgemm");
     TRY(la->gemm(c, 0, 1, m, n, n, 1.0f, T, n, s.QR, n, 0.0f, G, n), "sgemm");
+
+    return PT_OK;
+}
+
+int pt_rekls_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_rekls_tensors *x,
+                  char *err, size_t errlen) {
+    const int m = x->m, n = x->n;
+    if (m < 1 || n < 1 || h->k < 1)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "REKLS step: shape %d x %d or step %lld is not positive", m, n,
+                       (long long)h->k);
+    const size_t mn = (size_t)m * (size_t)n, mm = (size_t)m * (size_t)m, nn = (size_t)n * (size_t)n;
+    const size_t d2 = mm > nn ? mm : nn;
+    pt_rekls_view s = pt_rekls_aux_view(x->aux, m, n);
+    float *G = x->ws, *T = G + mn, *C = T + mn, *X = C + d2;   /* [mn] [mn] [d^2] [d^2] */
+    void *c = la->ctx;
+    pt_rekls_ew_args a;
+
+    /* 1. G = grad * grad_scale (fp32) */
+    a = ew0(PT_RK_GRAD_IN, mn);
+    a.x = G;
+    a.src = x->grad;
+    a.src_dtype = x->grad_dtype;
+    a.a = h->grad_scale;
+    TRY(la->ew(c, &a), "rekls_ew (gradient in)");
+    int rc = pt_rekls_core(la, h, m, n, s, x->M, x->V, G, T, C, X, err, errlen);
+    if (rc) return rc;
 
     /* 5 + 9. W = W - lr wd W - lr D (G~ does not read W, so the decay may wait) */
     a = ew0(PT_RK_APPLY, mn);

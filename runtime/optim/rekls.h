@@ -115,6 +115,15 @@ pt_rekls_view pt_rekls_aux_view(float *aux, int m, int n);
 int pt_rekls_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_rekls_tensors *x,
                   char *err, size_t errlen);
 
+/* Steps 2-8 alone, for variants that assemble the gradient and the factors
+ * themselves (rekls_tp.c): G [m x n] holds the scaled fp32 gradient, s the
+ * factors and the previous step's bases and eigenvalues; on return G holds
+ * the update D (W -= lr wd W + lr D is the caller's). T [mn], C, X
+ * [max(m,n)^2] scratch. */
+int pt_rekls_core(const pt_rekls_la *la, const pt_rekls_hyper *h, int m, int n,
+                  pt_rekls_view s, float *M, float *V, float *G, float *T, float *C, float *X,
+                  char *err, size_t errlen);
+
 /* FLOPs of one step (the GEMMs; 2 per multiply-add) and a rough eigh count
  * (9 d^3 per side, divide-and-conquer with vectors), for the cost model. */
 double pt_rekls_gemm_flops(uint64_t m, uint64_t n);
