@@ -30,7 +30,6 @@
 #include <time.h>
 
 #include "device_ext.h"
-#include "la_cpu.h"
 #include "optim/optim.h"
 #include "profiler.h"
 
@@ -379,34 +378,6 @@ static double dev_adam_time(pt_rt *rt, void *d, size_t n, size_t stride) {
     return best;
 }
 
-/* REKLS on the CPU: GEMM FLOP/s (a 256^3 product) and eigh "FLOP/s" (9 d^3 for
- * a 256 x 256 eigendecomposition with vectors), best of 3 on this thread; the
- * planner turns a chunk's REKLS FLOPs into seconds with them. */
-static void measure_rekls_rates(double *gemm, double *eigh) {
-    const int n = 256;
-    size_t nn = (size_t)n * n;
-    float *a = malloc(3 * nn * sizeof *a), *w = malloc((size_t)n * sizeof *w);
-    double bg = 0, be = 0;
-    if (a && w) {
-        for (size_t i = 0; i < nn; i++) a[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
-        for (int r = 0; r < 3; r++) {
-            double t0 = pt_now_s();
-            pt_la_sgemm(0, 1, n, n, n, 1.0f, a, n, a, n, 0.0f, a + nn, n);   /* symmetric */
-            double t1 = pt_now_s();
-            memcpy(a + 2 * nn, a + nn, nn * sizeof *a);
-            double t2 = pt_now_s();
-            pt_la_eigh_desc(n, a + 2 * nn, w);
-            double t3 = pt_now_s();
-            if (t1 > t0 && 2.0 * n * n * n / (t1 - t0) > bg) bg = 2.0 * n * n * n / (t1 - t0);
-            if (t3 > t2 && 9.0 * n * n * n / (t3 - t2) > be) be = 9.0 * n * n * n / (t3 - t2);
-        }
-    }
-    free(a);
-    free(w);
-    *gemm = bg > 0 ? bg : 1e9;   /* never leave the planner a zero rate */
-    *eigh = be > 0 ? be : 1e9;
-}
-
 static void measure_adam(pt_rt *rt, pt_trace_hw *hw) {
     size_t n = 1u << 20;
     float *buf = calloc(4 * n, sizeof(float));
@@ -535,7 +506,8 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
         tb->bwd_scratch_bytes = p->bscr[b];
         tb->grad_act_bytes = 0;    /* the host's activation grads live in its own scratch */
     }
-    double rk_gemm = 0, rk_eigh = 0;
+    pt_rekls_rates rk;
+    int rk_have = 0;
     for (int k = 0; k < n_chunks; k++) {
         pt_store_chunk_info ci;
         pt_store_chunk_info_get(rt->st, k, &ci);
@@ -549,9 +521,10 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
         tc->dev_bytes = ci.dev_bytes;
         tc->host_bytes = ci.host_bytes;
         tc->rekls_bytes = ci.rekls_bytes;
-        if (ci.rekls_gemm_flops > 0) {
-            if (!rk_gemm) measure_rekls_rates(&rk_gemm, &rk_eigh);
-            tc->rekls_s = ci.rekls_gemm_flops / rk_gemm + ci.rekls_eigh_flops / rk_eigh;
+        if (ci.rekls_params > 0) {   /* REKLS's CPU step time, from its own probes */
+            if (!rk_have) pt_rekls_measure_rates(&rk), rk_have = 1;
+            tc->rekls_s = pt_rekls_predict_s(&rk, ci.rekls_params, ci.rekls_gemm_flops,
+                                             ci.rekls_eigh_flops);
         }
     }
     pt_trace_derive_ranges(t);

@@ -3,6 +3,7 @@
  * math), and the CPU table.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "la_cpu.h"
@@ -100,6 +101,68 @@ double pt_rekls_gemm_flops(uint64_t m, uint64_t n) {
 double pt_rekls_eigh_flops(uint64_t m, uint64_t n) {
     double M = (double)m, N = (double)n;
     return 9 * (M * M * M + N * N * N);
+}
+
+static double best3_gemm(int n, float *a, float *b, float *c) {
+    double best = 0;
+    for (int r = 0; r < 3; r++) {
+        double t0 = pt_now_s();
+        pt_la_sgemm(0, 1, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        double dt = pt_now_s() - t0;
+        if (r == 0 || dt < best) best = dt;
+    }
+    return best;
+}
+static double best3_eigh(int n, const float *s, float *a, float *w) {
+    double best = 0;
+    for (int r = 0; r < 3; r++) {
+        memcpy(a, s, (size_t)n * n * sizeof *a);
+        double t0 = pt_now_s();
+        pt_la_eigh_desc(n, a, w);
+        double dt = pt_now_s() - t0;
+        if (r == 0 || dt < best) best = dt;
+    }
+    return best;
+}
+
+void pt_rekls_measure_rates(pt_rekls_rates *r) {
+    const int n1 = 64, n2 = 384;
+    size_t nn = (size_t)n2 * n2;
+    float *a = malloc(4 * nn * sizeof *a), *w = malloc((size_t)n2 * sizeof *w);
+    r->gemm_call_s = r->eigh_call_s = 0;
+    r->gemm_flops_per_s = r->eigh_flops_per_s = 1e9;   /* never a zero rate */
+    if (!a || !w) {
+        free(a);
+        free(w);
+        return;
+    }
+    float *b = a + nn, *c = b + nn, *s = c + nn;
+    for (size_t i = 0; i < nn; i++) a[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    memcpy(b, a, nn * sizeof *a);
+    double g1 = best3_gemm(n1, a, b, c), g2 = best3_gemm(n2, a, b, c);
+    double f1 = 2.0 * n1 * n1 * n1, f2 = 2.0 * n2 * n2 * n2;
+    if (g2 > g1) r->gemm_flops_per_s = (f2 - f1) / (g2 - g1);
+    else if (g2 > 0) r->gemm_flops_per_s = f2 / g2;
+    r->gemm_call_s = g1 - f1 / r->gemm_flops_per_s > 0 ? g1 - f1 / r->gemm_flops_per_s : 0;
+    /* symmetric positive semi-definite inputs: a a^T at each size */
+    double e[2];
+    const int ns[2] = {n1, n2};
+    for (int k = 0; k < 2; k++) {
+        pt_la_sgemm(0, 1, ns[k], ns[k], ns[k], 1.0f, a, ns[k], a, ns[k], 0.0f, s, ns[k]);
+        e[k] = best3_eigh(ns[k], s, c, w);
+    }
+    double q1 = 9.0 * n1 * n1 * n1, q2 = 9.0 * n2 * n2 * n2;
+    if (e[1] > e[0]) r->eigh_flops_per_s = (q2 - q1) / (e[1] - e[0]);
+    else if (e[1] > 0) r->eigh_flops_per_s = q2 / e[1];
+    r->eigh_call_s = e[0] - q1 / r->eigh_flops_per_s > 0 ? e[0] - q1 / r->eigh_flops_per_s : 0;
+    free(a);
+    free(w);
+}
+
+double pt_rekls_predict_s(const pt_rekls_rates *r, double n_params, double gemm_flops,
+                          double eigh_flops) {
+    return n_params * (PT_REKLS_GEMM_CALLS * r->gemm_call_s + PT_REKLS_EIGH_CALLS * r->eigh_call_s) +
+           gemm_flops / r->gemm_flops_per_s + eigh_flops / r->eigh_flops_per_s;
 }
 
 /* One table call; the first failure names its op and stops the step. */

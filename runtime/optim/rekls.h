@@ -129,4 +129,20 @@ int pt_rekls_core(const pt_rekls_la *la, const pt_rekls_hyper *h, int m, int n,
 double pt_rekls_gemm_flops(uint64_t m, uint64_t n);
 double pt_rekls_eigh_flops(uint64_t m, uint64_t n);
 
+/* Time model of one CPU step: per call a fixed cost plus FLOPs at a rate, for
+ * the 14 GEMM calls and the 2 eigh calls of a step. Fitted from two sizes each
+ * (64 and 384: small sizes are call-bound, larger ones rate-bound), best of 3. */
+#define PT_REKLS_GEMM_CALLS 14
+#define PT_REKLS_EIGH_CALLS 2
+typedef struct pt_rekls_rates {
+    double gemm_call_s, gemm_flops_per_s;
+    double eigh_call_s, eigh_flops_per_s;   /* per "FLOP" of pt_rekls_eigh_flops */
+} pt_rekls_rates;
+/* Runs the probes on the calling thread (about 0.1 s). */
+void pt_rekls_measure_rates(pt_rekls_rates *r);
+/* Seconds of n_params steps whose GEMM and eigh FLOPs sum to gemm_flops and
+ * eigh_flops. */
+double pt_rekls_predict_s(const pt_rekls_rates *r, double n_params, double gemm_flops,
+                          double eigh_flops);
+
 #endif /* PT_REKLS_H */

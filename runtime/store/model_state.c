@@ -511,6 +511,7 @@ void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out
     out->rekls_bytes = pt_ms_chunk_rekls_dev_bytes(c);
     out->rekls_gemm_flops = c->rk_plan_gemm;
     out->rekls_eigh_flops = c->rk_plan_eigh;
+    out->rekls_params = c->rk_plan_n;
 }
 
 int pt_store_borrow_slot(pt_store *st, void **dev, uint64_t *bytes) {

@@ -60,6 +60,7 @@ static int planned(const pt_store *st) {
 void pt_rk_plan_chunk(pt_store *st, cs_chunk *c) {
     c->rk_plan_aux = c->rk_plan_ws = 0;
     c->rk_plan_gemm = c->rk_plan_eigh = 0;
+    c->rk_plan_n = 0;
     if (!planned(st) || !c->trainable) return;
     const pt_model_v1 *m = st->env.model;
     for (int j = 0; j < c->lc->n_params; j++) {
@@ -69,6 +70,7 @@ void pt_rk_plan_chunk(pt_store *st, cs_chunk *c) {
         c->rk_plan_aux += pt_rekls_aux_words(a, b);
         c->rk_plan_gemm += pt_rekls_gemm_flops(a, b);
         c->rk_plan_eigh += pt_rekls_eigh_flops(a, b);
+        c->rk_plan_n++;
         uint64_t w = pt_rekls_ws_words(a, b);
         if (w > c->rk_plan_ws) c->rk_plan_ws = w;
     }

@@ -152,6 +152,7 @@ typedef struct pt_store_chunk_info {
     uint64_t rekls_bytes; /* of those, REKLS's factors and bases (+ its scratch on the
                              device), 0 under AdamW */
     double rekls_gemm_flops, rekls_eigh_flops; /* one REKLS step of its params */
+    int32_t rekls_params;                      /* how many of its params REKLS steps */
 } pt_store_chunk_info;
 void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out);
 /* A free buffer-pool slot to time copies with (its cached chunk is dropped),

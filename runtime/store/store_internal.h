@@ -84,6 +84,7 @@ typedef struct cs_chunk {
      * largest scratch of its params (words) */
     uint64_t rk_plan_aux, rk_plan_ws;
     double rk_plan_gemm, rk_plan_eigh;   /* FLOPs of one step of its REKLS params */
+    int rk_plan_n;                       /* how many */
     int rk_first, rk_count;
 } cs_chunk;
 
