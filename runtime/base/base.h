@@ -26,6 +26,7 @@ typedef struct pt_config {
     /* [protrain] */
     int auto_memory;          /* bool, default 1 */
     int time_calibration;     /* bool, default 1: re-plan on a time misprediction */
+    int defer_cpu_steps;      /* bool, default 1: CPU steps run into the next forward */
     int auto_mode;            /* bool, default 1 */
     int force_all_persistent; /* bool, default 0 */
     int zero3_shard;          /* auto|on|off -> -1|1|0, default -1 */
@@ -60,6 +61,8 @@ typedef struct pt_config {
     char fail_op[40];         /* "<op>:<n>" or "" (default): fail the n-th call of a backend op (pt_gpu_fail_op_parse) */
     int async_compute;        /* bool, default 1: launched host work runs on the compute stream */
     double compute_jitter;    /* seconds, default 0: random delay before each launched item */
+    double debug_cpu_step_delay; /* seconds, default 0 (testing): sleep before each CPU step
+                                  * optimizer_step queues */
     int jitter_seed;          /* default 1 */
     int debug_skip_ordering;  /* PT_ORD_* mask, default 0: testing only (negative controls) */
     /* [cuda] */

@@ -121,6 +121,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     o.cost.reserve_bytes = rt->cfg.reserve;
     o.cost.headroom_bytes = rt->cfg.extra_headroom;
     o.cost.clip = rt->plan_clip;
+    o.cost.defer = rt->cfg.defer_cpu_steps;
     o.cost.frag = t->calib.peak > 0 ? t->calib.peak : 1.0;
     o.capacity = t->hw.device_capacity;
     o.host_ram = host_budget(rt);
