@@ -173,8 +173,9 @@ const pt_config_key pt_cfg_keys[] = {
           "REKLS: floor of the factor eigenvalues and Adam-ratio epsilon."),
     R_BOOL("osft", "enabled", osft_enabled, "false",
            "Orthogonal Subspace Fine-Tuning on the target weights."),
-    R_FLT("osft", "rank_ratio", osft_rank_ratio, PT_CFG_LO_OPEN, 0, 1, "0.5",
-          "Fraction of each target's singular values that is frozen."),
+    R_FLT("osft", "unfreeze_rank_ratio", osft_urr, 0, 0, 1, "0.25",
+          "Trainable fraction of each target's rank R: the top floor(R * (1 - ratio)) "
+          "singular directions are frozen (at most R - 1); 1 freezes none."),
     R_STR("osft", "targets", osft_targets,
           "a comma-separated list of parameter-name substrings like attn,mlp", check_targets,
           "attn,mlp", "2-D parameters whose name contains any of these substrings are targets."),
