@@ -133,6 +133,12 @@ int pt_store_is_arena(const pt_store *st, const void *ptr);   /* block index, or
 uint64_t pt_store_arena_bytes(const pt_store *st, int32_t b); /* device bytes held now */
 int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, char *err,
                         size_t errlen);
+/* Where fp32 param `index` lives between steps: the resident copy (device, its
+ * last device AdamW may still be queued on s_compute) or the pinned master of an
+ * offloaded chunk (after its CPU step). A caller that changes the values there
+ * changes the parameter: the next gather uploads them. */
+int pt_store_param_home(pt_store *st, int32_t index, float **p, int *on_device, char *err,
+                        size_t errlen);
 /* Fills the plan, optimizer-time and activation fields of s. */
 void pt_store_stats(const pt_store *st, pt_stats_v1 *s);
 
