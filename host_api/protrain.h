@@ -244,9 +244,11 @@ typedef struct pt_stats_v1 {
      * the configured tile count (auto: 1); after post_model_load the tiles each
      * MLP really runs in (N_eff). */
     uint64_t mlp_tiles;
-    /* ABI 1.4: OSFT. 0 = off; otherwise the number of parameters decomposed at
-     * post_model_load (their pt_param_v1 data and grad stay NULL: the host runs
-     * each one's linear layer through osft_linear_forward / osft_linear_backward). */
+    /* ABI 1.4: OSFT. 0 = off. From init until post_model_load: 1 when OSFT is
+     * configured; after it, the number of parameters decomposed. A decomposed
+     * parameter's data and grad stay NULL, inside its block's windows too (that is
+     * how the host tells which ones they are); the host runs its linear layer
+     * through osft_linear_forward / osft_linear_backward. */
     uint64_t osft_targets;
     uint64_t reserved[3];
 } pt_stats_v1;

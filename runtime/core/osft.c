@@ -47,6 +47,12 @@ struct pt_osft {
     int n_host;
     int n;
     tgt *t;
+    /* device scratch for the hooks and projections, sized at setup for batch x seq
+     * rows: every use runs on the compute stream (queued there, or inside work
+     * launched on it), so one buffer serves them all in turn; a call with more
+     * rows allocates its own */
+    float *scr;
+    uint64_t scr_floats;
     pthread_mutex_t mu;       /* async_* (written by the compute thread) */
     int async_rc;
     char async_err[256];
@@ -103,6 +109,7 @@ void pt_osft_free(pt_rt *rt) {
     pt_osft *o = rt->osft;
     if (!o) return;
     if (rt->model == &o->xm) rt->model = rt->hmodel;
+    if (o->scr) pt_gpu_free(rt->gpu, o->scr);
     pthread_mutex_destroy(&o->mu);
     free(o->xp);
     free(o->names);
@@ -321,6 +328,22 @@ int pt_osft_setup(pt_rt *rt, pt_model_v1 *h, char *err, size_t errlen) {
     o->xm = *h;
     o->xm.n_params = x;
     o->xm.params = o->xp;
+    /* the hooks' scratch for batch x seq rows (backward: rows x (2 kl + k)), and
+     * the projections' k x kl coefficients */
+    int64_t rows = h->batch * h->seq > 0 ? h->batch * h->seq : 1;
+    uint64_t need = 0;
+    for (int i = 0; i < o->n; i++) {
+        const tgt *t = &o->t[i];
+        uint64_t a = (uint64_t)(rows * (2 * t->kl + t->k)), b = (uint64_t)(t->k * t->kl);
+        if (a > need) need = a;
+        if (b > need) need = b;
+    }
+    if ((rc = pt_gpu_alloc(rt->gpu, (size_t)need * 4, PT_TAG_SCRATCH, (void **)&o->scr, err,
+                           errlen))) {
+        pt_osft_free(rt);
+        return rc;
+    }
+    o->scr_floats = need;
     rt->model = &o->xm;
     uint64_t fz, tr, dn;
     pt_osft_bytes(rt, &fz, &tr, &dn);
@@ -377,8 +400,17 @@ static void lin_open(pt_rt *rt, lin *L) {
     L->rc = PT_OK;
 }
 
+/* n floats of scratch: the shared buffer, or (larger) an allocation of its own */
+static int scratch_get(pt_rt *rt, uint64_t n, float **p, char *err, size_t errlen) {
+    if (n <= rt->osft->scr_floats) {
+        *p = rt->osft->scr;
+        return PT_OK;
+    }
+    return pt_gpu_alloc(rt->gpu, (size_t)n * 4, PT_TAG_SCRATCH, (void **)p, err, errlen);
+}
+
 static void scratch_free(pt_rt *rt, void *p) {
-    if (!p) return;
+    if (!p || p == rt->osft->scr) return;
     if (tl_snap) {
         pt_gpu_free(rt->gpu, p);
         return;
@@ -461,8 +493,7 @@ int pt_osft_forward(pt_rt *rt, int32_t param, const void *xv, void *yv, int64_t 
     int64_t N = t->N, M = t->M, k = t->k, kl = t->kl;
     int64_t w = k > kl ? k : kl;
     /* a: rows x max(k, kl), the projection x V^T of one branch at a time */
-    if ((rc = pt_gpu_alloc(rt->gpu, (size_t)(rows * w) * 4, PT_TAG_SCRATCH, (void **)&a, err,
-                           errlen)))
+    if ((rc = scratch_get(rt, (uint64_t)(rows * w), &a, err, errlen)))
         return async_fail(rt, rc, err);
     lin L;
     lin_open(rt, &L);
@@ -492,8 +523,7 @@ int pt_osft_backward(pt_rt *rt, int32_t param, const void *xv, const void *dyv, 
     float *dx = dxv, *scr = NULL;
     int64_t N = t->N, M = t->M, k = t->k, kl = t->kl;
     /* scratch: al, e (rows x kl each), h (rows x k) */
-    if ((rc = pt_gpu_alloc(rt->gpu, (size_t)(rows * (2 * kl + k)) * 4 + 4, PT_TAG_SCRATCH,
-                           (void **)&scr, err, errlen)))
+    if ((rc = scratch_get(rt, (uint64_t)(rows * (2 * kl + k)), &scr, err, errlen)))
         return async_fail(rt, rc, err);
     float *al = scr, *e = al + rows * kl, *h = e + rows * kl;
     lin L;
@@ -547,7 +577,7 @@ int pt_osft_project_grads(pt_rt *rt, int32_t b, char *err, size_t errlen) {
     int64_t w = max_coef(o, b);
     if (!w) return PT_OK;   /* nothing frozen in this block */
     float *c = NULL;
-    int rc = pt_gpu_alloc(rt->gpu, (size_t)w * 4, PT_TAG_SCRATCH, (void **)&c, err, errlen);
+    int rc = scratch_get(rt, (uint64_t)w, &c, err, errlen);
     if (rc) return rc;
     lin L;
     lin_open(rt, &L);
@@ -570,7 +600,7 @@ int pt_osft_project_params(pt_rt *rt, char *err, size_t errlen) {
     int64_t w = max_coef(o, INT32_MIN);
     if (!w) return PT_OK;
     float *c = NULL;
-    int rc = pt_gpu_alloc(rt->gpu, (size_t)w * 4, PT_TAG_SCRATCH, (void **)&c, err, errlen);
+    int rc = scratch_get(rt, (uint64_t)w, &c, err, errlen);
     if (rc) return rc;
     lin L;
     lin_open(rt, &L);

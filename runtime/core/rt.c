@@ -255,6 +255,9 @@ static int block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen) {
 
 static void recompute_mark(void *user, int32_t b, int after) {
     pt_rt *rt = user;
+    /* the host's recompute reads its descriptors: the addresses the store's
+     * gather just set must be there (OSFT keeps them in its own list) */
+    if (!after) pt_osft_mirror(rt);
     if (rt->prof) pt_prof_recompute_mark(rt, b, after);
 }
 
@@ -594,7 +597,8 @@ int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out) {
     s.pred_iter_s = rt->pred_iter_s;
     pt_store_stats(rt->st, &s);
     s.mlp_tiles = pt_rt_mlp_tiles(rt);
-    s.osft_targets = (uint64_t)pt_osft_count(rt);
+    /* before post_model_load: 1 when OSFT is configured (the count comes with the model) */
+    s.osft_targets = rt->hmodel ? (uint64_t)pt_osft_count(rt) : (uint64_t)(rt->cfg.osft_enabled != 0);
     uint32_t n = out->struct_size && out->struct_size < sizeof s ? out->struct_size : sizeof s;
     memcpy(out, &s, n);
     out->struct_size = n;
