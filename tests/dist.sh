@@ -53,11 +53,18 @@ base_ini "$tmp/B.ini" 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swap
 # AT: mode A with the MLPs in 3 tiles on every rank (TiledMLP composes with ranks)
 base_ini "$tmp/AT.ini" 'force_all_persistent = true'
 printf '[tiled_mlp]\nenabled = true\ntiles = 3\n' >> "$tmp/AT.ini"
+# AO / BO: modes A and B with OSFT on every projection; unfreeze_rank_ratio 0.4 of
+# rank 32 freezes k = 19 and trains 13 directions (neither divides by 2). The
+# gradient projection runs on each rank's own gradient before the all-reduce
+# (it is linear, so the sum of projections is the projection of the sum).
+osft='[osft]\nenabled = true\nunfreeze_rank_ratio = 0.4\ntargets = qkvw,attprojw,fcw,fcprojw\n'
+cp "$tmp/A.ini" "$tmp/AO.ini"; printf "$osft" >> "$tmp/AO.ini"
+cp "$tmp/B.ini" "$tmp/BO.ini"; printf "$osft" >> "$tmp/BO.ini"
 
 # field value of every line: jf FILE KEY
 jf() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
 
-for mode in A B AT; do
+for mode in A B AT AO BO; do
     want=${mode:0:1}   # the execution mode the plugin must report
     m1="$tmp/$mode.1.json"; m2="$tmp/$mode.2.json"
     if ! "$sh" --config "$tmp/$mode.ini" "${common[@]}" --grad-accum 2 --metrics "$m1" \
