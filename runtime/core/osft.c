@@ -581,6 +581,8 @@ int pt_osft_project_grads(pt_rt *rt, int32_t b, char *err, size_t errlen) {
     if (rc) return rc;
     lin L;
     lin_open(rt, &L);
+    /* negative control: at once on this thread, before the backward has run */
+    if (rt->ordered && (rt->skip & PT_ORD_OSFT)) L.s = NULL;
     for (int i = 0; i < o->n; i++) {
         const tgt *t = &o->t[i];
         if (t->block != b || !t->k) continue;

@@ -67,6 +67,7 @@ typedef struct opt {
     int osft;            /* [osft] enabled */
     int streamed;        /* chunks streamed, CPU Adam */
     int async;           /* launch the work, jitter */
+    int skip;            /* [host_backend] debug_skip_ordering (negative control) */
 } opt;
 
 typedef struct net {
@@ -93,7 +94,9 @@ static void write_ini(const char *path, const opt *o) {
                    "n_checkpoint = 0\nchunk_size = 1KiB\n");
     else
         fprintf(f, "[protrain]\nforce_all_persistent = true\n");
-    if (o->async) fprintf(f, "[host_backend]\ncompute_jitter = 200us\njitter_seed = 7\n");
+    if (o->async)
+        fprintf(f, "[host_backend]\ncompute_jitter = %s\njitter_seed = 7\ndebug_skip_ordering = %d\n",
+                o->skip ? "2ms" : "200us", o->skip);
     fclose(f);
 }
 
@@ -836,6 +839,33 @@ static void test_async_equals_sync(void **s) {
     free(s1);
 }
 
+/* Negative control: the gradient projection run at once on the host's thread
+ * (not behind the block's backward on the compute stream) projects a gradient
+ * the launched backward has not written yet, and the run leaves the oracle. */
+static void test_projection_order_control(void **s) {
+    (void)s;
+    const char *san = getenv("PT_SAN");
+    if (san && !strcmp(san, "tsan")) {
+        printf("  skipped under TSan: the control races on purpose\n");
+        skip();
+    }
+    enum { STEPS = 5 };
+    double l0[STEPS], l1[STEPS];
+    unsigned char *s0, *s1;
+    size_t n0, n1;
+    opt o = {.urr = 0.5f, .lr = 1e-2f, .eps = 1e-8f, .osft = 1, .streamed = 1};
+    run_losses(&o, STEPS, l0, &s0, &n0);
+    o.async = 1;
+    o.skip = 128;   /* PT_ORD_OSFT */
+    run_losses(&o, STEPS, l1, &s1, &n1);
+    int differ = memcmp(l0, l1, sizeof l0) != 0;
+    printf("  control: projection not ordered after the launched backward: losses %s\n",
+           differ ? "differ (the check sees it)" : "EQUAL (the check is blind)");
+    assert_true(differ);
+    free(s0);
+    free(s1);
+}
+
 static void test_resume_and_export(void **s) {
     (void)s;
     enum { STEPS = 6 };
@@ -1007,6 +1037,7 @@ int main(void) {
         cmocka_unit_test(test_projection_50_steps),
         cmocka_unit_test(test_streamed_equals_resident),
         cmocka_unit_test(test_async_equals_sync),
+        cmocka_unit_test(test_projection_order_control),
         cmocka_unit_test(test_resume_and_export),
         cmocka_unit_test(test_distributed_v_projection),
     };
