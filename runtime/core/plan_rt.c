@@ -122,7 +122,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     o.cost.reserve_bytes = rt->cfg.reserve;
     o.cost.headroom_bytes = rt->cfg.extra_headroom;
     o.cost.clip = rt->plan_clip;
-    o.cost.frag = rt->frag > 0 ? rt->frag : 1.0;
+    o.cost.frag = t->calib.peak > 0 ? t->calib.peak : 1.0;
     o.capacity = t->hw.device_capacity;
     o.host_ram = host_budget(rt);
     o.n_persist = rt->cfg.n_persist;
@@ -144,11 +144,18 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
         rc = pt_trace_copy(rt->trace, t, err, errlen);
         if (rc) return rc;
     }
-    rc = pt_search(t, &o, &plan, err, errlen);
+    /* search on the profile with what calibration learned applied (times;
+     * the peak factor is o.cost.frag) */
+    pt_trace cal;
+    pt_trace_init(&cal);
+    rc = pt_trace_calibrated(&cal, rt->trace, err, errlen);
+    if (!rc) rc = pt_search(&cal, &o, &plan, err, errlen);
     if (rc) {
+        pt_trace_free(&cal);
         pt_plan_free(&plan);
         return rc;
     }
+    t = &cal;
     plan.exec_mode = plan.knobs.n_persist >= plan.n_chunk ? 0 : 1;
     plan.world_size = t->key.world_size;
     if (rt->cfg.tiled_mlp_enabled) {
@@ -175,6 +182,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
         }
     }
     if (rt->cfg.plan_file[0] && (rc = pt_plan_write_json(&plan, rt->cfg.plan_file, err, errlen))) {
+        pt_trace_free(&cal);
         pt_plan_free(&plan);
         return rc;
     }
@@ -185,12 +193,16 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
         if (!rc) rc = pt_timeline_from_plan(t, &plan, rt->tl, err, errlen);
         if (!rc) rc = pt_timeline_write_file(rt->tl, NULL, 0, rt->cfg.timeline_file, err, errlen);
         if (rc) {
+            pt_trace_free(&cal);
             pt_plan_free(&plan);
             return rc;
         }
     }
     rt->pred_peak = plan.cost.peak_bytes;
     rt->pred_iter_s = plan.cost.iter_s;
+    rt->pred_fwd_s = plan.cost.fwd_s;
+    rt->pred_bwd_s = plan.cost.bwd_s;
+    rt->pred_opt_s = plan.cost.opt_s;
     rt->swap_interval = plan.swap_interval;
     /* the plan's release window of each swapped arena (the cost model's swap-out
      * schedule), so the runtime holds exactly what the prediction counted */
@@ -205,6 +217,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
         pt_act_free(&ap);
     }
     pt_cost_ctx_free(cx);
+    pt_trace_free(&cal);
     rt->kn.n_persist = plan.knobs.n_persist;
     rt->kn.n_buffer = plan.knobs.n_buffer;
     rt->kn.n_swap = plan.knobs.n_swap;
@@ -252,6 +265,11 @@ int pt_rt_plan_from_cache(pt_rt *rt, int *hit, char *err, size_t errlen) {
     char path[600];
     pt_trace_cache_path(rt->cfg.cache_dir, &key, path, sizeof path);
     PT_LOGI(&rt->lg, "profile cache: hit %s (no profiling step)", path);
+    if (t.calib.peak > 0 || t.calib.fwd > 0 || t.calib.bwd > 0 || t.calib.opt > 0)
+        PT_LOGI(&rt->lg, "profile cache: planning with what earlier runs' calibration learned: "
+                         "peak x%.4f, forward x%.3f, backward x%.3f, optimizer x%.3f",
+                t.calib.peak > 0 ? t.calib.peak : 1.0, t.calib.fwd > 0 ? t.calib.fwd : 1.0,
+                t.calib.bwd > 0 ? t.calib.bwd : 1.0, t.calib.opt > 0 ? t.calib.opt : 1.0);
     *hit = 1;
     int rc = pt_rt_search_and_apply(rt, &t, 0.0, err, errlen);
     pt_trace_free(&t);
@@ -260,53 +278,4 @@ int pt_rt_plan_from_cache(pt_rt *rt, int *hit, char *err, size_t errlen) {
 
 int pt_rt_profiling(const pt_rt *rt) {
     return rt->kn.source && !strcmp(rt->kn.source, "bootstrap");
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* After a few hot iterations under the plan: measured peak and median iteration
- * time against the prediction, to the log (and get_stats). The first iteration
- * after the plan is a warm-up (first uploads, first pinned swap buffers). */
-void pt_rt_calibrate(pt_rt *rt) {
-    enum { WARM = 1, MEASURE = 5 };
-    int k = rt->calib_steps++;
-    if (k < (int)(sizeof rt->calib_t / sizeof rt->calib_t[0])) rt->calib_t[k] = pt_now_s();
-    if (k != WARM + MEASURE || !rt->pred_peak) return;
-    double dt[MEASURE];
-    for (int i = 0; i < MEASURE; i++) dt[i] = rt->calib_t[WARM + i + 1] - rt->calib_t[WARM + i];
-    qsort(dt, MEASURE, sizeof dt[0], cmp_d);
-    pt_gpu_usage u;
-    pt_gpu_usage_get(rt->gpu, &u);
-    rt->meas_peak = u.peak;
-    rt->meas_iter_s = dt[MEASURE / 2];
-    double pr = (double)u.peak / (double)rt->pred_peak;
-    PT_LOGI(&rt->lg, "calibration: measured peak %llu bytes (%.2f MiB) vs predicted %llu "
-                     "(x%.4f); median iteration %.4f s vs predicted %.4f s (x%.3f)",
-            (unsigned long long)u.peak, u.peak / 1048576.0, (unsigned long long)rt->pred_peak,
-            pr, rt->meas_iter_s, rt->pred_iter_s,
-            rt->pred_iter_s > 0 ? rt->meas_iter_s / rt->pred_iter_s : 0.0);
-    if (rt->tl && rt->tl->n) {
-        /* the picture of the plan that ran, now with what it really peaked at
-         * (a re-plan below then writes its own prediction over it) */
-        char terr[512];
-        if (pt_timeline_write_file(rt->tl, NULL, u.peak, rt->cfg.timeline_file, terr, sizeof terr))
-            PT_LOGW(&rt->lg, "calibration: %s", terr);
-    }
-    if (u.peak <= rt->pred_peak || !rt->trace) return;
-    /* Under-predicted: plan again with the measured correction, carrying the
-     * parameters and optimizer state across (the state image is per parameter). */
-    rt->frag = pr * (rt->frag > 0 ? rt->frag : 1.0);
-    PT_LOGW(&rt->lg, "calibration: the peak was under-predicted by %llu bytes; planning again "
-                     "with fragmentation factor %.4f",
-            (unsigned long long)(u.peak - rt->pred_peak), rt->frag);
-    char err[512];
-    int rc = pt_rt_search_and_apply(rt, rt->trace, 0.0, err, sizeof err);
-    if (rc) {
-        PT_LOGE(&rt->lg, "calibration re-plan failed: %s", err);
-        rt->broken = rc;
-    }
-    rt->calib_steps = WARM + MEASURE + 1;   /* measure once per plan */
 }
