@@ -21,6 +21,8 @@
  *  - asynchronous host (work launched on the compute stream with jitter, the
  *    hooks called from inside it) equals the synchronous host, bit for bit;
  *  - save/resume bit-exact; the exported dense weights give the same loss;
+ *  - refusals: the hooks outside their windows or on an ordinary parameter, OSFT
+ *    with TiledMLP, a bf16 target, a tied target;
  *  - distributed projection: the local-coefficient all-reduce for V (shards of
  *    k x M rows) fails the equivalence that the all-gather and the column-sharded
  *    all-reduce pass; projecting per-rank gradients then summing equals projecting
@@ -913,6 +915,62 @@ static void test_resume_and_export(void **s) {
     net_close(&d);
 }
 
+/* Refusals: hooks outside their windows or on ordinary params, and what OSFT
+ * does not take (TiledMLP with it, 16-bit or tied targets). */
+static void test_refusals(void **s) {
+    (void)s;
+    opt o = {.urr = 0.5f, .lr = 1e-2f, .eps = 1e-8f, .osft = 1};
+    net a;
+    net_open(&a, &o, NULL, NULL);
+    void *c = a.ctx;
+    assert_int_equal(P->osft_linear_forward(c, I_W0, a.x0, a.h, ROWS), PT_ERR_ORDER);
+    assert_int_equal(P->pre_step(c, 0, 0, 1), 0);
+    assert_int_equal(P->block_pre_forward(c, 0), 0);
+    assert_int_equal(P->osft_linear_forward(c, I_B0, a.x0, a.h, ROWS), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(P->last_error(c), "not an OSFT target"));
+    assert_int_equal(P->osft_linear_forward(c, I_W1, a.h, a.y, ROWS), PT_ERR_ORDER);
+    assert_int_equal(P->osft_linear_backward(c, I_W0, a.x0, a.h, NULL, ROWS), PT_ERR_ORDER);
+    assert_int_equal(P->osft_linear_forward(c, I_W0, NULL, a.h, ROWS), PT_ERR_INVALID_ARG);
+    assert_int_equal(P->osft_linear_forward(c, I_W0, a.x0, a.h, ROWS), 0);
+    assert_int_equal(P->block_post_forward(c, 0), 0);
+    net_close(&a);
+    /* OSFT with TiledMLP: refused at init, naming both */
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/pt_osft_r_%d.ini", (int)getpid());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "[plugin]\nbackend = host\nlog_level = error\n[osft]\nenabled = true\n"
+               "[tiled_mlp]\nenabled = true\n");
+    fclose(f);
+    void *ctx = NULL;
+    assert_int_equal(P->init(path, NULL, &ctx), PT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(P->last_error(NULL), "[tiled_mlp]"));
+    /* a bf16 target, a tied target */
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "[plugin]\nbackend = host\nlog_level = error\n[protrain]\nforce_all_persistent = "
+               "true\n[osft]\nenabled = true\ntargets = w\n");
+    fclose(f);
+    for (int c2 = 0; c2 < 2; c2++) {
+        assert_int_equal(P->init(path, NULL, &ctx), 0);
+        uint16_t w16[16] = {0};
+        float w32[16] = {0};
+        pt_param_v1 p[2] = {
+            {.name = "a.w", .dtype = c2 ? PT_F32 : PT_BF16, .ndim = 2, .shape = {4, 4},
+             .block = -1, .trainable = 1, .tie = -1,
+             .init = c2 ? (const void *)w32 : (const void *)w16},
+            {.name = "b.w", .dtype = c2 ? PT_F32 : PT_BF16, .ndim = 2, .shape = {4, 4},
+             .block = -1, .trainable = 1, .tie = c2 ? 0 : -1,
+             .init = c2 ? (const void *)w32 : (const void *)w16}};
+        pt_model_v1 m = {.struct_size = sizeof m, .n_params = 2, .params = p, .n_blocks = 0,
+                         .batch = 1, .seq = 1, .arch = "r"};
+        assert_int_equal(P->post_model_load(ctx, &m), PT_ERR_UNSUPPORTED);
+        assert_non_null(strstr(P->last_error(ctx), c2 ? "tie" : "bf16"));
+        assert_int_equal(P->finalize(ctx), 0);
+    }
+    unlink(path);
+}
+
 /* ---- the distributed projection, in double, on P = 2 row shards ---- */
 
 /* torch.chunk rows of shard r of P over n rows: [lo, hi) */
@@ -1039,6 +1097,7 @@ int main(void) {
         cmocka_unit_test(test_async_equals_sync),
         cmocka_unit_test(test_projection_order_control),
         cmocka_unit_test(test_resume_and_export),
+        cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_distributed_v_projection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
