@@ -23,12 +23,9 @@
  *  - save/resume bit-exact; the exported dense weights give the same loss;
  *  - refusals: the hooks outside their windows or on an ordinary parameter, OSFT
  *    with TiledMLP, a bf16 target, a tied target;
- *  - distributed projection: the local-coefficient all-reduce for V (shards of
- *    k x M rows) fails the equivalence that the all-gather and the column-sharded
- *    all-reduce pass; projecting per-rank gradients then summing equals projecting
- *    the sum (why the projection may run before the reduction).
+ * The distributed projection's math (and its negative control) is in
+ * test_osft_dist.c.
  */
-#include <lapacke.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -42,27 +39,10 @@
 
 #include <cmocka.h>
 
-#include "core/osft.h"
+#include "osft_model.h"
 #include "protrain.h"
 
 static const pt_plugin_v1 *P = &protrain_plugin_v1;
-
-enum { ROWS = 5, NPAR = 5, NT = 2 };
-enum { I_SCALE = 0, I_W0, I_B0, I_W1, I_B1 };
-static const int64_t TN[NT] = {12, 7}, TM[NT] = {9, 12};   /* targets: out x in */
-static const int TIDX[NT] = {I_W0, I_W1};
-#define D0 9   /* input width */
-#define H 12   /* hidden */
-#define O 7    /* output */
-
-/* ---- the model's data ---- */
-
-static float w_init(int t, int64_t i) {
-    return 0.35f * sinf(1.37f * (float)i + 0.71f * (float)t + 0.2f) +
-           0.05f * cosf(0.113f * (float)(i * i) + (float)t);
-}
-static float x_of(int r, int c, int s) { return 0.5f * sinf(0.37f * (float)(r * D0 + c) + 0.91f * (float)s); }
-static float t_of(int r, int j, int s) { return 0.2f * cosf(0.53f * (float)(r * O + j) + 0.29f * (float)s); }
 
 typedef struct opt {
     float urr, lr, eps;
@@ -301,217 +281,6 @@ static double step(net *n, int s, int train) {
         assert_int_equal(P->post_step(c, s, (float)loss), 0);
     }
     return loss;
-}
-
-/* ---- a double-precision reference of the factorised model ---- */
-
-typedef struct rtgt {
-    int64_t N, M, R, k, kl;
-    double *U, *S, *Vt;        /* U (N x R) = [U_high | U_low], S (R), Vt (R x M) */
-    double *gU, *gS, *gV;      /* gradients (low columns / entries / rows only) */
-    double *mU, *vU, *mS, *vS, *mV, *vV;
-} rtgt;
-
-typedef struct ref {
-    rtgt t[NT];
-    double vec[3][H];          /* scale (O), b0 (H), b1 (O) */
-    double gvec[3][H], mvec[3][H], vvec[3][H];
-    float lr, eps;
-    int project_values;
-    int64_t step;
-} ref;
-static const int VLEN[3] = {O, H, O};
-
-static double *dz(size_t n) {
-    double *p = calloc(n ? n : 1, sizeof *p);
-    assert_non_null(p);
-    return p;
-}
-
-static void ref_open(ref *R, float urr, float lr, float eps) {
-    memset(R, 0, sizeof *R);
-    R->lr = lr;
-    R->eps = eps;
-    R->project_values = 1;
-    for (int t = 0; t < NT; t++) {
-        rtgt *q = &R->t[t];
-        q->N = TN[t];
-        q->M = TM[t];
-        q->R = q->N < q->M ? q->N : q->M;
-        q->k = pt_osft_frozen_rank(q->R, urr);
-        q->kl = q->R - q->k;
-        double *a = dz((size_t)(q->N * q->M));
-        for (int64_t e = 0; e < q->N * q->M; e++) a[e] = (double)w_init(t, e);
-        q->U = dz((size_t)(q->N * q->R));
-        q->S = dz((size_t)q->R);
-        q->Vt = dz((size_t)(q->R * q->M));
-        /* the reference's own SVD, in double (signs may differ from the plugin's
-         * fp32 SVD pair by pair; the trajectory does not depend on them) */
-        assert_int_equal(LAPACKE_dgesdd(LAPACK_ROW_MAJOR, 'S', (lapack_int)q->N,
-                                        (lapack_int)q->M, a, (lapack_int)q->M, q->S, q->U,
-                                        (lapack_int)q->R, q->Vt, (lapack_int)q->M), 0);
-        free(a);
-        size_t nu = (size_t)(q->N * q->R), nv = (size_t)(q->R * q->M);
-        q->gU = dz(nu), q->mU = dz(nu), q->vU = dz(nu);
-        q->gS = dz((size_t)q->R), q->mS = dz((size_t)q->R), q->vS = dz((size_t)q->R);
-        q->gV = dz(nv), q->mV = dz(nv), q->vV = dz(nv);
-    }
-    for (int e = 0; e < O; e++) R->vec[0][e] = (double)(1.0f + 0.05f * (float)e);
-    for (int v = 1; v < 3; v++)
-        for (int e = 0; e < VLEN[v]; e++) R->vec[v][e] = (double)(0.01f * (float)(e % 5) - 0.02f);
-}
-
-static void ref_close(ref *R) {
-    for (int t = 0; t < NT; t++) {
-        rtgt *q = &R->t[t];
-        double *all[] = {q->U, q->S, q->Vt, q->gU, q->gS, q->gV, q->mU, q->vU, q->mS, q->vS, q->mV, q->vV};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
-    }
-}
-
-/* W = U diag(S) Vt (N x M) */
-static void ref_w(const rtgt *q, double *W) {
-    for (int64_t n = 0; n < q->N; n++)
-        for (int64_t m = 0; m < q->M; m++) {
-            double a = 0;
-            for (int64_t j = 0; j < q->R; j++) a += q->U[n * q->R + j] * q->S[j] * q->Vt[j * q->M + m];
-            W[n * q->M + m] = a;
-        }
-}
-
-/* Loss of step s; with grads: the factor gradients of the low part (the dense
- * gradient mapped through the factorisation) and the vectors' gradients. */
-static double ref_loss(ref *R, int s, int grads) {
-    double W0[H * D0], W1[O * H], x[ROWS][D0], h[ROWS][H], y[ROWS][O];
-    ref_w(&R->t[0], W0);
-    ref_w(&R->t[1], W1);
-    for (int r = 0; r < ROWS; r++)
-        for (int c = 0; c < D0; c++) x[r][c] = (double)x_of(r, c, s);
-    for (int r = 0; r < ROWS; r++)
-        for (int j = 0; j < H; j++) {
-            double a = R->vec[1][j];
-            for (int c = 0; c < D0; c++) a += x[r][c] * W0[j * D0 + c];
-            h[r][j] = a;
-        }
-    double loss = 0, dy[ROWS][O], dh[ROWS][H];
-    for (int r = 0; r < ROWS; r++)
-        for (int j = 0; j < O; j++) {
-            double a = R->vec[2][j];
-            for (int c = 0; c < H; c++) a += h[r][c] * W1[j * H + c];
-            y[r][j] = a;
-            double d = a * R->vec[0][j] - (double)t_of(r, j, s);
-            loss += 0.5 * d * d / ROWS;
-            dy[r][j] = d / ROWS;
-        }
-    if (!grads) return loss;
-    memset(R->gvec, 0, sizeof R->gvec);
-    for (int r = 0; r < ROWS; r++)
-        for (int j = 0; j < O; j++) {
-            R->gvec[0][j] += dy[r][j] * y[r][j];
-            dy[r][j] *= R->vec[0][j];
-            R->gvec[2][j] += dy[r][j];
-        }
-    for (int r = 0; r < ROWS; r++)
-        for (int c = 0; c < H; c++) {
-            double a = 0;
-            for (int j = 0; j < O; j++) a += dy[r][j] * W1[j * H + c];
-            dh[r][c] = a;
-            R->gvec[1][c] += a;
-        }
-    /* dense gradients dW = dY^T X, then through W = U S Vt (low part only) */
-    for (int t = 0; t < NT; t++) {
-        rtgt *q = &R->t[t];
-        double *dW = dz((size_t)(q->N * q->M));
-        for (int64_t n = 0; n < q->N; n++)
-            for (int64_t m = 0; m < q->M; m++) {
-                double a = 0;
-                for (int r = 0; r < ROWS; r++)
-                    a += (t ? dy[r][n] : dh[r][n]) * (t ? h[r][m] : x[r][m]);
-                dW[n * q->M + m] = a;
-            }
-        memset(q->gU, 0, (size_t)(q->N * q->R) * 8);
-        memset(q->gS, 0, (size_t)q->R * 8);
-        memset(q->gV, 0, (size_t)(q->R * q->M) * 8);
-        for (int64_t j = q->k; j < q->R; j++) {
-            for (int64_t n = 0; n < q->N; n++) {
-                double a = 0;
-                for (int64_t m = 0; m < q->M; m++) a += dW[n * q->M + m] * q->Vt[j * q->M + m];
-                q->gU[n * q->R + j] = a * q->S[j];
-                q->gS[j] += q->U[n * q->R + j] * a;
-            }
-            for (int64_t m = 0; m < q->M; m++) {
-                double a = 0;
-                for (int64_t n = 0; n < q->N; n++) a += q->U[n * q->R + j] * dW[n * q->M + m];
-                q->gV[j * q->M + m] = a * q->S[j];
-            }
-        }
-        free(dW);
-    }
-    return loss;
-}
-
-/* u (columns k.. of U) -= U_high (U_high^T u); v (rows k.. of Vt) -= (v V_high^T) V_high */
-static void ref_project(rtgt *q, double *u, double *v) {
-    int64_t N = q->N, M = q->M, R = q->R, k = q->k;
-    for (int64_t j = k; j < R; j++) {
-        double c[16] = {0}, d[16] = {0};
-        for (int64_t i = 0; i < k; i++) {
-            for (int64_t n = 0; n < N; n++) c[i] += q->U[n * R + i] * u[n * R + j];
-            for (int64_t m = 0; m < M; m++) d[i] += v[j * M + m] * q->Vt[i * M + m];
-        }
-        for (int64_t i = 0; i < k; i++) {
-            for (int64_t n = 0; n < N; n++) u[n * R + j] -= q->U[n * R + i] * c[i];
-            for (int64_t m = 0; m < M; m++) v[j * M + m] -= d[i] * q->Vt[i * M + m];
-        }
-    }
-}
-
-static void adam(double *p, double g, double *m, double *v, const ref *R, double wd) {
-    double b1 = 0.9, b2 = 0.999, t = (double)(R->step + 1);
-    *m = b1 * *m + (1 - b1) * g;
-    *v = b2 * *v + (1 - b2) * g * g;
-    double mh = *m / (1 - pow(b1, t)), vh = *v / (1 - pow(b2, t));
-    *p = *p * (1 - (double)R->lr * wd) - (double)R->lr * mh / (sqrt(vh) + (double)R->eps);
-}
-
-static double ref_step(ref *R, int s) {
-    double loss = ref_loss(R, s, 1);
-    for (int t = 0; t < NT; t++) ref_project(&R->t[t], R->t[t].gU, R->t[t].gV);
-    const double wd = 0.01;
-    for (int v = 0; v < 3; v++)
-        for (int e = 0; e < VLEN[v]; e++)
-            adam(&R->vec[v][e], R->gvec[v][e], &R->mvec[v][e], &R->vvec[v][e], R, wd);
-    for (int t = 0; t < NT; t++) {
-        rtgt *q = &R->t[t];
-        for (int64_t j = q->k; j < q->R; j++) {
-            for (int64_t n = 0; n < q->N; n++) {
-                size_t i = (size_t)(n * q->R + j);
-                adam(&q->U[i], q->gU[i], &q->mU[i], &q->vU[i], R, wd);
-            }
-            adam(&q->S[j], q->gS[j], &q->mS[j], &q->vS[j], R, wd);
-            for (int64_t m = 0; m < q->M; m++) {
-                size_t i = (size_t)(j * q->M + m);
-                adam(&q->Vt[i], q->gV[i], &q->mV[i], &q->vV[i], R, wd);
-            }
-        }
-        if (R->project_values) ref_project(q, q->U, q->Vt);
-    }
-    R->step++;
-    return loss;
-}
-
-/* ||A^T B|| / (||A|| ||B||) for the column blocks [0,k) and [k,R) of U (N x R) */
-static double ref_ortho_u(const rtgt *q) {
-    double c2 = 0, a2 = 0, b2 = 0;
-    for (int64_t i = 0; i < q->R; i++)
-        for (int64_t n = 0; n < q->N; n++) *(i < q->k ? &a2 : &b2) += q->U[n * q->R + i] * q->U[n * q->R + i];
-    for (int64_t i = 0; i < q->k; i++)
-        for (int64_t j = q->k; j < q->R; j++) {
-            double c = 0;
-            for (int64_t n = 0; n < q->N; n++) c += q->U[n * q->R + i] * q->U[n * q->R + j];
-            c2 += c * c;
-        }
-    return sqrt(c2) / sqrt(a2 * b2);
 }
 
 /* ---- tests ---- */
@@ -971,120 +740,6 @@ static void test_refusals(void **s) {
     unlink(path);
 }
 
-/* ---- the distributed projection, in double, on P = 2 row shards ---- */
-
-/* torch.chunk rows of shard r of P over n rows: [lo, hi) */
-static void chunk_rows(int64_t n, int p, int r, int64_t *lo, int64_t *hi) {
-    int64_t c = (n + p - 1) / p;
-    *lo = r * c < n ? r * c : n;
-    *hi = (r + 1) * c < n ? (r + 1) * c : n;
-}
-
-static void test_distributed_v_projection(void **s) {
-    (void)s;
-    enum { M = 11, K = 5, KL = 3, NP = 2 };   /* k, kl, M not divisible by 2 */
-    double a[K * M], sv[K], vt[K * M], u[K * K];
-    for (int i = 0; i < K * M; i++) a[i] = sin(0.7 * i + 0.3) + 0.1 * cos(1.3 * i);
-    /* orthonormal rows of V_high from an SVD */
-    assert_int_equal(LAPACKE_dgesdd(LAPACK_ROW_MAJOR, 'S', K, M, a, M, sv, u, K, vt, M), 0);
-    double dv[KL * M], exact[KL * M];
-    for (int i = 0; i < KL * M; i++) dv[i] = cos(0.41 * i) - 0.2;
-    /* exact: dV -= (dV Vh^T) Vh */
-    memcpy(exact, dv, sizeof dv);
-    for (int j = 0; j < KL; j++)
-        for (int i = 0; i < K; i++) {
-            double c = 0;
-            for (int m = 0; m < M; m++) c += dv[j * M + m] * vt[i * M + m];
-            for (int m = 0; m < M; m++) exact[j * M + m] -= c * vt[i * M + m];
-        }
-    /* rank r holds dV rows lrows_r and Vh rows krows_r (the default row sharding) */
-    double gather[KL * M], local[KL * M], colsh[KL * M];
-    memcpy(gather, dv, sizeof dv);
-    memcpy(local, dv, sizeof dv);
-    memcpy(colsh, dv, sizeof dv);
-    /* (1) all-gather Vh, local GEMMs on the own dV rows */
-    for (int r = 0; r < NP; r++) {
-        int64_t l0, l1;
-        chunk_rows(KL, NP, r, &l0, &l1);
-        for (int64_t j = l0; j < l1; j++)
-            for (int i = 0; i < K; i++) {
-                double c = 0;
-                for (int m = 0; m < M; m++) c += dv[j * M + m] * vt[i * M + m];
-                for (int m = 0; m < M; m++) gather[j * M + m] -= c * vt[i * M + m];
-            }
-    }
-    /* (2) the local-coefficient all-reduce: each rank multiplies its dV rows by
-     * its own Vh rows, the blocks are summed over ranks as if they were partial
-     * sums, and each rank removes them along its own Vh rows */
-    {
-        double sum[KL * K];
-        memset(sum, 0, sizeof sum);
-        for (int r = 0; r < NP; r++) {
-            int64_t l0, l1, k0, k1;
-            chunk_rows(KL, NP, r, &l0, &l1);
-            chunk_rows(K, NP, r, &k0, &k1);
-            for (int64_t j = l0; j < l1; j++)
-                for (int64_t i = k0; i < k1; i++) {
-                    double c = 0;
-                    for (int m = 0; m < M; m++) c += dv[j * M + m] * vt[i * M + m];
-                    /* packed as the rank's local (rows x local-k) block */
-                    sum[(j - l0) * K + (i - k0)] += c;
-                }
-        }
-        for (int r = 0; r < NP; r++) {
-            int64_t l0, l1, k0, k1;
-            chunk_rows(KL, NP, r, &l0, &l1);
-            chunk_rows(K, NP, r, &k0, &k1);
-            for (int64_t j = l0; j < l1; j++)
-                for (int64_t i = k0; i < k1; i++)
-                    for (int m = 0; m < M; m++)
-                        local[j * M + m] -= sum[(j - l0) * K + (i - k0)] * vt[i * M + m];
-        }
-    }
-    /* (3) columns (the contracted M) sharded: partial products are true partial
-     * sums, one all-reduce, local update */
-    {
-        double kc[KL * K];
-        memset(kc, 0, sizeof kc);
-        for (int r = 0; r < NP; r++) {
-            int64_t c0, c1;
-            chunk_rows(M, NP, r, &c0, &c1);
-            for (int j = 0; j < KL; j++)
-                for (int i = 0; i < K; i++)
-                    for (int64_t m = c0; m < c1; m++) kc[j * K + i] += dv[j * M + m] * vt[i * M + m];
-        }
-        for (int j = 0; j < KL; j++)
-            for (int i = 0; i < K; i++)
-                for (int m = 0; m < M; m++) colsh[j * M + m] -= kc[j * K + i] * vt[i * M + m];
-    }
-    double eg = 0, el = 0, ec = 0;
-    for (int i = 0; i < KL * M; i++) {
-        eg = fmax(eg, fabs(gather[i] - exact[i]));
-        el = fmax(el, fabs(local[i] - exact[i]));
-        ec = fmax(ec, fabs(colsh[i] - exact[i]));
-    }
-    printf("  V projection on 2 shards (k 5, kl 3, M 11): all-gather %.2g, column-sharded "
-           "all-reduce %.2g, local-coefficient all-reduce %.2g (max abs error)\n", eg, ec, el);
-    assert_true(eg <= 1e-12 && ec <= 1e-12);
-    assert_true(el > 1e-3);   /* the shipped bug fails the equivalence */
-    /* linear: project(g_rank0) + project(g_rank1) = project(g_rank0 + g_rank1) */
-    double g1[KL * M], p0[KL * M], p1[KL * M], ps[KL * M];
-    for (int i = 0; i < KL * M; i++) g1[i] = sin(0.23 * i) + 0.5;
-    for (int w = 0; w < 3; w++) {
-        double *src = w == 0 ? dv : w == 1 ? g1 : NULL, *dst = w == 0 ? p0 : w == 1 ? p1 : ps;
-        for (int i = 0; i < KL * M; i++) dst[i] = src ? src[i] : dv[i] + g1[i];
-        for (int j = 0; j < KL; j++)
-            for (int i = 0; i < K; i++) {
-                double c = 0;
-                for (int m = 0; m < M; m++) c += dst[j * M + m] * vt[i * M + m];
-                for (int m = 0; m < M; m++) dst[j * M + m] -= c * vt[i * M + m];
-            }
-    }
-    double elin = 0;
-    for (int i = 0; i < KL * M; i++) elin = fmax(elin, fabs(p0[i] + p1[i] - ps[i]));
-    assert_true(elin <= 1e-12);
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rank_bookkeeping),
@@ -1098,7 +753,6 @@ int main(void) {
         cmocka_unit_test(test_projection_order_control),
         cmocka_unit_test(test_resume_and_export),
         cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_distributed_v_projection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
