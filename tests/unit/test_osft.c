@@ -2,7 +2,7 @@
  * test_osft.c — OSFT through the plugin's hooks on a two-block model whose
  * linear layers are decomposed (b0.attn.w 12 x 9, b1.mlp.w 7 x 12; their biases
  * and a non-block head scale stay ordinary parameters), against references
- * written here:
+ * written for the test (osft_model.h):
  *  - rank bookkeeping: k = floor(R (1 - unfreeze_rank_ratio)), capped at R - 1;
  *  - init: the reconstructed weight (read_param) equals W within 1e-5, the
  *    factorised forward's loss and input gradient equal the dense ones within 1e-5;
