@@ -185,8 +185,9 @@ const pt_config_key pt_cfg_keys[] = {
           "REKLS: floor of the factor eigenvalues and Adam-ratio epsilon."),
     R_BOOL("osft", "enabled", osft_enabled, "false",
            "Orthogonal Subspace Fine-Tuning on the target weights."),
-    R_FLT("osft", "rank_ratio", osft_rank_ratio, PT_CFG_LO_OPEN, 0, 1, "0.5",
-          "Fraction of each target's singular values that is frozen."),
+    R_FLT("osft", "unfreeze_rank_ratio", osft_urr, 0, 0, 1, "0.25",
+          "Trainable fraction of each target's rank R: the top floor(R * (1 - ratio)) "
+          "singular directions are frozen (at most R - 1); 1 freezes none."),
     R_STR("osft", "targets", osft_targets,
           "a comma-separated list of parameter-name substrings like attn,mlp", check_targets,
           "attn,mlp", "2-D parameters whose name contains any of these substrings are targets."),
@@ -237,11 +238,11 @@ const pt_config_key pt_cfg_keys[] = {
      "test sees it. 0: none. Never in training."},
     R_INT("host_backend", "jitter_seed", jitter_seed, PT_CFG_NO_HI, 0, INT_MAX, 0, "1",
           "Seed of the compute jitter's random delays."),
-    R_INT("host_backend", "debug_skip_ordering", debug_skip_ordering, 0, 0, 255, 0, "0",
+    R_INT("host_backend", "debug_skip_ordering", debug_skip_ordering, 0, 0, 511, 0, "0",
           "Testing only: orderings to skip, a bit mask (1 uploads, 2 slot reuse, 4 gradient "
-          "copies, 8 swaps, 16 frees, 32 optimizer step, 64 host memcpy, 128 an upload after "
-          "its chunk's deferred CPU step; 255 all), so a test shows it fails without each. "
-          "Never in training."),
+          "copies, 8 swaps, 16 frees, 32 optimizer step, 64 host memcpy, 128 OSFT projection, "
+          "256 an upload after its chunk's deferred CPU step; 511 all), so a test shows it "
+          "fails without each. Never in training."),
     R_BOOL("cuda", "poison", cuda_poison, "false",
            "On a CUDA device, fill freed device memory with NaN too (a memset and a wait "
            "on every free: a debugging aid, off by default for speed)."),

@@ -53,18 +53,28 @@ base_ini "$tmp/B.ini" 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swap
 # AT: mode A with the MLPs in 3 tiles on every rank (TiledMLP composes with ranks)
 base_ini "$tmp/AT.ini" 'force_all_persistent = true'
 printf '[tiled_mlp]\nenabled = true\ntiles = 3\n' >> "$tmp/AT.ini"
+# AO / BO: modes A and B with OSFT on every projection; unfreeze_rank_ratio 0.4 of
+# rank 32 freezes k = 19 and trains 13 directions (neither divides by 2), over 15
+# token rows per rank (batch 1 x seq 15). The
+# gradient projection runs on each rank's own gradient before the all-reduce
+# (it is linear, so the sum of projections is the projection of the sum).
+osft='[osft]\nenabled = true\nunfreeze_rank_ratio = 0.4\ntargets = qkvw,attprojw,fcw,fcprojw\n'
+cp "$tmp/A.ini" "$tmp/AO.ini"; printf "$osft" >> "$tmp/AO.ini"
+cp "$tmp/B.ini" "$tmp/BO.ini"; printf "$osft" >> "$tmp/BO.ini"
 
 # field value of every line: jf FILE KEY
 jf() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
 
-for mode in A B AT; do
+for mode in A B AT AO BO; do
     want=${mode:0:1}   # the execution mode the plugin must report
+    extra=()   # OSFT: 1 x 15 = 15 token rows per rank (odd), on top of the odd ranks
+    case $mode in AO|BO) extra=(--batch 1 --seq 15) ;; esac
     m1="$tmp/$mode.1.json"; m2="$tmp/$mode.2.json"
-    if ! "$sh" --config "$tmp/$mode.ini" "${common[@]}" --grad-accum 2 --metrics "$m1" \
+    if ! "$sh" --config "$tmp/$mode.ini" "${common[@]}" "${extra[@]}" --grad-accum 2 --metrics "$m1" \
             >"$tmp/$mode.1.log" 2>&1; then
         cat "$tmp/$mode.1.log"; bad "mode $mode: the 1-rank --grad-accum 2 run failed"; continue
     fi
-    if ! (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$mode.ini" "${common[@]}" --grad-accum 1 \
+    if ! (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$mode.ini" "${common[@]}" "${extra[@]}" --grad-accum 1 \
             --metrics "$m2") >"$tmp/$mode.2.log" 2>&1; then
         tail -20 "$tmp/$mode.2.log"; bad "mode $mode: the 2-rank run failed"; continue
     fi

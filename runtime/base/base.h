@@ -44,7 +44,8 @@ typedef struct pt_config {
     float rekls_eps;          /* default 1e-8 */
     /* [osft] */
     int osft_enabled;         /* enabled = bool, default 0 */
-    float osft_rank_ratio;    /* rank_ratio in (0,1], default 0.5: fraction of singular values frozen */
+    float osft_urr;           /* unfreeze_rank_ratio in [0,1], default 0.25: the TRAINABLE fraction of
+                               * each target's rank; frozen k = min(floor(R * (1 - urr)), R - 1) */
     char osft_targets[256];   /* targets = comma list of param-name substrings, default "attn,mlp" */
     /* [tiled_mlp] */
     int tiled_mlp_enabled;    /* enabled = bool, default 0 */

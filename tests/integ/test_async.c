@@ -166,7 +166,7 @@ static void test_negative_controls(void **st) {
         skip();
     }
     static const skip_case cases[] = {
-        {"all orderings", 255, NULL, 1, NULL, 0},
+        {"all orderings", 511, NULL, 1, NULL, 0},
         /* uploads slower than the jittered compute, so a launch that does not wait
          * for one reads the slot's previous contents */
         {"uploads (1)", 1, NULL, 1, "copy_bandwidth = 20MB/s\n", 0},
@@ -184,7 +184,7 @@ static void test_negative_controls(void **st) {
         /* clipped: optimizer_step leaves the CPU steps running into the next
          * forward, whose uploads must wait for them; the steps of this tiny
          * model take microseconds, so each is made to take 20 ms first */
-        {"deferred CPU steps (128)", 128, NULL, 1, "debug_cpu_step_delay = 20ms\n", 0.05f},
+        {"deferred CPU steps (256)", 256, NULL, 1, "debug_cpu_step_delay = 20ms\n", 0.05f},
     };
     run_out ref, ref_clip;
     run(NULL, 0.0f, 2, &ref);
