@@ -136,9 +136,14 @@ int main(void) {
              "force_all_persistent = true\nn_swap = 0\nn_checkpoint = %d", CFG.layers);
     snprintf(c_path, sizeof c_path, "%s", ini("ckpt", ck_text));
 
+    /* PT_BENCH_ONLY=clip: only the stream and clip sections (the goals of the
+     * skipped ones then count as met) */
+    const char *only = getenv("PT_BENCH_ONLY");
+    int all = !only || !*only;
     double nop[REPEATS], res[REPEATS], str[REPEATS], ck[REPEATS], hid[REPEATS], prof[REPEATS];
+    for (int k = 0; k < REPEATS; k++) nop[k] = res[k] = str[k] = ck[k] = hid[k] = prof[k] = 1;
     result r;
-    for (int k = 0; k < REPEATS; k++) {
+    for (int k = 0; all && k < REPEATS; k++) {
         if (run(NULL, NULL, 6, &r)) return 1;
         nop[k] = r.tok_s;
         if (run(H.plug.table, r_path, 6, &r)) return 1;
@@ -155,45 +160,49 @@ int main(void) {
         prof[k] = a.create_s;
     }
     double m_nop = sh_median(nop, REPEATS), m_res = sh_median(res, REPEATS), m_str = sh_median(str, REPEATS);
-    printf("overhead: no-plugin %.0f tok/s, plugin resident %.0f tok/s, ratio %.3f (goal >= 0.98)\n",
-           m_nop, m_res, m_res / m_nop);
-    printf("offload:  everything streamed %.0f tok/s vs resident %.0f, ratio %.3f (unthrottled)\n",
-           m_str, m_res, m_str / m_res);
-    printf("overlap:  CPU optimizer work hidden behind backward (streamed run): %.1f%%\n",
-           100.0 * sh_median(hid, REPEATS));
-    printf("ckpt:     step time, every block CKPT / every block NONE: %.3fx\n", sh_median(ck, REPEATS));
-    printf("profile:  trainer start with profiling + search (auto plan): %.3f s\n",
-           sh_median(prof, REPEATS));
+    if (all) {
+        printf("overhead: no-plugin %.0f tok/s, plugin resident %.0f tok/s, ratio %.3f (goal >= 0.98)\n",
+               m_nop, m_res, m_res / m_nop);
+        printf("offload:  everything streamed %.0f tok/s vs resident %.0f, ratio %.3f (unthrottled)\n",
+               m_str, m_res, m_str / m_res);
+        printf("overlap:  CPU optimizer work hidden behind backward (streamed run): %.1f%%\n",
+               100.0 * sh_median(hid, REPEATS));
+        printf("ckpt:     step time, every block CKPT / every block NONE: %.3fx\n", sh_median(ck, REPEATS));
+        printf("profile:  trainer start with profiling + search (auto plan): %.3f s\n",
+               sh_median(prof, REPEATS));
+    }
 
     /* swap: copies throttled so one block's arena takes about one block's forward */
     result none, sw;
     char t_none[256], t_swap[256], txt[512];
-    if (run(H.plug.table, r_path, 2, &none)) return 1;
-    /* activation bytes per step: measure with SWAP on every block once, unthrottled */
-    snprintf(txt, sizeof txt, "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
-             "force_all_persistent = true\nn_swap = %d\nn_checkpoint = 0", CFG.layers);
-    if (run(H.plug.table, ini("swapfree", txt), 2, &sw)) return 1;
-    double bytes_per_step = (double)sw.st.swap_bytes / 3.0;   /* 3 steps (1 warm-up) */
-    double fwd_s = none.step_s / 3.0;                          /* forward ~ 1/3 of a step */
-    double bw = bytes_per_step / fwd_s;                         /* swap-out fits the forward */
-    snprintf(txt, sizeof txt, "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
-             "force_all_persistent = true\nn_swap = 0\nn_checkpoint = 0\n"
-             "[host_backend]\ncopy_bandwidth = %.0f\npoison = false", bw);
-    snprintf(t_none, sizeof t_none, "%s", ini("thr_none", txt));
-    snprintf(txt, sizeof txt, "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
-             "force_all_persistent = true\nn_swap = %d\nn_checkpoint = 0\n"
-             "[host_backend]\ncopy_bandwidth = %.0f\npoison = false", CFG.layers, bw);
-    snprintf(t_swap, sizeof t_swap, "%s", ini("thr_swap", txt));
-    double hidden[REPEATS];
-    for (int k = 0; k < REPEATS; k++) {
-        if (run(H.plug.table, t_none, 4, &none) || run(H.plug.table, t_swap, 4, &sw)) return 1;
-        double xfer = 2.0 * bytes_per_step / bw;   /* out in forward + back in backward */
-        double extra = sw.step_s - none.step_s;
-        hidden[k] = 1.0 - (extra > 0 ? extra : 0) / xfer;
+    if (all) {
+        if (run(H.plug.table, r_path, 2, &none)) return 1;
+        /* activation bytes per step: measure with SWAP on every block once, unthrottled */
+        snprintf(txt, sizeof txt, "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
+                 "force_all_persistent = true\nn_swap = %d\nn_checkpoint = 0", CFG.layers);
+        if (run(H.plug.table, ini("swapfree", txt), 2, &sw)) return 1;
+        double bytes_per_step = (double)sw.st.swap_bytes / 3.0;   /* 3 steps (1 warm-up) */
+        double fwd_s = none.step_s / 3.0;                          /* forward ~ 1/3 of a step */
+        double bw = bytes_per_step / fwd_s;                         /* swap-out fits the forward */
+        snprintf(txt, sizeof txt, "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
+                 "force_all_persistent = true\nn_swap = 0\nn_checkpoint = 0\n"
+                 "[host_backend]\ncopy_bandwidth = %.0f\npoison = false", bw);
+        snprintf(t_none, sizeof t_none, "%s", ini("thr_none", txt));
+        snprintf(txt, sizeof txt, "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
+                 "force_all_persistent = true\nn_swap = %d\nn_checkpoint = 0\n"
+                 "[host_backend]\ncopy_bandwidth = %.0f\npoison = false", CFG.layers, bw);
+        snprintf(t_swap, sizeof t_swap, "%s", ini("thr_swap", txt));
+        double hidden[REPEATS];
+        for (int k = 0; k < REPEATS; k++) {
+            if (run(H.plug.table, t_none, 4, &none) || run(H.plug.table, t_swap, 4, &sw)) return 1;
+            double xfer = 2.0 * bytes_per_step / bw;   /* out in forward + back in backward */
+            double extra = sw.step_s - none.step_s;
+            hidden[k] = 1.0 - (extra > 0 ? extra : 0) / xfer;
     }
     printf("swap:     copy throttle %.1f MB/s (one step's %.2f MiB of activations per forward), "
            "swap traffic hidden behind compute: %.1f%%\n", bw / 1e6, bytes_per_step / 1048576.0,
            100.0 * sh_median(hidden, REPEATS));
+    }
 
     /* stream: every chunk streamed, copies throttled to half a step's traffic time */
     result su, st_;
