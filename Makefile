@@ -139,11 +139,13 @@ CUDA_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
              -gencode arch=compute_90,code=compute_90
 NVCC_FLAGS := -O2 -std=c++17 -fmad=false
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(BUILD)/obj/%.cu.o) $(CUDA_CSRCS:%.c=$(BUILD)/obj/%.o) $(UTIL_OBJ)
-$(BUILD)/obj/%.cu.o: %.cu
+# (backend.cu includes gpu/cuda/*.cuh and the shared element bodies)
+$(BUILD)/obj/%.cu.o: %.cu $(wildcard gpu/cuda/*.cuh) gpu/kernels_hd.h gpu/gpu.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror \
 	  $(INC_GPU) -c $< -o $@
-# cuBLAS and cuSOLVER (REKLS's GEMMs and eigendecompositions) from the toolkit's lib64 (rpath).
+# cuBLAS and cuSOLVER (OSFT's and REKLS's GEMMs, SVD and eigendecompositions) from the
+# toolkit's lib64 (rpath).
 $(CUDA_LIB): $(CUDA_OBJS)
 	$(NVCC) -shared $(CUDA_ARCH) -o $@ $(CUDA_OBJS) -Xlinker --version-script=gpu/cuda/exports.map \
 	  -Xlinker -rpath,$(CUDA_LIBDIR) -L$(CUDA_LIBDIR) -lcublas -lcusolver -cudart static

@@ -2,9 +2,10 @@
  * la_cpu.h — the dense linear algebra the CPU runs for REKLS: a row-major
  * fp32 GEMM (OpenBLAS) and a symmetric eigendecomposition (LAPACKE ssyevd,
  * retried in dsyevd) sorted descending. Both the CPU optimizer (offloaded
- * chunks) and the host backend's sgemm / eigh ops (resident chunks) call these
- * same functions with the same arguments, which is what makes the two paths
- * bit-identical on the host backend.
+ * chunks) and the host backend (resident chunks: its eigh op calls
+ * pt_la_eigh_desc, its gemm_f32 makes the same cblas_sgemm call) compute with
+ * the same calls and arguments, which is what makes the two paths bit-identical
+ * on the host backend.
  *
  * Determinism: OpenBLAS gives the same bits for the same call whichever thread
  * makes it, as long as its thread count is not changed in between (its level-3

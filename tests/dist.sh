@@ -61,19 +61,28 @@ for m in A B; do
     sed 's/^cpu_threads = 1$/cpu_threads = 1\ntype = rekls\nbeta2 = 0.95\nweight_decay = 0.01\nmax_grad_norm = 0.05\nlr = 1e-3/' \
         "$tmp/$m.ini" > "$tmp/${m}R.ini"
 done
+# AO / BO: modes A and B with OSFT on every projection; unfreeze_rank_ratio 0.4 of
+# rank 32 freezes k = 19 and trains 13 directions (neither divides by 2), over 15
+# token rows per rank (batch 1 x seq 15). The
+# gradient projection runs on each rank's own gradient before the all-reduce
+# (it is linear, so the sum of projections is the projection of the sum).
+osft='[osft]\nenabled = true\nunfreeze_rank_ratio = 0.4\ntargets = qkvw,attprojw,fcw,fcprojw\n'
+cp "$tmp/A.ini" "$tmp/AO.ini"; printf "$osft" >> "$tmp/AO.ini"
+cp "$tmp/B.ini" "$tmp/BO.ini"; printf "$osft" >> "$tmp/BO.ini"
 
 # field value of every line: jf FILE KEY
 jf() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
 
-for mode in A B AT AR BR; do
+for mode in A B AT AO BO AR BR; do
     want=${mode:0:1}   # the execution mode the plugin must report
-    opt=(); [ "${mode:1:1}" = R ] && opt=(--optimizer ini)
+    extra=()   # OSFT: 1 x 15 = 15 token rows per rank (odd), on top of the odd ranks
+    case $mode in AO|BO) extra=(--batch 1 --seq 15) ;; AR|BR) extra=(--optimizer ini) ;; esac
     m1="$tmp/$mode.1.json"; m2="$tmp/$mode.2.json"
-    if ! "$sh" --config "$tmp/$mode.ini" "${common[@]}" "${opt[@]}" --grad-accum 2 --metrics "$m1" \
+    if ! "$sh" --config "$tmp/$mode.ini" "${common[@]}" "${extra[@]}" --grad-accum 2 --metrics "$m1" \
             >"$tmp/$mode.1.log" 2>&1; then
         cat "$tmp/$mode.1.log"; bad "mode $mode: the 1-rank --grad-accum 2 run failed"; continue
     fi
-    if ! (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$mode.ini" "${common[@]}" "${opt[@]}" --grad-accum 1 \
+    if ! (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$mode.ini" "${common[@]}" "${extra[@]}" --grad-accum 1 \
             --metrics "$m2") >"$tmp/$mode.2.log" 2>&1; then
         tail -20 "$tmp/$mode.2.log"; bad "mode $mode: the 2-rank run failed"; continue
     fi

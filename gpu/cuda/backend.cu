@@ -68,11 +68,11 @@ struct cuda_impl {
     cudaStream_t scratch_stream[kMaxScratch];
     double *scratch[kMaxScratch];
     std::mutex null_mu;     /* NULL-stream sqnorms of different threads share a buffer */
-    /* REKLS: one cuBLAS and one cuSOLVER handle, created at first use; a handle
-     * carries its stream, so a call sets it and runs under la_mu */
+    /* cuBLAS / cuSOLVER handles (created at first use; a handle is bound to one
+     * stream at a time, so calls through it hold la_mu) */
     std::mutex la_mu;
-    cublasHandle_t blas = nullptr;
-    cusolverDnHandle_t solver = nullptr;
+    cublasHandle_t blas;
+    cusolverDnHandle_t solver;
 };
 
 constexpr int kThreads = 256;
@@ -604,214 +604,155 @@ int be_convert(void *impl, void *dst, int dst_dtype, const void *src, int src_dt
     return finish(impl, "convert kernel", s);
 }
 
-/* ---- REKLS: GEMM (cuBLAS), eigendecomposition (cuSOLVER syevd), element kernels ---- */
+/* ---- dense linear algebra (OSFT) ---- */
 
-__global__ void k_rekls_ew(pt_rekls_ew_args a) {
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.n; i += stride) {
-        switch (a.kind) {
-        case PT_RK_GRAD_IN: a.x[i] = pt_load_elem(a.src, a.src_dtype, i) * a.a; break;
-        case PT_RK_SCALE_COLS: a.x[i] = a.y[i] * pt_rekls_inv_elem(a.lam[i % a.cols], a.b, a.c0); break;
-        case PT_RK_LERP: a.x[i] = pt_rekls_lerp_elem(a.x[i], a.y[i], a.a); break;
-        case PT_RK_COPY: a.x[i] = a.y[i]; break;
-        case PT_RK_ADAM: {
-            float m = a.m[i], v = a.v[i];
-            a.x[i] = pt_rekls_adam_elem(a.x[i], &m, &v, a.a, a.b, a.c0, a.c1, a.c2);
-            a.m[i] = m;
-            a.v[i] = v;
-            break;
-        }
-        case PT_RK_APPLY: {
-            float p = pt_rekls_apply_elem(a.x[i], a.y[i], a.a, a.c0);
-            a.x[i] = p;
-            if (a.dst) pt_store_elem(a.dst, a.dst_dtype, i, p);
-            break;
-        }
-        default: break;
-        }
-    }
-}
-
-/* LAPACK-style output of syevd (column-major: eigenvector j = column j, values
- * ascending) -> this interface's (row-major, eigenvector j = column j, values
- * descending): out[r n + j] = V[(n-1-j) n + r]. */
-template <typename T>
-__global__ void k_eig_reorder(const T *V, const T *w, float *out, float *wout, int n) {
-    size_t nn = (size_t)n * n, stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nn; i += stride) {
-        size_t r = i / n, j = i % n;
-        out[i] = (float)V[(size_t)(n - 1 - j) * n + r];
-        if (r == 0) wout[j] = (float)w[n - 1 - j];
-    }
-}
-__global__ void k_to_f64(const float *x, double *y, size_t n) {
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) y[i] = x[i];
-}
-__global__ void k_nonfinite(const float *x, size_t n, int *flag) {
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        if (!isfinite(x[i])) *flag = 1;
-}
-__global__ void k_fill_nan(float *x, size_t n, int *status) {
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) x[i] = NAN;
-    if (status && blockIdx.x == 0 && threadIdx.x == 0) *status = 1;
-}
-
-int la_handles(void *impl) {
-    cuda_impl *c = (cuda_impl *)impl;
+int la_fail(void *impl, const char *what, int code) {
     char msg[200];
-    if (!c->blas) {
-        if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
-            c->blas = nullptr;
-            return report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND,
-                                        "cuda backend: cublasCreate failed"), msg);
-        }
-        /* full fp32: no TF32 or other reduced-precision paths */
-        (void)cublasSetMathMode(c->blas, CUBLAS_PEDANTIC_MATH);
-    }
-    if (!c->solver && cusolverDnCreate(&c->solver) != CUSOLVER_STATUS_SUCCESS) {
-        c->solver = nullptr;
-        return report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND,
-                                    "cuda backend: cusolverDnCreate failed"), msg);
-    }
-    return 0;
+    return report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND, "cuda backend: %s failed (status %d)",
+                                what, code), msg);
 }
 
-/* Row-major C = op(A) op(B): column-major C^T = op(B)^T op(A)^T, i.e. the same
- * buffers with the operands swapped. */
-int be_sgemm(void *impl, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-             const float *B, int ldb, float beta, float *C, int ldc, pt_stream *s) {
-    if (M < 0 || N < 0 || K < 0 || ((!A || !B || !C) && M && N)) return PT_ERR_INVALID_ARG;
-    if (lda < 1 || ldb < 1 || ldc < 1 || lda < (ta ? M : K) || ldb < (tb ? K : N) || ldc < N)
+/* Row-major C = alpha op(A) op(B) + beta C is column-major C^T = alpha op(B)^T op(A)^T +
+ * beta C^T: cuBLAS gets B first, with m and n swapped. */
+int be_gemm_f32(void *impl, const pt_gemm_args *a, pt_stream *s) {
+    if (!a || a->m < 0 || a->n < 0 || a->k < 0 || a->m > INT32_MAX || a->n > INT32_MAX ||
+        a->k > INT32_MAX || a->ldc < a->n || a->lda < (a->trans_a ? a->m : a->k) ||
+        a->ldb < (a->trans_b ? a->k : a->n))
+        return PT_ERR_INVALID_ARG;
+    if (a->m && a->n && (!a->c || (a->k && (!a->a || !a->b)))) return PT_ERR_INVALID_ARG;
+    if (!a->m || !a->n) return 0;
+    USE(impl);
+    cuda_impl *c = (cuda_impl *)impl;
+    std::lock_guard<std::mutex> lock(c->la_mu);
+    if (!c->blas && cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
+        c->blas = nullptr;
+        return la_fail(impl, "cublasCreate", 0);
+    }
+    cublasStatus_t e = cublasSetStream(c->blas, st(s));
+    if (e == CUBLAS_STATUS_SUCCESS && !a->k) {
+        /* C = beta C: scale each row (k = 0 has no product to add) */
+        CK(impl, "cudaMemset2DAsync", a->beta == 0.0f
+               ? cudaMemset2DAsync(a->c, (size_t)a->ldc * 4, 0, (size_t)a->n * 4, (size_t)a->m, st(s))
+               : cudaSuccess);
+        if (a->beta != 0.0f)
+            for (int64_t i = 0; i < a->m && e == CUBLAS_STATUS_SUCCESS; i++)
+                e = cublasSscal(c->blas, (int)a->n, &a->beta, a->c + i * a->ldc, 1);
+    } else if (e == CUBLAS_STATUS_SUCCESS) {
+        e = cublasSgemm(c->blas, a->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                        a->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)a->n, (int)a->m, (int)a->k,
+                        &a->alpha, a->b, (int)a->ldb, a->a, (int)a->lda, &a->beta, a->c,
+                        (int)a->ldc);
+    }
+    if (e != CUBLAS_STATUS_SUCCESS) return la_fail(impl, "cublasSgemm", (int)e);
+    return finish(impl, "gemm_f32", s);
+}
+
+__global__ void k_colscale(const float *x, const float *sv, float *out, int64_t rows, int64_t cols,
+                           int64_t ld) {
+    size_t n = (size_t)rows * (size_t)cols;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n;
+         t += (size_t)gridDim.x * blockDim.x) {
+        int64_t i = (int64_t)(t / (size_t)cols), j = (int64_t)(t % (size_t)cols);
+        out[i * ld + j] = pt_colscale_elem(x[i * ld + j], sv[j]);
+    }
+}
+
+/* One thread per column, rows in order: the host loop's bits. */
+__global__ void k_coldot(const float *x, const float *y, float *acc, int64_t rows, int64_t cols,
+                         int64_t ld) {
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < cols;
+         j += (int64_t)gridDim.x * blockDim.x)
+        acc[j] = pt_coldot_col(x, y, rows, ld, j, acc[j]);
+}
+
+int be_cols_f32(void *impl, const pt_cols_args *a, pt_stream *s) {
+    if (!a || a->rows < 0 || a->cols < 0 || a->ld < a->cols ||
+        (a->op != PT_COLS_SCALE && a->op != PT_COLS_DOT))
+        return PT_ERR_INVALID_ARG;
+    if (a->rows && a->cols &&
+        (!a->x || (a->op == PT_COLS_SCALE ? (!a->s || !a->out) : (!a->y || !a->acc))))
+        return PT_ERR_INVALID_ARG;
+    if (!a->rows || !a->cols) return 0;
+    USE(impl);
+    if (a->op == PT_COLS_SCALE)
+        k_colscale<<<grid_for(impl, (size_t)(a->rows * a->cols)), kThreads, 0, st(s)>>>(
+            a->x, a->s, a->out, a->rows, a->cols, a->ld);
+    else
+        k_coldot<<<grid_for(impl, (size_t)a->cols), kThreads, 0, st(s)>>>(a->x, a->y, a->acc,
+                                                                         a->rows, a->cols, a->ld);
+    return finish(impl, "cols_f32 kernel", s);
+}
+
+/* Row-major out (cols x rows) = transpose of row-major in (rows x cols), with geam. */
+cublasStatus_t transpose(cublasHandle_t h, const float *in, float *out, int rows, int cols) {
+    const float one = 1.0f, zero = 0.0f;
+    /* column-major view: in is cols x rows (ld cols); out^T is rows x cols (ld rows) */
+    return cublasSgeam(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, cols, &one, in, cols, &zero, out, rows,
+                       out, rows);
+}
+
+/* gesvd wants a column-major matrix with at least as many rows as columns. A
+ * row-major m x n matrix is the column-major n x m matrix A^T. With n >= m,
+ * A^T = Ub S VTb gives A = VTb^T S Ub^T, whose row-major factors are VTb's and
+ * Ub's storage as they are. With m > n the input is transposed first (column-major
+ * A, m x n): A = Ub S VTb, and both factors are transposed back into row-major. */
+int be_svd_f32(void *impl, const pt_svd_args *a, pt_stream *s) {
+    if (!a || a->m < 1 || a->n < 1 || a->m > INT32_MAX || a->n > INT32_MAX || !a->a || !a->u ||
+        !a->s || !a->vt || !a->info)
         return PT_ERR_INVALID_ARG;
     USE(impl);
-    if (!M || !N) return 0;
     cuda_impl *c = (cuda_impl *)impl;
     std::lock_guard<std::mutex> lock(c->la_mu);
-    if (int rc = la_handles(impl)) return rc;
-    char msg[200];
-    if (cublasSetStream(c->blas, st(s)) != CUBLAS_STATUS_SUCCESS ||
-        cublasSgemm(c->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M,
-                    K, &alpha, B, ldb, A, lda, &beta, C, ldc) != CUBLAS_STATUS_SUCCESS)
-        return report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND,
-                                    "cuda backend: cublasSgemm (%d x %d x %d) failed", M, N, K),
-                      msg);
-    return finish(impl, "cublasSgemm", s);
+    if (!c->solver && cusolverDnCreate(&c->solver) != CUSOLVER_STATUS_SUCCESS) {
+        c->solver = nullptr;
+        return la_fail(impl, "cusolverDnCreate", 0);
+    }
+    if (!c->blas && cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
+        c->blas = nullptr;
+        return la_fail(impl, "cublasCreate", 0);
+    }
+    int m = (int)a->m, n = (int)a->n, r = m < n ? m : n;
+    int rows = n >= m ? n : m, cols = n >= m ? m : n;   /* of the column-major input */
+    cusolverStatus_t se = cusolverDnSetStream(c->solver, st(s));
+    if (se != CUSOLVER_STATUS_SUCCESS) return la_fail(impl, "cusolverDnSetStream", (int)se);
+    if (cublasSetStream(c->blas, st(s)) != CUBLAS_STATUS_SUCCESS)
+        return la_fail(impl, "cublasSetStream", 0);
+    int lwork = 0;
+    se = cusolverDnSgesvd_bufferSize(c->solver, rows, cols, &lwork);
+    if (se != CUSOLVER_STATUS_SUCCESS) return la_fail(impl, "cusolverDnSgesvd_bufferSize", (int)se);
+    /* workspace, and with m > n the transposed input and both factors before their
+     * transpose back (freed in stream order below) */
+    size_t extra = n >= m ? 0 : (size_t)m * n + (size_t)m * r + (size_t)r * n;
+    float *ws = nullptr;
+    CK(impl, "cudaMallocAsync (gesvd workspace)",
+       cudaMallocAsync((void **)&ws, ((size_t)lwork + extra) * sizeof(float), st(s)));
+    float *in = a->a, *uu = a->vt, *vv = a->u;
+    int ldu = n, ldvt = m;
+    if (m > n) {
+        in = ws + lwork;
+        uu = in + (size_t)m * n;
+        vv = uu + (size_t)m * r;
+        ldu = m;
+        ldvt = n;
+        if (transpose(c->blas, a->a, in, m, n) != CUBLAS_STATUS_SUCCESS) {
+            (void)cudaFreeAsync(ws, st(s));
+            return la_fail(impl, "cublasSgeam", 0);
+        }
+    }
+    se = cusolverDnSgesvd(c->solver, 'S', 'S', rows, cols, in, rows, a->s, uu, ldu, vv, ldvt, ws,
+                          lwork, nullptr, a->info);
+    if (se == CUSOLVER_STATUS_SUCCESS && m > n) {
+        /* uu: column-major m x n (= U); vv: column-major n x n (= Vt) */
+        if (transpose(c->blas, uu, a->u, n, m) != CUBLAS_STATUS_SUCCESS ||
+            transpose(c->blas, vv, a->vt, n, n) != CUBLAS_STATUS_SUCCESS)
+            se = CUSOLVER_STATUS_EXECUTION_FAILED;
+    }
+    (void)cudaFreeAsync(ws, st(s));
+    if (se != CUSOLVER_STATUS_SUCCESS) return la_fail(impl, "cusolverDnSgesvd", (int)se);
+    return finish(impl, "svd_f32", s);
 }
 
-/* syevd in fp32; when it reports no convergence, again in fp64 from a copy of
- * the input. Deciding on the retry needs syevd's info on the host, so this op
- * synchronises its stream once. A row-major symmetric matrix read column-major
- * is itself; its upper triangle is the column-major lower one. */
-int be_eigh(void *impl, int n, float *A, float *w, int *status, pt_stream *s) {
-    if (n < 0 || (n && (!A || !w))) return PT_ERR_INVALID_ARG;
-    USE(impl);
-    if (n == 0) return 0;
-    cuda_impl *c = (cuda_impl *)impl;
-    std::lock_guard<std::mutex> lock(c->la_mu);
-    if (int rc = la_handles(impl)) return rc;
-    cudaStream_t cs = st(s);
-    size_t nn = (size_t)n * n;
-    char msg[240];
-    int lw32 = 0, lw64 = 0, info = 0, bad = 0;
-    float *V = nullptr, *work = nullptr, *wv = nullptr;
-    double *Vd = nullptr, *workd = nullptr, *wd = nullptr;
-    int *dinfo = nullptr;
-    int rc = 0;
-    const cublasFillMode_t lo = CUBLAS_FILL_MODE_LOWER;
-    const cusolverEigMode_t vec = CUSOLVER_EIG_MODE_VECTOR;
-    if (cusolverDnSetStream(c->solver, cs) != CUSOLVER_STATUS_SUCCESS ||
-        cusolverDnSsyevd_bufferSize(c->solver, vec, lo, n, A, n, w, &lw32) != CUSOLVER_STATUS_SUCCESS) {
-        return report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND,
-                                    "cuda backend: cusolverDnSsyevd_bufferSize (n = %d) failed", n), msg);
-    }
-    cudaError_t e = cudaMallocAsync((void **)&V, nn * sizeof(float), cs);
-    if (e == cudaSuccess) e = cudaMallocAsync((void **)&wv, (size_t)n * sizeof(float), cs);
-    if (e == cudaSuccess) e = cudaMallocAsync((void **)&work, (size_t)lw32 * sizeof(float), cs);
-    if (e == cudaSuccess) e = cudaMallocAsync((void **)&dinfo, 2 * sizeof(int), cs);
-    if (e == cudaSuccess) e = cudaMemsetAsync(dinfo, 0, 2 * sizeof(int), cs);
-    if (e == cudaSuccess) e = cudaMemcpyAsync(V, A, nn * sizeof(float), cudaMemcpyDeviceToDevice, cs);
-    if (e != cudaSuccess) {
-        rc = fail(impl, "cudaMallocAsync / cudaMemcpyAsync (eigh scratch)", e);
-        goto out;
-    }
-    k_nonfinite<<<grid_for(impl, nn), kThreads, 0, cs>>>(A, nn, dinfo + 1);
-    if (cusolverDnSsyevd(c->solver, vec, lo, n, V, n, wv, work, lw32, dinfo) != CUSOLVER_STATUS_SUCCESS) {
-        rc = report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND,
-                                  "cuda backend: cusolverDnSsyevd (n = %d) failed", n), msg);
-        goto out;
-    }
-    {
-        int h[2] = {0, 0};
-        e = cudaMemcpyAsync(h, dinfo, sizeof h, cudaMemcpyDeviceToHost, cs);
-        if (e == cudaSuccess) e = cudaStreamSynchronize(cs);
-        if (e != cudaSuccess) {
-            rc = fail(impl, "cudaStreamSynchronize (eigh info)", e);
-            goto out;
-        }
-        info = h[0];
-        bad = h[1];
-    }
-    if (!bad && info == 0) {
-        k_eig_reorder<float><<<grid_for(impl, nn), kThreads, 0, cs>>>(V, wv, A, w, n);
-    } else if (!bad) {
-        /* fp32 did not converge: the input (A is untouched) in fp64 */
-        e = cudaMallocAsync((void **)&Vd, nn * sizeof(double), cs);
-        if (e == cudaSuccess) e = cudaMallocAsync((void **)&wd, (size_t)n * sizeof(double), cs);
-        if (e != cudaSuccess) {
-            rc = fail(impl, "cudaMallocAsync (eigh fp64 scratch)", e);
-            goto out;
-        }
-        k_to_f64<<<grid_for(impl, nn), kThreads, 0, cs>>>(A, Vd, nn);
-        if (cusolverDnDsyevd_bufferSize(c->solver, vec, lo, n, Vd, n, wd, &lw64) != CUSOLVER_STATUS_SUCCESS ||
-            cudaMallocAsync((void **)&workd, (size_t)lw64 * sizeof(double), cs) != cudaSuccess ||
-            cusolverDnDsyevd(c->solver, vec, lo, n, Vd, n, wd, workd, lw64, dinfo) != CUSOLVER_STATUS_SUCCESS ||
-            cudaMemcpyAsync(&info, dinfo, sizeof info, cudaMemcpyDeviceToHost, cs) != cudaSuccess ||
-            cudaStreamSynchronize(cs) != cudaSuccess) {
-            (void)cudaGetLastError();
-            rc = report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND,
-                                      "cuda backend: cusolverDnDsyevd (n = %d, the fp64 retry) "
-                                      "failed", n), msg);
-            goto out;
-        }
-        if (info == 0) k_eig_reorder<double><<<grid_for(impl, nn), kThreads, 0, cs>>>(Vd, wd, A, w, n);
-        else bad = 1;
-    }
-    if (bad) {   /* non-finite input, or neither precision converged */
-        k_fill_nan<<<grid_for(impl, nn), kThreads, 0, cs>>>(A, nn, status);
-        k_fill_nan<<<1, kThreads, 0, cs>>>(w, (size_t)n, nullptr);
-    }
-out:
-    if (V) (void)cudaFreeAsync(V, cs);
-    if (wv) (void)cudaFreeAsync(wv, cs);
-    if (work) (void)cudaFreeAsync(work, cs);
-    if (Vd) (void)cudaFreeAsync(Vd, cs);
-    if (wd) (void)cudaFreeAsync(wd, cs);
-    if (workd) (void)cudaFreeAsync(workd, cs);
-    if (dinfo) (void)cudaFreeAsync(dinfo, cs);
-    if (rc) return rc;
-    return finish(impl, "eigh", s);
-}
-
-int be_rekls_ew(void *impl, const pt_rekls_ew_args *a, pt_stream *s) {
-    if (!a) return PT_ERR_INVALID_ARG;
-    bool ok;
-    switch (a->kind) {
-    case PT_RK_GRAD_IN: ok = a->src && dtype_ok(a->src_dtype); break;
-    case PT_RK_SCALE_COLS: ok = a->y && a->lam && a->cols > 0 && a->n % a->cols == 0; break;
-    case PT_RK_LERP: case PT_RK_COPY: ok = a->y != nullptr; break;
-    case PT_RK_ADAM: ok = a->m && a->v; break;
-    case PT_RK_APPLY: ok = a->y && (!a->dst || dtype_ok(a->dst_dtype)); break;
-    default: ok = false;
-    }
-    if (a->n && (!a->x || !ok)) return PT_ERR_INVALID_ARG;
-    USE(impl);
-    if (a->n == 0) return 0;
-    k_rekls_ew<<<grid_for(impl, a->n), kThreads, 0, st(s)>>>(*a);
-    return finish(impl, "rekls_ew kernel", s);
-}
+#include "rekls_ops.cuh"
 
 }  // namespace
 
@@ -849,7 +790,9 @@ extern "C" PT_EXPORT const pt_gpu_backend pt_gpu_backend_cuda_v1 = {
     .sqnorm = be_sqnorm,
     .convert = be_convert,
     .event_create_timing = be_event_create_timing,
-    .sgemm = be_sgemm,
+    .gemm_f32 = be_gemm_f32,
+    .cols_f32 = be_cols_f32,
+    .svd_f32 = be_svd_f32,
     .eigh = be_eigh,
     .rekls_ew = be_rekls_ew,
 };

@@ -216,30 +216,6 @@ static int hb_convert(void *impl, void *dst, int dst_dtype, const void *src, int
     return pt_hb_submit(impl, s, op);
 }
 
-static int hb_sgemm(void *impl, int ta, int tb, int M, int N, int K, float alpha, const float *A,
-                    int lda, const float *B, int ldb, float beta, float *C, int ldc, pt_stream *s) {
-    if (pt_hb_inject(impl, PT_GPU_OP_SGEMM)) return PT_ERR_BACKEND;
-    if (!impl || M < 0 || N < 0 || K < 0 || ((!A || !B || !C) && M && N)) return PT_ERR_INVALID_ARG;
-    if (lda < (ta ? M : K) || ldb < (tb ? K : N) || ldc < N || lda < 1 || ldb < 1 || ldc < 1)
-        return PT_ERR_INVALID_ARG;
-    hb_op *op = pt_hb_op_new(HB_OP_SGEMM);
-    if (!op) return PT_ERR_HOST_OOM;
-    op->u.gemm.ta = ta;
-    op->u.gemm.tb = tb;
-    op->u.gemm.M = M;
-    op->u.gemm.N = N;
-    op->u.gemm.K = K;
-    op->u.gemm.alpha = alpha;
-    op->u.gemm.A = A;
-    op->u.gemm.lda = lda;
-    op->u.gemm.B = B;
-    op->u.gemm.ldb = ldb;
-    op->u.gemm.beta = beta;
-    op->u.gemm.C = C;
-    op->u.gemm.ldc = ldc;
-    return pt_hb_submit(impl, s, op);
-}
-
 static int hb_eigh(void *impl, int n, float *A, float *w, int *status, pt_stream *s) {
     if (pt_hb_inject(impl, PT_GPU_OP_EIGH)) return PT_ERR_BACKEND;
     if (!impl || n < 0 || (n && (!A || !w))) return PT_ERR_INVALID_ARG;
@@ -295,7 +271,9 @@ const pt_gpu_backend pt_gpu_backend_host = {
     .sqnorm = hb_sqnorm,
     .convert = hb_convert,
     .event_create_timing = pt_hb_event_create,   /* every host event has a time */
-    .sgemm = hb_sgemm,
+    .gemm_f32 = pt_hb_gemm,
+    .cols_f32 = pt_hb_cols,
+    .svd_f32 = pt_hb_svd,
     .eigh = hb_eigh,
     .rekls_ew = hb_rekls_ew,
 };

@@ -79,11 +79,6 @@ void pt_hb_exec(hb *h, hb_op *op) {
         adamw_op(&op->u.adamw);
         break;
     /* REKLS: the very functions the CPU optimizer calls (bit-identical paths) */
-    case HB_OP_SGEMM:
-        pt_la_sgemm(op->u.gemm.ta, op->u.gemm.tb, op->u.gemm.M, op->u.gemm.N, op->u.gemm.K,
-                    op->u.gemm.alpha, op->u.gemm.A, op->u.gemm.lda, op->u.gemm.B, op->u.gemm.ldb,
-                    op->u.gemm.beta, op->u.gemm.C, op->u.gemm.ldc);
-        break;
     case HB_OP_EIGH: {
         int bad = pt_la_eigh_desc(op->u.eig.n, op->u.eig.A, op->u.eig.w);
         if (bad && op->u.eig.status) *op->u.eig.status = bad;   /* sticky until zeroed */
@@ -116,6 +111,11 @@ void pt_hb_exec(hb *h, hb_op *op) {
         }
         break;
     }
+    case HB_OP_GEMM:
+    case HB_OP_COLS:
+    case HB_OP_SVD:
+        pt_hb_exec_linalg(op);
+        break;
     case HB_OP_RECORD:
     case HB_OP_WAIT:
         break; /* handled by the worker under the lock */

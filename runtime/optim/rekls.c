@@ -38,7 +38,8 @@ const pt_rekls_la pt_rekls_la_cpu = {NULL, cpu_gemm, cpu_eigh, cpu_ew, cpu_copy}
 static int dev_gemm(void *ctx, int ta, int tb, int M, int N, int K, float alpha, const float *A,
                     int lda, const float *B, int ldb, float beta, float *C, int ldc) {
     pt_rekls_dev *d = ctx;
-    return d->ops->sgemm(d->impl, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, d->s);
+    pt_gemm_args g = {ta, tb, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc};
+    return d->ops->gemm_f32(d->impl, &g, d->s);
 }
 static int dev_eigh(void *ctx, int n, float *A, float *w) {
     pt_rekls_dev *d = ctx;
@@ -54,9 +55,9 @@ static int dev_copy(void *ctx, float *dst, const float *src, size_t n) {
 }
 
 int pt_rekls_la_device(pt_rekls_dev *d, pt_rekls_la *la, char *err, size_t errlen) {
-    if (!d->ops->sgemm || !d->ops->eigh || !d->ops->rekls_ew)
+    if (!pt_gpu_has_linalg(d->ops) || !d->ops->eigh || !d->ops->rekls_ew)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
-                       "the %s backend has no sgemm / eigh / rekls_ew ops, so REKLS cannot step "
+                       "the %s backend has no gemm_f32 / eigh / rekls_ew ops, so REKLS cannot step "
                        "resident parameters on it", d->ops->name);
     la->ctx = d;
     la->gemm = dev_gemm;
@@ -197,13 +198,13 @@ int pt_rekls_core(const pt_rekls_la *la, const pt_rekls_hyper *h, int m, int n,
 
     /* 3. factors */
     if (h->k == 1 && h->seed_shampoo) {
-        TRY(la->gemm(c, 0, 1, m, m, n, 1.0f / (float)n, G, n, G, n, 0.0f, X, m), "sgemm");
+        TRY(la->gemm(c, 0, 1, m, m, n, 1.0f / (float)n, G, n, G, n, 0.0f, X, m), "gemm");
         a = ew0(PT_RK_LERP, mm);
         a.x = s.L;
         a.y = X;
         a.a = w;
         TRY(la->ew(c, &a), "rekls_ew (factor average)");
-        TRY(la->gemm(c, 1, 0, n, n, m, 1.0f / (float)m, G, n, G, n, 0.0f, X, n), "sgemm");
+        TRY(la->gemm(c, 1, 0, n, n, m, 1.0f / (float)m, G, n, G, n, 0.0f, X, n), "gemm");
         a = ew0(PT_RK_LERP, nn);
         a.x = s.R;
         a.y = X;
@@ -220,9 +221,9 @@ int pt_rekls_core(const pt_rekls_la *la, const pt_rekls_hyper *h, int m, int n,
         a.b = (float)n;
         a.c0 = h->eps;
         TRY(la->ew(c, &a), "rekls_ew (inverse eigenvalues)");
-        TRY(la->gemm(c, 0, 1, n, n, n, 1.0f, X, n, s.QR, n, 0.0f, C, n), "sgemm");
-        TRY(la->gemm(c, 0, 0, m, n, n, 1.0f, G, n, C, n, 0.0f, T, n), "sgemm");
-        TRY(la->gemm(c, 0, 1, m, m, n, 1.0f, T, n, G, n, 0.0f, X, m), "sgemm");
+        TRY(la->gemm(c, 0, 1, n, n, n, 1.0f, X, n, s.QR, n, 0.0f, C, n), "gemm");
+        TRY(la->gemm(c, 0, 0, m, n, n, 1.0f, G, n, C, n, 0.0f, T, n), "gemm");
+        TRY(la->gemm(c, 0, 1, m, m, n, 1.0f, T, n, G, n, 0.0f, X, m), "gemm");
         a = ew0(PT_RK_LERP, mm);
         a.x = s.L;
         a.y = X;
@@ -237,9 +238,9 @@ int pt_rekls_core(const pt_rekls_la *la, const pt_rekls_hyper *h, int m, int n,
         a.b = (float)m;
         a.c0 = h->eps;
         TRY(la->ew(c, &a), "rekls_ew (inverse eigenvalues)");
-        TRY(la->gemm(c, 0, 1, m, m, m, 1.0f, X, m, s.QL, m, 0.0f, C, m), "sgemm");
-        TRY(la->gemm(c, 1, 0, n, m, m, 1.0f, G, n, C, m, 0.0f, T, m), "sgemm");   /* [n x m] */
-        TRY(la->gemm(c, 0, 0, n, n, m, 1.0f, T, m, G, n, 0.0f, X, n), "sgemm");
+        TRY(la->gemm(c, 0, 1, m, m, m, 1.0f, X, m, s.QL, m, 0.0f, C, m), "gemm");
+        TRY(la->gemm(c, 1, 0, n, m, m, 1.0f, G, n, C, m, 0.0f, T, m), "gemm");   /* [n x m] */
+        TRY(la->gemm(c, 0, 0, n, n, m, 1.0f, T, m, G, n, 0.0f, X, n), "gemm");
         a = ew0(PT_RK_LERP, nn);
         a.x = s.R;
         a.y = X;
@@ -248,18 +249,18 @@ int pt_rekls_core(const pt_rekls_la *la, const pt_rekls_hyper *h, int m, int n,
     }
 
     /* 4. M_w = Q_L M Q_R^T (old bases), new bases by eigh, M = Q_L^T M_w Q_R */
-    TRY(la->gemm(c, 0, 0, m, n, m, 1.0f, s.QL, m, M, n, 0.0f, T, n), "sgemm");
-    TRY(la->gemm(c, 0, 1, m, n, n, 1.0f, T, n, s.QR, n, 0.0f, M, n), "sgemm");
+    TRY(la->gemm(c, 0, 0, m, n, m, 1.0f, s.QL, m, M, n, 0.0f, T, n), "gemm");
+    TRY(la->gemm(c, 0, 1, m, n, n, 1.0f, T, n, s.QR, n, 0.0f, M, n), "gemm");
     TRY(la->copy(c, s.QL, s.L, mm), "copy");
     TRY(la->eigh(c, m, s.QL, s.lamL), "eigh of the left factor (fp32 and fp64)");
     TRY(la->copy(c, s.QR, s.R, nn), "copy");
     TRY(la->eigh(c, n, s.QR, s.lamR), "eigh of the right factor (fp32 and fp64)");
-    TRY(la->gemm(c, 1, 0, m, n, m, 1.0f, s.QL, m, M, n, 0.0f, T, n), "sgemm");
-    TRY(la->gemm(c, 0, 0, m, n, n, 1.0f, T, n, s.QR, n, 0.0f, M, n), "sgemm");
+    TRY(la->gemm(c, 1, 0, m, n, m, 1.0f, s.QL, m, M, n, 0.0f, T, n), "gemm");
+    TRY(la->gemm(c, 0, 0, m, n, n, 1.0f, T, n, s.QR, n, 0.0f, M, n), "gemm");
 
     /* 6. G~ = Q_L^T G Q_R (into G) */
-    TRY(la->gemm(c, 1, 0, m, n, m, 1.0f, s.QL, m, G, n, 0.0f, T, n), "sgemm");
-    TRY(la->gemm(c, 0, 0, m, n, n, 1.0f, T, n, s.QR, n, 0.0f, G, n), "sgemm");
+    TRY(la->gemm(c, 1, 0, m, n, m, 1.0f, s.QL, m, G, n, 0.0f, T, n), "gemm");
+    TRY(la->gemm(c, 0, 0, m, n, n, 1.0f, T, n, s.QR, n, 0.0f, G, n), "gemm");
 
     /* 7. Adam in the eigenbasis: G becomes U */
     double k = (double)h->k;
@@ -275,8 +276,8 @@ int pt_rekls_core(const pt_rekls_la *la, const pt_rekls_hyper *h, int m, int n,
     TRY(la->ew(c, &a), "rekls_ew (Adam)");
 
     /* 8. D = Q_L U Q_R^T (into G) */
-    TRY(la->gemm(c, 0, 0, m, n, m, 1.0f, s.QL, m, G, n, 0.0f, T, n), "sgemm");
-    TRY(la->gemm(c, 0, 1, m, n, n, 1.0f, T, n, s.QR, n, 0.0f, G, n), "sgemm");
+    TRY(la->gemm(c, 0, 0, m, n, m, 1.0f, s.QL, m, G, n, 0.0f, T, n), "gemm");
+    TRY(la->gemm(c, 0, 1, m, n, n, 1.0f, T, n, s.QR, n, 0.0f, G, n), "gemm");
 
     return PT_OK;
 }

@@ -28,7 +28,7 @@
  * The step is written once against a table of operations (pt_rekls_la): the CPU
  * optimizer runs it with pt_rekls_la_cpu (OpenBLAS / LAPACKE on the calling
  * thread), resident chunks with a table whose entries queue the backend's
- * sgemm / eigh / rekls_ew ops on a stream. Same calls in the same order, and on
+ * gemm_f32 / eigh / rekls_ew ops on a stream. Same calls in the same order, and on
  * the host backend the same functions underneath: the two paths give the same
  * bits.
  *
@@ -64,7 +64,7 @@ typedef struct pt_rekls_la {
 /* The CPU table (ctx unused: NULL). */
 extern const pt_rekls_la pt_rekls_la_cpu;
 
-/* A table whose ops queue the backend's sgemm / eigh / rekls_ew / memcpy (D2D)
+/* A table whose ops queue the backend's gemm_f32 / eigh / rekls_ew / memcpy (D2D)
  * on stream s, for tensors in device memory. eigh failures land in *status
  * (device int, zeroed by the caller) and show only after the stream has run. */
 typedef struct pt_rekls_dev {

@@ -40,6 +40,7 @@ struct pt_cost_ctx {
     double coll_f;         /* all-reduce seconds per gradient byte (0 = none) */
     double comp_f, comp_b; /* pure compute of forward (embedding + blocks) and backward
                               (head/loss + blocks + embedding), without recompute */
+    double *fstart;        /* [N]: forward compute before block b (embedding + blocks < b) */
 };
 
 /* Walk of the runtime's buffer pool for one (n_persist, n_buffer): see

@@ -43,6 +43,7 @@ void pt_cost_ctx_free(pt_cost_ctx *cx) {
     free(cx->dev);
     free(cx->host);
     free(cx->nm_pos);
+    free(cx->fstart);
     free(cx->f_lo);
     free(cx->f_hi);
     free(cx->l_lo);
@@ -87,7 +88,8 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     cx->rlo = malloc((size_t)N * sizeof(int32_t));
     cx->rhi = malloc((size_t)N * sizeof(int32_t));
     cx->has = malloc((size_t)N);
-    if (!cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->rks || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
+    cx->fstart = malloc((size_t)N * sizeof(double));
+    if (!cx->fstart || !cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->rks || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
         !cx->f_hi || !cx->l_lo || !cx->l_hi || !cx->nbmin || !cx->nbmin1 || !cx->nmb || !cx->rlo || !cx->rhi ||
         !cx->has) {
         pt_cost_ctx_free(cx);
@@ -132,6 +134,8 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     }
     cx->all_have = 1;
     for (int32_t b = 0; b < N; b++) cx->all_have &= cx->has[b];
+    for (int32_t b = 0; b < N; b++)
+        cx->fstart[b] = b ? cx->fstart[b - 1] + t->blocks[b - 1].fwd_s : t->embed_fwd_s;
     /* One-block minimum: slots for the non-persistent chunks of the largest
      * block (the runtime refuses fewer). Lookahead minimum: those of any two
      * consecutive blocks (a single block when N == 1), so every prefetch fits;
@@ -426,6 +430,26 @@ static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt
     f->sync = syn;
 }
 
+/* DEFER: how much the next forward waits for the deferred CPU steps (the
+ * formula in cost_model.h). Chunks [p, K) are offloaded; mandatory ones carry
+ * no train/bytes in the prefix sums. */
+static double defer_delay(const pt_cost_ctx *cx, int32_t p, double dev_s, double icpu,
+                          double shard_div) {
+    const pt_trace *t = cx->t;
+    const double ih = 1.0 / t->hw.h2d_Bps;
+    double S = 0, d = 0;
+    for (int32_t k = p; k < cx->K; k++) {
+        uint64_t tr = cx->train[k + 1] - cx->train[k];
+        if (!tr) continue;
+        /* a REKLS chunk's eigendecompositions and GEMMs come on top */
+        S += (double)tr * icpu + (cx->rks[k + 1] - cx->rks[k]) / shard_div;
+        double up = (double)(cx->bytes[k + 1] - cx->bytes[k]) * ih;
+        double late = S - dev_s + up - cx->fstart[t->chunks[k].first_block];
+        if (late > d) d = late;
+    }
+    return d;
+}
+
 void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int32_t nb, const pt_cost_opts *o,
                   pt_cost *out) {
     const pt_trace *t = cx->t;
@@ -509,7 +533,10 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     double cpu_s = (double)cpu_elems * icpu + rk_cpu,
            dev_s = (double)dev_elems / t->hw.dev_adam_elems_per_s + rk_dev;
     double iter;
-    if (clip) {
+    if (clip && o->defer) {
+        iter = fwd + bwd + dev_s + defer_delay(cx, p, dev_s, icpu, shard_div);
+        out->schedule = PT_SCHED_DEFER;
+    } else if (clip) {
         iter = fwd + bwd + dmax(dev_s, cpu_s);
         out->schedule = PT_SCHED_AFTER_BWD;
     } else {
@@ -559,7 +586,7 @@ static double time_lb(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p,
     double shard = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
     double cpu = (double)rsum(cx->train, p, cx->K) / t->hw.cpu_adam_elems_per_s / shard;
     double dev = with_dev ? (double)(cx->mand_train + cx->train[p]) / t->hw.dev_adam_elems_per_s : 0.0;
-    if (o && o->clip) return w + dmax(dev, cpu);
+    if (o && o->clip) return w + (o->defer ? dev : dmax(dev, cpu));   /* DEFER: delay >= 0 */
     return dmax(w + dev, tf + cpu);
 }
 
@@ -593,6 +620,7 @@ double pt_cost_time_lb_small(const pt_cost_ctx *cx, const pt_act_profile *a, int
      * up: fwd(nb) >= fwd(nb_top) */
     double fwd = nb_top < 0 ? at->fwd_s : fwd_time(cx, a, p, nb_top);
     if (at->schedule == PT_SCHED_AFTER_BWD) return fwd + at->bwd_s + dmax(at->dev_adam_s, at->cpu_adam_s);
+    if (at->schedule == PT_SCHED_DEFER) return fwd + at->bwd_s + at->dev_adam_s;
     double slack = (double)cx->max_block_bytes / cx->t->hw.h2d_Bps;
     return fwd + dmax(at->bwd_s + at->dev_adam_s, at->cpu_finish_s - slack);
 }
@@ -623,7 +651,7 @@ double pt_cost_time_lb_any(const pt_cost_ctx *cx, const pt_act_profile *a, int32
     }
     double cpu_s = (double)rsum(trn, p, K) * icpu;
     double dev_s = (double)(cx->mand_train + trn[p]) / t->hw.dev_adam_elems_per_s;
-    if (o && o->clip) return fwd + clock + dmax(dev_s, cpu_s);
+    if (o && o->clip) return fwd + clock + (o->defer ? dev_s : dmax(dev_s, cpu_s));
     return fwd + dmax(clock + dev_s, cpu);
 }
 

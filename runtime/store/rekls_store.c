@@ -171,7 +171,7 @@ void pt_rk_fini(pt_store *st) {
     st->n_rk = 0;
 }
 
-static pt_rekls_hyper hyper(const pt_store *st, float lr, float gs) {
+static pt_rekls_hyper hyper(const pt_store *st, float lr, float gs, int64_t step) {
     const pt_optim_state *o = st->env.opt;
     const pt_config *c = st->env.cfg;
     pt_rekls_hyper h;
@@ -182,7 +182,7 @@ static pt_rekls_hyper hyper(const pt_store *st, float lr, float gs) {
     h.weight_decay = o->weight_decay;
     h.shampoo_beta = c->rekls_shampoo_beta;
     h.seed_shampoo = c->rekls_seed_shampoo;
-    h.k = o->t + 1;
+    h.k = step;
     h.grad_scale = gs;
     return h;
 }
@@ -190,9 +190,9 @@ static pt_rekls_hyper hyper(const pt_store *st, float lr, float gs) {
 /* The chunk's params in layout order: REKLS ones by pt_rekls_step, the others
  * by AdamW over their own elements. Runs on a worker. */
 void pt_rk_cpu_chunk(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, float lr,
-                     float gs) {
+                     float gs, int64_t step) {
     pt_model_v1 *m = st->env.model;
-    pt_rekls_hyper h = hyper(st, lr, gs);
+    pt_rekls_hyper h = hyper(st, lr, gs, step);
     for (int j = 0; j < c->lc->n_params; j++) {
         int i = st->lay.order[c->lc->first_param + j];
         const pt_param_v1 *p = &m->params[i];
@@ -245,7 +245,7 @@ int pt_rk_dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, si
     const pt_gpu_backend *ops = pt_gpu_ops(st->env.gpu);
     void *impl = pt_gpu_impl(st->env.gpu);
     pt_optim_state *o = st->env.opt;
-    pt_rekls_hyper h = hyper(st, lr, gs);
+    pt_rekls_hyper h = hyper(st, lr, gs, o->t + 1);
     pt_rekls_dev d = {ops, impl, st->env.s_compute, st->d_rk_status};
     pt_rekls_la la;
     int rc = pt_rekls_la_device(&d, &la, err, errlen);

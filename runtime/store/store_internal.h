@@ -64,16 +64,29 @@ typedef struct cs_chunk {
     pt_event *ev_up;          /* upload into its slot done */
     pt_event *ev_d2h;         /* gradient copy to h_gstage done */
     pt_task_group tg;         /* its CPU task (accumulate / norm / step) */
+    pt_task_group sg;         /* its deferred step alone: what its next upload waits for
+                               * (never a gradient task, which waits for the device) */
     /* snapshot the CPU task works from (written before submit) */
     int t_micro, t_n_micro, t_step_now, t_norm;
     int t_rc;                 /* status of its last CPU task: written by the worker, read
                                * (pt_cs_wait_task) only after waiting for tg */
     pt_adamw_consts t_consts;
-    float t_lr;               /* lr of an overlapped step (REKLS reads it) */
+    float t_lr;               /* lr and 1-based step of an overlapped step (REKLS reads them) */
+    int64_t t_k;
     /* this step's CPU work on the chunk (host clock, written by the worker,
      * read after waiting for tg): the durations of the tasks of earlier
      * micro-batches, and the last task's interval */
     double t_early, t_start, t_end;
+    /* a step optimizer_step left running (deferred into the next forward): the
+     * chunk's next upload waits for it on the h2d stream (written by the hook
+     * thread before submit; the task reads them) */
+    struct pt_store *owner;
+    pt_adamw_consts s_consts;
+    int s_acc;
+    float s_lr, s_gs;         /* the same step's lr, clip scale and 1-based step (REKLS) */
+    int64_t s_k;
+    int step_pending;         /* hook thread: set at submit; cleared by the first lease
+                               * (which queues the upload's wait) or a hook-thread wait */
     /* REKLS (rekls_store.c): the factor/basis blocks of its 2-D params, on the
      * device when persistent, in host memory otherwise; rk[rk_first ..
      * rk_first + rk_count) are its REKLS params */
@@ -138,7 +151,8 @@ struct pt_store {
     uint64_t pinned_bytes, persist_bytes, buffer_bytes;
     double pin_seconds;
     double cpu_optim_s;       /* CPU optimizer work, summed over tasks (mutex: workers add) */
-    double optim_wait_s;      /* optimizer_step's wait for the CPU tasks */
+    double optim_wait_s;      /* optimizer_step's wait for the CPU tasks, plus the time
+                               * uploads waited for deferred steps (acct_mu) */
     double cpu_hidden_s;      /* CPU optimizer work done before the device finished backward */
     pthread_mutex_t acct_mu;
     /* REKLS: its params in layout order, per param the index into rk or -1,
@@ -194,8 +208,10 @@ int pt_ms_release(pt_store *st, int32_t b, int backward, char *err, size_t errle
 void pt_rk_plan_chunk(pt_store *st, cs_chunk *c);
 int pt_rk_init(pt_store *st, char *err, size_t errlen);
 void pt_rk_fini(pt_store *st);
+/* step: the 1-based step the task was queued for (a deferred task may run after
+ * optimizer_step counted it) */
 void pt_rk_cpu_chunk(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, float lr,
-                     float gs);
+                     float gs, int64_t step);
 int pt_rk_dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, size_t errlen);
 
 /* activations.c */

@@ -1,7 +1,7 @@
 /*
  * test_rekls_sh.c — REKLS through the plugin on sample_host.
  *  - Offloaded chunks (REKLS on the CPU optimizer's workers) and resident chunks
- *    (REKLS through the backend's sgemm / eigh / rekls_ew ops on the compute
+ *    (REKLS through the backend's gemm_f32 / eigh / rekls_ew ops on the compute
  *    stream) give bit-identical losses and parameters, with clipping and with
  *    gradient accumulation. Negative control: a different rekls_shampoo_beta
  *    changes the bits, so the comparison can fail.
