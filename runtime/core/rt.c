@@ -320,6 +320,11 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "create_optimizer: optimizer type %d is "
                        "unknown (%d = adamw, %d = rekls)", type, PT_OPTIM_ADAMW, PT_OPTIM_REKLS);
     }
+    if (type == PT_OPTIM_REKLS && pt_osft_count(rt) > 0)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                       "create_optimizer: REKLS together with OSFT is not built (REKLS would step "
+                       "OSFT's trainable factors in its own eigenbasis, which the OSFT projections "
+                       "were not checked against): use adamw with [osft], or disable [osft]");
     /* Into a copy first: a refused descriptor leaves the optimizer as it was. */
     pt_optim_state n = *o;
     static const char *const names[6] = {"lr", "beta1", "beta2", "eps", "weight_decay",

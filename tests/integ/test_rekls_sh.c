@@ -196,11 +196,32 @@ static void test_resume(void **s) {
     free(b.params);
 }
 
+/* REKLS with OSFT is refused at create_optimizer with a sentence naming both. */
+static void test_refuses_osft(void **s) {
+    (void)s;
+    char text[1024];
+    snprintf(text, sizeof text,
+             "[plugin]\nlog_level = error\nbackend = host\n[memory]\ndevice_capacity = 256MiB\n"
+             "[protrain]\nforce_all_persistent = true\n[optimizer]\n%s\n[osft]\nenabled = true\n"
+             "targets = qkvw,attprojw,fcw,fcprojw\n", REKLS);
+    sh_train_opts o = sh_harness_opts(&H, NL, 32, 2, 4, 32);
+    o.tbl = H.plug.table;
+    o.ini_path = sh_harness_ini(&H, "osft", text);
+    o.optim_from_ini = 1;
+    sh_trainer *tr = NULL;
+    char err[1024] = "";
+    assert_int_not_equal(sh_trainer_create(&tr, &o, err, sizeof err), 0);
+    assert_non_null(strstr(err, "REKLS together with OSFT"));
+    printf("  refused: %.160s...\n", strstr(err, "create_optimizer"));
+    if (tr) sh_trainer_destroy(tr);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offload_equals_resident),
         cmocka_unit_test(test_trains),
         cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_refuses_osft),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
