@@ -267,6 +267,20 @@ typedef struct pt_gpu_usage {
     uint64_t pinned_own_allocs; /* pinned allocations that got their own backend host_alloc */
     uint64_t h2d_bytes, d2h_bytes;
     uint64_t n_allocs;
+    /* Fragmentation of the device reservation (offsets from its start), measured
+     * by the allocator itself since open or the last pt_gpu_reset_peak:
+     *   span_peak          highest end offset any live block reached: the address
+     *                      range the allocation pattern needed, holes included
+     *                      (>= peak; equal when nothing was ever left behind a hole)
+     *   req_current        bytes the live blocks' callers asked for (current minus
+     *                      this is lost to PT_GPU_ALIGN rounding)
+     * at the moment `peak` was last raised:
+     *   peak_req           req_current then (peak - peak_req: rounding at the peak)
+     *   peak_largest_free  the largest free block then; the free bytes then are
+     *                      capacity - peak, so 1 - peak_largest_free / (capacity -
+     *                      peak) is the free space's fragmentation at the peak
+     * pt_gpu_frag_factor (device_ext.h) turns them into the planner's factor. */
+    uint64_t span_peak, req_current, peak_req, peak_largest_free;
 } pt_gpu_usage;
 void pt_gpu_usage_get(const pt_gpu *g, pt_gpu_usage *u);
 void pt_gpu_reset_peak(pt_gpu *g);

@@ -219,10 +219,11 @@ void pt_rt_calibrate(pt_rt *rt) {
     rt->meas_peak = u.peak;
     rt->meas_iter_s = median(dt, MEASURE);
     double pr = (double)u.peak / (double)rt->pred_peak;
-    PT_LOGI(&rt->lg, "calibration: measured peak %llu bytes (%.2f MiB) vs predicted %llu "
-                     "(x%.4f); median iteration %.4f s vs predicted %.4f s (x%.3f)",
-            (unsigned long long)u.peak, u.peak / 1048576.0, (unsigned long long)rt->pred_peak,
-            pr, rt->meas_iter_s, rt->pred_iter_s,
+    PT_LOGI(&rt->lg, "calibration: measured peak %llu bytes (%.2f MiB, allocator fragmentation "
+                     "x%.4f) vs predicted %llu (x%.4f); median iteration %.4f s vs predicted "
+                     "%.4f s (x%.3f)",
+            (unsigned long long)u.peak, u.peak / 1048576.0, pt_gpu_frag_factor(&u),
+            (unsigned long long)rt->pred_peak, pr, rt->meas_iter_s, rt->pred_iter_s,
             rt->pred_iter_s > 0 ? rt->meas_iter_s / rt->pred_iter_s : 0.0);
     if (rt->tl && rt->tl->n) {
         /* the picture of the plan that ran, now with what it really peaked at
@@ -237,8 +238,10 @@ void pt_rt_calibrate(pt_rt *rt) {
          * parameters and optimizer state across (the state image is per parameter). */
         rt->trace->calib.peak = fold(rt->trace->calib.peak, pr);
         PT_LOGW(&rt->lg, "calibration: the peak was under-predicted by %llu bytes; planning again "
-                         "with fragmentation factor %.4f",
-                (unsigned long long)(u.peak - rt->pred_peak), rt->trace->calib.peak);
+                         "with peak correction x%.4f on top of the profile's measured "
+                         "fragmentation x%.4f",
+                (unsigned long long)(u.peak - rt->pred_peak), rt->trace->calib.peak,
+                rt->trace->frag.factor >= 1.0 ? rt->trace->frag.factor : 1.0);
         replan(rt);
         store_learned(rt);
         rt->calib_steps = WARM + MEASURE + 1;   /* measure once per plan */

@@ -28,8 +28,9 @@
 
 #include "trace.h"
 
-#define PT_TRACE_FILE_VERSION 3u   /* 2: chunk records carry dev_bytes, host_bytes;
-                                      3: the scalars end with calib (4 f64) */
+#define PT_TRACE_FILE_VERSION 4u   /* 2: chunk records carry dev_bytes, host_bytes;
+                                      3: the scalars end with calib (4 f64);
+                                      4: then frag (f64 factor, 4 u64) */
 #define PT_TRACE_HEADER_BYTES 128u
 
 enum { PT_CACHE_MISS = 0, PT_CACHE_HIT = 1 };
