@@ -207,7 +207,9 @@ typedef struct pt_gpu_backend {
     /* *out (device double) += sum(x[i]^2) over n fp32/bf16/f16 elements, formed in
      * double so a host that sums per-parameter squares in double matches it. */
     int (*sqnorm)(void *impl, const void *x, int dtype, size_t n, double *out, pt_stream *s);
-    /* dst[i] = convert(src[i]) between dtypes (fp32 <-> bf16/f16); dst += src when acc. */
+    /* dst[i] = convert(src[i]) between dtypes (fp32 <-> bf16/f16); dst += src when acc.
+     * sqnorm, convert and adamw take the floating-point dtypes only: PT_U8 (frozen
+     * bytes, no gradient, no optimizer) is PT_ERR_INVALID_ARG. */
     int (*convert)(void *impl, void *dst, int dst_dtype, const void *src, int src_dtype,
                    size_t n, int accumulate, pt_stream *s);
     /* An event event_elapsed_ms may read. event_create's events only order work
