@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -228,18 +229,19 @@ static void done(qhost *h) {
     for (int i = 0; i < NPAR; i++) free(h->init[i]);
 }
 
-/* STEPS steps; losses, the trained weights, and the byte params checked against init. */
-static void train(qhost *h, double *loss, float (*w)[NW]) {
-    for (int s = 0; s < STEPS; s++) {
-        h->loss = 0;
-        assert_int_equal(P->pre_step(h->ctx, s, 0, 1), PT_OK);
-        nonblock(h, 0);
-        if (pass(h)) fail_msg("step %d: %s", s, P->last_error(h->ctx));
-        nonblock(h, 1);
-        assert_int_equal(P->optimizer_step(h->ctx, -1.0f), PT_OK);
-        assert_int_equal(P->post_step(h->ctx, s, (float)h->loss), PT_OK);
-        loss[s] = h->loss;
-    }
+static double one_step(qhost *h, int s) {
+    h->loss = 0;
+    assert_int_equal(P->pre_step(h->ctx, s, 0, 1), PT_OK);
+    nonblock(h, 0);
+    if (pass(h)) fail_msg("step %d: %s", s, P->last_error(h->ctx));
+    nonblock(h, 1);
+    assert_int_equal(P->optimizer_step(h->ctx, -1.0f), PT_OK);
+    assert_int_equal(P->post_step(h->ctx, s, (float)h->loss), PT_OK);
+    return h->loss;
+}
+
+/* The byte params read back equal what the host gave; the weights into w. */
+static void check_params(qhost *h, float (*w)[NW]) {
     for (int b = 0; b < NB; b++)
         assert_int_equal(P->read_param(h->ctx, W(b), w[b], NW * sizeof(float)), PT_OK);
     unsigned char *back = xmalloc(h->qbytes);
@@ -254,6 +256,12 @@ static void train(qhost *h, double *loss, float (*w)[NW]) {
     char err_read = P->read_param(h->ctx, Q(0), back, 4 * h->qbytes) == PT_ERR_INVALID_ARG;
     assert_true(err_read);
     free(back);
+}
+
+/* STEPS steps; losses, the trained weights, and the byte params checked against init. */
+static void train(qhost *h, double *loss, float (*w)[NW]) {
+    for (int s = 0; s < STEPS; s++) loss[s] = one_step(h, s);
+    check_params(h, w);
 }
 
 static float wr[NB][NW], ws[NB][NW];
@@ -278,6 +286,24 @@ static void test_resident_vs_streamed(void **st) {
     /* every block chunk (trainable w and packed q) went up each step at least */
     assert_true(sb2.h2d_bytes - sb.h2d_bytes >=
                 (uint64_t)STEPS * NB * (NW * sizeof(float) + b.qbytes));
+    /* the state file carries the byte params: saved streamed, loaded resident,
+     * the next step is the same bits */
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/pt_quant_state_%d", (int)getpid());
+    assert_int_equal(mkdir(dir, 0700), 0);
+    if (P->save_state(b.ctx, dir)) fail_msg("save_state: %s", P->last_error(b.ctx));
+    qhost c;
+    make(&c, 64, "auto_memory = false\nn_persist = 99\nn_buffer = 0\nn_swap = 0\nn_checkpoint = 0");
+    if (P->load_state(c.ctx, dir)) fail_msg("load_state: %s", P->last_error(c.ctx));
+    static float wc[NB][NW];
+    check_params(&c, wc);
+    assert_memory_equal(wc, ws, sizeof wc);
+    double nb = one_step(&b, STEPS), nc = one_step(&c, STEPS);
+    assert_memory_equal(&nb, &nc, sizeof nb);
+    done(&c);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
     done(&b);
     for (int s = 0; s < STEPS; s++)
         if (memcmp(&lr[s], &ls[s], sizeof lr[s]))
