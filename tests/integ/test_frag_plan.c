@@ -9,7 +9,9 @@
  * ceil(frag * raw). The same host without the hole measures exactly 1 (the
  * allocator packs it), so the factor is the pattern's, not a constant. After
  * calibration (8 steps) the prediction in force stays at or above the device
- * peak the allocator measured.
+ * peak the allocator measured. The profile cache keeps the figures: the stored
+ * trace holds the plan's measured factor, and a second run that hits the cache
+ * (no profiling) plans with the same factor.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,7 +19,12 @@
 
 #include <cmocka.h>
 
+#include <dirent.h>
+
 #include "hook_host.h"
+#include "planner/trace_cache.h"
+
+static char cache[128];
 
 static double json_num(const char *js, const char *key) {
     char k[64];
@@ -50,7 +57,7 @@ static void run(uint64_t frag_bytes, double *frag, double *measured, double *pea
     snprintf(path, sizeof path, "/tmp/pt_frag_plan_%d.json", (int)getpid());
     char ini[256];
     snprintf(ini, sizeof ini, "plan_file = %s\n[memory]\ndevice_capacity = 24MiB", path);
-    hh_opts o = {.frag_bytes = frag_bytes};
+    hh_opts o = {.frag_bytes = frag_bytes, .cache_dir = cache};
     host h;
     make(&h, &o, ini);
     const char *js = slurp(path);
@@ -69,10 +76,47 @@ static void run(uint64_t frag_bytes, double *frag, double *measured, double *pea
     done(&h);
 }
 
+/* The one trace file in the cache directory, read back. */
+static void cached_trace(pt_trace *t) {
+    DIR *d = opendir(cache);
+    assert_non_null(d);
+    struct dirent *e;
+    char path[512] = "";
+    int n = 0;
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, ".trace") && !strstr(e->d_name, ".tmp")) {
+            snprintf(path, sizeof path, "%s/%s", cache, e->d_name);
+            n++;
+        }
+    closedir(d);
+    assert_int_equal(n, 1);
+    pt_trace_init(t);
+    char err[512];
+    if (pt_trace_read_file(path, NULL, t, err, sizeof err)) fail_msg("%s", err);
+}
+
+static void clear_cache(void) {
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_measured_factor_in_plan(void **st) {
     (void)st;
+    snprintf(cache, sizeof cache, "/tmp/pt_frag_plan_cache_%d", (int)getpid());
+    clear_cache();
     double f, m, peak, raw, span;
     run(2 << 20, &f, &m, &peak, &raw, &span);
+    pt_trace t;
+    cached_trace(&t);
+    assert_true(fabs(t.frag.factor - m) <= 1e-8 * m);  /* recorded in the trace (JSON: 9 digits) */
+    assert_true((double)t.frag.span_bytes == span);
+    assert_true(t.frag.span_bytes > t.frag.peak_bytes);
+    pt_trace_free(&t);
+    double fc, mc, peakc, rawc, spanc;
+    run(2 << 20, &fc, &mc, &peakc, &rawc, &spanc);   /* a cache hit: no profiling */
+    assert_true(mc == m && fc == f);
+    clear_cache();
     /* the hole is 2 MiB of a peak of a few MiB: clearly above 1 */
     assert_true(m > 1.05);
     assert_true(f == m);                       /* no calibration yet: the plan uses it as is */
@@ -81,6 +125,7 @@ static void test_measured_factor_in_plan(void **st) {
 
     double f0, m0, peak0, raw0, span0;
     run(0, &f0, &m0, &peak0, &raw0, &span0);
+    clear_cache();
     assert_true(m0 == 1.0);                    /* packed: measured, and exactly 1 */
     assert_true(f0 == 1.0);
     assert_true(peak0 == raw0);

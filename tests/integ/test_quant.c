@@ -24,6 +24,9 @@
  *    the device allocates over a chunk that holds trainable params; each chunk
  *    here is 256-aligned in both sizes), and the streamed plan's pinned host
  *    bytes by the same (staged copy and gradient landing zone);
+ *  - the same with global-norm clipping (the norm covers trainable params only);
+ *  - save_state of the streamed run, load_state into a resident one: the byte
+ *    params and weights come back and the next step is the same bits;
  *  - a trainable byte parameter is refused at post_model_load with a sentence.
  */
 #include <math.h>
@@ -266,6 +269,29 @@ static void train(qhost *h, double *loss, float (*w)[NW]) {
 
 static float wr[NB][NW], ws[NB][NW];
 
+/* Global-norm clipping beside byte params: resident vs streamed, same bits. */
+static void test_clipped(void **st) {
+    (void)st;
+    double lr[STEPS], ls[STEPS];
+    qhost a, b;
+    make(&a, 64, "auto_memory = false\nn_persist = 99\nn_buffer = 0\nn_swap = 0\nn_checkpoint = 0"
+                 "\n[optimizer]\nmax_grad_norm = 0.05");
+    train(&a, lr, wr);
+    pt_stats_v1 sa = {.struct_size = sizeof sa};
+    assert_int_equal(P->get_stats(a.ctx, &sa), PT_OK);
+    assert_true(sa.last_grad_norm > 0.05);          /* it clipped */
+    done(&a);
+    make(&b, 64, "auto_memory = false\nn_persist = 0\nn_buffer = 2\nn_swap = 0\nn_checkpoint = 0"
+                 "\n[optimizer]\nmax_grad_norm = 0.05");
+    train(&b, ls, ws);
+    pt_stats_v1 sb = {.struct_size = sizeof sb};
+    assert_int_equal(P->get_stats(b.ctx, &sb), PT_OK);
+    assert_memory_equal(&sa.last_grad_norm, &sb.last_grad_norm, sizeof sa.last_grad_norm);
+    done(&b);
+    assert_memory_equal(lr, ls, sizeof lr);
+    assert_memory_equal(wr, ws, sizeof wr);
+}
+
 static void test_resident_vs_streamed(void **st) {
     (void)st;
     double lr[STEPS], ls[STEPS];
@@ -381,6 +407,7 @@ static void test_trainable_bytes_refused(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resident_vs_streamed),
+        cmocka_unit_test(test_clipped),
         cmocka_unit_test(test_plan_counts_bytes),
         cmocka_unit_test(test_trainable_bytes_refused),
     };
