@@ -35,6 +35,7 @@ typedef struct hh_opts {
     uint64_t frag_bytes;       /* every step, profiled ones too: block 0's forward leaves a
                                   hole of this size below live blocks (alloc X, alloc Y =
                                   X/4, free X, alloc Z = 2X; Y and Z freed in its backward) */
+    int frag_packed_profile;   /* ... but the profiled step skips X: same bytes, no hole */
 } hh_opts;
 
 typedef struct host {
@@ -96,9 +97,10 @@ static int32_t pass(void *user) {
         if (!rc && b == 0 && h->o.frag_bytes) {
             void *x = NULL;
             uint64_t f = h->o.frag_bytes;
-            rc = P->dev_alloc(h->ctx, f, "scratch", &x);
+            int hole = !(h->profiling && h->o.frag_packed_profile);
+            if (hole) rc = P->dev_alloc(h->ctx, f, "scratch", &x);
             if (!rc) rc = P->dev_alloc(h->ctx, f / 4, "scratch", &h->frag[0]);
-            if (!rc) rc = P->dev_free(h->ctx, x);
+            if (!rc && hole) rc = P->dev_free(h->ctx, x);
             if (!rc) rc = P->dev_alloc(h->ctx, 2 * f, "scratch", &h->frag[1]);
         }
         nap(h);

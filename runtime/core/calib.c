@@ -12,9 +12,11 @@
  *   backward  .. optimizer_step
  *   optimizer optimizer_step .. post_step
  * At the end of step MEASURE:
- *  - peak under-predicted: the ratio measured/predicted becomes the trace's
- *    calib.peak (the cost model's fragmentation factor) and the plan is
- *    searched again (as before);
+ *  - peak under-predicted (the device range the run needed, its peak bytes or
+ *    the allocator's high water when holes left that higher, above the
+ *    prediction): the ratio measured/predicted is folded into the trace's
+ *    calib.peak (the cost model's fragmentation factor is the profile's measured
+ *    one times it) and the plan is searched again (as before);
  *  - otherwise ([protrain] time_calibration), the median iteration more than 15% away from the prediction:
  *    each phase's measured/predicted median is folded into calib.fwd/bwd/opt,
  *    which scale the profile's compute times and optimizer rates
@@ -233,14 +235,19 @@ void pt_rt_calibrate(pt_rt *rt) {
             PT_LOGW(&rt->lg, "calibration: %s", terr);
     }
     if (!rt->trace) return;
-    if (u.peak > rt->pred_peak) {
+    /* What the plan must cover is the device range the run needed: its peak
+     * bytes, or the allocator's high water when holes left it higher (the
+     * prediction promises that much capacity, fragmentation included). */
+    uint64_t need = u.span_peak > u.peak ? u.span_peak : u.peak;
+    if (need > rt->pred_peak) {
         /* Under-predicted: plan again with the measured correction, carrying the
          * parameters and optimizer state across (the state image is per parameter). */
-        rt->trace->calib.peak = fold(rt->trace->calib.peak, pr);
-        PT_LOGW(&rt->lg, "calibration: the peak was under-predicted by %llu bytes; planning again "
-                         "with peak correction x%.4f on top of the profile's measured "
-                         "fragmentation x%.4f",
-                (unsigned long long)(u.peak - rt->pred_peak), rt->trace->calib.peak,
+        rt->trace->calib.peak = fold(rt->trace->calib.peak, (double)need / (double)rt->pred_peak);
+        PT_LOGW(&rt->lg, "calibration: the peak was under-predicted by %llu bytes (device range "
+                         "%llu of which %llu in use); planning again with peak correction x%.4f "
+                         "on top of the profile's measured fragmentation x%.4f",
+                (unsigned long long)(need - rt->pred_peak), (unsigned long long)need,
+                (unsigned long long)u.peak, rt->trace->calib.peak,
                 rt->trace->frag.factor >= 1.0 ? rt->trace->frag.factor : 1.0);
         replan(rt);
         store_learned(rt);

@@ -11,7 +11,11 @@
  * calibration (8 steps) the prediction in force stays at or above the device
  * peak the allocator measured. The profile cache keeps the figures: the stored
  * trace holds the plan's measured factor, and a second run that hits the cache
- * (no profiling) plans with the same factor.
+ * (no profiling) plans with the same factor. A host that fragments only in
+ * training (its profile packs the same bytes) hits its predicted peak bytes
+ * exactly, but needs a larger device range: calibration compares the range and
+ * plans again above it (under the old bytes-only comparison it would not have:
+ * measured peak == predicted).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -133,9 +137,29 @@ static void test_measured_factor_in_plan(void **st) {
     (void)span0;
 }
 
+/* A run that fragments where its profile did not: the profile packs the same
+ * bytes (factor 1), training leaves the hole, so the peak bytes match the
+ * prediction but the device range the run needs exceeds it. Calibration
+ * compares that range, not only the bytes, and plans again above it. */
+static void test_run_fragmentation_replans(void **st) {
+    (void)st;
+    hh_opts o = {.frag_bytes = 2 << 20, .frag_packed_profile = 1};
+    host h;
+    make(&h, &o, "[memory]\ndevice_capacity = 24MiB");
+    pt_stats_v1 s0 = stats(&h);
+    for (int s = 0; s < 8; s++) step(&h, s);
+    pt_stats_v1 s1 = stats(&h);
+    /* the hole (2 MiB) is above the planned peak: a re-plan raised the prediction */
+    assert_true(s1.pred_peak > s0.pred_peak);
+    assert_true(s1.pred_peak >= s0.pred_peak + (2u << 20) - (256u << 10));
+    assert_true(s1.pred_peak >= s1.dev_peak);
+    done(&h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_measured_factor_in_plan),
+        cmocka_unit_test(test_run_fragmentation_replans),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
