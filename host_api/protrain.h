@@ -192,7 +192,17 @@ typedef struct pt_param_v1 {
     int32_t block;            /* owning block, or -1 for non-block params */
     int32_t trainable;        /* 0 = frozen: no grad, no optimizer state */
     int32_t tie;              /* index of the param this one shares storage with, or -1 */
-    int32_t reserved0;
+    /* ABI 1.4 (the former reserved0; 0 from older hosts, so they stay valid):
+     * tensor parallelism ([dist] tp_size = P > 1). 0 = not split: every rank of
+     * the tensor-parallel group holds the whole tensor. 1 = split along dim 0
+     * (rows), 2 = along dim 1 (columns; 2-D only): shape[] is this rank's shard,
+     * the full tensor is P times longer along that dim, and rank r of the group
+     * holds the r-th equal block. A split 2-D weight under REKLS gets exactly
+     * the update REKLS gives the full matrix (its factors stored in row blocks;
+     * both full sides must divide by P). Split gradients are never averaged over
+     * the group (each rank holds another block); clipping counts each block once.
+     * With tp_size = 1 a split is ignored (the shard is the whole tensor). */
+    int32_t tp_split;
     const void *init;         /* host memory with initial values (ignored when tie >= 0);
                                  read only during post_model_load */
     /* written by the plugin: */

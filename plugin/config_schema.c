@@ -213,6 +213,11 @@ const pt_config_key pt_cfg_keys[] = {
     R_INT("dist", "debug_hang_rank", debug_hang_rank, PT_CFG_NO_HI, -1, INT_MAX, 0, "-1",
           "Testing: this rank stops joining collectives (as if hung) so the others must time "
           "out naming it; -1: none."),
+    R_INT("dist", "tp_size", tp_size, PT_CFG_NO_HI, 1, INT_MAX, 0, "1",
+          "Tensor-parallel group size: parameters the host declares split (pt_param_v1.tp_split) "
+          "hold 1/tp_size of the full tensor on each rank, and a split 2-D weight under REKLS "
+          "gets the full matrix's update. Only world_size == tp_size is built (no data "
+          "parallel across groups); not with OSFT or zero3_shard; host backend only."),
     {"host_backend", "copy_bandwidth", PT_CFG_RATE, 0, OFF(copy_bandwidth), 0,
      PT_GPU_COPY_BW_MIN, PT_GPU_COPY_BW_MAX, 0, NULL,
      NULL, NULL, NULL, "0",

@@ -55,6 +55,7 @@ typedef struct pt_config {
     char init_method[256];    /* init_method = env | file:///path | mpi ; default env */
     float dist_timeout;       /* timeout = seconds > 0, default 300 */
     int debug_hang_rank;      /* integer >= -1, default -1: testing only */
+    int tp_size;              /* integer >= 1, default 1: tensor-parallel group size */
     /* [host_backend] */
     double copy_bandwidth;    /* bytes/s, units B/s KB/s MB/s GB/s KiB/s MiB/s GiB/s; 0 = unthrottled */
     int poison;               /* bool, default 1 */

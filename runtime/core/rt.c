@@ -62,6 +62,17 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     else if (host && host->world_size > 1 && !strncmp(cfg->init_method, "file:", 5))
         missing = "[dist] init_method = file://: the shared-file rendezvous is not built yet "
                   "(use env or mpi under mpirun)";
+    else if (cfg->tp_size > 1 && cfg->osft_enabled)
+        missing = "[dist] tp_size > 1 with [osft] enabled: OSFT's factors are not split over a "
+                  "tensor-parallel group yet; set tp_size = 1 or disable OSFT";
+    else if (cfg->tp_size > 1 && cfg->zero3_shard == 1)
+        missing = "[dist] tp_size > 1 with zero3_shard: mode C is not built";
+    else if (cfg->tp_size > 1 && (!host || host->world_size % cfg->tp_size))
+        missing = "[dist] tp_size does not divide world_size: the ranks must form whole "
+                  "tensor-parallel groups";
+    else if (cfg->tp_size > 1 && host->world_size != cfg->tp_size)
+        missing = "[dist] tp_size < world_size: data parallel across tensor-parallel groups is "
+                  "not built yet; only world_size == tp_size (one group) is";
     else if (host && host->world_size > 1 && host->device_kind == PT_DEVICE_CUDA)
         missing = "world_size > 1 on the cuda backend needs NCCL, which is not built yet "
                   "(multi-rank runs work on the host backend with MPI)";
@@ -145,8 +156,9 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
             pt_rt_destroy(rt);
             return rc;
         }
-        PT_LOGI(&rt->lg, "data parallel: rank %d of %d over MPI (init_method %s, timeout %g s)",
-                host->rank, host->world_size, cfg->init_method, (double)cfg->dist_timeout);
+        PT_LOGI(&rt->lg, "%s: rank %d of %d over MPI (init_method %s, timeout %g s)",
+                cfg->tp_size > 1 ? "tensor parallel (one group)" : "data parallel", host->rank,
+                host->world_size, cfg->init_method, (double)cfg->dist_timeout);
     }
     char name[128];
     pt_gpu_device_name(rt->gpu, name, sizeof name);

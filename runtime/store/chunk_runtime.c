@@ -776,14 +776,30 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
     if (o->max_grad_norm > 0) {
         int rc = device_norms(st, err, errlen);
         if (rc) return rc;
-        double sq = 0;
+        double sq = 0, sq_split = 0;
+        int tp = pt_cs_tp_size(st) > 1;
         for (int i = 0; i < m->n_params; i++) {
-            if (ms->root[i] != i) continue;
-            if (ms->root_tr[i]) sq += ms->psq[i];
+            if (ms->root[i] != i || !ms->root_tr[i]) continue;
+            if (tp && m->params[i].tp_split) sq_split += ms->psq[i];
+            else sq += ms->psq[i];
         }
+        /* tensor parallel: each rank holds one block of a split param, so the
+         * full tensors' squares are the sum over the group (rank order: the same
+         * bits everywhere); a replicated param counts once, from this rank */
+        if (tp) {
+            int rc = pt_coll_allreduce(st->env.coll, &sq_split, 1, PT_COLL_F64, 1.0,
+                                       "squared gradient norm of the split parameters", err,
+                                       errlen);
+            if (rc) return rc;
+        }
+        sq += sq_split;
         double norm = sqrt(sq);
         o->last_norm = norm;
         if (norm > o->max_grad_norm) gs = (float)(o->max_grad_norm / (norm + 1e-6));
+    }
+    if (pt_cs_tp_size(st) > 1) {   /* before the chunks' steps (a resident one zeroes its gradient) */
+        int rc = pt_rk_tp_pass(st, lr, gs, err, errlen);
+        if (rc) return rc;
     }
     /* CPU steps that could not overlap (clipping, or lr unknown during backward),
      * queued in layout order = the order the next forward gathers the chunks.

@@ -15,6 +15,8 @@
  * Both go region by region with the region's element count, in layout order,
  * so the messages are the same whichever chunks a rank keeps resident: ranks
  * whose plans differ (the search uses each rank's own timings) still match.
+ * With [dist] tp_size > 1 (all ranks one tensor-parallel group) nothing is
+ * reduced here; only the norms are taken.
  */
 #include <stdio.h>
 
@@ -26,6 +28,11 @@ int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen) {
     const pt_gpu_backend *o = pt_gpu_ops(st->env.gpu);
     double scale = 1.0 / pt_coll_world(st->env.coll);
     int clip = st->env.opt->max_grad_norm > 0;
+    /* tensor parallel (one group, no data parallel): nothing to average. A split
+     * param's ranks hold different blocks, and a replicated one's gradient is
+     * taken as the host gives it (tensor-parallel hosts compute it identically on
+     * every rank of the group) */
+    int tp = pt_cs_tp_size(st) > 1;
     /* the host's last backward work on resident gradients is done before the CPU reads them */
     if (o->stream_sync(pt_gpu_impl(st->env.gpu), st->env.s_compute))
         return pt_fail(err, errlen, PT_ERR_BACKEND,
@@ -50,6 +57,7 @@ int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen) {
                                "reducing them across ranks is not built yet (fp32 parameters, "
                                "or 16-bit ones in offloaded chunks, are)", c->id);
             }
+            if (tp) continue;
             int rc = pt_coll_allreduce(st->env.coll, buf, n, PT_COLL_F32, scale, what, err,
                                        errlen);
             if (rc) return rc;

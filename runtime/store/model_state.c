@@ -47,6 +47,13 @@ int pt_store_validate(const pt_model_v1 *m, char *err, size_t errlen) {
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' names block %d but the model has %d blocks", i,
                 nm, p->block, m->n_blocks);
         }
+        if (p->tp_split < 0 || p->tp_split > 2 || (p->tp_split == 2 && p->ndim < 2) ||
+            (p->tp_split && p->tie >= 0)) {
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' has tp_split %d with ndim %d and tie %d (0 = "
+                "not split, 1 = rows, 2 = columns of a tensor of at least 2 dims; a tied param "
+                "takes its split from the one it is tied to)", i, nm, p->tp_split, p->ndim,
+                p->tie);
+        }
         if (p->tie >= 0) {
             if (p->tie >= m->n_params || p->tie == i || m->params[p->tie].tie >= 0) {
                 return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' is tied to %d, which is not a valid untied "

@@ -17,6 +17,20 @@
  * sized for the largest resident REKLS param; offloaded chunks on the CPU
  * optimizer's worker that steps the chunk, in a scratch of its own. Both run
  * pt_rekls_step with the same arguments: the same bits on the host backend.
+ *
+ * Tensor parallel ([dist] tp_size = P > 1, one group = all ranks): a param the
+ * host declares split (tp_split 1 or 2) holds its shard; q->m x q->n is the FULL
+ * shape. It steps with tensor-parallel REKLS (pt_rk_tp_pass, on the thread of
+ * optimizer_step, in layout order so every rank makes the same collectives in
+ * the same order): the gradient shards and factor row blocks are gathered, REKLS
+ * runs on the full matrices on every rank, each keeps its rows of the factors
+ * and applies its slice. Its aux block is [M | V | L rows | R rows]: the
+ * moments are full m x n (replicated on every rank, computed redundantly), so
+ * they cannot live in the shard-sized m / v slots (those stay unused), then the
+ * factor rows m/P x m and n/P x n; no bases (recomputed by eigh). Both full sides
+ * must divide by P (refused at create_optimizer otherwise). The step reads and
+ * writes device memory with the CPU, which is host memory on the host backend,
+ * the only backend multi-rank runs on.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,13 +39,33 @@
 #include "kernels_hd.h"
 #include "store_internal.h"
 
+int pt_cs_tp_size(const pt_store *st) {
+    return st->env.coll && st->env.cfg->tp_size > 1 ? st->env.cfg->tp_size : 1;
+}
+
+/* The split a param steps with (0 with tp_size 1) and its full 2-D shape. */
+static int full_shape(const pt_store *st, const pt_param_v1 *p, int64_t *a, int64_t *b) {
+    int P = pt_cs_tp_size(st), split = P > 1 ? p->tp_split : 0;
+    *a = p->shape[0] * (split == 1 ? P : 1);
+    *b = p->shape[1] * (split == 2 ? P : 1);
+    return split;
+}
+
+/* aux words of a REKLS param: its own layout (rekls.h), or for a split one
+ * [M, V: m x n][L rows: m/P x m][R rows: n/P x n] */
+static uint64_t aux_words(const pt_store *st, uint64_t a, uint64_t b, int split) {
+    uint64_t P = (uint64_t)pt_cs_tp_size(st);
+    return split ? 2 * a * b + a / P * a + b / P * b : pt_rekls_aux_words(a, b);
+}
+
 static int eligible(const pt_store *st, int i) {
     const pt_model_v1 *m = st->env.model;
     const pt_param_v1 *p = &m->params[i];
     if (st->root[i] != i || !p->trainable || p->ndim != 2 || p->block < 0 || p->tie >= 0)
         return 0;
-    if (p->shape[0] < 1 || p->shape[1] < 1 || p->shape[0] > PT_REKLS_MAX_DIM ||
-        p->shape[1] > PT_REKLS_MAX_DIM)
+    int64_t a, b;
+    full_shape(st, p, &a, &b);
+    if (a < 1 || b < 1 || a > PT_REKLS_MAX_DIM || b > PT_REKLS_MAX_DIM)
         return 0;
     for (int j = 0; j < m->n_params; j++)   /* something shares its storage */
         if (j != i && st->root[j] == i) return 0;
@@ -66,12 +100,16 @@ void pt_rk_plan_chunk(pt_store *st, cs_chunk *c) {
     for (int j = 0; j < c->lc->n_params; j++) {
         int i = st->lay.order[c->lc->first_param + j];
         if (!eligible(st, i)) continue;
-        uint64_t a = (uint64_t)m->params[i].shape[0], b = (uint64_t)m->params[i].shape[1];
-        c->rk_plan_aux += pt_rekls_aux_words(a, b);
+        int64_t fa, fb;
+        int split = full_shape(st, &m->params[i], &fa, &fb);
+        uint64_t a = (uint64_t)fa, b = (uint64_t)fb;
+        c->rk_plan_aux += aux_words(st, a, b, split);
         c->rk_plan_gemm += pt_rekls_gemm_flops(a, b);
-        c->rk_plan_eigh += pt_rekls_eigh_flops(a, b);
+        /* tensor parallel: every rank runs two eighs per factor (the previous
+         * bases are recomputed) on the full matrices; its scratch is host memory */
+        c->rk_plan_eigh += pt_rekls_eigh_flops(a, b) * (split ? 2 : 1);
         c->rk_plan_n++;
-        uint64_t w = pt_rekls_ws_words(a, b);
+        uint64_t w = split ? 0 : pt_rekls_ws_words(a, b);
         if (w > c->rk_plan_ws) c->rk_plan_ws = w;
     }
 }
@@ -83,7 +121,7 @@ int pt_rk_init(pt_store *st, char *err, size_t errlen) {
     if (!st->rk_of || !st->rk) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     for (int i = 0; i < m->n_params; i++) st->rk_of[i] = -1;
     uint64_t ws_max = 0, words = 0;
-    int n_adam = 0;
+    int n_adam = 0, n_split = 0;
     for (int k = 0; k < st->n_chunks; k++) {
         cs_chunk *c = &st->ch[k];
         c->rk_first = st->n_rk;
@@ -96,8 +134,20 @@ int pt_rk_init(pt_store *st, char *err, size_t errlen) {
             rk_param *q = &st->rk[st->n_rk];
             q->param = i;
             q->chunk = k;
-            q->m = (int)m->params[i].shape[0];
-            q->n = (int)m->params[i].shape[1];
+            int64_t fa, fb;
+            q->split = full_shape(st, &m->params[i], &fa, &fb);
+            q->m = (int)fa;
+            q->n = (int)fb;
+            if (q->split) {
+                int rc = pt_rekls_tp_check(fa, fb, pt_cs_tp_size(st), q->split, err, errlen);
+                if (rc) {
+                    char why[512];
+                    snprintf(why, sizeof why, "%s", err);
+                    return pt_fail(err, errlen, rc, "create_optimizer: split parameter '%s': %s",
+                                   m->params[i].name, why);
+                }
+            }
+            q->aux_words = aux_words(st, (uint64_t)q->m, (uint64_t)q->n, q->split);
             q->off = st->lay.param_offset[i];
             q->s = state_index(st, c, q->off);
             if (q->s == UINT64_MAX)
@@ -105,19 +155,21 @@ int pt_rk_init(pt_store *st, char *err, size_t errlen) {
                                "REKLS: trainable parameter '%s' has no optimizer state slot",
                                m->params[i].name);
             q->aux = c->rk_aux_words;
-            c->rk_aux_words += pt_rekls_aux_words((uint64_t)q->m, (uint64_t)q->n);
+            c->rk_aux_words += q->aux_words;
             st->rk_of[i] = st->n_rk++;
-            uint64_t w = pt_rekls_ws_words((uint64_t)q->m, (uint64_t)q->n);
+            n_split += q->split != 0;
+            uint64_t w = q->split ? 0 : pt_rekls_ws_words((uint64_t)q->m, (uint64_t)q->n);
             if (c->persistent && w > ws_max) ws_max = w;
         }
         c->rk_count = st->n_rk - c->rk_first;
         if (!c->rk_count) continue;
         words += c->rk_aux_words;
         /* zero factors, identity bases: built on the host, copied in */
-        float *img = malloc(sizeof(float) * (size_t)c->rk_aux_words);
+        float *img = calloc((size_t)c->rk_aux_words, sizeof(float));
         if (!img) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
-        for (int r = c->rk_first; r < st->n_rk; r++)
-            pt_rekls_aux_init_host(img + st->rk[r].aux, st->rk[r].m, st->rk[r].n);
+        for (int r = c->rk_first; r < st->n_rk; r++)   /* a split one starts all zero */
+            if (!st->rk[r].split)
+                pt_rekls_aux_init_host(img + st->rk[r].aux, st->rk[r].m, st->rk[r].n);
         int rc = PT_OK;
         size_t bytes = sizeof(float) * (size_t)c->rk_aux_words;
         if (c->persistent) {
@@ -149,6 +201,10 @@ int pt_rk_init(pt_store *st, char *err, size_t errlen) {
             "moments); AdamW on the other %d trainable parameter(s): not 2-D, outside blocks "
             "(embeddings, final norm, head), tied, or a side above %d", st->n_rk,
             (double)words * 4 / 1048576.0, n_adam, PT_REKLS_MAX_DIM);
+    if (n_split)
+        PT_LOGI(st->env.lg, "tensor-parallel REKLS on %d split parameter(s) over a group of %d "
+                "ranks (full matrices stepped on every rank, factors kept in row blocks)",
+                n_split, pt_cs_tp_size(st));
     return PT_OK;
 }
 
@@ -221,6 +277,7 @@ void pt_rk_cpu_chunk(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int fr
             continue;
         }
         const rk_param *q = &st->rk[r];
+        if (q->split) continue;   /* pt_rk_tp_pass steps it */
         float *ws = malloc(sizeof(float) * (size_t)pt_rekls_ws_words((uint64_t)q->m, (uint64_t)q->n));
         char e[256];
         int rc = PT_ERR_HOST_OOM;
@@ -269,6 +326,7 @@ int pt_rk_dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, si
         int r = st->rk_of[i];
         if (r >= 0) {
             const rk_param *q = &st->rk[r];
+            if (q->split) continue;   /* pt_rk_tp_pass stepped it */
             pt_rekls_tensors x = {q->m, q->n, graw, p->dtype, param, out, p->dtype, c->d_m + s,
                                   c->d_v + s, c->rk_aux + q->aux, st->d_rk_ws};
             if ((rc = pt_rekls_step(&la, &h, &x, err, errlen))) return rc;
@@ -314,5 +372,43 @@ int pt_rk_dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, si
         return pt_fail(err, errlen, PT_ERR_BACKEND,
                        "optimizer_step: REKLS eigh did not converge in fp32 nor in fp64 in chunk "
                        "%d (non-finite gradients?)", c->id);
+    return PT_OK;
+}
+
+int pt_rk_tp_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
+    pt_model_v1 *m = st->env.model;
+    pt_rekls_hyper h = hyper(st, lr, gs, st->env.opt->t + 1);
+    pt_rekls_tp tp = {pt_cs_tp_size(st), pt_coll_rank(st->env.coll), 0, pt_rekls_tp_gather_coll,
+                      st->env.coll};
+    for (int r = 0; r < st->n_rk; r++) {
+        const rk_param *q = &st->rk[r];
+        if (!q->split) continue;
+        cs_chunk *c = &st->ch[q->chunk];
+        const pt_param_v1 *p = &m->params[q->param];
+        /* the step's gradient: resident chunks hold it in place (fp32 or 16-bit),
+         * offloaded ones in their fp32 accumulator (always kept with several ranks) */
+        const void *g = c->persistent ? (const void *)((char *)c->d_grad + q->off)
+                                      : (const void *)(c->h_gacc + q->s);
+        int gdt = c->persistent ? p->dtype : PT_F32;
+        char *base = c->persistent ? c->d_param : c->h_param;
+        float *master = c->persistent ? c->d_master : c->h_master;
+        float *param = p->dtype == PT_F32 ? (float *)(base + q->off) : master + q->s;
+        void *out = p->dtype == PT_F32 ? NULL : base + q->off;
+        size_t mn = (size_t)q->m * (size_t)q->n;
+        float *M = c->rk_aux + q->aux, *V = M + mn, *L = V + mn;
+        float *R = L + (size_t)(q->m / tp.P) * (size_t)q->m;
+        float *ws = malloc(sizeof(float) * (size_t)pt_rekls_tp_ws_words((uint64_t)q->m,
+                                                                         (uint64_t)q->n));
+        if (!ws)
+            return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                           "out of host memory for the tensor-parallel REKLS scratch of '%s'",
+                           p->name);
+        tp.split = q->split;
+        char e[512];
+        int rc = pt_rekls_tp_step(&pt_rekls_la_cpu, &h, &tp, q->m, q->n, g, gdt, param, out,
+                                  p->dtype, M, V, L, R, ws, e, sizeof e);
+        free(ws);
+        if (rc) return pt_fail(err, errlen, rc, "optimizer_step: '%s': %s", p->name, e);
+    }
     return PT_OK;
 }

@@ -160,7 +160,7 @@ static int walk(pt_store *st, unsigned char *img, size_t *size, int mode, char *
         int rk = ms->rk_of ? ms->rk_of[i] : -1;
         if (rk >= 0) {   /* REKLS factors, bases, eigenvalues */
             const rk_param *q = &ms->rk[rk];
-            size_t ab = sizeof(float) * (size_t)pt_rekls_aux_words((uint64_t)q->m, (uint64_t)q->n);
+            size_t ab = sizeof(float) * (size_t)q->aux_words;
             if (move && xfer(st, c, img + pos, c->rk_aux + q->aux, ab, to_img)) goto io;
             pos += ab;
         }

@@ -105,10 +105,13 @@ typedef struct cs_chunk {
 typedef struct rk_param {
     int param;                /* root index */
     int chunk;
-    int m, n;                 /* shape[0] x shape[1] */
+    int m, n;                 /* FULL shape: shape[0] x shape[1], times tp_size along a split dim */
+    int split;                /* tensor parallel: 0 = not split (or tp_size 1), 1 rows, 2 columns */
     uint64_t off;             /* byte offset in the chunk */
     uint64_t s;               /* fp32 state index in the chunk (its m / v slots) */
     uint64_t aux;             /* word offset in the chunk's rk_aux */
+    uint64_t aux_words;       /* pt_rekls_aux_words(m, n); split: the factor row blocks
+                                 (m/P x m and n/P x n) of tensor-parallel REKLS */
 } rk_param;
 
 struct pt_store {
@@ -194,6 +197,13 @@ int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen);
 void pt_cs_fini_runtime(pt_store *st);
 void pt_cs_set_pointers(pt_store *st, cs_chunk *c, void *param_base, void *grad_base);
 int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen);
+/* Tensor parallel ([dist] tp_size > 1): the group size, else 1. */
+int pt_cs_tp_size(const pt_store *st);
+/* Tensor-parallel REKLS of every split REKLS parameter, in layout order on the
+ * calling thread (every rank makes the same collectives in the same order), from
+ * the step's final gradients; before the chunks' own steps, which skip them. */
+int pt_rk_tp_pass(pt_store *st, float lr, float gs, char *err, size_t errlen);
+
 /* Squared norms of chunk c's parameters into psq[], from the fp32 accumulator
  * (from_acc) or the staged gradient. */
 void pt_cs_chunk_norms(pt_store *st, cs_chunk *c, int from_acc);
