@@ -132,6 +132,19 @@ for np in 2 4; do
     fi
 done
 
+# The same wired into the plugin ([dist] tp_size = world, weights declared split
+# through pt_param_v1.tp_split by a hook-level host): resident, offloaded and
+# clipped, every rank's shards bit-identical to single-rank REKLS over 5 steps
+# (tests/integ/test_tp_plugin.c).
+for np in 2 4; do
+    if (cd "$tmp" && timeout 180 mpirun --oversubscribe --allow-run-as-root -np $np \
+            "$build/tests/test_tp_plugin") >"$tmp/tpp$np.log" 2>&1; then
+        ok; echo "dist: tensor-parallel REKLS in the plugin on $np ranks: shards bit-identical to single-rank REKLS"
+    else
+        tail -20 "$tmp/tpp$np.log"; bad "tensor-parallel REKLS in the plugin on $np ranks failed"
+    fi
+done
+
 # Control: the step-1 equality above is not trivial: one rank on its own batch
 # (no accumulation) reports another loss, so a wrong batch split would show.
 if "$sh" --config "$tmp/A.ini" "${common[@]}" --steps 1 --grad-accum 1 --metrics "$tmp/c.json" \

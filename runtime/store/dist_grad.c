@@ -42,7 +42,7 @@ int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen) {
         cs_chunk *c = &ms->ch[k];
         if (!c->trainable) continue;
         snprintf(what, sizeof what, "gradient of chunk %d", c->id);
-        for (int r = 0; r < c->lc->n_regions; r++) {
+        for (int r = 0; !tp && r < c->lc->n_regions; r++) {
             const pt_chunk_region *g = &c->lc->regions[r];
             if (c->reg_state[r] == UINT64_MAX) continue;
             size_t n = (size_t)(g->bytes / pt_dtype_size(g->dtype));
@@ -57,7 +57,6 @@ int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen) {
                                "reducing them across ranks is not built yet (fp32 parameters, "
                                "or 16-bit ones in offloaded chunks, are)", c->id);
             }
-            if (tp) continue;
             int rc = pt_coll_allreduce(st->env.coll, buf, n, PT_COLL_F32, scale, what, err,
                                        errlen);
             if (rc) return rc;
