@@ -353,35 +353,47 @@ int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen
 
 /* ---- CPU side of a chunk's gradient ---- */
 
-/* Adam over every trainable region of an offloaded chunk. Runs on a worker. */
-static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc) {
+/* Adam over every trainable region of an offloaded chunk, as one job whose
+ * slices every worker shares (pt_cpu_adam_step_many): g NULL steps it now
+ * (from a worker: the wait runs the job's queued slices itself), else the
+ * runners are queued into g. The regions' args are built here; the job keeps
+ * its own copy. */
+static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, pt_task_group *grp,
+                       const pt_cpu_adam_hooks *h) {
+    pt_cpu_adam_args one, *a = c->lc->n_regions > 1 ? malloc(sizeof *a * (size_t)c->lc->n_regions) : &one;
+    memset(&one, 0, sizeof one);
+    int n = 0;
     for (int r = 0; r < c->lc->n_regions; r++) {
         const pt_chunk_region *g = &c->lc->regions[r];
         if (c->reg_state[r] == UINT64_MAX) continue;
-        uint64_t s = c->reg_state[r], n = g->bytes / pt_dtype_size(g->dtype);
-        pt_cpu_adam_args a;
-        memset(&a, 0, sizeof a);
-        a.n = (size_t)n;
-        a.c = *k;
-        a.m = c->h_m + s;
-        a.v = c->h_v + s;
+        uint64_t s = c->reg_state[r];
+        pt_cpu_adam_args x;
+        memset(&x, 0, sizeof x);
+        x.n = (size_t)(g->bytes / pt_dtype_size(g->dtype));
+        x.c = *k;
+        x.m = c->h_m + s;
+        x.v = c->h_v + s;
         if (from_acc) {
-            a.g = c->h_gacc + s;
-            a.g_dtype = PT_F32;
+            x.g = c->h_gacc + s;
+            x.g_dtype = PT_F32;
         } else {
-            a.g = (char *)c->h_gstage + g->offset;
-            a.g_dtype = g->dtype;
+            x.g = (char *)c->h_gstage + g->offset;
+            x.g_dtype = g->dtype;
         }
         if (g->dtype == PT_F32) {
-            a.p = (float *)((char *)c->h_param + g->offset);
+            x.p = (float *)((char *)c->h_param + g->offset);
         } else {
-            a.p = c->h_master + s;
-            a.out = (char *)c->h_param + g->offset;
-            a.out_dtype = g->dtype;
+            x.p = c->h_master + s;
+            x.out = (char *)c->h_param + g->offset;
+            x.out_dtype = g->dtype;
         }
-        pt_cpu_adam_range(&a, 0, a.n);
+        if (a) a[n++] = x;
+        else pt_cpu_adam_range(&x, 0, x.n);   /* no memory for the list: this thread, same math */
     }
-    (void)st;
+    /* a queueing failure leaves the update complete after the wait (the
+     * runners that could not be queued ran inline), so nothing to report */
+    if (a) pt_cpu_adam_step_many(st->workers, a, n, grp, h, NULL, 0);
+    if (a != &one) free(a);
 }
 
 /* Squared norms per param root, in double, element order (matches a host that
@@ -460,7 +472,7 @@ static void grad_task(void *arg) {
     if (acc) chunk_accumulate(c, c->t_micro == 0);
     int last = c->t_micro == c->t_n_micro - 1;
     if (last && c->t_norm) pt_cs_chunk_norms(st, c, acc);
-    if (last && c->t_step_now) chunk_adam(st, c, &c->t_consts, acc);
+    if (last && c->t_step_now) chunk_adam(st, c, &c->t_consts, acc, NULL, NULL);
     double t1 = pt_now_s();
     if (last) {
         c->t_start = t0;
@@ -703,17 +715,20 @@ static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
     return PT_OK;
 }
 
-/* A CPU step queued by optimizer_step (constants in the chunk: s_consts, s_acc). */
-static void adam_task(void *arg) {
+/* A CPU step queued by optimizer_step: its runners (every worker) start with
+ * the testing delay, and the last one to finish accounts the step's time. */
+static void step_start(void *arg) {
     cs_chunk *c = arg;
     double delay = c->owner->env.cfg->debug_cpu_step_delay;
     if (delay > 0) {   /* testing: widen the window a missing wait would leave */
         struct timespec ts = {(time_t)delay, (long)((delay - (double)(time_t)delay) * 1e9)};
         nanosleep(&ts, NULL);
     }
-    double t0 = pt_now_s();
-    chunk_adam(c->owner, c, &c->s_consts, c->s_acc);
-    add_optim_time(c->owner, pt_now_s() - t0);
+}
+
+static void step_done(void *arg, double t_first, double t_end) {
+    cs_chunk *c = arg;
+    add_optim_time(c->owner, t_end - t_first);
 }
 
 void pt_store_set_profiling(pt_store *st, int on) { st->profiling = on; }
@@ -775,10 +790,11 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         c->owner = st;
         c->s_acc = st->env.sx->n_micro > 1 || st->env.coll;
         step_consts(st, lr, gs, &c->s_consts);
-        if (pt_pool_submit(ms->workers, adam_task, c, defer ? &c->sg : &g, NULL, 0)) {
-            adam_task(c);   /* no task node: step it here */
-            continue;
-        }
+        /* every worker on this chunk, then on the next: the runners of chunk
+         * k are queued ahead of chunk k + 1's, so the chunks finish one by
+         * one in gather order at the rate of all threads */
+        const pt_cpu_adam_hooks h = {step_start, step_done, c};
+        chunk_adam(st, c, &c->s_consts, c->s_acc, defer ? &c->sg : &g, &h);
         c->step_pending = defer;
     }
     for (int k = 0; k < ms->n_chunks; k++) {
