@@ -229,7 +229,9 @@ typedef struct pt_stats_v1 {
     int32_t n_persist, n_buffer, n_swap, n_checkpoint, n_chunk; /* the active plan */
     int32_t mode;             /* 0 = A (resident), 1 = B (replicated offload), 2 = C (sharded) */
     double cpu_optim_s;       /* cumulative seconds of CPU optimizer work (all threads) */
-    double optim_wait_s;      /* cumulative seconds optimizer_step waited for that work */
+    double optim_wait_s;      /* cumulative seconds spent waiting for that work: optimizer_step
+                               * waiting for CPU tasks once the gradient copies were in, and
+                               * uploads waiting for steps deferred into the next forward */
     int64_t recomputes;       /* cumulative recompute_block calls (CKPT) */
     uint64_t swap_bytes;      /* cumulative activation bytes swapped out (SWAP) */
     uint64_t pred_peak;       /* the plan's predicted device peak (0: no plan) */

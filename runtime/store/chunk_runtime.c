@@ -748,7 +748,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         lr = ms->lr_next;
     }
     o->lr = lr;
-    double w0 = pt_now_s();
+    double cpu_wait = 0;   /* this hook's waits for CPU optimizer tasks (not for copies) */
     if (ms->n_offloaded) {
         /* the tasks are waited for even when the copies failed: none may still
          * run when this hook returns */
@@ -756,7 +756,9 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
                      ? pt_fail(err, errlen, PT_ERR_BACKEND,
                                "optimizer_step: stream_sync of the d2h stream failed")
                      : PT_OK;
+        double w0 = pt_now_s();
         int trc = wait_tasks(st, rc ? NULL : err, rc ? 0 : errlen);
+        cpu_wait += pt_now_s() - w0;
         if (rc || trc) return rc ? rc : trc;
         if ((rc = account_hidden(st, err, errlen))) return rc;
     }
@@ -806,10 +808,12 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
             return rc;
         }
     }
+    double w1 = pt_now_s();
     pt_pool_wait(ms->workers, &g);
-    /* what the host waited for CPU work (overlapped tasks, and the steps when not
-     * deferred); the device Adam of persistent chunks runs in the same window */
-    add_defer_wait(ms, pt_now_s() - w0);
+    /* what the host waited for CPU work: the gradient tasks (accumulation, norms,
+     * overlapped steps) once their copies were in, and the steps when not
+     * deferred (deferred ones count where an upload waits for them) */
+    add_defer_wait(ms, cpu_wait + pt_now_s() - w1);
     /* A host computing on its own thread reads the device AdamW's results right
      * after this hook; an ordered host's next work queues behind it anyway. */
     if (!st->env.ordered && OPS(st)->stream_sync(IMPL(st), st->env.s_compute)) {
