@@ -228,7 +228,8 @@ typedef struct pt_stats_v1 {
     int64_t steps;            /* optimizer steps taken */
     int32_t n_persist, n_buffer, n_swap, n_checkpoint, n_chunk; /* the active plan */
     int32_t mode;             /* 0 = A (resident), 1 = B (replicated offload), 2 = C (sharded) */
-    double cpu_optim_s;       /* cumulative seconds of CPU optimizer work (all threads) */
+    double cpu_optim_s;       /* cumulative seconds of CPU optimizer work: per chunk task, its
+                               * wall time (a chunk's step runs on every worker thread) */
     double optim_wait_s;      /* cumulative seconds spent waiting for that work: optimizer_step
                                * waiting for CPU tasks once the gradient copies were in, and
                                * uploads waiting for steps deferred into the next forward */

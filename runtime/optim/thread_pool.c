@@ -127,12 +127,18 @@ static inline void cpu_relax(void) {
 }
 
 /* Poll *x (without the lock) until it differs from `from` or the host clock
- * reaches `until`. The clock is read every 64 polls (a few us of pauses). */
+ * reaches `until`. Every 64 polls (a few us of pauses) the clock is read and
+ * the core offered to any other runnable thread (sched_yield returns at once
+ * when there is none): on an oversubscribed machine the thread we wait for
+ * may be queued on this very core, and a pure spin would delay it. */
 static void spin_until_change(const atomic_size_t *x, size_t from, double until) {
     for (unsigned i = 1;; i++) {
         if (atomic_load_explicit(x, memory_order_acquire) != from) return;
         cpu_relax();
-        if ((i & 63) == 0 && pt_now_s() >= until) return;
+        if ((i & 63) == 0) {
+            if (pt_now_s() >= until) return;
+            sched_yield();
+        }
     }
 }
 

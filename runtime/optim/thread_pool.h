@@ -43,8 +43,12 @@
 typedef struct pt_pool pt_pool;
 
 /* Default idle spin: 100 us, several wake-up latencies, and 1-2% of a core
- * for a pool that gets one burst of work per few milliseconds. */
+ * for a pool that gets one burst of work per few milliseconds. A build may
+ * override it (EXTRA_CFLAGS=-DPT_POOL_SPIN_NS_DEFAULT=0LL: the pool without
+ * spinning, for comparisons). */
+#ifndef PT_POOL_SPIN_NS_DEFAULT
 #define PT_POOL_SPIN_NS_DEFAULT 100000LL
+#endif
 
 /* A waitable set of tasks. Zero-initialise (PT_TASK_GROUP_INIT) before first
  * use; no destroy needed. Fields are private:

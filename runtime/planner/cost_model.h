@@ -42,7 +42,10 @@
  * order through the forward windows j+1, j+2, ..., each window hiding at most
  * its own fwd_s of swap traffic; what is left spills into the turn window.
  * Optimizer: device Adam over persistent trainable elements; CPU Adam over the
- * others. Schedule OVERLAP (no clipping): a chunk's CPU step starts when its
+ * others. The runtime steps offloaded chunks one after another, each spread
+ * over every CPU worker thread, so k chunks' steps take their elements /
+ * cpu_adam_elems_per_s (the profiler measures that rate on chunk-sized jobs
+ * through the same pool, per-chunk dispatch included) whether k is 1 or 100. Schedule OVERLAP (no clipping): a chunk's CPU step starts when its
  * gradient landed (end of the window that copied it) and the CPU works through
  * chunks in that order, so
  *   T_iter = T_fwd + max(T_bwd + T_dev_adam, CPU finish time from bwd start).

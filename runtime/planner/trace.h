@@ -119,7 +119,8 @@ typedef struct pt_trace_chunk {
 typedef struct pt_trace_hw {
     double h2d_Bps;               /* pinned host -> device bytes/s */
     double d2h_Bps;               /* device -> pinned host bytes/s */
-    double cpu_adam_elems_per_s;  /* CPU AdamW, elements/s (all worker threads) */
+    double cpu_adam_elems_per_s;  /* CPU AdamW, elements/s: chunk-sized jobs, each on every
+                                   * worker thread, as the runtime steps offloaded chunks */
     double dev_adam_elems_per_s;  /* device AdamW, elements/s */
     double allreduce_Bps;         /* gradient all-reduce bus bytes/s; 0 = not modelled */
     int32_t copy_engines;         /* 1: H2D and D2H share one engine; 2: one per direction */
