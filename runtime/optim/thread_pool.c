@@ -12,8 +12,8 @@
  * Bounded spin (pt_pool_set_spin): a worker that finds the queue empty, and a
  * waiter whose group's last tasks run elsewhere, first poll an atomic counter
  * for up to spin_ns before sleeping on their condition variable. A futex wake
- * costs 5-50 us (more on a loaded VM), which is a quarter of a 256K-param
- * step; back-to-back steps and chained slice tasks then find the workers
+ * costs 5-50 us (more on a loaded VM), up to half of a 256K-param step on
+ * two threads; back-to-back steps and chained slice tasks then find the workers
  * already running. The decision to sleep is still taken under the mutex after
  * re-checking the queue, so a spinner that gives up cannot miss a submission:
  * every submit enqueues under the mutex first. A submit signals work_cv only

@@ -13,7 +13,9 @@
  *
  * Usage: bench_cpu_adam [size ...]   (default 256K 1M 16M 64M; K = 2^10 params,
  *        M = 2^20, a bare number is M)
- * Env:   PT_BENCH_REPS (default 7, min 5), PT_CPU_ADAM_ISA (scalar|avx2 to narrow).
+ * Env:   PT_BENCH_REPS (default 7, min 5), PT_CPU_ADAM_ISA (scalar|avx2 to narrow),
+ *        PT_BENCH_SPIN_US (the pool's idle spin for the `adam` rows; default the
+ *        pool's own, PT_POOL_SPIN_NS_DEFAULT).
  * Each measure: one warm-up, then the median of REPS timed repeats. A repeat of
  * a small size runs ceil(16M / n) calls back to back and reports the time per
  * call: at 256K one call takes ~0.1 ms, so the in-cache sizes measure exactly
@@ -184,7 +186,7 @@ int main(int argc, char **argv) {
              * 4 adam fp32 with the pool's idle spin off (threads sleep at once:
              * the pool before the spin existed), to show what the spin buys. */
             double med[5];
-            const double spin = pt_pool_get_spin(pool);
+            const double spin = getenv("PT_BENCH_SPIN_US") ? atof(getenv("PT_BENCH_SPIN_US")) * 1e-6 : pt_pool_get_spin(pool);
             triad_arg tr[2] = {{ta, tb, tc, 3.0f, 0}, {ta, tb, tc, 3.0f, use_avx2}};
             for (int r = -1; r < reps && rc == 0; r++) {
                 for (int k = 0; k < 5; k++) {
