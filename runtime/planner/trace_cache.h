@@ -18,7 +18,7 @@
  *     120 u64      FNV-1a 64 of the payload
  *   payload: the trace scalars, then n_block block records, then n_chunk chunk
  *   records, every field in declaration order as u32/i32/u64/i64/f64 (reserved
- *   fields are not stored; a chunk record is 52 bytes).
+ *   fields are not stored; a chunk record is 68 bytes).
  * Writes are atomic: <file>.tmp.<pid>, fsync, rename, fsync of the directory.
  * A missing file is a plain miss; a corrupt, truncated, foreign-key or
  * other-version file is a miss with a warning sentence (never a crash).
@@ -28,8 +28,9 @@
 
 #include "trace.h"
 
-#define PT_TRACE_FILE_VERSION 3u   /* 2: chunk records carry dev_bytes, host_bytes;
-                                      3: the scalars end with calib (4 f64) */
+#define PT_TRACE_FILE_VERSION 4u   /* 2: chunk records carry dev_bytes, host_bytes;
+                                      3: the scalars end with calib (4 f64);
+                                      4: chunk records end with rekls_bytes, rekls_s */
 #define PT_TRACE_HEADER_BYTES 128u
 
 enum { PT_CACHE_MISS = 0, PT_CACHE_HIT = 1 };

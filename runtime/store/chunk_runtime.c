@@ -354,12 +354,18 @@ int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen
 /* ---- CPU side of a chunk's gradient ---- */
 
 /* Adam over every trainable region of an offloaded chunk, as one job whose
- * slices every worker shares (pt_cpu_adam_step_many): g NULL steps it now
+ * slices every worker shares (pt_cpu_adam_step_many): grp NULL steps it now
  * (from a worker: the wait runs the job's queued slices itself), else the
- * runners are queued into g. The regions' args are built here; the job keeps
- * its own copy. */
-static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, pt_task_group *grp,
-                       const pt_cpu_adam_hooks *h) {
+ * runners are queued into grp with hooks h. The regions' args are built here;
+ * the job keeps its own copy. A REKLS chunk (its 2-D block params when that is
+ * the optimizer) is stepped param by param on this thread instead; callers
+ * queue it as one task and pass grp NULL. */
+static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, float lr, float gs,
+                       int64_t step, pt_task_group *grp, const pt_cpu_adam_hooks *h) {
+    if (c->rk_count) {
+        pt_rk_cpu_chunk(st, c, k, from_acc, lr, gs, step);
+        return;
+    }
     pt_cpu_adam_args one, *a = c->lc->n_regions > 1 ? malloc(sizeof *a * (size_t)c->lc->n_regions) : &one;
     memset(&one, 0, sizeof one);
     int n = 0;
@@ -472,7 +478,7 @@ static void grad_task(void *arg) {
     if (acc) chunk_accumulate(c, c->t_micro == 0);
     int last = c->t_micro == c->t_n_micro - 1;
     if (last && c->t_norm) pt_cs_chunk_norms(st, c, acc);
-    if (last && c->t_step_now) chunk_adam(st, c, &c->t_consts, acc, NULL, NULL);
+    if (last && c->t_step_now) chunk_adam(st, c, &c->t_consts, acc, c->t_lr, 1.0f, c->t_k, NULL, NULL);
     double t1 = pt_now_s();
     if (last) {
         c->t_start = t0;
@@ -567,6 +573,8 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     c->t_step_now = last && ms->lr_set && !c->t_norm && !st->env.coll;
     if (c->t_step_now) {
         step_consts(st, ms->lr_next, 1.0f, &c->t_consts);
+        c->t_lr = ms->lr_next;
+        c->t_k = st->env.opt->t + 1;
         c->stepped = 1;
         ms->overlapped = 1;
     }
@@ -672,7 +680,11 @@ static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
     pt_optim_state *o = st->env.opt;
     float bc1, bc2r;
     pt_adamw_bias(o->beta1, o->beta2, o->t + 1, &bc1, &bc2r);
-    for (int r = 0; r < c->lc->n_regions; r++) {
+    if (c->rk_count) {   /* REKLS chunk: param by param */
+        int rc = pt_rk_dev_chunk(st, c, lr, gs, err, errlen);
+        if (rc) return rc;
+    }
+    for (int r = 0; r < c->lc->n_regions && !c->rk_count; r++) {
         const pt_chunk_region *g = &c->lc->regions[r];
         if (c->reg_state[r] == UINT64_MAX) continue;
         uint64_t s = c->reg_state[r], n = g->bytes / pt_dtype_size(g->dtype);
@@ -715,8 +727,10 @@ static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
     return PT_OK;
 }
 
-/* A CPU step queued by optimizer_step: its runners (every worker) start with
- * the testing delay, and the last one to finish accounts the step's time. */
+/* A CPU step queued by optimizer_step (constants in the chunk: s_consts, s_acc,
+ * s_lr, s_gs, s_k): an AdamW chunk's runners (every worker) each start with
+ * the testing delay, and the last one to finish accounts the step's time; a
+ * REKLS chunk is one task (adam_task) doing the same around its step. */
 static void step_start(void *arg) {
     cs_chunk *c = arg;
     double delay = c->owner->env.cfg->debug_cpu_step_delay;
@@ -729,6 +743,14 @@ static void step_start(void *arg) {
 static void step_done(void *arg, double t_first, double t_end) {
     cs_chunk *c = arg;
     add_optim_time(c->owner, t_end - t_first);
+}
+
+static void adam_task(void *arg) {
+    cs_chunk *c = arg;
+    step_start(c);
+    double t0 = pt_now_s();
+    chunk_adam(c->owner, c, &c->s_consts, c->s_acc, c->s_lr, c->s_gs, c->s_k, NULL, NULL);
+    step_done(c, t0, pt_now_s());
 }
 
 void pt_store_set_profiling(pt_store *st, int on) { st->profiling = on; }
@@ -760,6 +782,12 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         int trc = wait_tasks(st, rc ? NULL : err, rc ? 0 : errlen);
         cpu_wait += pt_now_s() - w0;
         if (rc || trc) return rc ? rc : trc;
+        if (ms->rk_failed) {   /* a REKLS step of the last step (deferred) or of this one failed */
+            rc = ms->rk_failed;
+            ms->rk_failed = 0;
+            return pt_fail(err, errlen, rc, "optimizer_step: a REKLS step on the CPU failed (the "
+                           "log names the parameter and the cause)");
+        }
         if ((rc = account_hidden(st, err, errlen))) return rc;
     }
     if (st->env.coll) {
@@ -792,11 +820,21 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         c->owner = st;
         c->s_acc = st->env.sx->n_micro > 1 || st->env.coll;
         step_consts(st, lr, gs, &c->s_consts);
-        /* every worker on this chunk, then on the next: the runners of chunk
-         * k are queued ahead of chunk k + 1's, so the chunks finish one by
-         * one in gather order at the rate of all threads */
-        const pt_cpu_adam_hooks h = {step_start, step_done, c};
-        chunk_adam(st, c, &c->s_consts, c->s_acc, defer ? &c->sg : &g, &h);
+        c->s_lr = lr;
+        c->s_gs = gs;
+        c->s_k = o->t + 1;
+        if (c->rk_count) {
+            if (pt_pool_submit(ms->workers, adam_task, c, defer ? &c->sg : &g, NULL, 0)) {
+                adam_task(c);   /* no task node: step it here */
+                continue;
+            }
+        } else {
+            /* every worker on this chunk, then on the next: the runners of
+             * chunk k are queued ahead of chunk k + 1's, so the chunks finish
+             * one by one in gather order at the rate of all threads */
+            const pt_cpu_adam_hooks h = {step_start, step_done, c};
+            chunk_adam(st, c, &c->s_consts, c->s_acc, lr, gs, c->s_k, defer ? &c->sg : &g, &h);
+        }
         c->step_pending = defer;
     }
     for (int k = 0; k < ms->n_chunks; k++) {
@@ -814,6 +852,12 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
      * overlapped steps) once their copies were in, and the steps when not
      * deferred (deferred ones count where an upload waits for them) */
     add_defer_wait(ms, cpu_wait + pt_now_s() - w1);
+    if (ms->rk_failed) {   /* a CPU REKLS step failed (logged with its cause) */
+        int rc = ms->rk_failed;
+        ms->rk_failed = 0;
+        return pt_fail(err, errlen, rc, "optimizer_step: a REKLS step on the CPU failed (the log "
+                       "names the parameter and the cause)");
+    }
     /* A host computing on its own thread reads the device AdamW's results right
      * after this hook; an ordered host's next work queues behind it anyway. */
     if (!st->env.ordered && OPS(st)->stream_sync(IMPL(st), st->env.s_compute)) {
