@@ -433,6 +433,7 @@ static void measure_adam(pt_rt *rt, const pt_trace *t, int dtype, pt_trace_hw *h
     const uint64_t n_max = (uint64_t)4 << 20;   /* beyond it the rate is DRAM's: no per-chunk cost left */
     if (n == 0) n = (uint64_t)1 << 20;          /* nothing trainable: any size; the rate is unused */
     if (n > n_max) n = n_max;
+    if (dtype != PT_BF16 && dtype != PT_F16) dtype = PT_F32;   /* only these are ever stepped */
     size_t es = dtype == PT_F32 ? 0 : pt_dtype_size(dtype);   /* 16-bit: gradient and copy */
     size_t set_bytes = (size_t)n * (16 + 2 * es);   /* p, m, v fp32 + g (fp32 or 16-bit) + copy */
     size_t cap = (size_t)64 << 20;
