@@ -48,9 +48,6 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     /* Configured features this build does not have: say so now, not mid-run. */
     const char *missing = NULL;
     if (cfg->osft_enabled) missing = "[osft] enabled = true: the OSFT kernel is not built yet";
-    else if (cfg->zero3_shard == 1)
-        missing = "[protrain] zero3_shard = on: mode C (ZeRO-3 sharding) is not built yet; "
-                  "modes A (all resident) and B (replicated offload) are";
     else if (host && host->world_size > 1 && !strcmp(cfg->dist_backend, "nccl"))
         missing = "[dist] backend = nccl: NCCL is not built yet (mpi on the host backend is)";
     else if (host && host->world_size > 1 && !strcmp(cfg->dist_backend, "none"))
@@ -144,6 +141,9 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
         }
         PT_LOGI(&rt->lg, "data parallel: rank %d of %d over MPI (init_method %s, timeout %g s)",
                 host->rank, host->world_size, cfg->init_method, (double)cfg->dist_timeout);
+        /* mode C when asked for; auto_mode may choose it once the plan's pinned
+         * figures are known (plan_rt.c) */
+        rt->shard = cfg->zero3_shard == 1;
     }
     char name[128];
     pt_gpu_device_name(rt->gpu, name, sizeof name);
@@ -283,7 +283,7 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
     if (!rc) {
         pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->gpu, rt->s_compute, rt->s_h2d,
                             rt->s_d2h, rt->model, &rt->opt, rt->sx, recompute_mark, rt,
-                            rt->ordered, rt->skip, rt->coll};
+                            rt->ordered, rt->skip, rt->coll, rt->shard};
         rc = pt_store_create(&env, &rt->kn, modes, rt->swap_done, from_image, &rt->st, err,
                              errlen);
     }

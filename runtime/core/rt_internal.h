@@ -20,6 +20,7 @@ struct pt_rt {
     pt_host_v1 host;
     pt_gpu *gpu;
     pt_coll *coll;            /* data-parallel collectives (world > 1), else NULL */
+    int shard;                /* mode C: offloaded chunks split across the ranks (with coll) */
     pt_stream *s_compute, *s_h2d, *s_d2h;
     pt_model_v1 *model;
     int n_blocks;

@@ -224,11 +224,14 @@ static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
      * host's kernels may still read its previous chunk */
     const pt_gpu_backend *o = OPS(st);
     const char *op = NULL;
+    int src = PT_OK;
     if (o->stream_wait_event(IMPL(st), st->env.s_h2d, ms->slot_free[slot]) ||
         (pt_cs_ord(st, PT_ORD_SLOT) &&
          o->stream_wait_event(IMPL(st), st->env.s_h2d, ms->slot_used[slot])))
         op = "stream_wait_event";
-    else if (pt_gpu_memcpy_async(st->env.gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D,
+    else if (c->sh) {   /* mode C: this rank's part, then the all-gather */
+        if ((src = pt_sh_upload(st, c, dst, err, errlen))) op = "";
+    } else if (pt_gpu_memcpy_async(st->env.gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D,
                                  st->env.s_h2d))
         op = "memcpy";
     else if (o->event_record(IMPL(st), c->ev_up, st->env.s_h2d))
@@ -239,6 +242,7 @@ static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
         pt_bufpool_release(ms->pool, slot, NULL, 0);
         pt_bufpool_invalidate(ms->pool, c->id, NULL, 0);
         c->slot = -1;
+        if (src) return src;   /* its own sentence is in err */
         return pt_fail(err, errlen, PT_ERR_BACKEND, "upload of chunk %d (%llu bytes) failed: %s failed",
                        c->id, (unsigned long long)c->used, op);
     }
@@ -319,6 +323,10 @@ int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen
 
 /* Adam over every trainable region of an offloaded chunk. Runs on a worker. */
 static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc) {
+    if (c->sh) {
+        pt_sh_adam(c, k, from_acc);
+        return;
+    }
     for (int r = 0; r < c->lc->n_regions; r++) {
         const pt_chunk_region *g = &c->lc->regions[r];
         if (c->reg_state[r] == UINT64_MAX) continue;
@@ -352,6 +360,10 @@ static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int 
  * sums g^2 param by param). Reads the gradient the optimizer will use. */
 void pt_cs_chunk_norms(pt_store *st, cs_chunk *c, int from_acc) {
     pt_store *ms = st;
+    if (c->sh) {
+        pt_sh_norms(st, c, from_acc);
+        return;
+    }
     for (int j = 0; j < c->lc->n_params; j++) {
         int root = ms->lay.order[c->lc->first_param + j];
         const pt_param_v1 *p = &st->env.model->params[root];
@@ -379,6 +391,10 @@ void pt_cs_chunk_norms(pt_store *st, cs_chunk *c, int from_acc) {
 
 /* acc (+)= stage, region by region, widening to fp32. */
 static void chunk_accumulate(cs_chunk *c, int first) {
+    if (c->sh) {
+        pt_sh_accumulate(c, first);
+        return;
+    }
     for (int r = 0; r < c->lc->n_regions; r++) {
         const pt_chunk_region *g = &c->lc->regions[r];
         if (c->reg_state[r] == UINT64_MAX) continue;
@@ -492,7 +508,9 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     /* the gradient is complete once the host's backward of this block has run */
     const pt_gpu_backend *o = OPS(st);
     const char *op = NULL;
-    if (pt_cs_ord(st, PT_ORD_GRAD) &&
+    if (c->sh) {   /* mode C: reduce-scatter, then only this rank's part comes back */
+        if ((rc = pt_sh_grad_out(st, c, gsrc, err, errlen))) return rc;
+    } else if (pt_cs_ord(st, PT_ORD_GRAD) &&
         o->stream_wait_event(IMPL(st), st->env.s_d2h, ms->slot_used[c->slot]))
         op = "stream_wait_event";
     else if (pt_gpu_memcpy_async(st->env.gpu, c->h_gstage, gsrc, (size_t)c->used, PT_GPU_D2H,

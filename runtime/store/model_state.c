@@ -12,6 +12,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "coll.h"
 #include "device_ext.h"
 #include "kernels_hd.h"
 #include "store_internal.h"
@@ -114,6 +115,7 @@ static int choose_layout(pt_store *st, char *err, size_t errlen) {
  * never 2 bytes per parameter), exactly as alloc_offloaded allocates them;
  * rounded: each allocation rounded as the pinned arena carves it. */
 static uint64_t pinned_of(const cs_chunk *c, int rounded) {
+    if (c->sh) return pt_sh_pinned(c, rounded);
     uint64_t pb = rounded ? pt_gpu_round_size(c->used) : c->used;
     if (!c->trainable) return pb;                              /* h_param only */
     uint64_t eb = (uint64_t)c->n_state * 4;
@@ -188,16 +190,20 @@ static int alloc_persistent(pt_store *st, cs_chunk *c, char *err, size_t errlen)
 
 static int alloc_offloaded(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     int rc;
-    if ((rc = pt_gpu_pinned_alloc(st->env.gpu, c->used, &c->h_param, err, errlen))) return rc;
-    memset(c->h_param, 0, c->used);
-    if (!c->trainable) return PT_OK;
+    /* sharded: this rank's parts only, the staged gradient in fp32 */
     size_t eb = (size_t)c->n_state * sizeof(float);
-    if ((rc = pt_gpu_pinned_alloc(st->env.gpu, c->used, &c->h_gstage, err, errlen)) ||
+    size_t pb = c->sh ? (size_t)c->sh->p_bytes : (size_t)c->used, gb = c->sh ? eb : pb;
+    if ((rc = pt_gpu_pinned_alloc(st->env.gpu, pb, &c->h_param, err, errlen))) return rc;
+    memset(c->h_param, 0, pb);
+    if (!c->trainable) return PT_OK;
+    if ((rc = pt_gpu_pinned_alloc(st->env.gpu, gb, &c->h_gstage, err, errlen)) ||
         (rc = pt_gpu_pinned_alloc(st->env.gpu, eb, (void **)&c->h_m, err, errlen)) ||
         (rc = pt_gpu_pinned_alloc(st->env.gpu, eb, (void **)&c->h_v, err, errlen)))
         return rc;
     memset(c->h_m, 0, eb);
     memset(c->h_v, 0, eb);
+    /* a part's padding elements are never copied in: they must read as zero */
+    if (c->sh) memset(c->h_gstage, 0, gb);
     if (c->has16) {
         if ((rc = pt_gpu_pinned_alloc(st->env.gpu, eb, (void **)&c->h_master, err, errlen))) return rc;
         memset(c->h_master, 0, eb);
@@ -215,6 +221,7 @@ static int upload_initial(pt_store *st, char *err, size_t errlen) {
         cs_chunk *c = &ms->ch[ms->lay.param_chunk[i]];
         uint64_t off = ms->lay.param_offset[i];
         size_t bytes = (size_t)(pt_param_numel(p) * pt_dtype_size(p->dtype));
+        if (c->sh) continue;   /* below, chunk by chunk */
         if (c->persistent) {
             char e[256];
             if (pt_gpu_memcpy_sync(st->env.gpu, (char *)c->d_param + off, p->init, bytes,
@@ -225,6 +232,8 @@ static int upload_initial(pt_store *st, char *err, size_t errlen) {
             memcpy((char *)c->h_param + off, p->init, bytes);
         }
     }
+    for (int k = 0; k < ms->n_chunks; k++)
+        if (ms->ch[k].sh) pt_sh_init_values(st, &ms->ch[k]);
     return PT_OK;
 }
 
@@ -242,6 +251,9 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
     pt_model_v1 *m = st->env.model;
     pt_store *ms = st;
     ms->n_params = m->n_params;
+    ms->rank = pt_coll_rank(st->env.coll);
+    ms->world = pt_coll_world(st->env.coll);
+    ms->shard = st->env.shard && st->env.coll && ms->world > 1;
     int rc = choose_layout(st, err, errlen);
     if (rc) return rc;
     pt_layout *L = &ms->lay;
@@ -298,6 +310,7 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
         }
         if (c->persistent) ms->n_persist++;
         else ms->n_offloaded++;
+        if (ms->shard && !c->persistent && (rc = pt_sh_setup(st, c, err, errlen))) return rc;
     }
     int nb = st->kn.n_buffer;
     ms->nb_fixed = nb >= 0;
@@ -355,7 +368,8 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
     PT_LOGI(st->env.lg, "memory: persistent chunks %.2f MiB, buffers %.2f MiB on the device; "
                      "pinned host %.2f MiB allocated in %.3f s; mode %s",
             ms->persist_bytes / 1048576.0, ms->buffer_bytes / 1048576.0, pinned / 1048576.0,
-            ms->pin_seconds, ms->n_offloaded ? "B (offload)" : "A (everything resident)");
+            ms->pin_seconds, !ms->n_offloaded ? "A (everything resident)"
+                             : ms->shard ? "C (offload, sharded across the ranks)" : "B (offload)");
     return PT_OK;
 }
 
@@ -440,6 +454,11 @@ int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, 
     }
     cs_chunk *c = &ms->ch[ms->lay.param_chunk[root]];
     uint64_t off = ms->lay.param_offset[root];
+    if (c->sh)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                       "read_param: param %d lies in chunk %d, which mode C splits across the "
+                       "ranks; reading it back would take every rank (save_state writes the "
+                       "whole state)", index, c->id);
     if (c->persistent) {
         /* the device AdamW of the last step may still be queued */
         int rc = pt_cs_ord(st, PT_ORD_STEP) ? pt_store_sync(st, err, errlen) : PT_OK;
@@ -464,7 +483,7 @@ void pt_store_stats(const pt_store *st, pt_stats_v1 *s) {
     s->n_chunk = ms->n_chunks;
     s->n_persist = ms->n_persist;
     s->n_buffer = ms->n_buffer;
-    s->mode = ms->n_offloaded ? 1 : 0;
+    s->mode = ms->n_offloaded ? (ms->shard ? 2 : 1) : 0;
     pthread_mutex_lock(&ms->acct_mu);
     s->cpu_optim_s = ms->cpu_optim_s;
     s->cpu_optim_hidden_s = ms->cpu_hidden_s;
@@ -552,6 +571,7 @@ int pt_store_destroy(pt_store *st, char *err, size_t errlen) {
         pt_gpu_pinned_free(st->env.gpu, c->h_m);
         pt_gpu_pinned_free(st->env.gpu, c->h_v);
         pt_gpu_pinned_free(st->env.gpu, c->h_gacc);
+        pt_sh_free(c);
         free(c->reg_state);
     }
     pt_gpu_free(st->env.gpu, ms->d_gtmp);

@@ -193,7 +193,15 @@ int pt_store_snapshot(pt_store *st, pt_state_image *img, char *err, size_t errle
     img->bytes = n;
     img->step = st->env.opt->t;
     img->has_opt = st->opt_ready;
+    /* mode C: every rank's parts gathered into whole chunks first (a collective:
+     * every rank snapshots at the same point), so the image is the same per
+     * parameter image a single rank writes */
+    if (st->shard && (rc = pt_sh_views_open(st, 1, err, errlen))) {
+        pt_state_image_free(img);
+        return rc;
+    }
     rc = walk(st, img->data, &n, W_SAVE, err, errlen);
+    if (st->shard) pt_sh_views_close(st, 0);
     if (rc) pt_state_image_free(img);
     return rc;
 }
@@ -221,7 +229,11 @@ int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t 
             "model needs %zu (a different model)", img->bytes, need);
     }
     size_t n = img->bytes;
-    if ((rc = walk(st, img->data, &n, W_LOAD, err, errlen))) return rc;
+    /* mode C: whole-chunk views receive the image; this rank keeps its parts */
+    if (st->shard && (rc = pt_sh_views_open(st, 0, err, errlen))) return rc;
+    rc = walk(st, img->data, &n, W_LOAD, err, errlen);
+    if (st->shard) pt_sh_views_close(st, !rc);
+    if (rc) return rc;
     st->env.opt->t = img->step;
     invalidate_slots(st);
     return PT_OK;

@@ -81,6 +81,10 @@ typedef struct pt_store_env {
      * order and scaled by 1/world before clipping and the optimizer; NULL with
      * one rank. */
     struct pt_coll *coll;
+    /* Mode C (with coll): offloaded chunks are split across the ranks, each rank
+     * keeping and stepping only its part (shard.c). Every rank must run the same
+     * knobs. 0: replicated (mode B). */
+    int shard;
 } pt_store_env;
 
 typedef struct pt_store pt_store;
