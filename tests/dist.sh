@@ -4,7 +4,10 @@
 # train like 1 rank with B and --grad-accum 2 (rank r takes batch r of every 2,
 # which are the 1-rank run's micro-batches 0 and 1), with clipping on, in
 #   mode A: every chunk resident ([protrain] force_all_persistent = true);
-#   mode B: chunks streamed, CPU Adam on offloaded chunks (n_persist = 0).
+#   mode B: chunks streamed, CPU Adam on offloaded chunks (n_persist = 0);
+#   mode C: as B with zero3_shard = on (each rank keeps, reduces and steps only
+#           its part of every offloaded chunk); CS: mode C with one SWAP and one
+#           CKPT block. One rank runs them as mode B (sharding needs ranks).
 # Checked per run pair:
 #   - step 1's loss is bit-identical (the batches and the loss all-reduce are
 #     exact: the loss precedes any update);
@@ -15,8 +18,13 @@
 #     finished per-rank gradients (g1 + (a1 + a2 + ...)); measured ~4e-9.
 #     Offloaded chunks are summed the same way on both sides (fp32 accumulator,
 #     rank order), so mode B differs only through its resident chunks;
-#   - metrics carry "world" (1 / 2) and "mode" ("A" / "B"), and only rank 0
+#   - metrics carry "world" (1 / 2) and "mode" ("A" / "B" / "C"), and only rank 0
 #     writes them.
+# Mode C against mode B, both 2 ranks: every loss bit-identical (the
+# reduce-scatter forms each part with the all-reduce's rank-order sum, and AdamW
+# is elementwise; the clipping norm's per-rank partial sums are in double, so the
+# fp32 clip factor comes out the same), and rank 0's pinned bytes at most half of
+# mode B's plus one chunk (the parts' padding), and below mode B's.
 # And a dead rank: with [dist] debug_hang_rank = 1 and timeout = 2, rank 0 must
 # exit non-zero within 20 s with an error naming rank 1 (not hang).
 set -u
@@ -52,13 +60,17 @@ base_ini "$tmp/A.ini" 'force_all_persistent = true'
 base_ini "$tmp/B.ini" 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swap = 0\nn_checkpoint = 0\nchunk_size = 16384'
 # AT: mode A with the MLPs in 3 tiles on every rank (TiledMLP composes with ranks)
 base_ini "$tmp/AT.ini" 'force_all_persistent = true'
+base_ini "$tmp/C.ini" 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swap = 0\nn_checkpoint = 0\nchunk_size = 16384\nzero3_shard = on'
+base_ini "$tmp/CS.ini" 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swap = 1\nn_checkpoint = 1\nchunk_size = 16384\nzero3_shard = on'
+base_ini "$tmp/BS.ini" 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swap = 1\nn_checkpoint = 1\nchunk_size = 16384'
 printf '[tiled_mlp]\nenabled = true\ntiles = 3\n' >> "$tmp/AT.ini"
 
 # field value of every line: jf FILE KEY
 jf() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
 
-for mode in A B AT; do
+for mode in A B AT C CS BS; do
     want=${mode:0:1}   # the execution mode the plugin must report
+    want1=$want; [ "$want" = C ] && want1=B   # one rank cannot shard
     m1="$tmp/$mode.1.json"; m2="$tmp/$mode.2.json"
     if ! "$sh" --config "$tmp/$mode.ini" "${common[@]}" --grad-accum 2 --metrics "$m1" \
             >"$tmp/$mode.1.log" 2>&1; then
@@ -70,7 +82,7 @@ for mode in A B AT; do
     fi
     [ "$(jf "$m1" world | sort -u)" = 1 ] && [ "$(jf "$m2" world | sort -u)" = 2 ] && ok ||
         bad "mode $mode: world fields are '$(jf "$m1" world | sort -u)' / '$(jf "$m2" world | sort -u)', want 1 / 2"
-    [ "$(jf "$m2" mode | sort -u)" = "\"$want\"" ] && [ "$(jf "$m1" mode | sort -u)" = "\"$want\"" ] && ok ||
+    [ "$(jf "$m2" mode | sort -u)" = "\"$want\"" ] && [ "$(jf "$m1" mode | sort -u)" = "\"$want1\"" ] && ok ||
         bad "mode $mode: the plugin ran mode '$(jf "$m2" mode | sort -u)' (2 ranks) / '$(jf "$m1" mode | sort -u)' (1 rank)"
     [ "$(wc -l < "$m2")" = 6 ] && ok || bad "mode $mode: rank 0's metrics have $(wc -l < "$m2") lines, want 6 (one writer)"
     l1=$(jf "$m1" loss | tr '\n' ' '); l2=$(jf "$m2" loss | tr '\n' ' ')
@@ -85,6 +97,28 @@ for mode in A B AT; do
         ok; echo "dist: mode $mode: 2 ranks vs 1 rank x grad-accum 2: step 1 bit-identical, max relative loss difference $res over 6 steps"
     else
         bad "mode $mode: losses differ by $res (relative), more than 1e-6: 1 rank: $l1 / 2 ranks: $l2"
+    fi
+done
+
+# Mode C against mode B on 2 ranks: the same losses bit for bit, half the pinned bytes.
+S=16384   # chunk_size above: the padding allowance
+for pair in "C B" "CS BS"; do
+    set -- $pair
+    mc="$tmp/$1.2.json"; mb="$tmp/$2.2.json"
+    [ -s "$mc" ] && [ -s "$mb" ] || { bad "mode $1 vs $2: a 2-rank run above failed"; continue; }
+    if [ "$(jf "$mc" loss)" = "$(jf "$mb" loss)" ]; then
+        ok; echo "dist: mode $1 vs mode $2 (2 ranks): all 6 losses bit-identical"
+    else
+        bad "mode $1 vs $2: losses differ: C: $(jf "$mc" loss | tr '\n' ' ') / B: $(jf "$mb" loss | tr '\n' ' ')"
+    fi
+    pc=$(jf "$mc" pinned_bytes | tail -1); pb=$(jf "$mb" pinned_bytes | tail -1)
+    # the SWAP pool holds this rank's own activations, the same in B and C: the
+    # bound is on the model states (BS - B measures the pool)
+    pool=0; [ "$2" = BS ] && pool=$(( $(jf "$mb" pinned_bytes | tail -1) - $(jf "$tmp/B.2.json" pinned_bytes | tail -1) ))
+    if [ -n "$pc" ] && [ -n "$pb" ] && [ "$pc" -lt "$pb" ] && [ $((pc - pool)) -le $(((pb - pool) / 2 + S)) ]; then
+        ok; echo "dist: mode $1 pinned bytes per rank $pc vs mode $2 $pb (swap pool $pool; states $((pc - pool)) <= $((pb - pool))/2 + $S)"
+    else
+        bad "mode $1 pinned bytes '$pc' vs mode $2 '$pb' (swap pool $pool): want < $2's and states <= $2's/2 + $S"
     fi
 done
 
