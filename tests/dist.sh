@@ -43,7 +43,7 @@ fail=0; pass=0
 bad() { echo "dist: FAIL: $*"; fail=1; }
 ok() { pass=$((pass + 1)); }
 tmp=$(mktemp -d /tmp/test_dist.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
+trap '[ -n "${PT_KEEP:-}" ] || rm -rf "$tmp"' EXIT
 sh="$build/sample_host"; plug="$build/protrain_plugin.so"
 mpi=(mpirun --oversubscribe --allow-run-as-root -np 2)
 common=(--layers 2 --heads 2 --channels 32 --vocab 256 --seq 16 --batch 2 --steps 6
@@ -121,6 +121,40 @@ for pair in "C B" "CS BS"; do
         bad "mode $1 pinned bytes '$pc' vs mode $2 '$pb' (swap pool $pool): want < $2's and states <= $2's/2 + $S"
     fi
 done
+
+# auto_mode with 2 ranks (zero3_shard = auto): A when the model fits the device;
+# B when it does not and the replicated offloaded state fits the pinned budget
+# (the plan says why, with the bytes per rank); a budget nothing fits fails on
+# every rank with the pinned bytes per rank of mode C and of mode B.
+# B and the failure fix n_persist (a knob still overrides auto_mode's "A when it
+# fits"): on this small model every chunk fits the default device.
+auto_ini() {   # $1 file, $2 pinned_budget line, $3 [protrain] line
+    printf '[plugin]\nbackend = host\nlog_level = info\n[memory]\n%b\n[protrain]\nchunk_size = 16384\n%b\n' "$2" "$3" > "$1"
+    printf '[optimizer]\ncpu_threads = 1\n[dist]\ntimeout = 20\n' >> "$1"
+}
+auto_ini "$tmp/autoA.ini" '' ''
+auto_ini "$tmp/autoB.ini" 'pinned_budget = 1 MiB' 'n_persist = 2'
+auto_ini "$tmp/autoX.ini" 'pinned_budget = 50 KiB' 'n_persist = 0'
+acommon=(); for a in "${common[@]}"; do [ "$a" = --quiet ] || acommon+=("$a"); done   # the plan is logged
+for m in A B; do
+    if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/auto$m.ini" "${acommon[@]}" --steps 2 \
+            --metrics "$tmp/auto$m.json") >"$tmp/auto$m.log" 2>&1; then
+        [ "$(jf "$tmp/auto$m.json" mode | sort -u)" = "\"$m\"" ] && ok ||
+            bad "auto_mode: ran mode $(jf "$tmp/auto$m.json" mode | sort -u), want $m"
+        grep -q "auto_mode: $m, " "$tmp/auto$m.log" && ok ||
+            { grep -A1 "execution mode" "$tmp/auto$m.log"; bad "auto_mode: the plan does not say why mode $m"; }
+    else
+        tail -5 "$tmp/auto$m.log"; bad "auto_mode: the run expected to pick mode $m failed"
+    fi
+done
+grep -h "auto_mode: B, " "$tmp/autoB.log" | head -1 | sed 's/^.*auto_mode/dist: auto_mode/'
+if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/autoX.ini" "${acommon[@]}" --steps 2) \
+        >"$tmp/autoX.log" 2>&1; then
+    bad "auto_mode: a 50 KiB pinned budget trained anyway"
+else
+    n=$(grep -c "rank [01]: error: .*need [0-9]* bytes (this rank's parts in mode C, split over 2 ranks; replicated on every rank, mode B, they would need [0-9]*)" "$tmp/autoX.log")
+    [ "$n" = 2 ] && ok || { tail -4 "$tmp/autoX.log"; bad "auto_mode: with nothing fitting, $n of 2 ranks named the bytes of modes B and C"; }
+fi
 
 # Control: the step-1 equality above is not trivial: one rank on its own batch
 # (no accumulation) reports another loss, so a wrong batch split would show.

@@ -141,9 +141,6 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
         }
         PT_LOGI(&rt->lg, "data parallel: rank %d of %d over MPI (init_method %s, timeout %g s)",
                 host->rank, host->world_size, cfg->init_method, (double)cfg->dist_timeout);
-        /* mode C when asked for; auto_mode may choose it once the plan's pinned
-         * figures are known (plan_rt.c) */
-        rt->shard = cfg->zero3_shard == 1;
     }
     char name[128];
     pt_gpu_device_name(rt->gpu, name, sizeof name);
@@ -202,7 +199,12 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     rt->kn.n_swap = rt->cfg.n_swap;
     rt->kn.n_checkpoint = rt->cfg.n_checkpoint;
     rt->kn.source = rt->cfg.force_all_persistent ? "force_all_persistent" : "INI";
+    /* mode C when asked for (several ranks only) */
+    rt->shard = rt->coll && rt->cfg.zero3_shard == 1;
     if (pt_rt_wants_profile(rt)) {
+        /* auto_mode may pick C after the search: profile sharded, which needs
+         * the least pinned memory (the profile records the replicated figures) */
+        if (pt_rt_auto_shard(rt)) rt->shard = 1;
         /* bootstrap: stream every chunk through the minimal pool, checkpoint every
          * block — what fits if anything does, so profiling itself never OOMs
          * where a plan exists */

@@ -78,6 +78,8 @@ int pt_rt_tiles_auto_search(pt_rt *rt, const struct pt_trace *t, double prof_s, 
 
 /* plan_rt.c */
 int pt_rt_wants_profile(const pt_rt *rt);
+/* Several ranks, auto_mode and zero3_shard = auto: the search picks B or C. */
+int pt_rt_auto_shard(const pt_rt *rt);
 void pt_rt_calibrate(pt_rt *rt);
 int pt_rt_replan_for_optimizer(pt_rt *rt, int clip, char *err, size_t errlen);
 void pt_rt_plan_free(pt_rt *rt);

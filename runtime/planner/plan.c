@@ -173,6 +173,7 @@ char *pt_plan_text(const pt_plan *p) {
     else
         sb_printf(&b, "unlimited\n");
     sb_printf(&b, "  execution mode   %s\n", p->exec_mode < 0 ? "not decided (auto)" : mode_name(p->exec_mode));
+    if (p->mode_why[0]) sb_printf(&b, "                   %s\n", p->mode_why);
     if (p->n_alt > 0) sb_printf(&b, "  runner-ups\n");
     for (int i = 0; i < p->n_alt; i++) {
         const pt_plan_alt *a = &p->alt[i];
@@ -263,6 +264,8 @@ char *pt_plan_json(const pt_plan *p) {
     JD("cpu_finish_s", c->cpu_finish_s);
     sb_printf(&b, ",\n  \"optimizer_schedule\": \"%s\"", c->schedule == PT_SCHED_AFTER_BWD ? "after_backward" : "overlapped");
     sb_printf(&b, ",\n  \"exec_mode\": \"%s\"", mode_name(p->exec_mode));
+    sb_printf(&b, ",\n  \"exec_mode_why\": ");
+    json_str(&b, p->mode_why);
     sb_printf(&b, ",\n  \"mlp_tiles\": %lld, \"mlp_tile_len\": %lld", (long long)p->mlp_tiles,
               (long long)p->mlp_tile_len);
     JI("world_size", p->world_size);

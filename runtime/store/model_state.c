@@ -160,10 +160,23 @@ static int check_pinned(pt_store *st, uint64_t need, char *err, size_t errlen) {
      * backend does not lock), so it is reported, not enforced. */
     uint64_t eff = budget ? budget : avail / 10 * 9;
     if (need > eff || (avail && need > avail)) {
-        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "pinned host memory: the offloaded chunks need %llu bytes, but the budget is %llu "
+        /* mode C: also what mode B (replicated) would need per rank */
+        char alt[160] = "";
+        if (st->shard) {
+            uint64_t rep = 0;
+            for (int k = 0; k < st->n_chunks; k++) {
+                const cs_chunk *c = &st->ch[k];
+                if (c->sh)
+                    rep += c->trainable ? 2 * c->used + 2 * 4 * c->sh->n_state_full : c->used;
+            }
+            snprintf(alt, sizeof alt, " (this rank's parts in mode C, split over %d ranks; "
+                     "replicated on every rank, mode B, they would need %llu)", st->world,
+                     (unsigned long long)rep);
+        }
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "pinned host memory: the offloaded chunks need %llu bytes%s, but the budget is %llu "
             "(pinned_budget = %s), MemAvailable is %llu and RLIMIT_MEMLOCK is %s; lower "
             "offload (raise n_persist / device_capacity) or raise [memory] pinned_budget",
-            (unsigned long long)need, (unsigned long long)eff, budget ? "set" : "auto: 90% of "
+            (unsigned long long)need, alt, (unsigned long long)eff, budget ? "set" : "auto: 90% of "
             "MemAvailable", (unsigned long long)avail, lim);
     }
     return PT_OK;
@@ -512,6 +525,15 @@ void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out
     out->mandatory = c->lc->mandatory_persistent || c->lc->oversize;
     out->dev_bytes = pt_ms_chunk_dev_bytes(c);
     out->host_bytes = pt_ms_chunk_host_bytes(c);
+    if (c->sh) {
+        /* the replicated figure (what mode B would pin): the planner divides it
+         * by the ranks itself when it weighs mode C */
+        uint64_t eb = c->sh->n_state_full * 4;
+        out->host_bytes = c->trainable ? 2 * c->used + 2 * eb : c->used;
+        out->n_state = c->sh->n_state_full;
+    }
+    /* several ranks: the fp32 gradient sum is always kept (pt_store_pre_step) */
+    if (st->env.coll && c->trainable) out->host_bytes += 4 * out->n_state;
 }
 
 int pt_store_borrow_slot(pt_store *st, void **dev, uint64_t *bytes) {
