@@ -371,26 +371,90 @@ uint64_t pt_layout_waste(const pt_layout *l) {
     return w;
 }
 
+/*
+ * The execution order the hook contract fixes, as first-use ranks: forward runs
+ * block 0, 1, ..., n-1 (hooks out of that order are refused), so a block's params
+ * are first used in block-index order whatever order the host declared them in.
+ * Non-block params cannot be observed (the host uses them between any hooks) and
+ * keep their declaration index. The blocks are given the declaration keys the
+ * blocks had, sorted, in block-index order: block b gets D[b'] where D is the
+ * ascending list of each block's first declaration index and b' is b's rank among
+ * blocks that own params. Non-block params therefore keep their place between the
+ * block units, and a host that declares blocks in order gets exactly the
+ * declaration-order layout. Example: blocks declared 0,2,1,3 with first indices
+ * 1,3,5,7 get keys 1,3,5,7 for blocks 0,1,2,3 (declaration order would give block
+ * 2 the key 3 and pack it before block 1, so a forward would switch chunks
+ * 0 -> 2 -> 1 -> 3 and gather a chunk twice).
+ */
+static int contract_order(const pt_model_v1 *m, int32_t *ord, char *err, size_t errlen) {
+    int32_t n = m->n_params, nb = m->n_blocks > 0 ? m->n_blocks : 0;
+    int32_t *first = malloc(((size_t)nb + 1) * sizeof *first);
+    int32_t *sorted = malloc(((size_t)nb + 1) * sizeof *sorted);
+    if (!first || !sorted) {
+        free(first);
+        free(sorted);
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    }
+    for (int32_t b = 0; b < nb; b++) first[b] = -1;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t b = m->params[i].block;
+        if (b >= 0 && b < nb && first[b] < 0) first[b] = i;
+    }
+    int32_t k = 0;
+    for (int32_t b = 0; b < nb; b++)
+        if (first[b] >= 0) sorted[k++] = first[b];
+    /* insertion sort: the first indices are distinct and usually already sorted */
+    for (int32_t a = 1; a < k; a++) {
+        int32_t v = sorted[a], j = a - 1;
+        for (; j >= 0 && sorted[j] > v; j--) sorted[j + 1] = sorted[j];
+        sorted[j + 1] = v;
+    }
+    /* first[b] becomes block b's key: the rank-th smallest first index */
+    for (int32_t b = 0, r = 0; b < nb; b++)
+        if (first[b] >= 0) first[b] = sorted[r++];
+    for (int32_t i = 0; i < n; i++) {
+        int32_t b = m->params[i].block;
+        ord[i] = (b >= 0 && b < nb) ? first[b] : i;
+    }
+    free(first);
+    free(sorted);
+    return PT_OK;
+}
+
 int pt_layout_params_from_model(const pt_model_v1 *m, const int32_t *exec_order,
                                 pt_layout_param *p, char *err, size_t errlen) {
     if (!m || !p || m->n_params < 0 || (m->n_params > 0 && !m->params)) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "chunk layout: NULL or empty model descriptor");
+    }
+    int32_t *own = NULL;
+    if (!exec_order && m->n_params > 0) {
+        if (!(own = malloc((size_t)m->n_params * sizeof *own)))
+            return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+        int rc = contract_order(m, own, err, errlen);
+        if (rc) {
+            free(own);
+            return rc;
+        }
+        exec_order = own;
     }
     for (int32_t i = 0; i < m->n_params; i++) {
         const pt_param_v1 *q = &m->params[i];
         const char *nm = q->name ? q->name : "?";
         uint32_t es = dtype_size(q->dtype);
         if (!es) {
+            free(own);
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                            "param %d (%s): unknown dtype %d", (int)i, nm, (int)q->dtype);
         }
         if (q->ndim < 1 || q->ndim > 4) {
+            free(own);
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                            "param %d (%s): ndim %d outside 1..4", (int)i, nm, (int)q->ndim);
         }
         uint64_t numel = 1;
         for (int32_t d = 0; d < q->ndim; d++) {
             if (q->shape[d] <= 0 || (uint64_t)q->shape[d] > (UINT64_MAX / 8) / numel) {
+                free(own);
                 return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                                "param %d (%s): shape[%d] = %lld is not positive or "
                                "the size overflows", (int)i, nm, (int)d, (long long)q->shape[d]);
@@ -403,8 +467,9 @@ int pt_layout_params_from_model(const pt_model_v1 *m, const int32_t *exec_order,
         p[i].block = q->block;
         p[i].tie = q->tie;
         p[i].trainable = q->trainable != 0;
-        p[i].exec_order = exec_order ? exec_order[i] : i;
+        p[i].exec_order = exec_order[i];
     }
+    free(own);
     return PT_OK;
 }
 

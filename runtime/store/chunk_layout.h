@@ -3,8 +3,10 @@
  * S_chunk. Pure logic: no device, no threads.
  *
  * Placement rules:
- *  - Placement follows execution order (exec_order, first use in the profiled step;
- *    declaration order breaks ties). exec_order < 0 means "not observed": such
+ *  - Placement follows execution order (exec_order: first use; declaration order
+ *    breaks ties). The hook contract fixes the blocks' order of first use (forward
+ *    runs blocks 0..n-1), so without an explicit order blocks go in index order
+ *    whatever order the host declared them in (pt_layout_params_from_model). exec_order < 0 means "not observed": such
  *    params go after every observed one, in declaration order.
  *  - A block's params are one unit, kept contiguous and placed at the position of
  *    the block's earliest-used param. Before a block whose params do not fit in the
@@ -112,7 +114,9 @@ uint64_t pt_layout_waste(const pt_layout *l);
 
 /*
  * Fill p[i] from the host's descriptors: bytes = prod(shape) * elem_size(dtype).
- * exec_order: per-param first-use rank from the profiler, or NULL (declaration order).
+ * exec_order: per-param first-use rank, or NULL for the order the hook contract
+ * fixes (blocks in index order, non-block params in declaration order; a host
+ * that declares its blocks in order gets the declaration order).
  */
 int pt_layout_params_from_model(const pt_model_v1 *m, const int32_t *exec_order,
                                 pt_layout_param *p, char *err, size_t errlen);

@@ -464,6 +464,59 @@ static void test_from_model(void **st) {
     assert_non_null(strstr(err, "param 1 (b)"));
 }
 
+/* Chunk loads of one forward pass with a single buffer slot: a block whose first
+ * chunk differs from the previous block's last one loads its chunks again. */
+static int forward_loads(const pt_layout *L, int nb) {
+    int loads = 0, cur = -1;
+    for (int b = 0; b < nb; b++) {
+        int c0 = L->block_chunk_first[b], c1 = L->block_chunk_last[b];
+        if (c0 < 0) continue;
+        loads += (c0 != cur) + (c1 - c0);
+        cur = c1;
+    }
+    return loads;
+}
+
+/* A host that declares its blocks out of use order (0, 2, 1, 3: say, grouped by
+ * parity) gets the layout of the order the hooks run them in when no exec_order
+ * is given; the explicit declaration order (identity ranks) is the negative
+ * control: it packs blocks 0 and 2 together and a forward loads 4 chunks, not 2. */
+static void test_contract_order(void **st) {
+    (void)st;
+    enum { N = 6 };
+    static const int blk[N] = {-1, 0, 2, 1, 3, -1};
+    pt_param_v1 mp[N];
+    for (int i = 0; i < N; i++)
+        mp[i] = (pt_param_v1){.name = "p", .dtype = PT_F32, .ndim = 1, .shape = {256},
+                              .block = blk[i], .trainable = 1, .tie = -1};
+    pt_model_v1 m = {.struct_size = sizeof m, .n_params = N, .params = mp, .n_blocks = 4};
+    pt_layout_param p[N];
+    char err[256] = "";
+    pt_layout L;
+    assert_int_equal(pt_layout_params_from_model(&m, NULL, p, err, sizeof err), PT_OK);
+    assert_int_equal(pt_layout_build(p, N, 4, 2048, &L, err, sizeof err), PT_OK);
+    for (int b = 1; b < 4; b++)
+        assert_true(L.block_chunk_first[b] >= L.block_chunk_last[b - 1]);
+    assert_int_equal(forward_loads(&L, 4), 2);
+    /* the non-block params keep their places: first and last chunk */
+    assert_int_equal(L.param_chunk[0], 0);
+    assert_int_equal(L.param_chunk[5], L.n_chunks - 1);
+    pt_layout_free(&L);
+
+    int32_t decl[N];
+    for (int i = 0; i < N; i++) decl[i] = i;
+    assert_int_equal(pt_layout_params_from_model(&m, decl, p, err, sizeof err), PT_OK);
+    assert_int_equal(pt_layout_build(p, N, 4, 2048, &L, err, sizeof err), PT_OK);
+    assert_int_equal(forward_loads(&L, 4), 4);
+    pt_layout_free(&L);
+
+    /* blocks declared in order: the contract order is the declaration order */
+    static const int blk2[N] = {-1, 0, 1, 2, 3, -1};
+    for (int i = 0; i < N; i++) mp[i].block = blk2[i];
+    assert_int_equal(pt_layout_params_from_model(&m, NULL, p, err, sizeof err), PT_OK);
+    for (int i = 0; i < N; i++) assert_int_equal(p[i].exec_order, i);
+}
+
 /* Sizing 1: 24 blocks of {4K, 1K}; grid 4K..16K (lo = pow2ceil(4K), hi = 2*pow2ceil(5K)).
  *  4K: a block is [4K][1K + 3K slack] -> 48 chunks, waste 24*3K - 3K (tail) = 69K
  *  8K: one 5K block per chunk -> 24 chunks, waste 23*3K = 69K
@@ -566,6 +619,7 @@ int main(void) {
         cmocka_unit_test(test_regions),           cmocka_unit_test(test_ties),
         cmocka_unit_test(test_tie_chain_long),    cmocka_unit_test(test_errors),
         cmocka_unit_test(test_random_invariants), cmocka_unit_test(test_from_model),
+        cmocka_unit_test(test_contract_order),
         cmocka_unit_test(test_size_least_waste),  cmocka_unit_test(test_size_tie_smaller),
         cmocka_unit_test(test_size_min_chunks),   cmocka_unit_test(test_size_scales),
     };
