@@ -44,11 +44,6 @@ int sh_dist_setup(sh_config *c, char *err, size_t errlen) {
                  "--no-plugin trains one rank only", w);
         return -1;
     }
-    if (c->resume || c->checkpoint_dir[0]) {
-        snprintf(err, errlen, "checkpoint generations and --resume are not built for %d ranks "
-                 "yet (--save at the end is: rank 0 writes it)", w);
-        return -1;
-    }
     if (r > 0) {
         /* the state is replicated on every rank: rank 0 speaks for all of them */
         c->quiet = 1;

@@ -249,6 +249,19 @@ static void file_path(pt_store *st, const char *dir, char *buf, size_t len) {
     snprintf(buf, len, "%s/protrain_state_rank%d.bin", dir, st->env.host->rank);
 }
 
+/* The file a rank loads: its own; a rank the saving run did not have (more ranks
+ * now) reads rank 0's. Every file holds the whole per-parameter image (modes A
+ * and B replicate it, mode C gathers it before writing), so any of them restores
+ * any rank under any world size and mode. Sets *from to the rank read. */
+static void load_path(pt_store *st, const char *dir, char *buf, size_t len, int *from) {
+    *from = st->env.host->rank;
+    file_path(st, dir, buf, len);
+    if (*from > 0 && access(buf, F_OK) != 0 && errno == ENOENT) {
+        *from = 0;
+        snprintf(buf, len, "%s/protrain_state_rank0.bin", dir);
+    }
+}
+
 /* A save killed between creating its temp file and the rename leaves
  * <file>.tmp.<pid> behind. Before writing, remove those of this rank's file
  * whose writer is gone (kill(pid, 0) says no such process); a live writer's
@@ -342,15 +355,16 @@ int pt_store_save(pt_store *st, const char *dir, char *err, size_t errlen) {
 
 /* Values a checksummed header may still hold that this run cannot use (a file
  * written by a buggy or foreign writer): refused before anything is restored. */
-static int check_header(pt_store *st, const st_header *h, const char *path, char *err,
-                        size_t errlen) {
+static int check_header(pt_store *st, const st_header *h, const char *path, int from,
+                        char *err, size_t errlen) {
     if (h->n_params != (uint32_t)st->env.model->n_params)
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s holds a model with %u parameters, this one has %d", path,
                        h->n_params, st->env.model->n_params);
-    if (h->rank != (uint32_t)st->env.host->rank || h->world_size != (uint32_t)running_world(st))
-        return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s was saved by rank %u of %u; "
-                       "this is rank %d of %d", path, h->rank, h->world_size,
-                       st->env.host->rank, running_world(st));
+    /* the file of another rank by name would be a copy gone wrong; another world
+     * size is fine (the image is per parameter) */
+    if (h->rank != (uint32_t)from || h->world_size < 1 || h->rank >= h->world_size)
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s says it was saved by rank %u "
+                       "of %u, but its name is rank %d's", path, h->rank, h->world_size, from);
     if (h->step < 0)
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s has step %lld; a step count "
                        "must be >= 0", path, (long long)h->step);
@@ -384,7 +398,8 @@ int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "load_state: no directory given");
     }
     char path[1024];
-    file_path(st, dir, path, sizeof path);
+    int from = 0;
+    load_path(st, dir, path, sizeof path, &from);
     FILE *f = fopen(path, "rb");
     if (!f) {
         return pt_fail(err, errlen, PT_ERR_IO, "load_state: cannot open %s: %s", path, strerror(errno));
@@ -413,7 +428,7 @@ int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
     } else if (file_checksum(&h, img.data, h.payload_bytes) != h.checksum) {
         rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is corrupt (checksum mismatch over its header and payload)", path);
     } else {
-        rc = check_header(st, &h, path, err, errlen);
+        rc = check_header(st, &h, path, from, err, errlen);
     }
     fclose(f);
     if (!rc) rc = ready(st, "load_state", 1, err, errlen);
@@ -426,7 +441,9 @@ int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
     pt_state_image_free(&img);
     if (!rc) {
         warn_hparams(st, &h, path);
-        PT_LOGI(st->env.lg, "state loaded from %s (step %lld)", path, (long long)h.step);
+        PT_LOGI(st->env.lg, "state loaded from %s (step %lld; saved by rank %u of %u, this is "
+                            "rank %d of %d)", path, (long long)h.step, h.rank, h.world_size,
+                st->env.host->rank, running_world(st));
     }
     return rc;
 }
