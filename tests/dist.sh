@@ -156,6 +156,62 @@ else
     [ "$n" = 2 ] && ok || { tail -4 "$tmp/autoX.log"; bad "auto_mode: with nothing fitting, $n of 2 ranks named the bytes of modes B and C"; }
 fi
 
+# Resume across ranks and modes: 2 ranks in mode C save a generation at step 10
+# of 20 (--stop-after 10); it is resumed (a) by 1 rank with --grad-accum 2 in
+# mode B and (b) by 2 ranks in mode B. Steps 11-20 must continue the losses of
+# the uninterrupted 2-rank mode C run: (b) bit-identical (mode B and C compute
+# the same bits), (a) step 11 bit-identical and within 1e-6 relative after (the
+# accumulation order of 1 rank, as above). And (c): a generation saved by 1 rank
+# (mode B) resumes on 2 ranks in mode C (rank 1 reads rank 0's state file),
+# against the uninterrupted 1-rank run, within 1e-6.
+rc20=("${common[@]}"); for i in "${!rc20[@]}"; do [ "${rc20[$i]}" = 6 ] && [ "${rc20[$((i-1))]}" = --steps ] && rc20[$i]=20; done
+rel() {   # max relative difference of the losses of steps $3.. in files $1 and $2
+    awk -v a="$(jf "$1" loss | tail -n +"$3" | tr '\n' ' ')" -v b="$(jf "$2" loss | tail -n +"$3" | tr '\n' ' ')" 'BEGIN {
+        n = split(a, x, " "); m = split(b, y, " "); if (n != m || n == 0) { print "count " n " " m; exit }
+        w = 0; for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d / x[i] > w) w = d / x[i] }
+        printf "%.3g", w }'
+}
+R="$tmp/resume"; mkdir -p "$R"
+if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/C.ini" "${rc20[@]}" --metrics "$R/U.json") >"$R/U.log" 2>&1 &&
+   (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/C.ini" "${rc20[@]}" --metrics "$R/S.json" \
+        --checkpoint-dir "$R/ck" --checkpoint-every 10 --stop-after 10) >"$R/S.log" 2>&1; then
+    [ -f "$R/ck/gen-00000010/protrain_state_rank0.bin" ] && [ -f "$R/ck/gen-00000010/protrain_state_rank1.bin" ] && ok ||
+        bad "resume: the generation lacks a rank's state file: $(ls "$R/ck/gen-00000010" | tr '\n' ' ')"
+    cp -r "$R/ck" "$R/ck1"; cp "$R/S.json" "$R/R1.json"; cp -r "$R/ck" "$R/ck2"; cp "$R/S.json" "$R/R2.json"
+    if "$sh" --config "$tmp/B.ini" "${rc20[@]}" --grad-accum 2 --metrics "$R/R1.json" \
+            --checkpoint-dir "$R/ck1" --resume >"$R/R1.log" 2>&1; then
+        d=$(rel "$R/U.json" "$R/R1.json" 11)
+        [ "$(jf "$R/U.json" loss | sed -n 11p)" = "$(jf "$R/R1.json" loss | sed -n 11p)" ] &&
+            awk -v r="$d" 'BEGIN { exit !(r ~ /^[0-9.e+-]+$/ && r + 0 <= 1e-6) }' &&
+            { ok; echo "dist: resume 2 ranks mode C -> 1 rank mode B x grad-accum 2 at step 10: step 11 bit-identical, steps 11-20 within $d"; } ||
+            bad "resume C(2) -> B(1): steps 11-20 differ by $d from the uninterrupted run"
+    else
+        tail -5 "$R/R1.log"; bad "resume C(2) -> B(1) failed"
+    fi
+    if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/B.ini" "${rc20[@]}" --metrics "$R/R2.json" \
+            --checkpoint-dir "$R/ck2" --resume) >"$R/R2.log" 2>&1; then
+        [ "$(jf "$R/U.json" loss)" = "$(jf "$R/R2.json" loss)" ] && [ "$(wc -l < "$R/R2.json")" = 20 ] &&
+            { ok; echo "dist: resume 2 ranks mode C -> 2 ranks mode B at step 10: all 20 losses bit-identical to the uninterrupted run"; } ||
+            bad "resume C(2) -> B(2): losses differ: $(rel "$R/U.json" "$R/R2.json" 11)"
+    else
+        tail -5 "$R/R2.log"; bad "resume C(2) -> B(2) failed"
+    fi
+else
+    tail -5 "$R/U.log" "$R/S.log"; bad "resume: the 2-rank mode C runs failed"
+fi
+if "$sh" --config "$tmp/B.ini" "${rc20[@]}" --grad-accum 2 --metrics "$R/U1.json" >"$R/U1.log" 2>&1 &&
+   "$sh" --config "$tmp/B.ini" "${rc20[@]}" --grad-accum 2 --metrics "$R/S1.json" \
+        --checkpoint-dir "$R/ck3" --checkpoint-every 10 --stop-after 10 >"$R/S1.log" 2>&1 &&
+   (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/C.ini" "${rc20[@]}" --metrics "$R/S1.json" \
+        --checkpoint-dir "$R/ck3" --resume) >"$R/R3.log" 2>&1; then
+    d=$(rel "$R/U1.json" "$R/S1.json" 11)
+    [ "$(jf "$R/S1.json" mode | tail -1)" = '"C"' ] && awk -v r="$d" 'BEGIN { exit !(r ~ /^[0-9.e+-]+$/ && r + 0 <= 1e-6) }' &&
+        { ok; echo "dist: resume 1 rank mode B -> 2 ranks mode C at step 10: steps 11-20 within $d of the uninterrupted 1-rank run"; } ||
+        bad "resume B(1) -> C(2): mode $(jf "$R/S1.json" mode | tail -1), steps 11-20 differ by $d"
+else
+    tail -5 "$R/R3.log"; bad "resume B(1) -> C(2) failed"
+fi
+
 # Control: the step-1 equality above is not trivial: one rank on its own batch
 # (no accumulation) reports another loss, so a wrong batch split would show.
 if "$sh" --config "$tmp/A.ini" "${common[@]}" --steps 1 --grad-accum 1 --metrics "$tmp/c.json" \
