@@ -220,10 +220,11 @@ const pt_config_key pt_cfg_keys[] = {
      "jitter_seed), so a missing stream ordering shows up as a failed test; 0: none."},
     R_INT("host_backend", "jitter_seed", jitter_seed, PT_CFG_NO_HI, 0, INT_MAX, 0, "1",
           "Seed of the compute jitter's random delays."),
-    R_INT("host_backend", "debug_skip_ordering", debug_skip_ordering, 0, 0, 127, 0, "0",
+    R_INT("host_backend", "debug_skip_ordering", debug_skip_ordering, 0, 0, 255, 0, "0",
           "Testing only: orderings after the host's compute to skip, a bit mask (1 uploads, "
           "2 slot reuse, 4 gradient copies, 8 swaps, 16 frees, 32 optimizer step, 64 host "
-          "memcpy; 127 all), so a test shows it fails without each. Never in training."),
+          "memcpy, 128 mode C's collectives on a chunk's slot; 255 all), so a test shows it fails "
+          "without each. Never in training."),
     R_BOOL("cuda", "poison", cuda_poison, "false",
            "On a CUDA device, fill freed device memory with NaN too (a memset and a wait "
            "on every free: a debugging aid, off by default for speed)."),

@@ -122,6 +122,27 @@ for pair in "C B" "CS BS"; do
     fi
 done
 
+# Mode C's own orderings: a chunk's all-gather waits for this rank's part to land
+# in the slot, its reduce-scatter for the host's backward. Under compute jitter
+# and throttled copies the losses stay bit-identical to the plain mode C run;
+# with those two waits skipped ([host_backend] debug_skip_ordering = 128, the
+# negative control) the run must go wrong (other losses, or a non-finite one).
+for skip in 0 128; do
+    (cat "$tmp/C.ini"; printf '[host_backend]\ncompute_jitter = 1ms\ncopy_bandwidth = 20 MB/s\ndebug_skip_ordering = %d\n' $skip) > "$tmp/N$skip.ini"
+    (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/N$skip.ini" "${common[@]}" --metrics "$tmp/N$skip.json") \
+        >"$tmp/N$skip.log" 2>&1
+    nrc=$?
+    if [ $skip = 0 ]; then
+        [ $nrc = 0 ] && [ "$(jf "$tmp/N0.json" loss)" = "$(jf "$tmp/C.2.json" loss)" ] &&
+            { ok; echo "dist: mode C under 1 ms compute jitter and 20 MB/s copies: losses bit-identical to the plain run"; } ||
+            bad "mode C under jitter and throttled copies: rc $nrc, losses $(jf "$tmp/N0.json" loss | tr '\n' ' ')"
+    else
+        [ $nrc != 0 ] || [ "$(jf "$tmp/N128.json" loss)" != "$(jf "$tmp/C.2.json" loss)" ] &&
+            { ok; echo "dist: negative control: mode C without its two waits goes wrong (exit $nrc, step-1 loss $(jf "$tmp/N128.json" loss | head -1) vs $(jf "$tmp/C.2.json" loss | head -1))"; } ||
+            bad "negative control: mode C with debug_skip_ordering = 128 trained exactly as with its waits; the check is blind"
+    fi
+done
+
 # auto_mode with 2 ranks (zero3_shard = auto): A when the model fits the device;
 # B when it does not and the replicated offloaded state fits the pinned budget
 # (the plan says why, with the bytes per rank); a budget nothing fits fails on

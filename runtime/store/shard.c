@@ -161,7 +161,8 @@ int pt_sh_upload(pt_store *st, cs_chunk *c, void *dst, char *err, size_t errlen)
     if (!op && OPS(st)->event_record(IMPL(st), c->ev_up, st->env.s_h2d)) op = "event_record";
     /* the all-gather writes the other parts with the CPU: after our part landed
      * (and, through the h2d stream's waits, after the slot's last use) */
-    if (!op && OPS(st)->event_sync(IMPL(st), c->ev_up)) op = "event_sync";
+    if (!op && !(st->env.skip & PT_ORD_SHARD) && OPS(st)->event_sync(IMPL(st), c->ev_up))
+        op = "event_sync";
     if (op)
         return pt_fail(err, errlen, PT_ERR_BACKEND,
                        "upload of this rank's part of chunk %d failed: %s failed", c->id, op);
@@ -180,7 +181,7 @@ int pt_sh_grad_out(pt_store *st, cs_chunk *c, void *gbuf, char *err, size_t errl
     const pt_gpu_backend *o = OPS(st);
     /* the host's backward of the chunk's blocks is done before the CPU reads the
      * slot (a host computing on its own thread is done already) */
-    if (st->env.ordered && o->event_sync(IMPL(st), st->slot_used[c->slot]))
+    if (pt_cs_ord(st, PT_ORD_SHARD) && o->event_sync(IMPL(st), st->slot_used[c->slot]))
         return pt_fail(err, errlen, PT_ERR_BACKEND, "waiting for the backward of chunk %d "
                        "before its reduce-scatter failed: event_sync failed", c->id);
     char what[64];

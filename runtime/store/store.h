@@ -40,7 +40,9 @@ enum {
     PT_ORD_FREE = 16,    /* frees (and their poison) in the compute stream's order */
     PT_ORD_STEP = 32,    /* optimizer_step's slot poison and parameter reads after compute */
     PT_ORD_HOSTIO = 64,  /* the host's memcpy after its launched work */
-    PT_ORD_ALL = 127
+    PT_ORD_SHARD = 128,  /* mode C: a chunk's all-gather after its part's upload, its
+                            reduce-scatter after the host's backward */
+    PT_ORD_ALL = 255
 };
 
 /* Optimizer hyper-parameters and progress (owned by the caller, lent to the store). */
