@@ -68,6 +68,18 @@ printf '[tiled_mlp]\nenabled = true\ntiles = 3\n' >> "$tmp/AT.ini"
 # field value of every line: jf FILE KEY
 jf() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
 
+# The sharded collectives themselves (tests/unit/test_coll.c): all-gather and
+# reduce-scatter against independent oracles, 2 and 3 ranks (3: parts of unequal
+# length, and a sum order that shows).
+for np in 2 3; do
+    if (cd "$tmp" && mpirun --oversubscribe --allow-run-as-root -np $np "$build/tests/test_coll") \
+            >"$tmp/coll$np.log" 2>&1; then
+        ok; echo "dist: all-gather / reduce-scatter on $np ranks: $(grep -c PASSED "$tmp/coll$np.log") ranks passed"
+    else
+        grep -E "ERROR|FAILED|error" "$tmp/coll$np.log" | head -5; bad "test_coll on $np ranks failed"
+    fi
+done
+
 for mode in A B AT C CS BS; do
     want=${mode:0:1}   # the execution mode the plugin must report
     want1=$want; [ "$want" = C ] && want1=B   # one rank cannot shard

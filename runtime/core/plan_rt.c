@@ -419,13 +419,31 @@ void pt_rt_calibrate(pt_rt *rt) {
         if (pt_timeline_write_file(rt->tl, NULL, u.peak, rt->cfg.timeline_file, terr, sizeof terr))
             PT_LOGW(&rt->lg, "calibration: %s", terr);
     }
-    if (u.peak <= rt->pred_peak || !rt->trace) return;
+    int under = u.peak > rt->pred_peak && rt->trace;
+    if (rt->coll) {
+        /* a re-plan exchanges the plan (and in mode C rebuilds through collectives):
+         * all ranks or none, so any rank's under-prediction re-plans every rank */
+        double f = under;
+        char e[512];
+        if (pt_coll_allreduce(rt->coll, &f, 1, PT_COLL_F64, 1.0, "the calibration decision", e,
+                              sizeof e)) {
+            PT_LOGE(&rt->lg, "calibration: %s", e);
+            rt->broken = PT_ERR_BACKEND;
+            return;
+        }
+        under = f > 0 && rt->trace;
+    }
+    if (!under) return;
     /* Under-predicted: plan again with the measured correction, carrying the
      * parameters and optimizer state across (the state image is per parameter). */
-    rt->frag = pr * (rt->frag > 0 ? rt->frag : 1.0);
-    PT_LOGW(&rt->lg, "calibration: the peak was under-predicted by %llu bytes; planning again "
-                     "with fragmentation factor %.4f",
-            (unsigned long long)(u.peak - rt->pred_peak), rt->frag);
+    if (pr > 1) rt->frag = pr * (rt->frag > 0 ? rt->frag : 1.0);
+    if (u.peak > rt->pred_peak)
+        PT_LOGW(&rt->lg, "calibration: the peak was under-predicted by %llu bytes; planning "
+                         "again with fragmentation factor %.4f",
+                (unsigned long long)(u.peak - rt->pred_peak), rt->frag);
+    else
+        PT_LOGW(&rt->lg, "calibration: another rank's peak was under-predicted; planning again "
+                         "with it (fragmentation factor %.4f here)", rt->frag);
     char err[512];
     int rc = pt_rt_search_and_apply(rt, rt->trace, 0.0, err, sizeof err);
     if (rc) {

@@ -2,8 +2,9 @@
  * store_internal.h — the chunk store's private state, shared by the files of
  * runtime/store only: model_state.c (layout, storage, load), chunk_runtime.c
  * (gather/release, prefetch, gradient offload, CPU/device optimizer),
- * activations.c (arenas) and state_io.c (images and files). Code outside
- * runtime/store uses store.h.
+ * activations.c (arenas), state_io.c (images and files), dist_grad.c (gradients
+ * across ranks) and shard.c (mode C's parts). Code outside runtime/store uses
+ * store.h.
  *
  * Storage per chunk (S = chunk capacity in bytes, E = fp32 state elements =
  * sum over its trainable regions of bytes / elem_size, padding included):
