@@ -315,6 +315,9 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     }
     rt->pred_peak = plan.cost.peak_bytes;
     rt->pred_iter_s = plan.cost.iter_s;
+    rt->pred_coll[0] = plan.cost.allreduce_s;
+    rt->pred_coll[1] = plan.cost.allgather_s;
+    rt->pred_coll[2] = plan.cost.reduce_scatter_s;
     rt->swap_interval = plan.swap_interval;
     /* the plan's release window of each swapped arena (the cost model's swap-out
      * schedule), so the runtime holds exactly what the prediction counted */
@@ -398,7 +401,18 @@ void pt_rt_calibrate(pt_rt *rt) {
     enum { WARM = 1, MEASURE = 5 };
     int k = rt->calib_steps++;
     if (k < (int)(sizeof rt->calib_t / sizeof rt->calib_t[0])) rt->calib_t[k] = pt_now_s();
+    if (k == WARM) pt_store_coll_seconds(rt->st, rt->coll0);
     if (k != WARM + MEASURE || !rt->pred_peak) return;
+    if (rt->coll) {
+        double c1[3];
+        pt_store_coll_seconds(rt->st, c1);
+        PT_LOGI(&rt->lg, "calibration: collectives per iteration, measured vs predicted: "
+                         "all-reduce %.6f s vs %.6f s, all-gather %.6f s vs %.6f s, "
+                         "reduce-scatter %.6f s vs %.6f s",
+                (c1[0] - rt->coll0[0]) / MEASURE, rt->pred_coll[0],
+                (c1[1] - rt->coll0[1]) / MEASURE, rt->pred_coll[1],
+                (c1[2] - rt->coll0[2]) / MEASURE, rt->pred_coll[2]);
+    }
     double dt[MEASURE];
     for (int i = 0; i < MEASURE; i++) dt[i] = rt->calib_t[WARM + i + 1] - rt->calib_t[WARM + i];
     qsort(dt, MEASURE, sizeof dt[0], cmp_d);

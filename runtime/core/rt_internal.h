@@ -46,6 +46,8 @@ struct pt_rt {
     int calib_steps;          /* post_steps since the plan took effect */
     double calib_t[8];        /* their timestamps */
     uint64_t meas_peak;       /* measured at calibration (0: not yet) */
+    double pred_coll[3];      /* the plan's all-reduce / all-gather / reduce-scatter s per iteration */
+    double coll0[3];          /* the store's collective seconds when calibration's measuring began */
     double meas_iter_s;
     int swap_interval;        /* blocks of forward compute that hide one swap-out (>= 1) */
     int32_t *swap_done;       /* [n_blocks] the plan's release window per SWAP arena, or NULL */

@@ -152,6 +152,12 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     }
     if (t->key.world_size > 1 && t->hw.allreduce_Bps > 0)
         cx->coll_f = 2.0 * (t->key.world_size - 1) / t->key.world_size / t->hw.allreduce_Bps;
+    /* bus-bandwidth convention, as the all-reduce's: a buffer of B bytes takes
+     * B (W-1)/W / rate (each rank sends or receives the other ranks' parts) */
+    if (t->key.world_size > 1 && t->hw.allgather_Bps > 0)
+        cx->ag_f = (double)(t->key.world_size - 1) / t->key.world_size / t->hw.allgather_Bps;
+    if (t->key.world_size > 1 && t->hw.reduce_scatter_Bps > 0)
+        cx->rs_f = (double)(t->key.world_size - 1) / t->key.world_size / t->hw.reduce_scatter_Bps;
     cx->interval = pt_swap_interval(t);
     cx->comp_f = t->embed_fwd_s;
     cx->comp_b = t->head_fwd_s + t->head_bwd_s + t->embed_bwd_s;
@@ -428,7 +434,15 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     const pt_trace_block *B = t->blocks;
     const int clip = o ? o->clip : 0;
     /* reciprocals: this loop runs for every candidate the searcher scores */
-    const double ih = 1.0 / t->hw.h2d_Bps, id = 1.0 / t->hw.d2h_Bps, cf = cx->coll_f;
+    const double ih = 1.0 / t->hw.h2d_Bps, id = 1.0 / t->hw.d2h_Bps;
+    /* Several ranks: this build's collectives do not overlap compute. The
+     * all-reduce of the replicated gradients runs in optimizer_step after
+     * backward (and the CPU steps wait for it), mode C's all-gather at each chunk
+     * upload and its reduce-scatter at each chunk's last backward run on the
+     * hook thread. So they are charged as exposed time after backward, and the
+     * CPU optimizer as deferred (after backward) whatever the clipping. */
+    const int ranks = t->key.world_size > 1;
+    const int shard = ranks && o && o->shard;
     const int eng = t->hw.copy_engines;
     const int32_t N = cx->N, K = cx->K;
     const uint64_t *gr = cx->grad, *trn = cx->train;
@@ -446,6 +460,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     fwd_windows(cx, a, &pw, &f);
     double fwd = f.time;
     up_bytes += f.up;
+    uint64_t chunk_up = f.up;   /* chunk uploads only (each an all-gather in mode C) */
     sync_bytes += f.sync;
     /* turn + backward; the CPU Adam of the gradients copied in a window starts
      * when that window ends (OVERLAP), chunks in landing order. */
@@ -472,6 +487,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
             us = x2.sync;
             u = x2.prefetch;
             up_bytes += u + us;
+            chunk_up += u + us;
             sync_bytes += us;
             u += a->bwd_swap_in[b];
             up_bytes += a->bwd_swap_in[b];
@@ -479,15 +495,13 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
             c = t->embed_bwd_s;
         }
         int32_t g = b + 1;   /* gradients completed in block g are copied now */
-        uint64_t d = 0, all = 0, tr = 0;
+        uint64_t d = 0, tr = 0;
         if (g < N) {
             int32_t lo = imax(cx->f_lo[g], p), hi = cx->f_hi[g];
             d = rsum(gr, lo, hi);
             tr = rsum(trn, lo, hi);
-            if (cf > 0) all = rsum(gr, cx->f_lo[g], hi);
         }
-        if (b == -1) all += cx->mand_grad;
-        double x = (double)us * ih + win(c, (double)u * ih, (double)d * id, (double)all * cf, eng);
+        double x = (double)us * ih + win(c, (double)u * ih, (double)d * id, 0, eng);
         down_bytes += d;
         clock += x;
         if (tr) cpu_clock = dmax(cpu_clock, clock) + (double)tr * icpu;
@@ -497,7 +511,16 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     uint64_t dev_elems = cx->mand_train + trn[p];
     double cpu_s = (double)cpu_elems * icpu, dev_s = (double)dev_elems / t->hw.dev_adam_elems_per_s;
     double iter;
-    if (clip) {
+    /* fp32 gradients: resident ones all-reduced in place, offloaded ones in their
+     * fp32 sums (mode B) or reduce-scattered (mode C) */
+    out->allreduce_s = ranks ? 4.0 * (double)(dev_elems + (shard ? 0 : cpu_elems)) * cx->coll_f : 0;
+    out->reduce_scatter_s = shard ? 4.0 * (double)cpu_elems * cx->rs_f : 0;
+    out->allgather_s = shard ? (double)chunk_up * cx->ag_f : 0;
+    double coll_s = out->allreduce_s + out->reduce_scatter_s + out->allgather_s;
+    if (ranks) {
+        iter = fwd + bwd + coll_s + dmax(dev_s, cpu_s);
+        out->schedule = PT_SCHED_AFTER_BWD;
+    } else if (clip) {
         iter = fwd + bwd + dmax(dev_s, cpu_s);
         out->schedule = PT_SCHED_AFTER_BWD;
     } else {
@@ -507,10 +530,10 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     out->iter_s = iter;
     out->fwd_s = fwd;
     out->bwd_s = bwd;
-    out->opt_s = iter - fwd - bwd;
+    out->opt_s = iter - fwd - bwd - coll_s;
     out->cpu_adam_s = cpu_s;
     out->dev_adam_s = dev_s;
-    out->cpu_finish_s = clip ? bwd + cpu_s : cpu_clock;
+    out->cpu_finish_s = clip || ranks ? bwd + coll_s + cpu_s : cpu_clock;
     out->compute_s = comp;
     out->recompute_s = a->recompute_s;
     out->exposed_xfer_s = fwd + bwd - comp;

@@ -162,6 +162,10 @@ char *pt_plan_text(const pt_plan *p) {
     sb_printf(&b, "    %-16s %.3f GiB uploaded at a gather, not prefetched (%.4f s of the exposed time)\n",
               "synchronous H2D", c->h2d_sync_bytes / GIB, c->sync_xfer_s);
     sb_printf(&b, "    %-16s CPU Adam %.4f s, device Adam %.4f s\n", "optimizer work", c->cpu_adam_s, c->dev_adam_s);
+    if (p->world_size > 1)
+        sb_printf(&b, "    %-16s all-reduce %.4f s, all-gather %.4f s, reduce-scatter %.4f s (not "
+                  "overlapped: in the iteration)\n", "collectives", c->allreduce_s, c->allgather_s,
+                  c->reduce_scatter_s);
     sb_printf(&b, "  optimizer        %s\n",
               c->schedule == PT_SCHED_AFTER_BWD
                   ? "CPU Adam after backward (clipping needs the global norm first)"
@@ -262,6 +266,9 @@ char *pt_plan_json(const pt_plan *p) {
     JU("h2d_sync_bytes", c->h2d_sync_bytes);
     JD("sync_xfer_s", c->sync_xfer_s);
     JD("cpu_finish_s", c->cpu_finish_s);
+    JD("allreduce_s", c->allreduce_s);
+    JD("allgather_s", c->allgather_s);
+    JD("reduce_scatter_s", c->reduce_scatter_s);
     sb_printf(&b, ",\n  \"optimizer_schedule\": \"%s\"", c->schedule == PT_SCHED_AFTER_BWD ? "after_backward" : "overlapped");
     sb_printf(&b, ",\n  \"exec_mode\": \"%s\"", mode_name(p->exec_mode));
     sb_printf(&b, ",\n  \"exec_mode_why\": ");

@@ -58,11 +58,17 @@ int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen) {
                                "reducing them across ranks is not built yet (fp32 parameters, "
                                "or 16-bit ones in offloaded chunks, are)", c->id);
             }
+            double t0 = pt_now_s();
             int rc = pt_coll_allreduce(st->env.coll, buf, n, PT_COLL_F32, scale, what, err,
                                        errlen);
+            st->coll_s[0] += pt_now_s() - t0;
             if (rc) return rc;
         }
         if (!c->persistent && clip) pt_cs_chunk_norms(st, c, 1);
     }
-    return st->shard && clip ? pt_sh_norm_reduce(st, err, errlen) : PT_OK;
+    if (!st->shard || !clip) return PT_OK;
+    double t0 = pt_now_s();
+    int rc = pt_sh_norm_reduce(st, err, errlen);
+    st->coll_s[0] += pt_now_s() - t0;
+    return rc;
 }

@@ -547,6 +547,10 @@ int pt_store_borrow_slot(pt_store *st, void **dev, uint64_t *bytes) {
 
 struct pt_pool *pt_store_workers(pt_store *st) { return st->workers; }
 
+void pt_store_coll_seconds(const pt_store *st, double out[3]) {
+    for (int i = 0; i < 3; i++) out[i] = st ? st->coll_s[i] : 0;
+}
+
 int pt_store_create(const pt_store_env *env, const pt_store_knobs *kn, const int32_t *modes,
                     const int32_t *swap_done, int from_image, pt_store **out, char *err,
                     size_t errlen) {

@@ -168,13 +168,15 @@ int pt_sh_upload(pt_store *st, cs_chunk *c, void *dst, char *err, size_t errlen)
                        "upload of this rank's part of chunk %d failed: %s failed", c->id, op);
     char what[64];
     snprintf(what, sizeof what, "all-gather of chunk %d", c->id);
-    for (int r = 0; r < c->lc->n_regions; r++) {
+    double t0 = pt_now_s();
+    int rc = PT_OK;
+    for (int r = 0; r < c->lc->n_regions && !rc; r++) {
         const pt_chunk_region *g = &c->lc->regions[r];
-        int rc = pt_coll_allgather(st->env.coll, (char *)dst + g->offset, (size_t)c->sh->r[r].n,
-                                   pt_dtype_size(g->dtype), what, err, errlen);
-        if (rc) return rc;
+        rc = pt_coll_allgather(st->env.coll, (char *)dst + g->offset, (size_t)c->sh->r[r].n,
+                               pt_dtype_size(g->dtype), what, err, errlen);
     }
-    return PT_OK;
+    st->coll_s[1] += pt_now_s() - t0;
+    return rc;
 }
 
 int pt_sh_grad_out(pt_store *st, cs_chunk *c, void *gbuf, char *err, size_t errlen) {
@@ -186,15 +188,16 @@ int pt_sh_grad_out(pt_store *st, cs_chunk *c, void *gbuf, char *err, size_t errl
                        "before its reduce-scatter failed: event_sync failed", c->id);
     char what[64];
     snprintf(what, sizeof what, "reduce-scatter of chunk %d's gradient", c->id);
-    double scale = 1.0 / st->world;
-    for (int r = 0; r < c->lc->n_regions; r++) {
+    double scale = 1.0 / st->world, t0 = pt_now_s();
+    int rc = PT_OK;
+    for (int r = 0; r < c->lc->n_regions && !rc; r++) {
         const pt_chunk_region *g = &c->lc->regions[r];
         if (c->reg_state[r] == UINT64_MAX) continue;
-        int rc = pt_coll_reduce_scatter(st->env.coll, (char *)gbuf + g->offset,
-                                        (size_t)c->sh->r[r].n, PT_COLL_F32, scale, what, err,
-                                        errlen);
-        if (rc) return rc;
+        rc = pt_coll_reduce_scatter(st->env.coll, (char *)gbuf + g->offset, (size_t)c->sh->r[r].n,
+                                    PT_COLL_F32, scale, what, err, errlen);
     }
+    st->coll_s[2] += pt_now_s() - t0;
+    if (rc) return rc;
     const char *op = NULL;
     for (int r = 0; r < c->lc->n_regions && !op; r++) {
         const pt_chunk_region *g = &c->lc->regions[r];

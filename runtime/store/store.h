@@ -160,6 +160,9 @@ void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out
  * or 0 when none is free. */
 int pt_store_borrow_slot(pt_store *st, void **dev, uint64_t *bytes);
 struct pt_pool *pt_store_workers(pt_store *st);
+/* Seconds spent so far in the collectives: [0] all-reduce (gradients and
+ * norms), [1] all-gather, [2] reduce-scatter (mode C); zeros with one rank. */
+void pt_store_coll_seconds(const pt_store *st, double out[3]);
 
 /* State: images (in memory, across a rebuild) and files (save/resume). */
 typedef struct pt_state_image {

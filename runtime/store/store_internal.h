@@ -114,6 +114,7 @@ struct pt_store {
     int profiling;            /* pt_store_set_profiling */
     int shard;                /* mode C: offloaded chunks split across the ranks */
     int rank, world;          /* of the data-parallel group (0, 1 without one) */
+    double coll_s[3];         /* seconds in all-reduce, all-gather, reduce-scatter (hook thread) */
     /* activations */
     pt_arena *arena;          /* [n_blocks] */
     uint64_t swap_out_bytes;  /* cumulative */
