@@ -111,6 +111,12 @@ const pt_config_key pt_cfg_keys[] = {
     R_BOOL("protrain", "auto_memory", auto_memory, "true",
            "true: the searcher picks every n_* knob left at auto (a number fixes that knob). "
            "false: no search; n_persist, n_buffer, n_swap and n_checkpoint must all be set."),
+    R_BOOL("protrain", "time_calibration", time_calibration, "true",
+           "After the warm-up steps, when the measured iteration is more than 15% (and 2 ms) "
+           "off the prediction, plan again with the profile's forward, backward and optimizer "
+           "times scaled by what the device clock measured (at most twice per run); the "
+           "factors are kept in the profile cache with the profile. false: the plan keeps the "
+           "profiled times (an under-predicted peak still re-plans)."),
     R_BOOL("protrain", "auto_mode", auto_mode, "true",
            "Pick the execution mode from memory: A (all resident) if everything fits, else B "
            "(offload, replicated host state) if pinned RAM per rank holds it, else C (ZeRO-3 "

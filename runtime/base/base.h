@@ -25,6 +25,7 @@ typedef struct pt_config {
     uint64_t extra_headroom;  /* extra_headroom = <size>, default 0: memory the profiler cannot see */
     /* [protrain] */
     int auto_memory;          /* bool, default 1 */
+    int time_calibration;     /* bool, default 1: re-plan on a time misprediction */
     int auto_mode;            /* bool, default 1 */
     int force_all_persistent; /* bool, default 0 */
     int zero3_shard;          /* auto|on|off -> -1|1|0, default -1 */

@@ -250,7 +250,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     o.cost.reserve_bytes = rt->cfg.reserve;
     o.cost.headroom_bytes = rt->cfg.extra_headroom;
     o.cost.clip = rt->plan_clip;
-    o.cost.frag = rt->frag > 0 ? rt->frag : 1.0;
+    o.cost.frag = t->calib.peak > 0 ? t->calib.peak : 1.0;
     o.capacity = t->hw.device_capacity;
     o.host_ram = host_budget(rt);
     o.n_persist = rt->cfg.n_persist;
@@ -273,14 +273,21 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
         rc = pt_trace_copy(rt->trace, t, err, errlen);
         if (rc) return rc;
     }
+    /* search on the profile with what calibration learned applied (times;
+     * the peak factor is o.cost.frag) */
+    pt_trace cal;
+    pt_trace_init(&cal);
+    rc = pt_trace_calibrated(&cal, rt->trace, err, errlen);
     char why[400] = "";
     int shard = rt->shard;
-    rc = pick_mode(rt, t, &o, &plan, &shard, why, err, errlen);
-    if (!rc && rt->coll) rc = ranks_agree(rt, t, &o, &plan, &shard, why, err, errlen);
+    if (!rc) rc = pick_mode(rt, &cal, &o, &plan, &shard, why, err, errlen);
+    if (!rc && rt->coll) rc = ranks_agree(rt, &cal, &o, &plan, &shard, why, err, errlen);
     if (rc) {
+        pt_trace_free(&cal);
         pt_plan_free(&plan);
         return rc;
     }
+    t = &cal;
     rt->shard = shard;
     plan.exec_mode = plan.knobs.n_persist >= plan.n_chunk ? 0 : shard ? 2 : 1;
     snprintf(plan.mode_why, sizeof plan.mode_why, "%s", why);
@@ -299,6 +306,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
         free(text);
     }
     if (rt->cfg.plan_file[0] && (rc = pt_plan_write_json(&plan, rt->cfg.plan_file, err, errlen))) {
+        pt_trace_free(&cal);
         pt_plan_free(&plan);
         return rc;
     }
@@ -309,12 +317,16 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
         if (!rc) rc = pt_timeline_from_plan(t, &plan, rt->tl, err, errlen);
         if (!rc) rc = pt_timeline_write_file(rt->tl, NULL, 0, rt->cfg.timeline_file, err, errlen);
         if (rc) {
+            pt_trace_free(&cal);
             pt_plan_free(&plan);
             return rc;
         }
     }
     rt->pred_peak = plan.cost.peak_bytes;
     rt->pred_iter_s = plan.cost.iter_s;
+    rt->pred_fwd_s = plan.cost.fwd_s;
+    rt->pred_bwd_s = plan.cost.bwd_s;
+    rt->pred_opt_s = plan.cost.opt_s;
     rt->pred_coll[0] = plan.cost.allreduce_s;
     rt->pred_coll[1] = plan.cost.allgather_s;
     rt->pred_coll[2] = plan.cost.reduce_scatter_s;
@@ -332,6 +344,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
         pt_act_free(&ap);
     }
     pt_cost_ctx_free(cx);
+    pt_trace_free(&cal);
     rt->kn.n_persist = plan.knobs.n_persist;
     rt->kn.n_buffer = plan.knobs.n_buffer;
     rt->kn.n_swap = plan.knobs.n_swap;
@@ -379,6 +392,11 @@ int pt_rt_plan_from_cache(pt_rt *rt, int *hit, char *err, size_t errlen) {
     char path[600];
     pt_trace_cache_path(rt->cfg.cache_dir, &key, path, sizeof path);
     PT_LOGI(&rt->lg, "profile cache: hit %s (no profiling step)", path);
+    if (t.calib.peak > 0 || t.calib.fwd > 0 || t.calib.bwd > 0 || t.calib.opt > 0)
+        PT_LOGI(&rt->lg, "profile cache: planning with what earlier runs' calibration learned: "
+                         "peak x%.4f, forward x%.3f, backward x%.3f, optimizer x%.3f",
+                t.calib.peak > 0 ? t.calib.peak : 1.0, t.calib.fwd > 0 ? t.calib.fwd : 1.0,
+                t.calib.bwd > 0 ? t.calib.bwd : 1.0, t.calib.opt > 0 ? t.calib.opt : 1.0);
     *hit = 1;
     int rc = pt_rt_search_and_apply(rt, &t, 0.0, err, errlen);
     pt_trace_free(&t);
@@ -387,82 +405,4 @@ int pt_rt_plan_from_cache(pt_rt *rt, int *hit, char *err, size_t errlen) {
 
 int pt_rt_profiling(const pt_rt *rt) {
     return rt->kn.source && !strcmp(rt->kn.source, "bootstrap");
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* After a few hot iterations under the plan: measured peak and median iteration
- * time against the prediction, to the log (and get_stats). The first iteration
- * after the plan is a warm-up (first uploads, first pinned swap buffers). */
-void pt_rt_calibrate(pt_rt *rt) {
-    enum { WARM = 1, MEASURE = 5 };
-    int k = rt->calib_steps++;
-    if (k < (int)(sizeof rt->calib_t / sizeof rt->calib_t[0])) rt->calib_t[k] = pt_now_s();
-    if (k == WARM) pt_store_coll_seconds(rt->st, rt->coll0);
-    if (k != WARM + MEASURE || !rt->pred_peak) return;
-    if (rt->coll) {
-        double c1[3];
-        pt_store_coll_seconds(rt->st, c1);
-        PT_LOGI(&rt->lg, "calibration: collectives per iteration, measured vs predicted: "
-                         "all-reduce %.6f s vs %.6f s, all-gather %.6f s vs %.6f s, "
-                         "reduce-scatter %.6f s vs %.6f s",
-                (c1[0] - rt->coll0[0]) / MEASURE, rt->pred_coll[0],
-                (c1[1] - rt->coll0[1]) / MEASURE, rt->pred_coll[1],
-                (c1[2] - rt->coll0[2]) / MEASURE, rt->pred_coll[2]);
-    }
-    double dt[MEASURE];
-    for (int i = 0; i < MEASURE; i++) dt[i] = rt->calib_t[WARM + i + 1] - rt->calib_t[WARM + i];
-    qsort(dt, MEASURE, sizeof dt[0], cmp_d);
-    pt_gpu_usage u;
-    pt_gpu_usage_get(rt->gpu, &u);
-    rt->meas_peak = u.peak;
-    rt->meas_iter_s = dt[MEASURE / 2];
-    double pr = (double)u.peak / (double)rt->pred_peak;
-    PT_LOGI(&rt->lg, "calibration: measured peak %llu bytes (%.2f MiB) vs predicted %llu "
-                     "(x%.4f); median iteration %.4f s vs predicted %.4f s (x%.3f)",
-            (unsigned long long)u.peak, u.peak / 1048576.0, (unsigned long long)rt->pred_peak,
-            pr, rt->meas_iter_s, rt->pred_iter_s,
-            rt->pred_iter_s > 0 ? rt->meas_iter_s / rt->pred_iter_s : 0.0);
-    if (rt->tl && rt->tl->n) {
-        /* the picture of the plan that ran, now with what it really peaked at
-         * (a re-plan below then writes its own prediction over it) */
-        char terr[512];
-        if (pt_timeline_write_file(rt->tl, NULL, u.peak, rt->cfg.timeline_file, terr, sizeof terr))
-            PT_LOGW(&rt->lg, "calibration: %s", terr);
-    }
-    int under = u.peak > rt->pred_peak && rt->trace;
-    if (rt->coll) {
-        /* a re-plan exchanges the plan (and in mode C rebuilds through collectives):
-         * all ranks or none, so any rank's under-prediction re-plans every rank */
-        double f = under;
-        char e[512];
-        if (pt_coll_allreduce(rt->coll, &f, 1, PT_COLL_F64, 1.0, "the calibration decision", e,
-                              sizeof e)) {
-            PT_LOGE(&rt->lg, "calibration: %s", e);
-            rt->broken = PT_ERR_BACKEND;
-            return;
-        }
-        under = f > 0 && rt->trace;
-    }
-    if (!under) return;
-    /* Under-predicted: plan again with the measured correction, carrying the
-     * parameters and optimizer state across (the state image is per parameter). */
-    if (pr > 1) rt->frag = pr * (rt->frag > 0 ? rt->frag : 1.0);
-    if (u.peak > rt->pred_peak)
-        PT_LOGW(&rt->lg, "calibration: the peak was under-predicted by %llu bytes; planning "
-                         "again with fragmentation factor %.4f",
-                (unsigned long long)(u.peak - rt->pred_peak), rt->frag);
-    else
-        PT_LOGW(&rt->lg, "calibration: another rank's peak was under-predicted; planning again "
-                         "with it (fragmentation factor %.4f here)", rt->frag);
-    char err[512];
-    int rc = pt_rt_search_and_apply(rt, rt->trace, 0.0, err, sizeof err);
-    if (rc) {
-        PT_LOGE(&rt->lg, "calibration re-plan failed: %s", err);
-        rt->broken = rc;
-    }
-    rt->calib_steps = WARM + MEASURE + 1;   /* measure once per plan */
 }

@@ -159,6 +159,7 @@ size_t pt_rt_destroy(pt_rt *rt) {
     pt_coll_close(rt->coll);
     rt->coll = NULL;
     size_t leaked = 0;
+    pt_rt_calib_free(rt);
     if (rt->gpu) {
         const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
         void *impl = pt_gpu_impl(rt->gpu);
@@ -398,7 +399,9 @@ int pt_rt_pre_step(pt_rt *rt, char *err, size_t errlen) {
     if (rt->broken) {
         return pt_fail(err, errlen, rt->broken, "pre_step: the plugin lost its state in a failed re-plan (see the log)");
     }
-    return pt_store_pre_step(rt->st, err, errlen);
+    int rc = pt_store_pre_step(rt->st, err, errlen);
+    if (!rc && rt->sx->micro == 0) pt_rt_calib_mark(rt, PT_CAL_PRE);
+    return rc;
 }
 
 /* A block hook: the store's work, bracketed by the profiler's window marks
@@ -418,6 +421,7 @@ int pt_rt_post_forward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
     return hook(rt, PT_PROF_POST_FWD, pt_store_post_forward, b, err, errlen);
 }
 int pt_rt_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
+    if (b == rt->n_blocks - 1) pt_rt_calib_mark(rt, PT_CAL_BWD);
     return hook(rt, PT_PROF_PRE_BWD, pt_store_pre_backward, b, err, errlen);
 }
 int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
@@ -425,6 +429,7 @@ int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
 }
 
 int pt_rt_optimizer_step(pt_rt *rt, float lr, char *err, size_t errlen) {
+    pt_rt_calib_mark(rt, PT_CAL_OPT);
     return pt_store_optimizer_step(rt->st, lr, err, errlen);
 }
 
@@ -452,6 +457,7 @@ int pt_rt_post_step(pt_rt *rt, int64_t step, float loss, char *err, size_t errle
     rt->last_loss = loss;
     PT_LOGD(&rt->lg, "step %lld loss %.6f grad-norm %.6g", (long long)step, (double)loss,
             rt->opt.last_norm);
+    pt_rt_calib_mark(rt, PT_CAL_END);
     pt_rt_calibrate(rt);
     if (rt->broken) {
         return pt_fail(err, errlen, rt->broken, "post_step: the calibration re-plan failed (see the log); the run cannot continue");

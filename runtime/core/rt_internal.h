@@ -37,7 +37,6 @@ struct pt_rt {
     float last_loss;
     struct pt_prof *prof;     /* non-NULL while profiling */
     double prof_t0;
-    double frag;              /* allocator fragmentation factor for the cost model */
     uint64_t pred_peak;       /* the plan's predicted peak and iteration time (0: no plan) */
     double pred_iter_s;
     struct pt_trace *trace;   /* the profile the plan came from (kept for re-planning) */
@@ -49,6 +48,12 @@ struct pt_rt {
     double pred_coll[3];      /* the plan's all-reduce / all-gather / reduce-scatter s per iteration */
     double coll0[3];          /* the store's collective seconds when calibration's measuring began */
     double meas_iter_s;
+    double pred_fwd_s, pred_bwd_s, pred_opt_s;  /* the plan's phases (cost model) */
+    pt_event *cal_ev[4];      /* PT_CAL_* timing events on s_compute (calib.c) */
+    unsigned cal_seen;        /* PT_CAL_* bits recorded in the running step */
+    double cal_ph[5][3];      /* measured steps' forward, backward, optimizer phases (s) */
+    int cal_ok[5];            /* that step's phases were timed */
+    int time_replans;         /* re-plans a time misprediction caused in this run */
     int swap_interval;        /* blocks of forward compute that hide one swap-out (>= 1) */
     int32_t *swap_done;       /* [n_blocks] the plan's release window per SWAP arena, or NULL */
     struct pt_timeline *tl;   /* timeline_file set: the plan's memory picture, kept so calibration
@@ -78,11 +83,17 @@ int64_t pt_rt_tiles_req(const pt_rt *rt);
 int pt_rt_tiles_auto_search(pt_rt *rt, const struct pt_trace *t, double prof_s, char *err,
                             size_t errlen);
 
+/* calib.c: marks on the device's clock at the phase edges of a measured step,
+ * and the calibration at post_step (peak and time against the plan). */
+enum { PT_CAL_PRE = 0, PT_CAL_BWD = 1, PT_CAL_OPT = 2, PT_CAL_END = 3, PT_CAL_N = 4 };
+void pt_rt_calib_mark(pt_rt *rt, int which);
+void pt_rt_calibrate(pt_rt *rt);
+void pt_rt_calib_free(pt_rt *rt);
+
 /* plan_rt.c */
 int pt_rt_wants_profile(const pt_rt *rt);
 /* Several ranks, auto_mode and zero3_shard = auto: the search picks B or C. */
 int pt_rt_auto_shard(const pt_rt *rt);
-void pt_rt_calibrate(pt_rt *rt);
 int pt_rt_replan_for_optimizer(pt_rt *rt, int clip, char *err, size_t errlen);
 void pt_rt_plan_free(pt_rt *rt);
 int pt_rt_search_and_apply(pt_rt *rt, const struct pt_trace *t, double prof_s, char *err,

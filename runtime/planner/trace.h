@@ -77,8 +77,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PT_TRACE_VERSION 3u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
-                                 3: all-gather and reduce-scatter rates */
+#define PT_TRACE_VERSION 4u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
+                                 3: calibration learned from runs (pt_trace_calib);
+                                 4: all-gather and reduce-scatter rates */
 
 /* Per-block activation modes (the plan's mode map). */
 enum { PT_BLOCK_NONE = 0, PT_BLOCK_CKPT = 1, PT_BLOCK_SWAP = 2 };
@@ -131,6 +132,24 @@ typedef struct pt_trace_hw {
     double allgather_Bps, reduce_scatter_Bps;
 } pt_trace_hw;
 
+/* What running plans made from this profile taught (stored with it in the
+ * profile cache, so the next run plans with it from the start). 0 = nothing
+ * learned (the factor is 1). Every factor is measured / predicted under the
+ * plan that ran, folded into the previous factor:
+ *   peak   the device peak the allocator saw over the predicted peak, when it
+ *          was higher (memory the profile could not see: fragmentation, a
+ *          host's allocations outside profile_step); the cost model's frag.
+ *   fwd    forward phase (pre_step .. first block_pre_backward) on the device
+ *          clock; scales the forward compute (embedding, block forwards,
+ *          recomputes: they are forward passes).
+ *   bwd    backward phase (.. optimizer_step); scales head/loss, block and
+ *          embedding backward compute.
+ *   opt    optimizer_step .. post_step, only when the plan predicted a visible
+ *          optimizer tail; scales the CPU and device optimizer rates (/ opt). */
+typedef struct pt_trace_calib {
+    double peak, fwd, bwd, opt;
+} pt_trace_calib;
+
 typedef struct pt_trace {
     pt_trace_key key;
     int32_t n_block;
@@ -155,6 +174,7 @@ typedef struct pt_trace {
     uint64_t slot_bytes;              /* one buffer-pool slot on the device */
 
     pt_trace_hw hw;
+    pt_trace_calib calib;
 } pt_trace;
 
 /* ---- helpers (implemented in trace_cache.c) ---- */
@@ -169,6 +189,10 @@ int pt_trace_alloc(pt_trace *t, int32_t n_block, int32_t n_chunk, char *err, siz
 void pt_trace_free(pt_trace *t);
 /* Deep copy; dst must be initialised (pt_trace_init) or hold a trace to replace. */
 int pt_trace_copy(pt_trace *dst, const pt_trace *src, char *err, size_t errlen);
+/* A copy of src with its time calibration applied: compute times multiplied by
+ * calib.fwd / calib.bwd, optimizer rates divided by calib.opt (0 = 1). The
+ * calib fields are kept; dst as for pt_trace_copy. */
+int pt_trace_calibrated(pt_trace *dst, const pt_trace *src, char *err, size_t errlen);
 /* Fill every block's chunk_lo/chunk_hi from the chunks' first/last block. */
 void pt_trace_derive_ranges(pt_trace *t);
 /* Check every invariant the models rely on. 0 or PT_ERR_INVALID_ARG with the

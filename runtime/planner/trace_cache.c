@@ -21,7 +21,7 @@
 #define MAX_BLOCKS (1 << 20)
 #define MAX_CHUNKS (1 << 24)
 /* Encoded sizes (see the format in trace_cache.h). */
-#define SCALAR_BYTES 172u
+#define SCALAR_BYTES 204u
 #define BLOCK_BYTES 72u
 #define CHUNK_BYTES 52u
 
@@ -78,6 +78,26 @@ int pt_trace_copy(pt_trace *dst, const pt_trace *src, char *err, size_t errlen) 
     memcpy(tmp.chunks, src->chunks, (size_t)src->n_chunk * sizeof *src->chunks);
     pt_trace_free(dst);
     *dst = tmp;
+    return PT_OK;
+}
+
+static double factor(double f) { return f > 0 ? f : 1.0; }
+
+int pt_trace_calibrated(pt_trace *dst, const pt_trace *src, char *err, size_t errlen) {
+    int rc = pt_trace_copy(dst, src, err, errlen);
+    if (rc) return rc;
+    double f = factor(src->calib.fwd), b = factor(src->calib.bwd), o = factor(src->calib.opt);
+    dst->embed_fwd_s *= f;
+    dst->head_fwd_s *= b;   /* the head and loss run inside the backward phase's turn */
+    dst->head_bwd_s *= b;
+    dst->embed_bwd_s *= b;
+    for (int32_t k = 0; k < dst->n_block; k++) {
+        dst->blocks[k].fwd_s *= f;
+        dst->blocks[k].recompute_s *= f;
+        dst->blocks[k].bwd_s *= b;
+    }
+    dst->hw.cpu_adam_elems_per_s /= o;
+    dst->hw.dev_adam_elems_per_s /= o;
     return PT_OK;
 }
 
@@ -156,6 +176,12 @@ int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
                     h->h2d_Bps, h->d2h_Bps, h->cpu_adam_elems_per_s, h->dev_adam_elems_per_s);
     if (h->copy_engines != 1 && h->copy_engines != 2)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: hw.copy_engines=%d must be 1 or 2", h->copy_engines);
+    const pt_trace_calib *cb = &t->calib;
+    if (!finite_nonneg(cb->peak) || !finite_nonneg(cb->fwd) || !finite_nonneg(cb->bwd) ||
+        !finite_nonneg(cb->opt))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "trace: calibration factors must be finite and >= 0 (peak %g, fwd %g, bwd %g, "
+                       "opt %g)", cb->peak, cb->fwd, cb->bwd, cb->opt);
     for (int32_t b = 0; b < t->n_block; b++) {
         const pt_trace_block *B = &t->blocks[b];
         if (!finite_nonneg(B->fwd_s) || !finite_nonneg(B->bwd_s) || !finite_nonneg(B->recompute_s))
@@ -319,6 +345,10 @@ static void encode_payload(wbuf *w, const pt_trace *t) {
     put_i32(w, t->hw.copy_engines);
     put_u64(w, t->hw.host_ram_bytes);
     put_u64(w, t->hw.device_capacity);
+    put_f64(w, t->calib.peak);
+    put_f64(w, t->calib.fwd);
+    put_f64(w, t->calib.bwd);
+    put_f64(w, t->calib.opt);
     for (int32_t b = 0; b < t->n_block; b++) {
         const pt_trace_block *B = &t->blocks[b];
         put_f64(w, B->fwd_s);
@@ -379,6 +409,10 @@ static int decode_payload(rbuf *r, pt_trace *t, char *err, size_t errlen) {
     t->hw.copy_engines = get_i32(r);
     t->hw.host_ram_bytes = get_u64(r);
     t->hw.device_capacity = get_u64(r);
+    t->calib.peak = get_f64(r);
+    t->calib.fwd = get_f64(r);
+    t->calib.bwd = get_f64(r);
+    t->calib.opt = get_f64(r);
     for (int32_t b = 0; b < nb; b++) {
         pt_trace_block *B = &t->blocks[b];
         B->fwd_s = get_f64(r);

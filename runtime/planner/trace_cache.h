@@ -28,7 +28,10 @@
 
 #include "trace.h"
 
-#define PT_TRACE_FILE_VERSION 2u   /* 2: chunk records carry dev_bytes, host_bytes */
+#define PT_TRACE_FILE_VERSION 4u   /* 2: chunk records carry dev_bytes, host_bytes;
+                                      3: the scalars end with calib (4 f64);
+                                      4: all-gather and reduce-scatter rates (2 f64)
+                                         after the all-reduce rate */
 #define PT_TRACE_HEADER_BYTES 128u
 
 enum { PT_CACHE_MISS = 0, PT_CACHE_HIT = 1 };

@@ -341,8 +341,10 @@ int pt_sh_views_open(pt_store *st, int gather, char *err, size_t errlen) {
                 rc = pt_coll_allgather(st->env.coll, full + g->offset, (size_t)q->n,
                                        pt_dtype_size(g->dtype), what, err, errlen);
             if (rc || q->st_sh == UINT64_MAX) continue;
-            memcpy(fm + q->st_full + q->lo, c->h_m + q->st_sh, (size_t)q->own * 4);
-            memcpy(fv + q->st_full + q->lo, c->h_v + q->st_sh, (size_t)q->own * 4);
+            if (q->own) {
+                memcpy(fm + q->st_full + q->lo, c->h_m + q->st_sh, (size_t)q->own * 4);
+                memcpy(fv + q->st_full + q->lo, c->h_v + q->st_sh, (size_t)q->own * 4);
+            }
             if (gather && !(rc = pt_coll_allgather(st->env.coll, fm + q->st_full, (size_t)q->n, 4,
                                                    what, err, errlen)))
                 rc = pt_coll_allgather(st->env.coll, fv + q->st_full, (size_t)q->n, 4, what, err,

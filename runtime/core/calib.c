@@ -1,0 +1,287 @@
+/*
+ * calib.c — calibration: after a few hot steps under a plan, the measured
+ * device peak and step time against the plan's prediction, and what follows
+ * from them.
+ *
+ * Steps after the plan took effect are numbered k = 0, 1, ... (post_step
+ * order). Step 0 is a warm-up (first uploads, first pinned swap buffers);
+ * steps 1..MEASURE are measured: the wall time between post_steps (the
+ * iteration), and on the device's clock, with timing events on the compute
+ * stream, three phases of each single-micro-batch step:
+ *   forward   pre_step .. block_pre_backward(last block)
+ *   backward  .. optimizer_step
+ *   optimizer optimizer_step .. post_step
+ * At the end of step MEASURE:
+ *  - peak under-predicted: the ratio measured/predicted becomes the trace's
+ *    calib.peak (the cost model's fragmentation factor) and the plan is
+ *    searched again (as before);
+ *  - otherwise ([protrain] time_calibration), the median iteration more than 15% away from the prediction:
+ *    each phase's measured/predicted median is folded into calib.fwd/bwd/opt,
+ *    which scale the profile's compute times and optimizer rates
+ *    (pt_trace_calibrated), and the plan is searched again (when the gap is
+ *    also above TIME_MIN_GAIN_S per iteration); at most
+ *    MAX_TIME_REPLANS times per run, so a model that cannot fit the machine
+ *    does not re-plan forever;
+ *  - whatever was learned is written back into the profile cache with the
+ *    profile, so the next run plans with it from its first step.
+ * The factors scale compute only, and are chosen so that the phase's predicted
+ * compute plus its predicted non-compute part (exposed copies, waits) equals
+ * the measurement; a copy misprediction therefore lands in the compute factor
+ * (what the log shows).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll.h"
+#include "device_ext.h"
+#include "planner/planner.h"
+#include "rt_internal.h"
+
+enum { WARM = 1, MEASURE = 5, MAX_TIME_REPLANS = 2 };
+#define TIME_TOLERANCE 0.15
+/* ... and at least this many seconds per iteration: below it a re-plan (a
+ * rebuild of the store) costs more than it could save, and sub-millisecond
+ * steps are mostly timer and scheduling noise */
+#define TIME_MIN_GAIN_S 0.002
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof v[0], cmp_d);
+    return v[n / 2];
+}
+
+/* The step about to run (or running) is measured: its post_step is k in 1..MEASURE. */
+static int measuring(const pt_rt *rt) {
+    return rt->pred_peak && !rt->prof && rt->calib_steps >= WARM + 1 &&
+           rt->calib_steps <= WARM + MEASURE && rt->sx && !rt->sx->eval && rt->sx->n_micro == 1;
+}
+
+void pt_rt_calib_mark(pt_rt *rt, int which) {
+    if (!measuring(rt)) return;
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
+    void *impl = pt_gpu_impl(rt->gpu);
+    if (which == PT_CAL_PRE) rt->cal_seen = 0;
+    else if (rt->cal_seen != (1u << which) - 1u) return;   /* marks out of order: no sample */
+    if (!rt->cal_ev[which] && pt_gpu_event_create_timing(rt->gpu, &rt->cal_ev[which])) {
+        rt->cal_ev[which] = NULL;
+        return;
+    }
+    if (ops->event_record(impl, rt->cal_ev[which], rt->s_compute)) return;
+    rt->cal_seen |= 1u << which;
+}
+
+/* After PT_CAL_END of a measured step: its three phases, or nothing. */
+static void take_sample(pt_rt *rt, int i) {
+    rt->cal_ok[i] = 0;
+    if (rt->cal_seen != (1u << PT_CAL_N) - 1u) return;
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
+    void *impl = pt_gpu_impl(rt->gpu);
+    /* optimizer_step has waited for the step's compute already: this is short */
+    if (ops->event_sync(impl, rt->cal_ev[PT_CAL_END])) return;
+    for (int p = 0; p < 3; p++) {
+        float ms = 0;
+        if (ops->event_elapsed_ms(impl, rt->cal_ev[p], rt->cal_ev[p + 1], &ms)) return;
+        rt->cal_ph[i][p] = ms * 1e-3;
+    }
+    rt->cal_ok[i] = 1;
+}
+
+void pt_rt_calib_free(pt_rt *rt) {
+    if (!rt->gpu) return;
+    for (int i = 0; i < PT_CAL_N; i++)
+        if (rt->cal_ev[i]) pt_gpu_ops(rt->gpu)->event_destroy(pt_gpu_impl(rt->gpu), rt->cal_ev[i]);
+    memset(rt->cal_ev, 0, sizeof rt->cal_ev);
+}
+
+static void store_learned(pt_rt *rt) {
+    if (!rt->cfg.cache_dir[0] || !rt->trace) return;
+    char e2[512];
+    if (pt_trace_cache_store(rt->cfg.cache_dir, rt->trace, e2, sizeof e2))
+        PT_LOGW(&rt->lg, "profile cache: the calibration was not stored: %s", e2);
+    else
+        PT_LOGI(&rt->lg, "profile cache: stored the calibration (peak x%.4f, forward x%.3f, "
+                         "backward x%.3f, optimizer x%.3f) with the profile",
+                rt->trace->calib.peak > 0 ? rt->trace->calib.peak : 1.0,
+                rt->trace->calib.fwd > 0 ? rt->trace->calib.fwd : 1.0,
+                rt->trace->calib.bwd > 0 ? rt->trace->calib.bwd : 1.0,
+                rt->trace->calib.opt > 0 ? rt->trace->calib.opt : 1.0);
+}
+
+static void replan(pt_rt *rt) {
+    char err[512];
+    int rc = pt_rt_search_and_apply(rt, rt->trace, 0.0, err, sizeof err);
+    if (rc) {
+        PT_LOGE(&rt->lg, "calibration re-plan failed: %s", err);
+        rt->broken = rc;
+    }
+}
+
+static double fold(double old, double f) { return (old > 0 ? old : 1.0) * f; }
+static double one(double f) { return f > 0 ? f : 1.0; }
+
+/* The profile's compute in each phase, as the plan in force predicted it
+ * (calibration applied). Recomputes are left out of the backward's share: which
+ * blocks recompute depends on the plan, and they are forward work. */
+static void phase_compute(const pt_trace *t, double *cf, double *cb) {
+    double f = t->embed_fwd_s, b = t->head_fwd_s + t->head_bwd_s + t->embed_bwd_s;
+    for (int32_t k = 0; k < t->n_block; k++) {
+        f += t->blocks[k].fwd_s;
+        b += t->blocks[k].bwd_s;
+    }
+    *cf = f * one(t->calib.fwd);
+    *cb = b * one(t->calib.bwd);
+}
+
+/* The factor that makes the phase's prediction equal the measurement when only
+ * its compute share (c of the predicted p) is wrong: (m - (p - c)) / c. When the
+ * measurement is below the non-compute share (copies over-predicted) or there is
+ * no compute share, the whole-phase ratio m / p. */
+static double phase_factor(double m, double p, double c) {
+    if (!(p > 0) || !(m > 0)) return 1.0;
+    double x = p - c;
+    if (c > 0 && m > x) return (m - x) / c;
+    return m / p;
+}
+
+/* Time: returns 1 when it planned again. */
+static int time_calibrate(pt_rt *rt) {
+    double ratio = rt->pred_iter_s > 0 ? rt->meas_iter_s / rt->pred_iter_s : 1.0;
+    if (fabs(ratio - 1.0) <= TIME_TOLERANCE || !rt->trace ||
+        fabs(rt->meas_iter_s - rt->pred_iter_s) < TIME_MIN_GAIN_S)
+        return 0;
+    double ph[3][MEASURE];
+    int n = 0;
+    for (int i = 0; i < MEASURE; i++) {
+        if (!rt->cal_ok[i]) continue;
+        for (int p = 0; p < 3; p++) ph[p][n] = rt->cal_ph[i][p];
+        n++;
+    }
+    if (n < MEASURE / 2 + 1) {
+        PT_LOGI(&rt->lg, "calibration: the iteration is x%.3f the prediction, but only %d of %d "
+                         "steps had their phases timed (micro-batches > 1, or evaluation passes "
+                         "in between): the plan stays", ratio, n, MEASURE);
+        return 0;
+    }
+    if (rt->time_replans >= MAX_TIME_REPLANS) {
+        PT_LOGW(&rt->lg, "calibration: the iteration is still x%.3f the prediction after %d "
+                         "time re-plans: the plan stays", ratio, rt->time_replans);
+        return 0;
+    }
+    double mf = median(ph[0], n), mb = median(ph[1], n), mo = median(ph[2], n);
+    double cf, cb;
+    phase_compute(rt->trace, &cf, &cb);
+    double ff = phase_factor(mf, rt->pred_fwd_s, cf);
+    double fb = phase_factor(mb, rt->pred_bwd_s, cb);
+    /* a tail under 0.1 ms on either side is noise, not a rate */
+    double fo = rt->pred_opt_s > 1e-4 && mo > 1e-4 ? mo / rt->pred_opt_s : 1.0;
+    pt_trace_calib *c = &rt->trace->calib;
+    c->fwd = fold(c->fwd, ff);
+    c->bwd = fold(c->bwd, fb);
+    c->opt = fold(c->opt, fo);
+    rt->time_replans++;
+    double old_meas = rt->meas_iter_s;
+    uint64_t old_pred = rt->pred_peak;
+    PT_LOGW(&rt->lg, "calibration: the iteration is x%.3f the prediction (more than %.0f%% off); "
+                     "phases on the device clock: forward %.4f s vs %.4f (x%.3f), backward %.4f "
+                     "vs %.4f (x%.3f), optimizer %.4f vs %.4f (x%.3f); planning again with the "
+                     "profile's times scaled by forward x%.3f, backward x%.3f, optimizer x%.3f",
+            ratio, TIME_TOLERANCE * 100, mf, rt->pred_fwd_s, ff, mb, rt->pred_bwd_s, fb, mo,
+            rt->pred_opt_s, fo, c->fwd, c->bwd, c->opt);
+    replan(rt);
+    if (rt->broken) return 1;
+    PT_LOGI(&rt->lg, "calibration: the new plan predicts %.4f s per iteration (%.4f s "
+                     "measured under the old one)", rt->pred_iter_s, old_meas);
+    if (rt->tl && rt->tl->n && rt->pred_peak == old_pred) {
+        /* time factors do not move memory: the same predicted peak is the same
+         * picture, and the peak measured under the old plan still belongs on it */
+        char terr[512];
+        if (pt_timeline_write_file(rt->tl, NULL, rt->meas_peak, rt->cfg.timeline_file, terr,
+                                   sizeof terr))
+            PT_LOGW(&rt->lg, "calibration: %s", terr);
+    }
+    return 1;
+}
+
+void pt_rt_calibrate(pt_rt *rt) {
+    int k = rt->calib_steps++;
+    if (k < (int)(sizeof rt->calib_t / sizeof rt->calib_t[0])) rt->calib_t[k] = pt_now_s();
+    if (k >= WARM + 1 && k <= WARM + MEASURE) take_sample(rt, k - WARM - 1);
+    rt->cal_seen = 0;
+    if (k == WARM) pt_store_coll_seconds(rt->st, rt->coll0);
+    if (k != WARM + MEASURE || !rt->pred_peak) return;
+    if (rt->coll) {
+        double c1[3];
+        pt_store_coll_seconds(rt->st, c1);
+        PT_LOGI(&rt->lg, "calibration: collectives per iteration, measured vs predicted: "
+                         "all-reduce %.6f s vs %.6f s, all-gather %.6f s vs %.6f s, "
+                         "reduce-scatter %.6f s vs %.6f s",
+                (c1[0] - rt->coll0[0]) / MEASURE, rt->pred_coll[0],
+                (c1[1] - rt->coll0[1]) / MEASURE, rt->pred_coll[1],
+                (c1[2] - rt->coll0[2]) / MEASURE, rt->pred_coll[2]);
+    }
+    double dt[MEASURE];
+    for (int i = 0; i < MEASURE; i++) dt[i] = rt->calib_t[WARM + i + 1] - rt->calib_t[WARM + i];
+    pt_gpu_usage u;
+    pt_gpu_usage_get(rt->gpu, &u);
+    rt->meas_peak = u.peak;
+    rt->meas_iter_s = median(dt, MEASURE);
+    double pr = (double)u.peak / (double)rt->pred_peak;
+    PT_LOGI(&rt->lg, "calibration: measured peak %llu bytes (%.2f MiB) vs predicted %llu "
+                     "(x%.4f); median iteration %.4f s vs predicted %.4f s (x%.3f)",
+            (unsigned long long)u.peak, u.peak / 1048576.0, (unsigned long long)rt->pred_peak,
+            pr, rt->meas_iter_s, rt->pred_iter_s,
+            rt->pred_iter_s > 0 ? rt->meas_iter_s / rt->pred_iter_s : 0.0);
+    if (rt->tl && rt->tl->n) {
+        /* the picture of the plan that ran, now with what it really peaked at
+         * (a re-plan below then writes its own prediction over it) */
+        char terr[512];
+        if (pt_timeline_write_file(rt->tl, NULL, u.peak, rt->cfg.timeline_file, terr, sizeof terr))
+            PT_LOGW(&rt->lg, "calibration: %s", terr);
+    }
+    if (!rt->trace) return;
+    int under = u.peak > rt->pred_peak;
+    if (rt->coll) {
+        /* a re-plan exchanges the plan (and in mode C rebuilds through
+         * collectives): all ranks or none, so any rank's under-prediction re-plans
+         * every rank */
+        double f = under;
+        char e[512];
+        if (pt_coll_allreduce(rt->coll, &f, 1, PT_COLL_F64, 1.0, "the calibration decision", e,
+                              sizeof e)) {
+            PT_LOGE(&rt->lg, "calibration: %s", e);
+            rt->broken = PT_ERR_BACKEND;
+            return;
+        }
+        under = f > 0;
+    }
+    if (under) {
+        /* Under-predicted: plan again with the measured correction, carrying the
+         * parameters and optimizer state across (the state image is per parameter). */
+        if (u.peak > rt->pred_peak) {
+            rt->trace->calib.peak = fold(rt->trace->calib.peak, pr);
+            PT_LOGW(&rt->lg, "calibration: the peak was under-predicted by %llu bytes; planning "
+                             "again with fragmentation factor %.4f",
+                    (unsigned long long)(u.peak - rt->pred_peak), rt->trace->calib.peak);
+        } else {
+            PT_LOGW(&rt->lg, "calibration: another rank's peak was under-predicted; planning "
+                             "again with it");
+        }
+        replan(rt);
+        store_learned(rt);
+        rt->calib_steps = WARM + MEASURE + 1;   /* measure once per plan */
+        return;
+    }
+    if (rt->coll) {
+        /* each rank would decide on its own timings, and a re-plan must happen on
+         * every rank or none */
+        if (rt->cfg.time_calibration)
+            PT_LOGI(&rt->lg, "calibration: no time re-plan with several ranks");
+        return;
+    }
+    if (rt->cfg.time_calibration && time_calibrate(rt)) store_learned(rt);
+}

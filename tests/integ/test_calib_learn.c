@@ -1,0 +1,106 @@
+/*
+ * test_calib_learn.c — what calibration learns is used: a re-plan in this run,
+ * and, through the profile cache, the plan of the next run from its start.
+ *
+ * The host's training steps differ from the step it profiles (tests/hook_host.h):
+ *  - peak: block 0's forward allocates device memory the profile never saw, so
+ *    the measured peak exceeds the prediction; the plan is searched again with
+ *    the ratio as fragmentation factor, and a second run on the same cache
+ *    starts with that plan (same predicted peak) and stays under it;
+ *  - time: every block window sleeps 2 ms in training (not in profiling), so the
+ *    measured iteration is far above the prediction (the profile saw
+ *    microseconds); calibration scales the profile's phases by the ratios it
+ *    timed on the device clock and plans again, and a second run starts with
+ *    that prediction.
+ * The assertions compare predictions with predictions (run 1's last plan against
+ * run 2's first, bit for bit) or with an order of magnitude (32 ms of sleep per
+ * step against a profile of a few microseconds), never a timing against a
+ * threshold a loaded machine could cross.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+#include <sys/stat.h>
+
+#include "hook_host.h"
+
+static char cache[256];
+
+static int setup(void **st) {
+    (void)st;
+    snprintf(cache, sizeof cache, "/tmp/pt_calib_learn_%d", (int)getpid());
+    return mkdir(cache, 0700);
+}
+
+static int teardown(void **st) {
+    (void)st;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static pt_stats_v1 stats(host *h) {
+    pt_stats_v1 s = {.struct_size = sizeof s};
+    assert_int_equal(P->get_stats(h->ctx, &s), PT_OK);
+    return s;
+}
+
+static void test_peak_learned(void **st) {
+    (void)st;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/peak", cache);
+    hh_opts o = {.hidden_bytes = 256 << 10, .cache_dir = dir};
+    const char *ini = "[memory]\ndevice_capacity = 8MiB";
+    host a;
+    make(&a, &o, ini);
+    uint64_t pred0 = stats(&a).pred_peak;
+    for (int s = 0; s < 8; s++) step(&a, s);   /* calibration at the 7th post_step */
+    pt_stats_v1 sa = stats(&a);
+    done(&a);
+    if (!(sa.pred_peak >= pred0 + (256u << 10)))
+        fail_msg("the re-plan predicts %llu bytes, the first plan %llu: the hidden 256 KiB "
+                 "was not learned", (unsigned long long)sa.pred_peak, (unsigned long long)pred0);
+
+    host b;
+    make(&b, &o, ini);
+    pt_stats_v1 sb = stats(&b);
+    assert_true(sb.pred_peak == sa.pred_peak);   /* planned with it from the start */
+    for (int s = 0; s < 8; s++) step(&b, s);
+    pt_stats_v1 sb2 = stats(&b);
+    assert_true(sb2.pred_peak == sb.pred_peak);  /* no second re-plan */
+    assert_true(sb2.dev_peak <= sb2.pred_peak);
+    done(&b);
+}
+
+static void test_time_learned(void **st) {
+    (void)st;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/time", cache);
+    hh_opts o = {.sleep_us = 2000, .cache_dir = dir};
+    const char *ini = "[memory]\ndevice_capacity = 8MiB";
+    host a;
+    make(&a, &o, ini);
+    double pred0 = stats(&a).pred_iter_s;
+    for (int s = 0; s < 8; s++) step(&a, s);
+    pt_stats_v1 sa = stats(&a);
+    done(&a);
+    /* 16 windows of >= 2 ms: the re-planned prediction holds most of the 32 ms */
+    if (!(sa.pred_iter_s > 0.016 && sa.pred_iter_s > 4 * pred0))
+        fail_msg("predicted iteration %.6f s after calibration, %.6f s before: the sleeps "
+                 "were not learned", sa.pred_iter_s, pred0);
+
+    host b;
+    make(&b, &o, ini);
+    assert_true(stats(&b).pred_iter_s == sa.pred_iter_s);
+    done(&b);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_peak_learned),
+        cmocka_unit_test(test_time_learned),
+    };
+    return cmocka_run_group_tests_name("calib_learn", tests, setup, teardown);
+}
