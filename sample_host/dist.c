@@ -49,7 +49,8 @@ int sh_dist_setup(sh_config *c, char *err, size_t errlen) {
         c->quiet = 1;
         c->progress = 0;
         c->metrics[0] = '\0';
-        c->save[0] = '\0';
+        /* --save stays: every rank reads the parameters back (in mode C that
+         * gathers them from all ranks), rank 0 alone writes the file */
         c->write_shard[0] = '\0';
     }
     return 0;

@@ -381,7 +381,7 @@ static int save_ckpt(runstate *rs, char *err, size_t errlen) {
     }
     int rc = sh_trainer_snapshot(rs->tr, flat);
     if (rc) snprintf(err, errlen, "%s", sh_trainer_error(rs->tr));
-    else rc = sh_ckpt_save(rs->c->save, m, flat, err, errlen);
+    else if (rs->c->rank == 0) rc = sh_ckpt_save(rs->c->save, m, flat, err, errlen);
     free(flat);
     if (!rc && !rs->c->quiet) printf("saved checkpoint %s\n", rs->c->save);
     return rc;

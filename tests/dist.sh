@@ -88,8 +88,9 @@ for mode in A B AT C CS BS; do
             >"$tmp/$mode.1.log" 2>&1; then
         cat "$tmp/$mode.1.log"; bad "mode $mode: the 1-rank --grad-accum 2 run failed"; continue
     fi
+    # --save: every rank reads the parameters back, rank 0 writes (mode C gathers them)
     if ! (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$mode.ini" "${common[@]}" --grad-accum 1 \
-            --metrics "$m2") >"$tmp/$mode.2.log" 2>&1; then
+            --metrics "$m2" --save "$tmp/$mode.2.bin") >"$tmp/$mode.2.log" 2>&1; then
         tail -20 "$tmp/$mode.2.log"; bad "mode $mode: the 2-rank run failed"; continue
     fi
     [ "$(jf "$m1" world | sort -u)" = 1 ] && [ "$(jf "$m2" world | sort -u)" = 2 ] && ok ||
@@ -112,7 +113,8 @@ for mode in A B AT C CS BS; do
     fi
 done
 
-# Mode C against mode B on 2 ranks: the same losses bit for bit, half the pinned bytes.
+# Mode C against mode B on 2 ranks: the same losses bit for bit, the same saved
+# weights byte for byte, half the pinned bytes.
 S=16384   # chunk_size above: the padding allowance
 for pair in "C B" "CS BS"; do
     set -- $pair
@@ -122,6 +124,11 @@ for pair in "C B" "CS BS"; do
         ok; echo "dist: mode $1 vs mode $2 (2 ranks): all 6 losses bit-identical"
     else
         bad "mode $1 vs $2: losses differ: C: $(jf "$mc" loss | tr '\n' ' ') / B: $(jf "$mb" loss | tr '\n' ' ')"
+    fi
+    if [ -s "$tmp/$1.2.bin" ] && cmp -s "$tmp/$1.2.bin" "$tmp/$2.2.bin"; then
+        ok; echo "dist: mode $1 vs mode $2: the weights --save wrote are byte-identical"
+    else
+        bad "mode $1 vs $2: the --save files differ or are missing"
     fi
     pc=$(jf "$mc" pinned_bytes | tail -1); pb=$(jf "$mb" pinned_bytes | tail -1)
     # the SWAP pool holds this rank's own activations, the same in B and C: the

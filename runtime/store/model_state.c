@@ -467,11 +467,7 @@ int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, 
     }
     cs_chunk *c = &ms->ch[ms->lay.param_chunk[root]];
     uint64_t off = ms->lay.param_offset[root];
-    if (c->sh)
-        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
-                       "read_param: param %d lies in chunk %d, which mode C splits across the "
-                       "ranks; reading it back would take every rank (save_state writes the "
-                       "whole state)", index, c->id);
+    if (c->sh) return pt_sh_read_param(st, c, off, dst, (size_t)bytes, err, errlen);
     if (c->persistent) {
         /* the device AdamW of the last step may still be queued */
         int rc = pt_cs_ord(st, PT_ORD_STEP) ? pt_store_sync(st, err, errlen) : PT_OK;

@@ -286,6 +286,25 @@ int pt_sh_norm_reduce(pt_store *st, char *err, size_t errlen) {
     return rc;
 }
 
+int pt_sh_read_param(pt_store *st, cs_chunk *c, uint64_t off, void *dst, size_t bytes,
+                     char *err, size_t errlen) {
+    int rc = pt_cs_wait_task(st, c, "read_param", err, errlen);   /* its step is done */
+    if (rc) return rc;
+    char *full = calloc(1, (size_t)(c->used ? c->used : 1));
+    if (!full) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "read_param: out of host memory");
+    parts_xfer(c, full, c->h_param, 1);
+    char what[64];
+    snprintf(what, sizeof what, "all-gather of chunk %d for read_param", c->id);
+    for (int r = 0; r < c->lc->n_regions && !rc; r++) {
+        const pt_chunk_region *g = &c->lc->regions[r];
+        rc = pt_coll_allgather(st->env.coll, full + g->offset, (size_t)c->sh->r[r].n,
+                               pt_dtype_size(g->dtype), what, err, errlen);
+    }
+    if (!rc) memcpy(dst, full + off, bytes);
+    free(full);
+    return rc;
+}
+
 /* ---- full-chunk views for state images ---- */
 
 static void view_free(cs_chunk *c, void *p, float *m, float *v) {

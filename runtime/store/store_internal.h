@@ -210,6 +210,11 @@ int pt_sh_norm_reduce(pt_store *st, char *err, size_t errlen);
  * again (scatter = 1 first copies this rank's parts back from them). */
 int pt_sh_views_open(pt_store *st, int gather, char *err, size_t errlen);
 void pt_sh_views_close(pt_store *st, int scatter);
+/* read_param of a parameter in a sharded chunk: the chunk's parameters
+ * all-gathered into a temporary, so a collective: every rank reads the same
+ * parameters in the same order. */
+int pt_sh_read_param(pt_store *st, cs_chunk *c, uint64_t off, void *dst, size_t bytes,
+                     char *err, size_t errlen);
 
 /* activations.c */
 const char *pt_acts_mode_name(int m);
