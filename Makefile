@@ -145,7 +145,7 @@ $(BUILD)/obj/%.cu.o: %.cu
 	  $(INC_GPU) -c $< -o $@
 $(CUDA_LIB): $(CUDA_OBJS)
 	$(NVCC) -shared $(CUDA_ARCH) -o $@ $(CUDA_OBJS) -Xlinker --version-script=gpu/cuda/exports.map \
-	  -cudart static
+	  -Xlinker -rpath,$(CUDA_LIBDIR) -L$(CUDA_LIBDIR) -lcublas -lcusolver -cudart static
 cuda-notice:
 	@echo "notice: nvcc not found; skipping $(CUDA_LIB) (the plugin runs on the host backend)"
 	@echo "notice: nvcc not found; skipping $(SAMPLE_CUDA) (sample_host --device cuda is unavailable)"

@@ -109,6 +109,44 @@ typedef struct pt_adamw_args {
     float grad_scale;           /* multiply grads by this first (clipping, averaging) */
 } pt_adamw_args;
 
+/* fp32 matrix product on row-major matrices, C = alpha * op(A) op(B) + beta * C,
+ * op(X) = X or X^T: op(A) is m x k, op(B) is k x n, C is m x n; lda, ldb, ldc are
+ * the row strides (elements) of A, B, C as stored. beta = 0 overwrites C (NaN in C
+ * is not propagated). OpenBLAS on the host backend, cuBLAS on cuda. */
+typedef struct pt_gemm_args {
+    int trans_a, trans_b;
+    int64_t m, n, k;
+    float alpha, beta;
+    const float *a;
+    int64_t lda;
+    const float *b;
+    int64_t ldb;
+    float *c;
+    int64_t ldc;
+} pt_gemm_args;
+
+/* Row-major x (rows x cols, row stride ld) against a per-column vector s[cols]:
+ *  PT_COLS_SCALE: out[i][j] = x[i][j] * s[j] (out may be x);
+ *  PT_COLS_DOT:   acc[j] += sum over i ascending of x[i][j] * y[i][j], the sum
+ *                 formed in fp32 in that order (pt_coldot_step, kernels_hd.h), so
+ *                 both backends give the same bits. */
+enum { PT_COLS_SCALE = 0, PT_COLS_DOT = 1 };
+typedef struct pt_cols_args {
+    int op;
+    int64_t rows, cols, ld;
+    const float *x, *y, *s;
+    float *out, *acc;
+} pt_cols_args;
+
+/* Thin SVD of a row-major fp32 matrix a (m x n, device memory, destroyed), r =
+ * min(m, n): u (m x r row-major), s[r] descending, vt (r x n row-major), a = u
+ * diag(s) vt. LAPACKE sgesdd on the host backend, cuSOLVER gesvd on cuda. */
+typedef struct pt_svd_args {
+    int64_t m, n;
+    float *a, *u, *s, *vt;
+    int32_t *info;    /* device int: 0 when the SVD converged, else the solver's code */
+} pt_svd_args;
+
 /*
  * Version of the pt_gpu_backend layout. The cuda backend is a separate shared
  * object that may come from another build than the plugin loading it, so its
@@ -176,7 +214,18 @@ typedef struct pt_gpu_backend {
      * (on cuda: no timing, and a host thread waiting on one sleeps instead of
      * spinning); the profiler's edge events come from here. */
     int (*event_create_timing)(void *impl, pt_event **e);
+    /* Dense linear algebra (OSFT's factorised layers and projections). NULL in a
+     * backend built before they were appended: pt_gpu_has_linalg says whether a
+     * table has them. */
+    int (*gemm_f32)(void *impl, const pt_gemm_args *a, pt_stream *s);
+    int (*cols_f32)(void *impl, const pt_cols_args *a, pt_stream *s);
+    int (*svd_f32)(void *impl, const pt_svd_args *a, pt_stream *s);
 } pt_gpu_backend;
+
+/* The table holds gemm_f32, cols_f32 and svd_f32 (inside its struct_size, non-NULL). */
+#define pt_gpu_has_linalg(ops)                                                            \
+    ((ops)->struct_size >= sizeof(pt_gpu_backend) && (ops)->gemm_f32 && (ops)->cols_f32 && \
+     (ops)->svd_f32)
 
 /* The host backend is always linked in. */
 extern const pt_gpu_backend pt_gpu_backend_host;

@@ -147,4 +147,22 @@ static inline void pt_adamw_bias(float b1, float b2, int64_t t, float *bc1, floa
     *bc2_rsqrt = (float)(1.0 / sqrt(1.0 - pow((double)b2, (double)t)));
 }
 
+/* ---- per-column scaling and column dot products (OSFT's singular values) ---- */
+
+/* One element of x diag(s): the factorised layer's (x V^T) * S. */
+PT_HD float pt_colscale_elem(float x, float s) { return x * s; }
+
+/* Column j of acc += sum_i x[i][j] * y[i][j], rows in ascending order, one fp32
+ * rounding per product and per add (no contraction: the CUDA build uses
+ * -fmad=false), so the host loop and a thread per column give the same bits. */
+PT_HD float pt_coldot_col(const float *x, const float *y, int64_t rows, int64_t ld, int64_t j,
+                          float acc) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < rows; i++) {
+        float p = x[i * ld + j] * y[i * ld + j];
+        sum = sum + p;
+    }
+    return acc + sum;
+}
+
 #endif /* PT_KERNELS_HD_H */

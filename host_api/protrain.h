@@ -229,7 +229,9 @@ typedef struct pt_stats_v1 {
     int32_t n_persist, n_buffer, n_swap, n_checkpoint, n_chunk; /* the active plan */
     int32_t mode;             /* 0 = A (resident), 1 = B (replicated offload), 2 = C (sharded) */
     double cpu_optim_s;       /* cumulative seconds of CPU optimizer work (all threads) */
-    double optim_wait_s;      /* cumulative seconds optimizer_step waited for that work */
+    double optim_wait_s;      /* cumulative seconds spent waiting for that work: optimizer_step
+                               * waiting for CPU tasks once the gradient copies were in, and
+                               * uploads waiting for steps deferred into the next forward */
     int64_t recomputes;       /* cumulative recompute_block calls (CKPT) */
     uint64_t swap_bytes;      /* cumulative activation bytes swapped out (SWAP) */
     uint64_t pred_peak;       /* the plan's predicted device peak (0: no plan) */
@@ -244,7 +246,13 @@ typedef struct pt_stats_v1 {
      * the configured tile count (auto: 1); after post_model_load the tiles each
      * MLP really runs in (N_eff). */
     uint64_t mlp_tiles;
-    uint64_t reserved[4];
+    /* ABI 1.4: OSFT. 0 = off. From init until post_model_load: 1 when OSFT is
+     * configured; after it, the number of parameters decomposed. A decomposed
+     * parameter's data and grad stay NULL, inside its block's windows too (that is
+     * how the host tells which ones they are); the host runs its linear layer
+     * through osft_linear_forward / osft_linear_backward. */
+    uint64_t osft_targets;
+    uint64_t reserved[3];
 } pt_stats_v1;
 
 /* The plugin's table. The struct tag differs from the exported object's name
@@ -289,7 +297,19 @@ typedef struct pt_plugin_table_v1 {
     int32_t (*save_state)(void *ctx, const char *dir);
     int32_t (*load_state)(void *ctx, const char *dir);
 
-    /* Kernels (later issues). NULL in a build that does not have them. */
+    /* OSFT (pt_stats_v1.osft_targets > 0): the linear layer of a decomposed
+     * parameter `param` (a host index whose data/grad are NULL), shapes from its
+     * descriptor (N out x M in), everything fp32 device memory, rows = tokens:
+     *  - forward: y (rows x N) = x (rows x M) W^T, WRITTEN (not added); the bias,
+     *    if the layer has one, stays an ordinary parameter and the host adds it.
+     *  - backward: dx (rows x M) = dy W, WRITTEN (dx may be NULL when the input
+     *    needs no gradient), and the gradients of the trainable factors are
+     *    ACCUMULATED; the bias gradient is the host's.
+     * Call it in the owning block's forward (backward) window, from the host's
+     * thread or from inside work given to launch (then, like the rest of that work,
+     * it runs on the compute stream with the factor addresses of the launch).
+     * Errors inside launched work are returned by the next stream_sync,
+     * block_post_backward or optimizer_step. */
     int32_t (*osft_linear_forward)(void *ctx, int32_t param, const void *x, void *y, int64_t rows);
     int32_t (*osft_linear_backward)(void *ctx, int32_t param, const void *x, const void *dy,
                                     void *dx, int64_t rows);

@@ -117,6 +117,12 @@ const pt_config_key pt_cfg_keys[] = {
            "times scaled by what the device clock measured (at most twice per run); the "
            "factors are kept in the profile cache with the profile. false: the plan keeps the "
            "profiled times (an under-predicted peak still re-plans)."),
+    R_BOOL("protrain", "defer_cpu_steps", defer_cpu_steps, "true",
+           "CPU optimizer steps that cannot run during backward (with max_grad_norm > 0 they "
+           "need the global norm; without set_lr they need lr) are queued by optimizer_step in "
+           "the order the next forward needs the chunks and run while it does; a chunk's "
+           "upload waits only for its own step, and read_param / save_state wait for what "
+           "they read. Same math. false: optimizer_step waits for every step."),
     R_BOOL("protrain", "auto_mode", auto_mode, "true",
            "Pick the execution mode from memory: A (all resident) if everything fits, else B "
            "(offload, replicated host state) if pinned RAM per rank holds it, else C (ZeRO-3 "
@@ -179,8 +185,9 @@ const pt_config_key pt_cfg_keys[] = {
           "REKLS: floor of the factor eigenvalues and Adam-ratio epsilon."),
     R_BOOL("osft", "enabled", osft_enabled, "false",
            "Orthogonal Subspace Fine-Tuning on the target weights."),
-    R_FLT("osft", "rank_ratio", osft_rank_ratio, PT_CFG_LO_OPEN, 0, 1, "0.5",
-          "Fraction of each target's singular values that is frozen."),
+    R_FLT("osft", "unfreeze_rank_ratio", osft_urr, 0, 0, 1, "0.25",
+          "Trainable fraction of each target's rank R: the top floor(R * (1 - ratio)) "
+          "singular directions are frozen (at most R - 1); 1 freezes none."),
     R_STR("osft", "targets", osft_targets,
           "a comma-separated list of parameter-name substrings like attn,mlp", check_targets,
           "attn,mlp", "2-D parameters whose name contains any of these substrings are targets."),
@@ -224,13 +231,18 @@ const pt_config_key pt_cfg_keys[] = {
      NULL, NULL, NULL, "0",
      "Each piece of launched work first sleeps a random time up to this (seeded by "
      "jitter_seed), so a missing stream ordering shows up as a failed test; 0: none."},
+    {"host_backend", "debug_cpu_step_delay", PT_CFG_DUR, 0, OFF(debug_cpu_step_delay), 0, 0,
+     1.0, 0, NULL, NULL, NULL, NULL, "0",
+     "Testing only: each CPU optimizer step that optimizer_step queues first sleeps this "
+     "long, so an upload that did not wait for its chunk's step reads the old values and a "
+     "test sees it. 0: none. Never in training."},
     R_INT("host_backend", "jitter_seed", jitter_seed, PT_CFG_NO_HI, 0, INT_MAX, 0, "1",
           "Seed of the compute jitter's random delays."),
-    R_INT("host_backend", "debug_skip_ordering", debug_skip_ordering, 0, 0, 255, 0, "0",
-          "Testing only: orderings after the host's compute to skip, a bit mask (1 uploads, "
-          "2 slot reuse, 4 gradient copies, 8 swaps, 16 frees, 32 optimizer step, 64 host "
-          "memcpy, 128 mode C's collectives on a chunk's slot; 255 all), so a test shows it fails "
-          "without each. Never in training."),
+    R_INT("host_backend", "debug_skip_ordering", debug_skip_ordering, 0, 0, 1023, 0, "0",
+          "Testing only: orderings to skip, a bit mask (1 uploads, 2 slot reuse, 4 gradient "
+          "copies, 8 swaps, 16 frees, 32 optimizer step, 64 host memcpy, 128 OSFT projection, "
+          "256 an upload after its chunk's deferred CPU step, 512 mode C's collectives on a "
+          "chunk's slot; 1023 all), so a test shows it fails without each. Never in training."),
     R_BOOL("cuda", "poison", cuda_poison, "false",
            "On a CUDA device, fill freed device memory with NaN too (a memset and a wait "
            "on every free: a debugging aid, off by default for speed)."),

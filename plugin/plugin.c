@@ -441,8 +441,44 @@ static int32_t h_tiled_scratch(void *vctx, uint64_t bytes, void **ptr) {
     return done(c, pt_rt_tile_scratch(c->rt, bytes, ptr, c->err, sizeof c->err));
 }
 
-/* osft_linear_forward/backward stay NULL: they are not built, and a NULL slot is
- * how the ABI says so (PT_HAS_HOOK is false). */
+/* OSFT's linear layer. From the host's thread: inside the owning block's
+ * window (forward or backward as named). From inside launched work the hook
+ * runs on the compute thread: it leaves the lifecycle and the context's error
+ * buffer (the host's thread owns both) alone, and a failure reaches the host at
+ * its next stream_sync / block_post_backward / optimizer_step. */
+static int32_t osft_linear(void *vctx, int32_t param, const void *x, const void *dy, void *out,
+                           int64_t rows, int backward) {
+    const char *hook = backward ? "osft_linear_backward" : "osft_linear_forward";
+    if (pt_rt_in_launch()) {
+        pt_ctx *c = (pt_ctx *)vctx;
+        char e[256];
+        return pt_rt_osft_linear(c->rt, param, x, dy, out, rows, backward, e, sizeof e);
+    }
+    CTX(hook);
+    int rc = needs_model(c, hook);
+    int b = rc ? -2 : pt_rt_osft_block(c->rt, param);
+    if (!rc && b == -2)
+        rc = pt_fail(c->err, sizeof c->err, PT_ERR_INVALID_ARG, "%s: param %d is not an OSFT "
+                     "target (pt_stats_v1.osft_targets says how many are)", hook, (int)param);
+    pt_lc_state want = backward ? PT_LC_BWD : PT_LC_FWD;
+    if (!rc && b >= 0 && !(c->lc.state == want && pt_lc_in_block(&c->lc, b)))
+        rc = pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
+                     "hook %s(param %d) called out of order: call it between block_pre_%s(%d) "
+                     "and block_post_%s(%d) (state: %s)", hook, (int)param,
+                     backward ? "backward" : "forward", b, backward ? "backward" : "forward", b,
+                     pt_lc_state_name(c->lc.state));
+    if (!rc)
+        rc = pt_rt_osft_linear(c->rt, param, x, dy, out, rows, backward, c->err, sizeof c->err);
+    return done(c, rc);
+}
+static int32_t h_osft_fwd(void *vctx, int32_t param, const void *x, void *y, int64_t rows) {
+    return osft_linear(vctx, param, x, NULL, y, rows, 0);
+}
+static int32_t h_osft_bwd(void *vctx, int32_t param, const void *x, const void *dy, void *dx,
+                          int64_t rows) {
+    return osft_linear(vctx, param, x, dy, dx, rows, 1);
+}
+
 __attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
     .abi_version = 1,
     .struct_size = sizeof(pt_plugin_v1),
@@ -472,6 +508,8 @@ __attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
     .set_lr = h_set_lr,
     .launch = h_launch,
     .stream_sync = h_stream_sync,
+    .osft_linear_forward = h_osft_fwd,
+    .osft_linear_backward = h_osft_bwd,
     .tiled_mlp_forward = h_tiled_fwd,
     .tiled_mlp_backward = h_tiled_bwd,
     .tiled_mlp_scratch = h_tiled_scratch,

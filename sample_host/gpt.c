@@ -175,6 +175,44 @@ static const sh_layer_ops *ops_of(const sh_model *m) { return m->ops ? m->ops : 
 #define PD(l, k) ((const float *)m->params[SH_P_LAYER(l, k)].data)
 #define PG(l, k) ((float *)m->params[SH_P_LAYER(l, k)].grad)
 
+/* OSFT: the plugin decomposed weight k of layer l (its data stays NULL inside the
+ * block's window): the layer runs through the plugin's factorised hooks, and its
+ * bias (an ordinary parameter, slot k + 1) is added here. A hook failure is kept
+ * in *osft_status (the first one) for the trainer to report. */
+static int osft_on(const sh_model *m, int l, int k) {
+    return m->osft_tbl && !m->params[SH_P_LAYER(l, k)].data;
+}
+static void osft_fail(const sh_model *m, int32_t st) {
+    if (st && m->osft_status && !*m->osft_status) *m->osft_status = st;
+}
+
+static void lin_fwd(const sh_model *m, int l, int k, float *out, const float *inp, int N, int IC,
+                    int OC) {
+    const sh_layer_ops *O = ops_of(m);
+    if (!osft_on(m, l, k)) {
+        O->matmul_fwd(O->ctx, out, inp, PD(l, k), PD(l, k + 1), N, IC, OC);
+        return;
+    }
+    osft_fail(m, m->osft_tbl->osft_linear_forward(m->osft_ctx, SH_P_LAYER(l, k), inp, out, N));
+    const float *b = PD(l, k + 1);
+    for (int r = 0; r < N; r++)
+        for (int j = 0; j < OC; j++) out[(size_t)r * OC + j] += b[j];
+}
+
+static void lin_bwd(const sh_model *m, int l, int k, float *dinp, const float *dout,
+                    const float *inp, int N, int IC, int OC, float *wtmp) {
+    const sh_layer_ops *O = ops_of(m);
+    if (!osft_on(m, l, k)) {
+        O->matmul_bwd(O->ctx, dinp, PG(l, k), PG(l, k + 1), dout, inp, PD(l, k), N, IC, OC, wtmp);
+        return;
+    }
+    float *db = PG(l, k + 1);
+    for (int r = 0; r < N; r++)
+        for (int j = 0; j < OC; j++) db[j] += dout[(size_t)r * OC + j];
+    osft_fail(m, m->osft_tbl->osft_linear_backward(m->osft_ctx, SH_P_LAYER(l, k), inp, dout,
+                                                   dinp, N));
+}
+
 void sh_block_fwd_attn(const sh_model *m, int l, float *arena, const float *x, int B, int T,
                        int tiled) {
     const sh_layer_ops *O = ops_of(m);
@@ -184,10 +222,10 @@ void sh_block_fwd_attn(const sh_model *m, int l, float *arena, const float *x, i
     float *A = arena;
     O->layernorm_fwd(O->ctx, A + a.ln1, A + a.ln1_mean, A + a.ln1_rstd, x, PD(l, SH_LN1W),
                      PD(l, SH_LN1B), N, C);
-    O->matmul_fwd(O->ctx, A + a.qkv, A + a.ln1, PD(l, SH_QKVW), PD(l, SH_QKVB), N, C, 3 * C);
+    lin_fwd(m, l, SH_QKVW, A + a.qkv, A + a.ln1, N, C, 3 * C);
     O->attention_fwd(O->ctx, A + a.atty, A + a.att, A + a.qkv, B, T, C, NH);
     /* res2 = (atty * attprojw^T + attprojb) + x */
-    O->matmul_fwd(O->ctx, A + a.res2, A + a.atty, PD(l, SH_ATTPROJW), PD(l, SH_ATTPROJB), N, C, C);
+    lin_fwd(m, l, SH_ATTPROJW, A + a.res2, A + a.atty, N, C, C);
     O->add_inplace(O->ctx, A + a.res2, x, (size_t)N * C);
     O->layernorm_fwd(O->ctx, A + a.ln2, A + a.ln2_mean, A + a.ln2_rstd, A + a.res2, PD(l, SH_LN2W),
                      PD(l, SH_LN2B), N, C);
@@ -196,11 +234,11 @@ void sh_block_fwd_attn(const sh_model *m, int l, float *arena, const float *x, i
 void sh_mlp_fwd(const sh_model *m, int l, const sh_mlp_rows *r) {
     const sh_layer_ops *O = ops_of(m);
     int n = r->n, C = m->d.C;
-    O->matmul_fwd(O->ctx, r->fch, r->inp, PD(l, SH_FCW), PD(l, SH_FCB), n, C, 4 * C);
+    lin_fwd(m, l, SH_FCW, r->fch, r->inp, n, C, 4 * C);
     O->gelu_fwd(O->ctx, r->fch_gelu, r->fch, (size_t)n * 4 * C);
     if (!r->out) return; /* a tile's recompute before its backward */
     /* out = (fch_gelu * fcprojw^T + fcprojb) + res2 */
-    O->matmul_fwd(O->ctx, r->out, r->fch_gelu, PD(l, SH_FCPROJW), PD(l, SH_FCPROJB), n, 4 * C, C);
+    lin_fwd(m, l, SH_FCPROJW, r->out, r->fch_gelu, n, 4 * C, C);
     O->add_inplace(O->ctx, r->out, r->res, (size_t)n * C);
 }
 
@@ -218,11 +256,9 @@ void sh_mlp_bwd(const sh_model *m, int l, const sh_mlp_rows *r) {
     const sh_layer_ops *O = ops_of(m);
     int n = r->n, C = m->d.C;
     /* dbig (n,4C) holds d fch_gelu, then d fch in place; dinp (n,C) = d ln2 */
-    O->matmul_bwd(O->ctx, r->dbig, PG(l, SH_FCPROJW), PG(l, SH_FCPROJB), r->dout, r->fch_gelu,
-                  PD(l, SH_FCPROJW), n, 4 * C, C, r->wtmp);
+    lin_bwd(m, l, SH_FCPROJW, r->dbig, r->dout, r->fch_gelu, n, 4 * C, C, r->wtmp);
     O->gelu_bwd(O->ctx, r->dbig, r->fch, r->dbig, (size_t)n * 4 * C);
-    O->matmul_bwd(O->ctx, r->dinp, PG(l, SH_FCW), PG(l, SH_FCB), r->dbig, r->inp, PD(l, SH_FCW),
-                  n, C, 4 * C, r->wtmp);
+    lin_bwd(m, l, SH_FCW, r->dinp, r->dbig, r->inp, n, C, 4 * C, r->wtmp);
 }
 
 void sh_block_bwd_attn(const sh_model *m, int l, const float *arena, const float *x, float *dres,
@@ -236,12 +272,10 @@ void sh_block_bwd_attn(const sh_model *m, int l, const float *arena, const float
     O->layernorm_bwd(O->ctx, dres, PG(l, SH_LN2W), PG(l, SH_LN2B), s->dsmall, A + a.res2,
                      PD(l, SH_LN2W), A + a.ln2_mean, A + a.ln2_rstd, N, C);
     /* dres is now dL/d res2; res2 = x + attproj(attn(qkv(ln1(x)))). */
-    O->matmul_bwd(O->ctx, s->dsmall, PG(l, SH_ATTPROJW), PG(l, SH_ATTPROJB), dres, A + a.atty,
-                  PD(l, SH_ATTPROJW), N, C, C, s->wtmp);
+    lin_bwd(m, l, SH_ATTPROJW, s->dsmall, dres, A + a.atty, N, C, C, s->wtmp);
     /* dqkv (N,3C) reuses dbig (N,4C untiled, N,3C tiled), which is free again */
     O->attention_bwd(O->ctx, s->dbig, s->datt, s->nslots, s->dsmall, A + a.qkv, A + a.att, B, T, C, NH);
-    O->matmul_bwd(O->ctx, s->dsmall, PG(l, SH_QKVW), PG(l, SH_QKVB), s->dbig, A + a.ln1, PD(l, SH_QKVW),
-                  N, C, 3 * C, s->wtmp);
+    lin_bwd(m, l, SH_QKVW, s->dsmall, s->dbig, A + a.ln1, N, C, 3 * C, s->wtmp);
     O->layernorm_bwd(O->ctx, dres, PG(l, SH_LN1W), PG(l, SH_LN1B), s->dsmall, x, PD(l, SH_LN1W),
                      A + a.ln1_mean, A + a.ln1_rstd, N, C);
 }

@@ -46,6 +46,12 @@ typedef struct sh_model {
     size_t n_floats;       /* total floats of all untied params (flat layout size) */
     float *init;           /* (n_floats) host initial values, NULL once handed over */
     const sh_layer_ops *ops; /* the layers the passes run on; NULL = the CPU layers */
+    /* OSFT (the plugin reports osft_targets > 0): the plugin's table and ctx; a
+     * projection weight whose data is NULL inside its block's window runs through
+     * osft_linear_forward / _backward. NULL otherwise. */
+    const pt_plugin_v1 *osft_tbl;
+    void *osft_ctx;
+    int32_t *osft_status;  /* the first failed hook's status (trainer-owned), or NULL */
 } sh_model;
 
 /* Validate dims (one sentence into err on failure) and round Vp up to 128 if 0. */

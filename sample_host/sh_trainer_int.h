@@ -50,6 +50,8 @@ struct sh_trainer {
     char opened[16];        /* the backend the plugin's start line named ("" unseen) */
     int curB, curT, in_pass;
     sh_tiled tl;            /* TiledMLP (tiled.c): tl.on when the plugin tiles the MLPs */
+    int32_t osft_st;        /* the first failed OSFT hook's status (model.osft_status) */
+    int64_t osft_targets;   /* weights the plugin decomposed (0: OSFT off) */
     char err[768];
     char cb_err[384];       /* error raised inside a callback */
 };

@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,9 @@ int sh_tr_sync(sh_trainer *tr) {
     }
     int32_t st = sh_work_sync(&tr->lw);
     if (st != 0) return sh_tr_hook_fail(tr, "stream_sync", 0, st);
+    /* an OSFT hook run on this thread that failed (launched work reports through
+     * stream_sync above) */
+    if (tr->osft_st) return sh_tr_hook_fail(tr, "osft_linear_forward/backward", 0, tr->osft_st);
     return 0;
 }
 
@@ -429,6 +433,23 @@ static int start_plugin(sh_trainer *tr) {
     if (tr->tl.on && tr->cu)
         return sh_tr_fail(tr, "the plugin runs the MLP in tiles ([tiled_mlp] enabled = true), but "
                     "sample_host --device cuda runs its MLP untiled: set enabled = false");
+    /* OSFT: from init on the plugin says whether it will decompose weights; the
+     * model then sends every weight whose data is NULL in its window through the
+     * hooks (decided before post_model_load, whose profile_step runs the blocks) */
+    pt_stats_v1 ost = {.struct_size = sizeof ost};
+    if (PT_HAS_HOOK(tr->tbl, get_stats) && tr->tbl->get_stats(tr->ctx, &ost) == 0 &&
+        ost.struct_size >= offsetof(pt_stats_v1, osft_targets) + sizeof ost.osft_targets &&
+        ost.osft_targets > 0) {
+        if (tr->cu)
+            return sh_tr_fail(tr, "the plugin decomposes weights ([osft] enabled = true), but "
+                        "sample_host --device cuda adds the biases of decomposed layers on the "
+                        "CPU only: set enabled = false or use --device cpu");
+        if (!PT_HAS_HOOK(tr->tbl, osft_linear_forward) || !PT_HAS_HOOK(tr->tbl, osft_linear_backward))
+            return sh_tr_fail(tr, "the plugin reports OSFT targets but lacks the osft_linear hooks");
+        tr->model.osft_tbl = tr->tbl;
+        tr->model.osft_ctx = tr->ctx;
+        tr->model.osft_status = &tr->osft_st;
+    }
     /* cuda: running an op enqueues its kernels, no launch hook needed */
     tr->lw.async = !tr->cu && sh_work_can_launch(tr->tbl);
     if (tr->cu && tr->opened[0] && strcmp(tr->opened, "cuda") != 0)

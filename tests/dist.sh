@@ -64,6 +64,14 @@ base_ini "$tmp/C.ini" 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swap
 base_ini "$tmp/CS.ini" 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swap = 1\nn_checkpoint = 1\nchunk_size = 16384\nzero3_shard = on'
 base_ini "$tmp/BS.ini" 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swap = 1\nn_checkpoint = 1\nchunk_size = 16384'
 printf '[tiled_mlp]\nenabled = true\ntiles = 3\n' >> "$tmp/AT.ini"
+# AO / BO: modes A and B with OSFT on every projection; unfreeze_rank_ratio 0.4 of
+# rank 32 freezes k = 19 and trains 13 directions (neither divides by 2), over 15
+# token rows per rank (batch 1 x seq 15). The
+# gradient projection runs on each rank's own gradient before the all-reduce
+# (it is linear, so the sum of projections is the projection of the sum).
+osft='[osft]\nenabled = true\nunfreeze_rank_ratio = 0.4\ntargets = qkvw,attprojw,fcw,fcprojw\n'
+cp "$tmp/A.ini" "$tmp/AO.ini"; printf "$osft" >> "$tmp/AO.ini"
+cp "$tmp/B.ini" "$tmp/BO.ini"; printf "$osft" >> "$tmp/BO.ini"
 
 # field value of every line: jf FILE KEY
 jf() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
@@ -80,17 +88,22 @@ for np in 2 3; do
     fi
 done
 
-for mode in A B AT C CS BS; do
+for mode in A B AT AO BO C CS BS; do
     want=${mode:0:1}   # the execution mode the plugin must report
     want1=$want; [ "$want" = C ] && want1=B   # one rank cannot shard
+    extra=()   # OSFT: 1 x 15 = 15 token rows per rank (odd), on top of the odd ranks
+    case $mode in AO|BO) extra=(--batch 1 --seq 15) ;; esac
+    # --save (modes B and C, compared below): every rank reads the parameters
+    # back, rank 0 writes (mode C gathers them)
+    save=()
+    case $mode in B|C|BS|CS) save=(--save "$tmp/$mode.2.bin") ;; esac
     m1="$tmp/$mode.1.json"; m2="$tmp/$mode.2.json"
-    if ! "$sh" --config "$tmp/$mode.ini" "${common[@]}" --grad-accum 2 --metrics "$m1" \
+    if ! "$sh" --config "$tmp/$mode.ini" "${common[@]}" "${extra[@]}" --grad-accum 2 --metrics "$m1" \
             >"$tmp/$mode.1.log" 2>&1; then
         cat "$tmp/$mode.1.log"; bad "mode $mode: the 1-rank --grad-accum 2 run failed"; continue
     fi
-    # --save: every rank reads the parameters back, rank 0 writes (mode C gathers them)
-    if ! (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$mode.ini" "${common[@]}" --grad-accum 1 \
-            --metrics "$m2" --save "$tmp/$mode.2.bin") >"$tmp/$mode.2.log" 2>&1; then
+    if ! (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$mode.ini" "${common[@]}" "${extra[@]}" --grad-accum 1 \
+            --metrics "$m2" "${save[@]}") >"$tmp/$mode.2.log" 2>&1; then
         tail -20 "$tmp/$mode.2.log"; bad "mode $mode: the 2-rank run failed"; continue
     fi
     [ "$(jf "$m1" world | sort -u)" = 1 ] && [ "$(jf "$m2" world | sort -u)" = 2 ] && ok ||
@@ -144,9 +157,9 @@ done
 # Mode C's own orderings: a chunk's all-gather waits for this rank's part to land
 # in the slot, its reduce-scatter for the host's backward. Under compute jitter
 # and throttled copies the losses stay bit-identical to the plain mode C run;
-# with those two waits skipped ([host_backend] debug_skip_ordering = 128, the
+# with those two waits skipped ([host_backend] debug_skip_ordering = 512, the
 # negative control) the run must go wrong (other losses, or a non-finite one).
-for skip in 0 128; do
+for skip in 0 512; do
     (cat "$tmp/C.ini"; printf '[host_backend]\ncompute_jitter = 1ms\ncopy_bandwidth = 20 MB/s\ndebug_skip_ordering = %d\n' $skip) > "$tmp/N$skip.ini"
     (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/N$skip.ini" "${common[@]}" --metrics "$tmp/N$skip.json") \
         >"$tmp/N$skip.log" 2>&1
@@ -156,9 +169,9 @@ for skip in 0 128; do
             { ok; echo "dist: mode C under 1 ms compute jitter and 20 MB/s copies: losses bit-identical to the plain run"; } ||
             bad "mode C under jitter and throttled copies: rc $nrc, losses $(jf "$tmp/N0.json" loss | tr '\n' ' ')"
     else
-        [ $nrc != 0 ] || [ "$(jf "$tmp/N128.json" loss)" != "$(jf "$tmp/C.2.json" loss)" ] &&
-            { ok; echo "dist: negative control: mode C without its two waits goes wrong (exit $nrc, step-1 loss $(jf "$tmp/N128.json" loss | head -1) vs $(jf "$tmp/C.2.json" loss | head -1))"; } ||
-            bad "negative control: mode C with debug_skip_ordering = 128 trained exactly as with its waits; the check is blind"
+        [ $nrc != 0 ] || [ "$(jf "$tmp/N512.json" loss)" != "$(jf "$tmp/C.2.json" loss)" ] &&
+            { ok; echo "dist: negative control: mode C without its two waits goes wrong (exit $nrc, step-1 loss $(jf "$tmp/N512.json" loss | head -1) vs $(jf "$tmp/C.2.json" loss | head -1))"; } ||
+            bad "negative control: mode C with debug_skip_ordering = 512 trained exactly as with its waits; the check is blind"
     fi
 done
 

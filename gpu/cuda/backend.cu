@@ -29,7 +29,9 @@
  *    rounding (FMA), and the AdamW body would give other bits than the CPU's,
  *    which never contracts. With it, every kernel here gives the CPU's bits.
  */
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <cusolverDn.h>
 
 #include <atomic>
 #include <mutex>
@@ -66,6 +68,11 @@ struct cuda_impl {
     cudaStream_t scratch_stream[kMaxScratch];
     double *scratch[kMaxScratch];
     std::mutex null_mu;     /* NULL-stream sqnorms of different threads share a buffer */
+    /* cuBLAS / cuSOLVER handles (created at first use; a handle is bound to one
+     * stream at a time, so calls through it hold la_mu) */
+    std::mutex la_mu;
+    cublasHandle_t blas;
+    cusolverDnHandle_t solver;
 };
 
 constexpr int kThreads = 256;
@@ -313,6 +320,8 @@ void be_close(void *impl) {
         dev_scope scope_(impl);
         for (int i = 0; i < c->n_scratch; i++)
             if (c->scratch[i] && cudaFree(c->scratch[i]) != cudaSuccess) (void)cudaGetLastError();
+        if (c->blas) (void)cublasDestroy(c->blas);
+        if (c->solver) (void)cusolverDnDestroy(c->solver);
     }
     delete c;
 }
@@ -595,6 +604,154 @@ int be_convert(void *impl, void *dst, int dst_dtype, const void *src, int src_dt
     return finish(impl, "convert kernel", s);
 }
 
+/* ---- dense linear algebra (OSFT) ---- */
+
+int la_fail(void *impl, const char *what, int code) {
+    char msg[200];
+    return report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND, "cuda backend: %s failed (status %d)",
+                                what, code), msg);
+}
+
+/* Row-major C = alpha op(A) op(B) + beta C is column-major C^T = alpha op(B)^T op(A)^T +
+ * beta C^T: cuBLAS gets B first, with m and n swapped. */
+int be_gemm_f32(void *impl, const pt_gemm_args *a, pt_stream *s) {
+    if (!a || a->m < 0 || a->n < 0 || a->k < 0 || a->m > INT32_MAX || a->n > INT32_MAX ||
+        a->k > INT32_MAX || a->ldc < a->n || a->lda < (a->trans_a ? a->m : a->k) ||
+        a->ldb < (a->trans_b ? a->k : a->n))
+        return PT_ERR_INVALID_ARG;
+    if (a->m && a->n && (!a->c || (a->k && (!a->a || !a->b)))) return PT_ERR_INVALID_ARG;
+    if (!a->m || !a->n) return 0;
+    USE(impl);
+    cuda_impl *c = (cuda_impl *)impl;
+    std::lock_guard<std::mutex> lock(c->la_mu);
+    if (!c->blas && cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
+        c->blas = nullptr;
+        return la_fail(impl, "cublasCreate", 0);
+    }
+    cublasStatus_t e = cublasSetStream(c->blas, st(s));
+    if (e == CUBLAS_STATUS_SUCCESS && !a->k) {
+        /* C = beta C: scale each row (k = 0 has no product to add) */
+        CK(impl, "cudaMemset2DAsync", a->beta == 0.0f
+               ? cudaMemset2DAsync(a->c, (size_t)a->ldc * 4, 0, (size_t)a->n * 4, (size_t)a->m, st(s))
+               : cudaSuccess);
+        if (a->beta != 0.0f)
+            for (int64_t i = 0; i < a->m && e == CUBLAS_STATUS_SUCCESS; i++)
+                e = cublasSscal(c->blas, (int)a->n, &a->beta, a->c + i * a->ldc, 1);
+    } else if (e == CUBLAS_STATUS_SUCCESS) {
+        e = cublasSgemm(c->blas, a->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                        a->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)a->n, (int)a->m, (int)a->k,
+                        &a->alpha, a->b, (int)a->ldb, a->a, (int)a->lda, &a->beta, a->c,
+                        (int)a->ldc);
+    }
+    if (e != CUBLAS_STATUS_SUCCESS) return la_fail(impl, "cublasSgemm", (int)e);
+    return finish(impl, "gemm_f32", s);
+}
+
+__global__ void k_colscale(const float *x, const float *sv, float *out, int64_t rows, int64_t cols,
+                           int64_t ld) {
+    size_t n = (size_t)rows * (size_t)cols;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n;
+         t += (size_t)gridDim.x * blockDim.x) {
+        int64_t i = (int64_t)(t / (size_t)cols), j = (int64_t)(t % (size_t)cols);
+        out[i * ld + j] = pt_colscale_elem(x[i * ld + j], sv[j]);
+    }
+}
+
+/* One thread per column, rows in order: the host loop's bits. */
+__global__ void k_coldot(const float *x, const float *y, float *acc, int64_t rows, int64_t cols,
+                         int64_t ld) {
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < cols;
+         j += (int64_t)gridDim.x * blockDim.x)
+        acc[j] = pt_coldot_col(x, y, rows, ld, j, acc[j]);
+}
+
+int be_cols_f32(void *impl, const pt_cols_args *a, pt_stream *s) {
+    if (!a || a->rows < 0 || a->cols < 0 || a->ld < a->cols ||
+        (a->op != PT_COLS_SCALE && a->op != PT_COLS_DOT))
+        return PT_ERR_INVALID_ARG;
+    if (a->rows && a->cols &&
+        (!a->x || (a->op == PT_COLS_SCALE ? (!a->s || !a->out) : (!a->y || !a->acc))))
+        return PT_ERR_INVALID_ARG;
+    if (!a->rows || !a->cols) return 0;
+    USE(impl);
+    if (a->op == PT_COLS_SCALE)
+        k_colscale<<<grid_for(impl, (size_t)(a->rows * a->cols)), kThreads, 0, st(s)>>>(
+            a->x, a->s, a->out, a->rows, a->cols, a->ld);
+    else
+        k_coldot<<<grid_for(impl, (size_t)a->cols), kThreads, 0, st(s)>>>(a->x, a->y, a->acc,
+                                                                         a->rows, a->cols, a->ld);
+    return finish(impl, "cols_f32 kernel", s);
+}
+
+/* Row-major out (cols x rows) = transpose of row-major in (rows x cols), with geam. */
+cublasStatus_t transpose(cublasHandle_t h, const float *in, float *out, int rows, int cols) {
+    const float one = 1.0f, zero = 0.0f;
+    /* column-major view: in is cols x rows (ld cols); out^T is rows x cols (ld rows) */
+    return cublasSgeam(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, cols, &one, in, cols, &zero, out, rows,
+                       out, rows);
+}
+
+/* gesvd wants a column-major matrix with at least as many rows as columns. A
+ * row-major m x n matrix is the column-major n x m matrix A^T. With n >= m,
+ * A^T = Ub S VTb gives A = VTb^T S Ub^T, whose row-major factors are VTb's and
+ * Ub's storage as they are. With m > n the input is transposed first (column-major
+ * A, m x n): A = Ub S VTb, and both factors are transposed back into row-major. */
+int be_svd_f32(void *impl, const pt_svd_args *a, pt_stream *s) {
+    if (!a || a->m < 1 || a->n < 1 || a->m > INT32_MAX || a->n > INT32_MAX || !a->a || !a->u ||
+        !a->s || !a->vt || !a->info)
+        return PT_ERR_INVALID_ARG;
+    USE(impl);
+    cuda_impl *c = (cuda_impl *)impl;
+    std::lock_guard<std::mutex> lock(c->la_mu);
+    if (!c->solver && cusolverDnCreate(&c->solver) != CUSOLVER_STATUS_SUCCESS) {
+        c->solver = nullptr;
+        return la_fail(impl, "cusolverDnCreate", 0);
+    }
+    if (!c->blas && cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
+        c->blas = nullptr;
+        return la_fail(impl, "cublasCreate", 0);
+    }
+    int m = (int)a->m, n = (int)a->n, r = m < n ? m : n;
+    int rows = n >= m ? n : m, cols = n >= m ? m : n;   /* of the column-major input */
+    cusolverStatus_t se = cusolverDnSetStream(c->solver, st(s));
+    if (se != CUSOLVER_STATUS_SUCCESS) return la_fail(impl, "cusolverDnSetStream", (int)se);
+    if (cublasSetStream(c->blas, st(s)) != CUBLAS_STATUS_SUCCESS)
+        return la_fail(impl, "cublasSetStream", 0);
+    int lwork = 0;
+    se = cusolverDnSgesvd_bufferSize(c->solver, rows, cols, &lwork);
+    if (se != CUSOLVER_STATUS_SUCCESS) return la_fail(impl, "cusolverDnSgesvd_bufferSize", (int)se);
+    /* workspace, and with m > n the transposed input and both factors before their
+     * transpose back (freed in stream order below) */
+    size_t extra = n >= m ? 0 : (size_t)m * n + (size_t)m * r + (size_t)r * n;
+    float *ws = nullptr;
+    CK(impl, "cudaMallocAsync (gesvd workspace)",
+       cudaMallocAsync((void **)&ws, ((size_t)lwork + extra) * sizeof(float), st(s)));
+    float *in = a->a, *uu = a->vt, *vv = a->u;
+    int ldu = n, ldvt = m;
+    if (m > n) {
+        in = ws + lwork;
+        uu = in + (size_t)m * n;
+        vv = uu + (size_t)m * r;
+        ldu = m;
+        ldvt = n;
+        if (transpose(c->blas, a->a, in, m, n) != CUBLAS_STATUS_SUCCESS) {
+            (void)cudaFreeAsync(ws, st(s));
+            return la_fail(impl, "cublasSgeam", 0);
+        }
+    }
+    se = cusolverDnSgesvd(c->solver, 'S', 'S', rows, cols, in, rows, a->s, uu, ldu, vv, ldvt, ws,
+                          lwork, nullptr, a->info);
+    if (se == CUSOLVER_STATUS_SUCCESS && m > n) {
+        /* uu: column-major m x n (= U); vv: column-major n x n (= Vt) */
+        if (transpose(c->blas, uu, a->u, n, m) != CUBLAS_STATUS_SUCCESS ||
+            transpose(c->blas, vv, a->vt, n, n) != CUBLAS_STATUS_SUCCESS)
+            se = CUSOLVER_STATUS_EXECUTION_FAILED;
+    }
+    (void)cudaFreeAsync(ws, st(s));
+    if (se != CUSOLVER_STATUS_SUCCESS) return la_fail(impl, "cusolverDnSgesvd", (int)se);
+    return finish(impl, "svd_f32", s);
+}
+
 }  // namespace
 
 /* Designated initializers (in declaration order, as C++ requires) keep this a
@@ -631,4 +788,7 @@ extern "C" PT_EXPORT const pt_gpu_backend pt_gpu_backend_cuda_v1 = {
     .sqnorm = be_sqnorm,
     .convert = be_convert,
     .event_create_timing = be_event_create_timing,
+    .gemm_f32 = be_gemm_f32,
+    .cols_f32 = be_cols_f32,
+    .svd_f32 = be_svd_f32,
 };

@@ -249,4 +249,7 @@ const pt_gpu_backend pt_gpu_backend_host = {
     .sqnorm = hb_sqnorm,
     .convert = hb_convert,
     .event_create_timing = pt_hb_event_create,   /* every host event has a time */
+    .gemm_f32 = pt_hb_gemm,
+    .cols_f32 = pt_hb_cols,
+    .svd_f32 = pt_hb_svd,
 };

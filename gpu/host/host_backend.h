@@ -43,7 +43,10 @@ typedef enum hb_op_kind {
     HB_OP_WAIT,
     HB_OP_ADAMW,
     HB_OP_SQNORM,
-    HB_OP_CONVERT
+    HB_OP_CONVERT,
+    HB_OP_GEMM,
+    HB_OP_COLS,
+    HB_OP_SVD
 } hb_op_kind;
 
 typedef struct hb hb;
@@ -60,6 +63,9 @@ typedef struct hb_op {
         pt_adamw_args adamw;
         struct { const void *x; int dtype; size_t n; double *out; } sq;
         struct { void *dst; int dst_dtype; const void *src; int src_dtype; size_t n; int acc; } cv;
+        pt_gemm_args gemm;
+        pt_cols_args cols;
+        pt_svd_args svd;
     } u;
 } hb_op;
 
@@ -121,5 +127,11 @@ void pt_hb_set_log(void *impl, pt_gpu_log_fn fn, void *user);
 
 /* host_ops.c: what each op does (runs on the stream's thread, lock not held). */
 void pt_hb_exec(hb *h, hb_op *op);
+/* host_linalg.c: gemm_f32, cols_f32, svd_f32 (argument checks and queueing) and
+ * their bodies (OpenBLAS, LAPACKE). */
+int pt_hb_gemm(void *impl, const pt_gemm_args *a, pt_stream *s);
+int pt_hb_cols(void *impl, const pt_cols_args *a, pt_stream *s);
+int pt_hb_svd(void *impl, const pt_svd_args *a, pt_stream *s);
+void pt_hb_exec_linalg(hb_op *op);
 
 #endif /* PT_HOST_BACKEND_H */

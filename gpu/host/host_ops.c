@@ -100,6 +100,11 @@ void pt_hb_exec(hb *h, hb_op *op) {
         }
         break;
     }
+    case HB_OP_GEMM:
+    case HB_OP_COLS:
+    case HB_OP_SVD:
+        pt_hb_exec_linalg(op);
+        break;
     case HB_OP_RECORD:
     case HB_OP_WAIT:
         break; /* handled by the worker under the lock */

@@ -35,7 +35,7 @@ typedef struct opts {
     double allgather_gbps, reduce_scatter_gbps;
     double reserve_gib, headroom_gib, frag, max_grad_norm, chunk_mib;
     int64_t gpus_per_node;
-    int64_t n_persist, n_buffer, n_swap, n_checkpoint, runner_ups, shard;
+    int64_t n_persist, n_buffer, n_swap, n_checkpoint, runner_ups, shard, defer;
     int64_t layers_set, hidden_set, heads_set;
     const char *trace_path, *json_file, *timeline_file;
     int json;
@@ -90,6 +90,8 @@ static const key KEYS[] = {
     {"plan", "n_swap", K_I64, O(n_swap), 0, "fix the knob"},
     {"plan", "n_checkpoint", K_I64, O(n_checkpoint), 0, "fix the knob"},
     {"plan", "max_grad_norm", K_F64, O(max_grad_norm), 0, "> 0: clipping, CPU Adam after backward"},
+    {"plan", "defer_cpu_steps", K_I64, O(defer), 0,
+     "with clipping: 1 (default) CPU Adam runs into the next forward, 0 before it"},
     {"plan", "chunk_mib", K_F64, O(chunk_mib), 0, "chunk size (default: least-waste grid)"},
     {"plan", "shard", K_I64, O(shard), 0, "1: host state sharded over ranks (mode C)"},
     {"plan", "runner_ups", K_I64, O(runner_ups), 0, "alternatives to show (default 3)"},
@@ -118,6 +120,7 @@ static void defaults(opts *o) {
     o->frag = 1.0;
     o->n_persist = o->n_buffer = o->n_swap = o->n_checkpoint = -1;
     o->runner_ups = 3;
+    o->defer = 1;
 }
 
 /* Set key `name` (section may be NULL = any). 0 ok, 1 unknown key, 2 bad value. */
@@ -368,6 +371,7 @@ int main(int argc, char **argv) {
     so.cost.reserve_bytes = (uint64_t)(o.reserve_gib * GIB);
     so.cost.headroom_bytes = (uint64_t)(o.headroom_gib * GIB);
     so.cost.clip = o.max_grad_norm > 0;
+    so.cost.defer = o.defer != 0;
     so.cost.shard = o.shard != 0;
     if (o.trace_path) {   /* flags given with a trace override its machine */
         so.capacity = o.device_gib != 80 ? o.hw.device_bytes : 0;

@@ -26,6 +26,7 @@ typedef struct pt_config {
     /* [protrain] */
     int auto_memory;          /* bool, default 1 */
     int time_calibration;     /* bool, default 1: re-plan on a time misprediction */
+    int defer_cpu_steps;      /* bool, default 1: CPU steps run into the next forward */
     int auto_mode;            /* bool, default 1 */
     int force_all_persistent; /* bool, default 0 */
     int zero3_shard;          /* auto|on|off -> -1|1|0, default -1 */
@@ -43,7 +44,8 @@ typedef struct pt_config {
     float rekls_eps;          /* default 1e-8 */
     /* [osft] */
     int osft_enabled;         /* enabled = bool, default 0 */
-    float osft_rank_ratio;    /* rank_ratio in (0,1], default 0.5: fraction of singular values frozen */
+    float osft_urr;           /* unfreeze_rank_ratio in [0,1], default 0.25: the TRAINABLE fraction of
+                               * each target's rank; frozen k = min(floor(R * (1 - urr)), R - 1) */
     char osft_targets[256];   /* targets = comma list of param-name substrings, default "attn,mlp" */
     /* [tiled_mlp] */
     int tiled_mlp_enabled;    /* enabled = bool, default 0 */
@@ -60,6 +62,8 @@ typedef struct pt_config {
     char fail_op[40];         /* "<op>:<n>" or "" (default): fail the n-th call of a backend op (pt_gpu_fail_op_parse) */
     int async_compute;        /* bool, default 1: launched host work runs on the compute stream */
     double compute_jitter;    /* seconds, default 0: random delay before each launched item */
+    double debug_cpu_step_delay; /* seconds, default 0 (testing): sleep before each CPU step
+                                  * optimizer_step queues */
     int jitter_seed;          /* default 1 */
     int debug_skip_ordering;  /* PT_ORD_* mask, default 0: testing only (negative controls) */
     /* [cuda] */

@@ -186,7 +186,7 @@ static int time_calibrate(pt_rt *rt) {
     rt->time_replans++;
     double old_meas = rt->meas_iter_s;
     uint64_t old_pred = rt->pred_peak;
-    PT_LOGW(&rt->lg, "calibration: the iteration is x%.3f the prediction (more than %.0f%% off); "
+    PT_LOGI(&rt->lg, "calibration: the iteration is x%.3f the prediction (more than %.0f%% off); "
                      "phases on the device clock: forward %.4f s vs %.4f (x%.3f), backward %.4f "
                      "vs %.4f (x%.3f), optimizer %.4f vs %.4f (x%.3f); planning again with the "
                      "profile's times scaled by forward x%.3f, backward x%.3f, optimizer x%.3f",

@@ -11,6 +11,7 @@
 
 #include "planner/planner.h"
 #include "profiler.h"
+#include "osft.h"
 #include "rt_internal.h"
 
 
@@ -40,7 +41,8 @@ void pt_rt_plan_free(pt_rt *rt) {
 }
 
 int pt_rt_auto_shard(const pt_rt *rt) {
-    return rt->coll && rt->cfg.auto_mode && rt->cfg.zero3_shard < 0;
+    /* OSFT's value projection works on whole factors: never mode C with it */
+    return rt->coll && rt->cfg.auto_mode && rt->cfg.zero3_shard < 0 && !rt->cfg.osft_enabled;
 }
 
 int pt_rt_wants_profile(const pt_rt *rt) {
@@ -250,6 +252,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     o.cost.reserve_bytes = rt->cfg.reserve;
     o.cost.headroom_bytes = rt->cfg.extra_headroom;
     o.cost.clip = rt->plan_clip;
+    o.cost.defer = rt->cfg.defer_cpu_steps;
     o.cost.frag = t->calib.peak > 0 ? t->calib.peak : 1.0;
     o.capacity = t->hw.device_capacity;
     o.host_ram = host_budget(rt);
@@ -304,6 +307,16 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
                 prof_s, (long long)plan.n_evaluated, plan.search_s * 1e3);
         pt_log_text(&rt->lg, PT_LOG_INFO, text);
         free(text);
+        if (rt->osft) {
+            /* OSFT's share of the model states above: the factors replace the dense
+             * weights (Adam keeps two fp32 moments of the trainable ones) */
+            uint64_t fz, tr, dn;
+            pt_osft_bytes(rt, &fz, &tr, &dn);
+            PT_LOGI(&rt->lg, "  osft             %d targets: factors %.3f GiB frozen + %.3f GiB "
+                             "trainable (+ %.3f GiB Adam moments) in place of %.3f GiB dense",
+                    pt_osft_count(rt), fz / 1073741824.0, tr / 1073741824.0,
+                    2.0 * tr / 1073741824.0, dn / 1073741824.0);
+        }
     }
     if (rt->cfg.plan_file[0] && (rc = pt_plan_write_json(&plan, rt->cfg.plan_file, err, errlen))) {
         pt_trace_free(&cal);

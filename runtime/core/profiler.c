@@ -505,7 +505,7 @@ static uint64_t measured_inputs(pt_rt *rt) {
     in.tiled = c->tiled_mlp_enabled;
     in.tiles = c->tiled_mlp_tiles;
     in.async = c->async_compute;
-    in.osft_ratio = c->osft_rank_ratio;
+    in.osft_ratio = c->osft_urr;
     const char *be = pt_gpu_backend_name(rt->gpu);
     uint64_t h = pt_fnv1a64(&in, sizeof in);
     h ^= pt_fnv1a64(be, strlen(be)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "device_ext.h"
+#include "osft.h"
 #include "planner/planner.h"
 #include "profiler.h"
 #include "rt_internal.h"
@@ -47,7 +48,13 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     }
     /* Configured features this build does not have: say so now, not mid-run. */
     const char *missing = NULL;
-    if (cfg->osft_enabled) missing = "[osft] enabled = true: the OSFT kernel is not built yet";
+    if (cfg->osft_enabled && cfg->tiled_mlp_enabled)
+        missing = "[osft] enabled with [tiled_mlp] enabled: TiledMLP's per-tile gradient "
+                  "accumulator does not know the OSFT factors yet; enable one of them";
+    else if (cfg->osft_enabled && cfg->zero3_shard == 1 && host && host->world_size > 1)
+        missing = "[osft] enabled with [protrain] zero3_shard = on: OSFT's value projection "
+                  "works on whole factors, which mode C splits across the ranks; not built yet "
+                  "(modes A and B run OSFT)";
     else if (host && host->world_size > 1 && !strcmp(cfg->dist_backend, "nccl"))
         missing = "[dist] backend = nccl: NCCL is not built yet (mpi on the host backend is)";
     else if (host && host->world_size > 1 && !strcmp(cfg->dist_backend, "none"))
@@ -155,6 +162,7 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
 size_t pt_rt_destroy(pt_rt *rt) {
     if (!rt) return 0;
     (void)pt_rt_store_free(rt, NULL, 0);   /* logged: finalize goes on */
+    pt_osft_free(rt);
     pt_rt_plan_free(rt);
     pt_coll_close(rt->coll);
     rt->coll = NULL;
@@ -188,11 +196,20 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     (void)pt_rt_store_free(rt, NULL, 0);
     pt_rt_plan_free(rt);
     rt->broken = 0;
-    rt->model = model;
+    if (rt->cfg.osft_enabled && !pt_gpu_has_linalg(pt_gpu_ops(rt->gpu)))
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[osft] enabled, but the %s backend "
+                       "library has no gemm_f32 / svd_f32 (built before OSFT): rebuild it",
+                       pt_gpu_backend_name(rt->gpu));
+    /* OSFT: the store lays out the factors in place of the targets */
+    if ((rc = pt_osft_setup(rt, model, err, errlen))) {
+        rt->model = rt->hmodel = NULL;
+        return rc;
+    }
     rt->n_blocks = model->n_blocks;
     rt->mlp_auto_n = 0;   /* tiles = auto: decided after the profile */
     if ((rc = pt_rt_tiled_check(rt, err, errlen))) {
-        rt->model = NULL;
+        pt_osft_free(rt);
+        rt->model = rt->hmodel = NULL;
         return rc;
     }
     rt->kn.n_persist = rt->cfg.force_all_persistent ? -1 : rt->cfg.n_persist;
@@ -245,6 +262,9 @@ static int block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen) {
 
 static void recompute_mark(void *user, int32_t b, int after) {
     pt_rt *rt = user;
+    /* the host's recompute reads its descriptors: the addresses the store's
+     * gather just set must be there (OSFT keeps them in its own list) */
+    if (!after) pt_osft_mirror(rt);
     if (rt->prof) pt_prof_recompute_mark(rt, b, after);
 }
 
@@ -289,6 +309,7 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
                             rt->ordered, rt->skip, rt->coll, rt->shard};
         rc = pt_store_create(&env, &rt->kn, modes, rt->swap_done, from_image, &rt->st, err,
                              errlen);
+        pt_osft_mirror(rt);
     }
     free(modes);
     /* peaks from here on belong to the plan in force (not to profiling) */
@@ -400,6 +421,7 @@ int pt_rt_pre_step(pt_rt *rt, char *err, size_t errlen) {
         return pt_fail(err, errlen, rt->broken, "pre_step: the plugin lost its state in a failed re-plan (see the log)");
     }
     int rc = pt_store_pre_step(rt->st, err, errlen);
+    pt_osft_mirror(rt);
     if (!rc && rt->sx->micro == 0) pt_rt_calib_mark(rt, PT_CAL_PRE);
     return rc;
 }
@@ -411,6 +433,7 @@ static int hook(pt_rt *rt, int which, store_hook fn, int32_t b, char *err, size_
     if (rt->prof) pt_prof_hook(rt, which, b, 0);
     int rc = fn(rt->st, b, err, errlen);
     if (rt->prof) pt_prof_hook(rt, which, b, 1);
+    pt_osft_mirror(rt);
     return rc;
 }
 
@@ -425,13 +448,32 @@ int pt_rt_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
     return hook(rt, PT_PROF_PRE_BWD, pt_store_pre_backward, b, err, errlen);
 }
 int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
-    return hook(rt, PT_PROF_POST_BWD, pt_store_post_backward, b, err, errlen);
+    /* OSFT: the block's factor gradients leave the complement of the frozen
+     * bases nowhere: projected on the device, queued behind the block's
+     * backward and before the store copies, reduces or offloads them */
+    int rc = pt_osft_async_status(rt, err, errlen);
+    if (!rc) rc = pt_osft_project_grads(rt, b, err, errlen);
+    return rc ? rc : hook(rt, PT_PROF_POST_BWD, pt_store_post_backward, b, err, errlen);
 }
 
 int pt_rt_optimizer_step(pt_rt *rt, float lr, char *err, size_t errlen) {
     pt_rt_calib_mark(rt, PT_CAL_OPT);
-    return pt_store_optimizer_step(rt->st, lr, err, errlen);
+    int rc = pt_osft_async_status(rt, err, errlen);
+    if (!rc) rc = pt_store_optimizer_step(rt->st, lr, err, errlen);
+    /* OSFT: Adam of a projected gradient leaves the subspace; the stepped values
+     * are projected back wherever they were stepped */
+    if (!rc) rc = pt_osft_project_params(rt, err, errlen);
+    pt_osft_mirror(rt);
+    return rc;
 }
+
+int pt_rt_osft_linear(pt_rt *rt, int32_t param, const void *x, const void *dy, void *out,
+                      int64_t rows, int backward, char *err, size_t errlen) {
+    return backward ? pt_osft_backward(rt, param, x, dy, out, rows, err, errlen)
+                    : pt_osft_forward(rt, param, x, out, rows, err, errlen);
+}
+
+int pt_rt_osft_block(const pt_rt *rt, int32_t param) { return pt_osft_block_of(rt, param); }
 
 int pt_rt_dist_allreduce(pt_rt *rt, double *values, int32_t n, char *err, size_t errlen) {
     if (n < 0 || (n > 0 && !values))
@@ -472,7 +514,9 @@ int pt_rt_save_state(pt_rt *rt, const char *dir, char *err, size_t errlen) {
 
 int pt_rt_load_state(pt_rt *rt, const char *dir, char *err, size_t errlen) {
     int rc = need_store(rt, "load_state", 1, err, errlen);
-    return rc ? rc : pt_store_load(rt->st, dir, err, errlen);
+    if (!rc) rc = pt_store_load(rt->st, dir, err, errlen);
+    pt_osft_mirror(rt);
+    return rc;
 }
 
 /* ---- host memory services ---- */
@@ -564,6 +608,8 @@ int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out) {
     s.pred_iter_s = rt->pred_iter_s;
     pt_store_stats(rt->st, &s);
     s.mlp_tiles = pt_rt_mlp_tiles(rt);
+    /* before post_model_load: 1 when OSFT is configured (the count comes with the model) */
+    s.osft_targets = rt->hmodel ? (uint64_t)pt_osft_count(rt) : (uint64_t)(rt->cfg.osft_enabled != 0);
     uint32_t n = out->struct_size && out->struct_size < sizeof s ? out->struct_size : sizeof s;
     memcpy(out, &s, n);
     out->struct_size = n;
@@ -573,6 +619,7 @@ int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out) {
 int pt_rt_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *err,
                      size_t errlen) {
     int rc = need_store(rt, "read_param", 0, err, errlen);
+    if (!rc && rt->osft) return pt_osft_read_param(rt, index, dst, bytes, err, errlen);
     return rc ? rc : pt_store_read_param(rt->st, index, dst, bytes, err, errlen);
 }
 
@@ -580,6 +627,7 @@ int pt_rt_launch(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t err
     if (!fn) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "launch: fn is NULL");
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     void *impl = pt_gpu_impl(rt->gpu);
+    if (rt->launch_queued && rt->osft) return pt_osft_launch(rt, fn, arg, err, errlen);
     if (rt->launch_queued) {
         if (ops->host_fn(impl, rt->s_compute, fn, arg))
             return pt_fail(err, errlen, PT_ERR_BACKEND,
@@ -603,5 +651,5 @@ int pt_rt_stream_sync(pt_rt *rt, char *err, size_t errlen) {
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     if (ops->stream_sync(pt_gpu_impl(rt->gpu), rt->s_compute))
         return pt_fail(err, errlen, PT_ERR_BACKEND, "stream_sync: the compute stream failed");
-    return PT_OK;
+    return pt_osft_async_status(rt, err, errlen);
 }

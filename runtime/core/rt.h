@@ -73,6 +73,15 @@ int pt_rt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *er
 int pt_rt_tile_scratch(pt_rt *rt, uint64_t bytes, void **ptr, char *err, size_t errlen);
 /* Tiles per MLP: 0 = TiledMLP off; before post_model_load the configured count (auto 1). */
 uint64_t pt_rt_mlp_tiles(const pt_rt *rt);
+/* OSFT (osft.h): host param `param`'s factorised linear layer, forward (y =
+ * x W^T into out, dy unused) or backward (dx into out, may be NULL; factor
+ * gradients accumulated). pt_rt_osft_block: a target's block, or -2. */
+int pt_rt_osft_linear(pt_rt *rt, int32_t param, const void *x, const void *dy, void *out,
+                      int64_t rows, int backward, char *err, size_t errlen);
+int pt_rt_osft_block(const pt_rt *rt, int32_t param);
+/* 1 on the thread running launched work (a hook called from there cannot touch
+ * the context's error buffer or the lifecycle the host's thread owns). */
+int pt_rt_in_launch(void);
 int pt_rt_save_state(pt_rt *rt, const char *dir, char *err, size_t errlen);
 int pt_rt_load_state(pt_rt *rt, const char *dir, char *err, size_t errlen);
 int pt_rt_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *err,

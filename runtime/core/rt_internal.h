@@ -22,7 +22,10 @@ struct pt_rt {
     pt_coll *coll;            /* data-parallel collectives (world > 1), else NULL */
     int shard;                /* mode C: offloaded chunks split across the ranks (with coll) */
     pt_stream *s_compute, *s_h2d, *s_d2h;
-    pt_model_v1 *model;
+    pt_model_v1 *model;       /* what the store lays out: the host's model, or with OSFT
+                                 the expanded list holding the factors (osft.h) */
+    pt_model_v1 *hmodel;      /* the host's model (its descriptors get the addresses) */
+    struct pt_osft *osft;     /* OSFT targets and factors, or NULL */
     int n_blocks;
     pt_optim_state opt;
     int opt_created;          /* create_optimizer succeeded */

@@ -39,6 +39,7 @@ struct pt_cost_ctx {
     double ag_f, rs_f;     /* all-gather / reduce-scatter seconds per buffer byte (0 = none) */
     double comp_f, comp_b; /* pure compute of forward (embedding + blocks) and backward
                               (head/loss + blocks + embedding), without recompute */
+    double *fstart;        /* [N]: forward compute before block b (embedding + blocks < b) */
 };
 
 /* Walk of the runtime's buffer pool for one (n_persist, n_buffer): see

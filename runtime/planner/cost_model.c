@@ -42,6 +42,7 @@ void pt_cost_ctx_free(pt_cost_ctx *cx) {
     free(cx->dev);
     free(cx->host);
     free(cx->nm_pos);
+    free(cx->fstart);
     free(cx->f_lo);
     free(cx->f_hi);
     free(cx->l_lo);
@@ -85,7 +86,8 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     cx->rlo = malloc((size_t)N * sizeof(int32_t));
     cx->rhi = malloc((size_t)N * sizeof(int32_t));
     cx->has = malloc((size_t)N);
-    if (!cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
+    cx->fstart = malloc((size_t)N * sizeof(double));
+    if (!cx->fstart || !cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
         !cx->f_hi || !cx->l_lo || !cx->l_hi || !cx->nbmin || !cx->nbmin1 || !cx->nmb || !cx->rlo || !cx->rhi ||
         !cx->has) {
         pt_cost_ctx_free(cx);
@@ -128,6 +130,8 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     }
     cx->all_have = 1;
     for (int32_t b = 0; b < N; b++) cx->all_have &= cx->has[b];
+    for (int32_t b = 0; b < N; b++)
+        cx->fstart[b] = b ? cx->fstart[b - 1] + t->blocks[b - 1].fwd_s : t->embed_fwd_s;
     /* One-block minimum: slots for the non-persistent chunks of the largest
      * block (the runtime refuses fewer). Lookahead minimum: those of any two
      * consecutive blocks (a single block when N == 1), so every prefetch fits;
@@ -428,6 +432,24 @@ static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt
     f->sync = syn;
 }
 
+/* DEFER: how much the next forward waits for the deferred CPU steps (the
+ * formula in cost_model.h). Chunks [p, K) are offloaded; mandatory ones carry
+ * no train/bytes in the prefix sums. */
+static double defer_delay(const pt_cost_ctx *cx, int32_t p, double dev_s, double icpu) {
+    const pt_trace *t = cx->t;
+    const double ih = 1.0 / t->hw.h2d_Bps;
+    double S = 0, d = 0;
+    for (int32_t k = p; k < cx->K; k++) {
+        uint64_t tr = cx->train[k + 1] - cx->train[k];
+        if (!tr) continue;
+        S += (double)tr * icpu;
+        double up = (double)(cx->bytes[k + 1] - cx->bytes[k]) * ih;
+        double late = S - dev_s + up - cx->fstart[t->chunks[k].first_block];
+        if (late > d) d = late;
+    }
+    return d;
+}
+
 void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int32_t nb, const pt_cost_opts *o,
                   pt_cost *out) {
     const pt_trace *t = cx->t;
@@ -517,9 +539,17 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     out->reduce_scatter_s = shard ? 4.0 * (double)cpu_elems * cx->rs_f : 0;
     out->allgather_s = shard ? (double)chunk_up * cx->ag_f : 0;
     double coll_s = out->allreduce_s + out->reduce_scatter_s + out->allgather_s;
-    if (ranks) {
+    if (ranks && o && o->defer) {
+        /* with several ranks every CPU step waits for the collectives, then is
+         * deferred like a clipped one */
+        iter = fwd + bwd + coll_s + dev_s + defer_delay(cx, p, dev_s, icpu);
+        out->schedule = PT_SCHED_DEFER;
+    } else if (ranks) {
         iter = fwd + bwd + coll_s + dmax(dev_s, cpu_s);
         out->schedule = PT_SCHED_AFTER_BWD;
+    } else if (clip && o->defer) {
+        iter = fwd + bwd + dev_s + defer_delay(cx, p, dev_s, icpu);
+        out->schedule = PT_SCHED_DEFER;
     } else if (clip) {
         iter = fwd + bwd + dmax(dev_s, cpu_s);
         out->schedule = PT_SCHED_AFTER_BWD;
@@ -569,7 +599,9 @@ static double time_lb(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p,
     double shard = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
     double cpu = (double)rsum(cx->train, p, cx->K) / t->hw.cpu_adam_elems_per_s / shard;
     double dev = with_dev ? (double)(cx->mand_train + cx->train[p]) / t->hw.dev_adam_elems_per_s : 0.0;
-    if (o && o->clip) return w + dmax(dev, cpu);
+    /* several ranks: every CPU step runs after backward (and the collectives) */
+    if ((o && o->clip) || t->key.world_size > 1)
+        return w + (o && o->defer ? dev : dmax(dev, cpu));   /* DEFER: delay >= 0 */
     return dmax(w + dev, tf + cpu);
 }
 
@@ -603,6 +635,7 @@ double pt_cost_time_lb_small(const pt_cost_ctx *cx, const pt_act_profile *a, int
      * up: fwd(nb) >= fwd(nb_top) */
     double fwd = nb_top < 0 ? at->fwd_s : fwd_time(cx, a, p, nb_top);
     if (at->schedule == PT_SCHED_AFTER_BWD) return fwd + at->bwd_s + dmax(at->dev_adam_s, at->cpu_adam_s);
+    if (at->schedule == PT_SCHED_DEFER) return fwd + at->bwd_s + at->dev_adam_s;
     double slack = (double)cx->max_block_bytes / cx->t->hw.h2d_Bps;
     return fwd + dmax(at->bwd_s + at->dev_adam_s, at->cpu_finish_s - slack);
 }
@@ -633,7 +666,7 @@ double pt_cost_time_lb_any(const pt_cost_ctx *cx, const pt_act_profile *a, int32
     }
     double cpu_s = (double)rsum(trn, p, K) * icpu;
     double dev_s = (double)(cx->mand_train + trn[p]) / t->hw.dev_adam_elems_per_s;
-    if (o && o->clip) return fwd + clock + dmax(dev_s, cpu_s);
+    if (o && o->clip) return fwd + clock + (o->defer ? dev_s : dmax(dev_s, cpu_s));
     return fwd + dmax(clock + dev_s, cpu);
 }
 

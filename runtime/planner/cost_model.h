@@ -104,11 +104,25 @@ typedef struct pt_cost_opts {
     double frag;              /* fragmentation factor from the allocator; <= 0 means 1.0 */
     uint64_t reserve_bytes;   /* device bytes the plan may not use (context, workspaces) */
     uint64_t headroom_bytes;  /* extra safety margin on top */
-    int32_t clip;             /* max_grad_norm > 0: optimizer schedule AFTER_BWD */
+    int32_t clip;             /* max_grad_norm > 0: the CPU steps wait for the global norm */
     int32_t shard;            /* host state split over world_size ranks (mode C) */
+    int32_t defer;            /* with clip: the CPU steps run into the next forward
+                                 (DEFER) instead of before it (AFTER_BWD) */
 } pt_cost_opts;
 
-enum { PT_SCHED_OVERLAP = 0, PT_SCHED_AFTER_BWD = 1 };
+/* OVERLAP: each chunk's CPU step starts as its gradient lands in backward.
+ * AFTER_BWD (clipping): every CPU step after backward, before the next forward.
+ * DEFER (clipping, defer_cpu_steps): after backward, in the order the next
+ * forward gathers the chunks, while that forward runs: the forward is delayed
+ * only where a chunk's step (plus its upload) ends after the time the forward
+ * reaches its first block,
+ *   delay = max(0, max_k (S_k - dev_s + up_k - F_k))
+ * over offloaded trainable chunks k in execution order, S_k the CPU time of the
+ * steps up to and including k, dev_s the device Adam that runs first on the
+ * compute stream, up_k = bytes_k / h2d, F_k the forward's compute before chunk
+ * k's first block (compute only: the earliest that block can start, so the
+ * delay is never under-stated). iter = fwd + bwd + dev_s + delay. */
+enum { PT_SCHED_OVERLAP = 0, PT_SCHED_AFTER_BWD = 1, PT_SCHED_DEFER = 2 };
 enum { PT_PHASE_EMBED_FWD = 0, PT_PHASE_FWD = 1, PT_PHASE_TURN = 2, PT_PHASE_BWD = 3, PT_PHASE_EMBED_BWD = 4 };
 
 typedef struct pt_cost {

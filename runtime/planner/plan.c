@@ -169,6 +169,9 @@ char *pt_plan_text(const pt_plan *p) {
     sb_printf(&b, "  optimizer        %s\n",
               c->schedule == PT_SCHED_AFTER_BWD
                   ? "CPU Adam after backward (clipping needs the global norm first)"
+              : c->schedule == PT_SCHED_DEFER
+                  ? "CPU Adam after backward, into the next forward (clipping needs the global "
+                    "norm first; each chunk's upload waits for its own step)"
                   : "CPU Adam overlapped with backward (starts per chunk as gradients land)");
     sb_printf(&b, "  host RAM         %.3f GiB pinned (swap pool %.3f GiB), budget ", c->host_bytes / GIB,
               c->swap_pool_bytes / GIB);
@@ -269,7 +272,9 @@ char *pt_plan_json(const pt_plan *p) {
     JD("allreduce_s", c->allreduce_s);
     JD("allgather_s", c->allgather_s);
     JD("reduce_scatter_s", c->reduce_scatter_s);
-    sb_printf(&b, ",\n  \"optimizer_schedule\": \"%s\"", c->schedule == PT_SCHED_AFTER_BWD ? "after_backward" : "overlapped");
+    sb_printf(&b, ",\n  \"optimizer_schedule\": \"%s\"", c->schedule == PT_SCHED_AFTER_BWD ? "after_backward"
+                                              : c->schedule == PT_SCHED_DEFER ? "into_next_forward"
+                                                                              : "overlapped");
     sb_printf(&b, ",\n  \"exec_mode\": \"%s\"", mode_name(p->exec_mode));
     sb_printf(&b, ",\n  \"exec_mode_why\": ");
     json_str(&b, p->mode_why);

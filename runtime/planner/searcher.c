@@ -65,6 +65,7 @@ typedef struct search {
 void pt_search_opts_default(pt_search_opts *o) {
     memset(o, 0, sizeof *o);
     o->cost.frag = 1.0;
+    o->cost.defer = 1;   /* the runtime's default ([protrain] defer_cpu_steps) */
     o->n_persist = o->n_buffer = o->n_swap = o->n_checkpoint = -1;
     o->n_alt = 3;
 }
@@ -159,7 +160,10 @@ static double lower_bound(const search *S, const pt_act_profile *a, int32_t p_hi
     double cpu = (double)tr / t->hw.cpu_adam_elems_per_s / shard;
     double lb = cf + cb;
     if (x > lb) lb = x;
-    double opt = S->o->cost.clip ? cf + cb + cpu : cf + cpu;
+    /* clipped: the CPU steps wait for the end of backward; deferred, they may run
+     * into the next forward, but not into its backward (every offloaded chunk's
+     * upload in that forward waits for its step), so cb + cpu still holds */
+    double opt = S->o->cost.clip ? (S->o->cost.defer ? cb + cpu : cf + cb + cpu) : cf + cpu;
     return opt > lb ? opt : lb;
 }
 

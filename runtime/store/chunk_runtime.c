@@ -13,8 +13,16 @@
  *    clipping is configured — so the CPU optimizer runs while the rest of
  *    backward does instead of after it;
  *  - optimizer_step waits for all of it, computes the global norm when
- *    clipping, steps what is left on the CPU, steps persistent chunks on the
- *    device and zeroes their gradients.
+ *    clipping, steps persistent chunks on the device and zeroes their
+ *    gradients, and queues the CPU steps that are left (clipping needed the
+ *    norm; or lr was not known during backward) in the order the next forward
+ *    gathers the chunks, and returns without waiting for them
+ *    ([protrain] defer_cpu_steps; false: it waits). A chunk's next upload
+ *    waits for its own step on the h2d stream (a host function there waits
+ *    for the chunk's task group), so the next forward runs while later chunks
+ *    are still being stepped; everything that reads host-side state
+ *    (read_param, snapshots, save_state, the next step's gradient copies)
+ *    waits for the steps it needs. The math is the same either way.
  * The host computes synchronously on its own thread, so "the compute stream
  * waits for an upload" is an event_sync inside the hook.
  */
@@ -22,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "device_ext.h"
 #include "kernels_hd.h"
@@ -60,6 +69,12 @@ int pt_store_sync(pt_store *st, char *err, size_t errlen) {
     const pt_gpu_backend *o = OPS(st);
     /* every stream is waited for even after one fails: destructors free what
      * the others may still be using */
+    /* deferred CPU steps first: an upload on the h2d stream may be waiting for one */
+    for (int k = 0; k < st->n_chunks; k++)
+        if (!st->ch[k].persistent) {
+            pt_pool_wait(st->workers, &st->ch[k].sg);
+            pt_pool_wait(st->workers, &st->ch[k].tg);
+        }
     pt_stream *s[3] = {st->env.s_compute, st->env.s_h2d, st->env.s_d2h};
     static const char *const name[3] = {"compute", "h2d", "d2h"};
     int bad = -1;
@@ -84,7 +99,9 @@ static int task_status(pt_store *st, cs_chunk *c, const char *hook, char *err, s
 }
 
 int pt_cs_wait_task(pt_store *st, cs_chunk *c, const char *hook, char *err, size_t errlen) {
+    pt_pool_wait(st->workers, &c->sg);
     pt_pool_wait(st->workers, &c->tg);
+    c->step_pending = 0;
     return task_status(st, c, hook, err, errlen);
 }
 
@@ -211,6 +228,21 @@ int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
     return PT_OK;
 }
 
+static void add_defer_wait(pt_store *ms, double dt);
+
+/* On the h2d stream, ahead of chunk c's upload: its deferred CPU step is done
+ * (running it here if no worker has started it: the wait runs the group's
+ * queued tasks itself). Its own group sg, not tg: an asynchronous host may have
+ * queued this step's gradient task into tg already, which waits for a device
+ * copy that waits for this very upload. The next step into sg is submitted
+ * only after the device finished backward, so this wait sees exactly one. */
+static void wait_step(void *arg) {
+    cs_chunk *c = arg;
+    double t0 = pt_now_s();
+    pt_pool_wait(c->owner->workers, &c->sg);
+    add_defer_wait(c->owner, pt_now_s() - t0);
+}
+
 /* Upload chunk c into a leased slot (async on the h2d stream). */
 static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     pt_store *ms = st;
@@ -229,6 +261,9 @@ static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
         (pt_cs_ord(st, PT_ORD_SLOT) &&
          o->stream_wait_event(IMPL(st), st->env.s_h2d, ms->slot_used[slot])))
         op = "stream_wait_event";
+    else if (c->step_pending && !(st->env.skip & PT_ORD_DEFER) &&
+             o->host_fn(IMPL(st), st->env.s_h2d, wait_step, c))
+        op = "host_fn";
     else if (c->sh) {   /* mode C: this rank's part, then the all-gather */
         if ((src = pt_sh_upload(st, c, dst, err, errlen))) op = "";
     } else if (pt_gpu_memcpy_async(st->env.gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D,
@@ -236,6 +271,7 @@ static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
         op = "memcpy";
     else if (o->event_record(IMPL(st), c->ev_up, st->env.s_h2d))
         op = "event_record";
+    if (!op) c->step_pending = 0;   /* later uploads of c queue behind this one's wait */
     if (op) {
         /* the slot is tagged with c but never received it: untag it, or the next
          * acquire would report a hit and the host would read stale bytes */
@@ -412,6 +448,12 @@ typedef struct { pt_store *st; cs_chunk *c; } chunk_job;
 static void add_optim_time(pt_store *ms, double dt) {
     pthread_mutex_lock(&ms->acct_mu);
     ms->cpu_optim_s += dt;
+    pthread_mutex_unlock(&ms->acct_mu);
+}
+
+static void add_defer_wait(pt_store *ms, double dt) {
+    pthread_mutex_lock(&ms->acct_mu);
+    ms->optim_wait_s += dt;
     pthread_mutex_unlock(&ms->acct_mu);
 }
 
@@ -679,12 +721,17 @@ static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
     return PT_OK;
 }
 
-typedef struct { pt_store *st; cs_chunk *c; pt_adamw_consts k; int acc; } adam_job;
+/* A CPU step queued by optimizer_step (constants in the chunk: s_consts, s_acc). */
 static void adam_task(void *arg) {
-    adam_job *j = arg;
+    cs_chunk *c = arg;
+    double delay = c->owner->env.cfg->debug_cpu_step_delay;
+    if (delay > 0) {   /* testing: widen the window a missing wait would leave */
+        struct timespec ts = {(time_t)delay, (long)((delay - (double)(time_t)delay) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
     double t0 = pt_now_s();
-    chunk_adam(j->st, j->c, &j->k, j->acc);
-    add_optim_time(j->st, pt_now_s() - t0);
+    chunk_adam(c->owner, c, &c->s_consts, c->s_acc);
+    add_optim_time(c->owner, pt_now_s() - t0);
 }
 
 void pt_store_set_profiling(pt_store *st, int on) { st->profiling = on; }
@@ -704,7 +751,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         lr = ms->lr_next;
     }
     o->lr = lr;
-    double w0 = pt_now_s();
+    double cpu_wait = 0;   /* this hook's waits for CPU optimizer tasks (not for copies) */
     if (ms->n_offloaded) {
         /* the tasks are waited for even when the copies failed: none may still
          * run when this hook returns */
@@ -712,7 +759,9 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
                      ? pt_fail(err, errlen, PT_ERR_BACKEND,
                                "optimizer_step: stream_sync of the d2h stream failed")
                      : PT_OK;
+        double w0 = pt_now_s();
         int trc = wait_tasks(st, rc ? NULL : err, rc ? 0 : errlen);
+        cpu_wait += pt_now_s() - w0;
         if (rc || trc) return rc ? rc : trc;
         if ((rc = account_hidden(st, err, errlen))) return rc;
     }
@@ -734,39 +783,39 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         o->last_norm = norm;
         if (norm > o->max_grad_norm) gs = (float)(o->max_grad_norm / (norm + 1e-6));
     }
-    /* CPU steps that could not overlap (clipping, or lr unknown during backward) */
+    /* CPU steps that could not overlap (clipping, or lr unknown during backward),
+     * queued in layout order = the order the next forward gathers the chunks.
+     * Deferred, each goes into the chunk's own group (its upload and every
+     * host-side reader wait on that); else into one group waited for here. */
+    int defer = st->env.cfg->defer_cpu_steps;
     pt_task_group g = PT_TASK_GROUP_INIT;
-    adam_job *jobs = NULL;
-    if (ms->n_offloaded) {
-        jobs = calloc((size_t)ms->n_chunks, sizeof *jobs);
-        if (!jobs) {
-            return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    for (int k = 0; ms->n_offloaded && k < ms->n_chunks; k++) {
+        cs_chunk *c = &ms->ch[k];
+        if (c->persistent || !c->trainable || c->stepped) continue;
+        c->owner = st;
+        c->s_acc = st->env.sx->n_micro > 1 || st->env.coll;
+        step_consts(st, lr, gs, &c->s_consts);
+        if (pt_pool_submit(ms->workers, adam_task, c, defer ? &c->sg : &g, NULL, 0)) {
+            adam_task(c);   /* no task node: step it here */
+            continue;
         }
-        for (int k = 0; k < ms->n_chunks; k++) {
-            cs_chunk *c = &ms->ch[k];
-            if (c->persistent || !c->trainable || c->stepped) continue;
-            jobs[k].st = st;
-            jobs[k].c = c;
-            jobs[k].acc = st->env.sx->n_micro > 1 || st->env.coll;
-            step_consts(st, lr, gs, &jobs[k].k);
-            if (pt_pool_submit(ms->workers, adam_task, &jobs[k], &g, NULL, 0)) adam_task(&jobs[k]);
-        }
+        c->step_pending = defer;
     }
     for (int k = 0; k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
         if (!c->persistent || !c->trainable) continue;
         int rc = device_adam(st, c, lr, gs, err, errlen);
         if (rc) {
-            if (jobs) pt_pool_wait(ms->workers, &g);
-            free(jobs);
+            pt_pool_wait(ms->workers, &g);
             return rc;
         }
     }
-    if (jobs) pt_pool_wait(ms->workers, &g);
-    free(jobs);
-    /* what the host waited for CPU work (overlapped tasks + deferred steps); the
-     * device Adam of persistent chunks runs in the same window, ordered first */
-    ms->optim_wait_s += pt_now_s() - w0;
+    double w1 = pt_now_s();
+    pt_pool_wait(ms->workers, &g);
+    /* what the host waited for CPU work: the gradient tasks (accumulation, norms,
+     * overlapped steps) once their copies were in, and the steps when not
+     * deferred (deferred ones count where an upload waits for them) */
+    add_defer_wait(ms, cpu_wait + pt_now_s() - w1);
     /* A host computing on its own thread reads the device AdamW's results right
      * after this hook; an ordered host's next work queues behind it anyway. */
     if (!st->env.ordered && OPS(st)->stream_sync(IMPL(st), st->env.s_compute)) {

@@ -607,3 +607,33 @@ int pt_store_destroy(pt_store *st, char *err, size_t errlen) {
     free(ms);
     return src;
 }
+
+int pt_store_param_home(pt_store *st, int32_t index, float **p, int *on_device, char *err,
+                        size_t errlen) {
+    pt_store *ms = st;
+    *p = NULL;
+    if (!ms || index < 0 || index >= ms->n_params)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "param_home: bad index %d (model has %d "
+                       "params)", index, ms ? ms->n_params : 0);
+    int root = ms->root[index];
+    const pt_param_v1 *q = &st->env.model->params[root];
+    if (q->dtype != PT_F32)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "param_home: param %d '%s' is not fp32",
+                       index, q->name ? q->name : "(unnamed)");
+    cs_chunk *c = &ms->ch[ms->lay.param_chunk[root]];
+    uint64_t off = ms->lay.param_offset[root];
+    if (c->sh)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "param_home: param %d '%s' lies in "
+                       "chunk %d, which mode C splits across the ranks", index,
+                       q->name ? q->name : "(unnamed)", c->id);
+    if (c->persistent) {
+        *p = (float *)((char *)c->d_param + off);
+        *on_device = 1;
+        return PT_OK;
+    }
+    int rc = pt_cs_wait_task(st, c, "param_home", err, errlen);
+    if (rc) return rc;
+    *p = (float *)((char *)c->h_param + off);
+    *on_device = 0;
+    return PT_OK;
+}

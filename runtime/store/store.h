@@ -40,9 +40,12 @@ enum {
     PT_ORD_FREE = 16,    /* frees (and their poison) in the compute stream's order */
     PT_ORD_STEP = 32,    /* optimizer_step's slot poison and parameter reads after compute */
     PT_ORD_HOSTIO = 64,  /* the host's memcpy after its launched work */
-    PT_ORD_SHARD = 128,  /* mode C: a chunk's all-gather after its part's upload, its
+    PT_ORD_OSFT = 128,   /* OSFT's gradient projection behind the block's backward on
+                            s_compute (skipped: at once, on the host's thread) */
+    PT_ORD_DEFER = 256,  /* a chunk's upload after its deferred CPU step */
+    PT_ORD_SHARD = 512,  /* mode C: a chunk's all-gather after its part's upload, its
                             reduce-scatter after the host's backward */
-    PT_ORD_ALL = 255
+    PT_ORD_ALL = 1023
 };
 
 /* Optimizer hyper-parameters and progress (owned by the caller, lent to the store). */
@@ -138,6 +141,12 @@ int pt_store_arena_get(pt_store *st, int32_t b, void **ptr, char *err, size_t er
 int pt_store_is_arena(const pt_store *st, const void *ptr);   /* block index, or -1 */
 uint64_t pt_store_arena_bytes(const pt_store *st, int32_t b); /* device bytes held now */
 int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, char *err,
+                        size_t errlen);
+/* Where fp32 param `index` lives between steps: the resident copy (device, its
+ * last device AdamW may still be queued on s_compute) or the pinned master of an
+ * offloaded chunk (after its CPU step). A caller that changes the values there
+ * changes the parameter: the next gather uploads them. */
+int pt_store_param_home(pt_store *st, int32_t index, float **p, int *on_device, char *err,
                         size_t errlen);
 /* Fills the plan, optimizer-time and activation fields of s. */
 void pt_store_stats(const pt_store *st, pt_stats_v1 *s);

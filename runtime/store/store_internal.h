@@ -90,6 +90,8 @@ typedef struct cs_chunk {
     pt_event *ev_up;          /* upload into its slot done */
     pt_event *ev_d2h;         /* gradient copy to h_gstage done */
     pt_task_group tg;         /* its CPU task (accumulate / norm / step) */
+    pt_task_group sg;         /* its deferred step alone: what its next upload waits for
+                               * (never a gradient task, which waits for the device) */
     /* snapshot the CPU task works from (written before submit) */
     int t_micro, t_n_micro, t_step_now, t_norm;
     int t_rc;                 /* status of its last CPU task: written by the worker, read
@@ -99,6 +101,14 @@ typedef struct cs_chunk {
      * read after waiting for tg): the durations of the tasks of earlier
      * micro-batches, and the last task's interval */
     double t_early, t_start, t_end;
+    /* a step optimizer_step left running (deferred into the next forward): the
+     * chunk's next upload waits for it on the h2d stream (written by the hook
+     * thread before submit; the task reads them) */
+    struct pt_store *owner;
+    pt_adamw_consts s_consts;
+    int s_acc;
+    int step_pending;         /* hook thread: set at submit; cleared by the first lease
+                               * (which queues the upload's wait) or a hook-thread wait */
 } cs_chunk;
 
 struct pt_store {
@@ -144,7 +154,8 @@ struct pt_store {
     uint64_t pinned_bytes, persist_bytes, buffer_bytes;
     double pin_seconds;
     double cpu_optim_s;       /* CPU optimizer work, summed over tasks (mutex: workers add) */
-    double optim_wait_s;      /* optimizer_step's wait for the CPU tasks */
+    double optim_wait_s;      /* optimizer_step's wait for the CPU tasks, plus the time
+                               * uploads waited for deferred steps (acct_mu) */
     double cpu_hidden_s;      /* CPU optimizer work done before the device finished backward */
     pthread_mutex_t acct_mu;
 };

@@ -18,6 +18,10 @@
  *  - bf16 -> fp32 and fp16 -> fp32 over all 65,536 bit patterns, fp32 -> bf16
  *    and fp32 -> fp16 over every exponent with several mantissas plus the
  *    rounding ties, each bit-identical to kernels_hd.h; convert-accumulate;
+ *  - gemm_f32 in all four transpose combinations with padded strides against a
+ *    double reference (beta 0 overwrites NaN, padding untouched), cols_f32
+ *    bit-identical to the shared column bodies, svd_f32 tall and wide
+ *    (reconstruction and orthonormality within 1e-5, s descending);
  *  - bad arguments (unknown dtype, unknown copy kind) refused with
  *    PT_ERR_INVALID_ARG, the same on every backend;
  *  - with PT_TEST_LARGE=1, kernels over 2^31 + 17 elements (indices past
@@ -262,6 +266,130 @@ static void test_adamw(void **state) {
     adamw_case(777, 5, PT_F32, 2);
 }
 
+/* ---- dense linear algebra (gemm_f32, cols_f32, svd_f32) ---- */
+
+/* row-major op(X)[i][j] of a stored matrix with row stride ld */
+static double at(const float *x, int64_t ld, int t, int64_t i, int64_t j) {
+    return t ? (double)x[j * ld + i] : (double)x[i * ld + j];
+}
+
+static void gemm_case(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, float beta) {
+    int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 2;
+    int64_t ra = ta ? k : m, rb = tb ? n : k;
+    size_t na = (size_t)(ra * lda), nb = (size_t)(rb * ldb), nc = (size_t)(m * ldc);
+    float *a = malloc(na * 4), *b = malloc(nb * 4), *c = malloc(nc * 4), *got = malloc(nc * 4);
+    assert_true(a && b && c && got);
+    for (size_t i = 0; i < na; i++) a[i] = rndf(-1, 1);
+    for (size_t i = 0; i < nb; i++) b[i] = rndf(-1, 1);
+    /* beta = 0 must overwrite C even where it holds NaN */
+    for (size_t i = 0; i < nc; i++) c[i] = beta == 0.0f ? NAN : rndf(-1, 1);
+    float *da = dalloc(na * 4), *db = dalloc(nb * 4), *dc = dalloc(nc * 4);
+    h2d(da, a, na * 4), h2d(db, b, nb * 4), h2d(dc, c, nc * 4);
+    pt_gemm_args g = {ta, tb, m, n, k, alpha, beta, da, lda, db, ldb, dc, ldc};
+    assert_int_equal(OPS->gemm_f32(IMPL, &g, NULL), 0);
+    d2h(got, dc, nc * 4);
+    double worst = 0;
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < n; j++) {
+            double r = 0, mag = 0;
+            for (int64_t l = 0; l < k; l++) {
+                r += at(a, lda, ta, i, l) * at(b, ldb, tb, l, j);
+                mag += fabs(at(a, lda, ta, i, l) * at(b, ldb, tb, l, j));
+            }
+            r = alpha * r + (beta == 0.0f ? 0.0 : beta * (double)c[i * ldc + j]);
+            double e = fabs((double)got[i * ldc + j] - r) / (fabs(alpha) * mag + 1.0);
+            if (!(e <= worst)) worst = e;   /* NaN lands here too */
+        }
+        /* the padding past n is not written */
+        for (int64_t j = n; j < ldc; j++)
+            assert_memory_equal(&got[i * ldc + j], &c[i * ldc + j], 4);
+    }
+    if (!(worst <= 1e-6))
+        fail_msg("gemm ta %d tb %d %lldx%lldx%lld: error %.3g", ta, tb, (long long)m, (long long)n,
+                 (long long)k, worst);
+    pt_gpu_free(G, da), pt_gpu_free(G, db), pt_gpu_free(G, dc);
+    free(a), free(b), free(c), free(got);
+}
+
+static void test_linalg(void **state) {
+    (void)state;
+    if (!pt_gpu_has_linalg(OPS)) fail_msg("the %s backend has no linear algebra ops", kind_name());
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            gemm_case(ta, tb, 7, 5, 9, 1.0f, 0.0f);
+            gemm_case(ta, tb, 33, 17, 64, -1.0f, 1.0f);
+            gemm_case(ta, tb, 1, 130, 3, 0.5f, 0.25f);
+        }
+    gemm_case(0, 0, 4, 6, 0, 1.0f, 0.0f);   /* k = 0: C = 0 */
+    /* cols: scale and column dots, bit-identical to the shared bodies */
+    enum { R = 37, C = 11 };
+    float x[R * C], y[R * C], sv[C], acc0[C], acc[C], out[R * C], want[R * C], wacc[C];
+    for (int i = 0; i < R * C; i++) x[i] = rndf(-2, 2), y[i] = rndf(-2, 2);
+    for (int j = 0; j < C; j++) sv[j] = rndf(-1, 1), acc0[j] = rndf(-1, 1);
+    float *dx = dalloc(sizeof x), *dy = dalloc(sizeof y), *ds = dalloc(sizeof sv),
+          *dacc = dalloc(sizeof acc), *dout = dalloc(sizeof out);
+    h2d(dx, x, sizeof x), h2d(dy, y, sizeof y), h2d(ds, sv, sizeof sv), h2d(dacc, acc0, sizeof acc0);
+    pt_cols_args sc = {PT_COLS_SCALE, R, C, C, dx, NULL, ds, dout, NULL};
+    pt_cols_args dt = {PT_COLS_DOT, R, C, C, dx, dy, NULL, NULL, dacc};
+    assert_int_equal(OPS->cols_f32(IMPL, &sc, NULL), 0);
+    assert_int_equal(OPS->cols_f32(IMPL, &dt, NULL), 0);
+    d2h(out, dout, sizeof out), d2h(acc, dacc, sizeof acc);
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < C; j++) want[i * C + j] = pt_colscale_elem(x[i * C + j], sv[j]);
+    for (int j = 0; j < C; j++) wacc[j] = pt_coldot_col(x, y, R, C, j, acc0[j]);
+    assert_memory_equal(out, want, sizeof out);
+    assert_memory_equal(acc, wacc, sizeof acc);
+    pt_gpu_free(G, dx), pt_gpu_free(G, dy), pt_gpu_free(G, ds), pt_gpu_free(G, dacc),
+        pt_gpu_free(G, dout);
+    /* thin SVD, tall and wide: a = u diag(s) vt within 1e-5, orthonormal factors,
+     * s descending */
+    static const int64_t shp[2][2] = {{13, 6}, {5, 12}};
+    for (int c = 0; c < 2; c++) {
+        int64_t m = shp[c][0], n = shp[c][1], r = m < n ? m : n;
+        float *h = malloc((size_t)(m * n) * 4), *u = malloc((size_t)(m * r) * 4),
+              *sg = malloc((size_t)r * 4), *vt = malloc((size_t)(r * n) * 4);
+        assert_true(h && u && sg && vt);
+        for (int64_t i = 0; i < m * n; i++) h[i] = rndf(-1, 1);
+        float *da = dalloc((size_t)(m * n) * 4), *du = dalloc((size_t)(m * r) * 4),
+              *dsg = dalloc((size_t)r * 4), *dvt = dalloc((size_t)(r * n) * 4);
+        int32_t *dinfo = dalloc(4), info = -1;
+        h2d(da, h, (size_t)(m * n) * 4);
+        pt_svd_args sa = {m, n, da, du, dsg, dvt, dinfo};
+        assert_int_equal(OPS->svd_f32(IMPL, &sa, NULL), 0);
+        d2h(u, du, (size_t)(m * r) * 4), d2h(sg, dsg, (size_t)r * 4), d2h(vt, dvt, (size_t)(r * n) * 4);
+        d2h(&info, dinfo, 4);
+        assert_int_equal(info, 0);
+        double e2 = 0, a2 = 0, oe = 0;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double v = 0;
+                for (int64_t l = 0; l < r; l++) v += (double)u[i * r + l] * sg[l] * vt[l * n + j];
+                e2 += (v - h[i * n + j]) * (v - h[i * n + j]);
+                a2 += (double)h[i * n + j] * h[i * n + j];
+            }
+        for (int64_t p = 0; p < r; p++) {
+            if (p) assert_true(sg[p] <= sg[p - 1]);
+            for (int64_t q = 0; q < r; q++) {
+                double uu = 0, vv = 0;
+                for (int64_t i = 0; i < m; i++) uu += (double)u[i * r + p] * u[i * r + q];
+                for (int64_t j = 0; j < n; j++) vv += (double)vt[p * n + j] * vt[q * n + j];
+                oe = fmax(oe, fmax(fabs(uu - (p == q)), fabs(vv - (p == q))));
+            }
+        }
+        if (!(sqrt(e2 / a2) <= 1e-5 && oe <= 1e-5))
+            fail_msg("svd %lldx%lld: reconstruction %.3g, orthonormality %.3g", (long long)m,
+                     (long long)n, sqrt(e2 / a2), oe);
+        pt_gpu_free(G, da), pt_gpu_free(G, du), pt_gpu_free(G, dsg), pt_gpu_free(G, dvt),
+            pt_gpu_free(G, dinfo);
+        free(h), free(u), free(sg), free(vt);
+    }
+    /* bad arguments */
+    pt_gemm_args bad = {0, 0, 4, 4, 4, 1.0f, 0.0f, (float *)1, 4, (float *)1, 4, (float *)1, 3};
+    assert_int_equal(OPS->gemm_f32(IMPL, &bad, NULL), PT_ERR_INVALID_ARG);   /* ldc < n */
+    pt_cols_args badc = {7, 1, 1, 1, (float *)1, (float *)1, (float *)1, (float *)1, (float *)1};
+    assert_int_equal(OPS->cols_f32(IMPL, &badc, NULL), PT_ERR_INVALID_ARG);
+}
+
 /* ---- sqnorm ---- */
 
 static void sqnorm_case(int dtype, size_t n, size_t off) {
@@ -497,6 +625,7 @@ int main(void) {
         cmocka_unit_test(test_copies),
         cmocka_unit_test(test_stream_order),
         cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_linalg),
         cmocka_unit_test(test_sqnorm),
         cmocka_unit_test(test_convert_all_patterns),
         cmocka_unit_test(test_convert_accumulate),

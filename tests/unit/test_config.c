@@ -62,7 +62,7 @@ static void test_defaults(void **s) {
     assert_true(c.lr == 3e-4f && c.beta1 == 0.9f && c.beta2 == 0.999f && c.eps == 1e-8f);
     assert_true(c.weight_decay == 0.0f && c.max_grad_norm == 0.0f && c.cpu_threads == 0);
     assert_true(c.rekls_seed_shampoo == 0 && c.rekls_shampoo_beta == 0.95f && c.rekls_eps == 1e-8f);
-    assert_true(c.osft_enabled == 0 && c.osft_rank_ratio == 0.5f);
+    assert_true(c.osft_enabled == 0 && c.osft_urr == 0.25f);
     assert_string_equal(c.osft_targets, "attn,mlp");
     assert_true(c.tiled_mlp_enabled == 0 && c.tiled_mlp_tiles == 0);
     assert_string_equal(c.dist_backend, "auto");
@@ -168,7 +168,7 @@ static const char full_ini[] =
     "[optimizer]\ntype = rekls\nlr = 1e-3\nbeta1 = 0\nbeta2 = 0.95\neps = 1e-6\n"
     "weight_decay = 0.1\nmax_grad_norm = 1.0\ncpu_threads = 2\nrekls_seed_shampoo = true\n"
     "rekls_shampoo_beta = 0.9\nrekls_eps = 1e-10\n"
-    "[osft]\nenabled = 1\nrank_ratio = 1\ntargets = attn , mlp,  c_fc\n"
+    "[osft]\nenabled = 1\nunfreeze_rank_ratio = 1\ntargets = attn , mlp,  c_fc\n"
     "[tiled_mlp]\nenabled = on\ntiles = 4\n"
     "[dist]\nbackend = mpi\ninit_method = file:///tmp/rdzv\n"
     "[host_backend]\ncopy_bandwidth = 2GiB/s\npoison = false\nfail_alloc_at = 7\n";
@@ -189,7 +189,7 @@ static void check_full(const pt_config *c) {
     assert_true(c->weight_decay == 0.1f && c->max_grad_norm == 1.0f && c->cpu_threads == 2);
     assert_true(c->rekls_seed_shampoo == 1 && c->rekls_shampoo_beta == 0.9f);
     assert_true(c->rekls_eps == 1e-10f);
-    assert_true(c->osft_enabled == 1 && c->osft_rank_ratio == 1.0f);
+    assert_true(c->osft_enabled == 1 && c->osft_urr == 1.0f);
     assert_string_equal(c->osft_targets, "attn,mlp,c_fc"); /* normalised */
     assert_true(c->tiled_mlp_enabled == 1 && c->tiled_mlp_tiles == 4);
     assert_string_equal(c->dist_backend, "mpi");
@@ -341,7 +341,7 @@ static void test_bad_values(void **s) {
         {"[protrain]\nn_swap = 99999999999\n", "t.ini:2: bad value '99999999999' for key 'n_swap' in [protrain]: expected auto or an integer >= 0"},
         {"[protrain]\nzero3_shard = sometimes\n", "t.ini:2: bad value 'sometimes' for key 'zero3_shard' in [protrain]: expected auto|on|off (or another bool form)"},
         {"[tiled_mlp]\ntiles = 0\n", "t.ini:2: bad value '0' for key 'tiles' in [tiled_mlp]: expected auto or an integer >= 1"},
-        {"[osft]\nrank_ratio = 0\n", "t.ini:2: bad value '0' for key 'rank_ratio' in [osft]: expected a float in (0, 1]"},
+        {"[osft]\nunfreeze_rank_ratio = 1.5\n", "t.ini:2: bad value '1.5' for key 'unfreeze_rank_ratio' in [osft]: expected a float in [0, 1]"},
         {"[osft]\ntargets = attn,,mlp\n", "t.ini:2: bad value 'attn,,mlp' for key 'targets' in [osft]: expected a comma-separated list of non-empty parameter-name substrings like attn,mlp"},
         {"[dist]\ninit_method = tcp://host:1234\n", "t.ini:2: bad value 'tcp://host:1234' for key 'init_method' in [dist]: expected env, mpi or file:///absolute/path"},
         {"[dist]\nbackend = gloo\n", "t.ini:2: bad value 'gloo' for key 'backend' in [dist]: expected one of auto|nccl|mpi|none"},

@@ -77,7 +77,7 @@ static void test_hand_all_resident(void **state) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0};
     pt_knobs k = {2, 0, 0, 0};
     pt_cost c;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
@@ -121,7 +121,7 @@ static void test_hand_streamed(void **state) {
     assert_int_equal(pt_cost_buffer_min_block(cx, 0), 1);   /* one chunk per block */
     assert_int_equal(pt_cost_buffer_min_block(cx, 1), 1);
     assert_int_equal(pt_cost_buffer_min_block(cx, 2), 0);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0};
     pt_knobs k = {0, 2, 0, 0};
     pt_cost c;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
@@ -190,7 +190,7 @@ static void test_hand_ckpt_swap(void **state) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0};
     pt_cost c;
     /* both CKPT: only inputs stay; peak = backward of block 1 with its
      * recomputed arena: 20 + 1000 + 20 + max(7, 5) */
@@ -227,7 +227,7 @@ static synth big(void) {
 }
 
 static uint64_t peak_of(pt_cost_ctx *cx, int p, int nb, int s, int c) {
-    pt_cost_opts o = {1.0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0};
     pt_knobs k = {p, nb, s, c};
     pt_cost r;
     char err[256];
@@ -308,8 +308,8 @@ static void test_time_monotone_in_buffers(void **state) {
         for (int p = 0; p <= K; p++)
             for (int sw = 0; sw <= 2; sw++)
                 for (int c = 0; c <= 3; c++)
-                    for (int clip = 0; clip < 2; clip++) {
-                        pt_cost_opts o = {1.0, 0, 0, clip, 0};
+                    for (int clip = 0; clip < 3; clip++)   /* 2: clipping, steps deferred */ {
+                        pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2};
                         double prev = INFINITY;
                         uint64_t prev_peak = 0;
                         for (int nb = pt_cost_buffer_min(cx, p); nb <= K - p; nb++) {
@@ -362,7 +362,7 @@ static void test_exact_footprints(void **state) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0};
     int K = t.n_chunk;
     pt_knobs all = {K, 0, 0, 0}, half = {K / 2, pt_cost_buffer_min(cx, K / 2), 0, 0};
     pt_cost c0, h0, c1, h1;
@@ -440,12 +440,12 @@ static void test_bounds_below_lookahead(void **state) {
         uint8_t *modes = malloc((size_t)t.n_block);
         pt_act_profile a;
         assert_int_equal(pt_act_init(cx, &a), PT_OK);
-        for (int clip = 0; clip < 2; clip++)
+        for (int clip = 0; clip < 3; clip++)   /* 2: clipping, steps deferred */
             for (int sc = 0; sc < 3; sc++) {
                 assert_int_equal(pt_place_blocks(t.n_block, sc == 2, sc, pt_cost_swap_interval(cx), modes, NULL, 0),
                                  PT_OK);
                 pt_act_compute(cx, modes, &a);
-                pt_cost_opts o = {1.0, 0, 0, clip, 0};
+                pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2};
                 for (int p = 0; p <= t.n_chunk; p++) {
                     int lo1 = pt_cost_buffer_min_block(cx, p), lo2 = pt_cost_buffer_min(cx, p);
                     int q = pt_cost_n_offloaded(cx, p);

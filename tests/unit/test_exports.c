@@ -8,8 +8,7 @@
  *  - the parser itself on test plugins with known exports;
  *  - $PT_BUILD/protrain_plugin.so exports only protrain_plugin_v1, and its table
  *    loads with abi_version 1, struct_size sizeof(pt_plugin_v1), name "protrain",
- *    PT_HAS_HOOK true for every implemented hook and false for the four kernel
- *    hooks that are not built (osft_linear_*);
+ *    PT_HAS_HOOK true for every hook (the OSFT kernels included);
  *  - $PT_BUILD/libprotrain_cuda.so (when built) exports only pt_gpu_backend_cuda_v1
  *    (PT_CUDA_BACKEND_SYMBOL), whose head says abi_version PT_GPU_BACKEND_VERSION
  *    and struct_size sizeof(pt_gpu_backend); it names itself "cuda", fills every
@@ -231,11 +230,9 @@ static void test_plugin_exports(void **state) {
     assert_true(PT_HAS_HOOK(t, set_lr));
     assert_true(PT_HAS_HOOK(t, launch));
     assert_true(PT_HAS_HOOK(t, stream_sync));
-    /* The kernels are not built: their slots are NULL, so a host sees them as
-     * absent instead of calling a stub that only answers "unsupported". */
-    assert_false(PT_HAS_HOOK(t, osft_linear_forward));
-    assert_false(PT_HAS_HOOK(t, osft_linear_backward));
-    assert_null(t->osft_linear_forward);
+    /* OSFT's factorised linear layer (ABI 1.4 reports the targets in stats) */
+    assert_true(PT_HAS_HOOK(t, osft_linear_forward));
+    assert_true(PT_HAS_HOOK(t, osft_linear_backward));
     /* TiledMLP is built (ABI 1.2 adds its scratch hook) */
     assert_true(PT_HAS_HOOK(t, tiled_mlp_forward));
     assert_true(PT_HAS_HOOK(t, tiled_mlp_backward));
@@ -248,7 +245,7 @@ static void test_plugin_exports(void **state) {
     for (const void *const *h = (const void *const *)&t->init;
          h < (const void *const *)&t->reserved; h++)
         present += *h != NULL;
-    assert_int_equal(present, 28);
+    assert_int_equal(present, 30);
     assert_non_null(t->last_error(NULL));   /* "never NULL; ctx may be NULL" */
     pt_unload_plugin(&p);
 }
