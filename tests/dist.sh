@@ -177,8 +177,8 @@ done
 
 # auto_mode with 2 ranks (zero3_shard = auto): A when the model fits the device;
 # B when it does not and the replicated offloaded state fits the pinned budget
-# (the plan says why, with the bytes per rank); a budget nothing fits fails on
-# every rank with the pinned bytes per rank of mode C and of mode B.
+# (the plan says why, with the bytes per rank); a budget nothing fits fails
+# with the pinned bytes per rank of mode C and of mode B.
 # B and the failure fix n_persist (a knob still overrides auto_mode's "A when it
 # fits"): on this small model every chunk fits the default device.
 auto_ini() {   # $1 file, $2 pinned_budget line, $3 [protrain] line
@@ -206,7 +206,8 @@ if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/autoX.ini" "${acommon[@]}" --s
     bad "auto_mode: a 50 KiB pinned budget trained anyway"
 else
     n=$(grep -c "rank [01]: error: .*need [0-9]* bytes (this rank's parts in mode C, split over 2 ranks; replicated on every rank, mode B, they would need [0-9]*)" "$tmp/autoX.log")
-    [ "$n" = 2 ] && ok || { tail -4 "$tmp/autoX.log"; bad "auto_mode: with nothing fitting, $n of 2 ranks named the bytes of modes B and C"; }
+    # both ranks fail alike, but mpirun may end the second before it prints
+    [ "$n" -ge 1 ] && ok || { tail -4 "$tmp/autoX.log"; bad "auto_mode: with nothing fitting, no rank named the bytes of modes B and C"; }
 fi
 
 # Resume across ranks and modes: 2 ranks in mode C save a generation at step 10
