@@ -85,6 +85,8 @@ typedef enum pt_gpu_op {
     PT_GPU_OP_EVENT_CREATE,      /* event_create and event_create_timing */
     PT_GPU_OP_EVENT_ELAPSED_MS,
     PT_GPU_OP_HOST_FN,
+    PT_GPU_OP_EIGH,
+    PT_GPU_OP_REKLS_EW,
     PT_GPU_OP_COUNT
 } pt_gpu_op;
 
@@ -146,6 +148,35 @@ typedef struct pt_svd_args {
     float *a, *u, *s, *vt;
     int32_t *info;    /* device int: 0 when the SVD converged, else the solver's code */
 } pt_svd_args;
+
+/* One REKLS element-wise kernel over n elements (bodies in gpu/kernels_hd.h,
+ * loop in gpu/rekls_ew.h). Which fields a kind reads is listed beside it. */
+typedef enum pt_rekls_ew_kind {
+    PT_RK_GRAD_IN = 0,   /* x[i] = load(src, src_dtype, i) * a      (widen + clip scale) */
+    PT_RK_SCALE_COLS,    /* x[r*cols+c] = y[r*cols+c] * inv(lam[c], b, c0): rows*cols = n,
+                            inv = 1/(b * max(lam, c0)) (b = the factor's size, c0 = eps) */
+    PT_RK_LERP,          /* x[i] = x[i] + a * (y[i] - x[i]) */
+    PT_RK_COPY,          /* x[i] = y[i] */
+    PT_RK_ADAM,          /* x = G~ in, U out; m, v moments; a = 1-b1, b = 1-b2, c0 = bc1,
+                            c1 = bc2, c2 = eps */
+    PT_RK_APPLY          /* x = fp32 param: x = x - c0*x - a*y (c0 = lr*wd, a = lr, y = delta);
+                            dst (dst_dtype) gets a copy of the new x when not NULL */
+} pt_rekls_ew_kind;
+
+typedef struct pt_rekls_ew_args {
+    int kind;                   /* pt_rekls_ew_kind */
+    size_t n;
+    float *x;                   /* [n] written */
+    const float *y;             /* [n] read (LERP, COPY, SCALE_COLS, APPLY) */
+    const void *src;            /* [n] GRAD_IN source, src_dtype */
+    int src_dtype;
+    void *dst;                  /* [n] APPLY compute-dtype copy, or NULL */
+    int dst_dtype;
+    float *m, *v;               /* [n] ADAM moments */
+    const float *lam;           /* [cols] SCALE_COLS eigenvalues */
+    size_t cols;
+    float a, b, c0, c1, c2;
+} pt_rekls_ew_args;
 
 /*
  * Version of the pt_gpu_backend layout. The cuda backend is a separate shared
@@ -220,6 +251,15 @@ typedef struct pt_gpu_backend {
     int (*gemm_f32)(void *impl, const pt_gemm_args *a, pt_stream *s);
     int (*cols_f32)(void *impl, const pt_cols_args *a, pt_stream *s);
     int (*svd_f32)(void *impl, const pt_svd_args *a, pt_stream *s);
+    /* ---- REKLS (appended; NULL = not implemented by this backend); its GEMMs
+     * go through gemm_f32 ----
+     * Symmetric eigendecomposition in place: A [n x n] row-major symmetric in,
+     * eigenvectors out as columns; w [n] the eigenvalues, both sorted descending.
+     * fp32 first, retried in fp64 when fp32 does not converge. *status (device
+     * int), when not NULL, is set non-zero when both failed (A and w then hold
+     * NaN) and left as it was otherwise, so one zeroing covers many calls. */
+    int (*eigh)(void *impl, int n, float *A, float *w, int *status, pt_stream *s);
+    int (*rekls_ew)(void *impl, const pt_rekls_ew_args *a, pt_stream *s);
 } pt_gpu_backend;
 
 /* The table holds gemm_f32, cols_f32 and svd_f32 (inside its struct_size, non-NULL). */

@@ -165,4 +165,39 @@ PT_HD float pt_coldot_col(const float *x, const float *y, int64_t rows, int64_t 
     return acc + sum;
 }
 
+/* ---- REKLS element bodies (runtime/optim/rekls.c runs the step) ----
+ * Every REKLS kernel that is not a GEMM or an eigendecomposition is one of
+ * these, run over a flat range by pt_rekls_ew_range (gpu/rekls_ew.h) on the
+ * CPU and the host backend, and by the same bodies in the CUDA kernels. */
+
+/* KL factor update weight of the other factor's eigenvalue lam:
+ * 1 / (dim * max(lam, eps)) (dim = that factor's size; eps also floors the
+ * eigenvalues, which may come out slightly negative). */
+PT_HD float pt_rekls_inv_elem(float lam, float dim, float eps) {
+    float l = lam > eps ? lam : eps;
+    return 1.0f / (dim * l);
+}
+
+/* lerp(x, y, w) = x + w (y - x): the exponential averages of the factors and
+ * the Adam moments (1 - w is the decay). */
+PT_HD float pt_rekls_lerp_elem(float x, float y, float w) { return x + w * (y - x); }
+
+/* Adam in the eigenbasis for one element g (rotated gradient):
+ *   m = lerp(m, g, 1-b1), v = lerp(v, g^2, 1-b2),
+ *   u = (m / bc1) / (sqrt(v / bc2) + eps)   (bc_i = 1 - b_i^k). Returns u. */
+PT_HD float pt_rekls_adam_elem(float g, float *m, float *v, float omb1, float omb2, float bc1,
+                               float bc2, float eps) {
+    float mm = pt_rekls_lerp_elem(*m, g, omb1);
+    float vv = pt_rekls_lerp_elem(*v, g * g, omb2);
+    *m = mm;
+    *v = vv;
+    return (mm / bc1) / (sqrtf(vv / bc2) + eps);
+}
+
+/* Decoupled decay then the step: p = p - lr*wd*p; p = p - lr*d. */
+PT_HD float pt_rekls_apply_elem(float p, float d, float lr, float lrwd) {
+    p = p - lrwd * p;
+    return p - lr * d;
+}
+
 #endif /* PT_KERNELS_HD_H */

@@ -159,9 +159,11 @@ const pt_config_key pt_cfg_keys[] = {
           "Write the plan's predicted device memory per window of one step as an SVG picture "
           "here (rewritten with the measured peak after calibration); empty: none."),
     R_ENUM("optimizer", "type", optim_type, "adamw|rekls", optim_vals, "adamw",
-           "adamw, or rekls (KL-Shampoo in its eigenbasis; parameters that are not 2-D use "
-           "AdamW). A host "
-           "descriptor type other than FROM_CONFIG wins."),
+           "adamw, or rekls: Adam in the eigenbasis of two KL-Shampoo Kronecker factors, "
+           "eigendecomposed every step, for every trainable 2-D parameter inside a block; "
+           "biases, norms, embeddings and the head keep AdamW. REKLS's reference defaults are "
+           "beta2 = 0.95 and weight_decay = 0.01 (set them). A host descriptor type other than "
+           "FROM_CONFIG wins."),
     R_FLT("optimizer", "lr", lr, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "3e-4",
           "Learning rate; the host may pass another one to each optimizer_step."),
     R_FLT("optimizer", "beta1", beta1, PT_CFG_HI_OPEN, 0, 1, "0.9", "First-moment decay."),
@@ -177,12 +179,14 @@ const pt_config_key pt_cfg_keys[] = {
           "Threads for the CPU optimizer step on offloaded chunks; auto (or 0): the cores "
           "available to the process."),
     R_BOOL("optimizer", "rekls_seed_shampoo", rekls_seed_shampoo, "false",
-           "REKLS: seed step 1 with plain Shampoo factors instead of the reference "
-           "implementation's step 1."),
+           "REKLS: seed step 1 with plain Shampoo factors (G G^T / n, G^T G / m) instead of "
+           "the reference's step 1, whose factors G G^T / (n eps) let the first gradient "
+           "dominate the eigenbasis for hundreds of steps."),
     R_FLT("optimizer", "rekls_shampoo_beta", rekls_shampoo_beta, PT_CFG_HI_OPEN, 0, 1, "0.95",
           "REKLS: decay of the Kronecker factor averages."),
     R_FLT("optimizer", "rekls_eps", rekls_eps, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "1e-8",
-          "REKLS: floor of the factor eigenvalues and Adam-ratio epsilon."),
+          "REKLS: floor of the factor eigenvalues in the factor update and the epsilon of its "
+          "Adam ratio (one value for both, as the reference has it)."),
     R_BOOL("osft", "enabled", osft_enabled, "false",
            "Orthogonal Subspace Fine-Tuning on the target weights."),
     R_FLT("osft", "unfreeze_rank_ratio", osft_urr, 0, 0, 1, "0.25",

@@ -752,6 +752,8 @@ int be_svd_f32(void *impl, const pt_svd_args *a, pt_stream *s) {
     return finish(impl, "svd_f32", s);
 }
 
+#include "rekls_ops.cuh"
+
 }  // namespace
 
 /* Designated initializers (in declaration order, as C++ requires) keep this a
@@ -791,4 +793,6 @@ extern "C" PT_EXPORT const pt_gpu_backend pt_gpu_backend_cuda_v1 = {
     .gemm_f32 = be_gemm_f32,
     .cols_f32 = be_cols_f32,
     .svd_f32 = be_svd_f32,
+    .eigh = be_eigh,
+    .rekls_ew = be_rekls_ew,
 };

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 
 #include "host_backend.h"
+#include "rekls_ew.h"
 #include "protrain.h"
 #include "pt_util.h"
 
@@ -215,6 +216,27 @@ static int hb_convert(void *impl, void *dst, int dst_dtype, const void *src, int
     return pt_hb_submit(impl, s, op);
 }
 
+static int hb_eigh(void *impl, int n, float *A, float *w, int *status, pt_stream *s) {
+    if (pt_hb_inject(impl, PT_GPU_OP_EIGH)) return PT_ERR_BACKEND;
+    if (!impl || n < 0 || (n && (!A || !w))) return PT_ERR_INVALID_ARG;
+    hb_op *op = pt_hb_op_new(HB_OP_EIGH);
+    if (!op) return PT_ERR_HOST_OOM;
+    op->u.eig.n = n;
+    op->u.eig.A = A;
+    op->u.eig.w = w;
+    op->u.eig.status = status;
+    return pt_hb_submit(impl, s, op);
+}
+
+static int hb_rekls_ew(void *impl, const pt_rekls_ew_args *a, pt_stream *s) {
+    if (pt_hb_inject(impl, PT_GPU_OP_REKLS_EW)) return PT_ERR_BACKEND;
+    if (!impl || !pt_rekls_ew_valid(a)) return PT_ERR_INVALID_ARG;
+    hb_op *op = pt_hb_op_new(HB_OP_REKLS_EW);
+    if (!op) return PT_ERR_HOST_OOM;
+    op->u.rew = *a;
+    return pt_hb_submit(impl, s, op);
+}
+
 /* Linked into the plugin, so always the same build as the wrapper; the head is
  * filled anyway so every table reads the same way. set_log only carries the
  * notice of an injected failure (host_faults.c): every real failure of this
@@ -252,4 +274,6 @@ const pt_gpu_backend pt_gpu_backend_host = {
     .gemm_f32 = pt_hb_gemm,
     .cols_f32 = pt_hb_cols,
     .svd_f32 = pt_hb_svd,
+    .eigh = hb_eigh,
+    .rekls_ew = hb_rekls_ew,
 };

@@ -46,7 +46,9 @@ typedef enum hb_op_kind {
     HB_OP_CONVERT,
     HB_OP_GEMM,
     HB_OP_COLS,
-    HB_OP_SVD
+    HB_OP_SVD,
+    HB_OP_EIGH,
+    HB_OP_REKLS_EW
 } hb_op_kind;
 
 typedef struct hb hb;
@@ -66,6 +68,8 @@ typedef struct hb_op {
         pt_gemm_args gemm;
         pt_cols_args cols;
         pt_svd_args svd;
+        struct { int n; float *A, *w; int *status; } eig;
+        pt_rekls_ew_args rew;
     } u;
 } hb_op;
 

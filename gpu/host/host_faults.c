@@ -22,7 +22,7 @@ static const char *const op_names[PT_GPU_OP_COUNT] = {
     "none",         "memset",       "memcpy",            "event_sync",
     "stream_sync",  "convert",      "adamw",             "sqnorm",
     "event_record", "stream_wait_event", "event_create", "event_elapsed_ms",
-    "host_fn",
+    "host_fn",      "eigh",         "rekls_ew",
 };
 
 const char *pt_gpu_op_name(int op) {
@@ -43,7 +43,8 @@ int pt_gpu_fail_op_parse(const char *spec, int *op, int *at, char *why, size_t w
                 snprintf(why, whylen,
                          "expected <op>:<n> with n >= 1 and op one of memset, memcpy, "
                          "event_sync, stream_sync, convert, adamw, sqnorm, event_record, "
-                         "stream_wait_event, event_create, event_elapsed_ms, host_fn (or none)");
+                         "stream_wait_event, event_create, event_elapsed_ms, host_fn, eigh, "
+                         "rekls_ew (or none)");
             return -1;
         }
         n = (int)v;

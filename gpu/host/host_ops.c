@@ -14,6 +14,8 @@
 
 #include "host_backend.h"
 #include "kernels_hd.h"
+#include "la_cpu.h"
+#include "rekls_ew.h"
 #include "pt_util.h"
 
 /* A pt_now_s() time as the absolute CLOCK_MONOTONIC deadline clock_nanosleep
@@ -75,6 +77,15 @@ void pt_hb_exec(hb *h, hb_op *op) {
         break;
     case HB_OP_ADAMW:
         adamw_op(&op->u.adamw);
+        break;
+    /* REKLS: the very functions the CPU optimizer calls (bit-identical paths) */
+    case HB_OP_EIGH: {
+        int bad = pt_la_eigh_desc(op->u.eig.n, op->u.eig.A, op->u.eig.w);
+        if (bad && op->u.eig.status) *op->u.eig.status = bad;   /* sticky until zeroed */
+        break;
+    }
+    case HB_OP_REKLS_EW:
+        pt_rekls_ew_range(&op->u.rew, 0, op->u.rew.n);
         break;
     case HB_OP_SQNORM: {
         /* sum of squares in double (order fixed: i ascending), added once */

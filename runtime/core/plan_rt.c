@@ -41,8 +41,10 @@ void pt_rt_plan_free(pt_rt *rt) {
 }
 
 int pt_rt_auto_shard(const pt_rt *rt) {
-    /* OSFT's value projection works on whole factors: never mode C with it */
-    return rt->coll && rt->cfg.auto_mode && rt->cfg.zero3_shard < 0 && !rt->cfg.osft_enabled;
+    /* OSFT's value projection and REKLS work on whole parameters: never mode C
+     * with them */
+    return rt->coll && rt->cfg.auto_mode && rt->cfg.zero3_shard < 0 && !rt->cfg.osft_enabled &&
+           rt->cfg.optim_type != PT_OPTIM_REKLS;
 }
 
 int pt_rt_wants_profile(const pt_rt *rt) {

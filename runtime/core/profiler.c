@@ -549,6 +549,8 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
         tb->bwd_scratch_bytes = p->bscr[b];
         tb->grad_act_bytes = 0;    /* the host's activation grads live in its own scratch */
     }
+    pt_rekls_rates rk;
+    int rk_have = 0;
     for (int k = 0; k < n_chunks; k++) {
         pt_store_chunk_info ci;
         pt_store_chunk_info_get(rt->st, k, &ci);
@@ -561,6 +563,12 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
         tc->mandatory = ci.mandatory;
         tc->dev_bytes = ci.dev_bytes;
         tc->host_bytes = ci.host_bytes;
+        tc->rekls_bytes = ci.rekls_bytes;
+        if (ci.rekls_params > 0) {   /* REKLS's CPU step time, from its own probes */
+            if (!rk_have) pt_rekls_measure_rates(&rk), rk_have = 1;
+            tc->rekls_s = pt_rekls_predict_s(&rk, ci.rekls_params, ci.rekls_gemm_flops,
+                                             ci.rekls_eigh_flops);
+        }
     }
     pt_trace_derive_ranges(t);
     /* the head window holds the loss and the head's backward: split 1:2 like a

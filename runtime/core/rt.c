@@ -322,10 +322,20 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
     pt_optim_state *o = &rt->opt;
     const pt_config *c = &rt->cfg;
     int type = (d && d->type != PT_OPTIM_FROM_CONFIG) ? d->type : c->optim_type;
-    if (type != PT_OPTIM_ADAMW) {
-        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "create_optimizer: optimizer type %d is not available in this build (adamw only; "
-            "REKLS lands with the kernels issue)", type);
+    if (type != PT_OPTIM_ADAMW && type != PT_OPTIM_REKLS) {
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "create_optimizer: optimizer type %d is "
+                       "unknown (%d = adamw, %d = rekls)", type, PT_OPTIM_ADAMW, PT_OPTIM_REKLS);
     }
+    if (type == PT_OPTIM_REKLS && pt_osft_count(rt) > 0)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                       "create_optimizer: REKLS together with OSFT is not built (REKLS would step "
+                       "OSFT's trainable factors in its own eigenbasis, which the OSFT projections "
+                       "were not checked against): use adamw with [osft], or disable [osft]");
+    if (type == PT_OPTIM_REKLS && rt->shard)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                       "create_optimizer: REKLS in mode C is not built (it steps whole 2-D "
+                       "parameters, which mode C splits across the ranks): set [protrain] "
+                       "zero3_shard = off, or use adamw");
     /* Into a copy first: a refused descriptor leaves the optimizer as it was. */
     pt_optim_state n = *o;
     static const char *const names[6] = {"lr", "beta1", "beta2", "eps", "weight_decay",
@@ -351,13 +361,22 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
             "(need lr >= 0, betas in [0,1), eps > 0, weight_decay >= 0)",
             n.lr, n.beta1, n.beta2, n.eps, n.weight_decay);
     }
+    n.type = type;
     *o = n;
     pt_gpu_oom_reset(rt->gpu);
     o->t = 0;
     o->last_norm = NAN;
-    PT_LOGI(&rt->lg, "optimizer adamw lr %g betas (%g, %g) eps %g weight_decay %g clip %s",
-            o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
-            o->max_grad_norm > 0 ? "global-norm" : "off");
+    if (type == PT_OPTIM_REKLS)
+        PT_LOGI(&rt->lg, "optimizer rekls lr %g betas (%g, %g) shampoo_beta %g eps %g "
+                "weight_decay %g (decoupled) step 1 %s clip %s; AdamW (eps %g) for the "
+                "parameters REKLS does not take", o->lr, o->beta1, o->beta2,
+                c->rekls_shampoo_beta, c->rekls_eps, o->weight_decay,
+                c->rekls_seed_shampoo ? "seeded with Shampoo factors" : "as the reference",
+                o->max_grad_norm > 0 ? "global-norm" : "off", o->eps);
+    else
+        PT_LOGI(&rt->lg, "optimizer adamw lr %g betas (%g, %g) eps %g weight_decay %g clip %s",
+                o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
+                o->max_grad_norm > 0 ? "global-norm" : "off");
     int rc = pt_rt_replan_for_optimizer(rt, o->max_grad_norm > 0, err, errlen);
     if (!rc) rc = pt_store_optimizer_init(rt->st, err, errlen);
     rt->opt_created = !rc;

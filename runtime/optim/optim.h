@@ -1,7 +1,8 @@
 /*
  * optim.h — the optimizers subsystem's interface: a worker pool with waitable
  * task groups (thread_pool.h) and the vectorised, multi-threaded CPU AdamW
- * with its bulk dtype converters (cpu_adam.h). Code outside runtime/optim
+ * with its bulk dtype converters (cpu_adam.h), and the REKLS step written
+ * against a table of linear-algebra operations (rekls.h). Code outside runtime/optim
  * includes this header only; it depends on nothing else in runtime/.
  */
 #ifndef PT_OPTIM_H
@@ -9,5 +10,7 @@
 
 #include "thread_pool.h"
 #include "cpu_adam.h"
+#include "rekls.h"
+#include "rekls_tp.h"
 
 #endif

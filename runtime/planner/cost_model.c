@@ -39,6 +39,7 @@ void pt_cost_ctx_free(pt_cost_ctx *cx) {
     free(cx->bytes);
     free(cx->grad);
     free(cx->train);
+    free(cx->rks);
     free(cx->dev);
     free(cx->host);
     free(cx->nm_pos);
@@ -73,6 +74,7 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     cx->bytes = calloc(k1, sizeof(uint64_t));
     cx->grad = calloc(k1, sizeof(uint64_t));
     cx->train = calloc(k1, sizeof(uint64_t));
+    cx->rks = calloc(k1, sizeof(double));
     cx->dev = calloc(k1, sizeof(uint64_t));
     cx->host = calloc(k1, sizeof(uint64_t));
     cx->nm_pos = calloc(k1, sizeof *cx->nm_pos);
@@ -87,7 +89,7 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     cx->rhi = malloc((size_t)N * sizeof(int32_t));
     cx->has = malloc((size_t)N);
     cx->fstart = malloc((size_t)N * sizeof(double));
-    if (!cx->fstart || !cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
+    if (!cx->fstart || !cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->rks || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
         !cx->f_hi || !cx->l_lo || !cx->l_hi || !cx->nbmin || !cx->nbmin1 || !cx->nmb || !cx->rlo || !cx->rhi ||
         !cx->has) {
         pt_cost_ctx_free(cx);
@@ -102,11 +104,13 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
         cx->bytes[k + 1] = cx->bytes[k] + (nm ? c->bytes : 0);
         cx->grad[k + 1] = cx->grad[k] + (nm ? g : 0);
         cx->train[k + 1] = cx->train[k] + (nm ? c->trainable_elems : 0);
+        cx->rks[k + 1] = cx->rks[k] + (nm ? c->rekls_s : 0);
         cx->dev[k + 1] = cx->dev[k] + (nm ? pt_trace_chunk_dev_state(t, c) : 0);
         cx->host[k + 1] = cx->host[k] + (nm ? pt_trace_chunk_host_state(t, c) : 0);
         if (!nm) {
             cx->mand_dev += pt_trace_chunk_dev_state(t, c);
             cx->mand_train += c->trainable_elems;
+            cx->mand_rks += c->rekls_s;
             cx->mand_grad += g;
             continue;
         }
@@ -435,14 +439,16 @@ static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt
 /* DEFER: how much the next forward waits for the deferred CPU steps (the
  * formula in cost_model.h). Chunks [p, K) are offloaded; mandatory ones carry
  * no train/bytes in the prefix sums. */
-static double defer_delay(const pt_cost_ctx *cx, int32_t p, double dev_s, double icpu) {
+static double defer_delay(const pt_cost_ctx *cx, int32_t p, double dev_s, double icpu,
+                          double shard_div) {
     const pt_trace *t = cx->t;
     const double ih = 1.0 / t->hw.h2d_Bps;
     double S = 0, d = 0;
     for (int32_t k = p; k < cx->K; k++) {
         uint64_t tr = cx->train[k + 1] - cx->train[k];
         if (!tr) continue;
-        S += (double)tr * icpu;
+        /* a REKLS chunk's eigendecompositions and GEMMs come on top */
+        S += (double)tr * icpu + (cx->rks[k + 1] - cx->rks[k]) / shard_div;
         double up = (double)(cx->bytes[k + 1] - cx->bytes[k]) * ih;
         double late = S - dev_s + up - cx->fstart[t->chunks[k].first_block];
         if (late > d) d = late;
@@ -518,20 +524,28 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
         }
         int32_t g = b + 1;   /* gradients completed in block g are copied now */
         uint64_t d = 0, tr = 0;
+        double rk = 0;
         if (g < N) {
             int32_t lo = imax(cx->f_lo[g], p), hi = cx->f_hi[g];
             d = rsum(gr, lo, hi);
             tr = rsum(trn, lo, hi);
+            if (hi > lo) rk = (cx->rks[hi] - cx->rks[lo]) / shard_div;
         }
         double x = (double)us * ih + win(c, (double)u * ih, (double)d * id, 0, eng);
         down_bytes += d;
         clock += x;
-        if (tr) cpu_clock = dmax(cpu_clock, clock) + (double)tr * icpu;
+        /* REKLS chunks: their eigendecompositions and GEMMs on top (one worker
+         * per chunk, counted serially: an upper bound when chunks overlap) */
+        if (tr) cpu_clock = dmax(cpu_clock, clock) + (double)tr * icpu + rk;
     }
     double bwd = clock;
     uint64_t cpu_elems = rsum(trn, p, K);
     uint64_t dev_elems = cx->mand_train + trn[p];
-    double cpu_s = (double)cpu_elems * icpu, dev_s = (double)dev_elems / t->hw.dev_adam_elems_per_s;
+    /* REKLS of resident chunks runs on the device's stream; its time there is
+     * estimated at the CPU rates (what the host backend runs) */
+    double rk_cpu = (cx->rks[K] - cx->rks[p]) / shard_div, rk_dev = cx->mand_rks + cx->rks[p];
+    double cpu_s = (double)cpu_elems * icpu + rk_cpu,
+           dev_s = (double)dev_elems / t->hw.dev_adam_elems_per_s + rk_dev;
     double iter;
     /* fp32 gradients: resident ones all-reduced in place, offloaded ones in their
      * fp32 sums (mode B) or reduce-scattered (mode C) */
@@ -542,13 +556,13 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     if (ranks && o && o->defer) {
         /* with several ranks every CPU step waits for the collectives, then is
          * deferred like a clipped one */
-        iter = fwd + bwd + coll_s + dev_s + defer_delay(cx, p, dev_s, icpu);
+        iter = fwd + bwd + coll_s + dev_s + defer_delay(cx, p, dev_s, icpu, shard_div);
         out->schedule = PT_SCHED_DEFER;
     } else if (ranks) {
         iter = fwd + bwd + coll_s + dmax(dev_s, cpu_s);
         out->schedule = PT_SCHED_AFTER_BWD;
     } else if (clip && o->defer) {
-        iter = fwd + bwd + dev_s + defer_delay(cx, p, dev_s, icpu);
+        iter = fwd + bwd + dev_s + defer_delay(cx, p, dev_s, icpu, shard_div);
         out->schedule = PT_SCHED_DEFER;
     } else if (clip) {
         iter = fwd + bwd + dmax(dev_s, cpu_s);
@@ -563,6 +577,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     out->opt_s = iter - fwd - bwd - coll_s;
     out->cpu_adam_s = cpu_s;
     out->dev_adam_s = dev_s;
+    out->rekls_s = rk_cpu + rk_dev;
     out->cpu_finish_s = clip || ranks ? bwd + coll_s + cpu_s : cpu_clock;
     out->compute_s = comp;
     out->recompute_s = a->recompute_s;
@@ -674,6 +689,12 @@ void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_p
                     pt_cost *out) {
     const pt_trace *t = cx->t;
     out->model_state_bytes = pt_cost_persist_bytes(cx, p);
+    out->rekls_dev_bytes = out->rekls_host_bytes = 0;
+    for (int32_t k = 0; k < t->n_chunk; k++) {
+        const pt_trace_chunk *c = &t->chunks[k];
+        if (c->mandatory || k < p) out->rekls_dev_bytes += c->rekls_bytes;
+        else out->rekls_host_bytes += c->rekls_bytes;
+    }
     out->buffer_bytes = pt_cost_buffer_bytes(cx, p, nb);   /* the runtime allocates min(nb, |Q|) slots */
     out->nonblock_bytes = t->nonblock_bytes;
     out->activation_bytes = a->act_at_peak;

@@ -130,6 +130,9 @@ typedef struct pt_cost {
     uint64_t peak_bytes;         /* ceil(frag * raw_peak_bytes) */
     uint64_t raw_peak_bytes;     /* the sum of the five parts below */
     uint64_t model_state_bytes;  /* persistent chunks (mandatory included) */
+    uint64_t rekls_dev_bytes;    /* of those, REKLS factors, bases and scratch */
+    uint64_t rekls_host_bytes;   /* REKLS figures of the offloaded chunks (pinned host) */
+    double rekls_s;              /* REKLS work in cpu_adam_s + dev_adam_s (0 under AdamW) */
     uint64_t buffer_bytes;       /* n_buffer * slot_bytes */
     uint64_t nonblock_bytes;     /* trace nonblock_bytes */
     uint64_t activation_bytes;   /* at the peak: inputs, arenas, swaps in flight, act grads */

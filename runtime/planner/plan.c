@@ -148,6 +148,10 @@ char *pt_plan_text(const pt_plan *p) {
                        c->nonblock_bytes};
     for (int i = 0; i < 5; i++)
         sb_printf(&b, "    %-16s %10.3f GiB  %5.1f%%\n", mem_names[i], mem[i] / GIB, pct((double)mem[i], (double)c->raw_peak_bytes));
+    if (c->rekls_dev_bytes || c->rekls_host_bytes)
+        sb_printf(&b, "    %-16s %10.3f GiB of the model states on the device, %.3f GiB in pinned "
+                      "host memory (factors, bases; device scratch included)\n", "REKLS",
+                  c->rekls_dev_bytes / GIB, c->rekls_host_bytes / GIB);
     sb_printf(&b, "    %-16s x%.3f (+%.3f GiB)\n", "fragmentation", p->opts.frag,
               (double)(c->peak_bytes - c->raw_peak_bytes) / GIB);
     sb_printf(&b, "  predicted iter   %.4f s (fastest feasible %.4f s; plans within 1%% tie: fewer CKPT, fewer SWAP, more persistent, fewer buffers win)\n",
@@ -162,6 +166,9 @@ char *pt_plan_text(const pt_plan *p) {
     sb_printf(&b, "    %-16s %.3f GiB uploaded at a gather, not prefetched (%.4f s of the exposed time)\n",
               "synchronous H2D", c->h2d_sync_bytes / GIB, c->sync_xfer_s);
     sb_printf(&b, "    %-16s CPU Adam %.4f s, device Adam %.4f s\n", "optimizer work", c->cpu_adam_s, c->dev_adam_s);
+    if (c->rekls_s > 0)
+        sb_printf(&b, "    %-16s %.4f s of that is REKLS (eigh + GEMMs at the profiled rates, chunks "
+                      "counted one after another)\n", "", c->rekls_s);
     if (p->world_size > 1)
         sb_printf(&b, "    %-16s all-reduce %.4f s, all-gather %.4f s, reduce-scatter %.4f s (not "
                   "overlapped: in the iteration)\n", "collectives", c->allreduce_s, c->allgather_s,

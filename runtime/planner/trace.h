@@ -77,9 +77,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PT_TRACE_VERSION 4u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
+#define PT_TRACE_VERSION 5u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
                                  3: calibration learned from runs (pt_trace_calib);
-                                 4: all-gather and reduce-scatter rates */
+                                 4: chunk rekls_bytes, rekls_s;
+                                 5: all-gather and reduce-scatter rates */
 
 /* Per-block activation modes (the plan's mode map). */
 enum { PT_BLOCK_NONE = 0, PT_BLOCK_CKPT = 1, PT_BLOCK_SWAP = 2 };
@@ -114,6 +115,11 @@ typedef struct pt_trace_chunk {
     int32_t reserved0;
     uint64_t dev_bytes;  /* exact device footprint when persistent (allocator-rounded); 0 = use the formula */
     uint64_t host_bytes; /* exact pinned footprint when offloaded; 0 = formula */
+    uint64_t rekls_bytes; /* REKLS factors, bases (and device scratch) in the footprints
+                             above; the formulas add it too (0 under AdamW) */
+    double rekls_s;       /* seconds of one REKLS step of its params on one CPU thread
+                             (FLOPs at the profiler's GEMM and eigh rates); the cost
+                             model adds it to the optimizer time (0 under AdamW) */
 } pt_trace_chunk;
 
 /* Measured hardware rates and limits. */

@@ -23,7 +23,7 @@
 /* Encoded sizes (see the format in trace_cache.h). */
 #define SCALAR_BYTES 204u
 #define BLOCK_BYTES 72u
-#define CHUNK_BYTES 52u
+#define CHUNK_BYTES 68u
 
 static const char MAGIC[8] = {'P', 'T', 'T', 'R', 'A', 'C', 'E', 0};
 
@@ -117,14 +117,14 @@ void pt_trace_derive_ranges(pt_trace *t) {
 static uint64_t dev_formula(const pt_trace *t, const pt_trace_chunk *c) {
     uint64_t per_tr = (uint64_t)t->grad_elem_bytes + t->master_elem_bytes + t->adam_m_elem_bytes +
                       t->adam_v_elem_bytes;
-    return c->bytes + c->trainable_elems * per_tr;
+    return c->bytes + c->trainable_elems * per_tr + c->rekls_bytes;
 }
 
 static uint64_t host_formula(const pt_trace *t, const pt_trace_chunk *c) {
     /* Decision 4: staged param (compute dtype) + fp32 grad + fp32 master + m + v
      * per trainable element; a frozen element needs only its staged param. */
     uint64_t per_tr = (uint64_t)t->host_grad_elem_bytes + 4u + t->adam_m_elem_bytes + t->adam_v_elem_bytes;
-    return c->bytes + c->trainable_elems * per_tr;
+    return c->bytes + c->trainable_elems * per_tr + c->rekls_bytes;
 }
 
 /* The exact figures are what the runtime allocated (profiler), so they win. */
@@ -207,6 +207,9 @@ int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
                         "trace: chunk %d host_bytes %llu is outside [bytes %llu, 2 x formula %llu + 2048] (0 = use the formula)",
                         k, (unsigned long long)c->host_bytes, (unsigned long long)c->bytes,
                         (unsigned long long)host_formula(t, c));
+        if (!finite_nonneg(c->rekls_s))
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                           "trace: chunk %d rekls_s %g is not a finite number >= 0", k, c->rekls_s);
         if (c->first_block < -1 || c->last_block < c->first_block || c->last_block >= t->n_block ||
             (c->first_block == -1) != (c->last_block == -1))
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d block range [%d, %d] invalid for %d blocks",
@@ -372,6 +375,8 @@ static void encode_payload(wbuf *w, const pt_trace *t) {
         put_i32(w, c->mandatory);
         put_u64(w, c->dev_bytes);
         put_u64(w, c->host_bytes);
+        put_u64(w, c->rekls_bytes);
+        put_f64(w, c->rekls_s);
     }
 }
 
@@ -436,6 +441,8 @@ static int decode_payload(rbuf *r, pt_trace *t, char *err, size_t errlen) {
         c->mandatory = get_i32(r);
         c->dev_bytes = get_u64(r);
         c->host_bytes = get_u64(r);
+        c->rekls_bytes = get_u64(r);
+        c->rekls_s = get_f64(r);
     }
     if (r->bad || r->off != r->n) return pt_fail(err, errlen, PT_ERR_FORMAT, "payload ends early or has trailing bytes");
     return PT_OK;

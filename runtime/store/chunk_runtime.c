@@ -357,10 +357,16 @@ int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen
 
 /* ---- CPU side of a chunk's gradient ---- */
 
-/* Adam over every trainable region of an offloaded chunk. Runs on a worker. */
-static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc) {
-    if (c->sh) {
+/* Adam over every trainable region of an offloaded chunk (REKLS for its 2-D
+ * block params when that is the optimizer). Runs on a worker. */
+static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc,
+                       float lr, float gs, int64_t step) {
+    if (c->sh) {   /* mode C: AdamW over this rank's parts (REKLS is refused with it) */
         pt_sh_adam(c, k, from_acc);
+        return;
+    }
+    if (c->rk_count) {
+        pt_rk_cpu_chunk(st, c, k, from_acc, lr, gs, step);
         return;
     }
     for (int r = 0; r < c->lc->n_regions; r++) {
@@ -476,7 +482,7 @@ static void grad_task(void *arg) {
     if (acc) chunk_accumulate(c, c->t_micro == 0);
     int last = c->t_micro == c->t_n_micro - 1;
     if (last && c->t_norm) pt_cs_chunk_norms(st, c, acc);
-    if (last && c->t_step_now) chunk_adam(st, c, &c->t_consts, acc);
+    if (last && c->t_step_now) chunk_adam(st, c, &c->t_consts, acc, c->t_lr, 1.0f, c->t_k);
     double t1 = pt_now_s();
     if (last) {
         c->t_start = t0;
@@ -573,6 +579,8 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     c->t_step_now = last && ms->lr_set && !c->t_norm && !st->env.coll;
     if (c->t_step_now) {
         step_consts(st, ms->lr_next, 1.0f, &c->t_consts);
+        c->t_lr = ms->lr_next;
+        c->t_k = st->env.opt->t + 1;
         c->stepped = 1;
         ms->overlapped = 1;
     }
@@ -678,7 +686,11 @@ static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
     pt_optim_state *o = st->env.opt;
     float bc1, bc2r;
     pt_adamw_bias(o->beta1, o->beta2, o->t + 1, &bc1, &bc2r);
-    for (int r = 0; r < c->lc->n_regions; r++) {
+    if (c->rk_count) {   /* REKLS chunk: param by param */
+        int rc = pt_rk_dev_chunk(st, c, lr, gs, err, errlen);
+        if (rc) return rc;
+    }
+    for (int r = 0; r < c->lc->n_regions && !c->rk_count; r++) {
         const pt_chunk_region *g = &c->lc->regions[r];
         if (c->reg_state[r] == UINT64_MAX) continue;
         uint64_t s = c->reg_state[r], n = g->bytes / pt_dtype_size(g->dtype);
@@ -721,7 +733,8 @@ static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
     return PT_OK;
 }
 
-/* A CPU step queued by optimizer_step (constants in the chunk: s_consts, s_acc). */
+/* A CPU step queued by optimizer_step (constants in the chunk: s_consts, s_acc, s_lr,
+ * s_gs, s_k). */
 static void adam_task(void *arg) {
     cs_chunk *c = arg;
     double delay = c->owner->env.cfg->debug_cpu_step_delay;
@@ -730,7 +743,7 @@ static void adam_task(void *arg) {
         nanosleep(&ts, NULL);
     }
     double t0 = pt_now_s();
-    chunk_adam(c->owner, c, &c->s_consts, c->s_acc);
+    chunk_adam(c->owner, c, &c->s_consts, c->s_acc, c->s_lr, c->s_gs, c->s_k);
     add_optim_time(c->owner, pt_now_s() - t0);
 }
 
@@ -763,6 +776,12 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         int trc = wait_tasks(st, rc ? NULL : err, rc ? 0 : errlen);
         cpu_wait += pt_now_s() - w0;
         if (rc || trc) return rc ? rc : trc;
+        if (ms->rk_failed) {   /* a REKLS step of the last step (deferred) or of this one failed */
+            rc = ms->rk_failed;
+            ms->rk_failed = 0;
+            return pt_fail(err, errlen, rc, "optimizer_step: a REKLS step on the CPU failed (the "
+                           "log names the parameter and the cause)");
+        }
         if ((rc = account_hidden(st, err, errlen))) return rc;
     }
     if (st->env.coll) {
@@ -795,6 +814,9 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         c->owner = st;
         c->s_acc = st->env.sx->n_micro > 1 || st->env.coll;
         step_consts(st, lr, gs, &c->s_consts);
+        c->s_lr = lr;
+        c->s_gs = gs;
+        c->s_k = o->t + 1;
         if (pt_pool_submit(ms->workers, adam_task, c, defer ? &c->sg : &g, NULL, 0)) {
             adam_task(c);   /* no task node: step it here */
             continue;
@@ -816,6 +838,12 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
      * overlapped steps) once their copies were in, and the steps when not
      * deferred (deferred ones count where an upload waits for them) */
     add_defer_wait(ms, cpu_wait + pt_now_s() - w1);
+    if (ms->rk_failed) {   /* a CPU REKLS step failed (logged with its cause) */
+        int rc = ms->rk_failed;
+        ms->rk_failed = 0;
+        return pt_fail(err, errlen, rc, "optimizer_step: a REKLS step on the CPU failed (the log "
+                       "names the parameter and the cause)");
+    }
     /* A host computing on its own thread reads the device AdamW's results right
      * after this hook; an ordered host's next work queues behind it anyway. */
     if (!st->env.ordered && OPS(st)->stream_sync(IMPL(st), st->env.s_compute)) {

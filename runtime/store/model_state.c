@@ -118,9 +118,10 @@ static uint64_t pinned_of(const cs_chunk *c, int rounded) {
     if (c->sh) return pt_sh_pinned(c, rounded);
     uint64_t pb = rounded ? pt_gpu_round_size(c->used) : c->used;
     if (!c->trainable) return pb;                              /* h_param only */
-    uint64_t eb = (uint64_t)c->n_state * 4;
-    if (rounded) eb = pt_gpu_round_size(eb);
-    return 2 * pb + 2 * eb + (c->has16 ? eb : 0);   /* h_param, h_gstage, m, v, fp32 masters */
+    uint64_t eb = (uint64_t)c->n_state * 4, rk = c->rk_plan_aux * 4;
+    if (rounded) eb = pt_gpu_round_size(eb), rk = rk ? pt_gpu_round_size(rk) : 0;
+    /* h_param, h_gstage, m, v, fp32 masters, REKLS factors and bases */
+    return 2 * pb + 2 * eb + (c->has16 ? eb : 0) + rk;
 }
 
 uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c) { return pinned_of(c, 0); }
@@ -133,7 +134,16 @@ uint64_t pt_ms_chunk_dev_bytes(const cs_chunk *c) {
     uint64_t st = pt_gpu_round_size(c->n_state * 4);
     b += pt_gpu_round_size(c->used) + 2 * st;                   /* d_grad, d_m, d_v */
     if (c->has16) b += st;                                      /* d_master */
-    return b;
+    return b + pt_ms_chunk_rekls_dev_bytes(c);
+}
+
+/* REKLS factors and bases on the device, plus the scratch of the chunk's
+ * largest REKLS param. The store allocates one scratch for the largest
+ * resident param, so summing this over resident chunks is an upper bound by
+ * at most (resident REKLS chunks - 1) scratches. */
+uint64_t pt_ms_chunk_rekls_dev_bytes(const cs_chunk *c) {
+    if (!c->rk_plan_aux) return 0;
+    return pt_gpu_round_size(c->rk_plan_aux * 4) + pt_gpu_round_size(c->rk_plan_ws * 4);
 }
 
 static uint64_t mem_available(void) {
@@ -321,6 +331,7 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
             c->trainable = 1;
             if (g->dtype != PT_F32) c->has16 = 1;
         }
+        pt_rk_plan_chunk(ms, c);
         if (c->persistent) ms->n_persist++;
         else ms->n_offloaded++;
         if (ms->shard && !c->persistent && (rc = pt_sh_setup(st, c, err, errlen))) return rc;
@@ -447,6 +458,10 @@ int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
         int rc = pt_gpu_alloc(st->env.gpu, max16 * 4, PT_TAG_OTHER, &ms->d_gtmp, err, errlen);
         if (rc) return rc;
     }
+    if (st->env.opt->type == PT_OPTIM_REKLS) {
+        int rc = pt_rk_init(st, err, errlen);
+        if (rc) return rc;
+    }
     st->opt_ready = 1;
     return PT_OK;
 }
@@ -530,6 +545,10 @@ void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out
     }
     /* several ranks: the fp32 gradient sum is always kept (pt_store_pre_step) */
     if (st->env.coll && c->trainable) out->host_bytes += 4 * out->n_state;
+    out->rekls_bytes = pt_ms_chunk_rekls_dev_bytes(c);
+    out->rekls_gemm_flops = c->rk_plan_gemm;
+    out->rekls_eigh_flops = c->rk_plan_eigh;
+    out->rekls_params = c->rk_plan_n;
 }
 
 int pt_store_borrow_slot(pt_store *st, void **dev, uint64_t *bytes) {
@@ -580,6 +599,7 @@ int pt_store_destroy(pt_store *st, char *err, size_t errlen) {
     else if (src) PT_LOGW(st->env.lg, "freeing the chunk store: %s", e);
     pt_acts_fini(st);
     pt_cs_fini_runtime(st);
+    pt_rk_fini(st);
     for (int k = 0; ms->ch && k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
         pt_gpu_free(st->env.gpu, c->d_param);

@@ -11,7 +11,11 @@
  *
  * File: header (below), then for each root param: name (u32 length + bytes),
  * u32 dtype, u32 trainable, u64 numel, data [numel * dtype size],
- * trainable: master [numel f32] when dtype != f32, m [numel f32], v [numel f32].
+ * trainable: master [numel f32] when dtype != f32, m [numel f32], v [numel f32],
+ * and for a parameter REKLS steps its factors, bases and eigenvalues
+ * [2m^2 + 2n^2 + m + n f32] (L, R, Q_L, Q_R, lam_L, lam_R). Version 3 added
+ * that block and the optimizer type in the header; version 2 files (AdamW
+ * only, the same layout otherwise) still load into an AdamW run.
  * The checksum is FNV-1a 64 over the whole file: the header with its checksum
  * field zero, then the payload. Version 1 covered only the payload, so a flipped
  * bit in step or a hyper-parameter loaded as valid (a flipped step went into the
@@ -33,12 +37,12 @@
 
 
 #define ST_MAGIC 0x54535450u /* "PTST" */
-#define ST_VERSION 2u
+#define ST_VERSION 3u
 
 typedef struct st_header {
     uint32_t magic, version;
     uint32_t n_params, rank;
-    uint32_t world_size, reserved0;
+    uint32_t world_size, optim;  /* optim: pt_optim_type (version 2: 0, read as AdamW) */
     int64_t step;               /* optimizer steps taken (bias correction continues) */
     uint64_t payload_bytes;
     uint64_t checksum;          /* over header (this field 0) and payload */
@@ -153,6 +157,13 @@ static int walk(pt_store *st, unsigned char *img, size_t *size, int mode, char *
                     xfer(st, c, img + pos + fb, vv + s, fb, to_img)))
             goto io;
         pos += 2 * fb;
+        int rk = ms->rk_of ? ms->rk_of[i] : -1;
+        if (rk >= 0) {   /* REKLS factors, bases, eigenvalues */
+            const rk_param *q = &ms->rk[rk];
+            size_t ab = sizeof(float) * (size_t)pt_rekls_aux_words((uint64_t)q->m, (uint64_t)q->n);
+            if (move && xfer(st, c, img + pos, c->rk_aux + q->aux, ab, to_img)) goto io;
+            pos += ab;
+        }
     }
     *size = pos;
     return PT_OK;
@@ -308,6 +319,7 @@ int pt_store_save(pt_store *st, const char *dir, char *err, size_t errlen) {
     h.n_params = (uint32_t)st->env.model->n_params;
     h.rank = (uint32_t)st->env.host->rank;
     h.world_size = (uint32_t)running_world(st);
+    h.optim = (uint32_t)(st->env.opt->type == PT_OPTIM_REKLS ? PT_OPTIM_REKLS : PT_OPTIM_ADAMW);
     h.step = img.step;
     h.payload_bytes = img.bytes;
     h.lr = st->env.opt->lr;
@@ -365,6 +377,13 @@ static int check_header(pt_store *st, const st_header *h, const char *path, int 
     if (h->rank != (uint32_t)from || h->world_size < 1 || h->rank >= h->world_size)
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s says it was saved by rank %u "
                        "of %u, but its name is rank %d's", path, h->rank, h->world_size, from);
+    uint32_t fo = h->optim ? h->optim : PT_OPTIM_ADAMW;
+    uint32_t ro = st->env.opt->type == PT_OPTIM_REKLS ? PT_OPTIM_REKLS : PT_OPTIM_ADAMW;
+    if (fo != ro)
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s holds %s optimizer state, "
+                       "the running optimizer is %s", path,
+                       fo == PT_OPTIM_REKLS ? "REKLS" : fo == PT_OPTIM_ADAMW ? "AdamW" : "unknown",
+                       ro == PT_OPTIM_REKLS ? "REKLS" : "AdamW");
     if (h->step < 0)
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s has step %lld; a step count "
                        "must be >= 0", path, (long long)h->step);
@@ -412,9 +431,9 @@ int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
         rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is truncated (no complete header)", path);
     } else if (h.magic != ST_MAGIC) {
         rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is not a protrain state file (magic %08x)", path, h.magic);
-    } else if (h.version != ST_VERSION) {
+    } else if (h.version != ST_VERSION && h.version != 2) {
         rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s has state format version %u, "
-            "this plugin reads version %u only%s", path, h.version, ST_VERSION,
+            "this plugin reads version %u (and version 2, AdamW only)%s", path, h.version, ST_VERSION,
             h.version == 1 ? " (version 1 did not checksum its header, so its step and "
                              "hyper-parameters cannot be trusted)" : "");
     } else if (fstat(fileno(f), &sb) || (uint64_t)sb.st_size < sizeof h ||

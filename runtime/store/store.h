@@ -53,6 +53,7 @@ typedef struct pt_optim_state {
     float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
     int64_t t;            /* optimizer steps taken (bias correction uses t+1) */
     double last_norm;     /* global grad norm before clipping, NaN when not computed */
+    int type;             /* PT_OPTIM_ADAMW or PT_OPTIM_REKLS (0 reads as AdamW) */
 } pt_optim_state;
 
 /* The four knobs the store runs with (-1 = default: everything persistent,
@@ -163,6 +164,10 @@ typedef struct pt_store_chunk_info {
     int mandatory;        /* must stay resident (non-block params, oversize) */
     uint64_t dev_bytes;   /* exact device footprint while persistent */
     uint64_t host_bytes;  /* exact pinned footprint while offloaded */
+    uint64_t rekls_bytes; /* of those, REKLS's factors and bases (+ its scratch on the
+                             device), 0 under AdamW */
+    double rekls_gemm_flops, rekls_eigh_flops; /* one REKLS step of its params */
+    int32_t rekls_params;                      /* how many of its params REKLS steps */
 } pt_store_chunk_info;
 void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out);
 /* A free buffer-pool slot to time copies with (its cached chunk is dropped),

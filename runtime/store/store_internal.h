@@ -97,6 +97,8 @@ typedef struct cs_chunk {
     int t_rc;                 /* status of its last CPU task: written by the worker, read
                                * (pt_cs_wait_task) only after waiting for tg */
     pt_adamw_consts t_consts;
+    float t_lr;               /* lr and 1-based step of an overlapped step (REKLS reads them) */
+    int64_t t_k;
     /* this step's CPU work on the chunk (host clock, written by the worker,
      * read after waiting for tg): the durations of the tasks of earlier
      * micro-batches, and the last task's interval */
@@ -107,9 +109,33 @@ typedef struct cs_chunk {
     struct pt_store *owner;
     pt_adamw_consts s_consts;
     int s_acc;
+    float s_lr, s_gs;         /* the same step's lr, clip scale and 1-based step (REKLS) */
+    int64_t s_k;
     int step_pending;         /* hook thread: set at submit; cleared by the first lease
                                * (which queues the upload's wait) or a hook-thread wait */
+    /* REKLS (rekls_store.c): the factor/basis blocks of its 2-D params, on the
+     * device when persistent, in host memory otherwise; rk[rk_first ..
+     * rk_first + rk_count) are its REKLS params */
+    float *rk_aux;
+    uint64_t rk_aux_words;
+    /* what REKLS will need, known at layout time (pt_rk_plan_chunk) so the
+     * footprints below and the planner count it: factor words, and the
+     * largest scratch of its params (words) */
+    uint64_t rk_plan_aux, rk_plan_ws;
+    double rk_plan_gemm, rk_plan_eigh;   /* FLOPs of one step of its REKLS params */
+    int rk_plan_n;                       /* how many */
+    int rk_first, rk_count;
 } cs_chunk;
+
+/* One parameter stepped by REKLS (rekls_store.c). */
+typedef struct rk_param {
+    int param;                /* root index */
+    int chunk;
+    int m, n;                 /* shape[0] x shape[1] */
+    uint64_t off;             /* byte offset in the chunk */
+    uint64_t s;               /* fp32 state index in the chunk (its m / v slots) */
+    uint64_t aux;             /* word offset in the chunk's rk_aux */
+} rk_param;
 
 struct pt_store {
     pt_store_env env;         /* lent by the caller */
@@ -158,11 +184,21 @@ struct pt_store {
                                * uploads waited for deferred steps (acct_mu) */
     double cpu_hidden_s;      /* CPU optimizer work done before the device finished backward */
     pthread_mutex_t acct_mu;
+    /* REKLS: its params in layout order, per param the index into rk or -1,
+     * the device scratch of the largest resident one, the device eigh status,
+     * and a failure a CPU task met (read after the tasks are waited for) */
+    rk_param *rk;
+    int n_rk;
+    int *rk_of;               /* [n_params] */
+    float *d_rk_ws;
+    int *d_rk_status;
+    int rk_failed;
 };
 
 /* model_state.c */
 uint64_t pt_ms_chunk_dev_bytes(const cs_chunk *c);
 uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c);
+uint64_t pt_ms_chunk_rekls_dev_bytes(const cs_chunk *c);
 
 /* chunk_runtime.c */
 /* After the last block's backward of the step's last micro-batch: note (on the
@@ -226,6 +262,17 @@ void pt_sh_views_close(pt_store *st, int scatter);
  * parameters in the same order. */
 int pt_sh_read_param(pt_store *st, cs_chunk *c, uint64_t off, void *dst, size_t bytes,
                      char *err, size_t errlen);
+/* rekls_store.c: which params REKLS steps (2-D block params; see README) and
+ * their state; the CPU and device steps of a chunk holding any of them
+ * (AdamW for the chunk's other params). */
+void pt_rk_plan_chunk(pt_store *st, cs_chunk *c);
+int pt_rk_init(pt_store *st, char *err, size_t errlen);
+void pt_rk_fini(pt_store *st);
+/* step: the 1-based step the task was queued for (a deferred task may run after
+ * optimizer_step counted it) */
+void pt_rk_cpu_chunk(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, float lr,
+                     float gs, int64_t step);
+int pt_rk_dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, size_t errlen);
 
 /* activations.c */
 const char *pt_acts_mode_name(int m);

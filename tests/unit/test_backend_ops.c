@@ -43,7 +43,9 @@
 #include "device_ext.h"
 #include "gpu.h"
 #include "kernels_hd.h"
+#include "la_cpu.h"
 #include "protrain.h"
+#include "rekls_ew.h"
 
 static const char *kind_name(void) {
     const char *k = getenv("PT_TEST_BACKEND");
@@ -590,6 +592,135 @@ static void test_large(void **state) {
     pt_gpu_free(G, acc);
 }
 
+/* REKLS's ops against the CPU functions: gemm_f32 (every transpose pair; REKLS's
+ * GEMMs) and eigh bit-identical on the host backend (the same calls), within
+ * fp32 round-off elsewhere (other GEMM / eigensolver); eigh sorted descending,
+ * orthonormal, A Q = Q diag(w); a NaN input sets the status and NaN-fills; every
+ * rekls_ew kind bit-identical to the C loop on both (shared element bodies). */
+static void test_rekls_ops(void **state) {
+    (void)state;
+    if (!pt_gpu_has_linalg(OPS) || !OPS->eigh || !OPS->rekls_ew) {
+        printf("  this backend has no REKLS ops\n");
+        return;
+    }
+    int host = !strcmp(pt_gpu_backend_name(G), "host");
+    const int M = 33, N = 20, K = 17, n = 40;
+    float A[33 * 17], B[17 * 20], C[33 * 20], R[33 * 20];
+    uint32_t s = 7;
+    for (int i = 0; i < 33 * 17; i++) A[i] = (float)((s = s * 1103515245u + 12345u) >> 8) / 16777216.0f - 0.5f;
+    for (int i = 0; i < 17 * 20; i++) B[i] = (float)((s = s * 1103515245u + 12345u) >> 8) / 16777216.0f - 0.5f;
+    float *dA = dalloc(sizeof A), *dB = dalloc(sizeof B), *dC = dalloc(sizeof C);
+    h2d(dA, A, sizeof A);
+    h2d(dB, B, sizeof B);
+    for (int t = 0; t < 4; t++) {
+        int ta = t & 1, tb = t >> 1;
+        /* the same buffers read as op(A) [M x K], op(B) [K x N] */
+        int lda = ta ? M : K, ldb = tb ? K : N;
+        pt_la_sgemm(ta, tb, M, N, K, 1.5f, A, lda, B, ldb, 0.0f, R, N);
+        pt_gemm_args ga = {ta, tb, M, N, K, 1.5f, 0.0f, dA, lda, dB, ldb, dC, N};
+        assert_int_equal(OPS->gemm_f32(IMPL, &ga, NULL), 0);
+        d2h(C, dC, sizeof C);
+        double e = 0, mx = 0;
+        for (int i = 0; i < M * N; i++) e = fmax(e, fabs(C[i] - R[i])), mx = fmax(mx, fabs(R[i]));
+        if (host) assert_memory_equal(C, R, sizeof C);
+        else assert_true(e <= 1e-5 * mx);
+    }
+    /* eigh of S = X X^T (X = the first 40 x 17 of A and B, padded) */
+    float X[40 * 17], S[40 * 40], Q[40 * 40], w[40], Qc[40 * 40], wc[40];
+    for (int i = 0; i < 40 * 17; i++) X[i] = i < 33 * 17 ? A[i] : B[i - 33 * 17];
+    pt_la_sgemm(0, 1, n, n, K, 1.0f, X, K, X, K, 0.0f, S, n);
+    for (int i = 0; i < n; i++) S[i * n + i] += 0.01f * (float)i;   /* distinct eigenvalues */
+    float *dS = dalloc(sizeof S), *dw = dalloc(sizeof w);
+    int *dst = dalloc(sizeof(int)), st = 0;
+    assert_int_equal(OPS->memset_async(IMPL, dst, 0, sizeof(int), NULL), 0);
+    h2d(dS, S, sizeof S);
+    assert_int_equal(OPS->eigh(IMPL, n, dS, dw, dst, NULL), 0);
+    d2h(Q, dS, sizeof Q);
+    d2h(w, dw, sizeof w);
+    d2h(&st, dst, sizeof st);
+    assert_int_equal(st, 0);
+    memcpy(Qc, S, sizeof S);
+    assert_int_equal(pt_la_eigh_desc(n, Qc, wc), 0);
+    if (host) {
+        assert_memory_equal(Q, Qc, sizeof Q);
+        assert_memory_equal(w, wc, sizeof w);
+    }
+    double lmax = wc[0], e = 0, o = 0;
+    for (int j = 0; j < n; j++) {
+        assert_true(fabs(w[j] - wc[j]) <= 1e-5 * lmax);
+        if (j) assert_true(w[j] <= w[j - 1]);
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            double aq = 0, qq = 0;
+            for (int k = 0; k < n; k++) {
+                aq += (double)S[i * n + k] * Q[k * n + j];
+                qq += (double)Q[k * n + i] * Q[k * n + j];
+            }
+            e = fmax(e, fabs(aq - Q[i * n + j] * (double)w[j]));
+            o = fmax(o, fabs(qq - (i == j)));
+        }
+    assert_true(e <= 1e-4 * lmax);
+    assert_true(o <= 1e-5);
+    S[3] = NAN;
+    h2d(dS, S, sizeof S);
+    assert_int_equal(OPS->eigh(IMPL, n, dS, dw, dst, NULL), 0);
+    d2h(&st, dst, sizeof st);
+    d2h(w, dw, sizeof w);
+    assert_int_not_equal(st, 0);
+    assert_true(isnan(w[0]));
+    /* element kernels: every kind on the device vs the C loop */
+    const size_t ne = 40 * 40;
+    float *x = malloc(ne * 4), *y = malloc(ne * 4), *m = malloc(ne * 4), *v = malloc(ne * 4);
+    float *xr = malloc(ne * 4), *mr = malloc(ne * 4), *vr = malloc(ne * 4), lam[40];
+    uint16_t *o16 = malloc(ne * 2), *o16r = malloc(ne * 2);
+    float *dx = dalloc(ne * 4), *dy = dalloc(ne * 4), *dm = dalloc(ne * 4), *dv = dalloc(ne * 4),
+          *dl = dalloc(sizeof lam);
+    uint16_t *do16 = dalloc(ne * 2);
+    for (size_t i = 0; i < ne; i++) {
+        x[i] = Q[i] * 3;
+        y[i] = Qc[i] - 0.1f;
+        m[i] = 0.01f * Q[i];
+        v[i] = 1e-4f * fabsf(Qc[i]);
+    }
+    for (int i = 0; i < 40; i++) lam[i] = wc[i] - 2.0f;   /* some below eps: the floor */
+    static const int kinds[] = {PT_RK_GRAD_IN, PT_RK_SCALE_COLS, PT_RK_LERP, PT_RK_COPY, PT_RK_ADAM,
+                                PT_RK_APPLY};
+    for (int kk = 0; kk < 6; kk++) {
+        pt_rekls_ew_args a;
+        memset(&a, 0, sizeof a);
+        a.kind = kinds[kk];
+        a.n = ne;
+        a.a = 0.3f, a.b = 0.05f, a.c0 = 1e-3f, a.c1 = 0.2f, a.c2 = 1e-8f;
+        a.cols = 40;
+        a.src_dtype = PT_F32;
+        a.dst_dtype = PT_BF16;
+        memcpy(xr, x, ne * 4), memcpy(mr, m, ne * 4), memcpy(vr, v, ne * 4);
+        a.x = xr, a.y = y, a.m = mr, a.v = vr, a.lam = lam, a.src = y, a.dst = o16r;
+        pt_rekls_ew_range(&a, 0, ne);
+        h2d(dx, x, ne * 4), h2d(dy, y, ne * 4), h2d(dm, m, ne * 4), h2d(dv, v, ne * 4);
+        h2d(dl, lam, sizeof lam);
+        a.x = dx, a.y = dy, a.m = dm, a.v = dv, a.lam = dl, a.src = dy, a.dst = do16;
+        assert_int_equal(OPS->rekls_ew(IMPL, &a, NULL), 0);
+        float got[40 * 40];
+        d2h(got, dx, ne * 4);
+        assert_memory_equal(got, xr, ne * 4);
+        if (a.kind == PT_RK_ADAM) {
+            d2h(got, dm, ne * 4);
+            assert_memory_equal(got, mr, ne * 4);
+            d2h(got, dv, ne * 4);
+            assert_memory_equal(got, vr, ne * 4);
+        }
+        if (a.kind == PT_RK_APPLY) {
+            d2h(o16, do16, ne * 2);
+            assert_memory_equal(o16, o16r, ne * 2);
+        }
+    }
+    free(x); free(y); free(m); free(v); free(xr); free(mr); free(vr); free(o16); free(o16r);
+    void *dev[] = {dA, dB, dC, dS, dw, dst, dx, dy, dm, dv, dl, do16};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) pt_gpu_free(G, dev[i]);
+}
+
 static int setup(void **state) {
     (void)state;
     pt_gpu_config c;
@@ -630,6 +761,7 @@ int main(void) {
         cmocka_unit_test(test_convert_all_patterns),
         cmocka_unit_test(test_convert_accumulate),
         cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_rekls_ops),
         cmocka_unit_test(test_large),
     };
     return cmocka_run_group_tests_name(kind_name(), tests, setup, teardown);

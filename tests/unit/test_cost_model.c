@@ -32,11 +32,11 @@ static void build(pt_trace *t, const synth *s) {
     assert_int_equal(pt_trace_alloc(t, s->n_block, K, NULL, 0), PT_OK);
     int k = 0;
     uint64_t el = s->chunk_bytes / 2;
-    if (s->mand_first) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0};
+    if (s->mand_first) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0, 0, 0};
     for (int b = 0; b < s->n_block; b++)
         for (int j = 0; j < s->cpb; j++)
-            t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, (uint64_t)(s->tf * (double)el), b, b, 0, 0, 0, 0};
-    if (s->mand_last) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0};
+            t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, (uint64_t)(s->tf * (double)el), b, b, 0, 0, 0, 0, 0, 0};
+    if (s->mand_last) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0, 0, 0};
     for (int b = 0; b < s->n_block; b++)
         t->blocks[b] = (pt_trace_block){s->fwd, s->bwd, s->fwd, s->arena, s->input, s->fscr, s->bscr, s->gact, 0, 0};
     pt_trace_derive_ranges(t);
@@ -105,6 +105,58 @@ static void test_hand_all_resident(void **state) {
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
     assert_int_equal(c.peak_bytes, (uint64_t)ceil(1.1 * 3650));
     pt_cost_ctx_free(cx);
+    pt_trace_free(&t);
+}
+
+/* REKLS: a chunk's rekls_s is added to the CPU optimizer time when the chunk is
+ * offloaded and to the device optimizer time when resident; its rekls_bytes
+ * (already inside the footprints, here given only by the formulas) shows in
+ * the REKLS figures of the side it lives on. The AdamW-only trace is the
+ * control: every difference below is exactly the REKLS term. */
+static void test_rekls_terms(void **state) {
+    (void)state;
+    for (int q = 0; q < 4; q++) {
+        int p = (q & 1) * 2, defer = q >> 1;
+        pt_trace t0, t1;
+        tiny(&t0);
+        tiny(&t1);
+        t1.chunks[0].rekls_s = 0.25;
+        t1.chunks[1].rekls_s = 0.5;
+        t1.chunks[0].rekls_bytes = t1.chunks[1].rekls_bytes = 100;
+        pt_cost_ctx *c0, *c1;
+        char err[256];
+        assert_int_equal(pt_cost_ctx_new(&t0, &c0, err, sizeof err), PT_OK);
+        assert_int_equal(pt_cost_ctx_new(&t1, &c1, err, sizeof err), PT_OK);
+        /* clipping: optimizer after backward, or deferred into the next forward */
+        pt_cost_opts o = {1.0, 0, 0, 1, 0, defer};
+        pt_knobs k = {p, p == 2 ? 0 : 2, 0, 0};
+        pt_cost a, b;
+        assert_int_equal(pt_cost_eval(c0, &o, &k, &a, err, sizeof err), PT_OK);
+        assert_int_equal(pt_cost_eval(c1, &o, &k, &b, err, sizeof err), PT_OK);
+        assert_double_equal(a.rekls_s, 0, EPS);
+        assert_double_equal(b.rekls_s, 0.75, EPS);
+        assert_double_equal(b.cpu_adam_s - a.cpu_adam_s, p == 0 ? 0.75 : 0, EPS);
+        assert_double_equal(b.dev_adam_s - a.dev_adam_s, p == 2 ? 0.75 : 0, EPS);
+        /* deferred, the offloaded REKLS work may hide behind the next forward, but
+         * not all 0.75 s of it behind this one's compute */
+        if (defer && p == 0) assert_true(b.iter_s > a.iter_s && b.iter_s <= a.iter_s + 0.75 + EPS);
+        else assert_true(b.iter_s > a.iter_s);
+        assert_true(b.rekls_dev_bytes == (p == 2 ? 200u : 0u));
+        assert_true(b.rekls_host_bytes == (p == 0 ? 200u : 0u));
+        assert_true(b.model_state_bytes - a.model_state_bytes == (p == 2 ? 200u : 0u));
+        pt_cost_ctx_free(c0);
+        pt_cost_ctx_free(c1);
+        pt_trace_free(&t0);
+        pt_trace_free(&t1);
+    }
+    /* a negative or non-finite rekls_s is refused by the trace check */
+    pt_trace t;
+    tiny(&t);
+    t.chunks[0].rekls_s = -1;
+    char err[256];
+    pt_cost_ctx *cx = NULL;
+    assert_int_not_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    assert_non_null(strstr(err, "rekls_s"));
     pt_trace_free(&t);
 }
 
@@ -500,6 +552,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hand_all_resident),
         cmocka_unit_test(test_hand_streamed),
+        cmocka_unit_test(test_rekls_terms),
         cmocka_unit_test(test_hand_ckpt_swap),
         cmocka_unit_test(test_peak_monotone_in_ckpt_and_swap),
         cmocka_unit_test(test_peak_monotone_in_persist),

@@ -1,0 +1,74 @@
+/*
+ * rekls_tp.h — tensor-parallel REKLS: a weight split over a group of P ranks
+ * along dim 0 (rows) or dim 1 (columns) gets exactly the update REKLS gives
+ * the full m x n matrix, while its Kronecker factors are stored row-sharded.
+ *
+ * Per step, on every rank of the group:
+ *  1. the local gradient shard (scaled) and the factor row blocks are
+ *     all-gathered: full G [m x n], L [m x m], R [n x n];
+ *  2. (lam, Q) = eigh(L), eigh(R) — the previous step's bases, recomputed
+ *     instead of stored (at step 1: identity and zeros, as REKLS starts);
+ *     they are bit-identical to what REKLS stored, as eigh of the same bits
+ *     gives the same bits;
+ *  3. steps 2-8 of REKLS on the full matrices (pt_rekls_core), redundantly on
+ *     every rank: factor update, basis change, Adam, the full update D;
+ *  4. rank r keeps rows [r m/P, (r+1) m/P) of L and [r n/P, (r+1) n/P) of R,
+ *     and applies its slice of D (the rows or columns of its shard).
+ * So both factor sides must divide by P whichever dim the weight is split on
+ * (the factors are row-sharded either way): other shapes are refused with a
+ * sentence. A replicated weight (split 0) is plain REKLS (pt_rekls_step).
+ *
+ * State per rank: M, V full [m x n] (replicated), L rows [m/P x m], R rows
+ * [n/P x n]. Scratch: pt_rekls_tp_ws_words. Bit-identity with single-rank
+ * REKLS needs the eigendecomposition to be deterministic across the ranks
+ * (same library, same input bits), as it is on the CPU path.
+ *
+ * The all-gather is a callback with the in-place semantics of a sharded
+ * all-gather: buf holds n elements of elem_size bytes, rank p's part is
+ * [p n/P, (p+1) n/P) (n divisible by P here); afterwards every rank holds
+ * every part. pt_rekls_tp_gather_coll implements it over gpu/coll.h.
+ */
+#ifndef PT_REKLS_TP_H
+#define PT_REKLS_TP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coll.h"
+#include "rekls.h"
+
+typedef int (*pt_rekls_gather_fn)(void *ctx, void *buf, size_t n, size_t elem_size,
+                                  const char *what, char *err, size_t errlen);
+
+typedef struct pt_rekls_tp {
+    int P, rank;                /* group size, this rank's index in it */
+    int split;                  /* 1: split along dim 0 (rows), 2: along dim 1 (columns) */
+    pt_rekls_gather_fn gather;
+    void *gather_ctx;
+} pt_rekls_tp;
+
+/* Full shape m x n split over P ranks along split (0 = replicated, 1, 2):
+ * PT_OK, or PT_ERR_INVALID_ARG with a sentence naming the side that does not
+ * divide (both must, for split 1 and 2). */
+int pt_rekls_tp_check(int64_t m, int64_t n, int P, int split, char *err, size_t errlen);
+/* Scratch of one step: G, T [mn], C, X [d^2], L, Q_L [m^2], R, Q_R [n^2],
+ * lam_L [m], lam_R [n], and [mn] for regrouping a column-split gradient. */
+uint64_t pt_rekls_tp_ws_words(uint64_t m, uint64_t n);
+
+/* One step. m x n is the FULL shape; grad, param (fp32) and param_out are the
+ * local shard (m/P x n for split 1, m x n/P for split 2, row-major); M, V full;
+ * L_loc [m/P x m], R_loc [n/P x n] this rank's factor rows (zero before step 1).
+ * CPU table only (the scratch is host memory). */
+int pt_rekls_tp_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_rekls_tp *tp,
+                     int m, int n, const void *grad, int grad_dtype, float *param,
+                     void *param_out, int out_dtype, float *M, float *V, float *L_loc,
+                     float *R_loc, float *ws, char *err, size_t errlen);
+
+/* The all-gather over a pt_coll group spanning exactly the P ranks (ctx =
+ * the pt_coll *): every rank contributes its part and zeros elsewhere, and the
+ * rank-order sum of coll's all-reduce assembles the parts (adding zeros is
+ * exact; only the sign of a -0 part element becomes +0). f32 elements. */
+int pt_rekls_tp_gather_coll(void *ctx, void *buf, size_t n, size_t elem_size, const char *what,
+                            char *err, size_t errlen);
+
+#endif /* PT_REKLS_TP_H */
