@@ -287,7 +287,13 @@ int pt_gpu_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t e
     x->req = bytes;
     x->tag = tag;
     g->u.current += x->size;
-    if (g->u.current > g->u.peak) g->u.peak = g->u.current;
+    g->u.req_current += bytes;
+    if (x->off + x->size > g->u.span_peak) g->u.span_peak = x->off + x->size;
+    if (g->u.current > g->u.peak) {
+        g->u.peak = g->u.current;
+        g->u.peak_req = g->u.req_current;
+        g->u.peak_largest_free = pt_ext_largest_free(&g->dev);
+    }
     g->u.tag_current[tag] += x->size;
     if (g->u.tag_current[tag] > g->u.tag_peak[tag]) g->u.tag_peak[tag] = g->u.tag_current[tag];
     g->u.n_allocs++;
@@ -334,6 +340,7 @@ static int free_block(pt_gpu *g, void *p, pt_stream *s, char *err, size_t errlen
         pthread_mutex_lock(&g->mu);
     }
     g->u.current -= x->size;
+    g->u.req_current -= x->req;
     g->u.tag_current[x->tag] -= x->size;
     pt_ext_release(&g->dev, x);
     pthread_mutex_unlock(&g->mu);
@@ -386,6 +393,14 @@ size_t pt_gpu_free_extents(const pt_gpu *g) {
 
 /* ---- counters ---- */
 
+double pt_gpu_frag_factor(const pt_gpu_usage *u) {
+    if (!u || !u->peak || u->span_peak <= u->peak) return 1.0;
+    /* The tail above the high water is one free block, so the largest free block
+     * at the peak is at least capacity - span: span_peak also bounds the range
+     * "everything but the largest free block" at the peak. */
+    return (double)u->span_peak / (double)u->peak;
+}
+
 void pt_gpu_usage_get(const pt_gpu *g, pt_gpu_usage *u) {
     if (!u) return;
     if (!g) {
@@ -401,6 +416,9 @@ void pt_gpu_reset_peak(pt_gpu *g) {
     if (!g) return;
     pthread_mutex_lock(&g->mu);
     g->u.peak = g->u.current;
+    g->u.peak_req = g->u.req_current;
+    g->u.peak_largest_free = pt_ext_largest_free(&g->dev);
+    g->u.span_peak = pt_ext_high_water(&g->dev);
     for (int t = 0; t < PT_TAG_COUNT; t++) g->u.tag_peak[t] = g->u.tag_current[t];
     g->u.pinned_peak = g->u.pinned_current;
     pthread_mutex_unlock(&g->mu);

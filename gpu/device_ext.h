@@ -85,6 +85,13 @@ uint64_t pt_gpu_last_oom(const pt_gpu *g, uint64_t tag_current[PT_TAG_COUNT]);
 /* Forget the last failure, so a later pt_gpu_last_oom speaks of a new one only. */
 void pt_gpu_oom_reset(pt_gpu *g);
 
+/* The fragmentation factor of a usage reading: span_peak / peak, the device
+ * range the allocation pattern needed over the bytes it had in use at its peak
+ * (1 = the live blocks were packed without holes; a device of capacity
+ * factor * peak runs the same pattern). Rounding is not in it: peak already
+ * counts rounded blocks. 1.0 for a NULL usage or a zero peak. */
+double pt_gpu_frag_factor(const pt_gpu_usage *u);
+
 /* Fragmentation figures: the largest free extent and the number of free extents. */
 uint64_t pt_gpu_largest_free(const pt_gpu *g);
 size_t pt_gpu_free_extents(const pt_gpu *g);

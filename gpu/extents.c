@@ -179,6 +179,14 @@ uint64_t pt_ext_largest_free(const pt_extents *g) {
     return 0;
 }
 
+uint64_t pt_ext_high_water(const pt_extents *g) {
+    const pt_blk *x = g->first;
+    if (!x) return 0;
+    while (x->next) x = x->next;
+    while (x && x->state == 0) x = x->prev;
+    return x ? x->off + x->size : 0;
+}
+
 size_t pt_ext_free_count(const pt_extents *g) {
     size_t n = 0;
     for (int b = 0; b < PT_EXT_NBINS; b++)

@@ -46,6 +46,9 @@ pt_blk *pt_ext_carve(pt_extents *e, uint64_t size);
 /* Gives a live (or being-poisoned) block back, coalescing with free neighbours. */
 void pt_ext_release(pt_extents *e, pt_blk *x);
 uint64_t pt_ext_largest_free(const pt_extents *e);
+/* End offset of the highest block that is not free (0 when none): the range
+ * [0, end) is what the live blocks need, holes included. */
+uint64_t pt_ext_high_water(const pt_extents *e);
 size_t pt_ext_free_count(const pt_extents *e);
 /* 1 when no block is live (everything coalesced back into one free block). */
 int pt_ext_all_free(const pt_extents *e);

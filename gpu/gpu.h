@@ -238,7 +238,9 @@ typedef struct pt_gpu_backend {
     /* *out (device double) += sum(x[i]^2) over n fp32/bf16/f16 elements, formed in
      * double so a host that sums per-parameter squares in double matches it. */
     int (*sqnorm)(void *impl, const void *x, int dtype, size_t n, double *out, pt_stream *s);
-    /* dst[i] = convert(src[i]) between dtypes (fp32 <-> bf16/f16); dst += src when acc. */
+    /* dst[i] = convert(src[i]) between dtypes (fp32 <-> bf16/f16); dst += src when acc.
+     * sqnorm, convert and adamw take the floating-point dtypes only: PT_U8 (frozen
+     * bytes, no gradient, no optimizer) is PT_ERR_INVALID_ARG. */
     int (*convert)(void *impl, void *dst, int dst_dtype, const void *src, int src_dtype,
                    size_t n, int accumulate, pt_stream *s);
     /* An event event_elapsed_ms may read. event_create's events only order work
@@ -307,6 +309,20 @@ typedef struct pt_gpu_usage {
     uint64_t pinned_own_allocs; /* pinned allocations that got their own backend host_alloc */
     uint64_t h2d_bytes, d2h_bytes;
     uint64_t n_allocs;
+    /* Fragmentation of the device reservation (offsets from its start), measured
+     * by the allocator itself since open or the last pt_gpu_reset_peak:
+     *   span_peak          highest end offset any live block reached: the address
+     *                      range the allocation pattern needed, holes included
+     *                      (>= peak; equal when nothing was ever left behind a hole)
+     *   req_current        bytes the live blocks' callers asked for (current minus
+     *                      this is lost to PT_GPU_ALIGN rounding)
+     * at the moment `peak` was last raised:
+     *   peak_req           req_current then (peak - peak_req: rounding at the peak)
+     *   peak_largest_free  the largest free block then; the free bytes then are
+     *                      capacity - peak, so 1 - peak_largest_free / (capacity -
+     *                      peak) is the free space's fragmentation at the peak
+     * pt_gpu_frag_factor (device_ext.h) turns them into the planner's factor. */
+    uint64_t span_peak, req_current, peak_req, peak_largest_free;
 } pt_gpu_usage;
 void pt_gpu_usage_get(const pt_gpu *g, pt_gpu_usage *u);
 void pt_gpu_reset_peak(pt_gpu *g);

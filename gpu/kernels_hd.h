@@ -84,10 +84,14 @@ PT_HD float pt_f16_to_f32(uint16_t h) {
     return f;
 }
 
-/* dtype codes match pt_dtype in host_api/protrain.h: 0 f32, 1 bf16, 2 f16. */
+/* dtype codes match pt_dtype in host_api/protrain.h: 0 f32, 1 bf16, 2 f16, 3 u8.
+ * u8 (opaque frozen bytes) never reaches an element kernel: it has no gradient
+ * and no optimizer state, and every backend op refuses it. Loading one reads
+ * the byte's value so a stray use stays inside the array. */
 PT_HD float pt_load_elem(const void *p, int dtype, size_t i) {
     if (dtype == 1) return pt_bf16_to_f32(((const uint16_t *)p)[i]);
     if (dtype == 2) return pt_f16_to_f32(((const uint16_t *)p)[i]);
+    if (dtype == 3) return (float)((const unsigned char *)p)[i];
     return ((const float *)p)[i];
 }
 
@@ -97,7 +101,7 @@ PT_HD void pt_store_elem(void *p, int dtype, size_t i, float v) {
     else ((float *)p)[i] = v;
 }
 
-PT_HD size_t pt_dtype_size(int dtype) { return dtype == 0 ? 4u : 2u; }
+PT_HD size_t pt_dtype_size(int dtype) { return dtype == 0 ? 4u : dtype == 3 ? 1u : 2u; }
 
 /* ---- AdamW element body ----
  * Decoupled weight decay (PyTorch AdamW order, decay uses the old p):

@@ -98,7 +98,14 @@ typedef enum pt_status {
 typedef enum pt_dtype {
     PT_F32 = 0,
     PT_BF16 = 1,
-    PT_F16 = 2
+    PT_F16 = 2,
+    /* ABI 1.4: opaque bytes, 1 per element (e.g. 4-bit or 8-bit quantized
+     * weights packed with their scales by the host, which dequantizes them in its
+     * own forward). Frozen parameters only (trainable = 0; a trainable one is
+     * refused at post_model_load): stored, offloaded and streamed like any frozen
+     * parameter, never modified, no gradient, no optimizer state; shape counts
+     * bytes. Older plugins refuse dtype 3 as unknown. */
+    PT_U8 = 3
 } pt_dtype;
 
 typedef enum pt_log_level {
@@ -287,7 +294,8 @@ typedef struct pt_plugin_table_v1 {
     /* Synchronous copy on the plugin's compute stream (host buffers are ordinary memory). */
     int32_t (*memcpy)(void *ctx, void *dst, const void *src, uint64_t bytes, int32_t kind);
     int32_t (*get_stats)(void *ctx, pt_stats_v1 *out);
-    /* Copy the current fp32/compute value of param i to host memory (bytes = numel*dtype).
+    /* Copy the current fp32/compute value of param i to host memory (bytes = numel*dtype
+     * size: 4, 2, or 1 for PT_U8, whose bytes come back as the host gave them).
      * Several ranks in mode C: a parameter split across the ranks is gathered from
      * them, so every rank must call read_param for the same parameters in the same
      * order. */

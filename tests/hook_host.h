@@ -32,6 +32,10 @@ typedef struct hh_opts {
     uint64_t hidden_bytes;     /* training steps: dev_alloc this much in block 0's forward,
                                   freed after its backward */
     const char *cache_dir;     /* [protrain] cache_dir, or NULL */
+    uint64_t frag_bytes;       /* every step, profiled ones too: block 0's forward leaves a
+                                  hole of this size below live blocks (alloc X, alloc Y =
+                                  X/4, free X, alloc Z = 2X; Y and Z freed in its backward) */
+    int frag_packed_profile;   /* ... but the profiled step skips X: same bytes, no hole */
 } hh_opts;
 
 typedef struct host {
@@ -39,6 +43,7 @@ typedef struct host {
     hh_opts o;
     int profiling;             /* inside profile_step */
     void *hidden;
+    void *frag[2];
     pt_param_v1 p[NPAR];
     pt_model_v1 m;
     float *init[NPAR];
@@ -89,6 +94,15 @@ static int32_t pass(void *user) {
         if (!rc) rc = fwd(h, b) ? PT_ERR_INTERNAL : 0;
         if (!rc && b == 0 && !h->profiling && h->o.hidden_bytes)
             rc = P->dev_alloc(h->ctx, h->o.hidden_bytes, "scratch", &h->hidden);
+        if (!rc && b == 0 && h->o.frag_bytes) {
+            void *x = NULL;
+            uint64_t f = h->o.frag_bytes;
+            int hole = !(h->profiling && h->o.frag_packed_profile);
+            if (hole) rc = P->dev_alloc(h->ctx, f, "scratch", &x);
+            if (!rc) rc = P->dev_alloc(h->ctx, f / 4, "scratch", &h->frag[0]);
+            if (!rc && hole) rc = P->dev_free(h->ctx, x);
+            if (!rc) rc = P->dev_alloc(h->ctx, 2 * f, "scratch", &h->frag[1]);
+        }
         nap(h);
         if (!rc) rc = P->block_post_forward(h->ctx, b);
         if (rc) return rc;
@@ -101,6 +115,11 @@ static int32_t pass(void *user) {
             rc = P->dev_free(h->ctx, h->hidden);
             h->hidden = NULL;
         }
+        for (int j = 0; j < 2 && !rc && b == 0; j++)
+            if (h->frag[j]) {
+                rc = P->dev_free(h->ctx, h->frag[j]);
+                h->frag[j] = NULL;
+            }
         if (!rc) rc = P->block_post_backward(h->ctx, b);
         if (rc) return rc;
     }

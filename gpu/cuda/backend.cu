@@ -241,6 +241,7 @@ __global__ void k_convert(void *dst, int dd, const void *src, int sd, size_t n, 
     }
 }
 
+/* the floating-point pt_dtypes; u8 (frozen opaque bytes) has no element op */
 int dtype_ok(int d) { return d == PT_F32 || d == PT_BF16 || d == PT_F16; }
 
 /* ---- lifecycle ---- */

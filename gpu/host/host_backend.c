@@ -127,6 +127,7 @@ static void hb_host_free(void *impl, void *p, size_t bytes) {
 
 /* ---- enqueueing ---- */
 
+/* the floating-point pt_dtypes; u8 (frozen opaque bytes) has no element op */
 static int valid_dtype(int d) { return d >= 0 && d <= 2; }
 
 static int hb_memset_async(void *impl, void *p, int value, size_t bytes, pt_stream *s) {

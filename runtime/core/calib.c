@@ -12,9 +12,11 @@
  *   backward  .. optimizer_step
  *   optimizer optimizer_step .. post_step
  * At the end of step MEASURE:
- *  - peak under-predicted: the ratio measured/predicted becomes the trace's
- *    calib.peak (the cost model's fragmentation factor) and the plan is
- *    searched again (as before);
+ *  - peak under-predicted (the device range the run needed, its peak bytes or
+ *    the allocator's high water when holes left that higher, above the
+ *    prediction): the ratio measured/predicted is folded into the trace's
+ *    calib.peak (the cost model's fragmentation factor is the profile's measured
+ *    one times it) and the plan is searched again (as before);
  *  - otherwise ([protrain] time_calibration), the median iteration more than 15% away from the prediction:
  *    each phase's measured/predicted median is folded into calib.fwd/bwd/opt,
  *    which scale the profile's compute times and optimizer rates
@@ -231,10 +233,11 @@ void pt_rt_calibrate(pt_rt *rt) {
     rt->meas_peak = u.peak;
     rt->meas_iter_s = median(dt, MEASURE);
     double pr = (double)u.peak / (double)rt->pred_peak;
-    PT_LOGI(&rt->lg, "calibration: measured peak %llu bytes (%.2f MiB) vs predicted %llu "
-                     "(x%.4f); median iteration %.4f s vs predicted %.4f s (x%.3f)",
-            (unsigned long long)u.peak, u.peak / 1048576.0, (unsigned long long)rt->pred_peak,
-            pr, rt->meas_iter_s, rt->pred_iter_s,
+    PT_LOGI(&rt->lg, "calibration: measured peak %llu bytes (%.2f MiB, allocator fragmentation "
+                     "x%.4f) vs predicted %llu (x%.4f); median iteration %.4f s vs predicted "
+                     "%.4f s (x%.3f)",
+            (unsigned long long)u.peak, u.peak / 1048576.0, pt_gpu_frag_factor(&u),
+            (unsigned long long)rt->pred_peak, pr, rt->meas_iter_s, rt->pred_iter_s,
             rt->pred_iter_s > 0 ? rt->meas_iter_s / rt->pred_iter_s : 0.0);
     if (rt->tl && rt->tl->n) {
         /* the picture of the plan that ran, now with what it really peaked at
@@ -244,7 +247,11 @@ void pt_rt_calibrate(pt_rt *rt) {
             PT_LOGW(&rt->lg, "calibration: %s", terr);
     }
     if (!rt->trace) return;
-    int under = u.peak > rt->pred_peak;
+    /* What the plan must cover is the device range the run needed: its peak
+     * bytes, or the allocator's high water when holes left it higher (the
+     * prediction promises that much capacity, fragmentation included). */
+    uint64_t need = u.span_peak > u.peak ? u.span_peak : u.peak;
+    int under = need > rt->pred_peak;
     if (rt->coll) {
         /* a re-plan exchanges the plan (and in mode C rebuilds through
          * collectives): all ranks or none, so any rank's under-prediction re-plans
@@ -262,11 +269,14 @@ void pt_rt_calibrate(pt_rt *rt) {
     if (under) {
         /* Under-predicted: plan again with the measured correction, carrying the
          * parameters and optimizer state across (the state image is per parameter). */
-        if (u.peak > rt->pred_peak) {
-            rt->trace->calib.peak = fold(rt->trace->calib.peak, pr);
-            PT_LOGW(&rt->lg, "calibration: the peak was under-predicted by %llu bytes; planning "
-                             "again with fragmentation factor %.4f",
-                    (unsigned long long)(u.peak - rt->pred_peak), rt->trace->calib.peak);
+        if (need > rt->pred_peak) {
+            rt->trace->calib.peak = fold(rt->trace->calib.peak, (double)need / (double)rt->pred_peak);
+            PT_LOGW(&rt->lg, "calibration: the peak was under-predicted by %llu bytes (device "
+                             "range %llu of which %llu in use); planning again with peak "
+                             "correction x%.4f on top of the profile's measured fragmentation "
+                             "x%.4f", (unsigned long long)(need - rt->pred_peak),
+                    (unsigned long long)need, (unsigned long long)u.peak, rt->trace->calib.peak,
+                    rt->trace->frag.factor >= 1.0 ? rt->trace->frag.factor : 1.0);
         } else {
             PT_LOGW(&rt->lg, "calibration: another rank's peak was under-predicted; planning "
                              "again with it");

@@ -187,7 +187,7 @@ static int check_target(const pt_model_v1 *h, int i, char *err, size_t errlen) {
     if (p->dtype != PT_F32)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "osft: target '%s' is %s; OSFT factors "
                        "are built for fp32 parameters only (narrow [osft] targets)", p->name,
-                       p->dtype == PT_BF16 ? "bf16" : "fp16");
+                       p->dtype == PT_BF16 ? "bf16" : p->dtype == PT_F16 ? "fp16" : "u8 (opaque bytes)");
     if (p->tie >= 0)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "osft: target '%s' shares storage with "
                        "param %d (tie); a tied weight cannot be factorised (narrow [osft] "

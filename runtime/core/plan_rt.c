@@ -255,7 +255,11 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     o.cost.headroom_bytes = rt->cfg.extra_headroom;
     o.cost.clip = rt->plan_clip;
     o.cost.defer = rt->cfg.defer_cpu_steps;
-    o.cost.frag = t->calib.peak > 0 ? t->calib.peak : 1.0;
+    /* the allocator's fragmentation as the profile measured it, times what
+     * calibration learned on top (an under-predicted peak folds measured /
+     * predicted into calib.peak, and the prediction already had this factor) */
+    o.cost.frag = (t->frag.factor >= 1.0 ? t->frag.factor : 1.0) *
+                  (t->calib.peak > 0 ? t->calib.peak : 1.0);
     o.capacity = t->hw.device_capacity;
     o.host_ram = host_budget(rt);
     o.n_persist = rt->cfg.n_persist;

@@ -53,6 +53,12 @@ struct pt_prof {
     uint64_t *arena, *input, *fscr, *bscr;
     uint64_t nonblock, nonblock_scr;
     double embed_fwd[PROF_PASSES], embed_bwd[PROF_PASSES], head[PROF_PASSES];
+    /* Fragmentation: every window resets the allocator's peak, so each window's
+     * reading is folded in before the next reset. fr holds the reading of the
+     * window with the highest peak; span the highest span of any window. */
+    int win_open;
+    pt_gpu_usage fr;
+    uint64_t span;
     /* The first failed device op of the profile. The window marks run inside
      * block hooks that must not fail for the profiler's sake mid-pass, and a
      * missing edge would silently time a window as 0 s: the failure is kept
@@ -130,9 +136,35 @@ static void resolve_pass(pt_rt *rt) {
     memset(p->ev_set, 0, (size_t)(E_PER_BLOCK * p->n + E_GLOBAL));
 }
 
+/* The allocator's fragmentation over the window that ends now. */
+static void fold_frag(pt_rt *rt) {
+    struct pt_prof *p = rt->prof;
+    if (!p->win_open) return;
+    pt_gpu_usage u;
+    pt_gpu_usage_get(rt->gpu, &u);
+    if (u.peak > p->fr.peak) p->fr = u;
+    if (u.span_peak > p->span) p->span = u.span_peak;
+}
+
 static void window_start(pt_rt *rt) {
+    fold_frag(rt);
     rt->prof->c0 = cur_bytes(rt);
     pt_gpu_reset_peak(rt->gpu);
+    rt->prof->win_open = 1;
+}
+
+/* The step's fragmentation for the trace: the address range its pattern
+ * needed (highest span of any window) over its highest peak. */
+static void frag_figures(const struct pt_prof *p, pt_trace_frag *f) {
+    pt_gpu_usage u = p->fr;
+    memset(f, 0, sizeof *f);
+    if (!u.peak) return;
+    u.span_peak = p->span > u.peak ? p->span : u.peak;
+    f->factor = pt_gpu_frag_factor(&u);
+    f->peak_bytes = u.peak;
+    f->span_bytes = u.span_peak;
+    f->largest_free = u.peak_largest_free;
+    f->rounding_bytes = u.peak - u.peak_req;
 }
 
 int pt_prof_passes(void) { return PROF_PASSES; }
@@ -531,6 +563,7 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
     mark(rt, E_END, -1);
     resolve_pass(rt);
     nonblock_window_end(rt);
+    fold_frag(rt);
     pt_trace_init(t);
     int rc = pt_trace_alloc(t, rt->n_blocks, n_chunks, err, errlen);
     if (rc) return rc;
@@ -580,7 +613,16 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
     t->head_bwd_s = head - t->head_fwd_s;
     t->nonblock_bytes = p->nonblock;
     t->nonblock_scratch_bytes = p->nonblock_scr;
-    int dt = m->n_params ? m->params[0].dtype : PT_F32;
+    frag_figures(p, &t->frag);
+    /* the per-element sizes of gradients and optimizer state follow the
+     * trainable parameters (frozen byte parameters have neither; every chunk's
+     * exact bytes are in dev_bytes / host_bytes) */
+    int dt = PT_F32;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].trainable) {
+            dt = m->params[i].dtype;
+            break;
+        }
     t->param_elem_bytes = (uint32_t)pt_dtype_size(dt);
     t->grad_elem_bytes = t->param_elem_bytes;
     t->master_elem_bytes = dt == PT_F32 ? 0 : 4;

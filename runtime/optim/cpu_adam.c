@@ -378,11 +378,11 @@ static int dtype_ok(int dt) { return dt == PT_F32 || dt == PT_BF16 || dt == PT_F
 int pt_cpu_adam_check(const pt_cpu_adam_args *a, char *err, size_t errlen) {
     if (!a) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "cpu_adam: args pointer is NULL");
     if (!dtype_ok(a->g_dtype))
-        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "cpu_adam: g_dtype %d is not a pt_dtype (0 f32, 1 bf16, 2 f16)",
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "cpu_adam: g_dtype %d is not a floating-point pt_dtype (0 f32, 1 bf16, 2 f16; u8 parameters are frozen and have no gradient)",
                        a->g_dtype);
     if (a->out && !dtype_ok(a->out_dtype))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                       "cpu_adam: out_dtype %d is not a pt_dtype (0 f32, 1 bf16, 2 f16)", a->out_dtype);
+                       "cpu_adam: out_dtype %d is not a floating-point pt_dtype (0 f32, 1 bf16, 2 f16; u8 parameters are never stepped)", a->out_dtype);
     if (a->n > 0 && (!a->p || !a->g || !a->m || !a->v))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "cpu_adam: n = %zu but %s is NULL", a->n,
                        !a->p ? "p" : !a->g ? "g" : !a->m ? "m" : "v");

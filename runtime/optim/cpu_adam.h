@@ -90,8 +90,8 @@ void pt_cvt_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
 void pt_cvt_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
 void pt_cvt_f32_to_f16(uint16_t *dst, const float *src, size_t n);
 void pt_cvt_f16_to_f32(float *dst, const uint16_t *src, size_t n);
-/* Any pt_dtype to any pt_dtype (same dtype: memmove). PT_OK, or
- * PT_ERR_INVALID_ARG for an unknown dtype or a NULL array. 16->16 goes through
+/* Any floating-point pt_dtype to any other (same dtype: memmove). PT_OK, or
+ * PT_ERR_INVALID_ARG for PT_U8, an unknown dtype or a NULL array. 16->16 goes through
  * fp32. */
 int pt_cvt(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
 

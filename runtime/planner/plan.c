@@ -154,6 +154,15 @@ char *pt_plan_text(const pt_plan *p) {
                   c->rekls_dev_bytes / GIB, c->rekls_host_bytes / GIB);
     sb_printf(&b, "    %-16s x%.3f (+%.3f GiB)\n", "fragmentation", p->opts.frag,
               (double)(c->peak_bytes - c->raw_peak_bytes) / GIB);
+    const pt_trace_frag *fm = &p->frag_meas;
+    if (fm->factor > 0) {
+        uint64_t fr = p->capacity > fm->peak_bytes ? p->capacity - fm->peak_bytes : 0;
+        sb_printf(&b, "      measured       x%.3f in the profile: %.2f MiB of device range for a "
+                      "%.2f MiB peak; at it the largest free block %.2f of %.2f MiB free, "
+                      "rounding %.1f KiB\n",
+                  fm->factor, fm->span_bytes / 1048576.0, fm->peak_bytes / 1048576.0,
+                  fm->largest_free / 1048576.0, fr / 1048576.0, fm->rounding_bytes / 1024.0);
+    }
     sb_printf(&b, "  predicted iter   %.4f s (fastest feasible %.4f s; plans within 1%% tie: fewer CKPT, fewer SWAP, more persistent, fewer buffers win)\n",
               c->iter_s, p->best_iter_s);
     sb_printf(&b, "    %-16s %10.4f s  %5.1f%%\n", "forward", c->fwd_s, pct(c->fwd_s, c->iter_s));
@@ -246,6 +255,11 @@ char *pt_plan_json(const pt_plan *p) {
     JU("peak_bytes", c->peak_bytes);
     JU("raw_peak_bytes", c->raw_peak_bytes);
     JD("frag", p->opts.frag);
+    JD("frag_measured", p->frag_meas.factor);
+    JU("frag_peak_bytes", p->frag_meas.peak_bytes);
+    JU("frag_span_bytes", p->frag_meas.span_bytes);
+    JU("frag_largest_free_bytes", p->frag_meas.largest_free);
+    JU("frag_rounding_bytes", p->frag_meas.rounding_bytes);
     JU("model_state_bytes", c->model_state_bytes);
     JU("buffer_bytes", c->buffer_bytes);
     JU("activation_bytes", c->activation_bytes);

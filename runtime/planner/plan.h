@@ -15,6 +15,9 @@
  *   n_block, n_chunk, chunk_size, swap_interval, swap_cap
  *   modes              block map string, 'S' swap, 'C' checkpoint, 'N' none
  *   peak_bytes, raw_peak_bytes, frag, model_state_bytes, buffer_bytes,
+ *   frag_measured, frag_peak_bytes, frag_span_bytes, frag_largest_free_bytes,
+ *   frag_rounding_bytes   the allocator's fragmentation in the profile
+ *                      (pt_trace_frag; frag_measured 0 = not measured)
  *   activation_bytes, scratch_bytes, nonblock_bytes, peak_phase, peak_block
  *   capacity_bytes, reserve_bytes, headroom_bytes, budget_bytes
  *   host_bytes, swap_pool_bytes, host_budget_bytes (0 = unlimited)
@@ -54,6 +57,7 @@ typedef struct pt_plan {
     uint8_t *modes;             /* [n_block], owned */
     pt_cost cost;
     pt_cost_opts opts;          /* frag, reserve, headroom, clip, shard used */
+    pt_trace_frag frag_meas;    /* what the profile measured (opts.frag starts from it) */
     uint64_t capacity;          /* device bytes */
     uint64_t budget;            /* capacity - reserve - headroom */
     uint64_t host_budget;       /* 0 = unlimited */

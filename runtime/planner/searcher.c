@@ -490,6 +490,7 @@ int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *e
     plan->host_budget = S.host_budget;
     plan->opts = o->cost;
     if (!(plan->opts.frag > 0)) plan->opts.frag = 1.0;
+    plan->frag_meas = t->frag;
     plan->n_block = N;
     plan->n_chunk = K;
     plan->chunk_size = t->chunk_size;

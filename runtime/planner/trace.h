@@ -77,10 +77,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PT_TRACE_VERSION 5u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
+#define PT_TRACE_VERSION 6u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
                                  3: calibration learned from runs (pt_trace_calib);
                                  4: chunk rekls_bytes, rekls_s;
-                                 5: all-gather and reduce-scatter rates */
+                                 5: the allocator's fragmentation measured (pt_trace_frag);
+                                 6: all-gather and reduce-scatter rates */
 
 /* Per-block activation modes (the plan's mode map). */
 enum { PT_BLOCK_NONE = 0, PT_BLOCK_CKPT = 1, PT_BLOCK_SWAP = 2 };
@@ -156,6 +157,27 @@ typedef struct pt_trace_calib {
     double peak, fwd, bwd, opt;
 } pt_trace_calib;
 
+/* The device allocator's fragmentation as the profiler measured it, at the
+ * highest peak of the profiled step (the plugin owns the allocator, so this is
+ * a measurement, not an assumption):
+ *   factor         span_bytes / peak_bytes (>= 1): the device range the step's
+ *                  allocation pattern needed, holes between live blocks
+ *                  included, over the bytes it had in use. The planner's
+ *                  fragmentation factor starts here (times calib.peak).
+ *                  0 = not measured (a synthesised trace): 1.
+ *   peak_bytes     the highest device bytes in use (rounded blocks) in the step
+ *   span_bytes     the highest end offset a live block reached
+ *   largest_free   the largest free block at that peak; of the free bytes then
+ *                  (capacity - peak_bytes) the rest sat in holes too small for
+ *                  it
+ *   rounding_bytes of peak_bytes, what the allocator's 256-byte alignment added
+ *                  to the requests (already in every exact byte count above, so
+ *                  not part of the factor). */
+typedef struct pt_trace_frag {
+    double factor;
+    uint64_t peak_bytes, span_bytes, largest_free, rounding_bytes;
+} pt_trace_frag;
+
 typedef struct pt_trace {
     pt_trace_key key;
     int32_t n_block;
@@ -181,6 +203,7 @@ typedef struct pt_trace {
 
     pt_trace_hw hw;
     pt_trace_calib calib;
+    pt_trace_frag frag;
 } pt_trace;
 
 /* ---- helpers (implemented in trace_cache.c) ---- */

@@ -21,7 +21,7 @@
 #define MAX_BLOCKS (1 << 20)
 #define MAX_CHUNKS (1 << 24)
 /* Encoded sizes (see the format in trace_cache.h). */
-#define SCALAR_BYTES 204u
+#define SCALAR_BYTES 244u
 #define BLOCK_BYTES 72u
 #define CHUNK_BYTES 68u
 
@@ -182,6 +182,14 @@ int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "trace: calibration factors must be finite and >= 0 (peak %g, fwd %g, bwd %g, "
                        "opt %g)", cb->peak, cb->fwd, cb->bwd, cb->opt);
+    const pt_trace_frag *fr = &t->frag;
+    if (!(fr->factor == 0.0 || (isfinite(fr->factor) && fr->factor >= 1.0 && fr->factor <= 64.0)) ||
+        fr->rounding_bytes > fr->peak_bytes || (fr->span_bytes && fr->span_bytes < fr->peak_bytes))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "trace: fragmentation figures are inconsistent (factor %g must be 0 or in "
+                       "[1, 64]; rounding %llu and span %llu against peak %llu bytes)", fr->factor,
+                       (unsigned long long)fr->rounding_bytes, (unsigned long long)fr->span_bytes,
+                       (unsigned long long)fr->peak_bytes);
     for (int32_t b = 0; b < t->n_block; b++) {
         const pt_trace_block *B = &t->blocks[b];
         if (!finite_nonneg(B->fwd_s) || !finite_nonneg(B->bwd_s) || !finite_nonneg(B->recompute_s))
@@ -352,6 +360,11 @@ static void encode_payload(wbuf *w, const pt_trace *t) {
     put_f64(w, t->calib.fwd);
     put_f64(w, t->calib.bwd);
     put_f64(w, t->calib.opt);
+    put_f64(w, t->frag.factor);
+    put_u64(w, t->frag.peak_bytes);
+    put_u64(w, t->frag.span_bytes);
+    put_u64(w, t->frag.largest_free);
+    put_u64(w, t->frag.rounding_bytes);
     for (int32_t b = 0; b < t->n_block; b++) {
         const pt_trace_block *B = &t->blocks[b];
         put_f64(w, B->fwd_s);
@@ -418,6 +431,11 @@ static int decode_payload(rbuf *r, pt_trace *t, char *err, size_t errlen) {
     t->calib.fwd = get_f64(r);
     t->calib.bwd = get_f64(r);
     t->calib.opt = get_f64(r);
+    t->frag.factor = get_f64(r);
+    t->frag.peak_bytes = get_u64(r);
+    t->frag.span_bytes = get_u64(r);
+    t->frag.largest_free = get_u64(r);
+    t->frag.rounding_bytes = get_u64(r);
     for (int32_t b = 0; b < nb; b++) {
         pt_trace_block *B = &t->blocks[b];
         B->fwd_s = get_f64(r);

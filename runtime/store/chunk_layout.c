@@ -62,6 +62,7 @@ static uint32_t dtype_size(int32_t dt) {
     case PT_F32: return 4;
     case PT_BF16:
     case PT_F16: return 2;
+    case PT_U8: return 1;
     default: return 0;
     }
 }
@@ -79,7 +80,7 @@ static int prep_build(const pt_layout_param *p, int32_t n, int32_t n_blocks, pre
         if (!es || p[i].elem_size != es) {
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                            "chunk layout: param %d has dtype %d with elem_size %u "
-                           "(f32 needs 4, bf16/f16 need 2)", (int)i, (int)p[i].dtype,
+                           "(f32 needs 4, bf16/f16 need 2, u8 needs 1)", (int)i, (int)p[i].dtype,
                            (unsigned)p[i].elem_size);
         }
         if (p[i].bytes == 0 || p[i].bytes % es) {

@@ -48,7 +48,7 @@
 /* Input: one per model param, index = position in the array. */
 typedef struct pt_layout_param {
     uint64_t bytes;      /* numel * elem_size of the compute dtype (> 0) */
-    uint32_t elem_size;  /* 2 or 4; must match dtype */
+    uint32_t elem_size;  /* 4 (f32), 2 (bf16/f16) or 1 (u8); must match dtype */
     int32_t dtype;       /* pt_dtype */
     int32_t block;       /* owning block in [0, n_blocks), or -1 */
     int32_t tie;         /* index of the param whose storage it shares, or -1 */

@@ -408,6 +408,7 @@ void pt_cs_chunk_norms(pt_store *st, cs_chunk *c, int from_acc) {
     }
     for (int j = 0; j < c->lc->n_params; j++) {
         int root = ms->lay.order[c->lc->first_param + j];
+        if (!ms->root_tr[root]) continue;   /* frozen (byte params too): no gradient */
         const pt_param_v1 *p = &st->env.model->params[root];
         uint64_t off = ms->lay.param_offset[root], n = pt_param_numel(p);
         double sq = 0;

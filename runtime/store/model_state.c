@@ -36,9 +36,13 @@ int pt_store_validate(const pt_model_v1 *m, char *err, size_t errlen) {
                 return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' has shape[%d] = %lld (need > 0)", i, nm, d,
                     (long long)p->shape[d]);
             }
-        if (p->dtype < PT_F32 || p->dtype > PT_F16) {
-            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' has unknown dtype %d (0 f32, 1 bf16, 2 f16)", i,
+        if (p->dtype < PT_F32 || p->dtype > PT_U8) {
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' has unknown dtype %d (0 f32, 1 bf16, 2 f16, 3 u8)", i,
                 nm, p->dtype);
+        }
+        if (p->dtype == PT_U8 && p->trainable) {
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' is u8 (opaque bytes) and trainable; byte "
+                "parameters have no gradient or optimizer, so they must be frozen (trainable = 0)", i, nm);
         }
         if (p->block < -1 || p->block >= m->n_blocks) {
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' names block %d but the model has %d blocks", i,

@@ -525,6 +525,10 @@ static void test_bad_args(void **state) {
     assert_int_equal(OPS->convert(IMPL, a, 7, b, PT_F32, 4, 0, NULL), PT_ERR_INVALID_ARG);
     assert_int_equal(OPS->convert(IMPL, a, PT_F32, b, -1, 4, 0, NULL), PT_ERR_INVALID_ARG);
     assert_int_equal(OPS->sqnorm(IMPL, a, 9, 4, b, NULL), PT_ERR_INVALID_ARG);
+    /* frozen byte parameters never reach an element op */
+    assert_int_equal(OPS->convert(IMPL, a, PT_U8, b, PT_F32, 4, 0, NULL), PT_ERR_INVALID_ARG);
+    assert_int_equal(OPS->convert(IMPL, a, PT_F32, b, PT_U8, 4, 0, NULL), PT_ERR_INVALID_ARG);
+    assert_int_equal(OPS->sqnorm(IMPL, a, PT_U8, 4, b, NULL), PT_ERR_INVALID_ARG);
     assert_int_equal(OPS->memcpy_async(IMPL, a, b, 4, 9, NULL), PT_ERR_INVALID_ARG);
     assert_int_equal(OPS->memcpy_async(IMPL, NULL, b, 4, PT_GPU_D2D, NULL), PT_ERR_INVALID_ARG);
     assert_int_equal(OPS->memset_async(IMPL, NULL, 0, 4, NULL), PT_ERR_INVALID_ARG);

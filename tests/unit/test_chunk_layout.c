@@ -327,6 +327,45 @@ static void test_regions(void **st) {
     pt_layout_free(&L);
 }
 
+/* Frozen byte parameters (PT_U8): 1-byte elements, any byte count, aligned like
+ * every param, their own (u8, frozen) region; a wrong element size is refused. */
+static void test_u8_regions(void **st) {
+    (void)st;
+    pt_layout_param p[4] = { P(100 * 4, PT_F32, 0, 0), P(37, PT_U8, 0, 1), P(100, PT_U8, 0, 2),
+                             P(16 * 4, PT_F32, 0, 3) };
+    for (int i = 1; i <= 2; i++) {
+        p[i].elem_size = 1;
+        p[i].trainable = 0;
+    }
+    pt_layout L;
+    assert_int_equal(pt_layout_build(p, 4, 1, 4 * KiB, &L, NULL, 0), PT_OK);
+    check_invariants(p, 4, 1, &L);
+    /* offsets: 0 (400 B), 448 (37 B), 512 (100 B), 640 (64 B) */
+    uint64_t off[4] = { 0, 448, 512, 640 };
+    for (int i = 0; i < 4; i++) assert_true(L.param_offset[i] == off[i]);
+    const pt_chunk *ch = &L.chunks[0];
+    assert_int_equal(ch->n_regions, 3);
+    assert_true(ch->regions[1].dtype == PT_U8 && ch->regions[1].trainable == 0);
+    assert_true(ch->regions[1].offset == 448 && ch->regions[1].bytes == 512 + 100 - 448);
+    assert_true(ch->trainable_bytes == 400 + 64);
+    assert_true(ch->bytes_used == 704);
+    pt_layout_free(&L);
+    char err[256] = "";
+    p[1].elem_size = 2;
+    assert_int_equal(pt_layout_build(p, 4, 1, 4 * KiB, &L, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "u8 needs 1"));
+    /* from the host's descriptor: bytes = numel, element size 1 */
+    pt_param_v1 mp[2] = { { .name = "q", .dtype = PT_U8, .ndim = 2, .shape = { 3, 5 },
+                            .block = 0, .trainable = 0, .tie = -1 },
+                          { .name = "w", .dtype = PT_F32, .ndim = 1, .shape = { 7 },
+                            .block = 0, .trainable = 1, .tie = -1 } };
+    pt_model_v1 m = { .struct_size = sizeof m, .n_params = 2, .params = mp, .n_blocks = 1 };
+    pt_layout_param lp[2];
+    assert_int_equal(pt_layout_params_from_model(&m, NULL, lp, err, sizeof err), PT_OK);
+    assert_true(lp[0].bytes == 15 && lp[0].elem_size == 1 && lp[0].dtype == PT_U8);
+    assert_true(lp[1].bytes == 28 && lp[1].elem_size == 4);
+}
+
 /* Ties: a chain resolves to its root; the group sits at its earliest use; a group
  * spanning two blocks becomes non-block (mandatory persistent). */
 static void test_ties(void **st) {
@@ -620,6 +659,7 @@ int main(void) {
         cmocka_unit_test(test_tie_chain_long),    cmocka_unit_test(test_errors),
         cmocka_unit_test(test_random_invariants), cmocka_unit_test(test_from_model),
         cmocka_unit_test(test_contract_order),
+        cmocka_unit_test(test_u8_regions),
         cmocka_unit_test(test_size_least_waste),  cmocka_unit_test(test_size_tie_smaller),
         cmocka_unit_test(test_size_min_chunks),   cmocka_unit_test(test_size_scales),
     };

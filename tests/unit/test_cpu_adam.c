@@ -287,6 +287,17 @@ static void test_adam_invalid_args(void **st) {
     a.out_dtype = -2;
     assert_int_equal(pt_cpu_adam_step(NULL, &a, NULL, err, sizeof err), PT_ERR_INVALID_ARG);
     assert_non_null(strstr(err, "out_dtype -2"));
+    /* frozen byte parameters are never stepped: u8 is refused both ways */
+    a.out_dtype = PT_U8;
+    assert_int_equal(pt_cpu_adam_step(NULL, &a, NULL, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "out_dtype 3"));
+    a.out = NULL;
+    a.g_dtype = PT_U8;
+    assert_int_equal(pt_cpu_adam_step(NULL, &a, NULL, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "g_dtype 3"));
+    assert_int_equal(pt_cvt(p, PT_F32, g, PT_U8, 4), PT_ERR_INVALID_ARG);
+    a.g_dtype = PT_F32;
+    a.out = p;
     a.out = NULL;
     a.m = NULL;
     assert_int_equal(pt_cpu_adam_step(NULL, &a, NULL, err, sizeof err), PT_ERR_INVALID_ARG);

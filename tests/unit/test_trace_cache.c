@@ -56,6 +56,10 @@ static void sample(pt_trace *t) {
     char err[256];
     assert_int_equal(pt_shape_trace(&m, &hw, 4 << 20, t, err, sizeof err), PT_OK);
     t->blocks[3].fwd_s = 1.0 / 3.0;   /* a value that needs all 64 bits */
+    /* the allocator's fragmentation as a profile records it */
+    t->frag = (pt_trace_frag){.factor = 7.0 / 6.0, .peak_bytes = 6ull << 20,
+                              .span_bytes = 7ull << 20, .largest_free = 3ull << 20,
+                              .rounding_bytes = 4608};
     /* exact footprints on some chunks (as the profiler fills them), 0 on others */
     for (int32_t k = 0; k < t->n_chunk; k += 2) {
         t->chunks[k].dev_bytes = pt_trace_chunk_dev_state(t, &t->chunks[k]) + 256 * (uint64_t)(k % 5) + 17;
@@ -76,6 +80,8 @@ static void assert_same(const pt_trace *a, const pt_trace *b) {
     assert_true(a->param_elem_bytes == b->param_elem_bytes && a->master_elem_bytes == b->master_elem_bytes &&
                 a->host_grad_elem_bytes == b->host_grad_elem_bytes);
     assert_memory_equal(&a->hw, &b->hw, sizeof a->hw);
+    assert_memory_equal(&a->calib, &b->calib, sizeof a->calib);
+    assert_memory_equal(&a->frag, &b->frag, sizeof a->frag);
 }
 
 static long file_size(const char *p) {
@@ -293,6 +299,19 @@ static void test_validate_names_problem(void **state) {
     assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_ERR_INVALID_ARG);
     assert_non_null(strstr(err, "copy_engines"));
     t.hw.copy_engines = 1;
+    /* fragmentation: a factor below 1, rounding above the peak, a span below it */
+    t.frag.factor = 0.5;
+    assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "fragmentation"));
+    t.frag.factor = 0.0;                     /* not measured: fine */
+    assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_OK);
+    t.frag.rounding_bytes = t.frag.peak_bytes + 1;
+    assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_ERR_INVALID_ARG);
+    t.frag.rounding_bytes = 0;
+    t.frag.span_bytes = t.frag.peak_bytes - 1;
+    assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_ERR_INVALID_ARG);
+    t.frag.span_bytes = t.frag.peak_bytes;
+    assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_OK);
     t.chunks[2].trainable_elems = t.chunks[2].elems + 1;
     assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_ERR_INVALID_ARG);
     assert_non_null(strstr(err, "chunk 2"));
