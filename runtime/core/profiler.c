@@ -361,6 +361,49 @@ static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
     if (own) pt_gpu_free(rt->gpu, dev);
 }
 
+/* Several ranks: the collectives' rates at chunk size, as bus bytes/s (the
+ * cost model's convention: a B-byte all-reduce takes B 2(W-1)/W / rate, an
+ * all-gather or reduce-scatter B (W-1)/W / rate). Every rank runs the same
+ * calls here (profiling runs on all of them), the median of 3 after a warm-up.
+ * On the host backend device memory is host memory, so a host buffer times
+ * what the runtime's collectives on slots do. */
+static void measure_coll(pt_rt *rt, pt_trace_hw *hw) {
+    if (!rt->coll || pt_coll_world(rt->coll) < 2 || rt->prof->rc) return;
+    size_t bytes = (size_t)pt_store_chunk_size(rt->st), n = bytes / 4 ? bytes / 4 : 1;
+    float *buf = calloc(n, 4);
+    if (!buf) {
+        prof_failed(rt->prof, "out of host memory timing the collectives");
+        return;
+    }
+    double W = pt_coll_world(rt->coll), bus[3] = {2 * (W - 1) / W, (W - 1) / W, (W - 1) / W};
+    double *rate[3] = {&hw->allreduce_Bps, &hw->allgather_Bps, &hw->reduce_scatter_Bps};
+    static const char *const name[3] = {"all-reduce", "all-gather", "reduce-scatter"};
+    char e[512];
+    for (int k = 0; k < 3 && !rt->prof->rc; k++) {
+        double dt[4];
+        for (int r = 0; r < 4; r++) {
+            double t0 = pt_now_s();
+            int rc = k == 0 ? pt_coll_allreduce(rt->coll, buf, n, PT_COLL_F32, 1.0, name[k], e, sizeof e)
+                   : k == 1 ? pt_coll_allgather(rt->coll, buf, n, 4, name[k], e, sizeof e)
+                            : pt_coll_reduce_scatter(rt->coll, buf, n, PT_COLL_F32, 1.0, name[k], e,
+                                                     sizeof e);
+            if (rc) {
+                char why[200];
+                snprintf(why, sizeof why, "timing the %s failed: %.150s", name[k], e);
+                prof_failed(rt->prof, why);
+                break;
+            }
+            dt[r] = pt_now_s() - t0;
+        }
+        if (rt->prof->rc) break;
+        /* median of the last 3 (the first is a warm-up) */
+        double a = dt[1], b = dt[2], c = dt[3];
+        double med = a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+        *rate[k] = med > 0 ? (double)(n * 4) * bus[k] / med : 0;
+    }
+    free(buf);
+}
+
 /* Seconds one device AdamW over n elements takes on the compute stream, the
  * best of 3, from timed events around it. d holds 4 arrays of stride floats
  * (param, grad, m, v). 0 when the events or the kernel failed (recorded). */
@@ -644,6 +687,7 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
     measure_copies(rt, &t->hw);
     measure_adam(rt, t, dt, &t->hw);
     measure_dev_adam(rt, &t->hw);
+    measure_coll(rt, &t->hw);
     if ((rc = prof_status(p, err, errlen))) return rc;
     t->hw.copy_engines = 2;
     pt_gpu_usage u;

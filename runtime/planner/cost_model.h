@@ -161,6 +161,9 @@ typedef struct pt_cost {
     int32_t schedule;            /* PT_SCHED_* */
     int32_t n_buffer_min;        /* lookahead minimum for this n_persist (every prefetch fits) */
     int32_t n_buffer_min_block;  /* one-block minimum (smallest n_buffer the runtime runs) */
+    /* several ranks: the collectives' time (exposed: they run on the hook thread
+     * or in optimizer_step), included in iter_s; 0 with one rank */
+    double allreduce_s, allgather_s, reduce_scatter_s;
 } pt_cost;
 
 /* Precomputed sums over one trace. The trace must outlive the context and not

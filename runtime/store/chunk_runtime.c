@@ -256,6 +256,7 @@ static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
      * host's kernels may still read its previous chunk */
     const pt_gpu_backend *o = OPS(st);
     const char *op = NULL;
+    int src = PT_OK;
     if (o->stream_wait_event(IMPL(st), st->env.s_h2d, ms->slot_free[slot]) ||
         (pt_cs_ord(st, PT_ORD_SLOT) &&
          o->stream_wait_event(IMPL(st), st->env.s_h2d, ms->slot_used[slot])))
@@ -263,7 +264,9 @@ static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     else if (c->step_pending && !(st->env.skip & PT_ORD_DEFER) &&
              o->host_fn(IMPL(st), st->env.s_h2d, wait_step, c))
         op = "host_fn";
-    else if (pt_gpu_memcpy_async(st->env.gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D,
+    else if (c->sh) {   /* mode C: this rank's part, then the all-gather */
+        if ((src = pt_sh_upload(st, c, dst, err, errlen))) op = "";
+    } else if (pt_gpu_memcpy_async(st->env.gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D,
                                  st->env.s_h2d))
         op = "memcpy";
     else if (o->event_record(IMPL(st), c->ev_up, st->env.s_h2d))
@@ -275,6 +278,7 @@ static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
         pt_bufpool_release(ms->pool, slot, NULL, 0);
         pt_bufpool_invalidate(ms->pool, c->id, NULL, 0);
         c->slot = -1;
+        if (src) return src;   /* its own sentence is in err */
         return pt_fail(err, errlen, PT_ERR_BACKEND, "upload of chunk %d (%llu bytes) failed: %s failed",
                        c->id, (unsigned long long)c->used, op);
     }
@@ -358,10 +362,15 @@ int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen
  * (from a worker: the wait runs the job's queued slices itself), else the
  * runners are queued into grp with hooks h. The regions' args are built here;
  * the job keeps its own copy. A REKLS chunk (its 2-D block params when that is
- * the optimizer) is stepped param by param on this thread instead; callers
- * queue it as one task and pass grp NULL. */
+ * the optimizer) is stepped param by param on this thread instead, and a mode C
+ * chunk over this rank's parts; callers queue those as one task and pass grp
+ * NULL. */
 static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, float lr, float gs,
                        int64_t step, pt_task_group *grp, const pt_cpu_adam_hooks *h) {
+    if (c->sh) {   /* mode C: AdamW over this rank's parts (REKLS is refused with it) */
+        pt_sh_adam(c, k, from_acc);
+        return;
+    }
     if (c->rk_count) {
         pt_rk_cpu_chunk(st, c, k, from_acc, lr, gs, step);
         return;
@@ -406,6 +415,10 @@ static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int 
  * sums g^2 param by param). Reads the gradient the optimizer will use. */
 void pt_cs_chunk_norms(pt_store *st, cs_chunk *c, int from_acc) {
     pt_store *ms = st;
+    if (c->sh) {
+        pt_sh_norms(st, c, from_acc);
+        return;
+    }
     for (int j = 0; j < c->lc->n_params; j++) {
         int root = ms->lay.order[c->lc->first_param + j];
         if (!ms->root_tr[root]) continue;   /* frozen (byte params too): no gradient */
@@ -434,6 +447,10 @@ void pt_cs_chunk_norms(pt_store *st, cs_chunk *c, int from_acc) {
 
 /* acc (+)= stage, region by region, widening to fp32. */
 static void chunk_accumulate(cs_chunk *c, int first) {
+    if (c->sh) {
+        pt_sh_accumulate(c, first);
+        return;
+    }
     for (int r = 0; r < c->lc->n_regions; r++) {
         const pt_chunk_region *g = &c->lc->regions[r];
         if (c->reg_state[r] == UINT64_MAX) continue;
@@ -553,7 +570,9 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     /* the gradient is complete once the host's backward of this block has run */
     const pt_gpu_backend *o = OPS(st);
     const char *op = NULL;
-    if (pt_cs_ord(st, PT_ORD_GRAD) &&
+    if (c->sh) {   /* mode C: reduce-scatter, then only this rank's part comes back */
+        if ((rc = pt_sh_grad_out(st, c, gsrc, err, errlen))) return rc;
+    } else if (pt_cs_ord(st, PT_ORD_GRAD) &&
         o->stream_wait_event(IMPL(st), st->env.s_d2h, ms->slot_used[c->slot]))
         op = "stream_wait_event";
     else if (pt_gpu_memcpy_async(st->env.gpu, c->h_gstage, gsrc, (size_t)c->used, PT_GPU_D2H,
@@ -824,7 +843,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         c->s_lr = lr;
         c->s_gs = gs;
         c->s_k = o->t + 1;
-        if (c->rk_count) {
+        if (c->rk_count || c->sh) {   /* one task: REKLS, or this rank's mode C parts */
             if (pt_pool_submit(ms->workers, adam_task, c, defer ? &c->sg : &g, NULL, 0)) {
                 adam_task(c);   /* no task node: step it here */
                 continue;
