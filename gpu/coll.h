@@ -45,4 +45,27 @@ int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sca
                       const char *what, char *err, size_t errlen);
 int pt_coll_barrier(pt_coll *c, char *err, size_t errlen);
 
+/* The part of an n-element buffer that rank p owns in the sharded collectives
+ * below: s = ceil(n / world) elements per part, rank p owns [p*s, p*s + len)
+ * with len = min(s, n - p*s) (0 when p*s >= n). Every part but the tail ones
+ * is s long, so a rank storing its part in s elements pads at most world - 1
+ * elements per buffer. */
+static inline void pt_coll_part(size_t n, int world, int p, size_t *lo, size_t *len) {
+    size_t w = world > 0 ? (size_t)world : 1, s = (n + w - 1) / w, a = (size_t)p * s;
+    *lo = a;
+    *len = a >= n ? 0 : (n - a < s ? n - a : s);
+}
+
+/* In place on every rank: each rank's own part of buf (pt_coll_part, with
+ * n elements of elem_size bytes) is copied into every other rank's buf, so
+ * afterwards every rank holds every part. No arithmetic: any element type. */
+int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const char *what,
+                      char *err, size_t errlen);
+/* In place: every rank passes n elements; afterwards this rank's own part of
+ * buf (pt_coll_part) = scale * (part_0 + part_1 + ... + part_{W-1}), summed in
+ * rank order exactly as pt_coll_allreduce sums (so the part holds the same
+ * bits an all-reduce would leave there). The rest of buf is left as it was. */
+int pt_coll_reduce_scatter(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale,
+                           const char *what, char *err, size_t errlen);
+
 #endif

@@ -245,7 +245,8 @@ typedef struct pt_stats_v1 {
     int64_t steps;            /* optimizer steps taken */
     int32_t n_persist, n_buffer, n_swap, n_checkpoint, n_chunk; /* the active plan */
     int32_t mode;             /* 0 = A (resident), 1 = B (replicated offload), 2 = C (sharded) */
-    double cpu_optim_s;       /* cumulative seconds of CPU optimizer work (all threads) */
+    double cpu_optim_s;       /* cumulative seconds of CPU optimizer work: per chunk task, its
+                               * wall time (a chunk's step runs on every worker thread) */
     double optim_wait_s;      /* cumulative seconds spent waiting for that work: optimizer_step
                                * waiting for CPU tasks once the gradient copies were in, and
                                * uploads waiting for steps deferred into the next forward */
@@ -305,7 +306,10 @@ typedef struct pt_plugin_table_v1 {
     int32_t (*memcpy)(void *ctx, void *dst, const void *src, uint64_t bytes, int32_t kind);
     int32_t (*get_stats)(void *ctx, pt_stats_v1 *out);
     /* Copy the current fp32/compute value of param i to host memory (bytes = numel*dtype
-     * size: 4, 2, or 1 for PT_U8, whose bytes come back as the host gave them). */
+     * size: 4, 2, or 1 for PT_U8, whose bytes come back as the host gave them).
+     * Several ranks in mode C: a parameter split across the ranks is gathered from
+     * them, so every rank must call read_param for the same parameters in the same
+     * order. */
     int32_t (*read_param)(void *ctx, int32_t index, void *host_dst, uint64_t bytes);
 
     /* State save/restore: one file per rank in dir, written atomically. */

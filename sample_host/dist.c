@@ -44,17 +44,13 @@ int sh_dist_setup(sh_config *c, char *err, size_t errlen) {
                  "--no-plugin trains one rank only", w);
         return -1;
     }
-    if (c->resume || c->checkpoint_dir[0]) {
-        snprintf(err, errlen, "checkpoint generations and --resume are not built for %d ranks "
-                 "yet (--save at the end is: rank 0 writes it)", w);
-        return -1;
-    }
     if (r > 0) {
         /* the state is replicated on every rank: rank 0 speaks for all of them */
         c->quiet = 1;
         c->progress = 0;
         c->metrics[0] = '\0';
-        c->save[0] = '\0';
+        /* --save stays: every rank reads the parameters back (in mode C that
+         * gathers them from all ranks), rank 0 alone writes the file */
         c->write_shard[0] = '\0';
     }
     return 0;

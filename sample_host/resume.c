@@ -75,7 +75,10 @@ void sh_resume_init(sh_resume *r, const sh_config *c, const sh_dims *d, const sh
     add_run(b, n, "channels", "%d", d->C);
     add_run(b, n, "batch", "%d", c->batch);
     add_run(b, n, "seq", "%d", c->seq);
-    add_run(b, n, "grad_accum", "%d", c->grad_accum);
+    /* micro-batches per step over all ranks: 2 ranks x 1 and 1 rank x 2 take the
+     * same batches per step (rank r takes batch r of every W), so a generation
+     * of one resumes under the other */
+    add_run(b, n, "grad_accum", "%d", c->grad_accum * (c->world > 1 ? c->world : 1));
     add_run(b, n, "steps", "%d", c->steps);
     add_run(b, n, "seed", "%" PRIu64, c->seed);
     add_run(b, n, "optimizer", "%s", c->optim_from_ini ? "ini" : "adamw");
@@ -416,11 +419,13 @@ static int list_files(const char *dir, listed *v, int max, int *n, char *err, si
 }
 
 static int write_gen(const sh_resume *r, sh_trainer *tr, const sh_resume_state *st,
-                     const char *tmp, char *err, size_t errlen) {
+                     const char *tmp, int plugin_done, char *err, size_t errlen) {
     const sh_config *c = r->c;
     char p[PBUF];
     uint64_t h;
-    if (r->plugin) {
+    if (plugin_done) {
+        /* several ranks: each wrote its plugin state file already */
+    } else if (r->plugin) {
         if (sh_trainer_plugin_state(tr, tmp, 0))
             return say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
                        sh_trainer_error(tr));
@@ -471,8 +476,64 @@ static int write_gen(const sh_resume *r, sh_trainer *tr, const sh_resume_state *
     return 0;
 }
 
+/* Several ranks: the ranks agree that every one of them got through a phase (a
+ * sum of failure flags); a rank that failed keeps its own sentence in err. */
+static int all_ok(sh_trainer *tr, int ok, const char *phase, char *err, size_t errlen) {
+    double bad = ok ? 0 : 1;
+    if (sh_trainer_dist_sum(tr, &bad, 1)) return say(err, errlen, "%s", sh_trainer_error(tr));
+    if (!ok) return -1;
+    if (bad != 0) return say(err, errlen, "checkpoint: %g other rank(s) failed %s", bad, phase);
+    return 0;
+}
+
+/* Several ranks, one generation: rank 0 makes the temp folder (named after its
+ * pid, which every rank learns), every rank writes its plugin state file into
+ * it, then rank 0 writes the host's state and the manifest (listing every
+ * rank's file) and renames the folder: the rename stays the one atomic step, so
+ * a crash at any point leaves no complete-looking generation behind. */
+static int save_ranks(const sh_resume *r, sh_trainer *tr, const sh_resume_state *st,
+                      char *err, size_t errlen) {
+    const char *dir = r->c->checkpoint_dir;
+    int r0 = r->c->rank == 0;
+    double pid = r0 ? (double)getpid() : 0;
+    if (sh_trainer_dist_sum(tr, &pid, 1)) return say(err, errlen, "%s", sh_trainer_error(tr));
+    char tmp[PATH_MAX], fin[PATH_MAX];
+    gen_path(tmp, sizeof tmp, dir, st->step, "tmp", (long)pid);
+    gen_path(fin, sizeof fin, dir, st->step, NULL, 0);
+    int ok = 1;
+    if (r0) {
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+            ok = !say(err, errlen, "cannot create checkpoint folder %s: %s", dir, strerror(errno));
+        if (ok) clean_stale(dir);
+        if (ok && mkdir(tmp, 0755) != 0)
+            ok = !say(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+    }
+    if (all_ok(tr, ok, "to create the generation's folder", err, errlen)) return -1;
+    ok = !sh_trainer_plugin_state(tr, tmp, 0);
+    if (!ok) say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
+                 sh_trainer_error(tr));
+    if (all_ok(tr, ok, "to write their plugin state", err, errlen)) {
+        if (r0) rm_tree(tmp);
+        return -1;
+    }
+    if (r0) {
+        struct stat sb;
+        if (write_gen(r, tr, st, tmp, 1, err, errlen)) ok = 0;
+        else if (stat(fin, &sb) == 0 && drop_gen(dir, st->step) != 0)
+            ok = !say(err, errlen, "cannot replace %s: %s", fin, strerror(errno));
+        else if (rename(tmp, fin) != 0)
+            ok = !say(err, errlen, "cannot rename %s to %s: %s", tmp, fin, strerror(errno));
+        else if (fsync_dir(dir))
+            ok = !say(err, errlen, "cannot fsync %s: %s", dir, strerror(errno));
+        if (!ok) rm_tree(tmp);
+        else prune(dir, st->step, 1, r->c->checkpoint_keep);
+    }
+    return all_ok(tr, ok, "to complete the generation", err, errlen);
+}
+
 int sh_resume_save(const sh_resume *r, sh_trainer *tr, const sh_resume_state *st, char *err,
                    size_t errlen) {
+    if (r->c->world > 1) return save_ranks(r, tr, st, err, errlen);
     const char *dir = r->c->checkpoint_dir;
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return say(err, errlen, "cannot create checkpoint folder %s: %s", dir, strerror(errno));
@@ -482,7 +543,7 @@ int sh_resume_save(const sh_resume *r, sh_trainer *tr, const sh_resume_state *st
     gen_path(fin, sizeof fin, dir, st->step, NULL, 0);
     if (mkdir(tmp, 0755) != 0)
         return say(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
-    if (write_gen(r, tr, st, tmp, err, errlen)) {
+    if (write_gen(r, tr, st, tmp, 0, err, errlen)) {
         rm_tree(tmp);
         return -1;
     }
@@ -598,11 +659,15 @@ int sh_resume_load(const sh_resume *r, sh_trainer *tr, sh_resume_state *st, char
                    size_t genlen, char *err, size_t errlen) {
     const char *dir = r->c->checkpoint_dir;
     struct stat sb;
-    if (stat(dir, &sb) != 0 && errno == ENOENT) return 1;
-    clean_stale(dir);
+    int ranks = r->c->world > 1, r0 = r->c->rank == 0;
+    int missing = stat(dir, &sb) != 0 && errno == ENOENT;
+    if (missing && !ranks) return 1;
+    /* several ranks: only rank 0 removes or prunes anything (the others may be
+     * reading those folders) */
+    if (r0 && !missing) clean_stale(dir);
     int64_t *g = NULL;
     int n = 0;
-    if (list_gens(dir, &g, &n) != 0)
+    if (!missing && list_gens(dir, &g, &n) != 0)
         return say(err, errlen, "--resume: cannot read checkpoint folder %s: %s", dir,
                    strerror(errno));
     int rc = 1;
@@ -631,10 +696,23 @@ int sh_resume_load(const sh_resume *r, sh_trainer *tr, sh_resume_state *st, char
         sh_trainer_set_state(tr, &s.tr);
         *st = s;
         /* a run killed between a save's rename and its pruning left one too many */
-        prune(dir, s.step, 0, r->c->checkpoint_keep);
+        if (!ranks) prune(dir, s.step, 0, r->c->checkpoint_keep);
         snprintf(gen, genlen, "%s", gp);
         rc = 0;
         break;
+    }
+    if (ranks && rc >= 0) {
+        /* every rank must continue from the same generation (or all start afresh) */
+        double v[2] = {rc == 0 ? (double)st->step : -1, 1};
+        if (sh_trainer_dist_sum(tr, v, 2)) {
+            rc = say(err, errlen, "%s", sh_trainer_error(tr));
+        } else if (v[0] != v[1] * (rc == 0 ? (double)st->step : -1)) {
+            rc = say(err, errlen, "--resume: the ranks found different generations in %s (this "
+                     "rank: %s); they must all continue from the same step", dir,
+                     rc == 0 ? gen : "none");
+        } else if (rc == 0 && r0) {
+            prune(dir, st->step, 0, r->c->checkpoint_keep);
+        }
     }
     if (rc == 1 && n > 0)
         rc = say(err, errlen, "--resume: none of the %d checkpoint generations in %s could be "

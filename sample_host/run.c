@@ -161,11 +161,14 @@ static void write_metrics(runstate *rs, int step, double loss, float lr, double 
     fprintf(f, ",\"world\":%d,\"mode\":", rs->c->world > 1 ? rs->c->world : 1);
     if (have_st) fprintf(f, "\"%c\"", st->mode >= 0 && st->mode <= 2 ? "ABC"[st->mode] : '?');
     else fprintf(f, "null");
+    /* pinned_bytes: this rank's pinned host memory in use (the state of offloaded
+     * chunks, the swap pool): what modes B and C differ in */
     if (have_st)
-        fprintf(f, ",\"dev_peak\":%llu,\"dev_capacity\":%llu}\n",
-                (unsigned long long)st->dev_peak, (unsigned long long)st->dev_capacity);
+        fprintf(f, ",\"dev_peak\":%llu,\"dev_capacity\":%llu,\"pinned_bytes\":%llu}\n",
+                (unsigned long long)st->dev_peak, (unsigned long long)st->dev_capacity,
+                (unsigned long long)st->pinned_current);
     else
-        fprintf(f, ",\"dev_peak\":null,\"dev_capacity\":null}\n");
+        fprintf(f, ",\"dev_peak\":null,\"dev_capacity\":null,\"pinned_bytes\":null}\n");
 }
 
 static int evaluate(runstate *rs, int step) {
@@ -378,7 +381,7 @@ static int save_ckpt(runstate *rs, char *err, size_t errlen) {
     }
     int rc = sh_trainer_snapshot(rs->tr, flat);
     if (rc) snprintf(err, errlen, "%s", sh_trainer_error(rs->tr));
-    else rc = sh_ckpt_save(rs->c->save, m, flat, err, errlen);
+    else if (rs->c->rank == 0) rc = sh_ckpt_save(rs->c->save, m, flat, err, errlen);
     free(flat);
     if (!rc && !rs->c->quiet) printf("saved checkpoint %s\n", rs->c->save);
     return rc;

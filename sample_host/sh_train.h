@@ -104,6 +104,9 @@ void sh_trainer_set_state(sh_trainer *tr, const sh_trainer_state *s);
 int sh_trainer_opt_io(sh_trainer *tr, float *p, float *m, float *v, int load);
 /* Plugin: save_state / load_state on dir (one file per rank, protrain.h). */
 int sh_trainer_plugin_state(sh_trainer *tr, const char *dir, int load);
+/* Several ranks: v[0..n) summed over the ranks in place (the plugin's
+ * dist_allreduce; also what keeps the ranks in step around a checkpoint). */
+int sh_trainer_dist_sum(sh_trainer *tr, double *v, int n);
 
 /* Gradient-check entry (no-plugin only): one forward on (inp, tgt) of (B,T) tokens,
  * plus backward with dloss = 1/(B*T) when backward != 0 (grads accumulate). */

@@ -64,6 +64,13 @@ int sh_trainer_opt_io(sh_trainer *tr, float *p, float *m, float *v, int load) {
     return 0;
 }
 
+int sh_trainer_dist_sum(sh_trainer *tr, double *v, int n) {
+    if (!tr->tbl || !PT_HAS_HOOK(tr->tbl, dist_allreduce))
+        return sh_tr_fail(tr, "%d ranks need a plugin with dist_allreduce (ABI 1.3)", tr->o.world);
+    HOOK(dist_allreduce, tr->o.world, v, n);
+    return 0;
+}
+
 int sh_trainer_plugin_state(sh_trainer *tr, const char *dir, int load) {
     if (!tr->tbl) return sh_tr_fail(tr, "no plugin: its state cannot be saved or loaded");
     if (!(load ? PT_HAS_HOOK(tr->tbl, load_state) : PT_HAS_HOOK(tr->tbl, save_state)))

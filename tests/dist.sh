@@ -4,7 +4,10 @@
 # train like 1 rank with B and --grad-accum 2 (rank r takes batch r of every 2,
 # which are the 1-rank run's micro-batches 0 and 1), with clipping on, in
 #   mode A: every chunk resident ([protrain] force_all_persistent = true);
-#   mode B: chunks streamed, CPU Adam on offloaded chunks (n_persist = 0).
+#   mode B: chunks streamed, CPU Adam on offloaded chunks (n_persist = 0);
+#   mode C: as B with zero3_shard = on (each rank keeps, reduces and steps only
+#           its part of every offloaded chunk); CS: mode C with one SWAP and one
+#           CKPT block. One rank runs them as mode B (sharding needs ranks).
 # Checked per run pair:
 #   - step 1's loss is bit-identical (the batches and the loss all-reduce are
 #     exact: the loss precedes any update);
@@ -15,8 +18,13 @@
 #     finished per-rank gradients (g1 + (a1 + a2 + ...)); measured ~4e-9.
 #     Offloaded chunks are summed the same way on both sides (fp32 accumulator,
 #     rank order), so mode B differs only through its resident chunks;
-#   - metrics carry "world" (1 / 2) and "mode" ("A" / "B"), and only rank 0
+#   - metrics carry "world" (1 / 2) and "mode" ("A" / "B" / "C"), and only rank 0
 #     writes them.
+# Mode C against mode B, both 2 ranks: every loss bit-identical (the
+# reduce-scatter forms each part with the all-reduce's rank-order sum, and AdamW
+# is elementwise; the clipping norm's per-rank partial sums are in double, so the
+# fp32 clip factor comes out the same), and rank 0's pinned bytes at most half of
+# mode B's plus one chunk (the parts' padding), and below mode B's.
 # REKLS (modes AR, BR): 2 ranks vs 1 rank x grad-accum 2 within 1e-2 (see below), and
 # its device path (A) and CPU path (B) bit-identical with 1 and with 2 ranks.
 # And a dead rank: with [dist] debug_hang_rank = 1 and timeout = 2, rank 0 must
@@ -37,7 +45,7 @@ fail=0; pass=0
 bad() { echo "dist: FAIL: $*"; fail=1; }
 ok() { pass=$((pass + 1)); }
 tmp=$(mktemp -d /tmp/test_dist.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
+trap '[ -n "${PT_KEEP:-}" ] || rm -rf "$tmp"' EXIT
 sh="$build/sample_host"; plug="$build/protrain_plugin.so"
 mpi=(mpirun --oversubscribe --allow-run-as-root -np 2)
 common=(--layers 2 --heads 2 --channels 32 --vocab 256 --seq 16 --batch 2 --steps 6
@@ -54,6 +62,9 @@ base_ini "$tmp/A.ini" 'force_all_persistent = true'
 base_ini "$tmp/B.ini" 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swap = 0\nn_checkpoint = 0\nchunk_size = 16384'
 # AT: mode A with the MLPs in 3 tiles on every rank (TiledMLP composes with ranks)
 base_ini "$tmp/AT.ini" 'force_all_persistent = true'
+base_ini "$tmp/C.ini" 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swap = 0\nn_checkpoint = 0\nchunk_size = 16384\nzero3_shard = on'
+base_ini "$tmp/CS.ini" 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swap = 1\nn_checkpoint = 1\nchunk_size = 16384\nzero3_shard = on'
+base_ini "$tmp/BS.ini" 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swap = 1\nn_checkpoint = 1\nchunk_size = 16384'
 printf '[tiled_mlp]\nenabled = true\ntiles = 3\n' >> "$tmp/AT.ini"
 # AR / BR: modes A and B with REKLS (the INI's optimizer: --optimizer ini); every rank
 # steps the averaged gradient, so the ranks' eigendecompositions must agree bit for bit
@@ -73,22 +84,39 @@ cp "$tmp/B.ini" "$tmp/BO.ini"; printf "$osft" >> "$tmp/BO.ini"
 # field value of every line: jf FILE KEY
 jf() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
 
-for mode in A B AT AO BO AR BR; do
+# The sharded collectives themselves (tests/unit/test_coll.c): all-gather and
+# reduce-scatter against independent oracles, 2 and 3 ranks (3: parts of unequal
+# length, and a sum order that shows).
+for np in 2 3; do
+    if (cd "$tmp" && mpirun --oversubscribe --allow-run-as-root -np $np "$build/tests/test_coll") \
+            >"$tmp/coll$np.log" 2>&1; then
+        ok; echo "dist: all-gather / reduce-scatter on $np ranks: $(grep -c PASSED "$tmp/coll$np.log") ranks passed"
+    else
+        grep -E "ERROR|FAILED|error" "$tmp/coll$np.log" | head -5; bad "test_coll on $np ranks failed"
+    fi
+done
+
+for mode in A B AT AO BO AR BR C CS BS; do
     want=${mode:0:1}   # the execution mode the plugin must report
+    want1=$want; [ "$want" = C ] && want1=B   # one rank cannot shard
     extra=()   # OSFT: 1 x 15 = 15 token rows per rank (odd), on top of the odd ranks
     case $mode in AO|BO) extra=(--batch 1 --seq 15) ;; AR|BR) extra=(--optimizer ini) ;; esac
+    # --save (modes B and C, compared below): every rank reads the parameters
+    # back, rank 0 writes (mode C gathers them)
+    save=()
+    case $mode in B|C|BS|CS) save=(--save "$tmp/$mode.2.bin") ;; esac
     m1="$tmp/$mode.1.json"; m2="$tmp/$mode.2.json"
     if ! "$sh" --config "$tmp/$mode.ini" "${common[@]}" "${extra[@]}" --grad-accum 2 --metrics "$m1" \
             >"$tmp/$mode.1.log" 2>&1; then
         cat "$tmp/$mode.1.log"; bad "mode $mode: the 1-rank --grad-accum 2 run failed"; continue
     fi
     if ! (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$mode.ini" "${common[@]}" "${extra[@]}" --grad-accum 1 \
-            --metrics "$m2") >"$tmp/$mode.2.log" 2>&1; then
+            --metrics "$m2" "${save[@]}") >"$tmp/$mode.2.log" 2>&1; then
         tail -20 "$tmp/$mode.2.log"; bad "mode $mode: the 2-rank run failed"; continue
     fi
     [ "$(jf "$m1" world | sort -u)" = 1 ] && [ "$(jf "$m2" world | sort -u)" = 2 ] && ok ||
         bad "mode $mode: world fields are '$(jf "$m1" world | sort -u)' / '$(jf "$m2" world | sort -u)', want 1 / 2"
-    [ "$(jf "$m2" mode | sort -u)" = "\"$want\"" ] && [ "$(jf "$m1" mode | sort -u)" = "\"$want\"" ] && ok ||
+    [ "$(jf "$m2" mode | sort -u)" = "\"$want\"" ] && [ "$(jf "$m1" mode | sort -u)" = "\"$want1\"" ] && ok ||
         bad "mode $mode: the plugin ran mode '$(jf "$m2" mode | sort -u)' (2 ranks) / '$(jf "$m1" mode | sort -u)' (1 rank)"
     [ "$(wc -l < "$m2")" = 6 ] && ok || bad "mode $mode: rank 0's metrics have $(wc -l < "$m2") lines, want 6 (one writer)"
     l1=$(jf "$m1" loss | tr '\n' ' '); l2=$(jf "$m2" loss | tr '\n' ' ')
@@ -144,6 +172,146 @@ for np in 2 4; do
         tail -20 "$tmp/tpp$np.log"; bad "tensor-parallel REKLS in the plugin on $np ranks failed"
     fi
 done
+
+# Mode C against mode B on 2 ranks: the same losses bit for bit, the same saved
+# weights byte for byte, half the pinned bytes.
+S=16384   # chunk_size above: the padding allowance
+for pair in "C B" "CS BS"; do
+    set -- $pair
+    mc="$tmp/$1.2.json"; mb="$tmp/$2.2.json"
+    [ -s "$mc" ] && [ -s "$mb" ] || { bad "mode $1 vs $2: a 2-rank run above failed"; continue; }
+    if [ "$(jf "$mc" loss)" = "$(jf "$mb" loss)" ]; then
+        ok; echo "dist: mode $1 vs mode $2 (2 ranks): all 6 losses bit-identical"
+    else
+        bad "mode $1 vs $2: losses differ: C: $(jf "$mc" loss | tr '\n' ' ') / B: $(jf "$mb" loss | tr '\n' ' ')"
+    fi
+    if [ -s "$tmp/$1.2.bin" ] && cmp -s "$tmp/$1.2.bin" "$tmp/$2.2.bin"; then
+        ok; echo "dist: mode $1 vs mode $2: the weights --save wrote are byte-identical"
+    else
+        bad "mode $1 vs $2: the --save files differ or are missing"
+    fi
+    pc=$(jf "$mc" pinned_bytes | tail -1); pb=$(jf "$mb" pinned_bytes | tail -1)
+    # the SWAP pool holds this rank's own activations, the same in B and C: the
+    # bound is on the model states (BS - B measures the pool)
+    pool=0; [ "$2" = BS ] && pool=$(( $(jf "$mb" pinned_bytes | tail -1) - $(jf "$tmp/B.2.json" pinned_bytes | tail -1) ))
+    if [ -n "$pc" ] && [ -n "$pb" ] && [ "$pc" -lt "$pb" ] && [ $((pc - pool)) -le $(((pb - pool) / 2 + S)) ]; then
+        ok; echo "dist: mode $1 pinned bytes per rank $pc vs mode $2 $pb (swap pool $pool; states $((pc - pool)) <= $((pb - pool))/2 + $S)"
+    else
+        bad "mode $1 pinned bytes '$pc' vs mode $2 '$pb' (swap pool $pool): want < $2's and states <= $2's/2 + $S"
+    fi
+done
+
+# Mode C's own orderings: a chunk's all-gather waits for this rank's part to land
+# in the slot, its reduce-scatter for the host's backward. Under compute jitter
+# and throttled copies the losses stay bit-identical to the plain mode C run;
+# with those two waits skipped ([host_backend] debug_skip_ordering = 512, the
+# negative control) the run must go wrong (other losses, or a non-finite one).
+for skip in 0 512; do
+    (cat "$tmp/C.ini"; printf '[host_backend]\ncompute_jitter = 1ms\ncopy_bandwidth = 20 MB/s\ndebug_skip_ordering = %d\n' $skip) > "$tmp/N$skip.ini"
+    (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/N$skip.ini" "${common[@]}" --metrics "$tmp/N$skip.json") \
+        >"$tmp/N$skip.log" 2>&1
+    nrc=$?
+    if [ $skip = 0 ]; then
+        [ $nrc = 0 ] && [ "$(jf "$tmp/N0.json" loss)" = "$(jf "$tmp/C.2.json" loss)" ] &&
+            { ok; echo "dist: mode C under 1 ms compute jitter and 20 MB/s copies: losses bit-identical to the plain run"; } ||
+            bad "mode C under jitter and throttled copies: rc $nrc, losses $(jf "$tmp/N0.json" loss | tr '\n' ' ')"
+    else
+        [ $nrc != 0 ] || [ "$(jf "$tmp/N512.json" loss)" != "$(jf "$tmp/C.2.json" loss)" ] &&
+            { ok; echo "dist: negative control: mode C without its two waits goes wrong (exit $nrc, step-1 loss $(jf "$tmp/N512.json" loss | head -1) vs $(jf "$tmp/C.2.json" loss | head -1))"; } ||
+            bad "negative control: mode C with debug_skip_ordering = 512 trained exactly as with its waits; the check is blind"
+    fi
+done
+
+# auto_mode with 2 ranks (zero3_shard = auto): A when the model fits the device;
+# B when it does not and the replicated offloaded state fits the pinned budget
+# (the plan says why, with the bytes per rank); a budget nothing fits fails
+# with the pinned bytes per rank of mode C and of mode B.
+# B and the failure fix n_persist (a knob still overrides auto_mode's "A when it
+# fits"): on this small model every chunk fits the default device.
+auto_ini() {   # $1 file, $2 pinned_budget line, $3 [protrain] line
+    printf '[plugin]\nbackend = host\nlog_level = info\n[memory]\n%b\n[protrain]\nchunk_size = 16384\n%b\n' "$2" "$3" > "$1"
+    printf '[optimizer]\ncpu_threads = 1\n[dist]\ntimeout = 20\n' >> "$1"
+}
+auto_ini "$tmp/autoA.ini" '' ''
+auto_ini "$tmp/autoB.ini" 'pinned_budget = 1 MiB' 'n_persist = 2'
+auto_ini "$tmp/autoX.ini" 'pinned_budget = 50 KiB' 'n_persist = 0'
+acommon=(); for a in "${common[@]}"; do [ "$a" = --quiet ] || acommon+=("$a"); done   # the plan is logged
+for m in A B; do
+    if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/auto$m.ini" "${acommon[@]}" --steps 2 \
+            --metrics "$tmp/auto$m.json") >"$tmp/auto$m.log" 2>&1; then
+        [ "$(jf "$tmp/auto$m.json" mode | sort -u)" = "\"$m\"" ] && ok ||
+            bad "auto_mode: ran mode $(jf "$tmp/auto$m.json" mode | sort -u), want $m"
+        grep -q "auto_mode: $m, " "$tmp/auto$m.log" && ok ||
+            { grep -A1 "execution mode" "$tmp/auto$m.log"; bad "auto_mode: the plan does not say why mode $m"; }
+    else
+        tail -5 "$tmp/auto$m.log"; bad "auto_mode: the run expected to pick mode $m failed"
+    fi
+done
+grep -h "auto_mode: B, " "$tmp/autoB.log" | head -1 | sed 's/^.*auto_mode/dist: auto_mode/'
+if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/autoX.ini" "${acommon[@]}" --steps 2) \
+        >"$tmp/autoX.log" 2>&1; then
+    bad "auto_mode: a 50 KiB pinned budget trained anyway"
+else
+    n=$(grep -c "rank [01]: error: .*need [0-9]* bytes (this rank's parts in mode C, split over 2 ranks; replicated on every rank, mode B, they would need [0-9]*)" "$tmp/autoX.log")
+    # both ranks fail alike, but mpirun may end the second before it prints
+    [ "$n" -ge 1 ] && ok || { tail -4 "$tmp/autoX.log"; bad "auto_mode: with nothing fitting, no rank named the bytes of modes B and C"; }
+fi
+
+# Resume across ranks and modes: 2 ranks in mode C save a generation at step 10
+# of 20 (--stop-after 10); it is resumed (a) by 1 rank with --grad-accum 2 in
+# mode B and (b) by 2 ranks in mode B. Steps 11-20 must continue the losses of
+# the uninterrupted 2-rank mode C run: (b) bit-identical (mode B and C compute
+# the same bits), (a) step 11 bit-identical and within 1e-6 relative after (the
+# accumulation order of 1 rank, as above). And (c): a generation saved by 1 rank
+# (mode B) resumes on 2 ranks in mode C (rank 1 reads rank 0's state file),
+# against the uninterrupted 1-rank run, within 1e-6.
+rc20=("${common[@]}"); for i in "${!rc20[@]}"; do [ "${rc20[$i]}" = 6 ] && [ "${rc20[$((i-1))]}" = --steps ] && rc20[$i]=20; done
+rel() {   # max relative difference of the losses of steps $3.. in files $1 and $2
+    awk -v a="$(jf "$1" loss | tail -n +"$3" | tr '\n' ' ')" -v b="$(jf "$2" loss | tail -n +"$3" | tr '\n' ' ')" 'BEGIN {
+        n = split(a, x, " "); m = split(b, y, " "); if (n != m || n == 0) { print "count " n " " m; exit }
+        w = 0; for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d / x[i] > w) w = d / x[i] }
+        printf "%.3g", w }'
+}
+R="$tmp/resume"; mkdir -p "$R"
+if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/C.ini" "${rc20[@]}" --metrics "$R/U.json") >"$R/U.log" 2>&1 &&
+   (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/C.ini" "${rc20[@]}" --metrics "$R/S.json" \
+        --checkpoint-dir "$R/ck" --checkpoint-every 10 --stop-after 10) >"$R/S.log" 2>&1; then
+    [ -f "$R/ck/gen-00000010/protrain_state_rank0.bin" ] && [ -f "$R/ck/gen-00000010/protrain_state_rank1.bin" ] && ok ||
+        bad "resume: the generation lacks a rank's state file: $(ls "$R/ck/gen-00000010" | tr '\n' ' ')"
+    cp -r "$R/ck" "$R/ck1"; cp "$R/S.json" "$R/R1.json"; cp -r "$R/ck" "$R/ck2"; cp "$R/S.json" "$R/R2.json"
+    if "$sh" --config "$tmp/B.ini" "${rc20[@]}" --grad-accum 2 --metrics "$R/R1.json" \
+            --checkpoint-dir "$R/ck1" --resume >"$R/R1.log" 2>&1; then
+        d=$(rel "$R/U.json" "$R/R1.json" 11)
+        [ "$(jf "$R/U.json" loss | sed -n 11p)" = "$(jf "$R/R1.json" loss | sed -n 11p)" ] &&
+            awk -v r="$d" 'BEGIN { exit !(r ~ /^[0-9.e+-]+$/ && r + 0 <= 1e-6) }' &&
+            { ok; echo "dist: resume 2 ranks mode C -> 1 rank mode B x grad-accum 2 at step 10: step 11 bit-identical, steps 11-20 within $d"; } ||
+            bad "resume C(2) -> B(1): steps 11-20 differ by $d from the uninterrupted run"
+    else
+        tail -5 "$R/R1.log"; bad "resume C(2) -> B(1) failed"
+    fi
+    if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/B.ini" "${rc20[@]}" --metrics "$R/R2.json" \
+            --checkpoint-dir "$R/ck2" --resume) >"$R/R2.log" 2>&1; then
+        [ "$(jf "$R/U.json" loss)" = "$(jf "$R/R2.json" loss)" ] && [ "$(wc -l < "$R/R2.json")" = 20 ] &&
+            { ok; echo "dist: resume 2 ranks mode C -> 2 ranks mode B at step 10: all 20 losses bit-identical to the uninterrupted run"; } ||
+            bad "resume C(2) -> B(2): losses differ: $(rel "$R/U.json" "$R/R2.json" 11)"
+    else
+        tail -5 "$R/R2.log"; bad "resume C(2) -> B(2) failed"
+    fi
+else
+    tail -5 "$R/U.log" "$R/S.log"; bad "resume: the 2-rank mode C runs failed"
+fi
+if "$sh" --config "$tmp/B.ini" "${rc20[@]}" --grad-accum 2 --metrics "$R/U1.json" >"$R/U1.log" 2>&1 &&
+   "$sh" --config "$tmp/B.ini" "${rc20[@]}" --grad-accum 2 --metrics "$R/S1.json" \
+        --checkpoint-dir "$R/ck3" --checkpoint-every 10 --stop-after 10 >"$R/S1.log" 2>&1 &&
+   (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/C.ini" "${rc20[@]}" --metrics "$R/S1.json" \
+        --checkpoint-dir "$R/ck3" --resume) >"$R/R3.log" 2>&1; then
+    d=$(rel "$R/U1.json" "$R/S1.json" 11)
+    [ "$(jf "$R/S1.json" mode | tail -1)" = '"C"' ] && awk -v r="$d" 'BEGIN { exit !(r ~ /^[0-9.e+-]+$/ && r + 0 <= 1e-6) }' &&
+        { ok; echo "dist: resume 1 rank mode B -> 2 ranks mode C at step 10: steps 11-20 within $d of the uninterrupted 1-rank run"; } ||
+        bad "resume B(1) -> C(2): mode $(jf "$R/S1.json" mode | tail -1), steps 11-20 differ by $d"
+else
+    tail -5 "$R/R3.log"; bad "resume B(1) -> C(2) failed"
+fi
 
 # Control: the step-1 equality above is not trivial: one rank on its own batch
 # (no accumulation) reports another loss, so a wrong batch split would show.

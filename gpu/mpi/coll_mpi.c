@@ -164,6 +164,25 @@ static int wait_all(pt_coll *c, int nreq, const int *peer, double deadline, cons
     return PT_OK;
 }
 
+/* What every collective does first: refuse on a broken group, count it (tags,
+ * error text), and play the hung rank when a test asks for one. */
+static int begin(pt_coll *c, const char *what, char *err, size_t errlen) {
+    if (c->broken)
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "[dist] %s: an earlier collective failed; the group is broken", what);
+    c->seq++;
+    if (c->rank == c->hang_rank) {
+        /* testing: behave like a rank stuck outside the collective; the others
+         * must time out and name this rank (mpirun then ends this one) */
+        double until = pt_now_s() + 20 * c->timeout_s + 10;
+        while (pt_now_s() < until) pause_briefly();
+        c->broken = 1;
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist] %s: [dist] debug_hang_rank = %d: "
+                       "this rank hung on purpose", what, c->hang_rank);
+    }
+    return PT_OK;
+}
+
 static void scale_buf(void *buf, size_t n, int32_t dtype, double scale) {
     if (scale == 1.0) return;
     if (dtype == PT_COLL_F64) {
@@ -194,22 +213,11 @@ int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sca
         scale_buf(buf, n, dtype, scale);
         return PT_OK;
     }
-    if (c->broken)
-        return pt_fail(err, errlen, PT_ERR_BACKEND,
-                       "[dist] %s: an earlier collective failed; the group is broken", what);
     if (dtype != PT_COLL_F32 && dtype != PT_COLL_F64)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: dtype %d is not f32 or f64",
                        what, (int)dtype);
-    c->seq++;
-    if (c->rank == c->hang_rank) {
-        /* testing: behave like a rank stuck outside the collective; the others
-         * must time out and name this rank (mpirun then ends this one) */
-        double until = pt_now_s() + 20 * c->timeout_s + 10;
-        while (pt_now_s() < until) pause_briefly();
-        c->broken = 1;
-        return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist] %s: [dist] debug_hang_rank = %d: "
-                       "this rank hung on purpose", what, c->hang_rank);
-    }
+    int brc = begin(c, what, err, errlen);
+    if (brc) return brc;
     size_t es = dtype == PT_COLL_F64 ? 8 : 4;
     MPI_Datatype mt = dtype == PT_COLL_F64 ? MPI_DOUBLE : MPI_FLOAT;
     int np = c->world - 1;
@@ -263,4 +271,127 @@ int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sca
 
 int pt_coll_barrier(pt_coll *c, char *err, size_t errlen) {
     return pt_coll_allreduce(c, NULL, 0, PT_COLL_F32, 1.0, "barrier", err, errlen);
+}
+
+/* Sharded collectives: every part is cut into the same number of segments
+ * (SEG_ELEMS elements; a part shorter than another sends fewer, possibly zero,
+ * elements in a segment), so every rank posts the same messages per segment and
+ * the receive space stays bounded. Zero-length messages keep the pattern
+ * uniform; MPI allows them. */
+static size_t seg_len(size_t part_len, size_t off) {
+    if (off >= part_len) return 0;
+    return part_len - off < SEG_ELEMS ? part_len - off : SEG_ELEMS;
+}
+
+int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const char *what,
+                      char *err, size_t errlen) {
+    if (!c || c->world == 1) return PT_OK;
+    if (!elem_size || elem_size > 8 || (n && !buf))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "[dist] %s: all-gather of %zu elements of %zu bytes from %p", what, n,
+                       elem_size, buf);
+    int brc = begin(c, what, err, errlen);
+    if (brc) return brc;
+    int np = c->world - 1;
+    int *peer = malloc(sizeof(int) * (size_t)(2 * np));
+    if (!peer) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    size_t lo_me, len_me, s_part, z;
+    pt_coll_part(n, c->world, 0, &z, &s_part);   /* rank 0 holds the longest part */
+    pt_coll_part(n, c->world, c->rank, &lo_me, &len_me);
+    double deadline = pt_now_s() + c->timeout_s;
+    int rc = PT_OK;
+    /* bytes travel as MPI_BYTE: the element type does not matter for a copy */
+    for (size_t off = 0; off < s_part || off == 0; off += SEG_ELEMS) {
+        int tag = (int)(c->seq & 0x3fff), i = 0;
+        for (int p = 0; p < c->world; p++) {
+            if (p == c->rank) continue;
+            size_t lo, len;
+            pt_coll_part(n, c->world, p, &lo, &len);
+            size_t m = seg_len(len, off);
+            peer[i] = p;
+            MPI_Irecv((char *)buf + (lo + (m ? off : 0)) * elem_size, (int)(m * elem_size),
+                      MPI_BYTE, p, tag, c->comm, &c->req[i]);
+            i++;
+        }
+        size_t mm = seg_len(len_me, off);
+        for (int p = 0; p < c->world; p++) {
+            if (p == c->rank) continue;
+            peer[i] = p;
+            MPI_Isend((char *)buf + (lo_me + (mm ? off : 0)) * elem_size, (int)(mm * elem_size),
+                      MPI_BYTE, p, tag, c->comm, &c->req[i]);
+            i++;
+        }
+        if ((rc = wait_all(c, 2 * np, peer, deadline, what, err, errlen))) break;
+        if (s_part == 0) break;
+    }
+    free(peer);
+    return rc;
+}
+
+int pt_coll_reduce_scatter(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale,
+                           const char *what, char *err, size_t errlen) {
+    if (!c || c->world == 1) {
+        scale_buf(buf, n, dtype, scale);
+        return PT_OK;
+    }
+    if (dtype != PT_COLL_F32 && dtype != PT_COLL_F64)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: dtype %d is not f32 or f64",
+                       what, (int)dtype);
+    if (n && !buf)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: reduce-scatter of %zu "
+                       "elements from NULL", what, n);
+    int brc = begin(c, what, err, errlen);
+    if (brc) return brc;
+    size_t es = dtype == PT_COLL_F64 ? 8 : 4;
+    MPI_Datatype mt = dtype == PT_COLL_F64 ? MPI_DOUBLE : MPI_FLOAT;
+    int np = c->world - 1;
+    size_t lo_me, len_me, s_part, z;
+    pt_coll_part(n, c->world, 0, &z, &s_part);
+    pt_coll_part(n, c->world, c->rank, &lo_me, &len_me);
+    int *peer = malloc(sizeof(int) * (size_t)(2 * np));
+    void *acc = malloc((len_me < SEG_ELEMS ? len_me : SEG_ELEMS) * es + 1);
+    if (!peer || !acc) {
+        free(peer);
+        free(acc);
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    }
+    double deadline = pt_now_s() + c->timeout_s;
+    int rc = PT_OK;
+    for (size_t off = 0; off < s_part || off == 0; off += SEG_ELEMS) {
+        int tag = (int)(c->seq & 0x3fff), i = 0;
+        size_t m = seg_len(len_me, off);   /* this segment of our part, from every peer */
+        char *mine = (char *)buf + (lo_me + (m ? off : 0)) * es;
+        for (int p = 0; p < c->world; p++) {
+            if (p == c->rank) continue;
+            int slot = p < c->rank ? p : p - 1;
+            peer[i] = p;
+            MPI_Irecv((char *)c->recv + (size_t)slot * SEG_ELEMS * es, (int)m, mt, p, tag,
+                      c->comm, &c->req[i]);
+            i++;
+        }
+        for (int p = 0; p < c->world; p++) {   /* peer p's part of our buffer goes to p */
+            if (p == c->rank) continue;
+            size_t lo, len;
+            pt_coll_part(n, c->world, p, &lo, &len);
+            size_t mp = seg_len(len, off);
+            peer[i] = p;
+            MPI_Isend((char *)buf + (lo + (mp ? off : 0)) * es, (int)mp, mt, p, tag, c->comm,
+                      &c->req[i]);
+            i++;
+        }
+        if ((rc = wait_all(c, 2 * np, peer, deadline, what, err, errlen))) break;
+        /* rank order, first addend copied: the same sum pt_coll_allreduce forms */
+        for (int p = 0; p < c->world && m; p++) {
+            const char *src = p == c->rank ? mine
+                              : (const char *)c->recv + (size_t)(p < c->rank ? p : p - 1) * SEG_ELEMS * es;
+            if (p == 0) memcpy(acc, src, m * es);
+            else add_into(acc, src, m, dtype);
+        }
+        if (m) memcpy(mine, acc, m * es);
+        if (s_part == 0) break;
+    }
+    free(peer);
+    free(acc);
+    if (!rc) scale_buf((char *)buf + lo_me * es, len_me, dtype, scale);
+    return rc;
 }

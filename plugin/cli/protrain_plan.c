@@ -32,6 +32,7 @@ typedef struct opts {
     pt_model_shape m;
     pt_hw_shape hw;
     double device_gib, pcie_gbps, h2d_gbps, d2h_gbps, tflops, host_ram_gib, allreduce_gbps;
+    double allgather_gbps, reduce_scatter_gbps;
     double reserve_gib, headroom_gib, frag, max_grad_norm, chunk_mib;
     int64_t gpus_per_node;
     int64_t n_persist, n_buffer, n_swap, n_checkpoint, runner_ups, shard, defer;
@@ -78,6 +79,8 @@ static const key KEYS[] = {
     {"hw", "world_size", K_I64, O(hw.world_size), 0, "data-parallel ranks (default 1)"},
     {"hw", "gpus_per_node", K_I64, O(gpus_per_node), 0, "for the DeepSpeed estimates (default world_size)"},
     {"hw", "allreduce_gbps", K_F64, O(allreduce_gbps), 0, "gradient all-reduce GB/s, 0 = not modelled"},
+    {"hw", "allgather_gbps", K_F64, O(allgather_gbps), 0, "mode C chunk all-gather GB/s (bus), 0 = not modelled"},
+    {"hw", "reduce_scatter_gbps", K_F64, O(reduce_scatter_gbps), 0, "mode C gradient reduce-scatter GB/s (bus), 0 = not modelled"},
     {"hw", "device_name", K_STR, O(hw.device), 64, "label (default synthetic)"},
     {"hw", "reserve_gib", K_F64, O(reserve_gib), 0, "device memory kept out of the plan (default 0.5)"},
     {"hw", "headroom_gib", K_F64, O(headroom_gib), 0, "extra safety margin (default 0.5)"},
@@ -269,7 +272,8 @@ static int finish_opts(opts *o) {
     }
     if (!(o->device_gib > 0) || !(o->reserve_gib >= 0) || !(o->headroom_gib >= 0) || !(o->frag >= 1.0) ||
         !(o->host_ram_gib >= 0) || !(o->chunk_mib >= 0) || !(o->tflops > 0) || !(o->pcie_gbps > 0) ||
-        !(o->h2d_gbps >= 0) || !(o->d2h_gbps >= 0) || !(o->allreduce_gbps >= 0)) {
+        !(o->h2d_gbps >= 0) || !(o->d2h_gbps >= 0) || !(o->allreduce_gbps >= 0) ||
+        !(o->allgather_gbps >= 0) || !(o->reduce_scatter_gbps >= 0)) {
         fprintf(stderr, "protrain-plan: device_memory_gib, tflops and pcie_gbps must be > 0, frag >= 1, "
                         "other sizes and rates >= 0\n");
         return 2;
@@ -283,6 +287,8 @@ static int finish_opts(opts *o) {
     o->hw.d2h_Bps = (o->d2h_gbps > 0 ? o->d2h_gbps : o->pcie_gbps) * 1e9;
     o->hw.flops = o->tflops * 1e12;
     o->hw.allreduce_Bps = o->allreduce_gbps * 1e9;
+    o->hw.allgather_Bps = o->allgather_gbps * 1e9;
+    o->hw.reduce_scatter_Bps = o->reduce_scatter_gbps * 1e9;
     o->hw.host_ram_bytes = (uint64_t)(o->host_ram_gib * GIB);
     if (o->gpus_per_node <= 0) o->gpus_per_node = o->hw.world_size > 0 ? o->hw.world_size : 1;
     return 0;
@@ -379,6 +385,12 @@ int main(int argc, char **argv) {
     pt_plan plan;
     pt_plan_init(&plan);
     rc = pt_search(&t, &so, &plan, err, sizeof err);
+    /* the mode these knobs run in (the plugin's auto_mode weighs the pinned
+     * budget too; here --shard says which of B and C) */
+    if (!rc && o.hw.world_size > 1) {
+        plan.exec_mode = plan.knobs.n_persist >= plan.n_chunk ? 0 : o.shard ? 2 : 1;
+        plan.world_size = (int32_t)o.hw.world_size;
+    }
     int exit_code = 0;
     if (rc == PT_ERR_INFEASIBLE) {
         fprintf(stderr, "protrain-plan: %s\n", err);

@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "coll.h"
 #include "device_ext.h"
 #include "planner/planner.h"
 #include "rt_internal.h"
@@ -213,7 +214,18 @@ void pt_rt_calibrate(pt_rt *rt) {
     if (k < (int)(sizeof rt->calib_t / sizeof rt->calib_t[0])) rt->calib_t[k] = pt_now_s();
     if (k >= WARM + 1 && k <= WARM + MEASURE) take_sample(rt, k - WARM - 1);
     rt->cal_seen = 0;
+    if (k == WARM) pt_store_coll_seconds(rt->st, rt->coll0);
     if (k != WARM + MEASURE || !rt->pred_peak) return;
+    if (rt->coll) {
+        double c1[3];
+        pt_store_coll_seconds(rt->st, c1);
+        PT_LOGI(&rt->lg, "calibration: collectives per iteration, measured vs predicted: "
+                         "all-reduce %.6f s vs %.6f s, all-gather %.6f s vs %.6f s, "
+                         "reduce-scatter %.6f s vs %.6f s",
+                (c1[0] - rt->coll0[0]) / MEASURE, rt->pred_coll[0],
+                (c1[1] - rt->coll0[1]) / MEASURE, rt->pred_coll[1],
+                (c1[2] - rt->coll0[2]) / MEASURE, rt->pred_coll[2]);
+    }
     double dt[MEASURE];
     for (int i = 0; i < MEASURE; i++) dt[i] = rt->calib_t[WARM + i + 1] - rt->calib_t[WARM + i];
     pt_gpu_usage u;
@@ -239,19 +251,46 @@ void pt_rt_calibrate(pt_rt *rt) {
      * bytes, or the allocator's high water when holes left it higher (the
      * prediction promises that much capacity, fragmentation included). */
     uint64_t need = u.span_peak > u.peak ? u.span_peak : u.peak;
-    if (need > rt->pred_peak) {
+    int under = need > rt->pred_peak;
+    if (rt->coll) {
+        /* a re-plan exchanges the plan (and in mode C rebuilds through
+         * collectives): all ranks or none, so any rank's under-prediction re-plans
+         * every rank */
+        double f = under;
+        char e[512];
+        if (pt_coll_allreduce(rt->coll, &f, 1, PT_COLL_F64, 1.0, "the calibration decision", e,
+                              sizeof e)) {
+            PT_LOGE(&rt->lg, "calibration: %s", e);
+            rt->broken = PT_ERR_BACKEND;
+            return;
+        }
+        under = f > 0;
+    }
+    if (under) {
         /* Under-predicted: plan again with the measured correction, carrying the
          * parameters and optimizer state across (the state image is per parameter). */
-        rt->trace->calib.peak = fold(rt->trace->calib.peak, (double)need / (double)rt->pred_peak);
-        PT_LOGW(&rt->lg, "calibration: the peak was under-predicted by %llu bytes (device range "
-                         "%llu of which %llu in use); planning again with peak correction x%.4f "
-                         "on top of the profile's measured fragmentation x%.4f",
-                (unsigned long long)(need - rt->pred_peak), (unsigned long long)need,
-                (unsigned long long)u.peak, rt->trace->calib.peak,
-                rt->trace->frag.factor >= 1.0 ? rt->trace->frag.factor : 1.0);
+        if (need > rt->pred_peak) {
+            rt->trace->calib.peak = fold(rt->trace->calib.peak, (double)need / (double)rt->pred_peak);
+            PT_LOGW(&rt->lg, "calibration: the peak was under-predicted by %llu bytes (device "
+                             "range %llu of which %llu in use); planning again with peak "
+                             "correction x%.4f on top of the profile's measured fragmentation "
+                             "x%.4f", (unsigned long long)(need - rt->pred_peak),
+                    (unsigned long long)need, (unsigned long long)u.peak, rt->trace->calib.peak,
+                    rt->trace->frag.factor >= 1.0 ? rt->trace->frag.factor : 1.0);
+        } else {
+            PT_LOGW(&rt->lg, "calibration: another rank's peak was under-predicted; planning "
+                             "again with it");
+        }
         replan(rt);
         store_learned(rt);
         rt->calib_steps = WARM + MEASURE + 1;   /* measure once per plan */
+        return;
+    }
+    if (rt->coll) {
+        /* each rank would decide on its own timings, and a re-plan must happen on
+         * every rank or none */
+        if (rt->cfg.time_calibration)
+            PT_LOGI(&rt->lg, "calibration: no time re-plan with several ranks");
         return;
     }
     if (rt->cfg.time_calibration && time_calibrate(rt)) store_learned(rt);

@@ -40,6 +40,14 @@ void pt_rt_plan_free(pt_rt *rt) {
     rt->trace = NULL;
 }
 
+int pt_rt_auto_shard(const pt_rt *rt) {
+    /* OSFT's value projection and REKLS work on whole parameters, and tensor
+     * parallelism already splits its parameters over the ranks: never mode C
+     * with them */
+    return rt->coll && rt->cfg.auto_mode && rt->cfg.zero3_shard < 0 && !rt->cfg.osft_enabled &&
+           rt->cfg.optim_type != PT_OPTIM_REKLS && rt->cfg.tp_size <= 1;
+}
+
 int pt_rt_wants_profile(const pt_rt *rt) {
     const pt_config *c = &rt->cfg;
     if (!c->auto_memory || c->force_all_persistent) return 0;
@@ -99,6 +107,131 @@ static uint64_t host_budget(const pt_rt *rt) {
     return (uint64_t)kb * 1024 / 10 * 9;
 }
 
+/* The search, and with several ranks the mode (auto_mode, zero3_shard = auto):
+ * A when every chunk stays on the device; else B when some plan's pinned bytes
+ * per rank with the offloaded state replicated (fp32 master, m, v, staged param
+ * and gradient, the fp32 gradient sum, the swap pool) fit [memory]
+ * pinned_budget; else C when they fit with that state split over the ranks;
+ * else an error with both figures. zero3_shard = on / off fixes the mode. */
+static int pick_mode(pt_rt *rt, const pt_trace *t, pt_search_opts *o, pt_plan *plan,
+                     int *shard, char *why, char *err, size_t errlen) {
+    int autom = pt_rt_auto_shard(rt);
+    int W = rt->coll ? pt_coll_world(rt->coll) : 1;
+    if (autom && o->n_persist < 0) {
+        /* A whenever every chunk fits, even where the search would call an
+         * offloaded plan as fast (then no collective touches a chunk's state) */
+        pt_search_opts oa = *o;
+        oa.n_persist = t->n_chunk;
+        char ea[512];
+        if (!pt_search(t, &oa, plan, ea, sizeof ea)) {
+            *shard = 0;
+            snprintf(why, 400, "auto_mode: A, every chunk fits on the device");
+            return PT_OK;
+        }
+        pt_plan_free(plan);
+        pt_plan_init(plan);
+    }
+    if (autom) o->cost.shard = 0;
+    int rc = pt_search(t, o, plan, err, errlen);
+    if (!autom) {
+        *shard = rt->shard;
+        if (!rc && rt->coll)
+            snprintf(why, 400, "zero3_shard = %s: %s", rt->cfg.zero3_shard == 1 ? "on" : "off",
+                     plan->knobs.n_persist >= plan->n_chunk ? "every chunk fits on the device"
+                     : rt->shard ? "offloaded state split across the ranks"
+                                 : "offloaded state replicated on every rank");
+        return rc;
+    }
+    if (!rc) {
+        *shard = 0;
+        if (plan->knobs.n_persist >= plan->n_chunk)
+            snprintf(why, 400, "auto_mode: A, every chunk fits on the device");
+        else
+            snprintf(why, 400, "auto_mode: B, the replicated offloaded state and swap pool need "
+                     "%llu pinned bytes per rank, within the budget of %llu",
+                     (unsigned long long)plan->cost.host_bytes, (unsigned long long)o->host_ram);
+        return PT_OK;
+    }
+    if (rc != PT_ERR_INFEASIBLE || !strstr(err, "host RAM")) return rc;
+    char eb[600];
+    snprintf(eb, sizeof eb, "%s", err);
+    pt_plan_free(plan);
+    pt_plan_init(plan);
+    o->cost.shard = 1;
+    rc = pt_search(t, o, plan, err, errlen);
+    if (rc) {
+        char ec[600];
+        snprintf(ec, sizeof ec, "%s", err);
+        return pt_fail(err, errlen, rc, "auto_mode: no mode fits %d rank(s): mode B (offloaded "
+                       "state replicated on every rank): %s; mode C (split across the %d ranks): "
+                       "%s", W, eb, W, ec);
+    }
+    *shard = 1;
+    uint64_t rep = 0;
+    {
+        pt_cost_ctx *cx = NULL;
+        pt_act_profile ap;
+        if (!pt_cost_ctx_new(t, &cx, NULL, 0) && !pt_act_init(cx, &ap)) {
+            pt_act_compute(cx, plan->modes, &ap);
+            rep = pt_cost_host_bytes(cx, &ap, plan->knobs.n_persist, 0);
+            pt_act_free(&ap);
+        }
+        pt_cost_ctx_free(cx);
+    }
+    snprintf(why, 400, "auto_mode: C, this plan's offloaded state replicated would need %llu "
+             "pinned bytes per rank, over the budget of %llu; split across %d ranks it needs %llu",
+             (unsigned long long)rep, (unsigned long long)o->host_ram, W,
+             (unsigned long long)plan->cost.host_bytes);
+    return PT_OK;
+}
+
+/* Mode C runs the same collectives in the same order on every rank, so every
+ * rank must run rank 0's mode and knobs: rank 0's choice is broadcast (an
+ * all-reduce where the other ranks add zeros), and a rank whose own search chose
+ * otherwise plans again with rank 0's knobs fixed. Mode B tolerates differing
+ * knobs (its reductions go region by region), but not a differing mode. */
+static int ranks_agree(pt_rt *rt, const pt_trace *t, pt_search_opts *o, pt_plan *plan,
+                       int *shard, char *why, char *err, size_t errlen) {
+    int r0 = pt_coll_rank(rt->coll) == 0;
+    double v[5] = {*shard, plan->knobs.n_persist, plan->knobs.n_buffer, plan->knobs.n_swap,
+                   plan->knobs.n_checkpoint};
+    if (!r0) memset(v, 0, sizeof v);
+    int rc = pt_coll_allreduce(rt->coll, v, 5, PT_COLL_F64, 1.0, "the plan of rank 0", err,
+                               errlen);
+    if (rc) return rc;
+    int s0 = v[0] != 0;
+    pt_knobs k0 = {(int32_t)v[1], (int32_t)v[2], (int32_t)v[3], (int32_t)v[4]};
+    if (s0 == *shard && (!s0 || !memcmp(&k0, &plan->knobs, sizeof k0))) return PT_OK;
+    PT_LOGI(&rt->lg, "this rank's search chose mode %c (n_persist %d n_buffer %d n_swap %d "
+                     "n_checkpoint %d); running rank 0's mode %c%s", *shard ? 'C' : 'B',
+            plan->knobs.n_persist, plan->knobs.n_buffer, plan->knobs.n_swap,
+            plan->knobs.n_checkpoint, s0 ? 'C' : 'B', s0 ? " and knobs" : "");
+    *shard = s0;
+    if (!s0) {   /* B with this rank's own knobs: search again without sharding */
+        o->cost.shard = 0;
+        pt_plan_free(plan);
+        pt_plan_init(plan);
+        rc = pt_search(t, o, plan, err, errlen);
+    } else {
+        o->cost.shard = 1;
+        o->n_persist = k0.n_persist;
+        o->n_buffer = k0.n_buffer;
+        o->n_swap = k0.n_swap;
+        o->n_checkpoint = k0.n_checkpoint;
+        pt_plan_free(plan);
+        pt_plan_init(plan);
+        rc = pt_search(t, o, plan, err, errlen);
+    }
+    if (rc) {
+        char e[600];
+        snprintf(e, sizeof e, "%s", err);
+        return pt_fail(err, errlen, rc, "running rank 0's plan on rank %d: %s",
+                       pt_coll_rank(rt->coll), e);
+    }
+    snprintf(why + strlen(why), 400 - strlen(why), " (rank 0's choice)");
+    return PT_OK;
+}
+
 /* Rebuild the store under rt->kn, carrying every parameter value (and the
  * optimizer state when it exists) across through a per-parameter image: the
  * host's initial tensors are only guaranteed during post_model_load. */
@@ -136,6 +269,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     o.n_checkpoint = rt->cfg.n_checkpoint;
     /* CKPT recomputes through the host's callback: without it no plan may use it */
     if (!rt->host.recompute_block && o.n_checkpoint < 0) o.n_checkpoint = 0;
+    o.cost.shard = rt->shard;
     pt_plan plan;
     pt_plan_init(&plan);
     int rc = PT_OK;
@@ -154,14 +288,19 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     pt_trace cal;
     pt_trace_init(&cal);
     rc = pt_trace_calibrated(&cal, rt->trace, err, errlen);
-    if (!rc) rc = pt_search(&cal, &o, &plan, err, errlen);
+    char why[400] = "";
+    int shard = rt->shard;
+    if (!rc) rc = pick_mode(rt, &cal, &o, &plan, &shard, why, err, errlen);
+    if (!rc && rt->coll) rc = ranks_agree(rt, &cal, &o, &plan, &shard, why, err, errlen);
     if (rc) {
         pt_trace_free(&cal);
         pt_plan_free(&plan);
         return rc;
     }
     t = &cal;
-    plan.exec_mode = plan.knobs.n_persist >= plan.n_chunk ? 0 : 1;
+    rt->shard = shard;
+    plan.exec_mode = plan.knobs.n_persist >= plan.n_chunk ? 0 : shard ? 2 : 1;
+    snprintf(plan.mode_why, sizeof plan.mode_why, "%s", why);
     plan.world_size = t->key.world_size;
     if (rt->cfg.tiled_mlp_enabled) {
         int64_t tok = plan.batch * plan.seq;
@@ -208,6 +347,9 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     rt->pred_fwd_s = plan.cost.fwd_s;
     rt->pred_bwd_s = plan.cost.bwd_s;
     rt->pred_opt_s = plan.cost.opt_s;
+    rt->pred_coll[0] = plan.cost.allreduce_s;
+    rt->pred_coll[1] = plan.cost.allgather_s;
+    rt->pred_coll[2] = plan.cost.reduce_scatter_s;
     rt->swap_interval = plan.swap_interval;
     /* the plan's release window of each swapped arena (the cost model's swap-out
      * schedule), so the runtime holds exactly what the prediction counted */

@@ -51,9 +51,10 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     if (cfg->osft_enabled && cfg->tiled_mlp_enabled)
         missing = "[osft] enabled with [tiled_mlp] enabled: TiledMLP's per-tile gradient "
                   "accumulator does not know the OSFT factors yet; enable one of them";
-    else if (cfg->zero3_shard == 1)
-        missing = "[protrain] zero3_shard = on: mode C (ZeRO-3 sharding) is not built yet; "
-                  "modes A (all resident) and B (replicated offload) are";
+    else if (cfg->osft_enabled && cfg->zero3_shard == 1 && host && host->world_size > 1)
+        missing = "[osft] enabled with [protrain] zero3_shard = on: OSFT's value projection "
+                  "works on whole factors, which mode C splits across the ranks; not built yet "
+                  "(modes A and B run OSFT)";
     else if (host && host->world_size > 1 && !strcmp(cfg->dist_backend, "nccl"))
         missing = "[dist] backend = nccl: NCCL is not built yet (mpi on the host backend is)";
     else if (host && host->world_size > 1 && !strcmp(cfg->dist_backend, "none"))
@@ -66,7 +67,8 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
         missing = "[dist] tp_size > 1 with [osft] enabled: OSFT's factors are not split over a "
                   "tensor-parallel group yet; set tp_size = 1 or disable OSFT";
     else if (cfg->tp_size > 1 && cfg->zero3_shard == 1)
-        missing = "[dist] tp_size > 1 with zero3_shard: mode C is not built";
+        missing = "[dist] tp_size > 1 with [protrain] zero3_shard = on: mode C (sharded "
+                  "optimizer states) is not combined with tensor parallelism yet";
     else if (cfg->tp_size > 1 && (!host || host->world_size % cfg->tp_size))
         missing = "[dist] tp_size does not divide world_size: the ranks must form whole "
                   "tensor-parallel groups";
@@ -228,7 +230,12 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     rt->kn.n_swap = rt->cfg.n_swap;
     rt->kn.n_checkpoint = rt->cfg.n_checkpoint;
     rt->kn.source = rt->cfg.force_all_persistent ? "force_all_persistent" : "INI";
+    /* mode C when asked for (several ranks only) */
+    rt->shard = rt->coll && rt->cfg.zero3_shard == 1;
     if (pt_rt_wants_profile(rt)) {
+        /* auto_mode may pick C after the search: profile sharded, which needs
+         * the least pinned memory (the profile records the replicated figures) */
+        if (pt_rt_auto_shard(rt)) rt->shard = 1;
         /* bootstrap: stream every chunk through the minimal pool, checkpoint every
          * block — what fits if anything does, so profiling itself never OOMs
          * where a plan exists */
@@ -312,7 +319,7 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
     if (!rc) {
         pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->gpu, rt->s_compute, rt->s_h2d,
                             rt->s_d2h, rt->model, &rt->opt, rt->sx, recompute_mark, rt,
-                            rt->ordered, rt->skip, rt->coll};
+                            rt->ordered, rt->skip, rt->coll, rt->shard};
         rc = pt_store_create(&env, &rt->kn, modes, rt->swap_done, from_image, &rt->st, err,
                              errlen);
         pt_osft_mirror(rt);
@@ -337,6 +344,11 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
                        "create_optimizer: REKLS together with OSFT is not built (REKLS would step "
                        "OSFT's trainable factors in its own eigenbasis, which the OSFT projections "
                        "were not checked against): use adamw with [osft], or disable [osft]");
+    if (type == PT_OPTIM_REKLS && rt->shard)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                       "create_optimizer: REKLS in mode C is not built (it steps whole 2-D "
+                       "parameters, which mode C splits across the ranks): set [protrain] "
+                       "zero3_shard = off, or use adamw");
     /* Into a copy first: a refused descriptor leaves the optimizer as it was. */
     pt_optim_state n = *o;
     static const char *const names[6] = {"lr", "beta1", "beta2", "eps", "weight_decay",

@@ -20,6 +20,7 @@ struct pt_rt {
     pt_host_v1 host;
     pt_gpu *gpu;
     pt_coll *coll;            /* data-parallel collectives (world > 1), else NULL */
+    int shard;                /* mode C: offloaded chunks split across the ranks (with coll) */
     pt_stream *s_compute, *s_h2d, *s_d2h;
     pt_model_v1 *model;       /* what the store lays out: the host's model, or with OSFT
                                  the expanded list holding the factors (osft.h) */
@@ -47,6 +48,8 @@ struct pt_rt {
     int calib_steps;          /* post_steps since the plan took effect */
     double calib_t[8];        /* their timestamps */
     uint64_t meas_peak;       /* measured at calibration (0: not yet) */
+    double pred_coll[3];      /* the plan's all-reduce / all-gather / reduce-scatter s per iteration */
+    double coll0[3];          /* the store's collective seconds when calibration's measuring began */
     double meas_iter_s;
     double pred_fwd_s, pred_bwd_s, pred_opt_s;  /* the plan's phases (cost model) */
     pt_event *cal_ev[4];      /* PT_CAL_* timing events on s_compute (calib.c) */
@@ -92,6 +95,8 @@ void pt_rt_calib_free(pt_rt *rt);
 
 /* plan_rt.c */
 int pt_rt_wants_profile(const pt_rt *rt);
+/* Several ranks, auto_mode and zero3_shard = auto: the search picks B or C. */
+int pt_rt_auto_shard(const pt_rt *rt);
 int pt_rt_replan_for_optimizer(pt_rt *rt, int clip, char *err, size_t errlen);
 void pt_rt_plan_free(pt_rt *rt);
 int pt_rt_search_and_apply(pt_rt *rt, const struct pt_trace *t, double prof_s, char *err,

@@ -396,26 +396,53 @@ void pt_cpu_adam_range(const pt_cpu_adam_args *a, size_t begin, size_t end) {
                  end);
 }
 
-/* A queued update: k tasks pull slices from `next` until none are left; the
- * last of the job's holders (tasks, plus the caller if it ran slices inline)
- * frees it, so an asynchronous step needs no cleanup call. */
+/* A queued update: k runner tasks pull slices from `next` until none are left.
+ * The slices of all arrays form one index space: array i owns slices
+ * [first[i], first[i+1]), so a chunk of several regions is one job that
+ * every runner shares. The last of the job's holders (tasks, plus the caller
+ * if it ran slices inline) calls the done hook and frees the job, so an
+ * asynchronous step needs no cleanup call. */
 typedef struct adam_job {
-    pt_cpu_adam_args a;  /* private copy: the caller's struct may go away */
-    size_t slices;       /* ceil(n / PT_CPU_ADAM_SLICE) */
-    atomic_size_t next;  /* next slice to hand out */
-    atomic_size_t refs;  /* holders still to finish */
+    size_t slices;        /* first[n_arr] */
+    atomic_size_t next;   /* next slice to hand out */
+    atomic_size_t refs;   /* holders still to finish */
+    pt_cpu_adam_hooks h;  /* zeroed when the caller gave none */
+    double t_first;       /* host clock when slice 0 was taken (its taker writes it
+                           * before its release on refs; the last holder reads it) */
+    int n_arr;
+    pt_cpu_adam_args *a;  /* [n_arr] private copies: the caller's may go away */
+    size_t *first;        /* [n_arr + 1] */
 } adam_job;
 
+/* Array of global slice i: the last array whose first slice is <= i
+ * (arrays with no elements own no slices and are skipped). */
+static int job_array(const adam_job *j, size_t i) {
+    int lo = 0, hi = j->n_arr - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (j->first[mid] <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 static void job_run(adam_job *j) {
+    if (j->h.start) j->h.start(j->h.ctx);
     for (;;) {
         size_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (i >= j->slices) break;
-        pt_cpu_adam_range(&j->a, i * PT_CPU_ADAM_SLICE, (i + 1) * PT_CPU_ADAM_SLICE);
+        if (i == 0) j->t_first = pt_now_s();
+        int k = job_array(j, i);
+        size_t s = i - j->first[k];
+        pt_cpu_adam_range(&j->a[k], s * PT_CPU_ADAM_SLICE, (s + 1) * PT_CPU_ADAM_SLICE);
     }
 }
 
 static void job_put(adam_job *j, size_t holders) {
-    if (atomic_fetch_sub_explicit(&j->refs, holders, memory_order_acq_rel) == holders) free(j);
+    if (atomic_fetch_sub_explicit(&j->refs, holders, memory_order_acq_rel) != holders) return;
+    /* every slice is done (each holder stopped only when none was left) */
+    if (j->h.done) j->h.done(j->h.ctx, j->t_first, pt_now_s());
+    free(j);
 }
 
 static void job_task(void *arg) {
@@ -424,20 +451,49 @@ static void job_task(void *arg) {
     job_put(j, 1);
 }
 
-int pt_cpu_adam_step(pt_pool *pool, const pt_cpu_adam_args *a, pt_task_group *g, char *err, size_t errlen) {
-    int rc = pt_cpu_adam_check(a, err, errlen);
-    if (rc != PT_OK || a->n == 0) return rc;
-    size_t slices = a->n / PT_CPU_ADAM_SLICE + (a->n % PT_CPU_ADAM_SLICE != 0);
+/* One thread does it all: no pool, or no memory for a job. */
+static void run_inline(const pt_cpu_adam_args *a, int n_arr, const pt_cpu_adam_hooks *h) {
+    if (h && h->start) h->start(h->ctx);
+    double t0 = pt_now_s();
+    for (int i = 0; i < n_arr; i++) pt_cpu_adam_range(&a[i], 0, a[i].n);
+    if (h && h->done) h->done(h->ctx, t0, pt_now_s());
+}
+
+int pt_cpu_adam_step_many(pt_pool *pool, const pt_cpu_adam_args *a, int n_arr, pt_task_group *g,
+                          const pt_cpu_adam_hooks *hooks, char *err, size_t errlen) {
+    if (n_arr < 0 || (n_arr > 0 && !a))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "cpu_adam: %d arrays at %p", n_arr, (const void *)a);
+    size_t slices = 0;
+    for (int i = 0; i < n_arr; i++) {
+        char why[200];
+        int rc = pt_cpu_adam_check(&a[i], why, sizeof why);
+        if (rc != PT_OK) return pt_fail(err, errlen, rc, "array %d of %d: %s", i, n_arr, why);
+        slices += a[i].n / PT_CPU_ADAM_SLICE + (a[i].n % PT_CPU_ADAM_SLICE != 0);
+    }
     size_t nt = (size_t)pt_pool_threads(pool);
-    adam_job *j = pool && (g || slices > 1) ? malloc(sizeof *j) : NULL;
+    adam_job *j = NULL;
+    if (pool && slices > 0 && (g || slices > 1)) {
+        size_t sz = sizeof *j + (size_t)n_arr * sizeof *j->a + ((size_t)n_arr + 1) * sizeof *j->first;
+        j = malloc(sz);
+    }
     if (!j) {
-        /* no pool, a synchronous single slice, or no memory for the job: the
-         * caller does the whole update now, which is always correct. */
-        pt_cpu_adam_range(a, 0, a->n);
+        /* no pool, nothing to do, a synchronous single slice, or no memory for
+         * the job: the caller does the whole update now, which is always correct */
+        run_inline(a, n_arr, hooks);
         return PT_OK;
     }
-    j->a = *a;
+    j->a = (pt_cpu_adam_args *)(j + 1);
+    j->first = (size_t *)(j->a + n_arr);
+    j->n_arr = n_arr;
+    j->first[0] = 0;
+    for (int i = 0; i < n_arr; i++) {
+        j->a[i] = a[i];
+        j->first[i + 1] = j->first[i] + a[i].n / PT_CPU_ADAM_SLICE + (a[i].n % PT_CPU_ADAM_SLICE != 0);
+    }
     j->slices = slices;
+    j->t_first = 0;
+    if (hooks) j->h = *hooks;
+    else memset(&j->h, 0, sizeof j->h);
     atomic_init(&j->next, 0);
     size_t k = slices < nt ? slices : nt; /* tasks (holders) */
     atomic_init(&j->refs, k);
@@ -447,6 +503,7 @@ int pt_cpu_adam_step(pt_pool *pool, const pt_cpu_adam_args *a, pt_task_group *g,
     pt_task_group *grp = g ? g : &local;
     size_t to_queue = g ? k : k - 1, queued = 0;
     char why[160];
+    int rc = PT_OK;
     for (; queued < to_queue; queued++) {
         rc = pt_pool_submit(pool, job_task, j, grp, why, sizeof why);
         if (rc != PT_OK) {
@@ -465,6 +522,12 @@ int pt_cpu_adam_step(pt_pool *pool, const pt_cpu_adam_args *a, pt_task_group *g,
         if (rc == PT_OK) rc = wrc;
     }
     return rc;
+}
+
+int pt_cpu_adam_step(pt_pool *pool, const pt_cpu_adam_args *a, pt_task_group *g, char *err, size_t errlen) {
+    int rc = pt_cpu_adam_check(a, err, errlen);
+    if (rc != PT_OK || a->n == 0) return rc;
+    return pt_cpu_adam_step_many(pool, a, 1, g, NULL, err, errlen);
 }
 
 

@@ -18,7 +18,10 @@
  * Threading: pt_cpu_adam_step cuts [0, n) into slices of PT_CPU_ADAM_SLICE
  * elements (a multiple of 64, so with 64-byte aligned buffers every slice
  * starts on a cache-line boundary for fp32 and 16-bit arrays alike and two
- * threads never write the same line) and queues them on a pt_pool.
+ * threads never write the same line) and queues min(slices, threads) runner
+ * tasks on a pt_pool that pull slices dynamically (a runner that starts late,
+ * or a core busy with something else, simply takes fewer).
+ * pt_cpu_adam_step_many does the same for several arrays at once.
  *
  * Errors: functions that can fail return a pt_status (host_api/protrain.h)
  * and write one sentence into the caller's err buffer (may be NULL).
@@ -84,6 +87,29 @@ void pt_cpu_adam_range(const pt_cpu_adam_args *a, size_t begin, size_t end);
  * pool (in which case the slices that could not be queued were run inline,
  * so the update is still complete after the wait). */
 int pt_cpu_adam_step(pt_pool *pool, const pt_cpu_adam_args *a, pt_task_group *g, char *err, size_t errlen);
+
+/* Optional callbacks of a pt_cpu_adam_step_many job (each may be NULL):
+ * start runs on every runner before it takes its first slice; done runs once,
+ * on the runner that finished last, after every slice, with the host-clock
+ * interval from the first slice's start to that moment. Both run before the
+ * job's tasks count as finished in g, so a waiter on g sees their effects. */
+typedef struct pt_cpu_adam_hooks {
+    void (*start)(void *ctx);
+    void (*done)(void *ctx, double t_first, double t_end);
+    void *ctx;
+} pt_cpu_adam_hooks;
+
+/* One update over several arrays (an offloaded chunk's trainable regions)
+ * as ONE job: the slices of a[0..n_arr) form one index space that min(slices,
+ * threads) runners pull from, so a chunk of any region count is spread over
+ * every thread, and the result of every element is the same as
+ * pt_cpu_adam_range over each array (AdamW is element-wise; a slice is a
+ * range). Queueing and errors as pt_cpu_adam_step; g NULL: synchronous (safe
+ * from inside a pool task: the wait runs the job's queued tasks itself).
+ * Returns PT_ERR_INVALID_ARG (naming the array) before doing anything if any
+ * array fails pt_cpu_adam_check. */
+int pt_cpu_adam_step_many(pt_pool *pool, const pt_cpu_adam_args *a, int n_arr, pt_task_group *g,
+                          const pt_cpu_adam_hooks *hooks, char *err, size_t errlen);
 
 /* ---- bulk converters, bit-identical to the scalar ones in kernels_hd.h ---- */
 void pt_cvt_f32_to_bf16(uint16_t *dst, const float *src, size_t n);

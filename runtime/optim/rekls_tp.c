@@ -33,16 +33,13 @@ uint64_t pt_rekls_tp_ws_words(uint64_t m, uint64_t n) {
 int pt_rekls_tp_gather_coll(void *ctx, void *buf, size_t n, size_t elem_size, const char *what,
                             char *err, size_t errlen) {
     pt_coll *c = ctx;
-    int P = pt_coll_world(c), r = pt_coll_rank(c);
+    int P = pt_coll_world(c);
     if (elem_size != 4 || n % (size_t)P)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "tensor-parallel gather of %s: %zu elements of %zu bytes do not split "
                        "into %d f32 parts", what, n, elem_size, P);
-    size_t part = n / (size_t)P;
-    float *f = buf;
-    memset(f, 0, (size_t)r * part * sizeof *f);
-    memset(f + (size_t)(r + 1) * part, 0, (n - (size_t)(r + 1) * part) * sizeof *f);
-    return pt_coll_allreduce(c, buf, n, PT_COLL_F32, 1.0, what, err, errlen);
+    /* n divides by P, so coll's parts (ceil(n / P) each) are exactly the n/P blocks */
+    return pt_coll_allgather(c, buf, n, elem_size, what, err, errlen);
 }
 
 int pt_rekls_tp_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_rekls_tp *tp,

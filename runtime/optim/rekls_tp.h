@@ -65,9 +65,8 @@ int pt_rekls_tp_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_re
                      float *R_loc, float *ws, char *err, size_t errlen);
 
 /* The all-gather over a pt_coll group spanning exactly the P ranks (ctx =
- * the pt_coll *): every rank contributes its part and zeros elsewhere, and the
- * rank-order sum of coll's all-reduce assembles the parts (adding zeros is
- * exact; only the sign of a -0 part element becomes +0). f32 elements. */
+ * the pt_coll *): coll's all-gather, whose parts are these blocks when n
+ * divides by P (checked). f32 elements; bytes are copied, not added. */
 int pt_rekls_tp_gather_coll(void *ctx, void *buf, size_t n, size_t elem_size, const char *what,
                             char *err, size_t errlen);
 

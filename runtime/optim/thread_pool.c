@@ -8,6 +8,18 @@
  *   pending(g) = queued tasks of g + running tasks of g
  *   a worker exits only when shutdown && queue empty && active == 0, because a
  *   running task (active > 0) may still submit more work that must be drained.
+ *
+ * Bounded spin (pt_pool_set_spin): a worker that finds the queue empty, and a
+ * waiter whose group's last tasks run elsewhere, first poll an atomic counter
+ * for up to spin_ns before sleeping on their condition variable. A futex wake
+ * costs 5-50 us (more on a loaded VM), up to half of a 256K-param step on
+ * two threads; back-to-back steps and chained slice tasks then find the workers
+ * already running. The decision to sleep is still taken under the mutex after
+ * re-checking the queue, so a spinner that gives up cannot miss a submission:
+ * every submit enqueues under the mutex first. A submit signals work_cv only
+ * when the queued tasks outnumber the spinners (a spinner takes one itself).
+ * The spin costs at most spin_ns of CPU per idle period, so a loaded machine
+ * loses little: the worker sleeps after it as before.
  */
 #include "thread_pool.h"
 
@@ -36,6 +48,12 @@ struct pt_pool {
     node *head, *tail;        /* FIFO of queued tasks */
     node *free_nodes;         /* recycled nodes (grows to the peak queue depth) */
     size_t active;            /* tasks running now (on workers or helping waiters) */
+    size_t n_queued;          /* tasks in the queue (mu) */
+    atomic_size_t queued_pub; /* n_queued, published for spinners (written under mu) */
+    atomic_size_t done_pub;   /* tasks finished so far: a spinning waiter's epoch */
+    atomic_size_t spinning;   /* workers polling queued_pub now */
+    atomic_llong spin_ns;     /* pt_pool_set_spin; 0 = sleep at once */
+    atomic_size_t sleeps;     /* statistics: worker and waiter sleeps on a cv */
     int shutdown;             /* pt_pool_destroy has begun draining */
     int closed;               /* drain finished: no more submissions */
     int n_threads;
@@ -57,6 +75,7 @@ static int online_cpus(void) {
 static void finish(pt_pool *p, node *t) {
     pt_task_group *g = t->g;
     p->active--;
+    atomic_fetch_add_explicit(&p->done_pub, 1, memory_order_release);
     if (g && --g->pending == 0) pthread_cond_broadcast(&p->done_cv);
     if (p->shutdown && p->active == 0 && !p->head) pthread_cond_broadcast(&p->work_cv);
     t->next = p->free_nodes;
@@ -72,11 +91,17 @@ static void run_locked(pt_pool *p, node *t) {
     finish(p, t);
 }
 
+static void set_queued(pt_pool *p, size_t n) {
+    p->n_queued = n;
+    atomic_store_explicit(&p->queued_pub, n, memory_order_release);
+}
+
 static node *pop_head(pt_pool *p) {
     node *t = p->head;
     if (t) {
         p->head = t->next;
         if (!p->head) p->tail = NULL;
+        set_queued(p, p->n_queued - 1);
     }
     return t;
 }
@@ -89,18 +114,53 @@ static node *pop_group(pt_pool *p, const pt_task_group *g) {
         if (prev) prev->next = t->next;
         else p->head = t->next;
         if (p->tail == t) p->tail = prev;
+        set_queued(p, p->n_queued - 1);
         return t;
     }
     return NULL;
 }
 
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Poll *x (without the lock) until it differs from `from` or the host clock
+ * reaches `until`. Every 64 polls (a few us of pauses) the clock is read and
+ * the core offered to any other runnable thread (sched_yield returns at once
+ * when there is none): on an oversubscribed machine the thread we wait for
+ * may be queued on this very core, and a pure spin would delay it. */
+static void spin_until_change(const atomic_size_t *x, size_t from, double until) {
+    for (unsigned i = 1;; i++) {
+        if (atomic_load_explicit(x, memory_order_acquire) != from) return;
+        cpu_relax();
+        if ((i & 63) == 0) {
+            if (pt_now_s() >= until) return;
+            sched_yield();
+        }
+    }
+}
+
+/* The end of the spin window that starts now (or already started: *until >=
+ * 0); 0 when the window is over or spinning is off: sleep. */
+static double spin_window(pt_pool *p, double *until) {
+    long long ns = atomic_load_explicit(&p->spin_ns, memory_order_relaxed);
+    if (ns <= 0) return 0;
+    double now = pt_now_s();
+    if (*until < 0) *until = now + (double)ns * 1e-9;
+    return now < *until ? *until : 0;
+}
+
 static void *worker(void *arg) {
     pt_pool *p = arg;
+    double until = -1; /* end of the current idle spin window; -1: none yet */
     pthread_mutex_lock(&p->mu);
     for (;;) {
         node *t = pop_head(p);
         if (t) {
             run_locked(p, t);
+            until = -1;
             continue;
         }
         if (p->shutdown && p->active == 0) {
@@ -108,7 +168,20 @@ static void *worker(void *arg) {
             pthread_cond_broadcast(&p->work_cv); /* let the other idle workers see it */
             break;
         }
+        double end = p->shutdown ? 0 : spin_window(p, &until);
+        if (end > 0) {
+            /* the queue is empty now (n_queued == 0 under mu); any submit from
+             * here on changes queued_pub, and the loop re-checks under mu */
+            atomic_fetch_add_explicit(&p->spinning, 1, memory_order_relaxed);
+            pthread_mutex_unlock(&p->mu);
+            spin_until_change(&p->queued_pub, 0, end);
+            pthread_mutex_lock(&p->mu);
+            atomic_fetch_sub_explicit(&p->spinning, 1, memory_order_relaxed);
+            continue;
+        }
+        atomic_fetch_add_explicit(&p->sleeps, 1, memory_order_relaxed);
         pthread_cond_wait(&p->work_cv, &p->mu);
+        until = -1;
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
@@ -130,6 +203,11 @@ int pt_pool_create(int n_threads, pt_pool **out, char *err, size_t errlen) {
                        "thread_pool: out of host memory creating a pool of %d threads", n_threads);
     }
     p->threads = th;
+    atomic_init(&p->queued_pub, 0);
+    atomic_init(&p->done_pub, 0);
+    atomic_init(&p->spinning, 0);
+    atomic_init(&p->spin_ns, (long long)PT_POOL_SPIN_NS_DEFAULT);
+    atomic_init(&p->sleeps, 0);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->work_cv, NULL);
     pthread_cond_init(&p->done_cv, NULL);
@@ -170,6 +248,20 @@ void pt_pool_destroy(pt_pool *p) {
 
 int pt_pool_threads(const pt_pool *p) { return p ? p->n_threads : 0; }
 
+int pt_pool_set_spin(pt_pool *p, double seconds) {
+    if (!p || !(seconds >= 0) || seconds > 1.0) return PT_ERR_INVALID_ARG;
+    atomic_store_explicit(&p->spin_ns, (long long)(seconds * 1e9), memory_order_relaxed);
+    return PT_OK;
+}
+
+double pt_pool_get_spin(const pt_pool *p) {
+    return p ? (double)atomic_load_explicit(&p->spin_ns, memory_order_relaxed) * 1e-9 : 0.0;
+}
+
+size_t pt_pool_sleeps(const pt_pool *p) {
+    return p ? atomic_load_explicit(&p->sleeps, memory_order_relaxed) : 0;
+}
+
 int pt_pool_submit(pt_pool *p, pt_task_fn fn, void *arg, pt_task_group *g, char *err, size_t errlen) {
     if (!p || !fn)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "thread_pool: submit with a NULL %s",
@@ -207,7 +299,11 @@ int pt_pool_submit(pt_pool *p, pt_task_fn fn, void *arg, pt_task_group *g, char 
     if (p->tail) p->tail->next = t;
     else p->head = t;
     p->tail = t;
-    pthread_cond_signal(&p->work_cv);
+    set_queued(p, p->n_queued + 1);
+    /* a spinner takes a task without being woken; more tasks than spinners
+     * need a sleeper (a spinner that is just giving up re-checks under mu) */
+    if (p->n_queued > atomic_load_explicit(&p->spinning, memory_order_relaxed))
+        pthread_cond_signal(&p->work_cv);
     pthread_mutex_unlock(&p->mu);
     return PT_OK;
 }
@@ -219,14 +315,29 @@ int pt_pool_wait(pt_pool *p, pt_task_group *g) {
         pthread_mutex_unlock(&p->mu);
         return PT_ERR_INVALID_ARG;
     }
+    double until = -1; /* end of the current spin window; -1: none yet */
     while (g->pending > 0) {
         node *t = pop_group(p, g);
         if (t) {
             run_locked(p, t);
+            until = -1;
             continue;
         }
-        /* Everything left of g is running on other threads. */
+        /* Everything left of g is running on other threads: poll for a
+         * finish first (once per wake-up), then sleep. */
+        double end = spin_window(p, &until);
+        if (end > 0) {
+            /* any finish (this group's or another's) ends a poll; the loop
+             * re-checks g under mu and polls on until the window closes */
+            size_t epoch = atomic_load_explicit(&p->done_pub, memory_order_acquire);
+            pthread_mutex_unlock(&p->mu);
+            spin_until_change(&p->done_pub, epoch, end);
+            pthread_mutex_lock(&p->mu);
+            continue;
+        }
+        atomic_fetch_add_explicit(&p->sleeps, 1, memory_order_relaxed);
         pthread_cond_wait(&p->done_cv, &p->mu);
+        until = -1;
     }
     pthread_mutex_unlock(&p->mu);
     return PT_OK;

@@ -38,6 +38,7 @@ struct pt_cost_ctx {
     uint64_t max_block_bytes;  /* largest param bytes of one block's non-mandatory chunks */
     int all_have;          /* every block uses some chunk (the prefetch chain never breaks) */
     double coll_f;         /* all-reduce seconds per gradient byte (0 = none) */
+    double ag_f, rs_f;     /* all-gather / reduce-scatter seconds per buffer byte (0 = none) */
     double comp_f, comp_b; /* pure compute of forward (embedding + blocks) and backward
                               (head/loss + blocks + embedding), without recompute */
     double *fstart;        /* [N]: forward compute before block b (embedding + blocks < b) */

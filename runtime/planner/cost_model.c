@@ -160,6 +160,12 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     }
     if (t->key.world_size > 1 && t->hw.allreduce_Bps > 0)
         cx->coll_f = 2.0 * (t->key.world_size - 1) / t->key.world_size / t->hw.allreduce_Bps;
+    /* bus-bandwidth convention, as the all-reduce's: a buffer of B bytes takes
+     * B (W-1)/W / rate (each rank sends or receives the other ranks' parts) */
+    if (t->key.world_size > 1 && t->hw.allgather_Bps > 0)
+        cx->ag_f = (double)(t->key.world_size - 1) / t->key.world_size / t->hw.allgather_Bps;
+    if (t->key.world_size > 1 && t->hw.reduce_scatter_Bps > 0)
+        cx->rs_f = (double)(t->key.world_size - 1) / t->key.world_size / t->hw.reduce_scatter_Bps;
     cx->interval = pt_swap_interval(t);
     cx->comp_f = t->embed_fwd_s;
     cx->comp_b = t->head_fwd_s + t->head_bwd_s + t->embed_bwd_s;
@@ -456,7 +462,15 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     const pt_trace_block *B = t->blocks;
     const int clip = o ? o->clip : 0;
     /* reciprocals: this loop runs for every candidate the searcher scores */
-    const double ih = 1.0 / t->hw.h2d_Bps, id = 1.0 / t->hw.d2h_Bps, cf = cx->coll_f;
+    const double ih = 1.0 / t->hw.h2d_Bps, id = 1.0 / t->hw.d2h_Bps;
+    /* Several ranks: this build's collectives do not overlap compute. The
+     * all-reduce of the replicated gradients runs in optimizer_step after
+     * backward (and the CPU steps wait for it), mode C's all-gather at each chunk
+     * upload and its reduce-scatter at each chunk's last backward run on the
+     * hook thread. So they are charged as exposed time after backward, and the
+     * CPU optimizer as deferred (after backward) whatever the clipping. */
+    const int ranks = t->key.world_size > 1;
+    const int shard = ranks && o && o->shard;
     const int eng = t->hw.copy_engines;
     const int32_t N = cx->N, K = cx->K;
     const uint64_t *gr = cx->grad, *trn = cx->train;
@@ -474,6 +488,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     fwd_windows(cx, a, &pw, &f);
     double fwd = f.time;
     up_bytes += f.up;
+    uint64_t chunk_up = f.up;   /* chunk uploads only (each an all-gather in mode C) */
     sync_bytes += f.sync;
     /* turn + backward; the CPU Adam of the gradients copied in a window starts
      * when that window ends (OVERLAP), chunks in landing order. */
@@ -500,6 +515,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
             us = x2.sync;
             u = x2.prefetch;
             up_bytes += u + us;
+            chunk_up += u + us;
             sync_bytes += us;
             u += a->bwd_swap_in[b];
             up_bytes += a->bwd_swap_in[b];
@@ -507,17 +523,15 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
             c = t->embed_bwd_s;
         }
         int32_t g = b + 1;   /* gradients completed in block g are copied now */
-        uint64_t d = 0, all = 0, tr = 0;
+        uint64_t d = 0, tr = 0;
         double rk = 0;
         if (g < N) {
             int32_t lo = imax(cx->f_lo[g], p), hi = cx->f_hi[g];
             d = rsum(gr, lo, hi);
             tr = rsum(trn, lo, hi);
             if (hi > lo) rk = (cx->rks[hi] - cx->rks[lo]) / shard_div;
-            if (cf > 0) all = rsum(gr, cx->f_lo[g], hi);
         }
-        if (b == -1) all += cx->mand_grad;
-        double x = (double)us * ih + win(c, (double)u * ih, (double)d * id, (double)all * cf, eng);
+        double x = (double)us * ih + win(c, (double)u * ih, (double)d * id, 0, eng);
         down_bytes += d;
         clock += x;
         /* REKLS chunks: their eigendecompositions and GEMMs on top (one worker
@@ -533,7 +547,21 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     double cpu_s = (double)cpu_elems * icpu + rk_cpu,
            dev_s = (double)dev_elems / t->hw.dev_adam_elems_per_s + rk_dev;
     double iter;
-    if (clip && o->defer) {
+    /* fp32 gradients: resident ones all-reduced in place, offloaded ones in their
+     * fp32 sums (mode B) or reduce-scattered (mode C) */
+    out->allreduce_s = ranks ? 4.0 * (double)(dev_elems + (shard ? 0 : cpu_elems)) * cx->coll_f : 0;
+    out->reduce_scatter_s = shard ? 4.0 * (double)cpu_elems * cx->rs_f : 0;
+    out->allgather_s = shard ? (double)chunk_up * cx->ag_f : 0;
+    double coll_s = out->allreduce_s + out->reduce_scatter_s + out->allgather_s;
+    if (ranks && o && o->defer) {
+        /* with several ranks every CPU step waits for the collectives, then is
+         * deferred like a clipped one */
+        iter = fwd + bwd + coll_s + dev_s + defer_delay(cx, p, dev_s, icpu, shard_div);
+        out->schedule = PT_SCHED_DEFER;
+    } else if (ranks) {
+        iter = fwd + bwd + coll_s + dmax(dev_s, cpu_s);
+        out->schedule = PT_SCHED_AFTER_BWD;
+    } else if (clip && o->defer) {
         iter = fwd + bwd + dev_s + defer_delay(cx, p, dev_s, icpu, shard_div);
         out->schedule = PT_SCHED_DEFER;
     } else if (clip) {
@@ -546,11 +574,11 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     out->iter_s = iter;
     out->fwd_s = fwd;
     out->bwd_s = bwd;
-    out->opt_s = iter - fwd - bwd;
+    out->opt_s = iter - fwd - bwd - coll_s;
     out->cpu_adam_s = cpu_s;
     out->dev_adam_s = dev_s;
     out->rekls_s = rk_cpu + rk_dev;
-    out->cpu_finish_s = clip ? bwd + cpu_s : cpu_clock;
+    out->cpu_finish_s = clip || ranks ? bwd + coll_s + cpu_s : cpu_clock;
     out->compute_s = comp;
     out->recompute_s = a->recompute_s;
     out->exposed_xfer_s = fwd + bwd - comp;
@@ -586,7 +614,9 @@ static double time_lb(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p,
     double shard = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
     double cpu = (double)rsum(cx->train, p, cx->K) / t->hw.cpu_adam_elems_per_s / shard;
     double dev = with_dev ? (double)(cx->mand_train + cx->train[p]) / t->hw.dev_adam_elems_per_s : 0.0;
-    if (o && o->clip) return w + (o->defer ? dev : dmax(dev, cpu));   /* DEFER: delay >= 0 */
+    /* several ranks: every CPU step runs after backward (and the collectives) */
+    if ((o && o->clip) || t->key.world_size > 1)
+        return w + (o && o->defer ? dev : dmax(dev, cpu));   /* DEFER: delay >= 0 */
     return dmax(w + dev, tf + cpu);
 }
 

@@ -42,7 +42,10 @@
  * order through the forward windows j+1, j+2, ..., each window hiding at most
  * its own fwd_s of swap traffic; what is left spills into the turn window.
  * Optimizer: device Adam over persistent trainable elements; CPU Adam over the
- * others. Schedule OVERLAP (no clipping): a chunk's CPU step starts when its
+ * others. The runtime steps offloaded chunks one after another, each spread
+ * over every CPU worker thread, so k chunks' steps take their elements /
+ * cpu_adam_elems_per_s (the profiler measures that rate on chunk-sized jobs
+ * through the same pool, per-chunk dispatch included) whether k is 1 or 100. Schedule OVERLAP (no clipping): a chunk's CPU step starts when its
  * gradient landed (end of the window that copied it) and the CPU works through
  * chunks in that order, so
  *   T_iter = T_fwd + max(T_bwd + T_dev_adam, CPU finish time from bwd start).
@@ -158,6 +161,9 @@ typedef struct pt_cost {
     int32_t schedule;            /* PT_SCHED_* */
     int32_t n_buffer_min;        /* lookahead minimum for this n_persist (every prefetch fits) */
     int32_t n_buffer_min_block;  /* one-block minimum (smallest n_buffer the runtime runs) */
+    /* several ranks: the collectives' time (exposed: they run on the hook thread
+     * or in optimizer_step), included in iter_s; 0 with one rank */
+    double allreduce_s, allgather_s, reduce_scatter_s;
 } pt_cost;
 
 /* Precomputed sums over one trace. The trace must outlive the context and not

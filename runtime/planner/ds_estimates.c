@@ -314,6 +314,8 @@ int pt_shape_trace(const pt_model_shape *m0, const pt_hw_shape *hw, uint64_t S, 
     out->hw.cpu_adam_elems_per_s = hw->cpu_adam_elems_per_s;
     out->hw.dev_adam_elems_per_s = hw->dev_adam_elems_per_s;
     out->hw.allreduce_Bps = hw->allreduce_Bps;
+    out->hw.allgather_Bps = hw->allgather_Bps;
+    out->hw.reduce_scatter_Bps = hw->reduce_scatter_Bps;
     out->hw.copy_engines = hw->copy_engines;
     out->hw.host_ram_bytes = hw->host_ram_bytes;
     out->hw.device_capacity = hw->device_bytes;

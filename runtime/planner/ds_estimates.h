@@ -70,6 +70,7 @@ typedef struct pt_hw_shape {
     double allreduce_Bps;         /* 0 = not modelled */
     uint64_t host_ram_bytes;      /* 0 = unlimited */
     char device[64];
+    double allgather_Bps, reduce_scatter_Bps;  /* mode C's collectives; 0 = not modelled */
 } pt_hw_shape;
 
 /* Fill defaults for missing fields (ffn, kv_heads) and check ranges. 0 or -1

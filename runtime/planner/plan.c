@@ -178,6 +178,10 @@ char *pt_plan_text(const pt_plan *p) {
     if (c->rekls_s > 0)
         sb_printf(&b, "    %-16s %.4f s of that is REKLS (eigh + GEMMs at the profiled rates, chunks "
                       "counted one after another)\n", "", c->rekls_s);
+    if (p->world_size > 1)
+        sb_printf(&b, "    %-16s all-reduce %.4f s, all-gather %.4f s, reduce-scatter %.4f s (not "
+                  "overlapped: in the iteration)\n", "collectives", c->allreduce_s, c->allgather_s,
+                  c->reduce_scatter_s);
     sb_printf(&b, "  optimizer        %s\n",
               c->schedule == PT_SCHED_AFTER_BWD
                   ? "CPU Adam after backward (clipping needs the global norm first)"
@@ -192,6 +196,7 @@ char *pt_plan_text(const pt_plan *p) {
     else
         sb_printf(&b, "unlimited\n");
     sb_printf(&b, "  execution mode   %s\n", p->exec_mode < 0 ? "not decided (auto)" : mode_name(p->exec_mode));
+    if (p->mode_why[0]) sb_printf(&b, "                   %s\n", p->mode_why);
     if (p->n_alt > 0) sb_printf(&b, "  runner-ups\n");
     for (int i = 0; i < p->n_alt; i++) {
         const pt_plan_alt *a = &p->alt[i];
@@ -285,10 +290,15 @@ char *pt_plan_json(const pt_plan *p) {
     JU("h2d_sync_bytes", c->h2d_sync_bytes);
     JD("sync_xfer_s", c->sync_xfer_s);
     JD("cpu_finish_s", c->cpu_finish_s);
+    JD("allreduce_s", c->allreduce_s);
+    JD("allgather_s", c->allgather_s);
+    JD("reduce_scatter_s", c->reduce_scatter_s);
     sb_printf(&b, ",\n  \"optimizer_schedule\": \"%s\"", c->schedule == PT_SCHED_AFTER_BWD ? "after_backward"
                                               : c->schedule == PT_SCHED_DEFER ? "into_next_forward"
                                                                               : "overlapped");
     sb_printf(&b, ",\n  \"exec_mode\": \"%s\"", mode_name(p->exec_mode));
+    sb_printf(&b, ",\n  \"exec_mode_why\": ");
+    json_str(&b, p->mode_why);
     sb_printf(&b, ",\n  \"mlp_tiles\": %lld, \"mlp_tile_len\": %lld", (long long)p->mlp_tiles,
               (long long)p->mlp_tile_len);
     JI("world_size", p->world_size);

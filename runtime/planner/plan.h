@@ -62,6 +62,7 @@ typedef struct pt_plan {
     uint64_t budget;            /* capacity - reserve - headroom */
     uint64_t host_budget;       /* 0 = unlimited */
     int32_t exec_mode;          /* -1 = not decided, 0 = A, 1 = B, 2 = C */
+    char mode_why[400];         /* why that mode (auto_mode with several ranks), or "" */
     int32_t world_size;
     char device[64];
     int64_t batch, seq;

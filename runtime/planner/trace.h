@@ -77,10 +77,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PT_TRACE_VERSION 5u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
+#define PT_TRACE_VERSION 6u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
                                  3: calibration learned from runs (pt_trace_calib);
                                  4: chunk rekls_bytes, rekls_s;
-                                 5: the allocator's fragmentation measured (pt_trace_frag) */
+                                 5: the allocator's fragmentation measured (pt_trace_frag);
+                                 6: all-gather and reduce-scatter rates */
 
 /* Per-block activation modes (the plan's mode map). */
 enum { PT_BLOCK_NONE = 0, PT_BLOCK_CKPT = 1, PT_BLOCK_SWAP = 2 };
@@ -126,13 +127,17 @@ typedef struct pt_trace_chunk {
 typedef struct pt_trace_hw {
     double h2d_Bps;               /* pinned host -> device bytes/s */
     double d2h_Bps;               /* device -> pinned host bytes/s */
-    double cpu_adam_elems_per_s;  /* CPU AdamW, elements/s (all worker threads) */
+    double cpu_adam_elems_per_s;  /* CPU AdamW, elements/s: chunk-sized jobs, each on every
+                                   * worker thread, as the runtime steps offloaded chunks */
     double dev_adam_elems_per_s;  /* device AdamW, elements/s */
     double allreduce_Bps;         /* gradient all-reduce bus bytes/s; 0 = not modelled */
     int32_t copy_engines;         /* 1: H2D and D2H share one engine; 2: one per direction */
     int32_t reserved0;
     uint64_t host_ram_bytes;      /* pinned host budget for this rank; 0 = unlimited */
     uint64_t device_capacity;     /* device bytes the plugin may use */
+    /* mode C's collectives, bus bytes/s (time of a buffer of B bytes =
+     * B (W-1)/W / rate); 0 = not modelled */
+    double allgather_Bps, reduce_scatter_Bps;
 } pt_trace_hw;
 
 /* What running plans made from this profile taught (stored with it in the

@@ -21,7 +21,7 @@
 #define MAX_BLOCKS (1 << 20)
 #define MAX_CHUNKS (1 << 24)
 /* Encoded sizes (see the format in trace_cache.h). */
-#define SCALAR_BYTES 228u
+#define SCALAR_BYTES 244u
 #define BLOCK_BYTES 72u
 #define CHUNK_BYTES 68u
 
@@ -169,7 +169,8 @@ int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
     const pt_trace_hw *h = &t->hw;
     if (!(isfinite(h->h2d_Bps) && h->h2d_Bps > 0) || !(isfinite(h->d2h_Bps) && h->d2h_Bps > 0) ||
         !(isfinite(h->cpu_adam_elems_per_s) && h->cpu_adam_elems_per_s > 0) ||
-        !(isfinite(h->dev_adam_elems_per_s) && h->dev_adam_elems_per_s > 0) || !finite_nonneg(h->allreduce_Bps))
+        !(isfinite(h->dev_adam_elems_per_s) && h->dev_adam_elems_per_s > 0) || !finite_nonneg(h->allreduce_Bps) ||
+        !finite_nonneg(h->allgather_Bps) || !finite_nonneg(h->reduce_scatter_Bps))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                     "trace: hw rates must be positive and finite (h2d %g d2h %g B/s, cpu adam %g, dev adam %g elem/s)",
                     h->h2d_Bps, h->d2h_Bps, h->cpu_adam_elems_per_s, h->dev_adam_elems_per_s);
@@ -350,6 +351,8 @@ static void encode_payload(wbuf *w, const pt_trace *t) {
     put_f64(w, t->hw.cpu_adam_elems_per_s);
     put_f64(w, t->hw.dev_adam_elems_per_s);
     put_f64(w, t->hw.allreduce_Bps);
+    put_f64(w, t->hw.allgather_Bps);
+    put_f64(w, t->hw.reduce_scatter_Bps);
     put_i32(w, t->hw.copy_engines);
     put_u64(w, t->hw.host_ram_bytes);
     put_u64(w, t->hw.device_capacity);
@@ -419,6 +422,8 @@ static int decode_payload(rbuf *r, pt_trace *t, char *err, size_t errlen) {
     t->hw.cpu_adam_elems_per_s = get_f64(r);
     t->hw.dev_adam_elems_per_s = get_f64(r);
     t->hw.allreduce_Bps = get_f64(r);
+    t->hw.allgather_Bps = get_f64(r);
+    t->hw.reduce_scatter_Bps = get_f64(r);
     t->hw.copy_engines = get_i32(r);
     t->hw.host_ram_bytes = get_u64(r);
     t->hw.device_capacity = get_u64(r);

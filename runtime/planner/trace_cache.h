@@ -28,10 +28,12 @@
 
 #include "trace.h"
 
-#define PT_TRACE_FILE_VERSION 5u   /* 2: chunk records carry dev_bytes, host_bytes;
+#define PT_TRACE_FILE_VERSION 6u   /* 2: chunk records carry dev_bytes, host_bytes;
                                       3: the scalars end with calib (4 f64);
                                       4: chunk records end with rekls_bytes, rekls_s;
-                                      5: the scalars end with frag (f64 factor, 4 u64) */
+                                      5: the scalars end with frag (f64 factor, 4 u64);
+                                      6: all-gather and reduce-scatter rates (2 f64)
+                                         after the all-reduce rate */
 #define PT_TRACE_HEADER_BYTES 128u
 
 enum { PT_CACHE_MISS = 0, PT_CACHE_HIT = 1 };

@@ -256,6 +256,7 @@ static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
      * host's kernels may still read its previous chunk */
     const pt_gpu_backend *o = OPS(st);
     const char *op = NULL;
+    int src = PT_OK;
     if (o->stream_wait_event(IMPL(st), st->env.s_h2d, ms->slot_free[slot]) ||
         (pt_cs_ord(st, PT_ORD_SLOT) &&
          o->stream_wait_event(IMPL(st), st->env.s_h2d, ms->slot_used[slot])))
@@ -263,7 +264,9 @@ static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     else if (c->step_pending && !(st->env.skip & PT_ORD_DEFER) &&
              o->host_fn(IMPL(st), st->env.s_h2d, wait_step, c))
         op = "host_fn";
-    else if (pt_gpu_memcpy_async(st->env.gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D,
+    else if (c->sh) {   /* mode C: this rank's part, then the all-gather */
+        if ((src = pt_sh_upload(st, c, dst, err, errlen))) op = "";
+    } else if (pt_gpu_memcpy_async(st->env.gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D,
                                  st->env.s_h2d))
         op = "memcpy";
     else if (o->event_record(IMPL(st), c->ev_up, st->env.s_h2d))
@@ -275,6 +278,7 @@ static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
         pt_bufpool_release(ms->pool, slot, NULL, 0);
         pt_bufpool_invalidate(ms->pool, c->id, NULL, 0);
         c->slot = -1;
+        if (src) return src;   /* its own sentence is in err */
         return pt_fail(err, errlen, PT_ERR_BACKEND, "upload of chunk %d (%llu bytes) failed: %s failed",
                        c->id, (unsigned long long)c->used, op);
     }
@@ -353,47 +357,68 @@ int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen
 
 /* ---- CPU side of a chunk's gradient ---- */
 
-/* Adam over every trainable region of an offloaded chunk (REKLS for its 2-D
- * block params when that is the optimizer). Runs on a worker. */
-static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc,
-                       float lr, float gs, int64_t step) {
+/* Adam over every trainable region of an offloaded chunk, as one job whose
+ * slices every worker shares (pt_cpu_adam_step_many): grp NULL steps it now
+ * (from a worker: the wait runs the job's queued slices itself), else the
+ * runners are queued into grp with hooks h. The regions' args are built here;
+ * the job keeps its own copy. A REKLS chunk (its 2-D block params when that is
+ * the optimizer) is stepped param by param on this thread instead, and a mode C
+ * chunk over this rank's parts; callers queue those as one task and pass grp
+ * NULL. */
+static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, float lr, float gs,
+                       int64_t step, pt_task_group *grp, const pt_cpu_adam_hooks *h) {
+    if (c->sh) {   /* mode C: AdamW over this rank's parts (REKLS is refused with it) */
+        pt_sh_adam(c, k, from_acc);
+        return;
+    }
     if (c->rk_count) {
         pt_rk_cpu_chunk(st, c, k, from_acc, lr, gs, step);
         return;
     }
+    pt_cpu_adam_args one, *a = c->lc->n_regions > 1 ? malloc(sizeof *a * (size_t)c->lc->n_regions) : &one;
+    memset(&one, 0, sizeof one);
+    int n = 0;
     for (int r = 0; r < c->lc->n_regions; r++) {
         const pt_chunk_region *g = &c->lc->regions[r];
         if (c->reg_state[r] == UINT64_MAX) continue;
-        uint64_t s = c->reg_state[r], n = g->bytes / pt_dtype_size(g->dtype);
-        pt_cpu_adam_args a;
-        memset(&a, 0, sizeof a);
-        a.n = (size_t)n;
-        a.c = *k;
-        a.m = c->h_m + s;
-        a.v = c->h_v + s;
+        uint64_t s = c->reg_state[r];
+        pt_cpu_adam_args x;
+        memset(&x, 0, sizeof x);
+        x.n = (size_t)(g->bytes / pt_dtype_size(g->dtype));
+        x.c = *k;
+        x.m = c->h_m + s;
+        x.v = c->h_v + s;
         if (from_acc) {
-            a.g = c->h_gacc + s;
-            a.g_dtype = PT_F32;
+            x.g = c->h_gacc + s;
+            x.g_dtype = PT_F32;
         } else {
-            a.g = (char *)c->h_gstage + g->offset;
-            a.g_dtype = g->dtype;
+            x.g = (char *)c->h_gstage + g->offset;
+            x.g_dtype = g->dtype;
         }
         if (g->dtype == PT_F32) {
-            a.p = (float *)((char *)c->h_param + g->offset);
+            x.p = (float *)((char *)c->h_param + g->offset);
         } else {
-            a.p = c->h_master + s;
-            a.out = (char *)c->h_param + g->offset;
-            a.out_dtype = g->dtype;
+            x.p = c->h_master + s;
+            x.out = (char *)c->h_param + g->offset;
+            x.out_dtype = g->dtype;
         }
-        pt_cpu_adam_range(&a, 0, a.n);
+        if (a) a[n++] = x;
+        else pt_cpu_adam_range(&x, 0, x.n);   /* no memory for the list: this thread, same math */
     }
-    (void)st;
+    /* a queueing failure leaves the update complete after the wait (the
+     * runners that could not be queued ran inline), so nothing to report */
+    if (a) pt_cpu_adam_step_many(st->workers, a, n, grp, h, NULL, 0);
+    if (a != &one) free(a);
 }
 
 /* Squared norms per param root, in double, element order (matches a host that
  * sums g^2 param by param). Reads the gradient the optimizer will use. */
 void pt_cs_chunk_norms(pt_store *st, cs_chunk *c, int from_acc) {
     pt_store *ms = st;
+    if (c->sh) {
+        pt_sh_norms(st, c, from_acc);
+        return;
+    }
     for (int j = 0; j < c->lc->n_params; j++) {
         int root = ms->lay.order[c->lc->first_param + j];
         if (!ms->root_tr[root]) continue;   /* frozen (byte params too): no gradient */
@@ -422,6 +447,10 @@ void pt_cs_chunk_norms(pt_store *st, cs_chunk *c, int from_acc) {
 
 /* acc (+)= stage, region by region, widening to fp32. */
 static void chunk_accumulate(cs_chunk *c, int first) {
+    if (c->sh) {
+        pt_sh_accumulate(c, first);
+        return;
+    }
     for (int r = 0; r < c->lc->n_regions; r++) {
         const pt_chunk_region *g = &c->lc->regions[r];
         if (c->reg_state[r] == UINT64_MAX) continue;
@@ -467,7 +496,7 @@ static void grad_task(void *arg) {
     if (acc) chunk_accumulate(c, c->t_micro == 0);
     int last = c->t_micro == c->t_n_micro - 1;
     if (last && c->t_norm) pt_cs_chunk_norms(st, c, acc);
-    if (last && c->t_step_now) chunk_adam(st, c, &c->t_consts, acc, c->t_lr, 1.0f, c->t_k);
+    if (last && c->t_step_now) chunk_adam(st, c, &c->t_consts, acc, c->t_lr, 1.0f, c->t_k, NULL, NULL);
     double t1 = pt_now_s();
     if (last) {
         c->t_start = t0;
@@ -541,7 +570,9 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     /* the gradient is complete once the host's backward of this block has run */
     const pt_gpu_backend *o = OPS(st);
     const char *op = NULL;
-    if (pt_cs_ord(st, PT_ORD_GRAD) &&
+    if (c->sh) {   /* mode C: reduce-scatter, then only this rank's part comes back */
+        if ((rc = pt_sh_grad_out(st, c, gsrc, err, errlen))) return rc;
+    } else if (pt_cs_ord(st, PT_ORD_GRAD) &&
         o->stream_wait_event(IMPL(st), st->env.s_d2h, ms->slot_used[c->slot]))
         op = "stream_wait_event";
     else if (pt_gpu_memcpy_async(st->env.gpu, c->h_gstage, gsrc, (size_t)c->used, PT_GPU_D2H,
@@ -716,18 +747,30 @@ static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
     return PT_OK;
 }
 
-/* A CPU step queued by optimizer_step (constants in the chunk: s_consts, s_acc, s_lr,
- * s_gs, s_k). */
-static void adam_task(void *arg) {
+/* A CPU step queued by optimizer_step (constants in the chunk: s_consts, s_acc,
+ * s_lr, s_gs, s_k): an AdamW chunk's runners (every worker) each start with
+ * the testing delay, and the last one to finish accounts the step's time; a
+ * REKLS chunk is one task (adam_task) doing the same around its step. */
+static void step_start(void *arg) {
     cs_chunk *c = arg;
     double delay = c->owner->env.cfg->debug_cpu_step_delay;
     if (delay > 0) {   /* testing: widen the window a missing wait would leave */
         struct timespec ts = {(time_t)delay, (long)((delay - (double)(time_t)delay) * 1e9)};
         nanosleep(&ts, NULL);
     }
+}
+
+static void step_done(void *arg, double t_first, double t_end) {
+    cs_chunk *c = arg;
+    add_optim_time(c->owner, t_end - t_first);
+}
+
+static void adam_task(void *arg) {
+    cs_chunk *c = arg;
+    step_start(c);
     double t0 = pt_now_s();
-    chunk_adam(c->owner, c, &c->s_consts, c->s_acc, c->s_lr, c->s_gs, c->s_k);
-    add_optim_time(c->owner, pt_now_s() - t0);
+    chunk_adam(c->owner, c, &c->s_consts, c->s_acc, c->s_lr, c->s_gs, c->s_k, NULL, NULL);
+    step_done(c, t0, pt_now_s());
 }
 
 void pt_store_set_profiling(pt_store *st, int on) { st->profiling = on; }
@@ -816,9 +859,17 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         c->s_lr = lr;
         c->s_gs = gs;
         c->s_k = o->t + 1;
-        if (pt_pool_submit(ms->workers, adam_task, c, defer ? &c->sg : &g, NULL, 0)) {
-            adam_task(c);   /* no task node: step it here */
-            continue;
+        if (c->rk_count || c->sh) {   /* one task: REKLS, or this rank's mode C parts */
+            if (pt_pool_submit(ms->workers, adam_task, c, defer ? &c->sg : &g, NULL, 0)) {
+                adam_task(c);   /* no task node: step it here */
+                continue;
+            }
+        } else {
+            /* every worker on this chunk, then on the next: the runners of
+             * chunk k are queued ahead of chunk k + 1's, so the chunks finish
+             * one by one in gather order at the rate of all threads */
+            const pt_cpu_adam_hooks h = {step_start, step_done, c};
+            chunk_adam(st, c, &c->s_consts, c->s_acc, lr, gs, c->s_k, defer ? &c->sg : &g, &h);
         }
         c->step_pending = defer;
     }

@@ -17,6 +17,10 @@
  * whose plans differ (the search uses each rank's own timings) still match.
  * With [dist] tp_size > 1 (all ranks one tensor-parallel group) nothing is
  * reduced here; only the norms are taken.
+ *
+ * Mode C (shard.c): offloaded chunks were reduce-scattered at their backward
+ * already, so only resident chunks are all-reduced here; for clipping, each
+ * rank's partial squared norms of its parts are summed across the ranks once.
  */
 #include <stdio.h>
 
@@ -41,6 +45,10 @@ int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen) {
     for (int k = 0; k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
         if (!c->trainable) continue;
+        if (c->sh) {   /* reduced at its backward (mode C): only its part's norms */
+            if (clip) pt_cs_chunk_norms(st, c, 1);
+            continue;
+        }
         snprintf(what, sizeof what, "gradient of chunk %d", c->id);
         for (int r = 0; !tp && r < c->lc->n_regions; r++) {
             const pt_chunk_region *g = &c->lc->regions[r];
@@ -57,11 +65,17 @@ int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen) {
                                "reducing them across ranks is not built yet (fp32 parameters, "
                                "or 16-bit ones in offloaded chunks, are)", c->id);
             }
+            double t0 = pt_now_s();
             int rc = pt_coll_allreduce(st->env.coll, buf, n, PT_COLL_F32, scale, what, err,
                                        errlen);
+            st->coll_s[0] += pt_now_s() - t0;
             if (rc) return rc;
         }
         if (!c->persistent && clip) pt_cs_chunk_norms(st, c, 1);
     }
-    return PT_OK;
+    if (!st->shard || !clip) return PT_OK;
+    double t0 = pt_now_s();
+    int rc = pt_sh_norm_reduce(st, err, errlen);
+    st->coll_s[0] += pt_now_s() - t0;
+    return rc;
 }

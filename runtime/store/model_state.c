@@ -12,6 +12,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "coll.h"
 #include "device_ext.h"
 #include "kernels_hd.h"
 #include "store_internal.h"
@@ -125,6 +126,7 @@ static int choose_layout(pt_store *st, char *err, size_t errlen) {
  * never 2 bytes per parameter), exactly as alloc_offloaded allocates them;
  * rounded: each allocation rounded as the pinned arena carves it. */
 static uint64_t pinned_of(const cs_chunk *c, int rounded) {
+    if (c->sh) return pt_sh_pinned(c, rounded);
     uint64_t pb = rounded ? pt_gpu_round_size(c->used) : c->used;
     if (!c->trainable) return pb;                              /* h_param only */
     uint64_t eb = (uint64_t)c->n_state * 4, rk = c->rk_plan_aux * 4;
@@ -179,10 +181,23 @@ static int check_pinned(pt_store *st, uint64_t need, char *err, size_t errlen) {
      * backend does not lock), so it is reported, not enforced. */
     uint64_t eff = budget ? budget : avail / 10 * 9;
     if (need > eff || (avail && need > avail)) {
-        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "pinned host memory: the offloaded chunks need %llu bytes, but the budget is %llu "
+        /* mode C: also what mode B (replicated) would need per rank */
+        char alt[160] = "";
+        if (st->shard) {
+            uint64_t rep = 0;
+            for (int k = 0; k < st->n_chunks; k++) {
+                const cs_chunk *c = &st->ch[k];
+                if (c->sh)
+                    rep += c->trainable ? 2 * c->used + 2 * 4 * c->sh->n_state_full : c->used;
+            }
+            snprintf(alt, sizeof alt, " (this rank's parts in mode C, split over %d ranks; "
+                     "replicated on every rank, mode B, they would need %llu)", st->world,
+                     (unsigned long long)rep);
+        }
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "pinned host memory: the offloaded chunks need %llu bytes%s, but the budget is %llu "
             "(pinned_budget = %s), MemAvailable is %llu and RLIMIT_MEMLOCK is %s; lower "
             "offload (raise n_persist / device_capacity) or raise [memory] pinned_budget",
-            (unsigned long long)need, (unsigned long long)eff, budget ? "set" : "auto: 90% of "
+            (unsigned long long)need, alt, (unsigned long long)eff, budget ? "set" : "auto: 90% of "
             "MemAvailable", (unsigned long long)avail, lim);
     }
     return PT_OK;
@@ -209,16 +224,20 @@ static int alloc_persistent(pt_store *st, cs_chunk *c, char *err, size_t errlen)
 
 static int alloc_offloaded(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     int rc;
-    if ((rc = pt_gpu_pinned_alloc(st->env.gpu, c->used, &c->h_param, err, errlen))) return rc;
-    memset(c->h_param, 0, c->used);
-    if (!c->trainable) return PT_OK;
+    /* sharded: this rank's parts only, the staged gradient in fp32 */
     size_t eb = (size_t)c->n_state * sizeof(float);
-    if ((rc = pt_gpu_pinned_alloc(st->env.gpu, c->used, &c->h_gstage, err, errlen)) ||
+    size_t pb = c->sh ? (size_t)c->sh->p_bytes : (size_t)c->used, gb = c->sh ? eb : pb;
+    if ((rc = pt_gpu_pinned_alloc(st->env.gpu, pb, &c->h_param, err, errlen))) return rc;
+    memset(c->h_param, 0, pb);
+    if (!c->trainable) return PT_OK;
+    if ((rc = pt_gpu_pinned_alloc(st->env.gpu, gb, &c->h_gstage, err, errlen)) ||
         (rc = pt_gpu_pinned_alloc(st->env.gpu, eb, (void **)&c->h_m, err, errlen)) ||
         (rc = pt_gpu_pinned_alloc(st->env.gpu, eb, (void **)&c->h_v, err, errlen)))
         return rc;
     memset(c->h_m, 0, eb);
     memset(c->h_v, 0, eb);
+    /* a part's padding elements are never copied in: they must read as zero */
+    if (c->sh) memset(c->h_gstage, 0, gb);
     if (c->has16) {
         if ((rc = pt_gpu_pinned_alloc(st->env.gpu, eb, (void **)&c->h_master, err, errlen))) return rc;
         memset(c->h_master, 0, eb);
@@ -236,6 +255,7 @@ static int upload_initial(pt_store *st, char *err, size_t errlen) {
         cs_chunk *c = &ms->ch[ms->lay.param_chunk[i]];
         uint64_t off = ms->lay.param_offset[i];
         size_t bytes = (size_t)(pt_param_numel(p) * pt_dtype_size(p->dtype));
+        if (c->sh) continue;   /* below, chunk by chunk */
         if (c->persistent) {
             char e[256];
             if (pt_gpu_memcpy_sync(st->env.gpu, (char *)c->d_param + off, p->init, bytes,
@@ -246,6 +266,8 @@ static int upload_initial(pt_store *st, char *err, size_t errlen) {
             memcpy((char *)c->h_param + off, p->init, bytes);
         }
     }
+    for (int k = 0; k < ms->n_chunks; k++)
+        if (ms->ch[k].sh) pt_sh_init_values(st, &ms->ch[k]);
     return PT_OK;
 }
 
@@ -263,6 +285,9 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
     pt_model_v1 *m = st->env.model;
     pt_store *ms = st;
     ms->n_params = m->n_params;
+    ms->rank = pt_coll_rank(st->env.coll);
+    ms->world = pt_coll_world(st->env.coll);
+    ms->shard = st->env.shard && st->env.coll && ms->world > 1;
     int rc = choose_layout(st, err, errlen);
     if (rc) return rc;
     pt_layout *L = &ms->lay;
@@ -320,6 +345,7 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
         pt_rk_plan_chunk(ms, c);
         if (c->persistent) ms->n_persist++;
         else ms->n_offloaded++;
+        if (ms->shard && !c->persistent && (rc = pt_sh_setup(st, c, err, errlen))) return rc;
     }
     int nb = st->kn.n_buffer;
     ms->nb_fixed = nb >= 0;
@@ -377,7 +403,8 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
     PT_LOGI(st->env.lg, "memory: persistent chunks %.2f MiB, buffers %.2f MiB on the device; "
                      "pinned host %.2f MiB allocated in %.3f s; mode %s",
             ms->persist_bytes / 1048576.0, ms->buffer_bytes / 1048576.0, pinned / 1048576.0,
-            ms->pin_seconds, ms->n_offloaded ? "B (offload)" : "A (everything resident)");
+            ms->pin_seconds, !ms->n_offloaded ? "A (everything resident)"
+                             : ms->shard ? "C (offload, sharded across the ranks)" : "B (offload)");
     return PT_OK;
 }
 
@@ -466,6 +493,7 @@ int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, 
     }
     cs_chunk *c = &ms->ch[ms->lay.param_chunk[root]];
     uint64_t off = ms->lay.param_offset[root];
+    if (c->sh) return pt_sh_read_param(st, c, off, dst, (size_t)bytes, err, errlen);
     if (c->persistent) {
         /* the device AdamW of the last step may still be queued */
         int rc = pt_cs_ord(st, PT_ORD_STEP) ? pt_store_sync(st, err, errlen) : PT_OK;
@@ -490,7 +518,7 @@ void pt_store_stats(const pt_store *st, pt_stats_v1 *s) {
     s->n_chunk = ms->n_chunks;
     s->n_persist = ms->n_persist;
     s->n_buffer = ms->n_buffer;
-    s->mode = ms->n_offloaded ? 1 : 0;
+    s->mode = ms->n_offloaded ? (ms->shard ? 2 : 1) : 0;
     pthread_mutex_lock(&ms->acct_mu);
     s->cpu_optim_s = ms->cpu_optim_s;
     s->cpu_optim_hidden_s = ms->cpu_hidden_s;
@@ -519,6 +547,15 @@ void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out
     out->mandatory = c->lc->mandatory_persistent || c->lc->oversize;
     out->dev_bytes = pt_ms_chunk_dev_bytes(c);
     out->host_bytes = pt_ms_chunk_host_bytes(c);
+    if (c->sh) {
+        /* the replicated figure (what mode B would pin): the planner divides it
+         * by the ranks itself when it weighs mode C */
+        uint64_t eb = c->sh->n_state_full * 4;
+        out->host_bytes = c->trainable ? 2 * c->used + 2 * eb : c->used;
+        out->n_state = c->sh->n_state_full;
+    }
+    /* several ranks: the fp32 gradient sum is always kept (pt_store_pre_step) */
+    if (st->env.coll && c->trainable) out->host_bytes += 4 * out->n_state;
     out->rekls_bytes = pt_ms_chunk_rekls_dev_bytes(c);
     out->rekls_gemm_flops = c->rk_plan_gemm;
     out->rekls_eigh_flops = c->rk_plan_eigh;
@@ -535,6 +572,10 @@ int pt_store_borrow_slot(pt_store *st, void **dev, uint64_t *bytes) {
 }
 
 struct pt_pool *pt_store_workers(pt_store *st) { return st->workers; }
+
+void pt_store_coll_seconds(const pt_store *st, double out[3]) {
+    for (int i = 0; i < 3; i++) out[i] = st ? st->coll_s[i] : 0;
+}
 
 int pt_store_create(const pt_store_env *env, const pt_store_knobs *kn, const int32_t *modes,
                     const int32_t *swap_done, int from_image, pt_store **out, char *err,
@@ -583,6 +624,7 @@ int pt_store_destroy(pt_store *st, char *err, size_t errlen) {
         pt_gpu_pinned_free(st->env.gpu, c->h_m);
         pt_gpu_pinned_free(st->env.gpu, c->h_v);
         pt_gpu_pinned_free(st->env.gpu, c->h_gacc);
+        pt_sh_free(c);
         free(c->reg_state);
     }
     pt_gpu_free(st->env.gpu, ms->d_gtmp);
@@ -611,6 +653,10 @@ int pt_store_param_home(pt_store *st, int32_t index, float **p, int *on_device, 
                        index, q->name ? q->name : "(unnamed)");
     cs_chunk *c = &ms->ch[ms->lay.param_chunk[root]];
     uint64_t off = ms->lay.param_offset[root];
+    if (c->sh)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "param_home: param %d '%s' lies in "
+                       "chunk %d, which mode C splits across the ranks", index,
+                       q->name ? q->name : "(unnamed)", c->id);
     if (c->persistent) {
         *p = (float *)((char *)c->d_param + off);
         *on_device = 1;

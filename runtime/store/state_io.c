@@ -204,7 +204,15 @@ int pt_store_snapshot(pt_store *st, pt_state_image *img, char *err, size_t errle
     img->bytes = n;
     img->step = st->env.opt->t;
     img->has_opt = st->opt_ready;
+    /* mode C: every rank's parts gathered into whole chunks first (a collective:
+     * every rank snapshots at the same point), so the image is the same per
+     * parameter image a single rank writes */
+    if (st->shard && (rc = pt_sh_views_open(st, 1, err, errlen))) {
+        pt_state_image_free(img);
+        return rc;
+    }
     rc = walk(st, img->data, &n, W_SAVE, err, errlen);
+    if (st->shard) pt_sh_views_close(st, 0);
     if (rc) pt_state_image_free(img);
     return rc;
 }
@@ -232,7 +240,11 @@ int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t 
             "model needs %zu (a different model)", img->bytes, need);
     }
     size_t n = img->bytes;
-    if ((rc = walk(st, img->data, &n, W_LOAD, err, errlen))) return rc;
+    /* mode C: whole-chunk views receive the image; this rank keeps its parts */
+    if (st->shard && (rc = pt_sh_views_open(st, 0, err, errlen))) return rc;
+    rc = walk(st, img->data, &n, W_LOAD, err, errlen);
+    if (st->shard) pt_sh_views_close(st, !rc);
+    if (rc) return rc;
     st->env.opt->t = img->step;
     invalidate_slots(st);
     return PT_OK;
@@ -246,6 +258,19 @@ void pt_state_image_free(pt_state_image *img) {
 
 static void file_path(pt_store *st, const char *dir, char *buf, size_t len) {
     snprintf(buf, len, "%s/protrain_state_rank%d.bin", dir, st->env.host->rank);
+}
+
+/* The file a rank loads: its own; a rank the saving run did not have (more ranks
+ * now) reads rank 0's. Every file holds the whole per-parameter image (modes A
+ * and B replicate it, mode C gathers it before writing), so any of them restores
+ * any rank under any world size and mode. Sets *from to the rank read. */
+static void load_path(pt_store *st, const char *dir, char *buf, size_t len, int *from) {
+    *from = st->env.host->rank;
+    file_path(st, dir, buf, len);
+    if (*from > 0 && access(buf, F_OK) != 0 && errno == ENOENT) {
+        *from = 0;
+        snprintf(buf, len, "%s/protrain_state_rank0.bin", dir);
+    }
 }
 
 /* A save killed between creating its temp file and the rename leaves
@@ -342,15 +367,16 @@ int pt_store_save(pt_store *st, const char *dir, char *err, size_t errlen) {
 
 /* Values a checksummed header may still hold that this run cannot use (a file
  * written by a buggy or foreign writer): refused before anything is restored. */
-static int check_header(pt_store *st, const st_header *h, const char *path, char *err,
-                        size_t errlen) {
+static int check_header(pt_store *st, const st_header *h, const char *path, int from,
+                        char *err, size_t errlen) {
     if (h->n_params != (uint32_t)st->env.model->n_params)
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s holds a model with %u parameters, this one has %d", path,
                        h->n_params, st->env.model->n_params);
-    if (h->rank != (uint32_t)st->env.host->rank || h->world_size != (uint32_t)running_world(st))
-        return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s was saved by rank %u of %u; "
-                       "this is rank %d of %d", path, h->rank, h->world_size,
-                       st->env.host->rank, running_world(st));
+    /* the file of another rank by name would be a copy gone wrong; another world
+     * size is fine (the image is per parameter) */
+    if (h->rank != (uint32_t)from || h->world_size < 1 || h->rank >= h->world_size)
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s says it was saved by rank %u "
+                       "of %u, but its name is rank %d's", path, h->rank, h->world_size, from);
     uint32_t fo = h->optim ? h->optim : PT_OPTIM_ADAMW;
     uint32_t ro = st->env.opt->type == PT_OPTIM_REKLS ? PT_OPTIM_REKLS : PT_OPTIM_ADAMW;
     if (fo != ro)
@@ -391,7 +417,8 @@ int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "load_state: no directory given");
     }
     char path[1024];
-    file_path(st, dir, path, sizeof path);
+    int from = 0;
+    load_path(st, dir, path, sizeof path, &from);
     FILE *f = fopen(path, "rb");
     if (!f) {
         return pt_fail(err, errlen, PT_ERR_IO, "load_state: cannot open %s: %s", path, strerror(errno));
@@ -420,7 +447,7 @@ int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
     } else if (file_checksum(&h, img.data, h.payload_bytes) != h.checksum) {
         rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is corrupt (checksum mismatch over its header and payload)", path);
     } else {
-        rc = check_header(st, &h, path, err, errlen);
+        rc = check_header(st, &h, path, from, err, errlen);
     }
     fclose(f);
     if (!rc) rc = ready(st, "load_state", 1, err, errlen);
@@ -433,7 +460,9 @@ int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
     pt_state_image_free(&img);
     if (!rc) {
         warn_hparams(st, &h, path);
-        PT_LOGI(st->env.lg, "state loaded from %s (step %lld)", path, (long long)h.step);
+        PT_LOGI(st->env.lg, "state loaded from %s (step %lld; saved by rank %u of %u, this is "
+                            "rank %d of %d)", path, (long long)h.step, h.rank, h.world_size,
+                st->env.host->rank, running_world(st));
     }
     return rc;
 }

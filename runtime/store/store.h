@@ -43,7 +43,9 @@ enum {
     PT_ORD_OSFT = 128,   /* OSFT's gradient projection behind the block's backward on
                             s_compute (skipped: at once, on the host's thread) */
     PT_ORD_DEFER = 256,  /* a chunk's upload after its deferred CPU step */
-    PT_ORD_ALL = 511
+    PT_ORD_SHARD = 512,  /* mode C: a chunk's all-gather after its part's upload, its
+                            reduce-scatter after the host's backward */
+    PT_ORD_ALL = 1023
 };
 
 /* Optimizer hyper-parameters and progress (owned by the caller, lent to the store). */
@@ -85,6 +87,10 @@ typedef struct pt_store_env {
      * order and scaled by 1/world before clipping and the optimizer; NULL with
      * one rank. */
     struct pt_coll *coll;
+    /* Mode C (with coll): offloaded chunks are split across the ranks, each rank
+     * keeping and stepping only its part (shard.c). Every rank must run the same
+     * knobs. 0: replicated (mode B). */
+    int shard;
 } pt_store_env;
 
 typedef struct pt_store pt_store;
@@ -168,6 +174,9 @@ void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out
  * or 0 when none is free. */
 int pt_store_borrow_slot(pt_store *st, void **dev, uint64_t *bytes);
 struct pt_pool *pt_store_workers(pt_store *st);
+/* Seconds spent so far in the collectives: [0] all-reduce (gradients and
+ * norms), [1] all-gather, [2] reduce-scatter (mode C); zeros with one rank. */
+void pt_store_coll_seconds(const pt_store *st, double out[3]);
 
 /* State: images (in memory, across a rebuild) and files (save/resume). */
 typedef struct pt_state_image {

@@ -2,8 +2,9 @@
  * store_internal.h — the chunk store's private state, shared by the files of
  * runtime/store only: model_state.c (layout, storage, load), chunk_runtime.c
  * (gather/release, prefetch, gradient offload, CPU/device optimizer),
- * activations.c (arenas) and state_io.c (images and files). Code outside
- * runtime/store uses store.h.
+ * activations.c (arenas), state_io.c (images and files), dist_grad.c (gradients
+ * across ranks) and shard.c (mode C's parts). Code outside runtime/store uses
+ * store.h.
  *
  * Storage per chunk (S = chunk capacity in bytes, E = fp32 state elements =
  * sum over its trainable regions of bytes / elem_size, padding included):
@@ -17,6 +18,11 @@
  *                (accumulated gradient, only when n_micro > 1).
  *   Streamed chunks live on the device only inside a buffer-pool slot of 2*S_chunk
  *   bytes: [0, S) params, [S, 2S) gradients.
+ *   sharded (mode C, shard.c): an offloaded chunk keeps only this rank's part of
+ *                every region (pt_coll_part: s = ceil(n / world) elements): h_param
+ *                [sum of s*es, each region 64-byte aligned], h_gstage, h_m, h_v,
+ *                h_gacc [E'] fp32 with E' = sum over trainable regions of s;
+ *                reg_state[] then indexes those shard arrays.
  */
 #ifndef PT_STORE_INTERNAL_H
 #define PT_STORE_INTERNAL_H
@@ -41,6 +47,25 @@ typedef struct pt_arena {
     pt_event *ev_out, *ev_in;
 } pt_arena;
 
+/* Mode C: this rank's part of one region of an offloaded chunk (shard.c). */
+typedef struct cs_shreg {
+    uint64_t n;          /* region elements */
+    uint64_t s;          /* part length every rank stores: ceil(n / world) */
+    uint64_t lo, own;    /* this rank's part: elements [lo, lo + own) of the region */
+    uint64_t hp_off;     /* byte offset of the part in h_param */
+    uint64_t st_full;    /* the region's state offset in the unsharded layout */
+    uint64_t st_sh;      /* and in this rank's shard arrays (UINT64_MAX: frozen) */
+} cs_shreg;
+
+typedef struct cs_shard {
+    cs_shreg *r;         /* [n_regions] */
+    uint64_t p_bytes;    /* h_param bytes (the parts, each 64-byte aligned) */
+    uint64_t n_state_full; /* fp32 state elements of the whole chunk */
+    /* full-chunk views while a state image is written or read (shard.c) */
+    void *keep_param;
+    float *keep_m, *keep_v;
+} cs_shard;
+
 typedef struct cs_chunk {
     const pt_chunk *lc;       /* layout chunk */
     int id;
@@ -55,6 +80,7 @@ typedef struct cs_chunk {
     /* offloaded */
     void *h_param, *h_gstage;
     float *h_master, *h_m, *h_v, *h_gacc;
+    cs_shard *sh;             /* mode C: this rank's parts (shard.c), else NULL */
     /* runtime (hook thread only, except where noted) */
     int slot;                 /* pool slot while leased, else -1 */
     int users;                /* gathers by blocks (pointers set while > 0) */
@@ -125,6 +151,9 @@ struct pt_store {
     double bwd_done;          /* host clock when the device finished this step's backward
                                * (the stamp runs on the stream; mutex: acct_mu) */
     int profiling;            /* pt_store_set_profiling */
+    int shard;                /* mode C: offloaded chunks split across the ranks */
+    int rank, world;          /* of the data-parallel group (0, 1 without one) */
+    double coll_s[3];         /* seconds in all-reduce, all-gather, reduce-scatter (hook thread) */
     /* activations */
     pt_arena *arena;          /* [n_blocks] */
     uint64_t swap_out_bytes;  /* cumulative */
@@ -212,6 +241,37 @@ void pt_cs_chunk_norms(pt_store *st, cs_chunk *c, int from_acc);
 int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen);
 int pt_ms_release(pt_store *st, int32_t b, int backward, char *err, size_t errlen);
 
+/* shard.c — mode C. Geometry of chunk c's parts (after reg_state is set for the
+ * unsharded layout; rewrites reg_state and n_state for the parts). */
+int pt_sh_setup(pt_store *st, cs_chunk *c, char *err, size_t errlen);
+void pt_sh_free(cs_chunk *c);
+/* Pinned bytes of a sharded chunk as allocated (rounded: as the arena carves). */
+uint64_t pt_sh_pinned(const cs_chunk *c, int rounded);
+/* The host's initial values: this rank's parts of chunk c into h_param. */
+void pt_sh_init_values(pt_store *st, cs_chunk *c);
+/* Gather: upload this rank's parts into the slot at dst (h2d stream), record
+ * ev_up, wait for it, all-gather the rest from the other ranks. */
+int pt_sh_upload(pt_store *st, cs_chunk *c, void *dst, char *err, size_t errlen);
+/* After the chunk's backward: reduce-scatter the slot's gradient (g) across the
+ * ranks and copy this rank's parts into h_gstage (d2h stream, ev_d2h and the
+ * slot's slot_free recorded). */
+int pt_sh_grad_out(pt_store *st, cs_chunk *c, void *g, char *err, size_t errlen);
+void pt_sh_accumulate(cs_chunk *c, int first);
+void pt_sh_adam(cs_chunk *c, const pt_adamw_consts *k, int from_acc);
+void pt_sh_norms(pt_store *st, cs_chunk *c, int from_acc);
+/* Clipping: the sharded params' partial squared norms summed across the ranks
+ * (one all-reduce). */
+int pt_sh_norm_reduce(pt_store *st, char *err, size_t errlen);
+/* State images: full-chunk views of every sharded chunk's params and moments
+ * swapped in (gather = 1 fills them from every rank: a collective), and out
+ * again (scatter = 1 first copies this rank's parts back from them). */
+int pt_sh_views_open(pt_store *st, int gather, char *err, size_t errlen);
+void pt_sh_views_close(pt_store *st, int scatter);
+/* read_param of a parameter in a sharded chunk: the chunk's parameters
+ * all-gathered into a temporary, so a collective: every rank reads the same
+ * parameters in the same order. */
+int pt_sh_read_param(pt_store *st, cs_chunk *c, uint64_t off, void *dst, size_t bytes,
+                     char *err, size_t errlen);
 /* rekls_store.c: which params REKLS steps (2-D block params; see README) and
  * their state; the CPU and device steps of a chunk holding any of them
  * (AdamW for the chunk's other params). */

@@ -47,7 +47,7 @@ static void build(pt_trace *t, const synth *s) {
     t->adam_m_elem_bytes = t->adam_v_elem_bytes = 4;
     t->host_grad_elem_bytes = 4;
     t->slot_bytes = 2 * s->chunk_bytes;
-    t->hw = (pt_trace_hw){s->h2d, s->d2h, s->cpu, s->dev, 0, s->engines, 0, 0, 1ull << 40};
+    t->hw = (pt_trace_hw){s->h2d, s->d2h, s->cpu, s->dev, 0, s->engines, 0, 0, 1ull << 40, 0, 0};
     t->key.world_size = 1;
     t->key.version = PT_TRACE_VERSION;
 }

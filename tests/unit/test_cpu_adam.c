@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -270,6 +271,79 @@ static void test_adam_async_chunks(void **st) {
             assert_same(&a[k], &r[k], PT_BF16);
             st_free(&a[k], PT_BF16, PT_BF16);
             st_free(&r[k], PT_BF16, PT_BF16);
+        }
+        pt_pool_destroy(pool);
+    }
+}
+
+/* A chunk's step over several regions as one job (the chunk runtime's
+ * path): every array bit-identical to the reference element loop, for
+ * regions of every size class (empty, below one slice, ragged, several
+ * slices) and mixed dtypes; synchronous and queued into a group; and the job
+ * spread over min(slices, threads) runners, each calling the start hook once,
+ * with the done hook once, after every slice and before the wait returns. */
+typedef struct hook_count {
+    atomic_int starts, dones;
+    atomic_int bad;          /* done saw a bad interval */
+} hook_count;
+static void h_start(void *ctx) { atomic_fetch_add(&((hook_count *)ctx)->starts, 1); }
+static void h_done(void *ctx, double t0, double t1) {
+    hook_count *h = ctx;
+    if (!(t1 >= t0 && t0 > 0)) atomic_fetch_add(&h->bad, 1);
+    atomic_fetch_add(&h->dones, 1);
+}
+
+static void test_adam_many_regions(void **st) {
+    (void)st;
+    rng_state = 9;
+    enum { NA = 6 };
+    const size_t sizes[NA] = {3 * PT_CPU_ADAM_SLICE + 77, 0, 100, PT_CPU_ADAM_SLICE, 2 * PT_CPU_ADAM_SLICE - 1, 5};
+    const int gdt[NA] = {PT_BF16, PT_F32, PT_F32, PT_F16, PT_BF16, PT_F32};
+    const int odt[NA] = {PT_BF16, -1, PT_BF16, PT_F16, PT_BF16, -1};
+    size_t slices = 0;
+    for (int i = 0; i < NA; i++) slices += (sizes[i] + PT_CPU_ADAM_SLICE - 1) / PT_CPU_ADAM_SLICE;
+    for (int nt = 0; nt <= 3; nt++) {
+        pt_pool *pool = nt ? mk_pool(nt) : NULL;
+        for (int async = 0; async <= (nt ? 1 : 0); async++) {
+            state a[NA], r[NA];
+            pt_cpu_adam_args args[NA];
+            pt_adamw_consts c = consts_for(3 + async, 0.05f, 0.75f);
+            for (int i = 0; i < NA; i++) {
+                a[i] = st_alloc(sizes[i] ? sizes[i] : 1, gdt[i], odt[i]);
+                r[i] = st_alloc(sizes[i] ? sizes[i] : 1, gdt[i], odt[i]);
+                st_init(&a[i]);
+                fill_grads(a[i].g, gdt[i], sizes[i] ? sizes[i] : 1);
+                st_copy(&r[i], &a[i], gdt[i], odt[i]);
+                args[i] = args_of(&a[i], gdt[i], odt[i], c);
+                args[i].n = sizes[i];
+            }
+            hook_count hc;
+            atomic_init(&hc.starts, 0);
+            atomic_init(&hc.dones, 0);
+            atomic_init(&hc.bad, 0);
+            pt_cpu_adam_hooks h = {h_start, h_done, &hc};
+            pt_task_group g = PT_TASK_GROUP_INIT;
+            assert_int_equal(pt_cpu_adam_step_many(pool, args, NA, async ? &g : NULL, &h, NULL, 0), PT_OK);
+            memset(args, 0xff, sizeof args); /* the job must have copied them */
+            if (async) assert_int_equal(pt_pool_wait(pool, &g), PT_OK);
+            /* the hooks ran before the wait (or the synchronous call) returned */
+            assert_int_equal(atomic_load(&hc.dones), 1);
+            assert_int_equal(atomic_load(&hc.bad), 0);
+            int runners = nt == 0 ? 1 : (int)(slices < (size_t)nt ? slices : (size_t)nt);
+            assert_int_equal(atomic_load(&hc.starts), runners);
+            if (async) assert_int_equal((int)g.submitted, runners);
+            for (int i = 0; i < NA; i++) {
+                /* the reference loop over the array's n elements (none for the
+                 * empty one, whose single allocated element must stay as it was) */
+                r[i].n = sizes[i];
+                ref_step(&c, &r[i], gdt[i], odt[i]);
+                r[i].n = a[i].n;
+                assert_same(&a[i], &r[i], odt[i]);
+            }
+            for (int i = 0; i < NA; i++) {
+                st_free(&a[i], gdt[i], odt[i]);
+                st_free(&r[i], gdt[i], odt[i]);
+            }
         }
         pt_pool_destroy(pool);
     }
@@ -542,6 +616,7 @@ int main(void) {
         cmocka_unit_test(test_adam_special_values),
         cmocka_unit_test(test_adam_threads),
         cmocka_unit_test(test_adam_async_chunks),
+        cmocka_unit_test(test_adam_many_regions),
         cmocka_unit_test(test_adam_invalid_args),
         cmocka_unit_test(test_mixed_bf16_vs_fp32),
         cmocka_unit_test(test_mixed_f16_vs_fp32),

@@ -303,7 +303,7 @@ static void test_cli_ini_and_errors(void **state) {
 static void test_cli_trace_input(void **state) {
     (void)state;
     pt_model_shape m = {PT_ARCH_GPT, 6, 512, 8, 0, 0, 8000, 256, 4, 0, PT_BF16, 1, 0, 1.0};
-    pt_hw_shape hw = {2ull << 30, 16e9, 16e9, 2, 1, 1e9, 3e10, 50e12, 0, 0, "cached"};
+    pt_hw_shape hw = {2ull << 30, 16e9, 16e9, 2, 1, 1e9, 3e10, 50e12, 0, 0, "cached", 0, 0};
     pt_trace t;
     pt_trace_init(&t);
     char e[256], path[400], args[500];

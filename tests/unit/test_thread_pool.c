@@ -1,7 +1,10 @@
 /*
  * test_thread_pool.c — worker pool: FIFO order, wait semantics, helping
  * waiters, nested fork-join, many small tasks, concurrent submitters,
- * parallel-for coverage, drain on destroy.
+ * parallel-for coverage, drain on destroy; the idle spin (workers and
+ * waiters that poll before sleeping: no sleep while work keeps coming, a
+ * sleep per idle gap with the spin off as the negative control, no lost
+ * submission when spinners give up at every moment).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -9,6 +12,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -337,6 +341,98 @@ static void test_destroy_drains(void **state) {
     }
 }
 
+/* ---- idle spin ---- */
+
+static void set_flag(void *arg) { atomic_store((atomic_int *)arg, 1); }
+static void nap_1ms(void *arg) {
+    atomic_store((atomic_int *)arg, 1);
+    nap_us(1000);
+}
+
+/* One worker; 40 rounds of: submit a task (fire and forget), poll until it
+ * ran, nap 100 us. Spinning for up to 0.5 s, the worker never sleeps between
+ * rounds (each gap is far shorter); with the spin off (the negative control)
+ * it sleeps in nearly every gap. Then the waiter: a group whose task is
+ * already running on the worker (1 ms); spinning, the wait never sleeps;
+ * off, it sleeps in every round. Counts, not times: the margins are orders of
+ * magnitude (a gap of ~0.2 ms against a 0.5 s window). */
+static size_t idle_sleeps(pt_pool *p, int waiter) {
+    size_t s0 = pt_pool_sleeps(p);
+    for (int r = 0; r < 40; r++) {
+        atomic_int flag = 0;
+        pt_task_group g = PT_TASK_GROUP_INIT;
+        assert_int_equal(pt_pool_submit(p, waiter ? nap_1ms : set_flag, &flag, waiter ? &g : NULL, NULL, 0),
+                         PT_OK);
+        while (!atomic_load(&flag)) nap_us(20);   /* it runs on the worker */
+        if (waiter) assert_int_equal(pt_pool_wait(p, &g), PT_OK);
+        nap_us(100);
+    }
+    return pt_pool_sleeps(p) - s0;
+}
+
+static void test_spin_avoids_sleeps(void **state) {
+    (void)state;
+    pt_pool *p = mk_pool(1);
+    assert_true(pt_pool_get_spin(p) > 0);   /* on by default */
+    /* settle: the worker's first idle period after creation */
+    atomic_int f0 = 0;
+    assert_int_equal(pt_pool_set_spin(p, 0.5), PT_OK);
+    assert_int_equal(pt_pool_submit(p, set_flag, &f0, NULL, NULL, 0), PT_OK);
+    while (!atomic_load(&f0)) nap_us(20);
+    assert_int_equal(idle_sleeps(p, 0), 0);
+    assert_int_equal(idle_sleeps(p, 1), 0);
+    assert_int_equal(pt_pool_set_spin(p, 0), PT_OK);
+    assert_true(idle_sleeps(p, 0) >= 30);
+    assert_true(idle_sleeps(p, 1) >= 30);
+    /* out of range */
+    assert_int_equal(pt_pool_set_spin(p, -1e-6), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_pool_set_spin(p, 2.0), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_pool_set_spin(p, NAN), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_pool_set_spin(NULL, 0), PT_ERR_INVALID_ARG);
+    assert_true(pt_pool_get_spin(p) == 0);
+    pt_pool_destroy(p);
+}
+
+/* Spin windows so short that workers give up spinning at every moment while
+ * four threads submit fire-and-forget tasks in bursts: every task must run
+ * without anyone waiting for it (a submission lost between a spinner's last
+ * poll and its sleep would leave the counter short until the deadline). */
+typedef struct burst_arg {
+    pt_pool *p;
+    atomic_long *count;
+} burst_arg;
+static void *burster(void *arg) {
+    burst_arg *b = arg;
+    for (int i = 0; i < 400; i++) {
+        if (pt_pool_submit(b->p, add_one, b->count, NULL, NULL, 0) != PT_OK) return (void *)1;
+        if (i % 7 == 0) nap_us(1 + i % 13);
+    }
+    return NULL;
+}
+
+static void test_spin_no_lost_submit(void **state) {
+    (void)state;
+    const double spins[] = {0, 1e-6, 5e-6, 1e-4};
+    for (int si = 0; si < 4; si++)
+        for (int nt = 1; nt <= 3; nt++) {
+            pt_pool *p = mk_pool(nt);
+            assert_int_equal(pt_pool_set_spin(p, spins[si]), PT_OK);
+            atomic_long count = 0;
+            pthread_t th[4];
+            burst_arg b = {p, &count};
+            for (int i = 0; i < 4; i++) assert_int_equal(pthread_create(&th[i], NULL, burster, &b), 0);
+            for (int i = 0; i < 4; i++) {
+                void *rv = (void *)1;
+                pthread_join(th[i], &rv);
+                assert_null(rv);
+            }
+            /* the workers alone must finish them: poll up to 10 s */
+            for (int w = 0; w < 100000 && atomic_load(&count) < 1600; w++) nap_us(100);
+            assert_int_equal(atomic_load(&count), 1600);
+            pt_pool_destroy(p);
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_default_threads),
@@ -348,6 +444,8 @@ int main(void) {
         cmocka_unit_test(test_concurrent_submitters),
         cmocka_unit_test(test_parallel_for_coverage),
         cmocka_unit_test(test_destroy_drains),
+        cmocka_unit_test(test_spin_avoids_sleeps),
+        cmocka_unit_test(test_spin_no_lost_submit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

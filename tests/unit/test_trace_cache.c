@@ -51,7 +51,7 @@ static int teardown(void **state) {
 
 static void sample(pt_trace *t) {
     pt_model_shape m = {PT_ARCH_LLAMA, 6, 512, 8, 4, 0, 32000, 256, 2, 0, PT_BF16, 0, 1, 0.5};
-    pt_hw_shape hw = {4ull << 30, 12.5e9, 11e9, 1, 1, 8e8, 2e10, 30e12, 0, 6ull << 30, "Fake GPU \"x\""};
+    pt_hw_shape hw = {4ull << 30, 12.5e9, 11e9, 1, 1, 8e8, 2e10, 30e12, 0, 6ull << 30, "Fake GPU \"x\"", 0, 0};
     pt_trace_init(t);
     char err[256];
     assert_int_equal(pt_shape_trace(&m, &hw, 4 << 20, t, err, sizeof err), PT_OK);

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Data-parallel benchmarks on the simulated device (make bench; skipped without
+# mpirun). One model (sample_host: 4 blocks, 128 channels, batch 4 x 64) with
+# copies throttled per direction so that streaming chunks costs time:
+#   - scaling: 2 ranks with batch B vs 1 rank with batch B and --grad-accum 2
+#     (the same tokens per step), in modes B and C; global tokens/s (median of
+#     steps 4..N) and the ratio;
+#   - modes B vs C on 2 ranks: step time and pinned bytes per rank;
+#   - each collective's time per iteration, measured by the plugin at its
+#     calibration against the cost model's prediction (from the log).
+# The runs alternate (1 rank, B, C) three times; medians across them.
+# Bar (PT_BENCH_STRICT=1 makes a miss fail): mode C's pinned bytes per rank at
+# most mode B's / 2 + one chunk. Timings are reported, not judged: two ranks
+# share this machine's cores, so the scaling says more about the VM than about
+# the plugin.
+set -u
+root="${PT_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}"
+build="${PT_BUILD:-$root/build}"
+strict="${PT_BENCH_STRICT:-0}"
+if ! command -v mpirun >/dev/null 2>&1; then
+    echo "bench_dist: skipped: mpirun is not installed"; exit 0
+fi
+tmp=$(mktemp -d /tmp/bench_dist.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+sh="$build/sample_host"; plug="$build/protrain_plugin.so"
+mpi=(mpirun --oversubscribe --allow-run-as-root -np 2)
+S=65536
+steps=14
+common=(--layers 4 --heads 4 --channels 128 --vocab 256 --seq 64 --batch 4 --steps $steps
+        --lr 1e-3 --warmup 2 --val-every 0 --gen-every 0 --progress off --plugin "$plug")
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+ini() {   # $1 file, $2 zero3_shard
+    printf '[plugin]\nbackend = host\nlog_level = info\n[memory]\ndevice_capacity = 24 MiB\n' > "$1"
+    printf '[protrain]\nchunk_size = %d\nn_persist = 1\nzero3_shard = %s\n' $S "$2" >> "$1"
+    printf '[optimizer]\ncpu_threads = 1\n[dist]\ntimeout = 60\n' >> "$1"
+    printf '[host_backend]\ncopy_bandwidth = 500 MB/s\n' >> "$1"
+}
+ini "$tmp/B.ini" off
+ini "$tmp/C.ini" on
+jf() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
+med() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print 0 }'; }
+# median tok/s of steps 4.. of a metrics file
+tok() { jf "$1" tok_s | tail -n +4 | med; }
+
+for rep in 1 2 3; do
+    "$sh" --config "$tmp/B.ini" "${common[@]}" --grad-accum 2 --metrics "$tmp/one.$rep.json" \
+        >"$tmp/one.$rep.log" 2>&1 || { tail -5 "$tmp/one.$rep.log"; echo "bench_dist: 1-rank run failed"; exit 1; }
+    for m in B C; do
+        (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$m.ini" "${common[@]}" --metrics "$tmp/$m.$rep.json") \
+            >"$tmp/$m.$rep.log" 2>&1 || { tail -5 "$tmp/$m.$rep.log"; echo "bench_dist: 2-rank mode $m run failed"; exit 1; }
+    done
+done
+one=$(for r in 1 2 3; do tok "$tmp/one.$r.json"; done | med)
+fail=0
+printf 'bench_dist: 1 rank x grad-accum 2: %.0f tok/s\n' "$one"
+for m in B C; do
+    t=$(for r in 1 2 3; do tok "$tmp/$m.$r.json"; done | med)
+    glob=$(awk -v t="$t" 'BEGIN { printf "%.0f", 2 * t }')
+    step=$(awk -v t="$t" 'BEGIN { printf "%.4f", 4 * 64 / t }')
+    pin=$(jf "$tmp/$m.1.json" pinned_bytes | tail -1)
+    printf 'bench_dist: 2 ranks mode %s: %s tok/s global (x%s of 1 rank), step %s s, pinned %s bytes per rank\n' \
+        "$m" "$glob" "$(awk -v a="$glob" -v b="$one" 'BEGIN { printf "%.2f", a / b }')" "$step" "$pin"
+    eval "pin_$m=$pin"
+    line=$(grep -h "calibration: collectives per iteration" "$tmp/$m.1.log" "$tmp/$m.2.log" "$tmp/$m.3.log" | head -3)
+    [ -n "$line" ] && echo "$line" | sed "s/^.*calibration: /bench_dist: mode $m: /"
+done
+bound=$((pin_B / 2 + S))
+if [ "$pin_C" -le "$bound" ]; then
+    echo "bench_dist: mode C pinned per rank $pin_C <= mode B's / 2 + one chunk = $bound: met"
+else
+    echo "bench_dist: mode C pinned per rank $pin_C > mode B's / 2 + one chunk = $bound: MISSED"
+    fail=1
+fi
+[ "$strict" = 1 ] && exit $fail
+exit 0

@@ -1,0 +1,149 @@
+/*
+ * test_coll.c — the sharded collectives of gpu/coll.h over MPI, run by
+ * tests/dist.sh under mpirun with 2 and 3 ranks (alone, outside mpirun, it
+ * says it is skipped: collectives need ranks).
+ *
+ * Oracles, for buffer lengths around every edge (empty, shorter than the rank
+ * count, not a multiple of it, several 4 MiB segments with a ragged tail):
+ *  - pt_coll_part: the parts tile [0, n) in rank order, each ceil(n/W) long but
+ *    the tail ones;
+ *  - all-gather: every element of every rank's part arrives, for 2-, 4- and
+ *    8-byte elements (values are a function of rank and index, checked exactly);
+ *  - reduce-scatter: this rank's part equals, bit for bit, the rank-order fp32
+ *    sum times the scale computed here from every rank's values (each rank can
+ *    generate them all), and equals what pt_coll_allreduce leaves there; the
+ *    rest of the buffer is untouched.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll.h"
+#include "protrain.h"
+
+static pt_coll *C;
+static int W, R;
+
+#define SEG ((size_t)1 << 20)
+static const size_t LENS[] = {0, 1, 2, 3, 5, 64, 1001, 3 * SEG + 7};
+#define NLENS (sizeof LENS / sizeof LENS[0])
+
+/* A float that depends on rank and index, with varied exponents so the sum
+ * order matters. */
+static float val(int rank, size_t i) {
+    uint32_t h = (uint32_t)(i * 2654435761u) ^ (uint32_t)(rank * 40503u + 17u);
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    float m = (float)(h & 0xffff) / 65536.0f - 0.5f;
+    return m * (float)(1u << (h >> 28));
+}
+
+static void test_parts(void **s) {
+    (void)s;
+    for (size_t k = 0; k < NLENS; k++)
+        for (int w = 1; w <= 5; w++) {
+            size_t n = LENS[k], next = 0, sz = (n + (size_t)w - 1) / (size_t)w;
+            for (int p = 0; p < w; p++) {
+                size_t lo, len;
+                pt_coll_part(n, w, p, &lo, &len);
+                if (len) assert_int_equal(lo, next);
+                assert_true(len <= sz);
+                next = len ? lo + len : next;
+            }
+            assert_int_equal(next, n);
+        }
+}
+
+static void test_allgather(void **s) {
+    (void)s;
+    char err[512];
+    static const size_t es[3] = {2, 4, 8};
+    for (size_t k = 0; k < NLENS; k++)
+        for (int e = 0; e < 3; e++) {
+            size_t n = LENS[k], b = es[e];
+            unsigned char *buf = malloc(n * b + 1);
+            assert_non_null(buf);
+            memset(buf, 0xEE, n * b);
+            size_t lo, len;
+            pt_coll_part(n, W, R, &lo, &len);
+            for (size_t i = lo; i < lo + len; i++)
+                for (size_t j = 0; j < b; j++) buf[i * b + j] = (unsigned char)(i * 31 + j * 7 + b);
+            int rc = pt_coll_allgather(C, buf, n, b, "test all-gather", err, sizeof err);
+            if (rc) fail_msg("all-gather of %zu x %zu bytes: %s", n, b, err);
+            size_t bad = 0;
+            for (size_t i = 0; i < n; i++)
+                for (size_t j = 0; j < b; j++)
+                    bad += buf[i * b + j] != (unsigned char)(i * 31 + j * 7 + b);
+            if (bad) fail_msg("all-gather of %zu x %zu bytes: %zu wrong bytes", n, b, bad);
+            free(buf);
+        }
+}
+
+static void test_reduce_scatter(void **s) {
+    (void)s;
+    char err[512];
+    for (size_t k = 0; k < NLENS; k++) {
+        size_t n = LENS[k];
+        float *buf = malloc(n * 4 + 4), *ar = malloc(n * 4 + 4);
+        assert_non_null(buf);
+        assert_non_null(ar);
+        for (size_t i = 0; i < n; i++) buf[i] = ar[i] = val(R, i);
+        double scale = 1.0 / W;
+        int rc = pt_coll_reduce_scatter(C, buf, n, PT_COLL_F32, scale, "test reduce-scatter", err,
+                                        sizeof err);
+        if (rc) fail_msg("reduce-scatter of %zu floats: %s", n, err);
+        rc = pt_coll_allreduce(C, ar, n, PT_COLL_F32, scale, "test all-reduce", err, sizeof err);
+        if (rc) fail_msg("all-reduce of %zu floats: %s", n, err);
+        size_t lo, len, bad_sum = 0, bad_ar = 0, bad_rest = 0;
+        pt_coll_part(n, W, R, &lo, &len);
+        for (size_t i = 0; i < n; i++) {
+            if (i < lo || i >= lo + len) {
+                float v = val(R, i);
+                bad_rest += memcmp(&buf[i], &v, 4) != 0;
+                continue;
+            }
+            float want = val(0, i);
+            for (int q = 1; q < W; q++) want += val(q, i);
+            want *= (float)scale;
+            bad_sum += memcmp(&buf[i], &want, 4) != 0;
+            bad_ar += memcmp(&buf[i], &ar[i], 4) != 0;
+        }
+        if (bad_sum || bad_ar || bad_rest)
+            fail_msg("reduce-scatter of %zu floats on rank %d of %d: %zu elements differ from the "
+                     "rank-order sum, %zu from the all-reduce, %zu outside the part changed",
+                     n, R, W, bad_sum, bad_ar, bad_rest);
+        free(buf);
+        free(ar);
+    }
+}
+
+int main(void) {
+    const char *ws = getenv("OMPI_COMM_WORLD_SIZE"), *rs = getenv("OMPI_COMM_WORLD_RANK");
+    if (!ws || !rs) {
+        printf("test_coll: skipped: run under mpirun (tests/dist.sh does)\n");
+        return 0;
+    }
+    pt_coll_config cfg = {atoi(ws), atoi(rs), "env", 60.0, -1};
+    char err[512];
+    if (pt_coll_open(&cfg, &C, err, sizeof err)) {
+        fprintf(stderr, "test_coll: %s\n", err);
+        return 1;
+    }
+    W = pt_coll_world(C);
+    R = pt_coll_rank(C);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parts),
+        cmocka_unit_test(test_allgather),
+        cmocka_unit_test(test_reduce_scatter),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    pt_coll_close(C);
+    return rc;
+}
