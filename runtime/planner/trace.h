@@ -77,11 +77,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PT_TRACE_VERSION 6u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
+#define PT_TRACE_VERSION 7u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
                                  3: calibration learned from runs (pt_trace_calib);
                                  4: chunk rekls_bytes, rekls_s;
                                  5: the allocator's fragmentation measured (pt_trace_frag);
-                                 6: all-gather and reduce-scatter rates */
+                                 6: all-gather and reduce-scatter rates;
+                                 7: cpu_adam_elems_per_s measured as the runtime steps a
+                                    chunk (one chunk-sized job sliced over every worker) */
 
 /* Per-block activation modes (the plan's mode map). */
 enum { PT_BLOCK_NONE = 0, PT_BLOCK_CKPT = 1, PT_BLOCK_SWAP = 2 };
