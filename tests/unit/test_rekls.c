@@ -363,7 +363,7 @@ static double fnorm(const float *x, size_t n) {
     return sqrt(s);
 }
 
-/* A.10 1: the factor update of step k against its closed form from the
+/* Oracle 1: the factor update of step k against its closed form from the
  * stored pre-step state: L' = L + w (G C_R G^T - L), R' = R + w (G^T C_L G - R). */
 static void test_kl_factor_closed_form(void **state) {
     (void)state;
@@ -424,11 +424,11 @@ static void test_kl_factor_closed_form(void **state) {
     fimpl_free(&f);
 }
 
-/* A.10 2: step 1 (faithful) gives L = G G^T / (n eps), R = G^T G / (m eps) and
+/* Oracle 2: step 1 (faithful) gives L = G G^T / (n eps), R = G^T G / (m eps) and
  * the update D = U_G diag(s / (s + eps)) V_G^T = G V diag(1 / (s + eps)) V^T
  * (G = U_G diag(s) V_G^T): the rotated gradient is diagonal, so the Adam ratio
  * of step 1 is s / (s + eps) on the diagonal. eps = 1e-2 at gradients of 1e-3
- * keeps the fp32 round-off off the diagonal (A.8 caveat) below 1e-6. */
+ * keeps the fp32 round-off off the diagonal (an fp32 caveat: the Adam ratio pushes that round-off towards +-1) below 1e-6. */
 static void test_step1_closed_form(void **state) {
     (void)state;
     rng = 21;
@@ -476,7 +476,7 @@ static void test_step1_closed_form(void **state) {
     fimpl_free(&f);
 }
 
-/* A.10 3: faithful step 1 at the default eps makes the first outer product
+/* Oracle 3: faithful step 1 at the default eps makes the first outer product
  * dominate: the top eigenvalue of L then decays as the product of the factor
  * averages' beta_hat = 1 - w_k for the next steps. */
 static void test_ema_decay(void **state) {
@@ -503,7 +503,7 @@ static void test_ema_decay(void **state) {
     fimpl_free(&f);
 }
 
-/* A.10 4, 6: orthonormal bases, eigenvalues non-increasing; the projection
+/* Oracle 4, 6: orthonormal bases, eigenvalues non-increasing; the projection
  * round trip Q_L (Q_L^T X Q_R) Q_R^T = X. */
 static void test_bases(void **state) {
     (void)state;
@@ -547,7 +547,7 @@ static void test_bases(void **state) {
     fimpl_free(&f);
 }
 
-/* A.10 5, 7: negating random eigenvector columns after every eigh leaves the
+/* Oracle 5, 7: negating random eigenvector columns after every eigh leaves the
  * update unchanged (to round-off) over 5 steps, while the stored bases do
  * differ; the rotation of the first moment into the new basis keeps its
  * Frobenius norm. */
