@@ -183,6 +183,30 @@ static pt_rekls_ew_args ew0(int kind, size_t cnt) {
     return a;
 }
 
+/* F = lerp(F, X, w): a factor's exponential average with this step's increment. */
+static int lerp_factor(const pt_rekls_la *la, float *F, const float *X, size_t len, float w) {
+    pt_rekls_ew_args a = ew0(PT_RK_LERP, len);
+    a.x = F;
+    a.y = X;
+    a.a = w;
+    return la->ew(la->ctx, &a);
+}
+
+/* C = Q diag(1/(d max(lam, eps))) Q^T [d x d], the inverse of the other factor in
+ * its (old) eigenbasis; X is scratch. */
+static int inverse_factor(const pt_rekls_la *la, const float *Q, const float *lam, int d,
+                          float eps, float *X, float *C) {
+    pt_rekls_ew_args a = ew0(PT_RK_SCALE_COLS, (size_t)d * (size_t)d);
+    a.x = X;
+    a.y = Q;
+    a.lam = lam;
+    a.cols = (size_t)d;
+    a.b = (float)d;
+    a.c0 = eps;
+    int rc = la->ew(la->ctx, &a);
+    return rc ? rc : la->gemm(la->ctx, 0, 1, d, d, d, 1.0f, X, d, Q, d, 0.0f, C, d);
+}
+
 /* Steps 2-8 on a gradient already in G (fp32, scaled), the factors, bases and
  * eigenvalues in s (bases and eigenvalues those of the previous step), the
  * moments M, V: leaves the update D in G. T [mn], C and X [max(m,n)^2]. */
@@ -199,53 +223,23 @@ int pt_rekls_core(const pt_rekls_la *la, const pt_rekls_hyper *h, int m, int n,
     /* 3. factors */
     if (h->k == 1 && h->seed_shampoo) {
         TRY(la->gemm(c, 0, 1, m, m, n, 1.0f / (float)n, G, n, G, n, 0.0f, X, m), "gemm");
-        a = ew0(PT_RK_LERP, mm);
-        a.x = s.L;
-        a.y = X;
-        a.a = w;
-        TRY(la->ew(c, &a), "rekls_ew (factor average)");
+        TRY(lerp_factor(la, s.L, X, mm, w), "rekls_ew (factor average)");
         TRY(la->gemm(c, 1, 0, n, n, m, 1.0f / (float)m, G, n, G, n, 0.0f, X, n), "gemm");
-        a = ew0(PT_RK_LERP, nn);
-        a.x = s.R;
-        a.y = X;
-        a.a = w;
-        TRY(la->ew(c, &a), "rekls_ew (factor average)");
+        TRY(lerp_factor(la, s.R, X, nn, w), "rekls_ew (factor average)");
     } else {
         /* X_L = G C_R G^T, C_R = (Q_R diag(d_R)) Q_R^T; only old bases are read,
          * so writing L before forming X_R is still the Jacobi update */
-        a = ew0(PT_RK_SCALE_COLS, nn);
-        a.x = X;
-        a.y = s.QR;
-        a.lam = s.lamR;
-        a.cols = (size_t)n;
-        a.b = (float)n;
-        a.c0 = h->eps;
-        TRY(la->ew(c, &a), "rekls_ew (inverse eigenvalues)");
-        TRY(la->gemm(c, 0, 1, n, n, n, 1.0f, X, n, s.QR, n, 0.0f, C, n), "gemm");
+        TRY(inverse_factor(la, s.QR, s.lamR, n, h->eps, X, C),
+            "rekls_ew or gemm (inverse of the right factor)");
         TRY(la->gemm(c, 0, 0, m, n, n, 1.0f, G, n, C, n, 0.0f, T, n), "gemm");
         TRY(la->gemm(c, 0, 1, m, m, n, 1.0f, T, n, G, n, 0.0f, X, m), "gemm");
-        a = ew0(PT_RK_LERP, mm);
-        a.x = s.L;
-        a.y = X;
-        a.a = w;
-        TRY(la->ew(c, &a), "rekls_ew (factor average)");
+        TRY(lerp_factor(la, s.L, X, mm, w), "rekls_ew (factor average)");
         /* X_R = G^T C_L G, C_L = (Q_L diag(d_L)) Q_L^T */
-        a = ew0(PT_RK_SCALE_COLS, mm);
-        a.x = X;
-        a.y = s.QL;
-        a.lam = s.lamL;
-        a.cols = (size_t)m;
-        a.b = (float)m;
-        a.c0 = h->eps;
-        TRY(la->ew(c, &a), "rekls_ew (inverse eigenvalues)");
-        TRY(la->gemm(c, 0, 1, m, m, m, 1.0f, X, m, s.QL, m, 0.0f, C, m), "gemm");
+        TRY(inverse_factor(la, s.QL, s.lamL, m, h->eps, X, C),
+            "rekls_ew or gemm (inverse of the left factor)");
         TRY(la->gemm(c, 1, 0, n, m, m, 1.0f, G, n, C, m, 0.0f, T, m), "gemm");   /* [n x m] */
         TRY(la->gemm(c, 0, 0, n, n, m, 1.0f, T, m, G, n, 0.0f, X, n), "gemm");
-        a = ew0(PT_RK_LERP, nn);
-        a.x = s.R;
-        a.y = X;
-        a.a = w;
-        TRY(la->ew(c, &a), "rekls_ew (factor average)");
+        TRY(lerp_factor(la, s.R, X, nn, w), "rekls_ew (factor average)");
     }
 
     /* 4. M_w = Q_L M Q_R^T (old bases), new bases by eigh, M = Q_L^T M_w Q_R */

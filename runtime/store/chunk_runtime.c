@@ -228,7 +228,7 @@ int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
     return PT_OK;
 }
 
-static void add_defer_wait(pt_store *ms, double dt);
+static void add_optim_wait(pt_store *ms, double dt);
 
 /* On the h2d stream, ahead of chunk c's upload: its deferred CPU step is done
  * (running it here if no worker has started it: the wait runs the group's
@@ -240,7 +240,7 @@ static void wait_step(void *arg) {
     cs_chunk *c = arg;
     double t0 = pt_now_s();
     pt_pool_wait(c->owner->workers, &c->sg);
-    add_defer_wait(c->owner, pt_now_s() - t0);
+    add_optim_wait(c->owner, pt_now_s() - t0);
 }
 
 /* Upload chunk c into a leased slot (async on the h2d stream). */
@@ -471,7 +471,7 @@ static void add_optim_time(pt_store *ms, double dt) {
     pthread_mutex_unlock(&ms->acct_mu);
 }
 
-static void add_defer_wait(pt_store *ms, double dt) {
+static void add_optim_wait(pt_store *ms, double dt) {
     pthread_mutex_lock(&ms->acct_mu);
     ms->optim_wait_s += dt;
     pthread_mutex_unlock(&ms->acct_mu);
@@ -695,11 +695,26 @@ static int device_norms(pt_store *st, char *err, size_t errlen) {
     return PT_OK;
 }
 
+pt_adamw_args pt_cs_adamw_args(const pt_store *st, cs_chunk *c, uint64_t s, size_t n, float lr,
+                                float gs) {
+    const pt_optim_state *o = st->env.opt;
+    pt_adamw_args a;
+    memset(&a, 0, sizeof a);
+    a.n = n;
+    a.m = c->d_m + s;
+    a.v = c->d_v + s;
+    a.lr = lr;
+    a.beta1 = o->beta1;
+    a.beta2 = o->beta2;
+    a.eps = o->eps;
+    a.weight_decay = o->weight_decay;
+    pt_adamw_bias(o->beta1, o->beta2, o->t + 1, &a.bc1, &a.bc2_rsqrt);
+    a.grad_scale = gs;
+    return a;
+}
+
 static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err, size_t errlen) {
     pt_store *ms = st;
-    pt_optim_state *o = st->env.opt;
-    float bc1, bc2r;
-    pt_adamw_bias(o->beta1, o->beta2, o->t + 1, &bc1, &bc2r);
     if (c->rk_count) {   /* REKLS chunk: param by param */
         int rc = pt_rk_dev_chunk(st, c, lr, gs, err, errlen);
         if (rc) return rc;
@@ -708,19 +723,7 @@ static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
         const pt_chunk_region *g = &c->lc->regions[r];
         if (c->reg_state[r] == UINT64_MAX) continue;
         uint64_t s = c->reg_state[r], n = g->bytes / pt_dtype_size(g->dtype);
-        pt_adamw_args a;
-        memset(&a, 0, sizeof a);
-        a.n = (size_t)n;
-        a.m = c->d_m + s;
-        a.v = c->d_v + s;
-        a.lr = lr;
-        a.beta1 = o->beta1;
-        a.beta2 = o->beta2;
-        a.eps = o->eps;
-        a.weight_decay = o->weight_decay;
-        a.bc1 = bc1;
-        a.bc2_rsqrt = bc2r;
-        a.grad_scale = gs;
+        pt_adamw_args a = pt_cs_adamw_args(st, c, s, (size_t)n, lr, gs);
         if (g->dtype == PT_F32) {
             a.param = (float *)((char *)c->d_param + g->offset);
             a.grad = (const float *)((char *)c->d_grad + g->offset);
@@ -887,7 +890,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
     /* what the host waited for CPU work: the gradient tasks (accumulation, norms,
      * overlapped steps) once their copies were in, and the steps when not
      * deferred (deferred ones count where an upload waits for them) */
-    add_defer_wait(ms, cpu_wait + pt_now_s() - w1);
+    add_optim_wait(ms, cpu_wait + pt_now_s() - w1);
     if (ms->rk_failed) {   /* a CPU REKLS step failed (logged with its cause) */
         int rc = ms->rk_failed;
         ms->rk_failed = 0;

@@ -307,8 +307,6 @@ int pt_rk_dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, si
     pt_rekls_la la;
     int rc = pt_rekls_la_device(&d, &la, err, errlen);
     if (rc) return rc;
-    float bc1, bc2r;
-    pt_adamw_bias(o->beta1, o->beta2, o->t + 1, &bc1, &bc2r);
     if (ops->memset_async(impl, st->d_rk_status, 0, sizeof(int), st->env.s_compute))
         return pt_fail(err, errlen, PT_ERR_BACKEND,
                        "optimizer_step: zeroing REKLS's eigh status failed: memset failed");
@@ -333,19 +331,7 @@ int pt_rk_dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, si
             any = 1;
             continue;
         }
-        pt_adamw_args a;
-        memset(&a, 0, sizeof a);
-        a.n = n;
-        a.m = c->d_m + s;
-        a.v = c->d_v + s;
-        a.lr = lr;
-        a.beta1 = o->beta1;
-        a.beta2 = o->beta2;
-        a.eps = o->eps;
-        a.weight_decay = o->weight_decay;
-        a.bc1 = bc1;
-        a.bc2_rsqrt = bc2r;
-        a.grad_scale = gs;
+        pt_adamw_args a = pt_cs_adamw_args(st, c, s, n, lr, gs);
         a.param = param;
         a.param_out = out;
         a.out_dtype = p->dtype;

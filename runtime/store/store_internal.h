@@ -222,6 +222,11 @@ void pt_cs_free(pt_store *st, void *p);
 /* Wait for chunk c's CPU task and return the status it left (once), with a
  * sentence naming `hook` and what failed on the worker. */
 int pt_cs_wait_task(pt_store *st, cs_chunk *c, const char *hook, char *err, size_t errlen);
+/* Device AdamW arguments for n state elements of chunk c at state offset s:
+ * moments, hyper-parameters, bias corrections of step t+1 and grad scale gs
+ * (param, grad and param_out are the caller's). */
+pt_adamw_args pt_cs_adamw_args(const pt_store *st, cs_chunk *c, uint64_t s, size_t n, float lr,
+                               float gs);
 int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen);
 void pt_cs_fini_runtime(pt_store *st);
 void pt_cs_set_pointers(pt_store *st, cs_chunk *c, void *param_base, void *grad_base);
