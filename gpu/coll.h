@@ -37,6 +37,19 @@ void pt_coll_close(pt_coll *c);
 int pt_coll_rank(const pt_coll *c);
 int pt_coll_world(const pt_coll *c);
 
+/* Sub-groups. Every rank of c calls this once, at setup, in the same order as
+ * its other collectives on c; the ranks passing the same color form one group,
+ * ranked by key (ties by their rank in c). Example, tensor parallel of size P
+ * inside data parallel: color = rank / P, key = rank gives groups of P
+ * consecutive ranks; color = rank % P gives the data-parallel replicas of one
+ * shard. A sub-group sums in its own rank order and keeps c's deadline (a
+ * barrier on c comes first, so a missing rank is named, not waited for); its
+ * seq counts its own collectives. A failure in either breaks both (later calls
+ * on either fail at once). Close every sub-group before c; a sub-group never
+ * finalizes MPI. A group of one rank makes every collective a local no-op
+ * (apart from the scale). */
+int pt_coll_split(pt_coll *c, int color, int key, pt_coll **sub, char *err, size_t errlen);
+
 /* In place on every rank: buf = scale * (buf_0 + buf_1 + ... + buf_{W-1}), the
  * sum in rank order (elementwise, in the buffer's type), then one multiply by
  * scale (1 = plain sum; 1/W with W a power of two is exact). dtype is one of

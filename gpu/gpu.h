@@ -159,15 +159,16 @@ typedef enum pt_rekls_ew_kind {
     PT_RK_COPY,          /* x[i] = y[i] */
     PT_RK_ADAM,          /* x = G~ in, U out; m, v moments; a = 1-b1, b = 1-b2, c0 = bc1,
                             c1 = bc2, c2 = eps */
-    PT_RK_APPLY          /* x = fp32 param: x = x - c0*x - a*y (c0 = lr*wd, a = lr, y = delta);
-                            dst (dst_dtype) gets a copy of the new x when not NULL */
+    PT_RK_APPLY,         /* x = fp32 param: x = x - c0*x - a*y (c0 = the decay, a = lr,
+                            y = delta); dst (dst_dtype) gets a copy of the new x when not NULL */
+    PT_RK_AXPY           /* x[i] = x[i] + a * y[i]   (l2 decay: G += wd W) */
 } pt_rekls_ew_kind;
 
 typedef struct pt_rekls_ew_args {
     int kind;                   /* pt_rekls_ew_kind */
     size_t n;
     float *x;                   /* [n] written */
-    const float *y;             /* [n] read (LERP, COPY, SCALE_COLS, APPLY) */
+    const float *y;             /* [n] read (LERP, COPY, SCALE_COLS, APPLY, AXPY) */
     const void *src;            /* [n] GRAD_IN source, src_dtype */
     int src_dtype;
     void *dst;                  /* [n] APPLY compute-dtype copy, or NULL */

@@ -198,7 +198,12 @@ PT_HD float pt_rekls_adam_elem(float g, float *m, float *v, float omb1, float om
     return (mm / bc1) / (sqrtf(vv / bc2) + eps);
 }
 
-/* Decoupled decay then the step: p = p - lr*wd*p; p = p - lr*d. */
+/* l2 decay into the gradient: g + wd * w (two roundings, no fused multiply-add,
+ * as every body here). */
+PT_HD float pt_rekls_axpy_elem(float g, float w, float wd) { return g + wd * w; }
+
+/* Decay then the step: p = p - c*p (c = lr*wd, wd or lr^2*wd by mode);
+ * p = p - lr*d. */
 PT_HD float pt_rekls_apply_elem(float p, float d, float lr, float lrwd) {
     p = p - lrwd * p;
     return p - lr * d;

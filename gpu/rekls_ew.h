@@ -37,6 +37,9 @@ static inline void pt_rekls_ew_range(const pt_rekls_ew_args *a, size_t begin, si
             if (a->dst) pt_store_elem(a->dst, a->dst_dtype, i, p);
         }
         break;
+    case PT_RK_AXPY:
+        for (size_t i = begin; i < end; i++) a->x[i] = pt_rekls_axpy_elem(a->x[i], a->y[i], a->a);
+        break;
     default:
         break;
     }
@@ -49,7 +52,8 @@ static inline int pt_rekls_ew_valid(const pt_rekls_ew_args *a) {
     case PT_RK_GRAD_IN: return a->src && a->src_dtype >= 0 && a->src_dtype <= 2;
     case PT_RK_SCALE_COLS: return a->y && a->lam && a->cols > 0 && a->n % a->cols == 0;
     case PT_RK_LERP:
-    case PT_RK_COPY: return a->y != NULL;
+    case PT_RK_COPY:
+    case PT_RK_AXPY: return a->y != NULL;
     case PT_RK_ADAM: return a->m && a->v;
     case PT_RK_APPLY: return a->y && (!a->dst || (a->dst_dtype >= 0 && a->dst_dtype <= 2));
     default: return 0;

@@ -235,6 +235,8 @@ static int set_value(const pt_config_key *k, pt_config *c, const char *v, char *
     }
     case PT_CFG_FLOAT: {
         char *end;
+        /* auto is stored as NaN, which no number parses to; the runtime decides */
+        if ((k->flags & PT_CFG_AUTO) && !strcasecmp(v, "auto")) return *(float *)base = NAN, 0;
         errno = 0;
         double d = strtod(v, &end);
         if (!*v || *end || errno == ERANGE || !isfinite(d)) return 1;
@@ -669,7 +671,10 @@ static void fmt_value(const pt_config_key *k, const pt_config *c, char *b, size_
         else snprintf(b, n, "%d", v);
         break;
     }
-    case PT_CFG_FLOAT: fmt_real(*(const float *)base, 0, b, n); break;
+    case PT_CFG_FLOAT:
+        if ((k->flags & PT_CFG_AUTO) && isnan(*(const float *)base)) snprintf(b, n, "auto");
+        else fmt_real(*(const float *)base, 0, b, n);
+        break;
     case PT_CFG_SIZE: {
         uint64_t v = *(const uint64_t *)base;
         static const char *const un[] = {"TiB", "GiB", "MiB", "KiB"};

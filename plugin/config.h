@@ -66,7 +66,7 @@ int pt_config_dump(const pt_config *c, char *buf, size_t len);
 typedef enum pt_cfg_type {
     PT_CFG_BOOL = 0,  /* int 0/1 */
     PT_CFG_INT = 1,   /* int in [lo, hi]; "auto" -> auto_int when PT_CFG_AUTO */
-    PT_CFG_FLOAT = 2, /* float in the range given by lo/hi and the OPEN flags */
+    PT_CFG_FLOAT = 2, /* float in the range given by lo/hi and the OPEN flags; "auto" -> NaN when PT_CFG_AUTO */
     PT_CFG_SIZE = 3,  /* uint64_t bytes; "auto" -> 0 when PT_CFG_AUTO */
     PT_CFG_RATE = 4,  /* double bytes/s */
     PT_CFG_ENUM = 5,  /* int: index of the value in choices mapped through enum_vals */

@@ -22,6 +22,7 @@
 static const int log_vals[] = {PT_LOG_ERROR, PT_LOG_WARN, PT_LOG_INFO, PT_LOG_DEBUG,
                                PT_LOG_TRACE};
 static const int optim_vals[] = {PT_OPTIM_ADAMW, PT_OPTIM_REKLS};
+static const int wd_vals[] = {0, 1, 2, 3};   /* pt_rekls_wd: decoupled, independent, l2, palm */
 static const char bool_form[] = "true|false|on|off|yes|no|1|0";
 
 const char *const pt_cfg_sections[] = {"plugin",    "memory", "protrain", "optimizer",
@@ -162,12 +163,15 @@ const pt_config_key pt_cfg_keys[] = {
            "adamw, or rekls: Adam in the eigenbasis of two KL-Shampoo Kronecker factors, "
            "eigendecomposed every step, for every trainable 2-D parameter inside a block; "
            "biases, norms, embeddings and the head keep AdamW. REKLS's reference defaults are "
-           "beta2 = 0.95 and weight_decay = 0.01 (set them). A host descriptor type other than "
-           "FROM_CONFIG wins."),
+           "weight_decay = 0.01 (set it; beta2's auto follows the type). A host descriptor type "
+           "other than FROM_CONFIG wins."),
     R_FLT("optimizer", "lr", lr, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "3e-4",
           "Learning rate; the host may pass another one to each optimizer_step."),
     R_FLT("optimizer", "beta1", beta1, PT_CFG_HI_OPEN, 0, 1, "0.9", "First-moment decay."),
-    R_FLT("optimizer", "beta2", beta2, PT_CFG_HI_OPEN, 0, 1, "0.999", "Second-moment decay."),
+    R_FLT("optimizer", "beta2", beta2, PT_CFG_HI_OPEN | PT_CFG_AUTO, 0, 1, "auto",
+          "Second-moment decay. auto: 0.95 when the optimizer is rekls (the reference's "
+          "betas (0.9, 0.95)), 0.999 for adamw; decided at create_optimizer, so a host "
+          "descriptor's type counts too."),
     R_FLT("optimizer", "eps", eps, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "1e-8",
           "Added to the denominator sqrt(v_hat)."),
     R_FLT("optimizer", "weight_decay", weight_decay, PT_CFG_NO_HI, 0, 0, "0",
@@ -187,6 +191,13 @@ const pt_config_key pt_cfg_keys[] = {
     R_FLT("optimizer", "rekls_eps", rekls_eps, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "1e-8",
           "REKLS: floor of the factor eigenvalues in the factor update and the epsilon of its "
           "Adam ratio (one value for both, as the reference has it)."),
+    R_ENUM("optimizer", "rekls_weight_decay_method", rekls_wd_method,
+           "decoupled|independent|l2|palm", wd_vals, "decoupled",
+           "REKLS: how weight_decay (wd) enters a REKLS-stepped parameter W, skipped when wd = "
+           "0. decoupled: W -= lr * wd * W; independent: W -= wd * W; palm: W -= lr^2 * wd * W; "
+           "l2: wd * W is added to the gradient after the Kronecker factor update, so Adam in "
+           "the eigenbasis sees it and the factors do not. Parameters REKLS leaves to AdamW "
+           "keep decoupled decay."),
     R_BOOL("osft", "enabled", osft_enabled, "false",
            "Orthogonal Subspace Fine-Tuning on the target weights."),
     R_FLT("osft", "unfreeze_rank_ratio", osft_urr, 0, 0, 1, "0.25",
@@ -214,10 +225,12 @@ const pt_config_key pt_cfg_keys[] = {
           "Testing: this rank stops joining collectives (as if hung) so the others must time "
           "out naming it; -1: none."),
     R_INT("dist", "tp_size", tp_size, PT_CFG_NO_HI, 1, INT_MAX, 0, "1",
-          "Tensor-parallel group size: parameters the host declares split (pt_param_v1.tp_split) "
-          "hold 1/tp_size of the full tensor on each rank, and a split 2-D weight under REKLS "
-          "gets the full matrix's update. Only world_size == tp_size is built (no data "
-          "parallel across groups); not with OSFT or zero3_shard; host backend only."),
+          "Tensor-parallel group size P: ranks form groups of P consecutive ranks, parameters "
+          "the host declares split (pt_param_v1.tp_split) hold 1/P of the full tensor on each "
+          "rank of a group, and a split 2-D weight under REKLS gets the full matrix's update. P "
+          "must divide world_size; with world_size > P the world_size / P groups are "
+          "data-parallel replicas (gradients averaged across them). Not with OSFT or zero3_shard; "
+          "host backend only."),
     {"host_backend", "copy_bandwidth", PT_CFG_RATE, 0, OFF(copy_bandwidth), 0,
      PT_GPU_COPY_BW_MIN, PT_GPU_COPY_BW_MAX, 0, NULL,
      NULL, NULL, NULL, "0",
@@ -284,8 +297,9 @@ void pt_config_key_form(const pt_config_key *k, char *buf, size_t len) {
         const char *lc = (k->flags & PT_CFG_LO_OPEN) ? "(" : "[";
         const char *hc = (k->flags & PT_CFG_HI_OPEN) ? ")" : "]";
         if (k->flags & PT_CFG_NO_HI)
-            snprintf(buf, len, "a float %s %s", (k->flags & PT_CFG_LO_OPEN) ? ">" : ">=", lo);
-        else snprintf(buf, len, "a float in %s%s, %s%s", lc, lo, hi, hc);
+            snprintf(buf, len, "%sa float %s %s", au, (k->flags & PT_CFG_LO_OPEN) ? ">" : ">=",
+                     lo);
+        else snprintf(buf, len, "%sa float in %s%s, %s%s", au, lc, lo, hi, hc);
         break;
     }
     case PT_CFG_SIZE: snprintf(buf, len, "%sa size like 512MiB", au); break;

@@ -16,6 +16,7 @@ __global__ void k_rekls_ew(pt_rekls_ew_args a) {
         case PT_RK_SCALE_COLS: a.x[i] = a.y[i] * pt_rekls_inv_elem(a.lam[i % a.cols], a.b, a.c0); break;
         case PT_RK_LERP: a.x[i] = pt_rekls_lerp_elem(a.x[i], a.y[i], a.a); break;
         case PT_RK_COPY: a.x[i] = a.y[i]; break;
+        case PT_RK_AXPY: a.x[i] = pt_rekls_axpy_elem(a.x[i], a.y[i], a.a); break;
         case PT_RK_ADAM: {
             float m = a.m[i], v = a.v[i];
             a.x[i] = pt_rekls_adam_elem(a.x[i], &m, &v, a.a, a.b, a.c0, a.c1, a.c2);
@@ -172,7 +173,7 @@ int be_rekls_ew(void *impl, const pt_rekls_ew_args *a, pt_stream *s) {
     switch (a->kind) {
     case PT_RK_GRAD_IN: ok = a->src && dtype_ok(a->src_dtype); break;
     case PT_RK_SCALE_COLS: ok = a->y && a->lam && a->cols > 0 && a->n % a->cols == 0; break;
-    case PT_RK_LERP: case PT_RK_COPY: ok = a->y != nullptr; break;
+    case PT_RK_LERP: case PT_RK_COPY: case PT_RK_AXPY: ok = a->y != nullptr; break;
     case PT_RK_ADAM: ok = a->m && a->v; break;
     case PT_RK_APPLY: ok = a->y && (!a->dst || dtype_ok(a->dst_dtype)); break;
     default: ok = false;

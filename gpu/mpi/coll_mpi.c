@@ -38,7 +38,18 @@ struct pt_coll {
     MPI_Comm comm;
     void *recv;         /* (world-1) segments of the widest type */
     MPI_Request *req;   /* 2*(world-1) */
+    pt_coll *parent;    /* a sub-group's group (pt_coll_split), else NULL */
+    int *root_broken;   /* the outermost group's broken flag (its own for it) */
 };
+
+/* A failed collective breaks the whole tree: the outermost group must not
+ * finalize, and no sub-group may wait on a peer that is gone. */
+static void set_broken(pt_coll *c) {
+    c->broken = 1;
+    *c->root_broken = 1;
+    for (pt_coll *p = c->parent; p; p = p->parent) p->broken = 1;
+}
+static int is_broken(const pt_coll *c) { return c->broken || *c->root_broken; }
 
 static void pause_briefly(void) {
     /* polling at 100 us keeps latency low without spinning a core the CPU
@@ -92,6 +103,7 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
     }
     c->world = w;
     c->rank = r;
+    c->root_broken = &c->broken;
     c->timeout_s = cfg->timeout_s;
     c->hang_rank = cfg->debug_hang_rank;
     c->comm = MPI_COMM_NULL;
@@ -113,7 +125,7 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
 
 void pt_coll_close(pt_coll *c) {
     if (!c) return;
-    if (!c->broken) {
+    if (!c->broken && !(c->root_broken && *c->root_broken)) {
         if (c->comm != MPI_COMM_NULL) MPI_Comm_free(&c->comm);
         if (c->we_init) MPI_Finalize();
     }
@@ -124,6 +136,42 @@ void pt_coll_close(pt_coll *c) {
 
 int pt_coll_rank(const pt_coll *c) { return c ? c->rank : 0; }
 int pt_coll_world(const pt_coll *c) { return c ? c->world : 1; }
+
+int pt_coll_split(pt_coll *c, int color, int key, pt_coll **sub, char *err, size_t errlen) {
+    *sub = NULL;
+    if (!c || color < 0)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "[dist] sub-group: no group to split or a negative color %d", color);
+    /* MPI_Comm_split has no deadline: a barrier with ours first, so a rank that
+     * is gone is named instead of waited for */
+    int rc = pt_coll_barrier(c, err, errlen);
+    if (rc) return rc;
+    pt_coll *s = calloc(1, sizeof *s);
+    if (!s) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for a sub-group");
+    s->comm = MPI_COMM_NULL;
+    s->parent = c;
+    s->root_broken = c->root_broken;
+    s->timeout_s = c->timeout_s;
+    s->hang_rank = -1;
+    if (MPI_Comm_split(c->comm, color, key, &s->comm) != MPI_SUCCESS) {
+        free(s);
+        set_broken(c);
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist] sub-group: MPI_Comm_split failed");
+    }
+    MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_size(s->comm, &s->world);
+    MPI_Comm_rank(s->comm, &s->rank);
+    /* testing: the rank told to hang in c hangs in its sub-groups too */
+    if (c->rank == c->hang_rank) s->hang_rank = s->rank;
+    s->recv = malloc((size_t)(s->world > 1 ? s->world - 1 : 1) * SEG_ELEMS * sizeof(double));
+    s->req = calloc((size_t)(2 * s->world), sizeof *s->req);
+    if (!s->recv || !s->req) {
+        pt_coll_close(s);
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for a sub-group");
+    }
+    *sub = s;
+    return PT_OK;
+}
 
 /* Waits for the 2*(W-1) requests (receives first, then sends) until the
  * deadline; on a miss names the first peer whose message is outstanding. */
@@ -138,7 +186,7 @@ static int wait_all(pt_coll *c, int nreq, const int *peer, double deadline, cons
             int rc = MPI_Test(&c->req[i], &done, &stt);
             if (rc != MPI_SUCCESS) {
                 char t[MPI_MAX_ERROR_STRING];
-                c->broken = 1;
+                set_broken(c);
                 return pt_fail(err, errlen, PT_ERR_BACKEND,
                                "[dist] %s (collective %u): the message %s rank %d failed: %s",
                                what, c->seq, i < nreq / 2 ? "from" : "to", peer[i],
@@ -150,7 +198,7 @@ static int wait_all(pt_coll *c, int nreq, const int *peer, double deadline, cons
         if (pt_now_s() > deadline) {
             for (int i = 0; i < nreq; i++)
                 if (c->req[i] != MPI_REQUEST_NULL) {
-                    c->broken = 1;
+                    set_broken(c);
                     return pt_fail(err, errlen, PT_ERR_BACKEND,
                                    "[dist] %s (collective %u): rank %d did not %s within "
                                    "[dist] timeout = %g s (it exited, hung or fell behind); "
@@ -167,7 +215,7 @@ static int wait_all(pt_coll *c, int nreq, const int *peer, double deadline, cons
 /* What every collective does first: refuse on a broken group, count it (tags,
  * error text), and play the hung rank when a test asks for one. */
 static int begin(pt_coll *c, const char *what, char *err, size_t errlen) {
-    if (c->broken)
+    if (is_broken(c))
         return pt_fail(err, errlen, PT_ERR_BACKEND,
                        "[dist] %s: an earlier collective failed; the group is broken", what);
     c->seq++;
@@ -176,7 +224,7 @@ static int begin(pt_coll *c, const char *what, char *err, size_t errlen) {
          * must time out and name this rank (mpirun then ends this one) */
         double until = pt_now_s() + 20 * c->timeout_s + 10;
         while (pt_now_s() < until) pause_briefly();
-        c->broken = 1;
+        set_broken(c);
         return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist] %s: [dist] debug_hang_rank = %d: "
                        "this rank hung on purpose", what, c->hang_rank);
     }

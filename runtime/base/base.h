@@ -37,11 +37,13 @@ typedef struct pt_config {
     char timeline_file[512];  /* default "" = no SVG memory timeline */
     /* [optimizer] */
     int optim_type;           /* type = adamw|rekls -> PT_OPTIM_ADAMW|PT_OPTIM_REKLS */
-    float lr, beta1, beta2, eps, weight_decay, max_grad_norm; /* 3e-4, 0.9, 0.999, 1e-8, 0, 0 (0 = no clipping) */
+    float lr, beta1, beta2, eps, weight_decay, max_grad_norm; /* 3e-4, 0.9, auto, 1e-8, 0, 0 (0 = no clipping) */
+                              /* beta2 NaN = auto: 0.95 for REKLS, 0.999 for AdamW (pt_cfg_beta2) */
     int cpu_threads;          /* 0 = auto (cores available) */
     int rekls_seed_shampoo;   /* bool, default 0 (step 1 as the reference implementation) */
     float rekls_shampoo_beta; /* default 0.95 */
     float rekls_eps;          /* default 1e-8 */
+    int rekls_wd_method;      /* decoupled|independent|l2|palm -> 0..3 (pt_rekls_wd in optim/rekls.h) */
     /* [osft] */
     int osft_enabled;         /* enabled = bool, default 0 */
     float osft_urr;           /* unfreeze_rank_ratio in [0,1], default 0.25: the TRAINABLE fraction of

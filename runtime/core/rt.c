@@ -31,6 +31,21 @@ static void gpu_log(void *user, int32_t level, const char *msg) {
     pt_log(&((pt_rt *)user)->lg, level, "%s", msg);
 }
 
+/* Tensor parallel of size P inside data parallel: groups of P consecutive
+ * ranks (group rank = rank % P holds shard rank % P of every split param), and
+ * the world / P ranks that hold the same shard, one per group, across which
+ * gradients are averaged (none when world == P). */
+static int tp_groups(pt_rt *rt, int P, char *err, size_t errlen) {
+    int r = pt_coll_rank(rt->coll), W = pt_coll_world(rt->coll);
+    int rc = pt_coll_split(rt->coll, r / P, r, &rt->tp_coll, err, errlen);
+    if (!rc && W > P) rc = pt_coll_split(rt->coll, r % P, r, &rt->dp_coll, err, errlen);
+    if (!rc)
+        PT_LOGI(&rt->lg, "tensor-parallel group %d of %d (ranks %d..%d, this rank %d in it); "
+                "gradients averaged over %d replica(s)", r / P, W / P, r / P * P,
+                r / P * P + P - 1, r % P, W / P);
+    return rc;
+}
+
 int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *lg,
                  const pt_step_state *sx, pt_rt **out, char *err, size_t errlen) {
     *out = NULL;
@@ -72,9 +87,6 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     else if (cfg->tp_size > 1 && (!host || host->world_size % cfg->tp_size))
         missing = "[dist] tp_size does not divide world_size: the ranks must form whole "
                   "tensor-parallel groups";
-    else if (cfg->tp_size > 1 && host->world_size != cfg->tp_size)
-        missing = "[dist] tp_size < world_size: data parallel across tensor-parallel groups is "
-                  "not built yet; only world_size == tp_size (one group) is";
     else if (host && host->world_size > 1 && host->device_kind == PT_DEVICE_CUDA)
         missing = "world_size > 1 on the cuda backend needs NCCL, which is not built yet "
                   "(multi-rank runs work on the host backend with MPI)";
@@ -158,8 +170,12 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
             pt_rt_destroy(rt);
             return rc;
         }
+        if (cfg->tp_size > 1 && (rc = tp_groups(rt, cfg->tp_size, err, errlen))) {
+            pt_rt_destroy(rt);
+            return rc;
+        }
         PT_LOGI(&rt->lg, "%s: rank %d of %d over MPI (init_method %s, timeout %g s)",
-                cfg->tp_size > 1 ? "tensor parallel (one group)" : "data parallel", host->rank,
+                cfg->tp_size > 1 ? "tensor parallel" : "data parallel", host->rank,
                 host->world_size, cfg->init_method, (double)cfg->dist_timeout);
     }
     char name[128];
@@ -177,6 +193,8 @@ size_t pt_rt_destroy(pt_rt *rt) {
     (void)pt_rt_store_free(rt, NULL, 0);   /* logged: finalize goes on */
     pt_osft_free(rt);
     pt_rt_plan_free(rt);
+    pt_coll_close(rt->dp_coll);   /* sub-groups before their group */
+    pt_coll_close(rt->tp_coll);
     pt_coll_close(rt->coll);
     rt->coll = NULL;
     size_t leaked = 0;
@@ -319,7 +337,8 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
     if (!rc) {
         pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->gpu, rt->s_compute, rt->s_h2d,
                             rt->s_d2h, rt->model, &rt->opt, rt->sx, recompute_mark, rt,
-                            rt->ordered, rt->skip, rt->coll, rt->shard};
+                            rt->ordered, rt->skip, rt->coll, rt->shard, rt->tp_coll,
+                            rt->dp_coll};
         rc = pt_store_create(&env, &rt->kn, modes, rt->swap_done, from_image, &rt->st, err,
                              errlen);
         pt_osft_mirror(rt);
@@ -364,7 +383,11 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
                            "from the INI)", names[i], (double)given[i]);
     n.lr = !isnan(given[0]) ? given[0] : c->lr;
     n.beta1 = !isnan(given[1]) ? given[1] : c->beta1;
-    n.beta2 = !isnan(given[2]) ? given[2] : c->beta2;
+    /* [optimizer] beta2 = auto (NaN): the reference's default of the optimizer
+     * actually chosen, 0.95 for REKLS (betas (0.9, 0.95)), 0.999 for AdamW */
+    n.beta2 = !isnan(given[2]) ? given[2]
+              : !isnan(c->beta2) ? c->beta2
+              : type == PT_OPTIM_REKLS ? 0.95f : 0.999f;
     n.eps = !isnan(given[3]) ? given[3] : c->eps;
     n.weight_decay = !isnan(given[4]) ? given[4] : c->weight_decay;
     n.max_grad_norm = !isnan(given[5]) ? given[5] : c->max_grad_norm;
@@ -381,9 +404,11 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
     o->last_norm = NAN;
     if (type == PT_OPTIM_REKLS)
         PT_LOGI(&rt->lg, "optimizer rekls lr %g betas (%g, %g) shampoo_beta %g eps %g "
-                "weight_decay %g (decoupled) step 1 %s clip %s; AdamW (eps %g) for the "
-                "parameters REKLS does not take", o->lr, o->beta1, o->beta2,
+                "weight_decay %g (%s) step 1 %s clip %s; AdamW (eps %g, decoupled decay) for "
+                "the parameters REKLS does not take", o->lr, o->beta1, o->beta2,
                 c->rekls_shampoo_beta, c->rekls_eps, o->weight_decay,
+                c->rekls_wd_method == 1 ? "independent" : c->rekls_wd_method == 2 ? "l2"
+                : c->rekls_wd_method == 3 ? "palm" : "decoupled",
                 c->rekls_seed_shampoo ? "seeded with Shampoo factors" : "as the reference",
                 o->max_grad_norm > 0 ? "global-norm" : "off", o->eps);
     else

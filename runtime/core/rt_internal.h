@@ -20,6 +20,7 @@ struct pt_rt {
     pt_host_v1 host;
     pt_gpu *gpu;
     pt_coll *coll;            /* data-parallel collectives (world > 1), else NULL */
+    pt_coll *tp_coll, *dp_coll; /* sub-groups of coll with [dist] tp_size > 1 (store.h) */
     int shard;                /* mode C: offloaded chunks split across the ranks (with coll) */
     pt_stream *s_compute, *s_h2d, *s_d2h;
     pt_model_v1 *model;       /* what the store lays out: the host's model, or with OSFT

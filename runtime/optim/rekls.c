@@ -210,9 +210,20 @@ static int inverse_factor(const pt_rekls_la *la, const float *Q, const float *la
 /* Steps 2-8 on a gradient already in G (fp32, scaled), the factors, bases and
  * eigenvalues in s (bases and eigenvalues those of the previous step), the
  * moments M, V: leaves the update D in G. T [mn], C and X [max(m,n)^2]. */
+float pt_rekls_decay(const pt_rekls_hyper *h) {
+    double lr = h->lr, wd = h->weight_decay;
+    if (wd == 0) return 0.0f;
+    switch (h->wd_mode) {
+    case PT_REKLS_WD_INDEPENDENT: return (float)wd;
+    case PT_REKLS_WD_L2: return 0.0f;
+    case PT_REKLS_WD_PALM: return (float)(lr * lr * wd);
+    default: return (float)(lr * wd);
+    }
+}
+
 int pt_rekls_core(const pt_rekls_la *la, const pt_rekls_hyper *h, int m, int n,
-                  pt_rekls_view s, float *M, float *V, float *G, float *T, float *C, float *X,
-                  char *err, size_t errlen) {
+                  pt_rekls_view s, float *M, float *V, float *G, const float *W, float *T,
+                  float *C, float *X, char *err, size_t errlen) {
     const size_t mn = (size_t)m * (size_t)n, mm = (size_t)m * (size_t)m, nn = (size_t)n * (size_t)n;
     void *c = la->ctx;
     pt_rekls_ew_args a;
@@ -251,6 +262,21 @@ int pt_rekls_core(const pt_rekls_la *la, const pt_rekls_hyper *h, int m, int n,
     TRY(la->eigh(c, n, s.QR, s.lamR), "eigh of the right factor (fp32 and fp64)");
     TRY(la->gemm(c, 1, 0, m, n, m, 1.0f, s.QL, m, M, n, 0.0f, T, n), "gemm");
     TRY(la->gemm(c, 0, 0, m, n, n, 1.0f, T, n, s.QR, n, 0.0f, M, n), "gemm");
+
+    /* 5. l2 decay: G += wd W, after the factors took G (the reference adds it
+     * here, so the factors stay statistics of the loss gradient and only Adam
+     * sees the decay); the other modes shrink W in step 9 */
+    if (h->wd_mode == PT_REKLS_WD_L2 && h->weight_decay != 0) {
+        if (!W)
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                           "REKLS step on a %d x %d parameter: l2 weight decay needs the "
+                           "weights, none given", m, n);
+        a = ew0(PT_RK_AXPY, mn);
+        a.x = G;
+        a.y = W;
+        a.a = h->weight_decay;
+        TRY(la->ew(c, &a), "rekls_ew (l2 decay)");
+    }
 
     /* 6. G~ = Q_L^T G Q_R (into G) */
     TRY(la->gemm(c, 1, 0, m, n, m, 1.0f, s.QL, m, G, n, 0.0f, T, n), "gemm");
@@ -297,17 +323,18 @@ int pt_rekls_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_rekls
     a.src_dtype = x->grad_dtype;
     a.a = h->grad_scale;
     TRY(la->ew(c, &a), "rekls_ew (gradient in)");
-    int rc = pt_rekls_core(la, h, m, n, s, x->M, x->V, G, T, C, X, err, errlen);
+    int rc = pt_rekls_core(la, h, m, n, s, x->M, x->V, G, x->param, T, C, X, err, errlen);
     if (rc) return rc;
 
-    /* 5 + 9. W = W - lr wd W - lr D (G~ does not read W, so the decay may wait) */
+    /* 5 + 9. W = W - c W - lr D (c per decay mode; G~ does not read W, so the
+     * decay may wait until here) */
     a = ew0(PT_RK_APPLY, mn);
     a.x = x->param;
     a.y = G;
     a.dst = x->param_out;
     a.dst_dtype = x->out_dtype;
     a.a = h->lr;
-    a.c0 = h->lr * h->weight_decay;
+    a.c0 = pt_rekls_decay(h);
     TRY(la->ew(c, &a), "rekls_ew (update)");
     return PT_OK;
 }

@@ -20,10 +20,16 @@
  *     (lam_L, Q_L) = eigh(L), (lam_R, Q_R) = eigh(R), sorted descending
  *     (fp32, retried in fp64); M = Q_L^T M_w Q_R. V is NOT rotated: slot i
  *     keeps meaning "i-th largest eigenvalue".
- *  5-9. G~ = Q_L^T G Q_R; M = lerp(M, G~, 1-b1), V = lerp(V, G~^2, 1-b2);
+ *  5. weight decay (skipped when wd = 0), one of four modes (pt_rekls_wd):
+ *     decoupled W -= lr wd W; independent W -= wd W; palm W -= lr^2 wd W
+ *     (these three shrink W together with step 9, which reads no W); l2
+ *     G += wd W, here, after the factor update: the Adam moments see the
+ *     decay, the Kronecker factors do not (they stay statistics of the
+ *     loss gradient alone, so the eigenbasis does not drift towards W).
+ *  6-9. G~ = Q_L^T G Q_R; M = lerp(M, G~, 1-b1), V = lerp(V, G~^2, 1-b2);
  *     U = (M / (1-b1^k)) / (sqrt(V / (1-b2^k)) + eps); D = Q_L U Q_R^T;
- *     W = W - lr wd W - lr D (decoupled decay). eps is used twice: the
- *     eigenvalue floor of step 3 and the Adam denominator.
+ *     W = W - c W - lr D (c the decay of step 5, 0 for l2). eps is used
+ *     twice: the eigenvalue floor of step 3 and the Adam denominator.
  *
  * The step is written once against a table of operations (pt_rekls_la): the CPU
  * optimizer runs it with pt_rekls_la_cpu (OpenBLAS / LAPACKE on the calling
@@ -77,13 +83,27 @@ typedef struct pt_rekls_dev {
  * backend: returns PT_ERR_UNSUPPORTED with a sentence. */
 int pt_rekls_la_device(pt_rekls_dev *d, pt_rekls_la *la, char *err, size_t errlen);
 
+/* Weight-decay modes ([optimizer] rekls_weight_decay_method). */
+typedef enum pt_rekls_wd {
+    PT_REKLS_WD_DECOUPLED = 0,   /* W -= lr wd W */
+    PT_REKLS_WD_INDEPENDENT = 1, /* W -= wd W (not scaled by the learning rate) */
+    PT_REKLS_WD_L2 = 2,          /* G += wd W after the factor update */
+    PT_REKLS_WD_PALM = 3         /* W -= lr^2 wd W */
+} pt_rekls_wd;
+
 typedef struct pt_rekls_hyper {
     float lr, beta1, beta2, eps, weight_decay;
     float shampoo_beta;
     int seed_shampoo;
     int64_t k;            /* 1-based step */
     float grad_scale;
+    int wd_mode;          /* pt_rekls_wd */
 } pt_rekls_hyper;
+
+/* The factor c of W -= c W in the update (step 9): lr wd, wd or lr^2 wd
+ * (rounded once from double), 0 for l2 (its decay is in the gradient) and
+ * for wd = 0. */
+float pt_rekls_decay(const pt_rekls_hyper *h);
 
 typedef struct pt_rekls_tensors {
     int m, n;
@@ -117,12 +137,13 @@ int pt_rekls_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_rekls
 
 /* Steps 2-8 alone, for variants that assemble the gradient and the factors
  * themselves (rekls_tp.c): G [m x n] holds the scaled fp32 gradient, s the
- * factors and the previous step's bases and eigenvalues; on return G holds
- * the update D (W -= lr wd W + lr D is the caller's). T [mn], C, X
+ * factors and the previous step's bases and eigenvalues; W [m x n] the fp32
+ * weights, read only for l2 decay (may be NULL otherwise); on return G holds
+ * the update D (W -= pt_rekls_decay W + lr D is the caller's). T [mn], C, X
  * [max(m,n)^2] scratch. */
 int pt_rekls_core(const pt_rekls_la *la, const pt_rekls_hyper *h, int m, int n,
-                  pt_rekls_view s, float *M, float *V, float *G, float *T, float *C, float *X,
-                  char *err, size_t errlen);
+                  pt_rekls_view s, float *M, float *V, float *G, const float *W, float *T,
+                  float *C, float *X, char *err, size_t errlen);
 
 /* FLOPs of one step (the GEMMs; 2 per multiply-add) and a rough eigh count
  * (9 d^3 per side, divide-and-conquer with vectors), for the cost model. */

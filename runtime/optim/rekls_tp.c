@@ -27,7 +27,28 @@ int pt_rekls_tp_check(int64_t m, int64_t n, int P, int split, char *err, size_t 
 
 uint64_t pt_rekls_tp_ws_words(uint64_t m, uint64_t n) {
     uint64_t d = m > n ? m : n;
-    return 3 * m * n + 2 * d * d + 2 * m * m + 2 * n * n + m + n;
+    return 4 * m * n + 2 * d * d + 2 * m * m + 2 * n * n + m + n;
+}
+
+/* Gathers a full m x n matrix from the local shards (split 1: m/P x n row
+ * blocks, split 2: m x n/P column blocks): part [nloc] is this rank's shard,
+ * out [mn] the full matrix, B [mn] scratch for the column regrouping. */
+static int gather_full(const pt_rekls_tp *tp, int m, int n, const float *part, float *out,
+                       float *B, const char *what, char *err, size_t errlen) {
+    const int P = tp->P, r = tp->rank, ml = m / P, nl = n / P;
+    const size_t mn = (size_t)m * n;
+    if (tp->split == 1) {
+        if (part) memcpy(out + (size_t)r * ml * n, part, (size_t)ml * n * sizeof *out);
+        return tp->gather(tp->gather_ctx, out, mn, 4, what, err, errlen);
+    }
+    if (part) memcpy(B + (size_t)r * m * nl, part, (size_t)m * nl * sizeof *B);
+    int rc = tp->gather(tp->gather_ctx, B, mn, 4, what, err, errlen);
+    if (rc) return rc;
+    for (int p = 0; p < P; p++)   /* parts are m x n/P blocks: regroup into rows of n */
+        for (int i = 0; i < m; i++)
+            memcpy(out + (size_t)i * n + (size_t)p * nl, B + ((size_t)p * m + i) * nl,
+                   (size_t)nl * sizeof *out);
+    return PT_OK;
 }
 
 int pt_rekls_tp_gather_coll(void *ctx, void *buf, size_t n, size_t elem_size, const char *what,
@@ -57,7 +78,7 @@ int pt_rekls_tp_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_re
     const size_t mn = (size_t)m * n, mm = (size_t)m * m, nn = (size_t)n * n;
     const size_t d2 = mm > nn ? mm : nn;
     float *G = ws, *T = G + mn, *C = T + mn, *X = C + d2, *L = X + d2, *QL = L + mm, *R = QL + mm,
-          *QR = R + nn, *lamL = QR + nn, *lamR = lamL + m, *B = lamR + n;
+          *QR = R + nn, *lamL = QR + nn, *lamR = lamL + m, *B = lamR + n, *Wf = B + mn;
     pt_rekls_ew_args a;
     memset(&a, 0, sizeof a);
 
@@ -69,14 +90,16 @@ int pt_rekls_tp_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_re
     a.n = tp->split == 1 ? (size_t)ml * n : (size_t)m * nl;
     a.x = tp->split == 1 ? G + (size_t)r * ml * n : B + (size_t)r * m * nl;
     la->ew(la->ctx, &a);
-    if ((rc = tp->gather(tp->gather_ctx, tp->split == 1 ? G : B, mn, 4, "REKLS gradient", err,
-                         errlen)))
+    if ((rc = gather_full(tp, m, n, NULL, G, B, "REKLS gradient", err, errlen))) return rc;
+    /* l2 decay adds wd W to the full gradient after the factor update, as
+     * single-rank REKLS does, so the full W is needed (one more gather, only in
+     * that mode). The reference's tensor-parallel variant adds it to the local
+     * gradient before the gather instead, which lets the decay into the
+     * factors; keeping REKLS's order keeps every rank's shard equal to what
+     * REKLS gives the full matrix in every mode. */
+    int l2 = h->wd_mode == PT_REKLS_WD_L2 && h->weight_decay != 0;
+    if (l2 && (rc = gather_full(tp, m, n, param, Wf, B, "REKLS weights (l2 decay)", err, errlen)))
         return rc;
-    if (tp->split == 2)   /* parts are m x n/P blocks: regroup into rows of n */
-        for (int p = 0; p < P; p++)
-            for (int i = 0; i < m; i++)
-                memcpy(G + (size_t)i * n + (size_t)p * nl, B + ((size_t)p * m + i) * nl,
-                       (size_t)nl * sizeof *G);
     /* factors: row blocks in rank order */
     memcpy(L + (size_t)r * ml * m, L_loc, (size_t)ml * m * sizeof *L);
     memcpy(R + (size_t)r * nl * n, R_loc, (size_t)nl * n * sizeof *R);
@@ -102,7 +125,8 @@ int pt_rekls_tp_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_re
 
     /* 3. REKLS steps 2-8 on the full matrices: D in G */
     pt_rekls_view s = {L, R, QL, QR, lamL, lamR};
-    if ((rc = pt_rekls_core(la, h, m, n, s, M, V, G, T, C, X, err, errlen))) return rc;
+    if ((rc = pt_rekls_core(la, h, m, n, s, M, V, G, l2 ? Wf : NULL, T, C, X, err, errlen)))
+        return rc;
 
     /* 4. this rank's factor rows and its slice of the update */
     memcpy(L_loc, L + (size_t)r * ml * m, (size_t)ml * m * sizeof *L);
@@ -110,7 +134,7 @@ int pt_rekls_tp_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_re
     memset(&a, 0, sizeof a);
     a.kind = PT_RK_APPLY;
     a.a = h->lr;
-    a.c0 = h->lr * h->weight_decay;
+    a.c0 = pt_rekls_decay(h);
     a.dst_dtype = out_dtype;
     if (tp->split == 1) {
         a.n = (size_t)ml * n;

@@ -13,7 +13,9 @@
  *  3. steps 2-8 of REKLS on the full matrices (pt_rekls_core), redundantly on
  *     every rank: factor update, basis change, Adam, the full update D;
  *  4. rank r keeps rows [r m/P, (r+1) m/P) of L and [r n/P, (r+1) n/P) of R,
- *     and applies its slice of D (the rows or columns of its shard).
+ *     and applies its slice of D (the rows or columns of its shard), with the
+ *     decay of h->wd_mode on its shard (l2: the full W is gathered too, so
+ *     the decay enters the full gradient where REKLS adds it).
  * So both factor sides must divide by P whichever dim the weight is split on
  * (the factors are row-sharded either way): other shapes are refused with a
  * sentence. A replicated weight (split 0) is plain REKLS (pt_rekls_step).
@@ -52,7 +54,9 @@ typedef struct pt_rekls_tp {
  * divide (both must, for split 1 and 2). */
 int pt_rekls_tp_check(int64_t m, int64_t n, int P, int split, char *err, size_t errlen);
 /* Scratch of one step: G, T [mn], C, X [d^2], L, Q_L [m^2], R, Q_R [n^2],
- * lam_L [m], lam_R [n], and [mn] for regrouping a column-split gradient. */
+ * lam_L [m], lam_R [n], [mn] for regrouping a column split, and [mn] for the
+ * full weights (gathered only for l2 decay, which adds wd W to the full
+ * gradient after the factor update, as REKLS does). */
 uint64_t pt_rekls_tp_ws_words(uint64_t m, uint64_t n);
 
 /* One step. m x n is the FULL shape; grad, param (fp32) and param_out are the

@@ -830,10 +830,12 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
             else sq += ms->psq[i];
         }
         /* tensor parallel: each rank holds one block of a split param, so the
-         * full tensors' squares are the sum over the group (rank order: the same
-         * bits everywhere); a replicated param counts once, from this rank */
+         * full tensors' squares are the sum over its group (rank order: the same
+         * bits everywhere); a replicated param counts once, from this rank. The
+         * gradients are already averaged over the replicas, so every group
+         * finds the same norm without a sum across groups */
         if (tp) {
-            int rc = pt_coll_allreduce(st->env.coll, &sq_split, 1, PT_COLL_F64, 1.0,
+            int rc = pt_coll_allreduce(st->env.tp_coll, &sq_split, 1, PT_COLL_F64, 1.0,
                                        "squared gradient norm of the split parameters", err,
                                        errlen);
             if (rc) return rc;

@@ -15,8 +15,10 @@
  * Both go region by region with the region's element count, in layout order,
  * so the messages are the same whichever chunks a rank keeps resident: ranks
  * whose plans differ (the search uses each rank's own timings) still match.
- * With [dist] tp_size > 1 (all ranks one tensor-parallel group) nothing is
- * reduced here; only the norms are taken.
+ * With [dist] tp_size = P > 1 the average runs over env.dp_coll instead: the
+ * world / P ranks that hold the same shard of every split param (and the same
+ * replicated params), one per tensor-parallel group; with world == P there is
+ * none and nothing is reduced here, only the norms are taken.
  *
  * Mode C (shard.c): offloaded chunks were reduce-scattered at their backward
  * already, so only resident chunks are all-reduced here; for clipping, each
@@ -30,13 +32,14 @@
 int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
     const pt_gpu_backend *o = pt_gpu_ops(st->env.gpu);
-    double scale = 1.0 / pt_coll_world(st->env.coll);
     int clip = st->env.opt->max_grad_norm > 0;
-    /* tensor parallel (one group, no data parallel): nothing to average. A split
-     * param's ranks hold different blocks, and a replicated one's gradient is
-     * taken as the host gives it (tensor-parallel hosts compute it identically on
-     * every rank of the group) */
-    int tp = pt_cs_tp_size(st) > 1;
+    /* tensor parallel: never average over the group (a split param's ranks hold
+     * different blocks, and a replicated one's gradient is taken as the host
+     * gives it: tensor-parallel hosts compute it identically on every rank of
+     * the group), only over the replicas of this rank's shards, if any */
+    pt_coll *dc = pt_cs_tp_size(st) > 1 ? st->env.dp_coll : st->env.coll;
+    int tp = dc == NULL;   /* nothing to average */
+    double scale = 1.0 / pt_coll_world(dc);
     /* the host's last backward work on resident gradients is done before the CPU reads them */
     if (o->stream_sync(pt_gpu_impl(st->env.gpu), st->env.s_compute))
         return pt_fail(err, errlen, PT_ERR_BACKEND,
@@ -66,8 +69,7 @@ int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen) {
                                "or 16-bit ones in offloaded chunks, are)", c->id);
             }
             double t0 = pt_now_s();
-            int rc = pt_coll_allreduce(st->env.coll, buf, n, PT_COLL_F32, scale, what, err,
-                                       errlen);
+            int rc = pt_coll_allreduce(dc, buf, n, PT_COLL_F32, scale, what, err, errlen);
             st->coll_s[0] += pt_now_s() - t0;
             if (rc) return rc;
         }

@@ -18,8 +18,8 @@
  * optimizer's worker that steps the chunk, in a scratch of its own. Both run
  * pt_rekls_step with the same arguments: the same bits on the host backend.
  *
- * Tensor parallel ([dist] tp_size = P > 1, one group = all ranks): a param the
- * host declares split (tp_split 1 or 2) holds its shard; q->m x q->n is the FULL
+ * Tensor parallel ([dist] tp_size = P > 1; groups of P consecutive ranks,
+ * env.tp_coll, data parallel across the groups): a param the host declares split (tp_split 1 or 2) holds its shard; q->m x q->n is the FULL
  * shape. It steps with tensor-parallel REKLS (pt_rk_tp_pass, on the thread of
  * optimizer_step, in layout order so every rank makes the same collectives in
  * the same order): the gradient shards and factor row blocks are gathered, REKLS
@@ -240,6 +240,7 @@ static pt_rekls_hyper hyper(const pt_store *st, float lr, float gs, int64_t step
     h.seed_shampoo = c->rekls_seed_shampoo;
     h.k = step;
     h.grad_scale = gs;
+    h.wd_mode = c->rekls_wd_method;   /* the INI's 0..3 are pt_rekls_wd's values */
     return h;
 }
 
@@ -364,8 +365,8 @@ int pt_rk_dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, si
 int pt_rk_tp_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
     pt_model_v1 *m = st->env.model;
     pt_rekls_hyper h = hyper(st, lr, gs, st->env.opt->t + 1);
-    pt_rekls_tp tp = {pt_cs_tp_size(st), pt_coll_rank(st->env.coll), 0, pt_rekls_tp_gather_coll,
-                      st->env.coll};
+    pt_rekls_tp tp = {pt_cs_tp_size(st), pt_coll_rank(st->env.tp_coll), 0,
+                      pt_rekls_tp_gather_coll, st->env.tp_coll};
     for (int r = 0; r < st->n_rk; r++) {
         const rk_param *q = &st->rk[r];
         if (!q->split) continue;

@@ -91,6 +91,12 @@ typedef struct pt_store_env {
      * keeping and stepping only its part (shard.c). Every rank must run the same
      * knobs. 0: replicated (mode B). */
     int shard;
+    /* Tensor parallel ([dist] tp_size = P > 1, with coll): tp_coll is this
+     * rank's group of P consecutive ranks (the gathers of tensor-parallel
+     * REKLS, the clipping sum of split shards); dp_coll the ranks holding the
+     * same shard in the world / P replicas (gradients are averaged over it
+     * instead of over coll), NULL when world == P. Both NULL with tp_size 1. */
+    struct pt_coll *tp_coll, *dp_coll;
 } pt_store_env;
 
 typedef struct pt_store pt_store;

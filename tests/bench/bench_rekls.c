@@ -72,7 +72,7 @@ static split run_shape(int m, int n, int steps) {
     split s = {0, 0, 0, 0};
     for (int k = 1; k <= steps; k++) {
         for (size_t i = 0; i < mn; i++) g[i] = frand();
-        pt_rekls_hyper h = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.01f, 0.95f, 0, k, 1.0f};
+        pt_rekls_hyper h = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.01f, 0.95f, 0, k, 1.0f, PT_REKLS_WD_DECOUPLED};
         pt_rekls_tensors x = {m, n, g, PT_F32, W, NULL, 0, M, V, aux, ws};
         char err[256];
         t_gemm = t_eigh = t_ew = 0;

@@ -68,7 +68,7 @@ static int run_case(int m, int n, int split, float oracle_bs) {
     char err[512];
     for (int k = 1; k <= 5; k++) {
         for (size_t i = 0; i < mn; i++) g[i] = frand();
-        pt_rekls_hyper h = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.01f, 0.95f, 0, k, 1.0f};
+        pt_rekls_hyper h = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.01f, 0.95f, 0, k, 1.0f, PT_REKLS_WD_DECOUPLED};
         pt_rekls_hyper ho = h;
         ho.shampoo_beta = oracle_bs;
         pt_rekls_tensors x = {m, n, g, PT_F32, W, NULL, 0, M, V, aux, ws};

@@ -207,7 +207,7 @@ static int run(const char *placement, float max_norm, float oracle_bs, double *n
                 gs = (float)(max_norm / (s.last_grad_norm + 1e-6));
         }
         for (int w = 0; w < NW; w++) {
-            pt_rekls_hyper hy = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.01f, oracle_bs, 0, k, gs};
+            pt_rekls_hyper hy = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.01f, oracle_bs, 0, k, gs, PT_REKLS_WD_DECOUPLED};
             pt_rekls_tensors x = {FM[w], FN[w], G[w], PT_F32, W[w], NULL, 0, M[w], V[w],
                                   aux[w], ws[w]};
             assert_int_equal(pt_rekls_step(&pt_rekls_la_cpu, &hy, &x, err, sizeof err), 0);

@@ -59,7 +59,7 @@ static void test_defaults(void **s) {
     assert_true(c.n_persist == -1 && c.n_buffer == -1 && c.n_swap == -1 && c.n_checkpoint == -1);
     assert_true(c.chunk_size == 0 && c.cache_dir[0] == 0 && c.plan_file[0] == 0);
     assert_int_equal(c.optim_type, PT_OPTIM_ADAMW);
-    assert_true(c.lr == 3e-4f && c.beta1 == 0.9f && c.beta2 == 0.999f && c.eps == 1e-8f);
+    assert_true(c.lr == 3e-4f && c.beta1 == 0.9f && isnan(c.beta2) && c.eps == 1e-8f && c.rekls_wd_method == 0);
     assert_true(c.weight_decay == 0.0f && c.max_grad_norm == 0.0f && c.cpu_threads == 0);
     assert_true(c.rekls_seed_shampoo == 0 && c.rekls_shampoo_beta == 0.95f && c.rekls_eps == 1e-8f);
     assert_true(c.osft_enabled == 0 && c.osft_urr == 0.25f);
@@ -167,7 +167,7 @@ static const char full_ini[] =
     "chunk_size = 4MiB\ncache_dir = /tmp/pt cache\nplan_file = \"/tmp/plan.json\"\n"
     "[optimizer]\ntype = rekls\nlr = 1e-3\nbeta1 = 0\nbeta2 = 0.95\neps = 1e-6\n"
     "weight_decay = 0.1\nmax_grad_norm = 1.0\ncpu_threads = 2\nrekls_seed_shampoo = true\n"
-    "rekls_shampoo_beta = 0.9\nrekls_eps = 1e-10\n"
+    "rekls_shampoo_beta = 0.9\nrekls_eps = 1e-10\nrekls_weight_decay_method = L2\n"
     "[osft]\nenabled = 1\nunfreeze_rank_ratio = 1\ntargets = attn , mlp,  c_fc\n"
     "[tiled_mlp]\nenabled = on\ntiles = 4\n"
     "[dist]\nbackend = mpi\ninit_method = file:///tmp/rdzv\n"
@@ -188,7 +188,7 @@ static void check_full(const pt_config *c) {
     assert_true(c->lr == 1e-3f && c->beta1 == 0.0f && c->beta2 == 0.95f && c->eps == 1e-6f);
     assert_true(c->weight_decay == 0.1f && c->max_grad_norm == 1.0f && c->cpu_threads == 2);
     assert_true(c->rekls_seed_shampoo == 1 && c->rekls_shampoo_beta == 0.9f);
-    assert_true(c->rekls_eps == 1e-10f);
+    assert_true(c->rekls_eps == 1e-10f && c->rekls_wd_method == 2);
     assert_true(c->osft_enabled == 1 && c->osft_urr == 1.0f);
     assert_string_equal(c->osft_targets, "attn,mlp,c_fc"); /* normalised */
     assert_true(c->tiled_mlp_enabled == 1 && c->tiled_mlp_tiles == 4);
@@ -227,7 +227,9 @@ static void test_dump_roundtrip(void **s) {
     assert_int_equal(pt_config_dump(&d, t1, sizeof(t1)), 0);
     assert_non_null(strstr(t1, "n_persist = auto\n"));
     assert_non_null(strstr(t1, "zero3_shard = auto\n"));
+    assert_non_null(strstr(t1, "beta2 = auto\n"));
     assert_int_equal(parse(t1, &b), 0);
+    assert_true(isnan(b.beta2));
     assert_int_equal(pt_config_dump(&b, t2, sizeof(t2)), 0);
     assert_string_equal(strchr(t1, '\n'), strchr(t2, '\n'));
     /* odd values: a rate that is no power-of-two multiple, a size of plain bytes */
@@ -259,6 +261,11 @@ static void test_bools_and_autos(void **s) {
     assert_true(c.n_persist == -1 && c.n_buffer == 0 && c.zero3_shard == 0 && c.chunk_size == 0);
     assert_true(c.device_capacity == 0 && c.pinned_budget == 0 && c.tiled_mlp_tiles == 0);
     assert_int_equal(c.cpu_threads, 0);
+    /* a float key with auto: NaN means "absent", decided later by the runtime */
+    assert_int_equal(parse("[optimizer]\nbeta2 = AUTO\n", &c), 0);
+    assert_true(isnan(c.beta2));
+    assert_int_equal(parse("[optimizer]\nbeta2 = 0.999\n", &c), 0);
+    assert_true(c.beta2 == 0.999f);
     assert_int_equal(parse("[protrain]\nzero3_shard = auto\n[plugin]\nlog_level = WARN\n", &c), 0);
     assert_true(c.zero3_shard == -1 && c.log_level == PT_LOG_WARN);
     assert_int_equal(parse("[plugin]\nbackend = CUDA\n", &c), 0);
@@ -279,7 +286,7 @@ static void test_syntax_forms(void **s) {
     assert_true(c.lr == 2e-3f && c.beta2 == 0.9f);
     /* CRLF does not shift line numbers */
     expect_err("[optimizer]\r\nlr = 1\r\nbeta2 = 2\r\n",
-               "t.ini:3: bad value '2' for key 'beta2' in [optimizer]: expected a float in [0, 1)");
+               "t.ini:3: bad value '2' for key 'beta2' in [optimizer]: expected auto or a float in [0, 1)");
     /* host sections: anything goes inside, known sections resume after */
     assert_int_equal(parse("[sample_host]\nlr = abc\nmodel = gpt2\nmodel = twice\n"
                            "[host.data]\nwhatever = 1\n[optimizer]\nlr = 5e-4\n", &c), 0);
@@ -320,7 +327,7 @@ static void test_bad_values(void **s) {
                "t.ini:16: bad value 'abc' for key 'lr' in [optimizer]: expected a float > 0");
     static const struct { const char *ini, *msg; } cases[] = {
         {"[optimizer]\nbeta1 = 1\n", "t.ini:2: bad value '1' for key 'beta1' in [optimizer]: expected a float in [0, 1)"},
-        {"[optimizer]\nbeta2 = -0.1\n", "t.ini:2: bad value '-0.1' for key 'beta2' in [optimizer]: expected a float in [0, 1)"},
+        {"[optimizer]\nbeta2 = -0.1\n", "t.ini:2: bad value '-0.1' for key 'beta2' in [optimizer]: expected auto or a float in [0, 1)"},
         {"[optimizer]\neps = 0\n", "t.ini:2: bad value '0' for key 'eps' in [optimizer]: expected a float > 0"},
         {"[optimizer]\nlr = 1e39\n", "t.ini:2: bad value '1e39' for key 'lr' in [optimizer]: expected a float > 0"},
         {"[optimizer]\nlr = nan\n", "t.ini:2: bad value 'nan' for key 'lr' in [optimizer]: expected a float > 0"},
@@ -328,6 +335,8 @@ static void test_bad_values(void **s) {
         {"[optimizer]\nlr = 1e-3x\n", "t.ini:2: bad value '1e-3x' for key 'lr' in [optimizer]: expected a float > 0"},
         {"[optimizer]\nweight_decay = -1\n", "t.ini:2: bad value '-1' for key 'weight_decay' in [optimizer]: expected a float >= 0"},
         {"[optimizer]\ntype = sgd\n", "t.ini:2: bad value 'sgd' for key 'type' in [optimizer]: expected one of adamw|rekls"},
+        {"[optimizer]\ntype = rekls\n\nrekls_weight_decay_method = adamw\n", "t.ini:4: bad value 'adamw' for key 'rekls_weight_decay_method' in [optimizer]: expected one of decoupled|independent|l2|palm"},
+        {"[optimizer]\nbeta2 = automatic\n", "t.ini:2: bad value 'automatic' for key 'beta2' in [optimizer]: expected auto or a float in [0, 1)"},
         {"[optimizer]\ncpu_threads = 5000\n", "t.ini:2: bad value '5000' for key 'cpu_threads' in [optimizer]: expected auto or an integer in [0, 1024]"},
         {"[plugin]\nlog_level = verbose\n", "t.ini:2: bad value 'verbose' for key 'log_level' in [plugin]: expected one of error|warn|info|debug|trace"},
         {"[plugin]\nbackend = rocm\n", "t.ini:2: bad value 'rocm' for key 'backend' in [plugin]: expected one of auto|cuda|host"},

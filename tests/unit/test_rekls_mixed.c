@@ -134,7 +134,7 @@ static void run_case(int dtype, const char *protrain) {
             }
             uint16_t g16[MAXN];
             for (int k = 0; k < numel(i); k++) pt_store_elem(g16, dtype, (size_t)k, gval(i, k, s, dtype));
-            pt_rekls_hyper h = {0.01f, 0.9f, 0.95f, 1e-6f, 0.1f, 0.95f, 0, s + 1, 1.0f};
+            pt_rekls_hyper h = {0.01f, 0.9f, 0.95f, 1e-6f, 0.1f, 0.95f, 0, s + 1, 1.0f, PT_REKLS_WD_DECOUPLED};
             pt_rekls_tensors x = {(int)ROWS[i], (int)COLS[i], g16, dtype, master[i], NULL, 0, m[i],
                                   v[i], aux[i], ws[i]};
             char err[256];
