@@ -13,7 +13,8 @@
  * tests/dist.sh under mpirun -np 2 and -np 4. Also: full shapes that do not
  * divide by the group size are refused with a sentence (any group size, checked
  * here for 1..8); a negative control (a different shampoo beta on the oracle)
- * shows the comparison can fail.
+ * shows the comparison can fail. Each weight-decay mode, rows and columns,
+ * equals single-rank REKLS in that mode.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -46,8 +47,10 @@ static int gather_self(void *ctx, void *buf, size_t n, size_t es, const char *wh
     return 0;
 }
 
-/* Returns 1 when every step's shard matched the oracle bit for bit. */
-static int run_case(int m, int n, int split, float oracle_bs) {
+/* Returns 1 when every step's shard matched the oracle bit for bit. Decay wd
+ * in mode wdm for the sharded step, oracle_wdm for the oracle. */
+static int run_case_wd(int m, int n, int split, float oracle_bs, float wd, int wdm,
+                       int oracle_wdm) {
     size_t mn = (size_t)m * n;
     int P = WORLD, r = RANK, ml = split == 1 ? m / P : m, nl = split == 2 ? n / P : n;
     float *W = malloc(mn * 4), *g = malloc(mn * 4), *M = calloc(mn, 4), *V = calloc(mn, 4);
@@ -68,9 +71,10 @@ static int run_case(int m, int n, int split, float oracle_bs) {
     char err[512];
     for (int k = 1; k <= 5; k++) {
         for (size_t i = 0; i < mn; i++) g[i] = frand();
-        pt_rekls_hyper h = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.01f, 0.95f, 0, k, 1.0f, PT_REKLS_WD_DECOUPLED};
+        pt_rekls_hyper h = {1e-3f, 0.9f, 0.95f, 1e-8f, wd, 0.95f, 0, k, 1.0f, wdm};
         pt_rekls_hyper ho = h;
         ho.shampoo_beta = oracle_bs;
+        ho.wd_mode = oracle_wdm;
         pt_rekls_tensors x = {m, n, g, PT_F32, W, NULL, 0, M, V, aux, ws};
         assert_int_equal(pt_rekls_step(&pt_rekls_la_cpu, &ho, &x, err, sizeof err), 0);
         for (int i = 0; i < ml; i++)
@@ -95,6 +99,10 @@ static int run_case(int m, int n, int split, float oracle_bs) {
     free(Vt); free(Ll); free(Rl); free(wst);
     return same;
 }
+static int run_case(int m, int n, int split, float oracle_bs) {
+    return run_case_wd(m, n, split, oracle_bs, 0.01f, PT_REKLS_WD_DECOUPLED,
+                       PT_REKLS_WD_DECOUPLED);
+}
 
 static void test_equals_single_rank(void **state) {
     (void)state;
@@ -109,6 +117,28 @@ static void test_equals_single_rank(void **state) {
     }
     /* negative control: the oracle with another factor decay differs */
     assert_false(run_case(16, 32, 1, 0.9f));
+}
+
+/* Every weight-decay mode (wd 0.2, large enough to matter), rows and columns:
+ * the shards equal single-rank REKLS in the same mode bit for bit. l2 gathers
+ * the full weights and adds wd W where REKLS does (after the factor update);
+ * control: the shards in l2 mode differ from the oracle in decoupled mode, and
+ * those in palm mode from the oracle in independent mode. */
+static void test_decay_modes(void **state) {
+    (void)state;
+    static const char *const name[4] = {"decoupled", "independent", "l2", "palm"};
+    for (int md = 0; md < 4; md++)
+        for (int split = 1; split <= 2; split++) {
+            int m = split == 1 ? 16 : 32, n = split == 1 ? 32 : 16;
+            int ok = run_case_wd(m, n, split, 0.95f, 0.2f, md, md);
+            if (RANK == 0)
+                printf("  %d rank(s): %2d x %2d %s, weight decay %s: %s\n", WORLD, m, n,
+                       split == 1 ? "rows" : "columns", name[md],
+                       ok ? "bit-identical to single-rank REKLS over 5 steps" : "DIFFERS");
+            assert_true(ok);
+        }
+    assert_false(run_case_wd(32, 16, 2, 0.95f, 0.2f, PT_REKLS_WD_L2, PT_REKLS_WD_DECOUPLED));
+    assert_false(run_case_wd(16, 32, 1, 0.95f, 0.2f, PT_REKLS_WD_PALM, PT_REKLS_WD_INDEPENDENT));
 }
 
 static void test_refuses_non_divisible(void **state) {
@@ -143,6 +173,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_equals_single_rank),
+        cmocka_unit_test(test_decay_modes),
         cmocka_unit_test(test_refuses_non_divisible),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

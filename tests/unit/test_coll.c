@@ -12,7 +12,12 @@
  *  - reduce-scatter: this rank's part equals, bit for bit, the rank-order fp32
  *    sum times the scale computed here from every rank's values (each rank can
  *    generate them all), and equals what pt_coll_allreduce leaves there; the
- *    rest of the buffer is untouched.
+ *    rest of the buffer is untouched;
+ *  - sub-groups (pt_coll_split): ranks split by parity with keys that reverse
+ *    their order; each sub-group's size and ranks follow the keys, its
+ *    all-reduce is the fp32 sum over exactly its members in its own rank order
+ *    (computed here), and its all-gather moves its members' parts; the parent
+ *    still works after the split.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -124,6 +129,62 @@ static void test_reduce_scatter(void **s) {
     }
 }
 
+static void test_split(void **s) {
+    (void)s;
+    char err[512];
+    pt_coll *sub = NULL;
+    int color = R % 2;
+    /* key -R: the group's ranks in reverse order of their world ranks */
+    int rc = pt_coll_split(C, color, -R, &sub, err, sizeof err);
+    if (rc) fail_msg("split: %s", err);
+    int members[64], nm = 0;   /* world ranks of this group, in group rank order */
+    for (int q = W - 1; q >= 0; q--)
+        if (q % 2 == color) members[nm++] = q;
+    assert_int_equal(pt_coll_world(sub), nm);
+    assert_int_equal(members[pt_coll_rank(sub)], R);
+    size_t n = 1001;
+    float *buf = malloc(n * 4);
+    assert_non_null(buf);
+    for (size_t i = 0; i < n; i++) buf[i] = val(R, i);
+    double scale = 1.0 / nm;
+    rc = pt_coll_allreduce(sub, buf, n, PT_COLL_F32, scale, "test sub all-reduce", err, sizeof err);
+    if (rc) fail_msg("sub all-reduce: %s", err);
+    size_t bad = 0, other = 0;
+    for (size_t i = 0; i < n; i++) {
+        float want = val(members[0], i);
+        for (int q = 1; q < nm; q++) want += val(members[q], i);
+        want *= (float)scale;
+        bad += memcmp(&buf[i], &want, 4) != 0;
+        /* control: the mean over every rank is another value (3+ ranks) */
+        float all = val(0, i);
+        for (int q = 1; q < W; q++) all += val(q, i);
+        all *= (float)(1.0 / W);
+        other += memcmp(&buf[i], &all, 4) != 0;
+    }
+    if (bad) fail_msg("sub all-reduce on rank %d: %zu of %zu elements differ", R, bad, n);
+    if (W >= 3) assert_true(other > n / 2);
+    /* all-gather: part p of the group comes from its member p */
+    for (size_t i = 0; i < n; i++) buf[i] = -1.0f;
+    size_t lo, len;
+    pt_coll_part(n, nm, pt_coll_rank(sub), &lo, &len);
+    for (size_t i = lo; i < lo + len; i++) buf[i] = (float)(R * 10000 + (int)i);
+    rc = pt_coll_allgather(sub, buf, n, 4, "test sub all-gather", err, sizeof err);
+    if (rc) fail_msg("sub all-gather: %s", err);
+    bad = 0;
+    for (int p = 0; p < nm; p++) {
+        pt_coll_part(n, nm, p, &lo, &len);
+        for (size_t i = lo; i < lo + len; i++) bad += buf[i] != (float)(members[p] * 10000 + (int)i);
+    }
+    if (bad) fail_msg("sub all-gather on rank %d: %zu wrong elements", R, bad);
+    free(buf);
+    pt_coll_close(sub);
+    /* the parent still sums over everyone */
+    double one = 1.0;
+    rc = pt_coll_allreduce(C, &one, 1, PT_COLL_F64, 1.0, "test parent after split", err, sizeof err);
+    if (rc) fail_msg("parent after split: %s", err);
+    assert_true(one == (double)W);
+}
+
 int main(void) {
     const char *ws = getenv("OMPI_COMM_WORLD_SIZE"), *rs = getenv("OMPI_COMM_WORLD_RANK");
     if (!ws || !rs) {
@@ -142,6 +203,7 @@ int main(void) {
         cmocka_unit_test(test_parts),
         cmocka_unit_test(test_allgather),
         cmocka_unit_test(test_reduce_scatter),
+        cmocka_unit_test(test_split),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     pt_coll_close(C);
