@@ -47,7 +47,8 @@ typedef struct st_header {
     uint64_t payload_bytes;
     uint64_t checksum;          /* over header (this field 0) and payload */
     float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
-    uint32_t reserved[8];
+    uint32_t tp_size;           /* [dist] tp_size of the saving run (0 in older files: 1) */
+    uint32_t reserved[7];
 } st_header;
 
 static uint64_t file_checksum(const st_header *h, const void *payload, size_t n) {
@@ -263,13 +264,17 @@ static void file_path(pt_store *st, const char *dir, char *buf, size_t len) {
 /* The file a rank loads: its own; a rank the saving run did not have (more ranks
  * now) reads rank 0's. Every file holds the whole per-parameter image (modes A
  * and B replicate it, mode C gathers it before writing), so any of them restores
- * any rank under any world size and mode. Sets *from to the rank read. */
+ * any rank under any world size and mode. Tensor parallel (tp_size P > 1): a
+ * file holds its rank's shards, the same for every rank with the same rank % P,
+ * so a rank without a file of its own reads rank (rank % P)'s (the same tp_size
+ * is checked in the header). Sets *from to the rank read. */
 static void load_path(pt_store *st, const char *dir, char *buf, size_t len, int *from) {
     *from = st->env.host->rank;
     file_path(st, dir, buf, len);
-    if (*from > 0 && access(buf, F_OK) != 0 && errno == ENOENT) {
-        *from = 0;
-        snprintf(buf, len, "%s/protrain_state_rank0.bin", dir);
+    int P = pt_cs_tp_size(st);
+    if (*from >= P && access(buf, F_OK) != 0 && errno == ENOENT) {
+        *from = P > 1 ? *from % P : 0;
+        snprintf(buf, len, "%s/protrain_state_rank%d.bin", dir, *from);
     }
 }
 
@@ -328,6 +333,7 @@ int pt_store_save(pt_store *st, const char *dir, char *err, size_t errlen) {
     h.eps = st->env.opt->eps;
     h.weight_decay = st->env.opt->weight_decay;
     h.max_grad_norm = st->env.opt->max_grad_norm;
+    h.tp_size = (uint32_t)pt_cs_tp_size(st);
     h.checksum = file_checksum(&h, img.data, img.bytes);
     char path[1024], tmp[1100];
     file_path(st, dir, path, sizeof path);
@@ -377,6 +383,13 @@ static int check_header(pt_store *st, const st_header *h, const char *path, int 
     if (h->rank != (uint32_t)from || h->world_size < 1 || h->rank >= h->world_size)
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s says it was saved by rank %u "
                        "of %u, but its name is rank %d's", path, h->rank, h->world_size, from);
+    /* split params hold a 1/P shard: another P would read another shard's
+     * values (a changed shard size would also fail the element counts) */
+    uint32_t ftp = h->tp_size ? h->tp_size : 1;
+    if (ftp != (uint32_t)pt_cs_tp_size(st))
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s was saved with [dist] "
+                       "tp_size %u, this run has %d: its split parameters are other shards",
+                       path, ftp, pt_cs_tp_size(st));
     uint32_t fo = h->optim ? h->optim : PT_OPTIM_ADAMW;
     uint32_t ro = st->env.opt->type == PT_OPTIM_REKLS ? PT_OPTIM_REKLS : PT_OPTIM_ADAMW;
     if (fo != ro)

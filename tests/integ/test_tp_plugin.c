@@ -1,27 +1,45 @@
 /*
- * test_tp_plugin.c — tensor-parallel REKLS through the plugin's hooks.
+ * test_tp_plugin.c — tensor-parallel REKLS through the plugin's hooks, alone
+ * and inside data parallel.
  *
- * A hook-level host (this file) declares three block weights, FULL shapes
+ * A hook-level host (this file) declares, FULL shapes,
  *   b0.w 16 x 32 split along rows    (tp_split 1: each rank holds 16/P x 32),
  *   b1.w 32 x 16 split along columns (tp_split 2: each rank holds 32 x 16/P),
  *   b2.w 24 x 40 replicated          (tp_split 0: every rank holds all of it),
- * with [dist] tp_size = P = the number of ranks (1 under make test; 2 and 4
- * under mpirun in tests/dist.sh). Every step the gradient of full element
- * (i, j) is f(param, step, i, j) + 0.01 w(i, j); a rank writes the elements of
- * its shard. The oracle, inside the test, is single-rank REKLS (pt_rekls_step)
- * on the full matrices from the same initial values; after each of 5 steps
- * every rank's shard (read back with read_param) must be bit-identical to the
- * oracle's rows / columns, for
- *   - every chunk resident (the step reads device memory, host memory here),
- *   - every chunk offloaded (the gradient from the fp32 accumulator),
- *   - offloaded with global-norm clipping: the plugin's reported norm must equal
- *     the full matrices' norm (within 1e-6 relative: the sum order differs) and
- *     the oracle, given the clip factor computed from that norm as the plugin
- *     does, must again match bit for bit. Negative control (P > 1): counting
- *     only this rank's shards gives another norm, so the check sees the group sum.
- * Negative control for the shard comparison: an oracle with another shampoo beta
- * differs. Refusals: a split weight whose full shape does not divide by P (at
- * P > 1), tp_size not dividing world_size, tp_size > 1 with OSFT, a bad
+ *   b3.b 32      split along rows    (1-D: REKLS leaves it to AdamW, which
+ *                                      steps each rank's shard),
+ * with [dist] tp_size = P ($TP_SIZE, default: the number of ranks W; 1 under
+ * make test, 2 and 4 under mpirun in tests/dist.sh). Ranks form groups of P
+ * consecutive ranks; the W / P groups are data-parallel replicas, replica d
+ * (= rank / P) holding shard rank % P. Each step has D * nm batches, nm
+ * micro-batches per replica; batch b = d * nm + micro gives the gradient of
+ * full element (i, j) as f(b, step, i, j) + 0.01 w(i, j), scaled by 1/nm (a
+ * rank writes the elements of its shard). The oracle, inside the test, is
+ * single-rank REKLS (pt_rekls_step) on the full matrices and single-rank AdamW
+ * (pt_cpu_adam_range) on the full bias, fed the gradient the plugin must form:
+ * per replica the micro-batches summed in order, then the replicas summed in
+ * rank order times 1/D. After every step every rank's shard (read_param) must
+ * equal the oracle's rows / columns bit for bit, for
+ *   - every chunk resident (mode A) and every chunk offloaded (mode B);
+ *   - offloaded with global-norm clipping: the reported norm equals the full
+ *     matrices' norm (1e-6 relative: the sum order differs), and the oracle,
+ *     given the clip factor computed from that norm as the plugin does, again
+ *     matches bit for bit; control (P > 1): this rank's shards alone give
+ *     another norm, so the check sees the group sum;
+ *   - 2 micro-batches per replica (gradient accumulation);
+ *   - l2 weight decay from the INI with beta2 left to auto (0.95 for REKLS);
+ *     control: an oracle with AdamW's 0.999 differs;
+ *   - bf16 weights (one replica: resident 16-bit gradients are not reduced
+ *     across replicas yet): fp32 masters in the plugin and in the oracle;
+ *   - save_state after step 3, a new plugin instance, load_state, steps 4-5:
+ *     still bit-identical (resume is exact); control: without load_state the
+ *     shards differ; a file saved under tp_size P refused by a run with 2P.
+ * With $TP_DUMP set, the final shards of the mode-A/B runs go to
+ * $TP_DUMP.<run>.<rank>: dist.sh compares 4 ranks (tp 2 x dp 2, batches {0, 1}
+ * on the two replicas) with 2 ranks (tp 2, batches {0, 1} as 2 micro-batches)
+ * byte for byte. Control for every comparison: an oracle with another shampoo
+ * beta differs. Refusals: a split weight whose full shape does not divide by P
+ * (P > 1), tp_size not dividing world_size, tp_size > 1 with OSFT, a bad
  * tp_split value.
  */
 #include <setjmp.h>
@@ -37,51 +55,56 @@
 #include <unistd.h>
 
 #include "coll.h"
+#include "kernels_hd.h"
 #include "optim/optim.h"
 #include "protrain.h"
 
 static const pt_plugin_v1 *PL = &protrain_plugin_v1;
 static pt_coll *COLL;
-static int WORLD = 1, RANK = 0;
+static int WORLD = 1, RANK = 0, TP = 1, D = 1;
 
-enum { NW = 3, STEPS = 5 };
-static const int FM[NW] = {16, 32, 24}, FN[NW] = {32, 16, 40}, SPLIT[NW] = {1, 2, 0};
+enum { NW = 4, STEPS = 5 };
+static const int FM[NW] = {16, 32, 24, 32}, FN[NW] = {32, 16, 40, 1}, SPLIT[NW] = {1, 2, 0, 1};
 
 typedef struct host {
     void *ctx;
-    int P, r, k;               /* group size, rank, the step being run */
+    int P, r, d, k;            /* group size, rank in it, replica, the step being run */
+    int micro, nm, dtype;      /* micro-batch, micro-batches per step, weight dtype */
     int lm[NW], ln[NW];        /* local shapes */
     pt_param_v1 p[NW];
     pt_model_v1 m;
-    float *init[NW];
+    void *init[NW];
 } host;
 
-static float gfun(int w, int k, int i, int j) {
-    return sinf(0.37f * (float)(i * 41 + j) + 1.3f * (float)k + (float)w) * 0.5f;
+static float gfun(int w, int k, int b, int i, int j) {
+    return sinf(0.37f * (float)(i * 41 + j) + 1.3f * (float)k + (float)w + 0.71f * (float)b) *
+           0.5f;
 }
 static float winit(int w, int i, int j) { return 0.02f * cosf(0.11f * (float)(i * 53 + j * 7 + w)); }
-/* full index of local element (i, j) of weight w on rank r */
+/* full index of local element (i, j) of weight w on group rank r */
 static int fi(const host *h, int w, int i) { return SPLIT[w] == 1 ? h->r * h->lm[w] + i : i; }
 static int fj(const host *h, int w, int j) { return SPLIT[w] == 2 ? h->r * h->ln[w] + j : j; }
 
 static int32_t pass(void *user) {
     host *h = user;
     double loss = 0;
+    int batch = h->d * h->nm + h->micro;
+    float s = 1.0f / (float)h->nm;
     for (int b = 0; b < NW; b++) {
         int rc = PL->block_pre_forward(h->ctx, b);
         if (rc) return rc;
-        loss += ((const float *)h->p[b].data)[0];
+        loss += pt_load_elem(h->p[b].data, h->dtype, 0);
         if ((rc = PL->block_post_forward(h->ctx, b))) return rc;
     }
     for (int b = NW - 1; b >= 0; b--) {
         int rc = PL->block_pre_backward(h->ctx, b);
         if (rc) return rc;
-        float *g = h->p[b].grad;
-        const float *x = h->p[b].data;
         for (int i = 0; i < h->lm[b]; i++)
             for (int j = 0; j < h->ln[b]; j++) {
                 size_t e = (size_t)i * h->ln[b] + j;
-                g[e] += gfun(b, h->k, fi(h, b, i), fj(h, b, j)) + 0.01f * x[e];
+                float x = pt_load_elem(h->p[b].data, h->dtype, e);
+                float v = s * (gfun(b, h->k, batch, fi(h, b, i), fj(h, b, j)) + 0.01f * x);
+                pt_store_elem(h->p[b].grad, h->dtype, e, pt_load_elem(h->p[b].grad, h->dtype, e) + v);
             }
         if ((rc = PL->block_post_backward(h->ctx, b))) return rc;
     }
@@ -95,25 +118,29 @@ static void hlog(void *user, int32_t level, const char *msg) {
 
 /* init + post_model_load; returns the failing hook's code (0: started). split0:
  * b0.w's split (for the bad-value case); cols0: b0.w's full column count. */
-static int start(host *h, int P, const char *extra, int split0, int cols0) {
+static int start(host *h, int P, const char *extra, int split0, int cols0, int dtype) {
     memset(h, 0, sizeof *h);
     h->P = P;
-    h->r = P > 1 ? RANK : 0;
+    h->r = P > 1 ? RANK % P : 0;
+    h->d = P > 1 ? RANK / P : 0;
+    h->nm = 1;
+    h->dtype = dtype;
     static char names[NW][16];
     for (int w = 0; w < NW; w++) {
         int fm = FM[w], fn = w == 0 ? cols0 : FN[w];
         h->lm[w] = SPLIT[w] == 1 ? fm / P : fm;
         h->ln[w] = SPLIT[w] == 2 ? fn / P : fn;
-        h->init[w] = malloc(sizeof(float) * (size_t)h->lm[w] * h->ln[w]);
+        h->init[w] = malloc(pt_dtype_size(dtype) * (size_t)h->lm[w] * h->ln[w]);
         assert_non_null(h->init[w]);
         for (int i = 0; i < h->lm[w]; i++)
             for (int j = 0; j < h->ln[w]; j++)
-                h->init[w][(size_t)i * h->ln[w] + j] = winit(w, fi(h, w, i), fj(h, w, j));
-        snprintf(names[w], sizeof names[w], "b%d.w", w);
-        h->p[w] = (pt_param_v1){.name = names[w], .dtype = PT_F32, .ndim = 2,
-                                .shape = {h->lm[w], h->ln[w]}, .block = w, .trainable = 1,
-                                .tie = -1, .tp_split = w == 0 ? split0 : SPLIT[w],
-                                .init = h->init[w]};
+                pt_store_elem(h->init[w], dtype, (size_t)i * h->ln[w] + j,
+                              winit(w, fi(h, w, i), fj(h, w, j)));
+        snprintf(names[w], sizeof names[w], w == 3 ? "b%d.b" : "b%d.w", w);
+        h->p[w] = (pt_param_v1){.name = names[w], .dtype = dtype, .ndim = w == 3 ? 1 : 2,
+                                .shape = {h->lm[w], w == 3 ? 0 : h->ln[w]}, .block = w,
+                                .trainable = 1, .tie = -1,
+                                .tp_split = w == 0 ? split0 : SPLIT[w], .init = h->init[w]};
     }
     h->m = (pt_model_v1){.struct_size = sizeof h->m, .n_params = NW, .params = h->p,
                          .n_blocks = NW, .batch = 1, .seq = 1, .arch = "tp-hooks"};
@@ -146,33 +173,69 @@ static int start(host *h, int P, const char *extra, int split0, int cols0) {
 
 static void stop(host *h) {
     if (h->ctx) assert_int_equal(PL->finalize(h->ctx), PT_OK);
+    h->ctx = NULL;
     for (int w = 0; w < NW; w++) free(h->init[w]);
 }
 
-static int create_opt(host *h, float max_norm) {
+static int create_opt(host *h, float max_norm, float beta2) {
     pt_optim_v1 od = {.struct_size = sizeof od, .type = PT_OPTIM_REKLS, .lr = 1e-3f,
-                      .beta1 = 0.9f, .beta2 = 0.95f, .eps = NAN, .weight_decay = 0.01f,
+                      .beta1 = 0.9f, .beta2 = beta2, .eps = NAN, .weight_decay = 0.01f,
                       .max_grad_norm = max_norm};
     return PL->create_optimizer(h->ctx, &od);
 }
 
-/* One placement: P ranks vs the oracle over STEPS steps. Returns 1 when every
- * shard matched every step; *norm_err: the largest relative norm difference. */
-static int run(const char *placement, float max_norm, float oracle_bs, double *norm_err) {
+static const char *RESIDENT_INI = "[protrain]\nforce_all_persistent = true\n";
+static const char *OFFLOAD_INI = "[protrain]\nauto_mode = false\nauto_memory = false\n"
+                                 "n_persist = 0\nn_buffer = 3\nn_swap = 0\nn_checkpoint = 0\n"
+                                 "chunk_size = 16384\n";
+
+typedef struct runopt {
+    const char *ini;        /* placement and other INI text */
+    float clip;             /* max_grad_norm */
+    int nm;                 /* micro-batches per replica */
+    int dtype;              /* PT_F32 or PT_BF16 */
+    float beta2;            /* descriptor beta2 (NaN: the INI's, auto) */
+    float oracle_bs, oracle_beta2;
+    int oracle_wdm;         /* pt_rekls_wd of the oracle */
+    int resume_at;          /* save after this step, restart, load (0: no) */
+    int skip_load;          /* control: restart without load_state */
+    const char *dump;       /* run name for $TP_DUMP, or NULL */
+} runopt;
+
+static runopt base_opt(const char *ini) {
+    runopt o = {ini, 0, 1, PT_F32, 0.95f, 0.95f, 0.95f, PT_REKLS_WD_DECOUPLED, 0, 0, NULL};
+    return o;
+}
+
+static void begin(host *h, const runopt *o) {
+    if (start(h, TP, o->ini, SPLIT[0], FN[0], o->dtype))
+        fail_msg("rank %d: start: %s", RANK, PL->last_error(h->ctx));
+    h->nm = o->nm;
+    if (create_opt(h, o->clip, o->beta2))
+        fail_msg("rank %d: create_optimizer: %s", RANK, PL->last_error(h->ctx));
+}
+
+/* P ranks vs the oracle over STEPS steps. Returns 1 when every shard matched
+ * every step; *norm_err: the largest relative norm difference. */
+static int run(const runopt *o, double *norm_err) {
     host h;
-    int P = WORLD;
-    if (start(&h, P, placement, SPLIT[0], FN[0])) fail_msg("rank %d: start: %s", RANK, PL->last_error(h.ctx));
-    if (create_opt(&h, max_norm)) fail_msg("rank %d: create_optimizer: %s", RANK, PL->last_error(h.ctx));
-    /* the oracle: full matrices, REKLS state of its own */
-    float *W[NW], *M[NW], *V[NW], *aux[NW], *ws[NW], *G[NW];
+    begin(&h, o);
+    const int dt = o->dtype;
+    /* the oracle: full tensors, optimizer state of its own */
+    float *W[NW], *M[NW], *V[NW], *aux[NW], *ws[NW], *G[NW], *acc[NW];
+    void *Wc[NW];   /* compute copy (bf16) */
     for (int w = 0; w < NW; w++) {
         size_t mn = (size_t)FM[w] * FN[w];
         W[w] = malloc(mn * 4), G[w] = malloc(mn * 4), M[w] = calloc(mn, 4), V[w] = calloc(mn, 4);
+        acc[w] = malloc(mn * 4);
+        Wc[w] = malloc(mn * pt_dtype_size(dt));
         aux[w] = malloc(pt_rekls_aux_words(FM[w], FN[w]) * 4);
         ws[w] = malloc(pt_rekls_ws_words(FM[w], FN[w]) * 4);
-        assert_true(W[w] && G[w] && M[w] && V[w] && aux[w] && ws[w]);
-        for (int i = 0; i < FM[w]; i++)
-            for (int j = 0; j < FN[w]; j++) W[w][(size_t)i * FN[w] + j] = winit(w, i, j);
+        assert_true(W[w] && G[w] && M[w] && V[w] && acc[w] && Wc[w] && aux[w] && ws[w]);
+        for (size_t e = 0; e < mn; e++) {
+            pt_store_elem(Wc[w], dt, e, winit(w, (int)(e / FN[w]), (int)(e % FN[w])));
+            W[w][e] = pt_load_elem(Wc[w], dt, e);   /* the master starts from the copy */
+        }
         pt_rekls_aux_init_host(aux[w], FM[w], FN[w]);
     }
     int same = 1;
@@ -180,93 +243,240 @@ static int run(const char *placement, float max_norm, float oracle_bs, double *n
     char err[512];
     for (int k = 1; k <= STEPS; k++) {
         h.k = k;
-        assert_int_equal(PL->pre_step(h.ctx, k, 0, 1), PT_OK);
-        if (pass(&h)) fail_msg("rank %d step %d: %s", RANK, k, PL->last_error(h.ctx));
+        for (int mi = 0; mi < o->nm; mi++) {
+            h.micro = mi;
+            assert_int_equal(PL->pre_step(h.ctx, k, mi, o->nm), PT_OK);
+            if (pass(&h)) fail_msg("rank %d step %d: %s", RANK, k, PL->last_error(h.ctx));
+        }
         if (PL->optimizer_step(h.ctx, -1.0f)) fail_msg("rank %d step %d: %s", RANK, k, PL->last_error(h.ctx));
         assert_int_equal(PL->post_step(h.ctx, k, 0.0f), PT_OK);
-        /* the oracle's gradients and their norm (double, full matrices) */
+        /* the oracle's gradients: per replica the micro-batches in order (fp32
+         * sums; one 16-bit micro-batch is rounded once), the replicas in rank
+         * order, times 1/D; their norm in double over the full tensors */
         double sq = 0, sq_own = 0;
+        float s = 1.0f / (float)o->nm;
         for (int w = 0; w < NW; w++)
             for (int i = 0; i < FM[w]; i++)
                 for (int j = 0; j < FN[w]; j++) {
                     size_t e = (size_t)i * FN[w] + j;
-                    G[w][e] = 0.0f + (gfun(w, k, i, j) + 0.01f * W[w][e]);
+                    float x = pt_load_elem(Wc[w], dt, e);
+                    for (int d = 0; d < D; d++) {
+                        float a = 0.0f;
+                        for (int mi = 0; mi < o->nm; mi++) {
+                            float v = s * (gfun(w, k, d * o->nm + mi, i, j) + 0.01f * x);
+                            if (dt != PT_F32) {   /* the host's 16-bit gradient */
+                                float r;   /* room for any element size */
+                                pt_store_elem(&r, dt, 0, a + v);
+                                a = pt_load_elem(&r, dt, 0);
+                            } else {
+                                a = a + v;
+                            }
+                        }
+                        if (d == 0) acc[w][e] = a;
+                        else acc[w][e] += a;
+                    }
+                    G[w][e] = D > 1 ? acc[w][e] * (float)(1.0 / D) : acc[w][e];
                     sq += (double)G[w][e] * G[w][e];
                     int mine = SPLIT[w] == 0 || (SPLIT[w] == 1 ? i / h.lm[w] : j / h.ln[w]) == h.r;
                     if (mine) sq_own += (double)G[w][e] * G[w][e];
                 }
         float gs = 1.0f;
-        if (max_norm > 0) {
-            pt_stats_v1 s = {.struct_size = sizeof s};
-            assert_int_equal(PL->get_stats(h.ctx, &s), PT_OK);
-            double d = fabs(s.last_grad_norm - sqrt(sq)) / sqrt(sq);
-            if (d > *norm_err) *norm_err = d;
+        if (o->clip > 0) {
+            pt_stats_v1 st = {.struct_size = sizeof st};
+            assert_int_equal(PL->get_stats(h.ctx, &st), PT_OK);
+            double dn = fabs(st.last_grad_norm - sqrt(sq)) / sqrt(sq);
+            if (dn > *norm_err) *norm_err = dn;
             /* control: this rank's shards alone give another norm */
-            if (P > 1) assert_true(fabs(s.last_grad_norm - sqrt(sq_own)) / sqrt(sq) > 1e-3);
-            if (s.last_grad_norm > max_norm)   /* the plugin's clip factor, from its norm */
-                gs = (float)(max_norm / (s.last_grad_norm + 1e-6));
+            if (TP > 1) assert_true(fabs(st.last_grad_norm - sqrt(sq_own)) / sqrt(sq) > 1e-3);
+            if (st.last_grad_norm > o->clip)   /* the plugin's clip factor, from its norm */
+                gs = (float)(o->clip / (st.last_grad_norm + 1e-6));
         }
         for (int w = 0; w < NW; w++) {
-            pt_rekls_hyper hy = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.01f, oracle_bs, 0, k, gs, PT_REKLS_WD_DECOUPLED};
-            pt_rekls_tensors x = {FM[w], FN[w], G[w], PT_F32, W[w], NULL, 0, M[w], V[w],
-                                  aux[w], ws[w]};
-            assert_int_equal(pt_rekls_step(&pt_rekls_la_cpu, &hy, &x, err, sizeof err), 0);
-            size_t ln = (size_t)h.lm[w] * h.ln[w];
-            float *got = malloc(ln * 4);
+            void *out = dt == PT_F32 ? NULL : Wc[w];
+            if (w < 3) {
+                pt_rekls_hyper hy = {1e-3f, 0.9f, o->oracle_beta2, 1e-8f, 0.01f, o->oracle_bs,
+                                     0, k, gs, o->oracle_wdm};
+                pt_rekls_tensors x = {FM[w], FN[w], G[w], PT_F32, W[w], out, dt, M[w], V[w],
+                                      aux[w], ws[w]};
+                assert_int_equal(pt_rekls_step(&pt_rekls_la_cpu, &hy, &x, err, sizeof err), 0);
+            } else {   /* AdamW, decoupled decay, on the full bias */
+                float bc1, bc2r;
+                pt_adamw_bias(0.9f, o->oracle_beta2, k, &bc1, &bc2r);
+                pt_cpu_adam_args a = {W[w], G[w], PT_F32, M[w], V[w], out, dt,
+                                      (size_t)FM[w] * FN[w],
+                                      pt_adamw_make_consts(1e-3f, 0.9f, o->oracle_beta2, 1e-8f,
+                                                           0.01f, bc1, bc2r, gs)};
+                pt_cpu_adam_range(&a, 0, a.n);
+            }
+            if (dt == PT_F32) memcpy(Wc[w], W[w], (size_t)FM[w] * FN[w] * 4);
+            size_t es = pt_dtype_size(dt), ln = (size_t)h.lm[w] * h.ln[w];
+            unsigned char *got = malloc(ln * es);
             assert_non_null(got);
-            assert_int_equal(PL->read_param(h.ctx, w, got, ln * 4), PT_OK);
+            assert_int_equal(PL->read_param(h.ctx, w, got, ln * es), PT_OK);
             for (int i = 0; i < h.lm[w]; i++)
                 for (int j = 0; j < h.ln[w]; j++) {
-                    float a = got[(size_t)i * h.ln[w] + j];
-                    float b = W[w][(size_t)fi(&h, w, i) * FN[w] + fj(&h, w, j)];
-                    if (memcmp(&a, &b, 4)) same = 0;
+                    size_t le = (size_t)i * h.ln[w] + j;
+                    size_t fe = (size_t)fi(&h, w, i) * FN[w] + fj(&h, w, j);
+                    if (memcmp(got + le * es, (unsigned char *)Wc[w] + fe * es, es)) same = 0;
                 }
             free(got);
         }
+        if (k == o->resume_at) {   /* save, a new instance, load */
+            char dir[] = "/tmp/pt_tp_state_XXXXXX";
+            assert_non_null(mkdtemp(dir));
+            if (PL->save_state(h.ctx, dir)) fail_msg("rank %d: save_state: %s", RANK, PL->last_error(h.ctx));
+            stop(&h);
+            begin(&h, o);
+            if (!o->skip_load && PL->load_state(h.ctx, dir))
+                fail_msg("rank %d: load_state: %s", RANK, PL->last_error(h.ctx));
+            if (TP > 1 && !o->skip_load && WORLD >= 2 * TP) {
+                /* a run with twice the group size holds other shards: refused */
+                host h2;
+                assert_int_equal(start(&h2, 2 * TP, RESIDENT_INI, SPLIT[0], FN[0], o->dtype), PT_OK);
+                assert_int_equal(create_opt(&h2, 0, 0.95f), PT_OK);
+                assert_int_not_equal(PL->load_state(h2.ctx, dir), PT_OK);
+                const char *e = PL->last_error(h2.ctx);
+                if (RANK == 0) printf("  refused: %s\n", e);
+                assert_non_null(strstr(e, "tp_size"));
+                stop(&h2);
+            }
+            char f[128];
+            snprintf(f, sizeof f, "%s/protrain_state_rank%d.bin", dir, RANK);
+            unlink(f);
+            rmdir(dir);
+        }
+    }
+    const char *dp = getenv("TP_DUMP");
+    if (dp && o->dump) {
+        char f[512];
+        snprintf(f, sizeof f, "%s.%s.%d", dp, o->dump, RANK);
+        FILE *fp = fopen(f, "wb");
+        assert_non_null(fp);
+        for (int w = 0; w < NW; w++) {
+            size_t n = (size_t)h.lm[w] * h.ln[w] * pt_dtype_size(dt);
+            void *got = malloc(n);
+            assert_int_equal(PL->read_param(h.ctx, w, got, n), PT_OK);
+            assert_int_equal(fwrite(got, 1, n, fp), n);
+            free(got);
+        }
+        fclose(fp);
     }
     for (int w = 0; w < NW; w++) {
         free(W[w]); free(G[w]); free(M[w]); free(V[w]); free(aux[w]); free(ws[w]);
+        free(acc[w]); free(Wc[w]);
     }
     stop(&h);
     return same;
 }
 
-static const char *RESIDENT = "[protrain]\nforce_all_persistent = true\n";
-static const char *OFFLOAD = "[protrain]\nauto_mode = false\nauto_memory = false\nn_persist = 0\n"
-                             "n_buffer = 3\nn_swap = 0\nn_checkpoint = 0\nchunk_size = 16384\n";
-
 static void report(const char *what, int ok) {
     if (RANK == 0)
-        printf("  %d rank(s), %s: %s\n", WORLD, what,
-               ok ? "every shard bit-identical to single-rank REKLS over 5 steps" : "DIFFERS");
+        printf("  %d rank(s), tp %d x dp %d, %s: %s\n", WORLD, TP, D, what,
+               ok ? "every shard bit-identical to the single-rank oracle over 5 steps"
+                  : "DIFFERS");
 }
 
 static void test_resident(void **s) {
     (void)s;
     double ne;
-    int ok = run(RESIDENT, 0, 0.95f, &ne);
-    report("resident chunks", ok);
+    runopt o = base_opt(RESIDENT_INI);
+    o.dump = "A";
+    int ok = run(&o, &ne);
+    report("resident chunks (mode A)", ok);
     assert_true(ok);
 }
 
 static void test_offloaded(void **s) {
     (void)s;
     double ne;
-    int ok = run(OFFLOAD, 0, 0.95f, &ne);
-    report("offloaded chunks", ok);
+    runopt o = base_opt(OFFLOAD_INI);
+    o.dump = "B";
+    int ok = run(&o, &ne);
+    report("offloaded chunks (mode B)", ok);
     assert_true(ok);
     /* negative control: another factor decay in the oracle differs */
-    assert_false(run(OFFLOAD, 0, 0.9f, &ne));
+    o.oracle_bs = 0.9f;
+    o.dump = NULL;
+    assert_false(run(&o, &ne));
 }
 
 static void test_clipped(void **s) {
     (void)s;
     double ne;
-    int ok = run(OFFLOAD, 0.05f, 0.95f, &ne);
+    runopt o = base_opt(OFFLOAD_INI);
+    o.clip = 0.05f;
+    int ok = run(&o, &ne);
     report("offloaded, clipped", ok);
-    if (RANK == 0) printf("  global norm vs the full matrices': max relative difference %.2g\n", ne);
+    if (RANK == 0) printf("  global norm vs the full tensors': max relative difference %.2g\n", ne);
     assert_true(ne <= 1e-6);
     assert_true(ok);
+}
+
+/* 2 micro-batches per replica; with one replica the dumps are what dist.sh
+ * compares with 2 replicas of one micro-batch each (the same two batches) */
+static void test_accumulated(void **s) {
+    (void)s;
+    double ne;
+    for (int pl = 0; pl < 2; pl++) {
+        runopt o = base_opt(pl ? OFFLOAD_INI : RESIDENT_INI);
+        o.nm = 2;
+        o.dump = pl ? "B2" : "A2";
+        int ok = run(&o, &ne);
+        report(pl ? "offloaded, 2 micro-batches" : "resident, 2 micro-batches", ok);
+        assert_true(ok);
+    }
+}
+
+/* l2 decay from the INI; beta2 from the INI's auto, which must be REKLS's 0.95 */
+static void test_l2_and_beta2_auto(void **s) {
+    (void)s;
+    double ne;
+    runopt o = base_opt("[protrain]\nforce_all_persistent = true\n[optimizer]\n"
+                        "rekls_weight_decay_method = l2\n");
+    o.beta2 = NAN;
+    o.oracle_wdm = PT_REKLS_WD_L2;
+    int ok = run(&o, &ne);
+    report("l2 weight decay, beta2 = auto", ok);
+    assert_true(ok);
+    o.oracle_beta2 = 0.999f;   /* control: AdamW's beta2 differs */
+    assert_false(run(&o, &ne));
+    o.oracle_beta2 = 0.95f;    /* control: decoupled decay differs */
+    o.oracle_wdm = PT_REKLS_WD_DECOUPLED;
+    assert_false(run(&o, &ne));
+}
+
+static void test_bf16(void **s) {
+    (void)s;
+    if (D > 1) {   /* resident 16-bit gradients are not reduced across replicas yet */
+        if (RANK == 0) printf("  bf16: skipped with %d replicas\n", D);
+        return;
+    }
+    double ne;
+    for (int pl = 0; pl < 2; pl++) {
+        runopt o = base_opt(pl ? OFFLOAD_INI : RESIDENT_INI);
+        o.dtype = PT_BF16;
+        int ok = run(&o, &ne);
+        report(pl ? "bf16 weights, offloaded" : "bf16 weights, resident", ok);
+        assert_true(ok);
+    }
+}
+
+static void test_resume(void **s) {
+    (void)s;
+    double ne;
+    for (int pl = 0; pl < 2; pl++) {
+        runopt o = base_opt(pl ? OFFLOAD_INI : RESIDENT_INI);
+        o.resume_at = 3;
+        int ok = run(&o, &ne);
+        report(pl ? "offloaded, saved after step 3 and loaded into a new instance"
+                  : "resident, saved after step 3 and loaded into a new instance", ok);
+        assert_true(ok);
+    }
+    /* control: a new instance without load_state starts over */
+    runopt o = base_opt(OFFLOAD_INI);
+    o.resume_at = 3;
+    o.skip_load = 1;
+    assert_false(run(&o, &ne));
 }
 
 static void test_refusals(void **s) {
@@ -274,9 +484,9 @@ static void test_refusals(void **s) {
     host h;
     const char *e;
     /* b0.w 16 x 33 split on rows: 33 columns do not divide by P (only P > 1) */
-    if (WORLD > 1 && WORLD <= 4) {
-        assert_int_equal(start(&h, WORLD, RESIDENT, 1, 33 / WORLD * WORLD + 1), PT_OK);
-        assert_int_not_equal(create_opt(&h, 0), PT_OK);
+    if (TP > 1 && TP <= 4) {
+        assert_int_equal(start(&h, TP, RESIDENT_INI, 1, 33 / TP * TP + 1, PT_F32), PT_OK);
+        assert_int_not_equal(create_opt(&h, 0, 0.95f), PT_OK);
         e = PL->last_error(h.ctx);
         if (RANK == 0) printf("  refused: %s\n", e);
         assert_non_null(strstr(e, "does not divide"));
@@ -284,17 +494,17 @@ static void test_refusals(void **s) {
         stop(&h);
     }
     /* a tp_split outside 0..2 */
-    assert_int_not_equal(start(&h, WORLD, RESIDENT, 3, FN[0]), PT_OK);
+    assert_int_not_equal(start(&h, TP, RESIDENT_INI, 3, FN[0], PT_F32), PT_OK);
     assert_non_null(strstr(PL->last_error(h.ctx), "tp_split 3"));
     stop(&h);
     /* tp_size that does not divide world_size */
-    assert_int_not_equal(start(&h, WORLD + 1, RESIDENT, 1, FN[0]), PT_OK);
+    assert_int_not_equal(start(&h, WORLD + 1, RESIDENT_INI, 1, FN[0], PT_F32), PT_OK);
     e = PL->last_error(NULL);
     if (RANK == 0) printf("  refused: %s\n", e);
     assert_non_null(strstr(e, "tp_size"));
     stop(&h);
     /* with OSFT */
-    assert_int_not_equal(start(&h, 2, "[osft]\nenabled = true\n", 1, FN[0]), PT_OK);
+    assert_int_not_equal(start(&h, 2, "[osft]\nenabled = true\n", 1, FN[0], PT_F32), PT_OK);
     assert_non_null(strstr(PL->last_error(NULL), "OSFT"));
     stop(&h);
 }
@@ -305,6 +515,13 @@ int main(void) {
         WORLD = atoi(ws);
         RANK = atoi(rk);
     }
+    const char *tp = getenv("TP_SIZE");
+    TP = tp ? atoi(tp) : WORLD;
+    if (TP < 1 || WORLD % TP) {
+        fprintf(stderr, "test_tp_plugin: TP_SIZE=%d does not divide %d ranks\n", TP, WORLD);
+        return 1;
+    }
+    D = WORLD / TP;
     if (WORLD > 1) {   /* keeps MPI up across the plugin's inits and finalizes */
         pt_coll_config cc = {WORLD, RANK, "env", 60.0, -1};
         char err[512];
@@ -317,6 +534,10 @@ int main(void) {
         cmocka_unit_test(test_resident),
         cmocka_unit_test(test_offloaded),
         cmocka_unit_test(test_clipped),
+        cmocka_unit_test(test_accumulated),
+        cmocka_unit_test(test_l2_and_beta2_auto),
+        cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_resume),
         cmocka_unit_test(test_refusals),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
