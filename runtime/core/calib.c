@@ -17,13 +17,15 @@
  *    prediction): the ratio measured/predicted is folded into the trace's
  *    calib.peak (the cost model's fragmentation factor is the profile's measured
  *    one times it) and the plan is searched again (as before);
- *  - otherwise ([protrain] time_calibration), the median iteration more than 15% away from the prediction:
- *    each phase's measured/predicted median is folded into calib.fwd/bwd/opt,
- *    which scale the profile's compute times and optimizer rates
- *    (pt_trace_calibrated), and the plan is searched again (when the gap is
- *    also above TIME_MIN_GAIN_S per iteration); at most
- *    MAX_TIME_REPLANS times per run, so a model that cannot fit the machine
- *    does not re-plan forever;
+ *  - otherwise ([protrain] time_calibration), the median iteration more than
+ *    TIME_LEARN (5%) away from the prediction: each phase's measured/predicted
+ *    median is folded into calib.fwd/bwd/opt, which scale the profile's
+ *    compute times and optimizer rates (pt_trace_calibrated). When the miss is
+ *    also above [protrain] time_replan_tolerance (15%) and TIME_MIN_GAIN_S per
+ *    iteration, the plan is searched again now, at most MAX_TIME_REPLANS times
+ *    per run, so a model that cannot fit the machine does not re-plan forever.
+ *    A smaller miss is not worth rebuilding a running job's store for, but
+ *    the factors are still learned: the next run plans with them;
  *  - whatever was learned is written back into the profile cache with the
  *    profile, so the next run plans with it from its first step.
  * The factors scale compute only, and are chosen so that the phase's predicted
@@ -41,7 +43,9 @@
 #include "rt_internal.h"
 
 enum { WARM = 1, MEASURE = 5, MAX_TIME_REPLANS = 2 };
-#define TIME_TOLERANCE 0.15
+/* a time miss above this fraction is learned (stored for the next run) even
+ * when it is below the re-plan tolerance: the model's own target is 5% */
+#define TIME_LEARN 0.05
 /* ... and at least this many seconds per iteration: below it a re-plan (a
  * rebuild of the store) costs more than it could save, and sub-millisecond
  * steps are mostly timer and scheduling noise */
@@ -150,12 +154,14 @@ static double phase_factor(double m, double p, double c) {
     return m / p;
 }
 
-/* Time: returns 1 when it planned again. */
+/* Time: returns 1 when it learned factors (and planned again if the miss was
+ * large enough). */
 static int time_calibrate(pt_rt *rt) {
     double ratio = rt->pred_iter_s > 0 ? rt->meas_iter_s / rt->pred_iter_s : 1.0;
-    if (fabs(ratio - 1.0) <= TIME_TOLERANCE || !rt->trace ||
-        fabs(rt->meas_iter_s - rt->pred_iter_s) < TIME_MIN_GAIN_S)
-        return 0;
+    double tol = rt->cfg.time_replan_tolerance > 0 ? rt->cfg.time_replan_tolerance : 0.15;
+    double learn = tol < TIME_LEARN ? tol : TIME_LEARN;
+    if (fabs(ratio - 1.0) <= learn || !rt->trace) return 0;
+    int now = fabs(ratio - 1.0) > tol && fabs(rt->meas_iter_s - rt->pred_iter_s) >= TIME_MIN_GAIN_S;
     double ph[3][MEASURE];
     int n = 0;
     for (int i = 0; i < MEASURE; i++) {
@@ -169,7 +175,7 @@ static int time_calibrate(pt_rt *rt) {
                          "in between): the plan stays", ratio, n, MEASURE);
         return 0;
     }
-    if (rt->time_replans >= MAX_TIME_REPLANS) {
+    if (now && rt->time_replans >= MAX_TIME_REPLANS) {
         PT_LOGW(&rt->lg, "calibration: the iteration is still x%.3f the prediction after %d "
                          "time re-plans: the plan stays", ratio, rt->time_replans);
         return 0;
@@ -185,6 +191,15 @@ static int time_calibrate(pt_rt *rt) {
     c->fwd = fold(c->fwd, ff);
     c->bwd = fold(c->bwd, fb);
     c->opt = fold(c->opt, fo);
+    if (!now) {
+        PT_LOGI(&rt->lg, "calibration: the iteration is x%.3f the prediction (within the re-plan "
+                         "tolerance %.0f%%, beyond %.0f%%); phases on the device clock: forward "
+                         "x%.3f, backward x%.3f, optimizer x%.3f; the plan stays, and the profile's "
+                         "times scaled by forward x%.3f, backward x%.3f, optimizer x%.3f are kept "
+                         "for the next run", ratio, tol * 100, learn * 100, ff, fb, fo, c->fwd,
+                c->bwd, c->opt);
+        return 1;
+    }
     rt->time_replans++;
     double old_meas = rt->meas_iter_s;
     uint64_t old_pred = rt->pred_peak;
@@ -192,7 +207,7 @@ static int time_calibrate(pt_rt *rt) {
                      "phases on the device clock: forward %.4f s vs %.4f (x%.3f), backward %.4f "
                      "vs %.4f (x%.3f), optimizer %.4f vs %.4f (x%.3f); planning again with the "
                      "profile's times scaled by forward x%.3f, backward x%.3f, optimizer x%.3f",
-            ratio, TIME_TOLERANCE * 100, mf, rt->pred_fwd_s, ff, mb, rt->pred_bwd_s, fb, mo,
+            ratio, tol * 100, mf, rt->pred_fwd_s, ff, mb, rt->pred_bwd_s, fb, mo,
             rt->pred_opt_s, fo, c->fwd, c->bwd, c->opt);
     replan(rt);
     if (rt->broken) return 1;
