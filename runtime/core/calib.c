@@ -131,16 +131,11 @@ static double fold(double old, double f) { return (old > 0 ? old : 1.0) * f; }
 static double one(double f) { return f > 0 ? f : 1.0; }
 
 /* The profile's compute in each phase, as the plan in force predicted it
- * (calibration applied). Recomputes are left out of the backward's share: which
- * blocks recompute depends on the plan, and they are forward work. */
+ * (calibration applied). */
 static void phase_compute(const pt_trace *t, double *cf, double *cb) {
-    double f = t->embed_fwd_s, b = t->head_fwd_s + t->head_bwd_s + t->embed_bwd_s;
-    for (int32_t k = 0; k < t->n_block; k++) {
-        f += t->blocks[k].fwd_s;
-        b += t->blocks[k].bwd_s;
-    }
-    *cf = f * one(t->calib.fwd);
-    *cb = b * one(t->calib.bwd);
+    pt_trace_phase_compute(t, cf, cb);
+    *cf *= one(t->calib.fwd);
+    *cb *= one(t->calib.bwd);
 }
 
 /* The factor that makes the phase's prediction equal the measurement when only
