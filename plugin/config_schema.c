@@ -182,7 +182,8 @@ const pt_config_key pt_cfg_keys[] = {
     R_FLT("optimizer", "eps", eps, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "1e-8",
           "Added to the denominator sqrt(v_hat)."),
     R_FLT("optimizer", "weight_decay", weight_decay, PT_CFG_NO_HI, 0, 0, "0",
-          "Decoupled weight decay: p -= lr * weight_decay * p each step."),
+          "Decoupled weight decay: p -= lr * weight_decay * p each step (AdamW; a parameter "
+          "REKLS steps follows rekls_weight_decay_method)."),
     R_FLT("optimizer", "max_grad_norm", max_grad_norm, PT_CFG_NO_HI, 0, 0, "0",
           "Clip the global gradient L2 norm to this value; 0 disables clipping (CPU steps "
           "then start without waiting for every gradient)."),

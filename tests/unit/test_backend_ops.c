@@ -689,8 +689,8 @@ static void test_rekls_ops(void **state) {
     }
     for (int i = 0; i < 40; i++) lam[i] = wc[i] - 2.0f;   /* some below eps: the floor */
     static const int kinds[] = {PT_RK_GRAD_IN, PT_RK_SCALE_COLS, PT_RK_LERP, PT_RK_COPY, PT_RK_ADAM,
-                                PT_RK_APPLY};
-    for (int kk = 0; kk < 6; kk++) {
+                                PT_RK_APPLY, PT_RK_AXPY};
+    for (int kk = 0; kk < (int)(sizeof kinds / sizeof kinds[0]); kk++) {
         pt_rekls_ew_args a;
         memset(&a, 0, sizeof a);
         a.kind = kinds[kk];
