@@ -301,14 +301,15 @@ int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sca
         if ((rc = wait_all(c, 2 * np, peer, deadline, what, err, errlen))) break;
         /* sum in rank order: ranks below us, ours, ranks above (the first
          * addend is copied, not added to 0, so -0 and NaN payloads match a
-         * single rank's accumulation) */
-        for (int p = 0; p < c->world; p++) {
+         * single rank's accumulation); nothing to add for a barrier's empty
+         * buffer (NULL there) */
+        for (int p = 0; p < c->world && m; p++) {
             const char *src = p == c->rank ? mine
                               : (const char *)c->recv + (size_t)(p < c->rank ? p : p - 1) * SEG_ELEMS * es;
             if (p == 0) memcpy(acc, src, m * es);
             else add_into(acc, src, m, dtype);
         }
-        memcpy(mine, acc, m * es);
+        if (m) memcpy(mine, acc, m * es);
         if (n == 0) break;
     }
     free(peer);
