@@ -165,10 +165,14 @@ int main(void) {
     const char *tr = getenv("PT_TEST_COLL_TRANSPORT"), *init = getenv("PT_TEST_COLL_INIT");
     const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK"), *b = getenv("PT_BUILD");
     const char *dev = getenv("PT_TEST_COLL_DEVICE");
+    /* overrides for the GPU script's failure checks: the deadline, and every
+     * rank on one device (NCCL must refuse that with an error, not hang) */
+    const char *to = getenv("PT_TEST_COLL_TIMEOUT"), *di = getenv("PT_TEST_COLL_DEVICE_INDEX");
     char lib[4096];
     snprintf(lib, sizeof lib, "%s/libprotrain_nccl.so", b ? b : "build");
-    pt_coll_config cfg = {atoi(ws), atoi(rs), init && *init ? init : "env", 60.0, -1,
-                          tr && *tr ? tr : "mpi", local ? atoi(local) : 0, lib};
+    pt_coll_config cfg = {atoi(ws), atoi(rs), init && *init ? init : "env",
+                          to && *to ? atof(to) : 60.0, -1, tr && *tr ? tr : "mpi",
+                          di && *di ? atoi(di) : local ? atoi(local) : 0, lib};
     char err[512];
     if (dev && !strcmp(dev, "1")) {
         pt_gpu_config gc = {0};
