@@ -173,9 +173,9 @@ $(BUILD)/obj/gpu/nccl/cuda/%.cu.o: gpu/nccl/cuda/%.cu gpu/nccl/rank_sum.h gpu/co
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror \
 	  $(INC_GPU) -c $< -o $@
-$(NCCL_LIB): $(NCCL_OBJS)
-	$(NVCC) -shared $(CUDA_ARCH) -o $@ $(NCCL_OBJS) -Xlinker -rpath,$(CUDA_LIBDIR) -L$(CUDA_LIBDIR) \
-	  -lnccl -cudart static
+$(NCCL_LIB): $(NCCL_OBJS) gpu/nccl/exports.map
+	$(NVCC) -shared $(CUDA_ARCH) -o $@ $(NCCL_OBJS) -Xlinker --version-script=gpu/nccl/exports.map \
+	  -Xlinker -rpath,$(CUDA_LIBDIR) -L$(CUDA_LIBDIR) -lnccl -cudart static
 nccl-notice:
 	@echo "notice: $(CUDA_INCDIR)/nccl.h not found; skipping $(NCCL_LIB) ([dist] backend = nccl is unavailable)"
 
@@ -226,6 +226,11 @@ $(BUILD)/tests/%: tests/unit/%.c $(TEST_LIBS)
 $(BUILD)/tests/%: tests/integ/%.c $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(OMPFLAGS) $(INC_TESTS) -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) -lcmocka $(LIBS)
+# The NCCL transport's source against the simulated NCCL/CUDA headers (tests/nccl_sim/).
+$(BUILD)/tests/test_nccl_sim: tests/unit/test_nccl_sim.c gpu/nccl/coll_nccl.c gpu/nccl/rank_sum.h \
+                              gpu/coll_nccl.h $(wildcard tests/nccl_sim/*.h) $(TEST_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(INC_TESTS) -Itests/nccl_sim -Igpu/nccl -o $@ $< $(TEST_LIBS) $(LDFLAGS) -lcmocka $(LIBS)
 $(BUILD)/tests/plugins/%.so: tests/plugins/%.c host_api/protrain.h gpu/gpu.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(INC_TESTS) -shared -o $@ $< $(LDFLAGS)

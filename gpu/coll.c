@@ -95,7 +95,9 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
         if (nccl) mc.debug_hang_rank = -1;   /* the bootstrap must not hang */
         rc = pt_mpi_coll_open(&mc, &c->mpi, err, errlen);
     }
-    if (!rc && nccl) rc = pt_coll_nccl_open(cfg, c->mpi, &c->nc, err, errlen);
+    /* a failed NCCL start may have left a peer waiting (or gone): MPI is then
+     * not finalized, as after a failed collective */
+    if (!rc && nccl && (rc = pt_coll_nccl_open(cfg, c->mpi, &c->nc, err, errlen))) c->broken = 1;
     if (rc) {
         pt_coll_close(c);
         return rc;
@@ -107,6 +109,7 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
 void pt_coll_close(pt_coll *c) {
     if (!c) return;
     pt_coll_nccl_close(&c->nc);   /* before MPI: NCCL's bootstrap may still use it */
+    if (c->broken) pt_mpi_coll_mark_broken(c->mpi);
     pt_mpi_coll_close(c->mpi);
     free(c);
 }

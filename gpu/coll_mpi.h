@@ -16,6 +16,9 @@ typedef struct pt_mpi_coll pt_mpi_coll;
 
 int pt_mpi_coll_open(const pt_coll_config *cfg, pt_mpi_coll **out, char *err, size_t errlen);
 void pt_mpi_coll_close(pt_mpi_coll *c);
+/* Another transport's group (NCCL's, bootstrapped here) broke: a rank may be
+ * gone, so close must not finalize MPI (that would wait for it). */
+void pt_mpi_coll_mark_broken(pt_mpi_coll *c);
 int pt_mpi_coll_rank(const pt_mpi_coll *c);
 int pt_mpi_coll_world(const pt_mpi_coll *c);
 int pt_mpi_coll_allreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,

@@ -123,6 +123,10 @@ void pt_mpi_coll_close(pt_mpi_coll *c) {
     free(c);
 }
 
+void pt_mpi_coll_mark_broken(pt_mpi_coll *c) {
+    if (c) c->broken = 1;
+}
+
 int pt_mpi_coll_rank(const pt_mpi_coll *c) { return c ? c->rank : 0; }
 int pt_mpi_coll_world(const pt_mpi_coll *c) { return c ? c->world : 1; }
 

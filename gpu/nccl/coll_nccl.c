@@ -140,14 +140,16 @@ static int nccl_done(nc *c, ncclResult_t r, const char *call, double deadline, c
  * reported an asynchronous error (a peer's connection dropped). */
 static int finish(nc *c, double deadline, const char *what, char *err, size_t errlen) {
     for (;;) {
-        cudaError_t q = cudaStreamQuery(c->stream);
-        if (q == cudaSuccess) return PT_OK;
-        if (q != cudaErrorNotReady) return cuda_fail(c, q, "cudaStreamQuery", what, err, errlen);
+        /* NCCL's error first: a stream that drained does not vouch for data a
+         * failed connection was to deliver */
         ncclResult_t st = ncclSuccess;
         ncclResult_t r = ncclCommGetAsyncError(c->comm, &st);
         if (r != ncclSuccess) st = r;
         if (st != ncclSuccess && st != ncclInProgress)
             return nccl_failed(c, st, "the enqueued collective", what, err, errlen);
+        cudaError_t q = cudaStreamQuery(c->stream);
+        if (q == cudaSuccess) return PT_OK;
+        if (q != cudaErrorNotReady) return cuda_fail(c, q, "cudaStreamQuery", what, err, errlen);
         if (pt_now_s() > deadline) return timed_out(c, "the enqueued collective", what, err, errlen);
         pause_briefly();
     }
@@ -297,6 +299,10 @@ static int stage_out(nc *c, void *buf, size_t bytes, int staged, const char *wha
                             : cuda_fail(c, e, "cudaMemcpyAsync (device to host)", what, err, errlen);
 }
 
+/* Inside a group a call may answer ncclInProgress on a non-blocking
+ * communicator; the group's end says how it went. */
+static int queued(ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; }
+
 static size_t seg_len(size_t part_len, size_t off) {
     if (off >= part_len) return 0;
     return part_len - off < SEG_ELEMS ? part_len - off : SEG_ELEMS;
@@ -312,18 +318,18 @@ static int enqueue_reduce_scatter(nc *c, char *d, size_t n, int32_t dtype, doubl
     for (size_t off = 0; off < s; off += SEG_ELEMS) {
         size_t m = seg_len(len_me, off);   /* this segment of our part, from every peer */
         ncclResult_t r = ncclGroupStart();
-        for (int p = 0; p < c->world && r == ncclSuccess; p++) {
+        for (int p = 0; p < c->world && queued(r); p++) {
             if (p == c->rank) continue;
             size_t lo, len;
             pt_coll_part(n, c->world, p, &lo, &len);
             size_t mp = seg_len(len, off);   /* peer p's part of our buffer goes to p */
             if (mp) r = ncclSend(d + (lo + off) * es, mp, t, p, c->comm, c->stream);
-            if (m && r == ncclSuccess)
+            if (m && queued(r))
                 r = ncclRecv((char *)c->scratch + (size_t)p * SEG_ELEMS * es, m, t, p, c->comm,
                              c->stream);
         }
         ncclResult_t g = ncclGroupEnd();
-        if (r == ncclSuccess || r == ncclInProgress) r = g;
+        if (queued(r)) r = g;
         int rc = nccl_done(c, r, "ncclSend/ncclRecv (reduce-scatter)", deadline, what, err, errlen);
         if (rc) return rc;
         /* stream order: the sum reads the slots after the receives, and the next
@@ -341,17 +347,17 @@ static int enqueue_allgather(nc *c, char *d, size_t n, size_t es, double deadlin
     size_t lo_me, len_me;
     pt_coll_part(n, c->world, c->rank, &lo_me, &len_me);
     ncclResult_t r = ncclGroupStart();
-    for (int p = 0; p < c->world && r == ncclSuccess; p++) {
+    for (int p = 0; p < c->world && queued(r); p++) {
         if (p == c->rank) continue;
         size_t lo, len;
         pt_coll_part(n, c->world, p, &lo, &len);
         /* bytes: a copy does not care about the element type */
         if (len_me) r = ncclSend(d + lo_me * es, len_me * es, ncclUint8, p, c->comm, c->stream);
-        if (len && r == ncclSuccess)
+        if (len && queued(r))
             r = ncclRecv(d + lo * es, len * es, ncclUint8, p, c->comm, c->stream);
     }
     ncclResult_t g = ncclGroupEnd();
-    if (r == ncclSuccess || r == ncclInProgress) r = g;
+    if (queued(r)) r = g;
     return nccl_done(c, r, "ncclSend/ncclRecv (all-gather)", deadline, what, err, errlen);
 }
 
