@@ -13,6 +13,11 @@
  *    byte; a file already there is refused (a stale id) and left alone; a
  *    world-size mismatch, a foreign file and a missing file (after the
  *    timeout, measured to have waited) are errors naming the path;
+ *  - the front with a stand-in transport library (tests/plugins/fakenccl_works.c,
+ *    world 1): the id travels through the file (the library checks its bytes),
+ *    the file is gone after open, every coll.h call reaches the library with
+ *    its scale applied, a failed call breaks the group so the next fails in the
+ *    front without reaching the library, and close closes the library's handle;
  *  - loading the transport library: a missing file, a library without the
  *    symbol, one exporting only another version, and one with a short table are
  *    each refused with their own sentence; where libprotrain_nccl.so is built
@@ -25,6 +30,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,6 +228,63 @@ static void test_library_refusals(void **s) {
     assert_int_not_equal(stat(p, &st), 0);   /* refused before any rendezvous */
 }
 
+static void test_front_dispatch(void **s) {
+    (void)s;
+    char lib[4096], err[1024], p[256], init[300];
+    snprintf(lib, sizeof lib, "%s/tests/plugins/fakenccl_works.so", build_dir());
+    path_for(p, sizeof p, "front");
+    snprintf(init, sizeof init, "file://%s", p);
+    pt_coll_config cfg = {1, 0, init, 5.0, -1, "nccl", 0, lib};
+    pt_coll *c = NULL;
+    if (pt_coll_open(&cfg, &c, err, sizeof err)) fail_msg("open: %s", err);
+    struct stat st;
+    assert_int_not_equal(stat(p, &st), 0);   /* rank 0 removed its id file */
+    assert_string_equal(pt_coll_transport(c), "nccl");
+    assert_int_equal(pt_coll_world(c), 1);
+    void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+    assert_non_null(h);
+    int (*calls)(void) = (int (*)(void))dlsym(h, "fakenccl_calls");
+    int (*closes)(void) = (int (*)(void))dlsym(h, "fakenccl_closes");
+    assert_non_null(calls);
+    assert_non_null(closes);
+    int c0 = calls(), k0 = closes();
+    float v[3] = {2, 4, 8};
+    double dv[2] = {3, 5};
+    assert_int_equal(pt_coll_allreduce(c, v, 3, PT_COLL_F32, 0.5, "a", err, sizeof err), PT_OK);
+    assert_true(v[0] == 1 && v[1] == 2 && v[2] == 4);
+    assert_int_equal(pt_coll_reduce_scatter(c, dv, 2, PT_COLL_F64, 2.0, "r", err, sizeof err),
+                     PT_OK);
+    assert_true(dv[0] == 6 && dv[1] == 10);
+    assert_int_equal(pt_coll_allgather(c, v, 3, 4, "g", err, sizeof err), PT_OK);
+    assert_int_equal(pt_coll_barrier(c, err, sizeof err), PT_OK);
+    assert_int_equal(calls() - c0, 4);
+    assert_int_equal(pt_coll_allreduce(c, v, 3, PT_COLL_F32, 1, "FAIL here", err, sizeof err),
+                     PT_ERR_BACKEND);
+    if (!has(err, "failed on purpose")) fail_msg("'%s'", err);
+    assert_int_equal(pt_coll_allreduce(c, v, 3, PT_COLL_F32, 1, "after", err, sizeof err),
+                     PT_ERR_BACKEND);
+    if (!has(err, "after: an earlier collective failed")) fail_msg("'%s'", err);
+    assert_int_equal(calls() - c0, 5);   /* the last call never reached the library */
+    pt_coll_close(c);
+    assert_int_equal(closes() - k0, 1);
+    dlclose(h);
+    /* an id file already there: refused, left alone, nothing opened */
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("stale\n", f);
+    fclose(f);
+    c = NULL;
+    assert_int_equal(pt_coll_open(&cfg, &c, err, sizeof err), PT_ERR_CONFIG);
+    assert_null(c);
+    if (!has(err, "already exists")) fail_msg("stale: '%s'", err);
+    assert_int_equal(stat(p, &st), 0);
+    unlink(p);
+    /* file:// with the mpi transport never reaches MPI */
+    cfg.transport = "mpi";
+    assert_int_equal(pt_coll_open(&cfg, &c, err, sizeof err), PT_ERR_UNSUPPORTED);
+    if (!has(err, "needs the nccl transport")) fail_msg("file with mpi: '%s'", err);
+}
+
 /* The real library, where it is built, on a machine without a GPU: a clear
  * error and no rendezvous file left for the next run to trip over. */
 static void test_real_library_without_gpu(void **s) {
@@ -257,6 +320,7 @@ int main(void) {
         cmocka_unit_test(test_plugin_refuses),
         cmocka_unit_test(test_file_rendezvous),
         cmocka_unit_test(test_library_refusals),
+        cmocka_unit_test(test_front_dispatch),
         cmocka_unit_test(test_real_library_without_gpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
