@@ -21,8 +21,8 @@
 #  4. test_coll on 2 ranks (and 3 with 3+ GPUs: parts of unequal length, and a
 #     sum order that shows) over NCCL: MPI bootstrap and file://, host and
 #     device buffers.
-#  5. sample_host data parallel on cuda through the plugin (2 ranks, one GPU
-#     each through CUDA_VISIBLE_DEVICES) against 1 rank with --grad-accum 2, in
+#  5. sample_host data parallel on cuda through the plugin (2 ranks; sample_host
+#     gives each rank the GPU of its local rank) against 1 rank with --grad-accum 2, in
 #     modes A (all resident), B (offload) and C (sharded offload): the metrics
 #     say world 2 and the mode; step 1's loss bit-identical; every step within
 #     1e-5 relative (the rounding-order difference tests/dist.sh explains, with
@@ -132,9 +132,9 @@ else
     done
   done
 
-  # 5. sample_host: one GPU per rank
+  # 5. sample_host: one GPU per rank (its local rank's)
   SH=$B/sample_host
-  MPI2=("${MPI[@]}" -np 2 -x LD_LIBRARY_PATH bash -c 'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec "$0" "$@"')
+  MPI2=("${MPI[@]}" -np 2 -x LD_LIBRARY_PATH)
   common=(--layers 2 --heads 2 --channels 64 --vocab 256 --seq 32 --batch 4 --steps 6
           --max-grad-norm 0.05 --lr 1e-3 --warmup 2 --val-every 0 --gen-every 0
           --metrics-no-time --quiet --progress off --plugin "$B/protrain_plugin.so" --device cuda)
@@ -160,7 +160,7 @@ EOF
   }
   for mode in A B C; do
     want1=$mode; [ $mode = C ] && want1=B
-    if ! CUDA_VISIBLE_DEVICES=0 timeout 600 "$SH" --config "$tmp/$mode.ini" "${common[@]}" --grad-accum 2 \
+    if ! timeout 600 "$SH" --config "$tmp/$mode.ini" "${common[@]}" --grad-accum 2 \
          --metrics "$tmp/$mode.1.json" >"$tmp/$mode.1.log" 2>&1; then
       sed 's/^/  | /' "$tmp/$mode.1.log" | tail -8; bad "mode $mode: the 1-rank run failed"; continue
     fi
