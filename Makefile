@@ -226,11 +226,14 @@ $(BUILD)/tests/%: tests/unit/%.c $(TEST_LIBS)
 $(BUILD)/tests/%: tests/integ/%.c $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(OMPFLAGS) $(INC_TESTS) -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) -lcmocka $(LIBS)
-# The NCCL transport's source against the simulated NCCL/CUDA headers (tests/nccl_sim/).
-$(BUILD)/tests/test_nccl_sim: tests/unit/test_nccl_sim.c gpu/nccl/coll_nccl.c gpu/nccl/rank_sum.h \
-                              gpu/coll_nccl.h $(wildcard tests/nccl_sim/*.h) $(TEST_LIBS)
+# The NCCL transport's source built against the simulated NCCL / CUDA runtime
+# (tests/nccl_sim/: its headers and nccl_sim.c), so it runs without a GPU.
+NCCL_SIM_SRCS := tests/unit/test_nccl_sim.c tests/nccl_sim/nccl_sim.c gpu/nccl/coll_nccl.c
+$(BUILD)/tests/test_nccl_sim: $(NCCL_SIM_SRCS) gpu/nccl/rank_sum.h gpu/coll_nccl.h gpu/coll.h \
+                              $(wildcard tests/nccl_sim/*.h) $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(INC_TESTS) -Itests/nccl_sim -Igpu/nccl -o $@ $< $(TEST_LIBS) $(LDFLAGS) -lcmocka $(LIBS)
+	$(CC) $(CFLAGS) $(INC_TESTS) -Itests/nccl_sim -Igpu/nccl -o $@ $(NCCL_SIM_SRCS) $(TEST_LIBS) \
+	  $(LDFLAGS) -lcmocka $(LIBS)
 $(BUILD)/tests/plugins/%.so: tests/plugins/%.c host_api/protrain.h gpu/gpu.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(INC_TESTS) -shared -o $@ $< $(LDFLAGS)

@@ -293,7 +293,8 @@ static void test_real_library_without_gpu(void **s) {
     snprintf(lib, sizeof lib, "%s/libprotrain_nccl.so", build_dir());
     struct stat st;
     if (stat(lib, &st) != 0) {
-        printf("test_coll_pick: %s not built (no nvcc or nccl.h): real-library check skipped\n",
+        printf("test_coll_pick: %s not built (no nvcc or nccl.h, or a sanitizer build): "
+               "real-library check skipped\n",
                lib);
         return;
     }
