@@ -9,8 +9,10 @@
  *
  * Every reduction is deterministic: every element is the sum of the ranks'
  * values in rank order (0, 1, ..., W-1), first addend copied, in the buffer's
- * type, so all ranks hold the same bits, a rerun gives the same bits, and both
- * transports give the same bits. Every call has a deadline ([dist] timeout): a
+ * type, so all ranks hold the same bits and a rerun gives the same bits; the
+ * NCCL transport makes the MPI transport's additions in the same order (on a
+ * GPU kernel built without contraction; not yet checked on a GPU), so the two
+ * are meant to agree bit for bit. Every call has a deadline ([dist] timeout): a
  * rank that exited, hung or fell behind makes the others fail with a sentence
  * instead of blocking forever (the MPI transport names the missing rank; NCCL
  * cannot tell which peer is missing, so its error names this rank). After a

@@ -16,8 +16,8 @@
  *   all-reduce = reduce-scatter then all-gather of the summed parts.
  * Each element's sum is formed by exactly one rank, in rank order, with the
  * MPI transport's arithmetic (first addend copied, f32 sums in f32, one
- * multiply by scale), so every rank holds the same bits and they are the bits
- * the MPI transport gives. Traffic per rank is 2(W-1)/W of the buffer for an
+ * multiply by scale), so every rank holds the same bits, meant to be the bits
+ * the MPI transport gives (IEEE adds in the same order; not yet run on a GPU). Traffic per rank is 2(W-1)/W of the buffer for an
  * all-reduce, what a ring all-reduce moves, though as point-to-point messages
  * NCCL may schedule less well than its own collectives.
  *

@@ -3,8 +3,9 @@
  * deterministic (see rank_sum.h for the contract). One thread per element
  * (grid-stride): each element's addends are read in rank order 0..W-1 and added
  * one at a time, so the result does not depend on the grid, the world's
- * topology or NCCL's algorithm choice, and equals the CPU's (MPI transport's)
- * sum bit for bit. Built with -fmad=false like the backend (only adds and one
+ * topology or NCCL's algorithm choice, and is meant to equal the CPU's (MPI
+ * transport's) sum bit for bit: IEEE adds in the same order, denormals kept
+ * (no -ftz); not yet run on a GPU. Built with -fmad=false like the backend (only adds and one
  * multiply here, so nothing could contract anyway).
  */
 #include <cuda_runtime.h>
