@@ -22,13 +22,14 @@
 #include <time.h>
 
 #include "coll.h"
+#include "coll_mpi.h"
 #include "protrain.h"
 #include "pt_util.h"
 
 /* Elements per segment: 1 Mi floats = 4 MiB per peer in flight. */
 #define SEG_ELEMS ((size_t)1 << 20)
 
-struct pt_coll {
+struct pt_mpi_coll {
     int world, rank;
     int we_init;        /* pt_coll_open called MPI_Init_thread */
     int broken;         /* a collective failed: no further collective, no finalize */
@@ -38,18 +39,20 @@ struct pt_coll {
     MPI_Comm comm;
     void *recv;         /* (world-1) segments of the widest type */
     MPI_Request *req;   /* 2*(world-1) */
-    pt_coll *parent;    /* a sub-group's group (pt_coll_split), else NULL */
+    pt_mpi_coll *parent; /* a sub-group's group (pt_mpi_coll_split), else NULL */
     int *root_broken;   /* the outermost group's broken flag (its own for it) */
 };
 
 /* A failed collective breaks the whole tree: the outermost group must not
  * finalize, and no sub-group may wait on a peer that is gone. */
-static void set_broken(pt_coll *c) {
+static void set_broken(pt_mpi_coll *c) {
     c->broken = 1;
-    *c->root_broken = 1;
-    for (pt_coll *p = c->parent; p; p = p->parent) p->broken = 1;
+    if (c->root_broken) *c->root_broken = 1;
+    for (pt_mpi_coll *p = c->parent; p; p = p->parent) p->broken = 1;
 }
-static int is_broken(const pt_coll *c) { return c->broken || *c->root_broken; }
+static int is_broken(const pt_mpi_coll *c) {
+    return c->broken || (c->root_broken && *c->root_broken);
+}
 
 static void pause_briefly(void) {
     /* polling at 100 us keeps latency low without spinning a core the CPU
@@ -66,7 +69,7 @@ static const char *mpi_text(int code, char *buf, size_t cap) {
     return buf;
 }
 
-int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t errlen) {
+int pt_mpi_coll_open(const pt_coll_config *cfg, pt_mpi_coll **out, char *err, size_t errlen) {
     *out = NULL;
     int inited = 0, finalized = 0;
     MPI_Finalized(&finalized);
@@ -75,7 +78,7 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
                        "[dist]: MPI was already finalized in this process (an earlier plugin "
                        "instance or the host); MPI cannot start twice");
     MPI_Initialized(&inited);
-    pt_coll *c = calloc(1, sizeof *c);
+    pt_mpi_coll *c = calloc(1, sizeof *c);
     if (!c) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for collectives");
     if (!inited) {
         /* The plugin is dlopened RTLD_LOCAL; Open MPI's own components are
@@ -95,7 +98,7 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
     MPI_Comm_size(MPI_COMM_WORLD, &w);
     MPI_Comm_rank(MPI_COMM_WORLD, &r);
     if (w != cfg->world_size || r != cfg->rank) {
-        pt_coll_close(c);
+        pt_mpi_coll_close(c);
         return pt_fail(err, errlen, PT_ERR_CONFIG,
                        "[dist]: the host says rank %d of %d, MPI says rank %d of %d (start every "
                        "rank with mpirun and pass MPI's numbers in pt_host_v1)",
@@ -108,7 +111,7 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
     c->hang_rank = cfg->debug_hang_rank;
     c->comm = MPI_COMM_NULL;
     if (MPI_Comm_dup(MPI_COMM_WORLD, &c->comm) != MPI_SUCCESS) {
-        pt_coll_close(c);
+        pt_mpi_coll_close(c);
         return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist]: MPI_Comm_dup failed");
     }
     /* a failed peer must become an error we report, not an abort inside MPI */
@@ -116,14 +119,14 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
     c->recv = malloc((size_t)(w > 1 ? w - 1 : 1) * SEG_ELEMS * sizeof(double));
     c->req = calloc((size_t)(2 * w), sizeof *c->req);
     if (!c->recv || !c->req) {
-        pt_coll_close(c);
+        pt_mpi_coll_close(c);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for collectives");
     }
     *out = c;
     return PT_OK;
 }
 
-void pt_coll_close(pt_coll *c) {
+void pt_mpi_coll_close(pt_mpi_coll *c) {
     if (!c) return;
     if (!c->broken && !(c->root_broken && *c->root_broken)) {
         if (c->comm != MPI_COMM_NULL) MPI_Comm_free(&c->comm);
@@ -134,19 +137,24 @@ void pt_coll_close(pt_coll *c) {
     free(c);
 }
 
-int pt_coll_rank(const pt_coll *c) { return c ? c->rank : 0; }
-int pt_coll_world(const pt_coll *c) { return c ? c->world : 1; }
+void pt_mpi_coll_mark_broken(pt_mpi_coll *c) {
+    if (c) set_broken(c);
+}
 
-int pt_coll_split(pt_coll *c, int color, int key, pt_coll **sub, char *err, size_t errlen) {
+int pt_mpi_coll_rank(const pt_mpi_coll *c) { return c ? c->rank : 0; }
+int pt_mpi_coll_world(const pt_mpi_coll *c) { return c ? c->world : 1; }
+
+int pt_mpi_coll_split(pt_mpi_coll *c, int color, int key, pt_mpi_coll **sub, char *err,
+                      size_t errlen) {
     *sub = NULL;
     if (!c || color < 0)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "[dist] sub-group: no group to split or a negative color %d", color);
     /* MPI_Comm_split has no deadline: a barrier with ours first, so a rank that
      * is gone is named instead of waited for */
-    int rc = pt_coll_barrier(c, err, errlen);
+    int rc = pt_mpi_coll_barrier(c, err, errlen);
     if (rc) return rc;
-    pt_coll *s = calloc(1, sizeof *s);
+    pt_mpi_coll *s = calloc(1, sizeof *s);
     if (!s) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for a sub-group");
     s->comm = MPI_COMM_NULL;
     s->parent = c;
@@ -166,7 +174,7 @@ int pt_coll_split(pt_coll *c, int color, int key, pt_coll **sub, char *err, size
     s->recv = malloc((size_t)(s->world > 1 ? s->world - 1 : 1) * SEG_ELEMS * sizeof(double));
     s->req = calloc((size_t)(2 * s->world), sizeof *s->req);
     if (!s->recv || !s->req) {
-        pt_coll_close(s);
+        pt_mpi_coll_close(s);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for a sub-group");
     }
     *sub = s;
@@ -175,7 +183,7 @@ int pt_coll_split(pt_coll *c, int color, int key, pt_coll **sub, char *err, size
 
 /* Waits for the 2*(W-1) requests (receives first, then sends) until the
  * deadline; on a miss names the first peer whose message is outstanding. */
-static int wait_all(pt_coll *c, int nreq, const int *peer, double deadline, const char *what,
+static int wait_all(pt_mpi_coll *c, int nreq, const int *peer, double deadline, const char *what,
                     char *err, size_t errlen) {
     int left = nreq;
     while (left > 0) {
@@ -214,7 +222,7 @@ static int wait_all(pt_coll *c, int nreq, const int *peer, double deadline, cons
 
 /* What every collective does first: refuse on a broken group, count it (tags,
  * error text), and play the hung rank when a test asks for one. */
-static int begin(pt_coll *c, const char *what, char *err, size_t errlen) {
+static int begin(pt_mpi_coll *c, const char *what, char *err, size_t errlen) {
     if (is_broken(c))
         return pt_fail(err, errlen, PT_ERR_BACKEND,
                        "[dist] %s: an earlier collective failed; the group is broken", what);
@@ -255,7 +263,7 @@ static void add_into(void *acc, const void *src, size_t m, int dtype) {
     }
 }
 
-int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale,
+int pt_mpi_coll_allreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,
                       const char *what, char *err, size_t errlen) {
     if (!c || c->world == 1) {
         scale_buf(buf, n, dtype, scale);
@@ -318,8 +326,8 @@ int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sca
     return rc;
 }
 
-int pt_coll_barrier(pt_coll *c, char *err, size_t errlen) {
-    return pt_coll_allreduce(c, NULL, 0, PT_COLL_F32, 1.0, "barrier", err, errlen);
+int pt_mpi_coll_barrier(pt_mpi_coll *c, char *err, size_t errlen) {
+    return pt_mpi_coll_allreduce(c, NULL, 0, PT_COLL_F32, 1.0, "barrier", err, errlen);
 }
 
 /* Sharded collectives: every part is cut into the same number of segments
@@ -332,7 +340,7 @@ static size_t seg_len(size_t part_len, size_t off) {
     return part_len - off < SEG_ELEMS ? part_len - off : SEG_ELEMS;
 }
 
-int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const char *what,
+int pt_mpi_coll_allgather(pt_mpi_coll *c, void *buf, size_t n, size_t elem_size, const char *what,
                       char *err, size_t errlen) {
     if (!c || c->world == 1) return PT_OK;
     if (!elem_size || elem_size > 8 || (n && !buf))
@@ -377,7 +385,7 @@ int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const c
     return rc;
 }
 
-int pt_coll_reduce_scatter(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale,
+int pt_mpi_coll_reduce_scatter(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,
                            const char *what, char *err, size_t errlen) {
     if (!c || c->world == 1) {
         scale_buf(buf, n, dtype, scale);
