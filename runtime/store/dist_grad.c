@@ -1,20 +1,31 @@
 /*
  * dist_grad.c — data parallel: the gradient of every trainable chunk becomes
- * the mean over the ranks (sum in rank order, times 1/world) inside
- * optimizer_step, before clipping and before any optimizer work, so every rank
- * clips by the same factor and steps the same values.
+ * the mean over the ranks (sum in rank order, times 1/world) before clipping
+ * and before any optimizer work, so every rank clips by the same factor and
+ * steps the same values.
  *
  * Where each chunk is reduced:
- *  - resident: in place in device memory, after the compute stream is synced
- *    (device memory is host memory on the host backend, the only backend
- *    multi-rank runs on; a 16-bit resident gradient is refused for now);
+ *  - resident: in place in device memory (device memory is host memory on the
+ *    host backend, the only backend multi-rank runs on; a 16-bit resident
+ *    gradient is refused for now). With [dist] overlap_allreduce (default) the
+ *    chunk is a bucket: after the step's last backward of its lowest block an
+ *    event on the compute stream marks its gradient final, and as soon as a
+ *    hook (or optimizer_step, polling) sees the event complete, the chunk's
+ *    nonblocking all-reduces start; they travel while the device runs the rest
+ *    of backward, and optimizer_step waits for them before anything reads the
+ *    gradient. Chunks holding non-block parameters (embeddings: their gradient
+ *    is final only after the last backward) start in optimizer_step;
  *  - offloaded: on the host side, after its D2H copies and before CPU Adam, in
  *    its fp32 accumulator (always kept with several ranks): one fp32 reduction
  *    per step whatever the chunk's dtype and micro-batch count, no device
  *    buffer held for it, and the CPU Adam that follows reads exactly these bytes.
- * Both go region by region with the region's element count, in layout order,
- * so the messages are the same whichever chunks a rank keeps resident: ranks
- * whose plans differ (the search uses each rank's own timings) still match.
+ * Every region is one keyed all-reduce (the key is the region's index in the
+ * layout, the same on every rank), so a rank whose plan keeps a chunk resident
+ * (reduced early, during backward) matches a rank that offloads it (reduced in
+ * optimizer_step): mode B tolerates ranks whose searches chose other knobs.
+ * optimizer_step finishes the regions in layout order on every rank, so no
+ * rank waits for a reduction another rank has not started yet. The sums are
+ * the blocking all-reduce's, bit for bit, wherever they run.
  * With [dist] tp_size > 1 (all ranks one tensor-parallel group) nothing is
  * reduced here; only the norms are taken.
  *
@@ -23,13 +34,163 @@
  * rank's partial squared norms of its parts are summed across the ranks once.
  */
 #include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
 
 #include "coll.h"
 #include "store_internal.h"
 
+static const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->env.gpu); }
+static void *IMPL(pt_store *st) { return pt_gpu_impl(st->env.gpu); }
+
+/* Region r of chunk c as a key (its index among the layout's regions). */
+static int region_key(const pt_store *st, const cs_chunk *c, int r) {
+    return (int)(c->lc->regions - st->lay.regions) + r;
+}
+
+/* Keyed all-reduces need one key per region, and buckets a world to reduce over. */
+static int keyed(const pt_store *st) {
+    return st->env.coll && pt_coll_world(st->env.coll) > 1 && st->lay.n_regions <= PT_COLL_KEYS &&
+           pt_cs_tp_size(st) <= 1;
+}
+
+static int buckets_on(const pt_store *st) {
+    const pt_step_state *sx = st->env.sx;
+    return keyed(st) && st->env.cfg->overlap_allreduce && !st->profiling && st->opt_ready &&
+           !sx->eval && sx->micro == sx->n_micro - 1;
+}
+
+/* A resident chunk the buckets may take: every trainable region fp32 (the
+ * refusal of 16-bit ones stays in pt_cs_dist_reduce). */
+static int bucketable(const cs_chunk *c) {
+    if (!c->persistent || !c->trainable || c->lc->block_first < 0) return 0;
+    for (int r = 0; r < c->lc->n_regions; r++)
+        if (c->reg_state[r] != UINT64_MAX && c->lc->regions[r].dtype != PT_F32) return 0;
+    return 1;
+}
+
+/* Start the all-reduce of region r of chunk c (its buffer: the fp32 sum of an
+ * offloaded chunk, the device gradient of a resident one). */
+static int start_region(pt_store *st, cs_chunk *c, int r, char *err, size_t errlen) {
+    const pt_chunk_region *g = &c->lc->regions[r];
+    int key = region_key(st, c, r);
+    size_t n = (size_t)(g->bytes / pt_dtype_size(g->dtype));
+    void *buf = c->persistent ? (char *)c->d_grad + g->offset : (void *)(c->h_gacc + c->reg_state[r]);
+    char what[64];
+    snprintf(what, sizeof what, "gradient of chunk %d", c->id);
+    return pt_coll_iallreduce(st->env.coll, buf, n, PT_COLL_F32, 1.0 / pt_coll_world(st->env.coll),
+                              key, what, &st->gop[key], err, errlen);
+}
+
+static int start_chunk(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
+    for (int r = 0; r < c->lc->n_regions; r++) {
+        if (c->reg_state[r] == UINT64_MAX || st->gop[region_key(st, c, r)]) continue;
+        int rc = start_region(st, c, r, err, errlen);
+        if (rc) return rc;
+    }
+    return PT_OK;
+}
+
+int pt_cs_dist_bucket(pt_store *st, int32_t b, char *err, size_t errlen) {
+    pt_store *ms = st;
+    if (!buckets_on(st) || ms->lay.block_chunk_first[b] < 0) return PT_OK;
+    if (!ms->gop) {
+        ms->gop = calloc((size_t)ms->lay.n_regions + 1, sizeof *ms->gop);
+        ms->ev_bkt = calloc((size_t)ms->n_chunks, sizeof *ms->ev_bkt);
+        ms->bq = calloc((size_t)ms->n_chunks, sizeof *ms->bq);
+        if (!ms->gop || !ms->ev_bkt || !ms->bq)
+            return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    }
+    for (int k = ms->lay.block_chunk_first[b]; k <= ms->lay.block_chunk_last[b]; k++) {
+        cs_chunk *c = &ms->ch[k];
+        /* complete once its lowest block's backward has run */
+        if (!bucketable(c) || c->lc->block_first != b) continue;
+        if (st->env.ordered) {
+            if (!ms->ev_bkt[k] && OPS(st)->event_create(IMPL(st), &ms->ev_bkt[k]))
+                return pt_fail(err, errlen, PT_ERR_BACKEND,
+                               "event_create failed: cannot create device events");
+            if (OPS(st)->event_record(IMPL(st), ms->ev_bkt[k], st->env.s_compute))
+                return pt_fail(err, errlen, PT_ERR_BACKEND,
+                               "marking the end of chunk %d's backward failed: event_record "
+                               "failed", c->id);
+        }
+        ms->bq[ms->bq_n++] = k;
+    }
+    return pt_cs_dist_poll(st, err, errlen);
+}
+
+/* Start the queued chunks whose backward is done, in queue order (block = 1:
+ * all of them, waiting for the device), and let started reductions finish. */
+static int advance(pt_store *st, int block, char *err, size_t errlen) {
+    pt_store *ms = st;
+    if (!ms->bq_n) return PT_OK;
+    while (ms->bq_started < ms->bq_n) {
+        int k = ms->bq[ms->bq_started];
+        /* an asynchronous host may not have computed it yet: its event says so.
+         * Skipped (testing): the gradient is sent as it is at the hook */
+        if (st->env.ordered && pt_cs_ord(st, PT_ORD_BUCKET)) {
+            int q = OPS(st)->event_query(IMPL(st), ms->ev_bkt[k]);
+            if (q < 0)
+                return pt_fail(err, errlen, PT_ERR_BACKEND, "querying the end of chunk %d's "
+                               "backward failed: event_query failed", ms->ch[k].id);
+            if (!q) {
+                if (!block) break;
+                /* the device is still on backward: sent messages move meanwhile */
+                for (int j = 0; j < ms->lay.n_regions; j++) {
+                    int done;
+                    if (ms->gop[j] && pt_coll_op_test(st->env.coll, ms->gop[j], &done, err, errlen))
+                        return PT_ERR_BACKEND;
+                }
+                struct timespec ts = {0, 100000};
+                nanosleep(&ts, NULL);
+                continue;
+            }
+        }
+        int rc = start_chunk(st, &ms->ch[k], err, errlen);
+        if (rc) return rc;
+        ms->bq_started++;
+    }
+    return PT_OK;
+}
+
+int pt_cs_dist_poll(pt_store *st, char *err, size_t errlen) {
+    return st->bq_n ? advance(st, 0, err, errlen) : PT_OK;
+}
+
+int pt_cs_dist_drain(pt_store *st, char *err, size_t errlen) {
+    return st->bq_n ? advance(st, 1, err, errlen) : PT_OK;
+}
+
+void pt_cs_dist_fini(pt_store *st) {
+    pt_store *ms = st;
+    for (int j = 0; ms->gop && j < ms->lay.n_regions; j++) {
+        pt_coll_op_free(st->env.coll, ms->gop[j]);
+        ms->gop[j] = NULL;
+    }
+    for (int k = 0; ms->ev_bkt && k < ms->n_chunks; k++)
+        if (ms->ev_bkt[k]) OPS(st)->event_destroy(IMPL(st), ms->ev_bkt[k]);
+    free(ms->gop);
+    free(ms->ev_bkt);
+    free(ms->bq);
+    ms->gop = NULL;
+    ms->ev_bkt = NULL;
+    ms->bq = NULL;
+    ms->bq_n = ms->bq_started = 0;
+}
+
+/* Region r of chunk c reduced (its started operation finished, or one started
+ * and finished now), the operation freed. */
+static int finish_region(pt_store *st, cs_chunk *c, int r, char *err, size_t errlen) {
+    int key = region_key(st, c, r);
+    int rc = st->gop[key] ? PT_OK : start_region(st, c, r, err, errlen);
+    if (!rc) rc = pt_coll_op_wait(st->env.coll, st->gop[key], err, errlen);
+    pt_coll_op_free(st->env.coll, st->gop[key]);
+    st->gop[key] = NULL;
+    return rc;
+}
+
 int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
-    const pt_gpu_backend *o = pt_gpu_ops(st->env.gpu);
     double scale = 1.0 / pt_coll_world(st->env.coll);
     int clip = st->env.opt->max_grad_norm > 0;
     /* tensor parallel (one group, no data parallel): nothing to average. A split
@@ -37,12 +198,20 @@ int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen) {
      * taken as the host gives it (tensor-parallel hosts compute it identically on
      * every rank of the group) */
     int tp = pt_cs_tp_size(st) > 1;
+    /* every queued bucket started (waits for the device's backward of each) */
+    int rc = pt_cs_dist_drain(st, err, errlen);
+    if (rc) return rc;
     /* the host's last backward work on resident gradients is done before the CPU reads them */
-    if (o->stream_sync(pt_gpu_impl(st->env.gpu), st->env.s_compute))
+    if (OPS(st)->stream_sync(IMPL(st), st->env.s_compute))
         return pt_fail(err, errlen, PT_ERR_BACKEND,
                        "optimizer_step: stream_sync of the compute stream failed");
+    if (keyed(st) && !ms->gop && !(ms->gop = calloc((size_t)ms->lay.n_regions + 1, sizeof *ms->gop)))
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    /* the time in the reductions from here on is exposed (backward is over):
+     * what the cost model charges and calibration compares */
+    double t0 = 0, busy = 0;
     char what[64];
-    for (int k = 0; k < ms->n_chunks; k++) {
+    for (int k = 0; k < ms->n_chunks && !rc; k++) {
         cs_chunk *c = &ms->ch[k];
         if (!c->trainable) continue;
         if (c->sh) {   /* reduced at its backward (mode C): only its part's norms */
@@ -50,32 +219,34 @@ int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen) {
             continue;
         }
         snprintf(what, sizeof what, "gradient of chunk %d", c->id);
-        for (int r = 0; !tp && r < c->lc->n_regions; r++) {
+        for (int r = 0; !tp && r < c->lc->n_regions && !rc; r++) {
             const pt_chunk_region *g = &c->lc->regions[r];
             if (c->reg_state[r] == UINT64_MAX) continue;
-            size_t n = (size_t)(g->bytes / pt_dtype_size(g->dtype));
-            void *buf;
-            if (!c->persistent) {
-                buf = c->h_gacc + c->reg_state[r];
-            } else if (g->dtype == PT_F32) {
-                buf = (char *)c->d_grad + g->offset;
-            } else {
-                return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
-                               "optimizer_step: resident chunk %d holds 16-bit gradients; "
-                               "reducing them across ranks is not built yet (fp32 parameters, "
-                               "or 16-bit ones in offloaded chunks, are)", c->id);
-            }
-            double t0 = pt_now_s();
-            int rc = pt_coll_allreduce(st->env.coll, buf, n, PT_COLL_F32, scale, what, err,
+            if (c->persistent && g->dtype != PT_F32) {
+                rc = pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                             "optimizer_step: resident chunk %d holds 16-bit gradients; "
+                             "reducing them across ranks is not built yet (fp32 parameters, "
+                             "or 16-bit ones in offloaded chunks, are)", c->id);
+            } else if (keyed(st)) {
+                t0 = pt_now_s();
+                rc = finish_region(st, c, r, err, errlen);
+                busy += pt_now_s() - t0;
+            } else {   /* more regions than keys: blocking, in layout order on every rank */
+                size_t n = (size_t)(g->bytes / pt_dtype_size(g->dtype));
+                void *buf = c->persistent ? (char *)c->d_grad + g->offset
+                                          : (void *)(c->h_gacc + c->reg_state[r]);
+                t0 = pt_now_s();
+                rc = pt_coll_allreduce(st->env.coll, buf, n, PT_COLL_F32, scale, what, err,
                                        errlen);
-            st->coll_s[0] += pt_now_s() - t0;
-            if (rc) return rc;
+                busy += pt_now_s() - t0;
+            }
         }
-        if (!c->persistent && clip) pt_cs_chunk_norms(st, c, 1);
+        if (!rc && !c->persistent && clip) pt_cs_chunk_norms(st, c, 1);
     }
-    if (!st->shard || !clip) return PT_OK;
-    double t0 = pt_now_s();
-    int rc = pt_sh_norm_reduce(st, err, errlen);
-    st->coll_s[0] += pt_now_s() - t0;
+    ms->bq_n = ms->bq_started = 0;
+    t0 = pt_now_s();
+    if (!rc && st->shard && clip) rc = pt_sh_norm_reduce(st, err, errlen);
+    st->coll_s[0] += busy + pt_now_s() - t0;
+    if (rc) pt_cs_dist_fini(st);   /* nothing may stay in flight on a failed step */
     return rc;
 }

@@ -45,7 +45,9 @@ enum {
     PT_ORD_DEFER = 256,  /* a chunk's upload after its deferred CPU step */
     PT_ORD_SHARD = 512,  /* mode C: a chunk's all-gather after its part's upload, its
                             reduce-scatter after the host's backward */
-    PT_ORD_ALL = 1023
+    PT_ORD_BUCKET = 1024, /* several ranks: a resident chunk's gradient all-reduce starts
+                             after the compute stream finished the chunk's backward */
+    PT_ORD_ALL = 2047
 };
 
 /* Optimizer hyper-parameters and progress (owned by the caller, lent to the store). */
