@@ -222,6 +222,56 @@ for skip in 0 512; do
     fi
 done
 
+acommon=(); for a in "${common[@]}"; do [ "$a" = --quiet ] || acommon+=("$a"); done   # the plan is logged
+# Gradient buckets ([dist] overlap_allreduce, on by default): each resident
+# chunk's all-reduce starts as soon as the device finished its backward, while
+# the rest of backward runs, and optimizer_step finishes them in layout order.
+#  - mode A (every chunk resident) and PB (mode B with 4 resident block chunks):
+#    losses bit-identical to the same run with every gradient reduced after
+#    backward (overlap_allreduce = false): the same rank-order sums;
+#  - mode A under 1 ms compute jitter (the hooks run far ahead of the device, so
+#    every bucket waits for its chunk's backward): bit-identical too; with that
+#    wait skipped (debug_skip_ordering = 1024, the negative control) a bucket is
+#    sent before the device wrote it and the run must go wrong;
+#  - ranks whose plans differ (rank 0 keeps 4 block chunks resident and reduces
+#    them during backward, rank 1 streams them and reduces them from its fp32
+#    sums in optimizer_step): the reductions are matched by region, not by
+#    order, so the losses are bit-identical to mode B with nothing resident.
+base_ini "$tmp/PB.ini" 'auto_memory = false\nn_persist = 6\nn_buffer = 12\nn_swap = 0\nn_checkpoint = 0\nchunk_size = 16384'
+for m in A PB; do
+    (cat "$tmp/$m.ini"; printf 'overlap_allreduce = false\n') > "$tmp/${m}off.ini"
+done
+(cat "$tmp/A.ini"; printf '[host_backend]\ncompute_jitter = 1ms\n') > "$tmp/AJ.ini"
+(cat "$tmp/A.ini"; printf '[host_backend]\ncompute_jitter = 1ms\ndebug_skip_ordering = 1024\n') > "$tmp/AJN.ini"
+for m in PB PBoff Aoff AJ AJN; do
+    sed -i 's/^log_level = warn$/log_level = info/' "$tmp/$m.ini"
+    (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$m.ini" "${acommon[@]}" --metrics "$tmp/$m.json") \
+        >"$tmp/$m.log" 2>&1 || { [ $m = AJN ] || { tail -5 "$tmp/$m.log"; bad "buckets: the 2-rank run $m failed"; }; }
+done
+for pair in "Aoff A.2" "PBoff PB" "AJ A.2"; do
+    set -- $pair
+    [ -s "$tmp/$2.json" ] && [ "$(jf "$tmp/$1.json" loss)" = "$(jf "$tmp/$2.json" loss)" ] &&
+        { ok; echo "dist: buckets: $2 (overlapped) vs $1: all 6 losses bit-identical"; } ||
+        bad "buckets: $2 vs $1 losses differ: $(jf "$tmp/$2.json" loss | tr '\n' ' ') / $(jf "$tmp/$1.json" loss | tr '\n' ' ')"
+done
+# the overlapped runs did take the bucket path (the plugin says how many chunks)
+for m in PB AJ; do
+    grep -q "gradient all-reduce: [1-9][0-9]* resident chunk(s) reduced in buckets" "$tmp/$m.log" && ok ||
+        bad "buckets: run $m did not report its gradient buckets"
+    grep -q "gradient all-reduce: .* in buckets" "$tmp/${m%J}off.log" 2>/dev/null &&
+        bad "buckets: the overlap_allreduce = false run ${m%J}off reduced in buckets"
+done
+grep -h "gradient all-reduce" "$tmp/PB.log" | head -1 | sed 's/^protrain info: /dist: PB: /'
+[ "$(jf "$tmp/AJN.json" loss)" != "$(jf "$tmp/A.2.json" loss)" ] &&
+    { ok; echo "dist: negative control: buckets sent without waiting for their backward go wrong (losses $(jf "$tmp/AJN.json" loss | tail -1) vs $(jf "$tmp/A.2.json" loss | tail -1) at step 6)"; } ||
+    bad "negative control: debug_skip_ordering = 1024 trained exactly like the ordered run; the check is blind"
+# MPMD: one rank per config
+(cd "$tmp" && mpirun --oversubscribe --allow-run-as-root -np 1 "$sh" --config "$tmp/PB.ini" "${common[@]}" \
+    --metrics "$tmp/PBmix.json" : -np 1 "$sh" --config "$tmp/B.ini" "${common[@]}") >"$tmp/PBmix.log" 2>&1
+[ -s "$tmp/PBmix.json" ] && [ "$(jf "$tmp/PBmix.json" loss)" = "$(jf "$tmp/B.2.json" loss)" ] &&
+    { ok; echo "dist: buckets: ranks with different resident chunks (rank 0 four, rank 1 none): losses bit-identical to mode B"; } ||
+    { tail -5 "$tmp/PBmix.log"; bad "buckets: ranks with different plans: losses $(jf "$tmp/PBmix.json" loss | tr '\n' ' ') vs mode B $(jf "$tmp/B.2.json" loss | tr '\n' ' ')"; }
+
 # auto_mode with 2 ranks (zero3_shard = auto): A when the model fits the device;
 # B when it does not and the replicated offloaded state fits the pinned budget
 # (the plan says why, with the bytes per rank); a budget nothing fits fails
@@ -235,7 +285,6 @@ auto_ini() {   # $1 file, $2 pinned_budget line, $3 [protrain] line
 auto_ini "$tmp/autoA.ini" '' ''
 auto_ini "$tmp/autoB.ini" 'pinned_budget = 1 MiB' 'n_persist = 2'
 auto_ini "$tmp/autoX.ini" 'pinned_budget = 50 KiB' 'n_persist = 0'
-acommon=(); for a in "${common[@]}"; do [ "$a" = --quiet ] || acommon+=("$a"); done   # the plan is logged
 for m in A B; do
     if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/auto$m.ini" "${acommon[@]}" --steps 2 \
             --metrics "$tmp/auto$m.json") >"$tmp/auto$m.log" 2>&1; then

@@ -149,6 +149,8 @@ static int advance(pt_store *st, int block, char *err, size_t errlen) {
         int rc = start_chunk(st, &ms->ch[k], err, errlen);
         if (rc) return rc;
         ms->bq_started++;
+        if (block) ms->bk_drain++;
+        else ms->bk_hook++;
     }
     return PT_OK;
 }
@@ -243,7 +245,14 @@ int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen) {
         }
         if (!rc && !c->persistent && clip) pt_cs_chunk_norms(st, c, 1);
     }
-    ms->bq_n = ms->bq_started = 0;
+    if (!rc && ms->bq_n && !ms->bk_logged) {
+        ms->bk_logged = 1;
+        PT_LOGI(st->env.lg, "gradient all-reduce: %d resident chunk(s) reduced in buckets while "
+                            "backward ran (%d started at a block hook, %d while optimizer_step "
+                            "waited for the device), the other gradients after backward",
+                ms->bq_n, ms->bk_hook, ms->bk_drain);
+    }
+    ms->bq_n = ms->bq_started = ms->bk_hook = ms->bk_drain = 0;
     t0 = pt_now_s();
     if (!rc && st->shard && clip) rc = pt_sh_norm_reduce(st, err, errlen);
     st->coll_s[0] += busy + pt_now_s() - t0;

@@ -161,6 +161,8 @@ struct pt_store {
     pt_event **ev_bkt;        /* [n_chunks] a resident chunk's backward ended on s_compute */
     int *bq;                  /* [n_chunks] resident chunks whose backward ended, in that order */
     int bq_n, bq_started;     /* queued this step; the first bq_started have their all-reduces */
+    int bk_hook, bk_drain;    /* buckets started at a block hook / in optimizer_step (this step) */
+    int bk_logged;            /* the first step's buckets were logged */
     /* activations */
     pt_arena *arena;          /* [n_blocks] */
     uint64_t swap_out_bytes;  /* cumulative */
