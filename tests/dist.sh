@@ -306,6 +306,36 @@ else
     [ "$n" -ge 1 ] && ok || { tail -4 "$tmp/autoX.log"; bad "auto_mode: with nothing fitting, no rank named the bytes of modes B and C"; }
 fi
 
+# Profile cache across ranks: every rank plans from its cache or every rank
+# profiles (profiling runs collectives). Two ranks with their own cache folders
+# fill them (run 1), then both hit (run 2: no profiling step); then rank 1 gets
+# an empty folder (run 3): rank 0 hits, learns that a rank missed, and both
+# profile and train (before ranks agreed, rank 0 went on to train while rank 1
+# profiled, and both stopped at the collective timeout).
+mkdir -p "$tmp/pc0" "$tmp/pc1" "$tmp/pcE"
+for r in 0 1 E; do auto_ini "$tmp/pc$r.ini" '' "cache_dir = $tmp/pc$r"; done
+pcrun() {   # $1 run name, $2 / $3 the configs of rank 0 / rank 1
+    (cd "$tmp" && timeout 120 mpirun --oversubscribe --allow-run-as-root -np 1 "$sh" --config "$2" "${acommon[@]}" \
+        --steps 2 --metrics "$tmp/$1.json" : -np 1 "$sh" --config "$3" "${acommon[@]}" --steps 2) \
+        >"$tmp/$1.log" 2>&1
+}
+if pcrun pcfill "$tmp/pc0.ini" "$tmp/pc1.ini" && pcrun pchit "$tmp/pc0.ini" "$tmp/pc1.ini"; then
+    # (info lines come from rank 0 only: it hit, and no rank missed)
+    grep -q "profile cache: hit /" "$tmp/pchit.log" && ! grep -q "missed" "$tmp/pchit.log" && ok ||
+        { grep "profile cache" "$tmp/pchit.log"; bad "profile cache: with both caches filled, not both ranks hit"; }
+    if pcrun pcmix "$tmp/pc0.ini" "$tmp/pcE.ini"; then
+        grep -q "profile cache: hit here, but 1 of 2 rank(s) missed; every rank profiles" "$tmp/pcmix.log" &&
+            [ "$(grep -c "profile cache: hit /" "$tmp/pcmix.log")" = 0 ] && [ "$(wc -l < "$tmp/pcmix.json")" = 2 ] &&
+            [ -n "$(ls "$tmp/pcE")" ] &&
+            { ok; echo "dist: profile cache: rank 0 hit, rank 1's folder was empty: both profiled and trained (rank 1's cache filled)"; } ||
+            { grep "profile cache" "$tmp/pcmix.log"; bad "profile cache: with one rank's cache empty the ranks did not both profile"; }
+    else
+        tail -5 "$tmp/pcmix.log"; bad "profile cache: one rank hit and one missed, and the run failed or hung"
+    fi
+else
+    tail -5 "$tmp/pcfill.log" "$tmp/pchit.log"; bad "profile cache: the 2-rank runs with caches failed"
+fi
+
 # Resume across ranks and modes: 2 ranks in mode C save a generation at step 10
 # of 20 (--stop-after 10); it is resumed (a) by 1 rank with --grad-accum 2 in
 # mode B and (b) by 2 ranks in mode B. Steps 11-20 must continue the losses of
