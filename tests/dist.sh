@@ -306,6 +306,39 @@ else
     [ "$n" -ge 1 ] && ok || { tail -4 "$tmp/autoX.log"; bad "auto_mode: with nothing fitting, no rank named the bytes of modes B and C"; }
 fi
 
+# auto_mode choosing C: a model with 8 blocks (0.42 M fp32 parameters: about
+# 8 MB of offloaded state replicated, half that split over 2 ranks), chunks
+# offloaded (n_persist = 0 fixed, so B must hold every chunk's state). At a
+# 6 MiB pinned budget mode B does not fit and C does: the run trains in C, the
+# plan names both modes' bytes per rank (B's above the budget, C's within it),
+# and this rank's measured pinned bytes are C's prediction (within one chunk).
+# At 16 MiB the same model picks B, and trains to the same losses bit for bit.
+big=(--layers 8 --heads 2 --channels 64)
+auto_ini "$tmp/autoC.ini" 'pinned_budget = 6 MiB' 'n_persist = 0\nchunk_size = 65536'
+auto_ini "$tmp/autoC16.ini" 'pinned_budget = 16 MiB' 'n_persist = 0\nchunk_size = 65536'
+sed -i '/^chunk_size = 16384$/d' "$tmp/autoC.ini" "$tmp/autoC16.ini"
+if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/autoC.ini" "${acommon[@]}" "${big[@]}" --steps 2 \
+        --metrics "$tmp/autoC.json") >"$tmp/autoC.log" 2>&1 &&
+   (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/autoC16.ini" "${acommon[@]}" "${big[@]}" --steps 2 \
+        --metrics "$tmp/autoC16.json") >"$tmp/autoC16.log" 2>&1; then
+    why=$(grep -h "auto_mode: C, " "$tmp/autoC.log" | tail -1)
+    rep=$(echo "$why" | sed -n 's/.*would need \([0-9]*\) pinned bytes per rank, over the budget of \([0-9]*\); split across 2 ranks it needs \([0-9]*\).*/\1/p')
+    bud=$(echo "$why" | sed -n 's/.*over the budget of \([0-9]*\);.*/\1/p')
+    shd=$(echo "$why" | sed -n 's/.*split across 2 ranks it needs \([0-9]*\).*/\1/p')
+    pin=$(jf "$tmp/autoC.json" pinned_bytes | tail -1)
+    [ "$(jf "$tmp/autoC.json" mode | sort -u)" = '"C"' ] && [ -n "$rep" ] && [ -n "$shd" ] && [ -n "$pin" ] &&
+        [ "$rep" -gt "$bud" ] && [ "$shd" -le "$bud" ] && [ "$bud" = 6291456 ] &&
+        [ $((pin - shd)) -le 65536 ] && [ $((shd - pin)) -le 65536 ] && [ "$pin" -le "$bud" ] &&
+        { ok; echo "dist: auto_mode: C at a 6 MiB budget: B would need $rep pinned bytes per rank, C $shd (measured $pin)"; } ||
+        { echo "$why"; bad "auto_mode: C expected: mode $(jf "$tmp/autoC.json" mode | sort -u), B $rep / C $shd / budget $bud / measured $pin"; }
+    [ "$(jf "$tmp/autoC16.json" mode | sort -u)" = '"B"' ] && grep -q "auto_mode: B, " "$tmp/autoC16.log" && ok ||
+        bad "auto_mode: at 16 MiB the 8-block model ran mode $(jf "$tmp/autoC16.json" mode | sort -u), want B"
+    [ "$(jf "$tmp/autoC.json" loss)" = "$(jf "$tmp/autoC16.json" loss)" ] && ok ||
+        bad "auto_mode: the mode C run's losses differ from the mode B run's"
+else
+    tail -5 "$tmp/autoC.log" "$tmp/autoC16.log"; bad "auto_mode: the 8-block runs at 6 / 16 MiB failed"
+fi
+
 # Profile cache across ranks: every rank plans from its cache or every rank
 # profiles (profiling runs collectives). Two ranks with their own cache folders
 # fill them (run 1), then both hit (run 2: no profiling step); then rank 1 gets
