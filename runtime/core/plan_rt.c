@@ -256,6 +256,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     o.cost.headroom_bytes = rt->cfg.extra_headroom;
     o.cost.clip = rt->plan_clip;
     o.cost.defer = rt->cfg.defer_cpu_steps;
+    o.cost.overlap_ar = rt->cfg.overlap_allreduce;
     /* the allocator's fragmentation as the profile measured it, times what
      * calibration learned on top (an under-predicted peak folds measured /
      * predicted into calib.peak, and the prediction already had this factor) */

@@ -458,12 +458,16 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     const int clip = o ? o->clip : 0;
     /* reciprocals: this loop runs for every candidate the searcher scores */
     const double ih = 1.0 / t->hw.h2d_Bps, id = 1.0 / t->hw.d2h_Bps;
-    /* Several ranks: this build's collectives do not overlap compute. The
-     * all-reduce of the replicated gradients runs in optimizer_step after
-     * backward (and the CPU steps wait for it), mode C's all-gather at each chunk
-     * upload and its reduce-scatter at each chunk's last backward run on the
-     * hook thread. So they are charged as exposed time after backward, and the
-     * CPU optimizer as deferred (after backward) whatever the clipping. */
+    /* Several ranks. Mode C's all-gather at each chunk upload and its
+     * reduce-scatter at each chunk's last backward run on the hook thread: charged
+     * as exposed time. The all-reduce: with buckets (overlap_ar) each resident
+     * block chunk's starts when its lowest block's backward ends, one after
+     * another while backward goes on,
+     *   ar = max(ar, end of that window) + 4 * elements * coll_f,
+     * and what outlasts backward is exposed; the rest (chunks of non-block
+     * parameters, final only after backward, and mode B's offloaded sums)
+     * follows backward. The CPU optimizer waits for all of it: charged as
+     * deferred (after backward) whatever the clipping. */
     const int ranks = t->key.world_size > 1;
     const int shard = ranks && o && o->shard;
     const int eng = t->hw.copy_engines;
@@ -492,7 +496,8 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
      * way, so the time is never under-predicted. */
     double shard_div = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
     const double icpu = 1.0 / t->hw.cpu_adam_elems_per_s / shard_div;
-    double clock = 0, cpu_clock = 0;
+    double clock = 0, cpu_clock = 0, ar_clock = 0;
+    const int buckets = ranks && o && o->overlap_ar;
     {
         /* head/loss: block N-1's swap-in; its chunks come at its gather */
         uint64_t u = a->bwd_swap_in[N];
@@ -520,6 +525,10 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
         int32_t g = b + 1;   /* gradients completed in block g are copied now */
         uint64_t d = 0, tr = 0;
         double rk = 0;
+        if (buckets && g < N && cx->f_lo[g] < p) {   /* clock: block g's backward just ended */
+            uint64_t e = rsum(trn, cx->f_lo[g], imin(cx->f_hi[g], p));
+            if (e) ar_clock = dmax(ar_clock, clock) + 4.0 * (double)e * cx->coll_f;
+        }
         if (g < N) {
             int32_t lo = imax(cx->f_lo[g], p), hi = cx->f_hi[g];
             d = rsum(gr, lo, hi);
@@ -544,7 +553,12 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     double iter;
     /* fp32 gradients: resident ones all-reduced in place, offloaded ones in their
      * fp32 sums (mode B) or reduce-scattered (mode C) */
-    out->allreduce_s = ranks ? 4.0 * (double)(dev_elems + (shard ? 0 : cpu_elems)) * cx->coll_f : 0;
+    if (buckets) {
+        uint64_t after = cx->mand_train + (shard ? 0 : cpu_elems);
+        out->allreduce_s = dmax(ar_clock - bwd, 0) + 4.0 * (double)after * cx->coll_f;
+    } else {
+        out->allreduce_s = ranks ? 4.0 * (double)(dev_elems + (shard ? 0 : cpu_elems)) * cx->coll_f : 0;
+    }
     out->reduce_scatter_s = shard ? 4.0 * (double)cpu_elems * cx->rs_f : 0;
     out->allgather_s = shard ? (double)chunk_up * cx->ag_f : 0;
     double coll_s = out->allreduce_s + out->reduce_scatter_s + out->allgather_s;
