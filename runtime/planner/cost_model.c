@@ -54,6 +54,7 @@ void pt_cost_ctx_free(pt_cost_ctx *cx) {
     free(cx->rlo);
     free(cx->rhi);
     free(cx->has);
+    free(cx->mand_blk);
     free(cx);
 }
 
@@ -89,7 +90,8 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     cx->rhi = malloc((size_t)N * sizeof(int32_t));
     cx->has = malloc((size_t)N);
     cx->fstart = malloc((size_t)N * sizeof(double));
-    if (!cx->fstart || !cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->rks || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
+    cx->mand_blk = calloc((size_t)N + 1, sizeof(uint64_t));
+    if (!cx->fstart || !cx->mand_blk || !cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->rks || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
         !cx->f_hi || !cx->l_lo || !cx->l_hi || !cx->nbmin || !cx->nbmin1 || !cx->nmb || !cx->rlo || !cx->rhi ||
         !cx->has) {
         pt_cost_ctx_free(cx);
@@ -110,6 +112,8 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
         if (!nm) {
             cx->mand_dev += pt_trace_chunk_dev_state(t, c);
             cx->mand_train += c->trainable_elems;
+            if (c->first_block >= 0) cx->mand_blk[c->first_block] += c->trainable_elems;
+            else cx->mand_nb += c->trainable_elems;
             cx->mand_rks += c->rekls_s;
             cx->mand_grad += g;
             continue;
@@ -525,8 +529,10 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
         int32_t g = b + 1;   /* gradients completed in block g are copied now */
         uint64_t d = 0, tr = 0;
         double rk = 0;
-        if (buckets && g < N && cx->f_lo[g] < p) {   /* clock: block g's backward just ended */
-            uint64_t e = rsum(trn, cx->f_lo[g], imin(cx->f_hi[g], p));
+        if (buckets && g < N) {   /* clock: block g's backward just ended */
+            uint64_t e = cx->mand_blk[g];
+            if (cx->f_hi[g] > cx->f_lo[g] && cx->f_lo[g] < p)
+                e += rsum(trn, cx->f_lo[g], imin(cx->f_hi[g], p));
             if (e) ar_clock = dmax(ar_clock, clock) + 4.0 * (double)e * cx->coll_f;
         }
         if (g < N) {
@@ -554,7 +560,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     /* fp32 gradients: resident ones all-reduced in place, offloaded ones in their
      * fp32 sums (mode B) or reduce-scattered (mode C) */
     if (buckets) {
-        uint64_t after = cx->mand_train + (shard ? 0 : cpu_elems);
+        uint64_t after = cx->mand_nb + (shard ? 0 : cpu_elems);
         out->allreduce_s = dmax(ar_clock - bwd, 0) + 4.0 * (double)after * cx->coll_f;
     } else {
         out->allreduce_s = ranks ? 4.0 * (double)(dev_elems + (shard ? 0 : cpu_elems)) * cx->coll_f : 0;

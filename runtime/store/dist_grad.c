@@ -135,14 +135,24 @@ static int advance(pt_store *st, int block, char *err, size_t errlen) {
                                "backward failed: event_query failed", ms->ch[k].id);
             if (!q) {
                 if (!block) break;
-                /* the device is still on backward: sent messages move meanwhile */
+                /* the device is still on backward: started reductions are
+                 * moved along (polled every 100 us) while any is unfinished;
+                 * with none left, this thread sleeps until the device is there
+                 * (polling would take CPU time from the compute) */
+                int open = 0;
                 for (int j = 0; j < ms->lay.n_regions; j++) {
-                    int done;
+                    int done = 1;
                     if (ms->gop[j] && pt_coll_op_test(st->env.coll, ms->gop[j], &done, err, errlen))
                         return PT_ERR_BACKEND;
+                    open += !done;
                 }
-                struct timespec ts = {0, 100000};
-                nanosleep(&ts, NULL);
+                if (open) {
+                    struct timespec ts = {0, 100000};
+                    nanosleep(&ts, NULL);
+                } else if (OPS(st)->event_sync(IMPL(st), ms->ev_bkt[k])) {
+                    return pt_fail(err, errlen, PT_ERR_BACKEND, "waiting for the end of chunk %d's "
+                                   "backward failed: event_sync failed", ms->ch[k].id);
+                }
                 continue;
             }
         }

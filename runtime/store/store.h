@@ -179,6 +179,8 @@ struct pt_pool *pt_store_workers(pt_store *st);
 /* Seconds spent so far in the collectives: [0] all-reduce (gradients and
  * norms), [1] all-gather, [2] reduce-scatter (mode C); zeros with one rank. */
 void pt_store_coll_seconds(const pt_store *st, double out[3]);
+/* Bytes of the buffers those collectives carried so far ([1] and [2]; [0] 0). */
+void pt_store_coll_bytes(const pt_store *st, double out[3]);
 
 /* State: images (in memory, across a rebuild) and files (save/resume). */
 typedef struct pt_state_image {

@@ -154,6 +154,7 @@ struct pt_store {
     int profiling;            /* pt_store_set_profiling */
     int shard;                /* mode C: offloaded chunks split across the ranks */
     int rank, world;          /* of the data-parallel group (0, 1 without one) */
+    double coll_b[3];         /* mode C: bytes of the buffers all-gathered / reduce-scattered */
     double coll_s[3];         /* seconds in all-reduce, all-gather, reduce-scatter (hook thread;
                                * the all-reduce's counted after backward: what is exposed) */
     /* several ranks (dist_grad.c): resident gradients all-reduced in buckets during backward */
