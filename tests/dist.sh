@@ -233,6 +233,9 @@ acommon=(); for a in "${common[@]}"; do [ "$a" = --quiet ] || acommon+=("$a"); d
 #    every bucket waits for its chunk's backward): bit-identical too; with that
 #    wait skipped (debug_skip_ordering = 1024, the negative control) a bucket is
 #    sent before the device wrote it and the run must go wrong;
+#  - mode B (every block chunk offloaded: each bucket is a chunk's fp32 sum and
+#    waits for the CPU task that forms it) under jitter: bit-identical to mode B
+#    without jitter; skipping that wait (1024 again) must go wrong;
 #  - ranks whose plans differ (rank 0 keeps 4 block chunks resident and reduces
 #    them during backward, rank 1 streams them and reduces them from its fp32
 #    sums in optimizer_step): the reductions are matched by region, not by
@@ -243,28 +246,32 @@ for m in A PB; do
 done
 (cat "$tmp/A.ini"; printf '[host_backend]\ncompute_jitter = 1ms\n') > "$tmp/AJ.ini"
 (cat "$tmp/A.ini"; printf '[host_backend]\ncompute_jitter = 1ms\ndebug_skip_ordering = 1024\n') > "$tmp/AJN.ini"
-for m in PB PBoff Aoff AJ AJN; do
+(cat "$tmp/B.ini"; printf '[host_backend]\ncompute_jitter = 1ms\n') > "$tmp/BJ.ini"
+(cat "$tmp/B.ini"; printf '[host_backend]\ncompute_jitter = 1ms\ndebug_skip_ordering = 1024\n') > "$tmp/BJN.ini"
+for m in PB PBoff Aoff AJ AJN BJ BJN; do
     sed -i 's/^log_level = warn$/log_level = info/' "$tmp/$m.ini"
     (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$m.ini" "${acommon[@]}" --metrics "$tmp/$m.json") \
-        >"$tmp/$m.log" 2>&1 || { [ $m = AJN ] || { tail -5 "$tmp/$m.log"; bad "buckets: the 2-rank run $m failed"; }; }
+        >"$tmp/$m.log" 2>&1 || { [ ${m:2:1} = N ] || { tail -5 "$tmp/$m.log"; bad "buckets: the 2-rank run $m failed"; }; }
 done
-for pair in "Aoff A.2" "PBoff PB" "AJ A.2"; do
+for pair in "Aoff A.2" "PBoff PB" "AJ A.2" "BJ B.2"; do
     set -- $pair
     [ -s "$tmp/$2.json" ] && [ "$(jf "$tmp/$1.json" loss)" = "$(jf "$tmp/$2.json" loss)" ] &&
         { ok; echo "dist: buckets: $2 (overlapped) vs $1: all 6 losses bit-identical"; } ||
         bad "buckets: $2 vs $1 losses differ: $(jf "$tmp/$2.json" loss | tr '\n' ' ') / $(jf "$tmp/$1.json" loss | tr '\n' ' ')"
 done
 # the overlapped runs did take the bucket path (the plugin says how many chunks)
-for m in PB AJ; do
-    grep -q "gradient all-reduce: [1-9][0-9]* resident chunk(s) reduced in buckets" "$tmp/$m.log" && ok ||
+for m in PB AJ BJ; do
+    grep -q "gradient all-reduce: [1-9][0-9]* chunk(s) reduced in buckets" "$tmp/$m.log" && ok ||
         bad "buckets: run $m did not report its gradient buckets"
-    grep -q "gradient all-reduce: .* in buckets" "$tmp/${m%J}off.log" 2>/dev/null &&
+    [ $m = BJ ] || ! grep -q "gradient all-reduce: .* in buckets" "$tmp/${m%J}off.log" ||
         bad "buckets: the overlap_allreduce = false run ${m%J}off reduced in buckets"
 done
 grep -h "gradient all-reduce" "$tmp/PB.log" | head -1 | sed 's/^protrain info: /dist: PB: /'
-[ "$(jf "$tmp/AJN.json" loss)" != "$(jf "$tmp/A.2.json" loss)" ] &&
-    { ok; echo "dist: negative control: buckets sent without waiting for their backward go wrong (losses $(jf "$tmp/AJN.json" loss | tail -1) vs $(jf "$tmp/A.2.json" loss | tail -1) at step 6)"; } ||
-    bad "negative control: debug_skip_ordering = 1024 trained exactly like the ordered run; the check is blind"
+for m in A B; do
+    [ "$(jf "$tmp/${m}JN.json" loss)" != "$(jf "$tmp/$m.2.json" loss)" ] &&
+        { ok; echo "dist: negative control: mode $m's buckets sent without waiting for their gradient go wrong (loss $(jf "$tmp/${m}JN.json" loss | tail -1) vs $(jf "$tmp/$m.2.json" loss | tail -1) at step 6)"; } ||
+        bad "negative control: mode $m with debug_skip_ordering = 1024 trained exactly like the ordered run; the check is blind"
+done
 # MPMD: one rank per config
 (cd "$tmp" && mpirun --oversubscribe --allow-run-as-root -np 1 "$sh" --config "$tmp/PB.ini" "${common[@]}" \
     --metrics "$tmp/PBmix.json" : -np 1 "$sh" --config "$tmp/B.ini" "${common[@]}") >"$tmp/PBmix.log" 2>&1

@@ -19,6 +19,8 @@
  *    its fp32 accumulator (always kept with several ranks): one fp32 reduction
  *    per step whatever the chunk's dtype and micro-batch count, no device
  *    buffer held for it, and the CPU Adam that follows reads exactly these bytes.
+ *    With overlap_allreduce it is a bucket too: it starts once the CPU task of
+ *    the step's last micro-batch has formed the sum (checked like the events).
  * Every region is one keyed all-reduce (the key is the region's index in the
  * layout, the same on every rank), so a rank whose plan keeps a chunk resident
  * (reduced early, during backward) matches a rank that offloads it (reduced in
@@ -60,10 +62,12 @@ static int buckets_on(const pt_store *st) {
            !sx->eval && sx->micro == sx->n_micro - 1;
 }
 
-/* A resident chunk the buckets may take: every trainable region fp32 (the
- * refusal of 16-bit ones stays in pt_cs_dist_reduce). */
+/* A chunk the buckets may take: an offloaded one of mode B (its fp32 sum), or
+ * a resident one of a block with every trainable region fp32 (the refusal of
+ * 16-bit ones stays in pt_cs_dist_reduce). */
 static int bucketable(const cs_chunk *c) {
-    if (!c->persistent || !c->trainable || c->lc->block_first < 0) return 0;
+    if (!c->trainable || c->lc->block_first < 0 || c->sh) return 0;
+    if (!c->persistent) return 1;
     for (int r = 0; r < c->lc->n_regions; r++)
         if (c->reg_state[r] != UINT64_MAX && c->lc->regions[r].dtype != PT_F32) return 0;
     return 1;
@@ -105,7 +109,9 @@ int pt_cs_dist_bucket(pt_store *st, int32_t b, char *err, size_t errlen) {
         cs_chunk *c = &ms->ch[k];
         /* complete once its lowest block's backward has run */
         if (!bucketable(c) || c->lc->block_first != b) continue;
-        if (st->env.ordered) {
+        /* offloaded: its CPU task (queued by the release just before) forms the
+         * fp32 sum; the bucket waits for that task instead of an event */
+        if (c->persistent && st->env.ordered) {
             if (!ms->ev_bkt[k] && OPS(st)->event_create(IMPL(st), &ms->ev_bkt[k]))
                 return pt_fail(err, errlen, PT_ERR_BACKEND,
                                "event_create failed: cannot create device events");
@@ -126,13 +132,17 @@ static int advance(pt_store *st, int block, char *err, size_t errlen) {
     if (!ms->bq_n) return PT_OK;
     while (ms->bq_started < ms->bq_n) {
         int k = ms->bq[ms->bq_started];
-        /* an asynchronous host may not have computed it yet: its event says so.
+        cs_chunk *c = &ms->ch[k];
+        /* resident: an asynchronous host may not have computed it yet (its event
+         * says so); offloaded: its CPU task may still be forming the sum.
          * Skipped (testing): the gradient is sent as it is at the hook */
-        if (st->env.ordered && pt_cs_ord(st, PT_ORD_BUCKET)) {
-            int q = OPS(st)->event_query(IMPL(st), ms->ev_bkt[k]);
+        int off = !c->persistent;
+        if (off ? !(st->env.skip & PT_ORD_BUCKET) : pt_cs_ord(st, PT_ORD_BUCKET)) {
+            int q = off ? pt_pool_pending(ms->workers, &c->tg) == 0
+                        : OPS(st)->event_query(IMPL(st), ms->ev_bkt[k]);
             if (q < 0)
                 return pt_fail(err, errlen, PT_ERR_BACKEND, "querying the end of chunk %d's "
-                               "backward failed: event_query failed", ms->ch[k].id);
+                               "backward failed: event_query failed", c->id);
             if (!q) {
                 if (!block) break;
                 /* the device is still on backward: started reductions are
@@ -149,6 +159,8 @@ static int advance(pt_store *st, int block, char *err, size_t errlen) {
                 if (open) {
                     struct timespec ts = {0, 100000};
                     nanosleep(&ts, NULL);
+                } else if (off) {
+                    pt_pool_wait(ms->workers, &c->tg);   /* its status: wait_tasks reports it */
                 } else if (OPS(st)->event_sync(IMPL(st), ms->ev_bkt[k])) {
                     return pt_fail(err, errlen, PT_ERR_BACKEND, "waiting for the end of chunk %d's "
                                    "backward failed: event_sync failed", ms->ch[k].id);
@@ -156,9 +168,10 @@ static int advance(pt_store *st, int block, char *err, size_t errlen) {
                 continue;
             }
         }
-        int rc = start_chunk(st, &ms->ch[k], err, errlen);
+        int rc = start_chunk(st, c, err, errlen);
         if (rc) return rc;
         ms->bq_started++;
+        ms->bk_off += off;
         if (block) ms->bk_drain++;
         else ms->bk_hook++;
     }
@@ -187,7 +200,7 @@ void pt_cs_dist_fini(pt_store *st) {
     ms->gop = NULL;
     ms->ev_bkt = NULL;
     ms->bq = NULL;
-    ms->bq_n = ms->bq_started = 0;
+    ms->bq_n = ms->bq_started = ms->bk_hook = ms->bk_drain = ms->bk_off = 0;
 }
 
 /* Region r of chunk c reduced (its started operation finished, or one started
@@ -257,12 +270,12 @@ int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen) {
     }
     if (!rc && ms->bq_n && !ms->bk_logged) {
         ms->bk_logged = 1;
-        PT_LOGI(st->env.lg, "gradient all-reduce: %d resident chunk(s) reduced in buckets while "
-                            "backward ran (%d started at a block hook, %d while optimizer_step "
-                            "waited for the device), the other gradients after backward",
-                ms->bq_n, ms->bk_hook, ms->bk_drain);
+        PT_LOGI(st->env.lg, "gradient all-reduce: %d chunk(s) reduced in buckets while backward "
+                            "ran (%d resident, %d offloaded; %d started at a block hook, %d while "
+                            "optimizer_step waited for backward), the other gradients after it",
+                ms->bq_n, ms->bq_n - ms->bk_off, ms->bk_off, ms->bk_hook, ms->bk_drain);
     }
-    ms->bq_n = ms->bq_started = ms->bk_hook = ms->bk_drain = 0;
+    ms->bq_n = ms->bq_started = ms->bk_hook = ms->bk_drain = ms->bk_off = 0;
     t0 = pt_now_s();
     if (!rc && st->shard && clip) rc = pt_sh_norm_reduce(st, err, errlen);
     st->coll_s[0] += busy + pt_now_s() - t0;

@@ -160,9 +160,10 @@ struct pt_store {
     /* several ranks (dist_grad.c): resident gradients all-reduced in buckets during backward */
     pt_coll_op **gop;         /* [lay.n_regions] this step's started all-reduce of a region */
     pt_event **ev_bkt;        /* [n_chunks] a resident chunk's backward ended on s_compute */
-    int *bq;                  /* [n_chunks] resident chunks whose backward ended, in that order */
+    int *bq;                  /* [n_chunks] chunks whose backward ended, in that order */
     int bq_n, bq_started;     /* queued this step; the first bq_started have their all-reduces */
     int bk_hook, bk_drain;    /* buckets started at a block hook / in optimizer_step (this step) */
+    int bk_off;               /* of them offloaded chunks (mode B) */
     int bk_logged;            /* the first step's buckets were logged */
     /* activations */
     pt_arena *arena;          /* [n_blocks] */
