@@ -468,9 +468,9 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
      * block chunk's starts when its lowest block's backward ends, one after
      * another while backward goes on,
      *   ar = max(ar, end of that window) + 4 * elements * coll_f,
-     * and what outlasts backward is exposed; the rest (chunks of non-block
-     * parameters, final only after backward, and mode B's offloaded sums)
-     * follows backward. The CPU optimizer waits for all of it: charged as
+     * and what outlasts backward is exposed; mode B's offloaded chunks join the
+     * queue when their gradient copy lands; chunks of non-block parameters
+     * (final only after backward) follow backward. The CPU optimizer waits for all of it: charged as
      * deferred (after backward) whatever the clipping. */
     const int ranks = t->key.world_size > 1;
     const int shard = ranks && o && o->shard;
@@ -544,6 +544,10 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
         double x = (double)us * ih + win(c, (double)u * ih, (double)d * id, 0, eng);
         down_bytes += d;
         clock += x;
+        /* mode B's offloaded chunks of block g are buckets once their copies
+         * (this window) landed and the CPU formed their fp32 sums */
+        if (buckets && !shard && tr)
+            ar_clock = dmax(ar_clock, clock) + 4.0 * (double)tr * cx->coll_f;
         /* REKLS chunks: their eigendecompositions and GEMMs on top (one worker
          * per chunk, counted serially: an upper bound when chunks overlap) */
         if (tr) cpu_clock = dmax(cpu_clock, clock) + (double)tr * icpu + rk;
@@ -560,7 +564,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     /* fp32 gradients: resident ones all-reduced in place, offloaded ones in their
      * fp32 sums (mode B) or reduce-scattered (mode C) */
     if (buckets) {
-        uint64_t after = cx->mand_nb + (shard ? 0 : cpu_elems);
+        uint64_t after = cx->mand_nb;
         out->allreduce_s = dmax(ar_clock - bwd, 0) + 4.0 * (double)after * cx->coll_f;
     } else {
         out->allreduce_s = ranks ? 4.0 * (double)(dev_elems + (shard ? 0 : cpu_elems)) * cx->coll_f : 0;

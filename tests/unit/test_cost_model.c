@@ -110,6 +110,18 @@ static void test_hand_buckets(void **state) {
         assert_double_equal(off.allreduce_s, cases[ci].off, EPS);
         /* the iteration carries exactly the difference */
         assert_double_equal(off.iter_s - on.iter_s, cases[ci].off - cases[ci].on, EPS);
+        /* mode B (chunk 1 offloaded, a bucket once its copy lands): never more
+         * than all of it after backward, which is exactly 4 * 100 elements */
+        if (!mand) {
+            pt_knobs kb = {1, 1, 0, 0};
+            o.overlap_ar = 1;
+            assert_int_equal(pt_cost_eval(cx, &o, &kb, &on, err, sizeof err), PT_OK);
+            o.overlap_ar = 0;
+            assert_int_equal(pt_cost_eval(cx, &o, &kb, &off, err, sizeof err), PT_OK);
+            assert_double_equal(off.allreduce_s, 400.0 / cases[ci].rate, EPS);
+            assert_true(on.allreduce_s <= off.allreduce_s + EPS);
+            assert_true(on.allreduce_s >= 0);
+        }
         pt_cost_ctx_free(cx);
         pt_trace_free(&t);
     }
