@@ -125,6 +125,20 @@ int pt_cs_dist_bucket(pt_store *st, int32_t b, char *err, size_t errlen) {
     return pt_cs_dist_poll(st, err, errlen);
 }
 
+/* Test every started reduction once (the transport moves large messages only
+ * inside MPI calls, and a finished one forms its sum); *open: how many are not
+ * finished. */
+static int test_open(pt_store *st, int *open, char *err, size_t errlen) {
+    *open = 0;
+    for (int j = 0; j < st->lay.n_regions; j++) {
+        int done = 1;
+        int rc = st->gop[j] ? pt_coll_op_test(st->env.coll, st->gop[j], &done, err, errlen) : PT_OK;
+        if (rc) return rc;
+        *open += !done;
+    }
+    return PT_OK;
+}
+
 /* Start the queued chunks whose backward is done, in queue order (block = 1:
  * all of them, waiting for the device), and let started reductions finish. */
 static int advance(pt_store *st, int block, char *err, size_t errlen) {
@@ -149,13 +163,8 @@ static int advance(pt_store *st, int block, char *err, size_t errlen) {
                  * moved along (polled every 100 us) while any is unfinished;
                  * with none left, this thread sleeps until the device is there
                  * (polling would take CPU time from the compute) */
-                int open = 0;
-                for (int j = 0; j < ms->lay.n_regions; j++) {
-                    int done = 1;
-                    if (ms->gop[j] && pt_coll_op_test(st->env.coll, ms->gop[j], &done, err, errlen))
-                        return PT_ERR_BACKEND;
-                    open += !done;
-                }
+                int open = 0, rc = test_open(st, &open, err, errlen);
+                if (rc) return rc;
                 if (open) {
                     struct timespec ts = {0, 100000};
                     nanosleep(&ts, NULL);
@@ -175,7 +184,8 @@ static int advance(pt_store *st, int block, char *err, size_t errlen) {
         if (block) ms->bk_drain++;
         else ms->bk_hook++;
     }
-    return PT_OK;
+    int open = 0;
+    return block ? PT_OK : test_open(st, &open, err, errlen);   /* a hook: move them along */
 }
 
 int pt_cs_dist_poll(pt_store *st, char *err, size_t errlen) {
