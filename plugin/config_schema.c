@@ -221,9 +221,10 @@ const pt_config_key pt_cfg_keys[] = {
           "Testing: this rank stops joining collectives (as if hung) so the others must time "
           "out naming it; -1: none."),
     R_BOOL("dist", "overlap_allreduce", overlap_allreduce, "true",
-           "Several ranks: each resident chunk's gradient is all-reduced as soon as backward "
-           "has finished it (one chunk per message bucket), while the rest of backward runs; "
-           "false: every gradient is reduced after backward. The same sums either way."),
+           "Several ranks: each chunk's gradient (resident, or mode B's offloaded fp32 sum) is "
+           "all-reduced as soon as backward has finished it (one chunk per bucket), while the "
+           "rest of backward runs; false: every gradient is reduced after backward. The same "
+           "sums either way."),
     R_INT("dist", "tp_size", tp_size, PT_CFG_NO_HI, 1, INT_MAX, 0, "1",
           "Tensor-parallel group size: parameters the host declares split (pt_param_v1.tp_split) "
           "hold 1/tp_size of the full tensor on each rank, and a split 2-D weight under REKLS "
@@ -262,7 +263,7 @@ const pt_config_key pt_cfg_keys[] = {
           "Testing only: orderings to skip, a bit mask (1 uploads, 2 slot reuse, 4 gradient "
           "copies, 8 swaps, 16 frees, 32 optimizer step, 64 host memcpy, 128 OSFT projection, "
           "256 an upload after its chunk's deferred CPU step, 512 mode C's collectives on a "
-          "chunk's slot, 1024 a resident gradient's all-reduce during backward; 2047 all), so a test shows it fails without each. Never in training."),
+          "chunk's slot, 1024 a gradient bucket's all-reduce during backward; 2047 all), so a test shows it fails without each. Never in training."),
     R_BOOL("cuda", "poison", cuda_poison, "false",
            "On a CUDA device, fill freed device memory with NaN too (a memset and a wait "
            "on every free: a debugging aid, off by default for speed)."),

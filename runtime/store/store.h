@@ -45,8 +45,9 @@ enum {
     PT_ORD_DEFER = 256,  /* a chunk's upload after its deferred CPU step */
     PT_ORD_SHARD = 512,  /* mode C: a chunk's all-gather after its part's upload, its
                             reduce-scatter after the host's backward */
-    PT_ORD_BUCKET = 1024, /* several ranks: a resident chunk's gradient all-reduce starts
-                             after the compute stream finished the chunk's backward */
+    PT_ORD_BUCKET = 1024, /* several ranks: a gradient bucket's all-reduce starts once the
+                             gradient is final (resident: the compute stream finished
+                             the chunk's backward; offloaded: its CPU task formed the sum) */
     PT_ORD_ALL = 2047
 };
 
