@@ -22,13 +22,14 @@
 #include <time.h>
 
 #include "coll.h"
+#include "coll_mpi.h"
 #include "protrain.h"
 #include "pt_util.h"
 
 /* Elements per segment: 1 Mi floats = 4 MiB per peer in flight. */
 #define SEG_ELEMS ((size_t)1 << 20)
 
-struct pt_coll {
+struct pt_mpi_coll {
     int world, rank;
     int we_init;        /* pt_coll_open called MPI_Init_thread */
     int broken;         /* a collective failed: no further collective, no finalize */
@@ -55,7 +56,7 @@ static const char *mpi_text(int code, char *buf, size_t cap) {
     return buf;
 }
 
-int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t errlen) {
+int pt_mpi_coll_open(const pt_coll_config *cfg, pt_mpi_coll **out, char *err, size_t errlen) {
     *out = NULL;
     int inited = 0, finalized = 0;
     MPI_Finalized(&finalized);
@@ -64,7 +65,7 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
                        "[dist]: MPI was already finalized in this process (an earlier plugin "
                        "instance or the host); MPI cannot start twice");
     MPI_Initialized(&inited);
-    pt_coll *c = calloc(1, sizeof *c);
+    pt_mpi_coll *c = calloc(1, sizeof *c);
     if (!c) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for collectives");
     if (!inited) {
         /* The plugin is dlopened RTLD_LOCAL; Open MPI's own components are
@@ -84,7 +85,7 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
     MPI_Comm_size(MPI_COMM_WORLD, &w);
     MPI_Comm_rank(MPI_COMM_WORLD, &r);
     if (w != cfg->world_size || r != cfg->rank) {
-        pt_coll_close(c);
+        pt_mpi_coll_close(c);
         return pt_fail(err, errlen, PT_ERR_CONFIG,
                        "[dist]: the host says rank %d of %d, MPI says rank %d of %d (start every "
                        "rank with mpirun and pass MPI's numbers in pt_host_v1)",
@@ -96,7 +97,7 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
     c->hang_rank = cfg->debug_hang_rank;
     c->comm = MPI_COMM_NULL;
     if (MPI_Comm_dup(MPI_COMM_WORLD, &c->comm) != MPI_SUCCESS) {
-        pt_coll_close(c);
+        pt_mpi_coll_close(c);
         return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist]: MPI_Comm_dup failed");
     }
     /* a failed peer must become an error we report, not an abort inside MPI */
@@ -104,14 +105,14 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
     c->recv = malloc((size_t)(w > 1 ? w - 1 : 1) * SEG_ELEMS * sizeof(double));
     c->req = calloc((size_t)(2 * w), sizeof *c->req);
     if (!c->recv || !c->req) {
-        pt_coll_close(c);
+        pt_mpi_coll_close(c);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for collectives");
     }
     *out = c;
     return PT_OK;
 }
 
-void pt_coll_close(pt_coll *c) {
+void pt_mpi_coll_close(pt_mpi_coll *c) {
     if (!c) return;
     if (!c->broken) {
         if (c->comm != MPI_COMM_NULL) MPI_Comm_free(&c->comm);
@@ -122,15 +123,19 @@ void pt_coll_close(pt_coll *c) {
     free(c);
 }
 
-int pt_coll_rank(const pt_coll *c) { return c ? c->rank : 0; }
-int pt_coll_world(const pt_coll *c) { return c ? c->world : 1; }
+void pt_mpi_coll_mark_broken(pt_mpi_coll *c) {
+    if (c) c->broken = 1;
+}
+
+int pt_mpi_coll_rank(const pt_mpi_coll *c) { return c ? c->rank : 0; }
+int pt_mpi_coll_world(const pt_mpi_coll *c) { return c ? c->world : 1; }
 
 /* Tests the nreq requests req[] (the first half receives from peer[i], the
  * rest sends to peer[i]) until all are done or, with deadline >= 0, until the
  * deadline passes; deadline < 0 tests each once (*left: how many are still
  * out). On a miss names the first peer whose message is outstanding; `label`
  * says which collective ("collective 12", "bucket 3"). */
-static int test_reqs(pt_coll *c, MPI_Request *req, int nreq, const int *peer, double deadline,
+static int test_reqs(pt_mpi_coll *c, MPI_Request *req, int nreq, const int *peer, double deadline,
                      const char *what, const char *label, int *left_out, char *err,
                      size_t errlen) {
     for (;;) {
@@ -168,7 +173,7 @@ static int test_reqs(pt_coll *c, MPI_Request *req, int nreq, const int *peer, do
 }
 
 /* Waits for the 2*(W-1) requests of the current blocking collective. */
-static int wait_all(pt_coll *c, int nreq, const int *peer, double deadline, const char *what,
+static int wait_all(pt_mpi_coll *c, int nreq, const int *peer, double deadline, const char *what,
                     char *err, size_t errlen) {
     char label[32];
     snprintf(label, sizeof label, "collective %u", c->seq);
@@ -178,7 +183,7 @@ static int wait_all(pt_coll *c, int nreq, const int *peer, double deadline, cons
 /* What every collective does first: refuse on a broken group, count it (tags,
  * error text; keyed operations are not counted: their tags come from their
  * key), and play the hung rank when a test asks for one. */
-static int begin_n(pt_coll *c, int count, const char *what, char *err, size_t errlen) {
+static int begin_n(pt_mpi_coll *c, int count, const char *what, char *err, size_t errlen) {
     if (c->broken)
         return pt_fail(err, errlen, PT_ERR_BACKEND,
                        "[dist] %s: an earlier collective failed; the group is broken", what);
@@ -195,7 +200,7 @@ static int begin_n(pt_coll *c, int count, const char *what, char *err, size_t er
     return PT_OK;
 }
 
-static int begin(pt_coll *c, const char *what, char *err, size_t errlen) {
+static int begin(pt_mpi_coll *c, const char *what, char *err, size_t errlen) {
     return begin_n(c, 1, what, err, errlen);
 }
 
@@ -223,7 +228,7 @@ static void add_into(void *acc, const void *src, size_t m, int dtype) {
     }
 }
 
-int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale,
+int pt_mpi_coll_allreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,
                       const char *what, char *err, size_t errlen) {
     if (!c || c->world == 1) {
         scale_buf(buf, n, dtype, scale);
@@ -285,8 +290,8 @@ int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sca
     return rc;
 }
 
-int pt_coll_barrier(pt_coll *c, char *err, size_t errlen) {
-    return pt_coll_allreduce(c, NULL, 0, PT_COLL_F32, 1.0, "barrier", err, errlen);
+int pt_mpi_coll_barrier(pt_mpi_coll *c, char *err, size_t errlen) {
+    return pt_mpi_coll_allreduce(c, NULL, 0, PT_COLL_F32, 1.0, "barrier", err, errlen);
 }
 
 /* Sharded collectives: every part is cut into the same number of segments
@@ -299,7 +304,7 @@ static size_t seg_len(size_t part_len, size_t off) {
     return part_len - off < SEG_ELEMS ? part_len - off : SEG_ELEMS;
 }
 
-int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const char *what,
+int pt_mpi_coll_allgather(pt_mpi_coll *c, void *buf, size_t n, size_t elem_size, const char *what,
                       char *err, size_t errlen) {
     if (!c || c->world == 1) return PT_OK;
     if (!elem_size || elem_size > 8 || (n && !buf))
@@ -344,7 +349,7 @@ int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const c
     return rc;
 }
 
-int pt_coll_reduce_scatter(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale,
+int pt_mpi_coll_reduce_scatter(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,
                            const char *what, char *err, size_t errlen) {
     if (!c || c->world == 1) {
         scale_buf(buf, n, dtype, scale);
@@ -420,7 +425,7 @@ int pt_coll_reduce_scatter(pt_coll *c, void *buf, size_t n, int32_t dtype, doubl
  * rank reposts a key only after its previous operation on it completed. */
 #define OP_SEG ((size_t)1 << 28)   /* elements per message: within MPI's int count */
 
-struct pt_coll_op {
+struct pt_mpi_op {
     void *buf;
     size_t n;
     int32_t dtype;
@@ -432,8 +437,8 @@ struct pt_coll_op {
     int *peer;           /* [nreq] */
 };
 
-int pt_coll_iallreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale, int32_t key,
-                       const char *what, pt_coll_op **out, char *err, size_t errlen) {
+int pt_mpi_coll_iallreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale, int32_t key,
+                       const char *what, pt_mpi_op **out, char *err, size_t errlen) {
     *out = NULL;
     if (dtype != PT_COLL_F32 && dtype != PT_COLL_F64)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: dtype %d is not f32 or f64",
@@ -442,7 +447,7 @@ int pt_coll_iallreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sc
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "[dist] %s: nonblocking all-reduce with key %d (want 0..%d) of %zu "
                        "elements from %p", what, (int)key, PT_COLL_KEYS - 1, n, buf);
-    pt_coll_op *op = calloc(1, sizeof *op);
+    pt_mpi_op *op = calloc(1, sizeof *op);
     if (!op) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     op->buf = buf;
     op->n = n;
@@ -458,7 +463,7 @@ int pt_coll_iallreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sc
     }
     int brc = begin_n(c, 0, what, err, errlen);
     if (brc) {
-        pt_coll_op_free(c, op);
+        pt_mpi_coll_op_free(c, op);
         *out = NULL;
         return brc;
     }
@@ -471,7 +476,7 @@ int pt_coll_iallreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sc
     if (!op->recv || !op->req || !op->peer) {
         free(op->req);
         op->req = NULL;   /* nothing posted: freeing it breaks nothing */
-        pt_coll_op_free(c, op);
+        pt_mpi_coll_op_free(c, op);
         *out = NULL;
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for the all-reduce of %s",
                        what);
@@ -496,7 +501,7 @@ int pt_coll_iallreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sc
 /* Every message is in: buf = scale * (buf_0 + ... + buf_{W-1}), element by
  * element in rank order, the first addend taken as is (the additions and the
  * multiply pt_coll_allreduce makes, in the same order, so the same bits). */
-static void op_finish(pt_coll *c, pt_coll_op *op) {
+static void op_finish(pt_mpi_coll *c, pt_mpi_op *op) {
     size_t es = op->dtype == PT_COLL_F64 ? 8 : 4;
     int W = c->world;
     const char *src[W];
@@ -522,7 +527,7 @@ static void op_finish(pt_coll *c, pt_coll_op *op) {
     op->done = 1;
 }
 
-static int op_progress(pt_coll *c, pt_coll_op *op, double deadline, int *done, char *err,
+static int op_progress(pt_mpi_coll *c, pt_mpi_op *op, double deadline, int *done, char *err,
                        size_t errlen) {
     *done = op->done;
     if (op->done) return PT_OK;
@@ -540,16 +545,16 @@ static int op_progress(pt_coll *c, pt_coll_op *op, double deadline, int *done, c
     return PT_OK;
 }
 
-int pt_coll_op_test(pt_coll *c, pt_coll_op *op, int *done, char *err, size_t errlen) {
+int pt_mpi_coll_op_test(pt_mpi_coll *c, pt_mpi_op *op, int *done, char *err, size_t errlen) {
     return op_progress(c, op, -1, done, err, errlen);
 }
 
-int pt_coll_op_wait(pt_coll *c, pt_coll_op *op, char *err, size_t errlen) {
+int pt_mpi_coll_op_wait(pt_mpi_coll *c, pt_mpi_op *op, char *err, size_t errlen) {
     int done = 0;
     return op_progress(c, op, pt_now_s() + (c ? c->timeout_s : 0), &done, err, errlen);
 }
 
-void pt_coll_op_free(pt_coll *c, pt_coll_op *op) {
+void pt_mpi_coll_op_free(pt_mpi_coll *c, pt_mpi_op *op) {
     if (!op) return;
     if (!op->done && op->req) {
         /* abandoned with messages out: they could match a later operation's */

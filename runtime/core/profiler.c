@@ -375,18 +375,31 @@ static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
  * all-gather or reduce-scatter B (W-1)/W / rate). Every rank runs the same
  * calls here (profiling runs on all of them), the median of 3 after a warm-up.
  * On the host backend device memory is host memory, so a host buffer times
- * what the runtime's collectives on slots do.
+ * what the runtime's collectives on slots do. On cuda (NCCL) the slots are
+ * device memory, which NCCL uses in place while a host buffer would be staged
+ * through the device, so a device buffer is timed when the device has room for
+ * one chunk (every rank asks for the same bytes; a rank without room times the
+ * host buffer, and the log says so). Its contents are never read.
  * Here the ranks run the calls back to back, so each finds the other already
  * there. In training mode C's all-gathers and reduce-scatters run on the hook
  * thread between compute, and each waits for the slower rank to reach the same
- * chunk: that wait dominated (5 to 30 times the back-to-back time). When the
- * profiled passes ran them (a sharded profile), their observed rate, bytes *
- * bus / seconds waited in them, is what training sees: the slower of the two
- * rates is kept. */
+ * chunk: that wait dominated (6 to 23 times the back-to-back time on the host
+ * backend). When the profiled passes ran them (a sharded profile), their
+ * observed rate, bytes * bus / seconds waited in them, is what training sees:
+ * the slower of the two rates is kept. */
 static void measure_coll(pt_rt *rt, pt_trace_hw *hw) {
     if (!rt->coll || pt_coll_world(rt->coll) < 2 || rt->prof->rc) return;
     size_t bytes = (size_t)pt_store_chunk_size(rt->st), n = bytes / 4 ? bytes / 4 : 1;
-    float *buf = calloc(n, 4);
+    float *buf = NULL, *dbuf = NULL;
+    if (strcmp(pt_gpu_backend_name(rt->gpu), "host")) {
+        char why[256];
+        if (pt_gpu_alloc(rt->gpu, n * 4, PT_TAG_SCRATCH, (void **)&dbuf, why, sizeof why)) {
+            dbuf = NULL;
+            PT_LOGW(&rt->lg, "profiler: timing the collectives on a host buffer (a device "
+                             "buffer of one chunk did not fit: %s)", why);
+        }
+    }
+    buf = dbuf ? dbuf : calloc(n, 4);
     if (!buf) {
         prof_failed(rt->prof, "out of host memory timing the collectives");
         return;
@@ -429,7 +442,8 @@ static void measure_coll(pt_rt *rt, pt_trace_hw *hw) {
                 *rate[k] / 1e6, seen / 1e6, seen < *rate[k] ? ": the cost model uses the latter" : "");
         if (seen < *rate[k]) *rate[k] = seen;
     }
-    free(buf);
+    if (dbuf) pt_gpu_free(rt->gpu, dbuf);
+    else free(buf);
 }
 
 /* Seconds one device AdamW over n elements takes on the compute stream, the

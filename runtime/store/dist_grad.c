@@ -5,16 +5,21 @@
  * steps the same values.
  *
  * Where each chunk is reduced:
- *  - resident: in place in device memory (device memory is host memory on the
- *    host backend, the only backend multi-rank runs on; a 16-bit resident
- *    gradient is refused for now). With [dist] overlap_allreduce (default) the
- *    chunk is a bucket: after the step's last backward of its lowest block an
- *    event on the compute stream marks its gradient final, and as soon as a
- *    hook (or optimizer_step, polling) sees the event complete, the chunk's
- *    nonblocking all-reduces start; they travel while the device runs the rest
- *    of backward, and optimizer_step waits for them before anything reads the
- *    gradient. Chunks holding non-block parameters (embeddings: their gradient
- *    is final only after the last backward) start in optimizer_step;
+ *  - resident: in place in device memory (the MPI transport adds it with the
+ *    CPU, right on the host backend where device memory is host memory; on cuda
+ *    the NCCL transport works on the device buffer; a 16-bit resident gradient
+ *    is refused for now). With [dist] overlap_allreduce (default) and the MPI
+ *    transport the chunk is a bucket: after the step's last backward of its
+ *    lowest block an event on the compute stream marks its gradient final, and
+ *    as soon as a hook (or optimizer_step, waiting) sees the event complete, the
+ *    chunk's nonblocking all-reduces start; they travel while the device runs
+ *    the rest of backward, and optimizer_step waits for them before anything
+ *    reads the gradient. Chunks holding non-block parameters (embeddings: their
+ *    gradient is final only after the last backward) start in optimizer_step.
+ *    NCCL matches collectives by the order ranks issue them, not by key, and a
+ *    bucket starts whenever its rank's device gets there (between other
+ *    collectives, e.g. mode C's): so with NCCL every gradient is reduced after
+ *    backward, blocking, in layout order;
  *  - offloaded: on the host side, after its D2H copies and before CPU Adam, in
  *    its fp32 accumulator (always kept with several ranks): one fp32 reduction
  *    per step whatever the chunk's dtype and micro-batch count, no device
@@ -37,6 +42,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "coll.h"
@@ -50,10 +56,11 @@ static int region_key(const pt_store *st, const cs_chunk *c, int r) {
     return (int)(c->lc->regions - st->lay.regions) + r;
 }
 
-/* Keyed all-reduces need one key per region, and buckets a world to reduce over. */
+/* Keyed all-reduces need one key per region, a transport that matches by key
+ * (MPI: its messages carry the key), and a world to reduce over. */
 static int keyed(const pt_store *st) {
     return st->env.coll && pt_coll_world(st->env.coll) > 1 && st->lay.n_regions <= PT_COLL_KEYS &&
-           pt_cs_tp_size(st) <= 1;
+           pt_cs_tp_size(st) <= 1 && !strcmp(pt_coll_transport(st->env.coll), "mpi");
 }
 
 static int buckets_on(const pt_store *st) {
