@@ -272,6 +272,14 @@ for m in A B; do
         { ok; echo "dist: negative control: mode $m's buckets sent without waiting for their gradient go wrong (loss $(jf "$tmp/${m}JN.json" loss | tail -1) vs $(jf "$tmp/$m.2.json" loss | tail -1) at step 6)"; } ||
         bad "negative control: mode $m with debug_skip_ordering = 1024 trained exactly like the ordered run; the check is blind"
 done
+# with 2 micro-batches per step on each rank (buckets only at the last one)
+for m in PB PBoff; do
+    (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$m.ini" "${common[@]}" --grad-accum 2 --steps 4 \
+        --metrics "$tmp/${m}2.json") >"$tmp/${m}2.log" 2>&1 || { tail -5 "$tmp/${m}2.log"; bad "buckets: $m with --grad-accum 2 failed"; }
+done
+[ -s "$tmp/PB2.json" ] && [ "$(jf "$tmp/PB2.json" loss)" = "$(jf "$tmp/PBoff2.json" loss)" ] &&
+    { ok; echo "dist: buckets: PB with --grad-accum 2 on each rank: losses bit-identical to reducing after backward"; } ||
+    bad "buckets: PB with --grad-accum 2: $(jf "$tmp/PB2.json" loss | tr '\n' ' ') vs $(jf "$tmp/PBoff2.json" loss | tr '\n' ' ')"
 # MPMD: one rank per config
 (cd "$tmp" && mpirun --oversubscribe --allow-run-as-root -np 1 "$sh" --config "$tmp/PB.ini" "${common[@]}" \
     --metrics "$tmp/PBmix.json" : -np 1 "$sh" --config "$tmp/B.ini" "${common[@]}") >"$tmp/PBmix.log" 2>&1
