@@ -201,3 +201,45 @@ int pt_coll_reduce_scatter(pt_coll *c, void *buf, size_t n, int32_t dtype, doubl
     }
     return pt_mpi_coll_reduce_scatter(c ? c->mpi : NULL, buf, n, dtype, scale, what, err, errlen);
 }
+
+/* The keyed nonblocking all-reduce: the MPI transport's own operation. On
+ * NCCL the blocking all-reduce runs at the start instead (its result is in buf
+ * when pt_coll_iallreduce returns, so a bucket overlaps nothing there yet; the
+ * sums are the same). */
+struct pt_coll_op {
+    pt_mpi_op *m;   /* NULL: finished at the start (NCCL) */
+};
+
+int pt_coll_iallreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale, int32_t key,
+                       const char *what, pt_coll_op **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (key < 0 || key >= PT_COLL_KEYS)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: nonblocking all-reduce with "
+                       "key %d (want 0..%d)", what, (int)key, PT_COLL_KEYS - 1);
+    pt_coll_op *op = calloc(1, sizeof *op);
+    if (!op) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for collectives");
+    int rc = c && c->nccl ? pt_coll_allreduce(c, buf, n, dtype, scale, what, err, errlen)
+                          : pt_mpi_coll_iallreduce(c ? c->mpi : NULL, buf, n, dtype, scale, key,
+                                                   what, &op->m, err, errlen);
+    if (rc) {
+        free(op);
+        return rc;
+    }
+    *out = op;
+    return PT_OK;
+}
+
+int pt_coll_op_test(pt_coll *c, pt_coll_op *op, int *done, char *err, size_t errlen) {
+    *done = 1;
+    return op->m ? pt_mpi_coll_op_test(c ? c->mpi : NULL, op->m, done, err, errlen) : PT_OK;
+}
+
+int pt_coll_op_wait(pt_coll *c, pt_coll_op *op, char *err, size_t errlen) {
+    return op->m ? pt_mpi_coll_op_wait(c ? c->mpi : NULL, op->m, err, errlen) : PT_OK;
+}
+
+void pt_coll_op_free(pt_coll *c, pt_coll_op *op) {
+    if (!op) return;
+    pt_mpi_coll_op_free(c ? c->mpi : NULL, op->m);
+    free(op);
+}

@@ -88,6 +88,33 @@ int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sca
                       const char *what, char *err, size_t errlen);
 int pt_coll_barrier(pt_coll *c, char *err, size_t errlen);
 
+/* Nonblocking all-reduce, for gradient buckets reduced while backward still
+ * runs. The result is the one pt_coll_allreduce gives, bit for bit (same
+ * rank-order sum, same scale), formed in buf when the operation completes;
+ * until then buf must be neither read nor written. Started operations need
+ * no further call to move (every message is posted at the start); the sum is
+ * formed by the pt_coll_op_test or pt_coll_op_wait that sees them all in.
+ * key (0 <= key < PT_COLL_KEYS) names the buffer: the ranks' operations with
+ * the same key are matched with each other whatever order each rank starts
+ * them in, or which of its other collectives run meanwhile, so keys must be
+ * unique among a rank's unfinished operations. All calls on the thread that
+ * makes the other collectives. The receive space is (W-1) * n elements per
+ * operation, held until pt_coll_op_free. */
+#define PT_COLL_KEYS 16384
+typedef struct pt_coll_op pt_coll_op;
+/* On success *out is the operation (free it with pt_coll_op_free, done or
+ * not); on failure *out is NULL. */
+int pt_coll_iallreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale, int32_t key,
+                       const char *what, pt_coll_op **out, char *err, size_t errlen);
+/* Without blocking: *done = 1 once buf holds the result. */
+int pt_coll_op_test(pt_coll *c, pt_coll_op *op, int *done, char *err, size_t errlen);
+/* Blocks until the result is in buf, or [dist] timeout after this call (an
+ * error naming the rank whose part is missing; the group is broken then). */
+int pt_coll_op_wait(pt_coll *c, pt_coll_op *op, char *err, size_t errlen);
+/* Frees op (NULL: nothing). An unfinished one is cancelled and the group is
+ * marked broken: its peers' messages can no longer be matched. */
+void pt_coll_op_free(pt_coll *c, pt_coll_op *op);
+
 /* The part of an n-element buffer that rank p owns in the sharded collectives
  * below: s = ceil(n / world) elements per part, rank p owns [p*s, p*s + len)
  * with len = min(s, n - p*s) (0 when p*s >= n). Every part but the tail ones

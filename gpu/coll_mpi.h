@@ -31,5 +31,13 @@ int pt_mpi_coll_allgather(pt_mpi_coll *c, void *buf, size_t n, size_t elem_size,
                           const char *what, char *err, size_t errlen);
 int pt_mpi_coll_reduce_scatter(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,
                                const char *what, char *err, size_t errlen);
+/* coll.h's keyed nonblocking all-reduce (pt_coll_iallreduce and the rest) */
+typedef struct pt_mpi_op pt_mpi_op;
+int pt_mpi_coll_iallreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,
+                           int32_t key, const char *what, pt_mpi_op **out, char *err,
+                           size_t errlen);
+int pt_mpi_coll_op_test(pt_mpi_coll *c, pt_mpi_op *op, int *done, char *err, size_t errlen);
+int pt_mpi_coll_op_wait(pt_mpi_coll *c, pt_mpi_op *op, char *err, size_t errlen);
+void pt_mpi_coll_op_free(pt_mpi_coll *c, pt_mpi_op *op);
 
 #endif

@@ -237,6 +237,11 @@ const pt_config_key pt_cfg_keys[] = {
     R_INT("dist", "debug_hang_rank", debug_hang_rank, PT_CFG_NO_HI, -1, INT_MAX, 0, "-1",
           "Testing: this rank stops joining collectives (as if hung) so the others must time "
           "out naming it; -1: none."),
+    R_BOOL("dist", "overlap_allreduce", overlap_allreduce, "true",
+           "Several ranks: each chunk's gradient (resident, or mode B's offloaded fp32 sum) is "
+           "all-reduced as soon as backward has finished it (one chunk per bucket), while the "
+           "rest of backward runs; false: every gradient is reduced after backward. The same "
+           "sums either way."),
     R_INT("dist", "tp_size", tp_size, PT_CFG_NO_HI, 1, INT_MAX, 0, "1",
           "Tensor-parallel group size P: ranks form groups of P consecutive ranks, parameters "
           "the host declares split (pt_param_v1.tp_split) hold 1/P of the full tensor on each "
@@ -273,11 +278,11 @@ const pt_config_key pt_cfg_keys[] = {
      "test sees it. 0: none. Never in training."},
     R_INT("host_backend", "jitter_seed", jitter_seed, PT_CFG_NO_HI, 0, INT_MAX, 0, "1",
           "Seed of the compute jitter's random delays."),
-    R_INT("host_backend", "debug_skip_ordering", debug_skip_ordering, 0, 0, 1023, 0, "0",
+    R_INT("host_backend", "debug_skip_ordering", debug_skip_ordering, 0, 0, 2047, 0, "0",
           "Testing only: orderings to skip, a bit mask (1 uploads, 2 slot reuse, 4 gradient "
           "copies, 8 swaps, 16 frees, 32 optimizer step, 64 host memcpy, 128 OSFT projection, "
           "256 an upload after its chunk's deferred CPU step, 512 mode C's collectives on a "
-          "chunk's slot; 1023 all), so a test shows it fails without each. Never in training."),
+          "chunk's slot, 1024 a gradient bucket's all-reduce during backward; 2047 all), so a test shows it fails without each. Never in training."),
     R_BOOL("cuda", "poison", cuda_poison, "false",
            "On a CUDA device, fill freed device memory with NaN too (a memset and a wait "
            "on every free: a debugging aid, off by default for speed)."),

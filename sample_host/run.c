@@ -488,6 +488,15 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
         snprintf(err, errlen, "error writing metrics file %s", c->metrics);
         rc = -1;
     }
+    if (rc && c->world > 1) {
+        /* said now: the plugin's finalize below may wait for the other ranks
+         * (they are still inside a collective until its timeout), and this
+         * rank's cause is the one that explains their errors */
+        fflush(stdout);
+        fprintf(stderr, "sample_host: rank %d: error: %s\n", c->rank, err);
+        fflush(stderr);
+        err[0] = '\0';
+    }
     if (rs.tr) {
         const char *le = NULL;
         int fs = sh_trainer_destroy(rs.tr);
@@ -514,6 +523,7 @@ int sh_main(int argc, char **argv) {
     if (rc == 0) rc = sh_run(&c, err, sizeof err);
     if (rc) {
         fflush(stdout);
+        if (!err[0]) return 1;   /* said already (several ranks) */
         if (c.world > 1) fprintf(stderr, "sample_host: rank %d: error: %s\n", c.rank, err);
         else fprintf(stderr, "sample_host: error: %s\n", err);
         return 1;

@@ -244,6 +244,71 @@ for skip in 0 512; do
     fi
 done
 
+acommon=(); for a in "${common[@]}"; do [ "$a" = --quiet ] || acommon+=("$a"); done   # the plan is logged
+# Gradient buckets ([dist] overlap_allreduce, on by default): each resident
+# chunk's all-reduce starts as soon as the device finished its backward, while
+# the rest of backward runs, and optimizer_step finishes them in layout order.
+#  - mode A (every chunk resident) and PB (mode B with 4 resident block chunks):
+#    losses bit-identical to the same run with every gradient reduced after
+#    backward (overlap_allreduce = false): the same rank-order sums;
+#  - mode A under 1 ms compute jitter (the hooks run far ahead of the device, so
+#    every bucket waits for its chunk's backward): bit-identical too; with that
+#    wait skipped (debug_skip_ordering = 1024, the negative control) a bucket is
+#    sent before the device wrote it and the run must go wrong;
+#  - mode B (every block chunk offloaded: each bucket is a chunk's fp32 sum and
+#    waits for the CPU task that forms it) under jitter: bit-identical to mode B
+#    without jitter; skipping that wait (1024 again) must go wrong;
+#  - ranks whose plans differ (rank 0 keeps 4 block chunks resident and reduces
+#    them during backward, rank 1 streams them and reduces them from its fp32
+#    sums in optimizer_step): the reductions are matched by region, not by
+#    order, so the losses are bit-identical to mode B with nothing resident.
+base_ini "$tmp/PB.ini" 'auto_memory = false\nn_persist = 6\nn_buffer = 12\nn_swap = 0\nn_checkpoint = 0\nchunk_size = 16384'
+for m in A PB; do
+    (cat "$tmp/$m.ini"; printf 'overlap_allreduce = false\n') > "$tmp/${m}off.ini"
+done
+(cat "$tmp/A.ini"; printf '[host_backend]\ncompute_jitter = 1ms\n') > "$tmp/AJ.ini"
+(cat "$tmp/A.ini"; printf '[host_backend]\ncompute_jitter = 1ms\ndebug_skip_ordering = 1024\n') > "$tmp/AJN.ini"
+(cat "$tmp/B.ini"; printf '[host_backend]\ncompute_jitter = 1ms\n') > "$tmp/BJ.ini"
+(cat "$tmp/B.ini"; printf '[host_backend]\ncompute_jitter = 1ms\ndebug_skip_ordering = 1024\n') > "$tmp/BJN.ini"
+for m in PB PBoff Aoff AJ AJN BJ BJN; do
+    sed -i 's/^log_level = warn$/log_level = info/' "$tmp/$m.ini"
+    (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$m.ini" "${acommon[@]}" --metrics "$tmp/$m.json") \
+        >"$tmp/$m.log" 2>&1 || { [ ${m:2:1} = N ] || { tail -5 "$tmp/$m.log"; bad "buckets: the 2-rank run $m failed"; }; }
+done
+for pair in "Aoff A.2" "PBoff PB" "AJ A.2" "BJ B.2"; do
+    set -- $pair
+    [ -s "$tmp/$2.json" ] && [ "$(jf "$tmp/$1.json" loss)" = "$(jf "$tmp/$2.json" loss)" ] &&
+        { ok; echo "dist: buckets: $2 (overlapped) vs $1: all 6 losses bit-identical"; } ||
+        bad "buckets: $2 vs $1 losses differ: $(jf "$tmp/$2.json" loss | tr '\n' ' ') / $(jf "$tmp/$1.json" loss | tr '\n' ' ')"
+done
+# the overlapped runs did take the bucket path (the plugin says how many chunks)
+for m in PB AJ BJ; do
+    grep -q "gradient all-reduce: [1-9][0-9]* chunk(s) reduced in buckets" "$tmp/$m.log" && ok ||
+        bad "buckets: run $m did not report its gradient buckets"
+    [ $m = BJ ] || ! grep -q "gradient all-reduce: .* in buckets" "$tmp/${m%J}off.log" ||
+        bad "buckets: the overlap_allreduce = false run ${m%J}off reduced in buckets"
+done
+grep -h "gradient all-reduce" "$tmp/PB.log" | head -1 | sed 's/^protrain info: /dist: PB: /'
+for m in A B; do
+    [ "$(jf "$tmp/${m}JN.json" loss)" != "$(jf "$tmp/$m.2.json" loss)" ] &&
+        { ok; echo "dist: negative control: mode $m's buckets sent without waiting for their gradient go wrong (loss $(jf "$tmp/${m}JN.json" loss | tail -1) vs $(jf "$tmp/$m.2.json" loss | tail -1) at step 6)"; } ||
+        bad "negative control: mode $m with debug_skip_ordering = 1024 trained exactly like the ordered run; the check is blind"
+done
+# with 2 micro-batches per step on each rank (buckets only at the last one)
+for m in PB PBoff; do
+    (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$m.ini" "${common[@]}" --grad-accum 2 --steps 4 \
+        --metrics "$tmp/${m}2.json") >"$tmp/${m}2.log" 2>&1 || { tail -5 "$tmp/${m}2.log"; bad "buckets: $m with --grad-accum 2 failed"; }
+done
+[ -s "$tmp/PB2.json" ] && [ "$(jf "$tmp/PB2.json" loss)" = "$(jf "$tmp/PBoff2.json" loss)" ] &&
+    { ok; echo "dist: buckets: PB with --grad-accum 2 on each rank: losses bit-identical to reducing after backward"; } ||
+    bad "buckets: PB with --grad-accum 2: $(jf "$tmp/PB2.json" loss | tr '\n' ' ') vs $(jf "$tmp/PBoff2.json" loss | tr '\n' ' ')"
+# MPMD: one rank per config
+(cd "$tmp" && mpirun --oversubscribe --allow-run-as-root -np 1 "$sh" --config "$tmp/PB.ini" "${common[@]}" \
+    --metrics "$tmp/PBmix.json" : -np 1 "$sh" --config "$tmp/B.ini" "${common[@]}") >"$tmp/PBmix.log" 2>&1
+[ -s "$tmp/PBmix.json" ] && [ "$(jf "$tmp/PBmix.json" loss)" = "$(jf "$tmp/B.2.json" loss)" ] &&
+    { ok; echo "dist: buckets: ranks with different resident chunks (rank 0 four, rank 1 none): losses bit-identical to mode B"; } ||
+    { tail -5 "$tmp/PBmix.log"; bad "buckets: ranks with different plans: losses $(jf "$tmp/PBmix.json" loss | tr '\n' ' ') vs mode B $(jf "$tmp/B.2.json" loss | tr '\n' ' ')"; }
+
 # auto_mode with 2 ranks (zero3_shard = auto): A when the model fits the device;
 # B when it does not and the replicated offloaded state fits the pinned budget
 # (the plan says why, with the bytes per rank); a budget nothing fits fails
@@ -257,7 +322,6 @@ auto_ini() {   # $1 file, $2 pinned_budget line, $3 [protrain] line
 auto_ini "$tmp/autoA.ini" '' ''
 auto_ini "$tmp/autoB.ini" 'pinned_budget = 1 MiB' 'n_persist = 2'
 auto_ini "$tmp/autoX.ini" 'pinned_budget = 50 KiB' 'n_persist = 0'
-acommon=(); for a in "${common[@]}"; do [ "$a" = --quiet ] || acommon+=("$a"); done   # the plan is logged
 for m in A B; do
     if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/auto$m.ini" "${acommon[@]}" --steps 2 \
             --metrics "$tmp/auto$m.json") >"$tmp/auto$m.log" 2>&1; then
@@ -277,6 +341,69 @@ else
     n=$(grep -c "rank [01]: error: .*need [0-9]* bytes (this rank's parts in mode C, split over 2 ranks; replicated on every rank, mode B, they would need [0-9]*)" "$tmp/autoX.log")
     # both ranks fail alike, but mpirun may end the second before it prints
     [ "$n" -ge 1 ] && ok || { tail -4 "$tmp/autoX.log"; bad "auto_mode: with nothing fitting, no rank named the bytes of modes B and C"; }
+fi
+
+# auto_mode choosing C: a model with 8 blocks (0.42 M fp32 parameters: about
+# 8 MB of offloaded state replicated, half that split over 2 ranks), chunks
+# offloaded (n_persist = 0 fixed, so B must hold every chunk's state). At a
+# 6 MiB pinned budget mode B does not fit and C does: the run trains in C, the
+# plan names both modes' bytes per rank (B's above the budget, C's within it),
+# and this rank's measured pinned bytes are C's prediction (within one chunk).
+# At 16 MiB the same model picks B, and trains to the same losses bit for bit.
+big=(--layers 8 --heads 2 --channels 64)
+auto_ini "$tmp/autoC.ini" 'pinned_budget = 6 MiB' 'n_persist = 0\nchunk_size = 65536'
+auto_ini "$tmp/autoC16.ini" 'pinned_budget = 16 MiB' 'n_persist = 0\nchunk_size = 65536'
+sed -i '/^chunk_size = 16384$/d' "$tmp/autoC.ini" "$tmp/autoC16.ini"
+if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/autoC.ini" "${acommon[@]}" "${big[@]}" --steps 2 \
+        --metrics "$tmp/autoC.json") >"$tmp/autoC.log" 2>&1 &&
+   (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/autoC16.ini" "${acommon[@]}" "${big[@]}" --steps 2 \
+        --metrics "$tmp/autoC16.json") >"$tmp/autoC16.log" 2>&1; then
+    why=$(grep -h "auto_mode: C, " "$tmp/autoC.log" | tail -1)
+    rep=$(echo "$why" | sed -n 's/.*would need \([0-9]*\) pinned bytes per rank, over the budget of \([0-9]*\); split across 2 ranks it needs \([0-9]*\).*/\1/p')
+    bud=$(echo "$why" | sed -n 's/.*over the budget of \([0-9]*\);.*/\1/p')
+    shd=$(echo "$why" | sed -n 's/.*split across 2 ranks it needs \([0-9]*\).*/\1/p')
+    pin=$(jf "$tmp/autoC.json" pinned_bytes | tail -1)
+    [ "$(jf "$tmp/autoC.json" mode | sort -u)" = '"C"' ] && [ -n "$rep" ] && [ -n "$shd" ] && [ -n "$pin" ] &&
+        [ "$rep" -gt "$bud" ] && [ "$shd" -le "$bud" ] && [ "$bud" = 6291456 ] &&
+        [ $((pin - shd)) -le 65536 ] && [ $((shd - pin)) -le 65536 ] && [ "$pin" -le "$bud" ] &&
+        { ok; echo "dist: auto_mode: C at a 6 MiB budget: B would need $rep pinned bytes per rank, C $shd (measured $pin)"; } ||
+        { echo "$why"; bad "auto_mode: C expected: mode $(jf "$tmp/autoC.json" mode | sort -u), B $rep / C $shd / budget $bud / measured $pin"; }
+    [ "$(jf "$tmp/autoC16.json" mode | sort -u)" = '"B"' ] && grep -q "auto_mode: B, " "$tmp/autoC16.log" && ok ||
+        bad "auto_mode: at 16 MiB the 8-block model ran mode $(jf "$tmp/autoC16.json" mode | sort -u), want B"
+    [ "$(jf "$tmp/autoC.json" loss)" = "$(jf "$tmp/autoC16.json" loss)" ] && ok ||
+        bad "auto_mode: the mode C run's losses differ from the mode B run's"
+else
+    tail -5 "$tmp/autoC.log" "$tmp/autoC16.log"; bad "auto_mode: the 8-block runs at 6 / 16 MiB failed"
+fi
+
+# Profile cache across ranks: every rank plans from its cache or every rank
+# profiles (profiling runs collectives). Two ranks with their own cache folders
+# fill them (run 1), then both hit (run 2: no profiling step); then rank 1 gets
+# an empty folder (run 3): rank 0 hits, learns that a rank missed, and both
+# profile and train (before ranks agreed, rank 0 went on to train while rank 1
+# profiled, and both stopped at the collective timeout).
+mkdir -p "$tmp/pc0" "$tmp/pc1" "$tmp/pcE"
+for r in 0 1 E; do auto_ini "$tmp/pc$r.ini" '' "cache_dir = $tmp/pc$r"; done
+pcrun() {   # $1 run name, $2 / $3 the configs of rank 0 / rank 1
+    (cd "$tmp" && timeout 120 mpirun --oversubscribe --allow-run-as-root -np 1 "$sh" --config "$2" "${acommon[@]}" \
+        --steps 2 --metrics "$tmp/$1.json" : -np 1 "$sh" --config "$3" "${acommon[@]}" --steps 2) \
+        >"$tmp/$1.log" 2>&1
+}
+if pcrun pcfill "$tmp/pc0.ini" "$tmp/pc1.ini" && pcrun pchit "$tmp/pc0.ini" "$tmp/pc1.ini"; then
+    # (info lines come from rank 0 only: it hit, and no rank missed)
+    grep -q "profile cache: hit /" "$tmp/pchit.log" && ! grep -q "missed" "$tmp/pchit.log" && ok ||
+        { grep "profile cache" "$tmp/pchit.log"; bad "profile cache: with both caches filled, not both ranks hit"; }
+    if pcrun pcmix "$tmp/pc0.ini" "$tmp/pcE.ini"; then
+        grep -q "profile cache: hit here, but 1 of 2 rank(s) missed; every rank profiles" "$tmp/pcmix.log" &&
+            [ "$(grep -c "profile cache: hit /" "$tmp/pcmix.log")" = 0 ] && [ "$(wc -l < "$tmp/pcmix.json")" = 2 ] &&
+            [ -n "$(ls "$tmp/pcE")" ] &&
+            { ok; echo "dist: profile cache: rank 0 hit, rank 1's folder was empty: both profiled and trained (rank 1's cache filled)"; } ||
+            { grep "profile cache" "$tmp/pcmix.log"; bad "profile cache: with one rank's cache empty the ranks did not both profile"; }
+    else
+        tail -5 "$tmp/pcmix.log"; bad "profile cache: one rank hit and one missed, and the run failed or hung"
+    fi
+else
+    tail -5 "$tmp/pcfill.log" "$tmp/pchit.log"; bad "profile cache: the 2-rank runs with caches failed"
 fi
 
 # Resume across ranks and modes: 2 ranks in mode C save a generation at step 10

@@ -181,52 +181,64 @@ int pt_mpi_coll_split(pt_mpi_coll *c, int color, int key, pt_mpi_coll **sub, cha
     return PT_OK;
 }
 
-/* Waits for the 2*(W-1) requests (receives first, then sends) until the
- * deadline; on a miss names the first peer whose message is outstanding. */
-static int wait_all(pt_mpi_coll *c, int nreq, const int *peer, double deadline, const char *what,
-                    char *err, size_t errlen) {
-    int left = nreq;
-    while (left > 0) {
+/* Tests the nreq requests req[] (the first half receives from peer[i], the
+ * rest sends to peer[i]) until all are done or, with deadline >= 0, until the
+ * deadline passes; deadline < 0 tests each once (*left: how many are still
+ * out). On a miss names the first peer whose message is outstanding; `label`
+ * says which collective ("collective 12", "bucket 3"). */
+static int test_reqs(pt_mpi_coll *c, MPI_Request *req, int nreq, const int *peer, double deadline,
+                     const char *what, const char *label, int *left_out, char *err,
+                     size_t errlen) {
+    for (;;) {
+        int left = 0;
         for (int i = 0; i < nreq; i++) {
-            if (c->req[i] == MPI_REQUEST_NULL) continue;
+            if (req[i] == MPI_REQUEST_NULL) continue;
             int done = 0;
             MPI_Status stt;
-            int rc = MPI_Test(&c->req[i], &done, &stt);
+            int rc = MPI_Test(&req[i], &done, &stt);
             if (rc != MPI_SUCCESS) {
                 char t[MPI_MAX_ERROR_STRING];
                 set_broken(c);
                 return pt_fail(err, errlen, PT_ERR_BACKEND,
-                               "[dist] %s (collective %u): the message %s rank %d failed: %s",
-                               what, c->seq, i < nreq / 2 ? "from" : "to", peer[i],
-                               mpi_text(rc, t, sizeof t));
+                               "[dist] %s (%s): the message %s rank %d failed: %s", what, label,
+                               i < nreq / 2 ? "from" : "to", peer[i], mpi_text(rc, t, sizeof t));
             }
-            if (done) left--;
+            if (!done) left++;
         }
-        if (!left) break;
+        if (left_out) *left_out = left;
+        if (!left || deadline < 0) return PT_OK;
         if (pt_now_s() > deadline) {
             for (int i = 0; i < nreq; i++)
-                if (c->req[i] != MPI_REQUEST_NULL) {
+                if (req[i] != MPI_REQUEST_NULL) {
                     set_broken(c);
                     return pt_fail(err, errlen, PT_ERR_BACKEND,
-                                   "[dist] %s (collective %u): rank %d did not %s within "
+                                   "[dist] %s (%s): rank %d did not %s within "
                                    "[dist] timeout = %g s (it exited, hung or fell behind); "
-                                   "this rank stops", what, c->seq, peer[i],
+                                   "this rank stops", what, label, peer[i],
                                    i < nreq / 2 ? "send its part" : "take this rank's part",
                                    c->timeout_s);
                 }
         }
         pause_briefly();
     }
-    return PT_OK;
+}
+
+/* Waits for the 2*(W-1) requests of the current blocking collective. */
+static int wait_all(pt_mpi_coll *c, int nreq, const int *peer, double deadline, const char *what,
+                    char *err, size_t errlen) {
+    char label[32];
+    snprintf(label, sizeof label, "collective %u", c->seq);
+    return test_reqs(c, c->req, nreq, peer, deadline, what, label, NULL, err, errlen);
 }
 
 /* What every collective does first: refuse on a broken group, count it (tags,
- * error text), and play the hung rank when a test asks for one. */
-static int begin(pt_mpi_coll *c, const char *what, char *err, size_t errlen) {
+ * error text; keyed operations are not counted: their tags come from their
+ * key), and play the hung rank when a test asks for one. */
+static int begin_n(pt_mpi_coll *c, int count, const char *what, char *err, size_t errlen) {
     if (is_broken(c))
         return pt_fail(err, errlen, PT_ERR_BACKEND,
                        "[dist] %s: an earlier collective failed; the group is broken", what);
-    c->seq++;
+    if (count) c->seq++;
     if (c->rank == c->hang_rank) {
         /* testing: behave like a rank stuck outside the collective; the others
          * must time out and name this rank (mpirun then ends this one) */
@@ -237,6 +249,10 @@ static int begin(pt_mpi_coll *c, const char *what, char *err, size_t errlen) {
                        "this rank hung on purpose", what, c->hang_rank);
     }
     return PT_OK;
+}
+
+static int begin(pt_mpi_coll *c, const char *what, char *err, size_t errlen) {
+    return begin_n(c, 1, what, err, errlen);
 }
 
 static void scale_buf(void *buf, size_t n, int32_t dtype, double scale) {
@@ -451,4 +467,158 @@ int pt_mpi_coll_reduce_scatter(pt_mpi_coll *c, void *buf, size_t n, int32_t dtyp
     free(acc);
     if (!rc) scale_buf((char *)buf + lo_me * es, len_me, dtype, scale);
     return rc;
+}
+
+/* ---- keyed nonblocking all-reduce ----
+ * Tags: blocking collectives use their count modulo 0x4000, keyed operations
+ * 0x4000 + key, so the two never match each other (MPI guarantees tags up to
+ * 32767). Messages with one tag between two ranks arrive in the order sent, so
+ * the same key reused in the next step cannot be confused with this one's: a
+ * rank reposts a key only after its previous operation on it completed. */
+#define OP_SEG ((size_t)1 << 28)   /* elements per message: within MPI's int count */
+
+struct pt_mpi_op {
+    void *buf;
+    size_t n;
+    int32_t dtype;
+    double scale;
+    int key, nreq, done;
+    char what[96];
+    void *recv;          /* [(W-1) * n] the peers' buffers, slot by rank order */
+    MPI_Request *req;    /* [nreq]: receives, then sends */
+    int *peer;           /* [nreq] */
+};
+
+int pt_mpi_coll_iallreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale, int32_t key,
+                       const char *what, pt_mpi_op **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (dtype != PT_COLL_F32 && dtype != PT_COLL_F64)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: dtype %d is not f32 or f64",
+                       what, (int)dtype);
+    if (key < 0 || key >= PT_COLL_KEYS || (n && !buf))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "[dist] %s: nonblocking all-reduce with key %d (want 0..%d) of %zu "
+                       "elements from %p", what, (int)key, PT_COLL_KEYS - 1, n, buf);
+    pt_mpi_op *op = calloc(1, sizeof *op);
+    if (!op) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    op->buf = buf;
+    op->n = n;
+    op->dtype = dtype;
+    op->scale = scale;
+    op->key = key;
+    snprintf(op->what, sizeof op->what, "%s", what);
+    *out = op;
+    if (!c || c->world == 1) {   /* nothing to wait for: the result is formed now */
+        scale_buf(buf, n, dtype, scale);
+        op->done = 1;
+        return PT_OK;
+    }
+    int brc = begin_n(c, 0, what, err, errlen);
+    if (brc) {
+        pt_mpi_coll_op_free(c, op);
+        *out = NULL;
+        return brc;
+    }
+    size_t es = dtype == PT_COLL_F64 ? 8 : 4, nseg = n ? (n + OP_SEG - 1) / OP_SEG : 1;
+    int np = c->world - 1;
+    op->nreq = (int)(2 * (size_t)np * nseg);
+    op->recv = malloc((size_t)np * n * es + 1);
+    op->req = malloc(sizeof *op->req * (size_t)op->nreq);
+    op->peer = malloc(sizeof *op->peer * (size_t)op->nreq);
+    if (!op->recv || !op->req || !op->peer) {
+        free(op->req);
+        op->req = NULL;   /* nothing posted: freeing it breaks nothing */
+        pt_mpi_coll_op_free(c, op);
+        *out = NULL;
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for the all-reduce of %s",
+                       what);
+    }
+    for (int i = 0; i < op->nreq; i++) op->req[i] = MPI_REQUEST_NULL;
+    MPI_Datatype mt = dtype == PT_COLL_F64 ? MPI_DOUBLE : MPI_FLOAT;
+    int tag = 0x4000 + key, half = op->nreq / 2, i = 0;
+    for (int p = 0; p < c->world; p++) {
+        if (p == c->rank) continue;
+        int slot = p < c->rank ? p : p - 1;
+        for (size_t j = 0; j < nseg; j++, i++) {
+            size_t off = j * OP_SEG, m = n - off < OP_SEG ? n - off : OP_SEG;
+            op->peer[i] = op->peer[half + i] = p;
+            MPI_Irecv((char *)op->recv + ((size_t)slot * n + off) * es, (int)m, mt, p, tag,
+                      c->comm, &op->req[i]);
+            MPI_Isend((char *)buf + off * es, (int)m, mt, p, tag, c->comm, &op->req[half + i]);
+        }
+    }
+    return PT_OK;
+}
+
+/* Every message is in: buf = scale * (buf_0 + ... + buf_{W-1}), element by
+ * element in rank order, the first addend taken as is (the additions and the
+ * multiply pt_coll_allreduce makes, in the same order, so the same bits). */
+static void op_finish(pt_mpi_coll *c, pt_mpi_op *op) {
+    size_t es = op->dtype == PT_COLL_F64 ? 8 : 4;
+    int W = c->world;
+    const char *src[W];
+    for (int p = 0; p < W; p++)
+        src[p] = p == c->rank ? (const char *)op->buf
+                              : (const char *)op->recv + (size_t)(p < c->rank ? p : p - 1) * op->n * es;
+    if (op->dtype == PT_COLL_F32) {
+        float *o = op->buf;
+        for (size_t e = 0; e < op->n; e++) {
+            float a = ((const float *)src[0])[e];
+            for (int p = 1; p < W; p++) a += ((const float *)src[p])[e];
+            o[e] = a;
+        }
+    } else {
+        double *o = op->buf;
+        for (size_t e = 0; e < op->n; e++) {
+            double a = ((const double *)src[0])[e];
+            for (int p = 1; p < W; p++) a += ((const double *)src[p])[e];
+            o[e] = a;
+        }
+    }
+    scale_buf(op->buf, op->n, op->dtype, op->scale);
+    op->done = 1;
+}
+
+static int op_progress(pt_mpi_coll *c, pt_mpi_op *op, double deadline, int *done, char *err,
+                       size_t errlen) {
+    *done = op->done;
+    if (op->done) return PT_OK;
+    if (is_broken(c) && deadline >= 0)
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "[dist] %s: an earlier collective failed; the group is broken", op->what);
+    char label[32];
+    snprintf(label, sizeof label, "bucket %d", op->key);
+    int left = 1;
+    int rc = test_reqs(c, op->req, op->nreq, op->peer, deadline, op->what, label, &left, err,
+                       errlen);
+    if (rc) return rc;
+    if (!left) op_finish(c, op);
+    *done = op->done;
+    return PT_OK;
+}
+
+int pt_mpi_coll_op_test(pt_mpi_coll *c, pt_mpi_op *op, int *done, char *err, size_t errlen) {
+    return op_progress(c, op, -1, done, err, errlen);
+}
+
+int pt_mpi_coll_op_wait(pt_mpi_coll *c, pt_mpi_op *op, char *err, size_t errlen) {
+    int done = 0;
+    return op_progress(c, op, pt_now_s() + (c ? c->timeout_s : 0), &done, err, errlen);
+}
+
+void pt_mpi_coll_op_free(pt_mpi_coll *c, pt_mpi_op *op) {
+    if (!op) return;
+    if (!op->done && op->req) {
+        /* abandoned with messages out: they could match a later operation's */
+        for (int i = 0; i < op->nreq; i++)
+            if (op->req[i] != MPI_REQUEST_NULL) {
+                MPI_Cancel(&op->req[i]);
+                MPI_Request_free(&op->req[i]);
+            }
+        if (c) set_broken(c);
+    }
+    free(op->recv);
+    free(op->req);
+    free(op->peer);
+    free(op);
 }

@@ -59,6 +59,7 @@ typedef struct pt_config {
     float dist_timeout;       /* timeout = seconds > 0, default 300 */
     int debug_hang_rank;      /* integer >= -1, default -1: testing only */
     int tp_size;              /* integer >= 1, default 1: tensor-parallel group size */
+    int overlap_allreduce;    /* bool, default 1: resident gradients reduced during backward */
     /* [host_backend] */
     double copy_bandwidth;    /* bytes/s, units B/s KB/s MB/s GB/s KiB/s MiB/s GiB/s; 0 = unthrottled */
     int poison;               /* bool, default 1 */

@@ -256,6 +256,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     o.cost.headroom_bytes = rt->cfg.extra_headroom;
     o.cost.clip = rt->plan_clip;
     o.cost.defer = rt->cfg.defer_cpu_steps;
+    o.cost.overlap_ar = rt->cfg.overlap_allreduce;
     /* the allocator's fragmentation as the profile measured it, times what
      * calibration learned on top (an under-predicted peak folds measured /
      * predicted into calib.peak, and the prediction already had this factor) */
@@ -389,36 +390,60 @@ int pt_rt_call_profile_step(pt_rt *rt, char *err, size_t errlen) {
     return PT_OK;
 }
 
+/* Several ranks must all plan from the cache or all profile: profiling runs
+ * collectives (and mode C's gathers), so one rank profiling while another
+ * trains would leave them waiting for each other. Every rank adds 1 for a miss;
+ * a rank that hit drops its trace when any rank missed. */
+static int ranks_agree_on_cache(pt_rt *rt, int *hit, char *err, size_t errlen) {
+    if (!rt->coll) return PT_OK;
+    double miss = !*hit;
+    int rc = pt_coll_allreduce(rt->coll, &miss, 1, PT_COLL_F64, 1.0,
+                               "the profile-cache decision", err, errlen);
+    if (rc) return rc;
+    if (miss > 0 && *hit) {
+        PT_LOGI(&rt->lg, "profile cache: hit here, but %d of %d rank(s) missed; every rank "
+                         "profiles", (int)miss, pt_coll_world(rt->coll));
+        *hit = 0;
+    }
+    return PT_OK;
+}
+
 /* A cached trace for this model/batch/device/world skips profiling. */
 int pt_rt_plan_from_cache(pt_rt *rt, int *hit, char *err, size_t errlen) {
     *hit = 0;
-    if (!rt->cfg.cache_dir[0]) return PT_OK;
-    /* tiles = auto picks its count from the profiling run's per-row scratch, which a
-     * cached trace does not hold: profile again */
-    if (rt->cfg.tiled_mlp_enabled && rt->cfg.tiled_mlp_tiles <= 0) {
-        PT_LOGI(&rt->lg, "profile cache: not used with [tiled_mlp] tiles = auto");
-        return PT_OK;
-    }
-    pt_trace_key key;
-    pt_prof_key(rt, &key);
     pt_trace t;
     pt_trace_init(&t);
-    char warn[512] = "";
-    if (pt_trace_cache_load(rt->cfg.cache_dir, &key, &t, warn, sizeof warn) != PT_CACHE_HIT) {
-        if (warn[0]) PT_LOGW(&rt->lg, "profile cache: %s; profiling again", warn);
-        pt_trace_free(&t);
-        return PT_OK;
+    char path[600] = "";
+    if (!rt->cfg.cache_dir[0]) {
+        /* no cache on this rank: a miss (other ranks may have one) */
+    } else if (rt->cfg.tiled_mlp_enabled && rt->cfg.tiled_mlp_tiles <= 0) {
+        /* tiles = auto picks its count from the profiling run's per-row scratch,
+         * which a cached trace does not hold: profile again */
+        PT_LOGI(&rt->lg, "profile cache: not used with [tiled_mlp] tiles = auto");
+    } else {
+        pt_trace_key key;
+        pt_prof_key(rt, &key);
+        char warn[512] = "";
+        if (pt_trace_cache_load(rt->cfg.cache_dir, &key, &t, warn, sizeof warn) != PT_CACHE_HIT) {
+            if (warn[0]) PT_LOGW(&rt->lg, "profile cache: %s; profiling again", warn);
+        } else {
+            pt_trace_cache_path(rt->cfg.cache_dir, &key, path, sizeof path);
+            *hit = 1;
+        }
     }
-    char path[600];
-    pt_trace_cache_path(rt->cfg.cache_dir, &key, path, sizeof path);
+    int rc = ranks_agree_on_cache(rt, hit, err, errlen);
+    if (rc || !*hit) {
+        *hit = 0;
+        pt_trace_free(&t);
+        return rc;
+    }
     PT_LOGI(&rt->lg, "profile cache: hit %s (no profiling step)", path);
     if (t.calib.peak > 0 || t.calib.fwd > 0 || t.calib.bwd > 0 || t.calib.opt > 0)
         PT_LOGI(&rt->lg, "profile cache: planning with what earlier runs' calibration learned: "
                          "peak x%.4f, forward x%.3f, backward x%.3f, optimizer x%.3f",
                 t.calib.peak > 0 ? t.calib.peak : 1.0, t.calib.fwd > 0 ? t.calib.fwd : 1.0,
                 t.calib.bwd > 0 ? t.calib.bwd : 1.0, t.calib.opt > 0 ? t.calib.opt : 1.0);
-    *hit = 1;
-    int rc = pt_rt_search_and_apply(rt, &t, 0.0, err, errlen);
+    rc = pt_rt_search_and_apply(rt, &t, 0.0, err, errlen);
     pt_trace_free(&t);
     return rc;
 }

@@ -26,6 +26,10 @@ struct pt_cost_ctx {
     int32_t *nm_pos;       /* [n_nm + 1]: chunk index of the j-th non-mandatory chunk (K at n_nm) */
     uint64_t *nmb;         /* [n_nm + 1]: param bytes of the first j non-mandatory chunks */
     uint64_t mand_dev, mand_train, mand_grad;
+    /* trainable elements of the mandatory chunks whose first block is b (oversize
+     * ones: their gradient is final after b's backward), [N]; the rest of
+     * mand_train (non-block parameters) is final only after backward */
+    uint64_t *mand_blk, mand_nb;
     double *rks;                  /* [K+1] prefix sums of non-mandatory chunks' rekls_s */
     double mand_rks;              /* rekls_s of the mandatory (always resident) chunks */
     /* per block: chunk index ranges of first use / last use; [N] */

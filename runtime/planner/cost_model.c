@@ -54,6 +54,7 @@ void pt_cost_ctx_free(pt_cost_ctx *cx) {
     free(cx->rlo);
     free(cx->rhi);
     free(cx->has);
+    free(cx->mand_blk);
     free(cx);
 }
 
@@ -89,7 +90,8 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     cx->rhi = malloc((size_t)N * sizeof(int32_t));
     cx->has = malloc((size_t)N);
     cx->fstart = malloc((size_t)N * sizeof(double));
-    if (!cx->fstart || !cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->rks || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
+    cx->mand_blk = calloc((size_t)N + 1, sizeof(uint64_t));
+    if (!cx->fstart || !cx->mand_blk || !cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->rks || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
         !cx->f_hi || !cx->l_lo || !cx->l_hi || !cx->nbmin || !cx->nbmin1 || !cx->nmb || !cx->rlo || !cx->rhi ||
         !cx->has) {
         pt_cost_ctx_free(cx);
@@ -110,6 +112,8 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
         if (!nm) {
             cx->mand_dev += pt_trace_chunk_dev_state(t, c);
             cx->mand_train += c->trainable_elems;
+            if (c->first_block >= 0) cx->mand_blk[c->first_block] += c->trainable_elems;
+            else cx->mand_nb += c->trainable_elems;
             cx->mand_rks += c->rekls_s;
             cx->mand_grad += g;
             continue;
@@ -458,12 +462,16 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     const int clip = o ? o->clip : 0;
     /* reciprocals: this loop runs for every candidate the searcher scores */
     const double ih = 1.0 / t->hw.h2d_Bps, id = 1.0 / t->hw.d2h_Bps;
-    /* Several ranks: this build's collectives do not overlap compute. The
-     * all-reduce of the replicated gradients runs in optimizer_step after
-     * backward (and the CPU steps wait for it), mode C's all-gather at each chunk
-     * upload and its reduce-scatter at each chunk's last backward run on the
-     * hook thread. So they are charged as exposed time after backward, and the
-     * CPU optimizer as deferred (after backward) whatever the clipping. */
+    /* Several ranks. Mode C's all-gather at each chunk upload and its
+     * reduce-scatter at each chunk's last backward run on the hook thread: charged
+     * as exposed time. The all-reduce: with buckets (overlap_ar) each resident
+     * block chunk's starts when its lowest block's backward ends, one after
+     * another while backward goes on,
+     *   ar = max(ar, end of that window) + 4 * elements * coll_f,
+     * and what outlasts backward is exposed; mode B's offloaded chunks join the
+     * queue when their gradient copy lands; chunks of non-block parameters
+     * (final only after backward) follow backward. The CPU optimizer waits for all of it: charged as
+     * deferred (after backward) whatever the clipping. */
     const int ranks = t->key.world_size > 1;
     const int shard = ranks && o && o->shard;
     const int eng = t->hw.copy_engines;
@@ -492,7 +500,8 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
      * way, so the time is never under-predicted. */
     double shard_div = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
     const double icpu = 1.0 / t->hw.cpu_adam_elems_per_s / shard_div;
-    double clock = 0, cpu_clock = 0;
+    double clock = 0, cpu_clock = 0, ar_clock = 0;
+    const int buckets = ranks && o && o->overlap_ar;
     {
         /* head/loss: block N-1's swap-in; its chunks come at its gather */
         uint64_t u = a->bwd_swap_in[N];
@@ -520,6 +529,12 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
         int32_t g = b + 1;   /* gradients completed in block g are copied now */
         uint64_t d = 0, tr = 0;
         double rk = 0;
+        if (buckets && g < N) {   /* clock: block g's backward just ended */
+            uint64_t e = cx->mand_blk[g];
+            if (cx->f_hi[g] > cx->f_lo[g] && cx->f_lo[g] < p)
+                e += rsum(trn, cx->f_lo[g], imin(cx->f_hi[g], p));
+            if (e) ar_clock = dmax(ar_clock, clock) + 4.0 * (double)e * cx->coll_f;
+        }
         if (g < N) {
             int32_t lo = imax(cx->f_lo[g], p), hi = cx->f_hi[g];
             d = rsum(gr, lo, hi);
@@ -529,6 +544,10 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
         double x = (double)us * ih + win(c, (double)u * ih, (double)d * id, 0, eng);
         down_bytes += d;
         clock += x;
+        /* mode B's offloaded chunks of block g are buckets once their copies
+         * (this window) landed and the CPU formed their fp32 sums */
+        if (buckets && !shard && tr)
+            ar_clock = dmax(ar_clock, clock) + 4.0 * (double)tr * cx->coll_f;
         /* REKLS chunks: their eigendecompositions and GEMMs on top (one worker
          * per chunk, counted serially: an upper bound when chunks overlap) */
         if (tr) cpu_clock = dmax(cpu_clock, clock) + (double)tr * icpu + rk;
@@ -544,7 +563,12 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     double iter;
     /* fp32 gradients: resident ones all-reduced in place, offloaded ones in their
      * fp32 sums (mode B) or reduce-scattered (mode C) */
-    out->allreduce_s = ranks ? 4.0 * (double)(dev_elems + (shard ? 0 : cpu_elems)) * cx->coll_f : 0;
+    if (buckets) {
+        uint64_t after = cx->mand_nb;
+        out->allreduce_s = dmax(ar_clock - bwd, 0) + 4.0 * (double)after * cx->coll_f;
+    } else {
+        out->allreduce_s = ranks ? 4.0 * (double)(dev_elems + (shard ? 0 : cpu_elems)) * cx->coll_f : 0;
+    }
     out->reduce_scatter_s = shard ? 4.0 * (double)cpu_elems * cx->rs_f : 0;
     out->allgather_s = shard ? (double)chunk_up * cx->ag_f : 0;
     double coll_s = out->allreduce_s + out->reduce_scatter_s + out->allgather_s;

@@ -111,6 +111,9 @@ typedef struct pt_cost_opts {
     int32_t shard;            /* host state split over world_size ranks (mode C) */
     int32_t defer;            /* with clip: the CPU steps run into the next forward
                                  (DEFER) instead of before it (AFTER_BWD) */
+    int32_t overlap_ar;       /* several ranks: resident block chunks' gradients are
+                                 all-reduced in buckets while backward runs ([dist]
+                                 overlap_allreduce) instead of after it */
 } pt_cost_opts;
 
 /* OVERLAP: each chunk's CPU step starts as its gradient lands in backward.
@@ -161,8 +164,10 @@ typedef struct pt_cost {
     int32_t schedule;            /* PT_SCHED_* */
     int32_t n_buffer_min;        /* lookahead minimum for this n_persist (every prefetch fits) */
     int32_t n_buffer_min_block;  /* one-block minimum (smallest n_buffer the runtime runs) */
-    /* several ranks: the collectives' time (exposed: they run on the hook thread
-     * or in optimizer_step), included in iter_s; 0 with one rank */
+    /* several ranks: the collectives' time on the iteration's critical path
+     * (mode C's run on the hook thread; the all-reduce's part after backward,
+     * buckets that outlast backward included), included in iter_s; 0 with one
+     * rank */
     double allreduce_s, allgather_s, reduce_scatter_s;
 } pt_cost;
 

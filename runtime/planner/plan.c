@@ -179,8 +179,9 @@ char *pt_plan_text(const pt_plan *p) {
         sb_printf(&b, "    %-16s %.4f s of that is REKLS (eigh + GEMMs at the profiled rates, chunks "
                       "counted one after another)\n", "", c->rekls_s);
     if (p->world_size > 1)
-        sb_printf(&b, "    %-16s all-reduce %.4f s, all-gather %.4f s, reduce-scatter %.4f s (not "
-                  "overlapped: in the iteration)\n", "collectives", c->allreduce_s, c->allgather_s,
+        sb_printf(&b, "    %-16s all-reduce %.4f s, all-gather %.4f s, reduce-scatter %.4f s (what "
+                  "the iteration waits for: mode C's on the hook thread, the all-reduce's after "
+                  "backward)\n", "collectives", c->allreduce_s, c->allgather_s,
                   c->reduce_scatter_s);
     sb_printf(&b, "  optimizer        %s\n",
               c->schedule == PT_SCHED_AFTER_BWD

@@ -66,6 +66,7 @@ void pt_search_opts_default(pt_search_opts *o) {
     memset(o, 0, sizeof *o);
     o->cost.frag = 1.0;
     o->cost.defer = 1;   /* the runtime's default ([protrain] defer_cpu_steps) */
+    o->cost.overlap_ar = 1;   /* the runtime's default ([dist] overlap_allreduce) */
     o->n_persist = o->n_buffer = o->n_swap = o->n_checkpoint = -1;
     o->n_alt = 3;
 }

@@ -77,13 +77,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PT_TRACE_VERSION 7u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
+#define PT_TRACE_VERSION 8u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
                                  3: calibration learned from runs (pt_trace_calib);
                                  4: chunk rekls_bytes, rekls_s;
                                  5: the allocator's fragmentation measured (pt_trace_frag);
                                  6: all-gather and reduce-scatter rates;
                                  7: cpu_adam_elems_per_s measured as the runtime steps a
-                                    chunk (one chunk-sized job sliced over every worker) */
+                                    chunk (one chunk-sized job sliced over every worker);
+                                 8: all-gather / reduce-scatter rates: the slower of back
+                                    to back and as observed in a sharded profiled pass */
 
 /* Per-block activation modes (the plan's mode map). */
 enum { PT_BLOCK_NONE = 0, PT_BLOCK_CKPT = 1, PT_BLOCK_SWAP = 2 };
@@ -138,7 +140,8 @@ typedef struct pt_trace_hw {
     uint64_t host_ram_bytes;      /* pinned host budget for this rank; 0 = unlimited */
     uint64_t device_capacity;     /* device bytes the plugin may use */
     /* mode C's collectives, bus bytes/s (time of a buffer of B bytes =
-     * B (W-1)/W / rate); 0 = not modelled */
+     * B (W-1)/W / rate), waits for the slower rank included when a sharded
+     * profile saw them; 0 = not modelled */
     double allgather_Bps, reduce_scatter_Bps;
 } pt_trace_hw;
 

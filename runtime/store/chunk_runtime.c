@@ -145,6 +145,7 @@ ev_fail:
 
 void pt_cs_fini_runtime(pt_store *st) {
     pt_store *ms = st;
+    pt_cs_dist_fini(st);
     if (ms->workers) {
         pt_pool_destroy(ms->workers);
         ms->workers = NULL;
@@ -201,6 +202,13 @@ int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
         return pt_fail(err, errlen, PT_ERR_ORDER, "pre_step: no optimizer (call create_optimizer first)");
     }
     for (int k = 0; k < ms->n_chunks; k++) ms->ch[k].bwd_zeroed = 0;
+    if (st->env.sx->micro == 0 && ms->bq_n) {
+        /* the last step's backward queued gradient buckets and no optimizer_step
+         * took them: dropped (their messages unmatched, so the group stops) */
+        PT_LOGW(st->env.lg, "pre_step: the previous step's backward was not followed by "
+                            "optimizer_step; its gradient all-reduces are abandoned");
+        pt_cs_dist_fini(st);
+    }
     if (st->env.sx->micro == 0) {
         pthread_mutex_lock(&ms->acct_mu);
         ms->bwd_done = 0;
@@ -793,6 +801,10 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         lr = ms->lr_next;
     }
     o->lr = lr;
+    /* several ranks: every gradient bucket's all-reduce started as the device
+     * finishes its backward, before this hook blocks on the copy streams */
+    int drc = pt_cs_dist_drain(st, err, errlen);
+    if (drc) return drc;
     double cpu_wait = 0;   /* this hook's waits for CPU optimizer tasks (not for copies) */
     if (ms->n_offloaded) {
         /* the tasks are waited for even when the copies failed: none may still

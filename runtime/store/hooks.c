@@ -19,13 +19,17 @@ int pt_store_post_forward(pt_store *st, int32_t b, char *err, size_t errlen) {
 
 /* Parameters first, then activations: a CKPT recompute reads the block's params. */
 int pt_store_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
-    int rc = pt_ms_gather(st, b, 1, err, errlen);
+    int rc = pt_cs_dist_poll(st, err, errlen);   /* gradient buckets whose backward ended */
+    if (!rc) rc = pt_ms_gather(st, b, 1, err, errlen);
     return rc ? rc : pt_acts_pre_backward(st, b, err, errlen);
 }
 
 int pt_store_post_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
     int rc = pt_ms_release(st, b, 1, err, errlen);
     if (!rc) rc = pt_acts_post_backward(st, b);
+    /* several ranks: resident chunks this block's backward completed start
+     * their all-reduce once the device is done with them */
+    if (!rc) rc = pt_cs_dist_bucket(st, b, err, errlen);
     /* backward runs from the last block down: block 0 ends it */
     return (rc || b != 0) ? rc : pt_cs_mark_backward_end(st, err, errlen);
 }

@@ -577,6 +577,10 @@ void pt_store_coll_seconds(const pt_store *st, double out[3]) {
     for (int i = 0; i < 3; i++) out[i] = st ? st->coll_s[i] : 0;
 }
 
+void pt_store_coll_bytes(const pt_store *st, double out[3]) {
+    for (int i = 0; i < 3; i++) out[i] = st ? st->coll_b[i] : 0;
+}
+
 int pt_store_create(const pt_store_env *env, const pt_store_knobs *kn, const int32_t *modes,
                     const int32_t *swap_done, int from_image, pt_store **out, char *err,
                     size_t errlen) {

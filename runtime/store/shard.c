@@ -175,6 +175,7 @@ int pt_sh_upload(pt_store *st, cs_chunk *c, void *dst, char *err, size_t errlen)
         const pt_chunk_region *g = &c->lc->regions[r];
         rc = pt_coll_allgather(st->env.coll, (char *)dst + g->offset, (size_t)c->sh->r[r].n,
                                pt_dtype_size(g->dtype), what, err, errlen);
+        st->coll_b[1] += (double)g->bytes;
     }
     st->coll_s[1] += pt_now_s() - t0;
     return rc;
@@ -197,6 +198,7 @@ int pt_sh_grad_out(pt_store *st, cs_chunk *c, void *gbuf, char *err, size_t errl
         if (c->reg_state[r] == UINT64_MAX) continue;
         rc = pt_coll_reduce_scatter(st->env.coll, (char *)gbuf + g->offset, (size_t)c->sh->r[r].n,
                                     PT_COLL_F32, scale, what, err, errlen);
+        st->coll_b[2] += (double)g->bytes;
     }
     st->coll_s[2] += pt_now_s() - t0;
     if (rc) return rc;

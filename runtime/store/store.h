@@ -45,7 +45,10 @@ enum {
     PT_ORD_DEFER = 256,  /* a chunk's upload after its deferred CPU step */
     PT_ORD_SHARD = 512,  /* mode C: a chunk's all-gather after its part's upload, its
                             reduce-scatter after the host's backward */
-    PT_ORD_ALL = 1023
+    PT_ORD_BUCKET = 1024, /* several ranks: a gradient bucket's all-reduce starts once the
+                             gradient is final (resident: the compute stream finished
+                             the chunk's backward; offloaded: its CPU task formed the sum) */
+    PT_ORD_ALL = 2047
 };
 
 /* Optimizer hyper-parameters and progress (owned by the caller, lent to the store). */
@@ -183,6 +186,8 @@ struct pt_pool *pt_store_workers(pt_store *st);
 /* Seconds spent so far in the collectives: [0] all-reduce (gradients and
  * norms), [1] all-gather, [2] reduce-scatter (mode C); zeros with one rank. */
 void pt_store_coll_seconds(const pt_store *st, double out[3]);
+/* Bytes of the buffers those collectives carried so far ([1] and [2]; [0] 0). */
+void pt_store_coll_bytes(const pt_store *st, double out[3]);
 
 /* State: images (in memory, across a rebuild) and files (save/resume). */
 typedef struct pt_state_image {

@@ -29,6 +29,7 @@
 
 #include <pthread.h>
 
+#include "coll.h"
 #include "device_ext.h"
 #include "buffer_pool.h"
 #include "chunk_layout.h"
@@ -153,7 +154,17 @@ struct pt_store {
     int profiling;            /* pt_store_set_profiling */
     int shard;                /* mode C: offloaded chunks split across the ranks */
     int rank, world;          /* of the data-parallel group (0, 1 without one) */
-    double coll_s[3];         /* seconds in all-reduce, all-gather, reduce-scatter (hook thread) */
+    double coll_b[3];         /* mode C: bytes of the buffers all-gathered / reduce-scattered */
+    double coll_s[3];         /* seconds in all-reduce, all-gather, reduce-scatter (hook thread;
+                               * the all-reduce's counted after backward: what is exposed) */
+    /* several ranks (dist_grad.c): resident gradients all-reduced in buckets during backward */
+    pt_coll_op **gop;         /* [lay.n_regions] this step's started all-reduce of a region */
+    pt_event **ev_bkt;        /* [n_chunks] a resident chunk's backward ended on s_compute */
+    int *bq;                  /* [n_chunks] chunks whose backward ended, in that order */
+    int bq_n, bq_started;     /* queued this step; the first bq_started have their all-reduces */
+    int bk_hook, bk_drain;    /* buckets started at a block hook / in optimizer_step (this step) */
+    int bk_off;               /* of them offloaded chunks (mode B) */
+    int bk_logged;            /* the first step's buckets were logged */
     /* activations */
     pt_arena *arena;          /* [n_blocks] */
     uint64_t swap_out_bytes;  /* cumulative */
@@ -244,6 +255,18 @@ void pt_cs_chunk_norms(pt_store *st, cs_chunk *c, int from_acc);
 /* Data parallel (env.coll): every trainable gradient becomes the mean over the
  * ranks, before clipping and the optimizer (dist_grad.c). */
 int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen);
+/* Buckets: after block b's backward of the step's last micro-batch, every
+ * resident chunk whose gradient that completed is queued (an event on the
+ * compute stream marks the end of its backward); queued chunks' all-reduces
+ * start as their events complete, checked at every later hook (poll) and in
+ * optimizer_step (drain: until every queued one has started); pt_cs_dist_reduce
+ * then waits for them in layout order. */
+int pt_cs_dist_bucket(pt_store *st, int32_t b, char *err, size_t errlen);
+int pt_cs_dist_poll(pt_store *st, char *err, size_t errlen);
+int pt_cs_dist_drain(pt_store *st, char *err, size_t errlen);
+/* Drops every started all-reduce (teardown, or a step abandoned between its
+ * backward and optimizer_step: the group is broken then) and the events. */
+void pt_cs_dist_fini(pt_store *st);
 int pt_ms_release(pt_store *st, int32_t b, int backward, char *err, size_t errlen);
 
 /* shard.c — mode C. Geometry of chunk c's parts (after reg_state is set for the

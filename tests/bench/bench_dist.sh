@@ -7,7 +7,12 @@
 #     steps 4..N) and the ratio;
 #   - modes B vs C on 2 ranks: step time and pinned bytes per rank;
 #   - each collective's time per iteration, measured by the plugin at its
-#     calibration against the cost model's prediction (from the log).
+#     calibration against the cost model's prediction (from the log; the
+#     all-reduce's is what is left after backward);
+#   - mode A (every chunk resident, auto_mode at 64 MiB) with the gradient
+#     all-reduce in buckets during backward ([dist] overlap_allreduce = true,
+#     the default) vs after backward (false): tokens/s and the all-reduce time
+#     exposed after backward.
 # The runs alternate (1 rank, B, C) three times; medians across them.
 # Bar (PT_BENCH_STRICT=1 makes a miss fail): mode C's pinned bytes per rank at
 # most mode B's / 2 + one chunk. Timings are reported, not judged: two ranks
@@ -31,12 +36,19 @@ common=(--layers 4 --heads 4 --channels 128 --vocab 256 --seq 64 --batch 4 --ste
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 ini() {   # $1 file, $2 zero3_shard
     printf '[plugin]\nbackend = host\nlog_level = info\n[memory]\ndevice_capacity = 24 MiB\n' > "$1"
-    printf '[protrain]\nchunk_size = %d\nn_persist = 1\nzero3_shard = %s\n' $S "$2" >> "$1"
+    # n_swap = 0: the pinned bytes compared are the model states' (a swap pool,
+    # which the search may pick in one mode and not the other, is per rank anyway)
+    printf '[protrain]\nchunk_size = %d\nn_persist = 1\nn_swap = 0\nzero3_shard = %s\n' $S "$2" >> "$1"
     printf '[optimizer]\ncpu_threads = 1\n[dist]\ntimeout = 60\n' >> "$1"
     printf '[host_backend]\ncopy_bandwidth = 500 MB/s\n' >> "$1"
 }
 ini "$tmp/B.ini" off
 ini "$tmp/C.ini" on
+for o in true false; do   # mode A: auto_mode picks it when every chunk fits
+    printf '[plugin]\nbackend = host\nlog_level = info\n[memory]\ndevice_capacity = 64 MiB\n' > "$tmp/A$o.ini"
+    printf '[protrain]\nchunk_size = %d\n[optimizer]\ncpu_threads = 1\n' $S >> "$tmp/A$o.ini"
+    printf '[dist]\ntimeout = 60\noverlap_allreduce = %s\n[host_backend]\ncopy_bandwidth = 500 MB/s\n' $o >> "$tmp/A$o.ini"
+done
 jf() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
 med() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print 0 }'; }
 # median tok/s of steps 4.. of a metrics file
@@ -45,7 +57,7 @@ tok() { jf "$1" tok_s | tail -n +4 | med; }
 for rep in 1 2 3; do
     "$sh" --config "$tmp/B.ini" "${common[@]}" --grad-accum 2 --metrics "$tmp/one.$rep.json" \
         >"$tmp/one.$rep.log" 2>&1 || { tail -5 "$tmp/one.$rep.log"; echo "bench_dist: 1-rank run failed"; exit 1; }
-    for m in B C; do
+    for m in B C Atrue Afalse; do
         (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$m.ini" "${common[@]}" --metrics "$tmp/$m.$rep.json") \
             >"$tmp/$m.$rep.log" 2>&1 || { tail -5 "$tmp/$m.$rep.log"; echo "bench_dist: 2-rank mode $m run failed"; exit 1; }
     done
@@ -63,6 +75,13 @@ for m in B C; do
     eval "pin_$m=$pin"
     line=$(grep -h "calibration: collectives per iteration" "$tmp/$m.1.log" "$tmp/$m.2.log" "$tmp/$m.3.log" | head -3)
     [ -n "$line" ] && echo "$line" | sed "s/^.*calibration: /bench_dist: mode $m: /"
+done
+for o in true false; do
+    t=$(for r in 1 2 3; do tok "$tmp/A$o.$r.json"; done | med)
+    mode=$(jf "$tmp/A$o.1.json" mode | sort -u)
+    ar=$(for r in 1 2 3; do sed -n 's/.*all-reduce \([0-9.]*\) s vs \([0-9.]*\) s.*/\1 \2/p' "$tmp/A$o.$r.log" | head -1; done)
+    printf 'bench_dist: 2 ranks mode %s, overlap_allreduce = %s: %.0f tok/s global; all-reduce after backward per iteration, measured vs predicted: %s\n' \
+        "$mode" "$o" "$(awk -v t="$t" 'BEGIN { print 2 * t }')" "$(echo "$ar" | awk 'NF == 2 { printf "%s%.4f s vs %.4f s", sep, $1, $2; sep = "; " }')"
 done
 bound=$((pin_B / 2 + S))
 if [ "$pin_C" -le "$bound" ]; then

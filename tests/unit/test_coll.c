@@ -19,6 +19,13 @@
  *    order (computed here), and its all-gather moves its members' parts; the
  *    parent still works after the split. On nccl the split is refused with a
  *    sentence (not built there).
+ *  - keyed nonblocking all-reduce: every buffer length at once, started in
+ *    ascending key order on even ranks and descending on odd ones, with a
+ *    blocking all-reduce run while they are in flight: each buffer equals, bit
+ *    for bit, the rank-order sum computed here and what pt_coll_allreduce
+ *    leaves; a key out of range is refused before any message. (On NCCL the
+ *    operation is a blocking all-reduce at the start, so the orders must agree
+ *    there: this case runs with the MPI transport only.)
  *
  * The same oracles check the NCCL transport on a machine with GPUs
  * (tests/gpu/nccl.sh): PT_TEST_COLL_TRANSPORT=nccl picks it (rank r on CUDA
@@ -223,6 +230,66 @@ static void test_split(void **s) {
     assert_true(one == (double)W);
 }
 
+static void test_iallreduce(void **s) {
+    (void)s;
+    /* NCCL runs it as a blocking all-reduce at the start: opposite orders would
+     * deadlock there by design (the store never buckets on NCCL) */
+    if (strcmp(pt_coll_transport(C), "mpi")) skip();
+    char err[512];
+    float *buf[NLENS], *ar[NLENS];
+    pt_coll_op *op[NLENS];
+    double scale = 1.0 / W;
+    for (size_t k = 0; k < NLENS; k++) {
+        size_t n = LENS[k];
+        buf[k] = malloc(n * 4 + 4);
+        ar[k] = malloc(n * 4 + 4);
+        assert_non_null(buf[k]);
+        assert_non_null(ar[k]);
+        for (size_t i = 0; i < n; i++) buf[k][i] = ar[k][i] = val(R, i) * (float)(k + 1);
+    }
+    /* the ranks start them in opposite orders: matched by key, not by order */
+    for (size_t j = 0; j < NLENS; j++) {
+        size_t k = R % 2 ? NLENS - 1 - j : j;
+        int rc = pt_coll_iallreduce(C, buf[k], LENS[k], PT_COLL_F32, scale, (int32_t)(100 + k),
+                                    "test iallreduce", &op[k], err, sizeof err);
+        if (rc) fail_msg("iallreduce of %zu floats: %s", LENS[k], err);
+    }
+    /* a blocking collective in between (its own tags) */
+    double one = 1;
+    if (pt_coll_allreduce(C, &one, 1, PT_COLL_F64, 1.0, "test in between", err, sizeof err))
+        fail_msg("blocking all-reduce among nonblocking ones: %s", err);
+    assert_true(one == W);
+    for (size_t k = 0; k < NLENS; k++) {
+        int done = 0;
+        if (pt_coll_op_test(C, op[k], &done, err, sizeof err)) fail_msg("test: %s", err);
+        if (!done && pt_coll_op_wait(C, op[k], err, sizeof err)) fail_msg("wait: %s", err);
+        pt_coll_op_free(C, op[k]);
+        size_t n = LENS[k];
+        if (pt_coll_allreduce(C, ar[k], n, PT_COLL_F32, scale, "test all-reduce", err, sizeof err))
+            fail_msg("all-reduce of %zu floats: %s", n, err);
+        size_t bad_sum = 0, bad_ar = 0;
+        for (size_t i = 0; i < n; i++) {
+            float want = val(0, i) * (float)(k + 1);
+            for (int q = 1; q < W; q++) want += val(q, i) * (float)(k + 1);
+            want *= (float)scale;
+            bad_sum += memcmp(&buf[k][i], &want, 4) != 0;
+            bad_ar += memcmp(&buf[k][i], &ar[k][i], 4) != 0;
+        }
+        if (bad_sum || bad_ar)
+            fail_msg("iallreduce of %zu floats on rank %d of %d: %zu elements differ from the "
+                     "rank-order sum, %zu from the blocking all-reduce", n, R, W, bad_sum, bad_ar);
+        free(buf[k]);
+        free(ar[k]);
+    }
+    /* bad input is refused with a sentence, before any message */
+    pt_coll_op *o = NULL;
+    assert_int_equal(pt_coll_iallreduce(C, NULL, 0, PT_COLL_F32, 1.0, PT_COLL_KEYS, "bad key", &o,
+                                        err, sizeof err),
+                     PT_ERR_INVALID_ARG);
+    assert_null(o);
+    assert_non_null(strstr(err, "key"));
+}
+
 int main(void) {
     const char *ws = getenv("OMPI_COMM_WORLD_SIZE"), *rs = getenv("OMPI_COMM_WORLD_RANK");
     if (!ws || !rs) {
@@ -264,6 +331,7 @@ int main(void) {
         cmocka_unit_test(test_allgather),
         cmocka_unit_test(test_reduce_scatter),
         cmocka_unit_test(test_split),
+        cmocka_unit_test(test_iallreduce),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     pt_coll_close(C);

@@ -70,6 +70,63 @@ static void tiny(pt_trace *t) {
 #define EPS 1e-9
 #define assert_double_equal(a, b, eps) assert_true(fabs((double)(a) - (double)(b)) <= (eps))
 
+/* Two ranks, every chunk resident: the all-reduce by hand. Each chunk's
+ * gradient (50 fp32 elements, 200 bytes) takes 200 * 2(W-1)/W / rate. In
+ * buckets chunk 1 starts when block 1's backward ends (head 0.7 + 2 = 2.7) and
+ * chunk 0 when block 0's ends (4.7) or when chunk 1's is done, whichever is
+ * later; backward ends at 4.9 (embedding 0.2), and only what outlasts it is
+ * charged. Without buckets both follow backward. */
+static void test_hand_buckets(void **state) {
+    (void)state;
+    static const struct { double rate, on, off; } cases[] = {
+        /* 0.4 s per chunk: 2.7 + 0.4 = 3.1; max(3.1, 4.7) + 0.4 = 5.1 -> 0.2 */
+        {500, 0.2, 0.8},
+        /* 2 s per chunk: 2.7 + 2 = 4.7; max(4.7, 4.7) + 2 = 6.7 -> 1.8 (queued) */
+        {100, 1.8, 4.0},
+        /* 0.1 s per chunk: all hidden */
+        {2000, 0.0, 0.2},
+    };
+    /* mand = 1: chunk 1 is resident by force (as an oversize chunk is) and
+     * still a bucket of block 1; the same times */
+    for (size_t i = 0; i < 2 * sizeof cases / sizeof cases[0]; i++) {
+        int mand = i >= sizeof cases / sizeof cases[0];
+        size_t ci = i % (sizeof cases / sizeof cases[0]);
+        pt_trace t;
+        tiny(&t);
+        if (mand) t.chunks[1].mandatory = 1;
+        t.key.world_size = 2;
+        t.hw.allreduce_Bps = cases[ci].rate;
+        pt_cost_ctx *cx;
+        char err[256];
+        assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+        pt_knobs k = {2, 0, 0, 0};
+        pt_cost on, off;
+        pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 1};
+        assert_int_equal(pt_cost_eval(cx, &o, &k, &on, err, sizeof err), PT_OK);
+        o.overlap_ar = 0;
+        assert_int_equal(pt_cost_eval(cx, &o, &k, &off, err, sizeof err), PT_OK);
+        assert_double_equal(on.bwd_s, 4.9, EPS);
+        assert_double_equal(on.allreduce_s, cases[ci].on, EPS);
+        assert_double_equal(off.allreduce_s, cases[ci].off, EPS);
+        /* the iteration carries exactly the difference */
+        assert_double_equal(off.iter_s - on.iter_s, cases[ci].off - cases[ci].on, EPS);
+        /* mode B (chunk 1 offloaded, a bucket once its copy lands): never more
+         * than all of it after backward, which is exactly 4 * 100 elements */
+        if (!mand) {
+            pt_knobs kb = {1, 1, 0, 0};
+            o.overlap_ar = 1;
+            assert_int_equal(pt_cost_eval(cx, &o, &kb, &on, err, sizeof err), PT_OK);
+            o.overlap_ar = 0;
+            assert_int_equal(pt_cost_eval(cx, &o, &kb, &off, err, sizeof err), PT_OK);
+            assert_double_equal(off.allreduce_s, 400.0 / cases[ci].rate, EPS);
+            assert_true(on.allreduce_s <= off.allreduce_s + EPS);
+            assert_true(on.allreduce_s >= 0);
+        }
+        pt_cost_ctx_free(cx);
+        pt_trace_free(&t);
+    }
+}
+
 static void test_hand_all_resident(void **state) {
     (void)state;
     pt_trace t;
@@ -77,7 +134,7 @@ static void test_hand_all_resident(void **state) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0};
     pt_knobs k = {2, 0, 0, 0};
     pt_cost c;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
@@ -128,7 +185,7 @@ static void test_rekls_terms(void **state) {
         assert_int_equal(pt_cost_ctx_new(&t0, &c0, err, sizeof err), PT_OK);
         assert_int_equal(pt_cost_ctx_new(&t1, &c1, err, sizeof err), PT_OK);
         /* clipping: optimizer after backward, or deferred into the next forward */
-        pt_cost_opts o = {1.0, 0, 0, 1, 0, defer};
+        pt_cost_opts o = {1.0, 0, 0, 1, 0, defer, 0};
         pt_knobs k = {p, p == 2 ? 0 : 2, 0, 0};
         pt_cost a, b;
         assert_int_equal(pt_cost_eval(c0, &o, &k, &a, err, sizeof err), PT_OK);
@@ -173,7 +230,7 @@ static void test_hand_streamed(void **state) {
     assert_int_equal(pt_cost_buffer_min_block(cx, 0), 1);   /* one chunk per block */
     assert_int_equal(pt_cost_buffer_min_block(cx, 1), 1);
     assert_int_equal(pt_cost_buffer_min_block(cx, 2), 0);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0};
     pt_knobs k = {0, 2, 0, 0};
     pt_cost c;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
@@ -242,7 +299,7 @@ static void test_hand_ckpt_swap(void **state) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0};
     pt_cost c;
     /* both CKPT: only inputs stay; peak = backward of block 1 with its
      * recomputed arena: 20 + 1000 + 20 + max(7, 5) */
@@ -279,7 +336,7 @@ static synth big(void) {
 }
 
 static uint64_t peak_of(pt_cost_ctx *cx, int p, int nb, int s, int c) {
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0};
     pt_knobs k = {p, nb, s, c};
     pt_cost r;
     char err[256];
@@ -361,7 +418,7 @@ static void test_time_monotone_in_buffers(void **state) {
             for (int sw = 0; sw <= 2; sw++)
                 for (int c = 0; c <= 3; c++)
                     for (int clip = 0; clip < 3; clip++)   /* 2: clipping, steps deferred */ {
-                        pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2};
+                        pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2, 0};
                         double prev = INFINITY;
                         uint64_t prev_peak = 0;
                         for (int nb = pt_cost_buffer_min(cx, p); nb <= K - p; nb++) {
@@ -414,7 +471,7 @@ static void test_exact_footprints(void **state) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0};
     int K = t.n_chunk;
     pt_knobs all = {K, 0, 0, 0}, half = {K / 2, pt_cost_buffer_min(cx, K / 2), 0, 0};
     pt_cost c0, h0, c1, h1;
@@ -497,7 +554,7 @@ static void test_bounds_below_lookahead(void **state) {
                 assert_int_equal(pt_place_blocks(t.n_block, sc == 2, sc, pt_cost_swap_interval(cx), modes, NULL, 0),
                                  PT_OK);
                 pt_act_compute(cx, modes, &a);
-                pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2};
+                pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2, 0};
                 for (int p = 0; p <= t.n_chunk; p++) {
                     int lo1 = pt_cost_buffer_min_block(cx, p), lo2 = pt_cost_buffer_min(cx, p);
                     int q = pt_cost_n_offloaded(cx, p);
@@ -551,6 +608,7 @@ static void test_bounds_below_lookahead(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hand_all_resident),
+        cmocka_unit_test(test_hand_buckets),
         cmocka_unit_test(test_hand_streamed),
         cmocka_unit_test(test_rekls_terms),
         cmocka_unit_test(test_hand_ckpt_swap),
