@@ -63,8 +63,14 @@ int pt_osft_backward(struct pt_rt *rt, int32_t param, const void *x, const void 
                      int64_t rows, char *err, size_t errlen);
 /* Block b's gradient projection (before the store's post_backward). */
 int pt_osft_project_grads(struct pt_rt *rt, int32_t b, char *err, size_t errlen);
-/* Every target's value projection (after the store's optimizer step). */
+/* The value projection of every target path not done inside a CPU step (after
+ * the store's optimizer step): resident factors on the compute stream, mode C's
+ * split factors gathered whole (osft_proj.c). */
 int pt_osft_project_params(struct pt_rt *rt, char *err, size_t errlen);
+/* The store's chunk_stepped: on the worker that just stepped offloaded chunk
+ * `chunk`, the value projection of the paths whose trainable factor it holds
+ * (both factors in pinned memory), with the CPU's GEMM. */
+void pt_osft_chunk_stepped(struct pt_rt *rt, int32_t chunk);
 /* read_param of a host index: a target gives its reconstructed dense weight,
  * W = U_high diag(S_high) V_high + U_low diag(S_low) V_low, in fp32. */
 int pt_osft_read_param(struct pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *err,

@@ -51,10 +51,6 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     if (cfg->osft_enabled && cfg->tiled_mlp_enabled)
         missing = "[osft] enabled with [tiled_mlp] enabled: TiledMLP's per-tile gradient "
                   "accumulator does not know the OSFT factors yet; enable one of them";
-    else if (cfg->osft_enabled && cfg->zero3_shard == 1 && host && host->world_size > 1)
-        missing = "[osft] enabled with [protrain] zero3_shard = on: OSFT's value projection "
-                  "works on whole factors, which mode C splits across the ranks; not built yet "
-                  "(modes A and B run OSFT)";
     else if (host && host->world_size > 1 && !strcmp(cfg->dist_backend, "nccl"))
         missing = "[dist] backend = nccl: NCCL is not built yet (mpi on the host backend is)";
     else if (host && host->world_size > 1 && !strcmp(cfg->dist_backend, "none"))
@@ -273,6 +269,10 @@ static int block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen) {
     return PT_OK;
 }
 
+/* After an offloaded chunk's CPU step, on its worker (store.h): OSFT projects
+ * the factors the step changed there, so nothing waits for other chunks' steps. */
+static void chunk_stepped(void *user, int32_t chunk) { pt_osft_chunk_stepped(user, chunk); }
+
 static void recompute_mark(void *user, int32_t b, int after) {
     pt_rt *rt = user;
     /* the host's recompute reads its descriptors: the addresses the store's
@@ -319,7 +319,8 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
     if (!rc) {
         pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->gpu, rt->s_compute, rt->s_h2d,
                             rt->s_d2h, rt->model, &rt->opt, rt->sx, recompute_mark, rt,
-                            rt->ordered, rt->skip, rt->coll, rt->shard};
+                            rt->ordered, rt->skip, rt->coll, rt->shard,
+                            rt->osft ? chunk_stepped : NULL};
         rc = pt_store_create(&env, &rt->kn, modes, rt->swap_done, from_image, &rt->st, err,
                              errlen);
         pt_osft_mirror(rt);

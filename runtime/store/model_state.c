@@ -668,3 +668,52 @@ int pt_store_param_home(pt_store *st, int32_t index, float **p, int *on_device, 
     *on_device = 0;
     return PT_OK;
 }
+
+int pt_store_param_part(pt_store *st, int32_t index, pt_store_part *out, char *err,
+                        size_t errlen) {
+    memset(out, 0, sizeof *out);
+    if (!st || index < 0 || index >= st->n_params)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "param_part: bad index %d (model has %d "
+                       "params)", index, st ? st->n_params : 0);
+    int root = st->root[index];
+    cs_chunk *c = &st->ch[st->lay.param_chunk[root]];
+    const pt_param_v1 *q = &st->env.model->params[root];
+    uint64_t n = pt_param_numel(q);
+    if (!c->sh) {
+        out->len = n;
+        return pt_store_param_home(st, index, &out->p, &out->on_device, err, errlen);
+    }
+    if (q->dtype != PT_F32)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "param_part: param %d '%s' is not fp32",
+                       index, q->name ? q->name : "(unnamed)");
+    int rc = pt_cs_wait_task(st, c, "param_part", err, errlen);
+    if (rc) return rc;
+    out->split = 1;
+    /* the param is elements [e0, e0 + n) of one region; this rank owns the
+     * region's [lo, lo + own): the intersection is contiguous */
+    uint64_t off = st->lay.param_offset[root];
+    for (int r = 0; r < c->lc->n_regions; r++) {
+        const pt_chunk_region *g = &c->lc->regions[r];
+        const cs_shreg *h = &c->sh->r[r];
+        if (off < g->offset || off >= g->offset + g->bytes) continue;
+        uint64_t e0 = (off - g->offset) / 4, a = e0 > h->lo ? e0 : h->lo;
+        uint64_t b = e0 + n < h->lo + h->own ? e0 + n : h->lo + h->own;
+        if (b > a) {
+            out->p = (float *)((char *)c->h_param + h->hp_off) + (a - h->lo);
+            out->lo = a - e0;
+            out->len = b - a;
+        }
+        break;
+    }
+    return PT_OK;
+}
+
+int pt_store_param_chunk(const pt_store *st, int32_t index, float **pinned) {
+    *pinned = NULL;
+    if (!st || index < 0 || index >= st->n_params) return -1;
+    int root = st->root[index];
+    const cs_chunk *c = &st->ch[st->lay.param_chunk[root]];
+    if (!c->persistent && !c->sh && st->env.model->params[root].dtype == PT_F32)
+        *pinned = (float *)((char *)c->h_param + st->lay.param_offset[root]);
+    return c->id;
+}

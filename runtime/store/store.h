@@ -45,7 +45,9 @@ enum {
     PT_ORD_DEFER = 256,  /* a chunk's upload after its deferred CPU step */
     PT_ORD_SHARD = 512,  /* mode C: a chunk's all-gather after its part's upload, its
                             reduce-scatter after the host's backward */
-    PT_ORD_ALL = 1023
+    PT_ORD_STEPPED = 1024, /* chunk_stepped after a chunk's CPU step, inside the step's
+                            task (skipped: before the step) */
+    PT_ORD_ALL = 2047
 };
 
 /* Optimizer hyper-parameters and progress (owned by the caller, lent to the store). */
@@ -91,6 +93,12 @@ typedef struct pt_store_env {
      * keeping and stepping only its part (shard.c). Every rank must run the same
      * knobs. 0: replicated (mode B). */
     int shard;
+    /* Called on a CPU worker right after the CPU step of an offloaded chunk that
+     * is not split across ranks, inside the step's task: the chunk's fp32 values
+     * in pinned memory are final, and everything that waits for the step (the
+     * chunk's next upload, param_home, read_param, snapshots) sees what the call
+     * changed there. It must not wait for any chunk's task. NULL: none. */
+    void (*chunk_stepped)(void *user, int32_t chunk);
 } pt_store_env;
 
 typedef struct pt_store pt_store;
@@ -149,6 +157,22 @@ int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, 
  * changes the parameter: the next gather uploads them. */
 int pt_store_param_home(pt_store *st, int32_t index, float **p, int *on_device, char *err,
                         size_t errlen);
+/* Mode C as well: this rank's elements of fp32 param `index` after its last
+ * step (waited for). Unsplit: as pt_store_param_home, *lo = 0 and *len = the
+ * param's elements. In a chunk split across the ranks (*split = 1): *p holds
+ * the param's elements [*lo, *lo + *len) in pinned memory (*len may be 0; the
+ * other ranks hold the rest). */
+typedef struct pt_store_part {
+    float *p;
+    int on_device, split;
+    uint64_t lo, len;
+} pt_store_part;
+int pt_store_param_part(pt_store *st, int32_t index, pt_store_part *out, char *err,
+                        size_t errlen);
+/* Without waiting for anything: the chunk holding param `index`, and its
+ * pinned copy when that chunk is offloaded and not split across ranks (the
+ * bytes its CPU step writes; else NULL). For chunk_stepped. */
+int pt_store_param_chunk(const pt_store *st, int32_t index, float **pinned);
 /* Fills the plan, optimizer-time and activation fields of s. */
 void pt_store_stats(const pt_store *st, pt_stats_v1 *s);
 
