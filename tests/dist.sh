@@ -80,6 +80,10 @@ done
 osft='[osft]\nenabled = true\nunfreeze_rank_ratio = 0.4\ntargets = qkvw,attprojw,fcw,fcprojw\n'
 cp "$tmp/A.ini" "$tmp/AO.ini"; printf "$osft" >> "$tmp/AO.ini"
 cp "$tmp/B.ini" "$tmp/BO.ini"; printf "$osft" >> "$tmp/BO.ini"
+# CO: mode C with OSFT. A rank holds a byte range of each chunk, so the value
+# projection gathers a split factor whole on every rank, projects it as one
+# rank does and keeps its own part: the same bits as BO (checked below).
+cp "$tmp/C.ini" "$tmp/CO.ini"; printf "$osft" >> "$tmp/CO.ini"
 
 # field value of every line: jf FILE KEY
 jf() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
@@ -96,15 +100,15 @@ for np in 2 3; do
     fi
 done
 
-for mode in A B AT AO BO AR BR C CS BS; do
+for mode in A B AT AO BO CO AR BR C CS BS; do
     want=${mode:0:1}   # the execution mode the plugin must report
     want1=$want; [ "$want" = C ] && want1=B   # one rank cannot shard
     extra=()   # OSFT: 1 x 15 = 15 token rows per rank (odd), on top of the odd ranks
-    case $mode in AO|BO) extra=(--batch 1 --seq 15) ;; AR|BR) extra=(--optimizer ini) ;; esac
+    case $mode in AO|BO|CO) extra=(--batch 1 --seq 15) ;; AR|BR) extra=(--optimizer ini) ;; esac
     # --save (modes B and C, compared below): every rank reads the parameters
     # back, rank 0 writes (mode C gathers them)
     save=()
-    case $mode in B|C|BS|CS) save=(--save "$tmp/$mode.2.bin") ;; esac
+    case $mode in B|C|BS|CS|BO|CO) save=(--save "$tmp/$mode.2.bin") ;; esac
     m1="$tmp/$mode.1.json"; m2="$tmp/$mode.2.json"
     if ! "$sh" --config "$tmp/$mode.ini" "${common[@]}" "${extra[@]}" --grad-accum 2 --metrics "$m1" \
             >"$tmp/$mode.1.log" 2>&1; then
@@ -176,7 +180,7 @@ done
 # Mode C against mode B on 2 ranks: the same losses bit for bit, the same saved
 # weights byte for byte, half the pinned bytes.
 S=16384   # chunk_size above: the padding allowance
-for pair in "C B" "CS BS"; do
+for pair in "C B" "CS BS" "CO BO"; do
     set -- $pair
     mc="$tmp/$1.2.json"; mb="$tmp/$2.2.json"
     [ -s "$mc" ] && [ -s "$mb" ] || { bad "mode $1 vs $2: a 2-rank run above failed"; continue; }

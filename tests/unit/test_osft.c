@@ -50,6 +50,7 @@ typedef struct opt {
     int streamed;        /* chunks streamed, CPU Adam */
     int async;           /* launch the work, jitter */
     int skip;            /* [host_backend] debug_skip_ordering (negative control) */
+    float clip;          /* [optimizer] max_grad_norm: the CPU steps are deferred */
 } opt;
 
 typedef struct net {
@@ -68,9 +69,10 @@ static void write_ini(const char *path, const opt *o) {
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     fprintf(f, "[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 8MiB\n"
-               "[optimizer]\nlr = %g\nweight_decay = 0.01\neps = %g\n[osft]\nenabled = %s\n"
-               "unfreeze_rank_ratio = %g\ntargets = attn,mlp\n",
-            (double)o->lr, (double)o->eps, o->osft ? "true" : "false", (double)o->urr);
+               "[optimizer]\nlr = %g\nweight_decay = 0.01\neps = %g\nmax_grad_norm = %g\n"
+               "[osft]\nenabled = %s\nunfreeze_rank_ratio = %g\ntargets = attn,mlp\n",
+            (double)o->lr, (double)o->eps, (double)o->clip, o->osft ? "true" : "false",
+            (double)o->urr);
     if (o->streamed)
         fprintf(f, "[protrain]\nauto_memory = false\nn_persist = 0\nn_buffer = 1\nn_swap = 0\n"
                    "n_checkpoint = 0\nchunk_size = 1KiB\n");
@@ -79,6 +81,8 @@ static void write_ini(const char *path, const opt *o) {
     if (o->async)
         fprintf(f, "[host_backend]\ncompute_jitter = %s\njitter_seed = 7\ndebug_skip_ordering = %d\n",
                 o->skip ? "2ms" : "200us", o->skip);
+    else if (o->skip)
+        fprintf(f, "[host_backend]\ndebug_skip_ordering = %d\n", o->skip);
     fclose(f);
 }
 
@@ -637,6 +641,42 @@ static void test_projection_order_control(void **s) {
     free(s1);
 }
 
+/* Clipped, so optimizer_step leaves the offloaded chunks' CPU steps running
+ * into the next forward: each chunk's value projection runs inside its own
+ * step's task (no step waits for another's), and the run still equals resident
+ * chunks stepped by device AdamW, bit for bit, synchronous and launched with
+ * jitter. Negative control ([host_backend] debug_skip_ordering = 1024): the
+ * projection run in the same task but before the step leaves that oracle, so
+ * the check sees where the projection runs. */
+static void test_deferred_steps_project_inside(void **s) {
+    (void)s;
+    enum { STEPS = 8 };
+    double l0[STEPS], l1[STEPS], l2[STEPS], l3[STEPS];
+    unsigned char *s0, *s1, *s2, *s3;
+    size_t n0, n1, n2, n3;
+    opt o = {.urr = 0.5f, .lr = 1e-2f, .eps = 1e-8f, .osft = 1, .clip = 0.05f};
+    run_losses(&o, STEPS, l0, &s0, &n0);
+    o.streamed = 1;
+    run_losses(&o, STEPS, l1, &s1, &n1);
+    assert_memory_equal(l0, l1, sizeof l0);
+    same_state(s0, n0, s1, n1);
+    o.async = 1;
+    run_losses(&o, STEPS, l2, &s2, &n2);
+    assert_memory_equal(l0, l2, sizeof l0);
+    same_state(s0, n0, s2, n2);
+    o.async = 0;
+    o.skip = 1024;   /* PT_ORD_STEPPED */
+    run_losses(&o, STEPS, l3, &s3, &n3);
+    int differ = memcmp(l0, l3, sizeof l0) != 0;
+    printf("  control: value projection before the CPU step: losses %s\n",
+           differ ? "differ (the check sees it)" : "EQUAL (the check is blind)");
+    assert_true(differ);
+    free(s0);
+    free(s1);
+    free(s2);
+    free(s3);
+}
+
 static void test_resume_and_export(void **s) {
     (void)s;
     enum { STEPS = 6 };
@@ -751,6 +791,7 @@ int main(void) {
         cmocka_unit_test(test_streamed_equals_resident),
         cmocka_unit_test(test_async_equals_sync),
         cmocka_unit_test(test_projection_order_control),
+        cmocka_unit_test(test_deferred_steps_project_inside),
         cmocka_unit_test(test_resume_and_export),
         cmocka_unit_test(test_refusals),
     };
