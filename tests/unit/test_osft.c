@@ -472,6 +472,26 @@ static unsigned char *state_bytes(const char *dir, size_t *n) {
     return b;
 }
 
+/* ||U_high^T U_low|| / (||U_high|| ||U_low||) and the V analogue, in double. */
+static void ortho(const float *Uh, const float *Ul, const float *Vh, const float *Vl, int64_t N,
+                  int64_t M, int64_t k, int64_t kl, double *ou, double *ov) {
+    double c2 = 0, a2 = 0, l2 = 0, d2 = 0, v2 = 0, w2 = 0;
+    for (int64_t i = 0; i < N * k; i++) a2 += (double)Uh[i] * Uh[i];
+    for (int64_t i = 0; i < N * kl; i++) l2 += (double)Ul[i] * Ul[i];
+    for (int64_t i = 0; i < k * M; i++) v2 += (double)Vh[i] * Vh[i];
+    for (int64_t i = 0; i < kl * M; i++) w2 += (double)Vl[i] * Vl[i];
+    for (int64_t i = 0; i < k; i++)
+        for (int64_t j = 0; j < kl; j++) {
+            double c = 0, d = 0;
+            for (int64_t r = 0; r < N; r++) c += (double)Uh[r * k + i] * Ul[r * kl + j];
+            for (int64_t m = 0; m < M; m++) d += (double)Vl[j * M + m] * Vh[i * M + m];
+            c2 += c * c;
+            d2 += d * d;
+        }
+    *ou = sqrt(c2 / (a2 * l2));
+    *ov = sqrt(d2 / (v2 * w2));
+}
+
 static void test_projection_50_steps(void **s) {
     (void)s;
     opt o = {.urr = 0.5f, .lr = 2e-2f, .eps = 1e-8f, .osft = 1};
@@ -507,20 +527,8 @@ static void test_projection_50_steps(void **s) {
             }
         }
         float *Uh = f[0], *Sh = f[1], *Vh = f[2], *Ul = f[3], *Vl = f[5];
-        double c2 = 0, a2 = 0, l2 = 0, d2 = 0, v2 = 0, w2 = 0;
-        for (int64_t i = 0; i < N * k; i++) a2 += (double)Uh[i] * Uh[i];
-        for (int64_t i = 0; i < N * kl; i++) l2 += (double)Ul[i] * Ul[i];
-        for (int64_t i = 0; i < k * M; i++) v2 += (double)Vh[i] * Vh[i];
-        for (int64_t i = 0; i < kl * M; i++) w2 += (double)Vl[i] * Vl[i];
-        for (int64_t i = 0; i < k; i++)
-            for (int64_t j = 0; j < kl; j++) {
-                double c = 0, d = 0;
-                for (int64_t r = 0; r < N; r++) c += (double)Uh[r * k + i] * Ul[r * kl + j];
-                for (int64_t m = 0; m < M; m++) d += (double)Vl[j * M + m] * Vh[i * M + m];
-                c2 += c * c;
-                d2 += d * d;
-            }
-        double ou = sqrt(c2 / (a2 * l2)), ov = sqrt(d2 / (v2 * w2));
+        double ou, ov;
+        ortho(Uh, Ul, Vh, Vl, N, M, k, kl, &ou, &ov);
         /* frozen triplets on the trained weight: U_high^T W = diag(S_high) V_high */
         float W[H * D0];
         assert_int_equal(P->read_param(a.ctx, TIDX[t], W, (uint64_t)(N * M) * 4), 0);
@@ -780,7 +788,48 @@ static void test_refusals(void **s) {
     unlink(path);
 }
 
-int main(void) {
+/* test_osft --ortho STATE NAME...: the factors of each target NAME in a state
+ * file (any world size and mode write the same image) are checked for
+ * U_high^T U_low = 0 and V_low V_high^T = 0 (relative 1e-5); tests/dist.sh
+ * runs it on mode C's. Exit 0 when every target passes. */
+static int ortho_main(int argc, char **argv) {
+    size_t n;
+    unsigned char *b = slurp(argv[2], &n);
+    int bad = 0;
+    for (int a = 3; a < argc; a++) {
+        static const char *nm[6] = {"osft_U_high", "osft_S_high", "osft_V_high",
+                                    "osft_U_low",  "osft_S_low",  "osft_V_low"};
+        float *f[6];
+        uint64_t c[6];
+        int missing = 0;
+        for (int j = 0; j < 6; j++) {
+            char full[256];
+            snprintf(full, sizeof full, "%s.%s", argv[a], nm[j]);
+            f[j] = factor(b, n, full, &c[j]);
+            missing |= !f[j];
+        }
+        if (missing || !c[1] || !c[4]) {
+            printf("ortho: %s: a factor is missing from %s\n", argv[a], argv[2]);
+            bad = 1;
+        } else {
+            int64_t k = (int64_t)c[1], kl = (int64_t)c[4], N = (int64_t)c[0] / k,
+                    M = (int64_t)c[2] / k;
+            double ou, ov;
+            ortho(f[0], f[3], f[2], f[5], N, M, k, kl, &ou, &ov);
+            int ok = ou <= 1e-5 && ov <= 1e-5;
+            printf("ortho: %s (%lld x %lld, k %lld, kl %lld): |Uh^T Ul| rel %.3g, |Vl Vh^T| rel "
+                   "%.3g%s\n", argv[a], (long long)N, (long long)M, (long long)k, (long long)kl,
+                   ou, ov, ok ? "" : "  > 1e-5");
+            bad |= !ok;
+        }
+        for (int j = 0; j < 6; j++) free(f[j]);
+    }
+    free(b);
+    return bad;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 4 && !strcmp(argv[1], "--ortho")) return ortho_main(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rank_bookkeeping),
         cmocka_unit_test(test_init_oracles),
