@@ -22,7 +22,9 @@
  *    for the chunk's task group), so the next forward runs while later chunks
  *    are still being stepped; everything that reads host-side state
  *    (read_param, snapshots, save_state, the next step's gradient copies)
- *    waits for the steps it needs. The math is the same either way.
+ *    waits for the steps it needs. The math is the same either way. The
+ *    caller's chunk_stepped (OSFT's value projection) runs inside each such
+ *    step's task, right after the step, so the waits above cover it too.
  * The host computes synchronously on its own thread, so "the compute stream
  * waits for an upload" is an event_sync inside the hook.
  */
