@@ -112,11 +112,18 @@ const pt_config_key pt_cfg_keys[] = {
            "true: the searcher picks every n_* knob left at auto (a number fixes that knob). "
            "false: no search; n_persist, n_buffer, n_swap and n_checkpoint must all be set."),
     R_BOOL("protrain", "time_calibration", time_calibration, "true",
-           "After the warm-up steps, when the measured iteration is more than 15% (and 2 ms) "
+           "After the warm-up steps, when the measured iteration is more than time_replan_tolerance "
+           "(15%; and 2 ms) "
            "off the prediction, plan again with the profile's forward, backward and optimizer "
            "times scaled by what the device clock measured (at most twice per run); the "
            "factors are kept in the profile cache with the profile. false: the plan keeps the "
            "profiled times (an under-predicted peak still re-plans)."),
+    R_FLT("protrain", "time_replan_tolerance", time_replan_tolerance, PT_CFG_LO_OPEN | PT_CFG_NO_HI,
+          0, 0, "0.15",
+          "With time_calibration: how far (as a fraction) the measured iteration may be from the "
+          "prediction before the plan is searched again. A smaller miss (above 5%, or above this "
+          "tolerance when it is smaller) does not re-plan the running job; its factors are "
+          "stored in the profile cache and the next run plans with them."),
     R_BOOL("protrain", "defer_cpu_steps", defer_cpu_steps, "true",
            "CPU optimizer steps that cannot run during backward (with max_grad_norm > 0 they "
            "need the global norm; without set_lr they need lr) are queued by optimizer_step in "

@@ -26,6 +26,7 @@ typedef struct pt_config {
     /* [protrain] */
     int auto_memory;          /* bool, default 1 */
     int time_calibration;     /* bool, default 1: re-plan on a time misprediction */
+    float time_replan_tolerance; /* default 0.15: |measured/predicted - 1| that re-plans */
     int defer_cpu_steps;      /* bool, default 1: CPU steps run into the next forward */
     int auto_mode;            /* bool, default 1 */
     int force_all_persistent; /* bool, default 0 */

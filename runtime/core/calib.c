@@ -17,13 +17,15 @@
  *    prediction): the ratio measured/predicted is folded into the trace's
  *    calib.peak (the cost model's fragmentation factor is the profile's measured
  *    one times it) and the plan is searched again (as before);
- *  - otherwise ([protrain] time_calibration), the median iteration more than 15% away from the prediction:
- *    each phase's measured/predicted median is folded into calib.fwd/bwd/opt,
- *    which scale the profile's compute times and optimizer rates
- *    (pt_trace_calibrated), and the plan is searched again (when the gap is
- *    also above TIME_MIN_GAIN_S per iteration); at most
- *    MAX_TIME_REPLANS times per run, so a model that cannot fit the machine
- *    does not re-plan forever;
+ *  - otherwise ([protrain] time_calibration), the median iteration more than
+ *    TIME_LEARN (5%) away from the prediction: each phase's measured/predicted
+ *    median is folded into calib.fwd/bwd/opt, which scale the profile's
+ *    compute times and optimizer rates (pt_trace_calibrated). When the miss is
+ *    also above [protrain] time_replan_tolerance (15%) and TIME_MIN_GAIN_S per
+ *    iteration, the plan is searched again now, at most MAX_TIME_REPLANS times
+ *    per run, so a model that cannot fit the machine does not re-plan forever.
+ *    A smaller miss is not worth rebuilding a running job's store for, but
+ *    the factors are still learned: the next run plans with them;
  *  - whatever was learned is written back into the profile cache with the
  *    profile, so the next run plans with it from its first step.
  * The factors scale compute only, and are chosen so that the phase's predicted
@@ -41,7 +43,9 @@
 #include "rt_internal.h"
 
 enum { WARM = 1, MEASURE = 5, MAX_TIME_REPLANS = 2 };
-#define TIME_TOLERANCE 0.15
+/* a time miss above this fraction is learned (stored for the next run) even
+ * when it is below the re-plan tolerance: the model's own target is 5% */
+#define TIME_LEARN 0.05
 /* ... and at least this many seconds per iteration: below it a re-plan (a
  * rebuild of the store) costs more than it could save, and sub-millisecond
  * steps are mostly timer and scheduling noise */
@@ -127,16 +131,11 @@ static double fold(double old, double f) { return (old > 0 ? old : 1.0) * f; }
 static double one(double f) { return f > 0 ? f : 1.0; }
 
 /* The profile's compute in each phase, as the plan in force predicted it
- * (calibration applied). Recomputes are left out of the backward's share: which
- * blocks recompute depends on the plan, and they are forward work. */
+ * (calibration applied). */
 static void phase_compute(const pt_trace *t, double *cf, double *cb) {
-    double f = t->embed_fwd_s, b = t->head_fwd_s + t->head_bwd_s + t->embed_bwd_s;
-    for (int32_t k = 0; k < t->n_block; k++) {
-        f += t->blocks[k].fwd_s;
-        b += t->blocks[k].bwd_s;
-    }
-    *cf = f * one(t->calib.fwd);
-    *cb = b * one(t->calib.bwd);
+    pt_trace_phase_compute(t, cf, cb);
+    *cf *= one(t->calib.fwd);
+    *cb *= one(t->calib.bwd);
 }
 
 /* The factor that makes the phase's prediction equal the measurement when only
@@ -150,12 +149,14 @@ static double phase_factor(double m, double p, double c) {
     return m / p;
 }
 
-/* Time: returns 1 when it planned again. */
+/* Time: returns 1 when it learned factors (and planned again if the miss was
+ * large enough). */
 static int time_calibrate(pt_rt *rt) {
     double ratio = rt->pred_iter_s > 0 ? rt->meas_iter_s / rt->pred_iter_s : 1.0;
-    if (fabs(ratio - 1.0) <= TIME_TOLERANCE || !rt->trace ||
-        fabs(rt->meas_iter_s - rt->pred_iter_s) < TIME_MIN_GAIN_S)
-        return 0;
+    double tol = rt->cfg.time_replan_tolerance > 0 ? rt->cfg.time_replan_tolerance : 0.15;
+    double learn = tol < TIME_LEARN ? tol : TIME_LEARN;
+    if (fabs(ratio - 1.0) <= learn || !rt->trace) return 0;
+    int now = fabs(ratio - 1.0) > tol && fabs(rt->meas_iter_s - rt->pred_iter_s) >= TIME_MIN_GAIN_S;
     double ph[3][MEASURE];
     int n = 0;
     for (int i = 0; i < MEASURE; i++) {
@@ -169,7 +170,7 @@ static int time_calibrate(pt_rt *rt) {
                          "in between): the plan stays", ratio, n, MEASURE);
         return 0;
     }
-    if (rt->time_replans >= MAX_TIME_REPLANS) {
+    if (now && rt->time_replans >= MAX_TIME_REPLANS) {
         PT_LOGW(&rt->lg, "calibration: the iteration is still x%.3f the prediction after %d "
                          "time re-plans: the plan stays", ratio, rt->time_replans);
         return 0;
@@ -185,6 +186,15 @@ static int time_calibrate(pt_rt *rt) {
     c->fwd = fold(c->fwd, ff);
     c->bwd = fold(c->bwd, fb);
     c->opt = fold(c->opt, fo);
+    if (!now) {
+        PT_LOGI(&rt->lg, "calibration: the iteration is x%.3f the prediction (within the re-plan "
+                         "tolerance %.0f%%, beyond %.0f%%); phases on the device clock: forward "
+                         "x%.3f, backward x%.3f, optimizer x%.3f; the plan stays, and the profile's "
+                         "times scaled by forward x%.3f, backward x%.3f, optimizer x%.3f are kept "
+                         "for the next run", ratio, tol * 100, learn * 100, ff, fb, fo, c->fwd,
+                c->bwd, c->opt);
+        return 1;
+    }
     rt->time_replans++;
     double old_meas = rt->meas_iter_s;
     uint64_t old_pred = rt->pred_peak;
@@ -192,7 +202,7 @@ static int time_calibrate(pt_rt *rt) {
                      "phases on the device clock: forward %.4f s vs %.4f (x%.3f), backward %.4f "
                      "vs %.4f (x%.3f), optimizer %.4f vs %.4f (x%.3f); planning again with the "
                      "profile's times scaled by forward x%.3f, backward x%.3f, optimizer x%.3f",
-            ratio, TIME_TOLERANCE * 100, mf, rt->pred_fwd_s, ff, mb, rt->pred_bwd_s, fb, mo,
+            ratio, tol * 100, mf, rt->pred_fwd_s, ff, mb, rt->pred_bwd_s, fb, mo,
             rt->pred_opt_s, fo, c->fwd, c->bwd, c->opt);
     replan(rt);
     if (rt->broken) return 1;

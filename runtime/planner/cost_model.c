@@ -167,12 +167,7 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     if (t->key.world_size > 1 && t->hw.reduce_scatter_Bps > 0)
         cx->rs_f = (double)(t->key.world_size - 1) / t->key.world_size / t->hw.reduce_scatter_Bps;
     cx->interval = pt_swap_interval(t);
-    cx->comp_f = t->embed_fwd_s;
-    cx->comp_b = t->head_fwd_s + t->head_bwd_s + t->embed_bwd_s;
-    for (int32_t b = 0; b < N; b++) {
-        cx->comp_f += t->blocks[b].fwd_s;
-        cx->comp_b += t->blocks[b].bwd_s;
-    }
+    pt_trace_phase_compute(t, &cx->comp_f, &cx->comp_b);
     *out = cx;
     return PT_OK;
 }

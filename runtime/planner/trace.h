@@ -225,6 +225,11 @@ int pt_trace_copy(pt_trace *dst, const pt_trace *src, char *err, size_t errlen);
  * calib.fwd / calib.bwd, optimizer rates divided by calib.opt (0 = 1). The
  * calib fields are kept; dst as for pt_trace_copy. */
 int pt_trace_calibrated(pt_trace *dst, const pt_trace *src, char *err, size_t errlen);
+/* The profile's compute per phase as the cost model splits it: *fwd = embedding
+ * + every block's forward; *bwd = head and loss (forward and backward) + every
+ * block's backward + embedding backward. Recomputes are left out (which blocks
+ * recompute depends on the plan). No calibration applied. */
+void pt_trace_phase_compute(const pt_trace *t, double *fwd, double *bwd);
 /* Fill every block's chunk_lo/chunk_hi from the chunks' first/last block. */
 void pt_trace_derive_ranges(pt_trace *t);
 /* Check every invariant the models rely on. 0 or PT_ERR_INVALID_ARG with the

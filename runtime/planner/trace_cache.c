@@ -101,6 +101,16 @@ int pt_trace_calibrated(pt_trace *dst, const pt_trace *src, char *err, size_t er
     return PT_OK;
 }
 
+void pt_trace_phase_compute(const pt_trace *t, double *fwd, double *bwd) {
+    double f = t->embed_fwd_s, b = t->head_fwd_s + t->head_bwd_s + t->embed_bwd_s;
+    for (int32_t k = 0; k < t->n_block; k++) {
+        f += t->blocks[k].fwd_s;
+        b += t->blocks[k].bwd_s;
+    }
+    *fwd = f;
+    *bwd = b;
+}
+
 void pt_trace_derive_ranges(pt_trace *t) {
     for (int32_t b = 0; b < t->n_block; b++) t->blocks[b].chunk_lo = t->blocks[b].chunk_hi = -1;
     for (int32_t k = 0; k < t->n_chunk; k++) {

@@ -99,10 +99,46 @@ static void test_time_learned(void **st) {
     done(&b);
 }
 
+/* A miss below [protrain] time_replan_tolerance does not re-plan the running
+ * job, but what it measured is learned: the next run plans with it. The sleeps
+ * make the miss huge, so a tolerance of 1000 (100000%) keeps the plan. Control:
+ * with time_calibration = false nothing is learned and the next run plans
+ * exactly as the first did. */
+static void test_time_learned_without_replan(void **st) {
+    (void)st;
+    for (int cal = 1; cal >= 0; cal--) {
+        char dir[300], ini[200];
+        snprintf(dir, sizeof dir, "%s/quiet%d", cache, cal);
+        snprintf(ini, sizeof ini, "[memory]\ndevice_capacity = 8MiB\n[protrain]\n"
+                 "time_replan_tolerance = 1000\ntime_calibration = %s", cal ? "true" : "false");
+        hh_opts o = {.sleep_us = 10000, .cache_dir = dir};
+        host a;
+        make(&a, &o, ini);
+        step(&a, 0);   /* profiles and plans */
+        double pred0 = stats(&a).pred_iter_s;
+        for (int s = 1; s < 8; s++) step(&a, s);
+        pt_stats_v1 sa = stats(&a);
+        done(&a);
+        if (!(pred0 > 0 && sa.pred_iter_s == pred0))   /* the running job kept its plan */
+            fail_msg("prediction %.6f s after the first step, %.6f s after calibration", pred0,
+                     sa.pred_iter_s);
+        host b;
+        make(&b, &o, ini);
+        double pred1 = stats(&b).pred_iter_s;
+        done(&b);
+        if (cal && !(pred1 > 0.08 && pred1 > pred0))
+            fail_msg("second run predicts %.6f s, first %.6f s: the miss was not learned", pred1, pred0);
+        if (!cal && pred1 != pred0)
+            fail_msg("time_calibration = false: the second run predicts %.6f s, the first %.6f s",
+                     pred1, pred0);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_peak_learned),
         cmocka_unit_test(test_time_learned),
+        cmocka_unit_test(test_time_learned_without_replan),
     };
     return cmocka_run_group_tests_name("calib_learn", tests, setup, teardown);
 }
