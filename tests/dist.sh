@@ -267,6 +267,16 @@ for m in A B; do
     fi
 done
 grep -h "auto_mode: B, " "$tmp/autoB.log" | head -1 | sed 's/^.*auto_mode/dist: auto_mode/'
+# auto_mode picks C with OSFT too when only the split state fits the budget
+auto_ini "$tmp/autoCO.ini" 'pinned_budget = 300 KiB' 'n_persist = 0'
+printf "$osft" >> "$tmp/autoCO.ini"
+if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/autoCO.ini" "${acommon[@]}" --batch 1 --seq 15 \
+        --steps 2 --metrics "$tmp/autoCO.json") >"$tmp/autoCO.log" 2>&1 &&
+   [ "$(jf "$tmp/autoCO.json" mode | sort -u)" = '"C"' ] && grep -q "auto_mode: C, " "$tmp/autoCO.log"; then
+    ok; echo "dist: auto_mode with OSFT and a 300 KiB pinned budget: mode C"
+else
+    tail -5 "$tmp/autoCO.log"; bad "auto_mode with OSFT: did not run mode C under a 300 KiB pinned budget"
+fi
 if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/autoX.ini" "${acommon[@]}" --steps 2) \
         >"$tmp/autoX.log" 2>&1; then
     bad "auto_mode: a 50 KiB pinned budget trained anyway"
