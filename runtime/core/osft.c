@@ -1,9 +1,9 @@
 /*
  * osft.c — OSFT: decomposition at post_model_load, the expanded parameter list
- * the store lays out, the factorised linear hooks, and the gradient and value
- * projections (osft.h says what and why).
+ * the store lays out, the factorised linear hooks, read_param and launch
+ * (osft.h says what and why; the projections are in osft_proj.c).
  *
- * Every product goes through the backend's gemm_f32 / cols_f32 on the compute
+ * Every hook's product goes through the backend's gemm_f32 / cols_f32 on the compute
  * stream, so it runs after the host's launched work that produced its inputs
  * and before the store's later uses of the memory (gradient copies, slot reuse).
  * Called from inside launched work (the host backend's compute thread) a hook
