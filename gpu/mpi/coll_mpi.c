@@ -283,21 +283,21 @@ static size_t seg_len(size_t part_len, size_t off) {
     return part_len - off < SEG_ELEMS ? part_len - off : SEG_ELEMS;
 }
 
-int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const char *what,
-                      char *err, size_t errlen) {
+int pt_coll_allgather_ranges(pt_coll *c, void *buf, const size_t *lo, const size_t *len,
+                             size_t elem_size, const char *what, char *err, size_t errlen) {
     if (!c || c->world == 1) return PT_OK;
-    if (!elem_size || elem_size > 8 || (n && !buf))
+    size_t s_part = 0;   /* the longest part: the segment count */
+    for (int p = 0; p < c->world; p++)
+        if (len[p] > s_part) s_part = len[p];
+    if (!elem_size || elem_size > 8 || (s_part && !buf))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                       "[dist] %s: all-gather of %zu elements of %zu bytes from %p", what, n,
-                       elem_size, buf);
+                       "[dist] %s: all-gather of parts up to %zu elements of %zu bytes from %p",
+                       what, s_part, elem_size, buf);
     int brc = begin(c, what, err, errlen);
     if (brc) return brc;
     int np = c->world - 1;
     int *peer = malloc(sizeof(int) * (size_t)(2 * np));
     if (!peer) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
-    size_t lo_me, len_me, s_part, z;
-    pt_coll_part(n, c->world, 0, &z, &s_part);   /* rank 0 holds the longest part */
-    pt_coll_part(n, c->world, c->rank, &lo_me, &len_me);
     double deadline = pt_now_s() + c->timeout_s;
     int rc = PT_OK;
     /* bytes travel as MPI_BYTE: the element type does not matter for a copy */
@@ -305,26 +305,40 @@ int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const c
         int tag = (int)(c->seq & 0x3fff), i = 0;
         for (int p = 0; p < c->world; p++) {
             if (p == c->rank) continue;
-            size_t lo, len;
-            pt_coll_part(n, c->world, p, &lo, &len);
-            size_t m = seg_len(len, off);
+            size_t m = seg_len(len[p], off);
             peer[i] = p;
-            MPI_Irecv((char *)buf + (lo + (m ? off : 0)) * elem_size, (int)(m * elem_size),
+            MPI_Irecv((char *)buf + (lo[p] + (m ? off : 0)) * elem_size, (int)(m * elem_size),
                       MPI_BYTE, p, tag, c->comm, &c->req[i]);
             i++;
         }
-        size_t mm = seg_len(len_me, off);
+        size_t mm = seg_len(len[c->rank], off);
         for (int p = 0; p < c->world; p++) {
             if (p == c->rank) continue;
             peer[i] = p;
-            MPI_Isend((char *)buf + (lo_me + (mm ? off : 0)) * elem_size, (int)(mm * elem_size),
-                      MPI_BYTE, p, tag, c->comm, &c->req[i]);
+            MPI_Isend((char *)buf + (lo[c->rank] + (mm ? off : 0)) * elem_size,
+                      (int)(mm * elem_size), MPI_BYTE, p, tag, c->comm, &c->req[i]);
             i++;
         }
         if ((rc = wait_all(c, 2 * np, peer, deadline, what, err, errlen))) break;
         if (s_part == 0) break;
     }
     free(peer);
+    return rc;
+}
+
+int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const char *what,
+                      char *err, size_t errlen) {
+    if (!c || c->world == 1) return PT_OK;
+    if (!elem_size || elem_size > 8 || (n && !buf))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "[dist] %s: all-gather of %zu elements of %zu bytes from %p", what, n,
+                       elem_size, buf);
+    size_t *lo = malloc(2 * sizeof(size_t) * (size_t)c->world);
+    if (!lo) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    size_t *len = lo + c->world;
+    for (int p = 0; p < c->world; p++) pt_coll_part(n, c->world, p, &lo[p], &len[p]);
+    int rc = pt_coll_allgather_ranges(c, buf, lo, len, elem_size, what, err, errlen);
+    free(lo);
     return rc;
 }
 

@@ -123,19 +123,29 @@ void pt_osft_chunk_stepped(pt_rt *rt, int32_t chunk) {
     free(c);
 }
 
-/* n elements of a factor whose part is `q` (this rank's [lo, lo + len)), whole
- * into dst on every rank: one all-reduce in which each rank gives its own
- * elements and -0.0 everywhere else. x + (-0.0) = x for every x (+0, -0 and
- * NaN payloads included), so the sum is an exact copy in any order of the
- * additions. pt_coll_allgather cannot do it: its parts are ceil(n / W) of the
- * buffer it is given, and a factor's part is a slice of its region's. */
-static int gather(pt_rt *rt, float *dst, uint64_t n, const pt_store_part *q, const char *name,
-                  char *err, size_t errlen) {
-    for (uint64_t e = 0; e < n; e++) dst[e] = -0.0f;
-    if (q->len) memcpy(dst + q->lo, q->p, (size_t)q->len * 4);
-    char what[200];
-    snprintf(what, sizeof what, "osft: gathering '%s' for its value projection", name);
-    return pt_coll_allreduce(rt->coll, dst, (size_t)n, PT_COLL_F32, 1.0, what, err, errlen);
+/* Factor `index` (n elements) whole into dst on every rank: this rank's part
+ * `q` copied in, then each rank's part of it copied to every other rank (the
+ * parts are its region's parts cut to it, so pt_coll_allgather, which cuts the
+ * buffer it is given into ceil(n / W) parts, cannot do it). A copy: exact. */
+static int gather(pt_rt *rt, int32_t index, float *dst, const pt_store_part *q, char *err,
+                  size_t errlen) {
+    int w = pt_coll_world(rt->coll);
+    size_t *lo = malloc(2 * sizeof(size_t) * (size_t)w);
+    if (!lo) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "osft: out of host memory");
+    size_t *len = lo + w;
+    int rc = pt_store_param_parts(rt->st, index, lo, len)
+                 ? pt_fail(err, errlen, PT_ERR_INTERNAL, "osft: factor %d is not split across "
+                           "the ranks, yet its chunk is", (int)index)
+                 : PT_OK;
+    if (!rc && q->len) memcpy(dst + q->lo, q->p, (size_t)q->len * 4);
+    if (!rc) {
+        char what[200];
+        snprintf(what, sizeof what, "osft: gathering '%s' for its value projection",
+                 rt->osft->xp[index].name);
+        rc = pt_coll_allgather_ranges(rt->coll, dst, lo, len, 4, what, err, errlen);
+    }
+    free(lo);
+    return rc;
 }
 
 /* Mode C: path v of t when either factor lies in a chunk split across the
@@ -146,12 +156,14 @@ static int gather(pt_rt *rt, float *dst, uint64_t n, const pt_store_part *q, con
  * coefficients of different rows). Gathered, every rank runs the single-rank
  * products on the single-rank values: the bits of mode B. The frozen factor is
  * gathered again every step instead of kept whole: a replicated copy would
- * cost every rank its full frozen bytes, which mode C exists to split. */
+ * cost every rank its full frozen bytes, which mode C exists to split.
+ * Cost per step and target: its four U/V factors, (N + M) R floats, gathered
+ * (each rank receives the (W - 1) / W of them it does not hold), and the
+ * projection's 4 (N + M) k kl flops on every rank. */
 static int project_split(pt_rt *rt, lin *L, const tgt *t, int v, const pt_store_part *pf,
                          const pt_store_part *pq, float *c, char *err, size_t errlen) {
     pt_osft *o = rt->osft;
     uint64_t nf = (uint64_t)(v ? t->k * t->M : t->N * t->k);
-    uint64_t nq = (uint64_t)(v ? t->kl * t->M : t->N * t->kl);
     if (!o->full) {
         uint64_t need = 0;
         for (int i = 0; i < o->n; i++) {
@@ -166,10 +178,8 @@ static int project_split(pt_rt *rt, lin *L, const tgt *t, int v, const pt_store_
     }
     float *f = o->full, *q = o->full + nf;
     int rc = PT_OK;
-    if (pf->split)
-        rc = gather(rt, f, nf, pf, o->xp[t->x[FZ[v]]].name, err, errlen);
-    if (!rc && pq->split)
-        rc = gather(rt, q, nq, pq, o->xp[t->x[TR[v]]].name, err, errlen);
+    if (pf->split) rc = gather(rt, t->x[FZ[v]], f, pf, err, errlen);
+    if (!rc && pq->split) rc = gather(rt, t->x[TR[v]], q, pq, err, errlen);
     if (rc) return rc;
     project_path(L, t, v, pf->split ? f : pf->p, pq->split ? q : pq->p, c);
     /* the result is read back (and the buffer reused) by this thread */

@@ -708,6 +708,32 @@ int pt_store_param_part(pt_store *st, int32_t index, pt_store_part *out, char *e
     return PT_OK;
 }
 
+int pt_store_param_parts(const pt_store *st, int32_t index, size_t *lo, size_t *len) {
+    if (!st || index < 0 || index >= st->n_params) return -1;
+    int root = st->root[index];
+    const cs_chunk *c = &st->ch[st->lay.param_chunk[root]];
+    if (!c->sh) return -1;
+    const pt_param_v1 *q = &st->env.model->params[root];
+    uint64_t off = st->lay.param_offset[root], es = pt_dtype_size(q->dtype);
+    uint64_t n = pt_param_numel(q);
+    for (int r = 0; r < c->lc->n_regions; r++) {
+        const pt_chunk_region *g = &c->lc->regions[r];
+        if (off < g->offset || off >= g->offset + g->bytes) continue;
+        /* the region's parts (pt_coll_part over its elements) cut to the param's
+         * elements [e0, e0 + n) */
+        uint64_t e0 = (off - g->offset) / es;
+        for (int p = 0; p < st->world; p++) {
+            size_t plo, plen;
+            pt_coll_part((size_t)c->sh->r[r].n, st->world, p, &plo, &plen);
+            uint64_t a = e0 > plo ? e0 : plo, b = e0 + n < plo + plen ? e0 + n : plo + plen;
+            lo[p] = b > a ? (size_t)(a - e0) : 0;
+            len[p] = b > a ? (size_t)(b - a) : 0;
+        }
+        return 0;
+    }
+    return -1;
+}
+
 int pt_store_param_chunk(const pt_store *st, int32_t index, float **pinned) {
     *pinned = NULL;
     if (!st || index < 0 || index >= st->n_params) return -1;

@@ -169,6 +169,10 @@ typedef struct pt_store_part {
 } pt_store_part;
 int pt_store_param_part(pt_store *st, int32_t index, pt_store_part *out, char *err,
                         size_t errlen);
+/* A param in a chunk split across the ranks: every rank's elements of it, rank
+ * p's being [lo[p], lo[p] + len[p]) (world entries each; len 0: none), for
+ * pt_coll_allgather_ranges. Returns -1 for a param that is not split. */
+int pt_store_param_parts(const pt_store *st, int32_t index, size_t *lo, size_t *len);
 /* Without waiting for anything: the chunk holding param `index`, and its
  * pinned copy when that chunk is offloaded and not split across ranks (the
  * bytes its CPU step writes; else NULL). For chunk_stepped. */
