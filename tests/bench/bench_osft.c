@@ -17,6 +17,13 @@
  * Goal (STRICT): on the square shape the factorised fwd+bwd costs at most 1.6x what
  * its FLOP ratio predicts relative to dense (the GEMMs are thinner, not slower).
  *
+ * Fused dx: the backward's dx = (e S_low) V_low + (h S_high) V_high as two GEMMs
+ * per branch pair (e = dY U_low, h = dY U_high, then the two dx GEMMs: what the
+ * hook runs) against one GEMM per product over the concatenated factors
+ * ([U_low | U_high] and [V_low; V_high] copied together first, as the store
+ * keeps frozen and trainable factors in separate regions), in this process with
+ * OpenBLAS. The hook keeps two GEMMs unless the fused form wins here.
+ *
  * Deferred CPU steps with OSFT: BLOCKS blocks of one 512 x 512 target each (URR
  * 0.25), every block's chunk streamed and stepped by CPU Adam, clipping on (so the
  * steps cannot overlap backward). optimizer_step's own time (what the host waits
@@ -152,6 +159,57 @@ static double dense(int64_t N, int64_t M, int64_t rows, int reps) {
     return r;
 }
 
+/* dx of one backward: the hook's two-branch products vs the fused ones with
+ * their copies; median seconds of each into *two, *one. */
+static void dx_fused(int64_t N, int64_t M, int64_t rows, float urr, int reps, double *two,
+                     double *one) {
+    int R = (int)(N < M ? N : M), k = (int)((double)R * (1.0 - urr)), kl = R - k;
+    int n = (int)N, m = (int)M, r = (int)rows;
+    float *dy = malloc((size_t)(rows * N) * 4), *uh = malloc((size_t)(N * k) * 4 + 4),
+          *ul = malloc((size_t)(N * kl) * 4), *vh = malloc((size_t)(k * M) * 4 + 4),
+          *vl = malloc((size_t)(kl * M) * 4), *e = malloc((size_t)(rows * R) * 4),
+          *dx = malloc((size_t)(rows * M) * 4), *vc = malloc((size_t)(R * M) * 4),
+          *uc = malloc((size_t)(N * R) * 4);
+    for (int64_t i = 0; i < rows * N; i++) dy[i] = 1e-3f * (float)(i % 89 - 44);
+    for (int64_t i = 0; i < N * k; i++) uh[i] = 0.01f * (float)(i % 13);
+    for (int64_t i = 0; i < N * kl; i++) ul[i] = 0.01f * (float)(i % 11);
+    for (int64_t i = 0; i < k * M; i++) vh[i] = 0.01f * (float)(i % 7);
+    for (int64_t i = 0; i < kl * M; i++) vl[i] = 0.01f * (float)(i % 5);
+    double *t2 = calloc((size_t)reps, 8), *t1 = calloc((size_t)reps, 8);
+    for (int s = 0; s <= reps; s++) {
+        double a = pt_now_s();
+        float *h = e + (size_t)r * kl;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, kl, n, 1.0f, dy, n, ul, kl,
+                    0.0f, e, kl);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, k, n, 1.0f, dy, n, uh, k, 0.0f,
+                    h, k);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, m, kl, 1.0f, e, kl, vl, m, 0.0f,
+                    dx, m);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, m, k, 1.0f, h, k, vh, m, 1.0f,
+                    dx, m);
+        double b = pt_now_s();
+        memcpy(vc, vl, (size_t)kl * (size_t)m * 4);
+        memcpy(vc + (size_t)kl * (size_t)m, vh, (size_t)k * (size_t)m * 4);
+        for (int i = 0; i < n; i++) {
+            memcpy(uc + (size_t)i * R, ul + (size_t)i * kl, (size_t)kl * 4);
+            memcpy(uc + (size_t)i * R + kl, uh + (size_t)i * k, (size_t)k * 4);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, R, n, 1.0f, dy, n, uc, R, 0.0f,
+                    e, R);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, m, R, 1.0f, e, R, vc, m, 0.0f,
+                    dx, m);
+        double c = pt_now_s();
+        if (s) {
+            t2[s - 1] = b - a;
+            t1[s - 1] = c - b;
+        }
+    }
+    *two = median(t2, reps);
+    *one = median(t1, reps);
+    free(dy), free(uh), free(ul), free(vh), free(vl), free(e), free(dx), free(vc), free(uc);
+    free(t2), free(t1);
+}
+
 enum { BLOCKS = 4, DN = 512, DROWS = 256 };
 
 /* The BLOCKS-block model streamed with clipping: median optimizer_step and step
@@ -263,6 +321,16 @@ int main(void) {
             }
         }
     }
+    printf("dx of one backward, OpenBLAS in this process: two-branch GEMMs (the hook) vs "
+           "fused over copied factors\n");
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (size_t u = 0; u < 2; u++) {
+            double two, one;
+            dx_fused(shapes[i][0], shapes[i][1], shapes[i][2], urrs[u], reps, &two, &one);
+            printf("  %lldx%lld, %lld  URR %.2f: two-branch %.2f ms, fused %.2f ms (%.2f)\n",
+                   (long long)shapes[i][0], (long long)shapes[i][1], (long long)shapes[i][2],
+                   (double)urrs[u], 1e3 * two, 1e3 * one, one / two);
+        }
     double o1, s1, o0, s0;
     if (run_defer(1, reps, &o1, &s1) || run_defer(0, reps, &o0, &s0)) return 1;
     printf("deferred CPU steps with OSFT (%d blocks of %dx%d, URR 0.25, streamed, clipped):\n"
