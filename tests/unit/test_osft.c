@@ -51,6 +51,8 @@ typedef struct opt {
     int async;           /* launch the work, jitter */
     int skip;            /* [host_backend] debug_skip_ordering (negative control) */
     float clip;          /* [optimizer] max_grad_norm: the CPU steps are deferred */
+    int split;           /* streamed with 256-byte chunks, the first 3 resident: a
+                            target's factors on both sides (device and pinned) */
 } opt;
 
 typedef struct net {
@@ -74,8 +76,9 @@ static void write_ini(const char *path, const opt *o) {
             (double)o->lr, (double)o->eps, (double)o->clip, o->osft ? "true" : "false",
             (double)o->urr);
     if (o->streamed)
-        fprintf(f, "[protrain]\nauto_memory = false\nn_persist = 0\nn_buffer = 1\nn_swap = 0\n"
-                   "n_checkpoint = 0\nchunk_size = 1KiB\n");
+        fprintf(f, "[protrain]\nauto_memory = false\nn_persist = %d\nn_buffer = %d\nn_swap = 0\n"
+                   "n_checkpoint = 0\nchunk_size = %s\n", o->split ? 3 : 0, o->split ? 4 : 1,
+                o->split ? "256B" : "1KiB");
     else
         fprintf(f, "[protrain]\nforce_all_persistent = true\n");
     if (o->async)
@@ -653,7 +656,10 @@ static void test_projection_order_control(void **s) {
  * into the next forward: each chunk's value projection runs inside its own
  * step's task (no step waits for another's), and the run still equals resident
  * chunks stepped by device AdamW, bit for bit, synchronous and launched with
- * jitter. Negative control ([host_backend] debug_skip_ordering = 1024): the
+ * jitter, and with 256-byte chunks, the first 3 resident, so that one target
+ * has frozen factors on the device and trainable ones offloaded (projected from
+ * optimizer_step) while the other is projected inside the steps.
+ * Negative control ([host_backend] debug_skip_ordering = 1024): the
  * projection run in the same task but before the step leaves that oracle, so
  * the check sees where the projection runs. */
 static void test_deferred_steps_project_inside(void **s) {
@@ -672,7 +678,19 @@ static void test_deferred_steps_project_inside(void **s) {
     run_losses(&o, STEPS, l2, &s2, &n2);
     assert_memory_equal(l0, l2, sizeof l0);
     same_state(s0, n0, s2, n2);
+    /* a target's factors split between resident and offloaded chunks: the paths
+     * with a frozen factor on the device are projected from optimizer_step (after
+     * waiting for that one chunk's step), the others inside the steps */
+    double l4[STEPS];
+    unsigned char *s4;
+    size_t n4;
     o.async = 0;
+    o.split = 1;
+    run_losses(&o, STEPS, l4, &s4, &n4);
+    assert_memory_equal(l0, l4, sizeof l0);
+    same_state(s0, n0, s4, n4);
+    free(s4);
+    o.split = 0;
     o.skip = 1024;   /* PT_ORD_STEPPED */
     run_losses(&o, STEPS, l3, &s3, &n3);
     int differ = memcmp(l0, l3, sizeof l0) != 0;
