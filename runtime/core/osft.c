@@ -76,6 +76,11 @@ void pt_osft_free(pt_rt *rt) {
     if (!o) return;
     if (rt->model == &o->xm) rt->model = rt->hmodel;
     if (o->scr) pt_gpu_free(rt->gpu, o->scr);
+    if (o->split_steps)
+        PT_LOGI(&rt->lg, "osft: mode C value projection of split factors: %.3f s over %lld "
+                         "steps (%.2f ms a step), of which gathering the factors %.3f s",
+                o->split_s, (long long)o->split_steps, 1e3 * o->split_s / (double)o->split_steps,
+                o->gather_s);
     if (o->full) pt_gpu_pinned_free(rt->gpu, o->full);
     pthread_mutex_destroy(&o->mu);
     free(o->xp);

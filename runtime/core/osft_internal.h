@@ -46,6 +46,8 @@ struct pt_osft {
      * max(N, M) x R floats, [frozen | trainable]) */
     float *full;
     uint64_t full_floats;
+    double split_s, gather_s; /* mode C: seconds in those projections, of which gathering */
+    int64_t split_steps;      /* optimizer steps that ran them */
     pthread_mutex_t mu;       /* async_* (written by the compute thread) */
     int async_rc;
     char async_err[256];

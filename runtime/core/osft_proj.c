@@ -178,13 +178,16 @@ static int project_split(pt_rt *rt, lin *L, const tgt *t, int v, const pt_store_
     }
     float *f = o->full, *q = o->full + nf;
     int rc = PT_OK;
+    double t0 = pt_now_s();
     if (pf->split) rc = gather(rt, t->x[FZ[v]], f, pf, err, errlen);
     if (!rc && pq->split) rc = gather(rt, t->x[TR[v]], q, pq, err, errlen);
+    o->gather_s += pt_now_s() - t0;
     if (rc) return rc;
     project_path(L, t, v, pf->split ? f : pf->p, pq->split ? q : pq->p, c);
     /* the result is read back (and the buffer reused) by this thread */
     if (!L->rc && L->ops->stream_sync(L->impl, rt->s_compute)) L->rc = PT_ERR_BACKEND;
     if (!L->rc && pq->split && pq->len) memcpy(pq->p, q + pq->lo, (size_t)pq->len * 4);
+    o->split_s += pt_now_s() - t0;
     return PT_OK;   /* an op's failure is in L->rc */
 }
 
@@ -198,7 +201,7 @@ int pt_osft_project_params(pt_rt *rt, char *err, size_t errlen) {
     if (rc) return rc;
     lin L;
     pt_osft_lin_open(rt, &L);
-    int any_host = 0;
+    int any_host = 0, any_split = 0;
     /* every rank walks the targets and paths in the same order and takes the
      * same branches (one plan), so the gathers' collectives line up */
     for (int i = 0; i < o->n && !rc; i++) {
@@ -212,12 +215,14 @@ int pt_osft_project_params(pt_rt *rt, char *err, size_t errlen) {
                 break;
             if (pf.split || pq.split) {
                 rc = project_split(rt, &L, t, v, &pf, &pq, c, err, errlen);
+                any_split = 1;
                 continue;
             }
             any_host |= !pf.on_device || !pq.on_device;
             project_path(&L, t, v, pf.p, pq.p, c);
         }
     }
+    o->split_steps += any_split;
     pt_osft_scratch_free(rt, c);
     if (rc) {
         (void)pt_osft_lin_close(rt, &L, "osft: value projection", NULL, 0);
