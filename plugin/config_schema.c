@@ -202,6 +202,10 @@ const pt_config_key pt_cfg_keys[] = {
     R_STR("osft", "targets", osft_targets,
           "a comma-separated list of parameter-name substrings like attn,mlp", check_targets,
           "attn,mlp", "2-D parameters whose name contains any of these substrings are targets."),
+    R_BOOL("osft", "cache_frozen", osft_cache_frozen, "false",
+           "Mode C: keep each target's frozen factors whole on every rank after their first "
+           "gather (pinned memory: the frozen factors' full bytes on every rank), so each step's "
+           "value projection gathers only the trainable ones. No effect in modes A and B."),
     R_BOOL("tiled_mlp", "enabled", tiled_mlp_enabled, "false",
            "Run each block's MLP in sequence tiles to cut its activation peak."),
     R_INT("tiled_mlp", "tiles", tiled_mlp_tiles, PT_CFG_AUTO | PT_CFG_NO_HI, 1, INT_MAX, 0,

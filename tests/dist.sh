@@ -84,6 +84,8 @@ cp "$tmp/B.ini" "$tmp/BO.ini"; printf "$osft" >> "$tmp/BO.ini"
 # projection gathers a split factor whole on every rank, projects it as one
 # rank does and keeps its own part: the same bits as BO (checked below).
 cp "$tmp/C.ini" "$tmp/CO.ini"; printf "$osft" >> "$tmp/CO.ini"
+# COF: CO with [osft] cache_frozen (the frozen factors gathered once and kept)
+cp "$tmp/CO.ini" "$tmp/COF.ini"; printf 'cache_frozen = true\n' >> "$tmp/COF.ini"
 
 # field value of every line: jf FILE KEY
 jf() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
@@ -204,6 +206,20 @@ for pair in "C B" "CS BS" "CO BO"; do
         bad "mode $1 pinned bytes '$pc' vs mode $2 '$pb' (swap pool $pool): want < $2's and states <= $2's/2 + $S"
     fi
 done
+
+# [osft] cache_frozen in mode C: the same bits as gathering the frozen factors
+# every step (and so as mode B), with the cache in use (its log line)
+cof=$(sed 's/log_level = warn/log_level = info/' "$tmp/COF.ini")
+printf '%s\n' "$cof" > "$tmp/COF.ini"
+vcommon=(); for a in "${common[@]}"; do [ "$a" = --quiet ] || vcommon+=("$a"); done   # logs the cache
+if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/COF.ini" "${vcommon[@]}" --batch 1 --seq 15 \
+        --metrics "$tmp/COF.json") >"$tmp/COF.log" 2>&1 &&
+   grep -q "keeps the frozen factors whole" "$tmp/COF.log" &&
+   [ "$(jf "$tmp/COF.json" loss)" = "$(jf "$tmp/BO.2.json" loss)" ]; then
+    ok; echo "dist: mode C + OSFT with cache_frozen: all 6 losses bit-identical to mode B + OSFT"
+else
+    tail -5 "$tmp/COF.log"; bad "mode C + OSFT with cache_frozen: failed, cache unused, or losses differ from BO"
+fi
 
 # Mode C with OSFT on 3 ranks (parts of unequal length, factors cut anywhere by
 # them): the same losses as mode B with OSFT on 3 ranks, bit for bit.

@@ -82,6 +82,8 @@ void pt_osft_free(pt_rt *rt) {
                 o->split_s, (long long)o->split_steps, 1e3 * o->split_s / (double)o->split_steps,
                 o->gather_s);
     if (o->full) pt_gpu_pinned_free(rt->gpu, o->full);
+    pt_osft_drop_frozen(rt);
+    free(o->fzc);
     pthread_mutex_destroy(&o->mu);
     free(o->xp);
     free(o->names);

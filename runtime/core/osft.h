@@ -81,6 +81,9 @@ int pt_osft_launch(struct pt_rt *rt, void (*fn)(void *), void *arg, char *err, s
 /* A hook that failed inside launched work (it could not return its status):
  * its status and sentence, once. */
 int pt_osft_async_status(struct pt_rt *rt, char *err, size_t errlen);
+/* [osft] cache_frozen: forget the gathered frozen factors (load_state may have
+ * changed them); the next projection gathers them again. */
+void pt_osft_drop_frozen(struct pt_rt *rt);
 /* Bytes of the factors (frozen, trainable) and of the dense weights they replace. */
 void pt_osft_bytes(const struct pt_rt *rt, uint64_t *frozen, uint64_t *trainable, uint64_t *dense);
 

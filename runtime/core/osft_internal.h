@@ -46,6 +46,8 @@ struct pt_osft {
      * max(N, M) x R floats, [frozen | trainable]) */
     float *full;
     uint64_t full_floats;
+    float **fzc;              /* [n x 2] [osft] cache_frozen: each path's frozen factor whole
+                               * (pinned), filled by its first gather; NULL entries until then */
     double split_s, gather_s; /* mode C: seconds in those projections, of which gathering */
     int64_t split_steps;      /* optimizer steps that ran them */
     pthread_mutex_t mu;       /* async_* (written by the compute thread) */

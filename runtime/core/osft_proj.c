@@ -148,18 +148,56 @@ static int gather(pt_rt *rt, int32_t index, float *dst, const pt_store_part *q, 
     return rc;
 }
 
+void pt_osft_drop_frozen(pt_rt *rt) {
+    pt_osft *o = rt->osft;
+    for (int i = 0; o && o->fzc && i < 2 * o->n; i++) {
+        if (o->fzc[i]) pt_gpu_pinned_free(rt->gpu, o->fzc[i]);
+        o->fzc[i] = NULL;
+    }
+}
+
+/* [osft] cache_frozen: path v of t's frozen factor whole, gathered once into
+ * pinned memory it keeps (frozen values never change; load_state drops it).
+ * Every rank fills it at the same step, so the gathers still line up. */
+static int cached_frozen(pt_rt *rt, const tgt *t, int v, const pt_store_part *pf,
+                         const float **fz, char *err, size_t errlen) {
+    pt_osft *o = rt->osft;
+    if (!o->fzc) {
+        if (!(o->fzc = calloc((size_t)(2 * o->n), sizeof *o->fzc)))
+            return pt_fail(err, errlen, PT_ERR_HOST_OOM, "osft: out of host memory");
+        uint64_t fzb, trb, dnb;
+        pt_osft_bytes(rt, &fzb, &trb, &dnb);
+        PT_LOGI(&rt->lg, "osft: mode C keeps the frozen factors whole on every rank ([osft] "
+                         "cache_frozen): up to %.2f MiB pinned", fzb / 1048576.0);
+    }
+    float **slot = &o->fzc[2 * (t - o->t) + v];
+    if (!*slot) {
+        size_t nf = (size_t)(v ? t->k * t->M : t->N * t->k);
+        int rc = pt_gpu_pinned_alloc(rt->gpu, nf * 4, (void **)slot, err, errlen);
+        if (!rc && (rc = gather(rt, t->x[FZ[v]], *slot, pf, err, errlen))) {
+            pt_gpu_pinned_free(rt->gpu, *slot);
+            *slot = NULL;
+        }
+        if (rc) return rc;
+    }
+    *fz = *slot;
+    return PT_OK;
+}
+
 /* Mode C: path v of t when either factor lies in a chunk split across the
  * ranks. Why gathered and not a partial product all-reduced: a rank holds a
  * byte range of its chunk, so its rows of U_low and of U_high (or of V_low and
  * V_high) are not the same rows, and no contraction index is split the same
  * way for both; a sum of local coefficients would be wrong (for V it mixes
  * coefficients of different rows). Gathered, every rank runs the single-rank
- * products on the single-rank values: the bits of mode B. The frozen factor is
- * gathered again every step instead of kept whole: a replicated copy would
- * cost every rank its full frozen bytes, which mode C exists to split.
+ * products on the single-rank values: the bits of mode B. By default the
+ * frozen factor is gathered again every step instead of kept whole: a
+ * replicated copy would cost every rank its full frozen bytes, which mode C
+ * exists to split ([osft] cache_frozen keeps it, for users with the memory).
  * Cost per step and target: its four U/V factors, (N + M) R floats, gathered
- * (each rank receives the (W - 1) / W of them it does not hold), and the
- * projection's 4 (N + M) k kl flops on every rank. */
+ * (each rank receives the (W - 1) / W of them it does not hold; cached: only
+ * the trainable (N + M) kl), and the projection's 4 (N + M) k kl flops on
+ * every rank. */
 static int project_split(pt_rt *rt, lin *L, const tgt *t, int v, const pt_store_part *pf,
                          const pt_store_part *pq, float *c, char *err, size_t errlen) {
     pt_osft *o = rt->osft;
@@ -179,11 +217,13 @@ static int project_split(pt_rt *rt, lin *L, const tgt *t, int v, const pt_store_
     float *f = o->full, *q = o->full + nf;
     int rc = PT_OK;
     double t0 = pt_now_s();
-    if (pf->split) rc = gather(rt, t->x[FZ[v]], f, pf, err, errlen);
+    const float *fz = pf->split ? f : pf->p;
+    if (pf->split && rt->cfg.osft_cache_frozen) rc = cached_frozen(rt, t, v, pf, &fz, err, errlen);
+    else if (pf->split) rc = gather(rt, t->x[FZ[v]], f, pf, err, errlen);
     if (!rc && pq->split) rc = gather(rt, t->x[TR[v]], q, pq, err, errlen);
     o->gather_s += pt_now_s() - t0;
     if (rc) return rc;
-    project_path(L, t, v, pf->split ? f : pf->p, pq->split ? q : pq->p, c);
+    project_path(L, t, v, fz, pq->split ? q : pq->p, c);
     /* the result is read back (and the buffer reused) by this thread */
     if (!L->rc && L->ops->stream_sync(L->impl, rt->s_compute)) L->rc = PT_ERR_BACKEND;
     if (!L->rc && pq->split && pq->len) memcpy(pq->p, q + pq->lo, (size_t)pq->len * 4);

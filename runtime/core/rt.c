@@ -548,6 +548,7 @@ int pt_rt_save_state(pt_rt *rt, const char *dir, char *err, size_t errlen) {
 int pt_rt_load_state(pt_rt *rt, const char *dir, char *err, size_t errlen) {
     int rc = need_store(rt, "load_state", 1, err, errlen);
     if (!rc) rc = pt_store_load(rt->st, dir, err, errlen);
+    pt_osft_drop_frozen(rt);   /* the loaded frozen factors are gathered afresh */
     pt_osft_mirror(rt);
     return rc;
 }
