@@ -11,6 +11,7 @@
 # Sources are picked up by wildcard so a new file needs no Makefile edit:
 #   plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c gpu/mpi/*.c -> build/protrain_plugin.so (+ libprotrain_core.a)
 #   gpu/cuda/*.cu gpu/cuda/*.c                  -> build/libprotrain_cuda.so
+#   gpu/nccl/*.c gpu/nccl/cuda/*.cu              -> build/libprotrain_nccl.so (when nccl.h exists)
 #   sample_host/*.c (main.c separately)         -> build/sample_host
 #   sample_host/cuda/*.cu                        -> build/libsample_cuda.so (dlopened by sample_host)
 #   tests/unit/test_*.c tests/integ/test_*.c     -> build/tests/test_*   (cmocka)
@@ -88,13 +89,18 @@ CUDA_LIB := $(BUILD)/libprotrain_cuda.so
 SAMPLE := $(BUILD)/sample_host
 
 SAMPLE_CUDA := $(BUILD)/libsample_cuda.so
+# The NCCL transport (gpu/nccl/): its own .so, built when the toolkit ships nccl.h.
+NCCL_LIB := $(BUILD)/libprotrain_nccl.so
+CUDA_LIBDIR := $(abspath $(dir $(NVCC))../lib64)
+CUDA_INCDIR := $(abspath $(dir $(NVCC))../include)
+NCCL_HDR := $(if $(NVCC),$(wildcard $(CUDA_INCDIR)/nccl.h))
 ifneq ($(NVCC),)
-  CUDA_TARGET := $(CUDA_LIB) $(SAMPLE_CUDA)
+  CUDA_TARGET := $(CUDA_LIB) $(SAMPLE_CUDA) $(if $(NCCL_HDR),$(NCCL_LIB),nccl-notice)
 else
   CUDA_TARGET := cuda-notice
 endif
 
-.PHONY: all test test-gpu bench-gpu fuzz fuzz-build run bench asan tsan deps check-deps clean cuda-notice \
+.PHONY: all test test-gpu bench-gpu fuzz fuzz-build run bench asan tsan deps check-deps clean cuda-notice nccl-notice \
         timeline-example
 all: check-deps $(PLUGIN) $(CUDA_TARGET) $(SAMPLE) $(PLAN_CLI) $(TEST_BINS) $(TPLUG_SOS) $(BENCH_BINS)
 
@@ -151,7 +157,27 @@ $(CUDA_LIB): $(CUDA_OBJS)
 	  -Xlinker -rpath,$(CUDA_LIBDIR) -L$(CUDA_LIBDIR) -lcublas -lcusolver -cudart static
 cuda-notice:
 	@echo "notice: nvcc not found; skipping $(CUDA_LIB) (the plugin runs on the host backend)"
+	@echo "notice: nvcc not found; skipping $(NCCL_LIB) ([dist] backend = nccl is unavailable)"
 	@echo "notice: nvcc not found; skipping $(SAMPLE_CUDA) (sample_host --device cuda is unavailable)"
+
+# ---- the NCCL transport (separate .so, dlopened by the collectives front when picked) ----
+# Plain C (gpu/nccl/*.c, with nccl.h and the CUDA runtime's C header) plus its one
+# kernel (gpu/nccl/cuda/*.cu, the rank-order sum); libnccl from the toolkit's lib64
+# (rpath), the CUDA runtime linked statically like the backend's.
+NCCL_SRCS := $(wildcard gpu/nccl/*.c)
+NCCL_CU_SRCS := $(wildcard gpu/nccl/cuda/*.cu)
+NCCL_OBJS := $(NCCL_SRCS:%.c=$(BUILD)/obj/%.o) $(NCCL_CU_SRCS:%.cu=$(BUILD)/obj/%.cu.o) $(UTIL_OBJ)
+$(BUILD)/obj/gpu/nccl/%.o: gpu/nccl/%.c
+	$(OBJ_CC) $(INC_GPU) -I$(CUDA_INCDIR) -fvisibility=hidden
+$(BUILD)/obj/gpu/nccl/cuda/%.cu.o: gpu/nccl/cuda/%.cu gpu/nccl/rank_sum.h gpu/coll.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror \
+	  $(INC_GPU) -c $< -o $@
+$(NCCL_LIB): $(NCCL_OBJS) gpu/nccl/exports.map
+	$(NVCC) -shared $(CUDA_ARCH) -o $@ $(NCCL_OBJS) -Xlinker --version-script=gpu/nccl/exports.map \
+	  -Xlinker -rpath,$(CUDA_LIBDIR) -L$(CUDA_LIBDIR) -lnccl -cudart static
+nccl-notice:
+	@echo "notice: $(CUDA_INCDIR)/nccl.h not found; skipping $(NCCL_LIB) ([dist] backend = nccl is unavailable)"
 
 # ---- sample_host's CUDA layers (separate .so, dlopened by sample_host --device cuda) ----
 # -fmad=false: a*b+c rounds twice, as in the CPU layers (sh_elem.h). cuBLAS from the
@@ -160,7 +186,6 @@ SH_CUDA_SRCS := $(wildcard sample_host/cuda/*.cu)
 SH_CUDA_OBJS := $(SH_CUDA_SRCS:%.cu=$(BUILD)/obj/%.cu.o)
 SH_CUDA_HDRS := $(wildcard sample_host/cuda/*.cuh) sample_host/sh_cuda.h sample_host/sh_ops.h \
                 sample_host/sh_elem.h
-CUDA_LIBDIR := $(abspath $(dir $(NVCC))../lib64)
 $(BUILD)/obj/sample_host/cuda/%.cu.o: sample_host/cuda/%.cu $(SH_CUDA_HDRS)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -fmad=false $(CUDA_ARCH) \
@@ -201,6 +226,14 @@ $(BUILD)/tests/%: tests/unit/%.c $(TEST_LIBS)
 $(BUILD)/tests/%: tests/integ/%.c $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(OMPFLAGS) $(INC_TESTS) -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) -lcmocka $(LIBS)
+# The NCCL transport's source built against the simulated NCCL / CUDA runtime
+# (tests/nccl_sim/: its headers and nccl_sim.c), so it runs without a GPU.
+NCCL_SIM_SRCS := tests/unit/test_nccl_sim.c tests/nccl_sim/nccl_sim.c gpu/nccl/coll_nccl.c
+$(BUILD)/tests/test_nccl_sim: $(NCCL_SIM_SRCS) gpu/nccl/rank_sum.h gpu/coll_nccl.h gpu/coll.h \
+                              $(wildcard tests/nccl_sim/*.h) $(TEST_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(INC_TESTS) -Itests/nccl_sim -Igpu/nccl -o $@ $(NCCL_SIM_SRCS) $(TEST_LIBS) \
+	  $(LDFLAGS) -lcmocka $(LIBS)
 $(BUILD)/tests/plugins/%.so: tests/plugins/%.c host_api/protrain.h gpu/gpu.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(INC_TESTS) -shared -o $@ $< $(LDFLAGS)
@@ -303,7 +336,7 @@ INCDIR ?= $(PREFIX)/include
 BINDIR ?= $(PREFIX)/bin
 DATADIR ?= $(PREFIX)/share/protrain
 INST := $(BUILD)/install
-INST_LIBS := $(PLUGIN) $(wildcard $(CUDA_LIB) $(SAMPLE_CUDA))
+INST_LIBS := $(PLUGIN) $(wildcard $(CUDA_LIB) $(SAMPLE_CUDA) $(NCCL_LIB))
 INST_FILES := $(notdir $(INST_LIBS)) libprotrain_loader.a pkgconfig/protrain.pc
 .PHONY: install uninstall install-build
 install-build: check-deps $(PLUGIN) $(CUDA_TARGET) $(SAMPLE) $(PLAN_CLI)
@@ -326,7 +359,7 @@ install: install-build
 	install -m 755 $(INST)/sample_host $(PLAN_CLI) $(DESTDIR)$(BINDIR)/
 	install -m 644 conf/*.ini $(DESTDIR)$(DATADIR)/
 uninstall:
-	rm -f $(addprefix $(DESTDIR)$(LIBDIR)/,$(INST_FILES) libprotrain_cuda.so libsample_cuda.so) \
+	rm -f $(addprefix $(DESTDIR)$(LIBDIR)/,$(INST_FILES) libprotrain_cuda.so libsample_cuda.so libprotrain_nccl.so) \
 	  $(DESTDIR)$(INCDIR)/protrain.h $(DESTDIR)$(BINDIR)/sample_host $(DESTDIR)$(BINDIR)/protrain-plan \
 	  $(addprefix $(DESTDIR)$(DATADIR)/,$(notdir $(wildcard conf/*.ini)))
 	-rmdir $(DESTDIR)$(DATADIR) $(DESTDIR)$(LIBDIR)/pkgconfig 2>/dev/null

@@ -1,16 +1,25 @@
 /*
  * coll.h — collectives between data-parallel ranks, behind one interface so
- * the runtime never sees a transport's types (gpu/mpi/ implements it with MPI;
- * no other file may include an MPI header).
+ * the runtime never sees a transport's types. Two transports implement it:
+ * MPI (gpu/mpi/, the host backend: buffers are added by the CPU) and NCCL
+ * (gpu/nccl/, built as libprotrain_nccl.so and loaded only when picked: the
+ * cuda backend, buffers in device memory or host memory). pt_coll_pick says
+ * which one a configuration gets; coll.c dispatches. No other file may include
+ * an MPI or NCCL header.
  *
- * Every reduction is deterministic: each rank receives every other rank's
- * buffer and adds them in rank order (0, 1, ..., W-1), so all ranks hold the
- * same bits and a rerun gives the same bits. Every call has a deadline
- * ([dist] timeout): a rank that exited, hung or fell behind makes the others
- * fail with a sentence that names it instead of blocking forever. After a
+ * Every reduction is deterministic: every element is the sum of the ranks'
+ * values in rank order (0, 1, ..., W-1), first addend copied, in the buffer's
+ * type, so all ranks hold the same bits and a rerun gives the same bits; the
+ * NCCL transport makes the MPI transport's additions in the same order (on a
+ * GPU kernel built without contraction; not yet checked on a GPU), so the two
+ * are meant to agree bit for bit. Every call has a deadline ([dist] timeout): a
+ * rank that exited, hung or fell behind makes the others fail with a sentence
+ * instead of blocking forever (the MPI transport names the missing rank; NCCL
+ * cannot tell which peer is missing, so its error names this rank). After a
  * failure the group is broken: later calls fail at once.
  *
- * On the host backend device memory is host memory, so buffers may be either.
+ * Each call returns with its result in buf. The caller must have finished
+ * writing buf (device work on it synchronised) before the call.
  */
 #ifndef PT_COLL_H
 #define PT_COLL_H
@@ -23,17 +32,37 @@ typedef struct pt_coll pt_coll;
 typedef enum pt_coll_dtype { PT_COLL_F32 = 0, PT_COLL_F64 = 1 } pt_coll_dtype;
 
 typedef struct pt_coll_config {
-    int32_t world_size, rank;  /* what the host says; checked against the transport's */
-    const char *init_method;   /* "env" or "mpi" (both start MPI if the host did not) */
-    double timeout_s;          /* deadline of each collective */
+    int32_t world_size, rank;  /* what the host says; checked against MPI's when MPI runs */
+    /* "env" or "mpi" (both start MPI if the host did not; NCCL's id then goes
+     * from rank 0 to the others over MPI), or "file:///path" (NCCL only: rank 0
+     * writes its id to path, the others poll for it; no MPI at all) */
+    const char *init_method;
+    double timeout_s;          /* deadline of each collective (and of NCCL's set-up) */
     int32_t debug_hang_rank;   /* testing: this rank stops joining collectives; -1 none */
+    const char *transport;     /* "mpi" or "nccl", from pt_coll_pick; NULL: "mpi" */
+    int32_t device_index;      /* nccl: the CUDA device this rank's communicator uses */
+    const char *nccl_lib;      /* nccl: the transport library to load; NULL: beside the
+                                  plugin, then the loader path */
 } pt_coll_config;
 
-/* Starts (or joins the host's) MPI and checks its rank and size against cfg. */
+/* The transport for [dist] backend = dist_backend (auto|nccl|mpi) on the device
+ * backend named device_backend ("cuda" or "host") with init_method: auto
+ * gives nccl on cuda and mpi on host; nccl on host, mpi on cuda and file://
+ * with mpi are refused with a sentence. *transport is a static string. */
+int pt_coll_pick(const char *dist_backend, const char *device_backend, const char *init_method,
+                 const char **transport, char *err, size_t errlen);
+
+/* Opens cfg->transport. mpi: starts (or joins the host's) MPI and checks its
+ * rank and size against cfg. nccl: loads libprotrain_nccl.so, hands rank 0's
+ * unique id to every rank (over MPI, or through the file) and joins the
+ * communicator on cfg->device_index, all within cfg->timeout_s. */
 int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t errlen);
-/* Finalizes MPI when pt_coll_open started it and no collective failed (a broken
- * group cannot finalize: that would wait for the missing rank). */
+/* Closes the transport: finalizes MPI when pt_coll_open started it and no
+ * collective failed (a broken group cannot finalize: that would wait for the
+ * missing rank); destroys the NCCL communicator (aborts it when broken). */
 void pt_coll_close(pt_coll *c);
+/* "mpi" or "nccl" (c NULL: "none") */
+const char *pt_coll_transport(const pt_coll *c);
 int pt_coll_rank(const pt_coll *c);
 int pt_coll_world(const pt_coll *c);
 
@@ -65,7 +94,11 @@ int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const c
  * (W entries each, the same on every rank, the ranges disjoint; len 0 gives
  * nothing) are copied into every other rank's buf. pt_coll_allgather is the
  * case lo/len = pt_coll_part. For a slice of a sharded buffer (a parameter
- * inside a chunk's region), whose parts are the region's parts cut to it. */
+ * inside a chunk's region), whose parts are the region's parts cut to it.
+ * buf is host memory (on the host backend device memory is): the parts are
+ * packed into W slots of the longest part's length with the CPU, all-gathered
+ * with pt_coll_allgather on either transport, and unpacked, so each rank
+ * receives about (W - 1) / W of the slice. */
 int pt_coll_allgather_ranges(pt_coll *c, void *buf, const size_t *lo, const size_t *len,
                              size_t elem_size, const char *what, char *err, size_t errlen);
 /* In place: every rank passes n elements; afterwards this rank's own part of

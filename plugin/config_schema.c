@@ -213,14 +213,19 @@ const pt_config_key pt_cfg_keys[] = {
           "shorter); auto: the fewest tiles whose plan fits the device."),
     R_WORD("dist", "backend", dist_backend, "auto|nccl|mpi|none", "auto",
            "Collectives between ranks. auto: nccl on cuda, mpi on the host backend, none with "
-           "one rank."),
+           "one rank. nccl needs the cuda backend and libprotrain_nccl.so; mpi needs the host "
+           "backend (it adds buffers with the CPU); the other pairings are refused."),
     R_STR("dist", "init_method", init_method, "env, mpi or file:///absolute/path",
           check_init_method, "env",
           "Rendezvous: env (rank/world from the host, checked against MPI's) or mpi (the plugin "
-          "calls MPI_Init unless the host did); both run on MPI. file:// is not built yet."),
+          "calls MPI_Init unless the host did): MPI starts, and with nccl carries NCCL's id "
+          "from rank 0. file:///path (nccl only, no MPI): rank 0 writes NCCL's id to path, "
+          "which must not exist yet, on a filesystem every rank sees; the others poll for it "
+          "until [dist] timeout; rank 0 removes it once all have joined."),
     R_FLT("dist", "timeout", dist_timeout, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "300",
-          "Seconds a collective may wait for the other ranks; past it the rank fails with an "
-          "error naming the rank that did not arrive, instead of hanging."),
+          "Seconds a collective (and NCCL's start-up) may wait for the other ranks; past it the "
+          "rank fails with an error instead of hanging (mpi names the rank that did not arrive; "
+          "nccl cannot tell which, aborts its communicator and names this rank)."),
     R_INT("dist", "debug_hang_rank", debug_hang_rank, PT_CFG_NO_HI, -1, INT_MAX, 0, "-1",
           "Testing: this rank stops joining collectives (as if hung) so the others must time "
           "out naming it; -1: none."),

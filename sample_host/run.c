@@ -419,7 +419,9 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
             snprintf(err, errlen, "%s: [plugin] backend = host, but device = cuda needs the "
                      "plugin's cuda backend (set backend = cuda or auto)", c->config);
             rc = -1;
-        } else if (sh_cuda_load(&rs.cuda, 0, err, errlen)) {
+        } else if (sh_cuda_load(&rs.cuda, c->world > 1 ? c->local_rank : 0, err, errlen)) {
+            /* several ranks: one GPU each, the launcher's local rank (NCCL refuses two
+             * ranks on one device) */
             rc = -1;
         } else {
             rs.have_cuda = 1;

@@ -401,6 +401,8 @@ static int start_plugin(sh_trainer *tr) {
     h->world_size = tr->o.world > 1 ? tr->o.world : 1;
     h->rank = tr->o.world > 1 ? tr->o.rank : 0;
     h->local_rank = tr->o.world > 1 ? tr->o.local_rank : 0;
+    /* on cuda each rank has the GPU of its local rank (run.c opened that one) */
+    h->device_index = tr->cu ? h->local_rank : 0;
     /* on the CPU the model runs as CPU code on device pointers: the device must be
      * addressable (host backend). On cuda the layers are kernels on the library's
      * stream, which the plugin adopts as its compute stream and orders its own copies

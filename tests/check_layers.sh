@@ -8,7 +8,11 @@
 #     planner/planner.h, store/store.h, core/rt.h);
 #  3. sample_host/ includes nothing but host_api headers and system headers;
 #  4. no two headers or sources include each other in a loop;
-#  1b. an MPI header only in gpu/mpi/ (the collectives' one implementation).
+#  1b. an MPI header only in gpu/mpi/ (the MPI transport of the collectives);
+#  1c. an NCCL header only in gpu/nccl/ (the NCCL transport, its own library);
+#  1d. a CUDA header only in gpu/cuda/, gpu/nccl/ and sample_host/cuda/ (the
+#      libraries the plugin dlopens), and CUDA C++ (.cu/.cuh) only in a cuda/
+#      folder.
 set -u
 cd "${PT_ROOT:-$(dirname "$0")/..}" || exit 2
 fail=0
@@ -22,6 +26,17 @@ while IFS= read -r hit; do bad "runtime must not include device/transport header
 # the rest of gpu/ must not see a transport's types either)
 while IFS= read -r hit; do bad "only gpu/mpi/ may include an MPI header: $hit"; done < <(
   grep -rnE '#\s*include\s*[<"]mpi[^">]*[">]' host_api gpu plugin sample_host | grep -v '^gpu/mpi/')
+
+# 1c: NCCL only in the NCCL transport
+while IFS= read -r hit; do bad "only gpu/nccl/ may include an NCCL header: $hit"; done < <(
+  grep -rnE '#\s*include\s*[<"]nccl[^">]*[">]' host_api gpu plugin sample_host | grep -v '^gpu/nccl/')
+
+# 1d: CUDA headers only in the separately built CUDA libraries; .cu only under cuda/
+while IFS= read -r hit; do bad "a CUDA header outside gpu/cuda/, gpu/nccl/, sample_host/cuda/: $hit"; done < <(
+  grep -rnE '#\s*include\s*[<"](cuda|cublas|cusolver|curand)[^">]*[">]' host_api gpu plugin sample_host |
+  grep -vE '^(gpu/cuda|gpu/nccl|sample_host/cuda)/')
+while IFS= read -r f; do bad "CUDA C++ outside a cuda/ folder: $f"; done < <(
+  find host_api gpu plugin sample_host runtime -name '*.cu' -o -name '*.cuh' | grep -v '/cuda/')
 
 # 2
 declare -A iface=([base]=base.h [optim]=optim.h [planner]=planner.h [store]=store.h [core]=rt.h)

@@ -22,13 +22,14 @@
 #include <time.h>
 
 #include "coll.h"
+#include "coll_mpi.h"
 #include "protrain.h"
 #include "pt_util.h"
 
 /* Elements per segment: 1 Mi floats = 4 MiB per peer in flight. */
 #define SEG_ELEMS ((size_t)1 << 20)
 
-struct pt_coll {
+struct pt_mpi_coll {
     int world, rank;
     int we_init;        /* pt_coll_open called MPI_Init_thread */
     int broken;         /* a collective failed: no further collective, no finalize */
@@ -55,7 +56,7 @@ static const char *mpi_text(int code, char *buf, size_t cap) {
     return buf;
 }
 
-int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t errlen) {
+int pt_mpi_coll_open(const pt_coll_config *cfg, pt_mpi_coll **out, char *err, size_t errlen) {
     *out = NULL;
     int inited = 0, finalized = 0;
     MPI_Finalized(&finalized);
@@ -64,7 +65,7 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
                        "[dist]: MPI was already finalized in this process (an earlier plugin "
                        "instance or the host); MPI cannot start twice");
     MPI_Initialized(&inited);
-    pt_coll *c = calloc(1, sizeof *c);
+    pt_mpi_coll *c = calloc(1, sizeof *c);
     if (!c) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for collectives");
     if (!inited) {
         /* The plugin is dlopened RTLD_LOCAL; Open MPI's own components are
@@ -84,7 +85,7 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
     MPI_Comm_size(MPI_COMM_WORLD, &w);
     MPI_Comm_rank(MPI_COMM_WORLD, &r);
     if (w != cfg->world_size || r != cfg->rank) {
-        pt_coll_close(c);
+        pt_mpi_coll_close(c);
         return pt_fail(err, errlen, PT_ERR_CONFIG,
                        "[dist]: the host says rank %d of %d, MPI says rank %d of %d (start every "
                        "rank with mpirun and pass MPI's numbers in pt_host_v1)",
@@ -96,7 +97,7 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
     c->hang_rank = cfg->debug_hang_rank;
     c->comm = MPI_COMM_NULL;
     if (MPI_Comm_dup(MPI_COMM_WORLD, &c->comm) != MPI_SUCCESS) {
-        pt_coll_close(c);
+        pt_mpi_coll_close(c);
         return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist]: MPI_Comm_dup failed");
     }
     /* a failed peer must become an error we report, not an abort inside MPI */
@@ -104,14 +105,14 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
     c->recv = malloc((size_t)(w > 1 ? w - 1 : 1) * SEG_ELEMS * sizeof(double));
     c->req = calloc((size_t)(2 * w), sizeof *c->req);
     if (!c->recv || !c->req) {
-        pt_coll_close(c);
+        pt_mpi_coll_close(c);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for collectives");
     }
     *out = c;
     return PT_OK;
 }
 
-void pt_coll_close(pt_coll *c) {
+void pt_mpi_coll_close(pt_mpi_coll *c) {
     if (!c) return;
     if (!c->broken) {
         if (c->comm != MPI_COMM_NULL) MPI_Comm_free(&c->comm);
@@ -122,12 +123,16 @@ void pt_coll_close(pt_coll *c) {
     free(c);
 }
 
-int pt_coll_rank(const pt_coll *c) { return c ? c->rank : 0; }
-int pt_coll_world(const pt_coll *c) { return c ? c->world : 1; }
+void pt_mpi_coll_mark_broken(pt_mpi_coll *c) {
+    if (c) c->broken = 1;
+}
+
+int pt_mpi_coll_rank(const pt_mpi_coll *c) { return c ? c->rank : 0; }
+int pt_mpi_coll_world(const pt_mpi_coll *c) { return c ? c->world : 1; }
 
 /* Waits for the 2*(W-1) requests (receives first, then sends) until the
  * deadline; on a miss names the first peer whose message is outstanding. */
-static int wait_all(pt_coll *c, int nreq, const int *peer, double deadline, const char *what,
+static int wait_all(pt_mpi_coll *c, int nreq, const int *peer, double deadline, const char *what,
                     char *err, size_t errlen) {
     int left = nreq;
     while (left > 0) {
@@ -166,7 +171,7 @@ static int wait_all(pt_coll *c, int nreq, const int *peer, double deadline, cons
 
 /* What every collective does first: refuse on a broken group, count it (tags,
  * error text), and play the hung rank when a test asks for one. */
-static int begin(pt_coll *c, const char *what, char *err, size_t errlen) {
+static int begin(pt_mpi_coll *c, const char *what, char *err, size_t errlen) {
     if (c->broken)
         return pt_fail(err, errlen, PT_ERR_BACKEND,
                        "[dist] %s: an earlier collective failed; the group is broken", what);
@@ -207,7 +212,7 @@ static void add_into(void *acc, const void *src, size_t m, int dtype) {
     }
 }
 
-int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale,
+int pt_mpi_coll_allreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,
                       const char *what, char *err, size_t errlen) {
     if (!c || c->world == 1) {
         scale_buf(buf, n, dtype, scale);
@@ -269,8 +274,8 @@ int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sca
     return rc;
 }
 
-int pt_coll_barrier(pt_coll *c, char *err, size_t errlen) {
-    return pt_coll_allreduce(c, NULL, 0, PT_COLL_F32, 1.0, "barrier", err, errlen);
+int pt_mpi_coll_barrier(pt_mpi_coll *c, char *err, size_t errlen) {
+    return pt_mpi_coll_allreduce(c, NULL, 0, PT_COLL_F32, 1.0, "barrier", err, errlen);
 }
 
 /* Sharded collectives: every part is cut into the same number of segments
@@ -283,21 +288,21 @@ static size_t seg_len(size_t part_len, size_t off) {
     return part_len - off < SEG_ELEMS ? part_len - off : SEG_ELEMS;
 }
 
-int pt_coll_allgather_ranges(pt_coll *c, void *buf, const size_t *lo, const size_t *len,
-                             size_t elem_size, const char *what, char *err, size_t errlen) {
+int pt_mpi_coll_allgather(pt_mpi_coll *c, void *buf, size_t n, size_t elem_size, const char *what,
+                      char *err, size_t errlen) {
     if (!c || c->world == 1) return PT_OK;
-    size_t s_part = 0;   /* the longest part: the segment count */
-    for (int p = 0; p < c->world; p++)
-        if (len[p] > s_part) s_part = len[p];
-    if (!elem_size || elem_size > 8 || (s_part && !buf))
+    if (!elem_size || elem_size > 8 || (n && !buf))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                       "[dist] %s: all-gather of parts up to %zu elements of %zu bytes from %p",
-                       what, s_part, elem_size, buf);
+                       "[dist] %s: all-gather of %zu elements of %zu bytes from %p", what, n,
+                       elem_size, buf);
     int brc = begin(c, what, err, errlen);
     if (brc) return brc;
     int np = c->world - 1;
     int *peer = malloc(sizeof(int) * (size_t)(2 * np));
     if (!peer) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    size_t lo_me, len_me, s_part, z;
+    pt_coll_part(n, c->world, 0, &z, &s_part);   /* rank 0 holds the longest part */
+    pt_coll_part(n, c->world, c->rank, &lo_me, &len_me);
     double deadline = pt_now_s() + c->timeout_s;
     int rc = PT_OK;
     /* bytes travel as MPI_BYTE: the element type does not matter for a copy */
@@ -305,18 +310,20 @@ int pt_coll_allgather_ranges(pt_coll *c, void *buf, const size_t *lo, const size
         int tag = (int)(c->seq & 0x3fff), i = 0;
         for (int p = 0; p < c->world; p++) {
             if (p == c->rank) continue;
-            size_t m = seg_len(len[p], off);
+            size_t lo, len;
+            pt_coll_part(n, c->world, p, &lo, &len);
+            size_t m = seg_len(len, off);
             peer[i] = p;
-            MPI_Irecv((char *)buf + (lo[p] + (m ? off : 0)) * elem_size, (int)(m * elem_size),
+            MPI_Irecv((char *)buf + (lo + (m ? off : 0)) * elem_size, (int)(m * elem_size),
                       MPI_BYTE, p, tag, c->comm, &c->req[i]);
             i++;
         }
-        size_t mm = seg_len(len[c->rank], off);
+        size_t mm = seg_len(len_me, off);
         for (int p = 0; p < c->world; p++) {
             if (p == c->rank) continue;
             peer[i] = p;
-            MPI_Isend((char *)buf + (lo[c->rank] + (mm ? off : 0)) * elem_size,
-                      (int)(mm * elem_size), MPI_BYTE, p, tag, c->comm, &c->req[i]);
+            MPI_Isend((char *)buf + (lo_me + (mm ? off : 0)) * elem_size, (int)(mm * elem_size),
+                      MPI_BYTE, p, tag, c->comm, &c->req[i]);
             i++;
         }
         if ((rc = wait_all(c, 2 * np, peer, deadline, what, err, errlen))) break;
@@ -326,23 +333,7 @@ int pt_coll_allgather_ranges(pt_coll *c, void *buf, const size_t *lo, const size
     return rc;
 }
 
-int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const char *what,
-                      char *err, size_t errlen) {
-    if (!c || c->world == 1) return PT_OK;
-    if (!elem_size || elem_size > 8 || (n && !buf))
-        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                       "[dist] %s: all-gather of %zu elements of %zu bytes from %p", what, n,
-                       elem_size, buf);
-    size_t *lo = malloc(2 * sizeof(size_t) * (size_t)c->world);
-    if (!lo) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
-    size_t *len = lo + c->world;
-    for (int p = 0; p < c->world; p++) pt_coll_part(n, c->world, p, &lo[p], &len[p]);
-    int rc = pt_coll_allgather_ranges(c, buf, lo, len, elem_size, what, err, errlen);
-    free(lo);
-    return rc;
-}
-
-int pt_coll_reduce_scatter(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale,
+int pt_mpi_coll_reduce_scatter(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,
                            const char *what, char *err, size_t errlen) {
     if (!c || c->world == 1) {
         scale_buf(buf, n, dtype, scale);

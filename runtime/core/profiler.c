@@ -378,11 +378,24 @@ static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
  * all-gather or reduce-scatter B (W-1)/W / rate). Every rank runs the same
  * calls here (profiling runs on all of them), the median of 3 after a warm-up.
  * On the host backend device memory is host memory, so a host buffer times
- * what the runtime's collectives on slots do. */
+ * what the runtime's collectives on slots do. On cuda (NCCL) the slots are
+ * device memory, which NCCL uses in place while a host buffer would be staged
+ * through the device, so a device buffer is timed when the device has room for
+ * one chunk (every rank asks for the same bytes; a rank without room times the
+ * host buffer, and the log says so). Its contents are never read. */
 static void measure_coll(pt_rt *rt, pt_trace_hw *hw) {
     if (!rt->coll || pt_coll_world(rt->coll) < 2 || rt->prof->rc) return;
     size_t bytes = (size_t)pt_store_chunk_size(rt->st), n = bytes / 4 ? bytes / 4 : 1;
-    float *buf = calloc(n, 4);
+    float *buf = NULL, *dbuf = NULL;
+    if (strcmp(pt_gpu_backend_name(rt->gpu), "host")) {
+        char why[256];
+        if (pt_gpu_alloc(rt->gpu, n * 4, PT_TAG_SCRATCH, (void **)&dbuf, why, sizeof why)) {
+            dbuf = NULL;
+            PT_LOGW(&rt->lg, "profiler: timing the collectives on a host buffer (a device "
+                             "buffer of one chunk did not fit: %s)", why);
+        }
+    }
+    buf = dbuf ? dbuf : calloc(n, 4);
     if (!buf) {
         prof_failed(rt->prof, "out of host memory timing the collectives");
         return;
@@ -413,7 +426,8 @@ static void measure_coll(pt_rt *rt, pt_trace_hw *hw) {
         double med = a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
         *rate[k] = med > 0 ? (double)(n * 4) * bus[k] / med : 0;
     }
-    free(buf);
+    if (dbuf) pt_gpu_free(rt->gpu, dbuf);
+    else free(buf);
 }
 
 /* Seconds one device AdamW over n elements takes on the compute stream, the

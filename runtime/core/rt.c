@@ -51,14 +51,9 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     if (cfg->osft_enabled && cfg->tiled_mlp_enabled)
         missing = "[osft] enabled with [tiled_mlp] enabled: TiledMLP's per-tile gradient "
                   "accumulator does not know the OSFT factors yet; enable one of them";
-    else if (host && host->world_size > 1 && !strcmp(cfg->dist_backend, "nccl"))
-        missing = "[dist] backend = nccl: NCCL is not built yet (mpi on the host backend is)";
     else if (host && host->world_size > 1 && !strcmp(cfg->dist_backend, "none"))
         missing = "[dist] backend = none with world_size > 1: the ranks could not agree on "
                   "gradients";
-    else if (host && host->world_size > 1 && !strncmp(cfg->init_method, "file:", 5))
-        missing = "[dist] init_method = file://: the shared-file rendezvous is not built yet "
-                  "(use env or mpi under mpirun)";
     else if (cfg->tp_size > 1 && cfg->osft_enabled)
         missing = "[dist] tp_size > 1 with [osft] enabled: OSFT's factors are not split over a "
                   "tensor-parallel group yet; set tp_size = 1 or disable OSFT";
@@ -71,9 +66,9 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     else if (cfg->tp_size > 1 && host->world_size != cfg->tp_size)
         missing = "[dist] tp_size < world_size: data parallel across tensor-parallel groups is "
                   "not built yet; only world_size == tp_size (one group) is";
-    else if (host && host->world_size > 1 && host->device_kind == PT_DEVICE_CUDA)
-        missing = "world_size > 1 on the cuda backend needs NCCL, which is not built yet "
-                  "(multi-rank runs work on the host backend with MPI)";
+    else if (cfg->tp_size > 1 && host->device_kind == PT_DEVICE_CUDA)
+        missing = "[dist] tp_size > 1 on the cuda backend: tensor parallelism runs on the host "
+                  "backend only (its REKLS gathers have not run over NCCL)";
     if (missing) {
         free(rt);
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "%s (config %s)", missing, cfg->source);
@@ -141,22 +136,30 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
                          "ordering after the host's compute (a testing aid: training is wrong)",
                 rt->skip);
     if (host && host->world_size > 1) {
-        if (strcmp(pt_gpu_backend_name(rt->gpu), "host")) {
-            pt_rt_destroy(rt);   /* collectives read device memory with the CPU */
-            return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
-                           "world_size > 1 runs on the host backend only (cuda needs NCCL, "
-                           "not built yet); set [plugin] backend = host (config %s)",
-                           cfg->source);
+        /* the transport follows the device backend actually opened (auto may
+         * have fallen back to host): nccl on cuda, mpi on host */
+        const char *tr = NULL;
+        const char *dev = pt_gpu_backend_name(rt->gpu);
+        if ((rc = pt_coll_pick(cfg->dist_backend, dev, cfg->init_method, &tr, err, errlen))) {
+            pt_rt_destroy(rt);
+            return rc;
+        }
+        if (cfg->tp_size > 1 && strcmp(tr, "mpi")) {
+            pt_rt_destroy(rt);
+            return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[dist] tp_size > 1 runs on the "
+                           "host backend's mpi transport only (config %s)", cfg->source);
         }
         pt_coll_config cc = {host->world_size, host->rank, cfg->init_method,
-                             (double)cfg->dist_timeout, cfg->debug_hang_rank};
+                             (double)cfg->dist_timeout, cfg->debug_hang_rank, tr,
+                             host->device_index, NULL};
         if ((rc = pt_coll_open(&cc, &rt->coll, err, errlen))) {
             pt_rt_destroy(rt);
             return rc;
         }
-        PT_LOGI(&rt->lg, "%s: rank %d of %d over MPI (init_method %s, timeout %g s)",
+        PT_LOGI(&rt->lg, "%s: rank %d of %d over %s on the %s backend (init_method %s, "
+                         "timeout %g s)",
                 cfg->tp_size > 1 ? "tensor parallel (one group)" : "data parallel", host->rank,
-                host->world_size, cfg->init_method, (double)cfg->dist_timeout);
+                host->world_size, tr, dev, cfg->init_method, (double)cfg->dist_timeout);
     }
     char name[128];
     pt_gpu_device_name(rt->gpu, name, sizeof name);

@@ -6,8 +6,9 @@
  *
  * Where each chunk is reduced:
  *  - resident: in place in device memory, after the compute stream is synced
- *    (device memory is host memory on the host backend, the only backend
- *    multi-rank runs on; a 16-bit resident gradient is refused for now);
+ *    (the MPI transport adds it with the CPU, right on the host backend where
+ *    device memory is host memory; on cuda the NCCL transport works on the
+ *    device buffer; a 16-bit resident gradient is refused for now);
  *  - offloaded: on the host side, after its D2H copies and before CPU Adam, in
  *    its fp32 accumulator (always kept with several ranks): one fp32 reduction
  *    per step whatever the chunk's dtype and micro-batch count, no device

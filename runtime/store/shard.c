@@ -159,8 +159,9 @@ int pt_sh_upload(pt_store *st, cs_chunk *c, void *dst, char *err, size_t errlen)
             op = "memcpy";
     }
     if (!op && OPS(st)->event_record(IMPL(st), c->ev_up, st->env.s_h2d)) op = "event_record";
-    /* the all-gather writes the other parts with the CPU: after our part landed
-     * (and, through the h2d stream's waits, after the slot's last use) */
+    /* the all-gather writes the other parts (the CPU on MPI, NCCL's own stream
+     * on cuda), outside the h2d stream: after our part landed (and, through the
+     * h2d stream's waits, after the slot's last use) */
     if (!op && !(st->env.skip & PT_ORD_SHARD) && OPS(st)->event_sync(IMPL(st), c->ev_up))
         op = "event_sync";
     if (op)
@@ -181,8 +182,9 @@ int pt_sh_upload(pt_store *st, cs_chunk *c, void *dst, char *err, size_t errlen)
 
 int pt_sh_grad_out(pt_store *st, cs_chunk *c, void *gbuf, char *err, size_t errlen) {
     const pt_gpu_backend *o = OPS(st);
-    /* the host's backward of the chunk's blocks is done before the CPU reads the
-     * slot (a host computing on its own thread is done already) */
+    /* the host's backward of the chunk's blocks is done before the collective
+     * reads the slot (the CPU on MPI, NCCL's own stream on cuda; a host
+     * computing on its own thread is done already) */
     if (pt_cs_ord(st, PT_ORD_SHARD) && o->event_sync(IMPL(st), st->slot_used[c->slot]))
         return pt_fail(err, errlen, PT_ERR_BACKEND, "waiting for the backward of chunk %d "
                        "before its reduce-scatter failed: event_sync failed", c->id);

@@ -9,6 +9,8 @@
 #   3. the device wrapper's tests, which open cuda when a GPU is there
 #   4. sample_host on cuda (tests/gpu/sample_cuda.sh), where it is built
 #   5. sample_host checkpoint/resume on cuda (tests/gpu/resume_cuda.sh), likewise
+#   6. the NCCL transport (tests/gpu/nccl.sh): world 1 and the failure paths on
+#      one GPU; 2-3 ranks and data-parallel training with 2+ GPUs
 set -u
 B=${PT_BUILD:-build}
 cd "$(dirname "$0")/../.."
@@ -50,6 +52,11 @@ else
 fi
 if [ -f "$B/libsample_cuda.so" ] && [ -x tests/gpu/resume_cuda.sh ]; then
   check "sample_host checkpoint/resume on cuda" bash tests/gpu/resume_cuda.sh
+fi
+if [ -f "$B/libprotrain_nccl.so" ]; then
+  check "NCCL transport (world 1 and failures on 1 GPU; 2-3 ranks with 2+ GPUs)" bash tests/gpu/nccl.sh
+else
+  skipped "NCCL transport" "$B/libprotrain_nccl.so not built (nvcc or the toolkit's nccl.h missing)"
 fi
 echo "=== test-gpu summary"
 printf "%s" "$summary"

@@ -15,6 +15,14 @@
  *    sum times the scale computed here from every rank's values (each rank can
  *    generate them all), and equals what pt_coll_allreduce leaves there; the
  *    rest of the buffer is untouched.
+ *
+ * The same oracles check the NCCL transport on a machine with GPUs
+ * (tests/gpu/nccl.sh): PT_TEST_COLL_TRANSPORT=nccl picks it (rank r on CUDA
+ * device OMPI_COMM_WORLD_LOCAL_RANK, PT_TEST_COLL_INIT as init_method), and
+ * PT_TEST_COLL_DEVICE=1 hands it buffers in device memory (opened through the
+ * cuda backend) instead of host memory, so both of its paths (in place on the
+ * device, staged from the host) meet the rank-order oracle. The MPI transport's
+ * bits and NCCL's must be the same: both are compared with the sum formed here.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -28,10 +36,28 @@
 #include <string.h>
 
 #include "coll.h"
+#include "gpu.h"
 #include "protrain.h"
 
 static pt_coll *C;
 static int W, R;
+static pt_gpu *G;   /* PT_TEST_COLL_DEVICE=1: device buffers from the cuda backend */
+
+/* The collectives' view of a host buffer: itself, or (G) a device copy of it
+ * that back() copies home and frees. */
+static void *there(void *host, size_t bytes) {
+    if (!G || !bytes) return host;
+    void *d = NULL;
+    char err[512];
+    if (pt_gpu_alloc(G, bytes, PT_TAG_BUFFER, &d, err, sizeof err)) fail_msg("device alloc: %s", err);
+    if (pt_gpu_memcpy(G, d, host, bytes, PT_GPU_H2D)) fail_msg("copy to the device failed");
+    return d;
+}
+static void back(void *host, void *d, size_t bytes) {
+    if (d == host) return;
+    if (pt_gpu_memcpy(G, host, d, bytes, PT_GPU_D2H)) fail_msg("copy from the device failed");
+    pt_gpu_free(G, d);
+}
 
 #define SEG ((size_t)1 << 20)
 static const size_t LENS[] = {0, 1, 2, 3, 5, 64, 1001, 3 * SEG + 7};
@@ -78,8 +104,10 @@ static void test_allgather(void **s) {
             pt_coll_part(n, W, R, &lo, &len);
             for (size_t i = lo; i < lo + len; i++)
                 for (size_t j = 0; j < b; j++) buf[i * b + j] = (unsigned char)(i * 31 + j * 7 + b);
-            int rc = pt_coll_allgather(C, buf, n, b, "test all-gather", err, sizeof err);
+            void *d = there(buf, n * b);
+            int rc = pt_coll_allgather(C, d, n, b, "test all-gather", err, sizeof err);
             if (rc) fail_msg("all-gather of %zu x %zu bytes: %s", n, b, err);
+            back(buf, d, n * b);
             size_t bad = 0;
             for (size_t i = 0; i < n; i++)
                 for (size_t j = 0; j < b; j++)
@@ -145,11 +173,15 @@ static void test_reduce_scatter(void **s) {
         assert_non_null(ar);
         for (size_t i = 0; i < n; i++) buf[i] = ar[i] = val(R, i);
         double scale = 1.0 / W;
-        int rc = pt_coll_reduce_scatter(C, buf, n, PT_COLL_F32, scale, "test reduce-scatter", err,
+        void *d = there(buf, n * 4);
+        int rc = pt_coll_reduce_scatter(C, d, n, PT_COLL_F32, scale, "test reduce-scatter", err,
                                         sizeof err);
         if (rc) fail_msg("reduce-scatter of %zu floats: %s", n, err);
-        rc = pt_coll_allreduce(C, ar, n, PT_COLL_F32, scale, "test all-reduce", err, sizeof err);
+        back(buf, d, n * 4);
+        d = there(ar, n * 4);
+        rc = pt_coll_allreduce(C, d, n, PT_COLL_F32, scale, "test all-reduce", err, sizeof err);
         if (rc) fail_msg("all-reduce of %zu floats: %s", n, err);
+        back(ar, d, n * 4);
         size_t lo, len, bad_sum = 0, bad_ar = 0, bad_rest = 0;
         pt_coll_part(n, W, R, &lo, &len);
         for (size_t i = 0; i < n; i++) {
@@ -179,12 +211,34 @@ int main(void) {
         printf("test_coll: skipped: run under mpirun (tests/dist.sh does)\n");
         return 0;
     }
-    pt_coll_config cfg = {atoi(ws), atoi(rs), "env", 60.0, -1};
+    const char *tr = getenv("PT_TEST_COLL_TRANSPORT"), *init = getenv("PT_TEST_COLL_INIT");
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK"), *b = getenv("PT_BUILD");
+    const char *dev = getenv("PT_TEST_COLL_DEVICE");
+    /* overrides for the GPU script's failure checks: the deadline, and every
+     * rank on one device (NCCL must refuse that with an error, not hang) */
+    const char *to = getenv("PT_TEST_COLL_TIMEOUT"), *di = getenv("PT_TEST_COLL_DEVICE_INDEX");
+    char lib[4096];
+    snprintf(lib, sizeof lib, "%s/libprotrain_nccl.so", b ? b : "build");
+    pt_coll_config cfg = {atoi(ws), atoi(rs), init && *init ? init : "env",
+                          to && *to ? atof(to) : 60.0, -1, tr && *tr ? tr : "mpi",
+                          di && *di ? atoi(di) : local ? atoi(local) : 0, lib};
     char err[512];
+    if (dev && !strcmp(dev, "1")) {
+        pt_gpu_config gc = {0};
+        gc.device_index = cfg.device_index;
+        gc.capacity = (uint64_t)256 << 20;   /* 3 x (3 MiB x 4 + 7) floats at most at once */
+        if (pt_gpu_open("cuda", &gc, &G, err, sizeof err)) {
+            fprintf(stderr, "test_coll: PT_TEST_COLL_DEVICE=1: %s\n", err);
+            return 1;
+        }
+    }
     if (pt_coll_open(&cfg, &C, err, sizeof err)) {
         fprintf(stderr, "test_coll: %s\n", err);
+        pt_gpu_close(G);
         return 1;
     }
+    printf("test_coll: rank %d of %d over %s, %s buffers\n", pt_coll_rank(C), pt_coll_world(C),
+           pt_coll_transport(C), G ? "device" : "host");
     W = pt_coll_world(C);
     R = pt_coll_rank(C);
     const struct CMUnitTest tests[] = {
@@ -195,5 +249,6 @@ int main(void) {
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     pt_coll_close(C);
+    pt_gpu_close(G);
     return rc;
 }

@@ -1,0 +1,204 @@
+/*
+ * coll.c — the collectives front: picks the transport for a configuration
+ * (pt_coll_pick), opens it, and sends every coll.h call to it. The runtime sees
+ * only coll.h, so its code path is the same on both transports.
+ *
+ * Why the pairing is fixed: the MPI transport adds buffers with the CPU, which
+ * is right only where device memory is host memory (the host backend); NCCL
+ * moves and adds device memory, which the host backend does not have. Staging
+ * cuda device buffers through host memory for MPI is not built.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll.h"
+#include "coll_boot.h"
+#include "coll_mpi.h"
+#include "protrain.h"
+#include "pt_util.h"
+
+struct pt_coll {
+    int world, rank;
+    int nccl;                   /* 1: the NCCL transport; 0: MPI */
+    pt_mpi_coll *mpi;           /* the MPI transport, or NCCL's MPI bootstrap (kept to
+                                   finalize MPI after NCCL is gone); NULL with file:// */
+    pt_coll_nccl nc;            /* nccl: the loaded library and its communicator */
+    int hang_rank, broken;      /* nccl: the testing aid and its broken state */
+    double timeout_s;
+};
+
+int pt_coll_pick(const char *dist_backend, const char *device_backend, const char *init_method,
+                 const char **transport, char *err, size_t errlen) {
+    *transport = NULL;
+    int cuda = !strcmp(device_backend, "cuda"), host = !strcmp(device_backend, "host");
+    int file = init_method && !strncmp(init_method, "file:", 5);
+    if (!cuda && !host)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[dist]: no collectives for the %s "
+                       "backend (nccl runs on cuda, mpi on host)", device_backend);
+    if (!strcmp(dist_backend, "auto")) {
+        *transport = cuda ? "nccl" : "mpi";
+    } else if (!strcmp(dist_backend, "nccl")) {
+        if (!cuda)
+            return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                           "[dist] backend = nccl needs the cuda backend (NCCL moves device "
+                           "memory between GPUs) but this run is on the %s backend; use "
+                           "backend = mpi or auto there", device_backend);
+        *transport = "nccl";
+    } else if (!strcmp(dist_backend, "mpi")) {
+        if (cuda)
+            return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                           "[dist] backend = mpi on the cuda backend: the MPI collectives add "
+                           "buffers with the CPU, and cuda device memory is not host memory "
+                           "(staging it through the host is not built); use backend = nccl or "
+                           "auto");
+        *transport = "mpi";
+    } else if (!strcmp(dist_backend, "none")) {
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[dist] backend = none with several "
+                       "ranks: the ranks could not agree on gradients");
+    } else {
+        return pt_fail(err, errlen, PT_ERR_CONFIG, "[dist] backend = '%s': expected auto, "
+                       "nccl, mpi or none", dist_backend);
+    }
+    if (file && !strcmp(*transport, "mpi")) {
+        *transport = NULL;
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                       "[dist] init_method = %s with the mpi transport: the shared-file "
+                       "rendezvous hands out NCCL's id, while MPI ranks meet through mpirun "
+                       "(use init_method = env or mpi)", init_method);
+    }
+    return PT_OK;
+}
+
+int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t errlen) {
+    *out = NULL;
+    const char *tr = cfg->transport ? cfg->transport : "mpi";
+    int nccl = !strcmp(tr, "nccl");
+    if (!nccl && strcmp(tr, "mpi"))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist]: unknown transport '%s'", tr);
+    if (cfg->world_size < 1 || cfg->rank < 0 || cfg->rank >= cfg->world_size)
+        return pt_fail(err, errlen, PT_ERR_CONFIG, "[dist]: rank %d of %d is not a rank",
+                       cfg->rank, cfg->world_size);
+    int file = cfg->init_method && !strncmp(cfg->init_method, "file:", 5);
+    if (file && !nccl)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[dist] init_method = %s needs the nccl "
+                       "transport (MPI ranks meet through mpirun)", cfg->init_method);
+    pt_coll *c = calloc(1, sizeof *c);
+    if (!c) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for collectives");
+    c->world = cfg->world_size;
+    c->rank = cfg->rank;
+    c->nccl = nccl;
+    c->hang_rank = cfg->debug_hang_rank;
+    c->timeout_s = cfg->timeout_s;
+    int rc = PT_OK;
+    if (!file) {
+        pt_coll_config mc = *cfg;
+        if (nccl) mc.debug_hang_rank = -1;   /* the bootstrap must not hang */
+        rc = pt_mpi_coll_open(&mc, &c->mpi, err, errlen);
+    }
+    /* a failed NCCL start may have left a peer waiting (or gone): MPI is then
+     * not finalized, as after a failed collective */
+    if (!rc && nccl && (rc = pt_coll_nccl_open(cfg, c->mpi, &c->nc, err, errlen))) c->broken = 1;
+    if (rc) {
+        pt_coll_close(c);
+        return rc;
+    }
+    *out = c;
+    return PT_OK;
+}
+
+void pt_coll_close(pt_coll *c) {
+    if (!c) return;
+    pt_coll_nccl_close(&c->nc);   /* before MPI: NCCL's bootstrap may still use it */
+    if (c->broken) pt_mpi_coll_mark_broken(c->mpi);
+    pt_mpi_coll_close(c->mpi);
+    free(c);
+}
+
+const char *pt_coll_transport(const pt_coll *c) { return !c ? "none" : c->nccl ? "nccl" : "mpi"; }
+int pt_coll_rank(const pt_coll *c) { return c ? c->rank : 0; }
+int pt_coll_world(const pt_coll *c) { return c ? c->world : 1; }
+
+/* nccl: refuse on a broken group, and play the hung rank when a test asks for
+ * one (as the MPI transport does inside its own calls). */
+static int nccl_begin(pt_coll *c, const char *what, char *err, size_t errlen) {
+    if (c->broken)
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "[dist] %s: an earlier collective failed; the group is broken", what);
+    if (c->rank == c->hang_rank) {
+        double until = pt_now_s() + 20 * c->timeout_s + 10;
+        while (pt_now_s() < until) pt_coll_nccl_pause();
+        c->broken = 1;
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist] %s: [dist] debug_hang_rank = %d: "
+                       "this rank hung on purpose", what, c->hang_rank);
+    }
+    return PT_OK;
+}
+
+/* A failed NCCL call breaks the group here too, so the hang aid and later
+ * calls see it without asking the library. */
+static int nccl_end(pt_coll *c, int rc) {
+    if (rc) c->broken = 1;
+    return rc;
+}
+
+int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale,
+                      const char *what, char *err, size_t errlen) {
+    if (c && c->nccl) {
+        int rc = nccl_begin(c, what, err, errlen);
+        return rc ? rc : nccl_end(c, c->nc.ops->allreduce(c->nc.h, buf, n, dtype, scale, what,
+                                                          err, errlen));
+    }
+    return pt_mpi_coll_allreduce(c ? c->mpi : NULL, buf, n, dtype, scale, what, err, errlen);
+}
+
+int pt_coll_barrier(pt_coll *c, char *err, size_t errlen) {
+    if (c && c->nccl) {
+        int rc = nccl_begin(c, "barrier", err, errlen);
+        return rc ? rc : nccl_end(c, c->nc.ops->barrier(c->nc.h, err, errlen));
+    }
+    return pt_mpi_coll_barrier(c ? c->mpi : NULL, err, errlen);
+}
+
+int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const char *what,
+                      char *err, size_t errlen) {
+    if (c && c->nccl) {
+        int rc = nccl_begin(c, what, err, errlen);
+        return rc ? rc : nccl_end(c, c->nc.ops->allgather(c->nc.h, buf, n, elem_size, what, err,
+                                                          errlen));
+    }
+    return pt_mpi_coll_allgather(c ? c->mpi : NULL, buf, n, elem_size, what, err, errlen);
+}
+
+int pt_coll_allgather_ranges(pt_coll *c, void *buf, const size_t *lo, const size_t *len,
+                             size_t elem_size, const char *what, char *err, size_t errlen) {
+    if (!c || c->world == 1) return PT_OK;
+    size_t s = 0;   /* the longest part: every slot's length */
+    for (int p = 0; p < c->world; p++)
+        if (len[p] > s) s = len[p];
+    if (!elem_size || elem_size > 8 || (s && !buf))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: all-gather of parts up to "
+                       "%zu elements of %zu bytes from %p", what, s, elem_size, buf);
+    /* slot p = [p s, (p + 1) s): exactly rank p's part under pt_coll_part(W s) */
+    char *tmp = malloc((size_t)c->world * s * elem_size + 1);
+    if (!tmp) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "[dist] %s: out of host memory for "
+                             "%zu bytes", what, (size_t)c->world * s * elem_size);
+    memcpy(tmp + (size_t)c->rank * s * elem_size, (char *)buf + lo[c->rank] * elem_size,
+           len[c->rank] * elem_size);
+    int rc = pt_coll_allgather(c, tmp, (size_t)c->world * s, elem_size, what, err, errlen);
+    for (int p = 0; !rc && p < c->world; p++)
+        if (p != c->rank && len[p])
+            memcpy((char *)buf + lo[p] * elem_size, tmp + (size_t)p * s * elem_size,
+                   len[p] * elem_size);
+    free(tmp);
+    return rc;
+}
+
+int pt_coll_reduce_scatter(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale,
+                           const char *what, char *err, size_t errlen) {
+    if (c && c->nccl) {
+        int rc = nccl_begin(c, what, err, errlen);
+        return rc ? rc : nccl_end(c, c->nc.ops->reduce_scatter(c->nc.h, buf, n, dtype, scale,
+                                                               what, err, errlen));
+    }
+    return pt_mpi_coll_reduce_scatter(c ? c->mpi : NULL, buf, n, dtype, scale, what, err, errlen);
+}

@@ -1,0 +1,32 @@
+/*
+ * coll_mpi.h — the MPI transport of coll.h (gpu/mpi/coll_mpi.c), as the
+ * collectives front (coll.c) calls it: coll.h's operations with coll.h's
+ * meaning, on a handle of its own. No MPI type in it. The front also uses it
+ * to hand NCCL's unique id from rank 0 to the others when MPI is there.
+ */
+#ifndef PT_COLL_MPI_H
+#define PT_COLL_MPI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coll.h"
+
+typedef struct pt_mpi_coll pt_mpi_coll;
+
+int pt_mpi_coll_open(const pt_coll_config *cfg, pt_mpi_coll **out, char *err, size_t errlen);
+void pt_mpi_coll_close(pt_mpi_coll *c);
+/* Another transport's group (NCCL's, bootstrapped here) broke: a rank may be
+ * gone, so close must not finalize MPI (that would wait for it). */
+void pt_mpi_coll_mark_broken(pt_mpi_coll *c);
+int pt_mpi_coll_rank(const pt_mpi_coll *c);
+int pt_mpi_coll_world(const pt_mpi_coll *c);
+int pt_mpi_coll_allreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,
+                          const char *what, char *err, size_t errlen);
+int pt_mpi_coll_barrier(pt_mpi_coll *c, char *err, size_t errlen);
+int pt_mpi_coll_allgather(pt_mpi_coll *c, void *buf, size_t n, size_t elem_size,
+                          const char *what, char *err, size_t errlen);
+int pt_mpi_coll_reduce_scatter(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,
+                               const char *what, char *err, size_t errlen);
+
+#endif
