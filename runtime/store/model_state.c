@@ -565,6 +565,13 @@ void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out
 int pt_store_borrow_slot(pt_store *st, void **dev, uint64_t *bytes) {
     if (!st->pool || pt_bufpool_n_slots(st->pool) == 0 || pt_bufpool_slot_leases(st->pool, 0))
         return 0;
+    /* the slot's last gradient copy to the host (d2h stream) and the compute
+     * stream's last use of it may still run: the borrower's copies (on other
+     * streams) would race with them */
+    const pt_gpu_backend *o = pt_gpu_ops(st->env.gpu);
+    if ((st->slot_free && o->event_sync(pt_gpu_impl(st->env.gpu), st->slot_free[0])) ||
+        (st->slot_used && o->event_sync(pt_gpu_impl(st->env.gpu), st->slot_used[0])))
+        return 0;
     *dev = pt_bufpool_slot_ptr(st->pool, 0);
     *bytes = pt_bufpool_slot_bytes(st->pool);
     pt_bufpool_invalidate_all(st->pool);
