@@ -192,6 +192,30 @@ int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const c
     return pt_mpi_coll_allgather(c ? c->mpi : NULL, buf, n, elem_size, what, err, errlen);
 }
 
+int pt_coll_allgather_ranges(pt_coll *c, void *buf, const size_t *lo, const size_t *len,
+                             size_t elem_size, const char *what, char *err, size_t errlen) {
+    if (!c || c->world == 1) return PT_OK;
+    size_t s = 0;   /* the longest part: every slot's length */
+    for (int p = 0; p < c->world; p++)
+        if (len[p] > s) s = len[p];
+    if (!elem_size || elem_size > 8 || (s && !buf))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: all-gather of parts up to "
+                       "%zu elements of %zu bytes from %p", what, s, elem_size, buf);
+    /* slot p = [p s, (p + 1) s): exactly rank p's part under pt_coll_part(W s) */
+    char *tmp = malloc((size_t)c->world * s * elem_size + 1);
+    if (!tmp) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "[dist] %s: out of host memory for "
+                             "%zu bytes", what, (size_t)c->world * s * elem_size);
+    memcpy(tmp + (size_t)c->rank * s * elem_size, (char *)buf + lo[c->rank] * elem_size,
+           len[c->rank] * elem_size);
+    int rc = pt_coll_allgather(c, tmp, (size_t)c->world * s, elem_size, what, err, errlen);
+    for (int p = 0; !rc && p < c->world; p++)
+        if (p != c->rank && len[p])
+            memcpy((char *)buf + lo[p] * elem_size, tmp + (size_t)p * s * elem_size,
+                   len[p] * elem_size);
+    free(tmp);
+    return rc;
+}
+
 int pt_coll_reduce_scatter(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale,
                            const char *what, char *err, size_t errlen) {
     if (c && c->nccl) {

@@ -131,6 +131,17 @@ static inline void pt_coll_part(size_t n, int world, int p, size_t *lo, size_t *
  * afterwards every rank holds every part. No arithmetic: any element type. */
 int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const char *what,
                       char *err, size_t errlen);
+/* The same for any parts: rank p's elements [lo[p], lo[p] + len[p]) of buf
+ * (W entries each, the same on every rank, the ranges disjoint; len 0 gives
+ * nothing) are copied into every other rank's buf. pt_coll_allgather is the
+ * case lo/len = pt_coll_part. For a slice of a sharded buffer (a parameter
+ * inside a chunk's region), whose parts are the region's parts cut to it.
+ * buf is host memory (on the host backend device memory is): the parts are
+ * packed into W slots of the longest part's length with the CPU, all-gathered
+ * with pt_coll_allgather on either transport, and unpacked, so each rank
+ * receives about (W - 1) / W of the slice. */
+int pt_coll_allgather_ranges(pt_coll *c, void *buf, const size_t *lo, const size_t *len,
+                             size_t elem_size, const char *what, char *err, size_t errlen);
 /* In place: every rank passes n elements; afterwards this rank's own part of
  * buf (pt_coll_part) = scale * (part_0 + part_1 + ... + part_{W-1}), summed in
  * rank order exactly as pt_coll_allreduce sums (so the part holds the same

@@ -214,6 +214,10 @@ const pt_config_key pt_cfg_keys[] = {
     R_STR("osft", "targets", osft_targets,
           "a comma-separated list of parameter-name substrings like attn,mlp", check_targets,
           "attn,mlp", "2-D parameters whose name contains any of these substrings are targets."),
+    R_BOOL("osft", "cache_frozen", osft_cache_frozen, "false",
+           "Mode C: keep each target's frozen factors whole on every rank after their first "
+           "gather (pinned memory: the frozen factors' full bytes on every rank), so each step's "
+           "value projection gathers only the trainable ones. No effect in modes A and B."),
     R_BOOL("tiled_mlp", "enabled", tiled_mlp_enabled, "false",
            "Run each block's MLP in sequence tiles to cut its activation peak."),
     R_INT("tiled_mlp", "tiles", tiled_mlp_tiles, PT_CFG_AUTO | PT_CFG_NO_HI, 1, INT_MAX, 0,
@@ -278,11 +282,13 @@ const pt_config_key pt_cfg_keys[] = {
      "test sees it. 0: none. Never in training."},
     R_INT("host_backend", "jitter_seed", jitter_seed, PT_CFG_NO_HI, 0, INT_MAX, 0, "1",
           "Seed of the compute jitter's random delays."),
-    R_INT("host_backend", "debug_skip_ordering", debug_skip_ordering, 0, 0, 2047, 0, "0",
+    R_INT("host_backend", "debug_skip_ordering", debug_skip_ordering, 0, 0, 4095, 0, "0",
           "Testing only: orderings to skip, a bit mask (1 uploads, 2 slot reuse, 4 gradient "
           "copies, 8 swaps, 16 frees, 32 optimizer step, 64 host memcpy, 128 OSFT projection, "
           "256 an upload after its chunk's deferred CPU step, 512 mode C's collectives on a "
-          "chunk's slot, 1024 a gradient bucket's all-reduce during backward; 2047 all), so a test shows it fails without each. Never in training."),
+          "chunk's slot, 1024 a gradient bucket's all-reduce during backward, 2048 OSFT's value "
+          "projection after a chunk's CPU step (skipped: before it); 4095 all), so a test shows "
+          "it fails without each. Never in training."),
     R_BOOL("cuda", "poison", cuda_poison, "false",
            "On a CUDA device, fill freed device memory with NaN too (a memset and a wait "
            "on every free: a debugging aid, off by default for speed)."),

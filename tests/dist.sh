@@ -80,6 +80,12 @@ done
 osft='[osft]\nenabled = true\nunfreeze_rank_ratio = 0.4\ntargets = qkvw,attprojw,fcw,fcprojw\n'
 cp "$tmp/A.ini" "$tmp/AO.ini"; printf "$osft" >> "$tmp/AO.ini"
 cp "$tmp/B.ini" "$tmp/BO.ini"; printf "$osft" >> "$tmp/BO.ini"
+# CO: mode C with OSFT. A rank holds a byte range of each chunk, so the value
+# projection gathers a split factor whole on every rank, projects it as one
+# rank does and keeps its own part: the same bits as BO (checked below).
+cp "$tmp/C.ini" "$tmp/CO.ini"; printf "$osft" >> "$tmp/CO.ini"
+# COF: CO with [osft] cache_frozen (the frozen factors gathered once and kept)
+cp "$tmp/CO.ini" "$tmp/COF.ini"; printf 'cache_frozen = true\n' >> "$tmp/COF.ini"
 
 # field value of every line: jf FILE KEY
 jf() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
@@ -96,15 +102,15 @@ for np in 2 3; do
     fi
 done
 
-for mode in A B AT AO BO AR BR C CS BS; do
+for mode in A B AT AO BO CO AR BR C CS BS; do
     want=${mode:0:1}   # the execution mode the plugin must report
     want1=$want; [ "$want" = C ] && want1=B   # one rank cannot shard
     extra=()   # OSFT: 1 x 15 = 15 token rows per rank (odd), on top of the odd ranks
-    case $mode in AO|BO) extra=(--batch 1 --seq 15) ;; AR|BR) extra=(--optimizer ini) ;; esac
+    case $mode in AO|BO|CO) extra=(--batch 1 --seq 15) ;; AR|BR) extra=(--optimizer ini) ;; esac
     # --save (modes B and C, compared below): every rank reads the parameters
     # back, rank 0 writes (mode C gathers them)
     save=()
-    case $mode in B|C|BS|CS) save=(--save "$tmp/$mode.2.bin") ;; esac
+    case $mode in B|C|BS|CS|BO|CO) save=(--save "$tmp/$mode.2.bin") ;; esac
     m1="$tmp/$mode.1.json"; m2="$tmp/$mode.2.json"
     if ! "$sh" --config "$tmp/$mode.ini" "${common[@]}" "${extra[@]}" --grad-accum 2 --metrics "$m1" \
             >"$tmp/$mode.1.log" 2>&1; then
@@ -198,7 +204,7 @@ done
 # Mode C against mode B on 2 ranks: the same losses bit for bit, the same saved
 # weights byte for byte, half the pinned bytes.
 S=16384   # chunk_size above: the padding allowance
-for pair in "C B" "CS BS"; do
+for pair in "C B" "CS BS" "CO BO"; do
     set -- $pair
     mc="$tmp/$1.2.json"; mb="$tmp/$2.2.json"
     [ -s "$mc" ] && [ -s "$mb" ] || { bad "mode $1 vs $2: a 2-rank run above failed"; continue; }
@@ -222,6 +228,49 @@ for pair in "C B" "CS BS"; do
         bad "mode $1 pinned bytes '$pc' vs mode $2 '$pb' (swap pool $pool): want < $2's and states <= $2's/2 + $S"
     fi
 done
+
+# [osft] cache_frozen in mode C: the same bits as gathering the frozen factors
+# every step (and so as mode B), with the cache in use (its log line)
+cof=$(sed 's/log_level = warn/log_level = info/' "$tmp/COF.ini")
+printf '%s\n' "$cof" > "$tmp/COF.ini"
+vcommon=(); for a in "${common[@]}"; do [ "$a" = --quiet ] || vcommon+=("$a"); done   # logs the cache
+if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/COF.ini" "${vcommon[@]}" --batch 1 --seq 15 \
+        --metrics "$tmp/COF.json") >"$tmp/COF.log" 2>&1 &&
+   grep -q "keeps the frozen factors whole" "$tmp/COF.log" &&
+   [ "$(jf "$tmp/COF.json" loss)" = "$(jf "$tmp/BO.2.json" loss)" ]; then
+    ok; echo "dist: mode C + OSFT with cache_frozen: all 6 losses bit-identical to mode B + OSFT"
+else
+    tail -5 "$tmp/COF.log"; bad "mode C + OSFT with cache_frozen: failed, cache unused, or losses differ from BO"
+fi
+
+# Mode C with OSFT on 3 ranks (parts of unequal length, factors cut anywhere by
+# them): the same losses as mode B with OSFT on 3 ranks, bit for bit.
+for m in BO CO; do
+    (cd "$tmp" && mpirun --oversubscribe --allow-run-as-root -np 3 "$sh" --config "$tmp/$m.ini" \
+        "${common[@]}" --batch 1 --seq 15 --metrics "$tmp/${m}3.json") >"$tmp/${m}3.log" 2>&1 ||
+        { tail -5 "$tmp/${m}3.log"; bad "mode $m on 3 ranks failed"; }
+done
+if [ -s "$tmp/CO3.json" ] && [ "$(jf "$tmp/CO3.json" mode | sort -u)" = '"C"' ] &&
+   [ "$(jf "$tmp/CO3.json" loss)" = "$(jf "$tmp/BO3.json" loss)" ]; then
+    ok; echo "dist: mode CO vs mode BO on 3 ranks: all 6 losses bit-identical"
+else
+    bad "mode CO vs BO on 3 ranks: CO $(jf "$tmp/CO3.json" loss | tr '\n' ' ') / BO $(jf "$tmp/BO3.json" loss | tr '\n' ' ')"
+fi
+
+# Mode C with OSFT keeps the factors orthogonal: after 6 steps on 2 ranks the
+# factors in the saved state (every rank writes the whole image) satisfy
+# U_high^T U_low = 0 and V_low V_high^T = 0 within 1e-5 relative, for every target
+# (test_osft --ortho; test_osft itself shows that check failing without the
+# value projection).
+if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/CO.ini" "${common[@]}" --batch 1 --seq 15 \
+        --checkpoint-dir "$tmp/cko" --checkpoint-every 6) >"$tmp/cko.log" 2>&1 &&
+   "$build/tests/test_osft" --ortho "$tmp/cko/gen-00000006/protrain_state_rank1.bin" \
+        h0.qkvw h0.attprojw h0.fcw h0.fcprojw h1.qkvw h1.attprojw h1.fcw h1.fcprojw \
+        >"$tmp/ortho.log" 2>&1; then
+    ok; echo "dist: mode C + OSFT after 6 steps: $(grep -c '^ortho: ' "$tmp/ortho.log") targets' factors orthogonal (worst $(grep -o 'rel [0-9.e+-]*' "$tmp/ortho.log" | awk '{ if ($2 + 0 > w) w = $2 + 0 } END { print w }'), bound 1e-5)"
+else
+    tail -5 "$tmp/cko.log" "$tmp/ortho.log"; bad "mode C + OSFT: the checkpointed run failed or its factors are not orthogonal"
+fi
 
 # Mode C's own orderings: a chunk's all-gather waits for this rank's part to land
 # in the slot, its reduce-scatter for the host's backward. Under compute jitter
@@ -334,6 +383,16 @@ for m in A B; do
     fi
 done
 grep -h "auto_mode: B, " "$tmp/autoB.log" | head -1 | sed 's/^.*auto_mode/dist: auto_mode/'
+# auto_mode picks C with OSFT too when only the split state fits the budget
+auto_ini "$tmp/autoCO.ini" 'pinned_budget = 300 KiB' 'n_persist = 0'
+printf "$osft" >> "$tmp/autoCO.ini"
+if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/autoCO.ini" "${acommon[@]}" --batch 1 --seq 15 \
+        --steps 2 --metrics "$tmp/autoCO.json") >"$tmp/autoCO.log" 2>&1 &&
+   [ "$(jf "$tmp/autoCO.json" mode | sort -u)" = '"C"' ] && grep -q "auto_mode: C, " "$tmp/autoCO.log"; then
+    ok; echo "dist: auto_mode with OSFT and a 300 KiB pinned budget: mode C"
+else
+    tail -5 "$tmp/autoCO.log"; bad "auto_mode with OSFT: did not run mode C under a 300 KiB pinned budget"
+fi
 if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/autoX.ini" "${acommon[@]}" --steps 2) \
         >"$tmp/autoX.log" 2>&1; then
     bad "auto_mode: a 50 KiB pinned budget trained anyway"

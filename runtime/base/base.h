@@ -50,6 +50,8 @@ typedef struct pt_config {
     float osft_urr;           /* unfreeze_rank_ratio in [0,1], default 0.25: the TRAINABLE fraction of
                                * each target's rank; frozen k = min(floor(R * (1 - urr)), R - 1) */
     char osft_targets[256];   /* targets = comma list of param-name substrings, default "attn,mlp" */
+    int osft_cache_frozen;    /* cache_frozen = bool, default 0: mode C keeps the gathered frozen
+                               * factors whole on every rank */
     /* [tiled_mlp] */
     int tiled_mlp_enabled;    /* enabled = bool, default 0 */
     int tiled_mlp_tiles;      /* tiles = auto|int >= 1 -> 0 = auto */

@@ -1,9 +1,9 @@
 /*
  * osft.c — OSFT: decomposition at post_model_load, the expanded parameter list
- * the store lays out, the factorised linear hooks, and the gradient and value
- * projections (osft.h says what and why).
+ * the store lays out, the factorised linear hooks, read_param and launch
+ * (osft.h says what and why; the projections are in osft_proj.c).
  *
- * Every product goes through the backend's gemm_f32 / cols_f32 on the compute
+ * Every hook's product goes through the backend's gemm_f32 / cols_f32 on the compute
  * stream, so it runs after the host's launched work that produced its inputs
  * and before the store's later uses of the memory (gradient copies, slot reuse).
  * Called from inside launched work (the host backend's compute thread) a hook
@@ -18,45 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device_ext.h"
-#include "rt_internal.h"
+#include "la_cpu.h"
+#include "osft_internal.h"
 
 static const char *const fname[PT_OSFT_NF] = {"osft_U_high", "osft_S_high", "osft_V_high",
                                               "osft_U_low",  "osft_S_low",  "osft_V_low"};
-
-typedef struct tgt {
-    int hidx;                 /* host param index */
-    int block;
-    int64_t N, M, R, k, kl;   /* out, in, rank, frozen, trainable */
-    int x[PT_OSFT_NF];        /* expanded indices; the high ones -1 when k == 0 */
-} tgt;
-
-/* Factor addresses of one target: data of the six, gradients of the low three. */
-typedef struct fptr {
-    const float *d[PT_OSFT_NF];
-    float *g[PT_OSFT_NF];
-} fptr;
-
-struct pt_osft {
-    pt_model_v1 xm;           /* what the store lays out */
-    pt_param_v1 *xp;
-    char (*names)[160];
-    float *vals;              /* the factors' initial values, host memory */
-    int *map;                 /* [host n] expanded index of a non-target, -1 for a target */
-    int *tmap;                /* [host n] target index, or -1 */
-    int n_host;
-    int n;
-    tgt *t;
-    /* device scratch for the hooks and projections, sized at setup for batch x seq
-     * rows: every use runs on the compute stream (queued there, or inside work
-     * launched on it), so one buffer serves them all in turn; a call with more
-     * rows allocates its own */
-    float *scr;
-    uint64_t scr_floats;
-    pthread_mutex_t mu;       /* async_* (written by the compute thread) */
-    int async_rc;
-    char async_err[256];
-};
 
 /* Captured at launch for the hooks the launched work calls (thread-local: only
  * the thread running that work sees it). */
@@ -110,6 +76,14 @@ void pt_osft_free(pt_rt *rt) {
     if (!o) return;
     if (rt->model == &o->xm) rt->model = rt->hmodel;
     if (o->scr) pt_gpu_free(rt->gpu, o->scr);
+    if (o->split_steps)
+        PT_LOGI(&rt->lg, "osft: mode C value projection of split factors: %.3f s over %lld "
+                         "steps (%.2f ms a step), of which gathering the factors %.3f s",
+                o->split_s, (long long)o->split_steps, 1e3 * o->split_s / (double)o->split_steps,
+                o->gather_s);
+    if (o->full) pt_gpu_pinned_free(rt->gpu, o->full);
+    pt_osft_drop_frozen(rt);
+    free(o->fzc);
     pthread_mutex_destroy(&o->mu);
     free(o->xp);
     free(o->names);
@@ -188,6 +162,10 @@ static int check_target(const pt_model_v1 *h, int i, char *err, size_t errlen) {
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "osft: target '%s' is %s; OSFT factors "
                        "are built for fp32 parameters only (narrow [osft] targets)", p->name,
                        p->dtype == PT_BF16 ? "bf16" : p->dtype == PT_F16 ? "fp16" : "u8 (opaque bytes)");
+    if (p->shape[0] > INT32_MAX || p->shape[1] > INT32_MAX)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "osft: target '%s' is %lld x %lld; the "
+                       "CPU's GEMM takes dimensions below 2^31", p->name,
+                       (long long)p->shape[0], (long long)p->shape[1]);
     if (p->tie >= 0)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "osft: target '%s' shares storage with "
                        "param %d (tie); a tied weight cannot be factorised (narrow [osft] "
@@ -357,18 +335,19 @@ int pt_osft_setup(pt_rt *rt, pt_model_v1 *h, char *err, size_t errlen) {
 
 /* ---- the ops ---- */
 
-typedef struct lin {
-    const pt_gpu_backend *ops;
-    void *impl;
-    pt_stream *s;
-    int rc;
-} lin;
-
-/* C = alpha op(A) op(B) + beta C, row-major, leading dimensions as stored. */
-static void mm(lin *L, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
-               const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-               int64_t ldc) {
+void pt_osft_mm(lin *L, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                int64_t ldc) {
     if (L->rc) return;
+    if (L->cpu) {
+        /* as the host backend runs it: BLAS may read C before scaling it by 0,
+         * so a NaN there would survive; the sizes fit an int (checked at setup) */
+        if (beta == 0.0f)
+            for (int64_t i = 0; i < m; i++) memset(c + i * ldc, 0, (size_t)n * 4);
+        pt_la_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c,
+                    (int)ldc);
+        return;
+    }
     pt_gemm_args g = {ta, tb, m, n, k, alpha, beta, a, lda, b, ldb, c, ldc};
     if (L->ops->gemm_f32(L->impl, &g, L->s)) L->rc = PT_ERR_BACKEND;
 }
@@ -384,24 +363,22 @@ static void dot_cols(lin *L, const float *x, const float *y, float *acc, int64_t
     if (L->ops->cols_f32(L->impl, &a, L->s)) L->rc = PT_ERR_BACKEND;
 }
 
-/* The factor addresses the store lends now. */
-static void live_ptrs(const pt_osft *o, const tgt *t, fptr *f) {
+void pt_osft_live_ptrs(const pt_osft *o, const tgt *t, fptr *f) {
     for (int j = 0; j < PT_OSFT_NF; j++) {
         f->d[j] = t->x[j] >= 0 ? (const float *)o->xp[t->x[j]].data : NULL;
         f->g[j] = t->x[j] >= 0 ? (float *)o->xp[t->x[j]].grad : NULL;
     }
 }
 
-/* In launched work: ops run now on this thread; else queued on the compute stream. */
-static void lin_open(pt_rt *rt, lin *L) {
+void pt_osft_lin_open(pt_rt *rt, lin *L) {
     L->ops = pt_gpu_ops(rt->gpu);
     L->impl = pt_gpu_impl(rt->gpu);
     L->s = tl_snap ? NULL : rt->s_compute;
+    L->cpu = 0;
     L->rc = PT_OK;
 }
 
-/* n floats of scratch: the shared buffer, or (larger) an allocation of its own */
-static int scratch_get(pt_rt *rt, uint64_t n, float **p, char *err, size_t errlen) {
+int pt_osft_scratch_get(pt_rt *rt, uint64_t n, float **p, char *err, size_t errlen) {
     if (n <= rt->osft->scr_floats) {
         *p = rt->osft->scr;
         return PT_OK;
@@ -409,7 +386,7 @@ static int scratch_get(pt_rt *rt, uint64_t n, float **p, char *err, size_t errle
     return pt_gpu_alloc(rt->gpu, (size_t)n * 4, PT_TAG_SCRATCH, (void **)p, err, errlen);
 }
 
-static void scratch_free(pt_rt *rt, void *p) {
+void pt_osft_scratch_free(pt_rt *rt, void *p) {
     if (!p || p == rt->osft->scr) return;
     if (tl_snap) {
         pt_gpu_free(rt->gpu, p);
@@ -422,7 +399,7 @@ static void scratch_free(pt_rt *rt, void *p) {
 
 /* Ops queued on the compute stream: a host computing on its own thread reads the
  * results when the hook returns, so wait for them there. */
-static int lin_close(pt_rt *rt, lin *L, const char *what, char *err, size_t errlen) {
+int pt_osft_lin_close(pt_rt *rt, lin *L, const char *what, char *err, size_t errlen) {
     if (!L->rc && !tl_snap && !rt->ordered && L->ops->stream_sync(L->impl, rt->s_compute))
         L->rc = PT_ERR_BACKEND;
     if (L->rc)
@@ -466,7 +443,7 @@ static int resolve(pt_rt *rt, int32_t param, const char *hook, int need_grads, c
                        o ? o->n : 0);
     const tgt *t = &o->t[o->tmap[param]];
     if (tl_snap) *f = tl_snap->f[o->tmap[param]];
-    else live_ptrs(o, t, f);
+    else pt_osft_live_ptrs(o, t, f);
     int missing = !f->d[PT_OSFT_UL] || !f->d[PT_OSFT_SL] || !f->d[PT_OSFT_VL] ||
                   (t->k && (!f->d[PT_OSFT_UH] || !f->d[PT_OSFT_SH] || !f->d[PT_OSFT_VH])) ||
                   (need_grads && (!f->g[PT_OSFT_UL] || !f->g[PT_OSFT_SL] || !f->g[PT_OSFT_VL]));
@@ -493,21 +470,21 @@ int pt_osft_forward(pt_rt *rt, int32_t param, const void *xv, void *yv, int64_t 
     int64_t N = t->N, M = t->M, k = t->k, kl = t->kl;
     int64_t w = k > kl ? k : kl;
     /* a: rows x max(k, kl), the projection x V^T of one branch at a time */
-    if ((rc = scratch_get(rt, (uint64_t)(rows * w), &a, err, errlen)))
+    if ((rc = pt_osft_scratch_get(rt, (uint64_t)(rows * w), &a, err, errlen)))
         return async_fail(rt, rc, err);
     lin L;
-    lin_open(rt, &L);
+    pt_osft_lin_open(rt, &L);
     /* y = ((x V_high^T) S_high) U_high^T + ((x V_low^T) S_low) U_low^T */
     if (k) {
-        mm(&L, 0, 1, rows, k, M, 1.0f, x, M, f.d[PT_OSFT_VH], M, 0.0f, a, k);
+        pt_osft_mm(&L, 0, 1, rows, k, M, 1.0f, x, M, f.d[PT_OSFT_VH], M, 0.0f, a, k);
         scale_cols(&L, a, f.d[PT_OSFT_SH], rows, k);
-        mm(&L, 0, 1, rows, N, k, 1.0f, a, k, f.d[PT_OSFT_UH], k, 0.0f, y, N);
+        pt_osft_mm(&L, 0, 1, rows, N, k, 1.0f, a, k, f.d[PT_OSFT_UH], k, 0.0f, y, N);
     }
-    mm(&L, 0, 1, rows, kl, M, 1.0f, x, M, f.d[PT_OSFT_VL], M, 0.0f, a, kl);
+    pt_osft_mm(&L, 0, 1, rows, kl, M, 1.0f, x, M, f.d[PT_OSFT_VL], M, 0.0f, a, kl);
     scale_cols(&L, a, f.d[PT_OSFT_SL], rows, kl);
-    mm(&L, 0, 1, rows, N, kl, 1.0f, a, kl, f.d[PT_OSFT_UL], kl, k ? 1.0f : 0.0f, y, N);
-    scratch_free(rt, a);
-    return async_fail(rt, lin_close(rt, &L, "osft_linear_forward", err, errlen), err);
+    pt_osft_mm(&L, 0, 1, rows, N, kl, 1.0f, a, kl, f.d[PT_OSFT_UL], kl, k ? 1.0f : 0.0f, y, N);
+    pt_osft_scratch_free(rt, a);
+    return async_fail(rt, pt_osft_lin_close(rt, &L, "osft_linear_forward", err, errlen), err);
 }
 
 int pt_osft_backward(pt_rt *rt, int32_t param, const void *xv, const void *dyv, void *dxv,
@@ -523,111 +500,32 @@ int pt_osft_backward(pt_rt *rt, int32_t param, const void *xv, const void *dyv, 
     float *dx = dxv, *scr = NULL;
     int64_t N = t->N, M = t->M, k = t->k, kl = t->kl;
     /* scratch: al, e (rows x kl each), h (rows x k) */
-    if ((rc = scratch_get(rt, (uint64_t)(rows * (2 * kl + k)), &scr, err, errlen)))
+    if ((rc = pt_osft_scratch_get(rt, (uint64_t)(rows * (2 * kl + k)), &scr, err, errlen)))
         return async_fail(rt, rc, err);
     float *al = scr, *e = al + rows * kl, *h = e + rows * kl;
     lin L;
-    lin_open(rt, &L);
+    pt_osft_lin_open(rt, &L);
     /* a_l = x V_low^T; e = dY U_low; dS_low += sum_t a_l * e */
-    mm(&L, 0, 1, rows, kl, M, 1.0f, x, M, f.d[PT_OSFT_VL], M, 0.0f, al, kl);
-    mm(&L, 0, 0, rows, kl, N, 1.0f, dy, N, f.d[PT_OSFT_UL], kl, 0.0f, e, kl);
+    pt_osft_mm(&L, 0, 1, rows, kl, M, 1.0f, x, M, f.d[PT_OSFT_VL], M, 0.0f, al, kl);
+    pt_osft_mm(&L, 0, 0, rows, kl, N, 1.0f, dy, N, f.d[PT_OSFT_UL], kl, 0.0f, e, kl);
     dot_cols(&L, al, e, f.g[PT_OSFT_SL], rows, kl);
     /* dU_low += dY^T (a_l S_low) */
     scale_cols(&L, al, f.d[PT_OSFT_SL], rows, kl);
-    mm(&L, 1, 0, N, kl, rows, 1.0f, dy, N, al, kl, 1.0f, f.g[PT_OSFT_UL], kl);
+    pt_osft_mm(&L, 1, 0, N, kl, rows, 1.0f, dy, N, al, kl, 1.0f, f.g[PT_OSFT_UL], kl);
     /* dV_low += (e S_low)^T x */
     scale_cols(&L, e, f.d[PT_OSFT_SL], rows, kl);
-    mm(&L, 1, 0, kl, M, rows, 1.0f, e, kl, x, M, 1.0f, f.g[PT_OSFT_VL], M);
+    pt_osft_mm(&L, 1, 0, kl, M, rows, 1.0f, e, kl, x, M, 1.0f, f.g[PT_OSFT_VL], M);
     /* dx = (e S_low) V_low + ((dY U_high) S_high) V_high */
     if (dx) {
-        mm(&L, 0, 0, rows, M, kl, 1.0f, e, kl, f.d[PT_OSFT_VL], M, 0.0f, dx, M);
+        pt_osft_mm(&L, 0, 0, rows, M, kl, 1.0f, e, kl, f.d[PT_OSFT_VL], M, 0.0f, dx, M);
         if (k) {
-            mm(&L, 0, 0, rows, k, N, 1.0f, dy, N, f.d[PT_OSFT_UH], k, 0.0f, h, k);
+            pt_osft_mm(&L, 0, 0, rows, k, N, 1.0f, dy, N, f.d[PT_OSFT_UH], k, 0.0f, h, k);
             scale_cols(&L, h, f.d[PT_OSFT_SH], rows, k);
-            mm(&L, 0, 0, rows, M, k, 1.0f, h, k, f.d[PT_OSFT_VH], M, 1.0f, dx, M);
+            pt_osft_mm(&L, 0, 0, rows, M, k, 1.0f, h, k, f.d[PT_OSFT_VH], M, 1.0f, dx, M);
         }
     }
-    scratch_free(rt, scr);
-    return async_fail(rt, lin_close(rt, &L, "osft_linear_backward", err, errlen), err);
-}
-
-/* The two projections of one target onto the complement of its frozen bases:
- * u (N x kl) -= U_high (U_high^T u), v (kl x M) -= (v V_high^T) V_high, with
- * c (k x kl) as scratch for both coefficient matrices. */
-static void project(lin *L, const tgt *t, const float *uh, const float *vh, float *u, float *v,
-                    float *c) {
-    int64_t N = t->N, M = t->M, k = t->k, kl = t->kl;
-    mm(L, 1, 0, k, kl, N, 1.0f, uh, k, u, kl, 0.0f, c, kl);
-    mm(L, 0, 0, N, kl, k, -1.0f, uh, k, c, kl, 1.0f, u, kl);
-    mm(L, 0, 1, kl, k, M, 1.0f, v, M, vh, M, 0.0f, c, k);
-    mm(L, 0, 0, kl, M, k, -1.0f, c, k, vh, M, 1.0f, v, M);
-}
-
-static int64_t max_coef(const pt_osft *o, int32_t b) {
-    int64_t w = 0;
-    for (int i = 0; i < o->n; i++)
-        if ((b == INT32_MIN || o->t[i].block == b) && o->t[i].k * o->t[i].kl > w)
-            w = o->t[i].k * o->t[i].kl;
-    return w;
-}
-
-int pt_osft_project_grads(pt_rt *rt, int32_t b, char *err, size_t errlen) {
-    pt_osft *o = rt->osft;
-    if (!o) return PT_OK;
-    int64_t w = max_coef(o, b);
-    if (!w) return PT_OK;   /* nothing frozen in this block */
-    float *c = NULL;
-    int rc = scratch_get(rt, (uint64_t)w, &c, err, errlen);
-    if (rc) return rc;
-    lin L;
-    lin_open(rt, &L);
-    /* negative control: at once on this thread, before the backward has run */
-    if (rt->ordered && (rt->skip & PT_ORD_OSFT)) L.s = NULL;
-    for (int i = 0; i < o->n; i++) {
-        const tgt *t = &o->t[i];
-        if (t->block != b || !t->k) continue;
-        fptr f;
-        live_ptrs(o, t, &f);
-        /* no gradient buffer: nothing to project (evaluation, or a frozen pass) */
-        if (!f.g[PT_OSFT_UL] || !f.g[PT_OSFT_VL] || !f.d[PT_OSFT_UH] || !f.d[PT_OSFT_VH]) continue;
-        project(&L, t, f.d[PT_OSFT_UH], f.d[PT_OSFT_VH], f.g[PT_OSFT_UL], f.g[PT_OSFT_VL], c);
-    }
-    scratch_free(rt, c);
-    return lin_close(rt, &L, "osft: gradient projection", err, errlen);
-}
-
-int pt_osft_project_params(pt_rt *rt, char *err, size_t errlen) {
-    pt_osft *o = rt->osft;
-    if (!o || !rt->st) return PT_OK;
-    int64_t w = max_coef(o, INT32_MIN);
-    if (!w) return PT_OK;
-    float *c = NULL;
-    int rc = scratch_get(rt, (uint64_t)w, &c, err, errlen);
-    if (rc) return rc;
-    lin L;
-    lin_open(rt, &L);
-    int any_host = 0;
-    for (int i = 0; i < o->n && !rc; i++) {
-        const tgt *t = &o->t[i];
-        if (!t->k) continue;
-        float *p[PT_OSFT_NF] = {0};
-        static const int use[4] = {PT_OSFT_UH, PT_OSFT_VH, PT_OSFT_UL, PT_OSFT_VL};
-        for (int j = 0; j < 4 && !rc; j++) {
-            int dev = 1;
-            rc = pt_store_param_home(rt->st, t->x[use[j]], &p[use[j]], &dev, err, errlen);
-            any_host |= !dev;
-        }
-        if (!rc) project(&L, t, p[PT_OSFT_UH], p[PT_OSFT_VH], p[PT_OSFT_UL], p[PT_OSFT_VL], c);
-    }
-    scratch_free(rt, c);
-    if (rc) {
-        (void)lin_close(rt, &L, "osft: value projection", NULL, 0);
-        return rc;
-    }
-    /* values in pinned host memory are uploaded by the next gather on another
-     * stream: they must be final when this hook returns */
-    if (any_host && !L.rc && L.ops->stream_sync(L.impl, rt->s_compute)) L.rc = PT_ERR_BACKEND;
-    return lin_close(rt, &L, "osft: value projection", err, errlen);
+    pt_osft_scratch_free(rt, scr);
+    return async_fail(rt, pt_osft_lin_close(rt, &L, "osft_linear_backward", err, errlen), err);
 }
 
 /* ---- host services ---- */
@@ -699,7 +597,7 @@ int pt_osft_launch(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t e
     sp->fn = fn;
     sp->arg = arg;
     sp->rt = rt;
-    for (int i = 0; i < o->n; i++) live_ptrs(o, &o->t[i], &sp->f[i]);
+    for (int i = 0; i < o->n; i++) pt_osft_live_ptrs(o, &o->t[i], &sp->f[i]);
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     if (ops->host_fn(pt_gpu_impl(rt->gpu), rt->s_compute, trampoline, sp)) {
         free(sp);

@@ -63,8 +63,14 @@ int pt_osft_backward(struct pt_rt *rt, int32_t param, const void *x, const void 
                      int64_t rows, char *err, size_t errlen);
 /* Block b's gradient projection (before the store's post_backward). */
 int pt_osft_project_grads(struct pt_rt *rt, int32_t b, char *err, size_t errlen);
-/* Every target's value projection (after the store's optimizer step). */
+/* The value projection of every target path not done inside a CPU step (after
+ * the store's optimizer step): resident factors on the compute stream, mode C's
+ * split factors gathered whole (osft_proj.c). */
 int pt_osft_project_params(struct pt_rt *rt, char *err, size_t errlen);
+/* The store's chunk_stepped: on the worker that just stepped offloaded chunk
+ * `chunk`, the value projection of the paths whose trainable factor it holds
+ * (both factors in pinned memory), with the CPU's GEMM. */
+void pt_osft_chunk_stepped(struct pt_rt *rt, int32_t chunk);
 /* read_param of a host index: a target gives its reconstructed dense weight,
  * W = U_high diag(S_high) V_high + U_low diag(S_low) V_low, in fp32. */
 int pt_osft_read_param(struct pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *err,
@@ -75,6 +81,9 @@ int pt_osft_launch(struct pt_rt *rt, void (*fn)(void *), void *arg, char *err, s
 /* A hook that failed inside launched work (it could not return its status):
  * its status and sentence, once. */
 int pt_osft_async_status(struct pt_rt *rt, char *err, size_t errlen);
+/* [osft] cache_frozen: forget the gathered frozen factors (load_state may have
+ * changed them); the next projection gathers them again. */
+void pt_osft_drop_frozen(struct pt_rt *rt);
 /* Bytes of the factors (frozen, trainable) and of the dense weights they replace. */
 void pt_osft_bytes(const struct pt_rt *rt, uint64_t *frozen, uint64_t *trainable, uint64_t *dense);
 

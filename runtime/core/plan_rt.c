@@ -41,10 +41,11 @@ void pt_rt_plan_free(pt_rt *rt) {
 }
 
 int pt_rt_auto_shard(const pt_rt *rt) {
-    /* OSFT's value projection and REKLS work on whole parameters, and tensor
-     * parallelism already splits its parameters over the ranks: never mode C
-     * with them */
-    return rt->coll && rt->cfg.auto_mode && rt->cfg.zero3_shard < 0 && !rt->cfg.osft_enabled &&
+    /* REKLS works on whole parameters, and tensor parallelism already splits
+     * its parameters over the ranks: never mode C with them. (OSFT runs in mode
+     * C: its value projection gathers the split factors; the cost model does
+     * not charge that gather yet.) */
+    return rt->coll && rt->cfg.auto_mode && rt->cfg.zero3_shard < 0 &&
            rt->cfg.optim_type != PT_OPTIM_REKLS && rt->cfg.tp_size <= 1;
 }
 

@@ -71,10 +71,13 @@ struct pt_prof {
     double cs0[3], cb0[3];
 };
 
-static void prof_failed(struct pt_prof *p, const char *what) {
+static void prof_failed_rc(struct pt_prof *p, int rc, const char *what) {
     if (p->rc) return;
-    p->rc = PT_ERR_BACKEND;
+    p->rc = rc;
     snprintf(p->why, sizeof p->why, "%s", what);
+}
+static void prof_failed(struct pt_prof *p, const char *what) {
+    prof_failed_rc(p, PT_ERR_BACKEND, what);
 }
 
 static int prof_status(struct pt_prof *p, char *err, size_t errlen) {
@@ -353,7 +356,16 @@ static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
         uint64_t sb = 0;
         if (pt_store_borrow_slot(rt->st, &dev, &sb)) bytes = (size_t)sb;
     }
-    if (dev && !pt_gpu_pinned_alloc(rt->gpu, bytes, &host, e, sizeof e)) {
+    int prc = dev ? pt_gpu_pinned_alloc(rt->gpu, bytes, &host, e, sizeof e) : PT_ERR_OOM;
+    if (prc) {
+        /* without a buffer the rates would stay 0 and the profile be refused
+         * later with a sentence that does not say why */
+        char why[200];
+        if (dev) snprintf(why, sizeof why, "timing the copy rates needs %zu pinned bytes: %.140s", bytes, e);
+        else snprintf(why, sizeof why, "timing the copy rates needs %zu device bytes or a free "
+                      "buffer-pool slot, and neither is there", bytes);
+        prof_failed_rc(p, prc, why);
+    } else {
         memset(host, 0, bytes);
         hw->h2d_Bps = copy_rate(rt, dev, host, bytes, PT_GPU_H2D);
         /* after a failed wait the first copy may still run: no second copy

@@ -66,10 +66,6 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     if (cfg->osft_enabled && cfg->tiled_mlp_enabled)
         missing = "[osft] enabled with [tiled_mlp] enabled: TiledMLP's per-tile gradient "
                   "accumulator does not know the OSFT factors yet; enable one of them";
-    else if (cfg->osft_enabled && cfg->zero3_shard == 1 && host && host->world_size > 1)
-        missing = "[osft] enabled with [protrain] zero3_shard = on: OSFT's value projection "
-                  "works on whole factors, which mode C splits across the ranks; not built yet "
-                  "(modes A and B run OSFT)";
     else if (host && host->world_size > 1 && !strcmp(cfg->dist_backend, "none"))
         missing = "[dist] backend = none with world_size > 1: the ranks could not agree on "
                   "gradients";
@@ -294,6 +290,10 @@ static int block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen) {
     return PT_OK;
 }
 
+/* After an offloaded chunk's CPU step, on its worker (store.h): OSFT projects
+ * the factors the step changed there, so nothing waits for other chunks' steps. */
+static void chunk_stepped(void *user, int32_t chunk) { pt_osft_chunk_stepped(user, chunk); }
+
 static void recompute_mark(void *user, int32_t b, int after) {
     pt_rt *rt = user;
     /* the host's recompute reads its descriptors: the addresses the store's
@@ -341,7 +341,7 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
         pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->gpu, rt->s_compute, rt->s_h2d,
                             rt->s_d2h, rt->model, &rt->opt, rt->sx, recompute_mark, rt,
                             rt->ordered, rt->skip, rt->coll, rt->shard, rt->tp_coll,
-                            rt->dp_coll};
+                            rt->dp_coll, rt->osft ? chunk_stepped : NULL};
         rc = pt_store_create(&env, &rt->kn, modes, rt->swap_done, from_image, &rt->st, err,
                              errlen);
         pt_osft_mirror(rt);
@@ -575,6 +575,7 @@ int pt_rt_save_state(pt_rt *rt, const char *dir, char *err, size_t errlen) {
 int pt_rt_load_state(pt_rt *rt, const char *dir, char *err, size_t errlen) {
     int rc = need_store(rt, "load_state", 1, err, errlen);
     if (!rc) rc = pt_store_load(rt->st, dir, err, errlen);
+    pt_osft_drop_frozen(rt);   /* the loaded frozen factors are gathered afresh */
     pt_osft_mirror(rt);
     return rc;
 }

@@ -22,7 +22,9 @@
  *    for the chunk's task group), so the next forward runs while later chunks
  *    are still being stepped; everything that reads host-side state
  *    (read_param, snapshots, save_state, the next step's gradient copies)
- *    waits for the steps it needs. The math is the same either way.
+ *    waits for the steps it needs. The math is the same either way. The
+ *    caller's chunk_stepped (OSFT's value projection) runs inside each such
+ *    step's task, right after the step, so the waits above cover it too.
  * The host computes synchronously on its own thread, so "the compute stream
  * waits for an upload" is an event_sync inside the hook.
  */
@@ -416,6 +418,7 @@ static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int 
     /* a queueing failure leaves the update complete after the wait (the
      * runners that could not be queued ran inline), so nothing to report */
     if (a) pt_cpu_adam_step_many(st->workers, a, n, grp, h, NULL, 0);
+    else if (h && h->done) h->done(h->ctx, pt_now_s(), pt_now_s());   /* stepped above */
     if (a != &one) free(a);
 }
 
@@ -473,6 +476,15 @@ static void chunk_accumulate(cs_chunk *c, int first) {
 
 typedef struct { pt_store *st; cs_chunk *c; } chunk_job;
 
+/* Chunk c's CPU step is done (or, as the negative control of PT_ORD_STEPPED,
+ * about to start): the caller's chunk_stepped runs now, on this thread, inside
+ * the step's task, so whatever waits for the step waits for it too. A mode C
+ * chunk holds only this rank's parts: never called for one. */
+static void stepped(pt_store *st, cs_chunk *c) {
+    if (st->env.chunk_stepped && !c->sh) st->env.chunk_stepped(st->env.user, c->id);
+}
+static int stepped_first(const pt_store *st) { return (st->env.skip & PT_ORD_STEPPED) != 0; }
+
 static void add_optim_time(pt_store *ms, double dt) {
     pthread_mutex_lock(&ms->acct_mu);
     ms->cpu_optim_s += dt;
@@ -504,7 +516,11 @@ static void grad_task(void *arg) {
     if (acc) chunk_accumulate(c, c->t_micro == 0);
     int last = c->t_micro == c->t_n_micro - 1;
     if (last && c->t_norm) pt_cs_chunk_norms(st, c, acc);
-    if (last && c->t_step_now) chunk_adam(st, c, &c->t_consts, acc, c->t_lr, 1.0f, c->t_k, NULL, NULL);
+    if (last && c->t_step_now) {
+        if (stepped_first(st)) stepped(st, c);
+        chunk_adam(st, c, &c->t_consts, acc, c->t_lr, 1.0f, c->t_k, NULL, NULL);
+        if (!stepped_first(st)) stepped(st, c);
+    }
     double t1 = pt_now_s();
     if (last) {
         c->t_start = t0;
@@ -773,6 +789,10 @@ static void step_start(void *arg) {
 
 static void step_done(void *arg, double t_first, double t_end) {
     cs_chunk *c = arg;
+    if (!stepped_first(c->owner)) {
+        stepped(c->owner, c);   /* its time counts as the step's */
+        t_end = pt_now_s();
+    }
     add_optim_time(c->owner, t_end - t_first);
 }
 
@@ -876,6 +896,9 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         c->s_lr = lr;
         c->s_gs = gs;
         c->s_k = o->t + 1;
+        /* negative control: chunk_stepped before the step (its previous
+         * tasks were waited for above, so nothing else touches it now) */
+        if (stepped_first(st)) stepped(st, c);
         if (c->rk_count || c->sh) {   /* one task: REKLS, or this rank's mode C parts */
             if (pt_pool_submit(ms->workers, adam_task, c, defer ? &c->sg : &g, NULL, 0)) {
                 adam_task(c);   /* no task node: step it here */

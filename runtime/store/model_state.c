@@ -565,6 +565,13 @@ void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out
 int pt_store_borrow_slot(pt_store *st, void **dev, uint64_t *bytes) {
     if (!st->pool || pt_bufpool_n_slots(st->pool) == 0 || pt_bufpool_slot_leases(st->pool, 0))
         return 0;
+    /* the slot's last gradient copy to the host (d2h stream) and the compute
+     * stream's last use of it may still run: the borrower's copies (on other
+     * streams) would race with them */
+    const pt_gpu_backend *o = pt_gpu_ops(st->env.gpu);
+    if ((st->slot_free && o->event_sync(pt_gpu_impl(st->env.gpu), st->slot_free[0])) ||
+        (st->slot_used && o->event_sync(pt_gpu_impl(st->env.gpu), st->slot_used[0])))
+        return 0;
     *dev = pt_bufpool_slot_ptr(st->pool, 0);
     *bytes = pt_bufpool_slot_bytes(st->pool);
     pt_bufpool_invalidate_all(st->pool);
@@ -671,4 +678,79 @@ int pt_store_param_home(pt_store *st, int32_t index, float **p, int *on_device, 
     *p = (float *)((char *)c->h_param + off);
     *on_device = 0;
     return PT_OK;
+}
+
+int pt_store_param_part(pt_store *st, int32_t index, pt_store_part *out, char *err,
+                        size_t errlen) {
+    memset(out, 0, sizeof *out);
+    if (!st || index < 0 || index >= st->n_params)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "param_part: bad index %d (model has %d "
+                       "params)", index, st ? st->n_params : 0);
+    int root = st->root[index];
+    cs_chunk *c = &st->ch[st->lay.param_chunk[root]];
+    const pt_param_v1 *q = &st->env.model->params[root];
+    uint64_t n = pt_param_numel(q);
+    if (!c->sh) {
+        out->len = n;
+        return pt_store_param_home(st, index, &out->p, &out->on_device, err, errlen);
+    }
+    if (q->dtype != PT_F32)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "param_part: param %d '%s' is not fp32",
+                       index, q->name ? q->name : "(unnamed)");
+    int rc = pt_cs_wait_task(st, c, "param_part", err, errlen);
+    if (rc) return rc;
+    out->split = 1;
+    /* the param is elements [e0, e0 + n) of one region; this rank owns the
+     * region's [lo, lo + own): the intersection is contiguous */
+    uint64_t off = st->lay.param_offset[root];
+    for (int r = 0; r < c->lc->n_regions; r++) {
+        const pt_chunk_region *g = &c->lc->regions[r];
+        const cs_shreg *h = &c->sh->r[r];
+        if (off < g->offset || off >= g->offset + g->bytes) continue;
+        uint64_t e0 = (off - g->offset) / 4, a = e0 > h->lo ? e0 : h->lo;
+        uint64_t b = e0 + n < h->lo + h->own ? e0 + n : h->lo + h->own;
+        if (b > a) {
+            out->p = (float *)((char *)c->h_param + h->hp_off) + (a - h->lo);
+            out->lo = a - e0;
+            out->len = b - a;
+        }
+        break;
+    }
+    return PT_OK;
+}
+
+int pt_store_param_parts(const pt_store *st, int32_t index, size_t *lo, size_t *len) {
+    if (!st || index < 0 || index >= st->n_params) return -1;
+    int root = st->root[index];
+    const cs_chunk *c = &st->ch[st->lay.param_chunk[root]];
+    if (!c->sh) return -1;
+    const pt_param_v1 *q = &st->env.model->params[root];
+    uint64_t off = st->lay.param_offset[root], es = pt_dtype_size(q->dtype);
+    uint64_t n = pt_param_numel(q);
+    for (int r = 0; r < c->lc->n_regions; r++) {
+        const pt_chunk_region *g = &c->lc->regions[r];
+        if (off < g->offset || off >= g->offset + g->bytes) continue;
+        /* the region's parts (pt_coll_part over its elements) cut to the param's
+         * elements [e0, e0 + n) */
+        uint64_t e0 = (off - g->offset) / es;
+        for (int p = 0; p < st->world; p++) {
+            size_t plo, plen;
+            pt_coll_part((size_t)c->sh->r[r].n, st->world, p, &plo, &plen);
+            uint64_t a = e0 > plo ? e0 : plo, b = e0 + n < plo + plen ? e0 + n : plo + plen;
+            lo[p] = b > a ? (size_t)(a - e0) : 0;
+            len[p] = b > a ? (size_t)(b - a) : 0;
+        }
+        return 0;
+    }
+    return -1;
+}
+
+int pt_store_param_chunk(const pt_store *st, int32_t index, float **pinned) {
+    *pinned = NULL;
+    if (!st || index < 0 || index >= st->n_params) return -1;
+    int root = st->root[index];
+    const cs_chunk *c = &st->ch[st->lay.param_chunk[root]];
+    if (!c->persistent && !c->sh && st->env.model->params[root].dtype == PT_F32)
+        *pinned = (float *)((char *)c->h_param + st->lay.param_offset[root]);
+    return c->id;
 }

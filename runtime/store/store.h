@@ -48,7 +48,9 @@ enum {
     PT_ORD_BUCKET = 1024, /* several ranks: a gradient bucket's all-reduce starts once the
                              gradient is final (resident: the compute stream finished
                              the chunk's backward; offloaded: its CPU task formed the sum) */
-    PT_ORD_ALL = 2047
+    PT_ORD_STEPPED = 2048, /* chunk_stepped after a chunk's CPU step, inside the step's
+                            task (skipped: before the step) */
+    PT_ORD_ALL = 4095
 };
 
 /* Optimizer hyper-parameters and progress (owned by the caller, lent to the store). */
@@ -100,6 +102,12 @@ typedef struct pt_store_env {
      * same shard in the world / P replicas (gradients are averaged over it
      * instead of over coll), NULL when world == P. Both NULL with tp_size 1. */
     struct pt_coll *tp_coll, *dp_coll;
+    /* Called on a CPU worker right after the CPU step of an offloaded chunk that
+     * is not split across ranks, inside the step's task: the chunk's fp32 values
+     * in pinned memory are final, and everything that waits for the step (the
+     * chunk's next upload, param_home, read_param, snapshots) sees what the call
+     * changed there. It must not wait for any chunk's task. NULL: none. */
+    void (*chunk_stepped)(void *user, int32_t chunk);
 } pt_store_env;
 
 typedef struct pt_store pt_store;
@@ -158,6 +166,26 @@ int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, 
  * changes the parameter: the next gather uploads them. */
 int pt_store_param_home(pt_store *st, int32_t index, float **p, int *on_device, char *err,
                         size_t errlen);
+/* Mode C as well: this rank's elements of fp32 param `index` after its last
+ * step (waited for). Unsplit: as pt_store_param_home, *lo = 0 and *len = the
+ * param's elements. In a chunk split across the ranks (*split = 1): *p holds
+ * the param's elements [*lo, *lo + *len) in pinned memory (*len may be 0; the
+ * other ranks hold the rest). */
+typedef struct pt_store_part {
+    float *p;
+    int on_device, split;
+    uint64_t lo, len;
+} pt_store_part;
+int pt_store_param_part(pt_store *st, int32_t index, pt_store_part *out, char *err,
+                        size_t errlen);
+/* A param in a chunk split across the ranks: every rank's elements of it, rank
+ * p's being [lo[p], lo[p] + len[p]) (world entries each; len 0: none), for
+ * pt_coll_allgather_ranges. Returns -1 for a param that is not split. */
+int pt_store_param_parts(const pt_store *st, int32_t index, size_t *lo, size_t *len);
+/* Without waiting for anything: the chunk holding param `index`, and its
+ * pinned copy when that chunk is offloaded and not split across ranks (the
+ * bytes its CPU step writes; else NULL). For chunk_stepped. */
+int pt_store_param_chunk(const pt_store *st, int32_t index, float **pinned);
 /* Fills the plan, optimizer-time and activation fields of s. */
 void pt_store_stats(const pt_store *st, pt_stats_v1 *s);
 

@@ -9,6 +9,8 @@
  *    the tail ones;
  *  - all-gather: every element of every rank's part arrives, for 2-, 4- and
  *    8-byte elements (values are a function of rank and index, checked exactly);
+ *  - all-gather of ranges: a window of a sharded buffer (its parts cut to the
+ *    window) arrives whole on every rank, and the bytes around it stay;
  *  - reduce-scatter: this rank's part equals, bit for bit, the rank-order fp32
  *    sum times the scale computed here from every rank's values (each rank can
  *    generate them all), and equals what pt_coll_allreduce leaves there; the
@@ -35,6 +37,7 @@
  * device, staged from the host) meet the rank-order oracle. The MPI transport's
  * bits and NCCL's must be the same: both are compared with the sum formed here.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -123,6 +126,52 @@ static void test_allgather(void **s) {
                 for (size_t j = 0; j < b; j++)
                     bad += buf[i * b + j] != (unsigned char)(i * 31 + j * 7 + b);
             if (bad) fail_msg("all-gather of %zu x %zu bytes: %zu wrong bytes", n, b, bad);
+            free(buf);
+        }
+}
+
+/* The parts of a window [e0, e0 + m) of an n-element sharded buffer (what a
+ * parameter inside a chunk's region is): each rank's pt_coll_part of n cut to
+ * the window; every rank's elements of the window must arrive everywhere, and
+ * nothing outside it may be written. */
+static void test_allgather_ranges(void **s) {
+    (void)s;
+    char err[512];
+    for (size_t k = 0; k < NLENS; k++)
+        for (int cut = 0; cut < 3; cut++) {
+            size_t n = LENS[k], e0 = cut == 0 ? 0 : cut == 1 ? n / 3 : n / 2 + (n > 2);
+            size_t m = cut == 0 ? n : cut == 1 ? n / 2 : n - (e0 < n ? e0 : n);
+            if (e0 > n) e0 = n;
+            if (e0 + m > n) m = n - e0;
+            size_t *lo = malloc(2 * sizeof(size_t) * (size_t)W), *len = lo + W;
+            float *buf = malloc(m * 4 + 8);   /* one guard float each side */
+            assert_non_null(lo);
+            assert_non_null(buf);
+            float guard = -7.25f;
+            buf[0] = buf[m + 1] = guard;
+            for (size_t i = 0; i < m; i++) buf[1 + i] = NAN;
+            for (int p = 0; p < W; p++) {
+                size_t plo, plen;
+                pt_coll_part(n, W, p, &plo, &plen);
+                size_t a = e0 > plo ? e0 : plo, b = e0 + m < plo + plen ? e0 + m : plo + plen;
+                lo[p] = b > a ? a - e0 : 0;
+                len[p] = b > a ? b - a : 0;
+            }
+            for (size_t i = lo[R]; i < lo[R] + len[R]; i++) buf[1 + i] = val(7, e0 + i);
+            int rc = pt_coll_allgather_ranges(C, buf + 1, lo, len, 4, "test ranges", err,
+                                              sizeof err);
+            if (rc) fail_msg("all-gather of the window [%zu, %zu) of %zu: %s", e0, e0 + m, n, err);
+            size_t bad = 0;
+            for (size_t i = 0; i < m; i++) {
+                float want = val(7, e0 + i);
+                bad += memcmp(&buf[1 + i], &want, 4) != 0;
+            }
+            if (bad || memcmp(&buf[0], &guard, 4) || memcmp(&buf[m + 1], &guard, 4))
+                fail_msg("all-gather of the window [%zu, %zu) of %zu on rank %d of %d: %zu wrong "
+                         "elements, guards %s", e0, e0 + m, n, R, W, bad,
+                         memcmp(&buf[0], &guard, 4) || memcmp(&buf[m + 1], &guard, 4)
+                             ? "overwritten" : "intact");
+            free(lo);
             free(buf);
         }
 }
@@ -329,6 +378,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parts),
         cmocka_unit_test(test_allgather),
+        cmocka_unit_test(test_allgather_ranges),
         cmocka_unit_test(test_reduce_scatter),
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_iallreduce),
