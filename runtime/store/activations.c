@@ -23,8 +23,6 @@
 
 #include "store_internal.h"
 
-static const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->env.gpu); }
-static void *IMPL(pt_store *st) { return pt_gpu_impl(st->env.gpu); }
 
 const char *pt_acts_mode_name(int m) {
     return m == PT_ACT_CKPT ? "CKPT" : m == PT_ACT_SWAP ? "SWAP" : "NONE";

@@ -12,7 +12,7 @@
  *    (clipping), and the AdamW step itself when lr is already known and no
  *    clipping is configured — so the CPU optimizer runs while the rest of
  *    backward does instead of after it;
- *  - optimizer_step waits for all of it, computes the global norm when
+ *  - optimizer_step (optim_step.c) waits for all of it, computes the global norm when
  *    clipping, steps persistent chunks on the device and zeroes their
  *    gradients, and queues the CPU steps that are left (clipping needed the
  *    norm; or lr was not known during backward) in the order the next forward
@@ -39,8 +39,6 @@
 #include "store_internal.h"
 
 
-static const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->env.gpu); }
-static void *IMPL(pt_store *st) { return pt_gpu_impl(st->env.gpu); }
 
 int pt_cs_after_compute(pt_store *st, pt_stream *s, unsigned bit) {
     if (!pt_cs_ord(st, bit)) return PT_OK;
@@ -238,8 +236,6 @@ int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
     return PT_OK;
 }
 
-static void add_optim_wait(pt_store *ms, double dt);
-
 /* On the h2d stream, ahead of chunk c's upload: its deferred CPU step is done
  * (running it here if no worker has started it: the wait runs the group's
  * queued tasks itself). Its own group sg, not tg: an asynchronous host may have
@@ -250,7 +246,7 @@ static void wait_step(void *arg) {
     cs_chunk *c = arg;
     double t0 = pt_now_s();
     pt_pool_wait(c->owner->workers, &c->sg);
-    add_optim_wait(c->owner, pt_now_s() - t0);
+    pt_cs_add_optim_wait(c->owner, pt_now_s() - t0);
 }
 
 /* Upload chunk c into a leased slot (async on the h2d stream). */
@@ -375,7 +371,7 @@ int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen
  * the optimizer) is stepped param by param on this thread instead, and a mode C
  * chunk over this rank's parts; callers queue those as one task and pass grp
  * NULL. */
-static void chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, float lr, float gs,
+void pt_cs_chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, float lr, float gs,
                        int64_t step, pt_task_group *grp, const pt_cpu_adam_hooks *h) {
     if (c->sh) {   /* mode C: AdamW over this rank's parts (REKLS is refused with it) */
         pt_sh_adam(c, k, from_acc);
@@ -480,18 +476,18 @@ typedef struct { pt_store *st; cs_chunk *c; } chunk_job;
  * about to start): the caller's chunk_stepped runs now, on this thread, inside
  * the step's task, so whatever waits for the step waits for it too. A mode C
  * chunk holds only this rank's parts: never called for one. */
-static void stepped(pt_store *st, cs_chunk *c) {
+void pt_cs_stepped(pt_store *st, cs_chunk *c) {
     if (st->env.chunk_stepped && !c->sh) st->env.chunk_stepped(st->env.user, c->id);
 }
-static int stepped_first(const pt_store *st) { return (st->env.skip & PT_ORD_STEPPED) != 0; }
+int pt_cs_stepped_first(const pt_store *st) { return (st->env.skip & PT_ORD_STEPPED) != 0; }
 
-static void add_optim_time(pt_store *ms, double dt) {
+void pt_cs_add_optim_time(pt_store *ms, double dt) {
     pthread_mutex_lock(&ms->acct_mu);
     ms->cpu_optim_s += dt;
     pthread_mutex_unlock(&ms->acct_mu);
 }
 
-static void add_optim_wait(pt_store *ms, double dt) {
+void pt_cs_add_optim_wait(pt_store *ms, double dt) {
     pthread_mutex_lock(&ms->acct_mu);
     ms->optim_wait_s += dt;
     pthread_mutex_unlock(&ms->acct_mu);
@@ -517,9 +513,9 @@ static void grad_task(void *arg) {
     int last = c->t_micro == c->t_n_micro - 1;
     if (last && c->t_norm) pt_cs_chunk_norms(st, c, acc);
     if (last && c->t_step_now) {
-        if (stepped_first(st)) stepped(st, c);
-        chunk_adam(st, c, &c->t_consts, acc, c->t_lr, 1.0f, c->t_k, NULL, NULL);
-        if (!stepped_first(st)) stepped(st, c);
+        if (pt_cs_stepped_first(st)) pt_cs_stepped(st, c);
+        pt_cs_chunk_adam(st, c, &c->t_consts, acc, c->t_lr, 1.0f, c->t_k, NULL, NULL);
+        if (!pt_cs_stepped_first(st)) pt_cs_stepped(st, c);
     }
     double t1 = pt_now_s();
     if (last) {
@@ -528,7 +524,7 @@ static void grad_task(void *arg) {
     } else {
         c->t_early += t1 - t0;   /* an earlier micro-batch: done inside the step's backward */
     }
-    add_optim_time(st, t1 - t0);
+    pt_cs_add_optim_time(st, t1 - t0);
 }
 
 /* Runs on the compute stream behind the step's last backward work. */
@@ -559,7 +555,7 @@ int pt_cs_mark_backward_end(pt_store *st, char *err, size_t errlen) {
 /* The CPU optimizer work of this step that ran before the device finished
  * backward: every earlier micro-batch's task, and of each chunk's last task
  * the part before the end-of-backward stamp. Called after every task is done. */
-static int account_hidden(pt_store *st, char *err, size_t errlen) {
+int pt_cs_account_hidden(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
     if (st->env.ordered && OPS(st)->event_sync(IMPL(st), ms->ev_bwd))
         return pt_fail(err, errlen, PT_ERR_BACKEND,
@@ -578,7 +574,7 @@ static int account_hidden(pt_store *st, char *err, size_t errlen) {
     return PT_OK;
 }
 
-static void step_consts(pt_store *st, float lr, float gs, pt_adamw_consts *k) {
+void pt_cs_step_consts(pt_store *st, float lr, float gs, pt_adamw_consts *k) {
     pt_optim_state *o = st->env.opt;
     float bc1, bc2r;
     pt_adamw_bias(o->beta1, o->beta2, o->t + 1, &bc1, &bc2r);
@@ -616,7 +612,7 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     c->t_norm = st->env.opt->max_grad_norm > 0 && !st->env.coll;
     c->t_step_now = last && ms->lr_set && !c->t_norm && !st->env.coll;
     if (c->t_step_now) {
-        step_consts(st, ms->lr_next, 1.0f, &c->t_consts);
+        pt_cs_step_consts(st, ms->lr_next, 1.0f, &c->t_consts);
         c->t_lr = ms->lr_next;
         c->t_k = st->env.opt->t + 1;
         c->stepped = 1;
@@ -662,315 +658,4 @@ int pt_ms_release(pt_store *st, int32_t b, int backward, char *err, size_t errle
         }
     }
     return PT_OK;
-}
-
-int pt_store_set_lr(pt_store *st, float lr) {
-    st->lr_set = 1;
-    st->lr_next = lr;
-    return PT_OK;
-}
-
-/* Wait for every chunk's CPU task; the first failed task's status. */
-static int wait_tasks(pt_store *st, char *err, size_t errlen) {
-    pt_store *ms = st;
-    int rc = PT_OK;
-    for (int k = 0; k < ms->n_chunks; k++) {
-        if (ms->ch[k].persistent) continue;
-        char e[320];
-        int r = pt_cs_wait_task(st, &ms->ch[k], "optimizer_step", e, sizeof e);
-        if (r && !rc) rc = pt_fail(err, errlen, r, "%s", e);
-    }
-    return rc;
-}
-
-/* Squared norms of the resident params' gradients: one device double per param
- * (norm_dev[i]), all queued, then one copy back and one synchronisation. */
-static int device_norms(pt_store *st, char *err, size_t errlen) {
-    pt_store *ms = st;
-    pt_model_v1 *m = st->env.model;
-    size_t bytes = sizeof(double) * (size_t)m->n_params;
-    double *host = malloc(bytes);
-    if (!host) {
-        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
-    }
-    const char *op = "memset";
-    int rc = OPS(st)->memset_async(IMPL(st), ms->norm_dev, 0, bytes, st->env.s_compute);
-    if (!rc) op = "sqnorm";
-    for (int i = 0; i < m->n_params && !rc; i++) {
-        if (ms->root[i] != i || !m->params[i].grad) continue;
-        cs_chunk *c = &ms->ch[ms->lay.param_chunk[i]];
-        if (!c->persistent) continue;
-        uint64_t n = pt_param_numel(&m->params[i]);
-        rc = OPS(st)->sqnorm(IMPL(st), (char *)c->d_grad + ms->lay.param_offset[i],
-                             m->params[i].dtype, (size_t)n, ms->norm_dev + i, st->env.s_compute);
-    }
-    if (!rc && (op = "memcpy") &&
-        !(rc = pt_gpu_memcpy_async(st->env.gpu, host, ms->norm_dev, bytes, PT_GPU_D2H, st->env.s_compute)))
-        rc = OPS(st)->stream_sync(IMPL(st), st->env.s_compute), op = "stream_sync";
-    if (rc) {
-        free(host);
-        return pt_fail(err, errlen, PT_ERR_BACKEND,
-                       "optimizer_step: gradient-norm reduction failed on the device: %s failed", op);
-    }
-    for (int i = 0; i < m->n_params; i++)
-        if (ms->root[i] == i && m->params[i].grad && ms->ch[ms->lay.param_chunk[i]].persistent)
-            ms->psq[i] = host[i];
-    free(host);
-    return PT_OK;
-}
-
-pt_adamw_args pt_cs_adamw_args(const pt_store *st, cs_chunk *c, uint64_t s, size_t n, float lr,
-                                float gs) {
-    const pt_optim_state *o = st->env.opt;
-    pt_adamw_args a;
-    memset(&a, 0, sizeof a);
-    a.n = n;
-    a.m = c->d_m + s;
-    a.v = c->d_v + s;
-    a.lr = lr;
-    a.beta1 = o->beta1;
-    a.beta2 = o->beta2;
-    a.eps = o->eps;
-    a.weight_decay = o->weight_decay;
-    pt_adamw_bias(o->beta1, o->beta2, o->t + 1, &a.bc1, &a.bc2_rsqrt);
-    a.grad_scale = gs;
-    return a;
-}
-
-static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err, size_t errlen) {
-    pt_store *ms = st;
-    if (c->rk_count) {   /* REKLS chunk: param by param */
-        int rc = pt_rk_dev_chunk(st, c, lr, gs, err, errlen);
-        if (rc) return rc;
-    }
-    for (int r = 0; r < c->lc->n_regions && !c->rk_count; r++) {
-        const pt_chunk_region *g = &c->lc->regions[r];
-        if (c->reg_state[r] == UINT64_MAX) continue;
-        uint64_t s = c->reg_state[r], n = g->bytes / pt_dtype_size(g->dtype);
-        pt_adamw_args a = pt_cs_adamw_args(st, c, s, (size_t)n, lr, gs);
-        if (g->dtype == PT_F32) {
-            a.param = (float *)((char *)c->d_param + g->offset);
-            a.grad = (const float *)((char *)c->d_grad + g->offset);
-        } else {
-            /* widen the 16-bit gradient into fp32 scratch first */
-            if (OPS(st)->convert(IMPL(st), ms->d_gtmp, PT_F32, (char *)c->d_grad + g->offset,
-                                 g->dtype, (size_t)n, 0, st->env.s_compute))
-                return pt_fail(err, errlen, PT_ERR_BACKEND,
-                               "optimizer_step: widening chunk %d's 16-bit gradient failed: "
-                               "convert failed", c->id);
-            a.param = c->d_master + s;
-            a.grad = ms->d_gtmp;
-            a.param_out = (char *)c->d_param + g->offset;
-            a.out_dtype = g->dtype;
-        }
-        if (OPS(st)->adamw(IMPL(st), &a, st->env.s_compute)) {
-            return pt_fail(err, errlen, PT_ERR_BACKEND, "optimizer_step: device AdamW failed on chunk %d: adamw failed", c->id);
-        }
-    }
-    if (OPS(st)->memset_async(IMPL(st), c->d_grad, 0, (size_t)c->used, st->env.s_compute))
-        return pt_fail(err, errlen, PT_ERR_BACKEND,
-                       "optimizer_step: zeroing chunk %d's device gradient failed: memset failed",
-                       c->id);
-    return PT_OK;
-}
-
-/* A CPU step queued by optimizer_step (constants in the chunk: s_consts, s_acc,
- * s_lr, s_gs, s_k): an AdamW chunk's runners (every worker) each start with
- * the testing delay, and the last one to finish accounts the step's time; a
- * REKLS chunk is one task (adam_task) doing the same around its step. */
-static void step_start(void *arg) {
-    cs_chunk *c = arg;
-    double delay = c->owner->env.cfg->debug_cpu_step_delay;
-    if (delay > 0) {   /* testing: widen the window a missing wait would leave */
-        struct timespec ts = {(time_t)delay, (long)((delay - (double)(time_t)delay) * 1e9)};
-        nanosleep(&ts, NULL);
-    }
-}
-
-static void step_done(void *arg, double t_first, double t_end) {
-    cs_chunk *c = arg;
-    if (!stepped_first(c->owner)) {
-        stepped(c->owner, c);   /* its time counts as the step's */
-        t_end = pt_now_s();
-    }
-    add_optim_time(c->owner, t_end - t_first);
-}
-
-static void adam_task(void *arg) {
-    cs_chunk *c = arg;
-    step_start(c);
-    double t0 = pt_now_s();
-    chunk_adam(c->owner, c, &c->s_consts, c->s_acc, c->s_lr, c->s_gs, c->s_k, NULL, NULL);
-    step_done(c, t0, pt_now_s());
-}
-
-void pt_store_set_profiling(pt_store *st, int on) { st->profiling = on; }
-
-
-int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen) {
-    pt_store *ms = st;
-    pt_optim_state *o = st->env.opt;
-    pt_model_v1 *m = st->env.model;
-    float lr = lr_arg >= 0 ? lr_arg : o->lr;
-    if (ms->lr_set) {
-        if (ms->overlapped && lr_arg >= 0 && lr_arg != ms->lr_next) {
-            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "optimizer_step: lr %g differs from the lr %g given to set_lr, which the CPU "
-                "optimizer already applied while backward ran", (double)lr_arg,
-                (double)ms->lr_next);
-        }
-        lr = ms->lr_next;
-    }
-    o->lr = lr;
-    /* several ranks: every gradient bucket's all-reduce started as the device
-     * finishes its backward, before this hook blocks on the copy streams */
-    int drc = pt_cs_dist_drain(st, err, errlen);
-    if (drc) return drc;
-    double cpu_wait = 0;   /* this hook's waits for CPU optimizer tasks (not for copies) */
-    if (ms->n_offloaded) {
-        /* the tasks are waited for even when the copies failed: none may still
-         * run when this hook returns */
-        int rc = OPS(st)->stream_sync(IMPL(st), st->env.s_d2h)
-                     ? pt_fail(err, errlen, PT_ERR_BACKEND,
-                               "optimizer_step: stream_sync of the d2h stream failed")
-                     : PT_OK;
-        double w0 = pt_now_s();
-        int trc = wait_tasks(st, rc ? NULL : err, rc ? 0 : errlen);
-        cpu_wait += pt_now_s() - w0;
-        if (rc || trc) return rc ? rc : trc;
-        if (ms->rk_failed) {   /* a REKLS step of the last step (deferred) or of this one failed */
-            rc = ms->rk_failed;
-            ms->rk_failed = 0;
-            return pt_fail(err, errlen, rc, "optimizer_step: a REKLS step on the CPU failed (the "
-                           "log names the parameter and the cause)");
-        }
-        if ((rc = account_hidden(st, err, errlen))) return rc;
-    }
-    if (st->env.coll) {
-        int rc = pt_cs_dist_reduce(st, err, errlen);
-        if (rc) return rc;
-    }
-    float gs = 1.0f;
-    o->last_norm = NAN;
-    if (o->max_grad_norm > 0) {
-        int rc = device_norms(st, err, errlen);
-        if (rc) return rc;
-        double sq = 0, sq_split = 0;
-        int tp = pt_cs_tp_size(st) > 1;
-        for (int i = 0; i < m->n_params; i++) {
-            if (ms->root[i] != i || !ms->root_tr[i]) continue;
-            if (tp && m->params[i].tp_split) sq_split += ms->psq[i];
-            else sq += ms->psq[i];
-        }
-        /* tensor parallel: each rank holds one block of a split param, so the
-         * full tensors' squares are the sum over its group (rank order: the same
-         * bits everywhere); a replicated param counts once, from this rank. The
-         * gradients are already averaged over the replicas, so every group
-         * finds the same norm without a sum across groups */
-        if (tp) {
-            int rc = pt_coll_allreduce(st->env.tp_coll, &sq_split, 1, PT_COLL_F64, 1.0,
-                                       "squared gradient norm of the split parameters", err,
-                                       errlen);
-            if (rc) return rc;
-        }
-        sq += sq_split;
-        double norm = sqrt(sq);
-        o->last_norm = norm;
-        if (norm > o->max_grad_norm) gs = (float)(o->max_grad_norm / (norm + 1e-6));
-    }
-    if (pt_cs_tp_size(st) > 1) {   /* before the chunks' steps (a resident one zeroes its gradient) */
-        int rc = pt_rk_tp_pass(st, lr, gs, err, errlen);
-        if (rc) return rc;
-    }
-    /* CPU steps that could not overlap (clipping, or lr unknown during backward),
-     * queued in layout order = the order the next forward gathers the chunks.
-     * Deferred, each goes into the chunk's own group (its upload and every
-     * host-side reader wait on that); else into one group waited for here. */
-    int defer = st->env.cfg->defer_cpu_steps;
-    pt_task_group g = PT_TASK_GROUP_INIT;
-    for (int k = 0; ms->n_offloaded && k < ms->n_chunks; k++) {
-        cs_chunk *c = &ms->ch[k];
-        if (c->persistent || !c->trainable || c->stepped) continue;
-        c->owner = st;
-        c->s_acc = st->env.sx->n_micro > 1 || st->env.coll;
-        step_consts(st, lr, gs, &c->s_consts);
-        c->s_lr = lr;
-        c->s_gs = gs;
-        c->s_k = o->t + 1;
-        /* negative control: chunk_stepped before the step (its previous
-         * tasks were waited for above, so nothing else touches it now) */
-        if (stepped_first(st)) stepped(st, c);
-        if (c->rk_count || c->sh) {   /* one task: REKLS, or this rank's mode C parts */
-            if (pt_pool_submit(ms->workers, adam_task, c, defer ? &c->sg : &g, NULL, 0)) {
-                adam_task(c);   /* no task node: step it here */
-                continue;
-            }
-        } else {
-            /* every worker on this chunk, then on the next: the runners of
-             * chunk k are queued ahead of chunk k + 1's, so the chunks finish
-             * one by one in gather order at the rate of all threads */
-            const pt_cpu_adam_hooks h = {step_start, step_done, c};
-            chunk_adam(st, c, &c->s_consts, c->s_acc, lr, gs, c->s_k, defer ? &c->sg : &g, &h);
-        }
-        c->step_pending = defer;
-    }
-    for (int k = 0; k < ms->n_chunks; k++) {
-        cs_chunk *c = &ms->ch[k];
-        if (!c->persistent || !c->trainable) continue;
-        int rc = device_adam(st, c, lr, gs, err, errlen);
-        if (rc) {
-            pt_pool_wait(ms->workers, &g);
-            return rc;
-        }
-    }
-    double w1 = pt_now_s();
-    pt_pool_wait(ms->workers, &g);
-    /* what the host waited for CPU work: the gradient tasks (accumulation, norms,
-     * overlapped steps) once their copies were in, and the steps when not
-     * deferred (deferred ones count where an upload waits for them) */
-    add_optim_wait(ms, cpu_wait + pt_now_s() - w1);
-    if (ms->rk_failed) {   /* a CPU REKLS step failed (logged with its cause) */
-        int rc = ms->rk_failed;
-        ms->rk_failed = 0;
-        return pt_fail(err, errlen, rc, "optimizer_step: a REKLS step on the CPU failed (the log "
-                       "names the parameter and the cause)");
-    }
-    /* A host computing on its own thread reads the device AdamW's results right
-     * after this hook; an ordered host's next work queues behind it anyway. */
-    if (!st->env.ordered && OPS(st)->stream_sync(IMPL(st), st->env.s_compute)) {
-        return pt_fail(err, errlen, PT_ERR_BACKEND, "optimizer_step: stream_sync of the compute stream failed");
-    }
-    /* Streamed copies in slots are stale now: drop their tags (and poison them,
-     * so a host that kept a pointer reads NaN). Their gradient copies are done
-     * (the CPU steps waited for them); ordered, the fill queues behind the host's
-     * last use of the slot and the next upload into it waits for the fill. */
-    int prc = PT_OK;
-    for (int k = 0; k < ms->n_chunks; k++) {
-        cs_chunk *c = &ms->ch[k];
-        c->stepped = 0;
-        if (c->persistent || !c->trainable) continue;
-        int32_t s = pt_bufpool_lookup(ms->pool, c->id);
-        if (s < 0) continue;
-        /* untagged first: whatever fails below, no later gather takes the stale copy */
-        pt_bufpool_invalidate(ms->pool, c->id, NULL, 0);
-        if (st->env.cfg->poison) {
-            const char *op =
-                OPS(st)->memset_async(IMPL(st), pt_bufpool_slot_ptr(ms->pool, s), 0xFF,
-                                      (size_t)pt_bufpool_slot_size(ms->pool, s),
-                                      pt_cs_ord(st, PT_ORD_STEP) ? st->env.s_compute : NULL)
-                    ? "memset"
-                : st->env.ordered &&
-                        OPS(st)->event_record(IMPL(st), ms->slot_used[s], st->env.s_compute)
-                    ? "event_record"
-                    : NULL;
-            /* the step itself is done: its bookkeeping below still runs */
-            if (op && !prc)
-                prc = pt_fail(err, errlen, PT_ERR_BACKEND,
-                              "optimizer_step: poisoning the stale copy of chunk %d failed: %s "
-                              "failed", c->id, op);
-        }
-    }
-    ms->lr_set = 0;
-    ms->overlapped = 0;
-    o->t++;
-    return prc;
 }

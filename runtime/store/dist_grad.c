@@ -55,8 +55,6 @@
 #include "coll.h"
 #include "store_internal.h"
 
-static const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->env.gpu); }
-static void *IMPL(pt_store *st) { return pt_gpu_impl(st->env.gpu); }
 
 /* Region r of chunk c as a key (its index among the layout's regions). */
 static int region_key(const pt_store *st, const cs_chunk *c, int r) {

@@ -36,8 +36,6 @@
 #include "kernels_hd.h"
 #include "store_internal.h"
 
-static const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->env.gpu); }
-static void *IMPL(pt_store *st) { return pt_gpu_impl(st->env.gpu); }
 
 static uint64_t align64(uint64_t x) { return (x + 63) / 64 * 64; }
 

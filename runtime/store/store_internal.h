@@ -1,7 +1,8 @@
 /*
  * store_internal.h — the chunk store's private state, shared by the files of
  * runtime/store only: model_state.c (layout, storage, load), chunk_runtime.c
- * (gather/release, prefetch, gradient offload, CPU/device optimizer),
+ * (gather/release, prefetch, gradient offload), optim_step.c (optimizer_step:
+ * clipping, device and CPU optimizer steps),
  * activations.c (arenas), state_io.c (images and files), dist_grad.c (gradients
  * across ranks) and shard.c (mode C's parts). Code outside runtime/store uses
  * store.h.
@@ -214,7 +215,28 @@ uint64_t pt_ms_chunk_dev_bytes(const cs_chunk *c);
 uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c);
 uint64_t pt_ms_chunk_rekls_dev_bytes(const cs_chunk *c);
 
-/* chunk_runtime.c */
+/* The device backend's op table and its instance (one helper for the store). */
+static inline const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->env.gpu); }
+static inline void *IMPL(pt_store *st) { return pt_gpu_impl(st->env.gpu); }
+
+/* chunk_runtime.c: gather, release, and the CPU side of a chunk's gradient
+ * during backward; helpers optim_step.c shares with it. */
+/* Adam (or REKLS, or mode C's parts) over chunk c's trainable regions: grp NULL
+ * steps it now, else its runners are queued into grp with hooks h. */
+void pt_cs_chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, float lr,
+                      float gs, int64_t step, pt_task_group *grp, const pt_cpu_adam_hooks *h);
+/* After chunk c's CPU step, inside its task: the caller's chunk_stepped. */
+void pt_cs_stepped(pt_store *st, cs_chunk *c);
+/* Negative control of PT_ORD_STEPPED: chunk_stepped runs before the step. */
+int pt_cs_stepped_first(const pt_store *st);
+/* Accounting (stats): CPU optimizer seconds, and seconds waited for them. */
+void pt_cs_add_optim_time(pt_store *ms, double dt);
+void pt_cs_add_optim_wait(pt_store *ms, double dt);
+/* The CPU optimizer work of this step that ran before the device finished
+ * backward, into cpu_hidden_s (after every task is done). */
+int pt_cs_account_hidden(pt_store *st, char *err, size_t errlen);
+/* AdamW constants of the next step (t + 1) at lr with gradient scale gs. */
+void pt_cs_step_consts(pt_store *st, float lr, float gs, pt_adamw_consts *k);
 /* After the last block's backward of the step's last micro-batch: note (on the
  * compute stream) when the device is done with backward, so optimizer_step can
  * tell how much CPU optimizer work ran before that. */
