@@ -67,34 +67,48 @@ static int measuring(const pt_rt *rt) {
            rt->calib_steps <= WARM + MEASURE && rt->sx && !rt->sx->eval && rt->sx->n_micro == 1;
 }
 
-void pt_rt_calib_mark(pt_rt *rt, int which) {
-    if (!measuring(rt)) return;
+/* A failed device op while marking or reading a phase is an error of the hook
+ * that ran it, like any other device op of the step (the device is not to be
+ * trusted after it), not a silently skipped sample. */
+int pt_rt_calib_mark(pt_rt *rt, int which, const char *hook, char *err, size_t errlen) {
+    if (!measuring(rt)) return PT_OK;
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     void *impl = pt_gpu_impl(rt->gpu);
     if (which == PT_CAL_PRE) rt->cal_seen = 0;
-    else if (rt->cal_seen != (1u << which) - 1u) return;   /* marks out of order: no sample */
+    else if (rt->cal_seen != (1u << which) - 1u) return PT_OK;   /* marks out of order: no sample */
     if (!rt->cal_ev[which] && pt_gpu_event_create_timing(rt->gpu, &rt->cal_ev[which])) {
         rt->cal_ev[which] = NULL;
-        return;
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "%s: calibration: event_create of a timing event failed", hook);
     }
-    if (ops->event_record(impl, rt->cal_ev[which], rt->s_compute)) return;
+    if (ops->event_record(impl, rt->cal_ev[which], rt->s_compute))
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "%s: calibration: event_record of a phase edge on the compute stream failed",
+                       hook);
     rt->cal_seen |= 1u << which;
+    return PT_OK;
 }
 
-/* After PT_CAL_END of a measured step: its three phases, or nothing. */
-static void take_sample(pt_rt *rt, int i) {
+/* After PT_CAL_END of a measured step: its three phases, or nothing when a mark
+ * was missing (marks out of order). */
+static int take_sample(pt_rt *rt, int i, char *err, size_t errlen) {
     rt->cal_ok[i] = 0;
-    if (rt->cal_seen != (1u << PT_CAL_N) - 1u) return;
+    if (rt->cal_seen != (1u << PT_CAL_N) - 1u) return PT_OK;
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     void *impl = pt_gpu_impl(rt->gpu);
     /* optimizer_step has waited for the step's compute already: this is short */
-    if (ops->event_sync(impl, rt->cal_ev[PT_CAL_END])) return;
+    if (ops->event_sync(impl, rt->cal_ev[PT_CAL_END]))
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "post_step: calibration: event_sync on the step's last phase edge failed");
     for (int p = 0; p < 3; p++) {
         float ms = 0;
-        if (ops->event_elapsed_ms(impl, rt->cal_ev[p], rt->cal_ev[p + 1], &ms)) return;
+        if (ops->event_elapsed_ms(impl, rt->cal_ev[p], rt->cal_ev[p + 1], &ms))
+            return pt_fail(err, errlen, PT_ERR_BACKEND,
+                           "post_step: calibration: event_elapsed_ms between phase edges failed");
         rt->cal_ph[i][p] = ms * 1e-3;
     }
     rt->cal_ok[i] = 1;
+    return PT_OK;
 }
 
 void pt_rt_calib_free(pt_rt *rt) {
@@ -219,11 +233,10 @@ static int time_calibrate(pt_rt *rt) {
     return 1;
 }
 
-void pt_rt_calibrate(pt_rt *rt) {
-    int k = rt->calib_steps++;
-    if (k < (int)(sizeof rt->calib_t / sizeof rt->calib_t[0])) rt->calib_t[k] = pt_now_s();
-    if (k >= WARM + 1 && k <= WARM + MEASURE) take_sample(rt, k - WARM - 1);
-    rt->cal_seen = 0;
+/* At the end of step WARM + MEASURE under a plan: the comparison and what
+ * follows from it (see the top of the file). Failures here are the re-plan's
+ * (rt->broken) or logged. */
+static void decide(pt_rt *rt, int k) {
     if (k == WARM) pt_store_coll_seconds(rt->st, rt->coll0);
     if (k != WARM + MEASURE || !rt->pred_peak) return;
     if (rt->coll) {
@@ -304,4 +317,14 @@ void pt_rt_calibrate(pt_rt *rt) {
         return;
     }
     if (rt->cfg.time_calibration && time_calibrate(rt)) store_learned(rt);
+}
+
+int pt_rt_calibrate(pt_rt *rt, char *err, size_t errlen) {
+    int k = rt->calib_steps++;
+    if (k < (int)(sizeof rt->calib_t / sizeof rt->calib_t[0])) rt->calib_t[k] = pt_now_s();
+    int rc = k >= WARM + 1 && k <= WARM + MEASURE ? take_sample(rt, k - WARM - 1, err, errlen) : PT_OK;
+    rt->cal_seen = 0;
+    if (rc) return rc;
+    decide(rt, k);
+    return PT_OK;
 }

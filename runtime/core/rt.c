@@ -482,7 +482,7 @@ int pt_rt_pre_step(pt_rt *rt, char *err, size_t errlen) {
     }
     int rc = pt_store_pre_step(rt->st, err, errlen);
     pt_osft_mirror(rt);
-    if (!rc && rt->sx->micro == 0) pt_rt_calib_mark(rt, PT_CAL_PRE);
+    if (!rc && rt->sx->micro == 0) rc = pt_rt_calib_mark(rt, PT_CAL_PRE, "pre_step", err, errlen);
     return rc;
 }
 
@@ -504,7 +504,10 @@ int pt_rt_post_forward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
     return hook(rt, PT_PROF_POST_FWD, pt_store_post_forward, b, err, errlen);
 }
 int pt_rt_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
-    if (b == rt->n_blocks - 1) pt_rt_calib_mark(rt, PT_CAL_BWD);
+    if (b == rt->n_blocks - 1) {
+        int rc = pt_rt_calib_mark(rt, PT_CAL_BWD, "block_pre_backward", err, errlen);
+        if (rc) return rc;
+    }
     return hook(rt, PT_PROF_PRE_BWD, pt_store_pre_backward, b, err, errlen);
 }
 int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
@@ -517,8 +520,8 @@ int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
 }
 
 int pt_rt_optimizer_step(pt_rt *rt, float lr, char *err, size_t errlen) {
-    pt_rt_calib_mark(rt, PT_CAL_OPT);
-    int rc = pt_osft_async_status(rt, err, errlen);
+    int rc = pt_rt_calib_mark(rt, PT_CAL_OPT, "optimizer_step", err, errlen);
+    if (!rc) rc = pt_osft_async_status(rt, err, errlen);
     if (!rc) rc = pt_store_optimizer_step(rt->st, lr, err, errlen);
     /* OSFT: Adam of a projected gradient leaves the subspace; the stepped values
      * are projected back wherever they were stepped */
@@ -559,8 +562,9 @@ int pt_rt_post_step(pt_rt *rt, int64_t step, float loss, char *err, size_t errle
     rt->last_loss = loss;
     PT_LOGD(&rt->lg, "step %lld loss %.6f grad-norm %.6g", (long long)step, (double)loss,
             rt->opt.last_norm);
-    pt_rt_calib_mark(rt, PT_CAL_END);
-    pt_rt_calibrate(rt);
+    int rc = pt_rt_calib_mark(rt, PT_CAL_END, "post_step", err, errlen);
+    if (!rc) rc = pt_rt_calibrate(rt, err, errlen);
+    if (rc) return rc;
     if (rt->broken) {
         return pt_fail(err, errlen, rt->broken, "post_step: the calibration re-plan failed (see the log); the run cannot continue");
     }

@@ -90,8 +90,11 @@ int pt_rt_tiles_auto_search(pt_rt *rt, const struct pt_trace *t, double prof_s, 
 /* calib.c: marks on the device's clock at the phase edges of a measured step,
  * and the calibration at post_step (peak and time against the plan). */
 enum { PT_CAL_PRE = 0, PT_CAL_BWD = 1, PT_CAL_OPT = 2, PT_CAL_END = 3, PT_CAL_N = 4 };
-void pt_rt_calib_mark(pt_rt *rt, int which);
-void pt_rt_calibrate(pt_rt *rt);
+/* calib.c: a phase edge of a measured step (hook names the caller in errors),
+ * and the end of a step (its sample; after the measured steps, the comparison
+ * and any re-plan). A failed device op returns PT_ERR_BACKEND. */
+int pt_rt_calib_mark(pt_rt *rt, int which, const char *hook, char *err, size_t errlen);
+int pt_rt_calibrate(pt_rt *rt, char *err, size_t errlen);
 void pt_rt_calib_free(pt_rt *rt);
 
 /* plan_rt.c */
