@@ -265,18 +265,39 @@ static void scale_buf(void *buf, size_t n, int32_t dtype, double scale) {
     }
 }
 
-/* acc[e] += src[e] for m elements of dtype (f32 sums stay f32: a single rank
- * accumulating micro-batches adds in f32 too). */
-static void add_into(void *acc, const void *src, size_t m, int dtype) {
+/* dst[e] = src[0][e] + src[1][e] + ... + src[w-1][e] for m elements of dtype,
+ * added in rank order with the first addend taken as is (not added to 0, so
+ * -0 and NaN payloads match a single rank's accumulation); f32 sums stay f32,
+ * as a single rank accumulating micro-batches adds in f32 too. dst may be one
+ * of the sources: each element is read from every source before it is written.
+ * Every reduction of this transport (blocking, reduce-scatter, keyed) forms its
+ * sum here, so they all leave the same bits. */
+static void sum_ranks(void *dst, const char *const *src, int w, size_t m, int dtype) {
     if (dtype == PT_COLL_F32) {
-        float *a = acc;
-        const float *x = src;
-        for (size_t e = 0; e < m; e++) a[e] += x[e];
+        float *o = dst;
+        for (size_t e = 0; e < m; e++) {
+            float a = ((const float *)src[0])[e];
+            for (int p = 1; p < w; p++) a += ((const float *)src[p])[e];
+            o[e] = a;
+        }
     } else {
-        double *a = acc;
-        const double *x = src;
-        for (size_t e = 0; e < m; e++) a[e] += x[e];
+        double *o = dst;
+        for (size_t e = 0; e < m; e++) {
+            double a = ((const double *)src[0])[e];
+            for (int p = 1; p < w; p++) a += ((const double *)src[p])[e];
+            o[e] = a;
+        }
     }
+}
+
+/* src[p] for sum_ranks: this rank's own data, or peer p's slot of recv (the
+ * slots skip this rank: p < rank at slot p, p > rank at slot p - 1) of stride
+ * bytes each. */
+static void rank_sources(const pt_mpi_coll *c, const char **src, const void *mine,
+                         const void *recv, size_t stride) {
+    for (int p = 0; p < c->world; p++)
+        src[p] = p == c->rank ? (const char *)mine
+                              : (const char *)recv + (size_t)(p < c->rank ? p : p - 1) * stride;
 }
 
 int pt_mpi_coll_allreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,
@@ -294,11 +315,10 @@ int pt_mpi_coll_allreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, do
     MPI_Datatype mt = dtype == PT_COLL_F64 ? MPI_DOUBLE : MPI_FLOAT;
     int np = c->world - 1;
     int *peer = malloc(sizeof(int) * (size_t)(2 * np));
-    /* one segment's sum, reused by every segment */
-    void *acc = malloc((n < SEG_ELEMS ? n : SEG_ELEMS) * es + 1);
-    if (!peer || !acc) {
+    const char **src = malloc(sizeof *src * (size_t)c->world);
+    if (!peer || !src) {
         free(peer);
-        free(acc);
+        free(src);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
     double deadline = pt_now_s() + c->timeout_s;
@@ -323,21 +343,15 @@ int pt_mpi_coll_allreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, do
             i++;
         }
         if ((rc = wait_all(c, 2 * np, peer, deadline, what, err, errlen))) break;
-        /* sum in rank order: ranks below us, ours, ranks above (the first
-         * addend is copied, not added to 0, so -0 and NaN payloads match a
-         * single rank's accumulation); nothing to add for a barrier's empty
-         * buffer (NULL there) */
-        for (int p = 0; p < c->world && m; p++) {
-            const char *src = p == c->rank ? mine
-                              : (const char *)c->recv + (size_t)(p < c->rank ? p : p - 1) * SEG_ELEMS * es;
-            if (p == 0) memcpy(acc, src, m * es);
-            else add_into(acc, src, m, dtype);
+        /* nothing to add for a barrier's empty buffer (NULL there) */
+        if (m) {
+            rank_sources(c, src, mine, c->recv, SEG_ELEMS * es);
+            sum_ranks(mine, src, c->world, m, dtype);
         }
-        if (m) memcpy(mine, acc, m * es);
         if (n == 0) break;
     }
     free(peer);
-    free(acc);
+    free(src);
     if (!rc) scale_buf(buf, n, dtype, scale);
     return rc;
 }
@@ -422,10 +436,10 @@ int pt_mpi_coll_reduce_scatter(pt_mpi_coll *c, void *buf, size_t n, int32_t dtyp
     pt_coll_part(n, c->world, 0, &z, &s_part);
     pt_coll_part(n, c->world, c->rank, &lo_me, &len_me);
     int *peer = malloc(sizeof(int) * (size_t)(2 * np));
-    void *acc = malloc((len_me < SEG_ELEMS ? len_me : SEG_ELEMS) * es + 1);
-    if (!peer || !acc) {
+    const char **src = malloc(sizeof *src * (size_t)c->world);
+    if (!peer || !src) {
         free(peer);
-        free(acc);
+        free(src);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
     double deadline = pt_now_s() + c->timeout_s;
@@ -453,18 +467,15 @@ int pt_mpi_coll_reduce_scatter(pt_mpi_coll *c, void *buf, size_t n, int32_t dtyp
             i++;
         }
         if ((rc = wait_all(c, 2 * np, peer, deadline, what, err, errlen))) break;
-        /* rank order, first addend copied: the same sum pt_coll_allreduce forms */
-        for (int p = 0; p < c->world && m; p++) {
-            const char *src = p == c->rank ? mine
-                              : (const char *)c->recv + (size_t)(p < c->rank ? p : p - 1) * SEG_ELEMS * es;
-            if (p == 0) memcpy(acc, src, m * es);
-            else add_into(acc, src, m, dtype);
+        /* the same sum pt_coll_allreduce forms */
+        if (m) {
+            rank_sources(c, src, mine, c->recv, SEG_ELEMS * es);
+            sum_ranks(mine, src, c->world, m, dtype);
         }
-        if (m) memcpy(mine, acc, m * es);
         if (s_part == 0) break;
     }
     free(peer);
-    free(acc);
+    free(src);
     if (!rc) scale_buf((char *)buf + lo_me * es, len_me, dtype, scale);
     return rc;
 }
@@ -555,26 +566,9 @@ int pt_mpi_coll_iallreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, d
  * multiply pt_coll_allreduce makes, in the same order, so the same bits). */
 static void op_finish(pt_mpi_coll *c, pt_mpi_op *op) {
     size_t es = op->dtype == PT_COLL_F64 ? 8 : 4;
-    int W = c->world;
-    const char *src[W];
-    for (int p = 0; p < W; p++)
-        src[p] = p == c->rank ? (const char *)op->buf
-                              : (const char *)op->recv + (size_t)(p < c->rank ? p : p - 1) * op->n * es;
-    if (op->dtype == PT_COLL_F32) {
-        float *o = op->buf;
-        for (size_t e = 0; e < op->n; e++) {
-            float a = ((const float *)src[0])[e];
-            for (int p = 1; p < W; p++) a += ((const float *)src[p])[e];
-            o[e] = a;
-        }
-    } else {
-        double *o = op->buf;
-        for (size_t e = 0; e < op->n; e++) {
-            double a = ((const double *)src[0])[e];
-            for (int p = 1; p < W; p++) a += ((const double *)src[p])[e];
-            o[e] = a;
-        }
-    }
+    const char *src[c->world];
+    rank_sources(c, src, op->buf, op->recv, op->n * es);
+    sum_ranks(op->buf, src, c->world, op->n, op->dtype);
     scale_buf(op->buf, op->n, op->dtype, op->scale);
     op->done = 1;
 }
