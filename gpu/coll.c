@@ -216,6 +216,74 @@ int pt_coll_allgather_ranges(pt_coll *c, void *buf, const size_t *lo, const size
     return rc;
 }
 
+int pt_coll_alltoallv_gathered(pt_coll *c, const void *send, const size_t *soff,
+                               const size_t *scount, void *recv, const size_t *roff,
+                               const size_t *rcount, const char *what, char *err,
+                               size_t errlen) {
+    int w = pt_coll_world(c), me = pt_coll_rank(c);
+    if (scount[me] != rcount[me])
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: this rank sends itself %zu "
+                       "bytes but expects %zu", what, scount[me], rcount[me]);
+    if (scount[me]) memcpy((char *)recv + roff[me], (const char *)send + soff[me], scount[me]);
+    if (w == 1) return PT_OK;
+    /* tab[(p * w + q) * 3 + {0, 1, 2}]: rank p's offset and count toward rank q,
+     * and what p expects from q (each rank fills its own row; the sum of zeros
+     * elsewhere is exact), so every rank checks every pair and all of them fail
+     * together, before the all-gather, when two disagree */
+    size_t nt = (size_t)w * (size_t)w * 3;
+    double *tab = calloc(nt, sizeof *tab);
+    if (!tab) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "[dist] %s: out of host memory", what);
+    for (int q = 0; q < w; q++) {
+        tab[((size_t)me * w + q) * 3] = (double)soff[q];
+        tab[((size_t)me * w + q) * 3 + 1] = (double)scount[q];
+        tab[((size_t)me * w + q) * 3 + 2] = (double)rcount[q];
+    }
+    int rc = pt_coll_allreduce(c, tab, nt, PT_COLL_F64, 1.0, what, err, errlen);
+    size_t S = 0;   /* the longest send buffer: every slot's length */
+    for (size_t i = 0; !rc && i < nt; i += 3) {
+        size_t end = (size_t)tab[i] + (size_t)tab[i + 1];
+        if (end > S) S = end;
+    }
+    for (int p = 0; !rc && p < w; p++)
+        for (int q = 0; !rc && q < w; q++) {
+            size_t sent = (size_t)tab[((size_t)p * w + q) * 3 + 1];
+            size_t want = (size_t)tab[((size_t)q * w + p) * 3 + 2];
+            if (p != q && sent != want)
+                rc = pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: rank %d sends %zu bytes "
+                             "to rank %d, which expects %zu", what, p, sent, q, want);
+        }
+    char *tmp = rc ? NULL : malloc((size_t)w * S + 1);
+    if (!rc && !tmp)
+        rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "[dist] %s: out of host memory for %zu bytes",
+                     what, (size_t)w * S);
+    if (!rc) {
+        /* slot p = [p S, (p + 1) S): exactly rank p's part under pt_coll_part(W S) */
+        size_t mine = 0;
+        for (int q = 0; q < w; q++)
+            if (soff[q] + scount[q] > mine) mine = soff[q] + scount[q];
+        memset(tmp + (size_t)me * S, 0, S);
+        if (mine) memcpy(tmp + (size_t)me * S, send, mine);
+        rc = pt_coll_allgather(c, tmp, (size_t)w * S, 1, what, err, errlen);
+    }
+    for (int p = 0; !rc && p < w; p++)
+        if (p != me && rcount[p])
+            memcpy((char *)recv + roff[p],
+                   tmp + (size_t)p * S + (size_t)tab[((size_t)p * w + me) * 3], rcount[p]);
+    free(tmp);
+    free(tab);
+    return rc;
+}
+
+int pt_coll_alltoallv(pt_coll *c, const void *send, const size_t *soff, const size_t *scount,
+                      void *recv, const size_t *roff, const size_t *rcount, const char *what,
+                      char *err, size_t errlen) {
+    if (c && c->nccl)
+        return pt_coll_alltoallv_gathered(c, send, soff, scount, recv, roff, rcount, what, err,
+                                          errlen);
+    return pt_mpi_coll_alltoallv(c ? c->mpi : NULL, send, soff, scount, recv, roff, rcount, what,
+                                 err, errlen);
+}
+
 int pt_coll_reduce_scatter(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale,
                            const char *what, char *err, size_t errlen) {
     if (c && c->nccl) {

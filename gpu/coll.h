@@ -142,6 +142,31 @@ int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const c
  * receives about (W - 1) / W of the slice. */
 int pt_coll_allgather_ranges(pt_coll *c, void *buf, const size_t *lo, const size_t *len,
                              size_t elem_size, const char *what, char *err, size_t errlen);
+/* Personalised exchange (every pair of ranks its own bytes, like MPI's
+ * alltoallv): this rank sends rank p the scount[p] bytes at send + soff[p] and
+ * receives rank p's bytes into recv + roff[p], rcount[p] of them (W entries
+ * each; rcount[p] here must equal scount[this rank] on rank p: callers derive
+ * both sides from one rule, e.g. a parameter's owner and the parts of its
+ * region). This rank's own entry is a local copy; a pair with nothing to
+ * exchange sends no message. A copy, no arithmetic: the bytes arrive as sent.
+ * Host memory (on the host backend device memory is). The MPI transport sends
+ * each pair's bytes point to point, so each rank receives only its own; nccl
+ * runs pt_coll_alltoallv_gathered. */
+int pt_coll_alltoallv(pt_coll *c, const void *send, const size_t *soff, const size_t *scount,
+                      void *recv, const size_t *roff, const size_t *rcount, const char *what,
+                      char *err, size_t errlen);
+/* The same exchange from the group collectives: one all-reduce of every rank's
+ * offsets and counts (W^2 pairs of doubles), then one all-gather of every
+ * rank's send buffer padded to the longest, from which each rank copies what
+ * is addressed to it. Every rank receives every rank's bytes (about W times the
+ * traffic of the point-to-point exchange). What the nccl transport runs (its
+ * table has no point-to-point call); declared here so the MPI tests check it
+ * against the same oracle. A count that does not match its peer's is refused
+ * with a sentence naming both ranks. */
+int pt_coll_alltoallv_gathered(pt_coll *c, const void *send, const size_t *soff,
+                               const size_t *scount, void *recv, const size_t *roff,
+                               const size_t *rcount, const char *what, char *err,
+                               size_t errlen);
 /* In place: every rank passes n elements; afterwards this rank's own part of
  * buf (pt_coll_part) = scale * (part_0 + part_1 + ... + part_{W-1}), summed in
  * rank order exactly as pt_coll_allreduce sums (so the part holds the same

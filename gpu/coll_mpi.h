@@ -31,6 +31,9 @@ int pt_mpi_coll_allgather(pt_mpi_coll *c, void *buf, size_t n, size_t elem_size,
                           const char *what, char *err, size_t errlen);
 int pt_mpi_coll_reduce_scatter(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,
                                const char *what, char *err, size_t errlen);
+int pt_mpi_coll_alltoallv(pt_mpi_coll *c, const void *send, const size_t *soff,
+                          const size_t *scount, void *recv, const size_t *roff,
+                          const size_t *rcount, const char *what, char *err, size_t errlen);
 /* coll.h's keyed nonblocking all-reduce (pt_coll_iallreduce and the rest) */
 typedef struct pt_mpi_op pt_mpi_op;
 int pt_mpi_coll_iallreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,

@@ -181,14 +181,14 @@ int pt_mpi_coll_split(pt_mpi_coll *c, int color, int key, pt_mpi_coll **sub, cha
     return PT_OK;
 }
 
-/* Tests the nreq requests req[] (the first half receives from peer[i], the
- * rest sends to peer[i]) until all are done or, with deadline >= 0, until the
+/* Tests the nreq requests req[] (the first nrecv receive from peer[i], the
+ * rest send to peer[i]) until all are done or, with deadline >= 0, until the
  * deadline passes; deadline < 0 tests each once (*left: how many are still
  * out). On a miss names the first peer whose message is outstanding; `label`
  * says which collective ("collective 12", "bucket 3"). */
-static int test_reqs(pt_mpi_coll *c, MPI_Request *req, int nreq, const int *peer, double deadline,
-                     const char *what, const char *label, int *left_out, char *err,
-                     size_t errlen) {
+static int test_reqs_n(pt_mpi_coll *c, MPI_Request *req, int nreq, int nrecv, const int *peer,
+                       const int *want, double deadline, const char *what, const char *label,
+                       int *left_out, char *err, size_t errlen) {
     for (;;) {
         int left = 0;
         for (int i = 0; i < nreq; i++) {
@@ -201,9 +201,20 @@ static int test_reqs(pt_mpi_coll *c, MPI_Request *req, int nreq, const int *peer
                 set_broken(c);
                 return pt_fail(err, errlen, PT_ERR_BACKEND,
                                "[dist] %s (%s): the message %s rank %d failed: %s", what, label,
-                               i < nreq / 2 ? "from" : "to", peer[i], mpi_text(rc, t, sizeof t));
+                               i < nrecv ? "from" : "to", peer[i], mpi_text(rc, t, sizeof t));
             }
-            if (!done) left++;
+            if (!done) {
+                left++;
+            } else if (want && i < nrecv) {   /* a shorter message would go unnoticed */
+                int got = -1;
+                MPI_Get_count(&stt, MPI_BYTE, &got);
+                if (got != want[i]) {
+                    set_broken(c);
+                    return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist] %s (%s): rank %d sent %d "
+                                   "bytes where this rank expected %d (the ranks disagree on "
+                                   "what they exchange)", what, label, peer[i], got, want[i]);
+                }
+            }
         }
         if (left_out) *left_out = left;
         if (!left || deadline < 0) return PT_OK;
@@ -215,7 +226,7 @@ static int test_reqs(pt_mpi_coll *c, MPI_Request *req, int nreq, const int *peer
                                    "[dist] %s (%s): rank %d did not %s within "
                                    "[dist] timeout = %g s (it exited, hung or fell behind); "
                                    "this rank stops", what, label, peer[i],
-                                   i < nreq / 2 ? "send its part" : "take this rank's part",
+                                   i < nrecv ? "send its part" : "take this rank's part",
                                    c->timeout_s);
                 }
         }
@@ -223,12 +234,19 @@ static int test_reqs(pt_mpi_coll *c, MPI_Request *req, int nreq, const int *peer
     }
 }
 
+static int test_reqs(pt_mpi_coll *c, MPI_Request *req, int nreq, int nrecv, const int *peer,
+                     double deadline, const char *what, const char *label, int *left_out,
+                     char *err, size_t errlen) {
+    return test_reqs_n(c, req, nreq, nrecv, peer, NULL, deadline, what, label, left_out, err,
+                       errlen);
+}
+
 /* Waits for the 2*(W-1) requests of the current blocking collective. */
 static int wait_all(pt_mpi_coll *c, int nreq, const int *peer, double deadline, const char *what,
                     char *err, size_t errlen) {
     char label[32];
     snprintf(label, sizeof label, "collective %u", c->seq);
-    return test_reqs(c, c->req, nreq, peer, deadline, what, label, NULL, err, errlen);
+    return test_reqs(c, c->req, nreq, nreq / 2, peer, deadline, what, label, NULL, err, errlen);
 }
 
 /* What every collective does first: refuse on a broken group, count it (tags,
@@ -480,6 +498,63 @@ int pt_mpi_coll_reduce_scatter(pt_mpi_coll *c, void *buf, size_t n, int32_t dtyp
     return rc;
 }
 
+/* Personalised exchange: each pair's bytes travel as their own messages, cut
+ * into segments of A2A_SEG bytes (MPI counts are ints), all posted at once;
+ * a pair with nothing to exchange posts nothing (both sides derive the same
+ * counts, so they agree on the segments; messages with one tag between two
+ * ranks match in the order posted). */
+#define A2A_SEG ((size_t)1 << 23)
+
+static size_t n_segs(size_t bytes) { return (bytes + A2A_SEG - 1) / A2A_SEG; }
+
+int pt_mpi_coll_alltoallv(pt_mpi_coll *c, const void *send, const size_t *soff,
+                          const size_t *scount, void *recv, const size_t *roff,
+                          const size_t *rcount, const char *what, char *err, size_t errlen) {
+    int me = c ? c->rank : 0, w = c ? c->world : 1;
+    if (scount[me] != rcount[me])
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: this rank sends itself %zu "
+                       "bytes but expects %zu", what, scount[me], rcount[me]);
+    if (scount[me]) memcpy((char *)recv + roff[me], (const char *)send + soff[me], scount[me]);
+    if (!c || w == 1) return PT_OK;
+    int brc = begin(c, what, err, errlen);
+    if (brc) return brc;
+    size_t nr = 0, ns = 0;
+    for (int p = 0; p < w; p++)
+        if (p != me) nr += n_segs(rcount[p]), ns += n_segs(scount[p]);
+    MPI_Request *req = malloc(sizeof *req * (nr + ns + 1));
+    int *peer = malloc(sizeof *peer * (nr + ns + 1)), *want = malloc(sizeof *want * (nr + 1));
+    if (!req || !peer || !want || nr + ns > (size_t)1 << 30) {
+        free(req);
+        free(peer);
+        free(want);
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "[dist] %s: out of host memory for %zu "
+                       "messages", what, nr + ns);
+    }
+    int tag = (int)(c->seq & 0x3fff), i = 0;
+    for (int p = 0; p < w; p++)
+        for (size_t off = 0; p != me && off < rcount[p]; off += A2A_SEG) {
+            size_t m = rcount[p] - off < A2A_SEG ? rcount[p] - off : A2A_SEG;
+            peer[i] = p;
+            want[i] = (int)m;
+            MPI_Irecv((char *)recv + roff[p] + off, (int)m, MPI_BYTE, p, tag, c->comm, &req[i++]);
+        }
+    for (int p = 0; p < w; p++)
+        for (size_t off = 0; p != me && off < scount[p]; off += A2A_SEG) {
+            size_t m = scount[p] - off < A2A_SEG ? scount[p] - off : A2A_SEG;
+            peer[i] = p;
+            MPI_Isend((const char *)send + soff[p] + off, (int)m, MPI_BYTE, p, tag, c->comm,
+                      &req[i++]);
+        }
+    char label[32];
+    snprintf(label, sizeof label, "collective %u", c->seq);
+    int rc = test_reqs_n(c, req, i, (int)nr, peer, want, pt_now_s() + c->timeout_s, what, label,
+                         NULL, err, errlen);
+    free(req);
+    free(peer);
+    free(want);
+    return rc;
+}
+
 /* ---- keyed nonblocking all-reduce ----
  * Tags: blocking collectives use their count modulo 0x4000, keyed operations
  * 0x4000 + key, so the two never match each other (MPI guarantees tags up to
@@ -583,8 +658,8 @@ static int op_progress(pt_mpi_coll *c, pt_mpi_op *op, double deadline, int *done
     char label[32];
     snprintf(label, sizeof label, "bucket %d", op->key);
     int left = 1;
-    int rc = test_reqs(c, op->req, op->nreq, op->peer, deadline, op->what, label, &left, err,
-                       errlen);
+    int rc = test_reqs(c, op->req, op->nreq, op->nreq / 2, op->peer, deadline, op->what, label,
+                       &left, err, errlen);
     if (rc) return rc;
     if (!left) op_finish(c, op);
     *done = op->done;

@@ -15,6 +15,13 @@
  *    sum times the scale computed here from every rank's values (each rank can
  *    generate them all), and equals what pt_coll_allreduce leaves there; the
  *    rest of the buffer is untouched;
+ *  - personalised exchange (pt_coll_alltoallv, and pt_coll_alltoallv_gathered,
+ *    the nccl transport's way, checked here over MPI): per pair of ranks its
+ *    own byte count (zero, odd, and one pair above the 8 MiB message segment),
+ *    sent from scattered offsets and received at others: every byte arrives
+ *    where its receiver asked for it (values a function of sender, receiver and
+ *    index), the gaps between receive ranges stay; and a count one rank
+ *    disagrees with is refused with a sentence on every rank (gathered form).
  *  - sub-groups (pt_coll_split, mpi transport): ranks split by parity with keys
  *    that reverse their order; each sub-group's size and ranks follow the keys,
  *    its all-reduce is the fp32 sum over exactly its members in its own rank
@@ -174,6 +181,75 @@ static void test_allgather_ranges(void **s) {
             free(lo);
             free(buf);
         }
+}
+
+/* Bytes rank p sends rank q in case k (8 MiB is the MPI transport's segment). */
+static size_t a2a_count(int k, int p, int q) {
+    if (k == 0) return 0;
+    if (k == 1) return (size_t)((p * W + q) % 4) * 37 + (p == q ? 5 : 0);
+    return q == (p + 1) % W ? ((size_t)9 << 20) + 3 : 11 + (size_t)p;
+}
+static unsigned char a2a_byte(int p, int q, size_t i) {
+    return (unsigned char)(i * 131 + (size_t)p * 17 + (size_t)q * 5 + 1);
+}
+
+static void a2a_case(int k, int gathered) {
+    char err[512];
+    size_t soff[64], scount[64], roff[64], rcount[64], sb = 0, rb = 3;
+    assert_true(W <= 64);
+    for (int q = 0; q < W; q++) {   /* send ranges in rank order, 5 bytes apart */
+        soff[q] = sb;
+        scount[q] = a2a_count(k, R, q);
+        sb += scount[q] + 5;
+    }
+    for (int p = W - 1; p >= 0; p--) {   /* receive ranges in reverse order, 3 apart */
+        roff[p] = rb;
+        rcount[p] = a2a_count(k, p, R);
+        rb += rcount[p] + 3;
+    }
+    unsigned char *snd = malloc(sb + 1), *rcv = malloc(rb + 1);
+    assert_non_null(snd);
+    assert_non_null(rcv);
+    memset(snd, 0xAB, sb);
+    memset(rcv, 0xCD, rb);
+    for (int q = 0; q < W; q++)
+        for (size_t i = 0; i < scount[q]; i++) snd[soff[q] + i] = a2a_byte(R, q, i);
+    int rc = gathered ? pt_coll_alltoallv_gathered(C, snd, soff, scount, rcv, roff, rcount,
+                                                   "test exchange", err, sizeof err)
+                      : pt_coll_alltoallv(C, snd, soff, scount, rcv, roff, rcount,
+                                          "test exchange", err, sizeof err);
+    if (rc) fail_msg("exchange case %d (%s): %s", k, gathered ? "gathered" : "direct", err);
+    size_t bad = 0, gap = 0;
+    size_t pos = 0;
+    for (int p = W - 1; p >= 0; p--) {
+        for (; pos < roff[p]; pos++) gap += rcv[pos] != 0xCD;
+        for (size_t i = 0; i < rcount[p]; i++) bad += rcv[roff[p] + i] != a2a_byte(p, R, i);
+        pos = roff[p] + rcount[p];
+    }
+    for (; pos < rb; pos++) gap += rcv[pos] != 0xCD;
+    if (bad || gap)
+        fail_msg("exchange case %d (%s) on rank %d of %d: %zu wrong bytes, %zu gap bytes "
+                 "written", k, gathered ? "gathered" : "direct", R, W, bad, gap);
+    free(snd);
+    free(rcv);
+}
+
+static void test_alltoallv(void **s) {
+    (void)s;
+    for (int k = 0; k < 3; k++)
+        for (int g = 0; g < 2; g++) a2a_case(k, g);
+    /* rank 0 expects one byte more from rank 1 than rank 1 sends: every rank
+     * refuses, naming the pair, before any byte moves */
+    if (W < 2) return;
+    size_t soff[64] = {0}, scount[64] = {0}, roff[64] = {0}, rcount[64] = {0};
+    unsigned char snd[8] = {0}, rcv[8] = {0};
+    scount[0] = R == 1 ? 2 : 0;
+    rcount[1] = R == 0 ? 3 : 0;
+    char err[512] = "";
+    int rc = pt_coll_alltoallv_gathered(C, snd, soff, scount, rcv, roff, rcount,
+                                        "test mismatch", err, sizeof err);
+    assert_int_equal(rc, PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "rank 1 sends 2 bytes to rank 0, which expects 3"));
 }
 
 static void test_reduce_scatter(void **s) {
@@ -380,6 +456,7 @@ int main(void) {
         cmocka_unit_test(test_allgather),
         cmocka_unit_test(test_allgather_ranges),
         cmocka_unit_test(test_reduce_scatter),
+        cmocka_unit_test(test_alltoallv),
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_iallreduce),
     };
