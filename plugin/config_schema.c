@@ -282,13 +282,15 @@ const pt_config_key pt_cfg_keys[] = {
      "test sees it. 0: none. Never in training."},
     R_INT("host_backend", "jitter_seed", jitter_seed, PT_CFG_NO_HI, 0, INT_MAX, 0, "1",
           "Seed of the compute jitter's random delays."),
-    R_INT("host_backend", "debug_skip_ordering", debug_skip_ordering, 0, 0, 4095, 0, "0",
+    R_INT("host_backend", "debug_skip_ordering", debug_skip_ordering, 0, 0, 16383, 0, "0",
           "Testing only: orderings to skip, a bit mask (1 uploads, 2 slot reuse, 4 gradient "
           "copies, 8 swaps, 16 frees, 32 optimizer step, 64 host memcpy, 128 OSFT projection, "
           "256 an upload after its chunk's deferred CPU step, 512 mode C's collectives on a "
           "chunk's slot, 1024 a gradient bucket's all-reduce during backward, 2048 OSFT's value "
-          "projection after a chunk's CPU step (skipped: before it); 4095 all), so a test shows "
-          "it fails without each. Never in training."),
+          "projection after a chunk's CPU step (skipped: before it), 4096 mode C REKLS's update "
+          "sent back from a parameter's owner to the other ranks' parts, 8192 mode C REKLS's "
+          "restored state taken by each parameter's owner; 16383 all), so a test shows it "
+          "fails without each. Never in training."),
     R_BOOL("cuda", "poison", cuda_poison, "false",
            "On a CUDA device, fill freed device memory with NaN too (a memset and a wait "
            "on every free: a debugging aid, off by default for speed)."),

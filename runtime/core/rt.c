@@ -366,11 +366,6 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
                        "create_optimizer: REKLS together with OSFT is not built (REKLS would step "
                        "OSFT's trainable factors in its own eigenbasis, which the OSFT projections "
                        "were not checked against): use adamw with [osft], or disable [osft]");
-    if (type == PT_OPTIM_REKLS && rt->shard)
-        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
-                       "create_optimizer: REKLS in mode C is not built (it steps whole 2-D "
-                       "parameters, which mode C splits across the ranks): set [protrain] "
-                       "zero3_shard = off, or use adamw");
     /* Into a copy first: a refused descriptor leaves the optimizer as it was. */
     pt_optim_state n = *o;
     static const char *const names[6] = {"lr", "beta1", "beta2", "eps", "weight_decay",

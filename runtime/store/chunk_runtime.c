@@ -373,8 +373,9 @@ int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen
  * NULL. */
 void pt_cs_chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, float lr, float gs,
                        int64_t step, pt_task_group *grp, const pt_cpu_adam_hooks *h) {
-    if (c->sh) {   /* mode C: AdamW over this rank's parts (REKLS is refused with it) */
-        pt_sh_adam(c, k, from_acc);
+    if (c->sh) {   /* mode C: AdamW over this rank's parts (REKLS params: pt_rk_sh_pass) */
+        if (c->rk_count) pt_rk_sh_adam(st, c, k, from_acc);
+        else pt_sh_adam(c, k, from_acc);
         return;
     }
     if (c->rk_count) {

@@ -126,7 +126,10 @@ static int choose_layout(pt_store *st, char *err, size_t errlen) {
  * never 2 bytes per parameter), exactly as alloc_offloaded allocates them;
  * rounded: each allocation rounded as the pinned arena carves it. */
 static uint64_t pinned_of(const cs_chunk *c, int rounded) {
-    if (c->sh) return pt_sh_pinned(c, rounded);
+    if (c->sh) {   /* this rank's parts, and the REKLS state of the params it owns */
+        uint64_t own = c->rk_plan_own * 4;
+        return pt_sh_pinned(c, rounded) + (rounded && own ? pt_gpu_round_size(own) : own);
+    }
     uint64_t pb = rounded ? pt_gpu_round_size(c->used) : c->used;
     if (!c->trainable) return pb;                              /* h_param only */
     uint64_t eb = (uint64_t)c->n_state * 4, rk = c->rk_plan_aux * 4;
@@ -347,6 +350,8 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
         else ms->n_offloaded++;
         if (ms->shard && !c->persistent && (rc = pt_sh_setup(st, c, err, errlen))) return rc;
     }
+    /* mode C: the owner rank of every REKLS param of a split chunk */
+    if (ms->shard && (rc = pt_rk_sh_owners(ms, err, errlen))) return rc;
     int nb = st->kn.n_buffer;
     ms->nb_fixed = nb >= 0;
     int need = min_buffers(ms, m->n_blocks, 0), look = min_buffers(ms, m->n_blocks, 1);

@@ -233,6 +233,10 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         int rc = pt_rk_tp_pass(st, lr, gs, err, errlen);
         if (rc) return rc;
     }
+    if (ms->shard && ms->n_rk) {   /* mode C: split chunks' REKLS params, at their owners */
+        int rc = pt_rk_sh_pass(st, lr, gs, err, errlen);
+        if (rc) return rc;
+    }
     /* CPU steps that could not overlap (clipping, or lr unknown during backward),
      * queued in layout order = the order the next forward gathers the chunks.
      * Deferred, each goes into the chunk's own group (its upload and every

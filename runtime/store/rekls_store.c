@@ -58,7 +58,7 @@ static uint64_t aux_words(const pt_store *st, uint64_t a, uint64_t b, int split)
     return split ? 2 * a * b + a / P * a + b / P * b : pt_rekls_aux_words(a, b);
 }
 
-static int eligible(const pt_store *st, int i) {
+int pt_rk_eligible(const pt_store *st, int i) {
     const pt_model_v1 *m = st->env.model;
     const pt_param_v1 *p = &m->params[i];
     if (st->root[i] != i || !p->trainable || p->ndim != 2 || p->block < 0 || p->tie >= 0)
@@ -86,7 +86,7 @@ static uint64_t state_index(const pt_store *st, const cs_chunk *c, uint64_t off)
 /* REKLS is the optimizer to plan for: the one create_optimizer chose, or
  * before that the INI's (a host descriptor asking for REKLS under an INI that
  * says adamw is planned without its factors; the store allocates them anyway). */
-static int planned(const pt_store *st) {
+int pt_rk_planned(const pt_store *st) {
     int t = st->env.opt ? st->env.opt->type : 0;
     return t ? t == PT_OPTIM_REKLS : st->env.cfg->optim_type == PT_OPTIM_REKLS;
 }
@@ -95,11 +95,11 @@ void pt_rk_plan_chunk(pt_store *st, cs_chunk *c) {
     c->rk_plan_aux = c->rk_plan_ws = 0;
     c->rk_plan_gemm = c->rk_plan_eigh = 0;
     c->rk_plan_n = 0;
-    if (!planned(st) || !c->trainable) return;
+    if (!pt_rk_planned(st) || !c->trainable) return;
     const pt_model_v1 *m = st->env.model;
     for (int j = 0; j < c->lc->n_params; j++) {
         int i = st->lay.order[c->lc->first_param + j];
-        if (!eligible(st, i)) continue;
+        if (!pt_rk_eligible(st, i)) continue;
         int64_t fa, fb;
         int split = full_shape(st, &m->params[i], &fa, &fb);
         uint64_t a = (uint64_t)fa, b = (uint64_t)fb;
@@ -121,13 +121,13 @@ int pt_rk_init(pt_store *st, char *err, size_t errlen) {
     if (!st->rk_of || !st->rk) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     for (int i = 0; i < m->n_params; i++) st->rk_of[i] = -1;
     uint64_t ws_max = 0, words = 0;
-    int n_adam = 0, n_split = 0;
+    int n_adam = 0, n_split = 0, n_sh = 0, n_own = 0;
     for (int k = 0; k < st->n_chunks; k++) {
         cs_chunk *c = &st->ch[k];
         c->rk_first = st->n_rk;
         for (int j = 0; c->trainable && j < c->lc->n_params; j++) {
             int i = st->lay.order[c->lc->first_param + j];
-            if (!eligible(st, i)) {
+            if (!pt_rk_eligible(st, i)) {
                 n_adam += st->root[i] == i && m->params[i].trainable;
                 continue;
             }
@@ -154,21 +154,43 @@ int pt_rk_init(pt_store *st, char *err, size_t errlen) {
                 return pt_fail(err, errlen, PT_ERR_INTERNAL,
                                "REKLS: trainable parameter '%s' has no optimizer state slot",
                                m->params[i].name);
+            q->owner = c->sh && st->rk_owner ? st->rk_owner[i] : -1;
+            if (c->sh && q->owner < 0)
+                return pt_fail(err, errlen, PT_ERR_INTERNAL, "REKLS: parameter '%s' of the "
+                               "split chunk %d has no owner rank", m->params[i].name, k);
             q->aux = c->rk_aux_words;
-            c->rk_aux_words += q->aux_words;
+            if (c->sh) {   /* mode C: only its owner keeps it, moments included */
+                for (int r = 0; r < c->lc->n_regions; r++) {
+                    const pt_chunk_region *g = &c->lc->regions[r];
+                    if (q->off >= g->offset && q->off < g->offset + g->bytes) {
+                        q->reg = r;
+                        q->e0 = (q->off - g->offset) / 4;
+                    }
+                }
+                q->aux_view = c->rk_view_words;
+                c->rk_view_words += q->aux_words;
+                if (q->owner == st->rank)
+                    c->rk_aux_words += q->aux_words + 2 * (uint64_t)q->m * (uint64_t)q->n;
+                else
+                    q->aux = UINT64_MAX;
+                n_sh++;
+                n_own += q->owner == st->rank;
+            } else {
+                c->rk_aux_words += q->aux_words;
+            }
             st->rk_of[i] = st->n_rk++;
             n_split += q->split != 0;
             uint64_t w = q->split ? 0 : pt_rekls_ws_words((uint64_t)q->m, (uint64_t)q->n);
             if (c->persistent && w > ws_max) ws_max = w;
         }
         c->rk_count = st->n_rk - c->rk_first;
-        if (!c->rk_count) continue;
+        if (!c->rk_count || !c->rk_aux_words) continue;
         words += c->rk_aux_words;
         /* zero factors, identity bases: built on the host, copied in */
         float *img = calloc((size_t)c->rk_aux_words, sizeof(float));
         if (!img) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
         for (int r = c->rk_first; r < st->n_rk; r++)   /* a split one starts all zero */
-            if (!st->rk[r].split)
+            if (!st->rk[r].split && st->rk[r].aux != UINT64_MAX)
                 pt_rekls_aux_init_host(img + st->rk[r].aux, st->rk[r].m, st->rk[r].n);
         int rc = PT_OK;
         size_t bytes = sizeof(float) * (size_t)c->rk_aux_words;
@@ -201,6 +223,10 @@ int pt_rk_init(pt_store *st, char *err, size_t errlen) {
             "moments); AdamW on the other %d trainable parameter(s): not 2-D, outside blocks "
             "(embeddings, final norm, head), tied, or a side above %d", st->n_rk,
             (double)words * 4 / 1048576.0, n_adam, PT_REKLS_MAX_DIM);
+    if (n_sh)
+        PT_LOGI(st->env.lg, "mode C REKLS: %d of them in chunks split across the %d ranks, each "
+                "kept and stepped whole by one owner rank; this rank owns %d", n_sh, st->world,
+                n_own);
     if (n_split)
         PT_LOGI(st->env.lg, "tensor-parallel REKLS on %d split parameter(s) over a group of %d "
                 "ranks (full matrices stepped on every rank, factors kept in row blocks)",
@@ -209,8 +235,18 @@ int pt_rk_init(pt_store *st, char *err, size_t errlen) {
 }
 
 void pt_rk_fini(pt_store *st) {
+    if (st->rk_sh_steps)
+        PT_LOGI(st->env.lg, "REKLS mode C: %d steps; per step %.2f ms gathering gradients at "
+                "their owners (%.1f KiB received), %.2f ms in the owners' steps, %.2f ms sending "
+                "the updates back and applying them (%.1f KiB received)", st->rk_sh_steps,
+                1e3 * st->rk_sh_s[0] / st->rk_sh_steps, st->rk_sh_bytes[0] / 1024.0 / st->rk_sh_steps,
+                1e3 * st->rk_sh_s[1] / st->rk_sh_steps, 1e3 * st->rk_sh_s[2] / st->rk_sh_steps,
+                st->rk_sh_bytes[1] / 1024.0 / st->rk_sh_steps);
+    st->rk_sh_steps = 0;
     for (int k = 0; st->ch && k < st->n_chunks; k++) {
         cs_chunk *c = &st->ch[k];
+        free(c->rk_view);
+        c->rk_view = NULL;
         if (!c->rk_aux) continue;
         if (c->persistent) pt_gpu_free(st->env.gpu, c->rk_aux);
         else pt_gpu_pinned_free(st->env.gpu, c->rk_aux);
@@ -222,8 +258,10 @@ void pt_rk_fini(pt_store *st) {
     st->d_rk_status = NULL;
     free(st->rk);
     free(st->rk_of);
+    free(st->rk_owner);
     st->rk = NULL;
     st->rk_of = NULL;
+    st->rk_owner = NULL;
     st->n_rk = 0;
 }
 

@@ -50,7 +50,11 @@ enum {
                              the chunk's backward; offloaded: its CPU task formed the sum) */
     PT_ORD_STEPPED = 2048, /* chunk_stepped after a chunk's CPU step, inside the step's
                             task (skipped: before the step) */
-    PT_ORD_ALL = 4095
+    PT_ORD_RKSHARD = 4096, /* mode C REKLS: the owner's update reaches the other ranks'
+                            * parts of the param (skipped: only the owner's part moves) */
+    PT_ORD_RKLOAD = 8192,  /* mode C REKLS: a restored state's REKLS part reaches each
+                            * param's owner (skipped: the owners keep what they had) */
+    PT_ORD_ALL = 16383
 };
 
 /* Optimizer hyper-parameters and progress (owned by the caller, lent to the store). */

@@ -126,7 +126,14 @@ typedef struct cs_chunk {
     uint64_t rk_plan_aux, rk_plan_ws;
     double rk_plan_gemm, rk_plan_eigh;   /* FLOPs of one step of its REKLS params */
     int rk_plan_n;                       /* how many */
+    uint64_t rk_plan_own;     /* mode C, split chunk: the REKLS words this rank owns
+                               * (aux + both moments per owned param; pinned_of) */
     int rk_first, rk_count;
+    /* mode C: the REKLS state of every param of the chunk in the image layout
+     * (aux_words each, at aux_view) while a state image is written or read,
+     * else NULL; rk_view_words its length */
+    float *rk_view;
+    uint64_t rk_view_words;
 } cs_chunk;
 
 /* One parameter stepped by REKLS (rekls_store.c). */
@@ -139,7 +146,17 @@ typedef struct rk_param {
     uint64_t s;               /* fp32 state index in the chunk (its m / v slots) */
     uint64_t aux;             /* word offset in the chunk's rk_aux */
     uint64_t aux_words;       /* pt_rekls_aux_words(m, n); split: the factor row blocks
-                                 (m/P x m and n/P x n) of tensor-parallel REKLS */
+                                 (m/P x m and n/P x n) of tensor-parallel REKLS. The
+                                 words a state image holds for it */
+    /* mode C (its chunk split across the ranks, rekls_shard.c): the rank that
+     * keeps its state and steps it, -1 otherwise. The owner's rk_aux block is
+     * [L R Q_L Q_R lam_L lam_R | M | V] (aux_words + 2mn words; the moments
+     * are whole, so they cannot use the chunk's m / v parts, which stay
+     * unused); other ranks hold nothing for it (aux = UINT64_MAX). */
+    int owner;
+    int reg;                  /* its region in the chunk */
+    uint64_t e0;              /* its first element in that region */
+    uint64_t aux_view;        /* word offset in the chunk's state-image view (rk_view) */
 } rk_param;
 
 struct pt_store {
@@ -208,6 +225,13 @@ struct pt_store {
     float *d_rk_ws;
     int *d_rk_status;
     int rk_failed;
+    /* mode C (rekls_shard.c): per param the owner rank (-1: not in a split
+     * chunk, or not REKLS's), decided at layout time; what the pass moved and
+     * how long it took (exchange in, owners' steps, exchange out) */
+    int *rk_owner;            /* [n_params] */
+    int rk_sh_steps;
+    double rk_sh_s[3];
+    double rk_sh_bytes[2];    /* bytes this rank received: gradients, updates */
 };
 
 /* model_state.c */
@@ -322,6 +346,29 @@ void pt_sh_views_close(pt_store *st, int scatter);
  * parameters in the same order. */
 int pt_sh_read_param(pt_store *st, cs_chunk *c, uint64_t off, void *dst, size_t bytes,
                      char *err, size_t errlen);
+/* rekls_shard.c — REKLS in mode C. The owner of every REKLS param of a split
+ * chunk (st->rk_owner) and, when REKLS is planned, each split chunk's
+ * rk_plan_aux = the words this rank owns; after the chunks are set up. */
+int pt_rk_sh_owners(pt_store *st, char *err, size_t errlen);
+/* optimizer_step, after the global norm: every split REKLS param's reduced
+ * gradient gathered whole at its owner, stepped there, and the update sent back
+ * to every rank's part and applied (on the calling thread; a collective). */
+int pt_rk_sh_pass(pt_store *st, float lr, float gs, char *err, size_t errlen);
+/* Chunk c's AdamW over this rank's parts, skipping its REKLS params. */
+void pt_rk_sh_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc);
+/* State images: every split chunk's REKLS state in image layout (rk_view), from
+ * the owners (gather = 1: a collective); close: the owners take theirs back
+ * (scatter = 1) and the views are freed. */
+int pt_rk_sh_views_open(pt_store *st, int gather, char *err, size_t errlen);
+void pt_rk_sh_views_close(pt_store *st, int scatter);
+/* Where walk() finds param q's REKLS state words: the view while open, else the
+ * chunk's own block; NULL when this rank holds none of it. */
+float *pt_rk_state(pt_store *st, const rk_param *q);
+/* The REKLS eligibility rule, and whether REKLS is the optimizer to plan for
+ * (rekls_store.c). */
+int pt_rk_eligible(const pt_store *st, int i);
+int pt_rk_planned(const pt_store *st);
+
 /* rekls_store.c: which params REKLS steps (2-D block params; see README) and
  * their state; the CPU and device steps of a chunk holding any of them
  * (AdamW for the chunk's other params). */

@@ -1,0 +1,552 @@
+/*
+ * rekls_shard.c — REKLS in mode C. A rank holds a byte range of each split
+ * chunk, so no rank has a whole 2-D gradient; REKLS needs the whole matrix
+ * (two-sided products, eigendecompositions of its Kronecker factors). So each
+ * REKLS param of a split chunk gets an owner rank that keeps all of its REKLS
+ * state, [L R Q_L Q_R lam_L lam_R | M | V] = 2mn + 2m^2 + 2n^2 + m + n fp32
+ * words, and nothing of it lives on the other ranks: the state is split by
+ * parameter. Per step, in optimizer_step after the global norm:
+ *
+ *  1. every rank sends each owner its part of the owner's params' reduced
+ *     gradient (the fp32 sums the reduce-scatter left in h_gacc; with l2 decay
+ *     also its part of the weights), one pt_coll_alltoallv for all params;
+ *  2. each owner runs the single-rank step on the whole matrices, its params
+ *     spread over the CPU optimizer's workers: G = gradient x clip scale, then
+ *     pt_rekls_core, which leaves the update D in G;
+ *  3. each owner sends every rank its part of D (a second alltoallv), and every
+ *     rank applies W -= c W + lr D to its own part of the weights.
+ *
+ * Bits: the reduce-scatter forms each element with the all-reduce's rank-order
+ * sum, so the gathered gradient is mode B's (h_gacc after its all-reduce); the
+ * owner runs the same calls on the same values as mode B's CPU step (the
+ * gradient-in and update loops are element-wise, so applying the update part by
+ * part gives the bits of one pass over the whole matrix). Mode C with REKLS is
+ * therefore bit-identical to mode B with REKLS (tests/dist.sh), except with
+ * several micro-batches, where mode C reduces each micro-batch and adds the
+ * sums while mode B adds the micro-batches and reduces once (AdamW in mode C
+ * shows that same rounding difference).
+ *
+ * Owners: decided at layout time from the layout alone, so every rank computes
+ * the same ones. In layout order, each param goes to the rank holding most of
+ * its elements (that rank's part then needs no message at all; a param inside
+ * one rank's part costs nothing to gather or send back), unless that would
+ * lift the rank's REKLS words above ceil(T / W) + w_max (T all REKLS words of
+ * split chunks, w_max the largest param's); then to the least loaded rank
+ * (ties: the lower rank). The least loaded rank never holds more than
+ * (T - w) / W before taking a param of w words, so every rank ends at or below
+ * ceil(T / W) + w_max: the bound the planner charges per rank.
+ *
+ * Traffic per step and param: the non-owners' parts of its gradient, (1 - f) mn
+ * floats with f the owner's share, the same back as the update, each rank
+ * receiving only its own; with l2 decay the weights' parts too. The log's
+ * "REKLS mode C" line (at teardown) gives the seconds and bytes.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optim/rekls.h"
+#include "rekls_ew.h"
+#include "store_internal.h"
+
+/* This rank's share of param q in the elements of rank p's part of its region:
+ * elements [*a, *a + *len) of the param (len 0: none). */
+static void share(const pt_store *st, const rk_param *q, int p, uint64_t *a, uint64_t *len) {
+    const cs_chunk *c = &st->ch[q->chunk];
+    size_t plo, plen;
+    pt_coll_part((size_t)c->sh->r[q->reg].n, st->world, p, &plo, &plen);
+    uint64_t n = (uint64_t)q->m * (uint64_t)q->n, e1 = q->e0 + n;
+    uint64_t lo = q->e0 > plo ? q->e0 : plo, hi = e1 < plo + plen ? e1 : plo + plen;
+    *a = hi > lo ? lo - q->e0 : 0;
+    *len = hi > lo ? hi - lo : 0;
+}
+
+/* This rank's copy of elements [a, a + len) of param q in an array indexed
+ * like the chunk's parts: base + the region's part offset. */
+static float *part_at(const pt_store *st, const rk_param *q, float *base, uint64_t a) {
+    const cs_shreg *h = &st->ch[q->chunk].sh->r[q->reg];
+    return base + (q->e0 + a - h->lo);
+}
+static float *param_at(const pt_store *st, const rk_param *q, uint64_t a) {
+    const cs_chunk *c = &st->ch[q->chunk];
+    const cs_shreg *h = &c->sh->r[q->reg];
+    return (float *)((char *)c->h_param + h->hp_off) + (q->e0 + a - h->lo);
+}
+static float *grad_at(const pt_store *st, const rk_param *q, uint64_t a) {
+    const cs_chunk *c = &st->ch[q->chunk];
+    return part_at(st, q, c->h_gacc + c->sh->r[q->reg].st_sh, a);
+}
+
+static uint64_t own_words(uint64_t m, uint64_t n) { return pt_rekls_aux_words(m, n) + 2 * m * n; }
+
+int pt_rk_sh_owners(pt_store *st, char *err, size_t errlen) {
+    const pt_model_v1 *m = st->env.model;
+    free(st->rk_owner);
+    st->rk_owner = malloc(sizeof(int) * (size_t)(m->n_params ? m->n_params : 1));
+    uint64_t *load = calloc((size_t)st->world, sizeof *load);
+    uint64_t *got = calloc((size_t)st->world, sizeof *got);
+    if (!st->rk_owner || !load || !got) {
+        free(load);
+        free(got);
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    }
+    for (int i = 0; i < m->n_params; i++) st->rk_owner[i] = -1;
+    /* T and w_max first: the cap of every rank */
+    uint64_t total = 0, wmax = 0;
+    for (int k = 0; k < st->n_chunks; k++) {
+        const cs_chunk *c = &st->ch[k];
+        for (int j = 0; c->sh && c->trainable && j < c->lc->n_params; j++) {
+            int i = st->lay.order[c->lc->first_param + j];
+            if (!pt_rk_eligible(st, i)) continue;
+            uint64_t w = own_words((uint64_t)m->params[i].shape[0], (uint64_t)m->params[i].shape[1]);
+            total += w;
+            if (w > wmax) wmax = w;
+        }
+    }
+    uint64_t cap = (total + (uint64_t)st->world - 1) / (uint64_t)st->world + wmax;
+    for (int k = 0; k < st->n_chunks; k++) {
+        cs_chunk *c = &st->ch[k];
+        c->rk_plan_own = 0;
+        for (int j = 0; c->sh && c->trainable && j < c->lc->n_params; j++) {
+            int i = st->lay.order[c->lc->first_param + j];
+            if (!pt_rk_eligible(st, i)) continue;
+            const pt_param_v1 *p = &m->params[i];
+            uint64_t w = own_words((uint64_t)p->shape[0], (uint64_t)p->shape[1]);
+            rk_param q;   /* the geometry share() needs */
+            memset(&q, 0, sizeof q);
+            q.chunk = k;
+            q.m = (int)p->shape[0];
+            q.n = (int)p->shape[1];
+            uint64_t off = st->lay.param_offset[i];
+            for (int r = 0; r < c->lc->n_regions; r++) {
+                const pt_chunk_region *g = &c->lc->regions[r];
+                if (off >= g->offset && off < g->offset + g->bytes) {
+                    q.reg = r;
+                    q.e0 = (off - g->offset) / 4;
+                }
+            }
+            int best = -1, least = 0;
+            for (int r = 0; r < st->world; r++) {
+                uint64_t a;
+                share(st, &q, r, &a, &got[r]);
+                if (load[r] < load[least]) least = r;
+                if (load[r] + w > cap) continue;
+                if (best < 0 || got[r] > got[best] || (got[r] == got[best] && load[r] < load[best]))
+                    best = r;
+            }
+            if (best < 0) best = least;
+            load[best] += w;
+            st->rk_owner[i] = best;
+            if (best == st->rank && pt_rk_planned(st)) c->rk_plan_own += w;
+        }
+    }
+    free(load);
+    free(got);
+    return PT_OK;
+}
+
+/* ---- the step ---- */
+
+typedef struct {
+    pt_store *st;
+    const rk_param *q;
+    pt_rekls_hyper h;
+    float *G, *W;       /* [mn] the whole gradient (becomes D), the weights (l2 only) */
+    int rc;
+    char err[256];
+} own_job;
+
+static void own_step(void *arg) {
+    own_job *j = arg;
+    const rk_param *q = j->q;
+    pt_store *st = j->st;
+    double t0 = pt_now_s();
+    size_t mn = (size_t)q->m * (size_t)q->n;
+    size_t d = (size_t)(q->m > q->n ? q->m : q->n);
+    float *ws = malloc(sizeof(float) * (mn + 2 * d * d));
+    if (!ws) {
+        j->rc = PT_ERR_HOST_OOM;
+        snprintf(j->err, sizeof j->err, "out of host memory for the REKLS scratch");
+        return;
+    }
+    float *aux = st->ch[q->chunk].rk_aux + q->aux;
+    float *M = aux + q->aux_words, *V = M + mn;
+    /* step 1 of pt_rekls_step: G = gradient x clip scale (in place, fp32) */
+    pt_rekls_ew_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = PT_RK_GRAD_IN;
+    a.n = mn;
+    a.x = j->G;
+    a.src = j->G;
+    a.src_dtype = PT_F32;
+    a.a = j->h.grad_scale;
+    pt_rekls_ew_range(&a, 0, mn);
+    j->rc = pt_rekls_core(&pt_rekls_la_cpu, &j->h, q->m, q->n, pt_rekls_aux_view(aux, q->m, q->n),
+                          M, V, j->G, j->W, ws, ws + mn, ws + mn + d * d, j->err, sizeof j->err);
+    free(ws);
+    pt_cs_add_optim_time(st, pt_now_s() - t0);
+}
+
+/* Both exchanges' geometry: per peer p the byte offset and count of what this
+ * rank sends p and receives from p, for payloads of `per` floats per shared
+ * element (dir 0: parts toward the owners; dir 1: the owners' parts back). */
+typedef struct {
+    size_t *soff, *sn, *roff, *rn;   /* [W] each, bytes */
+    size_t sbytes, rbytes;
+} xplan;
+
+static void plan_x(const pt_store *st, int dir, int per, xplan *x) {
+    int W = st->world, me = st->rank;
+    for (int p = 0; p < W; p++) x->sn[p] = x->rn[p] = 0;
+    for (int r = 0; r < st->n_rk; r++) {
+        const rk_param *q = &st->rk[r];
+        if (q->owner < 0) continue;
+        uint64_t a, len;
+        if (dir == 0) {   /* my part to its owner; each peer's part of mine to me */
+            share(st, q, me, &a, &len);
+            if (q->owner != me) x->sn[q->owner] += len * 4 * (size_t)per;
+            for (int p = 0; q->owner == me && p < W; p++) {
+                share(st, q, p, &a, &len);
+                if (p != me) x->rn[p] += len * 4 * (size_t)per;
+            }
+        } else {          /* the reverse */
+            share(st, q, me, &a, &len);
+            if (q->owner != me) x->rn[q->owner] += len * 4 * (size_t)per;
+            for (int p = 0; q->owner == me && p < W; p++) {
+                share(st, q, p, &a, &len);
+                if (p != me) x->sn[p] += len * 4 * (size_t)per;
+            }
+        }
+    }
+    x->sbytes = x->rbytes = 0;
+    for (int p = 0; p < W; p++) {
+        x->soff[p] = x->sbytes;
+        x->sbytes += x->sn[p];
+        x->roff[p] = x->rbytes;
+        x->rbytes += x->rn[p];
+    }
+}
+
+int pt_rk_sh_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
+    int W = st->world, me = st->rank, any = 0;
+    for (int r = 0; r < st->n_rk; r++) any |= st->rk[r].owner >= 0;
+    if (!any) return PT_OK;   /* the same on every rank: one plan */
+    const pt_config *cf = st->env.cfg;
+    const pt_optim_state *o = st->env.opt;
+    pt_rekls_hyper h;
+    memset(&h, 0, sizeof h);
+    h.lr = lr;
+    h.beta1 = o->beta1;
+    h.beta2 = o->beta2;
+    h.eps = cf->rekls_eps;
+    h.weight_decay = o->weight_decay;
+    h.shampoo_beta = cf->rekls_shampoo_beta;
+    h.seed_shampoo = cf->rekls_seed_shampoo;
+    h.k = o->t + 1;
+    h.grad_scale = gs;
+    h.wd_mode = cf->rekls_wd_method;
+    /* l2 decay reads the weights inside the step: they travel with the gradient */
+    int per = h.wd_mode == PT_REKLS_WD_L2 && h.weight_decay != 0 ? 2 : 1;
+
+    size_t *idx = calloc((size_t)W * 4 + 1, sizeof *idx);
+    own_job *jobs = calloc((size_t)st->n_rk + 1, sizeof *jobs);
+    /* the owned params' whole matrices: G (then D), and W with l2 */
+    size_t full = 0;
+    for (int r = 0; r < st->n_rk; r++)
+        if (st->rk[r].owner == me) full += (size_t)st->rk[r].m * (size_t)st->rk[r].n * (size_t)per;
+    float *mats = malloc(sizeof(float) * (full + 1));
+    if (!idx || !jobs || !mats) {
+        free(idx);
+        free(jobs);
+        free(mats);
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "optimizer_step: out of host memory for "
+                       "mode C's REKLS matrices (%zu floats)", full);
+    }
+    xplan x = {idx, idx + W, idx + 2 * W, idx + 3 * W, 0, 0};
+    int nj = 0;
+    size_t off = 0;
+    for (int r = 0; r < st->n_rk; r++) {
+        const rk_param *q = &st->rk[r];
+        if (q->owner != me) continue;
+        size_t mn = (size_t)q->m * (size_t)q->n;
+        jobs[nj].st = st;
+        jobs[nj].q = q;
+        jobs[nj].h = h;
+        jobs[nj].G = mats + off;
+        jobs[nj].W = per == 2 ? mats + off + mn : NULL;
+        off += mn * (size_t)per;
+        nj++;
+    }
+
+    /* 1. the parts to the owners */
+    double t0 = pt_now_s();
+    plan_x(st, 0, per, &x);
+    char *sb = malloc(x.sbytes + 1), *rb = malloc(x.rbytes + 1);
+    int rc = !sb || !rb ? pt_fail(err, errlen, PT_ERR_HOST_OOM, "optimizer_step: out of host "
+                                  "memory for mode C's REKLS exchange (%zu + %zu bytes)",
+                                  x.sbytes, x.rbytes)
+                        : PT_OK;
+    size_t *pos = calloc((size_t)W, sizeof *pos);
+    if (!rc && !pos) rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    for (int r = 0; !rc && r < st->n_rk; r++) {   /* pack, in param order per peer */
+        const rk_param *q = &st->rk[r];
+        uint64_t a, len;
+        if (q->owner < 0 || q->owner == me) continue;
+        share(st, q, me, &a, &len);
+        if (!len) continue;
+        char *d = sb + x.soff[q->owner] + pos[q->owner];
+        memcpy(d, grad_at(st, q, a), (size_t)len * 4);
+        if (per == 2) memcpy(d + len * 4, param_at(st, q, a), (size_t)len * 4);
+        pos[q->owner] += (size_t)len * 4 * (size_t)per;
+    }
+    if (!rc)
+        rc = pt_coll_alltoallv(st->env.coll, sb, x.soff, x.sn, rb, x.roff, x.rn,
+                               "mode C REKLS: gradients to their owners", err, errlen);
+    st->rk_sh_bytes[0] += (double)x.rbytes;
+    for (int p = 0; p < W && pos; p++) pos[p] = 0;
+    for (int j = 0; !rc && j < nj; j++) {   /* unpack, the same order; my own part directly */
+        const rk_param *q = jobs[j].q;
+        for (int p = 0; p < W; p++) {
+            uint64_t a, len;
+            share(st, q, p, &a, &len);
+            if (!len) continue;
+            if (p == me) {
+                memcpy(jobs[j].G + a, grad_at(st, q, a), (size_t)len * 4);
+                if (per == 2) memcpy(jobs[j].W + a, param_at(st, q, a), (size_t)len * 4);
+                continue;
+            }
+            const char *s = rb + x.roff[p] + pos[p];
+            memcpy(jobs[j].G + a, s, (size_t)len * 4);
+            if (per == 2) memcpy(jobs[j].W + a, s + len * 4, (size_t)len * 4);
+            pos[p] += (size_t)len * 4 * (size_t)per;
+        }
+    }
+    double t1 = pt_now_s();
+    st->rk_sh_s[0] += t1 - t0;
+
+    /* 2. the owners' steps, one param per task on the CPU optimizer's workers */
+    pt_task_group g = PT_TASK_GROUP_INIT;
+    for (int j = 0; !rc && j < nj; j++)
+        if (pt_pool_submit(st->workers, own_step, &jobs[j], &g, NULL, 0)) own_step(&jobs[j]);
+    if (!rc) pt_pool_wait(st->workers, &g);
+    for (int j = 0; !rc && j < nj; j++)
+        if (jobs[j].rc)
+            rc = pt_fail(err, errlen, jobs[j].rc, "optimizer_step: mode C REKLS step of '%s' on "
+                         "its owner: %s", st->env.model->params[jobs[j].q->param].name,
+                         jobs[j].err);
+    double t2 = pt_now_s();
+    st->rk_sh_s[1] += t2 - t1;
+
+    /* 3. each rank's part of the update back, applied to its part of the weights */
+    free(sb);
+    free(rb);
+    sb = rb = NULL;
+    if (!rc) {
+        plan_x(st, 1, 1, &x);
+        sb = malloc(x.sbytes + 1);
+        rb = malloc(x.rbytes + 1);
+        if (!sb || !rb)
+            rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "optimizer_step: out of host memory for "
+                         "mode C's REKLS updates (%zu + %zu bytes)", x.sbytes, x.rbytes);
+    }
+    for (int p = 0; p < W && pos; p++) pos[p] = 0;
+    for (int j = 0; !rc && j < nj; j++) {
+        const rk_param *q = jobs[j].q;
+        for (int p = 0; p < W; p++) {
+            uint64_t a, len;
+            share(st, q, p, &a, &len);
+            if (p == me || !len) continue;
+            memcpy(sb + x.soff[p] + pos[p], jobs[j].G + a, (size_t)len * 4);
+            pos[p] += (size_t)len * 4;
+        }
+    }
+    if (!rc)
+        rc = pt_coll_alltoallv(st->env.coll, sb, x.soff, x.sn, rb, x.roff, x.rn,
+                               "mode C REKLS: updates from their owners", err, errlen);
+    st->rk_sh_bytes[1] += (double)x.rbytes;
+    for (int p = 0; p < W && pos; p++) pos[p] = 0;
+    float c0 = pt_rekls_decay(&h);
+    for (int r = 0, j = 0; !rc && r < st->n_rk; r++) {
+        const rk_param *q = &st->rk[r];
+        if (q->owner < 0) continue;
+        uint64_t a, len;
+        share(st, q, me, &a, &len);
+        const float *D = NULL;
+        if (q->owner == me) {
+            D = jobs[j++].G + a;
+        } else if (len) {
+            D = (const float *)(rb + x.roff[q->owner] + pos[q->owner]);
+            pos[q->owner] += (size_t)len * 4;
+            /* negative control: the owner's update never reaches this part */
+            if (st->env.skip & PT_ORD_RKSHARD) continue;
+        }
+        if (!len) continue;
+        pt_rekls_ew_args e;   /* step 9 of pt_rekls_step on this rank's part */
+        memset(&e, 0, sizeof e);
+        e.kind = PT_RK_APPLY;
+        e.n = len;
+        e.x = param_at(st, q, a);
+        e.y = D;
+        e.a = lr;
+        e.c0 = c0;
+        pt_rekls_ew_range(&e, 0, len);
+    }
+    st->rk_sh_s[2] += pt_now_s() - t2;
+    st->rk_sh_steps += !rc;
+    free(sb);
+    free(rb);
+    free(pos);
+    free(mats);
+    free(jobs);
+    free(idx);
+    return rc;
+}
+
+/* ---- AdamW over the other params of a split chunk ---- */
+
+void pt_rk_sh_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc) {
+    for (int r = 0; r < c->lc->n_regions; r++) {
+        const cs_shreg *h = &c->sh->r[r];
+        if (h->st_sh == UINT64_MAX || !h->own) continue;
+        /* this rank's part [lo, lo + own) of the region, less the REKLS params'
+         * elements (in layout order, so the cut ranges come sorted); AdamW is
+         * element-wise, so stepping the rest in pieces gives the same bits */
+        uint64_t e = h->lo, end = h->lo + h->own;
+        for (int i = c->rk_first; i <= c->rk_first + c->rk_count && e < end; i++) {
+            uint64_t cut0 = end, cut1 = end;
+            if (i < c->rk_first + c->rk_count) {
+                const rk_param *q = &st->rk[i];
+                if (q->reg != r) continue;
+                cut0 = q->e0;
+                cut1 = q->e0 + (uint64_t)q->m * (uint64_t)q->n;
+            }
+            uint64_t b = cut0 < end ? cut0 : end;
+            if (b > e) {
+                pt_cpu_adam_args a;
+                memset(&a, 0, sizeof a);
+                uint64_t s = h->st_sh + (e - h->lo);
+                a.n = (size_t)(b - e);
+                a.c = *k;
+                a.m = c->h_m + s;
+                a.v = c->h_v + s;
+                a.g = from_acc ? (const void *)(c->h_gacc + s)
+                               : (const void *)((const float *)c->h_gstage + s);
+                a.g_dtype = PT_F32;
+                a.p = (float *)((char *)c->h_param + h->hp_off) + (e - h->lo);
+                pt_cpu_adam_range(&a, 0, a.n);
+            }
+            if (cut1 > e) e = cut1;
+        }
+    }
+}
+
+/* ---- state images ---- */
+
+float *pt_rk_state(pt_store *st, const rk_param *q) {
+    cs_chunk *c = &st->ch[q->chunk];
+    if (q->owner < 0) return c->rk_aux + q->aux;
+    if (c->rk_view) return c->rk_view + q->aux_view;
+    return q->owner == st->rank ? c->rk_aux + q->aux : NULL;
+}
+
+/* The image's moments of q: the chunk's full m / v views (open while an image
+ * is written or read), at the param's unsplit state index. */
+static float *view_m(pt_store *st, const rk_param *q, int v) {
+    cs_chunk *c = &st->ch[q->chunk];
+    return (v ? c->h_v : c->h_m) + c->sh->r[q->reg].st_full + q->e0;
+}
+
+int pt_rk_sh_views_open(pt_store *st, int gather, char *err, size_t errlen) {
+    int W = st->world, me = st->rank, rc = PT_OK;
+    for (int k = 0; k < st->n_chunks && !rc; k++) {
+        cs_chunk *c = &st->ch[k];
+        if (!c->sh || !c->rk_view_words) continue;
+        if (!(c->rk_view = calloc((size_t)c->rk_view_words, sizeof(float))))
+            rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "state: out of host memory for chunk %d's "
+                         "REKLS view", c->id);
+    }
+    if (rc || !gather) {
+        if (rc) pt_rk_sh_views_close(st, 0);
+        return rc;
+    }
+    /* every owner sends every other rank its params' [aux | M | V] */
+    size_t *idx = calloc((size_t)W * 4, sizeof *idx);
+    size_t mine = 0, theirs = 0;
+    for (int r = 0; r < st->n_rk; r++) {
+        const rk_param *q = &st->rk[r];
+        if (q->owner < 0) continue;
+        size_t b = 4 * (size_t)own_words((uint64_t)q->m, (uint64_t)q->n);
+        if (q->owner == me) mine += b;
+        else theirs += b;
+    }
+    char *sb = malloc(mine + 1), *rb = malloc(theirs + 1);
+    if (!idx || !sb || !rb) {
+        free(idx);
+        free(sb);
+        free(rb);
+        pt_rk_sh_views_close(st, 0);
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "state: out of host memory for the REKLS "
+                       "state of mode C's owners");
+    }
+    size_t *soff = idx, *sn = idx + W, *roff = idx + 2 * W, *rn = idx + 3 * W;
+    for (int p = 0; p < W; p++) {
+        soff[p] = 0;   /* the same bytes to everyone */
+        sn[p] = p == me ? 0 : mine;
+    }
+    for (int r = 0; r < st->n_rk; r++)
+        if (st->rk[r].owner >= 0 && st->rk[r].owner != me)
+            rn[st->rk[r].owner] += 4 * (size_t)own_words((uint64_t)st->rk[r].m, (uint64_t)st->rk[r].n);
+    size_t o = 0;
+    for (int p = 0; p < W; p++) {
+        roff[p] = o;
+        o += rn[p];
+    }
+    size_t sp = 0;
+    for (int r = 0; r < st->n_rk; r++) {
+        const rk_param *q = &st->rk[r];
+        if (q->owner != me) continue;
+        size_t b = 4 * (size_t)own_words((uint64_t)q->m, (uint64_t)q->n);
+        memcpy(sb + sp, st->ch[q->chunk].rk_aux + q->aux, b);
+        sp += b;
+    }
+    rc = pt_coll_alltoallv(st->env.coll, sb, soff, sn, rb, roff, rn,
+                           "state: REKLS state of mode C's owners", err, errlen);
+    size_t *pos = calloc((size_t)W, sizeof *pos);
+    if (!rc && !pos) rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    for (int r = 0; !rc && r < st->n_rk; r++) {
+        const rk_param *q = &st->rk[r];
+        if (q->owner < 0) continue;
+        size_t mn = (size_t)q->m * (size_t)q->n, ab = 4 * (size_t)q->aux_words;
+        const char *s = q->owner == me ? (const char *)(st->ch[q->chunk].rk_aux + q->aux)
+                                       : rb + roff[q->owner] + pos[q->owner];
+        if (q->owner != me) pos[q->owner] += ab + 8 * mn;
+        memcpy(st->ch[q->chunk].rk_view + q->aux_view, s, ab);
+        memcpy(view_m(st, q, 0), s + ab, 4 * mn);
+        memcpy(view_m(st, q, 1), s + ab + 4 * mn, 4 * mn);
+    }
+    free(pos);
+    free(idx);
+    free(sb);
+    free(rb);
+    if (rc) pt_rk_sh_views_close(st, 0);
+    return rc;
+}
+
+void pt_rk_sh_views_close(pt_store *st, int scatter) {
+    /* negative control of a resume: the owners keep the state they had */
+    if (st->env.skip & PT_ORD_RKLOAD) scatter = 0;
+    for (int r = 0; scatter && r < st->n_rk; r++) {   /* the owners keep theirs */
+        const rk_param *q = &st->rk[r];
+        cs_chunk *c = &st->ch[q->chunk];
+        if (q->owner != st->rank || !c->rk_view) continue;
+        size_t mn = (size_t)q->m * (size_t)q->n;
+        float *own = c->rk_aux + q->aux;
+        memcpy(own, c->rk_view + q->aux_view, 4 * (size_t)q->aux_words);
+        memcpy(own + q->aux_words, view_m(st, q, 0), 4 * mn);
+        memcpy(own + q->aux_words + mn, view_m(st, q, 1), 4 * mn);
+    }
+    for (int k = 0; k < st->n_chunks; k++) {
+        free(st->ch[k].rk_view);
+        st->ch[k].rk_view = NULL;
+    }
+}
