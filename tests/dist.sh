@@ -25,8 +25,9 @@
 # is elementwise; the clipping norm's per-rank partial sums are in double, so the
 # fp32 clip factor comes out the same), and rank 0's pinned bytes at most half of
 # mode B's plus one chunk (the parts' padding), and below mode B's.
-# REKLS (modes AR, BR): 2 ranks vs 1 rank x grad-accum 2 within 1e-2 (see below), and
-# its device path (A) and CPU path (B) bit-identical with 1 and with 2 ranks.
+# REKLS (modes AR, BR, CR): 2 ranks vs 1 rank x grad-accum 2 within 1e-2 (see below), its
+# device path (A) and CPU path (B) bit-identical with 1 and with 2 ranks, and mode C
+# (each REKLS param stepped whole by one owner rank) bit-identical to mode B (below).
 # And a dead rank: with [dist] debug_hang_rank = 1 and timeout = 2, rank 0 must
 # exit non-zero within 20 s with an error naming rank 1 (not hang).
 set -u
@@ -68,7 +69,7 @@ base_ini "$tmp/BS.ini" 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swa
 printf '[tiled_mlp]\nenabled = true\ntiles = 3\n' >> "$tmp/AT.ini"
 # AR / BR: modes A and B with REKLS (the INI's optimizer: --optimizer ini); every rank
 # steps the averaged gradient, so the ranks' eigendecompositions must agree bit for bit
-for m in A B; do
+for m in A B C; do
     sed 's/^cpu_threads = 1$/cpu_threads = 1\ntype = rekls\nbeta2 = 0.95\nweight_decay = 0.01\nmax_grad_norm = 0.05\nlr = 1e-3/' \
         "$tmp/$m.ini" > "$tmp/${m}R.ini"
 done
@@ -102,15 +103,15 @@ for np in 2 3; do
     fi
 done
 
-for mode in A B AT AO BO CO AR BR C CS BS; do
+for mode in A B AT AO BO CO AR BR CR C CS BS; do
     want=${mode:0:1}   # the execution mode the plugin must report
     want1=$want; [ "$want" = C ] && want1=B   # one rank cannot shard
     extra=()   # OSFT: 1 x 15 = 15 token rows per rank (odd), on top of the odd ranks
-    case $mode in AO|BO|CO) extra=(--batch 1 --seq 15) ;; AR|BR) extra=(--optimizer ini) ;; esac
+    case $mode in AO|BO|CO) extra=(--batch 1 --seq 15) ;; AR|BR|CR) extra=(--optimizer ini) ;; esac
     # --save (modes B and C, compared below): every rank reads the parameters
     # back, rank 0 writes (mode C gathers them)
     save=()
-    case $mode in B|C|BS|CS|BO|CO) save=(--save "$tmp/$mode.2.bin") ;; esac
+    case $mode in B|C|BS|CS|BO|CO|BR|CR) save=(--save "$tmp/$mode.2.bin") ;; esac
     m1="$tmp/$mode.1.json"; m2="$tmp/$mode.2.json"
     if ! "$sh" --config "$tmp/$mode.ini" "${common[@]}" "${extra[@]}" --grad-accum 2 --metrics "$m1" \
             >"$tmp/$mode.1.log" 2>&1; then
@@ -228,6 +229,121 @@ for pair in "C B" "CS BS" "CO BO"; do
         bad "mode $1 pinned bytes '$pc' vs mode $2 '$pb' (swap pool $pool): want < $2's and states <= $2's/2 + $S"
     fi
 done
+
+# Mode C with REKLS (runtime/store/rekls_shard.c): every REKLS param of a split
+# chunk has one owner rank that gathers its reduced gradient whole, runs the
+# single-rank step and sends each rank its part of the update. Against mode B
+# with REKLS (every rank steps the whole all-reduced gradient) the losses over 6
+# steps and the weights --save writes must be bit-identical:
+#  - CR/BR (clipped, the loop above) on 2 ranks, and on 3 ranks (parts of unequal
+#    length, params cut anywhere by them);
+#  - unclipped (max_grad_norm = 0) on 2 and 3 ranks;
+#  - with 4 resident chunks (their REKLS params replicated on the device path,
+#    the others split) on 2 and 3 ranks;
+#  - the run exchanged bytes (its log line), and rank 0's pinned bytes are
+#    mode C AdamW's plus at most the owner bound the log prints (the planner's
+#    per-rank figure), and below mode B REKLS's;
+#  - negative control: with the owners' updates not sent back to the other
+#    ranks' parts (debug_skip_ordering = 4096) the losses differ.
+# With 2 micro-batches per rank the two modes are not bit-identical: mode C
+# reduces each micro-batch's gradient and adds the sums, mode B adds the
+# micro-batches and reduces once (AdamW shows the same ~1e-9 relative rounding
+# difference in mode C), and REKLS amplifies it (see the 1e-2 bound above);
+# checked within that bound.
+for m in BR CR; do
+    sed 's/^max_grad_norm = 0.05$/max_grad_norm = 0/' "$tmp/$m.ini" > "$tmp/${m}u.ini"
+    sed 's/^n_persist = 0$/n_persist = 4/' "$tmp/$m.ini" > "$tmp/${m}p.ini"
+done
+(cat "$tmp/CR.ini"; printf '[host_backend]\ndebug_skip_ordering = 4096\n') > "$tmp/CRN.ini"
+rk_run() {   # $1 ranks, $2 config, $3 tag, then extra flags
+    local np=$1 m=$2 tag=$3; shift 3
+    (cd "$tmp" && mpirun --oversubscribe --allow-run-as-root -np $np "$sh" --config "$tmp/$m.ini" \
+        "${common[@]}" --optimizer ini --metrics "$tmp/rk.$m.$tag.json" --save "$tmp/rk.$m.$tag.bin" "$@") \
+        >"$tmp/rk.$m.$tag.log" 2>&1 || { tail -5 "$tmp/rk.$m.$tag.log"; bad "mode C REKLS: the run $m ($tag, $np ranks) failed"; }
+}
+rk_same() {   # $1 $2 run names, $3 what
+    if [ -s "$tmp/$1.json" ] && [ "$(jf "$tmp/$1.json" loss)" = "$(jf "$tmp/$2.json" loss)" ] &&
+       cmp -s "$tmp/$1.bin" "$tmp/$2.bin"; then
+        ok; echo "dist: mode C REKLS vs mode B REKLS, $3: all 6 losses and the saved weights bit-identical"
+    else
+        bad "mode C REKLS vs mode B REKLS, $3: losses $(jf "$tmp/$1.json" loss | tr '\n' ' ') / $(jf "$tmp/$2.json" loss | tr '\n' ' '), weights $(cmp -s "$tmp/$1.bin" "$tmp/$2.bin" && echo same || echo differ)"
+    fi
+}
+if [ -s "$tmp/CR.2.json" ] && [ "$(jf "$tmp/CR.2.json" loss)" = "$(jf "$tmp/BR.2.json" loss)" ] &&
+   cmp -s "$tmp/CR.2.bin" "$tmp/BR.2.bin" && [ "$(jf "$tmp/CR.2.json" mode | sort -u)" = '"C"' ]; then
+    ok; echo "dist: mode C REKLS vs mode B REKLS, 2 ranks, clipped: all 6 losses and the saved weights bit-identical"
+else
+    bad "mode C REKLS vs mode B REKLS, 2 ranks, clipped: $(jf "$tmp/CR.2.json" loss | tr '\n' ' ') / $(jf "$tmp/BR.2.json" loss | tr '\n' ' ')"
+fi
+for np in 3; do rk_run $np BR c$np; rk_run $np CR c$np; rk_same rk.CR.c$np rk.BR.c$np "$np ranks, clipped"; done
+for np in 2 3; do
+    rk_run $np BRu u$np; rk_run $np CRu u$np; rk_same rk.CRu.u$np rk.BRu.u$np "$np ranks, unclipped"
+    rk_run $np BRp p$np; rk_run $np CRp p$np; rk_same rk.CRp.p$np rk.BRp.p$np "$np ranks, 4 resident chunks"
+done
+rk_run 2 BR ga --grad-accum 2; rk_run 2 CR ga --grad-accum 2
+d=$(awk -v a="$(jf "$tmp/rk.CR.ga.json" loss | tr '\n' ' ')" -v b="$(jf "$tmp/rk.BR.ga.json" loss | tr '\n' ' ')" 'BEGIN {
+    n = split(a, x, " "); m = split(b, y, " "); if (n != 6 || m != 6) { print "count " n " " m; exit }
+    w = 0; for (i = 1; i <= n; i++) { e = x[i] - y[i]; if (e < 0) e = -e; if (e / x[i] > w) w = e / x[i] }
+    printf "%.3g", w }')
+[ "$(jf "$tmp/rk.CR.ga.json" loss | head -1)" = "$(jf "$tmp/rk.BR.ga.json" loss | head -1)" ] &&
+    awk -v r="$d" 'BEGIN { exit !(r ~ /^[0-9.e+-]+$/ && r + 0 <= 1e-2) }' &&
+    { ok; echo "dist: mode C REKLS vs mode B REKLS, 2 ranks x 2 micro-batches: step 1 bit-identical, max relative loss difference $d (bound 1e-2)"; } ||
+    bad "mode C REKLS vs mode B REKLS with --grad-accum 2: losses differ by $d"
+# the exchange ran (bytes in the log) and the pinned bytes per rank
+vcr=(); for a in "${common[@]}"; do [ "$a" = --quiet ] || vcr+=("$a"); done
+sed 's/^log_level = warn$/log_level = info/' "$tmp/CR.ini" > "$tmp/CRi.ini"
+sed 's/^log_level = warn$/log_level = info/' "$tmp/CRN.ini" > "$tmp/CRNi.ini"
+for m in CRi CRNi; do
+    (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$m.ini" "${vcr[@]}" --optimizer ini --metrics "$tmp/$m.json") \
+        >"$tmp/$m.log" 2>&1 || { tail -5 "$tmp/$m.log"; bad "mode C REKLS: the logged run $m failed"; }
+done
+kib=$(sed -n 's/.*REKLS mode C: 6 steps; .*at their owners (\([0-9.]*\) KiB received).*/\1/p' "$tmp/CRi.log" | head -1)
+bound=$(sed -n 's/.*this rank owns [0-9]* ([0-9]* words of state; every rank at most .* = \([0-9]*\)).*/\1/p' "$tmp/CRi.log" | head -1)
+pcr=$(jf "$tmp/CR.2.json" pinned_bytes | tail -1); pc=$(jf "$tmp/C.2.json" pinned_bytes | tail -1); pbr=$(jf "$tmp/BR.2.json" pinned_bytes | tail -1)
+if [ -n "$kib" ] && awk -v k="$kib" 'BEGIN { exit !(k + 0 > 0) }' && [ "$(jf "$tmp/CRi.json" loss)" = "$(jf "$tmp/CR.2.json" loss)" ]; then
+    ok; grep -h "REKLS mode C: " "$tmp/CRi.log" | head -1 | sed 's/^protrain info: /dist: /'
+else
+    bad "mode C REKLS: the log shows no gradient bytes gathered at the owners ('$kib'), or the logged run trained otherwise"
+fi
+if [ -n "$bound" ] && [ -n "$pcr" ] && [ -n "$pc" ] && [ "$pcr" -gt "$pc" ] && [ $((pcr - pc)) -le $((4 * bound + 4096)) ] && [ "$pcr" -lt "$pbr" ]; then
+    ok; echo "dist: mode C REKLS pinned bytes on rank 0: $pcr = mode C AdamW's $pc + $((pcr - pc)) of REKLS state (owner bound $((4 * bound)); mode B REKLS $pbr)"
+else
+    bad "mode C REKLS pinned bytes: $pcr vs mode C AdamW $pc, owner bound $bound words, mode B REKLS $pbr"
+fi
+[ -s "$tmp/CRNi.json" ] && [ "$(jf "$tmp/CRNi.json" loss)" != "$(jf "$tmp/CR.2.json" loss)" ] &&
+    { ok; echo "dist: negative control: mode C REKLS without sending the owners' updates back trains otherwise (step-6 loss $(jf "$tmp/CRNi.json" loss | tail -1) vs $(jf "$tmp/CR.2.json" loss | tail -1))"; } ||
+    bad "negative control: mode C REKLS with debug_skip_ordering = 4096 trained exactly like the full exchange; the check is blind"
+
+# Resume with mode C REKLS: 2 ranks save a generation at step 6 of 12 and resume:
+# steps 7-12 bit-identical to the uninterrupted run (every rank's file holds the
+# whole per-parameter image, the owners' REKLS state gathered into it); the
+# same generation resumed in mode B REKLS on 2 ranks: bit-identical too. Control:
+# the resumed ranks ignore the restored REKLS state (debug_skip_ordering = 8192,
+# the owners keep their fresh state) and the losses after step 7 differ.
+rk12=("${common[@]}"); for i in "${!rk12[@]}"; do [ "${rk12[$i]}" = 6 ] && [ "${rk12[$((i-1))]}" = --steps ] && rk12[$i]=12; done
+RK="$tmp/rkres"; mkdir -p "$RK"
+(cat "$tmp/CR.ini"; printf '[host_backend]\ndebug_skip_ordering = 8192\n') > "$tmp/CRL.ini"
+if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/CR.ini" "${rk12[@]}" --optimizer ini --metrics "$RK/U.json") >"$RK/U.log" 2>&1 &&
+   (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/CR.ini" "${rk12[@]}" --optimizer ini --metrics "$RK/S.json" \
+        --checkpoint-dir "$RK/ck" --checkpoint-every 6 --stop-after 6) >"$RK/S.log" 2>&1; then
+    for r in R RN RB; do cp -r "$RK/ck" "$RK/ck$r"; cp "$RK/S.json" "$RK/$r.json"; done
+    for r in R RN RB; do
+        cfg=CR; [ $r = RN ] && cfg=CRL; [ $r = RB ] && cfg=BR
+        (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$cfg.ini" "${rk12[@]}" --optimizer ini --metrics "$RK/$r.json" \
+            --checkpoint-dir "$RK/ck$r" --resume) >"$RK/$r.log" 2>&1 || { tail -5 "$RK/$r.log"; bad "mode C REKLS: resume $r failed"; }
+    done
+    for r in R RB; do
+        [ "$(jf "$RK/$r.json" loss)" = "$(jf "$RK/U.json" loss)" ] && [ "$(wc -l < "$RK/$r.json")" = 12 ] &&
+            { ok; echo "dist: mode C REKLS saved at step 6, resumed in mode $([ $r = R ] && echo C || echo B) REKLS: all 12 losses bit-identical to the uninterrupted run"; } ||
+            bad "mode C REKLS resume ($r): $(jf "$RK/$r.json" loss | tail -6 | tr '\n' ' ') vs $(jf "$RK/U.json" loss | tail -6 | tr '\n' ' ')"
+    done
+    [ "$(jf "$RK/RN.json" loss | sed -n 7p)" = "$(jf "$RK/U.json" loss | sed -n 7p)" ] &&
+        [ "$(jf "$RK/RN.json" loss | tail -5)" != "$(jf "$RK/U.json" loss | tail -5)" ] &&
+        { ok; echo "dist: negative control: resumed owners that skip the restored REKLS state train otherwise (step 12 $(jf "$RK/RN.json" loss | tail -1) vs $(jf "$RK/U.json" loss | tail -1))"; } ||
+        bad "negative control: mode C REKLS resumed without taking its REKLS state matched the uninterrupted run; the check is blind"
+else
+    tail -5 "$RK/U.log" "$RK/S.log"; bad "mode C REKLS: the runs before the resume failed"
+fi
 
 # [osft] cache_frozen in mode C: the same bits as gathering the frozen factors
 # every step (and so as mode B), with the cache in use (its log line)

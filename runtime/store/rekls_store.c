@@ -220,13 +220,27 @@ int pt_rk_init(pt_store *st, char *err, size_t errlen) {
     }
     PT_LOGI(st->env.lg,
             "REKLS on %d 2-D block parameter(s) (%.1f MiB of factors and bases beyond the Adam "
-            "moments); AdamW on the other %d trainable parameter(s): not 2-D, outside blocks "
+            "moments on this rank; in mode C with the moments of the params it owns); AdamW on the other %d trainable parameter(s): not 2-D, outside blocks "
             "(embeddings, final norm, head), tied, or a side above %d", st->n_rk,
             (double)words * 4 / 1048576.0, n_adam, PT_REKLS_MAX_DIM);
-    if (n_sh)
+    if (n_sh) {
+        /* the owner bound (rekls_shard.c) over the same words, for the log */
+        uint64_t tot = 0, wmax = 0, mine = 0;
+        for (int r = 0; r < st->n_rk; r++) {
+            const rk_param *q = &st->rk[r];
+            if (q->owner < 0) continue;
+            uint64_t w = q->aux_words + 2 * (uint64_t)q->m * (uint64_t)q->n;
+            tot += w;
+            if (w > wmax) wmax = w;
+            if (q->owner == st->rank) mine += w;
+        }
         PT_LOGI(st->env.lg, "mode C REKLS: %d of them in chunks split across the %d ranks, each "
-                "kept and stepped whole by one owner rank; this rank owns %d", n_sh, st->world,
-                n_own);
+                "kept and stepped whole by one owner rank; this rank owns %d (%llu words of "
+                "state; every rank at most ceil(%llu / %d) + %llu = %llu)", n_sh, st->world,
+                n_own, (unsigned long long)mine, (unsigned long long)tot, st->world,
+                (unsigned long long)wmax,
+                (unsigned long long)((tot + (uint64_t)st->world - 1) / (uint64_t)st->world + wmax));
+    }
     if (n_split)
         PT_LOGI(st->env.lg, "tensor-parallel REKLS on %d split parameter(s) over a group of %d "
                 "ranks (full matrices stepped on every rank, factors kept in row blocks)",
