@@ -1,7 +1,8 @@
 /*
- * cost_internal.h — the cost-model context shared by cost_model.c (time and
- * memory) and pool_model.c (what the buffer pool uploads, window by window).
- * Not for other modules: use cost_model.h.
+ * cost_internal.h — the cost-model context shared by cost_model.c (context,
+ * chunk sums, memory, evaluation), cost_act.c (activation profile),
+ * cost_time.c (time and its lower bounds) and pool_model.c (what the buffer
+ * pool uploads, window by window). Not for other modules: use cost_model.h.
  *
  * Chunk positions: the "rank" of a non-mandatory chunk is its index among the
  * non-mandatory chunks (mandatory ones are always persistent and never stream).
@@ -14,6 +15,16 @@
 #include <stdint.h>
 
 #include "cost_model.h"
+
+/* Range sums over the prefix arrays below ([lo, hi) of chunk index, 0 when
+ * empty) and the min/max the cost files share. */
+static inline uint64_t rsum(const uint64_t *pre, int32_t lo, int32_t hi) {
+    return hi > lo ? pre[hi] - pre[lo] : 0;
+}
+static inline int32_t rcnt(const int32_t *pre, int32_t lo, int32_t hi) { return hi > lo ? pre[hi] - pre[lo] : 0; }
+static inline int32_t imax(int32_t a, int32_t b) { return a > b ? a : b; }
+static inline int32_t imin(int32_t a, int32_t b) { return a < b ? a : b; }
+static inline double dmax(double a, double b) { return a > b ? a : b; }
 
 struct pt_cost_ctx {
     const pt_trace *t;
