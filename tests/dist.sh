@@ -551,6 +551,32 @@ else
     tail -5 "$tmp/autoC.log" "$tmp/autoC16.log"; bad "auto_mode: the 8-block runs at 6 / 16 MiB failed"
 fi
 
+# auto_mode with REKLS: the same 8-block model under REKLS (about 12 MB of
+# factors replicated). Mode B would pin 20 MB per rank; mode C splits the chunks'
+# parts over the ranks and keeps each REKLS param's state at one owner, which the
+# planner charges as the owner bound (ceil(T / W) + w_max words per rank). At a
+# 16 MiB budget auto_mode must pick C, this rank's measured pinned bytes must not
+# exceed C's prediction (the bound is an upper bound), and at 40 MiB it picks B
+# and trains to the same losses bit for bit.
+for b in 16 40; do
+    auto_ini "$tmp/autoR$b.ini" "pinned_budget = $b MiB" 'n_persist = 0\nchunk_size = 65536'
+    sed -i '/^chunk_size = 16384$/d; s/^cpu_threads = 1$/cpu_threads = 1\ntype = rekls\nbeta2 = 0.95\nweight_decay = 0.01\nmax_grad_norm = 0.05\nlr = 1e-3/' "$tmp/autoR$b.ini"
+    (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/autoR$b.ini" "${acommon[@]}" "${big[@]}" --steps 2 \
+        --optimizer ini --metrics "$tmp/autoR$b.json") >"$tmp/autoR$b.log" 2>&1 ||
+        { tail -5 "$tmp/autoR$b.log"; bad "auto_mode with REKLS at $b MiB failed"; }
+done
+why=$(grep -h "auto_mode: C, " "$tmp/autoR16.log" | tail -1)
+shd=$(echo "$why" | sed -n 's/.*split across 2 ranks it needs \([0-9]*\).*/\1/p')
+pin=$(jf "$tmp/autoR16.json" pinned_bytes | tail -1)
+[ "$(jf "$tmp/autoR16.json" mode | sort -u)" = '"C"' ] && [ -n "$shd" ] && [ -n "$pin" ] && [ "$pin" -le "$shd" ] &&
+    [ "$shd" -le 16777216 ] && grep -q "moving REKLS gradients to their owner ranks" "$tmp/autoR16.log" &&
+    { ok; echo "dist: auto_mode with REKLS at 16 MiB: mode C, predicted $shd pinned bytes per rank (owner bound included), measured $pin"; } ||
+    { echo "$why"; bad "auto_mode with REKLS at 16 MiB: mode $(jf "$tmp/autoR16.json" mode | sort -u), predicted '$shd', measured '$pin'"; }
+[ "$(jf "$tmp/autoR40.json" mode | sort -u)" = '"B"' ] && [ -s "$tmp/autoR16.json" ] &&
+    [ "$(jf "$tmp/autoR16.json" loss)" = "$(jf "$tmp/autoR40.json" loss)" ] &&
+    { ok; echo "dist: auto_mode with REKLS at 40 MiB: mode B, the same losses as the mode C run"; } ||
+    bad "auto_mode with REKLS at 40 MiB: mode $(jf "$tmp/autoR40.json" mode | sort -u), losses $(jf "$tmp/autoR40.json" loss | tr '\n' ' ') vs C $(jf "$tmp/autoR16.json" loss | tr '\n' ' ')"
+
 # Profile cache across ranks: every rank plans from its cache or every rank
 # profiles (profiling runs collectives). Two ranks with their own cache folders
 # fill them (run 1), then both hit (run 2: no profiling step); then rank 1 gets

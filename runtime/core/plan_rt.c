@@ -41,12 +41,12 @@ void pt_rt_plan_free(pt_rt *rt) {
 }
 
 int pt_rt_auto_shard(const pt_rt *rt) {
-    /* REKLS works on whole parameters, and tensor parallelism already splits
-     * its parameters over the ranks: never mode C with them. (OSFT runs in mode
-     * C: its value projection gathers the split factors; the cost model does
-     * not charge that gather yet.) */
-    return rt->coll && rt->cfg.auto_mode && rt->cfg.zero3_shard < 0 &&
-           rt->cfg.optim_type != PT_OPTIM_REKLS && rt->cfg.tp_size <= 1;
+    /* Tensor parallelism already splits its parameters over the ranks: never
+     * mode C with it. (OSFT runs in mode C: its value projection gathers the
+     * split factors; the cost model does not charge that gather yet. REKLS runs
+     * in mode C with each param's state at one owner rank, which the cost model
+     * counts: the owner bound per rank and the exchange's time.) */
+    return rt->coll && rt->cfg.auto_mode && rt->cfg.zero3_shard < 0 && rt->cfg.tp_size <= 1;
 }
 
 int pt_rt_wants_profile(const pt_rt *rt) {

@@ -705,6 +705,9 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
         tc->dev_bytes = ci.dev_bytes;
         tc->host_bytes = ci.host_bytes;
         tc->rekls_bytes = ci.rekls_bytes;
+        tc->rekls_aux_words = ci.rekls_aux_words;
+        tc->rekls_mn = ci.rekls_mn;
+        tc->rekls_own_max = ci.rekls_own_max;
         if (ci.rekls_params > 0) {   /* REKLS's CPU step time, from its own probes */
             if (!rk_have) pt_rekls_measure_rates(&rk), rk_have = 1;
             tc->rekls_s = pt_rekls_predict_s(&rk, ci.rekls_params, ci.rekls_gemm_flops,

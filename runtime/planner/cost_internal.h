@@ -57,7 +57,21 @@ struct pt_cost_ctx {
     double comp_f, comp_b; /* pure compute of forward (embedding + blocks) and backward
                               (head/loss + blocks + embedding), without recompute */
     double *fstart;        /* [N]: forward compute before block b (embedding + blocks < b) */
+    /* mode C REKLS (cost_rekls.c): prefix sums over non-mandatory chunks of their
+     * REKLS aux words and m n, [K+1]; rk_max[k]: the largest one param's
+     * aux + 2 m n among non-mandatory chunks >= k, [K+1] */
+    uint64_t *rk_aux, *rk_mn, *rk_max;
 };
+
+/* cost_rekls.c — REKLS under mode C: the context's sums (PT_ERR_HOST_OOM or
+ * PT_OK), the owner bound's bytes per rank for offloaded chunks [p, K), the
+ * pinned bytes per rank given the replicated figure h_rep, and the seconds of
+ * the per-step exchange with the owners. */
+int pt_cost_rekls_ctx(pt_cost_ctx *cx);
+void pt_cost_rekls_ctx_free(pt_cost_ctx *cx);
+uint64_t pt_cost_rekls_owner_bytes(const pt_cost_ctx *cx, int32_t p);
+uint64_t pt_cost_rekls_shard_host(const pt_cost_ctx *cx, int32_t p, uint64_t h_rep);
+double pt_cost_rekls_shard_xchg_s(const pt_cost_ctx *cx, int32_t p);
 
 /* Walk of the runtime's buffer pool for one (n_persist, n_buffer): see
  * pool_model.c for the rules it reproduces. Forward queries are independent;

@@ -37,6 +37,7 @@ void pt_cost_ctx_free(pt_cost_ctx *cx) {
     free(cx->rhi);
     free(cx->has);
     free(cx->mand_blk);
+    pt_cost_rekls_ctx_free(cx);
     free(cx);
 }
 
@@ -75,7 +76,7 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     cx->mand_blk = calloc((size_t)N + 1, sizeof(uint64_t));
     if (!cx->fstart || !cx->mand_blk || !cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->rks || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
         !cx->f_hi || !cx->l_lo || !cx->l_hi || !cx->nbmin || !cx->nbmin1 || !cx->nmb || !cx->rlo || !cx->rhi ||
-        !cx->has) {
+        !cx->has || pt_cost_rekls_ctx(cx)) {
         pt_cost_ctx_free(cx);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory for %d chunks", K);
     }
@@ -189,7 +190,8 @@ int pt_cost_persist_redundant(const pt_cost_ctx *cx, int32_t p) {
 
 uint64_t pt_cost_host_bytes(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int shard) {
     uint64_t h = rsum(cx->host, p, cx->K);
-    if (shard && cx->t->key.world_size > 1) h = (h + (uint64_t)cx->t->key.world_size - 1) / (uint64_t)cx->t->key.world_size;
+    /* split over the ranks, REKLS's state at its owners (without REKLS: ceil(h / W)) */
+    if (shard && cx->t->key.world_size > 1) h = pt_cost_rekls_shard_host(cx, p, h);
     return h + (a ? a->swap_pool : 0);
 }
 
@@ -203,6 +205,8 @@ void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_p
         if (c->mandatory || k < p) out->rekls_dev_bytes += c->rekls_bytes;
         else out->rekls_host_bytes += c->rekls_bytes;
     }
+    if (o && o->shard && t->key.world_size > 1)   /* mode C: what the busiest owner keeps */
+        out->rekls_host_bytes = pt_cost_rekls_owner_bytes(cx, p);
     out->buffer_bytes = pt_cost_buffer_bytes(cx, p, nb);   /* the runtime allocates min(nb, |Q|) slots */
     out->nonblock_bytes = t->nonblock_bytes;
     out->activation_bytes = a->act_at_peak;

@@ -139,6 +139,8 @@ typedef struct pt_cost {
     uint64_t rekls_dev_bytes;    /* of those, REKLS factors, bases and scratch */
     uint64_t rekls_host_bytes;   /* REKLS figures of the offloaded chunks (pinned host) */
     double rekls_s;              /* REKLS work in cpu_adam_s + dev_adam_s (0 under AdamW) */
+    double rekls_xchg_s;         /* mode C: REKLS gradients to their owners and updates back
+                                    (in opt_s; 0 otherwise) */
     uint64_t buffer_bytes;       /* n_buffer * slot_bytes */
     uint64_t nonblock_bytes;     /* trace nonblock_bytes */
     uint64_t activation_bytes;   /* at the peak: inputs, arenas, swaps in flight, act grads */

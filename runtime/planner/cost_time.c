@@ -97,7 +97,7 @@ static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt
  * formula in cost_model.h). Chunks [p, K) are offloaded; mandatory ones carry
  * no train/bytes in the prefix sums. */
 static double defer_delay(const pt_cost_ctx *cx, int32_t p, double dev_s, double icpu,
-                          double shard_div) {
+                          double shard_div, int rk_deferred) {
     const pt_trace *t = cx->t;
     const double ih = 1.0 / t->hw.h2d_Bps;
     double S = 0, d = 0;
@@ -105,7 +105,7 @@ static double defer_delay(const pt_cost_ctx *cx, int32_t p, double dev_s, double
         uint64_t tr = cx->train[k + 1] - cx->train[k];
         if (!tr) continue;
         /* a REKLS chunk's eigendecompositions and GEMMs come on top */
-        S += (double)tr * icpu + (cx->rks[k + 1] - cx->rks[k]) / shard_div;
+        S += (double)tr * icpu + (rk_deferred ? (cx->rks[k + 1] - cx->rks[k]) / shard_div : 0);
         double up = (double)(cx->bytes[k + 1] - cx->bytes[k]) * ih;
         double late = S - dev_s + up - cx->fstart[t->chunks[k].first_block];
         if (late > d) d = late;
@@ -230,16 +230,22 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     out->reduce_scatter_s = shard ? 4.0 * (double)cpu_elems * cx->rs_f : 0;
     out->allgather_s = shard ? (double)chunk_up * cx->ag_f : 0;
     double coll_s = out->allreduce_s + out->reduce_scatter_s + out->allgather_s;
+    /* mode C REKLS (cost_rekls.c): the owners' exchange and steps run inside
+     * optimizer_step, not deferred */
+    double rk_x = shard && rk_cpu > 0 ? pt_cost_rekls_shard_xchg_s(cx, p) : 0;
+    double rk_now = shard ? rk_cpu + rk_x : 0;
+    out->rekls_xchg_s = rk_x;
     if (ranks && o && o->defer) {
         /* with several ranks every CPU step waits for the collectives, then is
          * deferred like a clipped one */
-        iter = fwd + bwd + coll_s + dev_s + defer_delay(cx, p, dev_s, icpu, shard_div);
+        iter = fwd + bwd + coll_s + rk_now + dev_s +
+               defer_delay(cx, p, dev_s, icpu, shard_div, !shard);
         out->schedule = PT_SCHED_DEFER;
     } else if (ranks) {
-        iter = fwd + bwd + coll_s + dmax(dev_s, cpu_s);
+        iter = fwd + bwd + coll_s + rk_now + dmax(dev_s, shard ? cpu_s - rk_cpu : cpu_s);
         out->schedule = PT_SCHED_AFTER_BWD;
     } else if (clip && o->defer) {
-        iter = fwd + bwd + dev_s + defer_delay(cx, p, dev_s, icpu, shard_div);
+        iter = fwd + bwd + dev_s + defer_delay(cx, p, dev_s, icpu, shard_div, 1);
         out->schedule = PT_SCHED_DEFER;
     } else if (clip) {
         iter = fwd + bwd + dmax(dev_s, cpu_s);
@@ -255,7 +261,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     out->cpu_adam_s = cpu_s;
     out->dev_adam_s = dev_s;
     out->rekls_s = rk_cpu + rk_dev;
-    out->cpu_finish_s = clip || ranks ? bwd + coll_s + cpu_s : cpu_clock;
+    out->cpu_finish_s = clip || ranks ? bwd + coll_s + rk_x + cpu_s : cpu_clock;
     out->compute_s = comp;
     out->recompute_s = a->recompute_s;
     out->exposed_xfer_s = fwd + bwd - comp;

@@ -178,6 +178,9 @@ char *pt_plan_text(const pt_plan *p) {
     if (c->rekls_s > 0)
         sb_printf(&b, "    %-16s %.4f s of that is REKLS (eigh + GEMMs at the profiled rates, chunks "
                       "counted one after another)\n", "", c->rekls_s);
+    if (c->rekls_xchg_s > 0)
+        sb_printf(&b, "    %-16s %.4f s moving REKLS gradients to their owner ranks and the "
+                      "updates back (mode C; in the optimizer time)\n", "", c->rekls_xchg_s);
     if (p->world_size > 1)
         sb_printf(&b, "    %-16s all-reduce %.4f s, all-gather %.4f s, reduce-scatter %.4f s (what "
                   "the iteration waits for: mode C's on the hook thread, the all-reduce's after "
@@ -294,6 +297,7 @@ char *pt_plan_json(const pt_plan *p) {
     JD("allreduce_s", c->allreduce_s);
     JD("allgather_s", c->allgather_s);
     JD("reduce_scatter_s", c->reduce_scatter_s);
+    JD("rekls_xchg_s", c->rekls_xchg_s);
     sb_printf(&b, ",\n  \"optimizer_schedule\": \"%s\"", c->schedule == PT_SCHED_AFTER_BWD ? "after_backward"
                                               : c->schedule == PT_SCHED_DEFER ? "into_next_forward"
                                                                               : "overlapped");

@@ -77,7 +77,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PT_TRACE_VERSION 8u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
+#define PT_TRACE_VERSION 9u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
                                  3: calibration learned from runs (pt_trace_calib);
                                  4: chunk rekls_bytes, rekls_s;
                                  5: the allocator's fragmentation measured (pt_trace_frag);
@@ -85,7 +85,9 @@
                                  7: cpu_adam_elems_per_s measured as the runtime steps a
                                     chunk (one chunk-sized job sliced over every worker);
                                  8: all-gather / reduce-scatter rates: the slower of back
-                                    to back and as observed in a sharded profiled pass */
+                                    to back and as observed in a sharded profiled pass;
+                                 9: chunk rekls_aux_words, rekls_mn, rekls_own_max (mode C
+                                    REKLS: each param's state at one owner rank) */
 
 /* Per-block activation modes (the plan's mode map). */
 enum { PT_BLOCK_NONE = 0, PT_BLOCK_CKPT = 1, PT_BLOCK_SWAP = 2 };
@@ -125,6 +127,11 @@ typedef struct pt_trace_chunk {
     double rekls_s;       /* seconds of one REKLS step of its params on one CPU thread
                              (FLOPs at the profiler's GEMM and eigh rates); the cost
                              model adds it to the optimizer time (0 under AdamW) */
+    /* mode C REKLS (cost_rekls.c; 0 under AdamW): the fp32 words of its params'
+     * factors, bases and eigenvalues (2m^2 + 2n^2 + m + n each) inside
+     * host_bytes, the sum of their m n, and the largest one param's aux + 2 m n
+     * (the owner rank keeps the whole state, moments included) */
+    uint64_t rekls_aux_words, rekls_mn, rekls_own_max;
 } pt_trace_chunk;
 
 /* Measured hardware rates and limits. */

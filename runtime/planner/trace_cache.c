@@ -23,7 +23,7 @@
 /* Encoded sizes (see the format in trace_cache.h). */
 #define SCALAR_BYTES 244u
 #define BLOCK_BYTES 72u
-#define CHUNK_BYTES 68u
+#define CHUNK_BYTES 92u
 
 static const char MAGIC[8] = {'P', 'T', 'T', 'R', 'A', 'C', 'E', 0};
 
@@ -228,6 +228,16 @@ int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
         if (!finite_nonneg(c->rekls_s))
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                            "trace: chunk %d rekls_s %g is not a finite number >= 0", k, c->rekls_s);
+        /* one param's state is part of the sum; the factors are part of the host bytes */
+        if (c->rekls_aux_words > (1ull << 48) || c->rekls_mn > (1ull << 48) ||
+            c->rekls_own_max > c->rekls_aux_words + 2 * c->rekls_mn ||
+            4 * c->rekls_aux_words > (host_formula(t, c) > c->host_bytes ? host_formula(t, c)
+                                                                         : c->host_bytes))
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                           "trace: chunk %d REKLS words %llu / m n %llu / largest %llu are "
+                           "inconsistent (the largest above the sum, or the factors above the "
+                           "chunk's host bytes)", k, (unsigned long long)c->rekls_aux_words,
+                           (unsigned long long)c->rekls_mn, (unsigned long long)c->rekls_own_max);
         if (c->first_block < -1 || c->last_block < c->first_block || c->last_block >= t->n_block ||
             (c->first_block == -1) != (c->last_block == -1))
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d block range [%d, %d] invalid for %d blocks",
@@ -400,6 +410,9 @@ static void encode_payload(wbuf *w, const pt_trace *t) {
         put_u64(w, c->host_bytes);
         put_u64(w, c->rekls_bytes);
         put_f64(w, c->rekls_s);
+        put_u64(w, c->rekls_aux_words);
+        put_u64(w, c->rekls_mn);
+        put_u64(w, c->rekls_own_max);
     }
 }
 
@@ -471,6 +484,9 @@ static int decode_payload(rbuf *r, pt_trace *t, char *err, size_t errlen) {
         c->host_bytes = get_u64(r);
         c->rekls_bytes = get_u64(r);
         c->rekls_s = get_f64(r);
+        c->rekls_aux_words = get_u64(r);
+        c->rekls_mn = get_u64(r);
+        c->rekls_own_max = get_u64(r);
     }
     if (r->bad || r->off != r->n) return pt_fail(err, errlen, PT_ERR_FORMAT, "payload ends early or has trailing bytes");
     return PT_OK;

@@ -556,7 +556,7 @@ void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out
         /* the replicated figure (what mode B would pin): the planner divides it
          * by the ranks itself when it weighs mode C */
         uint64_t eb = c->sh->n_state_full * 4;
-        out->host_bytes = c->trainable ? 2 * c->used + 2 * eb : c->used;
+        out->host_bytes = c->trainable ? 2 * c->used + 2 * eb + c->rk_plan_aux * 4 : c->used;
         out->n_state = c->sh->n_state_full;
     }
     /* several ranks: the fp32 gradient sum is always kept (pt_store_pre_step) */
@@ -565,6 +565,9 @@ void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out
     out->rekls_gemm_flops = c->rk_plan_gemm;
     out->rekls_eigh_flops = c->rk_plan_eigh;
     out->rekls_params = c->rk_plan_n;
+    out->rekls_aux_words = c->rk_plan_aux;
+    out->rekls_mn = c->rk_plan_mn;
+    out->rekls_own_max = c->rk_plan_max;
 }
 
 int pt_store_borrow_slot(pt_store *st, void **dev, uint64_t *bytes) {

@@ -209,6 +209,11 @@ typedef struct pt_store_chunk_info {
                              device), 0 under AdamW */
     double rekls_gemm_flops, rekls_eigh_flops; /* one REKLS step of its params */
     int32_t rekls_params;                      /* how many of its params REKLS steps */
+    /* REKLS under mode C (each param's state at one owner rank): the aux words
+     * its params hold in host_bytes (2m^2 + 2n^2 + m + n each), the sum of their
+     * m n, and the largest one param's aux + 2 m n (an owner keeps the moments
+     * too); 0 under AdamW */
+    uint64_t rekls_aux_words, rekls_mn, rekls_own_max;
 } pt_store_chunk_info;
 void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out);
 /* A free buffer-pool slot to time copies with (its cached chunk is dropped),

@@ -126,6 +126,7 @@ typedef struct cs_chunk {
     uint64_t rk_plan_aux, rk_plan_ws;
     double rk_plan_gemm, rk_plan_eigh;   /* FLOPs of one step of its REKLS params */
     int rk_plan_n;                       /* how many */
+    uint64_t rk_plan_mn, rk_plan_max;    /* sum of their m n; the largest aux + 2 m n */
     uint64_t rk_plan_own;     /* mode C, split chunk: the REKLS words this rank owns
                                * (aux + both moments per owned param; pinned_of) */
     int rk_first, rk_count;

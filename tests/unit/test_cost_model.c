@@ -32,11 +32,11 @@ static void build(pt_trace *t, const synth *s) {
     assert_int_equal(pt_trace_alloc(t, s->n_block, K, NULL, 0), PT_OK);
     int k = 0;
     uint64_t el = s->chunk_bytes / 2;
-    if (s->mand_first) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0, 0, 0};
+    if (s->mand_first) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
     for (int b = 0; b < s->n_block; b++)
         for (int j = 0; j < s->cpb; j++)
-            t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, (uint64_t)(s->tf * (double)el), b, b, 0, 0, 0, 0, 0, 0};
-    if (s->mand_last) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0, 0, 0};
+            t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, (uint64_t)(s->tf * (double)el), b, b, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (s->mand_last) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
     for (int b = 0; b < s->n_block; b++)
         t->blocks[b] = (pt_trace_block){s->fwd, s->bwd, s->fwd, s->arena, s->input, s->fscr, s->bscr, s->gact, 0, 0};
     pt_trace_derive_ranges(t);
@@ -214,6 +214,76 @@ static void test_rekls_terms(void **state) {
     pt_cost_ctx *cx = NULL;
     assert_int_not_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
     assert_non_null(strstr(err, "rekls_s"));
+    pt_trace_free(&t);
+}
+
+/* Mode C with REKLS by hand (runtime/planner/cost_rekls.c). Two ranks, both
+ * chunks offloaded. Chunk 0 holds one REKLS param with 40 aux words and m n = 5
+ * (its owner keeps 40 + 2 x 5 = 50 words), chunk 1 one with 60 and 10 (80).
+ * Replicated pinned bytes H = 2 x 900 + 4 x 100 (the factors, in the formula
+ * through rekls_bytes) = 2200, of which A = 400 are the factors; per rank:
+ * ceil((2200 - 400) / 2) = 900 of parts, plus the owner bound
+ * 4 (ceil(130 / 2) + 80) = 580: 1480. Without REKLS: ceil(1800 / 2) = 900.
+ * Time: the owners' steps (0.75 s over 2 ranks) and the exchange, 8 x 15 bytes
+ * at the all-gather's 0.5 / 1000 s per byte = 0.06 s, are exposed: the
+ * iteration grows by exactly 0.435 s, deferred or not. Mode B charges no
+ * exchange. */
+static void test_rekls_shard(void **state) {
+    (void)state;
+    for (int defer = 0; defer < 2; defer++) {
+        pt_trace t0, t1;
+        tiny(&t0);
+        tiny(&t1);
+        pt_trace *ts[2] = {&t0, &t1};
+        for (int i = 0; i < 2; i++) {
+            ts[i]->key.world_size = 2;
+            ts[i]->hw.allgather_Bps = ts[i]->hw.reduce_scatter_Bps = 1000;
+        }
+        t1.chunks[0].rekls_s = 0.25;
+        t1.chunks[1].rekls_s = 0.5;
+        t1.chunks[0].rekls_aux_words = 40;
+        t1.chunks[0].rekls_mn = 5;
+        t1.chunks[0].rekls_own_max = 50;
+        t1.chunks[1].rekls_aux_words = 60;
+        t1.chunks[1].rekls_mn = 10;
+        t1.chunks[1].rekls_own_max = 80;
+        t1.chunks[0].rekls_bytes = 160;
+        t1.chunks[1].rekls_bytes = 240;
+        pt_cost_ctx *c0, *c1;
+        char err[256];
+        assert_int_equal(pt_cost_ctx_new(&t0, &c0, err, sizeof err), PT_OK);
+        assert_int_equal(pt_cost_ctx_new(&t1, &c1, err, sizeof err), PT_OK);
+        pt_cost_opts o = {1.0, 0, 0, 1, 1, defer, 0};
+        pt_knobs k = {0, 2, 0, 0};
+        pt_cost a, b;
+        assert_int_equal(pt_cost_eval(c0, &o, &k, &a, err, sizeof err), PT_OK);
+        assert_int_equal(pt_cost_eval(c1, &o, &k, &b, err, sizeof err), PT_OK);
+        assert_int_equal(a.host_bytes, 900);
+        assert_int_equal(b.host_bytes, 1480);
+        assert_int_equal(b.rekls_host_bytes, 580);
+        assert_double_equal(b.rekls_xchg_s, 0.06, EPS);
+        assert_double_equal(a.rekls_xchg_s, 0, EPS);
+        assert_double_equal(b.iter_s - a.iter_s, 0.375 + 0.06, EPS);
+        /* mode B: the whole state on every rank, no exchange */
+        o.shard = 0;
+        assert_int_equal(pt_cost_eval(c1, &o, &k, &b, err, sizeof err), PT_OK);
+        assert_int_equal(b.host_bytes, 2200);
+        assert_double_equal(b.rekls_xchg_s, 0, EPS);
+        pt_cost_ctx_free(c0);
+        pt_cost_ctx_free(c1);
+        pt_trace_free(&t0);
+        pt_trace_free(&t1);
+    }
+    /* one param's state larger than its chunk's sum: refused by the trace check */
+    pt_trace t;
+    tiny(&t);
+    t.chunks[0].rekls_aux_words = 10;
+    t.chunks[0].rekls_mn = 1;
+    t.chunks[0].rekls_own_max = 13;
+    char err[256];
+    pt_cost_ctx *cx = NULL;
+    assert_int_not_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    assert_non_null(strstr(err, "REKLS words"));
     pt_trace_free(&t);
 }
 
@@ -611,6 +681,7 @@ int main(void) {
         cmocka_unit_test(test_hand_buckets),
         cmocka_unit_test(test_hand_streamed),
         cmocka_unit_test(test_rekls_terms),
+        cmocka_unit_test(test_rekls_shard),
         cmocka_unit_test(test_hand_ckpt_swap),
         cmocka_unit_test(test_peak_monotone_in_ckpt_and_swap),
         cmocka_unit_test(test_peak_monotone_in_persist),

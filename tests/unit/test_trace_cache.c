@@ -65,6 +65,10 @@ static void sample(pt_trace *t) {
         t->chunks[k].dev_bytes = pt_trace_chunk_dev_state(t, &t->chunks[k]) + 256 * (uint64_t)(k % 5) + 17;
         t->chunks[k].host_bytes = pt_trace_chunk_host_state(t, &t->chunks[k]) + (uint64_t)k;
     }
+    /* mode C REKLS figures on one chunk (they travel like the rest) */
+    t->chunks[1].rekls_aux_words = 4097;
+    t->chunks[1].rekls_mn = 1025;
+    t->chunks[1].rekls_own_max = 3001;
 }
 
 static void assert_same(const pt_trace *a, const pt_trace *b) {
