@@ -27,14 +27,18 @@
  * shows that same rounding difference).
  *
  * Owners: decided at layout time from the layout alone, so every rank computes
- * the same ones. In layout order, each param goes to the rank holding most of
- * its elements (that rank's part then needs no message at all; a param inside
- * one rank's part costs nothing to gather or send back), unless that would
- * lift the rank's REKLS words above ceil(T / W) + w_max (T all REKLS words of
- * split chunks, w_max the largest param's); then to the least loaded rank
- * (ties: the lower rank). The least loaded rank never holds more than
- * (T - w) / W before taking a param of w words, so every rank ends at or below
- * ceil(T / W) + w_max: the bound the planner charges per rank.
+ * the same ones. The exchange happens between the owners' steps, so every rank
+ * waits for the slowest owner: the work is balanced first. Params are taken
+ * largest step first (GEMM + eigh FLOPs; ties in layout order), each to the
+ * rank with the least work so far among those whose REKLS words stay within
+ * ceil(T / W) + w_max (T all REKLS words of split chunks, w_max the largest
+ * param's); ties go to the rank holding most of its elements (fewer bytes to
+ * move), then the lower rank. The rank with the fewest words never holds more
+ * than (T - w) / W before taking a param of w words, so some rank always
+ * passes and every rank ends at or below that cap: the bound the planner
+ * charges per rank. (Measured: choosing the rank holding most of the elements
+ * first left one owner with most of the work, and the other rank waited for it
+ * in the second exchange for 58-64 ms of a step whose gathers took 0.5 ms.)
  *
  * Traffic per step and param: the non-owners' parts of its gradient, (1 - f) mn
  * floats with f the owner's share, the same back as the update, each rank
@@ -45,7 +49,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "optim/rekls.h"
 #include "rekls_ew.h"
 #include "store_internal.h"
 
@@ -79,69 +82,102 @@ static float *grad_at(const pt_store *st, const rk_param *q, uint64_t a) {
 
 static uint64_t own_words(uint64_t m, uint64_t n) { return pt_rekls_aux_words(m, n) + 2 * m * n; }
 
+/* One candidate of the owner assignment. */
+typedef struct {
+    int param, chunk, reg, pos;   /* pos: its place in layout order */
+    uint64_t e0, w;        /* first element in its region; state words (aux + 2mn) */
+    double flops;          /* one step's GEMM and eigh FLOPs */
+} own_cand;
+
+/* Largest step first; ties in layout order (qsort is not stable: the index decides). */
+static int by_cost(const void *x, const void *y) {
+    const own_cand *a = x, *b = y;
+    if (a->flops != b->flops) return a->flops > b->flops ? -1 : 1;
+    return (a->pos > b->pos) - (a->pos < b->pos);
+}
+
 int pt_rk_sh_owners(pt_store *st, char *err, size_t errlen) {
     const pt_model_v1 *m = st->env.model;
+    int W = st->world, n = 0;
     free(st->rk_owner);
     st->rk_owner = malloc(sizeof(int) * (size_t)(m->n_params ? m->n_params : 1));
-    uint64_t *load = calloc((size_t)st->world, sizeof *load);
-    uint64_t *got = calloc((size_t)st->world, sizeof *got);
-    if (!st->rk_owner || !load || !got) {
+    uint64_t *load = calloc((size_t)W, sizeof *load);
+    double *work = calloc((size_t)W, sizeof *work);
+    own_cand *cand = malloc(sizeof *cand * (size_t)(m->n_params ? m->n_params : 1));
+    if (!st->rk_owner || !load || !work || !cand) {
         free(load);
-        free(got);
+        free(work);
+        free(cand);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
     for (int i = 0; i < m->n_params; i++) st->rk_owner[i] = -1;
-    /* T and w_max first: the cap of every rank */
     uint64_t total = 0, wmax = 0;
-    for (int k = 0; k < st->n_chunks; k++) {
-        const cs_chunk *c = &st->ch[k];
-        for (int j = 0; c->sh && c->trainable && j < c->lc->n_params; j++) {
-            int i = st->lay.order[c->lc->first_param + j];
-            if (!pt_rk_eligible(st, i)) continue;
-            uint64_t w = own_words((uint64_t)m->params[i].shape[0], (uint64_t)m->params[i].shape[1]);
-            total += w;
-            if (w > wmax) wmax = w;
-        }
-    }
-    uint64_t cap = (total + (uint64_t)st->world - 1) / (uint64_t)st->world + wmax;
     for (int k = 0; k < st->n_chunks; k++) {
         cs_chunk *c = &st->ch[k];
         c->rk_plan_own = 0;
         for (int j = 0; c->sh && c->trainable && j < c->lc->n_params; j++) {
             int i = st->lay.order[c->lc->first_param + j];
             if (!pt_rk_eligible(st, i)) continue;
-            const pt_param_v1 *p = &m->params[i];
-            uint64_t w = own_words((uint64_t)p->shape[0], (uint64_t)p->shape[1]);
-            rk_param q;   /* the geometry share() needs */
-            memset(&q, 0, sizeof q);
-            q.chunk = k;
-            q.m = (int)p->shape[0];
-            q.n = (int)p->shape[1];
+            uint64_t a = (uint64_t)m->params[i].shape[0], b = (uint64_t)m->params[i].shape[1];
+            own_cand *q = &cand[n];
+            q->pos = n++;
+            q->param = i;
+            q->chunk = k;
+            q->w = own_words(a, b);
+            q->flops = pt_rekls_gemm_flops(a, b) + pt_rekls_eigh_flops(a, b);
             uint64_t off = st->lay.param_offset[i];
             for (int r = 0; r < c->lc->n_regions; r++) {
                 const pt_chunk_region *g = &c->lc->regions[r];
                 if (off >= g->offset && off < g->offset + g->bytes) {
-                    q.reg = r;
-                    q.e0 = (off - g->offset) / 4;
+                    q->reg = r;
+                    q->e0 = (off - g->offset) / 4;
                 }
             }
-            int best = -1, least = 0;
-            for (int r = 0; r < st->world; r++) {
-                uint64_t a;
-                share(st, &q, r, &a, &got[r]);
-                if (load[r] < load[least]) least = r;
-                if (load[r] + w > cap) continue;
-                if (best < 0 || got[r] > got[best] || (got[r] == got[best] && load[r] < load[best]))
-                    best = r;
-            }
-            if (best < 0) best = least;
-            load[best] += w;
-            st->rk_owner[i] = best;
-            if (best == st->rank && pt_rk_planned(st)) c->rk_plan_own += w;
+            total += q->w;
+            if (q->w > wmax) wmax = q->w;
         }
     }
+    /* the memory cap of every rank: ceil(T / W) + w_max words */
+    uint64_t cap = (total + (uint64_t)W - 1) / (uint64_t)W + wmax;
+    qsort(cand, (size_t)n, sizeof *cand, by_cost);
+    for (int x = 0; x < n; x++) {
+        const own_cand *c = &cand[x];
+        rk_param q;   /* the geometry share() needs */
+        memset(&q, 0, sizeof q);
+        q.chunk = c->chunk;
+        q.m = (int)m->params[c->param].shape[0];
+        q.n = (int)m->params[c->param].shape[1];
+        q.reg = c->reg;
+        q.e0 = c->e0;
+        int best = -1;
+        uint64_t best_got = 0;
+        for (int r = 0; r < W; r++) {
+            uint64_t a, got;
+            share(st, &q, r, &a, &got);
+            if (load[r] + c->w > cap) continue;
+            if (best < 0 || work[r] < work[best] || (work[r] == work[best] && got > best_got)) {
+                best = r;
+                best_got = got;
+            }
+        }
+        /* (some rank always passes: the one with the fewest words holds at most
+         * (T - w) / W before taking this param) */
+        if (best < 0) {
+            free(load);
+            free(work);
+            free(cand);
+            return pt_fail(err, errlen, PT_ERR_INTERNAL, "REKLS mode C: no rank can own '%s' "
+                           "within the cap of %llu words", m->params[c->param].name,
+                           (unsigned long long)cap);
+        }
+        load[best] += c->w;
+        work[best] += c->flops;
+        st->rk_owner[c->param] = best;
+        if (best == st->rank && pt_rk_planned(st)) st->ch[c->chunk].rk_plan_own += c->w;
+    }
     free(load);
-    free(got);
+    free(work);
+    free(cand);
     return PT_OK;
 }
 
