@@ -4,7 +4,8 @@
  * (gather/release, prefetch, gradient offload), optim_step.c (optimizer_step:
  * clipping, device and CPU optimizer steps),
  * activations.c (arenas), state_io.c (images and files), dist_grad.c (gradients
- * across ranks) and shard.c (mode C's parts). Code outside runtime/store uses
+ * across ranks), shard.c (mode C's parts), rekls_store.c (REKLS) and
+ * rekls_shard.c (REKLS in mode C: owners and their exchange). Code outside runtime/store uses
  * store.h.
  *
  * Storage per chunk (S = chunk capacity in bytes, E = fp32 state elements =
