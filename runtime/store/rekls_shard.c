@@ -163,12 +163,13 @@ int pt_rk_sh_owners(pt_store *st, char *err, size_t errlen) {
         /* (some rank always passes: the one with the fewest words holds at most
          * (T - w) / W before taking this param) */
         if (best < 0) {
+            int rc = pt_fail(err, errlen, PT_ERR_INTERNAL, "REKLS mode C: no rank can own '%s' "
+                             "within the cap of %llu words", m->params[c->param].name,
+                             (unsigned long long)cap);
             free(load);
             free(work);
             free(cand);
-            return pt_fail(err, errlen, PT_ERR_INTERNAL, "REKLS mode C: no rank can own '%s' "
-                           "within the cap of %llu words", m->params[c->param].name,
-                           (unsigned long long)cap);
+            return rc;
         }
         load[best] += c->w;
         work[best] += c->flops;
