@@ -190,8 +190,10 @@ static int check_pinned(pt_store *st, uint64_t need, char *err, size_t errlen) {
             uint64_t rep = 0;
             for (int k = 0; k < st->n_chunks; k++) {
                 const cs_chunk *c = &st->ch[k];
-                if (c->sh)
-                    rep += c->trainable ? 2 * c->used + 2 * 4 * c->sh->n_state_full : c->used;
+                if (c->sh)   /* REKLS's factors replicated too */
+                    rep += c->trainable ? 2 * c->used + 2 * 4 * c->sh->n_state_full +
+                                              4 * c->rk_plan_aux
+                                        : c->used;
             }
             snprintf(alt, sizeof alt, " (this rank's parts in mode C, split over %d ranks; "
                      "replicated on every rank, mode B, they would need %llu)", st->world,
