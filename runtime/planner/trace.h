@@ -77,7 +77,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PT_TRACE_VERSION 8u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
+#define PT_TRACE_VERSION 9u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
                                  3: calibration learned from runs (pt_trace_calib);
                                  4: chunk rekls_bytes, rekls_s;
                                  5: the allocator's fragmentation measured (pt_trace_frag);
@@ -85,7 +85,10 @@
                                  7: cpu_adam_elems_per_s measured as the runtime steps a
                                     chunk (one chunk-sized job sliced over every worker);
                                  8: all-gather / reduce-scatter rates: the slower of back
-                                    to back and as observed in a sharded profiled pass */
+                                    to back and as observed in a sharded profiled pass;
+                                 9: hw dev_op_s and dev_memset_Bps (the device optimizer's
+                                    launches and gradient zeroing), h2d_lat_s and
+                                    d2h_lat_s (per-copy latency) */
 
 /* Per-block activation modes (the plan's mode map). */
 enum { PT_BLOCK_NONE = 0, PT_BLOCK_CKPT = 1, PT_BLOCK_SWAP = 2 };
@@ -143,6 +146,21 @@ typedef struct pt_trace_hw {
      * B (W-1)/W / rate), waits for the slower rank included when a sharded
      * profile saw them; 0 = not modelled */
     double allgather_Bps, reduce_scatter_Bps;
+    /* The device optimizer step of resident chunks, beyond elements / rate:
+     * each resident trainable chunk costs an AdamW launch and a memset zeroing
+     * its gradient (a 16-bit one also a widening convert), each a device op of
+     * dev_op_s fixed cost, and the zeroing moves its gradient bytes at
+     * dev_memset_Bps. 0 = not modelled (synthesised traces). */
+    double dev_op_s;
+    double dev_memset_Bps;
+    /* Per-copy latency on top of bytes / rate: a chunk copy takes
+     * lat + bytes / Bps. For an upload, lat is what a dependent one costs the
+     * compute stream: from the compute stream's event, through the copy
+     * engine, back to the compute stream (queueing, the engine's start, the
+     * wake of the waiting stream). It dominates small chunks: a layer's norm
+     * and bias chunks of a few KiB each cost ~10 us on a GPU and 20-100 us on
+     * the host backend, far above their bytes / Bps. 0 = not modelled. */
+    double h2d_lat_s, d2h_lat_s;
 } pt_trace_hw;
 
 /* What running plans made from this profile taught (stored with it in the

@@ -21,7 +21,7 @@
 #define MAX_BLOCKS (1 << 20)
 #define MAX_CHUNKS (1 << 24)
 /* Encoded sizes (see the format in trace_cache.h). */
-#define SCALAR_BYTES 244u
+#define SCALAR_BYTES 276u
 #define BLOCK_BYTES 72u
 #define CHUNK_BYTES 68u
 
@@ -98,6 +98,8 @@ int pt_trace_calibrated(pt_trace *dst, const pt_trace *src, char *err, size_t er
     }
     dst->hw.cpu_adam_elems_per_s /= o;
     dst->hw.dev_adam_elems_per_s /= o;
+    dst->hw.dev_op_s *= o;
+    dst->hw.dev_memset_Bps /= o;
     return PT_OK;
 }
 
@@ -180,7 +182,9 @@ int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
     if (!(isfinite(h->h2d_Bps) && h->h2d_Bps > 0) || !(isfinite(h->d2h_Bps) && h->d2h_Bps > 0) ||
         !(isfinite(h->cpu_adam_elems_per_s) && h->cpu_adam_elems_per_s > 0) ||
         !(isfinite(h->dev_adam_elems_per_s) && h->dev_adam_elems_per_s > 0) || !finite_nonneg(h->allreduce_Bps) ||
-        !finite_nonneg(h->allgather_Bps) || !finite_nonneg(h->reduce_scatter_Bps))
+        !finite_nonneg(h->allgather_Bps) || !finite_nonneg(h->reduce_scatter_Bps) ||
+        !finite_nonneg(h->dev_op_s) || !finite_nonneg(h->dev_memset_Bps) ||
+        !finite_nonneg(h->h2d_lat_s) || !finite_nonneg(h->d2h_lat_s))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                     "trace: hw rates must be positive and finite (h2d %g d2h %g B/s, cpu adam %g, dev adam %g elem/s)",
                     h->h2d_Bps, h->d2h_Bps, h->cpu_adam_elems_per_s, h->dev_adam_elems_per_s);
@@ -363,6 +367,10 @@ static void encode_payload(wbuf *w, const pt_trace *t) {
     put_f64(w, t->hw.allreduce_Bps);
     put_f64(w, t->hw.allgather_Bps);
     put_f64(w, t->hw.reduce_scatter_Bps);
+    put_f64(w, t->hw.dev_op_s);
+    put_f64(w, t->hw.dev_memset_Bps);
+    put_f64(w, t->hw.h2d_lat_s);
+    put_f64(w, t->hw.d2h_lat_s);
     put_i32(w, t->hw.copy_engines);
     put_u64(w, t->hw.host_ram_bytes);
     put_u64(w, t->hw.device_capacity);
@@ -434,6 +442,10 @@ static int decode_payload(rbuf *r, pt_trace *t, char *err, size_t errlen) {
     t->hw.allreduce_Bps = get_f64(r);
     t->hw.allgather_Bps = get_f64(r);
     t->hw.reduce_scatter_Bps = get_f64(r);
+    t->hw.dev_op_s = get_f64(r);
+    t->hw.dev_memset_Bps = get_f64(r);
+    t->hw.h2d_lat_s = get_f64(r);
+    t->hw.d2h_lat_s = get_f64(r);
     t->hw.copy_engines = get_i32(r);
     t->hw.host_ram_bytes = get_u64(r);
     t->hw.device_capacity = get_u64(r);

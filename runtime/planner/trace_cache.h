@@ -28,12 +28,14 @@
 
 #include "trace.h"
 
-#define PT_TRACE_FILE_VERSION 6u   /* 2: chunk records carry dev_bytes, host_bytes;
+#define PT_TRACE_FILE_VERSION 7u   /* 2: chunk records carry dev_bytes, host_bytes;
                                       3: the scalars end with calib (4 f64);
                                       4: chunk records end with rekls_bytes, rekls_s;
                                       5: the scalars end with frag (f64 factor, 4 u64);
                                       6: all-gather and reduce-scatter rates (2 f64)
-                                         after the all-reduce rate */
+                                         after the all-reduce rate;
+                                      7: dev_op_s, dev_memset_Bps, h2d_lat_s, d2h_lat_s
+                                         (4 f64) after the reduce-scatter rate */
 #define PT_TRACE_HEADER_BYTES 128u
 
 enum { PT_CACHE_MISS = 0, PT_CACHE_HIT = 1 };

@@ -47,7 +47,7 @@ static void build(pt_trace *t, const synth *s) {
     t->adam_m_elem_bytes = t->adam_v_elem_bytes = 4;
     t->host_grad_elem_bytes = 4;
     t->slot_bytes = 2 * s->chunk_bytes;
-    t->hw = (pt_trace_hw){s->h2d, s->d2h, s->cpu, s->dev, 0, s->engines, 0, 0, 1ull << 40, 0, 0};
+    t->hw = (pt_trace_hw){s->h2d, s->d2h, s->cpu, s->dev, 0, s->engines, 0, 0, 1ull << 40, 0, 0, 0, 0, 0, 0};
     t->key.world_size = 1;
     t->key.version = PT_TRACE_VERSION;
 }
@@ -288,6 +288,44 @@ static void test_hand_streamed(void **state) {
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_ERR_INVALID_ARG);
     assert_non_null(strstr(err, "n_buffer=0 is below the one-block minimum 1"));
     assert_non_null(strstr(err, "lookahead minimum, which lets every prefetch overlap, is 2"));
+    pt_cost_ctx_free(cx);
+    pt_trace_free(&t);
+}
+
+/* Fixed per-copy and per-device-op costs, by hand on the trace above.
+ * Streamed (n_persist 0, 2 slots), copy latency 0.25 s up and 0.5 s down:
+ * forward 0.1 + (1 + 0.25 sync) + max(1, 1 + 0.25 prefetch) + 1 = 3.6;
+ * backward 0.7 + 2 + max(2, 2 + 0.5) + max(0.2, 2 + 0.5) = 7.7; chunk 1's
+ * gradient lands at 5.2 -> CPU Adam to 7.2, chunk 0's at 7.7 -> 9.7.
+ * All resident, 0.05 s per device op and memsets at 200 B/s: 2 chunks x
+ * (AdamW + zeroing memset + the 16-bit widening) x 0.05 + 200 gradient
+ * bytes / 200 = 1.3 on top of the 1 s of AdamW. With every fixed cost 0
+ * (the control) the results are test_hand_streamed's and
+ * test_hand_all_resident's. */
+static void test_hand_fixed_costs(void **state) {
+    (void)state;
+    pt_trace t;
+    tiny(&t);
+    t.hw.h2d_lat_s = 0.25;
+    t.hw.d2h_lat_s = 0.5;
+    t.hw.dev_op_s = 0.05;
+    t.hw.dev_memset_Bps = 200;
+    pt_cost_ctx *cx;
+    char err[256];
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0};
+    pt_knobs k = {0, 2, 0, 0};
+    pt_cost c;
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_double_equal(c.fwd_s, 3.6, EPS);
+    assert_double_equal(c.bwd_s, 7.7, EPS);
+    assert_double_equal(c.cpu_finish_s, 9.7, EPS);
+    assert_double_equal(c.iter_s, 3.6 + 9.7, EPS);
+    assert_int_equal(c.h2d_bytes, 200);   /* bytes stay bytes */
+    pt_knobs all = {2, 0, 0, 0};
+    assert_int_equal(pt_cost_eval(cx, &o, &all, &c, err, sizeof err), PT_OK);
+    assert_double_equal(c.dev_adam_s, 1.0 + 1.3, EPS);
+    assert_double_equal(c.iter_s, 2.1 + 4.9 + 2.3, EPS);
     pt_cost_ctx_free(cx);
     pt_trace_free(&t);
 }
@@ -610,6 +648,7 @@ int main(void) {
         cmocka_unit_test(test_hand_all_resident),
         cmocka_unit_test(test_hand_buckets),
         cmocka_unit_test(test_hand_streamed),
+        cmocka_unit_test(test_hand_fixed_costs),
         cmocka_unit_test(test_rekls_terms),
         cmocka_unit_test(test_hand_ckpt_swap),
         cmocka_unit_test(test_peak_monotone_in_ckpt_and_swap),
