@@ -35,6 +35,12 @@
  *     differ; a number in the INI or in the descriptor wins over auto;
  *   - bf16 weights (one replica: resident 16-bit gradients are not reduced
  *     across replicas yet): fp32 masters in the plugin and in the oracle;
+ *   - the planner's view (auto_memory: a profile, cached, and a plan file):
+ *     the trace records tp_size P and, on the chunks, the fp32 bytes REKLS
+ *     gathers per step for the two split weights, 4 (16 * 32 + 32 * 16) =
+ *     4096 of gradient and 4 (16^2 + 32^2) * 2 = 10240 of factors (0 and 0
+ *     with P = 1); the plan file has tp_size P and a positive tp_gather_s
+ *     exactly when P > 1;
  *   - save_state after step 3, a new plugin instance, load_state, steps 4-5:
  *     still bit-identical (resume is exact); control: without load_state the
  *     shards differ; a file saved under tp_size P refused by a run with 2P.
@@ -55,12 +61,14 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <dirent.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "coll.h"
 #include "kernels_hd.h"
 #include "optim/optim.h"
+#include "planner/trace_cache.h"
 #include "protrain.h"
 
 static const pt_plugin_v1 *PL = &protrain_plugin_v1;
@@ -488,6 +496,64 @@ static void test_weight_decay_auto(void **s) {
     assert_true(ok);
 }
 
+/* The profile's trace and the plan as the planner sees tensor parallel (see
+ * the header comment for the bytes) */
+static void test_plan_terms(void **s) {
+    (void)s;
+    char cache[128], plan[160], extra[512];
+    snprintf(cache, sizeof cache, "/tmp/pt_tp_cache_%d", (int)getpid());
+    snprintf(plan, sizeof plan, "%s.plan.json", cache);
+    snprintf(extra, sizeof extra, "[optimizer]\ntype = rekls\n[protrain]\ncache_dir = %s\n"
+             "plan_file = %s\n", cache, plan);
+    host h;
+    if (start(&h, TP, extra, SPLIT[0], FN[0], PT_F32))
+        fail_msg("rank %d: start: %s", RANK, PL->last_error(h.ctx));
+    if (create_opt(&h, PT_OPTIM_REKLS, 0, NAN, NAN))
+        fail_msg("rank %d: create_optimizer: %s", RANK, PL->last_error(h.ctx));
+    stop(&h);
+    DIR *d = opendir(cache);
+    assert_non_null(d);
+    struct dirent *e;
+    char path[512] = "";
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, ".trace") && !strstr(e->d_name, ".tmp"))
+            snprintf(path, sizeof path, "%s/%s", cache, e->d_name);
+    closedir(d);
+    pt_trace t;
+    pt_trace_init(&t);
+    char err[512];
+    if (pt_trace_read_file(path, NULL, &t, err, sizeof err)) fail_msg("%s: %s", path, err);
+    uint64_t g = 0, f = 0;
+    for (int k = 0; k < t.n_chunk; k++) {
+        g += t.chunks[k].tp_grad_bytes;
+        f += t.chunks[k].tp_factor_bytes;
+    }
+    if (RANK == 0)
+        printf("  trace: tp_size %d, gathered per step %llu gradient + %llu factor bytes\n",
+               t.tp_size, (unsigned long long)g, (unsigned long long)f);
+    assert_int_equal(t.tp_size, TP);
+    assert_int_equal(g, TP > 1 ? 4096 : 0);
+    assert_int_equal(f, TP > 1 ? 10240 : 0);
+    pt_trace_free(&t);
+    FILE *fp = fopen(plan, "r");
+    assert_non_null(fp);
+    char text[16384];
+    size_t n = fread(text, 1, sizeof text - 1, fp);
+    fclose(fp);
+    text[n] = 0;
+    char want[64];
+    snprintf(want, sizeof want, "\"tp_size\": %d", TP);
+    assert_non_null(strstr(text, want));
+    const char *tg = strstr(text, "\"tp_gather_s\": ");
+    assert_non_null(tg);
+    double tgs = atof(tg + strlen("\"tp_gather_s\": "));
+    if (RANK == 0) printf("  plan: tp_gather_s %g\n", tgs);
+    assert_true(TP > 1 ? tgs > 0 : tgs == 0);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", cache, plan);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_bf16(void **s) {
     (void)s;
     if (D > 1) {   /* resident 16-bit gradients are not reduced across replicas yet */
@@ -580,6 +646,7 @@ int main(void) {
         cmocka_unit_test(test_accumulated),
         cmocka_unit_test(test_l2_and_beta2_auto),
         cmocka_unit_test(test_weight_decay_auto),
+        cmocka_unit_test(test_plan_terms),
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_refusals),
