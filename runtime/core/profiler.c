@@ -707,6 +707,12 @@ static void measure_dev_adam(pt_rt *rt, pt_trace_hw *hw) {
  * OSFT/TiledMLP settings (what a block computes and keeps). A cache keyed on
  * less handed a trace for other chunks to a run with another chunk_size, which
  * then failed ("n_buffer = 1 is too small"). */
+/* The tensor-parallel group size the store runs under (1: none, as the store
+ * counts it: a group needs the collectives). */
+static int32_t tp_size(const pt_rt *rt) {
+    return rt->coll && rt->cfg.tp_size > 1 ? rt->cfg.tp_size : 1;
+}
+
 static uint64_t measured_inputs(pt_rt *rt) {
     const pt_config *c = &rt->cfg;
     pt_gpu_usage u;
@@ -714,7 +720,7 @@ static uint64_t measured_inputs(pt_rt *rt) {
     struct {
         uint64_t chunk, chunk_cfg, capacity;
         double copy_bw, jitter;
-        int32_t optim, osft, tiled, tiles, async;
+        int32_t optim, osft, tiled, tiles, async, tp;
         float osft_ratio;
     } in;
     memset(&in, 0, sizeof in);   /* padding hashed as zeros */
@@ -728,6 +734,7 @@ static uint64_t measured_inputs(pt_rt *rt) {
     in.tiled = c->tiled_mlp_enabled;
     in.tiles = c->tiled_mlp_tiles;
     in.async = c->async_compute;
+    in.tp = tp_size(rt);   /* a split param's chunk holds its shard */
     in.osft_ratio = c->osft_urr;
     const char *be = pt_gpu_backend_name(rt->gpu);
     uint64_t h = pt_fnv1a64(&in, sizeof in);
@@ -760,6 +767,7 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
     if (rc) return rc;
     pt_prof_key(rt, &t->key);
     t->chunk_size = pt_store_chunk_size(rt->st);
+    t->tp_size = tp_size(rt);
     for (int b = 0; b < rt->n_blocks; b++) {
         pt_trace_block *tb = &t->blocks[b];
         size_t n = (size_t)p->n;
@@ -788,6 +796,8 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
         tc->dev_bytes = ci.dev_bytes;
         tc->host_bytes = ci.host_bytes;
         tc->rekls_bytes = ci.rekls_bytes;
+        tc->tp_grad_bytes = ci.rekls_tp_grad_bytes;
+        tc->tp_factor_bytes = ci.rekls_tp_factor_bytes;
         if (ci.rekls_params > 0) {   /* REKLS's CPU step time, from its own probes */
             if (!rk_have) pt_rekls_measure_rates(&rk), rk_have = 1;
             tc->rekls_s = pt_rekls_predict_s(&rk, ci.rekls_params, ci.rekls_gemm_flops,

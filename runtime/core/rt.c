@@ -392,7 +392,11 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
               : !isnan(c->beta2) ? c->beta2
               : type == PT_OPTIM_REKLS ? 0.95f : 0.999f;
     n.eps = !isnan(given[3]) ? given[3] : c->eps;
-    n.weight_decay = !isnan(given[4]) ? given[4] : c->weight_decay;
+    /* [optimizer] weight_decay = auto (NaN), the same way: REKLS's reference
+     * default 0.01, AdamW's 0 (what every AdamW run had before auto existed) */
+    n.weight_decay = !isnan(given[4]) ? given[4]
+                     : !isnan(c->weight_decay) ? c->weight_decay
+                     : type == PT_OPTIM_REKLS ? 0.01f : 0.0f;
     n.max_grad_norm = !isnan(given[5]) ? given[5] : c->max_grad_norm;
     if (!(n.lr >= 0) || !(n.beta1 >= 0 && n.beta1 < 1) || !(n.beta2 >= 0 && n.beta2 < 1) ||
         !(n.eps > 0) || !(n.weight_decay >= 0)) {

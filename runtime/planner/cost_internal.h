@@ -54,7 +54,10 @@ struct pt_cost_ctx {
     int32_t *nbmin1;       /* [K+1]: one-block minimum per n_persist */
     uint64_t max_block_bytes;  /* largest param bytes of one block's non-mandatory chunks */
     int all_have;          /* every block uses some chunk (the prefetch chain never breaks) */
-    double coll_f;         /* all-reduce seconds per gradient byte (0 = none) */
+    double coll_f;         /* all-reduce seconds per gradient byte (0 = none): over the
+                              world, or with tensor parallel over world / tp_size replicas */
+    double tpg_f;          /* tensor parallel: gather seconds per full byte (0 = none) */
+    double tp_grad, tp_fac;   /* sums of the chunks' tp_grad_bytes, tp_factor_bytes */
     double ag_f, rs_f;     /* all-gather / reduce-scatter seconds per buffer byte (0 = none) */
     double comp_f, comp_b; /* pure compute of forward (embedding + blocks) and backward
                               (head/loss + blocks + embedding), without recompute */

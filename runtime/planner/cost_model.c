@@ -148,8 +148,21 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
         cx->nbmin[p] = m;
         cx->nbmin1[p] = m1;
     }
-    if (t->key.world_size > 1 && t->hw.allreduce_Bps > 0)
-        cx->coll_f = 2.0 * (t->key.world_size - 1) / t->key.world_size / t->hw.allreduce_Bps;
+    /* The gradient all-reduce runs over the ranks holding the same shards: all
+     * W of them, or with tensor parallel (groups of P) the D = W / P replicas,
+     * each reducing its own shard bytes (what the trace's chunks hold):
+     * 2 (D-1)/D / rate seconds per byte, none with D = 1. */
+    int32_t P = t->tp_size > 1 ? t->tp_size : 1, D = t->key.world_size / P;
+    if (D > 1 && t->hw.allreduce_Bps > 0)
+        cx->coll_f = 2.0 * (D - 1) / D / t->hw.allreduce_Bps;
+    /* Tensor-parallel REKLS gathers each split param's full gradient, L and R
+     * (and W in l2 mode) over its group of P every step: B full bytes take
+     * B (P-1)/P / rate at the measured all-gather rate. */
+    if (P > 1 && t->hw.allgather_Bps > 0) cx->tpg_f = (double)(P - 1) / P / t->hw.allgather_Bps;
+    for (int32_t k = 0; k < K; k++) {
+        cx->tp_grad += (double)t->chunks[k].tp_grad_bytes;
+        cx->tp_fac += (double)t->chunks[k].tp_factor_bytes;
+    }
     /* bus-bandwidth convention, as the all-reduce's: a buffer of B bytes takes
      * B (W-1)/W / rate (each rank sends or receives the other ranks' parts) */
     if (t->key.world_size > 1 && t->hw.allgather_Bps > 0)

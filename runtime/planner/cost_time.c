@@ -152,7 +152,9 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
      * and what outlasts backward is exposed; mode B's offloaded chunks join the
      * queue when their gradient copy lands; chunks of non-block parameters
      * (final only after backward) follow backward. The CPU optimizer waits for all of it: charged as
-     * deferred (after backward) whatever the clipping. */
+     * deferred (after backward) whatever the clipping. Tensor parallel: the
+     * all-reduce over the replicas only (coll_f), after backward, then REKLS's
+     * gathers of the split params (tp_gather_s in cost_model.h). */
     const int ranks = t->key.world_size > 1;
     const int shard = ranks && o && o->shard;
     const int eng = t->hw.copy_engines;
@@ -183,7 +185,8 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     const double icpu = 1.0 / t->hw.cpu_adam_elems_per_s / shard_div;
     const double lu = t->hw.h2d_lat_s, ld = t->hw.d2h_lat_s;
     double clock = 0, cpu_clock = 0, ar_clock = 0;
-    const int buckets = ranks && o && o->overlap_ar;
+    /* tensor parallel: the runtime reduces after backward, no buckets */
+    const int buckets = ranks && o && o->overlap_ar && t->tp_size <= 1;
     {
         /* head/loss: block N-1's swap-in; its chunks come at its gather */
         uint64_t u = a->bwd_swap_in[N];
@@ -258,7 +261,8 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     }
     out->reduce_scatter_s = shard ? 4.0 * (double)cpu_elems * cx->rs_f : 0;
     out->allgather_s = shard ? (double)chunk_up * cx->ag_f : 0;
-    double coll_s = out->allreduce_s + out->reduce_scatter_s + out->allgather_s;
+    out->tp_gather_s = (cx->tp_grad * (o && o->tp_l2 ? 2.0 : 1.0) + cx->tp_fac) * cx->tpg_f;
+    double coll_s = out->allreduce_s + out->reduce_scatter_s + out->allgather_s + out->tp_gather_s;
     if (ranks && o && o->defer) {
         /* with several ranks every CPU step waits for the collectives, then is
          * deferred like a clipped one */

@@ -77,7 +77,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PT_TRACE_VERSION 9u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
+#define PT_TRACE_VERSION 10u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
                                  3: calibration learned from runs (pt_trace_calib);
                                  4: chunk rekls_bytes, rekls_s;
                                  5: the allocator's fragmentation measured (pt_trace_frag);
@@ -86,7 +86,8 @@
                                     chunk (one chunk-sized job sliced over every worker);
                                  8: all-gather / reduce-scatter rates: the slower of back
                                     to back and as observed in a sharded profiled pass;
-                                 9: hw dev_op_s and dev_memset_Bps (the device optimizer's
+                                 9: tp_size, chunk tp_grad_bytes / tp_factor_bytes;
+                                 10: hw dev_op_s and dev_memset_Bps (the device optimizer's
                                     launches and gradient zeroing), h2d_lat_s and
                                     d2h_lat_s (per-copy latency) */
 
@@ -128,6 +129,13 @@ typedef struct pt_trace_chunk {
     double rekls_s;       /* seconds of one REKLS step of its params on one CPU thread
                              (FLOPs at the profiler's GEMM and eigh rates); the cost
                              model adds it to the optimizer time (0 under AdamW) */
+    /* Tensor parallel (pt_trace.tp_size = P > 1), REKLS: its params split over
+     * the group, as fp32 bytes of the FULL m x n shapes, summed over them:
+     *   tp_grad_bytes   = sum 4 m n        (the gradient; the weights in l2 mode)
+     *   tp_factor_bytes = sum 4 (m^2 + n^2) (the Kronecker factors L and R)
+     * Every step all-gathers each split param's gradient and both factors
+     * (and its weights with l2 decay) over the group. 0 without TP or REKLS. */
+    uint64_t tp_grad_bytes, tp_factor_bytes;
 } pt_trace_chunk;
 
 /* Measured hardware rates and limits. */
@@ -207,6 +215,10 @@ typedef struct pt_trace {
     int32_t n_block;
     int32_t n_chunk;
     uint64_t chunk_size;          /* S_chunk */
+    int32_t tp_size;              /* tensor-parallel group size P the chunks were measured
+                                     under ([dist] tp_size: a split param's chunk holds its
+                                     1/P shard); 0 or 1 = none. The gradient all-reduce runs
+                                     over the key.world_size / P replicas of each shard */
     pt_trace_block *blocks;       /* [n_block], owned (pt_trace_free) */
     pt_trace_chunk *chunks;       /* [n_chunk], owned */
 

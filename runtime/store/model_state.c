@@ -560,6 +560,8 @@ void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out
     out->rekls_gemm_flops = c->rk_plan_gemm;
     out->rekls_eigh_flops = c->rk_plan_eigh;
     out->rekls_params = c->rk_plan_n;
+    out->rekls_tp_grad_bytes = c->rk_plan_tp_grad;
+    out->rekls_tp_factor_bytes = c->rk_plan_tp_fac;
 }
 
 int pt_store_borrow_slot(pt_store *st, void **dev, uint64_t *bytes) {

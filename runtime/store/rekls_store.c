@@ -95,6 +95,7 @@ void pt_rk_plan_chunk(pt_store *st, cs_chunk *c) {
     c->rk_plan_aux = c->rk_plan_ws = 0;
     c->rk_plan_gemm = c->rk_plan_eigh = 0;
     c->rk_plan_n = 0;
+    c->rk_plan_tp_grad = c->rk_plan_tp_fac = 0;
     if (!planned(st) || !c->trainable) return;
     const pt_model_v1 *m = st->env.model;
     for (int j = 0; j < c->lc->n_params; j++) {
@@ -109,6 +110,10 @@ void pt_rk_plan_chunk(pt_store *st, cs_chunk *c) {
          * bases are recomputed) on the full matrices; its scratch is host memory */
         c->rk_plan_eigh += pt_rekls_eigh_flops(a, b) * (split ? 2 : 1);
         c->rk_plan_n++;
+        if (split) {   /* pt_rekls_tp_step's gathers: the full gradient, L and R */
+            c->rk_plan_tp_grad += 4 * a * b;
+            c->rk_plan_tp_fac += 4 * (a * a + b * b);
+        }
         uint64_t w = split ? 0 : pt_rekls_ws_words(a, b);
         if (w > c->rk_plan_ws) c->rk_plan_ws = w;
     }

@@ -126,6 +126,9 @@ typedef struct cs_chunk {
     uint64_t rk_plan_aux, rk_plan_ws;
     double rk_plan_gemm, rk_plan_eigh;   /* FLOPs of one step of its REKLS params */
     int rk_plan_n;                       /* how many */
+    /* tensor parallel: fp32 bytes of its split REKLS params' full gradients
+     * (sum 4 m n) and factors (sum 4 (m^2 + n^2)), which every step gathers */
+    uint64_t rk_plan_tp_grad, rk_plan_tp_fac;
     int rk_first, rk_count;
 } cs_chunk;
 

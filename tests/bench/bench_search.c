@@ -32,10 +32,10 @@ static void build(pt_trace *t, const layout *L, uint64_t capacity) {
     if (pt_trace_alloc(t, L->layers, K, NULL, 0)) exit(1);
     uint64_t emb = (uint64_t)(L->vocab * h);
     int k = 0;
-    t->chunks[k++] = (pt_trace_chunk){emb * 2, emb, emb, -1, -1, 1, 0, 0, 0, 0, 0};
+    t->chunks[k++] = (pt_trace_chunk){emb * 2, emb, emb, -1, -1, 1, 0, 0, 0, 0, 0, 0, 0};
     for (int b = 0; b < L->layers; b++)
-        for (int j = 0; j < L->cpb; j++) t->chunks[k++] = (pt_trace_chunk){chunk, chunk / 2, chunk / 2, b, b, 0, 0, 0, 0, 0, 0};
-    t->chunks[k++] = (pt_trace_chunk){emb * 2, emb, emb, -1, -1, 1, 0, 0, 0, 0, 0};
+        for (int j = 0; j < L->cpb; j++) t->chunks[k++] = (pt_trace_chunk){chunk, chunk / 2, chunk / 2, b, b, 0, 0, 0, 0, 0, 0, 0, 0};
+    t->chunks[k++] = (pt_trace_chunk){emb * 2, emb, emb, -1, -1, 1, 0, 0, 0, 0, 0, 0, 0};
     double act = 12 * s * B * h + 4 * s * B * kvh + 8 * s * B * f, in = s * B * h * p;
     double fwd = 2 * per_block * s * B / F + 4 * B * s * s * h / F;
     for (int b = 0; b < L->layers; b++)
