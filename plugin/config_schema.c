@@ -169,9 +169,9 @@ const pt_config_key pt_cfg_keys[] = {
     R_ENUM("optimizer", "type", optim_type, "adamw|rekls", optim_vals, "adamw",
            "adamw, or rekls: Adam in the eigenbasis of two KL-Shampoo Kronecker factors, "
            "eigendecomposed every step, for every trainable 2-D parameter inside a block; "
-           "biases, norms, embeddings and the head keep AdamW. REKLS's reference defaults are "
-           "weight_decay = 0.01 (set it; beta2's auto follows the type). A host descriptor type "
-           "other than FROM_CONFIG wins."),
+           "biases, norms, embeddings and the head keep AdamW. REKLS's reference defaults (beta2 "
+           "0.95, weight_decay 0.01) are what beta2 = auto and weight_decay = auto become for "
+           "rekls. A host descriptor type other than FROM_CONFIG wins."),
     R_FLT("optimizer", "lr", lr, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "3e-4",
           "Learning rate; the host may pass another one to each optimizer_step."),
     R_FLT("optimizer", "beta1", beta1, PT_CFG_HI_OPEN, 0, 1, "0.9", "First-moment decay."),
@@ -181,9 +181,13 @@ const pt_config_key pt_cfg_keys[] = {
           "descriptor's type counts too."),
     R_FLT("optimizer", "eps", eps, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "1e-8",
           "Added to the denominator sqrt(v_hat)."),
-    R_FLT("optimizer", "weight_decay", weight_decay, PT_CFG_NO_HI, 0, 0, "0",
+    R_FLT("optimizer", "weight_decay", weight_decay, PT_CFG_NO_HI | PT_CFG_AUTO, 0, 0, "auto",
           "Decoupled weight decay: p -= lr * weight_decay * p each step (AdamW; a parameter "
-          "REKLS steps follows rekls_weight_decay_method)."),
+          "REKLS steps follows rekls_weight_decay_method). auto: 0.01 when the optimizer is "
+          "rekls (the reference's default, for every parameter of the run, the ones REKLS "
+          "leaves to AdamW included), 0 for adamw (so an AdamW run decays nothing unless "
+          "asked); decided at create_optimizer, so a host descriptor's type counts too, and "
+          "a number here or in the descriptor wins."),
     R_FLT("optimizer", "max_grad_norm", max_grad_norm, PT_CFG_NO_HI, 0, 0, "0",
           "Clip the global gradient L2 norm to this value; 0 disables clipping (CPU steps "
           "then start without waiting for every gradient)."),
@@ -267,6 +271,10 @@ const pt_config_key pt_cfg_keys[] = {
           "e.g. event_sync:3 (ops: memset, memcpy, event_sync, stream_sync, convert, adamw, "
           "sqnorm, event_record, stream_wait_event, event_create, event_elapsed_ms, host_fn); "
           "empty: never."),
+    R_STR("host_backend", "trace_file", host_trace_file, "a file path, or empty for none", NULL, "",
+          "Write every op the simulated device ran (stream, op, size, start and end in us) "
+          "to this file when the plugin finalizes: the timeline to compare with the plan's "
+          "predicted phases; empty: none."),
     R_BOOL("host_backend", "async_compute", async_compute, "true",
            "Run a host's launched work on the simulated device's compute stream, after the "
            "hook that launched it returns, as a GPU does; false: launched work runs at once "

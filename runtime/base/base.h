@@ -38,8 +38,10 @@ typedef struct pt_config {
     char timeline_file[512];  /* default "" = no SVG memory timeline */
     /* [optimizer] */
     int optim_type;           /* type = adamw|rekls -> PT_OPTIM_ADAMW|PT_OPTIM_REKLS */
-    float lr, beta1, beta2, eps, weight_decay, max_grad_norm; /* 3e-4, 0.9, auto, 1e-8, 0, 0 (0 = no clipping) */
-                              /* beta2 NaN = auto: 0.95 for REKLS, 0.999 for AdamW (pt_cfg_beta2) */
+    float lr, beta1, beta2, eps, weight_decay, max_grad_norm; /* 3e-4, 0.9, auto, 1e-8, auto, 0 (0 = no clipping) */
+                              /* NaN = auto, resolved by the optimizer type at create_optimizer:
+                                 beta2 0.95 for REKLS, 0.999 for AdamW; weight_decay 0.01 for
+                                 REKLS, 0 for AdamW */
     int cpu_threads;          /* 0 = auto (cores available) */
     int rekls_seed_shampoo;   /* bool, default 0 (step 1 as the reference implementation) */
     float rekls_shampoo_beta; /* default 0.95 */
@@ -66,6 +68,7 @@ typedef struct pt_config {
     double copy_bandwidth;    /* bytes/s, units B/s KB/s MB/s GB/s KiB/s MiB/s GiB/s; 0 = unthrottled */
     int poison;               /* bool, default 1 */
     int fail_alloc_at;        /* integer >= 0, default 0: fail the Nth device alloc (1-based), 0 = never */
+    char host_trace_file[512]; /* [host_backend] trace_file: the simulated device's op timeline, "" = off */
     char fail_op[40];         /* "<op>:<n>" or "" (default): fail the n-th call of a backend op (pt_gpu_fail_op_parse) */
     int async_compute;        /* bool, default 1: launched host work runs on the compute stream */
     double compute_jitter;    /* seconds, default 0: random delay before each launched item */

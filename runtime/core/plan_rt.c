@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "optim/optim.h"
 #include "planner/planner.h"
 #include "profiler.h"
 #include "osft.h"
@@ -18,14 +19,29 @@
 /* auto_memory: profile and plan, even when the INI fixes all four knobs (the plan
  * then checks them against the device and predicts their peak and time).
  * auto_memory = false or force_all_persistent: run the INI knobs as given. */
+/* Tensor-parallel REKLS gathers each split param's weights too when its l2
+ * decay is on: the created optimizer's weight_decay, or before it the INI's
+ * (auto is REKLS's 0.01). */
+static int tp_l2(const pt_rt *rt) {
+    const pt_config *c = &rt->cfg;
+    if (c->tp_size <= 1 || c->rekls_wd_method != PT_REKLS_WD_L2) return 0;
+    if (rt->opt.type) return rt->opt.type == PT_OPTIM_REKLS && rt->opt.weight_decay != 0;
+    return c->optim_type == PT_OPTIM_REKLS && c->weight_decay != 0;   /* NaN (auto) != 0 */
+}
+
 /* The optimizer decides the schedule (clipping defers the CPU steps past backward);
  * a plan made for the other schedule is searched again before any state exists. */
 int pt_rt_replan_for_optimizer(pt_rt *rt, int clip, char *err, size_t errlen) {
-    if (!rt->trace || clip == rt->plan_clip) return PT_OK;
+    if (!rt->trace || (clip == rt->plan_clip && tp_l2(rt) == rt->plan_tp_l2)) return PT_OK;
+    if (clip != rt->plan_clip)
+        PT_LOGI(&rt->lg, "optimizer %s gradient clipping: planning again for the %s schedule",
+                clip ? "uses" : "does not use", clip ? "clipped (CPU steps after backward)"
+                                                     : "overlapped");
+    else
+        PT_LOGI(&rt->lg, "optimizer %s REKLS's l2 weight decay: planning again %s the "
+                "tensor-parallel gathers of the split weights", tp_l2(rt) ? "uses" : "does not use",
+                tp_l2(rt) ? "with" : "without");
     rt->plan_clip = clip;
-    PT_LOGI(&rt->lg, "optimizer %s gradient clipping: planning again for the %s schedule",
-            clip ? "uses" : "does not use", clip ? "clipped (CPU steps after backward)"
-                                                 : "overlapped");
     return pt_rt_search_and_apply(rt, rt->trace, 0.0, err, errlen);
 }
 
@@ -258,6 +274,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     o.cost.clip = rt->plan_clip;
     o.cost.defer = rt->cfg.defer_cpu_steps;
     o.cost.overlap_ar = rt->cfg.overlap_allreduce;
+    o.cost.tp_l2 = rt->plan_tp_l2 = tp_l2(rt);
     /* the allocator's fragmentation as the profile measured it, times what
      * calibration learned on top (an under-predicted peak folds measured /
      * predicted into calib.peak, and the prediction already had this factor) */

@@ -337,6 +337,62 @@ static double copy_rate(pt_rt *rt, void *dev, void *host, size_t bytes, int kind
     return med > 0 ? (double)bytes / med : 0;
 }
 
+/* Latency of one small dependent copy, as the runtime's synchronous chunk
+ * uploads see it: the compute stream records e0, the copy stream waits for
+ * it, copies `bytes`, and the compute stream waits for that copy before it
+ * records e1. elapsed(e0, e1) - bytes / rate is the copy's fixed cost (the
+ * engine's start, the cross-stream handoffs), which a layer's small norm and
+ * bias chunks pay far above their bytes. Median of 5, >= 0; 0 after a
+ * failure (recorded). */
+static double copy_latency(pt_rt *rt, void *dev, void *host, size_t bytes, int kind, double rate) {
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
+    void *impl = pt_gpu_impl(rt->gpu);
+    pt_stream *s = kind == PT_GPU_H2D ? rt->s_h2d : rt->s_d2h;
+    pt_event *e0 = NULL, *e1 = NULL, *ec = NULL;
+    if (pt_gpu_event_create_timing(rt->gpu, &e0) || pt_gpu_event_create_timing(rt->gpu, &e1) ||
+        ops->event_create(impl, &ec)) {
+        prof_failed(rt->prof, "event_create timing a copy latency failed");
+        if (e0) ops->event_destroy(impl, e0);
+        if (e1) ops->event_destroy(impl, e1);
+        return 0;
+    }
+    double dt[5];
+    int n = 0;
+    for (int r = 0; r < 5; r++) {
+        float ms = 0;
+        void *d = kind == PT_GPU_H2D ? dev : host;
+        const void *src = kind == PT_GPU_H2D ? host : dev;
+        const char *op = NULL;
+        if (ops->event_record(impl, e0, rt->s_compute)) op = "event_record";
+        else if (ops->stream_wait_event(impl, s, e0)) op = "stream_wait_event";
+        else if (pt_gpu_memcpy_async(rt->gpu, d, src, bytes, kind, s)) op = "memcpy";
+        else if (ops->event_record(impl, ec, s)) op = "event_record";
+        else if (ops->stream_wait_event(impl, rt->s_compute, ec)) op = "stream_wait_event";
+        else if (ops->event_record(impl, e1, rt->s_compute)) op = "event_record";
+        else if (ops->event_sync(impl, e1)) op = "event_sync";
+        else if (ops->event_elapsed_ms(impl, e0, e1, &ms)) op = "event_elapsed_ms";
+        if (op) {
+            char why[128];
+            snprintf(why, sizeof why, "%s timing a copy latency failed", op);
+            prof_failed(rt->prof, why);
+            break;
+        }
+        double x = ms * 1e-3 - (rate > 0 ? (double)bytes / rate : 0);
+        dt[n++] = x > 0 ? x : 0;
+    }
+    ops->event_destroy(impl, e0);
+    ops->event_destroy(impl, e1);
+    ops->event_destroy(impl, ec);
+    if (n < 5) return 0;
+    for (int a = 1; a < n; a++)
+        for (int b = a; b > 0 && dt[b - 1] > dt[b]; b--) {
+            double t = dt[b];
+            dt[b] = dt[b - 1];
+            dt[b - 1] = t;
+        }
+    return dt[n / 2];
+}
+
 /* Copy rates at the size the plan moves most: the larger of a pool slot and the
  * largest activation arena (a per-copy latency makes small copies look slower;
  * measuring at a small size made swap-outs look twice as long as they are). */
@@ -372,6 +428,13 @@ static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
          * over the same bytes, and both copy streams drained (their own
          * failures are already recorded) before the buffers go */
         if (!p->rc) hw->d2h_Bps = copy_rate(rt, dev, host, bytes, PT_GPU_D2H);
+        /* 256 bytes: a copy that small is all latency */
+        if (!p->rc) hw->h2d_lat_s = copy_latency(rt, dev, host, 256, PT_GPU_H2D, hw->h2d_Bps);
+        if (!p->rc) hw->d2h_lat_s = copy_latency(rt, dev, host, 256, PT_GPU_D2H, hw->d2h_Bps);
+        if (!p->rc)
+            PT_LOGI(&rt->lg, "profiler: copies H2D %.3g B/s + %.3g s per copy, D2H %.3g B/s + "
+                             "%.3g s per copy", hw->h2d_Bps, hw->h2d_lat_s, hw->d2h_Bps,
+                    hw->d2h_lat_s);
         if (p->rc) {
             const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
             (void)ops->stream_sync(pt_gpu_impl(rt->gpu), rt->s_h2d);
@@ -458,15 +521,16 @@ static void measure_coll(pt_rt *rt, pt_trace_hw *hw) {
     else free(buf);
 }
 
-/* Seconds one device AdamW over n elements takes on the compute stream, the
- * best of 3, from timed events around it. d holds 4 arrays of stride floats
- * (param, grad, m, v). 0 when the events or the kernel failed (recorded). */
-static double dev_adam_time(pt_rt *rt, void *d, size_t n, size_t stride) {
+/* Seconds on the compute stream, the best of 3, from timed events around the
+ * work: `launches` back-to-back device AdamWs over n elements each, or (when
+ * fill > 0) one memset of fill bytes. d holds 4 arrays of stride floats
+ * (param, grad, m, v). 0 when the events or the work failed (recorded). */
+static double dev_time(pt_rt *rt, void *d, size_t n, size_t stride, int launches, size_t fill) {
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     void *impl = pt_gpu_impl(rt->gpu);
     pt_event *e0 = NULL, *e1 = NULL;
     if (pt_gpu_event_create_timing(rt->gpu, &e0) || pt_gpu_event_create_timing(rt->gpu, &e1)) {
-        prof_failed(rt->prof, "event_create timing the device AdamW failed");
+        prof_failed(rt->prof, "event_create timing the device optimizer failed");
         if (e0) ops->event_destroy(impl, e0);
         return 0;
     }
@@ -489,13 +553,15 @@ static double dev_adam_time(pt_rt *rt, void *d, size_t n, size_t stride) {
         float ms = 0;
         const char *op = NULL;
         if (ops->event_record(impl, e0, rt->s_compute)) op = "event_record";
-        else if (ops->adamw(impl, &a, rt->s_compute)) op = "adamw";
-        else if (ops->event_record(impl, e1, rt->s_compute)) op = "event_record";
-        else if (ops->event_sync(impl, e1)) op = "event_sync";
-        else if (ops->event_elapsed_ms(impl, e0, e1, &ms)) op = "event_elapsed_ms";
+        for (int k = 0; !op && fill == 0 && k < launches; k++)
+            if (ops->adamw(impl, &a, rt->s_compute)) op = "adamw";
+        if (!op && fill && ops->memset_async(impl, d, 0, fill, rt->s_compute)) op = "memset";
+        if (!op && ops->event_record(impl, e1, rt->s_compute)) op = "event_record";
+        if (!op && ops->event_sync(impl, e1)) op = "event_sync";
+        if (!op && ops->event_elapsed_ms(impl, e0, e1, &ms)) op = "event_elapsed_ms";
         if (op) {
             char why[128];
-            snprintf(why, sizeof why, "%s timing the device AdamW failed", op);
+            snprintf(why, sizeof why, "%s timing the device optimizer failed", op);
             prof_failed(rt->prof, why);
             break;
         }
@@ -590,7 +656,16 @@ static void measure_dev_adam(pt_rt *rt, pt_trace_hw *hw) {
      * on a GPU, more than a 64K-element kernel takes), and the planner,
      * extrapolating it to whole chunks, judged device AdamW 20x too slow and
      * offloaded models that fit (measured on an H100). n2: up to 4M elements
-     * (64 MiB), fewer when the device is nearly full; n1 = n2 / 16. */
+     * (64 MiB), fewer when the device is nearly full; n1 = n2 / 16.
+     *
+     * The step runs more than elements: per resident trainable chunk an AdamW
+     * launch and a memset zeroing its gradient, each a device op with a fixed
+     * cost (a kernel launch's gap on a GPU; on the host backend the stream
+     * thread's dispatch, 10-25 us on a 2-core VM). Charging elements alone
+     * under-predicted the optimizer phase of an all-resident 31-chunk model 2x
+     * there. So also: dev_op_s = the time of OPS launches of 16 elements / OPS,
+     * and the memset rate over the whole buffer. */
+    enum { OPS = 32 };
     size_t dn = (size_t)4 << 20;
     void *d = NULL;
     char e[256];
@@ -601,12 +676,20 @@ static void measure_dev_adam(pt_rt *rt, pt_trace_hw *hw) {
         if (ops->memset_async(impl, d, 0, dn * 16, NULL))
             prof_failed(rt->prof, "memset of the device AdamW timing buffer failed");
         size_t n1 = dn / 16, n2 = dn;
-        double t1 = dev_adam_time(rt, d, n1, dn), t2 = dev_adam_time(rt, d, n2, dn);
+        double t1 = dev_time(rt, d, n1, dn, 1, 0), t2 = dev_time(rt, d, n2, dn, 1, 0);
         double rate = 0;
         if (t2 > t1 && t1 > 0) rate = (double)(n2 - n1) / (t2 - t1);
         else if (t2 > 0) rate = (double)n2 / t2;   /* timer too coarse to split: the big size alone */
         /* a failure is already recorded; never leave the planner a zero rate */
         hw->dev_adam_elems_per_s = rate > 0 ? rate : hw->cpu_adam_elems_per_s;
+        double to = dev_time(rt, d, 16, dn, OPS, 0);
+        double op = to / OPS - 16.0 / hw->dev_adam_elems_per_s;
+        hw->dev_op_s = op > 0 ? op : 0;
+        double tm = dev_time(rt, d, 0, dn, 0, dn * 16);
+        hw->dev_memset_Bps = tm > 0 ? (double)(dn * 16) / tm : 0;
+        PT_LOGI(&rt->lg, "profiler: device AdamW %.3g elements/s, %.3g s per device op, memset "
+                         "%.3g bytes/s", hw->dev_adam_elems_per_s, hw->dev_op_s,
+                hw->dev_memset_Bps);
         pt_gpu_free(rt->gpu, d);
     } else {
         /* no room at all: assume the CPU rate (the host backend runs the same loop) */
@@ -624,6 +707,12 @@ static void measure_dev_adam(pt_rt *rt, pt_trace_hw *hw) {
  * OSFT/TiledMLP settings (what a block computes and keeps). A cache keyed on
  * less handed a trace for other chunks to a run with another chunk_size, which
  * then failed ("n_buffer = 1 is too small"). */
+/* The tensor-parallel group size the store runs under (1: none, as the store
+ * counts it: a group needs the collectives). */
+static int32_t tp_size(const pt_rt *rt) {
+    return rt->coll && rt->cfg.tp_size > 1 ? rt->cfg.tp_size : 1;
+}
+
 static uint64_t measured_inputs(pt_rt *rt) {
     const pt_config *c = &rt->cfg;
     pt_gpu_usage u;
@@ -631,7 +720,7 @@ static uint64_t measured_inputs(pt_rt *rt) {
     struct {
         uint64_t chunk, chunk_cfg, capacity;
         double copy_bw, jitter;
-        int32_t optim, osft, tiled, tiles, async;
+        int32_t optim, osft, tiled, tiles, async, tp;
         float osft_ratio;
     } in;
     memset(&in, 0, sizeof in);   /* padding hashed as zeros */
@@ -645,6 +734,7 @@ static uint64_t measured_inputs(pt_rt *rt) {
     in.tiled = c->tiled_mlp_enabled;
     in.tiles = c->tiled_mlp_tiles;
     in.async = c->async_compute;
+    in.tp = tp_size(rt);   /* a split param's chunk holds its shard */
     in.osft_ratio = c->osft_urr;
     const char *be = pt_gpu_backend_name(rt->gpu);
     uint64_t h = pt_fnv1a64(&in, sizeof in);
@@ -677,6 +767,7 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
     if (rc) return rc;
     pt_prof_key(rt, &t->key);
     t->chunk_size = pt_store_chunk_size(rt->st);
+    t->tp_size = tp_size(rt);
     for (int b = 0; b < rt->n_blocks; b++) {
         pt_trace_block *tb = &t->blocks[b];
         size_t n = (size_t)p->n;
@@ -705,6 +796,8 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
         tc->dev_bytes = ci.dev_bytes;
         tc->host_bytes = ci.host_bytes;
         tc->rekls_bytes = ci.rekls_bytes;
+        tc->tp_grad_bytes = ci.rekls_tp_grad_bytes;
+        tc->tp_factor_bytes = ci.rekls_tp_factor_bytes;
         tc->rekls_aux_words = ci.rekls_aux_words;
         tc->rekls_mn = ci.rekls_mn;
         tc->rekls_own_max = ci.rekls_own_max;

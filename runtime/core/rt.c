@@ -100,6 +100,7 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
                        cfg->fail_op, bad);
     }
     gc.compute_jitter_s = cfg->compute_jitter;
+    snprintf(gc.trace_file, sizeof gc.trace_file, "%s", cfg->host_trace_file);
     gc.jitter_seed = (uint64_t)cfg->jitter_seed;
     const char *kind = cfg->backend;
     if (host && host->device_kind == PT_DEVICE_HOST) kind = "host";
@@ -387,7 +388,11 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
               : !isnan(c->beta2) ? c->beta2
               : type == PT_OPTIM_REKLS ? 0.95f : 0.999f;
     n.eps = !isnan(given[3]) ? given[3] : c->eps;
-    n.weight_decay = !isnan(given[4]) ? given[4] : c->weight_decay;
+    /* [optimizer] weight_decay = auto (NaN), the same way: REKLS's reference
+     * default 0.01, AdamW's 0 (what every AdamW run had before auto existed) */
+    n.weight_decay = !isnan(given[4]) ? given[4]
+                     : !isnan(c->weight_decay) ? c->weight_decay
+                     : type == PT_OPTIM_REKLS ? 0.01f : 0.0f;
     n.max_grad_norm = !isnan(given[5]) ? given[5] : c->max_grad_norm;
     if (!(n.lr >= 0) || !(n.beta1 >= 0 && n.beta1 < 1) || !(n.beta2 >= 0 && n.beta2 < 1) ||
         !(n.eps > 0) || !(n.weight_decay >= 0)) {

@@ -45,6 +45,7 @@ struct pt_rt {
     double pred_iter_s;
     struct pt_trace *trace;   /* the profile the plan came from (kept for re-planning) */
     int plan_clip;            /* the plan assumed clipping (deferred CPU steps) */
+    int plan_tp_l2;           /* the plan assumed tensor-parallel REKLS gathers the weights (l2) */
     int broken;               /* a failed rebuild left no usable store: every hook fails */
     int calib_steps;          /* post_steps since the plan took effect */
     double calib_t[8];        /* their timestamps */

@@ -37,6 +37,8 @@ struct pt_cost_ctx {
     int32_t *nm_pos;       /* [n_nm + 1]: chunk index of the j-th non-mandatory chunk (K at n_nm) */
     uint64_t *nmb;         /* [n_nm + 1]: param bytes of the first j non-mandatory chunks */
     uint64_t mand_dev, mand_train, mand_grad;
+    int32_t *ntc;          /* [K+1] prefix counts of non-mandatory chunks with trainable elements */
+    int32_t mand_ntc;      /* mandatory chunks with trainable elements */
     /* trainable elements of the mandatory chunks whose first block is b (oversize
      * ones: their gradient is final after b's backward), [N]; the rest of
      * mand_train (non-block parameters) is final only after backward */
@@ -52,7 +54,10 @@ struct pt_cost_ctx {
     int32_t *nbmin1;       /* [K+1]: one-block minimum per n_persist */
     uint64_t max_block_bytes;  /* largest param bytes of one block's non-mandatory chunks */
     int all_have;          /* every block uses some chunk (the prefetch chain never breaks) */
-    double coll_f;         /* all-reduce seconds per gradient byte (0 = none) */
+    double coll_f;         /* all-reduce seconds per gradient byte (0 = none): over the
+                              world, or with tensor parallel over world / tp_size replicas */
+    double tpg_f;          /* tensor parallel: gather seconds per full byte (0 = none) */
+    double tp_grad, tp_fac;   /* sums of the chunks' tp_grad_bytes, tp_factor_bytes */
     double ag_f, rs_f;     /* all-gather / reduce-scatter seconds per buffer byte (0 = none) */
     double comp_f, comp_b; /* pure compute of forward (embedding + blocks) and backward
                               (head/loss + blocks + embedding), without recompute */
@@ -63,6 +68,9 @@ struct pt_cost_ctx {
     uint64_t *rk_aux, *rk_mn, *rk_max;
 };
 
+/* Seconds of the device optimizer step over the resident trainable chunks
+ * with n_persist = p (cost_time.c). */
+double pt_cost_dev_opt_s(const pt_cost_ctx *cx, int32_t p);
 /* cost_rekls.c — REKLS under mode C: the context's sums (PT_ERR_HOST_OOM or
  * PT_OK), the owner bound's bytes per rank for offloaded chunks [p, K), the
  * pinned bytes per rank given the replicated figure h_rep, and the seconds of
@@ -102,9 +110,11 @@ typedef struct pt_pool_walk {
 typedef struct pt_pool_run {
     int64_t done;          /* acquires made */
     uint64_t miss;         /* bytes uploaded */
+    int64_t nmiss;         /* uploads (chunks) made: each pays the copy latency */
 } pt_pool_run;
 typedef struct pt_pool_xfer {
-    uint64_t sync, prefetch;
+    uint64_t sync, prefetch;   /* bytes */
+    int64_t nsync, nprefetch;  /* copies */
 } pt_pool_xfer;
 
 void pt_pool_walk_init(const pt_cost_ctx *cx, int32_t n_persist, int32_t n_buffer, pt_pool_walk *w);
@@ -131,6 +141,11 @@ static inline uint64_t pt_pool_bytes(const pt_pool_walk *w, int64_t x, int64_t y
 static inline uint64_t pt_pool_ibytes(const pt_pool_walk *w, int32_t lo, int32_t hi) {
     if (lo < w->p) lo = w->p;
     return hi > lo ? w->cx->bytes[hi] - w->cx->bytes[lo] : 0;
+}
+/* How many non-mandatory chunks of index [max(lo, p), hi): pt_pool_ibytes's copies. */
+static inline int64_t pt_pool_icount(const pt_pool_walk *w, int32_t lo, int32_t hi) {
+    if (lo < w->p) lo = w->p;
+    return hi > lo ? w->cx->cnt[hi] - w->cx->cnt[lo] : 0;
 }
 
 static inline void pt_pool_fwd(const pt_pool_walk *w, int32_t b, uint64_t *sync, uint64_t *prefetch) {
@@ -178,7 +193,8 @@ static inline pt_pool_run pt_pool_acquire(pt_pool_walk *w, int32_t r0, int32_t r
     if (may_fail && n > z) n = z;
     int64_t before = s ? w->s0 - r0 : n;   /* acquires before S */
     if (before > n) before = n;
-    pt_pool_run r = {n, pt_pool_bytes(w, r0, r0 + (before <= w->d || !s ? before : n))};
+    int64_t m = before <= w->d || !s ? before : n;   /* the misses */
+    pt_pool_run r = {n, pt_pool_bytes(w, r0, r0 + m), m};
     w->d = z - n;
     w->s0 = w->s1 = 0;
     w->d2 = 0;
@@ -189,12 +205,15 @@ static inline pt_pool_run pt_pool_acquire(pt_pool_walk *w, int32_t r0, int32_t r
  * prefetched while block b runs (block b-1's chunks it does not share). */
 static inline pt_pool_xfer pt_pool_bwd(pt_pool_walk *w, int32_t b) {
     const pt_cost_ctx *cx = w->cx;
-    pt_pool_xfer x = {0, 0};
+    pt_pool_xfer x = {0, 0, 0, 0};
     if (w->simple) {
         if (b >= 1) {
             /* in ranks: a mandatory chunk may sit at index max(l_lo, p) */
             int32_t lo = cx->l_lo[b - 1] > w->p ? cx->l_lo[b - 1] : w->p;
-            if (cx->cnt[lo] < w->g0) x.prefetch = pt_pool_ibytes(w, lo, cx->l_hi[b - 1]);
+            if (cx->cnt[lo] < w->g0) {
+                x.prefetch = pt_pool_ibytes(w, lo, cx->l_hi[b - 1]);
+                x.nprefetch = pt_pool_icount(w, lo, cx->l_hi[b - 1]);
+            }
         }
         return x;
     }
@@ -208,7 +227,9 @@ static inline pt_pool_xfer pt_pool_bwd(pt_pool_walk *w, int32_t b) {
         return x;
     }
     int32_t lo = pt_pool_lo(w, b), hi = pt_pool_hi(w, b), pi = 0, phi = 0;
-    x.sync = pt_pool_acquire(w, lo + w->pi, hi, 0).miss;
+    pt_pool_run rs = pt_pool_acquire(w, lo + w->pi, hi, 0);
+    x.sync = rs.miss;
+    x.nsync = rs.nmiss;
     int prev = b >= 1 && cx->has[b - 1];
     if (prev) {
         int32_t plo = pt_pool_lo(w, b - 1);
@@ -216,6 +237,7 @@ static inline pt_pool_xfer pt_pool_bwd(pt_pool_walk *w, int32_t b) {
         pt_pool_run r = pt_pool_acquire(w, plo, phi < lo ? phi : lo, 1);
         pi = (int32_t)r.done;
         x.prefetch = r.miss;
+        x.nprefetch = r.nmiss;
     }
     /* release(b): the chunks shared with b-1 first (the oldest stamps), then the rest */
     if (prev && phi > lo) {

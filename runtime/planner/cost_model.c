@@ -21,6 +21,7 @@ void pt_cost_ctx_free(pt_cost_ctx *cx) {
     free(cx->bytes);
     free(cx->grad);
     free(cx->train);
+    free(cx->ntc);
     free(cx->rks);
     free(cx->dev);
     free(cx->host);
@@ -58,6 +59,7 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     cx->bytes = calloc(k1, sizeof(uint64_t));
     cx->grad = calloc(k1, sizeof(uint64_t));
     cx->train = calloc(k1, sizeof(uint64_t));
+    cx->ntc = calloc(k1, sizeof(int32_t));
     cx->rks = calloc(k1, sizeof(double));
     cx->dev = calloc(k1, sizeof(uint64_t));
     cx->host = calloc(k1, sizeof(uint64_t));
@@ -74,7 +76,7 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     cx->has = malloc((size_t)N);
     cx->fstart = malloc((size_t)N * sizeof(double));
     cx->mand_blk = calloc((size_t)N + 1, sizeof(uint64_t));
-    if (!cx->fstart || !cx->mand_blk || !cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->rks || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
+    if (!cx->fstart || !cx->mand_blk || !cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->ntc || !cx->rks || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
         !cx->f_hi || !cx->l_lo || !cx->l_hi || !cx->nbmin || !cx->nbmin1 || !cx->nmb || !cx->rlo || !cx->rhi ||
         !cx->has || pt_cost_rekls_ctx(cx)) {
         pt_cost_ctx_free(cx);
@@ -89,12 +91,14 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
         cx->bytes[k + 1] = cx->bytes[k] + (nm ? c->bytes : 0);
         cx->grad[k + 1] = cx->grad[k] + (nm ? g : 0);
         cx->train[k + 1] = cx->train[k] + (nm ? c->trainable_elems : 0);
+        cx->ntc[k + 1] = cx->ntc[k] + (nm && c->trainable_elems > 0);
         cx->rks[k + 1] = cx->rks[k] + (nm ? c->rekls_s : 0);
         cx->dev[k + 1] = cx->dev[k] + (nm ? pt_trace_chunk_dev_state(t, c) : 0);
         cx->host[k + 1] = cx->host[k] + (nm ? pt_trace_chunk_host_state(t, c) : 0);
         if (!nm) {
             cx->mand_dev += pt_trace_chunk_dev_state(t, c);
             cx->mand_train += c->trainable_elems;
+            cx->mand_ntc += c->trainable_elems > 0;
             if (c->first_block >= 0) cx->mand_blk[c->first_block] += c->trainable_elems;
             else cx->mand_nb += c->trainable_elems;
             cx->mand_rks += c->rekls_s;
@@ -145,8 +149,21 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
         cx->nbmin[p] = m;
         cx->nbmin1[p] = m1;
     }
-    if (t->key.world_size > 1 && t->hw.allreduce_Bps > 0)
-        cx->coll_f = 2.0 * (t->key.world_size - 1) / t->key.world_size / t->hw.allreduce_Bps;
+    /* The gradient all-reduce runs over the ranks holding the same shards: all
+     * W of them, or with tensor parallel (groups of P) the D = W / P replicas,
+     * each reducing its own shard bytes (what the trace's chunks hold):
+     * 2 (D-1)/D / rate seconds per byte, none with D = 1. */
+    int32_t P = t->tp_size > 1 ? t->tp_size : 1, D = t->key.world_size / P;
+    if (D > 1 && t->hw.allreduce_Bps > 0)
+        cx->coll_f = 2.0 * (D - 1) / D / t->hw.allreduce_Bps;
+    /* Tensor-parallel REKLS gathers each split param's full gradient, L and R
+     * (and W in l2 mode) over its group of P every step: B full bytes take
+     * B (P-1)/P / rate at the measured all-gather rate. */
+    if (P > 1 && t->hw.allgather_Bps > 0) cx->tpg_f = (double)(P - 1) / P / t->hw.allgather_Bps;
+    for (int32_t k = 0; k < K; k++) {
+        cx->tp_grad += (double)t->chunks[k].tp_grad_bytes;
+        cx->tp_fac += (double)t->chunks[k].tp_factor_bytes;
+    }
     /* bus-bandwidth convention, as the all-reduce's: a buffer of B bytes takes
      * B (W-1)/W / rate (each rank sends or receives the other ranks' parts) */
     if (t->key.world_size > 1 && t->hw.allgather_Bps > 0)

@@ -113,7 +113,11 @@ typedef struct pt_cost_opts {
                                  (DEFER) instead of before it (AFTER_BWD) */
     int32_t overlap_ar;       /* several ranks: resident block chunks' gradients are
                                  all-reduced in buckets while backward runs ([dist]
-                                 overlap_allreduce) instead of after it */
+                                 overlap_allreduce) instead of after it; never with
+                                 tensor parallel (the runtime reduces after backward) */
+    int32_t tp_l2;            /* tensor parallel: REKLS's l2 weight decay is on
+                                 (rekls_weight_decay_method = l2, weight_decay != 0), so
+                                 each split param's weights are gathered too */
 } pt_cost_opts;
 
 /* OVERLAP: each chunk's CPU step starts as its gradient lands in backward.
@@ -171,6 +175,14 @@ typedef struct pt_cost {
      * buckets that outlast backward included), included in iter_s; 0 with one
      * rank */
     double allreduce_s, allgather_s, reduce_scatter_s;
+    /* tensor parallel (trace tp_size = P > 1): the gradient all-reduce above
+     * runs over the world / P replicas of this rank's shards, and every step
+     * REKLS all-gathers each split param's full gradient and factors L, R
+     * (and weights with l2 decay) over the group, one param after another on
+     * the optimizer_step thread before the chunks' steps:
+     *   tp_gather_s = (tp_grad (1 + l2) + tp_factor) (P-1)/P / allgather rate,
+     * included in iter_s (after backward, like the all-reduce); 0 without */
+    double tp_gather_s;
 } pt_cost;
 
 /* Precomputed sums over one trace. The trace must outlive the context and not

@@ -32,7 +32,7 @@ typedef struct fwd_pass {
 static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt_pool_walk *w, fwd_pass *f) {
     const pt_trace *t = cx->t;
     const pt_trace_block *B = t->blocks;
-    const double ih = 1.0 / t->hw.h2d_Bps;
+    const double ih = 1.0 / t->hw.h2d_Bps, lu = t->hw.h2d_lat_s;
     const int eng = t->hw.copy_engines;
     const int32_t N = cx->N, base = w->base, nbe = w->nbe;
     const uint64_t *nmb = cx->nmb;
@@ -41,10 +41,11 @@ static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt
          * the chunks block b+1 uses first */
         double time = t->embed_fwd_s;
         uint64_t s0 = pt_pool_ibytes(w, cx->f_lo[0], cx->f_hi[0]), up = s0;
-        time += (double)s0 * ih;
+        time += (double)s0 * ih + (double)pt_pool_icount(w, cx->f_lo[0], cx->f_hi[0]) * lu;
         for (int32_t b = 0; b < N; b++) {
             uint64_t ua = b + 1 < N ? pt_pool_ibytes(w, cx->f_lo[b + 1], cx->f_hi[b + 1]) : 0;
-            time += win(B[b].fwd_s, (double)ua * ih, a->fwd_swap_s[b], 0, eng);
+            int64_t na = b + 1 < N ? pt_pool_icount(w, cx->f_lo[b + 1], cx->f_hi[b + 1]) : 0;
+            time += win(B[b].fwd_s, (double)ua * ih + (double)na * lu, a->fwd_swap_s[b], 0, eng);
             up += ua;
         }
         f->time = time;
@@ -58,8 +59,10 @@ static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt
     int32_t plo = 0, phi = 0, ph = 0;
     double pc = 0, psw = 0;
     uint64_t psync = 0;
+    int64_t pnsync = 0;
     for (int32_t b = 0; b <= N; b++) {
         uint64_t us = 0, ua = 0;   /* block b's sync; what window b-1 prefetched for it */
+        int64_t ns = 0, na = 0;    /* the same as copies */
         int32_t lo = 0, hi = 0, h = 0;
         if (b < N) {
             h = cx->has[b];
@@ -74,15 +77,20 @@ static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt
                 }
                 ua = nmb[nlo + pre] - nmb[nlo];
                 us = nmb[hi] - nmb[nlo + pre];
+                na = pre;
+                ns = hi - (nlo + pre);
             }
         }
-        if (b > 0) time += (double)psync * ih + win(pc, (double)ua * ih, psw, 0, eng);
+        if (b > 0)
+            time += (double)psync * ih + (double)pnsync * lu +
+                    win(pc, (double)ua * ih + (double)na * lu, psw, 0, eng);
         up += us + ua;
         syn += us;
         if (b < N) {
             pc = B[b].fwd_s;
             psw = a->fwd_swap_s[b];
             psync = us;
+            pnsync = ns;
         }
         plo = lo;
         phi = hi;
@@ -91,6 +99,21 @@ static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt
     f->time = time;
     f->up = up;
     f->sync = syn;
+}
+
+/* The device optimizer step of the resident trainable chunks (mandatory ones
+ * and the first p): its elements at the AdamW rate, plus per chunk its device
+ * ops at dev_op_s each (an AdamW launch and the memset zeroing its gradient;
+ * a 16-bit chunk also widens its gradient first) and that zeroing at the
+ * memset rate. Both terms are 0 in a trace that does not measure them.
+ *   dev = E / r_adam + n_chunks (2 + [16-bit]) t_op + G / r_memset */
+double pt_cost_dev_opt_s(const pt_cost_ctx *cx, int32_t p) {
+    const pt_trace *t = cx->t;
+    double s = (double)(cx->mand_train + cx->train[p]) / t->hw.dev_adam_elems_per_s;
+    int32_t n = cx->mand_ntc + cx->ntc[p];
+    s += (double)n * (2 + (t->master_elem_bytes ? 1 : 0)) * t->hw.dev_op_s;
+    if (t->hw.dev_memset_Bps > 0) s += (double)(cx->mand_grad + cx->grad[p]) / t->hw.dev_memset_Bps;
+    return s;
 }
 
 /* DEFER: how much the next forward waits for the deferred CPU steps (the
@@ -129,7 +152,9 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
      * and what outlasts backward is exposed; mode B's offloaded chunks join the
      * queue when their gradient copy lands; chunks of non-block parameters
      * (final only after backward) follow backward. The CPU optimizer waits for all of it: charged as
-     * deferred (after backward) whatever the clipping. */
+     * deferred (after backward) whatever the clipping. Tensor parallel: the
+     * all-reduce over the replicas only (coll_f), after backward, then REKLS's
+     * gathers of the split params (tp_gather_s in cost_model.h). */
     const int ranks = t->key.world_size > 1;
     const int shard = ranks && o && o->shard;
     const int eng = t->hw.copy_engines;
@@ -158,8 +183,10 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
      * way, so the time is never under-predicted. */
     double shard_div = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
     const double icpu = 1.0 / t->hw.cpu_adam_elems_per_s / shard_div;
+    const double lu = t->hw.h2d_lat_s, ld = t->hw.d2h_lat_s;
     double clock = 0, cpu_clock = 0, ar_clock = 0;
-    const int buckets = ranks && o && o->overlap_ar;
+    /* tensor parallel: the runtime reduces after backward, no buckets */
+    const int buckets = ranks && o && o->overlap_ar && t->tp_size <= 1;
     {
         /* head/loss: block N-1's swap-in; its chunks come at its gather */
         uint64_t u = a->bwd_swap_in[N];
@@ -171,11 +198,14 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
         /* window b (b == -1: embedding backward) */
         double c;
         uint64_t u = 0, us = 0;
+        int64_t nu = 0, nus = 0, nd = 0;   /* copies: prefetched, synchronous, gradients */
         if (b >= 0) {
             c = B[b].bwd_s + (a->modes[b] == PT_BLOCK_CKPT ? B[b].recompute_s : 0);
             pt_pool_xfer x2 = pt_pool_bwd(&pw, b);
             us = x2.sync;
             u = x2.prefetch;
+            nus = x2.nsync;
+            nu = x2.nprefetch;
             up_bytes += u + us;
             chunk_up += u + us;
             sync_bytes += us;
@@ -197,9 +227,11 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
             int32_t lo = imax(cx->f_lo[g], p), hi = cx->f_hi[g];
             d = rsum(gr, lo, hi);
             tr = rsum(trn, lo, hi);
+            nd = rcnt(cx->ntc, lo, hi);
             if (hi > lo) rk = (cx->rks[hi] - cx->rks[lo]) / shard_div;
         }
-        double x = (double)us * ih + win(c, (double)u * ih, (double)d * id, 0, eng);
+        double x = (double)us * ih + (double)nus * lu +
+                   win(c, (double)u * ih + (double)nu * lu, (double)d * id + (double)nd * ld, 0, eng);
         down_bytes += d;
         clock += x;
         /* mode B's offloaded chunks of block g are buckets once their copies
@@ -217,7 +249,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
      * estimated at the CPU rates (what the host backend runs) */
     double rk_cpu = (cx->rks[K] - cx->rks[p]) / shard_div, rk_dev = cx->mand_rks + cx->rks[p];
     double cpu_s = (double)cpu_elems * icpu + rk_cpu,
-           dev_s = (double)dev_elems / t->hw.dev_adam_elems_per_s + rk_dev;
+           dev_s = pt_cost_dev_opt_s(cx, p) + rk_dev;
     double iter;
     /* fp32 gradients: resident ones all-reduced in place, offloaded ones in their
      * fp32 sums (mode B) or reduce-scattered (mode C) */
@@ -229,7 +261,8 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     }
     out->reduce_scatter_s = shard ? 4.0 * (double)cpu_elems * cx->rs_f : 0;
     out->allgather_s = shard ? (double)chunk_up * cx->ag_f : 0;
-    double coll_s = out->allreduce_s + out->reduce_scatter_s + out->allgather_s;
+    out->tp_gather_s = (cx->tp_grad * (o && o->tp_l2 ? 2.0 : 1.0) + cx->tp_fac) * cx->tpg_f;
+    double coll_s = out->allreduce_s + out->reduce_scatter_s + out->allgather_s + out->tp_gather_s;
     /* mode C REKLS (cost_rekls.c): the owners' exchange and steps run inside
      * optimizer_step, not deferred */
     double rk_x = shard && rk_cpu > 0 ? pt_cost_rekls_shard_xchg_s(cx, p) : 0;
@@ -296,7 +329,7 @@ static double time_lb(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p,
     double w = dmax(tf + tb, eng);
     double shard = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
     double cpu = (double)rsum(cx->train, p, cx->K) / t->hw.cpu_adam_elems_per_s / shard;
-    double dev = with_dev ? (double)(cx->mand_train + cx->train[p]) / t->hw.dev_adam_elems_per_s : 0.0;
+    double dev = with_dev ? pt_cost_dev_opt_s(cx, p) : 0.0;
     /* several ranks: every CPU step runs after backward (and the collectives) */
     if ((o && o->clip) || t->key.world_size > 1)
         return w + (o && o->defer ? dev : dmax(dev, cpu));   /* DEFER: delay >= 0 */
@@ -363,7 +396,7 @@ double pt_cost_time_lb_any(const pt_cost_ctx *cx, const pt_act_profile *a, int32
         if (tr) cpu = dmax(cpu, clock) + (double)tr * icpu;
     }
     double cpu_s = (double)rsum(trn, p, K) * icpu;
-    double dev_s = (double)(cx->mand_train + trn[p]) / t->hw.dev_adam_elems_per_s;
+    double dev_s = pt_cost_dev_opt_s(cx, p);
     if (o && o->clip) return fwd + clock + (o->defer ? dev_s : dmax(dev_s, cpu_s));
     return fwd + dmax(clock + dev_s, cpu);
 }

@@ -186,6 +186,12 @@ char *pt_plan_text(const pt_plan *p) {
                   "the iteration waits for: mode C's on the hook thread, the all-reduce's after "
                   "backward)\n", "collectives", c->allreduce_s, c->allgather_s,
                   c->reduce_scatter_s);
+    if (p->tp_size > 1)
+        sb_printf(&b, "    %-16s tp_size %d: the all-reduce over the %d replica(s) of this rank's "
+                  "shards; REKLS gathers %.4f s (each split parameter's full gradient and "
+                  "factors%s over its group, one after another before the chunks' steps)\n",
+                  "tensor parallel", p->tp_size, p->world_size / p->tp_size, c->tp_gather_s,
+                  p->opts.tp_l2 ? ", and weights for l2 decay," : "");
     sb_printf(&b, "  optimizer        %s\n",
               c->schedule == PT_SCHED_AFTER_BWD
                   ? "CPU Adam after backward (clipping needs the global norm first)"
@@ -297,6 +303,7 @@ char *pt_plan_json(const pt_plan *p) {
     JD("allreduce_s", c->allreduce_s);
     JD("allgather_s", c->allgather_s);
     JD("reduce_scatter_s", c->reduce_scatter_s);
+    JD("tp_gather_s", c->tp_gather_s);
     JD("rekls_xchg_s", c->rekls_xchg_s);
     sb_printf(&b, ",\n  \"optimizer_schedule\": \"%s\"", c->schedule == PT_SCHED_AFTER_BWD ? "after_backward"
                                               : c->schedule == PT_SCHED_DEFER ? "into_next_forward"
@@ -307,6 +314,7 @@ char *pt_plan_json(const pt_plan *p) {
     sb_printf(&b, ",\n  \"mlp_tiles\": %lld, \"mlp_tile_len\": %lld", (long long)p->mlp_tiles,
               (long long)p->mlp_tile_len);
     JI("world_size", p->world_size);
+    JI("tp_size", p->tp_size > 1 ? p->tp_size : 1);
     sb_printf(&b, ",\n  \"device\": ");
     json_str(&b, p->device);
     JI("batch", p->batch);

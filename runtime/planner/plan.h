@@ -64,6 +64,7 @@ typedef struct pt_plan {
     int32_t exec_mode;          /* -1 = not decided, 0 = A, 1 = B, 2 = C */
     char mode_why[400];         /* why that mode (auto_mode with several ranks), or "" */
     int32_t world_size;
+    int32_t tp_size;            /* tensor-parallel group size of the trace (0 or 1: none) */
     char device[64];
     int64_t batch, seq;
     /* TiledMLP: 0 = off; else the tiles each block's MLP runs in (N_eff), of

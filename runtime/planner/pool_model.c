@@ -77,6 +77,7 @@ typedef struct run {
     int64_t q[Q_N], taken[Q_N];
     int64_t n, done;          /* acquires possible, acquires made */
     uint64_t miss;            /* bytes uploaded */
+    int64_t nmiss;            /* chunks uploaded */
 } run;
 
 static void pop(run *r, int64_t k) {
@@ -93,6 +94,7 @@ static void misses(const pt_pool_walk *w, run *r, int64_t x, int64_t y) {
     int64_t k = i64min(y - x, r->n - r->done);
     if (k <= 0) return;
     r->miss += rbytes(w, x, x + k);
+    r->nmiss += k;
     pop(r, k);
     r->done += k;
 }
@@ -146,7 +148,7 @@ pt_pool_run pt_pool_acquire_slow(pt_pool_walk *w, int32_t r0, int32_t r1, int ma
     w->d = r.q[Q_D] + r.q[Q_S] + r.q[Q_D2];
     w->s0 = w->s1 = 0;
     w->d2 = 0;
-    return (pt_pool_run){r.done, r.miss};
+    return (pt_pool_run){r.done, r.miss, r.nmiss};
 }
 
 int pt_cost_uploads(const pt_cost_ctx *cx, int32_t p, int32_t nb, uint64_t *fwd_sync, uint64_t *fwd_prefetch,

@@ -498,6 +498,7 @@ int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *e
     plan->swap_interval = I;
     plan->swap_cap = cap;
     plan->world_size = t->key.world_size;
+    plan->tp_size = t->tp_size;
     memcpy(plan->device, t->key.device, sizeof plan->device);
     plan->batch = t->key.batch;
     plan->seq = t->key.seq;

@@ -77,7 +77,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PT_TRACE_VERSION 9u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
+#define PT_TRACE_VERSION 11u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
                                  3: calibration learned from runs (pt_trace_calib);
                                  4: chunk rekls_bytes, rekls_s;
                                  5: the allocator's fragmentation measured (pt_trace_frag);
@@ -86,7 +86,11 @@
                                     chunk (one chunk-sized job sliced over every worker);
                                  8: all-gather / reduce-scatter rates: the slower of back
                                     to back and as observed in a sharded profiled pass;
-                                 9: chunk rekls_aux_words, rekls_mn, rekls_own_max (mode C
+                                 9: tp_size, chunk tp_grad_bytes / tp_factor_bytes;
+                                 10: hw dev_op_s and dev_memset_Bps (the device optimizer's
+                                    launches and gradient zeroing), h2d_lat_s and
+                                    d2h_lat_s (per-copy latency);
+                                 11: chunk rekls_aux_words, rekls_mn, rekls_own_max (mode C
                                     REKLS: each param's state at one owner rank) */
 
 /* Per-block activation modes (the plan's mode map). */
@@ -127,6 +131,13 @@ typedef struct pt_trace_chunk {
     double rekls_s;       /* seconds of one REKLS step of its params on one CPU thread
                              (FLOPs at the profiler's GEMM and eigh rates); the cost
                              model adds it to the optimizer time (0 under AdamW) */
+    /* Tensor parallel (pt_trace.tp_size = P > 1), REKLS: its params split over
+     * the group, as fp32 bytes of the FULL m x n shapes, summed over them:
+     *   tp_grad_bytes   = sum 4 m n        (the gradient; the weights in l2 mode)
+     *   tp_factor_bytes = sum 4 (m^2 + n^2) (the Kronecker factors L and R)
+     * Every step all-gathers each split param's gradient and both factors
+     * (and its weights with l2 decay) over the group. 0 without TP or REKLS. */
+    uint64_t tp_grad_bytes, tp_factor_bytes;
     /* mode C REKLS (cost_rekls.c; 0 under AdamW): the fp32 words of its params'
      * factors, bases and eigenvalues (2m^2 + 2n^2 + m + n each) inside
      * host_bytes, the sum of their m n, and the largest one param's aux + 2 m n
@@ -150,6 +161,21 @@ typedef struct pt_trace_hw {
      * B (W-1)/W / rate), waits for the slower rank included when a sharded
      * profile saw them; 0 = not modelled */
     double allgather_Bps, reduce_scatter_Bps;
+    /* The device optimizer step of resident chunks, beyond elements / rate:
+     * each resident trainable chunk costs an AdamW launch and a memset zeroing
+     * its gradient (a 16-bit one also a widening convert), each a device op of
+     * dev_op_s fixed cost, and the zeroing moves its gradient bytes at
+     * dev_memset_Bps. 0 = not modelled (synthesised traces). */
+    double dev_op_s;
+    double dev_memset_Bps;
+    /* Per-copy latency on top of bytes / rate: a chunk copy takes
+     * lat + bytes / Bps. For an upload, lat is what a dependent one costs the
+     * compute stream: from the compute stream's event, through the copy
+     * engine, back to the compute stream (queueing, the engine's start, the
+     * wake of the waiting stream). It dominates small chunks: a layer's norm
+     * and bias chunks of a few KiB each cost ~10 us on a GPU and 20-100 us on
+     * the host backend, far above their bytes / Bps. 0 = not modelled. */
+    double h2d_lat_s, d2h_lat_s;
 } pt_trace_hw;
 
 /* What running plans made from this profile taught (stored with it in the
@@ -196,6 +222,10 @@ typedef struct pt_trace {
     int32_t n_block;
     int32_t n_chunk;
     uint64_t chunk_size;          /* S_chunk */
+    int32_t tp_size;              /* tensor-parallel group size P the chunks were measured
+                                     under ([dist] tp_size: a split param's chunk holds its
+                                     1/P shard); 0 or 1 = none. The gradient all-reduce runs
+                                     over the key.world_size / P replicas of each shard */
     pt_trace_block *blocks;       /* [n_block], owned (pt_trace_free) */
     pt_trace_chunk *chunks;       /* [n_chunk], owned */
 

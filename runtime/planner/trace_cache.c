@@ -21,9 +21,9 @@
 #define MAX_BLOCKS (1 << 20)
 #define MAX_CHUNKS (1 << 24)
 /* Encoded sizes (see the format in trace_cache.h). */
-#define SCALAR_BYTES 244u
+#define SCALAR_BYTES 280u
 #define BLOCK_BYTES 72u
-#define CHUNK_BYTES 92u
+#define CHUNK_BYTES 108u
 
 static const char MAGIC[8] = {'P', 'T', 'T', 'R', 'A', 'C', 'E', 0};
 
@@ -98,6 +98,8 @@ int pt_trace_calibrated(pt_trace *dst, const pt_trace *src, char *err, size_t er
     }
     dst->hw.cpu_adam_elems_per_s /= o;
     dst->hw.dev_adam_elems_per_s /= o;
+    dst->hw.dev_op_s *= o;
+    dst->hw.dev_memset_Bps /= o;
     return PT_OK;
 }
 
@@ -166,6 +168,10 @@ int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: key world_size=%d batch=%lld seq=%lld invalid",
                     t->key.world_size, (long long)t->key.batch, (long long)t->key.seq);
     if (t->chunk_size == 0) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk_size is 0");
+    if (t->tp_size < 0 || (t->tp_size > 1 && t->key.world_size % t->tp_size))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "trace: tp_size %d must be 0 or 1 (none) or divide world_size %d", t->tp_size,
+                       t->key.world_size);
     if (t->param_elem_bytes < 1 || t->param_elem_bytes > 8 || t->grad_elem_bytes > 8 ||
         t->master_elem_bytes > 8 || t->adam_m_elem_bytes > 8 || t->adam_v_elem_bytes > 8 ||
         t->host_grad_elem_bytes > 8)
@@ -180,7 +186,9 @@ int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
     if (!(isfinite(h->h2d_Bps) && h->h2d_Bps > 0) || !(isfinite(h->d2h_Bps) && h->d2h_Bps > 0) ||
         !(isfinite(h->cpu_adam_elems_per_s) && h->cpu_adam_elems_per_s > 0) ||
         !(isfinite(h->dev_adam_elems_per_s) && h->dev_adam_elems_per_s > 0) || !finite_nonneg(h->allreduce_Bps) ||
-        !finite_nonneg(h->allgather_Bps) || !finite_nonneg(h->reduce_scatter_Bps))
+        !finite_nonneg(h->allgather_Bps) || !finite_nonneg(h->reduce_scatter_Bps) ||
+        !finite_nonneg(h->dev_op_s) || !finite_nonneg(h->dev_memset_Bps) ||
+        !finite_nonneg(h->h2d_lat_s) || !finite_nonneg(h->d2h_lat_s))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                     "trace: hw rates must be positive and finite (h2d %g d2h %g B/s, cpu adam %g, dev adam %g elem/s)",
                     h->h2d_Bps, h->d2h_Bps, h->cpu_adam_elems_per_s, h->dev_adam_elems_per_s);
@@ -228,6 +236,18 @@ int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
         if (!finite_nonneg(c->rekls_s))
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                            "trace: chunk %d rekls_s %g is not a finite number >= 0", k, c->rekls_s);
+        /* the split params' full shapes are P times their shards, which the
+         * chunk's trainable elements hold; a factor side is at most
+         * PT_REKLS_MAX_DIM = 8192, so 4 (m^2 + n^2) <= 2 * 8192 * 4 m n */
+        uint64_t tpp = t->tp_size > 1 ? (uint64_t)t->tp_size : 0;
+        if (c->tp_grad_bytes > 4 * tpp * c->trainable_elems ||
+            c->tp_factor_bytes > 16384 * c->tp_grad_bytes)
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                           "trace: chunk %d tensor-parallel gather bytes (gradient %llu, factors "
+                           "%llu) do not fit tp_size %d and %llu trainable elements (both 0 "
+                           "without tensor parallel)", k, (unsigned long long)c->tp_grad_bytes,
+                           (unsigned long long)c->tp_factor_bytes, t->tp_size,
+                           (unsigned long long)c->trainable_elems);
         /* one param's state is part of the sum; the factors are part of the host bytes */
         if (c->rekls_aux_words > (1ull << 48) || c->rekls_mn > (1ull << 48) ||
             c->rekls_own_max > c->rekls_aux_words + 2 * c->rekls_mn ||
@@ -353,6 +373,7 @@ static void encode_payload(wbuf *w, const pt_trace *t) {
     put_i32(w, t->n_block);
     put_i32(w, t->n_chunk);
     put_u64(w, t->chunk_size);
+    put_i32(w, t->tp_size);
     put_f64(w, t->embed_fwd_s);
     put_f64(w, t->embed_bwd_s);
     put_f64(w, t->head_fwd_s);
@@ -373,6 +394,10 @@ static void encode_payload(wbuf *w, const pt_trace *t) {
     put_f64(w, t->hw.allreduce_Bps);
     put_f64(w, t->hw.allgather_Bps);
     put_f64(w, t->hw.reduce_scatter_Bps);
+    put_f64(w, t->hw.dev_op_s);
+    put_f64(w, t->hw.dev_memset_Bps);
+    put_f64(w, t->hw.h2d_lat_s);
+    put_f64(w, t->hw.d2h_lat_s);
     put_i32(w, t->hw.copy_engines);
     put_u64(w, t->hw.host_ram_bytes);
     put_u64(w, t->hw.device_capacity);
@@ -410,6 +435,8 @@ static void encode_payload(wbuf *w, const pt_trace *t) {
         put_u64(w, c->host_bytes);
         put_u64(w, c->rekls_bytes);
         put_f64(w, c->rekls_s);
+        put_u64(w, c->tp_grad_bytes);
+        put_u64(w, c->tp_factor_bytes);
         put_u64(w, c->rekls_aux_words);
         put_u64(w, c->rekls_mn);
         put_u64(w, c->rekls_own_max);
@@ -427,6 +454,7 @@ static int decode_payload(rbuf *r, pt_trace *t, char *err, size_t errlen) {
     int rc = pt_trace_alloc(t, nb, nc, err, errlen);
     if (rc) return rc;
     t->chunk_size = get_u64(r);
+    t->tp_size = get_i32(r);
     t->embed_fwd_s = get_f64(r);
     t->embed_bwd_s = get_f64(r);
     t->head_fwd_s = get_f64(r);
@@ -447,6 +475,10 @@ static int decode_payload(rbuf *r, pt_trace *t, char *err, size_t errlen) {
     t->hw.allreduce_Bps = get_f64(r);
     t->hw.allgather_Bps = get_f64(r);
     t->hw.reduce_scatter_Bps = get_f64(r);
+    t->hw.dev_op_s = get_f64(r);
+    t->hw.dev_memset_Bps = get_f64(r);
+    t->hw.h2d_lat_s = get_f64(r);
+    t->hw.d2h_lat_s = get_f64(r);
     t->hw.copy_engines = get_i32(r);
     t->hw.host_ram_bytes = get_u64(r);
     t->hw.device_capacity = get_u64(r);
@@ -484,6 +516,8 @@ static int decode_payload(rbuf *r, pt_trace *t, char *err, size_t errlen) {
         c->host_bytes = get_u64(r);
         c->rekls_bytes = get_u64(r);
         c->rekls_s = get_f64(r);
+        c->tp_grad_bytes = get_u64(r);
+        c->tp_factor_bytes = get_u64(r);
         c->rekls_aux_words = get_u64(r);
         c->rekls_mn = get_u64(r);
         c->rekls_own_max = get_u64(r);

@@ -18,7 +18,7 @@
  *     120 u64      FNV-1a 64 of the payload
  *   payload: the trace scalars, then n_block block records, then n_chunk chunk
  *   records, every field in declaration order as u32/i32/u64/i64/f64 (reserved
- *   fields are not stored; a chunk record is 68 bytes).
+ *   fields are not stored; a chunk record is 108 bytes).
  * Writes are atomic: <file>.tmp.<pid>, fsync, rename, fsync of the directory.
  * A missing file is a plain miss; a corrupt, truncated, foreign-key or
  * other-version file is a miss with a warning sentence (never a crash).
@@ -28,12 +28,18 @@
 
 #include "trace.h"
 
-#define PT_TRACE_FILE_VERSION 6u   /* 2: chunk records carry dev_bytes, host_bytes;
+#define PT_TRACE_FILE_VERSION 9u   /* 2: chunk records carry dev_bytes, host_bytes;
                                       3: the scalars end with calib (4 f64);
                                       4: chunk records end with rekls_bytes, rekls_s;
                                       5: the scalars end with frag (f64 factor, 4 u64);
                                       6: all-gather and reduce-scatter rates (2 f64)
-                                         after the all-reduce rate */
+                                         after the all-reduce rate;
+                                      7: tp_size (i32) after chunk_size, chunk records
+                                         end with tp_grad_bytes, tp_factor_bytes;
+                                      8: dev_op_s, dev_memset_Bps, h2d_lat_s, d2h_lat_s
+                                         (4 f64) after the reduce-scatter rate;
+                                      9: chunk records end with rekls_aux_words,
+                                         rekls_mn, rekls_own_max (3 u64) */
 #define PT_TRACE_HEADER_BYTES 128u
 
 enum { PT_CACHE_MISS = 0, PT_CACHE_HIT = 1 };

@@ -567,6 +567,8 @@ void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out
     out->rekls_gemm_flops = c->rk_plan_gemm;
     out->rekls_eigh_flops = c->rk_plan_eigh;
     out->rekls_params = c->rk_plan_n;
+    out->rekls_tp_grad_bytes = c->rk_plan_tp_grad;
+    out->rekls_tp_factor_bytes = c->rk_plan_tp_fac;
     out->rekls_aux_words = c->rk_plan_aux;
     out->rekls_mn = c->rk_plan_mn;
     out->rekls_own_max = c->rk_plan_max;

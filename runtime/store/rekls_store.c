@@ -95,6 +95,7 @@ void pt_rk_plan_chunk(pt_store *st, cs_chunk *c) {
     c->rk_plan_aux = c->rk_plan_ws = 0;
     c->rk_plan_gemm = c->rk_plan_eigh = 0;
     c->rk_plan_n = 0;
+    c->rk_plan_tp_grad = c->rk_plan_tp_fac = 0;
     c->rk_plan_mn = c->rk_plan_max = 0;
     if (!pt_rk_planned(st) || !c->trainable) return;
     const pt_model_v1 *m = st->env.model;
@@ -110,6 +111,10 @@ void pt_rk_plan_chunk(pt_store *st, cs_chunk *c) {
          * bases are recomputed) on the full matrices; its scratch is host memory */
         c->rk_plan_eigh += pt_rekls_eigh_flops(a, b) * (split ? 2 : 1);
         c->rk_plan_n++;
+        if (split) {   /* pt_rekls_tp_step's gathers: the full gradient, L and R */
+            c->rk_plan_tp_grad += 4 * a * b;
+            c->rk_plan_tp_fac += 4 * (a * a + b * b);
+        }
         c->rk_plan_mn += a * b;
         if (!split && pt_rekls_aux_words(a, b) + 2 * a * b > c->rk_plan_max)
             c->rk_plan_max = pt_rekls_aux_words(a, b) + 2 * a * b;

@@ -209,6 +209,10 @@ typedef struct pt_store_chunk_info {
                              device), 0 under AdamW */
     double rekls_gemm_flops, rekls_eigh_flops; /* one REKLS step of its params */
     int32_t rekls_params;                      /* how many of its params REKLS steps */
+    /* tensor parallel: fp32 bytes of its split REKLS params' full gradients
+     * (sum 4 m n, also the weights' in l2 mode) and of their factors (sum
+     * 4 (m^2 + n^2)), each all-gathered over the group every step; 0 without */
+    uint64_t rekls_tp_grad_bytes, rekls_tp_factor_bytes;
     /* REKLS under mode C (each param's state at one owner rank): the aux words
      * its params hold in host_bytes (2m^2 + 2n^2 + m + n each), the sum of their
      * m n, and the largest one param's aux + 2 m n (an owner keeps the moments

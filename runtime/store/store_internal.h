@@ -127,6 +127,9 @@ typedef struct cs_chunk {
     uint64_t rk_plan_aux, rk_plan_ws;
     double rk_plan_gemm, rk_plan_eigh;   /* FLOPs of one step of its REKLS params */
     int rk_plan_n;                       /* how many */
+    /* tensor parallel: fp32 bytes of its split REKLS params' full gradients
+     * (sum 4 m n) and factors (sum 4 (m^2 + n^2)), which every step gathers */
+    uint64_t rk_plan_tp_grad, rk_plan_tp_fac;
     uint64_t rk_plan_mn, rk_plan_max;    /* sum of their m n; the largest aux + 2 m n */
     uint64_t rk_plan_own;     /* mode C, split chunk: the REKLS words this rank owns
                                * (aux + both moments per owned param; pinned_of) */

@@ -32,10 +32,10 @@ static void build(pt_trace *t, const layout *L, uint64_t capacity) {
     if (pt_trace_alloc(t, L->layers, K, NULL, 0)) exit(1);
     uint64_t emb = (uint64_t)(L->vocab * h);
     int k = 0;
-    t->chunks[k++] = (pt_trace_chunk){emb * 2, emb, emb, -1, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+    t->chunks[k++] = (pt_trace_chunk){emb * 2, emb, emb, -1, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     for (int b = 0; b < L->layers; b++)
-        for (int j = 0; j < L->cpb; j++) t->chunks[k++] = (pt_trace_chunk){chunk, chunk / 2, chunk / 2, b, b, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    t->chunks[k++] = (pt_trace_chunk){emb * 2, emb, emb, -1, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+        for (int j = 0; j < L->cpb; j++) t->chunks[k++] = (pt_trace_chunk){chunk, chunk / 2, chunk / 2, b, b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    t->chunks[k++] = (pt_trace_chunk){emb * 2, emb, emb, -1, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     double act = 12 * s * B * h + 4 * s * B * kvh + 8 * s * B * f, in = s * B * h * p;
     double fwd = 2 * per_block * s * B / F + 4 * B * s * s * h / F;
     for (int b = 0; b < L->layers; b++)
@@ -51,7 +51,7 @@ static void build(pt_trace *t, const layout *L, uint64_t capacity) {
     t->head_bwd_s = 2 * t->head_fwd_s;
     t->nonblock_bytes = (uint64_t)(s * B * L->vocab * 4 + 2 * in);
     t->nonblock_scratch_bytes = (uint64_t)(s * B * L->vocab * 4);
-    t->hw = (pt_trace_hw){50e9, 50e9, 2e9, 1e11, 0, 2, 0, 0, capacity, 0, 0};
+    t->hw = (pt_trace_hw){50e9, 50e9, 2e9, 1e11, 0, 2, 0, 0, capacity, 0, 0, 0, 0, 0, 0};
     t->key.world_size = 1;
     t->key.version = PT_TRACE_VERSION;
     snprintf(t->key.device, sizeof t->key.device, "bench");

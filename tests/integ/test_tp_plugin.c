@@ -29,8 +29,18 @@
  *   - 2 micro-batches per replica (gradient accumulation);
  *   - l2 weight decay from the INI with beta2 left to auto (0.95 for REKLS);
  *     control: an oracle with AdamW's 0.999 differs;
+ *   - weight_decay left to auto (INI default, NaN in the descriptor): REKLS
+ *     matches an oracle with 0.01 and AdamW (the plugin's and the oracle's,
+ *     every parameter) one with 0; controls: 0 for REKLS and 0.01 for AdamW
+ *     differ; a number in the INI or in the descriptor wins over auto;
  *   - bf16 weights (one replica: resident 16-bit gradients are not reduced
  *     across replicas yet): fp32 masters in the plugin and in the oracle;
+ *   - the planner's view (auto_memory: a profile, cached, and a plan file):
+ *     the trace records tp_size P and, on the chunks, the fp32 bytes REKLS
+ *     gathers per step for the two split weights, 4 (16 * 32 + 32 * 16) =
+ *     4096 of gradient and 4 (16^2 + 32^2) * 2 = 10240 of factors (0 and 0
+ *     with P = 1); the plan file has tp_size P and a positive tp_gather_s
+ *     exactly when P > 1;
  *   - save_state after step 3, a new plugin instance, load_state, steps 4-5:
  *     still bit-identical (resume is exact); control: without load_state the
  *     shards differ; a file saved under tp_size P refused by a run with 2P.
@@ -51,12 +61,14 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <dirent.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "coll.h"
 #include "kernels_hd.h"
 #include "optim/optim.h"
+#include "planner/trace_cache.h"
 #include "protrain.h"
 
 static const pt_plugin_v1 *PL = &protrain_plugin_v1;
@@ -177,9 +189,10 @@ static void stop(host *h) {
     for (int w = 0; w < NW; w++) free(h->init[w]);
 }
 
-static int create_opt(host *h, float max_norm, float beta2) {
-    pt_optim_v1 od = {.struct_size = sizeof od, .type = PT_OPTIM_REKLS, .lr = 1e-3f,
-                      .beta1 = 0.9f, .beta2 = beta2, .eps = NAN, .weight_decay = 0.01f,
+/* beta2, wd: the descriptor's (NaN: the INI's) */
+static int create_opt(host *h, int type, float max_norm, float beta2, float wd) {
+    pt_optim_v1 od = {.struct_size = sizeof od, .type = type, .lr = 1e-3f,
+                      .beta1 = 0.9f, .beta2 = beta2, .eps = NAN, .weight_decay = wd,
                       .max_grad_norm = max_norm};
     return PL->create_optimizer(h->ctx, &od);
 }
@@ -195,7 +208,9 @@ typedef struct runopt {
     int nm;                 /* micro-batches per replica */
     int dtype;              /* PT_F32 or PT_BF16 */
     float beta2;            /* descriptor beta2 (NaN: the INI's, auto) */
-    float oracle_bs, oracle_beta2;
+    float wd;               /* descriptor weight_decay (NaN: the INI's, auto) */
+    int adamw;              /* plugin and oracle: AdamW on every parameter instead of REKLS */
+    float oracle_bs, oracle_beta2, oracle_wd;
     int oracle_wdm;         /* pt_rekls_wd of the oracle */
     int resume_at;          /* save after this step, restart, load (0: no) */
     int skip_load;          /* control: restart without load_state */
@@ -203,7 +218,8 @@ typedef struct runopt {
 } runopt;
 
 static runopt base_opt(const char *ini) {
-    runopt o = {ini, 0, 1, PT_F32, 0.95f, 0.95f, 0.95f, PT_REKLS_WD_DECOUPLED, 0, 0, NULL};
+    runopt o = {ini, 0, 1, PT_F32, 0.95f, 0.01f, 0, 0.95f, 0.95f, 0.01f, PT_REKLS_WD_DECOUPLED, 0, 0,
+                NULL};
     return o;
 }
 
@@ -211,7 +227,7 @@ static void begin(host *h, const runopt *o) {
     if (start(h, TP, o->ini, SPLIT[0], FN[0], o->dtype))
         fail_msg("rank %d: start: %s", RANK, PL->last_error(h->ctx));
     h->nm = o->nm;
-    if (create_opt(h, o->clip, o->beta2))
+    if (create_opt(h, o->adamw ? PT_OPTIM_ADAMW : PT_OPTIM_REKLS, o->clip, o->beta2, o->wd))
         fail_msg("rank %d: create_optimizer: %s", RANK, PL->last_error(h->ctx));
 }
 
@@ -293,19 +309,19 @@ static int run(const runopt *o, double *norm_err) {
         }
         for (int w = 0; w < NW; w++) {
             void *out = dt == PT_F32 ? NULL : Wc[w];
-            if (w < 3) {
-                pt_rekls_hyper hy = {1e-3f, 0.9f, o->oracle_beta2, 1e-8f, 0.01f, o->oracle_bs,
+            if (w < 3 && !o->adamw) {
+                pt_rekls_hyper hy = {1e-3f, 0.9f, o->oracle_beta2, 1e-8f, o->oracle_wd, o->oracle_bs,
                                      0, k, gs, o->oracle_wdm};
                 pt_rekls_tensors x = {FM[w], FN[w], G[w], PT_F32, W[w], out, dt, M[w], V[w],
                                       aux[w], ws[w]};
                 assert_int_equal(pt_rekls_step(&pt_rekls_la_cpu, &hy, &x, err, sizeof err), 0);
-            } else {   /* AdamW, decoupled decay, on the full bias */
+            } else {   /* AdamW, decoupled decay, on the full bias (every weight with adamw) */
                 float bc1, bc2r;
                 pt_adamw_bias(0.9f, o->oracle_beta2, k, &bc1, &bc2r);
                 pt_cpu_adam_args a = {W[w], G[w], PT_F32, M[w], V[w], out, dt,
                                       (size_t)FM[w] * FN[w],
                                       pt_adamw_make_consts(1e-3f, 0.9f, o->oracle_beta2, 1e-8f,
-                                                           0.01f, bc1, bc2r, gs)};
+                                                           o->oracle_wd, bc1, bc2r, gs)};
                 pt_cpu_adam_range(&a, 0, a.n);
             }
             if (dt == PT_F32) memcpy(Wc[w], W[w], (size_t)FM[w] * FN[w] * 4);
@@ -333,7 +349,7 @@ static int run(const runopt *o, double *norm_err) {
                 /* a run with twice the group size holds other shards: refused */
                 host h2;
                 assert_int_equal(start(&h2, 2 * TP, RESIDENT_INI, SPLIT[0], FN[0], o->dtype), PT_OK);
-                assert_int_equal(create_opt(&h2, 0, 0.95f), PT_OK);
+                assert_int_equal(create_opt(&h2, PT_OPTIM_REKLS, 0, 0.95f, 0.01f), PT_OK);
                 assert_int_not_equal(PL->load_state(h2.ctx, dir), PT_OK);
                 const char *e = PL->last_error(h2.ctx);
                 if (RANK == 0) printf("  refused: %s\n", e);
@@ -445,6 +461,99 @@ static void test_l2_and_beta2_auto(void **s) {
     assert_false(run(&o, &ne));
 }
 
+/* weight_decay = auto: the INI's default and a NaN descriptor value resolve by
+ * the optimizer type at create_optimizer, 0.01 for REKLS and 0 for AdamW */
+static void test_weight_decay_auto(void **s) {
+    (void)s;
+    double ne;
+    runopt o = base_opt(RESIDENT_INI);
+    o.wd = o.beta2 = NAN;
+    int ok = run(&o, &ne);
+    report("REKLS, weight_decay = auto (0.01), beta2 = auto", ok);
+    assert_true(ok);
+    o.oracle_wd = 0.0f;   /* control: no decay differs */
+    assert_false(run(&o, &ne));
+    /* AdamW (beta2 auto = 0.999): no decay */
+    o.adamw = 1;
+    o.oracle_beta2 = 0.999f;
+    ok = run(&o, &ne);
+    report("AdamW, weight_decay = auto (0), beta2 = auto", ok);
+    assert_true(ok);
+    o.oracle_wd = 0.01f;  /* control: REKLS's 0.01 differs */
+    assert_false(run(&o, &ne));
+    /* a number wins over auto: in the INI ... */
+    runopt n = base_opt("[protrain]\nforce_all_persistent = true\n[optimizer]\nweight_decay = 0\n");
+    n.wd = NAN;
+    n.oracle_wd = 0.0f;
+    ok = run(&n, &ne);
+    report("REKLS, INI weight_decay = 0 over auto", ok);
+    assert_true(ok);
+    /* ... and in the descriptor */
+    n = base_opt(RESIDENT_INI);
+    n.wd = n.oracle_wd = 0.0f;
+    ok = run(&n, &ne);
+    report("REKLS, descriptor weight_decay = 0 over auto", ok);
+    assert_true(ok);
+}
+
+/* The profile's trace and the plan as the planner sees tensor parallel (see
+ * the header comment for the bytes) */
+static void test_plan_terms(void **s) {
+    (void)s;
+    char cache[128], plan[160], extra[512];
+    snprintf(cache, sizeof cache, "/tmp/pt_tp_cache_%d", (int)getpid());
+    snprintf(plan, sizeof plan, "%s.plan.json", cache);
+    snprintf(extra, sizeof extra, "[optimizer]\ntype = rekls\n[protrain]\ncache_dir = %s\n"
+             "plan_file = %s\n", cache, plan);
+    host h;
+    if (start(&h, TP, extra, SPLIT[0], FN[0], PT_F32))
+        fail_msg("rank %d: start: %s", RANK, PL->last_error(h.ctx));
+    if (create_opt(&h, PT_OPTIM_REKLS, 0, NAN, NAN))
+        fail_msg("rank %d: create_optimizer: %s", RANK, PL->last_error(h.ctx));
+    stop(&h);
+    DIR *d = opendir(cache);
+    assert_non_null(d);
+    struct dirent *e;
+    char path[512] = "";
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, ".trace") && !strstr(e->d_name, ".tmp"))
+            snprintf(path, sizeof path, "%s/%s", cache, e->d_name);
+    closedir(d);
+    pt_trace t;
+    pt_trace_init(&t);
+    char err[512];
+    if (pt_trace_read_file(path, NULL, &t, err, sizeof err)) fail_msg("%s: %s", path, err);
+    uint64_t g = 0, f = 0;
+    for (int k = 0; k < t.n_chunk; k++) {
+        g += t.chunks[k].tp_grad_bytes;
+        f += t.chunks[k].tp_factor_bytes;
+    }
+    if (RANK == 0)
+        printf("  trace: tp_size %d, gathered per step %llu gradient + %llu factor bytes\n",
+               t.tp_size, (unsigned long long)g, (unsigned long long)f);
+    assert_int_equal(t.tp_size, TP);
+    assert_int_equal(g, TP > 1 ? 4096 : 0);
+    assert_int_equal(f, TP > 1 ? 10240 : 0);
+    pt_trace_free(&t);
+    FILE *fp = fopen(plan, "r");
+    assert_non_null(fp);
+    char text[16384];
+    size_t n = fread(text, 1, sizeof text - 1, fp);
+    fclose(fp);
+    text[n] = 0;
+    char want[64];
+    snprintf(want, sizeof want, "\"tp_size\": %d", TP);
+    assert_non_null(strstr(text, want));
+    const char *tg = strstr(text, "\"tp_gather_s\": ");
+    assert_non_null(tg);
+    double tgs = atof(tg + strlen("\"tp_gather_s\": "));
+    if (RANK == 0) printf("  plan: tp_gather_s %g\n", tgs);
+    assert_true(TP > 1 ? tgs > 0 : tgs == 0);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", cache, plan);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_bf16(void **s) {
     (void)s;
     if (D > 1) {   /* resident 16-bit gradients are not reduced across replicas yet */
@@ -486,7 +595,7 @@ static void test_refusals(void **s) {
     /* b0.w 16 x 33 split on rows: 33 columns do not divide by P (only P > 1) */
     if (TP > 1 && TP <= 4) {
         assert_int_equal(start(&h, TP, RESIDENT_INI, 1, 33 / TP * TP + 1, PT_F32), PT_OK);
-        assert_int_not_equal(create_opt(&h, 0, 0.95f), PT_OK);
+        assert_int_not_equal(create_opt(&h, PT_OPTIM_REKLS, 0, 0.95f, 0.01f), PT_OK);
         e = PL->last_error(h.ctx);
         if (RANK == 0) printf("  refused: %s\n", e);
         assert_non_null(strstr(e, "does not divide"));
@@ -536,6 +645,8 @@ int main(void) {
         cmocka_unit_test(test_clipped),
         cmocka_unit_test(test_accumulated),
         cmocka_unit_test(test_l2_and_beta2_auto),
+        cmocka_unit_test(test_weight_decay_auto),
+        cmocka_unit_test(test_plan_terms),
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_refusals),

@@ -60,7 +60,7 @@ static void test_defaults(void **s) {
     assert_true(c.chunk_size == 0 && c.cache_dir[0] == 0 && c.plan_file[0] == 0);
     assert_int_equal(c.optim_type, PT_OPTIM_ADAMW);
     assert_true(c.lr == 3e-4f && c.beta1 == 0.9f && isnan(c.beta2) && c.eps == 1e-8f && c.rekls_wd_method == 0);
-    assert_true(c.weight_decay == 0.0f && c.max_grad_norm == 0.0f && c.cpu_threads == 0);
+    assert_true(isnan(c.weight_decay) && c.max_grad_norm == 0.0f && c.cpu_threads == 0);
     assert_true(c.rekls_seed_shampoo == 0 && c.rekls_shampoo_beta == 0.95f && c.rekls_eps == 1e-8f);
     assert_true(c.osft_enabled == 0 && c.osft_urr == 0.25f);
     assert_string_equal(c.osft_targets, "attn,mlp");
@@ -228,8 +228,9 @@ static void test_dump_roundtrip(void **s) {
     assert_non_null(strstr(t1, "n_persist = auto\n"));
     assert_non_null(strstr(t1, "zero3_shard = auto\n"));
     assert_non_null(strstr(t1, "beta2 = auto\n"));
+    assert_non_null(strstr(t1, "weight_decay = auto\n"));
     assert_int_equal(parse(t1, &b), 0);
-    assert_true(isnan(b.beta2));
+    assert_true(isnan(b.beta2) && isnan(b.weight_decay));
     assert_int_equal(pt_config_dump(&b, t2, sizeof(t2)), 0);
     assert_string_equal(strchr(t1, '\n'), strchr(t2, '\n'));
     /* odd values: a rate that is no power-of-two multiple, a size of plain bytes */
@@ -333,7 +334,7 @@ static void test_bad_values(void **s) {
         {"[optimizer]\nlr = nan\n", "t.ini:2: bad value 'nan' for key 'lr' in [optimizer]: expected a float > 0"},
         {"[optimizer]\nlr =\n", "t.ini:2: bad value '' for key 'lr' in [optimizer]: expected a float > 0"},
         {"[optimizer]\nlr = 1e-3x\n", "t.ini:2: bad value '1e-3x' for key 'lr' in [optimizer]: expected a float > 0"},
-        {"[optimizer]\nweight_decay = -1\n", "t.ini:2: bad value '-1' for key 'weight_decay' in [optimizer]: expected a float >= 0"},
+        {"[optimizer]\nweight_decay = -1\n", "t.ini:2: bad value '-1' for key 'weight_decay' in [optimizer]: expected auto or a float >= 0"},
         {"[optimizer]\ntype = sgd\n", "t.ini:2: bad value 'sgd' for key 'type' in [optimizer]: expected one of adamw|rekls"},
         {"[optimizer]\ntype = rekls\n\nrekls_weight_decay_method = adamw\n", "t.ini:4: bad value 'adamw' for key 'rekls_weight_decay_method' in [optimizer]: expected one of decoupled|independent|l2|palm"},
         {"[optimizer]\nbeta2 = automatic\n", "t.ini:2: bad value 'automatic' for key 'beta2' in [optimizer]: expected auto or a float in [0, 1)"},

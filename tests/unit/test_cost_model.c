@@ -32,11 +32,11 @@ static void build(pt_trace *t, const synth *s) {
     assert_int_equal(pt_trace_alloc(t, s->n_block, K, NULL, 0), PT_OK);
     int k = 0;
     uint64_t el = s->chunk_bytes / 2;
-    if (s->mand_first) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (s->mand_first) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     for (int b = 0; b < s->n_block; b++)
         for (int j = 0; j < s->cpb; j++)
-            t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, (uint64_t)(s->tf * (double)el), b, b, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    if (s->mand_last) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+            t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, (uint64_t)(s->tf * (double)el), b, b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (s->mand_last) t->chunks[k++] = (pt_trace_chunk){s->chunk_bytes, el, el, -1, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     for (int b = 0; b < s->n_block; b++)
         t->blocks[b] = (pt_trace_block){s->fwd, s->bwd, s->fwd, s->arena, s->input, s->fscr, s->bscr, s->gact, 0, 0};
     pt_trace_derive_ranges(t);
@@ -47,7 +47,7 @@ static void build(pt_trace *t, const synth *s) {
     t->adam_m_elem_bytes = t->adam_v_elem_bytes = 4;
     t->host_grad_elem_bytes = 4;
     t->slot_bytes = 2 * s->chunk_bytes;
-    t->hw = (pt_trace_hw){s->h2d, s->d2h, s->cpu, s->dev, 0, s->engines, 0, 0, 1ull << 40, 0, 0};
+    t->hw = (pt_trace_hw){s->h2d, s->d2h, s->cpu, s->dev, 0, s->engines, 0, 0, 1ull << 40, 0, 0, 0, 0, 0, 0};
     t->key.world_size = 1;
     t->key.version = PT_TRACE_VERSION;
 }
@@ -101,7 +101,7 @@ static void test_hand_buckets(void **state) {
         assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
         pt_knobs k = {2, 0, 0, 0};
         pt_cost on, off;
-        pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 1};
+        pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 1, 0};
         assert_int_equal(pt_cost_eval(cx, &o, &k, &on, err, sizeof err), PT_OK);
         o.overlap_ar = 0;
         assert_int_equal(pt_cost_eval(cx, &o, &k, &off, err, sizeof err), PT_OK);
@@ -127,6 +127,70 @@ static void test_hand_buckets(void **state) {
     }
 }
 
+/* Tensor parallel, every chunk resident (the tiny trace's two chunks, 50
+ * trainable elements each: this rank's shards, 400 fp32 gradient bytes in all).
+ * All-reduce at rate 500 over the replicas of the shards, D = W / P of them:
+ *   W 4, P 2: D 2, 400 * 2(D-1)/D / 500 = 0.8 s   (over all 4 ranks: 1.2 s)
+ *   W 2, P 2: D 1, none                            (over both ranks: 0.8 s)
+ *   W 4, P 4: D 1, none                            (1.2 s)
+ * REKLS gathers: each chunk's split param is 10 x 10 in full, tp_grad_bytes
+ * 400 and tp_factor_bytes 4 (100 + 100) = 800, 2400 bytes in all per step
+ * (3200 with l2 decay: the weights' 800 more), at the all-gather rate 300:
+ * 2400 (P-1)/P / 300 = 4 s for P = 2, 6 s for P = 4 (l2: 5.333.. s, 8 s).
+ * The iteration (every rank: CPU steps after backward) is fwd 2.1 + bwd 4.9 +
+ * the collectives + device Adam 1.0. The old formula (all-reduce over the
+ * world, no gathers) gives other numbers in every case; buckets
+ * (overlap_allreduce) are off under tensor parallel whatever the option. */
+static void test_tp_terms(void **state) {
+    (void)state;
+    static const struct { int W, P, l2; double ar, tg; } cases[] = {
+        {4, 2, 0, 0.8, 4.0}, {4, 2, 1, 0.8, 3200.0 / 600.0}, {2, 2, 0, 0.0, 4.0},
+        {4, 4, 0, 0.0, 6.0}, {4, 4, 1, 0.0, 8.0},
+        {4, 1, 0, 1.2, 0.0},   /* control: no tensor parallel, the old terms */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pt_trace t;
+        tiny(&t);
+        t.key.world_size = cases[i].W;
+        t.tp_size = cases[i].P;
+        t.hw.allreduce_Bps = 500;
+        t.hw.allgather_Bps = 300;
+        if (cases[i].P > 1)
+            for (int k = 0; k < 2; k++) {
+                t.chunks[k].tp_grad_bytes = 400;
+                t.chunks[k].tp_factor_bytes = 800;
+            }
+        pt_cost_ctx *cx;
+        char err[256];
+        assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+        pt_knobs k = {2, 0, 0, 0};
+        for (int ov = 0; ov < 2; ov++) {
+            pt_cost c;
+            pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, ov, cases[i].l2};
+            assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+            if (ov && cases[i].P == 1) {   /* buckets hide part of it without tensor parallel */
+                assert_true(c.allreduce_s < cases[i].ar - 0.1);
+                continue;
+            }
+            assert_double_equal(c.allreduce_s, cases[i].ar, EPS);
+            assert_double_equal(c.tp_gather_s, cases[i].tg, EPS);
+            assert_double_equal(c.iter_s, 8.0 + cases[i].ar + cases[i].tg, EPS);
+            assert_int_equal(c.schedule, PT_SCHED_AFTER_BWD);
+        }
+        /* without a measured all-gather rate the gathers are not modelled */
+        t.hw.allgather_Bps = 0;
+        pt_cost_ctx *c0;
+        assert_int_equal(pt_cost_ctx_new(&t, &c0, err, sizeof err), PT_OK);
+        pt_cost c;
+        pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, cases[i].l2};
+        assert_int_equal(pt_cost_eval(c0, &o, &k, &c, err, sizeof err), PT_OK);
+        assert_double_equal(c.tp_gather_s, 0.0, EPS);
+        pt_cost_ctx_free(c0);
+        pt_cost_ctx_free(cx);
+        pt_trace_free(&t);
+    }
+}
+
 static void test_hand_all_resident(void **state) {
     (void)state;
     pt_trace t;
@@ -134,7 +198,7 @@ static void test_hand_all_resident(void **state) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0};
     pt_knobs k = {2, 0, 0, 0};
     pt_cost c;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
@@ -185,7 +249,7 @@ static void test_rekls_terms(void **state) {
         assert_int_equal(pt_cost_ctx_new(&t0, &c0, err, sizeof err), PT_OK);
         assert_int_equal(pt_cost_ctx_new(&t1, &c1, err, sizeof err), PT_OK);
         /* clipping: optimizer after backward, or deferred into the next forward */
-        pt_cost_opts o = {1.0, 0, 0, 1, 0, defer, 0};
+        pt_cost_opts o = {1.0, 0, 0, 1, 0, defer, 0, 0};
         pt_knobs k = {p, p == 2 ? 0 : 2, 0, 0};
         pt_cost a, b;
         assert_int_equal(pt_cost_eval(c0, &o, &k, &a, err, sizeof err), PT_OK);
@@ -253,7 +317,7 @@ static void test_rekls_shard(void **state) {
         char err[256];
         assert_int_equal(pt_cost_ctx_new(&t0, &c0, err, sizeof err), PT_OK);
         assert_int_equal(pt_cost_ctx_new(&t1, &c1, err, sizeof err), PT_OK);
-        pt_cost_opts o = {1.0, 0, 0, 1, 1, defer, 0};
+        pt_cost_opts o = {1.0, 0, 0, 1, 1, defer, 0, 0};
         pt_knobs k = {0, 2, 0, 0};
         pt_cost a, b;
         assert_int_equal(pt_cost_eval(c0, &o, &k, &a, err, sizeof err), PT_OK);
@@ -300,7 +364,7 @@ static void test_hand_streamed(void **state) {
     assert_int_equal(pt_cost_buffer_min_block(cx, 0), 1);   /* one chunk per block */
     assert_int_equal(pt_cost_buffer_min_block(cx, 1), 1);
     assert_int_equal(pt_cost_buffer_min_block(cx, 2), 0);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0};
     pt_knobs k = {0, 2, 0, 0};
     pt_cost c;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
@@ -362,6 +426,44 @@ static void test_hand_streamed(void **state) {
     pt_trace_free(&t);
 }
 
+/* Fixed per-copy and per-device-op costs, by hand on the trace above.
+ * Streamed (n_persist 0, 2 slots), copy latency 0.25 s up and 0.5 s down:
+ * forward 0.1 + (1 + 0.25 sync) + max(1, 1 + 0.25 prefetch) + 1 = 3.6;
+ * backward 0.7 + 2 + max(2, 2 + 0.5) + max(0.2, 2 + 0.5) = 7.7; chunk 1's
+ * gradient lands at 5.2 -> CPU Adam to 7.2, chunk 0's at 7.7 -> 9.7.
+ * All resident, 0.05 s per device op and memsets at 200 B/s: 2 chunks x
+ * (AdamW + zeroing memset + the 16-bit widening) x 0.05 + 200 gradient
+ * bytes / 200 = 1.3 on top of the 1 s of AdamW. With every fixed cost 0
+ * (the control) the results are test_hand_streamed's and
+ * test_hand_all_resident's. */
+static void test_hand_fixed_costs(void **state) {
+    (void)state;
+    pt_trace t;
+    tiny(&t);
+    t.hw.h2d_lat_s = 0.25;
+    t.hw.d2h_lat_s = 0.5;
+    t.hw.dev_op_s = 0.05;
+    t.hw.dev_memset_Bps = 200;
+    pt_cost_ctx *cx;
+    char err[256];
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0};
+    pt_knobs k = {0, 2, 0, 0};
+    pt_cost c;
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_double_equal(c.fwd_s, 3.6, EPS);
+    assert_double_equal(c.bwd_s, 7.7, EPS);
+    assert_double_equal(c.cpu_finish_s, 9.7, EPS);
+    assert_double_equal(c.iter_s, 3.6 + 9.7, EPS);
+    assert_int_equal(c.h2d_bytes, 200);   /* bytes stay bytes */
+    pt_knobs all = {2, 0, 0, 0};
+    assert_int_equal(pt_cost_eval(cx, &o, &all, &c, err, sizeof err), PT_OK);
+    assert_double_equal(c.dev_adam_s, 1.0 + 1.3, EPS);
+    assert_double_equal(c.iter_s, 2.1 + 4.9 + 2.3, EPS);
+    pt_cost_ctx_free(cx);
+    pt_trace_free(&t);
+}
+
 static void test_hand_ckpt_swap(void **state) {
     (void)state;
     pt_trace t;
@@ -369,7 +471,7 @@ static void test_hand_ckpt_swap(void **state) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0};
     pt_cost c;
     /* both CKPT: only inputs stay; peak = backward of block 1 with its
      * recomputed arena: 20 + 1000 + 20 + max(7, 5) */
@@ -406,7 +508,7 @@ static synth big(void) {
 }
 
 static uint64_t peak_of(pt_cost_ctx *cx, int p, int nb, int s, int c) {
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0};
     pt_knobs k = {p, nb, s, c};
     pt_cost r;
     char err[256];
@@ -488,7 +590,7 @@ static void test_time_monotone_in_buffers(void **state) {
             for (int sw = 0; sw <= 2; sw++)
                 for (int c = 0; c <= 3; c++)
                     for (int clip = 0; clip < 3; clip++)   /* 2: clipping, steps deferred */ {
-                        pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2, 0};
+                        pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2, 0, 0};
                         double prev = INFINITY;
                         uint64_t prev_peak = 0;
                         for (int nb = pt_cost_buffer_min(cx, p); nb <= K - p; nb++) {
@@ -541,7 +643,7 @@ static void test_exact_footprints(void **state) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0};
     int K = t.n_chunk;
     pt_knobs all = {K, 0, 0, 0}, half = {K / 2, pt_cost_buffer_min(cx, K / 2), 0, 0};
     pt_cost c0, h0, c1, h1;
@@ -624,7 +726,7 @@ static void test_bounds_below_lookahead(void **state) {
                 assert_int_equal(pt_place_blocks(t.n_block, sc == 2, sc, pt_cost_swap_interval(cx), modes, NULL, 0),
                                  PT_OK);
                 pt_act_compute(cx, modes, &a);
-                pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2, 0};
+                pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2, 0, 0};
                 for (int p = 0; p <= t.n_chunk; p++) {
                     int lo1 = pt_cost_buffer_min_block(cx, p), lo2 = pt_cost_buffer_min(cx, p);
                     int q = pt_cost_n_offloaded(cx, p);
@@ -677,9 +779,11 @@ static void test_bounds_below_lookahead(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tp_terms),
         cmocka_unit_test(test_hand_all_resident),
         cmocka_unit_test(test_hand_buckets),
         cmocka_unit_test(test_hand_streamed),
+        cmocka_unit_test(test_hand_fixed_costs),
         cmocka_unit_test(test_rekls_terms),
         cmocka_unit_test(test_rekls_shard),
         cmocka_unit_test(test_hand_ckpt_swap),

@@ -206,7 +206,7 @@ static void random_trace(pt_trace *t, unsigned *seed, int frozen) {
     t->head_bwd_s = 0.005;
     t->param_elem_bytes = t->grad_elem_bytes = 2;
     t->master_elem_bytes = t->adam_m_elem_bytes = t->adam_v_elem_bytes = t->host_grad_elem_bytes = 4;
-    t->hw = (pt_trace_hw){1e6, 1e6, 1e6, 1e7, 0, 2, 0, 0, 1ull << 30, 0, 0};
+    t->hw = (pt_trace_hw){1e6, 1e6, 1e6, 1e7, 0, 2, 0, 0, 1ull << 30, 0, 0, 0, 0, 0, 0};
     t->key.world_size = 1;
     t->key.version = PT_TRACE_VERSION;
 }
@@ -270,7 +270,7 @@ static void compare(const pt_trace *t, pt_cost_ctx *cx, int p, int nb, int all_t
     /* a full prediction moves the same bytes in the same windows: rebuild its
      * forward and backward from the per-window uploads (no activation modes,
      * two copy engines, clipping so the backward is the plain window sum) */
-    pt_cost_opts opts = {1.0, 0, 0, 1, 0, 0, 0};
+    pt_cost_opts opts = {1.0, 0, 0, 1, 0, 0, 0, 0};
     pt_knobs k = {p, nb, 0, 0};
     pt_cost c;
     char err[256];
@@ -321,7 +321,7 @@ static void sweep(int frozen) {
                 assert_false(replay_iter(&r, a, b, c, d));
                 replay_close(&r);
                 pt_knobs k = {p, lo - 1, 0, 0};
-                pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0};
+                pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0};
                 pt_cost cost;
                 assert_int_equal(pt_cost_eval(cx, &o, &k, &cost, err, sizeof err), PT_ERR_INVALID_ARG);
                 assert_non_null(strstr(err, "below the one-block minimum"));
@@ -370,7 +370,7 @@ static void test_lru_evicts_own_cached_chunks(void **state) {
     t.slot_bytes = 256;
     t.param_elem_bytes = t.grad_elem_bytes = 2;
     t.master_elem_bytes = t.adam_m_elem_bytes = t.adam_v_elem_bytes = t.host_grad_elem_bytes = 4;
-    t.hw = (pt_trace_hw){100, 100, 100, 100, 0, 2, 0, 0, 1 << 20, 0, 0};
+    t.hw = (pt_trace_hw){100, 100, 100, 100, 0, 2, 0, 0, 1 << 20, 0, 0, 0, 0, 0, 0};
     t.key.world_size = 1;
     pt_cost_ctx *cx;
     char err[256];

@@ -35,14 +35,14 @@ static void build(pt_trace *t, const synth *s) {
     assert_int_equal(pt_trace_alloc(t, s->n_block, K, NULL, 0), PT_OK);
     int k = 0;
     const uint64_t MB = 1 << 20;
-    t->chunks[k++] = (pt_trace_chunk){8 * MB, 4 * MB, 4 * MB, -1, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+    t->chunks[k++] = (pt_trace_chunk){8 * MB, 4 * MB, 4 * MB, -1, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     for (int b = 0; b < s->n_block; b++)
         for (int j = 0; j < s->cpb; j++) {
             uint64_t by = (6 + (uint64_t)((b * 3 + j) % 3)) * MB, el = by / 2;
             int last = (s->share && j == s->cpb - 1 && b + 1 < s->n_block) ? b + 1 : b;
-            t->chunks[k++] = (pt_trace_chunk){by, el, (uint64_t)(s->tf * (double)el), b, last, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+            t->chunks[k++] = (pt_trace_chunk){by, el, (uint64_t)(s->tf * (double)el), b, last, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
         }
-    t->chunks[k++] = (pt_trace_chunk){4 * MB, 2 * MB, 2 * MB, -1, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+    t->chunks[k++] = (pt_trace_chunk){4 * MB, 2 * MB, 2 * MB, -1, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     for (int b = 0; b < s->n_block; b++)
         t->blocks[b] = (pt_trace_block){s->fwd * (1 + 0.1 * (b % 2)), 2 * s->fwd, s->fwd, (20 + (uint64_t)b) * MB, MB,
                                          2 * MB, 3 * MB, 2 * MB, 0, 0};
@@ -56,7 +56,7 @@ static void build(pt_trace *t, const synth *s) {
     t->head_bwd_s = 0.004;
     t->nonblock_bytes = 5 * MB;
     t->nonblock_scratch_bytes = 4 * MB;
-    t->hw = (pt_trace_hw){2e9, s->d2h, s->cpu > 0 ? s->cpu : 1e9, 2e10, 0, s->engines, 0, 0, 1ull << 30, 0, 0};
+    t->hw = (pt_trace_hw){2e9, s->d2h, s->cpu > 0 ? s->cpu : 1e9, 2e10, 0, s->engines, 0, 0, 1ull << 30, 0, 0, 0, 0, 0, 0};
     t->key.world_size = 1;
     t->key.version = PT_TRACE_VERSION;
     snprintf(t->key.device, sizeof t->key.device, "test");
@@ -281,7 +281,7 @@ static void test_matches_brute_force_random(void **state) {
         t.nonblock_bytes = 5 * MB;
         t.nonblock_scratch_bytes = 4 * MB;
         t.hw = (pt_trace_hw){2e8 + unif() * 4e9, 2e8 + unif() * 4e9, 3e6 + unif() * 1e9, 2e10, 0, 1 + (unif() < 0.5),
-                             0, 0, 1ull << 30, 0, 0};
+                             0, 0, 1ull << 30, 0, 0, 0, 0, 0, 0};
         t.key.world_size = 1;
         t.key.version = PT_TRACE_VERSION;
         for (int d = 0; d < 2; d++) {

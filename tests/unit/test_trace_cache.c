@@ -65,6 +65,11 @@ static void sample(pt_trace *t) {
         t->chunks[k].dev_bytes = pt_trace_chunk_dev_state(t, &t->chunks[k]) + 256 * (uint64_t)(k % 5) + 17;
         t->chunks[k].host_bytes = pt_trace_chunk_host_state(t, &t->chunks[k]) + (uint64_t)k;
     }
+    /* tensor parallel (tp 2 of 4 ranks): gather bytes on one block chunk */
+    t->key.world_size = 4;
+    t->tp_size = 2;
+    t->chunks[1].tp_grad_bytes = 8 * t->chunks[1].trainable_elems;
+    t->chunks[1].tp_factor_bytes = 3 * t->chunks[1].tp_grad_bytes + 5;
     /* mode C REKLS figures on one chunk (they travel like the rest) */
     t->chunks[1].rekls_aux_words = 4097;
     t->chunks[1].rekls_mn = 1025;
@@ -79,6 +84,7 @@ static void assert_same(const pt_trace *a, const pt_trace *b) {
     assert_memory_equal(a->blocks, b->blocks, (size_t)a->n_block * sizeof *a->blocks);
     assert_memory_equal(a->chunks, b->chunks, (size_t)a->n_chunk * sizeof *a->chunks);
     assert_true(a->chunk_size == b->chunk_size && a->slot_bytes == b->slot_bytes);
+    assert_int_equal(a->tp_size, b->tp_size);
     assert_true(a->embed_fwd_s == b->embed_fwd_s && a->head_bwd_s == b->head_bwd_s);
     assert_true(a->nonblock_bytes == b->nonblock_bytes && a->nonblock_scratch_bytes == b->nonblock_scratch_bytes);
     assert_true(a->param_elem_bytes == b->param_elem_bytes && a->master_elem_bytes == b->master_elem_bytes &&
@@ -315,6 +321,21 @@ static void test_validate_names_problem(void **state) {
     t.frag.span_bytes = t.frag.peak_bytes - 1;
     assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_ERR_INVALID_ARG);
     t.frag.span_bytes = t.frag.peak_bytes;
+    assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_OK);
+    /* tensor parallel: a group size that does not divide the world, gather
+     * bytes above P * 4 bytes per trainable element, gather bytes without TP */
+    t.tp_size = 3;
+    assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "tp_size 3"));
+    t.tp_size = 2;
+    t.chunks[1].tp_grad_bytes = 8 * t.chunks[1].trainable_elems + 1;
+    assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "chunk 1 tensor-parallel"));
+    t.chunks[1].tp_grad_bytes = 8 * t.chunks[1].trainable_elems;
+    t.tp_size = 1;
+    assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "chunk 1 tensor-parallel"));
+    t.tp_size = 2;
     assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_OK);
     t.chunks[2].trainable_elems = t.chunks[2].elems + 1;
     assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_ERR_INVALID_ARG);
