@@ -226,7 +226,7 @@ static void test_corrupt_truncated_foreign(void **state) {
     expect_miss(&t, "trace version");
     /* another file format (offset 8) */
     memcpy(b, orig, (size_t)n);
-    b[8] = 9;
+    b[8] = (unsigned char)(PT_TRACE_FILE_VERSION + 1);
     spit(path, b, n);
     expect_miss(&t, "file format");
 
