@@ -241,6 +241,9 @@ done
 #  - unclipped (max_grad_norm = 0) on 2 and 3 ranks;
 #  - with 4 resident chunks (their REKLS params replicated on the device path,
 #    the others split) on 2 and 3 ranks;
+#  - with l2 decay (rekls_weight_decay_method = l2, weight_decay 0.1: the
+#    weights' parts travel to the owners with the gradient) on 2 and 3 ranks,
+#    whose losses must differ from the decoupled run's (the decay acts);
 #  - the run exchanged bytes (its log line), and rank 0's pinned bytes are
 #    mode C AdamW's plus at most the owner bound the log prints (the planner's
 #    per-rank figure), and below mode B REKLS's;
@@ -254,6 +257,7 @@ done
 for m in BR CR; do
     sed 's/^max_grad_norm = 0.05$/max_grad_norm = 0/' "$tmp/$m.ini" > "$tmp/${m}u.ini"
     sed 's/^n_persist = 0$/n_persist = 4/' "$tmp/$m.ini" > "$tmp/${m}p.ini"
+    sed 's/^weight_decay = 0.01$/weight_decay = 0.1\nrekls_weight_decay_method = l2/' "$tmp/$m.ini" > "$tmp/${m}l.ini"
 done
 (cat "$tmp/CR.ini"; printf '[host_backend]\ndebug_skip_ordering = 4096\n') > "$tmp/CRN.ini"
 rk_run() {   # $1 ranks, $2 config, $3 tag, then extra flags
@@ -280,7 +284,10 @@ for np in 3; do rk_run $np BR c$np; rk_run $np CR c$np; rk_same rk.CR.c$np rk.BR
 for np in 2 3; do
     rk_run $np BRu u$np; rk_run $np CRu u$np; rk_same rk.CRu.u$np rk.BRu.u$np "$np ranks, unclipped"
     rk_run $np BRp p$np; rk_run $np CRp p$np; rk_same rk.CRp.p$np rk.BRp.p$np "$np ranks, 4 resident chunks"
+    rk_run $np BRl l$np; rk_run $np CRl l$np; rk_same rk.CRl.l$np rk.BRl.l$np "$np ranks, l2 decay"
 done
+[ -s "$tmp/rk.CRl.l2.json" ] && [ "$(jf "$tmp/rk.CRl.l2.json" loss)" != "$(jf "$tmp/CR.2.json" loss)" ] && ok ||
+    bad "mode C REKLS with l2 decay trained exactly like decoupled decay: the l2 case is blind" 
 rk_run 2 BR ga --grad-accum 2; rk_run 2 CR ga --grad-accum 2
 d=$(awk -v a="$(jf "$tmp/rk.CR.ga.json" loss | tr '\n' ' ')" -v b="$(jf "$tmp/rk.BR.ga.json" loss | tr '\n' ' ')" 'BEGIN {
     n = split(a, x, " "); m = split(b, y, " "); if (n != 6 || m != 6) { print "count " n " " m; exit }
