@@ -66,6 +66,9 @@ typedef struct pt_gpu_config {
      * last: a backend built against the older layout reads only the prefix. */
     int fail_op;
     int fail_op_at;
+    /* host backend: write every op's stream, kind, size and start/end times
+     * here when the backend closes (host_trace.c); "" = off. Appended last. */
+    char trace_file[512];
 } pt_gpu_config;
 
 /* The backend ops failure injection can target (pt_gpu_config.fail_op); the

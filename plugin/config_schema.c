@@ -271,6 +271,10 @@ const pt_config_key pt_cfg_keys[] = {
           "e.g. event_sync:3 (ops: memset, memcpy, event_sync, stream_sync, convert, adamw, "
           "sqnorm, event_record, stream_wait_event, event_create, event_elapsed_ms, host_fn); "
           "empty: never."),
+    R_STR("host_backend", "trace_file", host_trace_file, "a file path, or empty for none", NULL, "",
+          "Write every op the simulated device ran (stream, op, size, start and end in us) "
+          "to this file when the plugin finalizes: the timeline to compare with the plan's "
+          "predicted phases; empty: none."),
     R_BOOL("host_backend", "async_compute", async_compute, "true",
            "Run a host's launched work on the simulated device's compute stream, after the "
            "hook that launched it returns, as a GPU does; false: launched work runs at once "

@@ -49,6 +49,13 @@ static int hb_open(const pt_gpu_config *cfg, void **impl, char *err, size_t errl
         free(h);
         return pt_fail(err, errlen, PT_ERR_BACKEND, "host backend open: pthread_cond_init failed");
     }
+    int rc = pt_hb_trace_open(h, err, errlen);
+    if (rc) {
+        pthread_cond_destroy(&h->progress);
+        pthread_mutex_destroy(&h->mu);
+        free(h);
+        return rc;
+    }
     *impl = h;
     return PT_OK;
 }
@@ -64,6 +71,7 @@ static void hb_close(void *impl) {
         if (!s) break;
         pt_hb_stream_destroy(h, s);
     }
+    pt_hb_trace_close(h);   /* every stream joined: no op runs any more */
     pthread_cond_destroy(&h->progress);
     pthread_mutex_destroy(&h->mu);
     free(h);

@@ -92,6 +92,7 @@ struct pt_stream {
     uint64_t done_seq;          /* ops finished so far; ops finish in FIFO order */
     int refs;                   /* creator + events recorded on it + wait ops naming it */
     int stop;
+    int id;                     /* 1, 2, ... in creation order (0 = the NULL stream), for the trace */
     struct pt_stream *lprev, *lnext; /* hb.live: streams not yet destroyed */
 };
 
@@ -116,6 +117,8 @@ struct hb {
     uint64_t op_calls;          /* calls of cfg.fail_op so far (under mu; injection) */
     pt_gpu_log_fn log;          /* set_log's sink (under mu), NULL until set */
     void *log_user;
+    int n_streams;              /* streams created so far (their ids) */
+    struct hb_trace *trace;     /* cfg.trace_file's records, NULL when off */
 };
 
 /* host_stream.c */
@@ -143,6 +146,14 @@ int pt_hb_op_start(void *impl, int inject_op, int args_ok, hb_op_kind kind, hb_o
  * the log. Every entry point of an injectable op calls it first. */
 int pt_hb_inject(hb *h, int op);
 void pt_hb_set_log(void *impl, pt_gpu_log_fn fn, void *user);
+
+/* host_trace.c: the op timeline of cfg.trace_file. open creates the file
+ * (so a path that cannot be written fails the backend's open with a
+ * sentence), add records one op (caller holds h->mu; t0/t1 from pt_now_s),
+ * close writes the records and frees everything. */
+int pt_hb_trace_open(hb *h, char *err, size_t errlen);
+void pt_hb_trace_add(hb *h, const pt_stream *s, const hb_op *op, double t0, double t1);
+void pt_hb_trace_close(hb *h);
 
 /* host_ops.c: what each op does (runs on the stream's thread, lock not held). */
 void pt_hb_exec(hb *h, hb_op *op);

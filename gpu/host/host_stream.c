@@ -55,19 +55,25 @@ static void *worker(void *arg) {
         if (!s->head) s->tail = NULL;
         if (op->kind == HB_OP_WAIT) {
             pt_stream *src = op->u.wait.src;
+            double t0 = h->trace ? pt_now_s() : 0;
             while (src->done_seq < op->u.wait.seq) pthread_cond_wait(&h->progress, &h->mu);
+            if (h->trace) pt_hb_trace_add(h, s, op, t0, pt_now_s());
             stream_unref(src);
         } else if (op->kind == HB_OP_RECORD) {
             pt_event *e = op->u.rec.ev;
             if (e->gen == op->u.rec.gen) {
                 e->t_done = pt_now_s();
+                if (h->trace) pt_hb_trace_add(h, s, op, e->t_done, e->t_done);
                 e->stamped_gen = e->gen;
             }
             e->pending_markers--;
         } else {
+            double t0 = h->trace ? pt_now_s() : 0;   /* h->trace is fixed from open to close */
             pthread_mutex_unlock(&h->mu);
             pt_hb_exec(h, op);
+            double t1 = t0 > 0 ? pt_now_s() : 0;
             pthread_mutex_lock(&h->mu);
+            if (h->trace) pt_hb_trace_add(h, s, op, t0, t1);
         }
         s->done_seq++;
         pthread_cond_broadcast(&h->progress);
@@ -94,6 +100,7 @@ int pt_hb_stream_create(void *impl, pt_stream **out) {
         return PT_ERR_BACKEND;
     }
     pthread_mutex_lock(&h->mu);
+    s->id = ++h->n_streams;   /* read by the trace only after an op was queued */
     s->lnext = h->live;
     if (h->live) h->live->lprev = s;
     h->live = s;
@@ -134,7 +141,14 @@ int pt_hb_stream_sync(void *impl, pt_stream *s) {
 
 int pt_hb_submit(hb *h, pt_stream *s, hb_op *op) {
     if (!s) {
+        double t0 = h->trace ? pt_now_s() : 0;
         pt_hb_exec(h, op);
+        if (h->trace) {
+            double t1 = pt_now_s();
+            pthread_mutex_lock(&h->mu);
+            pt_hb_trace_add(h, NULL, op, t0, t1);
+            pthread_mutex_unlock(&h->mu);
+        }
         free(op);
         return PT_OK;
     }

@@ -68,6 +68,7 @@ typedef struct pt_config {
     double copy_bandwidth;    /* bytes/s, units B/s KB/s MB/s GB/s KiB/s MiB/s GiB/s; 0 = unthrottled */
     int poison;               /* bool, default 1 */
     int fail_alloc_at;        /* integer >= 0, default 0: fail the Nth device alloc (1-based), 0 = never */
+    char host_trace_file[512]; /* [host_backend] trace_file: the simulated device's op timeline, "" = off */
     char fail_op[40];         /* "<op>:<n>" or "" (default): fail the n-th call of a backend op (pt_gpu_fail_op_parse) */
     int async_compute;        /* bool, default 1: launched host work runs on the compute stream */
     double compute_jitter;    /* seconds, default 0: random delay before each launched item */

@@ -100,6 +100,7 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
                        cfg->fail_op, bad);
     }
     gc.compute_jitter_s = cfg->compute_jitter;
+    snprintf(gc.trace_file, sizeof gc.trace_file, "%s", cfg->host_trace_file);
     gc.jitter_seed = (uint64_t)cfg->jitter_seed;
     const char *kind = cfg->backend;
     if (host && host->device_kind == PT_DEVICE_HOST) kind = "host";

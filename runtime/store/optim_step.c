@@ -148,6 +148,18 @@ static void step_done(void *arg, double t_first, double t_end) {
     pt_cs_add_optim_time(c->owner, t_end - t_first);
 }
 
+/* The device's steps of every resident trainable chunk, queued on the compute
+ * stream behind the backward that wrote their gradients. */
+static int device_steps(pt_store *st, float lr, float gs, char *err, size_t errlen) {
+    for (int k = 0; k < st->n_chunks; k++) {
+        cs_chunk *c = &st->ch[k];
+        if (!c->persistent || !c->trainable) continue;
+        int rc = device_adam(st, c, lr, gs, err, errlen);
+        if (rc) return rc;
+    }
+    return PT_OK;
+}
+
 static void adam_task(void *arg) {
     cs_chunk *c = arg;
     step_start(c);
@@ -177,6 +189,14 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
      * finishes its backward, before this hook blocks on the copy streams */
     int drc = pt_cs_dist_drain(st, err, errlen);
     if (drc) return drc;
+    /* One rank, no clipping, no tensor parallel: the resident chunks' steps
+     * need neither a global norm nor a reduction, so they are queued before
+     * this hook waits for the CPU's steps of the offloaded chunks, and the
+     * device steps while the CPU finishes (the cost model's overlapped
+     * schedule: fwd + max(bwd + device, CPU)). They were queued after that
+     * wait, which added the whole device step to every streamed iteration. */
+    const int early = !st->env.coll && !(o->max_grad_norm > 0) && pt_cs_tp_size(st) <= 1;
+    if (early && (drc = device_steps(st, lr, 1.0f, err, errlen))) return drc;
     double cpu_wait = 0;   /* this hook's waits for CPU optimizer tasks (not for copies) */
     if (ms->n_offloaded) {
         /* the tasks are waited for even when the copies failed: none may still
@@ -265,10 +285,8 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
         }
         c->step_pending = defer;
     }
-    for (int k = 0; k < ms->n_chunks; k++) {
-        cs_chunk *c = &ms->ch[k];
-        if (!c->persistent || !c->trainable) continue;
-        int rc = device_adam(st, c, lr, gs, err, errlen);
+    if (!early) {
+        int rc = device_steps(st, lr, gs, err, errlen);
         if (rc) {
             pt_pool_wait(ms->workers, &g);
             return rc;

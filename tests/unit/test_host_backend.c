@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -495,6 +496,84 @@ static void test_fail_op_injection(void **state) {
     assert_non_null(strstr(err, "fail_op"));
 }
 
+/* [host_backend] trace_file: every op of every stream, with its size and its
+ * start/end, in the file written at close. A compute stream gated shut makes
+ * a second stream's wait measurable without timing assumptions beyond order:
+ * the wait ends after the gated host_fn ends. Control: without the key no file
+ * appears; a path that cannot be written fails the open naming it. */
+static void test_op_trace(void **state) {
+    (void)state;
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/pt_hb_trace.%ld.txt", (long)getpid());
+    remove(path);
+    pt_gpu_config c;
+    memset(&c, 0, sizeof c);
+    c.capacity = 1 << 20;
+    snprintf(c.trace_file, sizeof c.trace_file, "%s", path);
+    void *h = NULL;
+    char err[256];
+    assert_int_equal(B->open(&c, &h, err, sizeof err), PT_OK);
+    pt_stream *s1, *s2;
+    pt_event *e;
+    assert_int_equal(B->stream_create(h, &s1), PT_OK);
+    assert_int_equal(B->stream_create(h, &s2), PT_OK);
+    assert_int_equal(B->event_create(h, &e), PT_OK);
+    void *d = NULL;
+    assert_int_equal(B->dev_alloc(h, 4096, &d), PT_OK);
+    static char src[4096];
+    gate g;
+    gate_init(&g);
+    assert_int_equal(B->host_fn(h, s1, gate_fn, &g), PT_OK);
+    assert_int_equal(B->memcpy_async(h, d, src, 3000, PT_GPU_H2D, s1), PT_OK);
+    assert_int_equal(B->event_record(h, e, s1), PT_OK);
+    assert_int_equal(B->stream_wait_event(h, s2, e), PT_OK);
+    assert_int_equal(B->memset_async(h, d, 0, 1000, s2), PT_OK);
+    sleep_ms(20);
+    gate_open(&g);
+    assert_int_equal(B->stream_sync(h, s2), PT_OK);
+    B->dev_free(h, d, 4096);
+    B->event_destroy(h, e);
+    B->stream_destroy(h, s1);
+    B->stream_destroy(h, s2);
+    gate_destroy(&g);
+    B->close(h);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[256], op[32];
+    int st, n = 0, seen = 0;
+    unsigned long long size;
+    double t0, t1, gate_end = -1, wait_end = -1, set_start = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#') continue;
+        assert_int_equal(sscanf(line, "%d\t%31s\t%llu\t%lf\t%lf", &st, op, &size, &t0, &t1), 5);
+        assert_true(t0 >= 0 && t1 >= t0);
+        n++;
+        if (!strcmp(op, "host_fn")) seen |= 1, gate_end = t1, assert_int_equal(st, 1);
+        if (!strcmp(op, "memcpy_h2d")) seen |= 2, assert_int_equal(size, 3000), assert_int_equal(st, 1);
+        if (!strcmp(op, "record")) seen |= 4, assert_int_equal(st, 1);
+        if (!strcmp(op, "wait")) seen |= 8, wait_end = t1, assert_int_equal(st, 2);
+        if (!strcmp(op, "memset")) seen |= 16, set_start = t0, assert_int_equal(size, 1000), assert_int_equal(st, 2);
+    }
+    fclose(f);
+    remove(path);
+    assert_int_equal(seen, 31);
+    assert_int_equal(n, 5);
+    assert_true(wait_end >= gate_end);   /* stream 2 blocked until stream 1's work ran */
+    assert_true(set_start >= wait_end);
+    /* off: no file */
+    c.trace_file[0] = 0;
+    assert_int_equal(B->open(&c, &h, err, sizeof err), PT_OK);
+    B->close(h);
+    assert_null(fopen(path, "r"));
+    /* a path that cannot be written */
+    snprintf(c.trace_file, sizeof c.trace_file, "/nonexistent-dir/trace.txt");
+    h = NULL;
+    assert_int_equal(B->open(&c, &h, err, sizeof err), PT_ERR_CONFIG);
+    assert_null(h);
+    assert_non_null(strstr(err, "/nonexistent-dir/trace.txt"));
+    assert_non_null(strstr(err, "trace_file"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fifo_order),
@@ -506,6 +585,7 @@ int main(void) {
         cmocka_unit_test(test_convert_sqnorm),
         cmocka_unit_test(test_memory_and_name),
         cmocka_unit_test(test_fail_op_injection),
+        cmocka_unit_test(test_op_trace),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
