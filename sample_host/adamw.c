@@ -15,7 +15,7 @@ sh_adamw_k sh_adamw_consts(float lr, float b1, float b2, float eps, float wd, in
     k.eps = eps;
     k.omb1 = 1.0f - b1;
     k.omb2 = 1.0f - b2;
-    k.decay = 1.0f - lr * wd;
+    k.lrwd = lr * wd;
     k.step = lr / bc1;
     k.bc2r = bc2r;
     return k;

@@ -12,7 +12,7 @@
 #include "sh_gpt.h"
 
 /* Constants of optimizer step t (1-based): bc1 = (float)(1 - b1^t) and
- * bc2r = (float)(1/sqrt(1 - b2^t)) in double math, then (1-b1), (1-b2), (1 - lr*wd)
+ * bc2r = (float)(1/sqrt(1 - b2^t)) in double math, then (1-b1), (1-b2), lr*wd
  * and lr/bc1 in float. */
 sh_adamw_k sh_adamw_consts(float lr, float b1, float b2, float eps, float wd, int64_t t);
 

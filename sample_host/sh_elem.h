@@ -66,20 +66,22 @@ SH_HD float sh_xent_grad(float p, int is_target, float dloss) {
 }
 
 /* AdamW constants of one step, computed once per step in float on the host
- * (sh_train.h gives the formulas): 1-b1, 1-b2, 1-lr*wd, lr/bc1 and bc2r. */
+ * (sh_train.h gives the formulas): 1-b1, 1-b2, lr*wd, lr/bc1 and bc2r. */
 typedef struct sh_adamw_k {
-    float b1, omb1, b2, omb2, decay, step, bc2r, eps;
+    float b1, omb1, b2, omb2, lrwd, step, bc2r, eps;
 } sh_adamw_k;
 
 /* One element: g already scaled by the clip factor.
- *   m = b1 m + (1-b1) g; v = b2 v + (1-b2) g g; p = p (1 - lr wd);
+ *   m = b1 m + (1-b1) g; v = b2 v + (1-b2) g g; p = p - (lr wd) p (not
+ *   p (1 - lr wd): that factor rounded in float decays 19% too much at
+ *   lr wd = 1e-7);
  *   p = p - (lr/bc1) m / (sqrtf(v) bc2r + eps). */
 SH_HD void sh_adamw_elem(float *p, float *m, float *v, float g, const sh_adamw_k *k) {
     float mi = k->b1 * *m + k->omb1 * g;
     float vi = k->b2 * *v + k->omb2 * g * g;
     *m = mi;
     *v = vi;
-    float pp = *p * k->decay;
+    float pp = *p - k->lrwd * *p;
     *p = pp - k->step * mi / (sqrtf(vi) * k->bc2r + k->eps);
 }
 

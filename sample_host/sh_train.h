@@ -11,9 +11,9 @@
  *   norm = sqrt(sum_i S_i), S_i = sum_k (double)g_ik^2 in element order (on cuda in a
  *          fixed tree order), i over trainable untied params in declaration order
  *   s = max_grad_norm > 0 && norm > max_grad_norm ? (float)(max_grad_norm/(norm+1e-6)) : 1
- *   g = g*s; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g; p = p*(1 - lr*wd);
+ *   g = g*s; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g; p = p - (lr*wd)*p;
  *   p = p - (lr/bc1)*m/(sqrtf(v)*bc2r + eps)
- * with (1-b1), (1-b2), (1-lr*wd), lr/bc1 computed once per step in float; weight decay
+ * with (1-b1), (1-b2), lr*wd, lr/bc1 computed once per step in float; weight decay
  * applies to every trainable parameter (the plugin applies one decay to all).
  */
 #ifndef SH_TRAIN_H

@@ -135,45 +135,53 @@ static void hb_host_free(void *impl, void *p, size_t bytes) {
 
 /* ---- enqueueing ---- */
 
+/* The head every queued op's entry point shares, in this order: the injected
+ * failure (PT_ERR_BACKEND; the call counts towards fail_op_at even when its
+ * arguments are bad), then the arguments (PT_ERR_INVALID_ARG for a NULL backend
+ * or args_ok == 0), then the op itself (PT_ERR_HOST_OOM). args_ok is evaluated
+ * by the caller before this runs, so it must be a side-effect-free test of the
+ * arguments alone (every one here is). PT_GPU_OP_NONE: the op has no injection
+ * point, and pt_hb_inject is not called at all (with fail_op = none and a call
+ * number it would otherwise count the call). */
+int pt_hb_op_start(void *impl, int inject_op, int args_ok, hb_op_kind kind, hb_op **op) {
+    *op = NULL;
+    if (inject_op != PT_GPU_OP_NONE && pt_hb_inject(impl, inject_op)) return PT_ERR_BACKEND;
+    if (!impl || !args_ok) return PT_ERR_INVALID_ARG;
+    *op = pt_hb_op_new(kind);
+    return *op ? PT_OK : PT_ERR_HOST_OOM;
+}
+
 /* the floating-point pt_dtypes; u8 (frozen opaque bytes) has no element op */
 static int valid_dtype(int d) { return d >= 0 && d <= 2; }
 
 static int hb_memset_async(void *impl, void *p, int value, size_t bytes, pt_stream *s) {
-    if (pt_hb_inject(impl, PT_GPU_OP_MEMSET)) return PT_ERR_BACKEND;
-    if (!impl || (!p && bytes)) return PT_ERR_INVALID_ARG;
-    hb_op *op = pt_hb_op_new(HB_OP_MEMSET);
-    if (!op) return PT_ERR_HOST_OOM;
-    op->u.ms.p = p;
-    op->u.ms.value = value;
-    op->u.ms.bytes = bytes;
+    hb_op *op;
+    int rc = pt_hb_op_start(impl, PT_GPU_OP_MEMSET, p || !bytes, HB_OP_MEMSET, &op);
+    if (rc != PT_OK) return rc;
+    op->u.ms = (hb_memset_args){.p = p, .value = value, .bytes = bytes};
     return pt_hb_submit(impl, s, op);
 }
 
 static int hb_memcpy_async(void *impl, void *dst, const void *src, size_t bytes, int kind,
                            pt_stream *s) {
-    if (pt_hb_inject(impl, PT_GPU_OP_MEMCPY)) return PT_ERR_BACKEND;
-    if (!impl || ((!dst || !src) && bytes) || kind < PT_GPU_H2D || kind > PT_GPU_H2H)
-        return PT_ERR_INVALID_ARG;
-    hb_op *op = pt_hb_op_new(HB_OP_MEMCPY);
-    if (!op) return PT_ERR_HOST_OOM;
-    op->u.cp.dst = dst;
-    op->u.cp.src = src;
-    op->u.cp.bytes = bytes;
-    op->u.cp.kind = kind;
+    int ok = ((dst && src) || !bytes) && kind >= PT_GPU_H2D && kind <= PT_GPU_H2H;
+    hb_op *op;
+    int rc = pt_hb_op_start(impl, PT_GPU_OP_MEMCPY, ok, HB_OP_MEMCPY, &op);
+    if (rc != PT_OK) return rc;
+    op->u.cp = (hb_copy_args){.dst = dst, .src = src, .bytes = bytes, .kind = kind};
     return pt_hb_submit(impl, s, op);
 }
 
 static int hb_host_fn(void *impl, pt_stream *s, void (*fn)(void *), void *arg) {
-    if (pt_hb_inject(impl, PT_GPU_OP_HOST_FN)) return PT_ERR_BACKEND;
-    if (!impl || !fn) return PT_ERR_INVALID_ARG;
-    hb_op *op = pt_hb_op_new(HB_OP_HOSTFN);
-    if (!op) return PT_ERR_HOST_OOM;
-    op->u.fn.fn = fn;
-    op->u.fn.arg = arg;
+    hb_op *op;
+    int rc = pt_hb_op_start(impl, PT_GPU_OP_HOST_FN, fn != NULL, HB_OP_HOSTFN, &op);
+    if (rc != PT_OK) return rc;
+    op->u.fn = (hb_fn_args){.fn = fn, .arg = arg};
     hb *h = impl;
     if (h->cfg.compute_jitter_s > 0) {
         /* the delay is drawn at submission, in submission order, so a seed gives
-         * the same delays whatever the threads' timing */
+         * the same delays whatever the threads' timing (and only for calls that
+         * queue an op: a failed call draws nothing) */
         pthread_mutex_lock(&h->mu);
         uint64_t x = h->jitter_state;
         x ^= x << 13;
@@ -187,61 +195,47 @@ static int hb_host_fn(void *impl, pt_stream *s, void (*fn)(void *), void *arg) {
 }
 
 static int hb_adamw(void *impl, const pt_adamw_args *a, pt_stream *s) {
-    if (pt_hb_inject(impl, PT_GPU_OP_ADAMW)) return PT_ERR_BACKEND;
-    if (!impl || !a) return PT_ERR_INVALID_ARG;
-    if (a->n && (!a->param || !a->grad || !a->m || !a->v)) return PT_ERR_INVALID_ARG;
-    if (a->param_out && !valid_dtype(a->out_dtype)) return PT_ERR_INVALID_ARG;
-    hb_op *op = pt_hb_op_new(HB_OP_ADAMW);
-    if (!op) return PT_ERR_HOST_OOM;
+    int ok = a && (!a->n || (a->param && a->grad && a->m && a->v)) &&
+             (!a->param_out || valid_dtype(a->out_dtype));
+    hb_op *op;
+    int rc = pt_hb_op_start(impl, PT_GPU_OP_ADAMW, ok, HB_OP_ADAMW, &op);
+    if (rc != PT_OK) return rc;
     op->u.adamw = *a; /* by value: the caller's struct may be gone when this runs */
     return pt_hb_submit(impl, s, op);
 }
 
 static int hb_sqnorm(void *impl, const void *x, int dtype, size_t n, double *out, pt_stream *s) {
-    if (pt_hb_inject(impl, PT_GPU_OP_SQNORM)) return PT_ERR_BACKEND;
-    if (!impl || !out || (!x && n) || !valid_dtype(dtype)) return PT_ERR_INVALID_ARG;
-    hb_op *op = pt_hb_op_new(HB_OP_SQNORM);
-    if (!op) return PT_ERR_HOST_OOM;
-    op->u.sq.x = x;
-    op->u.sq.dtype = dtype;
-    op->u.sq.n = n;
-    op->u.sq.out = out;
+    hb_op *op;
+    int rc = pt_hb_op_start(impl, PT_GPU_OP_SQNORM, out && (x || !n) && valid_dtype(dtype),
+                            HB_OP_SQNORM, &op);
+    if (rc != PT_OK) return rc;
+    op->u.sq = (hb_sqnorm_args){.x = x, .dtype = dtype, .n = n, .out = out};
     return pt_hb_submit(impl, s, op);
 }
 
 static int hb_convert(void *impl, void *dst, int dst_dtype, const void *src, int src_dtype,
                       size_t n, int accumulate, pt_stream *s) {
-    if (pt_hb_inject(impl, PT_GPU_OP_CONVERT)) return PT_ERR_BACKEND;
-    if (!impl || ((!dst || !src) && n) || !valid_dtype(dst_dtype) || !valid_dtype(src_dtype))
-        return PT_ERR_INVALID_ARG;
-    hb_op *op = pt_hb_op_new(HB_OP_CONVERT);
-    if (!op) return PT_ERR_HOST_OOM;
-    op->u.cv.dst = dst;
-    op->u.cv.dst_dtype = dst_dtype;
-    op->u.cv.src = src;
-    op->u.cv.src_dtype = src_dtype;
-    op->u.cv.n = n;
-    op->u.cv.acc = accumulate;
+    int ok = ((dst && src) || !n) && valid_dtype(dst_dtype) && valid_dtype(src_dtype);
+    hb_op *op;
+    int rc = pt_hb_op_start(impl, PT_GPU_OP_CONVERT, ok, HB_OP_CONVERT, &op);
+    if (rc != PT_OK) return rc;
+    op->u.cv = (hb_convert_args){.dst = dst, .dst_dtype = dst_dtype, .src = src,
+                                 .src_dtype = src_dtype, .n = n, .acc = accumulate};
     return pt_hb_submit(impl, s, op);
 }
 
 static int hb_eigh(void *impl, int n, float *A, float *w, int *status, pt_stream *s) {
-    if (pt_hb_inject(impl, PT_GPU_OP_EIGH)) return PT_ERR_BACKEND;
-    if (!impl || n < 0 || (n && (!A || !w))) return PT_ERR_INVALID_ARG;
-    hb_op *op = pt_hb_op_new(HB_OP_EIGH);
-    if (!op) return PT_ERR_HOST_OOM;
-    op->u.eig.n = n;
-    op->u.eig.A = A;
-    op->u.eig.w = w;
-    op->u.eig.status = status;
+    hb_op *op;
+    int rc = pt_hb_op_start(impl, PT_GPU_OP_EIGH, n == 0 || (n > 0 && A && w), HB_OP_EIGH, &op);
+    if (rc != PT_OK) return rc;
+    op->u.eig = (hb_eigh_args){.n = n, .A = A, .w = w, .status = status};
     return pt_hb_submit(impl, s, op);
 }
 
 static int hb_rekls_ew(void *impl, const pt_rekls_ew_args *a, pt_stream *s) {
-    if (pt_hb_inject(impl, PT_GPU_OP_REKLS_EW)) return PT_ERR_BACKEND;
-    if (!impl || !pt_rekls_ew_valid(a)) return PT_ERR_INVALID_ARG;
-    hb_op *op = pt_hb_op_new(HB_OP_REKLS_EW);
-    if (!op) return PT_ERR_HOST_OOM;
+    hb_op *op;
+    int rc = pt_hb_op_start(impl, PT_GPU_OP_REKLS_EW, pt_rekls_ew_valid(a), HB_OP_REKLS_EW, &op);
+    if (rc != PT_OK) return rc;
     op->u.rew = *a;
     return pt_hb_submit(impl, s, op);
 }

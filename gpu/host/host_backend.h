@@ -53,22 +53,32 @@ typedef enum hb_op_kind {
 
 typedef struct hb hb;
 
+/* Named so an entry point fills its op in one statement (a compound literal). */
+typedef struct { void *dst; const void *src; size_t bytes; int kind; } hb_copy_args;
+typedef struct { void *p; int value; size_t bytes; } hb_memset_args;
+typedef struct { void (*fn)(void *); void *arg; double delay_s; } hb_fn_args;
+typedef struct { const void *x; int dtype; size_t n; double *out; } hb_sqnorm_args;
+typedef struct {
+    void *dst; int dst_dtype; const void *src; int src_dtype; size_t n; int acc;
+} hb_convert_args;
+typedef struct { int n; float *A, *w; int *status; } hb_eigh_args;
+
 typedef struct hb_op {
     hb_op_kind kind;
     struct hb_op *next;
     union {
-        struct { void *dst; const void *src; size_t bytes; int kind; } cp;
-        struct { void *p; int value; size_t bytes; } ms;
-        struct { void (*fn)(void *); void *arg; double delay_s; } fn;
+        hb_copy_args cp;
+        hb_memset_args ms;
+        hb_fn_args fn;
         struct { pt_event *ev; uint64_t gen; } rec;
         struct { pt_stream *src; uint64_t seq; } wait;   /* holds a ref on src */
         pt_adamw_args adamw;
-        struct { const void *x; int dtype; size_t n; double *out; } sq;
-        struct { void *dst; int dst_dtype; const void *src; int src_dtype; size_t n; int acc; } cv;
+        hb_sqnorm_args sq;
+        hb_convert_args cv;
         pt_gemm_args gemm;
         pt_cols_args cols;
         pt_svd_args svd;
-        struct { int n; float *A, *w; int *status; } eig;
+        hb_eigh_args eig;
         pt_rekls_ew_args rew;
     } u;
 } hb_op;
@@ -125,6 +135,11 @@ int pt_hb_event_elapsed_ms(void *impl, pt_event *a, pt_event *b, float *ms);
 /* Queue op on s (NULL: run it now on the caller). Takes ownership of op. */
 int pt_hb_submit(hb *h, pt_stream *s, hb_op *op);
 hb_op *pt_hb_op_new(hb_op_kind kind);
+
+/* host_backend.c: the shared head of an op's entry point (injection, then
+ * arguments, then allocation); on PT_OK *op is a zeroed op of kind to fill and
+ * pass to pt_hb_submit, else *op is NULL and the status says why. */
+int pt_hb_op_start(void *impl, int inject_op, int args_ok, hb_op_kind kind, hb_op **op);
 
 /* host_faults.c: 1 when this call of op is the one cfg.fail_op / fail_op_at
  * names (the caller then returns PT_ERR_BACKEND and does nothing); says so in

@@ -19,40 +19,46 @@
 /* Fits a BLAS/LAPACK int (32-bit in the Debian OpenBLAS build). */
 static int fits(int64_t v) { return v >= 0 && v <= 0x7fffffff; }
 
-int pt_hb_gemm(void *impl, const pt_gemm_args *a, pt_stream *s) {
-    if (!impl || !a) return PT_ERR_INVALID_ARG;
-    if (!fits(a->m) || !fits(a->n) || !fits(a->k) || !fits(a->lda) || !fits(a->ldb) ||
+static int gemm_ok(const pt_gemm_args *a) {
+    if (!a || !fits(a->m) || !fits(a->n) || !fits(a->k) || !fits(a->lda) || !fits(a->ldb) ||
         !fits(a->ldc))
-        return PT_ERR_INVALID_ARG;
-    if (a->m && a->n && (!a->c || (a->k && (!a->a || !a->b)))) return PT_ERR_INVALID_ARG;
+        return 0;
+    if (a->m && a->n && (!a->c || (a->k && (!a->a || !a->b)))) return 0;
     /* row strides at least the stored row length */
-    if (a->ldc < a->n || a->lda < (a->trans_a ? a->m : a->k) ||
-        a->ldb < (a->trans_b ? a->k : a->n))
-        return PT_ERR_INVALID_ARG;
-    hb_op *op = pt_hb_op_new(HB_OP_GEMM);
-    if (!op) return PT_ERR_HOST_OOM;
+    return a->ldc >= a->n && a->lda >= (a->trans_a ? a->m : a->k) &&
+           a->ldb >= (a->trans_b ? a->k : a->n);
+}
+
+static int cols_ok(const pt_cols_args *a) {
+    if (!a || a->rows < 0 || a->cols < 0 || a->ld < a->cols) return 0;
+    if (a->op != PT_COLS_SCALE && a->op != PT_COLS_DOT) return 0;
+    return !a->rows || !a->cols ||
+           (a->x && (a->op == PT_COLS_SCALE ? (a->s && a->out) : (a->y && a->acc)));
+}
+
+/* No injection point for these three (PT_GPU_OP_NONE). */
+int pt_hb_gemm(void *impl, const pt_gemm_args *a, pt_stream *s) {
+    hb_op *op;
+    int rc = pt_hb_op_start(impl, PT_GPU_OP_NONE, gemm_ok(a), HB_OP_GEMM, &op);
+    if (rc != PT_OK) return rc;
     op->u.gemm = *a;
     return pt_hb_submit(impl, s, op);
 }
 
 int pt_hb_cols(void *impl, const pt_cols_args *a, pt_stream *s) {
-    if (!impl || !a || a->rows < 0 || a->cols < 0 || a->ld < a->cols) return PT_ERR_INVALID_ARG;
-    if (a->op != PT_COLS_SCALE && a->op != PT_COLS_DOT) return PT_ERR_INVALID_ARG;
-    if (a->rows && a->cols &&
-        (!a->x || (a->op == PT_COLS_SCALE ? (!a->s || !a->out) : (!a->y || !a->acc))))
-        return PT_ERR_INVALID_ARG;
-    hb_op *op = pt_hb_op_new(HB_OP_COLS);
-    if (!op) return PT_ERR_HOST_OOM;
+    hb_op *op;
+    int rc = pt_hb_op_start(impl, PT_GPU_OP_NONE, cols_ok(a), HB_OP_COLS, &op);
+    if (rc != PT_OK) return rc;
     op->u.cols = *a;
     return pt_hb_submit(impl, s, op);
 }
 
 int pt_hb_svd(void *impl, const pt_svd_args *a, pt_stream *s) {
-    if (!impl || !a || !fits(a->m) || !fits(a->n) || a->m < 1 || a->n < 1 || !a->a || !a->u ||
-        !a->s || !a->vt || !a->info)
-        return PT_ERR_INVALID_ARG;
-    hb_op *op = pt_hb_op_new(HB_OP_SVD);
-    if (!op) return PT_ERR_HOST_OOM;
+    int ok = a && fits(a->m) && fits(a->n) && a->m >= 1 && a->n >= 1 && a->a && a->u && a->s &&
+             a->vt && a->info;
+    hb_op *op;
+    int rc = pt_hb_op_start(impl, PT_GPU_OP_NONE, ok, HB_OP_SVD, &op);
+    if (rc != PT_OK) return rc;
     op->u.svd = *a;
     return pt_hb_submit(impl, s, op);
 }

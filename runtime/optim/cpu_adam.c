@@ -12,7 +12,7 @@
  *   g  = g * grad_scale
  *   m' = (b1*m) + ((1-b1)*g)
  *   v' = (b2*v) + (((1-b2)*g)*g)
- *   p' = (p*decay) - ((step_size*m') / ((sqrt(v')*bc2_rsqrt) + eps))
+ *   p' = (p - (lrwd*p)) - ((step_size*m') / ((sqrt(v')*bc2_rsqrt) + eps))
  * mul/add/sub/div/sqrt are correctly rounded in SSE/AVX/AVX-512 exactly as
  * in scalar SSE, so the lanes equal the scalar results bit for bit. Neither
  * vector target enables FMA, so no contraction can happen even if the build
@@ -133,7 +133,7 @@ A2I void a2_body(const pt_adamw_consts *c, float *p, const void *g, int gdt, flo
                  void *out, int odt, size_t b, size_t e) {
     const __m256 b1 = _mm256_set1_ps(c->b1), omb1 = _mm256_set1_ps(c->one_minus_b1);
     const __m256 b2 = _mm256_set1_ps(c->b2), omb2 = _mm256_set1_ps(c->one_minus_b2);
-    const __m256 decay = _mm256_set1_ps(c->decay), step = _mm256_set1_ps(c->step_size);
+    const __m256 lrwd = _mm256_set1_ps(c->lrwd), step = _mm256_set1_ps(c->step_size);
     const __m256 bc2r = _mm256_set1_ps(c->bc2_rsqrt), eps = _mm256_set1_ps(c->eps);
     const __m256 gs = _mm256_set1_ps(c->grad_scale);
     size_t i = b;
@@ -145,7 +145,8 @@ A2I void a2_body(const pt_adamw_consts *c, float *p, const void *g, int gdt, flo
         __m256 mm = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(omb1, gg));
         __m256 vv = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + i)),
                                   _mm256_mul_ps(_mm256_mul_ps(omb2, gg), gg));
-        __m256 pp = _mm256_mul_ps(_mm256_loadu_ps(p + i), decay);
+        __m256 p0 = _mm256_loadu_ps(p + i);
+        __m256 pp = _mm256_sub_ps(p0, _mm256_mul_ps(lrwd, p0));
         __m256 den = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(vv), bc2r), eps);
         pp = _mm256_sub_ps(pp, _mm256_div_ps(_mm256_mul_ps(step, mm), den));
         _mm256_storeu_ps(m + i, mm);
@@ -244,7 +245,7 @@ A5I void a5_body(const pt_adamw_consts *c, float *p, const void *g, int gdt, flo
                  void *out, int odt, size_t b, size_t e) {
     const __m512 b1 = _mm512_set1_ps(c->b1), omb1 = _mm512_set1_ps(c->one_minus_b1);
     const __m512 b2 = _mm512_set1_ps(c->b2), omb2 = _mm512_set1_ps(c->one_minus_b2);
-    const __m512 decay = _mm512_set1_ps(c->decay), step = _mm512_set1_ps(c->step_size);
+    const __m512 lrwd = _mm512_set1_ps(c->lrwd), step = _mm512_set1_ps(c->step_size);
     const __m512 bc2r = _mm512_set1_ps(c->bc2_rsqrt), eps = _mm512_set1_ps(c->eps);
     const __m512 gs = _mm512_set1_ps(c->grad_scale);
     size_t i = b;
@@ -256,7 +257,8 @@ A5I void a5_body(const pt_adamw_consts *c, float *p, const void *g, int gdt, flo
         __m512 mm = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(omb1, gg));
         __m512 vv = _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + i)),
                                   _mm512_mul_ps(_mm512_mul_ps(omb2, gg), gg));
-        __m512 pp = _mm512_mul_ps(_mm512_loadu_ps(p + i), decay);
+        __m512 p0 = _mm512_loadu_ps(p + i);
+        __m512 pp = _mm512_sub_ps(p0, _mm512_mul_ps(lrwd, p0));
         __m512 den = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(vv), bc2r), eps);
         pp = _mm512_sub_ps(pp, _mm512_div_ps(_mm512_mul_ps(step, mm), den));
         _mm512_storeu_ps(m + i, mm);

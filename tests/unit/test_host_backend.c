@@ -365,7 +365,7 @@ static void test_adamw_matches_reference(void **state) {
             float gg = g[i] * gs;
             rm[i] = b1 * rm[i] + (1.0f - b1) * gg;
             rv[i] = b2 * rv[i] + (1.0f - b2) * gg * gg;
-            float q = rp[i] * (1.0f - lr * wd);
+            float q = rp[i] - (lr * wd) * rp[i];
             rp[i] = q - (lr / bc1) * rm[i] / (sqrtf(rv[i]) * bc2r + eps);
         }
         for (int i = 0; i < N; i++) {

@@ -185,7 +185,7 @@ static void test_adamw_bits(void **st) {
     /* the loop train.c had, against sh_adamw_elem with the same constants */
     float lr = 3e-3f, wd = 0.1f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;
     float bc1 = (float)(1.0 - pow(0.9, 3.0)), bc2r = (float)(1.0 / sqrt(1.0 - pow(0.95, 3.0)));
-    sh_adamw_k k = {b1, 1.0f - b1, b2, 1.0f - b2, 1.0f - lr * wd, lr / bc1, bc2r, eps};
+    sh_adamw_k k = {b1, 1.0f - b1, b2, 1.0f - b2, lr * wd, lr / bc1, bc2r, eps};
     for (int i = 0; i < 5000; i++) {
         float p0, m0, v0, g0, sc = 0.7f;
         fill(&p0, 1, -1.0f, 1.0f);
@@ -197,7 +197,7 @@ static void test_adamw_bits(void **st) {
         float g = g0 * sc;
         float mi = b1 * m0 + (1.0f - b1) * g;
         float vi = b2 * v0 + (1.0f - b2) * g * g;
-        float pr = p0 * (1.0f - lr * wd);
+        float pr = p0 - (lr * wd) * p0;
         pr = pr - (lr / bc1) * mi / (sqrtf(vi) * bc2r + eps);
         expect_bits(&m, &mi, 1, "adamw m");
         expect_bits(&v, &vi, 1, "adamw v");
