@@ -268,20 +268,7 @@ int pt_rk_sh_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
     int W = st->world, me = st->rank, any = 0;
     for (int r = 0; r < st->n_rk; r++) any |= st->rk[r].owner >= 0;
     if (!any) return PT_OK;   /* the same on every rank: one plan */
-    const pt_config *cf = st->env.cfg;
-    const pt_optim_state *o = st->env.opt;
-    pt_rekls_hyper h;
-    memset(&h, 0, sizeof h);
-    h.lr = lr;
-    h.beta1 = o->beta1;
-    h.beta2 = o->beta2;
-    h.eps = cf->rekls_eps;
-    h.weight_decay = o->weight_decay;
-    h.shampoo_beta = cf->rekls_shampoo_beta;
-    h.seed_shampoo = cf->rekls_seed_shampoo;
-    h.k = o->t + 1;
-    h.grad_scale = gs;
-    h.wd_mode = cf->rekls_wd_method;
+    pt_rekls_hyper h = pt_rk_hyper(st, lr, gs, st->env.opt->t + 1);
     /* l2 decay reads the weights inside the step: they travel with the gradient */
     int per = h.wd_mode == PT_REKLS_WD_L2 && h.weight_decay != 0 ? 2 : 1;
 

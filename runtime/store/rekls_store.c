@@ -288,7 +288,7 @@ void pt_rk_fini(pt_store *st) {
     st->n_rk = 0;
 }
 
-static pt_rekls_hyper hyper(const pt_store *st, float lr, float gs, int64_t step) {
+pt_rekls_hyper pt_rk_hyper(const pt_store *st, float lr, float gs, int64_t step) {
     const pt_optim_state *o = st->env.opt;
     const pt_config *c = st->env.cfg;
     pt_rekls_hyper h;
@@ -310,7 +310,7 @@ static pt_rekls_hyper hyper(const pt_store *st, float lr, float gs, int64_t step
 void pt_rk_cpu_chunk(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, float lr,
                      float gs, int64_t step) {
     pt_model_v1 *m = st->env.model;
-    pt_rekls_hyper h = hyper(st, lr, gs, step);
+    pt_rekls_hyper h = pt_rk_hyper(st, lr, gs, step);
     for (int j = 0; j < c->lc->n_params; j++) {
         int i = st->lay.order[c->lc->first_param + j];
         const pt_param_v1 *p = &m->params[i];
@@ -364,7 +364,7 @@ int pt_rk_dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, si
     const pt_gpu_backend *ops = pt_gpu_ops(st->env.gpu);
     void *impl = pt_gpu_impl(st->env.gpu);
     pt_optim_state *o = st->env.opt;
-    pt_rekls_hyper h = hyper(st, lr, gs, o->t + 1);
+    pt_rekls_hyper h = pt_rk_hyper(st, lr, gs, o->t + 1);
     pt_rekls_dev d = {ops, impl, st->env.s_compute, st->d_rk_status};
     pt_rekls_la la;
     int rc = pt_rekls_la_device(&d, &la, err, errlen);
@@ -425,7 +425,7 @@ int pt_rk_dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, si
 
 int pt_rk_tp_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
     pt_model_v1 *m = st->env.model;
-    pt_rekls_hyper h = hyper(st, lr, gs, st->env.opt->t + 1);
+    pt_rekls_hyper h = pt_rk_hyper(st, lr, gs, st->env.opt->t + 1);
     pt_rekls_tp tp = {pt_cs_tp_size(st), pt_coll_rank(st->env.tp_coll), 0,
                       pt_rekls_tp_gather_coll, st->env.tp_coll};
     for (int r = 0; r < st->n_rk; r++) {

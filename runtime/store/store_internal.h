@@ -372,6 +372,9 @@ float *pt_rk_state(pt_store *st, const rk_param *q);
 /* The REKLS eligibility rule, and whether REKLS is the optimizer to plan for
  * (rekls_store.c). */
 int pt_rk_eligible(const pt_store *st, int i);
+/* The REKLS hyper-parameters of step `step` (1-based) from the optimizer state
+ * and the [optimizer] REKLS keys. */
+pt_rekls_hyper pt_rk_hyper(const pt_store *st, float lr, float gs, int64_t step);
 int pt_rk_planned(const pt_store *st);
 
 /* rekls_store.c: which params REKLS steps (2-D block params; see README) and
