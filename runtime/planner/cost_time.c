@@ -188,9 +188,14 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     /* tensor parallel: the runtime reduces after backward, no buckets */
     const int buckets = ranks && o && o->overlap_ar && t->tp_size <= 1;
     {
-        /* head/loss: block N-1's swap-in; its chunks come at its gather */
+        /* head/loss: block N-1's swap-in; its chunks come at its gather. A
+         * SWAP block N-1 comes back from the bytes it just sent out, so its
+         * swap-in starts when the turn's swap-outs (FIFO, N-1's last) have
+         * drained, whatever the engines: the two copies are in series. */
         uint64_t u = a->bwd_swap_in[N];
-        double c = t->head_fwd_s + t->head_bwd_s, x = win(c, (double)u * ih, a->fwd_swap_s[N], 0, eng);
+        double c = t->head_fwd_s + t->head_bwd_s,
+               x = u ? dmax(c, a->fwd_swap_s[N] + (double)u * ih)
+                     : win(c, 0, a->fwd_swap_s[N], 0, eng);
         up_bytes += u;
         clock += x;
     }

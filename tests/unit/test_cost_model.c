@@ -496,6 +496,14 @@ static void test_hand_ckpt_swap(void **state) {
     /* block 0's arena still drains at the turn (counted), and comes back one
      * block ahead: backward of block 1 = 20 + 1000 + 1000 (ahead) + 20 + 7 */
     assert_int_equal(c.activation_bytes + c.scratch_bytes, 2047);
+    /* both SWAP: block 1's D2H (20 s) starts after its forward, so 19 + 20 s
+     * drain at the turn, and block 1 comes back from those bytes: its swap-in
+     * (10 s) follows them, 39 + 10 at the turn (charging the two copies side
+     * by side on their two engines, max(39, 10), was the old formula); block
+     * 0's swap-in (10 s) in block 1's window, then 2 + 0.2 */
+    k = (pt_knobs){2, 0, 2, 0};
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_double_equal(c.bwd_s, 39.0 + 10.0 + 10.0 + 2.0 + 0.2, EPS);
     pt_cost_ctx_free(cx);
     pt_trace_free(&t);
 }
