@@ -220,12 +220,16 @@ $(SAMPLE): $(BUILD)/obj/sample_host/main.o $(BUILD)/libsample.a $(LOADER_OBJ)
 # The loader objects come first: util.o is then linked once, and the archive
 # copy of it is never pulled (listing it after the archive defined it twice).
 TEST_LIBS := $(LOADER_OBJ) $(BUILD)/libsample.a $(CORE_LIB)
+# Test and bench binaries are compiled in one step from their .c, so -MMD
+# writes their header dependencies beside them (<binary>.d, included at the
+# end): a change to a shared test header (tests/*.h) or a module header
+# rebuilds every binary that includes it.
 $(BUILD)/tests/%: tests/unit/%.c $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(OMPFLAGS) $(INC_TESTS) -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) -lcmocka $(LIBS)
+	$(CC) $(CFLAGS) $(OMPFLAGS) $(INC_TESTS) -MMD -MP -MF $@.d -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) -lcmocka $(LIBS)
 $(BUILD)/tests/%: tests/integ/%.c $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(OMPFLAGS) $(INC_TESTS) -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) -lcmocka $(LIBS)
+	$(CC) $(CFLAGS) $(OMPFLAGS) $(INC_TESTS) -MMD -MP -MF $@.d -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) -lcmocka $(LIBS)
 # The NCCL transport's source built against the simulated NCCL / CUDA runtime
 # (tests/nccl_sim/: its headers and nccl_sim.c), so it runs without a GPU.
 NCCL_SIM_SRCS := tests/unit/test_nccl_sim.c tests/nccl_sim/nccl_sim.c gpu/nccl/coll_nccl.c
@@ -239,7 +243,7 @@ $(BUILD)/tests/plugins/%.so: tests/plugins/%.c host_api/protrain.h gpu/gpu.h
 	$(CC) $(CFLAGS) $(INC_TESTS) -shared -o $@ $< $(LDFLAGS)
 $(BUILD)/bench/%: tests/bench/%.c $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(OMPFLAGS) $(INC_TESTS) -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) $(LIBS)
+	$(CC) $(CFLAGS) $(OMPFLAGS) $(INC_TESTS) -MMD -MP -MF $@.d -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) $(LIBS)
 
 # Tests find built artefacts through these variables.
 # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads of the host must not spin on the
@@ -364,4 +368,4 @@ uninstall:
 	  $(addprefix $(DESTDIR)$(DATADIR)/,$(notdir $(wildcard conf/*.ini)))
 	-rmdir $(DESTDIR)$(DATADIR) $(DESTDIR)$(LIBDIR)/pkgconfig 2>/dev/null
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(BUILD)/tests $(BUILD)/bench -maxdepth 8 -name '*.d' 2>/dev/null)
