@@ -297,10 +297,9 @@ void pt_prof_recompute_mark(pt_rt *rt, int32_t b, int after) {
 
 /* Median over the measured passes (1..pass; pass 0 alone when it is the only one)
  * of v[k * stride + off]. */
-static double med_passes(const struct pt_prof *p, const double *v, size_t stride, size_t off) {
-    double x[PROF_PASSES];
-    int lo = p->pass > 0 ? 1 : 0, k = 0;
-    for (int q = lo; q <= p->pass; q++) x[k++] = v[(size_t)q * stride + off];
+/* Median of the k values in x (sorted in place; k small), the mean of the
+ * middle two for even k. */
+static double median_of(double *x, int k) {
     for (int i = 1; i < k; i++)
         for (int j = i; j > 0 && x[j - 1] > x[j]; j--) {
             double tmp = x[j];
@@ -308,6 +307,13 @@ static double med_passes(const struct pt_prof *p, const double *v, size_t stride
             x[j - 1] = tmp;
         }
     return k % 2 ? x[k / 2] : 0.5 * (x[k / 2 - 1] + x[k / 2]);
+}
+
+static double med_passes(const struct pt_prof *p, const double *v, size_t stride, size_t off) {
+    double x[PROF_PASSES];
+    int lo = p->pass > 0 ? 1 : 0, k = 0;
+    for (int q = lo; q <= p->pass; q++) x[k++] = v[(size_t)q * stride + off];
+    return median_of(x, k);
 }
 
 /* ---- hardware rates ---- */
@@ -383,14 +389,7 @@ static double copy_latency(pt_rt *rt, void *dev, void *host, size_t bytes, int k
     ops->event_destroy(impl, e0);
     ops->event_destroy(impl, e1);
     ops->event_destroy(impl, ec);
-    if (n < 5) return 0;
-    for (int a = 1; a < n; a++)
-        for (int b = a; b > 0 && dt[b - 1] > dt[b]; b--) {
-            double t = dt[b];
-            dt[b] = dt[b - 1];
-            dt[b - 1] = t;
-        }
-    return dt[n / 2];
+    return n < 5 ? 0 : median_of(dt, n);
 }
 
 /* Copy rates at the size the plan moves most: the larger of a pool slot and the
@@ -661,10 +660,9 @@ static void measure_dev_adam(pt_rt *rt, pt_trace_hw *hw) {
      * The step runs more than elements: per resident trainable chunk an AdamW
      * launch and a memset zeroing its gradient, each a device op with a fixed
      * cost (a kernel launch's gap on a GPU; on the host backend the stream
-     * thread's dispatch, 10-25 us on a 2-core VM). Charging elements alone
-     * under-predicted the optimizer phase of an all-resident 31-chunk model 2x
-     * there. So also: dev_op_s = the time of OPS launches of 16 elements / OPS,
-     * and the memset rate over the whole buffer. */
+     * thread's dispatch, measured 0.15-0.7 us on a 2-core VM, so small there).
+     * So also: dev_op_s = the time of OPS launches of 16 elements / OPS, and
+     * the memset rate over the whole buffer. */
     enum { OPS = 32 };
     size_t dn = (size_t)4 << 20;
     void *d = NULL;

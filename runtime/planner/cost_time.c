@@ -15,6 +15,12 @@
 #include "cost_internal.h"
 #include "protrain.h"
 
+/* Seconds of n chunk copies moving `bytes` in all: bytes at the rate (inv =
+ * 1 / rate) plus each copy's fixed latency. */
+static inline double copy_s(uint64_t bytes, int64_t n, double inv, double lat) {
+    return (double)bytes * inv + (double)n * lat;
+}
+
 static inline double win(double comp, double h2d, double d2h, double coll, int engines) {
     double x = engines == 1 ? h2d + d2h : dmax(h2d, d2h);
     return dmax(dmax(comp, x), coll);
@@ -41,11 +47,11 @@ static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt
          * the chunks block b+1 uses first */
         double time = t->embed_fwd_s;
         uint64_t s0 = pt_pool_ibytes(w, cx->f_lo[0], cx->f_hi[0]), up = s0;
-        time += (double)s0 * ih + (double)pt_pool_icount(w, cx->f_lo[0], cx->f_hi[0]) * lu;
+        time += copy_s(s0, pt_pool_icount(w, cx->f_lo[0], cx->f_hi[0]), ih, lu);
         for (int32_t b = 0; b < N; b++) {
             uint64_t ua = b + 1 < N ? pt_pool_ibytes(w, cx->f_lo[b + 1], cx->f_hi[b + 1]) : 0;
             int64_t na = b + 1 < N ? pt_pool_icount(w, cx->f_lo[b + 1], cx->f_hi[b + 1]) : 0;
-            time += win(B[b].fwd_s, (double)ua * ih + (double)na * lu, a->fwd_swap_s[b], 0, eng);
+            time += win(B[b].fwd_s, copy_s(ua, na, ih, lu), a->fwd_swap_s[b], 0, eng);
             up += ua;
         }
         f->time = time;
@@ -82,8 +88,7 @@ static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt
             }
         }
         if (b > 0)
-            time += (double)psync * ih + (double)pnsync * lu +
-                    win(pc, (double)ua * ih + (double)na * lu, psw, 0, eng);
+            time += copy_s(psync, pnsync, ih, lu) + win(pc, copy_s(ua, na, ih, lu), psw, 0, eng);
         up += us + ua;
         syn += us;
         if (b < N) {
@@ -235,8 +240,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
             nd = rcnt(cx->ntc, lo, hi);
             if (hi > lo) rk = (cx->rks[hi] - cx->rks[lo]) / shard_div;
         }
-        double x = (double)us * ih + (double)nus * lu +
-                   win(c, (double)u * ih + (double)nu * lu, (double)d * id + (double)nd * ld, 0, eng);
+        double x = copy_s(us, nus, ih, lu) + win(c, copy_s(u, nu, ih, lu), copy_s(d, nd, id, ld), 0, eng);
         down_bytes += d;
         clock += x;
         /* mode B's offloaded chunks of block g are buckets once their copies
