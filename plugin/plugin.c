@@ -195,8 +195,8 @@ static int profile(pt_ctx *c) {
     int rc = pt_rt_plan_from_cache(c->rt, &hit, c->err, sizeof c->err);
     if (rc || hit) return rc;
     pt_lifecycle saved = c->lc;
-    /* one warm-up pass (caches, page mappings, BLAS), then measured passes whose
-     * per-window medians go into the trace */
+    /* warm-up passes (caches, page mappings, BLAS, the host's thread teams),
+     * then measured passes whose per-window medians go into the trace */
     for (int pass = 0; pass < pt_rt_profile_passes() && !rc; pass++) {
         c->lc.state = PT_LC_READY;
         rc = pt_lc_pre_step(&c->lc, -1, 0, 1, c->err, sizeof c->err);

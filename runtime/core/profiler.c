@@ -34,12 +34,17 @@
 #include "profiler.h"
 
 
-/* Timings are kept per pass: the first pass warms caches, page mappings and
- * BLAS and is dropped; the trace takes the median of the others per window. */
-#define PROF_PASSES 4
+/* Timings are kept per pass: the first PROF_WARM passes warm caches, page
+ * mappings, BLAS and the host's thread teams and are dropped; the trace takes
+ * the median of the others per window. Two, because one was not enough: on a
+ * 2-core VM (sample_host, 4 blocks) the second pass's forward still ran
+ * 1.2-1.5x the later passes' in 13 of 14 processes (e.g. 11.4, 7.7, 8.1 ms),
+ * and with it in a median of three the profile's compute came out slow. */
+#define PROF_WARM 2
+#define PROF_PASSES 7
 
 /* Window edges of a pass: one event each, recorded on the compute stream. */
-enum { E_XPF, E_EPO, E_XPB, E_EPB, E_RC0, E_RC1, E_PER_BLOCK };   /* [b] each */
+enum { E_XPF, E_EPO, E_XPB, E_EPB, E_FR0, E_FR1, E_RC0, E_RC1, E_PER_BLOCK };   /* [b] each */
 enum { E_T0, E_PF0, E_HD0, E_HD1, E_EB0, E_END, E_GLOBAL };       /* after the blocks */
 
 struct pt_prof {
@@ -50,6 +55,8 @@ struct pt_prof {
     uint64_t c0;                    /* bytes at the current window's start */
     uint64_t head_c0;
     double *fwd, *bwd, *rec;        /* [PROF_PASSES][n] seconds */
+    double *frb;                    /* [PROF_PASSES][n]: the free of the arena after
+                                       the block's backward, E_FR0 .. E_FR1 */
     uint64_t *arena, *input, *fscr, *bscr;
     uint64_t nonblock, nonblock_scr;
     double embed_fwd[PROF_PASSES], embed_bwd[PROF_PASSES], head[PROF_PASSES];
@@ -69,6 +76,13 @@ struct pt_prof {
     /* mode C's collectives the store ran (seconds, bytes) when the measured
      * passes began */
     double cs0[3], cb0[3];
+    /* between passes (sweep_between): the device AdamW over scratch as
+     * optimizer_step runs it, its seconds after each pass that is not the first
+     * (sweep_t[0..n_sweep)), over sweep_elems elements in sweep_launches
+     * launches (each with its gradient memset) */
+    double sweep_t[PROF_PASSES];
+    int n_sweep, sweep_launches;
+    uint64_t sweep_elems;
 };
 
 static void prof_failed_rc(struct pt_prof *p, int rc, const char *what) {
@@ -135,6 +149,7 @@ static void resolve_pass(pt_rt *rt) {
         AT(p->fwd, b) = span(rt, E_XPF, b, E_EPO, b);
         AT(p->bwd, b) = span(rt, E_XPB, b, E_EPB, b);
         AT(p->rec, b) = span(rt, E_RC0, b, E_RC1, b);
+        AT(p->frb, b) = span(rt, E_FR0, b, E_FR1, b);
     }
     p->embed_fwd[p->pass] = span(rt, E_T0, -1, E_PF0, -1);
     p->head[p->pass] = span(rt, E_HD0, -1, E_HD1, -1);
@@ -173,14 +188,100 @@ static void frag_figures(const struct pt_prof *p, pt_trace_frag *f) {
     f->rounding_bytes = u.peak - u.peak_req;
 }
 
+/* Between two passes, what a training step runs between a backward and the
+ * next forward: the device AdamW over the model's trainable elements as
+ * optimizer_step issues it (one launch per chunk, each followed by the memset
+ * zeroing that chunk's gradient), on scratch (param, grad, m, v per chunk; at
+ * most 64 MiB in all), timed by events on the compute stream. Two reasons:
+ *  - the AdamW is timed as the step runs it: right after a backward, chunk by
+ *    chunk, with whatever each launch costs beyond its elements. On the host
+ *    backend the stream idled 1-7 us after every chunk's AdamW in the step,
+ *    against 0.1-0.7 us between the back-to-back 16-element launches that
+ *    time dev_op_s;
+ *  - each measured pass then starts as a training step's forward does, after
+ *    the optimizer's sweep through memory, not straight after the previous
+ *    pass's backward.
+ * The scratch lives only between the windows: the previous window's
+ * fragmentation reading is folded in first and the next one resets the peak,
+ * so the profile's memory figures never see it. No room for it (a nearly full
+ * device) or nothing trainable: no sample. A failed op is recorded like any
+ * other. */
+static void sweep_between(pt_rt *rt, int timed) {
+    struct pt_prof *p = rt->prof;
+    fold_frag(rt);
+    p->win_open = 0;
+    const uint64_t cap = (uint64_t)4 << 20;   /* elements: 64 MiB of fp32 p, g, m, v */
+    int nk = pt_store_n_chunks(rt->st), launches = 0;
+    uint64_t E = 0;
+    for (int k = 0; k < nk && E < cap; k++) {
+        pt_store_chunk_info ci;
+        pt_store_chunk_info_get(rt->st, k, &ci);
+        if (!ci.n_state) continue;
+        E += ci.n_state < cap - E ? ci.n_state : cap - E;
+        launches++;
+    }
+    if (!E) return;
+    void *d = NULL;
+    char e[256];
+    if (pt_gpu_alloc(rt->gpu, (size_t)E * 16, PT_TAG_OTHER, &d, e, sizeof e)) return;
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
+    void *impl = pt_gpu_impl(rt->gpu);
+    pt_event *e0 = p->ev[E_PER_BLOCK * p->n + E_T0], *e1 = p->ev[E_PER_BLOCK * p->n + E_END];
+    float *base = d;   /* [4][E]: param, grad, m, v */
+    pt_adamw_args a;
+    memset(&a, 0, sizeof a);
+    a.lr = 1e-3f;
+    a.beta1 = 0.9f;
+    a.beta2 = 0.999f;
+    a.eps = 1e-8f;
+    a.bc1 = 0.1f;
+    a.bc2_rsqrt = 1.0f;
+    a.grad_scale = 1.0f;
+    const char *bad = NULL;
+    if (ops->memset_async(impl, d, 0, (size_t)E * 16, rt->s_compute)) bad = "memset";
+    if (!bad && ops->event_record(impl, e0, rt->s_compute)) bad = "event_record";
+    uint64_t off = 0;
+    for (int k = 0; k < nk && off < E && !bad; k++) {
+        pt_store_chunk_info ci;
+        pt_store_chunk_info_get(rt->st, k, &ci);
+        if (!ci.n_state) continue;
+        uint64_t n = ci.n_state < E - off ? ci.n_state : E - off;
+        a.param = base + off;
+        a.grad = base + E + off;
+        a.m = base + 2 * E + off;
+        a.v = base + 3 * E + off;
+        a.n = (size_t)n;
+        if (ops->adamw(impl, &a, rt->s_compute)) bad = "adamw";
+        else if (ops->memset_async(impl, base + E + off, 0, (size_t)n * 4, rt->s_compute)) bad = "memset";
+        off += n;
+    }
+    float ms = 0;
+    if (!bad && ops->event_record(impl, e1, rt->s_compute)) bad = "event_record";
+    if (!bad && ops->event_sync(impl, e1)) bad = "event_sync";
+    if (!bad && ops->event_elapsed_ms(impl, e0, e1, &ms)) bad = "event_elapsed_ms";
+    pt_gpu_free(rt->gpu, d);
+    if (bad) {
+        char why[128];
+        snprintf(why, sizeof why, "%s of the device optimizer between profiled passes failed", bad);
+        prof_failed(p, why);
+        return;
+    }
+    if (!timed) return;
+    p->sweep_t[p->n_sweep++] = ms * 1e-3;
+    p->sweep_elems = E;
+    p->sweep_launches = launches;
+}
+
 int pt_prof_passes(void) { return PROF_PASSES; }
 
 int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
     if (rt->prof) {                  /* a further pass: keep the earlier passes' timings */
         struct pt_prof *p = rt->prof;
         resolve_pass(rt);
+        /* the first sweep warms up (page mappings of the scratch) */
+        if (p->n_sweep < PROF_PASSES) sweep_between(rt, p->pass > 0);
         if (p->pass + 1 < PROF_PASSES) p->pass++;
-        if (p->pass == 1) {   /* the first measured pass (pass 0 warms up) */
+        if (p->pass == PROF_WARM) {   /* the first measured pass */
             pt_store_coll_seconds(rt->st, p->cs0);
             pt_store_coll_bytes(rt->st, p->cb0);
         }
@@ -193,6 +294,7 @@ int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
     size_t tn = (size_t)n * PROF_PASSES;
     if (!p || !(p->fwd = calloc(tn, sizeof(double))) ||
         !(p->bwd = calloc(tn, sizeof(double))) || !(p->rec = calloc(tn, sizeof(double))) ||
+        !(p->frb = calloc(tn, sizeof(double))) ||
         !(p->arena = calloc((size_t)n, 8)) || !(p->input = calloc((size_t)n + 1, 8)) ||
         !(p->fscr = calloc((size_t)n, 8)) || !(p->bscr = calloc((size_t)n, 8)) ||
         !(p->ev = calloc((size_t)(E_PER_BLOCK * n + E_GLOBAL), sizeof *p->ev)) ||
@@ -227,6 +329,7 @@ void pt_prof_free(pt_rt *rt) {
     free(p->fwd);
     free(p->bwd);
     free(p->rec);
+    free(p->frb);
     free(p->arena);
     free(p->input);
     free(p->fscr);
@@ -290,12 +393,14 @@ void pt_prof_hook(pt_rt *rt, int which, int32_t b, int exit) {
     window_start(rt);
 }
 
-void pt_prof_recompute_mark(pt_rt *rt, int32_t b, int after) {
+void pt_prof_store_mark(pt_rt *rt, int kind, int32_t b, int after) {
     struct pt_prof *p = rt->prof;
-    if (p && b >= 0 && b < p->n) mark(rt, after ? E_RC1 : E_RC0, b);
+    if (!p || b < 0 || b >= p->n) return;
+    if (kind == PT_STORE_MARK_RECOMPUTE) mark(rt, after ? E_RC1 : E_RC0, b);
+    else if (kind == PT_STORE_MARK_ARENA_FREE) mark(rt, after ? E_FR1 : E_FR0, b);
 }
 
-/* Median over the measured passes (1..pass; pass 0 alone when it is the only one)
+/* Median over the measured passes (PROF_WARM..pass; the last pass alone before those)
  * of v[k * stride + off]. */
 /* Median of the k values in x (sorted in place; k small), the mean of the
  * middle two for even k. */
@@ -311,7 +416,7 @@ static double median_of(double *x, int k) {
 
 static double med_passes(const struct pt_prof *p, const double *v, size_t stride, size_t off) {
     double x[PROF_PASSES];
-    int lo = p->pass > 0 ? 1 : 0, k = 0;
+    int lo = p->pass >= PROF_WARM ? PROF_WARM : p->pass, k = 0;
     for (int q = lo; q <= p->pass; q++) x[k++] = v[(size_t)q * stride + off];
     return median_of(x, k);
 }
@@ -648,6 +753,29 @@ static void measure_adam(pt_rt *rt, const pt_trace *t, int dtype, pt_trace_hw *h
     free(a);
 }
 
+/* The AdamW rate from the sweeps between passes (sweep_between): with T their
+ * median over E elements in L launches, the rate that makes the cost model's
+ * device step (pt_cost_dev_opt_s: elements, 2 ops per chunk, the gradient
+ * memsets) come out at T:
+ *   rate = E / (T - 2 L t_op - 4 E / r_memset)
+ * Kept when positive; otherwise the one-array rate stands. */
+static void swept_rate(pt_rt *rt, pt_trace_hw *hw) {
+    struct pt_prof *p = rt->prof;
+    if (!p->n_sweep) return;
+    double t[PROF_PASSES];
+    memcpy(t, p->sweep_t, (size_t)p->n_sweep * sizeof t[0]);
+    double T = median_of(t, p->n_sweep), E = (double)p->sweep_elems;
+    double rest = 2.0 * p->sweep_launches * hw->dev_op_s;
+    if (hw->dev_memset_Bps > 0) rest += 4.0 * E / hw->dev_memset_Bps;
+    if (!(T > rest)) return;
+    double rate = E / (T - rest);
+    PT_LOGI(&rt->lg, "profiler: device AdamW between passes %.3g elements/s (%d launches, %.0f "
+                     "elements, %.3g s, median of %d), against %.3g on one array alone: the cost "
+                     "model uses the former", rate, p->sweep_launches, E, T, p->n_sweep,
+            hw->dev_adam_elems_per_s);
+    hw->dev_adam_elems_per_s = rate;
+}
+
 static void measure_dev_adam(pt_rt *rt, pt_trace_hw *hw) {
     /* Device AdamW rate from two sizes, each timed by events on the compute
      * stream (the device's clock): rate = (n2 - n1) / (t2 - t1). One size
@@ -688,6 +816,7 @@ static void measure_dev_adam(pt_rt *rt, pt_trace_hw *hw) {
         PT_LOGI(&rt->lg, "profiler: device AdamW %.3g elements/s, %.3g s per device op, memset "
                          "%.3g bytes/s", hw->dev_adam_elems_per_s, hw->dev_op_s,
                 hw->dev_memset_Bps);
+        swept_rate(rt, hw);
         pt_gpu_free(rt->gpu, d);
     } else {
         /* no room at all: assume the CPU rate (the host backend runs the same loop) */
@@ -695,6 +824,32 @@ static void measure_dev_adam(pt_rt *rt, pt_trace_hw *hw) {
         PT_LOGW(&rt->lg, "profiler: no device memory left to time the device AdamW; "
                          "assuming the CPU rate");
     }
+}
+
+/* What a device free costs the compute stream (hw.free_Bps), measured where
+ * it happens: post_backward frees the block's activation arena in the
+ * stream's order, and where the device poisons freed memory (the simulated
+ * device always, cuda with [cuda] poison) the NaN fill is a memset queued
+ * there, outside every window the passes time (the windows end at the hook's
+ * entry). The store's marks around that free (PT_STORE_MARK_ARENA_FREE) time
+ * it on the compute stream with the arena as the step leaves it (written in
+ * forward, read in backward: a synthetic fill of a block just written ran
+ * 4-6x faster on the host backend, 24-34 us against 110-190 us for 2.2 MB in
+ * the step; the whole of post_backward's span also held the gradient copies'
+ * waits of a streamed profile, 3.3 ms a pass).
+ * With A_b the arenas and T_b those spans (medians over the measured passes):
+ *   free_Bps = sum A_b / sum T_b,
+ * 0 when no arena was freed or no time was seen (no fill). */
+static void free_rate(pt_rt *rt, pt_trace *t) {
+    struct pt_prof *p = rt->prof;
+    double A = 0, T = 0;
+    for (int b = 0; b < p->n; b++) {
+        A += (double)p->arena[b];
+        T += med_passes(p, p->frb, (size_t)p->n, (size_t)b);
+    }
+    t->hw.free_Bps = A > 0 && T > 0 ? A / T : 0;
+    PT_LOGI(&rt->lg, "profiler: freeing the activation arenas (%.0f bytes) costs the compute stream "
+                     "%.3g s per pass (%.3g bytes/s)", A, T, t->hw.free_Bps);
 }
 
 /* Everything besides the model that changes what a profile measured: the chunk
@@ -779,6 +934,7 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
         tb->bwd_scratch_bytes = p->bscr[b];
         tb->grad_act_bytes = 0;    /* the host's activation grads live in its own scratch */
     }
+    free_rate(rt, t);
     pt_rekls_rates rk;
     int rk_have = 0;
     for (int k = 0; k < n_chunks; k++) {

@@ -295,12 +295,12 @@ static int block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen) {
  * the factors the step changed there, so nothing waits for other chunks' steps. */
 static void chunk_stepped(void *user, int32_t chunk) { pt_osft_chunk_stepped(user, chunk); }
 
-static void recompute_mark(void *user, int32_t b, int after) {
+static void store_mark(void *user, int kind, int32_t b, int after) {
     pt_rt *rt = user;
     /* the host's recompute reads its descriptors: the addresses the store's
      * gather just set must be there (OSFT keeps them in its own list) */
-    if (!after) pt_osft_mirror(rt);
-    if (rt->prof) pt_prof_recompute_mark(rt, b, after);
+    if (kind == PT_STORE_MARK_RECOMPUTE && !after) pt_osft_mirror(rt);
+    if (rt->prof) pt_prof_store_mark(rt, kind, b, after);
 }
 
 int pt_rt_store_free(pt_rt *rt, char *err, size_t errlen) {
@@ -340,7 +340,7 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
     }
     if (!rc) {
         pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->gpu, rt->s_compute, rt->s_h2d,
-                            rt->s_d2h, rt->model, &rt->opt, rt->sx, recompute_mark, rt,
+                            rt->s_d2h, rt->model, &rt->opt, rt->sx, store_mark, rt,
                             rt->ordered, rt->skip, rt->coll, rt->shard, rt->tp_coll,
                             rt->dp_coll, rt->osft ? chunk_stepped : NULL};
         rc = pt_store_create(&env, &rt->kn, modes, rt->swap_done, from_image, &rt->st, err,

@@ -33,7 +33,7 @@ int pt_rt_profile_begin(pt_rt *rt, char *err, size_t errlen);
 int pt_rt_call_profile_step(pt_rt *rt, char *err, size_t errlen);
 int pt_rt_profile_end(pt_rt *rt, char *err, size_t errlen);
 void pt_rt_profile_abort(pt_rt *rt);
-int pt_rt_profile_passes(void);   /* profile_step calls per profile (1 warm-up + measured) */
+int pt_rt_profile_passes(void);   /* profile_step calls per profile (2 warm-up + measured) */
 
 /* After a failed post_model_load or create_optimizer: when a device allocation
  * failed during it, append to err the capacity this model and batch need under

@@ -221,6 +221,14 @@ typedef struct pt_act_profile {
                                     at the start of the next window, waiting for its copy if
                                     needed, so the measured peak is the predicted one. -1 for
                                     other blocks. */
+    /* The poison fills of the step's device frees (hw.free_Bps; all 0 when
+     * frees cost nothing), compute-stream seconds charged to the window that
+     * frees: fwd_free_s[b] forward window b (n_block = turn), bwd_free_s[b]
+     * backward window b; free_f_s the forward windows' sum (turn excluded),
+     * free_b_s the rest. */
+    double *fwd_free_s;          /* [n_block + 1] */
+    double *bwd_free_s;          /* [n_block] */
+    double free_f_s, free_b_s;
     uint64_t *rec_act, *rec_scr; /* NULL (pt_act_init), or [pt_cost_n_windows] arrays the caller
                                     owns: pt_act_compute then stores each window's activation and
                                     scratch bytes too (pt_cost_mem_windows; the searcher leaves

@@ -51,7 +51,7 @@ static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt
         for (int32_t b = 0; b < N; b++) {
             uint64_t ua = b + 1 < N ? pt_pool_ibytes(w, cx->f_lo[b + 1], cx->f_hi[b + 1]) : 0;
             int64_t na = b + 1 < N ? pt_pool_icount(w, cx->f_lo[b + 1], cx->f_hi[b + 1]) : 0;
-            time += win(B[b].fwd_s, copy_s(ua, na, ih, lu), a->fwd_swap_s[b], 0, eng);
+            time += win(B[b].fwd_s + a->fwd_free_s[b], copy_s(ua, na, ih, lu), a->fwd_swap_s[b], 0, eng);
             up += ua;
         }
         f->time = time;
@@ -92,7 +92,7 @@ static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt
         up += us + ua;
         syn += us;
         if (b < N) {
-            pc = B[b].fwd_s;
+            pc = B[b].fwd_s + a->fwd_free_s[b];
             psw = a->fwd_swap_s[b];
             psync = us;
             pnsync = ns;
@@ -172,7 +172,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     pt_pool_walk_init(cx, p, nb, &pw);
     uint64_t up_bytes = 0, down_bytes = 0, sync_bytes = 0;
     /* pure compute is fixed by the mode map; exposed = windows - compute */
-    const double comp = cx->comp_f + cx->comp_b + a->recompute_s;
+    const double comp = cx->comp_f + cx->comp_b + a->recompute_s + a->free_f_s + a->free_b_s;
 
     /* forward: the embedding window uploads nothing (nobody prefetches block 0) */
     fwd_pass f;
@@ -198,7 +198,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
          * swap-in starts when the turn's swap-outs (FIFO, N-1's last) have
          * drained, whatever the engines: the two copies are in series. */
         uint64_t u = a->bwd_swap_in[N];
-        double c = t->head_fwd_s + t->head_bwd_s,
+        double c = t->head_fwd_s + t->head_bwd_s + a->fwd_free_s[N],
                x = u ? dmax(c, a->fwd_swap_s[N] + (double)u * ih)
                      : win(c, 0, a->fwd_swap_s[N], 0, eng);
         up_bytes += u;
@@ -210,7 +210,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
         uint64_t u = 0, us = 0;
         int64_t nu = 0, nus = 0, nd = 0;   /* copies: prefetched, synchronous, gradients */
         if (b >= 0) {
-            c = B[b].bwd_s + (a->modes[b] == PT_BLOCK_CKPT ? B[b].recompute_s : 0);
+            c = B[b].bwd_s + (a->modes[b] == PT_BLOCK_CKPT ? B[b].recompute_s : 0) + a->bwd_free_s[b];
             pt_pool_xfer x2 = pt_pool_bwd(&pw, b);
             us = x2.sync;
             u = x2.prefetch;
@@ -329,7 +329,8 @@ static double time_lb(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p,
     double up_f = (double)rsum(cx->bytes, p, cx->K) / bh;
     double up_b = (double)rsum(cx->bytes, p, h) / bh + a->swap_in_s;
     double down = (double)rsum(cx->grad, p, cx->K) / bd;
-    double tf = dmax(cx->comp_f, up_f), tb = dmax(dmax(cx->comp_b + a->recompute_s, up_b), down);
+    double tf = dmax(cx->comp_f + a->free_f_s, up_f),
+           tb = dmax(dmax(cx->comp_b + a->recompute_s + a->free_b_s, up_b), down);
     if (t->hw.copy_engines == 1) tb = dmax(tb, up_b + down);
     /* all windows together vs the engines' total busy time (swap-out lands in
      * forward or turn windows, so only the sum is bounded by it) */
@@ -396,9 +397,10 @@ double pt_cost_time_lb_any(const pt_cost_ctx *cx, const pt_act_profile *a, int32
     double shard_div = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
     const double icpu = 1.0 / t->hw.cpu_adam_elems_per_s / shard_div;
     double clock = 0, cpu = 0;
-    clock += t->head_fwd_s + t->head_bwd_s;
+    clock += t->head_fwd_s + t->head_bwd_s + a->fwd_free_s[N];
     for (int32_t b = N - 1; b >= -1; b--) {
-        double c = b >= 0 ? B[b].bwd_s + (a->modes[b] == PT_BLOCK_CKPT ? B[b].recompute_s : 0) : t->embed_bwd_s;
+        double c = b >= 0 ? B[b].bwd_s + (a->modes[b] == PT_BLOCK_CKPT ? B[b].recompute_s : 0) + a->bwd_free_s[b]
+                          : t->embed_bwd_s;
         clock += c;
         int32_t g = b + 1;
         uint64_t tr = g < N ? rsum(trn, imax(cx->f_lo[g], p), cx->f_hi[g]) : 0;

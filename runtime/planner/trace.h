@@ -77,7 +77,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PT_TRACE_VERSION 11u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
+#define PT_TRACE_VERSION 12u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
                                  3: calibration learned from runs (pt_trace_calib);
                                  4: chunk rekls_bytes, rekls_s;
                                  5: the allocator's fragmentation measured (pt_trace_frag);
@@ -91,7 +91,10 @@
                                     launches and gradient zeroing), h2d_lat_s and
                                     d2h_lat_s (per-copy latency);
                                  11: chunk rekls_aux_words, rekls_mn, rekls_own_max (mode C
-                                    REKLS: each param's state at one owner rank) */
+                                    REKLS: each param's state at one owner rank);
+                                 12: hw free_Bps (the poison fill of a device free), the
+                                    device AdamW rate timed between profiled passes, two
+                                    warm-up passes */
 
 /* Per-block activation modes (the plan's mode map). */
 enum { PT_BLOCK_NONE = 0, PT_BLOCK_CKPT = 1, PT_BLOCK_SWAP = 2 };
@@ -176,6 +179,13 @@ typedef struct pt_trace_hw {
      * and bias chunks of a few KiB each cost ~10 us on a GPU and 20-100 us on
      * the host backend, far above their bytes / Bps. 0 = not modelled. */
     double h2d_lat_s, d2h_lat_s;
+    /* A device free on the compute stream, bytes/s: where the device fills
+     * freed memory with NaN (the simulated device always, cuda with [cuda]
+     * poison), the fill is a memset queued on the stream, and a step frees
+     * every block's activation arena (after its backward; a CKPT one after
+     * its forward too, a SWAP one once its copy is out) and the host's
+     * scratch. 0 = frees cost nothing (no fill, or not modelled). */
+    double free_Bps;
 } pt_trace_hw;
 
 /* What running plans made from this profile taught (stored with it in the

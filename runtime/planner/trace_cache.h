@@ -28,7 +28,7 @@
 
 #include "trace.h"
 
-#define PT_TRACE_FILE_VERSION 9u   /* 2: chunk records carry dev_bytes, host_bytes;
+#define PT_TRACE_FILE_VERSION 10u   /* 2: chunk records carry dev_bytes, host_bytes;
                                       3: the scalars end with calib (4 f64);
                                       4: chunk records end with rekls_bytes, rekls_s;
                                       5: the scalars end with frag (f64 factor, 4 u64);
@@ -39,7 +39,8 @@
                                       8: dev_op_s, dev_memset_Bps, h2d_lat_s, d2h_lat_s
                                          (4 f64) after the reduce-scatter rate;
                                       9: chunk records end with rekls_aux_words,
-                                         rekls_mn, rekls_own_max (3 u64) */
+                                         rekls_mn, rekls_own_max (3 u64);
+                                      10: free_Bps (f64) after d2h_lat_s */
 #define PT_TRACE_HEADER_BYTES 128u
 
 enum { PT_CACHE_MISS = 0, PT_CACHE_HIT = 1 };

@@ -237,9 +237,9 @@ int pt_acts_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
         if (!st->env.host->recompute_block) {
             return pt_fail(err, errlen, PT_ERR_CALLBACK, "block %d is CKPT but the host gave no recompute_block callback", b);
         }
-        if (st->env.recompute_mark) st->env.recompute_mark(st->env.user, b, 0);
+        if (st->env.mark) st->env.mark(st->env.user, PT_STORE_MARK_RECOMPUTE, b, 0);
         int hrc = st->env.host->recompute_block(st->env.host->user, b);
-        if (st->env.recompute_mark) st->env.recompute_mark(st->env.user, b, 1);
+        if (st->env.mark) st->env.mark(st->env.user, PT_STORE_MARK_RECOMPUTE, b, 1);
         if (hrc) {
             return pt_fail(err, errlen, PT_ERR_CALLBACK, "host recompute_block(%d) returned %d", b, hrc);
         }
@@ -260,7 +260,9 @@ int pt_acts_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
 int pt_acts_post_backward(pt_store *st, int32_t b) {
     pt_arena *a = &st->arena[b];
     if (a->ptr && !a->swapping_out) {
+        if (st->env.mark) st->env.mark(st->env.user, PT_STORE_MARK_ARENA_FREE, b, 0);
         pt_cs_free(st, a->ptr);
+        if (st->env.mark) st->env.mark(st->env.user, PT_STORE_MARK_ARENA_FREE, b, 1);
         a->ptr = NULL;
     }
     a->live = 0;

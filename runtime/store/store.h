@@ -73,6 +73,8 @@ typedef struct pt_store_knobs {
 } pt_store_knobs;
 
 /* What the store runs with; every pointer outlives the store. */
+enum { PT_STORE_MARK_RECOMPUTE = 0, PT_STORE_MARK_ARENA_FREE = 1 };
+
 typedef struct pt_store_env {
     const pt_config *cfg;
     const pt_logger *lg;
@@ -83,8 +85,10 @@ typedef struct pt_store_env {
     pt_optim_state *opt;
     const pt_step_state *sx;
     /* Called right before (after = 0) and after (after = 1) each CKPT recompute
-     * callback, so the profiler can mark the device's clock there; or NULL. */
-    void (*recompute_mark)(void *user, int32_t block, int after);
+     * callback (PT_STORE_MARK_RECOMPUTE) and each free of a block's arena
+     * after its backward (PT_STORE_MARK_ARENA_FREE), so the profiler can mark
+     * the device's clock there; or NULL. */
+    void (*mark)(void *user, int kind, int32_t block, int after);
     void *user;
     /* The host computes asynchronously on s_compute (PT_HOST_ASYNC_COMPUTE): the
      * store orders its copies, frees and kernels after the host's work with

@@ -24,6 +24,7 @@ typedef struct synth {
     int n_block, cpb, mand_first, mand_last, engines;
     uint64_t chunk_bytes, arena, input, fscr, bscr, gact;
     double fwd, bwd, h2d, d2h, cpu, dev, tf;
+    double fr;   /* hw.free_Bps (0: frees cost nothing) */
 } synth;
 
 static void build(pt_trace *t, const synth *s) {
@@ -47,7 +48,7 @@ static void build(pt_trace *t, const synth *s) {
     t->adam_m_elem_bytes = t->adam_v_elem_bytes = 4;
     t->host_grad_elem_bytes = 4;
     t->slot_bytes = 2 * s->chunk_bytes;
-    t->hw = (pt_trace_hw){s->h2d, s->d2h, s->cpu, s->dev, 0, s->engines, 0, 0, 1ull << 40, 0, 0, 0, 0, 0, 0};
+    t->hw = (pt_trace_hw){s->h2d, s->d2h, s->cpu, s->dev, 0, s->engines, 0, 0, 1ull << 40, 0, 0, 0, 0, 0, 0, s->fr};
     t->key.world_size = 1;
     t->key.version = PT_TRACE_VERSION;
 }
@@ -464,6 +465,42 @@ static void test_hand_fixed_costs(void **state) {
     pt_trace_free(&t);
 }
 
+/* The poison fills of the step's frees, by hand on the trace above with
+ * frees at 1000 B/s (arena 1000 B: 1 s; forward scratch 5 B: 0.005 s;
+ * backward scratch 7 B: 0.007 s), every chunk resident.
+ * NONE: each forward window frees its scratch, each backward window the
+ * arena and its scratch: forward 2.1 + 2 x 0.005, backward 4.9 + 2 x 1.007.
+ * CKPT: the arena goes after the forward too, and the recompute frees its
+ * forward scratch again: forward 2.1 + 2 x 1.005, backward 4.9 + 2 (the
+ * recomputes) + 2 x 1.012. Device Adam 1 s after backward either way. The
+ * control (free_Bps 0) is test_hand_all_resident's 2.1 / 4.9. */
+static void test_hand_free_fill(void **state) {
+    (void)state;
+    pt_trace t;
+    tiny(&t);
+    t.hw.free_Bps = 1000;
+    pt_cost_ctx *cx;
+    char err[256];
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0};
+    pt_knobs none = {2, 0, 0, 0}, ckpt = {2, 0, 0, 2};
+    pt_cost c;
+    assert_int_equal(pt_cost_eval(cx, &o, &none, &c, err, sizeof err), PT_OK);
+    assert_double_equal(c.fwd_s, 2.11, EPS);
+    assert_double_equal(c.bwd_s, 6.914, EPS);
+    assert_double_equal(c.iter_s, 2.11 + 6.914 + 1.0, EPS);
+    assert_double_equal(c.exposed_xfer_s, 0.0, EPS);   /* the fills are compute-stream time */
+    assert_int_equal(pt_cost_eval(cx, &o, &ckpt, &c, err, sizeof err), PT_OK);
+    assert_double_equal(c.fwd_s, 4.11, EPS);
+    assert_double_equal(c.bwd_s, 8.924, EPS);
+    assert_double_equal(c.iter_s, 4.11 + 8.924 + 1.0, EPS);
+    pt_cost_ctx_free(cx);
+    /* a negative or NaN rate is refused, naming the field set */
+    t.hw.free_Bps = -1;
+    assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_ERR_INVALID_ARG);
+    pt_trace_free(&t);
+}
+
 static void test_hand_ckpt_swap(void **state) {
     (void)state;
     pt_trace t;
@@ -717,6 +754,7 @@ static void test_bounds_below_lookahead(void **state) {
         s.cpb = 3;
         s.engines = 1 + variant % 2;
         s.cpu = variant < 2 ? 2e8 : 2e6;   /* transfer-bound, then CPU-bound */
+        s.fr = variant % 2 ? 4e9 : 0;       /* frees' fills: 10 ms per 40 MiB arena */
         build(&t, &s);
         /* share the boundary chunk of every block pair (a chunk used by both) */
         for (int k = 1; k + 1 < t.n_chunk; k++)
@@ -794,6 +832,7 @@ int main(void) {
         cmocka_unit_test(test_hand_fixed_costs),
         cmocka_unit_test(test_rekls_terms),
         cmocka_unit_test(test_rekls_shard),
+        cmocka_unit_test(test_hand_free_fill),
         cmocka_unit_test(test_hand_ckpt_swap),
         cmocka_unit_test(test_peak_monotone_in_ckpt_and_swap),
         cmocka_unit_test(test_peak_monotone_in_persist),
