@@ -102,6 +102,10 @@ uint64_t pt_fnv1a64(const void *data, size_t len);
  * hashes a then b, for data that is not contiguous (a file's header and payload). */
 uint64_t pt_fnv1a64_more(uint64_t h, const void *data, size_t len);
 
+/* Median of the n values in x (sorted in place), the mean of the middle two
+ * for even n; 0 for n <= 0. */
+double pt_median(double *x, int n);
+
 /* Where the host is in its step. One copy in the whole plugin: the hook-order
  * state machine (plugin/lifecycle) owns it and rolls it back with its state
  * when a hook fails; the runtime reads it through a pointer. */

@@ -51,15 +51,6 @@ enum { WARM = 1, MEASURE = 5, MAX_TIME_REPLANS = 2 };
  * steps are mostly timer and scheduling noise */
 #define TIME_MIN_GAIN_S 0.002
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof v[0], cmp_d);
-    return v[n / 2];
-}
 
 /* The step about to run (or running) is measured: its post_step is k in 1..MEASURE. */
 static int measuring(const pt_rt *rt) {
@@ -189,7 +180,7 @@ static int time_calibrate(pt_rt *rt) {
                          "time re-plans: the plan stays", ratio, rt->time_replans);
         return 0;
     }
-    double mf = median(ph[0], n), mb = median(ph[1], n), mo = median(ph[2], n);
+    double mf = pt_median(ph[0], n), mb = pt_median(ph[1], n), mo = pt_median(ph[2], n);
     double cf, cb;
     phase_compute(rt->trace, &cf, &cb);
     double ff = phase_factor(mf, rt->pred_fwd_s, cf);
@@ -254,7 +245,7 @@ static void decide(pt_rt *rt, int k) {
     pt_gpu_usage u;
     pt_gpu_usage_get(rt->gpu, &u);
     rt->meas_peak = u.peak;
-    rt->meas_iter_s = median(dt, MEASURE);
+    rt->meas_iter_s = pt_median(dt, MEASURE);
     double pr = (double)u.peak / (double)rt->pred_peak;
     PT_LOGI(&rt->lg, "calibration: measured peak %llu bytes (%.2f MiB, allocator fragmentation "
                      "x%.4f) vs predicted %llu (x%.4f); median iteration %.4f s vs predicted "

@@ -188,6 +188,21 @@ static void frag_figures(const struct pt_prof *p, pt_trace_frag *f) {
     f->rounding_bytes = u.peak - u.peak_req;
 }
 
+/* AdamW arguments for the profiler's timing runs: fixed hyper-parameters (the
+ * element math costs the same whatever they are), no 16-bit copy out. */
+static pt_adamw_args timing_adamw(void) {
+    pt_adamw_args a;
+    memset(&a, 0, sizeof a);
+    a.lr = 1e-3f;
+    a.beta1 = 0.9f;
+    a.beta2 = 0.999f;
+    a.eps = 1e-8f;
+    a.bc1 = 0.1f;
+    a.bc2_rsqrt = 1.0f;
+    a.grad_scale = 1.0f;
+    return a;
+}
+
 /* Between two passes, what a training step runs between a backward and the
  * next forward: the device AdamW over the model's trainable elements as
  * optimizer_step issues it (one launch per chunk, each followed by the memset
@@ -228,15 +243,7 @@ static void sweep_between(pt_rt *rt, int timed) {
     void *impl = pt_gpu_impl(rt->gpu);
     pt_event *e0 = p->ev[E_PER_BLOCK * p->n + E_T0], *e1 = p->ev[E_PER_BLOCK * p->n + E_END];
     float *base = d;   /* [4][E]: param, grad, m, v */
-    pt_adamw_args a;
-    memset(&a, 0, sizeof a);
-    a.lr = 1e-3f;
-    a.beta1 = 0.9f;
-    a.beta2 = 0.999f;
-    a.eps = 1e-8f;
-    a.bc1 = 0.1f;
-    a.bc2_rsqrt = 1.0f;
-    a.grad_scale = 1.0f;
+    pt_adamw_args a = timing_adamw();
     const char *bad = NULL;
     if (ops->memset_async(impl, d, 0, (size_t)E * 16, rt->s_compute)) bad = "memset";
     if (!bad && ops->event_record(impl, e0, rt->s_compute)) bad = "event_record";
@@ -402,23 +409,11 @@ void pt_prof_store_mark(pt_rt *rt, int kind, int32_t b, int after) {
 
 /* Median over the measured passes (PROF_WARM..pass; the last pass alone before those)
  * of v[k * stride + off]. */
-/* Median of the k values in x (sorted in place; k small), the mean of the
- * middle two for even k. */
-static double median_of(double *x, int k) {
-    for (int i = 1; i < k; i++)
-        for (int j = i; j > 0 && x[j - 1] > x[j]; j--) {
-            double tmp = x[j];
-            x[j] = x[j - 1];
-            x[j - 1] = tmp;
-        }
-    return k % 2 ? x[k / 2] : 0.5 * (x[k / 2 - 1] + x[k / 2]);
-}
-
 static double med_passes(const struct pt_prof *p, const double *v, size_t stride, size_t off) {
     double x[PROF_PASSES];
     int lo = p->pass >= PROF_WARM ? PROF_WARM : p->pass, k = 0;
     for (int q = lo; q <= p->pass; q++) x[k++] = v[(size_t)q * stride + off];
-    return median_of(x, k);
+    return pt_median(x, k);
 }
 
 /* ---- hardware rates ---- */
@@ -494,7 +489,7 @@ static double copy_latency(pt_rt *rt, void *dev, void *host, size_t bytes, int k
     ops->event_destroy(impl, e0);
     ops->event_destroy(impl, e1);
     ops->event_destroy(impl, ec);
-    return n < 5 ? 0 : median_of(dt, n);
+    return n < 5 ? 0 : pt_median(dt, n);
 }
 
 /* Copy rates at the size the plan moves most: the larger of a pool slot and the
@@ -604,9 +599,7 @@ static void measure_coll(pt_rt *rt, pt_trace_hw *hw) {
             dt[r] = pt_now_s() - t0;
         }
         if (rt->prof->rc) break;
-        /* median of the last 3 (the first is a warm-up) */
-        double a = dt[1], b = dt[2], c = dt[3];
-        double med = a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+        double med = pt_median(dt + 1, 3);   /* the first is a warm-up */
         *rate[k] = med > 0 ? (double)(n * 4) * bus[k] / med : 0;
     }
     double cs[3], cb[3];
@@ -638,20 +631,12 @@ static double dev_time(pt_rt *rt, void *d, size_t n, size_t stride, int launches
         if (e0) ops->event_destroy(impl, e0);
         return 0;
     }
-    pt_adamw_args a;
-    memset(&a, 0, sizeof a);
+    pt_adamw_args a = timing_adamw();
     a.param = d;
     a.grad = (float *)d + stride;
     a.m = (float *)d + 2 * stride;
     a.v = (float *)d + 3 * stride;
     a.n = n;
-    a.lr = 1e-3f;
-    a.beta1 = 0.9f;
-    a.beta2 = 0.999f;
-    a.eps = 1e-8f;
-    a.bc1 = 0.1f;
-    a.bc2_rsqrt = 1.0f;
-    a.grad_scale = 1.0f;
     double best = 0;
     for (int r = 0; r < 3 && !rt->prof->rc; r++) {
         float ms = 0;
@@ -764,7 +749,7 @@ static void swept_rate(pt_rt *rt, pt_trace_hw *hw) {
     if (!p->n_sweep) return;
     double t[PROF_PASSES];
     memcpy(t, p->sweep_t, (size_t)p->n_sweep * sizeof t[0]);
-    double T = median_of(t, p->n_sweep), E = (double)p->sweep_elems;
+    double T = pt_median(t, p->n_sweep), E = (double)p->sweep_elems;
     double rest = 2.0 * p->sweep_launches * hw->dev_op_s;
     if (hw->dev_memset_Bps > 0) rest += 4.0 * E / hw->dev_memset_Bps;
     if (!(T > rest)) return;

@@ -29,6 +29,7 @@ static inline double win(double comp, double h2d, double d2h, double coll, int e
 typedef struct fwd_pass {
     double time;             /* window sum (embedding included) */
     uint64_t up, sync;       /* chunk bytes uploaded, of which at a gather */
+    int64_t nsync;           /* the copies of those at a gather */
 } fwd_pass;
 
 /* The forward windows: pt_pool_fwd's rules, run with one block of lag —
@@ -57,11 +58,13 @@ static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt
         f->time = time;
         f->up = up;
         f->sync = s0;
+        f->nsync = pt_pool_icount(w, cx->f_lo[0], cx->f_hi[0]);
         return;
     }
     /* locals, not f->: stores through f could alias the trace's arrays */
     double time = t->embed_fwd_s;
     uint64_t up = 0, syn = 0;
+    int64_t nsyn = 0;
     int32_t plo = 0, phi = 0, ph = 0;
     double pc = 0, psw = 0;
     uint64_t psync = 0;
@@ -91,6 +94,7 @@ static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt
             time += copy_s(psync, pnsync, ih, lu) + win(pc, copy_s(ua, na, ih, lu), psw, 0, eng);
         up += us + ua;
         syn += us;
+        nsyn += ns;
         if (b < N) {
             pc = B[b].fwd_s + a->fwd_free_s[b];
             psw = a->fwd_swap_s[b];
@@ -104,6 +108,7 @@ static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt
     f->time = time;
     f->up = up;
     f->sync = syn;
+    f->nsync = nsyn;
 }
 
 /* The device optimizer step of the resident trainable chunks (mandatory ones
@@ -181,6 +186,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     up_bytes += f.up;
     uint64_t chunk_up = f.up;   /* chunk uploads only (each an all-gather in mode C) */
     sync_bytes += f.sync;
+    int64_t sync_copies = f.nsync;
     /* turn + backward; the CPU Adam of the gradients copied in a window starts
      * when that window ends (OVERLAP), chunks in landing order. */
     /* Replicated offload: every rank steps the whole non-persistent set; sharded
@@ -219,6 +225,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
             up_bytes += u + us;
             chunk_up += u + us;
             sync_bytes += us;
+            sync_copies += nus;
             u += a->bwd_swap_in[b];
             up_bytes += a->bwd_swap_in[b];
         } else {
@@ -310,7 +317,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     /* swap traffic: out in forward/turn, back in backward/turn (in up_bytes) */
     out->h2d_bytes = up_bytes;
     out->h2d_sync_bytes = sync_bytes;
-    out->sync_xfer_s = (double)sync_bytes * ih;
+    out->sync_xfer_s = copy_s(sync_bytes, sync_copies, ih, lu);
     out->d2h_bytes = down_bytes + a->swap_pool;
     out->h2d_s = (double)out->h2d_bytes * ih;
     out->d2h_s = (double)out->d2h_bytes * id;

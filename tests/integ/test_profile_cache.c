@@ -73,6 +73,21 @@ static void run(const char *extra) {
     assert_int_equal(sh_trainer_destroy(tr), 0);
 }
 
+/* A trainer created (it profiles, or takes a cached trace) and destroyed, under
+ * the INI text written as <name>.ini, for a model of 2 blocks of C channels,
+ * NH heads, batch B x T. */
+static void start_only(const char *name, const char *text, int C, int NH, int B, int T) {
+    const char *path = sh_harness_ini(&H, name, text);
+    assert_non_null(path);
+    sh_train_opts o = sh_harness_opts(&H, 2, C, NH, B, T);
+    o.tbl = H.plug.table;
+    o.ini_path = path;
+    sh_trainer *tr = NULL;
+    char err[1024];
+    if (sh_trainer_create(&tr, &o, err, sizeof err)) fail_msg("create (%s): %s", name, err);
+    assert_int_equal(sh_trainer_destroy(tr), 0);
+}
+
 static void expect(const char *extra, int more, const char *why) {
     int before = count_traces();
     run(extra);
@@ -104,14 +119,7 @@ static void test_capacity(void **st) {
              "[plugin]\nlog_level = error\nbackend = host\n[memory]\ndevice_capacity = 96MiB\n"
              "[protrain]\ncache_dir = %s/cache\nchunk_size = 64KiB\n",
              H.dir);
-    const char *path = sh_harness_ini(&H, "cap", text);
-    sh_train_opts o = sh_harness_opts(&H, 2, 64, 2, 2, 32);
-    o.tbl = H.plug.table;
-    o.ini_path = path;
-    sh_trainer *tr = NULL;
-    char err[1024];
-    if (sh_trainer_create(&tr, &o, err, sizeof err)) fail_msg("create: %s", err);
-    assert_int_equal(sh_trainer_destroy(tr), 0);
+    start_only("cap", text, 64, 2, 2, 32);
     assert_int_equal(count_traces(), before + 1);
 }
 
@@ -124,19 +132,12 @@ static void test_capacity(void **st) {
  *    that: the scratch lives outside every window's reading. */
 static void test_between_passes(void **st) {
     (void)st;
-    char text[1024], dir[512];
+    char text[1024], dir[512], err[1024];
     snprintf(dir, sizeof dir, "%s/probe", H.dir);
     snprintf(text, sizeof text,
              "[plugin]\nlog_level = error\nbackend = host\n[memory]\ndevice_capacity = 64MiB\n"
              "[protrain]\ncache_dir = %s\nchunk_size = 64KiB\n", dir);
-    const char *path = sh_harness_ini(&H, "probe", text);
-    sh_train_opts o = sh_harness_opts(&H, 2, 256, 4, 1, 16);   /* wide and short: state over activations */
-    o.tbl = H.plug.table;
-    o.ini_path = path;
-    sh_trainer *tr = NULL;
-    char err[1024];
-    if (sh_trainer_create(&tr, &o, err, sizeof err)) fail_msg("create: %s", err);
-    assert_int_equal(sh_trainer_destroy(tr), 0);
+    start_only("probe", text, 256, 4, 1, 16);   /* wide and short: state over activations */
     DIR *d = opendir(dir);
     assert_non_null(d);
     char file[1024] = "";

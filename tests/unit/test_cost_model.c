@@ -453,6 +453,7 @@ static void test_hand_fixed_costs(void **state) {
     pt_cost c;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
     assert_double_equal(c.fwd_s, 3.6, EPS);
+    assert_double_equal(c.sync_xfer_s, 1.0 + 0.25, EPS);   /* block 0's gather: bytes + one copy */
     assert_double_equal(c.bwd_s, 7.7, EPS);
     assert_double_equal(c.cpu_finish_s, 9.7, EPS);
     assert_double_equal(c.iter_s, 3.6 + 9.7, EPS);
