@@ -188,6 +188,29 @@ static void frag_figures(const struct pt_prof *p, pt_trace_frag *f) {
     f->rounding_bytes = u.peak - u.peak_req;
 }
 
+/* A timing buffer the profiler may do without: a request that does not fit
+ * fails quietly (0 or -1, why in e), and leaves no record of an out-of-memory
+ * that the run's error explanation (pt_rt_explain_oom) would otherwise
+ * describe as the reason a later, unrelated failure happened. */
+static int probe_alloc(pt_rt *rt, size_t bytes, int tag, void **d, char *e, size_t elen) {
+    uint64_t tags[PT_TAG_COUNT];
+    int had = pt_gpu_last_oom(rt->gpu, tags) != 0;
+    if (!pt_gpu_alloc(rt->gpu, bytes, tag, d, e, elen)) return 0;
+    *d = NULL;
+    if (!had) pt_gpu_oom_reset(rt->gpu);
+    return -1;
+}
+
+/* Gives a timing buffer back. After a failed op (failed != 0) the work queued
+ * before it on the compute stream may still use the buffer: it goes back once
+ * the stream is idle, or in the stream's order when even the wait fails. */
+static void probe_free(pt_rt *rt, void *d, int failed) {
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
+    char e[256];
+    if (!failed || !ops->stream_sync(pt_gpu_impl(rt->gpu), rt->s_compute)) pt_gpu_free(rt->gpu, d);
+    else pt_gpu_free_on_stream(rt->gpu, d, rt->s_compute, e, sizeof e);
+}
+
 /* AdamW arguments for the profiler's timing runs: fixed hyper-parameters (the
  * element math costs the same whatever they are), no 16-bit copy out. */
 static pt_adamw_args timing_adamw(void) {
@@ -238,7 +261,7 @@ static void sweep_between(pt_rt *rt, int timed) {
     if (!E) return;
     void *d = NULL;
     char e[256];
-    if (pt_gpu_alloc(rt->gpu, (size_t)E * 16, PT_TAG_OTHER, &d, e, sizeof e)) return;
+    if (probe_alloc(rt, (size_t)E * 16, PT_TAG_OTHER, &d, e, sizeof e)) return;
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     void *impl = pt_gpu_impl(rt->gpu);
     pt_event *e0 = p->ev[E_PER_BLOCK * p->n + E_T0], *e1 = p->ev[E_PER_BLOCK * p->n + E_END];
@@ -266,7 +289,7 @@ static void sweep_between(pt_rt *rt, int timed) {
     if (!bad && ops->event_record(impl, e1, rt->s_compute)) bad = "event_record";
     if (!bad && ops->event_sync(impl, e1)) bad = "event_sync";
     if (!bad && ops->event_elapsed_ms(impl, e0, e1, &ms)) bad = "event_elapsed_ms";
-    pt_gpu_free(rt->gpu, d);
+    probe_free(rt, d, bad != NULL);
     if (bad) {
         char why[128];
         snprintf(why, sizeof why, "%s of the device optimizer between profiled passes failed", bad);
@@ -285,8 +308,9 @@ int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
     if (rt->prof) {                  /* a further pass: keep the earlier passes' timings */
         struct pt_prof *p = rt->prof;
         resolve_pass(rt);
-        /* the first sweep warms up (page mappings of the scratch) */
-        if (p->n_sweep < PROF_PASSES) sweep_between(rt, p->pass > 0);
+        /* the first sweep warms up (page mappings of the scratch); none after a
+         * failure (this begin returns it) */
+        if (!p->rc && p->n_sweep < PROF_PASSES) sweep_between(rt, p->pass > 0);
         if (p->pass + 1 < PROF_PASSES) p->pass++;
         if (p->pass == PROF_WARM) {   /* the first measured pass */
             pt_store_coll_seconds(rt->st, p->cs0);
@@ -504,7 +528,7 @@ static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
     void *dev = NULL, *host = NULL;
     char e[256];
     int own = 0;
-    if (!pt_gpu_alloc(rt->gpu, bytes, PT_TAG_OTHER, &dev, e, sizeof e)) {
+    if (!probe_alloc(rt, bytes, PT_TAG_OTHER, &dev, e, sizeof e)) {
         own = 1;
     } else {
         /* no room for a block that size: time with an idle pool slot */
@@ -567,7 +591,7 @@ static void measure_coll(pt_rt *rt, pt_trace_hw *hw) {
     float *buf = NULL, *dbuf = NULL;
     if (strcmp(pt_gpu_backend_name(rt->gpu), "host")) {
         char why[256];
-        if (pt_gpu_alloc(rt->gpu, n * 4, PT_TAG_SCRATCH, (void **)&dbuf, why, sizeof why)) {
+        if (probe_alloc(rt, n * 4, PT_TAG_SCRATCH, (void **)&dbuf, why, sizeof why)) {
             dbuf = NULL;
             PT_LOGW(&rt->lg, "profiler: timing the collectives on a host buffer (a device "
                              "buffer of one chunk did not fit: %s)", why);
@@ -780,7 +804,7 @@ static void measure_dev_adam(pt_rt *rt, pt_trace_hw *hw) {
     size_t dn = (size_t)4 << 20;
     void *d = NULL;
     char e[256];
-    while (dn >= 4096 && pt_gpu_alloc(rt->gpu, dn * 16, PT_TAG_OTHER, &d, e, sizeof e)) dn /= 4;
+    while (dn >= 4096 && probe_alloc(rt, dn * 16, PT_TAG_OTHER, &d, e, sizeof e)) dn /= 4;
     if (d) {
         const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
         void *impl = pt_gpu_impl(rt->gpu);
@@ -802,7 +826,7 @@ static void measure_dev_adam(pt_rt *rt, pt_trace_hw *hw) {
                          "%.3g bytes/s", hw->dev_adam_elems_per_s, hw->dev_op_s,
                 hw->dev_memset_Bps);
         swept_rate(rt, hw);
-        pt_gpu_free(rt->gpu, d);
+        probe_free(rt, d, rt->prof->rc != 0);
     } else {
         /* no room at all: assume the CPU rate (the host backend runs the same loop) */
         hw->dev_adam_elems_per_s = hw->cpu_adam_elems_per_s;
@@ -896,11 +920,15 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
     struct pt_prof *p = rt->prof;
     pt_model_v1 *m = rt->model;
     int n_chunks = pt_store_n_chunks(rt->st);
+    pt_trace_init(t);   /* the caller frees it on failure too */
     mark(rt, E_END, -1);
     resolve_pass(rt);
+    /* After a failed op (a wait that did not happen included) the compute
+     * stream may still run the last pass: the timing buffers below could land
+     * on the bytes it still uses. */
+    if (p->rc) return prof_status(p, err, errlen);
     nonblock_window_end(rt);
     fold_frag(rt);
-    pt_trace_init(t);
     int rc = pt_trace_alloc(t, rt->n_blocks, n_chunks, err, errlen);
     if (rc) return rc;
     pt_prof_key(rt, &t->key);
