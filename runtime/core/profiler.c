@@ -44,7 +44,7 @@
 #define PROF_PASSES 7
 
 /* Window edges of a pass: one event each, recorded on the compute stream. */
-enum { E_XPF, E_EPO, E_XPB, E_EPB, E_FR0, E_FR1, E_RC0, E_RC1, E_PER_BLOCK };   /* [b] each */
+enum { E_XPF, E_EPO, E_XPB, E_EPB, E_FR0, E_FR1, E_FF0, E_FF1, E_RC0, E_RC1, E_PER_BLOCK };   /* [b] each */
 enum { E_T0, E_PF0, E_HD0, E_HD1, E_EB0, E_END, E_GLOBAL };       /* after the blocks */
 
 struct pt_prof {
@@ -57,6 +57,8 @@ struct pt_prof {
     double *fwd, *bwd, *rec;        /* [PROF_PASSES][n] seconds */
     double *frb;                    /* [PROF_PASSES][n]: the free of the arena after
                                        the block's backward, E_FR0 .. E_FR1 */
+    double *frf;                    /* [PROF_PASSES][n]: after its forward (every block
+                                       is CKPT in the profile), E_FF0 .. E_FF1 */
     uint64_t *arena, *input, *fscr, *bscr;
     uint64_t nonblock, nonblock_scr;
     double embed_fwd[PROF_PASSES], embed_bwd[PROF_PASSES], head[PROF_PASSES];
@@ -150,6 +152,7 @@ static void resolve_pass(pt_rt *rt) {
         AT(p->bwd, b) = span(rt, E_XPB, b, E_EPB, b);
         AT(p->rec, b) = span(rt, E_RC0, b, E_RC1, b);
         AT(p->frb, b) = span(rt, E_FR0, b, E_FR1, b);
+        AT(p->frf, b) = span(rt, E_FF0, b, E_FF1, b);
     }
     p->embed_fwd[p->pass] = span(rt, E_T0, -1, E_PF0, -1);
     p->head[p->pass] = span(rt, E_HD0, -1, E_HD1, -1);
@@ -325,7 +328,7 @@ int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
     size_t tn = (size_t)n * PROF_PASSES;
     if (!p || !(p->fwd = calloc(tn, sizeof(double))) ||
         !(p->bwd = calloc(tn, sizeof(double))) || !(p->rec = calloc(tn, sizeof(double))) ||
-        !(p->frb = calloc(tn, sizeof(double))) ||
+        !(p->frb = calloc(tn, sizeof(double))) || !(p->frf = calloc(tn, sizeof(double))) ||
         !(p->arena = calloc((size_t)n, 8)) || !(p->input = calloc((size_t)n + 1, 8)) ||
         !(p->fscr = calloc((size_t)n, 8)) || !(p->bscr = calloc((size_t)n, 8)) ||
         !(p->ev = calloc((size_t)(E_PER_BLOCK * n + E_GLOBAL), sizeof *p->ev)) ||
@@ -361,6 +364,7 @@ void pt_prof_free(pt_rt *rt) {
     free(p->bwd);
     free(p->rec);
     free(p->frb);
+    free(p->frf);
     free(p->arena);
     free(p->input);
     free(p->fscr);
@@ -429,6 +433,7 @@ void pt_prof_store_mark(pt_rt *rt, int kind, int32_t b, int after) {
     if (!p || b < 0 || b >= p->n) return;
     if (kind == PT_STORE_MARK_RECOMPUTE) mark(rt, after ? E_RC1 : E_RC0, b);
     else if (kind == PT_STORE_MARK_ARENA_FREE) mark(rt, after ? E_FR1 : E_FR0, b);
+    else if (kind == PT_STORE_MARK_ARENA_FREE_FWD) mark(rt, after ? E_FF1 : E_FF0, b);
 }
 
 /* Median over the measured passes (PROF_WARM..pass; the last pass alone before those)
@@ -835,30 +840,38 @@ static void measure_dev_adam(pt_rt *rt, pt_trace_hw *hw) {
     }
 }
 
-/* What a device free costs the compute stream (hw.free_Bps), measured where
- * it happens: post_backward frees the block's activation arena in the
- * stream's order, and where the device poisons freed memory (the simulated
+/* What a device free costs the compute stream (hw.free_Bps, free_fwd_Bps),
+ * measured where it happens: post_backward frees the block's activation arena
+ * in the stream's order (and in the profile, where every block is CKPT,
+ * post_forward too), and where the device poisons freed memory (the simulated
  * device always, cuda with [cuda] poison) the NaN fill is a memset queued
  * there, outside every window the passes time (the windows end at the hook's
- * entry). The store's marks around that free (PT_STORE_MARK_ARENA_FREE) time
- * it on the compute stream with the arena as the step leaves it (written in
- * forward, read in backward: a synthetic fill of a block just written ran
- * 4-6x faster on the host backend, 24-34 us against 110-190 us for 2.2 MB in
- * the step; the whole of post_backward's span also held the gradient copies'
- * waits of a streamed profile, 3.3 ms a pass).
- * With A_b the arenas and T_b those spans (medians over the measured passes):
- *   free_Bps = sum A_b / sum T_b,
+ * entry). The store's marks around those frees (PT_STORE_MARK_ARENA_FREE,
+ * _FWD) time them on the compute stream with the arena as the step leaves it:
+ * after the backward it has been read back from a forward long ago, after the
+ * forward it was just written (on the host backend 110-190 us and 50-60 us
+ * for 2.2 MB; a synthetic fill of a block just written, 24-34 us, predicted
+ * neither, and the whole of post_backward's span also held the gradient
+ * copies' waits of a streamed profile, 3.3 ms a pass).
+ * With A_b the arenas and T_b the spans (medians over the measured passes):
+ *   rate = sum A_b / sum T_b,
  * 0 when no arena was freed or no time was seen (no fill). */
-static void free_rate(pt_rt *rt, pt_trace *t) {
-    struct pt_prof *p = rt->prof;
+static double free_rate_of(const struct pt_prof *p, const double *spans) {
     double A = 0, T = 0;
     for (int b = 0; b < p->n; b++) {
         A += (double)p->arena[b];
-        T += med_passes(p, p->frb, (size_t)p->n, (size_t)b);
+        T += med_passes(p, spans, (size_t)p->n, (size_t)b);
     }
-    t->hw.free_Bps = A > 0 && T > 0 ? A / T : 0;
-    PT_LOGI(&rt->lg, "profiler: freeing the activation arenas (%.0f bytes) costs the compute stream "
-                     "%.3g s per pass (%.3g bytes/s)", A, T, t->hw.free_Bps);
+    return A > 0 && T > 0 ? A / T : 0;
+}
+
+static void free_rate(pt_rt *rt, pt_trace *t) {
+    struct pt_prof *p = rt->prof;
+    t->hw.free_Bps = free_rate_of(p, p->frb);
+    t->hw.free_fwd_Bps = free_rate_of(p, p->frf);
+    PT_LOGI(&rt->lg, "profiler: freeing an activation arena costs the compute stream %.3g "
+                     "bytes/s after its backward, %.3g after its forward", t->hw.free_Bps,
+            t->hw.free_fwd_Bps);
 }
 
 /* Everything besides the model that changes what a profile measured: the chunk

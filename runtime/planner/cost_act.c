@@ -59,9 +59,10 @@ static void note_peak(pt_act_profile *a, int32_t win, uint64_t act, uint64_t scr
 
 /* The poison fills of the step's frees, per window (after the swap schedule:
  * a SWAP arena is freed at the start of the window after the last one its
- * copy drains in, swap_done[b] + 1). With f = 1 / free_Bps, A the arena, Sf
- * and Sb the host's forward and backward scratch of block b:
- *   forward window b   += Sf f, + A f when CKPT (freed after its forward)
+ * copy drains in, swap_done[b] + 1). With f = 1 / free_Bps, g = 1 /
+ * free_fwd_Bps (f when 0), A the arena, Sf and Sb the host's forward and
+ * backward scratch of block b:
+ *   forward window b   += Sf f, + A g when CKPT (freed right after its forward)
  *   forward window w   += A f when SWAP, w = swap_done[b] + 1 (N: the turn)
  *   backward window b  += (A + Sb) f, + Sf f when CKPT (its recompute's scratch)
  * Measured on the host backend (sample_host, 4 blocks): the four 2.2 MB arena
@@ -71,16 +72,17 @@ static void free_costs(const pt_trace *t, const uint8_t *modes, pt_act_profile *
     const pt_trace_block *B = t->blocks;
     const int32_t N = a->n_block;
     const double f = t->hw.free_Bps > 0 ? 1.0 / t->hw.free_Bps : 0;
+    const double g = t->hw.free_fwd_Bps > 0 ? 1.0 / t->hw.free_fwd_Bps : f;
     a->free_f_s = a->free_b_s = 0;
     for (int32_t w = 0; w <= N; w++) a->fwd_free_s[w] = 0;
     for (int32_t b = 0; b < N; b++) a->bwd_free_s[b] = 0;
-    if (f == 0) return;
+    if (f == 0 && g == 0) return;
     for (int32_t b = 0; b < N; b++) {
         double A = (double)B[b].arena_bytes * f, Sf = (double)B[b].fwd_scratch_bytes * f;
         a->fwd_free_s[b] += Sf;
         a->bwd_free_s[b] += A + (double)B[b].bwd_scratch_bytes * f;
         if (modes[b] == PT_BLOCK_CKPT) {
-            a->fwd_free_s[b] += A;
+            a->fwd_free_s[b] += (double)B[b].arena_bytes * g;
             a->bwd_free_s[b] += Sf;
         } else if (modes[b] == PT_BLOCK_SWAP) {
             int32_t w = a->swap_done[b] + 1;

@@ -92,7 +92,7 @@
                                     d2h_lat_s (per-copy latency);
                                  11: chunk rekls_aux_words, rekls_mn, rekls_own_max (mode C
                                     REKLS: each param's state at one owner rank);
-                                 12: hw free_Bps (the poison fill of a device free), the
+                                 12: hw free_Bps, free_fwd_Bps (the poison fill of a device free), the
                                     device AdamW rate timed between profiled passes, two
                                     warm-up passes */
 
@@ -184,8 +184,11 @@ typedef struct pt_trace_hw {
      * poison), the fill is a memset queued on the stream, and a step frees
      * every block's activation arena (after its backward; a CKPT one after
      * its forward too, a SWAP one once its copy is out) and the host's
-     * scratch. 0 = frees cost nothing (no fill, or not modelled). */
-    double free_Bps;
+     * scratch. 0 = frees cost nothing (no fill, or not modelled).
+     * free_fwd_Bps: the same for a CKPT arena freed right after the forward
+     * that wrote it (still in cache: 2-3x faster on the host backend); 0 =
+     * free_Bps. */
+    double free_Bps, free_fwd_Bps;
 } pt_trace_hw;
 
 /* What running plans made from this profile taught (stored with it in the

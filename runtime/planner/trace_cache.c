@@ -21,7 +21,7 @@
 #define MAX_BLOCKS (1 << 20)
 #define MAX_CHUNKS (1 << 24)
 /* Encoded sizes (see the format in trace_cache.h). */
-#define SCALAR_BYTES 288u
+#define SCALAR_BYTES 296u
 #define BLOCK_BYTES 72u
 #define CHUNK_BYTES 108u
 
@@ -188,7 +188,7 @@ int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
         !(isfinite(h->dev_adam_elems_per_s) && h->dev_adam_elems_per_s > 0) || !finite_nonneg(h->allreduce_Bps) ||
         !finite_nonneg(h->allgather_Bps) || !finite_nonneg(h->reduce_scatter_Bps) ||
         !finite_nonneg(h->dev_op_s) || !finite_nonneg(h->dev_memset_Bps) ||
-        !finite_nonneg(h->h2d_lat_s) || !finite_nonneg(h->d2h_lat_s) || !finite_nonneg(h->free_Bps))
+        !finite_nonneg(h->h2d_lat_s) || !finite_nonneg(h->d2h_lat_s) || !finite_nonneg(h->free_Bps) || !finite_nonneg(h->free_fwd_Bps))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                     "trace: hw rates must be positive and finite (h2d %g d2h %g B/s, cpu adam %g, dev adam %g elem/s)",
                     h->h2d_Bps, h->d2h_Bps, h->cpu_adam_elems_per_s, h->dev_adam_elems_per_s);
@@ -399,6 +399,7 @@ static void encode_payload(wbuf *w, const pt_trace *t) {
     put_f64(w, t->hw.h2d_lat_s);
     put_f64(w, t->hw.d2h_lat_s);
     put_f64(w, t->hw.free_Bps);
+    put_f64(w, t->hw.free_fwd_Bps);
     put_i32(w, t->hw.copy_engines);
     put_u64(w, t->hw.host_ram_bytes);
     put_u64(w, t->hw.device_capacity);
@@ -481,6 +482,7 @@ static int decode_payload(rbuf *r, pt_trace *t, char *err, size_t errlen) {
     t->hw.h2d_lat_s = get_f64(r);
     t->hw.d2h_lat_s = get_f64(r);
     t->hw.free_Bps = get_f64(r);
+    t->hw.free_fwd_Bps = get_f64(r);
     t->hw.copy_engines = get_i32(r);
     t->hw.host_ram_bytes = get_u64(r);
     t->hw.device_capacity = get_u64(r);

@@ -40,7 +40,7 @@
                                          (4 f64) after the reduce-scatter rate;
                                       9: chunk records end with rekls_aux_words,
                                          rekls_mn, rekls_own_max (3 u64);
-                                      10: free_Bps (f64) after d2h_lat_s */
+                                      10: free_Bps, free_fwd_Bps (2 f64) after d2h_lat_s */
 #define PT_TRACE_HEADER_BYTES 128u
 
 enum { PT_CACHE_MISS = 0, PT_CACHE_HIT = 1 };

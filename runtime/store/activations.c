@@ -156,7 +156,10 @@ int pt_acts_post_forward(pt_store *st, int32_t b, char *err, size_t errlen) {
     (void)reap(st, 0, NULL, 0);   /* without waiting it calls no failing op */
     if (!a->ptr) return PT_OK;                    /* the block saved nothing */
     if (st->env.sx->eval || a->mode == PT_ACT_CKPT) {
+        int m = !st->env.sx->eval && st->env.mark;
+        if (m) st->env.mark(st->env.user, PT_STORE_MARK_ARENA_FREE_FWD, b, 0);
         pt_cs_free(st, a->ptr);             /* poisoned: stale pointers read NaN */
+        if (m) st->env.mark(st->env.user, PT_STORE_MARK_ARENA_FREE_FWD, b, 1);
         a->ptr = NULL;
         return PT_OK;
     }

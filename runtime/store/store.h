@@ -73,7 +73,7 @@ typedef struct pt_store_knobs {
 } pt_store_knobs;
 
 /* What the store runs with; every pointer outlives the store. */
-enum { PT_STORE_MARK_RECOMPUTE = 0, PT_STORE_MARK_ARENA_FREE = 1 };
+enum { PT_STORE_MARK_RECOMPUTE = 0, PT_STORE_MARK_ARENA_FREE = 1, PT_STORE_MARK_ARENA_FREE_FWD = 2 };
 
 typedef struct pt_store_env {
     const pt_config *cfg;
@@ -86,8 +86,9 @@ typedef struct pt_store_env {
     const pt_step_state *sx;
     /* Called right before (after = 0) and after (after = 1) each CKPT recompute
      * callback (PT_STORE_MARK_RECOMPUTE) and each free of a block's arena
-     * after its backward (PT_STORE_MARK_ARENA_FREE), so the profiler can mark
-     * the device's clock there; or NULL. */
+     * after its backward (PT_STORE_MARK_ARENA_FREE) or, CKPT, after its
+     * forward (PT_STORE_MARK_ARENA_FREE_FWD), so the profiler can mark the
+     * device's clock there; or NULL. */
     void (*mark)(void *user, int kind, int32_t block, int after);
     void *user;
     /* The host computes asynchronously on s_compute (PT_HOST_ASYNC_COMPUTE): the

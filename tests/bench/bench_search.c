@@ -51,7 +51,7 @@ static void build(pt_trace *t, const layout *L, uint64_t capacity) {
     t->head_bwd_s = 2 * t->head_fwd_s;
     t->nonblock_bytes = (uint64_t)(s * B * L->vocab * 4 + 2 * in);
     t->nonblock_scratch_bytes = (uint64_t)(s * B * L->vocab * 4);
-    t->hw = (pt_trace_hw){50e9, 50e9, 2e9, 1e11, 0, 2, 0, 0, capacity, 0, 0, 0, 0, 0, 0, 0};
+    t->hw = (pt_trace_hw){50e9, 50e9, 2e9, 1e11, 0, 2, 0, 0, capacity, 0, 0, 0, 0, 0, 0, 0, 0};
     t->key.world_size = 1;
     t->key.version = PT_TRACE_VERSION;
     snprintf(t->key.device, sizeof t->key.device, "bench");

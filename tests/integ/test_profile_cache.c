@@ -125,7 +125,8 @@ static void test_capacity(void **st) {
 
 /* What the profiler measures beside the passes, read back from the cached
  * trace of one run on the host backend (which poisons every free):
- *  - the arena frees after each backward were timed: free_Bps > 0;
+ *  - the arena frees after each backward and (every profiled block is CKPT)
+ *    after each forward were timed: free_Bps, free_fwd_Bps > 0;
  *  - the device AdamW between passes ran on scratch holding 16 bytes per
  *    trainable element (param, grad, m, v), more than the passes ever hold
  *    here, yet the fragmentation reading (the highest window peak) stays below
@@ -150,10 +151,11 @@ static void test_between_passes(void **st) {
     assert_int_equal(pt_trace_read_file(file, NULL, &t, err, sizeof err), 0);
     uint64_t scratch = 0;
     for (int k = 0; k < t.n_chunk; k++) scratch += 16 * t.chunks[k].trainable_elems;
-    printf("  free %.3g B/s, device AdamW %.3g elements/s, fragmentation reading at a %llu-byte "
-           "peak, sweep scratch %llu bytes\n", t.hw.free_Bps, t.hw.dev_adam_elems_per_s,
+    printf("  free %.3g B/s (after forward %.3g), device AdamW %.3g elements/s, fragmentation reading at a %llu-byte "
+           "peak, sweep scratch %llu bytes\n", t.hw.free_Bps, t.hw.free_fwd_Bps, t.hw.dev_adam_elems_per_s,
            (unsigned long long)t.frag.peak_bytes, (unsigned long long)scratch);
     assert_true(t.hw.free_Bps > 0);
+    assert_true(t.hw.free_fwd_Bps > 0);   /* every profiled block is CKPT: freed after forward too */
     assert_true(t.hw.dev_adam_elems_per_s > 0);
     assert_true(t.frag.peak_bytes > 0 && t.frag.peak_bytes < scratch);
     pt_trace_free(&t);

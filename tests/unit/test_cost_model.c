@@ -48,7 +48,7 @@ static void build(pt_trace *t, const synth *s) {
     t->adam_m_elem_bytes = t->adam_v_elem_bytes = 4;
     t->host_grad_elem_bytes = 4;
     t->slot_bytes = 2 * s->chunk_bytes;
-    t->hw = (pt_trace_hw){s->h2d, s->d2h, s->cpu, s->dev, 0, s->engines, 0, 0, 1ull << 40, 0, 0, 0, 0, 0, 0, s->fr};
+    t->hw = (pt_trace_hw){s->h2d, s->d2h, s->cpu, s->dev, 0, s->engines, 0, 0, 1ull << 40, 0, 0, 0, 0, 0, 0, s->fr, 0};
     t->key.world_size = 1;
     t->key.version = PT_TRACE_VERSION;
 }
@@ -495,6 +495,16 @@ static void test_hand_free_fill(void **state) {
     assert_double_equal(c.fwd_s, 4.11, EPS);
     assert_double_equal(c.bwd_s, 8.924, EPS);
     assert_double_equal(c.iter_s, 4.11 + 8.924 + 1.0, EPS);
+    pt_cost_ctx_free(cx);
+    /* a CKPT arena freed right after its forward at its own rate (2000 B/s:
+     * 0.5 s): forward 2.1 + 2 x 0.505; NONE frees none there (unchanged) */
+    t.hw.free_fwd_Bps = 2000;
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    assert_int_equal(pt_cost_eval(cx, &o, &ckpt, &c, err, sizeof err), PT_OK);
+    assert_double_equal(c.fwd_s, 3.11, EPS);
+    assert_double_equal(c.bwd_s, 8.924, EPS);
+    assert_int_equal(pt_cost_eval(cx, &o, &none, &c, err, sizeof err), PT_OK);
+    assert_double_equal(c.fwd_s, 2.11, EPS);
     pt_cost_ctx_free(cx);
     /* a negative or NaN rate is refused, naming the field set */
     t.hw.free_Bps = -1;

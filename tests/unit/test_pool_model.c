@@ -206,7 +206,7 @@ static void random_trace(pt_trace *t, unsigned *seed, int frozen) {
     t->head_bwd_s = 0.005;
     t->param_elem_bytes = t->grad_elem_bytes = 2;
     t->master_elem_bytes = t->adam_m_elem_bytes = t->adam_v_elem_bytes = t->host_grad_elem_bytes = 4;
-    t->hw = (pt_trace_hw){1e6, 1e6, 1e6, 1e7, 0, 2, 0, 0, 1ull << 30, 0, 0, 0, 0, 0, 0, 0};
+    t->hw = (pt_trace_hw){1e6, 1e6, 1e6, 1e7, 0, 2, 0, 0, 1ull << 30, 0, 0, 0, 0, 0, 0, 0, 0};
     t->key.world_size = 1;
     t->key.version = PT_TRACE_VERSION;
 }
@@ -370,7 +370,7 @@ static void test_lru_evicts_own_cached_chunks(void **state) {
     t.slot_bytes = 256;
     t.param_elem_bytes = t.grad_elem_bytes = 2;
     t.master_elem_bytes = t.adam_m_elem_bytes = t.adam_v_elem_bytes = t.host_grad_elem_bytes = 4;
-    t.hw = (pt_trace_hw){100, 100, 100, 100, 0, 2, 0, 0, 1 << 20, 0, 0, 0, 0, 0, 0, 0};
+    t.hw = (pt_trace_hw){100, 100, 100, 100, 0, 2, 0, 0, 1 << 20, 0, 0, 0, 0, 0, 0, 0, 0};
     t.key.world_size = 1;
     pt_cost_ctx *cx;
     char err[256];

@@ -56,7 +56,7 @@ static void build(pt_trace *t, const synth *s) {
     t->head_bwd_s = 0.004;
     t->nonblock_bytes = 5 * MB;
     t->nonblock_scratch_bytes = 4 * MB;
-    t->hw = (pt_trace_hw){2e9, s->d2h, s->cpu > 0 ? s->cpu : 1e9, 2e10, 0, s->engines, 0, 0, 1ull << 30, 0, 0, 0, 0, 0, 0, 0};
+    t->hw = (pt_trace_hw){2e9, s->d2h, s->cpu > 0 ? s->cpu : 1e9, 2e10, 0, s->engines, 0, 0, 1ull << 30, 0, 0, 0, 0, 0, 0, 0, 0};
     t->key.world_size = 1;
     t->key.version = PT_TRACE_VERSION;
     snprintf(t->key.device, sizeof t->key.device, "test");
@@ -281,7 +281,7 @@ static void test_matches_brute_force_random(void **state) {
         t.nonblock_bytes = 5 * MB;
         t.nonblock_scratch_bytes = 4 * MB;
         t.hw = (pt_trace_hw){2e8 + unif() * 4e9, 2e8 + unif() * 4e9, 3e6 + unif() * 1e9, 2e10, 0, 1 + (unif() < 0.5),
-                             0, 0, 1ull << 30, 0, 0, 0, 0, 0, 0, 0};
+                             0, 0, 1ull << 30, 0, 0, 0, 0, 0, 0, 0, 0};
         t.key.world_size = 1;
         t.key.version = PT_TRACE_VERSION;
         for (int d = 0; d < 2; d++) {
