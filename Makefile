@@ -286,7 +286,7 @@ bench: all
 	@for b in $(BENCH_BINS); do echo "=== $$b"; PT_BUILD=$(abspath $(BUILD)) PT_ROOT=$(CURDIR) $(OMP_ENV) PT_BENCH_STRICT=$(STRICT) $$b || exit 1; done
 	@echo "=== tests/bench/bench_dist.sh (2 ranks under mpirun)"
 	@PT_BUILD=$(abspath $(BUILD)) PT_ROOT=$(CURDIR) PT_BENCH_STRICT=$(STRICT) bash tests/bench/bench_dist.sh || exit 1
-	@echo "=== cost-model accuracy, strict (median of 3 runs per configuration; bar on the learned sweep: median 5%, max 15%)"
+	@echo "=== cost-model accuracy, strict (3 round-robin rounds, median of 3 runs per configuration; bar on the sweep where every run profiles itself: median 5%, max 15%)"
 	@$(TEST_ENV) PT_ACCURACY_STRICT=1 $(BUILD)/tests/test_plan_accuracy
 
 # ---- fuzzing (libFuzzer, clang): tests/fuzz/fuzz_*.c ----

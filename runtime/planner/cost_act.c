@@ -121,9 +121,10 @@ void pt_act_compute(const pt_cost_ctx *cx, const uint8_t *modes, pt_act_profile 
         if (modes[j] == PT_BLOCK_CKPT) a->recompute_s += B[j].recompute_s;
         if (modes[j] != PT_BLOCK_SWAP) continue;
         a->swap_pool += B[j].arena_bytes;
-        double need = (double)B[j].arena_bytes / t->hw.d2h_Bps;
+        /* one copy each way, bytes at the rate plus the per-copy latency */
+        double need = (double)B[j].arena_bytes / t->hw.d2h_Bps + t->hw.d2h_lat_s;
         a->swap_out_s += need;
-        a->swap_in_s += (double)B[j].arena_bytes / t->hw.h2d_Bps;
+        a->swap_in_s += (double)B[j].arena_bytes / t->hw.h2d_Bps + t->hw.h2d_lat_s;
         if (w < j + 1) {
             w = j + 1;
             left = w < N ? B[w].fwd_s : 0;

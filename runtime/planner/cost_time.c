@@ -205,7 +205,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
          * drained, whatever the engines: the two copies are in series. */
         uint64_t u = a->bwd_swap_in[N];
         double c = t->head_fwd_s + t->head_bwd_s + a->fwd_free_s[N],
-               x = u ? dmax(c, a->fwd_swap_s[N] + (double)u * ih)
+               x = u ? dmax(c, a->fwd_swap_s[N] + copy_s(u, 1, ih, lu))
                      : win(c, 0, a->fwd_swap_s[N], 0, eng);
         up_bytes += u;
         clock += x;
@@ -226,7 +226,8 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
             chunk_up += u + us;
             sync_bytes += us;
             sync_copies += nus;
-            u += a->bwd_swap_in[b];
+            u += a->bwd_swap_in[b];   /* the swap-in of block b-1: one more copy */
+            nu += a->bwd_swap_in[b] > 0;
             up_bytes += a->bwd_swap_in[b];
         } else {
             c = t->embed_bwd_s;

@@ -154,7 +154,7 @@ int main(void) {
         hid[k] = r.st.cpu_optim_s > 0 ? r.st.cpu_optim_hidden_s / r.st.cpu_optim_s : NAN;
         if (run(H.plug.table, c_path, 6, &r)) return 1;
         ck[k] = r.step_s / res_step;
-        /* profiling: the auto plan profiles (two passes) inside post_model_load */
+        /* profiling: the auto plan profiles (seven passes) inside post_model_load */
         result a;
         if (run(H.plug.table, ini("auto", "[memory]\ndevice_capacity = 1GiB"), 1, &a)) return 1;
         prof[k] = a.create_s;

@@ -553,6 +553,21 @@ static void test_hand_ckpt_swap(void **state) {
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
     assert_double_equal(c.bwd_s, 39.0 + 10.0 + 10.0 + 2.0 + 0.2, EPS);
     pt_cost_ctx_free(cx);
+    /* each swap copy pays the per-copy latency like a chunk copy (0.5 s down,
+     * 0.25 s up): block 0 SWAP drains 20.5 s, 19.5 at the turn; its swap-in
+     * 10.25 s in block 1's backward */
+    t.hw.d2h_lat_s = 0.5;
+    t.hw.h2d_lat_s = 0.25;
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    k = (pt_knobs){2, 0, 1, 0};
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_double_equal(c.fwd_s, 2.1, EPS);
+    assert_double_equal(c.bwd_s, 19.5 + 10.25 + 2.0 + 0.2, EPS);
+    /* both SWAP: 19.5 + 20.5 drain at the turn, then block 1's swap-in 10.25 */
+    k = (pt_knobs){2, 0, 2, 0};
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_double_equal(c.bwd_s, 40.0 + 10.25 + 10.25 + 2.0 + 0.2, EPS);
+    pt_cost_ctx_free(cx);
     pt_trace_free(&t);
 }
 
