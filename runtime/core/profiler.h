@@ -14,10 +14,9 @@ int pt_prof_begin(pt_rt *rt, char *err, size_t errlen);
 int pt_prof_passes(void);
 /* Called at entry (exit = 0) and exit (exit = 1) of each block hook while profiling. */
 void pt_prof_hook(pt_rt *rt, int which, int32_t b, int exit);
-/* Marks the device's clock right before (after = 0) and after (after = 1) block
- * b's recompute callback. */
-/* The store's marks (PT_STORE_MARK_*): the device's clock around a CKPT
- * block's recompute and around the free of a block's arena after its backward. */
+/* The store's marks (PT_STORE_MARK_*): the device's clock right before
+ * (after = 0) and after (after = 1) a CKPT block's recompute and the free of a
+ * block's arena after its backward or (CKPT) its forward. */
 void pt_prof_store_mark(pt_rt *rt, int kind, int32_t b, int after);
 /* Builds the trace (blocks, chunks, non-block, hardware rates). */
 int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen);
