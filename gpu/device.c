@@ -237,7 +237,9 @@ uint64_t pt_gpu_round_size(uint64_t bytes) {
 }
 
 
-int pt_gpu_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t errlen) {
+/* record: a request that does not fit is kept for pt_gpu_last_oom (0: a
+ * caller's optional buffer, pt_gpu_try_alloc). */
+static int alloc(pt_gpu *g, size_t bytes, int tag, void **p, int record, char *err, size_t errlen) {
     if (!g || !p || tag < 0 || tag >= PT_TAG_COUNT)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_alloc: %s",
                        !g ? "device is NULL" : !p ? "output pointer is NULL" : "tag out of range");
@@ -270,8 +272,10 @@ int pt_gpu_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t e
     if (!x) {
         uint64_t cap = g->u.capacity, freeb = cap - g->u.current;
         uint64_t largest = pt_ext_largest_free(&g->dev);
-        g->oom_need = g->u.current + size;
-        memcpy(g->oom_tags, g->u.tag_current, sizeof g->oom_tags);
+        if (record) {
+            g->oom_need = g->u.current + size;
+            memcpy(g->oom_tags, g->u.tag_current, sizeof g->oom_tags);
+        }
         pthread_mutex_unlock(&g->mu);
         if (size == bytes)
             return pt_fail(err, errlen, PT_ERR_OOM,
@@ -300,6 +304,14 @@ int pt_gpu_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t e
     *p = g->base + x->off;
     pthread_mutex_unlock(&g->mu);
     return PT_OK;
+}
+
+int pt_gpu_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t errlen) {
+    return alloc(g, bytes, tag, p, 1, err, errlen);
+}
+
+int pt_gpu_try_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t errlen) {
+    return alloc(g, bytes, tag, p, 0, err, errlen);
 }
 
 /* Frees a live block. s == NULL: the poison (when on) is written before the

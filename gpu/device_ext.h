@@ -82,6 +82,11 @@ int pt_gpu_in_device(const pt_gpu *g, const void *p, size_t bytes);
  * needed (bytes in use then + its rounded size) and the bytes in use per tag at
  * that moment. 0 when no allocation has failed since open. */
 uint64_t pt_gpu_last_oom(const pt_gpu *g, uint64_t tag_current[PT_TAG_COUNT]);
+/* pt_gpu_alloc for a buffer the caller can do without (a timing buffer): a
+ * request that does not fit fails the same way but leaves the record of the
+ * last out-of-memory (pt_gpu_last_oom) as it was, so a later, unrelated
+ * failure is not explained by it. */
+int pt_gpu_try_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t errlen);
 /* Forget the last failure, so a later pt_gpu_last_oom speaks of a new one only. */
 void pt_gpu_oom_reset(pt_gpu *g);
 

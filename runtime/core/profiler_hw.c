@@ -12,19 +12,6 @@
 #include "optim/optim.h"
 #include "profiler_internal.h"
 
-/* A timing buffer the profiler may do without: a request that does not fit
- * fails quietly (0 or -1, why in e), and leaves no record of an out-of-memory
- * that the run's error explanation (pt_rt_explain_oom) would otherwise
- * describe as the reason a later, unrelated failure happened. */
-static int probe_alloc(pt_rt *rt, size_t bytes, int tag, void **d, char *e, size_t elen) {
-    uint64_t tags[PT_TAG_COUNT];
-    int had = pt_gpu_last_oom(rt->gpu, tags) != 0;
-    if (!pt_gpu_alloc(rt->gpu, bytes, tag, d, e, elen)) return 0;
-    *d = NULL;
-    if (!had) pt_gpu_oom_reset(rt->gpu);
-    return -1;
-}
-
 /* Gives a timing buffer back. After a failed op (failed != 0) the work queued
  * before it on the compute stream may still use the buffer: it goes back once
  * the stream is idle, or in the stream's order when even the wait fails. */
@@ -83,7 +70,7 @@ void pt_prof_sweep(pt_rt *rt, int timed) {
     if (!E) return;
     void *d = NULL;
     char e[256];
-    if (probe_alloc(rt, (size_t)E * 16, PT_TAG_OTHER, &d, e, sizeof e)) return;
+    if (pt_gpu_try_alloc(rt->gpu, (size_t)E * 16, PT_TAG_OTHER, &d, e, sizeof e)) return;
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     void *impl = pt_gpu_impl(rt->gpu);
     pt_event *e0 = p->ev[E_PER_BLOCK * p->n + E_T0], *e1 = p->ev[E_PER_BLOCK * p->n + E_END];
@@ -212,7 +199,7 @@ static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
     void *dev = NULL, *host = NULL;
     char e[256];
     int own = 0;
-    if (!probe_alloc(rt, bytes, PT_TAG_OTHER, &dev, e, sizeof e)) {
+    if (!pt_gpu_try_alloc(rt->gpu, bytes, PT_TAG_OTHER, &dev, e, sizeof e)) {
         own = 1;
     } else {
         /* no room for a block that size: time with an idle pool slot */
@@ -275,7 +262,7 @@ static void measure_coll(pt_rt *rt, pt_trace_hw *hw) {
     float *buf = NULL, *dbuf = NULL;
     if (strcmp(pt_gpu_backend_name(rt->gpu), "host")) {
         char why[256];
-        if (probe_alloc(rt, n * 4, PT_TAG_SCRATCH, (void **)&dbuf, why, sizeof why)) {
+        if (pt_gpu_try_alloc(rt->gpu, n * 4, PT_TAG_SCRATCH, (void **)&dbuf, why, sizeof why)) {
             dbuf = NULL;
             PT_LOGW(&rt->lg, "profiler: timing the collectives on a host buffer (a device "
                              "buffer of one chunk did not fit: %s)", why);
@@ -488,7 +475,7 @@ static void measure_dev_adam(pt_rt *rt, pt_trace_hw *hw) {
     size_t dn = (size_t)4 << 20;
     void *d = NULL;
     char e[256];
-    while (dn >= 4096 && probe_alloc(rt, dn * 16, PT_TAG_OTHER, &d, e, sizeof e)) dn /= 4;
+    while (dn >= 4096 && pt_gpu_try_alloc(rt->gpu, dn * 16, PT_TAG_OTHER, &d, e, sizeof e)) dn /= 4;
     if (d) {
         const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
         void *impl = pt_gpu_impl(rt->gpu);

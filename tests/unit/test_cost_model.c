@@ -71,6 +71,18 @@ static void tiny(pt_trace *t) {
 #define EPS 1e-9
 #define assert_double_equal(a, b, eps) assert_true(fabs((double)(a) - (double)(b)) <= (eps))
 
+/* One rank, no clipping: the cost of knobs k on trace t (a context of its own). */
+static pt_cost hand_cost(const pt_trace *t, pt_knobs k) {
+    pt_cost_ctx *cx;
+    char err[256];
+    assert_int_equal(pt_cost_ctx_new(t, &cx, err, sizeof err), PT_OK);
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0};
+    pt_cost c;
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    pt_cost_ctx_free(cx);
+    return c;
+}
+
 /* Two ranks, every chunk resident: the all-reduce by hand. Each chunk's
  * gradient (50 fp32 elements, 200 bytes) takes 200 * 2(W-1)/W / rate. In
  * buckets chunk 1 starts when block 1's backward ends (head 0.7 + 2 = 2.7) and
@@ -445,24 +457,16 @@ static void test_hand_fixed_costs(void **state) {
     t.hw.d2h_lat_s = 0.5;
     t.hw.dev_op_s = 0.05;
     t.hw.dev_memset_Bps = 200;
-    pt_cost_ctx *cx;
-    char err[256];
-    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0};
-    pt_knobs k = {0, 2, 0, 0};
-    pt_cost c;
-    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    pt_cost c = hand_cost(&t, (pt_knobs){0, 2, 0, 0});
     assert_double_equal(c.fwd_s, 3.6, EPS);
     assert_double_equal(c.sync_xfer_s, 1.0 + 0.25, EPS);   /* block 0's gather: bytes + one copy */
     assert_double_equal(c.bwd_s, 7.7, EPS);
     assert_double_equal(c.cpu_finish_s, 9.7, EPS);
     assert_double_equal(c.iter_s, 3.6 + 9.7, EPS);
     assert_int_equal(c.h2d_bytes, 200);   /* bytes stay bytes */
-    pt_knobs all = {2, 0, 0, 0};
-    assert_int_equal(pt_cost_eval(cx, &o, &all, &c, err, sizeof err), PT_OK);
+    c = hand_cost(&t, (pt_knobs){2, 0, 0, 0});
     assert_double_equal(c.dev_adam_s, 1.0 + 1.3, EPS);
     assert_double_equal(c.iter_s, 2.1 + 4.9 + 2.3, EPS);
-    pt_cost_ctx_free(cx);
     pt_trace_free(&t);
 }
 
@@ -480,33 +484,26 @@ static void test_hand_free_fill(void **state) {
     pt_trace t;
     tiny(&t);
     t.hw.free_Bps = 1000;
-    pt_cost_ctx *cx;
-    char err[256];
-    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0};
-    pt_knobs none = {2, 0, 0, 0}, ckpt = {2, 0, 0, 2};
-    pt_cost c;
-    assert_int_equal(pt_cost_eval(cx, &o, &none, &c, err, sizeof err), PT_OK);
+    const pt_knobs none = {2, 0, 0, 0}, ckpt = {2, 0, 0, 2};
+    pt_cost c = hand_cost(&t, none);
     assert_double_equal(c.fwd_s, 2.11, EPS);
     assert_double_equal(c.bwd_s, 6.914, EPS);
     assert_double_equal(c.iter_s, 2.11 + 6.914 + 1.0, EPS);
     assert_double_equal(c.exposed_xfer_s, 0.0, EPS);   /* the fills are compute-stream time */
-    assert_int_equal(pt_cost_eval(cx, &o, &ckpt, &c, err, sizeof err), PT_OK);
+    c = hand_cost(&t, ckpt);
     assert_double_equal(c.fwd_s, 4.11, EPS);
     assert_double_equal(c.bwd_s, 8.924, EPS);
     assert_double_equal(c.iter_s, 4.11 + 8.924 + 1.0, EPS);
-    pt_cost_ctx_free(cx);
     /* a CKPT arena freed right after its forward at its own rate (2000 B/s:
      * 0.5 s): forward 2.1 + 2 x 0.505; NONE frees none there (unchanged) */
     t.hw.free_fwd_Bps = 2000;
-    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    assert_int_equal(pt_cost_eval(cx, &o, &ckpt, &c, err, sizeof err), PT_OK);
+    c = hand_cost(&t, ckpt);
     assert_double_equal(c.fwd_s, 3.11, EPS);
     assert_double_equal(c.bwd_s, 8.924, EPS);
-    assert_int_equal(pt_cost_eval(cx, &o, &none, &c, err, sizeof err), PT_OK);
+    c = hand_cost(&t, none);
     assert_double_equal(c.fwd_s, 2.11, EPS);
-    pt_cost_ctx_free(cx);
-    /* a negative or NaN rate is refused, naming the field set */
+    /* a negative rate is refused */
+    char err[256];
     t.hw.free_Bps = -1;
     assert_int_equal(pt_trace_validate(&t, err, sizeof err), PT_ERR_INVALID_ARG);
     pt_trace_free(&t);
@@ -558,16 +555,12 @@ static void test_hand_ckpt_swap(void **state) {
      * 10.25 s in block 1's backward */
     t.hw.d2h_lat_s = 0.5;
     t.hw.h2d_lat_s = 0.25;
-    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    k = (pt_knobs){2, 0, 1, 0};
-    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    c = hand_cost(&t, (pt_knobs){2, 0, 1, 0});
     assert_double_equal(c.fwd_s, 2.1, EPS);
     assert_double_equal(c.bwd_s, 19.5 + 10.25 + 2.0 + 0.2, EPS);
     /* both SWAP: 19.5 + 20.5 drain at the turn, then block 1's swap-in 10.25 */
-    k = (pt_knobs){2, 0, 2, 0};
-    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    c = hand_cost(&t, (pt_knobs){2, 0, 2, 0});
     assert_double_equal(c.bwd_s, 40.0 + 10.25 + 10.25 + 2.0 + 0.2, EPS);
-    pt_cost_ctx_free(cx);
     pt_trace_free(&t);
 }
 

@@ -81,6 +81,16 @@ static void test_oom_changes_nothing(void **state) {
     assert_int_equal(pt_gpu_alloc(g, 9 * MiB, PT_TAG_PARAM, &b, err, sizeof err), PT_ERR_OOM);
     pt_gpu_usage_get(g, &after);
     assert_memory_equal(&before, &after, sizeof before);
+    /* the last failure is kept for the error explanation; a try_alloc that
+     * does not fit fails the same way but leaves that record as it was */
+    uint64_t tags[PT_TAG_COUNT];
+    assert_int_equal(pt_gpu_last_oom(g, tags), 4 * MiB + 9 * MiB);
+    assert_int_equal(pt_gpu_try_alloc(g, 6 * MiB, PT_TAG_OTHER, &b, err, sizeof err), PT_ERR_OOM);
+    assert_null(b);
+    assert_int_equal(pt_gpu_last_oom(g, tags), 4 * MiB + 9 * MiB);
+    pt_gpu_oom_reset(g);
+    assert_int_equal(pt_gpu_try_alloc(g, 6 * MiB, PT_TAG_OTHER, &b, err, sizeof err), PT_ERR_OOM);
+    assert_int_equal(pt_gpu_last_oom(g, tags), 0);
     /* exactly the remaining bytes still fit */
     assert_int_equal(pt_gpu_alloc(g, 4 * MiB, PT_TAG_ACT, &b, err, sizeof err), PT_OK);
     pt_gpu_free(g, a);
