@@ -28,8 +28,19 @@ DEB_PKGS := libinih-dev libcmocka-dev libopenblas-dev liblapacke-dev libopenmpi-
             clang libclang-rt-14-dev
 
 WARN := -Wall -Wextra -Werror
-CFLAGS_BASE := -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -fno-math-errno -pthread $(WARN) \
-               -I/usr/include/x86_64-linux-gnu
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -fno-math-errno -pthread $(WARN)
+
+# Flags of installed packages come from pkg-config, and only when a recipe runs:
+# these are recursive (=) variables, and every object and link waits for
+# check-deps (order-only prerequisite below), so on a fresh machine the first
+# `make test` installs the packages before anything asks pkg-config about them.
+# A package pkg-config does not know stops the build with its name, never with
+# an empty flag and a missing header further on.
+pc = $(if $(shell pkg-config --exists $(1) && echo y),$(shell pkg-config $(2) $(1)),$(error pkg-config does not know $(1): install the Debian packages with 'make deps' (as root)))
+BLAS_CFLAGS = $(call pc,openblas,--cflags)
+BLAS_LIBS = $(call pc,openblas,--libs)
+MPI_CFLAGS = $(call pc,ompi-c,--cflags)
+MPI_LIBS = $(call pc,ompi-c,--libs)
 
 # Layers: each folder compiles with the include paths of what it may use, so a
 # wrong-way include (runtime -> plugin, sample_host -> runtime, ...) does not
@@ -59,12 +70,10 @@ else
   OMPFLAGS := -fopenmp
   SANFLAGS :=
 endif
-CFLAGS := $(CFLAGS_BASE) $(SANFLAGS) $(EXTRA_CFLAGS)
+CFLAGS = $(CFLAGS_BASE) $(BLAS_CFLAGS) $(SANFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS := $(SANFLAGS) -pthread
-# MPI (gpu/mpi/ only compiles with its headers; whatever links the core links libmpi).
-MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null)
-MPI_LIBS := $(shell pkg-config --libs ompi-c 2>/dev/null || echo -lmpi)
-LIBS := -linih -lopenblas -llapacke -lm -ldl $(MPI_LIBS)
+# MPI: gpu/mpi/ only compiles with its headers; whatever links the core links libmpi.
+LIBS = -linih $(BLAS_LIBS) -llapacke -lm -ldl $(MPI_LIBS)
 
 CORE_SRCS := host_api/util.c $(wildcard plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c gpu/mpi/*.c)
 CORE_OBJS := $(CORE_SRCS:%.c=$(BUILD)/obj/%.o)
@@ -114,6 +123,10 @@ deps:
 
 check-deps:
 	@for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || { $(MAKE) --no-print-directory deps || exit 1; break; }; done
+
+# Everything compiled or linked here waits for the packages (see pc above).
+$(CORE_OBJS) $(SH_OBJS) $(BUILD)/obj/sample_host/main.o $(LOADER_OBJ) $(TEST_BINS) $(TPLUG_SOS) \
+  $(BENCH_BINS) $(PLUGIN) $(PLAN_CLI) $(SAMPLE): | check-deps
 
 # ---- objects (one rule per layer: its include paths) ----
 OBJ_CC = @mkdir -p $(dir $@); echo "  CC $<"; $(CC) $(CFLAGS) -MMD -MP -c $< -o $@
@@ -214,7 +227,7 @@ $(BUILD)/libsample.a: $(SH_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 $(SAMPLE): $(BUILD)/obj/sample_host/main.o $(BUILD)/libsample.a $(LOADER_OBJ)
-	$(CC) -o $@ $^ $(OMPFLAGS) $(LDFLAGS) -linih -lopenblas -lm -ldl
+	$(CC) -o $@ $^ $(OMPFLAGS) $(LDFLAGS) -linih $(BLAS_LIBS) -lm -ldl
 
 # ---- tests ----
 # The loader objects come first: util.o is then linked once, and the archive
@@ -350,7 +363,7 @@ install-build: check-deps $(PLUGIN) $(CUDA_TARGET) $(SAMPLE) $(PLAN_CLI)
 	rm -f $(INST)/libprotrain_loader.a && ar rcs $(INST)/libprotrain_loader.a $(INST)/loader.o $(UTIL_OBJ)
 	$(CC) -o $(INST)/sample_host $(BUILD)/obj/sample_host/main.o $(BUILD)/libsample.a \
 	  $(INST)/loader.o $(UTIL_OBJ) $(OMPFLAGS) $(LDFLAGS) -Wl,-rpath,$(abspath $(LIBDIR)) \
-	  -linih -lopenblas -lm -ldl
+	  -linih $(BLAS_LIBS) -lm -ldl
 	printf 'prefix=%s\nlibdir=%s\nincludedir=%s\n\nName: protrain\nDescription: %s\nVersion: 1\nCflags: -I$${includedir}\nLibs: -L$${libdir} -lprotrain_loader -ldl\n' \
 	  '$(abspath $(PREFIX))' '$(abspath $(LIBDIR))' '$(abspath $(INCDIR))' \
 	  'ProTrain plugin loader (pt_load_plugin) and ABI header' > $(INST)/protrain.pc

@@ -18,6 +18,10 @@
  * PT_ERR_UNSUPPORTED ABI version outside [PT_ABI_MIN_VERSION, PT_ABI_VERSION];
  * PT_ERR_HOST_OOM when the private table copy cannot be allocated.
  */
+/* dladdr1 and RTLD_DL_SYMENT are GNU extensions of <dlfcn.h>. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
 #include "protrain.h"
 #include "pt_util.h"
 
