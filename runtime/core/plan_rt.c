@@ -12,7 +12,7 @@
 #include "optim/optim.h"
 #include "planner/planner.h"
 #include "profiler.h"
-#include "osft.h"
+#include "osft/osft.h"
 #include "rt_internal.h"
 
 

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "device_ext.h"
-#include "osft.h"
+#include "osft/osft.h"
 #include "planner/planner.h"
 #include "profiler.h"
 #include "rt_internal.h"

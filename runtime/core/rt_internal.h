@@ -7,7 +7,7 @@
 #ifndef PT_RT_INTERNAL_H
 #define PT_RT_INTERNAL_H
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "rt.h"
 #include "store/store.h"
 

@@ -36,7 +36,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "rekls.h"
 
 typedef int (*pt_rekls_gather_fn)(void *ctx, void *buf, size_t n, size_t elem_size,

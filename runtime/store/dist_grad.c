@@ -52,7 +52,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "store_internal.h"
 
 

@@ -31,7 +31,7 @@
 
 #include <pthread.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "device_ext.h"
 #include "buffer_pool.h"
 #include "chunk_layout.h"

@@ -65,7 +65,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "kernels_hd.h"
 #include "optim/optim.h"
 #include "planner/trace_cache.h"

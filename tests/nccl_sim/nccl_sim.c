@@ -18,7 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "cuda_runtime_api.h"
 #include "nccl.h"
 #include "rank_sum.h"

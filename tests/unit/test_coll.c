@@ -55,7 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "gpu.h"
 #include "protrain.h"
 

@@ -36,8 +36,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "coll.h"
-#include "coll_nccl.h"
+#include "coll/coll.h"
+#include "coll/coll_nccl.h"
 #include "cuda_runtime_api.h"
 #include "nccl.h"
 #include "protrain.h"

@@ -23,7 +23,7 @@
 
 #include "device_ext.h"
 #include "planner/planner.h"
-#include "rt_internal.h"
+#include "core/rt_internal.h"
 
 int pt_rt_tiled_check(pt_rt *rt, char *err, size_t errlen) {
     if (!rt->cfg.tiled_mlp_enabled) return PT_OK;

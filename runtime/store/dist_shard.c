@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "device_ext.h"
 #include "kernels_hd.h"
 #include "store_internal.h"
