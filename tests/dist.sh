@@ -170,7 +170,8 @@ done
 # The same wired into the plugin (weights declared split through
 # pt_param_v1.tp_split by a hook-level host, tests/integ/test_tp_plugin.c):
 # resident (mode A), offloaded (mode B), clipped, 2 micro-batches, l2 decay
-# with beta2 = auto, weight_decay = auto (REKLS and AdamW), bf16 weights,
+# with beta2 = auto, weight_decay = auto (REKLS and AdamW), bf16 weights, every
+# block weight split and resident (no device REKLS workspace or eigh status),
 # save/load mid-run, the planner's trace and plan file; every rank's shards
 # bit-identical to single-rank REKLS over 5 steps. "np tp": tp_size = np is one
 # tensor-parallel group; 4 ranks with tp_size 2 are 2 groups, data parallel
