@@ -15,6 +15,7 @@
 #include "base/base.h"
 #include "protrain.h"
 #include "core/rt.h"
+#include "tiled/tiled.h"
 #include "pt_util.h"
 
 #define PT_PLUGIN_VERSION "0.1.0"
@@ -427,7 +428,7 @@ static int32_t tiled(void *vctx, int32_t b, int64_t tokens, int backward) {
                      "hook %s(%d) called out of order: call it between block_pre_%s(%d) and "
                      "block_post_%s(%d) (state: %s)", hook, b, backward ? "backward" : "forward",
                      b, backward ? "backward" : "forward", b, pt_lc_state_name(c->lc.state));
-    if (!rc) rc = pt_rt_tiled_mlp(c->rt, b, tokens, backward, c->err, sizeof c->err);
+    if (!rc) rc = pt_tiled_mlp(c->rt, b, tokens, backward, c->err, sizeof c->err);
     return done(c, rc);
 }
 static int32_t h_tiled_fwd(void *vctx, int32_t b, int64_t tokens) {
@@ -438,7 +439,7 @@ static int32_t h_tiled_bwd(void *vctx, int32_t b, int64_t tokens) {
 }
 static int32_t h_tiled_scratch(void *vctx, uint64_t bytes, void **ptr) {
     CTX("tiled_mlp_scratch");
-    return done(c, pt_rt_tile_scratch(c->rt, bytes, ptr, c->err, sizeof c->err));
+    return done(c, pt_tiled_scratch(c->rt, bytes, ptr, c->err, sizeof c->err));
 }
 
 /* OSFT's linear layer. From the host's thread: inside the owning block's

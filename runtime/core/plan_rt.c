@@ -14,6 +14,7 @@
 #include "profiler.h"
 #include "osft/osft.h"
 #include "rt_internal.h"
+#include "tiled/tiled.h"
 
 
 /* auto_memory: profile and plan, even when the INI fixes all four knobs (the plan
@@ -104,7 +105,7 @@ int pt_rt_profile_end(pt_rt *rt, char *err, size_t errlen) {
             PT_LOGI(&rt->lg, "profile cache: stored in %s", rt->cfg.cache_dir);
     }
     rc = rt->cfg.tiled_mlp_enabled && rt->cfg.tiled_mlp_tiles <= 0
-             ? pt_rt_tiles_auto_search(rt, &t, prof_s, err, errlen)
+             ? pt_tiled_auto_search(rt, &t, prof_s, err, errlen)
              : pt_rt_search_and_apply(rt, &t, prof_s, err, errlen);
     pt_trace_free(&t);
     return rc;
@@ -323,8 +324,8 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     plan.world_size = t->key.world_size;
     if (rt->cfg.tiled_mlp_enabled) {
         int64_t tok = plan.batch * plan.seq;
-        plan.mlp_tiles = pt_mlp_tiles_eff(tok, pt_rt_tiles_req(rt));
-        plan.mlp_tile_len = pt_mlp_tile_len(tok, pt_rt_tiles_req(rt));
+        plan.mlp_tiles = pt_mlp_tiles_eff(tok, pt_tiled_tiles_req(rt));
+        plan.mlp_tile_len = pt_mlp_tile_len(tok, pt_tiled_tiles_req(rt));
         plan.mlp_tiles_auto = rt->cfg.tiled_mlp_tiles <= 0;
     }
     char *text = pt_plan_text(&plan);

@@ -17,6 +17,7 @@
 #include "planner/planner.h"
 #include "profiler.h"
 #include "rt_internal.h"
+#include "tiled/tiled.h"
 
 
 /* save/load/read need the store and (save/load) the optimizer's state. */
@@ -238,7 +239,7 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     }
     rt->n_blocks = model->n_blocks;
     rt->mlp_auto_n = 0;   /* tiles = auto: decided after the profile */
-    if ((rc = pt_rt_tiled_check(rt, err, errlen))) {
+    if ((rc = pt_tiled_check(rt, err, errlen))) {
         pt_osft_free(rt);
         rt->model = rt->hmodel = NULL;
         return rc;
@@ -672,7 +673,7 @@ int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out) {
     s.pred_peak = rt->pred_peak;
     s.pred_iter_s = rt->pred_iter_s;
     pt_store_stats(rt->st, &s);
-    s.mlp_tiles = pt_rt_mlp_tiles(rt);
+    s.mlp_tiles = pt_tiled_mlp_tiles(rt);
     /* before post_model_load: 1 when OSFT is configured (the count comes with the model) */
     s.osft_targets = rt->hmodel ? (uint64_t)pt_osft_count(rt) : (uint64_t)(rt->cfg.osft_enabled != 0);
     uint32_t n = out->struct_size && out->struct_size < sizeof s ? out->struct_size : sizeof s;

@@ -78,16 +78,6 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen);
 /* Frees the store; the status of its wait for queued work (err NULL: logged). */
 int pt_rt_store_free(pt_rt *rt, char *err, size_t errlen);
 
-/* tiled_mlp.c: at post_model_load, refuse what TiledMLP cannot run (cuda, non-fp32
- * gradients, a host without the callbacks). */
-int pt_rt_tiled_check(pt_rt *rt, char *err, size_t errlen);
-/* The tile count asked for: the INI's, the auto choice, or (0) the profiling rule. */
-int64_t pt_rt_tiles_req(const pt_rt *rt);
-/* tiles = auto: search with the profile t adjusted to each candidate count, fewest
- * first; applies the first plan that fits (pt_rt_search_and_apply). */
-int pt_rt_tiles_auto_search(pt_rt *rt, const struct pt_trace *t, double prof_s, char *err,
-                            size_t errlen);
-
 /* calib.c: marks on the device's clock at the phase edges of a measured step,
  * and the calibration at post_step (peak and time against the plan). */
 enum { PT_CAL_PRE = 0, PT_CAL_BWD = 1, PT_CAL_OPT = 2, PT_CAL_END = 3, PT_CAL_N = 4 };

@@ -233,7 +233,7 @@ int pt_rk_init(pt_store *st, char *err, size_t errlen) {
             "(embeddings, final norm, head), tied, or a side above %d", st->n_rk,
             (double)words * 4 / 1048576.0, n_adam, PT_REKLS_MAX_DIM);
     if (n_sh) {
-        /* the owner bound (rekls_shard.c) over the same words, for the log */
+        /* the owner bound (dist_rekls.c) over the same words, for the log */
         uint64_t tot = 0, wmax = 0, mine = 0;
         for (int r = 0; r < st->n_rk; r++) {
             const rk_param *q = &st->rk[r];

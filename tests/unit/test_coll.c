@@ -1,5 +1,5 @@
 /*
- * test_coll.c — the sharded collectives of gpu/coll.h over MPI, run by
+ * test_coll.c — the sharded collectives of gpu/coll/coll.h over MPI, run by
  * tests/dist.sh under mpirun with 2 and 3 ranks (alone, outside mpirun, it
  * says it is skipped: collectives need ranks).
  *
