@@ -12,7 +12,6 @@
 #include "optim/optim.h"
 #include "planner/planner.h"
 #include "profiler.h"
-#include "osft/osft.h"
 #include "rt_internal.h"
 #include "tiled/tiled.h"
 
@@ -334,16 +333,8 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
                 prof_s, (long long)plan.n_evaluated, plan.search_s * 1e3);
         pt_log_text(&rt->lg, PT_LOG_INFO, text);
         free(text);
-        if (rt->osft) {
-            /* OSFT's share of the model states above: the factors replace the dense
-             * weights (Adam keeps two fp32 moments of the trainable ones) */
-            uint64_t fz, tr, dn;
-            pt_osft_bytes(rt, &fz, &tr, &dn);
-            PT_LOGI(&rt->lg, "  osft             %d targets: factors %.3f GiB frozen + %.3f GiB "
-                             "trainable (+ %.3f GiB Adam moments) in place of %.3f GiB dense",
-                    pt_osft_count(rt), fz / 1073741824.0, tr / 1073741824.0,
-                    2.0 * tr / 1073741824.0, dn / 1073741824.0);
-        }
+        for (int i = 0; pt_rt_exts[i]; i++)   /* the features' share of the states above */
+            if (pt_rt_exts[i]->plan_log) pt_rt_exts[i]->plan_log(rt);
     }
     if (rt->cfg.plan_file[0] && (rc = pt_plan_write_json(&plan, rt->cfg.plan_file, err, errlen))) {
         pt_trace_free(&cal);

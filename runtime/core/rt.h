@@ -65,12 +65,6 @@ int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out);
 /* The host's work on the device's compute stream (protrain.h: launch, stream_sync). */
 int pt_rt_launch(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t errlen);
 int pt_rt_stream_sync(pt_rt *rt, char *err, size_t errlen);
-/* OSFT (osft.h): host param `param`'s factorised linear layer, forward (y =
- * x W^T into out, dy unused) or backward (dx into out, may be NULL; factor
- * gradients accumulated). pt_rt_osft_block: a target's block, or -2. */
-int pt_rt_osft_linear(pt_rt *rt, int32_t param, const void *x, const void *dy, void *out,
-                      int64_t rows, int backward, char *err, size_t errlen);
-int pt_rt_osft_block(const pt_rt *rt, int32_t param);
 /* 1 on the thread running launched work (a hook called from there cannot touch
  * the context's error buffer or the lifecycle the host's thread owns). */
 int pt_rt_in_launch(void);

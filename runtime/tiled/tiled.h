@@ -3,9 +3,9 @@
  * that only one tile's (rows, 4C)-sized intermediates exist at a time. The
  * plugin drives the tiles through the host's mlp_forward / mlp_backward
  * callbacks; the runtime object keeps the feature's per-run state (the tile
- * scratch, the tile being run, the auto count) and calls it at post_model_load
- * (pt_tiled_check), in the plan (pt_tiled_tiles_req, pt_tiled_auto_search) and
- * in get_stats (pt_tiled_mlp_tiles).
+ * scratch, the tile being run, the auto count) and calls it through its
+ * extension table at post_model_load and in get_stats (tiled_ext.c), and in the
+ * plan (pt_tiled_tiles_req, pt_tiled_auto_search).
  */
 #ifndef PT_TILED_H
 #define PT_TILED_H
@@ -14,7 +14,11 @@
 #include <stdint.h>
 
 struct pt_rt;
+struct pt_rt_ext;
 struct pt_trace;
+
+/* TiledMLP's entries in the runtime object's extension table (tiled_ext.c). */
+extern const struct pt_rt_ext pt_tiled_ext;
 
 /* Block b's MLP over `tokens` rows in the configured tiles (backward: recompute,
  * then backward, per tile; weight gradients summed in fp32 and added once). */
