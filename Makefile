@@ -9,9 +9,10 @@
 #   make deps     install the Debian packages (root) or print the apt-get line
 #
 # Sources are picked up by wildcard so a new file needs no Makefile edit:
-#   plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c gpu/mpi/*.c -> build/protrain_plugin.so (+ libprotrain_core.a)
+#   plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c gpu/coll/*.c gpu/coll/mpi/*.c
+#                                                -> build/protrain_plugin.so (+ libprotrain_core.a)
 #   gpu/cuda/*.cu gpu/cuda/*.c                  -> build/libprotrain_cuda.so
-#   gpu/nccl/*.c gpu/nccl/cuda/*.cu              -> build/libprotrain_nccl.so (when nccl.h exists)
+#   gpu/coll/nccl/*.c gpu/coll/nccl/cuda/*.cu    -> build/libprotrain_nccl.so (when nccl.h exists)
 #   sample_host/*.c (main.c separately)         -> build/sample_host
 #   sample_host/cuda/*.cu                        -> build/libsample_cuda.so (dlopened by sample_host)
 #   tests/unit/test_*.c tests/integ/test_*.c     -> build/tests/test_*   (cmocka)
@@ -72,10 +73,10 @@ else
 endif
 CFLAGS = $(CFLAGS_BASE) $(BLAS_CFLAGS) $(SANFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS := $(SANFLAGS) -pthread
-# MPI: gpu/mpi/ only compiles with its headers; whatever links the core links libmpi.
+# MPI: gpu/coll/mpi/ only compiles with its headers; whatever links the core links libmpi.
 LIBS = -linih $(BLAS_LIBS) -llapacke -lm -ldl $(MPI_LIBS)
 
-CORE_SRCS := host_api/util.c $(wildcard plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c gpu/mpi/*.c)
+CORE_SRCS := host_api/util.c $(wildcard plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c gpu/coll/*.c gpu/coll/mpi/*.c)
 CORE_OBJS := $(CORE_SRCS:%.c=$(BUILD)/obj/%.o)
 UTIL_OBJ := $(BUILD)/obj/host_api/util.o
 # What a host links to load the plugin: the loader and the shared helpers it uses.
@@ -98,7 +99,7 @@ CUDA_LIB := $(BUILD)/libprotrain_cuda.so
 SAMPLE := $(BUILD)/sample_host
 
 SAMPLE_CUDA := $(BUILD)/libsample_cuda.so
-# The NCCL transport (gpu/nccl/): its own .so, built when the toolkit ships nccl.h.
+# The NCCL transport (gpu/coll/nccl/): its own .so, built when the toolkit ships nccl.h.
 NCCL_LIB := $(BUILD)/libprotrain_nccl.so
 CUDA_LIBDIR := $(abspath $(dir $(NVCC))../lib64)
 CUDA_INCDIR := $(abspath $(dir $(NVCC))../include)
@@ -132,7 +133,7 @@ $(CORE_OBJS) $(SH_OBJS) $(BUILD)/obj/sample_host/main.o $(LOADER_OBJ) $(TEST_BIN
 OBJ_CC = @mkdir -p $(dir $@); echo "  CC $<"; $(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 $(BUILD)/obj/host_api/%.o: host_api/%.c
 	$(OBJ_CC) $(INC_HOST_API) -fvisibility=hidden
-$(BUILD)/obj/gpu/mpi/%.o: gpu/mpi/%.c
+$(BUILD)/obj/gpu/coll/mpi/%.o: gpu/coll/mpi/%.c
 	$(OBJ_CC) $(INC_GPU) $(MPI_CFLAGS) -fvisibility=hidden
 $(BUILD)/obj/gpu/%.o: gpu/%.c
 	$(OBJ_CC) $(INC_GPU) -fvisibility=hidden
@@ -174,20 +175,20 @@ cuda-notice:
 	@echo "notice: nvcc not found; skipping $(SAMPLE_CUDA) (sample_host --device cuda is unavailable)"
 
 # ---- the NCCL transport (separate .so, dlopened by the collectives front when picked) ----
-# Plain C (gpu/nccl/*.c, with nccl.h and the CUDA runtime's C header) plus its one
-# kernel (gpu/nccl/cuda/*.cu, the rank-order sum); libnccl from the toolkit's lib64
+# Plain C (gpu/coll/nccl/*.c, with nccl.h and the CUDA runtime's C header) plus its one
+# kernel (gpu/coll/nccl/cuda/*.cu, the rank-order sum); libnccl from the toolkit's lib64
 # (rpath), the CUDA runtime linked statically like the backend's.
-NCCL_SRCS := $(wildcard gpu/nccl/*.c)
-NCCL_CU_SRCS := $(wildcard gpu/nccl/cuda/*.cu)
+NCCL_SRCS := $(wildcard gpu/coll/nccl/*.c)
+NCCL_CU_SRCS := $(wildcard gpu/coll/nccl/cuda/*.cu)
 NCCL_OBJS := $(NCCL_SRCS:%.c=$(BUILD)/obj/%.o) $(NCCL_CU_SRCS:%.cu=$(BUILD)/obj/%.cu.o) $(UTIL_OBJ)
-$(BUILD)/obj/gpu/nccl/%.o: gpu/nccl/%.c
+$(BUILD)/obj/gpu/coll/nccl/%.o: gpu/coll/nccl/%.c
 	$(OBJ_CC) $(INC_GPU) -I$(CUDA_INCDIR) -fvisibility=hidden
-$(BUILD)/obj/gpu/nccl/cuda/%.cu.o: gpu/nccl/cuda/%.cu gpu/nccl/rank_sum.h gpu/coll.h
+$(BUILD)/obj/gpu/coll/nccl/cuda/%.cu.o: gpu/coll/nccl/cuda/%.cu gpu/coll/nccl/rank_sum.h gpu/coll/coll.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror \
 	  $(INC_GPU) -c $< -o $@
-$(NCCL_LIB): $(NCCL_OBJS) gpu/nccl/exports.map
-	$(NVCC) -shared $(CUDA_ARCH) -o $@ $(NCCL_OBJS) -Xlinker --version-script=gpu/nccl/exports.map \
+$(NCCL_LIB): $(NCCL_OBJS) gpu/coll/nccl/exports.map
+	$(NVCC) -shared $(CUDA_ARCH) -o $@ $(NCCL_OBJS) -Xlinker --version-script=gpu/coll/nccl/exports.map \
 	  -Xlinker -rpath,$(CUDA_LIBDIR) -L$(CUDA_LIBDIR) -lnccl -cudart static
 nccl-notice:
 	@echo "notice: $(CUDA_INCDIR)/nccl.h not found; skipping $(NCCL_LIB) ([dist] backend = nccl is unavailable)"
@@ -245,11 +246,11 @@ $(BUILD)/tests/%: tests/integ/%.c $(TEST_LIBS)
 	$(CC) $(CFLAGS) $(OMPFLAGS) $(INC_TESTS) -MMD -MP -MF $@.d -o $@ $< $(TEST_LIBS) $(OMPFLAGS) $(LDFLAGS) -lcmocka $(LIBS)
 # The NCCL transport's source built against the simulated NCCL / CUDA runtime
 # (tests/nccl_sim/: its headers and nccl_sim.c), so it runs without a GPU.
-NCCL_SIM_SRCS := tests/unit/test_nccl_sim.c tests/nccl_sim/nccl_sim.c gpu/nccl/coll_nccl.c
-$(BUILD)/tests/test_nccl_sim: $(NCCL_SIM_SRCS) gpu/nccl/rank_sum.h gpu/coll_nccl.h gpu/coll.h \
+NCCL_SIM_SRCS := tests/unit/test_nccl_sim.c tests/nccl_sim/nccl_sim.c gpu/coll/nccl/coll_nccl.c
+$(BUILD)/tests/test_nccl_sim: $(NCCL_SIM_SRCS) gpu/coll/nccl/rank_sum.h gpu/coll/coll_nccl.h gpu/coll/coll.h \
                               $(wildcard tests/nccl_sim/*.h) $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(INC_TESTS) -Itests/nccl_sim -Igpu/nccl -o $@ $(NCCL_SIM_SRCS) $(TEST_LIBS) \
+	$(CC) $(CFLAGS) $(INC_TESTS) -Itests/nccl_sim -Igpu/coll/nccl -o $@ $(NCCL_SIM_SRCS) $(TEST_LIBS) \
 	  $(LDFLAGS) -lcmocka $(LIBS)
 $(BUILD)/tests/plugins/%.so: tests/plugins/%.c host_api/protrain.h gpu/gpu.h
 	@mkdir -p $(dir $@)

@@ -15,6 +15,8 @@
 #include "base/base.h"
 #include "protrain.h"
 #include "core/rt.h"
+#include "osft/osft.h"
+#include "tiled/tiled.h"
 #include "pt_util.h"
 
 #define PT_PLUGIN_VERSION "0.1.0"
@@ -427,7 +429,7 @@ static int32_t tiled(void *vctx, int32_t b, int64_t tokens, int backward) {
                      "hook %s(%d) called out of order: call it between block_pre_%s(%d) and "
                      "block_post_%s(%d) (state: %s)", hook, b, backward ? "backward" : "forward",
                      b, backward ? "backward" : "forward", b, pt_lc_state_name(c->lc.state));
-    if (!rc) rc = pt_rt_tiled_mlp(c->rt, b, tokens, backward, c->err, sizeof c->err);
+    if (!rc) rc = pt_tiled_mlp(c->rt, b, tokens, backward, c->err, sizeof c->err);
     return done(c, rc);
 }
 static int32_t h_tiled_fwd(void *vctx, int32_t b, int64_t tokens) {
@@ -438,7 +440,7 @@ static int32_t h_tiled_bwd(void *vctx, int32_t b, int64_t tokens) {
 }
 static int32_t h_tiled_scratch(void *vctx, uint64_t bytes, void **ptr) {
     CTX("tiled_mlp_scratch");
-    return done(c, pt_rt_tile_scratch(c->rt, bytes, ptr, c->err, sizeof c->err));
+    return done(c, pt_tiled_scratch(c->rt, bytes, ptr, c->err, sizeof c->err));
 }
 
 /* OSFT's linear layer. From the host's thread: inside the owning block's
@@ -446,17 +448,22 @@ static int32_t h_tiled_scratch(void *vctx, uint64_t bytes, void **ptr) {
  * runs on the compute thread: it leaves the lifecycle and the context's error
  * buffer (the host's thread owns both) alone, and a failure reaches the host at
  * its next stream_sync / block_post_backward / optimizer_step. */
+static int osft_run(pt_rt *rt, int32_t param, const void *x, const void *dy, void *out,
+                    int64_t rows, int backward, char *err, size_t errlen) {
+    return backward ? pt_osft_backward(rt, param, x, dy, out, rows, err, errlen)
+                    : pt_osft_forward(rt, param, x, out, rows, err, errlen);
+}
 static int32_t osft_linear(void *vctx, int32_t param, const void *x, const void *dy, void *out,
                            int64_t rows, int backward) {
     const char *hook = backward ? "osft_linear_backward" : "osft_linear_forward";
     if (pt_rt_in_launch()) {
         pt_ctx *c = (pt_ctx *)vctx;
         char e[256];
-        return pt_rt_osft_linear(c->rt, param, x, dy, out, rows, backward, e, sizeof e);
+        return osft_run(c->rt, param, x, dy, out, rows, backward, e, sizeof e);
     }
     CTX(hook);
     int rc = needs_model(c, hook);
-    int b = rc ? -2 : pt_rt_osft_block(c->rt, param);
+    int b = rc ? -2 : pt_osft_block_of(c->rt, param);
     if (!rc && b == -2)
         rc = pt_fail(c->err, sizeof c->err, PT_ERR_INVALID_ARG, "%s: param %d is not an OSFT "
                      "target (pt_stats_v1.osft_targets says how many are)", hook, (int)param);
@@ -468,7 +475,7 @@ static int32_t osft_linear(void *vctx, int32_t param, const void *x, const void 
                      backward ? "backward" : "forward", b, backward ? "backward" : "forward", b,
                      pt_lc_state_name(c->lc.state));
     if (!rc)
-        rc = pt_rt_osft_linear(c->rt, param, x, dy, out, rows, backward, c->err, sizeof c->err);
+        rc = osft_run(c->rt, param, x, dy, out, rows, backward, c->err, sizeof c->err);
     return done(c, rc);
 }
 static int32_t h_osft_fwd(void *vctx, int32_t param, const void *x, void *y, int64_t rows) {

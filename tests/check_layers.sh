@@ -5,12 +5,15 @@
 #  1. runtime/ includes no CUDA, NCCL or MPI header (system or local);
 #  2. inside runtime/, a file reaches another subsystem only through that
 #     subsystem's interface header (base/base.h, optim/optim.h,
-#     planner/planner.h, store/store.h, core/rt.h);
+#     planner/planner.h, store/store.h, core/rt.h, osft/osft.h,
+#     tiled/tiled.h); the features that extend the runtime object (osft/,
+#     tiled/) may also include core/rt_internal.h, and nothing else may;
+#     of the collectives (gpu/coll/) runtime sees only coll/coll.h;
 #  3. sample_host/ includes nothing but host_api headers and system headers;
 #  4. no two headers or sources include each other in a loop;
-#  1b. an MPI header only in gpu/mpi/ (the MPI transport of the collectives);
-#  1c. an NCCL header only in gpu/nccl/ (the NCCL transport, its own library);
-#  1d. a CUDA header only in gpu/cuda/, gpu/nccl/ and sample_host/cuda/ (the
+#  1b. an MPI header only in gpu/coll/mpi/ (the MPI transport of the collectives);
+#  1c. an NCCL header only in gpu/coll/nccl/ (the NCCL transport, its own library);
+#  1d. a CUDA header only in gpu/cuda/, gpu/coll/nccl/ and sample_host/cuda/ (the
 #      libraries the plugin dlopens), and CUDA C++ (.cu/.cuh) only in a cuda/
 #      folder.
 set -u
@@ -22,31 +25,40 @@ bad() { echo "layers: $*"; fail=1; }
 while IFS= read -r hit; do bad "runtime must not include device/transport headers: $hit"; done < <(
   grep -rnE '#\s*include\s*[<"](cuda|cublas|cusolver|nccl|mpi)[^">]*[">]' runtime)
 
-# 1b: MPI only behind gpu/coll.h, in gpu/mpi/ (plugin, host_api, sample_host and
+# 1b: MPI only behind gpu/coll/coll.h, in gpu/coll/mpi/ (plugin, host_api, sample_host and
 # the rest of gpu/ must not see a transport's types either)
-while IFS= read -r hit; do bad "only gpu/mpi/ may include an MPI header: $hit"; done < <(
-  grep -rnE '#\s*include\s*[<"]mpi[^">]*[">]' host_api gpu plugin sample_host | grep -v '^gpu/mpi/')
+while IFS= read -r hit; do bad "only gpu/coll/mpi/ may include an MPI header: $hit"; done < <(
+  grep -rnE '#\s*include\s*[<"]mpi[^">]*[">]' host_api gpu plugin sample_host | grep -v '^gpu/coll/mpi/')
 
 # 1c: NCCL only in the NCCL transport
-while IFS= read -r hit; do bad "only gpu/nccl/ may include an NCCL header: $hit"; done < <(
-  grep -rnE '#\s*include\s*[<"]nccl[^">]*[">]' host_api gpu plugin sample_host | grep -v '^gpu/nccl/')
+while IFS= read -r hit; do bad "only gpu/coll/nccl/ may include an NCCL header: $hit"; done < <(
+  grep -rnE '#\s*include\s*[<"]nccl[^">]*[">]' host_api gpu plugin sample_host | grep -v '^gpu/coll/nccl/')
 
 # 1d: CUDA headers only in the separately built CUDA libraries; .cu only under cuda/
-while IFS= read -r hit; do bad "a CUDA header outside gpu/cuda/, gpu/nccl/, sample_host/cuda/: $hit"; done < <(
+while IFS= read -r hit; do bad "a CUDA header outside gpu/cuda/, gpu/coll/nccl/, sample_host/cuda/: $hit"; done < <(
   grep -rnE '#\s*include\s*[<"](cuda|cublas|cusolver|curand)[^">]*[">]' host_api gpu plugin sample_host |
-  grep -vE '^(gpu/cuda|gpu/nccl|sample_host/cuda)/')
+  grep -vE '^(gpu/cuda|gpu/coll/nccl|sample_host/cuda)/')
 while IFS= read -r f; do bad "CUDA C++ outside a cuda/ folder: $f"; done < <(
   find host_api gpu plugin sample_host runtime -name '*.cu' -o -name '*.cuh' | grep -v '/cuda/')
 
 # 2
-declare -A iface=([base]=base.h [optim]=optim.h [planner]=planner.h [store]=store.h [core]=rt.h)
+declare -A iface=([base]=base.h [optim]=optim.h [planner]=planner.h [store]=store.h [core]=rt.h
+                  [osft]=osft.h [tiled]=tiled.h)
+# the runtime object's extensions and the one header beyond core/rt.h they may reach
+declare -A ext_ok=([osft]=core/rt_internal.h [tiled]=core/rt_internal.h)
 for f in runtime/*/*.[ch]; do
   sub=${f#runtime/}; sub=${sub%%/*}
   while IFS= read -r inc; do
     dir=${inc%%/*}; file=${inc#*/}
     [ "$dir" = "$inc" ] && continue            # same-folder include
+    if [ -e "gpu/$inc" ]; then                 # a gpu/ header (the build's -Igpu)
+      [ "$dir" != coll ] || [ "$inc" = coll/coll.h ] ||
+        bad "$f includes \"$inc\": only coll/coll.h crosses into the collectives (gpu/coll/)"
+      continue
+    fi
     [ -n "${iface[$dir]:-}" ] || { bad "$f includes \"$inc\": no such subsystem"; continue; }
     [ "$dir" = "$sub" ] && { bad "$f includes its own subsystem as \"$inc\" (use \"$file\")"; continue; }
+    [ "$inc" = "${ext_ok[$sub]:-}" ] && continue
     [ "$file" = "${iface[$dir]}" ] || bad "$f includes \"$inc\": only $dir/${iface[$dir]} crosses the $dir boundary"
   done < <(sed -n 's/^#\s*include\s*"\([^"]*\)".*/\1/p' "$f")
 done

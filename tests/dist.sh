@@ -170,7 +170,8 @@ done
 # The same wired into the plugin (weights declared split through
 # pt_param_v1.tp_split by a hook-level host, tests/integ/test_tp_plugin.c):
 # resident (mode A), offloaded (mode B), clipped, 2 micro-batches, l2 decay
-# with beta2 = auto, weight_decay = auto (REKLS and AdamW), bf16 weights,
+# with beta2 = auto, weight_decay = auto (REKLS and AdamW), bf16 weights, every
+# block weight split and resident (no device REKLS workspace or eigh status),
 # save/load mid-run, the planner's trace and plan file; every rank's shards
 # bit-identical to single-rank REKLS over 5 steps. "np tp": tp_size = np is one
 # tensor-parallel group; 4 ranks with tp_size 2 are 2 groups, data parallel
@@ -231,7 +232,7 @@ for pair in "C B" "CS BS" "CO BO"; do
     fi
 done
 
-# Mode C with REKLS (runtime/store/rekls_shard.c): every REKLS param of a split
+# Mode C with REKLS (runtime/store/dist_rekls.c): every REKLS param of a split
 # chunk has one owner rank that gathers its reduced gradient whole, runs the
 # single-rank step and sends each rank its part of the update. Against mode B
 # with REKLS (every rank steps the whole all-reduced gradient) the losses over 6

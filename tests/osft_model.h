@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/osft.h"
+#include "osft/osft.h"
 
 enum { ROWS = 5, NPAR = 5, NT = 2 };
 enum { I_SCALE = 0, I_W0, I_B0, I_W1, I_B1 };

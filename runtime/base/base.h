@@ -126,7 +126,7 @@ typedef struct pt_step_state {
  * [i*c, min((i+1)*c, tokens)), so only the last tile is shorter and none is empty
  * (tokens = 5, n = 4 gives c = 2 and 3 tiles). n = 0: tiles of at most
  * PT_MLP_AUTO_TILE rows, the count `tiles = auto` profiles with (the runtime then
- * picks the fewest tiles whose plan fits, runtime/core/tiled_mlp.c). */
+ * picks the fewest tiles whose plan fits, runtime/tiled/tiled_mlp.c). */
 #define PT_MLP_AUTO_TILE 256
 static inline int64_t pt_mlp_tile_len(int64_t tokens, int64_t n) {
     if (tokens < 1) return 1;

@@ -37,7 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "device_ext.h"
 #include "planner/planner.h"
 #include "rt_internal.h"

@@ -12,8 +12,8 @@
 #include "optim/optim.h"
 #include "planner/planner.h"
 #include "profiler.h"
-#include "osft.h"
 #include "rt_internal.h"
+#include "tiled/tiled.h"
 
 
 /* auto_memory: profile and plan, even when the INI fixes all four knobs (the plan
@@ -104,7 +104,7 @@ int pt_rt_profile_end(pt_rt *rt, char *err, size_t errlen) {
             PT_LOGI(&rt->lg, "profile cache: stored in %s", rt->cfg.cache_dir);
     }
     rc = rt->cfg.tiled_mlp_enabled && rt->cfg.tiled_mlp_tiles <= 0
-             ? pt_rt_tiles_auto_search(rt, &t, prof_s, err, errlen)
+             ? pt_tiled_auto_search(rt, &t, prof_s, err, errlen)
              : pt_rt_search_and_apply(rt, &t, prof_s, err, errlen);
     pt_trace_free(&t);
     return rc;
@@ -323,8 +323,8 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     plan.world_size = t->key.world_size;
     if (rt->cfg.tiled_mlp_enabled) {
         int64_t tok = plan.batch * plan.seq;
-        plan.mlp_tiles = pt_mlp_tiles_eff(tok, pt_rt_tiles_req(rt));
-        plan.mlp_tile_len = pt_mlp_tile_len(tok, pt_rt_tiles_req(rt));
+        plan.mlp_tiles = pt_mlp_tiles_eff(tok, pt_tiled_tiles_req(rt));
+        plan.mlp_tile_len = pt_mlp_tile_len(tok, pt_tiled_tiles_req(rt));
         plan.mlp_tiles_auto = rt->cfg.tiled_mlp_tiles <= 0;
     }
     char *text = pt_plan_text(&plan);
@@ -333,16 +333,8 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
                 prof_s, (long long)plan.n_evaluated, plan.search_s * 1e3);
         pt_log_text(&rt->lg, PT_LOG_INFO, text);
         free(text);
-        if (rt->osft) {
-            /* OSFT's share of the model states above: the factors replace the dense
-             * weights (Adam keeps two fp32 moments of the trainable ones) */
-            uint64_t fz, tr, dn;
-            pt_osft_bytes(rt, &fz, &tr, &dn);
-            PT_LOGI(&rt->lg, "  osft             %d targets: factors %.3f GiB frozen + %.3f GiB "
-                             "trainable (+ %.3f GiB Adam moments) in place of %.3f GiB dense",
-                    pt_osft_count(rt), fz / 1073741824.0, tr / 1073741824.0,
-                    2.0 * tr / 1073741824.0, dn / 1073741824.0);
-        }
+        for (int i = 0; pt_rt_exts[i]; i++)   /* the features' share of the states above */
+            if (pt_rt_exts[i]->plan_log) pt_rt_exts[i]->plan_log(rt);
     }
     if (rt->cfg.plan_file[0] && (rc = pt_plan_write_json(&plan, rt->cfg.plan_file, err, errlen))) {
         pt_trace_free(&cal);

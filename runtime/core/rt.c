@@ -13,11 +13,31 @@
 #include <string.h>
 
 #include "device_ext.h"
-#include "osft.h"
+#include "osft/osft.h"
 #include "planner/planner.h"
 #include "profiler.h"
 #include "rt_internal.h"
+#include "tiled/tiled.h"
 
+/* The features that extend the runtime object, in the order they are called. */
+const pt_rt_ext *const pt_rt_exts[] = {&pt_osft_ext, &pt_tiled_ext, NULL};
+
+static void ext_after_hook(pt_rt *rt) {
+    for (int i = 0; pt_rt_exts[i]; i++)
+        if (pt_rt_exts[i]->after_hook) pt_rt_exts[i]->after_hook(rt);
+}
+
+static int ext_async_status(pt_rt *rt, char *err, size_t errlen) {
+    int rc = PT_OK;
+    for (int i = 0; !rc && pt_rt_exts[i]; i++)
+        if (pt_rt_exts[i]->async_status) rc = pt_rt_exts[i]->async_status(rt, err, errlen);
+    return rc;
+}
+
+static void ext_unload(pt_rt *rt, int n) {
+    for (int i = n - 1; i >= 0; i--)
+        if (pt_rt_exts[i]->model_unload) pt_rt_exts[i]->model_unload(rt);
+}
 
 /* save/load/read need the store and (save/load) the optimizer's state. */
 static int need_store(pt_rt *rt, const char *what, int need_opt, char *err, size_t errlen) {
@@ -191,7 +211,9 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
 size_t pt_rt_destroy(pt_rt *rt) {
     if (!rt) return 0;
     (void)pt_rt_store_free(rt, NULL, 0);   /* logged: finalize goes on */
-    pt_osft_free(rt);
+    int n_ext = 0;
+    while (pt_rt_exts[n_ext]) n_ext++;
+    ext_unload(rt, n_ext);
     pt_rt_plan_free(rt);
     pt_coll_close(rt->dp_coll);   /* sub-groups before their group */
     pt_coll_close(rt->tp_coll);
@@ -227,22 +249,17 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     (void)pt_rt_store_free(rt, NULL, 0);
     pt_rt_plan_free(rt);
     rt->broken = 0;
-    if (rt->cfg.osft_enabled && !pt_gpu_has_linalg(pt_gpu_ops(rt->gpu)))
-        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[osft] enabled, but the %s backend "
-                       "library has no gemm_f32 / svd_f32 (built before OSFT): rebuild it",
-                       pt_gpu_backend_name(rt->gpu));
-    /* OSFT: the store lays out the factors in place of the targets */
-    if ((rc = pt_osft_setup(rt, model, err, errlen))) {
+    /* the features may refuse the model or replace the list the store lays out;
+     * one that refuses undoes the ones before it (its own included) */
+    rt->hmodel = rt->model = model;
+    for (int i = 0; pt_rt_exts[i]; i++) {
+        if (!pt_rt_exts[i]->model_load || !(rc = pt_rt_exts[i]->model_load(rt, model, err, errlen)))
+            continue;
+        ext_unload(rt, i + 1);
         rt->model = rt->hmodel = NULL;
         return rc;
     }
     rt->n_blocks = model->n_blocks;
-    rt->mlp_auto_n = 0;   /* tiles = auto: decided after the profile */
-    if ((rc = pt_rt_tiled_check(rt, err, errlen))) {
-        pt_osft_free(rt);
-        rt->model = rt->hmodel = NULL;
-        return rc;
-    }
     rt->kn.n_persist = rt->cfg.force_all_persistent ? -1 : rt->cfg.n_persist;
     rt->kn.n_buffer = rt->cfg.n_buffer;
     rt->kn.n_swap = rt->cfg.n_swap;
@@ -291,15 +308,26 @@ static int block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen) {
     return PT_OK;
 }
 
-/* After an offloaded chunk's CPU step, on its worker (store.h): OSFT projects
- * the factors the step changed there, so nothing waits for other chunks' steps. */
-static void chunk_stepped(void *user, int32_t chunk) { pt_osft_chunk_stepped(user, chunk); }
+/* After an offloaded chunk's CPU step, on its worker (store.h): a feature's work
+ * on the values the step changed there (OSFT's projection), so nothing waits for
+ * other chunks' steps. Given to the store only when a feature in force has some. */
+static void chunk_stepped(void *user, int32_t chunk) {
+    pt_rt *rt = user;
+    for (int i = 0; pt_rt_exts[i]; i++)
+        if (pt_rt_exts[i]->chunk_stepped && pt_rt_exts[i]->active(rt))
+            pt_rt_exts[i]->chunk_stepped(rt, chunk);
+}
+static int wants_chunk_stepped(const pt_rt *rt) {
+    for (int i = 0; pt_rt_exts[i]; i++)
+        if (pt_rt_exts[i]->chunk_stepped && pt_rt_exts[i]->active(rt)) return 1;
+    return 0;
+}
 
 static void store_mark(void *user, int kind, int32_t b, int after) {
     pt_rt *rt = user;
     /* the host's recompute reads its descriptors: the addresses the store's
      * gather just set must be there (OSFT keeps them in its own list) */
-    if (kind == PT_STORE_MARK_RECOMPUTE && !after) pt_osft_mirror(rt);
+    if (kind == PT_STORE_MARK_RECOMPUTE && !after) ext_after_hook(rt);
     if (rt->prof) pt_prof_store_mark(rt, kind, b, after);
 }
 
@@ -342,10 +370,10 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
         pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->gpu, rt->s_compute, rt->s_h2d,
                             rt->s_d2h, rt->model, &rt->opt, rt->sx, store_mark, rt,
                             rt->ordered, rt->skip, rt->coll, rt->shard, rt->tp_coll,
-                            rt->dp_coll, rt->osft ? chunk_stepped : NULL};
+                            rt->dp_coll, wants_chunk_stepped(rt) ? chunk_stepped : NULL};
         rc = pt_store_create(&env, &rt->kn, modes, rt->swap_done, from_image, &rt->st, err,
                              errlen);
-        pt_osft_mirror(rt);
+        ext_after_hook(rt);
     }
     free(modes);
     /* peaks from here on belong to the plan in force (not to profiling) */
@@ -362,11 +390,11 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "create_optimizer: optimizer type %d is "
                        "unknown (%d = adamw, %d = rekls)", type, PT_OPTIM_ADAMW, PT_OPTIM_REKLS);
     }
-    if (type == PT_OPTIM_REKLS && pt_osft_count(rt) > 0)
-        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
-                       "create_optimizer: REKLS together with OSFT is not built (REKLS would step "
-                       "OSFT's trainable factors in its own eigenbasis, which the OSFT projections "
-                       "were not checked against): use adamw with [osft], or disable [osft]");
+    for (int i = 0; pt_rt_exts[i]; i++) {
+        int rc = pt_rt_exts[i]->optimizer_check ? pt_rt_exts[i]->optimizer_check(rt, type, err, errlen)
+                                                : PT_OK;
+        if (rc) return rc;
+    }
     /* Into a copy first: a refused descriptor leaves the optimizer as it was. */
     pt_optim_state n = *o;
     static const char *const names[6] = {"lr", "beta1", "beta2", "eps", "weight_decay",
@@ -481,7 +509,7 @@ int pt_rt_pre_step(pt_rt *rt, char *err, size_t errlen) {
         return pt_fail(err, errlen, rt->broken, "pre_step: the plugin lost its state in a failed re-plan (see the log)");
     }
     int rc = pt_store_pre_step(rt->st, err, errlen);
-    pt_osft_mirror(rt);
+    ext_after_hook(rt);
     if (!rc && rt->sx->micro == 0) rc = pt_rt_calib_mark(rt, PT_CAL_PRE, "pre_step", err, errlen);
     return rc;
 }
@@ -493,7 +521,7 @@ static int hook(pt_rt *rt, int which, store_hook fn, int32_t b, char *err, size_
     if (rt->prof) pt_prof_hook(rt, which, b, 0);
     int rc = fn(rt->st, b, err, errlen);
     if (rt->prof) pt_prof_hook(rt, which, b, 1);
-    pt_osft_mirror(rt);
+    ext_after_hook(rt);
     return rc;
 }
 
@@ -511,32 +539,23 @@ int pt_rt_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
     return hook(rt, PT_PROF_PRE_BWD, pt_store_pre_backward, b, err, errlen);
 }
 int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
-    /* OSFT: the block's factor gradients leave the complement of the frozen
-     * bases nowhere: projected on the device, queued behind the block's
-     * backward and before the store copies, reduces or offloads them */
-    int rc = pt_osft_async_status(rt, err, errlen);
-    if (!rc) rc = pt_osft_project_grads(rt, b, err, errlen);
+    /* the features' gradient work (OSFT's projection), queued behind the
+     * block's backward and before the store copies, reduces or offloads it */
+    int rc = ext_async_status(rt, err, errlen);
+    for (int i = 0; !rc && pt_rt_exts[i]; i++)
+        if (pt_rt_exts[i]->block_backward) rc = pt_rt_exts[i]->block_backward(rt, b, err, errlen);
     return rc ? rc : hook(rt, PT_PROF_POST_BWD, pt_store_post_backward, b, err, errlen);
 }
 
 int pt_rt_optimizer_step(pt_rt *rt, float lr, char *err, size_t errlen) {
     int rc = pt_rt_calib_mark(rt, PT_CAL_OPT, "optimizer_step", err, errlen);
-    if (!rc) rc = pt_osft_async_status(rt, err, errlen);
+    if (!rc) rc = ext_async_status(rt, err, errlen);
     if (!rc) rc = pt_store_optimizer_step(rt->st, lr, err, errlen);
-    /* OSFT: Adam of a projected gradient leaves the subspace; the stepped values
-     * are projected back wherever they were stepped */
-    if (!rc) rc = pt_osft_project_params(rt, err, errlen);
-    pt_osft_mirror(rt);
+    for (int i = 0; !rc && pt_rt_exts[i]; i++)
+        if (pt_rt_exts[i]->after_optimizer_step) rc = pt_rt_exts[i]->after_optimizer_step(rt, err, errlen);
+    ext_after_hook(rt);
     return rc;
 }
-
-int pt_rt_osft_linear(pt_rt *rt, int32_t param, const void *x, const void *dy, void *out,
-                      int64_t rows, int backward, char *err, size_t errlen) {
-    return backward ? pt_osft_backward(rt, param, x, dy, out, rows, err, errlen)
-                    : pt_osft_forward(rt, param, x, out, rows, err, errlen);
-}
-
-int pt_rt_osft_block(const pt_rt *rt, int32_t param) { return pt_osft_block_of(rt, param); }
 
 int pt_rt_dist_allreduce(pt_rt *rt, double *values, int32_t n, char *err, size_t errlen) {
     if (n < 0 || (n > 0 && !values))
@@ -579,8 +598,9 @@ int pt_rt_save_state(pt_rt *rt, const char *dir, char *err, size_t errlen) {
 int pt_rt_load_state(pt_rt *rt, const char *dir, char *err, size_t errlen) {
     int rc = need_store(rt, "load_state", 1, err, errlen);
     if (!rc) rc = pt_store_load(rt->st, dir, err, errlen);
-    pt_osft_drop_frozen(rt);   /* the loaded frozen factors are gathered afresh */
-    pt_osft_mirror(rt);
+    for (int i = 0; pt_rt_exts[i]; i++)
+        if (pt_rt_exts[i]->state_loaded) pt_rt_exts[i]->state_loaded(rt);
+    ext_after_hook(rt);
     return rc;
 }
 
@@ -672,9 +692,8 @@ int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out) {
     s.pred_peak = rt->pred_peak;
     s.pred_iter_s = rt->pred_iter_s;
     pt_store_stats(rt->st, &s);
-    s.mlp_tiles = pt_rt_mlp_tiles(rt);
-    /* before post_model_load: 1 when OSFT is configured (the count comes with the model) */
-    s.osft_targets = rt->hmodel ? (uint64_t)pt_osft_count(rt) : (uint64_t)(rt->cfg.osft_enabled != 0);
+    for (int i = 0; pt_rt_exts[i]; i++)
+        if (pt_rt_exts[i]->stats) pt_rt_exts[i]->stats(rt, &s);
     uint32_t n = out->struct_size && out->struct_size < sizeof s ? out->struct_size : sizeof s;
     memcpy(out, &s, n);
     out->struct_size = n;
@@ -684,7 +703,9 @@ int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out) {
 int pt_rt_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *err,
                      size_t errlen) {
     int rc = need_store(rt, "read_param", 0, err, errlen);
-    if (!rc && rt->osft) return pt_osft_read_param(rt, index, dst, bytes, err, errlen);
+    for (int i = 0; !rc && pt_rt_exts[i]; i++)
+        if (pt_rt_exts[i]->read_param && pt_rt_exts[i]->active(rt))
+            return pt_rt_exts[i]->read_param(rt, index, dst, bytes, err, errlen);
     return rc ? rc : pt_store_read_param(rt->st, index, dst, bytes, err, errlen);
 }
 
@@ -692,7 +713,9 @@ int pt_rt_launch(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t err
     if (!fn) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "launch: fn is NULL");
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     void *impl = pt_gpu_impl(rt->gpu);
-    if (rt->launch_queued && rt->osft) return pt_osft_launch(rt, fn, arg, err, errlen);
+    for (int i = 0; rt->launch_queued && pt_rt_exts[i]; i++)
+        if (pt_rt_exts[i]->launch && pt_rt_exts[i]->active(rt))
+            return pt_rt_exts[i]->launch(rt, fn, arg, err, errlen);
     if (rt->launch_queued) {
         if (ops->host_fn(impl, rt->s_compute, fn, arg))
             return pt_fail(err, errlen, PT_ERR_BACKEND,
@@ -716,5 +739,5 @@ int pt_rt_stream_sync(pt_rt *rt, char *err, size_t errlen) {
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     if (ops->stream_sync(pt_gpu_impl(rt->gpu), rt->s_compute))
         return pt_fail(err, errlen, PT_ERR_BACKEND, "stream_sync: the compute stream failed");
-    return pt_osft_async_status(rt, err, errlen);
+    return ext_async_status(rt, err, errlen);
 }

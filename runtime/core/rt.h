@@ -65,20 +65,6 @@ int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out);
 /* The host's work on the device's compute stream (protrain.h: launch, stream_sync). */
 int pt_rt_launch(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t errlen);
 int pt_rt_stream_sync(pt_rt *rt, char *err, size_t errlen);
-/* TiledMLP (tiled_mlp.c). Block b's MLP over `tokens` rows in the configured tiles,
- * through the host's mlp_forward / mlp_backward callbacks (backward: recompute,
- * then backward, per tile; weight gradients summed in fp32 and added once). */
-int pt_rt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *err,
-                    size_t errlen);
-int pt_rt_tile_scratch(pt_rt *rt, uint64_t bytes, void **ptr, char *err, size_t errlen);
-/* Tiles per MLP: 0 = TiledMLP off; before post_model_load the configured count (auto 1). */
-uint64_t pt_rt_mlp_tiles(const pt_rt *rt);
-/* OSFT (osft.h): host param `param`'s factorised linear layer, forward (y =
- * x W^T into out, dy unused) or backward (dx into out, may be NULL; factor
- * gradients accumulated). pt_rt_osft_block: a target's block, or -2. */
-int pt_rt_osft_linear(pt_rt *rt, int32_t param, const void *x, const void *dy, void *out,
-                      int64_t rows, int backward, char *err, size_t errlen);
-int pt_rt_osft_block(const pt_rt *rt, int32_t param);
 /* 1 on the thread running launched work (a hook called from there cannot touch
  * the context's error buffer or the lifecycle the host's thread owns). */
 int pt_rt_in_launch(void);

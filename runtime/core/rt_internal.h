@@ -7,7 +7,7 @@
 #ifndef PT_RT_INTERNAL_H
 #define PT_RT_INTERNAL_H
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "rt.h"
 #include "store/store.h"
 
@@ -73,20 +73,56 @@ struct pt_rt {
     int64_t mlp_auto_n;       /* tiles = auto: the count chosen (0: not yet, the profile's) */
 };
 
+/* A feature that extends the runtime object (osft/, tiled/): rt.c and
+ * plan_rt.c call every registered one at these points, in registration order
+ * (pt_rt_exts), and name none of them. Any entry may be NULL. `active` says the
+ * feature is in force for the model loaded (OSFT: it found targets); the
+ * entries that take the store's place (chunk_stepped, read_param, launch) are
+ * used only while it is, the others are called always and do nothing when the
+ * feature is off. */
+typedef struct pt_rt_ext {
+    const char *name;
+    int (*active)(const pt_rt *rt);
+    /* post_model_load, before the store is built: refuse what the feature cannot
+     * run, or point rt->model at the list the store lays out (rt->hmodel stays
+     * the host's, which rt.c set before) */
+    int (*model_load)(pt_rt *rt, pt_model_v1 *host, char *err, size_t errlen);
+    /* undo model_load (a later feature refused, another model, finalize) */
+    void (*model_unload)(pt_rt *rt);
+    /* create_optimizer: refuse an optimizer type the feature was not built with */
+    int (*optimizer_check)(const pt_rt *rt, int type, char *err, size_t errlen);
+    /* after every hook and whenever the store moved parameters (built, loaded,
+     * gathered for a recompute): the host's descriptors get the addresses */
+    void (*after_hook)(pt_rt *rt);
+    /* a failure inside work the host launched (it could not return it), once;
+     * checked before the next gradient or step work and at stream_sync */
+    int (*async_status)(pt_rt *rt, char *err, size_t errlen);
+    /* block b's gradients are final, before the store's post_backward */
+    int (*block_backward)(pt_rt *rt, int32_t b, char *err, size_t errlen);
+    /* after the store's optimizer step */
+    int (*after_optimizer_step)(pt_rt *rt, char *err, size_t errlen);
+    /* on the CPU worker that just stepped offloaded chunk `chunk` (store.h) */
+    void (*chunk_stepped)(pt_rt *rt, int32_t chunk);
+    /* load_state replaced the parameter values */
+    void (*state_loaded)(pt_rt *rt);
+    /* read_param of host index `index` in place of the store's */
+    int (*read_param)(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *err,
+                      size_t errlen);
+    /* launch with queued work in place of the plain host_fn */
+    int (*launch)(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t errlen);
+    /* get_stats: the fields the feature owns */
+    void (*stats)(const pt_rt *rt, pt_stats_v1 *s);
+    /* after the plan's summary: the feature's lines */
+    void (*plan_log)(const pt_rt *rt);
+} pt_rt_ext;
+
+/* The registered features (rt.c), NULL-terminated. */
+extern const pt_rt_ext *const pt_rt_exts[];
+
 /* rt.c */
 int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen);
 /* Frees the store; the status of its wait for queued work (err NULL: logged). */
 int pt_rt_store_free(pt_rt *rt, char *err, size_t errlen);
-
-/* tiled_mlp.c: at post_model_load, refuse what TiledMLP cannot run (cuda, non-fp32
- * gradients, a host without the callbacks). */
-int pt_rt_tiled_check(pt_rt *rt, char *err, size_t errlen);
-/* The tile count asked for: the INI's, the auto choice, or (0) the profiling rule. */
-int64_t pt_rt_tiles_req(const pt_rt *rt);
-/* tiles = auto: search with the profile t adjusted to each candidate count, fewest
- * first; applies the first plan that fits (pt_rt_search_and_apply). */
-int pt_rt_tiles_auto_search(pt_rt *rt, const struct pt_trace *t, double prof_s, char *err,
-                            size_t errlen);
 
 /* calib.c: marks on the device's clock at the phase edges of a measured step,
  * and the calibration at post_step (peak and time against the plan). */

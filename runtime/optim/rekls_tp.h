@@ -28,7 +28,7 @@
  * The all-gather is a callback with the in-place semantics of a sharded
  * all-gather: buf holds n elements of elem_size bytes, rank p's part is
  * [p n/P, (p+1) n/P) (n divisible by P here); afterwards every rank holds
- * every part. pt_rekls_tp_gather_coll implements it over gpu/coll.h.
+ * every part. pt_rekls_tp_gather_coll implements it over gpu/coll/coll.h.
  */
 #ifndef PT_REKLS_TP_H
 #define PT_REKLS_TP_H
@@ -36,7 +36,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "rekls.h"
 
 typedef int (*pt_rekls_gather_fn)(void *ctx, void *buf, size_t n, size_t elem_size,

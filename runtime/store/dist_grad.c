@@ -43,7 +43,7 @@
  * the blocking all-reduce's, bit for bit, wherever they run. With tensor
  * parallel the regions are reduced blocking, in layout order, over env.dp_coll.
  *
- * Mode C (shard.c): offloaded chunks were reduce-scattered at their backward
+ * Mode C (dist_shard.c): offloaded chunks were reduce-scattered at their backward
  * already, so only resident chunks are all-reduced here; for clipping, each
  * rank's partial squared norms of its parts are summed across the ranks once.
  */
@@ -52,7 +52,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "store_internal.h"
 
 

@@ -12,7 +12,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "device_ext.h"
 #include "kernels_hd.h"
 #include "store_internal.h"

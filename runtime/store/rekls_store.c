@@ -233,7 +233,7 @@ int pt_rk_init(pt_store *st, char *err, size_t errlen) {
             "(embeddings, final norm, head), tied, or a side above %d", st->n_rk,
             (double)words * 4 / 1048576.0, n_adam, PT_REKLS_MAX_DIM);
     if (n_sh) {
-        /* the owner bound (rekls_shard.c) over the same words, for the log */
+        /* the owner bound (dist_rekls.c) over the same words, for the log */
         uint64_t tot = 0, wmax = 0, mine = 0;
         for (int r = 0; r < st->n_rk; r++) {
             const rk_param *q = &st->rk[r];
@@ -369,9 +369,6 @@ int pt_rk_dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, si
     pt_rekls_la la;
     int rc = pt_rekls_la_device(&d, &la, err, errlen);
     if (rc) return rc;
-    if (ops->memset_async(impl, st->d_rk_status, 0, sizeof(int), st->env.s_compute))
-        return pt_fail(err, errlen, PT_ERR_BACKEND,
-                       "optimizer_step: zeroing REKLS's eigh status failed: memset failed");
     int any = 0;
     for (int j = 0; j < c->lc->n_params; j++) {
         int i = st->lay.order[c->lc->first_param + j];
@@ -387,6 +384,13 @@ int pt_rk_dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, si
         if (r >= 0) {
             const rk_param *q = &st->rk[r];
             if (q->split) continue;   /* pt_rk_tp_pass stepped it */
+            /* The workspace and the eigh status exist only when some resident
+             * REKLS param is stepped whole here (pt_rk_init sizes them over the
+             * unsplit ones): a chunk whose REKLS params are all split has
+             * neither, so the status is cleared before the first whole step. */
+            if (!any && ops->memset_async(impl, st->d_rk_status, 0, sizeof(int), st->env.s_compute))
+                return pt_fail(err, errlen, PT_ERR_BACKEND,
+                               "optimizer_step: zeroing REKLS's eigh status failed: memset failed");
             pt_rekls_tensors x = {q->m, q->n, graw, p->dtype, param, out, p->dtype, c->d_m + s,
                                   c->d_v + s, c->rk_aux + q->aux, st->d_rk_ws};
             if ((rc = pt_rekls_step(&la, &h, &x, err, errlen))) return rc;

@@ -102,7 +102,7 @@ typedef struct pt_store_env {
      * one rank. */
     struct pt_coll *coll;
     /* Mode C (with coll): offloaded chunks are split across the ranks, each rank
-     * keeping and stepping only its part (shard.c). Every rank must run the same
+     * keeping and stepping only its part (dist_shard.c). Every rank must run the same
      * knobs. 0: replicated (mode B). */
     int shard;
     /* Tensor parallel ([dist] tp_size = P > 1, with coll): tp_coll is this

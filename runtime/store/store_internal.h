@@ -4,8 +4,8 @@
  * (gather/release, prefetch, gradient offload), optim_step.c (optimizer_step:
  * clipping, device and CPU optimizer steps),
  * activations.c (arenas), state_io.c (images and files), dist_grad.c (gradients
- * across ranks), shard.c (mode C's parts), rekls_store.c (REKLS) and
- * rekls_shard.c (REKLS in mode C: owners and their exchange). Code outside runtime/store uses
+ * across ranks), dist_shard.c (mode C's parts), rekls_store.c (REKLS) and
+ * dist_rekls.c (REKLS in mode C: owners and their exchange). Code outside runtime/store uses
  * store.h.
  *
  * Storage per chunk (S = chunk capacity in bytes, E = fp32 state elements =
@@ -20,7 +20,7 @@
  *                (accumulated gradient, only when n_micro > 1).
  *   Streamed chunks live on the device only inside a buffer-pool slot of 2*S_chunk
  *   bytes: [0, S) params, [S, 2S) gradients.
- *   sharded (mode C, shard.c): an offloaded chunk keeps only this rank's part of
+ *   sharded (mode C, dist_shard.c): an offloaded chunk keeps only this rank's part of
  *                every region (pt_coll_part: s = ceil(n / world) elements): h_param
  *                [sum of s*es, each region 64-byte aligned], h_gstage, h_m, h_v,
  *                h_gacc [E'] fp32 with E' = sum over trainable regions of s;
@@ -31,7 +31,7 @@
 
 #include <pthread.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "device_ext.h"
 #include "buffer_pool.h"
 #include "chunk_layout.h"
@@ -50,7 +50,7 @@ typedef struct pt_arena {
     pt_event *ev_out, *ev_in;
 } pt_arena;
 
-/* Mode C: this rank's part of one region of an offloaded chunk (shard.c). */
+/* Mode C: this rank's part of one region of an offloaded chunk (dist_shard.c). */
 typedef struct cs_shreg {
     uint64_t n;          /* region elements */
     uint64_t s;          /* part length every rank stores: ceil(n / world) */
@@ -64,7 +64,7 @@ typedef struct cs_shard {
     cs_shreg *r;         /* [n_regions] */
     uint64_t p_bytes;    /* h_param bytes (the parts, each 64-byte aligned) */
     uint64_t n_state_full; /* fp32 state elements of the whole chunk */
-    /* full-chunk views while a state image is written or read (shard.c) */
+    /* full-chunk views while a state image is written or read (dist_shard.c) */
     void *keep_param;
     float *keep_m, *keep_v;
 } cs_shard;
@@ -83,7 +83,7 @@ typedef struct cs_chunk {
     /* offloaded */
     void *h_param, *h_gstage;
     float *h_master, *h_m, *h_v, *h_gacc;
-    cs_shard *sh;             /* mode C: this rank's parts (shard.c), else NULL */
+    cs_shard *sh;             /* mode C: this rank's parts (dist_shard.c), else NULL */
     /* runtime (hook thread only, except where noted) */
     int slot;                 /* pool slot while leased, else -1 */
     int users;                /* gathers by blocks (pointers set while > 0) */
@@ -153,7 +153,7 @@ typedef struct rk_param {
     uint64_t aux_words;       /* pt_rekls_aux_words(m, n); split: the factor row blocks
                                  (m/P x m and n/P x n) of tensor-parallel REKLS. The
                                  words a state image holds for it */
-    /* mode C (its chunk split across the ranks, rekls_shard.c): the rank that
+    /* mode C (its chunk split across the ranks, dist_rekls.c): the rank that
      * keeps its state and steps it, -1 otherwise. The owner's rk_aux block is
      * [L R Q_L Q_R lam_L lam_R | M | V] (aux_words + 2mn words; the moments
      * are whole, so they cannot use the chunk's m / v parts, which stay
@@ -230,7 +230,7 @@ struct pt_store {
     float *d_rk_ws;
     int *d_rk_status;
     int rk_failed;
-    /* mode C (rekls_shard.c): per param the owner rank (-1: not in a split
+    /* mode C (dist_rekls.c): per param the owner rank (-1: not in a split
      * chunk, or not REKLS's), decided at layout time; what the pass moved and
      * how long it took (exchange in, owners' steps, exchange out) */
     int *rk_owner;            /* [n_params] */
@@ -320,7 +320,7 @@ int pt_cs_dist_drain(pt_store *st, char *err, size_t errlen);
 void pt_cs_dist_fini(pt_store *st);
 int pt_ms_release(pt_store *st, int32_t b, int backward, char *err, size_t errlen);
 
-/* shard.c — mode C. Geometry of chunk c's parts (after reg_state is set for the
+/* dist_shard.c — mode C. Geometry of chunk c's parts (after reg_state is set for the
  * unsharded layout; rewrites reg_state and n_state for the parts). */
 int pt_sh_setup(pt_store *st, cs_chunk *c, char *err, size_t errlen);
 void pt_sh_free(cs_chunk *c);
@@ -351,7 +351,7 @@ void pt_sh_views_close(pt_store *st, int scatter);
  * parameters in the same order. */
 int pt_sh_read_param(pt_store *st, cs_chunk *c, uint64_t off, void *dst, size_t bytes,
                      char *err, size_t errlen);
-/* rekls_shard.c — REKLS in mode C. The owner of every REKLS param of a split
+/* dist_rekls.c — REKLS in mode C. The owner of every REKLS param of a split
  * chunk (st->rk_owner) and, when REKLS is planned, each split chunk's
  * rk_plan_aux = the words this rank owns; after the chunks are set up. */
 int pt_rk_sh_owners(pt_store *st, char *err, size_t errlen);

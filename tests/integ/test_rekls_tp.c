@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "optim/optim.h"
 #include "protrain.h"
 

@@ -41,6 +41,10 @@
  *     4096 of gradient and 4 (16^2 + 32^2) * 2 = 10240 of factors (0 and 0
  *     with P = 1); the plan file has tp_size P and a positive tp_gather_s
  *     exactly when P > 1;
+ *   - every block weight split (b2.w along rows too, as a Megatron-style host
+ *     declares them), every chunk resident: no REKLS param is stepped whole on
+ *     the device, so no device workspace or eigh status buffer exists and the
+ *     step must not touch one;
  *   - save_state after step 3, a new plugin instance, load_state, steps 4-5:
  *     still bit-identical (resume is exact); control: without load_state the
  *     shards differ; a file saved under tp_size P refused by a run with 2P.
@@ -65,7 +69,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "kernels_hd.h"
 #include "optim/optim.h"
 #include "planner/trace_cache.h"
@@ -76,7 +80,9 @@ static pt_coll *COLL;
 static int WORLD = 1, RANK = 0, TP = 1, D = 1;
 
 enum { NW = 4, STEPS = 5 };
-static const int FM[NW] = {16, 32, 24, 32}, FN[NW] = {32, 16, 40, 1}, SPLIT[NW] = {1, 2, 0, 1};
+static const int FM[NW] = {16, 32, 24, 32}, FN[NW] = {32, 16, 40, 1};
+static const int SPLIT0[NW] = {1, 2, 0, 1};
+static int SPLIT[NW] = {1, 2, 0, 1};   /* test_all_split_resident splits b2.w too */
 
 typedef struct host {
     void *ctx;
@@ -570,6 +576,22 @@ static void test_bf16(void **s) {
     }
 }
 
+/* Megatron-style: every REKLS weight split, every chunk resident */
+static void test_all_split_resident(void **s) {
+    (void)s;
+    double ne;
+    SPLIT[2] = 1;
+    runopt o = base_opt(RESIDENT_INI);
+    int ok = run(&o, &ne);
+    report("every block weight split (Megatron-style), resident chunks", ok);
+    assert_true(ok);
+}
+static int restore_split(void **s) {
+    (void)s;
+    memcpy(SPLIT, SPLIT0, sizeof SPLIT);
+    return 0;
+}
+
 static void test_resume(void **s) {
     (void)s;
     double ne;
@@ -648,6 +670,7 @@ int main(void) {
         cmocka_unit_test(test_weight_decay_auto),
         cmocka_unit_test(test_plan_terms),
         cmocka_unit_test(test_bf16),
+        cmocka_unit_test_teardown(test_all_split_resident, restore_split),
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_refusals),
     };

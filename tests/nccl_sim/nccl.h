@@ -1,6 +1,6 @@
 /*
  * nccl.h (simulated) — the part of NCCL's API the NCCL transport
- * (gpu/nccl/coll_nccl.c) uses, declared for tests/unit/test_nccl_sim.c, which
+ * (gpu/coll/nccl/coll_nccl.c) uses, declared for tests/unit/test_nccl_sim.c, which
  * implements it in-process (ranks are threads, "device" memory is host memory)
  * so the transport's own logic runs on a machine without a GPU. Names and
  * meanings follow NCCL's documentation; nothing here is NCCL's code.

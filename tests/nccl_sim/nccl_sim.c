@@ -1,6 +1,6 @@
 /*
  * nccl_sim.c — an in-process simulation of the part of NCCL and the CUDA
- * runtime the NCCL transport (gpu/nccl/coll_nccl.c) uses, for
+ * runtime the NCCL transport (gpu/coll/nccl/coll_nccl.c) uses, for
  * tests/unit/test_nccl_sim.c: ranks are threads of one process, "device"
  * memory is host memory handed out by the simulated cudaMalloc (so pointer
  * attributes tell it from host memory), a stream is a queue of operations run
@@ -8,7 +8,7 @@
  * when every receive has met the peer's matching send (same byte count,
  * per-pair FIFO, as NCCL requires; a mismatch aborts the test, since real NCCL
  * would hang or corrupt). The rank-order sum kernel's contract
- * (gpu/nccl/rank_sum.h) is implemented on the CPU. Knobs in sim.h.
+ * (gpu/coll/nccl/rank_sum.h) is implemented on the CPU. Knobs in sim.h.
  * Written from NCCL's and CUDA's documented behaviour; none of their code.
  */
 #include <pthread.h>
@@ -18,7 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "cuda_runtime_api.h"
 #include "nccl.h"
 #include "rank_sum.h"

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll.h"
-#include "coll_nccl.h"
+#include "coll/coll.h"
+#include "coll/coll_nccl.h"
 
 static int calls, closes;
 __attribute__((visibility("default"))) int fakenccl_calls(void) { return calls; }

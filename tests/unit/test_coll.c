@@ -1,5 +1,5 @@
 /*
- * test_coll.c — the sharded collectives of gpu/coll.h over MPI, run by
+ * test_coll.c — the sharded collectives of gpu/coll/coll.h over MPI, run by
  * tests/dist.sh under mpirun with 2 and 3 ranks (alone, outside mpirun, it
  * says it is skipped: collectives need ranks).
  *
@@ -55,7 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "gpu.h"
 #include "protrain.h"
 

@@ -37,8 +37,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "coll.h"
-#include "coll_boot.h"
+#include "coll/coll.h"
+#include "coll/coll_boot.h"
 #include "protrain.h"
 #include "pt_util.h"
 

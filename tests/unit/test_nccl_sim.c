@@ -1,5 +1,5 @@
 /*
- * test_nccl_sim.c — the NCCL transport's own code (gpu/nccl/coll_nccl.c,
+ * test_nccl_sim.c — the NCCL transport's own code (gpu/coll/nccl/coll_nccl.c,
  * compiled for this test against tests/nccl_sim/'s headers) run against a
  * simulated NCCL and CUDA runtime (tests/nccl_sim/nccl_sim.c): ranks are
  * threads of this process, "device" memory is host memory, streams run in
@@ -36,15 +36,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "coll.h"
-#include "coll_nccl.h"
+#include "coll/coll.h"
+#include "coll/coll_nccl.h"
 #include "cuda_runtime_api.h"
 #include "nccl.h"
 #include "protrain.h"
 #include "pt_util.h"
 #include "sim.h"
 
-extern const pt_nccl_coll_ops pt_nccl_coll_v1;   /* gpu/nccl/coll_nccl.c, built in */
+extern const pt_nccl_coll_ops pt_nccl_coll_v1;   /* gpu/coll/nccl/coll_nccl.c, built in */
 static const pt_nccl_coll_ops *T = &pt_nccl_coll_v1;
 #define SEGN ((size_t)1 << 18)   /* the transport's scratch segment (SEG_ELEMS) */
 

@@ -48,8 +48,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "coll.h"
-#include "coll_nccl.h"
+#include "coll/coll.h"
+#include "coll/coll_nccl.h"
 #include "protrain.h"
 #include "pt_util.h"
 #include "rank_sum.h"

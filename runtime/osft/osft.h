@@ -35,7 +35,11 @@
 #include "protrain.h"
 
 struct pt_rt;
+struct pt_rt_ext;
 typedef struct pt_osft pt_osft;
+
+/* OSFT's entries in the runtime object's extension table (osft_ext.c). */
+extern const struct pt_rt_ext pt_osft_ext;
 
 /* Which factor of a target an expanded index is. */
 enum { PT_OSFT_UH = 0, PT_OSFT_SH, PT_OSFT_VH, PT_OSFT_UL, PT_OSFT_SL, PT_OSFT_VL, PT_OSFT_NF };

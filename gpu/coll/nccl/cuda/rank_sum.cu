@@ -11,7 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "../rank_sum.h"
-#include "coll.h"
+#include "coll/coll.h"
 
 namespace {
 

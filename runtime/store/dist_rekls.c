@@ -1,5 +1,5 @@
 /*
- * rekls_shard.c — REKLS in mode C. A rank holds a byte range of each split
+ * dist_rekls.c — REKLS in mode C. A rank holds a byte range of each split
  * chunk, so no rank has a whole 2-D gradient; REKLS needs the whole matrix
  * (two-sided products, eigendecompositions of its Kronecker factors). So each
  * REKLS param of a split chunk gets an owner rank that keeps all of its REKLS

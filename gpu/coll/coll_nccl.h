@@ -1,7 +1,7 @@
 /*
  * coll_nccl.h — the boundary between the plugin's collectives front (coll.c)
  * and the NCCL transport, which is its own shared object
- * (libprotrain_nccl.so, built from gpu/nccl/) so that the plugin and the
+ * (libprotrain_nccl.so, built from gpu/coll/nccl/) so that the plugin and the
  * single-GPU cuda backend load on machines without NCCL. No NCCL or CUDA type
  * crosses it: the unique id travels as PT_NCCL_ID_BYTES opaque bytes and
  * buffers as pointers.

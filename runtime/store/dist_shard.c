@@ -1,5 +1,5 @@
 /*
- * shard.c — mode C (ZeRO-3-style sharded offload): every offloaded chunk is
+ * dist_shard.c — mode C (ZeRO-3-style sharded offload): every offloaded chunk is
  * split across the data-parallel ranks, region by region (a region holds
  * params of one dtype, so a part never splits an element). For a region of n
  * elements each rank stores s = ceil(n / W) of them (pt_coll_part: rank r owns
@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "device_ext.h"
 #include "kernels_hd.h"
 #include "store_internal.h"

@@ -23,9 +23,10 @@
 
 #include "device_ext.h"
 #include "planner/planner.h"
-#include "rt_internal.h"
+#include "core/rt_internal.h"
+#include "tiled.h"
 
-int pt_rt_tiled_check(pt_rt *rt, char *err, size_t errlen) {
+int pt_tiled_check(pt_rt *rt, char *err, size_t errlen) {
     if (!rt->cfg.tiled_mlp_enabled) return PT_OK;
     if (!rt->host.mlp_forward || !rt->host.mlp_backward)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
@@ -50,14 +51,14 @@ int pt_rt_tiled_check(pt_rt *rt, char *err, size_t errlen) {
     return PT_OK;
 }
 
-int64_t pt_rt_tiles_req(const pt_rt *rt) {
+int64_t pt_tiled_tiles_req(const pt_rt *rt) {
     return rt->cfg.tiled_mlp_tiles > 0 ? rt->cfg.tiled_mlp_tiles : rt->mlp_auto_n;
 }
 
-uint64_t pt_rt_mlp_tiles(const pt_rt *rt) {
+uint64_t pt_tiled_mlp_tiles(const pt_rt *rt) {
     if (!rt->cfg.tiled_mlp_enabled) return 0;
     if (!rt->model) return rt->cfg.tiled_mlp_tiles > 0 ? (uint64_t)rt->cfg.tiled_mlp_tiles : 1;
-    return (uint64_t)pt_mlp_tiles_eff(rt->model->batch * rt->model->seq, pt_rt_tiles_req(rt));
+    return (uint64_t)pt_mlp_tiles_eff(rt->model->batch * rt->model->seq, pt_tiled_tiles_req(rt));
 }
 
 /* tiles = auto. The profile ran with tiles of c0 = PT_MLP_AUTO_TILE rows (or fewer
@@ -67,7 +68,7 @@ uint64_t pt_rt_mlp_tiles(const pt_rt *rt) {
  * mark is an upper bound (the peak may have been elsewhere in the window), so a
  * plan the adjusted profile fits does fit. Candidates go from 1 tile up, one per
  * distinct tile length; the last is the profiled count itself, unadjusted. */
-int pt_rt_tiles_auto_search(pt_rt *rt, const pt_trace *t, double prof_s, char *err,
+int pt_tiled_auto_search(pt_rt *rt, const pt_trace *t, double prof_s, char *err,
                             size_t errlen) {
     int64_t tok = rt->model->batch * rt->model->seq;
     int64_t n0 = pt_mlp_tiles_eff(tok, 0), c0 = pt_mlp_tile_len(tok, 0);
@@ -102,7 +103,7 @@ int pt_rt_tiles_auto_search(pt_rt *rt, const pt_trace *t, double prof_s, char *e
     return rc;
 }
 
-int pt_rt_tile_scratch(pt_rt *rt, uint64_t bytes, void **ptr, char *err, size_t errlen) {
+int pt_tiled_scratch(pt_rt *rt, uint64_t bytes, void **ptr, char *err, size_t errlen) {
     if (!ptr) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "tiled_mlp_scratch: ptr is NULL");
     *ptr = NULL;
     if (!rt->in_tiles)
@@ -159,7 +160,7 @@ static int tgrad(const pt_param_v1 *p, int32_t b) {
     return p->block == b && p->trainable && p->tie < 0 && p->grad;
 }
 
-int pt_rt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *err,
+int pt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *err,
                     size_t errlen) {
     const char *hook = backward ? "tiled_mlp_backward" : "tiled_mlp_forward";
     if (!rt->cfg.tiled_mlp_enabled)
@@ -173,7 +174,7 @@ int pt_rt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *er
     pt_model_v1 *m = rt->model;
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     void *impl = pt_gpu_impl(rt->gpu);
-    int64_t c = pt_mlp_tile_len(tokens, pt_rt_tiles_req(rt));
+    int64_t c = pt_mlp_tile_len(tokens, pt_tiled_tiles_req(rt));
     int rc = PT_OK;
 
     /* backward: the block's trainable gradients -> one zeroed fp32 accumulator,

@@ -21,8 +21,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "coll.h"
-#include "coll_mpi.h"
+#include "coll/coll.h"
+#include "coll/coll_mpi.h"
 #include "protrain.h"
 #include "pt_util.h"
 

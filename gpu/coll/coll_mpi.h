@@ -1,5 +1,5 @@
 /*
- * coll_mpi.h — the MPI transport of coll.h (gpu/mpi/coll_mpi.c), as the
+ * coll_mpi.h — the MPI transport of coll.h (gpu/coll/mpi/coll_mpi.c), as the
  * collectives front (coll.c) calls it: coll.h's operations with coll.h's
  * meaning, on a handle of its own. No MPI type in it. The front also uses it
  * to hand NCCL's unique id from rank 0 to the others when MPI is there.

@@ -10,7 +10,7 @@
 
 #include "device_ext.h"
 #include "osft.h"
-#include "rt_internal.h"
+#include "core/rt_internal.h"
 
 typedef struct tgt {
     int hidx;                 /* host param index */

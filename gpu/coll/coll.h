@@ -1,8 +1,8 @@
 /*
  * coll.h — collectives between data-parallel ranks, behind one interface so
  * the runtime never sees a transport's types. Two transports implement it:
- * MPI (gpu/mpi/, the host backend: buffers are added by the CPU) and NCCL
- * (gpu/nccl/, built as libprotrain_nccl.so and loaded only when picked: the
+ * MPI (gpu/coll/mpi/, the host backend: buffers are added by the CPU) and NCCL
+ * (gpu/coll/nccl/, built as libprotrain_nccl.so and loaded only when picked: the
  * cuda backend, buffers in device memory or host memory). pt_coll_pick says
  * which one a configuration gets; coll.c dispatches. No other file may include
  * an MPI or NCCL header.
