@@ -49,7 +49,7 @@ typedef struct opt {
     int osft;            /* [osft] enabled */
     int streamed;        /* chunks streamed, CPU Adam */
     int async;           /* launch the work, jitter */
-    int skip;            /* [host_backend] debug_skip_ordering (negative control) */
+    int skip;            /* [testing] debug_skip_ordering (negative control) */
     float clip;          /* [optimizer] max_grad_norm: the CPU steps are deferred */
     int split;           /* streamed with 256-byte chunks, the first 3 resident: a
                             target's factors on both sides (device and pinned) */
@@ -82,10 +82,10 @@ static void write_ini(const char *path, const opt *o) {
     else
         fprintf(f, "[protrain]\nforce_all_persistent = true\n");
     if (o->async)
-        fprintf(f, "[host_backend]\ncompute_jitter = %s\njitter_seed = 7\ndebug_skip_ordering = %d\n",
+        fprintf(f, "[testing]\ncompute_jitter = %s\njitter_seed = 7\ndebug_skip_ordering = %d\n",
                 o->skip ? "2ms" : "200us", o->skip);
     else if (o->skip)
-        fprintf(f, "[host_backend]\ndebug_skip_ordering = %d\n", o->skip);
+        fprintf(f, "[testing]\ndebug_skip_ordering = %d\n", o->skip);
     fclose(f);
 }
 
@@ -659,7 +659,7 @@ static void test_projection_order_control(void **s) {
  * jitter, and with 256-byte chunks, the first 3 resident, so that one target
  * has frozen factors on the device and trainable ones offloaded (projected from
  * optimizer_step) while the other is projected inside the steps.
- * Negative control ([host_backend] debug_skip_ordering = 2048): the
+ * Negative control ([testing] debug_skip_ordering = 2048): the
  * projection run in the same task but before the step leaves that oracle, so
  * the check sees where the projection runs. */
 static void test_deferred_steps_project_inside(void **s) {
