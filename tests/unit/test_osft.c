@@ -40,6 +40,7 @@
 #include <cmocka.h>
 
 #include "osft_model.h"
+#include "store/ord_bits.h"
 #include "protrain.h"
 
 static const pt_plugin_v1 *P = &protrain_plugin_v1;
@@ -642,7 +643,7 @@ static void test_projection_order_control(void **s) {
     opt o = {.urr = 0.5f, .lr = 1e-2f, .eps = 1e-8f, .osft = 1, .streamed = 1};
     run_losses(&o, STEPS, l0, &s0, &n0);
     o.async = 1;
-    o.skip = 128;   /* PT_ORD_OSFT */
+    o.skip = PT_ORD_OSFT;
     run_losses(&o, STEPS, l1, &s1, &n1);
     int differ = memcmp(l0, l1, sizeof l0) != 0;
     printf("  control: projection not ordered after the launched backward: losses %s\n",
@@ -691,7 +692,7 @@ static void test_deferred_steps_project_inside(void **s) {
     same_state(s0, n0, s4, n4);
     free(s4);
     o.split = 0;
-    o.skip = 2048;   /* PT_ORD_STEPPED */
+    o.skip = PT_ORD_STEPPED;
     run_losses(&o, STEPS, l3, &s3, &n3);
     int differ = memcmp(l0, l3, sizeof l0) != 0;
     printf("  control: value projection before the CPU step: losses %s\n",
