@@ -268,8 +268,10 @@ OMP_ENV := OMP_WAIT_POLICY=PASSIVE
 # results back through spin-waits TSan cannot see (libopenblas is not
 # instrumented), so every threaded GEMM would read as a race. Its level-3 split
 # never changes a sum, so the bits are the same either way.
+# PROTRAIN_TESTING=1: the tests' INI files may use the [testing] section (the
+# knobs of their negative controls, tests/README.md); a training run may not.
 TEST_ENV := PT_BUILD=$(abspath $(BUILD)) PT_ROOT=$(CURDIR) PT_SAN=$(SAN) OMP_NUM_THREADS=2 $(OMP_ENV) \
-            CMOCKA_MESSAGE_OUTPUT=stdout $(if $(filter tsan,$(SAN)),OPENBLAS_NUM_THREADS=1)
+            CMOCKA_MESSAGE_OUTPUT=stdout PROTRAIN_TESTING=1 $(if $(filter tsan,$(SAN)),OPENBLAS_NUM_THREADS=1)
 test: all
 	@fail=0; for t in $(TEST_BINS); do \
 	  echo "=== $$t"; \

@@ -369,6 +369,14 @@ static void unknown_key_msg(const char *name, const char *sec, const char *key, 
     }
 }
 
+/* A [testing] key without PROTRAIN_TESTING=1 in the environment. */
+static const char *testing_refusal(const char *key, char *out, size_t len) {
+    snprintf(out, len, "key '%s' in [testing] is a testing knob (it makes the plugin misbehave "
+                       "on purpose); it is accepted only when the environment sets "
+                       "PROTRAIN_TESTING=1, as the test suite does", key);
+    return out;
+}
+
 /* ---- the inih driver ---- */
 
 typedef struct pstate {
@@ -465,10 +473,14 @@ static int handler(void *user, const char *section, const char *name, const char
     }
     if (section_index(sec) < 0) return 1; /* reported at the header line */
     int k = find_key(sec, name);
+    char m[600];
     if (k < 0) {
-        char m[600];
         unknown_key_msg("", sec, name, m, sizeof(m));
         st_err(st, "%s", m);
+        return 0;
+    }
+    if (pt_cfg_is_testing(&pt_cfg_keys[k]) && !pt_cfg_testing_allowed()) {
+        st_err(st, "%s", testing_refusal(name, m, sizeof m));
         return 0;
     }
     if (!value) {
@@ -636,6 +648,11 @@ int pt_config_set(pt_config *c, const char *section, const char *key, const char
         unknown_key_msg("override: ", section, key, m, sizeof(m));
         return pt_fail(err, errlen, PT_ERR_CONFIG, "%s", m);
     }
+    if (pt_cfg_is_testing(&pt_cfg_keys[k]) && !pt_cfg_testing_allowed()) {
+        char r[400];
+        return pt_fail(err, errlen, PT_ERR_CONFIG, "override: %s",
+                       testing_refusal(key, r, sizeof r));
+    }
     pt_config tmp = *c;
     if (set_value(&pt_cfg_keys[k], &tmp, value, why, sizeof(why))) {
         quote_val(value, vq, sizeof(vq));
@@ -724,13 +741,31 @@ static void fmt_value(const pt_config_key *k, const pt_config *c, char *b, size_
     }
 }
 
+/* Some [testing] key differs from its default. */
+static int testing_used(const pt_config *c) {
+    pt_config d;
+    char a[600], b[600];
+    pt_config_defaults(&d);
+    for (size_t i = 0; i < PT_CFG_NKEYS; i++) {
+        if (!pt_cfg_is_testing(&pt_cfg_keys[i])) continue;
+        fmt_value(&pt_cfg_keys[i], c, a, sizeof(a));
+        fmt_value(&pt_cfg_keys[i], &d, b, sizeof(b));
+        if (strcmp(a, b)) return 1;
+    }
+    return 0;
+}
+
+/* The [testing] section is written only when one of its keys is set: a
+ * training configuration's dump then reads back without PROTRAIN_TESTING. */
 int pt_config_dump(const pt_config *c, char *buf, size_t len) {
     if (!c || !buf || !len) return PT_ERR_INVALID_ARG;
     size_t o = 0;
     char v[600];
+    int testing = testing_used(c);
     buf[0] = '\0';
     pt_cfg_put(buf, len, &o, "; protrain effective configuration (source: %s)\n", c->source);
     for (size_t i = 0; i < PT_CFG_NKEYS; i++) {
+        if (pt_cfg_is_testing(&pt_cfg_keys[i]) && !testing) continue;
         if (!i || strcmp(pt_cfg_keys[i].section, pt_cfg_keys[i - 1].section))
             pt_cfg_put(buf, len, &o, "%s[%s]\n", i ? "\n" : "", pt_cfg_keys[i].section);
         fmt_value(&pt_cfg_keys[i], c, v, sizeof(v));

@@ -5,7 +5,9 @@
  *
  * File rules (see conf/CONFIG.md):
  *  - sections: plugin, memory, protrain, optimizer, osft, tiled_mlp, dist,
- *    host_backend. Sections a host trainer owns are skipped whole:
+ *    host_backend, cuda; and testing, whose keys (knobs that break the plugin on
+ *    purpose, for negative controls) are accepted only when the environment has
+ *    PROTRAIN_TESTING=1. Sections a host trainer owns are skipped whole:
  *    [sample_host] and every [host.<anything>].
  *  - `key = value`, one per line; leading whitespace is ignored, so values never
  *    continue on the next line. Full-line comments start with ';' or '#',
@@ -109,5 +111,9 @@ void pt_config_key_form(const pt_config_key *k, char *buf, size_t len);
 /* Markdown tables (one per section) generated from the schema; conf/CONFIG.md
  * embeds this text verbatim and a test checks it. 0 or PT_ERR_INVALID_ARG. */
 int pt_config_schema_markdown(char *buf, size_t len);
+/* The same tables for the [testing] section alone (the keys a file may set only
+ * with PROTRAIN_TESTING=1 in the environment); tests/README.md embeds them and
+ * the same test checks that copy. pt_config_schema_markdown leaves them out. */
+int pt_config_testing_markdown(char *buf, size_t len);
 
 #endif

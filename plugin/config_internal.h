@@ -20,12 +20,19 @@
 /* Row and section counts as constants, so config.c can size per-key arrays
  * (pstate.set_line); config_schema.c static-asserts both against its tables. */
 #define PT_CFG_NKEYS 56
-#define PT_CFG_NSECTIONS 9
+#define PT_CFG_NSECTIONS 10
 
 /* The schema rows in file order (PT_CFG_NKEYS of them) and the section names a
  * file may use (PT_CFG_NSECTIONS), in the same order the rows first use them. */
 extern const pt_config_key pt_cfg_keys[];
 extern const char *const pt_cfg_sections[];
+
+/* The section of the testing knobs: a file may set its keys only when the
+ * environment has PROTRAIN_TESTING=1; the user's reference leaves them out. */
+#define PT_CFG_TESTING_SECTION "testing"
+int pt_cfg_is_testing(const pt_config_key *k);
+/* PROTRAIN_TESTING=1 is set in the environment. */
+int pt_cfg_testing_allowed(void);
 
 /* printf-append to buf at *o (len bytes in all); returns 1 once the buffer is
  * full, after which *o == len and buf holds a NUL-terminated prefix. */

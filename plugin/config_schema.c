@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu.h"
@@ -27,7 +28,7 @@ static const char bool_form[] = "true|false|on|off|yes|no|1|0";
 
 const char *const pt_cfg_sections[] = {"plugin",    "memory", "protrain", "optimizer",
                                        "osft",      "tiled_mlp", "dist",  "host_backend",
-                                       "cuda"};
+                                       "cuda",      "testing"};
 _Static_assert(sizeof(pt_cfg_sections) / sizeof(pt_cfg_sections[0]) == PT_CFG_NSECTIONS,
                "PT_CFG_NSECTIONS in config_internal.h must match pt_cfg_sections");
 
@@ -242,9 +243,6 @@ const pt_config_key pt_cfg_keys[] = {
           "Seconds a collective (and NCCL's start-up) may wait for the other ranks; past it the "
           "rank fails with an error instead of hanging (mpi names the rank that did not arrive; "
           "nccl cannot tell which, aborts its communicator and names this rank)."),
-    R_INT("dist", "debug_hang_rank", debug_hang_rank, PT_CFG_NO_HI, -1, INT_MAX, 0, "-1",
-          "Testing: this rank stops joining collectives (as if hung) so the others must time "
-          "out naming it; -1: none."),
     R_BOOL("dist", "overlap_allreduce", overlap_allreduce, "true",
            "Several ranks: each chunk's gradient (resident, or mode B's offloaded fp32 sum) is "
            "all-reduced as soon as backward has finished it (one chunk per bucket), while the "
@@ -264,13 +262,6 @@ const pt_config_key pt_cfg_keys[] = {
      "GiB/s) so overlap can be measured; 0: unthrottled."},
     R_BOOL("host_backend", "poison", poison, "true",
            "Fill freed and offloaded device memory with NaN so a stray read fails a test."),
-    R_INT("host_backend", "fail_alloc_at", fail_alloc_at, PT_CFG_NO_HI, 0, INT_MAX, 0, "0",
-          "Testing: make the N-th device allocation (1-based) fail like an OOM; 0: never."),
-    R_STR("host_backend", "fail_op", fail_op, "<op>:<n>, or empty for none", check_fail_op, "",
-          "Testing: make the n-th call (1-based) of one backend op fail like a driver error, "
-          "e.g. event_sync:3 (ops: memset, memcpy, event_sync, stream_sync, convert, adamw, "
-          "sqnorm, event_record, stream_wait_event, event_create, event_elapsed_ms, host_fn); "
-          "empty: never."),
     R_STR("host_backend", "trace_file", host_trace_file, "a file path, or empty for none", NULL, "",
           "Write every op the simulated device ran (stream, op, size, start and end in us) "
           "to this file when the plugin finalizes: the timeline to compare with the plan's "
@@ -279,29 +270,43 @@ const pt_config_key pt_cfg_keys[] = {
            "Run a host's launched work on the simulated device's compute stream, after the "
            "hook that launched it returns, as a GPU does; false: launched work runs at once "
            "on the host's thread."),
-    {"host_backend", "compute_jitter", PT_CFG_DUR, 0, OFF(compute_jitter), 0, 0, 1.0, 0, NULL,
-     NULL, NULL, NULL, "0",
-     "Each piece of launched work first sleeps a random time up to this (seeded by "
-     "jitter_seed), so a missing stream ordering shows up as a failed test; 0: none."},
-    {"host_backend", "debug_cpu_step_delay", PT_CFG_DUR, 0, OFF(debug_cpu_step_delay), 0, 0,
-     1.0, 0, NULL, NULL, NULL, NULL, "0",
-     "Testing only: each CPU optimizer step that optimizer_step queues first sleeps this "
-     "long, so an upload that did not wait for its chunk's step reads the old values and a "
-     "test sees it. 0: none. Never in training."},
-    R_INT("host_backend", "jitter_seed", jitter_seed, PT_CFG_NO_HI, 0, INT_MAX, 0, "1",
-          "Seed of the compute jitter's random delays."),
-    R_INT("host_backend", "debug_skip_ordering", debug_skip_ordering, 0, 0, 16383, 0, "0",
-          "Testing only: orderings to skip, a bit mask (1 uploads, 2 slot reuse, 4 gradient "
+    R_BOOL("cuda", "poison", cuda_poison, "false",
+           "On a CUDA device, fill freed device memory with NaN too (a memset and a wait "
+           "on every free: a debugging aid, off by default for speed)."),
+    /* [testing]: knobs that make the plugin misbehave on purpose so a test can
+     * show a guard matters. A file may set them only when the environment has
+     * PROTRAIN_TESTING=1 (config.c); conf/default.ini and conf/CONFIG.md leave
+     * them out and tests/README.md lists them (pt_config_testing_markdown). */
+    R_INT("testing", "debug_skip_ordering", debug_skip_ordering, 0, 0, 16383, 0, "0",
+          "Orderings to skip, a bit mask (1 uploads, 2 slot reuse, 4 gradient "
           "copies, 8 swaps, 16 frees, 32 optimizer step, 64 host memcpy, 128 OSFT projection, "
           "256 an upload after its chunk's deferred CPU step, 512 mode C's collectives on a "
           "chunk's slot, 1024 a gradient bucket's all-reduce during backward, 2048 OSFT's value "
           "projection after a chunk's CPU step (skipped: before it), 4096 mode C REKLS's update "
           "sent back from a parameter's owner to the other ranks' parts, 8192 mode C REKLS's "
           "restored state taken by each parameter's owner; 16383 all), so a test shows it "
-          "fails without each. Never in training."),
-    R_BOOL("cuda", "poison", cuda_poison, "false",
-           "On a CUDA device, fill freed device memory with NaN too (a memset and a wait "
-           "on every free: a debugging aid, off by default for speed)."),
+          "fails without each; the bits are runtime/store/ord_bits.h's PT_ORD_*."),
+    {"testing", "debug_cpu_step_delay", PT_CFG_DUR, 0, OFF(debug_cpu_step_delay), 0, 0,
+     1.0, 0, NULL, NULL, NULL, NULL, "0",
+     "Each CPU optimizer step that optimizer_step queues first sleeps this "
+     "long, so an upload that did not wait for its chunk's step reads the old values and a "
+     "test sees it. 0: none."},
+    {"testing", "compute_jitter", PT_CFG_DUR, 0, OFF(compute_jitter), 0, 0, 1.0, 0, NULL,
+     NULL, NULL, NULL, "0",
+     "Host backend: each piece of launched work first sleeps a random time up to this (seeded "
+     "by jitter_seed), so a missing stream ordering shows up as a failed test; 0: none."},
+    R_INT("testing", "jitter_seed", jitter_seed, PT_CFG_NO_HI, 0, INT_MAX, 0, "1",
+          "Seed of the compute jitter's random delays."),
+    R_INT("testing", "fail_alloc_at", fail_alloc_at, PT_CFG_NO_HI, 0, INT_MAX, 0, "0",
+          "Make the N-th device allocation (1-based) fail like an OOM; 0: never."),
+    R_STR("testing", "fail_op", fail_op, "<op>:<n>, or empty for none", check_fail_op, "",
+          "Host backend: make the n-th call (1-based) of one backend op fail like a driver "
+          "error, e.g. event_sync:3 (ops: memset, memcpy, event_sync, stream_sync, convert, "
+          "adamw, sqnorm, event_record, stream_wait_event, event_create, event_elapsed_ms, "
+          "host_fn); empty: never."),
+    R_INT("testing", "debug_hang_rank", debug_hang_rank, PT_CFG_NO_HI, -1, INT_MAX, 0, "-1",
+          "This rank stops joining collectives (as if hung) so the others must time out "
+          "naming it; -1: none."),
 };
 /* config.c sizes per-key arrays with PT_CFG_NKEYS; a row added here without
  * bumping it fails the build rather than overrunning those arrays. */
@@ -373,17 +378,30 @@ static void md_cell(char *buf, size_t len, size_t *o, const char *s) {
     }
 }
 
-int pt_config_schema_markdown(char *buf, size_t len) {
+int pt_cfg_is_testing(const pt_config_key *k) {
+    return !strcmp(k->section, PT_CFG_TESTING_SECTION);
+}
+
+int pt_cfg_testing_allowed(void) {
+    const char *v = getenv("PROTRAIN_TESTING");
+    return v && !strcmp(v, "1");
+}
+
+/* The tables of the rows whose testing flag is `testing` (one per section). */
+static int markdown(char *buf, size_t len, int testing) {
     if (!buf || !len) return PT_ERR_INVALID_ARG;
     size_t o = 0;
     char form[160];
+    const char *prev = NULL;
     buf[0] = '\0';
     for (size_t i = 0; i < PT_CFG_NKEYS; i++) {
         const pt_config_key *k = &pt_cfg_keys[i];
-        if (!i || strcmp(k->section, pt_cfg_keys[i - 1].section))
+        if (pt_cfg_is_testing(k) != testing) continue;
+        if (!prev || strcmp(k->section, prev))
             pt_cfg_put(buf, len, &o,
                        "%s### [%s]\n\n| key | accepted values | default | meaning |\n"
-                       "|---|---|---|---|\n", i ? "\n" : "", k->section);
+                       "|---|---|---|---|\n", prev ? "\n" : "", k->section);
+        prev = k->section;
         pt_config_key_form(k, form, sizeof(form));
         pt_cfg_put(buf, len, &o, "| `%s` | ", k->key);
         md_cell(buf, len, &o, form);
@@ -393,3 +411,7 @@ int pt_config_schema_markdown(char *buf, size_t len) {
     }
     return o >= len ? PT_ERR_INVALID_ARG : PT_OK;
 }
+
+int pt_config_schema_markdown(char *buf, size_t len) { return markdown(buf, len, 0); }
+
+int pt_config_testing_markdown(char *buf, size_t len) { return markdown(buf, len, 1); }

@@ -28,7 +28,7 @@
 # REKLS (modes AR, BR, CR): 2 ranks vs 1 rank x grad-accum 2 within 1e-2 (see below), its
 # device path (A) and CPU path (B) bit-identical with 1 and with 2 ranks, and mode C
 # (each REKLS param stepped whole by one owner rank) bit-identical to mode B (below).
-# And a dead rank: with [dist] debug_hang_rank = 1 and timeout = 2, rank 0 must
+# And a dead rank: with [testing] debug_hang_rank = 1 and [dist] timeout = 2, rank 0 must
 # exit non-zero within 20 s with an error naming rank 1 (not hang).
 set -u
 root="${PT_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
@@ -53,6 +53,8 @@ common=(--layers 2 --heads 2 --channels 32 --vocab 256 --seq 16 --batch 2 --step
         --max-grad-norm 0.05 --lr 1e-3 --warmup 2 --val-every 0 --gen-every 0
         --metrics-no-time --quiet --progress off --plugin "$plug")
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+# the negative controls and the hung rank below use [testing] keys
+export PROTRAIN_TESTING=1
 
 base_ini() {   # $1 = file, $2 = mode-specific [protrain] lines
     printf '[plugin]\nbackend = host\nlog_level = warn\n[protrain]\nauto_mode = false\n%b\n' \
@@ -260,7 +262,7 @@ for m in BR CR; do
     sed 's/^n_persist = 0$/n_persist = 4/' "$tmp/$m.ini" > "$tmp/${m}p.ini"
     sed 's/^weight_decay = 0.01$/weight_decay = 0.1\nrekls_weight_decay_method = l2/' "$tmp/$m.ini" > "$tmp/${m}l.ini"
 done
-(cat "$tmp/CR.ini"; printf '[host_backend]\ndebug_skip_ordering = 4096\n') > "$tmp/CRN.ini"
+(cat "$tmp/CR.ini"; printf '[testing]\ndebug_skip_ordering = 4096\n') > "$tmp/CRN.ini"
 rk_run() {   # $1 ranks, $2 config, $3 tag, then extra flags
     local np=$1 m=$2 tag=$3; shift 3
     (cd "$tmp" && mpirun --oversubscribe --allow-run-as-root -np $np "$sh" --config "$tmp/$m.ini" \
@@ -331,7 +333,7 @@ fi
 # the owners keep their fresh state) and the losses after step 7 differ.
 rk12=("${common[@]}"); for i in "${!rk12[@]}"; do [ "${rk12[$i]}" = 6 ] && [ "${rk12[$((i-1))]}" = --steps ] && rk12[$i]=12; done
 RK="$tmp/rkres"; mkdir -p "$RK"
-(cat "$tmp/CR.ini"; printf '[host_backend]\ndebug_skip_ordering = 8192\n') > "$tmp/CRL.ini"
+(cat "$tmp/CR.ini"; printf '[testing]\ndebug_skip_ordering = 8192\n') > "$tmp/CRL.ini"
 if (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/CR.ini" "${rk12[@]}" --optimizer ini --metrics "$RK/U.json") >"$RK/U.log" 2>&1 &&
    (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/CR.ini" "${rk12[@]}" --optimizer ini --metrics "$RK/S.json" \
         --checkpoint-dir "$RK/ck" --checkpoint-every 6 --stop-after 6) >"$RK/S.log" 2>&1; then
@@ -400,10 +402,10 @@ fi
 # Mode C's own orderings: a chunk's all-gather waits for this rank's part to land
 # in the slot, its reduce-scatter for the host's backward. Under compute jitter
 # and throttled copies the losses stay bit-identical to the plain mode C run;
-# with those two waits skipped ([host_backend] debug_skip_ordering = 512, the
+# with those two waits skipped ([testing] debug_skip_ordering = 512, the
 # negative control) the run must go wrong (other losses, or a non-finite one).
 for skip in 0 512; do
-    (cat "$tmp/C.ini"; printf '[host_backend]\ncompute_jitter = 1ms\ncopy_bandwidth = 20 MB/s\ndebug_skip_ordering = %d\n' $skip) > "$tmp/N$skip.ini"
+    (cat "$tmp/C.ini"; printf '[host_backend]\ncopy_bandwidth = 20 MB/s\n[testing]\ncompute_jitter = 1ms\ndebug_skip_ordering = %d\n' $skip) > "$tmp/N$skip.ini"
     (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/N$skip.ini" "${common[@]}" --metrics "$tmp/N$skip.json") \
         >"$tmp/N$skip.log" 2>&1
     nrc=$?
@@ -440,10 +442,10 @@ base_ini "$tmp/PB.ini" 'auto_memory = false\nn_persist = 6\nn_buffer = 12\nn_swa
 for m in A PB; do
     (cat "$tmp/$m.ini"; printf 'overlap_allreduce = false\n') > "$tmp/${m}off.ini"
 done
-(cat "$tmp/A.ini"; printf '[host_backend]\ncompute_jitter = 1ms\n') > "$tmp/AJ.ini"
-(cat "$tmp/A.ini"; printf '[host_backend]\ncompute_jitter = 1ms\ndebug_skip_ordering = 1024\n') > "$tmp/AJN.ini"
-(cat "$tmp/B.ini"; printf '[host_backend]\ncompute_jitter = 1ms\n') > "$tmp/BJ.ini"
-(cat "$tmp/B.ini"; printf '[host_backend]\ncompute_jitter = 1ms\ndebug_skip_ordering = 1024\n') > "$tmp/BJN.ini"
+(cat "$tmp/A.ini"; printf '[testing]\ncompute_jitter = 1ms\n') > "$tmp/AJ.ini"
+(cat "$tmp/A.ini"; printf '[testing]\ncompute_jitter = 1ms\ndebug_skip_ordering = 1024\n') > "$tmp/AJN.ini"
+(cat "$tmp/B.ini"; printf '[testing]\ncompute_jitter = 1ms\n') > "$tmp/BJ.ini"
+(cat "$tmp/B.ini"; printf '[testing]\ncompute_jitter = 1ms\ndebug_skip_ordering = 1024\n') > "$tmp/BJN.ini"
 for m in PB PBoff Aoff AJ AJN BJ BJN; do
     sed -i 's/^log_level = warn$/log_level = info/' "$tmp/$m.ini"
     (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/$m.ini" "${acommon[@]}" --metrics "$tmp/$m.json") \
@@ -683,7 +685,7 @@ else
 fi
 
 # A hung rank: the other names it and exits non-zero within the timeout (+ start-up).
-sed 's/^timeout = 20/timeout = 2\ndebug_hang_rank = 1/' "$tmp/A.ini" > "$tmp/hang.ini"
+(sed 's/^timeout = 20/timeout = 2/' "$tmp/A.ini"; printf '[testing]\ndebug_hang_rank = 1\n') > "$tmp/hang.ini"
 t0=$(date +%s)
 (cd "$tmp" && timeout 60 "${mpi[@]}" "$sh" --config "$tmp/hang.ini" "${common[@]}") \
     >"$tmp/hang.log" 2>&1

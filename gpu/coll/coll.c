@@ -151,7 +151,7 @@ static int nccl_begin(pt_coll *c, const char *what, char *err, size_t errlen) {
         double until = pt_now_s() + 20 * c->timeout_s + 10;
         while (pt_now_s() < until) pt_coll_nccl_pause();
         c->broken = 1;
-        return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist] %s: [dist] debug_hang_rank = %d: "
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist] %s: [testing] debug_hang_rank = %d: "
                        "this rank hung on purpose", what, c->hang_rank);
     }
     return PT_OK;

@@ -1,6 +1,6 @@
 /*
  * host_faults.c — failure injection for the host backend's non-allocation ops
- * (pt_gpu_config.fail_op / fail_op_at, INI [host_backend] fail_op = <op>:<n>),
+ * (pt_gpu_config.fail_op / fail_op_at, INI [testing] fail_op = <op>:<n>),
  * the counterpart of fail_alloc_at in the device wrapper: the n-th call of the
  * chosen op returns PT_ERR_BACKEND, once, and changes nothing (no work queued,
  * nothing waited for), which is what a failed driver call looks like to the
@@ -66,7 +66,7 @@ int pt_hb_inject(hb *h, int op) {
         char msg[200];
         snprintf(msg, sizeof msg,
                  "host backend: injected failure: %s call #%d returns PT_ERR_BACKEND "
-                 "([host_backend] fail_op = %s:%d)",
+                 "([testing] fail_op = %s:%d)",
                  pt_gpu_op_name(op), h->cfg.fail_op_at, pt_gpu_op_name(op), h->cfg.fail_op_at);
         log(user, PT_LOG_WARN, msg);
     }

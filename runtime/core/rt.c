@@ -116,7 +116,7 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     char bad[256];
     if (pt_gpu_fail_op_parse(cfg->fail_op, &gc.fail_op, &gc.fail_op_at, bad, sizeof bad)) {
         free(rt);   /* the INI checker refuses this first; a config built in code may not */
-        return pt_fail(err, errlen, PT_ERR_CONFIG, "[host_backend] fail_op = '%s': %s",
+        return pt_fail(err, errlen, PT_ERR_CONFIG, "[testing] fail_op = '%s': %s",
                        cfg->fail_op, bad);
     }
     gc.compute_jitter_s = cfg->compute_jitter;
@@ -165,7 +165,7 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     rt->ordered = rt->host_async;
     rt->skip = (unsigned)cfg->debug_skip_ordering;
     if (rt->host_async && rt->skip)
-        PT_LOGW(&rt->lg, "[host_backend] debug_skip_ordering = %u: the plugin skips some of its "
+        PT_LOGW(&rt->lg, "[testing] debug_skip_ordering = %u: the plugin skips some of its "
                          "ordering after the host's compute (a testing aid: training is wrong)",
                 rt->skip);
     if (host && host->world_size > 1) {

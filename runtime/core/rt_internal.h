@@ -9,6 +9,7 @@
 
 #include "coll/coll.h"
 #include "rt.h"
+#include "store/ord_bits.h"
 #include "store/store.h"
 
 struct pt_prof;           /* profiler state while profile_step runs (profiler.c) */

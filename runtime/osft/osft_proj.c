@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "osft_internal.h"
+#include "store/ord_bits.h"
 
 static const int FZ[2] = {PT_OSFT_UH, PT_OSFT_VH}, TR[2] = {PT_OSFT_UL, PT_OSFT_VL};
 

@@ -28,35 +28,6 @@
 
 enum { PT_ACT_NONE = 0, PT_ACT_CKPT = 1, PT_ACT_SWAP = 2 };
 
-/* The orderings after an asynchronous host's compute, one bit each so a test
- * can drop one at a time ([host_backend] debug_skip_ordering) and show that it
- * fails without it. */
-enum {
-    PT_ORD_UPLOAD = 1,   /* the compute stream waits for uploads (chunks, swap-ins) */
-    PT_ORD_SLOT = 2,     /* a buffer slot is refilled or its gradient zeroed only after
-                            the compute stream's last use of it */
-    PT_ORD_GRAD = 4,     /* a gradient copy to the host starts after the backward */
-    PT_ORD_SWAP = 8,     /* swap-out after the forward; swap-in after frees in compute order */
-    PT_ORD_FREE = 16,    /* frees (and their poison) in the compute stream's order */
-    PT_ORD_STEP = 32,    /* optimizer_step's slot poison and parameter reads after compute */
-    PT_ORD_HOSTIO = 64,  /* the host's memcpy after its launched work */
-    PT_ORD_OSFT = 128,   /* OSFT's gradient projection behind the block's backward on
-                            s_compute (skipped: at once, on the host's thread) */
-    PT_ORD_DEFER = 256,  /* a chunk's upload after its deferred CPU step */
-    PT_ORD_SHARD = 512,  /* mode C: a chunk's all-gather after its part's upload, its
-                            reduce-scatter after the host's backward */
-    PT_ORD_BUCKET = 1024, /* several ranks: a gradient bucket's all-reduce starts once the
-                             gradient is final (resident: the compute stream finished
-                             the chunk's backward; offloaded: its CPU task formed the sum) */
-    PT_ORD_STEPPED = 2048, /* chunk_stepped after a chunk's CPU step, inside the step's
-                            task (skipped: before the step) */
-    PT_ORD_RKSHARD = 4096, /* mode C REKLS: the owner's update reaches the other ranks'
-                            * parts of the param (skipped: only the owner's part moves) */
-    PT_ORD_RKLOAD = 8192,  /* mode C REKLS: a restored state's REKLS part reaches each
-                            * param's owner (skipped: the owners keep what they had) */
-    PT_ORD_ALL = 16383
-};
-
 /* Optimizer hyper-parameters and progress (owned by the caller, lent to the store). */
 typedef struct pt_optim_state {
     float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
@@ -96,7 +67,8 @@ typedef struct pt_store_env {
      * events on s_compute instead of assuming that work is done at each hook, and
      * makes s_compute (not the host's thread) wait for its uploads. */
     int ordered;
-    unsigned skip;       /* PT_ORD_* bits not to honour (testing only) */
+    unsigned skip;       /* orderings not to honour, a test's negative control: the
+                            PT_ORD_* bits of ord_bits.h ([testing] debug_skip_ordering) */
     /* Data parallel (world > 1): gradients are summed over the ranks in rank
      * order and scaled by 1/world before clipping and the optimizer; NULL with
      * one rank. */

@@ -36,6 +36,7 @@
 #include "buffer_pool.h"
 #include "chunk_layout.h"
 #include "optim/optim.h"
+#include "ord_bits.h"
 #include "store.h"
 
 typedef struct pt_arena {

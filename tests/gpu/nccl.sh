@@ -28,7 +28,7 @@
 #     say world 2 and the mode; step 1's loss bit-identical; every step within
 #     1e-5 relative (the rounding-order difference tests/dist.sh explains, with
 #     cuBLAS); mode C vs mode B on 2 ranks: every loss bit-identical.
-#  6. a hung rank ([dist] debug_hang_rank = 1, timeout = 5): rank 0 exits
+#  6. a hung rank ([testing] debug_hang_rank = 1, [dist] timeout = 5): rank 0 exits
 #     non-zero within 90 s with the NCCL timeout sentence.
 # Environment: PT_BUILD (default build), PT_ROOT (default: this script's repo).
 set -u
@@ -191,9 +191,9 @@ EOF
   fi
 
   # 6. a hung rank
-  sed 's/^timeout = 60/timeout = 5\ndebug_hang_rank = 1/' "$tmp/A.ini" > "$tmp/hang.ini"
+  (sed 's/^timeout = 60/timeout = 5/' "$tmp/A.ini"; printf '[testing]\ndebug_hang_rank = 1\n') > "$tmp/hang.ini"
   t0=$(date +%s)
-  (cd "$tmp" && timeout 180 "${MPI2[@]}" "$SH" --config "$tmp/hang.ini" "${common[@]}") >"$tmp/hang.log" 2>&1
+  (cd "$tmp" && PROTRAIN_TESTING=1 timeout 180 "${MPI2[@]}" "$SH" --config "$tmp/hang.ini" "${common[@]}") >"$tmp/hang.log" 2>&1
   rc=$?; dt=$(( $(date +%s) - t0 ))
   if [ $rc != 0 ] && [ $rc != 124 ] && [ $dt -le 90 ] &&
      grep -q "rank 0: error: .*did not complete within \[dist\] timeout = 5 s on rank 0 of 2" "$tmp/hang.log"; then

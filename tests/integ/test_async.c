@@ -14,7 +14,7 @@
  * CKPT, streamed chunks with gradient offload over 2 micro-batches, and streamed
  * with global-norm clipping.
  *
- * Negative controls: [host_backend] debug_skip_ordering drops orderings (a bit
+ * Negative controls: [testing] debug_skip_ordering drops orderings (a bit
  * each; the host still launches asynchronously); the runs must then differ from
  * --no-plugin, which shows the oracle can see each missing ordering.
  */
@@ -97,7 +97,7 @@ static const char *ini(const char *name, const char *protrain, int seed, const c
     int jitter = !extra || !strstr(extra, "compute_jitter");
     snprintf(text, sizeof text,
              "[plugin]\nlog_level = warn\nbackend = host\n[memory]\ndevice_capacity = 1GiB\n"
-             "[protrain]\n%s\n[host_backend]\nasync_compute = true\n%s"
+             "[protrain]\n%s\n[host_backend]\nasync_compute = true\n[testing]\n%s"
              "jitter_seed = %d\n%s",
              protrain, jitter ? "compute_jitter = 300us\n" : "", seed, extra ? extra : "");
     return sh_harness_ini(&H, name, text);
@@ -153,7 +153,7 @@ typedef struct skip_case {
     int mask;
     const char *protrain;
     int must_fail;
-    const char *backend;      /* more [host_backend] lines, e.g. a copy throttle */
+    const char *backend;      /* more [testing] lines, or other sections (a copy throttle) */
     float clip;               /* max_grad_norm (0: none) */
 } skip_case;
 
@@ -169,7 +169,7 @@ static void test_negative_controls(void **st) {
         {"all orderings", 511, NULL, 1, NULL, 0},
         /* uploads slower than the jittered compute, so a launch that does not wait
          * for one reads the slot's previous contents */
-        {"uploads (1)", 1, NULL, 1, "copy_bandwidth = 20MB/s\n", 0},
+        {"uploads (1)", 1, NULL, 1, "[host_backend]\ncopy_bandwidth = 20MB/s\n", 0},
         {"slot reuse (2)", 2, NULL, 1, NULL, 0},
         {"gradient copies (4)", 4, NULL, 1, NULL, 0},
         {"swap-out/in (8)", 8, "force_all_persistent = true\nn_checkpoint = 0\nn_swap = 4", 1, NULL, 0},

@@ -2,7 +2,7 @@
  * test_backend_faults.c — a failing device-backend op always reaches the host as
  * a hook's PT_ERR_BACKEND, never as a crash or a silently wrong step.
  *
- * [host_backend] fail_op = <op>:<n> makes the n-th call of one backend op fail
+ * [testing] fail_op = <op>:<n> makes the n-th call of one backend op fail
  * (gpu/host/host_faults.c; the backend logs "injected failure" when it fires).
  * For each op and several n along a short sample_host training run (3 steps,
  * then reading every parameter back), under plans that reach the different
@@ -90,7 +90,7 @@ static void run(const plan *pl, int op, int n, outcome *out) {
     char text[1024];
     snprintf(text, sizeof text,
              "[plugin]\nlog_level = warn\nbackend = host\n[memory]\n%s\n[protrain]\n%s\n"
-             "[host_backend]\npoison = false\nfail_op = %s:%d\n",
+             "[host_backend]\npoison = false\n[testing]\nfail_op = %s:%d\n",
              pl->memory, pl->protrain, pt_gpu_op_name(op), n);
     const char *ini = sh_harness_ini(&H, "faults", text);
     assert_non_null(ini);
@@ -280,7 +280,7 @@ static int bf16_run(int n, capture *cap, char *le, size_t lelen, int *fini_rc) {
     snprintf(text, sizeof text,
              "[plugin]\nbackend = host\nlog_level = warn\n[memory]\ndevice_capacity = 4MiB\n"
              "[protrain]\nforce_all_persistent = true\n[host_backend]\npoison = false\n"
-             "fail_op = convert:%d\n", n);
+             "[testing]\nfail_op = convert:%d\n", n);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     fputs(text, f);
@@ -382,7 +382,7 @@ static void test_spec_parse(void **st) {
         assert_int_equal(at, 7);
     }
     /* the INI refuses a bad spec at init, naming the key */
-    const char *ini = sh_harness_ini(&H, "badspec", "[host_backend]\nfail_op = memcpy:zero\n");
+    const char *ini = sh_harness_ini(&H, "badspec", "[testing]\nfail_op = memcpy:zero\n");
     assert_non_null(ini);
     void *ctx = NULL;
     assert_int_equal(H.plug.table->init(ini, NULL, &ctx), PT_ERR_CONFIG);

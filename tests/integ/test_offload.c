@@ -53,7 +53,7 @@ static const char *ini(const char *name, const char *memory, const char *protrai
     char text[1024];
     snprintf(text, sizeof text, "[plugin]\nlog_level = warn\nbackend = host\n[memory]\n%s\n"
              "[protrain]\nchunk_size = 16KiB\n%s\n[host_backend]\nasync_compute = true\n"
-             "compute_jitter = 200us\njitter_seed = %d\n",
+             "[testing]\ncompute_jitter = 200us\njitter_seed = %d\n",
              memory ? memory : "device_capacity = 256MiB", protrain, 1 + runs++ % 3);
     const char *path = sh_harness_ini(&H, name, text);
     assert_non_null(path);

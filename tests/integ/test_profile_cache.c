@@ -104,7 +104,7 @@ static void test_key_inputs(void **st) {
     expect("chunk_size = 128KiB", 1, "another chunk_size");
     expect("chunk_size = 128KiB", 0, "that chunk_size again");
     expect("chunk_size = 64KiB\n[host_backend]\ncopy_bandwidth = 2GB/s", 1, "a copy throttle");
-    expect("chunk_size = 64KiB\n[host_backend]\ncompute_jitter = 1us", 1, "compute jitter");
+    expect("chunk_size = 64KiB\n[testing]\ncompute_jitter = 1us", 1, "compute jitter");
     /* a knob that changes the plan, not what was measured, still hits */
     expect("chunk_size = 64KiB\nn_swap = 0", 0, "a plan knob (n_swap)");
 }

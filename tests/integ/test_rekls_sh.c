@@ -48,7 +48,7 @@ static const char *ini(const char *name, const char *protrain, const char *optim
     snprintf(text, sizeof text,
              "[plugin]\nlog_level = warn\nbackend = host\n[memory]\ndevice_capacity = 256MiB\n"
              "[protrain]\nchunk_size = 16KiB\n%s\n[optimizer]\n%s\n[host_backend]\n"
-             "async_compute = true\ncompute_jitter = 100us\n",
+             "async_compute = true\n[testing]\ncompute_jitter = 100us\n",
              protrain, optim);
     const char *path = sh_harness_ini(&H, name, text);
     assert_non_null(path);

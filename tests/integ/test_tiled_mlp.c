@@ -220,7 +220,7 @@ static void test_ckpt_streamed(void **st) {
     /* jitter: launched work runs late, so the gradient add must be ordered after
      * the tiles on the device's stream, and the store's gradient copies after it */
     const char *prot = "auto_memory = false\nn_persist = 0\nn_buffer = 1\nn_swap = 0\n"
-                       "n_checkpoint = 2\n[host_backend]\ncompute_jitter = 200us\njitter_seed = 3";
+                       "n_checkpoint = 2\n[testing]\ncompute_jitter = 200us\njitter_seed = 3";
     run_out ref, t;
     run(&o, ini("cs_untiled", prot, 0), 10, &ref);
     run(&o, ini("cs_tiled", prot, 7), 10, &t);

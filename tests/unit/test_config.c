@@ -147,11 +147,11 @@ static void test_parse_duration(void **s) {
     /* the key's range: at most 1 s, named in the error */
     pt_config c;
     char err[512];
-    assert_int_equal(pt_config_parse_string("[host_backend]\ncompute_jitter = 2s\n", "j.ini", &c,
+    assert_int_equal(pt_config_parse_string("[testing]\ncompute_jitter = 2s\n", "j.ini", &c,
                                             err, sizeof err), PT_ERR_CONFIG);
     assert_non_null(strstr(err, "j.ini:2"));
     assert_non_null(strstr(err, "compute_jitter"));
-    assert_int_equal(pt_config_parse_string("[host_backend]\ncompute_jitter = 250us\n", "j.ini",
+    assert_int_equal(pt_config_parse_string("[testing]\ncompute_jitter = 250us\n", "j.ini",
                                             &c, err, sizeof err), 0);
     assert_true(c.compute_jitter == 250 * 1e-6);
 }
@@ -171,7 +171,7 @@ static const char full_ini[] =
     "[osft]\nenabled = 1\nunfreeze_rank_ratio = 1\ntargets = attn , mlp,  c_fc\n"
     "[tiled_mlp]\nenabled = on\ntiles = 4\n"
     "[dist]\nbackend = mpi\ninit_method = file:///tmp/rdzv\n"
-    "[host_backend]\ncopy_bandwidth = 2GiB/s\npoison = false\nfail_alloc_at = 7\n";
+    "[host_backend]\ncopy_bandwidth = 2GiB/s\npoison = false\n[testing]\nfail_alloc_at = 7\n";
 
 static void check_full(const pt_config *c) {
     assert_int_equal(c->log_level, PT_LOG_DEBUG);
@@ -345,7 +345,7 @@ static void test_bad_values(void **s) {
         {"[memory]\nreserve = auto\n", "t.ini:2: bad value 'auto' for key 'reserve' in [memory]: expected a size like 512MiB"},
         {"[memory]\nreserve = -5MiB\n", "t.ini:2: bad value '-5MiB' for key 'reserve' in [memory]: expected a size like 512MiB"},
         {"[host_backend]\npoison = maybe\n", "t.ini:2: bad value 'maybe' for key 'poison' in [host_backend]: expected true|false|on|off|yes|no|1|0"},
-        {"[host_backend]\nfail_alloc_at = -1\n", "t.ini:2: bad value '-1' for key 'fail_alloc_at' in [host_backend]: expected an integer >= 0"},
+        {"[testing]\nfail_alloc_at = -1\n", "t.ini:2: bad value '-1' for key 'fail_alloc_at' in [testing]: expected an integer >= 0"},
         {"[host_backend]\ncopy_bandwidth = 2GiB\n", "t.ini:2: bad value '2GiB' for key 'copy_bandwidth' in [host_backend]: expected 0 or a rate like 2GiB/s, from 1MB/s (1e+06 B/s) to 1PB/s (1e+15 B/s)"},
         {"[protrain]\nn_persist = -1\n", "t.ini:2: bad value '-1' for key 'n_persist' in [protrain]: expected auto or an integer >= 0"},
         {"[protrain]\nn_swap = 99999999999\n", "t.ini:2: bad value '99999999999' for key 'n_swap' in [protrain]: expected auto or an integer >= 0"},
@@ -588,6 +588,7 @@ static void test_default_ini(void **s) {
     const pt_config_key *k = pt_config_schema(&n);
     for (size_t i = 0; i < n; i++) {
         char form[200], want[512], sec[64];
+        if (!strcmp(k[i].section, "testing")) continue;   /* tests/README.md lists those */
         pt_config_key_form(&k[i], form, sizeof(form));
         snprintf(want, sizeof(want), "; accepted: %s; default: %s\n%s =", form,
                  *k[i].def ? k[i].def : "\"\"", k[i].key);
@@ -601,14 +602,18 @@ static void test_default_ini(void **s) {
         assert_true(!next || next > at);
     }
     assert_non_null(strstr(text, "\n[sample_host]\n"));
+    /* no testing knob in the user's file: no [testing] section, no debug_ or
+     * fail_ key anywhere (a line starting with one) */
+    assert_null(strstr(text, "[testing]"));
+    assert_null(strstr(text, "\ndebug_"));
+    assert_null(strstr(text, "\nfail_"));
     free(text);
 }
 
-static void test_config_md(void **s) {
-    (void)s;
-    static char gen[32768];
-    assert_int_equal(pt_config_schema_markdown(gen, sizeof(gen)), 0);
-    char *md = slurp("conf/CONFIG.md");
+/* The text between the generated-keys markers of file rel equals gen; when it
+ * does not, gen is written to $PT_BUILD/<out> for pasting. */
+static void check_generated(const char *rel, const char *gen, const char *out) {
+    char *md = slurp(rel);
     const char *b = strstr(md, "<!-- BEGIN GENERATED KEYS -->\n");
     const char *e = strstr(md, "<!-- END GENERATED KEYS -->");
     assert_non_null(b);
@@ -618,15 +623,68 @@ static void test_config_md(void **s) {
     if (!same) {
         const char *build = getenv("PT_BUILD");
         char p[1024];
-        snprintf(p, sizeof(p), "%s/CONFIG.generated.md", build ? build : "/tmp");
+        snprintf(p, sizeof(p), "%s/%s", build ? build : "/tmp", out);
         FILE *f = fopen(p, "w");
         if (f) fputs(gen, f), fclose(f);
-        print_error("conf/CONFIG.md is out of date with the schema; paste %s between the markers\n", p);
+        print_error("%s is out of date with the schema; paste %s between the markers\n", rel, p);
     }
     assert_true(same);
     free(md);
+}
+
+static void test_config_md(void **s) {
+    (void)s;
+    static char gen[32768];
+    assert_int_equal(pt_config_schema_markdown(gen, sizeof(gen)), 0);
+    /* the user's reference has no testing knob */
+    assert_null(strstr(gen, "[testing]"));
+    assert_null(strstr(gen, "debug_"));
+    check_generated("conf/CONFIG.md", gen, "CONFIG.generated.md");
     char small[16];
     assert_int_equal(pt_config_schema_markdown(small, sizeof(small)), PT_ERR_INVALID_ARG);
+    /* the testing knobs are listed in tests/README.md, from the same schema */
+    assert_int_equal(pt_config_testing_markdown(gen, sizeof(gen)), 0);
+    assert_non_null(strstr(gen, "### [testing]"));
+    assert_non_null(strstr(gen, "`debug_skip_ordering`"));
+    check_generated("tests/README.md", gen, "TESTING.generated.md");
+}
+
+/* A [testing] key is accepted only with PROTRAIN_TESTING=1 in the environment;
+ * without it (unset, or another value) the file is refused at the key's line
+ * with a sentence naming the key and the variable, and so is an override. */
+static void test_testing_gate(void **s) {
+    (void)s;
+    const char *was = getenv("PROTRAIN_TESTING");
+    char keep[16];
+    snprintf(keep, sizeof keep, "%s", was ? was : "");
+    pt_config c;
+    static const char ini[] = "[optimizer]\nlr = 1e-3\n[testing]\ndebug_skip_ordering = 4\n";
+    static const char *const envs[] = {NULL, "0", "yes"};
+    for (int i = 0; i < 3; i++) {
+        if (envs[i]) setenv("PROTRAIN_TESTING", envs[i], 1);
+        else unsetenv("PROTRAIN_TESTING");
+        expect_err_has(ini, "t.ini:4: key 'debug_skip_ordering' in [testing]");
+        assert_non_null(strstr(err, "PROTRAIN_TESTING=1"));
+        pt_config_defaults(&c);
+        assert_int_equal(pt_config_set(&c, "testing", "fail_op", "memset:2", err, sizeof err),
+                         PT_ERR_CONFIG);
+        assert_non_null(strstr(err, "fail_op"));
+        assert_non_null(strstr(err, "PROTRAIN_TESTING=1"));
+        assert_string_equal(c.fail_op, "");
+        /* a file without the section needs nothing */
+        assert_int_equal(parse("[optimizer]\nlr = 1e-3\n", &c), 0);
+    }
+    /* negative control: the same file with the variable set is accepted */
+    setenv("PROTRAIN_TESTING", "1", 1);
+    assert_int_equal(parse(ini, &c), 0);
+    assert_int_equal(c.debug_skip_ordering, 4);
+    assert_int_equal(pt_config_set(&c, "testing", "fail_op", "memset:2", err, sizeof err), 0);
+    assert_string_equal(c.fail_op, "memset:2");
+    /* the knobs' old sections no longer take them and say where they went */
+    expect_err_has("[host_backend]\ndebug_skip_ordering = 4\n", "belongs in [testing]");
+    expect_err_has("[dist]\ndebug_hang_rank = 1\n", "belongs in [testing]");
+    if (was) setenv("PROTRAIN_TESTING", keep, 1);
+    else unsetenv("PROTRAIN_TESTING");
 }
 
 int main(void) {
@@ -649,6 +707,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_files_and_env, setup_dir, teardown_dir),
         cmocka_unit_test(test_default_ini),
         cmocka_unit_test(test_config_md),
+        cmocka_unit_test(test_testing_gate),
     };
     unsetenv("PROTRAIN_CONFIG");
     unsetenv("PROTRAIN_LOG_LEVEL");

@@ -95,6 +95,29 @@ static void test_table_header(void **state) {
     for (const void *const *h = first; h < end; h++) assert_non_null(*h);
 }
 
+/* A [testing] key makes init fail unless the environment has
+ * PROTRAIN_TESTING=1, with a sentence naming the file:line, the key and the
+ * variable; with the variable set the same file initialises (the control). */
+static void test_init_testing_key(void **state) {
+    (void)state;
+    const char *was = getenv("PROTRAIN_TESTING");
+    char keep[16];
+    snprintf(keep, sizeof keep, "%s", was ? was : "");
+    write_ini("[plugin]\nbackend = host\nlog_level = error\n[testing]\nfail_alloc_at = 3\n");
+    unsetenv("PROTRAIN_TESTING");
+    void *ctx = (void *)1;
+    assert_int_equal(P->init(ini_path, NULL, &ctx), PT_ERR_CONFIG);
+    assert_null(ctx);
+    const char *e = P->last_error(NULL);
+    if (!strstr(e, ":5: key 'fail_alloc_at' in [testing]") || !strstr(e, "PROTRAIN_TESTING=1"))
+        fail_msg("'%s' does not name the line, the key and PROTRAIN_TESTING=1", e);
+    setenv("PROTRAIN_TESTING", "1", 1);
+    assert_int_equal(P->init(ini_path, NULL, &ctx), PT_OK);
+    assert_int_equal(P->finalize(ctx), PT_OK);
+    if (was) setenv("PROTRAIN_TESTING", keep, 1);
+    else unsetenv("PROTRAIN_TESTING");
+}
+
 static void test_init_bad_config(void **state) {
     (void)state;
     write_ini("[memory]\ndevice_capacty = 4MiB\n");
@@ -696,6 +719,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_header),
         cmocka_unit_test(test_init_bad_config),
+        cmocka_unit_test(test_init_testing_key),
         cmocka_unit_test(test_out_of_order),
         cmocka_unit_test(test_adam_matches_reference),
         cmocka_unit_test(test_adam_accumulation),

@@ -40,6 +40,7 @@
 #include <cmocka.h>
 
 #include "osft_model.h"
+#include "store/ord_bits.h"
 #include "protrain.h"
 
 static const pt_plugin_v1 *P = &protrain_plugin_v1;
@@ -49,7 +50,7 @@ typedef struct opt {
     int osft;            /* [osft] enabled */
     int streamed;        /* chunks streamed, CPU Adam */
     int async;           /* launch the work, jitter */
-    int skip;            /* [host_backend] debug_skip_ordering (negative control) */
+    int skip;            /* [testing] debug_skip_ordering (negative control) */
     float clip;          /* [optimizer] max_grad_norm: the CPU steps are deferred */
     int split;           /* streamed with 256-byte chunks, the first 3 resident: a
                             target's factors on both sides (device and pinned) */
@@ -82,10 +83,10 @@ static void write_ini(const char *path, const opt *o) {
     else
         fprintf(f, "[protrain]\nforce_all_persistent = true\n");
     if (o->async)
-        fprintf(f, "[host_backend]\ncompute_jitter = %s\njitter_seed = 7\ndebug_skip_ordering = %d\n",
+        fprintf(f, "[testing]\ncompute_jitter = %s\njitter_seed = 7\ndebug_skip_ordering = %d\n",
                 o->skip ? "2ms" : "200us", o->skip);
     else if (o->skip)
-        fprintf(f, "[host_backend]\ndebug_skip_ordering = %d\n", o->skip);
+        fprintf(f, "[testing]\ndebug_skip_ordering = %d\n", o->skip);
     fclose(f);
 }
 
@@ -642,7 +643,7 @@ static void test_projection_order_control(void **s) {
     opt o = {.urr = 0.5f, .lr = 1e-2f, .eps = 1e-8f, .osft = 1, .streamed = 1};
     run_losses(&o, STEPS, l0, &s0, &n0);
     o.async = 1;
-    o.skip = 128;   /* PT_ORD_OSFT */
+    o.skip = PT_ORD_OSFT;
     run_losses(&o, STEPS, l1, &s1, &n1);
     int differ = memcmp(l0, l1, sizeof l0) != 0;
     printf("  control: projection not ordered after the launched backward: losses %s\n",
@@ -659,7 +660,7 @@ static void test_projection_order_control(void **s) {
  * jitter, and with 256-byte chunks, the first 3 resident, so that one target
  * has frozen factors on the device and trainable ones offloaded (projected from
  * optimizer_step) while the other is projected inside the steps.
- * Negative control ([host_backend] debug_skip_ordering = 2048): the
+ * Negative control ([testing] debug_skip_ordering = 2048): the
  * projection run in the same task but before the step leaves that oracle, so
  * the check sees where the projection runs. */
 static void test_deferred_steps_project_inside(void **s) {
@@ -691,7 +692,7 @@ static void test_deferred_steps_project_inside(void **s) {
     same_state(s0, n0, s4, n4);
     free(s4);
     o.split = 0;
-    o.skip = 2048;   /* PT_ORD_STEPPED */
+    o.skip = PT_ORD_STEPPED;
     run_losses(&o, STEPS, l3, &s3, &n3);
     int differ = memcmp(l0, l3, sizeof l0) != 0;
     printf("  control: value projection before the CPU step: losses %s\n",

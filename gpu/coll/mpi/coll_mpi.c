@@ -263,7 +263,7 @@ static int begin_n(pt_mpi_coll *c, int count, const char *what, char *err, size_
         double until = pt_now_s() + 20 * c->timeout_s + 10;
         while (pt_now_s() < until) pause_briefly();
         set_broken(c);
-        return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist] %s: [dist] debug_hang_rank = %d: "
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist] %s: [testing] debug_hang_rank = %d: "
                        "this rank hung on purpose", what, c->hang_rank);
     }
     return PT_OK;
