@@ -180,8 +180,26 @@ typedef struct pt_host_v1 {
      *    the tile loop and adds the sum into the real gradient once afterwards). */
     int32_t (*mlp_forward)(void *user, int32_t block, int64_t token_begin, int64_t token_count);
     int32_t (*mlp_backward)(void *user, int32_t block, int64_t token_begin, int64_t token_count);
-    void *reserved[8];
+    /* ABI 1.5 (the former reserved[0]; NULL from older hosts, so they stay valid
+     * and their struct_size still covers every field a 1.4 host knew): what fixes
+     * the host's side of the math, for ranks to agree on (world_size > 1). NULL,
+     * or NUL-terminated text of at most PT_HOST_FINGERPRINT_MAX bytes, one
+     * `name=value` per line, e.g. "seed=1337\nbatch=4\ngrad_accum=2\nlr=0.001\n
+     * data.train_tokens=1003854\ndata.train_hash=..."; read only during init.
+     * Several ranks exchange it with the plugin's own facts (configuration,
+     * model, optimizer) at init and refuse to train when they differ, naming the
+     * first differing line and both values. Put there what every rank must
+     * share (the seed the data order comes from, the data set's identity, the
+     * batch and accumulation, the learning-rate schedule), not what legitimately
+     * differs per rank (its rank, its own data shard's position, paths that are
+     * node-local but hold the same bytes). */
+    const char *fingerprint;
+    void *reserved[7];
 } pt_host_v1;
+
+/* Longest pt_host_v1.fingerprint text, without its NUL; a longer one is refused
+ * at init with PT_ERR_INVALID_ARG. */
+#define PT_HOST_FINGERPRINT_MAX 4096u
 
 /* One parameter tensor. The host fills the inputs; the plugin writes data/grad. */
 typedef struct pt_param_v1 {

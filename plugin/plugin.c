@@ -13,13 +13,13 @@
 #include "config.h"
 #include "lifecycle.h"
 #include "base/base.h"
+#include "base/version.h"
 #include "protrain.h"
+#include "core/dist_agree.h"
 #include "core/rt.h"
 #include "osft/osft.h"
 #include "tiled/tiled.h"
 #include "pt_util.h"
-
-#define PT_PLUGIN_VERSION "0.1.0"
 
 /* A context's state word: a finalized context is never handed back to malloc
  * (the host may still hold the pointer and call finalize or a hook with it),
@@ -34,6 +34,7 @@ typedef struct pt_ctx {
     pt_logger lg;
     pt_lifecycle lc;
     pt_rt *rt;
+    int agreed_micro;           /* the ranks compared n_micro at the first training pre_step */
     char err[1024];
 } pt_ctx;
 
@@ -145,6 +146,8 @@ static int check_host(const pt_host_v1 *h) {
     if (h->device_index < 0)
         return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
                        "init: pt_host_v1.device_index is %d; it must be >= 0", h->device_index);
+    if (h->struct_size >= offsetof(pt_host_v1, fingerprint) + sizeof h->fingerprint)
+        return pt_agree_check_fingerprint(h->fingerprint, g_err, sizeof g_err);
     return PT_OK;
 }
 
@@ -152,11 +155,14 @@ static int32_t h_init(const char *ini_path, const pt_host_v1 *host, void **out) 
     if (!out)
         return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG, "init: ctx output pointer is NULL");
     *out = NULL;
-    if (host && (host->struct_size < V1_FIELDS(pt_host_v1) || host->abi_version < 1)) {
+    /* pt_host_v1's fields through ABI 1.4; fingerprint (1.5) took a reserved
+     * slot, so a 1.4 host's struct_size stays enough */
+    const size_t host_need = offsetof(pt_host_v1, fingerprint);
+    if (host && (host->struct_size < host_need || host->abi_version < 1)) {
         return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
                        "init: pt_host_v1 too small or too old (struct_size %u, need at least "
                        "%zu; abi_version %u, need at least 1)",
-                       host->struct_size, V1_FIELDS(pt_host_v1), host->abi_version);
+                       host->struct_size, host_need, host->abi_version);
     }
     int rc = check_host(host);
     if (rc) return rc;
@@ -228,6 +234,7 @@ static int32_t h_post_model_load(void *vctx, pt_model_v1 *model) {
                                V1_FIELDS(pt_model_v1));
     if (rc) return done(c, rc);
     rc = pt_lc_post_model_load(&c->lc, model->n_blocks, c->err, sizeof c->err);
+    if (!rc) rc = pt_agree_model(c->rt, model, c->err, sizeof c->err);
     if (!rc) rc = pt_rt_model_load(c->rt, model, c->err, sizeof c->err);
     if (!rc && pt_rt_profiling(c->rt)) rc = profile(c);
     if (!rc) c->lc.state = PT_LC_LOADED;
@@ -242,6 +249,7 @@ static int32_t h_create_optimizer(void *vctx, const pt_optim_v1 *desc) {
                                       V1_FIELDS(pt_optim_v1))
                   : PT_OK;
     if (!rc) rc = pt_lc_create_optimizer(&c->lc, c->err, sizeof c->err);
+    if (!rc) rc = pt_agree_optim(c->rt, desc, c->err, sizeof c->err);
     if (!rc) {
         rc = pt_rt_create_optimizer(c->rt, desc, c->err, sizeof c->err);
         if (rc) pt_rt_explain_oom(c->rt, rc, c->err, sizeof c->err);
@@ -254,6 +262,11 @@ static int32_t h_pre_step(void *vctx, int64_t step, int32_t micro, int32_t n_mic
     CTX("pre_step");
     pt_lifecycle saved = c->lc;
     int rc = pt_lc_pre_step(&c->lc, step, micro, n_micro, c->err, sizeof c->err);
+    if (!rc && n_micro > 0 && !c->agreed_micro) {
+        rc = pt_agree_micro(c->rt, n_micro, c->err, sizeof c->err);
+        c->agreed_micro = !rc;
+        if (rc) c->lc = saved;
+    }
     if (!rc) {
         rc = pt_rt_pre_step(c->rt, c->err, sizeof c->err);
         if (rc) c->lc = saved;

@@ -18,6 +18,7 @@
 #include "sh_ckpt.h"
 #include "sh_cuda.h"
 #include "sh_data.h"
+#include "sh_fingerprint.h"
 #include "sh_resume.h"
 #include "sh_train.h"
 
@@ -432,9 +433,15 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
         else rs.have_plugin = rs.lp.table != NULL;
     }
     rs.bar = !c->quiet && (c->progress == 1 || (c->progress == -1 && isatty(STDOUT_FILENO)));
+    char fingerprint[1024];
+    if (!rc && sh_fingerprint(c, &rs.train, &rs.val, fingerprint, sizeof fingerprint)) {
+        snprintf(err, errlen, "the run's fingerprint does not fit %zu bytes", sizeof fingerprint);
+        rc = -1;
+    }
     if (!rc) {
         sh_train_opts o;
         memset(&o, 0, sizeof o);
+        o.fingerprint = fingerprint;
         o.dims = d;
         o.B = c->batch;
         o.T = c->seq;

@@ -64,6 +64,8 @@ typedef struct sh_train_opts {
      * micro-batch draws `world` batches and trains on batch `rank` of them; the
      * reported loss is the mean over every rank's micro-batches (plugin only). */
     int world, rank, local_rank;
+    /* pt_host_v1.fingerprint (sh_fingerprint.h), or NULL; read during create only */
+    const char *fingerprint;
 } sh_train_opts;
 
 /* Build the model, start the plugin (init, buffers, post_model_load, create_optimizer)

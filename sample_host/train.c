@@ -414,6 +414,7 @@ static int start_plugin(sh_trainer *tr) {
     h->profile_step = cb_profile;
     h->mlp_forward = cb_mlp_fwd;
     h->mlp_backward = cb_mlp_bwd;
+    h->fingerprint = tr->o.fingerprint;
     if (tr->cu) {
         h->compute_stream = tr->cu->api->stream(tr->cu->ctx);
         h->flags |= PT_HOST_ASYNC_COMPUTE;

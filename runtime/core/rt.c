@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "device_ext.h"
+#include "dist_agree.h"
 #include "osft/osft.h"
 #include "planner/planner.h"
 #include "profiler.h"
@@ -185,7 +186,8 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
         pt_coll_config cc = {host->world_size, host->rank, cfg->init_method,
                              (double)cfg->dist_timeout, cfg->debug_hang_rank, tr,
                              host->device_index, NULL};
-        if ((rc = pt_coll_open(&cc, &rt->coll, err, errlen))) {
+        if ((rc = pt_coll_open(&cc, &rt->coll, err, errlen)) ||
+            (rc = pt_agree_init(rt, err, errlen))) {
             pt_rt_destroy(rt);
             return rc;
         }

@@ -408,7 +408,7 @@ static void test_struct_size_too_small(void **state) {
     assert_null(ctx);
     assert_non_null(strstr(P->last_error(NULL), "pt_host_v1"));
     assert_non_null(strstr(P->last_error(NULL), "struct_size 16"));
-    snprintf(want, sizeof want, "need at least %zu", offsetof(pt_host_v1, reserved));
+    snprintf(want, sizeof want, "need at least %zu", offsetof(pt_host_v1, fingerprint));
     assert_non_null(strstr(P->last_error(NULL), want));
 
     assert_int_equal(P->init(ini_path, NULL, &ctx), PT_OK);

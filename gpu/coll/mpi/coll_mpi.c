@@ -69,6 +69,71 @@ static const char *mpi_text(int code, char *buf, size_t cap) {
     return buf;
 }
 
+/* Tag of the start-up exchange on MPI_COMM_WORLD (before the plugin has a
+ * communicator of its own); a host's traffic would have to use this tag during
+ * the plugin's init to be confused with it. */
+#define DECLARE_TAG 0x5054
+
+/* Every rank sends every other the world size and rank its host declared
+ * (pt_host_v1), so that a disagreement is a sentence on every rank, before
+ * MPI_Comm_dup, which every rank must call, and without waiting past
+ * [dist] timeout for a rank that never arrives. On a miss c->broken is set:
+ * MPI_Finalize would wait for the missing rank. */
+static int check_declared(pt_mpi_coll *c, const pt_coll_config *cfg, int w, int r, char *err,
+                          size_t errlen) {
+    int mine[2] = {cfg->world_size, cfg->rank};
+    int *got = calloc((size_t)w * 2, sizeof *got);
+    MPI_Request *req = calloc((size_t)w * 2, sizeof *req);
+    if (!got || !req) {
+        free(got);
+        free(req);
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for collectives");
+    }
+    got[2 * r] = mine[0];
+    got[2 * r + 1] = mine[1];
+    int n = 0, rc = PT_OK;
+    for (int p = 0; p < w; p++) {
+        if (p == r) continue;
+        if (MPI_Irecv(got + 2 * p, 2, MPI_INT, p, DECLARE_TAG, MPI_COMM_WORLD, &req[n++]) ||
+            MPI_Isend(mine, 2, MPI_INT, p, DECLARE_TAG, MPI_COMM_WORLD, &req[n++])) {
+            rc = pt_fail(err, errlen, PT_ERR_BACKEND, "[dist]: posting the start-up exchange "
+                         "with rank %d failed", p);
+            break;
+        }
+    }
+    double deadline = pt_now_s() + cfg->timeout_s;
+    for (int done = 0; !rc && !done;) {
+        if (MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+            rc = pt_fail(err, errlen, PT_ERR_BACKEND, "[dist]: the start-up exchange of the "
+                         "ranks' world sizes failed");
+        } else if (!done && pt_now_s() > deadline) {
+            int miss = -1;
+            for (int i = 0; i < n && miss < 0; i += 2) {
+                int f = 0;
+                MPI_Test(&req[i], &f, MPI_STATUS_IGNORE);
+                if (!f) miss = i / 2 < r ? i / 2 : i / 2 + 1;
+            }
+            rc = pt_fail(err, errlen, PT_ERR_BACKEND,
+                         "[dist]: rank %d did not join the start-up exchange within [dist] "
+                         "timeout = %g s (this is rank %d of %d)", miss, cfg->timeout_s, r, w);
+        } else if (!done) {
+            pause_briefly();
+        }
+    }
+    if (rc) set_broken(c);   /* messages may still be in flight: no finalize */
+    for (int p = 0; !rc && p < w; p++)
+        if (got[2 * p] != w || got[2 * p + 1] != p)
+            rc = pt_fail(err, errlen, PT_ERR_CONFIG,
+                         "[dist]: %s mismatch: the host of MPI's rank %d%s declares "
+                         "world_size %d and rank %d in pt_host_v1, but MPI started %d "
+                         "process(es); start every rank with mpirun -np N and pass MPI's "
+                         "numbers", got[2 * p] != w ? "world size" : "rank", p,
+                         p == r ? " (this process)" : "", got[2 * p], got[2 * p + 1], w);
+    free(got);
+    free(req);
+    return rc;
+}
+
 int pt_mpi_coll_open(const pt_coll_config *cfg, pt_mpi_coll **out, char *err, size_t errlen) {
     *out = NULL;
     int inited = 0, finalized = 0;
@@ -80,6 +145,9 @@ int pt_mpi_coll_open(const pt_coll_config *cfg, pt_mpi_coll **out, char *err, si
     MPI_Initialized(&inited);
     pt_mpi_coll *c = calloc(1, sizeof *c);
     if (!c) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for collectives");
+    /* calloc's zero is not MPI_COMM_NULL in every MPI (Open MPI's is the address
+     * of a library object): a close before the dup must see "no communicator" */
+    c->comm = MPI_COMM_NULL;
     if (!inited) {
         /* The plugin is dlopened RTLD_LOCAL; Open MPI's own components are
          * dlopened later and need libmpi's symbols global. Promote it (it is
@@ -94,26 +162,37 @@ int pt_mpi_coll_open(const pt_coll_config *cfg, pt_mpi_coll **out, char *err, si
         }
         c->we_init = 1;
     }
+    /* MPI_COMM_WORLD's default handler aborts the process on an error; while
+     * the plugin calls MPI on it, errors come back as codes (the host's own
+     * handler is put back afterwards) */
+    MPI_Errhandler host_eh = MPI_ERRHANDLER_NULL;
+    int have_eh = MPI_Comm_get_errhandler(MPI_COMM_WORLD, &host_eh) == MPI_SUCCESS;
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     int w = 0, r = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &w);
-    MPI_Comm_rank(MPI_COMM_WORLD, &r);
-    if (w != cfg->world_size || r != cfg->rank) {
+    int rc = PT_OK;
+    if (MPI_Comm_size(MPI_COMM_WORLD, &w) != MPI_SUCCESS ||
+        MPI_Comm_rank(MPI_COMM_WORLD, &r) != MPI_SUCCESS)
+        rc = pt_fail(err, errlen, PT_ERR_BACKEND,
+                     "[dist]: MPI could not tell this process's rank and world size");
+    if (!rc) rc = check_declared(c, cfg, w, r, err, errlen);
+    /* MPI_Comm_dup is collective: only once every rank is known to call it */
+    if (!rc && MPI_Comm_dup(MPI_COMM_WORLD, &c->comm) != MPI_SUCCESS) {
+        c->comm = MPI_COMM_NULL;
+        rc = pt_fail(err, errlen, PT_ERR_BACKEND, "[dist]: MPI_Comm_dup failed");
+    }
+    if (have_eh) {
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, host_eh);
+        MPI_Errhandler_free(&host_eh);
+    }
+    if (rc) {
         pt_mpi_coll_close(c);
-        return pt_fail(err, errlen, PT_ERR_CONFIG,
-                       "[dist]: the host says rank %d of %d, MPI says rank %d of %d (start every "
-                       "rank with mpirun and pass MPI's numbers in pt_host_v1)",
-                       cfg->rank, cfg->world_size, r, w);
+        return rc;
     }
     c->world = w;
     c->rank = r;
     c->root_broken = &c->broken;
     c->timeout_s = cfg->timeout_s;
     c->hang_rank = cfg->debug_hang_rank;
-    c->comm = MPI_COMM_NULL;
-    if (MPI_Comm_dup(MPI_COMM_WORLD, &c->comm) != MPI_SUCCESS) {
-        pt_mpi_coll_close(c);
-        return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist]: MPI_Comm_dup failed");
-    }
     /* a failed peer must become an error we report, not an abort inside MPI */
     MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
     c->recv = malloc((size_t)(w > 1 ? w - 1 : 1) * SEG_ELEMS * sizeof(double));

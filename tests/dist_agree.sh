@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Ranks that disagree must refuse to train together, on every rank, with a
+# sentence naming the first differing field (runtime/core/dist_agree.h), and a
+# world size that MPI does not confirm must be a sentence, not an abort inside
+# MPI (gpu/mpi/coll_mpi.c). Two ranks under mpirun, rank 1 started with one
+# setting changed:
+#   --seed, --lr, --batch, --grad-accum, --data (the host's fingerprint, at init);
+#   [protrain] zero3_shard on one rank only (mode C against mode B, at init);
+#   --layers (the model, at post_model_load);
+#   [optimizer] beta1 with --optimizer ini (the optimizer, at create_optimizer);
+# and, the same on both ranks, [dist] tp_size = 2 with a host that splits no
+# parameter (refused at post_model_load: nothing would be averaged). Each must
+# exit non-zero on BOTH ranks, each rank printing the field. A clean pair must
+# still train (exit 0, metrics written). World size: rank 1 told it is one of 3
+# while mpirun starts 2, and one process told it is one of 2 without mpirun:
+# the sample host's error exit (1) with the sentence, no MPI error text.
+set -u
+root="${PT_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
+build="${PT_BUILD:-$root/build}"
+if ! command -v mpirun >/dev/null 2>&1; then
+    echo "dist_agree: skipped: mpirun is not installed (make deps installs openmpi-bin)"; exit 0
+fi
+if [ -n "${PT_SAN:-}" ]; then
+    export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+    export TSAN_OPTIONS="${TSAN_OPTIONS:-} suppressions=$(cd "$(dirname "$0")" && pwd)/tsan_openmpi.supp"
+fi
+fail=0; pass=0
+bad() { echo "dist_agree: FAIL: $*"; fail=1; }
+tmp=$(mktemp -d /tmp/test_dist_agree.XXXXXX)
+trap '[ -n "${PT_KEEP:-}" ] || rm -rf "$tmp"' EXIT
+sh="$build/sample_host"; plug="$build/protrain_plugin.so"
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+# the job goes on when one rank exits non-zero, so each rank's own status is seen
+mpi=(mpirun --oversubscribe --allow-run-as-root --mca orte_abort_on_non_zero_status 0)
+common=(--layers 2 --heads 2 --channels 32 --vocab 256 --seq 16 --batch 2 --steps 2
+        --lr 1e-3 --val-every 0 --gen-every 0 --quiet --progress off --plugin "$plug")
+
+ini() {   # $1 = file, $2 = extra lines
+    printf '[plugin]\nbackend = host\nlog_level = warn\n[protrain]\nauto_mode = false\n' > "$1"
+    printf 'force_all_persistent = true\n[optimizer]\ncpu_threads = 1\n[dist]\ntimeout = 20\n' >> "$1"
+    printf '%b' "$2" >> "$1"
+}
+ini "$tmp/A.ini" ''
+ini "$tmp/TP.ini" 'tp_size = 2\n'
+sed 's/^cpu_threads = 1$/cpu_threads = 1\nbeta1 = 0.8/' "$tmp/A.ini" > "$tmp/B1.ini"
+# modes B and C: streamed chunks, rank 1 alone shards them
+for m in B C; do
+    printf '[plugin]\nbackend = host\nlog_level = warn\n[protrain]\nauto_mode = false\n' > "$tmp/$m.ini"
+    printf 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swap = 0\nn_checkpoint = 0\n' >> "$tmp/$m.ini"
+    [ $m = C ] && printf 'zero3_shard = on\n' >> "$tmp/$m.ini"
+    printf 'chunk_size = 16384\n[optimizer]\ncpu_threads = 1\n[dist]\ntimeout = 20\n' >> "$tmp/$m.ini"
+done
+head -c 6000 "$root/README.md" > "$tmp/other.txt"
+
+# run2 NAME "rank 0 args" "rank 1 args": each rank's exit status in NAME.rc0 / NAME.rc1
+run2() {
+    local n=$1
+    timeout 120 "${mpi[@]}" \
+        -np 1 bash -c '"$@"; echo $? > '"$tmp/$n.rc0" _ "$sh" "${common[@]}" $2 : \
+        -np 1 bash -c '"$@"; echo $? > '"$tmp/$n.rc1" _ "$sh" "${common[@]}" $3 \
+        > "$tmp/$n.out" 2>&1
+}
+
+# refuse NAME PATTERN "rank 0 args" "rank 1 args"
+refuse() {
+    local n=$1 pat=$2
+    run2 "$n" "$3" "$4"
+    for r in 0 1; do
+        local rc; rc=$(cat "$tmp/$n.rc$r" 2>/dev/null || echo missing)
+        if [ "$rc" = 0 ] || [ "$rc" = missing ]; then
+            bad "$n: rank $r exit status $rc, want non-zero"; sed 's/^/    /' "$tmp/$n.out" | head -20
+        elif ! grep -q "rank $r: error: .*$pat" "$tmp/$n.out"; then
+            bad "$n: rank $r did not name '$pat':"; sed 's/^/    /' "$tmp/$n.out" | head -20
+        else
+            pass=$((pass + 1))
+        fi
+    done
+}
+
+# a clean pair trains: exit 0 on both ranks, metrics for both steps
+run2 clean "--config $tmp/A.ini --metrics $tmp/clean.jsonl" "--config $tmp/A.ini"
+if [ "$(cat "$tmp/clean.rc0" 2>/dev/null)" != 0 ] || [ "$(cat "$tmp/clean.rc1" 2>/dev/null)" != 0 ]; then
+    bad "clean: two agreeing ranks did not train:"; sed 's/^/    /' "$tmp/clean.out" | head -20
+elif [ "$(grep -c '"step"' "$tmp/clean.jsonl" 2>/dev/null)" -lt 2 ]; then
+    bad "clean: metrics of 2 steps missing"
+else
+    pass=$((pass + 1))
+fi
+
+a="--config $tmp/A.ini"
+refuse seed 'disagrees with rank 0 on host.seed: 99 vs 1337' "$a" "$a --seed 99"
+refuse lr 'disagrees with rank 0 on host.lr: 0.5 vs 0.001' "$a" "$a --lr 0.5"
+refuse batch 'disagrees with rank 0 on host.batch: 3 vs 2' "$a" "$a --batch 3"
+refuse accum 'disagrees with rank 0 on host.grad_accum: 2 vs 1' "$a" "$a --grad-accum 2"
+refuse data 'disagrees with rank 0 on host.data.train_' "$a" "$a --data $tmp/other.txt"
+refuse mode 'disagrees with rank 0 on protrain.zero3_shard: on vs auto' \
+    "--config $tmp/B.ini" "--config $tmp/C.ini"
+refuse layers 'disagrees with rank 0 on model.n_blocks: 3 vs 2' "$a" "$a --layers 3"
+refuse beta1 'disagrees with rank 0 on optimizer.beta1: 0.800000012 vs 0.899999976' \
+    "$a --optimizer ini" "--config $tmp/B1.ini --optimizer ini"
+refuse tp 'tp_size = 2, but no parameter is split' "--config $tmp/TP.ini" "--config $tmp/TP.ini"
+
+# world size: rank 1 told it is one of 3 under a 2-process mpirun
+timeout 120 "${mpi[@]}" -np 1 bash -c '"$@"; echo $? > '"$tmp/ws.rc0" _ "$sh" "${common[@]}" $a : \
+    -np 1 bash -c 'OMPI_COMM_WORLD_SIZE=3 "$@"; echo $? > '"$tmp/ws.rc1" _ "$sh" "${common[@]}" $a \
+    > "$tmp/ws.out" 2>&1
+for r in 0 1; do
+    rc=$(cat "$tmp/ws.rc$r" 2>/dev/null || echo missing)
+    if [ "$rc" != 1 ] || grep -q 'MPI_ERR\|MPI_ABORT' "$tmp/ws.out" ||
+       ! grep -q "rank $r: error: .*world size mismatch: the host of MPI's rank 1.* declares world_size 3" "$tmp/ws.out"; then
+        bad "world size under mpirun: rank $r exit $rc, want 1 with the sentence:"
+        sed 's/^/    /' "$tmp/ws.out" | head -20
+    else
+        pass=$((pass + 1))
+    fi
+done
+# ... and one process told it is one of 2, without mpirun
+timeout 60 env OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 "$sh" "${common[@]}" $a \
+    > "$tmp/ws1.out" 2>&1
+rc=$?
+if [ $rc != 1 ] || grep -q 'MPI_ERR\|MPI_ABORT' "$tmp/ws1.out" ||
+   ! grep -q 'world size mismatch: .* declares world_size 2 and rank 0 in pt_host_v1, but MPI started 1 process' "$tmp/ws1.out"; then
+    bad "world size without mpirun: exit $rc, want 1 with the sentence:"
+    sed 's/^/    /' "$tmp/ws1.out" | head -20
+else
+    pass=$((pass + 1))
+fi
+
+echo "dist_agree: $pass checks passed"
+exit $fail
