@@ -431,6 +431,11 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
             n.lr, n.beta1, n.beta2, n.eps, n.weight_decay);
     }
     n.type = type;
+    n.lr0 = n.lr;
+    /* A host porting REKLS(eps=...) gives its eps in the descriptor: it is REKLS's
+     * eps then (the descriptor wins over the INI, as for every other field), and
+     * the AdamW eps of the parameters REKLS does not take, the same number. */
+    n.rekls_eps = !isnan(given[3]) ? given[3] : c->rekls_eps;
     *o = n;
     pt_gpu_oom_reset(rt->gpu);
     o->t = 0;
@@ -439,7 +444,7 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
         PT_LOGI(&rt->lg, "optimizer rekls lr %g betas (%g, %g) shampoo_beta %g eps %g "
                 "weight_decay %g (%s) step 1 %s clip %s; AdamW (eps %g, decoupled decay) for "
                 "the parameters REKLS does not take", o->lr, o->beta1, o->beta2,
-                c->rekls_shampoo_beta, c->rekls_eps, o->weight_decay,
+                c->rekls_shampoo_beta, o->rekls_eps, o->weight_decay,
                 c->rekls_wd_method == 1 ? "independent" : c->rekls_wd_method == 2 ? "l2"
                 : c->rekls_wd_method == 3 ? "palm" : "decoupled",
                 c->rekls_seed_shampoo ? "seeded with Shampoo factors" : "as the reference",

@@ -295,7 +295,7 @@ pt_rekls_hyper pt_rk_hyper(const pt_store *st, float lr, float gs, int64_t step)
     h.lr = lr;
     h.beta1 = o->beta1;
     h.beta2 = o->beta2;
-    h.eps = c->rekls_eps;
+    h.eps = o->rekls_eps;
     h.weight_decay = o->weight_decay;
     h.shampoo_beta = c->rekls_shampoo_beta;
     h.seed_shampoo = c->rekls_seed_shampoo;

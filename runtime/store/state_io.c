@@ -48,8 +48,21 @@ typedef struct st_header {
     uint64_t checksum;          /* over header (this field 0) and payload */
     float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
     uint32_t tp_size;           /* [dist] tp_size of the saving run (0 in older files: 1) */
-    uint32_t reserved[7];
+    float lr0;                  /* lr create_optimizer set (valid with ST_HAS_LR0) */
+    uint32_t flags;             /* ST_HAS_*; 0 in files written before these fields */
+    uint32_t reserved[5];
 } st_header;
+_Static_assert(sizeof(st_header) == 104, "the header's size is part of the format");
+
+/* st_header.flags. lr is the lr of the last step (a host's schedule moves it
+ * every step), so it says nothing about whether two runs were created alike;
+ * lr0 does. Files without the flag (older writers) compare beta1..max_grad_norm. */
+enum { ST_HAS_LR0 = 1u };
+
+/* A step count no run reaches: 2^40 optimizer steps is 35 years at one step a
+ * millisecond. A larger one is a hand-made or foreign file; loaded, it would
+ * silently change every update through the bias correction 1 - beta^t. */
+#define ST_MAX_STEP ((int64_t)1 << 40)
 
 static uint64_t file_checksum(const st_header *h, const void *payload, size_t n) {
     st_header z = *h;
@@ -86,6 +99,45 @@ static int xfer(pt_store *st, cs_chunk *c, void *img, void *store, size_t n, int
     }
     return to_img ? pt_gpu_memcpy(st->env.gpu, img, store, n, PT_GPU_D2H)
                   : pt_gpu_memcpy(st->env.gpu, store, img, n, PT_GPU_H2D);
+}
+
+/* The first of n values (dtype dt; f32 when dt is PT_F32 or the optimizer's
+ * state) that no run can hold: non-finite, or negative where nonneg (Adam's
+ * second moment is a mean of squares). -1 when all are fine. A 16-bit value is
+ * non-finite when its exponent bits are all ones (bf16: 8 bits, f16: 5). */
+static int64_t bad_value(const unsigned char *p, uint64_t n, int dt, int nonneg) {
+    if (dt == PT_BF16 || dt == PT_F16) {
+        uint16_t mask = dt == PT_BF16 ? 0x7f80u : 0x7c00u;
+        for (uint64_t k = 0; k < n; k++) {
+            uint16_t u;
+            memcpy(&u, p + 2 * k, 2);
+            if ((u & mask) == mask) return (int64_t)k;
+        }
+        return -1;
+    }
+    if (dt != PT_F32) return -1;   /* opaque bytes */
+    for (uint64_t k = 0; k < n; k++) {
+        float x;
+        memcpy(&x, p + 4 * k, 4);
+        if (!isfinite(x) || (nonneg && x < 0)) return (int64_t)k;
+    }
+    return -1;
+}
+
+static int refuse_value(const unsigned char *p, uint64_t n, int dt, int nonneg, const char *name,
+                        const char *what, char *err, size_t errlen) {
+    int64_t k = bad_value(p, n, dt, nonneg);
+    if (k < 0) return PT_OK;
+    double x = NAN;
+    if (dt == PT_F32) {
+        float f;
+        memcpy(&f, p + 4 * k, 4);
+        x = f;
+    }
+    return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: parameter '%s' holds a %s %s value "
+                   "(%g at element %lld); a saved run never has one (a hand-made, foreign or "
+                   "diverged file)", name, isfinite(x) ? "negative" : "non-finite", what, x,
+                   (long long)k);
 }
 
 /* Walk every root param. mode W_SIZE: only the size; W_SAVE: store -> img;
@@ -141,6 +193,11 @@ static int walk(pt_store *st, unsigned char *img, size_t *size, int mode, char *
             }
         }
         pos += 20 + nl;
+        int rc = PT_OK;
+        if (mode == W_CHECK && pos + db <= *size)
+            rc = refuse_value(img + pos, n, p->dtype, 0, p->name ? p->name : "", "data", err,
+                              errlen);
+        if (rc) return rc;
         void *pdata = c->persistent ? (char *)c->d_param + off : (char *)c->h_param + off;
         if (move && xfer(st, c, img + pos, pdata, db, to_img)) goto io;
         pos += db;
@@ -150,6 +207,18 @@ static int walk(pt_store *st, unsigned char *img, size_t *size, int mode, char *
         }
         float *master = c->persistent ? c->d_master : c->h_master;
         float *mm = c->persistent ? c->d_m : c->h_m, *vv = c->persistent ? c->d_v : c->h_v;
+        if (mode == W_CHECK && pos + 3 * fb <= *size) {
+            const char *nm = p->name ? p->name : "";
+            int has_master = p->dtype != PT_F32;
+            if (has_master)
+                rc = refuse_value(img + pos, n, PT_F32, 0, nm, "fp32 master", err, errlen);
+            size_t mo = pos + (has_master ? fb : 0);
+            if (!rc) rc = refuse_value(img + mo, n, PT_F32, 0, nm, "first-moment (m)", err, errlen);
+            if (!rc && mo + 2 * fb <= *size)
+                rc = refuse_value(img + mo + fb, n, PT_F32, 1, nm, "second-moment (v)", err,
+                                  errlen);
+            if (rc) return rc;
+        }
         if (p->dtype != PT_F32) {
             if (move && xfer(st, c, img + pos, master + s, fb, to_img)) goto io;
             pos += fb;
@@ -349,6 +418,8 @@ int pt_store_save(pt_store *st, const char *dir, char *err, size_t errlen) {
     h.weight_decay = st->env.opt->weight_decay;
     h.max_grad_norm = st->env.opt->max_grad_norm;
     h.tp_size = (uint32_t)pt_cs_tp_size(st);
+    h.lr0 = st->env.opt->lr0;
+    h.flags = ST_HAS_LR0;
     h.checksum = file_checksum(&h, img.data, img.bytes);
     char path[1024], tmp[1100];
     file_path(st, dir, path, sizeof path);
@@ -412,13 +483,15 @@ static int check_header(pt_store *st, const st_header *h, const char *path, int 
                        "the running optimizer is %s", path,
                        fo == PT_OPTIM_REKLS ? "REKLS" : fo == PT_OPTIM_ADAMW ? "AdamW" : "unknown",
                        ro == PT_OPTIM_REKLS ? "REKLS" : "AdamW");
-    if (h->step < 0)
+    if (h->step < 0 || h->step > ST_MAX_STEP)
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s has step %lld; a step count "
-                       "must be >= 0", path, (long long)h->step);
-    const float hp[6] = {h->lr, h->beta1, h->beta2, h->eps, h->weight_decay, h->max_grad_norm};
-    static const char *const names[6] = {"lr", "beta1", "beta2", "eps", "weight_decay",
-                                         "max_grad_norm"};
-    for (int i = 0; i < 6; i++)
+                       "must be in [0, 2^40] (more is a hand-made or foreign file)", path,
+                       (long long)h->step);
+    const float hp[7] = {h->lr, h->beta1, h->beta2, h->eps, h->weight_decay, h->max_grad_norm,
+                         h->lr0};
+    static const char *const names[7] = {"lr", "beta1", "beta2", "eps", "weight_decay",
+                                         "max_grad_norm", "lr0"};
+    for (int i = 0; i < 7; i++)
         if (!isfinite(hp[i]))
             return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s has %s = %g; "
                            "hyper-parameters must be finite", path, names[i], (double)hp[i]);
@@ -429,11 +502,11 @@ static int check_header(pt_store *st, const st_header *h, const char *path, int 
  * create_optimizer chose them); a file saved under others is worth a word. */
 static void warn_hparams(pt_store *st, const st_header *h, const char *path) {
     const pt_optim_state *o = st->env.opt;
-    const float saved[6] = {h->lr, h->beta1, h->beta2, h->eps, h->weight_decay, h->max_grad_norm};
-    const float run[6] = {o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->max_grad_norm};
+    const float saved[6] = {h->lr0, h->beta1, h->beta2, h->eps, h->weight_decay, h->max_grad_norm};
+    const float run[6] = {o->lr0, o->beta1, o->beta2, o->eps, o->weight_decay, o->max_grad_norm};
     static const char *const names[6] = {"lr", "beta1", "beta2", "eps", "weight_decay",
                                          "max_grad_norm"};
-    for (int i = 0; i < 6; i++)
+    for (int i = (h->flags & ST_HAS_LR0) ? 0 : 1; i < 6; i++)
         if (saved[i] != run[i])
             PT_LOGW(st->env.lg, "load_state: %s was saved with %s = %g; the running optimizer's "
                                 "%s = %g is kept", path, names[i], (double)saved[i], names[i],

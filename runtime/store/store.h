@@ -31,6 +31,8 @@ enum { PT_ACT_NONE = 0, PT_ACT_CKPT = 1, PT_ACT_SWAP = 2 };
 /* Optimizer hyper-parameters and progress (owned by the caller, lent to the store). */
 typedef struct pt_optim_state {
     float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
+    float lr0;            /* lr as create_optimizer set it (lr follows each step's) */
+    float rekls_eps;      /* REKLS's eps: the descriptor's eps when given, else [optimizer] rekls_eps */
     int64_t t;            /* optimizer steps taken (bias correction uses t+1) */
     double last_norm;     /* global grad norm before clipping, NaN when not computed */
     int type;             /* PT_OPTIM_ADAMW or PT_OPTIM_REKLS (0 reads as AdamW) */

@@ -2,7 +2,9 @@
  * test_harden_state.c — state files that must not load: every single-bit flip
  * of the header, an old format version; hyper-parameters that differ from the
  * running ones (a warning, the load goes on); a parameter-name mismatch that
- * names two different names; stale temp files of a killed save.
+ * names two different names; stale temp files of a killed save; values no run
+ * can have (NaN, infinities, a negative second moment, an absurd step) in a file
+ * whose checksum is valid; no warning when the settings are the same.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -198,6 +200,94 @@ static void test_hparam_warning(void **s) {
     assert_int_equal(P->finalize(b), PT_OK);
 }
 
+/* FNV-1a 64 (the state file's checksum): the header with its checksum field
+ * zero, then the payload. */
+static uint64_t fnv64(uint64_t h, const unsigned char *b, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+static void reseal(unsigned char *b, size_t n) {
+    memset(b + 40, 0, 8);   /* checksum at offset 40 of the header */
+    uint64_t h = fnv64(fnv64(0xcbf29ce484222325ull, b, HEADER_BYTES), b + HEADER_BYTES,
+                       n - HEADER_BYTES);
+    memcpy(b + 40, &h, 8);
+}
+
+/* A file whose checksum is valid but whose values no run can have: a NaN, an
+ * infinity or a negative second moment in the payload, a negative or absurd
+ * step. Each is refused naming what is wrong, and nothing changes. Tiny's first
+ * parameter "emb" (f32, trainable): 20 + 3 bytes of its entry header, then
+ * data[NEL], m[NEL], v[NEL]. */
+static void test_values_refused(void **s) {
+    (void)s;
+    tiny ta, tb;
+    void *a = start(&ta, NULL, NULL);
+    train(a, &ta, 2);
+    assert_int_equal(P->save_state(a, dir), PT_OK);
+    void *b = start(&tb, NULL, NULL);
+    train(b, &tb, 1);
+    size_t n;
+    unsigned char *good = slurp(&n);
+    const size_t data = HEADER_BYTES + 23, m = data + 4 * NEL, v = m + 4 * NEL;
+    struct { size_t off; float val; int64_t step; const char *want; } cases[] = {
+        {data + 8, NAN, 0, "non-finite"},
+        {m + 4, -INFINITY, 0, "non-finite"},
+        {v + 12, -1.0f, 0, "negative"},
+        {0, 0, -1, "step -1"},
+        {0, 0, (int64_t)1 << 62, "step 4611686018427387904"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        unsigned char *bad = malloc(n);
+        memcpy(bad, good, n);
+        if (cases[k].off) memcpy(bad + cases[k].off, &cases[k].val, 4);
+        else memcpy(bad + 24, &cases[k].step, 8);   /* step at offset 24 */
+        reseal(bad, n);
+        spit(bad, n);
+        free(bad);
+        assert_int_equal(P->load_state(b, dir), PT_ERR_FORMAT);
+        const char *e = P->last_error(b);
+        print_message("case %zu: %s\n", k, e);
+        if (!strstr(e, cases[k].want)) fail_msg("'%s' does not say '%s'", e, cases[k].want);
+        if (cases[k].off && !strstr(e, "'emb'")) fail_msg("'%s' does not name 'emb'", e);
+        assert_int_equal(steps_of(b), 1);
+    }
+    /* the same file resealed unchanged still loads: the checks above are the values */
+    reseal(good, n);
+    spit(good, n);
+    assert_int_equal(P->load_state(b, dir), PT_OK);
+    assert_int_equal(steps_of(b), 2);
+    free(good);
+    assert_int_equal(P->finalize(a), PT_OK);
+    assert_int_equal(P->finalize(b), PT_OK);
+}
+
+/* A host with an lr schedule gives each step its own lr (set_lr / optimizer_step):
+ * the optimizer was created with the same settings, so resuming it says nothing. */
+static void test_no_warning_same_settings(void **s) {
+    (void)s;
+    tiny ta, tb;
+    void *a = start(&ta, "[optimizer]\nlr = 0.01\n", NULL);
+    train(a, &ta, 1);
+    assert_int_equal(P->pre_step(a, 1, 0, 1), PT_OK);
+    for (int bl = 0; bl < NB; bl++) {
+        assert_int_equal(P->block_pre_forward(a, bl), PT_OK);
+        assert_int_equal(P->block_post_forward(a, bl), PT_OK);
+    }
+    for (int bl = NB - 1; bl >= 0; bl--) {
+        assert_int_equal(P->block_pre_backward(a, bl), PT_OK);
+        assert_int_equal(P->block_post_backward(a, bl), PT_OK);
+    }
+    assert_int_equal(P->optimizer_step(a, 0.004f), PT_OK);   /* a scheduled lr */
+    assert_int_equal(P->post_step(a, 1, 1.0f), PT_OK);
+    assert_int_equal(P->save_state(a, dir), PT_OK);
+    void *b = start(&tb, "[optimizer]\nlr = 0.01\n", NULL);
+    logbuf[0] = '\0';
+    assert_int_equal(P->load_state(b, dir), PT_OK);
+    if (strstr(logbuf, "was saved with")) fail_msg("a warning although nothing differs: '%s'", logbuf);
+    assert_int_equal(P->finalize(a), PT_OK);
+    assert_int_equal(P->finalize(b), PT_OK);
+}
+
 /* Two long names that differ after a shared prefix: the message shows both
  * differently and where they differ. */
 static void long_a(tiny *t) {
@@ -257,6 +347,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_hparam_warning, setup, teardown),
         cmocka_unit_test_setup_teardown(test_name_mismatch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_temps, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_values_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_no_warning_same_settings, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
