@@ -189,6 +189,78 @@ static void test_memcpy_host_pointer(void **state) {
     assert_int_equal(P->finalize(ctx), PT_OK);
 }
 
+/* A copy that starts inside a dev_alloc block and runs past its end is refused
+ * before a byte moves: the block after it keeps its contents. */
+static void test_memcpy_range(void **state) {
+    (void)state;
+    tiny t;
+    void *ctx = start(&t, NULL);
+    enum { SMALL = 4096 };
+    void *a = NULL, *b = NULL;
+    assert_int_equal(P->dev_alloc(ctx, SMALL, "input", &a), PT_OK);
+    assert_int_equal(P->dev_alloc(ctx, SMALL, "input", &b), PT_OK);
+    static unsigned char big[1 << 20], back[SMALL], mark[SMALL];
+    memset(big, 0x5a, sizeof big);
+    memset(mark, 0x11, sizeof mark);
+    assert_int_equal(P->memcpy(ctx, b, mark, SMALL, PT_COPY_H2D), PT_OK);
+    assert_int_equal(P->memcpy(ctx, a, big, sizeof big, PT_COPY_H2D), PT_ERR_INVALID_ARG);
+    const char *e = P->last_error(ctx);
+    assert_true(has(e, "runs past the end"));
+    assert_true(has(e, "4096 bytes"));
+    assert_int_equal(P->memcpy(ctx, back, b, SMALL, PT_COPY_D2H), PT_OK);
+    assert_memory_equal(back, mark, SMALL);
+    /* reading past the end is refused the same way */
+    assert_int_equal(P->memcpy(ctx, big, a, SMALL + 1, PT_COPY_D2H), PT_ERR_INVALID_ARG);
+    assert_true(has(P->last_error(ctx), "source"));
+    /* the last bytes of the block, exactly: fine */
+    assert_int_equal(P->memcpy(ctx, (char *)a + SMALL - 16, big, 16, PT_COPY_H2D), PT_OK);
+    assert_int_equal(P->memcpy(ctx, (char *)a + SMALL - 16, big, 17, PT_COPY_H2D),
+                     PT_ERR_INVALID_ARG);
+    /* a parameter the host reads through its address is in reach */
+    float w[NEL];
+    assert_int_equal(P->memcpy(ctx, w, t.p[0].data, sizeof w, PT_COPY_D2H), PT_OK);
+    assert_memory_equal(w, t.init[0], sizeof w);
+    assert_int_equal(P->dev_free(ctx, a), PT_OK);
+    assert_int_equal(P->dev_free(ctx, b), PT_OK);
+    assert_int_equal(P->finalize(ctx), PT_OK);
+}
+
+/* dev_free takes only what dev_alloc returned: a parameter's storage (or an
+ * address inside a host block) is refused, stays the parameter's, and is not
+ * handed out again by the next dev_alloc. */
+static void test_dev_free_not_host(void **state) {
+    (void)state;
+    tiny t;
+    void *ctx = start(&t, NULL);
+    assert_int_equal(P->create_optimizer(ctx, NULL), PT_OK);
+    pt_stats_v1 s0 = {.struct_size = sizeof s0}, s1 = {.struct_size = sizeof s1};
+    assert_int_equal(P->get_stats(ctx, &s0), PT_OK);
+    for (int i = 0; i < NP; i++) {
+        void *addr[2] = {t.p[i].data, t.p[i].grad};
+        for (int k = 0; k < 2; k++) {
+            if (!addr[k]) continue;
+            assert_int_equal(P->dev_free(ctx, addr[k]), PT_ERR_INVALID_ARG);
+            assert_true(has(P->last_error(ctx), "not an allocation from dev_alloc"));
+            assert_true(has(P->last_error(ctx), "plugin's"));
+        }
+    }
+    assert_int_equal(P->get_stats(ctx, &s1), PT_OK);
+    assert_int_equal(s1.dev_current, s0.dev_current);
+    void *p = NULL;
+    assert_int_equal(P->dev_alloc(ctx, NEL * sizeof(float), "act", &p), PT_OK);
+    for (int i = 0; i < NP; i++) assert_ptr_not_equal(p, t.p[i].data);
+    assert_int_equal(P->dev_free(ctx, (char *)p + 4), PT_ERR_INVALID_ARG);
+    assert_true(has(P->last_error(ctx), "4 bytes into a dev_alloc block"));
+    float w[NEL];
+    for (int i = 0; i < NP; i++) {
+        assert_int_equal(P->read_param(ctx, i, w, sizeof w), PT_OK);
+        assert_memory_equal(w, t.init[i], sizeof w);
+    }
+    assert_int_equal(P->dev_free(ctx, p), PT_OK);
+    assert_int_equal(P->dev_free(ctx, p), PT_ERR_INVALID_ARG); /* twice */
+    assert_int_equal(P->finalize(ctx), PT_OK);
+}
+
 /* An impossible size says so, not "(0 with 256-byte alignment)". */
 static void test_dev_alloc_huge(void **state) {
     (void)state;
@@ -332,6 +404,8 @@ int main(void) {
         cmocka_unit_test(test_block_hook_before_load),
         cmocka_unit_test(test_nonfinite_hparams),
         cmocka_unit_test(test_memcpy_host_pointer),
+        cmocka_unit_test(test_memcpy_range),
+        cmocka_unit_test(test_dev_free_not_host),
         cmocka_unit_test(test_dev_alloc_huge),
         cmocka_unit_test(test_no_recompute_block),
         cmocka_unit_test(test_too_small_names_minimum),
