@@ -281,7 +281,18 @@ typedef struct phost {
     void *ctx;
     uint64_t arena;
     char log[4096];
+    int finalize_inside;     /* 1: profile_step, 2: recompute_block calls finalize once */
+    int finalize_rc;
+    char finalize_err[512];
 } phost;
+
+/* The host's mistake under test: finalize from inside a callback. */
+static void ph_finalize_inside(phost *h, int where) {
+    if (h->finalize_inside != where) return;
+    h->finalize_inside = 0;
+    h->finalize_rc = P->finalize(h->ctx);
+    snprintf(h->finalize_err, sizeof h->finalize_err, "%s", P->last_error(h->ctx));
+}
 
 static void ph_log(void *user, int32_t level, const char *msg) {
     phost *h = user;
@@ -294,12 +305,14 @@ static void ph_log(void *user, int32_t level, const char *msg) {
 static int32_t ph_recompute(void *user, int32_t b) {
     phost *h = user;
     void *a = NULL;
+    ph_finalize_inside(h, 2);
     return P->activation_arena(h->ctx, b, h->arena, &a);
 }
 
 /* One forward and backward through the hooks, as a host's profile_step does. */
 static int32_t ph_profile(void *user) {
     phost *h = user;
+    ph_finalize_inside(h, 1);
     for (int b = 0; b < NB; b++) {
         void *a = NULL;
         int rc = P->block_pre_forward(h->ctx, b);
@@ -336,6 +349,29 @@ static int ph_start(phost *h, tiny *t, const char *extra, int with_recompute, in
     if (P->init(ini_path, &host, &h->ctx)) fail_msg("init failed: %s", P->last_error(NULL));
     tiny_make(t);
     return P->post_model_load(h->ctx, &t->m);
+}
+
+/* finalize from inside profile_step (and from recompute_block, which the
+ * profiling plan calls for every checkpointed block) is refused: post_model_load
+ * is still running on that runtime. It crashed (the runtime was freed under it). */
+static void test_finalize_inside_callback(void **state) {
+    (void)state;
+    for (int where = 1; where <= 2; where++) {
+        phost h = {.arena = 4096, .finalize_inside = where, .finalize_rc = -1};
+        tiny t;
+        assert_int_equal(ph_start(&h, &t, "device_capacity = 4MiB\n", 1, 1), PT_OK);
+        assert_int_equal(h.finalize_inside, 0);   /* the callback ran */
+        assert_int_equal(h.finalize_rc, PT_ERR_ORDER);
+        if (!has(h.finalize_err, "finalize called from inside post_model_load") ||
+            !has(h.finalize_err, "nothing was freed"))
+            fail_msg("'%s' does not give the reason", h.finalize_err);
+        /* the context is whole: it trains, then finalizes */
+        assert_int_equal(P->create_optimizer(h.ctx, NULL), PT_OK);
+        one_pass(h.ctx, 0);
+        assert_int_equal(P->optimizer_step(h.ctx, 0.01f), PT_OK);
+        assert_int_equal(P->post_step(h.ctx, 0, 1.0f), PT_OK);
+        assert_int_equal(P->finalize(h.ctx), PT_OK);
+    }
 }
 
 /* No recompute_block: the profiling plan checkpoints every block, and the
@@ -408,6 +444,7 @@ int main(void) {
         cmocka_unit_test(test_dev_free_not_host),
         cmocka_unit_test(test_dev_alloc_huge),
         cmocka_unit_test(test_no_recompute_block),
+        cmocka_unit_test(test_finalize_inside_callback),
         cmocka_unit_test(test_too_small_names_minimum),
         cmocka_unit_test(test_knob_adjustments_warned),
     };
