@@ -237,9 +237,12 @@ uint64_t pt_gpu_round_size(uint64_t bytes) {
 }
 
 
-/* record: a request that does not fit is kept for pt_gpu_last_oom (0: a
- * caller's optional buffer, pt_gpu_try_alloc). */
-static int alloc(pt_gpu *g, size_t bytes, int tag, void **p, int record, char *err, size_t errlen) {
+/* alloc's flags. AL_RECORD: a request that does not fit is kept for
+ * pt_gpu_last_oom (without it: a caller's optional buffer, pt_gpu_try_alloc).
+ * AL_HOST: the block is the host's (dev_alloc), the only kind dev_free takes. */
+enum { AL_RECORD = 1, AL_HOST = 2 };
+
+static int alloc(pt_gpu *g, size_t bytes, int tag, void **p, int flags, char *err, size_t errlen) {
     if (!g || !p || tag < 0 || tag >= PT_TAG_COUNT)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_alloc: %s",
                        !g ? "device is NULL" : !p ? "output pointer is NULL" : "tag out of range");
@@ -272,7 +275,7 @@ static int alloc(pt_gpu *g, size_t bytes, int tag, void **p, int record, char *e
     if (!x) {
         uint64_t cap = g->u.capacity, freeb = cap - g->u.current;
         uint64_t largest = pt_ext_largest_free(&g->dev);
-        if (record) {
+        if (flags & AL_RECORD) {
             g->oom_need = g->u.current + size;
             memcpy(g->oom_tags, g->u.tag_current, sizeof g->oom_tags);
         }
@@ -290,6 +293,7 @@ static int alloc(pt_gpu *g, size_t bytes, int tag, void **p, int record, char *e
     }
     x->req = bytes;
     x->tag = tag;
+    x->host = (flags & AL_HOST) != 0;
     g->u.current += x->size;
     g->u.req_current += bytes;
     if (x->off + x->size > g->u.span_peak) g->u.span_peak = x->off + x->size;
@@ -307,27 +311,39 @@ static int alloc(pt_gpu *g, size_t bytes, int tag, void **p, int record, char *e
 }
 
 int pt_gpu_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t errlen) {
-    return alloc(g, bytes, tag, p, 1, err, errlen);
+    return alloc(g, bytes, tag, p, AL_RECORD, err, errlen);
 }
 
 int pt_gpu_try_alloc(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t errlen) {
     return alloc(g, bytes, tag, p, 0, err, errlen);
 }
 
+int pt_gpu_alloc_host(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t errlen) {
+    return alloc(g, bytes, tag, p, AL_RECORD | AL_HOST, err, errlen);
+}
+
 /* Frees a live block. s == NULL: the poison (when on) is written before the
  * block can be handed out again. Otherwise stream-ordered: the block is free at
- * once and its poison is queued on s behind the work already there. */
-static int free_block(pt_gpu *g, void *p, pt_stream *s, char *err, size_t errlen) {
+ * once and its poison is queued on s behind the work already there. host_only:
+ * the block must be one of the host's (pt_gpu_alloc_host); a plugin block, or an
+ * address inside any block, is refused with a sentence saying what it is. */
+static int free_block(pt_gpu *g, void *p, pt_stream *s, int host_only, char *err, size_t errlen) {
     if (!g) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_free: device is NULL");
     if (!p) return PT_OK;
     uint64_t v;
     pthread_mutex_lock(&g->mu);
-    if (!pt_ptrmap_get(&g->live, (uintptr_t)p, &v)) {
+    int found = pt_ptrmap_get(&g->live, (uintptr_t)p, &v);
+    if (!found || (host_only && !((pt_blk *)(uintptr_t)v)->host)) {
+        char what[256];
+        pt_gpu_describe_locked(g, p, what, sizeof what);
         pthread_mutex_unlock(&g->mu);
+        if (host_only)
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                           "dev_free: %p is not an allocation from dev_alloc: %s", p, what);
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "pt_gpu_free: %p is not a live device allocation (never allocated by this "
-                       "device, already freed, or not the start of a block)",
-                       p);
+                       "device, already freed, or not the start of a block): %s",
+                       p, what);
     }
     pt_blk *x = (pt_blk *)(uintptr_t)v;
     pt_ptrmap_del(&g->live, (uintptr_t)p);
@@ -362,7 +378,11 @@ static int free_block(pt_gpu *g, void *p, pt_stream *s, char *err, size_t errlen
 }
 
 int pt_gpu_free_checked(pt_gpu *g, void *p, char *err, size_t errlen) {
-    return free_block(g, p, NULL, err, errlen);
+    return free_block(g, p, NULL, 0, err, errlen);
+}
+
+int pt_gpu_free_host(pt_gpu *g, void *p, pt_stream *s, char *err, size_t errlen) {
+    return free_block(g, p, s, 1, err, errlen);
 }
 
 void pt_gpu_free(pt_gpu *g, void *p) { (void)pt_gpu_free_checked(g, p, NULL, 0); }
@@ -499,7 +519,7 @@ void pt_gpu_oom_reset(pt_gpu *g) {
  * recorded on s (which also covers the poison). */
 int pt_gpu_free_on_stream(pt_gpu *g, void *p, pt_stream *s, char *err, size_t errlen) {
     if (!s) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_free_on_stream: no stream");
-    return free_block(g, p, s, err, errlen);
+    return free_block(g, p, s, 0, err, errlen);
 }
 
 int pt_gpu_adopt_stream(pt_gpu *g, void *native, pt_stream **s, char *err, size_t errlen) {

@@ -39,6 +39,22 @@ uint64_t pt_gpu_round_size(uint64_t bytes);
  * sentence, and changes nothing. NULL is a no-op returning 0. */
 int pt_gpu_free_checked(pt_gpu *g, void *p, char *err, size_t errlen);
 
+/* The host's own allocations (dev_alloc): pt_gpu_alloc with the block marked
+ * as the host's. pt_gpu_free_host frees only such a block, given by its start
+ * (s NULL: at once, else stream-ordered like pt_gpu_free_on_stream); any other
+ * address (the plugin's parameter storage or arena, an interior pointer, a
+ * freed block) is PT_ERR_INVALID_ARG with a sentence saying what it is, and
+ * nothing changes. */
+int pt_gpu_alloc_host(pt_gpu *g, size_t bytes, int tag, void **p, char *err, size_t errlen);
+int pt_gpu_free_host(pt_gpu *g, void *p, pt_stream *s, char *err, size_t errlen);
+
+/* 1 when the host may copy `bytes` at device address p: [p, p + bytes) lies
+ * inside the requested bytes of one live block that is the host's or one the
+ * plugin hands the host (parameters, gradients, arenas, scratch). Else 0 and
+ * `why` completes "the destination %p ..." (not device memory; the plugin's
+ * optimizer state; runs past the end of its block, with how many bytes fit). */
+int pt_gpu_host_range(const pt_gpu *g, const void *p, size_t bytes, char *why, size_t whylen);
+
 /* Stream-ordered free (see device.c): the bytes are free for the allocator at
  * once; the poison fill (when on) is queued on s behind the work that uses them. */
 int pt_gpu_free_on_stream(pt_gpu *g, void *p, pt_stream *s, char *err, size_t errlen);

@@ -49,6 +49,10 @@ static inline pthread_mutex_t *pt_gpu_mu(const pt_gpu *g) { return (pthread_mute
 int pt_gpu_load_cuda(const char *lib, const pt_gpu_backend **ops, void **dl, char *err,
                      size_t errlen);
 
+/* dev_access.c: a clause ("it lies 256 bytes into a dev_alloc block of ...")
+ * saying what the device address p is; g->mu held. */
+void pt_gpu_describe_locked(const pt_gpu *g, const void *p, char *buf, size_t n);
+
 /* pinned.c: frees the arena and any pinned allocation still live, reporting
  * leaks to the log (called by pt_gpu_close with no lock held). */
 void pt_gpu_pinned_close(pt_gpu *g);

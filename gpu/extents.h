@@ -26,6 +26,7 @@ typedef struct pt_blk {
     uint64_t off, size;            /* extent in the range; size % PT_GPU_ALIGN == 0 */
     uint64_t req;                  /* bytes the caller asked for (live blocks) */
     int tag;
+    int host;                      /* live blocks: 1 when the host's (dev_alloc), 0 the plugin's */
     int state;                     /* 0 free, 1 live, 2 being poisoned (not free, not findable) */
     struct pt_blk *prev, *next;    /* address order */
     struct pt_blk *fprev, *fnext;  /* bin list (free blocks only) */

@@ -29,7 +29,9 @@ enum { CTX_LIVE = 0x4c495645, CTX_DEAD = 0x44454144 };
 
 typedef struct pt_ctx {
     uint32_t magic;
-    struct pt_ctx *next_dead;   /* graveyard link while finalized */
+    struct pt_ctx *next;        /* the live list, or the graveyard once finalized */
+    _Atomic int depth;          /* hooks of this context running now (nested ones count) */
+    const char *outer;          /* the outermost of them */
     pt_config cfg;
     pt_logger lg;
     pt_lifecycle lc;
@@ -46,47 +48,91 @@ static int fail_null(const char *hook) {
                    "%s called with a NULL context (init failed or was not called)", hook);
 }
 
-/* Finalized contexts, kept for reuse by the next init. Their memory stays ours,
- * so a stale handle reads CTX_DEAD (until init recycles it for a new context,
- * exactly as malloc would have). Reachable from here, so no leak report. */
-static pthread_mutex_t g_dead_mu = PTHREAD_MUTEX_INITIALIZER;
-static pt_ctx *g_dead;
+/* Every context this load of the plugin handed out: live ones, and finalized
+ * ones kept for reuse by the next init (their memory stays ours, so a stale
+ * handle reads CTX_DEAD until init recycles it, exactly as malloc would have).
+ * A pointer on neither list is never read: it may be memory of an earlier load
+ * of the plugin (dlclose, dlopen again), or not a context at all. A hook looks
+ * its pointer up first: a short list walk under an uncontended lock. */
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pt_ctx *g_live, *g_dead;
 
 static pt_ctx *ctx_new(void) {
-    pthread_mutex_lock(&g_dead_mu);
+    pthread_mutex_lock(&g_mu);
     pt_ctx *c = g_dead;
-    if (c) g_dead = c->next_dead;
-    pthread_mutex_unlock(&g_dead_mu);
+    if (c) g_dead = c->next;
+    pthread_mutex_unlock(&g_mu);
     if (c) memset(c, 0, sizeof *c);
     else c = calloc(1, sizeof *c);
     return c;
 }
 
-/* When the plugin is unloaded (dlclose), no handle into it can be used any
- * more: the graveyard goes back to malloc with it. */
-__attribute__((destructor)) static void ctx_graveyard_free(void) {
-    pthread_mutex_lock(&g_dead_mu);
-    while (g_dead) {
-        pt_ctx *c = g_dead;
-        g_dead = c->next_dead;
-        free(c);
-    }
-    pthread_mutex_unlock(&g_dead_mu);
+static void list_drop(pt_ctx **head, pt_ctx *c) {
+    for (pt_ctx **p = head; *p; p = &(*p)->next)
+        if (*p == c) {
+            *p = c->next;
+            return;
+        }
+}
+
+/* 1 when c is one of this load's contexts (live or finalized). */
+static int ctx_known(const pt_ctx *c) {
+    pthread_mutex_lock(&g_mu);
+    const pt_ctx *x = g_live;
+    while (x && x != c) x = x->next;
+    if (!x)
+        for (x = g_dead; x && x != c;) x = x->next;
+    pthread_mutex_unlock(&g_mu);
+    return x != NULL;
+}
+
+static void ctx_publish(pt_ctx *c) {
+    pthread_mutex_lock(&g_mu);
+    c->next = g_live;
+    g_live = c;
+    pthread_mutex_unlock(&g_mu);
 }
 
 /* The context goes to the graveyard: its state word says finalized and its
  * last_error explains, for a host that calls it again. */
 static void ctx_bury(pt_ctx *c, const char *why) {
+    pthread_mutex_lock(&g_mu);
+    list_drop(&g_live, c);
     memset(c, 0, sizeof *c);
     c->magic = CTX_DEAD;
     snprintf(c->err, sizeof c->err, "%s", why);
-    pthread_mutex_lock(&g_dead_mu);
-    c->next_dead = g_dead;
+    c->next = g_dead;
     g_dead = c;
-    pthread_mutex_unlock(&g_dead_mu);
+    pthread_mutex_unlock(&g_mu);
 }
 
-/* A hook called with a finalized (or never initialised) context. */
+/* When the plugin is unloaded (dlclose, or the process exits) with contexts
+ * the host never finalized, their threads would go on running code that is no
+ * longer mapped: each is finalized here (threads joined, memory freed), unless
+ * a hook of it is running (exit called from inside a callback: its runtime is
+ * mid-call and the process is ending anyway). Then every context's memory goes
+ * back to malloc: a handle from before the unload is not on the next load's
+ * lists, so that load refuses it without reading it. */
+__attribute__((destructor)) static void ctx_unload(void) {
+    pthread_mutex_lock(&g_mu);
+    pt_ctx *live = g_live, *dead = g_dead;
+    g_live = g_dead = NULL;
+    pthread_mutex_unlock(&g_mu);
+    while (live) {
+        pt_ctx *c = live;
+        live = c->next;
+        if (c->depth) continue;
+        pt_rt_destroy(c->rt);
+        free(c);
+    }
+    while (dead) {
+        pt_ctx *c = dead;
+        dead = c->next;
+        free(c);
+    }
+}
+
+/* A hook called with a finalized context, or a pointer this load never handed out. */
 static int fail_dead(pt_ctx *c, const char *hook) {
     if (c->magic == CTX_DEAD)
         return pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
@@ -96,10 +142,28 @@ static int fail_dead(pt_ctx *c, const char *hook) {
                    "%s called with a pointer that is not a context returned by init", hook);
 }
 
-#define CTX(hook)                                    \
-    pt_ctx *c = (pt_ctx *)vctx;                      \
-    if (!c) return fail_null(hook);                  \
-    if (c->magic != CTX_LIVE) return fail_dead(c, hook)
+static int fail_unknown(const char *hook) {
+    return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
+                   "%s called with a pointer that is not a context of this plugin: never "
+                   "returned by init, or returned before the plugin was unloaded (dlclose) "
+                   "and loaded again", hook);
+}
+
+/* Counts the hooks of a context that are running, so finalize can refuse to
+ * free a runtime that a hook further up the host's stack is still using (a
+ * host callback such as profile_step or recompute_block calling finalize). */
+static void hook_leave(pt_ctx **pc) {
+    if (*pc) (*pc)->depth--;
+}
+
+#define CTX(hook)                                                      \
+    pt_ctx *c = (pt_ctx *)vctx;                                        \
+    if (!c) return fail_null(hook);                                    \
+    if (!ctx_known(c)) return fail_unknown(hook);                      \
+    if (c->magic != CTX_LIVE) return fail_dead(c, hook);               \
+    __attribute__((cleanup(hook_leave))) pt_ctx *in_hook_ = c;         \
+    if (c->depth++ == 0) c->outer = hook;                              \
+    (void)in_hook_
 
 /* Log the failure once at debug level; the host reads last_error. */
 static int done(pt_ctx *c, int rc) {
@@ -185,14 +249,17 @@ static int32_t h_init(const char *ini_path, const pt_host_v1 *host, void **out) 
     c->magic = CTX_LIVE;
     c->lc.state = PT_LC_INIT;
     snprintf(c->err, sizeof c->err, "no error");
+    ctx_publish(c);
     *out = c;
     return PT_OK;
 }
 
-/* A finalized context keeps its memory (see ctx_bury), so its sentence is readable. */
+/* A finalized context keeps its memory (see ctx_bury), so its sentence is
+ * readable; a pointer that is not one of ours is not read: the hook that
+ * refused it wrote its sentence where NULL's goes. */
 static const char *h_last_error(void *vctx) {
     pt_ctx *c = (pt_ctx *)vctx;
-    return c ? c->err : g_err;
+    return c && ctx_known(c) ? c->err : g_err;
 }
 
 /* The profiler's measured step: the plugin opens a training micro-batch on the
@@ -350,6 +417,19 @@ static int32_t h_post_step(void *vctx, int64_t step, float loss) {
 
 static int32_t h_finalize(void *vctx) {
     CTX("finalize");
+    /* from inside another hook's callback (profile_step, recompute_block, a
+     * tile, the log): that hook resumes on this runtime when the callback
+     * returns, so it must outlive the call */
+    if (c->depth > 1)
+        return pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
+                       "finalize called from inside %s (from a host callback it made, such as "
+                       "profile_step or recompute_block): nothing was freed; call finalize "
+                       "after %s returns", c->outer, c->outer);
+    if (pt_rt_in_launch())
+        return pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
+                       "finalize called from work launched on the compute stream: nothing was "
+                       "freed; call it from the host's thread after stream_sync");
+    in_hook_ = NULL;   /* the context is gone when the hook returns */
     pt_rt_destroy(c->rt);
     ctx_bury(c, "this context was finalized; no error since");
     return PT_OK;

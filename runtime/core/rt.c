@@ -622,7 +622,7 @@ int pt_rt_dev_alloc(pt_rt *rt, uint64_t bytes, const char *tag, void **ptr, char
     if (bytes == 0) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "dev_alloc: zero-byte request (tag %s)", tag ? tag : "(none)");
     }
-    return pt_gpu_alloc(rt->gpu, (size_t)bytes, pt_mem_tag_parse(tag), ptr, err, errlen);
+    return pt_gpu_alloc_host(rt->gpu, (size_t)bytes, pt_mem_tag_parse(tag), ptr, err, errlen);
 }
 
 int pt_rt_dev_free(pt_rt *rt, void *ptr, char *err, size_t errlen) {
@@ -631,9 +631,10 @@ int pt_rt_dev_free(pt_rt *rt, void *ptr, char *err, size_t errlen) {
     if (b >= 0)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "dev_free: %p is block %d's activation arena, which the plugin owns", ptr, b);
-    /* the host's queued kernels may still use it: free in the compute stream's order */
-    return rt->ordered && !(rt->skip & PT_ORD_FREE) ? pt_gpu_free_on_stream(rt->gpu, ptr, rt->s_compute, err, errlen)
-                       : pt_gpu_free_checked(rt->gpu, ptr, err, errlen);
+    /* the host's queued kernels may still use it: free in the compute stream's
+     * order; only the host's own blocks (a parameter's address is the plugin's) */
+    pt_stream *s = rt->ordered && !(rt->skip & PT_ORD_FREE) ? rt->s_compute : NULL;
+    return pt_gpu_free_host(rt->gpu, ptr, s, err, errlen);
 }
 
 int pt_rt_arena(pt_rt *rt, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen) {
@@ -654,22 +655,23 @@ int pt_rt_memcpy(pt_rt *rt, void *dst, const void *src, uint64_t bytes, int32_t 
     if (kind < PT_COPY_H2D || kind > PT_COPY_D2D) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "memcpy: unknown copy kind %d (0 H2D, 1 D2H, 2 D2D)", kind);
     }
-    /* On the simulated device, device memory is ordinary host memory, so a host
-     * address given as the device side would "work" here and crash on a GPU:
-     * refuse it where it is cheap to see. */
-    if (bytes && !strcmp(pt_gpu_backend_name(rt->gpu), "host")) {
+    /* The device side must lie, whole, in one allocation the host may use: a
+     * range that starts in a block and runs on would overwrite the next one
+     * (on the simulated device it would also let a host address "work" that
+     * faults on a GPU). Pointer arithmetic on the block list: every backend. */
+    if (bytes) {
         static const char *const kn[] = {"H2D", "D2H", "D2D"};
+        char why[320];
         const void *bad = NULL;
         const char *side = NULL;
-        if (kind != PT_COPY_D2H && !pt_gpu_in_device(rt->gpu, dst, (size_t)bytes))
+        if (kind != PT_COPY_D2H && !pt_gpu_host_range(rt->gpu, dst, (size_t)bytes, why, sizeof why))
             bad = dst, side = "destination";
-        else if (kind != PT_COPY_H2D && !pt_gpu_in_device(rt->gpu, src, (size_t)bytes))
+        else if (kind != PT_COPY_H2D &&
+                 !pt_gpu_host_range(rt->gpu, src, (size_t)bytes, why, sizeof why))
             bad = src, side = "source";
         if (bad)
-            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                           "memcpy(%s, %llu bytes): the %s %p is not device memory (it does "
-                           "not lie inside an allocation from dev_alloc, an arena or a "
-                           "parameter)", kn[kind], (unsigned long long)bytes, side, bad);
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "memcpy(%s, %llu bytes): the %s %p %s",
+                           kn[kind], (unsigned long long)bytes, side, bad, why);
     }
     /* a copy on the compute stream: after the host's launched work */
     int rc = rt->ordered && !(rt->skip & PT_ORD_HOSTIO) ? pt_rt_stream_sync(rt, err, errlen) : PT_OK;

@@ -5,6 +5,16 @@
  * scratch folder and loaded. Properties: no crash, no sanitizer report, a
  * refusal carries a sentence, and a refused file changes nothing — the model's
  * parameters read back identical to before the load.
+ *
+ * Input: one mode byte, then the file. The file's checksum covers every byte,
+ * so a random mutation of a real file is refused at the checksum and the
+ * payload reader behind it never runs. With the mode byte's bit 0 set the
+ * target seals the file first, as a writer would: payload_bytes = the bytes
+ * after the header, checksum = FNV-1a 64 of the header (checksum field 0) and
+ * payload. With it clear the file goes in as given (the framing checks stay
+ * fuzzed). The seal's offsets are checked at start-up against a file the
+ * plugin saves: a changed format stops the target with a sentence instead of
+ * fuzzing the checksum check alone again.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -13,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/base.h"
 #include "protrain.h"
 #include "sh_train.h"
 
@@ -27,6 +38,55 @@ static float *before, *after;
 static size_t NF;
 
 static void quiet(void *u, int32_t level, const char *msg) { (void)u, (void)level, (void)msg; }
+
+/* The state file's framing (runtime/store/state_io.c: st_header). */
+enum { HDR = 104, OFF_MAGIC = 0, OFF_PAYLOAD = 32, OFF_SUM = 40 };
+static const uint32_t MAGIC = 0x54535450u;   /* "PTST" */
+
+/* Seal f[0..n) in place when it has a header with the state magic. */
+static void seal(uint8_t *f, size_t n) {
+    uint32_t magic;
+    if (n < HDR) return;
+    memcpy(&magic, f + OFF_MAGIC, sizeof magic);
+    if (magic != MAGIC) return;
+    uint64_t payload = n - HDR, zero = 0;
+    memcpy(f + OFF_PAYLOAD, &payload, sizeof payload);
+    memcpy(f + OFF_SUM, &zero, sizeof zero);
+    uint64_t sum = pt_fnv1a64_more(pt_fnv1a64(f, HDR), f + HDR, n - HDR);
+    memcpy(f + OFF_SUM, &sum, sizeof sum);
+}
+
+/* The plugin saves this model's state; sealing a copy of it must give back
+ * the same bytes, or the offsets above no longer describe the format. */
+static void check_seal(void) {
+    if (sh_trainer_plugin_state(TR, DIR_, 0)) {
+        fprintf(stderr, "fuzz_state: save_state failed: %s\n", sh_trainer_error(TR));
+        abort();
+    }
+    FILE *f = fopen(FILE_, "rb");
+    if (!f) abort();
+    static uint8_t ref[1 << 20], copy[1 << 20];
+    size_t n = fread(ref, 1, sizeof ref, f);
+    fclose(f);
+    memcpy(copy, ref, n);
+    memset(copy + OFF_SUM, 0xA5, 8);
+    memset(copy + OFF_PAYLOAD, 0x5A, 8);
+    seal(copy, n);
+    if (n < HDR || n == sizeof ref || memcmp(ref, copy, n)) {
+        fprintf(stderr, "fuzz_state: the state file's header no longer matches this target's "
+                        "seal() (magic, payload_bytes, checksum offsets or header size); "
+                        "update it to the format in runtime/store/state_io.c\n");
+        abort();
+    }
+    /* PT_FUZZ_STATE_SEED=path: write this file as a sealed-mode seed
+     * (tests/fuzz/corpus/fuzz_state/ holds one made so) */
+    const char *seed = getenv("PT_FUZZ_STATE_SEED");
+    if (seed && (f = fopen(seed, "wb"))) {
+        fputc(1, f);
+        fwrite(ref, 1, n, f);
+        fclose(f);
+    }
+}
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
@@ -71,14 +131,22 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     before = malloc(NF * sizeof(float));
     after = malloc(NF * sizeof(float));
     if (!before || !after) abort();
+    check_seal();
     return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (!size) return 0;
+    size_t n = size - 1;
+    uint8_t *file = malloc(n ? n : 1);
+    if (!file) abort();
+    memcpy(file, data + 1, n);
+    if (data[0] & 1) seal(file, n);
     FILE *f = fopen(FILE_, "wb");
     if (!f) abort();
-    if (size && fwrite(data, 1, size, f) != size) abort();
+    if (n && fwrite(file, 1, n, f) != n) abort();
     fclose(f);
+    free(file);
     if (sh_trainer_snapshot(TR, before)) abort();
     int rc = sh_trainer_plugin_state(TR, DIR_, 1);
     if (rc) {

@@ -313,6 +313,54 @@ static void test_checked_free(void **state) {
     close_dev(g);
 }
 
+/* The host's access checks (dev_access.c): a copy's device range must lie,
+ * whole, in one block the host may use, and only the host's blocks can be
+ * freed through pt_gpu_free_host. */
+static void test_host_range(void **state) {
+    (void)state;
+    pt_gpu *g = open_dev(4 * MiB, 1, 0, 0);
+    void *h, *next, *prm, *opt;
+    char why[320] = "";
+    assert_int_equal(pt_gpu_alloc_host(g, 4096, PT_TAG_HOSTUSE, &h, NULL, 0), PT_OK);
+    assert_int_equal(pt_gpu_alloc_host(g, 4096, PT_TAG_HOSTUSE, &next, NULL, 0), PT_OK);
+    assert_int_equal(pt_gpu_alloc(g, 1000, PT_TAG_PARAM, &prm, NULL, 0), PT_OK);
+    assert_int_equal(pt_gpu_alloc(g, 1000, PT_TAG_OPTIM, &opt, NULL, 0), PT_OK);
+    assert_int_equal(pt_gpu_host_range(g, h, 4096, why, sizeof why), 1);
+    assert_int_equal(pt_gpu_host_range(g, (char *)h + 4000, 96, why, sizeof why), 1);
+    /* one byte past the requested size: refused, and says how many fit */
+    assert_int_equal(pt_gpu_host_range(g, (char *)h + 4000, 97, why, sizeof why), 0);
+    assert_non_null(strstr(why, "runs past the end"));
+    assert_non_null(strstr(why, "so 96 bytes fit"));
+    /* 1 MiB from the start of a 4 KiB block: lies in the reservation, refused */
+    assert_int_equal(pt_gpu_host_range(g, h, MiB, why, sizeof why), 0);
+    assert_non_null(strstr(why, "4096 bytes"));
+    /* rounding slack (1000 requested, 1024 carved) is not the host's */
+    assert_int_equal(pt_gpu_host_range(g, prm, 1000, why, sizeof why), 1);
+    assert_int_equal(pt_gpu_host_range(g, prm, 1001, why, sizeof why), 0);
+    assert_int_equal(pt_gpu_host_range(g, opt, 4, why, sizeof why), 0);
+    assert_non_null(strstr(why, "optimizer state"));
+    int local = 0;
+    assert_int_equal(pt_gpu_host_range(g, &local, 4, why, sizeof why), 0);
+    assert_non_null(strstr(why, "not device memory"));
+    /* a freed block is no longer the host's to copy into */
+    assert_int_equal(pt_gpu_free_host(g, next, NULL, why, sizeof why), PT_OK);
+    assert_int_equal(pt_gpu_host_range(g, next, 4, why, sizeof why), 0);
+    /* only the host's own blocks, by their start, go through pt_gpu_free_host */
+    pt_gpu_usage before, after;
+    pt_gpu_usage_get(g, &before);
+    assert_int_equal(pt_gpu_free_host(g, prm, NULL, why, sizeof why), PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(why, "parameter storage"));
+    assert_int_equal(pt_gpu_free_host(g, (char *)h + 256, NULL, why, sizeof why),
+                     PT_ERR_INVALID_ARG);
+    assert_non_null(strstr(why, "256 bytes into a dev_alloc block"));
+    pt_gpu_usage_get(g, &after);
+    assert_memory_equal(&before, &after, sizeof before);
+    assert_int_equal(pt_gpu_free_host(g, h, NULL, why, sizeof why), PT_OK);
+    assert_int_equal(pt_gpu_free_checked(g, prm, why, sizeof why), PT_OK);
+    assert_int_equal(pt_gpu_free_checked(g, opt, why, sizeof why), PT_OK);
+    close_dev(g);
+}
+
 static void test_pinned_budget(void **state) {
     (void)state;
     const uint64_t budget = 1 * MiB;
@@ -842,6 +890,7 @@ int main(void) {
         cmocka_unit_test(test_free_on_stream),
         cmocka_unit_test(test_adopt_stream),
         cmocka_unit_test(test_checked_free),
+        cmocka_unit_test(test_host_range),
         cmocka_unit_test(test_pinned_budget),
         cmocka_unit_test(test_pinned_arena),
         cmocka_unit_test(test_failure_injection),

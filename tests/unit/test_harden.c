@@ -189,6 +189,78 @@ static void test_memcpy_host_pointer(void **state) {
     assert_int_equal(P->finalize(ctx), PT_OK);
 }
 
+/* A copy that starts inside a dev_alloc block and runs past its end is refused
+ * before a byte moves: the block after it keeps its contents. */
+static void test_memcpy_range(void **state) {
+    (void)state;
+    tiny t;
+    void *ctx = start(&t, NULL);
+    enum { SMALL = 4096 };
+    void *a = NULL, *b = NULL;
+    assert_int_equal(P->dev_alloc(ctx, SMALL, "input", &a), PT_OK);
+    assert_int_equal(P->dev_alloc(ctx, SMALL, "input", &b), PT_OK);
+    static unsigned char big[1 << 20], back[SMALL], mark[SMALL];
+    memset(big, 0x5a, sizeof big);
+    memset(mark, 0x11, sizeof mark);
+    assert_int_equal(P->memcpy(ctx, b, mark, SMALL, PT_COPY_H2D), PT_OK);
+    assert_int_equal(P->memcpy(ctx, a, big, sizeof big, PT_COPY_H2D), PT_ERR_INVALID_ARG);
+    const char *e = P->last_error(ctx);
+    assert_true(has(e, "runs past the end"));
+    assert_true(has(e, "4096 bytes"));
+    assert_int_equal(P->memcpy(ctx, back, b, SMALL, PT_COPY_D2H), PT_OK);
+    assert_memory_equal(back, mark, SMALL);
+    /* reading past the end is refused the same way */
+    assert_int_equal(P->memcpy(ctx, big, a, SMALL + 1, PT_COPY_D2H), PT_ERR_INVALID_ARG);
+    assert_true(has(P->last_error(ctx), "source"));
+    /* the last bytes of the block, exactly: fine */
+    assert_int_equal(P->memcpy(ctx, (char *)a + SMALL - 16, big, 16, PT_COPY_H2D), PT_OK);
+    assert_int_equal(P->memcpy(ctx, (char *)a + SMALL - 16, big, 17, PT_COPY_H2D),
+                     PT_ERR_INVALID_ARG);
+    /* a parameter the host reads through its address is in reach */
+    float w[NEL];
+    assert_int_equal(P->memcpy(ctx, w, t.p[0].data, sizeof w, PT_COPY_D2H), PT_OK);
+    assert_memory_equal(w, t.init[0], sizeof w);
+    assert_int_equal(P->dev_free(ctx, a), PT_OK);
+    assert_int_equal(P->dev_free(ctx, b), PT_OK);
+    assert_int_equal(P->finalize(ctx), PT_OK);
+}
+
+/* dev_free takes only what dev_alloc returned: a parameter's storage (or an
+ * address inside a host block) is refused, stays the parameter's, and is not
+ * handed out again by the next dev_alloc. */
+static void test_dev_free_not_host(void **state) {
+    (void)state;
+    tiny t;
+    void *ctx = start(&t, NULL);
+    assert_int_equal(P->create_optimizer(ctx, NULL), PT_OK);
+    pt_stats_v1 s0 = {.struct_size = sizeof s0}, s1 = {.struct_size = sizeof s1};
+    assert_int_equal(P->get_stats(ctx, &s0), PT_OK);
+    for (int i = 0; i < NP; i++) {
+        void *addr[2] = {t.p[i].data, t.p[i].grad};
+        for (int k = 0; k < 2; k++) {
+            if (!addr[k]) continue;
+            assert_int_equal(P->dev_free(ctx, addr[k]), PT_ERR_INVALID_ARG);
+            assert_true(has(P->last_error(ctx), "not an allocation from dev_alloc"));
+            assert_true(has(P->last_error(ctx), "plugin's"));
+        }
+    }
+    assert_int_equal(P->get_stats(ctx, &s1), PT_OK);
+    assert_int_equal(s1.dev_current, s0.dev_current);
+    void *p = NULL;
+    assert_int_equal(P->dev_alloc(ctx, NEL * sizeof(float), "act", &p), PT_OK);
+    for (int i = 0; i < NP; i++) assert_ptr_not_equal(p, t.p[i].data);
+    assert_int_equal(P->dev_free(ctx, (char *)p + 4), PT_ERR_INVALID_ARG);
+    assert_true(has(P->last_error(ctx), "4 bytes into a dev_alloc block"));
+    float w[NEL];
+    for (int i = 0; i < NP; i++) {
+        assert_int_equal(P->read_param(ctx, i, w, sizeof w), PT_OK);
+        assert_memory_equal(w, t.init[i], sizeof w);
+    }
+    assert_int_equal(P->dev_free(ctx, p), PT_OK);
+    assert_int_equal(P->dev_free(ctx, p), PT_ERR_INVALID_ARG); /* twice */
+    assert_int_equal(P->finalize(ctx), PT_OK);
+}
+
 /* An impossible size says so, not "(0 with 256-byte alignment)". */
 static void test_dev_alloc_huge(void **state) {
     (void)state;
@@ -209,7 +281,18 @@ typedef struct phost {
     void *ctx;
     uint64_t arena;
     char log[4096];
+    int finalize_inside;     /* 1: profile_step, 2: recompute_block calls finalize once */
+    int finalize_rc;
+    char finalize_err[512];
 } phost;
+
+/* The host's mistake under test: finalize from inside a callback. */
+static void ph_finalize_inside(phost *h, int where) {
+    if (h->finalize_inside != where) return;
+    h->finalize_inside = 0;
+    h->finalize_rc = P->finalize(h->ctx);
+    snprintf(h->finalize_err, sizeof h->finalize_err, "%s", P->last_error(h->ctx));
+}
 
 static void ph_log(void *user, int32_t level, const char *msg) {
     phost *h = user;
@@ -222,12 +305,14 @@ static void ph_log(void *user, int32_t level, const char *msg) {
 static int32_t ph_recompute(void *user, int32_t b) {
     phost *h = user;
     void *a = NULL;
+    ph_finalize_inside(h, 2);
     return P->activation_arena(h->ctx, b, h->arena, &a);
 }
 
 /* One forward and backward through the hooks, as a host's profile_step does. */
 static int32_t ph_profile(void *user) {
     phost *h = user;
+    ph_finalize_inside(h, 1);
     for (int b = 0; b < NB; b++) {
         void *a = NULL;
         int rc = P->block_pre_forward(h->ctx, b);
@@ -264,6 +349,29 @@ static int ph_start(phost *h, tiny *t, const char *extra, int with_recompute, in
     if (P->init(ini_path, &host, &h->ctx)) fail_msg("init failed: %s", P->last_error(NULL));
     tiny_make(t);
     return P->post_model_load(h->ctx, &t->m);
+}
+
+/* finalize from inside profile_step (and from recompute_block, which the
+ * profiling plan calls for every checkpointed block) is refused: post_model_load
+ * is still running on that runtime. It crashed (the runtime was freed under it). */
+static void test_finalize_inside_callback(void **state) {
+    (void)state;
+    for (int where = 1; where <= 2; where++) {
+        phost h = {.arena = 4096, .finalize_inside = where, .finalize_rc = -1};
+        tiny t;
+        assert_int_equal(ph_start(&h, &t, "device_capacity = 4MiB\n", 1, 1), PT_OK);
+        assert_int_equal(h.finalize_inside, 0);   /* the callback ran */
+        assert_int_equal(h.finalize_rc, PT_ERR_ORDER);
+        if (!has(h.finalize_err, "finalize called from inside post_model_load") ||
+            !has(h.finalize_err, "nothing was freed"))
+            fail_msg("'%s' does not give the reason", h.finalize_err);
+        /* the context is whole: it trains, then finalizes */
+        assert_int_equal(P->create_optimizer(h.ctx, NULL), PT_OK);
+        one_pass(h.ctx, 0);
+        assert_int_equal(P->optimizer_step(h.ctx, 0.01f), PT_OK);
+        assert_int_equal(P->post_step(h.ctx, 0, 1.0f), PT_OK);
+        assert_int_equal(P->finalize(h.ctx), PT_OK);
+    }
 }
 
 /* No recompute_block: the profiling plan checkpoints every block, and the
@@ -332,8 +440,11 @@ int main(void) {
         cmocka_unit_test(test_block_hook_before_load),
         cmocka_unit_test(test_nonfinite_hparams),
         cmocka_unit_test(test_memcpy_host_pointer),
+        cmocka_unit_test(test_memcpy_range),
+        cmocka_unit_test(test_dev_free_not_host),
         cmocka_unit_test(test_dev_alloc_huge),
         cmocka_unit_test(test_no_recompute_block),
+        cmocka_unit_test(test_finalize_inside_callback),
         cmocka_unit_test(test_too_small_names_minimum),
         cmocka_unit_test(test_knob_adjustments_warned),
     };

@@ -207,7 +207,11 @@ int pt_mpi_coll_open(const pt_coll_config *cfg, pt_mpi_coll **out, char *err, si
 
 void pt_mpi_coll_close(pt_mpi_coll *c) {
     if (!c) return;
-    if (!c->broken && !(c->root_broken && *c->root_broken)) {
+    /* a host that finalized MPI and exits without finalize: the plugin's
+     * unload closes the group, and no MPI call may follow MPI_Finalize */
+    int done = 0;
+    MPI_Finalized(&done);
+    if (!done && !c->broken && !(c->root_broken && *c->root_broken)) {
         if (c->comm != MPI_COMM_NULL) MPI_Comm_free(&c->comm);
         if (c->we_init) MPI_Finalize();
     }
