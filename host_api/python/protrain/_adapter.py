@@ -110,9 +110,11 @@ class Adapter:
         self.inputs = [None] * self.L
         self.rng = [None] * self.L
         self.pending_load = None
-        # test switches for the negative controls (never set in normal use)
+        # test switches for the negative controls (never set in normal use):
+        # close a block at its first accumulated gradient; keep the forward's
+        # parameter views through backward instead of rebinding at each hook
         self.skip_post_backward_wait = False
-        self.skip_rebind_backward = False
+        self.skip_rebind = False
         self._install()
 
     # ---- plugin plumbing ----
@@ -295,7 +297,7 @@ class Adapter:
             raise RuntimeError("protrain: block %d ran before block %d; blocks must run in order"
                                % (b, self.next_fwd))
         if self.training_pass:
-            for k in ("past_key_values", "past_key_value", "layer_past"):
+            for k in ("cache", "past_key_values", "past_key_value", "layer_past"):
                 if kwargs.get(k) is not None:
                     raise RuntimeError(
                         "protrain: block %d got a KV cache (%s) in a training pass; train with "
@@ -326,7 +328,8 @@ class Adapter:
         self.call("activation_arena", b, max(nbytes, _acts.ALIGN), C.byref(ptr))
         acts.store(ptr.value)
         self.call("block_post_forward", b)
-        self._unbind(self.block_params[b])
+        if not self.skip_rebind:
+            self._unbind(self.block_params[b])
         return None
 
     # ---- saved tensors ----
@@ -401,9 +404,9 @@ class Adapter:
         self._advance_backward(b)
         self.call("block_pre_backward", b)
         self.bw_open = b
-        if not self.skip_rebind_backward:
+        if not self.skip_rebind:
             self._bind(self.block_params[b], grads=True)
-        else:
+        else:   # negative control: backward reads the addresses its forward had
             self._bind_grads_only(b)
         ptr = C.c_void_p()
         self.call("activation_arena_get", b, C.byref(ptr))
