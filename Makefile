@@ -278,9 +278,22 @@ test: all
 	  $(TEST_ENV) $$t || { echo "FAILED: $$t"; fail=1; }; \
 	done; \
 	for s in $(wildcard tests/*.sh); do echo "=== $$s"; $(TEST_ENV) bash $$s || { echo "FAILED: $$s"; fail=1; }; done; \
+	if [ -z "$(SAN)" ]; then echo "=== pytest host_api/python (the PyTorch host)"; \
+	  $(TEST_ENV) $(PY) -m pytest -q -p no:cacheprovider host_api/python/tests || { echo "FAILED: pytest host_api/python"; fail=1; }; fi; \
 	if [ -z "$(SAN)" ]; then echo "=== fuzz smoke (2 s per target)"; \
 	  $(MAKE) --no-print-directory fuzz FUZZ_SECONDS=2 || { echo "FAILED: fuzz smoke"; fail=1; }; fi; \
 	if [ $$fail = 0 ]; then echo "ALL TESTS PASSED ($(BUILD))"; else echo "SOME TESTS FAILED ($(BUILD))"; exit 1; fi
+
+# ---- the PyTorch host (host_api/python): its Python environment ----
+# build/venv is created when build/venv/bin/python is missing (a symlink to an
+# existing environment counts as present), with the pinned packages of
+# host_api/python/requirements.txt from the package registry.
+PY_VENV := $(BUILD)/venv
+PY := $(PY_VENV)/bin/python
+$(PY):
+	python3 -m venv $(PY_VENV)
+	$(PY) -m pip install -r host_api/python/requirements.txt
+test: $(PY) $(PLUGIN)
 
 # The GPU suite (tests/gpu/run.sh): says so and exits 0 on a machine without a GPU.
 test-gpu: all

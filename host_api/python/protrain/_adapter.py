@@ -1,0 +1,498 @@
+"""The PyTorch host: drives the plugin's hooks from module hooks and autograd.
+
+Windows (protrain.h, host contract 2): a block's parameters point into the
+plugin's storage only between block_pre_forward/block_post_forward and between
+block_pre_backward/block_post_backward; outside them .data is an empty
+placeholder, so a stray use fails with a shape error instead of reading stale
+memory. Non-block parameters are bound from the start of a pass (pre_step) to
+optimizer_step (an evaluation pass: to the end of the forward).
+
+Backward order: block_pre_backward(b) runs in the block's full backward
+pre-hook, when the gradient of its output is complete. block_post_backward(b)
+waits for two things: every trainable parameter of the block has had its
+gradient accumulated (post-accumulate-grad hooks, counted per block), and the
+gradient has left the block (block b-1's backward pre-hook, or the end of the
+backward pass). A count alone is not enough: a norm's weight gradient lands
+before the norm's remaining backward nodes, which still read the block's saved
+tensors. A block autograd never enters (frozen, with an input that needs no
+gradient) gets its two hooks when the pass moves past it.
+
+Micro-batches: grad_accum = N forward/backward passes before optimizer.step()
+are pre_step(step, m, N), m = 0..N-1; a forward with gradients disabled is an
+evaluation pass, pre_step(step, -1, 0).
+
+Planning: the plugin profiles inside post_model_load through profile_step,
+which needs a real batch; the adapter therefore defers post_model_load and
+create_optimizer to the first forward and profiles with that forward's inputs
+(profile_step runs one forward and a backward of the output: the loss when the
+model returns one, else the sum of the first output).
+"""
+import ctypes as C
+import os
+
+import torch
+
+from . import _abi as A
+from . import _acts
+from . import _mem
+from . import _model
+from ._plugin import Context, Error, Table
+
+_EMPTY = {}
+
+
+def _placeholder(dtype):
+    t = _EMPTY.get(dtype)
+    if t is None:
+        t = _EMPTY[dtype] = torch.empty(0, dtype=dtype)
+    return t
+
+
+def _launcher_rank():
+    """(rank, world, local_rank) from the launcher's variables (Open MPI, PMI,
+    torchrun style); (0, 1, 0) when none is set."""
+    env = os.environ
+    for r, w, lr in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+                     ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+                     ("RANK", "WORLD_SIZE", "LOCAL_RANK")):
+        if r in env and w in env:
+            return int(env[r]), int(env[w]), int(env.get(lr, env[r]))
+    return 0, 1, 0
+
+
+def _backward_scalar(out):
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return loss
+    vals = out.values() if isinstance(out, dict) else (out if isinstance(out, (tuple, list)) else [out])
+    for v in vals:
+        if isinstance(v, torch.Tensor) and v.requires_grad and v.is_floating_point():
+            return v.float().sum()
+    raise RuntimeError("protrain: profile_step found no output of the model that needs a gradient")
+
+
+class Adapter:
+    def __init__(self, model, blocks, config, optim, grad_accum, plugin):
+        self.model = model
+        self.blocks = list(blocks)
+        self.L = len(self.blocks)
+        self.grad_accum = int(grad_accum)
+        self.optim = optim
+        self.infos = _model.collect(model, self.blocks)
+        self.block_params = [[] for _ in range(self.L)]
+        self.nonblock = []
+        for i, info in enumerate(self.infos):
+            (self.nonblock if info.block < 0 else self.block_params[info.block]).append(i)
+        self.n_trainable = [sum(self.infos[i].trainable for i in ps) for ps in self.block_params]
+        self.table = Table(plugin)
+        self.cb_exc = None
+        self._make_host()
+        rank, world, local = _launcher_rank()
+        self.rank, self.world = rank, world
+        self.host.rank, self.host.world_size, self.host.local_rank = rank, world, local
+        self.ctx = Context(self.table, config, self.host)
+        self.loaded = False
+        self.step = 0
+        self.micro = 0               # micro-batches run in the current step
+        self.loss_sum = 0.0
+        self.loss_n = 0
+        self.lr_set = None
+        self.profiling = False
+        self.recomputing = None
+        self.training_pass = False
+        self.in_pass = False
+        self.bw_started = False
+        self.next_fwd = 0
+        self.next_bw = -1
+        self.bw_open = -1
+        self.count = [0] * self.L
+        self.acts = [_acts.BlockActs(b) for b in range(self.L)]
+        self.inputs = [None] * self.L
+        self.rng = [None] * self.L
+        self.pending_load = None
+        # test switches for the negative controls (never set in normal use):
+        # close a block at its first accumulated gradient; keep the forward's
+        # parameter views through backward instead of rebinding at each hook
+        self.skip_post_backward_wait = False
+        self.skip_rebind = False
+        self._install()
+
+    # ---- plugin plumbing ----
+    def _make_host(self):
+        h = A.pt_host_v1()
+        h.abi_version = A.ABI_VERSION
+        h.struct_size = C.sizeof(h)
+        h.world_size = 1
+        h.device_kind = A.PT_DEVICE_AUTO
+        self._cbs = (A.LOG_FN(self._cb_log), A.BLOCK_CB(self._cb_recompute),
+                     A.USER_CB(self._cb_profile))
+        h.log, h.recompute_block, h.profile_step = self._cbs
+        self.host = h
+
+    def call(self, hook, *args):
+        try:
+            return self.ctx.call(hook, *args)
+        except Error as e:
+            exc, self.cb_exc = self.cb_exc, None
+            if exc is not None:
+                raise exc from e
+            raise
+
+    def _cb_log(self, user, level, msg):
+        if level <= A.PT_LOG_WARN or os.environ.get("PROTRAIN_PY_LOG"):
+            print("[protrain] %s" % msg.decode(errors="replace"), flush=True)
+
+    def _cb_guard(self, fn, *args):
+        try:
+            fn(*args)
+            return 0
+        except BaseException as e:   # never unwind through the plugin's C frames
+            self.cb_exc = e
+            return A.PT_ERR_CALLBACK
+
+    def _cb_profile(self, user):
+        return self._cb_guard(self._profile_pass)
+
+    def _cb_recompute(self, user, b):
+        return self._cb_guard(self._recompute, b)
+
+    # ---- parameter windows ----
+    def _bind(self, idx, grads):
+        for i in idx:
+            info = self.infos[i]
+            d = self.params[i]
+            p = info.param
+            if d.data is None:
+                raise RuntimeError("protrain: the plugin gave no address for %s inside its window"
+                                   % info.name)
+            p.data = _mem.view(d.data, p.dtype, info.shape)
+            if grads and info.trainable:
+                if d.grad is None:
+                    raise RuntimeError("protrain: the plugin gave no gradient address for %s"
+                                       % info.name)
+                p.grad = _mem.view(d.grad, p.dtype, info.shape)
+
+    def _unbind(self, idx):
+        for i in idx:
+            p = self.infos[i].param
+            p.grad = None
+            p.data = _placeholder(p.dtype)
+
+    # ---- loading (deferred to the first forward, which profiles) ----
+    def _load(self, args, kwargs):
+        self.params, self._keep = _model.describe(self.infos)
+        m = A.pt_model_v1()
+        m.struct_size = C.sizeof(m)
+        m.n_params = len(self.infos)
+        m.params = C.cast(self.params, C.POINTER(A.pt_param_v1))
+        m.n_blocks = self.L
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if isinstance(ids, torch.Tensor) and ids.dim() >= 2:
+            m.batch, m.seq = ids.shape[0], ids.shape[1]
+        else:
+            m.batch, m.seq = 1, 1
+        self._arch = ("torch:%s:%s" % (type(self.model).__name__, getattr(
+            getattr(self.model, "config", None), "model_type", "?"))).encode()
+        m.arch = self._arch
+        self.model_desc = m
+        self.profile_args = (args, kwargs)
+        for info in self.infos:
+            info.param.data = _placeholder(info.param.dtype)
+        self.call("post_model_load", C.byref(m))
+        self.profile_args = None
+        self._keep = None          # the plugin copied the initial values
+        o = A.pt_optim_v1()
+        o.struct_size = C.sizeof(o)
+        o.type = A.PT_OPTIM_ADAMW
+        o.lr, (o.beta1, o.beta2), o.eps = self.optim["lr"], self.optim["betas"], self.optim["eps"]
+        o.weight_decay = self.optim["weight_decay"]
+        o.max_grad_norm = self.optim["max_grad_norm"]
+        self.call("create_optimizer", C.byref(o))
+        self.loaded = True
+        if self.pending_load:
+            d, self.pending_load = self.pending_load, None
+            self.call("load_state", d.encode())
+
+    def _profile_pass(self):
+        args, kwargs = self.profile_args
+        self.profiling = True
+        try:
+            with torch.enable_grad():
+                out = self.model(*args, **kwargs)
+                _backward_scalar(out).backward()
+            self._finish_backward()
+            self._unbind(self.nonblock)
+        finally:
+            self.profiling = False
+
+    # ---- the model's forward ----
+    def forward(self, orig, args, kwargs):
+        if self.recomputing is not None:
+            return orig(*args, **kwargs)
+        if not self.profiling:
+            if not self.loaded:
+                self._load(args, kwargs)
+            self._check_previous_pass()
+            training = torch.is_grad_enabled()
+            if training:
+                if self.micro >= self.grad_accum:
+                    raise RuntimeError(
+                        "protrain: forward pass %d of a step with grad_accum = %d; call "
+                        "optimizer.step() after every %d forward/backward passes"
+                        % (self.micro + 1, self.grad_accum, self.grad_accum))
+                if self.micro == 0:
+                    self.step += 1
+                self.call("pre_step", self.step, self.micro, self.grad_accum)
+                if self.micro == 0 and self.table.has("set_lr"):
+                    self.lr_set = float(self.optimizer.param_groups[0]["lr"])
+                    self.call("set_lr", self.lr_set)
+                self.micro += 1
+            else:
+                self.call("pre_step", self.step, -1, 0)
+            self.training_pass = training
+        else:
+            self.training_pass = True
+        self._bind(self.nonblock, grads=self.training_pass)
+        self.in_pass = True
+        self.next_fwd = 0
+        self.bw_started = False
+        self.next_bw = self.L - 1
+        self.bw_open = -1
+        self.count = [0] * self.L
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            out = orig(*args, **kwargs)
+        if self.next_fwd != self.L:
+            raise RuntimeError("protrain: the forward ran blocks 0..%d of %d; every block must run "
+                               "once per forward" % (self.next_fwd - 1, self.L))
+        if not self.training_pass:
+            self.call("block_post_forward", self.L - 1)
+            self._unbind(self.block_params[self.L - 1])
+            self._unbind(self.nonblock)
+            self.in_pass = False
+        elif not self.profiling:
+            loss = getattr(out, "loss", None)
+            if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+                self.loss_sum += float(loss.detach())
+                self.loss_n += 1
+        return out
+
+    def _check_previous_pass(self):
+        if self.in_pass and self.training_pass:
+            if not self.bw_started:
+                raise RuntimeError(
+                    "protrain: a training forward ran without its backward; call backward() on "
+                    "its loss before the next forward or optimizer.step() (an evaluation "
+                    "forward runs under torch.no_grad())")
+            self._finish_backward()
+
+    # ---- block forward ----
+    def block_pre_forward(self, b, module, args, kwargs):
+        if self.recomputing is not None or not self.in_pass:
+            return None
+        if b != self.next_fwd:
+            if b < self.next_fwd:
+                raise RuntimeError(
+                    "protrain: block %d was called twice in one forward; each block runs once per "
+                    "forward (its parameters and activations are the plugin's for one window)" % b)
+            raise RuntimeError("protrain: block %d ran before block %d; blocks must run in order"
+                               % (b, self.next_fwd))
+        if self.training_pass:
+            for k in ("cache", "past_key_values", "past_key_value", "layer_past"):
+                if kwargs.get(k) is not None:
+                    raise RuntimeError(
+                        "protrain: block %d got a KV cache (%s) in a training pass; train with "
+                        "use_cache=False (model.config.use_cache = False): a recomputed block "
+                        "would append to the cache" % (b, k))
+        self.call("block_pre_forward", b)
+        self._bind(self.block_params[b], grads=False)
+        if self.training_pass:
+            self.acts[b].begin()
+            self.inputs[b] = (args, kwargs)
+            self.rng[b] = torch.get_rng_state()
+        self.cur_fwd = b
+        return None
+
+    def block_post_forward(self, b, module, args, kwargs, out):
+        if self.recomputing is not None or not self.in_pass:
+            return None
+        self.cur_fwd = None
+        self.next_fwd = b + 1
+        if not self.training_pass:
+            if b < self.L - 1:      # the last block's window ends with the model's forward
+                self.call("block_post_forward", b)
+                self._unbind(self.block_params[b])
+            return None
+        acts = self.acts[b]
+        nbytes = acts.plan()
+        ptr = C.c_void_p()
+        self.call("activation_arena", b, max(nbytes, _acts.ALIGN), C.byref(ptr))
+        acts.store(ptr.value)
+        self.call("block_post_forward", b)
+        if not self.skip_rebind:
+            self._unbind(self.block_params[b])
+        return None
+
+    # ---- saved tensors ----
+    cur_fwd = None
+
+    def _param_ref(self, t, b):
+        for i in (self.block_params[b] if b is not None else ()):
+            p = self.infos[i].param
+            if t is p:
+                return p
+        for i in self.nonblock:
+            if t is self.infos[i].param:
+                return t
+        return None
+
+    def _pack(self, t):
+        if self.recomputing is not None:
+            b = self.recomputing
+            if self._param_ref(t, b) is None:
+                self.acts[b].refill_one(t)
+            return None
+        b = self.cur_fwd
+        if b is None or self._param_ref(t, b) is not None:
+            return t
+        return self.acts[b].add(t)
+
+    def _unpack(self, h):
+        if isinstance(h, _acts.Handle):
+            return self.acts[h.block].view(h)
+        return h
+
+    # ---- block backward ----
+    def _end_of_backward(self):
+        try:
+            self._finish_backward()
+        except BaseException as e:
+            self.cb_exc = e
+            raise
+
+    def _finish_backward(self):
+        if self.in_pass and self.training_pass:
+            self._advance_backward(-1)
+            self.in_pass = False
+
+    def _post_backward(self, b):
+        self.acts[b].base = None
+        self.call("block_post_backward", b)
+        self._unbind(self.block_params[b])
+        self.inputs[b] = None
+        self.rng[b] = None
+
+    def _advance_backward(self, b):
+        """Close every block above b: the open one gets block_post_backward, one
+        autograd never entered gets both hooks (it has no gradient to add)."""
+        while self.next_bw > b:
+            k = self.next_bw
+            if self.bw_open != k:
+                self.call("block_pre_backward", k)
+            self.bw_open = -1
+            self._post_backward(k)
+            self.next_bw = k - 1
+
+    def block_pre_backward(self, b, module, grad_out):
+        if self.recomputing is not None or not self.in_pass or not self.training_pass:
+            return None
+        if not self.bw_started:
+            self.bw_started = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        if b > self.next_bw or b == self.bw_open:
+            raise RuntimeError("protrain: backward entered block %d after block %d; each block's "
+                               "backward runs once, from the last block down" % (b, self.next_bw + 1))
+        self._advance_backward(b)
+        self.call("block_pre_backward", b)
+        self.bw_open = b
+        if not self.skip_rebind:
+            self._bind(self.block_params[b], grads=True)
+        else:   # negative control: backward reads the addresses its forward had
+            self._bind_grads_only(b)
+        ptr = C.c_void_p()
+        self.call("activation_arena_get", b, C.byref(ptr))
+        self.acts[b].base = ptr.value
+        return None
+
+    def _bind_grads_only(self, b):
+        for i in self.block_params[b]:
+            info = self.infos[i]
+            if info.trainable:
+                info.param.grad = _mem.view(self.params[i].grad, info.param.dtype, info.shape)
+
+    def grad_accumulated(self, b):
+        if self.recomputing is not None or not self.training_pass:
+            return
+        self.count[b] += 1
+        if self.skip_post_backward_wait and self.count[b] == 1 and self.bw_open == b:
+            # negative control: close the block at its first gradient
+            self.bw_open = -1
+            self._post_backward(b)
+            self.next_bw = b - 1
+
+    # ---- recompute (CKPT) ----
+    def _recompute(self, b):
+        if self.inputs[b] is None:
+            raise RuntimeError("protrain: recompute_block(%d) without a saved input" % b)
+        args, kwargs = self.inputs[b]
+        ptr = C.c_void_p()
+        self.call("activation_arena_get", b, C.byref(ptr))
+        acts = self.acts[b]
+        acts.base, acts.refill = ptr.value, 0
+        self._bind(self.block_params[b], grads=False)
+        self.recomputing = b
+        try:
+            with torch.random.fork_rng(devices=[]), torch.enable_grad(), \
+                    torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                torch.set_rng_state(self.rng[b])
+                self.blocks[b].forward(*args, **kwargs)
+        finally:
+            self.recomputing = None
+        if acts.refill != len(acts.layout):
+            raise RuntimeError("protrain: the recompute of block %d saved %d tensors, its forward "
+                               "saved %d" % (b, acts.refill, len(acts.layout)))
+        acts.refill = None
+
+    # ---- optimizer ----
+    def optimizer_step(self, lr):
+        if not self.loaded:
+            raise RuntimeError("protrain: optimizer.step() before the first forward/backward")
+        self._check_previous_pass()
+        if self.micro != self.grad_accum:
+            raise RuntimeError("protrain: optimizer.step() after %d forward/backward passes; "
+                               "grad_accum = %d" % (self.micro, self.grad_accum))
+        self.call("optimizer_step", float(lr))
+        self._unbind(self.nonblock)
+        loss = self.loss_sum / self.loss_n if self.loss_n else float("nan")
+        self.call("post_step", self.step, loss)
+        self.micro, self.loss_sum, self.loss_n = 0, 0.0, 0
+
+    # ---- hooks ----
+    def _install(self):
+        model, ad = self.model, self
+        orig = model.forward
+
+        def forward(*args, **kwargs):
+            return ad.forward(orig, args, kwargs)
+
+        model.forward = forward
+        self.handles = []
+        for b, blk in enumerate(self.blocks):
+            self.handles.append(blk.register_forward_pre_hook(
+                lambda m, a, k, b=b: ad.block_pre_forward(b, m, a, k), with_kwargs=True))
+            self.handles.append(blk.register_forward_hook(
+                lambda m, a, k, o, b=b: ad.block_post_forward(b, m, a, k, o), with_kwargs=True))
+            self.handles.append(blk.register_full_backward_pre_hook(
+                lambda m, g, b=b: ad.block_pre_backward(b, m, g)))
+            for i in self.block_params[b]:
+                if self.infos[i].trainable:
+                    self.handles.append(self.infos[i].param.register_post_accumulate_grad_hook(
+                        lambda p, b=b: ad.grad_accumulated(b)))
+
+    def read_param(self, i):
+        info = self.infos[i]
+        if not self.loaded:
+            return info.param.detach().clone()
+        out = torch.empty(info.shape, dtype=info.param.dtype)
+        self.call("read_param", i, C.c_void_p(out.data_ptr()),
+                  out.numel() * out.element_size())
+        return out

@@ -1,0 +1,139 @@
+"""protrain.torch: train a PyTorch model through protrain_plugin.so.
+
+    model, optimizer = protrain.torch.wrap(model, config="path.ini")
+    for batch in data:
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        scheduler.step()          # any torch.optim.lr_scheduler
+
+After wrap the plugin owns every parameter, gradient and saved activation (see
+_adapter.py for the windows and the hook order). Read the trained weights with
+protrain.torch.state_dict(model).
+"""
+import os
+import tempfile
+
+import torch
+
+from . import _adapter
+from . import _model
+
+
+class Optimizer(torch.optim.Optimizer):
+    """The plugin's optimizer seen as a torch.optim.Optimizer. step() calls
+    optimizer_step with the param group's current lr (so lr schedulers work);
+    zero_grad() does nothing (the plugin zeroes gradients after each step);
+    state_dict() saves the plugin's state (master weights, moments, step) into a
+    folder and returns a small dict naming it; load_state_dict() loads it."""
+
+    def __init__(self, adapter, params, lr, betas, eps, weight_decay, state_dir):
+        self._ad = adapter
+        self._state_dir = state_dir
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._ad.optimizer_step(float(self.param_groups[0]["lr"]))
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        return None
+
+    def state_dict(self):
+        ad = self._ad
+        if self._state_dir is None:
+            self._state_dir = tempfile.mkdtemp(prefix="protrain_state_")
+        d = os.path.join(self._state_dir, "step-%d" % ad.step)
+        os.makedirs(d, exist_ok=True)
+        ad.call("save_state", d.encode())
+        return {"protrain_state_dir": d, "step": ad.step,
+                "param_groups": [{k: v for k, v in g.items() if k != "params"}
+                                 for g in self.param_groups]}
+
+    def load_state_dict(self, state_dict):
+        d = state_dict.get("protrain_state_dir")
+        if not d or not os.path.isdir(d):
+            raise ValueError("protrain: load_state_dict needs a dict from this optimizer's "
+                             "state_dict() whose folder exists (protrain_state_dir = %r)" % d)
+        for g, s in zip(self.param_groups, state_dict.get("param_groups", [])):
+            g.update(s)
+        ad = self._ad
+        ad.step = int(state_dict.get("step", ad.step))
+        if ad.loaded:
+            ad.call("load_state", d.encode())
+        else:
+            ad.pending_load = d
+
+
+def wrap(model, config="path.ini", blocks=None, lr=3e-4, betas=(0.9, 0.999), eps=1e-8,
+         weight_decay=0.0, max_grad_norm=0.0, grad_accum=1, plugin="protrain", state_dir=None):
+    """Hand `model`'s parameters, gradients and activations to the plugin.
+
+    config: the plugin's INI file (None: $PROTRAIN_CONFIG, else built-in
+    defaults). blocks: the module list whose items are the blocks (None: found
+    in Hugging Face causal LMs). The optimizer settings become the plugin's
+    AdamW; grad_accum forward/backward passes make one optimizer step. plugin:
+    a path or short name (found like every host finds it). The plugin plans at
+    the first forward, with that forward's batch. Returns (model, optimizer)."""
+    _model.refuse_parallel_wrappers(model)
+    if getattr(model, "_protrain", None) is not None:
+        raise ValueError("protrain.torch.wrap: this model is already wrapped")
+    if blocks is None:
+        blocks = _model.find_blocks(model)
+    if len(blocks) == 0:
+        raise ValueError("protrain.torch.wrap: blocks is empty")
+    if int(grad_accum) < 1:
+        raise ValueError("protrain.torch.wrap: grad_accum must be >= 1, got %r" % (grad_accum,))
+    if config is not None and not os.path.isfile(config):
+        raise ValueError("protrain.torch.wrap: config file %s does not exist" % config)
+    optim = dict(lr=float(lr), betas=(float(betas[0]), float(betas[1])), eps=float(eps),
+                 weight_decay=float(weight_decay), max_grad_norm=float(max_grad_norm))
+    ad = _adapter.Adapter(model, blocks, config, optim, grad_accum, plugin)
+    trainable = [info.param for info in ad.infos if info.trainable]
+    if not trainable:
+        raise ValueError("protrain.torch.wrap: the model has no trainable parameter")
+    opt = Optimizer(ad, trainable, lr, betas, eps, weight_decay, state_dir)
+    ad.optimizer = opt
+    model._protrain = ad
+    return model, opt
+
+
+def _adapter_of(model):
+    ad = getattr(model, "_protrain", None)
+    if ad is None:
+        raise ValueError("protrain.torch: the model was not wrapped by protrain.torch.wrap")
+    return ad
+
+
+def state_dict(model):
+    """The model's state dict with dense copies of every parameter (read_param),
+    so model.save_pretrained(dir, state_dict=...) and torch.save work."""
+    ad = _adapter_of(model)
+    index = {id(info.param): i for i, info in enumerate(ad.infos)}
+    out = {}
+    cache = {}
+    for k, v in model.state_dict(keep_vars=True).items():
+        i = index.get(id(v))
+        if i is None:
+            out[k] = v.detach()
+        else:
+            if i not in cache:
+                cache[i] = ad.read_param(i)
+            out[k] = cache[i]
+    return out
+
+
+def stats(model):
+    """The plugin's counters (pt_stats_v1) for a wrapped model."""
+    return _adapter_of(model).ctx.stats()
+
+
+def finalize(model):
+    """Free every byte the plugin holds for this model (the model is unusable after)."""
+    ad = _adapter_of(model)
+    ad.ctx.finalize()

@@ -1,0 +1,117 @@
+"""Refusals (one sentence each) and the negative controls: the adapter's two
+orderings are what make the oracle pass, so removing either makes it fail."""
+import pytest
+import torch
+
+import oracle
+import protrain.torch as ptt
+from test_oracle import STREAMED, check
+
+
+class NoBlocks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Twice(torch.nn.Module):
+    """Calls block 0 twice in one forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(2)])
+
+    def forward(self, x):
+        x = self.blocks[0](x)
+        x = self.blocks[0](x)
+        return self.blocks[1](x).sum()
+
+
+class Shared(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)])
+        self.blocks[1].weight = self.blocks[0].weight
+
+
+def test_no_recognisable_blocks(ini, plugin_path):
+    with pytest.raises(ValueError, match="no recognisable blocks in NoBlocks .*pass blocks="):
+        ptt.wrap(NoBlocks(), config=ini(), plugin=plugin_path)
+
+
+def test_ddp_wrapped(ini, plugin_path, tmp_path):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file://%s" % (tmp_path / "pg"), rank=0,
+                            world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(oracle.make_model("gpt2"))
+        with pytest.raises(ValueError, match="wrapped in DistributedDataParallel; the plugin "
+                                             "synchronises gradients"):
+            ptt.wrap(ddp, config=ini(), plugin=plugin_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_block_called_twice(ini, plugin_path):
+    m = Twice()
+    m, opt = ptt.wrap(m, config=ini(), blocks=m.blocks, plugin=plugin_path)
+    with pytest.raises(RuntimeError, match="block 0 was called twice in one forward"):
+        m(torch.randn(2, 8))
+
+
+def test_parameter_in_two_blocks(ini, plugin_path):
+    m = Shared()
+    with pytest.raises(ValueError, match="is used by blocks 0, 1"):
+        ptt.wrap(m, config=ini(), blocks=m.blocks, plugin=plugin_path)
+
+
+def test_kv_cache_in_training(ini, plugin_path):
+    m = oracle.make_model("llama")
+    m.config.use_cache = True
+    m, opt = ptt.wrap(m, config=ini(), plugin=plugin_path)
+    x = oracle.batches(1)[0]
+    with pytest.raises(RuntimeError, match="got a KV cache .* train with use_cache=False"):
+        m(input_ids=x, labels=x)
+
+
+def _fails(kind, path, plugin_path, setup):
+    try:
+        got, want, err, _ = oracle.pair(kind, path, plugin_path, setup=setup)
+        check(got, want, err)
+    except (AssertionError, RuntimeError) as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_control_post_backward_without_waiting(kind, ini, plugin_path):
+    """block_post_backward at the block's first accumulated gradient (not after
+    all of them and after the gradient has left the block): the oracle fails."""
+    def setup(m):
+        m._protrain.skip_post_backward_wait = True
+    assert _fails(kind, ini(STREAMED), plugin_path, setup) is not None
+
+
+# A block's chunks take 4 buffers in GPT-2 and 6 in Llama at chunk_size 128KiB:
+# with one and a half blocks' worth the slots rotate, so a block's chunks sit at
+# other addresses in its backward than in its forward. (With exactly one block's
+# worth every block lands in the same slots and a stale address happens to be
+# refilled with the right chunk, which is why the control names the buffers.)
+ROTATING = {"gpt2": 6, "llama": 9}
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_control_no_rebind_at_backward(kind, ini, plugin_path):
+    """Backward keeps the parameter views its forward had instead of rebinding
+    .data at block_pre_backward: with rotating buffer slots those addresses
+    hold other chunks by then, and the oracle fails; the same configuration
+    with the rebinding passes."""
+    path = ini(STREAMED.replace("n_buffer = 6", "n_buffer = %d" % ROTATING[kind]))
+
+    def setup(m):
+        m._protrain.skip_rebind = True
+    assert _fails(kind, path, plugin_path, setup) is not None
+    assert _fails(kind, path, plugin_path, None) is None
