@@ -78,7 +78,7 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen);
 /* Frees the store; the status of its wait for queued work (err NULL: logged). */
 int pt_rt_store_free(pt_rt *rt, char *err, size_t errlen);
 
-/* tiled_mlp.c: at post_model_load, refuse what TiledMLP cannot run (cuda, non-fp32
+/* tiled_mlp.c: at post_model_load, refuse what TiledMLP cannot run (non-fp32
  * gradients, a host without the callbacks). */
 int pt_rt_tiled_check(pt_rt *rt, char *err, size_t errlen);
 /* The tile count asked for: the INI's, the auto choice, or (0) the profiling rule. */
