@@ -28,7 +28,8 @@
  *  - with PT_TEST_LARGE=1, kernels over 2^31 + 17 elements (indices past
  *    INT_MAX), checked at the tail.
  * With PT_TEST_BACKEND=cuda and no usable GPU the program says so and exits 0
- * without claiming anything.
+ * without claiming anything. PT_TEST_FILTER (a cmocka name pattern, e.g.
+ * "test_linalg") runs only the matching tests.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -801,5 +802,8 @@ int main(void) {
         cmocka_unit_test(test_rekls_ops),
         cmocka_unit_test(test_large),
     };
+    /* make test-gpu names groups of these checks on lines of their own */
+    const char *only = getenv("PT_TEST_FILTER");
+    if (only && *only) cmocka_set_test_filter(only);
     return cmocka_run_group_tests_name(kind_name(), tests, setup, teardown);
 }
