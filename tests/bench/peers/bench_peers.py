@@ -37,11 +37,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 sys.path.insert(0, HERE)
 
-SYSTEMS = ["torch", "fsdp2", "ds-z2", "ds-z3", "protrain"]
-# share of the budget per system on a GPU (their sum is 1): protrain runs the
-# most parts (plan + profile per model); DeepSpeed's first run compiles its
-# CPU Adam just in time
-SHARE = {"torch": 0.10, "fsdp2": 0.18, "ds-z2": 0.22, "ds-z3": 0.20, "protrain": 0.30}
+SYSTEMS = ["torch", "fsdp2", "ds-ops", "ds-z2", "ds-z3", "protrain"]
+# share of the budget per part on a GPU (their sum is 1): protrain runs the
+# most (plan + profile per model); ds-ops is DeepSpeed's CPU Adam compiled
+# just in time once, before the two ZeRO runs that use it
+SHARE = {"torch": 0.08, "fsdp2": 0.16, "ds-ops": 0.12, "ds-z2": 0.18, "ds-z3": 0.18,
+         "protrain": 0.28}
 
 
 def gpu_tasks(args):
@@ -133,9 +134,10 @@ def table(rows, cuda):
 
 
 def agreement(rows):
-    """Per model: the systems' losses after the same steps side by side; the
-    largest relative difference to the first system's (bf16 noise grows with
-    the steps, so it is printed, and only the rehearsal checks it)."""
+    """Per model: the systems' losses after the same steps side by side, and
+    the largest relative difference to the first system's, at step 1 and over
+    all steps (bf16 noise grows with the steps, so it is printed, and only the
+    rehearsal checks it)."""
     lines, worst = [], {}
     by = {}
     for r in rows:
@@ -143,13 +145,13 @@ def agreement(rows):
             by.setdefault(r["model"], []).append(r)
     for m, rs in by.items():
         k = min(len(r["losses"]) for r in rs)
-        ref = rs[0]["losses"][k - 1]
-        first = rs[0]["losses"][0]
-        d = max(abs(r["losses"][k - 1] - ref) / abs(ref) for r in rs)
-        d1 = max(abs(r["losses"][0] - first) / abs(first) for r in rs)
+        ref = rs[0]["losses"]
+        d = max(abs(r["losses"][i] - ref[i]) / abs(ref[i]) for r in rs for i in range(k))
+        d1 = max(abs(r["losses"][0] - ref[0]) / abs(ref[0]) for r in rs)
         worst[m] = (d1, d)
-        lines.append("loss after %d steps, %s: %s; max relative difference %.2e (step 1: %.2e)" % (
-            k, m, ", ".join("%s %.5f" % (r["system"], r["losses"][k - 1]) for r in rs), d, d1))
+        lines.append("losses over %d steps, %s: last %s; max relative difference %.2e (step 1: "
+                     "%.2e)" % (k, m, ", ".join("%s %.6f" % (r["system"], r["losses"][k - 1])
+                                                for r in rs), d, d1))
     return lines, worst
 
 
@@ -211,7 +213,7 @@ def main():
     for s in systems:
         if not cuda and s not in ("torch", "protrain"):
             reason = "no GPU: the rehearsal runs protrain and plain PyTorch only"
-            if s.startswith("ds"):
+            if s.startswith("ds-z"):
                 has = os.path.isdir(args.wheels) and any(f.startswith("deepspeed-")
                                                          for f in os.listdir(args.wheels))
                 reason += "; DeepSpeed wheel %s" % ("present in " + args.wheels if has else
@@ -224,7 +226,8 @@ def main():
         budget = max(0.0, (args.budget - elapsed) * share[s] / left_share)
         left_share -= share[s]
         print("=== %s: budget %.0f s" % (s, budget), flush=True)
-        got, status, took = run_system(s, args, tasks, budget, cuda)
+        got, status, took = run_system(s, args, [dict(kind="build")] if s == "ds-ops" else tasks,
+                                       budget, cuda)
         if not got:
             got = [dict(system=s, model=tasks[0]["model"], kind="measure", status="failed",
                         reason=status)]
@@ -253,10 +256,13 @@ def main():
 
 def rehearsal_check(rows, worst):
     """The rehearsal's assertions: plain PyTorch ran; every system that ran
-    trained (finite losses); where protrain ran too, its losses match plain
-    PyTorch's: step 1 within 1e-3 relative (the same bf16 forward on the same
-    weights; the sum order of the loss may differ), the last within 2e-2 (bf16
-    rounding of the updated weights differs between fp32 master copies)."""
+    trained (finite losses) and none failed; where protrain ran too, its losses
+    match plain PyTorch's: step 1 within 1e-6 relative (the same bf16 forward on
+    the same weights on the CPU), every step within 1e-4 (both step AdamW on
+    fp32 master copies and round to bf16; two AdamW implementations may round a
+    master weight 1 fp32 ulp apart, which can move its bf16 copy by one bf16 ulp,
+    2^-8 of that weight, and the loss averages such flips over all weights;
+    measured difference here: 0)."""
     import math
     bad = []
     ran = {r["system"] for r in rows if r.get("kind") == "measure" and r["status"] == "ok"}
@@ -269,9 +275,9 @@ def rehearsal_check(rows, worst):
             bad.append("%s failed: %s" % (r["system"], r.get("reason")))
     if "protrain" in ran and "tiny" in worst:
         d1, d = worst["tiny"]
-        if not (d1 <= 1e-3 and d <= 2e-2):
-            bad.append("protrain vs plain PyTorch: step-1 loss differs by %.2e (<= 1e-3), last by "
-                       "%.2e (<= 2e-2)" % (d1, d))
+        if not (d1 <= 1e-6 and d <= 1e-4):
+            bad.append("protrain vs plain PyTorch: step-1 loss differs by %.2e (want <= 1e-6), "
+                       "the steps by up to %.2e (want <= 1e-4)" % (d1, d))
     for b in bad:
         print("bench-peers rehearsal: FAIL: " + b)
     if not bad:
