@@ -388,7 +388,9 @@ uninstall:
 # just in time on the GPU machine) and the small packages it needs that the GPU
 # image lacks, as wheels for Python $(PEERS_PYVER), into $(BUILD)/wheels; they
 # travel with the working tree and bench_peers.py installs them into a temp folder.
-PEERS_PY ?= $(BUILD)/venv/bin/python
+# build/venv where the PyTorch host's target made it, else the machine's python3
+# (the GPU machines' python3 holds torch and transformers)
+PEERS_PY ?= $(if $(wildcard $(BUILD)/venv/bin/python),$(BUILD)/venv/bin/python,python3)
 PEERS_PYVER ?= 3.12
 DS_VERSION ?= 0.19.8
 PEERS_DEPS ?= hjson pydantic

@@ -22,7 +22,7 @@
 #      blocking path; the reason is printed)
 #   9. the PyTorch host on cuda: the pytest suite of host_api/python with
 #      PT_TEST_DEVICE=cuda, the tests whose names say cuda (-k cuda), where
-#      that suite and build/venv exist
+#      that suite and a Python with torch and pytest exist
 set -u
 B=${PT_BUILD:-build}
 cd "$(dirname "$0")/../.."
@@ -89,11 +89,14 @@ the order ranks issue them, not by key, and a bucket starts whenever its rank's 
 so two ranks could issue buckets in different orders; with NCCL every gradient is all-reduced after \
 backward in layout order (runtime/store/dist_grad.c); the blocking path's sums are checked by the \
 NCCL transport check above"
-PY=$B/venv/bin/python
+# $PT_PY, else build/venv's python, else python3 when it imports torch (the GPU
+# machines' python3 does)
+PY=${PT_PY:-$B/venv/bin/python}
+if [ -z "${PT_PY:-}" ] && [ ! -x "$PY" ] && python3 -c "import torch, pytest" 2>/dev/null; then PY=python3; fi
 if [ ! -d host_api/python/tests ]; then
   skipped "PyTorch host on cuda" "host_api/python/tests does not exist"
-elif [ ! -x "$PY" ]; then
-  skipped "PyTorch host on cuda" "$PY missing (the PyTorch host's make target creates build/venv)"
+elif ! "$PY" -c "import torch, pytest" 2>/dev/null; then
+  skipped "PyTorch host on cuda" "no Python with torch and pytest ($PY; set PT_PY)"
 else
   t0=$(date +%s.%N)
   PT_TEST_DEVICE=cuda "$PY" -m pytest -q -k cuda host_api/python/tests; rc=$?
