@@ -397,4 +397,31 @@ uninstall:
 	  $(addprefix $(DESTDIR)$(DATADIR)/,$(notdir $(wildcard conf/*.ini)))
 	-rmdir $(DESTDIR)$(DATADIR) $(DESTDIR)$(LIBDIR)/pkgconfig 2>/dev/null
 
+# ---- GPU day: the peers of make bench-peers (tests/bench/peers/) ----
+# make bench-peers: protrain, plain PyTorch, FSDP2 offload and DeepSpeed ZeRO-2/3
+# offload on one Llama at one memory cap (a CPU rehearsal without a GPU).
+# make peers-wheels: DeepSpeed (pure-Python wheel from its sdist, its ops compiled
+# just in time on the GPU machine) and the small packages it needs that the GPU
+# image lacks, as wheels for Python $(PEERS_PYVER), into $(BUILD)/wheels; they
+# travel with the working tree and bench_peers.py installs them into a temp folder.
+# build/venv where the PyTorch host's target made it, else the machine's python3
+# (the GPU machines' python3 holds torch and transformers)
+PEERS_PY ?= $(if $(wildcard $(BUILD)/venv/bin/python),$(BUILD)/venv/bin/python,python3)
+PEERS_PYVER ?= 3.12
+DS_VERSION ?= 0.19.8
+PEERS_DEPS ?= hjson pydantic
+PEERS_BUDGET ?= 320
+.PHONY: bench-peers peers-wheels
+bench-peers:
+	@PT_BUILD=$(abspath $(BUILD)) PYTHONUNBUFFERED=1 $(PEERS_PY) tests/bench/peers/bench_peers.py \
+	  --out $(BUILD)/peers --budget $(PEERS_BUDGET)
+peers-wheels:
+	@mkdir -p $(BUILD)/wheels
+	DS_BUILD_OPS=0 $(PEERS_PY) -m pip wheel --no-deps --no-build-isolation --no-binary deepspeed \
+	  -w $(BUILD)/wheels deepspeed==$(DS_VERSION)
+	$(PEERS_PY) -m pip download --only-binary=:all: --python-version $(PEERS_PYVER) \
+	  --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+	  -d $(BUILD)/wheels $(PEERS_DEPS)
+	@ls -l $(BUILD)/wheels/*.whl; du -ch $(BUILD)/wheels/*.whl | tail -1
+
 -include $(shell find $(BUILD)/obj $(BUILD)/tests $(BUILD)/bench -maxdepth 8 -name '*.d' 2>/dev/null)

@@ -433,9 +433,6 @@ static int start_plugin(sh_trainer *tr) {
     tr->tl = (sh_tiled){.tbl = tr->tbl, .ctx = tr->ctx, .lw = &tr->lw, .m = &tr->model,
                         .err = tr->cb_err, .errlen = sizeof tr->cb_err};
     sh_tiled_query(&tr->tl);
-    if (tr->tl.on && tr->cu)
-        return sh_tr_fail(tr, "the plugin runs the MLP in tiles ([tiled_mlp] enabled = true), but "
-                    "sample_host --device cuda runs its MLP untiled: set enabled = false");
     /* OSFT: from init on the plugin says whether it will decompose weights; the
      * model then sends every weight whose data is NULL in its window through the
      * hooks (decided before post_model_load, whose profile_step runs the blocks) */

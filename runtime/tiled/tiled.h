@@ -28,7 +28,7 @@ int pt_tiled_mlp(struct pt_rt *rt, int32_t b, int64_t tokens, int backward, char
 int pt_tiled_scratch(struct pt_rt *rt, uint64_t bytes, void **ptr, char *err, size_t errlen);
 /* Tiles per MLP: 0 = TiledMLP off; before post_model_load the configured count (auto 1). */
 uint64_t pt_tiled_mlp_tiles(const struct pt_rt *rt);
-/* At post_model_load, refuse what TiledMLP cannot run (cuda, non-fp32
+/* At post_model_load, refuse what TiledMLP cannot run (non-fp32
  * gradients, a host without the callbacks). */
 int pt_tiled_check(struct pt_rt *rt, char *err, size_t errlen);
 /* The tile count asked for: the INI's, the auto choice, or (0) the profiling rule. */

@@ -16,10 +16,12 @@
  * a sum over tokens: per-tile gradients add, they are not averaged). After the
  * last tile the real pointers come back and the sum is added into the gradient
  * once (g = g + sum): the store sees one contribution per layer per backward and,
- * with accumulation, the result is G0 + dW.
+ * with accumulation, the result is G0 + dW. The add is the backend's convert op
+ * with accumulate (fp32 into fp32: g[k] = g[k] + sum[k], one fp32 addition per
+ * element), queued on the compute stream, so it runs on the device on every
+ * backend and orders after the tiles' kernels and before the store's reads.
  */
 #include <stdlib.h>
-#include <string.h>
 
 #include "device_ext.h"
 #include "planner/planner.h"
@@ -32,13 +34,6 @@ int pt_tiled_check(pt_rt *rt, char *err, size_t errlen) {
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
                        "[tiled_mlp] enabled = true, but the host gives no mlp_forward / "
                        "mlp_backward callbacks in pt_host_v1 (config %s)", rt->cfg.source);
-    /* the gradient sum is added on the device's stream by a host function, which
-     * needs device memory the CPU can address (the simulated device) */
-    if (strcmp(pt_gpu_backend_name(rt->gpu), "host") != 0)
-        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
-                       "[tiled_mlp] enabled = true: TiledMLP runs only on the host backend for "
-                       "now (the %s backend has no gradient-add kernel yet)",
-                       pt_gpu_backend_name(rt->gpu));
     const pt_model_v1 *m = rt->model;
     for (int i = 0; i < m->n_params; i++) {
         const pt_param_v1 *p = &m->params[i];
@@ -136,20 +131,6 @@ int pt_tiled_scratch(pt_rt *rt, uint64_t bytes, void **ptr, char *err, size_t er
     return PT_OK;
 }
 
-/* The deferred g += acc of one backward, run on the compute stream after the
- * tiles' work: n pairs, each a gradient and its slice of the accumulator. */
-typedef struct grad_add {
-    size_t n;
-    struct { float *g; const float *a; size_t len; } e[];
-} grad_add;
-
-static void grad_add_run(void *arg) {
-    grad_add *ga = arg;
-    for (size_t i = 0; i < ga->n; i++)
-        for (size_t k = 0; k < ga->e[i].len; k++) ga->e[i].g[k] += ga->e[i].a[k];
-    free(ga);
-}
-
 static size_t numel(const pt_param_v1 *p) {
     size_t n = 1;
     for (int d = 0; d < p->ndim; d++) n *= (size_t)p->shape[d];
@@ -181,10 +162,10 @@ int pt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *err,
      * (sum of the block's gradient sizes) floats */
     void **saved = NULL;
     float *acc = NULL;
-    size_t acc_n = 0, n_g = 0;
+    size_t acc_n = 0;
     if (backward) {
         for (int i = 0; i < m->n_params; i++)
-            if (tgrad(&m->params[i], b)) acc_n += numel(&m->params[i]), n_g++;
+            if (tgrad(&m->params[i], b)) acc_n += numel(&m->params[i]);
         if (acc_n) {
             saved = calloc((size_t)m->n_params, sizeof *saved);
             if (!saved)
@@ -239,30 +220,20 @@ int pt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *err,
         rt->tile_scr_bytes = 0;
     }
     if (acc) {
-        grad_add *ga = calloc(1, sizeof *ga + n_g * sizeof ga->e[0]);
         size_t off = 0;
         for (int i = 0; i < m->n_params; i++) {
             pt_param_v1 *p = &m->params[i];
             if (p->block != b || !saved[i]) continue;
             p->grad = saved[i];   /* the real gradient comes back even on failure */
-            if (ga) {
-                ga->e[ga->n].g = saved[i];
-                ga->e[ga->n].a = acc + off;
-                ga->e[ga->n].len = numel(p);
-                ga->n++;
-            }
+            /* after the tiles' queued work, before the store's later reads of the
+             * gradient (its copies wait on the compute stream) */
+            if (!rc && ops->convert(impl, saved[i], PT_F32, acc + off, PT_F32, numel(p), 1,
+                                    rt->s_compute))
+                rc = pt_fail(err, errlen, PT_ERR_BACKEND, "%s: the gradient add (convert with "
+                             "accumulate) of parameter %d failed", hook, i);
             off += numel(p);
         }
         free(saved);
-        if (!ga && !rc) rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "%s: out of host memory", hook);
-        /* after the tiles' queued work, before the store's later reads of the
-         * gradient (its copies wait on the compute stream) */
-        if (ga && !rc && ops->host_fn(impl, rt->s_compute, grad_add_run, ga)) {
-            free(ga);
-            rc = pt_fail(err, errlen, PT_ERR_BACKEND, "%s: queueing the gradient add failed", hook);
-        } else if (ga && rc) {
-            free(ga);
-        }
         char e2[256];
         int r2 = pt_gpu_free_on_stream(rt->gpu, acc, rt->s_compute, e2, sizeof e2);
         if (r2 && !rc) rc = pt_fail(err, errlen, r2, "%s: %s", hook, e2);

@@ -17,7 +17,8 @@
  *    between two runs (the grad norm must not vary run to run);
  *  - bf16 -> fp32 and fp16 -> fp32 over all 65,536 bit patterns, fp32 -> bf16
  *    and fp32 -> fp16 over every exponent with several mantissas plus the
- *    rounding ties, each bit-identical to kernels_hd.h; convert-accumulate;
+ *    rounding ties, each bit-identical to kernels_hd.h; convert-accumulate
+ *    (bf16 into fp32, and fp32 into fp32 on a stream: TiledMLP's gradient add);
  *  - gemm_f32 in all four transpose combinations with padded strides against a
  *    double reference (beta 0 overwrites NaN, padding untouched), cols_f32
  *    bit-identical to the shared column bodies, svd_f32 tall and wide
@@ -27,7 +28,8 @@
  *  - with PT_TEST_LARGE=1, kernels over 2^31 + 17 elements (indices past
  *    INT_MAX), checked at the tail.
  * With PT_TEST_BACKEND=cuda and no usable GPU the program says so and exits 0
- * without claiming anything.
+ * without claiming anything. PT_TEST_FILTER (a cmocka name pattern, e.g.
+ * "test_linalg") runs only the matching tests.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -517,6 +519,37 @@ static void test_convert_accumulate(void **state) {
     free(acc); free(got); free(src);
 }
 
+/* fp32 += fp32 on a stream: TiledMLP's gradient add (g = g + the tiles' sum),
+ * each element one fp32 addition, so bit-identical to g[i] + a[i] formed here;
+ * the elements around the range stay as they were. */
+static void test_convert_accumulate_f32(void **state) {
+    (void)state;
+    enum { N = 70001 };
+    float *g = malloc(N * 4), *a = malloc(N * 4), *got = malloc(N * 4);
+    assert_true(g && a && got);
+    for (int i = 0; i < N; i++) {
+        g[i] = rndf(-1, 1) * (i % 7 ? 1.0f : 1e-6f);
+        a[i] = rndf(-1, 1);
+    }
+    float *dg = dalloc(N * 4), *da = dalloc(N * 4);
+    h2d(dg, g, N * 4);
+    h2d(da, a, N * 4);
+    pt_stream *s = NULL;
+    assert_int_equal(OPS->stream_create(IMPL, &s), 0);
+    assert_int_equal(OPS->convert(IMPL, dg + 3, PT_F32, da + 3, PT_F32, N - 5, 1, s), 0);
+    assert_int_equal(OPS->stream_sync(IMPL, s), 0);
+    OPS->stream_destroy(IMPL, s);
+    d2h(got, dg, N * 4);
+    for (int i = 0; i < N; i++) {
+        float want = (i >= 3 && i < N - 2) ? g[i] + a[i] : g[i];
+        if (bits(got[i]) != bits(want))
+            fail_msg("f32 += f32 at %d: got %a, want %a", i, (double)got[i], (double)want);
+    }
+    pt_gpu_free(G, dg);
+    pt_gpu_free(G, da);
+    free(g); free(a); free(got);
+}
+
 /* ---- argument checks (the same on every backend) ---- */
 
 static void test_bad_args(void **state) {
@@ -764,9 +797,13 @@ int main(void) {
         cmocka_unit_test(test_sqnorm),
         cmocka_unit_test(test_convert_all_patterns),
         cmocka_unit_test(test_convert_accumulate),
+        cmocka_unit_test(test_convert_accumulate_f32),
         cmocka_unit_test(test_bad_args),
         cmocka_unit_test(test_rekls_ops),
         cmocka_unit_test(test_large),
     };
+    /* make test-gpu names groups of these checks on lines of their own */
+    const char *only = getenv("PT_TEST_FILTER");
+    if (only && *only) cmocka_set_test_filter(only);
     return cmocka_run_group_tests_name(kind_name(), tests, setup, teardown);
 }

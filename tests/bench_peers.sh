@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# bench_peers.sh — make test's run of make bench-peers's CPU rehearsal
+# (tests/bench/peers/bench_peers.py --cpu: a tiny Llama under plain PyTorch and
+# protrain through the PyTorch host, the GPU peers reported as skipped), so the
+# benchmark's code cannot rot between GPU days. It fails when plain PyTorch
+# does not train, when any system fails, or when protrain's losses leave plain
+# PyTorch's (the script's rehearsal check). Needs the Python environment at
+# $PT_BUILD/venv (torch, transformers), which the PyTorch host's make target
+# creates; without it the rehearsal is reported as not run.
+set -u
+ROOT=${PT_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}
+B=${PT_BUILD:-$ROOT/build}
+PY=$B/venv/bin/python
+if [ ! -x "$PY" ]; then
+  echo "SKIP bench-peers rehearsal: $PY missing (build/venv is created by the PyTorch host's make target)"
+  exit 0
+fi
+out=$(mktemp -d /tmp/bench_peers.XXXXXX)
+trap 'rm -rf "$out"' EXIT
+PT_BUILD=$B PYTHONUNBUFFERED=1 timeout 150 "$PY" "$ROOT/tests/bench/peers/bench_peers.py" --cpu \
+  --out "$out" --budget 100
+rc=$?
+for f in peers.json peers.md; do
+  if [ ! -s "$out/$f" ]; then echo "FAIL bench-peers rehearsal: $f not written"; rc=1; fi
+done
+exit $rc
