@@ -40,7 +40,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "protrain.h"
 
 struct pt_rt;
