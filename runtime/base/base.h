@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "pt_util.h"   /* pt_fail, pt_now_s, PT_PRINTF */
+#include "version.h"   /* PT_PLUGIN_VERSION, PT_ABI_MINOR */
 
 typedef struct pt_config {
     /* [plugin] */

@@ -63,7 +63,8 @@ class pt_host_v1(C.Structure):
         ("profile_step", USER_CB),
         ("mlp_forward", TILE_CB),
         ("mlp_backward", TILE_CB),
-        ("reserved", vp * 8),
+        ("fingerprint", C.c_char_p),
+        ("reserved", vp * 7),
     ]
 
 
