@@ -287,13 +287,15 @@ test: all
 # ---- the PyTorch host (host_api/python): its Python environment ----
 # build/venv is created when build/venv/bin/python is missing (a symlink to an
 # existing environment counts as present), with the pinned packages of
-# host_api/python/requirements.txt from the package registry.
-PY_VENV := $(BUILD)/venv
+# host_api/python/requirements.txt from the package registry. One environment
+# for every build folder (the sanitizer builds run no Python: the interpreter is
+# not instrumented), so it lives in build/ whatever BUILD is.
+PY_VENV := build/venv
 PY := $(PY_VENV)/bin/python
 $(PY):
 	python3 -m venv $(PY_VENV)
 	$(PY) -m pip install -r host_api/python/requirements.txt
-test: $(PY) $(PLUGIN)
+test: $(if $(SAN),,$(PY)) $(PLUGIN)
 
 # The GPU suite (tests/gpu/run.sh): says so and exits 0 on a machine without a GPU.
 test-gpu: all

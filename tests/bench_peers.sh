@@ -10,7 +10,13 @@
 set -u
 ROOT=${PT_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}
 B=${PT_BUILD:-$ROOT/build}
-PY=$B/venv/bin/python
+if [ -n "${PT_SAN:-}" ]; then
+    # The interpreter is not instrumented: a sanitizer build of the plugin does
+    # not load into it (the runtime must come first), so Python hosts run only
+    # in the plain build.
+    echo "bench-peers rehearsal: skipped under SAN=$PT_SAN"; exit 0
+fi
+PY=$ROOT/build/venv/bin/python
 if [ ! -x "$PY" ]; then
   echo "SKIP bench-peers rehearsal: $PY missing (build/venv is created by the PyTorch host's make target)"
   exit 0
