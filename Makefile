@@ -408,7 +408,7 @@ uninstall:
 # travel with the working tree and bench_peers.py installs them into a temp folder.
 # build/venv where the PyTorch host's target made it, else the machine's python3
 # (the GPU machines' python3 holds torch and transformers)
-PEERS_PY ?= $(if $(wildcard $(BUILD)/venv/bin/python),$(BUILD)/venv/bin/python,python3)
+PEERS_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 PEERS_PYVER ?= 3.12
 DS_VERSION ?= 0.19.8
 PEERS_DEPS ?= hjson pydantic
