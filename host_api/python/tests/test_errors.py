@@ -95,6 +95,18 @@ def test_control_post_backward_without_waiting(kind, ini, plugin_path):
     assert _fails(kind, ini(STREAMED), plugin_path, setup) is not None
 
 
+def test_control_post_backward_at_the_last_gradient(ini, plugin_path):
+    """block_post_backward as soon as the block's gradient count completes,
+    without waiting for the gradient to leave the block: Llama's RMSNorm weight
+    gradient lands before the norm's remaining backward nodes, which still read
+    the block's saved tensors, so the pass fails (GPT-2's LayerNorm computes all
+    its gradients in one node and would not show it)."""
+    def setup(m):
+        m._protrain.post_backward_at_count = True
+    msg = _fails("llama", ini(STREAMED), plugin_path, setup)
+    assert msg is not None and "used outside its backward window" in msg
+
+
 # A block's chunks take 4 buffers in GPT-2 and 6 in Llama at chunk_size 128KiB:
 # with one and a half blocks' worth the slots rotate, so a block's chunks sit at
 # other addresses in its backward than in its forward. (With exactly one block's
