@@ -127,3 +127,17 @@ def test_control_no_rebind_at_backward(kind, ini, plugin_path):
         m._protrain.skip_rebind = True
     assert _fails(kind, path, plugin_path, setup) is not None
     assert _fails(kind, path, plugin_path, None) is None
+
+
+def test_step_and_pass_order(ini, plugin_path):
+    """optimizer.step() before grad_accum passes, and a training forward
+    without its backward, are refused with a sentence."""
+    m, opt = ptt.wrap(oracle.make_model("gpt2"), config=ini(), grad_accum=2, plugin=plugin_path)
+    x = oracle.batches(1)[0]
+    m(input_ids=x, labels=x).loss.backward()
+    with pytest.raises(RuntimeError, match="optimizer.step\\(\\) after 1 forward/backward "
+                                           "passes; grad_accum = 2"):
+        opt.step()
+    m(input_ids=x, labels=x)
+    with pytest.raises(RuntimeError, match="a training forward ran without its backward"):
+        m(input_ids=x, labels=x)
