@@ -46,6 +46,13 @@ def check(got, want, err, tol=1e-5):
     assert err <= tol, "weights differ by %g in relative norm" % err
 
 
+@pytest.mark.parametrize("case", ["streamed", "ckpt"])
+def test_pythia(case, ini, plugin_path):
+    """GPT-NeoX (Pythia): blocks found at model.gpt_neox.layers."""
+    got, want, err, _ = oracle.pair("pythia", ini(CASES[case]["ini"]), plugin_path)
+    check(got, want, err)
+
+
 def test_dropout_with_ckpt(ini, plugin_path):
     """GPT-2 with dropout 0.1 in training mode, every block CKPT: a recompute
     restores the RNG state its forward started with, so it draws the same masks,
