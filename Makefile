@@ -296,6 +296,12 @@ $(PY):
 	python3 -m venv $(PY_VENV)
 	$(PY) -m pip install -r host_api/python/requirements.txt
 test: $(if $(SAN),,$(PY)) $(PLUGIN)
+# make bench: tokens/s through the PyTorch adapter vs plain PyTorch on the CPU
+.PHONY: bench-torch
+bench-torch: $(PY) $(PLUGIN)
+	@echo "=== host_api/python/bench/bench_torch.py (PyTorch adapter vs plain PyTorch)"
+	@PT_BUILD=$(abspath $(BUILD)) $(OMP_ENV) PT_BENCH_STRICT=$(STRICT) $(PY) host_api/python/bench/bench_torch.py
+bench: bench-torch
 
 # The GPU suite (tests/gpu/run.sh): says so and exits 0 on a machine without a GPU.
 test-gpu: all

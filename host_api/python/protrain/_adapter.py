@@ -112,8 +112,10 @@ class Adapter:
         self.pending_load = None
         # test switches for the negative controls (never set in normal use):
         # close a block at its first accumulated gradient; keep the forward's
-        # parameter views through backward instead of rebinding at each hook
+        # parameter views through backward instead of rebinding at each hook;
+        # close a block when its count completes, not when the gradient has left it
         self.skip_post_backward_wait = False
+        self.post_backward_at_count = False
         self.skip_rebind = False
         self._install()
 
@@ -198,7 +200,10 @@ class Adapter:
         self.profile_args = (args, kwargs)
         for info in self.infos:
             info.param.data = _placeholder(info.param.dtype)
-        self.call("post_model_load", C.byref(m))
+        # the profile's passes draw from the RNG (dropout); fork it so training
+        # sees the same random stream as without the plugin
+        with torch.random.fork_rng(devices=[]):
+            self.call("post_model_load", C.byref(m))
         self.profile_args = None
         self._keep = None          # the plugin copied the initial values
         o = A.pt_optim_v1()
@@ -423,7 +428,9 @@ class Adapter:
         if self.recomputing is not None or not self.training_pass:
             return
         self.count[b] += 1
-        if self.skip_post_backward_wait and self.count[b] == 1 and self.bw_open == b:
+        early = (self.skip_post_backward_wait and self.count[b] == 1) or (
+            self.post_backward_at_count and self.count[b] == self.n_trainable[b])
+        if early and self.bw_open == b:
             # negative control: close the block at its first gradient
             self.bw_open = -1
             self._post_backward(b)

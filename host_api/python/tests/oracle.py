@@ -23,6 +23,13 @@ def make_model(kind, seed=0, dtype=torch.float32):
                           max_position_embeddings=SEQ, use_cache=False, bos_token_id=0,
                           eos_token_id=0, pad_token_id=0)
         m = LlamaForCausalLM(cfg)
+    elif kind == "pythia":
+        from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+        cfg = GPTNeoXConfig(num_hidden_layers=4, hidden_size=128, intermediate_size=512,
+                            num_attention_heads=4, vocab_size=VOCAB, max_position_embeddings=SEQ,
+                            use_cache=False, hidden_dropout=0.0, attention_dropout=0.0,
+                            bos_token_id=0, eos_token_id=0)
+        m = GPTNeoXForCausalLM(cfg)
     else:
         raise ValueError(kind)
     return m.to(dtype)

@@ -95,6 +95,18 @@ def test_control_post_backward_without_waiting(kind, ini, plugin_path):
     assert _fails(kind, ini(STREAMED), plugin_path, setup) is not None
 
 
+def test_control_post_backward_at_the_last_gradient(ini, plugin_path):
+    """block_post_backward as soon as the block's gradient count completes,
+    without waiting for the gradient to leave the block: Llama's RMSNorm weight
+    gradient lands before the norm's remaining backward nodes, which still read
+    the block's saved tensors, so the pass fails (GPT-2's LayerNorm computes all
+    its gradients in one node and would not show it)."""
+    def setup(m):
+        m._protrain.post_backward_at_count = True
+    msg = _fails("llama", ini(STREAMED), plugin_path, setup)
+    assert msg is not None and "used outside its backward window" in msg
+
+
 # A block's chunks take 4 buffers in GPT-2 and 6 in Llama at chunk_size 128KiB:
 # with one and a half blocks' worth the slots rotate, so a block's chunks sit at
 # other addresses in its backward than in its forward. (With exactly one block's
@@ -115,3 +127,17 @@ def test_control_no_rebind_at_backward(kind, ini, plugin_path):
         m._protrain.skip_rebind = True
     assert _fails(kind, path, plugin_path, setup) is not None
     assert _fails(kind, path, plugin_path, None) is None
+
+
+def test_step_and_pass_order(ini, plugin_path):
+    """optimizer.step() before grad_accum passes, and a training forward
+    without its backward, are refused with a sentence."""
+    m, opt = ptt.wrap(oracle.make_model("gpt2"), config=ini(), grad_accum=2, plugin=plugin_path)
+    x = oracle.batches(1)[0]
+    m(input_ids=x, labels=x).loss.backward()
+    with pytest.raises(RuntimeError, match="optimizer.step\\(\\) after 1 forward/backward "
+                                           "passes; grad_accum = 2"):
+        opt.step()
+    m(input_ids=x, labels=x)
+    with pytest.raises(RuntimeError, match="a training forward ran without its backward"):
+        m(input_ids=x, labels=x)

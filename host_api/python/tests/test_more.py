@@ -2,6 +2,7 @@
 plan's prediction, and LoRA (peft) on a frozen base."""
 import copy
 
+import pytest
 import torch
 
 import oracle
@@ -9,11 +10,13 @@ import protrain.torch as ptt
 from test_oracle import STREAMED, check
 
 
-def test_bf16_against_fp32_master_reference(ini, plugin_path):
-    """bf16 forward/backward, AdamW on fp32 copies of the weights, rounded to
-    bf16 after each step (what the plugin does with a bf16 compute copy):
-    step-1 loss identical, every loss within 2e-3 relative."""
-    m = oracle.make_model("llama", dtype=torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_against_fp32_master_reference(dtype, ini, plugin_path):
+    """bf16 (fp16) forward/backward, AdamW on fp32 copies of the weights,
+    rounded to the compute dtype after each step (what the plugin does with a
+    half-precision compute copy): step-1 loss identical, every loss within 2e-3
+    relative."""
+    m = oracle.make_model("llama", dtype=dtype)
     ref = copy.deepcopy(m)
     data = oracle.batches(oracle.STEPS)
     params = list(ref.parameters())
@@ -35,7 +38,7 @@ def test_bf16_against_fp32_master_reference(ini, plugin_path):
     assert got[0] == want[0]
     for a, b in zip(got, want):
         assert abs(a - b) <= 2e-3 * abs(b), (a, b)
-    assert all(v.dtype == torch.bfloat16 for v in ptt.state_dict(m).values()
+    assert all(v.dtype == dtype for v in ptt.state_dict(m).values()
                if v.is_floating_point())
 
 

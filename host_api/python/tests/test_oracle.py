@@ -46,6 +46,40 @@ def check(got, want, err, tol=1e-5):
     assert err <= tol, "weights differ by %g in relative norm" % err
 
 
+@pytest.mark.parametrize("case", ["streamed", "ckpt"])
+def test_pythia(case, ini, plugin_path):
+    """GPT-NeoX (Pythia): blocks found at model.gpt_neox.layers."""
+    got, want, err, _ = oracle.pair("pythia", ini(CASES[case]["ini"]), plugin_path)
+    check(got, want, err)
+
+
+def test_dropout_with_ckpt(ini, plugin_path):
+    """GPT-2 with dropout 0.1 in training mode, every block CKPT: a recompute
+    restores the RNG state its forward started with, so it draws the same masks,
+    and the profile's passes do not consume the training's random stream."""
+    import copy
+    import torch
+
+    def make():
+        m = oracle.make_model("gpt2")
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.Dropout):
+                mod.p = 0.1
+        return m.train()
+    m = make()
+    ref = copy.deepcopy(m)
+    data = oracle.batches(4)
+    torch.manual_seed(7)
+    want = oracle.reference(ref, data)
+    torch.manual_seed(7)
+    # a searched plan (so the plugin profiles at the first forward) with CKPT fixed
+    m, got = oracle.through_plugin(m, ini("[protrain]\nn_checkpoint = 4\n"), data,
+                                   plugin=plugin_path)
+    import protrain.torch as ptt
+    assert ptt.stats(m).n_checkpoint == 4 and ptt.stats(m).recomputes > 0
+    check(got, want, oracle.rel_norm(ptt.state_dict(m), ref.state_dict()))
+
+
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_oracle(kind, case, ini, plugin_path):
