@@ -66,22 +66,8 @@ static int tp_groups(pt_rt *rt, int P, char *err, size_t errlen) {
     return rc;
 }
 
-int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *lg,
-                 const pt_step_state *sx, pt_rt **out, char *err, size_t errlen) {
-    *out = NULL;
-    pt_rt *rt = calloc(1, sizeof *rt);
-    if (!rt) {
-        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory creating the runtime");
-    }
-    rt->cfg = *cfg;
-    rt->lg = *lg;
-    rt->sx = sx;
-    rt->plan_clip = cfg->max_grad_norm > 0;
-    if (host) {
-        size_t n = host->struct_size < sizeof rt->host ? host->struct_size : sizeof rt->host;
-        memcpy(&rt->host, host, n);
-    }
-    /* Configured features this build does not have: say so now, not mid-run. */
+/* Configured features this build does not have, as a sentence (NULL: none). */
+static const char *unbuilt(const pt_config *cfg, const pt_host_v1 *host) {
     const char *missing = NULL;
     if (cfg->osft_enabled && cfg->tiled_mlp_enabled)
         missing = "[osft] enabled with [tiled_mlp] enabled: TiledMLP's per-tile gradient "
@@ -101,64 +87,53 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     else if (cfg->tp_size > 1 && host->device_kind == PT_DEVICE_CUDA)
         missing = "[dist] tp_size > 1 on the cuda backend: tensor parallelism runs on the host "
                   "backend only (its REKLS gathers have not run over NCCL)";
-    if (missing) {
-        free(rt);
-        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "%s (config %s)", missing, cfg->source);
-    }
-    pt_gpu_config gc = {0};
-    gc.device_index = host ? host->device_index : 0;
-    gc.capacity = cfg->device_capacity;
-    gc.pinned_budget = cfg->pinned_budget;
-    gc.copy_bandwidth = cfg->copy_bandwidth;
-    gc.poison = cfg->poison;
-    gc.poison_native = cfg->cuda_poison;
-    gc.fail_alloc_at = cfg->fail_alloc_at;
+    return missing;
+}
+
+/* The device layer's configuration from the INI and the host's device index. */
+static int gpu_config(const pt_config *cfg, const pt_host_v1 *host, pt_gpu_config *gc, char *err,
+                      size_t errlen) {
+    gc->device_index = host ? host->device_index : 0;
+    gc->capacity = cfg->device_capacity;
+    gc->pinned_budget = cfg->pinned_budget;
+    gc->copy_bandwidth = cfg->copy_bandwidth;
+    gc->poison = cfg->poison;
+    gc->poison_native = cfg->cuda_poison;
+    gc->fail_alloc_at = cfg->fail_alloc_at;
     char bad[256];
-    if (pt_gpu_fail_op_parse(cfg->fail_op, &gc.fail_op, &gc.fail_op_at, bad, sizeof bad)) {
-        free(rt);   /* the INI checker refuses this first; a config built in code may not */
+    if (pt_gpu_fail_op_parse(cfg->fail_op, &gc->fail_op, &gc->fail_op_at, bad, sizeof bad))
+        /* the INI checker refuses this first; a config built in code may not */
         return pt_fail(err, errlen, PT_ERR_CONFIG, "[host_backend] fail_op = '%s': %s",
                        cfg->fail_op, bad);
-    }
-    gc.compute_jitter_s = cfg->compute_jitter;
-    snprintf(gc.trace_file, sizeof gc.trace_file, "%s", cfg->host_trace_file);
-    gc.jitter_seed = (uint64_t)cfg->jitter_seed;
-    const char *kind = cfg->backend;
-    if (host && host->device_kind == PT_DEVICE_HOST) kind = "host";
-    if (host && host->device_kind == PT_DEVICE_CUDA) kind = "cuda";
-    if (strcmp(kind, cfg->backend) && strcmp(cfg->backend, "auto"))
-        PT_LOGW(&rt->lg, "the host asks for the %s backend; [plugin] backend = %s in %s is not "
-                         "used", kind, cfg->backend, cfg->source);
-    int rc = pt_gpu_open(kind, &gc, &rt->gpu, err, errlen);
-    if (rc) {
-        free(rt);
-        return rc;
-    }
+    gc->compute_jitter_s = cfg->compute_jitter;
+    snprintf(gc->trace_file, sizeof gc->trace_file, "%s", cfg->host_trace_file);
+    gc->jitter_seed = (uint64_t)cfg->jitter_seed;
+    return PT_OK;
+}
+
+/* The compute stream (the host's own on cuda, which the plugin orders against)
+ * and the two copy streams. */
+static int open_streams(pt_rt *rt, const pt_host_v1 *host, char *err, size_t errlen) {
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     void *impl = pt_gpu_impl(rt->gpu);
-    /* the host's own compute stream (cuda) is the one the plugin orders against */
+    int rc;
     if (host && host->compute_stream) {
         if ((rc = pt_gpu_adopt_stream(rt->gpu, host->compute_stream, &rt->s_compute, err,
-                                      errlen))) {
-            pt_rt_destroy(rt);
+                                      errlen)))
             return rc;
-        }
         rt->adopted_compute = 1;
     } else if ((rc = ops->stream_create(impl, &rt->s_compute))) {
         rt->s_compute = NULL;
     }
     if (rc || !rt->s_compute || (rc = ops->stream_create(impl, &rt->s_h2d)) ||
-        (rc = ops->stream_create(impl, &rt->s_d2h))) {
-        pt_fail(err, errlen, PT_ERR_BACKEND, "cannot create device streams on the %s backend",
-                pt_gpu_backend_name(rt->gpu));
-        pt_rt_destroy(rt);
-        return PT_ERR_BACKEND;
-    }
-    /* the device layer's reports (leaks at close, backend failures) go to the log */
-    pt_gpu_set_log(rt->gpu, gpu_log, rt);
-    const char *why = pt_gpu_fallback_reason(rt->gpu);
-    if (why && *why)
-        PT_LOGW(&rt->lg, "backend = auto: the cuda backend was not used (%s); running on the "
-                         "simulated host device", why);
+        (rc = ops->stream_create(impl, &rt->s_d2h)))
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "cannot create device streams on the %s backend",
+                       pt_gpu_backend_name(rt->gpu));
+    return PT_OK;
+}
+
+/* How the plugin's work is ordered after the host's (PT_HOST_ASYNC_COMPUTE). */
+static void set_ordering(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host) {
     rt->host_async = host && (host->flags & PT_HOST_ASYNC_COMPUTE);
     rt->launch_queued = rt->host_async && cfg->async_compute &&
                         !strcmp(pt_gpu_backend_name(rt->gpu), "host");
@@ -168,35 +143,83 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
         PT_LOGW(&rt->lg, "[host_backend] debug_skip_ordering = %u: the plugin skips some of its "
                          "ordering after the host's compute (a testing aid: training is wrong)",
                 rt->skip);
-    if (host && host->world_size > 1) {
-        /* the transport follows the device backend actually opened (auto may
-         * have fallen back to host): nccl on cuda, mpi on host */
-        const char *tr = NULL;
-        const char *dev = pt_gpu_backend_name(rt->gpu);
-        if ((rc = pt_coll_pick(cfg->dist_backend, dev, cfg->init_method, &tr, err, errlen))) {
-            pt_rt_destroy(rt);
-            return rc;
-        }
-        if (cfg->tp_size > 1 && strcmp(tr, "mpi")) {
-            pt_rt_destroy(rt);
-            return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[dist] tp_size > 1 runs on the "
-                           "host backend's mpi transport only (config %s)", cfg->source);
-        }
-        pt_coll_config cc = {host->world_size, host->rank, cfg->init_method,
-                             (double)cfg->dist_timeout, cfg->debug_hang_rank, tr,
-                             host->device_index, NULL};
-        if ((rc = pt_coll_open(&cc, &rt->coll, err, errlen))) {
-            pt_rt_destroy(rt);
-            return rc;
-        }
-        if (cfg->tp_size > 1 && (rc = tp_groups(rt, cfg->tp_size, err, errlen))) {
-            pt_rt_destroy(rt);
-            return rc;
-        }
-        PT_LOGI(&rt->lg, "%s: rank %d of %d over %s on the %s backend (init_method %s, "
-                         "timeout %g s)",
-                cfg->tp_size > 1 ? "tensor parallel" : "data parallel", host->rank,
-                host->world_size, tr, dev, cfg->init_method, (double)cfg->dist_timeout);
+}
+
+/* Several ranks: the collectives, and the tensor-parallel groups. */
+static int open_dist(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host, char *err,
+                     size_t errlen) {
+    /* the transport follows the device backend actually opened (auto may
+     * have fallen back to host): nccl on cuda, mpi on host */
+    const char *tr = NULL;
+    const char *dev = pt_gpu_backend_name(rt->gpu);
+    int rc = pt_coll_pick(cfg->dist_backend, dev, cfg->init_method, &tr, err, errlen);
+    if (rc) return rc;
+    if (cfg->tp_size > 1 && strcmp(tr, "mpi"))
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[dist] tp_size > 1 runs on the "
+                       "host backend's mpi transport only (config %s)", cfg->source);
+    pt_coll_config cc = {host->world_size, host->rank, cfg->init_method,
+                         (double)cfg->dist_timeout, cfg->debug_hang_rank, tr,
+                         host->device_index, NULL};
+    if ((rc = pt_coll_open(&cc, &rt->coll, err, errlen))) return rc;
+    if (cfg->tp_size > 1 && (rc = tp_groups(rt, cfg->tp_size, err, errlen))) return rc;
+    PT_LOGI(&rt->lg, "%s: rank %d of %d over %s on the %s backend (init_method %s, "
+                     "timeout %g s)",
+            cfg->tp_size > 1 ? "tensor parallel" : "data parallel", host->rank,
+            host->world_size, tr, dev, cfg->init_method, (double)cfg->dist_timeout);
+    return PT_OK;
+}
+
+int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *lg,
+                 const pt_step_state *sx, pt_rt **out, char *err, size_t errlen) {
+    *out = NULL;
+    pt_rt *rt = calloc(1, sizeof *rt);
+    if (!rt) {
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory creating the runtime");
+    }
+    rt->cfg = *cfg;
+    rt->lg = *lg;
+    rt->sx = sx;
+    rt->plan_clip = cfg->max_grad_norm > 0;
+    if (host) {
+        size_t n = host->struct_size < sizeof rt->host ? host->struct_size : sizeof rt->host;
+        memcpy(&rt->host, host, n);
+    }
+    /* Configured features this build does not have: say so now, not mid-run. */
+    const char *missing = unbuilt(cfg, host);
+    if (missing) {
+        free(rt);
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "%s (config %s)", missing, cfg->source);
+    }
+    pt_gpu_config gc = {0};
+    int rc = gpu_config(cfg, host, &gc, err, errlen);
+    if (rc) {
+        free(rt);
+        return rc;
+    }
+    const char *kind = cfg->backend;
+    if (host && host->device_kind == PT_DEVICE_HOST) kind = "host";
+    if (host && host->device_kind == PT_DEVICE_CUDA) kind = "cuda";
+    if (strcmp(kind, cfg->backend) && strcmp(cfg->backend, "auto"))
+        PT_LOGW(&rt->lg, "the host asks for the %s backend; [plugin] backend = %s in %s is not "
+                         "used", kind, cfg->backend, cfg->source);
+    if ((rc = pt_gpu_open(kind, &gc, &rt->gpu, err, errlen))) {
+        free(rt);
+        return rc;
+    }
+    if ((rc = open_streams(rt, host, err, errlen))) {
+        pt_rt_destroy(rt);
+        return rc;
+    }
+    /* the device layer's reports (leaks at close, backend failures) go to the log */
+    pt_gpu_set_log(rt->gpu, gpu_log, rt);
+    const char *why = pt_gpu_fallback_reason(rt->gpu);
+    if (why && *why)
+        PT_LOGW(&rt->lg, "backend = auto: the cuda backend was not used (%s); running on the "
+                         "simulated host device", why);
+    set_ordering(rt, cfg, host);
+    if (host && host->world_size > 1 && (rc = open_dist(rt, cfg, host, err, errlen))) {
+        pt_rt_destroy(rt);
+        return rc;
     }
     char name[128];
     pt_gpu_device_name(rt->gpu, name, sizeof name);
