@@ -333,8 +333,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
                 prof_s, (long long)plan.n_evaluated, plan.search_s * 1e3);
         pt_log_text(&rt->lg, PT_LOG_INFO, text);
         free(text);
-        for (int i = 0; pt_rt_exts[i]; i++)   /* the features' share of the states above */
-            if (pt_rt_exts[i]->plan_log) pt_rt_exts[i]->plan_log(rt);
+        pt_rt_ext_plan_log(rt);   /* the features' share of the states above */
     }
     if (rt->cfg.plan_file[0] && (rc = pt_plan_write_json(&plan, rt->cfg.plan_file, err, errlen))) {
         pt_trace_free(&cal);

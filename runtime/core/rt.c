@@ -14,31 +14,9 @@
 
 #include "device_ext.h"
 #include "dist_agree.h"
-#include "osft/osft.h"
 #include "planner/planner.h"
 #include "profiler.h"
 #include "rt_internal.h"
-#include "tiled/tiled.h"
-
-/* The features that extend the runtime object, in the order they are called. */
-const pt_rt_ext *const pt_rt_exts[] = {&pt_osft_ext, &pt_tiled_ext, NULL};
-
-static void ext_after_hook(pt_rt *rt) {
-    for (int i = 0; pt_rt_exts[i]; i++)
-        if (pt_rt_exts[i]->after_hook) pt_rt_exts[i]->after_hook(rt);
-}
-
-static int ext_async_status(pt_rt *rt, char *err, size_t errlen) {
-    int rc = PT_OK;
-    for (int i = 0; !rc && pt_rt_exts[i]; i++)
-        if (pt_rt_exts[i]->async_status) rc = pt_rt_exts[i]->async_status(rt, err, errlen);
-    return rc;
-}
-
-static void ext_unload(pt_rt *rt, int n) {
-    for (int i = n - 1; i >= 0; i--)
-        if (pt_rt_exts[i]->model_unload) pt_rt_exts[i]->model_unload(rt);
-}
 
 /* save/load/read need the store and (save/load) the optimizer's state. */
 static int need_store(pt_rt *rt, const char *what, int need_opt, char *err, size_t errlen) {
@@ -67,22 +45,8 @@ static int tp_groups(pt_rt *rt, int P, char *err, size_t errlen) {
     return rc;
 }
 
-int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *lg,
-                 const pt_step_state *sx, pt_rt **out, char *err, size_t errlen) {
-    *out = NULL;
-    pt_rt *rt = calloc(1, sizeof *rt);
-    if (!rt) {
-        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory creating the runtime");
-    }
-    rt->cfg = *cfg;
-    rt->lg = *lg;
-    rt->sx = sx;
-    rt->plan_clip = cfg->max_grad_norm > 0;
-    if (host) {
-        size_t n = host->struct_size < sizeof rt->host ? host->struct_size : sizeof rt->host;
-        memcpy(&rt->host, host, n);
-    }
-    /* Configured features this build does not have: say so now, not mid-run. */
+/* Configured features this build does not have, as a sentence (NULL: none). */
+static const char *unbuilt(const pt_config *cfg, const pt_host_v1 *host) {
     const char *missing = NULL;
     if (cfg->osft_enabled && cfg->tiled_mlp_enabled)
         missing = "[osft] enabled with [tiled_mlp] enabled: TiledMLP's per-tile gradient "
@@ -102,64 +66,53 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     else if (cfg->tp_size > 1 && host->device_kind == PT_DEVICE_CUDA)
         missing = "[dist] tp_size > 1 on the cuda backend: tensor parallelism runs on the host "
                   "backend only (its REKLS gathers have not run over NCCL)";
-    if (missing) {
-        free(rt);
-        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "%s (config %s)", missing, cfg->source);
-    }
-    pt_gpu_config gc = {0};
-    gc.device_index = host ? host->device_index : 0;
-    gc.capacity = cfg->device_capacity;
-    gc.pinned_budget = cfg->pinned_budget;
-    gc.copy_bandwidth = cfg->copy_bandwidth;
-    gc.poison = cfg->poison;
-    gc.poison_native = cfg->cuda_poison;
-    gc.fail_alloc_at = cfg->fail_alloc_at;
+    return missing;
+}
+
+/* The device layer's configuration from the INI and the host's device index. */
+static int gpu_config(const pt_config *cfg, const pt_host_v1 *host, pt_gpu_config *gc, char *err,
+                      size_t errlen) {
+    gc->device_index = host ? host->device_index : 0;
+    gc->capacity = cfg->device_capacity;
+    gc->pinned_budget = cfg->pinned_budget;
+    gc->copy_bandwidth = cfg->copy_bandwidth;
+    gc->poison = cfg->poison;
+    gc->poison_native = cfg->cuda_poison;
+    gc->fail_alloc_at = cfg->fail_alloc_at;
     char bad[256];
-    if (pt_gpu_fail_op_parse(cfg->fail_op, &gc.fail_op, &gc.fail_op_at, bad, sizeof bad)) {
-        free(rt);   /* the INI checker refuses this first; a config built in code may not */
+    if (pt_gpu_fail_op_parse(cfg->fail_op, &gc->fail_op, &gc->fail_op_at, bad, sizeof bad))
+        /* the INI checker refuses this first; a config built in code may not */
         return pt_fail(err, errlen, PT_ERR_CONFIG, "[testing] fail_op = '%s': %s",
                        cfg->fail_op, bad);
-    }
-    gc.compute_jitter_s = cfg->compute_jitter;
-    snprintf(gc.trace_file, sizeof gc.trace_file, "%s", cfg->host_trace_file);
-    gc.jitter_seed = (uint64_t)cfg->jitter_seed;
-    const char *kind = cfg->backend;
-    if (host && host->device_kind == PT_DEVICE_HOST) kind = "host";
-    if (host && host->device_kind == PT_DEVICE_CUDA) kind = "cuda";
-    if (strcmp(kind, cfg->backend) && strcmp(cfg->backend, "auto"))
-        PT_LOGW(&rt->lg, "the host asks for the %s backend; [plugin] backend = %s in %s is not "
-                         "used", kind, cfg->backend, cfg->source);
-    int rc = pt_gpu_open(kind, &gc, &rt->gpu, err, errlen);
-    if (rc) {
-        free(rt);
-        return rc;
-    }
+    gc->compute_jitter_s = cfg->compute_jitter;
+    snprintf(gc->trace_file, sizeof gc->trace_file, "%s", cfg->host_trace_file);
+    gc->jitter_seed = (uint64_t)cfg->jitter_seed;
+    return PT_OK;
+}
+
+/* The compute stream (the host's own on cuda, which the plugin orders against)
+ * and the two copy streams. */
+static int open_streams(pt_rt *rt, const pt_host_v1 *host, char *err, size_t errlen) {
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     void *impl = pt_gpu_impl(rt->gpu);
-    /* the host's own compute stream (cuda) is the one the plugin orders against */
+    int rc;
     if (host && host->compute_stream) {
         if ((rc = pt_gpu_adopt_stream(rt->gpu, host->compute_stream, &rt->s_compute, err,
-                                      errlen))) {
-            pt_rt_destroy(rt);
+                                      errlen)))
             return rc;
-        }
         rt->adopted_compute = 1;
     } else if ((rc = ops->stream_create(impl, &rt->s_compute))) {
         rt->s_compute = NULL;
     }
     if (rc || !rt->s_compute || (rc = ops->stream_create(impl, &rt->s_h2d)) ||
-        (rc = ops->stream_create(impl, &rt->s_d2h))) {
-        pt_fail(err, errlen, PT_ERR_BACKEND, "cannot create device streams on the %s backend",
-                pt_gpu_backend_name(rt->gpu));
-        pt_rt_destroy(rt);
-        return PT_ERR_BACKEND;
-    }
-    /* the device layer's reports (leaks at close, backend failures) go to the log */
-    pt_gpu_set_log(rt->gpu, gpu_log, rt);
-    const char *why = pt_gpu_fallback_reason(rt->gpu);
-    if (why && *why)
-        PT_LOGW(&rt->lg, "backend = auto: the cuda backend was not used (%s); running on the "
-                         "simulated host device", why);
+        (rc = ops->stream_create(impl, &rt->s_d2h)))
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "cannot create device streams on the %s backend",
+                       pt_gpu_backend_name(rt->gpu));
+    return PT_OK;
+}
+
+/* How the plugin's work is ordered after the host's (PT_HOST_ASYNC_COMPUTE). */
+static void set_ordering(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host) {
     rt->host_async = host && (host->flags & PT_HOST_ASYNC_COMPUTE);
     rt->launch_queued = rt->host_async && cfg->async_compute &&
                         !strcmp(pt_gpu_backend_name(rt->gpu), "host");
@@ -169,36 +122,84 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
         PT_LOGW(&rt->lg, "[testing] debug_skip_ordering = %u: the plugin skips some of its "
                          "ordering after the host's compute (a testing aid: training is wrong)",
                 rt->skip);
-    if (host && host->world_size > 1) {
-        /* the transport follows the device backend actually opened (auto may
-         * have fallen back to host): nccl on cuda, mpi on host */
-        const char *tr = NULL;
-        const char *dev = pt_gpu_backend_name(rt->gpu);
-        if ((rc = pt_coll_pick(cfg->dist_backend, dev, cfg->init_method, &tr, err, errlen))) {
-            pt_rt_destroy(rt);
-            return rc;
-        }
-        if (cfg->tp_size > 1 && strcmp(tr, "mpi")) {
-            pt_rt_destroy(rt);
-            return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[dist] tp_size > 1 runs on the "
-                           "host backend's mpi transport only (config %s)", cfg->source);
-        }
-        pt_coll_config cc = {host->world_size, host->rank, cfg->init_method,
-                             (double)cfg->dist_timeout, cfg->debug_hang_rank, tr,
-                             host->device_index, NULL};
-        if ((rc = pt_coll_open(&cc, &rt->coll, err, errlen)) ||
-            (rc = pt_agree_init(rt, err, errlen))) {
-            pt_rt_destroy(rt);
-            return rc;
-        }
-        if (cfg->tp_size > 1 && (rc = tp_groups(rt, cfg->tp_size, err, errlen))) {
-            pt_rt_destroy(rt);
-            return rc;
-        }
-        PT_LOGI(&rt->lg, "%s: rank %d of %d over %s on the %s backend (init_method %s, "
-                         "timeout %g s)",
-                cfg->tp_size > 1 ? "tensor parallel" : "data parallel", host->rank,
-                host->world_size, tr, dev, cfg->init_method, (double)cfg->dist_timeout);
+}
+
+/* Several ranks: the collectives, and the tensor-parallel groups. */
+static int open_dist(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host, char *err,
+                     size_t errlen) {
+    /* the transport follows the device backend actually opened (auto may
+     * have fallen back to host): nccl on cuda, mpi on host */
+    const char *tr = NULL;
+    const char *dev = pt_gpu_backend_name(rt->gpu);
+    int rc = pt_coll_pick(cfg->dist_backend, dev, cfg->init_method, &tr, err, errlen);
+    if (rc) return rc;
+    if (cfg->tp_size > 1 && strcmp(tr, "mpi"))
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[dist] tp_size > 1 runs on the "
+                       "host backend's mpi transport only (config %s)", cfg->source);
+    pt_coll_config cc = {host->world_size, host->rank, cfg->init_method,
+                         (double)cfg->dist_timeout, cfg->debug_hang_rank, tr,
+                         host->device_index, NULL};
+    if ((rc = pt_coll_open(&cc, &rt->coll, err, errlen)) || (rc = pt_agree_init(rt, err, errlen)))
+        return rc;
+    if (cfg->tp_size > 1 && (rc = tp_groups(rt, cfg->tp_size, err, errlen))) return rc;
+    PT_LOGI(&rt->lg, "%s: rank %d of %d over %s on the %s backend (init_method %s, "
+                     "timeout %g s)",
+            cfg->tp_size > 1 ? "tensor parallel" : "data parallel", host->rank,
+            host->world_size, tr, dev, cfg->init_method, (double)cfg->dist_timeout);
+    return PT_OK;
+}
+
+int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *lg,
+                 const pt_step_state *sx, pt_rt **out, char *err, size_t errlen) {
+    *out = NULL;
+    pt_rt *rt = calloc(1, sizeof *rt);
+    if (!rt) {
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory creating the runtime");
+    }
+    rt->cfg = *cfg;
+    rt->lg = *lg;
+    rt->sx = sx;
+    rt->plan_clip = cfg->max_grad_norm > 0;
+    if (host) {
+        size_t n = host->struct_size < sizeof rt->host ? host->struct_size : sizeof rt->host;
+        memcpy(&rt->host, host, n);
+    }
+    /* Configured features this build does not have: say so now, not mid-run. */
+    const char *missing = unbuilt(cfg, host);
+    if (missing) {
+        free(rt);
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "%s (config %s)", missing, cfg->source);
+    }
+    pt_gpu_config gc = {0};
+    int rc = gpu_config(cfg, host, &gc, err, errlen);
+    if (rc) {
+        free(rt);
+        return rc;
+    }
+    const char *kind = cfg->backend;
+    if (host && host->device_kind == PT_DEVICE_HOST) kind = "host";
+    if (host && host->device_kind == PT_DEVICE_CUDA) kind = "cuda";
+    if (strcmp(kind, cfg->backend) && strcmp(cfg->backend, "auto"))
+        PT_LOGW(&rt->lg, "the host asks for the %s backend; [plugin] backend = %s in %s is not "
+                         "used", kind, cfg->backend, cfg->source);
+    if ((rc = pt_gpu_open(kind, &gc, &rt->gpu, err, errlen))) {
+        free(rt);
+        return rc;
+    }
+    if ((rc = open_streams(rt, host, err, errlen))) {
+        pt_rt_destroy(rt);
+        return rc;
+    }
+    /* the device layer's reports (leaks at close, backend failures) go to the log */
+    pt_gpu_set_log(rt->gpu, gpu_log, rt);
+    const char *why = pt_gpu_fallback_reason(rt->gpu);
+    if (why && *why)
+        PT_LOGW(&rt->lg, "backend = auto: the cuda backend was not used (%s); running on the "
+                         "simulated host device", why);
+    set_ordering(rt, cfg, host);
+    if (host && host->world_size > 1 && (rc = open_dist(rt, cfg, host, err, errlen))) {
+        pt_rt_destroy(rt);
+        return rc;
     }
     char name[128];
     pt_gpu_device_name(rt->gpu, name, sizeof name);
@@ -213,9 +214,7 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
 size_t pt_rt_destroy(pt_rt *rt) {
     if (!rt) return 0;
     (void)pt_rt_store_free(rt, NULL, 0);   /* logged: finalize goes on */
-    int n_ext = 0;
-    while (pt_rt_exts[n_ext]) n_ext++;
-    ext_unload(rt, n_ext);
+    pt_rt_ext_unload(rt);
     pt_rt_plan_free(rt);
     pt_coll_close(rt->dp_coll);   /* sub-groups before their group */
     pt_coll_close(rt->tp_coll);
@@ -251,16 +250,8 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     (void)pt_rt_store_free(rt, NULL, 0);
     pt_rt_plan_free(rt);
     rt->broken = 0;
-    /* the features may refuse the model or replace the list the store lays out;
-     * one that refuses undoes the ones before it (its own included) */
-    rt->hmodel = rt->model = model;
-    for (int i = 0; pt_rt_exts[i]; i++) {
-        if (!pt_rt_exts[i]->model_load || !(rc = pt_rt_exts[i]->model_load(rt, model, err, errlen)))
-            continue;
-        ext_unload(rt, i + 1);
-        rt->model = rt->hmodel = NULL;
-        return rc;
-    }
+    /* the features may refuse the model or replace the list the store lays out */
+    if ((rc = pt_rt_ext_model_load(rt, model, err, errlen))) return rc;
     rt->n_blocks = model->n_blocks;
     rt->kn.n_persist = rt->cfg.force_all_persistent ? -1 : rt->cfg.n_persist;
     rt->kn.n_buffer = rt->cfg.n_buffer;
@@ -310,26 +301,11 @@ static int block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen) {
     return PT_OK;
 }
 
-/* After an offloaded chunk's CPU step, on its worker (store.h): a feature's work
- * on the values the step changed there (OSFT's projection), so nothing waits for
- * other chunks' steps. Given to the store only when a feature in force has some. */
-static void chunk_stepped(void *user, int32_t chunk) {
-    pt_rt *rt = user;
-    for (int i = 0; pt_rt_exts[i]; i++)
-        if (pt_rt_exts[i]->chunk_stepped && pt_rt_exts[i]->active(rt))
-            pt_rt_exts[i]->chunk_stepped(rt, chunk);
-}
-static int wants_chunk_stepped(const pt_rt *rt) {
-    for (int i = 0; pt_rt_exts[i]; i++)
-        if (pt_rt_exts[i]->chunk_stepped && pt_rt_exts[i]->active(rt)) return 1;
-    return 0;
-}
-
 static void store_mark(void *user, int kind, int32_t b, int after) {
     pt_rt *rt = user;
     /* the host's recompute reads its descriptors: the addresses the store's
      * gather just set must be there (OSFT keeps them in its own list) */
-    if (kind == PT_STORE_MARK_RECOMPUTE && !after) ext_after_hook(rt);
+    if (kind == PT_STORE_MARK_RECOMPUTE && !after) pt_rt_ext_after_hook(rt);
     if (rt->prof) pt_prof_store_mark(rt, kind, b, after);
 }
 
@@ -372,10 +348,13 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
         pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->gpu, rt->s_compute, rt->s_h2d,
                             rt->s_d2h, rt->model, &rt->opt, rt->sx, store_mark, rt,
                             rt->ordered, rt->skip, rt->coll, rt->shard, rt->tp_coll,
-                            rt->dp_coll, wants_chunk_stepped(rt) ? chunk_stepped : NULL};
+                            rt->dp_coll, pt_rt_ext_chunk_stepped(rt)};
+        /* chunk_stepped: after an offloaded chunk's CPU step, on its worker, a
+         * feature's work on the values the step changed there (OSFT's
+         * projection), so nothing waits for other chunks' steps */
         rc = pt_store_create(&env, &rt->kn, modes, rt->swap_done, from_image, &rt->st, err,
                              errlen);
-        ext_after_hook(rt);
+        pt_rt_ext_after_hook(rt);
     }
     free(modes);
     /* peaks from here on belong to the plan in force (not to profiling) */
@@ -392,11 +371,8 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "create_optimizer: optimizer type %d is "
                        "unknown (%d = adamw, %d = rekls)", type, PT_OPTIM_ADAMW, PT_OPTIM_REKLS);
     }
-    for (int i = 0; pt_rt_exts[i]; i++) {
-        int rc = pt_rt_exts[i]->optimizer_check ? pt_rt_exts[i]->optimizer_check(rt, type, err, errlen)
-                                                : PT_OK;
-        if (rc) return rc;
-    }
+    int crc = pt_rt_ext_optimizer_check(rt, type, err, errlen);
+    if (crc) return crc;
     /* Into a copy first: a refused descriptor leaves the optimizer as it was. */
     pt_optim_state n = *o;
     static const char *const names[6] = {"lr", "beta1", "beta2", "eps", "weight_decay",
@@ -516,7 +492,7 @@ int pt_rt_pre_step(pt_rt *rt, char *err, size_t errlen) {
         return pt_fail(err, errlen, rt->broken, "pre_step: the plugin lost its state in a failed re-plan (see the log)");
     }
     int rc = pt_store_pre_step(rt->st, err, errlen);
-    ext_after_hook(rt);
+    pt_rt_ext_after_hook(rt);
     if (!rc && rt->sx->micro == 0) rc = pt_rt_calib_mark(rt, PT_CAL_PRE, "pre_step", err, errlen);
     return rc;
 }
@@ -528,7 +504,7 @@ static int hook(pt_rt *rt, int which, store_hook fn, int32_t b, char *err, size_
     if (rt->prof) pt_prof_hook(rt, which, b, 0);
     int rc = fn(rt->st, b, err, errlen);
     if (rt->prof) pt_prof_hook(rt, which, b, 1);
-    ext_after_hook(rt);
+    pt_rt_ext_after_hook(rt);
     return rc;
 }
 
@@ -548,19 +524,17 @@ int pt_rt_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
 int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
     /* the features' gradient work (OSFT's projection), queued behind the
      * block's backward and before the store copies, reduces or offloads it */
-    int rc = ext_async_status(rt, err, errlen);
-    for (int i = 0; !rc && pt_rt_exts[i]; i++)
-        if (pt_rt_exts[i]->block_backward) rc = pt_rt_exts[i]->block_backward(rt, b, err, errlen);
+    int rc = pt_rt_ext_async_status(rt, err, errlen);
+    if (!rc) rc = pt_rt_ext_block_backward(rt, b, err, errlen);
     return rc ? rc : hook(rt, PT_PROF_POST_BWD, pt_store_post_backward, b, err, errlen);
 }
 
 int pt_rt_optimizer_step(pt_rt *rt, float lr, char *err, size_t errlen) {
     int rc = pt_rt_calib_mark(rt, PT_CAL_OPT, "optimizer_step", err, errlen);
-    if (!rc) rc = ext_async_status(rt, err, errlen);
+    if (!rc) rc = pt_rt_ext_async_status(rt, err, errlen);
     if (!rc) rc = pt_store_optimizer_step(rt->st, lr, err, errlen);
-    for (int i = 0; !rc && pt_rt_exts[i]; i++)
-        if (pt_rt_exts[i]->after_optimizer_step) rc = pt_rt_exts[i]->after_optimizer_step(rt, err, errlen);
-    ext_after_hook(rt);
+    if (!rc) rc = pt_rt_ext_after_optimizer_step(rt, err, errlen);
+    pt_rt_ext_after_hook(rt);
     return rc;
 }
 
@@ -605,9 +579,8 @@ int pt_rt_save_state(pt_rt *rt, const char *dir, char *err, size_t errlen) {
 int pt_rt_load_state(pt_rt *rt, const char *dir, char *err, size_t errlen) {
     int rc = need_store(rt, "load_state", 1, err, errlen);
     if (!rc) rc = pt_store_load(rt->st, dir, err, errlen);
-    for (int i = 0; pt_rt_exts[i]; i++)
-        if (pt_rt_exts[i]->state_loaded) pt_rt_exts[i]->state_loaded(rt);
-    ext_after_hook(rt);
+    pt_rt_ext_state_loaded(rt);
+    pt_rt_ext_after_hook(rt);
     return rc;
 }
 
@@ -701,8 +674,7 @@ int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out) {
     s.pred_peak = rt->pred_peak;
     s.pred_iter_s = rt->pred_iter_s;
     pt_store_stats(rt->st, &s);
-    for (int i = 0; pt_rt_exts[i]; i++)
-        if (pt_rt_exts[i]->stats) pt_rt_exts[i]->stats(rt, &s);
+    pt_rt_ext_stats(rt, &s);
     uint32_t n = out->struct_size && out->struct_size < sizeof s ? out->struct_size : sizeof s;
     memcpy(out, &s, n);
     out->struct_size = n;
@@ -712,9 +684,8 @@ int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out) {
 int pt_rt_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *err,
                      size_t errlen) {
     int rc = need_store(rt, "read_param", 0, err, errlen);
-    for (int i = 0; !rc && pt_rt_exts[i]; i++)
-        if (pt_rt_exts[i]->read_param && pt_rt_exts[i]->active(rt))
-            return pt_rt_exts[i]->read_param(rt, index, dst, bytes, err, errlen);
+    const pt_rt_ext *x = rc ? NULL : pt_rt_ext_reader(rt);
+    if (x) return x->read_param(rt, index, dst, bytes, err, errlen);
     return rc ? rc : pt_store_read_param(rt->st, index, dst, bytes, err, errlen);
 }
 
@@ -722,9 +693,8 @@ int pt_rt_launch(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t err
     if (!fn) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "launch: fn is NULL");
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     void *impl = pt_gpu_impl(rt->gpu);
-    for (int i = 0; rt->launch_queued && pt_rt_exts[i]; i++)
-        if (pt_rt_exts[i]->launch && pt_rt_exts[i]->active(rt))
-            return pt_rt_exts[i]->launch(rt, fn, arg, err, errlen);
+    const pt_rt_ext *x = rt->launch_queued ? pt_rt_ext_launcher(rt) : NULL;
+    if (x) return x->launch(rt, fn, arg, err, errlen);
     if (rt->launch_queued) {
         if (ops->host_fn(impl, rt->s_compute, fn, arg))
             return pt_fail(err, errlen, PT_ERR_BACKEND,
@@ -748,5 +718,5 @@ int pt_rt_stream_sync(pt_rt *rt, char *err, size_t errlen) {
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
     if (ops->stream_sync(pt_gpu_impl(rt->gpu), rt->s_compute))
         return pt_fail(err, errlen, PT_ERR_BACKEND, "stream_sync: the compute stream failed");
-    return ext_async_status(rt, err, errlen);
+    return pt_rt_ext_async_status(rt, err, errlen);
 }

@@ -76,7 +76,7 @@ struct pt_rt {
 
 /* A feature that extends the runtime object (osft/, tiled/): rt.c and
  * plan_rt.c call every registered one at these points, in registration order
- * (pt_rt_exts), and name none of them. Any entry may be NULL. `active` says the
+ * (rt_ext.c), and name none of them. Any entry may be NULL. `active` says the
  * feature is in force for the model loaded (OSFT: it found targets); the
  * entries that take the store's place (chunk_stepped, read_param, launch) are
  * used only while it is, the others are called always and do nothing when the
@@ -117,8 +117,26 @@ typedef struct pt_rt_ext {
     void (*plan_log)(const pt_rt *rt);
 } pt_rt_ext;
 
-/* The registered features (rt.c), NULL-terminated. */
-extern const pt_rt_ext *const pt_rt_exts[];
+/* rt_ext.c: each extension point, over the features in order. model_load
+ * sets rt->model = rt->hmodel = model first and, when one refuses, undoes the
+ * ones before it and clears both; the ones returning a status stop at the
+ * first failure. chunk_stepped: the store's callback, or NULL when no feature
+ * in force needs it; reader / launcher: the feature in force that takes
+ * read_param / launch, or NULL. */
+typedef void (*pt_rt_stepped_fn)(void *user, int32_t chunk);
+int pt_rt_ext_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen);
+void pt_rt_ext_unload(pt_rt *rt);
+int pt_rt_ext_optimizer_check(const pt_rt *rt, int type, char *err, size_t errlen);
+void pt_rt_ext_after_hook(pt_rt *rt);
+int pt_rt_ext_async_status(pt_rt *rt, char *err, size_t errlen);
+int pt_rt_ext_block_backward(pt_rt *rt, int32_t b, char *err, size_t errlen);
+int pt_rt_ext_after_optimizer_step(pt_rt *rt, char *err, size_t errlen);
+pt_rt_stepped_fn pt_rt_ext_chunk_stepped(const pt_rt *rt);
+void pt_rt_ext_state_loaded(pt_rt *rt);
+const pt_rt_ext *pt_rt_ext_reader(const pt_rt *rt);
+const pt_rt_ext *pt_rt_ext_launcher(const pt_rt *rt);
+void pt_rt_ext_stats(const pt_rt *rt, pt_stats_v1 *s);
+void pt_rt_ext_plan_log(const pt_rt *rt);
 
 /* rt.c */
 int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen);

@@ -64,9 +64,12 @@ int pt_rekls_tp_gather_coll(void *ctx, void *buf, size_t n, size_t elem_size, co
 }
 
 int pt_rekls_tp_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_rekls_tp *tp,
-                     int m, int n, const void *grad, int grad_dtype, float *param,
-                     void *param_out, int out_dtype, float *M, float *V, float *L_loc,
-                     float *R_loc, float *ws, char *err, size_t errlen) {
+                     const pt_rekls_tp_tensors *x, char *err, size_t errlen) {
+    const int m = x->m, n = x->n, grad_dtype = x->grad_dtype, out_dtype = x->out_dtype;
+    const void *grad = x->grad;
+    float *param = x->param, *M = x->M, *V = x->V, *L_loc = x->L_loc, *R_loc = x->R_loc;
+    float *ws = x->ws;
+    void *param_out = x->param_out;
     int rc = pt_rekls_tp_check(m, n, tp->P, tp->split, err, errlen);
     if (rc) return rc;
     if (!tp->split || !tp->gather || tp->rank < 0 || tp->rank >= tp->P || h->k < 1)

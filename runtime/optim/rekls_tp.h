@@ -59,14 +59,25 @@ int pt_rekls_tp_check(int64_t m, int64_t n, int P, int split, char *err, size_t 
  * gradient after the factor update, as REKLS does). */
 uint64_t pt_rekls_tp_ws_words(uint64_t m, uint64_t n);
 
-/* One step. m x n is the FULL shape; grad, param (fp32) and param_out are the
- * local shard (m/P x n for split 1, m x n/P for split 2, row-major); M, V full;
- * L_loc [m/P x m], R_loc [n/P x n] this rank's factor rows (zero before step 1).
- * CPU table only (the scratch is host memory). */
+/* One step's tensors. m x n is the FULL shape; grad, param (fp32) and
+ * param_out are the local shard (m/P x n for split 1, m x n/P for split 2,
+ * row-major); M, V full; L_loc [m/P x m], R_loc [n/P x n] this rank's factor
+ * rows (zero before step 1); ws [pt_rekls_tp_ws_words] host memory. */
+typedef struct pt_rekls_tp_tensors {
+    int m, n;
+    const void *grad;
+    int grad_dtype;
+    float *param;
+    void *param_out;      /* compute-dtype copy to write, or NULL */
+    int out_dtype;
+    float *M, *V;
+    float *L_loc, *R_loc;
+    float *ws;
+} pt_rekls_tp_tensors;
+
+/* One step. CPU table only (the scratch is host memory). */
 int pt_rekls_tp_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_rekls_tp *tp,
-                     int m, int n, const void *grad, int grad_dtype, float *param,
-                     void *param_out, int out_dtype, float *M, float *V, float *L_loc,
-                     float *R_loc, float *ws, char *err, size_t errlen);
+                     const pt_rekls_tp_tensors *x, char *err, size_t errlen);
 
 /* The all-gather over a pt_coll group spanning exactly the P ranks (ctx =
  * the pt_coll *): coll's all-gather, whose parts are these blocks when n

@@ -178,6 +178,149 @@ static int check_target(const pt_model_v1 *h, int i, char *err, size_t errlen) {
     return PT_OK;
 }
 
+/* OSFT's state for nt targets of a model of n_host params; NULL: out of host memory. */
+static pt_osft *state_new(int n_host, int nt) {
+    pt_osft *o = calloc(1, sizeof *o);
+    int nx = n_host + nt * (PT_OSFT_NF - 1);
+    if (o) {
+        o->xp = calloc((size_t)nx, sizeof *o->xp);
+        o->names = calloc((size_t)nt * PT_OSFT_NF, sizeof *o->names);
+        o->map = calloc((size_t)n_host, sizeof *o->map);
+        o->tmap = calloc((size_t)n_host, sizeof *o->tmap);
+        o->t = calloc((size_t)nt, sizeof *o->t);
+    }
+    if (!o || !o->xp || !o->names || !o->map || !o->tmap || !o->t) {
+        if (o) {
+            free(o->xp), free(o->names), free(o->map), free(o->tmap), free(o->t);
+            free(o);
+        }
+        return NULL;
+    }
+    pthread_mutex_init(&o->mu, NULL);
+    o->n_host = n_host;
+    return o;
+}
+
+/* The targets, their ranks, and the floats of factor storage they need. */
+static size_t find_targets(pt_rt *rt, const pt_model_v1 *h) {
+    pt_osft *o = rt->osft;
+    size_t nvals = 0;
+    for (int i = 0; i < o->n_host; i++) {
+        const pt_param_v1 *p = &h->params[i];
+        o->tmap[i] = -1;
+        if (p->ndim != 2 || !p->trainable || !matches(p->name, rt->cfg.osft_targets)) continue;
+        tgt *t = &o->t[o->n];
+        o->tmap[i] = o->n++;
+        t->hidx = i;
+        t->block = p->block;
+        t->N = p->shape[0];
+        t->M = p->shape[1];
+        t->R = t->N < t->M ? t->N : t->M;
+        t->k = pt_osft_frozen_rank(t->R, rt->cfg.osft_urr);
+        t->kl = t->R - t->k;
+        nvals += (size_t)(t->N * t->R + t->R + t->R * t->M);
+    }
+    return nvals;
+}
+
+/* Where the decomposition writes: the next factor values, the SVD's U scratch,
+ * the next index of the expanded list, and the seconds spent in SVDs. */
+typedef struct build {
+    float *v, *scr_u;
+    int x;
+    double t_all;
+} build;
+
+/* Target p (host index i): its SVD, and its six factors appended to the expanded list. */
+static int decompose_one(pt_rt *rt, const pt_param_v1 *p, int i, build *b, char *err,
+                         size_t errlen) {
+    pt_osft *o = rt->osft;
+    tgt *t = &o->t[o->tmap[i]];
+    int64_t N = t->N, M = t->M, R = t->R, k = t->k, kl = t->kl;
+    float *uh = b->v, *ul = uh + N * k, *s = ul + N * kl, *vt = s + R;
+    b->v = vt + R * M;
+    double t0 = pt_now_s();
+    int rc = svd_one(rt, (const float *)p->init, N, M, b->scr_u, s, vt, p->name, err, errlen);
+    double dt = pt_now_s() - t0;
+    b->t_all += dt;
+    if (rc) return rc;
+    /* U's columns split at k: U_high = U[:, :k], U_low = U[:, k:] (row-major) */
+    for (int64_t r = 0; r < N; r++) {
+        memcpy(uh + r * k, b->scr_u + r * R, (size_t)k * 4);
+        memcpy(ul + r * kl, b->scr_u + r * R + k, (size_t)kl * 4);
+    }
+    /* S and Vt split at row k in place: S_high = s[:k], V_high = vt[:k] */
+    const float *src[PT_OSFT_NF] = {uh, s, vt, ul, s + k, vt + k * M};
+    const int64_t shp[PT_OSFT_NF][2] = {{N, k}, {k, 0}, {k, M}, {N, kl}, {kl, 0}, {kl, M}};
+    for (int f = 0; f < PT_OSFT_NF; f++) {
+        t->x[f] = -1;
+        if (f < PT_OSFT_UL && k == 0) continue;   /* nothing frozen: no high factors */
+        char *nm = o->names[o->tmap[i] * PT_OSFT_NF + f];
+        snprintf(nm, sizeof o->names[0], "%s.%s", p->name, fname[f]);
+        pt_param_v1 *q = &o->xp[b->x];
+        *q = (pt_param_v1){.name = nm, .dtype = PT_F32, .ndim = shp[f][1] ? 2 : 1,
+                           .shape = {shp[f][0], shp[f][1]}, .block = p->block,
+                           .trainable = f >= PT_OSFT_UL, .tie = -1, .init = src[f]};
+        t->x[f] = b->x++;
+    }
+    PT_LOGI(&rt->lg, "osft: '%s' %lld x %lld, rank %lld: %lld frozen, %lld trainable "
+                     "(SVD %.3f s)", p->name, (long long)N, (long long)M, (long long)R,
+            (long long)k, (long long)kl, dt);
+    return PT_OK;
+}
+
+/* Decompose the targets, then lay the expanded list out in the host's order. */
+static int decompose(pt_rt *rt, const pt_model_v1 *h, size_t nvals, build *b, char *err,
+                     size_t errlen) {
+    pt_osft *o = rt->osft;
+    o->vals = malloc(nvals * sizeof(float));
+    float *scr_u = NULL, *scr_v = NULL;
+    int64_t mu = 0, mv = 0;
+    for (int i = 0; i < o->n; i++) {
+        if (o->t[i].N * o->t[i].R > mu) mu = o->t[i].N * o->t[i].R;
+        if (o->t[i].R * o->t[i].M > mv) mv = o->t[i].R * o->t[i].M;
+    }
+    scr_u = malloc((size_t)mu * sizeof(float));
+    scr_v = malloc((size_t)mv * sizeof(float));
+    if (!o->vals || !scr_u || !scr_v) {
+        free(scr_u), free(scr_v);
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "osft: out of host memory for the factors "
+                       "(%zu floats)", nvals);
+    }
+    b->v = o->vals;
+    b->scr_u = scr_u;
+    int rc = PT_OK;
+    for (int i = 0; i < o->n_host && !rc; i++) {
+        const pt_param_v1 *p = &h->params[i];
+        if (o->tmap[i] < 0) {
+            o->map[i] = b->x;
+            o->xp[b->x] = *p;
+            o->xp[b->x].data = o->xp[b->x].grad = NULL;
+            b->x++;
+            continue;
+        }
+        o->map[i] = -1;
+        rc = decompose_one(rt, p, i, b, err, errlen);
+    }
+    free(scr_u);
+    free(scr_v);
+    return rc;
+}
+
+/* The hooks' scratch for batch x seq rows (backward: rows x (2 kl + k)), and
+ * the projections' k x kl coefficients, in floats. */
+static uint64_t scratch_floats(const pt_osft *o, const pt_model_v1 *h) {
+    int64_t rows = h->batch * h->seq > 0 ? h->batch * h->seq : 1;
+    uint64_t need = 0;
+    for (int i = 0; i < o->n; i++) {
+        const tgt *t = &o->t[i];
+        uint64_t a = (uint64_t)(rows * (2 * t->kl + t->k)), b = (uint64_t)(t->k * t->kl);
+        if (a > need) need = a;
+        if (b > need) need = b;
+    }
+    return need;
+}
+
 int pt_osft_setup(pt_rt *rt, pt_model_v1 *h, char *err, size_t errlen) {
     pt_osft_free(rt);
     rt->hmodel = h;
@@ -196,106 +339,13 @@ int pt_osft_setup(pt_rt *rt, pt_model_v1 *h, char *err, size_t errlen) {
                          "'%s': the model trains without OSFT", rt->cfg.osft_targets);
         return PT_OK;
     }
-    pt_osft *o = calloc(1, sizeof *o);
-    int nx = n_host + nt * (PT_OSFT_NF - 1);
-    if (o) {
-        o->xp = calloc((size_t)nx, sizeof *o->xp);
-        o->names = calloc((size_t)nt * PT_OSFT_NF, sizeof *o->names);
-        o->map = calloc((size_t)n_host, sizeof *o->map);
-        o->tmap = calloc((size_t)n_host, sizeof *o->tmap);
-        o->t = calloc((size_t)nt, sizeof *o->t);
-    }
-    if (!o || !o->xp || !o->names || !o->map || !o->tmap || !o->t) {
-        if (o) {
-            free(o->xp), free(o->names), free(o->map), free(o->tmap), free(o->t);
-            free(o);
-        }
+    pt_osft *o = state_new(n_host, nt);
+    if (!o)
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "osft: out of host memory for %d targets",
                        nt);
-    }
-    pthread_mutex_init(&o->mu, NULL);
-    o->n_host = n_host;
     rt->osft = o;
-    /* targets, ranks, and the factor storage they need */
-    size_t nvals = 0;
-    for (int i = 0; i < n_host; i++) {
-        const pt_param_v1 *p = &h->params[i];
-        o->tmap[i] = -1;
-        if (p->ndim != 2 || !p->trainable || !matches(p->name, rt->cfg.osft_targets)) continue;
-        tgt *t = &o->t[o->n];
-        o->tmap[i] = o->n++;
-        t->hidx = i;
-        t->block = p->block;
-        t->N = p->shape[0];
-        t->M = p->shape[1];
-        t->R = t->N < t->M ? t->N : t->M;
-        t->k = pt_osft_frozen_rank(t->R, rt->cfg.osft_urr);
-        t->kl = t->R - t->k;
-        nvals += (size_t)(t->N * t->R + t->R + t->R * t->M);
-    }
-    o->vals = malloc(nvals * sizeof(float));
-    float *scr_u = NULL, *scr_v = NULL;
-    int64_t mu = 0, mv = 0;
-    for (int i = 0; i < o->n; i++) {
-        if (o->t[i].N * o->t[i].R > mu) mu = o->t[i].N * o->t[i].R;
-        if (o->t[i].R * o->t[i].M > mv) mv = o->t[i].R * o->t[i].M;
-    }
-    scr_u = malloc((size_t)mu * sizeof(float));
-    scr_v = malloc((size_t)mv * sizeof(float));
-    if (!o->vals || !scr_u || !scr_v) {
-        free(scr_u), free(scr_v);
-        pt_osft_free(rt);
-        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "osft: out of host memory for the factors "
-                       "(%zu floats)", nvals);
-    }
-    /* decompose, then lay the expanded list out in the host's order */
-    float *v = o->vals;
-    int x = 0, rc = PT_OK;
-    double t_all = 0;
-    for (int i = 0; i < n_host && !rc; i++) {
-        const pt_param_v1 *p = &h->params[i];
-        if (o->tmap[i] < 0) {
-            o->map[i] = x;
-            o->xp[x] = *p;
-            o->xp[x].data = o->xp[x].grad = NULL;
-            x++;
-            continue;
-        }
-        o->map[i] = -1;
-        tgt *t = &o->t[o->tmap[i]];
-        int64_t N = t->N, M = t->M, R = t->R, k = t->k, kl = t->kl;
-        float *uh = v, *ul = uh + N * k, *s = ul + N * kl, *vt = s + R;
-        v = vt + R * M;
-        double t0 = pt_now_s();
-        rc = svd_one(rt, (const float *)p->init, N, M, scr_u, s, vt, p->name, err, errlen);
-        double dt = pt_now_s() - t0;
-        t_all += dt;
-        if (rc) break;
-        /* U's columns split at k: U_high = U[:, :k], U_low = U[:, k:] (row-major) */
-        for (int64_t r = 0; r < N; r++) {
-            memcpy(uh + r * k, scr_u + r * R, (size_t)k * 4);
-            memcpy(ul + r * kl, scr_u + r * R + k, (size_t)kl * 4);
-        }
-        /* S and Vt split at row k in place: S_high = s[:k], V_high = vt[:k] */
-        const float *src[PT_OSFT_NF] = {uh, s, vt, ul, s + k, vt + k * M};
-        const int64_t shp[PT_OSFT_NF][2] = {{N, k}, {k, 0}, {k, M}, {N, kl}, {kl, 0}, {kl, M}};
-        for (int f = 0; f < PT_OSFT_NF; f++) {
-            t->x[f] = -1;
-            if (f < PT_OSFT_UL && k == 0) continue;   /* nothing frozen: no high factors */
-            char *nm = o->names[o->tmap[i] * PT_OSFT_NF + f];
-            snprintf(nm, sizeof o->names[0], "%s.%s", p->name, fname[f]);
-            pt_param_v1 *q = &o->xp[x];
-            *q = (pt_param_v1){.name = nm, .dtype = PT_F32, .ndim = shp[f][1] ? 2 : 1,
-                               .shape = {shp[f][0], shp[f][1]}, .block = p->block,
-                               .trainable = f >= PT_OSFT_UL, .tie = -1, .init = src[f]};
-            t->x[f] = x++;
-        }
-        PT_LOGI(&rt->lg, "osft: '%s' %lld x %lld, rank %lld: %lld frozen, %lld trainable "
-                         "(SVD %.3f s)", p->name, (long long)N, (long long)M, (long long)R,
-                (long long)k, (long long)kl, dt);
-    }
-    free(scr_u);
-    free(scr_v);
+    build b = {0};
+    int rc = decompose(rt, h, find_targets(rt, h), &b, err, errlen);
     if (rc) {
         pt_osft_free(rt);
         return rc;
@@ -304,18 +354,9 @@ int pt_osft_setup(pt_rt *rt, pt_model_v1 *h, char *err, size_t errlen) {
     for (int i = 0; i < n_host; i++)
         if (o->map[i] >= 0 && h->params[i].tie >= 0) o->xp[o->map[i]].tie = o->map[h->params[i].tie];
     o->xm = *h;
-    o->xm.n_params = x;
+    o->xm.n_params = b.x;
     o->xm.params = o->xp;
-    /* the hooks' scratch for batch x seq rows (backward: rows x (2 kl + k)), and
-     * the projections' k x kl coefficients */
-    int64_t rows = h->batch * h->seq > 0 ? h->batch * h->seq : 1;
-    uint64_t need = 0;
-    for (int i = 0; i < o->n; i++) {
-        const tgt *t = &o->t[i];
-        uint64_t a = (uint64_t)(rows * (2 * t->kl + t->k)), b = (uint64_t)(t->k * t->kl);
-        if (a > need) need = a;
-        if (b > need) need = b;
-    }
+    uint64_t need = scratch_floats(o, h);
     if ((rc = pt_gpu_alloc(rt->gpu, (size_t)need * 4, PT_TAG_SCRATCH, (void **)&o->scr, err,
                            errlen))) {
         pt_osft_free(rt);
@@ -327,7 +368,7 @@ int pt_osft_setup(pt_rt *rt, pt_model_v1 *h, char *err, size_t errlen) {
     pt_osft_bytes(rt, &fz, &tr, &dn);
     PT_LOGI(&rt->lg, "osft: %d target(s) (unfreeze_rank_ratio %g, targets '%s'), SVD %.3f s in "
                      "all; factors %.2f MiB frozen + %.2f MiB trainable in place of %.2f MiB "
-                     "dense", o->n, (double)rt->cfg.osft_urr, rt->cfg.osft_targets, t_all,
+                     "dense", o->n, (double)rt->cfg.osft_urr, rt->cfg.osft_targets, b.t_all,
             fz / 1048576.0, tr / 1048576.0, dn / 1048576.0);
     pt_osft_mirror(rt);
     return PT_OK;

@@ -44,16 +44,9 @@ void pt_cost_ctx_free(pt_cost_ctx *cx) {
 
 int pt_cost_swap_interval(const pt_cost_ctx *cx) { return cx->interval; }
 
-int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errlen) {
-    *out = NULL;
-    int rc = pt_trace_validate(t, err, errlen);
-    if (rc) return rc;
-    pt_cost_ctx *cx = calloc(1, sizeof *cx);
-    if (!cx) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
-    int32_t N = t->n_block, K = t->n_chunk;
-    cx->t = t;
-    cx->N = N;
-    cx->K = K;
+/* The context's arrays (prefix sums over chunks, per-block ranges); 0 or -1. */
+static int ctx_alloc(pt_cost_ctx *cx) {
+    const int32_t N = cx->N, K = cx->K;
     size_t k1 = (size_t)K + 1;
     cx->cnt = calloc(k1, sizeof *cx->cnt);
     cx->bytes = calloc(k1, sizeof(uint64_t));
@@ -76,12 +69,17 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     cx->has = malloc((size_t)N);
     cx->fstart = malloc((size_t)N * sizeof(double));
     cx->mand_blk = calloc((size_t)N + 1, sizeof(uint64_t));
-    if (!cx->fstart || !cx->mand_blk || !cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->ntc || !cx->rks || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
+    return (!cx->fstart || !cx->mand_blk || !cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->ntc || !cx->rks || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
         !cx->f_hi || !cx->l_lo || !cx->l_hi || !cx->nbmin || !cx->nbmin1 || !cx->nmb || !cx->rlo || !cx->rhi ||
-        !cx->has || pt_cost_rekls_ctx(cx)) {
-        pt_cost_ctx_free(cx);
-        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory for %d chunks", K);
-    }
+        !cx->has || pt_cost_rekls_ctx(cx)) ? -1 : 0;
+}
+
+/* Prefix sums over the chunks in layout order (the streamable ones; the
+ * mandatory ones' figures in the mand_* totals), and each block's first and
+ * last chunk ranges. */
+static void chunk_sums(pt_cost_ctx *cx) {
+    const pt_trace *t = cx->t;
+    const int32_t N = cx->N, K = cx->K;
     for (int32_t b = 0; b < N; b++) cx->f_lo[b] = cx->f_hi[b] = cx->l_lo[b] = cx->l_hi[b] = 0;
     for (int32_t k = 0; k < K; k++) {
         const pt_trace_chunk *c = &t->chunks[k];
@@ -115,6 +113,13 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
         cx->l_hi[lb] = k + 1;
     }
     cx->nm_pos[cx->n_nm] = K;
+}
+
+/* Per block: its streamable chunk range, the largest block's bytes, the forward
+ * start times. */
+static void block_ranges(pt_cost_ctx *cx) {
+    const pt_trace *t = cx->t;
+    const int32_t N = cx->N;
     for (int32_t b = 0; b < N; b++) {
         const pt_trace_block *B = &t->blocks[b];
         cx->has[b] = B->chunk_lo >= 0;
@@ -127,10 +132,15 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     for (int32_t b = 0; b < N; b++) cx->all_have &= cx->has[b];
     for (int32_t b = 0; b < N; b++)
         cx->fstart[b] = b ? cx->fstart[b - 1] + t->blocks[b - 1].fwd_s : t->embed_fwd_s;
-    /* One-block minimum: slots for the non-persistent chunks of the largest
-     * block (the runtime refuses fewer). Lookahead minimum: those of any two
-     * consecutive blocks (a single block when N == 1), so every prefetch fits;
-     * >= 1 when any chunk is streamed. Count over the union of the ranges. */
+}
+
+/* One-block minimum: slots for the non-persistent chunks of the largest
+ * block (the runtime refuses fewer). Lookahead minimum: those of any two
+ * consecutive blocks (a single block when N == 1), so every prefetch fits;
+ * >= 1 when any chunk is streamed. Count over the union of the ranges. */
+static void buffer_mins(pt_cost_ctx *cx) {
+    const pt_trace *t = cx->t;
+    const int32_t N = cx->N, K = cx->K;
     for (int32_t p = 0; p <= K; p++) {
         int32_t m = 0, m1 = 0;
         for (int32_t b = 0; b < N; b++) {
@@ -149,6 +159,12 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
         cx->nbmin[p] = m;
         cx->nbmin1[p] = m1;
     }
+}
+
+/* Seconds per byte of each collective the step runs. */
+static void coll_rates(pt_cost_ctx *cx) {
+    const pt_trace *t = cx->t;
+    const int32_t K = cx->K;
     /* The gradient all-reduce runs over the ranks holding the same shards: all
      * W of them, or with tensor parallel (groups of P) the D = W / P replicas,
      * each reducing its own shard bytes (what the trace's chunks hold):
@@ -170,6 +186,25 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
         cx->ag_f = (double)(t->key.world_size - 1) / t->key.world_size / t->hw.allgather_Bps;
     if (t->key.world_size > 1 && t->hw.reduce_scatter_Bps > 0)
         cx->rs_f = (double)(t->key.world_size - 1) / t->key.world_size / t->hw.reduce_scatter_Bps;
+}
+
+int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errlen) {
+    *out = NULL;
+    int rc = pt_trace_validate(t, err, errlen);
+    if (rc) return rc;
+    pt_cost_ctx *cx = calloc(1, sizeof *cx);
+    if (!cx) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
+    cx->t = t;
+    cx->N = t->n_block;
+    cx->K = t->n_chunk;
+    if (ctx_alloc(cx)) {
+        pt_cost_ctx_free(cx);
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory for %d chunks", cx->K);
+    }
+    chunk_sums(cx);
+    block_ranges(cx);
+    buffer_mins(cx);
+    coll_rates(cx);
     cx->interval = pt_swap_interval(t);
     pt_trace_phase_compute(t, &cx->comp_f, &cx->comp_b);
     *out = cx;

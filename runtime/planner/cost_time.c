@@ -146,13 +146,122 @@ static double defer_delay(const pt_cost_ctx *cx, int32_t p, double dev_s, double
     return d;
 }
 
+/* Backward's inputs and what it adds up. In: buckets (the all-reduce overlaps
+ * backward), shard (mode C), shard_div (ranks sharing the CPU steps), icpu
+ * (CPU Adam seconds per element, already divided by shard_div). Out: the
+ * windows' time, the copies, and the clocks of the all-reduce queue and of the
+ * CPU optimizer (both from the start of backward). */
+typedef struct bwd_pass {
+    int buckets, shard;
+    double shard_div, icpu;
+    double time, ar_clock, cpu_clock;
+    uint64_t up, chunk_up, down, sync;
+    int64_t nsync;
+} bwd_pass;
+
+/* Turn + backward; the CPU Adam of the gradients copied in a window starts
+ * when that window ends (OVERLAP), chunks in landing order. */
+static void bwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, pt_pool_walk *pw,
+                        bwd_pass *r) {
+    const pt_trace *t = cx->t;
+    const pt_trace_block *B = t->blocks;
+    const double ih = 1.0 / t->hw.h2d_Bps, id = 1.0 / t->hw.d2h_Bps;
+    const double lu = t->hw.h2d_lat_s, ld = t->hw.d2h_lat_s;
+    const int eng = t->hw.copy_engines;
+    const int32_t N = cx->N;
+    const uint64_t *gr = cx->grad, *trn = cx->train;
+    double clock = 0;
+    r->ar_clock = r->cpu_clock = 0;
+    {
+        /* head/loss: block N-1's swap-in; its chunks come at its gather. A
+         * SWAP block N-1 comes back from the bytes it just sent out, so its
+         * swap-in starts when the turn's swap-outs (FIFO, N-1's last) have
+         * drained, whatever the engines: the two copies are in series. */
+        uint64_t u = a->bwd_swap_in[N];
+        double c = t->head_fwd_s + t->head_bwd_s + a->fwd_free_s[N],
+               x = u ? dmax(c, a->fwd_swap_s[N] + copy_s(u, 1, ih, lu))
+                     : win(c, 0, a->fwd_swap_s[N], 0, eng);
+        r->up += u;
+        clock += x;
+    }
+    for (int32_t b = N - 1; b >= -1; b--) {
+        /* window b (b == -1: embedding backward) */
+        double c;
+        uint64_t u = 0, us = 0;
+        int64_t nu = 0, nus = 0, nd = 0;   /* copies: prefetched, synchronous, gradients */
+        if (b >= 0) {
+            c = B[b].bwd_s + (a->modes[b] == PT_BLOCK_CKPT ? B[b].recompute_s : 0) + a->bwd_free_s[b];
+            pt_pool_xfer x2 = pt_pool_bwd(pw, b);
+            us = x2.sync;
+            u = x2.prefetch;
+            nus = x2.nsync;
+            nu = x2.nprefetch;
+            r->up += u + us;
+            r->chunk_up += u + us;
+            r->sync += us;
+            r->nsync += nus;
+            u += a->bwd_swap_in[b];   /* the swap-in of block b-1: one more copy */
+            nu += a->bwd_swap_in[b] > 0;
+            r->up += a->bwd_swap_in[b];
+        } else {
+            c = t->embed_bwd_s;
+        }
+        int32_t g = b + 1;   /* gradients completed in block g are copied now */
+        uint64_t d = 0, tr = 0;
+        double rk = 0;
+        if (r->buckets && g < N) {   /* clock: block g's backward just ended */
+            uint64_t e = cx->mand_blk[g];
+            if (cx->f_hi[g] > cx->f_lo[g] && cx->f_lo[g] < p)
+                e += rsum(trn, cx->f_lo[g], imin(cx->f_hi[g], p));
+            if (e) r->ar_clock = dmax(r->ar_clock, clock) + 4.0 * (double)e * cx->coll_f;
+        }
+        if (g < N) {
+            int32_t lo = imax(cx->f_lo[g], p), hi = cx->f_hi[g];
+            d = rsum(gr, lo, hi);
+            tr = rsum(trn, lo, hi);
+            nd = rcnt(cx->ntc, lo, hi);
+            if (hi > lo) rk = (cx->rks[hi] - cx->rks[lo]) / r->shard_div;
+        }
+        double x = copy_s(us, nus, ih, lu) + win(c, copy_s(u, nu, ih, lu), copy_s(d, nd, id, ld), 0, eng);
+        r->down += d;
+        clock += x;
+        /* mode B's offloaded chunks of block g are buckets once their copies
+         * (this window) landed and the CPU formed their fp32 sums */
+        if (r->buckets && !r->shard && tr)
+            r->ar_clock = dmax(r->ar_clock, clock) + 4.0 * (double)tr * cx->coll_f;
+        /* REKLS chunks: their eigendecompositions and GEMMs on top (one worker
+         * per chunk, counted serially: an upper bound when chunks overlap) */
+        if (tr) r->cpu_clock = dmax(r->cpu_clock, clock) + (double)tr * r->icpu + rk;
+    }
+    r->time = clock;
+}
+
+/* The collectives' terms into out (all-reduce, reduce-scatter, all-gather, the
+ * tensor-parallel gathers); returns their sum. */
+static double coll_terms(const pt_cost_ctx *cx, const pt_cost_opts *o, const bwd_pass *bw,
+                         uint64_t chunk_up, uint64_t dev_elems, uint64_t cpu_elems, pt_cost *out) {
+    const pt_trace *t = cx->t;
+    const int ranks = t->key.world_size > 1;
+    /* fp32 gradients: resident ones all-reduced in place, offloaded ones in their
+     * fp32 sums (mode B) or reduce-scattered (mode C) */
+    if (bw->buckets) {
+        uint64_t after = cx->mand_nb;
+        out->allreduce_s = dmax(bw->ar_clock - bw->time, 0) + 4.0 * (double)after * cx->coll_f;
+    } else {
+        out->allreduce_s = ranks ? 4.0 * (double)(dev_elems + (bw->shard ? 0 : cpu_elems)) * cx->coll_f : 0;
+    }
+    out->reduce_scatter_s = bw->shard ? 4.0 * (double)cpu_elems * cx->rs_f : 0;
+    out->allgather_s = bw->shard ? (double)chunk_up * cx->ag_f : 0;
+    out->tp_gather_s = (cx->tp_grad * (o && o->tp_l2 ? 2.0 : 1.0) + cx->tp_fac) * cx->tpg_f;
+    return out->allreduce_s + out->reduce_scatter_s + out->allgather_s + out->tp_gather_s;
+}
+
 void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int32_t nb, const pt_cost_opts *o,
                   pt_cost *out) {
     const pt_trace *t = cx->t;
-    const pt_trace_block *B = t->blocks;
     const int clip = o ? o->clip : 0;
     /* reciprocals: this loop runs for every candidate the searcher scores */
-    const double ih = 1.0 / t->hw.h2d_Bps, id = 1.0 / t->hw.d2h_Bps;
+    const double ih = 1.0 / t->hw.h2d_Bps, id = 1.0 / t->hw.d2h_Bps, lu = t->hw.h2d_lat_s;
     /* Several ranks. Mode C's all-gather at each chunk upload and its
      * reduce-scatter at each chunk's last backward run on the hook thread: charged
      * as exposed time. The all-reduce: with buckets (overlap_ar) each resident
@@ -167,9 +276,8 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
      * gathers of the split params (tp_gather_s in cost_model.h). */
     const int ranks = t->key.world_size > 1;
     const int shard = ranks && o && o->shard;
-    const int eng = t->hw.copy_engines;
-    const int32_t N = cx->N, K = cx->K;
-    const uint64_t *gr = cx->grad, *trn = cx->train;
+    const int32_t K = cx->K;
+    const uint64_t *trn = cx->train;
     /* Chunk uploads come from the buffer-pool walk (pool_model.c): a window
      * starts with the synchronous uploads of its gather (exposed), then its
      * compute overlaps the prefetch of the next block. */
@@ -187,79 +295,21 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     uint64_t chunk_up = f.up;   /* chunk uploads only (each an all-gather in mode C) */
     sync_bytes += f.sync;
     int64_t sync_copies = f.nsync;
-    /* turn + backward; the CPU Adam of the gradients copied in a window starts
-     * when that window ends (OVERLAP), chunks in landing order. */
     /* Replicated offload: every rank steps the whole non-persistent set; sharded
      * (mode C): its 1/W share. Uploads are charged at full chunk size either
      * way, so the time is never under-predicted. */
     double shard_div = (o && o->shard && t->key.world_size > 1) ? t->key.world_size : 1;
     const double icpu = 1.0 / t->hw.cpu_adam_elems_per_s / shard_div;
-    const double lu = t->hw.h2d_lat_s, ld = t->hw.d2h_lat_s;
-    double clock = 0, cpu_clock = 0, ar_clock = 0;
     /* tensor parallel: the runtime reduces after backward, no buckets */
     const int buckets = ranks && o && o->overlap_ar && t->tp_size <= 1;
-    {
-        /* head/loss: block N-1's swap-in; its chunks come at its gather. A
-         * SWAP block N-1 comes back from the bytes it just sent out, so its
-         * swap-in starts when the turn's swap-outs (FIFO, N-1's last) have
-         * drained, whatever the engines: the two copies are in series. */
-        uint64_t u = a->bwd_swap_in[N];
-        double c = t->head_fwd_s + t->head_bwd_s + a->fwd_free_s[N],
-               x = u ? dmax(c, a->fwd_swap_s[N] + copy_s(u, 1, ih, lu))
-                     : win(c, 0, a->fwd_swap_s[N], 0, eng);
-        up_bytes += u;
-        clock += x;
-    }
-    for (int32_t b = N - 1; b >= -1; b--) {
-        /* window b (b == -1: embedding backward) */
-        double c;
-        uint64_t u = 0, us = 0;
-        int64_t nu = 0, nus = 0, nd = 0;   /* copies: prefetched, synchronous, gradients */
-        if (b >= 0) {
-            c = B[b].bwd_s + (a->modes[b] == PT_BLOCK_CKPT ? B[b].recompute_s : 0) + a->bwd_free_s[b];
-            pt_pool_xfer x2 = pt_pool_bwd(&pw, b);
-            us = x2.sync;
-            u = x2.prefetch;
-            nus = x2.nsync;
-            nu = x2.nprefetch;
-            up_bytes += u + us;
-            chunk_up += u + us;
-            sync_bytes += us;
-            sync_copies += nus;
-            u += a->bwd_swap_in[b];   /* the swap-in of block b-1: one more copy */
-            nu += a->bwd_swap_in[b] > 0;
-            up_bytes += a->bwd_swap_in[b];
-        } else {
-            c = t->embed_bwd_s;
-        }
-        int32_t g = b + 1;   /* gradients completed in block g are copied now */
-        uint64_t d = 0, tr = 0;
-        double rk = 0;
-        if (buckets && g < N) {   /* clock: block g's backward just ended */
-            uint64_t e = cx->mand_blk[g];
-            if (cx->f_hi[g] > cx->f_lo[g] && cx->f_lo[g] < p)
-                e += rsum(trn, cx->f_lo[g], imin(cx->f_hi[g], p));
-            if (e) ar_clock = dmax(ar_clock, clock) + 4.0 * (double)e * cx->coll_f;
-        }
-        if (g < N) {
-            int32_t lo = imax(cx->f_lo[g], p), hi = cx->f_hi[g];
-            d = rsum(gr, lo, hi);
-            tr = rsum(trn, lo, hi);
-            nd = rcnt(cx->ntc, lo, hi);
-            if (hi > lo) rk = (cx->rks[hi] - cx->rks[lo]) / shard_div;
-        }
-        double x = copy_s(us, nus, ih, lu) + win(c, copy_s(u, nu, ih, lu), copy_s(d, nd, id, ld), 0, eng);
-        down_bytes += d;
-        clock += x;
-        /* mode B's offloaded chunks of block g are buckets once their copies
-         * (this window) landed and the CPU formed their fp32 sums */
-        if (buckets && !shard && tr)
-            ar_clock = dmax(ar_clock, clock) + 4.0 * (double)tr * cx->coll_f;
-        /* REKLS chunks: their eigendecompositions and GEMMs on top (one worker
-         * per chunk, counted serially: an upper bound when chunks overlap) */
-        if (tr) cpu_clock = dmax(cpu_clock, clock) + (double)tr * icpu + rk;
-    }
-    double bwd = clock;
+    bwd_pass bw = {.buckets = buckets, .shard = shard, .shard_div = shard_div, .icpu = icpu};
+    bwd_windows(cx, a, p, &pw, &bw);
+    double bwd = bw.time, cpu_clock = bw.cpu_clock;
+    up_bytes += bw.up;
+    chunk_up += bw.chunk_up;
+    down_bytes += bw.down;
+    sync_bytes += bw.sync;
+    sync_copies += bw.nsync;
     uint64_t cpu_elems = rsum(trn, p, K);
     uint64_t dev_elems = cx->mand_train + trn[p];
     /* REKLS of resident chunks runs on the device's stream; its time there is
@@ -268,18 +318,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     double cpu_s = (double)cpu_elems * icpu + rk_cpu,
            dev_s = pt_cost_dev_opt_s(cx, p) + rk_dev;
     double iter;
-    /* fp32 gradients: resident ones all-reduced in place, offloaded ones in their
-     * fp32 sums (mode B) or reduce-scattered (mode C) */
-    if (buckets) {
-        uint64_t after = cx->mand_nb;
-        out->allreduce_s = dmax(ar_clock - bwd, 0) + 4.0 * (double)after * cx->coll_f;
-    } else {
-        out->allreduce_s = ranks ? 4.0 * (double)(dev_elems + (shard ? 0 : cpu_elems)) * cx->coll_f : 0;
-    }
-    out->reduce_scatter_s = shard ? 4.0 * (double)cpu_elems * cx->rs_f : 0;
-    out->allgather_s = shard ? (double)chunk_up * cx->ag_f : 0;
-    out->tp_gather_s = (cx->tp_grad * (o && o->tp_l2 ? 2.0 : 1.0) + cx->tp_fac) * cx->tpg_f;
-    double coll_s = out->allreduce_s + out->reduce_scatter_s + out->allgather_s + out->tp_gather_s;
+    double coll_s = coll_terms(cx, o, &bw, chunk_up, dev_elems, cpu_elems, out);
     /* mode C REKLS (cost_rekls.c): the owners' exchange and steps run inside
      * optimizer_step, not deferred */
     double rk_x = shard && rk_cpu > 0 ? pt_cost_rekls_shard_xchg_s(cx, p) : 0;

@@ -469,26 +469,13 @@ static int explain_infeasible(search *S, pt_act_profile *a, uint8_t *modes, pt_p
                 best_need / 1073741824.0);
 }
 
-int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *err, size_t errlen) {
-    double t0 = pt_now_s();
-    pt_plan_free(plan);
-    pt_plan_init(plan);
-    int rc = check_overrides(t, o, err, errlen);
-    if (rc) return rc;
-    search S;
-    memset(&S, 0, sizeof S);
-    S.t = t;
-    S.o = o;
-    rc = pt_cost_ctx_new(t, &S.cx, err, errlen);
-    if (rc) return rc;
-    int32_t N = t->n_block, K = t->n_chunk, I = pt_cost_swap_interval(S.cx), cap = pt_swap_cap(N, I);
-    plan->capacity = o->capacity ? o->capacity : t->hw.device_capacity;
-    S.budget = pt_cost_budget(plan->capacity, &o->cost);
-    S.host_budget = o->host_ram ? o->host_ram : t->hw.host_ram_bytes;
-    S.best_T = INFINITY;
-    S.alt_want = o->n_alt < 0 ? 0 : o->n_alt > PT_PLAN_MAX_ALT ? PT_PLAN_MAX_ALT : o->n_alt;
-    plan->budget = S.budget;
-    plan->host_budget = S.host_budget;
+/* The plan's description of the search: budgets, options, the trace's shape. */
+static void plan_header(const search *S, int32_t I, int32_t cap, pt_plan *plan) {
+    const pt_trace *t = S->t;
+    const pt_search_opts *o = S->o;
+    const int32_t N = t->n_block, K = t->n_chunk;
+    plan->budget = S->budget;
+    plan->host_budget = S->host_budget;
     plan->opts = o->cost;
     if (!(plan->opts.frag > 0)) plan->opts.frag = 1.0;
     plan->frag_meas = t->frag;
@@ -504,6 +491,117 @@ int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *e
     plan->seq = t->key.seq;
     plan->fixed = (o->n_persist >= 0 ? PT_KNOB_PERSIST : 0) | (o->n_buffer >= 0 ? PT_KNOB_BUFFER : 0) |
                   (o->n_swap >= 0 ? PT_KNOB_SWAP : 0) | (o->n_checkpoint >= 0 ? PT_KNOB_CKPT : 0);
+}
+
+/* Every (n_checkpoint, n_swap) pair, and under it n_persist downwards and the
+ * buffer count: the candidates kept in S (list, alternatives, best time). */
+static void scan(search *S, pt_act_profile *a, uint8_t *modes, int32_t I, int32_t cap) {
+    const pt_trace *t = S->t;
+    const pt_search_opts *o = S->o;
+    const int32_t N = t->n_block, K = t->n_chunk;
+    int32_t c0, c1, s0, s1, p0, p1;
+    range(o->n_checkpoint, 0, N, &c0, &c1);
+    range(o->n_persist, 0, K, &p0, &p1);
+    for (int32_t c = c0; c <= c1; c++) {
+        range(o->n_swap, 0, N - c < cap ? N - c : cap, &s0, &s1);
+        for (int32_t s = s0; s <= s1 && s + c <= N; s++) {
+            pt_place_blocks(N, s, c, I, modes, NULL, 0);
+            pt_act_compute(S->cx, modes, a);
+            int32_t p_hi = persist_hi(S, a->peak_dyn);
+            if (p_hi < p0) continue;   /* nothing fits next to these activations */
+            if (prunable(S, lower_bound(S, a, o->n_persist >= 0 ? o->n_persist : p_hi))) continue;
+            cand pair_best = {.T = INFINITY, .s = s, .c = c};
+            /* n_persist downwards from the largest that fits: the bound below
+             * only grows as n_persist falls, so the first miss ends the scan. */
+            for (int32_t p = p1 < p_hi ? p1 : p_hi; p >= p0; p--) {
+                if (prunable(S, pt_cost_time_lb_persist(S->cx, a, p, &o->cost))) break;
+                if (o->n_persist < 0 && pt_cost_persist_redundant(S->cx, p)) continue;
+                if (S->host_budget && pt_cost_host_bytes(S->cx, a, p, o->cost.shard) > S->host_budget) continue;
+                uint64_t raw_fixed = pt_cost_persist_bytes(S->cx, p) + t->nonblock_bytes + a->peak_dyn;
+                int32_t lo1 = pt_cost_buffer_min_block(S->cx, p), lo2 = pt_cost_buffer_min(S->cx, p);
+                int32_t q = pt_cost_n_offloaded(S->cx, p);
+                cand cd;
+                if (o->n_buffer >= 0) {
+                    int32_t nb = o->n_buffer;
+                    if (nb < lo1 || nb > K - p || !fits(S, raw_fixed + pt_cost_buffer_bytes(S->cx, p, nb))) continue;
+                    if (dominated(S, a, p, pair_best.T)) continue;
+                    cd = (cand){.T = INFINITY, .s = s, .c = c, .p = p, .nb = nb};
+                    eval_range(S, a, nb, nb, &cd);
+                } else {
+                    int32_t nb = buffer_max(S, raw_fixed, lo1, q);
+                    if (nb < 0 || dominated(S, a, p, pair_best.T)) continue;
+                    /* O(1) bounds inside: most candidates of a transfer-bound model stop there */
+                    cd = score_p(S, a, s, c, p, lo1, lo2, nb);
+                }
+                if (!(cd.T < INFINITY)) continue;
+                add_cand(S, cd);
+                if (cd.T < pair_best.T) pair_best = cd;
+            }
+            if (pair_best.T < INFINITY) add_alt(S, pair_best);
+        }
+    }
+}
+
+/* Fewest buffers within the band: below the lookahead minimum time is not
+ * monotone (scan), from it up it is (bisection). */
+static void fewest_buffers(search *S, pt_act_profile *a, uint8_t *modes, int32_t I, cand *ch) {
+    pt_place_blocks(S->t->n_block, ch->s, ch->c, I, modes, NULL, 0);
+    pt_act_compute(S->cx, modes, a);
+    int32_t lo = pt_cost_buffer_min_block(S->cx, ch->p), lo2 = pt_cost_buffer_min(S->cx, ch->p);
+    int32_t hi = ch->nb;   /* time(hi) is within the band */
+    for (; lo < hi && lo < lo2; lo++) {
+        S->n_eval++;
+        if (time_of(S, a, ch->p, lo) <= TIE * S->best_T) {
+            hi = lo;
+            break;
+        }
+    }
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (time_of(S, a, ch->p, mid) <= TIE * S->best_T)
+            hi = mid;
+        else
+            lo = mid + 1;
+        S->n_eval++;
+    }
+    ch->nb = hi;
+}
+
+/* The chosen candidate and the alternatives into the plan, each fully costed. */
+static void fill_plan(search *S, pt_act_profile *a, uint8_t *modes, cand *chp, pt_plan *plan) {
+    const int32_t N = S->t->n_block;
+    cand ch = *chp;
+    plan->knobs = (pt_knobs){ch.p, ch.nb, ch.s, ch.c};
+    plan->best_iter_s = S->best_T;
+    full_cost(S, a, modes, &ch, &plan->cost);
+    memcpy(plan->modes, modes, (size_t)N);
+    for (int i = 0; i < S->n_alt_kept && plan->n_alt < S->alt_want; i++) {
+        if (S->alt[i].s == ch.s && S->alt[i].c == ch.c) continue;
+        pt_plan_alt *al = &plan->alt[plan->n_alt++];
+        al->knobs = (pt_knobs){S->alt[i].p, S->alt[i].nb, S->alt[i].s, S->alt[i].c};
+        full_cost(S, a, modes, &S->alt[i], &al->cost);
+    }
+}
+
+int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *err, size_t errlen) {
+    double t0 = pt_now_s();
+    pt_plan_free(plan);
+    pt_plan_init(plan);
+    int rc = check_overrides(t, o, err, errlen);
+    if (rc) return rc;
+    search S;
+    memset(&S, 0, sizeof S);
+    S.t = t;
+    S.o = o;
+    rc = pt_cost_ctx_new(t, &S.cx, err, errlen);
+    if (rc) return rc;
+    int32_t N = t->n_block, I = pt_cost_swap_interval(S.cx), cap = pt_swap_cap(N, I);
+    plan->capacity = o->capacity ? o->capacity : t->hw.device_capacity;
+    S.budget = pt_cost_budget(plan->capacity, &o->cost);
+    S.host_budget = o->host_ram ? o->host_ram : t->hw.host_ram_bytes;
+    S.best_T = INFINITY;
+    S.alt_want = o->n_alt < 0 ? 0 : o->n_alt > PT_PLAN_MAX_ALT ? PT_PLAN_MAX_ALT : o->n_alt;
+    plan_header(&S, I, cap, plan);
     plan->modes = calloc((size_t)N, 1);
     uint8_t *modes = malloc((size_t)N);
     pt_act_profile a;
@@ -516,48 +614,7 @@ int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *e
         rc = pt_fail(err, errlen, PT_ERR_INVALID_ARG, "searcher: device capacity is 0 (set it in the trace or the options)");
         goto out;
     }
-
-    int32_t c0, c1, s0, s1, p0, p1;
-    range(o->n_checkpoint, 0, N, &c0, &c1);
-    range(o->n_persist, 0, K, &p0, &p1);
-    for (int32_t c = c0; c <= c1; c++) {
-        range(o->n_swap, 0, N - c < cap ? N - c : cap, &s0, &s1);
-        for (int32_t s = s0; s <= s1 && s + c <= N; s++) {
-            pt_place_blocks(N, s, c, I, modes, NULL, 0);
-            pt_act_compute(S.cx, modes, &a);
-            int32_t p_hi = persist_hi(&S, a.peak_dyn);
-            if (p_hi < p0) continue;   /* nothing fits next to these activations */
-            if (prunable(&S, lower_bound(&S, &a, o->n_persist >= 0 ? o->n_persist : p_hi))) continue;
-            cand pair_best = {.T = INFINITY, .s = s, .c = c};
-            /* n_persist downwards from the largest that fits: the bound below
-             * only grows as n_persist falls, so the first miss ends the scan. */
-            for (int32_t p = p1 < p_hi ? p1 : p_hi; p >= p0; p--) {
-                if (prunable(&S, pt_cost_time_lb_persist(S.cx, &a, p, &o->cost))) break;
-                if (o->n_persist < 0 && pt_cost_persist_redundant(S.cx, p)) continue;
-                if (S.host_budget && pt_cost_host_bytes(S.cx, &a, p, o->cost.shard) > S.host_budget) continue;
-                uint64_t raw_fixed = pt_cost_persist_bytes(S.cx, p) + t->nonblock_bytes + a.peak_dyn;
-                int32_t lo1 = pt_cost_buffer_min_block(S.cx, p), lo2 = pt_cost_buffer_min(S.cx, p);
-                int32_t q = pt_cost_n_offloaded(S.cx, p);
-                cand cd;
-                if (o->n_buffer >= 0) {
-                    int32_t nb = o->n_buffer;
-                    if (nb < lo1 || nb > K - p || !fits(&S, raw_fixed + pt_cost_buffer_bytes(S.cx, p, nb))) continue;
-                    if (dominated(&S, &a, p, pair_best.T)) continue;
-                    cd = (cand){.T = INFINITY, .s = s, .c = c, .p = p, .nb = nb};
-                    eval_range(&S, &a, nb, nb, &cd);
-                } else {
-                    int32_t nb = buffer_max(&S, raw_fixed, lo1, q);
-                    if (nb < 0 || dominated(&S, &a, p, pair_best.T)) continue;
-                    /* O(1) bounds inside: most candidates of a transfer-bound model stop there */
-                    cd = score_p(&S, &a, s, c, p, lo1, lo2, nb);
-                }
-                if (!(cd.T < INFINITY)) continue;
-                add_cand(&S, cd);
-                if (cd.T < pair_best.T) pair_best = cd;
-            }
-            if (pair_best.T < INFINITY) add_alt(&S, pair_best);
-        }
-    }
+    scan(&S, &a, modes, I, cap);
     if (S.oom) {
         rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "searcher: out of memory keeping candidates");
         goto out;
@@ -569,40 +626,8 @@ int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *e
 
     /* Tie rule over the final band, then the fewest buffers within it. */
     cand ch = *pick_plan(&S, &a, modes);
-    if (o->n_buffer < 0) {
-        /* fewest buffers within the band: below the lookahead minimum time is
-         * not monotone (scan), from it up it is (bisection) */
-        pt_place_blocks(N, ch.s, ch.c, I, modes, NULL, 0);
-        pt_act_compute(S.cx, modes, &a);
-        int32_t lo = pt_cost_buffer_min_block(S.cx, ch.p), lo2 = pt_cost_buffer_min(S.cx, ch.p);
-        int32_t hi = ch.nb;   /* time(hi) is within the band */
-        for (; lo < hi && lo < lo2; lo++) {
-            S.n_eval++;
-            if (time_of(&S, &a, ch.p, lo) <= TIE * S.best_T) {
-                hi = lo;
-                break;
-            }
-        }
-        while (lo < hi) {
-            int32_t mid = lo + (hi - lo) / 2;
-            if (time_of(&S, &a, ch.p, mid) <= TIE * S.best_T)
-                hi = mid;
-            else
-                lo = mid + 1;
-            S.n_eval++;
-        }
-        ch.nb = hi;
-    }
-    plan->knobs = (pt_knobs){ch.p, ch.nb, ch.s, ch.c};
-    plan->best_iter_s = S.best_T;
-    full_cost(&S, &a, modes, &ch, &plan->cost);
-    memcpy(plan->modes, modes, (size_t)N);
-    for (int i = 0; i < S.n_alt_kept && plan->n_alt < S.alt_want; i++) {
-        if (S.alt[i].s == ch.s && S.alt[i].c == ch.c) continue;
-        pt_plan_alt *al = &plan->alt[plan->n_alt++];
-        al->knobs = (pt_knobs){S.alt[i].p, S.alt[i].nb, S.alt[i].s, S.alt[i].c};
-        full_cost(&S, &a, modes, &S.alt[i], &al->cost);
-    }
+    if (o->n_buffer < 0) fewest_buffers(&S, &a, modes, I, &ch);
+    fill_plan(&S, &a, modes, &ch, plan);
     rc = PT_OK;
 out:
     plan->n_evaluated = S.n_eval;

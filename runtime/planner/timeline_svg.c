@@ -101,22 +101,15 @@ static double tick_step(double top) {
     return k * mag * unit;
 }
 
-int pt_timeline_svg_write(FILE *f, const pt_mem_window *win, int32_t n, const pt_timeline_svg_opts *o) {
-    static const pt_timeline_svg_opts none = {0};
-    if (!o) o = &none;
-    if (!f || !win || n <= 0) return PT_ERR_INVALID_ARG;
-    int32_t pk = pt_timeline_peak_index(win, n);
-    uint64_t peak = win[pk].total_bytes, top = peak;
-    if (o->capacity_bytes > top) top = o->capacity_bytes;
-    if (o->measured)
-        for (int32_t i = 0; i < n; i++)
-            if (o->measured[i] > top) top = o->measured[i];
-    if (o->measured_peak_bytes > top) top = o->measured_peak_bytes;
-    double ymax = top > 0 ? (double)top * 1.08 : 1.0;   /* room above the highest line for its label */
-    double pw = W - ML - MR, ph = H - MT - MB, bw = pw / n;
-#define X(i) (ML + (i) * bw)
-#define Y(b) (MT + ph - ph * (double)(b) / ymax)
+/* The plot's geometry: the y range, the plot area and one bar's width. */
+typedef struct geo {
+    double ymax, pw, ph, bw;
+} geo;
+#define X(i) (ML + (i) * g->bw)
+#define Y(b) (MT + g->ph - g->ph * (double)(b) / g->ymax)
 
+/* Header, titles, the y grid and its labels. */
+static void svg_head(FILE *f, const geo *g, const pt_timeline_svg_opts *o) {
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
                "font-family=\"sans-serif\" font-size=\"12\">\n", W, H, W, H);
@@ -125,27 +118,29 @@ int pt_timeline_svg_write(FILE *f, const pt_mem_window *win, int32_t n, const pt
     if (o->title) put_escaped(f, o->title);
     else fputs("Predicted device memory of one step", f);
     fprintf(f, "</text>\n");
-    char pb[32], pn[32];
-    human(pb, sizeof pb, (double)peak);
-    pt_timeline_window_name(&win[pk], pn, sizeof pn);
     fprintf(f, "<text x=\"%d\" y=\"42\" fill=\"#444\">one bar per window, forward then backward; "
                "the stack is the cost model&apos;s terms, its top the predicted total</text>\n", ML);
 
     /* y grid and tick labels */
-    double step = tick_step(ymax);
+    double step = tick_step(g->ymax);
     fprintf(f, "<g stroke=\"#ddd\" stroke-width=\"1\">\n");
-    for (double v = step; v < ymax; v += step)
-        fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", ML, Y(v), ML + pw, Y(v));
+    for (double v = step; v < g->ymax; v += step)
+        fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", ML, Y(v), ML + g->pw, Y(v));
     fprintf(f, "</g>\n<g text-anchor=\"end\" fill=\"#333\">\n");
-    double unit = tick_unit(ymax);
+    double unit = tick_unit(g->ymax);
     int dec = step >= unit ? 0 : (int)ceil(-log10(step / unit) - 1e-9);
-    for (double v = 0; v < ymax; v += step) {
+    for (double v = 0; v < g->ymax; v += step) {
         char t[32];
         snprintf(t, sizeof t, "%.*f %s", dec, v / unit, unit == GIB ? "GiB" : "MiB");
         fprintf(f, "<text x=\"%d\" y=\"%.1f\">%s</text>\n", ML - 6, Y(v) + 4, t);
     }
     fprintf(f, "</g>\n");
 
+}
+
+/* The stacked bars, the predicted total through their tops, the measured dots. */
+static void svg_bars(FILE *f, const geo *g, const pt_mem_window *win, int32_t n,
+                     const pt_timeline_svg_opts *o) {
     /* the stacked bars: one group per category so the legend colours match */
     for (int c = 0; c < NCAT; c++) {
         fprintf(f, "<g fill=\"%s\">\n", CATS[c].color);
@@ -154,8 +149,8 @@ int pt_timeline_svg_write(FILE *f, const pt_mem_window *win, int32_t n, const pt
             for (int d = 0; d < c; d++) lo += cat_bytes(&win[i], d);
             if (!b) continue;
             double y1 = Y(lo + b), y0 = Y(lo);
-            fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\"/>\n", X(i) + bw * 0.1, y1,
-                    bw * 0.8, y0 - y1);
+            fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\"/>\n", X(i) + g->bw * 0.1, y1,
+                    g->bw * 0.8, y0 - y1);
         }
         fprintf(f, "</g>\n");
     }
@@ -169,26 +164,32 @@ int pt_timeline_svg_write(FILE *f, const pt_mem_window *win, int32_t n, const pt
         fprintf(f, "<g fill=\"#d62728\">\n");
         for (int32_t i = 0; i < n; i++)
             if (o->measured[i])
-                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\"/>\n", X(i) + bw / 2, Y(o->measured[i]));
+                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\"/>\n", X(i) + g->bw / 2, Y(o->measured[i]));
         fprintf(f, "</g>\n");
     }
 
+}
+
+/* Capacity, usable budget, measured peak, and the predicted peak's marker. */
+static void svg_marks(FILE *f, const geo *g, const pt_mem_window *win, int32_t n, int32_t pk,
+                      const pt_timeline_svg_opts *o) {
+    uint64_t peak = win[pk].total_bytes;
     /* capacity and usable budget */
     if (o->capacity_bytes) {
         char t[32];
         human(t, sizeof t, (double)o->capacity_bytes);
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c00\" stroke-width=\"1.5\" "
-                   "stroke-dasharray=\"8,4\"/>\n", ML, Y(o->capacity_bytes), ML + pw, Y(o->capacity_bytes));
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"#c00\">capacity %s</text>\n", ML + pw - 4,
+                   "stroke-dasharray=\"8,4\"/>\n", ML, Y(o->capacity_bytes), ML + g->pw, Y(o->capacity_bytes));
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"#c00\">capacity %s</text>\n", ML + g->pw - 4,
                 Y(o->capacity_bytes) - 4, t);
     }
     if (o->budget_bytes && o->budget_bytes < o->capacity_bytes) {
         char t[32];
         human(t, sizeof t, (double)o->budget_bytes);
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e07000\" stroke-width=\"1\" "
-                   "stroke-dasharray=\"3,3\"/>\n", ML, Y(o->budget_bytes), ML + pw, Y(o->budget_bytes));
+                   "stroke-dasharray=\"3,3\"/>\n", ML, Y(o->budget_bytes), ML + g->pw, Y(o->budget_bytes));
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"#e07000\">usable %s</text>\n",
-                ML + pw - 4, Y(o->budget_bytes) + 14, t);
+                ML + g->pw - 4, Y(o->budget_bytes) + 14, t);
     }
 
     if (o->measured_peak_bytes) {
@@ -197,15 +198,18 @@ int pt_timeline_svg_write(FILE *f, const pt_mem_window *win, int32_t n, const pt
         human(t, sizeof t, (double)o->measured_peak_bytes);
         double y = Y(o->measured_peak_bytes);
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#d62728\" stroke-width=\"1.5\" "
-                   "stroke-dasharray=\"2,3\"/>\n", ML, y, ML + pw, y);
+                   "stroke-dasharray=\"2,3\"/>\n", ML, y, ML + g->pw, y);
         /* below its line at the right end, clear of the peak label above the bars */
         fprintf(f, "<text id=\"measured-peak\" x=\"%.1f\" y=\"%.1f\" fill=\"#d62728\" "
                    "text-anchor=\"end\" stroke=\"white\" stroke-width=\"3\" paint-order=\"stroke\">"
                    "measured peak %llu B (%s)</text>\n",
-                ML + pw - 4, y + 14, (unsigned long long)o->measured_peak_bytes, t);
+                ML + g->pw - 4, y + 14, (unsigned long long)o->measured_peak_bytes, t);
     }
     /* the peak: marker and exact label (anchored so it stays inside the plot) */
-    double px = X(pk) + bw / 2, py = Y(peak);
+    char pb[32], pn[32];
+    human(pb, sizeof pb, (double)peak);
+    pt_timeline_window_name(&win[pk], pn, sizeof pn);
+    double px = X(pk) + g->bw / 2, py = Y(peak);
     const char *anchor = pk < n / 3 ? "start" : pk > 2 * n / 3 ? "end" : "middle";
     fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"none\" stroke=\"#000\" stroke-width=\"2\"/>\n", px,
             py);
@@ -213,10 +217,13 @@ int pt_timeline_svg_write(FILE *f, const pt_mem_window *win, int32_t n, const pt
                "stroke=\"white\" stroke-width=\"3\" paint-order=\"stroke\">peak %llu B (%s) at %s"
                "</text>\n", px, py - 10, anchor, (unsigned long long)peak, pb, pn);
 
-    /* axes, x labels (thinned to about 40 so they stay readable), titles */
+}
+
+/* Axes, x labels (thinned to about 40 so they stay readable), titles. */
+static void svg_axes(FILE *f, const geo *g, const pt_mem_window *win, int32_t n, int32_t pk) {
     fprintf(f, "<g stroke=\"#000\" stroke-width=\"1\">\n");
-    fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%.1f\"/>\n", ML, MT, ML, MT + ph);
-    fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", ML, MT + ph, ML + pw, MT + ph);
+    fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%.1f\"/>\n", ML, MT, ML, MT + g->ph);
+    fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", ML, MT + g->ph, ML + g->pw, MT + g->ph);
     fprintf(f, "</g>\n");
     int32_t every = n > 40 ? (n + 39) / 40 : 1;
     fprintf(f, "<g font-size=\"10\" fill=\"#333\" text-anchor=\"end\">\n");
@@ -224,17 +231,20 @@ int pt_timeline_svg_write(FILE *f, const pt_mem_window *win, int32_t n, const pt
         if (i % every && i != pk) continue;
         char t[32];
         pt_timeline_window_name(&win[i], t, sizeof t);
-        double x = X(i) + bw / 2, y = MT + ph + 10;
+        double x = X(i) + g->bw / 2, y = MT + g->ph + 10;
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" transform=\"rotate(-55 %.1f %.1f)\">%s</text>\n", x, y, x, y, t);
     }
     fprintf(f, "</g>\n");
     fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">window of one step (forward, turn = head and loss, "
-               "backward; the optimizer step adds no device bytes)</text>\n", ML + pw / 2, H - 8);
+               "backward; the optimizer step adds no device bytes)</text>\n", ML + g->pw / 2, H - 8);
     fprintf(f, "<text x=\"18\" y=\"%.1f\" text-anchor=\"middle\" transform=\"rotate(-90 18 %.1f)\">device bytes"
-               "</text>\n", MT + ph / 2, MT + ph / 2);
+               "</text>\n", MT + g->ph / 2, MT + g->ph / 2);
 
-    /* legend, top category first as in the stack */
-    double lx = ML + pw + 16, ly = MT + 4;
+}
+
+/* The legend, top category first as in the stack. */
+static void svg_legend(FILE *f, const geo *g, const pt_timeline_svg_opts *o) {
+    double lx = ML + g->pw + 16, ly = MT + 4;
     fprintf(f, "<g>\n");
     for (int c = NCAT - 1; c >= 0; c--, ly += 20) {
         fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"14\" height=\"14\" fill=\"%s\"/>\n", lx, ly, CATS[c].color);
@@ -260,11 +270,34 @@ int pt_timeline_svg_write(FILE *f, const pt_mem_window *win, int32_t n, const pt
                    "stroke-dasharray=\"2,3\"/>\n", lx, ly + 7, lx + 14, ly + 7);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">measured peak</text>\n", lx + 20, ly + 11);
     }
+}
+
+int pt_timeline_svg_write(FILE *f, const pt_mem_window *win, int32_t n, const pt_timeline_svg_opts *o) {
+    static const pt_timeline_svg_opts none = {0};
+    if (!o) o = &none;
+    if (!f || !win || n <= 0) return PT_ERR_INVALID_ARG;
+    int32_t pk = pt_timeline_peak_index(win, n);
+    uint64_t peak = win[pk].total_bytes, top = peak;
+    if (o->capacity_bytes > top) top = o->capacity_bytes;
+    if (o->measured)
+        for (int32_t i = 0; i < n; i++)
+            if (o->measured[i] > top) top = o->measured[i];
+    if (o->measured_peak_bytes > top) top = o->measured_peak_bytes;
+    geo g;
+    g.ymax = top > 0 ? (double)top * 1.08 : 1.0;   /* room above the highest line for its label */
+    g.pw = W - ML - MR;
+    g.ph = H - MT - MB;
+    g.bw = g.pw / n;
+    svg_head(f, &g, o);
+    svg_bars(f, &g, win, n, o);
+    svg_marks(f, &g, win, n, pk, o);
+    svg_axes(f, &g, win, n, pk);
+    svg_legend(f, &g, o);
     fprintf(f, "</g>\n</svg>\n");
-#undef X
-#undef Y
     return ferror(f) ? PT_ERR_IO : PT_OK;
 }
+#undef X
+#undef Y
 
 void pt_timeline_free(pt_timeline *tl) {
     if (!tl) return;

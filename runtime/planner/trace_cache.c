@@ -156,7 +156,8 @@ static int exact_ok(uint64_t x, uint64_t bytes, uint64_t formula) {
 
 static int finite_nonneg(double x) { return isfinite(x) && x >= 0.0; }
 
-int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
+/* The trace's header: sizes, key, element sizes, the non-block times. */
+static int check_header(const pt_trace *t, char *err, size_t errlen) {
     if (!t || !t->blocks || !t->chunks)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: blocks or chunks array is NULL");
     if (t->n_block < 1 || t->n_block > MAX_BLOCKS || t->n_chunk < 1 || t->n_chunk > MAX_CHUNKS)
@@ -182,6 +183,11 @@ int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
     if (!finite_nonneg(t->embed_fwd_s) || !finite_nonneg(t->embed_bwd_s) || !finite_nonneg(t->head_fwd_s) ||
         !finite_nonneg(t->head_bwd_s))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: a non-block time is negative or not finite");
+    return PT_OK;
+}
+
+/* The hardware rates, the calibration factors and the fragmentation figures. */
+static int check_hw(const pt_trace *t, char *err, size_t errlen) {
     const pt_trace_hw *h = &t->hw;
     if (!(isfinite(h->h2d_Bps) && h->h2d_Bps > 0) || !(isfinite(h->d2h_Bps) && h->d2h_Bps > 0) ||
         !(isfinite(h->cpu_adam_elems_per_s) && h->cpu_adam_elems_per_s > 0) ||
@@ -208,76 +214,65 @@ int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
                        "[1, 64]; rounding %llu and span %llu against peak %llu bytes)", fr->factor,
                        (unsigned long long)fr->rounding_bytes, (unsigned long long)fr->span_bytes,
                        (unsigned long long)fr->peak_bytes);
-    for (int32_t b = 0; b < t->n_block; b++) {
-        const pt_trace_block *B = &t->blocks[b];
-        if (!finite_nonneg(B->fwd_s) || !finite_nonneg(B->bwd_s) || !finite_nonneg(B->recompute_s))
-            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: block %d has a negative or non-finite time", b);
-    }
-    int32_t last_first = -1, last_last = -1;
-    uint64_t max_stream = 0;
-    for (int32_t k = 0; k < t->n_chunk; k++) {
-        const pt_trace_chunk *c = &t->chunks[k];
-        if (c->trainable_elems > c->elems)
-            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d has trainable_elems %llu > elems %llu", k,
-                        (unsigned long long)c->trainable_elems, (unsigned long long)c->elems);
-        if (c->elems > (1ull << 48) || c->bytes > (1ull << 52))
-            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d has %llu elements / %llu bytes (limit 2^48 / 2^52)",
-                        k, (unsigned long long)c->elems, (unsigned long long)c->bytes);
-        if (!exact_ok(c->dev_bytes, c->bytes, dev_formula(t, c)))
-            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                        "trace: chunk %d dev_bytes %llu is outside [bytes %llu, 2 x formula %llu + 2048] (0 = use the formula)",
-                        k, (unsigned long long)c->dev_bytes, (unsigned long long)c->bytes,
-                        (unsigned long long)dev_formula(t, c));
-        if (!exact_ok(c->host_bytes, c->bytes, host_formula(t, c)))
-            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                        "trace: chunk %d host_bytes %llu is outside [bytes %llu, 2 x formula %llu + 2048] (0 = use the formula)",
-                        k, (unsigned long long)c->host_bytes, (unsigned long long)c->bytes,
-                        (unsigned long long)host_formula(t, c));
-        if (!finite_nonneg(c->rekls_s))
-            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                           "trace: chunk %d rekls_s %g is not a finite number >= 0", k, c->rekls_s);
-        /* the split params' full shapes are P times their shards, which the
-         * chunk's trainable elements hold; a factor side is at most
-         * PT_REKLS_MAX_DIM = 8192, so 4 (m^2 + n^2) <= 2 * 8192 * 4 m n */
-        uint64_t tpp = t->tp_size > 1 ? (uint64_t)t->tp_size : 0;
-        if (c->tp_grad_bytes > 4 * tpp * c->trainable_elems ||
-            c->tp_factor_bytes > 16384 * c->tp_grad_bytes)
-            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                           "trace: chunk %d tensor-parallel gather bytes (gradient %llu, factors "
-                           "%llu) do not fit tp_size %d and %llu trainable elements (both 0 "
-                           "without tensor parallel)", k, (unsigned long long)c->tp_grad_bytes,
-                           (unsigned long long)c->tp_factor_bytes, t->tp_size,
-                           (unsigned long long)c->trainable_elems);
-        /* one param's state is part of the sum; the factors are part of the host bytes */
-        if (c->rekls_aux_words > (1ull << 48) || c->rekls_mn > (1ull << 48) ||
-            c->rekls_own_max > c->rekls_aux_words + 2 * c->rekls_mn ||
-            4 * c->rekls_aux_words > (host_formula(t, c) > c->host_bytes ? host_formula(t, c)
-                                                                         : c->host_bytes))
-            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                           "trace: chunk %d REKLS words %llu / m n %llu / largest %llu are "
-                           "inconsistent (the largest above the sum, or the factors above the "
-                           "chunk's host bytes)", k, (unsigned long long)c->rekls_aux_words,
-                           (unsigned long long)c->rekls_mn, (unsigned long long)c->rekls_own_max);
-        if (c->first_block < -1 || c->last_block < c->first_block || c->last_block >= t->n_block ||
-            (c->first_block == -1) != (c->last_block == -1))
-            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d block range [%d, %d] invalid for %d blocks",
-                        k, c->first_block, c->last_block, t->n_block);
-        if (c->first_block < 0 && !c->mandatory)
-            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                        "trace: chunk %d uses no block but is not mandatory (non-block params stay persistent)", k);
-        if (c->mandatory) continue;
-        if (c->first_block < last_first || c->last_block < last_last)
-            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                        "trace: chunk %d blocks [%d, %d] go backwards after [%d, %d]; chunks must be in execution order",
-                        k, c->first_block, c->last_block, last_first, last_last);
-        last_first = c->first_block;
-        last_last = c->last_block;
-        if (c->bytes > max_stream) max_stream = c->bytes;
-    }
-    if (t->slot_bytes < max_stream)
-        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: slot_bytes %llu cannot hold the largest streamed chunk (%llu bytes)",
-                    (unsigned long long)t->slot_bytes, (unsigned long long)max_stream);
-    /* Block ranges must be what the chunks say (derive, then compare). */
+    return PT_OK;
+}
+
+/* Chunk k's own figures (its order among the others is the caller's). */
+static int check_chunk(const pt_trace *t, int32_t k, char *err, size_t errlen) {
+    const pt_trace_chunk *c = &t->chunks[k];
+    if (c->trainable_elems > c->elems)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d has trainable_elems %llu > elems %llu", k,
+                    (unsigned long long)c->trainable_elems, (unsigned long long)c->elems);
+    if (c->elems > (1ull << 48) || c->bytes > (1ull << 52))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d has %llu elements / %llu bytes (limit 2^48 / 2^52)",
+                    k, (unsigned long long)c->elems, (unsigned long long)c->bytes);
+    if (!exact_ok(c->dev_bytes, c->bytes, dev_formula(t, c)))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                    "trace: chunk %d dev_bytes %llu is outside [bytes %llu, 2 x formula %llu + 2048] (0 = use the formula)",
+                    k, (unsigned long long)c->dev_bytes, (unsigned long long)c->bytes,
+                    (unsigned long long)dev_formula(t, c));
+    if (!exact_ok(c->host_bytes, c->bytes, host_formula(t, c)))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                    "trace: chunk %d host_bytes %llu is outside [bytes %llu, 2 x formula %llu + 2048] (0 = use the formula)",
+                    k, (unsigned long long)c->host_bytes, (unsigned long long)c->bytes,
+                    (unsigned long long)host_formula(t, c));
+    if (!finite_nonneg(c->rekls_s))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "trace: chunk %d rekls_s %g is not a finite number >= 0", k, c->rekls_s);
+    /* the split params' full shapes are P times their shards, which the
+     * chunk's trainable elements hold; a factor side is at most
+     * PT_REKLS_MAX_DIM = 8192, so 4 (m^2 + n^2) <= 2 * 8192 * 4 m n */
+    uint64_t tpp = t->tp_size > 1 ? (uint64_t)t->tp_size : 0;
+    if (c->tp_grad_bytes > 4 * tpp * c->trainable_elems ||
+        c->tp_factor_bytes > 16384 * c->tp_grad_bytes)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "trace: chunk %d tensor-parallel gather bytes (gradient %llu, factors "
+                       "%llu) do not fit tp_size %d and %llu trainable elements (both 0 "
+                       "without tensor parallel)", k, (unsigned long long)c->tp_grad_bytes,
+                       (unsigned long long)c->tp_factor_bytes, t->tp_size,
+                       (unsigned long long)c->trainable_elems);
+    /* one param's state is part of the sum; the factors are part of the host bytes */
+    if (c->rekls_aux_words > (1ull << 48) || c->rekls_mn > (1ull << 48) ||
+        c->rekls_own_max > c->rekls_aux_words + 2 * c->rekls_mn ||
+        4 * c->rekls_aux_words > (host_formula(t, c) > c->host_bytes ? host_formula(t, c)
+                                                                     : c->host_bytes))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "trace: chunk %d REKLS words %llu / m n %llu / largest %llu are "
+                       "inconsistent (the largest above the sum, or the factors above the "
+                       "chunk's host bytes)", k, (unsigned long long)c->rekls_aux_words,
+                       (unsigned long long)c->rekls_mn, (unsigned long long)c->rekls_own_max);
+    if (c->first_block < -1 || c->last_block < c->first_block || c->last_block >= t->n_block ||
+        (c->first_block == -1) != (c->last_block == -1))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d block range [%d, %d] invalid for %d blocks",
+                    k, c->first_block, c->last_block, t->n_block);
+    if (c->first_block < 0 && !c->mandatory)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                    "trace: chunk %d uses no block but is not mandatory (non-block params stay persistent)", k);
+    return PT_OK;
+}
+
+/* Block ranges must be what the chunks say (derive, then compare). */
+static int check_ranges(const pt_trace *t, char *err, size_t errlen) {
     int32_t *rng = malloc((size_t)t->n_block * 2 * sizeof *rng);
     if (!rng) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "trace: cannot allocate the range check");
     for (int32_t b = 0; b < 2 * t->n_block; b++) rng[b] = -1;
@@ -299,6 +294,35 @@ int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
     }
     free(rng);
     return PT_OK;
+}
+
+int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
+    int rc = check_header(t, err, errlen);
+    if (!rc) rc = check_hw(t, err, errlen);
+    if (rc) return rc;
+    for (int32_t b = 0; b < t->n_block; b++) {
+        const pt_trace_block *B = &t->blocks[b];
+        if (!finite_nonneg(B->fwd_s) || !finite_nonneg(B->bwd_s) || !finite_nonneg(B->recompute_s))
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: block %d has a negative or non-finite time", b);
+    }
+    int32_t last_first = -1, last_last = -1;
+    uint64_t max_stream = 0;
+    for (int32_t k = 0; k < t->n_chunk; k++) {
+        const pt_trace_chunk *c = &t->chunks[k];
+        if ((rc = check_chunk(t, k, err, errlen))) return rc;
+        if (c->mandatory) continue;
+        if (c->first_block < last_first || c->last_block < last_last)
+            return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                        "trace: chunk %d blocks [%d, %d] go backwards after [%d, %d]; chunks must be in execution order",
+                        k, c->first_block, c->last_block, last_first, last_last);
+        last_first = c->first_block;
+        last_last = c->last_block;
+        if (c->bytes > max_stream) max_stream = c->bytes;
+    }
+    if (t->slot_bytes < max_stream)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: slot_bytes %llu cannot hold the largest streamed chunk (%llu bytes)",
+                    (unsigned long long)t->slot_bytes, (unsigned long long)max_stream);
+    return check_ranges(t, err, errlen);
 }
 
 /* ---------------- encoding ---------------- */

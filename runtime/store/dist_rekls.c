@@ -264,53 +264,80 @@ static void plan_x(const pt_store *st, int dir, int per, xplan *x) {
     }
 }
 
-int pt_rk_sh_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
-    int W = st->world, me = st->rank, any = 0;
-    for (int r = 0; r < st->n_rk; r++) any |= st->rk[r].owner >= 0;
-    if (!any) return PT_OK;   /* the same on every rank: one plan */
-    pt_rekls_hyper h = pt_rk_hyper(st, lr, gs, st->env.opt->t + 1);
-    /* l2 decay reads the weights inside the step: they travel with the gradient */
-    int per = h.wd_mode == PT_REKLS_WD_L2 && h.weight_decay != 0 ? 2 : 1;
+/* One pass's state: the owned params' jobs and whole matrices, the exchange
+ * geometry and buffers, and the per-peer packing positions. */
+typedef struct sh_pass {
+    pt_store *st;
+    int W, me, per, nj;        /* per: floats per shared element (2: the weights travel too) */
+    pt_rekls_hyper h;
+    size_t *idx, *pos;
+    own_job *jobs;
+    float *mats;
+    xplan x;
+    char *sb, *rb;
+} sh_pass;
 
-    size_t *idx = calloc((size_t)W * 4 + 1, sizeof *idx);
-    own_job *jobs = calloc((size_t)st->n_rk + 1, sizeof *jobs);
+static void pass_close(sh_pass *P) {
+    free(P->sb);
+    free(P->rb);
+    free(P->pos);
+    free(P->mats);
+    free(P->jobs);
+    free(P->idx);
+}
+
+/* The jobs of the params this rank owns, each with its whole matrices. */
+static int pass_open(sh_pass *P, pt_store *st, float lr, float gs, char *err, size_t errlen) {
+    memset(P, 0, sizeof *P);
+    P->st = st;
+    P->W = st->world;
+    P->me = st->rank;
+    P->h = pt_rk_hyper(st, lr, gs, st->env.opt->t + 1);
+    /* l2 decay reads the weights inside the step: they travel with the gradient */
+    P->per = P->h.wd_mode == PT_REKLS_WD_L2 && P->h.weight_decay != 0 ? 2 : 1;
+    P->idx = calloc((size_t)P->W * 4 + 1, sizeof *P->idx);
+    P->jobs = calloc((size_t)st->n_rk + 1, sizeof *P->jobs);
     /* the owned params' whole matrices: G (then D), and W with l2 */
     size_t full = 0;
     for (int r = 0; r < st->n_rk; r++)
-        if (st->rk[r].owner == me) full += (size_t)st->rk[r].m * (size_t)st->rk[r].n * (size_t)per;
-    float *mats = malloc(sizeof(float) * (full + 1));
-    if (!idx || !jobs || !mats) {
-        free(idx);
-        free(jobs);
-        free(mats);
+        if (st->rk[r].owner == P->me)
+            full += (size_t)st->rk[r].m * (size_t)st->rk[r].n * (size_t)P->per;
+    P->mats = malloc(sizeof(float) * (full + 1));
+    if (!P->idx || !P->jobs || !P->mats) {
+        pass_close(P);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "optimizer_step: out of host memory for "
                        "mode C's REKLS matrices (%zu floats)", full);
     }
-    xplan x = {idx, idx + W, idx + 2 * W, idx + 3 * W, 0, 0};
-    int nj = 0;
+    size_t *idx = P->idx;
+    P->x = (xplan){idx, idx + P->W, idx + 2 * P->W, idx + 3 * P->W, 0, 0};
     size_t off = 0;
     for (int r = 0; r < st->n_rk; r++) {
         const rk_param *q = &st->rk[r];
-        if (q->owner != me) continue;
+        if (q->owner != P->me) continue;
         size_t mn = (size_t)q->m * (size_t)q->n;
-        jobs[nj].st = st;
-        jobs[nj].q = q;
-        jobs[nj].h = h;
-        jobs[nj].G = mats + off;
-        jobs[nj].W = per == 2 ? mats + off + mn : NULL;
-        off += mn * (size_t)per;
-        nj++;
+        own_job *jb = &P->jobs[P->nj++];
+        jb->st = st;
+        jb->q = q;
+        jb->h = P->h;
+        jb->G = P->mats + off;
+        jb->W = P->per == 2 ? P->mats + off + mn : NULL;
+        off += mn * (size_t)P->per;
     }
+    return PT_OK;
+}
 
-    /* 1. the parts to the owners */
-    double t0 = pt_now_s();
-    plan_x(st, 0, per, &x);
-    char *sb = malloc(x.sbytes + 1), *rb = malloc(x.rbytes + 1);
-    int rc = !sb || !rb ? pt_fail(err, errlen, PT_ERR_HOST_OOM, "optimizer_step: out of host "
-                                  "memory for mode C's REKLS exchange (%zu + %zu bytes)",
-                                  x.sbytes, x.rbytes)
-                        : PT_OK;
-    size_t *pos = calloc((size_t)W, sizeof *pos);
+/* 1. every rank's parts of the owned params' gradients (and weights) to the owners */
+static int to_owners(sh_pass *P, char *err, size_t errlen) {
+    pt_store *st = P->st;
+    const int W = P->W, me = P->me, per = P->per;
+    plan_x(st, 0, per, &P->x);
+    P->sb = malloc(P->x.sbytes + 1);
+    P->rb = malloc(P->x.rbytes + 1);
+    int rc = !P->sb || !P->rb ? pt_fail(err, errlen, PT_ERR_HOST_OOM, "optimizer_step: out of host "
+                                        "memory for mode C's REKLS exchange (%zu + %zu bytes)",
+                                        P->x.sbytes, P->x.rbytes)
+                              : PT_OK;
+    size_t *pos = P->pos = calloc((size_t)W, sizeof *pos);
     if (!rc && !pos) rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     for (int r = 0; !rc && r < st->n_rk; r++) {   /* pack, in param order per peer */
         const rk_param *q = &st->rk[r];
@@ -318,78 +345,86 @@ int pt_rk_sh_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
         if (q->owner < 0 || q->owner == me) continue;
         share(st, q, me, &a, &len);
         if (!len) continue;
-        char *d = sb + x.soff[q->owner] + pos[q->owner];
+        char *d = P->sb + P->x.soff[q->owner] + pos[q->owner];
         memcpy(d, grad_at(st, q, a), (size_t)len * 4);
         if (per == 2) memcpy(d + len * 4, param_at(st, q, a), (size_t)len * 4);
         pos[q->owner] += (size_t)len * 4 * (size_t)per;
     }
     if (!rc)
-        rc = pt_coll_alltoallv(st->env.coll, sb, x.soff, x.sn, rb, x.roff, x.rn,
+        rc = pt_coll_alltoallv(st->env.coll, P->sb, P->x.soff, P->x.sn, P->rb, P->x.roff, P->x.rn,
                                "mode C REKLS: gradients to their owners", err, errlen);
-    st->rk_sh_bytes[0] += (double)x.rbytes;
+    st->rk_sh_bytes[0] += (double)P->x.rbytes;
     for (int p = 0; p < W && pos; p++) pos[p] = 0;
-    for (int j = 0; !rc && j < nj; j++) {   /* unpack, the same order; my own part directly */
-        const rk_param *q = jobs[j].q;
+    for (int j = 0; !rc && j < P->nj; j++) {   /* unpack, the same order; my own part directly */
+        const own_job *jb = &P->jobs[j];
+        const rk_param *q = jb->q;
         for (int p = 0; p < W; p++) {
             uint64_t a, len;
             share(st, q, p, &a, &len);
             if (!len) continue;
             if (p == me) {
-                memcpy(jobs[j].G + a, grad_at(st, q, a), (size_t)len * 4);
-                if (per == 2) memcpy(jobs[j].W + a, param_at(st, q, a), (size_t)len * 4);
+                memcpy(jb->G + a, grad_at(st, q, a), (size_t)len * 4);
+                if (per == 2) memcpy(jb->W + a, param_at(st, q, a), (size_t)len * 4);
                 continue;
             }
-            const char *s = rb + x.roff[p] + pos[p];
-            memcpy(jobs[j].G + a, s, (size_t)len * 4);
-            if (per == 2) memcpy(jobs[j].W + a, s + len * 4, (size_t)len * 4);
+            const char *s = P->rb + P->x.roff[p] + pos[p];
+            memcpy(jb->G + a, s, (size_t)len * 4);
+            if (per == 2) memcpy(jb->W + a, s + len * 4, (size_t)len * 4);
             pos[p] += (size_t)len * 4 * (size_t)per;
         }
     }
-    double t1 = pt_now_s();
-    st->rk_sh_s[0] += t1 - t0;
+    return rc;
+}
 
-    /* 2. the owners' steps, one param per task on the CPU optimizer's workers */
+/* 2. the owners' steps, one param per task on the CPU optimizer's workers */
+static int owner_steps(sh_pass *P, char *err, size_t errlen) {
+    pt_store *st = P->st;
     pt_task_group g = PT_TASK_GROUP_INIT;
-    for (int j = 0; !rc && j < nj; j++)
-        if (pt_pool_submit(st->workers, own_step, &jobs[j], &g, NULL, 0)) own_step(&jobs[j]);
-    if (!rc) pt_pool_wait(st->workers, &g);
-    for (int j = 0; !rc && j < nj; j++)
-        if (jobs[j].rc)
-            rc = pt_fail(err, errlen, jobs[j].rc, "optimizer_step: mode C REKLS step of '%s' on "
-                         "its owner: %s", st->env.model->params[jobs[j].q->param].name,
-                         jobs[j].err);
-    double t2 = pt_now_s();
-    st->rk_sh_s[1] += t2 - t1;
+    for (int j = 0; j < P->nj; j++)
+        if (pt_pool_submit(st->workers, own_step, &P->jobs[j], &g, NULL, 0)) own_step(&P->jobs[j]);
+    pt_pool_wait(st->workers, &g);
+    for (int j = 0; j < P->nj; j++)
+        if (P->jobs[j].rc)
+            return pt_fail(err, errlen, P->jobs[j].rc, "optimizer_step: mode C REKLS step of '%s' "
+                           "on its owner: %s", st->env.model->params[P->jobs[j].q->param].name,
+                           P->jobs[j].err);
+    return PT_OK;
+}
 
-    /* 3. each rank's part of the update back, applied to its part of the weights */
-    free(sb);
-    free(rb);
-    sb = rb = NULL;
+/* 3. each rank's part of the update back, applied to its part of the weights
+ * (rc: the status so far; the exchange is skipped after a failure) */
+static int from_owners(sh_pass *P, float lr, int rc, char *err, size_t errlen) {
+    pt_store *st = P->st;
+    const int W = P->W, me = P->me;
+    size_t *pos = P->pos;
+    free(P->sb);
+    free(P->rb);
+    P->sb = P->rb = NULL;
     if (!rc) {
-        plan_x(st, 1, 1, &x);
-        sb = malloc(x.sbytes + 1);
-        rb = malloc(x.rbytes + 1);
-        if (!sb || !rb)
+        plan_x(st, 1, 1, &P->x);
+        P->sb = malloc(P->x.sbytes + 1);
+        P->rb = malloc(P->x.rbytes + 1);
+        if (!P->sb || !P->rb)
             rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "optimizer_step: out of host memory for "
-                         "mode C's REKLS updates (%zu + %zu bytes)", x.sbytes, x.rbytes);
+                         "mode C's REKLS updates (%zu + %zu bytes)", P->x.sbytes, P->x.rbytes);
     }
     for (int p = 0; p < W && pos; p++) pos[p] = 0;
-    for (int j = 0; !rc && j < nj; j++) {
-        const rk_param *q = jobs[j].q;
+    for (int j = 0; !rc && j < P->nj; j++) {
+        const rk_param *q = P->jobs[j].q;
         for (int p = 0; p < W; p++) {
             uint64_t a, len;
             share(st, q, p, &a, &len);
             if (p == me || !len) continue;
-            memcpy(sb + x.soff[p] + pos[p], jobs[j].G + a, (size_t)len * 4);
+            memcpy(P->sb + P->x.soff[p] + pos[p], P->jobs[j].G + a, (size_t)len * 4);
             pos[p] += (size_t)len * 4;
         }
     }
     if (!rc)
-        rc = pt_coll_alltoallv(st->env.coll, sb, x.soff, x.sn, rb, x.roff, x.rn,
+        rc = pt_coll_alltoallv(st->env.coll, P->sb, P->x.soff, P->x.sn, P->rb, P->x.roff, P->x.rn,
                                "mode C REKLS: updates from their owners", err, errlen);
-    st->rk_sh_bytes[1] += (double)x.rbytes;
+    st->rk_sh_bytes[1] += (double)P->x.rbytes;
     for (int p = 0; p < W && pos; p++) pos[p] = 0;
-    float c0 = pt_rekls_decay(&h);
+    float c0 = pt_rekls_decay(&P->h);
     for (int r = 0, j = 0; !rc && r < st->n_rk; r++) {
         const rk_param *q = &st->rk[r];
         if (q->owner < 0) continue;
@@ -397,9 +432,9 @@ int pt_rk_sh_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
         share(st, q, me, &a, &len);
         const float *D = NULL;
         if (q->owner == me) {
-            D = jobs[j++].G + a;
+            D = P->jobs[j++].G + a;
         } else if (len) {
-            D = (const float *)(rb + x.roff[q->owner] + pos[q->owner]);
+            D = (const float *)(P->rb + P->x.roff[q->owner] + pos[q->owner]);
             pos[q->owner] += (size_t)len * 4;
             /* negative control: the owner's update never reaches this part */
             if (st->env.skip & PT_ORD_RKSHARD) continue;
@@ -415,14 +450,27 @@ int pt_rk_sh_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
         e.c0 = c0;
         pt_rekls_ew_range(&e, 0, len);
     }
+    return rc;
+}
+
+int pt_rk_sh_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
+    int any = 0;
+    for (int r = 0; r < st->n_rk; r++) any |= st->rk[r].owner >= 0;
+    if (!any) return PT_OK;   /* the same on every rank: one plan */
+    sh_pass P;
+    int rc = pass_open(&P, st, lr, gs, err, errlen);
+    if (rc) return rc;
+    double t0 = pt_now_s();
+    rc = to_owners(&P, err, errlen);
+    double t1 = pt_now_s();
+    st->rk_sh_s[0] += t1 - t0;
+    if (!rc) rc = owner_steps(&P, err, errlen);
+    double t2 = pt_now_s();
+    st->rk_sh_s[1] += t2 - t1;
+    rc = from_owners(&P, lr, rc, err, errlen);
     st->rk_sh_s[2] += pt_now_s() - t2;
     st->rk_sh_steps += !rc;
-    free(sb);
-    free(rb);
-    free(pos);
-    free(mats);
-    free(jobs);
-    free(idx);
+    pass_close(&P);
     return rc;
 }
 

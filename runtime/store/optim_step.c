@@ -171,112 +171,100 @@ static void adam_task(void *arg) {
 void pt_store_set_profiling(pt_store *st, int on) { st->profiling = on; }
 
 
-int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen) {
-    pt_store *ms = st;
+/* The step's lr: the argument (negative: the optimizer's), or the one set_lr
+ * gave the CPU steps that overlapped backward, which an argument must match. */
+static int step_lr(pt_store *st, float lr_arg, float *lr, char *err, size_t errlen) {
     pt_optim_state *o = st->env.opt;
-    pt_model_v1 *m = st->env.model;
-    float lr = lr_arg >= 0 ? lr_arg : o->lr;
-    if (ms->lr_set) {
-        if (ms->overlapped && lr_arg >= 0 && lr_arg != ms->lr_next) {
+    *lr = lr_arg >= 0 ? lr_arg : o->lr;
+    if (st->lr_set) {
+        if (st->overlapped && lr_arg >= 0 && lr_arg != st->lr_next) {
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "optimizer_step: lr %g differs from the lr %g given to set_lr, which the CPU "
                 "optimizer already applied while backward ran", (double)lr_arg,
-                (double)ms->lr_next);
+                (double)st->lr_next);
         }
-        lr = ms->lr_next;
+        *lr = st->lr_next;
     }
-    o->lr = lr;
-    /* several ranks: every gradient bucket's all-reduce started as the device
-     * finishes its backward, before this hook blocks on the copy streams */
-    int drc = pt_cs_dist_drain(st, err, errlen);
-    if (drc) return drc;
-    /* One rank, no clipping, no tensor parallel: the resident chunks' steps
-     * need neither a global norm nor a reduction, so they are queued before
-     * this hook waits for the CPU's steps of the offloaded chunks, and the
-     * device steps while the CPU finishes (the cost model's overlapped
-     * schedule: fwd + max(bwd + device, CPU)). They were queued after that
-     * wait, which added the whole device step to every streamed iteration. */
-    const int early = !st->env.coll && !(o->max_grad_norm > 0) && pt_cs_tp_size(st) <= 1;
-    if (early && (drc = device_steps(st, lr, 1.0f, err, errlen))) return drc;
-    double cpu_wait = 0;   /* this hook's waits for CPU optimizer tasks (not for copies) */
-    if (ms->n_offloaded) {
-        /* the tasks are waited for even when the copies failed: none may still
-         * run when this hook returns */
-        int rc = OPS(st)->stream_sync(IMPL(st), st->env.s_d2h)
-                     ? pt_fail(err, errlen, PT_ERR_BACKEND,
-                               "optimizer_step: stream_sync of the d2h stream failed")
-                     : PT_OK;
-        double w0 = pt_now_s();
-        int trc = wait_tasks(st, rc ? NULL : err, rc ? 0 : errlen);
-        cpu_wait += pt_now_s() - w0;
-        if (rc || trc) return rc ? rc : trc;
-        if (ms->rk_failed) {   /* a REKLS step of the last step (deferred) or of this one failed */
-            rc = ms->rk_failed;
-            ms->rk_failed = 0;
-            return pt_fail(err, errlen, rc, "optimizer_step: a REKLS step on the CPU failed (the "
-                           "log names the parameter and the cause)");
-        }
-        if ((rc = pt_cs_account_hidden(st, err, errlen))) return rc;
+    o->lr = *lr;
+    return PT_OK;
+}
+
+/* The offloaded chunks' gradient copies and the CPU tasks queued on them
+ * (accumulation, norms, overlapped steps); *cpu_wait += the time waited for
+ * the tasks. */
+static int wait_offloaded(pt_store *st, double *cpu_wait, char *err, size_t errlen) {
+    /* the tasks are waited for even when the copies failed: none may still
+     * run when this hook returns */
+    int rc = OPS(st)->stream_sync(IMPL(st), st->env.s_d2h)
+                 ? pt_fail(err, errlen, PT_ERR_BACKEND,
+                           "optimizer_step: stream_sync of the d2h stream failed")
+                 : PT_OK;
+    double w0 = pt_now_s();
+    int trc = wait_tasks(st, rc ? NULL : err, rc ? 0 : errlen);
+    *cpu_wait += pt_now_s() - w0;
+    if (rc || trc) return rc ? rc : trc;
+    if (st->rk_failed) {   /* a REKLS step of the last step (deferred) or of this one failed */
+        rc = st->rk_failed;
+        st->rk_failed = 0;
+        return pt_fail(err, errlen, rc, "optimizer_step: a REKLS step on the CPU failed (the "
+                       "log names the parameter and the cause)");
     }
-    if (st->env.coll) {
-        int rc = pt_cs_dist_reduce(st, err, errlen);
-        if (rc) return rc;
-    }
-    float gs = 1.0f;
+    return pt_cs_account_hidden(st, err, errlen);
+}
+
+/* Global-norm clipping: the norm of the (reduced) gradient into o->last_norm
+ * (NaN without clipping) and the scale the steps apply, min(1, max / (norm + 1e-6)). */
+static int clip_scale(pt_store *st, float *gs, char *err, size_t errlen) {
+    pt_optim_state *o = st->env.opt;
+    pt_model_v1 *m = st->env.model;
+    *gs = 1.0f;
     o->last_norm = NAN;
-    if (o->max_grad_norm > 0) {
-        int rc = device_norms(st, err, errlen);
-        if (rc) return rc;
-        double sq = 0, sq_split = 0;
-        int tp = pt_cs_tp_size(st) > 1;
-        for (int i = 0; i < m->n_params; i++) {
-            if (ms->root[i] != i || !ms->root_tr[i]) continue;
-            if (tp && m->params[i].tp_split) sq_split += ms->psq[i];
-            else sq += ms->psq[i];
-        }
-        /* tensor parallel: each rank holds one block of a split param, so the
-         * full tensors' squares are the sum over its group (rank order: the same
-         * bits everywhere); a replicated param counts once, from this rank. The
-         * gradients are already averaged over the replicas, so every group
-         * finds the same norm without a sum across groups */
-        if (tp) {
-            int rc = pt_coll_allreduce(st->env.tp_coll, &sq_split, 1, PT_COLL_F64, 1.0,
-                                       "squared gradient norm of the split parameters", err,
-                                       errlen);
-            if (rc) return rc;
-        }
-        sq += sq_split;
-        double norm = sqrt(sq);
-        o->last_norm = norm;
-        if (norm > o->max_grad_norm) gs = (float)(o->max_grad_norm / (norm + 1e-6));
+    if (!(o->max_grad_norm > 0)) return PT_OK;
+    int rc = device_norms(st, err, errlen);
+    if (rc) return rc;
+    double sq = 0, sq_split = 0;
+    int tp = pt_cs_tp_size(st) > 1;
+    for (int i = 0; i < m->n_params; i++) {
+        if (st->root[i] != i || !st->root_tr[i]) continue;
+        if (tp && m->params[i].tp_split) sq_split += st->psq[i];
+        else sq += st->psq[i];
     }
-    if (pt_cs_tp_size(st) > 1) {   /* before the chunks' steps (a resident one zeroes its gradient) */
-        int rc = pt_rk_tp_pass(st, lr, gs, err, errlen);
+    /* tensor parallel: each rank holds one block of a split param, so the
+     * full tensors' squares are the sum over its group (rank order: the same
+     * bits everywhere); a replicated param counts once, from this rank. The
+     * gradients are already averaged over the replicas, so every group
+     * finds the same norm without a sum across groups */
+    if (tp) {
+        rc = pt_coll_allreduce(st->env.tp_coll, &sq_split, 1, PT_COLL_F64, 1.0,
+                               "squared gradient norm of the split parameters", err, errlen);
         if (rc) return rc;
     }
-    if (ms->shard && ms->n_rk) {   /* mode C: split chunks' REKLS params, at their owners */
-        int rc = pt_rk_sh_pass(st, lr, gs, err, errlen);
-        if (rc) return rc;
-    }
-    /* CPU steps that could not overlap (clipping, or lr unknown during backward),
-     * queued in layout order = the order the next forward gathers the chunks.
-     * Deferred, each goes into the chunk's own group (its upload and every
-     * host-side reader wait on that); else into one group waited for here. */
+    sq += sq_split;
+    double norm = sqrt(sq);
+    o->last_norm = norm;
+    if (norm > o->max_grad_norm) *gs = (float)(o->max_grad_norm / (norm + 1e-6));
+    return PT_OK;
+}
+
+/* CPU steps that could not overlap (clipping, or lr unknown during backward),
+ * queued in layout order = the order the next forward gathers the chunks.
+ * Deferred, each goes into the chunk's own group (its upload and every
+ * host-side reader wait on that); else into g, waited for by the caller. */
+static void queue_cpu_steps(pt_store *st, float lr, float gs, pt_task_group *g) {
     int defer = st->env.cfg->defer_cpu_steps;
-    pt_task_group g = PT_TASK_GROUP_INIT;
-    for (int k = 0; ms->n_offloaded && k < ms->n_chunks; k++) {
-        cs_chunk *c = &ms->ch[k];
+    for (int k = 0; st->n_offloaded && k < st->n_chunks; k++) {
+        cs_chunk *c = &st->ch[k];
         if (c->persistent || !c->trainable || c->stepped) continue;
         c->owner = st;
         c->s_acc = st->env.sx->n_micro > 1 || st->env.coll;
         pt_cs_step_consts(st, lr, gs, &c->s_consts);
         c->s_lr = lr;
         c->s_gs = gs;
-        c->s_k = o->t + 1;
+        c->s_k = st->env.opt->t + 1;
         /* negative control: chunk_stepped before the step (its previous
          * tasks were waited for above, so nothing else touches it now) */
         if (pt_cs_stepped_first(st)) pt_cs_stepped(st, c);
         if (c->rk_count || c->sh) {   /* one task: REKLS, or this rank's mode C parts */
-            if (pt_pool_submit(ms->workers, adam_task, c, defer ? &c->sg : &g, NULL, 0)) {
+            if (pt_pool_submit(st->workers, adam_task, c, defer ? &c->sg : g, NULL, 0)) {
                 adam_task(c);   /* no task node: step it here */
                 continue;
             }
@@ -285,55 +273,34 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
              * chunk k are queued ahead of chunk k + 1's, so the chunks finish
              * one by one in gather order at the rate of all threads */
             const pt_cpu_adam_hooks h = {step_start, step_done, c};
-            pt_cs_chunk_adam(st, c, &c->s_consts, c->s_acc, lr, gs, c->s_k, defer ? &c->sg : &g, &h);
+            pt_cs_chunk_adam(st, c, &c->s_consts, c->s_acc, lr, gs, c->s_k, defer ? &c->sg : g, &h);
         }
         c->step_pending = defer;
     }
-    if (!early) {
-        int rc = device_steps(st, lr, gs, err, errlen);
-        if (rc) {
-            pt_pool_wait(ms->workers, &g);
-            return rc;
-        }
-    }
-    double w1 = pt_now_s();
-    pt_pool_wait(ms->workers, &g);
-    /* what the host waited for CPU work: the gradient tasks (accumulation, norms,
-     * overlapped steps) once their copies were in, and the steps when not
-     * deferred (deferred ones count where an upload waits for them) */
-    pt_cs_add_optim_wait(ms, cpu_wait + pt_now_s() - w1);
-    if (ms->rk_failed) {   /* a CPU REKLS step failed (logged with its cause) */
-        int rc = ms->rk_failed;
-        ms->rk_failed = 0;
-        return pt_fail(err, errlen, rc, "optimizer_step: a REKLS step on the CPU failed (the log "
-                       "names the parameter and the cause)");
-    }
-    /* A host computing on its own thread reads the device AdamW's results right
-     * after this hook; an ordered host's next work queues behind it anyway. */
-    if (!st->env.ordered && OPS(st)->stream_sync(IMPL(st), st->env.s_compute)) {
-        return pt_fail(err, errlen, PT_ERR_BACKEND, "optimizer_step: stream_sync of the compute stream failed");
-    }
-    /* Streamed copies in slots are stale now: drop their tags (and poison them,
-     * so a host that kept a pointer reads NaN). Their gradient copies are done
-     * (the CPU steps waited for them); ordered, the fill queues behind the host's
-     * last use of the slot and the next upload into it waits for the fill. */
+}
+
+/* Streamed copies in slots are stale now: drop their tags (and poison them,
+ * so a host that kept a pointer reads NaN). Their gradient copies are done
+ * (the CPU steps waited for them); ordered, the fill queues behind the host's
+ * last use of the slot and the next upload into it waits for the fill. */
+static int drop_stale_copies(pt_store *st, char *err, size_t errlen) {
     int prc = PT_OK;
-    for (int k = 0; k < ms->n_chunks; k++) {
-        cs_chunk *c = &ms->ch[k];
+    for (int k = 0; k < st->n_chunks; k++) {
+        cs_chunk *c = &st->ch[k];
         c->stepped = 0;
         if (c->persistent || !c->trainable) continue;
-        int32_t s = pt_bufpool_lookup(ms->pool, c->id);
+        int32_t s = pt_bufpool_lookup(st->pool, c->id);
         if (s < 0) continue;
         /* untagged first: whatever fails below, no later gather takes the stale copy */
-        pt_bufpool_invalidate(ms->pool, c->id, NULL, 0);
+        pt_bufpool_invalidate(st->pool, c->id, NULL, 0);
         if (st->env.cfg->poison) {
             const char *op =
-                OPS(st)->memset_async(IMPL(st), pt_bufpool_slot_ptr(ms->pool, s), 0xFF,
-                                      (size_t)pt_bufpool_slot_size(ms->pool, s),
+                OPS(st)->memset_async(IMPL(st), pt_bufpool_slot_ptr(st->pool, s), 0xFF,
+                                      (size_t)pt_bufpool_slot_size(st->pool, s),
                                       pt_cs_ord(st, PT_ORD_STEP) ? st->env.s_compute : NULL)
                     ? "memset"
                 : st->env.ordered &&
-                        OPS(st)->event_record(IMPL(st), ms->slot_used[s], st->env.s_compute)
+                        OPS(st)->event_record(IMPL(st), st->slot_used[s], st->env.s_compute)
                     ? "event_record"
                     : NULL;
             /* the step itself is done: its bookkeeping below still runs */
@@ -343,8 +310,60 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
                               "failed", c->id, op);
         }
     }
-    ms->lr_set = 0;
-    ms->overlapped = 0;
+    return prc;
+}
+
+int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen) {
+    pt_optim_state *o = st->env.opt;
+    float lr;
+    int rc = step_lr(st, lr_arg, &lr, err, errlen);
+    if (rc) return rc;
+    /* several ranks: every gradient bucket's all-reduce started as the device
+     * finishes its backward, before this hook blocks on the copy streams */
+    if ((rc = pt_cs_dist_drain(st, err, errlen))) return rc;
+    /* One rank, no clipping, no tensor parallel: the resident chunks' steps
+     * need neither a global norm nor a reduction, so they are queued before
+     * this hook waits for the CPU's steps of the offloaded chunks, and the
+     * device steps while the CPU finishes (the cost model's overlapped
+     * schedule: fwd + max(bwd + device, CPU)). They were queued after that
+     * wait, which added the whole device step to every streamed iteration. */
+    const int early = !st->env.coll && !(o->max_grad_norm > 0) && pt_cs_tp_size(st) <= 1;
+    if (early && (rc = device_steps(st, lr, 1.0f, err, errlen))) return rc;
+    double cpu_wait = 0;   /* this hook's waits for CPU optimizer tasks (not for copies) */
+    if (st->n_offloaded && (rc = wait_offloaded(st, &cpu_wait, err, errlen))) return rc;
+    if (st->env.coll && (rc = pt_cs_dist_reduce(st, err, errlen))) return rc;
+    float gs;
+    if ((rc = clip_scale(st, &gs, err, errlen))) return rc;
+    /* before the chunks' steps (a resident one zeroes its gradient) */
+    if (pt_cs_tp_size(st) > 1 && (rc = pt_rk_tp_pass(st, lr, gs, err, errlen))) return rc;
+    /* mode C: split chunks' REKLS params, at their owners */
+    if (st->shard && st->n_rk && (rc = pt_rk_sh_pass(st, lr, gs, err, errlen))) return rc;
+    pt_task_group g = PT_TASK_GROUP_INIT;
+    queue_cpu_steps(st, lr, gs, &g);
+    if (!early && (rc = device_steps(st, lr, gs, err, errlen))) {
+        pt_pool_wait(st->workers, &g);
+        return rc;
+    }
+    double w1 = pt_now_s();
+    pt_pool_wait(st->workers, &g);
+    /* what the host waited for CPU work: the gradient tasks (accumulation, norms,
+     * overlapped steps) once their copies were in, and the steps when not
+     * deferred (deferred ones count where an upload waits for them) */
+    pt_cs_add_optim_wait(st, cpu_wait + pt_now_s() - w1);
+    if (st->rk_failed) {   /* a CPU REKLS step failed (logged with its cause) */
+        rc = st->rk_failed;
+        st->rk_failed = 0;
+        return pt_fail(err, errlen, rc, "optimizer_step: a REKLS step on the CPU failed (the log "
+                       "names the parameter and the cause)");
+    }
+    /* A host computing on its own thread reads the device AdamW's results right
+     * after this hook; an ordered host's next work queues behind it anyway. */
+    if (!st->env.ordered && OPS(st)->stream_sync(IMPL(st), st->env.s_compute)) {
+        return pt_fail(err, errlen, PT_ERR_BACKEND, "optimizer_step: stream_sync of the compute stream failed");
+    }
+    int prc = drop_stale_copies(st, err, errlen);
+    st->lr_set = 0;
+    st->overlapped = 0;
     o->t++;
     return prc;
 }

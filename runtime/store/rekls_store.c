@@ -123,116 +123,117 @@ void pt_rk_plan_chunk(pt_store *st, cs_chunk *c) {
     }
 }
 
-int pt_rk_init(pt_store *st, char *err, size_t errlen) {
+/* Counts for the log and the largest device workspace, over the chunks. */
+typedef struct rk_counts {
+    int adam, split, sh, own;
+    uint64_t ws_max, words;
+} rk_counts;
+
+/* Eligible param i of chunk k: its full shape, state slots, owner and place in
+ * the chunk's factor block. */
+static int add_param(pt_store *st, int k, int i, rk_counts *n, char *err, size_t errlen) {
     pt_model_v1 *m = st->env.model;
-    st->rk_of = malloc(sizeof(int) * (size_t)m->n_params);
-    st->rk = calloc((size_t)m->n_params, sizeof *st->rk);
-    if (!st->rk_of || !st->rk) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
-    for (int i = 0; i < m->n_params; i++) st->rk_of[i] = -1;
-    uint64_t ws_max = 0, words = 0;
-    int n_adam = 0, n_split = 0, n_sh = 0, n_own = 0;
-    for (int k = 0; k < st->n_chunks; k++) {
-        cs_chunk *c = &st->ch[k];
-        c->rk_first = st->n_rk;
-        for (int j = 0; c->trainable && j < c->lc->n_params; j++) {
-            int i = st->lay.order[c->lc->first_param + j];
-            if (!pt_rk_eligible(st, i)) {
-                n_adam += st->root[i] == i && m->params[i].trainable;
-                continue;
-            }
-            rk_param *q = &st->rk[st->n_rk];
-            q->param = i;
-            q->chunk = k;
-            int64_t fa, fb;
-            q->split = full_shape(st, &m->params[i], &fa, &fb);
-            q->m = (int)fa;
-            q->n = (int)fb;
-            if (q->split) {
-                int rc = pt_rekls_tp_check(fa, fb, pt_cs_tp_size(st), q->split, err, errlen);
-                if (rc) {
-                    char why[512];
-                    snprintf(why, sizeof why, "%s", err);
-                    return pt_fail(err, errlen, rc, "create_optimizer: split parameter '%s': %s",
-                                   m->params[i].name, why);
-                }
-            }
-            q->aux_words = aux_words(st, (uint64_t)q->m, (uint64_t)q->n, q->split);
-            q->off = st->lay.param_offset[i];
-            q->s = state_index(st, c, q->off);
-            if (q->s == UINT64_MAX)
-                return pt_fail(err, errlen, PT_ERR_INTERNAL,
-                               "REKLS: trainable parameter '%s' has no optimizer state slot",
-                               m->params[i].name);
-            q->owner = c->sh && st->rk_owner ? st->rk_owner[i] : -1;
-            if (c->sh && q->owner < 0)
-                return pt_fail(err, errlen, PT_ERR_INTERNAL, "REKLS: parameter '%s' of the "
-                               "split chunk %d has no owner rank", m->params[i].name, k);
-            q->aux = c->rk_aux_words;
-            if (c->sh) {   /* mode C: only its owner keeps it, moments included */
-                for (int r = 0; r < c->lc->n_regions; r++) {
-                    const pt_chunk_region *g = &c->lc->regions[r];
-                    if (q->off >= g->offset && q->off < g->offset + g->bytes) {
-                        q->reg = r;
-                        q->e0 = (q->off - g->offset) / 4;
-                    }
-                }
-                q->aux_view = c->rk_view_words;
-                c->rk_view_words += q->aux_words;
-                if (q->owner == st->rank)
-                    c->rk_aux_words += q->aux_words + 2 * (uint64_t)q->m * (uint64_t)q->n;
-                else
-                    q->aux = UINT64_MAX;
-                n_sh++;
-                n_own += q->owner == st->rank;
-            } else {
-                c->rk_aux_words += q->aux_words;
-            }
-            st->rk_of[i] = st->n_rk++;
-            n_split += q->split != 0;
-            uint64_t w = q->split ? 0 : pt_rekls_ws_words((uint64_t)q->m, (uint64_t)q->n);
-            if (c->persistent && w > ws_max) ws_max = w;
+    cs_chunk *c = &st->ch[k];
+    rk_param *q = &st->rk[st->n_rk];
+    q->param = i;
+    q->chunk = k;
+    int64_t fa, fb;
+    q->split = full_shape(st, &m->params[i], &fa, &fb);
+    q->m = (int)fa;
+    q->n = (int)fb;
+    if (q->split) {
+        int rc = pt_rekls_tp_check(fa, fb, pt_cs_tp_size(st), q->split, err, errlen);
+        if (rc) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", err);
+            return pt_fail(err, errlen, rc, "create_optimizer: split parameter '%s': %s",
+                           m->params[i].name, why);
         }
-        c->rk_count = st->n_rk - c->rk_first;
-        if (!c->rk_count || !c->rk_aux_words) continue;
-        words += c->rk_aux_words;
-        /* zero factors, identity bases: built on the host, copied in */
-        float *img = calloc((size_t)c->rk_aux_words, sizeof(float));
-        if (!img) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
-        for (int r = c->rk_first; r < st->n_rk; r++)   /* a split one starts all zero */
-            if (!st->rk[r].split && st->rk[r].aux != UINT64_MAX)
-                pt_rekls_aux_init_host(img + st->rk[r].aux, st->rk[r].m, st->rk[r].n);
-        int rc = PT_OK;
-        size_t bytes = sizeof(float) * (size_t)c->rk_aux_words;
-        if (c->persistent) {
-            rc = pt_gpu_alloc(st->env.gpu, bytes, PT_TAG_OPTIM, (void **)&c->rk_aux, err, errlen);
-            if (!rc && pt_gpu_memcpy(st->env.gpu, c->rk_aux, img, bytes, PT_GPU_H2D))
-                rc = pt_fail(err, errlen, PT_ERR_BACKEND,
-                             "REKLS: copying chunk %d's initial factors to the device failed", k);
-            free(img);
-        } else {   /* pinned, like the chunk's moments: the host budget counts it */
-            rc = pt_gpu_pinned_alloc(st->env.gpu, bytes, (void **)&c->rk_aux, err, errlen);
-            if (!rc) memcpy(c->rk_aux, img, bytes);
-            free(img);
+    }
+    q->aux_words = aux_words(st, (uint64_t)q->m, (uint64_t)q->n, q->split);
+    q->off = st->lay.param_offset[i];
+    q->s = state_index(st, c, q->off);
+    if (q->s == UINT64_MAX)
+        return pt_fail(err, errlen, PT_ERR_INTERNAL,
+                       "REKLS: trainable parameter '%s' has no optimizer state slot",
+                       m->params[i].name);
+    q->owner = c->sh && st->rk_owner ? st->rk_owner[i] : -1;
+    if (c->sh && q->owner < 0)
+        return pt_fail(err, errlen, PT_ERR_INTERNAL, "REKLS: parameter '%s' of the "
+                       "split chunk %d has no owner rank", m->params[i].name, k);
+    q->aux = c->rk_aux_words;
+    if (c->sh) {   /* mode C: only its owner keeps it, moments included */
+        for (int r = 0; r < c->lc->n_regions; r++) {
+            const pt_chunk_region *g = &c->lc->regions[r];
+            if (q->off >= g->offset && q->off < g->offset + g->bytes) {
+                q->reg = r;
+                q->e0 = (q->off - g->offset) / 4;
+            }
         }
-        if (rc) return rc;
+        q->aux_view = c->rk_view_words;
+        c->rk_view_words += q->aux_words;
+        if (q->owner == st->rank)
+            c->rk_aux_words += q->aux_words + 2 * (uint64_t)q->m * (uint64_t)q->n;
+        else
+            q->aux = UINT64_MAX;
+        n->sh++;
+        n->own += q->owner == st->rank;
+    } else {
+        c->rk_aux_words += q->aux_words;
     }
-    if (ws_max) {
-        int rc = pt_gpu_alloc(st->env.gpu, sizeof(float) * (size_t)ws_max, PT_TAG_OPTIM,
-                              (void **)&st->d_rk_ws, err, errlen);
-        if (!rc) rc = pt_gpu_alloc(st->env.gpu, sizeof(int), PT_TAG_OTHER,
-                                   (void **)&st->d_rk_status, err, errlen);
-        if (rc) return rc;
-        pt_rekls_dev d = {pt_gpu_ops(st->env.gpu), pt_gpu_impl(st->env.gpu), st->env.s_compute,
-                          st->d_rk_status};
-        pt_rekls_la la;
-        if ((rc = pt_rekls_la_device(&d, &la, err, errlen))) return rc;
+    st->rk_of[i] = st->n_rk++;
+    n->split += q->split != 0;
+    uint64_t w = q->split ? 0 : pt_rekls_ws_words((uint64_t)q->m, (uint64_t)q->n);
+    if (c->persistent && w > n->ws_max) n->ws_max = w;
+    return PT_OK;
+}
+
+/* Chunk k's factor block (c->rk_aux_words words). */
+static int chunk_aux(pt_store *st, int k, char *err, size_t errlen) {
+    cs_chunk *c = &st->ch[k];
+    /* zero factors, identity bases: built on the host, copied in */
+    float *img = calloc((size_t)c->rk_aux_words, sizeof(float));
+    if (!img) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    for (int r = c->rk_first; r < st->n_rk; r++)   /* a split one starts all zero */
+        if (!st->rk[r].split && st->rk[r].aux != UINT64_MAX)
+            pt_rekls_aux_init_host(img + st->rk[r].aux, st->rk[r].m, st->rk[r].n);
+    int rc = PT_OK;
+    size_t bytes = sizeof(float) * (size_t)c->rk_aux_words;
+    if (c->persistent) {
+        rc = pt_gpu_alloc(st->env.gpu, bytes, PT_TAG_OPTIM, (void **)&c->rk_aux, err, errlen);
+        if (!rc && pt_gpu_memcpy(st->env.gpu, c->rk_aux, img, bytes, PT_GPU_H2D))
+            rc = pt_fail(err, errlen, PT_ERR_BACKEND,
+                         "REKLS: copying chunk %d's initial factors to the device failed", k);
+        free(img);
+    } else {   /* pinned, like the chunk's moments: the host budget counts it */
+        rc = pt_gpu_pinned_alloc(st->env.gpu, bytes, (void **)&c->rk_aux, err, errlen);
+        if (!rc) memcpy(c->rk_aux, img, bytes);
+        free(img);
     }
+    return rc;
+}
+
+/* The device workspace and eigh status of the resident unsplit params. */
+static int dev_workspace(pt_store *st, uint64_t ws_max, char *err, size_t errlen) {
+    if (!ws_max) return PT_OK;
+    int rc = pt_gpu_alloc(st->env.gpu, sizeof(float) * (size_t)ws_max, PT_TAG_OPTIM,
+                          (void **)&st->d_rk_ws, err, errlen);
+    if (!rc) rc = pt_gpu_alloc(st->env.gpu, sizeof(int), PT_TAG_OTHER,
+                               (void **)&st->d_rk_status, err, errlen);
+    if (rc) return rc;
+    pt_rekls_dev d = {pt_gpu_ops(st->env.gpu), pt_gpu_impl(st->env.gpu), st->env.s_compute,
+                      st->d_rk_status};
+    pt_rekls_la la;
+    return pt_rekls_la_device(&d, &la, err, errlen);
+}
+
+static void log_init(const pt_store *st, const rk_counts *n) {
     PT_LOGI(st->env.lg,
             "REKLS on %d 2-D block parameter(s) (%.1f MiB of factors and bases beyond the Adam "
             "moments on this rank; in mode C with the moments of the params it owns); AdamW on the other %d trainable parameter(s): not 2-D, outside blocks "
             "(embeddings, final norm, head), tied, or a side above %d", st->n_rk,
-            (double)words * 4 / 1048576.0, n_adam, PT_REKLS_MAX_DIM);
-    if (n_sh) {
+            (double)n->words * 4 / 1048576.0, n->adam, PT_REKLS_MAX_DIM);
+    if (n->sh) {
         /* the owner bound (dist_rekls.c) over the same words, for the log */
         uint64_t tot = 0, wmax = 0, mine = 0;
         for (int r = 0; r < st->n_rk; r++) {
@@ -245,15 +246,45 @@ int pt_rk_init(pt_store *st, char *err, size_t errlen) {
         }
         PT_LOGI(st->env.lg, "mode C REKLS: %d of them in chunks split across the %d ranks, each "
                 "kept and stepped whole by one owner rank; this rank owns %d (%llu words of "
-                "state; every rank at most ceil(%llu / %d) + %llu = %llu)", n_sh, st->world,
-                n_own, (unsigned long long)mine, (unsigned long long)tot, st->world,
+                "state; every rank at most ceil(%llu / %d) + %llu = %llu)", n->sh, st->world,
+                n->own, (unsigned long long)mine, (unsigned long long)tot, st->world,
                 (unsigned long long)wmax,
                 (unsigned long long)((tot + (uint64_t)st->world - 1) / (uint64_t)st->world + wmax));
     }
-    if (n_split)
+    if (n->split)
         PT_LOGI(st->env.lg, "tensor-parallel REKLS on %d split parameter(s) over a group of %d "
                 "ranks (full matrices stepped on every rank, factors kept in row blocks)",
-                n_split, pt_cs_tp_size(st));
+                n->split, pt_cs_tp_size(st));
+}
+
+int pt_rk_init(pt_store *st, char *err, size_t errlen) {
+    pt_model_v1 *m = st->env.model;
+    st->rk_of = malloc(sizeof(int) * (size_t)m->n_params);
+    st->rk = calloc((size_t)m->n_params, sizeof *st->rk);
+    if (!st->rk_of || !st->rk) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    for (int i = 0; i < m->n_params; i++) st->rk_of[i] = -1;
+    rk_counts n = {0};
+    for (int k = 0; k < st->n_chunks; k++) {
+        cs_chunk *c = &st->ch[k];
+        c->rk_first = st->n_rk;
+        for (int j = 0; c->trainable && j < c->lc->n_params; j++) {
+            int i = st->lay.order[c->lc->first_param + j];
+            if (!pt_rk_eligible(st, i)) {
+                n.adam += st->root[i] == i && m->params[i].trainable;
+                continue;
+            }
+            int rc = add_param(st, k, i, &n, err, errlen);
+            if (rc) return rc;
+        }
+        c->rk_count = st->n_rk - c->rk_first;
+        if (!c->rk_count || !c->rk_aux_words) continue;
+        n.words += c->rk_aux_words;
+        int rc = chunk_aux(st, k, err, errlen);
+        if (rc) return rc;
+    }
+    int rc = dev_workspace(st, n.ws_max, err, errlen);
+    if (rc) return rc;
+    log_init(st, &n);
     return PT_OK;
 }
 
@@ -457,8 +488,8 @@ int pt_rk_tp_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
                            p->name);
         tp.split = q->split;
         char e[512];
-        int rc = pt_rekls_tp_step(&pt_rekls_la_cpu, &h, &tp, q->m, q->n, g, gdt, param, out,
-                                  p->dtype, M, V, L, R, ws, e, sizeof e);
+        pt_rekls_tp_tensors x = {q->m, q->n, g, gdt, param, out, p->dtype, M, V, L, R, ws};
+        int rc = pt_rekls_tp_step(&pt_rekls_la_cpu, &h, &tp, &x, e, sizeof e);
         free(ws);
         if (rc) return pt_fail(err, errlen, rc, "optimizer_step: '%s': %s", p->name, e);
     }

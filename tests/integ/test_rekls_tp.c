@@ -80,8 +80,8 @@ static int run_case_wd(int m, int n, int split, float oracle_bs, float wd, int w
         for (int i = 0; i < ml; i++)
             for (int j = 0; j < nl; j++)
                 gl[(size_t)i * nl + j] = g[(size_t)(split == 1 ? r * ml + i : i) * n + (split == 2 ? r * nl + j : j)];
-        int rc = pt_rekls_tp_step(&pt_rekls_la_cpu, &h, &tp, m, n, gl, PT_F32, Wl, NULL, 0, Mt, Vt,
-                                  Ll, Rl, wst, err, sizeof err);
+        pt_rekls_tp_tensors xt = {m, n, gl, PT_F32, Wl, NULL, 0, Mt, Vt, Ll, Rl, wst};
+        int rc = pt_rekls_tp_step(&pt_rekls_la_cpu, &h, &tp, &xt, err, sizeof err);
         if (rc) fail_msg("rank %d: %s", r, err);
         for (int i = 0; i < ml; i++)
             for (int j = 0; j < nl; j++) {

@@ -1,0 +1,108 @@
+/*
+ * rt_ext.c — the runtime object's calls into the features that extend it
+ * (pt_rt_ext, rt_internal.h): which features there are, and the loop over
+ * them at each extension point, so that rt.c and plan_rt.c name none.
+ */
+#include "osft/osft.h"
+#include "rt_internal.h"
+#include "tiled/tiled.h"
+
+/* The features, in the order they are called. */
+static const pt_rt_ext *const exts[] = {&pt_osft_ext, &pt_tiled_ext, NULL};
+
+static void unload(pt_rt *rt, int n) {
+    for (int i = n - 1; i >= 0; i--)
+        if (exts[i]->model_unload) exts[i]->model_unload(rt);
+}
+
+int pt_rt_ext_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
+    /* the features may refuse the model or replace the list the store lays out;
+     * one that refuses undoes the ones before it (its own included) */
+    rt->hmodel = rt->model = model;
+    for (int i = 0; exts[i]; i++) {
+        int rc = exts[i]->model_load ? exts[i]->model_load(rt, model, err, errlen) : PT_OK;
+        if (!rc) continue;
+        unload(rt, i + 1);
+        rt->model = rt->hmodel = NULL;
+        return rc;
+    }
+    return PT_OK;
+}
+
+void pt_rt_ext_unload(pt_rt *rt) {
+    int n = 0;
+    while (exts[n]) n++;
+    unload(rt, n);
+}
+
+int pt_rt_ext_optimizer_check(const pt_rt *rt, int type, char *err, size_t errlen) {
+    int rc = PT_OK;
+    for (int i = 0; !rc && exts[i]; i++)
+        if (exts[i]->optimizer_check) rc = exts[i]->optimizer_check(rt, type, err, errlen);
+    return rc;
+}
+
+void pt_rt_ext_after_hook(pt_rt *rt) {
+    for (int i = 0; exts[i]; i++)
+        if (exts[i]->after_hook) exts[i]->after_hook(rt);
+}
+
+int pt_rt_ext_async_status(pt_rt *rt, char *err, size_t errlen) {
+    int rc = PT_OK;
+    for (int i = 0; !rc && exts[i]; i++)
+        if (exts[i]->async_status) rc = exts[i]->async_status(rt, err, errlen);
+    return rc;
+}
+
+int pt_rt_ext_block_backward(pt_rt *rt, int32_t b, char *err, size_t errlen) {
+    int rc = PT_OK;
+    for (int i = 0; !rc && exts[i]; i++)
+        if (exts[i]->block_backward) rc = exts[i]->block_backward(rt, b, err, errlen);
+    return rc;
+}
+
+int pt_rt_ext_after_optimizer_step(pt_rt *rt, char *err, size_t errlen) {
+    int rc = PT_OK;
+    for (int i = 0; !rc && exts[i]; i++)
+        if (exts[i]->after_optimizer_step) rc = exts[i]->after_optimizer_step(rt, err, errlen);
+    return rc;
+}
+
+static void chunk_stepped(void *user, int32_t chunk) {
+    pt_rt *rt = user;
+    for (int i = 0; exts[i]; i++)
+        if (exts[i]->chunk_stepped && exts[i]->active(rt)) exts[i]->chunk_stepped(rt, chunk);
+}
+
+pt_rt_stepped_fn pt_rt_ext_chunk_stepped(const pt_rt *rt) {
+    for (int i = 0; exts[i]; i++)
+        if (exts[i]->chunk_stepped && exts[i]->active(rt)) return chunk_stepped;
+    return NULL;
+}
+
+void pt_rt_ext_state_loaded(pt_rt *rt) {
+    for (int i = 0; exts[i]; i++)
+        if (exts[i]->state_loaded) exts[i]->state_loaded(rt);
+}
+
+const pt_rt_ext *pt_rt_ext_reader(const pt_rt *rt) {
+    for (int i = 0; exts[i]; i++)
+        if (exts[i]->read_param && exts[i]->active(rt)) return exts[i];
+    return NULL;
+}
+
+const pt_rt_ext *pt_rt_ext_launcher(const pt_rt *rt) {
+    for (int i = 0; exts[i]; i++)
+        if (exts[i]->launch && exts[i]->active(rt)) return exts[i];
+    return NULL;
+}
+
+void pt_rt_ext_stats(const pt_rt *rt, pt_stats_v1 *s) {
+    for (int i = 0; exts[i]; i++)
+        if (exts[i]->stats) exts[i]->stats(rt, s);
+}
+
+void pt_rt_ext_plan_log(const pt_rt *rt) {
+    for (int i = 0; exts[i]; i++)
+        if (exts[i]->plan_log) exts[i]->plan_log(rt);
+}
