@@ -53,7 +53,7 @@ INC_GPU      := -Ihost_api -Igpu
 INC_RUNTIME  := -Ihost_api -Igpu -Iruntime
 INC_PLUGIN   := -Ihost_api -Igpu -Iruntime -Iplugin
 INC_SAMPLE   := -Ihost_api
-INC_TESTS    := -Ihost_api -Igpu -Iruntime -Iplugin -Isample_host -Itests
+INC_TESTS    := -Ihost_api -Igpu -Iruntime -Iplugin -Isample_host -Itests/lib
 ifeq ($(SAN),tsan)
   # libgomp is not tsan-instrumented: build the OpenMP loops serial under tsan.
   OMPFLAGS :=
@@ -236,7 +236,7 @@ $(SAMPLE): $(BUILD)/obj/sample_host/main.o $(BUILD)/libsample.a $(LOADER_OBJ)
 TEST_LIBS := $(LOADER_OBJ) $(BUILD)/libsample.a $(CORE_LIB)
 # Test and bench binaries are compiled in one step from their .c, so -MMD
 # writes their header dependencies beside them (<binary>.d, included at the
-# end): a change to a shared test header (tests/*.h) or a module header
+# end): a change to a shared test header (tests/lib/*.h) or a module header
 # rebuilds every binary that includes it.
 $(BUILD)/tests/%: tests/unit/%.c $(TEST_LIBS)
 	@mkdir -p $(dir $@)

@@ -30,6 +30,7 @@
 
 #include "gpu.h"
 #include "kernels_hd.h"
+#include "host_builder.h"
 #include "sh_harness.h"
 
 #define STEPS 3
@@ -275,26 +276,15 @@ static void bf16_make(bf16_model *t) {
 /* One resident bf16 run with convert:n injected; returns the first failing
  * hook's status (0: none) with its last_error in le. */
 static int bf16_run(int n, capture *cap, char *le, size_t lelen, int *fini_rc) {
-    char path[400], text[512];
-    snprintf(path, sizeof path, "%s/bf16.ini", H.dir);
+    char text[512];
     snprintf(text, sizeof text,
              "[plugin]\nbackend = host\nlog_level = warn\n[memory]\ndevice_capacity = 4MiB\n"
              "[protrain]\nforce_all_persistent = true\n[host_backend]\npoison = false\n"
              "[testing]\nfail_op = convert:%d\n", n);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    assert_int_equal(fclose(f), 0);
-    pt_host_v1 host;
-    memset(&host, 0, sizeof host);
-    host.abi_version = PT_ABI_VERSION;
-    host.struct_size = sizeof host;
-    host.world_size = 1;
+    pt_host_v1 host = hb_host(cap);
     host.device_kind = PT_DEVICE_HOST;
     host.log = cap_log;
-    host.user = cap;
-    void *ctx = NULL;
-    if (P->init(path, &host, &ctx)) fail_msg("init: %s", P->last_error(NULL));
+    void *ctx = hb_open(P, text, &host);
     static bf16_model t;
     bf16_make(&t);
     int rc = P->post_model_load(ctx, &t.m);

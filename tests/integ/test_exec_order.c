@@ -26,38 +26,40 @@
 
 #include "hook_host.h"
 
-/* Trains STEPS steps; returns the H2D bytes of the last STEPS-1 and copies each
- * block's final weight (by block, not by declaration slot) into w[NB][NEL]. */
-static uint64_t train(host *h, float (*w)[NEL], float *emb) {
+static const pt_plugin_v1 *P = &protrain_plugin_v1;
+
+/* Trains HH_STEPS steps; returns the H2D bytes of the last HH_STEPS-1 and copies each
+ * block's final weight (by block, not by declaration slot) into w[HH_NB][HH_NEL]. */
+static uint64_t train(hh_host *h, float (*w)[HH_NEL], float *emb) {
     pt_stats_v1 s0 = {.struct_size = sizeof s0}, s1 = {.struct_size = sizeof s1};
-    step(h, 0);
+    hh_step(h, 0);
     assert_int_equal(P->get_stats(h->ctx, &s0), PT_OK);
-    for (int s = 1; s < STEPS; s++) step(h, s);
+    for (int s = 1; s < HH_STEPS; s++) hh_step(h, s);
     assert_int_equal(P->get_stats(h->ctx, &s1), PT_OK);
-    for (int b = 0; b < NB; b++)
-        assert_int_equal(P->read_param(h->ctx, h->of_block[b], w[b], NEL * sizeof(float)), PT_OK);
-    assert_int_equal(P->read_param(h->ctx, 0, emb, NEL * sizeof(float)), PT_OK);
+    for (int b = 0; b < HH_NB; b++)
+        assert_int_equal(P->read_param(h->ctx, h->of_block[b], w[b], HH_NEL * sizeof(float)), PT_OK);
+    assert_int_equal(P->read_param(h->ctx, 0, emb, HH_NEL * sizeof(float)), PT_OK);
     return s1.h2d_bytes - s0.h2d_bytes;
 }
 
-static float wa[NB][NEL], wb[NB][NEL], ea[NEL], eb[NEL];
+static float wa[HH_NB][HH_NEL], wb[HH_NB][HH_NEL], ea[HH_NEL], eb[HH_NEL];
 
 static void test_streamed_fixed_knobs(void **st) {
     (void)st;
     const char *knobs = "auto_memory = false\nn_persist = 0\nn_buffer = 2\nn_swap = 0\n"
                         "n_checkpoint = 0";
-    host a, b;
-    make(&a, &(hh_opts){0}, knobs);
+    hh_host a, b;
+    hh_make(&a, &(hh_opts){0}, knobs);
     uint64_t ha = train(&a, wa, ea);
-    done(&a);
-    make(&b, &(hh_opts){.interleave = 1}, knobs);
+    hh_done(&a);
+    hh_make(&b, &(hh_opts){.interleave = 1}, knobs);
     uint64_t hb = train(&b, wb, eb);
-    done(&b);
+    hh_done(&b);
     /* every block chunk streams: two gathers per step per chunk at least */
-    assert_true(ha >= (uint64_t)(STEPS - 1) * NB * NEL * sizeof(float));
+    assert_true(ha >= (uint64_t)(HH_STEPS - 1) * HH_NB * HH_NEL * sizeof(float));
     if (hb != ha)
         fail_msg("interleaved host uploaded %llu bytes in %d steps, ordered host %llu",
-                 (unsigned long long)hb, STEPS - 1, (unsigned long long)ha);
+                 (unsigned long long)hb, HH_STEPS - 1, (unsigned long long)ha);
     assert_memory_equal(wa, wb, sizeof wa);
     assert_memory_equal(ea, eb, sizeof ea);
 }
@@ -67,16 +69,16 @@ static void test_streamed_fixed_knobs(void **st) {
 static void test_profiled_plan(void **st) {
     (void)st;
     const char *cfg = "[memory]\ndevice_capacity = 1MiB";
-    host a, b;
-    make(&a, &(hh_opts){0}, cfg);
+    hh_host a, b;
+    hh_make(&a, &(hh_opts){0}, cfg);
     pt_stats_v1 sa = {.struct_size = sizeof sa}, sb = {.struct_size = sizeof sb};
     assert_int_equal(P->get_stats(a.ctx, &sa), PT_OK);
     uint64_t ha = train(&a, wa, ea);
-    done(&a);
-    make(&b, &(hh_opts){.interleave = 1}, cfg);
+    hh_done(&a);
+    hh_make(&b, &(hh_opts){.interleave = 1}, cfg);
     assert_int_equal(P->get_stats(b.ctx, &sb), PT_OK);
     uint64_t hb = train(&b, wb, eb);
-    done(&b);
+    hh_done(&b);
     assert_true(sa.n_persist < sa.n_chunk);   /* the capacity forced streaming */
     assert_int_equal(sb.n_persist, sa.n_persist);
     assert_int_equal(sb.n_buffer, sa.n_buffer);

@@ -1,7 +1,7 @@
 /*
  * test_frag_plan.c — the allocator's measured fragmentation reaches the plan.
  *
- * A host (tests/hook_host.h) whose block 0 leaves a hole below live blocks in
+ * A host (tests/lib/hook_host.h) whose block 0 leaves a hole below live blocks in
  * every step, profiled ones included (alloc X, alloc X/4, free X, alloc 2X):
  * the profile measures a device range larger than its peak, the trace carries
  * the factor, and the plan's fragmentation factor is that factor (no
@@ -26,6 +26,8 @@
 #include <dirent.h>
 
 #include "hook_host.h"
+
+static const pt_plugin_v1 *P = &protrain_plugin_v1;
 #include "planner/trace_cache.h"
 
 static char cache[128];
@@ -48,7 +50,7 @@ static char *slurp(const char *path) {
     return buf;
 }
 
-static pt_stats_v1 stats(host *h) {
+static pt_stats_v1 stats(hh_host *h) {
     pt_stats_v1 s = {.struct_size = sizeof s};
     assert_int_equal(P->get_stats(h->ctx, &s), PT_OK);
     return s;
@@ -62,8 +64,8 @@ static void run(uint64_t frag_bytes, double *frag, double *measured, double *pea
     char ini[256];
     snprintf(ini, sizeof ini, "plan_file = %s\n[memory]\ndevice_capacity = 24MiB", path);
     hh_opts o = {.frag_bytes = frag_bytes, .cache_dir = cache};
-    host h;
-    make(&h, &o, ini);
+    hh_host h;
+    hh_make(&h, &o, ini);
     const char *js = slurp(path);
     *frag = json_num(js, "frag");
     *measured = json_num(js, "frag_measured");
@@ -72,12 +74,12 @@ static void run(uint64_t frag_bytes, double *frag, double *measured, double *pea
     *span = json_num(js, "frag_span_bytes");
     assert_true(json_num(js, "frag_peak_bytes") > 0);
     unlink(path);
-    for (int s = 0; s < 8; s++) step(&h, s);
+    for (int s = 0; s < 8; s++) hh_step(&h, s);
     pt_stats_v1 st = stats(&h);
     /* the prediction in force covers what the allocator saw */
     assert_true(st.pred_peak > 0);
     assert_true(st.pred_peak >= st.dev_peak);
-    done(&h);
+    hh_done(&h);
 }
 
 /* The one trace file in the cache directory, read back. */
@@ -144,16 +146,16 @@ static void test_measured_factor_in_plan(void **st) {
 static void test_run_fragmentation_replans(void **st) {
     (void)st;
     hh_opts o = {.frag_bytes = 2 << 20, .frag_packed_profile = 1};
-    host h;
-    make(&h, &o, "[memory]\ndevice_capacity = 24MiB");
+    hh_host h;
+    hh_make(&h, &o, "[memory]\ndevice_capacity = 24MiB");
     pt_stats_v1 s0 = stats(&h);
-    for (int s = 0; s < 8; s++) step(&h, s);
+    for (int s = 0; s < 8; s++) hh_step(&h, s);
     pt_stats_v1 s1 = stats(&h);
     /* the hole (2 MiB) is above the planned peak: a re-plan raised the prediction */
     assert_true(s1.pred_peak > s0.pred_peak);
     assert_true(s1.pred_peak >= s0.pred_peak + (2u << 20) - (256u << 10));
     assert_true(s1.pred_peak >= s1.dev_peak);
-    done(&h);
+    hh_done(&h);
 }
 
 int main(void) {

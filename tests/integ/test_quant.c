@@ -10,7 +10,7 @@
  *     deq_b[k] = scale_b[k / G] * (int8) lut[nibble_b(k)]
  * Forward of block b adds 1e-3 * sum_k w_b[k] deq_b[k] to the loss; backward
  * adds 1e-3 deq_b[k] + 0.01 w_b[k] to w_b's gradient. The trainable non-block
- * embedding and head are as in tests/hook_host.h.
+ * embedding and head are as in tests/lib/hook_host.h.
  * Asserted:
  *  - resident (everything on the device, device AdamW) and streamed (every
  *    block chunk through two pool slots, CPU AdamW) runs give bit-identical
@@ -42,6 +42,7 @@
 
 #include <cmocka.h>
 
+#include "host_builder.h"
 #include "protrain.h"
 
 static const pt_plugin_v1 *P = &protrain_plugin_v1;
@@ -196,26 +197,16 @@ static int start(qhost *h, int G, int32_t q_trainable, const char *ini_extra) {
     }
     h->m = (pt_model_v1){.struct_size = sizeof h->m, .n_params = NPAR, .params = h->p,
                          .n_blocks = NB, .batch = 1, .seq = 1, .arch = "quant-test"};
-    char path[] = "/tmp/pt_quant_XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
     char text[1024];
     int n = snprintf(text, sizeof text,
                      "[plugin]\nbackend = host\nlog_level = %s\n[memory]\ndevice_capacity = "
                      "16MiB\n[protrain]\nchunk_size = 64KiB\n%s\n",
                      getenv("QH_LOG") ? getenv("QH_LOG") : "error", ini_extra);
-    assert_int_equal(write(fd, text, (size_t)n), n);
-    close(fd);
-    pt_host_v1 hs;
-    memset(&hs, 0, sizeof hs);
-    hs.abi_version = PT_ABI_VERSION;
-    hs.struct_size = sizeof hs;
-    hs.world_size = 1;
-    hs.user = h;
+    assert_true(n > 0 && (size_t)n < sizeof text);
+    pt_host_v1 hs = hb_host(h);
     hs.profile_step = profile;
     hs.recompute_block = recompute;
-    if (P->init(path, &hs, &h->ctx)) fail_msg("init: %s", P->last_error(NULL));
-    unlink(path);
+    h->ctx = hb_open(P, text, &hs);
     return P->post_model_load(h->ctx, &h->m);
 }
 

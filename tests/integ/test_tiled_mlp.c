@@ -33,6 +33,7 @@
 
 #include <cmocka.h>
 
+#include "host_builder.h"
 #include "sh_harness.h"
 
 #define STEPS 20
@@ -315,11 +316,7 @@ static void test_order(void **st) {
     (void)st;
     const pt_plugin_v1 *t = H.plug.table;
     void *ctx = NULL;
-    pt_host_v1 h;
-    memset(&h, 0, sizeof h);
-    h.abi_version = PT_ABI_VERSION;
-    h.struct_size = sizeof h;
-    h.world_size = 1;
+    pt_host_v1 h = hb_host(NULL);
     h.device_kind = PT_DEVICE_HOST;
     assert_int_equal(t->init(ini("order", "", 2), &h, &ctx), 0);
     pt_stats_v1 s;

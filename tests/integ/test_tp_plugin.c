@@ -70,6 +70,7 @@
 #include <unistd.h>
 
 #include "coll/coll.h"
+#include "host_builder.h"
 #include "kernels_hd.h"
 #include "optim/optim.h"
 #include "planner/trace_cache.h"
@@ -162,29 +163,20 @@ static int start(host *h, int P, const char *extra, int split0, int cols0, int d
     }
     h->m = (pt_model_v1){.struct_size = sizeof h->m, .n_params = NW, .params = h->p,
                          .n_blocks = NW, .batch = 1, .seq = 1, .arch = "tp-hooks"};
-    char path[] = "/tmp/pt_tp_plugin_XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
     char text[1024];
     int n = snprintf(text, sizeof text,
                      "[plugin]\nbackend = host\nlog_level = %s\n[optimizer]\ncpu_threads = 1\n"
                      "[dist]\ntimeout = 60\ntp_size = %d\n%s\n",
                      getenv("TP_LOG") ? "info" : "error", P, extra);
-    assert_int_equal(write(fd, text, (size_t)n), n);
-    close(fd);
-    pt_host_v1 hs;
-    memset(&hs, 0, sizeof hs);
-    hs.abi_version = PT_ABI_VERSION;
-    hs.struct_size = sizeof hs;
+    assert_true(n > 0 && (size_t)n < sizeof text);
+    pt_host_v1 hs = hb_host(h);
     hs.world_size = WORLD;
     hs.rank = RANK;
     hs.local_rank = RANK;
-    hs.user = h;
     hs.profile_step = pass;
     hs.log = hlog;
     hs.recompute_block = recompute;
-    int rc = PL->init(path, &hs, &h->ctx);
-    unlink(path);
+    int rc = hb_init(PL, text, &hs, &h->ctx);
     if (rc) return rc;
     return PL->post_model_load(h->ctx, &h->m);
 }

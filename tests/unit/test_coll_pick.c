@@ -39,6 +39,7 @@
 
 #include "coll/coll.h"
 #include "coll/coll_boot.h"
+#include "host_builder.h"
 #include "protrain.h"
 #include "pt_util.h"
 
@@ -93,26 +94,17 @@ static void test_pick(void **s) {
 /* The plugin on the host backend, rank 0 of 2, with a [dist] section: init's
  * status and last_error. MPI is never started on these paths. */
 static int init_dist(const char *dist, char *msg, size_t cap) {
-    char ini[256], text[512];
-    snprintf(ini, sizeof ini, "/tmp/pt_coll_pick_%d.ini", (int)getpid());
+    char text[512];
     snprintf(text, sizeof text, "[plugin]\nbackend = host\nlog_level = error\n[memory]\n"
              "device_capacity = 4MiB\n[dist]\n%s", dist);
-    FILE *f = fopen(ini, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-    pt_host_v1 host;
-    memset(&host, 0, sizeof host);
-    host.abi_version = PT_ABI_VERSION;
-    host.struct_size = sizeof host;
+    pt_host_v1 host = hb_host(NULL);
     host.world_size = 2;
     host.rank = 0;
     host.device_kind = PT_DEVICE_HOST;
     void *ctx = NULL;
-    int rc = protrain_plugin_v1.init(ini, &host, &ctx);
+    int rc = hb_init(&protrain_plugin_v1, text, &host, &ctx);
     snprintf(msg, cap, "%s", protrain_plugin_v1.last_error(ctx));
     if (ctx) protrain_plugin_v1.finalize(ctx);
-    unlink(ini);
     return rc;
 }
 

@@ -18,27 +18,16 @@
 #include <cmocka.h>
 
 #include "protrain.h"
+#include "host_builder.h"
 #include "tiny_model.h"
 
 static const pt_plugin_v1 *P = &protrain_plugin_v1;
-static char ini_path[256];
-
-static void write_ini(const char *text) {
-    snprintf(ini_path, sizeof ini_path, "/tmp/pt_harden_%d.ini", (int)getpid());
-    FILE *f = fopen(ini_path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 static void *start(tiny *t, const char *extra) {
     char text[1024];
     snprintf(text, sizeof text,
              "[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 4MiB\n%s",
              extra ? extra : "");
-    write_ini(text);
-    void *ctx = NULL;
-    if (P->init(ini_path, NULL, &ctx)) fail_msg("init failed: %s", P->last_error(NULL));
+    void *ctx = hb_open(P, text, NULL);
     tiny_make(t);
     assert_int_equal(P->post_model_load(ctx, &t->m), PT_OK);
     return ctx;
@@ -46,11 +35,11 @@ static void *start(tiny *t, const char *extra) {
 
 static void one_pass(void *ctx, int64_t step) {
     assert_int_equal(P->pre_step(ctx, step, 0, 1), PT_OK);
-    for (int b = 0; b < NB; b++) {
+    for (int b = 0; b < TINY_NB; b++) {
         assert_int_equal(P->block_pre_forward(ctx, b), PT_OK);
         assert_int_equal(P->block_post_forward(ctx, b), PT_OK);
     }
-    for (int b = NB - 1; b >= 0; b--) {
+    for (int b = TINY_NB - 1; b >= 0; b--) {
         assert_int_equal(P->block_pre_backward(ctx, b), PT_OK);
         assert_int_equal(P->block_post_backward(ctx, b), PT_OK);
     }
@@ -89,16 +78,12 @@ static void test_after_finalize(void **state) {
 /* init refuses identity fields that mean nothing, naming the field and value. */
 static void test_init_bad_host(void **state) {
     (void)state;
-    write_ini("[plugin]\nbackend = host\nlog_level = error\n");
+    static const char ini[] = "[plugin]\nbackend = host\nlog_level = error\n";
     struct { int field; int32_t value; const char *name; } cases[] = {
         {0, 0, "world_size is 0"}, {1, -7, "rank is -7"}, {2, 99, "device_kind is 99"},
         {1, 1, "rank is 1"}, {3, -1, "device_index is -1"}, {4, -2, "local_rank is -2"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        pt_host_v1 h;
-        memset(&h, 0, sizeof h);
-        h.abi_version = PT_ABI_VERSION;
-        h.struct_size = sizeof h;
-        h.world_size = 1;
+        pt_host_v1 h = hb_host(NULL);
         switch (cases[i].field) {
         case 0: h.world_size = cases[i].value; break;
         case 1: h.rank = cases[i].value; break;
@@ -107,7 +92,7 @@ static void test_init_bad_host(void **state) {
         default: h.local_rank = cases[i].value; break;
         }
         void *ctx = (void *)1;
-        assert_int_equal(P->init(ini_path, &h, &ctx), PT_ERR_INVALID_ARG);
+        assert_int_equal(hb_init(P, ini, &h, &ctx), PT_ERR_INVALID_ARG);
         assert_null(ctx);
         if (!has(P->last_error(NULL), cases[i].name))
             fail_msg("case %zu: '%s' does not name '%s'", i, P->last_error(NULL), cases[i].name);
@@ -117,9 +102,8 @@ static void test_init_bad_host(void **state) {
 /* A block hook before post_model_load is an order mistake, whatever the block. */
 static void test_block_hook_before_load(void **state) {
     (void)state;
-    write_ini("[plugin]\nbackend = host\nlog_level = error\n");
     void *ctx = NULL;
-    assert_int_equal(P->init(ini_path, NULL, &ctx), PT_OK);
+    assert_int_equal(hb_init(P, "[plugin]\nbackend = host\nlog_level = error\n", NULL, &ctx), PT_OK);
     assert_int_equal(P->block_pre_forward(ctx, 0), PT_ERR_ORDER);
     assert_true(has(P->last_error(ctx), "post_model_load"));
     assert_int_equal(P->block_post_backward(ctx, 3), PT_ERR_ORDER);
@@ -148,7 +132,7 @@ static void test_nonfinite_hparams(void **state) {
     assert_int_equal(P->set_lr(ctx, INFINITY), PT_ERR_INVALID_ARG);
     assert_true(has(P->last_error(ctx), "inf"));
     one_pass(ctx, 0);
-    float before[NEL], after[NEL];
+    float before[TINY_NEL], after[TINY_NEL];
     assert_int_equal(P->read_param(ctx, 1, before, sizeof before), PT_OK);
     assert_int_equal(P->optimizer_step(ctx, INFINITY), PT_ERR_INVALID_ARG);
     assert_true(has(P->last_error(ctx), "lr is inf"));
@@ -159,7 +143,7 @@ static void test_nonfinite_hparams(void **state) {
     assert_int_equal(P->optimizer_step(ctx, -1.0f), PT_OK);
     assert_int_equal(P->post_step(ctx, 0, 1.0f), PT_OK);
     assert_int_equal(P->read_param(ctx, 1, after, sizeof after), PT_OK);
-    for (int k = 0; k < NEL; k++) assert_true(isfinite(after[k]));
+    for (int k = 0; k < TINY_NEL; k++) assert_true(isfinite(after[k]));
     assert_int_equal(P->finalize(ctx), PT_OK);
 }
 
@@ -313,14 +297,14 @@ static int32_t ph_recompute(void *user, int32_t b) {
 static int32_t ph_profile(void *user) {
     phost *h = user;
     ph_finalize_inside(h, 1);
-    for (int b = 0; b < NB; b++) {
+    for (int b = 0; b < TINY_NB; b++) {
         void *a = NULL;
         int rc = P->block_pre_forward(h->ctx, b);
         if (!rc) rc = P->activation_arena(h->ctx, b, h->arena, &a);
         if (!rc) rc = P->block_post_forward(h->ctx, b);
         if (rc) return rc;
     }
-    for (int b = NB - 1; b >= 0; b--) {
+    for (int b = TINY_NB - 1; b >= 0; b--) {
         void *a = NULL;
         int rc = P->block_pre_backward(h->ctx, b);
         if (!rc) rc = P->activation_arena_get(h->ctx, b, &a);
@@ -335,18 +319,11 @@ static int ph_start(phost *h, tiny *t, const char *extra, int with_recompute, in
     char text[1024];
     snprintf(text, sizeof text,
              "[plugin]\nbackend = host\nlog_level = warn\n[memory]\n%s", extra);
-    write_ini(text);
-    pt_host_v1 host;
-    memset(&host, 0, sizeof host);
-    host.abi_version = PT_ABI_VERSION;
-    host.struct_size = sizeof host;
-    host.world_size = 1;
-    host.user = h;
+    pt_host_v1 host = hb_host(h);
     host.log = ph_log;
     host.profile_step = with_profile ? ph_profile : NULL;
     host.recompute_block = with_recompute ? ph_recompute : NULL;
-    h->ctx = NULL;
-    if (P->init(ini_path, &host, &h->ctx)) fail_msg("init failed: %s", P->last_error(NULL));
+    h->ctx = hb_open(P, text, &host);
     tiny_make(t);
     return P->post_model_load(h->ctx, &t->m);
 }

@@ -22,10 +22,11 @@
 #include <cmocka.h>
 
 #include "protrain.h"
+#include "host_builder.h"
 #include "tiny_model.h"
 
 static const pt_plugin_v1 *P = &protrain_plugin_v1;
-static char ini_path[256], dir[128], path[256];
+static char dir[128], path[256];
 enum { HEADER_BYTES = 104 };  /* the state file header (runtime/store/state_io.c) */
 
 static char logbuf[8192];
@@ -40,22 +41,12 @@ static void host_log(void *user, int32_t level, const char *msg) {
 /* Initialised, model loaded, optimizer created; names may be changed first. */
 static void *start(tiny *t, const char *opt, void (*edit)(tiny *)) {
     char text[1024];
-    snprintf(ini_path, sizeof ini_path, "/tmp/pt_hstate_%d.ini", (int)getpid());
     snprintf(text, sizeof text,
              "[plugin]\nbackend = host\nlog_level = warn\n[memory]\ndevice_capacity = 4MiB\n%s",
              opt ? opt : "");
-    FILE *f = fopen(ini_path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-    pt_host_v1 h;
-    memset(&h, 0, sizeof h);
-    h.abi_version = PT_ABI_VERSION;
-    h.struct_size = sizeof h;
-    h.world_size = 1;
+    pt_host_v1 h = hb_host(NULL);
     h.log = host_log;
-    void *ctx = NULL;
-    if (P->init(ini_path, &h, &ctx)) fail_msg("init failed: %s", P->last_error(NULL));
+    void *ctx = hb_open(P, text, &h);
     tiny_make(t);
     if (edit) edit(t);
     assert_int_equal(P->post_model_load(ctx, &t->m), PT_OK);
@@ -66,15 +57,15 @@ static void *start(tiny *t, const char *opt, void (*edit)(tiny *)) {
 static void train(void *ctx, tiny *t, int steps) {
     for (int s = 0; s < steps; s++) {
         assert_int_equal(P->pre_step(ctx, s, 0, 1), PT_OK);
-        for (int b = 0; b < NB; b++) {
+        for (int b = 0; b < TINY_NB; b++) {
             assert_int_equal(P->block_pre_forward(ctx, b), PT_OK);
             assert_int_equal(P->block_post_forward(ctx, b), PT_OK);
         }
-        for (int b = NB - 1; b >= 0; b--) {
+        for (int b = TINY_NB - 1; b >= 0; b--) {
             assert_int_equal(P->block_pre_backward(ctx, b), PT_OK);
-            for (int i = 0; i < NP; i++)
+            for (int i = 0; i < TINY_NP; i++)
                 if (t->p[i].block == b)
-                    for (int k = 0; k < NEL; k++) ((float *)t->p[i].grad)[k] += 0.1f * (float)(k + s);
+                    for (int k = 0; k < TINY_NEL; k++) ((float *)t->p[i].grad)[k] += 0.1f * (float)(k + s);
             assert_int_equal(P->block_post_backward(ctx, b), PT_OK);
         }
         assert_int_equal(P->optimizer_step(ctx, -1.0f), PT_OK);
@@ -82,8 +73,8 @@ static void train(void *ctx, tiny *t, int steps) {
     }
 }
 
-static void read_all(void *ctx, float out[NP][NEL]) {
-    for (int i = 0; i < NP; i++)
+static void read_all(void *ctx, float out[TINY_NP][TINY_NEL]) {
+    for (int i = 0; i < TINY_NP; i++)
         assert_int_equal(P->read_param(ctx, i, out[i], sizeof out[i]), PT_OK);
 }
 
@@ -140,7 +131,7 @@ static void test_header_bit_flips(void **s) {
     assert_int_equal(P->save_state(a, dir), PT_OK);
     void *b = start(&tb, NULL, NULL);
     train(b, &tb, 1);
-    float before[NP][NEL], after[NP][NEL];
+    float before[TINY_NP][TINY_NEL], after[TINY_NP][TINY_NEL];
     read_all(b, before);
     size_t n;
     unsigned char *good = slurp(&n);

@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "host_builder.h"
 #include "kernels_hd.h"
 #include "protrain.h"
 
@@ -75,10 +76,7 @@ static void *start_host(tiny *t, const char *extra, const pt_host_v1 *host) {
     snprintf(text, sizeof text,
              "[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 4MiB\n%s",
              extra ? extra : "");
-    write_ini(text);
-    void *ctx = NULL;
-    int rc = P->init(ini_path, host, &ctx);
-    if (rc) fail_msg("init failed: %s", P->last_error(NULL));
+    void *ctx = hb_open(P, text, host);
     tiny_make(t);
     assert_int_equal(P->post_model_load(ctx, &t->m), PT_OK);
     return ctx;
@@ -103,16 +101,17 @@ static void test_init_testing_key(void **state) {
     const char *was = getenv("PROTRAIN_TESTING");
     char keep[16];
     snprintf(keep, sizeof keep, "%s", was ? was : "");
-    write_ini("[plugin]\nbackend = host\nlog_level = error\n[testing]\nfail_alloc_at = 3\n");
+    static const char ini[] = "[plugin]\nbackend = host\nlog_level = error\n[testing]\n"
+                              "fail_alloc_at = 3\n";
     unsetenv("PROTRAIN_TESTING");
     void *ctx = (void *)1;
-    assert_int_equal(P->init(ini_path, NULL, &ctx), PT_ERR_CONFIG);
+    assert_int_equal(hb_init(P, ini, NULL, &ctx), PT_ERR_CONFIG);
     assert_null(ctx);
     const char *e = P->last_error(NULL);
     if (!strstr(e, ":5: key 'fail_alloc_at' in [testing]") || !strstr(e, "PROTRAIN_TESTING=1"))
         fail_msg("'%s' does not name the line, the key and PROTRAIN_TESTING=1", e);
     setenv("PROTRAIN_TESTING", "1", 1);
-    assert_int_equal(P->init(ini_path, NULL, &ctx), PT_OK);
+    assert_int_equal(hb_init(P, ini, NULL, &ctx), PT_OK);
     assert_int_equal(P->finalize(ctx), PT_OK);
     if (was) setenv("PROTRAIN_TESTING", keep, 1);
     else unsetenv("PROTRAIN_TESTING");

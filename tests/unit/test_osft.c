@@ -39,6 +39,7 @@
 
 #include <cmocka.h>
 
+#include "host_builder.h"
 #include "osft_model.h"
 #include "store/ord_bits.h"
 #include "protrain.h"
@@ -59,17 +60,20 @@ typedef struct opt {
 typedef struct net {
     void *ctx;
     opt o;
-    pt_param_v1 p[NPAR];
+    pt_param_v1 p[OM_NPAR];
     pt_model_v1 m;
-    float init[NPAR][H * D0 > O * H ? H * D0 : O * H];
-    char names[NPAR][32];
+    float init[OM_NPAR][OM_H * OM_D0 > OM_O * OM_H ? OM_H * OM_D0 : OM_O * OM_H];
+    char names[OM_NPAR][32];
     float *x0, *h, *y, *dy, *dh, *tg;   /* device buffers */
     double loss;
     int bad;                            /* a hook failed inside launched work */
 } net;
 
-static void write_ini(const char *path, const opt *o) {
-    FILE *f = fopen(path, "w");
+/* The INI text of a run with options o (the caller frees it). */
+static char *ini_text(const opt *o) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
     assert_non_null(f);
     fprintf(f, "[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 8MiB\n"
                "[optimizer]\nlr = %g\nweight_decay = 0.01\neps = %g\nmax_grad_norm = %g\n"
@@ -87,24 +91,24 @@ static void write_ini(const char *path, const opt *o) {
                 o->skip ? "2ms" : "200us", o->skip);
     else if (o->skip)
         fprintf(f, "[testing]\ndebug_skip_ordering = %d\n", o->skip);
-    fclose(f);
+    assert_int_equal(fclose(f), 0);
+    return text;
 }
 
 /* dense init: given W values per target (NULL: w_init), biases, scale */
-static void net_open(net *n, const opt *o, float *const wv[NT], const float *vecs[3]) {
+static void net_open(net *n, const opt *o, float *const wv[OM_NT], const float *vecs[3]) {
     memset(n, 0, sizeof *n);
     n->o = *o;
-    char path[64];
-    snprintf(path, sizeof path, "/tmp/pt_osft_%d.ini", (int)getpid());
-    write_ini(path, o);
-    pt_host_v1 h = {.abi_version = PT_ABI_VERSION, .struct_size = sizeof h, .world_size = 1,
-                    .device_kind = PT_DEVICE_HOST, .flags = o->async ? PT_HOST_ASYNC_COMPUTE : 0};
-    if (P->init(path, &h, &n->ctx)) fail_msg("init: %s", P->last_error(NULL));
-    unlink(path);
-    static const char *nm[NPAR] = {"head.scale", "b0.attn.w", "b0.attn.b", "b1.mlp.w", "b1.mlp.b"};
-    static const int blk[NPAR] = {-1, 0, 0, 1, 1};
-    const int64_t shp[NPAR][2] = {{O, 0}, {H, D0}, {H, 0}, {O, H}, {O, 0}};
-    for (int i = 0; i < NPAR; i++) {
+    char *text = ini_text(o);
+    pt_host_v1 h = hb_host(NULL);
+    h.device_kind = PT_DEVICE_HOST;
+    h.flags = o->async ? PT_HOST_ASYNC_COMPUTE : 0;
+    n->ctx = hb_open(P, text, &h);
+    free(text);
+    static const char *nm[OM_NPAR] = {"head.scale", "b0.attn.w", "b0.attn.b", "b1.mlp.w", "b1.mlp.b"};
+    static const int blk[OM_NPAR] = {-1, 0, 0, 1, 1};
+    const int64_t shp[OM_NPAR][2] = {{OM_O, 0}, {OM_H, OM_D0}, {OM_H, 0}, {OM_O, OM_H}, {OM_O, 0}};
+    for (int i = 0; i < OM_NPAR; i++) {
         snprintf(n->names[i], sizeof n->names[i], "%s", nm[i]);
         pt_param_v1 *q = &n->p[i];
         *q = (pt_param_v1){.name = n->names[i], .dtype = PT_F32, .ndim = shp[i][1] ? 2 : 1,
@@ -112,23 +116,23 @@ static void net_open(net *n, const opt *o, float *const wv[NT], const float *vec
                            .tie = -1, .init = n->init[i]};
         int64_t ne = shp[i][0] * (shp[i][1] ? shp[i][1] : 1);
         for (int64_t e = 0; e < ne; e++) {
-            if (i == I_W0 || i == I_W1) {
-                int t = i == I_W1;
+            if (i == OM_I_W0 || i == OM_I_W1) {
+                int t = i == OM_I_W1;
                 n->init[i][e] = wv && wv[t] ? wv[t][e] : w_init(t, e);
             } else {
-                int v = i == I_SCALE ? 0 : i == I_B0 ? 1 : 2;
+                int v = i == OM_I_SCALE ? 0 : i == OM_I_B0 ? 1 : 2;
                 n->init[i][e] = vecs && vecs[v] ? vecs[v][e]
-                                                : (i == I_SCALE ? 1.0f + 0.05f * (float)e
+                                                : (i == OM_I_SCALE ? 1.0f + 0.05f * (float)e
                                                                 : 0.01f * (float)(e % 5) - 0.02f);
             }
         }
     }
-    n->m = (pt_model_v1){.struct_size = sizeof n->m, .n_params = NPAR, .params = n->p,
-                         .n_blocks = 2, .batch = 1, .seq = ROWS, .arch = "osft-test"};
+    n->m = (pt_model_v1){.struct_size = sizeof n->m, .n_params = OM_NPAR, .params = n->p,
+                         .n_blocks = 2, .batch = 1, .seq = OM_ROWS, .arch = "osft-test"};
     if (P->post_model_load(n->ctx, &n->m)) fail_msg("post_model_load: %s", P->last_error(n->ctx));
     if (P->create_optimizer(n->ctx, NULL)) fail_msg("create_optimizer: %s", P->last_error(n->ctx));
     float **bufs[6] = {&n->x0, &n->h, &n->y, &n->dy, &n->dh, &n->tg};
-    const int sz[6] = {ROWS * D0, ROWS * H, ROWS * O, ROWS * O, ROWS * H, ROWS * O};
+    const int sz[6] = {OM_ROWS * OM_D0, OM_ROWS * OM_H, OM_ROWS * OM_O, OM_ROWS * OM_O, OM_ROWS * OM_H, OM_ROWS * OM_O};
     for (int b = 0; b < 6; b++)
         assert_int_equal(P->dev_alloc(n->ctx, (uint64_t)sz[b] * 4, "act", (void **)bufs[b]), 0);
 }
@@ -147,16 +151,16 @@ typedef struct job {
     net *n;
     int what;      /* 0 fwd b0, 1 fwd b1 + head + head bwd, 2 bwd b1, 3 bwd b0 */
     int train;
-    pt_param_v1 p[NPAR];
+    pt_param_v1 p[OM_NPAR];
 } job;
 
 static void linear_fwd(net *n, const pt_param_v1 *p, int w, const float *x, float *y, int N, int M) {
     if (n->o.osft) {
-        if (P->osft_linear_forward(n->ctx, w, x, y, ROWS)) n->bad = 1;
+        if (P->osft_linear_forward(n->ctx, w, x, y, OM_ROWS)) n->bad = 1;
         return;
     }
     const float *W = p[w].data;
-    for (int r = 0; r < ROWS; r++)
+    for (int r = 0; r < OM_ROWS; r++)
         for (int j = 0; j < N; j++) {
             float acc = 0;
             for (int c = 0; c < M; c++) acc += x[r * M + c] * W[j * M + c];
@@ -167,7 +171,7 @@ static void linear_fwd(net *n, const pt_param_v1 *p, int w, const float *x, floa
 static void linear_bwd(net *n, const pt_param_v1 *p, int w, const float *x, const float *dy,
                        float *dx, int N, int M) {
     if (n->o.osft) {
-        if (P->osft_linear_backward(n->ctx, w, x, dy, dx, ROWS)) n->bad = 1;
+        if (P->osft_linear_backward(n->ctx, w, x, dy, dx, OM_ROWS)) n->bad = 1;
         return;
     }
     const float *W = p[w].data;
@@ -175,11 +179,11 @@ static void linear_bwd(net *n, const pt_param_v1 *p, int w, const float *x, cons
     for (int j = 0; j < N; j++)
         for (int c = 0; c < M; c++) {
             float acc = 0;
-            for (int r = 0; r < ROWS; r++) acc += dy[r * N + j] * x[r * M + c];
+            for (int r = 0; r < OM_ROWS; r++) acc += dy[r * N + j] * x[r * M + c];
             dW[j * M + c] += acc;
         }
     if (dx)
-        for (int r = 0; r < ROWS; r++)
+        for (int r = 0; r < OM_ROWS; r++)
             for (int c = 0; c < M; c++) {
                 float acc = 0;
                 for (int j = 0; j < N; j++) acc += dy[r * N + j] * W[j * M + c];
@@ -192,43 +196,43 @@ static void run_job(job *j) {
     const pt_param_v1 *p = j->p;
     switch (j->what) {
     case 0:
-        linear_fwd(n, p, I_W0, n->x0, n->h, H, D0);
-        for (int r = 0; r < ROWS; r++)
-            for (int c = 0; c < H; c++) n->h[r * H + c] += ((const float *)p[I_B0].data)[c];
+        linear_fwd(n, p, OM_I_W0, n->x0, n->h, OM_H, OM_D0);
+        for (int r = 0; r < OM_ROWS; r++)
+            for (int c = 0; c < OM_H; c++) n->h[r * OM_H + c] += ((const float *)p[OM_I_B0].data)[c];
         break;
     case 1: {
-        linear_fwd(n, p, I_W1, n->h, n->y, O, H);
-        const float *b1 = p[I_B1].data, *sc = p[I_SCALE].data;
+        linear_fwd(n, p, OM_I_W1, n->h, n->y, OM_O, OM_H);
+        const float *b1 = p[OM_I_B1].data, *sc = p[OM_I_SCALE].data;
         double loss = 0;
-        for (int r = 0; r < ROWS; r++)
-            for (int c = 0; c < O; c++) {
-                n->y[r * O + c] += b1[c];
-                float o = n->y[r * O + c] * sc[c], d = o - n->tg[r * O + c];
-                loss += 0.5 * (double)d * (double)d / ROWS;
-                n->dy[r * O + c] = d / ROWS;   /* d loss / d o for now */
+        for (int r = 0; r < OM_ROWS; r++)
+            for (int c = 0; c < OM_O; c++) {
+                n->y[r * OM_O + c] += b1[c];
+                float o = n->y[r * OM_O + c] * sc[c], d = o - n->tg[r * OM_O + c];
+                loss += 0.5 * (double)d * (double)d / OM_ROWS;
+                n->dy[r * OM_O + c] = d / OM_ROWS;   /* d loss / d o for now */
             }
         n->loss = loss;
         if (!j->train) break;
-        float *gs = p[I_SCALE].grad;
-        for (int r = 0; r < ROWS; r++)
-            for (int c = 0; c < O; c++) {
-                gs[c] += n->dy[r * O + c] * n->y[r * O + c];
-                n->dy[r * O + c] *= sc[c];
+        float *gs = p[OM_I_SCALE].grad;
+        for (int r = 0; r < OM_ROWS; r++)
+            for (int c = 0; c < OM_O; c++) {
+                gs[c] += n->dy[r * OM_O + c] * n->y[r * OM_O + c];
+                n->dy[r * OM_O + c] *= sc[c];
             }
         break;
     }
     case 2: {
-        float *gb = p[I_B1].grad;
-        for (int r = 0; r < ROWS; r++)
-            for (int c = 0; c < O; c++) gb[c] += n->dy[r * O + c];
-        linear_bwd(n, p, I_W1, n->h, n->dy, n->dh, O, H);
+        float *gb = p[OM_I_B1].grad;
+        for (int r = 0; r < OM_ROWS; r++)
+            for (int c = 0; c < OM_O; c++) gb[c] += n->dy[r * OM_O + c];
+        linear_bwd(n, p, OM_I_W1, n->h, n->dy, n->dh, OM_O, OM_H);
         break;
     }
     case 3: {
-        float *gb = p[I_B0].grad;
-        for (int r = 0; r < ROWS; r++)
-            for (int c = 0; c < H; c++) gb[c] += n->dh[r * H + c];
-        linear_bwd(n, p, I_W0, n->x0, n->dh, NULL, H, D0);
+        float *gb = p[OM_I_B0].grad;
+        for (int r = 0; r < OM_ROWS; r++)
+            for (int c = 0; c < OM_H; c++) gb[c] += n->dh[r * OM_H + c];
+        linear_bwd(n, p, OM_I_W0, n->x0, n->dh, NULL, OM_H, OM_D0);
         break;
     }
     }
@@ -260,10 +264,10 @@ static double step(net *n, int s, int train) {
     assert_int_equal(P->pre_step(c, s, train ? 0 : -1, train ? 1 : 0), 0);
     if (train) assert_int_equal(P->set_lr(c, n->o.lr), 0);
     /* inputs: an upload on the compute stream's side (fn order) */
-    float xin[ROWS * D0], tin[ROWS * O];
-    for (int r = 0; r < ROWS; r++) {
-        for (int k = 0; k < D0; k++) xin[r * D0 + k] = x_of(r, k, s);
-        for (int k = 0; k < O; k++) tin[r * O + k] = t_of(r, k, s);
+    float xin[OM_ROWS * OM_D0], tin[OM_ROWS * OM_O];
+    for (int r = 0; r < OM_ROWS; r++) {
+        for (int k = 0; k < OM_D0; k++) xin[r * OM_D0 + k] = x_of(r, k, s);
+        for (int k = 0; k < OM_O; k++) tin[r * OM_O + k] = t_of(r, k, s);
     }
     assert_int_equal(P->memcpy(c, n->x0, xin, sizeof xin, PT_COPY_H2D), 0);
     assert_int_equal(P->memcpy(c, n->tg, tin, sizeof tin, PT_COPY_H2D), 0);
@@ -316,13 +320,13 @@ static void test_init_oracles(void **s) {
     pt_stats_v1 st = {.struct_size = sizeof st};
     assert_int_equal(P->get_stats(a.ctx, &st), 0);
     assert_int_equal((int)st.osft_targets, 2);
-    assert_null(a.p[I_W0].data);
-    assert_null(a.p[I_W1].grad);
+    assert_null(a.p[OM_I_W0].data);
+    assert_null(a.p[OM_I_W1].grad);
     /* reconstruction = W (relative Frobenius) */
-    for (int t = 0; t < NT; t++) {
-        int64_t ne = TN[t] * TM[t];
-        float got[H * D0];
-        assert_int_equal(P->read_param(a.ctx, TIDX[t], got, (uint64_t)ne * 4), 0);
+    for (int t = 0; t < OM_NT; t++) {
+        int64_t ne = OM_TN[t] * OM_TM[t];
+        float got[OM_H * OM_D0];
+        assert_int_equal(P->read_param(a.ctx, OM_TIDX[t], got, (uint64_t)ne * 4), 0);
         double e2 = 0, w2 = 0;
         for (int64_t e = 0; e < ne; e++) {
             double w = w_init(t, e);
@@ -343,7 +347,7 @@ static void test_init_oracles(void **s) {
     printf("  step-0 loss: factorised %.9g, dense %.9g, double reference %.9g\n", la, ld, lr);
     assert_true(rel(la, ld) <= 1e-5 && rel(la, lr) <= 1e-5);
     double e2 = 0, n2 = 0;
-    for (int i = 0; i < ROWS * H; i++) {
+    for (int i = 0; i < OM_ROWS * OM_H; i++) {
         e2 += (a.dh[i] - d.dh[i]) * (a.dh[i] - d.dh[i]);
         n2 += (double)d.dh[i] * d.dh[i];
     }
@@ -361,7 +365,7 @@ static void test_reference_gradients(void **s) {
     ref_open(&R, 0.5f, 0, 1e-8f);
     ref_loss(&R, 3, 1);
     double worst = 0;
-    for (int t = 0; t < NT; t++) {
+    for (int t = 0; t < OM_NT; t++) {
         rtgt *q = &R.t[t];
         /* a few entries of each trainable factor */
         double *vals[3] = {q->U, q->S, q->Vt}, *gr[3] = {q->gU, q->gS, q->gV};
@@ -401,10 +405,10 @@ static void trajectory(float urr, float eps, int steps) {
         if (rel(la, lr) > worst) worst = rel(la, lr);
     }
     /* the weights moved (the losses of a model that does not train match too) */
-    float W[H * D0];
-    assert_int_equal(P->read_param(a.ctx, I_W0, W, sizeof W), 0);
+    float W[OM_H * OM_D0];
+    assert_int_equal(P->read_param(a.ctx, OM_I_W0, W, sizeof W), 0);
     double c2 = 0, w2 = 0;
-    for (int64_t e = 0; e < H * D0; e++) {
+    for (int64_t e = 0; e < OM_H * OM_D0; e++) {
         c2 += (W[e] - w_init(0, e)) * (W[e] - w_init(0, e));
         w2 += w_init(0, e) * w_init(0, e);
     }
@@ -509,8 +513,8 @@ static void test_projection_50_steps(void **s) {
     save_dir(&a, "s50", dir, sizeof dir);
     unsigned char *b1 = state_bytes(dir, &n1);
     static const char *fz[3] = {"osft_U_high", "osft_S_high", "osft_V_high"};
-    for (int t = 0; t < NT; t++) {
-        int64_t N = TN[t], M = TM[t], Rk = N < M ? N : M, k = pt_osft_frozen_rank(Rk, 0.5f),
+    for (int t = 0; t < OM_NT; t++) {
+        int64_t N = OM_TN[t], M = OM_TM[t], Rk = N < M ? N : M, k = pt_osft_frozen_rank(Rk, 0.5f),
                 kl = Rk - k;
         char nm[64];
         uint64_t c0, c1;
@@ -518,7 +522,7 @@ static void test_projection_50_steps(void **s) {
         static const char *all[6] = {"osft_U_high", "osft_S_high", "osft_V_high",
                                      "osft_U_low", "osft_S_low", "osft_V_low"};
         for (int j = 0; j < 6; j++) {
-            snprintf(nm, sizeof nm, "%s.%s", a.names[TIDX[t]], all[j]);
+            snprintf(nm, sizeof nm, "%s.%s", a.names[OM_TIDX[t]], all[j]);
             f[j] = factor(b1, n1, nm, &c1);
             assert_non_null(f[j]);
             if (j < 3) {   /* frozen: bit-identical to the values at step 0 */
@@ -534,8 +538,8 @@ static void test_projection_50_steps(void **s) {
         double ou, ov;
         ortho(Uh, Ul, Vh, Vl, N, M, k, kl, &ou, &ov);
         /* frozen triplets on the trained weight: U_high^T W = diag(S_high) V_high */
-        float W[H * D0];
-        assert_int_equal(P->read_param(a.ctx, TIDX[t], W, (uint64_t)(N * M) * 4), 0);
+        float W[OM_H * OM_D0];
+        assert_int_equal(P->read_param(a.ctx, OM_TIDX[t], W, (uint64_t)(N * M) * 4), 0);
         double e2 = 0, s2 = 0;
         for (int64_t i = 0; i < k; i++)
             for (int64_t m = 0; m < M; m++) {
@@ -730,17 +734,17 @@ static void test_resume_and_export(void **s) {
     rmdir(dir);
     /* export: the reconstructed dense weights and the ordinary params into a
      * model without OSFT give the same loss */
-    float w0[H * D0], w1[O * H], sc[O], b0[H], b1[O];
-    assert_int_equal(P->read_param(a.ctx, I_W0, w0, sizeof w0), 0);
-    assert_int_equal(P->read_param(a.ctx, I_W1, w1, sizeof w1), 0);
-    assert_int_equal(P->read_param(a.ctx, I_SCALE, sc, sizeof sc), 0);
-    assert_int_equal(P->read_param(a.ctx, I_B0, b0, sizeof b0), 0);
-    assert_int_equal(P->read_param(a.ctx, I_B1, b1, sizeof b1), 0);
+    float w0[OM_H * OM_D0], w1[OM_O * OM_H], sc[OM_O], b0[OM_H], b1[OM_O];
+    assert_int_equal(P->read_param(a.ctx, OM_I_W0, w0, sizeof w0), 0);
+    assert_int_equal(P->read_param(a.ctx, OM_I_W1, w1, sizeof w1), 0);
+    assert_int_equal(P->read_param(a.ctx, OM_I_SCALE, sc, sizeof sc), 0);
+    assert_int_equal(P->read_param(a.ctx, OM_I_B0, b0, sizeof b0), 0);
+    assert_int_equal(P->read_param(a.ctx, OM_I_B1, b1, sizeof b1), 0);
     double lf = step(&a, 99, 0);
     opt od = o;
     od.osft = 0;
     net d;
-    float *wv[NT] = {w0, w1};
+    float *wv[OM_NT] = {w0, w1};
     const float *vecs[3] = {sc, b0, b1};
     net_open(&d, &od, wv, vecs);
     double ld = step(&d, 99, 0);
@@ -759,36 +763,28 @@ static void test_refusals(void **s) {
     net a;
     net_open(&a, &o, NULL, NULL);
     void *c = a.ctx;
-    assert_int_equal(P->osft_linear_forward(c, I_W0, a.x0, a.h, ROWS), PT_ERR_ORDER);
+    assert_int_equal(P->osft_linear_forward(c, OM_I_W0, a.x0, a.h, OM_ROWS), PT_ERR_ORDER);
     assert_int_equal(P->pre_step(c, 0, 0, 1), 0);
     assert_int_equal(P->block_pre_forward(c, 0), 0);
-    assert_int_equal(P->osft_linear_forward(c, I_B0, a.x0, a.h, ROWS), PT_ERR_INVALID_ARG);
+    assert_int_equal(P->osft_linear_forward(c, OM_I_B0, a.x0, a.h, OM_ROWS), PT_ERR_INVALID_ARG);
     assert_non_null(strstr(P->last_error(c), "not an OSFT target"));
-    assert_int_equal(P->osft_linear_forward(c, I_W1, a.h, a.y, ROWS), PT_ERR_ORDER);
-    assert_int_equal(P->osft_linear_backward(c, I_W0, a.x0, a.h, NULL, ROWS), PT_ERR_ORDER);
-    assert_int_equal(P->osft_linear_forward(c, I_W0, NULL, a.h, ROWS), PT_ERR_INVALID_ARG);
-    assert_int_equal(P->osft_linear_forward(c, I_W0, a.x0, a.h, ROWS), 0);
+    assert_int_equal(P->osft_linear_forward(c, OM_I_W1, a.h, a.y, OM_ROWS), PT_ERR_ORDER);
+    assert_int_equal(P->osft_linear_backward(c, OM_I_W0, a.x0, a.h, NULL, OM_ROWS), PT_ERR_ORDER);
+    assert_int_equal(P->osft_linear_forward(c, OM_I_W0, NULL, a.h, OM_ROWS), PT_ERR_INVALID_ARG);
+    assert_int_equal(P->osft_linear_forward(c, OM_I_W0, a.x0, a.h, OM_ROWS), 0);
     assert_int_equal(P->block_post_forward(c, 0), 0);
     net_close(&a);
     /* OSFT with TiledMLP: refused at init, naming both */
-    char path[64];
-    snprintf(path, sizeof path, "/tmp/pt_osft_r_%d.ini", (int)getpid());
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f, "[plugin]\nbackend = host\nlog_level = error\n[osft]\nenabled = true\n"
-               "[tiled_mlp]\nenabled = true\n");
-    fclose(f);
     void *ctx = NULL;
-    assert_int_equal(P->init(path, NULL, &ctx), PT_ERR_UNSUPPORTED);
+    assert_int_equal(hb_init(P, "[plugin]\nbackend = host\nlog_level = error\n[osft]\nenabled = "
+                                "true\n[tiled_mlp]\nenabled = true\n", NULL, &ctx),
+                     PT_ERR_UNSUPPORTED);
     assert_non_null(strstr(P->last_error(NULL), "[tiled_mlp]"));
     /* a bf16 target, a tied target */
-    f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f, "[plugin]\nbackend = host\nlog_level = error\n[protrain]\nforce_all_persistent = "
-               "true\n[osft]\nenabled = true\ntargets = w\n");
-    fclose(f);
+    static const char tw[] = "[plugin]\nbackend = host\nlog_level = error\n[protrain]\n"
+                             "force_all_persistent = true\n[osft]\nenabled = true\ntargets = w\n";
     for (int c2 = 0; c2 < 2; c2++) {
-        assert_int_equal(P->init(path, NULL, &ctx), 0);
+        assert_int_equal(hb_init(P, tw, NULL, &ctx), 0);
         uint16_t w16[16] = {0};
         float w32[16] = {0};
         pt_param_v1 p[2] = {
@@ -804,7 +800,6 @@ static void test_refusals(void **s) {
         assert_non_null(strstr(P->last_error(ctx), c2 ? "tie" : "bf16"));
         assert_int_equal(P->finalize(ctx), 0);
     }
-    unlink(path);
 }
 
 /* test_osft --ortho STATE NAME...: the factors of each target NAME in a state

@@ -5,6 +5,7 @@
  * of the same model trained in factor space, written independently of the
  * plugin: its own SVD (LAPACKE dgesdd), the dense gradient mapped through
  * W = U diag(S) Vt, the projections, AdamW, all in double.
+ * Names: OM_ constants.
  * Header-only (static functions); include once, after cmocka.h.
  */
 #ifndef PT_OSFT_MODEL_H
@@ -18,13 +19,13 @@
 
 #include "osft/osft.h"
 
-enum { ROWS = 5, NPAR = 5, NT = 2 };
-enum { I_SCALE = 0, I_W0, I_B0, I_W1, I_B1 };
-static const int64_t TN[NT] = {12, 7}, TM[NT] = {9, 12};   /* targets: out x in */
-static const int TIDX[NT] = {I_W0, I_W1};
-#define D0 9   /* input width */
-#define H 12   /* hidden */
-#define O 7    /* output */
+enum { OM_ROWS = 5, OM_NPAR = 5, OM_NT = 2 };
+enum { OM_I_SCALE = 0, OM_I_W0, OM_I_B0, OM_I_W1, OM_I_B1 };
+static const int64_t OM_TN[OM_NT] = {12, 7}, OM_TM[OM_NT] = {9, 12};   /* targets: out x in */
+static const int OM_TIDX[OM_NT] = {OM_I_W0, OM_I_W1};
+#define OM_D0 9   /* input width */
+#define OM_H 12   /* hidden */
+#define OM_O 7    /* output */
 
 /* ---- the model's data ---- */
 
@@ -32,8 +33,8 @@ static float w_init(int t, int64_t i) {
     return 0.35f * sinf(1.37f * (float)i + 0.71f * (float)t + 0.2f) +
            0.05f * cosf(0.113f * (float)(i * i) + (float)t);
 }
-static float x_of(int r, int c, int s) { return 0.5f * sinf(0.37f * (float)(r * D0 + c) + 0.91f * (float)s); }
-static float t_of(int r, int j, int s) { return 0.2f * cosf(0.53f * (float)(r * O + j) + 0.29f * (float)s); }
+static float x_of(int r, int c, int s) { return 0.5f * sinf(0.37f * (float)(r * OM_D0 + c) + 0.91f * (float)s); }
+static float t_of(int r, int j, int s) { return 0.2f * cosf(0.53f * (float)(r * OM_O + j) + 0.29f * (float)s); }
 
 /* ---- a double-precision reference of the factorised model ---- */
 
@@ -45,14 +46,14 @@ typedef struct rtgt {
 } rtgt;
 
 typedef struct ref {
-    rtgt t[NT];
-    double vec[3][H];          /* scale (O), b0 (H), b1 (O) */
-    double gvec[3][H], mvec[3][H], vvec[3][H];
+    rtgt t[OM_NT];
+    double vec[3][OM_H];          /* scale (OM_O), b0 (OM_H), b1 (OM_O) */
+    double gvec[3][OM_H], mvec[3][OM_H], vvec[3][OM_H];
     float lr, eps;
     int project_values;
     int64_t step;
 } ref;
-static const int VLEN[3] = {O, H, O};
+static const int OM_VLEN[3] = {OM_O, OM_H, OM_O};
 
 static double *dz(size_t n) {
     double *p = calloc(n ? n : 1, sizeof *p);
@@ -65,10 +66,10 @@ static void ref_open(ref *R, float urr, float lr, float eps) {
     R->lr = lr;
     R->eps = eps;
     R->project_values = 1;
-    for (int t = 0; t < NT; t++) {
+    for (int t = 0; t < OM_NT; t++) {
         rtgt *q = &R->t[t];
-        q->N = TN[t];
-        q->M = TM[t];
+        q->N = OM_TN[t];
+        q->M = OM_TM[t];
         q->R = q->N < q->M ? q->N : q->M;
         q->k = pt_osft_frozen_rank(q->R, urr);
         q->kl = q->R - q->k;
@@ -88,13 +89,13 @@ static void ref_open(ref *R, float urr, float lr, float eps) {
         q->gS = dz((size_t)q->R), q->mS = dz((size_t)q->R), q->vS = dz((size_t)q->R);
         q->gV = dz(nv), q->mV = dz(nv), q->vV = dz(nv);
     }
-    for (int e = 0; e < O; e++) R->vec[0][e] = (double)(1.0f + 0.05f * (float)e);
+    for (int e = 0; e < OM_O; e++) R->vec[0][e] = (double)(1.0f + 0.05f * (float)e);
     for (int v = 1; v < 3; v++)
-        for (int e = 0; e < VLEN[v]; e++) R->vec[v][e] = (double)(0.01f * (float)(e % 5) - 0.02f);
+        for (int e = 0; e < OM_VLEN[v]; e++) R->vec[v][e] = (double)(0.01f * (float)(e % 5) - 0.02f);
 }
 
 static void ref_close(ref *R) {
-    for (int t = 0; t < NT; t++) {
+    for (int t = 0; t < OM_NT; t++) {
         rtgt *q = &R->t[t];
         double *all[] = {q->U, q->S, q->Vt, q->gU, q->gS, q->gV, q->mU, q->vU, q->mS, q->vS, q->mV, q->vV};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
@@ -114,50 +115,50 @@ static void ref_w(const rtgt *q, double *W) {
 /* Loss of step s; with grads: the factor gradients of the low part (the dense
  * gradient mapped through the factorisation) and the vectors' gradients. */
 static double ref_loss(ref *R, int s, int grads) {
-    double W0[H * D0], W1[O * H], x[ROWS][D0], h[ROWS][H], y[ROWS][O];
+    double W0[OM_H * OM_D0], W1[OM_O * OM_H], x[OM_ROWS][OM_D0], h[OM_ROWS][OM_H], y[OM_ROWS][OM_O];
     ref_w(&R->t[0], W0);
     ref_w(&R->t[1], W1);
-    for (int r = 0; r < ROWS; r++)
-        for (int c = 0; c < D0; c++) x[r][c] = (double)x_of(r, c, s);
-    for (int r = 0; r < ROWS; r++)
-        for (int j = 0; j < H; j++) {
+    for (int r = 0; r < OM_ROWS; r++)
+        for (int c = 0; c < OM_D0; c++) x[r][c] = (double)x_of(r, c, s);
+    for (int r = 0; r < OM_ROWS; r++)
+        for (int j = 0; j < OM_H; j++) {
             double a = R->vec[1][j];
-            for (int c = 0; c < D0; c++) a += x[r][c] * W0[j * D0 + c];
+            for (int c = 0; c < OM_D0; c++) a += x[r][c] * W0[j * OM_D0 + c];
             h[r][j] = a;
         }
-    double loss = 0, dy[ROWS][O], dh[ROWS][H];
-    for (int r = 0; r < ROWS; r++)
-        for (int j = 0; j < O; j++) {
+    double loss = 0, dy[OM_ROWS][OM_O], dh[OM_ROWS][OM_H];
+    for (int r = 0; r < OM_ROWS; r++)
+        for (int j = 0; j < OM_O; j++) {
             double a = R->vec[2][j];
-            for (int c = 0; c < H; c++) a += h[r][c] * W1[j * H + c];
+            for (int c = 0; c < OM_H; c++) a += h[r][c] * W1[j * OM_H + c];
             y[r][j] = a;
             double d = a * R->vec[0][j] - (double)t_of(r, j, s);
-            loss += 0.5 * d * d / ROWS;
-            dy[r][j] = d / ROWS;
+            loss += 0.5 * d * d / OM_ROWS;
+            dy[r][j] = d / OM_ROWS;
         }
     if (!grads) return loss;
     memset(R->gvec, 0, sizeof R->gvec);
-    for (int r = 0; r < ROWS; r++)
-        for (int j = 0; j < O; j++) {
+    for (int r = 0; r < OM_ROWS; r++)
+        for (int j = 0; j < OM_O; j++) {
             R->gvec[0][j] += dy[r][j] * y[r][j];
             dy[r][j] *= R->vec[0][j];
             R->gvec[2][j] += dy[r][j];
         }
-    for (int r = 0; r < ROWS; r++)
-        for (int c = 0; c < H; c++) {
+    for (int r = 0; r < OM_ROWS; r++)
+        for (int c = 0; c < OM_H; c++) {
             double a = 0;
-            for (int j = 0; j < O; j++) a += dy[r][j] * W1[j * H + c];
+            for (int j = 0; j < OM_O; j++) a += dy[r][j] * W1[j * OM_H + c];
             dh[r][c] = a;
             R->gvec[1][c] += a;
         }
     /* dense gradients dW = dY^T X, then through W = U S Vt (low part only) */
-    for (int t = 0; t < NT; t++) {
+    for (int t = 0; t < OM_NT; t++) {
         rtgt *q = &R->t[t];
         double *dW = dz((size_t)(q->N * q->M));
         for (int64_t n = 0; n < q->N; n++)
             for (int64_t m = 0; m < q->M; m++) {
                 double a = 0;
-                for (int r = 0; r < ROWS; r++)
+                for (int r = 0; r < OM_ROWS; r++)
                     a += (t ? dy[r][n] : dh[r][n]) * (t ? h[r][m] : x[r][m]);
                 dW[n * q->M + m] = a;
             }
@@ -208,12 +209,12 @@ static void adam(double *p, double g, double *m, double *v, const ref *R, double
 
 static double ref_step(ref *R, int s) {
     double loss = ref_loss(R, s, 1);
-    for (int t = 0; t < NT; t++) ref_project(&R->t[t], R->t[t].gU, R->t[t].gV);
+    for (int t = 0; t < OM_NT; t++) ref_project(&R->t[t], R->t[t].gU, R->t[t].gV);
     const double wd = 0.01;
     for (int v = 0; v < 3; v++)
-        for (int e = 0; e < VLEN[v]; e++)
+        for (int e = 0; e < OM_VLEN[v]; e++)
             adam(&R->vec[v][e], R->gvec[v][e], &R->mvec[v][e], &R->vvec[v][e], R, wd);
-    for (int t = 0; t < NT; t++) {
+    for (int t = 0; t < OM_NT; t++) {
         rtgt *q = &R->t[t];
         for (int64_t j = q->k; j < q->R; j++) {
             for (int64_t n = 0; n < q->N; n++) {
