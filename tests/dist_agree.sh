@@ -8,6 +8,8 @@
 #   [protrain] zero3_shard on one rank only (mode C against mode B, at init);
 #   --layers (the model, at post_model_load);
 #   [optimizer] beta1 with --optimizer ini (the optimizer, at create_optimizer);
+#   through a hook-level host (tests/integ/test_agree_hooks.c): a parameter's
+#   name or dtype, n_micro at the first pre_step, a fingerprint line;
 # and, the same on both ranks, [dist] tp_size = 2 with a host that splits no
 # parameter (refused at post_model_load: nothing would be averaged). Each must
 # exit non-zero on BOTH ranks, each rank printing the field. A clean pair must
@@ -99,6 +101,39 @@ refuse layers 'disagrees with rank 0 on model.n_blocks: 3 vs 2' "$a" "$a --layer
 refuse beta1 'disagrees with rank 0 on optimizer.beta1: 0.800000012 vs 0.899999976' \
     "$a --optimizer ini" "--config $tmp/B1.ini --optimizer ini"
 refuse tp 'tp_size = 2, but no parameter is split' "--config $tmp/TP.ini" "--config $tmp/TP.ini"
+
+# the facts sample_host cannot vary alone, through a hook-level host
+# (tests/integ/test_agree_hooks.c): a parameter's name or dtype, n_micro, a
+# fingerprint line; and a clean pair of hosts without a fingerprint trains
+hooks="$build/tests/test_agree_hooks"
+ini "$tmp/H.ini" ''
+hooks2() {   # $1 case: each rank's status in hooks_$1.rc0 / .rc1
+    local e="AGREE_CASE=$1 AGREE_INI=$tmp/H.ini"
+    timeout 120 "${mpi[@]}" \
+        -np 1 bash -c "$e"' "$@"; echo $? > '"$tmp/hooks_$1.rc0" _ "$hooks" : \
+        -np 1 bash -c "$e"' "$@"; echo $? > '"$tmp/hooks_$1.rc1" _ "$hooks" > "$tmp/hooks_$1.out" 2>&1
+}
+hooks2 clean
+if [ "$(cat "$tmp/hooks_clean.rc0" 2>/dev/null)" != 0 ] || [ "$(cat "$tmp/hooks_clean.rc1" 2>/dev/null)" != 0 ]; then
+    bad "hooks clean: two agreeing hook-level hosts did not train:"; sed 's/^/    /' "$tmp/hooks_clean.out" | head -10
+else
+    pass=$((pass + 1))
+fi
+for c in 'name:post_model_load status 2: .*on model.param\[1\]: b0.weight f32 64 .* vs b0.w f32 64' \
+         'dtype:post_model_load status 2: .*on model.param\[1\]: b0.w bf16 64 .* vs b0.w f32 64' \
+         'micro:pre_step status 2: .*on n_micro: 2 vs 1' \
+         'fp:init status 2: .*on host.data: b vs a'; do
+    n=${c%%:*}; pat=${c#*:}
+    hooks2 "$n"
+    for r in 0 1; do
+        rc=$(cat "$tmp/hooks_$n.rc$r" 2>/dev/null || echo missing)
+        if [ "$rc" != 2 ] || ! grep -q "agree rank $r: $pat" "$tmp/hooks_$n.out"; then
+            bad "hooks $n: rank $r status $rc, want 2 naming '$pat':"; sed 's/^/    /' "$tmp/hooks_$n.out" | head -10
+        else
+            pass=$((pass + 1))
+        fi
+    done
+done
 
 # world size: rank 1 told it is one of 3 under a 2-process mpirun
 timeout 120 "${mpi[@]}" -np 1 bash -c '"$@"; echo $? > '"$tmp/ws.rc0" _ "$sh" "${common[@]}" $a : \

@@ -36,6 +36,12 @@
  *    operation is a blocking all-reduce at the start, so the orders must agree
  *    there: this case runs with the MPI transport only.)
  *
+ *  - the ranks' agreement (runtime/core/dist_agree.h, pt_agree_texts): equal
+ *    texts pass; a text that differs on the last rank (a value, an extra
+ *    line), on several ranks (the lowest one is named), or deep inside a long
+ *    text (padding of the gathered texts) is refused on every rank with the
+ *    same sentence naming the first differing field and both values.
+ *
  * The same oracles check the NCCL transport on a machine with GPUs
  * (tests/gpu/nccl.sh): PT_TEST_COLL_TRANSPORT=nccl picks it (rank r on CUDA
  * device OMPI_COMM_WORLD_LOCAL_RANK, PT_TEST_COLL_INIT as init_method), and
@@ -56,6 +62,7 @@
 #include <string.h>
 
 #include "coll/coll.h"
+#include "core/dist_agree.h"
 #include "gpu.h"
 #include "protrain.h"
 
@@ -415,6 +422,46 @@ static void test_iallreduce(void **s) {
     assert_non_null(strstr(err, "key"));
 }
 
+/* Every rank must get rc and a sentence containing want. */
+static void agree_case(const char *label, const char *text, int rc_want, const char *want) {
+    char err[1024] = "";
+    int rc = pt_agree_texts(C, "test", text, err, sizeof err);
+    if (rc != rc_want) fail_msg("agreement, %s: rc %d, want %d (%s)", label, rc, rc_want, err);
+    if (want && !strstr(err, want))
+        fail_msg("agreement, %s: '%s' does not say '%s'", label, err, want);
+}
+
+static void test_agree(void **s) {
+    (void)s;
+    char want[256];
+    agree_case("equal texts", "a=1\nb=2\nc=3\n", PT_OK, NULL);
+    const int last = W - 1;
+    snprintf(want, sizeof want, "test: rank %d disagrees with rank 0 on b: 7 vs 2", last);
+    agree_case("a value on the last rank, named",
+               R == last ? "a=1\nb=7\nc=3\n" : "a=1\nb=2\nc=3\n", PT_ERR_CONFIG, want);
+    snprintf(want, sizeof want, "rank %d disagrees with rank 0 on d: rank %d has d=4, rank 0 has "
+             "no such field", last, last);
+    agree_case("an extra line", R == last ? "a=1\nb=2\nc=3\nd=4\n" : "a=1\nb=2\nc=3\n",
+               PT_ERR_CONFIG, want);
+    /* every rank r > 0 differs in its own line: rank 1, the lowest, is named */
+    char t[64];
+    snprintf(t, sizeof t, "a=1\nb=2\nline%d=%d\n", R > 0 ? R : 0, R > 0 ? R + 10 : 0);
+    agree_case("several ranks", t, PT_ERR_CONFIG,
+               "rank 1 disagrees with rank 0 on line1: rank 1 has line1=11 where rank 0 has "
+               "line0=0");
+    /* 5000 lines, the last rank's line 4321 changed: the texts are padded to
+     * the longest when gathered */
+    size_t cap = 5000 * 24, o = 0;
+    char *big = malloc(cap);
+    assert_non_null(big);
+    for (int i = 0; i < 5000; i++)
+        o += (size_t)snprintf(big + o, cap - o, "p[%d]=%d\n", i,
+                              i == 4321 && R == last ? 999999 : i);
+    snprintf(want, sizeof want, "rank %d disagrees with rank 0 on p[4321]: 999999 vs 4321", last);
+    agree_case("a long text", big, PT_ERR_CONFIG, want);
+    free(big);
+}
+
 int main(void) {
     const char *ws = getenv("OMPI_COMM_WORLD_SIZE"), *rs = getenv("OMPI_COMM_WORLD_RANK");
     if (!ws || !rs) {
@@ -459,6 +506,7 @@ int main(void) {
         cmocka_unit_test(test_alltoallv),
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_iallreduce),
+        cmocka_unit_test(test_agree),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     pt_coll_close(C);

@@ -496,6 +496,39 @@ static void train_with(tiny *t, pt_model_v1 *m, const pt_optim_v1 *od, float out
     assert_int_equal(P->finalize(ctx), PT_OK);
 }
 
+/* ABI 1.5 took pt_host_v1.reserved[0] for fingerprint: a 1.4 host's struct
+ * (every field before it) is still enough, and the plugin never reads the slot
+ * past such a struct_size (here it holds junk that would crash a read). With
+ * a struct_size that covers it, a fingerprint longer than
+ * PT_HOST_FINGERPRINT_MAX is refused with a sentence. */
+static void test_host_fingerprint_abi(void **state) {
+    (void)state;
+    write_ini("[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 4MiB\n");
+    pt_host_v1 host;
+    memset(&host, 0, sizeof host);
+    host.abi_version = 1;
+    host.world_size = 1;
+    host.struct_size = (uint32_t)offsetof(pt_host_v1, fingerprint);
+    host.fingerprint = (const char *)(uintptr_t)1;
+    void *ctx = NULL;
+    assert_int_equal(P->init(ini_path, &host, &ctx), PT_OK);
+    assert_int_equal(P->finalize(ctx), PT_OK);
+    char *fp = malloc(PT_HOST_FINGERPRINT_MAX + 2);
+    assert_non_null(fp);
+    memset(fp, 'a', PT_HOST_FINGERPRINT_MAX + 1);
+    fp[PT_HOST_FINGERPRINT_MAX + 1] = '\0';
+    host.struct_size = sizeof host;
+    host.fingerprint = fp;
+    ctx = (void *)1;
+    assert_int_equal(P->init(ini_path, &host, &ctx), PT_ERR_INVALID_ARG);
+    assert_null(ctx);
+    assert_non_null(strstr(P->last_error(NULL), "pt_host_v1.fingerprint is longer than 4096"));
+    fp[PT_HOST_FINGERPRINT_MAX] = '\0';   /* exactly the limit: accepted */
+    assert_int_equal(P->init(ini_path, &host, &ctx), PT_OK);
+    assert_int_equal(P->finalize(ctx), PT_OK);
+    free(fp);
+}
+
 static void test_struct_size_larger(void **state) {
     (void)state;
     pt_optim_v1 od;
@@ -738,6 +771,7 @@ int main(void) {
         cmocka_unit_test(test_bad_model),
         cmocka_unit_test(test_struct_size_too_small),
         cmocka_unit_test(test_struct_size_larger),
+        cmocka_unit_test(test_host_fingerprint_abi),
     };
     int rc = cmocka_run_group_tests_name("lifecycle", tests, NULL, NULL);
     unlink(ini_path);
