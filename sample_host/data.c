@@ -137,6 +137,30 @@ int sh_read_shard(const char *path, sh_tokens *out, char *err, size_t errlen) {
     return rc;
 }
 
+/* A file taken for text is every byte a token, so a shard with a damaged magic
+ * would train as noise without a word. It is a shard, not text, when its header's
+ * version and token count agree with its size (1024 + 2 x count bytes), or when it
+ * is named .bin (llm.c's shard extension; text is never named so). 1: refused, with
+ * the sentence in err. */
+static int shard_like(const char *path, const unsigned char *b, size_t n, char *err,
+                      size_t errlen) {
+    int32_t magic = n >= 4 ? rd_i32(b) : 0;
+    size_t pl = strlen(path);
+    int bin = pl >= 4 && strcmp(path + pl - 4, ".bin") == 0;
+    int32_t version = n >= 1024 ? rd_i32(b + 4) : 0, ntok = n >= 1024 ? rd_i32(b + 8) : -1;
+    int sized = n >= 1024 && ntok >= 0 && n == 1024 + 2 * (size_t)ntok;
+    if (sized)
+        snprintf(err, errlen, "%s: its header (version %d, %d tokens, matching the file's %zu "
+                 "bytes) is an llm.c token shard's, but its header field magic is %d, expected "
+                 "%d: a damaged shard, refused rather than trained on as text bytes", path,
+                 version, ntok, n, magic, SH_SHARD_MAGIC);
+    else if (bin)
+        snprintf(err, errlen, "%s: named .bin (an llm.c token shard) but its header field magic "
+                 "is %d, expected %d; refused rather than trained on as text bytes (give text "
+                 "another extension)", path, magic, SH_SHARD_MAGIC);
+    return sized || bin;
+}
+
 int sh_load_data(const char *path, sh_tokens *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     size_t n = 0;
@@ -146,6 +170,8 @@ int sh_load_data(const char *path, sh_tokens *out, char *err, size_t errlen) {
     int32_t magic = n >= 4 ? rd_i32(b) : 0;
     if (magic == SH_SHARD_MAGIC || magic == SH_SHARD_MAGIC_U32)
         rc = parse_shard(path, b, n, out, err, errlen);
+    else if (shard_like(path, b, n, err, errlen))
+        rc = -1;
     else
         rc = bytes_to_tokens(b, n, out, path, err, errlen);
     free(b);

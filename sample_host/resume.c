@@ -63,6 +63,7 @@ void sh_resume_init(sh_resume *r, const sh_config *c, const sh_dims *d, const sh
     memset(r, 0, sizeof *r);
     r->c = c;
     r->plugin = plugin;
+    r->run_id = sh_gen_new_id();
     char *b = r->run;
     size_t n = sizeof r->run;
     /* every setting the per-step losses depend on; the plan (the plugin's INI
@@ -284,11 +285,13 @@ static int host_text(const sh_resume *r, const sh_resume_state *st, char *buf, s
                      "step %lld\nbatch_rng 0x%016" PRIx64 "\nopt_steps %lld\n"
                      "gen_rng 0x%016" PRIx64 "\nn_skipped %lld\nmetrics_bytes %lld\n"
                      "train_tokens %lld\ntrain_time %a\nlast_loss %a\nlast_val %a\n"
-                     "data_epoch %" PRIu64 "\ndata_pos %" PRIu64 "\n%s",
+                     "data_epoch %" PRIu64 "\ndata_pos %" PRIu64 "\nident %016" PRIx64
+                     "\nworld %d\n%s",
                      (long long)st->step, st->tr.batch_rng, (long long)st->tr.opt_steps,
                      st->gen_rng, (long long)st->n_skipped, (long long)st->metrics_bytes,
                      (long long)st->train_tokens, st->train_time, st->last_loss, st->last_val,
-                     st->tr.data_epoch, st->tr.data_pos, r->run);
+                     st->tr.data_epoch, st->tr.data_pos, r->run_id,
+                     r->c->world > 1 ? r->c->world : 1, r->run);
     return k > 0 && (size_t)k < n ? k : -1;
 }
 
@@ -376,6 +379,11 @@ static int parse_host(const char *text, sh_resume_state *st) {
     st->tr.data_epoch = st->tr.data_pos = 0;
     if (find_val(text, "data_epoch", 0, v, sizeof v) == 0) st->tr.data_epoch = strtoull(v, NULL, 0);
     if (find_val(text, "data_pos", 0, v, sizeof v) == 0) st->tr.data_pos = strtoull(v, NULL, 0);
+    /* the run's id and world size; absent in earlier versions' files (0) */
+    st->run_id = 0;
+    st->world = 0;
+    if (find_val(text, "ident", 0, v, sizeof v) == 0) st->run_id = strtoull(v, NULL, 16);
+    if (find_val(text, "world", 0, v, sizeof v) == 0) st->world = atoi(v);
     return 0;
 }
 
@@ -410,8 +418,8 @@ static int list_files(const char *dir, listed *v, int max, int *n, char *err, si
         size_t nl = strlen(e->d_name);   /* < sizeof l->name, checked above */
         memcpy(l->name, e->d_name, nl + 1);
         l->size = (long long)sb.st_size;
-        l->hashed = strcmp(l->name, HOST_FILE) == 0 || strcmp(l->name, PARAMS_FILE) == 0;
-        if (l->hashed && hash_file(p, &l->hash, &l->size))
+        l->hashed = 1;   /* every file: one copied in from elsewhere is found */
+        if (hash_file(p, &l->hash, &l->size))
             rc = say(err, errlen, "cannot read back %s", p);
     }
     closedir(d);
@@ -456,8 +464,9 @@ static int write_gen(const sh_resume *r, sh_trainer *tr, const sh_resume_state *
     int nf = 0;
     if (list_files(tmp, files, 64, &nf, err, errlen)) return -1;
     char man[MANIFEST_MAX];
-    int k = snprintf(man, sizeof man, "sample_host-generation 1\nstep %lld\nstate %s\n",
-                     (long long)st->step, r->plugin ? "plugin" : "host");
+    int k = snprintf(man, sizeof man, "sample_host-generation 2\nstep %lld\nstate %s\n"
+                     "ident %016" PRIx64 "\nworld %d\n", (long long)st->step,
+                     r->plugin ? "plugin" : "host", r->run_id, c->world > 1 ? c->world : 1);
     for (int i = 0; i < nf && k > 0 && (size_t)k < sizeof man; i++) {
         char hx[20] = "-";
         if (files[i].hashed) snprintf(hx, sizeof hx, "%016" PRIx64, files[i].hash);
@@ -567,10 +576,19 @@ int sh_resume_save(const sh_resume *r, sh_trainer *tr, const sh_resume_state *st
 
 /* ---- validate and load ---- */
 
+/* What check_gen found besides host.txt: the MANIFEST's run id (0 in format 1)
+ * and the first state file whose checksum differs from the MANIFEST's although
+ * its size is right (corrupt, or copied in: load_gen tells which). */
+typedef struct gen_seen {
+    uint64_t run_id;
+    char suspect[128];
+} gen_seen;
+
 /* A complete generation: its MANIFEST intact, every listed file of the listed size,
- * the host's files with their checksums; host.txt into host (hn bytes). */
+ * host.txt with its checksum (format 2: every file's checksum, a state file that
+ * differs noted in seen); host.txt into host (hn bytes). */
 static int check_gen(const sh_resume *r, const char *gp, int64_t step, char *host, size_t hn,
-                     char *why, size_t wl) {
+                     gen_seen *seen, char *why, size_t wl) {
     char p[PBUF];
     (void)join(p, sizeof p, gp, MANIFEST);
     FILE *f = fopen(p, "rb");
@@ -581,9 +599,9 @@ static int check_gen(const sh_resume *r, const char *gp, int64_t step, char *hos
     man[k] = '\0';
     if (k == 0 || k == MANIFEST_MAX || man[k - 1] != '\n')
         return say(why, wl, "%s is empty, too long or cut short", MANIFEST);
-    man[k - 1] = '\0';
-    char *last = strrchr(man, '\n');
-    man[k - 1] = '\n';
+    /* by bytes, not as a string: a flipped byte may be a NUL, which the checksum
+     * below must see rather than a string function stop at */
+    char *last = k > 1 ? memrchr(man, '\n', k - 1) : NULL;
     uint64_t want;
     if (!last || sscanf(last + 1, "end %" SCNx64, &want) != 1)
         return say(why, wl, "%s has no end line (cut short)", MANIFEST);
@@ -591,8 +609,16 @@ static int check_gen(const sh_resume *r, const char *gp, int64_t step, char *hos
         return say(why, wl, "%s checksum mismatch (corrupt)", MANIFEST);
     long long ms;
     char state[16];
-    if (sscanf(man, "sample_host-generation 1\nstep %lld\nstate %15s\n", &ms, state) != 2)
-        return say(why, wl, "%s has an unknown format", MANIFEST);
+    int fmt = 0;
+    memset(seen, 0, sizeof *seen);
+    if (sscanf(man, "sample_host-generation %d\nstep %lld\nstate %15s\n", &fmt, &ms, state) != 3 ||
+        (fmt != 1 && fmt != 2))
+        return say(why, wl, "%s has an unknown format (this sample_host reads formats 1 and 2)",
+                   MANIFEST);
+    char idv[32];
+    if (fmt == 2 && (find_val(man, "ident", 0, idv, sizeof idv) ||
+                     !(seen->run_id = strtoull(idv, NULL, 16))))
+        return say(why, wl, "%s (format 2) has no ident (the run's id)", MANIFEST);
     if (ms != step) return say(why, wl, "%s says step %lld, the folder %lld", MANIFEST, ms,
                                (long long)step);
     if (strcmp(state, r->plugin ? "plugin" : "host") != 0)
@@ -609,12 +635,20 @@ static int check_gen(const sh_resume *r, const char *gp, int64_t step, char *hos
         if ((long long)sb.st_size != size)
             return say(why, wl, "file %s is %lld bytes, the manifest says %lld (truncated?)",
                        name, (long long)sb.st_size, size);
-        if (strcmp(hx, "-") == 0) continue;
+        if (strcmp(hx, "-") == 0) {
+            if (fmt == 2) return say(why, wl, "%s lists %s without a checksum", MANIFEST, name);
+            continue;
+        }
         uint64_t h, hw = strtoull(hx, NULL, 16);
         long long got;
-        if (hash_file(p, &h, &got) || h != hw || got != size)
-            return say(why, wl, "file %s checksum mismatch (corrupt)", name);
-        if (strcmp(name, HOST_FILE) == 0) {
+        int is_host = strcmp(name, HOST_FILE) == 0;
+        if (hash_file(p, &h, &got) || got != size)
+            return say(why, wl, "file %s cannot be read whole", name);
+        if (h != hw && (is_host || !r->plugin))
+            return say(why, wl, "file %s checksum mismatch (corrupt, or not the file this "
+                       "generation wrote)", name);
+        if (h != hw && !seen->suspect[0]) snprintf(seen->suspect, sizeof seen->suspect, "%s", name);
+        if (is_host) {
             FILE *hf = fopen(p, "rb");
             size_t hk = hf ? fread(host, 1, hn - 1, hf) : 0;
             if (hf) fclose(hf);
@@ -655,7 +689,29 @@ static int load_gen(const sh_resume *r, sh_trainer *tr, const char *gp, char *wh
     return rc;
 }
 
-int sh_resume_load(const sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
+/* After the plugin loaded a generation's state: its optimizer step must be the
+ * generation's (one optimizer step per step with the plugin), and a state file
+ * the plugin reads as intact whose checksum is not the MANIFEST's was copied in. */
+static int plugin_mixed(const sh_resume *r, sh_trainer *tr, const char *gp,
+                        const sh_resume_state *s, const gen_seen *seen, char *err, size_t errlen) {
+    if (!r->plugin) return 0;
+    const char *file = seen->suspect[0] ? seen->suspect : "the plugin's state file";
+    pt_stats_v1 ps;
+    memset(&ps, 0, sizeof ps);
+    ps.struct_size = sizeof ps;
+    if (sh_trainer_stats(tr, &ps) == 0 && ps.steps != s->step)
+        return say(err, errlen, "--resume: %s/%s holds optimizer step %lld but the generation "
+                   "is step %lld: it was copied from another generation or run",
+                   gp, file, (long long)ps.steps, (long long)s->step);
+    if (seen->suspect[0])
+        return say(err, errlen, "--resume: %s/%s is an intact state file but not the one this "
+                   "generation wrote (its checksum differs from the %s's): it was copied from "
+                   "another run, rank or generation; mixing it with this generation's host "
+                   "state would not continue any run", gp, file, MANIFEST);
+    return 0;
+}
+
+int sh_resume_load(sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
                    size_t genlen, char *err, size_t errlen) {
     const char *dir = r->c->checkpoint_dir;
     struct stat sb;
@@ -673,8 +729,9 @@ int sh_resume_load(const sh_resume *r, sh_trainer *tr, sh_resume_state *st, char
     int rc = 1;
     for (int i = 0; i < n; i++) {
         char gp[PATH_MAX], why[512], host[4096];
+        gen_seen seen;
         gen_path(gp, sizeof gp, dir, g[i], NULL, 0);
-        if (check_gen(r, gp, g[i], host, sizeof host, why, sizeof why)) {
+        if (check_gen(r, gp, g[i], host, sizeof host, &seen, why, sizeof why)) {
             warn_skip(gp, why);
             continue;
         }
@@ -684,15 +741,42 @@ int sh_resume_load(const sh_resume *r, sh_trainer *tr, sh_resume_state *st, char
             warn_skip(gp, HOST_FILE " is malformed");
             continue;
         }
+        /* intact files (their checksums hold) that do not belong together, or hold
+         * what no run writes: an error, not something to skip past */
+        if (sh_gen_check_values(&s, r->c, why, sizeof why)) {
+            rc = say(err, errlen, "--resume: %s/%s holds %s; no run writes that (a hand-made or "
+                     "foreign file)", gp, HOST_FILE, why);
+            break;
+        }
+        if (seen.run_id && s.run_id != seen.run_id) {
+            rc = say(err, errlen, "--resume: %s/%s has ident (the run's id) %016" PRIx64 " but "
+                     "the %s says %016" PRIx64 ": the files come from different runs", gp, HOST_FILE,
+                     s.run_id, MANIFEST, seen.run_id);
+            break;
+        }
         /* a valid generation of another run is an error, not something to skip */
         if (same_run(r, host, gp, err, errlen)) {
             rc = -1;
             break;
         }
         if (load_gen(r, tr, gp, why, sizeof why)) {
+            /* the plugin's own checksum or size check failing is a torn or flipped
+             * file; any other refusal of a file that is not this generation's
+             * (another rank's, another model's) is a mix */
+            if (seen.suspect[0] && !strstr(why, "corrupt") && !strstr(why, "truncated")) {
+                rc = say(err, errlen, "--resume: %s/%s is not the file this generation wrote "
+                         "(its checksum differs from the %s's) and the plugin refuses it: %s",
+                         gp, seen.suspect, MANIFEST, why);
+                break;
+            }
             warn_skip(gp, why);
             continue;
         }
+        if (plugin_mixed(r, tr, gp, &s, &seen, err, errlen)) {
+            rc = -1;
+            break;
+        }
+        if (s.run_id) r->run_id = s.run_id;   /* the resumed run keeps its id */
         sh_trainer_set_state(tr, &s.tr);
         *st = s;
         /* a run killed between a save's rename and its pruning left one too many */
@@ -701,11 +785,17 @@ int sh_resume_load(const sh_resume *r, sh_trainer *tr, sh_resume_state *st, char
         rc = 0;
         break;
     }
-    if (ranks && rc >= 0) {
-        /* every rank must continue from the same generation (or all start afresh) */
-        double v[2] = {rc == 0 ? (double)st->step : -1, 1};
-        if (sh_trainer_dist_sum(tr, v, 2)) {
-            rc = say(err, errlen, "%s", sh_trainer_error(tr));
+    if (ranks) {
+        /* every rank must continue from the same generation (or all start afresh);
+         * a rank that refused a generation takes part too, so none waits for it */
+        double v[3] = {rc == 0 ? (double)st->step : -1, 1, rc < 0 ? 1 : 0};
+        if (sh_trainer_dist_sum(tr, v, 3)) {
+            if (rc >= 0) rc = say(err, errlen, "%s", sh_trainer_error(tr));
+        } else if (rc < 0) {
+            /* this rank's own sentence stands */
+        } else if (v[2] > 0) {
+            rc = say(err, errlen, "--resume: %g other rank(s) refused the generation in %s "
+                     "(their error names the file)", v[2], dir);
         } else if (v[0] != v[1] * (rc == 0 ? (double)st->step : -1)) {
             rc = say(err, errlen, "--resume: the ranks found different generations in %s (this "
                      "rank: %s); they must all continue from the same step", dir,

@@ -16,6 +16,7 @@
 #include "protrain.h"
 #include "pt_util.h"
 #include "sh_ckpt.h"
+#include "sh_paths.h"
 #include "sh_cuda.h"
 #include "sh_data.h"
 #include "sh_fingerprint.h"
@@ -381,8 +382,10 @@ static int save_ckpt(runstate *rs, char *err, size_t errlen) {
         return -1;
     }
     int rc = sh_trainer_snapshot(rs->tr, flat);
+    char written[SH_PATH + 64];
     if (rc) snprintf(err, errlen, "%s", sh_trainer_error(rs->tr));
-    else if (rs->c->rank == 0) rc = sh_ckpt_save(rs->c->save, m, flat, err, errlen);
+    else if (rs->c->rank == 0)
+        rc = sh_save_model(rs->c, m, flat, written, sizeof written, err, errlen);
     free(flat);
     if (!rc && !rs->c->quiet) printf("saved checkpoint %s\n", rs->c->save);
     return rc;
@@ -397,6 +400,9 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
     rs.last_gen = -1;
     sh_rng_seed(&rs.gen_rng, c->seed, SH_STREAM_GEN);
     if (sh_config_check(c, err, errlen)) return -1;
+    /* every output path before any work: a run must not train, then fail to write
+     * (every rank checks, so on a shared folder all of them stop together) */
+    if (sh_paths_check(c, err, errlen)) return -1;
     int rc = load_data(&rs, err, errlen);
     if (!rc && c->write_shard[0]) {
         rc = sh_write_shard(c->write_shard, rs.all.tok, rs.all.n, err, errlen);

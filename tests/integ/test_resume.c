@@ -18,7 +18,11 @@
  *    flipped byte inside the plugin's state file) is skipped with a warning naming it
  *    and the previous one is used (the validation losses and sampled text printed
  *    after the resume equal an uninterrupted binary run's); a generation of a
- *    different run is refused naming the setting; all generations corrupt is an error.
+ *    different run is refused naming the setting; all generations corrupt is an error;
+ *  - a generation that mixes (another generation's or another run's plugin state
+ *    file copied in, host state with a negative count, NaN or -inf whose checksums
+ *    were made valid) is refused naming the file and what differs, and a normal
+ *    resume says nothing about "saved with" settings.
  * A NaN loss (debug_nan_step) stops the run with exit status 1 and a sentence naming
  * the step, with no generation written after it; on_nonfinite = skip (no plugin)
  * skips and counts that step.
@@ -562,6 +566,147 @@ static void test_other_run_refused(void **st) {
     free(log);
 }
 
+/* ---- generations that mix ---- */
+
+static void copy_file(const char *from, const char *to) {
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", from, to);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* Resume from ck must fail (exit 1) with an error naming `file` and `field`. */
+static void expect_refused(const char *ck, const char *m, const char *s, const char *lg,
+                           const char *file, const char *field) {
+    char args[3000];
+    bin_args(args, sizeof args, INI_RES, m, s, ck, "--checkpoint-every 2 --resume");
+    int rc = run_bin(args, lg);
+    char *log = pt_test_slurp(lg);
+    const char *e = strstr(log, "error:");
+    printf("  exit %d: %.*s\n", rc, e ? (int)strcspn(e, "\n") : 60, e ? e : log);
+    assert_int_equal(rc, 1);
+    assert_non_null(e);
+    assert_non_null(strstr(e, file));
+    assert_non_null(strstr(e, field));
+    free(log);
+}
+
+/* FNV-1a 64, the MANIFEST's checksum. */
+static uint64_t fnv64(const char *b, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Replace the line "key ..." of gen/host.txt by "key value" and rewrite the
+ * MANIFEST's checksums to match: a valid-looking generation holding a value no
+ * run writes. */
+static void forge_host(const char *gen, const char *key, const char *value) {
+    char p[500], q[500];
+    snprintf(p, sizeof p, "%s/host.txt", gen);
+    char *t = pt_test_slurp(p);
+    assert_non_null(t);
+    static char out[8192];
+    out[0] = '\0';
+    size_t kl = strlen(key);
+    for (char *l = t; *l;) {
+        char *nl = strchr(l, '\n');
+        assert_non_null(nl);
+        if (!strncmp(l, key, kl) && l[kl] == ' ')
+            snprintf(out + strlen(out), sizeof out - strlen(out), "%s %s\n", key, value);
+        else
+            strncat(out, l, (size_t)(nl - l) + 1);
+        l = nl + 1;
+    }
+    free(t);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs(out, f);
+    assert_int_equal(fclose(f), 0);
+    uint64_t hh = fnv64(out, strlen(out));
+    snprintf(q, sizeof q, "%s/MANIFEST", gen);
+    char *man = pt_test_slurp(q);
+    assert_non_null(man);
+    static char nm[16384];
+    nm[0] = '\0';
+    for (char *l = man; *l;) {
+        char *nl = strchr(l, '\n');
+        assert_non_null(nl);
+        if (!strncmp(l, "file host.txt ", 14))
+            snprintf(nm + strlen(nm), sizeof nm - strlen(nm), "file host.txt %zu %016llx\n",
+                     strlen(out), (unsigned long long)hh);
+        else if (strncmp(l, "end ", 4))
+            strncat(nm, l, (size_t)(nl - l) + 1);
+        l = nl + 1;
+    }
+    free(man);
+    snprintf(nm + strlen(nm), sizeof nm - strlen(nm), "end %016llx\n",
+             (unsigned long long)fnv64(nm, strlen(nm)));
+    f = fopen(q, "w");
+    assert_non_null(f);
+    fputs(nm, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* A generation whose plugin state file is another generation's, another run's
+ * (--seed), or whose host state holds values no run writes: --resume refuses it,
+ * naming the file and what differs, instead of training on from a mix. */
+static void test_mixed_generation(void **st) {
+    (void)st;
+    need_exe();
+    char m[300], s[300], ck[300], lg[300], g4[400], g6[400], from[500], to[500];
+    path_in(m, "mix.jsonl");
+    path_in(s, "mix.bin");
+    path_in(ck, "mix.ck");
+    path_in(lg, "mix.log");
+    snprintf(g4, sizeof g4, "%s/gen-00000004", ck);
+    snprintf(g6, sizeof g6, "%s/gen-00000006", ck);
+    /* gen-4's state file in gen-6 */
+    two_gens(ck, m, s, lg);
+    snprintf(from, sizeof from, "%s/protrain_state_rank0.bin", g4);
+    snprintf(to, sizeof to, "%s/protrain_state_rank0.bin", g6);
+    copy_file(from, to);
+    expect_refused(ck, m, s, lg, "protrain_state_rank0.bin", "step");
+    /* the state file of a run with another seed, at the same step */
+    char m2[300], s2[300], ck2[300], args[3000];
+    path_in(m2, "mix_seed.jsonl");
+    path_in(s2, "mix_seed.bin");
+    path_in(ck2, "mix_seed.ck");
+    bin_args(args, sizeof args, INI_RES, m2, s2, ck2,
+             "--checkpoint-every 2 --stop-after 6 --seed 12");
+    assert_int_equal(run_bin(args, lg), 0);
+    char cmd[1000];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", ck, m);
+    assert_int_equal(system(cmd), 0);
+    two_gens(ck, m, s, lg);
+    snprintf(from, sizeof from, "%s/gen-00000006/protrain_state_rank0.bin", ck2);
+    copy_file(from, to);
+    expect_refused(ck, m, s, lg, "protrain_state_rank0.bin", "checksum");
+    /* host state with values no run writes, its checksums made valid */
+    static const char *const bad[][3] = {
+        {"n_skipped", "-1", "n_skipped"},
+        {"train_time", "nan", "train_time"},
+        {"last_loss", "-inf", "last_loss"},
+        {"opt_steps", "4611686018427387904", "opt_steps"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", ck, m);
+        assert_int_equal(system(cmd), 0);
+        two_gens(ck, m, s, lg);
+        forge_host(g6, bad[k][0], bad[k][1]);
+        expect_refused(ck, m, s, lg, "host.txt", bad[k][2]);
+    }
+    /* and the untouched pair resumes, without a word about the settings */
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", ck, m);
+    assert_int_equal(system(cmd), 0);
+    two_gens(ck, m, s, lg);
+    bin_args(args, sizeof args, INI_RES, m, s, ck, "--checkpoint-every 2 --resume");
+    assert_int_equal(run_bin(args, lg), 0);
+    char *log = pt_test_slurp(lg);
+    assert_non_null(strstr(log, "resumed from"));
+    assert_null(strstr(log, "was saved with"));
+    free(log);
+}
+
 static void test_nan_stops(void **st) {
     (void)st;
     need_exe();
@@ -645,6 +790,7 @@ int main(void) {
         cmocka_unit_test(test_truncated_state),
         cmocka_unit_test(test_corrupt_state),
         cmocka_unit_test(test_other_run_refused),
+        cmocka_unit_test(test_mixed_generation),
         cmocka_unit_test(test_nan_stops),
     };
     return cmocka_run_group_tests_name("sample_host checkpoint and resume", tests, setup,

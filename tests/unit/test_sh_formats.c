@@ -190,6 +190,7 @@ static void m_trail(unsigned char **b, size_t *n) { (void)b; *n += 8; }
 static void m_layers(unsigned char **b, size_t *n) { (void)n; int32_t v = 0; memcpy(*b + 16, &v, 4); }
 static void m_heads(unsigned char **b, size_t *n) { (void)n; int32_t v = 3; memcpy(*b + 20, &v, 4); }
 static void m_none(unsigned char **b, size_t *n) { (void)b; (void)n; }
+static void m_vp0(unsigned char **b, size_t *n) { (void)n; int32_t v = 0; memcpy(*b + 28, &v, 4); }
 
 static void test_ckpt_malformed(void **st) {
     (void)st;
@@ -208,6 +209,10 @@ static void test_ckpt_malformed(void **st) {
     expect_bad_ckpt("trailing.bin", m_trail, &TINY, w_trail);
     expect_bad_ckpt("layers.bin", m_layers, &TINY, w_layers);
     expect_bad_ckpt("heads.bin", m_heads, &TINY, w_heads);
+    /* Vp = 0 is never the saved model's (sh_dims_check's "0 = derive from V" is for
+     * a fresh model only): refused, naming the field */
+    const char *w_vp0[] = {"padded_vocab_size", NULL};
+    expect_bad_ckpt("vp0.bin", m_vp0, &TINY, w_vp0);
     sh_dims other = TINY;
     other.C = 16;
     expect_bad_ckpt("shape.bin", m_none, &other, w_shape);
@@ -289,6 +294,29 @@ static void test_shard_malformed(void **st) {
     int32_t h5[3] = {SH_SHARD_MAGIC, 1, -4};
     memcpy(b, h5, sizeof h5);
     bad_shard("sh_neg.bin", b, 1024 + 20, "negative");
+    /* a shard whose magic is wrong is not text: sh_load_data (which takes text or
+     * shards, alone or in a comma list) refuses it instead of training on its bytes */
+    char p[300], q[300], spec[700], err[512] = "";
+    sh_tokens t;
+    memcpy(b, h3, sizeof h3);
+    path_of(p, sizeof p, "sh_magic_any.dat");   /* not named .bin: the header says shard */
+    write_bytes(p, b, 1024 + 20);
+    assert_int_equal(sh_load_data(p, &t, err, sizeof err), -1);
+    printf("  %-14s -> %s\n", "sh_magic_any", err);
+    assert_non_null(strstr(err, "magic is 1234"));
+    path_of(q, sizeof q, "plain.txt");
+    write_bytes(q, "hello", 5);
+    snprintf(spec, sizeof spec, "%s,%s", q, p);
+    err[0] = '\0';
+    assert_int_equal(sh_load_data_list(spec, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "magic is 1234"));
+    /* a .bin file whose first bytes are not a shard's header at all */
+    path_of(p, sizeof p, "junk.bin");
+    write_bytes(p, "not a shard, not text either", 28);
+    err[0] = '\0';
+    assert_int_equal(sh_load_data(p, &t, err, sizeof err), -1);
+    printf("  %-14s -> %s\n", "junk.bin", err);
+    assert_non_null(strstr(err, ".bin"));
 }
 
 /* ---- config ---- */
