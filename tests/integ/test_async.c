@@ -173,10 +173,14 @@ static void test_negative_controls(void **st) {
         {"slot reuse (2)", 2, NULL, 1, NULL, 0},
         {"gradient copies (4)", 4, NULL, 1, NULL, 0},
         {"swap-out/in (8)", 8, "force_all_persistent = true\nn_checkpoint = 0\nn_swap = 4", 1, NULL, 0},
-        /* Not observable with this host: its device runs a whole pass behind, so
-         * an arena poisoned too early is written again by its late forward before
-         * its backward reads it. tests/unit/test_gpu_device.c shows the
-         * stream-ordered free against a queued reader instead. */
+        /* Not observable with this host (not asserted here): its device runs a
+         * whole pass behind, so an arena poisoned too early is written again by
+         * its late forward before its backward reads it; and its memcpy and
+         * read_param calls find no launched work of its own still pending that
+         * touches what they read or write (the runs print "still identical").
+         * The three are asserted against a launched item that is certainly
+         * still queued in tests/unit/test_async_controls.c (frees 16, optimizer
+         * step 32, host memcpy 64: right with the ordering, wrong without). */
         {"frees (16)", 16, "force_all_persistent = true\nn_checkpoint = 0\nn_swap = 0", 0,
          NULL, 0},
         {"optimizer step (32)", 32, NULL, 0, NULL, 0},
