@@ -4,6 +4,7 @@ what it holds; the worker (run_tasks) times them.
 
 All systems: bf16 parameters, AdamW with fp32 master weights and fp32 moments,
 the same lr / betas / eps / weight decay / clipping (OPT below)."""
+import gc
 import json
 import os
 import socket
@@ -295,11 +296,12 @@ def _sync(ctx):
         torch.cuda.synchronize()
 
 
-def _cuda_stats(ctx, reset=False):
-    """The caching allocator's peaks (reset first when asked). A pluggable
-    allocator (protrain's) keeps no such statistics: then nothing, and the
-    system's own counters (readings) give the peak."""
-    if not ctx["cuda"]:
+def _cuda_stats(ctx, system, reset=False):
+    """The caching allocator's peaks (reset first when asked). Not for
+    protrain: its allocator must be installed before anything touches the
+    caching allocator (empty_cache included), and keeps no such statistics;
+    its own counters (readings) give the peak."""
+    if not ctx["cuda"] or system == "protrain":
         return {}
     try:
         if reset:
@@ -346,7 +348,7 @@ def run_one(system, task, ctx):
         return row
     t0 = time.perf_counter()
     arm = None
-    _cuda_stats(ctx, reset=True)
+    _cuda_stats(ctx, system, reset=True)
     try:
         arm = make_arm(system, spec, layers, ctx)
         row["setup_s"] = time.perf_counter() - t0
@@ -366,7 +368,7 @@ def run_one(system, task, ctx):
             row["iter_s"] = it
             row["tokens_s"] = spec["batch"] * spec["seq"] / it
             row["tflops"] = row["tokens_s"] * pc.flops_per_token(spec, layers) / 1e12
-        row.update(_cuda_stats(ctx))
+        row.update(_cuda_stats(ctx, system))
         row["pinned"] = pc.pinned_bytes()
         if hasattr(arm, "readings"):
             row.update({k: v for k, v in arm.readings().items() if v is not None})
@@ -379,6 +381,7 @@ def run_one(system, task, ctx):
         if arm is not None:
             arm.close()
         arm = None
+        gc.collect()   # a failed step's frames and an engine's cycles hold device memory
     row["host_rss_peak"] = pc.host_rss_peak()
     row["time_s"] = time.perf_counter() - t0
     return row

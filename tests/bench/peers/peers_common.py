@@ -64,18 +64,31 @@ def llama_config(spec, layers=None):
         rms_norm_eps=1e-5, attention_dropout=0.0, use_cache=False)
 
 
-def _fill(p, name, gen_device):
-    """Seeded by the parameter's name, so every system starts from the same
-    weights whatever order it builds in; normal(0, 0.02) for matrices, 1 for
-    the norms' scales. Generated on gen_device (the GPU when there is one: a
-    7-8B model's randn on the CPU takes minutes) and copied into p."""
+BASE_LEN = 1 << 24
+_base = None
+
+
+def _fill(p, name):
+    """Every system starts from the same weights, whatever order it builds in
+    and wherever its parameters live: matrices are read from one seeded normal
+    vector (std 0.02) of 2^24 values at an offset given by the parameter's
+    name, repeated to the parameter's length; the norms' scales are 1. Drawn
+    once on the CPU: no CUDA allocation happens before a system sets its
+    allocator up (protrain's must come first), and a 7-8B model fills at copy
+    speed (a fresh normal draw per element would take over a minute there).
+    The repetition makes the matrices low-rank, which changes no timing."""
+    global _base
     if p.dim() == 1:
         p.fill_(1.0)
         return
-    g = torch.Generator(device=gen_device)
-    g.manual_seed(SEED + zlib.crc32(name.encode()))
-    w = torch.randn(p.shape, generator=g, device=gen_device, dtype=torch.float32)
-    p.copy_(w.mul_(INIT_STD).to(p.dtype))
+    if _base is None:
+        g = torch.Generator().manual_seed(SEED)
+        _base = torch.randn(2 * BASE_LEN, generator=g).mul_(INIT_STD)
+    off = zlib.crc32(name.encode()) % BASE_LEN
+    flat = p.view(-1)
+    for start in range(0, flat.numel(), BASE_LEN):
+        k = min(BASE_LEN, flat.numel() - start)
+        flat[start:start + k].copy_(_base[off:off + k])
 
 
 def build_model(spec, layers=None, dtype=torch.bfloat16, device="cpu"):
@@ -88,10 +101,9 @@ def build_model(spec, layers=None, dtype=torch.bfloat16, device="cpu"):
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
     model = model.to(dtype=dtype).to_empty(device=device)
-    gen = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.no_grad():
         for name, p in model.named_parameters():
-            _fill(p, name, gen)
+            _fill(p, name)
     # to_empty leaves buffers uninitialised: the rotary table is rebuilt
     model.model.rotary_emb = modeling_llama.LlamaRotaryEmbedding(cfg).to(device)
     if spec["tie"]:

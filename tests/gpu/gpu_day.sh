@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# gpu_day.sh [OUT] — what a GPU slot runs, in this order, sized for one
+# 10-minute command: build (make all), make test-gpu (<= TEST_GPU_S), then
+# make bench-peers with a budget of PEERS_BUDGET seconds (killed at PEERS_S).
+# Logs and the bench table land in OUT ($OUT when set, else build/gpu_day):
+# gpu.txt, build.log, test_gpu.log, peers.log, peers.json, peers.md (six files,
+# flat, so a device runner that returns a folder's files gets them all).
+# The DeepSpeed wheels (make peers-wheels) must be in build/wheels beforehand:
+# GPU machines fetch nothing.
+set -u -o pipefail
+cd "$(dirname "$0")/../.." || exit 2
+O=${1:-${OUT:-build/gpu_day}}
+mkdir -p "$O"
+TEST_GPU_S=${TEST_GPU_S:-240}
+PEERS_BUDGET=${PEERS_BUDGET:-250}
+PEERS_S=${PEERS_S:-$((PEERS_BUDGET + 40))}
+export PYTHONUNBUFFERED=1
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -1
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+  ls build/wheels 2>/dev/null; } > "$O/gpu.txt" 2>&1
+cat "$O/gpu.txt"
+t0=$(date +%s)
+if ! make -j8 all > "$O/build.log" 2>&1; then
+  echo "gpu_day: make all failed:"; tail -30 "$O/build.log"; exit 1
+fi
+echo "gpu_day: built in $(( $(date +%s) - t0 )) s"
+timeout "$TEST_GPU_S" make test-gpu 2>&1 | tee "$O/test_gpu.log"
+rc_t=$?
+timeout "$PEERS_S" make bench-peers PEERS_BUDGET="$PEERS_BUDGET" 2>&1 | tee "$O/peers.log"
+rc_p=$?
+cp build/peers/peers.json build/peers/peers.md "$O/" 2>/dev/null
+echo "gpu_day: test-gpu exit $rc_t, bench-peers exit $rc_p, $(( $(date +%s) - t0 )) s after the build started"
+[ $rc_t = 0 ] && [ $rc_p = 0 ]
