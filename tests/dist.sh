@@ -186,7 +186,7 @@ done
 # reduced before the device wrote it) must complete and differ from the 1-rank
 # run by more than $rekls_tol (measured 1.7e-3 .. 2.5e-3), so a bound this
 # tight sees an ordering bug of that size.
-(cat "$tmp/AR.ini"; printf '[host_backend]\ncompute_jitter = 1ms\ndebug_skip_ordering = 1024\n') > "$tmp/ARJN.ini"
+(cat "$tmp/AR.ini"; printf '[testing]\ncompute_jitter = 1ms\ndebug_skip_ordering = 1024\n') > "$tmp/ARJN.ini"
 (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/ARJN.ini" "${common[@]}" --optimizer ini \
     --metrics "$tmp/ARJN.json") >"$tmp/ARJN.log" 2>&1
 nrc=$?

@@ -44,7 +44,7 @@ static void *start(tiny *t, int skip) {
     assert_non_null(f);
     fprintf(f, "[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 4MiB\n"
                "[protrain]\nforce_all_persistent = true\n[host_backend]\nasync_compute = true\n"
-               "debug_skip_ordering = %d\n", skip);
+               "[testing]\ndebug_skip_ordering = %d\n", skip);
     fclose(f);
     pt_host_v1 host;
     memset(&host, 0, sizeof host);
