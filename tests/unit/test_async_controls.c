@@ -123,12 +123,12 @@ static int step_case(int skip) {
     tiny t;
     void *ctx = start(&t, skip);
     assert_int_equal(P->pre_step(ctx, 0, 0, 1), PT_OK);
-    for (int b = 0; b < NB; b++) {
+    for (int b = 0; b < TINY_NB; b++) {
         assert_int_equal(P->block_pre_forward(ctx, b), PT_OK);
         assert_int_equal(P->block_post_forward(ctx, b), PT_OK);
     }
     job j = {NULL, NULL};
-    for (int b = NB - 1; b >= 0; b--) {
+    for (int b = TINY_NB - 1; b >= 0; b--) {
         assert_int_equal(P->block_pre_backward(ctx, b), PT_OK);
         if (b == 0) {
             j.dst = t.p[1].grad;   /* b0.w */
@@ -138,7 +138,7 @@ static int step_case(int skip) {
         assert_int_equal(P->block_post_backward(ctx, b), PT_OK);
     }
     assert_int_equal(P->optimizer_step(ctx, 0.1f), PT_OK);
-    float early[NEL], late[NEL];
+    float early[TINY_NEL], late[TINY_NEL];
     assert_int_equal(P->read_param(ctx, 1, early, sizeof early), PT_OK);
     assert_int_equal(P->stream_sync(ctx), PT_OK);
     assert_int_equal(P->read_param(ctx, 1, late, sizeof late), PT_OK);
