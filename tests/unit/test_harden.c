@@ -201,7 +201,7 @@ static void test_memcpy_range(void **state) {
     assert_int_equal(P->memcpy(ctx, (char *)a + SMALL - 16, big, 17, PT_COPY_H2D),
                      PT_ERR_INVALID_ARG);
     /* a parameter the host reads through its address is in reach */
-    float w[NEL];
+    float w[TINY_NEL];
     assert_int_equal(P->memcpy(ctx, w, t.p[0].data, sizeof w, PT_COPY_D2H), PT_OK);
     assert_memory_equal(w, t.init[0], sizeof w);
     assert_int_equal(P->dev_free(ctx, a), PT_OK);
@@ -219,7 +219,7 @@ static void test_dev_free_not_host(void **state) {
     assert_int_equal(P->create_optimizer(ctx, NULL), PT_OK);
     pt_stats_v1 s0 = {.struct_size = sizeof s0}, s1 = {.struct_size = sizeof s1};
     assert_int_equal(P->get_stats(ctx, &s0), PT_OK);
-    for (int i = 0; i < NP; i++) {
+    for (int i = 0; i < TINY_NP; i++) {
         void *addr[2] = {t.p[i].data, t.p[i].grad};
         for (int k = 0; k < 2; k++) {
             if (!addr[k]) continue;
@@ -231,12 +231,12 @@ static void test_dev_free_not_host(void **state) {
     assert_int_equal(P->get_stats(ctx, &s1), PT_OK);
     assert_int_equal(s1.dev_current, s0.dev_current);
     void *p = NULL;
-    assert_int_equal(P->dev_alloc(ctx, NEL * sizeof(float), "act", &p), PT_OK);
-    for (int i = 0; i < NP; i++) assert_ptr_not_equal(p, t.p[i].data);
+    assert_int_equal(P->dev_alloc(ctx, TINY_NEL * sizeof(float), "act", &p), PT_OK);
+    for (int i = 0; i < TINY_NP; i++) assert_ptr_not_equal(p, t.p[i].data);
     assert_int_equal(P->dev_free(ctx, (char *)p + 4), PT_ERR_INVALID_ARG);
     assert_true(has(P->last_error(ctx), "4 bytes into a dev_alloc block"));
-    float w[NEL];
-    for (int i = 0; i < NP; i++) {
+    float w[TINY_NEL];
+    for (int i = 0; i < TINY_NP; i++) {
         assert_int_equal(P->read_param(ctx, i, w, sizeof w), PT_OK);
         assert_memory_equal(w, t.init[i], sizeof w);
     }
