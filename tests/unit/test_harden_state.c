@@ -208,7 +208,7 @@ static void reseal(unsigned char *b, size_t n) {
  * infinity or a negative second moment in the payload, a negative or absurd
  * step. Each is refused naming what is wrong, and nothing changes. Tiny's first
  * parameter "emb" (f32, trainable): 20 + 3 bytes of its entry header, then
- * data[NEL], m[NEL], v[NEL]. */
+ * data[TINY_NEL], m[TINY_NEL], v[TINY_NEL]. */
 static void test_values_refused(void **s) {
     (void)s;
     tiny ta, tb;
@@ -219,7 +219,7 @@ static void test_values_refused(void **s) {
     train(b, &tb, 1);
     size_t n;
     unsigned char *good = slurp(&n);
-    const size_t data = HEADER_BYTES + 23, m = data + 4 * NEL, v = m + 4 * NEL;
+    const size_t data = HEADER_BYTES + 23, m = data + 4 * TINY_NEL, v = m + 4 * TINY_NEL;
     struct { size_t off; float val; int64_t step; const char *want; } cases[] = {
         {data + 8, NAN, 0, "non-finite"},
         {m + 4, -INFINITY, 0, "non-finite"},
@@ -260,11 +260,11 @@ static void test_no_warning_same_settings(void **s) {
     void *a = start(&ta, "[optimizer]\nlr = 0.01\n", NULL);
     train(a, &ta, 1);
     assert_int_equal(P->pre_step(a, 1, 0, 1), PT_OK);
-    for (int bl = 0; bl < NB; bl++) {
+    for (int bl = 0; bl < TINY_NB; bl++) {
         assert_int_equal(P->block_pre_forward(a, bl), PT_OK);
         assert_int_equal(P->block_post_forward(a, bl), PT_OK);
     }
-    for (int bl = NB - 1; bl >= 0; bl--) {
+    for (int bl = TINY_NB - 1; bl >= 0; bl--) {
         assert_int_equal(P->block_pre_backward(a, bl), PT_OK);
         assert_int_equal(P->block_post_backward(a, bl), PT_OK);
     }

@@ -72,11 +72,11 @@ static void *live_context(const pt_plugin_v1 *P, tiny *t) {
     assert_int_equal(P->post_model_load(ctx, &t->m), PT_OK);
     assert_int_equal(P->create_optimizer(ctx, NULL), PT_OK);
     assert_int_equal(P->pre_step(ctx, 0, 0, 1), PT_OK);
-    for (int b = 0; b < NB; b++) {
+    for (int b = 0; b < TINY_NB; b++) {
         assert_int_equal(P->block_pre_forward(ctx, b), PT_OK);
         assert_int_equal(P->block_post_forward(ctx, b), PT_OK);
     }
-    for (int b = NB - 1; b >= 0; b--) {
+    for (int b = TINY_NB - 1; b >= 0; b--) {
         assert_int_equal(P->block_pre_backward(ctx, b), PT_OK);
         assert_int_equal(P->block_post_backward(ctx, b), PT_OK);
     }
