@@ -29,38 +29,31 @@ static float gval(int i, int k, int s, int dtype) {
 }
 
 /* 4 REKLS steps; the parameters after them into out. desc_eps NaN: no descriptor. */
-static void run(const char *optim, float desc_eps, uint16_t out[NP][MAXN]) {
-    char text[512], path[128];
+static void run(const char *optim, float desc_eps, uint16_t out[MX_NP][MX_MAXN]) {
+    char text[512];
     snprintf(text, sizeof text,
              "[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 8MiB\n"
-             "[optimizer]\ntype = rekls\nlr = 0.01\nbeta2 = 0.95\n%s\n" RESIDENT, optim);
-    snprintf(path, sizeof path, "/tmp/pt_rekls_eps_%d.ini", (int)getpid());
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-    void *ctx = NULL;
-    if (P->init(path, NULL, &ctx)) fail_msg("init: %s", P->last_error(NULL));
-    unlink(path);
-    model t;
+             "[optimizer]\ntype = rekls\nlr = 0.01\nbeta2 = 0.95\n%s\n" MX_RESIDENT, optim);
+    void *ctx = hb_open(MX_P, text, NULL);
+    mixed_model t;
     mixed_make(&t, PT_BF16, 1, "rekls-eps");
-    assert_int_equal(P->post_model_load(ctx, &t.m), PT_OK);
+    assert_int_equal(MX_P->post_model_load(ctx, &t.m), PT_OK);
     pt_optim_v1 d;
     memset(&d, 0, sizeof d);
     d.struct_size = sizeof d;
     d.type = PT_OPTIM_REKLS;
     d.lr = d.beta1 = d.beta2 = d.weight_decay = d.max_grad_norm = NAN;
     d.eps = desc_eps;
-    assert_int_equal(P->create_optimizer(ctx, isnan(desc_eps) ? NULL : &d), PT_OK);
+    assert_int_equal(MX_P->create_optimizer(ctx, isnan(desc_eps) ? NULL : &d), PT_OK);
     for (int s = 0; s < 4; s++) mixed_step(ctx, &t, s, PT_BF16, gval);
-    for (int i = 0; i < NP; i++)
-        assert_int_equal(P->read_param(ctx, i, out[i], (uint64_t)numel(i) * 2), PT_OK);
-    assert_int_equal(P->finalize(ctx), PT_OK);
+    for (int i = 0; i < MX_NP; i++)
+        assert_int_equal(MX_P->read_param(ctx, i, out[i], (uint64_t)mixed_numel(i) * 2), PT_OK);
+    assert_int_equal(MX_P->finalize(ctx), PT_OK);
 }
 
 static void test_descriptor_eps(void **s) {
     (void)s;
-    static uint16_t ini_eps[NP][MAXN], desc_eps[NP][MAXN], dflt[NP][MAXN];
+    static uint16_t ini_eps[MX_NP][MX_MAXN], desc_eps[MX_NP][MX_MAXN], dflt[MX_NP][MX_MAXN];
     memset(ini_eps, 0, sizeof ini_eps);
     memset(desc_eps, 0, sizeof desc_eps);
     memset(dflt, 0, sizeof dflt);
@@ -68,8 +61,8 @@ static void test_descriptor_eps(void **s) {
     run("", 0.1f, desc_eps);
     run("", NAN, dflt);
     int differ = 0;
-    for (int i = 0; i < NP; i++)
-        for (int k = 0; k < numel(i); k++) differ += ini_eps[i][k] != dflt[i][k];
+    for (int i = 0; i < MX_NP; i++)
+        for (int k = 0; k < mixed_numel(i); k++) differ += ini_eps[i][k] != dflt[i][k];
     printf("  eps 0.1 vs the default 1e-8: %d of the parameters' elements differ after 4 steps\n",
            differ);
     assert_true(differ > 0);
