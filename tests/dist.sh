@@ -25,7 +25,7 @@
 # is elementwise; the clipping norm's per-rank partial sums are in double, so the
 # fp32 clip factor comes out the same), and rank 0's pinned bytes at most half of
 # mode B's plus one chunk (the parts' padding), and below mode B's.
-# REKLS (modes AR, BR, CR): 2 ranks vs 1 rank x grad-accum 2 within 1e-3 (see below), its
+# REKLS (modes AR, BR, CR): 2 ranks vs 1 rank x grad-accum 2 within 2.5e-4 (see below), its
 # device path (A) and CPU path (B) bit-identical with 1 and with 2 ranks, and mode C
 # (each REKLS param stepped whole by one owner rank) bit-identical to mode B (below).
 # And a dead rank: with [testing] debug_hang_rank = 1 and [dist] timeout = 2, rank 0 must
@@ -136,7 +136,7 @@ for np in 2 3; do
     fi
 done
 
-rekls_tol=1e-3   # REKLS 2 ranks vs 1 rank x grad-accum 2 (relative loss; see below)
+rekls_tol=2.5e-4   # REKLS 2 ranks vs 1 rank x grad-accum 2 (relative loss; see below)
 for mode in A B AT AO BO CO AR BR CR C CS BS; do
     want=${mode:0:1}   # the execution mode the plugin must report
     want1=$want; [ "$want" = C ] && want1=B   # one rank cannot shard
@@ -168,12 +168,13 @@ for mode in A B AT AO BO CO AR BR CR C CS BS; do
         w = 0; for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; r = d / x[i];
             if (r > w) w = r }
         printf "%.3g", w }')
-    # REKLS turns the ~1e-9 gradient rounding difference (see the top) into ~1.4e-4
-    # (AR and BR; 1e-4 .. 4e-4 over earlier builds): at eps = 1e-8 its Adam ratio
-    # g / (|g| + eps) maps round-off-sized rotated gradients to +-1 (the fp32
-    # sensitivity its unit test documents). The bound, $rekls_tol, sits below the
-    # ~2e-3 that a missing gradient-bucket wait moves the same run by (the control
-    # after this loop must exceed it).
+    # REKLS turns the ~1e-9 gradient rounding difference (see the top) into
+    # 4.99e-5 (AR, BR and CR alike; the runs are deterministic, so this is the
+    # build's number, not a spread): at eps = 1e-8 its Adam ratio g / (|g| + eps)
+    # maps round-off-sized rotated gradients to +-1 (the fp32 sensitivity its
+    # unit test documents). The bound, $rekls_tol, is 5x that and sits below the
+    # 7e-4 .. 2.5e-3 that a missing gradient-bucket wait moves the same run by
+    # (the control after this loop must exceed it).
     tol=1e-6; [ "${mode:1:1}" = R ] && tol=$rekls_tol
     if awk -v r="$res" -v t="$tol" 'BEGIN { exit !(r ~ /^[0-9.e+-]+$/ && r + 0 <= t + 0) }'; then
         ok; echo "dist: mode $mode: 2 ranks vs 1 rank x grad-accum 2: step 1 bit-identical, max relative loss difference $res over 6 steps (bound $tol)"
@@ -184,9 +185,10 @@ done
 # Control for the REKLS bound: mode AR on 2 ranks under 1 ms compute jitter with
 # the gradient buckets' wait skipped (debug_skip_ordering = 1024: a bucket is
 # reduced before the device wrote it) must complete and differ from the 1-rank
-# run by more than $rekls_tol (measured 1.7e-3 .. 2.5e-3), so a bound this
-# tight sees an ordering bug of that size.
-(cat "$tmp/AR.ini"; printf '[testing]\ncompute_jitter = 1ms\ndebug_skip_ordering = 1024\n') > "$tmp/ARJN.ini"
+# run by more than $rekls_tol (measured 7.3e-4 .. 2.5e-3: how much a skipped
+# wait corrupts depends on how late the device is, hence the 2 ms jitter), so a
+# bound this tight sees an ordering bug of that size.
+(cat "$tmp/AR.ini"; printf '[testing]\ncompute_jitter = 2ms\ndebug_skip_ordering = 1024\n') > "$tmp/ARJN.ini"
 (cd "$tmp" && "${mpi[@]}" "$sh" --config "$tmp/ARJN.ini" "${common[@]}" --optimizer ini \
     --metrics "$tmp/ARJN.json") >"$tmp/ARJN.log" 2>&1
 nrc=$?
