@@ -16,6 +16,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ini.h>
 #include <math.h>
 #include <stdarg.h>
@@ -23,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "protrain.h"
 #include "pt_util.h"
@@ -192,7 +195,7 @@ int pt_parse_duration(const char *s, double *out) {
     static const struct { const char *u; double m; } units[] = {
         {"s", 1.0}, {"ms", 1e-3}, {"us", 1e-6}, {"ns", 1e-9}};
     double m = -1.0;
-    if (n == 0 && x == 0) m = 1.0;   /* a bare number is ambiguous unless it is 0 */
+    if (n == 0) m = 1.0;   /* no unit: seconds, the unit every duration key is kept in */
     for (size_t i = 0; i < sizeof units / sizeof units[0] && m < 0; i++)
         if (strlen(units[i].u) == n && !strncasecmp(p, units[i].u, n)) m = units[i].m;
     if (m < 0) return PT_ERR_CONFIG;
@@ -277,7 +280,9 @@ static int set_value(const pt_config_key *k, pt_config *c, const char *v, char *
     }
     case PT_CFG_DUR: {
         double d;
-        if (pt_parse_duration(v, &d) || d < k->lo || d > k->hi) return 1;
+        if (pt_parse_duration(v, &d)) return 1;
+        if ((k->flags & PT_CFG_LO_OPEN) ? !(d > k->lo) : !(d >= k->lo)) return 1;
+        if (!(k->flags & PT_CFG_NO_HI) && d > k->hi) return 1;
         *(double *)base = d;
         return 0;
     }
@@ -580,6 +585,17 @@ int pt_config_parse_string(const char *text, const char *name, pt_config *c, cha
     return PT_OK;
 }
 
+/* The largest configuration file read: every key with its comment is a few
+ * KiB, so this only stops a huge file (or one that keeps growing) from taking
+ * the host's memory. */
+#define PT_CONFIG_MAX_BYTES (1 << 20)
+
+/* "a directory", "a FIFO", ... for a file that is not regular. */
+static const char *file_kind(mode_t m) {
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device"
+           : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a plain file";
+}
+
 int pt_config_load(const char *path, pt_config *c, char *err, size_t errlen) {
     if (!c) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_config_load: config must not be NULL");
@@ -595,27 +611,62 @@ int pt_config_load(const char *path, pt_config *c, char *err, size_t errlen) {
         if (!st) *c = tmp;
         return st;
     }
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer
+     * before the checks below could refuse it (regular files ignore the flag). */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
         return pt_fail(err, errlen, PT_ERR_IO, "cannot open config file %s: %s", path, strerror(errno));
     }
+    struct stat sb;
+    if (fstat(fd, &sb)) {
+        int e = errno;
+        close(fd);
+        return pt_fail(err, errlen, PT_ERR_IO, "cannot read config file %s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return pt_fail(err, errlen, PT_ERR_IO, "cannot read config file %s: it is %s, not a regular "
+                       "file (a configuration is read whole at init; a FIFO could block it and a "
+                       "device never end)", path, file_kind(sb.st_mode));
+    }
+    if (sb.st_size > PT_CONFIG_MAX_BYTES) {
+        close(fd);
+        return pt_fail(err, errlen, PT_ERR_CONFIG, "config file %s is %lld bytes; a configuration "
+                       "file may be at most %d bytes (1 MiB)", path, (long long)sb.st_size,
+                       PT_CONFIG_MAX_BYTES);
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        return pt_fail(err, errlen, PT_ERR_IO, "cannot read config file %s: %s", path, strerror(e));
+    }
+    /* read at most one byte past the limit: a file that grew after fstat is
+     * refused too, and nothing unbounded is ever allocated */
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
-    int rc = PT_OK;
-    while (buf) {
+    int rc = PT_OK, oom = !buf;
+    while (!oom && n <= PT_CONFIG_MAX_BYTES) {
         if (n + 1 >= cap) {
             char *nb = realloc(buf, cap * 2);
-            if (!nb) break;
+            if (!nb) {
+                oom = 1;
+                break;
+            }
             buf = nb, cap *= 2;
         }
         size_t got = fread(buf + n, 1, cap - 1 - n, f);
         n += got;
         if (got == 0) break;
     }
-    if (!buf || n + 1 >= cap) {
+    if (oom) {
         rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory reading config file %s", path);
     } else if (ferror(f)) {
         rc = pt_fail(err, errlen, PT_ERR_IO, "cannot read config file %s: %s", path, strerror(errno));
+    } else if (n > PT_CONFIG_MAX_BYTES) {
+        rc = pt_fail(err, errlen, PT_ERR_CONFIG, "config file %s is over %d bytes; a configuration "
+                     "file may be at most %d bytes (1 MiB)", path, PT_CONFIG_MAX_BYTES,
+                     PT_CONFIG_MAX_BYTES);
     }
     fclose(f);
     if (!rc) {

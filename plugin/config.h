@@ -54,8 +54,9 @@ int pt_parse_size(const char *s, uint64_t *out);
 /* "0", "12GiB/s", "800 MB/s", "1e9" (B/s) -> bytes per second. 0 or PT_ERR_CONFIG. */
 int pt_parse_rate(const char *s, double *out);
 
-/* "2ms", "500 us", "0.25s", "3e-3s", "0" -> seconds (units s, ms, us, ns; no unit
- * only for 0). 0 or PT_ERR_CONFIG. */
+/* "2ms", "500 us", "0.25s", "3e-3s", "300" -> seconds: a non-negative number, then
+ * optional blanks and an optional unit s, ms, us or ns (case-insensitive); no unit
+ * means seconds. The one syntax of every duration key. 0 or PT_ERR_CONFIG. */
 int pt_parse_duration(const char *s, double *out);
 
 /* The effective configuration as INI text that pt_config_parse_string reads back
@@ -75,7 +76,8 @@ typedef enum pt_cfg_type {
     PT_CFG_WORD = 6,  /* char[cap]: one of choices, stored as text */
     PT_CFG_STR = 7,   /* char[cap]: free text, checked by the row's checker if any */
     PT_CFG_TRI = 8,   /* int: auto -> -1, else a bool */
-    PT_CFG_DUR = 9    /* double seconds: "2ms", "500us", "0.1s", "0"; range lo..hi seconds */
+    PT_CFG_DUR = 9    /* double seconds: "2ms", "500 us", "0.1s", "300"; range from lo/hi and
+                         the LO_OPEN / NO_HI flags */
 } pt_cfg_type;
 
 enum {

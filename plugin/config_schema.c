@@ -239,10 +239,11 @@ const pt_config_key pt_cfg_keys[] = {
           "from rank 0. file:///path (nccl only, no MPI): rank 0 writes NCCL's id to path, "
           "which must not exist yet, on a filesystem every rank sees; the others poll for it "
           "until [dist] timeout; rank 0 removes it once all have joined."),
-    R_FLT("dist", "timeout", dist_timeout, PT_CFG_LO_OPEN | PT_CFG_NO_HI, 0, 0, "300",
-          "Seconds a collective (and NCCL's start-up) may wait for the other ranks; past it the "
+    {"dist", "timeout", PT_CFG_DUR, PT_CFG_LO_OPEN | PT_CFG_NO_HI, OFF(dist_timeout), 0, 0, 0,
+     0, NULL, NULL, NULL, NULL, "300s",
+          "How long a collective (and NCCL's start-up) may wait for the other ranks; past it the "
           "rank fails with an error instead of hanging (mpi names the rank that did not arrive; "
-          "nccl cannot tell which, aborts its communicator and names this rank)."),
+          "nccl cannot tell which, aborts its communicator and names this rank)."},
     R_BOOL("dist", "overlap_allreduce", overlap_allreduce, "true",
            "Several ranks: each chunk's gradient (resident, or mode B's offloaded fp32 sum) is "
            "all-reduced as soon as backward has finished it (one chunk per bucket), while the "
@@ -346,7 +347,14 @@ void pt_config_key_form(const pt_config_key *k, char *buf, size_t len) {
         snprintf(buf, len, "0 or a rate like 2GiB/s, from 1MB/s (%g B/s) to 1PB/s (%g B/s)",
                  k->lo, k->hi);
         break;
-    case PT_CFG_DUR: snprintf(buf, len, "a duration like 2ms (s, ms, us, ns) up to %gs", k->hi); break;
+    case PT_CFG_DUR: /* one syntax for every duration (pt_parse_duration) */
+        if (k->flags & PT_CFG_NO_HI)
+            snprintf(buf, len, "a duration %s %gs like 300s, 1.5 s or 500ms (units s, ms, us, "
+                     "ns; no unit: seconds)", (k->flags & PT_CFG_LO_OPEN) ? ">" : ">=", k->lo);
+        else
+            snprintf(buf, len, "a duration like 2ms (units s, ms, us, ns; no unit: seconds) up "
+                     "to %gs", k->hi);
+        break;
     case PT_CFG_ENUM:
     case PT_CFG_WORD: snprintf(buf, len, "one of %s", k->choices); break;
     default: snprintf(buf, len, "%s", k->form ? k->form : "text"); break;

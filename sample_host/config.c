@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "sh_llmc.h"
 
@@ -280,11 +281,31 @@ static int long_line(const char *path, char *err, size_t errlen) {
     return rc;
 }
 
+/* The file must be a regular file of at most 1 MiB: opening a FIFO would wait
+ * for a writer and a device such as /dev/zero never ends, so both are refused
+ * before anything opens the path (stat does not open it). */
+static int not_a_config(const char *path, char *err, size_t errlen) {
+    struct stat sb;
+    if (stat(path, &sb)) return 0;   /* ini_parse reports why it cannot open it */
+    if (!S_ISREG(sb.st_mode)) {
+        snprintf(err, errlen, "cannot read config file %s: it is not a regular file (%s)", path,
+                 S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISDIR(sb.st_mode) ? "a directory"
+                 : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device" : "not a plain file");
+        return -1;
+    }
+    if (sb.st_size > (1 << 20)) {
+        snprintf(err, errlen, "config file %s is %lld bytes; a configuration file may be at most "
+                 "1048576 bytes (1 MiB)", path, (long long)sb.st_size);
+        return -1;
+    }
+    return 0;
+}
+
 int sh_config_load_ini(sh_config *c, const char *path, char *err, size_t errlen) {
     ini_ud u;
     memset(&u, 0, sizeof u);
     u.c = c;
-    if (long_line(path, err, errlen)) return -1;
+    if (not_a_config(path, err, errlen) || long_line(path, err, errlen)) return -1;
     int rc = ini_parse(path, on_ini, &u);
     if (rc == -1) {
         snprintf(err, errlen, "cannot open config file %s: %s", path, strerror(errno));

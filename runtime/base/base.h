@@ -61,7 +61,7 @@ typedef struct pt_config {
     /* [dist] */
     char dist_backend[16];    /* backend = auto|nccl|mpi|none */
     char init_method[256];    /* init_method = env | file:///path | mpi ; default env */
-    float dist_timeout;       /* timeout = seconds > 0, default 300 */
+    double dist_timeout;      /* timeout = duration > 0 in seconds, default 300 */
     int debug_hang_rank;      /* integer >= -1, default -1: testing only */
     int tp_size;              /* integer >= 1, default 1: tensor-parallel group size */
     int overlap_allreduce;    /* bool, default 1: resident gradients reduced during backward */

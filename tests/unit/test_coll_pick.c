@@ -122,6 +122,37 @@ static void test_plugin_refuses(void **s) {
     if (!has(msg, "backend = none")) fail_msg("none with 2 ranks: '%s'", msg);
 }
 
+/* Warnings the plugin logs during init, one per line. */
+static char warned[4096];
+static void warn_log(void *user, int32_t level, const char *msg) {
+    (void)user;
+    if (level <= PT_LOG_WARN && strlen(warned) + strlen(msg) + 2 < sizeof warned)
+        strcat(strcat(warned, msg), "\n");
+}
+
+/* backend = nccl or mpi with one rank: init goes on (nothing to refuse: no
+ * collective runs) and a warning names the key, the value and the one rank;
+ * the control: backend = auto and none with one rank say nothing of it. */
+static void test_one_rank_backend_warns(void **s) {
+    (void)s;
+    static const struct { const char *backend; int warns; } cases[] = {
+        {"nccl", 1}, {"mpi", 1}, {"auto", 0}, {"none", 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[256], want[64];
+        snprintf(text, sizeof text, "[plugin]\nbackend = host\nlog_level = warn\n[memory]\n"
+                 "device_capacity = 4MiB\n[dist]\nbackend = %s\n", cases[i].backend);
+        pt_host_v1 host = hb_host(NULL);
+        host.log = warn_log;
+        warned[0] = '\0';
+        void *ctx = hb_open(&protrain_plugin_v1, text, &host);
+        assert_int_equal(protrain_plugin_v1.finalize(ctx), PT_OK);
+        snprintf(want, sizeof want, "[dist] backend = %s has no effect with one rank",
+                 cases[i].backend);
+        if (has(warned, want) != cases[i].warns || has(warned, "with one rank") != cases[i].warns)
+            fail_msg("backend = %s, one rank: warnings '%s'", cases[i].backend, warned);
+    }
+}
+
 static void path_for(char *p, size_t cap, const char *tag) {
     snprintf(p, cap, "/tmp/pt_coll_rdzv_%d_%s", (int)getpid(), tag);
     unlink(p);
@@ -311,6 +342,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pick),
         cmocka_unit_test(test_plugin_refuses),
+        cmocka_unit_test(test_one_rank_backend_warns),
         cmocka_unit_test(test_file_rendezvous),
         cmocka_unit_test(test_library_refusals),
         cmocka_unit_test(test_front_dispatch),

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -140,8 +141,10 @@ static void test_parse_duration(void **s) {
     assert_int_equal(pt_parse_duration("300 us", &v), 0), assert_true(v == 300 * 1e-6);
     assert_int_equal(pt_parse_duration("0.25S", &v), 0), assert_true(v == 0.25);
     assert_int_equal(pt_parse_duration("5ns", &v), 0), assert_true(v == 5 * 1e-9);
-    /* a bare non-zero number has no unit to read it in */
-    static const char *const bad[] = {"5", "2 min", "-1ms", "inf", "ms", "", "1e400s"};
+    /* no unit: seconds, the one duration syntax of every key */
+    assert_int_equal(pt_parse_duration("5", &v), 0), assert_true(v == 5.0);
+    assert_int_equal(pt_parse_duration(" 10 s ", &v), 0), assert_true(v == 10.0);
+    static const char *const bad[] = {"2 min", "-1ms", "inf", "ms", "", "1e400s", "5 m", "1s2"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         assert_int_equal(pt_parse_duration(bad[i], &v), PT_ERR_CONFIG);
     /* the key's range: at most 1 s, named in the error */
@@ -154,6 +157,30 @@ static void test_parse_duration(void **s) {
     assert_int_equal(pt_config_parse_string("[testing]\ncompute_jitter = 250us\n", "j.ini",
                                             &c, err, sizeof err), 0);
     assert_true(c.compute_jitter == 250 * 1e-6);
+    /* [dist] timeout takes the same syntax as every other duration */
+    static const struct { const char *v; double want; } to[] = {
+        {"10 s", 10.0}, {"10s", 10.0}, {"300", 300.0}, {"2ms", 2e-3}, {"1.5 S", 1.5}};
+    for (size_t i = 0; i < sizeof to / sizeof to[0]; i++) {
+        char text[64];
+        snprintf(text, sizeof text, "[dist]\ntimeout = %s\n", to[i].v);
+        if (pt_config_parse_string(text, "d.ini", &c, err, sizeof err))
+            print_error("timeout = %s: %s\n", to[i].v, err);
+        assert_int_equal(pt_config_parse_string(text, "d.ini", &c, err, sizeof err), 0);
+        assert_true(c.dist_timeout == to[i].want);
+    }
+    /* > 0: a zero timeout would fail every collective at once */
+    static const char *const tbad[] = {"0", "0s", "-1s", "10 min", "soon"};
+    for (size_t i = 0; i < sizeof tbad / sizeof tbad[0]; i++) {
+        char text[64];
+        snprintf(text, sizeof text, "[dist]\ntimeout = %s\n", tbad[i]);
+        assert_int_equal(pt_config_parse_string(text, "d.ini", &c, err, sizeof err),
+                         PT_ERR_CONFIG);
+        assert_non_null(strstr(err, "d.ini:2"));
+        assert_non_null(strstr(err, "a duration > 0s"));
+    }
+    /* the default reads back through the dump */
+    pt_config_defaults(&c);
+    assert_true(c.dist_timeout == 300.0);
 }
 
 /* ---- every key, non-default values ---- */
@@ -545,6 +572,49 @@ static void test_files_and_env(void **s) {
     assert_int_equal(pt_config_load("/nonexistent/pt.ini", &c, NULL, 0), PT_ERR_IO);
 }
 
+/* A config path that is not a regular file is refused at once, naming what it
+ * is: a FIFO (reading it would wait for a writer), /dev/zero (reading it would
+ * never end), a directory. A regular file may be at most 1 MiB. alarm(): a
+ * regression blocks or reads forever; the signal then ends the binary, which
+ * make test counts as a failure instead of hanging. */
+static void test_not_regular_files(void **s) {
+    (void)s;
+    char fifo[128], big[128];
+    pt_config c;
+    alarm(60);
+    snprintf(fifo, sizeof fifo, "%s/fifo.ini", tmpdir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_int_equal(pt_config_load(fifo, &c, err, sizeof err), PT_ERR_IO);
+    assert_non_null(strstr(err, fifo));
+    assert_non_null(strstr(err, "it is a FIFO, not a regular file"));
+    assert_int_equal(pt_config_load("/dev/zero", &c, err, sizeof err), PT_ERR_IO);
+    assert_non_null(strstr(err, "/dev/zero: it is a character device, not a regular file"));
+    assert_int_equal(pt_config_load(tmpdir, &c, err, sizeof err), PT_ERR_IO);
+    assert_non_null(strstr(err, "it is a directory"));
+    unlink(fifo);
+    /* exactly 1 MiB of comments and one key loads; one byte more is refused */
+    enum { LIMIT = 1 << 20 };
+    char *text = malloc(LIMIT + 2);
+    assert_non_null(text);
+    static const char key[] = "[optimizer]\nlr = 1e-3\n";
+    size_t k = strlen(key);
+    memcpy(text, key, k);
+    for (size_t i = k; i < LIMIT; i++) text[i] = (i - k) % 100 == 0 ? ';' : (i - k) % 100 == 99 ? '\n' : 'x';
+    text[LIMIT - 1] = '\n';
+    snprintf(big, sizeof big, "%s/big.ini", tmpdir);
+    write_file(big, text, LIMIT);
+    if (pt_config_load(big, &c, err, sizeof err)) print_error("%s\n", err);
+    assert_int_equal(pt_config_load(big, &c, err, sizeof err), 0);
+    assert_true(c.lr == 1e-3f);
+    text[LIMIT] = '\n';
+    write_file(big, text, LIMIT + 1);
+    assert_int_equal(pt_config_load(big, &c, err, sizeof err), PT_ERR_CONFIG);
+    assert_non_null(strstr(err, "is 1048577 bytes; a configuration file may be at most 1048576"));
+    unlink(big);
+    free(text);
+    alarm(0);
+}
+
 /* ---- the shipped files agree with the schema ---- */
 
 static char *slurp(const char *rel) {
@@ -705,6 +775,7 @@ int main(void) {
         cmocka_unit_test(test_cross_rule),
         cmocka_unit_test(test_set),
         cmocka_unit_test_setup_teardown(test_files_and_env, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_not_regular_files, setup_dir, teardown_dir),
         cmocka_unit_test(test_default_ini),
         cmocka_unit_test(test_config_md),
         cmocka_unit_test(test_testing_gate),

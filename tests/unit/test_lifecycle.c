@@ -117,6 +117,21 @@ static void test_init_testing_key(void **state) {
     else unsetenv("PROTRAIN_TESTING");
 }
 
+/* init on a path that is not a regular file returns at once with a sentence
+ * (reading /dev/zero would never end); alarm(): a regression ends the binary
+ * instead of hanging make test. */
+static void test_init_not_a_file(void **state) {
+    (void)state;
+    alarm(60);
+    void *ctx = (void *)1;
+    assert_int_equal(P->init("/dev/zero", NULL, &ctx), PT_ERR_IO);
+    assert_null(ctx);
+    const char *e = P->last_error(NULL);
+    if (!strstr(e, "/dev/zero") || !strstr(e, "not a regular file"))
+        fail_msg("'%s' does not name the path and why", e);
+    alarm(0);
+}
+
 static void test_init_bad_config(void **state) {
     (void)state;
     write_ini("[memory]\ndevice_capacty = 4MiB\n");
@@ -752,6 +767,7 @@ int main(void) {
         cmocka_unit_test(test_table_header),
         cmocka_unit_test(test_init_bad_config),
         cmocka_unit_test(test_init_testing_key),
+        cmocka_unit_test(test_init_not_a_file),
         cmocka_unit_test(test_out_of_order),
         cmocka_unit_test(test_adam_matches_reference),
         cmocka_unit_test(test_adam_accumulation),

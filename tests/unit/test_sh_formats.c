@@ -383,6 +383,19 @@ static void test_config(void **st) {
         assert_int_equal(sh_config_load_ini(&c, p, err, sizeof err), 0);
         assert_int_equal(strlen(c.metrics), 198 - 10);
     }
+    /* a FIFO (opening it would wait for a writer) and /dev/zero (reading it never
+     * ends) are refused before anything opens them */
+    {
+        char fifo[320];
+        snprintf(fifo, sizeof fifo, "%s.fifo", p);
+        assert_int_equal(mkfifo(fifo, 0600), 0);
+        sh_config_defaults(&c);
+        assert_int_equal(sh_config_load_ini(&c, fifo, err, sizeof err), -1);
+        assert_non_null(strstr(err, "it is not a regular file (a FIFO)"));
+        unlink(fifo);
+        assert_int_equal(sh_config_load_ini(&c, "/dev/zero", err, sizeof err), -1);
+        assert_non_null(strstr(err, "/dev/zero: it is not a regular file (a device)"));
+    }
     sh_config_defaults(&c);
     char b1[] = "--bogus";
     char *argv2[] = {a0, b1};
