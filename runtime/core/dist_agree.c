@@ -12,7 +12,6 @@
 #include <string.h>
 
 #include "base/base.h"
-#include "base/version.h"
 #include "rt_internal.h"
 
 /* ---- canonical text ---- */
