@@ -13,7 +13,6 @@
 #include "config.h"
 #include "lifecycle.h"
 #include "base/base.h"
-#include "base/version.h"
 #include "protrain.h"
 #include "core/dist_agree.h"
 #include "core/rt.h"

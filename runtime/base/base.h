@@ -15,6 +15,13 @@
 #include "pt_util.h"   /* pt_fail, pt_now_s, PT_PRINTF */
 #include "version.h"   /* PT_PLUGIN_VERSION, PT_ABI_MINOR */
 
+/* The plugin's release, in one place: the exported table reports it
+ * (pt_plugin_v1.version) and ranks compare it before they train together
+ * (core/dist_agree.h), since two releases may differ in their arithmetic;
+ * likewise the ABI minor this build implements (protrain.h's "ABI 1.N"). */
+#define PT_PLUGIN_VERSION "0.1.0"
+#define PT_ABI_MINOR 5
+
 typedef struct pt_config {
     /* [plugin] */
     int log_level;            /* log_level = error|warn|info|debug|trace (PT_LOG_*); default info */
