@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include "sh_llmc.h"
@@ -242,7 +243,21 @@ static int on_ini(void *user, const char *section, const char *name, const char 
     /* the plugin's backend, remembered so a cuda host can refuse a host-backend plugin */
     if (strcmp(section, "plugin") == 0 && strcmp(name, "backend") == 0)
         snprintf(u->c->plugin_backend, sizeof u->c->plugin_backend, "%s", value);
-    if (strcmp(section, "sample_host") != 0) return 1; /* the plugin's sections */
+    /* the optimizer the INI asks the plugin for: sample_host's own default must
+     * not silently replace it (sh_config_from_args resolves the two) */
+    if (strcmp(section, "optimizer") == 0 && strcmp(name, "type") == 0)
+        snprintf(u->c->ini_optim_type, sizeof u->c->ini_optim_type, "%s", value);
+    if (strcmp(section, "sample_host") != 0) {
+        /* the plugin's sections, remembered by name (--no-plugin has them checked) */
+        char tag[80];
+        snprintf(tag, sizeof tag, "[%.64s]", section);
+        char *have = u->c->plugin_sections;
+        size_t used = strlen(have);
+        if (!strstr(have, tag) && used + strlen(tag) + 3 < sizeof u->c->plugin_sections)
+            snprintf(have + used, sizeof u->c->plugin_sections - used, "%s%s", used ? ", " : "",
+                     tag);
+        return 1;
+    }
     if (u->msg[0]) return 0;
     const opt *o = find_key(name);
     if (!o) {
@@ -256,6 +271,7 @@ static int on_ini(void *user, const char *section, const char *name, const char 
         return 0;
     }
     u->seen[i] = 1;
+    if (o->type == T_OPTIM) u->c->optim_set = 1;
     return set_value(u->c, o, value, u->msg, sizeof u->msg) == 0;
 }
 
@@ -364,6 +380,35 @@ static int match(const char *arg, const char *name, int argc, char **argv, int *
     return 1;
 }
 
+/* The INI's [optimizer] type against sample_host's optimizer key. sample_host's
+ * default (its own AdamW settings) must not replace a type the INI names: with
+ * nobody choosing, the INI's section decides (optimizer = ini); an explicit
+ * --optimizer adamw wins and is said (optim_note); [sample_host] optimizer =
+ * adamw in the same file as [optimizer] type = rekls contradicts itself. */
+static int resolve_optimizer(sh_config *c, char *err, size_t errlen) {
+    const char *t = c->ini_optim_type;
+    if (!t[0] || strcasecmp(t, "adamw") == 0) return 0;
+    if (c->no_plugin) {
+        snprintf(err, errlen, "%s sets [optimizer] type = %s, but --no-plugin trains with "
+                 "sample_host's own AdamW (drop --no-plugin, or the [optimizer] type)",
+                 c->config, t);
+        return -1;
+    }
+    if (c->optim_from_ini) return 0;
+    if (c->optim_set == 0) {
+        c->optim_from_ini = 1;
+        c->optim_note = 1;
+    } else if (c->optim_set == 1) {
+        snprintf(err, errlen, "%s sets both [sample_host] optimizer = adamw and [optimizer] "
+                 "type = %s: remove one (optimizer = ini takes the [optimizer] section)",
+                 c->config, t);
+        return -1;
+    } else {
+        c->optim_note = 2;
+    }
+    return 0;
+}
+
 int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t errlen) {
     /* pass 1: --help and --config, so the file is read before the other flags apply */
     for (int i = 1; i < argc; i++) {
@@ -413,6 +458,7 @@ int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t e
                 return -1;
             }
             c->cli_dims |= OPTS[k].setbit;
+            if (OPTS[k].type == T_OPTIM) c->optim_set = 2;
             done = 1;
         }
         if (!done) {
@@ -420,7 +466,7 @@ int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t e
             return -1;
         }
     }
-    return 0;
+    return resolve_optimizer(c, err, errlen);
 }
 
 int sh_config_check(const sh_config *c, char *err, size_t errlen) {

@@ -1,8 +1,10 @@
 /*
  * resume.c — checkpoint generations (write, validate, choose, load, prune) for
- * sample_host. Format and guarantees: sh_resume.h and sample_host/README.md.
+ * sample_host. Format and guarantees: sh_resume.h and sample_host/README.md;
+ * host.txt's text and parsing: resume_host.c.
  */
 #include "sh_resume.h"
+#include "resume_int.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -24,85 +26,21 @@
 #define HOST_FILE "host.txt"
 #define PARAMS_FILE "params.bin"
 #define MANIFEST_MAX (64 * 1024)
-#define FNV_START 0xcbf29ce484222325ull
 /* a folder path (< PATH_MAX) plus a file name (< 256) */
 #define PBUF (PATH_MAX + 300)
 
-/* FNV-1a 64, continued from h: cheap, and enough to catch torn or flipped bytes. */
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+uint64_t sh_rz_fnv(uint64_t h, const void *p, size_t n) {
     const unsigned char *b = p;
     for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
     return h;
 }
 
-static int say(char *err, size_t errlen, const char *fmt, ...) {
+int sh_rz_say(char *err, size_t errlen, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
     return -1;
-}
-
-/* ---- describing the run ---- */
-
-static void add_run(char *buf, size_t n, const char *key, const char *fmt, ...) {
-    size_t used = strlen(buf);
-    if (used >= n) return;
-    snprintf(buf + used, n - used, "run %s ", key);
-    used = strlen(buf);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + used, n - used, fmt, ap);
-    va_end(ap);
-    used = strlen(buf);
-    if (used + 1 < n) strcat(buf, "\n");
-}
-
-void sh_resume_init(sh_resume *r, const sh_config *c, const sh_dims *d, const sh_tokens *train,
-                    const sh_tokens *val, int plugin) {
-    memset(r, 0, sizeof *r);
-    r->c = c;
-    r->plugin = plugin;
-    r->run_id = sh_gen_new_id();
-    char *b = r->run;
-    size_t n = sizeof r->run;
-    /* every setting the per-step losses depend on; the plan (the plugin's INI
-     * sections) is not one of them, so it may change between the halves */
-    add_run(b, n, "vocab", "%d", d->V);
-    add_run(b, n, "padded_vocab", "%d", d->Vp);
-    add_run(b, n, "max_seq", "%d", d->maxT);
-    add_run(b, n, "layers", "%d", d->L);
-    add_run(b, n, "heads", "%d", d->NH);
-    add_run(b, n, "channels", "%d", d->C);
-    add_run(b, n, "batch", "%d", c->batch);
-    add_run(b, n, "seq", "%d", c->seq);
-    /* micro-batches per step over all ranks: 2 ranks x 1 and 1 rank x 2 take the
-     * same batches per step (rank r takes batch r of every W), so a generation
-     * of one resumes under the other */
-    add_run(b, n, "grad_accum", "%d", c->grad_accum * (c->world > 1 ? c->world : 1));
-    add_run(b, n, "steps", "%d", c->steps);
-    add_run(b, n, "seed", "%" PRIu64, c->seed);
-    add_run(b, n, "optimizer", "%s", c->optim_from_ini ? "ini" : "adamw");
-    add_run(b, n, "lr", "%.9g", c->lr);
-    add_run(b, n, "min_lr_frac", "%.9g", c->min_lr_frac);
-    add_run(b, n, "warmup", "%d", c->warmup);
-    /* written only when not the default, so generations of earlier versions (which
-     * lack these lines and used random rows and cosine) still resume */
-    static const char *const sched[] = {"cosine", "constant", "linear"};
-    static const char *const order[] = {"random", "sequential", "shuffled"};
-    if (c->lr_schedule != SH_LR_COSINE) add_run(b, n, "lr_schedule", "%s", sched[c->lr_schedule]);
-    if (c->data_order != SH_ORDER_RANDOM) add_run(b, n, "data_order", "%s", order[c->data_order]);
-    add_run(b, n, "weight_decay", "%.9g", c->weight_decay);
-    add_run(b, n, "beta1", "%.9g", c->beta1);
-    add_run(b, n, "beta2", "%.9g", c->beta2);
-    add_run(b, n, "eps", "%.9g", c->eps);
-    add_run(b, n, "max_grad_norm", "%.9g", c->max_grad_norm);
-    add_run(b, n, "device", "%s", c->device == SH_DEVICE_CUDA ? "cuda" : "cpu");
-    add_run(b, n, "plugin", "%s", plugin ? "yes" : "no");
-    add_run(b, n, "train_tokens", "%zu", train->n);
-    add_run(b, n, "train_hash", "%016" PRIx64, fnv(FNV_START, train->tok, train->n * 2));
-    add_run(b, n, "val_tokens", "%zu", val->n);
-    add_run(b, n, "val_hash", "%016" PRIx64, fnv(FNV_START, val->tok, val->n * 2));
 }
 
 /* ---- small file-system helpers ---- */
@@ -115,7 +53,7 @@ static int write_all(int fd, const void *p, size_t n, uint64_t *h) {
         if (w <= 0) return -1;
         done += (size_t)w;
     }
-    if (h) *h = fnv(*h, p, n);
+    if (h) *h = sh_rz_fnv(*h, p, n);
     return 0;
 }
 
@@ -123,14 +61,14 @@ static int write_all(int fd, const void *p, size_t n, uint64_t *h) {
 static int write_file(const char *path, const void *const *parts, const size_t *lens, int k,
                       uint64_t *h, char *err, size_t errlen) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return say(err, errlen, "cannot create %s: %s", path, strerror(errno));
+    if (fd < 0) return sh_rz_say(err, errlen, "cannot create %s: %s", path, strerror(errno));
     *h = FNV_START;
     int ok = 1;
     for (int i = 0; i < k && ok; i++) ok = write_all(fd, parts[i], lens[i], h) == 0;
     ok = ok && fsync(fd) == 0;
     int e = errno;
     ok = (close(fd) == 0) && ok;
-    if (!ok) return say(err, errlen, "cannot write %s: %s", path, strerror(e ? e : errno));
+    if (!ok) return sh_rz_say(err, errlen, "cannot write %s: %s", path, strerror(e ? e : errno));
     return 0;
 }
 
@@ -142,7 +80,7 @@ static int hash_file(const char *path, uint64_t *h, long long *size) {
     *h = FNV_START;
     *size = 0;
     while ((k = fread(buf, 1, sizeof buf, f)) > 0) {
-        *h = fnv(*h, buf, k);
+        *h = sh_rz_fnv(*h, buf, k);
         *size += (long long)k;
     }
     int bad = ferror(f);
@@ -277,116 +215,6 @@ static void prune(const char *dir, int64_t step, int drop_newer, int keep) {
     free(g);
 }
 
-/* ---- host.txt ---- */
-
-static int host_text(const sh_resume *r, const sh_resume_state *st, char *buf, size_t n) {
-    int k = snprintf(buf, n,
-                     "sample_host-host-state 1\n"
-                     "step %lld\nbatch_rng 0x%016" PRIx64 "\nopt_steps %lld\n"
-                     "gen_rng 0x%016" PRIx64 "\nn_skipped %lld\nmetrics_bytes %lld\n"
-                     "train_tokens %lld\ntrain_time %a\nlast_loss %a\nlast_val %a\n"
-                     "data_epoch %" PRIu64 "\ndata_pos %" PRIu64 "\nident %016" PRIx64
-                     "\nworld %d\n%s",
-                     (long long)st->step, st->tr.batch_rng, (long long)st->tr.opt_steps,
-                     st->gen_rng, (long long)st->n_skipped, (long long)st->metrics_bytes,
-                     (long long)st->train_tokens, st->train_time, st->last_loss, st->last_val,
-                     st->tr.data_epoch, st->tr.data_pos, r->run_id,
-                     r->c->world > 1 ? r->c->world : 1, r->run);
-    return k > 0 && (size_t)k < n ? k : -1;
-}
-
-/* The value of "key" in a "key value" line of text (a "run key value" line when
- * run), copied into v; 0 when found. */
-static int find_val(const char *text, const char *key, int run, char *v, size_t vn) {
-    size_t kl = strlen(key);
-    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
-        const char *q = p;
-        if (run) {
-            if (strncmp(q, "run ", 4) != 0) continue;
-            q += 4;
-        }
-        if (strncmp(q, key, kl) != 0 || q[kl] != ' ') continue;
-        q += kl + 1;
-        size_t len = strcspn(q, "\n");
-        if (len >= vn) len = vn - 1;
-        memcpy(v, q, len);
-        v[len] = '\0';
-        return 0;
-    }
-    return -1;
-}
-
-/* The saved run must be this run: every trajectory setting equal. */
-static int same_run(const sh_resume *r, const char *saved, const char *gen, char *err,
-                    size_t errlen) {
-    for (const char *p = r->run; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
-        char key[64], mine[128], theirs[128];
-        if (sscanf(p, "run %63s %127s", key, mine) != 2) break;
-        if (find_val(saved, key, 1, theirs, sizeof theirs) != 0)
-            return say(err, errlen, "--resume: %s does not record '%s' (written by another "
-                       "version of sample_host?)", gen, key);
-        if (strcmp(mine, theirs) != 0)
-            return say(err, errlen, "--resume: %s was written by a run with %s = %s but this "
-                       "run has %s = %s; resuming would not continue that run (settings "
-                       "that fix the losses must match; the plan may change)",
-                       gen, key, theirs, key, mine);
-    }
-    /* and a setting only the saved run records (written when not the default, as
-     * data_order) differs from this run's default */
-    for (const char *p = saved; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
-        char key[64], theirs[128], mine[128];
-        if (sscanf(p, "run %63s %127s", key, theirs) != 2) continue;
-        if (find_val(r->run, key, 1, mine, sizeof mine) != 0)
-            return say(err, errlen, "--resume: %s was written by a run with %s = %s but this "
-                       "run has the default %s; resuming would not continue that run",
-                       gen, key, theirs, key);
-    }
-    return 0;
-}
-
-static int parse_host(const char *text, sh_resume_state *st) {
-    char v[128];
-    const char *keys[] = {"step", "batch_rng", "opt_steps", "gen_rng", "n_skipped",
-                          "metrics_bytes", "train_tokens", "train_time", "last_loss",
-                          "last_val"};
-    if (strncmp(text, "sample_host-host-state 1\n", 25) != 0) return -1;
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        if (find_val(text, keys[i], 0, v, sizeof v)) return -1;
-        char *end = NULL;
-        errno = 0;
-        if (i >= 7) {
-            double x = strtod(v, &end);
-            if (i == 7) st->train_time = x;
-            else if (i == 8) st->last_loss = x;
-            else st->last_val = x;
-        } else {
-            unsigned long long u = strtoull(v, &end, 0);
-            int64_t s = (int64_t)u;
-            switch (i) {
-            case 0: st->step = s; break;
-            case 1: st->tr.batch_rng = (uint64_t)u; break;
-            case 2: st->tr.opt_steps = s; break;
-            case 3: st->gen_rng = (uint64_t)u; break;
-            case 4: st->n_skipped = s; break;
-            case 5: st->metrics_bytes = s; break;
-            default: st->train_tokens = s; break;
-            }
-        }
-        if (end == v || *end || errno) return -1;
-    }
-    /* the ordered loaders' position; absent in earlier versions' files (random rows
-     * only, where the batch_rng above is the whole position) */
-    st->tr.data_epoch = st->tr.data_pos = 0;
-    if (find_val(text, "data_epoch", 0, v, sizeof v) == 0) st->tr.data_epoch = strtoull(v, NULL, 0);
-    if (find_val(text, "data_pos", 0, v, sizeof v) == 0) st->tr.data_pos = strtoull(v, NULL, 0);
-    /* the run's id and world size; absent in earlier versions' files (0) */
-    st->run_id = 0;
-    st->world = 0;
-    if (find_val(text, "ident", 0, v, sizeof v) == 0) st->run_id = strtoull(v, NULL, 16);
-    if (find_val(text, "world", 0, v, sizeof v) == 0) st->world = atoi(v);
-    return 0;
-}
-
 /* ---- save ---- */
 
 typedef struct listed {
@@ -400,7 +228,7 @@ typedef struct listed {
  * with their checksums. */
 static int list_files(const char *dir, listed *v, int max, int *n, char *err, size_t errlen) {
     DIR *d = opendir(dir);
-    if (!d) return say(err, errlen, "cannot list %s: %s", dir, strerror(errno));
+    if (!d) return sh_rz_say(err, errlen, "cannot list %s: %s", dir, strerror(errno));
     struct dirent *e;
     *n = 0;
     int rc = 0;
@@ -411,7 +239,7 @@ static int list_files(const char *dir, listed *v, int max, int *n, char *err, si
         (void)join(p, sizeof p, dir, e->d_name);
         if (stat(p, &sb) != 0 || !S_ISREG(sb.st_mode) || strlen(e->d_name) >= sizeof v->name ||
             strchr(e->d_name, ' ') || *n == max) {
-            rc = say(err, errlen, "unexpected entry %s in a generation being written", p);
+            rc = sh_rz_say(err, errlen, "unexpected entry %s in a generation being written", p);
             break;
         }
         listed *l = &v[(*n)++];
@@ -420,7 +248,7 @@ static int list_files(const char *dir, listed *v, int max, int *n, char *err, si
         l->size = (long long)sb.st_size;
         l->hashed = 1;   /* every file: one copied in from elsewhere is found */
         if (hash_file(p, &l->hash, &l->size))
-            rc = say(err, errlen, "cannot read back %s", p);
+            rc = sh_rz_say(err, errlen, "cannot read back %s", p);
     }
     closedir(d);
     return rc;
@@ -435,14 +263,14 @@ static int write_gen(const sh_resume *r, sh_trainer *tr, const sh_resume_state *
         /* several ranks: each wrote its plugin state file already */
     } else if (r->plugin) {
         if (sh_trainer_plugin_state(tr, tmp, 0))
-            return say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
+            return sh_rz_say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
                        sh_trainer_error(tr));
     } else {
         size_t n = sh_trainer_model(tr)->n_floats;
         float *buf = malloc(3 * n * sizeof(float) + 1);
-        if (!buf) return say(err, errlen, "out of host memory for a checkpoint (%zu floats)", 3 * n);
+        if (!buf) return sh_rz_say(err, errlen, "out of host memory for a checkpoint (%zu floats)", 3 * n);
         int rc = sh_trainer_opt_io(tr, buf, buf + n, buf + 2 * n, 0);
-        if (rc) say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
+        if (rc) sh_rz_say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
                     sh_trainer_error(tr));
         (void)join(p, sizeof p, tmp, PARAMS_FILE);
         const void *parts[1] = {buf};
@@ -453,8 +281,8 @@ static int write_gen(const sh_resume *r, sh_trainer *tr, const sh_resume_state *
     }
     pause_ms(c->debug_save_sleep_ms);
     char host[4096];
-    int hn = host_text(r, st, host, sizeof host);
-    if (hn < 0) return say(err, errlen, "host state too long for a checkpoint");
+    int hn = sh_rz_host_text(r, st, host, sizeof host);
+    if (hn < 0) return sh_rz_say(err, errlen, "host state too long for a checkpoint");
     (void)join(p, sizeof p, tmp, HOST_FILE);
     const void *hp[1] = {host};
     size_t hl[1] = {(size_t)hn};
@@ -473,14 +301,14 @@ static int write_gen(const sh_resume *r, sh_trainer *tr, const sh_resume_state *
         k += snprintf(man + k, sizeof man - (size_t)k, "file %s %lld %s\n", files[i].name,
                       files[i].size, hx);
     }
-    if (k <= 0 || (size_t)k + 32 >= sizeof man) return say(err, errlen, "manifest too long");
+    if (k <= 0 || (size_t)k + 32 >= sizeof man) return sh_rz_say(err, errlen, "manifest too long");
     k += snprintf(man + k, sizeof man - (size_t)k, "end %016" PRIx64 "\n",
-                  fnv(FNV_START, man, (size_t)k));
+                  sh_rz_fnv(FNV_START, man, (size_t)k));
     (void)join(p, sizeof p, tmp, MANIFEST);
     const void *mp[1] = {man};
     size_t ml[1] = {(size_t)k};
     if (write_file(p, mp, ml, 1, &h, err, errlen)) return -1;
-    if (fsync_dir(tmp)) return say(err, errlen, "cannot fsync %s: %s", tmp, strerror(errno));
+    if (fsync_dir(tmp)) return sh_rz_say(err, errlen, "cannot fsync %s: %s", tmp, strerror(errno));
     pause_ms(c->debug_save_sleep_ms);
     return 0;
 }
@@ -489,9 +317,9 @@ static int write_gen(const sh_resume *r, sh_trainer *tr, const sh_resume_state *
  * sum of failure flags); a rank that failed keeps its own sentence in err. */
 static int all_ok(sh_trainer *tr, int ok, const char *phase, char *err, size_t errlen) {
     double bad = ok ? 0 : 1;
-    if (sh_trainer_dist_sum(tr, &bad, 1)) return say(err, errlen, "%s", sh_trainer_error(tr));
+    if (sh_trainer_dist_sum(tr, &bad, 1)) return sh_rz_say(err, errlen, "%s", sh_trainer_error(tr));
     if (!ok) return -1;
-    if (bad != 0) return say(err, errlen, "checkpoint: %g other rank(s) failed %s", bad, phase);
+    if (bad != 0) return sh_rz_say(err, errlen, "checkpoint: %g other rank(s) failed %s", bad, phase);
     return 0;
 }
 
@@ -505,21 +333,21 @@ static int save_ranks(const sh_resume *r, sh_trainer *tr, const sh_resume_state 
     const char *dir = r->c->checkpoint_dir;
     int r0 = r->c->rank == 0;
     double pid = r0 ? (double)getpid() : 0;
-    if (sh_trainer_dist_sum(tr, &pid, 1)) return say(err, errlen, "%s", sh_trainer_error(tr));
+    if (sh_trainer_dist_sum(tr, &pid, 1)) return sh_rz_say(err, errlen, "%s", sh_trainer_error(tr));
     char tmp[PATH_MAX], fin[PATH_MAX];
     gen_path(tmp, sizeof tmp, dir, st->step, "tmp", (long)pid);
     gen_path(fin, sizeof fin, dir, st->step, NULL, 0);
     int ok = 1;
     if (r0) {
         if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-            ok = !say(err, errlen, "cannot create checkpoint folder %s: %s", dir, strerror(errno));
+            ok = !sh_rz_say(err, errlen, "cannot create checkpoint folder %s: %s", dir, strerror(errno));
         if (ok) clean_stale(dir);
         if (ok && mkdir(tmp, 0755) != 0)
-            ok = !say(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+            ok = !sh_rz_say(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
     }
     if (all_ok(tr, ok, "to create the generation's folder", err, errlen)) return -1;
     ok = !sh_trainer_plugin_state(tr, tmp, 0);
-    if (!ok) say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
+    if (!ok) sh_rz_say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
                  sh_trainer_error(tr));
     if (all_ok(tr, ok, "to write their plugin state", err, errlen)) {
         if (r0) rm_tree(tmp);
@@ -529,11 +357,11 @@ static int save_ranks(const sh_resume *r, sh_trainer *tr, const sh_resume_state 
         struct stat sb;
         if (write_gen(r, tr, st, tmp, 1, err, errlen)) ok = 0;
         else if (stat(fin, &sb) == 0 && drop_gen(dir, st->step) != 0)
-            ok = !say(err, errlen, "cannot replace %s: %s", fin, strerror(errno));
+            ok = !sh_rz_say(err, errlen, "cannot replace %s: %s", fin, strerror(errno));
         else if (rename(tmp, fin) != 0)
-            ok = !say(err, errlen, "cannot rename %s to %s: %s", tmp, fin, strerror(errno));
+            ok = !sh_rz_say(err, errlen, "cannot rename %s to %s: %s", tmp, fin, strerror(errno));
         else if (fsync_dir(dir))
-            ok = !say(err, errlen, "cannot fsync %s: %s", dir, strerror(errno));
+            ok = !sh_rz_say(err, errlen, "cannot fsync %s: %s", dir, strerror(errno));
         if (!ok) rm_tree(tmp);
         else prune(dir, st->step, 1, r->c->checkpoint_keep);
     }
@@ -545,13 +373,13 @@ int sh_resume_save(const sh_resume *r, sh_trainer *tr, const sh_resume_state *st
     if (r->c->world > 1) return save_ranks(r, tr, st, err, errlen);
     const char *dir = r->c->checkpoint_dir;
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return say(err, errlen, "cannot create checkpoint folder %s: %s", dir, strerror(errno));
+        return sh_rz_say(err, errlen, "cannot create checkpoint folder %s: %s", dir, strerror(errno));
     clean_stale(dir);
     char tmp[PATH_MAX], fin[PATH_MAX];
     gen_path(tmp, sizeof tmp, dir, st->step, "tmp", (long)getpid());
     gen_path(fin, sizeof fin, dir, st->step, NULL, 0);
     if (mkdir(tmp, 0755) != 0)
-        return say(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+        return sh_rz_say(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
     if (write_gen(r, tr, st, tmp, 0, err, errlen)) {
         rm_tree(tmp);
         return -1;
@@ -560,14 +388,14 @@ int sh_resume_save(const sh_resume *r, sh_trainer *tr, const sh_resume_state *st
     struct stat sb;
     if (stat(fin, &sb) == 0 && drop_gen(dir, st->step) != 0) {
         rm_tree(tmp);
-        return say(err, errlen, "cannot replace %s: %s", fin, strerror(errno));
+        return sh_rz_say(err, errlen, "cannot replace %s: %s", fin, strerror(errno));
     }
     if (rename(tmp, fin) != 0) {
         int e = errno;
         rm_tree(tmp);
-        return say(err, errlen, "cannot rename %s to %s: %s", tmp, fin, strerror(e));
+        return sh_rz_say(err, errlen, "cannot rename %s to %s: %s", tmp, fin, strerror(e));
     }
-    if (fsync_dir(dir)) return say(err, errlen, "cannot fsync %s: %s", dir, strerror(errno));
+    if (fsync_dir(dir)) return sh_rz_say(err, errlen, "cannot fsync %s: %s", dir, strerror(errno));
     /* generations past this step belong to a future this run abandoned (a resume
      * went back before them, they were not valid) */
     prune(dir, st->step, 1, r->c->checkpoint_keep);
@@ -592,37 +420,37 @@ static int check_gen(const sh_resume *r, const char *gp, int64_t step, char *hos
     char p[PBUF];
     (void)join(p, sizeof p, gp, MANIFEST);
     FILE *f = fopen(p, "rb");
-    if (!f) return say(why, wl, "no readable %s (%s)", MANIFEST, strerror(errno));
+    if (!f) return sh_rz_say(why, wl, "no readable %s (%s)", MANIFEST, strerror(errno));
     static char man[MANIFEST_MAX + 1];
     size_t k = fread(man, 1, MANIFEST_MAX, f);
     fclose(f);
     man[k] = '\0';
     if (k == 0 || k == MANIFEST_MAX || man[k - 1] != '\n')
-        return say(why, wl, "%s is empty, too long or cut short", MANIFEST);
+        return sh_rz_say(why, wl, "%s is empty, too long or cut short", MANIFEST);
     /* by bytes, not as a string: a flipped byte may be a NUL, which the checksum
      * below must see rather than a string function stop at */
     char *last = k > 1 ? memrchr(man, '\n', k - 1) : NULL;
     uint64_t want;
     if (!last || sscanf(last + 1, "end %" SCNx64, &want) != 1)
-        return say(why, wl, "%s has no end line (cut short)", MANIFEST);
-    if (fnv(FNV_START, man, (size_t)(last + 1 - man)) != want)
-        return say(why, wl, "%s checksum mismatch (corrupt)", MANIFEST);
+        return sh_rz_say(why, wl, "%s has no end line (cut short)", MANIFEST);
+    if (sh_rz_fnv(FNV_START, man, (size_t)(last + 1 - man)) != want)
+        return sh_rz_say(why, wl, "%s checksum mismatch (corrupt)", MANIFEST);
     long long ms;
     char state[16];
     int fmt = 0;
     memset(seen, 0, sizeof *seen);
     if (sscanf(man, "sample_host-generation %d\nstep %lld\nstate %15s\n", &fmt, &ms, state) != 3 ||
         (fmt != 1 && fmt != 2))
-        return say(why, wl, "%s has an unknown format (this sample_host reads formats 1 and 2)",
+        return sh_rz_say(why, wl, "%s has an unknown format (this sample_host reads formats 1 and 2)",
                    MANIFEST);
     char idv[32];
-    if (fmt == 2 && (find_val(man, "ident", 0, idv, sizeof idv) ||
+    if (fmt == 2 && (sh_rz_find_val(man, "ident", 0, idv, sizeof idv) ||
                      !(seen->run_id = strtoull(idv, NULL, 16))))
-        return say(why, wl, "%s (format 2) has no ident (the run's id)", MANIFEST);
-    if (ms != step) return say(why, wl, "%s says step %lld, the folder %lld", MANIFEST, ms,
+        return sh_rz_say(why, wl, "%s (format 2) has no ident (the run's id)", MANIFEST);
+    if (ms != step) return sh_rz_say(why, wl, "%s says step %lld, the folder %lld", MANIFEST, ms,
                                (long long)step);
     if (strcmp(state, r->plugin ? "plugin" : "host") != 0)
-        return say(why, wl, "it holds %s state but this run is %s", state,
+        return sh_rz_say(why, wl, "it holds %s state but this run is %s", state,
                    r->plugin ? "with the plugin" : "--no-plugin");
     int have_host = 0;
     for (char *line = man; line < last; line = strchr(line, '\n') + 1) {
@@ -631,21 +459,21 @@ static int check_gen(const sh_resume *r, const char *gp, int64_t step, char *hos
         if (sscanf(line, "file %127s %lld %19s", name, &size, hx) != 3) continue;
         (void)join(p, sizeof p, gp, name);
         struct stat sb;
-        if (stat(p, &sb) != 0) return say(why, wl, "file %s is missing", name);
+        if (stat(p, &sb) != 0) return sh_rz_say(why, wl, "file %s is missing", name);
         if ((long long)sb.st_size != size)
-            return say(why, wl, "file %s is %lld bytes, the manifest says %lld (truncated?)",
+            return sh_rz_say(why, wl, "file %s is %lld bytes, the manifest says %lld (truncated?)",
                        name, (long long)sb.st_size, size);
         if (strcmp(hx, "-") == 0) {
-            if (fmt == 2) return say(why, wl, "%s lists %s without a checksum", MANIFEST, name);
+            if (fmt == 2) return sh_rz_say(why, wl, "%s lists %s without a checksum", MANIFEST, name);
             continue;
         }
         uint64_t h, hw = strtoull(hx, NULL, 16);
         long long got;
         int is_host = strcmp(name, HOST_FILE) == 0;
         if (hash_file(p, &h, &got) || got != size)
-            return say(why, wl, "file %s cannot be read whole", name);
+            return sh_rz_say(why, wl, "file %s cannot be read whole", name);
         if (h != hw && (is_host || !r->plugin))
-            return say(why, wl, "file %s checksum mismatch (corrupt, or not the file this "
+            return sh_rz_say(why, wl, "file %s checksum mismatch (corrupt, or not the file this "
                        "generation wrote)", name);
         if (h != hw && !seen->suspect[0]) snprintf(seen->suspect, sizeof seen->suspect, "%s", name);
         if (is_host) {
@@ -656,7 +484,7 @@ static int check_gen(const sh_resume *r, const char *gp, int64_t step, char *hos
             have_host = hk == (size_t)size;
         }
     }
-    if (!have_host) return say(why, wl, "%s is not listed or too long", HOST_FILE);
+    if (!have_host) return sh_rz_say(why, wl, "%s is not listed or too long", HOST_FILE);
     return 0;
 }
 
@@ -669,22 +497,22 @@ static void warn_skip(const char *gp, const char *why) {
 static int load_gen(const sh_resume *r, sh_trainer *tr, const char *gp, char *why, size_t wl) {
     if (r->plugin) {
         if (sh_trainer_plugin_state(tr, gp, 1))
-            return say(why, wl, "%s", sh_trainer_error(tr));
+            return sh_rz_say(why, wl, "%s", sh_trainer_error(tr));
         return 0;
     }
     size_t n = sh_trainer_model(tr)->n_floats;
     char p[PBUF];
     (void)join(p, sizeof p, gp, PARAMS_FILE);
     float *buf = malloc(3 * n * sizeof(float) + 1);
-    if (!buf) return say(why, wl, "out of host memory (%zu floats)", 3 * n);
+    if (!buf) return sh_rz_say(why, wl, "out of host memory (%zu floats)", 3 * n);
     FILE *f = fopen(p, "rb");
     int rc = 0;
-    if (!f) rc = say(why, wl, "cannot open %s", PARAMS_FILE);
+    if (!f) rc = sh_rz_say(why, wl, "cannot open %s", PARAMS_FILE);
     else if (fread(buf, sizeof(float), 3 * n, f) != 3 * n || fgetc(f) != EOF)
-        rc = say(why, wl, "%s does not hold 3 x %zu floats (another model?)", PARAMS_FILE, n);
+        rc = sh_rz_say(why, wl, "%s does not hold 3 x %zu floats (another model?)", PARAMS_FILE, n);
     if (f) fclose(f);
     if (!rc && sh_trainer_opt_io(tr, buf, buf + n, buf + 2 * n, 1))
-        rc = say(why, wl, "%s", sh_trainer_error(tr));
+        rc = sh_rz_say(why, wl, "%s", sh_trainer_error(tr));
     free(buf);
     return rc;
 }
@@ -700,11 +528,11 @@ static int plugin_mixed(const sh_resume *r, sh_trainer *tr, const char *gp,
     memset(&ps, 0, sizeof ps);
     ps.struct_size = sizeof ps;
     if (sh_trainer_stats(tr, &ps) == 0 && ps.steps != s->step)
-        return say(err, errlen, "--resume: %s/%s holds optimizer step %lld but the generation "
+        return sh_rz_say(err, errlen, "--resume: %s/%s holds optimizer step %lld but the generation "
                    "is step %lld: it was copied from another generation or run",
                    gp, file, (long long)ps.steps, (long long)s->step);
     if (seen->suspect[0])
-        return say(err, errlen, "--resume: %s/%s is an intact state file but not the one this "
+        return sh_rz_say(err, errlen, "--resume: %s/%s is an intact state file but not the one this "
                    "generation wrote (its checksum differs from the %s's): it was copied from "
                    "another run, rank or generation; mixing it with this generation's host "
                    "state would not continue any run", gp, file, MANIFEST);
@@ -724,7 +552,7 @@ int sh_resume_load(sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
     int64_t *g = NULL;
     int n = 0;
     if (!missing && list_gens(dir, &g, &n) != 0)
-        return say(err, errlen, "--resume: cannot read checkpoint folder %s: %s", dir,
+        return sh_rz_say(err, errlen, "--resume: cannot read checkpoint folder %s: %s", dir,
                    strerror(errno));
     int rc = 1;
     for (int i = 0; i < n; i++) {
@@ -737,26 +565,26 @@ int sh_resume_load(sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
         }
         sh_resume_state s;
         memset(&s, 0, sizeof s);
-        if (parse_host(host, &s) || s.step != g[i]) {
+        if (sh_rz_parse_host(host, &s) || s.step != g[i]) {
             warn_skip(gp, HOST_FILE " is malformed");
             continue;
+        }
+        /* a valid generation of another run is an error, not something to skip */
+        if (sh_rz_same_run(r, host, gp, err, errlen)) {
+            rc = -1;
+            break;
         }
         /* intact files (their checksums hold) that do not belong together, or hold
          * what no run writes: an error, not something to skip past */
         if (sh_gen_check_values(&s, r->c, why, sizeof why)) {
-            rc = say(err, errlen, "--resume: %s/%s holds %s; no run writes that (a hand-made or "
+            rc = sh_rz_say(err, errlen, "--resume: %s/%s: %s; no run writes that (a hand-made or "
                      "foreign file)", gp, HOST_FILE, why);
             break;
         }
         if (seen.run_id && s.run_id != seen.run_id) {
-            rc = say(err, errlen, "--resume: %s/%s has ident (the run's id) %016" PRIx64 " but "
+            rc = sh_rz_say(err, errlen, "--resume: %s/%s has ident (the run's id) %016" PRIx64 " but "
                      "the %s says %016" PRIx64 ": the files come from different runs", gp, HOST_FILE,
                      s.run_id, MANIFEST, seen.run_id);
-            break;
-        }
-        /* a valid generation of another run is an error, not something to skip */
-        if (same_run(r, host, gp, err, errlen)) {
-            rc = -1;
             break;
         }
         if (load_gen(r, tr, gp, why, sizeof why)) {
@@ -764,7 +592,7 @@ int sh_resume_load(sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
              * file; any other refusal of a file that is not this generation's
              * (another rank's, another model's) is a mix */
             if (seen.suspect[0] && !strstr(why, "corrupt") && !strstr(why, "truncated")) {
-                rc = say(err, errlen, "--resume: %s/%s is not the file this generation wrote "
+                rc = sh_rz_say(err, errlen, "--resume: %s/%s is not the file this generation wrote "
                          "(its checksum differs from the %s's) and the plugin refuses it: %s",
                          gp, seen.suspect, MANIFEST, why);
                 break;
@@ -790,14 +618,14 @@ int sh_resume_load(sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
          * a rank that refused a generation takes part too, so none waits for it */
         double v[3] = {rc == 0 ? (double)st->step : -1, 1, rc < 0 ? 1 : 0};
         if (sh_trainer_dist_sum(tr, v, 3)) {
-            if (rc >= 0) rc = say(err, errlen, "%s", sh_trainer_error(tr));
+            if (rc >= 0) rc = sh_rz_say(err, errlen, "%s", sh_trainer_error(tr));
         } else if (rc < 0) {
             /* this rank's own sentence stands */
         } else if (v[2] > 0) {
-            rc = say(err, errlen, "--resume: %g other rank(s) refused the generation in %s "
+            rc = sh_rz_say(err, errlen, "--resume: %g other rank(s) refused the generation in %s "
                      "(their error names the file)", v[2], dir);
         } else if (v[0] != v[1] * (rc == 0 ? (double)st->step : -1)) {
-            rc = say(err, errlen, "--resume: the ranks found different generations in %s (this "
+            rc = sh_rz_say(err, errlen, "--resume: the ranks found different generations in %s (this "
                      "rank: %s); they must all continue from the same step", dir,
                      rc == 0 ? gen : "none");
         } else if (rc == 0 && r0) {
@@ -805,7 +633,7 @@ int sh_resume_load(sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
         }
     }
     if (rc == 1 && n > 0)
-        rc = say(err, errlen, "--resume: none of the %d checkpoint generations in %s could be "
+        rc = sh_rz_say(err, errlen, "--resume: none of the %d checkpoint generations in %s could be "
                  "loaded (each is named in a warning above)", n, dir);
     free(g);
     return rc;

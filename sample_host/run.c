@@ -403,6 +403,16 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
     /* every output path before any work: a run must not train, then fail to write
      * (every rank checks, so on a shared folder all of them stop together) */
     if (sh_paths_check(c, err, errlen)) return -1;
+    if (sh_config_check_plugin_sections(c, err, errlen)) return -1;
+    if (c->optim_note == 1 && !c->quiet)
+        printf("sample_host: optimizer from %s's [optimizer] section (type = %s); "
+               "--optimizer adamw would take sample_host's AdamW settings instead\n",
+               c->config, c->ini_optim_type);
+    if (c->optim_note == 2) {
+        fflush(stdout);
+        fprintf(stderr, "sample_host: note: --optimizer adamw on the command line overrides "
+                "%s's [optimizer] type = %s\n", c->config, c->ini_optim_type);
+    }
     int rc = load_data(&rs, err, errlen);
     if (!rc && c->write_shard[0]) {
         rc = sh_write_shard(c->write_shard, rs.all.tok, rs.all.n, err, errlen);

@@ -43,6 +43,10 @@ typedef struct sh_config {
     unsigned cli_dims;   /* SH_SET_* bits */
     int device;          /* SH_DEVICE_*: where the layers run */
     char plugin_backend[16]; /* [plugin] backend of the INI ("" when absent) */
+    char ini_optim_type[16]; /* [optimizer] type of the INI ("" when absent) */
+    int optim_set;           /* optimizer given by 0: nobody, 1: [sample_host], 2: the flag */
+    int optim_note;          /* 1: taken from [optimizer] type, 2: the flag overrode it */
+    char plugin_sections[256]; /* the INI's sections other than [sample_host], "[a], [b]" */
     /* checkpointing and resume (sh_resume.h) */
     char checkpoint_dir[SH_PATH]; /* "" = no generations written */
     int checkpoint_every;  /* steps between generations; 0 = only at the end */
@@ -72,5 +76,12 @@ int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t e
 /* Cross-field checks (positive sizes, ranges). */
 int sh_config_check(const sh_config *c, char *err, size_t errlen);
 void sh_config_usage(void);
+
+/* --no-plugin with an INI that has plugin sections: the plugin (loaded, init on
+ * the INI with the simulated device, finalized) checks them, so an unknown key or a
+ * bad value is refused as it would be with the plugin; the sections are then
+ * named as not used. A plugin that cannot be loaded or started for another
+ * reason leaves a warning that they were not checked. 0 or -1 with err. */
+int sh_config_check_plugin_sections(const sh_config *c, char *err, size_t errlen);
 
 #endif /* SH_CONFIG_H */

@@ -13,7 +13,6 @@
 #include <stdint.h>
 
 #include "pt_util.h"   /* pt_fail, pt_now_s, PT_PRINTF */
-#include "version.h"   /* PT_PLUGIN_VERSION, PT_ABI_MINOR */
 
 /* The plugin's release, in one place: the exported table reports it
  * (pt_plugin_v1.version) and ranks compare it before they train together

@@ -335,9 +335,20 @@ int pt_osft_setup(pt_rt *rt, pt_model_v1 *h, char *err, size_t errlen) {
         nt++;
     }
     if (!nt) {
-        PT_LOGW(&rt->lg, "[osft] enabled, but no trainable 2-D parameter's name contains any of "
-                         "'%s': the model trains without OSFT", rt->cfg.osft_targets);
-        return PT_OK;
+        /* training dense when OSFT was asked for is a different run, not a detail:
+         * refused, with names the targets could have matched */
+        char ex[256] = "";
+        for (int i = 0, k = 0; i < n_host && k < 4; i++) {
+            const pt_param_v1 *p = &h->params[i];
+            if (p->ndim != 2 || !p->trainable) continue;
+            size_t u = strlen(ex);
+            snprintf(ex + u, sizeof ex - u, "%s'%.40s'", k++ ? ", " : "", p->name ? p->name : "");
+        }
+        return pt_fail(err, errlen, PT_ERR_CONFIG, "[osft] enabled, but no trainable 2-D "
+                       "parameter's name contains any of targets = '%s' (this model's 2-D "
+                       "weights are named like %s): set targets to substrings of those names, "
+                       "or enabled = false to train dense", rt->cfg.osft_targets,
+                       ex[0] ? ex : "(none: no trainable 2-D parameter)");
     }
     pt_osft *o = state_new(n_host, nt);
     if (!o)

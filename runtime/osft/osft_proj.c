@@ -56,6 +56,19 @@ static int64_t max_coef(const pt_osft *o, int32_t b) {
     return w;
 }
 
+/* Order against clipping: the gradients are projected here, block by block,
+ * before optimizer_step takes the global norm, so max_grad_norm clips the
+ * projected gradient. The norm then counts only what the step can use: the part
+ * along the frozen bases is removed and would never move a weight, so it should
+ * not shrink the update either. A reference that clips the raw gradient and
+ * projects inside its optimizer step (mini_trainer's order) divides by the raw
+ * norm, which is >= the projected one: with a clip in effect it takes smaller
+ * steps, and the two trajectories part; without clipping they are the same
+ * (the projection is linear and comes before the step in both). Projecting here
+ * is what lets the projection run behind each block's backward on the device,
+ * before the gradient is reduced across ranks or offloaded to the CPU; the other
+ * order would keep every raw gradient until the norm is known and project in
+ * optimizer_step wherever each chunk lives, so it is not offered. */
 int pt_osft_project_grads(pt_rt *rt, int32_t b, char *err, size_t errlen) {
     pt_osft *o = rt->osft;
     if (!o) return PT_OK;

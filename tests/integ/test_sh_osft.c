@@ -124,10 +124,33 @@ static void test_export_dense(void **st) {
     assert_true(fabs(vf - vd) / vd <= 1e-5);
 }
 
+/* [osft] enabled with targets that match none of the model's names (the
+ * default attn,mlp against sample_host's qkvw, fcw, ...): refused at
+ * post_model_load naming the targets and some names, not a dense run. */
+static void test_targets_match_nothing(void **st) {
+    (void)st;
+    const char *p = sh_harness_ini(&H, "nomatch",
+                                   "[plugin]\nlog_level = error\nbackend = host\n[memory]\n"
+                                   "device_capacity = 1GiB\n[osft]\nenabled = true\n");
+    assert_non_null(p);
+    sh_train_opts o = sh_harness_opts(&H, 2, 32, 2, 2, 15);
+    o.tbl = H.plug.table;
+    o.ini_path = p;
+    sh_trainer *tr = NULL;
+    char err[1024] = "";
+    int rc = sh_trainer_create(&tr, &o, err, sizeof err);
+    printf("  %s\n", err);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(err, "targets = 'attn,mlp'"));
+    assert_non_null(strstr(err, "qkvw"));
+    if (tr) sh_trainer_destroy(tr);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_streamed_equals_resident),
         cmocka_unit_test(test_export_dense),
+        cmocka_unit_test(test_targets_match_nothing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -8,8 +8,9 @@
  *    coefficient products true partial sums: one all-reduce, then a local update,
  *    is exact too;
  *  - the local-coefficient all-reduce (each rank multiplies its dV rows by its
- *    own V_high rows and the blocks are summed as if they were partial sums: the
- *    bug other implementations shipped) fails the equivalence;
+ *    own V_high rows and the blocks are summed as if they were partial sums, a
+ *    mistake proposed for mini_trainer's sharded OSFT in a pull request that was
+ *    not merged; no released mini_trainer has it) fails the equivalence;
  *  - the projection is linear: projecting each rank's gradient and summing equals
  *    projecting the sum, which is why the plugin projects before any reduction.
  */
@@ -117,7 +118,7 @@ static void test_distributed_v_projection(void **s) {
     printf("  V projection on 2 shards (k 5, kl 3, M 11): all-gather %.2g, column-sharded "
            "all-reduce %.2g, local-coefficient all-reduce %.2g (max abs error)\n", eg, ec, el);
     assert_true(eg <= 1e-12 && ec <= 1e-12);
-    assert_true(el > 1e-3);   /* the shipped bug fails the equivalence */
+    assert_true(el > 1e-3);   /* the local-coefficient mistake fails the equivalence */
     /* linear: project(g_rank0) + project(g_rank1) = project(g_rank0 + g_rank1) */
     double g1[KL * M], p0[KL * M], p1[KL * M], ps[KL * M];
     for (int i = 0; i < KL * M; i++) g1[i] = sin(0.23 * i) + 0.5;
