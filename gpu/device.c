@@ -96,6 +96,16 @@ static int open_with(const pt_gpu_backend *ops, void *dl, const pt_gpu_config *c
         cap = strcmp(ops->name, "host") == 0 ? total : total - total / 20;
     cap -= cap % PT_GPU_ALIGN;
     void *base = NULL;
+    if (cap == 0 && cfg->capacity) {
+        /* not the device's fault: the configured size holds no allocation at all */
+        rc = pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                     "[memory] device_capacity = %" PRIu64 " bytes is less than one %u-byte "
+                     "allocation unit, so nothing fits; give the model's size (post_model_load "
+                     "names what it needs) or auto", cfg->capacity, PT_GPU_ALIGN);
+        ops->close(impl);
+        if (dl) dlclose(dl);
+        return rc;
+    }
     if (cap == 0 || ops->dev_alloc(impl, (size_t)cap, &base) != PT_OK || !base) {
         rc = pt_fail(err, errlen, cap == 0 ? PT_ERR_INVALID_ARG : PT_ERR_OOM,
                      "could not reserve %" PRIu64 " bytes of device memory on the %s backend "

@@ -50,7 +50,7 @@ struct pt_prof {
      * and returned by the next pt_prof_begin or by pt_prof_finish, both inside
      * the hook that runs the profile. */
     int rc;
-    char why[200];
+    char why[384];
     /* mode C's collectives the store ran (seconds, bytes) when the measured
      * passes began */
     double cs0[3], cb0[3];

@@ -117,6 +117,18 @@ int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen) {
         return rc;
     if (!ms->n_offloaded) return PT_OK;
     uint64_t S = ms->lay.chunk_size;
+    /* a slot holds one chunk's parameters and gradients (2 x chunk_size): when
+     * one slot cannot fit on the whole device the setting is the cause, not the
+     * device's size */
+    pt_gpu_usage u;
+    pt_gpu_usage_get(st->env.gpu, &u);
+    if (S > u.capacity / 2)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                       "[protrain] chunk_size = %llu bytes: an offloaded chunk streams through "
+                       "buffer slots of 2 x chunk_size (its parameters and gradients), %llu "
+                       "bytes each, more than the device's whole capacity of %llu bytes; lower "
+                       "chunk_size (auto sizes it to the model)", (unsigned long long)S,
+                       (unsigned long long)(2 * S), (unsigned long long)u.capacity);
     if ((rc = pt_bufpool_create(st->env.gpu, ms->n_buffer, 2 * S, &ms->pool, err, errlen))) return rc;
     ms->buffer_bytes = (uint64_t)ms->n_buffer * 2 * S;
     ms->slot_free = calloc((size_t)ms->n_buffer, sizeof *ms->slot_free);

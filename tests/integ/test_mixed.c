@@ -45,6 +45,21 @@ static float adamw_gval(int i, int k, int s, int dtype) {
     return dtype == PT_BF16 ? pt_bf16_to_f32(pt_f32_to_bf16(g)) : pt_f16_to_f32(pt_f32_to_f16(g));
 }
 
+/* The plan the case asked for took effect: streamed runs keep fewer chunks
+ * resident than there are, in mode B, and step them on the CPU after their
+ * gradients went to the host; resident runs keep every chunk, in mode A. */
+static void expect_plan(const pt_stats_v1 *st, const char *protrain) {
+    if (strstr(protrain, "n_persist = 0")) {
+        assert_int_equal(st->mode, 1);
+        assert_true(st->n_persist < st->n_chunk);
+        assert_true(st->d2h_bytes > 0);
+        assert_true(st->cpu_optim_s > 0);
+    } else {
+        assert_int_equal(st->mode, 0);
+        assert_int_equal(st->n_persist, st->n_chunk);
+    }
+}
+
 static void adamw_case(int dtype, const char *protrain) {
     char text[512];
     snprintf(text, sizeof text,
@@ -71,6 +86,7 @@ static void adamw_case(int dtype, const char *protrain) {
     mixed_check(ctx, &t, dtype, master);
     pt_stats_v1 st = {.struct_size = sizeof st};
     assert_int_equal(P->get_stats(ctx, &st), PT_OK);
+    expect_plan(&st, protrain);
     printf("  %s, %s: %d chunks, %d resident, mode %d: 16-bit params bit-identical to the "
            "fp32-master reference after 4 steps\n", dtype == PT_BF16 ? "bf16" : "fp16",
            strstr(protrain, "n_persist = 0") ? "streamed (CPU AdamW)" : "resident (device AdamW)",
@@ -140,6 +156,7 @@ static void rekls_case(int dtype, const char *protrain) {
     }
     pt_stats_v1 st = {.struct_size = sizeof st};
     assert_int_equal(P->get_stats(ctx, &st), PT_OK);
+    expect_plan(&st, protrain);
     printf("  %s, %s: %d chunks, %d resident: 16-bit params bit-identical to the fp32-master "
            "reference after 4 steps\n", dtype == PT_BF16 ? "bf16" : "fp16",
            strstr(protrain, "n_persist = 0") ? "streamed (CPU REKLS)" : "resident (device REKLS)",

@@ -106,7 +106,45 @@ static void test_metrics_within_capacity(void **st) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* The number a pinned-memory refusal asks for works in one round: from
+ * pinned_budget = 1, set it to what the message says and the run trains (it
+ * named the chunks' bytes alone, then failed again in profiling). */
+static void test_pinned_one_round(void **st) {
+    (void)st;
+    snprintf(DIR_, sizeof DIR_, "/tmp/test_run_capacity.XXXXXX");
+    assert_non_null(mkdtemp(DIR_));
+    char ini[256], path[256], all[8192] = "";
+    snprintf(ini, sizeof ini, "[plugin]\nbackend = host\nlog_level = warn\n"
+                              "[memory]\ndevice_capacity = 6MiB\npinned_budget = 1\n");
+    assert_int_not_equal(run(ini, "--steps 2"), 0);
+    snprintf(path, sizeof path, "%s/out.txt", DIR_);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t got = fread(all, 1, sizeof all - 1, f);
+    all[got] = 0;
+    fclose(f);
+    const char *at = strstr(all, "pinned_budget to at least ");
+    if (!at) fail_msg("the refusal names no budget to set: %s", all);
+    unsigned long long want = 0;
+    assert_int_equal(sscanf(at, "pinned_budget to at least %llu", &want), 1);
+    printf("  pinned_budget = 1: the refusal asks for %llu bytes\n", want);
+    snprintf(ini, sizeof ini, "[plugin]\nbackend = host\nlog_level = warn\n"
+                              "[memory]\ndevice_capacity = 6MiB\npinned_budget = %llu\n", want);
+    int rc = run(ini, "--steps 2");
+    if (rc) {
+        char cat[300];
+        snprintf(cat, sizeof cat, "cat '%s/out.txt'", DIR_);
+        (void)!system(cat);
+    }
+    assert_int_equal(rc, 0);
+    printf("  pinned_budget = %llu: trains\n", want);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", DIR_);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_metrics_within_capacity)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_metrics_within_capacity),
+                                       cmocka_unit_test(test_pinned_one_round)};
     return cmocka_run_group_tests_name("sample_host under a small device", tests, NULL, NULL);
 }

@@ -90,6 +90,7 @@ typedef struct run_out {
     float *params;
     size_t n;
     uint64_t dev_peak, dev_capacity;
+    pt_stats_v1 st;            /* the plugin's stats at the end (zero without it) */
 } run_out;
 
 static void run(const pt_plugin_v1 *tbl, const char *ini, float clip, int n_micro, run_out *r) {
@@ -127,9 +128,11 @@ static void run(const pt_plugin_v1 *tbl, const char *ini, float clip, int n_micr
     assert_int_equal(sh_trainer_snapshot(tr, r->params), 0);
     pt_stats_v1 st;
     r->dev_peak = r->dev_capacity = 0;
+    memset(&r->st, 0, sizeof r->st);
     if (sh_trainer_stats(tr, &st) == 0) {
         r->dev_peak = st.dev_peak;
         r->dev_capacity = st.dev_capacity;
+        r->st = st;
     }
     assert_int_equal(sh_trainer_destroy(tr), 0);
 }
@@ -142,6 +145,30 @@ static void expect_identical(const char *what, const run_out *a, const run_out *
     assert_memory_equal(a->params, b->params, a->n * sizeof(float));
     printf("  %-22s identical: losses %.6f -> %.6f, val %.6f, %zu params, dev peak %.1f MiB\n",
            what, a->loss[0], a->loss[STEPS - 1], a->val, a->n, (double)a->dev_peak / 1048576.0);
+}
+
+/* The plan a case asked for took effect (identical results alone would also
+ * come from a plugin that ignored the INI and kept everything resident): its
+ * mode, resident chunks, SWAP/CKPT blocks, and the traffic they cause. */
+static void expect_plan(const run_out *r, int mode, int n_swap, int n_ckpt) {
+    const pt_stats_v1 *s = &r->st;
+    printf("  %-22s plan: mode %d, %d of %d chunks resident, %d SWAP, %d CKPT; %.2f MiB "
+           "swapped out, %lld recomputes, %.2f MiB to the host, CPU optimizer %.3f s\n", "",
+           s->mode, s->n_persist, s->n_chunk, s->n_swap, s->n_checkpoint,
+           (double)s->swap_bytes / 1048576.0, (long long)s->recomputes,
+           (double)s->d2h_bytes / 1048576.0, s->cpu_optim_s);
+    assert_int_equal(s->mode, mode);
+    assert_int_equal(s->n_swap, n_swap);
+    assert_int_equal(s->n_checkpoint, n_ckpt);
+    if (n_swap) assert_true(s->swap_bytes > 0);
+    if (n_ckpt) assert_true(s->recomputes > 0);
+    if (mode == 0) {
+        assert_int_equal(s->n_persist, s->n_chunk);
+    } else {   /* offloaded chunks: stepped on the CPU, their gradients sent to the host */
+        assert_true(s->n_persist < s->n_chunk);
+        assert_true(s->d2h_bytes > 0);
+        assert_true(s->cpu_optim_s > 0);
+    }
 }
 
 /* Max relative differences of losses and of parameters (|dp| / max|p|). */
@@ -199,6 +226,7 @@ static void test_swap_ckpt(void **st) {
     run(PLUG.table, write_ini("swap", "force_all_persistent = true\nn_checkpoint = 1\n"
                                       "n_swap = 2"), 0.0f, 2, &p);
     expect_identical("SWAP 2 + CKPT 1", &p, &REF);
+    expect_plan(&p, 0, 2, 1);
     free(p.params);
 }
 
@@ -214,6 +242,8 @@ static void test_offload(void **st) {
     run(PLUG.table, write_ini("offload", "chunk_size = 64KiB\nn_persist = 1\nn_buffer = 2\n"
                                          "n_checkpoint = 2\nn_swap = 1"), 0.0f, 2, &p);
     expect_identical("offload + SWAP/CKPT", &p, &REF);
+    expect_plan(&p, 1, 1, 2);
+    assert_int_equal(p.st.n_persist, 1);
     free(p.params);
 }
 

@@ -845,6 +845,12 @@ static void test_backend_lib_accepted(void **state) {
     assert_null(g);
     assert_contains(err, "could not reserve 8388608 bytes");
     assert_contains(err, "fakebk_works: no room for 8388608 bytes");
+    /* a capacity below one allocation unit is the configuration's fault, and
+     * says so (it read "could not reserve 0 bytes", blaming the device) */
+    c.capacity = 1;
+    assert_int_equal(pt_gpu_open_lib("cuda", path, &c, &g, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_null(g);
+    assert_contains(err, "device_capacity = 1 bytes is less than one 256-byte allocation unit");
 
     /* the built-in host table carries the same head */
     assert_int_equal(pt_gpu_backend_host.abi_version, PT_GPU_BACKEND_VERSION);

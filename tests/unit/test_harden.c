@@ -245,6 +245,27 @@ static void test_dev_free_not_host(void **state) {
     assert_int_equal(P->finalize(ctx), PT_OK);
 }
 
+/* A chunk_size whose buffer slot cannot fit on the whole device names the
+ * setting, not the device's size (it said "the device is too small for this
+ * model", asking for a 2 TiB device). */
+static void test_chunk_size_larger_than_device(void **state) {
+    (void)state;
+    write_ini("[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 4MiB\n"
+              "[protrain]\nauto_memory = false\nn_persist = 0\nn_buffer = 1\nn_swap = 0\n"
+              "n_checkpoint = 0\nchunk_size = 1TiB\n");
+    void *ctx = NULL;
+    if (P->init(ini_path, NULL, &ctx)) fail_msg("init failed: %s", P->last_error(NULL));
+    tiny t;
+    tiny_make(&t);
+    assert_int_equal(P->post_model_load(ctx, &t.m), PT_ERR_INVALID_ARG);
+    const char *e = P->last_error(ctx);
+    if (!has(e, "chunk_size = 1099511627776 bytes") || !has(e, "more than the device's whole "
+                                                               "capacity") ||
+        has(e, "too small for this model"))
+        fail_msg("'%s' does not name chunk_size as the cause", e);
+    assert_int_equal(P->finalize(ctx), PT_OK);
+}
+
 /* An impossible size says so, not "(0 with 256-byte alignment)". */
 static void test_dev_alloc_huge(void **state) {
     (void)state;
@@ -420,6 +441,7 @@ int main(void) {
         cmocka_unit_test(test_memcpy_range),
         cmocka_unit_test(test_dev_free_not_host),
         cmocka_unit_test(test_dev_alloc_huge),
+        cmocka_unit_test(test_chunk_size_larger_than_device),
         cmocka_unit_test(test_no_recompute_block),
         cmocka_unit_test(test_finalize_inside_callback),
         cmocka_unit_test(test_too_small_names_minimum),

@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <cmocka.h>
 #include <math.h>
@@ -355,7 +356,10 @@ static void nap_1ms(void *arg) {
  * it sleeps in nearly every gap. Then the waiter: a group whose task is
  * already running on the worker (1 ms); spinning, the wait never sleeps;
  * off, it sleeps in every round. Counts, not times: the margins are orders of
- * magnitude (a gap of ~0.2 ms against a 0.5 s window). */
+ * magnitude (a gap of ~0.2 ms against a 0.5 s window). A stall of the
+ * submitting thread longer than the window lets the spinning worker sleep once,
+ * so the spinning side is bounded at 5 of 40 rounds (not 0), far below the
+ * control's 30 or more, which a stall cannot lower. */
 static size_t idle_sleeps(pt_pool *p, int waiter) {
     size_t s0 = pt_pool_sleeps(p);
     for (int r = 0; r < 40; r++) {
@@ -379,8 +383,10 @@ static void test_spin_avoids_sleeps(void **state) {
     assert_int_equal(pt_pool_set_spin(p, 0.5), PT_OK);
     assert_int_equal(pt_pool_submit(p, set_flag, &f0, NULL, NULL, 0), PT_OK);
     while (!atomic_load(&f0)) nap_us(20);
-    assert_int_equal(idle_sleeps(p, 0), 0);
-    assert_int_equal(idle_sleeps(p, 1), 0);
+    size_t spin0 = idle_sleeps(p, 0), spin1 = idle_sleeps(p, 1);
+    if (spin0 || spin1) printf("  spinning: %zu and %zu sleeps in 40 rounds (stalls)\n", spin0, spin1);
+    assert_true(spin0 <= 5);
+    assert_true(spin1 <= 5);
     assert_int_equal(pt_pool_set_spin(p, 0), PT_OK);
     assert_true(idle_sleeps(p, 0) >= 30);
     assert_true(idle_sleeps(p, 1) >= 30);
