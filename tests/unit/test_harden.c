@@ -250,11 +250,9 @@ static void test_dev_free_not_host(void **state) {
  * model", asking for a 2 TiB device). */
 static void test_chunk_size_larger_than_device(void **state) {
     (void)state;
-    write_ini("[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 4MiB\n"
-              "[protrain]\nauto_memory = false\nn_persist = 0\nn_buffer = 1\nn_swap = 0\n"
-              "n_checkpoint = 0\nchunk_size = 1TiB\n");
-    void *ctx = NULL;
-    if (P->init(ini_path, NULL, &ctx)) fail_msg("init failed: %s", P->last_error(NULL));
+    void *ctx = hb_open(P, "[plugin]\nbackend = host\nlog_level = error\n[memory]\n"
+                           "device_capacity = 4MiB\n[protrain]\nauto_memory = false\nn_persist = 0\n"
+                           "n_buffer = 1\nn_swap = 0\nn_checkpoint = 0\nchunk_size = 1TiB\n", NULL);
     tiny t;
     tiny_make(&t);
     assert_int_equal(P->post_model_load(ctx, &t.m), PT_ERR_INVALID_ARG);
