@@ -84,20 +84,23 @@ LIBS = -linih $(BLAS_LIBS) -llapacke -lm -ldl $(MPI_LIBS)
 # asking dpkg, and points everything at that folder: pkg-config reads only its .pc
 # files, and its sysroot puts the folder in front of every -I and -L they give; the
 # compiler finds the headers and libraries named without pkg-config (-linih,
-# -lcmocka, -llapacke) through CPATH and -L in LDFLAGS (ahead of the system's
+# -lcmocka, -llapacke) through C_INCLUDE_PATH (system headers, as /usr/include's
+# are: -Werror does not reach into them) and -L in LDFLAGS (ahead of the system's
 # folders, where LIBRARY_PATH would come after them); programs load the shared
 # libraries through LD_LIBRARY_PATH; mpirun comes from the folder's PATH, and
 # OPAL_PREFIX / OPAL_SYSCONFDIR make Open MPI read its components, help texts and
 # defaults there (its paths are compiled in as /usr and /etc/openmpi).
 # GPU_DEBS: the build's packages and the libraries they load that a CUDA/PyTorch
-# image may lack (what every Debian or Ubuntu image has: libc6, libgcc-s1,
-# libstdc++6, zlib1g, libudev1, libuuid1, libatomic1, is left out).
+# image may lack (what every Debian or Ubuntu image with gcc has: libc6, libgcc-s1,
+# libstdc++6, libgomp1, libatomic1, zlib1g, libuuid1, is left out). libudev1 (which
+# hwloc, hence libmpi, loads) travels too, but debroot.sh unpacks it only where the
+# machine has no libudev.so.1: the system's own copy is newer.
 GPU_DEBS := libinih1 libinih-dev libinireader0 libcmocka0 libcmocka-dev \
   libopenblas0-pthread libopenblas-pthread-dev libopenblas0 libopenblas-dev libgfortran5 libquadmath0 \
   liblapacke liblapacke-dev libtmglib3 \
   libopenmpi3 libopenmpi-dev openmpi-bin openmpi-common libpmix2 libhwloc15 libevent-core-2.1-7 \
   libevent-pthreads-2.1-7 libmunge2 libfabric1 libucx0 libibverbs1 librdmacm1 libpsm2-2 libpsm-infinipath1 \
-  libnl-3-200 libnl-route-3-200 libnuma1 \
+  libnl-3-200 libnl-route-3-200 libnuma1 ibverbs-providers libudev1 \
   pkg-config pkgconf pkgconf-bin libpkgconf3
 # Files whose absence means the folder cannot build (checked by check-deps).
 DEBROOT_FILES := usr/include/ini.h usr/include/cmocka.h usr/include/lapacke.h \
@@ -108,11 +111,12 @@ DEBROOT_FILES := usr/include/ini.h usr/include/cmocka.h usr/include/lapacke.h \
 ifneq ($(PT_DEBROOT),)
   DEBROOT := $(abspath $(PT_DEBROOT))
   DEB_ML := $(DEBROOT)/usr/lib/x86_64-linux-gnu
-  DEB_LIBPATH := $(DEB_ML):$(DEB_ML)/openblas-pthread:$(DEB_ML)/openmpi/lib
+  # (libnl ships in /lib, libpsm_infinipath in its own folder behind an alternative)
+  DEB_LIBPATH := $(DEB_ML):$(DEB_ML)/openblas-pthread:$(DEB_ML)/openmpi/lib:$(DEBROOT)/lib/x86_64-linux-gnu:$(DEBROOT)/usr/lib/libpsm1
   # (the environment written out: make 4.3 runs $(shell) without the exports below)
   PKG_CONFIG := PKG_CONFIG_LIBDIR=$(DEB_ML)/pkgconfig:$(DEB_ML)/openblas-pthread/pkgconfig \
                 PKG_CONFIG_SYSROOT_DIR=$(DEBROOT) LD_LIBRARY_PATH=$(DEB_LIBPATH) $(DEBROOT)/usr/bin/pkg-config
-  export CPATH := $(DEBROOT)/usr/include:$(DEBROOT)/usr/include/x86_64-linux-gnu$(if $(CPATH),:$(CPATH))
+  export C_INCLUDE_PATH := $(DEBROOT)/usr/include:$(DEBROOT)/usr/include/x86_64-linux-gnu$(if $(C_INCLUDE_PATH),:$(C_INCLUDE_PATH))
   LDFLAGS += $(addprefix -L,$(subst :, ,$(DEB_LIBPATH)))
   export LD_LIBRARY_PATH := $(DEB_LIBPATH)$(if $(LD_LIBRARY_PATH),:$(LD_LIBRARY_PATH))
   export PATH := $(DEBROOT)/usr/bin:$(PATH)

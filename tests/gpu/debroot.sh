@@ -4,8 +4,10 @@
 # install packages. Nothing is written outside ROOT: no package database, no
 # maintainer scripts. What those scripts would have made and the build needs is
 # made here: the mpirun and mpiexec names (Debian's alternatives point them at
-# Open MPI's launcher). The BLAS/LAPACK alternatives are not needed: the Makefile
-# puts OpenBLAS's own folder on the search paths.
+# Open MPI's launcher), and libpsm_infinipath.so.1 (an alternative too; ldconfig -n
+# makes the soname link inside its folder, without touching the system's cache).
+# The BLAS/LAPACK alternatives are not needed: the Makefile puts OpenBLAS's own
+# folder on the search paths.
 # Without dpkg, each package's data member is extracted with ar and tar.
 set -eu -o pipefail
 [ $# = 2 ] || { echo "usage: debroot.sh DEBS ROOT"; exit 2; }
@@ -19,6 +21,10 @@ mkdir -p "$root"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for f in "${files[@]}"; do
+    # a library every image normally has: only where this machine lacks it
+    case "$(basename "$f")" in
+        libudev1_*) ldconfig -p 2>/dev/null | grep 'libudev\.so\.1 ' >/dev/null && { echo "debroot: skipping $(basename "$f") (the machine has libudev.so.1)"; continue; } ;;
+    esac
     if command -v dpkg >/dev/null 2>&1; then
         dpkg -x "$f" "$root"
     else
@@ -32,4 +38,5 @@ done
 for n in mpirun mpiexec; do
     [ -e "$root/usr/bin/$n.openmpi" ] && ln -sfn "$n.openmpi" "$root/usr/bin/$n"
 done
+[ -d "$root/usr/lib/libpsm1" ] && ldconfig -n "$root/usr/lib/libpsm1"
 echo "debroot: ${#files[@]} packages unpacked into $root ($(du -sh "$root" | cut -f1))"
