@@ -20,12 +20,13 @@ rm -rf "$root"
 mkdir -p "$root"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+count=0
 for f in "${files[@]}"; do
     # a library every image normally has: only where this machine lacks it
     case "$(basename "$f")" in
         libudev1_*) ldconfig -p 2>/dev/null | grep 'libudev\.so\.1 ' >/dev/null && { echo "debroot: skipping $(basename "$f") (the machine has libudev.so.1)"; continue; } ;;
     esac
-    if command -v dpkg >/dev/null 2>&1; then
+    if dpkg --version >/dev/null 2>&1; then
         dpkg -x "$f" "$root"
     else
         member=$(ar t "$f" | grep '^data\.tar') || { echo "debroot: $f has no data member"; exit 1; }
@@ -34,9 +35,10 @@ for f in "${files[@]}"; do
         tar -xf "$tmp/$member" -C "$root"
         rm -f "$tmp/$member"
     fi
+    count=$((count + 1))
 done
 for n in mpirun mpiexec; do
     [ -e "$root/usr/bin/$n.openmpi" ] && ln -sfn "$n.openmpi" "$root/usr/bin/$n"
 done
 [ -d "$root/usr/lib/libpsm1" ] && ldconfig -n "$root/usr/lib/libpsm1"
-echo "debroot: ${#files[@]} packages unpacked into $root ($(du -sh "$root" | cut -f1))"
+echo "debroot: $count of ${#files[@]} packages unpacked into $root ($(du -sh "$root" | cut -f1))"
