@@ -37,7 +37,8 @@ CFLAGS_BASE := -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -fno-math-errno -pthread $
 # `make test` installs the packages before anything asks pkg-config about them.
 # A package pkg-config does not know stops the build with its name, never with
 # an empty flag and a missing header further on.
-pc = $(if $(shell pkg-config --exists $(1) && echo y),$(shell pkg-config $(2) $(1)),$(error pkg-config does not know $(1): install the Debian packages with 'make deps' (as root)))
+PKG_CONFIG ?= pkg-config
+pc = $(if $(shell $(PKG_CONFIG) --exists $(1) && echo y),$(shell $(PKG_CONFIG) $(2) $(1)),$(error pkg-config does not know $(1): install the Debian packages with 'make deps' (as root)))
 BLAS_CFLAGS = $(call pc,openblas,--cflags)
 BLAS_LIBS = $(call pc,openblas,--libs)
 MPI_CFLAGS = $(call pc,ompi-c,--cflags)
@@ -75,6 +76,54 @@ CFLAGS = $(CFLAGS_BASE) $(BLAS_CFLAGS) $(SANFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS := $(SANFLAGS) -pthread
 # MPI: gpu/coll/mpi/ only compiles with its headers; whatever links the core links libmpi.
 LIBS = -linih $(BLAS_LIBS) -llapacke -lm -ldl $(MPI_LIBS)
+
+# ---- packages unpacked into a folder instead of installed (PT_DEBROOT) ----
+# A machine that cannot install packages (no network: the GPU machines) gets them
+# as .deb files fetched elsewhere (make gpu-debs, on a Debian machine with apt, into
+# $(BUILD)/debs) and unpacked with dpkg -x into a folder (tests/gpu/debroot.sh).
+# make PT_DEBROOT=<folder> then looks for the files the build needs there instead of
+# asking dpkg, and points everything at that folder: pkg-config reads only its .pc
+# files, and its sysroot puts the folder in front of every -I and -L they give; the
+# compiler finds the headers and libraries named without pkg-config (-linih,
+# -lcmocka, -llapacke) through C_INCLUDE_PATH (system headers, as /usr/include's
+# are: -Werror does not reach into them) and -L in LDFLAGS (ahead of the system's
+# folders, where LIBRARY_PATH would come after them); programs load the shared
+# libraries through LD_LIBRARY_PATH; mpirun comes from the folder's PATH, and
+# OPAL_PREFIX / OPAL_SYSCONFDIR make Open MPI read its components, help texts and
+# defaults there (its paths are compiled in as /usr and /etc/openmpi).
+# GPU_DEBS: the build's packages and the libraries they load that a CUDA/PyTorch
+# image may lack (what every Debian or Ubuntu image with gcc has: libc6, libgcc-s1,
+# libstdc++6, libgomp1, libatomic1, zlib1g, libuuid1, is left out). libudev1 (which
+# hwloc, hence libmpi, loads) travels too, but debroot.sh unpacks it only where the
+# machine has no libudev.so.1: the system's own copy is newer.
+GPU_DEBS := libinih1 libinih-dev libinireader0 libcmocka0 libcmocka-dev \
+  libopenblas0-pthread libopenblas-pthread-dev libopenblas0 libopenblas-dev libgfortran5 libquadmath0 \
+  liblapacke liblapacke-dev libtmglib3 \
+  libopenmpi3 libopenmpi-dev openmpi-bin openmpi-common libpmix2 libhwloc15 libevent-core-2.1-7 \
+  libevent-pthreads-2.1-7 libmunge2 libfabric1 libucx0 libibverbs1 librdmacm1 libpsm2-2 libpsm-infinipath1 \
+  libnl-3-200 libnl-route-3-200 libnuma1 ibverbs-providers libudev1 \
+  pkg-config pkgconf pkgconf-bin libpkgconf3
+# Files whose absence means the folder cannot build (checked by check-deps).
+DEBROOT_FILES := usr/include/ini.h usr/include/cmocka.h usr/include/lapacke.h \
+  usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h \
+  usr/lib/x86_64-linux-gnu/libinih.so usr/lib/x86_64-linux-gnu/libcmocka.so \
+  usr/lib/x86_64-linux-gnu/liblapacke.so usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so \
+  usr/lib/x86_64-linux-gnu/openmpi/lib/libmpi.so usr/bin/mpirun usr/bin/pkg-config
+ifneq ($(PT_DEBROOT),)
+  DEBROOT := $(abspath $(PT_DEBROOT))
+  DEB_ML := $(DEBROOT)/usr/lib/x86_64-linux-gnu
+  # (libnl ships in /lib, libpsm_infinipath in its own folder behind an alternative)
+  DEB_LIBPATH := $(DEB_ML):$(DEB_ML)/openblas-pthread:$(DEB_ML)/openmpi/lib:$(DEBROOT)/lib/x86_64-linux-gnu:$(DEBROOT)/usr/lib/libpsm1
+  # (the environment written out: make 4.3 runs $(shell) without the exports below)
+  PKG_CONFIG := PKG_CONFIG_LIBDIR=$(DEB_ML)/pkgconfig:$(DEB_ML)/openblas-pthread/pkgconfig \
+                PKG_CONFIG_SYSROOT_DIR=$(DEBROOT) LD_LIBRARY_PATH=$(DEB_LIBPATH) $(DEBROOT)/usr/bin/pkg-config
+  export C_INCLUDE_PATH := $(DEBROOT)/usr/include:$(DEBROOT)/usr/include/x86_64-linux-gnu$(if $(C_INCLUDE_PATH),:$(C_INCLUDE_PATH))
+  LDFLAGS += $(addprefix -L,$(subst :, ,$(DEB_LIBPATH)))
+  export LD_LIBRARY_PATH := $(DEB_LIBPATH)$(if $(LD_LIBRARY_PATH),:$(LD_LIBRARY_PATH))
+  export PATH := $(DEBROOT)/usr/bin:$(PATH)
+  export OPAL_PREFIX := $(DEBROOT)/usr
+  export OPAL_SYSCONFDIR := $(DEBROOT)/etc/openmpi
+endif
 
 CORE_SRCS := host_api/util.c $(wildcard plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c gpu/coll/*.c gpu/coll/mpi/*.c)
 CORE_OBJS := $(CORE_SRCS:%.c=$(BUILD)/obj/%.o)
@@ -123,7 +172,13 @@ deps:
 	else echo "deps: missing packages; run as root:"; echo "  apt-get install -y$$missing"; exit 1; fi
 
 check-deps:
+ifeq ($(PT_DEBROOT),)
 	@for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || { $(MAKE) --no-print-directory deps || exit 1; break; }; done
+else
+	@miss=""; for f in $(DEBROOT_FILES); do [ -e $(DEBROOT)/$$f ] || miss="$$miss $$f"; done; \
+	if [ -n "$$miss" ]; then echo "check-deps: PT_DEBROOT=$(DEBROOT) lacks:$$miss"; \
+	  echo "  (unpack the .deb files of make gpu-debs there with tests/gpu/debroot.sh)"; exit 1; fi
+endif
 
 # Everything compiled or linked here waits for the packages (see pc above).
 $(CORE_OBJS) $(SH_OBJS) $(BUILD)/obj/sample_host/main.o $(LOADER_OBJ) $(TEST_BINS) $(TPLUG_SOS) \
@@ -431,5 +486,16 @@ peers-wheels:
 	  --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
 	  -d $(BUILD)/wheels $(PEERS_DEPS)
 	@ls -l $(BUILD)/wheels/*.whl; du -ch $(BUILD)/wheels/*.whl | tail -1
+
+# make gpu-debs: the .deb files of GPU_DEBS (see PT_DEBROOT above) for this machine's
+# Debian release into $(BUILD)/debs, to travel with the tree to a machine that has no
+# network; make missing-debs: the packages of DEB_PKGS that dpkg says are not installed.
+.PHONY: gpu-debs missing-debs
+gpu-debs:
+	@mkdir -p $(BUILD)/debs && rm -f $(BUILD)/debs/*.deb
+	cd $(BUILD)/debs && { apt-get download $(GPU_DEBS) || { apt-get update -qq && apt-get download $(GPU_DEBS); }; }
+	@ls $(BUILD)/debs/*.deb | wc -l; du -ch $(BUILD)/debs/*.deb | tail -1
+missing-debs:
+	@for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done
 
 -include $(shell find $(BUILD)/obj $(BUILD)/tests $(BUILD)/bench -maxdepth 8 -name '*.d' 2>/dev/null)

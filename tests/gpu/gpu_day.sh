@@ -5,8 +5,13 @@
 # Logs and the bench table land in OUT ($OUT when set, else build/gpu_day):
 # gpu.txt, build.log, test_gpu.log, peers.log, peers.json, peers.md (six files,
 # flat, so a device runner that returns a folder's files gets them all).
-# The DeepSpeed wheels (make peers-wheels) must be in build/wheels beforehand:
-# GPU machines fetch nothing.
+# GPU machines fetch nothing, so two things travel with the tree, made
+# beforehand on a machine with network: the DeepSpeed wheels (make peers-wheels,
+# build/wheels) and the build's Debian packages as .deb files (make gpu-debs,
+# build/debs, ~20 MB). Where dpkg says a package of the build is not installed,
+# the .deb files are unpacked into build/debroot (tests/gpu/debroot.sh, never
+# into /) and every make runs with PT_DEBROOT=build/debroot. The call:
+#   run(command="bash tests/gpu/gpu_day.sh $OUT", carry=["build/debs","build/wheels"], timeout_s=600)
 set -u -o pipefail
 cd "$(dirname "$0")/../.." || exit 2
 O=${1:-${OUT:-build/gpu_day}}
@@ -18,6 +23,16 @@ export PYTHONUNBUFFERED=1
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -1
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   ls build/wheels 2>/dev/null; } > "$O/gpu.txt" 2>&1
+missing=$(make -s --no-print-directory missing-debs | tr '\n' ' ')
+if [ -z "$missing" ]; then
+  echo "packages: installed" >> "$O/gpu.txt"
+elif compgen -G "build/debs/*.deb" > /dev/null; then
+  echo "packages: not installed here: $missing-> from build/debs" >> "$O/gpu.txt"
+  bash tests/gpu/debroot.sh build/debs build/debroot >> "$O/gpu.txt" 2>&1 || { cat "$O/gpu.txt"; exit 1; }
+  export PT_DEBROOT=build/debroot
+else
+  echo "packages: not installed here: $missing and no build/debs (make gpu-debs)" >> "$O/gpu.txt"
+fi
 cat "$O/gpu.txt"
 t0=$(date +%s)
 if ! make -j8 all > "$O/build.log" 2>&1; then
