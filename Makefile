@@ -25,7 +25,7 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 SAN ?=
 OPT ?= -O2
 
-DEB_PKGS := libinih-dev libcmocka-dev libopenblas-dev liblapacke-dev libopenmpi-dev openmpi-bin pkg-config \
+DEB_PKGS := libinih-dev libcmocka-dev libopenblas-dev liblapacke-dev libopenmpi-dev openmpi-bin pkg-config python3-venv \
             clang libclang-rt-14-dev
 
 WARN := -Wall -Wextra -Werror
@@ -351,6 +351,14 @@ $(PY):
 	python3 -m venv $(PY_VENV)
 	$(PY) -m pip install -r host_api/python/requirements.txt
 test: $(if $(SAN),,$(PY)) $(PLUGIN)
+# The CUDAPluggableAllocator shim of the PyTorch host (plain C: no CUDA or torch
+# headers; torch loads it with ctypes and calls it for every CUDA allocation).
+TORCH_SHIM := $(BUILD)/pt_torch_alloc.so
+$(TORCH_SHIM): host_api/python/shim/pt_torch_alloc.c | check-deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -shared -o $@ $<
+all: $(TORCH_SHIM)
+test: $(TORCH_SHIM)
 # make bench: tokens/s through the PyTorch adapter vs plain PyTorch on the CPU
 .PHONY: bench-torch
 bench-torch: $(PY) $(PLUGIN)

@@ -98,7 +98,7 @@ class BlockActs:
                 "(between block_pre_backward and block_post_backward)" % self.block)
         off, dtype, shape, stride, span = self.layout[h.index]
         if span == 0:
-            return torch.empty(shape, dtype=dtype)
+            return _mem.empty(shape, dtype)
         return _mem.strided(self.base + off, dtype, span, shape, stride)
 
     def refill_one(self, t):

@@ -42,9 +42,10 @@ _EMPTY = {}
 
 
 def _placeholder(dtype):
-    t = _EMPTY.get(dtype)
+    key = (dtype, _mem._device)
+    t = _EMPTY.get(key)
     if t is None:
-        t = _EMPTY[dtype] = torch.empty(0, dtype=dtype)
+        t = _EMPTY[key] = _mem.empty(0, dtype)
     return t
 
 
@@ -72,25 +73,32 @@ def _backward_scalar(out):
 
 
 class Adapter:
-    def __init__(self, model, blocks, config, optim, grad_accum, plugin):
+    def __init__(self, model, blocks, config, optim, grad_accum, plugin, session=None):
         self.model = model
         self.blocks = list(blocks)
         self.L = len(self.blocks)
         self.grad_accum = int(grad_accum)
         self.optim = optim
-        self.infos = _model.collect(model, self.blocks)
+        self.session = session
+        self.device = session.device if session is not None else None
+        self.infos = _model.collect(model, self.blocks, self.device)
         self.block_params = [[] for _ in range(self.L)]
         self.nonblock = []
         for i, info in enumerate(self.infos):
             (self.nonblock if info.block < 0 else self.block_params[info.block]).append(i)
         self.n_trainable = [sum(self.infos[i].trainable for i in ps) for ps in self.block_params]
-        self.table = Table(plugin)
         self.cb_exc = None
-        self._make_host()
-        rank, world, local = _launcher_rank()
-        self.rank, self.world = rank, world
-        self.host.rank, self.host.world_size, self.host.local_rank = rank, world, local
-        self.ctx = Context(self.table, config, self.host)
+        if session is None:
+            self.table = Table(plugin)
+            self._make_host()
+            rank, world, local = _launcher_rank()
+            self.host.rank, self.host.world_size, self.host.local_rank = rank, world, local
+            self.ctx = Context(self.table, config, self.host)
+        else:       # cuda: the context protrain.torch.init made; its callbacks reach us
+            self.table, self.host, self.ctx = session.table, session.host, session.ctx
+            session.adapter = self
+            _model.buffers_to(model, self.device)
+        self.rank, self.world = self.host.rank, self.host.world_size
         self.loaded = False
         self.step = 0
         self.micro = 0               # micro-batches run in the current step
@@ -202,7 +210,7 @@ class Adapter:
             info.param.data = _placeholder(info.param.dtype)
         # the profile's passes draw from the RNG (dropout); fork it so training
         # sees the same random stream as without the plugin
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=self._rng_devices()):
             self.call("post_model_load", C.byref(m))
         self.profile_args = None
         self._keep = None          # the plugin copied the initial values
@@ -235,6 +243,8 @@ class Adapter:
         if self.recomputing is not None:
             return orig(*args, **kwargs)
         if not self.profiling:
+            if self.device is not None:
+                self._check_stream()
             if not self.loaded:
                 self._load(args, kwargs)
             self._check_previous_pass()
@@ -313,7 +323,7 @@ class Adapter:
         if self.training_pass:
             self.acts[b].begin()
             self.inputs[b] = (args, kwargs)
-            self.rng[b] = torch.get_rng_state()
+            self.rng[b] = self._rng_state()
         self.cur_fwd = b
         return None
 
@@ -436,6 +446,29 @@ class Adapter:
             self._post_backward(b)
             self.next_bw = b - 1
 
+    # ---- random state: the CPU generator, and on cuda the device's too ----
+    def _rng_devices(self):
+        return [] if self.device is None else [self.device.index]
+
+    def _rng_state(self):
+        cpu = torch.get_rng_state()
+        return (cpu, None) if self.device is None else (cpu, torch.cuda.get_rng_state(self.device))
+
+    def _set_rng_state(self, st):
+        torch.set_rng_state(st[0])
+        if st[1] is not None:
+            torch.cuda.set_rng_state(st[1], self.device)
+
+    def _check_stream(self):
+        """On cuda the plugin orders its work against the stream it was given at
+        init; kernels on another stream would race with its copies and frees."""
+        cur = torch.cuda.current_stream(self.device)
+        if cur.cuda_stream != self.session.stream.cuda_stream:
+            raise RuntimeError(
+                "protrain: the current CUDA stream is not the one protrain.torch.init gave the "
+                "plugin; run the model on protrain.torch.stream() (the plugin orders its copies "
+                "and frees against that stream only)")
+
     # ---- recompute (CKPT) ----
     def _recompute(self, b):
         if self.inputs[b] is None:
@@ -448,9 +481,9 @@ class Adapter:
         self._bind(self.block_params[b], grads=False)
         self.recomputing = b
         try:
-            with torch.random.fork_rng(devices=[]), torch.enable_grad(), \
+            with torch.random.fork_rng(devices=self._rng_devices()), torch.enable_grad(), \
                     torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-                torch.set_rng_state(self.rng[b])
+                self._set_rng_state(self.rng[b])
                 self.blocks[b].forward(*args, **kwargs)
         finally:
             self.recomputing = None

@@ -56,7 +56,7 @@ class ParamInfo:
         self.shape = tuple(param.shape)
 
 
-def collect(model, blocks):
+def collect(model, blocks, device=None):
     """[ParamInfo] in the model's order, one per distinct Parameter. A parameter
     reached from two blocks, or from a block and from outside the blocks, is
     refused: it would be used outside its block's window."""
@@ -93,9 +93,10 @@ def collect(model, blocks):
         if p.dim() > 4:
             raise ValueError("protrain.torch.wrap: parameter %s has %d dimensions; the ABI "
                              "describes at most 4" % (name, p.dim()))
-        if p.device.type != "cpu":
-            raise ValueError("protrain.torch.wrap: parameter %s is on %s; wrap the model on the "
-                             "CPU (the plugin places every parameter itself)" % (name, p.device))
+        if p.device.type != "cpu" and (device is None or p.device != device):
+            where = "the CPU" if device is None else "the CPU or %s" % device
+            raise ValueError("protrain.torch.wrap: parameter %s is on %s; wrap the model on %s "
+                             "(the plugin places every parameter itself)" % (name, p.device, where))
         infos.append(ParamInfo(name, p, b, bool(p.requires_grad)))
     return infos
 
@@ -107,7 +108,7 @@ def describe(infos):
     keep = []
     for i, info in enumerate(infos):
         p = info.param.detach()
-        init = p.contiguous().clone()
+        init = p.to("cpu").contiguous().clone()   # the plugin reads init as host memory
         keep.append(init)
         name = info.name.encode()
         keep.append(name)
@@ -124,3 +125,12 @@ def describe(infos):
         d.tp_split = 0
         d.init = C.c_void_p(init.data_ptr())
     return arr, keep
+
+
+def buffers_to(model, device):
+    """Move the model's buffers (rotary tables, masks) to the device; the
+    parameters stay where they are until the plugin places them."""
+    for mod in model.modules():
+        for k, buf in list(mod._buffers.items()):
+            if buf is not None and buf.device != device:
+                mod._buffers[k] = buf.to(device)

@@ -17,6 +17,7 @@ import tempfile
 import torch
 
 from . import _adapter
+from . import _cuda
 from . import _model
 
 
@@ -70,6 +71,24 @@ class Optimizer(torch.optim.Optimizer):
             ad.pending_load = d
 
 
+def init(config=None, device="cuda", plugin="protrain"):
+    """Start the plugin on a CUDA device and route every torch CUDA allocation
+    through it (torch.cuda.memory.CUDAPluggableAllocator over the C shim built
+    by make), so the plugin's capacity, peak and plan cover every device byte.
+    Call it before the first CUDA allocation (before model.to("cuda")); it
+    refuses when CUDA is already initialised or there is no CUDA device. Then
+    wrap(model, config=<the same INI>) as on the CPU, with the inputs on the
+    device; the model runs on protrain.torch.stream(), which init makes current.
+    Rank and world come from the launcher's variables, as in wrap."""
+    _cuda.init(config, plugin, device, _adapter._launcher_rank)
+
+
+def stream():
+    """The CUDA stream the plugin was given (None before init)."""
+    s = _cuda.session()
+    return None if s is None else s.stream
+
+
 def wrap(model, config="path.ini", blocks=None, lr=3e-4, betas=(0.9, 0.999), eps=1e-8,
          weight_decay=0.0, max_grad_norm=0.0, grad_accum=1, plugin="protrain", state_dir=None):
     """Hand `model`'s parameters, gradients and activations to the plugin.
@@ -93,7 +112,16 @@ def wrap(model, config="path.ini", blocks=None, lr=3e-4, betas=(0.9, 0.999), eps
         raise ValueError("protrain.torch.wrap: config file %s does not exist" % config)
     optim = dict(lr=float(lr), betas=(float(betas[0]), float(betas[1])), eps=float(eps),
                  weight_decay=float(weight_decay), max_grad_norm=float(max_grad_norm))
-    ad = _adapter.Adapter(model, blocks, config, optim, grad_accum, plugin)
+    sess = _cuda.session()
+    if sess is not None:
+        if sess.adapter is not None:
+            raise ValueError("protrain.torch.wrap: the CUDA context of protrain.torch.init "
+                             "already serves a wrapped model; one model per process on cuda")
+        if config is not None and os.path.abspath(config) != sess.config:
+            raise ValueError("protrain.torch.wrap: config %s differs from the one given to "
+                             "protrain.torch.init (%s); on cuda the plugin reads its INI at "
+                             "init" % (config, sess.config))
+    ad = _adapter.Adapter(model, blocks, config, optim, grad_accum, plugin, sess)
     trainable = [info.param for info in ad.infos if info.trainable]
     if not trainable:
         raise ValueError("protrain.torch.wrap: the model has no trainable parameter")
@@ -136,4 +164,6 @@ def stats(model):
 def finalize(model):
     """Free every byte the plugin holds for this model (the model is unusable after)."""
     ad = _adapter_of(model)
+    if ad.session is not None:      # torch's later frees must not reach a dead context
+        ad.session.shim.point_at(None, -1)
     ad.ctx.finalize()

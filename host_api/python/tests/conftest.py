@@ -27,3 +27,8 @@ def ini(tmp_path):
         p.write_text("[plugin]\nbackend = host\nlog_level = error\n" + extra)
         return str(p)
     return make
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA device and PT_TEST_DEVICE=cuda "
+                            "(make test-gpu selects these with -k cuda)")
