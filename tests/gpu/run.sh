@@ -99,10 +99,17 @@ elif ! "$PY" -c "import torch, pytest" 2>/dev/null; then
   skipped "PyTorch host on cuda" "no Python with torch and pytest ($PY; set PT_PY)"
 else
   t0=$(date +%s.%N)
-  PT_TEST_DEVICE=cuda "$PY" -m pytest -q -k cuda host_api/python/tests; rc=$?
+  log=$(mktemp); PT_TEST_DEVICE=cuda "$PY" -m pytest -q -rs -k cuda host_api/python/tests 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
   dt=$(secs "$t0" "$(date +%s.%N)")
+  # pytest exits 0 when every selected test skipped: on a machine with a GPU
+  # that means the oracle did not run (torch sees no device, a missing
+  # variable), which must not read as a pass
+  ran=$(grep -Eo '[0-9]+ passed' "$log" | tail -1); rm -f "$log"
   if [ $rc = 5 ]; then skipped "PyTorch host on cuda" "no test of host_api/python/tests has cuda in its name"
-  elif [ $rc = 0 ]; then pass=$((pass+1)); summary+="PASS  PyTorch host on cuda (pytest -k cuda)  (${dt} s)"$'\n'
+  elif [ $rc = 0 ] && [ -z "$ran" ]; then
+    fail=$((fail+1)); summary+="FAIL  PyTorch host on cuda (pytest -k cuda): every test skipped on a GPU machine  (${dt} s)"$'\n'
+  elif [ $rc = 0 ]; then pass=$((pass+1)); summary+="PASS  PyTorch host on cuda (pytest -k cuda, $ran)  (${dt} s)"$'\n'
   else fail=$((fail+1)); summary+="FAIL  PyTorch host on cuda (pytest -k cuda)  (${dt} s, exit $rc)"$'\n'; fi
 fi
 echo "=== test-gpu summary"
