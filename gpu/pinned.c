@@ -9,7 +9,7 @@
  * later pinned allocations are carved from it by the extent allocator (best
  * fit, PT_GPU_ALIGN-byte blocks) and frees only return blocks to it, so no
  * free during training touches the driver. An allocation the arena cannot hold
- * gets its own host_alloc as before and is counted (usage.pinned_own_allocs),
+ * gets its own host_alloc and is counted (usage.pinned_own_allocs),
  * so a test can assert the reservation was large enough.
  *
  * The budget (usage.pinned_budget) counts requested bytes of live allocations,

@@ -145,7 +145,7 @@ static int append(sh_tokens *all, const char *path, char *err, size_t errlen) {
 
 int sh_load_data_list(const char *spec, sh_tokens *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
-    /* one plain file: exactly the old path (no copy, same messages) */
+    /* one plain file: the single-file loader itself (no copy, its own messages) */
     if (!strpbrk(spec, ",*?[")) return sh_load_data(spec, out, err, errlen);
     char *list = strdup(spec);
     if (!list) {

@@ -16,7 +16,7 @@
  *    the allocator's high water when holes left that higher, above the
  *    prediction): the ratio measured/predicted is folded into the trace's
  *    calib.peak (the cost model's fragmentation factor is the profile's measured
- *    one times it) and the plan is searched again (as before);
+ *    one times it) and the plan is searched again;
  *  - otherwise ([protrain] time_calibration), the median iteration more than
  *    TIME_LEARN (5%) away from the prediction: each phase's measured/predicted
  *    median is folded into calib.fwd/bwd/opt, which scale the profile's

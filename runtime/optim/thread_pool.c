@@ -19,7 +19,7 @@
  * every submit enqueues under the mutex first. A submit signals work_cv only
  * when the queued tasks outnumber the spinners (a spinner takes one itself).
  * The spin costs at most spin_ns of CPU per idle period, so a loaded machine
- * loses little: the worker sleeps after it as before.
+ * loses little: the worker then sleeps as usual.
  */
 #include "thread_pool.h"
 

@@ -17,10 +17,10 @@
  *      deferred step is waited for: with OSFT on, optimizer_step still returns
  *      while the CPU steps run into the next forward. The CPU GEMM is the same
  *      cblas_sgemm call the host backend's gemm_f32 makes, so the values are the
- *      bits the old schedule (the op queued on the compute stream) produced;
+ *      bits the op queued on the compute stream would produce;
  *    . otherwise (a resident trainable factor after device AdamW, or a frozen
  *      partner on the device): queued on the compute stream from
- *      optimizer_step, as before, after waiting for the one chunk's step;
+ *      optimizer_step, after waiting for the one chunk's step;
  *    . mode C (a factor in a chunk split across the ranks): gathered whole on
  *      every rank in optimizer_step, projected there with the same products on
  *      the same values, and each rank keeps its own part (project_split).

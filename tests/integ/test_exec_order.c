@@ -4,12 +4,12 @@
  *
  * The hook contract runs forward over blocks 0, 1, ..., n-1, so that is the
  * order of first use. A host that declares its block weights interleaved
- * (0, 4, 1, 5, 2, 6, 3, 7: say, two stacks declared side by side) used to get
- * chunks packed in that order: a chunk of two blocks held blocks 0 and 4, a
- * forward through two buffer slots switched chunks at every block and gathered
- * each chunk twice (5505024 bytes uploaded in 3 steps against 2359296), and a
- * profiled plan under a small device failed (the bootstrap layout needed more
- * than the device). Here both hosts train the same
+ * (0, 4, 1, 5, 2, 6, 3, 7: say, two stacks declared side by side) must not get
+ * chunks packed in that order: a chunk of two blocks would hold blocks 0 and
+ * 4, a forward through two buffer slots would switch chunks at every block and
+ * gather each chunk twice (5505024 bytes uploaded in 3 steps against 2359296),
+ * and a profiled plan under a small device would fail (the bootstrap layout
+ * needs more than the device). Here both hosts train the same
  * model through the hooks:
  *  - with the knobs fixed (everything streamed through two slots), the interleaved
  *    host uploads exactly the bytes per step the ordered host uploads;

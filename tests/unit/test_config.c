@@ -386,7 +386,7 @@ static void test_bad_values(void **s) {
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) expect_err(cases[i].ini, cases[i].msg);
 }
 
-/* Text the parser used to drop or bend without a word: a key on a section's
+/* Text a parser could drop or bend without a word: a key on a section's
  * header line, a misspelt first section after a byte-order mark, an absurd
  * copy rate, a size below one byte that rounded to 0 (= auto). */
 static void test_nothing_dropped(void **s) {

@@ -544,7 +544,7 @@ static void test_hand_ckpt_swap(void **state) {
     /* both SWAP: block 1's D2H (20 s) starts after its forward, so 19 + 20 s
      * drain at the turn, and block 1 comes back from those bytes: its swap-in
      * (10 s) follows them, 39 + 10 at the turn (charging the two copies side
-     * by side on their two engines, max(39, 10), was the old formula); block
+     * by side on their two engines, max(39, 10), would under-charge); block
      * 0's swap-in (10 s) in block 1's window, then 2 + 0.2 */
     k = (pt_knobs){2, 0, 2, 0};
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);

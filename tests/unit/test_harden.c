@@ -48,7 +48,7 @@ static void one_pass(void *ctx, int64_t step) {
 static int has(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
 
 /* finalize twice, and every hook after finalize: PT_ERR_ORDER, never a crash
- * (before the fix the context was already freed: a double free / use after free). */
+ * (the context is freed by the first finalize: a second must not free or use it). */
 static void test_after_finalize(void **state) {
     (void)state;
     tiny t;

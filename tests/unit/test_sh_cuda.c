@@ -1,8 +1,8 @@
 /*
  * test_sh_cuda.c — what of sample_host's CUDA path can be checked without a GPU:
- *  - the element formulas now shared through sh_elem.h (used by layers.c, the no-plugin
- *    AdamW and the CUDA kernels) give the CPU layers exactly the results of the loops
- *    they replaced: those loops are written out here as the reference and compared bit
+ *  - the element formulas shared through sh_elem.h (used by layers.c, the no-plugin
+ *    AdamW and the CUDA kernels) give the CPU layers exactly the results of plain
+ *    loops: those loops are written out here as the reference and compared bit
  *    for bit on random inputs (GELU forward/backward, LayerNorm forward/backward, the
  *    AdamW element);
  *  - --device / [sample_host] device parsing, and their errors naming file:line and key;
