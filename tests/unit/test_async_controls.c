@@ -150,22 +150,34 @@ static int step_case(int skip) {
     return ok;
 }
 
+/* Under TSan the controls (an ordering skipped on purpose) are data races by
+ * design, and TSan reports them as such; the ordered runs, which TSan checks,
+ * still run. */
+static int controls_run(void) {
+    const char *san = getenv("PT_SAN");
+    if (san && !strcmp(san, "tsan")) {
+        printf("  control skipped under TSan: its data race is the point\n");
+        return 0;
+    }
+    return 1;
+}
+
 static void test_hostio(void **state) {
     (void)state;
     assert_true(hostio_case(0));
-    assert_false(hostio_case(64));
+    if (controls_run()) assert_false(hostio_case(64));
 }
 
 static void test_frees(void **state) {
     (void)state;
     assert_true(free_case(0));
-    assert_false(free_case(16));
+    if (controls_run()) assert_false(free_case(16));
 }
 
 static void test_step(void **state) {
     (void)state;
     assert_true(step_case(0));
-    assert_false(step_case(32));
+    if (controls_run()) assert_false(step_case(32));
 }
 
 int main(void) {
