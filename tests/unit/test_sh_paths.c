@@ -33,19 +33,12 @@ static char DIR_[64], TEXT[300];
 static int setup(void **st) {
     (void)st;
     snprintf(DIR_, sizeof DIR_, "/tmp/test_sh_paths.XXXXXX");
-    if (!mkdtemp(DIR_)) return -1;
-    snprintf(TEXT, sizeof TEXT, "%s/text.txt", DIR_);
-    FILE *f = fopen(TEXT, "w");
-    if (!f) return -1;
-    for (int i = 0; i < 200; i++) fprintf(f, "a small corpus line %d. ", i % 11);
-    return fclose(f);
+    return pt_test_corpus_dir(DIR_, TEXT, sizeof TEXT);
 }
 
 static int teardown(void **st) {
     (void)st;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", DIR_);
-    return system(cmd) == 0 ? 0 : -1;
+    return pt_test_rm_dir(DIR_);
 }
 
 static void cfg(sh_config *c, const char *metrics) {

@@ -21,6 +21,8 @@
 
 #include <cmocka.h>
 
+#include "test_files.h"
+
 #include "sh_config.h"
 #include "sh_run.h"
 
@@ -29,21 +31,14 @@ static char DIR_[64], TEXT[300], PLUGIN[400];
 static int setup(void **st) {
     (void)st;
     snprintf(DIR_, sizeof DIR_, "/tmp/test_sh_plugin_ini.XXXXXX");
-    if (!mkdtemp(DIR_)) return -1;
-    snprintf(TEXT, sizeof TEXT, "%s/text.txt", DIR_);
-    FILE *f = fopen(TEXT, "w");
-    if (!f) return -1;
-    for (int i = 0; i < 200; i++) fprintf(f, "a small corpus line %d. ", i % 11);
     const char *b = getenv("PT_BUILD");
     snprintf(PLUGIN, sizeof PLUGIN, "%s/protrain_plugin.so", b ? b : "build");
-    return fclose(f);
+    return pt_test_corpus_dir(DIR_, TEXT, sizeof TEXT);
 }
 
 static int teardown(void **st) {
     (void)st;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", DIR_);
-    return system(cmd) == 0 ? 0 : -1;
+    return pt_test_rm_dir(DIR_);
 }
 
 static const char *ini(const char *name, const char *text) {
