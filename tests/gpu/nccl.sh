@@ -32,6 +32,7 @@
 #     non-zero within 90 s with the NCCL timeout sentence.
 # Environment: PT_BUILD (default build), PT_ROOT (default: this script's repo).
 set -u
+. "$(cd "$(dirname "$0")" && pwd)/lib.sh"
 ROOT=${PT_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 B=${PT_BUILD:-$ROOT/build}
 B=$(cd "$B" && pwd)
@@ -152,16 +153,6 @@ else
   ini "$tmp/B.ini" 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swap = 0\nn_checkpoint = 0\nchunk_size = 65536'
   ini "$tmp/C.ini" 'auto_memory = false\nn_persist = 0\nn_buffer = 12\nn_swap = 0\nn_checkpoint = 0\nchunk_size = 65536\nzero3_shard = on'
   jf() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
-  maxrel() {
-    python3 - "$1" "$2" <<'EOF'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-if len(a) != len(b) or not a:
-    print("inf"); sys.exit()
-print("%.3e" % max(abs(x - y) / max(abs(y), 1e-30) for x, y in zip(a, b)))
-EOF
-  }
   for mode in A B C; do
     want1=$mode; [ $mode = C ] && want1=B
     if ! timeout 600 "$SH" --config "$tmp/$mode.ini" "${common[@]}" --grad-accum 2 \

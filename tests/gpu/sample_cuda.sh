@@ -17,16 +17,8 @@ SH=$BUILD/sample_host
 PLUGIN=$BUILD/protrain_plugin.so
 cd "$ROOT" || exit 2
 
-if [ ! -x "$SH" ]; then echo "FAIL setup: $SH is not built"; exit 1; fi
-if [ ! -e "$BUILD/libsample_cuda.so" ]; then echo "no GPU: skipped (no libsample_cuda.so: nvcc absent at build time)"; exit 0; fi
-# the cheapest honest probe: can sample_host open the device at all?
-tmp=$(mktemp -d /tmp/sample_cuda.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-if ! "$SH" --no-plugin --device cuda --steps 0 --quiet --layers 1 --channels 32 --heads 2 \
-     --batch 1 --seq 8 --val-batches 1 >"$tmp/probe.out" 2>&1; then
-  if grep -q "no usable CUDA GPU" "$tmp/probe.out"; then echo "no GPU: skipped"; exit 0; fi
-  echo "FAIL probe: sample_host --device cuda did not start:"; cat "$tmp/probe.out"; exit 1
-fi
+. "$ROOT/tests/gpu/lib.sh"
+gpu_probe sample_cuda
 
 # a small model; 20 steps, two micro-batches, clipping on, no samples
 MODEL=(--layers 4 --channels 128 --heads 4 --batch 8 --seq 64 --grad-accum 2 --steps 20
@@ -50,16 +42,6 @@ run() { # run NAME args...: metrics in $tmp/NAME.jsonl, output in $tmp/NAME.out
 }
 
 # max relative difference of the per-step losses of two metrics files
-maxrel() {
-  python3 - "$1" "$2" <<'EOF'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-if len(a) != len(b) or not a:
-    print("inf"); sys.exit()
-print("%.3e" % max(abs(x - y) / max(abs(y), 1e-30) for x, y in zip(a, b)))
-EOF
-}
 
 fail=0
 check() { # check NAME VALUE LIMIT

@@ -18,15 +18,8 @@ BUILD=${PT_BUILD:-$ROOT/build}
 SH=$BUILD/sample_host
 PLUGIN=$BUILD/protrain_plugin.so
 cd "$ROOT" || exit 2
-if [ ! -x "$SH" ]; then echo "FAIL setup: $SH is not built"; exit 1; fi
-if [ ! -e "$BUILD/libsample_cuda.so" ]; then echo "no GPU: skipped (no libsample_cuda.so)"; exit 0; fi
-tmp=$(mktemp -d /tmp/tiled_cuda.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-if ! "$SH" --no-plugin --device cuda --steps 0 --quiet --layers 1 --channels 32 --heads 2 \
-     --batch 1 --seq 8 --val-batches 1 >"$tmp/probe.out" 2>&1; then
-  if grep -q "no usable CUDA GPU" "$tmp/probe.out"; then echo "no GPU: skipped"; exit 0; fi
-  echo "FAIL probe: sample_host --device cuda did not start:"; cat "$tmp/probe.out"; exit 1
-fi
+. "$ROOT/tests/gpu/lib.sh"
+gpu_probe tiled_cuda
 
 MODEL=(--layers 4 --channels 128 --heads 4 --batch 8 --seq 64 --steps 20 --lr 1e-3
        --warmup 5 --max-grad-norm 1.0 --weight-decay 0.01 --val-every 0 --val-batches 2
@@ -44,16 +37,6 @@ run() { # run NAME CONFIG
   if ! "$SH" "${MODEL[@]}" --config "$2" --metrics "$tmp/$1.jsonl" >"$tmp/$1.out" 2>&1; then
     echo "  ($1 failed:)"; sed 's/^/  | /' "$tmp/$1.out" | tail -5; return 1
   fi
-}
-maxrel() {
-  python3 - "$1" "$2" <<'EOF'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-if len(a) != len(b) or not a:
-    print("inf"); sys.exit()
-print("%.3e" % max(abs(x - y) / max(abs(y), 1e-30) for x, y in zip(a, b)))
-EOF
 }
 fail=0
 pair() { # pair LABEL CAPACITY
