@@ -125,9 +125,9 @@ ifneq ($(PT_DEBROOT),)
   export OPAL_SYSCONFDIR := $(DEBROOT)/etc/openmpi
 endif
 
-CORE_SRCS := host_api/util.c $(wildcard plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c gpu/coll/*.c gpu/coll/mpi/*.c)
+CORE_SRCS := host_api/util.c host_api/clock.c $(wildcard plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c gpu/coll/*.c gpu/coll/mpi/*.c)
 CORE_OBJS := $(CORE_SRCS:%.c=$(BUILD)/obj/%.o)
-UTIL_OBJ := $(BUILD)/obj/host_api/util.o
+UTIL_OBJ := $(BUILD)/obj/host_api/util.o $(BUILD)/obj/host_api/clock.o
 # What a host links to load the plugin: the loader and the shared helpers it uses.
 LOADER_OBJ := $(BUILD)/obj/host_api/loader.o $(UTIL_OBJ)
 SH_SRCS := $(filter-out sample_host/main.c,$(wildcard sample_host/*.c))
@@ -453,7 +453,7 @@ install-build: check-deps $(PLUGIN) $(CUDA_TARGET) $(SAMPLE) $(PLAN_CLI)
 	  -linih $(BLAS_LIBS) -lm -ldl
 	printf 'prefix=%s\nlibdir=%s\nincludedir=%s\n\nName: protrain\nDescription: %s\nVersion: 1\nCflags: -I$${includedir}\nLibs: -L$${libdir} -lprotrain_loader -ldl\n' \
 	  '$(abspath $(PREFIX))' '$(abspath $(LIBDIR))' '$(abspath $(INCDIR))' \
-	  'ProTrain plugin loader (pt_load_plugin) and ABI header' > $(INST)/protrain.pc
+	  'ProTrain plugin loader (pt_plugin_load) and ABI header' > $(INST)/protrain.pc
 install: install-build
 	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(DATADIR)
 	install -m 755 $(INST_LIBS) $(DESTDIR)$(LIBDIR)/

@@ -1,5 +1,5 @@
 /*
- * loader.c — host-side plugin loader (pt_load_plugin / pt_unload_plugin).
+ * loader.c — host-side plugin loader (pt_plugin_load / pt_plugin_unload).
  *
  * Linked into the host (with util.c, for pt_fail), never into the plugin. Steps:
  *  1. Resolve `spec`: "none" -> no plugin; a path (contains '/' or ends in
@@ -322,14 +322,14 @@ static int open_short(const char *name, void **dl, char *path, size_t pathlen, c
                    dir[0] ? dir : "unknown");
 }
 
-int pt_load_plugin(const char *spec, pt_loaded_plugin *out, char *err, uint64_t errlen64) {
+int pt_plugin_load(const char *spec, pt_loaded_plugin *out, char *err, uint64_t errlen64) {
     size_t errlen = errlen64 > SIZE_MAX ? SIZE_MAX : (size_t)errlen64;
     if (err && errlen) err[0] = '\0';
-    if (!out) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_load_plugin: out is NULL");
+    if (!out) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_plugin_load: out is NULL");
     memset(out, 0, sizeof *out);
     if (!spec || !spec[0])
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                       "pt_load_plugin: empty plugin spec (give a path, a short name or \"none\")");
+                       "pt_plugin_load: empty plugin spec (give a path, a short name or \"none\")");
     if (strcmp(spec, "none") == 0) return PT_OK;
 
     char path[sizeof out->path];
@@ -342,7 +342,7 @@ int pt_load_plugin(const char *spec, pt_loaded_plugin *out, char *err, uint64_t 
     if (!copy) {
         dlclose(dl);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM,
-                       "pt_load_plugin: cannot allocate %zu bytes for the table copy",
+                       "pt_plugin_load: cannot allocate %zu bytes for the table copy",
                        sizeof *copy);
     }
     for (size_t i = 0; i < N_ABI; i++) {
@@ -366,7 +366,7 @@ int pt_load_plugin(const char *spec, pt_loaded_plugin *out, char *err, uint64_t 
     return rc;
 }
 
-void pt_unload_plugin(pt_loaded_plugin *p) {
+void pt_plugin_unload(pt_loaded_plugin *p) {
     if (!p) return;
     /* table points at our private calloc'd copy, never into the plugin. */
     free((void *)p->table);

@@ -410,7 +410,7 @@ typedef struct pt_plugin_table_v1 {
 
 /* The exported table (symbol name PT_PLUGIN_SYMBOL). A host normally does not
  * link against it: it finds the table at run time with dlsym, through
- * pt_load_plugin below, which also checks the version and size. The declaration
+ * pt_plugin_load below, which also checks the version and size. The declaration
  * is here for code linked with the plugin itself (its tests, static builds). */
 extern const pt_plugin_v1 protrain_plugin_v1;
 
@@ -437,8 +437,8 @@ typedef struct pt_loaded_plugin {
  * protrain plugin, ABI too new / too old (both numbers), table truncated.
  * Never aborts.
  */
-int pt_load_plugin(const char *spec, pt_loaded_plugin *out, char *err, uint64_t errlen);
-void pt_unload_plugin(pt_loaded_plugin *p);
+int pt_plugin_load(const char *spec, pt_loaded_plugin *out, char *err, uint64_t errlen);
+void pt_plugin_unload(pt_loaded_plugin *p);
 
 /* True when the hook lies inside the table's struct_size and is non-NULL. */
 #define PT_HAS_HOOK(tbl, field)                                                       \

@@ -1,6 +1,7 @@
 /*
  * pt_util.h — the two helpers every layer shares (host_api is the bottom layer,
- * so the loader, the plugin, the backends and sample_host all link util.c):
+ * so the loader, the plugin, the backends and sample_host all link util.c and
+ * clock.c):
  *
  *  - pt_fail: the tree's one error idiom. A failing function writes one
  *    sentence naming the cause into the caller's buffer and returns a

@@ -1,8 +1,10 @@
+/*
+ * util.c — pt_fail, the tree's one error idiom (pt_util.h).
+ */
 #include "pt_util.h"
 
 #include <stdarg.h>
 #include <stdio.h>
-#include <time.h>
 
 int pt_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
     if (err && errlen) {
@@ -12,10 +14,4 @@ int pt_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
         va_end(ap);
     }
     return code;
-}
-
-double pt_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }

@@ -24,12 +24,12 @@ int sh_config_check_plugin_sections(const sh_config *c, char *err, size_t errlen
     pt_loaded_plugin lp;
     memset(&lp, 0, sizeof lp);
     char why[1024] = "";
-    if (pt_load_plugin(c->plugin, &lp, why, sizeof why) || !lp.table) {
+    if (pt_plugin_load(c->plugin, &lp, why, sizeof why) || !lp.table) {
         fflush(stdout);
         fprintf(stderr, "sample_host: warning: --no-plugin: the sections %s of %s are not used "
                 "and could not be checked (the plugin did not load: %s)\n", c->plugin_sections,
                 c->config, why);
-        if (lp.dl) pt_unload_plugin(&lp);
+        if (lp.dl) pt_plugin_unload(&lp);
         return 0;
     }
     pt_host_v1 h;
@@ -58,6 +58,6 @@ int sh_config_check_plugin_sections(const sh_config *c, char *err, size_t errlen
                "are not used\n", c->plugin_sections, c->config);
     }
     if (ctx) lp.table->finalize(ctx);
-    pt_unload_plugin(&lp);
+    pt_plugin_unload(&lp);
     return out;
 }

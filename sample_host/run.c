@@ -445,7 +445,7 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
         }
     }
     if (!rc && !c->no_plugin) {
-        if (pt_load_plugin(c->plugin, &rs.lp, err, errlen)) rc = -1;
+        if (pt_plugin_load(c->plugin, &rs.lp, err, errlen)) rc = -1;
         else rs.have_plugin = rs.lp.table != NULL;
     }
     rs.bar = !c->quiet && (c->progress == 1 || (c->progress == -1 && isatty(STDOUT_FILENO)));
@@ -529,7 +529,7 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
             rc = -1;
         }
     }
-    if (rs.have_plugin || rs.lp.dl) pt_unload_plugin(&rs.lp);
+    if (rs.have_plugin || rs.lp.dl) pt_plugin_unload(&rs.lp);
     if (rs.have_cuda) sh_cuda_unload(&rs.cuda);
     sh_tokens_free(&rs.all);
     sh_tokens_free(&rs.val_file);

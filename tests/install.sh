@@ -40,12 +40,12 @@ cat >"$tmp/host/host.c" <<'C'
 int main(int argc, char **argv) {
     pt_loaded_plugin p;
     char err[2048];
-    if (pt_load_plugin(argc > 1 ? argv[1] : "protrain", &p, err, sizeof err) != 0) {
+    if (pt_plugin_load(argc > 1 ? argv[1] : "protrain", &p, err, sizeof err) != 0) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
     printf("%s\n", p.path);
-    pt_unload_plugin(&p);
+    pt_plugin_unload(&p);
     return 0;
 }
 C

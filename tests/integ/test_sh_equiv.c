@@ -49,7 +49,7 @@ static int setup(void **st) {
     const char *b = getenv("PT_BUILD");
     char so[600], err[600];
     snprintf(so, sizeof so, "%s/protrain_plugin.so", b ? b : "build");
-    if (pt_load_plugin(so, &PLUG, err, sizeof err) != 0 || !PLUG.table) {
+    if (pt_plugin_load(so, &PLUG, err, sizeof err) != 0 || !PLUG.table) {
         fprintf(stderr, "test_sh_equiv: cannot load %s: %s\n", so, err);
         return -1;
     }
@@ -65,7 +65,7 @@ static int setup(void **st) {
 
 static int teardown(void **st) {
     (void)st;
-    pt_unload_plugin(&PLUG);
+    pt_plugin_unload(&PLUG);
     sh_tokens_free(&ALL);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", DIR_);

@@ -40,7 +40,7 @@ static inline int sh_harness_open(sh_harness *h, const char *name, const char *t
     const char *b = getenv("PT_BUILD");
     char so[600], err[600];
     snprintf(so, sizeof so, "%s/protrain_plugin.so", b ? b : "build");
-    if (pt_load_plugin(so, &h->plug, err, sizeof err) != 0 || !h->plug.table) {
+    if (pt_plugin_load(so, &h->plug, err, sizeof err) != 0 || !h->plug.table) {
         fprintf(stderr, "%s: cannot load %s: %s\n", name, so, err);
         return -1;
     }
@@ -56,7 +56,7 @@ static inline int sh_harness_open(sh_harness *h, const char *name, const char *t
 }
 
 static inline int sh_harness_close(sh_harness *h) {
-    pt_unload_plugin(&h->plug);
+    pt_plugin_unload(&h->plug);
     sh_tokens_free(&h->all);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", h->dir);

@@ -195,7 +195,7 @@ static void test_plugin_exports(void **state) {
 
     pt_loaded_plugin p;
     char err[1024];
-    if (pt_load_plugin(path, &p, err, sizeof err) != PT_OK) fail_msg("loading %s: %s", path, err);
+    if (pt_plugin_load(path, &p, err, sizeof err) != PT_OK) fail_msg("loading %s: %s", path, err);
     const pt_plugin_v1 *t = p.table;
     assert_int_equal(p.abi_version, 1);
     assert_int_equal(t->abi_version, 1);
@@ -247,7 +247,7 @@ static void test_plugin_exports(void **state) {
         present += *h != NULL;
     assert_int_equal(present, 30);
     assert_non_null(t->last_error(NULL));   /* "never NULL; ctx may be NULL" */
-    pt_unload_plugin(&p);
+    pt_plugin_unload(&p);
 }
 
 static void set_flag(void *arg) { *(volatile int *)arg = 1; }

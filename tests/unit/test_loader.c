@@ -58,7 +58,7 @@ static void expect_fail(const char *name, int rc, ...) {
     pt_loaded_plugin p;
     memset(&p, 0xab, sizeof p);   /* the loader must zero it, not leave garbage */
     plug(path, sizeof path, name);
-    int got = pt_load_plugin(path, &p, err, sizeof err);
+    int got = pt_plugin_load(path, &p, err, sizeof err);
     if (got != rc) fail_msg("%s: rc %d, want %d (err: %s)", name, got, rc, err);
     assert_zeroed(&p);
     assert_contains(err, path);
@@ -73,32 +73,32 @@ static void test_none(void **state) {
     pt_loaded_plugin p;
     char err[64] = "sentinel";
     memset(&p, 0x5a, sizeof p);
-    assert_int_equal(pt_load_plugin("none", &p, err, sizeof err), PT_OK);
+    assert_int_equal(pt_plugin_load("none", &p, err, sizeof err), PT_OK);
     assert_null(p.table);
     assert_null(p.dl);
     assert_string_equal(err, "");
-    pt_unload_plugin(&p);
-    pt_unload_plugin(&p);   /* twice is harmless */
-    pt_unload_plugin(NULL);
+    pt_plugin_unload(&p);
+    pt_plugin_unload(&p);   /* twice is harmless */
+    pt_plugin_unload(NULL);
 }
 
 static void test_bad_args(void **state) {
     (void)state;
     pt_loaded_plugin p;
     char err[256];
-    assert_int_equal(pt_load_plugin("none", NULL, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_plugin_load("none", NULL, err, sizeof err), PT_ERR_INVALID_ARG);
     assert_contains(err, "out is NULL");
-    assert_int_equal(pt_load_plugin(NULL, &p, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_plugin_load(NULL, &p, err, sizeof err), PT_ERR_INVALID_ARG);
     assert_contains(err, "empty plugin spec");
     assert_zeroed(&p);
-    assert_int_equal(pt_load_plugin("", &p, NULL, 0), PT_ERR_INVALID_ARG);   /* no err buffer */
+    assert_int_equal(pt_plugin_load("", &p, NULL, 0), PT_ERR_INVALID_ARG);   /* no err buffer */
 
     /* A path longer than pt_loaded_plugin.path is refused, never truncated. */
     char longp[700];
     memset(longp, 'a', sizeof longp - 1);
     longp[0] = '/';
     longp[sizeof longp - 1] = '\0';
-    assert_int_equal(pt_load_plugin(longp, &p, err, sizeof err), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_plugin_load(longp, &p, err, sizeof err), PT_ERR_INVALID_ARG);
     assert_contains(err, "plugin path too long: 699 bytes");
     assert_zeroed(&p);
 }
@@ -108,7 +108,7 @@ static void test_good(void **state) {
     char path[PATH_MAX], err[256] = "";
     pt_loaded_plugin p;
     plug(path, sizeof path, "good");
-    assert_int_equal(pt_load_plugin(path, &p, err, sizeof err), PT_OK);
+    assert_int_equal(pt_plugin_load(path, &p, err, sizeof err), PT_OK);
     assert_string_equal(err, "");
     assert_non_null(p.dl);
     assert_non_null(p.table);
@@ -137,7 +137,7 @@ static void test_good(void **state) {
     assert_int_equal(t->finalize(ctx), PT_OK);
     assert_int_equal(t->finalize(NULL), PT_ERR_INVALID_ARG);
 
-    pt_unload_plugin(&p);
+    pt_plugin_unload(&p);
     assert_zeroed(&p);
 }
 
@@ -146,28 +146,28 @@ static void test_missing_file(void **state) {
     char path[PATH_MAX], err[512];
     pt_loaded_plugin p;
     snprintf(path, sizeof path, "%s/no_such_plugin.so", g_plugdir);
-    assert_int_equal(pt_load_plugin(path, &p, err, sizeof err), PT_ERR_IO);
+    assert_int_equal(pt_plugin_load(path, &p, err, sizeof err), PT_ERR_IO);
     char want[PATH_MAX + 64];
     snprintf(want, sizeof want, "plugin file not found: %s", path);
     assert_string_equal(err, want);
     assert_zeroed(&p);
 
     /* A bare file name ending in .so goes through the loader path. */
-    assert_int_equal(pt_load_plugin("libpt_no_such_plugin.so", &p, err, sizeof err), PT_ERR_IO);
+    assert_int_equal(pt_plugin_load("libpt_no_such_plugin.so", &p, err, sizeof err), PT_ERR_IO);
     assert_string_equal(err, "plugin file not found: libpt_no_such_plugin.so");
 
     /* A bare .so name is not looked up in the current directory; say so. */
     char cwd[PATH_MAX];
     assert_non_null(getcwd(cwd, sizeof cwd));
     assert_int_equal(chdir(g_plugdir), 0);
-    int rc = pt_load_plugin("good.so", &p, err, sizeof err);
+    int rc = pt_plugin_load("good.so", &p, err, sizeof err);
     assert_int_equal(chdir(cwd), 0);
     assert_int_equal(rc, PT_ERR_IO);
     assert_contains(err, "plugin file not found: good.so");
     assert_contains(err, "pass ./good.so");
 
     /* A short name that resolves nowhere lists what was tried. */
-    assert_int_equal(pt_load_plugin("pt_no_such_thing", &p, err, sizeof err), PT_ERR_IO);
+    assert_int_equal(pt_plugin_load("pt_no_such_thing", &p, err, sizeof err), PT_ERR_IO);
     assert_contains(err, "plugin file not found: pt_no_such_thing");
     assert_contains(err, "pt_no_such_thing_plugin.so");
     assert_contains(err, "libpt_no_such_thing.so");
@@ -179,12 +179,12 @@ static void test_small_err_buffer(void **state) {
     pt_loaded_plugin p;
     char err[16];
     memset(err, 'x', sizeof err);
-    assert_int_equal(pt_load_plugin("/nonexistent/x.so", &p, err, 8), PT_ERR_IO);
+    assert_int_equal(pt_plugin_load("/nonexistent/x.so", &p, err, 8), PT_ERR_IO);
     assert_int_equal(strlen(err), 7);            /* truncated and terminated inside 8 bytes */
     assert_memory_equal(err, "plugin ", 7);
     assert_int_equal(err[8], 'x');               /* nothing written past errlen */
     memset(err, 'x', sizeof err);
-    assert_int_equal(pt_load_plugin("/nonexistent/x.so", &p, err, 0), PT_ERR_IO);
+    assert_int_equal(pt_plugin_load("/nonexistent/x.so", &p, err, 0), PT_ERR_IO);
     assert_int_equal(err[0], 'x');               /* errlen 0: untouched */
 }
 
@@ -241,7 +241,7 @@ static void test_short_table_hides_tail(void **state) {
     char path[PATH_MAX], err[256];
     pt_loaded_plugin p;
     plug(path, sizeof path, "short");
-    assert_int_equal(pt_load_plugin(path, &p, err, sizeof err), PT_OK);
+    assert_int_equal(pt_plugin_load(path, &p, err, sizeof err), PT_OK);
     const pt_plugin_v1 *t = p.table;
     assert_int_equal(t->struct_size, CORE_BYTES);
     assert_true(PT_HAS_HOOK(t, finalize));
@@ -254,7 +254,7 @@ static void test_short_table_hides_tail(void **state) {
     assert_non_null(orig);
     assert_non_null(orig->dev_alloc);
     assert_string_equal(t->last_error(NULL), "short-test");
-    pt_unload_plugin(&p);
+    pt_plugin_unload(&p);
 }
 
 static void test_multi_prefers_supported(void **state) {
@@ -262,10 +262,10 @@ static void test_multi_prefers_supported(void **state) {
     char path[PATH_MAX], err[256];
     pt_loaded_plugin p;
     plug(path, sizeof path, "multi");
-    assert_int_equal(pt_load_plugin(path, &p, err, sizeof err), PT_OK);
+    assert_int_equal(pt_plugin_load(path, &p, err, sizeof err), PT_OK);
     assert_int_equal(p.abi_version, 1);
     assert_string_equal(p.table->name, "multi-test-v1");
-    pt_unload_plugin(&p);
+    pt_plugin_unload(&p);
 }
 
 static void test_cannot_load(void **state) {
@@ -283,7 +283,7 @@ static void test_cannot_load(void **state) {
     fputs("this is not an ELF file\n", f);
     fclose(f);
     pt_loaded_plugin p;
-    assert_int_equal(pt_load_plugin(path, &p, err, sizeof err), PT_ERR_IO);
+    assert_int_equal(pt_plugin_load(path, &p, err, sizeof err), PT_ERR_IO);
     char want[PATH_MAX + 64];
     snprintf(want, sizeof want, "cannot load plugin %s: ", path);
     assert_contains(err, want);
@@ -316,7 +316,7 @@ static void test_short_name_beside_exe(void **state) {
     char err[512] = "";
     pt_loaded_plugin p;
     /* Both exist: <name>_plugin.so wins. */
-    int rc = pt_load_plugin(name, &p, err, sizeof err);
+    int rc = pt_plugin_load(name, &p, err, sizeof err);
     unlink(a);
     if (rc != PT_OK) {
         unlink(b);
@@ -324,15 +324,15 @@ static void test_short_name_beside_exe(void **state) {
     }
     assert_string_equal(p.path, a);
     assert_string_equal(p.table->name, "good-test");
-    pt_unload_plugin(&p);
+    pt_plugin_unload(&p);
 
     /* Only lib<name>.so left. */
-    rc = pt_load_plugin(name, &p, err, sizeof err);
+    rc = pt_plugin_load(name, &p, err, sizeof err);
     unlink(b);
     if (rc != PT_OK) fail_msg("short name %s (lib form): %s", name, err);
     assert_string_equal(p.path, b);
     assert_string_equal(p.table->name, "multi-test-v1");
-    pt_unload_plugin(&p);
+    pt_plugin_unload(&p);
 }
 
 /* Short names and bare file names fall back to the dynamic loader's search path;
@@ -341,11 +341,11 @@ static void test_loader_path(void **state) {
     (void)state;
     char err[512];
     pt_loaded_plugin p;
-    assert_int_equal(pt_load_plugin("cmocka", &p, err, sizeof err), PT_ERR_FORMAT);
+    assert_int_equal(pt_plugin_load("cmocka", &p, err, sizeof err), PT_ERR_FORMAT);
     assert_contains(err, "not a protrain plugin: /");   /* resolved to an absolute path */
     assert_contains(err, "libcmocka.so");
     assert_zeroed(&p);
-    assert_int_equal(pt_load_plugin("libcmocka.so", &p, err, sizeof err), PT_ERR_FORMAT);
+    assert_int_equal(pt_plugin_load("libcmocka.so", &p, err, sizeof err), PT_ERR_FORMAT);
     assert_contains(err, "not a protrain plugin: /");
 }
 
