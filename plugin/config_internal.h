@@ -30,12 +30,12 @@ extern const char *const pt_cfg_sections[];
 /* The section of the testing knobs: a file may set its keys only when the
  * environment has PROTRAIN_TESTING=1; the user's reference leaves them out. */
 #define PT_CFG_TESTING_SECTION "testing"
-int pt_cfg_is_testing(const pt_config_key *k);
+int pt_config_is_testing(const pt_config_key *k);
 /* PROTRAIN_TESTING=1 is set in the environment. */
-int pt_cfg_testing_allowed(void);
+int pt_config_testing_allowed(void);
 
 /* printf-append to buf at *o (len bytes in all); returns 1 once the buffer is
  * full, after which *o == len and buf holds a NUL-terminated prefix. */
-int pt_cfg_put(char *buf, size_t len, size_t *o, const char *fmt, ...) FMT(4, 5);
+int pt_config_put(char *buf, size_t len, size_t *o, const char *fmt, ...) FMT(4, 5);
 
 #endif

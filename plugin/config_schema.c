@@ -364,7 +364,7 @@ void pt_config_key_form(const pt_config_key *k, char *buf, size_t len) {
 /* ---- generated reference ---- */
 
 /* Appends to buf at *o; returns 1 once the buffer is full (config_internal.h). */
-int pt_cfg_put(char *buf, size_t len, size_t *o, const char *fmt, ...) {
+int pt_config_put(char *buf, size_t len, size_t *o, const char *fmt, ...) {
     if (*o >= len) return 1;
     va_list ap;
     va_start(ap, fmt);
@@ -381,16 +381,16 @@ int pt_cfg_put(char *buf, size_t len, size_t *o, const char *fmt, ...) {
 /* Markdown table cell: '|' must be escaped inside a table. */
 static void md_cell(char *buf, size_t len, size_t *o, const char *s) {
     for (; *s; s++) {
-        if (*s == '|') pt_cfg_put(buf, len, o, "\\|");
-        else pt_cfg_put(buf, len, o, "%c", *s);
+        if (*s == '|') pt_config_put(buf, len, o, "\\|");
+        else pt_config_put(buf, len, o, "%c", *s);
     }
 }
 
-int pt_cfg_is_testing(const pt_config_key *k) {
+int pt_config_is_testing(const pt_config_key *k) {
     return !strcmp(k->section, PT_CFG_TESTING_SECTION);
 }
 
-int pt_cfg_testing_allowed(void) {
+int pt_config_testing_allowed(void) {
     const char *v = getenv("PROTRAIN_TESTING");
     return v && !strcmp(v, "1");
 }
@@ -404,18 +404,18 @@ static int markdown(char *buf, size_t len, int testing) {
     buf[0] = '\0';
     for (size_t i = 0; i < PT_CFG_NKEYS; i++) {
         const pt_config_key *k = &pt_cfg_keys[i];
-        if (pt_cfg_is_testing(k) != testing) continue;
+        if (pt_config_is_testing(k) != testing) continue;
         if (!prev || strcmp(k->section, prev))
-            pt_cfg_put(buf, len, &o,
+            pt_config_put(buf, len, &o,
                        "%s### [%s]\n\n| key | accepted values | default | meaning |\n"
                        "|---|---|---|---|\n", prev ? "\n" : "", k->section);
         prev = k->section;
         pt_config_key_form(k, form, sizeof(form));
-        pt_cfg_put(buf, len, &o, "| `%s` | ", k->key);
+        pt_config_put(buf, len, &o, "| `%s` | ", k->key);
         md_cell(buf, len, &o, form);
-        pt_cfg_put(buf, len, &o, " | `%s` | ", *k->def ? k->def : "\"\"");
+        pt_config_put(buf, len, &o, " | `%s` | ", *k->def ? k->def : "\"\"");
         md_cell(buf, len, &o, k->help);
-        pt_cfg_put(buf, len, &o, " |\n");
+        pt_config_put(buf, len, &o, " |\n");
     }
     return o >= len ? PT_ERR_INVALID_ARG : PT_OK;
 }
