@@ -295,7 +295,7 @@ static int block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen) {
     }
     for (int b = 0; b < n; b++) modes[b] = m8[b];
     char map[512];
-    pt_modes_string(m8, n, map, sizeof map);
+    pt_place_modes_string(m8, n, map, sizeof map);
     free(m8);
     PT_LOGI(&rt->lg, "activation modes (N NONE, C CKPT, S SWAP): %s", n ? map : "(no blocks)");
     return PT_OK;

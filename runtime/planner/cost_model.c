@@ -205,7 +205,7 @@ int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errl
     block_ranges(cx);
     buffer_mins(cx);
     coll_rates(cx);
-    cx->interval = pt_swap_interval(t);
+    cx->interval = pt_place_swap_interval(t);
     pt_trace_phase_compute(t, &cx->comp_f, &cx->comp_b);
     *out = cx;
     return PT_OK;

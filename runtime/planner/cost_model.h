@@ -24,7 +24,7 @@
  * behaviour, reproduced exactly by pool_model.c (prefetch one block ahead into
  * free slots, LRU eviction of released slots, the forward's last chunks still
  * cached in backward — but evicted before dead slots, see there); per window
- * it is available from pt_cost_uploads below.
+ * it is available from pt_pool_uploads below.
  *   embed fwd   compute embed_fwd_s (nothing prefetches block 0).
  *   fwd b       sync: block b's chunks nobody prefetched (all of block 0);
  *               H2D: the prefetch of block b+1's new chunks that fit the free
@@ -190,7 +190,7 @@ typedef struct pt_cost {
 typedef struct pt_cost_ctx pt_cost_ctx;
 int pt_cost_ctx_new(const pt_trace *t, pt_cost_ctx **out, char *err, size_t errlen);
 void pt_cost_ctx_free(pt_cost_ctx *cx);
-int pt_cost_swap_interval(const pt_cost_ctx *cx);   /* pt_swap_interval of the trace */
+int pt_cost_swap_interval(const pt_cost_ctx *cx);   /* pt_place_swap_interval of the trace */
 
 /* Whole prediction for one knob set (placement by placement.h). 0, or
  * PT_ERR_INVALID_ARG with err naming the knob out of range (n_persist >
@@ -254,7 +254,7 @@ uint64_t pt_cost_buffer_bytes(const pt_cost_ctx *cx, int32_t n_persist, int32_t 
  * at block b's backward gather, bwd_prefetch[b] during its backward (block
  * b-1's). PT_ERR_INVALID_ARG when n_persist is out of range or n_buffer is
  * below the one-block minimum. */
-int pt_cost_uploads(const pt_cost_ctx *cx, int32_t n_persist, int32_t n_buffer, uint64_t *fwd_sync,
+int pt_pool_uploads(const pt_cost_ctx *cx, int32_t n_persist, int32_t n_buffer, uint64_t *fwd_sync,
                     uint64_t *fwd_prefetch, uint64_t *bwd_sync, uint64_t *bwd_prefetch);
 uint64_t pt_cost_persist_bytes(const pt_cost_ctx *cx, int32_t n_persist);
 /* Sums over the non-mandatory chunks of index >= n_persist (clamped to

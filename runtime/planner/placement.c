@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-int pt_swap_interval(const pt_trace *t) {
+int pt_place_swap_interval(const pt_trace *t) {
     int best = 1;
     if (!t || t->hw.d2h_Bps <= 0) return t && t->n_block > 0 ? t->n_block : 1;
     for (int32_t b = 0; b < t->n_block; b++) {
@@ -25,7 +25,7 @@ int pt_swap_interval(const pt_trace *t) {
     return best;
 }
 
-int pt_swap_cap(int n_block, int interval) {
+int pt_place_swap_cap(int n_block, int interval) {
     if (n_block <= 0) return 0;
     if (interval < 1) interval = 1;
     return (n_block + interval - 1) / interval;
@@ -64,7 +64,7 @@ int pt_place_blocks(int n_block, int n_swap, int n_checkpoint, int interval, uin
     return PT_OK;
 }
 
-void pt_modes_string(const uint8_t *modes, int n_block, char *buf, size_t len) {
+void pt_place_modes_string(const uint8_t *modes, int n_block, char *buf, size_t len) {
     if (!buf || !len) return;
     size_t n = 0;
     for (int b = 0; b < n_block && n + 1 < len; b++)

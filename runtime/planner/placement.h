@@ -43,10 +43,10 @@
 /* Swap interval: smallest integer I >= 1 with T_D2H(arena_b) <= I * fwd_s[b],
  * taken as the maximum over blocks (blocks with fwd_s == 0 or no arena are
  * skipped), so that every block's swap is hidden. */
-int pt_swap_interval(const pt_trace *t);
+int pt_place_swap_interval(const pt_trace *t);
 
 /* Largest n_swap the searcher tries: ceil(n_block / interval). */
-int pt_swap_cap(int n_block, int interval);
+int pt_place_swap_cap(int n_block, int interval);
 
 /* Fill modes[n_block] by the rule above. 0, or PT_ERR_INVALID_ARG with err
  * filled when counts are negative or n_swap + n_checkpoint > n_block. */
@@ -55,6 +55,6 @@ int pt_place_blocks(int n_block, int n_swap, int n_checkpoint, int interval, uin
 
 /* "SSCNCNNN"-style string: S = swap, C = checkpoint, N = none. buf gets at most
  * len-1 characters (a trailing '~' marks truncation). */
-void pt_modes_string(const uint8_t *modes, int n_block, char *buf, size_t len);
+void pt_place_modes_string(const uint8_t *modes, int n_block, char *buf, size_t len);
 
 #endif /* PT_PLACEMENT_H */

@@ -103,7 +103,7 @@ static char *modes_of(const pt_plan *p, const pt_knobs *k, const uint8_t *given)
         }
         use = m;
     }
-    pt_modes_string(use, n, s, (size_t)n + 2);
+    pt_place_modes_string(use, n, s, (size_t)n + 2);
     free(m);
     return s;
 }

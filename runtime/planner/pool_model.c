@@ -151,7 +151,7 @@ pt_pool_run pt_pool_acquire_slow(pt_pool_walk *w, int32_t r0, int32_t r1, int ma
     return (pt_pool_run){r.done, r.miss, r.nmiss};
 }
 
-int pt_cost_uploads(const pt_cost_ctx *cx, int32_t p, int32_t nb, uint64_t *fwd_sync, uint64_t *fwd_prefetch,
+int pt_pool_uploads(const pt_cost_ctx *cx, int32_t p, int32_t nb, uint64_t *fwd_sync, uint64_t *fwd_prefetch,
                     uint64_t *bwd_sync, uint64_t *bwd_prefetch) {
     if (p < 0 || p > cx->K || nb < pt_cost_buffer_min_block(cx, p)) return PT_ERR_INVALID_ARG;
     pt_pool_walk w;

@@ -423,7 +423,7 @@ static int explain_infeasible(search *S, pt_act_profile *a, uint8_t *modes, pt_p
     uint64_t best_need = UINT64_MAX, min_host = UINT64_MAX;
     cand best = {.T = 0}, host_at = {.T = 0};
     for (int32_t c = c0; c <= c1; c++) {
-        range(o->n_swap, 0, N - c < pt_swap_cap(N, I) ? N - c : pt_swap_cap(N, I), &s0, &s1);
+        range(o->n_swap, 0, N - c < pt_place_swap_cap(N, I) ? N - c : pt_place_swap_cap(N, I), &s0, &s1);
         for (int32_t s = s0; s <= s1 && s + c <= N; s++) {
             pt_place_blocks(N, s, c, I, modes, NULL, 0);
             pt_act_compute(S->cx, modes, a);
@@ -595,7 +595,7 @@ int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *e
     S.o = o;
     rc = pt_cost_ctx_new(t, &S.cx, err, errlen);
     if (rc) return rc;
-    int32_t N = t->n_block, I = pt_cost_swap_interval(S.cx), cap = pt_swap_cap(N, I);
+    int32_t N = t->n_block, I = pt_cost_swap_interval(S.cx), cap = pt_place_swap_cap(N, I);
     plan->capacity = o->capacity ? o->capacity : t->hw.device_capacity;
     S.budget = pt_cost_budget(plan->capacity, &o->cost);
     S.host_budget = o->host_ram ? o->host_ram : t->hw.host_ram_bytes;

@@ -81,26 +81,26 @@ static void test_edge_cases(void **state) {
     uint8_t m[8];
     char str[16];
     assert_int_equal(pt_place_blocks(8, 0, 0, 2, m, NULL, 0), PT_OK);
-    pt_modes_string(m, 8, str, sizeof str);
+    pt_place_modes_string(m, 8, str, sizeof str);
     assert_string_equal(str, "NNNNNNNN");
     assert_int_equal(pt_place_blocks(8, 0, 8, 2, m, NULL, 0), PT_OK);
-    pt_modes_string(m, 8, str, sizeof str);
+    pt_place_modes_string(m, 8, str, sizeof str);
     assert_string_equal(str, "CCCCCCCC");
     assert_int_equal(pt_place_blocks(8, 8, 0, 3, m, NULL, 0), PT_OK);
-    pt_modes_string(m, 8, str, sizeof str);
+    pt_place_modes_string(m, 8, str, sizeof str);
     assert_string_equal(str, "SSSSSSSS");
     /* remaining CKPT centred: offsets floor((2k+1)*8/4) = 2, 6 */
     assert_int_equal(pt_place_blocks(8, 0, 2, 1, m, NULL, 0), PT_OK);
-    pt_modes_string(m, 8, str, sizeof str);
+    pt_place_modes_string(m, 8, str, sizeof str);
     assert_string_equal(str, "NNCNNNCN");
     /* interval 3, two swaps, enough CKPT to fill the gap, the rest centred in
      * the 4 blocks after the swap region (offset floor(4/2) = 2) */
     assert_int_equal(pt_place_blocks(8, 2, 3, 3, m, NULL, 0), PT_OK);
-    pt_modes_string(m, 8, str, sizeof str);
+    pt_place_modes_string(m, 8, str, sizeof str);
     assert_string_equal(str, "SCCSNNCN");
     /* not enough CKPT: swaps move closer, evenly */
     assert_int_equal(pt_place_blocks(8, 3, 2, 3, m, NULL, 0), PT_OK);
-    pt_modes_string(m, 8, str, sizeof str);
+    pt_place_modes_string(m, 8, str, sizeof str);
     assert_string_equal(str, "SCSCSNNN");
     assert_int_equal(pt_place_blocks(1, 1, 0, 4, m, NULL, 0), PT_OK);
     assert_int_equal(m[0], S);
@@ -121,7 +121,7 @@ static void test_modes_string_truncates(void **state) {
     uint8_t m[10];
     char str[6];
     pt_place_blocks(10, 1, 0, 1, m, NULL, 0);
-    pt_modes_string(m, 10, str, sizeof str);
+    pt_place_modes_string(m, 10, str, sizeof str);
     assert_int_equal(strlen(str), 5);
     assert_int_equal(str[4], '~');
     assert_int_equal(str[0], 'S');
@@ -142,22 +142,22 @@ static void test_swap_interval(void **state) {
     pt_trace t;
     /* D2H 1 GB at 10 GB/s = 0.1 s; forward 0.04 s -> 2.5 -> I = 3 */
     make_trace(&t, 12, 0.04, 1000000000ull, 1e10);
-    assert_int_equal(pt_swap_interval(&t), 3);
-    assert_int_equal(pt_swap_cap(12, 3), 4);
+    assert_int_equal(pt_place_swap_interval(&t), 3);
+    assert_int_equal(pt_place_swap_cap(12, 3), 4);
     /* exactly 2 forwards: I = 2 (no rounding up past an exact multiple) */
     for (int b = 0; b < 12; b++) t.blocks[b].fwd_s = 0.05;
-    assert_int_equal(pt_swap_interval(&t), 2);
+    assert_int_equal(pt_place_swap_interval(&t), 2);
     /* faster link than compute: I = 1 */
     for (int b = 0; b < 12; b++) t.blocks[b].fwd_s = 1.0;
-    assert_int_equal(pt_swap_interval(&t), 1);
+    assert_int_equal(pt_place_swap_interval(&t), 1);
     /* one slow block dominates (every block's swap must be hidden) */
     t.blocks[5].fwd_s = 0.01;
-    assert_int_equal(pt_swap_interval(&t), 10);
+    assert_int_equal(pt_place_swap_interval(&t), 10);
     /* never more than N */
     t.blocks[5].fwd_s = 1e-9;
-    assert_int_equal(pt_swap_interval(&t), 12);
-    assert_int_equal(pt_swap_cap(12, 12), 1);
-    assert_int_equal(pt_swap_cap(13, 2), 7);
+    assert_int_equal(pt_place_swap_interval(&t), 12);
+    assert_int_equal(pt_place_swap_cap(12, 12), 1);
+    assert_int_equal(pt_place_swap_cap(13, 2), 7);
     pt_trace_free(&t);
 }
 

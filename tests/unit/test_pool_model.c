@@ -1,5 +1,5 @@
 /*
- * test_pool_model.c — runtime/planner/pool_model.c (pt_cost_uploads): the chunk
+ * test_pool_model.c — runtime/planner/pool_model.c (pt_pool_uploads): the chunk
  * uploads the cost model charges, window by window, against a replay of
  * runtime/store/chunk_runtime.c's gather / prefetch / release loops on a real
  * pt_bufpool (host memory), over random layouts: chunks shared by two or
@@ -224,7 +224,7 @@ static long n_compared, n_between, n_sync_seen, n_min_refused;
 static void compare(const pt_trace *t, pt_cost_ctx *cx, int p, int nb, int all_trainable) {
     int N = t->n_block;
     uint64_t m[4][8], o[4][8];
-    assert_int_equal(pt_cost_uploads(cx, p, nb, m[0], m[1], m[2], m[3]), PT_OK);
+    assert_int_equal(pt_pool_uploads(cx, p, nb, m[0], m[1], m[2], m[3]), PT_OK);
     replay r;
     replay_open(&r, t, p, nb);
     for (int it = 0; it < (all_trainable ? 2 : 1); it++) {
@@ -380,7 +380,7 @@ static void test_lru_evicts_own_cached_chunks(void **state) {
      * chunks are 4 (not cached) and 5 (cached): the miss on 4 evicts 5, so
      * both upload while block 3 runs; blocks 1 and 0 upload everything. */
     uint64_t fs[5], fa[5], bs[5], ba[5];
-    assert_int_equal(pt_cost_uploads(cx, 0, 5, fs, fa, bs, ba), PT_OK);
+    assert_int_equal(pt_pool_uploads(cx, 0, 5, fs, fa, bs, ba), PT_OK);
     assert_int_equal(ba[4], 0);
     assert_int_equal(ba[3], 104 + 105);
     assert_int_equal(ba[2], 102 + 103);

@@ -81,7 +81,7 @@ static best brute(const pt_trace *t, const pt_search_opts *o) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(t, &cx, err, sizeof err), PT_OK);
-    int N = t->n_block, K = t->n_chunk, cap = pt_swap_cap(N, pt_cost_swap_interval(cx));
+    int N = t->n_block, K = t->n_chunk, cap = pt_place_swap_cap(N, pt_cost_swap_interval(cx));
     uint64_t budget = pt_cost_budget(o->capacity ? o->capacity : t->hw.device_capacity, &o->cost);
     uint64_t hb = o->host_ram ? o->host_ram : t->hw.host_ram_bytes;
     int n = 0, m = 0;
