@@ -138,10 +138,13 @@ const pt_rt_ext *pt_rt_ext_launcher(const pt_rt *rt);
 void pt_rt_ext_stats(const pt_rt *rt, pt_stats_v1 *s);
 void pt_rt_ext_plan_log(const pt_rt *rt);
 
-/* rt.c */
+/* rt_build.c */
 int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen);
 /* Frees the store; the status of its wait for queued work (err NULL: logged). */
 int pt_rt_store_free(pt_rt *rt, char *err, size_t errlen);
+/* rt_hooks.c: PT_ERR_ORDER naming `what` unless the store (and, need_opt, the
+ * optimizer's state) exists. */
+int pt_rt_need_store(pt_rt *rt, const char *what, int need_opt, char *err, size_t errlen);
 
 /* calib.c: marks on the device's clock at the phase edges of a measured step,
  * and the calibration at post_step (peak and time against the plan). */

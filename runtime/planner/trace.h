@@ -96,6 +96,11 @@
                                     device AdamW rate timed between profiled passes, two
                                     warm-up passes */
 
+/* The most blocks and chunks a trace may have (pt_trace_alloc, the validator and
+ * the cache's reader refuse more): bounds on what a corrupt file can allocate. */
+#define PT_TRACE_MAX_BLOCKS (1 << 20)
+#define PT_TRACE_MAX_CHUNKS (1 << 24)
+
 /* Per-block activation modes (the plan's mode map). */
 enum { PT_BLOCK_NONE = 0, PT_BLOCK_CKPT = 1, PT_BLOCK_SWAP = 2 };
 
@@ -262,7 +267,7 @@ typedef struct pt_trace {
     pt_trace_frag frag;
 } pt_trace;
 
-/* ---- helpers (implemented in trace_cache.c) ---- */
+/* ---- helpers (trace.c) ---- */
 
 /* 64-bit FNV-1a over bytes, and over a NUL-terminated architecture description. */
 uint64_t pt_trace_arch_hash(const char *description);
