@@ -93,16 +93,28 @@ static const opt OPTS[] = {
      "stop after this step, with a generation written (0 = off)"},
     {"on_nonfinite", T_NONFINITE, O(on_nonfinite), 0, 0, 0,
      "stop | skip: a NaN/inf loss stops the run, or skips its step (no plugin)"},
+    /* testing knobs (tests/README.md lists them; --help and the user's docs do not) */
     {"debug_nan_step", T_INT, O(debug_nan_step), 0, 1e9, 0,
-     "testing: NaN gradients and loss at this step (0 = off)"},
+     "NaN gradients and loss at this step (0 = off), so a test sees a non-finite loss "
+     "stop the run or skip its step"},
     {"debug_save_sleep_ms", T_INT, O(debug_save_sleep_ms), 0, 60000, 0,
-     "testing: pause between the files of a checkpoint save"},
+     "pause in milliseconds between the files of a checkpoint save, which widens the "
+     "window a test's kill lands in (0 = none)"},
     {"data_order", T_ORDER, O(data_order), 0, 0, 0,
      "random | sequential | shuffled (llm.c's loaders, sample_host/README.md)"},
     {"val_data", T_STR, O(val_data), 0, 0, 0, "validation file (default: last 10% of data)"},
     {"lr_schedule", T_SCHED, O(lr_schedule), 0, 0, 0, "cosine | constant | linear after warmup"},
 };
 #define NOPTS (sizeof OPTS / sizeof OPTS[0])
+
+/* The rows above that are testing knobs. */
+static const char *const TESTING_KEYS[] = {"debug_nan_step", "debug_save_sleep_ms"};
+
+static int is_testing(const opt *o) {
+    for (size_t i = 0; i < sizeof TESTING_KEYS / sizeof TESTING_KEYS[0]; i++)
+        if (!strcmp(o->key, TESTING_KEYS[i])) return 1;
+    return 0;
+}
 
 void sh_config_defaults(sh_config *c) {
     memset(c, 0, sizeof *c);
@@ -133,6 +145,19 @@ void sh_config_defaults(sh_config *c) {
     snprintf(c->plugin, sizeof c->plugin, "protrain");
     c->progress = -1;
     c->checkpoint_keep = 2;
+}
+
+/* The testing knobs are for the test suite, as the plugin's [testing] section
+ * is, and under the same rule: the environment must set PROTRAIN_TESTING=1.
+ * Without it a key (what: "key 'x' in [sample_host]") or flag is refused with a
+ * sentence naming it and the variable. 0 when accepted. */
+static int testing_refused(const opt *o, const char *what, char *msg, size_t ml) {
+    const char *v = getenv("PROTRAIN_TESTING");
+    if (!is_testing(o) || (v && !strcmp(v, "1"))) return 0;
+    snprintf(msg, ml, "%s is a testing knob (it makes sample_host misbehave on purpose); it is "
+             "accepted only when the environment sets PROTRAIN_TESTING=1, as the test suite "
+             "does", what);
+    return -1;
 }
 
 /* Parse value into the field; one sentence into msg on failure. */
@@ -265,6 +290,9 @@ static int on_ini(void *user, const char *section, const char *name, const char 
                  "sample_host/README.md)", name);
         return 0;
     }
+    char what[120];
+    snprintf(what, sizeof what, "key '%s' in [sample_host]", name);
+    if (testing_refused(o, what, u->msg, sizeof u->msg)) return 0;
     size_t i = (size_t)(o - OPTS);
     if (u->seen[i]) {
         snprintf(u->msg, sizeof u->msg, "duplicate key '%s' in [sample_host]", name);
@@ -354,6 +382,7 @@ void sh_config_usage(void) {
            "  --help\n"
            "flags mirroring [sample_host] keys (--key VALUE or --key=VALUE):\n");
     for (size_t i = 0; i < NOPTS; i++) {
+        if (is_testing(&OPTS[i])) continue;
         char flag[64];
         snprintf(flag, sizeof flag, "--%s", OPTS[i].key);
         for (char *p = flag + 2; *p; p++)
@@ -452,8 +481,10 @@ int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t e
                 snprintf(err, errlen, "flag %s needs a value", flag);
                 return -1;
             }
-            char msg[384];
-            if (set_value(c, &OPTS[k], v, msg, sizeof msg)) {
+            char msg[384], what[80];
+            snprintf(what, sizeof what, "flag %s", flag);
+            if (testing_refused(&OPTS[k], what, msg, sizeof msg) ||
+                set_value(c, &OPTS[k], v, msg, sizeof msg)) {
                 snprintf(err, errlen, "command line: %s", msg);
                 return -1;
             }
@@ -501,4 +532,31 @@ int sh_config_check(const sh_config *c, char *err, size_t errlen) {
         return -1;
     }
     return 0;
+}
+
+int sh_config_testing_markdown(char *buf, size_t len) {
+    if (!buf || !len) return -1;
+    size_t o = (size_t)snprintf(buf, len, "### [sample_host] (testing keys)\n\n"
+                                "| key | flag | accepted values | default | meaning |\n"
+                                "|---|---|---|---|---|\n");
+    sh_config d;
+    sh_config_defaults(&d);
+    size_t rows = 0;
+    for (size_t i = 0; i < NOPTS && o < len; i++) {
+        const opt *k = &OPTS[i];
+        if (!is_testing(k)) continue;
+        rows++;
+        char flag[64];
+        snprintf(flag, sizeof flag, "--%s", k->key);
+        for (char *p = flag + 2; *p; p++)
+            if (*p == '_') *p = '-';
+        /* every testing knob is an integer (T_INT); another type needs its words here */
+        if (k->type != T_INT) return -1;
+        o += (size_t)snprintf(buf + o, len - o, "| `%s` | `%s` | an integer in [%.0f, %.0f] | "
+                              "`%d` | %s |\n", k->key, flag, k->lo, k->hi,
+                              *(const int *)((const char *)&d + k->off), k->help);
+    }
+    /* a name in TESTING_KEYS that no row has would leave that row ungated */
+    if (rows != sizeof TESTING_KEYS / sizeof TESTING_KEYS[0]) return -1;
+    return o < len ? 0 : -1;
 }

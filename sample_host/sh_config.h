@@ -54,8 +54,10 @@ typedef struct sh_config {
     int resume;            /* continue from the newest valid generation */
     int stop_after;        /* stop (exit 0) after this step's generation; 0 = off */
     int on_nonfinite;      /* SH_NONFINITE_*: what a NaN/inf training loss does */
-    int debug_nan_step;    /* testing: NaN gradients and loss at this step (0 = off) */
-    int debug_save_sleep_ms; /* testing: pause between the files of a save */
+    /* testing knobs (PROTRAIN_TESTING=1 only): NaN gradients and loss at this
+     * step (0 = off); pause between the files of a save */
+    int debug_nan_step;
+    int debug_save_sleep_ms;
     /* llm.c data (sh_llmc.h): SH_ORDER_*, SH_LR_*, validation file ("" = split --data) */
     int data_order, lr_schedule;
     char val_data[SH_PATH];
@@ -76,6 +78,10 @@ int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t e
 /* Cross-field checks (positive sizes, ranges). */
 int sh_config_check(const sh_config *c, char *err, size_t errlen);
 void sh_config_usage(void);
+/* The testing knobs ([sample_host] keys accepted only with PROTRAIN_TESTING=1)
+ * as a markdown table: what tests/README.md embeds. 0, or -1 when len is too
+ * small. */
+int sh_config_testing_markdown(char *buf, size_t len);
 
 /* --no-plugin with an INI that has plugin sections: the plugin (loaded, init on
  * the INI with the simulated device, finalized) checks them, so an unknown key or a

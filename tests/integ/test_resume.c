@@ -378,7 +378,9 @@ static void test_sigkill(void **st) {
     path_in(s, "kill.bin");
     path_in(ck, "kill.ck");
     path_in(lg, "kill.log");
-    /* every step saved, each save slowed (3 pauses of 15 ms): kills often land inside */
+    /* every step saved, each save slowed (3 pauses of 15 ms): kills often land inside;
+     * --debug-save-sleep-ms is a testing knob, read only with PROTRAIN_TESTING=1 */
+    assert_int_equal(setenv("PROTRAIN_TESTING", "1", 1), 0);
     char fast[3000];
     bin_args(args, sizeof args, INI_STR, m, s, ck,
              "--checkpoint-every 1 --resume --debug-save-sleep-ms 15");
@@ -715,6 +717,8 @@ static void test_nan_stops(void **st) {
     path_in(s, "nan.bin");
     path_in(ck, "nan.ck");
     path_in(lg, "nan.log");
+    /* --debug-nan-step is a testing knob, read only with PROTRAIN_TESTING=1 */
+    assert_int_equal(setenv("PROTRAIN_TESTING", "1", 1), 0);
     bin_args(args, sizeof args, INI_STR, m, s, ck, "--checkpoint-every 2 --debug-nan-step 5");
     assert_int_equal(run_bin(args, lg), 1);
     char *log = pt_test_slurp(lg);
