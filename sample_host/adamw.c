@@ -33,7 +33,7 @@ double sh_adamw_cpu(const sh_model *m, float *pd, float *pg, float *mm, float *v
             const pt_param_v1 *p = &m->params[i];
             if (!p->trainable || p->tie >= 0) continue;
             const float *g = (const float *)p->grad;
-            size_t n = sh_param_numel(p);
+            size_t n = sh_model_param_numel(p);
             double ps = 0.0;
             for (size_t j = 0; j < n; j++) ps += (double)g[j] * (double)g[j];
             s += ps;

@@ -49,7 +49,7 @@ static int check_header(const char *path, const int32_t *h, long long fsize, sh_
     d->C = h[6];
     d->Vp = h[7];
     char e2[256];
-    if (sh_dims_check(d, e2, sizeof e2)) {
+    if (sh_model_dims_check(d, e2, sizeof e2)) {
         snprintf(err, errlen, "%s: header describes an invalid model: %s", path, e2);
         return -1;
     }
@@ -119,13 +119,13 @@ typedef struct io_ctx {
 
 static int rd_piece(void *u, int i) {
     io_ctx *c = u;
-    size_t n = sh_param_numel(&c->m->params[i]);
+    size_t n = sh_model_param_numel(&c->m->params[i]);
     return fread(c->dst + c->m->off[i], sizeof(float), n, c->f) == n ? 0 : -1;
 }
 
 static int wr_piece(void *u, int i) {
     io_ctx *c = u;
-    size_t n = sh_param_numel(&c->m->params[i]);
+    size_t n = sh_model_param_numel(&c->m->params[i]);
     return fwrite(c->src + c->m->off[i], sizeof(float), n, c->f) == n ? 0 : -1;
 }
 

@@ -11,71 +11,71 @@
 static void enc_fwd(void *c, float *out, const int32_t *tok, const float *wte,
                     const float *wpe, int B, int T, int C) {
     (void)c;
-    sh_encoder_fwd(out, tok, wte, wpe, B, T, C);
+    sh_layers_encoder_fwd(out, tok, wte, wpe, B, T, C);
 }
 static void enc_bwd(void *c, float *dwte, float *dwpe, const float *dout, const int32_t *tok,
                     int B, int T, int C) {
     (void)c;
-    sh_encoder_bwd(dwte, dwpe, dout, tok, B, T, C);
+    sh_layers_encoder_bwd(dwte, dwpe, dout, tok, B, T, C);
 }
 static void ln_fwd(void *c, float *out, float *mean, float *rstd, const float *inp,
                    const float *w, const float *b, int N, int C) {
     (void)c;
-    sh_layernorm_fwd(out, mean, rstd, inp, w, b, N, C);
+    sh_layers_layernorm_fwd(out, mean, rstd, inp, w, b, N, C);
 }
 static void ln_bwd(void *c, float *dinp, float *dw, float *db, const float *dout,
                    const float *inp, const float *w, const float *mean, const float *rstd,
                    int N, int C) {
     (void)c;
-    sh_layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    sh_layers_layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
 }
 static void mm_fwd(void *c, float *out, const float *inp, const float *W, const float *bias,
                    int N, int IC, int OC) {
     (void)c;
-    sh_matmul_fwd(out, inp, W, bias, N, IC, OC);
+    sh_layers_matmul_fwd(out, inp, W, bias, N, IC, OC);
 }
 static void mm_bwd(void *c, float *dinp, float *dW, float *dbias, const float *dout,
                    const float *inp, const float *W, int N, int IC, int OC, float *wtmp) {
     (void)c;
-    sh_matmul_bwd(dinp, dW, dbias, dout, inp, W, N, IC, OC, wtmp);
+    sh_layers_matmul_bwd(dinp, dW, dbias, dout, inp, W, N, IC, OC, wtmp);
 }
 static void att_fwd(void *c, float *out, float *att, const float *qkv, int B, int T, int C,
                     int NH) {
     (void)c;
-    sh_attention_fwd(out, att, qkv, B, T, C, NH);
+    sh_layers_attention_fwd(out, att, qkv, B, T, C, NH);
 }
 static void att_bwd(void *c, float *dqkv, float *datt, int nslots, const float *dout,
                     const float *qkv, const float *att, int B, int T, int C, int NH) {
     (void)c;
-    sh_attention_bwd(dqkv, datt, nslots, dout, qkv, att, B, T, C, NH);
+    sh_layers_attention_bwd(dqkv, datt, nslots, dout, qkv, att, B, T, C, NH);
 }
 static int att_slots(void *c, int NH) {
     (void)c;
     (void)NH;
-    return sh_attention_slots();
+    return sh_layers_attention_slots();
 }
 static void gelu_f(void *c, float *out, const float *inp, size_t n) {
     (void)c;
-    sh_gelu_fwd(out, inp, n);
+    sh_layers_gelu_fwd(out, inp, n);
 }
 static void gelu_b(void *c, float *dinp, const float *inp, const float *dout, size_t n) {
     (void)c;
-    sh_gelu_bwd(dinp, inp, dout, n);
+    sh_layers_gelu_bwd(dinp, inp, dout, n);
 }
 static void add_ip(void *c, float *out, const float *a, size_t n) {
     (void)c;
-    sh_add_inplace(out, a, n);
+    sh_layers_add_inplace(out, a, n);
 }
 static void xent_fwd(void *c, float *probs, float *losses, const int32_t *targets, int N,
                      int V, int Vp, double *loss_acc) {
     (void)c;
-    double l = sh_crossentropy_fwd(probs, losses, targets, N, V, Vp);
+    double l = sh_layers_crossentropy_fwd(probs, losses, targets, N, V, Vp);
     if (loss_acc) *loss_acc += l;
 }
 static void xent_bwd(void *c, float *dlogits, const float *probs, const int32_t *targets,
                      float dloss, int N, int V, int Vp) {
     (void)c;
-    sh_crossentropy_bwd(dlogits, probs, targets, dloss, N, V, Vp);
+    sh_layers_crossentropy_bwd(dlogits, probs, targets, dloss, N, V, Vp);
 }
 static void zero(void *c, void *dst, size_t bytes) {
     (void)c;

@@ -1,10 +1,12 @@
 /*
- * data.c — text and llm.c shard loading, the default corpus, batch sampling.
+ * data.c — text and llm.c shard loading, the default corpus, batch sampling,
+ * and --data lists and globs of files.
  */
 #include "sh_data.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <glob.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +19,7 @@
 #define CORPUS_MAX_TOTAL (64u << 20)
 #define CORPUS_MAX_FILES 20000
 
-void sh_tokens_free(sh_tokens *t) {
+void sh_data_tokens_free(sh_tokens *t) {
     free(t->tok);
     t->tok = NULL;
     t->n = 0;
@@ -66,7 +68,7 @@ static int bytes_to_tokens(const unsigned char *b, size_t n, sh_tokens *out, con
     return 0;
 }
 
-int sh_text_file_tokens(const char *path, sh_tokens *out, char *err, size_t errlen) {
+int sh_data_text_file_tokens(const char *path, sh_tokens *out, char *err, size_t errlen) {
     size_t n = 0;
     unsigned char *b = slurp(path, &n, err, errlen);
     if (!b) return -1;
@@ -127,7 +129,7 @@ static int parse_shard(const char *path, const unsigned char *b, size_t n, sh_to
     return 0;
 }
 
-int sh_read_shard(const char *path, sh_tokens *out, char *err, size_t errlen) {
+int sh_data_read_shard(const char *path, sh_tokens *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     size_t n = 0;
     unsigned char *b = slurp(path, &n, err, errlen);
@@ -161,7 +163,7 @@ static int shard_like(const char *path, const unsigned char *b, size_t n, char *
     return sized || bin;
 }
 
-int sh_load_data(const char *path, sh_tokens *out, char *err, size_t errlen) {
+int sh_data_load(const char *path, sh_tokens *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     size_t n = 0;
     unsigned char *b = slurp(path, &n, err, errlen);
@@ -178,7 +180,7 @@ int sh_load_data(const char *path, sh_tokens *out, char *err, size_t errlen) {
     return rc;
 }
 
-int sh_write_shard(const char *path, const uint16_t *tok, size_t n, char *err, size_t errlen) {
+int sh_data_write_shard(const char *path, const uint16_t *tok, size_t n, char *err, size_t errlen) {
     if (n > (size_t)INT32_MAX) {
         snprintf(err, errlen, "%s: %zu tokens do not fit the shard header's int32 count", path,
                  n);
@@ -242,7 +244,7 @@ static int walk_up(const char *start, char *out, size_t outlen) {
     }
 }
 
-int sh_find_repo_root(char *out, size_t outlen) {
+int sh_data_find_repo_root(char *out, size_t outlen) {
     const char *env = getenv("PT_ROOT");
     if (env && *env && has_marker(env)) {
         snprintf(out, outlen, "%s", env);
@@ -317,7 +319,7 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-int sh_default_corpus(const char *root, sh_tokens *out, char *err, size_t errlen) {
+int sh_data_default_corpus(const char *root, sh_tokens *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     flist fl = {0};
     int rc = walk(root, "", &fl);
@@ -350,11 +352,11 @@ int sh_default_corpus(const char *root, sh_tokens *out, char *err, size_t errlen
     }
     for (size_t i = 0; i < fl.n; i++) free(fl.v[i]);
     free(fl.v);
-    if (rc) sh_tokens_free(out);
+    if (rc) sh_data_tokens_free(out);
     return rc;
 }
 
-void sh_split(const sh_tokens *t, sh_tokens *train, sh_tokens *val) {
+void sh_data_split(const sh_tokens *t, sh_tokens *train, sh_tokens *val) {
     size_t ntr = t->n / 10 * 9 + (t->n % 10) * 9 / 10;
     train->tok = t->tok;
     train->n = ntr;
@@ -362,14 +364,14 @@ void sh_split(const sh_tokens *t, sh_tokens *train, sh_tokens *val) {
     val->n = t->n - ntr;
 }
 
-int sh_tokens_vocab(const sh_tokens *t) {
+int sh_data_tokens_vocab(const sh_tokens *t) {
     int mx = -1;
     for (size_t i = 0; i < t->n; i++)
         if (t->tok[i] > mx) mx = t->tok[i];
     return mx + 1;
 }
 
-void sh_sample_batch(sh_rng *r, const sh_tokens *t, int B, int T, int32_t *inp, int32_t *tgt) {
+void sh_data_sample_batch(sh_rng *r, const sh_tokens *t, int B, int T, int32_t *inp, int32_t *tgt) {
     for (int b = 0; b < B; b++) {
         size_t o = (size_t)sh_rng_below(r, (uint64_t)(t->n - (size_t)T));
         for (int i = 0; i < T; i++) {
@@ -379,7 +381,7 @@ void sh_sample_batch(sh_rng *r, const sh_tokens *t, int B, int T, int32_t *inp, 
     }
 }
 
-void sh_val_batch(const sh_tokens *t, int k, int B, int T, int32_t *inp, int32_t *tgt) {
+void sh_data_val_batch(const sh_tokens *t, int k, int B, int T, int32_t *inp, int32_t *tgt) {
     size_t span = t->n - (size_t)T;
     for (int b = 0; b < B; b++) {
         size_t o = ((size_t)k * B + b) * (size_t)T % span;
@@ -388,4 +390,61 @@ void sh_val_batch(const sh_tokens *t, int k, int B, int T, int32_t *inp, int32_t
             tgt[(size_t)b * T + i] = t->tok[o + i + 1];
         }
     }
+}
+
+/* ---- --data lists and globs ---- */
+
+static int append(sh_tokens *all, const char *path, char *err, size_t errlen) {
+    sh_tokens one;
+    if (sh_data_load(path, &one, err, errlen)) return -1;
+    uint16_t *nt = realloc(all->tok, (all->n + one.n + 1) * sizeof *nt);
+    if (!nt) {
+        snprintf(err, errlen, "out of host memory adding %zu tokens of %s", one.n, path);
+        sh_data_tokens_free(&one);
+        return -1;
+    }
+    memcpy(nt + all->n, one.tok, one.n * sizeof *nt);
+    all->tok = nt;
+    all->n += one.n;
+    sh_data_tokens_free(&one);
+    return 0;
+}
+
+int sh_data_load_list(const char *spec, sh_tokens *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    /* one plain file: the single-file loader itself (no copy, its own messages) */
+    if (!strpbrk(spec, ",*?[")) return sh_data_load(spec, out, err, errlen);
+    char *list = strdup(spec);
+    if (!list) {
+        snprintf(err, errlen, "out of host memory reading --data");
+        return -1;
+    }
+    int rc = 0;
+    char *save = NULL;
+    for (char *item = strtok_r(list, ",", &save); item && !rc; item = strtok_r(NULL, ",", &save)) {
+        if (!*item) continue;
+        if (!strpbrk(item, "*?[")) {
+            rc = append(out, item, err, errlen);
+            continue;
+        }
+        glob_t g;
+        int gr = glob(item, GLOB_ERR, NULL, &g); /* glob sorts its matches */
+        if (gr == GLOB_NOMATCH) {
+            snprintf(err, errlen, "--data: the pattern %s matches no file", item);
+            rc = -1;
+        } else if (gr != 0) {
+            snprintf(err, errlen, "--data: cannot expand the pattern %s", item);
+            rc = -1;
+        }
+        for (size_t i = 0; gr == 0 && !rc && i < g.gl_pathc; i++)
+            rc = append(out, g.gl_pathv[i], err, errlen);
+        if (gr == 0) globfree(&g);
+    }
+    free(list);
+    if (!rc && out->n == 0 && !out->tok) {
+        snprintf(err, errlen, "--data '%s' names no file", spec);
+        rc = -1;
+    }
+    if (rc) sh_data_tokens_free(out);
+    return rc;
 }

@@ -15,7 +15,7 @@
  * indexing (N*C, N*4C, B*NH*T*T) inside int range where the kernels use int. */
 #define MAX_DIM (1 << 20)
 
-int sh_dims_check(sh_dims *d, char *err, size_t errlen) {
+int sh_model_dims_check(sh_dims *d, char *err, size_t errlen) {
     if (d->Vp == 0) d->Vp = (d->V + 127) / 128 * 128;
     const char *bad = NULL;
     int val = 0;
@@ -37,7 +37,7 @@ int sh_dims_check(sh_dims *d, char *err, size_t errlen) {
     return 0;
 }
 
-size_t sh_param_numel(const pt_param_v1 *p) {
+size_t sh_model_param_numel(const pt_param_v1 *p) {
     size_t n = 1;
     for (int i = 0; i < p->ndim; i++) n *= (size_t)p->shape[i];
     return n;
@@ -60,7 +60,7 @@ static void set_param(sh_model *m, int i, const char *name, int ndim, int64_t s0
 int sh_model_create(sh_model *m, const sh_dims *din, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     sh_dims d = *din;
-    if (sh_dims_check(&d, err, errlen)) return -1;
+    if (sh_model_dims_check(&d, err, errlen)) return -1;
     m->d = d;
     int L = d.L, C = d.C;
     m->n_params = SH_N_PARAMS(L);
@@ -93,7 +93,7 @@ int sh_model_create(sh_model *m, const sh_dims *din, char *err, size_t errlen) {
             continue;
         }
         m->off[i] = off;
-        off += sh_param_numel(&m->params[i]);
+        off += sh_model_param_numel(&m->params[i]);
     }
     m->n_floats = off;
     m->init = calloc(off, sizeof(float));
@@ -125,7 +125,7 @@ void sh_model_init_random(sh_model *m, uint64_t seed) {
         pt_param_v1 *p = &m->params[i];
         if (p->tie >= 0) continue;
         float *x = m->init + m->off[i];
-        size_t n = sh_param_numel(p);
+        size_t n = sh_model_param_numel(p);
         int k = (i >= 2 && i < SH_P_LNFW(L)) ? (i - 2) % SH_NLP : -1;
         int is_ln_w = k == SH_LN1W || k == SH_LN2W || i == SH_P_LNFW(L);
         if (is_ln_w) {
@@ -144,11 +144,11 @@ void sh_model_init_random(sh_model *m, uint64_t seed) {
 
 static size_t al16(size_t x) { return (x + 15) & ~(size_t)15; }
 
-void sh_arena_layout_make(sh_arena_layout *a, const sh_dims *d, int B, int T) {
-    sh_arena_layout_make_t(a, d, B, T, 0);
+void sh_model_arena_layout_make(sh_arena_layout *a, const sh_dims *d, int B, int T) {
+    sh_model_arena_layout_make_t(a, d, B, T, 0);
 }
 
-void sh_arena_layout_make_t(sh_arena_layout *a, const sh_dims *d, int B, int T, int tiled) {
+void sh_model_arena_layout_make_t(sh_arena_layout *a, const sh_dims *d, int B, int T, int tiled) {
     size_t N = (size_t)B * T, C = (size_t)d->C, o = 0;
     /* tiled: the MLP's (N,4C) intermediates are not saved (each tile's backward
      * recomputes them from ln2), so fch and fch_gelu take no room */
@@ -213,11 +213,11 @@ static void lin_bwd(const sh_model *m, int l, int k, float *dinp, const float *d
                                                    dinp, N));
 }
 
-void sh_block_fwd_attn(const sh_model *m, int l, float *arena, const float *x, int B, int T,
+void sh_model_block_fwd_attn(const sh_model *m, int l, float *arena, const float *x, int B, int T,
                        int tiled) {
     const sh_layer_ops *O = ops_of(m);
     sh_arena_layout a;
-    sh_arena_layout_make_t(&a, &m->d, B, T, tiled);
+    sh_model_arena_layout_make_t(&a, &m->d, B, T, tiled);
     int N = B * T, C = m->d.C, NH = m->d.NH;
     float *A = arena;
     O->layernorm_fwd(O->ctx, A + a.ln1, A + a.ln1_mean, A + a.ln1_rstd, x, PD(l, SH_LN1W),
@@ -231,7 +231,7 @@ void sh_block_fwd_attn(const sh_model *m, int l, float *arena, const float *x, i
                      PD(l, SH_LN2B), N, C);
 }
 
-void sh_mlp_fwd(const sh_model *m, int l, const sh_mlp_rows *r) {
+void sh_model_mlp_fwd(const sh_model *m, int l, const sh_mlp_rows *r) {
     const sh_layer_ops *O = ops_of(m);
     int n = r->n, C = m->d.C;
     lin_fwd(m, l, SH_FCW, r->fch, r->inp, n, C, 4 * C);
@@ -242,17 +242,17 @@ void sh_mlp_fwd(const sh_model *m, int l, const sh_mlp_rows *r) {
     O->add_inplace(O->ctx, r->out, r->res, (size_t)n * C);
 }
 
-void sh_block_fwd(const sh_model *m, int l, float *arena, const float *x, float *out,
+void sh_model_block_fwd(const sh_model *m, int l, float *arena, const float *x, float *out,
                   int B, int T) {
     sh_arena_layout a;
-    sh_arena_layout_make(&a, &m->d, B, T);
-    sh_block_fwd_attn(m, l, arena, x, B, T, 0);
+    sh_model_arena_layout_make(&a, &m->d, B, T);
+    sh_model_block_fwd_attn(m, l, arena, x, B, T, 0);
     sh_mlp_rows r = {.n = B * T, .inp = arena + a.ln2, .res = arena + a.res2, .out = out,
                      .fch = arena + a.fch, .fch_gelu = arena + a.fch_gelu};
-    sh_mlp_fwd(m, l, &r);
+    sh_model_mlp_fwd(m, l, &r);
 }
 
-void sh_mlp_bwd(const sh_model *m, int l, const sh_mlp_rows *r) {
+void sh_model_mlp_bwd(const sh_model *m, int l, const sh_mlp_rows *r) {
     const sh_layer_ops *O = ops_of(m);
     int n = r->n, C = m->d.C;
     /* dbig (n,4C) holds d fch_gelu, then d fch in place; dinp (n,C) = d ln2 */
@@ -261,11 +261,11 @@ void sh_mlp_bwd(const sh_model *m, int l, const sh_mlp_rows *r) {
     lin_bwd(m, l, SH_FCW, r->dinp, r->dbig, r->inp, n, C, 4 * C, r->wtmp);
 }
 
-void sh_block_bwd_attn(const sh_model *m, int l, const float *arena, const float *x, float *dres,
+void sh_model_block_bwd_attn(const sh_model *m, int l, const float *arena, const float *x, float *dres,
                        const sh_scratch *s, int B, int T, int tiled) {
     const sh_layer_ops *O = ops_of(m);
     sh_arena_layout a;
-    sh_arena_layout_make_t(&a, &m->d, B, T, tiled);
+    sh_model_arena_layout_make_t(&a, &m->d, B, T, tiled);
     int N = B * T, C = m->d.C, NH = m->d.NH;
     const float *A = arena;
     /* s->dsmall holds d ln2 (the MLP branch's input gradient) */
@@ -280,20 +280,20 @@ void sh_block_bwd_attn(const sh_model *m, int l, const float *arena, const float
                      A + a.ln1_mean, A + a.ln1_rstd, N, C);
 }
 
-void sh_block_bwd(const sh_model *m, int l, const float *arena, const float *x, float *dres,
+void sh_model_block_bwd(const sh_model *m, int l, const float *arena, const float *x, float *dres,
                   const sh_scratch *s, int B, int T) {
     sh_arena_layout a;
-    sh_arena_layout_make(&a, &m->d, B, T);
+    sh_model_arena_layout_make(&a, &m->d, B, T);
     /* out = res2 + fcproj(gelu(fc(ln2(res2)))): dres flows to res2 unchanged plus the MLP
      * branch */
     sh_mlp_rows r = {.n = B * T, .inp = arena + a.ln2, .fch = (float *)arena + a.fch,
                      .fch_gelu = (float *)arena + a.fch_gelu, .dout = dres, .dinp = s->dsmall,
                      .dbig = s->dbig, .wtmp = s->wtmp};
-    sh_mlp_bwd(m, l, &r);
-    sh_block_bwd_attn(m, l, arena, x, dres, s, B, T, 0);
+    sh_model_mlp_bwd(m, l, &r);
+    sh_model_block_bwd_attn(m, l, arena, x, dres, s, B, T, 0);
 }
 
-void sh_head_fwd(const sh_model *m, const sh_head_acts *a, const float *xL,
+void sh_model_head_fwd(const sh_model *m, const sh_head_acts *a, const float *xL,
                  const int32_t *targets, int B, int T, double *loss_acc) {
     const sh_layer_ops *O = ops_of(m);
     int N = B * T, C = m->d.C, L = m->d.L;
@@ -307,7 +307,7 @@ void sh_head_fwd(const sh_model *m, const sh_head_acts *a, const float *xL,
         O->crossentropy_fwd(O->ctx, a->logits, a->losses, targets, N, m->d.V, m->d.Vp, loss_acc);
 }
 
-void sh_head_bwd(const sh_model *m, const sh_head_acts *a, const float *xL,
+void sh_model_head_bwd(const sh_model *m, const sh_head_acts *a, const float *xL,
                  const int32_t *targets, float dloss, float *dres, float *dsmall, int B, int T) {
     const sh_layer_ops *O = ops_of(m);
     int N = B * T, C = m->d.C, L = m->d.L;
@@ -323,7 +323,7 @@ void sh_head_bwd(const sh_model *m, const sh_head_acts *a, const float *xL,
                      (const float *)m->params[SH_P_LNFW(L)].data, a->lnf_mean, a->lnf_rstd, N, C);
 }
 
-int sh_pick_token(const float *logits, int V, float temperature, sh_rng *rng) {
+int sh_model_pick_token(const float *logits, int V, float temperature, sh_rng *rng) {
     int best = 0;
     for (int i = 1; i < V; i++)
         if (logits[i] > logits[best]) best = i;

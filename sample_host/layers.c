@@ -22,7 +22,7 @@
  * the same arithmetic, so results are bit-identical wherever the chunk lives. */
 #define COLS 16
 
-void sh_encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe,
+void sh_layers_encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe,
                     int B, int T, int C) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < B * T; n++) {
@@ -33,7 +33,7 @@ void sh_encoder_fwd(float *out, const int32_t *tok, const float *wte, const floa
     }
 }
 
-void sh_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
+void sh_layers_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
                     int B, int T, int C) {
     /* Tokens repeat, so rows of dwte receive several contributions: partition by
      * channel block and walk positions in order (deterministic, race-free). */
@@ -53,7 +53,7 @@ void sh_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *
     }
 }
 
-void sh_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
+void sh_layers_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
                       const float *w, const float *b, int N, int C) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -75,7 +75,7 @@ void sh_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
     }
 }
 
-void sh_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+void sh_layers_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                       const float *w, const float *mean, const float *rstd, int N, int C) {
     /* With xh = (x - mean) * rstd and y = xh * w + b:
      *   dxh = dy * w
@@ -139,7 +139,7 @@ static int slab_rows(int M) {
 
 void sh_layers_init(void) { openblas_set_num_threads(1); }
 
-int sh_attention_slots(void) {
+int sh_layers_attention_slots(void) {
 #ifdef _OPENMP
     return omp_get_max_threads();
 #else
@@ -147,7 +147,7 @@ int sh_attention_slots(void) {
 #endif
 }
 
-void sh_matmul_fwd(float *out, const float *inp, const float *W, const float *bias,
+void sh_layers_matmul_fwd(float *out, const float *inp, const float *W, const float *bias,
                    int N, int IC, int OC) {
     int rs = slab_rows(N), ns = (N + rs - 1) / rs;
 #pragma omp parallel for schedule(static)
@@ -165,7 +165,7 @@ void sh_matmul_fwd(float *out, const float *inp, const float *W, const float *bi
     }
 }
 
-void sh_matmul_bwd(float *dinp, float *dW, float *dbias, const float *dout, const float *inp,
+void sh_layers_matmul_bwd(float *dinp, float *dW, float *dbias, const float *dout, const float *inp,
                    const float *W, int N, int IC, int OC, float *wtmp) {
     if (dinp) {
         int rs = slab_rows(N), ns = (N + rs - 1) / rs;
@@ -202,7 +202,7 @@ void sh_matmul_bwd(float *dinp, float *dW, float *dbias, const float *dout, cons
     }
 }
 
-void sh_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+void sh_layers_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     /* Per (b,h), with Q,K,V the (T,hd) head slices of qkv (row stride 3C):
      *   S = Q K^T / sqrt(hd) (T,T); P = causal row softmax of S (P[t][t2>t] = 0);
      *   O = P V (T,hd) into out (row stride C). */
@@ -236,7 +236,7 @@ void sh_attention_fwd(float *out, float *att, const float *qkv, int B, int T, in
     }
 }
 
-void sh_attention_bwd(float *dqkv, float *datt, int nslots, const float *dout,
+void sh_layers_attention_bwd(float *dqkv, float *datt, int nslots, const float *dout,
                       const float *qkv, const float *att, int B, int T, int C, int NH) {
     /* Per (b,h), with P the saved probabilities and dO the head slice of dout:
      *   dP = dO V^T, dV = P^T dO,
@@ -281,22 +281,22 @@ void sh_attention_bwd(float *dqkv, float *datt, int nslots, const float *dout,
 }
 
 /* GELU and its derivative: sh_elem.h (shared with the CUDA kernels). */
-void sh_gelu_fwd(float *out, const float *inp, size_t n) {
+void sh_layers_gelu_fwd(float *out, const float *inp, size_t n) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = sh_gelu(inp[i]);
 }
 
-void sh_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
+void sh_layers_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) dinp[i] = sh_gelu_grad(inp[i]) * dout[i];
 }
 
-void sh_add_inplace(float *out, const float *a, size_t n) {
+void sh_layers_add_inplace(float *out, const float *a, size_t n) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] += a[i];
 }
 
-double sh_crossentropy_fwd(float *probs, float *losses, const int32_t *targets,
+double sh_layers_crossentropy_fwd(float *probs, float *losses, const int32_t *targets,
                            int N, int V, int Vp) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -321,7 +321,7 @@ double sh_crossentropy_fwd(float *probs, float *losses, const int32_t *targets,
     return acc / (double)N;
 }
 
-void sh_crossentropy_bwd(float *dlogits, const float *probs, const int32_t *targets,
+void sh_layers_crossentropy_bwd(float *dlogits, const float *probs, const int32_t *targets,
                          float dloss, int N, int V, int Vp) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {

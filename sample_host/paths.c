@@ -77,7 +77,7 @@ int sh_paths_check(const sh_config *c, char *err, size_t errlen) {
     return probe_dir("--checkpoint-dir", c->checkpoint_dir, parent, err, errlen);
 }
 
-int sh_save_model(const sh_config *c, const sh_model *m, const float *flat, char *written,
+int sh_paths_save_model(const sh_config *c, const sh_model *m, const float *flat, char *written,
                   size_t wlen, char *err, size_t errlen) {
     written[0] = '\0';
     char why[1024];

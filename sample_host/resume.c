@@ -29,13 +29,13 @@
 /* a folder path (< PATH_MAX) plus a file name (< 256) */
 #define PBUF (PATH_MAX + 300)
 
-uint64_t sh_rz_fnv(uint64_t h, const void *p, size_t n) {
+uint64_t sh_resume_fnv(uint64_t h, const void *p, size_t n) {
     const unsigned char *b = p;
     for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
     return h;
 }
 
-int sh_rz_say(char *err, size_t errlen, const char *fmt, ...) {
+int sh_resume_say(char *err, size_t errlen, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
@@ -53,7 +53,7 @@ static int write_all(int fd, const void *p, size_t n, uint64_t *h) {
         if (w <= 0) return -1;
         done += (size_t)w;
     }
-    if (h) *h = sh_rz_fnv(*h, p, n);
+    if (h) *h = sh_resume_fnv(*h, p, n);
     return 0;
 }
 
@@ -61,14 +61,14 @@ static int write_all(int fd, const void *p, size_t n, uint64_t *h) {
 static int write_file(const char *path, const void *const *parts, const size_t *lens, int k,
                       uint64_t *h, char *err, size_t errlen) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return sh_rz_say(err, errlen, "cannot create %s: %s", path, strerror(errno));
+    if (fd < 0) return sh_resume_say(err, errlen, "cannot create %s: %s", path, strerror(errno));
     *h = FNV_START;
     int ok = 1;
     for (int i = 0; i < k && ok; i++) ok = write_all(fd, parts[i], lens[i], h) == 0;
     ok = ok && fsync(fd) == 0;
     int e = errno;
     ok = (close(fd) == 0) && ok;
-    if (!ok) return sh_rz_say(err, errlen, "cannot write %s: %s", path, strerror(e ? e : errno));
+    if (!ok) return sh_resume_say(err, errlen, "cannot write %s: %s", path, strerror(e ? e : errno));
     return 0;
 }
 
@@ -80,7 +80,7 @@ static int hash_file(const char *path, uint64_t *h, long long *size) {
     *h = FNV_START;
     *size = 0;
     while ((k = fread(buf, 1, sizeof buf, f)) > 0) {
-        *h = sh_rz_fnv(*h, buf, k);
+        *h = sh_resume_fnv(*h, buf, k);
         *size += (long long)k;
     }
     int bad = ferror(f);
@@ -228,7 +228,7 @@ typedef struct listed {
  * with their checksums. */
 static int list_files(const char *dir, listed *v, int max, int *n, char *err, size_t errlen) {
     DIR *d = opendir(dir);
-    if (!d) return sh_rz_say(err, errlen, "cannot list %s: %s", dir, strerror(errno));
+    if (!d) return sh_resume_say(err, errlen, "cannot list %s: %s", dir, strerror(errno));
     struct dirent *e;
     *n = 0;
     int rc = 0;
@@ -239,7 +239,7 @@ static int list_files(const char *dir, listed *v, int max, int *n, char *err, si
         (void)join(p, sizeof p, dir, e->d_name);
         if (stat(p, &sb) != 0 || !S_ISREG(sb.st_mode) || strlen(e->d_name) >= sizeof v->name ||
             strchr(e->d_name, ' ') || *n == max) {
-            rc = sh_rz_say(err, errlen, "unexpected entry %s in a generation being written", p);
+            rc = sh_resume_say(err, errlen, "unexpected entry %s in a generation being written", p);
             break;
         }
         listed *l = &v[(*n)++];
@@ -248,7 +248,7 @@ static int list_files(const char *dir, listed *v, int max, int *n, char *err, si
         l->size = (long long)sb.st_size;
         l->hashed = 1;   /* every file: one copied in from elsewhere is found */
         if (hash_file(p, &l->hash, &l->size))
-            rc = sh_rz_say(err, errlen, "cannot read back %s", p);
+            rc = sh_resume_say(err, errlen, "cannot read back %s", p);
     }
     closedir(d);
     return rc;
@@ -263,14 +263,14 @@ static int write_gen(const sh_resume *r, sh_trainer *tr, const sh_resume_state *
         /* several ranks: each wrote its plugin state file already */
     } else if (r->plugin) {
         if (sh_trainer_plugin_state(tr, tmp, 0))
-            return sh_rz_say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
+            return sh_resume_say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
                        sh_trainer_error(tr));
     } else {
         size_t n = sh_trainer_model(tr)->n_floats;
         float *buf = malloc(3 * n * sizeof(float) + 1);
-        if (!buf) return sh_rz_say(err, errlen, "out of host memory for a checkpoint (%zu floats)", 3 * n);
+        if (!buf) return sh_resume_say(err, errlen, "out of host memory for a checkpoint (%zu floats)", 3 * n);
         int rc = sh_trainer_opt_io(tr, buf, buf + n, buf + 2 * n, 0);
-        if (rc) sh_rz_say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
+        if (rc) sh_resume_say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
                     sh_trainer_error(tr));
         (void)join(p, sizeof p, tmp, PARAMS_FILE);
         const void *parts[1] = {buf};
@@ -281,8 +281,8 @@ static int write_gen(const sh_resume *r, sh_trainer *tr, const sh_resume_state *
     }
     pause_ms(c->debug_save_sleep_ms);
     char host[4096];
-    int hn = sh_rz_host_text(r, st, host, sizeof host);
-    if (hn < 0) return sh_rz_say(err, errlen, "host state too long for a checkpoint");
+    int hn = sh_resume_host_text(r, st, host, sizeof host);
+    if (hn < 0) return sh_resume_say(err, errlen, "host state too long for a checkpoint");
     (void)join(p, sizeof p, tmp, HOST_FILE);
     const void *hp[1] = {host};
     size_t hl[1] = {(size_t)hn};
@@ -301,14 +301,14 @@ static int write_gen(const sh_resume *r, sh_trainer *tr, const sh_resume_state *
         k += snprintf(man + k, sizeof man - (size_t)k, "file %s %lld %s\n", files[i].name,
                       files[i].size, hx);
     }
-    if (k <= 0 || (size_t)k + 32 >= sizeof man) return sh_rz_say(err, errlen, "manifest too long");
+    if (k <= 0 || (size_t)k + 32 >= sizeof man) return sh_resume_say(err, errlen, "manifest too long");
     k += snprintf(man + k, sizeof man - (size_t)k, "end %016" PRIx64 "\n",
-                  sh_rz_fnv(FNV_START, man, (size_t)k));
+                  sh_resume_fnv(FNV_START, man, (size_t)k));
     (void)join(p, sizeof p, tmp, MANIFEST);
     const void *mp[1] = {man};
     size_t ml[1] = {(size_t)k};
     if (write_file(p, mp, ml, 1, &h, err, errlen)) return -1;
-    if (fsync_dir(tmp)) return sh_rz_say(err, errlen, "cannot fsync %s: %s", tmp, strerror(errno));
+    if (fsync_dir(tmp)) return sh_resume_say(err, errlen, "cannot fsync %s: %s", tmp, strerror(errno));
     pause_ms(c->debug_save_sleep_ms);
     return 0;
 }
@@ -317,9 +317,9 @@ static int write_gen(const sh_resume *r, sh_trainer *tr, const sh_resume_state *
  * sum of failure flags); a rank that failed keeps its own sentence in err. */
 static int all_ok(sh_trainer *tr, int ok, const char *phase, char *err, size_t errlen) {
     double bad = ok ? 0 : 1;
-    if (sh_trainer_dist_sum(tr, &bad, 1)) return sh_rz_say(err, errlen, "%s", sh_trainer_error(tr));
+    if (sh_trainer_dist_sum(tr, &bad, 1)) return sh_resume_say(err, errlen, "%s", sh_trainer_error(tr));
     if (!ok) return -1;
-    if (bad != 0) return sh_rz_say(err, errlen, "checkpoint: %g other rank(s) failed %s", bad, phase);
+    if (bad != 0) return sh_resume_say(err, errlen, "checkpoint: %g other rank(s) failed %s", bad, phase);
     return 0;
 }
 
@@ -333,21 +333,21 @@ static int save_ranks(const sh_resume *r, sh_trainer *tr, const sh_resume_state 
     const char *dir = r->c->checkpoint_dir;
     int r0 = r->c->rank == 0;
     double pid = r0 ? (double)getpid() : 0;
-    if (sh_trainer_dist_sum(tr, &pid, 1)) return sh_rz_say(err, errlen, "%s", sh_trainer_error(tr));
+    if (sh_trainer_dist_sum(tr, &pid, 1)) return sh_resume_say(err, errlen, "%s", sh_trainer_error(tr));
     char tmp[PATH_MAX], fin[PATH_MAX];
     gen_path(tmp, sizeof tmp, dir, st->step, "tmp", (long)pid);
     gen_path(fin, sizeof fin, dir, st->step, NULL, 0);
     int ok = 1;
     if (r0) {
         if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-            ok = !sh_rz_say(err, errlen, "cannot create checkpoint folder %s: %s", dir, strerror(errno));
+            ok = !sh_resume_say(err, errlen, "cannot create checkpoint folder %s: %s", dir, strerror(errno));
         if (ok) clean_stale(dir);
         if (ok && mkdir(tmp, 0755) != 0)
-            ok = !sh_rz_say(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+            ok = !sh_resume_say(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
     }
     if (all_ok(tr, ok, "to create the generation's folder", err, errlen)) return -1;
     ok = !sh_trainer_plugin_state(tr, tmp, 0);
-    if (!ok) sh_rz_say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
+    if (!ok) sh_resume_say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
                  sh_trainer_error(tr));
     if (all_ok(tr, ok, "to write their plugin state", err, errlen)) {
         if (r0) rm_tree(tmp);
@@ -357,11 +357,11 @@ static int save_ranks(const sh_resume *r, sh_trainer *tr, const sh_resume_state 
         struct stat sb;
         if (write_gen(r, tr, st, tmp, 1, err, errlen)) ok = 0;
         else if (stat(fin, &sb) == 0 && drop_gen(dir, st->step) != 0)
-            ok = !sh_rz_say(err, errlen, "cannot replace %s: %s", fin, strerror(errno));
+            ok = !sh_resume_say(err, errlen, "cannot replace %s: %s", fin, strerror(errno));
         else if (rename(tmp, fin) != 0)
-            ok = !sh_rz_say(err, errlen, "cannot rename %s to %s: %s", tmp, fin, strerror(errno));
+            ok = !sh_resume_say(err, errlen, "cannot rename %s to %s: %s", tmp, fin, strerror(errno));
         else if (fsync_dir(dir))
-            ok = !sh_rz_say(err, errlen, "cannot fsync %s: %s", dir, strerror(errno));
+            ok = !sh_resume_say(err, errlen, "cannot fsync %s: %s", dir, strerror(errno));
         if (!ok) rm_tree(tmp);
         else prune(dir, st->step, 1, r->c->checkpoint_keep);
     }
@@ -373,13 +373,13 @@ int sh_resume_save(const sh_resume *r, sh_trainer *tr, const sh_resume_state *st
     if (r->c->world > 1) return save_ranks(r, tr, st, err, errlen);
     const char *dir = r->c->checkpoint_dir;
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return sh_rz_say(err, errlen, "cannot create checkpoint folder %s: %s", dir, strerror(errno));
+        return sh_resume_say(err, errlen, "cannot create checkpoint folder %s: %s", dir, strerror(errno));
     clean_stale(dir);
     char tmp[PATH_MAX], fin[PATH_MAX];
     gen_path(tmp, sizeof tmp, dir, st->step, "tmp", (long)getpid());
     gen_path(fin, sizeof fin, dir, st->step, NULL, 0);
     if (mkdir(tmp, 0755) != 0)
-        return sh_rz_say(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+        return sh_resume_say(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
     if (write_gen(r, tr, st, tmp, 0, err, errlen)) {
         rm_tree(tmp);
         return -1;
@@ -388,14 +388,14 @@ int sh_resume_save(const sh_resume *r, sh_trainer *tr, const sh_resume_state *st
     struct stat sb;
     if (stat(fin, &sb) == 0 && drop_gen(dir, st->step) != 0) {
         rm_tree(tmp);
-        return sh_rz_say(err, errlen, "cannot replace %s: %s", fin, strerror(errno));
+        return sh_resume_say(err, errlen, "cannot replace %s: %s", fin, strerror(errno));
     }
     if (rename(tmp, fin) != 0) {
         int e = errno;
         rm_tree(tmp);
-        return sh_rz_say(err, errlen, "cannot rename %s to %s: %s", tmp, fin, strerror(e));
+        return sh_resume_say(err, errlen, "cannot rename %s to %s: %s", tmp, fin, strerror(e));
     }
-    if (fsync_dir(dir)) return sh_rz_say(err, errlen, "cannot fsync %s: %s", dir, strerror(errno));
+    if (fsync_dir(dir)) return sh_resume_say(err, errlen, "cannot fsync %s: %s", dir, strerror(errno));
     /* generations past this step belong to a future this run abandoned (a resume
      * went back before them, they were not valid) */
     prune(dir, st->step, 1, r->c->checkpoint_keep);
@@ -420,37 +420,37 @@ static int check_gen(const sh_resume *r, const char *gp, int64_t step, char *hos
     char p[PBUF];
     (void)join(p, sizeof p, gp, MANIFEST);
     FILE *f = fopen(p, "rb");
-    if (!f) return sh_rz_say(why, wl, "no readable %s (%s)", MANIFEST, strerror(errno));
+    if (!f) return sh_resume_say(why, wl, "no readable %s (%s)", MANIFEST, strerror(errno));
     static char man[MANIFEST_MAX + 1];
     size_t k = fread(man, 1, MANIFEST_MAX, f);
     fclose(f);
     man[k] = '\0';
     if (k == 0 || k == MANIFEST_MAX || man[k - 1] != '\n')
-        return sh_rz_say(why, wl, "%s is empty, too long or cut short", MANIFEST);
+        return sh_resume_say(why, wl, "%s is empty, too long or cut short", MANIFEST);
     /* by bytes, not as a string: a flipped byte may be a NUL, which the checksum
      * below must see rather than a string function stop at */
     char *last = k > 1 ? memrchr(man, '\n', k - 1) : NULL;
     uint64_t want;
     if (!last || sscanf(last + 1, "end %" SCNx64, &want) != 1)
-        return sh_rz_say(why, wl, "%s has no end line (cut short)", MANIFEST);
-    if (sh_rz_fnv(FNV_START, man, (size_t)(last + 1 - man)) != want)
-        return sh_rz_say(why, wl, "%s checksum mismatch (corrupt)", MANIFEST);
+        return sh_resume_say(why, wl, "%s has no end line (cut short)", MANIFEST);
+    if (sh_resume_fnv(FNV_START, man, (size_t)(last + 1 - man)) != want)
+        return sh_resume_say(why, wl, "%s checksum mismatch (corrupt)", MANIFEST);
     long long ms;
     char state[16];
     int fmt = 0;
     memset(seen, 0, sizeof *seen);
     if (sscanf(man, "sample_host-generation %d\nstep %lld\nstate %15s\n", &fmt, &ms, state) != 3 ||
         (fmt != 1 && fmt != 2))
-        return sh_rz_say(why, wl, "%s has an unknown format (this sample_host reads formats 1 and 2)",
+        return sh_resume_say(why, wl, "%s has an unknown format (this sample_host reads formats 1 and 2)",
                    MANIFEST);
     char idv[32];
-    if (fmt == 2 && (sh_rz_find_val(man, "ident", 0, idv, sizeof idv) ||
+    if (fmt == 2 && (sh_resume_find_val(man, "ident", 0, idv, sizeof idv) ||
                      !(seen->run_id = strtoull(idv, NULL, 16))))
-        return sh_rz_say(why, wl, "%s (format 2) has no ident (the run's id)", MANIFEST);
-    if (ms != step) return sh_rz_say(why, wl, "%s says step %lld, the folder %lld", MANIFEST, ms,
+        return sh_resume_say(why, wl, "%s (format 2) has no ident (the run's id)", MANIFEST);
+    if (ms != step) return sh_resume_say(why, wl, "%s says step %lld, the folder %lld", MANIFEST, ms,
                                (long long)step);
     if (strcmp(state, r->plugin ? "plugin" : "host") != 0)
-        return sh_rz_say(why, wl, "it holds %s state but this run is %s", state,
+        return sh_resume_say(why, wl, "it holds %s state but this run is %s", state,
                    r->plugin ? "with the plugin" : "--no-plugin");
     int have_host = 0;
     for (char *line = man; line < last; line = strchr(line, '\n') + 1) {
@@ -459,21 +459,21 @@ static int check_gen(const sh_resume *r, const char *gp, int64_t step, char *hos
         if (sscanf(line, "file %127s %lld %19s", name, &size, hx) != 3) continue;
         (void)join(p, sizeof p, gp, name);
         struct stat sb;
-        if (stat(p, &sb) != 0) return sh_rz_say(why, wl, "file %s is missing", name);
+        if (stat(p, &sb) != 0) return sh_resume_say(why, wl, "file %s is missing", name);
         if ((long long)sb.st_size != size)
-            return sh_rz_say(why, wl, "file %s is %lld bytes, the manifest says %lld (truncated?)",
+            return sh_resume_say(why, wl, "file %s is %lld bytes, the manifest says %lld (truncated?)",
                        name, (long long)sb.st_size, size);
         if (strcmp(hx, "-") == 0) {
-            if (fmt == 2) return sh_rz_say(why, wl, "%s lists %s without a checksum", MANIFEST, name);
+            if (fmt == 2) return sh_resume_say(why, wl, "%s lists %s without a checksum", MANIFEST, name);
             continue;
         }
         uint64_t h, hw = strtoull(hx, NULL, 16);
         long long got;
         int is_host = strcmp(name, HOST_FILE) == 0;
         if (hash_file(p, &h, &got) || got != size)
-            return sh_rz_say(why, wl, "file %s cannot be read whole", name);
+            return sh_resume_say(why, wl, "file %s cannot be read whole", name);
         if (h != hw && (is_host || !r->plugin))
-            return sh_rz_say(why, wl, "file %s checksum mismatch (corrupt, or not the file this "
+            return sh_resume_say(why, wl, "file %s checksum mismatch (corrupt, or not the file this "
                        "generation wrote)", name);
         if (h != hw && !seen->suspect[0]) snprintf(seen->suspect, sizeof seen->suspect, "%s", name);
         if (is_host) {
@@ -484,7 +484,7 @@ static int check_gen(const sh_resume *r, const char *gp, int64_t step, char *hos
             have_host = hk == (size_t)size;
         }
     }
-    if (!have_host) return sh_rz_say(why, wl, "%s is not listed or too long", HOST_FILE);
+    if (!have_host) return sh_resume_say(why, wl, "%s is not listed or too long", HOST_FILE);
     return 0;
 }
 
@@ -497,22 +497,22 @@ static void warn_skip(const char *gp, const char *why) {
 static int load_gen(const sh_resume *r, sh_trainer *tr, const char *gp, char *why, size_t wl) {
     if (r->plugin) {
         if (sh_trainer_plugin_state(tr, gp, 1))
-            return sh_rz_say(why, wl, "%s", sh_trainer_error(tr));
+            return sh_resume_say(why, wl, "%s", sh_trainer_error(tr));
         return 0;
     }
     size_t n = sh_trainer_model(tr)->n_floats;
     char p[PBUF];
     (void)join(p, sizeof p, gp, PARAMS_FILE);
     float *buf = malloc(3 * n * sizeof(float) + 1);
-    if (!buf) return sh_rz_say(why, wl, "out of host memory (%zu floats)", 3 * n);
+    if (!buf) return sh_resume_say(why, wl, "out of host memory (%zu floats)", 3 * n);
     FILE *f = fopen(p, "rb");
     int rc = 0;
-    if (!f) rc = sh_rz_say(why, wl, "cannot open %s", PARAMS_FILE);
+    if (!f) rc = sh_resume_say(why, wl, "cannot open %s", PARAMS_FILE);
     else if (fread(buf, sizeof(float), 3 * n, f) != 3 * n || fgetc(f) != EOF)
-        rc = sh_rz_say(why, wl, "%s does not hold 3 x %zu floats (another model?)", PARAMS_FILE, n);
+        rc = sh_resume_say(why, wl, "%s does not hold 3 x %zu floats (another model?)", PARAMS_FILE, n);
     if (f) fclose(f);
     if (!rc && sh_trainer_opt_io(tr, buf, buf + n, buf + 2 * n, 1))
-        rc = sh_rz_say(why, wl, "%s", sh_trainer_error(tr));
+        rc = sh_resume_say(why, wl, "%s", sh_trainer_error(tr));
     free(buf);
     return rc;
 }
@@ -528,11 +528,11 @@ static int plugin_mixed(const sh_resume *r, sh_trainer *tr, const char *gp,
     memset(&ps, 0, sizeof ps);
     ps.struct_size = sizeof ps;
     if (sh_trainer_stats(tr, &ps) == 0 && ps.steps != s->step)
-        return sh_rz_say(err, errlen, "--resume: %s/%s holds optimizer step %lld but the generation "
+        return sh_resume_say(err, errlen, "--resume: %s/%s holds optimizer step %lld but the generation "
                    "is step %lld: it was copied from another generation or run",
                    gp, file, (long long)ps.steps, (long long)s->step);
     if (seen->suspect[0])
-        return sh_rz_say(err, errlen, "--resume: %s/%s is an intact state file but not the one this "
+        return sh_resume_say(err, errlen, "--resume: %s/%s is an intact state file but not the one this "
                    "generation wrote (its checksum differs from the %s's): it was copied from "
                    "another run, rank or generation; mixing it with this generation's host "
                    "state would not continue any run", gp, file, MANIFEST);
@@ -552,7 +552,7 @@ int sh_resume_load(sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
     int64_t *g = NULL;
     int n = 0;
     if (!missing && list_gens(dir, &g, &n) != 0)
-        return sh_rz_say(err, errlen, "--resume: cannot read checkpoint folder %s: %s", dir,
+        return sh_resume_say(err, errlen, "--resume: cannot read checkpoint folder %s: %s", dir,
                    strerror(errno));
     int rc = 1;
     for (int i = 0; i < n; i++) {
@@ -565,24 +565,24 @@ int sh_resume_load(sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
         }
         sh_resume_state s;
         memset(&s, 0, sizeof s);
-        if (sh_rz_parse_host(host, &s) || s.step != g[i]) {
+        if (sh_resume_parse_host(host, &s) || s.step != g[i]) {
             warn_skip(gp, HOST_FILE " is malformed");
             continue;
         }
         /* a valid generation of another run is an error, not something to skip */
-        if (sh_rz_same_run(r, host, gp, err, errlen)) {
+        if (sh_resume_same_run(r, host, gp, err, errlen)) {
             rc = -1;
             break;
         }
         /* intact files (their checksums hold) that do not belong together, or hold
          * what no run writes: an error, not something to skip past */
         if (sh_gen_check_values(&s, r->c, why, sizeof why)) {
-            rc = sh_rz_say(err, errlen, "--resume: %s/%s: %s; no run writes that (a hand-made or "
+            rc = sh_resume_say(err, errlen, "--resume: %s/%s: %s; no run writes that (a hand-made or "
                      "foreign file)", gp, HOST_FILE, why);
             break;
         }
         if (seen.run_id && s.run_id != seen.run_id) {
-            rc = sh_rz_say(err, errlen, "--resume: %s/%s has ident (the run's id) %016" PRIx64 " but "
+            rc = sh_resume_say(err, errlen, "--resume: %s/%s has ident (the run's id) %016" PRIx64 " but "
                      "the %s says %016" PRIx64 ": the files come from different runs", gp, HOST_FILE,
                      s.run_id, MANIFEST, seen.run_id);
             break;
@@ -592,7 +592,7 @@ int sh_resume_load(sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
              * file; any other refusal of a file that is not this generation's
              * (another rank's, another model's) is a mix */
             if (seen.suspect[0] && !strstr(why, "corrupt") && !strstr(why, "truncated")) {
-                rc = sh_rz_say(err, errlen, "--resume: %s/%s is not the file this generation wrote "
+                rc = sh_resume_say(err, errlen, "--resume: %s/%s is not the file this generation wrote "
                          "(its checksum differs from the %s's) and the plugin refuses it: %s",
                          gp, seen.suspect, MANIFEST, why);
                 break;
@@ -618,14 +618,14 @@ int sh_resume_load(sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
          * a rank that refused a generation takes part too, so none waits for it */
         double v[3] = {rc == 0 ? (double)st->step : -1, 1, rc < 0 ? 1 : 0};
         if (sh_trainer_dist_sum(tr, v, 3)) {
-            if (rc >= 0) rc = sh_rz_say(err, errlen, "%s", sh_trainer_error(tr));
+            if (rc >= 0) rc = sh_resume_say(err, errlen, "%s", sh_trainer_error(tr));
         } else if (rc < 0) {
             /* this rank's own sentence stands */
         } else if (v[2] > 0) {
-            rc = sh_rz_say(err, errlen, "--resume: %g other rank(s) refused the generation in %s "
+            rc = sh_resume_say(err, errlen, "--resume: %g other rank(s) refused the generation in %s "
                      "(their error names the file)", v[2], dir);
         } else if (v[0] != v[1] * (rc == 0 ? (double)st->step : -1)) {
-            rc = sh_rz_say(err, errlen, "--resume: the ranks found different generations in %s (this "
+            rc = sh_resume_say(err, errlen, "--resume: the ranks found different generations in %s (this "
                      "rank: %s); they must all continue from the same step", dir,
                      rc == 0 ? gen : "none");
         } else if (rc == 0 && r0) {
@@ -633,7 +633,7 @@ int sh_resume_load(sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
         }
     }
     if (rc == 1 && n > 0)
-        rc = sh_rz_say(err, errlen, "--resume: none of the %d checkpoint generations in %s could be "
+        rc = sh_resume_say(err, errlen, "--resume: none of the %d checkpoint generations in %s could be "
                  "loaded (each is named in a warning above)", n, dir);
     free(g);
     return rc;

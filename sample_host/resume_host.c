@@ -70,14 +70,14 @@ void sh_resume_init(sh_resume *r, const sh_config *c, const sh_dims *d, const sh
     add_run(b, n, "device", "%s", c->device == SH_DEVICE_CUDA ? "cuda" : "cpu");
     add_run(b, n, "plugin", "%s", plugin ? "yes" : "no");
     add_run(b, n, "train_tokens", "%zu", train->n);
-    add_run(b, n, "train_hash", "%016" PRIx64, sh_rz_fnv(FNV_START, train->tok, train->n * 2));
+    add_run(b, n, "train_hash", "%016" PRIx64, sh_resume_fnv(FNV_START, train->tok, train->n * 2));
     add_run(b, n, "val_tokens", "%zu", val->n);
-    add_run(b, n, "val_hash", "%016" PRIx64, sh_rz_fnv(FNV_START, val->tok, val->n * 2));
+    add_run(b, n, "val_hash", "%016" PRIx64, sh_resume_fnv(FNV_START, val->tok, val->n * 2));
 }
 
 /* ---- host.txt ---- */
 
-int sh_rz_host_text(const sh_resume *r, const sh_resume_state *st, char *buf, size_t n) {
+int sh_resume_host_text(const sh_resume *r, const sh_resume_state *st, char *buf, size_t n) {
     int k = snprintf(buf, n,
                      "sample_host-host-state 1\n"
                      "step %lld\nbatch_rng 0x%016" PRIx64 "\nopt_steps %lld\n"
@@ -95,7 +95,7 @@ int sh_rz_host_text(const sh_resume *r, const sh_resume_state *st, char *buf, si
 
 /* The value of "key" in a "key value" line of text (a "run key value" line when
  * run), copied into v; 0 when found. */
-int sh_rz_find_val(const char *text, const char *key, int run, char *v, size_t vn) {
+int sh_resume_find_val(const char *text, const char *key, int run, char *v, size_t vn) {
     size_t kl = strlen(key);
     for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
         const char *q = p;
@@ -115,16 +115,16 @@ int sh_rz_find_val(const char *text, const char *key, int run, char *v, size_t v
 }
 
 /* The saved run must be this run: every trajectory setting equal. */
-int sh_rz_same_run(const sh_resume *r, const char *saved, const char *gen, char *err,
+int sh_resume_same_run(const sh_resume *r, const char *saved, const char *gen, char *err,
                     size_t errlen) {
     for (const char *p = r->run; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
         char key[64], mine[128], theirs[128];
         if (sscanf(p, "run %63s %127s", key, mine) != 2) break;
-        if (sh_rz_find_val(saved, key, 1, theirs, sizeof theirs) != 0)
-            return sh_rz_say(err, errlen, "--resume: %s does not record '%s' (written by another "
+        if (sh_resume_find_val(saved, key, 1, theirs, sizeof theirs) != 0)
+            return sh_resume_say(err, errlen, "--resume: %s does not record '%s' (written by another "
                        "version of sample_host?)", gen, key);
         if (strcmp(mine, theirs) != 0)
-            return sh_rz_say(err, errlen, "--resume: %s was written by a run with %s = %s but this "
+            return sh_resume_say(err, errlen, "--resume: %s was written by a run with %s = %s but this "
                        "run has %s = %s; resuming would not continue that run (settings "
                        "that fix the losses must match; the plan may change)",
                        gen, key, theirs, key, mine);
@@ -134,22 +134,22 @@ int sh_rz_same_run(const sh_resume *r, const char *saved, const char *gen, char 
     for (const char *p = saved; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
         char key[64], theirs[128], mine[128];
         if (sscanf(p, "run %63s %127s", key, theirs) != 2) continue;
-        if (sh_rz_find_val(r->run, key, 1, mine, sizeof mine) != 0)
-            return sh_rz_say(err, errlen, "--resume: %s was written by a run with %s = %s but this "
+        if (sh_resume_find_val(r->run, key, 1, mine, sizeof mine) != 0)
+            return sh_resume_say(err, errlen, "--resume: %s was written by a run with %s = %s but this "
                        "run has the default %s; resuming would not continue that run",
                        gen, key, theirs, key);
     }
     return 0;
 }
 
-int sh_rz_parse_host(const char *text, sh_resume_state *st) {
+int sh_resume_parse_host(const char *text, sh_resume_state *st) {
     char v[128];
     const char *keys[] = {"step", "batch_rng", "opt_steps", "gen_rng", "n_skipped",
                           "metrics_bytes", "train_tokens", "train_time", "last_loss",
                           "last_val"};
     if (strncmp(text, "sample_host-host-state 1\n", 25) != 0) return -1;
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        if (sh_rz_find_val(text, keys[i], 0, v, sizeof v)) return -1;
+        if (sh_resume_find_val(text, keys[i], 0, v, sizeof v)) return -1;
         char *end = NULL;
         errno = 0;
         if (i >= 7) {
@@ -175,12 +175,12 @@ int sh_rz_parse_host(const char *text, sh_resume_state *st) {
     /* the ordered loaders' position; absent in earlier versions' files (random rows
      * only, where the batch_rng above is the whole position) */
     st->tr.data_epoch = st->tr.data_pos = 0;
-    if (sh_rz_find_val(text, "data_epoch", 0, v, sizeof v) == 0) st->tr.data_epoch = strtoull(v, NULL, 0);
-    if (sh_rz_find_val(text, "data_pos", 0, v, sizeof v) == 0) st->tr.data_pos = strtoull(v, NULL, 0);
+    if (sh_resume_find_val(text, "data_epoch", 0, v, sizeof v) == 0) st->tr.data_epoch = strtoull(v, NULL, 0);
+    if (sh_resume_find_val(text, "data_pos", 0, v, sizeof v) == 0) st->tr.data_pos = strtoull(v, NULL, 0);
     /* the run's id and world size; absent in earlier versions' files (0) */
     st->run_id = 0;
     st->world = 0;
-    if (sh_rz_find_val(text, "ident", 0, v, sizeof v) == 0) st->run_id = strtoull(v, NULL, 16);
-    if (sh_rz_find_val(text, "world", 0, v, sizeof v) == 0) st->world = atoi(v);
+    if (sh_resume_find_val(text, "ident", 0, v, sizeof v) == 0) st->run_id = strtoull(v, NULL, 16);
+    if (sh_resume_find_val(text, "world", 0, v, sizeof v) == 0) st->world = atoi(v);
     return 0;
 }

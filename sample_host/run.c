@@ -75,16 +75,16 @@ typedef struct runstate {
 
 static int load_data(runstate *rs, char *err, size_t errlen) {
     const sh_config *c = rs->c;
-    if (c->val_data[0] && sh_load_data(c->val_data, &rs->val_file, err, errlen)) return -1;
-    if (c->data[0]) return sh_load_data_list(c->data, &rs->all, err, errlen);
+    if (c->val_data[0] && sh_data_load(c->val_data, &rs->val_file, err, errlen)) return -1;
+    if (c->data[0]) return sh_data_load_list(c->data, &rs->all, err, errlen);
     char root[4096];
-    if (sh_find_repo_root(root, sizeof root)) {
+    if (sh_data_find_repo_root(root, sizeof root)) {
         snprintf(err, errlen, "no --data given and the repository root (a folder with "
                  "host_api/protrain.h) was not found from $PT_ROOT, the current folder or "
                  "the executable's folder");
         return -1;
     }
-    return sh_default_corpus(root, &rs->all, err, errlen);
+    return sh_data_default_corpus(root, &rs->all, err, errlen);
 }
 
 /* Model dims from the config, or from the checkpoint header with --load (dims given
@@ -96,7 +96,7 @@ static int resolve_dims(const sh_config *c, sh_dims *d, char *err, size_t errlen
     d->L = c->layers;
     d->NH = c->heads;
     d->C = c->channels;
-    if (!c->load[0]) return sh_dims_check(d, err, errlen);
+    if (!c->load[0]) return sh_model_dims_check(d, err, errlen);
     sh_dims f;
     if (sh_ckpt_read_header(c->load, &f, err, errlen)) return -1;
     struct { unsigned bit; const char *flag, *field; int cli, file; } chk[] = {
@@ -385,7 +385,7 @@ static int save_ckpt(runstate *rs, char *err, size_t errlen) {
     char written[SH_PATH + 64];
     if (rc) snprintf(err, errlen, "%s", sh_trainer_error(rs->tr));
     else if (rs->c->rank == 0)
-        rc = sh_save_model(rs->c, m, flat, written, sizeof written, err, errlen);
+        rc = sh_paths_save_model(rs->c, m, flat, written, sizeof written, err, errlen);
     free(flat);
     if (!rc && !rs->c->quiet) printf("saved checkpoint %s\n", rs->c->save);
     return rc;
@@ -415,9 +415,9 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
     }
     int rc = load_data(&rs, err, errlen);
     if (!rc && c->write_shard[0]) {
-        rc = sh_write_shard(c->write_shard, rs.all.tok, rs.all.n, err, errlen);
+        rc = sh_data_write_shard(c->write_shard, rs.all.tok, rs.all.n, err, errlen);
         if (!rc && !c->quiet) printf("wrote %zu tokens to %s\n", rs.all.n, c->write_shard);
-        sh_tokens_free(&rs.all);
+        sh_data_tokens_free(&rs.all);
         return rc;
     }
     sh_dims d;
@@ -427,7 +427,7 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
         rs.train = rs.all;
         rs.val = rs.val_file;
     } else if (!rc) {
-        sh_split(&rs.all, &rs.train, &rs.val);
+        sh_data_split(&rs.all, &rs.train, &rs.val);
     }
     if (!rc && c->device == SH_DEVICE_CUDA) {
         /* the plugin must run its cuda backend beside a cuda host: refuse an INI that
@@ -531,12 +531,12 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
     }
     if (rs.have_plugin || rs.lp.dl) pt_plugin_unload(&rs.lp);
     if (rs.have_cuda) sh_cuda_unload(&rs.cuda);
-    sh_tokens_free(&rs.all);
-    sh_tokens_free(&rs.val_file);
+    sh_data_tokens_free(&rs.all);
+    sh_data_tokens_free(&rs.val_file);
     return rc;
 }
 
-int sh_main(int argc, char **argv) {
+int sh_run_main(int argc, char **argv) {
     sh_config c;
     char err[1024] = "";
     sh_config_defaults(&c);

@@ -55,7 +55,7 @@ typedef struct sh_model {
 } sh_model;
 
 /* Validate dims (one sentence into err on failure) and round Vp up to 128 if 0. */
-int sh_dims_check(sh_dims *d, char *err, size_t errlen);
+int sh_model_dims_check(sh_dims *d, char *err, size_t errlen);
 /* Build the descriptor table and a zeroed init buffer. data/grad stay NULL. */
 int sh_model_create(sh_model *m, const sh_dims *d, char *err, size_t errlen);
 void sh_model_destroy(sh_model *m);
@@ -63,11 +63,11 @@ void sh_model_destroy(sh_model *m);
  * (attprojw, fcprojw) N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1, padded
  * wte rows 0. Deterministic in seed. */
 void sh_model_init_random(sh_model *m, uint64_t seed);
-size_t sh_param_numel(const pt_param_v1 *p);
+size_t sh_model_param_numel(const pt_param_v1 *p);
 /* Next token from one row of logits over the first V entries: the largest when
  * temperature <= 0, else drawn from softmax(logits / temperature) with rng
  * (inverse-CDF in double, one uniform per call). */
-int sh_pick_token(const float *logits, int V, float temperature, sh_rng *rng);
+int sh_model_pick_token(const float *logits, int V, float temperature, sh_rng *rng);
 
 /* Float offsets of the saved activations of one block inside its arena (N = B*T). */
 typedef struct sh_arena_layout {
@@ -80,10 +80,10 @@ typedef struct sh_arena_layout {
     size_t fch, fch_gelu;           /* (N,4C) (N,4C) */
     size_t total;                   /* floats in the arena */
 } sh_arena_layout;
-void sh_arena_layout_make(sh_arena_layout *lay, const sh_dims *d, int B, int T);
+void sh_model_arena_layout_make(sh_arena_layout *lay, const sh_dims *d, int B, int T);
 /* tiled != 0: the layout when the MLP runs in tiles (TiledMLP): fch and fch_gelu
  * are not saved (size 0), everything else as above. */
-void sh_arena_layout_make_t(sh_arena_layout *lay, const sh_dims *d, int B, int T, int tiled);
+void sh_model_arena_layout_make_t(sh_arena_layout *lay, const sh_dims *d, int B, int T, int tiled);
 
 /* Backward scratch of one block (floats): dbig (N,4C), dsmall (N,C), datt of nslots
  * (T,T) attention slots (the layer table's attention_slots), and wtmp (4C,C) for weight
@@ -94,23 +94,23 @@ typedef struct sh_scratch {
 } sh_scratch;
 
 /* Block l forward: x (N,C) -> arena, out (N,C) = block(x). out may not alias x. */
-void sh_block_fwd(const sh_model *m, int l, float *arena, const float *x, float *out,
+void sh_model_block_fwd(const sh_model *m, int l, float *arena, const float *x, float *out,
                   int B, int T);
 /* Block l backward: dres (N,C) holds dL/d out on entry and dL/d x on return;
  * parameter gradients accumulate (+=). */
-void sh_block_bwd(const sh_model *m, int l, const float *arena, const float *x, float *dres,
+void sh_model_block_bwd(const sh_model *m, int l, const float *arena, const float *x, float *dres,
                   const sh_scratch *s, int B, int T);
 
 /* The block split at the MLP, for TiledMLP (the whole-block functions above are
  * these run in order over all N rows).
- * sh_block_fwd_attn: x -> arena up to ln2 (ln1, qkv, attention, res2, ln2).
- * sh_mlp_fwd / sh_mlp_bwd: the MLP on n consecutive rows (tokens) of the (N,C)
+ * sh_model_block_fwd_attn: x -> arena up to ln2 (ln1, qkv, attention, res2, ln2).
+ * sh_model_mlp_fwd / sh_model_mlp_bwd: the MLP on n consecutive rows (tokens) of the (N,C)
  * activations — the MLP is token-wise, so any row range is exact:
  *   fch = inp fcw^T + fcb (n,4C); fch_gelu = gelu(fch); out = fch_gelu fcprojw^T +
  *   fcprojb + res (skipped when out is NULL: a tile's recompute);
  *   backward: dinp (n,C) = d inp (overwritten), weight gradients += (through wtmp,
  *   or straight into the gradient with beta = 1 when wtmp is NULL).
- * sh_block_bwd_attn: from dres = dL/d out and s->dsmall = d ln2: the rest. */
+ * sh_model_block_bwd_attn: from dres = dL/d out and s->dsmall = d ln2: the rest. */
 typedef struct sh_mlp_rows {
     int n;                  /* rows */
     const float *inp, *res; /* (n,C): ln2 rows, res2 rows */
@@ -121,11 +121,11 @@ typedef struct sh_mlp_rows {
     float *dbig;            /* (n,4C) backward scratch */
     float *wtmp;            /* (4C,C) or NULL */
 } sh_mlp_rows;
-void sh_block_fwd_attn(const sh_model *m, int l, float *arena, const float *x, int B, int T,
+void sh_model_block_fwd_attn(const sh_model *m, int l, float *arena, const float *x, int B, int T,
                        int tiled);
-void sh_mlp_fwd(const sh_model *m, int l, const sh_mlp_rows *r);
-void sh_mlp_bwd(const sh_model *m, int l, const sh_mlp_rows *r);
-void sh_block_bwd_attn(const sh_model *m, int l, const float *arena, const float *x, float *dres,
+void sh_model_mlp_fwd(const sh_model *m, int l, const sh_mlp_rows *r);
+void sh_model_mlp_bwd(const sh_model *m, int l, const sh_mlp_rows *r);
+void sh_model_block_bwd_attn(const sh_model *m, int l, const float *arena, const float *x, float *dres,
                        const sh_scratch *s, int B, int T, int tiled);
 
 /* Non-block activations: final LayerNorm and logits. */
@@ -138,11 +138,11 @@ typedef struct sh_head_acts {
 /* Final LayerNorm + tied LM head on xL (N,C). With targets: softmax over V in place and
  * the mean cross-entropy is added to *loss_acc (when not NULL; memory of the device the
  * layers run on); without targets (NULL): raw logits are left. */
-void sh_head_fwd(const sh_model *m, const sh_head_acts *a, const float *xL,
+void sh_model_head_fwd(const sh_model *m, const sh_head_acts *a, const float *xL,
                  const int32_t *targets, int B, int T, double *loss_acc);
 /* Head backward from the probabilities: dres (N,C) is OVERWRITTEN with dL/d xL;
  * dsmall (N,C) is scratch; dloss scales every position's loss gradient. */
-void sh_head_bwd(const sh_model *m, const sh_head_acts *a, const float *xL,
+void sh_model_head_bwd(const sh_model *m, const sh_head_acts *a, const float *xL,
                  const int32_t *targets, float dloss, float *dres, float *dsmall, int B, int T);
 
 #endif /* SH_GPT_H */

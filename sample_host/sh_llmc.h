@@ -65,11 +65,6 @@ void sh_sampler_set(sh_sampler *s, uint64_t rng, uint64_t epoch, uint64_t pos);
 /* Token offset of the window sh_sampler_next returns next (sequential/shuffled). */
 uint64_t sh_sampler_window_start(const sh_sampler *s);
 
-/* --data: one file, a comma-separated list, or glob patterns (matches in sorted
- * order; a pattern without a match is an error). Each file is read by sh_load_data
- * (shards' headers checked) and the tokens are concatenated in the order given. */
-int sh_load_data_list(const char *spec, sh_tokens *out, char *err, size_t errlen);
-
 /* Learning rate at `step` (1-based, as in the metrics; llm.c counts from 0, so its
  * step s is our step s+1): linear warmup lr*step/warmup over `warmup` steps, then
  * cosine: lr*min_frac + (lr - lr*min_frac) * (1 + cos(pi*p)) / 2,

@@ -43,7 +43,7 @@ typedef struct sh_layer_ops {
     void (*gelu_fwd)(void *ctx, float *out, const float *inp, size_t n);
     void (*gelu_bwd)(void *ctx, float *dinp, const float *inp, const float *dout, size_t n);
     void (*add_inplace)(void *ctx, float *out, const float *a, size_t n);
-    /* Softmax and losses as sh_crossentropy_fwd; the mean loss (double, summed in row
+    /* Softmax and losses as sh_layers_crossentropy_fwd; the mean loss (double, summed in row
      * order) is ADDED to *loss_acc when loss_acc is not NULL. loss_acc lives where the
      * table computes: host memory for the CPU, device memory for CUDA. */
     void (*crossentropy_fwd)(void *ctx, float *probs, float *losses, const int32_t *targets,

@@ -21,7 +21,7 @@ int sh_paths_check(const sh_config *c, char *err, size_t errlen);
  * prefixed with the pid, and err says where. 0, or -1 (also when the fallback
  * took it: the run did not write what was asked). *written receives the path
  * written, "" when none. */
-int sh_save_model(const sh_config *c, const sh_model *m, const float *flat, char *written,
+int sh_paths_save_model(const sh_config *c, const sh_model *m, const float *flat, char *written,
                   size_t wlen, char *err, size_t errlen);
 
 #endif /* SH_PATHS_H */

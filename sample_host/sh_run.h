@@ -13,6 +13,6 @@
  * -1 with one sentence in err. */
 int sh_run(const sh_config *cfg, char *err, size_t errlen);
 /* main(): parse flags, run, print the error and return non-zero on failure. */
-int sh_main(int argc, char **argv);
+int sh_run_main(int argc, char **argv);
 
 #endif /* SH_RUN_H */

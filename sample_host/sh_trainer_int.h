@@ -57,26 +57,26 @@ struct sh_trainer {
 };
 
 /* One sentence into tr->err; returns -1. */
-int sh_tr_fail(sh_trainer *tr, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int sh_trainer_fail(sh_trainer *tr, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A hook returned non-zero: name it, its argument, the status and the plugin's sentence. */
-int sh_tr_hook_fail(sh_trainer *tr, const char *hook, long long arg, int32_t st);
+int sh_trainer_hook_fail(sh_trainer *tr, const char *hook, long long arg, int32_t st);
 /* The CPU waits for the device work so far (0 or -1 with tr->err). */
-int sh_tr_sync(sh_trainer *tr);
+int sh_trainer_sync(sh_trainer *tr);
 /* Copies through the one device interface (kind PT_COPY_*); 0 or -1. */
-int sh_tr_copy(sh_trainer *tr, void *dst, const void *src, size_t bytes, int kind);
-void sh_tr_dzero(sh_trainer *tr, void *dst, size_t bytes);
+int sh_trainer_copy(sh_trainer *tr, void *dst, const void *src, size_t bytes, int kind);
+void sh_trainer_dzero(sh_trainer *tr, void *dst, size_t bytes);
 
 /* Call a plugin hook; a non-zero status returns from the caller with tr->err set. */
 #define HOOK(name, arg, ...)                                                   \
     do {                                                                       \
         int32_t st_ = tr->tbl->name(tr->ctx, __VA_ARGS__);                     \
-        if (st_ != 0) return sh_tr_hook_fail(tr, #name, (long long)(arg), st_);      \
+        if (st_ != 0) return sh_trainer_hook_fail(tr, #name, (long long)(arg), st_);      \
     } while (0)
 
 /* The CPU is about to read what launched work computed. */
 #define SYNC()                                                                 \
     do {                                                                       \
-        if (sh_tr_sync(tr)) return -1;                                           \
+        if (sh_trainer_sync(tr)) return -1;                                           \
     } while (0)
 
 #endif

@@ -67,7 +67,7 @@ int32_t sh_tiled_cb(sh_tiled *t, int32_t b, int64_t begin, int64_t count, int ba
         return st ? st : PT_ERR_INTERNAL;
     }
     sh_arena_layout lay;
-    sh_arena_layout_make_t(&lay, &t->m->d, t->B, t->T, 1);
+    sh_model_arena_layout_make_t(&lay, &t->m->d, t->B, t->T, 1);
     size_t r0 = (size_t)begin * C;
     float *scr = p;
     sh_op op;

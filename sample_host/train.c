@@ -22,7 +22,7 @@
 
 #define P(i) (tr->model.params[(i)])
 
-int sh_tr_fail(sh_trainer *tr, const char *fmt, ...) {
+int sh_trainer_fail(sh_trainer *tr, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(tr->err, sizeof tr->err, fmt, ap);
@@ -31,9 +31,9 @@ int sh_tr_fail(sh_trainer *tr, const char *fmt, ...) {
 }
 
 /* A hook returned non-zero: name it, its argument, the status and the plugin's sentence. */
-int sh_tr_hook_fail(sh_trainer *tr, const char *hook, long long arg, int32_t st) {
+int sh_trainer_hook_fail(sh_trainer *tr, const char *hook, long long arg, int32_t st) {
     const char *le = tr->tbl->last_error ? tr->tbl->last_error(tr->ctx) : "";
-    sh_tr_fail(tr, "plugin hook %s(%lld) failed with status %d: %s%s%s", hook, arg, (int)st,
+    sh_trainer_fail(tr, "plugin hook %s(%lld) failed with status %d: %s%s%s", hook, arg, (int)st,
          le ? le : "", tr->cb_err[0] ? " (host callback: " : "", tr->cb_err[0] ? tr->cb_err : "");
     if (tr->cb_err[0]) strncat(tr->err, ")", sizeof tr->err - strlen(tr->err) - 1);
     return -1;
@@ -45,22 +45,22 @@ int sh_tr_hook_fail(sh_trainer *tr, const char *hook, long long arg, int32_t st)
     do {                                                                       \
         sh_op op_ = {__VA_ARGS__};                                             \
         int32_t st_ = sh_work_run(&tr->lw, &tr->model, &op_);                  \
-        if (st_ != 0) return sh_tr_hook_fail(tr, "launch", (long long)op_.kind, st_); \
+        if (st_ != 0) return sh_trainer_hook_fail(tr, "launch", (long long)op_.kind, st_); \
     } while (0)
 
 /* The CPU waits for the device work so far: the CUDA stream, or the plugin's stream
  * when work was launched on it. */
-int sh_tr_sync(sh_trainer *tr) {
+int sh_trainer_sync(sh_trainer *tr) {
     if (tr->cu) {
         if (tr->cu->api->sync(tr->cu->ctx) != 0)
-            return sh_tr_fail(tr, "%s", tr->cu->api->last_error(tr->cu->ctx));
+            return sh_trainer_fail(tr, "%s", tr->cu->api->last_error(tr->cu->ctx));
         return 0;
     }
     int32_t st = sh_work_sync(&tr->lw);
-    if (st != 0) return sh_tr_hook_fail(tr, "stream_sync", 0, st);
+    if (st != 0) return sh_trainer_hook_fail(tr, "stream_sync", 0, st);
     /* an OSFT hook run on this thread that failed (launched work reports through
      * stream_sync above) */
-    if (tr->osft_st) return sh_tr_hook_fail(tr, "osft_linear_forward/backward", 0, tr->osft_st);
+    if (tr->osft_st) return sh_trainer_hook_fail(tr, "osft_linear_forward/backward", 0, tr->osft_st);
     return 0;
 }
 
@@ -71,18 +71,18 @@ static int dalloc(sh_trainer *tr, size_t bytes, const char *tag, void **p) {
     *p = NULL;
     if (tr->tbl) {
         int32_t st = tr->tbl->dev_alloc(tr->ctx, bytes, tag, p);
-        if (st != 0 || !*p) return sh_tr_hook_fail(tr, "dev_alloc", (long long)bytes, st ? st : -1);
+        if (st != 0 || !*p) return sh_trainer_hook_fail(tr, "dev_alloc", (long long)bytes, st ? st : -1);
         return 0;
     }
     if (tr->cu) {
         if (tr->cu->api->dev_alloc(tr->cu->ctx, bytes, p) != 0 || !*p)
-            return sh_tr_fail(tr, "out of GPU memory: %zu bytes for %s buffers (%s)", bytes, tag,
+            return sh_trainer_fail(tr, "out of GPU memory: %zu bytes for %s buffers (%s)", bytes, tag,
                         tr->cu->api->last_error(tr->cu->ctx));
         return 0;
     }
     size_t n = (bytes + 63) & ~(size_t)63;
     *p = aligned_alloc(64, n ? n : 64);
-    if (!*p) return sh_tr_fail(tr, "out of host memory: %zu bytes for %s buffers", bytes, tag);
+    if (!*p) return sh_trainer_fail(tr, "out of host memory: %zu bytes for %s buffers", bytes, tag);
     return 0;
 }
 
@@ -94,7 +94,7 @@ static void dfree(sh_trainer *tr, void *p) {
 }
 
 /* dst = 0 over bytes of device memory (ordered on the stream on cuda). */
-void sh_tr_dzero(sh_trainer *tr, void *dst, size_t bytes) {
+void sh_trainer_dzero(sh_trainer *tr, void *dst, size_t bytes) {
     if (tr->cu) tr->cu->ops.zero(tr->cu->ctx, dst, bytes);
     else memset(dst, 0, bytes);
 }
@@ -102,18 +102,18 @@ void sh_tr_dzero(sh_trainer *tr, void *dst, size_t bytes) {
 /* Copy between host staging and device buffers. cuda: the library's copies on the
  * stream (H2D returns with src free again; D2H waits, so dst is ready on return);
  * else the plugin's memcpy when it has one, else memcpy. */
-int sh_tr_copy(sh_trainer *tr, void *dst, const void *src, size_t bytes, int kind) {
+int sh_trainer_copy(sh_trainer *tr, void *dst, const void *src, size_t bytes, int kind) {
     if (tr->cu) {
         if (kind == PT_COPY_H2D) {
             tr->cu->api->h2d(tr->cu->ctx, dst, src, bytes);
             return 0;
         }
         tr->cu->api->d2h(tr->cu->ctx, dst, src, bytes);
-        return sh_tr_sync(tr);
+        return sh_trainer_sync(tr);
     }
     if (tr->tbl && PT_HAS_HOOK(tr->tbl, memcpy)) {
         int32_t st = tr->tbl->memcpy(tr->ctx, dst, src, bytes, kind);
-        if (st != 0) return sh_tr_hook_fail(tr, "memcpy", (long long)bytes, st);
+        if (st != 0) return sh_trainer_hook_fail(tr, "memcpy", (long long)bytes, st);
         return 0;
     }
     memcpy(dst, src, bytes);
@@ -164,7 +164,7 @@ static int alloc_buffers(sh_trainer *tr) {
     }
     if (!tr->tbl) {
         sh_arena_layout lay;
-        sh_arena_layout_make(&lay, d, tr->o.B, tr->o.T);
+        sh_model_arena_layout_make(&lay, d, tr->o.B, tr->o.T);
         for (int l = 0; l < d->L; l++) {
             if (dalloc(tr, lay.total * sizeof(float), "act", &p)) return -1;
             tr->arenas[l] = p;
@@ -180,7 +180,7 @@ static int arena_new(sh_trainer *tr, int l, size_t bytes, float **a) {
     }
     void *p = NULL;
     HOOK(activation_arena, l, l, bytes, &p);
-    if (!p) return sh_tr_fail(tr, "plugin hook activation_arena(%d) returned a NULL arena", l);
+    if (!p) return sh_trainer_fail(tr, "plugin hook activation_arena(%d) returned a NULL arena", l);
     *a = p;
     return 0;
 }
@@ -192,7 +192,7 @@ static int arena_get(sh_trainer *tr, int l, float **a) {
     }
     void *p = NULL;
     HOOK(activation_arena_get, l, l, &p);
-    if (!p) return sh_tr_fail(tr, "plugin hook activation_arena_get(%d) returned NULL", l);
+    if (!p) return sh_trainer_fail(tr, "plugin hook activation_arena_get(%d) returned NULL", l);
     *a = p;
     return 0;
 }
@@ -211,7 +211,7 @@ static int pass_fwd(sh_trainer *tr, int B, int T, int with_targets, double *loss
     tr->curT = T;
     WORK(.kind = SH_OP_ENCODER_FWD, .B = B, .T = T, .out = tr->res[0], .tok = tr->inp);
     sh_arena_layout lay;
-    sh_arena_layout_make_t(&lay, &m->d, B, T, tr->tl.on);
+    sh_model_arena_layout_make_t(&lay, &m->d, B, T, tr->tl.on);
     for (int l = 0; l < L; l++) {
         float *a = NULL;
         if (tr->tbl) HOOK(block_pre_forward, l, l);
@@ -219,7 +219,7 @@ static int pass_fwd(sh_trainer *tr, int B, int T, int with_targets, double *loss
         if (tr->tl.on) {
             WORK(.kind = SH_OP_BLOCK_FWD_ATTN, .l = l, .B = B, .T = T, .a = a, .x = tr->res[l]);
             int32_t st = sh_tiled_fwd(&tr->tl, l, a, tr->res[l + 1], B, T);
-            if (st) return sh_tr_hook_fail(tr, "tiled_mlp_forward", l, st);
+            if (st) return sh_trainer_hook_fail(tr, "tiled_mlp_forward", l, st);
         } else {
             WORK(.kind = SH_OP_BLOCK_FWD, .l = l, .B = B, .T = T, .a = a, .x = tr->res[l],
                  .out = tr->res[l + 1]);
@@ -244,7 +244,7 @@ static int pass_bwd(sh_trainer *tr, int B, int T, float dloss) {
         if (arena_get(tr, l, &a)) return -1;
         if (tr->tl.on) {
             int32_t st = sh_tiled_bwd(&tr->tl, l, a, tr->dres, tr->scr.dsmall, B, T);
-            if (st) return sh_tr_hook_fail(tr, "tiled_mlp_backward", l, st);
+            if (st) return sh_trainer_hook_fail(tr, "tiled_mlp_backward", l, st);
             WORK(.kind = SH_OP_BLOCK_BWD_ATTN, .l = l, .B = B, .T = T, .a = a, .x = tr->res[l],
                  .dres = tr->dres, .scr = tr->scr);
         } else {
@@ -266,12 +266,12 @@ static double *loss_ptr(sh_trainer *tr) { return tr->cu ? &tr->dstat[0] : &tr->l
 
 static void loss_reset(sh_trainer *tr) {
     tr->loss_acc = 0.0;
-    if (tr->cu) sh_tr_dzero(tr, tr->dstat, sizeof(double));
+    if (tr->cu) sh_trainer_dzero(tr, tr->dstat, sizeof(double));
 }
 
 /* After SYNC(): the accumulated losses into tr->loss_acc. */
 static int loss_read(sh_trainer *tr) {
-    return tr->cu ? sh_tr_copy(tr, &tr->loss_acc, tr->dstat, sizeof(double), PT_COPY_D2H) : 0;
+    return tr->cu ? sh_trainer_copy(tr, &tr->loss_acc, tr->dstat, sizeof(double), PT_COPY_D2H) : 0;
 }
 
 static float micro_dloss(const sh_trainer *tr) {
@@ -364,7 +364,7 @@ static void log_tramp(void *user, int32_t level, const char *msg) {
 static int check_table(sh_trainer *tr) {
     const pt_plugin_v1 *t = tr->tbl;
 #define NEED(f)                                                                       \
-    if (!PT_HAS_HOOK(t, f)) return sh_tr_fail(tr, "plugin %s lacks the required hook " #f,  \
+    if (!PT_HAS_HOOK(t, f)) return sh_trainer_fail(tr, "plugin %s lacks the required hook " #f,  \
                                         t->name ? t->name : "?");
     NEED(init) NEED(last_error) NEED(post_model_load) NEED(create_optimizer) NEED(pre_step)
     NEED(block_pre_forward) NEED(block_post_forward) NEED(block_pre_backward)
@@ -380,15 +380,15 @@ static int check_data(sh_trainer *tr) {
     const char *nm[2] = {"training", "validation"};
     for (int i = 0; i < 2; i++) {
         if (!s[i] || s[i]->n <= (size_t)o->T)
-            return sh_tr_fail(tr, "the %s split has %zu tokens; it needs more than seq = %d", nm[i],
+            return sh_trainer_fail(tr, "the %s split has %zu tokens; it needs more than seq = %d", nm[i],
                         s[i] ? s[i]->n : (size_t)0, o->T);
-        int v = sh_tokens_vocab(s[i]);
+        int v = sh_data_tokens_vocab(s[i]);
         if (v > tr->model.d.V)
-            return sh_tr_fail(tr, "the %s data holds token id %d but the model vocab is %d", nm[i],
+            return sh_trainer_fail(tr, "the %s data holds token id %d but the model vocab is %d", nm[i],
                         v - 1, tr->model.d.V);
     }
     if (o->T > tr->model.d.maxT)
-        return sh_tr_fail(tr, "seq = %d is longer than the model's max_seq = %d", o->T,
+        return sh_trainer_fail(tr, "seq = %d is longer than the model's max_seq = %d", o->T,
                     tr->model.d.maxT);
     return 0;
 }
@@ -426,7 +426,7 @@ static int start_plugin(sh_trainer *tr) {
     if (st != 0) {
         const char *le = tr->tbl->last_error(NULL);
         tr->ctx = NULL;
-        return sh_tr_fail(tr, "plugin init failed with status %d: %s", (int)st, le ? le : "");
+        return sh_trainer_fail(tr, "plugin init failed with status %d: %s", (int)st, le ? le : "");
     }
     tr->lw.tbl = tr->tbl;
     tr->lw.ctx = tr->ctx;
@@ -441,11 +441,11 @@ static int start_plugin(sh_trainer *tr) {
         ost.struct_size >= offsetof(pt_stats_v1, osft_targets) + sizeof ost.osft_targets &&
         ost.osft_targets > 0) {
         if (tr->cu)
-            return sh_tr_fail(tr, "the plugin decomposes weights ([osft] enabled = true), but "
+            return sh_trainer_fail(tr, "the plugin decomposes weights ([osft] enabled = true), but "
                         "sample_host --device cuda adds the biases of decomposed layers on the "
                         "CPU only: set enabled = false or use --device cpu");
         if (!PT_HAS_HOOK(tr->tbl, osft_linear_forward) || !PT_HAS_HOOK(tr->tbl, osft_linear_backward))
-            return sh_tr_fail(tr, "the plugin reports OSFT targets but lacks the osft_linear hooks");
+            return sh_trainer_fail(tr, "the plugin reports OSFT targets but lacks the osft_linear hooks");
         tr->model.osft_tbl = tr->tbl;
         tr->model.osft_ctx = tr->ctx;
         tr->model.osft_status = &tr->osft_st;
@@ -453,7 +453,7 @@ static int start_plugin(sh_trainer *tr) {
     /* cuda: running an op enqueues its kernels, no launch hook needed */
     tr->lw.async = !tr->cu && sh_work_can_launch(tr->tbl);
     if (tr->cu && tr->opened[0] && strcmp(tr->opened, "cuda") != 0)
-        return sh_tr_fail(tr, "the plugin opened its %s backend, but --device cuda needs its cuda "
+        return sh_trainer_fail(tr, "the plugin opened its %s backend, but --device cuda needs its cuda "
                     "backend ([plugin] backend = cuda or auto, on a machine with a GPU)",
                     tr->opened);
     return 0;
@@ -494,25 +494,25 @@ static int start_model(sh_trainer *tr) {
         void *p;
         if (dalloc(tr, n * sizeof(float), "param", &p)) return -1;
         tr->p_data = p;
-        if (sh_tr_copy(tr, tr->p_data, m->init, n * sizeof(float), PT_COPY_H2D)) return -1;
+        if (sh_trainer_copy(tr, tr->p_data, m->init, n * sizeof(float), PT_COPY_H2D)) return -1;
         if (dalloc(tr, n * sizeof(float), "grad", &p)) return -1;
         tr->p_grad = p;
         if (dalloc(tr, n * sizeof(float), "optim", &p)) return -1;
         tr->opt_m = p;
         if (dalloc(tr, n * sizeof(float), "optim", &p)) return -1;
         tr->opt_v = p;
-        sh_tr_dzero(tr, tr->p_grad, n * sizeof(float));
-        sh_tr_dzero(tr, tr->opt_m, n * sizeof(float));
-        sh_tr_dzero(tr, tr->opt_v, n * sizeof(float));
+        sh_trainer_dzero(tr, tr->p_grad, n * sizeof(float));
+        sh_trainer_dzero(tr, tr->opt_m, n * sizeof(float));
+        sh_trainer_dzero(tr, tr->opt_v, n * sizeof(float));
         if (tr->cu) {
             /* the clipping segments: trainable untied params in declaration order */
             tr->seg_off = calloc((size_t)m->n_params, sizeof *tr->seg_off);
             tr->seg_len = calloc((size_t)m->n_params, sizeof *tr->seg_len);
-            if (!tr->seg_off || !tr->seg_len) return sh_tr_fail(tr, "out of host memory");
+            if (!tr->seg_off || !tr->seg_len) return sh_trainer_fail(tr, "out of host memory");
             for (int i = 0; i < m->n_params; i++) {
                 if (!m->params[i].trainable || m->params[i].tie >= 0) continue;
                 tr->seg_off[tr->nseg] = m->off[i];
-                tr->seg_len[tr->nseg++] = sh_param_numel(&m->params[i]);
+                tr->seg_len[tr->nseg++] = sh_model_param_numel(&m->params[i]);
             }
         }
         for (int i = 0; i < m->n_params; i++) {
@@ -541,7 +541,7 @@ int sh_trainer_create(sh_trainer **out, const sh_train_opts *o, char *err, size_
     tr->last_norm = NAN;
     int rc = 0;
     if (o->B < 1 || o->T < 1 || o->n_micro < 1)
-        rc = sh_tr_fail(tr, "batch (%d), seq (%d) and grad_accum (%d) must be positive", o->B, o->T,
+        rc = sh_trainer_fail(tr, "batch (%d), seq (%d) and grad_accum (%d) must be positive", o->B, o->T,
                   o->n_micro);
     if (!rc && sh_model_create(&tr->model, &o->dims, tr->err, sizeof tr->err)) rc = -1;
     if (!rc && tr->cu) tr->model.ops = &tr->cu->ops;
@@ -562,7 +562,7 @@ int sh_trainer_create(sh_trainer **out, const sh_train_opts *o, char *err, size_
         tr->h_skip = malloc(2 * N * sizeof(int32_t));
         tr->h_row = malloc((size_t)tr->model.d.Vp * sizeof(float));
         if (!tr->res || !tr->arenas || !tr->h_inp || !tr->h_tgt || !tr->h_skip || !tr->h_row)
-            rc = sh_tr_fail(tr, "out of host memory for trainer tables");
+            rc = sh_trainer_fail(tr, "out of host memory for trainer tables");
     }
     if (!rc && sh_sampler_init(&tr->batch, o->data_order, o->train, o->B, o->T, o->seed,
                                tr->err, sizeof tr->err)) rc = -1;
@@ -572,8 +572,8 @@ int sh_trainer_create(sh_trainer **out, const sh_train_opts *o, char *err, size_
         /* profile_step's batch: the first training batch, peeked so training starts with it */
         sh_sampler_peek(&tr->batch, tr->h_inp, tr->h_tgt);
         size_t nb = (size_t)o->B * o->T * sizeof(int32_t);
-        rc = sh_tr_copy(tr, tr->inp, tr->h_inp, nb, PT_COPY_H2D);
-        if (!rc) rc = sh_tr_copy(tr, tr->tgt, tr->h_tgt, nb, PT_COPY_H2D);
+        rc = sh_trainer_copy(tr, tr->inp, tr->h_inp, nb, PT_COPY_H2D);
+        if (!rc) rc = sh_trainer_copy(tr, tr->tgt, tr->h_tgt, nb, PT_COPY_H2D);
     }
     if (!rc) rc = start_model(tr);
     if (rc) {
@@ -649,7 +649,7 @@ static void adamw_step(sh_trainer *tr, float lr) {
  * staging buffers are free at once) behind the work still reading the previous
  * batch, or copied now. */
 static int upload_to(sh_trainer *tr, void *dst, const void *src, size_t bytes) {
-    if (!tr->lw.async) return sh_tr_copy(tr, dst, src, bytes, PT_COPY_H2D);
+    if (!tr->lw.async) return sh_trainer_copy(tr, dst, src, bytes, PT_COPY_H2D);
     WORK(.kind = SH_OP_UPLOAD, .dst = dst, .src = src, .bytes = bytes);
     return 0;
 }
@@ -664,7 +664,7 @@ static int upload(sh_trainer *tr, size_t ntok) {
 static int world_loss(sh_trainer *tr) {
     if (tr->o.world <= 1) return 0;
     if (!PT_HAS_HOOK(tr->tbl, dist_allreduce))
-        return sh_tr_fail(tr, "%d ranks need a plugin with dist_allreduce (ABI 1.3)", tr->o.world);
+        return sh_trainer_fail(tr, "%d ranks need a plugin with dist_allreduce (ABI 1.3)", tr->o.world);
     HOOK(dist_allreduce, tr->o.world, &tr->loss_acc, 1);
     return 0;
 }
@@ -713,7 +713,7 @@ int sh_trainer_step(sh_trainer *tr, int64_t step, float lr, double *loss) {
     if (tr->cu) {
         SYNC();   /* the loss and the gradient norm */
         double st[2];
-        if (sh_tr_copy(tr, st, tr->dstat, sizeof st, PT_COPY_D2H)) return -1;
+        if (sh_trainer_copy(tr, st, tr->dstat, sizeof st, PT_COPY_D2H)) return -1;
         *loss = poison ? NAN : st[0] / o->n_micro;
         if (o->max_grad_norm > 0.0f) tr->last_norm = st[1];
     }
@@ -725,7 +725,7 @@ int sh_trainer_eval(sh_trainer *tr, int64_t step, int n_batches, double *loss) {
     loss_reset(tr);
     for (int k = 0; k < n_batches; k++) {
         if (tr->tbl) HOOK(pre_step, step, step, -1, 0);
-        sh_val_batch(o->val, k, o->B, o->T, tr->h_inp, tr->h_tgt);
+        sh_data_val_batch(o->val, k, o->B, o->T, tr->h_inp, tr->h_tgt);
         if (upload(tr, (size_t)o->B * o->T)) return -1;
         tr->in_pass = 1;
         int rc = pass_fwd(tr, o->B, o->T, 1, loss_ptr(tr));
@@ -741,7 +741,7 @@ int sh_trainer_eval(sh_trainer *tr, int64_t step, int n_batches, double *loss) {
 int sh_trainer_generate(sh_trainer *tr, int64_t step, uint16_t *seq, int n_prompt,
                         int n_total, float temperature, sh_rng *rng) {
     const sh_dims *d = &tr->model.d;
-    if (n_prompt < 1) return sh_tr_fail(tr, "generation needs a prompt of at least one token");
+    if (n_prompt < 1) return sh_trainer_fail(tr, "generation needs a prompt of at least one token");
     for (int len = n_prompt; len < n_total; len++) {
         int win = len < tr->o.T ? len : tr->o.T; /* sliding window of the last T tokens */
         for (int i = 0; i < win; i++) tr->h_inp[i] = seq[len - win + i];
@@ -752,10 +752,10 @@ int sh_trainer_generate(sh_trainer *tr, int64_t step, uint16_t *seq, int n_promp
         tr->in_pass = 0;
         if (rc) return -1;
         SYNC();   /* the logits */
-        if (sh_tr_copy(tr, tr->h_row, tr->head.logits + (size_t)(win - 1) * d->Vp,
+        if (sh_trainer_copy(tr, tr->h_row, tr->head.logits + (size_t)(win - 1) * d->Vp,
                  (size_t)d->Vp * sizeof(float), PT_COPY_D2H))
             return -1;
-        int pick = sh_pick_token(tr->h_row, d->V, temperature, rng);
+        int pick = sh_model_pick_token(tr->h_row, d->V, temperature, rng);
         seq[len] = (uint16_t)pick;
     }
     return 0;
@@ -763,10 +763,10 @@ int sh_trainer_generate(sh_trainer *tr, int64_t step, uint16_t *seq, int n_promp
 
 int sh_trainer_fwdbwd(sh_trainer *tr, const int32_t *inp, const int32_t *tgt, int backward,
                       double *loss) {
-    if (tr->tbl) return sh_tr_fail(tr, "sh_trainer_fwdbwd is for the no-plugin gradient check");
+    if (tr->tbl) return sh_trainer_fail(tr, "sh_trainer_fwdbwd is for the no-plugin gradient check");
     size_t n = (size_t)tr->o.B * tr->o.T;
-    if (sh_tr_copy(tr, tr->inp, inp, n * sizeof(int32_t), PT_COPY_H2D)) return -1;
-    if (sh_tr_copy(tr, tr->tgt, tgt, n * sizeof(int32_t), PT_COPY_H2D)) return -1;
+    if (sh_trainer_copy(tr, tr->inp, inp, n * sizeof(int32_t), PT_COPY_H2D)) return -1;
+    if (sh_trainer_copy(tr, tr->tgt, tgt, n * sizeof(int32_t), PT_COPY_H2D)) return -1;
     loss_reset(tr);
     if (pass_fwd(tr, tr->o.B, tr->o.T, 1, loss_ptr(tr))) return -1;
     if (backward) {

@@ -17,33 +17,33 @@ static void exec(const sh_model *m, const sh_op *op) {
                        (const float *)m->params[SH_P_WPE].data, op->B, op->T, d->C);
         break;
     case SH_OP_BLOCK_FWD:
-        sh_block_fwd(m, op->l, op->a, op->x, op->out, op->B, op->T);
+        sh_model_block_fwd(m, op->l, op->a, op->x, op->out, op->B, op->T);
         break;
     case SH_OP_HEAD_FWD:
-        sh_head_fwd(m, &op->head, op->x, op->tgt, op->B, op->T, op->loss_out);
+        sh_model_head_fwd(m, &op->head, op->x, op->tgt, op->B, op->T, op->loss_out);
         break;
     case SH_OP_HEAD_BWD:
-        sh_head_bwd(m, &op->head, op->x, op->tgt, op->dloss, op->dres, op->scr.dsmall, op->B,
+        sh_model_head_bwd(m, &op->head, op->x, op->tgt, op->dloss, op->dres, op->scr.dsmall, op->B,
                     op->T);
         break;
     case SH_OP_BLOCK_BWD:
-        sh_block_bwd(m, op->l, op->a, op->x, op->dres, &op->scr, op->B, op->T);
+        sh_model_block_bwd(m, op->l, op->a, op->x, op->dres, &op->scr, op->B, op->T);
         break;
     case SH_OP_ENCODER_BWD:
         O->encoder_bwd(O->ctx, (float *)m->params[SH_P_WTE].grad,
                        (float *)m->params[SH_P_WPE].grad, op->dres, op->tok, op->B, op->T, d->C);
         break;
     case SH_OP_BLOCK_FWD_ATTN:
-        sh_block_fwd_attn(m, op->l, op->a, op->x, op->B, op->T, 1);
+        sh_model_block_fwd_attn(m, op->l, op->a, op->x, op->B, op->T, 1);
         break;
     case SH_OP_MLP_FWD:
-        sh_mlp_fwd(m, op->l, &op->mlp);
+        sh_model_mlp_fwd(m, op->l, &op->mlp);
         break;
     case SH_OP_MLP_BWD:
-        sh_mlp_bwd(m, op->l, &op->mlp);
+        sh_model_mlp_bwd(m, op->l, &op->mlp);
         break;
     case SH_OP_BLOCK_BWD_ATTN:
-        sh_block_bwd_attn(m, op->l, op->a, op->x, op->dres, &op->scr, op->B, op->T, 1);
+        sh_model_block_bwd_attn(m, op->l, op->a, op->x, op->dres, &op->scr, op->B, op->T, 1);
         break;
     case SH_OP_UPLOAD:
         /* only launched on the host backend (device memory is host memory there) */

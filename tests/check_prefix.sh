@@ -33,17 +33,6 @@ declare -A allow=(
   [runtime/optim/cpu_adam.c]=restructured      # pt_cpu_ pt_cvt_
   # runtime/osft/: its runtime-object hooks are being reworked.
   [runtime/osft/osft.c]=reworked               # pt_osft_ pt_rt_
-  # sample_host/: named by operation (sh_matmul_forward, sh_gelu_backward, ...)
-  # rather than by file; to be renamed sh_<file>_ in a pass of its own.
-  [sample_host/data.c]=sample_host             # sh_load_ sh_split_ sh_tokens_ ...
-  [sample_host/gpt.c]=sample_host              # sh_model_ sh_block_ sh_head_ ...
-  [sample_host/layers.c]=sample_host           # sh_matmul_ sh_gelu_ sh_attention_ ...
-  [sample_host/llmc.c]=sample_host             # sh_sampler_ sh_load_ sh_lr_
-  [sample_host/paths.c]=sample_host            # sh_paths_ sh_save_
-  [sample_host/resume.c]=sample_host           # sh_resume_ sh_rz_
-  [sample_host/resume_host.c]=sample_host      # sh_resume_ sh_rz_
-  [sample_host/run.c]=sample_host              # sh_run_ sh_main_
-  [sample_host/train.c]=sample_host            # sh_trainer_ sh_tr_
 )
 
 # names_obj OBJ / names_src SRC: the file's public function names, one a line

@@ -1,5 +1,5 @@
 // attention.cu — causal multi-head self-attention on the stream (shapes as
-// sh_attention_fwd/bwd): per batch row b, the heads' GEMMs as one strided batch
+// sh_layers_attention_fwd/bwd): per batch row b, the heads' GEMMs as one strided batch
 // (head h's q/k/v slices start h*hd floats apart in qkv (B,T,3C)), and one warp per
 // attention row for the causal softmax and its backward.
 #include <math.h>

@@ -1,5 +1,5 @@
 // layernorm.cu — LayerNorm forward and backward on the stream (shapes and
-// accumulation rules as sh_layernorm_fwd/bwd). One warp per row for the row-wise
+// accumulation rules as sh_layers_layernorm_fwd/bwd). One warp per row for the row-wise
 // parts (butterfly sums: fixed order), a column kernel for dw/db.
 #include "cuda/shc.cuh"
 

@@ -1,5 +1,5 @@
 // matmul.cu — linear layers through cublasSgemm on the stream (row-major shapes as
-// sh_matmul_fwd/bwd), the row-major GEMM wrapper and column sums for bias gradients.
+// sh_layers_matmul_fwd/bwd), the row-major GEMM wrapper and column sums for bias gradients.
 #include "cuda/shc.cuh"
 
 void shc_gemm(shc_ctx *c, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,

@@ -87,11 +87,11 @@ int main(void) {
         fprintf(stderr, "bench_cpu_model: %s\n", err);
         return 1;
     }
-    if (sh_default_corpus(root ? root : ".", &H.all, err, sizeof err)) {
+    if (sh_data_default_corpus(root ? root : ".", &H.all, err, sizeof err)) {
         fprintf(stderr, "bench_cpu_model: %s\n", err);
         return 1;
     }
-    sh_split(&H.all, &H.train, &H.val);
+    sh_data_split(&H.all, &H.train, &H.val);
     char plan[512], text[1024];
     snprintf(plan, sizeof plan, "%s/bench_cpu_model_plan.json", H.dir);
     snprintf(text, sizeof text,

@@ -115,11 +115,11 @@ int main(void) {
         fprintf(stderr, "bench: %s\n", err);
         return 1;
     }
-    if (sh_default_corpus(root ? root : ".", &H.all, err, sizeof err)) {
+    if (sh_data_default_corpus(root ? root : ".", &H.all, err, sizeof err)) {
         fprintf(stderr, "bench: %s\n", err);
         return 1;
     }
-    sh_split(&H.all, &H.train, &H.val);
+    sh_data_split(&H.all, &H.train, &H.val);
     printf("bench_offload: default model L=%d C=%d NH=%d B=%d T=%d, %d timed steps per run, "
            "median of %d alternating runs\n", CFG.layers, CFG.channels, CFG.heads, CFG.batch,
            CFG.seq, 6, REPEATS);

@@ -1,7 +1,7 @@
 /*
  * fuzz_shard.c — libFuzzer target: an llm.c token shard through sample_host's
- * reader (sh_read_shard, every header field and the size checked) and the
- * --data detector (sh_load_data: shard by magic, else text). Properties: no
+ * reader (sh_data_read_shard, every header field and the size checked) and the
+ * --data detector (sh_data_load: shard by magic, else text). Properties: no
  * crash, no sanitizer report, a refusal carries a sentence.
  */
 #include <stdint.h>
@@ -15,13 +15,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fuzz_file(data, size);
     char err[1024] = "";
     sh_tokens t = {0};
-    int rc = sh_read_shard(path, &t, err, sizeof err);
+    int rc = sh_data_read_shard(path, &t, err, sizeof err);
     FUZZ_EXPECT_SENTENCE(rc, err);
-    sh_tokens_free(&t);
+    sh_data_tokens_free(&t);
     err[0] = '\0';
     sh_tokens u = {0};
-    rc = sh_load_data(path, &u, err, sizeof err);
+    rc = sh_data_load(path, &u, err, sizeof err);
     FUZZ_EXPECT_SENTENCE(rc, err);
-    sh_tokens_free(&u);
+    sh_data_tokens_free(&u);
     return 0;
 }

@@ -105,8 +105,8 @@ static void test_first_batch_sequential(void **st) {
     /* the same model (shape and seed) on the file's first B*T+1 tokens */
     sh_tokens tr, va;
     char err[512];
-    assert_int_equal(sh_read_shard(tbin, &tr, err, sizeof err), 0);
-    assert_int_equal(sh_read_shard(vbin, &va, err, sizeof err), 0);
+    assert_int_equal(sh_data_read_shard(tbin, &tr, err, sizeof err), 0);
+    assert_int_equal(sh_data_read_shard(vbin, &va, err, sizeof err), 0);
     sh_train_opts o;
     memset(&o, 0, sizeof o);
     o.dims = (sh_dims){.V = 256, .maxT = T, .L = L, .NH = NH, .C = C};
@@ -137,8 +137,8 @@ static void test_first_batch_sequential(void **st) {
     assert_null(strstr(line, want));
     assert_int_equal(sh_trainer_destroy(t), 0);
     printf("  sequential: step 1 loss %s = loss on tokens [0, %d] of %s\n", got, B * T, tbin);
-    sh_tokens_free(&tr);
-    sh_tokens_free(&va);
+    sh_data_tokens_free(&tr);
+    sh_data_tokens_free(&va);
 }
 
 static sh_tokens ramp(size_t n) {
@@ -173,8 +173,8 @@ static void test_sequential_windows(void **st) {
     assert_int_equal(sh_sampler_init(&s, SH_ORDER_SEQUENTIAL, &small, B, T, 1, err, sizeof err),
                      -1);
     assert_non_null(strstr(err, "sequential"));
-    sh_tokens_free(&small);
-    sh_tokens_free(&t);
+    sh_data_tokens_free(&small);
+    sh_data_tokens_free(&t);
 }
 
 static void test_shuffled_epochs(void **st) {
@@ -224,7 +224,7 @@ static void test_shuffled_epochs(void **st) {
     assert_memory_not_equal(order[0], other, sizeof other);
     sh_sampler_free(&s2);
     sh_sampler_free(&s);
-    sh_tokens_free(&t);
+    sh_data_tokens_free(&t);
 }
 
 static void test_data_lists(void **st) {
@@ -235,20 +235,20 @@ static void test_data_lists(void **st) {
     write_text(in_dir(c3, "part_c.txt"), "C%d%d", 1);
     sh_tokens t;
     snprintf(spec, sizeof spec, "%s,%s", c3, a);
-    assert_int_equal(sh_load_data_list(spec, &t, err, sizeof err), 0);
+    assert_int_equal(sh_data_load_list(spec, &t, err, sizeof err), 0);
     assert_int_equal(t.n, 3 + 9);
     assert_int_equal(t.tok[0], 'C');
     assert_int_equal(t.tok[3], 'A');
-    sh_tokens_free(&t);
+    sh_data_tokens_free(&t);
     snprintf(spec, sizeof spec, "%s/part_*.txt", DIR_);
-    assert_int_equal(sh_load_data_list(spec, &t, err, sizeof err), 0);
+    assert_int_equal(sh_data_load_list(spec, &t, err, sizeof err), 0);
     assert_int_equal(t.n, 9 + 6 + 3);
     assert_int_equal(t.tok[0], 'A');
     assert_int_equal(t.tok[9], 'B');
     assert_int_equal(t.tok[15], 'C');
-    sh_tokens_free(&t);
+    sh_data_tokens_free(&t);
     snprintf(spec, sizeof spec, "%s,%s/nothing_*.bin", a, DIR_);
-    assert_int_equal(sh_load_data_list(spec, &t, err, sizeof err), -1);
+    assert_int_equal(sh_data_load_list(spec, &t, err, sizeof err), -1);
     assert_non_null(strstr(err, "nothing_*.bin"));
 }
 

@@ -135,8 +135,8 @@ static void test_accumulation(void **st) {
     (void)st;
     sh_tokens all, tr_tok, va_tok;
     char err[512];
-    assert_int_equal(sh_load_data(TEXT, &all, err, sizeof err), 0);
-    sh_split(&all, &tr_tok, &va_tok);
+    assert_int_equal(sh_data_load(TEXT, &all, err, sizeof err), 0);
+    sh_data_split(&all, &tr_tok, &va_tok);
     sh_train_opts o;
     memset(&o, 0, sizeof o);
     o.dims = (sh_dims){.V = 256, .maxT = 16, .L = 2, .NH = 2, .C = 16};
@@ -157,7 +157,7 @@ static void test_accumulation(void **st) {
     }
     sh_trainer_destroy(a);
     sh_trainer_destroy(b);
-    sh_tokens_free(&all);
+    sh_data_tokens_free(&all);
 }
 
 static int run_bin(const char *exe, const char *args) {

@@ -59,14 +59,14 @@ static int setup(void **st) {
     if (!ALL.tok) return -1;
     const char *s = "to be, or not to be, that is the question: whether 'tis nobler ";
     for (size_t i = 0; i < ALL.n; i++) ALL.tok[i] = (uint16_t)(unsigned char)s[(i * 7 / 6) % 64];
-    sh_split(&ALL, &TR, &VA);
+    sh_data_split(&ALL, &TR, &VA);
     return 0;
 }
 
 static int teardown(void **st) {
     (void)st;
     pt_plugin_unload(&PLUG);
-    sh_tokens_free(&ALL);
+    sh_data_tokens_free(&ALL);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", DIR_);
     return system(cmd) == 0 ? 0 : -1;

@@ -144,7 +144,7 @@ static void grad_probe(void *user, const sh_model *m, int l) {
     if (!p->armed || p->calls >= MAXG * 2) return;
     for (int k = 0; k < 4; k++) {
         const pt_param_v1 *pp = &m->params[SH_P_LAYER(l, MLP_SLOTS[k])];
-        size_t n = sh_param_numel(pp);
+        size_t n = sh_model_param_numel(pp);
         p->n[k] = n;
         p->g[p->calls][k] = malloc(n * sizeof(float));
         memcpy(p->g[p->calls][k], pp->grad, n * sizeof(float));

@@ -50,14 +50,14 @@ static inline int sh_harness_open(sh_harness *h, const char *name, const char *t
         h->all.tok = malloc(n * sizeof(uint16_t));
         if (!h->all.tok) return -1;
         for (size_t i = 0; i < n; i++) h->all.tok[i] = (uint16_t)(unsigned char)text[(i * num / den) % len];
-        sh_split(&h->all, &h->train, &h->val);
+        sh_data_split(&h->all, &h->train, &h->val);
     }
     return 0;
 }
 
 static inline int sh_harness_close(sh_harness *h) {
     pt_plugin_unload(&h->plug);
-    sh_tokens_free(&h->all);
+    sh_data_tokens_free(&h->all);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", h->dir);
     return system(cmd) == 0 ? 0 : -1;

@@ -133,10 +133,10 @@ static void test_gelu_bits(void **st) {
     x[1] = -0.0f;
     x[2] = 30.0f;
     x[3] = -30.0f;
-    sh_gelu_fwd(a, x, N);
+    sh_layers_gelu_fwd(a, x, N);
     ref_gelu_fwd(b, x, N);
     expect_bits(a, b, N, "gelu forward");
-    sh_gelu_bwd(a, x, dy, N);
+    sh_layers_gelu_bwd(a, x, dy, N);
     ref_gelu_bwd(b, x, dy, N);
     expect_bits(a, b, N, "gelu backward");
     for (int i = 0; i < N; i++) { /* the element functions themselves */
@@ -167,12 +167,12 @@ static void test_layernorm_bits(void **st) {
     memcpy(db2, db1, sizeof db1);
     fill(dx1, nc, -1.0f, 1.0f);
     memcpy(dx2, dx1, nc * 4);
-    sh_layernorm_fwd(o1, m1, r1, x, w, b, N, C);
+    sh_layers_layernorm_fwd(o1, m1, r1, x, w, b, N, C);
     ref_ln_fwd(o2, m2, r2, x, w, b, N, C);
     expect_bits(o1, o2, nc, "layernorm out");
     expect_bits(m1, m2, N, "layernorm mean");
     expect_bits(r1, r2, N, "layernorm rstd");
-    sh_layernorm_bwd(dx1, dw1, db1, dy, x, w, m1, r1, N, C);
+    sh_layers_layernorm_bwd(dx1, dw1, db1, dy, x, w, m1, r1, N, C);
     ref_ln_bwd(dx2, dw2, db2, dy, x, w, m2, r2, N, C);
     expect_bits(dx1, dx2, nc, "layernorm dinp");
     expect_bits(dw1, dw2, C, "layernorm dw");

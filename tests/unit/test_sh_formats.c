@@ -96,7 +96,7 @@ static sh_train_opts tiny_opts(const sh_tokens *tr, const sh_tokens *va, const c
 static void test_ckpt_roundtrip(void **st) {
     (void)st;
     sh_tokens all = make_text(2000, 1), tr_tok, va_tok;
-    sh_split(&all, &tr_tok, &va_tok);
+    sh_data_split(&all, &tr_tok, &va_tok);
     char ck[300], err[512];
     path_of(ck, sizeof ck, "a.bin");
     sh_train_opts o = tiny_opts(&tr_tok, &va_tok, NULL);
@@ -154,7 +154,7 @@ static void test_ckpt_roundtrip(void **st) {
     sh_trainer_destroy(c);
     free(fa);
     free(fb);
-    sh_tokens_free(&all);
+    sh_data_tokens_free(&all);
 }
 
 /* Write a valid checkpoint of TINY, then apply a mutation and expect an error mentioning
@@ -209,7 +209,7 @@ static void test_ckpt_malformed(void **st) {
     expect_bad_ckpt("trailing.bin", m_trail, &TINY, w_trail);
     expect_bad_ckpt("layers.bin", m_layers, &TINY, w_layers);
     expect_bad_ckpt("heads.bin", m_heads, &TINY, w_heads);
-    /* Vp = 0 is never the saved model's (sh_dims_check's "0 = derive from V" is for
+    /* Vp = 0 is never the saved model's (sh_model_dims_check's "0 = derive from V" is for
      * a fresh model only): refused, naming the field */
     const char *w_vp0[] = {"padded_vocab_size", NULL};
     expect_bad_ckpt("vp0.bin", m_vp0, &TINY, w_vp0);
@@ -231,7 +231,7 @@ static void test_shard_roundtrip(void **st) {
     path_of(p, sizeof p, "s.bin");
     uint16_t tok[1000];
     for (int i = 0; i < 1000; i++) tok[i] = (uint16_t)((i * 7919) % 50257);
-    assert_int_equal(sh_write_shard(p, tok, 1000, err, sizeof err), 0);
+    assert_int_equal(sh_data_write_shard(p, tok, 1000, err, sizeof err), 0);
     size_t n = 0;
     unsigned char *raw = read_bytes(p, &n);
     assert_int_equal(n, 1024 + 2000);
@@ -242,24 +242,24 @@ static void test_shard_roundtrip(void **st) {
     assert_int_equal(h[2], 1000);
     free(raw);
     sh_tokens t;
-    assert_int_equal(sh_read_shard(p, &t, err, sizeof err), 0);
+    assert_int_equal(sh_data_read_shard(p, &t, err, sizeof err), 0);
     assert_int_equal(t.n, 1000);
     assert_memory_equal(t.tok, tok, sizeof tok);
-    sh_tokens_free(&t);
-    assert_int_equal(sh_load_data(p, &t, err, sizeof err), 0); /* detected by magic */
+    sh_data_tokens_free(&t);
+    assert_int_equal(sh_data_load(p, &t, err, sizeof err), 0); /* detected by magic */
     assert_memory_equal(t.tok, tok, sizeof tok);
     int mx = 0;
     for (int i = 0; i < 1000; i++) mx = tok[i] > mx ? tok[i] : mx;
-    assert_int_equal(sh_tokens_vocab(&t), mx + 1);
-    sh_tokens_free(&t);
+    assert_int_equal(sh_data_tokens_vocab(&t), mx + 1);
+    sh_data_tokens_free(&t);
     /* text: bytes become tokens */
     path_of(p, sizeof p, "t.txt");
     write_bytes(p, "hello\xff", 6);
-    assert_int_equal(sh_load_data(p, &t, err, sizeof err), 0);
+    assert_int_equal(sh_data_load(p, &t, err, sizeof err), 0);
     assert_int_equal(t.n, 6);
     assert_int_equal(t.tok[0], 'h');
     assert_int_equal(t.tok[5], 255);
-    sh_tokens_free(&t);
+    sh_data_tokens_free(&t);
 }
 
 static void bad_shard(const char *name, const void *b, size_t n, const char *want) {
@@ -267,7 +267,7 @@ static void bad_shard(const char *name, const void *b, size_t n, const char *wan
     path_of(p, sizeof p, name);
     write_bytes(p, b, n);
     sh_tokens t;
-    int rc = sh_read_shard(p, &t, err, sizeof err);
+    int rc = sh_data_read_shard(p, &t, err, sizeof err);
     printf("  %-14s -> %s\n", name, err);
     assert_int_equal(rc, -1);
     assert_non_null(strstr(err, p));
@@ -294,27 +294,27 @@ static void test_shard_malformed(void **st) {
     int32_t h5[3] = {SH_SHARD_MAGIC, 1, -4};
     memcpy(b, h5, sizeof h5);
     bad_shard("sh_neg.bin", b, 1024 + 20, "negative");
-    /* a shard whose magic is wrong is not text: sh_load_data (which takes text or
+    /* a shard whose magic is wrong is not text: sh_data_load (which takes text or
      * shards, alone or in a comma list) refuses it instead of training on its bytes */
     char p[300], q[300], spec[700], err[512] = "";
     sh_tokens t;
     memcpy(b, h3, sizeof h3);
     path_of(p, sizeof p, "sh_magic_any.dat");   /* not named .bin: the header says shard */
     write_bytes(p, b, 1024 + 20);
-    assert_int_equal(sh_load_data(p, &t, err, sizeof err), -1);
+    assert_int_equal(sh_data_load(p, &t, err, sizeof err), -1);
     printf("  %-14s -> %s\n", "sh_magic_any", err);
     assert_non_null(strstr(err, "magic is 1234"));
     path_of(q, sizeof q, "plain.txt");
     write_bytes(q, "hello", 5);
     snprintf(spec, sizeof spec, "%s,%s", q, p);
     err[0] = '\0';
-    assert_int_equal(sh_load_data_list(spec, &t, err, sizeof err), -1);
+    assert_int_equal(sh_data_load_list(spec, &t, err, sizeof err), -1);
     assert_non_null(strstr(err, "magic is 1234"));
     /* a .bin file whose first bytes are not a shard's header at all */
     path_of(p, sizeof p, "junk.bin");
     write_bytes(p, "not a shard, not text either", 28);
     err[0] = '\0';
-    assert_int_equal(sh_load_data(p, &t, err, sizeof err), -1);
+    assert_int_equal(sh_data_load(p, &t, err, sizeof err), -1);
     printf("  %-14s -> %s\n", "junk.bin", err);
     assert_non_null(strstr(err, ".bin"));
 }

@@ -88,7 +88,7 @@ static double check_input(const char *what, float *x, const float *ga, size_t n,
 typedef struct { int N, C; float *x, *w, *b, *out, *mean, *rstd, *wout; } ln_case;
 static double ln_obj(void *u) {
     ln_case *c = u;
-    sh_layernorm_fwd(c->out, c->mean, c->rstd, c->x, c->w, c->b, c->N, c->C);
+    sh_layers_layernorm_fwd(c->out, c->mean, c->rstd, c->x, c->w, c->b, c->N, c->C);
     return dotw(c->wout, c->out, (size_t)c->N * c->C);
 }
 static void test_layernorm(void **st) {
@@ -105,7 +105,7 @@ static void test_layernorm(void **st) {
     fill(c.x, nc, -2, 2); fill(c.w, (size_t)c.C, 0.5f, 1.5f); fill(c.b, (size_t)c.C, -1, 1);
     fill(c.wout, nc, -1, 1);
     ln_obj(&c);
-    sh_layernorm_bwd(dx, dw, db, c.wout, c.x, c.w, c.mean, c.rstd, c.N, c.C);
+    sh_layers_layernorm_bwd(dx, dw, db, c.wout, c.x, c.w, c.mean, c.rstd, c.N, c.C);
     assert_true(check_input("layernorm dinp", c.x, dx, nc, ln_obj, &c) < LAYER_BOUND);
     assert_true(check_input("layernorm dw", c.w, dw, (size_t)c.C, ln_obj, &c) < LAYER_BOUND);
     assert_true(check_input("layernorm db", c.b, db, (size_t)c.C, ln_obj, &c) < LAYER_BOUND);
@@ -115,7 +115,7 @@ static void test_layernorm(void **st) {
     float w0[16], b0[16];
     memcpy(w0, dw, sizeof w0);
     memcpy(b0, db, sizeof b0);
-    sh_layernorm_bwd(dx, dw, db, c.wout, c.x, c.w, c.mean, c.rstd, c.N, c.C);
+    sh_layers_layernorm_bwd(dx, dw, db, c.wout, c.x, c.w, c.mean, c.rstd, c.N, c.C);
     assert_float_equal(dx[3], 2.0f * first, 1e-6f * fabsf(first) + 1e-12f);
     for (int k = 0; k < c.C; k++) {
         assert_true(dw[k] == w0[k] + w0[k]);
@@ -128,7 +128,7 @@ static void test_layernorm(void **st) {
 typedef struct { int N, IC, OC; float *x, *W, *bias, *out, *wout; } mm_case;
 static double mm_obj(void *u) {
     mm_case *c = u;
-    sh_matmul_fwd(c->out, c->x, c->W, c->bias, c->N, c->IC, c->OC);
+    sh_layers_matmul_fwd(c->out, c->x, c->W, c->bias, c->N, c->IC, c->OC);
     return dotw(c->wout, c->out, (size_t)c->N * c->OC);
 }
 static void run_matmul(int N, int IC, int OC) {
@@ -141,19 +141,19 @@ static void run_matmul(int N, int IC, int OC) {
     fill(c.x, nx, -1, 1); fill(c.W, nw, -1, 1); fill(c.bias, (size_t)OC, -1, 1);
     fill(c.wout, no, -1, 1);
     mm_obj(&c);
-    sh_matmul_bwd(dx, dW, db, c.wout, c.x, c.W, N, IC, OC, wtmp);
+    sh_layers_matmul_bwd(dx, dW, db, c.wout, c.x, c.W, N, IC, OC, wtmp);
     /* accumulation order: from a non-zero gradient g0 the result is exactly g0 + S, S
      * the result from zero (what a plugin summing micro-batch totals computes) */
     float *g0 = malloc(nw * 4), *b0 = malloc((size_t)OC * 4);
     float *ga = malloc(nw * 4), *ba = malloc((size_t)OC * 4);
     fill(g0, nw, -1, 1); fill(b0, (size_t)OC, -1, 1);
     memcpy(ga, g0, nw * 4); memcpy(ba, b0, (size_t)OC * 4);
-    sh_matmul_bwd(NULL, ga, ba, c.wout, c.x, c.W, N, IC, OC, wtmp);
+    sh_layers_matmul_bwd(NULL, ga, ba, c.wout, c.x, c.W, N, IC, OC, wtmp);
     for (size_t k = 0; k < nw; k++) assert_true(ga[k] == g0[k] + dW[k]);
     for (int k = 0; k < OC; k++) assert_true(ba[k] == b0[k] + db[k]);
     /* without scratch the GEMM accumulates in place: same value up to rounding */
     memcpy(ga, g0, nw * 4);
-    sh_matmul_bwd(NULL, ga, NULL, c.wout, c.x, c.W, N, IC, OC, NULL);
+    sh_layers_matmul_bwd(NULL, ga, NULL, c.wout, c.x, c.W, N, IC, OC, NULL);
     for (size_t k = 0; k < nw; k++) assert_true(fabsf(ga[k] - (g0[k] + dW[k])) <= 1e-5f);
     free(g0); free(b0); free(ga); free(ba);
     char nm[64];
@@ -176,7 +176,7 @@ static void test_matmul(void **st) {
 typedef struct { int B, T, C, NH; float *qkv, *out, *att, *wout; } at_case;
 static double at_obj(void *u) {
     at_case *c = u;
-    sh_attention_fwd(c->out, c->att, c->qkv, c->B, c->T, c->C, c->NH);
+    sh_layers_attention_fwd(c->out, c->att, c->qkv, c->B, c->T, c->C, c->NH);
     return dotw(c->wout, c->out, (size_t)c->B * c->T * c->C);
 }
 static void test_attention(void **st) {
@@ -184,7 +184,7 @@ static void test_attention(void **st) {
     at_case c = {.B = 2, .T = 5, .C = 8, .NH = 2};
     size_t nq = (size_t)c.B * c.T * 3 * c.C, no = (size_t)c.B * c.T * c.C;
     size_t na = (size_t)c.B * c.NH * c.T * c.T;
-    int slots = sh_attention_slots();
+    int slots = sh_layers_attention_slots();
     c.qkv = malloc(nq * 4); c.out = malloc(no * 4); c.att = malloc(na * 4);
     c.wout = malloc(no * 4);
     float *dqkv = malloc(nq * 4), *datt = malloc((size_t)slots * c.T * c.T * 4);
@@ -202,7 +202,7 @@ static void test_attention(void **st) {
         assert_true(fabs(s - 1.0) < 1e-5);
     }
     memset(dqkv, 0xff, nq * 4); /* NaN garbage: backward must overwrite every entry */
-    sh_attention_bwd(dqkv, datt, slots, c.wout, c.qkv, c.att, c.B, c.T, c.C, c.NH);
+    sh_layers_attention_bwd(dqkv, datt, slots, c.wout, c.qkv, c.att, c.B, c.T, c.C, c.NH);
     assert_true(check_input("attention dqkv", c.qkv, dqkv, nq, at_obj, &c) < LAYER_BOUND);
     free(c.qkv); free(c.out); free(c.att); free(c.wout); free(dqkv); free(datt);
 }
@@ -211,7 +211,7 @@ static void test_attention(void **st) {
 typedef struct { size_t n; float *x, *out, *wout; } ge_case;
 static double ge_obj(void *u) {
     ge_case *c = u;
-    sh_gelu_fwd(c->out, c->x, c->n);
+    sh_layers_gelu_fwd(c->out, c->x, c->n);
     return dotw(c->wout, c->out, c->n);
 }
 static void test_gelu(void **st) {
@@ -223,10 +223,10 @@ static void test_gelu(void **st) {
     ge_obj(&c);
     /* spot values of the tanh form: gelu(1) = 0.841192, gelu(-1) = -0.158808 */
     float xs[2] = {1.0f, -1.0f}, ys[2];
-    sh_gelu_fwd(ys, xs, 2);
+    sh_layers_gelu_fwd(ys, xs, 2);
     assert_float_equal(ys[0], 0.841192f, 1e-5f);
     assert_float_equal(ys[1], -0.158808f, 1e-5f);
-    sh_gelu_bwd(dx, c.x, c.wout, c.n);
+    sh_layers_gelu_bwd(dx, c.x, c.wout, c.n);
     assert_true(check_input("gelu dinp", c.x, dx, c.n, ge_obj, &c) < LAYER_BOUND);
     free(c.x); free(c.out); free(c.wout); free(dx);
 }
@@ -236,7 +236,7 @@ typedef struct { int N, V, Vp; float *z, *p, *losses; int32_t *y; } ce_case;
 static double ce_obj(void *u) {
     ce_case *c = u;
     memcpy(c->p, c->z, sizeof(float) * (size_t)c->N * c->Vp);
-    return sh_crossentropy_fwd(c->p, c->losses, c->y, c->N, c->V, c->Vp);
+    return sh_layers_crossentropy_fwd(c->p, c->losses, c->y, c->N, c->V, c->Vp);
 }
 static void test_crossentropy(void **st) {
     (void)st;
@@ -256,7 +256,7 @@ static void test_crossentropy(void **st) {
         ref += log(s) - c.z[(size_t)n * c.Vp + c.y[n]];
     }
     assert_true(fabs(loss - ref / c.N) < 1e-5);
-    sh_crossentropy_bwd(dz, c.p, c.y, 1.0f / (float)c.N, c.N, c.V, c.Vp);
+    sh_layers_crossentropy_bwd(dz, c.p, c.y, 1.0f / (float)c.N, c.N, c.V, c.Vp);
     assert_true(check_input("crossentropy dlogits", c.z, dz, nz, ce_obj, &c) < LAYER_BOUND);
     for (int n = 0; n < c.N; n++)
         for (int i = c.V; i < c.Vp; i++) assert_true(dz[(size_t)n * c.Vp + i] == 0.0f);
@@ -267,7 +267,7 @@ static void test_crossentropy(void **st) {
 typedef struct { int B, T, C; int32_t *tok; float *wte, *wpe, *out, *wout; } en_case;
 static double en_obj(void *u) {
     en_case *c = u;
-    sh_encoder_fwd(c->out, c->tok, c->wte, c->wpe, c->B, c->T, c->C);
+    sh_layers_encoder_fwd(c->out, c->tok, c->wte, c->wpe, c->B, c->T, c->C);
     return dotw(c->wout, c->out, (size_t)c->B * c->T * c->C);
 }
 static void test_embedding(void **st) {
@@ -283,7 +283,7 @@ static void test_embedding(void **st) {
     fill(c.wte, (size_t)V * c.C, -1, 1); fill(c.wpe, (size_t)c.T * c.C, -1, 1);
     fill(c.wout, no, -1, 1);
     en_obj(&c);
-    sh_encoder_bwd(dwte, dwpe, c.wout, c.tok, c.B, c.T, c.C);
+    sh_layers_encoder_bwd(dwte, dwpe, c.wout, c.tok, c.B, c.T, c.C);
     assert_true(check_input("embedding dwte", c.wte, dwte, (size_t)V * c.C, en_obj, &c) <
                 LAYER_BOUND);
     assert_true(check_input("embedding dwpe", c.wpe, dwpe, (size_t)c.T * c.C, en_obj, &c) <
@@ -307,7 +307,7 @@ static void test_model(void **st) {
     all.n = 400;
     all.tok = malloc(all.n * sizeof(uint16_t));
     for (size_t i = 0; i < all.n; i++) all.tok[i] = (uint16_t)(sh_rng_next(&R) % 16);
-    sh_split(&all, &tr_tok, &va_tok);
+    sh_data_split(&all, &tr_tok, &va_tok);
     sh_train_opts o;
     memset(&o, 0, sizeof o);
     o.dims = (sh_dims){.V = 16, .Vp = 0, .maxT = 8, .L = 2, .NH = 2, .C = 8};
@@ -325,7 +325,7 @@ static void test_model(void **st) {
         const pt_param_v1 *p = &m->params[i];
         if (p->tie >= 0) continue;
         float *x = p->data;
-        size_t n = sh_param_numel(p);
+        size_t n = sh_model_param_numel(p);
         size_t live = i == SH_P_WTE ? (size_t)m->d.V * m->d.C : n;
         for (size_t k = 0; k < live; k++) x[k] += 0.3f * (float)(sh_rng_uniform(&R) - 0.5);
     }
@@ -348,7 +348,7 @@ static void test_model(void **st) {
         }
         float *x = p->data;
         const float *g = p->grad;
-        size_t n = sh_param_numel(p);
+        size_t n = sh_model_param_numel(p);
         size_t live = i == SH_P_WTE ? (size_t)m->d.V * m->d.C : n;
         for (size_t k = live; k < n; k++) assert_true(g[k] == 0.0f); /* padded vocab rows */
         double a[K], num[K], da = 0.0, dd = 0.0;
@@ -373,7 +373,7 @@ static void test_model(void **st) {
         assert_true(rel < MODEL_BOUND);
     }
     sh_trainer_destroy(tr);
-    sh_tokens_free(&all);
+    sh_data_tokens_free(&all);
 }
 
 int main(void) {

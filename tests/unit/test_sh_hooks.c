@@ -89,7 +89,7 @@ static int32_t m_post_model_load(void *ctx, pt_model_v1 *model) {
     OFF = calloc((size_t)model->n_params, sizeof *OFF);
     for (int i = 0; i < model->n_params; i++) {
         pt_param_v1 *p = &model->params[i];
-        size_t n = sh_param_numel(p);
+        size_t n = sh_model_param_numel(p);
         if (p->tie >= 0) {
             OFF[i] = OFF[p->tie];
             continue;
@@ -105,7 +105,7 @@ static int32_t m_post_model_load(void *ctx, pt_model_v1 *model) {
     assert_true(maxn <= ((size_t)1 << 20));
     for (int i = 0; i < model->n_params; i++) {
         pt_param_v1 *p = &model->params[i];
-        if (p->tie < 0) memcpy(M.store + OFF[i], p->init, sh_param_numel(p) * 4);
+        if (p->tie < 0) memcpy(M.store + OFF[i], p->init, sh_model_param_numel(p) * 4);
     }
     for (int i = 0; i < model->n_params; i++) {
         pt_param_v1 *p = &model->params[i];
@@ -197,7 +197,7 @@ static int32_t m_optimizer_step(void *ctx, float lr) {
     for (int i = 0; i < m->n_params; i++) {
         pt_param_v1 *p = &m->params[i];
         if (p->tie >= 0) continue;
-        size_t n = sh_param_numel(p);
+        size_t n = sh_model_param_numel(p);
         for (size_t k = 0; k < n; k++) {
             M.store[OFF[i] + k] -= lr * M.grad[OFF[i] + k];
             M.grad[OFF[i] + k] = 0.0f;
@@ -286,13 +286,13 @@ static int setup(void **st) {
     ALL.n = 3000;
     ALL.tok = malloc(ALL.n * 2);
     for (size_t i = 0; i < ALL.n; i++) ALL.tok[i] = (uint16_t)("abcdefgh ij"[(i * i + i / 3) % 11]);
-    sh_split(&ALL, &TR, &VA);
+    sh_data_split(&ALL, &TR, &VA);
     return 0;
 }
 
 static int teardown(void **st) {
     (void)st;
-    sh_tokens_free(&ALL);
+    sh_data_tokens_free(&ALL);
     return 0;
 }
 

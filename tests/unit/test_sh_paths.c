@@ -5,7 +5,7 @@
  *    into a missing folder, --checkpoint-dir under a missing parent: sh_run fails
  *    with a sentence naming the flag and the path, and no metrics file was written
  *    (no step ran: the metrics file is created before the first step);
- *  - sh_save_model with a --save path that cannot be written (its "folder" is a
+ *  - sh_paths_save_model with a --save path that cannot be written (its "folder" is a
  *    file) writes the model to the checkpoint folder instead, byte-identical to a
  *    normal save, and says where.
  */
@@ -114,7 +114,7 @@ static void test_save_fallback(void **st) {
     assert_non_null(f);
     fclose(f);
     snprintf(c.checkpoint_dir, sizeof c.checkpoint_dir, "%s/ck", DIR_);
-    int rc = sh_save_model(&c, &m, m.init, written, sizeof written, err, sizeof err);
+    int rc = sh_paths_save_model(&c, &m, m.init, written, sizeof written, err, sizeof err);
     printf("  %s\n", err);
     assert_int_equal(rc, -1);
     assert_true(strncmp(written, c.checkpoint_dir, strlen(c.checkpoint_dir)) == 0);
