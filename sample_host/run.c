@@ -391,6 +391,127 @@ static int save_ckpt(runstate *rs, char *err, size_t errlen) {
     return rc;
 }
 
+/* Which optimizer settings the run takes when the INI's [optimizer] section and
+ * sample_host's own settings both could apply: said, never silently chosen. */
+static void optimizer_notes(const sh_config *c) {
+    if (c->optim_note == 1 && !c->quiet)
+        printf("sample_host: optimizer from %s's [optimizer] section (type = %s); "
+               "--optimizer adamw would take sample_host's AdamW settings instead\n",
+               c->config, c->ini_optim_type);
+    if (c->optim_note == 2) {
+        fflush(stdout);
+        fprintf(stderr, "sample_host: note: --optimizer adamw on the command line overrides "
+                "%s's [optimizer] type = %s\n", c->config, c->ini_optim_type);
+    }
+}
+
+/* The CUDA layers (device = cuda) and the plugin, each when asked for. */
+static int open_device_and_plugin(runstate *rs, char *err, size_t errlen) {
+    const sh_config *c = rs->c;
+    int rc = 0;
+    if (c->device == SH_DEVICE_CUDA) {
+        /* the plugin must run its cuda backend beside a cuda host: refuse an INI that
+         * asks for the simulated device before anything starts */
+        if (!c->no_plugin && strcmp(c->plugin_backend, "host") == 0) {
+            snprintf(err, errlen, "%s: [plugin] backend = host, but device = cuda needs the "
+                     "plugin's cuda backend (set backend = cuda or auto)", c->config);
+            rc = -1;
+        } else if (sh_cuda_load(&rs->cuda, c->world > 1 ? c->local_rank : 0, err, errlen)) {
+            /* several ranks: one GPU each, the launcher's local rank (NCCL refuses two
+             * ranks on one device) */
+            rc = -1;
+        } else {
+            rs->have_cuda = 1;
+        }
+    }
+    if (!rc && !c->no_plugin) {
+        if (pt_plugin_load(c->plugin, &rs->lp, err, errlen)) rc = -1;
+        else rs->have_plugin = rs->lp.table != NULL;
+    }
+    return rc;
+}
+
+/* The trainer over the resolved dims, with the plugin's table when loaded. */
+static int create_trainer(runstate *rs, const sh_dims *d, const char *fingerprint, char *err,
+                          size_t errlen) {
+    const sh_config *c = rs->c;
+    sh_train_opts o;
+    memset(&o, 0, sizeof o);
+    o.fingerprint = fingerprint;
+    o.dims = *d;
+    o.B = c->batch;
+    o.T = c->seq;
+    o.n_micro = c->grad_accum;
+    o.seed = c->seed;
+    o.optim_from_ini = c->optim_from_ini;
+    o.lr = c->lr;
+    o.beta1 = c->beta1;
+    o.beta2 = c->beta2;
+    o.eps = c->eps;
+    o.weight_decay = c->weight_decay;
+    o.max_grad_norm = c->max_grad_norm;
+    o.tbl = rs->have_plugin ? rs->lp.table : NULL;
+    o.ini_path = c->config[0] ? c->config : NULL;
+    o.load_path = c->load[0] ? c->load : NULL;
+    o.train = &rs->train;
+    o.val = &rs->val;
+    o.log = plugin_log;
+    o.log_user = rs;
+    o.cuda = rs->have_cuda ? &rs->cuda : NULL;
+    o.skip_nonfinite = c->on_nonfinite == SH_NONFINITE_SKIP;
+    o.nan_step = c->debug_nan_step;
+    o.data_order = c->data_order;
+    o.world = c->world;
+    o.rank = c->rank;
+    o.local_rank = c->local_rank;
+    if (!c->quiet && rs->have_cuda)
+        printf("sample_host: device %s\n", rs->cuda.api->device_name(rs->cuda.ctx));
+    if (!c->quiet)
+        printf("sample_host: L=%d C=%d NH=%d V=%d (Vp=%d) maxT=%d | batch %dx%d x%d | "
+               "%zu train / %zu val tokens | plugin %s\n", d->L, d->C, d->NH, d->V,
+               d->Vp ? d->Vp : (d->V + 127) / 128 * 128, d->maxT, c->batch, c->seq,
+               c->grad_accum, rs->train.n, rs->val.n, rs->have_plugin ? rs->lp.path : "none");
+    if (c->optim_from_ini && !rs->have_plugin) {
+        snprintf(err, errlen, "optimizer = ini needs the plugin (its [optimizer] section)");
+        return -1;
+    }
+    return sh_trainer_create(&rs->tr, &o, err, errlen);
+}
+
+/* The end of a run, whatever its status rc: the metrics file closed, a rank's
+ * error said before the plugin's finalize can wait on the others, the trainer,
+ * plugin, CUDA layers and tokens released. The run's status. */
+static int finish(runstate *rs, int rc, char *err, size_t errlen) {
+    const sh_config *c = rs->c;
+    if (rs->metrics && fclose(rs->metrics) != 0 && !rc) {
+        snprintf(err, errlen, "error writing metrics file %s", c->metrics);
+        rc = -1;
+    }
+    if (rc && c->world > 1) {
+        /* said now: the plugin's finalize below may wait for the other ranks
+         * (they are still inside a collective until its timeout), and this
+         * rank's cause is the one that explains their errors */
+        fflush(stdout);
+        fprintf(stderr, "sample_host: rank %d: error: %s\n", c->rank, err);
+        fflush(stderr);
+        err[0] = '\0';
+    }
+    if (rs->tr) {
+        const char *le = NULL;
+        int fs = sh_trainer_destroy(rs->tr);
+        if (fs != 0 && !rc) {
+            le = rs->lp.table ? rs->lp.table->last_error(NULL) : "";
+            snprintf(err, errlen, "plugin finalize failed with status %d: %s", fs, le ? le : "");
+            rc = -1;
+        }
+    }
+    if (rs->have_plugin || rs->lp.dl) pt_plugin_unload(&rs->lp);
+    if (rs->have_cuda) sh_cuda_unload(&rs->cuda);
+    sh_data_tokens_free(&rs->all);
+    sh_data_tokens_free(&rs->val_file);
+    return rc;
+}
+
 int sh_run(const sh_config *c, char *err, size_t errlen) {
     runstate rs;
     memset(&rs, 0, sizeof rs);
@@ -404,15 +525,7 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
      * (every rank checks, so on a shared folder all of them stop together) */
     if (sh_paths_check(c, err, errlen)) return -1;
     if (sh_config_check_plugin_sections(c, err, errlen)) return -1;
-    if (c->optim_note == 1 && !c->quiet)
-        printf("sample_host: optimizer from %s's [optimizer] section (type = %s); "
-               "--optimizer adamw would take sample_host's AdamW settings instead\n",
-               c->config, c->ini_optim_type);
-    if (c->optim_note == 2) {
-        fflush(stdout);
-        fprintf(stderr, "sample_host: note: --optimizer adamw on the command line overrides "
-                "%s's [optimizer] type = %s\n", c->config, c->ini_optim_type);
-    }
+    optimizer_notes(c);
     int rc = load_data(&rs, err, errlen);
     if (!rc && c->write_shard[0]) {
         rc = sh_data_write_shard(c->write_shard, rs.all.tok, rs.all.n, err, errlen);
@@ -429,75 +542,14 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
     } else if (!rc) {
         sh_data_split(&rs.all, &rs.train, &rs.val);
     }
-    if (!rc && c->device == SH_DEVICE_CUDA) {
-        /* the plugin must run its cuda backend beside a cuda host: refuse an INI that
-         * asks for the simulated device before anything starts */
-        if (!c->no_plugin && strcmp(c->plugin_backend, "host") == 0) {
-            snprintf(err, errlen, "%s: [plugin] backend = host, but device = cuda needs the "
-                     "plugin's cuda backend (set backend = cuda or auto)", c->config);
-            rc = -1;
-        } else if (sh_cuda_load(&rs.cuda, c->world > 1 ? c->local_rank : 0, err, errlen)) {
-            /* several ranks: one GPU each, the launcher's local rank (NCCL refuses two
-             * ranks on one device) */
-            rc = -1;
-        } else {
-            rs.have_cuda = 1;
-        }
-    }
-    if (!rc && !c->no_plugin) {
-        if (pt_plugin_load(c->plugin, &rs.lp, err, errlen)) rc = -1;
-        else rs.have_plugin = rs.lp.table != NULL;
-    }
+    if (!rc) rc = open_device_and_plugin(&rs, err, errlen);
     rs.bar = !c->quiet && (c->progress == 1 || (c->progress == -1 && isatty(STDOUT_FILENO)));
     char fingerprint[1024];
     if (!rc && sh_fingerprint(c, &rs.train, &rs.val, fingerprint, sizeof fingerprint)) {
         snprintf(err, errlen, "the run's fingerprint does not fit %zu bytes", sizeof fingerprint);
         rc = -1;
     }
-    if (!rc) {
-        sh_train_opts o;
-        memset(&o, 0, sizeof o);
-        o.fingerprint = fingerprint;
-        o.dims = d;
-        o.B = c->batch;
-        o.T = c->seq;
-        o.n_micro = c->grad_accum;
-        o.seed = c->seed;
-        o.optim_from_ini = c->optim_from_ini;
-        o.lr = c->lr;
-        o.beta1 = c->beta1;
-        o.beta2 = c->beta2;
-        o.eps = c->eps;
-        o.weight_decay = c->weight_decay;
-        o.max_grad_norm = c->max_grad_norm;
-        o.tbl = rs.have_plugin ? rs.lp.table : NULL;
-        o.ini_path = c->config[0] ? c->config : NULL;
-        o.load_path = c->load[0] ? c->load : NULL;
-        o.train = &rs.train;
-        o.val = &rs.val;
-        o.log = plugin_log;
-        o.log_user = &rs;
-        o.cuda = rs.have_cuda ? &rs.cuda : NULL;
-        o.skip_nonfinite = c->on_nonfinite == SH_NONFINITE_SKIP;
-        o.nan_step = c->debug_nan_step;
-        o.data_order = c->data_order;
-        o.world = c->world;
-        o.rank = c->rank;
-        o.local_rank = c->local_rank;
-        if (!c->quiet && rs.have_cuda)
-            printf("sample_host: device %s\n", rs.cuda.api->device_name(rs.cuda.ctx));
-        if (!c->quiet)
-            printf("sample_host: L=%d C=%d NH=%d V=%d (Vp=%d) maxT=%d | batch %dx%d x%d | "
-                   "%zu train / %zu val tokens | plugin %s\n", d.L, d.C, d.NH, d.V,
-                   d.Vp ? d.Vp : (d.V + 127) / 128 * 128, d.maxT, c->batch, c->seq,
-                   c->grad_accum, rs.train.n, rs.val.n, rs.have_plugin ? rs.lp.path : "none");
-        if (c->optim_from_ini && !rs.have_plugin) {
-            snprintf(err, errlen, "optimizer = ini needs the plugin (its [optimizer] section)");
-            rc = -1;
-        } else {
-            rc = sh_trainer_create(&rs.tr, &o, err, errlen);
-        }
-    }
+    if (!rc) rc = create_trainer(&rs, &d, fingerprint, err, errlen);
     if (!rc) sh_resume_init(&rs.rz, c, &d, &rs.train, &rs.val, rs.have_plugin);
     if (!rc && c->resume) rc = resume(&rs, err, errlen);
     if (!rc && c->metrics[0] && !rs.metrics && !(rs.metrics = fopen(c->metrics, "w"))) {
@@ -507,33 +559,7 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
     if (!rc) rc = train_loop(&rs, err, errlen);
     if (!rc && !rs.stopped && !c->quiet) summary(&rs);
     if (!rc && !rs.stopped && c->save[0]) rc = save_ckpt(&rs, err, errlen);
-    if (rs.metrics && fclose(rs.metrics) != 0 && !rc) {
-        snprintf(err, errlen, "error writing metrics file %s", c->metrics);
-        rc = -1;
-    }
-    if (rc && c->world > 1) {
-        /* said now: the plugin's finalize below may wait for the other ranks
-         * (they are still inside a collective until its timeout), and this
-         * rank's cause is the one that explains their errors */
-        fflush(stdout);
-        fprintf(stderr, "sample_host: rank %d: error: %s\n", c->rank, err);
-        fflush(stderr);
-        err[0] = '\0';
-    }
-    if (rs.tr) {
-        const char *le = NULL;
-        int fs = sh_trainer_destroy(rs.tr);
-        if (fs != 0 && !rc) {
-            le = rs.lp.table ? rs.lp.table->last_error(NULL) : "";
-            snprintf(err, errlen, "plugin finalize failed with status %d: %s", fs, le ? le : "");
-            rc = -1;
-        }
-    }
-    if (rs.have_plugin || rs.lp.dl) pt_plugin_unload(&rs.lp);
-    if (rs.have_cuda) sh_cuda_unload(&rs.cuda);
-    sh_data_tokens_free(&rs.all);
-    sh_data_tokens_free(&rs.val_file);
-    return rc;
+    return finish(&rs, rc, err, errlen);
 }
 
 int sh_run_main(int argc, char **argv) {
