@@ -407,8 +407,8 @@ static int markdown(char *buf, size_t len, int testing) {
         if (pt_config_is_testing(k) != testing) continue;
         if (!prev || strcmp(k->section, prev))
             pt_config_put(buf, len, &o,
-                       "%s### [%s]\n\n| key | accepted values | default | meaning |\n"
-                       "|---|---|---|---|\n", prev ? "\n" : "", k->section);
+                          "%s### [%s]\n\n| key | accepted values | default | meaning |\n"
+                          "|---|---|---|---|\n", prev ? "\n" : "", k->section);
         prev = k->section;
         pt_config_key_form(k, form, sizeof(form));
         pt_config_put(buf, len, &o, "| `%s` | ", k->key);

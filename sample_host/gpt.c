@@ -214,7 +214,7 @@ static void lin_bwd(const sh_model *m, int l, int k, float *dinp, const float *d
 }
 
 void sh_model_block_fwd_attn(const sh_model *m, int l, float *arena, const float *x, int B, int T,
-                       int tiled) {
+                             int tiled) {
     const sh_layer_ops *O = ops_of(m);
     sh_arena_layout a;
     sh_model_arena_layout_make_t(&a, &m->d, B, T, tiled);
@@ -243,7 +243,7 @@ void sh_model_mlp_fwd(const sh_model *m, int l, const sh_mlp_rows *r) {
 }
 
 void sh_model_block_fwd(const sh_model *m, int l, float *arena, const float *x, float *out,
-                  int B, int T) {
+                        int B, int T) {
     sh_arena_layout a;
     sh_model_arena_layout_make(&a, &m->d, B, T);
     sh_model_block_fwd_attn(m, l, arena, x, B, T, 0);
@@ -262,7 +262,7 @@ void sh_model_mlp_bwd(const sh_model *m, int l, const sh_mlp_rows *r) {
 }
 
 void sh_model_block_bwd_attn(const sh_model *m, int l, const float *arena, const float *x, float *dres,
-                       const sh_scratch *s, int B, int T, int tiled) {
+                             const sh_scratch *s, int B, int T, int tiled) {
     const sh_layer_ops *O = ops_of(m);
     sh_arena_layout a;
     sh_model_arena_layout_make_t(&a, &m->d, B, T, tiled);
@@ -281,7 +281,7 @@ void sh_model_block_bwd_attn(const sh_model *m, int l, const float *arena, const
 }
 
 void sh_model_block_bwd(const sh_model *m, int l, const float *arena, const float *x, float *dres,
-                  const sh_scratch *s, int B, int T) {
+                        const sh_scratch *s, int B, int T) {
     sh_arena_layout a;
     sh_model_arena_layout_make(&a, &m->d, B, T);
     /* out = res2 + fcproj(gelu(fc(ln2(res2)))): dres flows to res2 unchanged plus the MLP
@@ -294,7 +294,7 @@ void sh_model_block_bwd(const sh_model *m, int l, const float *arena, const floa
 }
 
 void sh_model_head_fwd(const sh_model *m, const sh_head_acts *a, const float *xL,
-                 const int32_t *targets, int B, int T, double *loss_acc) {
+                       const int32_t *targets, int B, int T, double *loss_acc) {
     const sh_layer_ops *O = ops_of(m);
     int N = B * T, C = m->d.C, L = m->d.L;
     O->layernorm_fwd(O->ctx, a->lnf, a->lnf_mean, a->lnf_rstd, xL,
@@ -308,7 +308,7 @@ void sh_model_head_fwd(const sh_model *m, const sh_head_acts *a, const float *xL
 }
 
 void sh_model_head_bwd(const sh_model *m, const sh_head_acts *a, const float *xL,
-                 const int32_t *targets, float dloss, float *dres, float *dsmall, int B, int T) {
+                       const int32_t *targets, float dloss, float *dres, float *dsmall, int B, int T) {
     const sh_layer_ops *O = ops_of(m);
     int N = B * T, C = m->d.C, L = m->d.L;
     O->crossentropy_bwd(O->ctx, a->logits, a->logits, targets, dloss, N, m->d.V, m->d.Vp);

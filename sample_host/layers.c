@@ -23,7 +23,7 @@
 #define COLS 16
 
 void sh_layers_encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe,
-                    int B, int T, int C) {
+                           int B, int T, int C) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < B * T; n++) {
         const float *we = wte + (size_t)tok[n] * C;   /* (C) row of the token */
@@ -34,7 +34,7 @@ void sh_layers_encoder_fwd(float *out, const int32_t *tok, const float *wte, con
 }
 
 void sh_layers_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
-                    int B, int T, int C) {
+                           int B, int T, int C) {
     /* Tokens repeat, so rows of dwte receive several contributions: partition by
      * channel block and walk positions in order (deterministic, race-free). */
     int nblk = (C + COLS - 1) / COLS;
@@ -54,7 +54,7 @@ void sh_layers_encoder_bwd(float *dwte, float *dwpe, const float *dout, const in
 }
 
 void sh_layers_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
-                      const float *w, const float *b, int N, int C) {
+                             const float *w, const float *b, int N, int C) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
@@ -76,7 +76,7 @@ void sh_layers_layernorm_fwd(float *out, float *mean, float *rstd, const float *
 }
 
 void sh_layers_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                      const float *w, const float *mean, const float *rstd, int N, int C) {
+                             const float *w, const float *mean, const float *rstd, int N, int C) {
     /* With xh = (x - mean) * rstd and y = xh * w + b:
      *   dxh = dy * w
      *   dx  = rstd * (dxh - mean_c(dxh) - xh * mean_c(dxh * xh))
@@ -148,7 +148,7 @@ int sh_layers_attention_slots(void) {
 }
 
 void sh_layers_matmul_fwd(float *out, const float *inp, const float *W, const float *bias,
-                   int N, int IC, int OC) {
+                          int N, int IC, int OC) {
     int rs = slab_rows(N), ns = (N + rs - 1) / rs;
 #pragma omp parallel for schedule(static)
     for (int s = 0; s < ns; s++) {
@@ -166,7 +166,7 @@ void sh_layers_matmul_fwd(float *out, const float *inp, const float *W, const fl
 }
 
 void sh_layers_matmul_bwd(float *dinp, float *dW, float *dbias, const float *dout, const float *inp,
-                   const float *W, int N, int IC, int OC, float *wtmp) {
+                          const float *W, int N, int IC, int OC, float *wtmp) {
     if (dinp) {
         int rs = slab_rows(N), ns = (N + rs - 1) / rs;
 #pragma omp parallel for schedule(static)
@@ -237,7 +237,7 @@ void sh_layers_attention_fwd(float *out, float *att, const float *qkv, int B, in
 }
 
 void sh_layers_attention_bwd(float *dqkv, float *datt, int nslots, const float *dout,
-                      const float *qkv, const float *att, int B, int T, int C, int NH) {
+                             const float *qkv, const float *att, int B, int T, int C, int NH) {
     /* Per (b,h), with P the saved probabilities and dO the head slice of dout:
      *   dP = dO V^T, dV = P^T dO,
      *   dS[t][t2] = P[t][t2] (dP[t][t2] - sum_j P[t][j] dP[t][j]) / sqrt(hd)  (softmax bwd)
@@ -297,7 +297,7 @@ void sh_layers_add_inplace(float *out, const float *a, size_t n) {
 }
 
 double sh_layers_crossentropy_fwd(float *probs, float *losses, const int32_t *targets,
-                           int N, int V, int Vp) {
+                                  int N, int V, int Vp) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *z = probs + (size_t)n * Vp;
@@ -322,7 +322,7 @@ double sh_layers_crossentropy_fwd(float *probs, float *losses, const int32_t *ta
 }
 
 void sh_layers_crossentropy_bwd(float *dlogits, const float *probs, const int32_t *targets,
-                         float dloss, int N, int V, int Vp) {
+                                float dloss, int N, int V, int Vp) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *p = probs + (size_t)n * Vp;

@@ -78,7 +78,7 @@ int sh_paths_check(const sh_config *c, char *err, size_t errlen) {
 }
 
 int sh_paths_save_model(const sh_config *c, const sh_model *m, const float *flat, char *written,
-                  size_t wlen, char *err, size_t errlen) {
+                        size_t wlen, char *err, size_t errlen) {
     written[0] = '\0';
     char why[1024];
     if (sh_ckpt_save(c->save, m, flat, why, sizeof why) == 0) {

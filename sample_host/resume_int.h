@@ -23,7 +23,7 @@ int sh_resume_host_text(const sh_resume *r, const sh_resume_state *st, char *buf
 int sh_resume_find_val(const char *text, const char *key, int run, char *v, size_t vn);
 /* The saved run (host.txt text) must be this run: 0, or -1 with the sentence. */
 int sh_resume_same_run(const sh_resume *r, const char *saved, const char *gen, char *err,
-                   size_t errlen);
+                       size_t errlen);
 /* host.txt's values into st: 0, or -1 when malformed. */
 int sh_resume_parse_host(const char *text, sh_resume_state *st);
 

@@ -95,11 +95,11 @@ typedef struct sh_scratch {
 
 /* Block l forward: x (N,C) -> arena, out (N,C) = block(x). out may not alias x. */
 void sh_model_block_fwd(const sh_model *m, int l, float *arena, const float *x, float *out,
-                  int B, int T);
+                        int B, int T);
 /* Block l backward: dres (N,C) holds dL/d out on entry and dL/d x on return;
  * parameter gradients accumulate (+=). */
 void sh_model_block_bwd(const sh_model *m, int l, const float *arena, const float *x, float *dres,
-                  const sh_scratch *s, int B, int T);
+                        const sh_scratch *s, int B, int T);
 
 /* The block split at the MLP, for TiledMLP (the whole-block functions above are
  * these run in order over all N rows).
@@ -122,11 +122,11 @@ typedef struct sh_mlp_rows {
     float *wtmp;            /* (4C,C) or NULL */
 } sh_mlp_rows;
 void sh_model_block_fwd_attn(const sh_model *m, int l, float *arena, const float *x, int B, int T,
-                       int tiled);
+                             int tiled);
 void sh_model_mlp_fwd(const sh_model *m, int l, const sh_mlp_rows *r);
 void sh_model_mlp_bwd(const sh_model *m, int l, const sh_mlp_rows *r);
 void sh_model_block_bwd_attn(const sh_model *m, int l, const float *arena, const float *x, float *dres,
-                       const sh_scratch *s, int B, int T, int tiled);
+                             const sh_scratch *s, int B, int T, int tiled);
 
 /* Non-block activations: final LayerNorm and logits. */
 typedef struct sh_head_acts {
@@ -139,10 +139,10 @@ typedef struct sh_head_acts {
  * the mean cross-entropy is added to *loss_acc (when not NULL; memory of the device the
  * layers run on); without targets (NULL): raw logits are left. */
 void sh_model_head_fwd(const sh_model *m, const sh_head_acts *a, const float *xL,
-                 const int32_t *targets, int B, int T, double *loss_acc);
+                       const int32_t *targets, int B, int T, double *loss_acc);
 /* Head backward from the probabilities: dres (N,C) is OVERWRITTEN with dL/d xL;
  * dsmall (N,C) is scratch; dloss scales every position's loss gradient. */
 void sh_model_head_bwd(const sh_model *m, const sh_head_acts *a, const float *xL,
-                 const int32_t *targets, float dloss, float *dres, float *dsmall, int B, int T);
+                       const int32_t *targets, float dloss, float *dres, float *dsmall, int B, int T);
 
 #endif /* SH_GPT_H */

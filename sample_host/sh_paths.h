@@ -22,6 +22,6 @@ int sh_paths_check(const sh_config *c, char *err, size_t errlen);
  * took it: the run did not write what was asked). *written receives the path
  * written, "" when none. */
 int sh_paths_save_model(const sh_config *c, const sh_model *m, const float *flat, char *written,
-                  size_t wlen, char *err, size_t errlen);
+                        size_t wlen, char *err, size_t errlen);
 
 #endif /* SH_PATHS_H */

@@ -24,7 +24,7 @@ static void exec(const sh_model *m, const sh_op *op) {
         break;
     case SH_OP_HEAD_BWD:
         sh_model_head_bwd(m, &op->head, op->x, op->tgt, op->dloss, op->dres, op->scr.dsmall, op->B,
-                    op->T);
+                          op->T);
         break;
     case SH_OP_BLOCK_BWD:
         sh_model_block_bwd(m, op->l, op->a, op->x, op->dres, &op->scr, op->B, op->T);
