@@ -375,62 +375,6 @@ int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen
 
 /* ---- CPU side of a chunk's gradient ---- */
 
-/* Adam over every trainable region of an offloaded chunk, as one job whose
- * slices every worker shares (pt_cpu_adam_step_many): grp NULL steps it now
- * (from a worker: the wait runs the job's queued slices itself), else the
- * runners are queued into grp with hooks h. The regions' args are built here;
- * the job keeps its own copy. A REKLS chunk (its 2-D block params when that is
- * the optimizer) is stepped param by param on this thread instead, and a mode C
- * chunk over this rank's parts; callers queue those as one task and pass grp
- * NULL. */
-void pt_cs_chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, float lr, float gs,
-                       int64_t step, pt_task_group *grp, const pt_cpu_adam_hooks *h) {
-    if (c->sh) {   /* mode C: AdamW over this rank's parts (REKLS params: pt_rk_sh_pass) */
-        if (c->rk_count) pt_rk_sh_adam(st, c, k, from_acc);
-        else pt_sh_adam(c, k, from_acc);
-        return;
-    }
-    if (c->rk_count) {
-        pt_rk_cpu_chunk(st, c, k, from_acc, lr, gs, step);
-        return;
-    }
-    pt_cpu_adam_args one, *a = c->lc->n_regions > 1 ? malloc(sizeof *a * (size_t)c->lc->n_regions) : &one;
-    memset(&one, 0, sizeof one);
-    int n = 0;
-    for (int r = 0; r < c->lc->n_regions; r++) {
-        const pt_chunk_region *g = &c->lc->regions[r];
-        if (c->reg_state[r] == UINT64_MAX) continue;
-        uint64_t s = c->reg_state[r];
-        pt_cpu_adam_args x;
-        memset(&x, 0, sizeof x);
-        x.n = (size_t)(g->bytes / pt_dtype_size(g->dtype));
-        x.c = *k;
-        x.m = c->h_m + s;
-        x.v = c->h_v + s;
-        if (from_acc) {
-            x.g = c->h_gacc + s;
-            x.g_dtype = PT_F32;
-        } else {
-            x.g = (char *)c->h_gstage + g->offset;
-            x.g_dtype = g->dtype;
-        }
-        if (g->dtype == PT_F32) {
-            x.p = (float *)((char *)c->h_param + g->offset);
-        } else {
-            x.p = c->h_master + s;
-            x.out = (char *)c->h_param + g->offset;
-            x.out_dtype = g->dtype;
-        }
-        if (a) a[n++] = x;
-        else pt_cpu_adam_range(&x, 0, x.n);   /* no memory for the list: this thread, same math */
-    }
-    /* a queueing failure leaves the update complete after the wait (the
-     * runners that could not be queued ran inline), so nothing to report */
-    if (a) pt_cpu_adam_step_many(st->workers, a, n, grp, h, NULL, 0);
-    else if (h && h->done) h->done(h->ctx, pt_now_s(), pt_now_s());   /* stepped above */
-    if (a != &one) free(a);
-}
-
 /* Squared norms per param root, in double, element order (matches a host that
  * sums g^2 param by param). Reads the gradient the optimizer will use. */
 void pt_cs_chunk_norms(pt_store *st, cs_chunk *c, int from_acc) {
@@ -527,7 +471,8 @@ static void grad_task(void *arg) {
     if (last && c->t_norm) pt_cs_chunk_norms(st, c, acc);
     if (last && c->t_step_now) {
         if (pt_cs_stepped_first(st)) pt_cs_stepped(st, c);
-        pt_cs_chunk_adam(st, c, &c->t_consts, acc, c->t_lr, 1.0f, c->t_k, NULL, NULL);
+        const pt_optim_cpu a = {&c->t_consts, acc, c->t_lr, 1.0f, c->t_k, NULL, NULL};
+        st->ok->cpu_step(st, c, &a);   /* the optimizer kind's step, on this worker */
         if (!pt_cs_stepped_first(st)) pt_cs_stepped(st, c);
     }
     double t1 = pt_now_s();
@@ -549,7 +494,7 @@ static void stamp_bwd(void *arg) {
     pthread_mutex_unlock(&ms->acct_mu);
 }
 
-int pt_cs_mark_backward_end(pt_store *st, char *err, size_t errlen) {
+int pt_cs_note_backward_end(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
     if (!ms->n_offloaded || st->env.sx->eval || st->env.sx->micro != st->env.sx->n_micro - 1)
         return PT_OK;

@@ -56,6 +56,10 @@
 #include "store_internal.h"
 
 
+int pt_cs_tp_size(const pt_store *st) {
+    return st->env.coll && st->env.cfg->tp_size > 1 ? st->env.cfg->tp_size : 1;
+}
+
 /* Region r of chunk c as a key (its index among the layout's regions). */
 static int region_key(const pt_store *st, const cs_chunk *c, int r) {
     return (int)(c->lc->regions - st->lay.regions) + r;

@@ -31,7 +31,7 @@ int pt_store_post_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
      * their all-reduce once the device is done with them */
     if (!rc) rc = pt_cs_dist_bucket(st, b, err, errlen);
     /* backward runs from the last block down: block 0 ends it */
-    return (rc || b != 0) ? rc : pt_cs_mark_backward_end(st, err, errlen);
+    return (rc || b != 0) ? rc : pt_cs_note_backward_end(st, err, errlen);
 }
 
 int pt_store_is_arena(const pt_store *st, const void *ptr) {

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
 
 #include "coll/coll.h"
@@ -122,100 +121,6 @@ static int choose_layout(pt_store *st, char *err, size_t errlen) {
     return rc;
 }
 
-/* Pinned bytes of one offloaded chunk (the real cost of an offloaded parameter,
- * never 2 bytes per parameter), exactly as alloc_offloaded allocates them;
- * rounded: each allocation rounded as the pinned arena carves it. */
-static uint64_t pinned_of(const cs_chunk *c, int rounded) {
-    if (c->sh) {   /* this rank's parts, and the REKLS state of the params it owns */
-        uint64_t own = c->rk_plan_own * 4;
-        return pt_sh_pinned(c, rounded) + (rounded && own ? pt_gpu_round_size(own) : own);
-    }
-    uint64_t pb = rounded ? pt_gpu_round_size(c->used) : c->used;
-    if (!c->trainable) return pb;                              /* h_param only */
-    uint64_t eb = (uint64_t)c->n_state * 4, rk = c->rk_plan_aux * 4;
-    if (rounded) eb = pt_gpu_round_size(eb), rk = rk ? pt_gpu_round_size(rk) : 0;
-    /* h_param, h_gstage, m, v, fp32 masters, REKLS factors and bases */
-    return 2 * pb + 2 * eb + (c->has16 ? eb : 0) + rk;
-}
-
-uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c) { return pinned_of(c, 0); }
-
-/* Device bytes of one resident chunk as alloc_persistent and pt_ms_optimizer_init
- * allocate them, each allocation rounded like the allocator rounds it. */
-uint64_t pt_ms_chunk_dev_bytes(const cs_chunk *c) {
-    uint64_t b = pt_gpu_round_size(c->used);                    /* d_param */
-    if (!c->trainable) return b;
-    uint64_t st = pt_gpu_round_size(c->n_state * 4);
-    b += pt_gpu_round_size(c->used) + 2 * st;                   /* d_grad, d_m, d_v */
-    if (c->has16) b += st;                                      /* d_master */
-    return b + pt_ms_chunk_rekls_dev_bytes(c);
-}
-
-/* REKLS factors and bases on the device, plus the scratch of the chunk's
- * largest REKLS param. The store allocates one scratch for the largest
- * resident param, so summing this over resident chunks is an upper bound by
- * at most (resident REKLS chunks - 1) scratches. */
-uint64_t pt_ms_chunk_rekls_dev_bytes(const cs_chunk *c) {
-    if (!c->rk_plan_aux) return 0;
-    return pt_gpu_round_size(c->rk_plan_aux * 4) + pt_gpu_round_size(c->rk_plan_ws * 4);
-}
-
-static uint64_t mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return (uint64_t)kb * 1024;
-}
-
-static int check_pinned(pt_store *st, uint64_t need, char *err, size_t errlen) {
-    uint64_t avail = mem_available();
-    uint64_t budget = st->env.cfg->pinned_budget;
-    struct rlimit rl;
-    int have_rl = getrlimit(RLIMIT_MEMLOCK, &rl) == 0;
-    char lim[64];
-    if (!have_rl || rl.rlim_cur == RLIM_INFINITY) snprintf(lim, sizeof lim, "unlimited");
-    else snprintf(lim, sizeof lim, "%llu", (unsigned long long)rl.rlim_cur);
-    /* auto budget: 90% of MemAvailable. RLIMIT_MEMLOCK binds only where pages are
-     * really locked (cuda pins through the driver, which ignores it; the host
-     * backend does not lock), so it is reported, not enforced. */
-    uint64_t eff = budget ? budget : avail / 10 * 9;
-    if (need > eff || (avail && need > avail)) {
-        /* mode C: also what mode B (replicated) would need per rank */
-        char alt[160] = "";
-        if (st->shard) {
-            uint64_t rep = 0;
-            for (int k = 0; k < st->n_chunks; k++) {
-                const cs_chunk *c = &st->ch[k];
-                if (c->sh)   /* REKLS's factors replicated too */
-                    rep += c->trainable ? 2 * c->used + 2 * 4 * c->sh->n_state_full +
-                                              4 * c->rk_plan_aux
-                                        : c->used;
-            }
-            snprintf(alt, sizeof alt, " (this rank's parts in mode C, split over %d ranks; "
-                     "replicated on every rank, mode B, they would need %llu)", st->world,
-                     (unsigned long long)rep);
-        }
-        /* a profiling run then times the copy rates through one more pinned
-         * buffer of max(2 x chunk_size, the largest arena, 64 KiB); the arenas
-         * are not known yet, and where the budget leaves less the profiler
-         * times at what is left (profiler_hw.c), so the chunks plus
-         * max(2 x chunk_size, 64 KiB) is a budget that runs */
-        uint64_t tb = 2 * st->lay.chunk_size > 65536 ? 2 * st->lay.chunk_size : 65536;
-        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "pinned host memory: the offloaded chunks need %llu bytes%s, but the budget is %llu "
-            "(pinned_budget = %s), MemAvailable is %llu and RLIMIT_MEMLOCK is %s; lower "
-            "offload (raise n_persist / device_capacity) or set [memory] pinned_budget to at "
-            "least %llu (the chunks, plus %llu that profiling uses to time the copy rates)",
-            (unsigned long long)need, alt, (unsigned long long)eff, budget ? "set" : "auto: 90% of "
-            "MemAvailable", (unsigned long long)avail, lim, (unsigned long long)(need + tb),
-            (unsigned long long)tb);
-    }
-    return PT_OK;
-}
-
 static int alloc_persistent(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     const pt_gpu_backend *ops = pt_gpu_ops(st->env.gpu);
     void *impl = pt_gpu_impl(st->env.gpu);
@@ -294,6 +199,77 @@ static void set_static_pointers(pt_store *st) {
 }
 
 /* Chunks and their storage under st->kn (the caller destroys st on failure). */
+/* Chunk k of the layout: resident (the first np, and those that must be),
+ * its fp32 state offsets per region, the optimizer kind's planner terms, mode
+ * C's parts. */
+static int setup_chunks(pt_store *st, int np, char *err, size_t errlen) {
+    pt_store *ms = st;
+    pt_layout *L = &ms->lay;
+    int rc = PT_OK;
+    for (int k = 0; k < L->n_chunks; k++) {
+        cs_chunk *c = &ms->ch[k];
+        c->lc = &L->chunks[k];
+        c->id = k;
+        c->slot = -1;
+        c->cap = c->lc->capacity;
+        c->used = c->lc->bytes_used;
+        /* Oversize chunks stay resident: a pool slot cannot hold them, and a
+         * dedicated per-gather allocation would fragment the device. */
+        c->persistent = k < np || c->lc->mandatory_persistent || c->lc->oversize;
+        c->reg_state = calloc((size_t)(c->lc->n_regions ? c->lc->n_regions : 1), sizeof(uint64_t));
+        if (!c->reg_state) {
+            return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+        }
+        for (int r = 0; r < c->lc->n_regions; r++) {
+            const pt_chunk_region *g = &c->lc->regions[r];
+            if (!g->trainable) {
+                c->reg_state[r] = UINT64_MAX;
+                continue;
+            }
+            c->reg_state[r] = c->n_state;
+            c->n_state += g->bytes / pt_dtype_size(g->dtype);
+            c->trainable = 1;
+            if (g->dtype != PT_F32) c->has16 = 1;
+        }
+        if (ms->ok->plan_chunk) ms->ok->plan_chunk(ms, c);
+        if (c->persistent) ms->n_persist++;
+        else ms->n_offloaded++;
+        if (ms->shard && !c->persistent && (rc = pt_sh_setup(st, c, err, errlen))) return rc;
+    }
+    return PT_OK;
+}
+
+/* Every chunk's storage: the pinned budget checked first, one pinned arena for
+ * the offloaded chunks, then each chunk's allocations. */
+static int alloc_storage(pt_store *st, char *err, size_t errlen) {
+    pt_store *ms = st;
+    int rc;
+    uint64_t pinned = 0;
+    for (int k = 0; k < ms->n_chunks; k++)
+        if (!ms->ch[k].persistent) pinned += pt_ms_chunk_pinned(&ms->ch[k], 0);
+    if ((rc = pt_ms_check_pinned(st, pinned, err, errlen))) return rc;
+    /* One pinned arena for every offloaded chunk, so no chunk costs its own
+     * driver allocation (and no later free a device-wide wait). If it cannot be
+     * had, the chunks still get their own allocations: slower, not wrong. */
+    uint64_t arena = 0;
+    for (int k = 0; k < ms->n_chunks; k++)
+        if (!ms->ch[k].persistent) arena += pt_ms_chunk_pinned(&ms->ch[k], 1);
+    char why[512];
+    if (pt_gpu_pinned_reserve(st->env.gpu, (size_t)arena, why, sizeof why))
+        PT_LOGW(st->env.lg, "offloaded chunks get one pinned allocation each: %s", why);
+
+    double t0 = pt_now_s();
+    for (int k = 0; k < ms->n_chunks; k++) {
+        cs_chunk *c = &ms->ch[k];
+        rc = c->persistent ? alloc_persistent(st, c, err, errlen)
+                           : alloc_offloaded(st, c, err, errlen);
+        if (rc) return rc;
+    }
+    ms->pin_seconds = pt_now_s() - t0;
+    ms->pinned_bytes = pinned;
+    return PT_OK;
+}
+
 static int load_chunks(pt_store *st, char *err, size_t errlen) {
     pt_model_v1 *m = st->env.model;
     pt_store *ms = st;
@@ -330,38 +306,9 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
                             "resident (n_persist %d is used)", np, st->kn.source, L->n_chunks,
                 L->n_chunks, L->n_chunks);
     if (np < 0 || np > L->n_chunks) np = L->n_chunks;
-    for (int k = 0; k < L->n_chunks; k++) {
-        cs_chunk *c = &ms->ch[k];
-        c->lc = &L->chunks[k];
-        c->id = k;
-        c->slot = -1;
-        c->cap = c->lc->capacity;
-        c->used = c->lc->bytes_used;
-        /* Oversize chunks stay resident: a pool slot cannot hold them, and a
-         * dedicated per-gather allocation would fragment the device. */
-        c->persistent = k < np || c->lc->mandatory_persistent || c->lc->oversize;
-        c->reg_state = calloc((size_t)(c->lc->n_regions ? c->lc->n_regions : 1), sizeof(uint64_t));
-        if (!c->reg_state) {
-            return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
-        }
-        for (int r = 0; r < c->lc->n_regions; r++) {
-            const pt_chunk_region *g = &c->lc->regions[r];
-            if (!g->trainable) {
-                c->reg_state[r] = UINT64_MAX;
-                continue;
-            }
-            c->reg_state[r] = c->n_state;
-            c->n_state += g->bytes / pt_dtype_size(g->dtype);
-            c->trainable = 1;
-            if (g->dtype != PT_F32) c->has16 = 1;
-        }
-        pt_rk_plan_chunk(ms, c);
-        if (c->persistent) ms->n_persist++;
-        else ms->n_offloaded++;
-        if (ms->shard && !c->persistent && (rc = pt_sh_setup(st, c, err, errlen))) return rc;
-    }
-    /* mode C: the owner rank of every REKLS param of a split chunk */
-    if (ms->shard && (rc = pt_rk_sh_owners(ms, err, errlen))) return rc;
+    if ((rc = setup_chunks(st, np, err, errlen))) return rc;
+    /* after the chunks are set up (REKLS in mode C: its owner ranks) */
+    if (ms->ok->plan_store && (rc = ms->ok->plan_store(ms, err, errlen))) return rc;
     int nb = st->kn.n_buffer;
     ms->nb_fixed = nb >= 0;
     int need = min_buffers(ms, m->n_blocks, 0), look = min_buffers(ms, m->n_blocks, 1);
@@ -374,29 +321,8 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
     if (nb > ms->n_offloaded) nb = ms->n_offloaded;
     ms->n_buffer = nb;
 
-    uint64_t pinned = 0;
-    for (int k = 0; k < ms->n_chunks; k++)
-        if (!ms->ch[k].persistent) pinned += pinned_of(&ms->ch[k], 0);
-    if ((rc = check_pinned(st, pinned, err, errlen))) return rc;
-    /* One pinned arena for every offloaded chunk, so no chunk costs its own
-     * driver allocation (and no later free a device-wide wait). If it cannot be
-     * had, the chunks still get their own allocations: slower, not wrong. */
-    uint64_t arena = 0;
-    for (int k = 0; k < ms->n_chunks; k++)
-        if (!ms->ch[k].persistent) arena += pinned_of(&ms->ch[k], 1);
-    char why[512];
-    if (pt_gpu_pinned_reserve(st->env.gpu, (size_t)arena, why, sizeof why))
-        PT_LOGW(st->env.lg, "offloaded chunks get one pinned allocation each: %s", why);
-
-    double t0 = pt_now_s();
-    for (int k = 0; k < ms->n_chunks; k++) {
-        cs_chunk *c = &ms->ch[k];
-        rc = c->persistent ? alloc_persistent(st, c, err, errlen)
-                           : alloc_offloaded(st, c, err, errlen);
-        if (rc) return rc;
-    }
-    ms->pin_seconds = pt_now_s() - t0;
-    ms->pinned_bytes = pinned;
+    if ((rc = alloc_storage(st, err, errlen))) return rc;
+    uint64_t pinned = ms->pinned_bytes;
     if ((rc = pt_cs_init_runtime(st, err, errlen))) return rc;
     if (!st->no_init_upload && (rc = upload_initial(st, err, errlen))) return rc;
     set_static_pointers(st);
@@ -484,44 +410,18 @@ int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
         int rc = pt_gpu_alloc(st->env.gpu, max16 * 4, PT_TAG_OTHER, &ms->d_gtmp, err, errlen);
         if (rc) return rc;
     }
-    if (st->env.opt->type == PT_OPTIM_REKLS) {
-        int rc = pt_rk_init(st, err, errlen);
+    /* the kind create_optimizer chose; a layout planned for another hands
+     * that one's state back first (the planner terms stay as planned) */
+    const pt_optim_kind *kind = pt_optk_of(st->env.opt->type);
+    if (kind != st->ok) {
+        if (st->ok->fini) st->ok->fini(st);
+        st->ok = kind;
+    }
+    if (kind->init) {
+        int rc = kind->init(st, err, errlen);
         if (rc) return rc;
     }
     st->opt_ready = 1;
-    return PT_OK;
-}
-
-int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, char *err,
-                     size_t errlen) {
-    pt_store *ms = st;
-    if (!ms || index < 0 || index >= ms->n_params || !dst) {
-        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "read_param: bad index %d (model has %d params) or NULL destination", index,
-            ms ? ms->n_params : 0);
-    }
-    int root = ms->root[index];
-    const pt_param_v1 *p = &st->env.model->params[root];
-    uint64_t need = pt_param_numel(p) * pt_dtype_size(p->dtype);
-    if (bytes != need) {
-        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "read_param: param %d holds %llu bytes, caller passed %llu", index,
-            (unsigned long long)need, (unsigned long long)bytes);
-    }
-    cs_chunk *c = &ms->ch[ms->lay.param_chunk[root]];
-    uint64_t off = ms->lay.param_offset[root];
-    if (c->sh) return pt_sh_read_param(st, c, off, dst, (size_t)bytes, err, errlen);
-    if (c->persistent) {
-        /* the device AdamW of the last step may still be queued */
-        int rc = pt_cs_ord(st, PT_ORD_STEP) ? pt_store_sync(st, err, errlen) : PT_OK;
-        char e[256];
-        if (!rc && (rc = pt_gpu_memcpy_sync(st->env.gpu, dst, (char *)c->d_param + off, bytes,
-                                            PT_GPU_D2H, e, sizeof e)))
-            rc = pt_fail(err, errlen, PT_ERR_BACKEND, "read_param: reading param %d failed: %s",
-                         index, e);
-        return rc;
-    }
-    int rc = pt_cs_wait_task(st, c, "read_param", err, errlen);
-    if (rc) return rc;
-    memcpy(dst, (char *)c->h_param + off, bytes);
     return PT_OK;
 }
 
@@ -566,20 +466,23 @@ void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out
         /* the replicated figure (what mode B would pin): the planner divides it
          * by the ranks itself when it weighs mode C */
         uint64_t eb = c->sh->n_state_full * 4;
-        out->host_bytes = c->trainable ? 2 * c->used + 2 * eb + c->rk_plan_aux * 4 : c->used;
+        out->host_bytes = c->trainable ? 2 * c->used + 2 * eb + c->plan.aux_words * 4 : c->used;
         out->n_state = c->sh->n_state_full;
     }
     /* several ranks: the fp32 gradient sum is always kept (pt_store_pre_step) */
     if (st->env.coll && c->trainable) out->host_bytes += 4 * out->n_state;
-    out->rekls_bytes = pt_ms_chunk_rekls_dev_bytes(c);
-    out->rekls_gemm_flops = c->rk_plan_gemm;
-    out->rekls_eigh_flops = c->rk_plan_eigh;
-    out->rekls_params = c->rk_plan_n;
-    out->rekls_tp_grad_bytes = c->rk_plan_tp_grad;
-    out->rekls_tp_factor_bytes = c->rk_plan_tp_fac;
-    out->rekls_aux_words = c->rk_plan_aux;
-    out->rekls_mn = c->rk_plan_mn;
-    out->rekls_own_max = c->rk_plan_max;
+    /* the kind's planner terms (store.h names them after REKLS, the one kind
+     * that keeps state beyond the Adam moments) */
+    const pt_optim_terms *t = &c->plan;
+    out->rekls_bytes = pt_ms_chunk_optim_dev_bytes(c);
+    out->rekls_gemm_flops = t->gemm_flops;
+    out->rekls_eigh_flops = t->eigh_flops;
+    out->rekls_params = t->n_params;
+    out->rekls_tp_grad_bytes = t->tp_grad_bytes;
+    out->rekls_tp_factor_bytes = t->tp_fac_bytes;
+    out->rekls_aux_words = t->aux_words;
+    out->rekls_mn = t->mn;
+    out->rekls_own_max = t->own_max;
 }
 
 int pt_store_borrow_slot(pt_store *st, void **dev, uint64_t *bytes) {
@@ -619,6 +522,9 @@ int pt_store_create(const pt_store_env *env, const pt_store_knobs *kn, const int
     st->n_blocks = env->model->n_blocks;
     st->kn = *kn;
     st->no_init_upload = from_image;
+    /* the kind to plan for: the one create_optimizer chose, or before that the INI's */
+    int t = env->opt ? env->opt->type : 0;
+    st->ok = pt_optk_of(t ? t : env->cfg->optim_type);
     int rc = load_chunks(st, err, errlen);
     if (!rc) rc = pt_acts_init(st, modes, swap_done, err, errlen);
     st->no_init_upload = 0;
@@ -641,7 +547,7 @@ int pt_store_destroy(pt_store *st, char *err, size_t errlen) {
     else if (src) PT_LOGW(st->env.lg, "freeing the chunk store: %s", e);
     pt_acts_fini(st);
     pt_cs_fini_runtime(st);
-    pt_rk_fini(st);
+    if (st->ok && st->ok->fini) st->ok->fini(st);
     for (int k = 0; ms->ch && k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
         pt_gpu_free(st->env.gpu, c->d_param);
@@ -668,109 +574,4 @@ int pt_store_destroy(pt_store *st, char *err, size_t errlen) {
     pthread_mutex_destroy(&ms->acct_mu);
     free(ms);
     return src;
-}
-
-int pt_store_param_home(pt_store *st, int32_t index, float **p, int *on_device, char *err,
-                        size_t errlen) {
-    pt_store *ms = st;
-    *p = NULL;
-    if (!ms || index < 0 || index >= ms->n_params)
-        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "param_home: bad index %d (model has %d "
-                       "params)", index, ms ? ms->n_params : 0);
-    int root = ms->root[index];
-    const pt_param_v1 *q = &st->env.model->params[root];
-    if (q->dtype != PT_F32)
-        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "param_home: param %d '%s' is not fp32",
-                       index, q->name ? q->name : "(unnamed)");
-    cs_chunk *c = &ms->ch[ms->lay.param_chunk[root]];
-    uint64_t off = ms->lay.param_offset[root];
-    if (c->sh)
-        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "param_home: param %d '%s' lies in "
-                       "chunk %d, which mode C splits across the ranks", index,
-                       q->name ? q->name : "(unnamed)", c->id);
-    if (c->persistent) {
-        *p = (float *)((char *)c->d_param + off);
-        *on_device = 1;
-        return PT_OK;
-    }
-    int rc = pt_cs_wait_task(st, c, "param_home", err, errlen);
-    if (rc) return rc;
-    *p = (float *)((char *)c->h_param + off);
-    *on_device = 0;
-    return PT_OK;
-}
-
-int pt_store_param_part(pt_store *st, int32_t index, pt_store_part *out, char *err,
-                        size_t errlen) {
-    memset(out, 0, sizeof *out);
-    if (!st || index < 0 || index >= st->n_params)
-        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "param_part: bad index %d (model has %d "
-                       "params)", index, st ? st->n_params : 0);
-    int root = st->root[index];
-    cs_chunk *c = &st->ch[st->lay.param_chunk[root]];
-    const pt_param_v1 *q = &st->env.model->params[root];
-    uint64_t n = pt_param_numel(q);
-    if (!c->sh) {
-        out->len = n;
-        return pt_store_param_home(st, index, &out->p, &out->on_device, err, errlen);
-    }
-    if (q->dtype != PT_F32)
-        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "param_part: param %d '%s' is not fp32",
-                       index, q->name ? q->name : "(unnamed)");
-    int rc = pt_cs_wait_task(st, c, "param_part", err, errlen);
-    if (rc) return rc;
-    out->split = 1;
-    /* the param is elements [e0, e0 + n) of one region; this rank owns the
-     * region's [lo, lo + own): the intersection is contiguous */
-    uint64_t off = st->lay.param_offset[root];
-    for (int r = 0; r < c->lc->n_regions; r++) {
-        const pt_chunk_region *g = &c->lc->regions[r];
-        const cs_shreg *h = &c->sh->r[r];
-        if (off < g->offset || off >= g->offset + g->bytes) continue;
-        uint64_t e0 = (off - g->offset) / 4, a = e0 > h->lo ? e0 : h->lo;
-        uint64_t b = e0 + n < h->lo + h->own ? e0 + n : h->lo + h->own;
-        if (b > a) {
-            out->p = (float *)((char *)c->h_param + h->hp_off) + (a - h->lo);
-            out->lo = a - e0;
-            out->len = b - a;
-        }
-        break;
-    }
-    return PT_OK;
-}
-
-int pt_store_param_parts(const pt_store *st, int32_t index, size_t *lo, size_t *len) {
-    if (!st || index < 0 || index >= st->n_params) return -1;
-    int root = st->root[index];
-    const cs_chunk *c = &st->ch[st->lay.param_chunk[root]];
-    if (!c->sh) return -1;
-    const pt_param_v1 *q = &st->env.model->params[root];
-    uint64_t off = st->lay.param_offset[root], es = pt_dtype_size(q->dtype);
-    uint64_t n = pt_param_numel(q);
-    for (int r = 0; r < c->lc->n_regions; r++) {
-        const pt_chunk_region *g = &c->lc->regions[r];
-        if (off < g->offset || off >= g->offset + g->bytes) continue;
-        /* the region's parts (pt_coll_part over its elements) cut to the param's
-         * elements [e0, e0 + n) */
-        uint64_t e0 = (off - g->offset) / es;
-        for (int p = 0; p < st->world; p++) {
-            size_t plo, plen;
-            pt_coll_part((size_t)c->sh->r[r].n, st->world, p, &plo, &plen);
-            uint64_t a = e0 > plo ? e0 : plo, b = e0 + n < plo + plen ? e0 + n : plo + plen;
-            lo[p] = b > a ? (size_t)(a - e0) : 0;
-            len[p] = b > a ? (size_t)(b - a) : 0;
-        }
-        return 0;
-    }
-    return -1;
-}
-
-int pt_store_param_chunk(const pt_store *st, int32_t index, float **pinned) {
-    *pinned = NULL;
-    if (!st || index < 0 || index >= st->n_params) return -1;
-    int root = st->root[index];
-    const cs_chunk *c = &st->ch[st->lay.param_chunk[root]];
-    if (!c->persistent && !c->sh && st->env.model->params[root].dtype == PT_F32)
-        *pinned = (float *)((char *)c->h_param + st->lay.param_offset[root]);
-    return c->id;
 }

@@ -1,11 +1,13 @@
 /*
  * optim_step.c — the optimizer step of the store (optimizer_step and what it
  * needs): waits for the backward's CPU tasks, the data-parallel reduction, the
- * global norm for clipping, device AdamW (or REKLS) on resident chunks, and
- * the CPU steps left for offloaded chunks, queued in the order the next forward
+ * global norm for clipping, the optimizer kind's device steps of resident
+ * chunks, its passes after the norm, and the CPU steps left for offloaded
+ * chunks, queued in the order the next forward
  * gathers them ([protrain] defer_cpu_steps) or waited for. The CPU side of a
  * chunk's gradient during backward (the tasks this step waits for and the
- * helpers it shares with them) is chunk_runtime.c's.
+ * helpers it shares with them) is chunk_runtime.c's. Every step of a chunk
+ * goes through the kind's table, st->ok (optim/optim_kind.h).
  */
 #include <math.h>
 #include <stdio.h>
@@ -89,36 +91,11 @@ pt_adamw_args pt_cs_adamw_args(const pt_store *st, cs_chunk *c, uint64_t s, size
     return a;
 }
 
-static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err, size_t errlen) {
-    pt_store *ms = st;
-    if (c->rk_count) {   /* REKLS chunk: param by param */
-        int rc = pt_rk_dev_chunk(st, c, lr, gs, err, errlen);
-        if (rc) return rc;
-    }
-    for (int r = 0; r < c->lc->n_regions && !c->rk_count; r++) {
-        const pt_chunk_region *g = &c->lc->regions[r];
-        if (c->reg_state[r] == UINT64_MAX) continue;
-        uint64_t s = c->reg_state[r], n = g->bytes / pt_dtype_size(g->dtype);
-        pt_adamw_args a = pt_cs_adamw_args(st, c, s, (size_t)n, lr, gs);
-        if (g->dtype == PT_F32) {
-            a.param = (float *)((char *)c->d_param + g->offset);
-            a.grad = (const float *)((char *)c->d_grad + g->offset);
-        } else {
-            /* widen the 16-bit gradient into fp32 scratch first */
-            if (OPS(st)->convert(IMPL(st), ms->d_gtmp, PT_F32, (char *)c->d_grad + g->offset,
-                                 g->dtype, (size_t)n, 0, st->env.s_compute))
-                return pt_fail(err, errlen, PT_ERR_BACKEND,
-                               "optimizer_step: widening chunk %d's 16-bit gradient failed: "
-                               "convert failed", c->id);
-            a.param = c->d_master + s;
-            a.grad = ms->d_gtmp;
-            a.param_out = (char *)c->d_param + g->offset;
-            a.out_dtype = g->dtype;
-        }
-        if (OPS(st)->adamw(IMPL(st), &a, st->env.s_compute)) {
-            return pt_fail(err, errlen, PT_ERR_BACKEND, "optimizer_step: device AdamW failed on chunk %d: adamw failed", c->id);
-        }
-    }
+/* The kind's device step of resident chunk c, then its gradient zeroed for the
+ * next step's accumulation. */
+static int device_step(pt_store *st, cs_chunk *c, float lr, float gs, char *err, size_t errlen) {
+    int rc = st->ok->dev_step(st, c, lr, gs, err, errlen);
+    if (rc) return rc;
     if (OPS(st)->memset_async(IMPL(st), c->d_grad, 0, (size_t)c->used, st->env.s_compute))
         return pt_fail(err, errlen, PT_ERR_BACKEND,
                        "optimizer_step: zeroing chunk %d's device gradient failed: memset failed",
@@ -129,7 +106,8 @@ static int device_adam(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
 /* A CPU step queued by optimizer_step (constants in the chunk: s_consts, s_acc,
  * s_lr, s_gs, s_k): an AdamW chunk's runners (every worker) each start with
  * the testing delay, and the last one to finish accounts the step's time; a
- * REKLS chunk is one task (adam_task) doing the same around its step. */
+ * chunk the kind steps as one task (whole_task, or mode C's parts) is one
+ * task (step_task) doing the same around its step. */
 static void step_start(void *arg) {
     cs_chunk *c = arg;
     double delay = c->owner->env.cfg->debug_cpu_step_delay;
@@ -154,18 +132,33 @@ static int device_steps(pt_store *st, float lr, float gs, char *err, size_t errl
     for (int k = 0; k < st->n_chunks; k++) {
         cs_chunk *c = &st->ch[k];
         if (!c->persistent || !c->trainable) continue;
-        int rc = device_adam(st, c, lr, gs, err, errlen);
+        int rc = device_step(st, c, lr, gs, err, errlen);
         if (rc) return rc;
     }
     return PT_OK;
 }
 
-static void adam_task(void *arg) {
+/* Chunk c's CPU step with the constants optimizer_step left in it; grp NULL
+ * steps it on this thread. */
+static void cpu_step(cs_chunk *c, pt_task_group *grp, const pt_cpu_adam_hooks *h) {
+    const pt_optim_cpu a = {&c->s_consts, c->s_acc, c->s_lr, c->s_gs, c->s_k, grp, h};
+    c->owner->ok->cpu_step(c->owner, c, &a);
+}
+
+static void step_task(void *arg) {
     cs_chunk *c = arg;
     step_start(c);
     double t0 = pt_now_s();
-    pt_cs_chunk_adam(c->owner, c, &c->s_consts, c->s_acc, c->s_lr, c->s_gs, c->s_k, NULL, NULL);
+    cpu_step(c, NULL, NULL);
     step_done(c, t0, pt_now_s());
+}
+
+/* A CPU step of the kind that failed (logged with its cause), taken. */
+static int kind_failed(pt_store *st, char *err, size_t errlen) {
+    int rc = st->ok->failed ? st->ok->failed(st) : PT_OK;
+    if (!rc) return PT_OK;
+    return pt_fail(err, errlen, rc, "optimizer_step: a %s step on the CPU failed (the log names "
+                   "the parameter and the cause)", st->ok->name);
 }
 
 void pt_store_set_profiling(pt_store *st, int on) { st->profiling = on; }
@@ -202,12 +195,8 @@ static int wait_offloaded(pt_store *st, double *cpu_wait, char *err, size_t errl
     int trc = wait_tasks(st, rc ? NULL : err, rc ? 0 : errlen);
     *cpu_wait += pt_now_s() - w0;
     if (rc || trc) return rc ? rc : trc;
-    if (st->rk_failed) {   /* a REKLS step of the last step (deferred) or of this one failed */
-        rc = st->rk_failed;
-        st->rk_failed = 0;
-        return pt_fail(err, errlen, rc, "optimizer_step: a REKLS step on the CPU failed (the "
-                       "log names the parameter and the cause)");
-    }
+    /* a step of the last step (deferred) or of this one failed */
+    if ((rc = kind_failed(st, err, errlen))) return rc;
     return pt_cs_account_hidden(st, err, errlen);
 }
 
@@ -263,9 +252,10 @@ static void queue_cpu_steps(pt_store *st, float lr, float gs, pt_task_group *g) 
         /* negative control: chunk_stepped before the step (its previous
          * tasks were waited for above, so nothing else touches it now) */
         if (pt_cs_stepped_first(st)) pt_cs_stepped(st, c);
-        if (c->rk_count || c->sh) {   /* one task: REKLS, or this rank's mode C parts */
-            if (pt_pool_submit(st->workers, adam_task, c, defer ? &c->sg : g, NULL, 0)) {
-                adam_task(c);   /* no task node: step it here */
+        if (c->sh || (st->ok->whole_task && st->ok->whole_task(c))) {
+            /* one task: the kind's own loop, or this rank's mode C parts */
+            if (pt_pool_submit(st->workers, step_task, c, defer ? &c->sg : g, NULL, 0)) {
+                step_task(c);   /* no task node: step it here */
                 continue;
             }
         } else {
@@ -273,7 +263,7 @@ static void queue_cpu_steps(pt_store *st, float lr, float gs, pt_task_group *g) 
              * chunk k are queued ahead of chunk k + 1's, so the chunks finish
              * one by one in gather order at the rate of all threads */
             const pt_cpu_adam_hooks h = {step_start, step_done, c};
-            pt_cs_chunk_adam(st, c, &c->s_consts, c->s_acc, lr, gs, c->s_k, defer ? &c->sg : g, &h);
+            cpu_step(c, defer ? &c->sg : g, &h);
         }
         c->step_pending = defer;
     }
@@ -334,10 +324,9 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
     if (st->env.coll && (rc = pt_cs_dist_reduce(st, err, errlen))) return rc;
     float gs;
     if ((rc = clip_scale(st, &gs, err, errlen))) return rc;
-    /* before the chunks' steps (a resident one zeroes its gradient) */
-    if (pt_cs_tp_size(st) > 1 && (rc = pt_rk_tp_pass(st, lr, gs, err, errlen))) return rc;
-    /* mode C: split chunks' REKLS params, at their owners */
-    if (st->shard && st->n_rk && (rc = pt_rk_sh_pass(st, lr, gs, err, errlen))) return rc;
+    /* the kind's steps that need the whole group (tensor parallel, mode C's
+     * owners), before the chunks' steps (a resident one zeroes its gradient) */
+    if (st->ok->pass && (rc = st->ok->pass(st, lr, gs, err, errlen))) return rc;
     pt_task_group g = PT_TASK_GROUP_INIT;
     queue_cpu_steps(st, lr, gs, &g);
     if (!early && (rc = device_steps(st, lr, gs, err, errlen))) {
@@ -350,12 +339,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
      * overlapped steps) once their copies were in, and the steps when not
      * deferred (deferred ones count where an upload waits for them) */
     pt_cs_add_optim_wait(st, cpu_wait + pt_now_s() - w1);
-    if (st->rk_failed) {   /* a CPU REKLS step failed (logged with its cause) */
-        rc = st->rk_failed;
-        st->rk_failed = 0;
-        return pt_fail(err, errlen, rc, "optimizer_step: a REKLS step on the CPU failed (the log "
-                       "names the parameter and the cause)");
-    }
+    if ((rc = kind_failed(st, err, errlen))) return rc;
     /* A host computing on its own thread reads the device AdamW's results right
      * after this hook; an ordered host's next work queues behind it anyway. */
     if (!st->env.ordered && OPS(st)->stream_sync(IMPL(st), st->env.s_compute)) {

@@ -227,11 +227,11 @@ static int walk(pt_store *st, unsigned char *img, size_t *size, int mode, char *
                     xfer(st, c, img + pos + fb, vv + s, fb, to_img)))
             goto io;
         pos += 2 * fb;
-        int rk = ms->rk_of ? ms->rk_of[i] : -1;
-        if (rk >= 0) {   /* REKLS factors, bases, eigenvalues */
-            const rk_param *q = &ms->rk[rk];
-            size_t ab = sizeof(float) * (size_t)q->aux_words;
-            if (move && xfer(st, c, img + pos, pt_rk_state(st, q), ab, to_img)) goto io;
+        uint64_t ow = 0;   /* the optimizer kind's own words (REKLS: factors, bases, eigenvalues) */
+        float *os = st->ok->param_state ? st->ok->param_state(st, i, &ow) : NULL;
+        if (ow) {
+            size_t ab = sizeof(float) * (size_t)ow;
+            if (move && xfer(st, c, img + pos, os, ab, to_img)) goto io;
             pos += ab;
         }
     }
@@ -281,15 +281,16 @@ int pt_store_snapshot(pt_store *st, pt_state_image *img, char *err, size_t errle
         pt_state_image_free(img);
         return rc;
     }
-    /* and the REKLS state of split chunks' params from their owners, into the
-     * same places a single rank's image has it */
-    if (st->shard && st->opt_ready && (rc = pt_rk_sh_views_open(st, 1, err, errlen))) {
+    /* and the optimizer kind's own state of split chunks' params (REKLS: from
+     * their owners), into the same places a single rank's image has it */
+    if (st->shard && st->opt_ready && st->ok->views_open &&
+        (rc = st->ok->views_open(st, 1, err, errlen))) {
         pt_sh_views_close(st, 0);
         pt_state_image_free(img);
         return rc;
     }
     rc = walk(st, img->data, &n, W_SAVE, err, errlen);
-    if (st->shard) pt_rk_sh_views_close(st, 0);
+    if (st->shard && st->ok->views_close) st->ok->views_close(st, 0);
     if (st->shard) pt_sh_views_close(st, 0);
     if (rc) pt_state_image_free(img);
     return rc;
@@ -320,14 +321,15 @@ int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t 
     size_t n = img->bytes;
     /* mode C: whole-chunk views receive the image; this rank keeps its parts */
     if (st->shard && (rc = pt_sh_views_open(st, 0, err, errlen))) return rc;
-    if (st->shard && st->opt_ready && (rc = pt_rk_sh_views_open(st, 0, err, errlen))) {
+    if (st->shard && st->opt_ready && st->ok->views_open &&
+        (rc = st->ok->views_open(st, 0, err, errlen))) {
         pt_sh_views_close(st, 0);
         return rc;
     }
     rc = walk(st, img->data, &n, W_LOAD, err, errlen);
-    /* the owners take their params' REKLS state (moments from the m / v views,
-     * so before those close) */
-    if (st->shard) pt_rk_sh_views_close(st, !rc);
+    /* the kind's state goes back where it lives (REKLS: its owners take it,
+     * moments from the m / v views, so before those close) */
+    if (st->shard && st->ok->views_close) st->ok->views_close(st, !rc);
     if (st->shard) pt_sh_views_close(st, !rc);
     if (rc) return rc;
     st->env.opt->t = img->step;

@@ -1,12 +1,14 @@
 /*
  * store_internal.h — the chunk store's private state, shared by the files of
- * runtime/store only: model_state.c (layout, storage, load), chunk_runtime.c
+ * runtime/store only: model_state.c (layout, storage, load), footprint.c
+ * (bytes per chunk, the pinned budget), param_access.c (one parameter's
+ * values and home), chunk_runtime.c
  * (gather/release, prefetch, gradient offload), optim_step.c (optimizer_step:
  * clipping, device and CPU optimizer steps),
  * activations.c (arenas), state_io.c (images and files), dist_grad.c (gradients
- * across ranks), dist_shard.c (mode C's parts), rekls_store.c (REKLS) and
- * dist_rekls.c (REKLS in mode C: owners and their exchange). Code outside runtime/store uses
- * store.h.
+ * across ranks) and dist_shard.c (mode C's parts); and by the optimizer kinds'
+ * store sides in runtime/optim (optim_kind.h: optim_kind.c, rekls_store.c,
+ * rekls_dist.c). Other code outside runtime/store uses store.h.
  *
  * Storage per chunk (S = chunk capacity in bytes, E = fp32 state elements =
  * sum over its trainable regions of bytes / elem_size, padding included):
@@ -101,7 +103,7 @@ typedef struct cs_chunk {
     int t_rc;                 /* status of its last CPU task: written by the worker, read
                                * (pt_cs_wait_task) only after waiting for tg */
     pt_adamw_consts t_consts;
-    float t_lr;               /* lr and 1-based step of an overlapped step (REKLS reads them) */
+    float t_lr;               /* lr and 1-based step of an overlapped step */
     int64_t t_k;
     /* this step's CPU work on the chunk (host clock, written by the worker,
      * read after waiting for tg): the durations of the tasks of earlier
@@ -113,57 +115,17 @@ typedef struct cs_chunk {
     struct pt_store *owner;
     pt_adamw_consts s_consts;
     int s_acc;
-    float s_lr, s_gs;         /* the same step's lr, clip scale and 1-based step (REKLS) */
+    float s_lr, s_gs;         /* the same step's lr, clip scale and 1-based step */
     int64_t s_k;
     int step_pending;         /* hook thread: set at submit; cleared by the first lease
                                * (which queues the upload's wait) or a hook-thread wait */
-    /* REKLS (rekls_store.c): the factor/basis blocks of its 2-D params, on the
-     * device when persistent, in host memory otherwise; rk[rk_first ..
-     * rk_first + rk_count) are its REKLS params */
-    float *rk_aux;
-    uint64_t rk_aux_words;
-    /* what REKLS will need, known at layout time (pt_rk_plan_chunk) so the
-     * footprints below and the planner count it: factor words, and the
-     * largest scratch of its params (words) */
-    uint64_t rk_plan_aux, rk_plan_ws;
-    double rk_plan_gemm, rk_plan_eigh;   /* FLOPs of one step of its REKLS params */
-    int rk_plan_n;                       /* how many */
-    /* tensor parallel: fp32 bytes of its split REKLS params' full gradients
-     * (sum 4 m n) and factors (sum 4 (m^2 + n^2)), which every step gathers */
-    uint64_t rk_plan_tp_grad, rk_plan_tp_fac;
-    uint64_t rk_plan_mn, rk_plan_max;    /* sum of their m n; the largest aux + 2 m n */
-    uint64_t rk_plan_own;     /* mode C, split chunk: the REKLS words this rank owns
-                               * (aux + both moments per owned param; pinned_of) */
-    int rk_first, rk_count;
-    /* mode C: the REKLS state of every param of the chunk in the image layout
-     * (aux_words each, at aux_view) while a state image is written or read,
-     * else NULL; rk_view_words its length */
-    float *rk_view;
-    uint64_t rk_view_words;
+    /* the optimizer kind's state beyond the Adam moments: its planner terms
+     * (the kind planned for fills them at layout time, so the footprints below
+     * and the planner count them), and its own per-chunk state (the kind in
+     * force allocates and frees it; NULL for AdamW) */
+    pt_optim_terms plan;
+    void *opt;
 } cs_chunk;
-
-/* One parameter stepped by REKLS (rekls_store.c). */
-typedef struct rk_param {
-    int param;                /* root index */
-    int chunk;
-    int m, n;                 /* FULL shape: shape[0] x shape[1], times tp_size along a split dim */
-    int split;                /* tensor parallel: 0 = not split (or tp_size 1), 1 rows, 2 columns */
-    uint64_t off;             /* byte offset in the chunk */
-    uint64_t s;               /* fp32 state index in the chunk (its m / v slots) */
-    uint64_t aux;             /* word offset in the chunk's rk_aux */
-    uint64_t aux_words;       /* pt_rekls_aux_words(m, n); split: the factor row blocks
-                                 (m/P x m and n/P x n) of tensor-parallel REKLS. The
-                                 words a state image holds for it */
-    /* mode C (its chunk split across the ranks, dist_rekls.c): the rank that
-     * keeps its state and steps it, -1 otherwise. The owner's rk_aux block is
-     * [L R Q_L Q_R lam_L lam_R | M | V] (aux_words + 2mn words; the moments
-     * are whole, so they cannot use the chunk's m / v parts, which stay
-     * unused); other ranks hold nothing for it (aux = UINT64_MAX). */
-    int owner;
-    int reg;                  /* its region in the chunk */
-    uint64_t e0;              /* its first element in that region */
-    uint64_t aux_view;        /* word offset in the chunk's state-image view (rk_view) */
-} rk_param;
 
 struct pt_store {
     pt_store_env env;         /* lent by the caller */
@@ -222,28 +184,21 @@ struct pt_store {
                                * uploads waited for deferred steps (acct_mu) */
     double cpu_hidden_s;      /* CPU optimizer work done before the device finished backward */
     pthread_mutex_t acct_mu;
-    /* REKLS: its params in layout order, per param the index into rk or -1,
-     * the device scratch of the largest resident one, the device eigh status,
-     * and a failure a CPU task met (read after the tasks are waited for) */
-    rk_param *rk;
-    int n_rk;
-    int *rk_of;               /* [n_params] */
-    float *d_rk_ws;
-    int *d_rk_status;
-    int rk_failed;
-    /* mode C (dist_rekls.c): per param the owner rank (-1: not in a split
-     * chunk, or not REKLS's), decided at layout time; what the pass moved and
-     * how long it took (exchange in, owners' steps, exchange out) */
-    int *rk_owner;            /* [n_params] */
-    int rk_sh_steps;
-    double rk_sh_s[3];
-    double rk_sh_bytes[2];    /* bytes this rank received: gradients, updates */
+    /* the optimizer kind in force (optim_kind.h: the one planned for until
+     * create_optimizer, then the one it chose) and its per-store state, which
+     * it allocates and frees (NULL for AdamW) */
+    const pt_optim_kind *ok;
+    void *opt;
 };
 
-/* model_state.c */
+/* footprint.c: device bytes of a resident chunk, pinned bytes of an offloaded
+ * one (rounded: each allocation as the pinned arena carves it), the optimizer
+ * kind's device share, and the pinned budget check of `need` bytes. */
 uint64_t pt_ms_chunk_dev_bytes(const cs_chunk *c);
 uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c);
-uint64_t pt_ms_chunk_rekls_dev_bytes(const cs_chunk *c);
+uint64_t pt_ms_chunk_pinned(const cs_chunk *c, int rounded);
+uint64_t pt_ms_chunk_optim_dev_bytes(const cs_chunk *c);
+int pt_ms_check_pinned(pt_store *st, uint64_t need, char *err, size_t errlen);
 
 /* The device backend's op table and its instance (one helper for the store). */
 static inline const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->env.gpu); }
@@ -251,10 +206,6 @@ static inline void *IMPL(pt_store *st) { return pt_gpu_impl(st->env.gpu); }
 
 /* chunk_runtime.c: gather, release, and the CPU side of a chunk's gradient
  * during backward; helpers optim_step.c shares with it. */
-/* Adam (or REKLS, or mode C's parts) over chunk c's trainable regions: grp NULL
- * steps it now, else its runners are queued into grp with hooks h. */
-void pt_cs_chunk_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, float lr,
-                      float gs, int64_t step, pt_task_group *grp, const pt_cpu_adam_hooks *h);
 /* After chunk c's CPU step, inside its task: the caller's chunk_stepped. */
 void pt_cs_stepped(pt_store *st, cs_chunk *c);
 /* Negative control of PT_ORD_STEPPED: chunk_stepped runs before the step. */
@@ -270,7 +221,7 @@ void pt_cs_step_consts(pt_store *st, float lr, float gs, pt_adamw_consts *k);
 /* After the last block's backward of the step's last micro-batch: note (on the
  * compute stream) when the device is done with backward, so optimizer_step can
  * tell how much CPU optimizer work ran before that. */
-int pt_cs_mark_backward_end(pt_store *st, char *err, size_t errlen);
+int pt_cs_note_backward_end(pt_store *st, char *err, size_t errlen);
 /* Ordering `bit` (PT_ORD_*) is in force: ordered and not skipped by a test. */
 static inline int pt_cs_ord(const pt_store *st, unsigned bit) {
     return st->env.ordered && !(st->env.skip & bit);
@@ -294,12 +245,8 @@ int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen);
 void pt_cs_fini_runtime(pt_store *st);
 void pt_cs_set_pointers(pt_store *st, cs_chunk *c, void *param_base, void *grad_base);
 int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen);
-/* Tensor parallel ([dist] tp_size > 1): the group size, else 1. */
+/* Tensor parallel ([dist] tp_size > 1): the group size, else 1 (dist_grad.c). */
 int pt_cs_tp_size(const pt_store *st);
-/* Tensor-parallel REKLS of every split REKLS parameter, in layout order on the
- * calling thread (every rank makes the same collectives in the same order), from
- * the step's final gradients; before the chunks' own steps, which skip them. */
-int pt_rk_tp_pass(pt_store *st, float lr, float gs, char *err, size_t errlen);
 
 /* Squared norms of chunk c's parameters into psq[], from the fp32 accumulator
  * (from_acc) or the staged gradient. */
@@ -352,44 +299,6 @@ void pt_sh_views_close(pt_store *st, int scatter);
  * parameters in the same order. */
 int pt_sh_read_param(pt_store *st, cs_chunk *c, uint64_t off, void *dst, size_t bytes,
                      char *err, size_t errlen);
-/* dist_rekls.c — REKLS in mode C. The owner of every REKLS param of a split
- * chunk (st->rk_owner) and, when REKLS is planned, each split chunk's
- * rk_plan_aux = the words this rank owns; after the chunks are set up. */
-int pt_rk_sh_owners(pt_store *st, char *err, size_t errlen);
-/* optimizer_step, after the global norm: every split REKLS param's reduced
- * gradient gathered whole at its owner, stepped there, and the update sent back
- * to every rank's part and applied (on the calling thread; a collective). */
-int pt_rk_sh_pass(pt_store *st, float lr, float gs, char *err, size_t errlen);
-/* Chunk c's AdamW over this rank's parts, skipping its REKLS params. */
-void pt_rk_sh_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc);
-/* State images: every split chunk's REKLS state in image layout (rk_view), from
- * the owners (gather = 1: a collective); close: the owners take theirs back
- * (scatter = 1) and the views are freed. */
-int pt_rk_sh_views_open(pt_store *st, int gather, char *err, size_t errlen);
-void pt_rk_sh_views_close(pt_store *st, int scatter);
-/* Where walk() finds param q's REKLS state words: the view while open, else the
- * chunk's own block; NULL when this rank holds none of it. */
-float *pt_rk_state(pt_store *st, const rk_param *q);
-/* The REKLS eligibility rule, and whether REKLS is the optimizer to plan for
- * (rekls_store.c). */
-int pt_rk_eligible(const pt_store *st, int i);
-/* The REKLS hyper-parameters of step `step` (1-based) from the optimizer state
- * and the [optimizer] REKLS keys. */
-pt_rekls_hyper pt_rk_hyper(const pt_store *st, float lr, float gs, int64_t step);
-int pt_rk_planned(const pt_store *st);
-
-/* rekls_store.c: which params REKLS steps (2-D block params; see README) and
- * their state; the CPU and device steps of a chunk holding any of them
- * (AdamW for the chunk's other params). */
-void pt_rk_plan_chunk(pt_store *st, cs_chunk *c);
-int pt_rk_init(pt_store *st, char *err, size_t errlen);
-void pt_rk_fini(pt_store *st);
-/* step: the 1-based step the task was queued for (a deferred task may run after
- * optimizer_step counted it) */
-void pt_rk_cpu_chunk(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, float lr,
-                     float gs, int64_t step);
-int pt_rk_dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, size_t errlen);
-
 /* activations.c */
 const char *pt_acts_mode_name(int m);
 int pt_acts_init(pt_store *st, const int32_t *modes, const int32_t *swap_done, char *err,

@@ -1,5 +1,5 @@
 /*
- * dist_rekls.c — REKLS in mode C. A rank holds a byte range of each split
+ * rekls_dist.c — REKLS in mode C. A rank holds a byte range of each split
  * chunk, so no rank has a whole 2-D gradient; REKLS needs the whole matrix
  * (two-sided products, eigendecompositions of its Kronecker factors). So each
  * REKLS param of a split chunk gets an owner rank that keeps all of its REKLS
@@ -50,7 +50,7 @@
 #include <string.h>
 
 #include "rekls_ew.h"
-#include "store_internal.h"
+#include "rekls_store.h"
 
 /* This rank's share of param q in the elements of rank p's part of its region:
  * elements [*a, *a + *len) of the param (len 0: none). */
@@ -96,25 +96,27 @@ static int by_cost(const void *x, const void *y) {
     return (a->pos > b->pos) - (a->pos < b->pos);
 }
 
-int pt_rk_sh_owners(pt_store *st, char *err, size_t errlen) {
+int pt_rk_sh_owners(pt_store *st, int plan, char *err, size_t errlen) {
     const pt_model_v1 *m = st->env.model;
+    pt_rk_store *rs = pt_rk_store_get(st);
+    if (!rs) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     int W = st->world, n = 0;
-    free(st->rk_owner);
-    st->rk_owner = malloc(sizeof(int) * (size_t)(m->n_params ? m->n_params : 1));
+    free(rs->owner);
+    rs->owner = malloc(sizeof(int) * (size_t)(m->n_params ? m->n_params : 1));
     uint64_t *load = calloc((size_t)W, sizeof *load);
     double *work = calloc((size_t)W, sizeof *work);
     own_cand *cand = malloc(sizeof *cand * (size_t)(m->n_params ? m->n_params : 1));
-    if (!st->rk_owner || !load || !work || !cand) {
+    if (!rs->owner || !load || !work || !cand) {
         free(load);
         free(work);
         free(cand);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
-    for (int i = 0; i < m->n_params; i++) st->rk_owner[i] = -1;
+    for (int i = 0; i < m->n_params; i++) rs->owner[i] = -1;
     uint64_t total = 0, wmax = 0;
     for (int k = 0; k < st->n_chunks; k++) {
         cs_chunk *c = &st->ch[k];
-        c->rk_plan_own = 0;
+        c->plan.own_words = 0;
         for (int j = 0; c->sh && c->trainable && j < c->lc->n_params; j++) {
             int i = st->lay.order[c->lc->first_param + j];
             if (!pt_rk_eligible(st, i)) continue;
@@ -173,8 +175,8 @@ int pt_rk_sh_owners(pt_store *st, char *err, size_t errlen) {
         }
         load[best] += c->w;
         work[best] += c->flops;
-        st->rk_owner[c->param] = best;
-        if (best == st->rank && pt_rk_planned(st)) st->ch[c->chunk].rk_plan_own += c->w;
+        rs->owner[c->param] = best;
+        if (best == st->rank && plan) st->ch[c->chunk].plan.own_words += c->w;
     }
     free(load);
     free(work);
@@ -206,7 +208,7 @@ static void own_step(void *arg) {
         snprintf(j->err, sizeof j->err, "out of host memory for the REKLS scratch");
         return;
     }
-    float *aux = st->ch[q->chunk].rk_aux + q->aux;
+    float *aux = pt_rk_of_chunk(&st->ch[q->chunk])->aux + q->aux;
     float *M = aux + q->aux_words, *V = M + mn;
     /* step 1 of pt_rekls_step: G = gradient x clip scale (in place, fp32) */
     pt_rekls_ew_args a;
@@ -233,10 +235,11 @@ typedef struct {
 } xplan;
 
 static void plan_x(const pt_store *st, int dir, int per, xplan *x) {
+    const pt_rk_store *rs = pt_rk_of_store(st);
     int W = st->world, me = st->rank;
     for (int p = 0; p < W; p++) x->sn[p] = x->rn[p] = 0;
-    for (int r = 0; r < st->n_rk; r++) {
-        const rk_param *q = &st->rk[r];
+    for (int r = 0; r < rs->n_rk; r++) {
+        const rk_param *q = &rs->rk[r];
         if (q->owner < 0) continue;
         uint64_t a, len;
         if (dir == 0) {   /* my part to its owner; each peer's part of mine to me */
@@ -288,6 +291,7 @@ static void pass_close(sh_pass *P) {
 
 /* The jobs of the params this rank owns, each with its whole matrices. */
 static int pass_open(sh_pass *P, pt_store *st, float lr, float gs, char *err, size_t errlen) {
+    const pt_rk_store *rs = pt_rk_of_store(st);
     memset(P, 0, sizeof *P);
     P->st = st;
     P->W = st->world;
@@ -296,12 +300,12 @@ static int pass_open(sh_pass *P, pt_store *st, float lr, float gs, char *err, si
     /* l2 decay reads the weights inside the step: they travel with the gradient */
     P->per = P->h.wd_mode == PT_REKLS_WD_L2 && P->h.weight_decay != 0 ? 2 : 1;
     P->idx = calloc((size_t)P->W * 4 + 1, sizeof *P->idx);
-    P->jobs = calloc((size_t)st->n_rk + 1, sizeof *P->jobs);
+    P->jobs = calloc((size_t)rs->n_rk + 1, sizeof *P->jobs);
     /* the owned params' whole matrices: G (then D), and W with l2 */
     size_t full = 0;
-    for (int r = 0; r < st->n_rk; r++)
-        if (st->rk[r].owner == P->me)
-            full += (size_t)st->rk[r].m * (size_t)st->rk[r].n * (size_t)P->per;
+    for (int r = 0; r < rs->n_rk; r++)
+        if (rs->rk[r].owner == P->me)
+            full += (size_t)rs->rk[r].m * (size_t)rs->rk[r].n * (size_t)P->per;
     P->mats = malloc(sizeof(float) * (full + 1));
     if (!P->idx || !P->jobs || !P->mats) {
         pass_close(P);
@@ -311,8 +315,8 @@ static int pass_open(sh_pass *P, pt_store *st, float lr, float gs, char *err, si
     size_t *idx = P->idx;
     P->x = (xplan){idx, idx + P->W, idx + 2 * P->W, idx + 3 * P->W, 0, 0};
     size_t off = 0;
-    for (int r = 0; r < st->n_rk; r++) {
-        const rk_param *q = &st->rk[r];
+    for (int r = 0; r < rs->n_rk; r++) {
+        const rk_param *q = &rs->rk[r];
         if (q->owner != P->me) continue;
         size_t mn = (size_t)q->m * (size_t)q->n;
         own_job *jb = &P->jobs[P->nj++];
@@ -329,6 +333,7 @@ static int pass_open(sh_pass *P, pt_store *st, float lr, float gs, char *err, si
 /* 1. every rank's parts of the owned params' gradients (and weights) to the owners */
 static int to_owners(sh_pass *P, char *err, size_t errlen) {
     pt_store *st = P->st;
+    pt_rk_store *rs = pt_rk_of_store(st);
     const int W = P->W, me = P->me, per = P->per;
     plan_x(st, 0, per, &P->x);
     P->sb = malloc(P->x.sbytes + 1);
@@ -339,8 +344,8 @@ static int to_owners(sh_pass *P, char *err, size_t errlen) {
                               : PT_OK;
     size_t *pos = P->pos = calloc((size_t)W, sizeof *pos);
     if (!rc && !pos) rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
-    for (int r = 0; !rc && r < st->n_rk; r++) {   /* pack, in param order per peer */
-        const rk_param *q = &st->rk[r];
+    for (int r = 0; !rc && r < rs->n_rk; r++) {   /* pack, in param order per peer */
+        const rk_param *q = &rs->rk[r];
         uint64_t a, len;
         if (q->owner < 0 || q->owner == me) continue;
         share(st, q, me, &a, &len);
@@ -353,7 +358,7 @@ static int to_owners(sh_pass *P, char *err, size_t errlen) {
     if (!rc)
         rc = pt_coll_alltoallv(st->env.coll, P->sb, P->x.soff, P->x.sn, P->rb, P->x.roff, P->x.rn,
                                "mode C REKLS: gradients to their owners", err, errlen);
-    st->rk_sh_bytes[0] += (double)P->x.rbytes;
+    rs->sh_bytes[0] += (double)P->x.rbytes;
     for (int p = 0; p < W && pos; p++) pos[p] = 0;
     for (int j = 0; !rc && j < P->nj; j++) {   /* unpack, the same order; my own part directly */
         const own_job *jb = &P->jobs[j];
@@ -395,6 +400,7 @@ static int owner_steps(sh_pass *P, char *err, size_t errlen) {
  * (rc: the status so far; the exchange is skipped after a failure) */
 static int from_owners(sh_pass *P, float lr, int rc, char *err, size_t errlen) {
     pt_store *st = P->st;
+    pt_rk_store *rs = pt_rk_of_store(st);
     const int W = P->W, me = P->me;
     size_t *pos = P->pos;
     free(P->sb);
@@ -422,11 +428,11 @@ static int from_owners(sh_pass *P, float lr, int rc, char *err, size_t errlen) {
     if (!rc)
         rc = pt_coll_alltoallv(st->env.coll, P->sb, P->x.soff, P->x.sn, P->rb, P->x.roff, P->x.rn,
                                "mode C REKLS: updates from their owners", err, errlen);
-    st->rk_sh_bytes[1] += (double)P->x.rbytes;
+    rs->sh_bytes[1] += (double)P->x.rbytes;
     for (int p = 0; p < W && pos; p++) pos[p] = 0;
     float c0 = pt_rekls_decay(&P->h);
-    for (int r = 0, j = 0; !rc && r < st->n_rk; r++) {
-        const rk_param *q = &st->rk[r];
+    for (int r = 0, j = 0; !rc && r < rs->n_rk; r++) {
+        const rk_param *q = &rs->rk[r];
         if (q->owner < 0) continue;
         uint64_t a, len;
         share(st, q, me, &a, &len);
@@ -454,8 +460,9 @@ static int from_owners(sh_pass *P, float lr, int rc, char *err, size_t errlen) {
 }
 
 int pt_rk_sh_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
+    pt_rk_store *rs = pt_rk_of_store(st);
     int any = 0;
-    for (int r = 0; r < st->n_rk; r++) any |= st->rk[r].owner >= 0;
+    for (int r = 0; r < rs->n_rk; r++) any |= rs->rk[r].owner >= 0;
     if (!any) return PT_OK;   /* the same on every rank: one plan */
     sh_pass P;
     int rc = pass_open(&P, st, lr, gs, err, errlen);
@@ -463,13 +470,13 @@ int pt_rk_sh_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
     double t0 = pt_now_s();
     rc = to_owners(&P, err, errlen);
     double t1 = pt_now_s();
-    st->rk_sh_s[0] += t1 - t0;
+    rs->sh_s[0] += t1 - t0;
     if (!rc) rc = owner_steps(&P, err, errlen);
     double t2 = pt_now_s();
-    st->rk_sh_s[1] += t2 - t1;
+    rs->sh_s[1] += t2 - t1;
     rc = from_owners(&P, lr, rc, err, errlen);
-    st->rk_sh_s[2] += pt_now_s() - t2;
-    st->rk_sh_steps += !rc;
+    rs->sh_s[2] += pt_now_s() - t2;
+    rs->sh_steps += !rc;
     pass_close(&P);
     return rc;
 }
@@ -477,6 +484,8 @@ int pt_rk_sh_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
 /* ---- AdamW over the other params of a split chunk ---- */
 
 void pt_rk_sh_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc) {
+    const pt_rk_store *rs = pt_rk_of_store(st);
+    const pt_rk_chunk *pc = pt_rk_of_chunk(c);
     for (int r = 0; r < c->lc->n_regions; r++) {
         const cs_shreg *h = &c->sh->r[r];
         if (h->st_sh == UINT64_MAX || !h->own) continue;
@@ -484,10 +493,10 @@ void pt_rk_sh_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from
          * elements (in layout order, so the cut ranges come sorted); AdamW is
          * element-wise, so stepping the rest in pieces gives the same bits */
         uint64_t e = h->lo, end = h->lo + h->own;
-        for (int i = c->rk_first; i <= c->rk_first + c->rk_count && e < end; i++) {
+        for (int i = pc->first; i <= pc->first + pc->count && e < end; i++) {
             uint64_t cut0 = end, cut1 = end;
-            if (i < c->rk_first + c->rk_count) {
-                const rk_param *q = &st->rk[i];
+            if (i < pc->first + pc->count) {
+                const rk_param *q = &rs->rk[i];
                 if (q->reg != r) continue;
                 cut0 = q->e0;
                 cut1 = q->e0 + (uint64_t)q->m * (uint64_t)q->n;
@@ -515,10 +524,10 @@ void pt_rk_sh_adam(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from
 /* ---- state images ---- */
 
 float *pt_rk_state(pt_store *st, const rk_param *q) {
-    cs_chunk *c = &st->ch[q->chunk];
-    if (q->owner < 0) return c->rk_aux + q->aux;
-    if (c->rk_view) return c->rk_view + q->aux_view;
-    return q->owner == st->rank ? c->rk_aux + q->aux : NULL;
+    const pt_rk_chunk *pc = pt_rk_of_chunk(&st->ch[q->chunk]);
+    if (q->owner < 0) return pc->aux + q->aux;
+    if (pc->view) return pc->view + q->aux_view;
+    return q->owner == st->rank ? pc->aux + q->aux : NULL;
 }
 
 /* The image's moments of q: the chunk's full m / v views (open while an image
@@ -529,11 +538,14 @@ static float *view_m(pt_store *st, const rk_param *q, int v) {
 }
 
 int pt_rk_sh_views_open(pt_store *st, int gather, char *err, size_t errlen) {
+    const pt_rk_store *rs = pt_rk_of_store(st);
     int W = st->world, me = st->rank, rc = PT_OK;
+    if (!rs) return rc;
     for (int k = 0; k < st->n_chunks && !rc; k++) {
         cs_chunk *c = &st->ch[k];
-        if (!c->sh || !c->rk_view_words) continue;
-        if (!(c->rk_view = calloc((size_t)c->rk_view_words, sizeof(float))))
+        pt_rk_chunk *pc = pt_rk_of_chunk(c);
+        if (!c->sh || !pc || !pc->view_words) continue;
+        if (!(pc->view = calloc((size_t)pc->view_words, sizeof(float))))
             rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "state: out of host memory for chunk %d's "
                          "REKLS view", c->id);
     }
@@ -544,8 +556,8 @@ int pt_rk_sh_views_open(pt_store *st, int gather, char *err, size_t errlen) {
     /* every owner sends every other rank its params' [aux | M | V] */
     size_t *idx = calloc((size_t)W * 4, sizeof *idx);
     size_t mine = 0, theirs = 0;
-    for (int r = 0; r < st->n_rk; r++) {
-        const rk_param *q = &st->rk[r];
+    for (int r = 0; r < rs->n_rk; r++) {
+        const rk_param *q = &rs->rk[r];
         if (q->owner < 0) continue;
         size_t b = 4 * (size_t)own_words((uint64_t)q->m, (uint64_t)q->n);
         if (q->owner == me) mine += b;
@@ -565,34 +577,34 @@ int pt_rk_sh_views_open(pt_store *st, int gather, char *err, size_t errlen) {
         soff[p] = 0;   /* the same bytes to everyone */
         sn[p] = p == me ? 0 : mine;
     }
-    for (int r = 0; r < st->n_rk; r++)
-        if (st->rk[r].owner >= 0 && st->rk[r].owner != me)
-            rn[st->rk[r].owner] += 4 * (size_t)own_words((uint64_t)st->rk[r].m, (uint64_t)st->rk[r].n);
+    for (int r = 0; r < rs->n_rk; r++)
+        if (rs->rk[r].owner >= 0 && rs->rk[r].owner != me)
+            rn[rs->rk[r].owner] += 4 * (size_t)own_words((uint64_t)rs->rk[r].m, (uint64_t)rs->rk[r].n);
     size_t o = 0;
     for (int p = 0; p < W; p++) {
         roff[p] = o;
         o += rn[p];
     }
     size_t sp = 0;
-    for (int r = 0; r < st->n_rk; r++) {
-        const rk_param *q = &st->rk[r];
+    for (int r = 0; r < rs->n_rk; r++) {
+        const rk_param *q = &rs->rk[r];
         if (q->owner != me) continue;
         size_t b = 4 * (size_t)own_words((uint64_t)q->m, (uint64_t)q->n);
-        memcpy(sb + sp, st->ch[q->chunk].rk_aux + q->aux, b);
+        memcpy(sb + sp, pt_rk_of_chunk(&st->ch[q->chunk])->aux + q->aux, b);
         sp += b;
     }
     rc = pt_coll_alltoallv(st->env.coll, sb, soff, sn, rb, roff, rn,
                            "state: REKLS state of mode C's owners", err, errlen);
     size_t *pos = calloc((size_t)W, sizeof *pos);
     if (!rc && !pos) rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
-    for (int r = 0; !rc && r < st->n_rk; r++) {
-        const rk_param *q = &st->rk[r];
+    for (int r = 0; !rc && r < rs->n_rk; r++) {
+        const rk_param *q = &rs->rk[r];
         if (q->owner < 0) continue;
         size_t mn = (size_t)q->m * (size_t)q->n, ab = 4 * (size_t)q->aux_words;
-        const char *s = q->owner == me ? (const char *)(st->ch[q->chunk].rk_aux + q->aux)
+        const char *s = q->owner == me ? (const char *)(pt_rk_of_chunk(&st->ch[q->chunk])->aux + q->aux)
                                        : rb + roff[q->owner] + pos[q->owner];
         if (q->owner != me) pos[q->owner] += ab + 8 * mn;
-        memcpy(st->ch[q->chunk].rk_view + q->aux_view, s, ab);
+        memcpy(pt_rk_of_chunk(&st->ch[q->chunk])->view + q->aux_view, s, ab);
         memcpy(view_m(st, q, 0), s + ab, 4 * mn);
         memcpy(view_m(st, q, 1), s + ab + 4 * mn, 4 * mn);
     }
@@ -605,20 +617,24 @@ int pt_rk_sh_views_open(pt_store *st, int gather, char *err, size_t errlen) {
 }
 
 void pt_rk_sh_views_close(pt_store *st, int scatter) {
+    const pt_rk_store *rs = pt_rk_of_store(st);
+    if (!rs) return;
     /* negative control of a resume: the owners keep the state they had */
     if (st->env.skip & PT_ORD_RKLOAD) scatter = 0;
-    for (int r = 0; scatter && r < st->n_rk; r++) {   /* the owners keep theirs */
-        const rk_param *q = &st->rk[r];
-        cs_chunk *c = &st->ch[q->chunk];
-        if (q->owner != st->rank || !c->rk_view) continue;
+    for (int r = 0; scatter && r < rs->n_rk; r++) {   /* the owners keep theirs */
+        const rk_param *q = &rs->rk[r];
+        const pt_rk_chunk *pc = pt_rk_of_chunk(&st->ch[q->chunk]);
+        if (q->owner != st->rank || !pc->view) continue;
         size_t mn = (size_t)q->m * (size_t)q->n;
-        float *own = c->rk_aux + q->aux;
-        memcpy(own, c->rk_view + q->aux_view, 4 * (size_t)q->aux_words);
+        float *own = pc->aux + q->aux;
+        memcpy(own, pc->view + q->aux_view, 4 * (size_t)q->aux_words);
         memcpy(own + q->aux_words, view_m(st, q, 0), 4 * mn);
         memcpy(own + q->aux_words + mn, view_m(st, q, 1), 4 * mn);
     }
     for (int k = 0; k < st->n_chunks; k++) {
-        free(st->ch[k].rk_view);
-        st->ch[k].rk_view = NULL;
+        pt_rk_chunk *pc = pt_rk_of_chunk(&st->ch[k]);
+        if (!pc) continue;
+        free(pc->view);
+        pc->view = NULL;
     }
 }

@@ -1,5 +1,7 @@
 /*
- * rekls_store.c — REKLS inside the chunk store.
+ * rekls_store.c — REKLS inside the chunk store: the store side of the table
+ * pt_optk_rekls (optim_kind.h); its state in pt_rk_store / pt_rk_chunk
+ * (rekls_store.h), reached through the store's and each chunk's opt.
  *
  * Which parameters: every trainable 2-D parameter owned by a block, with no
  * tie, and both sides at most PT_REKLS_MAX_DIM. Everything else keeps AdamW:
@@ -11,7 +13,7 @@
  *
  * State: a REKLS param's first and second moments live in its chunk's Adam
  * m / v slots (same size, m x n), in eigen coordinates; its factors, bases and
- * eigenvalues (pt_rekls_aux_words) in the chunk's rk_aux block, on the device
+ * eigenvalues (pt_rekls_aux_words) in the chunk's aux block, on the device
  * for resident chunks and in host memory for offloaded ones. Resident chunks
  * step through the backend's ops on the compute stream, in one device scratch
  * sized for the largest resident REKLS param; offloaded chunks on the CPU
@@ -20,7 +22,7 @@
  *
  * Tensor parallel ([dist] tp_size = P > 1; groups of P consecutive ranks,
  * env.tp_coll, data parallel across the groups): a param the host declares split (tp_split 1 or 2) holds its shard; q->m x q->n is the FULL
- * shape. It steps with tensor-parallel REKLS (pt_rk_tp_pass, on the thread of
+ * shape. It steps with tensor-parallel REKLS (pt_rk_pass, on the thread of
  * optimizer_step, in layout order so every rank makes the same collectives in
  * the same order): the gradient shards and factor row blocks are gathered, REKLS
  * runs on the full matrices on every rank, each keeps its rows of the factors
@@ -37,11 +39,7 @@
 #include <string.h>
 
 #include "kernels_hd.h"
-#include "store_internal.h"
-
-int pt_cs_tp_size(const pt_store *st) {
-    return st->env.coll && st->env.cfg->tp_size > 1 ? st->env.cfg->tp_size : 1;
-}
+#include "rekls_store.h"
 
 /* The split a param steps with (0 with tp_size 1) and its full 2-D shape. */
 static int full_shape(const pt_store *st, const pt_param_v1 *p, int64_t *a, int64_t *b) {
@@ -83,21 +81,21 @@ static uint64_t state_index(const pt_store *st, const cs_chunk *c, uint64_t off)
     return UINT64_MAX;
 }
 
-/* REKLS is the optimizer to plan for: the one create_optimizer chose, or
- * before that the INI's (a host descriptor asking for REKLS under an INI that
- * says adamw is planned without its factors; the store allocates them anyway). */
-int pt_rk_planned(const pt_store *st) {
-    int t = st->env.opt ? st->env.opt->type : 0;
-    return t ? t == PT_OPTIM_REKLS : st->env.cfg->optim_type == PT_OPTIM_REKLS;
+pt_rk_store *pt_rk_store_get(pt_store *st) {
+    if (!st->opt) st->opt = calloc(1, sizeof(pt_rk_store));
+    return st->opt;
 }
 
 void pt_rk_plan_chunk(pt_store *st, cs_chunk *c) {
-    c->rk_plan_aux = c->rk_plan_ws = 0;
-    c->rk_plan_gemm = c->rk_plan_eigh = 0;
-    c->rk_plan_n = 0;
-    c->rk_plan_tp_grad = c->rk_plan_tp_fac = 0;
-    c->rk_plan_mn = c->rk_plan_max = 0;
-    if (!pt_rk_planned(st) || !c->trainable) return;
+    c->plan.aux_words = c->plan.ws_words = 0;
+    c->plan.gemm_flops = c->plan.eigh_flops = 0;
+    c->plan.n_params = 0;
+    c->plan.tp_grad_bytes = c->plan.tp_fac_bytes = 0;
+    c->plan.mn = c->plan.own_max = 0;
+    /* called when REKLS is the kind planned for (a host descriptor asking for
+     * REKLS under an INI that says adamw is planned without its factors; the
+     * store allocates them anyway) */
+    if (!c->trainable) return;
     const pt_model_v1 *m = st->env.model;
     for (int j = 0; j < c->lc->n_params; j++) {
         int i = st->lay.order[c->lc->first_param + j];
@@ -105,22 +103,28 @@ void pt_rk_plan_chunk(pt_store *st, cs_chunk *c) {
         int64_t fa, fb;
         int split = full_shape(st, &m->params[i], &fa, &fb);
         uint64_t a = (uint64_t)fa, b = (uint64_t)fb;
-        c->rk_plan_aux += aux_words(st, a, b, split);
-        c->rk_plan_gemm += pt_rekls_gemm_flops(a, b);
+        c->plan.aux_words += aux_words(st, a, b, split);
+        c->plan.gemm_flops += pt_rekls_gemm_flops(a, b);
         /* tensor parallel: every rank runs two eighs per factor (the previous
          * bases are recomputed) on the full matrices; its scratch is host memory */
-        c->rk_plan_eigh += pt_rekls_eigh_flops(a, b) * (split ? 2 : 1);
-        c->rk_plan_n++;
+        c->plan.eigh_flops += pt_rekls_eigh_flops(a, b) * (split ? 2 : 1);
+        c->plan.n_params++;
         if (split) {   /* pt_rekls_tp_step's gathers: the full gradient, L and R */
-            c->rk_plan_tp_grad += 4 * a * b;
-            c->rk_plan_tp_fac += 4 * (a * a + b * b);
+            c->plan.tp_grad_bytes += 4 * a * b;
+            c->plan.tp_fac_bytes += 4 * (a * a + b * b);
         }
-        c->rk_plan_mn += a * b;
-        if (!split && pt_rekls_aux_words(a, b) + 2 * a * b > c->rk_plan_max)
-            c->rk_plan_max = pt_rekls_aux_words(a, b) + 2 * a * b;
+        c->plan.mn += a * b;
+        if (!split && pt_rekls_aux_words(a, b) + 2 * a * b > c->plan.own_max)
+            c->plan.own_max = pt_rekls_aux_words(a, b) + 2 * a * b;
         uint64_t w = split ? 0 : pt_rekls_ws_words(a, b);
-        if (w > c->rk_plan_ws) c->rk_plan_ws = w;
+        if (w > c->plan.ws_words) c->plan.ws_words = w;
     }
+}
+
+/* Mode C: the owners, known at layout time so each split chunk's own_words
+ * counts in its pinned bytes. */
+int pt_rk_plan_store(pt_store *st, char *err, size_t errlen) {
+    return st->shard ? pt_rk_sh_owners(st, 1, err, errlen) : PT_OK;
 }
 
 /* Counts for the log and the largest device workspace, over the chunks. */
@@ -134,7 +138,9 @@ typedef struct rk_counts {
 static int add_param(pt_store *st, int k, int i, rk_counts *n, char *err, size_t errlen) {
     pt_model_v1 *m = st->env.model;
     cs_chunk *c = &st->ch[k];
-    rk_param *q = &st->rk[st->n_rk];
+    pt_rk_store *rs = pt_rk_of_store(st);
+    pt_rk_chunk *pc = pt_rk_of_chunk(c);
+    rk_param *q = &rs->rk[rs->n_rk];
     q->param = i;
     q->chunk = k;
     int64_t fa, fb;
@@ -157,11 +163,11 @@ static int add_param(pt_store *st, int k, int i, rk_counts *n, char *err, size_t
         return pt_fail(err, errlen, PT_ERR_INTERNAL,
                        "REKLS: trainable parameter '%s' has no optimizer state slot",
                        m->params[i].name);
-    q->owner = c->sh && st->rk_owner ? st->rk_owner[i] : -1;
+    q->owner = c->sh && rs->owner ? rs->owner[i] : -1;
     if (c->sh && q->owner < 0)
         return pt_fail(err, errlen, PT_ERR_INTERNAL, "REKLS: parameter '%s' of the "
                        "split chunk %d has no owner rank", m->params[i].name, k);
-    q->aux = c->rk_aux_words;
+    q->aux = pc->aux_words;
     if (c->sh) {   /* mode C: only its owner keeps it, moments included */
         for (int r = 0; r < c->lc->n_regions; r++) {
             const pt_chunk_region *g = &c->lc->regions[r];
@@ -170,44 +176,46 @@ static int add_param(pt_store *st, int k, int i, rk_counts *n, char *err, size_t
                 q->e0 = (q->off - g->offset) / 4;
             }
         }
-        q->aux_view = c->rk_view_words;
-        c->rk_view_words += q->aux_words;
+        q->aux_view = pc->view_words;
+        pc->view_words += q->aux_words;
         if (q->owner == st->rank)
-            c->rk_aux_words += q->aux_words + 2 * (uint64_t)q->m * (uint64_t)q->n;
+            pc->aux_words += q->aux_words + 2 * (uint64_t)q->m * (uint64_t)q->n;
         else
             q->aux = UINT64_MAX;
         n->sh++;
         n->own += q->owner == st->rank;
     } else {
-        c->rk_aux_words += q->aux_words;
+        pc->aux_words += q->aux_words;
     }
-    st->rk_of[i] = st->n_rk++;
+    rs->rk_of[i] = rs->n_rk++;
     n->split += q->split != 0;
     uint64_t w = q->split ? 0 : pt_rekls_ws_words((uint64_t)q->m, (uint64_t)q->n);
     if (c->persistent && w > n->ws_max) n->ws_max = w;
     return PT_OK;
 }
 
-/* Chunk k's factor block (c->rk_aux_words words). */
+/* Chunk k's factor block (pc->aux_words words). */
 static int chunk_aux(pt_store *st, int k, char *err, size_t errlen) {
     cs_chunk *c = &st->ch[k];
+    pt_rk_store *rs = pt_rk_of_store(st);
+    pt_rk_chunk *pc = pt_rk_of_chunk(c);
     /* zero factors, identity bases: built on the host, copied in */
-    float *img = calloc((size_t)c->rk_aux_words, sizeof(float));
+    float *img = calloc((size_t)pc->aux_words, sizeof(float));
     if (!img) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
-    for (int r = c->rk_first; r < st->n_rk; r++)   /* a split one starts all zero */
-        if (!st->rk[r].split && st->rk[r].aux != UINT64_MAX)
-            pt_rekls_aux_init_host(img + st->rk[r].aux, st->rk[r].m, st->rk[r].n);
+    for (int r = pc->first; r < rs->n_rk; r++)   /* a split one starts all zero */
+        if (!rs->rk[r].split && rs->rk[r].aux != UINT64_MAX)
+            pt_rekls_aux_init_host(img + rs->rk[r].aux, rs->rk[r].m, rs->rk[r].n);
     int rc = PT_OK;
-    size_t bytes = sizeof(float) * (size_t)c->rk_aux_words;
+    size_t bytes = sizeof(float) * (size_t)pc->aux_words;
     if (c->persistent) {
-        rc = pt_gpu_alloc(st->env.gpu, bytes, PT_TAG_OPTIM, (void **)&c->rk_aux, err, errlen);
-        if (!rc && pt_gpu_memcpy(st->env.gpu, c->rk_aux, img, bytes, PT_GPU_H2D))
+        rc = pt_gpu_alloc(st->env.gpu, bytes, PT_TAG_OPTIM, (void **)&pc->aux, err, errlen);
+        if (!rc && pt_gpu_memcpy(st->env.gpu, pc->aux, img, bytes, PT_GPU_H2D))
             rc = pt_fail(err, errlen, PT_ERR_BACKEND,
                          "REKLS: copying chunk %d's initial factors to the device failed", k);
         free(img);
     } else {   /* pinned, like the chunk's moments: the host budget counts it */
-        rc = pt_gpu_pinned_alloc(st->env.gpu, bytes, (void **)&c->rk_aux, err, errlen);
-        if (!rc) memcpy(c->rk_aux, img, bytes);
+        rc = pt_gpu_pinned_alloc(st->env.gpu, bytes, (void **)&pc->aux, err, errlen);
+        if (!rc) memcpy(pc->aux, img, bytes);
         free(img);
     }
     return rc;
@@ -215,29 +223,31 @@ static int chunk_aux(pt_store *st, int k, char *err, size_t errlen) {
 
 /* The device workspace and eigh status of the resident unsplit params. */
 static int dev_workspace(pt_store *st, uint64_t ws_max, char *err, size_t errlen) {
+    pt_rk_store *rs = pt_rk_of_store(st);
     if (!ws_max) return PT_OK;
     int rc = pt_gpu_alloc(st->env.gpu, sizeof(float) * (size_t)ws_max, PT_TAG_OPTIM,
-                          (void **)&st->d_rk_ws, err, errlen);
+                          (void **)&rs->d_ws, err, errlen);
     if (!rc) rc = pt_gpu_alloc(st->env.gpu, sizeof(int), PT_TAG_OTHER,
-                               (void **)&st->d_rk_status, err, errlen);
+                               (void **)&rs->d_status, err, errlen);
     if (rc) return rc;
     pt_rekls_dev d = {pt_gpu_ops(st->env.gpu), pt_gpu_impl(st->env.gpu), st->env.s_compute,
-                      st->d_rk_status};
+                      rs->d_status};
     pt_rekls_la la;
     return pt_rekls_la_device(&d, &la, err, errlen);
 }
 
 static void log_init(const pt_store *st, const rk_counts *n) {
+    const pt_rk_store *rs = pt_rk_of_store(st);
     PT_LOGI(st->env.lg,
             "REKLS on %d 2-D block parameter(s) (%.1f MiB of factors and bases beyond the Adam "
             "moments on this rank; in mode C with the moments of the params it owns); AdamW on the other %d trainable parameter(s): not 2-D, outside blocks "
-            "(embeddings, final norm, head), tied, or a side above %d", st->n_rk,
+            "(embeddings, final norm, head), tied, or a side above %d", rs->n_rk,
             (double)n->words * 4 / 1048576.0, n->adam, PT_REKLS_MAX_DIM);
     if (n->sh) {
-        /* the owner bound (dist_rekls.c) over the same words, for the log */
+        /* the owner bound (rekls_dist.c) over the same words, for the log */
         uint64_t tot = 0, wmax = 0, mine = 0;
-        for (int r = 0; r < st->n_rk; r++) {
-            const rk_param *q = &st->rk[r];
+        for (int r = 0; r < rs->n_rk; r++) {
+            const rk_param *q = &rs->rk[r];
             if (q->owner < 0) continue;
             uint64_t w = q->aux_words + 2 * (uint64_t)q->m * (uint64_t)q->n;
             tot += w;
@@ -259,64 +269,73 @@ static void log_init(const pt_store *st, const rk_counts *n) {
 
 int pt_rk_init(pt_store *st, char *err, size_t errlen) {
     pt_model_v1 *m = st->env.model;
-    st->rk_of = malloc(sizeof(int) * (size_t)m->n_params);
-    st->rk = calloc((size_t)m->n_params, sizeof *st->rk);
-    if (!st->rk_of || !st->rk) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
-    for (int i = 0; i < m->n_params; i++) st->rk_of[i] = -1;
+    pt_rk_store *rs = pt_rk_store_get(st);
+    if (!rs) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    /* mode C under a layout planned for another kind: the owners now (the
+     * same ones: they depend on the layout alone), without planner terms */
+    int rc = st->shard && !rs->owner ? pt_rk_sh_owners(st, 0, err, errlen) : PT_OK;
+    if (rc) return rc;
+    rs->rk_of = malloc(sizeof(int) * (size_t)m->n_params);
+    rs->rk = calloc((size_t)m->n_params, sizeof *rs->rk);
+    rs->ch = calloc((size_t)st->n_chunks + 1, sizeof *rs->ch);
+    if (!rs->rk_of || !rs->rk || !rs->ch)
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    for (int i = 0; i < m->n_params; i++) rs->rk_of[i] = -1;
+    for (int k = 0; k < st->n_chunks; k++) st->ch[k].opt = &rs->ch[k];
     rk_counts n = {0};
     for (int k = 0; k < st->n_chunks; k++) {
         cs_chunk *c = &st->ch[k];
-        c->rk_first = st->n_rk;
+        pt_rk_chunk *pc = pt_rk_of_chunk(c);
+        pc->first = rs->n_rk;
         for (int j = 0; c->trainable && j < c->lc->n_params; j++) {
             int i = st->lay.order[c->lc->first_param + j];
             if (!pt_rk_eligible(st, i)) {
                 n.adam += st->root[i] == i && m->params[i].trainable;
                 continue;
             }
-            int rc = add_param(st, k, i, &n, err, errlen);
-            if (rc) return rc;
+            if ((rc = add_param(st, k, i, &n, err, errlen))) return rc;
         }
-        c->rk_count = st->n_rk - c->rk_first;
-        if (!c->rk_count || !c->rk_aux_words) continue;
-        n.words += c->rk_aux_words;
-        int rc = chunk_aux(st, k, err, errlen);
-        if (rc) return rc;
+        pc->count = rs->n_rk - pc->first;
+        if (!pc->count || !pc->aux_words) continue;
+        n.words += pc->aux_words;
+        if ((rc = chunk_aux(st, k, err, errlen))) return rc;
     }
-    int rc = dev_workspace(st, n.ws_max, err, errlen);
+    rc = dev_workspace(st, n.ws_max, err, errlen);
     if (rc) return rc;
     log_init(st, &n);
     return PT_OK;
 }
 
 void pt_rk_fini(pt_store *st) {
-    if (st->rk_sh_steps)
+    pt_rk_store *rs = pt_rk_of_store(st);
+    if (!rs) return;
+    if (rs->sh_steps)
         PT_LOGI(st->env.lg, "REKLS mode C: %d steps; per step %.2f ms gathering gradients at "
                 "their owners (%.1f KiB received), %.2f ms in the owners' steps, %.2f ms sending "
-                "the updates back and applying them (%.1f KiB received)", st->rk_sh_steps,
-                1e3 * st->rk_sh_s[0] / st->rk_sh_steps, st->rk_sh_bytes[0] / 1024.0 / st->rk_sh_steps,
-                1e3 * st->rk_sh_s[1] / st->rk_sh_steps, 1e3 * st->rk_sh_s[2] / st->rk_sh_steps,
-                st->rk_sh_bytes[1] / 1024.0 / st->rk_sh_steps);
-    st->rk_sh_steps = 0;
+                "the updates back and applying them (%.1f KiB received)", rs->sh_steps,
+                1e3 * rs->sh_s[0] / rs->sh_steps, rs->sh_bytes[0] / 1024.0 / rs->sh_steps,
+                1e3 * rs->sh_s[1] / rs->sh_steps, 1e3 * rs->sh_s[2] / rs->sh_steps,
+                rs->sh_bytes[1] / 1024.0 / rs->sh_steps);
     for (int k = 0; st->ch && k < st->n_chunks; k++) {
         cs_chunk *c = &st->ch[k];
-        free(c->rk_view);
-        c->rk_view = NULL;
-        if (!c->rk_aux) continue;
-        if (c->persistent) pt_gpu_free(st->env.gpu, c->rk_aux);
-        else pt_gpu_pinned_free(st->env.gpu, c->rk_aux);
-        c->rk_aux = NULL;
+        pt_rk_chunk *pc = pt_rk_of_chunk(c);
+        c->opt = NULL;
+        if (!pc) continue;
+        free(pc->view);
+        pc->view = NULL;
+        if (!pc->aux) continue;
+        if (c->persistent) pt_gpu_free(st->env.gpu, pc->aux);
+        else pt_gpu_pinned_free(st->env.gpu, pc->aux);
+        pc->aux = NULL;
     }
-    pt_gpu_free(st->env.gpu, st->d_rk_ws);
-    pt_gpu_free(st->env.gpu, st->d_rk_status);
-    st->d_rk_ws = NULL;
-    st->d_rk_status = NULL;
-    free(st->rk);
-    free(st->rk_of);
-    free(st->rk_owner);
-    st->rk = NULL;
-    st->rk_of = NULL;
-    st->rk_owner = NULL;
-    st->n_rk = 0;
+    pt_gpu_free(st->env.gpu, rs->d_ws);
+    pt_gpu_free(st->env.gpu, rs->d_status);
+    free(rs->rk);
+    free(rs->rk_of);
+    free(rs->owner);
+    free(rs->ch);
+    free(rs);
+    st->opt = NULL;
 }
 
 pt_rekls_hyper pt_rk_hyper(const pt_store *st, float lr, float gs, int64_t step) {
@@ -338,9 +357,11 @@ pt_rekls_hyper pt_rk_hyper(const pt_store *st, float lr, float gs, int64_t step)
 
 /* The chunk's params in layout order: REKLS ones by pt_rekls_step, the others
  * by AdamW over their own elements. Runs on a worker. */
-void pt_rk_cpu_chunk(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, float lr,
-                     float gs, int64_t step) {
+static void cpu_chunk(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int from_acc, float lr,
+                      float gs, int64_t step) {
     pt_model_v1 *m = st->env.model;
+    pt_rk_store *rs = pt_rk_of_store(st);
+    const pt_rk_chunk *pc = pt_rk_of_chunk(c);
     pt_rekls_hyper h = pt_rk_hyper(st, lr, gs, step);
     for (int j = 0; j < c->lc->n_params; j++) {
         int i = st->lay.order[c->lc->first_param + j];
@@ -353,7 +374,7 @@ void pt_rk_cpu_chunk(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int fr
         int gdt = from_acc ? PT_F32 : p->dtype;
         float *param = p->dtype == PT_F32 ? (float *)((char *)c->h_param + off) : c->h_master + s;
         void *out = p->dtype == PT_F32 ? NULL : (char *)c->h_param + off;
-        int r = st->rk_of[i];
+        int r = rs->rk_of[i];
         if (r < 0) {
             pt_cpu_adam_args a;
             memset(&a, 0, sizeof a);
@@ -369,34 +390,36 @@ void pt_rk_cpu_chunk(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int fr
             pt_cpu_adam_range(&a, 0, n);
             continue;
         }
-        const rk_param *q = &st->rk[r];
-        if (q->split) continue;   /* pt_rk_tp_pass steps it */
+        const rk_param *q = &rs->rk[r];
+        if (q->split) continue;   /* pt_rk_pass steps it */
         float *ws = malloc(sizeof(float) * (size_t)pt_rekls_ws_words((uint64_t)q->m, (uint64_t)q->n));
         char e[256];
         int rc = PT_ERR_HOST_OOM;
         snprintf(e, sizeof e, "out of host memory for the REKLS scratch of '%s'", p->name);
         if (ws) {
             pt_rekls_tensors x = {q->m, q->n, g, gdt, param, out, p->dtype, c->h_m + s,
-                                  c->h_v + s, c->rk_aux + q->aux, ws};
+                                  c->h_v + s, pc->aux + q->aux, ws};
             rc = pt_rekls_step(&pt_rekls_la_cpu, &h, &x, e, sizeof e);
         }
         free(ws);
         if (rc) {
             PT_LOGE(st->env.lg, "parameter '%s': %s", p->name, e);
             pthread_mutex_lock(&st->acct_mu);
-            st->rk_failed = rc;
+            rs->failed = rc;
             pthread_mutex_unlock(&st->acct_mu);
         }
     }
 }
 
-int pt_rk_dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, size_t errlen) {
+static int dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, size_t errlen) {
     pt_model_v1 *m = st->env.model;
+    const pt_rk_store *rs = pt_rk_of_store(st);
+    const pt_rk_chunk *pc = pt_rk_of_chunk(c);
     const pt_gpu_backend *ops = pt_gpu_ops(st->env.gpu);
     void *impl = pt_gpu_impl(st->env.gpu);
     pt_optim_state *o = st->env.opt;
     pt_rekls_hyper h = pt_rk_hyper(st, lr, gs, o->t + 1);
-    pt_rekls_dev d = {ops, impl, st->env.s_compute, st->d_rk_status};
+    pt_rekls_dev d = {ops, impl, st->env.s_compute, rs->d_status};
     pt_rekls_la la;
     int rc = pt_rekls_la_device(&d, &la, err, errlen);
     if (rc) return rc;
@@ -411,19 +434,19 @@ int pt_rk_dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, si
         void *graw = (char *)c->d_grad + off;
         float *param = p->dtype == PT_F32 ? (float *)((char *)c->d_param + off) : c->d_master + s;
         void *out = p->dtype == PT_F32 ? NULL : (char *)c->d_param + off;
-        int r = st->rk_of[i];
+        int r = rs->rk_of[i];
         if (r >= 0) {
-            const rk_param *q = &st->rk[r];
-            if (q->split) continue;   /* pt_rk_tp_pass stepped it */
+            const rk_param *q = &rs->rk[r];
+            if (q->split) continue;   /* pt_rk_pass stepped it */
             /* The workspace and the eigh status exist only when some resident
              * REKLS param is stepped whole here (pt_rk_init sizes them over the
              * unsplit ones): a chunk whose REKLS params are all split has
              * neither, so the status is cleared before the first whole step. */
-            if (!any && ops->memset_async(impl, st->d_rk_status, 0, sizeof(int), st->env.s_compute))
+            if (!any && ops->memset_async(impl, rs->d_status, 0, sizeof(int), st->env.s_compute))
                 return pt_fail(err, errlen, PT_ERR_BACKEND,
                                "optimizer_step: zeroing REKLS's eigh status failed: memset failed");
             pt_rekls_tensors x = {q->m, q->n, graw, p->dtype, param, out, p->dtype, c->d_m + s,
-                                  c->d_v + s, c->rk_aux + q->aux, st->d_rk_ws};
+                                  c->d_v + s, pc->aux + q->aux, rs->d_ws};
             if ((rc = pt_rekls_step(&la, &h, &x, err, errlen))) return rc;
             any = 1;
             continue;
@@ -447,7 +470,7 @@ int pt_rk_dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, si
     if (!any) return PT_OK;
     /* eigh reports through a device int: read it once the stream got there */
     int status = 0;
-    if (ops->stream_sync(impl, st->env.s_compute) || pt_gpu_memcpy(st->env.gpu, &status, st->d_rk_status, sizeof status, PT_GPU_D2H))
+    if (ops->stream_sync(impl, st->env.s_compute) || pt_gpu_memcpy(st->env.gpu, &status, rs->d_status, sizeof status, PT_GPU_D2H))
         return pt_fail(err, errlen, PT_ERR_BACKEND,
                        "optimizer_step: reading REKLS's eigh status of chunk %d failed: "
                        "stream_sync or memcpy failed", c->id);
@@ -458,13 +481,14 @@ int pt_rk_dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, si
     return PT_OK;
 }
 
-int pt_rk_tp_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
+static int tp_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
     pt_model_v1 *m = st->env.model;
+    const pt_rk_store *rs = pt_rk_of_store(st);
     pt_rekls_hyper h = pt_rk_hyper(st, lr, gs, st->env.opt->t + 1);
     pt_rekls_tp tp = {pt_cs_tp_size(st), pt_coll_rank(st->env.tp_coll), 0,
                       pt_rekls_tp_gather_coll, st->env.tp_coll};
-    for (int r = 0; r < st->n_rk; r++) {
-        const rk_param *q = &st->rk[r];
+    for (int r = 0; r < rs->n_rk; r++) {
+        const rk_param *q = &rs->rk[r];
         if (!q->split) continue;
         cs_chunk *c = &st->ch[q->chunk];
         const pt_param_v1 *p = &m->params[q->param];
@@ -478,7 +502,7 @@ int pt_rk_tp_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
         float *param = p->dtype == PT_F32 ? (float *)(base + q->off) : master + q->s;
         void *out = p->dtype == PT_F32 ? NULL : base + q->off;
         size_t mn = (size_t)q->m * (size_t)q->n;
-        float *M = c->rk_aux + q->aux, *V = M + mn, *L = V + mn;
+        float *M = pt_rk_of_chunk(c)->aux + q->aux, *V = M + mn, *L = V + mn;
         float *R = L + (size_t)(q->m / tp.P) * (size_t)q->m;
         float *ws = malloc(sizeof(float) * (size_t)pt_rekls_tp_ws_words((uint64_t)q->m,
                                                                          (uint64_t)q->n));
@@ -494,4 +518,52 @@ int pt_rk_tp_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
         if (rc) return pt_fail(err, errlen, rc, "optimizer_step: '%s': %s", p->name, e);
     }
     return PT_OK;
+}
+
+/* ---- the rest of the table ---- */
+
+int pt_rk_whole_task(const cs_chunk *c) {
+    const pt_rk_chunk *pc = pt_rk_of_chunk(c);
+    return pc && pc->count;
+}
+
+void pt_rk_cpu_step(pt_store *st, cs_chunk *c, const pt_optim_cpu *a) {
+    if (!pt_rk_whole_task(c)) {   /* none of its params is REKLS's */
+        pt_optk_adamw.cpu_step(st, c, a);
+        return;
+    }
+    /* mode C: AdamW over this rank's parts (REKLS params: pt_rk_sh_pass) */
+    if (c->sh) pt_rk_sh_adam(st, c, a->k, a->from_acc);
+    else cpu_chunk(st, c, a->k, a->from_acc, a->lr, a->gs, a->step);
+}
+
+int pt_rk_dev_step(pt_store *st, cs_chunk *c, float lr, float gs, char *err, size_t errlen) {
+    if (!pt_rk_whole_task(c)) return pt_optk_adamw.dev_step(st, c, lr, gs, err, errlen);
+    return dev_chunk(st, c, lr, gs, err, errlen);   /* param by param */
+}
+
+int pt_rk_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
+    const pt_rk_store *rs = pt_rk_of_store(st);
+    int rc = PT_OK;
+    if (!rs) return rc;
+    if (pt_cs_tp_size(st) > 1 && (rc = tp_pass(st, lr, gs, err, errlen))) return rc;
+    /* mode C: split chunks' REKLS params, at their owners */
+    if (st->shard && rs->n_rk && (rc = pt_rk_sh_pass(st, lr, gs, err, errlen))) return rc;
+    return rc;
+}
+
+int pt_rk_failed(pt_store *st) {
+    pt_rk_store *rs = pt_rk_of_store(st);
+    int rc = rs ? rs->failed : PT_OK;
+    if (rc) rs->failed = 0;
+    return rc;
+}
+
+float *pt_rk_param_state(pt_store *st, int i, uint64_t *words) {
+    const pt_rk_store *rs = pt_rk_of_store(st);
+    *words = 0;
+    if (!rs || !rs->rk_of || rs->rk_of[i] < 0) return NULL;
+    const rk_param *q = &rs->rk[rs->rk_of[i]];
+    *words = q->aux_words;
+    return pt_rk_state(st, q);
 }

@@ -1,0 +1,95 @@
+/*
+ * optim_kind.h — an optimizer kind as the chunk store sees it: one table per
+ * kind (AdamW, REKLS), so the store's step code calls the table and never
+ * names a kind. The store holds the table in force (pt_store.ok) and one
+ * pointer each to the kind's own state per store and per chunk; the kind
+ * allocates and frees that state. The tables' code lives in runtime/optim
+ * (optim_kind.c: the tables and AdamW's chunk steps; rekls_store.c and
+ * rekls_dist.c: REKLS's), which alone of runtime/optim reaches the store's
+ * private header (tests/check_layers.sh).
+ *
+ * What the store calls, in the order of a run:
+ *  layout      plan_chunk per chunk, then plan_store: the planner terms
+ *              (pt_optim_terms, kept in the chunk) of the kind planned for,
+ *              the one create_optimizer chose or before that the INI's;
+ *  create_optimizer   init (after the Adam moments exist), with the kind
+ *              chosen; a store laid out for another kind first hands that
+ *              kind's state back (its fini);
+ *  optimizer_step     dev_step per resident trainable chunk; cpu_step per
+ *              offloaded chunk (whole_task: one task on one worker, else the
+ *              AdamW runners every worker shares); pass after the global norm
+ *              and before the chunk steps (the steps that need collectives);
+ *              failed after the CPU tasks are waited for;
+ *  state images       param_state per trainable root param (the words the
+ *              image holds beyond master, m and v), and in mode C views_open
+ *              / views_close around the walk;
+ *  teardown    fini.
+ * A NULL entry: the kind has nothing to do there.
+ */
+#ifndef PT_OPTIM_KIND_H
+#define PT_OPTIM_KIND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu_adam.h"
+#include "thread_pool.h"
+
+struct pt_store;
+struct cs_chunk;
+
+/* A chunk's optimizer state beyond its Adam moments, as the planner and the
+ * store's footprints count it (zero for AdamW). Words are fp32. */
+typedef struct pt_optim_terms {
+    uint64_t aux_words;       /* state words (device when resident, pinned when offloaded) */
+    uint64_t ws_words;        /* the largest device scratch of its params */
+    double gemm_flops, eigh_flops;   /* one step of its params */
+    int n_params;             /* params the kind steps with that state */
+    /* tensor parallel: fp32 bytes of its split params' full gradients and
+     * factors, which every step gathers */
+    uint64_t tp_grad_bytes, tp_fac_bytes;
+    uint64_t mn;              /* sum of its params' m n */
+    uint64_t own_max;         /* the largest aux + 2 m n of one param */
+    uint64_t own_words;       /* mode C, split chunk: the words this rank owns */
+} pt_optim_terms;
+
+/* One CPU step of a chunk: AdamW constants, gradient from the fp32 accumulator
+ * (from_acc) or the staged copy, lr, clip scale and 1-based step; grp NULL
+ * steps it on this thread, else AdamW's runners go into grp with hooks h. */
+typedef struct pt_optim_cpu {
+    const pt_adamw_consts *k;
+    int from_acc;
+    float lr, gs;
+    int64_t step;
+    pt_task_group *grp;
+    const pt_cpu_adam_hooks *h;
+} pt_optim_cpu;
+
+typedef struct pt_optim_kind {
+    const char *name;
+    void (*plan_chunk)(struct pt_store *st, struct cs_chunk *c);
+    int (*plan_store)(struct pt_store *st, char *err, size_t errlen);
+    int (*init)(struct pt_store *st, char *err, size_t errlen);
+    void (*fini)(struct pt_store *st);
+    /* 1: chunk c's CPU step is one task on one worker */
+    int (*whole_task)(const struct cs_chunk *c);
+    /* resident chunk c on the compute stream (its gradient is zeroed after) */
+    int (*dev_step)(struct pt_store *st, struct cs_chunk *c, float lr, float gs, char *err,
+                    size_t errlen);
+    void (*cpu_step)(struct pt_store *st, struct cs_chunk *c, const pt_optim_cpu *a);
+    int (*pass)(struct pt_store *st, float lr, float gs, char *err, size_t errlen);
+    /* a CPU step's failure (non-zero status), taken: the next call returns 0 */
+    int (*failed)(struct pt_store *st);
+    /* root param i's state words in an image: *words of them at the result
+     * (NULL: this rank holds none while words > 0); 0 words: none */
+    float *(*param_state)(struct pt_store *st, int i, uint64_t *words);
+    int (*views_open)(struct pt_store *st, int gather, char *err, size_t errlen);
+    void (*views_close)(struct pt_store *st, int scatter);
+} pt_optim_kind;
+
+extern const pt_optim_kind pt_optk_adamw, pt_optk_rekls;
+
+/* The table of optimizer type t (PT_OPTIM_*; 0 and unknown read as AdamW). */
+const pt_optim_kind *pt_optk_of(int t);
+
+#endif
