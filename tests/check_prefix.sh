@@ -28,7 +28,6 @@ declare -A allow=(
   [runtime/store/chunk_runtime.c]=restructured # pt_cs_ pt_ms_ pt_store_
   [runtime/store/model_state.c]=restructured   # pt_ms_ pt_param_ pt_store_
   [runtime/store/optim_step.c]=restructured    # pt_cs_ pt_store_
-  [runtime/store/rekls_store.c]=restructured   # pt_cs_ pt_rk_
   [runtime/store/state_io.c]=restructured      # pt_state_ pt_store_
   [runtime/optim/cpu_adam.c]=restructured      # pt_cpu_ pt_cvt_
   # runtime/osft/: its runtime-object hooks are being reworked.
