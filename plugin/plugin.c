@@ -431,7 +431,7 @@ static int32_t h_finalize(void *vctx) {
                        "finalize called from inside %s (from a host callback it made, such as "
                        "profile_step or recompute_block): nothing was freed; call finalize "
                        "after %s returns", c->outer, c->outer);
-    if (pt_rt_in_launch())
+    if (pt_rt_ext_in_launch())
         return pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
                        "finalize called from work launched on the compute stream: nothing was "
                        "freed; call it from the host's thread after stream_sync");
@@ -555,7 +555,7 @@ static int osft_run(pt_rt *rt, int32_t param, const void *x, const void *dy, voi
 static int32_t osft_linear(void *vctx, int32_t param, const void *x, const void *dy, void *out,
                            int64_t rows, int backward) {
     const char *hook = backward ? "osft_linear_backward" : "osft_linear_forward";
-    if (pt_rt_in_launch()) {
+    if (pt_rt_ext_in_launch()) {
         pt_ctx *c = (pt_ctx *)vctx;
         char e[256];
         return osft_run(c->rt, param, x, dy, out, rows, backward, e, sizeof e);

@@ -20,18 +20,7 @@ bad() { echo "prefix: $*"; fail=1; }
 
 # Files that still mix prefixes, each with why it is left. The check skips
 # them; a listed file that passes is reported, so the list only shrinks.
-declare -A allow=(
-  # runtime/store/ and runtime/optim/: being restructured into the optimizer
-  # interface (issue 26 item 4); their names change with that move.
-  [runtime/store/activations.c]=restructured   # pt_acts_ pt_store_
-  [runtime/store/chunk_layout.c]=restructured  # pt_chunk_ pt_layout_
-  [runtime/store/chunk_runtime.c]=restructured # pt_cs_ pt_ms_ pt_store_
-  [runtime/store/model_state.c]=restructured   # pt_ms_ pt_param_ pt_store_
-  [runtime/store/optim_step.c]=restructured    # pt_cs_ pt_store_
-  [runtime/store/state_io.c]=restructured      # pt_state_ pt_store_
-  [runtime/optim/cpu_adam.c]=restructured      # pt_cpu_ pt_cvt_
-  # runtime/osft/: its runtime-object hooks are being reworked.
-  [runtime/osft/osft.c]=reworked               # pt_osft_ pt_rt_
+declare -A allow=(   # none now
 )
 
 # names_obj OBJ / names_src SRC: the file's public function names, one a line

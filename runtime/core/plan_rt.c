@@ -260,7 +260,7 @@ static int rebuild_keeping_state(pt_rt *rt, char *err, size_t errlen) {
     rc = pt_rt_build(rt, 1, err, errlen);
     if (!rc && had_opt) rc = pt_store_optimizer_init(rt->st, err, errlen);
     if (!rc) rc = pt_store_restore(rt->st, &img, err, errlen);
-    pt_state_image_free(&img);
+    pt_store_image_free(&img);
     if (rc) rt->broken = rc;
     return rc;
 }

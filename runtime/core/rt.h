@@ -67,7 +67,7 @@ int pt_rt_launch(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t err
 int pt_rt_stream_sync(pt_rt *rt, char *err, size_t errlen);
 /* 1 on the thread running launched work (a hook called from there cannot touch
  * the context's error buffer or the lifecycle the host's thread owns). */
-int pt_rt_in_launch(void);
+int pt_rt_ext_in_launch(void);
 int pt_rt_save_state(pt_rt *rt, const char *dir, char *err, size_t errlen);
 int pt_rt_load_state(pt_rt *rt, const char *dir, char *err, size_t errlen);
 int pt_rt_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *err,

@@ -106,3 +106,7 @@ void pt_rt_ext_plan_log(const pt_rt *rt) {
     for (int i = 0; exts[i]; i++)
         if (exts[i]->plan_log) exts[i]->plan_log(rt);
 }
+
+/* Launched work runs through OSFT's launch (it captures the factor addresses),
+ * so OSFT knows whether this thread is inside it. */
+int pt_rt_ext_in_launch(void) { return pt_osft_in_launch(); }

@@ -36,12 +36,12 @@ int pt_rt_dev_free(pt_rt *rt, void *ptr, char *err, size_t errlen) {
 
 int pt_rt_arena(pt_rt *rt, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen) {
     int rc = pt_rt_need_store(rt, "activation_arena", 0, err, errlen);
-    return rc ? rc : pt_store_arena(rt->st, b, bytes, ptr, err, errlen);
+    return rc ? rc : pt_acts_arena(rt->st, b, bytes, ptr, err, errlen);
 }
 
 int pt_rt_arena_get(pt_rt *rt, int32_t b, void **ptr, char *err, size_t errlen) {
     int rc = pt_rt_need_store(rt, "activation_arena_get", 0, err, errlen);
-    return rc ? rc : pt_store_arena_get(rt->st, b, ptr, err, errlen);
+    return rc ? rc : pt_acts_arena_get(rt->st, b, ptr, err, errlen);
 }
 
 int pt_rt_memcpy(pt_rt *rt, void *dst, const void *src, uint64_t bytes, int32_t kind, char *err,

@@ -535,12 +535,12 @@ int pt_cpu_adam_step(pt_pool *pool, const pt_cpu_adam_args *a, pt_task_group *g,
 
 /* ============================= converters =============================== */
 
-void pt_cvt_f32_to_bf16(uint16_t *d, const float *s, size_t n) { kern()->to_bf16(d, s, 0, n); }
-void pt_cvt_bf16_to_f32(float *d, const uint16_t *s, size_t n) { kern()->from_bf16(d, s, 0, n); }
-void pt_cvt_f32_to_f16(uint16_t *d, const float *s, size_t n) { kern()->to_f16(d, s, 0, n); }
-void pt_cvt_f16_to_f32(float *d, const uint16_t *s, size_t n) { kern()->from_f16(d, s, 0, n); }
+void pt_cpu_cvt_f32_to_bf16(uint16_t *d, const float *s, size_t n) { kern()->to_bf16(d, s, 0, n); }
+void pt_cpu_cvt_bf16_to_f32(float *d, const uint16_t *s, size_t n) { kern()->from_bf16(d, s, 0, n); }
+void pt_cpu_cvt_f32_to_f16(uint16_t *d, const float *s, size_t n) { kern()->to_f16(d, s, 0, n); }
+void pt_cpu_cvt_f16_to_f32(float *d, const uint16_t *s, size_t n) { kern()->from_f16(d, s, 0, n); }
 
-int pt_cvt(void *dst, int ddt, const void *src, int sdt, size_t n) {
+int pt_cpu_cvt(void *dst, int ddt, const void *src, int sdt, size_t n) {
     if (!dtype_ok(ddt) || !dtype_ok(sdt)) return PT_ERR_INVALID_ARG;
     if (n == 0) return PT_OK;
     if (!dst || !src) return PT_ERR_INVALID_ARG;

@@ -112,13 +112,13 @@ int pt_cpu_adam_step_many(pt_pool *pool, const pt_cpu_adam_args *a, int n_arr, p
                           const pt_cpu_adam_hooks *hooks, char *err, size_t errlen);
 
 /* ---- bulk converters, bit-identical to the scalar ones in kernels_hd.h ---- */
-void pt_cvt_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
-void pt_cvt_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
-void pt_cvt_f32_to_f16(uint16_t *dst, const float *src, size_t n);
-void pt_cvt_f16_to_f32(float *dst, const uint16_t *src, size_t n);
+void pt_cpu_cvt_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
+void pt_cpu_cvt_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
+void pt_cpu_cvt_f32_to_f16(uint16_t *dst, const float *src, size_t n);
+void pt_cpu_cvt_f16_to_f32(float *dst, const uint16_t *src, size_t n);
 /* Any floating-point pt_dtype to any other (same dtype: memmove). PT_OK, or
  * PT_ERR_INVALID_ARG for PT_U8, an unknown dtype or a NULL array. 16->16 goes through
  * fp32. */
-int pt_cvt(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
+int pt_cpu_cvt(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
 
 #endif /* PT_CPU_ADAM_H */

@@ -22,7 +22,7 @@ static int adamw_dev_step(pt_store *st, cs_chunk *c, float lr, float gs, char *e
         const pt_chunk_region *g = &c->lc->regions[r];
         if (c->reg_state[r] == UINT64_MAX) continue;
         uint64_t s = c->reg_state[r], n = g->bytes / pt_dtype_size(g->dtype);
-        pt_adamw_args a = pt_cs_adamw_args(st, c, s, (size_t)n, lr, gs);
+        pt_adamw_args a = pt_store_adamw_args(st, c, s, (size_t)n, lr, gs);
         if (g->dtype == PT_F32) {
             a.param = (float *)((char *)c->d_param + g->offset);
             a.grad = (const float *)((char *)c->d_grad + g->offset);

@@ -369,7 +369,7 @@ static void cpu_chunk(pt_store *st, cs_chunk *c, const pt_adamw_consts *k, int f
         if (st->root[i] != i || !st->root_tr[i]) continue;
         uint64_t off = st->lay.param_offset[i], s = state_index(st, c, off);
         if (s == UINT64_MAX) continue;
-        size_t n = (size_t)pt_param_numel(p);
+        size_t n = (size_t)pt_store_param_numel(p);
         const void *g = from_acc ? (const void *)(c->h_gacc + s) : (char *)c->h_gstage + off;
         int gdt = from_acc ? PT_F32 : p->dtype;
         float *param = p->dtype == PT_F32 ? (float *)((char *)c->h_param + off) : c->h_master + s;
@@ -430,7 +430,7 @@ static int dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, s
         if (st->root[i] != i || !st->root_tr[i]) continue;
         uint64_t off = st->lay.param_offset[i], s = state_index(st, c, off);
         if (s == UINT64_MAX) continue;
-        size_t n = (size_t)pt_param_numel(p);
+        size_t n = (size_t)pt_store_param_numel(p);
         void *graw = (char *)c->d_grad + off;
         float *param = p->dtype == PT_F32 ? (float *)((char *)c->d_param + off) : c->d_master + s;
         void *out = p->dtype == PT_F32 ? NULL : (char *)c->d_param + off;
@@ -451,7 +451,7 @@ static int dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, s
             any = 1;
             continue;
         }
-        pt_adamw_args a = pt_cs_adamw_args(st, c, s, n, lr, gs);
+        pt_adamw_args a = pt_store_adamw_args(st, c, s, n, lr, gs);
         a.param = param;
         a.param_out = out;
         a.out_dtype = p->dtype;

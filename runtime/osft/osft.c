@@ -659,4 +659,4 @@ int pt_osft_launch(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t e
     return PT_OK;
 }
 
-int pt_rt_in_launch(void) { return tl_snap != NULL; }
+int pt_osft_in_launch(void) { return tl_snap != NULL; }

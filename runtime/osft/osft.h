@@ -82,6 +82,8 @@ int pt_osft_read_param(struct pt_rt *rt, int32_t index, void *dst, uint64_t byte
 /* launch with OSFT: the factor addresses are captured now (like a kernel's
  * arguments), and the hooks called from inside fn use those. */
 int pt_osft_launch(struct pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t errlen);
+/* 1 on the thread running work pt_osft_launch queued. */
+int pt_osft_in_launch(void);
 /* A hook that failed inside launched work (it could not return its status):
  * its status and sentence, once. */
 int pt_osft_async_status(struct pt_rt *rt, char *err, size_t errlen);

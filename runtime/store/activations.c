@@ -115,7 +115,7 @@ static int arena_alloc(pt_store *st, pt_arena *a, uint64_t bytes, char *err, siz
     return rc;
 }
 
-int pt_store_arena(pt_store *st, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen) {
+int pt_acts_arena(pt_store *st, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen) {
     if (!ptr || b < 0 || b >= st->n_blocks || bytes == 0) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "activation_arena: bad arguments (block %d of %d, %llu bytes)", b, st->n_blocks,
             (unsigned long long)bytes);
@@ -138,7 +138,7 @@ int pt_store_arena(pt_store *st, int32_t b, uint64_t bytes, void **ptr, char *er
     return PT_OK;
 }
 
-int pt_store_arena_get(pt_store *st, int32_t b, void **ptr, char *err, size_t errlen) {
+int pt_acts_arena_get(pt_store *st, int32_t b, void **ptr, char *err, size_t errlen) {
     if (!ptr || b < 0 || b >= st->n_blocks) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "activation_arena_get: bad block %d (model has %d)", b, st->n_blocks);
     }

@@ -489,7 +489,7 @@ static uint64_t pow2floor(uint64_t x) {
     return r;
 }
 
-int pt_chunk_size_choose(const pt_layout_param *p, int32_t n_params, int32_t n_blocks,
+int pt_layout_chunk_size_choose(const pt_layout_param *p, int32_t n_params, int32_t n_blocks,
                          pt_chunk_size_choice *out, char *err, size_t errlen) {
     if (!out) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "chunk size: NULL output");
@@ -570,7 +570,7 @@ static void fmt_bytes(uint64_t b, char *buf, size_t len) {
     else snprintf(buf, len, "%.1f %s", v, unit[u]);
 }
 
-size_t pt_chunk_size_table(const pt_chunk_size_choice *c, char *buf, size_t len) {
+size_t pt_layout_chunk_size_table(const pt_chunk_size_choice *c, char *buf, size_t len) {
     size_t n = 0;
     char s[32], w[32];
 #define PUT(...)                                                                 \

@@ -161,11 +161,11 @@ typedef struct pt_chunk_size_choice {
  * Choice: least waste among eligible candidates, ties to the smaller size (smaller
  * n_buffer * S_chunk footprint).
  */
-int pt_chunk_size_choose(const pt_layout_param *p, int32_t n_params, int32_t n_blocks,
+int pt_layout_chunk_size_choose(const pt_layout_param *p, int32_t n_params, int32_t n_blocks,
                          pt_chunk_size_choice *out, char *err, size_t errlen);
 
 /* The candidate table as text, one line per size, the chosen one marked; for the plan
  * log. Returns the length that would have been written (snprintf-style). */
-size_t pt_chunk_size_table(const pt_chunk_size_choice *c, char *buf, size_t len);
+size_t pt_layout_chunk_size_table(const pt_chunk_size_choice *c, char *buf, size_t len);
 
 #endif /* PT_CHUNK_LAYOUT_H */

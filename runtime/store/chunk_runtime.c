@@ -64,28 +64,6 @@ void pt_cs_free(pt_store *st, void *p) {
         PT_LOGW(st->env.lg, "%s", e);
 }
 
-int pt_store_sync(pt_store *st, char *err, size_t errlen) {
-    if (!st) return PT_OK;
-    const pt_gpu_backend *o = OPS(st);
-    /* every stream is waited for even after one fails: destructors free what
-     * the others may still be using */
-    /* deferred CPU steps first: an upload on the h2d stream may be waiting for one */
-    for (int k = 0; k < st->n_chunks; k++)
-        if (!st->ch[k].persistent) {
-            pt_pool_wait(st->workers, &st->ch[k].sg);
-            pt_pool_wait(st->workers, &st->ch[k].tg);
-        }
-    pt_stream *s[3] = {st->env.s_compute, st->env.s_h2d, st->env.s_d2h};
-    static const char *const name[3] = {"compute", "h2d", "d2h"};
-    int bad = -1;
-    for (int i = 0; i < 3; i++)
-        if (o->stream_sync(IMPL(st), s[i]) && bad < 0) bad = i;
-    if (bad >= 0)
-        return pt_fail(err, errlen, PT_ERR_BACKEND, "stream_sync of the %s stream failed",
-                       name[bad]);
-    return PT_OK;
-}
-
 /* The status a chunk's CPU task left (grad_task), once its group was waited
  * for: the worker cannot fail a hook itself, so the hook that waits reports it. */
 static int task_status(pt_store *st, cs_chunk *c, const char *hook, char *err, size_t errlen) {
@@ -207,47 +185,6 @@ void pt_cs_set_pointers(pt_store *st, cs_chunk *c, void *pbase, void *gbase) {
     }
 }
 
-int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
-    pt_store *ms = st;
-    if (st->env.sx->eval) return PT_OK;
-    if (!st->opt_ready && !st->profiling) {
-        return pt_fail(err, errlen, PT_ERR_ORDER, "pre_step: no optimizer (call create_optimizer first)");
-    }
-    for (int k = 0; k < ms->n_chunks; k++) ms->ch[k].bwd_zeroed = 0;
-    if (st->env.sx->micro == 0 && ms->bq_n) {
-        /* the last step's backward queued gradient buckets and no optimizer_step
-         * took them: dropped (their messages unmatched, so the group stops) */
-        PT_LOGW(st->env.lg, "pre_step: the previous step's backward was not followed by "
-                            "optimizer_step; its gradient all-reduces are abandoned");
-        pt_cs_dist_fini(st);
-    }
-    if (st->env.sx->micro == 0) {
-        pthread_mutex_lock(&ms->acct_mu);
-        ms->bwd_done = 0;
-        pthread_mutex_unlock(&ms->acct_mu);
-    }
-    if ((st->env.sx->n_micro > 1 || st->env.coll) && !ms->gacc_ready) {
-        /* accumulated fp32 gradients of offloaded chunks, allocated on first need;
-         * with several ranks always: the all-reduce sums them in fp32 whatever the
-         * chunk's dtype (a 16-bit sum would round at every rank) */
-        uint64_t more = 0;
-        for (int k = 0; k < ms->n_chunks; k++)
-            if (!ms->ch[k].persistent && ms->ch[k].trainable) more += 4 * ms->ch[k].n_state;
-        for (int k = 0; k < ms->n_chunks; k++) {
-            cs_chunk *c = &ms->ch[k];
-            if (c->persistent || !c->trainable) continue;
-            int rc = pt_gpu_pinned_alloc(st->env.gpu, (size_t)c->n_state * 4, (void **)&c->h_gacc,
-                                         err, errlen);
-            if (rc) return rc;
-        }
-        ms->pinned_bytes += more;
-        ms->gacc_ready = 1;
-        PT_LOGI(st->env.lg, "gradient accumulation over %d micro-batches: %.2f MiB more pinned "
-                         "memory for fp32 gradient sums", st->env.sx->n_micro, more / 1048576.0);
-    }
-    return PT_OK;
-}
-
 /* On the h2d stream, ahead of chunk c's upload: its deferred CPU step is done
  * (running it here if no worker has started it: the wait runs the group's
  * queued tasks itself). Its own group sg, not tg: an asynchronous host may have
@@ -320,7 +257,7 @@ static int prefetch_block(pt_store *st, int b, char *err, size_t errlen) {
     return PT_OK;
 }
 
-int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen) {
+int pt_cs_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen) {
     pt_store *ms = st;
     if (!ms->n_offloaded || ms->lay.block_chunk_first[b] < 0) return PT_OK;
     for (int k = ms->lay.block_chunk_first[b]; k <= ms->lay.block_chunk_last[b]; k++) {
@@ -387,7 +324,7 @@ void pt_cs_chunk_norms(pt_store *st, cs_chunk *c, int from_acc) {
         int root = ms->lay.order[c->lc->first_param + j];
         if (!ms->root_tr[root]) continue;   /* frozen (byte params too): no gradient */
         const pt_param_v1 *p = &st->env.model->params[root];
-        uint64_t off = ms->lay.param_offset[root], n = pt_param_numel(p);
+        uint64_t off = ms->lay.param_offset[root], n = pt_store_param_numel(p);
         double sq = 0;
         if (from_acc) {
             /* the state offset of a param = region state offset + (off - region offset) / es */
@@ -421,7 +358,7 @@ static void chunk_accumulate(cs_chunk *c, int first) {
         float *acc = c->h_gacc + c->reg_state[r];
         const char *src = (const char *)c->h_gstage + g->offset;
         uint64_t n = g->bytes / pt_dtype_size(g->dtype);
-        if (first) pt_cvt(acc, PT_F32, src, g->dtype, (size_t)n);
+        if (first) pt_cpu_cvt(acc, PT_F32, src, g->dtype, (size_t)n);
         else
             for (uint64_t e = 0; e < n; e++) acc[e] += pt_load_elem(src, g->dtype, (size_t)e);
     }
@@ -592,7 +529,7 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     return PT_OK;
 }
 
-int pt_ms_release(pt_store *st, int32_t b, int backward, char *err, size_t errlen) {
+int pt_cs_release(pt_store *st, int32_t b, int backward, char *err, size_t errlen) {
     pt_store *ms = st;
     if (!ms->n_offloaded || ms->lay.block_chunk_first[b] < 0) return PT_OK;
     for (int k = ms->lay.block_chunk_first[b]; k <= ms->lay.block_chunk_last[b]; k++) {

@@ -101,7 +101,7 @@ static void *full_from_init(pt_store *st, cs_chunk *c) {
         int root = st->lay.order[c->lc->first_param + j];
         const pt_param_v1 *p = &st->env.model->params[root];
         memcpy(full + st->lay.param_offset[root], p->init,
-               (size_t)(pt_param_numel(p) * pt_dtype_size(p->dtype)));
+               (size_t)(pt_store_param_numel(p) * pt_dtype_size(p->dtype)));
     }
     return full;
 }
@@ -131,7 +131,7 @@ void pt_sh_init_values(pt_store *st, cs_chunk *c) {
         int root = st->lay.order[c->lc->first_param + j];
         const pt_param_v1 *p = &st->env.model->params[root];
         uint64_t off = st->lay.param_offset[root], es = pt_dtype_size(p->dtype);
-        uint64_t n = pt_param_numel(p);
+        uint64_t n = pt_store_param_numel(p);
         for (int r = 0; r < c->lc->n_regions; r++) {
             const pt_chunk_region *g = &c->lc->regions[r];
             const cs_shreg *q = &c->sh->r[r];
@@ -255,7 +255,7 @@ void pt_sh_norms(pt_store *st, cs_chunk *c, int from_acc) {
     for (int j = 0; j < c->lc->n_params; j++) {
         int root = st->lay.order[c->lc->first_param + j];
         uint64_t off = st->lay.param_offset[root];
-        uint64_t n = pt_param_numel(&st->env.model->params[root]);
+        uint64_t n = pt_store_param_numel(&st->env.model->params[root]);
         double sq = 0;
         for (int r = 0; r < c->lc->n_regions; r++) {
             const pt_chunk_region *g = &c->lc->regions[r];

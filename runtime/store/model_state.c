@@ -17,7 +17,7 @@
 #include "store_internal.h"
 
 
-uint64_t pt_param_numel(const pt_param_v1 *p) {
+uint64_t pt_store_param_numel(const pt_param_v1 *p) {
     uint64_t n = 1;
     for (int d = 0; d < p->ndim; d++) n *= (uint64_t)p->shape[d];
     return n;
@@ -60,7 +60,7 @@ int pt_store_validate(const pt_model_v1 *m, char *err, size_t errlen) {
                     "param", i, nm, p->tie);
             }
             const pt_param_v1 *t = &m->params[p->tie];
-            if (pt_param_numel(t) != pt_param_numel(p) || t->dtype != p->dtype) {
+            if (pt_store_param_numel(t) != pt_store_param_numel(p) || t->dtype != p->dtype) {
                 return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' is tied to '%s' but their sizes or dtypes "
                     "differ", i, nm, t->name ? t->name : "(unnamed)");
             }
@@ -99,11 +99,11 @@ static int choose_layout(pt_store *st, char *err, size_t errlen) {
     uint64_t S = st->env.cfg->chunk_size;
     pt_chunk_size_choice choice;
     if (!rc && !S) {
-        rc = pt_chunk_size_choose(lp, m->n_params, m->n_blocks, &choice, err, errlen);
+        rc = pt_layout_chunk_size_choose(lp, m->n_params, m->n_blocks, &choice, err, errlen);
         if (!rc) {
             S = choice.chosen;
             char tab[4096];
-            pt_chunk_size_table(&choice, tab, sizeof tab);
+            pt_layout_chunk_size_table(&choice, tab, sizeof tab);
             PT_LOGD(st->env.lg, "chunk size candidates:");
             pt_log_text(st->env.lg, PT_LOG_DEBUG, tab);
         }
@@ -172,7 +172,7 @@ static int upload_initial(pt_store *st, char *err, size_t errlen) {
         const pt_param_v1 *p = &m->params[i];
         cs_chunk *c = &ms->ch[ms->lay.param_chunk[i]];
         uint64_t off = ms->lay.param_offset[i];
-        size_t bytes = (size_t)(pt_param_numel(p) * pt_dtype_size(p->dtype));
+        size_t bytes = (size_t)(pt_store_param_numel(p) * pt_dtype_size(p->dtype));
         if (c->sh) continue;   /* below, chunk by chunk */
         if (c->persistent) {
             char e[256];
@@ -330,8 +330,8 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
     uint64_t n_el = 0, n_tr = 0;
     for (int i = 0; i < m->n_params; i++)
         if (ms->root[i] == i) {
-            n_el += pt_param_numel(&m->params[i]);
-            if (m->params[i].trainable) n_tr += pt_param_numel(&m->params[i]);
+            n_el += pt_store_param_numel(&m->params[i]);
+            if (m->params[i].trainable) n_tr += pt_store_param_numel(&m->params[i]);
         }
     PT_LOGI(st->env.lg, "model: %d params (%llu elements, %llu trainable), %d blocks", m->n_params,
             (unsigned long long)n_el, (unsigned long long)n_tr, m->n_blocks);
@@ -376,7 +376,7 @@ int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
             for (int r = 0; c->has16 && r < c->lc->n_regions; r++) {
                 const pt_chunk_region *g = &c->lc->regions[r];
                 if (c->reg_state[r] == UINT64_MAX || g->dtype == PT_F32) continue;
-                pt_cvt(c->h_master + c->reg_state[r], PT_F32, (char *)c->h_param + g->offset,
+                pt_cpu_cvt(c->h_master + c->reg_state[r], PT_F32, (char *)c->h_param + g->offset,
                        g->dtype, g->bytes / 2);
             }
             continue;

@@ -54,7 +54,7 @@ static int device_norms(pt_store *st, char *err, size_t errlen) {
         if (ms->root[i] != i || !m->params[i].grad) continue;
         cs_chunk *c = &ms->ch[ms->lay.param_chunk[i]];
         if (!c->persistent) continue;
-        uint64_t n = pt_param_numel(&m->params[i]);
+        uint64_t n = pt_store_param_numel(&m->params[i]);
         rc = OPS(st)->sqnorm(IMPL(st), (char *)c->d_grad + ms->lay.param_offset[i],
                              m->params[i].dtype, (size_t)n, ms->norm_dev + i, st->env.s_compute);
     }
@@ -73,7 +73,7 @@ static int device_norms(pt_store *st, char *err, size_t errlen) {
     return PT_OK;
 }
 
-pt_adamw_args pt_cs_adamw_args(const pt_store *st, cs_chunk *c, uint64_t s, size_t n, float lr,
+pt_adamw_args pt_store_adamw_args(const pt_store *st, cs_chunk *c, uint64_t s, size_t n, float lr,
                                 float gs) {
     const pt_optim_state *o = st->env.opt;
     pt_adamw_args a;

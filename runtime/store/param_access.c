@@ -16,7 +16,7 @@ int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, 
     }
     int root = ms->root[index];
     const pt_param_v1 *p = &st->env.model->params[root];
-    uint64_t need = pt_param_numel(p) * pt_dtype_size(p->dtype);
+    uint64_t need = pt_store_param_numel(p) * pt_dtype_size(p->dtype);
     if (bytes != need) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "read_param: param %d holds %llu bytes, caller passed %llu", index,
             (unsigned long long)need, (unsigned long long)bytes);
@@ -79,7 +79,7 @@ int pt_store_param_part(pt_store *st, int32_t index, pt_store_part *out, char *e
     int root = st->root[index];
     cs_chunk *c = &st->ch[st->lay.param_chunk[root]];
     const pt_param_v1 *q = &st->env.model->params[root];
-    uint64_t n = pt_param_numel(q);
+    uint64_t n = pt_store_param_numel(q);
     if (!c->sh) {
         out->len = n;
         return pt_store_param_home(st, index, &out->p, &out->on_device, err, errlen);
@@ -116,7 +116,7 @@ int pt_store_param_parts(const pt_store *st, int32_t index, size_t *lo, size_t *
     if (!c->sh) return -1;
     const pt_param_v1 *q = &st->env.model->params[root];
     uint64_t off = st->lay.param_offset[root], es = pt_dtype_size(q->dtype);
-    uint64_t n = pt_param_numel(q);
+    uint64_t n = pt_store_param_numel(q);
     for (int r = 0; r < c->lc->n_regions; r++) {
         const pt_chunk_region *g = &c->lc->regions[r];
         if (off < g->offset || off >= g->offset + g->bytes) continue;

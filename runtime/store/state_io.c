@@ -155,7 +155,7 @@ static int walk(pt_store *st, unsigned char *img, size_t *size, int mode, char *
         const pt_param_v1 *p = &m->params[i];
         uint32_t nl = (uint32_t)strlen(p->name ? p->name : "");
         uint32_t dt = (uint32_t)p->dtype, tr = (uint32_t)ms->root_tr[i];
-        uint64_t n = pt_param_numel(p), off, s;
+        uint64_t n = pt_store_param_numel(p), off, s;
         cs_chunk *c = locate(st, i, &off, &s);
         size_t db = (size_t)(n * pt_dtype_size(p->dtype)), fb = (size_t)n * 4;
         if (mode == W_SAVE) {
@@ -278,7 +278,7 @@ int pt_store_snapshot(pt_store *st, pt_state_image *img, char *err, size_t errle
      * every rank snapshots at the same point), so the image is the same per
      * parameter image a single rank writes */
     if (st->shard && (rc = pt_sh_views_open(st, 1, err, errlen))) {
-        pt_state_image_free(img);
+        pt_store_image_free(img);
         return rc;
     }
     /* and the optimizer kind's own state of split chunks' params (REKLS: from
@@ -286,13 +286,13 @@ int pt_store_snapshot(pt_store *st, pt_state_image *img, char *err, size_t errle
     if (st->shard && st->opt_ready && st->ok->views_open &&
         (rc = st->ok->views_open(st, 1, err, errlen))) {
         pt_sh_views_close(st, 0);
-        pt_state_image_free(img);
+        pt_store_image_free(img);
         return rc;
     }
     rc = walk(st, img->data, &n, W_SAVE, err, errlen);
     if (st->shard && st->ok->views_close) st->ok->views_close(st, 0);
     if (st->shard) pt_sh_views_close(st, 0);
-    if (rc) pt_state_image_free(img);
+    if (rc) pt_store_image_free(img);
     return rc;
 }
 
@@ -337,7 +337,7 @@ int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t 
     return PT_OK;
 }
 
-void pt_state_image_free(pt_state_image *img) {
+void pt_store_image_free(pt_state_image *img) {
     free(img->data);
     img->data = NULL;
     img->bytes = 0;
@@ -431,7 +431,7 @@ int pt_store_save(pt_store *st, const char *dir, char *err, size_t errlen) {
     if (fd < 0) {
         rc = pt_fail(err, errlen, PT_ERR_IO, "save_state: cannot create %s: %s", tmp,
                      strerror(errno));
-        pt_state_image_free(&img);
+        pt_store_image_free(&img);
         return rc;
     }
     const unsigned char *parts[2] = {(const unsigned char *)&h, img.data};
@@ -449,7 +449,7 @@ int pt_store_save(pt_store *st, const char *dir, char *err, size_t errlen) {
         rc = pt_fail(err, errlen, PT_ERR_IO, "save_state: fsync of %s failed: %s", tmp, strerror(errno));
     }
     close(fd);
-    pt_state_image_free(&img);
+    pt_store_image_free(&img);
     if (!rc && rename(tmp, path)) {
         rc = pt_fail(err, errlen, PT_ERR_IO, "save_state: rename %s -> %s failed: %s", tmp, path, strerror(errno));
     }
@@ -560,7 +560,7 @@ int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
         img.has_opt = 1;
         rc = pt_store_restore(st, &img, err, errlen);
     }
-    pt_state_image_free(&img);
+    pt_store_image_free(&img);
     if (!rc) {
         warn_hparams(st, &h, path);
         PT_LOGI(st->env.lg, "state loaded from %s (step %lld; saved by rank %u of %u, this is "

@@ -97,7 +97,7 @@ typedef struct pt_store pt_store;
 
 /* Checks a model descriptor (names, dtypes, shapes, blocks, ties). */
 int pt_store_validate(const pt_model_v1 *m, char *err, size_t errlen);
-uint64_t pt_param_numel(const pt_param_v1 *p);   /* product of the shape */
+uint64_t pt_store_param_numel(const pt_param_v1 *p);   /* product of the shape */
 /* A hash of everything that shapes the layout and the profile (cache key). */
 uint64_t pt_store_arch_hash(const pt_model_v1 *m, const pt_config *cfg);
 
@@ -137,8 +137,8 @@ void pt_store_set_profiling(pt_store *st, int on);
 int pt_store_set_lr(pt_store *st, float lr);
 
 /* Host services. */
-int pt_store_arena(pt_store *st, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen);
-int pt_store_arena_get(pt_store *st, int32_t b, void **ptr, char *err, size_t errlen);
+int pt_acts_arena(pt_store *st, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen);
+int pt_acts_arena_get(pt_store *st, int32_t b, void **ptr, char *err, size_t errlen);
 int pt_store_is_arena(const pt_store *st, const void *ptr);   /* block index, or -1 */
 uint64_t pt_store_arena_bytes(const pt_store *st, int32_t b); /* device bytes held now */
 int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, char *err,
@@ -218,7 +218,7 @@ typedef struct pt_state_image {
 } pt_state_image;
 int pt_store_snapshot(pt_store *st, pt_state_image *img, char *err, size_t errlen);
 int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t errlen);
-void pt_state_image_free(pt_state_image *img);
+void pt_store_image_free(pt_state_image *img);
 /* <dir>/protrain_state_rank<r>.bin, written atomically (temp, fsync, rename);
  * load checks magic, version, size, checksum and every parameter's name, dtype
  * and size before it changes anything. */

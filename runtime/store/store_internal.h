@@ -239,12 +239,12 @@ int pt_cs_wait_task(pt_store *st, cs_chunk *c, const char *hook, char *err, size
 /* Device AdamW arguments for n state elements of chunk c at state offset s:
  * moments, hyper-parameters, bias corrections of step t+1 and grad scale gs
  * (param, grad and param_out are the caller's). */
-pt_adamw_args pt_cs_adamw_args(const pt_store *st, cs_chunk *c, uint64_t s, size_t n, float lr,
+pt_adamw_args pt_store_adamw_args(const pt_store *st, cs_chunk *c, uint64_t s, size_t n, float lr,
                                float gs);
 int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen);
 void pt_cs_fini_runtime(pt_store *st);
 void pt_cs_set_pointers(pt_store *st, cs_chunk *c, void *param_base, void *grad_base);
-int pt_ms_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen);
+int pt_cs_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen);
 /* Tensor parallel ([dist] tp_size > 1): the group size, else 1 (dist_grad.c). */
 int pt_cs_tp_size(const pt_store *st);
 
@@ -266,7 +266,7 @@ int pt_cs_dist_drain(pt_store *st, char *err, size_t errlen);
 /* Drops every started all-reduce (teardown, or a step abandoned between its
  * backward and optimizer_step: the group is broken then) and the events. */
 void pt_cs_dist_fini(pt_store *st);
-int pt_ms_release(pt_store *st, int32_t b, int backward, char *err, size_t errlen);
+int pt_cs_release(pt_store *st, int32_t b, int backward, char *err, size_t errlen);
 
 /* dist_shard.c — mode C. Geometry of chunk c's parts (after reg_state is set for the
  * unsharded layout; rewrites reg_state and n_state for the parts). */

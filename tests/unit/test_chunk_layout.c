@@ -569,7 +569,7 @@ static void test_size_least_waste(void **st) {
     }
     pt_chunk_size_choice c;
     char err[256] = "";
-    assert_int_equal(pt_chunk_size_choose(p, 48, 24, &c, err, sizeof err), PT_OK);
+    assert_int_equal(pt_layout_chunk_size_choose(p, 48, 24, &c, err, sizeof err), PT_OK);
     assert_int_equal(c.n_cand, 3);
     assert_true(c.cand[0].size == 4 * KiB && c.cand[0].n_chunks == 48 && c.cand[0].waste == 69 * KiB);
     assert_true(c.cand[1].size == 8 * KiB && c.cand[1].n_chunks == 24 && c.cand[1].waste == 69 * KiB);
@@ -577,7 +577,7 @@ static void test_size_least_waste(void **st) {
     assert_int_equal(c.min_chunks, 8);
     assert_true(c.chosen == 16 * KiB);
     char buf[1024];
-    size_t len = pt_chunk_size_table(&c, buf, sizeof buf);
+    size_t len = pt_layout_chunk_size_table(&c, buf, sizeof buf);
     assert_true(len < sizeof buf && len == strlen(buf));
     assert_non_null(strstr(buf, "* 16 KiB"));
     assert_non_null(strstr(buf, "69 KiB"));
@@ -596,7 +596,7 @@ static void test_size_tie_smaller(void **st) {
         p[3 * b + 2] = P(2 * KiB, PT_BF16, b, -1);
     }
     pt_chunk_size_choice c;
-    assert_int_equal(pt_chunk_size_choose(p, 48, 16, &c, NULL, 0), PT_OK);
+    assert_int_equal(pt_layout_chunk_size_choose(p, 48, 16, &c, NULL, 0), PT_OK);
     assert_int_equal(c.n_cand, 3);
     assert_true(c.cand[0].waste == 62 * KiB);
     assert_true(c.cand[1].waste == 0 && c.cand[2].waste == 0);
@@ -613,7 +613,7 @@ static void test_size_min_chunks(void **st) {
     pt_layout_param p[6];
     for (int i = 0; i < 6; i++) p[i] = P(3 * KiB, PT_F32, i / 3, i);
     pt_chunk_size_choice c;
-    assert_int_equal(pt_chunk_size_choose(p, 6, 2, &c, NULL, 0), PT_OK);
+    assert_int_equal(pt_layout_chunk_size_choose(p, 6, 2, &c, NULL, 0), PT_OK);
     assert_int_equal(c.n_cand, 4);
     uint64_t want[4] = { 5 * KiB, 9 * KiB, 7 * KiB, 0 };
     for (int i = 0; i < 4; i++) assert_true(c.cand[i].waste == want[i]);
@@ -639,7 +639,7 @@ static void test_size_scales(void **st) {
     }
     p[n++] = P(250 * MiB, PT_BF16, -1, -1);
     pt_chunk_size_choice c;
-    assert_int_equal(pt_chunk_size_choose(p, NP, NB, &c, NULL, 0), PT_OK);
+    assert_int_equal(pt_layout_chunk_size_choose(p, NP, NB, &c, NULL, 0), PT_OK);
     assert_true(c.lo == 128 * MiB);           /* pow2ceil(86 MiB) */
     assert_true(c.hi == 1024 * MiB);          /* 2 * pow2ceil(386 MiB) */
     /* Only the 250 MiB embeddings can be oversize, and only below 256 MiB. */

@@ -409,7 +409,7 @@ static void test_adam_invalid_args(void **st) {
     a.g_dtype = PT_U8;
     assert_int_equal(pt_cpu_adam_step(NULL, &a, NULL, err, sizeof err), PT_ERR_INVALID_ARG);
     assert_non_null(strstr(err, "g_dtype 3"));
-    assert_int_equal(pt_cvt(p, PT_F32, g, PT_U8, 4), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_cpu_cvt(p, PT_F32, g, PT_U8, 4), PT_ERR_INVALID_ARG);
     a.g_dtype = PT_F32;
     a.out = p;
     a.out = NULL;
@@ -471,7 +471,7 @@ static void mixed_vs_fp32(int dt, double rel_bound) {
     pt_pool *pool = mk_pool(2);
     for (int t = 1; t <= T; t++) {
         for (size_t i = 0; i < n; i++) g32[i] = rsign() * unif(0.01f, 1.0f);
-        assert_int_equal(pt_cvt(g16, dt, g32, PT_F32, n), PT_OK);
+        assert_int_equal(pt_cpu_cvt(g16, dt, g32, PT_F32, n), PT_OK);
         float bc1, bc2r;
         pt_adamw_bias(0.9f, 0.999f, t, &bc1, &bc2r);
         pt_adamw_consts c = pt_adamw_make_consts(lr, 0.9f, 0.999f, 1e-8f, wd, bc1, bc2r, gs);
@@ -547,8 +547,8 @@ static void test_cvt_exhaustive_16bit(void **st) {
     for (int isa = 0; isa <= (int)pt_cpu_adam_isa_best(); isa++) {
         assert_int_equal(pt_cpu_adam_set_isa((pt_cpu_isa)isa, NULL, 0), PT_OK);
         /* bf16 */
-        pt_cvt_bf16_to_f32(f, h, 65536);
-        pt_cvt_f32_to_bf16(back, f, 65536);
+        pt_cpu_cvt_bf16_to_f32(f, h, 65536);
+        pt_cpu_cvt_f32_to_bf16(back, f, 65536);
         for (uint32_t i = 0; i < 65536; i++) {
             assert_int_equal(bits(f[i]), bits(pt_bf16_to_f32(h[i])));
             assert_int_equal(bits(f[i]), i << 16);
@@ -557,8 +557,8 @@ static void test_cvt_exhaustive_16bit(void **st) {
             assert_int_equal(back[i], nan ? (i | 0x40) : i);
         }
         /* fp16 */
-        pt_cvt_f16_to_f32(f, h, 65536);
-        pt_cvt_f32_to_f16(back, f, 65536);
+        pt_cpu_cvt_f16_to_f32(f, h, 65536);
+        pt_cpu_cvt_f32_to_f16(back, f, 65536);
         for (uint32_t i = 0; i < 65536; i++) {
             assert_int_equal(bits(f[i]), bits(pt_f16_to_f32(h[i])));
             int nan = ((i & 0x7c00) == 0x7c00) && (i & 0x3ff);
@@ -595,8 +595,8 @@ static void test_cvt_f32_to_16_sweep(void **st) {
             f[hi * NL + k] = from_bits(hi << 16 | (k >= NL - 2 ? (uint32_t)(rnd() & 0xffff) : lows[k]));
     for (int isa = 0; isa <= (int)pt_cpu_adam_isa_best(); isa++) {
         assert_int_equal(pt_cpu_adam_set_isa((pt_cpu_isa)isa, NULL, 0), PT_OK);
-        pt_cvt_f32_to_bf16(b, f, n);
-        pt_cvt_f32_to_f16(h, f, n);
+        pt_cpu_cvt_f32_to_bf16(b, f, n);
+        pt_cpu_cvt_f32_to_f16(h, f, n);
         for (size_t i = 0; i < n; i++) {
             assert_int_equal(b[i], pt_f32_to_bf16(f[i]));
             assert_int_equal(h[i], pt_f32_to_f16(f[i]));
@@ -622,7 +622,7 @@ static void test_cvt_f32_to_16_sweep(void **st) {
     free(f), free(b), free(h);
 }
 
-/* pt_cvt between every dtype pair agrees with the scalar bodies. */
+/* pt_cpu_cvt between every dtype pair agrees with the scalar bodies. */
 static void test_cvt_generic(void **st) {
     (void)st;
     rng_state = 7;
@@ -633,8 +633,8 @@ static void test_cvt_generic(void **st) {
     for (size_t i = 0; i < n; i++) src[i] = grad_value();
     for (int sdt = 0; sdt < 3; sdt++)
         for (int ddt = 0; ddt < 3; ddt++) {
-            assert_int_equal(pt_cvt(mid, sdt, src, PT_F32, n), PT_OK);
-            assert_int_equal(pt_cvt(d1, ddt, mid, sdt, n), PT_OK);
+            assert_int_equal(pt_cpu_cvt(mid, sdt, src, PT_F32, n), PT_OK);
+            assert_int_equal(pt_cpu_cvt(d1, ddt, mid, sdt, n), PT_OK);
             for (size_t i = 0; i < n; i += 1) {
                 float x = pt_load_elem(mid, sdt, i);
                 float y = pt_load_elem(d1, ddt, i);
@@ -643,9 +643,9 @@ static void test_cvt_generic(void **st) {
                 assert_int_equal(got, want);
             }
         }
-    assert_int_equal(pt_cvt(d1, 5, src, PT_F32, n), PT_ERR_INVALID_ARG);
-    assert_int_equal(pt_cvt(d1, PT_F32, src, -1, n), PT_ERR_INVALID_ARG);
-    assert_int_equal(pt_cvt(NULL, PT_F32, src, PT_BF16, n), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_cpu_cvt(d1, 5, src, PT_F32, n), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_cpu_cvt(d1, PT_F32, src, -1, n), PT_ERR_INVALID_ARG);
+    assert_int_equal(pt_cpu_cvt(NULL, PT_F32, src, PT_BF16, n), PT_ERR_INVALID_ARG);
     free(src), free(mid), free(d1);
 }
 

@@ -69,7 +69,7 @@ static void replay_prefetch(replay *r, int b, uint64_t *up) {
     }
 }
 
-/* pt_ms_gather(): claim prefetched chunks, lease the others (a miss is a
+/* pt_cs_gather(): claim prefetched chunks, lease the others (a miss is a
  * synchronous upload), then prefetch the next block in this direction. */
 static void replay_gather(replay *r, int b, int backward, uint64_t *sync, uint64_t *pre) {
     const pt_trace *t = r->t;
