@@ -118,6 +118,14 @@ class Adapter:
         self.inputs = [None] * self.L
         self.rng = [None] * self.L
         self.pending_load = None
+        # activation modes (_acts: COPY, REF, META) per block under the current
+        # plan, learned on the plan's first training pass (see _learn_modes)
+        self.act_modes = [_acts.COPY] * self.L
+        self.plan_sig = None
+        self.learning = False
+        self.swap_seen = 0
+        self.swapped = [False] * self.L
+        self.recomputed = [False] * self.L
         # test switches for the negative controls (never set in normal use):
         # close a block at its first accumulated gradient; keep the forward's
         # parameter views through backward instead of rebinding at each hook;
@@ -262,11 +270,13 @@ class Adapter:
                     self.lr_set = float(self.optimizer.param_groups[0]["lr"])
                     self.call("set_lr", self.lr_set)
                 self.micro += 1
+                self._check_plan()
             else:
                 self.call("pre_step", self.step, -1, 0)
             self.training_pass = training
         else:
             self.training_pass = True
+            self.learning = False
         self._bind(self.nonblock, grads=self.training_pass)
         self.in_pass = True
         self.next_fwd = 0
@@ -300,6 +310,34 @@ class Adapter:
                     "forward runs under torch.no_grad())")
             self._finish_backward()
 
+    # ---- activation modes under the plan ----
+    def _check_plan(self):
+        """At each training pass: has the plan changed since the modes were learned?
+
+        The ABI says how many blocks are SWAP and CKPT but not which; the
+        adapter learns it from what the plugin does on the first training pass
+        under a plan, with every block in COPY mode (correct under any mode): a
+        block whose block_post_forward raised swap_bytes is SWAP, one the
+        plugin recomputed is CKPT, the rest are NONE. The plan can change while
+        training (the plugin re-plans after calibration; load_state restores a
+        saved plan): its counts and predictions, compared here, change with it,
+        and the modes are learned again. A checkpointed block taken for NONE
+        only costs memory (see _recompute); a NONE or SWAP block taken for CKPT
+        would lose its activations, and block_pre_backward refuses that.
+        On cuda every block copies: torch's own tensors are plugin memory there
+        (the allocator shim), so keeping them besides the arena would count the
+        block's activations twice against the plan."""
+        if self.device is not None:
+            return
+        s = self.ctx.stats()
+        sig = (s.n_persist, s.n_buffer, s.n_swap, s.n_checkpoint, s.n_chunk, s.pred_peak,
+               s.pred_iter_s, s.mode)
+        self.learning = sig != self.plan_sig
+        if self.learning:
+            self.plan_sig = sig
+            self.act_modes = [_acts.COPY] * self.L
+            self.swap_seen = s.swap_bytes
+
     # ---- block forward ----
     def block_pre_forward(self, b, module, args, kwargs):
         if self.recomputing is not None or not self.in_pass:
@@ -321,8 +359,10 @@ class Adapter:
         self.call("block_pre_forward", b)
         self._bind(self.block_params[b], grads=False)
         if self.training_pass:
-            self.acts[b].begin()
+            self.acts[b].begin(_acts.COPY if self.profiling else self.act_modes[b])
+            self.recomputed[b] = False
             self.inputs[b] = (args, kwargs)
+            self._bound_ptrs(b)
             self.rng[b] = self._rng_state()
         self.cur_fwd = b
         return None
@@ -343,12 +383,19 @@ class Adapter:
         self.call("activation_arena", b, max(nbytes, _acts.ALIGN), C.byref(ptr))
         acts.store(ptr.value)
         self.call("block_post_forward", b)
+        if self.learning:
+            # a SWAP block's arena starts its copy to pinned memory in
+            # block_post_forward, which the cumulative swap_bytes counter shows
+            sb = self.ctx.stats().swap_bytes
+            self.swapped[b] = sb > self.swap_seen
+            self.swap_seen = sb
         if not self.skip_rebind:
             self._unbind(self.block_params[b])
         return None
 
     # ---- saved tensors ----
     cur_fwd = None
+    param_ptrs = {}
 
     def _param_ref(self, t, b):
         for i in (self.block_params[b] if b is not None else ()):
@@ -363,18 +410,43 @@ class Adapter:
     def _pack(self, t):
         if self.recomputing is not None:
             b = self.recomputing
-            if self._param_ref(t, b) is None:
+            if self._param_ref(t, b) is None and \
+                    t.untyped_storage().data_ptr() not in self.param_ptrs:
                 self.acts[b].refill_one(t)
             return None
         b = self.cur_fwd
         if b is None or self._param_ref(t, b) is not None:
             return t
-        return self.acts[b].add(t)
+        i = self.param_ptrs.get(t.untyped_storage().data_ptr())
+        if i is not None:
+            return _acts.ParamView(i, t)
+        acts = self.acts[b]
+        if acts.mode is _acts.REF:
+            acts.add(t, copy=False)
+            return t
+        return acts.add(t, copy=acts.mode is _acts.COPY)
 
     def _unpack(self, h):
         if isinstance(h, _acts.Handle):
             return self.acts[h.block].view(h)
+        if isinstance(h, _acts.ParamView):
+            blk = self.infos[h.index].block
+            ptr = self.params[h.index].data
+            if ptr is None or (blk >= 0 and blk != self.bw_open):
+                raise RuntimeError(
+                    "protrain: a saved view of %s (block %d) was used outside its backward "
+                    "window (between block_pre_backward and block_post_backward)"
+                    % (self.infos[h.index].name, blk))
+            return h.view(ptr)
         return h
+
+    def _bound_ptrs(self, b):
+        """Address -> parameter index for the parameters bound in block b's window
+        (its own and the non-block ones): a saved tensor on one of these storages
+        is a view of that parameter."""
+        self.param_ptrs = {self.params[i].data: i for i in self.block_params[b]}
+        self.param_ptrs.update((self.params[i].data, i) for i in self.nonblock)
+        self.param_ptrs.pop(None, None)
 
     # ---- block backward ----
     def _end_of_backward(self):
@@ -388,8 +460,12 @@ class Adapter:
         if self.in_pass and self.training_pass:
             self._advance_backward(-1)
             self.in_pass = False
+            self.learning = False
 
     def _post_backward(self, b):
+        if self.learning:
+            self.act_modes[b] = _acts.COPY if self.swapped[b] else (
+                _acts.META if self.recomputed[b] else _acts.REF)
         self.acts[b].base = None
         self.call("block_post_backward", b)
         self._unbind(self.block_params[b])
@@ -419,6 +495,11 @@ class Adapter:
         self._advance_backward(b)
         self.call("block_pre_backward", b)
         self.bw_open = b
+        if self.acts[b].mode is _acts.META and not self.recomputed[b]:
+            raise RuntimeError(
+                "protrain: block %d was checkpointed under the plan its forward ran with (its "
+                "saved tensors were dropped), but block_pre_backward(%d) did not recompute it: "
+                "the plan changed between the forward and the backward" % (b, b))
         if not self.skip_rebind:
             self._bind(self.block_params[b], grads=True)
         else:   # negative control: backward reads the addresses its forward had
@@ -473,12 +554,19 @@ class Adapter:
     def _recompute(self, b):
         if self.inputs[b] is None:
             raise RuntimeError("protrain: recompute_block(%d) without a saved input" % b)
+        self.recomputed[b] = True
+        if self.acts[b].mode is _acts.REF:
+            # the plan checkpoints a block the adapter took for NONE: autograd
+            # still holds the tensors it kept (only memory is lost), the copied
+            # ones are refilled below; learn the modes again at the next pass
+            self.plan_sig = None
         args, kwargs = self.inputs[b]
         ptr = C.c_void_p()
         self.call("activation_arena_get", b, C.byref(ptr))
         acts = self.acts[b]
         acts.base, acts.refill = ptr.value, 0
         self._bind(self.block_params[b], grads=False)
+        self._bound_ptrs(b)
         self.recomputing = b
         try:
             with torch.random.fork_rng(devices=self._rng_devices()), torch.enable_grad(), \
