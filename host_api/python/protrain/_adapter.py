@@ -61,6 +61,26 @@ def _launcher_rank():
     return 0, 1, 0
 
 
+def _batch_shape(args, kwargs):
+    """(batch, sequence) of a forward's inputs: the first two dimensions of
+    input_ids, else inputs_embeds, else the first positional tensor; None when
+    none of them is a tensor of 2 or more dimensions."""
+    t = kwargs.get("input_ids")
+    if not isinstance(t, torch.Tensor):
+        t = kwargs.get("inputs_embeds")
+    if not isinstance(t, torch.Tensor) and args:
+        t = args[0]
+    if isinstance(t, torch.Tensor) and t.dim() >= 2:
+        return int(t.shape[0]), int(t.shape[1])
+    return None
+
+
+def _shape_text(shape):
+    if shape is None:
+        return "a batch without a 2-D input_ids / inputs_embeds tensor"
+    return "batch %d x sequence %d" % shape
+
+
 def _backward_scalar(out):
     loss = getattr(out, "loss", None)
     if isinstance(loss, torch.Tensor) and loss.requires_grad:
@@ -118,6 +138,7 @@ class Adapter:
         self.inputs = [None] * self.L
         self.rng = [None] * self.L
         self.pending_load = None
+        self.shape = None            # (batch, sequence) the plan was profiled for
         # activation modes (_acts: COPY, REF, META) per block under the current
         # plan, learned on the plan's first training pass (see _learn_modes)
         self.act_modes = [_acts.COPY] * self.L
@@ -204,11 +225,8 @@ class Adapter:
         m.n_params = len(self.infos)
         m.params = C.cast(self.params, C.POINTER(A.pt_param_v1))
         m.n_blocks = self.L
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if isinstance(ids, torch.Tensor) and ids.dim() >= 2:
-            m.batch, m.seq = ids.shape[0], ids.shape[1]
-        else:
-            m.batch, m.seq = 1, 1
+        self.shape = _batch_shape(args, kwargs)
+        m.batch, m.seq = self.shape if self.shape is not None else (1, 1)
         self._arch = ("torch:%s:%s" % (type(self.model).__name__, getattr(
             getattr(self.model, "config", None), "model_type", "?"))).encode()
         m.arch = self._arch
@@ -258,6 +276,7 @@ class Adapter:
             self._check_previous_pass()
             training = torch.is_grad_enabled()
             if training:
+                self._check_shape(args, kwargs)
                 if self.micro >= self.grad_accum:
                     raise RuntimeError(
                         "protrain: forward pass %d of a step with grad_accum = %d; call "
@@ -300,6 +319,21 @@ class Adapter:
                 self.loss_sum += float(loss.detach())
                 self.loss_n += 1
         return out
+
+    def _check_shape(self, args, kwargs):
+        """The plan (chunk buffers, activation modes, the predicted peak and
+        times) was searched on the profile of the first forward's batch; the
+        ABI has no hook to profile and plan again, so a training batch of
+        another shape would run on a plan measured for other activation sizes.
+        Evaluation passes are not checked: they ask for no arena."""
+        shape = _batch_shape(args, kwargs)
+        if shape != self.shape:
+            raise RuntimeError(
+                "protrain: this training batch is %s, but the plan was profiled and made for %s "
+                "(the first forward's); the plugin has no hook to profile and plan again, and a "
+                "plan is only valid for the activation sizes it measured: keep the shape (pad or "
+                "pack to the profiled length, drop a short last batch), or wrap the model again "
+                "for the new shape" % (_shape_text(shape), _shape_text(self.shape)))
 
     def _check_previous_pass(self):
         if self.in_pass and self.training_pass:
