@@ -27,6 +27,7 @@ create_optimizer to the first forward and profiles with that forward's inputs
 (profile_step runs one forward and a backward of the output: the loss when the
 model returns one, else the sum of the first output).
 """
+import contextlib
 import ctypes as C
 import os
 
@@ -137,6 +138,7 @@ class Adapter:
         self.acts = [_acts.BlockActs(b) for b in range(self.L)]
         self.inputs = [None] * self.L
         self.rng = [None] * self.L
+        self.amp = [None] * self.L
         self.pending_load = None
         self.shape = None            # (batch, sequence) the plan was profiled for
         # activation modes (_acts: COPY, REF, META) per block under the current
@@ -398,6 +400,7 @@ class Adapter:
             self.inputs[b] = (args, kwargs)
             self._bound_ptrs(b)
             self.rng[b] = self._rng_state()
+            self.amp[b] = self._autocast_state()
         self.cur_fwd = b
         return None
 
@@ -505,6 +508,7 @@ class Adapter:
         self._unbind(self.block_params[b])
         self.inputs[b] = None
         self.rng[b] = None
+        self.amp[b] = None
 
     def _advance_backward(self, b):
         """Close every block above b: the open one gets block_post_backward, one
@@ -574,6 +578,15 @@ class Adapter:
         if st[1] is not None:
             torch.cuda.set_rng_state(st[1], self.device)
 
+    def _autocast_state(self):
+        """Autocast as a block's forward ran (per device type, and the cast
+        cache), for its recompute: the recompute runs inside the backward,
+        where the forward's autocast region has usually been left, and must
+        compute in the dtypes the forward did."""
+        devs = ("cpu",) if self.device is None else ("cpu", self.device.type)
+        return ([(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devs],
+                torch.is_autocast_cache_enabled())
+
     def _check_stream(self):
         """On cuda the plugin orders its work against the stream it was given at
         init; kernels on another stream would race with its copies and frees."""
@@ -602,9 +615,16 @@ class Adapter:
         self._bind(self.block_params[b], grads=False)
         self._bound_ptrs(b)
         self.recomputing = b
+        amp, cache = self.amp[b]
         try:
-            with torch.random.fork_rng(devices=self._rng_devices()), torch.enable_grad(), \
-                    torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            with contextlib.ExitStack() as ctx:
+                ctx.enter_context(torch.random.fork_rng(devices=self._rng_devices()))
+                ctx.enter_context(torch.enable_grad())
+                ctx.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack,
+                                                                           self._unpack))
+                for dev, on, dtype in amp:
+                    ctx.enter_context(torch.autocast(dev, dtype=dtype, enabled=on,
+                                                     cache_enabled=cache))
                 self._set_rng_state(self.rng[b])
                 self.blocks[b].forward(*args, **kwargs)
         finally:
