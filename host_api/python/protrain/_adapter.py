@@ -25,7 +25,9 @@ Planning: the plugin profiles inside post_model_load through profile_step,
 which needs a real batch; the adapter therefore defers post_model_load and
 create_optimizer to the first forward and profiles with that forward's inputs
 (profile_step runs one forward and a backward of the output: the loss when the
-model returns one, else the sum of the first output).
+model returns one, else the sum of the first output). The plan is made for
+that batch's shape, and the ABI has no hook to plan again: a training batch of
+another shape is refused (_check_shape).
 """
 import contextlib
 import ctypes as C
@@ -351,8 +353,10 @@ class Adapter:
         """At each training pass: has the plan changed since the modes were learned?
 
         The ABI says how many blocks are SWAP and CKPT but not which; the
-        adapter learns it from what the plugin does on the first training pass
-        under a plan, with every block in COPY mode (correct under any mode): a
+        adapter learns it (unless the counts leave no choice: no SWAP and no
+        CKPT block, or all of them one mode) from what the plugin does on the
+        first training pass under a plan, with every block in COPY mode
+        (correct under any mode): a
         block whose block_post_forward raised swap_bytes is SWAP, one the
         plugin recomputed is CKPT, the rest are NONE. The plan can change while
         training (the plugin re-plans after calibration; load_state restores a
@@ -371,8 +375,14 @@ class Adapter:
         self.learning = sig != self.plan_sig
         if self.learning:
             self.plan_sig = sig
-            self.act_modes = [_acts.COPY] * self.L
             self.swap_seen = s.swap_bytes
+            # counts that leave no choice need no learning pass
+            ns, nc, n = s.n_swap, s.n_checkpoint, self.L
+            uniform = _acts.REF if ns == 0 and nc == 0 else (
+                _acts.META if nc == n else _acts.COPY if ns == n else None)
+            if uniform is not None:
+                self.learning = False
+            self.act_modes = [uniform or _acts.COPY] * n
 
     # ---- block forward ----
     def block_pre_forward(self, b, module, args, kwargs):
