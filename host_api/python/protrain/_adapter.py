@@ -144,7 +144,7 @@ class Adapter:
         self.pending_load = None
         self.shape = None            # (batch, sequence) the plan was profiled for
         # activation modes (_acts: COPY, REF, META) per block under the current
-        # plan, learned on the plan's first training pass (see _learn_modes)
+        # plan, from the plan's counts or its first training pass (_check_plan)
         self.act_modes = [_acts.COPY] * self.L
         self.plan_sig = None
         self.learning = False
@@ -352,16 +352,15 @@ class Adapter:
     def _check_plan(self):
         """At each training pass: has the plan changed since the modes were learned?
 
-        The ABI says how many blocks are SWAP and CKPT but not which; the
-        adapter learns it (unless the counts leave no choice: no SWAP and no
-        CKPT block, or all of them one mode) from what the plugin does on the
-        first training pass under a plan, with every block in COPY mode
-        (correct under any mode): a
-        block whose block_post_forward raised swap_bytes is SWAP, one the
-        plugin recomputed is CKPT, the rest are NONE. The plan can change while
-        training (the plugin re-plans after calibration; load_state restores a
-        saved plan): its counts and predictions, compared here, change with it,
-        and the modes are learned again. A checkpointed block taken for NONE
+        The ABI says how many blocks are SWAP and CKPT but not which. Unless
+        the counts leave no choice (no SWAP and no CKPT block, or every block
+        one mode), the adapter learns it from what the plugin does on the first
+        training pass under a plan, with every block in COPY mode (correct
+        under any mode): a block whose block_post_forward raised swap_bytes is
+        SWAP, one the plugin recomputed is CKPT, the rest are NONE. The plan
+        can change while training (the plugin re-plans after calibration;
+        load_state restores a saved plan): its counts and predictions, compared
+        here, change with it, and the modes are learned again. A checkpointed block taken for NONE
         only costs memory (see _recompute); a NONE or SWAP block taken for CKPT
         would lose its activations, and block_pre_backward refuses that.
         On cuda every block copies: torch's own tensors are plugin memory there

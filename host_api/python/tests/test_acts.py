@@ -1,6 +1,6 @@
-"""Saved activations by activation mode (protrain/_acts.py): the adapter learns
-each block's mode on the plan's first training pass and from then on copies
-only what the plan moves. The numbers are the oracle's (test_oracle.py runs the
+"""Saved activations by activation mode (protrain/_acts.py): the adapter takes
+each block's mode from the plan's counts, or learns it on the plan's first
+training pass when the counts mix modes, and copies only what the plan moves. The numbers are the oracle's (test_oracle.py runs the
 same configurations against plain PyTorch); here: which mode each block got,
 that nothing is copied where nothing moves, and that the adapter refuses to
 run on modes the plan no longer has."""
@@ -34,9 +34,9 @@ def _copied_bytes(m):
 
 @pytest.mark.parametrize("case", list(EXPECT))
 def test_modes_follow_the_plan(case, ini, plugin_path):
-    """NONE blocks keep autograd's tensors (nothing copied after the first
-    pass), CKPT blocks keep only the layout, SWAP blocks copy; the oracle
-    holds in each."""
+    """NONE blocks keep autograd's tensors, CKPT blocks keep only the layout
+    (neither copies), SWAP blocks copy; a mixed plan copies every block on its
+    learning pass only; the oracle holds in each."""
     text, want_mode = EXPECT[case]
     counter = {}
 
