@@ -28,8 +28,11 @@ behaviour on the first training pass of a plan):
       would cost a pass over every saved byte per block per step.
   META (a CKPT block): the plugin frees the arena at block_post_forward and
       recomputes it before the block's backward, so the forward's tensors are
-      dropped at once (only their layout is kept) and the recompute writes each
-      one at its offset; unpacking views the recomputed arena.
+      dropped at once (only their layout is kept). The recompute's tensors are
+      checked against that layout and kept until the block's
+      block_post_backward, which unpacking returns; the arena the plugin
+      allocated for the recompute does not move within the backward window, so
+      as for REF nothing needs copying into it.
 """
 import torch
 
@@ -90,6 +93,7 @@ class BlockActs:
         self.total = 0
         self.base = None         # arena address, valid in the backward window
         self.refill = None       # next index while a recompute refills the arena
+        self.kept = []           # META: the recompute's tensors, in layout order
 
     def begin(self, mode=COPY):
         self.gen += 1
@@ -99,6 +103,7 @@ class BlockActs:
         self.total = 0
         self.base = None
         self.refill = None
+        self.kept = []
 
     def add(self, t, copy=True):
         """Lay out one saved tensor at the next offset; keep it for the copy when asked."""
@@ -136,6 +141,12 @@ class BlockActs:
             raise RuntimeError(
                 "protrain: block %d's saved activations were used outside its backward window "
                 "(between block_pre_backward and block_post_backward)" % self.block)
+        if self.mode is META:
+            if len(self.kept) != len(self.layout):
+                raise RuntimeError(
+                    "protrain: block %d is checkpointed, but its saved tensors were used before "
+                    "its recompute" % self.block)
+            return self.kept[h.index]
         off, dtype, shape, stride, span = self.layout[h.index]
         if span == 0:
             return _mem.empty(shape, dtype)
@@ -154,6 +165,8 @@ class BlockActs:
             raise RuntimeError(
                 "protrain: the recompute of block %d saved tensor %d as %s %s, its forward saved "
                 "%s %s" % (self.block, i, t.dtype, tuple(t.shape), dtype, shape))
-        if span:
+        if self.mode is META:
+            self.kept.append(t)
+        elif span:
             _mem.strided(self.base + off, dtype, span, shape, stride).copy_(t)
         self.refill = i + 1

@@ -513,6 +513,7 @@ class Adapter:
             self.act_modes[b] = _acts.COPY if self.swapped[b] else (
                 _acts.META if self.recomputed[b] else _acts.REF)
         self.acts[b].base = None
+        self.acts[b].kept = []
         self.call("block_post_backward", b)
         self._unbind(self.block_params[b])
         self.inputs[b] = None
@@ -620,7 +621,7 @@ class Adapter:
         ptr = C.c_void_p()
         self.call("activation_arena_get", b, C.byref(ptr))
         acts = self.acts[b]
-        acts.base, acts.refill = ptr.value, 0
+        acts.base, acts.refill, acts.kept = ptr.value, 0, []
         self._bind(self.block_params[b], grads=False)
         self._bound_ptrs(b)
         self.recomputing = b

@@ -57,6 +57,8 @@ def test_modes_follow_the_plan(case, ini, plugin_path):
             assert copied >= oracle.STEPS * per_pass // 2
         else:
             assert copied == 0
+        # a recompute's tensors are let go with the block's backward window
+        assert all(a.kept == [] for a in ad.acts)
     else:
         assert (s.n_swap, s.n_checkpoint) == (1, 1)
         assert ad.act_modes.count(_acts.COPY) == 1 and ad.act_modes.count(_acts.META) == 1
