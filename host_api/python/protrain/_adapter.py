@@ -442,26 +442,22 @@ class Adapter:
     # ---- saved tensors ----
     cur_fwd = None
     param_ptrs = {}
+    param_ids = frozenset()
 
-    def _param_ref(self, t, b):
-        for i in (self.block_params[b] if b is not None else ()):
-            p = self.infos[i].param
-            if t is p:
-                return p
-        for i in self.nonblock:
-            if t is self.infos[i].param:
-                return t
-        return None
+    def _is_param(self, t):
+        """t is one of the parameters bound in the current window (the set is
+        _bound_ptrs's, rebuilt at each block's forward and recompute)."""
+        return id(t) in self.param_ids
 
     def _pack(self, t):
         if self.recomputing is not None:
             b = self.recomputing
-            if self._param_ref(t, b) is None and \
+            if not self._is_param(t) and \
                     t.untyped_storage().data_ptr() not in self.param_ptrs:
                 self.acts[b].refill_one(t)
             return None
         b = self.cur_fwd
-        if b is None or self._param_ref(t, b) is not None:
+        if b is None or self._is_param(t):
             return t
         i = self.param_ptrs.get(t.untyped_storage().data_ptr())
         if i is not None:
@@ -473,6 +469,8 @@ class Adapter:
         return acts.add(t, copy=acts.mode is _acts.COPY)
 
     def _unpack(self, h):
+        if isinstance(h, torch.Tensor):
+            return h
         if isinstance(h, _acts.Handle):
             return self.acts[h.block].view(h)
         if isinstance(h, _acts.ParamView):
@@ -493,6 +491,8 @@ class Adapter:
         self.param_ptrs = {self.params[i].data: i for i in self.block_params[b]}
         self.param_ptrs.update((self.params[i].data, i) for i in self.nonblock)
         self.param_ptrs.pop(None, None)
+        self.param_ids = {id(self.infos[i].param) for i in self.block_params[b]}
+        self.param_ids.update(id(self.infos[i].param) for i in self.nonblock)
 
     # ---- block backward ----
     def _end_of_backward(self):
