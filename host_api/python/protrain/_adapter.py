@@ -614,8 +614,9 @@ class Adapter:
         self.recomputed[b] = True
         if self.acts[b].mode is _acts.REF:
             # the plan checkpoints a block the adapter took for NONE: autograd
-            # still holds the tensors it kept (only memory is lost), the copied
-            # ones are refilled below; learn the modes again at the next pass
+            # still holds the forward's tensors and backward reads those (only
+            # memory is lost; the recompute below writes an arena nobody
+            # reads); learn the modes again at the next pass
             self.plan_sig = None
         args, kwargs = self.inputs[b]
         ptr = C.c_void_p()
