@@ -1,26 +1,45 @@
 """Activations a block saves for backward, kept in the plugin's arena.
 
 During block b's forward a saved-tensors hook collects every tensor autograd
-saves (the block's own parameters excepted: they are returned as they are, and
-their .data is rebound at each window, so backward sees the plugin's copy).
-At the block's forward post-hook the collected tensors are laid out one after
-another (64-byte aligned, each with its own shape and strides), the arena is
-asked for exactly that many bytes and the tensors are copied in; the torch
-copies are then dropped. Asking at the end of the block, not before it, means
-the arena always fits the batch that ran: a batch of another shape asks for
-another size (what the plugin does with a size it did not profile is its own
-rule; the adapter never guesses a size).
+saves, parameters excepted: a parameter is returned as it is (its .data is
+rebound at each window, so backward sees the plugin's copy), and a view of a
+parameter's storage (linear layers save weight.t()) becomes a ParamView,
+which unpacking re-makes at the address the parameter has in the backward
+window (the plugin may have moved the chunk; the values are the same, as
+nothing steps the weights between a forward and its backward).
+Each collected tensor gets an offset (64-byte aligned, each with its own shape
+and strides; an expanded view is laid out densely), and at the block's forward
+post-hook the arena is asked for exactly that many bytes: a batch of another
+shape asks for another size (the adapter refuses a training batch whose shape
+differs from the profiled one, see _adapter.py).
 
-A handle (block, generation, index) stands for each saved tensor. Unpacking
-reads the arena address the plugin gave after block_pre_backward(b) (it may have
-moved the arena to pinned memory and back, SWAP, or freed and recomputed it,
-CKPT) and views the tensor at its offset.
+What happens to the tensors themselves depends on the block's activation mode
+under the plan (BlockActs.mode, learned by the adapter from the plugin's own
+behaviour on the first training pass of a plan):
+  COPY (mode not known yet, a SWAP block, and always on cuda): the tensors are
+      copied into the arena and the torch copies dropped; a handle stands for
+      each one, and unpacking views it at the address activation_arena_get
+      gives after block_pre_backward(b) (SWAP moves the arena to pinned memory
+      and back, so only what is in the arena survives).
+  REF (a NONE block, host backend): the arena stays where it is from the
+      forward to the backward, so nothing needs to move: autograd keeps the
+      tensors as in plain PyTorch and the arena is only asked for (the plugin's
+      accounting and plan still see the block's activation bytes). The copy
+      would cost a pass over every saved byte per block per step.
+  META (a CKPT block): the plugin frees the arena at block_post_forward and
+      recomputes it before the block's backward, so the forward's tensors are
+      dropped at once (only their layout is kept). The recompute's tensors are
+      checked against that layout and kept until the block's
+      block_post_backward, which unpacking returns; the arena the plugin
+      allocated for the recompute does not move within the backward window, so
+      as for REF nothing needs copying into it.
 """
 import torch
 
 from . import _mem
 
 ALIGN = 64
+COPY, REF, META = None, "ref", "meta"
 
 
 def _span(shape, stride):
@@ -33,11 +52,33 @@ def _span(shape, stride):
     return n
 
 
+def _dense_stride(shape):
+    st, out = 1, []
+    for s in reversed(shape):
+        out.append(st)
+        st *= max(s, 1)
+    return tuple(reversed(out))
+
+
 class Handle:
     __slots__ = ("block", "gen", "index")
 
     def __init__(self, block, gen, index):
         self.block, self.gen, self.index = block, gen, index
+
+
+class ParamView:
+    """A saved tensor that views parameter `index`'s storage at byte `off`."""
+    __slots__ = ("index", "off", "dtype", "shape", "stride", "span")
+
+    def __init__(self, index, t):
+        self.index, self.dtype = index, t.dtype
+        self.off = t.storage_offset() * t.dtype.itemsize
+        self.shape, self.stride = tuple(t.shape), tuple(t.stride())
+        self.span = _span(self.shape, self.stride)
+
+    def view(self, ptr):
+        return _mem.strided(ptr + self.off, self.dtype, self.span, self.shape, self.stride)
 
 
 class BlockActs:
@@ -46,42 +87,46 @@ class BlockActs:
     def __init__(self, block):
         self.block = block
         self.gen = 0
-        self.pending = []        # tensors collected during the forward
+        self.mode = COPY
+        self.pending = []        # (layout index, tensor) to copy into the arena
         self.layout = []         # (offset, dtype, shape, stride, span)
         self.total = 0
         self.base = None         # arena address, valid in the backward window
         self.refill = None       # next index while a recompute refills the arena
+        self.kept = []           # META: the recompute's tensors, in layout order
 
-    def begin(self):
+    def begin(self, mode=COPY):
         self.gen += 1
+        self.mode = mode
         self.pending = []
         self.layout = []
         self.total = 0
         self.base = None
         self.refill = None
+        self.kept = []
 
-    def add(self, t):
-        self.pending.append(t)
-        return Handle(self.block, self.gen, len(self.pending) - 1)
+    def add(self, t, copy=True):
+        """Lay out one saved tensor at the next offset; keep it for the copy when asked."""
+        shape = tuple(t.shape)
+        if torch._debug_has_internal_overlap(t) != 0:
+            stride = _dense_stride(shape)     # expanded views: store the values densely
+        else:
+            stride = tuple(t.stride())
+        span = _span(shape, stride)
+        self.layout.append((self.total, t.dtype, shape, stride, span))
+        self.total += (span * t.dtype.itemsize + ALIGN - 1) // ALIGN * ALIGN
+        if copy:
+            self.pending.append((len(self.layout) - 1, t))
+        return Handle(self.block, self.gen, len(self.layout) - 1)
 
     def plan(self):
-        """Offsets of the collected tensors; returns the arena bytes needed."""
-        off = 0
-        self.layout = []
-        for i, t in enumerate(self.pending):
-            if torch._debug_has_internal_overlap(t) != 0:
-                t = t.contiguous()            # expanded views: store the values densely
-                self.pending[i] = t
-            shape, stride = tuple(t.shape), tuple(t.stride())
-            span = _span(shape, stride)
-            self.layout.append((off, t.dtype, shape, stride, span))
-            off += (span * t.dtype.itemsize + ALIGN - 1) // ALIGN * ALIGN
-        self.total = off
-        return off
+        """The arena bytes the collected tensors need."""
+        return self.total
 
     def store(self, base):
         """Copy the collected tensors into the arena at base; drop the torch copies."""
-        for t, (off, dtype, shape, stride, span) in zip(self.pending, self.layout):
+        for i, t in self.pending:
+            off, dtype, shape, stride, span = self.layout[i]
             if span:
                 _mem.strided(base + off, dtype, span, shape, stride).copy_(t)
         self.pending = []
@@ -96,6 +141,12 @@ class BlockActs:
             raise RuntimeError(
                 "protrain: block %d's saved activations were used outside its backward window "
                 "(between block_pre_backward and block_post_backward)" % self.block)
+        if self.mode is META:
+            if len(self.kept) != len(self.layout):
+                raise RuntimeError(
+                    "protrain: block %d is checkpointed, but its saved tensors were used before "
+                    "its recompute" % self.block)
+            return self.kept[h.index]
         off, dtype, shape, stride, span = self.layout[h.index]
         if span == 0:
             return _mem.empty(shape, dtype)
@@ -114,6 +165,8 @@ class BlockActs:
             raise RuntimeError(
                 "protrain: the recompute of block %d saved tensor %d as %s %s, its forward saved "
                 "%s %s" % (self.block, i, t.dtype, tuple(t.shape), dtype, shape))
-        if span:
+        if self.mode is META:
+            self.kept.append(t)
+        elif span:
             _mem.strided(self.base + off, dtype, span, shape, stride).copy_(t)
         self.refill = i + 1

@@ -25,8 +25,11 @@ Planning: the plugin profiles inside post_model_load through profile_step,
 which needs a real batch; the adapter therefore defers post_model_load and
 create_optimizer to the first forward and profiles with that forward's inputs
 (profile_step runs one forward and a backward of the output: the loss when the
-model returns one, else the sum of the first output).
+model returns one, else the sum of the first output). The plan is made for
+that batch's shape, and the ABI has no hook to plan again: a training batch of
+another shape is refused (_check_shape).
 """
+import contextlib
 import ctypes as C
 import os
 
@@ -59,6 +62,26 @@ def _launcher_rank():
         if r in env and w in env:
             return int(env[r]), int(env[w]), int(env.get(lr, env[r]))
     return 0, 1, 0
+
+
+def _batch_shape(args, kwargs):
+    """(batch, sequence) of a forward's inputs: the first two dimensions of
+    input_ids, else inputs_embeds, else the first positional tensor; None when
+    none of them is a tensor of 2 or more dimensions."""
+    t = kwargs.get("input_ids")
+    if not isinstance(t, torch.Tensor):
+        t = kwargs.get("inputs_embeds")
+    if not isinstance(t, torch.Tensor) and args:
+        t = args[0]
+    if isinstance(t, torch.Tensor) and t.dim() >= 2:
+        return int(t.shape[0]), int(t.shape[1])
+    return None
+
+
+def _shape_text(shape):
+    if shape is None:
+        return "a batch without a 2-D input_ids / inputs_embeds tensor"
+    return "batch %d x sequence %d" % shape
 
 
 def _backward_scalar(out):
@@ -117,7 +140,17 @@ class Adapter:
         self.acts = [_acts.BlockActs(b) for b in range(self.L)]
         self.inputs = [None] * self.L
         self.rng = [None] * self.L
+        self.amp = [None] * self.L
         self.pending_load = None
+        self.shape = None            # (batch, sequence) the plan was profiled for
+        # activation modes (_acts: COPY, REF, META) per block under the current
+        # plan, from the plan's counts or its first training pass (_check_plan)
+        self.act_modes = [_acts.COPY] * self.L
+        self.plan_sig = None
+        self.learning = False
+        self.swap_seen = 0
+        self.swapped = [False] * self.L
+        self.recomputed = [False] * self.L
         # test switches for the negative controls (never set in normal use):
         # close a block at its first accumulated gradient; keep the forward's
         # parameter views through backward instead of rebinding at each hook;
@@ -196,11 +229,8 @@ class Adapter:
         m.n_params = len(self.infos)
         m.params = C.cast(self.params, C.POINTER(A.pt_param_v1))
         m.n_blocks = self.L
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if isinstance(ids, torch.Tensor) and ids.dim() >= 2:
-            m.batch, m.seq = ids.shape[0], ids.shape[1]
-        else:
-            m.batch, m.seq = 1, 1
+        self.shape = _batch_shape(args, kwargs)
+        m.batch, m.seq = self.shape if self.shape is not None else (1, 1)
         self._arch = ("torch:%s:%s" % (type(self.model).__name__, getattr(
             getattr(self.model, "config", None), "model_type", "?"))).encode()
         m.arch = self._arch
@@ -250,6 +280,7 @@ class Adapter:
             self._check_previous_pass()
             training = torch.is_grad_enabled()
             if training:
+                self._check_shape(args, kwargs)
                 if self.micro >= self.grad_accum:
                     raise RuntimeError(
                         "protrain: forward pass %d of a step with grad_accum = %d; call "
@@ -262,11 +293,13 @@ class Adapter:
                     self.lr_set = float(self.optimizer.param_groups[0]["lr"])
                     self.call("set_lr", self.lr_set)
                 self.micro += 1
+                self._check_plan()
             else:
                 self.call("pre_step", self.step, -1, 0)
             self.training_pass = training
         else:
             self.training_pass = True
+            self.learning = False
         self._bind(self.nonblock, grads=self.training_pass)
         self.in_pass = True
         self.next_fwd = 0
@@ -291,6 +324,21 @@ class Adapter:
                 self.loss_n += 1
         return out
 
+    def _check_shape(self, args, kwargs):
+        """The plan (chunk buffers, activation modes, the predicted peak and
+        times) was searched on the profile of the first forward's batch; the
+        ABI has no hook to profile and plan again, so a training batch of
+        another shape would run on a plan measured for other activation sizes.
+        Evaluation passes are not checked: they ask for no arena."""
+        shape = _batch_shape(args, kwargs)
+        if shape != self.shape:
+            raise RuntimeError(
+                "protrain: this training batch is %s, but the plan was profiled and made for %s "
+                "(the first forward's); the plugin has no hook to profile and plan again, and a "
+                "plan is only valid for the activation sizes it measured: keep the shape (pad or "
+                "pack to the profiled length, drop a short last batch), or wrap the model again "
+                "for the new shape" % (_shape_text(shape), _shape_text(self.shape)))
+
     def _check_previous_pass(self):
         if self.in_pass and self.training_pass:
             if not self.bw_started:
@@ -299,6 +347,41 @@ class Adapter:
                     "its loss before the next forward or optimizer.step() (an evaluation "
                     "forward runs under torch.no_grad())")
             self._finish_backward()
+
+    # ---- activation modes under the plan ----
+    def _check_plan(self):
+        """At each training pass: has the plan changed since the modes were learned?
+
+        The ABI says how many blocks are SWAP and CKPT but not which. Unless
+        the counts leave no choice (no SWAP and no CKPT block, or every block
+        one mode), the adapter learns it from what the plugin does on the first
+        training pass under a plan, with every block in COPY mode (correct
+        under any mode): a block whose block_post_forward raised swap_bytes is
+        SWAP, one the plugin recomputed is CKPT, the rest are NONE. The plan
+        can change while training (the plugin re-plans after calibration;
+        load_state restores a saved plan): its counts and predictions, compared
+        here, change with it, and the modes are learned again. A checkpointed block taken for NONE
+        only costs memory (see _recompute); a NONE or SWAP block taken for CKPT
+        would lose its activations, and block_pre_backward refuses that.
+        On cuda every block copies: torch's own tensors are plugin memory there
+        (the allocator shim), so keeping them besides the arena would count the
+        block's activations twice against the plan."""
+        if self.device is not None:
+            return
+        s = self.ctx.stats()
+        sig = (s.n_persist, s.n_buffer, s.n_swap, s.n_checkpoint, s.n_chunk, s.pred_peak,
+               s.pred_iter_s, s.mode)
+        self.learning = sig != self.plan_sig
+        if self.learning:
+            self.plan_sig = sig
+            self.swap_seen = s.swap_bytes
+            # counts that leave no choice need no learning pass
+            ns, nc, n = s.n_swap, s.n_checkpoint, self.L
+            uniform = _acts.REF if ns == 0 and nc == 0 else (
+                _acts.META if nc == n else _acts.COPY if ns == n else None)
+            if uniform is not None:
+                self.learning = False
+            self.act_modes = [uniform or _acts.COPY] * n
 
     # ---- block forward ----
     def block_pre_forward(self, b, module, args, kwargs):
@@ -321,9 +404,12 @@ class Adapter:
         self.call("block_pre_forward", b)
         self._bind(self.block_params[b], grads=False)
         if self.training_pass:
-            self.acts[b].begin()
+            self.acts[b].begin(_acts.COPY if self.profiling else self.act_modes[b])
+            self.recomputed[b] = False
             self.inputs[b] = (args, kwargs)
+            self._bound_ptrs(b)
             self.rng[b] = self._rng_state()
+            self.amp[b] = self._autocast_state()
         self.cur_fwd = b
         return None
 
@@ -343,38 +429,70 @@ class Adapter:
         self.call("activation_arena", b, max(nbytes, _acts.ALIGN), C.byref(ptr))
         acts.store(ptr.value)
         self.call("block_post_forward", b)
+        if self.learning:
+            # a SWAP block's arena starts its copy to pinned memory in
+            # block_post_forward, which the cumulative swap_bytes counter shows
+            sb = self.ctx.stats().swap_bytes
+            self.swapped[b] = sb > self.swap_seen
+            self.swap_seen = sb
         if not self.skip_rebind:
             self._unbind(self.block_params[b])
         return None
 
     # ---- saved tensors ----
     cur_fwd = None
+    param_ptrs = {}
+    param_ids = frozenset()
 
-    def _param_ref(self, t, b):
-        for i in (self.block_params[b] if b is not None else ()):
-            p = self.infos[i].param
-            if t is p:
-                return p
-        for i in self.nonblock:
-            if t is self.infos[i].param:
-                return t
-        return None
+    def _is_param(self, t):
+        """t is one of the parameters bound in the current window (the set is
+        _bound_ptrs's, rebuilt at each block's forward and recompute)."""
+        return id(t) in self.param_ids
 
     def _pack(self, t):
         if self.recomputing is not None:
             b = self.recomputing
-            if self._param_ref(t, b) is None:
+            if not self._is_param(t) and \
+                    t.untyped_storage().data_ptr() not in self.param_ptrs:
                 self.acts[b].refill_one(t)
             return None
         b = self.cur_fwd
-        if b is None or self._param_ref(t, b) is not None:
+        if b is None or self._is_param(t):
             return t
-        return self.acts[b].add(t)
+        i = self.param_ptrs.get(t.untyped_storage().data_ptr())
+        if i is not None:
+            return _acts.ParamView(i, t)
+        acts = self.acts[b]
+        if acts.mode is _acts.REF:
+            acts.add(t, copy=False)
+            return t
+        return acts.add(t, copy=acts.mode is _acts.COPY)
 
     def _unpack(self, h):
+        if isinstance(h, torch.Tensor):
+            return h
         if isinstance(h, _acts.Handle):
             return self.acts[h.block].view(h)
+        if isinstance(h, _acts.ParamView):
+            blk = self.infos[h.index].block
+            ptr = self.params[h.index].data
+            if ptr is None or (blk >= 0 and blk != self.bw_open):
+                raise RuntimeError(
+                    "protrain: a saved view of %s (block %d) was used outside its backward "
+                    "window (between block_pre_backward and block_post_backward)"
+                    % (self.infos[h.index].name, blk))
+            return h.view(ptr)
         return h
+
+    def _bound_ptrs(self, b):
+        """Address -> parameter index for the parameters bound in block b's window
+        (its own and the non-block ones): a saved tensor on one of these storages
+        is a view of that parameter."""
+        self.param_ptrs = {self.params[i].data: i for i in self.block_params[b]}
+        self.param_ptrs.update((self.params[i].data, i) for i in self.nonblock)
+        self.param_ptrs.pop(None, None)
+        self.param_ids = {id(self.infos[i].param) for i in self.block_params[b]}
+        self.param_ids.update(id(self.infos[i].param) for i in self.nonblock)
 
     # ---- block backward ----
     def _end_of_backward(self):
@@ -388,13 +506,19 @@ class Adapter:
         if self.in_pass and self.training_pass:
             self._advance_backward(-1)
             self.in_pass = False
+            self.learning = False
 
     def _post_backward(self, b):
+        if self.learning:
+            self.act_modes[b] = _acts.COPY if self.swapped[b] else (
+                _acts.META if self.recomputed[b] else _acts.REF)
         self.acts[b].base = None
+        self.acts[b].kept = []
         self.call("block_post_backward", b)
         self._unbind(self.block_params[b])
         self.inputs[b] = None
         self.rng[b] = None
+        self.amp[b] = None
 
     def _advance_backward(self, b):
         """Close every block above b: the open one gets block_post_backward, one
@@ -419,6 +543,11 @@ class Adapter:
         self._advance_backward(b)
         self.call("block_pre_backward", b)
         self.bw_open = b
+        if self.acts[b].mode is _acts.META and not self.recomputed[b]:
+            raise RuntimeError(
+                "protrain: block %d was checkpointed under the plan its forward ran with (its "
+                "saved tensors were dropped), but block_pre_backward(%d) did not recompute it: "
+                "the plan changed between the forward and the backward" % (b, b))
         if not self.skip_rebind:
             self._bind(self.block_params[b], grads=True)
         else:   # negative control: backward reads the addresses its forward had
@@ -459,6 +588,15 @@ class Adapter:
         if st[1] is not None:
             torch.cuda.set_rng_state(st[1], self.device)
 
+    def _autocast_state(self):
+        """Autocast as a block's forward ran (per device type, and the cast
+        cache), for its recompute: the recompute runs inside the backward,
+        where the forward's autocast region has usually been left, and must
+        compute in the dtypes the forward did."""
+        devs = ("cpu",) if self.device is None else ("cpu", self.device.type)
+        return ([(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devs],
+                torch.is_autocast_cache_enabled())
+
     def _check_stream(self):
         """On cuda the plugin orders its work against the stream it was given at
         init; kernels on another stream would race with its copies and frees."""
@@ -473,16 +611,31 @@ class Adapter:
     def _recompute(self, b):
         if self.inputs[b] is None:
             raise RuntimeError("protrain: recompute_block(%d) without a saved input" % b)
+        self.recomputed[b] = True
+        if self.acts[b].mode is _acts.REF:
+            # the plan checkpoints a block the adapter took for NONE: autograd
+            # still holds the forward's tensors and backward reads those (only
+            # memory is lost; the recompute below writes an arena nobody
+            # reads); learn the modes again at the next pass
+            self.plan_sig = None
         args, kwargs = self.inputs[b]
         ptr = C.c_void_p()
         self.call("activation_arena_get", b, C.byref(ptr))
         acts = self.acts[b]
-        acts.base, acts.refill = ptr.value, 0
+        acts.base, acts.refill, acts.kept = ptr.value, 0, []
         self._bind(self.block_params[b], grads=False)
+        self._bound_ptrs(b)
         self.recomputing = b
+        amp, cache = self.amp[b]
         try:
-            with torch.random.fork_rng(devices=self._rng_devices()), torch.enable_grad(), \
-                    torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            with contextlib.ExitStack() as ctx:
+                ctx.enter_context(torch.random.fork_rng(devices=self._rng_devices()))
+                ctx.enter_context(torch.enable_grad())
+                ctx.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack,
+                                                                           self._unpack))
+                for dev, on, dtype in amp:
+                    ctx.enter_context(torch.autocast(dev, dtype=dtype, enabled=on,
+                                                     cache_enabled=cache))
                 self._set_rng_state(self.rng[b])
                 self.blocks[b].forward(*args, **kwargs)
         finally:

@@ -5,7 +5,7 @@ import torch
 
 import oracle
 import protrain.torch as ptt
-from test_oracle import STREAMED, check
+from test_oracle import CKPT, STREAMED, check
 
 
 class NoBlocks(torch.nn.Module):
@@ -100,10 +100,12 @@ def test_control_post_backward_at_the_last_gradient(ini, plugin_path):
     without waiting for the gradient to leave the block: Llama's RMSNorm weight
     gradient lands before the norm's remaining backward nodes, which still read
     the block's saved tensors, so the pass fails (GPT-2's LayerNorm computes all
-    its gradients in one node and would not show it)."""
+    its gradients in one node and would not show it). Every block CKPT, so the
+    saved tensors are read from the arena: a NONE block's stay autograd's,
+    which closing the window does not take away."""
     def setup(m):
         m._protrain.post_backward_at_count = True
-    msg = _fails("llama", ini(STREAMED), plugin_path, setup)
+    msg = _fails("llama", ini(CKPT), plugin_path, setup)
     assert msg is not None and "used outside its backward window" in msg
 
 
