@@ -435,58 +435,6 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
     return rc;
 }
 
-int pt_rt_explain_oom(pt_rt *rt, int rc, char *err, size_t errlen) {
-    uint64_t tags[PT_TAG_COUNT];
-    uint64_t need = pt_gpu_last_oom(rt->gpu, tags);
-    if (!rc || !need || !err || !errlen) return rc;
-    pt_gpu_usage u;
-    pt_gpu_usage_get(rt->gpu, &u);
-    const char *src = rt->kn.source ? rt->kn.source : "INI";
-    const char *plan = !strcmp(src, "bootstrap")
-        ? "the profiling plan (every chunk streamed through the minimal buffer pool, every "
-          "block checkpointed: the smallest plan there is)"
-        : !strcmp(src, "force_all_persistent") ? "force_all_persistent (everything resident)"
-                                               : "the plan in force";
-    const char *kind = "a lower bound: the failing request plus the bytes in use then";
-    /* everything resident: the model states' exact footprint is known from the
-     * store, plus whatever else was in use when the allocation failed */
-    if (rt->st && !strcmp(src, "force_all_persistent")) {
-        uint64_t states = 0;
-        for (int k = 0; k < pt_store_n_chunks(rt->st); k++) {
-            pt_store_chunk_info ci;
-            pt_store_chunk_info_get(rt->st, k, &ci);
-            states += ci.dev_bytes;
-        }
-        uint64_t other = 0;
-        for (int t = 0; t < PT_TAG_COUNT; t++)
-            if (t != PT_TAG_PARAM && t != PT_TAG_GRAD && t != PT_TAG_OPTIM) other += tags[t];
-        if (states + other > need) {
-            need = states + other;
-            kind = "parameters, gradients and optimizer state of every chunk, plus the other "
-                   "bytes in use then";
-        }
-    }
-    char held[512];
-    size_t o = 0;
-    held[0] = '\0';
-    for (int t = 0; t < PT_TAG_COUNT && o < sizeof held; t++) {
-        if (!tags[t]) continue;
-        int n = snprintf(held + o, sizeof held - o, "%s%s %.2f MiB", o ? ", " : "",
-                         pt_mem_tag_name(t), tags[t] / 1048576.0);
-        if (n < 0) break;
-        o += (size_t)n;
-    }
-    size_t len = strnlen(err, errlen);
-    if (len + 1 < errlen)
-        snprintf(err + len, errlen - len,
-                 "; the device (capacity %llu bytes, %.2f MiB) is too small for this model "
-                 "and batch under %s: it needs at least %llu bytes (%.2f MiB; %s); in use "
-                 "when it failed: %s",
-                 (unsigned long long)u.capacity, u.capacity / 1048576.0, plan,
-                 (unsigned long long)need, need / 1048576.0, kind, o ? held : "nothing");
-    return rc;
-}
-
 int pt_rt_pre_step(pt_rt *rt, char *err, size_t errlen) {
     if (rt->broken) {
         return pt_fail(err, errlen, rt->broken, "pre_step: the plugin lost its state in a failed re-plan (see the log)");
