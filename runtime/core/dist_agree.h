@@ -24,12 +24,15 @@
  *                    (lines prefixed "host.");
  *   post_model_load  block and parameter counts, batch, sequence, arch, and per
  *                    parameter its name, dtype, shape, block, trainable, tie and
- *                    tensor-parallel split; then, agreed, a tensor-parallel
- *                    group with no split parameter is refused (nothing would be
- *                    averaged across it);
+ *                    tensor-parallel split, then the FNV-1a 64 of each untied
+ *                    parameter's initial values (a tensor-parallel split one's
+ *                    among the ranks holding the same shard); then, agreed, a
+ *                    tensor-parallel group with no split parameter is refused
+ *                    (nothing would be averaged across it);
  *   create_optimizer the optimizer type and each hyper-parameter as it will be
- *                    resolved (the descriptor's value, else the INI's), and the
- *                    REKLS keys;
+ *                    resolved (the descriptor's value, else the INI's, and an
+ *                    auto beta2 or weight_decay as the number it stands for, so
+ *                    "auto" and that number agree), and the REKLS keys;
  *   first pre_step   n_micro of the first training step.
  * A rank that does not reach a stage makes the others fail at [dist] timeout
  * naming it (the collectives' deadline).
