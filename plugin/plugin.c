@@ -245,6 +245,7 @@ static int32_t h_init(const char *ini_path, const pt_host_v1 *host, void **out) 
         ctx_bury(c, "init failed");
         return rc;
     }
+    pt_agree_keep_fingerprint(c->rt);
     /* A transport named for one rank: no collective ever runs, so the setting
      * does nothing; say so rather than let it look as if it had been used. */
     if ((!host || host->world_size == 1) &&

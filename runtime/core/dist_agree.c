@@ -191,6 +191,14 @@ int pt_agree_check_fingerprint(const char *fp, char *err, size_t errlen) {
     return PT_OK;
 }
 
+void pt_agree_keep_fingerprint(pt_rt *rt) {
+    const int has = rt->host.struct_size >= offsetof(pt_host_v1, fingerprint) + sizeof(const char *);
+    if (!has || !rt->host.fingerprint) return;
+    /* at most PT_HOST_FINGERPRINT_MAX bytes: init refused a longer one */
+    snprintf(rt->fingerprint, sizeof rt->fingerprint, "%s", rt->host.fingerprint);
+    rt->host.fingerprint = rt->fingerprint;
+}
+
 static const char *tri(int v) { return v < 0 ? "auto" : v ? "on" : "off"; }
 
 /* The host's fingerprint, line by line, as host.<line>. */

@@ -59,6 +59,11 @@ int pt_agree_model(struct pt_rt *rt, const pt_model_v1 *m, char *err, size_t err
 int pt_agree_optim(struct pt_rt *rt, const pt_optim_v1 *d, char *err, size_t errlen);
 int pt_agree_micro(struct pt_rt *rt, int32_t n_micro, char *err, size_t errlen);
 
+/* Keeps a copy of the host's fingerprint in rt and points rt->host.fingerprint
+ * at it (the host's text need only live through init): the state files record
+ * the run identity its "run." lines give (runtime/store/state_io.c). */
+void pt_agree_keep_fingerprint(struct pt_rt *rt);
+
 /* The host fingerprint's checks at init (any world size): NULL is fine; text
  * longer than PT_HOST_FINGERPRINT_MAX is refused with a sentence. */
 int pt_agree_check_fingerprint(const char *fp, char *err, size_t errlen);
