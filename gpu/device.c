@@ -281,10 +281,16 @@ static int alloc(pt_gpu *g, size_t bytes, int tag, void **p, int flags, char *er
     }
     pt_blk *x = pt_ext_carve(&g->dev, size);
     if (x) x->ovf = 0;
-    if (!x && g->measuring && (flags & AL_RECORD) && (x = pt_ext_carve(&g->ovf, size))) {
-        /* measuring: the request lands past the capacity and is counted as if the
-         * device were that much larger, so setup goes on and its peak is known */
+    /* measuring: the request lands past the capacity and is counted as if the
+     * device were that much larger, so setup goes on and its peak is known. A
+     * host request larger than the whole capacity is refused as always: no
+     * device of this size holds it, and a host may rely on that refusal (a
+     * caching allocator that probes or falls back) */
+    int warn = 0;
+    if (!x && g->measuring && (flags & AL_RECORD) &&
+        (!(flags & AL_HOST) || size <= g->u.capacity) && (x = pt_ext_carve(&g->ovf, size))) {
         x->ovf = 1;
+        warn = !g->overflowed;
         g->overflowed = 1;
         if (g->u.capacity + x->off + x->size > g->ovf_peak)
             g->ovf_peak = g->u.capacity + x->off + x->size;
@@ -302,7 +308,15 @@ static int alloc(pt_gpu *g, size_t bytes, int tag, void **p, int flags, char *er
             g->oom_need = g->u.current + size;
             memcpy(g->oom_tags, g->u.tag_current, sizeof g->oom_tags);
         }
+        uint64_t atleast = g->u.current + size;
+        int whole = g->measuring && size > cap;
         pthread_mutex_unlock(&g->mu);
+        if (whole)   /* a host request refused while measuring (above) */
+            return pt_fail(err, errlen, PT_ERR_OOM,
+                           "device out of memory: tag %s needs %zu bytes, more than the whole "
+                           "capacity of %" PRIu64 ": the device needs at least %" PRIu64
+                           " bytes (this request plus the bytes in use)",
+                           pt_mem_tag_name(tag), bytes, cap, atleast);
         if (size == bytes)
             return pt_fail(err, errlen, PT_ERR_OOM,
                            "device out of memory: tag %s needs %zu bytes, %" PRIu64
@@ -329,7 +343,16 @@ static int alloc(pt_gpu *g, size_t bytes, int tag, void **p, int flags, char *er
     if (g->u.tag_current[tag] > g->u.tag_peak[tag]) g->u.tag_peak[tag] = g->u.tag_current[tag];
     g->u.n_allocs++;
     *p = pt_gpu_blk_addr(g, x);
+    uint64_t cur = g->u.current;
     pthread_mutex_unlock(&g->mu);
+    if (warn) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "device capacity of %" PRIu64 " bytes exceeded (tag %s, %zu "
+                 "bytes; %" PRIu64 " in use with it): the setup goes on past it only to measure "
+                 "what it needs, and post_model_load will fail naming that size",
+                 g->u.capacity, pt_mem_tag_name(tag), bytes, cur);
+        backend_log(g, PT_LOG_WARN, msg);
+    }
     return PT_OK;
 }
 

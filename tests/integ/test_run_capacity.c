@@ -148,7 +148,9 @@ static void test_pinned_one_round(void **st) {
  * the need (3 MiB), set device_capacity to the number the message says and the
  * run trains. Counts the runs as a user would (set it, run again) and asserts
  * 2: the refusal, then training. (Before the measuring setup this model took
- * one run per failing allocation.) */
+ * one run per failing allocation.) A host buffer larger than the whole
+ * capacity is refused at once, before the measurement, and costs a round of
+ * its own; this model's host buffers are all below 1 MiB. */
 static int rounds_from(const char *start, unsigned long long *said) {
     char cap[64], ini[256], path[256];
     snprintf(cap, sizeof cap, "%s", start);

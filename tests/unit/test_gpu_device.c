@@ -363,7 +363,8 @@ static void test_host_range(void **state) {
 
 /* Measuring (the plugin's setup on a device too small): a recorded allocation
  * past the capacity lands in the overflow range and is usable like any other
- * (range checks, frees); a caller's optional buffer does not; the size returned
+ * (range checks, frees); a caller's optional buffer does not, nor a host request
+ * larger than the whole capacity (a host may rely on that refusal); the size returned
  * is the highest end offset with the overflow counted right after the capacity. */
 static void test_measure_overflow(void **state) {
     (void)state;
@@ -376,6 +377,12 @@ static void test_measure_overflow(void **state) {
     assert_int_equal(pt_gpu_alloc_host(g, 768 * 1024, PT_TAG_ACT, &a, NULL, 0), PT_OK);
     assert_int_equal(pt_gpu_try_alloc(g, 768 * 1024, PT_TAG_SCRATCH, &c, NULL, 0), PT_ERR_OOM);
     assert_null(c);
+    /* a host request larger than the whole device: refused as always, naming
+     * the size it needs at least */
+    assert_int_equal(pt_gpu_alloc_host(g, 2 * MiB, PT_TAG_ACT, &c, why, sizeof why), PT_ERR_OOM);
+    assert_null(c);
+    assert_non_null(strstr(why, "more than the whole capacity"));
+    assert_non_null(strstr(why, "needs at least 2883584 bytes"));   /* 768 KiB + 2 MiB */
     assert_int_equal(pt_gpu_alloc_host(g, 768 * 1024, PT_TAG_ACT, &b, NULL, 0), PT_OK);
     assert_int_equal(pt_gpu_in_device(g, b, 768 * 1024), 1);
     assert_int_equal(pt_gpu_host_range(g, b, 768 * 1024, why, sizeof why), 1);
