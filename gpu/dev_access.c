@@ -23,9 +23,15 @@
 static const pt_blk *block_at(const pt_gpu *g, const void *p) {
     if (!g->base || !p) return NULL;
     uintptr_t a = (uintptr_t)p, lo = (uintptr_t)g->base;
-    if (a < lo || a - lo >= g->u.capacity) return NULL;
+    const pt_blk *x = g->dev.first;
+    if (a < lo || a - lo >= g->u.capacity) {
+        /* the overflow range of a measuring setup (device.c) */
+        lo = (uintptr_t)g->ovf_base;
+        if (!g->ovf_base || a < lo || a - lo >= g->ovf_size) return NULL;
+        x = g->ovf.first;
+    }
     uint64_t off = (uint64_t)(a - lo);
-    for (const pt_blk *x = g->dev.first; x; x = x->next)
+    for (; x; x = x->next)
         if (off >= x->off && off - x->off < x->size) return x;
     return NULL;
 }
@@ -57,12 +63,12 @@ void pt_gpu_describe_locked(const pt_gpu *g, const void *p, char *buf, size_t n)
                  "freed, or not device memory)");
         return;
     }
-    uint64_t into = (uint64_t)((uintptr_t)p - (uintptr_t)g->base) - x->off;
+    uint64_t into = (uint64_t)((uintptr_t)p - (uintptr_t)pt_gpu_blk_addr(g, x));
     const char *what = x->host ? "a dev_alloc block" : "the plugin's";
     const char *role = x->host ? "" : plugin_role(x->tag);
     if (into)
         snprintf(buf, n, "it lies %" PRIu64 " bytes into %s%s%s of %" PRIu64 " bytes at %p",
-                 into, what, x->host ? "" : " ", role, x->req, (void *)(g->base + x->off));
+                 into, what, x->host ? "" : " ", role, x->req, (void *)pt_gpu_blk_addr(g, x));
     else if (x->host)
         snprintf(buf, n, "it is a dev_alloc block of %" PRIu64 " bytes", x->req);
     else
@@ -81,16 +87,16 @@ int pt_gpu_host_range(const pt_gpu *g, const void *p, size_t bytes, char *why, s
     } else if (!host_reachable(x)) {
         snprintf(why, whylen, "lies in the plugin's %s (%" PRIu64 " bytes at %p), which the "
                  "host may not copy to or from", plugin_role(x->tag), x->req,
-                 (void *)(g->base + x->off));
+                 (void *)pt_gpu_blk_addr(g, x));
     } else {
-        uint64_t into = (uint64_t)((uintptr_t)p - (uintptr_t)g->base) - x->off;
+        uint64_t into = (uint64_t)((uintptr_t)p - (uintptr_t)pt_gpu_blk_addr(g, x));
         uint64_t room = into < x->req ? x->req - into : 0;
         ok = bytes <= room;
         if (!ok)
             snprintf(why, whylen, "runs past the end of its allocation: it starts %" PRIu64
                      " bytes into %s%s of %" PRIu64 " bytes at %p, so %" PRIu64 " bytes fit",
                      into, x->host ? "a dev_alloc block" : "the plugin's ",
-                     x->host ? "" : plugin_role(x->tag), x->req, (void *)(g->base + x->off),
+                     x->host ? "" : plugin_role(x->tag), x->req, (void *)pt_gpu_blk_addr(g, x),
                      room);
     }
     pthread_mutex_unlock(pt_gpu_mu(g));

@@ -191,6 +191,10 @@ void pt_gpu_close(pt_gpu *g) {
     }
     pt_gpu_pinned_close(g);
     pt_ext_destroy(&g->dev);
+    if (g->ovf_base) {
+        pt_ext_destroy(&g->ovf);
+        g->ops->dev_free(g->impl, g->ovf_base, (size_t)g->ovf_size);
+    }
     g->ops->dev_free(g->impl, g->base, (size_t)g->u.capacity);
     g->ops->close(g->impl);
     if (g->dl) dlclose(g->dl);
@@ -252,20 +256,43 @@ static int alloc(pt_gpu *g, size_t bytes, int tag, void **p, int flags, char *er
                        g->u.capacity);
     }
     pt_blk *x = pt_ext_carve(&g->dev, size);
-    if (x && pt_ptrmap_put(&g->live, (uintptr_t)(g->base + x->off), (uint64_t)(uintptr_t)x) != 0) {
-        pt_ext_release(&g->dev, x);
+    if (x) x->ovf = 0;
+    /* measuring: the request lands past the capacity and is counted as if the
+     * device were that much larger, so setup goes on and its peak is known. A
+     * host request larger than the whole capacity is refused as always: no
+     * device of this size holds it, and a host may rely on that refusal (a
+     * caching allocator that probes or falls back) */
+    int warn = 0;
+    if (!x && g->measuring && (flags & AL_RECORD) &&
+        (!(flags & AL_HOST) || size <= g->u.capacity) && (x = pt_ext_carve(&g->ovf, size))) {
+        x->ovf = 1;
+        warn = !g->overflowed;
+        g->overflowed = 1;
+        if (g->u.capacity + x->off + x->size > g->ovf_peak)
+            g->ovf_peak = g->u.capacity + x->off + x->size;
+    }
+    if (x && pt_ptrmap_put(&g->live, (uintptr_t)pt_gpu_blk_addr(g, x), (uint64_t)(uintptr_t)x) != 0) {
+        pt_ext_release(x->ovf ? &g->ovf : &g->dev, x);
         pthread_mutex_unlock(&g->mu);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM,
                        "pt_gpu_alloc: out of host memory for the allocation table");
     }
     if (!x) {
-        uint64_t cap = g->u.capacity, freeb = cap - g->u.current;
+        uint64_t cap = g->u.capacity, freeb = cap > g->u.current ? cap - g->u.current : 0;
         uint64_t largest = pt_ext_largest_free(&g->dev);
         if (flags & AL_RECORD) {
             g->oom_need = g->u.current + size;
             memcpy(g->oom_tags, g->u.tag_current, sizeof g->oom_tags);
         }
+        uint64_t atleast = g->u.current + size;
+        int whole = g->measuring && size > cap;
         pthread_mutex_unlock(&g->mu);
+        if (whole)   /* a host request refused while measuring (above) */
+            return pt_fail(err, errlen, PT_ERR_OOM,
+                           "device out of memory: tag %s needs %zu bytes, more than the whole "
+                           "capacity of %" PRIu64 ": the device needs at least %" PRIu64
+                           " bytes (this request plus the bytes in use)",
+                           pt_mem_tag_name(tag), bytes, cap, atleast);
         if (size == bytes)
             return pt_fail(err, errlen, PT_ERR_OOM,
                            "device out of memory: tag %s needs %zu bytes, %" PRIu64
@@ -282,7 +309,7 @@ static int alloc(pt_gpu *g, size_t bytes, int tag, void **p, int flags, char *er
     x->host = (flags & AL_HOST) != 0;
     g->u.current += x->size;
     g->u.req_current += bytes;
-    if (x->off + x->size > g->u.span_peak) g->u.span_peak = x->off + x->size;
+    if (!x->ovf && x->off + x->size > g->u.span_peak) g->u.span_peak = x->off + x->size;
     if (g->u.current > g->u.peak) {
         g->u.peak = g->u.current;
         g->u.peak_req = g->u.req_current;
@@ -291,8 +318,17 @@ static int alloc(pt_gpu *g, size_t bytes, int tag, void **p, int flags, char *er
     g->u.tag_current[tag] += x->size;
     if (g->u.tag_current[tag] > g->u.tag_peak[tag]) g->u.tag_peak[tag] = g->u.tag_current[tag];
     g->u.n_allocs++;
-    *p = g->base + x->off;
+    *p = pt_gpu_blk_addr(g, x);
+    uint64_t cur = g->u.current;
     pthread_mutex_unlock(&g->mu);
+    if (warn) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "device capacity of %" PRIu64 " bytes exceeded (tag %s, %zu "
+                 "bytes; %" PRIu64 " in use with it): the setup goes on past it only to measure "
+                 "what it needs, and post_model_load will fail naming that size",
+                 g->u.capacity, pt_mem_tag_name(tag), bytes, cur);
+        backend_log(g, PT_LOG_WARN, msg);
+    }
     return PT_OK;
 }
 
@@ -356,7 +392,7 @@ static int free_block(pt_gpu *g, void *p, pt_stream *s, int host_only, char *err
     g->u.current -= x->size;
     g->u.req_current -= x->req;
     g->u.tag_current[x->tag] -= x->size;
-    pt_ext_release(&g->dev, x);
+    pt_ext_release(x->ovf ? &g->ovf : &g->dev, x);
     pthread_mutex_unlock(&g->mu);
     return rc ? pt_fail(err, errlen, PT_ERR_BACKEND,
                         "pt_gpu_free: queueing the poison fill (memset) on the stream failed")
@@ -475,10 +511,63 @@ int pt_gpu_memcpy_sync(pt_gpu *g, void *dst, const void *src, size_t bytes, int 
                    g->ops->name, op);
 }
 
+static int in_range(const void *p, size_t bytes, const uint8_t *base, uint64_t size) {
+    uintptr_t a = (uintptr_t)p, lo = (uintptr_t)base, cap = (uintptr_t)size;
+    return base && a >= lo && a - lo <= cap && bytes <= cap - (a - lo);
+}
+
 int pt_gpu_in_device(const pt_gpu *g, const void *p, size_t bytes) {
     if (!g || !g->base || !p) return 0;
-    uintptr_t a = (uintptr_t)p, lo = (uintptr_t)g->base, cap = (uintptr_t)g->u.capacity;
-    return a >= lo && a - lo <= cap && bytes <= cap - (a - lo);
+    return in_range(p, bytes, g->base, g->u.capacity) ||
+           in_range(p, bytes, g->ovf_base, g->ovf_size);
+}
+
+/* The overflow range: address space only where the backend's memory is
+ * (the simulated device maps it lazily, MAP_NORESERVE), so untouched bytes
+ * cost nothing; at most half the machine's memory, so a model far past every
+ * capacity fails as before instead of exhausting the host. */
+int pt_gpu_measure_begin(pt_gpu *g) {
+    if (!g || strcmp(g->ops->name, "host")) return 0;
+    pthread_mutex_lock(&g->mu);
+    if (!g->ovf_base) {
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        uint64_t size = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / 2 : 0;
+        size -= size % PT_GPU_ALIGN;
+        void *b = NULL;
+        if (size && g->ops->dev_alloc(g->impl, (size_t)size, &b) == PT_OK && b) {
+            if (pt_ext_init(&g->ovf, size) == 0) {
+                g->ovf_base = b;
+                g->ovf_size = size;
+            } else {
+                g->ops->dev_free(g->impl, b, (size_t)size);
+            }
+        }
+    }
+    g->measuring = g->ovf_base != NULL;
+    g->overflowed = 0;
+    g->ovf_peak = 0;
+    int on = g->measuring;
+    pthread_mutex_unlock(&g->mu);
+    return on;
+}
+
+int pt_gpu_measuring(const pt_gpu *g) {
+    if (!g) return 0;
+    pthread_mutex_lock(pt_gpu_mu(g));
+    int on = g->measuring;
+    pthread_mutex_unlock(pt_gpu_mu(g));
+    return on;
+}
+
+uint64_t pt_gpu_measure_end(pt_gpu *g) {
+    if (!g) return 0;
+    pthread_mutex_lock(&g->mu);
+    uint64_t need = 0;
+    if (g->measuring && g->overflowed)
+        need = g->ovf_peak > g->u.span_peak ? g->ovf_peak : g->u.span_peak;
+    g->measuring = 0;
+    pthread_mutex_unlock(&g->mu);
+    return need;
 }
 
 uint64_t pt_gpu_last_oom(const pt_gpu *g, uint64_t tag_current[PT_TAG_COUNT]) {

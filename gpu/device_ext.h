@@ -94,6 +94,20 @@ size_t pt_gpu_live_pinned(const pt_gpu *g);
  * where a device address belongs. */
 int pt_gpu_in_device(const pt_gpu *g, const void *p, size_t bytes);
 
+/* Measuring a setup that does not fit. Between begin and end, a recorded
+ * allocation (not pt_gpu_try_alloc) that finds no room within the capacity
+ * is placed in an overflow range instead of failing, and counted in the usage
+ * as usual; pt_gpu_measure_end returns the device size the allocations since
+ * open needed (the highest end offset, the overflow range counted as lying
+ * right after the capacity), or 0 when nothing overflowed. Only where the
+ * backend can give address space beyond the device (the simulated device:
+ * begin returns 1); elsewhere begin returns 0 and allocations fail as always.
+ * Overflow blocks stay valid until freed. */
+int pt_gpu_measure_begin(pt_gpu *g);
+uint64_t pt_gpu_measure_end(pt_gpu *g);
+/* 1 between a pt_gpu_measure_begin that returned 1 and pt_gpu_measure_end. */
+int pt_gpu_measuring(const pt_gpu *g);
+
 /* What the last failed device allocation wanted: the capacity it would have
  * needed (bytes in use then + its rounded size) and the bytes in use per tag at
  * that moment. 0 when no allocation has failed since open. */

@@ -22,6 +22,14 @@ struct pt_gpu {
     uint64_t oom_need;         /* capacity the last failed allocation needed (0: none) */
     uint64_t oom_tags[PT_TAG_COUNT]; /* bytes in use per tag when it failed */
     pt_extents dev;            /* sub-allocation of the reservation */
+    /* measuring (pt_gpu_measure_begin): a second range past the capacity that
+     * recorded allocations spill into instead of failing; ovf_peak is the
+     * highest end offset used, counting the overflow range as lying right
+     * after the capacity */
+    int measuring, overflowed;
+    uint8_t *ovf_base;
+    uint64_t ovf_size, ovf_peak;
+    pt_extents ovf;
     pt_ptrmap live;            /* device pointer -> pt_blk* */
     pt_ptrmap pinned;          /* pinned pointer (own host_alloc) -> bytes */
     /* the pinned arena (pt_gpu_pinned_reserve): one host_alloc of pin_size
@@ -42,6 +50,11 @@ struct pt_gpu {
 
 /* The mutex is logically mutable: const getters lock it too. */
 static inline pthread_mutex_t *pt_gpu_mu(const pt_gpu *g) { return (pthread_mutex_t *)&g->mu; }
+
+/* The device address of a block, in the reservation or the overflow range. */
+static inline uint8_t *pt_gpu_blk_addr(const pt_gpu *g, const pt_blk *x) {
+    return (x->ovf ? g->ovf_base : g->base) + x->off;
+}
 
 /* backend_lib.c: load the cuda backend library (lib as given, or NULL: beside
  * the file this code is linked into, then the loader path) and take its table,

@@ -28,6 +28,7 @@ typedef struct pt_blk {
     int tag;
     int host;                      /* live blocks: 1 when the host's (dev_alloc), 0 the plugin's */
     int state;                     /* 0 free, 1 live, 2 being poisoned (not free, not findable) */
+    int ovf;                       /* live blocks: 1 when in the measuring overflow range */
     struct pt_blk *prev, *next;    /* address order */
     struct pt_blk *fprev, *fnext;  /* bin list (free blocks only) */
 } pt_blk;

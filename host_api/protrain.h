@@ -192,7 +192,11 @@ typedef struct pt_host_v1 {
      * share (the seed the data order comes from, the data set's identity, the
      * batch and accumulation, the learning-rate schedule), not what legitimately
      * differs per rank (its rank, its own data shard's position, paths that are
-     * node-local but hold the same bytes). */
+     * node-local but hold the same bytes). Lines named `run.` (e.g.
+     * "run.seed=1337") also identify the run: save_state records their digest
+     * in the state file and load_state refuses a file whose digest differs from
+     * the running host's, so give there what a resume must share and no
+     * setting a resume may change. The plugin keeps its own copy of the text. */
     const char *fingerprint;
     void *reserved[7];
 } pt_host_v1;

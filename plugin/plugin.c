@@ -245,6 +245,7 @@ static int32_t h_init(const char *ini_path, const pt_host_v1 *host, void **out) 
         ctx_bury(c, "init failed");
         return rc;
     }
+    pt_agree_keep_fingerprint(c->rt);
     /* A transport named for one rank: no collective ever runs, so the setting
      * does nothing; say so rather than let it look as if it had been used. */
     if ((!host || host->world_size == 1) &&
@@ -252,6 +253,9 @@ static int32_t h_init(const char *ini_path, const pt_host_v1 *host, void **out) 
         PT_LOGW(&c->lg, "[dist] backend = %s has no effect with one rank (world_size 1): no "
                         "collective runs and no %s communicator is opened (config %s)",
                 c->cfg.dist_backend, c->cfg.dist_backend, c->cfg.source);
+    /* from the host's first dev_alloc to the end of post_model_load, a device
+     * too small is measured rather than failed at its first allocation */
+    pt_rt_measure_setup(c->rt);
     c->magic = CTX_LIVE;
     c->lc.state = PT_LC_INIT;
     snprintf(c->err, sizeof c->err, "no error");
@@ -271,10 +275,11 @@ static const char *h_last_error(void *vctx) {
 /* The profiler's measured step: the plugin opens a training micro-batch on the
  * host's behalf (profile_step runs block hooks only), the host runs forward and
  * backward through the hooks, then the runtime searches and rebuilds. */
-static int profile(pt_ctx *c) {
+static int profile(pt_ctx *c, int *stepped) {
     int hit = 0;
     int rc = pt_rt_plan_from_cache(c->rt, &hit, c->err, sizeof c->err);
     if (rc || hit) return rc;
+    *stepped = 1;
     pt_lifecycle saved = c->lc;
     /* warm-up passes (caches, page mappings, BLAS, the host's thread teams),
      * then measured passes whose per-window medians go into the trace */
@@ -309,9 +314,10 @@ static int32_t h_post_model_load(void *vctx, pt_model_v1 *model) {
     rc = pt_lc_post_model_load(&c->lc, model->n_blocks, c->err, sizeof c->err);
     if (!rc) rc = pt_agree_model(c->rt, model, c->err, sizeof c->err);
     if (!rc) rc = pt_rt_model_load(c->rt, model, c->err, sizeof c->err);
-    if (!rc && pt_rt_profiling(c->rt)) rc = profile(c);
+    int profiled = 0;   /* a profiling step ran (not planned from the cache) */
+    if (!rc && pt_rt_profiling(c->rt)) rc = profile(c, &profiled);
+    if (c->rt) rc = pt_rt_setup_end(c->rt, profiled, rc, c->err, sizeof c->err);
     if (!rc) c->lc.state = PT_LC_LOADED;
-    else pt_rt_explain_oom(c->rt, rc, c->err, sizeof c->err);
     return done(c, rc);
 }
 

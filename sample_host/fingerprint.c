@@ -30,13 +30,17 @@ int sh_fingerprint(const sh_config *c, const sh_tokens *train, const sh_tokens *
                      "lr_schedule=%d\nweight_decay=%.9g\nbeta1=%.9g\nbeta2=%.9g\neps=%.9g\n"
                      "max_grad_norm=%.9g\non_nonfinite=%d\ndata_order=%d\n"
                      "data.train_tokens=%zu\ndata.train_hash=%016llx\n"
-                     "data.val_tokens=%zu\ndata.val_hash=%016llx\n",
+                     "data.val_tokens=%zu\ndata.val_hash=%016llx\n"
+                     /* the run's identity the plugin records in its state files and
+                     * compares on load: what a resume of this run must share */
+                     "run.seed=%llu\nrun.data.train_hash=%016llx\nrun.data.val_hash=%016llx\n",
                      (unsigned long long)c->seed, c->batch, c->seq, c->grad_accum, c->steps,
                      c->optim_from_ini, (double)c->lr, (double)c->min_lr_frac, c->warmup,
                      c->lr_schedule, (double)c->weight_decay, (double)c->beta1,
                      (double)c->beta2, (double)c->eps, (double)c->max_grad_norm,
                      c->on_nonfinite, c->data_order, train ? train->n : (size_t)0,
                      (unsigned long long)tokens_hash(train), val ? val->n : (size_t)0,
-                     (unsigned long long)tokens_hash(val));
+                     (unsigned long long)tokens_hash(val), (unsigned long long)c->seed,
+                     (unsigned long long)tokens_hash(train), (unsigned long long)tokens_hash(val));
     return n < 0 || (size_t)n >= len ? -1 : 0;
 }

@@ -591,10 +591,17 @@ int sh_resume_load(sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
             /* the plugin's own checksum or size check failing is a torn or flipped
              * file; any other refusal of a file that is not this generation's
              * (another rank's, another model's) is a mix */
-            if (seen.suspect[0] && !strstr(why, "corrupt") && !strstr(why, "truncated")) {
-                rc = sh_resume_say(err, errlen, "--resume: %s/%s is not the file this generation wrote "
-                         "(its checksum differs from the %s's) and the plugin refuses it: %s",
-                         gp, seen.suspect, MANIFEST, why);
+            /* the plugin's header naming another run is a mix whatever the
+             * MANIFEST says (a MANIFEST made to list the foreign file) */
+            if ((seen.suspect[0] && !strstr(why, "corrupt") && !strstr(why, "truncated")) ||
+                strstr(why, "is another run's")) {
+                if (seen.suspect[0])
+                    rc = sh_resume_say(err, errlen, "--resume: %s/%s is not the file this generation "
+                             "wrote (its checksum differs from the %s's) and the plugin refuses "
+                             "it: %s", gp, seen.suspect, MANIFEST, why);
+                else
+                    rc = sh_resume_say(err, errlen, "--resume: %s: the plugin refuses its state file "
+                             "although the %s lists its checksum: %s", gp, MANIFEST, why);
                 break;
             }
             warn_skip(gp, why);

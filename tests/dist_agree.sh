@@ -7,9 +7,13 @@
 #   --seed, --lr, --batch, --grad-accum, --data (the host's fingerprint, at init);
 #   [protrain] zero3_shard on one rank only (mode C against mode B, at init);
 #   --layers (the model, at post_model_load);
+#   --load of another checkpoint (the initial weights, at post_model_load);
 #   [optimizer] beta1 with --optimizer ini (the optimizer, at create_optimizer);
+#   [optimizer] beta2 = 0.95 against auto (0.999 for AdamW: refused as resolved),
+#   while beta2 = 0.999 and weight_decay = 0 against auto train (the same math);
 #   through a hook-level host (tests/integ/test_agree_hooks.c): a parameter's
-#   name or dtype, n_micro at the first pre_step, a fingerprint line;
+#   name or dtype, one initial value, n_micro at the first pre_step, a
+#   fingerprint line;
 # and, the same on both ranks, [dist] tp_size = 2 with a host that splits no
 # parameter (refused at post_model_load: nothing would be averaged). Each must
 # exit non-zero on BOTH ranks, each rank printing the field. A clean pair must
@@ -45,6 +49,8 @@ ini() {   # $1 = file, $2 = extra lines
 ini "$tmp/A.ini" ''
 ini "$tmp/TP.ini" 'tp_size = 2\n'
 sed 's/^cpu_threads = 1$/cpu_threads = 1\nbeta1 = 0.8/' "$tmp/A.ini" > "$tmp/B1.ini"
+sed 's/^cpu_threads = 1$/cpu_threads = 1\nbeta2 = 0.95/' "$tmp/A.ini" > "$tmp/B2.ini"
+sed 's/^cpu_threads = 1$/cpu_threads = 1\nbeta2 = 0.999\nweight_decay = 0/' "$tmp/A.ini" > "$tmp/B2E.ini"
 # modes B and C: streamed chunks, rank 1 alone shards them
 for m in B C; do
     printf '[plugin]\nbackend = host\nlog_level = warn\n[protrain]\nauto_mode = false\n' > "$tmp/$m.ini"
@@ -100,7 +106,25 @@ refuse mode 'disagrees with rank 0 on protrain.zero3_shard: on vs auto' \
 refuse layers 'disagrees with rank 0 on model.n_blocks: 3 vs 2' "$a" "$a --layers 3"
 refuse beta1 'disagrees with rank 0 on optimizer.beta1: 0.800000012 vs 0.899999976' \
     "$a --optimizer ini" "--config $tmp/B1.ini --optimizer ini"
+refuse beta2 'disagrees with rank 0 on optimizer.beta2 (as resolved: auto is 0.95 for rekls, 0.999 for adamw): 0.949999988 vs 0.999000013' \
+    "$a --optimizer ini" "--config $tmp/B2.ini --optimizer ini"
 refuse tp 'tp_size = 2, but no parameter is split' "--config $tmp/TP.ini" "--config $tmp/TP.ini"
+
+# "auto" on one rank and the number it resolves to on the other: the same math, trains
+run2 auto "$a --optimizer ini" "--config $tmp/B2E.ini --optimizer ini"
+if [ "$(cat "$tmp/auto.rc0" 2>/dev/null)" != 0 ] || [ "$(cat "$tmp/auto.rc1" 2>/dev/null)" != 0 ]; then
+    bad "auto: beta2/weight_decay auto vs 0.999/0 did not train:"; sed 's/^/    /' "$tmp/auto.out" | head -20
+else
+    pass=$((pass + 1))
+fi
+
+# the same fingerprint, other initial weights: each rank loads another checkpoint
+for s in 1 2; do
+    "$sh" "${common[@]}" --no-plugin --steps 1 --seed $s --save "$tmp/w$s.bin" > "$tmp/w$s.out" 2>&1 ||
+        bad "writing checkpoint w$s: $(tail -2 "$tmp/w$s.out")"
+done
+refuse weights 'disagrees with rank 0 on model.param\[0\] wte initial values' \
+    "$a --load $tmp/w1.bin" "$a --load $tmp/w2.bin"
 
 # the facts sample_host cannot vary alone, through a hook-level host
 # (tests/integ/test_agree_hooks.c): a parameter's name or dtype, n_micro, a
@@ -121,6 +145,7 @@ else
 fi
 for c in 'name:post_model_load status 2: .*on model.param\[1\]: b0.weight f32 64 .* vs b0.w f32 64' \
          'dtype:post_model_load status 2: .*on model.param\[1\]: b0.w bf16 64 .* vs b0.w f32 64' \
+         'init:post_model_load status 2: .*on model.param\[2\] b1.w initial values (FNV-1a 64 of 256 bytes): [0-9a-f]* vs [0-9a-f]*' \
          'micro:pre_step status 2: .*on n_micro: 2 vs 1' \
          'fp:init status 2: .*on host.data: b vs a'; do
     n=${c%%:*}; pat=${c#*:}

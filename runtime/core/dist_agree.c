@@ -191,6 +191,14 @@ int pt_agree_check_fingerprint(const char *fp, char *err, size_t errlen) {
     return PT_OK;
 }
 
+void pt_agree_keep_fingerprint(pt_rt *rt) {
+    const int has = rt->host.struct_size >= offsetof(pt_host_v1, fingerprint) + sizeof(const char *);
+    if (!has || !rt->host.fingerprint) return;
+    /* at most PT_HOST_FINGERPRINT_MAX bytes: init refused a longer one */
+    snprintf(rt->fingerprint, sizeof rt->fingerprint, "%s", rt->host.fingerprint);
+    rt->host.fingerprint = rt->fingerprint;
+}
+
 static const char *tri(int v) { return v < 0 ? "auto" : v ? "on" : "off"; }
 
 /* The host's fingerprint, line by line, as host.<line>. */
@@ -266,6 +274,30 @@ static int tp_needs_split(const pt_rt *rt, const pt_model_v1 *m, char *err, size
                    "parallel (config %s)", rt->cfg.tp_size, m->n_params, rt->cfg.source);
 }
 
+static size_t dtype_bytes(int32_t d) {
+    return d == PT_F32 ? 4 : d == PT_U8 ? 1 : 2;
+}
+
+/* One line per parameter (split: those with tp_split set, else the others) with
+ * the FNV-1a 64 of its initial values: ranks that loaded other weights (another
+ * seed's initialisation, another checkpoint) would average gradients of
+ * different models. One pass over the bytes the host hands in anyway. Tied
+ * parameters take their values from their root; none given: "(none)". */
+static void put_inits(ag_text *t, const pt_model_v1 *m, int split) {
+    for (int32_t i = 0; m->params && i < m->n_params; i++) {
+        const pt_param_v1 *p = &m->params[i];
+        if (p->tie >= 0 || (p->tp_split != 0) != split) continue;
+        uint64_t n = 1;
+        for (int32_t d = 0; d < p->ndim && d < 4; d++) n *= (uint64_t)p->shape[d];
+        size_t bytes = (size_t)n * dtype_bytes(p->dtype);
+        char k[240];
+        snprintf(k, sizeof k, "model.param[%d] %.160s initial values (FNV-1a 64 of %zu bytes)",
+                 (int)i, p->name ? p->name : "", bytes);
+        if (p->init) put(t, k, "%016llx", (unsigned long long)pt_fnv1a64(p->init, bytes));
+        else put(t, k, "(none)");
+    }
+}
+
 int pt_agree_model(pt_rt *rt, const pt_model_v1 *m, char *err, size_t errlen) {
     if (!rt->coll) return PT_OK;
     ag_text t = {0};
@@ -286,7 +318,18 @@ int pt_agree_model(pt_rt *rt, const pt_model_v1 *m, char *err, size_t errlen) {
         put(&t, k, "%s %s %s block %d trainable %d tie %d tp_split %d", p->name ? p->name : "",
             dtype_name(p->dtype), shp, p->block, p->trainable, p->tie, p->tp_split);
     }
+    /* initial values last, so a shape or dtype that differs is named as such */
+    put_inits(&t, m, 0);
     int rc = finish(&t, rt->coll, "post_model_load", err, errlen);
+    /* a tensor-parallel split parameter: each rank of a group holds another
+     * shard, so its values are compared among the ranks holding the same one */
+    if (!rc && rt->dp_coll && m->params) {
+        ag_text ts = {0};
+        put_inits(&ts, m, 1);
+        if (ts.s || ts.oom)   /* no split parameter: nothing to compare */
+            rc = finish(&ts, rt->dp_coll, "post_model_load (tensor-parallel shards)", err,
+                        errlen);
+    }
     if (!rc && m->params) rc = tp_needs_split(rt, m, err, errlen);
     return rc;
 }
@@ -300,17 +343,28 @@ int pt_agree_optim(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t errlen) {
                                     : type == PT_OPTIM_REKLS ? "rekls" : "unknown");
     /* the value create_optimizer resolves: the descriptor's unless NaN, then the
      * INI's (auto resolves by the type above, which is compared too) */
-    static const char *const names[6] = {"optimizer.lr", "optimizer.beta1", "optimizer.beta2",
-                                         "optimizer.eps", "optimizer.weight_decay",
-                                         "optimizer.max_grad_norm"};
+    static const char *const names[6] = {
+        "optimizer.lr", "optimizer.beta1",
+        "optimizer.beta2 (as resolved: auto is 0.95 for rekls, 0.999 for adamw)",
+        "optimizer.eps",
+        "optimizer.weight_decay (as resolved: auto is 0.01 for rekls, 0 for adamw)",
+        "optimizer.max_grad_norm"};
     const float ini[6] = {c->lr, c->beta1, c->beta2, c->eps, c->weight_decay, c->max_grad_norm};
     const float given[6] = {d ? d->lr : NAN, d ? d->beta1 : NAN, d ? d->beta2 : NAN,
                             d ? d->eps : NAN, d ? d->weight_decay : NAN,
                             d ? d->max_grad_norm : NAN};
-    for (int i = 0; i < 6; i++) put_f(&t, names[i], !isnan(given[i]) ? given[i] : ini[i]);
+    /* what create_optimizer will use: "auto" on one rank and the number it
+     * stands for on another are the same math, so they agree */
+    float v[6];
+    for (int i = 0; i < 6; i++) v[i] = !isnan(given[i]) ? given[i] : ini[i];
+    if (isnan(v[2])) v[2] = type == PT_OPTIM_REKLS ? 0.95f : 0.999f;
+    if (isnan(v[4])) v[4] = type == PT_OPTIM_REKLS ? 0.01f : 0.0f;
+    for (int i = 0; i < 6; i++) put_f(&t, names[i], v[i]);
     put(&t, "optimizer.rekls_seed_shampoo", "%d", c->rekls_seed_shampoo);
     put_f(&t, "optimizer.rekls_shampoo_beta", c->rekls_shampoo_beta);
-    put_f(&t, "optimizer.rekls_eps", c->rekls_eps);
+    /* a descriptor's eps is REKLS's eps too (create_optimizer) */
+    put_f(&t, "optimizer.rekls_eps (as resolved: the descriptor's eps when given)",
+          !isnan(given[3]) ? given[3] : c->rekls_eps);
     put(&t, "optimizer.rekls_weight_decay_method", "%d", c->rekls_wd_method);
     return finish(&t, rt->coll, "create_optimizer", err, errlen);
 }

@@ -24,12 +24,15 @@
  *                    (lines prefixed "host.");
  *   post_model_load  block and parameter counts, batch, sequence, arch, and per
  *                    parameter its name, dtype, shape, block, trainable, tie and
- *                    tensor-parallel split; then, agreed, a tensor-parallel
- *                    group with no split parameter is refused (nothing would be
- *                    averaged across it);
+ *                    tensor-parallel split, then the FNV-1a 64 of each untied
+ *                    parameter's initial values (a tensor-parallel split one's
+ *                    among the ranks holding the same shard); then, agreed, a
+ *                    tensor-parallel group with no split parameter is refused
+ *                    (nothing would be averaged across it);
  *   create_optimizer the optimizer type and each hyper-parameter as it will be
- *                    resolved (the descriptor's value, else the INI's), and the
- *                    REKLS keys;
+ *                    resolved (the descriptor's value, else the INI's, and an
+ *                    auto beta2 or weight_decay as the number it stands for, so
+ *                    "auto" and that number agree), and the REKLS keys;
  *   first pre_step   n_micro of the first training step.
  * A rank that does not reach a stage makes the others fail at [dist] timeout
  * naming it (the collectives' deadline).
@@ -55,6 +58,11 @@ int pt_agree_init(struct pt_rt *rt, char *err, size_t errlen);
 int pt_agree_model(struct pt_rt *rt, const pt_model_v1 *m, char *err, size_t errlen);
 int pt_agree_optim(struct pt_rt *rt, const pt_optim_v1 *d, char *err, size_t errlen);
 int pt_agree_micro(struct pt_rt *rt, int32_t n_micro, char *err, size_t errlen);
+
+/* Keeps a copy of the host's fingerprint in rt and points rt->host.fingerprint
+ * at it (the host's text need only live through init): the state files record
+ * the run identity its "run." lines give (runtime/store/state_io.c). */
+void pt_agree_keep_fingerprint(struct pt_rt *rt);
 
 /* The host fingerprint's checks at init (any world size): NULL is fine; text
  * longer than PT_HOST_FINGERPRINT_MAX is refused with a sentence. */

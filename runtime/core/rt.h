@@ -41,6 +41,12 @@ int pt_rt_profile_passes(void);   /* profile_step calls per profile (2 warm-up +
  * bound: the failing request plus what was in use) and what held the bytes.
  * Returns rc unchanged. */
 int pt_rt_explain_oom(pt_rt *rt, int rc, char *err, size_t errlen);
+/* rt_oom.c: the device's measuring mode from init (pt_gpu_measure_begin) ... */
+void pt_rt_measure_setup(pt_rt *rt);
+/* ... to the end of post_model_load: when the setup ran past the capacity,
+ * fails with PT_ERR_OOM and the device size it needed (profiled: a profiling
+ * step ran in the measurement); else explains rc as pt_rt_explain_oom. */
+int pt_rt_setup_end(pt_rt *rt, int profiled, int rc, char *err, size_t errlen);
 int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *desc, char *err, size_t errlen);
 
 int pt_rt_pre_step(pt_rt *rt, char *err, size_t errlen);   /* reads the step state */

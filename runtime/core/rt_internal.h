@@ -19,6 +19,9 @@ struct pt_rt {
     pt_config cfg;
     pt_logger lg;
     pt_host_v1 host;
+    /* the host's fingerprint, kept (pt_agree_keep_fingerprint): the host's own
+     * text is only valid during init, and host.fingerprint points here after */
+    char fingerprint[PT_HOST_FINGERPRINT_MAX + 1];
     pt_gpu *gpu;
     pt_coll *coll;            /* data-parallel collectives (world > 1), else NULL */
     pt_coll *tp_coll, *dp_coll; /* sub-groups of coll with [dist] tp_size > 1 (store.h) */

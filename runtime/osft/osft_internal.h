@@ -77,6 +77,26 @@ void pt_osft_lin_open(pt_rt *rt, lin *L);
 /* A failed op as one sentence; ops queued for a host computing on its own
  * thread are waited for first. */
 int pt_osft_lin_close(pt_rt *rt, lin *L, const char *what, char *err, size_t errlen);
+/* Mode C, one projection path of one target whose factors lie in chunks
+ * split across the ranks (osft_proj.c, project_split, gives why gathered): the
+ * split factors gathered whole, the single-rank products run on them, and
+ * this rank's own elements of the trainable factor kept. The gather is a
+ * callback so the path runs apart from the runtime too (the plugin:
+ * pt_coll_allgather_ranges over the store's parts; tests/unit/test_osft_dist.c:
+ * an in-process copy of every rank's part). */
+typedef struct pt_osft_split {
+    const pt_store_part *pf, *pq;  /* this rank's part of the frozen and trainable factor */
+    const float *fz;               /* the frozen factor whole already (cached), or NULL */
+    float *f, *q;                  /* room for the frozen and the trainable factor whole */
+    float *c;                      /* coefficients, k x kl floats */
+    /* factor `index` whole into dst on every rank, `own` (this rank's part) included */
+    int (*gather)(void *user, int32_t index, float *dst, const pt_store_part *own, char *err,
+                  size_t errlen);
+    int (*sync)(void *user);       /* wait for the products (NULL: they ran on this thread) */
+    void *user;
+} pt_osft_split;
+int pt_osft_split_path(lin *L, const tgt *t, int v, const pt_osft_split *s, char *err,
+                       size_t errlen);
 /* n floats of device scratch: the shared buffer, or (larger) an allocation of its own. */
 int pt_osft_scratch_get(pt_rt *rt, uint64_t n, float **p, char *err, size_t errlen);
 void pt_osft_scratch_free(pt_rt *rt, void *p);

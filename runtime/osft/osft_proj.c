@@ -212,6 +212,38 @@ static int cached_frozen(pt_rt *rt, const tgt *t, int v, const pt_store_part *pf
  * (each rank receives the (W - 1) / W of them it does not hold; cached: only
  * the trainable (N + M) kl), and the projection's 4 (N + M) k kl flops on
  * every rank. */
+int pt_osft_split_path(lin *L, const tgt *t, int v, const pt_osft_split *s, char *err,
+                       size_t errlen) {
+    const float *fz = s->pf->split ? s->fz : s->pf->p;
+    int rc = PT_OK;
+    if (!fz) {
+        rc = s->gather(s->user, t->x[FZ[v]], s->f, s->pf, err, errlen);
+        fz = s->f;
+    }
+    if (!rc && s->pq->split) rc = s->gather(s->user, t->x[TR[v]], s->q, s->pq, err, errlen);
+    if (rc) return rc;
+    project_path(L, t, v, fz, s->pq->split ? s->q : s->pq->p, s->c);
+    /* the result is read back (and the buffer reused) by this thread */
+    if (!L->rc && s->sync && s->sync(s->user)) L->rc = PT_ERR_BACKEND;
+    if (!L->rc && s->pq->split && s->pq->len)
+        memcpy(s->pq->p, s->q + s->pq->lo, (size_t)s->pq->len * 4);
+    return PT_OK;   /* an op's failure is in L->rc */
+}
+
+static int gather_cb(void *user, int32_t index, float *dst, const pt_store_part *own, char *err,
+                     size_t errlen) {
+    pt_rt *rt = user;
+    double t0 = pt_now_s();
+    int rc = gather(rt, index, dst, own, err, errlen);
+    rt->osft->gather_s += pt_now_s() - t0;
+    return rc;
+}
+
+static int sync_cb(void *user) {
+    pt_rt *rt = user;
+    return pt_gpu_ops(rt->gpu)->stream_sync(pt_gpu_impl(rt->gpu), rt->s_compute);
+}
+
 static int project_split(pt_rt *rt, lin *L, const tgt *t, int v, const pt_store_part *pf,
                          const pt_store_part *pq, float *c, char *err, size_t errlen) {
     pt_osft *o = rt->osft;
@@ -228,21 +260,17 @@ static int project_split(pt_rt *rt, lin *L, const tgt *t, int v, const pt_store_
         PT_LOGI(&rt->lg, "osft: mode C gathers each projection path's factors whole: %.2f MiB "
                          "pinned for the largest", need * 4 / 1048576.0);
     }
-    float *f = o->full, *q = o->full + nf;
+    pt_osft_split s = {.pf = pf, .pq = pq, .f = o->full, .q = o->full + nf, .c = c,
+                       .gather = gather_cb, .sync = sync_cb, .user = rt};
     int rc = PT_OK;
     double t0 = pt_now_s();
-    const float *fz = pf->split ? f : pf->p;
-    if (pf->split && rt->cfg.osft_cache_frozen) rc = cached_frozen(rt, t, v, pf, &fz, err, errlen);
-    else if (pf->split) rc = gather(rt, t->x[FZ[v]], f, pf, err, errlen);
-    if (!rc && pq->split) rc = gather(rt, t->x[TR[v]], q, pq, err, errlen);
-    o->gather_s += pt_now_s() - t0;
-    if (rc) return rc;
-    project_path(L, t, v, fz, pq->split ? q : pq->p, c);
-    /* the result is read back (and the buffer reused) by this thread */
-    if (!L->rc && L->ops->stream_sync(L->impl, rt->s_compute)) L->rc = PT_ERR_BACKEND;
-    if (!L->rc && pq->split && pq->len) memcpy(pq->p, q + pq->lo, (size_t)pq->len * 4);
+    if (pf->split && rt->cfg.osft_cache_frozen) {
+        rc = cached_frozen(rt, t, v, pf, &s.fz, err, errlen);
+        o->gather_s += pt_now_s() - t0;
+    }
+    if (!rc) rc = pt_osft_split_path(L, t, v, &s, err, errlen);
     o->split_s += pt_now_s() - t0;
-    return PT_OK;   /* an op's failure is in L->rc */
+    return rc;
 }
 
 int pt_osft_project_params(pt_rt *rt, char *err, size_t errlen) {

@@ -97,10 +97,12 @@ int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen) {
     uint64_t S = ms->lay.chunk_size;
     /* a slot holds one chunk's parameters and gradients (2 x chunk_size): when
      * one slot cannot fit on the whole device the setting is the cause, not the
-     * device's size */
+     * device's size. An automatic chunk_size on a device measuring what the
+     * setup needs (pt_gpu_measure_begin): the slots land past the capacity and
+     * are counted in the size the refusal names */
     pt_gpu_usage u;
     pt_gpu_usage_get(st->env.gpu, &u);
-    if (S > u.capacity / 2)
+    if (S > u.capacity / 2 && (st->env.cfg->chunk_size || !pt_gpu_measuring(st->env.gpu)))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "[protrain] chunk_size = %llu bytes: an offloaded chunk streams through "
                        "buffer slots of 2 x chunk_size (its parameters and gradients), %llu "

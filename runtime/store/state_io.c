@@ -50,14 +50,37 @@ typedef struct st_header {
     uint32_t tp_size;           /* [dist] tp_size of the saving run (0 in older files: 1) */
     float lr0;                  /* lr create_optimizer set (valid with ST_HAS_LR0) */
     uint32_t flags;             /* ST_HAS_*; 0 in files written before these fields */
-    uint32_t reserved[5];
+    uint32_t run_lo, run_hi;    /* the run's identity (valid with ST_HAS_RUN) */
+    uint32_t reserved[3];
 } st_header;
 _Static_assert(sizeof(st_header) == 104, "the header's size is part of the format");
 
 /* st_header.flags. lr is the lr of the last step (a host's schedule moves it
  * every step), so it says nothing about whether two runs were created alike;
  * lr0 does. Files without the flag (older writers) compare beta1..max_grad_norm. */
-enum { ST_HAS_LR0 = 1u };
+enum { ST_HAS_LR0 = 1u, ST_HAS_RUN = 2u };
+
+/* The run's identity as its host states it: FNV-1a 64 over the lines of
+ * pt_host_v1.fingerprint whose names start with "run." (in order, each with its
+ * newline), e.g. sample_host's seed and data hashes. 0: the host gives none.
+ * What the host puts there is what must not change between a save and the
+ * load that continues it; another seed's run has another identity, and its
+ * state file is refused (check_header). */
+static uint64_t run_ident(const pt_store *st) {
+    const pt_host_v1 *h = st->env.host;
+    if (!h || h->struct_size < offsetof(pt_host_v1, fingerprint) + sizeof(const char *) ||
+        !h->fingerprint)
+        return 0;
+    uint64_t id = 0;
+    for (const char *l = h->fingerprint; *l;) {
+        const char *e = strchr(l, '\n');
+        size_t n = e ? (size_t)(e - l) : strlen(l);
+        if (n > 4 && !strncmp(l, "run.", 4))
+            id = pt_fnv1a64_more(id ? id : pt_fnv1a64("", 0), l, n + 1);
+        l += n + (e != NULL);
+    }
+    return id;
+}
 
 /* A step count no run reaches: 2^40 optimizer steps is 35 years at one step a
  * millisecond. A larger one is a hand-made or foreign file; loaded, it would
@@ -422,6 +445,12 @@ int pt_store_save(pt_store *st, const char *dir, char *err, size_t errlen) {
     h.tp_size = (uint32_t)pt_cs_tp_size(st);
     h.lr0 = st->env.opt->lr0;
     h.flags = ST_HAS_LR0;
+    uint64_t id = run_ident(st);
+    if (id) {
+        h.flags |= ST_HAS_RUN;
+        h.run_lo = (uint32_t)id;
+        h.run_hi = (uint32_t)(id >> 32);
+    }
     h.checksum = file_checksum(&h, img.data, img.bytes);
     char path[1024], tmp[1100];
     file_path(st, dir, path, sizeof path);
@@ -485,6 +514,15 @@ static int check_header(pt_store *st, const st_header *h, const char *path, int 
                        "the running optimizer is %s", path,
                        fo == PT_OPTIM_REKLS ? "REKLS" : fo == PT_OPTIM_ADAMW ? "AdamW" : "unknown",
                        ro == PT_OPTIM_REKLS ? "REKLS" : "AdamW");
+    /* a file of another run (a copy from another seed's run, at the same step):
+     * refused when both the file and this run carry an identity */
+    uint64_t fid = (uint64_t)h->run_hi << 32 | h->run_lo, rid = run_ident(st);
+    if ((h->flags & ST_HAS_RUN) && rid && fid != rid)
+        return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is another run's: its run "
+                       "identity %016llx (from the \"run.\" lines of the saving host's "
+                       "pt_host_v1.fingerprint) differs from this run's %016llx, so the host "
+                       "says the runs differ (another seed or data)", path,
+                       (unsigned long long)fid, (unsigned long long)rid);
     if (h->step < 0 || h->step > ST_MAX_STEP)
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s has step %lld; a step count "
                        "must be in [0, 2^40] (more is a hand-made or foreign file)", path,

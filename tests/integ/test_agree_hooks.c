@@ -7,6 +7,8 @@
  *   name   its second parameter's name (post_model_load names model.param[1]);
  *   dtype  that parameter's dtype, bf16 (post_model_load names it);
  *   micro  n_micro 2 at the first pre_step (pre_step names n_micro);
+ *   init   one initial value of its third parameter (post_model_load names
+ *          that parameter's initial values);
  *   fp     its pt_host_v1.fingerprint line "data=b" against rank 0's "data=a"
  *          (init names host.data), while a host without a fingerprint (every
  *          other case: NULL) agrees with itself.
@@ -63,6 +65,7 @@ int main(void) {
     }
     if (odd && !strcmp(cs, "name")) p[1].name = "b0.weight";
     if (odd && !strcmp(cs, "dtype")) p[1].dtype = PT_BF16;
+    if (odd && !strcmp(cs, "init")) init[2][5] += 1e-3f;
     pt_model_v1 m = {.struct_size = sizeof m, .n_params = 3, .params = p, .n_blocks = 2,
                      .batch = 1, .seq = 1, .arch = "agree"};
     if ((rc = P->post_model_load(ctx, &m))) return fail_at(ctx, rank, "post_model_load", rc);

@@ -599,6 +599,43 @@ static uint64_t fnv64(const char *b, size_t n) {
     return h;
 }
 
+/* Rewrite gen's MANIFEST line of file `name` with the file's size and checksum
+ * as it is now, and the MANIFEST's own checksum: a hand-made MANIFEST. */
+static void reseal(const char *gen, const char *name) {
+    char p[500], q[500], want[200];
+    snprintf(p, sizeof p, "%s/%s", gen, name);
+    FILE *f = fopen(p, "rb");
+    assert_non_null(f);
+    static char buf[1 << 22];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    assert_true(n < sizeof buf);
+    fclose(f);
+    uint64_t hh = fnv64(buf, n);
+    snprintf(q, sizeof q, "%s/MANIFEST", gen);
+    char *man = pt_test_slurp(q);
+    assert_non_null(man);
+    static char nm[16384];
+    nm[0] = '\0';
+    int k = snprintf(want, sizeof want, "file %s ", name);
+    for (char *l = man; *l;) {
+        char *nl = strchr(l, '\n');
+        assert_non_null(nl);
+        if (!strncmp(l, want, (size_t)k))
+            snprintf(nm + strlen(nm), sizeof nm - strlen(nm), "file %s %zu %016llx\n", name, n,
+                     (unsigned long long)hh);
+        else if (strncmp(l, "end ", 4))
+            strncat(nm, l, (size_t)(nl - l) + 1);
+        l = nl + 1;
+    }
+    free(man);
+    snprintf(nm + strlen(nm), sizeof nm - strlen(nm), "end %016llx\n",
+             (unsigned long long)fnv64(nm, strlen(nm)));
+    f = fopen(q, "w");
+    assert_non_null(f);
+    fputs(nm, f);
+    assert_int_equal(fclose(f), 0);
+}
+
 /* Replace the line "key ..." of gen/host.txt by "key value" and rewrite the
  * MANIFEST's checksums to match: a valid-looking generation holding a value no
  * run writes. */
@@ -624,33 +661,13 @@ static void forge_host(const char *gen, const char *key, const char *value) {
     assert_non_null(f);
     fputs(out, f);
     assert_int_equal(fclose(f), 0);
-    uint64_t hh = fnv64(out, strlen(out));
-    snprintf(q, sizeof q, "%s/MANIFEST", gen);
-    char *man = pt_test_slurp(q);
-    assert_non_null(man);
-    static char nm[16384];
-    nm[0] = '\0';
-    for (char *l = man; *l;) {
-        char *nl = strchr(l, '\n');
-        assert_non_null(nl);
-        if (!strncmp(l, "file host.txt ", 14))
-            snprintf(nm + strlen(nm), sizeof nm - strlen(nm), "file host.txt %zu %016llx\n",
-                     strlen(out), (unsigned long long)hh);
-        else if (strncmp(l, "end ", 4))
-            strncat(nm, l, (size_t)(nl - l) + 1);
-        l = nl + 1;
-    }
-    free(man);
-    snprintf(nm + strlen(nm), sizeof nm - strlen(nm), "end %016llx\n",
-             (unsigned long long)fnv64(nm, strlen(nm)));
-    f = fopen(q, "w");
-    assert_non_null(f);
-    fputs(nm, f);
-    assert_int_equal(fclose(f), 0);
+    (void)q;
+    reseal(gen, "host.txt");
 }
 
 /* A generation whose plugin state file is another generation's, another run's
- * (--seed), or whose host state holds values no run writes: --resume refuses it,
+ * (--seed; also under a MANIFEST made to list its checksum), or whose host state
+ * holds values no run writes: --resume refuses it,
  * naming the file and what differs, instead of training on from a mix. */
 static void test_mixed_generation(void **st) {
     (void)st;
@@ -683,6 +700,10 @@ static void test_mixed_generation(void **st) {
     snprintf(from, sizeof from, "%s/gen-00000006/protrain_state_rank0.bin", ck2);
     copy_file(from, to);
     expect_refused(ck, m, s, lg, "protrain_state_rank0.bin", "checksum");
+    /* ... and with the MANIFEST made to list the foreign file's checksum: the
+     * plugin's own header says whose run the file is */
+    reseal(g6, "protrain_state_rank0.bin");
+    expect_refused(ck, m, s, lg, "protrain_state_rank0.bin", "another run's");
     /* host state with values no run writes, its checksums made valid */
     static const char *const bad[][3] = {
         {"n_skipped", "-1", "n_skipped"},

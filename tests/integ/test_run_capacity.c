@@ -143,8 +143,59 @@ static void test_pinned_one_round(void **st) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* The device size a refusal names works in one round: from a capacity far too
+ * small (1 MiB, where the host's own buffers do not fit) and from one nearer
+ * the need (3 MiB), set device_capacity to the number the message says and the
+ * run trains. Counts the runs as a user would (set it, run again) and asserts
+ * 2: the refusal, then training. (Before the measuring setup this model took
+ * one run per failing allocation.) A host buffer larger than the whole
+ * capacity is refused at once, before the measurement, and costs a round of
+ * its own; this model's host buffers are all below 1 MiB. */
+static int rounds_from(const char *start, unsigned long long *said) {
+    char cap[64], ini[256], path[256];
+    snprintf(cap, sizeof cap, "%s", start);
+    for (int r = 1; r <= 20; r++) {
+        snprintf(ini, sizeof ini, "[plugin]\nbackend = host\nlog_level = warn\n"
+                                  "[memory]\ndevice_capacity = %s\n", cap);
+        if (run(ini, "--steps 3") == 0) return r;
+        char all[8192] = "";
+        snprintf(path, sizeof path, "%s/out.txt", DIR_);
+        FILE *f = fopen(path, "r");
+        assert_non_null(f);
+        size_t got = fread(all, 1, sizeof all - 1, f);
+        all[got] = 0;
+        fclose(f);
+        const char *at = strstr(all, "it needs ");
+        if (!at) at = strstr(all, "needs at least ");
+        unsigned long long want = 0;
+        if (!at || sscanf(strchr(at, ' ') + 1, "%*[a-z ]%llu", &want) != 1 || !want)
+            fail_msg("round %d (device_capacity = %s) names no device size: %s", r, cap, all);
+        printf("  round %d: device_capacity = %s -> it needs %llu bytes\n", r, cap, want);
+        *said = want;
+        snprintf(cap, sizeof cap, "%llu", want);
+    }
+    return 99;
+}
+
+static void test_device_one_round(void **st) {
+    (void)st;
+    snprintf(DIR_, sizeof DIR_, "/tmp/test_run_capacity.XXXXXX");
+    assert_non_null(mkdtemp(DIR_));
+    const char *starts[] = {"1MiB", "3MiB"};
+    for (int i = 0; i < 2; i++) {
+        unsigned long long said = 0;
+        int r = rounds_from(starts[i], &said);
+        printf("  from %s: %d run(s) until it trains (with %llu bytes)\n", starts[i], r, said);
+        assert_int_equal(r, 2);
+    }
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", DIR_);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_metrics_within_capacity),
-                                       cmocka_unit_test(test_pinned_one_round)};
+                                       cmocka_unit_test(test_pinned_one_round),
+                                       cmocka_unit_test(test_device_one_round)};
     return cmocka_run_group_tests_name("sample_host under a small device", tests, NULL, NULL);
 }

@@ -361,6 +361,45 @@ static void test_host_range(void **state) {
     close_dev(g);
 }
 
+/* Measuring (the plugin's setup on a device too small): a recorded allocation
+ * past the capacity lands in the overflow range and is usable like any other
+ * (range checks, frees); a caller's optional buffer does not, nor a host request
+ * larger than the whole capacity (a host may rely on that refusal); the size returned
+ * is the highest end offset with the overflow counted right after the capacity. */
+static void test_measure_overflow(void **state) {
+    (void)state;
+    pt_gpu *g = open_dev(1 * MiB, 1, 0, 0);
+    char why[320] = "";
+    void *a, *b, *c = NULL;
+    assert_int_equal(pt_gpu_measure_end(g), 0);   /* never begun: nothing measured */
+    assert_int_equal(pt_gpu_measure_begin(g), 1); /* the simulated device can */
+    assert_int_equal(pt_gpu_measuring(g), 1);
+    assert_int_equal(pt_gpu_alloc_host(g, 768 * 1024, PT_TAG_ACT, &a, NULL, 0), PT_OK);
+    assert_int_equal(pt_gpu_try_alloc(g, 768 * 1024, PT_TAG_SCRATCH, &c, NULL, 0), PT_ERR_OOM);
+    assert_null(c);
+    /* a host request larger than the whole device: refused as always, naming
+     * the size it needs at least */
+    assert_int_equal(pt_gpu_alloc_host(g, 2 * MiB, PT_TAG_ACT, &c, why, sizeof why), PT_ERR_OOM);
+    assert_null(c);
+    assert_non_null(strstr(why, "more than the whole capacity"));
+    assert_non_null(strstr(why, "needs at least 2883584 bytes"));   /* 768 KiB + 2 MiB */
+    assert_int_equal(pt_gpu_alloc_host(g, 768 * 1024, PT_TAG_ACT, &b, NULL, 0), PT_OK);
+    assert_int_equal(pt_gpu_in_device(g, b, 768 * 1024), 1);
+    assert_int_equal(pt_gpu_host_range(g, b, 768 * 1024, why, sizeof why), 1);
+    assert_int_equal(pt_gpu_host_range(g, b, 768 * 1024 + 1, why, sizeof why), 0);
+    memset(b, 1, 768 * 1024);
+    pt_gpu_usage u;
+    pt_gpu_usage_get(g, &u);
+    assert_int_equal(u.current, 2 * 768 * 1024);
+    assert_int_equal(pt_gpu_measure_end(g), 1 * MiB + 768 * 1024);
+    assert_int_equal(pt_gpu_measuring(g), 0);
+    /* measuring over: past the capacity fails again; the overflow block frees */
+    assert_int_equal(pt_gpu_alloc(g, 768 * 1024, PT_TAG_ACT, &c, NULL, 0), PT_ERR_OOM);
+    assert_int_equal(pt_gpu_free_host(g, b, NULL, why, sizeof why), PT_OK);
+    assert_int_equal(pt_gpu_free_host(g, a, NULL, why, sizeof why), PT_OK);
+    close_dev(g);
+}
+
 static void test_pinned_budget(void **state) {
     (void)state;
     const uint64_t budget = 1 * MiB;
@@ -897,6 +936,7 @@ int main(void) {
         cmocka_unit_test(test_adopt_stream),
         cmocka_unit_test(test_checked_free),
         cmocka_unit_test(test_host_range),
+        cmocka_unit_test(test_measure_overflow),
         cmocka_unit_test(test_pinned_budget),
         cmocka_unit_test(test_pinned_arena),
         cmocka_unit_test(test_failure_injection),

@@ -396,9 +396,18 @@ static void test_too_small_names_minimum(void **state) {
     assert_int_not_equal(ph_start(&h, &t, "device_capacity = 4MiB\n", 1, 1), PT_OK);
     const char *e = P->last_error(h.ctx);
     if (!has(e, "too small for this model and batch") || !has(e, "profiling plan") ||
-        !has(e, "needs at least") || !has(e, "in use when it failed"))
-        fail_msg("profiling: '%s' does not name the minimum", e);
+        !has(e, "it needs ") || !has(e, "measured"))
+        fail_msg("profiling: '%s' does not name the size it measured", e);
+    /* the size said is one that works: the same host and model start with it */
+    unsigned long long need = 0;
+    assert_int_equal(sscanf(strstr(e, "it needs ") + 9, "%llu", &need), 1);
     assert_int_equal(P->finalize(h.ctx), PT_OK);
+    char mem[64];
+    snprintf(mem, sizeof mem, "device_capacity = %llu\n", need);
+    phost h1 = {.arena = 8u << 20};
+    if (ph_start(&h1, &t, mem, 1, 1) != PT_OK)
+        fail_msg("device_capacity = %llu (the size said) fails: %s", need, P->last_error(h1.ctx));
+    assert_int_equal(P->finalize(h1.ctx), PT_OK);
 
     phost h2 = {.arena = 4096};
     assert_int_equal(ph_start(&h2, &t, "device_capacity = 1KiB\n[protrain]\n"

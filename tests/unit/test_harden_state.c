@@ -4,7 +4,8 @@
  * running ones (a warning, the load goes on); a parameter-name mismatch that
  * names two different names; stale temp files of a killed save; values no run
  * can have (NaN, infinities, a negative second moment, an absurd step) in a file
- * whose checksum is valid; no warning when the settings are the same.
+ * whose checksum is valid; no warning when the settings are the same; a file
+ * of another run (another "run." identity in the host's fingerprint) refused.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -49,6 +50,25 @@ static void *start(tiny *t, const char *opt, void (*edit)(tiny *)) {
     void *ctx = hb_open(P, text, &h);
     tiny_make(t);
     if (edit) edit(t);
+    assert_int_equal(P->post_model_load(ctx, &t->m), PT_OK);
+    assert_int_equal(P->create_optimizer(ctx, NULL), PT_OK);
+    return ctx;
+}
+
+/* start() with a host fingerprint; fp is overwritten after init (the host's
+ * text need only live through init) */
+static void *start_fp(tiny *t, const char *fp) {
+    static char buf[256];
+    pt_host_v1 h = hb_host(NULL);
+    h.log = host_log;
+    if (fp) {
+        snprintf(buf, sizeof buf, "%s", fp);
+        h.fingerprint = buf;
+    }
+    void *ctx = hb_open(P, "[plugin]\nbackend = host\nlog_level = warn\n[memory]\n"
+                           "device_capacity = 4MiB\n", &h);
+    snprintf(buf, sizeof buf, "run.seed=999\n");
+    tiny_make(t);
     assert_int_equal(P->post_model_load(ctx, &t->m), PT_OK);
     assert_int_equal(P->create_optimizer(ctx, NULL), PT_OK);
     return ctx;
@@ -332,6 +352,35 @@ static void test_stale_temps(void **s) {
     assert_int_equal(P->finalize(a), PT_OK);
 }
 
+/* A same-step state file of another run loads silently unless the file says
+ * whose it is: the host's "run." fingerprint lines are recorded in the header
+ * and a load under another identity is refused; lines outside "run." may
+ * differ, and a host without them (or a file without an identity) loads. */
+static void test_other_run_refused(void **s) {
+    (void)s;
+    tiny t;
+    void *a = start_fp(&t, "seed=1\nrun.seed=1\nrun.data=x\n");
+    train(a, &t, 2);
+    assert_int_equal(P->save_state(a, dir), PT_OK);
+    assert_int_equal(P->finalize(a), PT_OK);
+    void *b = start_fp(&t, "seed=2\nrun.seed=2\nrun.data=x\n");
+    assert_int_equal(P->load_state(b, dir), PT_ERR_FORMAT);
+    const char *e = P->last_error(b);
+    printf("  another run's file: %s\n", e);
+    if (!strstr(e, "is another run's") || !strstr(e, "run identity"))
+        fail_msg("the refusal does not say the file is another run's: %s", e);
+    assert_int_equal(steps_of(b), 0);   /* nothing restored */
+    assert_int_equal(P->finalize(b), PT_OK);
+    const char *ok[] = {"seed=1\nlr=0.5\nrun.seed=1\nrun.data=x\n", NULL};
+    for (int i = 0; i < 2; i++) {
+        void *c = start_fp(&t, ok[i]);
+        if (P->load_state(c, dir) != PT_OK)
+            fail_msg("fingerprint %s: %s", ok[i] ? "same run" : "none", P->last_error(c));
+        assert_int_equal(steps_of(c), 2);
+        assert_int_equal(P->finalize(c), PT_OK);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_header_bit_flips, setup, teardown),
@@ -340,6 +389,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_stale_temps, setup, teardown),
         cmocka_unit_test_setup_teardown(test_values_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_warning_same_settings, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_other_run_refused, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
