@@ -8,7 +8,7 @@
  * into fp32 scratch first, the 16-bit copy written from the fp32 master), and
  * on the CPU as one job whose slices every worker shares. REKLS's table
  * points at rekls_store.c and rekls_dist.c, and at AdamW's steps for chunks
- * holding none of its params.
+ * holding none of its params; its cpu_seconds (here) is rekls.c's time model.
  */
 #include <stdlib.h>
 #include <string.h>

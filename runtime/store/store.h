@@ -198,9 +198,9 @@ typedef struct pt_store_chunk_info {
      * weights' in l2 mode; their factors, sum 4 (m^2 + n^2)) */
     uint64_t optim_tp_grad_bytes, optim_tp_factor_bytes;
     /* mode C (each param's state at one owner rank): the state words its
-     * params hold in host_bytes (2m^2 + 2n^2 + m + n each), the sum of their
-     * m n, and the largest one param's state + 2 m n (an owner keeps the
-     * moments too) */
+     * params hold in host_bytes (REKLS: 2m^2 + 2n^2 + m + n each), the sum of
+     * their m n, and the largest one param's state + 2 m n (an owner keeps
+     * the moments too) */
     uint64_t optim_aux_words, optim_mn, optim_own_max;
 } pt_store_chunk_info;
 void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out);
