@@ -389,8 +389,8 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
         tb->grad_act_bytes = 0;    /* the host's activation grads live in its own scratch */
     }
     free_rate(rt, t);
-    pt_rekls_rates rk;
-    int rk_have = 0;
+    pt_optim_rates rates;   /* the optimizer kind's, measured on its first need */
+    memset(&rates, 0, sizeof rates);
     for (int k = 0; k < n_chunks; k++) {
         pt_store_chunk_info ci;
         pt_store_chunk_info_get(rt->st, k, &ci);
@@ -403,17 +403,15 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
         tc->mandatory = ci.mandatory;
         tc->dev_bytes = ci.dev_bytes;
         tc->host_bytes = ci.host_bytes;
-        tc->rekls_bytes = ci.rekls_bytes;
-        tc->tp_grad_bytes = ci.rekls_tp_grad_bytes;
-        tc->tp_factor_bytes = ci.rekls_tp_factor_bytes;
-        tc->rekls_aux_words = ci.rekls_aux_words;
-        tc->rekls_mn = ci.rekls_mn;
-        tc->rekls_own_max = ci.rekls_own_max;
-        if (ci.rekls_params > 0) {   /* REKLS's CPU step time, from its own probes */
-            if (!rk_have) pt_rekls_measure_rates(&rk), rk_have = 1;
-            tc->rekls_s = pt_rekls_predict_s(&rk, ci.rekls_params, ci.rekls_gemm_flops,
-                                             ci.rekls_eigh_flops);
-        }
+        /* the trace names the optimizer's own terms after REKLS, the one
+         * kind with any (a file format: trace_cache.c) */
+        tc->rekls_bytes = ci.optim_bytes;
+        tc->tp_grad_bytes = ci.optim_tp_grad_bytes;
+        tc->tp_factor_bytes = ci.optim_tp_factor_bytes;
+        tc->rekls_aux_words = ci.optim_aux_words;
+        tc->rekls_mn = ci.optim_mn;
+        tc->rekls_own_max = ci.optim_own_max;
+        tc->rekls_s = pt_store_chunk_optim_cpu_s(rt->st, k, &rates);
     }
     pt_trace_derive_ranges(t);
     /* the head window holds the loss and the head's backward: split 1:2 like a

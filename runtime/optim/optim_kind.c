@@ -8,7 +8,7 @@
  * into fp32 scratch first, the 16-bit copy written from the fp32 master), and
  * on the CPU as one job whose slices every worker shares. REKLS's table
  * points at rekls_store.c and rekls_dist.c, and at AdamW's steps for chunks
- * holding none of its params.
+ * holding none of its params; its cpu_seconds (here) is rekls.c's time model.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -95,14 +95,32 @@ static void adamw_cpu_step(pt_store *st, cs_chunk *c, const pt_optim_cpu *o) {
     if (a != &one) free(a);
 }
 
+/* REKLS's CPU step of a chunk's params beyond the Adam update: its GEMMs and
+ * eigendecompositions at the rates rekls.c's probes measure (a fixed cost per
+ * call plus FLOPs at a rate; pt_rekls_predict_s). */
+static double rekls_cpu_seconds(pt_optim_rates *r, const pt_optim_terms *t) {
+    _Static_assert(sizeof(pt_rekls_rates) <= sizeof r->w, "pt_optim_rates too small for REKLS");
+    pt_rekls_rates rk;
+    if (t->n_params <= 0) return 0;
+    if (!r->measured) {
+        pt_rekls_measure_rates(&rk);
+        memcpy(r->w, &rk, sizeof rk);
+        r->measured = 1;
+    }
+    memcpy(&rk, r->w, sizeof rk);
+    return pt_rekls_predict_s(&rk, t->n_params, t->gemm_flops, t->eigh_flops);
+}
+
 const pt_optim_kind pt_optk_adamw = {
     .name = "AdamW",
+    .id = PT_OPTIM_ADAMW,
     .dev_step = adamw_dev_step,
     .cpu_step = adamw_cpu_step,
 };
 
 const pt_optim_kind pt_optk_rekls = {
     .name = "REKLS",
+    .id = PT_OPTIM_REKLS,
     .plan_chunk = pt_rk_plan_chunk,
     .plan_store = pt_rk_plan_store,
     .init = pt_rk_init,
@@ -115,8 +133,16 @@ const pt_optim_kind pt_optk_rekls = {
     .param_state = pt_rk_param_state,
     .views_open = pt_rk_sh_views_open,
     .views_close = pt_rk_sh_views_close,
+    .cpu_seconds = rekls_cpu_seconds,
 };
 
 const pt_optim_kind *pt_optk_of(int t) {
     return t == PT_OPTIM_REKLS ? &pt_optk_rekls : &pt_optk_adamw;
+}
+
+const pt_optim_kind *pt_optk_find(int id) {
+    static const pt_optim_kind *const all[] = {&pt_optk_adamw, &pt_optk_rekls};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        if (all[i]->id == id) return all[i];
+    return NULL;
 }

@@ -24,6 +24,8 @@
  *              image holds beyond master, m and v), and in mode C views_open
  *              / views_close around the walk;
  *  teardown    fini.
+ * And for the profiler (through the store, pt_store_chunk_optim_cpu_s):
+ * cpu_seconds, the planner's CPU time of a chunk's optimizer-own work.
  * A NULL entry: the kind has nothing to do there.
  */
 #ifndef PT_OPTIM_KIND_H
@@ -53,6 +55,15 @@ typedef struct pt_optim_terms {
     uint64_t own_words;       /* mode C, split chunk: the words this rank owns */
 } pt_optim_terms;
 
+/* A kind's measured CPU rates for its time model, owned by the caller (one
+ * per profile, zeroed before the first chunk): the kind fills w on its first
+ * need and sets measured, so the probes run once per profile and only when
+ * some chunk has work to time. */
+typedef struct pt_optim_rates {
+    int measured;
+    double w[8];
+} pt_optim_rates;
+
 /* One CPU step of a chunk: AdamW constants, gradient from the fp32 accumulator
  * (from_acc) or the staged copy, lr, clip scale and 1-based step; grp NULL
  * steps it on this thread, else AdamW's runners go into grp with hooks h. */
@@ -67,6 +78,7 @@ typedef struct pt_optim_cpu {
 
 typedef struct pt_optim_kind {
     const char *name;
+    int id;   /* its PT_OPTIM_* (protrain.h): what a state file records */
     void (*plan_chunk)(struct pt_store *st, struct cs_chunk *c);
     int (*plan_store)(struct pt_store *st, char *err, size_t errlen);
     int (*init)(struct pt_store *st, char *err, size_t errlen);
@@ -85,11 +97,16 @@ typedef struct pt_optim_kind {
     float *(*param_state)(struct pt_store *st, int i, uint64_t *words);
     int (*views_open)(struct pt_store *st, int gather, char *err, size_t errlen);
     void (*views_close)(struct pt_store *st, int scatter);
+    /* seconds of one step, on one CPU thread, of the work the kind adds to
+     * the Adam update for a chunk with terms t (0 when t holds none) */
+    double (*cpu_seconds)(pt_optim_rates *r, const pt_optim_terms *t);
 } pt_optim_kind;
 
 extern const pt_optim_kind pt_optk_adamw, pt_optk_rekls;
 
 /* The table of optimizer type t (PT_OPTIM_*; 0 and unknown read as AdamW). */
 const pt_optim_kind *pt_optk_of(int t);
+/* The table whose id is id, or NULL when no kind has it. */
+const pt_optim_kind *pt_optk_find(int id);
 
 #endif

@@ -471,18 +471,22 @@ void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out
     }
     /* several ranks: the fp32 gradient sum is always kept (pt_store_pre_step) */
     if (st->env.coll && c->trainable) out->host_bytes += 4 * out->n_state;
-    /* the kind's planner terms (store.h names them after REKLS, the one kind
-     * that keeps state beyond the Adam moments) */
+    /* the planner terms of the kind the store is laid out for */
     const pt_optim_terms *t = &c->plan;
-    out->rekls_bytes = pt_ms_chunk_optim_dev_bytes(c);
-    out->rekls_gemm_flops = t->gemm_flops;
-    out->rekls_eigh_flops = t->eigh_flops;
-    out->rekls_params = t->n_params;
-    out->rekls_tp_grad_bytes = t->tp_grad_bytes;
-    out->rekls_tp_factor_bytes = t->tp_fac_bytes;
-    out->rekls_aux_words = t->aux_words;
-    out->rekls_mn = t->mn;
-    out->rekls_own_max = t->own_max;
+    out->optim_bytes = pt_ms_chunk_optim_dev_bytes(c);
+    out->optim_gemm_flops = t->gemm_flops;
+    out->optim_eigh_flops = t->eigh_flops;
+    out->optim_params = t->n_params;
+    out->optim_tp_grad_bytes = t->tp_grad_bytes;
+    out->optim_tp_factor_bytes = t->tp_fac_bytes;
+    out->optim_aux_words = t->aux_words;
+    out->optim_mn = t->mn;
+    out->optim_own_max = t->own_max;
+}
+
+double pt_store_chunk_optim_cpu_s(const pt_store *st, int k, pt_optim_rates *r) {
+    const cs_chunk *c = &st->ch[k];
+    return st->ok->cpu_seconds ? st->ok->cpu_seconds(r, &c->plan) : 0;
 }
 
 int pt_store_borrow_slot(pt_store *st, void **dev, uint64_t *bytes) {

@@ -433,7 +433,7 @@ int pt_store_save(pt_store *st, const char *dir, char *err, size_t errlen) {
     h.n_params = (uint32_t)st->env.model->n_params;
     h.rank = (uint32_t)st->env.host->rank;
     h.world_size = (uint32_t)running_world(st);
-    h.optim = (uint32_t)(st->env.opt->type == PT_OPTIM_REKLS ? PT_OPTIM_REKLS : PT_OPTIM_ADAMW);
+    h.optim = (uint32_t)pt_optk_of(st->env.opt->type)->id;
     h.step = img.step;
     h.payload_bytes = img.bytes;
     h.lr = st->env.opt->lr;
@@ -507,13 +507,13 @@ static int check_header(pt_store *st, const st_header *h, const char *path, int 
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s was saved with [dist] "
                        "tp_size %u, this run has %d: its split parameters are other shards",
                        path, ftp, pt_cs_tp_size(st));
-    uint32_t fo = h->optim ? h->optim : PT_OPTIM_ADAMW;
-    uint32_t ro = st->env.opt->type == PT_OPTIM_REKLS ? PT_OPTIM_REKLS : PT_OPTIM_ADAMW;
-    if (fo != ro)
+    /* the file's kind (0: a file from before the field, AdamW) against the
+     * running one; an id no kind has is named unknown */
+    const pt_optim_kind *filek = h->optim ? pt_optk_find((int)h->optim) : &pt_optk_adamw;
+    const pt_optim_kind *runk = pt_optk_of(st->env.opt->type);
+    if (filek != runk)
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s holds %s optimizer state, "
-                       "the running optimizer is %s", path,
-                       fo == PT_OPTIM_REKLS ? "REKLS" : fo == PT_OPTIM_ADAMW ? "AdamW" : "unknown",
-                       ro == PT_OPTIM_REKLS ? "REKLS" : "AdamW");
+                       "the running optimizer is %s", path, filek ? filek->name : "unknown", runk->name);
     /* a file of another run (a copy from another seed's run, at the same step):
      * refused when both the file and this run carry an identity */
     uint64_t fid = (uint64_t)h->run_hi << 32 | h->run_lo, rid = run_ident(st);

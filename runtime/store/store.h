@@ -184,21 +184,33 @@ typedef struct pt_store_chunk_info {
     int mandatory;        /* must stay resident (non-block params, oversize) */
     uint64_t dev_bytes;   /* exact device footprint while persistent */
     uint64_t host_bytes;  /* exact pinned footprint while offloaded */
-    uint64_t rekls_bytes; /* of those, REKLS's factors and bases (+ its scratch on the
-                             device), 0 under AdamW */
-    double rekls_gemm_flops, rekls_eigh_flops; /* one REKLS step of its params */
-    int32_t rekls_params;                      /* how many of its params REKLS steps */
-    /* tensor parallel: fp32 bytes of its split REKLS params' full gradients
-     * (sum 4 m n, also the weights' in l2 mode) and of their factors (sum
-     * 4 (m^2 + n^2)), each all-gathered over the group every step; 0 without */
-    uint64_t rekls_tp_grad_bytes, rekls_tp_factor_bytes;
-    /* REKLS under mode C (each param's state at one owner rank): the aux words
-     * its params hold in host_bytes (2m^2 + 2n^2 + m + n each), the sum of their
-     * m n, and the largest one param's aux + 2 m n (an owner keeps the moments
-     * too); 0 under AdamW */
-    uint64_t rekls_aux_words, rekls_mn, rekls_own_max;
+    /* The optimizer kind's own state and work beyond the Adam moments, for
+     * the planner (every one 0 for a kind without, AdamW; REKLS's meaning in
+     * parentheses). optim_bytes: of dev_bytes / host_bytes, the kind's state
+     * (its factors and bases, + its scratch on the device). */
+    uint64_t optim_bytes;
+    /* one step of the params the kind steps with its own state: its FLOPs by
+     * kind of work (the GEMMs; the eigendecompositions) and how many params */
+    double optim_gemm_flops, optim_eigh_flops;
+    int32_t optim_params;
+    /* tensor parallel: fp32 bytes the kind all-gathers over the group every
+     * step for its split params (their full gradients, sum 4 m n, also the
+     * weights' in l2 mode; their factors, sum 4 (m^2 + n^2)) */
+    uint64_t optim_tp_grad_bytes, optim_tp_factor_bytes;
+    /* mode C (each param's state at one owner rank): the state words its
+     * params hold in host_bytes (REKLS: 2m^2 + 2n^2 + m + n each), the sum of
+     * their m n, and the largest one param's state + 2 m n (an owner keeps
+     * the moments too) */
+    uint64_t optim_aux_words, optim_mn, optim_own_max;
 } pt_store_chunk_info;
 void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out);
+/* Seconds of one CPU step of chunk k's optimizer-own work (the part the
+ * optimizer kind adds to the Adam update, on one thread), from the kind's
+ * time model; 0 when the kind has none. r: the caller's rates, zeroed before
+ * the first chunk, measured by the kind on first need and reused for the
+ * rest (optim/optim_kind.h). */
+struct pt_optim_rates;
+double pt_store_chunk_optim_cpu_s(const pt_store *st, int k, struct pt_optim_rates *r);
 /* A free buffer-pool slot to time copies with (its cached chunk is dropped),
  * or 0 when none is free. */
 int pt_store_borrow_slot(pt_store *st, void **dev, uint64_t *bytes);
