@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include "test_files.h"
+
 static char DIR_[128];
 
 static void write_file(const char *path, const char *text) {
@@ -40,6 +42,23 @@ static int run(const char *ini_text, const char *extra) {
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+/* The last run's output (the caller frees it). */
+static char *out_text(void) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/out.txt", DIR_);
+    char *all = pt_test_slurp(path);
+    assert_non_null(all);
+    return all;
+}
+
+/* A failed run's output on the test's own, so the failure can be read. */
+static void show_out(int rc) {
+    if (!rc) return;
+    char *all = out_text();
+    fputs(all, stdout);
+    free(all);
+}
+
 static void test_metrics_within_capacity(void **st) {
     (void)st;
     snprintf(DIR_, sizeof DIR_, "/tmp/test_run_capacity.XXXXXX");
@@ -51,11 +70,7 @@ static void test_metrics_within_capacity(void **st) {
     char extra[300];
     snprintf(extra, sizeof extra, "--metrics '%s/m.jsonl'", DIR_);
     int rc = run(small, extra);
-    if (rc) {
-        char cat[300];
-        snprintf(cat, sizeof cat, "cat '%s/out.txt'", DIR_);
-        (void)!system(cat);
-    }
+    show_out(rc);
     assert_int_equal(rc, 0);
     char path[256];
     snprintf(path, sizeof path, "%s/m.jsonl", DIR_);
@@ -91,85 +106,63 @@ static void test_metrics_within_capacity(void **st) {
     rc = run("[plugin]\nbackend = host\nlog_level = warn\n[memory]\ndevice_capacity = 6MiB\n"
              "[protrain]\nforce_all_persistent = true\nn_checkpoint = 0\nn_swap = 0\n", "");
     assert_int_not_equal(rc, 0);
-    snprintf(path, sizeof path, "%s/out.txt", DIR_);
-    f = fopen(path, "r");
-    assert_non_null(f);
-    char all[8192] = "";
-    size_t got = fread(all, 1, sizeof all - 1, f);
-    all[got] = 0;
-    fclose(f);
+    char *all = out_text();
     printf("  forced resident: %s", strstr(all, "out of memory") ? strstr(all, "out of memory") : all);
     assert_non_null(strstr(all, "out of memory"));
     assert_non_null(strstr(all, "bytes"));
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", DIR_);
-    assert_int_equal(system(cmd), 0);
+    free(all);
+    assert_int_equal(pt_test_rm_dir(DIR_), 0);
 }
 
 /* The number a pinned-memory refusal asks for works in one round: from
- * pinned_budget = 1, set it to what the message says and the run trains (it
- * named the chunks' bytes alone, then failed again in profiling). */
+ * pinned_budget = 1, set it to what the message says and the run trains (the
+ * chunks' bytes alone would fail again in profiling). */
 static void test_pinned_one_round(void **st) {
     (void)st;
     snprintf(DIR_, sizeof DIR_, "/tmp/test_run_capacity.XXXXXX");
     assert_non_null(mkdtemp(DIR_));
-    char ini[256], path[256], all[8192] = "";
+    char ini[256];
     snprintf(ini, sizeof ini, "[plugin]\nbackend = host\nlog_level = warn\n"
                               "[memory]\ndevice_capacity = 6MiB\npinned_budget = 1\n");
     assert_int_not_equal(run(ini, "--steps 2"), 0);
-    snprintf(path, sizeof path, "%s/out.txt", DIR_);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    size_t got = fread(all, 1, sizeof all - 1, f);
-    all[got] = 0;
-    fclose(f);
+    char *all = out_text();
     const char *at = strstr(all, "pinned_budget to at least ");
     if (!at) fail_msg("the refusal names no budget to set: %s", all);
     unsigned long long want = 0;
     assert_int_equal(sscanf(at, "pinned_budget to at least %llu", &want), 1);
+    free(all);
     printf("  pinned_budget = 1: the refusal asks for %llu bytes\n", want);
     snprintf(ini, sizeof ini, "[plugin]\nbackend = host\nlog_level = warn\n"
                               "[memory]\ndevice_capacity = 6MiB\npinned_budget = %llu\n", want);
     int rc = run(ini, "--steps 2");
-    if (rc) {
-        char cat[300];
-        snprintf(cat, sizeof cat, "cat '%s/out.txt'", DIR_);
-        (void)!system(cat);
-    }
+    show_out(rc);
     assert_int_equal(rc, 0);
     printf("  pinned_budget = %llu: trains\n", want);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", DIR_);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(pt_test_rm_dir(DIR_), 0);
 }
 
 /* The device size a refusal names works in one round: from a capacity far too
  * small (1 MiB, where the host's own buffers do not fit) and from one nearer
  * the need (3 MiB), set device_capacity to the number the message says and the
  * run trains. Counts the runs as a user would (set it, run again) and asserts
- * 2: the refusal, then training. (Before the measuring setup this model took
- * one run per failing allocation.) A host buffer larger than the whole
+ * 2: the refusal, then training (a device failing at its first allocation
+ * past the capacity would take one run per failing allocation). A host buffer larger than the whole
  * capacity is refused at once, before the measurement, and costs a round of
  * its own; this model's host buffers are all below 1 MiB. */
 static int rounds_from(const char *start, unsigned long long *said) {
-    char cap[64], ini[256], path[256];
+    char cap[64], ini[256];
     snprintf(cap, sizeof cap, "%s", start);
     for (int r = 1; r <= 20; r++) {
         snprintf(ini, sizeof ini, "[plugin]\nbackend = host\nlog_level = warn\n"
                                   "[memory]\ndevice_capacity = %s\n", cap);
         if (run(ini, "--steps 3") == 0) return r;
-        char all[8192] = "";
-        snprintf(path, sizeof path, "%s/out.txt", DIR_);
-        FILE *f = fopen(path, "r");
-        assert_non_null(f);
-        size_t got = fread(all, 1, sizeof all - 1, f);
-        all[got] = 0;
-        fclose(f);
+        char *all = out_text();
         const char *at = strstr(all, "it needs ");
         if (!at) at = strstr(all, "needs at least ");
         unsigned long long want = 0;
         if (!at || sscanf(strchr(at, ' ') + 1, "%*[a-z ]%llu", &want) != 1 || !want)
             fail_msg("round %d (device_capacity = %s) names no device size: %s", r, cap, all);
+        free(all);
         printf("  round %d: device_capacity = %s -> it needs %llu bytes\n", r, cap, want);
         *said = want;
         snprintf(cap, sizeof cap, "%llu", want);
@@ -188,9 +181,7 @@ static void test_device_one_round(void **st) {
         printf("  from %s: %d run(s) until it trains (with %llu bytes)\n", starts[i], r, said);
         assert_int_equal(r, 2);
     }
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", DIR_);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(pt_test_rm_dir(DIR_), 0);
 }
 
 int main(void) {

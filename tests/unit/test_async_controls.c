@@ -30,31 +30,23 @@
 #include <cmocka.h>
 
 #include "protrain.h"
+#include "host_builder.h"
 #include "tiny_model.h"
 
 static const pt_plugin_v1 *P = &protrain_plugin_v1;
-static char ini_path[256];
 
 /* long enough that the host's next call lands inside it even on a loaded machine */
 enum { WAIT_MS = 200, N = 64 };
 
 static void *start(tiny *t, int skip) {
-    snprintf(ini_path, sizeof ini_path, "/tmp/pt_async_ctl_%d.ini", (int)getpid());
-    FILE *f = fopen(ini_path, "w");
-    assert_non_null(f);
-    fprintf(f, "[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 4MiB\n"
-               "[protrain]\nforce_all_persistent = true\n[host_backend]\nasync_compute = true\n"
-               "[testing]\ndebug_skip_ordering = %d\n", skip);
-    fclose(f);
-    pt_host_v1 host;
-    memset(&host, 0, sizeof host);
-    host.abi_version = PT_ABI_VERSION;
-    host.struct_size = sizeof host;
-    host.world_size = 1;
+    char ini[320];
+    snprintf(ini, sizeof ini,
+             "[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 4MiB\n"
+             "[protrain]\nforce_all_persistent = true\n[host_backend]\nasync_compute = true\n"
+             "[testing]\ndebug_skip_ordering = %d\n", skip);
+    pt_host_v1 host = hb_host(NULL);
     host.flags = PT_HOST_ASYNC_COMPUTE;
-    void *ctx = NULL;
-    if (P->init(ini_path, &host, &ctx)) fail_msg("init failed: %s", P->last_error(NULL));
-    unlink(ini_path);
+    void *ctx = hb_open(P, ini, &host);
     tiny_make(t);
     assert_int_equal(P->post_model_load(ctx, &t->m), PT_OK);
     assert_int_equal(P->create_optimizer(ctx, NULL), PT_OK);

@@ -750,7 +750,7 @@ static void test_testing_gate(void **s) {
     assert_int_equal(c.debug_skip_ordering, 4);
     assert_int_equal(pt_config_set(&c, "testing", "fail_op", "memset:2", err, sizeof err), 0);
     assert_string_equal(c.fail_op, "memset:2");
-    /* the knobs' old sections no longer take them and say where they went */
+    /* a testing knob under another section is refused, naming [testing] */
     expect_err_has("[host_backend]\ndebug_skip_ordering = 4\n", "belongs in [testing]");
     expect_err_has("[dist]\ndebug_hang_rank = 1\n", "belongs in [testing]");
     if (was) setenv("PROTRAIN_TESTING", keep, 1);

@@ -1,7 +1,7 @@
 /*
  * test_unload.c — the plugin unloaded (dlclose) while a context is live, then
  * loaded again. Unloading must not leave the context's threads running code
- * that is no longer mapped (the process crashed some of the time), and the
+ * that is unmapped (which crashes the process), and the
  * next load must refuse the stale handle with a sentence instead of using
  * memory from the earlier load; a fresh init on the new load works.
  */

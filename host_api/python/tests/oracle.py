@@ -50,10 +50,9 @@ def rel_norm(a, b):
     return (num / den) ** 0.5
 
 
-def reference(model, data, grad_accum=1, lr=1e-3, weight_decay=0.0, max_grad_norm=0.0,
-              betas=(0.9, 0.999), eps=1e-8):
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+def train_losses(model, data, grad_accum, step):
+    """The mean loss of each optimizer step: grad_accum micro-batches of data,
+    each loss scaled by 1/grad_accum before backward, then step()."""
     losses = []
     for s in range(0, len(data), grad_accum):
         tot = 0.0
@@ -61,12 +60,22 @@ def reference(model, data, grad_accum=1, lr=1e-3, weight_decay=0.0, max_grad_nor
             loss = model(input_ids=x, labels=x).loss
             (loss / grad_accum).backward()
             tot += loss.item()
+        step()
+        losses.append(tot / grad_accum)
+    return losses
+
+
+def reference(model, data, grad_accum=1, lr=1e-3, weight_decay=0.0, max_grad_norm=0.0,
+              betas=(0.9, 0.999), eps=1e-8):
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+    def step():
         if max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         opt.step()
         opt.zero_grad()
-        losses.append(tot / grad_accum)
-    return losses
+    return train_losses(model, data, grad_accum, step)
 
 
 def through_plugin(model, ini, data, grad_accum=1, lr=1e-3, weight_decay=0.0, max_grad_norm=0.0,
@@ -76,16 +85,7 @@ def through_plugin(model, ini, data, grad_accum=1, lr=1e-3, weight_decay=0.0, ma
                           plugin=plugin or "protrain", **kw)
     if setup:
         setup(model)
-    losses = []
-    for s in range(0, len(data), grad_accum):
-        tot = 0.0
-        for x in data[s:s + grad_accum]:
-            loss = model(input_ids=x, labels=x).loss
-            (loss / grad_accum).backward()
-            tot += loss.item()
-        opt.step()
-        losses.append(tot / grad_accum)
-    return model, losses
+    return model, train_losses(model, data, grad_accum, opt.step)
 
 
 def pair(kind, ini, plugin, steps=STEPS, grad_accum=1, freeze=None, setup=None, **hp):
