@@ -18,7 +18,7 @@
 
 #include "test_files.h"
 
-static char DIR_[128];
+static char DIR_[64];
 
 static void write_file(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
