@@ -135,6 +135,11 @@ int pt_store_optimizer_step(pt_store *st, float lr, char *err, size_t errlen);
 /* The host's profile_step is running: no optimizer exists yet, and that is fine. */
 void pt_store_set_profiling(pt_store *st, int on);
 int pt_store_set_lr(pt_store *st, float lr);
+/* The step in progress dropped (discard.c): windows, leases, arenas and its
+ * gradients, back to the state after the last optimizer_step; eval: an
+ * evaluation pass (no gradients). Refused (PT_ERR_ORDER, nothing changed)
+ * when the CPU optimizer already stepped a chunk of this step. */
+int pt_store_discard(pt_store *st, int eval, char *err, size_t errlen);
 
 /* Host services. */
 int pt_acts_arena(pt_store *st, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen);

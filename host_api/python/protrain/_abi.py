@@ -178,6 +178,9 @@ _table_hooks = [
     ("stream_sync", C.CFUNCTYPE(i32, vp)),
     ("tiled_mlp_scratch", C.CFUNCTYPE(i32, vp, u64, PP)),
     ("dist_allreduce", C.CFUNCTYPE(i32, vp, C.POINTER(C.c_double), i32)),
+    ("reserved_abi16_0", vp),                       # ABI 1.6 slot 0 (another hook)
+    ("discard_step", C.CFUNCTYPE(i32, vp)),         # ABI 1.6
+    ("replan", C.CFUNCTYPE(i32, vp, i64, i64)),     # ABI 1.6
 ]
 
 
@@ -187,7 +190,7 @@ class pt_plugin_v1(C.Structure):
         ("struct_size", u32),
         ("name", C.c_char_p),
         ("version", C.c_char_p),
-    ] + _table_hooks + [("reserved", vp * 4)]
+    ] + _table_hooks + [("reserved", vp * 1)]
 
 
 # The mandatory core of a v1 table: every field through finalize (as loader.c).
