@@ -111,7 +111,9 @@ int pt_rt_replan(pt_rt *rt, int64_t batch, int64_t seq, pt_rt_profile_fn profile
     rt->kn.n_checkpoint = rt->n_blocks;
     rt->kn.source = "bootstrap";
     rc = build_from(rt, &img, err, errlen);
+    rt->prof_hook = "profiling the new shape";
     if (!rc) rc = profile(user);
+    rt->prof_hook = NULL;
     if (rc) {
         /* back to the old shape and plan: the sentence above stays the error */
         char e2[512];
