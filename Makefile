@@ -125,7 +125,7 @@ ifneq ($(PT_DEBROOT),)
   export OPAL_SYSCONFDIR := $(DEBROOT)/etc/openmpi
 endif
 
-CORE_SRCS := host_api/util.c host_api/clock.c $(wildcard plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c gpu/coll/*.c gpu/coll/mpi/*.c)
+CORE_SRCS := host_api/util.c host_api/clock.c $(wildcard plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c gpu/coll/*.c gpu/coll/mpi/*.c gpu/coll/host/*.c)
 CORE_OBJS := $(CORE_SRCS:%.c=$(BUILD)/obj/%.o)
 UTIL_OBJ := $(BUILD)/obj/host_api/util.o $(BUILD)/obj/host_api/clock.o
 # What a host links to load the plugin: the loader and the shared helpers it uses.

@@ -218,7 +218,7 @@ static void test_file_rendezvous(void **s) {
 static int open_nccl(const char *lib, const char *rdzv, char *err, size_t errlen) {
     char init[300];
     snprintf(init, sizeof init, "file://%s", rdzv);
-    pt_coll_config cfg = {1, 0, init, 5.0, -1, "nccl", 0, lib};
+    pt_coll_config cfg = {1, 0, init, 5.0, -1, "nccl", 0, lib, NULL};
     pt_coll *c = NULL;
     int rc = pt_coll_open(&cfg, &c, err, errlen);
     if (!rc) {
@@ -257,7 +257,7 @@ static void test_front_dispatch(void **s) {
     snprintf(lib, sizeof lib, "%s/tests/plugins/fakenccl_works.so", build_dir());
     path_for(p, sizeof p, "front");
     snprintf(init, sizeof init, "file://%s", p);
-    pt_coll_config cfg = {1, 0, init, 5.0, -1, "nccl", 0, lib};
+    pt_coll_config cfg = {1, 0, init, 5.0, -1, "nccl", 0, lib, NULL};
     pt_coll *c = NULL;
     if (pt_coll_open(&cfg, &c, err, sizeof err)) fail_msg("open: %s", err);
     struct stat st;
