@@ -37,6 +37,7 @@ import torch
 
 from . import _abi as A
 from . import _acts
+from . import _dist
 from . import _mem
 from . import _model
 from ._plugin import Context, Error, Table
@@ -111,12 +112,25 @@ class Adapter:
             (self.nonblock if info.block < 0 else self.block_params[info.block]).append(i)
         self.n_trainable = [sum(self.infos[i].trainable for i in ps) for ps in self.block_params]
         self.cb_exc = None
+        self.hostcoll = None         # _dist.HostColl: the plugin's collectives over torch.distributed
         if session is None:
             self.table = Table(plugin)
             self._make_host()
             rank, world, local = _launcher_rank()
+            group = _dist.group_for(cuda=False)
+            if group is not None and group[1] > 1:   # the plugin runs over torch.distributed
+                rank, world = group
+                _dist.check_backend()
+                self.hostcoll = _dist.HostColl(rank, world)
+                self.host.coll = C.pointer(self.hostcoll.table)
             self.host.rank, self.host.world_size, self.host.local_rank = rank, world, local
-            self.ctx = Context(self.table, config, self.host)
+            try:
+                self.ctx = Context(self.table, config, self.host)
+            except Error as e:
+                exc = self.hostcoll.take_exc() if self.hostcoll is not None else None
+                if exc is not None:
+                    raise exc from e
+                raise
         else:       # cuda: the context protrain.torch.init made; its callbacks reach us
             self.table, self.host, self.ctx = session.table, session.host, session.ctx
             session.adapter = self
@@ -177,6 +191,8 @@ class Adapter:
             return self.ctx.call(hook, *args)
         except Error as e:
             exc, self.cb_exc = self.cb_exc, None
+            if exc is None and self.hostcoll is not None:
+                exc = self.hostcoll.take_exc()
             if exc is not None:
                 raise exc from e
             raise
