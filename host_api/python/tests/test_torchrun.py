@@ -1,14 +1,15 @@
 """2 ranks under torchrun (no MPI: the plugin's collectives run over the
 gloo process group through the host's collectives table, pt_host_v1.coll)
-against 1 process with grad_accum = 2 on the same micro-batches, on a
-streamed (offloaded) plan: mode B, and mode C (zero3_shard = on). The mean
+against 1 process with grad_accum = 2 on the same micro-batches (the
+1-process run on a streamed plan): mode B (streamed), mode C (streamed,
+zero3_shard = on) and mode A (all resident). The mean
 of the ranks' losses must match the one process's mean loss within LOSS_TOL
 relative, and the final weights within WEIGHT_TOL (relative norm).
 
 Negative control: the same run with a host whose all_to_all moves nothing
 (each rank gets back only its own blocks, so every all-reduce leaves a
 rank's own gradient) must miss the one-process losses by more than LOSS_TOL.
-One torchrun launch trains all three runs (about 35 s on 2 cores)."""
+One torchrun launch trains all four runs (about 45 s on 2 loaded cores)."""
 import json
 import os
 import socket
@@ -23,15 +24,16 @@ import protrain.torch as ptt
 from conftest import BUILD, HERE, PLUGIN
 
 STEPS = 3
-# Measured: loss 3.8e-8, weights 3.6e-7 in both modes (2 finished gradients
+# Measured: loss 3.8e-8, weights 3.6e-7 in all three modes (2 finished gradients
 # added vs 1 rank adding micro-batch 2 onto micro-batch 1 piece by piece).
 LOSS_TOL = 1e-5
 WEIGHT_TOL = 1e-6
 BASE = "[plugin]\nbackend = host\nlog_level = error\n"
 STREAMED = ("[memory]\ndevice_capacity = 64MiB\n[protrain]\nauto_memory = false\nn_persist = 0\n"
             "n_buffer = 6\nn_swap = 0\nn_checkpoint = 0\nchunk_size = 128KiB\n")
-RUNS = [("B", "ok", "zero3_shard = off\n"), ("C", "ok", "zero3_shard = on\n"),
-        ("B", "lonely", "zero3_shard = off\n")]
+RUNS = [("B", "ok", STREAMED + "zero3_shard = off\n"), ("C", "ok", STREAMED + "zero3_shard = on\n"),
+        ("A", "ok", "[protrain]\nforce_all_persistent = true\n"),
+        ("B", "lonely", STREAMED + "zero3_shard = off\n")]
 
 
 def _free_port():
@@ -49,7 +51,7 @@ def runs(tmp_path_factory):
     args = []
     for i, (_, variant, extra) in enumerate(RUNS):
         p = out / ("run%d.ini" % i)
-        p.write_text(BASE + STREAMED + extra)
+        p.write_text(BASE + extra)
         args.append("%s:%s" % (variant, p))
     torchrun = os.path.join(BUILD, "venv", "bin", "torchrun")
     if not os.path.exists(torchrun):
@@ -78,7 +80,7 @@ def _loss_gap(ranks, one):
     return max(abs(a - b) / abs(b) for a, b in zip(two, one)), two
 
 
-@pytest.mark.parametrize("i", [0, 1], ids=["mode_B", "mode_C"])
+@pytest.mark.parametrize("i", [0, 1, 2], ids=["mode_B", "mode_C", "mode_A"])
 def test_torchrun_vs_grad_accum(runs, i):
     recs, one, ref, out = runs
     mode = RUNS[i][0]
@@ -95,7 +97,7 @@ def test_torchrun_vs_grad_accum(runs, i):
 
 def test_torchrun_lonely_host_is_caught(runs):
     recs, one, _, _ = runs
-    gap, two = _loss_gap(recs[2], one)
+    gap, two = _loss_gap(recs[3], one)
     print("lonely host: loss gap %.3g" % gap)
     assert gap > LOSS_TOL, (two, one)
 
