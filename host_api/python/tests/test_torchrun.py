@@ -125,3 +125,16 @@ def test_exception_in_an_op_becomes_the_plugins_error(plugin_path, ini):
     assert e.value.status_name == "PT_ERR_BACKEND", e.value
     assert "ValueError: the group is gone (8 bytes)" in e.value.sentence, e.value.sentence
     assert isinstance(hc.take_exc(), ValueError)
+
+
+def test_a_group_without_cpu_transport_is_refused(monkeypatch):
+    """A default group that cannot move CPU tensors (NCCL alone) is refused
+    before the plugin starts; gloo and cpu:gloo,cuda:nccl pass."""
+    from protrain import _dist
+    for backend, ok in (("nccl", False), ("gloo", True), ("cpu:gloo,cuda:nccl", True)):
+        monkeypatch.setattr(_dist.dist, "get_backend", lambda group=None, b=backend: b)
+        if ok:
+            _dist.check_backend()
+        else:
+            with pytest.raises(RuntimeError, match="backend is nccl, which cannot move the CPU"):
+                _dist.check_backend()
