@@ -48,7 +48,7 @@ class Adapter(PluginGlue, ParamWindows, StepSchedule, BlockHooks, Recompute, Hoo
             (self.nonblock if info.block < 0 else self.block_params[info.block]).append(i)
         self.n_trainable = [sum(self.infos[i].trainable for i in ps) for ps in self.block_params]
         self.cb_exc = None
-        self.hostcoll = None         # _dist.HostColl: the plugin's collectives over torch.distributed
+        self.hostcoll = None         # _dist.HostColl when the ranks meet over torch.distributed
         if session is None:
             self.table = Table(plugin)
             self._make_host()

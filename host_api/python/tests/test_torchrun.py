@@ -10,6 +10,7 @@ Negative control: the same run with a host whose all_to_all moves nothing
 (each rank gets back only its own blocks, so every all-reduce leaves a
 rank's own gradient) must miss the one-process losses by more than LOSS_TOL.
 One torchrun launch trains all four runs (about 45 s on 2 loaded cores)."""
+import ctypes as C
 import json
 import os
 import socket
@@ -20,8 +21,11 @@ import pytest
 import torch
 
 import oracle
+import protrain
 import protrain.torch as ptt
 from conftest import BUILD, HERE, PLUGIN
+from protrain import _abi as A
+from protrain import _dist
 
 STEPS = 3
 # Measured: loss 3.8e-8, weights 3.6e-7 in all three modes (2 finished gradients
@@ -106,11 +110,6 @@ def test_exception_in_an_op_becomes_the_plugins_error(plugin_path, ini):
     """An op that raises returns an error with "Type: message" in the plugin's
     buffer (quoted by last_error, here from the start-up exchange of init),
     keeps the exception for the adapter to chain, and crashes nothing."""
-    from protrain import _abi as A
-    from protrain import _dist
-    import ctypes as C
-    import protrain
-
     hc = _dist.HostColl(0, 2)
 
     def boom(send, recv, n):
@@ -130,7 +129,6 @@ def test_exception_in_an_op_becomes_the_plugins_error(plugin_path, ini):
 def test_a_group_without_cpu_transport_is_refused(monkeypatch):
     """A default group that cannot move CPU tensors (NCCL alone) is refused
     before the plugin starts; gloo and cpu:gloo,cuda:nccl pass."""
-    from protrain import _dist
     for backend, ok in (("nccl", False), ("gloo", True), ("cpu:gloo,cuda:nccl", True)):
         monkeypatch.setattr(_dist.dist, "get_backend", lambda group=None, b=backend: b)
         if ok:
