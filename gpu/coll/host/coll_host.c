@@ -42,7 +42,8 @@ struct pt_host_coll {
     int32_t (*a2a)(void *, const void *, void *, uint64_t, char *, uint64_t);  /* or NULL */
     int32_t (*bar)(void *, char *, uint64_t);                                  /* or NULL */
     size_t seg;           /* elements per segment: SEG_ELEMS, / W without all_to_all */
-    char *send, *recv;    /* staging, W x SEG_ELEMS x 8 bytes each */
+    char *send, *recv;    /* staging: W x SEG_ELEMS x 8 bytes (recv SEG_ELEMS x 8 more
+                             without all_to_all) */
 };
 
 /* Field f of the host's table when its struct_size covers it, else NULL. */
