@@ -203,6 +203,15 @@ const char *pt_coll_transport(const pt_coll *c) {
 int pt_coll_rank(const pt_coll *c) { return c ? c->rank : 0; }
 int pt_coll_world(const pt_coll *c) { return c ? c->world : 1; }
 
+/* host: the front's broken flag (set by a stop of this rank) refuses before
+ * the host is called; the transport keeps its own for failed ops. */
+static int host_ok(const pt_coll *c, const char *what, char *err, size_t errlen) {
+    if (c->broken)
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "[dist] %s: an earlier collective failed; the group is broken", what);
+    return PT_OK;
+}
+
 /* nccl: refuse on a broken group, and play the hung rank when a test asks for
  * one (as the MPI transport does inside its own calls). */
 static int nccl_begin(pt_coll *c, const char *what, char *err, size_t errlen) {
@@ -228,7 +237,10 @@ static int nccl_end(pt_coll *c, int rc) {
 
 int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale,
                       const char *what, char *err, size_t errlen) {
-    if (c && c->hc) return pt_host_coll_allreduce(c->hc, buf, n, dtype, scale, what, err, errlen);
+    if (c && c->hc)
+        return host_ok(c, what, err, errlen)
+                   ? PT_ERR_BACKEND
+                   : pt_host_coll_allreduce(c->hc, buf, n, dtype, scale, what, err, errlen);
     if (c && c->nccl) {
         int rc = nccl_begin(c, what, err, errlen);
         return rc ? rc : nccl_end(c, c->nc.ops->allreduce(c->nc.h, buf, n, dtype, scale, what,
@@ -238,7 +250,9 @@ int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sca
 }
 
 int pt_coll_barrier(pt_coll *c, char *err, size_t errlen) {
-    if (c && c->hc) return pt_host_coll_barrier(c->hc, err, errlen);
+    if (c && c->hc)
+        return host_ok(c, "barrier", err, errlen) ? PT_ERR_BACKEND
+                                                  : pt_host_coll_barrier(c->hc, err, errlen);
     if (c && c->nccl) {
         int rc = nccl_begin(c, "barrier", err, errlen);
         return rc ? rc : nccl_end(c, c->nc.ops->barrier(c->nc.h, err, errlen));
@@ -248,7 +262,10 @@ int pt_coll_barrier(pt_coll *c, char *err, size_t errlen) {
 
 int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const char *what,
                       char *err, size_t errlen) {
-    if (c && c->hc) return pt_host_coll_allgather(c->hc, buf, n, elem_size, what, err, errlen);
+    if (c && c->hc)
+        return host_ok(c, what, err, errlen)
+                   ? PT_ERR_BACKEND
+                   : pt_host_coll_allgather(c->hc, buf, n, elem_size, what, err, errlen);
     if (c && c->nccl) {
         int rc = nccl_begin(c, what, err, errlen);
         return rc ? rc : nccl_end(c, c->nc.ops->allgather(c->nc.h, buf, n, elem_size, what, err,
@@ -352,7 +369,9 @@ int pt_coll_alltoallv(pt_coll *c, const void *send, const size_t *soff, const si
 int pt_coll_reduce_scatter(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale,
                            const char *what, char *err, size_t errlen) {
     if (c && c->hc)
-        return pt_host_coll_reduce_scatter(c->hc, buf, n, dtype, scale, what, err, errlen);
+        return host_ok(c, what, err, errlen)
+                   ? PT_ERR_BACKEND
+                   : pt_host_coll_reduce_scatter(c->hc, buf, n, dtype, scale, what, err, errlen);
     if (c && c->nccl) {
         int rc = nccl_begin(c, what, err, errlen);
         return rc ? rc : nccl_end(c, c->nc.ops->reduce_scatter(c->nc.h, buf, n, dtype, scale,
