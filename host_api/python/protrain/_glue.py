@@ -8,8 +8,8 @@ which needs a real batch; the adapter therefore defers post_model_load and
 create_optimizer to the first forward and profiles with that forward's inputs
 (profile_step runs one forward and a backward of the output: the loss when the
 model returns one, else the sum of the first output). The plan is made for
-that batch's shape, and the ABI has no hook to plan again: a training batch of
-another shape is refused (_schedule.StepSchedule._check_shape).
+that batch's shape; smaller batches reuse it and a larger one is planned for
+again (_shapes.ShapePlan, the plugin's replan).
 """
 import ctypes as C
 import os
@@ -114,7 +114,10 @@ class PluginGlue:
 
     # ---- loading (deferred to the first forward, which profiles) ----
     def _load(self, args, kwargs):
-        self.params, self._keep = _model.describe(self.infos)
+        # after a failed first forward (its profile raised) the parameters
+        # hold placeholders: the descriptors made then still hold the values
+        if getattr(self, "_keep", None) is None:
+            self.params, self._keep = _model.describe(self.infos)
         m = A.pt_model_v1()
         m.struct_size = C.sizeof(m)
         m.n_params = len(self.infos)
@@ -131,9 +134,14 @@ class PluginGlue:
             info.param.data = _placeholder(info.param.dtype)
         # the profile's passes draw from the RNG (dropout); fork it so training
         # sees the same random stream as without the plugin
-        with torch.random.fork_rng(devices=self._rng_devices()):
-            self.call("post_model_load", C.byref(m))
-        self.profile_args = None
+        try:
+            with torch.random.fork_rng(devices=self._rng_devices()):
+                self.call("post_model_load", C.byref(m))
+        except BaseException:
+            self._reset_pass()     # the profile's pass, if one was open
+            raise
+        finally:
+            self.profile_args = None
         self._keep = None          # the plugin copied the initial values
         o = A.pt_optim_v1()
         o.struct_size = C.sizeof(o)

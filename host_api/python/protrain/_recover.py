@@ -94,11 +94,11 @@ class StepRecovery:
             raise RuntimeError("protrain: %s, and the step cannot be dropped: %s"
                                % (what, e.sentence)) from e
         self._reset_pass()
-        if training:
-            if self.micro > 0:
-                self.step -= 1
+        if training:     # the step had started: pre_step counted its first micro-batch
+            self.step -= 1
             self.micro, self.loss_sum, self.loss_n, self.lr_set = 0, 0.0, 0, None
             self.dropped_steps += 1
+            self.just_dropped = True
             msg = ("protrain: %s; step %d was dropped (%d micro-batch(es) since the last "
                    "optimizer.step(), this one included, with their gradients): weights and "
                    "optimizer state are as after step %d, and the next forward starts step %d "
