@@ -21,7 +21,7 @@
 #   mk/install.mk  install, uninstall
 #
 # Sources are picked up by wildcard so a new file needs no Makefile edit:
-#   plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c gpu/coll/*.c gpu/coll/mpi/*.c
+#   plugin/*.c runtime/*/*.c runtime/*/*/*.c gpu/*.c gpu/host/*.c gpu/coll/*.c gpu/coll/mpi/*.c
 #                                                -> build/protrain_plugin.so (+ libprotrain_core.a)
 #   gpu/cuda/*.cu gpu/cuda/*.c                  -> build/libprotrain_cuda.so
 #   gpu/coll/nccl/*.c gpu/coll/nccl/cuda/*.cu    -> build/libprotrain_nccl.so (when nccl.h exists)

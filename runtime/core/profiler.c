@@ -405,13 +405,13 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
         tc->host_bytes = ci.host_bytes;
         /* the trace names the optimizer's own terms after REKLS, the one
          * kind with any (a file format: trace_cache.c) */
-        tc->rekls_bytes = ci.optim_bytes;
+        tc->optim_bytes = ci.optim_bytes;
         tc->tp_grad_bytes = ci.optim_tp_grad_bytes;
         tc->tp_factor_bytes = ci.optim_tp_factor_bytes;
-        tc->rekls_aux_words = ci.optim_aux_words;
-        tc->rekls_mn = ci.optim_mn;
-        tc->rekls_own_max = ci.optim_own_max;
-        tc->rekls_s = pt_store_chunk_optim_cpu_s(rt->st, k, &rates);
+        tc->optim_aux_words = ci.optim_aux_words;
+        tc->optim_mn = ci.optim_mn;
+        tc->optim_own_max = ci.optim_own_max;
+        tc->optim_s = pt_store_chunk_optim_cpu_s(rt->st, k, &rates);
     }
     pt_trace_derive_ranges(t);
     /* the head window holds the loss and the head's backward: split 1:2 like a
