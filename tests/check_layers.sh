@@ -15,6 +15,9 @@
 #     reach REKLS's private state);
 #  2b. runtime/optim (the math: worker pool, CPU AdamW, the REKLS step) includes
 #     no store header: the store uses optim, never the other way round;
+#  2c. runtime/core names the features that extend it (osft/, tiled/) only in
+#     rt_ext.c, their list: no other core file includes a feature's header or
+#     calls a pt_osft_ / pt_tiled_ function (it reaches them through pt_rt_ext);
 #     of the collectives (gpu/coll/) runtime sees only coll/coll.h; and
 #     store/ord_bits.h (the testing ordering bits, kept out of store.h's
 #     interface, which the code honouring an ordering and the tests name);
@@ -61,6 +64,9 @@ while IFS= read -r f; do bad "$f includes REKLS's private header store/kinds/rek
 # 2b
 while IFS= read -r hit; do bad "runtime/optim must not include a store header: $hit"; done < <(
   grep -rnE '#\s*include\s*"(\.\./)?store/' runtime/optim)
+# 2c
+while IFS= read -r hit; do bad "only core/rt_ext.c may name a feature of the runtime object: $hit"; done < <(
+  grep -nE '#\s*include\s*"(osft|tiled)/|\bpt_(osft|tiled)_' runtime/core/*.[ch] | grep -v '^runtime/core/rt_ext\.c:')
 for f in runtime/*/*.[ch] runtime/*/*/*.[ch]; do
   [ -e "$f" ] || continue
   sub=${f#runtime/}; sub=${sub%%/*}
