@@ -19,6 +19,7 @@
 #                  bench-torch
 #   mk/fuzz.mk     libFuzzer targets (clang): fuzz, fuzz-build
 #   mk/install.mk  install, uninstall
+#   mk/lint.mk     lint (ruff, make test runs it), format-check, format (clang-format)
 #
 # Sources are picked up by wildcard so a new file needs no Makefile edit:
 #   plugin/*.c runtime/*/*.c runtime/*/*/*.c gpu/*.c gpu/host/*.c gpu/coll/*.c gpu/coll/mpi/*.c
@@ -53,6 +54,7 @@ include mk/test.mk
 include mk/python.mk
 include mk/fuzz.mk
 include mk/install.mk
+include mk/lint.mk
 
 # make help: the targets whose rule carries a "## what it does" comment.
 help: ## this list
