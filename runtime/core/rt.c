@@ -40,16 +40,12 @@ static int tp_groups(pt_rt *rt, int P, char *err, size_t errlen) {
 
 /* Configured features this build does not have, as a sentence (NULL: none). */
 static const char *unbuilt(const pt_config *cfg, const pt_host_v1 *host) {
-    const char *missing = NULL;
-    if (cfg->osft_enabled && cfg->tiled_mlp_enabled)
-        missing = "[osft] enabled with [tiled_mlp] enabled: TiledMLP's per-tile gradient "
-                  "accumulator does not know the OSFT factors yet; enable one of them";
-    else if (host && host->world_size > 1 && !strcmp(cfg->dist_backend, "none"))
+    /* the features' own (which combine, and with tensor parallelism) first */
+    const char *missing = pt_rt_ext_refuse(cfg);
+    if (missing) return missing;
+    if (host && host->world_size > 1 && !strcmp(cfg->dist_backend, "none"))
         missing = "[dist] backend = none with world_size > 1: the ranks could not agree on "
                   "gradients";
-    else if (cfg->tp_size > 1 && cfg->osft_enabled)
-        missing = "[dist] tp_size > 1 with [osft] enabled: OSFT's factors are not split over a "
-                  "tensor-parallel group yet; set tp_size = 1 or disable OSFT";
     else if (cfg->tp_size > 1 && cfg->zero3_shard == 1)
         missing = "[dist] tp_size > 1 with [protrain] zero3_shard = on: mode C (sharded "
                   "optimizer states) is not combined with tensor parallelism yet";
@@ -217,6 +213,7 @@ size_t pt_rt_destroy(pt_rt *rt) {
     if (!rt) return 0;
     (void)pt_rt_store_free(rt, NULL, 0);   /* logged: finalize goes on */
     pt_rt_ext_unload(rt);
+    pt_rt_ext_fini(rt);
     pt_rt_plan_free(rt);
     pt_coll_close(rt->dp_coll);   /* sub-groups before their group */
     pt_coll_close(rt->tp_coll);
