@@ -61,8 +61,8 @@ int pt_rt_dist_allreduce(pt_rt *rt, double *values, int32_t n, char *err, size_t
 int pt_rt_post_step(pt_rt *rt, int64_t step, float loss, char *err, size_t errlen);
 /* discard_step (rt_discard.c): the step in progress dropped (eval: an
  * evaluation pass, which holds no gradient); refused before any change when
- * it cannot be undone (store/discard.c), with several ranks, while profiling
- * or inside a tile loop. */
+ * it cannot be undone (store/discard.c), with several ranks, or while
+ * profiling. */
 int pt_rt_discard_step(pt_rt *rt, int eval, char *err, size_t errlen);
 /* replan (rt_replan.c): profile and plan again for batch x seq, between steps.
  * profile(user) runs the profiling passes through the host's profile_step and

@@ -12,10 +12,12 @@ int pt_rt_discard_step(pt_rt *rt, int eval, char *err, size_t errlen) {
     if (rt->broken)
         return pt_fail(err, errlen, rt->broken, "discard_step: the plugin lost its state in a "
                        "failed re-plan (see the log)");
-    if (rt->prof || rt->in_tiles)
+    /* a tile loop or a recompute calls the host from inside a hook, which
+     * plugin.c refuses (a nested call); profiling is checked here too */
+    if (rt->prof)
         return pt_fail(err, errlen, PT_ERR_ORDER,
-                       "discard_step called out of order: %s is running; return from it first",
-                       rt->prof ? "profiling (the host's profile_step)" : "a TiledMLP tile loop");
+                       "discard_step called out of order: profiling (the host's profile_step) "
+                       "is running; return from it first");
     if (rt->coll && !eval)
         /* a rank that drops its gradients while the others all-reduce theirs
          * would leave the group waiting, and the ranks' weights would part */
