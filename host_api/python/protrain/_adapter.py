@@ -27,10 +27,10 @@ from ._plugin import Table
 from ._recompute import Recompute
 from ._recover import StepRecovery
 from ._schedule import StepSchedule
-from ._shapes import ShapePlan
+from ._shapes import ShapePlan, check_plan_shape
 from ._windows import ParamWindows
 
-__all__ = ["Adapter", "_launcher_rank"]
+__all__ = ["Adapter", "_launcher_rank", "check_plan_shape"]
 
 
 class Adapter(PluginGlue, ParamWindows, StepSchedule, ShapePlan, StepRecovery, BlockHooks,
@@ -88,6 +88,7 @@ class Adapter(PluginGlue, ParamWindows, StepSchedule, ShapePlan, StepRecovery, B
         self.pending_load = None
         self.shape = None            # (batch, sequence) the plan was profiled for
         self.replans = 0             # plans made for a larger batch (_shapes)
+        self.plan_shape = None       # wrap(plan_shape=): the least shape to plan for
         self.dropped_steps = 0       # steps dropped after a failure (_recover)
         self.just_dropped = False    # the last training pass's step was dropped
         # activation modes (_acts: COPY, REF, META) per block under the current

@@ -21,6 +21,7 @@ from . import _dist
 from . import _model
 from ._plugin import Context, Error
 from ._schedule import _batch_shape
+from ._shapes import padded
 from ._windows import _placeholder
 
 
@@ -123,13 +124,14 @@ class PluginGlue:
         m.n_params = len(self.infos)
         m.params = C.cast(self.params, C.POINTER(A.pt_param_v1))
         m.n_blocks = self.L
-        self.shape = _batch_shape(args, kwargs)
+        first = _batch_shape(args, kwargs)
+        self.shape = self._first_shape(first)
         m.batch, m.seq = self.shape if self.shape is not None else (1, 1)
         self._arch = ("torch:%s:%s" % (type(self.model).__name__, getattr(
             getattr(self.model, "config", None), "model_type", "?"))).encode()
         m.arch = self._arch
         self.model_desc = m
-        self.profile_args = (args, kwargs)
+        self.profile_args = padded(args, kwargs, first, self.shape)
         for info in self.infos:
             info.param.data = _placeholder(info.param.dtype)
         # the profile's passes draw from the RNG (dropout); fork it so training

@@ -15,12 +15,17 @@ as at the first forward) and planned for before its pass starts, and its
 shape becomes the plan's. When the device cannot hold it the plugin refuses
 with the bytes it needed; the old plan stays, so smaller batches train on.
 
-Cost: one profile (as at the first forward) per growth. The plan's shape
-only grows per dimension for a new batch larger in both; a batch larger in
-one dimension and smaller in the other is planned at its own shape, so
-alternating between (8, 512) and (16, 256) re-plans each time: put the
-largest batch first (the HF Trainer's group_by_length does), or keep the
-batch size fixed.
+The shape planned for is the larger of the batch's and the plan's in each
+dimension (alternating (8, 512) and (16, 256) plans once, for (16, 512)), and
+at the first forward the larger of the batch's and wrap(plan_shape=) (the
+largest shape the run will see, when the caller knows it: then no later
+batch needs a profile). The profile runs on a batch of that shape made from
+the real one by repeating its rows and its positions (every tensor argument
+whose first two dimensions are the batch's: input_ids, attention_mask,
+labels, inputs_embeds, position_ids), so every value is one the model
+accepts; only its sizes matter to the profile. Cost: one profile (as at the
+first forward) per growth; without plan_shape, put the largest batch first
+(the HF Trainer's group_by_length does).
 
 Evaluation passes take any shape: they hold no activations for backward.
 """
@@ -32,6 +37,44 @@ from ._plugin import Error
 from ._schedule import _batch_shape, _shape_text
 
 _log = logging.getLogger("protrain")
+
+
+def check_plan_shape(shape):
+    """wrap(plan_shape=): None, or (batch, sequence) of positive ints."""
+    if shape is None:
+        return None
+    try:
+        b, t = (int(v) for v in shape)
+    except (TypeError, ValueError):
+        b = t = 0
+    if b < 1 or t < 1:
+        raise ValueError("protrain.torch.wrap: plan_shape must be (batch, sequence) with both "
+                         ">= 1, got %r" % (shape,))
+    return (b, t)
+
+
+def _grown(a, b):
+    """The smallest shape holding both (per dimension); None when either is."""
+    if a is None or b is None:
+        return a if b is None else b
+    return (max(a[0], b[0]), max(a[1], b[1]))
+
+
+def _tile(t, shape, target):
+    if not isinstance(t, torch.Tensor) or t.dim() < 2 or tuple(t.shape[:2]) != shape:
+        return t
+    rows = torch.arange(target[0], device=t.device) % shape[0]
+    cols = torch.arange(target[1], device=t.device) % shape[1]
+    return t.detach().index_select(0, rows).index_select(1, cols)
+
+
+def padded(args, kwargs, shape, target):
+    """The forward's arguments with every tensor whose first two dimensions are
+    `shape` repeated along them up to `target` (rows cycled, positions cycled)."""
+    if shape is None or target == shape:
+        return args, kwargs
+    return (tuple(_tile(a, shape, target) for a in args),
+            {k: _tile(v, shape, target) for k, v in kwargs.items()})
 
 
 class ShapePlan:
@@ -60,28 +103,33 @@ class ShapePlan:
                 "again for the new shape" % (_shape_text(shape), _shape_text(self.shape), why))
         self._replan(shape, args, kwargs)
 
+    def _first_shape(self, shape):
+        """The shape the first forward plans for."""
+        return _grown(shape, self.plan_shape)
+
     def _replan(self, shape, args, kwargs):
         old = self.shape
-        self.profile_args = (args, kwargs)
+        target = _grown(shape, old)
+        self.profile_args = padded(args, kwargs, shape, target)
         try:
             with torch.random.fork_rng(devices=self._rng_devices()):
-                self.call("replan", shape[0], shape[1])
+                self.call("replan", target[0], target[1])
         except Error as e:
             self._reset_pass()
             cause = e.__cause__ if isinstance(e.__cause__, Error) else e
             raise RuntimeError(
                 "protrain: this training batch is %s, larger than the %s the plan was made for, "
-                "and planning for it failed: %s; the plan for %s stays in force (batches up to "
-                "that shape train)" % (_shape_text(shape), _shape_text(old), cause.sentence,
-                                       _shape_text(old))) from e
+                "and planning for %s failed: %s; the plan for %s stays in force (batches up to "
+                "that shape train)" % (_shape_text(shape), _shape_text(old), _shape_text(target),
+                                       cause.sentence, _shape_text(old))) from e
         except BaseException:
             self._reset_pass()
             raise
         finally:
             self.profile_args = None
         self._reset_pass()          # the profile's passes are over
-        self.shape = shape
+        self.shape = target
         self.plan_sig = None        # learn the activation modes of the new plan
         self.replans += 1
-        _log.info("protrain: re-planned for %s (the plan was made for %s)",
-                  _shape_text(shape), _shape_text(old))
+        _log.info("protrain: re-planned for %s (the plan was made for %s; the batch is %s)",
+                  _shape_text(target), _shape_text(old), _shape_text(shape))

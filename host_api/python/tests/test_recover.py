@@ -159,6 +159,7 @@ def test_failed_step_is_dropped(kind, config, ini, plugin_path):
     a, b = _state(m), _state(m2)
     assert all(torch.equal(a[k], b[k]) for k in b)
     assert ptt.stats(m).steps == ptt.stats(m2).steps == len(clean) // ga
+    assert m._protrain.step == m2._protrain.step == len(clean) // ga   # the step number went back
     # and plain PyTorch on the same batches
     ropt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.0)
     want = _run(ref, ropt, clean, grad_accum=ga, plain=True)

@@ -166,8 +166,9 @@ def test_batch_the_device_cannot_hold_is_refused(ini, plugin_path):
     for i, kw in enumerate(small):
         if i == 1:
             with pytest.raises(RuntimeError, match="batch 256 x sequence 64, larger than the "
-                               "batch 2 x sequence 32 the plan was made for, and planning for it "
-                               "failed: .*[0-9]+ bytes.*the plan for batch 2 x sequence 32 stays"):
+                               "batch 2 x sequence 32 the plan was made for, and planning for "
+                               "batch 256 x sequence 64 failed: .*[0-9]+ bytes.*the plan for "
+                               "batch 2 x sequence 32 stays"):
                 m(**huge)
         for mod, o, out in ((m, opt, got), (ref, ropt, want)):
             loss = mod(**kw).loss
@@ -177,3 +178,36 @@ def test_batch_the_device_cannot_hold_is_refused(ini, plugin_path):
             out.append(loss.item())
     check(got, want, oracle.rel_norm(ptt.state_dict(m), ref.state_dict()))
     assert m._protrain.shape == (2, 32)
+
+
+def test_plan_grows_per_dimension(ini, plugin_path):
+    """A batch larger in one dimension and smaller in the other is planned for
+    at the larger of both shapes per dimension: alternating shapes plan once."""
+    data = (_plain(1, 4, 32, seed=13) + _plain(1, 2, 64, seed=14) + _plain(1, 4, 64, seed=15) +
+            _plain(1, 3, 48, seed=16))
+    got, want, err, m = _pair(ini(RESIDENT), plugin_path, data)
+    check(got, want, err)
+    assert m._protrain.replans == 1 and m._protrain.shape == (4, 64)
+
+
+def test_declared_plan_shape(ini, plugin_path):
+    """wrap(plan_shape=) plans for that shape at the first forward, profiling on
+    the first batch repeated up to it (rows and positions cycled): no batch up
+    to it re-plans, training matches PyTorch, and the measured peak stays
+    within the plan's prediction."""
+    data = DATA["dynamic_padding"]()
+
+    def setup(ad):
+        ad.plan_shape = (4, 64)
+    got, want, err, m = _pair(ini(PROFILED), plugin_path, data, setup=setup)
+    check(got, want, err)
+    ad = m._protrain
+    assert ad.replans == 0 and ad.shape == (4, 64)
+    assert (ad.model_desc.batch, ad.model_desc.seq) == (4, 64)
+    s = ptt.stats(m)
+    assert 0 < s.dev_peak <= s.pred_peak, (s.dev_peak, s.pred_peak)
+
+
+def test_plan_shape_checked():
+    with pytest.raises(ValueError, match="plan_shape must be \\(batch, sequence\\)"):
+        ptt.wrap(oracle.make_model("llama"), config=None, plan_shape=(0, 64))
