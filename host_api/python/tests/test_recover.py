@@ -252,3 +252,49 @@ def test_dtype_change_without_the_guard_breaks_training(ini, plugin_path):
     except Exception:
         return          # failing outright also shows the guard is needed
     assert got != want
+
+
+def test_step_after_a_dropped_step_is_skipped(ini, plugin_path):
+    """optimizer.step() right after its step was dropped has nothing to step:
+    skipped with a warning (as a GradScaler skips an overflowed step), and the
+    run goes on as one without the failed batch."""
+    data = _data(3)
+    m, opt, _ = _wrapped(ini(RESIDENT), plugin_path, 1)
+    m2, opt2, _ = _wrapped(ini(RESIDENT), plugin_path, 1)
+    for mod, o in ((m, opt), (m2, opt2)):
+        mod(input_ids=data[0], labels=data[0]).loss.backward()
+        o.step()
+    bad = data[1].clone()
+    bad[1, 3] = oracle.VOCAB
+    with pytest.warns(RuntimeWarning, match="step 2 was dropped"):
+        with pytest.raises(IndexError):
+            m(input_ids=bad, labels=bad)
+    with pytest.warns(RuntimeWarning, match="optimizer.step\\(\\) after its step was dropped: "
+                                            "nothing to step, skipped"):
+        opt.step()
+    for mod, o in ((m, opt), (m2, opt2)):
+        mod(input_ids=data[2], labels=data[2]).loss.backward()
+        o.step()
+    assert ptt.stats(m).steps == ptt.stats(m2).steps == 2
+    a, b = _state(m), _state(m2)
+    assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_first_forward_that_raises_is_retried(ini, plugin_path):
+    """A bad first batch raises inside the profile (post_model_load fails); the
+    next forward loads and profiles again from the weights the model had, and
+    the run equals one that started with the good batch."""
+    prof = "[memory]\ndevice_capacity = 64MiB\n"
+    data = _data(2)
+    m, opt, _ = _wrapped(ini(prof), plugin_path, 1)
+    bad = data[0].clone()
+    bad[0, 0] = oracle.VOCAB + 1
+    with pytest.raises(IndexError):
+        m(input_ids=bad, labels=bad)
+    m2, opt2, _ = _wrapped(ini(prof), plugin_path, 1)
+    for mod, o in ((m, opt), (m2, opt2)):
+        for x in data:
+            mod(input_ids=x, labels=x).loss.backward()
+            o.step()
+    a, b = _state(m), _state(m2)
+    assert all(torch.equal(a[k], b[k]) for k in b)
