@@ -272,6 +272,17 @@ static int on_ini(void *user, const char *section, const char *name, const char 
      * not silently replace it (sh_config_from_args resolves the two) */
     if (strcmp(section, "optimizer") == 0 && strcmp(name, "type") == 0)
         snprintf(u->c->ini_optim_type, sizeof u->c->ini_optim_type, "%s", value);
+    /* the peak lr the INI gives the plugin: sample_host's schedule sets the lr
+     * every step, so the two are resolved (resolve_lr) */
+    if (strcmp(section, "optimizer") == 0 && strcmp(name, "lr") == 0)
+        snprintf(u->c->ini_lr, sizeof u->c->ini_lr, "%s", value);
+    /* files the plugin will write: checked with sample_host's own outputs */
+    static const char *const outs[3][2] = {{"protrain", "plan_file"},
+                                           {"protrain", "timeline_file"},
+                                           {"host_backend", "trace_file"}};
+    for (int k = 0; k < 3; k++)
+        if (strcmp(section, outs[k][0]) == 0 && strcmp(name, outs[k][1]) == 0)
+            snprintf(u->c->plugin_outs[k], SH_PATH, "%s", value);
     if (strcmp(section, "sample_host") != 0) {
         /* the plugin's sections, remembered by name (--no-plugin has them checked) */
         char tag[80];
@@ -300,6 +311,7 @@ static int on_ini(void *user, const char *section, const char *name, const char 
     }
     u->seen[i] = 1;
     if (o->type == T_OPTIM) u->c->optim_set = 1;
+    if (o->off == O(lr)) u->c->lr_set = 1;
     return set_value(u->c, o, value, u->msg, sizeof u->msg) == 0;
 }
 
@@ -438,6 +450,66 @@ static int resolve_optimizer(sh_config *c, char *err, size_t errlen) {
     return 0;
 }
 
+/* The name of a command-line option ("--steps" of "--steps=3"), 0 when a is
+ * not an option (a value). */
+static size_t opt_name(const char *a) {
+    if (strncmp(a, "--", 2) != 0 || !a[2]) return 0;
+    return strcspn(a, "=");
+}
+
+/* An option given twice (--steps 2 --steps 3) is refused: the last one would
+ * win without a word. The walk follows the parser: an option that takes a
+ * value consumes the next argument unless it is written --key=VALUE. */
+static int repeated(int argc, char **argv, char *err, size_t errlen) {
+    static const char *const bare[] = {"--no-plugin", "--metrics-no-time", "--quiet", "--resume",
+                                       "--help"};
+    int first[64], nseen = 0;
+    for (int i = 1; i < argc; i++) {
+        size_t n = opt_name(argv[i]);
+        if (!n) continue;
+        int idx = i, takes = argv[i][n] != '=';
+        for (size_t b = 0; b < sizeof bare / sizeof bare[0] && takes; b++)
+            if (strlen(bare[b]) == n && !strncmp(argv[i], bare[b], n)) takes = 0;
+        if (takes) i++;
+        for (int k = 0; k < nseen; k++) {
+            const char *o = argv[first[k]];
+            if (opt_name(o) == n && !strncmp(o, argv[idx], n)) {
+                snprintf(err, errlen, "command line: %.*s is given twice; give it once (the "
+                         "later one would replace the earlier without a word)", (int)n, o);
+                return -1;
+            }
+        }
+        if (nseen < 64) first[nseen++] = idx;
+    }
+    return 0;
+}
+
+/* optimizer = ini: the plugin's [optimizer] lr against sample_host's lr. The
+ * schedule (warmup, decay) is sample_host's and sets the plugin's lr at every
+ * step from its own peak, so [optimizer] lr alone would be replaced without a
+ * word: it becomes the peak; both given and different is refused. */
+static int resolve_lr(sh_config *c, char *err, size_t errlen) {
+    if (!c->optim_from_ini || !c->ini_lr[0]) return 0;
+    char *end = NULL;
+    double v = strtod(c->ini_lr, &end);
+    if (end == c->ini_lr || *end || !isfinite(v) || v <= 0 || v > 10)
+        return 0;   /* the plugin refuses a bad value with its own sentence */
+    if (!c->lr_set) {
+        c->lr = (float)v;
+        c->lr_note = 1;
+        return 0;
+    }
+    if ((float)v != c->lr) {
+        snprintf(err, errlen, "%s sets [optimizer] lr = %s, and sample_host's lr is %g (%s): "
+                 "with optimizer = ini sample_host's schedule still sets the plugin's learning "
+                 "rate every step from its own lr, so one of them would be ignored; remove one",
+                 c->config, c->ini_lr, (double)c->lr,
+                 c->lr_set == 2 ? "--lr" : "[sample_host] lr");
+        return -1;
+    }
+    return 0;
+}
+
 int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t errlen) {
     /* pass 1: --help and --config, so the file is read before the other flags apply */
     for (int i = 1; i < argc; i++) {
@@ -455,6 +527,7 @@ int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t e
             if (sh_config_load_ini(c, v, err, errlen)) return -1;
         }
     }
+    if (repeated(argc, argv, err, errlen)) return -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         if (strcmp(a, "--no-plugin") == 0) { c->no_plugin = 1; continue; }
@@ -490,6 +563,7 @@ int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t e
             }
             c->cli_dims |= OPTS[k].setbit;
             if (OPTS[k].type == T_OPTIM) c->optim_set = 2;
+            if (OPTS[k].off == O(lr)) c->lr_set = 2;
             done = 1;
         }
         if (!done) {
@@ -497,7 +571,8 @@ int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t e
             return -1;
         }
     }
-    return resolve_optimizer(c, err, errlen);
+    if (resolve_optimizer(c, err, errlen)) return -1;
+    return resolve_lr(c, err, errlen);
 }
 
 int sh_config_check(const sh_config *c, char *err, size_t errlen) {
