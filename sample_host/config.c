@@ -457,9 +457,19 @@ static size_t opt_name(const char *a) {
     return strcspn(a, "=");
 }
 
-/* An option given twice (--steps 2 --steps 3) is refused: the last one would
- * win without a word. The walk follows the parser: an option that takes a
- * value consumes the next argument unless it is written --key=VALUE. */
+/* The value of the option at argv[i] (name length n): after '=', or the next
+ * argument. */
+static const char *opt_value(int argc, char **argv, int i, size_t n) {
+    if (argv[i][n] == '=') return argv[i] + n + 1;
+    return i + 1 < argc ? argv[i + 1] : "";
+}
+
+/* An option given twice (--steps 2 --steps 3): the later one wins, as scripts
+ * that add an override to a common argument list rely on, and a note names
+ * both values, so it is never a silent choice. --config twice is refused: the
+ * settings would come from both files but the plugin would read only the
+ * last. The walk follows the parser: an option that takes a value consumes
+ * the next argument unless it is written --key=VALUE. */
 static int repeated(int argc, char **argv, char *err, size_t errlen) {
     static const char *const bare[] = {"--no-plugin", "--metrics-no-time", "--quiet", "--resume",
                                        "--help"};
@@ -467,19 +477,30 @@ static int repeated(int argc, char **argv, char *err, size_t errlen) {
     for (int i = 1; i < argc; i++) {
         size_t n = opt_name(argv[i]);
         if (!n) continue;
-        int idx = i, takes = argv[i][n] != '=';
-        for (size_t b = 0; b < sizeof bare / sizeof bare[0] && takes; b++)
-            if (strlen(bare[b]) == n && !strncmp(argv[i], bare[b], n)) takes = 0;
+        int idx = i, takes = argv[i][n] != '=', is_bare = 0;
+        for (size_t b = 0; b < sizeof bare / sizeof bare[0]; b++)
+            if (strlen(bare[b]) == n && !strncmp(argv[i], bare[b], n)) is_bare = 1;
+        if (is_bare) takes = 0;
         if (takes) i++;
-        for (int k = 0; k < nseen; k++) {
-            const char *o = argv[first[k]];
-            if (opt_name(o) == n && !strncmp(o, argv[idx], n)) {
-                snprintf(err, errlen, "command line: %.*s is given twice; give it once (the "
-                         "later one would replace the earlier without a word)", (int)n, o);
-                return -1;
-            }
+        int k = 0;
+        while (k < nseen && !(opt_name(argv[first[k]]) == n && !strncmp(argv[first[k]], argv[idx], n)))
+            k++;
+        if (k == nseen) {
+            if (nseen < 64) first[nseen++] = idx;
+            continue;
         }
-        if (nseen < 64) first[nseen++] = idx;
+        if (is_bare) continue;   /* the same switch twice: one meaning */
+        const char *v0 = opt_value(argc, argv, first[k], n), *v1 = opt_value(argc, argv, idx, n);
+        if (n == 8 && !strncmp(argv[idx], "--config", 8)) {
+            snprintf(err, errlen, "command line: --config is given twice (%s and %s): "
+                     "sample_host would take settings from both but the plugin reads one file; "
+                     "give one", v0, v1);
+            return -1;
+        }
+        if (strcmp(v0, v1) != 0)
+            fprintf(stderr, "sample_host: note: %.*s is given twice (%s, then %s): the last, "
+                    "%s, is used\n", (int)n, argv[idx], v0, v1, v1);
+        first[k] = idx;
     }
     return 0;
 }
@@ -511,6 +532,7 @@ static int resolve_lr(sh_config *c, char *err, size_t errlen) {
 }
 
 int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t errlen) {
+    if (repeated(argc, argv, err, errlen)) return -1;
     /* pass 1: --help and --config, so the file is read before the other flags apply */
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
@@ -527,7 +549,6 @@ int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t e
             if (sh_config_load_ini(c, v, err, errlen)) return -1;
         }
     }
-    if (repeated(argc, argv, err, errlen)) return -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         if (strcmp(a, "--no-plugin") == 0) { c->no_plugin = 1; continue; }
