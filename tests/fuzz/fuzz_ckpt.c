@@ -31,10 +31,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static char DIR_[64], OUT[128];
 
+/* The scratch folder goes when the fuzzer exits. */
+static void cleanup(void) {
+    unlink(OUT);
+    rmdir(DIR_);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
     snprintf(DIR_, sizeof DIR_, "%s/fuzz_ckpt.XXXXXX", access("/dev/shm", W_OK) ? "/tmp" : "/dev/shm");
     if (!mkdtemp(DIR_)) abort();
+    atexit(cleanup);
     snprintf(OUT, sizeof OUT, "%s/m.bin", DIR_);
     return 0;
 }

@@ -28,10 +28,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static char DIR_[64], BIN[128], OUT[128], LIST[300], GLOB[128];
 
+/* The scratch folder goes when the fuzzer exits. */
+static void cleanup(void) {
+    unlink(BIN);
+    unlink(OUT);
+    rmdir(DIR_);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
     snprintf(DIR_, sizeof DIR_, "%s/fuzz_shard.XXXXXX", access("/dev/shm", W_OK) ? "/tmp" : "/dev/shm");
     if (!mkdtemp(DIR_)) abort();
+    atexit(cleanup);
     snprintf(BIN, sizeof BIN, "%s/in.bin", DIR_);
     snprintf(OUT, sizeof OUT, "%s/out.shard", DIR_);
     snprintf(LIST, sizeof LIST, "%s,%s", BIN, BIN);

@@ -35,10 +35,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static char DIR_[64], OUT1[128], OUT2[128];
 
+/* The scratch folder goes when the fuzzer exits. */
+static void cleanup(void) {
+    unlink(OUT1);
+    unlink(OUT2);
+    rmdir(DIR_);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
     snprintf(DIR_, sizeof DIR_, "%s/fuzz_trace.XXXXXX", access("/dev/shm", W_OK) ? "/tmp" : "/dev/shm");
     if (!mkdtemp(DIR_)) abort();
+    atexit(cleanup);
     snprintf(OUT1, sizeof OUT1, "%s/a.trace", DIR_);
     snprintf(OUT2, sizeof OUT2, "%s/b.trace", DIR_);
     return 0;
