@@ -80,7 +80,7 @@ static const char *kind_of(mode_t m) {
 /* ---- identities ---- */
 
 typedef struct fid {
-    const char *flag, *path;
+    const char *flag, *path, *suffix;   /* the file is path+suffix */
     dev_t dev;
     ino_t ino;
     char base[NAME_MAX + 1];   /* "" for an existing file; the new name otherwise */
@@ -143,6 +143,8 @@ static int add_data(fids *in, const char *spec, char **keep) {
 
 /* ---- one output file ---- */
 
+static void ident(const char *flag, const char *path, const char *suffix, fid *id);
+
 /* path (written through path+suffix when suffix is not empty) may be written:
  * its names fit, it is a regular file or a new name in a folder that takes
  * one, not a link, device, FIFO or socket; its identity into *id. */
@@ -197,32 +199,32 @@ static int check_file(const char *flag, const char *path, const char *suffix, fi
         }
     }
     if (probe_dir(flag, path, dir, err, errlen)) return -1;
-    memset(id, 0, sizeof *id);
-    id->flag = flag;
-    id->path = path;
-    if (stat(path, &sb) == 0) {
-        id->dev = sb.st_dev;
-        id->ino = sb.st_ino;
-    } else {
-        struct stat db;
-        if (stat(dir, &db) != 0) return 0;   /* probe_dir saw it a moment ago */
-        id->dev = db.st_dev;
-        id->ino = db.st_ino;
-        snprintf(id->base, sizeof id->base, "%s", base);
-    }
+    ident(flag, path, "", id);
     return 0;
 }
 
-/* The identity of path+suffix (the temporary file), when it exists. */
-static int temp_id(const char *path, const char *suffix, fid *id) {
-    char full[PATH_MAX + 16];
+/* The identity of path+suffix: an existing file's, else its folder's and name. */
+static void ident(const char *flag, const char *path, const char *suffix, fid *id) {
+    char full[PATH_MAX + 16], dir[PATH_MAX];
     struct stat sb;
     snprintf(full, sizeof full, "%s%s", path, suffix);
-    if (!suffix[0] || stat(full, &sb) != 0) return -1;
     memset(id, 0, sizeof *id);
+    id->flag = flag;
+    id->path = path;
+    id->suffix = suffix;
+    if (stat(full, &sb) == 0) {
+        id->dev = sb.st_dev;
+        id->ino = sb.st_ino;
+        return;
+    }
+    folder_of(full, dir, sizeof dir);
+    if (stat(dir, &sb) != 0) return;   /* check_file's probe saw it a moment ago */
     id->dev = sb.st_dev;
     id->ino = sb.st_ino;
-    return 0;
+    const char *b = base_of(full);
+    size_t bl = strlen(b) < sizeof id->base ? strlen(b) : sizeof id->base - 1;
+    memcpy(id->base, b, bl);
+    id->base[bl] = '\0';
 }
 
 /* ---- the checkpoint folder ---- */
@@ -273,6 +275,14 @@ static int check_ckpt_dir(const sh_config *c, char *err, size_t errlen) {
     return probe_dir(flag, dir, parent, err, errlen);
 }
 
+/* "--save X", or "--save X's temporary file X.tmp". */
+static const char *shown(const fid *f, char *buf, size_t n) {
+    if (f->suffix[0]) snprintf(buf, n, "%s %s's temporary file %s%s", f->flag, f->path, f->path,
+                               f->suffix);
+    else snprintf(buf, n, "%s %s", f->flag, f->path);
+    return buf;
+}
+
 /* ---- all of them ---- */
 
 typedef struct out_spec {
@@ -300,35 +310,35 @@ static int check_all(const sh_config *c, fids *in, fids *out, char **keep, char 
     for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
         const out_spec *o = &outs[i];
         if (!o->path[0]) continue;
-        fid id, tid;
-        if (check_file(o->flag, o->path, o->suffix, &id, err, errlen)) return -1;
-        int has_temp = temp_id(o->path, o->suffix, &tid) == 0;
-        for (int k = 0; k < in->n; k++) {
-            const fid *f = &in->v[k];
-            if (same(&id, f) || (has_temp && same(&tid, f))) {
-                snprintf(err, errlen, "%s %s%s is %s %s, an input of this run (writing it "
-                         "would destroy it); give another path", o->flag, o->path,
-                         same(&id, f) ? "" : o->suffix,
-                         strcmp(f->path, o->path) ? "the same file as" : "also", f->flag);
-                if (strcmp(f->path, o->path)) {
-                    size_t l = strlen(err);
-                    snprintf(err + l, errlen - l, " (%s)", f->path);
-                }
+        fid ids[2];   /* the file, and the temporary file written beside it */
+        if (check_file(o->flag, o->path, o->suffix, &ids[0], err, errlen)) return -1;
+        int nid = 1;
+        if (o->suffix[0]) ident(o->flag, o->path, o->suffix, &ids[nid++]);
+        for (int j = 0; j < nid; j++) {
+            const fid *id = &ids[j];
+            for (int k = 0; k < in->n; k++) {
+                const fid *f = &in->v[k];
+                if (!same(id, f)) continue;
+                char a[PATH_MAX + 64];
+                snprintf(err, errlen, "%s is the file %s %s reads, an input of this run "
+                         "(writing it would destroy it); give another path",
+                         shown(id, a, sizeof a), f->flag, f->path);
+                return -1;
+            }
+            for (int k = 0; k < out->n; k++) {
+                const fid *f = &out->v[k];
+                if (!same(id, f)) continue;
+                char a[PATH_MAX + 64], b[PATH_MAX + 64];
+                snprintf(err, errlen, "%s and %s name one file: one output would overwrite the "
+                         "other; give two paths", shown(f, a, sizeof a), shown(id, b, sizeof b));
                 return -1;
             }
         }
-        for (int k = 0; k < out->n; k++) {
-            if (same(&id, &out->v[k])) {
-                snprintf(err, errlen, "%s %s and %s %s name one file: one output would overwrite "
-                         "the other; give two paths", out->v[k].flag, out->v[k].path, o->flag,
-                         o->path);
+        for (int j = 0; j < nid; j++)
+            if (push(out, &ids[j])) {
+                snprintf(err, errlen, "out of host memory checking the run's files");
                 return -1;
             }
-        }
-        if (push(out, &id)) {
-            snprintf(err, errlen, "out of host memory checking the run's files");
-            return -1;
-        }
     }
     if (c->checkpoint_dir[0] && !c->write_shard[0]) return check_ckpt_dir(c, err, errlen);
     return 0;

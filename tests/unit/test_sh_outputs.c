@@ -9,7 +9,8 @@
  *  - an output that is an input of the run or another output, told apart by
  *    (st_dev, st_ino): --metrics on the data spelled another way, through a
  *    hard link and inside a --data glob, --save on the config, val data and
- *    --load files, --metrics and --save on one file, --write-shard on its own
+ *    --load files, --metrics and --save on one file, --save's temporary file
+ *    (NAME.tmp) on --metrics or on the val data, --write-shard on its own
  *    input: refused, and the data file keeps its bytes;
  *  - names that do not fit: a 256-character --save name and a 252-character one
  *    (256 with ".tmp") are refused before step 1 while 251 trains and saves; a
@@ -215,6 +216,21 @@ static void test_inputs(void **st) {
     set_out(&c, 0, m);
     set_out(&c, 1, m);
     refused(&c, "--save", "name one file");
+    /* the temporary file --save writes beside its path: another output or an input */
+    char mt[320], vt[320], vbase[300];
+    snprintf(mt, sizeof mt, "%s.tmp", m);
+    cfg(&c);
+    set_out(&c, 0, m);
+    set_out(&c, 1, mt);
+    refused(&c, "temporary file", "name one file");
+    snprintf(vt, sizeof vt, "%s.tmp", val);
+    assert_int_equal(rename(val, vt), 0);
+    cp(vbase, sizeof vbase, val);
+    cfg(&c);
+    cp(c.val_data, sizeof c.val_data, vt);
+    set_out(&c, 0, vbase);
+    refused(&c, "temporary file", "--val-data");
+    assert_int_equal(rename(vt, val), 0);
     cfg(&c);
     set_out(&c, 2, hard);
     refused(&c, "--write-shard", "--data");
