@@ -275,6 +275,30 @@ static int check_ckpt_dir(const sh_config *c, char *err, size_t errlen) {
     return probe_dir(flag, dir, parent, err, errlen);
 }
 
+/* An output inside the checkpoint folder's own names: a generation folder
+ * (gen-*: a later save or prune deletes it, and a file written into one makes
+ * the generation fail its manifest), a name the folder's writer uses (gen-*,
+ * the lock). -1 with a sentence. */
+static int in_generation(const char *ckdir, const fid *o, char *err, size_t errlen) {
+    char full[PATH_MAX + 16], dir[PATH_MAX], up[PATH_MAX + 8];
+    struct stat ck, sb;
+    if (stat(ckdir, &ck) != 0) return 0;   /* made later, empty */
+    snprintf(full, sizeof full, "%s%s", o->path, o->suffix);
+    folder_of(full, dir, sizeof dir);
+    const char *name = base_of(full), *fold = base_of(dir);
+    int in_ck = stat(dir, &sb) == 0 && sb.st_dev == ck.st_dev && sb.st_ino == ck.st_ino;
+    snprintf(up, sizeof up, "%s/..", dir);
+    int in_gen = strncmp(fold, "gen-", 4) == 0 && stat(up, &sb) == 0 && sb.st_dev == ck.st_dev &&
+                 sb.st_ino == ck.st_ino;
+    if (!(in_ck && (strncmp(name, "gen-", 4) == 0 || strcmp(name, ".lock") == 0)) && !in_gen)
+        return 0;
+    snprintf(err, errlen, "%s %s is %s checkpoint folder %s, which the run writes and prunes; "
+             "give a path outside its generations", o->flag, full,
+             in_gen ? "inside a generation of the" : "a generation's or the lock's name in the",
+             ckdir);
+    return -1;
+}
+
 /* "--save X", or "--save X's temporary file X.tmp". */
 static const char *shown(const fid *f, char *buf, size_t n) {
     if (f->suffix[0]) snprintf(buf, n, "%s %s's temporary file %s%s", f->flag, f->path, f->path,
@@ -340,7 +364,10 @@ static int check_all(const sh_config *c, fids *in, fids *out, char **keep, char 
                 return -1;
             }
     }
-    if (c->checkpoint_dir[0] && !c->write_shard[0]) return check_ckpt_dir(c, err, errlen);
+    if (!c->checkpoint_dir[0] || c->write_shard[0]) return 0;
+    if (check_ckpt_dir(c, err, errlen)) return -1;
+    for (int k = 0; k < out->n; k++)
+        if (in_generation(c->checkpoint_dir, &out->v[k], err, errlen)) return -1;
     return 0;
 }
 

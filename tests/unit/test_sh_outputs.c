@@ -17,6 +17,8 @@
  *    256-character --checkpoint-dir name is refused before step 1;
  *  - a checkpoint folder locked by another holder: refused naming its pid, and
  *    a run starts once the lock is dropped;
+ *  - an output inside a generation folder, or named like a generation or the
+ *    lock in the checkpoint folder: refused (one beside them is not);
  *  - a generation of the default data order resumed with another: the message
  *    names both orders, not "another version";
  *  - the command line: an option given twice takes the last value (said in a
@@ -300,6 +302,33 @@ static void test_lock(void **st) {
     assert_int_equal(access(gen, F_OK), 0);
 }
 
+/* An output inside the checkpoint folder's generations (or named like one,
+ * or its lock) would be deleted by a prune or break a generation. */
+static void test_inside_generation(void **st) {
+    (void)st;
+    char ck[300], p[400];
+    in_dir(ck, sizeof ck, "ck_inside");
+    sh_config c;
+    cfg(&c);
+    snprintf(c.checkpoint_dir, sizeof c.checkpoint_dir, "%s", ck);
+    ran(&c);   /* gen-00000002 */
+    const char *names[] = {"gen-00000002/host.txt", "gen-00000002/m.jsonl", "gen-7", ".lock"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", ck, names[i]);
+        cfg(&c);
+        snprintf(c.checkpoint_dir, sizeof c.checkpoint_dir, "%s", ck);
+        set_out(&c, 1, p);
+        refused(&c, "--metrics", "checkpoint folder");
+    }
+    snprintf(p, sizeof p, "%s/m.jsonl", ck);   /* beside the generations: fine */
+    cfg(&c);
+    snprintf(c.checkpoint_dir, sizeof c.checkpoint_dir, "%s", ck);
+    c.resume = 1;
+    c.steps = 3;
+    set_out(&c, 1, p);
+    refused(&c, "steps", NULL);   /* the generation's run had 2 steps: the paths passed */
+}
+
 static void test_resume_order(void **st) {
     (void)st;
     char ck[300];
@@ -368,7 +397,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_not_regular),  cmocka_unit_test(test_symlink),
         cmocka_unit_test(test_inputs),       cmocka_unit_test(test_long_names),
-        cmocka_unit_test(test_lock),         cmocka_unit_test(test_resume_order),
+        cmocka_unit_test(test_lock),         cmocka_unit_test(test_inside_generation),
+        cmocka_unit_test(test_resume_order),
         cmocka_unit_test(test_args),
     };
     return cmocka_run_group_tests_name("sample_host outputs", tests, setup, teardown);
