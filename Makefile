@@ -19,9 +19,11 @@
 #                  bench-torch
 #   mk/fuzz.mk     libFuzzer targets (clang): fuzz, fuzz-build
 #   mk/install.mk  install, uninstall
+#   mk/lint.mk     lint (ruff, make test runs it), format-check, format (clang-format)
 #
 # Sources are picked up by wildcard so a new file needs no Makefile edit:
-#   plugin/*.c runtime/*/*.c gpu/*.c gpu/host/*.c gpu/coll/*.c gpu/coll/mpi/*.c
+#   plugin/*.c runtime/*/*.c runtime/*/*/*.c gpu/*.c gpu/host/*.c gpu/coll/*.c
+#   gpu/coll/mpi/*.c gpu/coll/host/*.c
 #                                                -> build/protrain_plugin.so (+ libprotrain_core.a)
 #   gpu/cuda/*.cu gpu/cuda/*.c                  -> build/libprotrain_cuda.so
 #   gpu/coll/nccl/*.c gpu/coll/nccl/cuda/*.cu    -> build/libprotrain_nccl.so (when nccl.h exists)
@@ -53,6 +55,7 @@ include mk/test.mk
 include mk/python.mk
 include mk/fuzz.mk
 include mk/install.mk
+include mk/lint.mk
 
 # make help: the targets whose rule carries a "## what it does" comment.
 help: ## this list
