@@ -17,6 +17,7 @@ import torch
 
 from . import _abi as A
 from . import _model
+from . import _state
 from ._plugin import Error
 from ._schedule import _batch_shape
 from ._windows import _placeholder
@@ -103,7 +104,7 @@ class PluginGlue:
         self.model_desc = m
         self.profile_args = (args, kwargs)
         for info in self.infos:
-            info.param.data = _placeholder(info.param.dtype)
+            info.param.data = _placeholder(info.param.dtype, info.shape)
         # the profile's passes draw from the RNG (dropout); fork it so training
         # sees the same random stream as without the plugin
         with torch.random.fork_rng(devices=self._rng_devices()):
@@ -119,8 +120,8 @@ class PluginGlue:
         self.call("create_optimizer", C.byref(o))
         self.loaded = True
         if self.pending_load:
-            d, self.pending_load = self.pending_load, None
-            self.call("load_state", d.encode())
+            files, self.pending_load = self.pending_load, None
+            _state.load_files(self, files, self.state_dir)
 
     def _profile_pass(self):
         args, kwargs = self.profile_args

@@ -27,4 +27,4 @@ class HookInstall:
                 if self.infos[i].trainable:
                     self.handles.append(self.infos[i].param.register_post_accumulate_grad_hook(
                         lambda p, b=b: ad.grad_accumulated(b)))
-
+        self._install_saves()

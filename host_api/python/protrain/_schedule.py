@@ -157,6 +157,7 @@ class StepSchedule:
             raise RuntimeError("protrain: optimizer.step() after %d forward/backward passes; "
                                "grad_accum = %d" % (self.micro, self.grad_accum))
         self.call("optimizer_step", float(lr))
+        self.values_changed()
         self._unbind(self.nonblock)
         loss = self.loss_sum / self.loss_n if self.loss_n else float("nan")
         self.call("post_step", self.step, loss)
