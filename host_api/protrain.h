@@ -421,7 +421,8 @@ typedef struct pt_plugin_table_v1 {
      * refused (PT_ERR_INVALID_ARG: clipping twice). With norm == NULL, from
      * pre_step to the end of the step's backward: announces the call, so the
      * CPU optimizer computes the norm while backward runs and (max_norm > 0)
-     * steps no offloaded chunk before optimizer_step. Without an announcement,
+     * steps no offloaded chunk before optimizer_step (clipping itself comes
+     * only from the call with a norm). Without an announcement,
      * offloaded chunks that set_lr let the CPU step during backward used the
      * unclipped gradient: a clipping call is then refused with PT_ERR_ORDER
      * (the step stays valid, unclipped). Everything is reset by optimizer_step. */

@@ -297,8 +297,11 @@ int pt_store_clip_grad_norm(pt_store *st, float max_norm, double *norm, char *er
                        "or give the lr only to optimizer_step", c->id);
     }
     st->want_norm = 1;
+    if (!norm) {   /* announced: the backward's tasks compute the norm */
+        if (max_norm > 0) st->clip_ann = 1;
+        return PT_OK;
+    }
     if (max_norm > 0) st->clip_step = max_norm;
-    if (!norm) return PT_OK;   /* announced: the backward's tasks compute the norm */
     double cpu_wait = 0;
     int rc = gather(st, &cpu_wait, err, errlen);
     pt_cs_add_optim_wait(st, cpu_wait);
@@ -425,7 +428,7 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
     int prc = drop_stale_copies(st, err, errlen);
     st->lr_set = 0;
     st->overlapped = 0;
-    st->want_norm = st->reduced = st->normed = 0;
+    st->want_norm = st->clip_ann = st->reduced = st->normed = 0;
     st->clip_step = 0;
     o->t++;
     return prc;

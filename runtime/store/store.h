@@ -138,7 +138,7 @@ int pt_store_set_lr(pt_store *st, float lr);
 /* The host's gradient clipping for the current step (the clip_grad_norm hook).
  * norm NULL: announced ahead (before the step's backward ends): the CPU tasks
  * compute the norm and no offloaded chunk steps before optimizer_step when
- * max_norm > 0. norm non-NULL: after the last backward, before optimizer_step:
+ * max_norm > 0 (nothing clips without the call below). norm non-NULL: after the last backward, before optimizer_step:
  * the gradients are waited for (reduced across ranks), *norm = the global norm
  * before clipping, and optimizer_step clips at max_norm (> 0) or at the
  * optimizer's max_grad_norm (max_norm <= 0). */

@@ -179,6 +179,7 @@ struct pt_store {
     int overlapped;           /* CPU steps that already ran with lr_next */
     /* clip_grad_norm (optim_step.c), reset by optimizer_step: */
     int want_norm;            /* the host asked for this step's norm: tasks compute it */
+    int clip_ann;             /* the host announced clipping: no CPU step before the norm */
     float clip_step;          /* this step's max norm from the host (0: the optimizer's) */
     int reduced;              /* this step's gradients are waited for and reduced */
     int normed;               /* this step's norm and clip scale are computed (step_gs) */

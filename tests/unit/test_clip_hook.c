@@ -33,6 +33,7 @@ typedef struct clip_case {
     int set_lr;             /* set_lr before backward: offloaded chunks step during it */
     int announce;           /* clip_grad_norm(max, NULL) after pre_step */
     float call_max;         /* the call after backward; NAN: no call */
+    float ann_max;          /* the announced max (0: call_max) */
 } clip_case;
 
 static void *start(tiny *t, const clip_case *cc) {
@@ -83,7 +84,9 @@ static int run_case(const clip_case *cc, float ref_max, int check_weights) {
         float gval = 0.3f * (float)(step + 1);
         assert_int_equal(P->pre_step(ctx, step, 0, 1), PT_OK);
         if (cc->set_lr) assert_int_equal(P->set_lr(ctx, 0.01f), PT_OK);
-        if (cc->announce) assert_int_equal(P->clip_grad_norm(ctx, cc->call_max, NULL), PT_OK);
+        if (cc->announce)
+            assert_int_equal(P->clip_grad_norm(ctx, cc->ann_max > 0 ? cc->ann_max : cc->call_max,
+                                               NULL), PT_OK);
         pass(ctx, &t, step, gval);
         double sq = 0;
         for (int i = 0; i < TINY_NP; i++)
@@ -125,7 +128,7 @@ static int run_case(const clip_case *cc, float ref_max, int check_weights) {
 /* Resident chunks: the device steps wait for the norm. */
 static void test_resident_clip(void **s) {
     (void)s;
-    clip_case cc = {NULL, 0.0f, 0, 0, 1.0f};
+    clip_case cc = {NULL, 0.0f, 0, 0, 1.0f, 0.0f};
     assert_int_equal(run_case(&cc, 1.0f, 1), PT_OK);
 }
 
@@ -133,7 +136,7 @@ static void test_resident_clip(void **s) {
  * the norm; the CPU tasks computed the norms during backward. */
 static void test_offloaded_announced(void **s) {
     (void)s;
-    clip_case cc = {STREAMED, 0.0f, 1, 1, 1.0f};
+    clip_case cc = {STREAMED, 0.0f, 1, 1, 1.0f, 0.0f};
     assert_int_equal(run_case(&cc, 1.0f, 1), PT_OK);
 }
 
@@ -141,24 +144,31 @@ static void test_offloaded_announced(void **s) {
  * optimizer_step anyway; the hook computes the norms the tasks did not. */
 static void test_offloaded_late(void **s) {
     (void)s;
-    clip_case cc = {STREAMED, 0.0f, 0, 0, 1.0f};
+    clip_case cc = {STREAMED, 0.0f, 0, 0, 1.0f, 0.0f};
     assert_int_equal(run_case(&cc, 1.0f, 1), PT_OK);
 }
 
 /* The norm only (max 0): no clipping, the weights of the unclipped reference. */
 static void test_norm_only(void **s) {
     (void)s;
-    clip_case a = {STREAMED, 0.0f, 1, 1, 0.0f};
+    clip_case a = {STREAMED, 0.0f, 1, 1, 0.0f, 0.0f};
     assert_int_equal(run_case(&a, 0.0f, 1), PT_OK);
-    clip_case b = {NULL, 0.0f, 0, 0, 0.0f};
+    clip_case b = {NULL, 0.0f, 0, 0, 0.0f, 0.0f};
     assert_int_equal(run_case(&b, 0.0f, 1), PT_OK);
+}
+
+/* Announced, then no call: nothing clips (the steps only waited). */
+static void test_announced_without_call(void **s) {
+    (void)s;
+    clip_case cc = {STREAMED, 0.0f, 1, 1, NAN, 1.0f};
+    assert_int_equal(run_case(&cc, 0.0f, 1), PT_OK);
 }
 
 /* Steps that already ran unclipped (set_lr, no announcement): refused with a
  * sentence, and the run goes on unclipped. */
 static void test_stepped_refused(void **s) {
     (void)s;
-    clip_case cc = {STREAMED, 0.0f, 1, 0, 1.0f};
+    clip_case cc = {STREAMED, 0.0f, 1, 0, 1.0f, 0.0f};
     assert_int_equal(run_case(&cc, 0.0f, 1), PT_ERR_ORDER);
     if (!strstr(last_refusal, "clip_grad_norm: the CPU optimizer already stepped chunk") ||
         !strstr(last_refusal, "announce it before the step's backward"))
@@ -169,10 +179,10 @@ static void test_stepped_refused(void **s) {
  * refused. */
 static void test_configured_clip(void **s) {
     (void)s;
-    clip_case same = {STREAMED, 1.0f, 1, 1, 1.0f};
+    clip_case same = {STREAMED, 1.0f, 1, 1, 1.0f, 0.0f};
     assert_int_equal(run_case(&same, 1.0f, 1), PT_OK);
     tiny t;
-    clip_case other = {NULL, 1.0f, 0, 0, 2.0f};
+    clip_case other = {NULL, 1.0f, 0, 0, 2.0f, 0.0f};
     void *ctx = start(&t, &other);
     assert_int_equal(P->pre_step(ctx, 0, 0, 1), PT_OK);
     assert_int_equal(P->clip_grad_norm(ctx, 2.0f, NULL), PT_ERR_INVALID_ARG);
@@ -188,7 +198,7 @@ static void test_configured_clip(void **s) {
 static void test_order(void **s) {
     (void)s;
     tiny t;
-    clip_case cc = {NULL, 0.0f, 0, 0, 1.0f};
+    clip_case cc = {NULL, 0.0f, 0, 0, 1.0f, 0.0f};
     void *ctx = start(&t, &cc);
     double norm;
     assert_int_equal(P->clip_grad_norm(ctx, 1.0f, &norm), PT_ERR_ORDER);
@@ -221,7 +231,7 @@ int main(void) {
         cmocka_unit_test(test_resident_clip),   cmocka_unit_test(test_offloaded_announced),
         cmocka_unit_test(test_offloaded_late),  cmocka_unit_test(test_norm_only),
         cmocka_unit_test(test_stepped_refused), cmocka_unit_test(test_configured_clip),
-        cmocka_unit_test(test_order),
+        cmocka_unit_test(test_order),           cmocka_unit_test(test_announced_without_call),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
