@@ -1,6 +1,7 @@
 """Hook installation: the model's forward is replaced by the adapter's, and
 each block gets its forward pre/post hooks, its full backward pre-hook and its
 parameters' post-accumulate-grad hooks."""
+from . import _clip
 
 
 class HookInstall:
@@ -28,3 +29,4 @@ class HookInstall:
                     self.handles.append(self.infos[i].param.register_post_accumulate_grad_hook(
                         lambda p, b=b: ad.grad_accumulated(b)))
         self._install_saves()
+        _clip.install(self)

@@ -54,7 +54,7 @@ class StepSchedule:
                 if self.micro == 0:
                     self.step += 1
                 self.call("pre_step", self.step, self.micro, self.grad_accum)
-                if self.micro == 0 and self.table.has("set_lr"):
+                if self.micro == 0 and self._announce_clip():
                     self.lr_set = float(self.optimizer.param_groups[0]["lr"])
                     self.call("set_lr", self.lr_set)
                 self.micro += 1
@@ -158,6 +158,9 @@ class StepSchedule:
                                "grad_accum = %d" % (self.micro, self.grad_accum))
         self.call("optimizer_step", float(lr))
         self.values_changed()
+        if not self.clip_called:        # this step did not clip: the next announces nothing
+            self.clip_max = None
+        self.clip_called = False
         self._unbind(self.nonblock)
         loss = self.loss_sum / self.loss_n if self.loss_n else float("nan")
         self.call("post_step", self.step, loss)
