@@ -263,6 +263,8 @@ static void late_norms(pt_store *st) {
  * clip_grad_norm hook may have done it before optimizer_step. */
 static int gather(pt_store *st, double *cpu_wait, char *err, size_t errlen) {
     if (st->reduced) return PT_OK;
+    /* several ranks: every gradient bucket's all-reduce started as the device
+     * finishes its backward, before this blocks on the copy streams */
     int rc = pt_cs_dist_drain(st, err, errlen);
     if (rc) return rc;
     if (st->n_offloaded && (rc = wait_offloaded(st, cpu_wait, err, errlen))) return rc;
@@ -388,9 +390,6 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
     float lr;
     int rc = step_lr(st, lr_arg, &lr, err, errlen);
     if (rc) return rc;
-    /* several ranks: every gradient bucket's all-reduce started as the device
-     * finishes its backward, before this hook blocks on the copy streams */
-    if (!st->reduced && (rc = pt_cs_dist_drain(st, err, errlen))) return rc;
     /* One rank, no clipping, no tensor parallel: the resident chunks' steps
      * need neither a global norm nor a reduction, so they are queued before
      * this hook waits for the CPU's steps of the offloaded chunks, and the
