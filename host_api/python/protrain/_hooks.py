@@ -2,6 +2,8 @@
 each block gets its forward pre/post hooks, its full backward pre-hook and its
 parameters' post-accumulate-grad hooks; uninstall undoes all of it
 (protrain.torch.unwrap)."""
+import functools
+
 from . import _clip
 
 
@@ -13,6 +15,9 @@ class HookInstall:
         model, ad = self.model, self
         orig = model.forward
 
+        # the original's name, docstring and signature (inspect follows
+        # __wrapped__): trainers read the forward's parameters to pick columns
+        @functools.wraps(orig)
         def forward(*args, **kwargs):
             return ad.forward(orig, args, kwargs)
 

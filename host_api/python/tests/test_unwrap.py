@@ -3,6 +3,8 @@ wrap left, the trained weights as ordinary parameters (a plain optimizer step
 on it equals one on a fresh model loaded with those weights), and it can be
 wrapped again. The control: unwrapping without rebinding the parameters
 leaves the NaN placeholders, and the weight check fails."""
+import inspect
+
 import pytest
 import torch
 
@@ -41,6 +43,9 @@ def test_unwrap(ini, plugin_path):
     m = oracle.make_model("llama")
     before = _hooks(m)
     m, opt = ptt.wrap(m, config=ini(STREAMED), lr=1e-3, plugin=plugin_path)
+    # the wrapped forward shows the model's parameters (the HF Trainer picks
+    # the dataset's columns by them; (*args, **kwargs) would drop them all)
+    assert {"input_ids", "labels"} <= set(inspect.signature(m.forward).parameters)
     data = oracle.batches(4)
     _train(m, opt, data[:2])
     want = ptt.state_dict(m)
