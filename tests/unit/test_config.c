@@ -381,7 +381,7 @@ static void test_bad_values(void **s) {
         {"[osft]\nunfreeze_rank_ratio = 1.5\n", "t.ini:2: bad value '1.5' for key 'unfreeze_rank_ratio' in [osft]: expected a float in [0, 1]"},
         {"[osft]\ntargets = attn,,mlp\n", "t.ini:2: bad value 'attn,,mlp' for key 'targets' in [osft]: expected a comma-separated list of non-empty parameter-name substrings like attn,mlp"},
         {"[dist]\ninit_method = tcp://host:1234\n", "t.ini:2: bad value 'tcp://host:1234' for key 'init_method' in [dist]: expected env, mpi or file:///absolute/path"},
-        {"[dist]\nbackend = gloo\n", "t.ini:2: bad value 'gloo' for key 'backend' in [dist]: expected one of auto|nccl|mpi|none"},
+        {"[dist]\nbackend = gloo\n", "t.ini:2: bad value 'gloo' for key 'backend' in [dist]: expected one of auto|nccl|mpi|host|none"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) expect_err(cases[i].ini, cases[i].msg);
 }
