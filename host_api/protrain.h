@@ -488,6 +488,19 @@ typedef struct pt_plugin_table_v1 {
     int32_t (*clip_grad_norm)(void *ctx, float max_norm, double *norm);
 
     void *reserved[3];
+
+    /* ABI 1.6, appended after the reserved slots (a 1.5 table's struct_size
+     * ends before it; PT_HAS_HOOK checks): the inverse of read_param. Copies
+     * bytes (= numel * dtype size) of host memory into param `index`: its
+     * compute copy and, for a trainable 16-bit param once create_optimizer ran,
+     * its fp32 master (widened from the 16-bit value); an fp32 param's compute
+     * copy is its master. The optimizer's moments and step stay, as a host's
+     * own load of weights into a model leaves its optimizer alone. Between
+     * steps only (after post_model_load or post_step; PT_ERR_ORDER inside a
+     * step). Several ranks: every rank writes the same value (the parameters
+     * are replicated); a parameter mode C splits across the ranks, or one a
+     * feature owns (OSFT), is refused (PT_ERR_UNSUPPORTED). */
+    int32_t (*write_param)(void *ctx, int32_t index, const void *host_src, uint64_t bytes);
 } pt_plugin_v1;
 
 /* The exported table (symbol name PT_PLUGIN_SYMBOL). A host normally does not

@@ -509,6 +509,14 @@ static int32_t h_read_param(void *vctx, int32_t index, void *dst, uint64_t bytes
     return done(c, rc);
 }
 
+static int32_t h_write_param(void *vctx, int32_t index, const void *src, uint64_t bytes) {
+    CTX("write_param");
+    int rc = needs_model(c, "write_param");
+    if (!rc) rc = pt_lc_write_param(&c->lc, c->err, sizeof c->err);
+    if (!rc) rc = pt_rt_write_param(c->rt, index, src, bytes, c->err, sizeof c->err);
+    return done(c, rc);
+}
+
 /* Between steps only: no gradient or CPU step may be in flight. */
 static int between_steps(pt_ctx *c, const char *hook) {
     if (c->lc.state == PT_LC_READY) return PT_OK;
@@ -627,6 +635,7 @@ __attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
     .load_state = h_load_state,
     .set_lr = h_set_lr,
     .clip_grad_norm = h_clip_grad_norm,
+    .write_param = h_write_param,
     .launch = h_launch,
     .stream_sync = h_stream_sync,
     .osft_linear_forward = h_osft_fwd,

@@ -80,5 +80,8 @@ int pt_rt_save_state(pt_rt *rt, const char *dir, char *err, size_t errlen);
 int pt_rt_load_state(pt_rt *rt, const char *dir, char *err, size_t errlen);
 int pt_rt_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *err,
                      size_t errlen);
+/* The inverse of read_param, between steps (pt_store_write_param). */
+int pt_rt_write_param(pt_rt *rt, int32_t index, const void *src, uint64_t bytes, char *err,
+                      size_t errlen);
 
 #endif

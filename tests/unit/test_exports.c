@@ -248,6 +248,8 @@ static void test_plugin_exports(void **state) {
          h < (const void *const *)&t->reserved; h++)
         present += *h != NULL;
     assert_int_equal(present, 31);
+    /* appended after the reserved slots (ABI 1.6) */
+    assert_true(PT_HAS_HOOK(t, write_param));
     assert_non_null(t->last_error(NULL));   /* "never NULL; ctx may be NULL" */
     pt_plugin_unload(&p);
 }

@@ -207,7 +207,9 @@ class pt_plugin_v1(C.Structure):
         ("struct_size", u32),
         ("name", C.c_char_p),
         ("version", C.c_char_p),
-    ] + _table_hooks + [("reserved", vp * 3)]
+    ] + _table_hooks + [("reserved", vp * 3),
+                        # ABI 1.6, appended after the reserved slots
+                        ("write_param", C.CFUNCTYPE(i32, vp, i32, vp, u64))]
 
 
 # The mandatory core of a v1 table: every field through finalize (as loader.c).
