@@ -177,6 +177,7 @@ class StepSchedule:
         if not self.clip_called:        # this step did not clip: the next announces nothing
             self.clip_max = None
         self.clip_called = False
+        self.steps_run += 1
         self._unbind(self.nonblock)
         loss = self.loss_sum / self.loss_n if self.loss_n else float("nan")
         self.call("post_step", self.step, loss)
