@@ -22,7 +22,8 @@
 #   mk/lint.mk     lint (ruff, make test runs it), format-check, format (clang-format)
 #
 # Sources are picked up by wildcard so a new file needs no Makefile edit:
-#   plugin/*.c runtime/*/*.c runtime/*/*/*.c gpu/*.c gpu/host/*.c gpu/coll/*.c gpu/coll/mpi/*.c
+#   plugin/*.c runtime/*/*.c runtime/*/*/*.c gpu/*.c gpu/host/*.c gpu/coll/*.c
+#   gpu/coll/mpi/*.c gpu/coll/host/*.c
 #                                                -> build/protrain_plugin.so (+ libprotrain_core.a)
 #   gpu/cuda/*.cu gpu/cuda/*.c                  -> build/libprotrain_cuda.so
 #   gpu/coll/nccl/*.c gpu/coll/nccl/cuda/*.cu    -> build/libprotrain_nccl.so (when nccl.h exists)

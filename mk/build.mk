@@ -2,7 +2,8 @@
 # its core archive, the planner CLI, sample_host, the test, test-plugin and bench
 # binaries.
 
-CORE_SRCS := host_api/util.c host_api/clock.c $(wildcard plugin/*.c runtime/*/*.c runtime/*/*/*.c gpu/*.c gpu/host/*.c gpu/coll/*.c gpu/coll/mpi/*.c)
+CORE_SRCS := host_api/util.c host_api/clock.c $(wildcard plugin/*.c runtime/*/*.c runtime/*/*/*.c gpu/*.c gpu/host/*.c \
+              gpu/coll/*.c gpu/coll/mpi/*.c gpu/coll/host/*.c)
 CORE_OBJS := $(CORE_SRCS:%.c=$(BUILD)/obj/%.o)
 UTIL_OBJ := $(BUILD)/obj/host_api/util.o $(BUILD)/obj/host_api/clock.o
 # What a host links to load the plugin: the loader and the shared helpers it uses.

@@ -117,24 +117,33 @@ static void set_ordering(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host
 static int open_dist(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host, char *err,
                      size_t errlen) {
     /* the transport follows the device backend actually opened (auto may
-     * have fallen back to host): nccl on cuda, mpi on host */
+     * have fallen back to host): nccl on cuda, mpi on host, or the host's own
+     * collectives when it hands them (rt->host holds NULL past its struct_size) */
     const char *tr = NULL;
     const char *dev = pt_gpu_backend_name(rt->gpu);
-    int rc = pt_coll_pick(cfg->dist_backend, dev, cfg->init_method, &tr, err, errlen);
+    const pt_host_coll_v1 *table = rt->host.coll;
+    int rc = pt_coll_pick_table(cfg->dist_backend, dev, cfg->init_method, table != NULL, &tr,
+                                err, errlen);
     if (rc) return rc;
     if (cfg->tp_size > 1 && strcmp(tr, "mpi"))
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[dist] tp_size > 1 runs on the "
                        "host backend's mpi transport only (config %s)", cfg->source);
     pt_coll_config cc = {host->world_size, host->rank, cfg->init_method,
                          (double)cfg->dist_timeout, cfg->debug_hang_rank, tr,
-                         host->device_index, NULL};
+                         host->device_index, NULL, table};
     if ((rc = pt_coll_open(&cc, &rt->coll, err, errlen)) || (rc = pt_agree_init(rt, err, errlen)))
         return rc;
     if (cfg->tp_size > 1 && (rc = tp_groups(rt, cfg->tp_size, err, errlen))) return rc;
-    PT_LOGI(&rt->lg, "%s: rank %d of %d over %s on the %s backend (init_method %s, "
-                     "timeout %g s)",
-            cfg->tp_size > 1 ? "tensor parallel" : "data parallel", host->rank,
-            host->world_size, tr, dev, cfg->init_method, (double)cfg->dist_timeout);
+    if (table)
+        PT_LOGI(&rt->lg, "data parallel: rank %d of %d over the host's own collectives on the "
+                         "%s backend (their deadline is the host's; [dist] timeout = %g s does "
+                         "not apply)", host->rank, host->world_size, dev,
+                (double)cfg->dist_timeout);
+    else
+        PT_LOGI(&rt->lg, "%s: rank %d of %d over %s on the %s backend (init_method %s, "
+                         "timeout %g s)",
+                cfg->tp_size > 1 ? "tensor parallel" : "data parallel", host->rank,
+                host->world_size, tr, dev, cfg->init_method, (double)cfg->dist_timeout);
     return PT_OK;
 }
 
