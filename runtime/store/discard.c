@@ -14,7 +14,8 @@
  *    prefetches: dropped (a slot keeps its tag, so the next gather of the same
  *    chunk still hits: its parameters did not change);
  *  - activation arenas: freed, swap copies waited for;
- *  - set_lr's lr for the coming step: forgotten (the host tells it again).
+ *  - set_lr's lr for the coming step and the host's clipping of it (announced
+ *    or computed by clip_grad_norm): forgotten (the host gives them again).
  * What cannot be undone: an offloaded chunk the CPU optimizer already stepped
  * during this step's backward (set_lr told the lr early, overlap): its master
  * weights and moments moved. Then the discard is refused before anything
@@ -88,6 +89,9 @@ int pt_store_discard(pt_store *st, int eval, char *err, size_t errlen) {
     if (!eval) {
         st->lr_set = 0;
         st->overlapped = 0;
+        /* the host's clipping of this step (announced, or its norm taken) */
+        st->want_norm = st->clip_ann = st->reduced = st->normed = 0;
+        st->clip_step = 0;
         pthread_mutex_lock(&st->acct_mu);
         st->bwd_done = 0;
         pthread_mutex_unlock(&st->acct_mu);

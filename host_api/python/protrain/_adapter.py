@@ -15,17 +15,21 @@ concern:
   _blocks.BlockHooks     block forward windows and the backward order
   _recompute.Recompute   CKPT recompute with the forward's RNG and autocast
   _hooks.HookInstall     module and autograd hook installation
+  _saves.Saves           state_dict and load_state_dict through the plugin
+  _clip.Clipping         torch.nn.utils.clip_grad_norm_ through the plugin
   _dtype.DtypeGuard      dtype conversions after wrap refused
 """
 from . import _acts
 from . import _model
 from ._blocks import BlockHooks
+from ._clip import Clipping
 from ._dtype import DtypeGuard
 from ._glue import PluginGlue, _launcher_rank
 from ._hooks import HookInstall
 from ._plugin import Table
 from ._recompute import Recompute
 from ._recover import StepRecovery
+from ._saves import Saves
 from ._schedule import StepSchedule
 from ._shapes import ShapePlan, check_plan_shape
 from ._windows import ParamWindows
@@ -34,12 +38,13 @@ __all__ = ["Adapter", "_launcher_rank", "check_plan_shape"]
 
 
 class Adapter(PluginGlue, ParamWindows, StepSchedule, ShapePlan, StepRecovery, BlockHooks,
-              Recompute, HookInstall, DtypeGuard):
+              Recompute, HookInstall, Saves, Clipping, DtypeGuard):
     """One wrapped model: the state every part of the adapter shares. The
     methods live with their concern: _glue (the plugin context, callbacks,
     loading), _windows (parameter windows, saved tensors, read_param),
     _schedule (passes, micro-batches, the step), _blocks (block hooks and
-    backward order), _recompute (CKPT), _hooks (installing the hooks)."""
+    backward order), _recompute (CKPT), _hooks (installing the hooks), _saves
+    (state-dict hooks), _clip (clip_grad_norm_)."""
 
     def __init__(self, model, blocks, config, optim, grad_accum, plugin, session=None):
         self.model = model
@@ -85,7 +90,9 @@ class Adapter(PluginGlue, ParamWindows, StepSchedule, ShapePlan, StepRecovery, B
         self.inputs = [None] * self.L
         self.rng = [None] * self.L
         self.amp = [None] * self.L
-        self.pending_load = None
+        self.clip_called = False     # clip_grad_norm_ called in this step
+        self.pending_load = None     # state files to load at the first forward
+        self.state_dir = None        # parent of the scratch folders of state files
         self.shape = None            # (batch, sequence) the plan was profiled for
         self.replans = 0             # plans made for a larger batch (_shapes)
         self.plan_shape = None       # wrap(plan_shape=): the least shape to plan for

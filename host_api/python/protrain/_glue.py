@@ -18,7 +18,9 @@ import torch
 
 from . import _abi as A
 from . import _dist
+from . import _log
 from . import _model
+from . import _state
 from ._plugin import Context, Error
 from ._schedule import _batch_shape
 from ._shapes import padded
@@ -96,8 +98,7 @@ class PluginGlue:
             raise
 
     def _cb_log(self, user, level, msg):
-        if level <= A.PT_LOG_WARN or os.environ.get("PROTRAIN_PY_LOG"):
-            print("[protrain] %s" % msg.decode(errors="replace"), flush=True)
+        _log.emit(level, msg)
 
     def _cb_guard(self, fn, *args):
         try:
@@ -133,7 +134,7 @@ class PluginGlue:
         self.model_desc = m
         self.profile_args = padded(args, kwargs, first, self.shape)
         for info in self.infos:
-            info.param.data = _placeholder(info.param.dtype)
+            info.param.data = _placeholder(info.param.dtype, info.shape)
         # the profile's passes draw from the RNG (dropout); fork it so training
         # sees the same random stream as without the plugin
         try:
@@ -154,11 +155,12 @@ class PluginGlue:
         self.call("create_optimizer", C.byref(o))
         self.loaded = True
         if self.pending_load:
-            d, self.pending_load = self.pending_load, None
-            self.call("load_state", d.encode())
+            files, self.pending_load = self.pending_load, None
+            _state.load_files(self, files, self.state_dir)
 
     def _profile_pass(self):
         args, kwargs = self.profile_args
+        kwargs = self.no_cache(kwargs)
         self.profiling = True
         try:
             with torch.enable_grad():

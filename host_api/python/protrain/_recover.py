@@ -97,6 +97,7 @@ class StepRecovery:
         if training:     # the step had started: pre_step counted its first micro-batch
             self.step -= 1
             self.micro, self.loss_sum, self.loss_n, self.lr_set = 0, 0.0, 0, None
+            self.clip_called = False
             self.dropped_steps += 1
             self.just_dropped = True
             msg = ("protrain: %s; step %d was dropped (%d micro-batch(es) since the last "

@@ -52,6 +52,7 @@ class StepSchedule:
         self._check_dtypes()
         training = torch.is_grad_enabled()
         if training:
+            kwargs = self.no_cache(kwargs)
             self._fit_shape(args, kwargs)
             if self.micro >= self.grad_accum:
                 raise RuntimeError(
@@ -69,7 +70,7 @@ class StepSchedule:
         self.training_pass, self.in_pass = training, True
         try:
             if training:
-                if self.micro == 1 and self.table.has("set_lr"):
+                if self.micro == 1 and self._announce_clip():
                     self.lr_set = float(self.optimizer.param_groups[0]["lr"])
                     self.call("set_lr", self.lr_set)
                 self._check_plan()
@@ -103,6 +104,21 @@ class StepSchedule:
                 self.loss_sum += float(loss.detach())
                 self.loss_n += 1
         return out
+
+    keep_cache = False     # the control: training passes keep use_cache
+
+    def no_cache(self, kwargs):
+        """A training pass runs without a KV cache: use_cache=False when the
+        call or the model's config (transformers' default is True) asks for
+        one. A recomputed (CKPT) block would append to the cache a second
+        time, and training never reads it; generation (under no_grad) keeps
+        it. A cache passed in (past_key_values) is still refused per block."""
+        if self.keep_cache or kwargs.get("use_cache") is False:
+            return kwargs
+        if kwargs.get("use_cache") or getattr(getattr(self.model, "config", None), "use_cache",
+                                              False):
+            return dict(kwargs, use_cache=False)
+        return kwargs
 
     def _check_previous_pass(self):
         """A training pass that never ended is dropped (_recover); one whose
@@ -163,6 +179,11 @@ class StepSchedule:
             raise RuntimeError("protrain: optimizer.step() after %d forward/backward passes; "
                                "grad_accum = %d" % (self.micro, self.grad_accum))
         self.call("optimizer_step", float(lr))
+        self.values_changed()
+        if not self.clip_called:        # this step did not clip: the next announces nothing
+            self.clip_max = None
+        self.clip_called = False
+        self.steps_run += 1
         self._unbind(self.nonblock)
         loss = self.loss_sum / self.loss_n if self.loss_n else float("nan")
         self.call("post_step", self.step, loss)

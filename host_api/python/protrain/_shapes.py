@@ -29,14 +29,11 @@ first forward) per growth; without plan_shape, put the largest batch first
 
 Evaluation passes take any shape: they hold no activations for backward.
 """
-import logging
-
 import torch
 
+from ._log import logger
 from ._plugin import Error
 from ._schedule import _batch_shape, _shape_text
-
-_log = logging.getLogger("protrain")
 
 
 def check_plan_shape(shape):
@@ -131,5 +128,5 @@ class ShapePlan:
         self.shape = target
         self.plan_sig = None        # learn the activation modes of the new plan
         self.replans += 1
-        _log.info("protrain: re-planned for %s (the plan was made for %s; the batch is %s)",
-                  _shape_text(target), _shape_text(old), _shape_text(shape))
+        logger.info("re-planned for %s (the plan was made for %s; the batch is %s)",
+                    _shape_text(target), _shape_text(old), _shape_text(shape))
