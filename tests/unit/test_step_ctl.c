@@ -254,6 +254,38 @@ static void test_discard_offloaded_set_lr(void **state) {
     check_all(INI_OFFLOAD, 1);
 }
 
+/* The host's clipping of a dropped step is dropped with it: a step whose norm
+ * was taken with a tiny max_norm (clip_grad_norm), then discarded, leaves the
+ * next steps unclipped, equal to the run that never started it. */
+static void test_discard_forgets_clipping(void **state) {
+    (void)state;
+    static float ref[HH_NPAR * HH_NEL], got[HH_NPAR * HH_NEL];
+    const char *inis[2] = {INI_RESIDENT, INI_OFFLOAD};
+    for (int k = 0; k < 2; k++) {
+        run(inis[k], F_NONE, 1, 0, ref);
+        sc_host s;
+        sc_open(&s, inis[k], 1, 8);
+        good_step(&s, 1, 1, 0);
+        ok(&s, HH_P->pre_step(s.h.ctx, 2, 0, 1), "pre_step");
+        ok(&s, HH_P->clip_grad_norm(s.h.ctx, 1e-3f, NULL), "clip_grad_norm (announce)");
+        hh_nonblock(&s.h, 0);
+        ok(&s, fwd(&s, HH_NB, 0), "forward");
+        ok(&s, bwd(&s, -1, 0), "backward");
+        hh_nonblock(&s.h, 1);
+        double norm = 0;
+        ok(&s, HH_P->clip_grad_norm(s.h.ctx, 1e-3f, &norm), "clip_grad_norm");
+        assert_true(norm > 1e-3);
+        ok(&s, HH_P->discard_step(s.h.ctx), "discard_step");
+        good_step(&s, 2, 1, 0);
+        good_step(&s, 3, 1, 0);
+        for (int i = 0; i < HH_NPAR; i++)
+            ok(&s, HH_P->read_param(s.h.ctx, i, got + (size_t)i * HH_NEL, HH_NEL * sizeof(float)),
+               "read_param");
+        hh_done(&s.h);
+        if (memcmp(ref, got, sizeof ref)) fail_msg("%s: weights differ", inis[k]);
+    }
+}
+
 /* Overlap: once the CPU optimizer stepped a chunk of this step, the discard is
  * refused and changes nothing: the host can still finish the step. */
 static void test_discard_refused_after_cpu_step(void **state) {
@@ -393,6 +425,7 @@ int main(void) {
         cmocka_unit_test(test_discard_resident),
         cmocka_unit_test(test_discard_offloaded),
         cmocka_unit_test(test_discard_offloaded_set_lr),
+        cmocka_unit_test(test_discard_forgets_clipping),
         cmocka_unit_test(test_discard_refused_after_cpu_step),
         cmocka_unit_test(test_discard_order),
         cmocka_unit_test(test_replan_larger),
