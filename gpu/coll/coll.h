@@ -61,6 +61,15 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
  * collective failed (a broken group cannot finalize: that would wait for the
  * missing rank); destroys the NCCL communicator (aborts it when broken). */
 void pt_coll_close(pt_coll *c);
+/* This rank stops, for the reason `why` (one sentence): every other rank's
+ * collective that is waiting, or that waits later, fails within one poll with
+ * "rank r stopped: why" instead of waiting [dist] timeout, and the group is
+ * broken here (later calls fail at once). Sent once; c NULL or one rank:
+ * nothing. On the mpi transport (and over NCCL's MPI bootstrap, where the NCCL
+ * waits do not read it yet: they still end at [dist] timeout). Close also tells
+ * the others that this rank ended (clean or not), so a rank still waiting for
+ * it in a collective fails at once rather than at the deadline. */
+void pt_coll_abort(pt_coll *c, const char *why);
 /* "mpi" or "nccl" (c NULL: "none") */
 const char *pt_coll_transport(const pt_coll *c);
 int pt_coll_rank(const pt_coll *c);
