@@ -403,6 +403,13 @@ static int32_t h_dist_allreduce(void *vctx, double *values, int32_t n) {
     return done(c, pt_rt_dist_allreduce(c->rt, values, n, c->err, sizeof c->err));
 }
 
+/* Any state: a host ending a multi-rank run with an error tells the others. */
+static int32_t h_dist_abort(void *vctx, const char *why) {
+    CTX("dist_abort");
+    pt_rt_dist_abort(c->rt, why ? why : "its host gave no reason");
+    return PT_OK;
+}
+
 static int32_t h_set_lr(void *vctx, float lr) {
     CTX("set_lr");
     return done(c, pt_rt_set_lr(c->rt, lr, c->err, sizeof c->err));
@@ -626,4 +633,5 @@ __attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
     .tiled_mlp_backward = h_tiled_bwd,
     .tiled_mlp_scratch = h_tiled_scratch,
     .dist_allreduce = h_dist_allreduce,
+    .dist_abort = h_dist_abort,
 };

@@ -494,6 +494,9 @@ static int finish(runstate *rs, int rc, char *err, size_t errlen) {
         fflush(stdout);
         fprintf(stderr, "sample_host: rank %d: error: %s\n", c->rank, err);
         fflush(stderr);
+        /* and told to the others, whose collectives would otherwise wait
+         * [dist] timeout for this rank before failing without its cause */
+        sh_trainer_dist_abort(rs->tr, err);
         err[0] = '\0';
     }
     if (rs->tr) {

@@ -186,5 +186,41 @@ else
     pass=$((pass + 1))
 fi
 
+# A rank that refuses after init (rank 0's --resume finds its metrics file cut
+# short; rank 1 resumes and trains) tells the other through the plugin's
+# dist_abort: both ranks exit non-zero within seconds, rank 1 with rank 0's
+# sentence, though [dist] timeout is 30 s (without the notice rank 1 waited
+# the whole timeout and blamed rank 0 for not sending its part).
+ini "$tmp/R.ini" ''
+sed -i 's/^timeout = 20$/timeout = 30/' "$tmp/R.ini"
+head -c 20000 "$root/README.md" > "$tmp/rdata.txt"
+r_args="--config $tmp/R.ini --data $tmp/rdata.txt --steps 4 --checkpoint-dir $tmp/rck"
+run2 rfirst "$r_args --stop-after 2 --metrics $tmp/r.jsonl" "$r_args --stop-after 2"
+if [ "$(cat "$tmp/rfirst.rc0" 2>/dev/null)" != 0 ] || [ "$(cat "$tmp/rfirst.rc1" 2>/dev/null)" != 0 ]; then
+    bad "refusing rank: the first half of the run failed:"; sed 's/^/    /' "$tmp/rfirst.out" | head -10
+else
+    head -c 20 "$tmp/r.jsonl" > "$tmp/r.cut" && mv "$tmp/r.cut" "$tmp/r.jsonl"
+    t0=$(date +%s)
+    run2 refuse0 "$r_args --resume --metrics $tmp/r.jsonl" "$r_args --resume"
+    dt=$(( $(date +%s) - t0 ))
+    sentence='--resume: metrics file .*r.jsonl is shorter'
+    for r in 0 1; do
+        rc=$(cat "$tmp/refuse0.rc$r" 2>/dev/null || echo missing)
+        want="rank $r: error: $sentence"
+        [ $r = 1 ] && want="rank 1: error: .*rank 0 stopped: $sentence"
+        if [ "$rc" = 0 ] || [ "$rc" = missing ] || ! grep -q "$want" "$tmp/refuse0.out"; then
+            bad "refusing rank: rank $r exit $rc, want non-zero with '$want':"
+            sed 's/^/    /' "$tmp/refuse0.out" | head -10
+        else
+            pass=$((pass + 1))
+        fi
+    done
+    if [ "$dt" -gt 10 ]; then
+        bad "refusing rank: the pair took $dt s (want < 10 s; [dist] timeout is 30 s)"
+    else
+        pass=$((pass + 1))
+    fi
+fi
+
 echo "dist_agree: $pass checks passed"
 exit $fail

@@ -239,6 +239,8 @@ static void test_plugin_exports(void **state) {
     assert_true(PT_HAS_HOOK(t, tiled_mlp_scratch));
     /* data parallel (ABI 1.3): the host's loss summed over the ranks */
     assert_true(PT_HAS_HOOK(t, dist_allreduce));
+    /* ABI 1.6: a rank that stops tells the others (after the reserved slots) */
+    assert_true(PT_HAS_HOOK(t, dist_abort));
     /* The list above is every slot: count the non-NULL ones so a hook added to the
      * table later has to be added here too. */
     int present = 0;

@@ -187,7 +187,11 @@ class pt_plugin_v1(C.Structure):
         ("struct_size", u32),
         ("name", C.c_char_p),
         ("version", C.c_char_p),
-    ] + _table_hooks + [("reserved", vp * 4)]
+    ] + _table_hooks + [
+        ("reserved", vp * 3),
+        # ABI 1.6 (the former reserved[3]; NULL in older plugins)
+        ("dist_abort", C.CFUNCTYPE(i32, vp, C.c_char_p)),
+    ]
 
 
 # The mandatory core of a v1 table: every field through finalize (as loader.c).
