@@ -4,9 +4,12 @@
 # world size that MPI does not confirm must be a sentence, not an abort inside
 # MPI (gpu/mpi/coll_mpi.c). Two ranks under mpirun, rank 1 started with one
 # setting changed:
-#   --seed, --lr, --batch, --grad-accum, --data (the host's fingerprint, at init);
+#   --seed, --lr, --batch, --grad-accum, --data, --layers, --heads (the same
+#   parameter shapes),
+#   --warmup, --lr-schedule, --data-order, --val-every, --temperature,
+#   --checkpoint-dir, --checkpoint-every, --stop-after (the host's fingerprint,
+#   at init);
 #   [protrain] zero3_shard on one rank only (mode C against mode B, at init);
-#   --layers (the model, at post_model_load);
 #   --load of another checkpoint (the initial weights, at post_model_load);
 #   [optimizer] beta1 with --optimizer ini (the optimizer, at create_optimizer);
 #   [optimizer] beta2 = 0.95 against auto (0.999 for AdamW: refused as resolved),
@@ -96,14 +99,31 @@ else
 fi
 
 a="--config $tmp/A.ini"
-refuse seed 'disagrees with rank 0 on host.seed: 99 vs 1337' "$a" "$a --seed 99"
+refuse seed 'disagrees with rank 0 on host.run.seed: 99 vs 1337' "$a" "$a --seed 99"
 refuse lr 'disagrees with rank 0 on host.lr: 0.5 vs 0.001' "$a" "$a --lr 0.5"
-refuse batch 'disagrees with rank 0 on host.batch: 3 vs 2' "$a" "$a --batch 3"
-refuse accum 'disagrees with rank 0 on host.grad_accum: 2 vs 1' "$a" "$a --grad-accum 2"
-refuse data 'disagrees with rank 0 on host.data.train_' "$a" "$a --data $tmp/other.txt"
+refuse batch 'disagrees with rank 0 on host.run.batch: 3 vs 2' "$a" "$a --batch 3"
+refuse accum 'disagrees with rank 0 on host.run.micro_batches_per_step: 4 vs 2' "$a" "$a --grad-accum 2"
+refuse data 'disagrees with rank 0 on host.run.data.train_' "$a" "$a --data $tmp/other.txt"
+# settings whose parameters have the same shapes, or that change only when the
+# ranks meet (evaluation, samples, checkpoints): each one differing on rank 1
+# alone is refused at init, named (sample_host/sh_fingerprint.h lists them all)
+refuse heads 'disagrees with rank 0 on host.run.heads: 4 vs 2' "$a" "$a --heads 4"
+refuse warmup 'disagrees with rank 0 on host.run.warmup: 5 vs 0' "$a --warmup 0" "$a --warmup 5"
+refuse schedule 'disagrees with rank 0 on host.run.lr_schedule: linear vs cosine' \
+    "$a" "$a --lr-schedule linear"
+refuse order 'disagrees with rank 0 on host.run.data_order: shuffled vs random' \
+    "$a" "$a --data-order shuffled"
+refuse val_every 'disagrees with rank 0 on host.val_every: 1 vs 0' "$a" "$a --val-every 1"
+refuse temperature 'disagrees with rank 0 on host.temperature: 0 vs 0.800000012' "$a" "$a --temperature 0"
+refuse ckdir "disagrees with rank 0 on host.checkpoint_dir: $tmp/ck1 vs $tmp/ck0" \
+    "$a --checkpoint-dir $tmp/ck0" "$a --checkpoint-dir $tmp/ck1"
+refuse ckevery 'disagrees with rank 0 on host.checkpoint_every: 1 vs 0' \
+    "$a --checkpoint-dir $tmp/ck2" "$a --checkpoint-dir $tmp/ck2 --checkpoint-every 1"
+refuse stop 'disagrees with rank 0 on host.stop_after: 1 vs 0' \
+    "$a --checkpoint-dir $tmp/ck3" "$a --checkpoint-dir $tmp/ck3 --stop-after 1"
 refuse mode 'disagrees with rank 0 on protrain.zero3_shard: on vs auto' \
     "--config $tmp/B.ini" "--config $tmp/C.ini"
-refuse layers 'disagrees with rank 0 on model.n_blocks: 3 vs 2' "$a" "$a --layers 3"
+refuse layers 'disagrees with rank 0 on host.run.layers: 3 vs 2' "$a" "$a --layers 3"
 refuse beta1 'disagrees with rank 0 on optimizer.beta1: 0.800000012 vs 0.899999976' \
     "$a --optimizer ini" "--config $tmp/B1.ini --optimizer ini"
 refuse beta2 'disagrees with rank 0 on optimizer.beta2 (as resolved: auto is 0.95 for rekls, 0.999 for adamw): 0.949999988 vs 0.999000013' \
