@@ -84,7 +84,6 @@ int sh_fingerprint(const sh_config *c, const sh_dims *d, const sh_tokens *train,
     line(&b, "run.lr_schedule", "%s", sched[c->lr_schedule]);
     line(&b, "run.min_lr_frac", "%.9g", (double)c->min_lr_frac);
     line(&b, "run.data_order", "%s", order[c->data_order]);
-    line(&b, "run.on_nonfinite", "%d", c->on_nonfinite);
     line(&b, "run.device", "%s", c->device == SH_DEVICE_CUDA ? "cuda" : "cpu");
     line(&b, "run.data.train_tokens", "%zu", train ? train->n : (size_t)0);
     line(&b, "run.data.train_hash", "%016llx", (unsigned long long)th);
@@ -92,6 +91,7 @@ int sh_fingerprint(const sh_config *c, const sh_dims *d, const sh_tokens *train,
     line(&b, "run.data.val_hash", "%016llx", (unsigned long long)vh);
     /* The ranks only: what every rank must share to train together. */
     line(&b, "grad_accum", "%d", c->grad_accum);
+    line(&b, "on_nonfinite", "%d", c->on_nonfinite);
     line(&b, "lr", "%.9g", (double)c->lr);
     line(&b, "weight_decay", "%.9g", (double)c->weight_decay);
     line(&b, "beta1", "%.9g", (double)c->beta1);
