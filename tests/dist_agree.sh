@@ -22,7 +22,9 @@
 # exit non-zero on BOTH ranks, each rank printing the field. A clean pair must
 # still train (exit 0, metrics written). World size: rank 1 told it is one of 3
 # while mpirun starts 2, and one process told it is one of 2 without mpirun:
-# the sample host's error exit (1) with the sentence, no MPI error text.
+# the sample host's error exit (1) with the sentence, no MPI error text; and
+# both processes of a 2-process mpirun told they are rank 0 of 1 (refused, no
+# metrics written).
 set -u
 root="${PT_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
 build="${PT_BUILD:-$root/build}"
@@ -202,6 +204,22 @@ if [ $rc != 1 ] || grep -q 'MPI_ERR\|MPI_ABORT' "$tmp/ws1.out" ||
    ! grep -q 'world size mismatch: .* declares world_size 2 and rank 0 in pt_host_v1, but MPI started 1 process' "$tmp/ws1.out"; then
     bad "world size without mpirun: exit $rc, want 1 with the sentence:"
     sed 's/^/    /' "$tmp/ws1.out" | head -20
+else
+    pass=$((pass + 1))
+fi
+
+# ... and every process told it is the only one (world size 1, rank 0) under a
+# 2-process mpirun, both writing one metrics file: MPI's count is checked, so
+# both refuse with the sentence and nothing is written (without the check each
+# trained alone with exit 0, two runs appending to one file)
+rm -f "$tmp/solo.jsonl"
+timeout 120 "${mpi[@]}" -np 2 bash -c 'OMPI_COMM_WORLD_SIZE=1 OMPI_COMM_WORLD_RANK=0 '\
+'OMPI_COMM_WORLD_LOCAL_RANK=0 "$@"; echo "rc $?" >> '"$tmp/solo.rc" _ \
+    "$sh" "${common[@]}" $a --metrics "$tmp/solo.jsonl" > "$tmp/solo.out" 2>&1
+if [ "$(grep -c '^rc 1$' "$tmp/solo.rc" 2>/dev/null)" != 2 ] || [ -s "$tmp/solo.jsonl" ] ||
+   [ "$(grep -c 'declares world_size 1 and rank 0 in pt_host_v1, but MPI started 2 process' "$tmp/solo.out")" != 2 ]; then
+    bad "world size 1 claimed by both of 2 processes: want exit 1 twice with the sentence, no metrics:"
+    cat "$tmp/solo.rc" 2>/dev/null | sed 's/^/    /'; sed 's/^/    /' "$tmp/solo.out" | head -10
 else
     pass=$((pass + 1))
 fi
