@@ -29,7 +29,9 @@ set -u
 root="${PT_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
 build="${PT_BUILD:-$root/build}"
 if ! command -v mpirun >/dev/null 2>&1; then
-    echo "dist_agree: skipped: mpirun is not installed (make deps installs openmpi-bin)"; exit 0
+    # the plugin links MPI, so a machine that built it without mpirun lacks a
+    # dependency: nothing here ran, which must not read as a pass
+    echo "dist_agree: FAIL: mpirun is not installed, so no rank ran (make deps installs openmpi-bin)"; exit 1
 fi
 if [ -n "${PT_SAN:-}" ]; then
     export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
