@@ -23,8 +23,10 @@
  *   'L' leave: this rank closes the group after a clean run;
  *   'B' leave: this rank closes a broken group (it failed or heard an abort).
  * Every wait of a collective that does not finish at once probes for notices
- * between its polls, and fails on the first one: "rank r stopped: why" for an
- * abort, "rank r closed the group ..." for a leave. Close sends this rank's
+ * between its polls, and fails on an abort ("rank r stopped: why") or a failed
+ * rank's leave at once, on a clean leave when the sender's parts are still
+ * missing LEAVE_GRACE_S later (they were sent before it, so normally they are
+ * in by then). Close sends this rank's
  * leave to every peer and collects every peer's (within [dist] timeout), so
  * every notice sent is also received, and finalizes MPI only when every rank
  * left cleanly.
@@ -63,7 +65,9 @@ struct pt_mpi_coll {
     /* notices (the outermost group only) */
     MPI_Comm ncomm;     /* their communicator, MPI_COMM_NULL before it exists */
     char *left;         /* [world]: the leave kind each peer sent ('L'/'B'), else 0 */
-    int heard;          /* an abort or a leave came in while this rank was waiting */
+    int heard;          /* an abort or a failed rank's leave came in while waiting */
+    int clean_from;     /* the first peer whose clean leave came in while waiting, or -1 */
+    double clean_at;    /* when (pt_now_s) */
     int told;           /* this rank sent its abort */
     MPI_Request *nreq;  /* [2 * world]: this rank's abort, then its leave, per peer */
     char nbuf[2][NOTE_MAX + 2];   /* their texts, alive until sent */
@@ -128,21 +132,45 @@ static int note_recv(pt_mpi_coll *r, int *got, int *from, char *kind, char *text
     return 0;
 }
 
-/* Inside a collective's wait: a notice from any rank ends it with that rank's
- * sentence (an abort), or with the sentence that the rank ended its run while
- * this one still waited for it (a leave). */
+/* Inside a collective's wait: an abort or a failed rank's leave ends it at once
+ * with that rank's sentence. A clean leave means its sender finished every
+ * collective it will make, so its last parts are already on their way (sent
+ * before the leave, on the same link): the wait goes on for LEAVE_GRACE_S, and
+ * only if it is still missing parts then does it fail, saying that rank ended
+ * its run while this one waited for it. */
+#define LEAVE_GRACE_S 2.0
 static int note_check(pt_mpi_coll *c, const char *what, char *err, size_t errlen) {
     pt_mpi_coll *r = root_of(c);
     int got = 0, from = -1;
     char kind = 0, text[NOTE_MAX];
-    if (note_recv(r, &got, &from, &kind, text) || !got) return PT_OK;
-    r->heard = 1;
-    set_broken(c);
-    if (kind == 'A') return pt_fail(err, errlen, PT_ERR_BACKEND, "rank %d stopped: %s", from, text);
-    return pt_fail(err, errlen, PT_ERR_BACKEND,
-                   "[dist] %s: rank %d ended its run (closed the plugin's group%s) while this "
-                   "rank waited for it; it stopped without saying why through the plugin (its "
-                   "own output does)", what, from, kind == 'B' ? " after a failure" : "");
+    if (!note_recv(r, &got, &from, &kind, text) && got) {
+        if (kind == 'A') {
+            r->heard = 1;
+            set_broken(c);
+            return pt_fail(err, errlen, PT_ERR_BACKEND, "rank %d stopped: %s", from, text);
+        }
+        if (kind == 'B') {
+            r->heard = 1;
+            set_broken(c);
+            return pt_fail(err, errlen, PT_ERR_BACKEND,
+                           "[dist] %s: rank %d ended its run after a failure (closed the "
+                           "plugin's group) while this rank waited for it; its own output says "
+                           "why", what, from);
+        }
+        if (r->clean_from < 0) {
+            r->clean_from = from;
+            r->clean_at = pt_now_s();
+        }
+    }
+    if (r->clean_from >= 0 && pt_now_s() > r->clean_at + LEAVE_GRACE_S) {
+        r->heard = 1;
+        set_broken(c);
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "[dist] %s: rank %d ended its run (closed the plugin's group) while this "
+                       "rank waited for it; it stopped without saying why through the plugin "
+                       "(its own output does)", what, r->clean_from);
+    }
+    return PT_OK;
 }
 
 /* Posts notice `slot` (0 abort, 1 leave) of kind with sentence why to every peer. */
@@ -301,6 +329,7 @@ int pt_mpi_coll_open(const pt_coll_config *cfg, pt_mpi_coll **out, char *err, si
      * of a library object): a close before the dup must see "no communicator" */
     c->comm = MPI_COMM_NULL;
     c->ncomm = MPI_COMM_NULL;
+    c->clean_from = -1;
     if (!inited) {
         /* The plugin is dlopened RTLD_LOCAL; Open MPI's own components are
          * dlopened later and need libmpi's symbols global. Promote it (it is
@@ -406,6 +435,7 @@ int pt_mpi_coll_split(pt_mpi_coll *c, int color, int key, pt_mpi_coll **sub, cha
     if (!s) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for a sub-group");
     s->comm = MPI_COMM_NULL;
     s->ncomm = MPI_COMM_NULL;
+    s->clean_from = -1;
     s->parent = c;
     s->root_broken = c->root_broken;
     s->timeout_s = c->timeout_s;
