@@ -28,8 +28,8 @@
  * missing LEAVE_GRACE_S later (they were sent before it, so normally they are
  * in by then). Close sends this rank's
  * leave to every peer and collects every peer's (within [dist] timeout), so
- * every notice sent is also received, and finalizes MPI only when every rank
- * left cleanly.
+ * every notice sent is also received, and does not finalize MPI when a rank
+ * aborted or left after a failure.
  */
 #include <dlfcn.h>
 #include <mpi.h>
@@ -196,17 +196,18 @@ void pt_mpi_coll_abort(pt_mpi_coll *c, const char *why) {
 }
 
 /* Close's leave round on the outermost group: this rank's leave to every peer,
- * and every peer's collected. A clean rank waits for the others as long as
- * MPI_Finalize would have (they may still be working, e.g. rank 0 writing a
- * file); a broken one waits [dist] timeout at most. Afterwards the group is
- * marked broken (no finalize) unless every rank left cleanly and every notice
- * went out. */
+ * and every peer's collected, for [dist] timeout at most (a peer may still be
+ * working, e.g. rank 0 writing a file, or may never close this group: a host
+ * that ends without finalizing one rank's context). Afterwards the group is
+ * marked broken (no finalize: that would wait for a peer that is gone) when a
+ * peer aborted or left after a failure, or this rank is broken itself; a clean
+ * rank whose peers were merely slow finalizes as before. */
 static void note_close(pt_mpi_coll *c) {
     if (c->ncomm == MPI_COMM_NULL || c->world < 2 || !c->nreq) return;
     int broken = is_broken(c);
     note_send(c, 1, broken ? 'B' : 'L', "");
     double deadline = pt_now_s() + c->timeout_s;
-    int bad = 0;
+    int late = 0;
     for (;;) {
         int all = 1;
         for (int p = 0; p < c->world; p++)
@@ -215,38 +216,38 @@ static void note_close(pt_mpi_coll *c) {
         int got = 0, from = -1;
         char kind = 0, text[NOTE_MAX];
         if (note_recv(c, &got, &from, &kind, text)) {
-            bad = 1;
+            broken = 1;
             break;
         }
         if (got) {
-            if (kind != 'L') broken = 1;   /* no clean wait for a failed group */
+            if (kind != 'L') broken = 1;
             continue;
         }
-        if (broken && pt_now_s() > deadline) {
-            bad = 1;
+        if (pt_now_s() > deadline) {
+            late = 1;
             break;
         }
         pause_briefly();
     }
     for (int p = 0; p < c->world; p++)
-        if (p != c->rank && c->left[p] != 'L') bad = 1;
-    for (;;) {   /* every peer that left took this rank's notices (it collects them all) */
+        if (p != c->rank && c->left[p] && c->left[p] != 'L') broken = 1;
+    /* this rank's notices: taken by every peer that collected the leaves; any
+     * still out (a late or gone peer) are left to MPI */
+    for (;;) {
         int done = 0;
-        if (MPI_Testall(2 * c->world, c->nreq, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
-            done = 0, bad = 1;
+        if (MPI_Testall(2 * c->world, c->nreq, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+            broken = 1;
+            done = 0;
+        }
         if (done) break;
-        if (bad || pt_now_s() > deadline) {
+        if (late || broken || pt_now_s() > deadline) {
             for (int i = 0; i < 2 * c->world; i++)
-                if (c->nreq[i] != MPI_REQUEST_NULL) {
-                    MPI_Cancel(&c->nreq[i]);
-                    MPI_Request_free(&c->nreq[i]);
-                }
-            bad = 1;
+                if (c->nreq[i] != MPI_REQUEST_NULL) MPI_Request_free(&c->nreq[i]);
             break;
         }
         pause_briefly();
     }
-    if (bad || broken) set_broken(c);
+    if (broken) set_broken(c);
 }
 
 /* Tag of the start-up exchange on MPI_COMM_WORLD (before the plugin has a
