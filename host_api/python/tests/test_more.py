@@ -7,7 +7,7 @@ import torch
 
 import oracle
 import protrain.torch as ptt
-from test_oracle import STREAMED, check
+from test_oracle import STREAMED, assert_plan, check
 
 
 def _half_reference(m, data, lr):
@@ -66,6 +66,7 @@ def test_half_against_fp32_master_reference(dtype, ini, plugin_path):
     want, w_ref = _half_reference(copy.deepcopy(m), data, 1e-3)
     _, w_2lr = _half_reference(copy.deepcopy(m), data, 2e-3)
     m, got = oracle.through_plugin(m, ini(STREAMED), data, plugin=plugin_path)
+    assert_plan(m, "streamed")
     assert got[0] == want[0]
     for a, b in zip(got, want):
         assert abs(a - b) <= 2e-3 * abs(b), (a, b)
