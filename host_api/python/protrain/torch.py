@@ -8,7 +8,7 @@
         scheduler.step()          # any torch.optim.lr_scheduler
 
 After wrap the plugin owns every parameter, gradient and saved activation (see
-_adapter.py for the windows and the hook order). Read the trained weights with
+_windows.py for the windows and _blocks.py for the hook order). Read the trained weights with
 protrain.torch.state_dict(model).
 """
 import os
