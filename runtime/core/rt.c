@@ -159,9 +159,11 @@ static int check_solo(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host, c
                                        "PMI_RANK"};
     int launched = 0;
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) launched |= getenv(vars[i]) != NULL;
-    if (!launched || !strcmp(cfg->dist_backend, "none")) return PT_OK;
+    /* backend = host: the host's own collectives, not MPI, say who the ranks are */
+    if (!launched || !strcmp(cfg->dist_backend, "none") || !strcmp(cfg->dist_backend, "host"))
+        return PT_OK;
     pt_coll_config cc = {1, host ? host->rank : 0, "env", (double)cfg->dist_timeout, -1, "mpi",
-                         host ? host->device_index : 0, NULL};
+                         host ? host->device_index : 0, NULL, NULL};
     int rc = pt_coll_open(&cc, &rt->solo, err, errlen);
     if (rc) {
         size_t n = strlen(err);
