@@ -325,8 +325,9 @@ static void invalidate_slots(pt_store *st) {
     if (ms->pool) pt_bufpool_invalidate_all(ms->pool);
 }
 
-int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t errlen) {
-    if (pt_store_sync(st, err, errlen)) return PT_ERR_BACKEND;   /* queued work may use the state */
+/* The image fits this store (names, shapes, sizes), checked without changing
+ * anything. */
+static int check_image(pt_store *st, const pt_state_image *img, char *err, size_t errlen) {
     int rc = ready(st, "state restore", img->has_opt, err, errlen);
     if (rc) return rc;
     if (img->has_opt != st->opt_ready) {
@@ -341,6 +342,13 @@ int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t 
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: the state holds %zu bytes of parameters and optimizer state, this "
             "model needs %zu (a different model)", img->bytes, need);
     }
+    return PT_OK;
+}
+
+int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t errlen) {
+    if (pt_store_sync(st, err, errlen)) return PT_ERR_BACKEND;   /* queued work may use the state */
+    int rc = check_image(st, img, err, errlen);
+    if (rc) return rc;
     size_t n = img->bytes;
     /* mode C: whole-chunk views receive the image; this rank keeps its parts */
     if (st->shard && (rc = pt_sh_views_open(st, 0, err, errlen))) return rc;
@@ -611,14 +619,16 @@ int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
         rc = check_header(st, &h, path, from, err, errlen);
     }
     fclose(f);
-    if (!rc) rc = check_hparams(st, &h, path, 0, err, errlen);
     if (!rc) rc = ready(st, "load_state", 1, err, errlen);
     if (!rc) {
         img.bytes = h.payload_bytes;
         img.step = h.step;
         img.has_opt = 1;
-        rc = pt_store_restore(st, &img, err, errlen);
+        /* another model is named as such before other optimizer settings */
+        rc = check_image(st, &img, err, errlen);
     }
+    if (!rc) rc = check_hparams(st, &h, path, 0, err, errlen);
+    if (!rc) rc = pt_store_restore(st, &img, err, errlen);
     pt_store_image_free(&img);
     if (!rc) {
         (void)check_hparams(st, &h, path, 1, NULL, 0);
