@@ -44,7 +44,8 @@ LOG=$(mktemp /tmp/test_gpu.XXXXXX)
 trap 'rm -f "$LOG"' EXIT
 # A check passes only when everything in it ran: a script that printed its
 # no-GPU line is a skip, and so is one that passed its own checks but skipped
-# some ("SKIP ..." lines, e.g. nccl.sh's 2-rank checks on a 1-GPU machine),
+# some ("SKIP ..." lines, e.g. nccl.sh's 2-rank checks on a 1-GPU machine, or
+# cmocka's "[  SKIPPED ]"),
 # with what it skipped in the summary. A skip is not a failure of make
 # test-gpu; gpu_day.sh ends red on any (tests/gpu/verdict.sh).
 check() {   # name, command...
@@ -53,12 +54,12 @@ check() {   # name, command...
   local t0 rc; t0=$(date +%s.%N)
   "$@" 2>&1 | tee "$LOG"; rc=${PIPESTATUS[0]}
   local dt; dt=$(secs "$t0" "$(date +%s.%N)")
-  local inner; inner=$(grep -c "^SKIP " "$LOG")
+  local inner; inner=$(grep -cE '^SKIP |^\[  SKIPPED \]' "$LOG")   # scripts', cmocka's
   if [ $rc = 0 ] && grep -q "^no GPU: skipped\|nothing ran, nothing claimed" "$LOG"; then
     skip=$((skip+1)); summary+="SKIP  $name  (${dt} s: $(grep -m1 "no GPU\|nothing ran" "$LOG"))"$'\n'
   elif [ $rc = 0 ] && [ "$inner" -gt 0 ]; then
     skip=$((skip+1))
-    summary+="SKIP  $name  (${dt} s: what ran passed; $inner of its checks skipped: $(grep -m1 "^SKIP " "$LOG"))"$'\n'
+    summary+="SKIP  $name  (${dt} s: what ran passed; $inner of its checks skipped: $(grep -m1 -E '^SKIP |^\[  SKIPPED \]' "$LOG"))"$'\n'
   elif [ $rc = 0 ]; then pass=$((pass+1)); summary+="PASS  $name  (${dt} s)"$'\n'
   else fail=$((fail+1)); summary+="FAIL  $name  (${dt} s, exit $rc)"$'\n'; fi
 }
