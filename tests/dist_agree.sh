@@ -184,6 +184,24 @@ for c in 'name:post_model_load status 2: .*on model.param\[1\]: b0.weight f32 64
     done
 done
 
+# a rank that ends right after init, through the hooks: without a word (leave)
+# rank 1 fails within seconds saying rank 0 ended its run; with dist_abort it
+# fails at once with rank 0's sentence ([dist] timeout is 20 s: without the
+# notices rank 1 waited all of it)
+for c in 'leave:ended its run (closed the plugin' 'abort:rank 0 stopped: the host stops here'; do
+    n=${c%%:*}; pat=${c#*:}
+    t0=$(date +%s); hooks2 "$n"; dt=$(( $(date +%s) - t0 ))
+    rc0=$(cat "$tmp/hooks_$n.rc0" 2>/dev/null || echo missing)
+    rc1=$(cat "$tmp/hooks_$n.rc1" 2>/dev/null || echo missing)
+    if [ "$rc0" != 3 ] || [ "$rc1" != 6 ] || [ "$dt" -gt 10 ] ||
+       ! grep -q "agree rank 1: post_model_load status 6: .*$pat" "$tmp/hooks_$n.out"; then
+        bad "hooks $n: rank 0 exit $rc0 (want 3), rank 1 exit $rc1 (want 6 with '$pat'), $dt s (want <= 10):"
+        sed 's/^/    /' "$tmp/hooks_$n.out" | head -10
+    else
+        pass=$((pass + 1))
+    fi
+done
+
 # world size: rank 1 told it is one of 3 under a 2-process mpirun
 timeout 120 "${mpi[@]}" -np 1 bash -c '"$@"; echo $? > '"$tmp/ws.rc0" _ "$sh" "${common[@]}" $a : \
     -np 1 bash -c 'OMPI_COMM_WORLD_SIZE=3 "$@"; echo $? > '"$tmp/ws.rc1" _ "$sh" "${common[@]}" $a \
