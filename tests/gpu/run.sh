@@ -46,7 +46,10 @@ trap 'rm -f "$LOG"' EXIT
 # no-GPU line is a skip, and so is one that passed its own checks but skipped
 # some ("SKIP ..." lines, e.g. nccl.sh's 2-rank checks on a 1-GPU machine, or
 # cmocka's "[  SKIPPED ]"),
-# with what it skipped in the summary. A skip is not a failure of make
+# with what it skipped in the summary. A check that needs more GPUs than the
+# machine has says "N/A" (nccl.sh's 2-rank checks on a 1-GPU machine: NCCL
+# wants one GPU per rank): listed as N/A, not a skip, since no machine of that
+# kind can run it. A skip is not a failure of make
 # test-gpu; gpu_day.sh ends red on any (tests/gpu/verdict.sh).
 check() {   # name, command...
   local name=$1; shift
@@ -61,6 +64,7 @@ check() {   # name, command...
     skip=$((skip+1))
     summary+="SKIP  $name  (${dt} s: what ran passed; $inner of its checks skipped: $(grep -m1 -E '^SKIP |^\[  SKIPPED \]' "$LOG"))"$'\n'
   elif [ $rc = 0 ]; then pass=$((pass+1)); summary+="PASS  $name  (${dt} s)"$'\n'
+    while IFS= read -r l; do summary+="N/A   $name: ${l#N/A  }"$'\n'; done < <(grep -E '^N/A  ' "$LOG")
   else fail=$((fail+1)); summary+="FAIL  $name  (${dt} s, exit $rc)"$'\n'; fi
 }
 skipped() { skip=$((skip+1)); summary+="SKIP  $1 ($2)"$'\n'; echo "=== $1: skipped: $2"; }
