@@ -8,10 +8,12 @@ raises, and with grad_accum = 2 a failure in micro-batch 1. The run catches
 the exception (where there is one), gets a RuntimeWarning naming what
 happened, and trains on. Oracle: the same run without the failed batches
 (with accumulation: without the dropped step's two micro-batches), through
-the plugin, bit-identical in every loss and weight; and plain PyTorch on the
-batches that trained, within test_oracle's bounds. Resident, checkpointed and
-streamed plans. Negative control: with the adapter's skip_discard switch (the
-failure left as it was) the next pass is refused and the run does not finish.
+the plugin, bit-identical in every loss and weight; and (resident) plain
+PyTorch on the batches that trained, within test_oracle's bounds. Every kind
+under a resident plan; a failed backward under a checkpointed plan (a
+recompute inside it) and accumulation under a streamed one. Negative
+control: with the adapter's skip_discard switch (the failure left as it was)
+the next pass is refused and the run does not finish.
 Where a step cannot be dropped (the CPU optimizer already stepped chunks of
 it during its backward) the next forward says so. model.half(),
 .bfloat16(), .to(float16), .double() after wrap are refused without changing
@@ -130,8 +132,7 @@ def _state(m):
 # kinds that reach their own paths (a recompute in the failed backward; leased
 # buffers and CPU-side gradients of offloaded chunks). A failed backward under
 # the streamed plan is refused by design (test_backward_after_cpu_steps_is_refused).
-CASES = [(k, "resident") for k in KINDS] + [("forward", "ckpt"), ("backward", "ckpt"),
-                                              ("forward", "streamed"), ("micro1", "streamed")]
+CASES = [(k, "resident") for k in KINDS] + [("backward", "ckpt"), ("micro1", "streamed")]
 
 
 @pytest.mark.parametrize("kind,config", CASES)
@@ -160,10 +161,11 @@ def test_failed_step_is_dropped(kind, config, ini, plugin_path):
     assert all(torch.equal(a[k], b[k]) for k in b)
     assert ptt.stats(m).steps == ptt.stats(m2).steps == len(clean) // ga
     assert m._protrain.step == m2._protrain.step == len(clean) // ga   # the step number went back
-    # and plain PyTorch on the same batches
-    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.0)
-    want = _run(ref, ropt, clean, grad_accum=ga, plain=True)
-    check(got, want, oracle.rel_norm(a, ref.state_dict()))
+    # and plain PyTorch on the same batches (once per kind: resident)
+    if config == "resident":
+        ropt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.0)
+        want = _run(ref, ropt, clean, grad_accum=ga, plain=True)
+        check(got, want, oracle.rel_norm(a, ref.state_dict()))
 
 
 @pytest.mark.parametrize("kind", ("forward", "backward", "dropped_loss"))

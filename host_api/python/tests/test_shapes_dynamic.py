@@ -5,8 +5,8 @@ batches (losses and weights within test_oracle's bounds, step-1 loss
 bit-identical): dynamic padding (each batch padded to its own longest sample,
 attention_mask and -100 labels, the first batch shorter than later ones), a
 short last batch, a packed stream with a short tail, and evaluation batches
-of any size between the steps, each under a resident plan and under plans
-that checkpoint, swap and stream. A larger batch is profiled and planned for
+of any size between the steps, each under a resident plan, dynamic padding
+also under plans that checkpoint and stream. A larger batch is profiled and planned for
 (the predicted peak grows), and one the device cannot hold is refused naming
 bytes while the plan in force keeps training. Negative control: with the
 plan's shape frozen (the adapter's test switch frozen_shape, the behaviour
@@ -84,26 +84,28 @@ def _train(model, step, data, evals):
 
 
 def _pair(ini, plugin, data, evals=(), setup=None):
+    """Through the plugin first (a refusal costs no reference run), then plain
+    PyTorch from the same initial weights."""
     m = oracle.make_model("llama")
     ref = copy.deepcopy(m)
+    m, popt = ptt.wrap(m, config=ini, lr=1e-3, weight_decay=0.0, max_grad_norm=0.0,
+                       plugin=plugin)
+    if setup:
+        setup(m._protrain)
+    got = _train(m, popt.step, data, evals)
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.0)
 
     def ref_step():
         opt.step()
         opt.zero_grad()
     want = _train(ref, ref_step, data, evals)
-    m, popt = ptt.wrap(m, config=ini, lr=1e-3, weight_decay=0.0, max_grad_norm=0.0,
-                       plugin=plugin)
-    if setup:
-        setup(m._protrain)
-    got = _train(m, popt.step, data, evals)
     return got, want, oracle.rel_norm(ptt.state_dict(m), ref.state_dict()), m
 
 
 # every data set under a resident plan; dynamic padding (the most shapes)
-# under plans that checkpoint, swap and stream too
+# under plans that checkpoint and stream too (SWAP arenas: test_step_ctl.c)
 CASES = [(d, "resident") for d in sorted(DATA)] + [("dynamic_padding", c)
-                                                   for c in ("ckpt", "swap", "streamed")]
+                                                   for c in ("ckpt", "streamed")]
 
 
 @pytest.mark.parametrize("data,config", CASES)
