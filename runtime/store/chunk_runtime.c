@@ -411,7 +411,10 @@ static void grad_task(void *arg) {
     if (last && c->t_step_now) {
         if (pt_cs_stepped_first(st)) pt_cs_stepped(st, c);
         const pt_optim_cpu a = {&c->t_consts, acc, c->t_lr, 1.0f, c->t_k, NULL, NULL};
-        st->ok->cpu_step(st, c, &a);   /* the optimizer kind's step, on this worker */
+        int trc = c->tiered ? pt_tier_begin(st, c) : PT_OK;   /* its states in a slot */
+        if (!trc) st->ok->cpu_step(st, c, &a);   /* the optimizer kind's step, on this worker */
+        if (c->tiered) pt_tier_end(st, c, !trc);
+        if (trc) c->t_rc = trc;
         if (!pt_cs_stepped_first(st)) pt_cs_stepped(st, c);
     }
     double t1 = pt_now_s();
@@ -524,8 +527,12 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     /* the chunk's own group: the next micro-batch's copy into h_gstage waits on it,
      * and optimizer_step waits on every chunk's group */
     char why[160];
+    /* its states' read starts now, in the order the tasks are queued */
+    if (c->t_step_now && c->tiered) pt_tier_want(st, c);
     if ((rc = pt_pool_submit(ms->workers, grad_task, j, &c->tg, why, sizeof why))) {
         free(j);
+        if (c->t_step_now && c->tiered && !pt_tier_begin(st, c)) pt_tier_end(st, c, 0);
+        else if (c->t_step_now && c->tiered) pt_tier_end(st, c, 0);
         return pt_fail(err, errlen, rc, "cannot queue the CPU optimizer task of chunk %d (%s)", c->id, why);
     }
     return PT_OK;

@@ -20,6 +20,7 @@ uint64_t pt_ms_chunk_pinned(const cs_chunk *c, int rounded) {
     }
     uint64_t pb = rounded ? pt_gpu_round_size(c->used) : c->used;
     if (!c->trainable) return pb;                              /* h_param only */
+    if (c->tiered) return 2 * pb;   /* h_param, h_gstage: the states are on disk */
     uint64_t eb = (uint64_t)c->n_state * 4, ob = c->plan.aux_words * 4;
     if (rounded) eb = pt_gpu_round_size(eb), ob = ob ? pt_gpu_round_size(ob) : 0;
     /* h_param, h_gstage, m, v, fp32 masters, the optimizer kind's state (REKLS:
@@ -58,6 +59,11 @@ static uint64_t mem_available(void) {
         if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
     fclose(f);
     return (uint64_t)kb * 1024;
+}
+
+uint64_t pt_ms_pinned_limit(const pt_store *st) {
+    uint64_t b = st->env.cfg->pinned_budget;
+    return b ? b : mem_available() / 10 * 9;
 }
 
 int pt_ms_check_pinned(pt_store *st, uint64_t need, char *err, size_t errlen) {

@@ -41,6 +41,7 @@
 #include "optim/optim.h"
 #include "ord_bits.h"
 #include "store.h"
+#include "tier/tier.h"
 
 typedef struct pt_arena {
     int mode;             /* PT_ACT_* */
@@ -88,6 +89,8 @@ typedef struct cs_chunk {
     void *h_param, *h_gstage;
     float *h_master, *h_m, *h_v, *h_gacc;
     cs_shard *sh;             /* mode C: this rank's parts (dist_shard.c), else NULL */
+    int tiered;               /* its m, v, h_master live in the disk tier (tier/tier.h):
+                               * NULL outside its step and state views */
     /* runtime (hook thread only, except where noted) */
     int slot;                 /* pool slot while leased, else -1 */
     int users;                /* gathers by blocks (pointers set while > 0) */
@@ -190,6 +193,7 @@ struct pt_store {
      * it allocates and frees (NULL for AdamW) */
     const pt_optim_kind *ok;
     void *opt;
+    pt_tier *tier;            /* the disk tier ([nvme] path) when some chunk is tiered */
 };
 
 /* footprint.c: device bytes of a resident chunk, pinned bytes of an offloaded
@@ -200,6 +204,9 @@ uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c);
 uint64_t pt_ms_chunk_pinned(const cs_chunk *c, int rounded);
 uint64_t pt_ms_chunk_optim_dev_bytes(const cs_chunk *c);
 int pt_ms_check_pinned(pt_store *st, uint64_t need, char *err, size_t errlen);
+/* The pinned bytes the chunks may take: [memory] pinned_budget, or auto 90% of
+ * MemAvailable. */
+uint64_t pt_ms_pinned_limit(const pt_store *st);
 
 /* The device backend's op table and its instance (one helper for the store). */
 static inline const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->env.gpu); }
