@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The disk tier ([nvme], runtime/store/tier/). A model whose offloaded chunks
+# need 5368320 pinned bytes (sample_host L=3 C=96, 160 KiB chunks, n_persist 0)
+# under [memory] pinned_budget = 4MiB:
+#  - without [nvme] path it is refused at post_model_load (the budget is a cap);
+#  - with it, it trains: losses bit-identical to --no-plugin, without and with
+#    clipping (--max-grad-norm: the CPU steps are deferred into the next
+#    forward), the tier file exists while it trains and is gone after, and the
+#    pinned peak the tier logs at the end stays within the budget;
+#  - negative controls ([testing] debug_skip_ordering): the tier's read before a
+#    step skipped (16384), or its write-back after one dropped (32768), and the
+#    losses differ from --no-plugin;
+#  - resume: a run stopped after step 2 with a checkpoint generation and resumed
+#    (a fresh tier, refilled from the state file) matches the --no-plugin run;
+#  - refusals with a sentence, exit 1, no crash: a second run on a locked folder
+#    (names the holder's pid), a missing path, a path that is a file, a file-size
+#    limit that the tier's file exceeds (EFBIG when it is reserved).
+set -u
+root="${PT_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
+build="${PT_BUILD:-$root/build}"
+sh="$build/sample_host"; plug="$build/protrain_plugin.so"
+export PROTRAIN_TESTING=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+tmp=$(mktemp -d /tmp/test_nvme.XXXXXX)
+trap '[ -n "${PT_KEEP:-}" ] || rm -rf "$tmp"' EXIT
+fail=0; pass=0
+bad() { echo "nvme: FAIL: $*"; fail=1; }
+ok() { pass=$((pass + 1)); }
+model=(--channels 96 --layers 3 --batch 2 --seq 64 --steps 4 --metrics-no-time
+       --progress off --gen-every 0)
+tier="$tmp/tier"; mkdir -p "$tier"
+ini() {   # ini FILE [nvme-path] [extra lines...]
+    local f=$1 p=${2:-}; shift 2 2>/dev/null || shift $#
+    { printf '[memory]\npinned_budget = 4MiB\n[protrain]\nchunk_size = 160KiB\n'
+      printf 'auto_memory = false\nn_persist = 0\nn_buffer = 8\nn_swap = 0\nn_checkpoint = 0\n'
+      [ -n "$p" ] && printf '[nvme]\npath = %s\n' "$p"
+      for l in "$@"; do printf '%s\n' "$l"; done; } > "$f"
+}
+losses() { sed -n 's/.*"loss":\([^,]*\),.*/\1/p' "$1"; }
+
+"$sh" --no-plugin "${model[@]}" --metrics "$tmp/ref.jsonl" > /dev/null 2>&1 || bad "--no-plugin run failed"
+"$sh" --no-plugin "${model[@]}" --max-grad-norm 0.05 --metrics "$tmp/refc.jsonl" > /dev/null 2>&1 ||
+    bad "--no-plugin run with clipping failed"
+[ "$(losses "$tmp/ref.jsonl" | wc -l)" = 4 ] || bad "the reference has no 4 losses"
+
+# 1. the budget is a cap: without the tier the run is refused
+ini "$tmp/notier.ini" ""
+if "$sh" --config "$tmp/notier.ini" --plugin "$plug" "${model[@]}" > "$tmp/notier.out" 2>&1; then
+    bad "a 4 MiB pinned budget without [nvme] path trained (the chunks need more)"
+elif grep -q "pinned host memory: the offloaded chunks need" "$tmp/notier.out"; then ok
+else bad "no pinned-budget sentence: $(tail -2 "$tmp/notier.out")"; fi
+
+# 2. with the tier: bit-identical, files while it trains, none after, pinned peak in budget
+ini "$tmp/tier.ini" "$tier" "[testing]" "debug_cpu_step_delay = 0.02"
+"$sh" --config "$tmp/tier.ini" --plugin "$plug" "${model[@]}" --max-grad-norm 0.05 \
+    --metrics "$tmp/tier.jsonl" > "$tmp/tier.out" 2>&1 &
+pid=$!
+seen=0
+for _ in $(seq 1 400); do
+    [ -f "$tier/protrain-tier.rank0.bin" ] && [ -f "$tier/protrain-tier.rank0.lock" ] && { seen=1; break; }
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.01
+done
+wait $pid; rc=$?
+if [ $rc -ne 0 ]; then bad "the tiered run with clipping failed ($rc): $(tail -3 "$tmp/tier.out")"
+elif [ "$(losses "$tmp/tier.jsonl")" != "$(losses "$tmp/refc.jsonl")" ]; then
+    bad "tiered losses with clipping differ from --no-plugin"; paste <(losses "$tmp/tier.jsonl") <(losses "$tmp/refc.jsonl")
+else ok; fi
+[ $seen = 1 ] && ok || bad "no tier file appeared under the folder while the run trained"
+[ -z "$(ls -A "$tier")" ] && ok || bad "the tier's files were left behind: $(ls -A "$tier")"
+grep -q "nvme tier: .* chunk(s)' optimizer states" "$tmp/tier.out" && ok || bad "the tier did not open"
+peak=$(sed -n 's/.*pinned peak \([0-9]*\) bytes (budget \([0-9]*\)).*/\1 \2/p' "$tmp/tier.out" | tail -1)
+if [ -z "$peak" ]; then bad "no pinned peak logged"
+elif [ "${peak% *}" -gt "${peak#* }" ] || [ "${peak#* }" != 4194304 ]; then
+    bad "pinned peak ${peak% *} exceeds the budget ${peak#* }"
+else ok; fi
+reads=$(sed -n 's/.*nvme tier: \([0-9]*\) read(s).*/\1/p' "$tmp/tier.out" | tail -1)
+[ "${reads:-0}" -ge 36 ] && ok || bad "the tier read ${reads:-no} records (9 chunks x 4 steps expected)"
+
+# without clipping: the steps overlap backward
+ini "$tmp/tier2.ini" "$tier"
+if "$sh" --config "$tmp/tier2.ini" --plugin "$plug" "${model[@]}" --metrics "$tmp/t2.jsonl" \
+    > "$tmp/t2.out" 2>&1 && [ "$(losses "$tmp/t2.jsonl")" = "$(losses "$tmp/ref.jsonl")" ]; then ok
+else bad "tiered losses without clipping differ from --no-plugin (or the run failed)"; fi
+
+# 3. negative controls: read skipped, write-back dropped
+for bit in 16384 32768; do
+    ini "$tmp/neg.ini" "$tier" "[testing]" "debug_skip_ordering = $bit"
+    "$sh" --config "$tmp/neg.ini" --plugin "$plug" "${model[@]}" --metrics "$tmp/neg.jsonl" \
+        > "$tmp/neg.out" 2>&1
+    if [ "$(losses "$tmp/neg.jsonl")" = "$(losses "$tmp/ref.jsonl")" ]; then
+        bad "debug_skip_ordering = $bit (the tier's $([ $bit = 16384 ] && echo read || echo write-back) skipped) still matches --no-plugin"
+    else ok; fi
+done
+
+# 4. resume refills the tier from the state file
+ck="$tmp/ck"
+"$sh" --config "$tmp/tier2.ini" --plugin "$plug" "${model[@]}" --checkpoint-dir "$ck" \
+    --stop-after 2 --metrics "$tmp/r.jsonl" > "$tmp/r1.out" 2>&1 || bad "the run stopped at 2 failed"
+"$sh" --config "$tmp/tier2.ini" --plugin "$plug" "${model[@]}" --checkpoint-dir "$ck" --resume \
+    --metrics "$tmp/r.jsonl" > "$tmp/r2.out" 2>&1 || bad "the resumed run failed: $(tail -2 "$tmp/r2.out")"
+grep -q "nvme tier: .* chunk(s)' optimizer states" "$tmp/r2.out" || bad "the resumed run has no tier"
+if [ "$(losses "$tmp/r.jsonl")" = "$(losses "$tmp/ref.jsonl")" ]; then ok
+else bad "stop at 2 + resume does not reproduce the --no-plugin losses"; fi
+
+# 5. refusals
+exec 9> "$tier/protrain-tier.rank0.lock"
+flock -n 9 && echo 4242 >&9
+if "$sh" --config "$tmp/tier2.ini" --plugin "$plug" "${model[@]}" > "$tmp/lock.out" 2>&1; then
+    bad "a second run trained on a locked tier folder"
+elif grep -q "is in use by another run (pid 4242" "$tmp/lock.out"; then ok
+else bad "no lock sentence: $(tail -2 "$tmp/lock.out")"; fi
+exec 9>&-
+rm -f "$tier/protrain-tier.rank0.lock"
+touch "$tmp/afile"
+for p in "$tmp/missing" "$tmp/afile"; do
+    ini "$tmp/bad.ini" "$p"
+    "$sh" --config "$tmp/bad.ini" --plugin "$plug" "${model[@]}" > "$tmp/bad.out" 2>&1; rc=$?
+    if [ $rc -eq 1 ] && grep -qE "cannot be used: No such file|is not a folder" "$tmp/bad.out"; then ok
+    else bad "path $p: exit $rc, $(tail -1 "$tmp/bad.out")"; fi
+done
+# a file-size limit below the tier's file: EFBIG when it is reserved (SIGXFSZ ignored, as
+# a host that sets the limit must)
+(trap '' XFSZ; ulimit -f 1024; exec "$sh" --config "$tmp/tier2.ini" --plugin "$plug" "${model[@]}") \
+    > "$tmp/fsz.out" 2>&1; rc=$?
+if [ $rc -eq 1 ] && grep -q "file-size limit" "$tmp/fsz.out"; then ok
+else bad "file-size limit: exit $rc, $(tail -1 "$tmp/fsz.out")"; fi
+[ -z "$(ls -A "$tier")" ] && ok || bad "a refused run left files: $(ls -A "$tier")"
+
+echo "nvme: $pass passed, $fail failed"
+exit $fail
