@@ -28,7 +28,14 @@ uint64_t pt_ms_chunk_pinned(const cs_chunk *c, int rounded) {
     return 2 * pb + 2 * eb + (c->has16 ? eb : 0) + ob;
 }
 
-uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c) { return pt_ms_chunk_pinned(c, 0); }
+/* What the planner sees (the profile's host_bytes): the chunk's pinned cost
+ * with its states in pinned memory, tier or not, so a profile is the same
+ * either way and the cost model decides where the states go (pt_cost_pinned). */
+uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c) {
+    cs_chunk x = *c;
+    x.tiered = 0;
+    return pt_ms_chunk_pinned(&x, 0);
+}
 
 /* Device bytes of one resident chunk as alloc_persistent and pt_store_optimizer_init
  * allocate them, each allocation rounded like the allocator rounds it. */
