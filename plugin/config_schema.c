@@ -358,6 +358,9 @@ const pt_config_key pt_cfg_keys[] = {
     R_INT("testing", "debug_hang_rank", debug_hang_rank, PT_CFG_NO_HI, -1, INT_MAX, 0, "-1",
           "This rank stops joining collectives (as if hung) so the others must time out "
           "naming it; -1: none."),
+    R_INT("testing", "debug_tier_fail_write", debug_tier_fail_write, PT_CFG_NO_HI, 0, INT_MAX, 0,
+          "0", "Make the disk tier's N-th write-back (1-based) fail as on a full disk (ENOSPC); "
+          "0: never."),
 };
 /* config.c sizes per-key arrays with PT_CFG_NKEYS; a row added here without
  * bumping it fails the build rather than overrunning those arrays. */

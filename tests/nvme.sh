@@ -14,7 +14,9 @@
 #    (a fresh tier, refilled from the state file) matches the --no-plugin run;
 #  - refusals with a sentence, exit 1, no crash: a second run on a locked folder
 #    (names the holder's pid), a missing path, a path that is a file, a file-size
-#    limit that the tier's file exceeds (EFBIG when it is reserved).
+#    limit that the tier's file exceeds (EFBIG when it is reserved), a write-back
+#    failing with ENOSPC during training ([testing] debug_tier_fail_write: the
+#    next hook fails with the sentence).
 set -u
 root="${PT_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
 build="${PT_BUILD:-$root/build}"
@@ -124,6 +126,11 @@ done
     > "$tmp/fsz.out" 2>&1; rc=$?
 if [ $rc -eq 1 ] && grep -q "file-size limit" "$tmp/fsz.out"; then ok
 else bad "file-size limit: exit $rc, $(tail -1 "$tmp/fsz.out")"; fi
+# a write-back failing as on a full disk: the next hook fails with the sentence, exit 1
+ini "$tmp/full.ini" "$tier" "[testing]" "debug_tier_fail_write = 12"
+"$sh" --config "$tmp/full.ini" --plugin "$plug" "${model[@]}" > "$tmp/full.out" 2>&1; rc=$?
+if [ $rc -eq 1 ] && grep -q "failed with status 7: .*optimizer step was not taken: .*the disk is full" "$tmp/full.out"; then ok
+else bad "a failed write-back: exit $rc, $(tail -1 "$tmp/full.out")"; fi
 [ -z "$(ls -A "$tier")" ] && ok || bad "a refused run left files: $(ls -A "$tier")"
 
 echo "nvme: $pass passed, $fail failed"

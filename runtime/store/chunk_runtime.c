@@ -69,8 +69,11 @@ void pt_cs_free(pt_store *st, void *p) {
 static int task_status(pt_store *st, cs_chunk *c, const char *hook, char *err, size_t errlen) {
     int rc = c->t_rc;
     c->t_rc = PT_OK;
-    (void)st;
     if (!rc) return PT_OK;
+    char te[512];
+    if (c->tiered && pt_tier_failed(st, te, sizeof te))   /* the disk tier's I/O */
+        return pt_fail(err, errlen, rc, "%s: chunk %d's optimizer step was not taken: %s", hook,
+                       c->id, te);
     return pt_fail(err, errlen, rc,
                    "%s: event_sync on chunk %d's gradient copy to the host failed on the CPU "
                    "optimizer's worker, so its gradient was not used", hook, c->id);

@@ -7,6 +7,7 @@
  * bytes at the sum of the earlier records' lengths. A slot is the largest len
  * plus one block (its start aligned to the block for O_DIRECT).
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +82,7 @@ static void *io_main(void *arg) {
         t->jh = (t->jh + 1) % t->jcap;
         t->jn--;
         t->busy++;
+        int64_t tried = j.write ? ++t->tried : 0;
         int s = t->slot[j.chunk];
         uint64_t off = t->off[j.chunk], len = t->len[j.chunk];
         pthread_mutex_unlock(&t->mu);
@@ -88,6 +90,9 @@ static void *io_main(void *arg) {
         char e[512];
         double t0 = pt_now_s();
         int rc = skip ? PT_OK : pt_tier_rw(t, j.write, t->slot_mem[s], off, len, e, sizeof e);
+        if (j.write && !rc && tried == t->st->env.cfg->debug_tier_fail_write)
+            rc = pt_tier_io_fail(t, ENOSPC, "a write-back (testing: debug_tier_fail_write)", e,
+                                 sizeof e);
         double dt = pt_now_s() - t0;
         pthread_mutex_lock(&t->mu);
         t->busy--;

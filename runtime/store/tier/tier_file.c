@@ -58,7 +58,7 @@ static int take_lock(pt_tier *t, int rank, char *err, size_t errlen) {
 
 /* The sentence of a failed write or reservation: a full disk and a file-size
  * limit named as such. */
-static int io_fail(pt_tier *t, int e, const char *what, char *err, size_t errlen) {
+int pt_tier_io_fail(pt_tier *t, int e, const char *what, char *err, size_t errlen) {
     const char *why = e == ENOSPC  ? "the disk is full"
                       : e == EFBIG ? "the file exceeds the file-size limit (ulimit -f)"
                       : e == EDQUOT ? "the disk quota is exhausted"
@@ -87,7 +87,7 @@ static int open_file(pt_tier *t, int rank, char *err, size_t errlen) {
             t->direct = 0;
             if (n >= 0 || e != EINVAL) {
                 unlink(t->file);
-                return io_fail(t, n >= 0 ? EIO : e, "the first write", err, errlen);
+                return pt_tier_io_fail(t, n >= 0 ? EIO : e, "the first write", err, errlen);
             }
         }
     } else if (errno != EINVAL) {
@@ -127,7 +127,7 @@ int pt_tier_file_open(pt_tier *t, int rank, char *err, size_t errlen) {
     if ((rc = open_file(t, rank, err, errlen))) goto fail;
     int e = posix_fallocate(t->fd, 0, (off_t)t->total);
     if (e && e != EOPNOTSUPP && e != EINVAL) {
-        rc = io_fail(t, e, "reserving the whole file", err, errlen);
+        rc = pt_tier_io_fail(t, e, "reserving the whole file", err, errlen);
         close(t->fd);
         t->fd = -1;
         unlink(t->file);
@@ -169,7 +169,7 @@ int pt_tier_rw(pt_tier *t, int write, void *buf, uint64_t off, uint64_t len, cha
             char what[96];
             snprintf(what, sizeof what, "%s of %llu bytes at %llu", write ? "a write" : "a read",
                      (unsigned long long)len, (unsigned long long)off);
-            return io_fail(t, e, what, err, errlen);
+            return pt_tier_io_fail(t, e, what, err, errlen);
         }
         done += (uint64_t)n;
     }

@@ -46,13 +46,16 @@ struct pt_tier {
     /* accounting (mu) */
     uint64_t rd_bytes, wr_bytes;
     double rd_s, wr_s, wait_s;
-    int64_t reads, writes;
+    int64_t reads, writes, tried; /* tried: write-backs started (the testing failure) */
     /* views (state images): ordinary memory per tiered chunk */
     float **view;
 };
 
 int pt_tier_file_open(pt_tier *t, int rank, char *err, size_t errlen);
 void pt_tier_file_close(pt_tier *t);
+/* The sentence of a failed write (errno e) of `what`: a full disk and a
+ * file-size limit named as such. */
+int pt_tier_io_fail(pt_tier *t, int e, const char *what, char *err, size_t errlen);
 int pt_tier_rw(pt_tier *t, int write, void *buf, uint64_t off, uint64_t len, char *err,
                size_t errlen);
 
