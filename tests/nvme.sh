@@ -16,7 +16,9 @@
 #    (names the holder's pid), a missing path, a path that is a file, a file-size
 #    limit that the tier's file exceeds (EFBIG when it is reserved), a write-back
 #    failing with ENOSPC during training ([testing] debug_tier_fail_write: the
-#    next hook fails with the sentence).
+#    next hook fails with the sentence);
+#  - two ranks in mode B (mpirun): bit-identical to the same ranks without the
+#    tier, within 1e-6 of one rank with two micro-batches.
 set -u
 root="${PT_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
 build="${PT_BUILD:-$root/build}"
@@ -32,8 +34,9 @@ model=(--channels 96 --layers 3 --batch 2 --seq 64 --steps 4 --metrics-no-time
 tier="$tmp/tier"; mkdir -p "$tier"
 ini() {   # ini FILE [nvme-path] [extra lines...]
     local f=$1 p=${2:-}; shift 2 2>/dev/null || shift $#
-    { printf '[memory]\npinned_budget = 4MiB\n[protrain]\nchunk_size = 160KiB\n'
+    { printf '[memory]\npinned_budget = %s\n[protrain]\nchunk_size = 160KiB\n' "${budget:-4MiB}"
       printf 'auto_memory = false\nn_persist = 0\nn_buffer = 8\nn_swap = 0\nn_checkpoint = 0\n'
+      printf 'auto_mode = false\nzero3_shard = off\n'
       [ -n "$p" ] && printf '[nvme]\npath = %s\n' "$p"
       for l in "$@"; do printf '%s\n' "$l"; done; } > "$f"
 }
@@ -132,6 +135,30 @@ ini "$tmp/full.ini" "$tier" "[testing]" "debug_tier_fail_write = 12"
 if [ $rc -eq 1 ] && grep -q "failed with status 7: .*optimizer step was not taken: .*the disk is full" "$tmp/full.out"; then ok
 else bad "a failed write-back: exit $rc, $(tail -1 "$tmp/full.out")"; fi
 [ -z "$(ls -A "$tier")" ] && ok || bad "a refused run left files: $(ls -A "$tier")"
+
+# 6. two ranks (mode B, each rank its own tier file): bit-identical to the same two
+# ranks without the tier, and within 1e-6 of one rank with 2 micro-batches (the
+# sum's order differs, as in tests/dist.sh). 5 MiB: the accumulated gradients
+# (h_gacc, pinned) come on top with several micro-batches or ranks.
+if command -v mpirun >/dev/null 2>&1; then
+    mpi=(mpirun --oversubscribe --allow-run-as-root -np 2)
+    budget=5MiB ini "$tmp/m_t.ini" "$tier"
+    budget=64MiB ini "$tmp/m_p.ini" ""
+    m2=(--max-grad-norm 0.05)
+    (cd "$tmp" && OMP_NUM_THREADS=1 "${mpi[@]}" "$sh" --config "$tmp/m_t.ini" --plugin "$plug" "${model[@]}" \
+        "${m2[@]}" --metrics "$tmp/m2t.jsonl") > "$tmp/m2t.out" 2>&1 || bad "2 ranks with the tier failed: $(tail -2 "$tmp/m2t.out")"
+    (cd "$tmp" && OMP_NUM_THREADS=1 "${mpi[@]}" "$sh" --config "$tmp/m_p.ini" --plugin "$plug" "${model[@]}" \
+        "${m2[@]}" --metrics "$tmp/m2p.jsonl") > "$tmp/m2p.out" 2>&1 || bad "2 ranks without the tier failed"
+    "$sh" --config "$tmp/m_t.ini" --plugin "$plug" "${model[@]}" "${m2[@]}" --grad-accum 2 \
+        --metrics "$tmp/m1t.jsonl" > "$tmp/m1t.out" 2>&1 || bad "1 rank x 2 micro-batches with the tier failed"
+    grep -q "nvme tier: 36 read(s)" "$tmp/m2t.out" && ok || bad "2 ranks: rank 0 did not step through the tier"
+    if [ "$(losses "$tmp/m2t.jsonl" | wc -l)" = 4 ] && [ "$(losses "$tmp/m2t.jsonl")" = "$(losses "$tmp/m2p.jsonl")" ]; then ok
+    else bad "2 ranks: tier and pinned losses differ"; fi
+    if awk -v a="$(losses "$tmp/m2t.jsonl" | tr '\n' ' ')" -v b="$(losses "$tmp/m1t.jsonl" | tr '\n' ' ')" 'BEGIN {
+        n = split(a, x, " "); m = split(b, y, " "); if (n != 4 || m != 4) exit 1
+        for (i = 1; i <= n; i++) { d = (x[i] - y[i]) / x[i]; if (d < 0) d = -d; if (d > 1e-6) exit 1 } }'; then ok
+    else bad "2 ranks vs 1 rank x 2 micro-batches: losses differ by more than 1e-6"; fi
+fi
 
 echo "nvme: $pass passed, $fail failed"
 exit $fail

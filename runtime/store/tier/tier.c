@@ -319,14 +319,12 @@ void pt_tier_close(pt_store *st) {
     if (t->reads || t->writes) {
         pt_gpu_usage u;
         pt_gpu_usage_get(st->env.gpu, &u);
-        double io = t->rd_s + t->wr_s;
         PT_LOGI(st->env.lg, "nvme tier: %lld read(s) %.2f MiB in %.3f s, %lld write(s) %.2f MiB "
-                "in %.3f s; steps waited %.3f s for reads (%.0f%% of the I/O time hidden); "
-                "pinned peak %llu bytes (budget %llu)", (long long)t->reads,
-                t->rd_bytes / 1048576.0, t->rd_s, (long long)t->writes, t->wr_bytes / 1048576.0,
-                t->wr_s, t->wait_s, io > 0 ? 100.0 * (1.0 - (t->wait_s < io ? t->wait_s : io) / io)
-                                          : 100.0,
-                (unsigned long long)u.pinned_peak, (unsigned long long)u.pinned_budget);
+                "in %.3f s (I/O thread seconds); the steps waited %.3f s for their states (the "
+                "read, and a free slot before it); pinned peak %llu bytes (budget %llu)",
+                (long long)t->reads, t->rd_bytes / 1048576.0, t->rd_s, (long long)t->writes,
+                t->wr_bytes / 1048576.0, t->wr_s, t->wait_s, (unsigned long long)u.pinned_peak,
+                (unsigned long long)u.pinned_budget);
     }
     pt_tier_file_close(t);
     for (int k = 0; t->view && k < st->n_chunks; k++) free(t->view[k]);
