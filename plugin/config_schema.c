@@ -307,8 +307,8 @@ const pt_config_key pt_cfg_keys[] = {
     {"host_backend", "copy_bandwidth", PT_CFG_RATE, 0, OFF(copy_bandwidth), 0,
      PT_GPU_COPY_BW_MIN, PT_GPU_COPY_BW_MAX, 0, NULL,
      NULL, NULL, NULL, "0",
-     "Throttle each copy stream to this rate (units B/s, KB/s, MB/s, GB/s, KiB/s, MiB/s, "
-     "GiB/s) so overlap can be measured; 0: unthrottled."},
+     "Throttle each copy stream to this rate (units B/s, KB/s, MB/s, GB/s, TB/s, PB/s, KiB/s, "
+     "MiB/s, GiB/s, TiB/s, PiB/s) so overlap can be measured; 0: unthrottled."},
     R_BOOL("host_backend", "poison", poison, "true",
            "Fill freed and offloaded device memory with NaN so a stray read fails a test."),
     R_STR("host_backend", "trace_file", host_trace_file, "a file path, or empty for none", NULL, "",

@@ -12,26 +12,32 @@ concern:
   _blocks.BlockHooks     block forward windows and the backward order
   _recompute.Recompute   CKPT recompute with the forward's RNG and autocast
   _hooks.HookInstall     module and autograd hook installation
+  _saves.Saves           state_dict and load_state_dict through the plugin
+  _clip.Clipping         torch.nn.utils.clip_grad_norm_ through the plugin
 """
 from . import _acts
 from . import _model
 from ._blocks import BlockHooks
+from ._clip import Clipping
 from ._glue import PluginGlue, _launcher_rank
 from ._hooks import HookInstall
 from ._plugin import Table
 from ._recompute import Recompute
+from ._saves import Saves
 from ._schedule import StepSchedule
 from ._windows import ParamWindows
 
 __all__ = ["Adapter", "_launcher_rank"]
 
 
-class Adapter(PluginGlue, ParamWindows, StepSchedule, BlockHooks, Recompute, HookInstall):
+class Adapter(PluginGlue, ParamWindows, StepSchedule, BlockHooks, Recompute, HookInstall,
+              Saves, Clipping):
     """One wrapped model: the state every part of the adapter shares. The
     methods live with their concern: _glue (the plugin context, callbacks,
     loading), _windows (parameter windows, saved tensors, read_param),
     _schedule (passes, micro-batches, the step), _blocks (block hooks and
-    backward order), _recompute (CKPT), _hooks (installing the hooks)."""
+    backward order), _recompute (CKPT), _hooks (installing the hooks), _saves
+    (state-dict hooks), _clip (clip_grad_norm_)."""
 
     def __init__(self, model, blocks, config, optim, grad_accum, plugin, session=None):
         self.model = model
@@ -77,7 +83,9 @@ class Adapter(PluginGlue, ParamWindows, StepSchedule, BlockHooks, Recompute, Hoo
         self.inputs = [None] * self.L
         self.rng = [None] * self.L
         self.amp = [None] * self.L
-        self.pending_load = None
+        self.clip_called = False     # clip_grad_norm_ called in this step
+        self.pending_load = None     # state files to load at the first forward
+        self.state_dir = None        # parent of the scratch folders of state files
         self.shape = None            # (batch, sequence) the plan was profiled for
         # activation modes (_acts: COPY, REF, META) per block under the current
         # plan, from the plan's counts or its first training pass (_check_plan)

@@ -18,7 +18,9 @@ import torch
 
 from . import _abi as A
 from . import _dist
+from . import _log
 from . import _model
+from . import _state
 from ._plugin import Context, Error
 from ._schedule import _batch_shape
 from ._windows import _placeholder
@@ -95,8 +97,7 @@ class PluginGlue:
             raise
 
     def _cb_log(self, user, level, msg):
-        if level <= A.PT_LOG_WARN or os.environ.get("PROTRAIN_PY_LOG"):
-            print("[protrain] %s" % msg.decode(errors="replace"), flush=True)
+        _log.emit(level, msg)
 
     def _cb_guard(self, fn, *args):
         try:
@@ -128,7 +129,7 @@ class PluginGlue:
         self.model_desc = m
         self.profile_args = (args, kwargs)
         for info in self.infos:
-            info.param.data = _placeholder(info.param.dtype)
+            info.param.data = _placeholder(info.param.dtype, info.shape)
         # the profile's passes draw from the RNG (dropout); fork it so training
         # sees the same random stream as without the plugin
         with torch.random.fork_rng(devices=self._rng_devices()):
@@ -144,11 +145,12 @@ class PluginGlue:
         self.call("create_optimizer", C.byref(o))
         self.loaded = True
         if self.pending_load:
-            d, self.pending_load = self.pending_load, None
-            self.call("load_state", d.encode())
+            files, self.pending_load = self.pending_load, None
+            _state.load_files(self, files, self.state_dir)
 
     def _profile_pass(self):
         args, kwargs = self.profile_args
+        kwargs = self.no_cache(kwargs)
         self.profiling = True
         try:
             with torch.enable_grad():

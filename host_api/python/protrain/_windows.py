@@ -1,9 +1,11 @@
 """Parameter windows (protrain.h, host contract 2): a block's parameters point
 into the plugin's storage only between block_pre_forward/block_post_forward
-and between block_pre_backward/block_post_backward; outside them .data is an
-empty placeholder, so a stray use fails with a shape error instead of reading
-stale memory. Non-block parameters are bound from the start of a pass
-(pre_step) to optimizer_step (an evaluation pass: to the end of the forward).
+and between block_pre_backward/block_post_backward; outside them .data is a
+placeholder of the parameter's shape whose every element is one shared NaN
+(_placeholder), so a stray read computes NaN instead of stale weights and a
+stray write raises. Saves read the plugin's values instead (_saves.py).
+Non-block parameters are bound from the start of a pass (pre_step) to
+optimizer_step (an evaluation pass: to the end of the forward).
 
 The saved-tensors hooks live here too: a saved parameter, or a view of one,
 must be re-made at the address the parameter has in the backward window.
@@ -15,15 +17,20 @@ import torch
 from . import _acts
 from . import _mem
 
-_EMPTY = {}
+_NAN = {}
 
 
-def _placeholder(dtype):
+def _placeholder(dtype, shape):
+    """What a parameter's .data is outside its windows: its shape, dtype and
+    device over one shared NaN element (a zero-stride view, no memory), so
+    numel(), shapes, model.device and parameter counts stay the model's, a
+    computation that reads it gives NaN (never stale weights) and an in-place
+    write raises (every element is one memory location)."""
     key = (dtype, _mem._device)
-    t = _EMPTY.get(key)
+    t = _NAN.get(key)
     if t is None:
-        t = _EMPTY[key] = _mem.empty(0, dtype)
-    return t
+        t = _NAN[key] = torch.full((), float("nan"), dtype=dtype, device=_mem._device)
+    return t.expand(shape)
 
 
 class ParamWindows:
@@ -50,7 +57,7 @@ class ParamWindows:
         for i in idx:
             p = self.infos[i].param
             p.grad = None
-            p.data = _placeholder(p.dtype)
+            p.data = _placeholder(p.dtype, self.infos[i].shape)
 
     # ---- saved tensors ----
     cur_fwd = None
