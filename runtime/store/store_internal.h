@@ -20,6 +20,8 @@
  *                h_gstage [U] pinned (gradient landing zone, compute dtype),
  *                h_m/h_v [E], h_master [E] (16-bit regions), h_gacc [E] fp32
  *                (accumulated gradient, only when n_micro > 1).
+ *   tiered (tier/tier.h, [nvme] path): h_m, h_v, h_master live in the tier's file and
+ *                point into a staging slot only during the chunk's step (or a state view).
  *   Streamed chunks live on the device only inside a buffer-pool slot of 2*S_chunk
  *   bytes: [0, S) params, [S, 2S) gradients.
  *   sharded (mode C, dist_shard.c): an offloaded chunk keeps only this rank's part of
