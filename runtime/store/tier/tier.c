@@ -190,6 +190,41 @@ int pt_tier_failed(pt_store *st, char *err, size_t errlen) {
     return rc;
 }
 
+/* Chunk k's record into a fresh view (or zeroed), pointed at by its h_m, h_v,
+ * h_master; the caller has waited for every step and I/O of the chunk. */
+static int view_one(pt_tier *t, int k, int fill, char *err, size_t errlen) {
+    void *p = NULL;
+    if (posix_memalign(&p, (size_t)t->blk, (size_t)t->len[k]))
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+    t->view[k] = p;
+    memset(p, 0, (size_t)t->len[k]);
+    point(&t->st->ch[k], p);
+    return fill ? pt_tier_rw(t, 0, p, t->off[k], t->len[k], err, errlen) : PT_OK;
+}
+
+int pt_tier_chunk_open(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
+    pt_tier *t = st->tier;
+    int k = c->id;
+    pthread_mutex_lock(&t->mu);
+    while (t->cs[k] != TC_IDLE || t->wq[k]) pthread_cond_wait(&t->cv_done, &t->mu);
+    int rc = t->err_rc;
+    if (rc) pt_fail(err, errlen, rc, "%s", t->err);
+    pthread_mutex_unlock(&t->mu);
+    if (!rc && (rc = view_one(t, k, 1, err, errlen))) pt_tier_chunk_close(st, c, 0, NULL, 0);
+    return rc;
+}
+
+int pt_tier_chunk_close(pt_store *st, cs_chunk *c, int store, char *err, size_t errlen) {
+    pt_tier *t = st->tier;
+    int k = c->id, rc = PT_OK;
+    if (!t->view[k]) return PT_OK;
+    if (store) rc = pt_tier_rw(t, 1, t->view[k], t->off[k], t->len[k], err, errlen);
+    free(t->view[k]);
+    t->view[k] = NULL;
+    point(c, NULL);
+    return rc;
+}
+
 int pt_tier_views_open(pt_store *st, int fill, char *err, size_t errlen) {
     pt_tier *t = st->tier;
     if (!t) return PT_OK;
@@ -198,15 +233,7 @@ int pt_tier_views_open(pt_store *st, int fill, char *err, size_t errlen) {
     for (int k = 0; k < st->n_chunks; k++) {
         cs_chunk *c = &st->ch[k];
         if (!c->tiered) continue;
-        void *p = NULL;
-        if (posix_memalign(&p, (size_t)t->blk, (size_t)t->len[k])) {
-            pt_tier_views_close(st, 0, NULL, 0);
-            return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
-        }
-        t->view[k] = p;
-        memset(p, 0, (size_t)t->len[k]);
-        point(c, p);
-        if (fill && (rc = pt_tier_rw(t, 0, p, t->off[k], t->len[k], err, errlen))) {
+        if ((rc = view_one(t, k, fill, err, errlen))) {
             pt_tier_views_close(st, 0, NULL, 0);
             return rc;
         }

@@ -65,4 +65,10 @@ int pt_tier_failed(struct pt_store *st, char *err, size_t errlen);
 int pt_tier_views_open(struct pt_store *st, int fill, char *err, size_t errlen);
 int pt_tier_views_close(struct pt_store *st, int store, char *err, size_t errlen);
 
+/* One chunk's states in ordinary memory (after its steps and I/O are done),
+ * for a parameter written between steps; close writes them back when store. */
+int pt_tier_chunk_open(struct pt_store *st, struct cs_chunk *c, char *err, size_t errlen);
+int pt_tier_chunk_close(struct pt_store *st, struct cs_chunk *c, int store, char *err,
+                        size_t errlen);
+
 #endif
