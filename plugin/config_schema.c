@@ -358,6 +358,10 @@ const pt_config_key pt_cfg_keys[] = {
     R_INT("testing", "debug_hang_rank", debug_hang_rank, PT_CFG_NO_HI, -1, INT_MAX, 0, "-1",
           "This rank stops joining collectives (as if hung) so the others must time out "
           "naming it; -1: none."),
+    R_BOOL("testing", "debug_tier_force", debug_tier_force, "false",
+           "With [nvme] path: the offloaded chunks' states go to the disk tier even when they "
+           "fit pinned_budget (small test models, whose staging slots alone exceed their "
+           "states)."),
     R_INT("testing", "debug_tier_fail_write", debug_tier_fail_write, PT_CFG_NO_HI, 0, INT_MAX, 0,
           "0", "Make the disk tier's N-th write-back (1-based) fail as on a full disk (ENOSPC); "
           "0: never."),

@@ -271,7 +271,8 @@ static int alloc_storage(pt_store *st, char *err, size_t errlen) {
     for (int k = 0; k < ms->n_chunks; k++)
         if (!ms->ch[k].persistent) pinned += pt_ms_chunk_pinned(&ms->ch[k], 0);
     /* over the pinned limit with a disk tier: the states go to disk */
-    if (pinned > pt_ms_pinned_limit(st) && (rc = tier_chunks(st, &pinned, err, errlen)))
+    if ((pinned > pt_ms_pinned_limit(st) || st->env.cfg->debug_tier_force) &&
+        (rc = tier_chunks(st, &pinned, err, errlen)))
         return rc;
     if ((rc = pt_ms_check_pinned(st, pinned, err, errlen))) return rc;
     /* One pinned arena for every offloaded chunk, so no chunk costs its own
