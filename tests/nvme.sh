@@ -6,7 +6,8 @@
 #  - with it, it trains: losses bit-identical to --no-plugin, without and with
 #    clipping (--max-grad-norm: the CPU steps are deferred into the next
 #    forward), the tier file exists while it trains and is gone after, and the
-#    pinned peak the tier logs at the end stays within the budget;
+#    pinned peak the tier logs at the end stays within the budget; searched
+#    (profile, a plan saying "disk tier", rebuilds carrying the state) too;
 #  - negative controls ([testing] debug_skip_ordering): the tier's read before a
 #    step skipped (16384), or its write-back after one dropped (32768), and the
 #    losses differ from --no-plugin;
@@ -86,6 +87,15 @@ ini "$tmp/tier2.ini" "$tier"
 if "$sh" --config "$tmp/tier2.ini" --plugin "$plug" "${model[@]}" --metrics "$tmp/t2.jsonl" \
     > "$tmp/t2.out" 2>&1 && [ "$(losses "$tmp/t2.jsonl")" = "$(losses "$tmp/ref.jsonl")" ]; then ok
 else bad "tiered losses without clipping differ from --no-plugin (or the run failed)"; fi
+
+# searched: profile, a plan that puts the states on the tier, rebuilds carrying the
+# state through it (calibration may re-plan), still bit-identical
+printf '[memory]\npinned_budget = 4MiB\ndevice_capacity = 6MiB\n[protrain]\nchunk_size = 160KiB\n[nvme]\npath = %s\n' \
+    "$tier" > "$tmp/auto.ini"
+if "$sh" --config "$tmp/auto.ini" --plugin "$plug" "${model[@]}" --metrics "$tmp/auto.jsonl" \
+    > "$tmp/auto.out" 2>&1 && [ "$(losses "$tmp/auto.jsonl")" = "$(losses "$tmp/ref.jsonl")" ]; then ok
+else bad "a searched plan through the tier differs from --no-plugin (or failed): $(tail -1 "$tmp/auto.out")"; fi
+grep -q "disk tier  *the offloaded chunks' Adam states" "$tmp/auto.out" && ok || bad "the searched plan does not say 'disk tier'"
 
 # 3. negative controls: read skipped, write-back dropped
 for bit in 16384 32768; do
