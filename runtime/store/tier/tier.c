@@ -315,6 +315,21 @@ int pt_tier_open(pt_store *st, char *err, size_t errlen) {
         uintptr_t a = (uintptr_t)t->slot_alloc[i];
         t->slot_mem[i] = (char *)((a + t->blk - 1) / t->blk * t->blk);
     }
+    /* the disk's rates at one record (the largest, through a staging slot; the
+     * initial fill at create_optimizer overwrites it): what one step's read and
+     * write-back cost; logged, not yet a planner input */
+    double w0 = pt_now_s(), wr_s = 0, rd_s = 0;
+    memset(t->slot_mem[0], 0, (size_t)t->slot_bytes);
+    if (!(rc = pt_tier_rw(t, 1, t->slot_mem[0], 0, t->slot_bytes, err, errlen))) {
+        wr_s = pt_now_s() - w0;
+        w0 = pt_now_s();
+        rc = pt_tier_rw(t, 0, t->slot_mem[0], 0, t->slot_bytes, err, errlen);
+        rd_s = pt_now_s() - w0;
+    }
+    if (rc) {
+        pt_tier_close(st);
+        return rc;
+    }
     t->n_th = cfg->nvme_io_threads;
     if (!(t->th = calloc((size_t)t->n_th, sizeof *t->th))) {
         pt_tier_close(st);
@@ -329,9 +344,12 @@ int pt_tier_open(pt_store *st, char *err, size_t errlen) {
     int n = 0;
     for (int k = 0; k < st->n_chunks; k++) n += st->ch[k].tiered;
     PT_LOGI(st->env.lg, "nvme tier: %d chunk(s)' optimizer states in %s (%.2f MiB, %s I/O, "
-            "block %llu), %d staging slot(s) of %.2f MiB pinned, %d I/O thread(s)", n, t->file,
+            "block %llu), %d staging slot(s) of %.2f MiB pinned, %d I/O thread(s); one record "
+            "written in %.3f ms (%.0f MB/s), read in %.3f ms (%.0f MB/s)", n, t->file,
             t->total / 1048576.0, t->direct ? "O_DIRECT" : "buffered (O_DIRECT refused here)",
-            (unsigned long long)t->blk, t->n_slots, t->slot_bytes / 1048576.0, t->n_th);
+            (unsigned long long)t->blk, t->n_slots, t->slot_bytes / 1048576.0, t->n_th,
+            wr_s * 1e3, wr_s > 0 ? t->slot_bytes / wr_s / 1e6 : 0.0, rd_s * 1e3,
+            rd_s > 0 ? t->slot_bytes / rd_s / 1e6 : 0.0);
     return PT_OK;
 }
 
