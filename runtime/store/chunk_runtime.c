@@ -541,6 +541,21 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     return PT_OK;
 }
 
+/* The condition offload_grad's t_step_now tests, known here already: the
+ * step's last micro-batch, lr set, no clipping, one rank. A want whose step
+ * then does not come (a failed hook) keeps its slot until the chunk's next
+ * step takes it. */
+void pt_cs_tier_ahead(pt_store *st, int32_t b) {
+    const pt_step_state *sx = st->env.sx;
+    if (!st->tier || sx->eval || sx->micro != sx->n_micro - 1 || !st->lr_set ||
+        st->env.opt->max_grad_norm > 0 || st->env.coll || st->lay.block_chunk_first[b] < 0)
+        return;
+    for (int k = st->lay.block_chunk_first[b]; k <= st->lay.block_chunk_last[b]; k++) {
+        cs_chunk *c = &st->ch[k];
+        if (c->tiered && c->lc->block_first == b) pt_tier_want(st, c);
+    }
+}
+
 int pt_cs_release(pt_store *st, int32_t b, int backward, char *err, size_t errlen) {
     pt_store *ms = st;
     if (!ms->n_offloaded || ms->lay.block_chunk_first[b] < 0) return PT_OK;

@@ -22,6 +22,7 @@ int pt_store_post_forward(pt_store *st, int32_t b, char *err, size_t errlen) {
 int pt_store_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
     int rc = pt_cs_dist_poll(st, err, errlen);   /* gradient buckets whose backward ended */
     if (!rc) rc = pt_cs_gather(st, b, 1, err, errlen);
+    if (!rc) pt_cs_tier_ahead(st, b);   /* the disk tier's reads of this block's steps */
     return rc ? rc : pt_acts_pre_backward(st, b, err, errlen);
 }
 

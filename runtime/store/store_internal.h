@@ -288,6 +288,10 @@ int pt_cs_dist_drain(pt_store *st, char *err, size_t errlen);
  * backward and optimizer_step: the group is broken then) and the events. */
 void pt_cs_dist_fini(pt_store *st);
 int pt_cs_release(pt_store *st, int32_t b, int backward, char *err, size_t errlen);
+/* Before block b's backward: the disk tier's reads of the chunks whose CPU step
+ * the release after it will queue (lowest block b, stepping during backward),
+ * in the order it queues them, so each read runs during the block's backward. */
+void pt_cs_tier_ahead(pt_store *st, int32_t b);
 
 /* dist_shard.c — mode C. Geometry of chunk c's parts (after reg_state is set for the
  * unsharded layout; rewrites reg_state and n_state for the parts). */
