@@ -152,6 +152,10 @@ else bad "a failed write-back: exit $rc, $(tail -1 "$tmp/full.out")"; fi
 # (h_gacc, pinned) come on top with several micro-batches or ranks.
 if command -v mpirun >/dev/null 2>&1; then
     mpi=(mpirun --oversubscribe --allow-run-as-root -np 2)
+    if [ -n "${PT_SAN:-}" ]; then   # Open MPI's own allocations and races, as in dist.sh
+        export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+        export TSAN_OPTIONS="${TSAN_OPTIONS:-} suppressions=$root/tests/tsan_openmpi.supp"
+    fi
     budget=5MiB ini "$tmp/m_t.ini" "$tier"
     budget=64MiB ini "$tmp/m_p.ini" ""
     m2=(--max-grad-norm 0.05)
