@@ -125,7 +125,10 @@ int pt_tier_file_open(pt_tier *t, int rank, char *err, size_t errlen) {
         goto fail;
     }
     if ((rc = open_file(t, rank, err, errlen))) goto fail;
+    /* a filesystem without fallocate gets the size at least (reads of records
+     * not written yet then see zeros, not the end of the file) */
     int e = posix_fallocate(t->fd, 0, (off_t)t->total);
+    if ((e == EOPNOTSUPP || e == EINVAL) && ftruncate(t->fd, (off_t)t->total)) e = errno;
     if (e && e != EOPNOTSUPP && e != EINVAL) {
         rc = pt_tier_io_fail(t, e, "reserving the whole file", err, errlen);
         close(t->fd);
