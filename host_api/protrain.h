@@ -409,7 +409,26 @@ typedef struct pt_plugin_table_v1 {
      * the rank that did not arrive within [dist] timeout. One rank: unchanged. */
     int32_t (*dist_allreduce)(void *ctx, double *values, int32_t n);
 
-    void *reserved[4];
+    /* ABI 1.6 (the former reserved[0]; NULL in older plugins): the host's
+     * gradient clipping, e.g. torch.nn.utils.clip_grad_norm_ on the plugin's
+     * parameters. With norm != NULL: after the last micro-batch's backward and
+     * before optimizer_step; waits for the step's gradients (reduced across
+     * ranks), writes the global L2 norm before clipping into *norm (also
+     * pt_stats_v1.last_grad_norm) and makes this step's optimizer_step clip at
+     * max_norm: scale min(1, max_norm / (norm + 1e-6)). max_norm <= 0 only
+     * computes the norm (the optimizer's own max_grad_norm, if any, still
+     * clips); a max_norm > 0 that differs from a configured max_grad_norm > 0 is
+     * refused (PT_ERR_INVALID_ARG: clipping twice). With norm == NULL, from
+     * pre_step to the end of the step's backward: announces the call, so the
+     * CPU optimizer computes the norm while backward runs and (max_norm > 0)
+     * steps no offloaded chunk before optimizer_step (clipping itself comes
+     * only from the call with a norm). Without an announcement,
+     * offloaded chunks that set_lr let the CPU step during backward used the
+     * unclipped gradient: a clipping call is then refused with PT_ERR_ORDER
+     * (the step stays valid, unclipped). Everything is reset by optimizer_step. */
+    int32_t (*clip_grad_norm)(void *ctx, float max_norm, double *norm);
+
+    void *reserved[3];
 } pt_plugin_v1;
 
 /* The exported table (symbol name PT_PLUGIN_SYMBOL). A host normally does not

@@ -138,6 +138,14 @@ int pt_lc_optimizer_step(pt_lifecycle *lc, char *err, size_t errlen) {
     return PT_OK;
 }
 
+int pt_lc_clip_grad_norm(const pt_lifecycle *lc, int with_norm, char *err, size_t errlen) {
+    int ok = with_norm ? lc->state == PT_LC_MICRO_DONE && lc->sx.micro + 1 == lc->sx.n_micro
+                       : lc->state >= PT_LC_READY && lc->state <= PT_LC_MICRO_DONE;
+    return ok ? PT_OK
+              : order_err(lc, with_norm ? "clip_grad_norm" : "clip_grad_norm(announce)", err,
+                          errlen);
+}
+
 int pt_lc_post_step(pt_lifecycle *lc, int64_t step, char *err, size_t errlen) {
     char called[64];
     snprintf(called, sizeof called, "post_step(step %lld)", (long long)step);

@@ -38,6 +38,10 @@ int pt_lc_pre_step(pt_lifecycle *lc, int64_t step, int32_t micro, int32_t n_micr
                    size_t errlen);
 int pt_lc_block(pt_lifecycle *lc, int which, int32_t b, char *err, size_t errlen);
 int pt_lc_optimizer_step(pt_lifecycle *lc, char *err, size_t errlen);
+/* clip_grad_norm: with a norm to return, where optimizer_step may come (after
+ * the last micro-batch's backward); announcing (no norm), inside a step or
+ * between steps. Changes no state. */
+int pt_lc_clip_grad_norm(const pt_lifecycle *lc, int with_norm, char *err, size_t errlen);
 int pt_lc_post_step(pt_lifecycle *lc, int64_t step, char *err, size_t errlen);
 /* 1 when block b's params may be touched for a forward (inside its window). */
 int pt_lc_in_block(const pt_lifecycle *lc, int32_t b);

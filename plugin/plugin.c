@@ -403,6 +403,13 @@ static int32_t h_dist_allreduce(void *vctx, double *values, int32_t n) {
     return done(c, pt_rt_dist_allreduce(c->rt, values, n, c->err, sizeof c->err));
 }
 
+static int32_t h_clip_grad_norm(void *vctx, float max_norm, double *norm) {
+    CTX("clip_grad_norm");
+    int rc = pt_lc_clip_grad_norm(&c->lc, norm != NULL, c->err, sizeof c->err);
+    if (!rc) rc = pt_rt_clip_grad_norm(c->rt, max_norm, norm, c->err, sizeof c->err);
+    return done(c, rc);
+}
+
 static int32_t h_set_lr(void *vctx, float lr) {
     CTX("set_lr");
     return done(c, pt_rt_set_lr(c->rt, lr, c->err, sizeof c->err));
@@ -618,6 +625,7 @@ __attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
     .save_state = h_save_state,
     .load_state = h_load_state,
     .set_lr = h_set_lr,
+    .clip_grad_norm = h_clip_grad_norm,
     .launch = h_launch,
     .stream_sync = h_stream_sync,
     .osft_linear_forward = h_osft_fwd,

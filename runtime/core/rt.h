@@ -56,6 +56,8 @@ int pt_rt_pre_backward(pt_rt *rt, int32_t b, char *err, size_t errlen);
 int pt_rt_post_backward(pt_rt *rt, int32_t b, char *err, size_t errlen);
 int pt_rt_optimizer_step(pt_rt *rt, float lr, char *err, size_t errlen);
 int pt_rt_set_lr(pt_rt *rt, float lr, char *err, size_t errlen);
+/* The clip_grad_norm hook (pt_store_clip_grad_norm); the lifecycle checked the order. */
+int pt_rt_clip_grad_norm(pt_rt *rt, float max_norm, double *norm, char *err, size_t errlen);
 /* Host doubles summed over the ranks in rank order (no-op with one rank). */
 int pt_rt_dist_allreduce(pt_rt *rt, double *values, int32_t n, char *err, size_t errlen);
 int pt_rt_post_step(pt_rt *rt, int64_t step, float loss, char *err, size_t errlen);

@@ -70,6 +70,17 @@ int pt_rt_optimizer_step(pt_rt *rt, float lr, char *err, size_t errlen) {
     return rc;
 }
 
+int pt_rt_clip_grad_norm(pt_rt *rt, float max_norm, double *norm, char *err, size_t errlen) {
+    if (rt->broken)
+        return pt_fail(err, errlen, rt->broken, "clip_grad_norm: the plugin lost its state in a "
+                       "failed re-plan (see the log)");
+    /* launched work wrote the gradients the norm reads */
+    int rc = norm ? pt_rt_ext_async_status(rt, err, errlen) : PT_OK;
+    if (!rc) rc = pt_store_clip_grad_norm(rt->st, max_norm, norm, err, errlen);
+    pt_rt_ext_after_hook(rt);
+    return rc;
+}
+
 int pt_rt_dist_allreduce(pt_rt *rt, double *values, int32_t n, char *err, size_t errlen) {
     if (n < 0 || (n > 0 && !values))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,

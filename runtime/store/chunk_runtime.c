@@ -506,8 +506,8 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     c->t_micro = st->env.sx->micro;
     c->t_n_micro = st->env.sx->n_micro;
     /* several ranks: norms and steps wait for the all-reduce in optimizer_step */
-    c->t_norm = st->env.opt->max_grad_norm > 0 && !st->env.coll;
-    c->t_step_now = last && ms->lr_set && !c->t_norm && !st->env.coll;
+    c->t_norm = pt_store_want_norms(st) && !st->env.coll;
+    c->t_step_now = last && ms->lr_set && !pt_store_clips(st) && !ms->clip_ann && !st->env.coll;
     if (c->t_step_now) {
         pt_cs_step_consts(st, ms->lr_next, 1.0f, &c->t_consts);
         c->t_lr = ms->lr_next;

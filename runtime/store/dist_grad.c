@@ -242,7 +242,7 @@ static int finish_region(pt_store *st, cs_chunk *c, int r, char *err, size_t err
 
 int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
-    int clip = st->env.opt->max_grad_norm > 0;
+    int clip = pt_store_want_norms(st);
     /* tensor parallel: never average over the group (a split param's ranks hold
      * different blocks, and a replicated one's gradient is taken as the host
      * gives it: tensor-parallel hosts compute it identically on every rank of

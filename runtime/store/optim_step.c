@@ -24,6 +24,18 @@ int pt_store_set_lr(pt_store *st, float lr) {
     return PT_OK;
 }
 
+int pt_store_want_norms(const pt_store *st) {
+    return st->env.opt->max_grad_norm > 0 || st->want_norm;
+}
+
+/* The max norm this step clips at; 0: no clipping. */
+static float step_max(const pt_store *st) {
+    if (st->clip_step > 0) return st->clip_step;
+    return st->env.opt->max_grad_norm > 0 ? st->env.opt->max_grad_norm : 0.0f;
+}
+
+int pt_store_clips(const pt_store *st) { return step_max(st) > 0; }
+
 /* Wait for every chunk's CPU task; the first failed task's status. */
 static int wait_tasks(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
@@ -207,7 +219,7 @@ static int clip_scale(pt_store *st, float *gs, char *err, size_t errlen) {
     pt_model_v1 *m = st->env.model;
     *gs = 1.0f;
     o->last_norm = NAN;
-    if (!(o->max_grad_norm > 0)) return PT_OK;
+    if (!pt_store_want_norms(st)) return PT_OK;
     int rc = device_norms(st, err, errlen);
     if (rc) return rc;
     double sq = 0, sq_split = 0;
@@ -230,8 +242,78 @@ static int clip_scale(pt_store *st, float *gs, char *err, size_t errlen) {
     sq += sq_split;
     double norm = sqrt(sq);
     o->last_norm = norm;
-    if (norm > o->max_grad_norm) *gs = (float)(o->max_grad_norm / (norm + 1e-6));
+    float mx = step_max(st);
+    if (mx > 0 && norm > mx) *gs = (float)(mx / (norm + 1e-6));
     return PT_OK;
+}
+
+/* Norms of offloaded chunks whose gradient task did not compute them (the norm
+ * was asked for only after their backward; one rank: several ranks compute
+ * them in the reduction). The gradients are in host memory: the tasks are done. */
+static void late_norms(pt_store *st) {
+    for (int k = 0; k < st->n_chunks; k++) {
+        cs_chunk *c = &st->ch[k];
+        if (c->persistent || !c->trainable || c->sh || c->t_norm) continue;
+        pt_cs_chunk_norms(st, c, c->t_n_micro > 1);
+    }
+}
+
+/* The step's gradients complete: buckets started, CPU tasks done, reduced
+ * across ranks, norms of every chunk when wanted. Once per step: the
+ * clip_grad_norm hook may have done it before optimizer_step. */
+static int gather(pt_store *st, double *cpu_wait, char *err, size_t errlen) {
+    if (st->reduced) return PT_OK;
+    /* several ranks: every gradient bucket's all-reduce started as the device
+     * finishes its backward, before this blocks on the copy streams */
+    int rc = pt_cs_dist_drain(st, err, errlen);
+    if (rc) return rc;
+    if (st->n_offloaded && (rc = wait_offloaded(st, cpu_wait, err, errlen))) return rc;
+    if (st->env.coll && (rc = pt_cs_dist_reduce(st, err, errlen))) return rc;
+    if (!st->env.coll && pt_store_want_norms(st)) late_norms(st);
+    st->reduced = 1;
+    return PT_OK;
+}
+
+int pt_store_clip_grad_norm(pt_store *st, float max_norm, double *norm, char *err,
+                            size_t errlen) {
+    const pt_optim_state *o = st->env.opt;
+    if (!isfinite(max_norm))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "clip_grad_norm: max_norm is %g; it "
+                       "must be finite (> 0 clips, <= 0 only computes the norm)",
+                       (double)max_norm);
+    if (max_norm > 0 && o->max_grad_norm > 0 && max_norm != o->max_grad_norm)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "clip_grad_norm: max_norm %g differs "
+                       "from the optimizer's max_grad_norm %g, which already clips every step; "
+                       "give one of them (clipping twice would shrink the step twice)",
+                       (double)max_norm, (double)o->max_grad_norm);
+    /* an offloaded chunk the CPU optimizer already stepped during backward
+     * used the unclipped gradient, and without its norm computed first the
+     * gradient the norm needs may be gone */
+    for (int k = 0; norm && !st->reduced && k < st->n_chunks; k++) {
+        const cs_chunk *c = &st->ch[k];
+        if (c->persistent || !c->stepped || (c->t_norm && !(max_norm > 0))) continue;
+        return pt_fail(err, errlen, PT_ERR_ORDER, "clip_grad_norm: the CPU optimizer already "
+                       "stepped chunk %d with this step's unclipped gradient while backward ran "
+                       "(set_lr came before backward and nothing announced the clipping); "
+                       "announce it before the step's backward (clip_grad_norm with norm NULL) "
+                       "or give the lr only to optimizer_step", c->id);
+    }
+    st->want_norm = 1;
+    if (!norm) {   /* announced: the backward's tasks compute the norm */
+        if (max_norm > 0) st->clip_ann = 1;
+        return PT_OK;
+    }
+    if (max_norm > 0) st->clip_step = max_norm;
+    double cpu_wait = 0;
+    int rc = gather(st, &cpu_wait, err, errlen);
+    pt_cs_add_optim_wait(st, cpu_wait);
+    if (!rc && !st->normed && !(rc = clip_scale(st, &st->step_gs, err, errlen))) st->normed = 1;
+    if (!rc && st->normed && max_norm > 0) {   /* a later call may set the clip */
+        float mx = step_max(st);
+        st->step_gs = mx > 0 && o->last_norm > mx ? (float)(mx / (o->last_norm + 1e-6)) : 1.0f;
+    }
+    if (!rc) *norm = o->last_norm;
+    return rc;
 }
 
 /* CPU steps that could not overlap (clipping, or lr unknown during backward),
@@ -308,22 +390,19 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
     float lr;
     int rc = step_lr(st, lr_arg, &lr, err, errlen);
     if (rc) return rc;
-    /* several ranks: every gradient bucket's all-reduce started as the device
-     * finishes its backward, before this hook blocks on the copy streams */
-    if ((rc = pt_cs_dist_drain(st, err, errlen))) return rc;
     /* One rank, no clipping, no tensor parallel: the resident chunks' steps
      * need neither a global norm nor a reduction, so they are queued before
      * this hook waits for the CPU's steps of the offloaded chunks, and the
      * device steps while the CPU finishes (the cost model's overlapped
      * schedule: fwd + max(bwd + device, CPU)). They were queued after that
      * wait, which added the whole device step to every streamed iteration. */
-    const int early = !st->env.coll && !(o->max_grad_norm > 0) && pt_cs_tp_size(st) <= 1;
+    const int early = !st->reduced && !st->env.coll && !pt_store_clips(st) &&
+                      pt_cs_tp_size(st) <= 1;
     if (early && (rc = device_steps(st, lr, 1.0f, err, errlen))) return rc;
     double cpu_wait = 0;   /* this hook's waits for CPU optimizer tasks (not for copies) */
-    if (st->n_offloaded && (rc = wait_offloaded(st, &cpu_wait, err, errlen))) return rc;
-    if (st->env.coll && (rc = pt_cs_dist_reduce(st, err, errlen))) return rc;
-    float gs;
-    if ((rc = clip_scale(st, &gs, err, errlen))) return rc;
+    if ((rc = gather(st, &cpu_wait, err, errlen))) return rc;
+    float gs = st->step_gs;
+    if (!st->normed && (rc = clip_scale(st, &gs, err, errlen))) return rc;
     /* the kind's steps that need the whole group (tensor parallel, mode C's
      * owners), before the chunks' steps (a resident one zeroes its gradient) */
     if (st->ok->pass && (rc = st->ok->pass(st, lr, gs, err, errlen))) return rc;
@@ -348,6 +427,8 @@ int pt_store_optimizer_step(pt_store *st, float lr_arg, char *err, size_t errlen
     int prc = drop_stale_copies(st, err, errlen);
     st->lr_set = 0;
     st->overlapped = 0;
+    st->want_norm = st->clip_ann = st->reduced = st->normed = 0;
+    st->clip_step = 0;
     o->t++;
     return prc;
 }

@@ -135,6 +135,15 @@ int pt_store_optimizer_step(pt_store *st, float lr, char *err, size_t errlen);
 /* The host's profile_step is running: no optimizer exists yet, and that is fine. */
 void pt_store_set_profiling(pt_store *st, int on);
 int pt_store_set_lr(pt_store *st, float lr);
+/* The host's gradient clipping for the current step (the clip_grad_norm hook).
+ * norm NULL: announced ahead (before the step's backward ends): the CPU tasks
+ * compute the norm and no offloaded chunk steps before optimizer_step when
+ * max_norm > 0 (nothing clips without the call below). norm non-NULL: after the last backward, before optimizer_step:
+ * the gradients are waited for (reduced across ranks), *norm = the global norm
+ * before clipping, and optimizer_step clips at max_norm (> 0) or at the
+ * optimizer's max_grad_norm (max_norm <= 0). */
+int pt_store_clip_grad_norm(pt_store *st, float max_norm, double *norm, char *err,
+                            size_t errlen);
 
 /* Host services. */
 int pt_acts_arena(pt_store *st, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen);

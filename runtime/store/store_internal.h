@@ -177,6 +177,13 @@ struct pt_store {
     int lr_set;               /* set_lr called for the coming step */
     float lr_next;
     int overlapped;           /* CPU steps that already ran with lr_next */
+    /* clip_grad_norm (optim_step.c), reset by optimizer_step: */
+    int want_norm;            /* the host asked for this step's norm: tasks compute it */
+    int clip_ann;             /* the host announced clipping: no CPU step before the norm */
+    float clip_step;          /* this step's max norm from the host (0: the optimizer's) */
+    int reduced;              /* this step's gradients are waited for and reduced */
+    int normed;               /* this step's norm and clip scale are computed (step_gs) */
+    float step_gs;
     uint64_t pinned_bytes, persist_bytes, buffer_bytes;
     double pin_seconds;
     double cpu_optim_s;       /* CPU optimizer work, summed over tasks (mutex: workers add) */
@@ -210,6 +217,10 @@ static inline void *IMPL(pt_store *st) { return pt_gpu_impl(st->env.gpu); }
 void pt_cs_stepped(pt_store *st, cs_chunk *c);
 /* Negative control of PT_ORD_STEPPED: chunk_stepped runs before the step. */
 int pt_cs_stepped_first(const pt_store *st);
+/* This step clips (the optimizer's max_grad_norm or the host's clip_grad_norm);
+ * this step's gradient norm is computed (clipping, or the host asked for it). */
+int pt_store_clips(const pt_store *st);
+int pt_store_want_norms(const pt_store *st);
 /* Accounting (stats): CPU optimizer seconds, and seconds waited for them. */
 void pt_cs_add_optim_time(pt_store *ms, double dt);
 void pt_cs_add_optim_wait(pt_store *ms, double dt);

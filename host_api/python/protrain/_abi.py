@@ -178,6 +178,8 @@ _table_hooks = [
     ("stream_sync", C.CFUNCTYPE(i32, vp)),
     ("tiled_mlp_scratch", C.CFUNCTYPE(i32, vp, u64, PP)),
     ("dist_allreduce", C.CFUNCTYPE(i32, vp, C.POINTER(C.c_double), i32)),
+    # ABI 1.6, the former reserved[0]
+    ("clip_grad_norm", C.CFUNCTYPE(i32, vp, C.c_float, C.POINTER(C.c_double))),
 ]
 
 
@@ -187,7 +189,7 @@ class pt_plugin_v1(C.Structure):
         ("struct_size", u32),
         ("name", C.c_char_p),
         ("version", C.c_char_p),
-    ] + _table_hooks + [("reserved", vp * 4)]
+    ] + _table_hooks + [("reserved", vp * 3)]
 
 
 # The mandatory core of a v1 table: every field through finalize (as loader.c).

@@ -8,29 +8,33 @@
         scheduler.step()          # any torch.optim.lr_scheduler
 
 After wrap the plugin owns every parameter, gradient and saved activation (see
-_adapter.py for the windows and the hook order). Read the trained weights with
+_windows.py for the windows and _blocks.py for the hook order). Read the trained weights with
 protrain.torch.state_dict(model).
 """
 import os
-import tempfile
 
 import torch
 
 from . import _adapter
 from . import _cuda
 from . import _model
+from . import _state
 
 
 class Optimizer(torch.optim.Optimizer):
     """The plugin's optimizer seen as a torch.optim.Optimizer. step() calls
     optimizer_step with the param group's current lr (so lr schedulers work);
     zero_grad() does nothing (the plugin zeroes gradients after each step);
-    state_dict() saves the plugin's state (master weights, moments, step) into a
-    folder and returns a small dict naming it; load_state_dict() loads it."""
+    state_dict() is self-contained: the plugin's state file (weights, masters,
+    moments, step) travels inside it as bytes (_state.py), so torch.save puts
+    it in the checkpoint and nothing is left on disk; before the first forward
+    the plugin has no state yet and the dict carries none (a round trip then
+    changes nothing, as accelerate's prepare does). load_state_dict() restores
+    it bit-exactly (before the first forward: at it, after post_model_load)."""
 
     def __init__(self, adapter, params, lr, betas, eps, weight_decay, state_dir):
         self._ad = adapter
-        self._state_dir = state_dir
+        adapter.state_dir = state_dir
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
     @torch.no_grad()
@@ -47,28 +51,38 @@ class Optimizer(torch.optim.Optimizer):
 
     def state_dict(self):
         ad = self._ad
-        if self._state_dir is None:
-            self._state_dir = tempfile.mkdtemp(prefix="protrain_state_")
-        d = os.path.join(self._state_dir, "step-%d" % ad.step)
-        os.makedirs(d, exist_ok=True)
-        ad.call("save_state", d.encode())
-        return {"protrain_state_dir": d, "step": ad.step,
-                "param_groups": [{k: v for k, v in g.items() if k != "params"}
-                                 for g in self.param_groups]}
+        groups, n = [], 0
+        for g in self.param_groups:
+            k = len(g["params"])
+            groups.append(dict({a: v for a, v in g.items() if a != "params"},
+                               params=list(range(n, n + k))))
+            n += k
+        files = _state.save_files(ad, ad.state_dir) if ad.loaded else (
+            ad.pending_load if ad.pending_load else None)
+        return {"state": {}, "param_groups": groups,
+                "protrain": {"step": ad.step, "files": files}}
 
     def load_state_dict(self, state_dict):
-        d = state_dict.get("protrain_state_dir")
-        if not d or not os.path.isdir(d):
+        pt = state_dict.get("protrain") if isinstance(state_dict, dict) else None
+        if not isinstance(pt, dict):
             raise ValueError("protrain: load_state_dict needs a dict from this optimizer's "
-                             "state_dict() whose folder exists (protrain_state_dir = %r)" % d)
-        for g, s in zip(self.param_groups, state_dict.get("param_groups", [])):
-            g.update(s)
+                             "state_dict() (it has no 'protrain' entry)")
         ad = self._ad
-        ad.step = int(state_dict.get("step", ad.step))
-        if ad.loaded:
-            ad.call("load_state", d.encode())
-        else:
-            ad.pending_load = d
+        files = pt.get("files")
+        if files is None and ad.loaded:
+            raise ValueError(
+                "protrain: this optimizer state was saved before the first forward and holds "
+                "no plugin state, but the plugin has trained since; it cannot be rewound to "
+                "its initial state (save after a step to resume from it)")
+        for g, s in zip(self.param_groups, state_dict.get("param_groups", [])):
+            g.update({k: v for k, v in s.items() if k != "params"})
+        if files is not None:
+            if ad.loaded:
+                _state.load_files(ad, files, ad.state_dir)
+                ad.values_changed()
+            else:
+                ad.pending_load = files
+        ad.step = int(pt.get("step", ad.step))
 
 
 def init(config=None, device="cuda", plugin="protrain"):
@@ -139,14 +153,19 @@ def _adapter_of(model):
 
 
 def state_dict(model):
-    """The model's state dict with dense copies of every parameter (read_param),
-    so model.save_pretrained(dir, state_dict=...) and torch.save work."""
+    """The model's state dict with dense copies of every parameter read from
+    the plugin (read_param). model.state_dict() gives the same through its
+    hooks (_saves.py); this one does not depend on them."""
     ad = _adapter_of(model)
-    index = {id(info.param): i for i, info in enumerate(ad.infos)}
     out = {}
+    raw, ad.raw_state_dict = ad.raw_state_dict, True
+    try:
+        sd = model.state_dict(keep_vars=True)
+    finally:
+        ad.raw_state_dict = raw
     cache = {}
-    for k, v in model.state_dict(keep_vars=True).items():
-        i = index.get(id(v))
+    for k, v in sd.items():
+        i = ad.index.get(id(v))
         if i is None:
             out[k] = v.detach()
         else:
