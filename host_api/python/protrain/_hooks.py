@@ -1,6 +1,8 @@
 """Hook installation: the model's forward is replaced by the adapter's, and
 each block gets its forward pre/post hooks, its full backward pre-hook and its
 parameters' post-accumulate-grad hooks."""
+import functools
+
 from . import _clip
 
 
@@ -12,6 +14,10 @@ class HookInstall:
         model, ad = self.model, self
         orig = model.forward
 
+        # the model's own signature (inspect follows __wrapped__): the HF
+        # Trainer's remove_unused_columns keeps only the dataset columns the
+        # forward names, and with a bare (*args, **kwargs) it drops input_ids
+        @functools.wraps(orig)
         def forward(*args, **kwargs):
             return ad.forward(orig, args, kwargs)
 
