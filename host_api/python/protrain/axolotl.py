@@ -63,11 +63,6 @@ class ProTrainPlugin(BasePlugin):
         bad = _cfg_refusals(cfg)
         if bad:
             raise ValueError("protrain.axolotl: " + "; ".join(bad))
-        if getattr(trainer, "optimizer", None) is not None:
-            raise ValueError("protrain.axolotl: the Trainer already has an optimizer (%s); the "
-                             "plugin's must be the only one" % type(trainer.optimizer).__name__)
-        model, (opt, _) = hf.wrap(trainer.model, trainer.args, config=cfg.get("protrain_config"),
-                                  plugin=cfg.get("protrain_plugin") or "protrain",
-                                  uniform_weight_decay=bool(
-                                      cfg.get("protrain_uniform_weight_decay")))
-        trainer.optimizer = opt
+        hf.attach(trainer, config=cfg.get("protrain_config"),
+                  plugin=cfg.get("protrain_plugin") or "protrain",
+                  uniform_weight_decay=bool(cfg.get("protrain_uniform_weight_decay")))

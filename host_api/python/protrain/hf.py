@@ -4,6 +4,12 @@
     model, optimizers = protrain.hf.wrap(model, args, config="train.ini")
     trainer = Trainer(model=model, args=args, optimizers=optimizers, ...)
 
+or, for a Trainer built first (TRL's SFTTrainer, whose default loss patches
+model.forward at construction; axolotl's plugin does the same):
+
+    trainer = SFTTrainer(model=model, args=args, ...)
+    protrain.hf.attach(trainer, config="train.ini")
+
 wrap reads the optimizer settings from the TrainingArguments (learning_rate,
 adam_beta1/2, adam_epsilon, weight_decay, max_grad_norm,
 gradient_accumulation_steps) and returns (model, (optimizer, None)): the
@@ -34,20 +40,35 @@ def _opt_name(args):
     return str(getattr(o, "value", o))
 
 
-def refusals(args, uniform_weight_decay=False):
+def _checkpointing(args):
+    """transformers >= 5.24 names it activation_checkpointing (gradient_checkpointing
+    is its deprecated alias); older versions only gradient_checkpointing."""
+    if hasattr(type(args), "activation_checkpointing") or \
+            "activation_checkpointing" in getattr(args, "__dict__", {}):
+        return bool(args.activation_checkpointing)
+    return bool(getattr(args, "gradient_checkpointing", False))
+
+
+def refusals(args, uniform_weight_decay=False, built=False):
     """The sentences naming each TrainingArguments setting the plugin cannot
-    serve inside a Trainer (empty when the arguments are fine)."""
+    serve inside a Trainer (empty when the arguments are fine). built: the
+    Trainer exists already (attach), so its patches of model.forward are in."""
     out = []
+    if not built and getattr(args, "loss_type", None) == "chunked_nll":
+        out.append("loss_type='chunked_nll' (TRL's SFTConfig default): the SFTTrainer replaces "
+                   "model.forward when it is built, which would unhook the plugin's forward; "
+                   "build the SFTTrainer first and then call protrain.hf.attach(trainer, ...), "
+                   "or set loss_type='nll'")
     if getattr(args, "deepspeed", None):
         out.append("deepspeed is set: DeepSpeed shards and steps the parameters the plugin "
                    "owns; use one or the other")
     if getattr(args, "fsdp", None):
         out.append("fsdp is set: FSDP shards the parameters the plugin owns; use one or the other")
-    if getattr(args, "gradient_checkpointing", False):
-        out.append("gradient_checkpointing=True: the Trainer's checkpointing would recompute "
-                   "blocks outside the plugin's windows; the plugin checkpoints blocks itself "
-                   "(CKPT mode, chosen by its planner or [protrain] n_checkpoint in the INI): "
-                   "set gradient_checkpointing=False")
+    if _checkpointing(args):
+        out.append("activation_checkpointing / gradient_checkpointing=True: the Trainer's "
+                   "checkpointing would run each block a second time outside the plugin's "
+                   "windows; the plugin checkpoints blocks itself (CKPT mode, chosen by its "
+                   "planner or [protrain] n_checkpoint in the INI): set it to False")
     if getattr(args, "fp16", False):
         out.append("fp16=True: its GradScaler scales the loss and unscales gradients through the "
                    "optimizer's param groups, which hold no gradients under the plugin; use "
@@ -68,16 +89,35 @@ def refusals(args, uniform_weight_decay=False):
 
 
 def wrap(model, args, config=None, blocks=None, plugin="protrain", state_dir=None,
-         uniform_weight_decay=False):
+         uniform_weight_decay=False, _built=False):
     """protrain.torch.wrap with the optimizer settings of a TrainingArguments.
     Returns (model, (optimizer, None)) for Trainer(optimizers=...). Raises
     ValueError listing every setting the plugin cannot serve (refusals())."""
-    bad = refusals(args, uniform_weight_decay)
+    bad = refusals(args, uniform_weight_decay, _built)
     if bad:
-        raise ValueError("protrain.hf.wrap: " + "; ".join(bad))
+        raise ValueError("protrain.hf.%s: %s" % ("attach" if _built else "wrap", "; ".join(bad)))
     model, opt = ptt.wrap(model, config=config, blocks=blocks, lr=args.learning_rate,
                           betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
                           weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
                           grad_accum=args.gradient_accumulation_steps, plugin=plugin,
                           state_dir=state_dir)
     return model, (opt, None)
+
+
+def attach(trainer, config=None, blocks=None, plugin="protrain", state_dir=None,
+           uniform_weight_decay=False):
+    """Wrap a Trainer that is already built: its model goes to the plugin
+    (wrap with trainer.args) and the plugin's optimizer becomes
+    trainer.optimizer, on which the Trainer builds its scheduler at train().
+    For trainers that patch model.forward when they are built (TRL's
+    SFTTrainer with loss_type='chunked_nll'): the plugin's forward then wraps
+    the patched one. Returns the trainer."""
+    if getattr(trainer, "optimizer", None) is not None:
+        raise ValueError("protrain.hf.attach: the Trainer already has an optimizer (%s); the "
+                         "plugin's must be the only one (build the Trainer without optimizers=)"
+                         % type(trainer.optimizer).__name__)
+    _, (opt, _) = wrap(trainer.model, trainer.args, config=config, blocks=blocks, plugin=plugin,
+                       state_dir=state_dir, uniform_weight_decay=uniform_weight_decay,
+                       _built=True)
+    trainer.optimizer = opt
+    return trainer

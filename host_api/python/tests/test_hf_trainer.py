@@ -52,20 +52,8 @@ def _data(tok):
 def _trainer(model, args, tok, optimizers=(None, None)):
     from transformers import DataCollatorForLanguageModeling, Trainer
 
-    class Recording(Trainer):
-        """Keeps each training micro-batch's loss unrounded (the Trainer logs
-        4 significant digits)."""
-        losses = None
-
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            if model.training:
-                self.losses = (self.losses or []) + [float((out[0] if return_outputs
-                                                            else out).detach())]
-            return out
-
     train, ev = _data(tok)
-    return Recording(model=model, args=args, train_dataset=train, eval_dataset=ev,
+    return F.recording(Trainer)(model=model, args=args, train_dataset=train, eval_dataset=ev,
                      data_collator=DataCollatorForLanguageModeling(tok, mlm=False),
                      optimizers=optimizers)
 

@@ -77,3 +77,19 @@ def rel_norm(a, b):
         num += float(((a[k].double() - v.double()) ** 2).sum())
         den += float((v.double() ** 2).sum())
     return (num / den) ** 0.5
+
+
+def recording(trainer_cls):
+    """trainer_cls whose compute_loss keeps each training micro-batch's loss
+    unrounded in .losses (Trainers log 4 significant digits)."""
+    class Recording(trainer_cls):
+        losses = None
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            out = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                       num_items_in_batch=num_items_in_batch)
+            if model.training:
+                loss = out[0] if return_outputs else out
+                self.losses = (self.losses or []) + [float(loss.detach())]
+            return out
+    return Recording
