@@ -134,6 +134,57 @@ typedef enum pt_optim_type {
     PT_OPTIM_REKLS = 2
 } pt_optim_type;
 
+/* ABI 1.6: collectives the host brings (pt_host_v1.coll). A host whose framework
+ * already joined its ranks (PyTorch's process group under torchrun, gloo or
+ * NCCL) hands the plugin byte-moving operations over that group, so the plugin
+ * needs no launcher of its own (without a table, several ranks meet over MPI or
+ * NCCL as [dist] configures).
+ *
+ * The ops only move bytes; the plugin forms every sum itself, in rank order
+ * (0, 1, ..., W-1, the first addend taken as is), so every rank holds the same
+ * bits and 2 ranks give what one rank accumulating 2 micro-batches in order
+ * gives, whichever library moves the bytes.
+ *  - Every rank calls the same op in the same order with the same bytes (the
+ *    plugin guarantees it); each op is a collective of the host's whole group.
+ *  - Calls come only from inside a plugin hook, on the host's thread.
+ *  - send and recv are host memory (CPU-addressable) owned by the plugin, valid
+ *    for the duration of the call only; they never overlap; bytes > 0. send is
+ *    read-only to the host; recv is fully written.
+ *  - Blocking: an op returns when recv holds the result. The plugin has
+ *    finished its device work on the buffers before it calls (no stream is
+ *    involved).
+ *  - Returns 0 on success. Anything else fails the plugin's hook with
+ *    PT_ERR_BACKEND and last_error() quoting the NUL-terminated sentence the op
+ *    wrote into err (at most errlen bytes; empty: the code is quoted). After a
+ *    failure the group is broken: the plugin makes no further call to the table.
+ *  - Deadlines are the host's (its group's timeout): [dist] timeout does not
+ *    apply to these ops.
+ *  - The table and what its pointers reach stay valid from init to finalize.
+ * The plugin refuses at init, with a sentence, a table whose struct_size does
+ * not cover all_gather, whose all_gather is NULL, or whose rank / world_size
+ * differ from pt_host_v1's; the ranks then check each other's view with one
+ * all_gather. */
+typedef struct pt_host_coll_v1 {
+    uint32_t struct_size;     /* sizeof(pt_host_coll_v1) */
+    int32_t rank;             /* this process's rank in the host's group */
+    int32_t world_size;       /* the group's size */
+    int32_t reserved0;
+    void *user;               /* first argument of every op */
+    /* Every rank passes `bytes` bytes at send; recv (world_size * bytes) gets
+     * rank p's bytes at recv + p * bytes, on every rank. Required. */
+    int32_t (*all_gather)(void *user, const void *send, void *recv, uint64_t bytes, char *err,
+                          uint64_t errlen);
+    /* send holds world_size blocks of `bytes`: block q goes to rank q, which
+     * receives it at recv + p * bytes (p: the sender). NULL: the plugin sends
+     * every rank every block through all_gather (world_size times the bytes
+     * received). */
+    int32_t (*all_to_all)(void *user, const void *send, void *recv, uint64_t bytes, char *err,
+                          uint64_t errlen);
+    /* Returns once every rank has entered it. NULL: an all_gather of 8 bytes. */
+    int32_t (*barrier)(void *user, char *err, uint64_t errlen);
+    void *reserved[4];
+} pt_host_coll_v1;
+
 /* What the host gives the plugin at init. Filled by the host; read-only to the plugin. */
 /* pt_host_v1.flags */
 enum {
@@ -198,7 +249,15 @@ typedef struct pt_host_v1 {
      * the running host's, so give there what a resume must share and no
      * setting a resume may change. The plugin keeps its own copy of the text. */
     const char *fingerprint;
-    void *reserved[7];
+    /* ABI 1.6 (the former reserved[0]; NULL from older hosts, which keep today's
+     * transports): the host's own collectives (pt_host_coll_v1 above). With
+     * world_size > 1 and a table, [dist] backend = auto (or host) runs every
+     * collective of the plugin through it: no MPI, no NCCL communicator of the
+     * plugin's own. Host backend only for now (the ops get host memory; the
+     * cuda backend refuses a table with a sentence). Ignored with world_size 1
+     * (nothing to exchange). */
+    const pt_host_coll_v1 *coll;
+    void *reserved[6];
 } pt_host_v1;
 
 /* Longest pt_host_v1.fingerprint text, without its NUL; a longer one is refused

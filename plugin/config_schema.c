@@ -228,10 +228,13 @@ const pt_config_key pt_cfg_keys[] = {
     R_INT("tiled_mlp", "tiles", tiled_mlp_tiles, PT_CFG_AUTO | PT_CFG_NO_HI, 1, INT_MAX, 0,
           "auto", "Tiles over the batch x seq tokens (tile length ceil(tokens / tiles), the last "
           "shorter); auto: the fewest tiles whose plan fits the device."),
-    R_WORD("dist", "backend", dist_backend, "auto|nccl|mpi|none", "auto",
-           "Collectives between ranks. auto: nccl on cuda, mpi on the host backend, none with "
-           "one rank. nccl needs the cuda backend and libprotrain_nccl.so; mpi needs the host "
-           "backend (it adds buffers with the CPU); the other pairings are refused."),
+    R_WORD("dist", "backend", dist_backend, "auto|nccl|mpi|host|none", "auto",
+           "Collectives between ranks. auto: the host's own when it hands them "
+           "(pt_host_v1.coll, e.g. the PyTorch host under torchrun), else nccl on cuda, mpi on "
+           "the host backend, none with one rank. nccl needs the cuda backend and "
+           "libprotrain_nccl.so; mpi needs the host backend (it adds buffers with the CPU); "
+           "host needs the host's table and the host backend; the other pairings are "
+           "refused."),
     R_STR("dist", "init_method", init_method, "env, mpi or file:///absolute/path",
           check_init_method, "env",
           "Rendezvous: env (rank/world from the host, checked against MPI's) or mpi (the plugin "
@@ -259,8 +262,8 @@ const pt_config_key pt_cfg_keys[] = {
     {"host_backend", "copy_bandwidth", PT_CFG_RATE, 0, OFF(copy_bandwidth), 0,
      PT_GPU_COPY_BW_MIN, PT_GPU_COPY_BW_MAX, 0, NULL,
      NULL, NULL, NULL, "0",
-     "Throttle each copy stream to this rate (units B/s, KB/s, MB/s, GB/s, KiB/s, MiB/s, "
-     "GiB/s) so overlap can be measured; 0: unthrottled."},
+     "Throttle each copy stream to this rate (units B/s, KB/s, MB/s, GB/s, TB/s, PB/s, KiB/s, "
+     "MiB/s, GiB/s, TiB/s, PiB/s) so overlap can be measured; 0: unthrottled."},
     R_BOOL("host_backend", "poison", poison, "true",
            "Fill freed and offloaded device memory with NaN so a stray read fails a test."),
     R_STR("host_backend", "trace_file", host_trace_file, "a file path, or empty for none", NULL, "",

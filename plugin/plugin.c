@@ -249,7 +249,8 @@ static int32_t h_init(const char *ini_path, const pt_host_v1 *host, void **out) 
     /* A transport named for one rank: no collective ever runs, so the setting
      * does nothing; say so rather than let it look as if it had been used. */
     if ((!host || host->world_size == 1) &&
-        (!strcmp(c->cfg.dist_backend, "nccl") || !strcmp(c->cfg.dist_backend, "mpi")))
+        (!strcmp(c->cfg.dist_backend, "nccl") || !strcmp(c->cfg.dist_backend, "mpi") ||
+         !strcmp(c->cfg.dist_backend, "host")))
         PT_LOGW(&c->lg, "[dist] backend = %s has no effect with one rank (world_size 1): no "
                         "collective runs and no %s communicator is opened (config %s)",
                 c->cfg.dist_backend, c->cfg.dist_backend, c->cfg.source);

@@ -101,9 +101,16 @@ int pt_parse_rate(const char *s, double *out) {
     if (!out || number_unit(s, &x, &p, &n)) return PT_ERR_CONFIG;
     if (n >= 2 && p[n - 2] == '/' && (p[n - 1] == 's' || p[n - 1] == 'S')) n -= 2;
     else if (n) return PT_ERR_CONFIG; /* a unit must be a rate: "GiB/s", not "GiB" */
-    const struct unit *u = find_unit(p, n);
-    if (!u) return PT_ERR_CONFIG;
-    double r = x * (double)u->mult;
+    /* rates reach 1 PB/s (copy_bandwidth's limit), a unit no size needs */
+    double mult;
+    if (n == 2 && !strncasecmp(p, "pb", 2)) mult = 1e15;
+    else if (n == 3 && !strncasecmp(p, "pib", 3)) mult = 1125899906842624.0;   /* 2^50 */
+    else {
+        const struct unit *u = find_unit(p, n);
+        if (!u) return PT_ERR_CONFIG;
+        mult = (double)u->mult;
+    }
+    double r = x * mult;
     if (!isfinite(r)) return PT_ERR_CONFIG;
     *out = r;
     return PT_OK;

@@ -272,6 +272,17 @@ static int on_ini(void *user, const char *section, const char *name, const char 
      * not silently replace it (sh_config_from_args resolves the two) */
     if (strcmp(section, "optimizer") == 0 && strcmp(name, "type") == 0)
         snprintf(u->c->ini_optim_type, sizeof u->c->ini_optim_type, "%s", value);
+    /* the peak lr the INI gives the plugin: sample_host's schedule sets the lr
+     * every step, so the two are resolved (resolve_lr) */
+    if (strcmp(section, "optimizer") == 0 && strcmp(name, "lr") == 0)
+        snprintf(u->c->ini_lr, sizeof u->c->ini_lr, "%s", value);
+    /* files the plugin will write: checked with sample_host's own outputs */
+    static const char *const outs[3][2] = {{"protrain", "plan_file"},
+                                           {"protrain", "timeline_file"},
+                                           {"host_backend", "trace_file"}};
+    for (int k = 0; k < 3; k++)
+        if (strcmp(section, outs[k][0]) == 0 && strcmp(name, outs[k][1]) == 0)
+            snprintf(u->c->plugin_outs[k], SH_PATH, "%s", value);
     if (strcmp(section, "sample_host") != 0) {
         /* the plugin's sections, remembered by name (--no-plugin has them checked) */
         char tag[80];
@@ -300,6 +311,7 @@ static int on_ini(void *user, const char *section, const char *name, const char 
     }
     u->seen[i] = 1;
     if (o->type == T_OPTIM) u->c->optim_set = 1;
+    if (o->off == O(lr)) u->c->lr_set = 1;
     return set_value(u->c, o, value, u->msg, sizeof u->msg) == 0;
 }
 
@@ -438,7 +450,89 @@ static int resolve_optimizer(sh_config *c, char *err, size_t errlen) {
     return 0;
 }
 
+/* The name of a command-line option ("--steps" of "--steps=3"), 0 when a is
+ * not an option (a value). */
+static size_t opt_name(const char *a) {
+    if (strncmp(a, "--", 2) != 0 || !a[2]) return 0;
+    return strcspn(a, "=");
+}
+
+/* The value of the option at argv[i] (name length n): after '=', or the next
+ * argument. */
+static const char *opt_value(int argc, char **argv, int i, size_t n) {
+    if (argv[i][n] == '=') return argv[i] + n + 1;
+    return i + 1 < argc ? argv[i + 1] : "";
+}
+
+/* An option given twice (--steps 2 --steps 3): the later one wins, as scripts
+ * that add an override to a common argument list rely on, and a note names
+ * both values, so it is never a silent choice. --config twice is refused: the
+ * settings would come from both files but the plugin would read only the
+ * last. The walk follows the parser: an option that takes a value consumes
+ * the next argument unless it is written --key=VALUE. */
+static int repeated(int argc, char **argv, char *err, size_t errlen) {
+    static const char *const bare[] = {"--no-plugin", "--metrics-no-time", "--quiet", "--resume",
+                                       "--help"};
+    int first[64], nseen = 0;
+    for (int i = 1; i < argc; i++) {
+        size_t n = opt_name(argv[i]);
+        if (!n) continue;
+        int idx = i, takes = argv[i][n] != '=', is_bare = 0;
+        for (size_t b = 0; b < sizeof bare / sizeof bare[0]; b++)
+            if (strlen(bare[b]) == n && !strncmp(argv[i], bare[b], n)) is_bare = 1;
+        if (is_bare) takes = 0;
+        if (takes) i++;
+        int k = 0;
+        while (k < nseen && !(opt_name(argv[first[k]]) == n && !strncmp(argv[first[k]], argv[idx], n)))
+            k++;
+        if (k == nseen) {
+            if (nseen < 64) first[nseen++] = idx;
+            continue;
+        }
+        if (is_bare) continue;   /* the same switch twice: one meaning */
+        const char *v0 = opt_value(argc, argv, first[k], n), *v1 = opt_value(argc, argv, idx, n);
+        if (n == 8 && !strncmp(argv[idx], "--config", 8)) {
+            snprintf(err, errlen, "command line: --config is given twice (%s and %s): "
+                     "sample_host would take settings from both but the plugin reads one file; "
+                     "give one", v0, v1);
+            return -1;
+        }
+        if (strcmp(v0, v1) != 0)
+            fprintf(stderr, "sample_host: note: %.*s is given twice (%s, then %s): the last, "
+                    "%s, is used\n", (int)n, argv[idx], v0, v1, v1);
+        first[k] = idx;
+    }
+    return 0;
+}
+
+/* optimizer = ini: the plugin's [optimizer] lr against sample_host's lr. The
+ * schedule (warmup, decay) is sample_host's and sets the plugin's lr at every
+ * step from its own peak, so [optimizer] lr alone would be replaced without a
+ * word: it becomes the peak; both given and different is refused. */
+static int resolve_lr(sh_config *c, char *err, size_t errlen) {
+    if (!c->optim_from_ini || !c->ini_lr[0]) return 0;
+    char *end = NULL;
+    double v = strtod(c->ini_lr, &end);
+    if (end == c->ini_lr || *end || !isfinite(v) || v <= 0 || v > 10)
+        return 0;   /* the plugin refuses a bad value with its own sentence */
+    if (!c->lr_set) {
+        c->lr = (float)v;
+        c->lr_note = 1;
+        return 0;
+    }
+    if ((float)v != c->lr) {
+        snprintf(err, errlen, "%s sets [optimizer] lr = %s, and sample_host's lr is %g (%s): "
+                 "with optimizer = ini sample_host's schedule still sets the plugin's learning "
+                 "rate every step from its own lr, so one of them would be ignored; remove one",
+                 c->config, c->ini_lr, (double)c->lr,
+                 c->lr_set == 2 ? "--lr" : "[sample_host] lr");
+        return -1;
+    }
+    return 0;
+}
+
 int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t errlen) {
+    if (repeated(argc, argv, err, errlen)) return -1;
     /* pass 1: --help and --config, so the file is read before the other flags apply */
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
@@ -490,6 +584,7 @@ int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t e
             }
             c->cli_dims |= OPTS[k].setbit;
             if (OPTS[k].type == T_OPTIM) c->optim_set = 2;
+            if (OPTS[k].off == O(lr)) c->lr_set = 2;
             done = 1;
         }
         if (!done) {
@@ -497,7 +592,8 @@ int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t e
             return -1;
         }
     }
-    return resolve_optimizer(c, err, errlen);
+    if (resolve_optimizer(c, err, errlen)) return -1;
+    return resolve_lr(c, err, errlen);
 }
 
 int sh_config_check(const sh_config *c, char *err, size_t errlen) {

@@ -114,15 +114,31 @@ int sh_resume_find_val(const char *text, const char *key, int run, char *v, size
     return -1;
 }
 
+/* The default of a run key that is written only when it is not the default
+ * (sh_resume_init), NULL for the keys always written. */
+static const char *omitted_default(const char *key) {
+    if (!strcmp(key, "lr_schedule")) return "cosine";
+    if (!strcmp(key, "data_order")) return "random";
+    return NULL;
+}
+
 /* The saved run must be this run: every trajectory setting equal. */
 int sh_resume_same_run(const sh_resume *r, const char *saved, const char *gen, char *err,
                     size_t errlen) {
     for (const char *p = r->run; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
         char key[64], mine[128], theirs[128];
         if (sscanf(p, "run %63s %127s", key, mine) != 2) break;
-        if (sh_resume_find_val(saved, key, 1, theirs, sizeof theirs) != 0)
+        if (sh_resume_find_val(saved, key, 1, theirs, sizeof theirs) != 0) {
+            /* a key written only when not the default: its absence is the default */
+            const char *def = omitted_default(key);
+            if (def)
+                return sh_resume_say(err, errlen, "--resume: %s was written by a run with %s = %s "
+                           "(the default, which generations do not record) but this run has "
+                           "%s = %s; resuming would not continue that run", gen, key, def, key,
+                           mine);
             return sh_resume_say(err, errlen, "--resume: %s does not record '%s' (written by another "
                        "version of sample_host?)", gen, key);
+        }
         if (strcmp(mine, theirs) != 0)
             return sh_resume_say(err, errlen, "--resume: %s was written by a run with %s = %s but this "
                        "run has %s = %s; resuming would not continue that run (settings "
@@ -136,8 +152,8 @@ int sh_resume_same_run(const sh_resume *r, const char *saved, const char *gen, c
         if (sscanf(p, "run %63s %127s", key, theirs) != 2) continue;
         if (sh_resume_find_val(r->run, key, 1, mine, sizeof mine) != 0)
             return sh_resume_say(err, errlen, "--resume: %s was written by a run with %s = %s but this "
-                       "run has the default %s; resuming would not continue that run",
-                       gen, key, theirs, key);
+                       "run has the default %s = %s; resuming would not continue that run",
+                       gen, key, theirs, key, omitted_default(key) ? omitted_default(key) : "?");
     }
     return 0;
 }

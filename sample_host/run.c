@@ -7,6 +7,7 @@
 #include "sh_run.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,8 @@
 #include "sh_cuda.h"
 #include "sh_data.h"
 #include "sh_fingerprint.h"
+#include "sh_lock.h"
+#include "sh_preflight.h"
 #include "sh_resume.h"
 #include "sh_train.h"
 
@@ -71,6 +74,7 @@ typedef struct runstate {
     char resumed_from[SH_PATH + 32];
     long long n_skipped, last_gen; /* skipped steps; step of the newest generation (-1) */
     int stopped;        /* stop_after ended the run early */
+    int lock_fd;        /* the checkpoint folder's lock (sh_lock.h), -1 when none */
 } runstate;
 
 static int load_data(runstate *rs, char *err, size_t errlen) {
@@ -348,6 +352,12 @@ static int resume(runstate *rs, char *err, size_t errlen) {
     if (!c->quiet)
         printf("sample_host: resumed from %s (step %lld of %d)\n", rs->resumed_from,
                (long long)st.step, c->steps);
+    if (c->load[0]) {
+        fflush(stdout);
+        fprintf(stderr, "sample_host: note: --load %s is not used: the parameters come from %s "
+                "(--load gives the starting point of a fresh run only)\n", c->load,
+                rs->resumed_from);
+    }
     return 0;
 }
 
@@ -398,6 +408,9 @@ static void optimizer_notes(const sh_config *c) {
         printf("sample_host: optimizer from %s's [optimizer] section (type = %s); "
                "--optimizer adamw would take sample_host's AdamW settings instead\n",
                c->config, c->ini_optim_type);
+    if (c->lr_note == 1 && !c->quiet)
+        printf("sample_host: peak learning rate %g from %s's [optimizer] lr (sample_host's "
+               "schedule sets it every step)\n", (double)c->lr, c->config);
     if (c->optim_note == 2) {
         fflush(stdout);
         fprintf(stderr, "sample_host: note: --optimizer adamw on the command line overrides "
@@ -509,12 +522,14 @@ static int finish(runstate *rs, int rc, char *err, size_t errlen) {
     if (rs->have_cuda) sh_cuda_unload(&rs->cuda);
     sh_data_tokens_free(&rs->all);
     sh_data_tokens_free(&rs->val_file);
+    sh_lock_release(&rs->lock_fd);
     return rc;
 }
 
 int sh_run(const sh_config *c, char *err, size_t errlen) {
     runstate rs;
     memset(&rs, 0, sizeof rs);
+    rs.lock_fd = -1;
     rs.c = c;
     rs.last_val = NAN;
     rs.last_loss = NAN;
@@ -525,12 +540,23 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
      * (every rank checks, so on a shared folder all of them stop together) */
     if (sh_paths_check(c, err, errlen)) return -1;
     if (sh_config_check_plugin_sections(c, err, errlen)) return -1;
+    /* one writer per checkpoint folder for the whole run (rank 0 writes for all) */
+    if (c->checkpoint_dir[0] && !c->write_shard[0] && c->rank == 0 &&
+        sh_lock_dir(c->checkpoint_dir, &rs.lock_fd, err, errlen))
+        return -1;
+    /* a finite address-space limit that OpenBLAS's buffers do not fit would hang
+     * the first GEMM: a sentence now instead */
+    if (sh_preflight(c, err, errlen)) {
+        sh_lock_release(&rs.lock_fd);
+        return -1;
+    }
     optimizer_notes(c);
     int rc = load_data(&rs, err, errlen);
     if (!rc && c->write_shard[0]) {
         rc = sh_data_write_shard(c->write_shard, rs.all.tok, rs.all.n, err, errlen);
         if (!rc && !c->quiet) printf("wrote %zu tokens to %s\n", rs.all.n, c->write_shard);
         sh_data_tokens_free(&rs.all);
+        sh_lock_release(&rs.lock_fd);
         return rc;
     }
     sh_dims d;
@@ -563,6 +589,10 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
 }
 
 int sh_run_main(int argc, char **argv) {
+    /* a write past `ulimit -f` then fails with EFBIG and is said like any other
+     * write error (the signal's default kills the process without a word, in
+     * the middle of a save) */
+    signal(SIGXFSZ, SIG_IGN);
     sh_config c;
     char err[1024] = "";
     sh_config_defaults(&c);

@@ -47,6 +47,12 @@ typedef struct sh_config {
     int optim_set;           /* optimizer given by 0: nobody, 1: [sample_host], 2: the flag */
     int optim_note;          /* 1: taken from [optimizer] type, 2: the flag overrode it */
     char plugin_sections[256]; /* the INI's sections other than [sample_host], "[a], [b]" */
+    /* the files the plugin writes, from its INI sections (checked as outputs):
+     * [protrain] plan_file, [protrain] timeline_file, [host_backend] trace_file */
+    char plugin_outs[3][SH_PATH];
+    char ini_lr[32];         /* [optimizer] lr of the INI ("" when absent) */
+    int lr_set;              /* lr given by 1: [sample_host] lr, 2: --lr */
+    int lr_note;             /* 1: the peak lr was taken from [optimizer] lr */
     /* checkpointing and resume (sh_resume.h) */
     char checkpoint_dir[SH_PATH]; /* "" = no generations written */
     int checkpoint_every;  /* steps between generations; 0 = only at the end */

@@ -8,10 +8,16 @@
 #     planner/planner.h, store/store.h, core/rt.h, osft/osft.h,
 #     tiled/tiled.h); the features that extend the runtime object (osft/,
 #     tiled/) may also include core/rt_internal.h, and nothing else may;
-#     the optimizer kinds' store side (optim/optim_kind.h's tables) reaches
-#     the store's private header through optim/rekls_store.h alone, which only
-#     optim/optim_kind.c, optim/rekls_store.c and optim/rekls_dist.c include
-#     (so the store's own files cannot reach REKLS's private state);
+#     a subsystem's subfolder (runtime/store/kinds/) reaches its parent's
+#     headers by relative path ("../store_internal.h") and the parent its
+#     headers as "kinds/..."; REKLS's private header store/kinds/rekls_store.h
+#     is included by store/kinds/*.c only (so the store's own files cannot
+#     reach REKLS's private state);
+#  2b. runtime/optim (the math: worker pool, CPU AdamW, the REKLS step) includes
+#     no store header: the store uses optim, never the other way round;
+#  2c. runtime/core names the features that extend it (osft/, tiled/) only in
+#     rt_ext.c, their list: no other core file includes a feature's header or
+#     calls a pt_osft_ / pt_tiled_ function (it reaches them through pt_rt_ext);
 #     of the collectives (gpu/coll/) runtime sees only coll/coll.h; and
 #     store/ord_bits.h (the testing ordering bits, kept out of store.h's
 #     interface, which the code honouring an ordering and the tests name);
@@ -52,16 +58,26 @@ declare -A iface=([base]=base.h [optim]=optim.h [planner]=planner.h [store]=stor
                   [osft]=osft.h [tiled]=tiled.h)
 # the runtime object's extensions and the one header beyond core/rt.h they may reach
 declare -A ext_ok=([osft]=core/rt_internal.h [tiled]=core/rt_internal.h)
-# the one file beyond those that may reach past an interface header, and where
-file_ok_file=runtime/optim/rekls_store.h; file_ok_inc=store/store_internal.h
-rk_users='^runtime/optim/(optim_kind|rekls_store|rekls_dist)\.c$'
-while IFS= read -r f; do bad "$f includes REKLS's private header optim/rekls_store.h: only optim_kind.c, rekls_store.c and rekls_dist.c may"; done < <(
-  grep -rlE '#\s*include\s*"(optim/)?rekls_store\.h"' host_api gpu plugin sample_host runtime | grep -vE "$rk_users")
-for f in runtime/*/*.[ch]; do
+rk_users='^runtime/store/kinds/[^/]*\.c$'
+while IFS= read -r f; do bad "$f includes REKLS's private header store/kinds/rekls_store.h: only runtime/store/kinds/*.c may"; done < <(
+  grep -rlE '#\s*include\s*"(store/kinds/|kinds/)?rekls_store\.h"' host_api gpu plugin sample_host runtime | grep -vE "$rk_users")
+# 2b
+while IFS= read -r hit; do bad "runtime/optim must not include a store header: $hit"; done < <(
+  grep -rnE '#\s*include\s*"(\.\./)?store/' runtime/optim)
+# 2c
+while IFS= read -r hit; do bad "only core/rt_ext.c may name a feature of the runtime object: $hit"; done < <(
+  grep -nE '#\s*include\s*"(osft|tiled)/|\bpt_(osft|tiled)_' runtime/core/*.[ch] | grep -v '^runtime/core/rt_ext\.c:')
+for f in runtime/*/*.[ch] runtime/*/*/*.[ch]; do
+  [ -e "$f" ] || continue
   sub=${f#runtime/}; sub=${sub%%/*}
   while IFS= read -r inc; do
     dir=${inc%%/*}; file=${inc#*/}
     [ "$dir" = "$inc" ] && continue            # same-folder include
+    if [ -e "$(dirname "$f")/$inc" ]; then     # relative to the file: inside its own subsystem only
+      rel=$(realpath -m --relative-to=runtime "$(dirname "$f")/$inc")
+      [ "${rel%%/*}" = "$sub" ] || bad "$f includes \"$inc\": a relative include leaves runtime/$sub"
+      continue
+    fi
     if [ -e "gpu/$inc" ]; then                 # a gpu/ header (the build's -Igpu)
       [ "$dir" != coll ] || [ "$inc" = coll/coll.h ] ||
         bad "$f includes \"$inc\": only coll/coll.h crosses into the collectives (gpu/coll/)"
@@ -70,7 +86,6 @@ for f in runtime/*/*.[ch]; do
     [ -n "${iface[$dir]:-}" ] || { bad "$f includes \"$inc\": no such subsystem"; continue; }
     [ "$dir" = "$sub" ] && { bad "$f includes its own subsystem as \"$inc\" (use \"$file\")"; continue; }
     [ "$inc" = "${ext_ok[$sub]:-}" ] && continue
-    [ "$f" = "$file_ok_file" ] && [ "$inc" = "$file_ok_inc" ] && continue
     [ "$inc" = store/ord_bits.h ] && continue   # the testing ordering bits
     [ "$file" = "${iface[$dir]}" ] || bad "$f includes \"$inc\": only $dir/${iface[$dir]} crosses the $dir boundary"
   done < <(sed -n 's/^#\s*include\s*"\([^"]*\)".*/\1/p' "$f")

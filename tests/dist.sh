@@ -306,7 +306,7 @@ for pair in "C B" "CS BS" "CO BO"; do
     fi
 done
 
-# Mode C with REKLS (runtime/optim/rekls_dist.c): every REKLS param of a split
+# Mode C with REKLS (runtime/store/kinds/rekls_dist.c): every REKLS param of a split
 # chunk has one owner rank that gathers its reduced gradient whole, runs the
 # single-rank step and sends each rank its part of the update. Against mode B
 # with REKLS (every rank steps the whole all-reduced gradient) the losses over 6

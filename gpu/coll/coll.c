@@ -6,13 +6,16 @@
  * Why the pairing is fixed: the MPI transport adds buffers with the CPU, which
  * is right only where device memory is host memory (the host backend); NCCL
  * moves and adds device memory, which the host backend does not have. Staging
- * cuda device buffers through host memory for MPI is not built.
+ * cuda device buffers through host memory for MPI is not built. The host's
+ * own collectives (pt_host_v1.coll) take the MPI transport's place on the host
+ * backend when the host brings them: the host moves bytes, the plugin adds.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "coll.h"
 #include "coll_boot.h"
+#include "coll_host.h"
 #include "coll_mpi.h"
 #include "protrain.h"
 #include "pt_util.h"
@@ -23,6 +26,7 @@ struct pt_coll {
     pt_mpi_coll *mpi;           /* the MPI transport, or NCCL's MPI bootstrap (kept to
                                    finalize MPI after NCCL is gone); NULL with file:// */
     pt_coll_nccl nc;            /* nccl: the loaded library and its communicator */
+    pt_host_coll *hc;           /* host: the host's collectives (no MPI, no NCCL) */
     int hang_rank, broken;      /* nccl: the testing aid and its broken state */
     double timeout_s;
 };
@@ -69,15 +73,66 @@ int pt_coll_pick(const char *dist_backend, const char *device_backend, const cha
     return PT_OK;
 }
 
+int pt_coll_pick_table(const char *dist_backend, const char *device_backend,
+                       const char *init_method, int has_table, const char **transport, char *err,
+                       size_t errlen) {
+    *transport = NULL;
+    int named = !strcmp(dist_backend, "host");
+    if (!has_table) {
+        if (named)
+            return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                           "[dist] backend = host needs a host that hands the plugin its own "
+                           "collectives (pt_host_v1.coll, e.g. the PyTorch host over "
+                           "torch.distributed), and this host gave none; use auto, mpi or nccl");
+        return pt_coll_pick(dist_backend, device_backend, init_method, transport, err, errlen);
+    }
+    if (!named && strcmp(dist_backend, "auto"))
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                       "[dist] backend = %s, but the host hands the plugin its own collectives "
+                       "(pt_host_v1.coll, its process group): the ranks' gradients cannot go "
+                       "over two transports; set backend = auto or host, or start the host "
+                       "without its table", dist_backend);
+    if (strcmp(device_backend, "host"))
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                       "[dist] the host's own collectives (pt_host_v1.coll) run on the host "
+                       "backend only: they get host memory and the plugin adds with the CPU, "
+                       "while the %s backend's buffers are device memory (staging them is not "
+                       "built); on cuda pass no table and use backend = nccl", device_backend);
+    if (init_method && strcmp(init_method, "env"))
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                       "[dist] init_method = %s, but the host hands the plugin its own "
+                       "collectives (pt_host_v1.coll): its ranks have already met; leave "
+                       "init_method = env", init_method);
+    *transport = "host";
+    return PT_OK;
+}
+
+static int open_host(const pt_coll_config *cfg, pt_coll **out, char *err, size_t errlen) {
+    pt_coll *c = calloc(1, sizeof *c);
+    if (!c) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for collectives");
+    int rc = pt_host_coll_open(cfg, &c->hc, err, errlen);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    c->world = cfg->world_size;
+    c->rank = cfg->rank;
+    c->hang_rank = -1;
+    c->timeout_s = cfg->timeout_s;
+    *out = c;
+    return PT_OK;
+}
+
 int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t errlen) {
     *out = NULL;
     const char *tr = cfg->transport ? cfg->transport : "mpi";
     int nccl = !strcmp(tr, "nccl");
-    if (!nccl && strcmp(tr, "mpi"))
-        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist]: unknown transport '%s'", tr);
     if (cfg->world_size < 1 || cfg->rank < 0 || cfg->rank >= cfg->world_size)
         return pt_fail(err, errlen, PT_ERR_CONFIG, "[dist]: rank %d of %d is not a rank",
                        cfg->rank, cfg->world_size);
+    if (!strcmp(tr, "host")) return open_host(cfg, out, err, errlen);
+    if (!nccl && strcmp(tr, "mpi"))
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist]: unknown transport '%s'", tr);
     int file = cfg->init_method && !strncmp(cfg->init_method, "file:", 5);
     if (file && !nccl)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[dist] init_method = %s needs the nccl "
@@ -108,6 +163,7 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
 
 void pt_coll_close(pt_coll *c) {
     if (!c) return;
+    pt_host_coll_close(c->hc);
     pt_coll_nccl_close(&c->nc);   /* before MPI: NCCL's bootstrap may still use it */
     if (c->broken) pt_mpi_coll_mark_broken(c->mpi);
     pt_mpi_coll_close(c->mpi);
@@ -118,6 +174,10 @@ int pt_coll_split(pt_coll *c, int color, int key, pt_coll **sub, char *err, size
     *sub = NULL;
     if (!c)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] sub-group: no group to split");
+    if (c->hc)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                       "[dist] sub-groups (tensor parallel inside data parallel) are not built "
+                       "on the host's own collectives; they run on mpi");
     if (c->nccl)   /* ncclCommSplit would give it; nothing asks for it on cuda yet */
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
                        "[dist] sub-groups (tensor parallel inside data parallel) are not built "
@@ -137,9 +197,20 @@ int pt_coll_split(pt_coll *c, int color, int key, pt_coll **sub, char *err, size
     return PT_OK;
 }
 
-const char *pt_coll_transport(const pt_coll *c) { return !c ? "none" : c->nccl ? "nccl" : "mpi"; }
+const char *pt_coll_transport(const pt_coll *c) {
+    return !c ? "none" : c->hc ? "host" : c->nccl ? "nccl" : "mpi";
+}
 int pt_coll_rank(const pt_coll *c) { return c ? c->rank : 0; }
 int pt_coll_world(const pt_coll *c) { return c ? c->world : 1; }
+
+/* host: the front's broken flag (set by a stop of this rank) refuses before
+ * the host is called; the transport keeps its own for failed ops. */
+static int host_ok(const pt_coll *c, const char *what, char *err, size_t errlen) {
+    if (c->broken)
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "[dist] %s: an earlier collective failed; the group is broken", what);
+    return PT_OK;
+}
 
 /* nccl: refuse on a broken group, and play the hung rank when a test asks for
  * one (as the MPI transport does inside its own calls). */
@@ -166,6 +237,10 @@ static int nccl_end(pt_coll *c, int rc) {
 
 int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale,
                       const char *what, char *err, size_t errlen) {
+    if (c && c->hc)
+        return host_ok(c, what, err, errlen)
+                   ? PT_ERR_BACKEND
+                   : pt_host_coll_allreduce(c->hc, buf, n, dtype, scale, what, err, errlen);
     if (c && c->nccl) {
         int rc = nccl_begin(c, what, err, errlen);
         return rc ? rc : nccl_end(c, c->nc.ops->allreduce(c->nc.h, buf, n, dtype, scale, what,
@@ -175,6 +250,9 @@ int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sca
 }
 
 int pt_coll_barrier(pt_coll *c, char *err, size_t errlen) {
+    if (c && c->hc)
+        return host_ok(c, "barrier", err, errlen) ? PT_ERR_BACKEND
+                                                  : pt_host_coll_barrier(c->hc, err, errlen);
     if (c && c->nccl) {
         int rc = nccl_begin(c, "barrier", err, errlen);
         return rc ? rc : nccl_end(c, c->nc.ops->barrier(c->nc.h, err, errlen));
@@ -184,6 +262,10 @@ int pt_coll_barrier(pt_coll *c, char *err, size_t errlen) {
 
 int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const char *what,
                       char *err, size_t errlen) {
+    if (c && c->hc)
+        return host_ok(c, what, err, errlen)
+                   ? PT_ERR_BACKEND
+                   : pt_host_coll_allgather(c->hc, buf, n, elem_size, what, err, errlen);
     if (c && c->nccl) {
         int rc = nccl_begin(c, what, err, errlen);
         return rc ? rc : nccl_end(c, c->nc.ops->allgather(c->nc.h, buf, n, elem_size, what, err,
@@ -277,7 +359,7 @@ int pt_coll_alltoallv_gathered(pt_coll *c, const void *send, const size_t *soff,
 int pt_coll_alltoallv(pt_coll *c, const void *send, const size_t *soff, const size_t *scount,
                       void *recv, const size_t *roff, const size_t *rcount, const char *what,
                       char *err, size_t errlen) {
-    if (c && c->nccl)
+    if (c && (c->nccl || c->hc))
         return pt_coll_alltoallv_gathered(c, send, soff, scount, recv, roff, rcount, what, err,
                                           errlen);
     return pt_mpi_coll_alltoallv(c ? c->mpi : NULL, send, soff, scount, recv, roff, rcount, what,
@@ -286,6 +368,10 @@ int pt_coll_alltoallv(pt_coll *c, const void *send, const size_t *soff, const si
 
 int pt_coll_reduce_scatter(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale,
                            const char *what, char *err, size_t errlen) {
+    if (c && c->hc)
+        return host_ok(c, what, err, errlen)
+                   ? PT_ERR_BACKEND
+                   : pt_host_coll_reduce_scatter(c->hc, buf, n, dtype, scale, what, err, errlen);
     if (c && c->nccl) {
         int rc = nccl_begin(c, what, err, errlen);
         return rc ? rc : nccl_end(c, c->nc.ops->reduce_scatter(c->nc.h, buf, n, dtype, scale,
@@ -295,11 +381,11 @@ int pt_coll_reduce_scatter(pt_coll *c, void *buf, size_t n, int32_t dtype, doubl
 }
 
 /* The keyed nonblocking all-reduce: the MPI transport's own operation. On
- * NCCL the blocking all-reduce runs at the start instead (its result is in buf
+ * NCCL and the host's collectives the blocking all-reduce runs at the start instead (its result is in buf
  * when pt_coll_iallreduce returns, so a bucket overlaps nothing there yet; the
  * sums are the same). */
 struct pt_coll_op {
-    pt_mpi_op *m;   /* NULL: finished at the start (NCCL) */
+    pt_mpi_op *m;   /* NULL: finished at the start (NCCL, host) */
 };
 
 int pt_coll_iallreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double scale, int32_t key,
@@ -310,7 +396,7 @@ int pt_coll_iallreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sc
                        "key %d (want 0..%d)", what, (int)key, PT_COLL_KEYS - 1);
     pt_coll_op *op = calloc(1, sizeof *op);
     if (!op) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for collectives");
-    int rc = c && c->nccl ? pt_coll_allreduce(c, buf, n, dtype, scale, what, err, errlen)
+    int rc = c && (c->nccl || c->hc) ? pt_coll_allreduce(c, buf, n, dtype, scale, what, err, errlen)
                           : pt_mpi_coll_iallreduce(c ? c->mpi : NULL, buf, n, dtype, scale, key,
                                                    what, &op->m, err, errlen);
     if (rc) {

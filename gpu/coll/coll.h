@@ -1,9 +1,11 @@
 /*
  * coll.h — collectives between data-parallel ranks, behind one interface so
- * the runtime never sees a transport's types. Two transports implement it:
- * MPI (gpu/coll/mpi/, the host backend: buffers are added by the CPU) and NCCL
+ * the runtime never sees a transport's types. Three transports implement it:
+ * MPI (gpu/coll/mpi/, the host backend: buffers are added by the CPU), NCCL
  * (gpu/coll/nccl/, built as libprotrain_nccl.so and loaded only when picked: the
- * cuda backend, buffers in device memory or host memory). pt_coll_pick says
+ * cuda backend, buffers in device memory or host memory) and the host's own
+ * collectives (gpu/coll/host/, pt_host_v1.coll: the host moves bytes over its
+ * process group, the plugin adds with the CPU; host backend). pt_coll_pick says
  * which one a configuration gets; coll.c dispatches. No other file may include
  * an MPI or NCCL header.
  *
@@ -28,6 +30,7 @@
 #include <stdint.h>
 
 typedef struct pt_coll pt_coll;
+struct pt_host_coll_v1;   /* protrain.h */
 
 typedef enum pt_coll_dtype { PT_COLL_F32 = 0, PT_COLL_F64 = 1 } pt_coll_dtype;
 
@@ -39,10 +42,14 @@ typedef struct pt_coll_config {
     const char *init_method;
     double timeout_s;          /* deadline of each collective (and of NCCL's set-up) */
     int32_t debug_hang_rank;   /* testing: this rank stops joining collectives; -1 none */
-    const char *transport;     /* "mpi" or "nccl", from pt_coll_pick; NULL: "mpi" */
+    const char *transport;     /* "mpi", "nccl" or "host", from pt_coll_pick; NULL: "mpi" */
     int32_t device_index;      /* nccl: the CUDA device this rank's communicator uses */
     const char *nccl_lib;      /* nccl: the transport library to load; NULL: beside the
                                   plugin, then the loader path */
+    /* host: the host's table (pt_host_v1.coll); init_method, timeout_s,
+     * device_index and nccl_lib do not apply (the host's group is joined and
+     * keeps its own deadline) */
+    const struct pt_host_coll_v1 *host_coll;
 } pt_coll_config;
 
 /* The transport for [dist] backend = dist_backend (auto|nccl|mpi) on the device
@@ -51,6 +58,15 @@ typedef struct pt_coll_config {
  * with mpi are refused with a sentence. *transport is a static string. */
 int pt_coll_pick(const char *dist_backend, const char *device_backend, const char *init_method,
                  const char **transport, char *err, size_t errlen);
+/* The same when the host may hand its own collectives (has_table: pt_host_v1.coll
+ * is set): with a table, auto and host give "host" on the host backend, and
+ * what contradicts the table is refused with a sentence (backend = mpi or
+ * nccl, init_method other than env, the cuda backend: the table gets host
+ * memory and the plugin adds with the CPU); without one, backend = host is
+ * refused and the rest is pt_coll_pick. */
+int pt_coll_pick_table(const char *dist_backend, const char *device_backend,
+                       const char *init_method, int has_table, const char **transport, char *err,
+                       size_t errlen);
 
 /* Opens cfg->transport. mpi: starts (or joins the host's) MPI and checks its
  * rank and size against cfg. nccl: loads libprotrain_nccl.so, hands rank 0's
@@ -61,7 +77,7 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
  * collective failed (a broken group cannot finalize: that would wait for the
  * missing rank); destroys the NCCL communicator (aborts it when broken). */
 void pt_coll_close(pt_coll *c);
-/* "mpi" or "nccl" (c NULL: "none") */
+/* "mpi", "nccl" or "host" (c NULL: "none") */
 const char *pt_coll_transport(const pt_coll *c);
 int pt_coll_rank(const pt_coll *c);
 int pt_coll_world(const pt_coll *c);
@@ -76,7 +92,7 @@ int pt_coll_world(const pt_coll *c);
  * seq counts its own collectives. A failure in either breaks both (later calls
  * on either fail at once). Close every sub-group before c; a sub-group never
  * finalizes MPI. A group of one rank makes every collective a local no-op
- * (apart from the scale). mpi transport only: nccl refuses with a sentence
+ * (apart from the scale). mpi transport only: nccl and host refuse with a sentence
  * (PT_ERR_UNSUPPORTED). */
 int pt_coll_split(pt_coll *c, int color, int key, pt_coll **sub, char *err, size_t errlen);
 
@@ -151,7 +167,7 @@ int pt_coll_allgather_ranges(pt_coll *c, void *buf, const size_t *lo, const size
  * exchange sends no message. A copy, no arithmetic: the bytes arrive as sent.
  * Host memory (on the host backend device memory is). The MPI transport sends
  * each pair's bytes point to point, so each rank receives only its own; nccl
- * runs pt_coll_alltoallv_gathered. */
+ * and host run pt_coll_alltoallv_gathered. */
 int pt_coll_alltoallv(pt_coll *c, const void *send, const size_t *soff, const size_t *scount,
                       void *recv, const size_t *roff, const size_t *rcount, const char *what,
                       char *err, size_t errlen);
@@ -159,8 +175,8 @@ int pt_coll_alltoallv(pt_coll *c, const void *send, const size_t *soff, const si
  * offsets and counts (W^2 pairs of doubles), then one all-gather of every
  * rank's send buffer padded to the longest, from which each rank copies what
  * is addressed to it. Every rank receives every rank's bytes (about W times the
- * traffic of the point-to-point exchange). What the nccl transport runs (its
- * table has no point-to-point call); declared here so the MPI tests check it
+ * traffic of the point-to-point exchange). What the nccl and host transports
+ * run (their tables have no point-to-point call); declared here so the MPI tests check it
  * against the same oracle. A count that does not match its peer's is refused
  * with a sentence naming both ranks. */
 int pt_coll_alltoallv_gathered(pt_coll *c, const void *send, const size_t *soff,

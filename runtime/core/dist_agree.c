@@ -55,6 +55,9 @@ static void put(ag_text *t, const char *name, const char *fmt, ...) {
     t->s[t->n] = '\0';
 }
 
+/* A feature's key (pt_rt_ext.agree_keys), its value already text. */
+static void put_text(void *t, const char *name, const char *value) { put(t, name, "%s", value); }
+
 /* A float as text that reads back to the same bits; NaN ("from the INI" /
  * auto) as "auto". */
 static void put_f(ag_text *t, const char *name, double v) {
@@ -237,12 +240,7 @@ int pt_agree_init(pt_rt *rt, char *err, size_t errlen) {
     put(&t, "protrain.force_all_persistent", "%d", c->force_all_persistent);
     put(&t, "protrain.zero3_shard", "%s", tri(c->zero3_shard));
     put(&t, "protrain.chunk_size", "%llu", (unsigned long long)c->chunk_size);
-    put(&t, "osft.enabled", "%d", c->osft_enabled);
-    put_f(&t, "osft.unfreeze_rank_ratio", c->osft_urr);
-    put(&t, "osft.targets", "%s", c->osft_targets);
-    put(&t, "osft.cache_frozen", "%d", c->osft_cache_frozen);
-    put(&t, "tiled_mlp.enabled", "%d", c->tiled_mlp_enabled);
-    put(&t, "tiled_mlp.tiles", "%d", c->tiled_mlp_tiles);
+    pt_rt_ext_agree_keys(c, &(pt_rt_keys){&t, put_text});
     const char *fp = rt->host.struct_size >= offsetof(pt_host_v1, fingerprint) + sizeof(const char *)
                          ? rt->host.fingerprint : NULL;
     put_host(&t, fp);

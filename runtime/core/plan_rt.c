@@ -13,7 +13,6 @@
 #include "planner/planner.h"
 #include "profiler.h"
 #include "rt_internal.h"
-#include "tiled/tiled.h"
 
 
 /* auto_memory: profile and plan, even when the INI fixes all four knobs (the plan
@@ -103,9 +102,9 @@ int pt_rt_profile_end(pt_rt *rt, char *err, size_t errlen) {
         else
             PT_LOGI(&rt->lg, "profile cache: stored in %s", rt->cfg.cache_dir);
     }
-    rc = rt->cfg.tiled_mlp_enabled && rt->cfg.tiled_mlp_tiles <= 0
-             ? pt_tiled_auto_search(rt, &t, prof_s, err, errlen)
-             : pt_rt_search_and_apply(rt, &t, prof_s, err, errlen);
+    const pt_rt_ext *se = pt_rt_ext_searcher(rt);
+    rc = se ? se->search(rt, &t, prof_s, err, errlen)
+            : pt_rt_search_and_apply(rt, &t, prof_s, err, errlen);
     pt_trace_free(&t);
     return rc;
 }
@@ -321,12 +320,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     plan.exec_mode = plan.knobs.n_persist >= plan.n_chunk ? 0 : shard ? 2 : 1;
     snprintf(plan.mode_why, sizeof plan.mode_why, "%s", why);
     plan.world_size = t->key.world_size;
-    if (rt->cfg.tiled_mlp_enabled) {
-        int64_t tok = plan.batch * plan.seq;
-        plan.mlp_tiles = pt_mlp_tiles_eff(tok, pt_tiled_tiles_req(rt));
-        plan.mlp_tile_len = pt_mlp_tile_len(tok, pt_tiled_tiles_req(rt));
-        plan.mlp_tiles_auto = rt->cfg.tiled_mlp_tiles <= 0;
-    }
+    pt_rt_ext_plan_fill(rt, &plan);
     char *text = pt_plan_text(&plan);
     if (text) {
         PT_LOGI(&rt->lg, "plan (profiled in %.3f s, searched %lld candidates in %.3f ms):",
@@ -425,10 +419,11 @@ int pt_rt_plan_from_cache(pt_rt *rt, int *hit, char *err, size_t errlen) {
     char path[600] = "";
     if (!rt->cfg.cache_dir[0]) {
         /* no cache on this rank: a miss (other ranks may have one) */
-    } else if (rt->cfg.tiled_mlp_enabled && rt->cfg.tiled_mlp_tiles <= 0) {
-        /* tiles = auto picks its count from the profiling run's per-row scratch,
-         * which a cached trace does not hold: profile again */
-        PT_LOGI(&rt->lg, "profile cache: not used with [tiled_mlp] tiles = auto");
+    } else if (pt_rt_ext_searcher(rt)) {
+        /* a feature picking a knob from the profiling run (TiledMLP's tiles =
+         * auto: its per-row scratch) needs what a cached trace does not hold:
+         * profile again */
+        PT_LOGI(&rt->lg, "profile cache: not used with %s", pt_rt_ext_searcher(rt)->search_what);
     } else {
         pt_trace_key key;
         pt_prof_key(rt, &key);

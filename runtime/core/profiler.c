@@ -323,8 +323,7 @@ static uint64_t measured_inputs(pt_rt *rt) {
     struct {
         uint64_t chunk, chunk_cfg, capacity;
         double copy_bw, jitter;
-        int32_t optim, osft, tiled, tiles, async, tp;
-        float osft_ratio;
+        int32_t optim, async, tp;
     } in;
     memset(&in, 0, sizeof in);   /* padding hashed as zeros */
     in.chunk = rt->st ? pt_store_chunk_size(rt->st) : 0;
@@ -333,17 +332,12 @@ static uint64_t measured_inputs(pt_rt *rt) {
     in.copy_bw = c->copy_bandwidth;
     in.jitter = c->compute_jitter;
     in.optim = c->optim_type;
-    in.osft = c->osft_enabled;
-    in.tiled = c->tiled_mlp_enabled;
-    in.tiles = c->tiled_mlp_tiles;
     in.async = c->async_compute;
     in.tp = tp_size(rt);   /* a split param's chunk holds its shard */
-    in.osft_ratio = c->osft_urr;
     const char *be = pt_gpu_backend_name(rt->gpu);
     uint64_t h = pt_fnv1a64(&in, sizeof in);
     h ^= pt_fnv1a64(be, strlen(be)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    h ^= pt_fnv1a64(c->osft_targets, strlen(c->osft_targets)) + (h << 6) + (h >> 2);
-    return h;
+    return pt_rt_ext_cache_key(c, h);   /* the features' settings */
 }
 
 void pt_prof_key(pt_rt *rt, pt_trace_key *k) {
@@ -405,13 +399,13 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
         tc->host_bytes = ci.host_bytes;
         /* the trace names the optimizer's own terms after REKLS, the one
          * kind with any (a file format: trace_cache.c) */
-        tc->rekls_bytes = ci.optim_bytes;
+        tc->optim_bytes = ci.optim_bytes;
         tc->tp_grad_bytes = ci.optim_tp_grad_bytes;
         tc->tp_factor_bytes = ci.optim_tp_factor_bytes;
-        tc->rekls_aux_words = ci.optim_aux_words;
-        tc->rekls_mn = ci.optim_mn;
-        tc->rekls_own_max = ci.optim_own_max;
-        tc->rekls_s = pt_store_chunk_optim_cpu_s(rt->st, k, &rates);
+        tc->optim_aux_words = ci.optim_aux_words;
+        tc->optim_mn = ci.optim_mn;
+        tc->optim_own_max = ci.optim_own_max;
+        tc->optim_s = pt_store_chunk_optim_cpu_s(rt->st, k, &rates);
     }
     pt_trace_derive_ranges(t);
     /* the head window holds the loss and the head's backward: split 1:2 like a

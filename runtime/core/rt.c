@@ -40,16 +40,12 @@ static int tp_groups(pt_rt *rt, int P, char *err, size_t errlen) {
 
 /* Configured features this build does not have, as a sentence (NULL: none). */
 static const char *unbuilt(const pt_config *cfg, const pt_host_v1 *host) {
-    const char *missing = NULL;
-    if (cfg->osft_enabled && cfg->tiled_mlp_enabled)
-        missing = "[osft] enabled with [tiled_mlp] enabled: TiledMLP's per-tile gradient "
-                  "accumulator does not know the OSFT factors yet; enable one of them";
-    else if (host && host->world_size > 1 && !strcmp(cfg->dist_backend, "none"))
+    /* the features' own (which combine, and with tensor parallelism) first */
+    const char *missing = pt_rt_ext_refuse(cfg);
+    if (missing) return missing;
+    if (host && host->world_size > 1 && !strcmp(cfg->dist_backend, "none"))
         missing = "[dist] backend = none with world_size > 1: the ranks could not agree on "
                   "gradients";
-    else if (cfg->tp_size > 1 && cfg->osft_enabled)
-        missing = "[dist] tp_size > 1 with [osft] enabled: OSFT's factors are not split over a "
-                  "tensor-parallel group yet; set tp_size = 1 or disable OSFT";
     else if (cfg->tp_size > 1 && cfg->zero3_shard == 1)
         missing = "[dist] tp_size > 1 with [protrain] zero3_shard = on: mode C (sharded "
                   "optimizer states) is not combined with tensor parallelism yet";
@@ -121,24 +117,33 @@ static void set_ordering(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host
 static int open_dist(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host, char *err,
                      size_t errlen) {
     /* the transport follows the device backend actually opened (auto may
-     * have fallen back to host): nccl on cuda, mpi on host */
+     * have fallen back to host): nccl on cuda, mpi on host, or the host's own
+     * collectives when it hands them (rt->host holds NULL past its struct_size) */
     const char *tr = NULL;
     const char *dev = pt_gpu_backend_name(rt->gpu);
-    int rc = pt_coll_pick(cfg->dist_backend, dev, cfg->init_method, &tr, err, errlen);
+    const pt_host_coll_v1 *table = rt->host.coll;
+    int rc = pt_coll_pick_table(cfg->dist_backend, dev, cfg->init_method, table != NULL, &tr,
+                                err, errlen);
     if (rc) return rc;
     if (cfg->tp_size > 1 && strcmp(tr, "mpi"))
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[dist] tp_size > 1 runs on the "
                        "host backend's mpi transport only (config %s)", cfg->source);
     pt_coll_config cc = {host->world_size, host->rank, cfg->init_method,
                          (double)cfg->dist_timeout, cfg->debug_hang_rank, tr,
-                         host->device_index, NULL};
+                         host->device_index, NULL, table};
     if ((rc = pt_coll_open(&cc, &rt->coll, err, errlen)) || (rc = pt_agree_init(rt, err, errlen)))
         return rc;
     if (cfg->tp_size > 1 && (rc = tp_groups(rt, cfg->tp_size, err, errlen))) return rc;
-    PT_LOGI(&rt->lg, "%s: rank %d of %d over %s on the %s backend (init_method %s, "
-                     "timeout %g s)",
-            cfg->tp_size > 1 ? "tensor parallel" : "data parallel", host->rank,
-            host->world_size, tr, dev, cfg->init_method, (double)cfg->dist_timeout);
+    if (table)
+        PT_LOGI(&rt->lg, "data parallel: rank %d of %d over the host's own collectives on the "
+                         "%s backend (their deadline is the host's; [dist] timeout = %g s does "
+                         "not apply)", host->rank, host->world_size, dev,
+                (double)cfg->dist_timeout);
+    else
+        PT_LOGI(&rt->lg, "%s: rank %d of %d over %s on the %s backend (init_method %s, "
+                         "timeout %g s)",
+                cfg->tp_size > 1 ? "tensor parallel" : "data parallel", host->rank,
+                host->world_size, tr, dev, cfg->init_method, (double)cfg->dist_timeout);
     return PT_OK;
 }
 
@@ -208,6 +213,7 @@ size_t pt_rt_destroy(pt_rt *rt) {
     if (!rt) return 0;
     (void)pt_rt_store_free(rt, NULL, 0);   /* logged: finalize goes on */
     pt_rt_ext_unload(rt);
+    pt_rt_ext_fini(rt);
     pt_rt_plan_free(rt);
     pt_coll_close(rt->dp_coll);   /* sub-groups before their group */
     pt_coll_close(rt->tp_coll);

@@ -9,6 +9,23 @@
 
 /* The features, in the order they are called. */
 static const pt_rt_ext *const exts[] = {&pt_osft_ext, &pt_tiled_ext, NULL};
+_Static_assert(sizeof exts / sizeof *exts - 1 <= PT_RT_EXT_MAX, "PT_RT_EXT_MAX is too small");
+
+static int slot(const pt_rt_ext *e) {
+    int i = 0;
+    while (exts[i] && exts[i] != e) i++;
+    return i;   /* an unlisted table gets the list's end: no slot (see below) */
+}
+
+void *pt_rt_ext_state(const pt_rt *rt, const pt_rt_ext *e) {
+    int i = slot(e);
+    return exts[i] ? rt->ext_state[i] : NULL;
+}
+
+void pt_rt_ext_set_state(pt_rt *rt, const pt_rt_ext *e, void *state) {
+    int i = slot(e);
+    if (exts[i]) rt->ext_state[i] = state;
+}
 
 static void unload(pt_rt *rt, int n) {
     for (int i = n - 1; i >= 0; i--)
@@ -105,6 +122,40 @@ void pt_rt_ext_stats(const pt_rt *rt, pt_stats_v1 *s) {
 void pt_rt_ext_plan_log(const pt_rt *rt) {
     for (int i = 0; exts[i]; i++)
         if (exts[i]->plan_log) exts[i]->plan_log(rt);
+}
+
+const char *pt_rt_ext_refuse(const pt_config *cfg) {
+    const char *why = NULL;
+    for (int i = 0; !why && exts[i]; i++)
+        if (exts[i]->refuse) why = exts[i]->refuse(cfg);
+    return why;
+}
+
+void pt_rt_ext_agree_keys(const pt_config *cfg, const pt_rt_keys *keys) {
+    for (int i = 0; exts[i]; i++)
+        if (exts[i]->agree_keys) exts[i]->agree_keys(cfg, keys);
+}
+
+uint64_t pt_rt_ext_cache_key(const pt_config *cfg, uint64_t h) {
+    for (int i = 0; exts[i]; i++)
+        if (exts[i]->cache_key) h = exts[i]->cache_key(cfg, h);
+    return h;
+}
+
+const pt_rt_ext *pt_rt_ext_searcher(const pt_rt *rt) {
+    for (int i = 0; exts[i]; i++)
+        if (exts[i]->search && exts[i]->wants_search && exts[i]->wants_search(rt)) return exts[i];
+    return NULL;
+}
+
+void pt_rt_ext_plan_fill(const pt_rt *rt, struct pt_plan *plan) {
+    for (int i = 0; exts[i]; i++)
+        if (exts[i]->plan_fill) exts[i]->plan_fill(rt, plan);
+}
+
+void pt_rt_ext_fini(pt_rt *rt) {
+    for (int i = 0; exts[i]; i++)
+        if (exts[i]->fini) exts[i]->fini(rt);
 }
 
 /* Launched work runs through OSFT's launch (it captures the factor addresses),

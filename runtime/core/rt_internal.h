@@ -14,6 +14,10 @@
 
 struct pt_prof;           /* profiler state while profile_step runs (profiler.c) */
 struct pt_trace;
+struct pt_plan;
+
+/* The most features that extend the runtime object (rt_ext.c's list). */
+#define PT_RT_EXT_MAX 4
 
 struct pt_rt {
     pt_config cfg;
@@ -30,7 +34,7 @@ struct pt_rt {
     pt_model_v1 *model;       /* what the store lays out: the host's model, or with OSFT
                                  the expanded list holding the factors (osft.h) */
     pt_model_v1 *hmodel;      /* the host's model (its descriptors get the addresses) */
-    struct pt_osft *osft;     /* OSFT targets and factors, or NULL */
+    void *ext_state[PT_RT_EXT_MAX]; /* each feature's own state (pt_rt_ext_state), or NULL */
     int n_blocks;
     pt_optim_state opt;
     int opt_created;          /* create_optimizer succeeded */
@@ -67,14 +71,6 @@ struct pt_rt {
     int32_t *swap_done;       /* [n_blocks] the plan's release window per SWAP arena, or NULL */
     struct pt_timeline *tl;   /* timeline_file set: the plan's memory picture, kept so calibration
                                  can write it again with the measured peak; else NULL */
-    /* TiledMLP (tiled_mlp.c) */
-    int in_tiles;             /* inside a tiled_mlp_forward/backward tile loop */
-    void *tile_scr;           /* the tile scratch handed to the host, or NULL */
-    uint64_t tile_scr_bytes;
-    int64_t tile_count;       /* rows of the tile being run; tile_bwd: inside a backward */
-    int tile_bwd;
-    uint64_t tile_tok[2];     /* device bytes of tile scratch per row seen, forward / backward */
-    int64_t mlp_auto_n;       /* tiles = auto: the count chosen (0: not yet, the profile's) */
 };
 
 /* A feature that extends the runtime object (osft/, tiled/): rt.c and
@@ -83,10 +79,37 @@ struct pt_rt {
  * feature is in force for the model loaded (OSFT: it found targets); the
  * entries that take the store's place (chunk_stepped, read_param, launch) are
  * used only while it is, the others are called always and do nothing when the
- * feature is off. */
+ * feature is off. A feature keeps its own state behind one pointer in the
+ * runtime object (pt_rt_ext_state / pt_rt_ext_set_state), which it allocates
+ * and frees; the core never sees its type. */
+typedef struct pt_rt_keys {
+    void *t;
+    void (*put)(void *t, const char *name, const char *value);
+} pt_rt_keys;
 typedef struct pt_rt_ext {
     const char *name;
     int (*active)(const pt_rt *rt);
+    /* at create, before anything is opened: a combination of the configuration
+     * the feature cannot run (with another feature, or with tensor
+     * parallelism), as a sentence; NULL when it can */
+    const char *(*refuse)(const pt_config *cfg);
+    /* init's rank agreement (dist_agree.h): the feature's INI keys that fix the
+     * math, one keys->put per key in a fixed order */
+    void (*agree_keys)(const pt_config *cfg, const pt_rt_keys *keys);
+    /* the profile cache key: h mixed (pt_rt_key_mix) with the feature's settings
+     * that change what a profile measures */
+    uint64_t (*cache_key)(const pt_config *cfg, uint64_t h);
+    /* the feature picks a knob of its own from a fresh profile (TiledMLP's tiles
+     * = auto): when wants_search says so, search runs the planner's search
+     * (pt_rt_search_and_apply, once or more) in its place, and a cached profile,
+     * which lacks what it measures, is not used (search_what names the setting) */
+    int (*wants_search)(const pt_rt *rt);
+    int (*search)(pt_rt *rt, const struct pt_trace *t, double prof_s, char *err, size_t errlen);
+    const char *search_what;
+    /* the plan before it is printed: the feature's fields */
+    void (*plan_fill)(const pt_rt *rt, struct pt_plan *plan);
+    /* pt_rt_destroy, after model_unload: free the feature's state */
+    void (*fini)(pt_rt *rt);
     /* post_model_load, before the store is built: refuse what the feature cannot
      * run, or point rt->model at the list the store lays out (rt->hmodel stays
      * the host's, which rt.c set before) */
@@ -140,6 +163,23 @@ const pt_rt_ext *pt_rt_ext_reader(const pt_rt *rt);
 const pt_rt_ext *pt_rt_ext_launcher(const pt_rt *rt);
 void pt_rt_ext_stats(const pt_rt *rt, pt_stats_v1 *s);
 void pt_rt_ext_plan_log(const pt_rt *rt);
+/* The first refusal of a feature (NULL: none); the features' agreement keys;
+ * h mixed with every feature's cache key; the feature searching in place of
+ * the planner's plain search, or NULL; the plan's feature fields; the
+ * features' fini. */
+const char *pt_rt_ext_refuse(const pt_config *cfg);
+void pt_rt_ext_agree_keys(const pt_config *cfg, const pt_rt_keys *keys);
+uint64_t pt_rt_ext_cache_key(const pt_config *cfg, uint64_t h);
+const pt_rt_ext *pt_rt_ext_searcher(const pt_rt *rt);
+void pt_rt_ext_plan_fill(const pt_rt *rt, struct pt_plan *plan);
+void pt_rt_ext_fini(pt_rt *rt);
+/* Feature e's state in rt (NULL until it sets one), and setting it. */
+void *pt_rt_ext_state(const pt_rt *rt, const pt_rt_ext *e);
+void pt_rt_ext_set_state(pt_rt *rt, const pt_rt_ext *e, void *state);
+/* A cache key's mixing step: h combined with the FNV-1a 64 of n bytes at p. */
+static inline uint64_t pt_rt_key_mix(uint64_t h, const void *p, size_t n) {
+    return h ^ (pt_fnv1a64(p, n) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
+}
 
 /* rt_build.c */
 int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen);

@@ -63,16 +63,16 @@ static int matches(const char *name, const char *targets) {
     return 0;
 }
 
-int pt_osft_count(const pt_rt *rt) { return rt->osft ? rt->osft->n : 0; }
+int pt_osft_count(const pt_rt *rt) { return osft_of(rt) ? osft_of(rt)->n : 0; }
 
 int pt_osft_block_of(const pt_rt *rt, int32_t param) {
-    const pt_osft *o = rt->osft;
+    const pt_osft *o = osft_of(rt);
     if (!o || param < 0 || param >= o->n_host || o->tmap[param] < 0) return -2;
     return o->t[o->tmap[param]].block;
 }
 
 void pt_osft_free(pt_rt *rt) {
-    pt_osft *o = rt->osft;
+    pt_osft *o = osft_of(rt);
     if (!o) return;
     if (rt->model == &o->xm) rt->model = rt->hmodel;
     if (o->scr) pt_gpu_free(rt->gpu, o->scr);
@@ -92,11 +92,11 @@ void pt_osft_free(pt_rt *rt) {
     free(o->tmap);
     free(o->t);
     free(o);
-    rt->osft = NULL;
+    pt_rt_ext_set_state(rt, &pt_osft_ext, NULL);
 }
 
 void pt_osft_mirror(pt_rt *rt) {
-    pt_osft *o = rt->osft;
+    pt_osft *o = osft_of(rt);
     if (!o || !rt->hmodel) return;
     for (int i = 0; i < o->n_host; i++) {
         pt_param_v1 *h = &rt->hmodel->params[i];
@@ -112,7 +112,7 @@ void pt_osft_mirror(pt_rt *rt) {
 
 void pt_osft_bytes(const pt_rt *rt, uint64_t *frozen, uint64_t *trainable, uint64_t *dense) {
     *frozen = *trainable = *dense = 0;
-    const pt_osft *o = rt->osft;
+    const pt_osft *o = osft_of(rt);
     for (int i = 0; o && i < o->n; i++) {
         const tgt *t = &o->t[i];
         *frozen += 4u * (uint64_t)(t->N * t->k + t->k + t->k * t->M);
@@ -203,7 +203,7 @@ static pt_osft *state_new(int n_host, int nt) {
 
 /* The targets, their ranks, and the floats of factor storage they need. */
 static size_t find_targets(pt_rt *rt, const pt_model_v1 *h) {
-    pt_osft *o = rt->osft;
+    pt_osft *o = osft_of(rt);
     size_t nvals = 0;
     for (int i = 0; i < o->n_host; i++) {
         const pt_param_v1 *p = &h->params[i];
@@ -234,7 +234,7 @@ typedef struct build {
 /* Target p (host index i): its SVD, and its six factors appended to the expanded list. */
 static int decompose_one(pt_rt *rt, const pt_param_v1 *p, int i, build *b, char *err,
                          size_t errlen) {
-    pt_osft *o = rt->osft;
+    pt_osft *o = osft_of(rt);
     tgt *t = &o->t[o->tmap[i]];
     int64_t N = t->N, M = t->M, R = t->R, k = t->k, kl = t->kl;
     float *uh = b->v, *ul = uh + N * k, *s = ul + N * kl, *vt = s + R;
@@ -272,7 +272,7 @@ static int decompose_one(pt_rt *rt, const pt_param_v1 *p, int i, build *b, char 
 /* Decompose the targets, then lay the expanded list out in the host's order. */
 static int decompose(pt_rt *rt, const pt_model_v1 *h, size_t nvals, build *b, char *err,
                      size_t errlen) {
-    pt_osft *o = rt->osft;
+    pt_osft *o = osft_of(rt);
     o->vals = malloc(nvals * sizeof(float));
     float *scr_u = NULL, *scr_v = NULL;
     int64_t mu = 0, mv = 0;
@@ -354,7 +354,7 @@ int pt_osft_setup(pt_rt *rt, pt_model_v1 *h, char *err, size_t errlen) {
     if (!o)
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "osft: out of host memory for %d targets",
                        nt);
-    rt->osft = o;
+    pt_rt_ext_set_state(rt, &pt_osft_ext, o);
     build b = {0};
     int rc = decompose(rt, h, find_targets(rt, h), &b, err, errlen);
     if (rc) {
@@ -431,15 +431,15 @@ void pt_osft_lin_open(pt_rt *rt, lin *L) {
 }
 
 int pt_osft_scratch_get(pt_rt *rt, uint64_t n, float **p, char *err, size_t errlen) {
-    if (n <= rt->osft->scr_floats) {
-        *p = rt->osft->scr;
+    if (n <= osft_of(rt)->scr_floats) {
+        *p = osft_of(rt)->scr;
         return PT_OK;
     }
     return pt_gpu_alloc(rt->gpu, (size_t)n * 4, PT_TAG_SCRATCH, (void **)p, err, errlen);
 }
 
 void pt_osft_scratch_free(pt_rt *rt, void *p) {
-    if (!p || p == rt->osft->scr) return;
+    if (!p || p == osft_of(rt)->scr) return;
     if (tl_snap) {
         pt_gpu_free(rt->gpu, p);
         return;
@@ -463,7 +463,7 @@ int pt_osft_lin_close(pt_rt *rt, lin *L, const char *what, char *err, size_t err
 /* Record a failure of a hook called inside launched work (reported later). */
 static int async_fail(pt_rt *rt, int rc, const char *msg) {
     if (!tl_snap || !rc) return rc;
-    pt_osft *o = rt->osft;
+    pt_osft *o = osft_of(rt);
     pthread_mutex_lock(&o->mu);
     if (!o->async_rc) {
         o->async_rc = rc;
@@ -474,7 +474,7 @@ static int async_fail(pt_rt *rt, int rc, const char *msg) {
 }
 
 int pt_osft_async_status(pt_rt *rt, char *err, size_t errlen) {
-    pt_osft *o = rt->osft;
+    pt_osft *o = osft_of(rt);
     if (!o) return PT_OK;
     pthread_mutex_lock(&o->mu);
     int rc = o->async_rc;
@@ -488,7 +488,7 @@ int pt_osft_async_status(pt_rt *rt, char *err, size_t errlen) {
 /* Target of host param `param` and its factor addresses (captured or live). */
 static int resolve(pt_rt *rt, int32_t param, const char *hook, int need_grads, const tgt **tt,
                    fptr *f, char *err, size_t errlen) {
-    pt_osft *o = rt->osft;
+    pt_osft *o = osft_of(rt);
     if (!o || param < 0 || param >= o->n_host || o->tmap[param] < 0)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "%s: param %d is not an OSFT target "
                        "(%d decomposed; see the log's 'osft:' lines)", hook, (int)param,
@@ -584,7 +584,7 @@ int pt_osft_backward(pt_rt *rt, int32_t param, const void *xv, const void *dyv, 
 
 int pt_osft_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *err,
                        size_t errlen) {
-    pt_osft *o = rt->osft;
+    pt_osft *o = osft_of(rt);
     if (index < 0 || index >= o->n_host || !dst)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "read_param: bad index %d (model has %d "
                        "params) or NULL destination", index, o->n_host);
@@ -643,7 +643,7 @@ static void trampoline(void *arg) {
 }
 
 int pt_osft_launch(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t errlen) {
-    pt_osft *o = rt->osft;
+    pt_osft *o = osft_of(rt);
     snap *sp = malloc(sizeof *sp + (size_t)o->n * sizeof(fptr));
     if (!sp) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "launch: out of host memory");
     sp->fn = fn;

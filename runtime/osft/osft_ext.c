@@ -3,11 +3,52 @@
  * rt.c calls it (core/rt_internal.h, pt_rt_ext), each one of osft.h's
  * functions, so that the runtime names no OSFT function.
  */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
 #include "core/rt_internal.h"
 #include "device_ext.h"
 #include "osft.h"
 
-static int active(const pt_rt *rt) { return rt->osft != NULL; }
+static int active(const pt_rt *rt) { return pt_rt_ext_state(rt, &pt_osft_ext) != NULL; }
+
+static const char *refuse(const pt_config *cfg) {
+    if (cfg->osft_enabled && cfg->tiled_mlp_enabled)
+        return "[osft] enabled with [tiled_mlp] enabled: TiledMLP's per-tile gradient "
+               "accumulator does not know the OSFT factors yet; enable one of them";
+    if (cfg->tp_size > 1 && cfg->osft_enabled)
+        return "[dist] tp_size > 1 with [osft] enabled: OSFT's factors are not split over a "
+               "tensor-parallel group yet; set tp_size = 1 or disable OSFT";
+    return NULL;
+}
+
+/* the ratio as text that reads back to the same bits (NaN: "auto"), as the
+ * agreement writes every float */
+static void agree_keys(const pt_config *c, const pt_rt_keys *k) {
+    char v[64];
+    snprintf(v, sizeof v, "%d", c->osft_enabled);
+    k->put(k->t, "osft.enabled", v);
+    if (isnan(c->osft_urr)) snprintf(v, sizeof v, "auto");
+    else snprintf(v, sizeof v, "%.9g", (double)c->osft_urr);
+    k->put(k->t, "osft.unfreeze_rank_ratio", v);
+    k->put(k->t, "osft.targets", c->osft_targets);
+    snprintf(v, sizeof v, "%d", c->osft_cache_frozen);
+    k->put(k->t, "osft.cache_frozen", v);
+}
+
+/* the factors replace the targets, so a profile with OSFT measures another list */
+static uint64_t cache_key(const pt_config *c, uint64_t h) {
+    struct {
+        int32_t on;
+        float ratio;
+    } in;
+    memset(&in, 0, sizeof in);
+    in.on = c->osft_enabled;
+    in.ratio = c->osft_urr;
+    h = pt_rt_key_mix(h, &in, sizeof in);
+    return pt_rt_key_mix(h, c->osft_targets, strlen(c->osft_targets));
+}
 
 static int model_load(pt_rt *rt, pt_model_v1 *host, char *err, size_t errlen) {
     if (rt->cfg.osft_enabled && !pt_gpu_has_linalg(pt_gpu_ops(rt->gpu)))
@@ -51,7 +92,7 @@ static void stats(const pt_rt *rt, pt_stats_v1 *s) {
 /* OSFT's share of the model states in the plan: the factors replace the dense
  * weights (Adam keeps two fp32 moments of the trainable ones) */
 static void plan_log(const pt_rt *rt) {
-    if (!rt->osft) return;
+    if (!active(rt)) return;
     uint64_t fz, tr, dn;
     pt_osft_bytes(rt, &fz, &tr, &dn);
     PT_LOGI(&rt->lg, "  osft             %d targets: factors %.3f GiB frozen + %.3f GiB "
@@ -63,6 +104,9 @@ static void plan_log(const pt_rt *rt) {
 const pt_rt_ext pt_osft_ext = {
     .name = "osft",
     .active = active,
+    .refuse = refuse,
+    .agree_keys = agree_keys,
+    .cache_key = cache_key,
     .model_load = model_load,
     .model_unload = pt_osft_free,
     .optimizer_check = optimizer_check,

@@ -55,6 +55,11 @@ struct pt_osft {
     char async_err[256];
 };
 
+/* OSFT's state in the runtime object (its pt_rt_ext slot): NULL while OSFT is
+ * not in force. */
+static inline pt_osft *osft_of(const pt_rt *rt) { return pt_rt_ext_state(rt, &pt_osft_ext); }
+
+
 /* A run of products: backend ops on stream s (NULL: now, on this thread), or
  * with cpu set the CPU's own GEMM (the same cblas_sgemm call the host
  * backend's gemm_f32 makes, so the same bits) on host memory. */

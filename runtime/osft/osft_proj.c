@@ -70,7 +70,7 @@ static int64_t max_coef(const pt_osft *o, int32_t b) {
  * order would keep every raw gradient until the norm is known and project in
  * optimizer_step wherever each chunk lives, so it is not offered. */
 int pt_osft_project_grads(pt_rt *rt, int32_t b, char *err, size_t errlen) {
-    pt_osft *o = rt->osft;
+    pt_osft *o = osft_of(rt);
     if (!o) return PT_OK;
     int64_t w = max_coef(o, b);
     if (!w) return PT_OK;   /* nothing frozen in this block */
@@ -116,7 +116,7 @@ static void worker_fail(pt_osft *o, int rc, const char *msg) {
 }
 
 void pt_osft_chunk_stepped(pt_rt *rt, int32_t chunk) {
-    pt_osft *o = rt->osft;
+    pt_osft *o = osft_of(rt);
     if (!o || !rt->st) return;
     float *c = NULL;
     lin L = {.cpu = 1};
@@ -155,7 +155,7 @@ static int gather(pt_rt *rt, int32_t index, float *dst, const pt_store_part *q, 
     if (!rc) {
         char what[200];
         snprintf(what, sizeof what, "osft: gathering '%s' for its value projection",
-                 rt->osft->xp[index].name);
+                 osft_of(rt)->xp[index].name);
         rc = pt_coll_allgather_ranges(rt->coll, dst, lo, len, 4, what, err, errlen);
     }
     free(lo);
@@ -163,7 +163,7 @@ static int gather(pt_rt *rt, int32_t index, float *dst, const pt_store_part *q, 
 }
 
 void pt_osft_drop_frozen(pt_rt *rt) {
-    pt_osft *o = rt->osft;
+    pt_osft *o = osft_of(rt);
     for (int i = 0; o && o->fzc && i < 2 * o->n; i++) {
         if (o->fzc[i]) pt_gpu_pinned_free(rt->gpu, o->fzc[i]);
         o->fzc[i] = NULL;
@@ -175,7 +175,7 @@ void pt_osft_drop_frozen(pt_rt *rt) {
  * Every rank fills it at the same step, so the gathers still line up. */
 static int cached_frozen(pt_rt *rt, const tgt *t, int v, const pt_store_part *pf,
                          const float **fz, char *err, size_t errlen) {
-    pt_osft *o = rt->osft;
+    pt_osft *o = osft_of(rt);
     if (!o->fzc) {
         if (!(o->fzc = calloc((size_t)(2 * o->n), sizeof *o->fzc)))
             return pt_fail(err, errlen, PT_ERR_HOST_OOM, "osft: out of host memory");
@@ -235,7 +235,7 @@ static int gather_cb(void *user, int32_t index, float *dst, const pt_store_part 
     pt_rt *rt = user;
     double t0 = pt_now_s();
     int rc = gather(rt, index, dst, own, err, errlen);
-    rt->osft->gather_s += pt_now_s() - t0;
+    osft_of(rt)->gather_s += pt_now_s() - t0;
     return rc;
 }
 
@@ -246,7 +246,7 @@ static int sync_cb(void *user) {
 
 static int project_split(pt_rt *rt, lin *L, const tgt *t, int v, const pt_store_part *pf,
                          const pt_store_part *pq, float *c, char *err, size_t errlen) {
-    pt_osft *o = rt->osft;
+    pt_osft *o = osft_of(rt);
     uint64_t nf = (uint64_t)(v ? t->k * t->M : t->N * t->k);
     if (!o->full) {
         uint64_t need = 0;
@@ -274,7 +274,7 @@ static int project_split(pt_rt *rt, lin *L, const tgt *t, int v, const pt_store_
 }
 
 int pt_osft_project_params(pt_rt *rt, char *err, size_t errlen) {
-    pt_osft *o = rt->osft;
+    pt_osft *o = osft_of(rt);
     if (!o || !rt->st) return PT_OK;
     int64_t w = max_coef(o, INT32_MIN);
     if (!w) return PT_OK;

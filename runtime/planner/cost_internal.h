@@ -43,8 +43,8 @@ struct pt_cost_ctx {
      * ones: their gradient is final after b's backward), [N]; the rest of
      * mand_train (non-block parameters) is final only after backward */
     uint64_t *mand_blk, mand_nb;
-    double *rks;                  /* [K+1] prefix sums of non-mandatory chunks' rekls_s */
-    double mand_rks;              /* rekls_s of the mandatory (always resident) chunks */
+    double *rks;                  /* [K+1] prefix sums of non-mandatory chunks' optim_s */
+    double mand_rks;              /* optim_s of the mandatory (always resident) chunks */
     /* per block: chunk index ranges of first use / last use; [N] */
     int32_t *f_lo, *f_hi, *l_lo, *l_hi;
     /* per block: ranks of the non-mandatory chunks in its range, has = any chunk at all; [N] */

@@ -90,7 +90,7 @@ static void chunk_sums(pt_cost_ctx *cx) {
         cx->grad[k + 1] = cx->grad[k] + (nm ? g : 0);
         cx->train[k + 1] = cx->train[k] + (nm ? c->trainable_elems : 0);
         cx->ntc[k + 1] = cx->ntc[k] + (nm && c->trainable_elems > 0);
-        cx->rks[k + 1] = cx->rks[k] + (nm ? c->rekls_s : 0);
+        cx->rks[k + 1] = cx->rks[k] + (nm ? c->optim_s : 0);
         cx->dev[k + 1] = cx->dev[k] + (nm ? pt_trace_chunk_dev_state(t, c) : 0);
         cx->host[k + 1] = cx->host[k] + (nm ? pt_trace_chunk_host_state(t, c) : 0);
         if (!nm) {
@@ -99,7 +99,7 @@ static void chunk_sums(pt_cost_ctx *cx) {
             cx->mand_ntc += c->trainable_elems > 0;
             if (c->first_block >= 0) cx->mand_blk[c->first_block] += c->trainable_elems;
             else cx->mand_nb += c->trainable_elems;
-            cx->mand_rks += c->rekls_s;
+            cx->mand_rks += c->optim_s;
             cx->mand_grad += g;
             continue;
         }
@@ -251,14 +251,14 @@ void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_p
                     pt_cost *out) {
     const pt_trace *t = cx->t;
     out->model_state_bytes = pt_cost_persist_bytes(cx, p);
-    out->rekls_dev_bytes = out->rekls_host_bytes = 0;
+    out->optim_dev_bytes = out->optim_host_bytes = 0;
     for (int32_t k = 0; k < t->n_chunk; k++) {
         const pt_trace_chunk *c = &t->chunks[k];
-        if (c->mandatory || k < p) out->rekls_dev_bytes += c->rekls_bytes;
-        else out->rekls_host_bytes += c->rekls_bytes;
+        if (c->mandatory || k < p) out->optim_dev_bytes += c->optim_bytes;
+        else out->optim_host_bytes += c->optim_bytes;
     }
     if (o && o->shard && t->key.world_size > 1)   /* mode C: what the busiest owner keeps */
-        out->rekls_host_bytes = pt_cost_rekls_owner_bytes(cx, p);
+        out->optim_host_bytes = pt_cost_rekls_owner_bytes(cx, p);
     out->buffer_bytes = pt_cost_buffer_bytes(cx, p, nb);   /* the runtime allocates min(nb, |Q|) slots */
     out->nonblock_bytes = t->nonblock_bytes;
     out->activation_bytes = a->act_at_peak;

@@ -140,11 +140,13 @@ typedef struct pt_cost {
     uint64_t peak_bytes;         /* ceil(frag * raw_peak_bytes) */
     uint64_t raw_peak_bytes;     /* the sum of the five parts below */
     uint64_t model_state_bytes;  /* persistent chunks (mandatory included) */
-    uint64_t rekls_dev_bytes;    /* of those, REKLS factors, bases and scratch */
-    uint64_t rekls_host_bytes;   /* REKLS figures of the offloaded chunks (pinned host) */
-    double rekls_s;              /* REKLS work in cpu_adam_s + dev_adam_s (0 under AdamW) */
-    double rekls_xchg_s;         /* mode C: REKLS gradients to their owners and updates back
-                                    (in opt_s; 0 otherwise) */
+    uint64_t optim_dev_bytes;    /* of those, the optimizer kind's state (trace optim_bytes:
+                                    REKLS's factors, bases and scratch) */
+    uint64_t optim_host_bytes;   /* the same of the offloaded chunks (pinned host) */
+    double optim_s;              /* the kind's own work in cpu_adam_s + dev_adam_s (0 for
+                                    AdamW) */
+    double optim_xchg_s;         /* mode C: gradients to the params' owner ranks and updates
+                                    back (REKLS; in opt_s; 0 otherwise) */
     uint64_t buffer_bytes;       /* n_buffer * slot_bytes */
     uint64_t nonblock_bytes;     /* trace nonblock_bytes */
     uint64_t activation_bytes;   /* at the peak: inputs, arenas, swaps in flight, act grads */

@@ -37,12 +37,12 @@ int pt_cost_rekls_ctx(pt_cost_ctx *cx) {
     for (int32_t k = 0; k < cx->K; k++) {
         const pt_trace_chunk *c = &cx->t->chunks[k];
         int nm = !c->mandatory;   /* mandatory chunks are never offloaded, so never split */
-        cx->rk_aux[k + 1] = cx->rk_aux[k] + (nm ? c->rekls_aux_words : 0);
-        cx->rk_mn[k + 1] = cx->rk_mn[k] + (nm ? c->rekls_mn : 0);
+        cx->rk_aux[k + 1] = cx->rk_aux[k] + (nm ? c->optim_aux_words : 0);
+        cx->rk_mn[k + 1] = cx->rk_mn[k] + (nm ? c->optim_mn : 0);
     }
     for (int32_t k = cx->K - 1; k >= 0; k--) {   /* suffix maximum */
         const pt_trace_chunk *c = &cx->t->chunks[k];
-        uint64_t w = c->mandatory ? 0 : c->rekls_own_max;
+        uint64_t w = c->mandatory ? 0 : c->optim_own_max;
         cx->rk_max[k] = w > cx->rk_max[k + 1] ? w : cx->rk_max[k + 1];
     }
     return PT_OK;

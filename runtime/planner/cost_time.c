@@ -323,7 +323,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
      * optimizer_step, not deferred */
     double rk_x = shard && rk_cpu > 0 ? pt_cost_rekls_shard_xchg_s(cx, p) : 0;
     double rk_now = shard ? rk_cpu + rk_x : 0;
-    out->rekls_xchg_s = rk_x;
+    out->optim_xchg_s = rk_x;
     if (ranks && o && o->defer) {
         /* with several ranks every CPU step waits for the collectives, then is
          * deferred like a clipped one */
@@ -349,7 +349,7 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     out->opt_s = iter - fwd - bwd - coll_s;
     out->cpu_adam_s = cpu_s;
     out->dev_adam_s = dev_s;
-    out->rekls_s = rk_cpu + rk_dev;
+    out->optim_s = rk_cpu + rk_dev;
     out->cpu_finish_s = clip || ranks ? bwd + coll_s + rk_x + cpu_s : cpu_clock;
     out->compute_s = comp;
     out->recompute_s = a->recompute_s;

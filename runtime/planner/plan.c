@@ -148,10 +148,10 @@ char *pt_plan_text(const pt_plan *p) {
                        c->nonblock_bytes};
     for (int i = 0; i < 5; i++)
         sb_printf(&b, "    %-16s %10.3f GiB  %5.1f%%\n", mem_names[i], mem[i] / GIB, pct((double)mem[i], (double)c->raw_peak_bytes));
-    if (c->rekls_dev_bytes || c->rekls_host_bytes)
+    if (c->optim_dev_bytes || c->optim_host_bytes)
         sb_printf(&b, "    %-16s %10.3f GiB of the model states on the device, %.3f GiB in pinned "
                       "host memory (factors, bases; device scratch included)\n", "REKLS",
-                  c->rekls_dev_bytes / GIB, c->rekls_host_bytes / GIB);
+                  c->optim_dev_bytes / GIB, c->optim_host_bytes / GIB);
     sb_printf(&b, "    %-16s x%.3f (+%.3f GiB)\n", "fragmentation", p->opts.frag,
               (double)(c->peak_bytes - c->raw_peak_bytes) / GIB);
     const pt_trace_frag *fm = &p->frag_meas;
@@ -175,12 +175,12 @@ char *pt_plan_text(const pt_plan *p) {
     sb_printf(&b, "    %-16s %.3f GiB uploaded at a gather, not prefetched (%.4f s of the exposed time)\n",
               "synchronous H2D", c->h2d_sync_bytes / GIB, c->sync_xfer_s);
     sb_printf(&b, "    %-16s CPU Adam %.4f s, device Adam %.4f s\n", "optimizer work", c->cpu_adam_s, c->dev_adam_s);
-    if (c->rekls_s > 0)
+    if (c->optim_s > 0)
         sb_printf(&b, "    %-16s %.4f s of that is REKLS (eigh + GEMMs at the profiled rates, chunks "
-                      "counted one after another)\n", "", c->rekls_s);
-    if (c->rekls_xchg_s > 0)
+                      "counted one after another)\n", "", c->optim_s);
+    if (c->optim_xchg_s > 0)
         sb_printf(&b, "    %-16s %.4f s moving REKLS gradients to their owner ranks and the "
-                      "updates back (mode C; in the optimizer time)\n", "", c->rekls_xchg_s);
+                      "updates back (mode C; in the optimizer time)\n", "", c->optim_xchg_s);
     if (p->world_size > 1)
         sb_printf(&b, "    %-16s all-reduce %.4f s, all-gather %.4f s, reduce-scatter %.4f s (what "
                   "the iteration waits for: mode C's on the hook thread, the all-reduce's after "
@@ -304,7 +304,7 @@ char *pt_plan_json(const pt_plan *p) {
     JD("allgather_s", c->allgather_s);
     JD("reduce_scatter_s", c->reduce_scatter_s);
     JD("tp_gather_s", c->tp_gather_s);
-    JD("rekls_xchg_s", c->rekls_xchg_s);
+    JD("rekls_xchg_s", c->optim_xchg_s);
     sb_printf(&b, ",\n  \"optimizer_schedule\": \"%s\"", c->schedule == PT_SCHED_AFTER_BWD ? "after_backward"
                                               : c->schedule == PT_SCHED_DEFER ? "into_next_forward"
                                                                               : "overlapped");

@@ -114,14 +114,14 @@ void pt_trace_derive_ranges(pt_trace *t) {
 static uint64_t dev_formula(const pt_trace *t, const pt_trace_chunk *c) {
     uint64_t per_tr = (uint64_t)t->grad_elem_bytes + t->master_elem_bytes + t->adam_m_elem_bytes +
                       t->adam_v_elem_bytes;
-    return c->bytes + c->trainable_elems * per_tr + c->rekls_bytes;
+    return c->bytes + c->trainable_elems * per_tr + c->optim_bytes;
 }
 
 static uint64_t host_formula(const pt_trace *t, const pt_trace_chunk *c) {
     /* Decision 4: staged param (compute dtype) + fp32 grad + fp32 master + m + v
      * per trainable element; a frozen element needs only its staged param. */
     uint64_t per_tr = (uint64_t)t->host_grad_elem_bytes + 4u + t->adam_m_elem_bytes + t->adam_v_elem_bytes;
-    return c->bytes + c->trainable_elems * per_tr + c->rekls_bytes;
+    return c->bytes + c->trainable_elems * per_tr + c->optim_bytes;
 }
 
 /* The exact figures are what the runtime allocated (profiler), so they win. */
@@ -222,9 +222,9 @@ static int check_chunk(const pt_trace *t, int32_t k, char *err, size_t errlen) {
                     "trace: chunk %d host_bytes %llu is outside [bytes %llu, 2 x formula %llu + 2048] (0 = use the formula)",
                     k, (unsigned long long)c->host_bytes, (unsigned long long)c->bytes,
                     (unsigned long long)host_formula(t, c));
-    if (!finite_nonneg(c->rekls_s))
+    if (!finite_nonneg(c->optim_s))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                       "trace: chunk %d rekls_s %g is not a finite number >= 0", k, c->rekls_s);
+                       "trace: chunk %d optim_s %g is not a finite number >= 0", k, c->optim_s);
     /* the split params' full shapes are P times their shards, which the
      * chunk's trainable elements hold; a factor side is at most
      * PT_REKLS_MAX_DIM = 8192, so 4 (m^2 + n^2) <= 2 * 8192 * 4 m n */
@@ -238,15 +238,15 @@ static int check_chunk(const pt_trace *t, int32_t k, char *err, size_t errlen) {
                        (unsigned long long)c->tp_factor_bytes, t->tp_size,
                        (unsigned long long)c->trainable_elems);
     /* one param's state is part of the sum; the factors are part of the host bytes */
-    if (c->rekls_aux_words > (1ull << 48) || c->rekls_mn > (1ull << 48) ||
-        c->rekls_own_max > c->rekls_aux_words + 2 * c->rekls_mn ||
-        4 * c->rekls_aux_words > (host_formula(t, c) > c->host_bytes ? host_formula(t, c)
+    if (c->optim_aux_words > (1ull << 48) || c->optim_mn > (1ull << 48) ||
+        c->optim_own_max > c->optim_aux_words + 2 * c->optim_mn ||
+        4 * c->optim_aux_words > (host_formula(t, c) > c->host_bytes ? host_formula(t, c)
                                                                      : c->host_bytes))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "trace: chunk %d REKLS words %llu / m n %llu / largest %llu are "
                        "inconsistent (the largest above the sum, or the factors above the "
-                       "chunk's host bytes)", k, (unsigned long long)c->rekls_aux_words,
-                       (unsigned long long)c->rekls_mn, (unsigned long long)c->rekls_own_max);
+                       "chunk's host bytes)", k, (unsigned long long)c->optim_aux_words,
+                       (unsigned long long)c->optim_mn, (unsigned long long)c->optim_own_max);
     if (c->first_block < -1 || c->last_block < c->first_block || c->last_block >= t->n_block ||
         (c->first_block == -1) != (c->last_block == -1))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d block range [%d, %d] invalid for %d blocks",

@@ -77,9 +77,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PT_TRACE_VERSION 12u   /* bump when a field's meaning changes; 2: chunk dev_bytes/host_bytes;
+#define PT_TRACE_VERSION 12u   /* bump when a field's meaning changes (not for a new name); 2: chunk dev_bytes/host_bytes;
                                  3: calibration learned from runs (pt_trace_calib);
-                                 4: chunk rekls_bytes, rekls_s;
+                                 4: chunk optim_bytes, optim_s;
                                  5: the allocator's fragmentation measured (pt_trace_frag);
                                  6: all-gather and reduce-scatter rates;
                                  7: cpu_adam_elems_per_s measured as the runtime steps a
@@ -90,7 +90,7 @@
                                  10: hw dev_op_s and dev_memset_Bps (the device optimizer's
                                     launches and gradient zeroing), h2d_lat_s and
                                     d2h_lat_s (per-copy latency);
-                                 11: chunk rekls_aux_words, rekls_mn, rekls_own_max (mode C
+                                 11: chunk optim_aux_words, optim_mn, optim_own_max (mode C
                                     REKLS: each param's state at one owner rank);
                                  12: hw free_Bps, free_fwd_Bps (the poison fill of a device free), the
                                     device AdamW rate timed between profiled passes, two
@@ -134,11 +134,13 @@ typedef struct pt_trace_chunk {
     int32_t reserved0;
     uint64_t dev_bytes;  /* exact device footprint when persistent (allocator-rounded); 0 = use the formula */
     uint64_t host_bytes; /* exact pinned footprint when offloaded; 0 = formula */
-    uint64_t rekls_bytes; /* REKLS factors, bases (and device scratch) in the footprints
-                             above; the formulas add it too (0 under AdamW) */
-    double rekls_s;       /* seconds of one REKLS step of its params on one CPU thread
-                             (FLOPs at the profiler's GEMM and eigh rates); the cost
-                             model adds it to the optimizer time (0 under AdamW) */
+    /* The optimizer kind's own state and work beyond the Adam moments (0 for a
+     * kind without, AdamW; REKLS's meaning in the comments). */
+    uint64_t optim_bytes; /* the kind's state (REKLS: factors, bases, and the device
+                             scratch) in the footprints above; the formulas add it too */
+    double optim_s;       /* seconds of one step of the kind's own work on its params
+                             on one CPU thread (REKLS: FLOPs at the profiler's GEMM and
+                             eigh rates); the cost model adds it to the optimizer time */
     /* Tensor parallel (pt_trace.tp_size = P > 1), REKLS: its params split over
      * the group, as fp32 bytes of the FULL m x n shapes, summed over them:
      *   tp_grad_bytes   = sum 4 m n        (the gradient; the weights in l2 mode)
@@ -146,11 +148,12 @@ typedef struct pt_trace_chunk {
      * Every step all-gathers each split param's gradient and both factors
      * (and its weights with l2 decay) over the group. 0 without TP or REKLS. */
     uint64_t tp_grad_bytes, tp_factor_bytes;
-    /* mode C REKLS (cost_rekls.c; 0 under AdamW): the fp32 words of its params'
-     * factors, bases and eigenvalues (2m^2 + 2n^2 + m + n each) inside
-     * host_bytes, the sum of their m n, and the largest one param's aux + 2 m n
-     * (the owner rank keeps the whole state, moments included) */
-    uint64_t rekls_aux_words, rekls_mn, rekls_own_max;
+    /* mode C, each param's kind state at one owner rank (cost_rekls.c): the fp32
+     * words of the kind's state inside host_bytes (REKLS: factors, bases and
+     * eigenvalues, 2m^2 + 2n^2 + m + n each), the sum of its params' m n, and
+     * the largest one param's state + 2 m n (the owner rank keeps the whole
+     * state, moments included) */
+    uint64_t optim_aux_words, optim_mn, optim_own_max;
 } pt_trace_chunk;
 
 /* Measured hardware rates and limits. */

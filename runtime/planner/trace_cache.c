@@ -159,13 +159,13 @@ static void encode_payload(wbuf *w, const pt_trace *t) {
         put_i32(w, c->mandatory);
         put_u64(w, c->dev_bytes);
         put_u64(w, c->host_bytes);
-        put_u64(w, c->rekls_bytes);
-        put_f64(w, c->rekls_s);
+        put_u64(w, c->optim_bytes);
+        put_f64(w, c->optim_s);
         put_u64(w, c->tp_grad_bytes);
         put_u64(w, c->tp_factor_bytes);
-        put_u64(w, c->rekls_aux_words);
-        put_u64(w, c->rekls_mn);
-        put_u64(w, c->rekls_own_max);
+        put_u64(w, c->optim_aux_words);
+        put_u64(w, c->optim_mn);
+        put_u64(w, c->optim_own_max);
     }
 }
 
@@ -242,13 +242,13 @@ static int decode_payload(rbuf *r, pt_trace *t, char *err, size_t errlen) {
         c->mandatory = get_i32(r);
         c->dev_bytes = get_u64(r);
         c->host_bytes = get_u64(r);
-        c->rekls_bytes = get_u64(r);
-        c->rekls_s = get_f64(r);
+        c->optim_bytes = get_u64(r);
+        c->optim_s = get_f64(r);
         c->tp_grad_bytes = get_u64(r);
         c->tp_factor_bytes = get_u64(r);
-        c->rekls_aux_words = get_u64(r);
-        c->rekls_mn = get_u64(r);
-        c->rekls_own_max = get_u64(r);
+        c->optim_aux_words = get_u64(r);
+        c->optim_mn = get_u64(r);
+        c->optim_own_max = get_u64(r);
     }
     if (r->bad || r->off != r->n) return pt_fail(err, errlen, PT_ERR_FORMAT, "payload ends early or has trailing bytes");
     return PT_OK;

@@ -30,7 +30,7 @@
 
 #define PT_TRACE_FILE_VERSION 10u   /* 2: chunk records carry dev_bytes, host_bytes;
                                       3: the scalars end with calib (4 f64);
-                                      4: chunk records end with rekls_bytes, rekls_s;
+                                      4: chunk records end with optim_bytes, optim_s;
                                       5: the scalars end with frag (f64 factor, 4 u64);
                                       6: all-gather and reduce-scatter rates (2 f64)
                                          after the all-reduce rate;
@@ -38,8 +38,8 @@
                                          end with tp_grad_bytes, tp_factor_bytes;
                                       8: dev_op_s, dev_memset_Bps, h2d_lat_s, d2h_lat_s
                                          (4 f64) after the reduce-scatter rate;
-                                      9: chunk records end with rekls_aux_words,
-                                         rekls_mn, rekls_own_max (3 u64);
+                                      9: chunk records end with optim_aux_words,
+                                         optim_mn, optim_own_max (3 u64);
                                       10: free_Bps, free_fwd_Bps (2 f64) after d2h_lat_s */
 #define PT_TRACE_HEADER_BYTES 128u
 

@@ -318,8 +318,23 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
             "block's offloaded chunks (%d with one-block prefetch); raise [protrain] n_buffer",
             nb, need, look);
     }
-    if (nb > ms->n_offloaded) nb = ms->n_offloaded;
+    if (nb > ms->n_offloaded) {
+        /* a slot holds one streamed chunk: more slots than streamed chunks are never
+         * filled, so the count is the chunks, and the log names both */
+        if (ms->nb_fixed)
+            PT_LOGW(st->env.lg, "n_buffer = %d (%s) is more than the %d chunk(s) this plan streams: "
+                                "%d buffer(s) are made (a buffer holds one streamed chunk, so more "
+                                "would never be used)", nb, st->kn.source, ms->n_offloaded,
+                    ms->n_offloaded);
+        nb = ms->n_offloaded;
+    }
     ms->n_buffer = nb;
+    char nb_src[96];
+    if (!ms->nb_fixed) snprintf(nb_src, sizeof nb_src, "lookahead minimum");
+    else if (st->kn.n_buffer != nb)
+        snprintf(nb_src, sizeof nb_src, "%s %d, capped at the streamed chunks", st->kn.source,
+                 st->kn.n_buffer);
+    else snprintf(nb_src, sizeof nb_src, "%s", st->kn.source);
 
     if ((rc = alloc_storage(st, err, errlen))) return rc;
     uint64_t pinned = ms->pinned_bytes;
@@ -340,7 +355,7 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
                      "prefetch %d)",
             (unsigned long long)L->chunk_size, L->n_chunks, L->n_mandatory, ms->n_persist,
             np, ms->np_fixed ? st->kn.source : "all resident", ms->n_buffer,
-            ms->nb_fixed ? st->kn.source : "lookahead minimum", need, look);
+            nb_src, need, look);
     PT_LOGI(st->env.lg, "memory: persistent chunks %.2f MiB, buffers %.2f MiB on the device; "
                      "pinned host %.2f MiB allocated in %.3f s; mode %s",
             ms->persist_bytes / 1048576.0, ms->buffer_bytes / 1048576.0, pinned / 1048576.0,

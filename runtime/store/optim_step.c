@@ -7,7 +7,7 @@
  * gathers them ([protrain] defer_cpu_steps) or waited for. The CPU side of a
  * chunk's gradient during backward (the tasks this step waits for and the
  * helpers it shares with them) is chunk_runtime.c's. Every step of a chunk
- * goes through the kind's table, st->ok (optim/optim_kind.h).
+ * goes through the kind's table, st->ok (kinds/optim_kind.h).
  */
 #include <math.h>
 #include <stdio.h>

@@ -217,7 +217,7 @@ void pt_store_chunk_info_get(const pt_store *st, int k, pt_store_chunk_info *out
  * optimizer kind adds to the Adam update, on one thread), from the kind's
  * time model; 0 when the kind has none. r: the caller's rates, zeroed before
  * the first chunk, measured by the kind on first need and reused for the
- * rest (optim/optim_kind.h). */
+ * rest (store/kinds/optim_kind.h). */
 struct pt_optim_rates;
 double pt_store_chunk_optim_cpu_s(const pt_store *st, int k, struct pt_optim_rates *r);
 /* A free buffer-pool slot to time copies with (its cached chunk is dropped),

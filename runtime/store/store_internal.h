@@ -6,9 +6,9 @@
  * (gather/release, prefetch, gradient offload), optim_step.c (optimizer_step:
  * clipping, device and CPU optimizer steps),
  * activations.c (arenas), state_io.c (images and files), dist_grad.c (gradients
- * across ranks) and dist_shard.c (mode C's parts); and by the optimizer kinds'
- * store sides in runtime/optim (optim_kind.h: optim_kind.c, rekls_store.c,
- * rekls_dist.c). Other code outside runtime/store uses store.h.
+ * across ranks) and dist_shard.c (mode C's parts); and by the optimizer kinds
+ * in kinds/ (kinds/optim_kind.h: optim_kind.c, rekls_store.c, rekls_dist.c).
+ * Other code outside runtime/store uses store.h.
  *
  * Storage per chunk (S = chunk capacity in bytes, E = fp32 state elements =
  * sum over its trainable regions of bytes / elem_size, padding included):
@@ -37,6 +37,7 @@
 #include "device_ext.h"
 #include "buffer_pool.h"
 #include "chunk_layout.h"
+#include "kinds/optim_kind.h"
 #include "optim/optim.h"
 #include "ord_bits.h"
 #include "store.h"
@@ -191,7 +192,7 @@ struct pt_store {
                                * uploads waited for deferred steps (acct_mu) */
     double cpu_hidden_s;      /* CPU optimizer work done before the device finished backward */
     pthread_mutex_t acct_mu;
-    /* the optimizer kind in force (optim_kind.h: the one planned for until
+    /* the optimizer kind in force (kinds/optim_kind.h: the one planned for until
      * create_optimizer, then the one it chose) and its per-store state, which
      * it allocates and frees (NULL for AdamW) */
     const pt_optim_kind *ok;

@@ -2,10 +2,9 @@
  * tiled.h — TiledMLP: a block's MLP run in sequence tiles (tiled_mlp.c), so
  * that only one tile's (rows, 4C)-sized intermediates exist at a time. The
  * plugin drives the tiles through the host's mlp_forward / mlp_backward
- * callbacks; the runtime object keeps the feature's per-run state (the tile
- * scratch, the tile being run, the auto count) and calls it through its
- * extension table at post_model_load and in get_stats (tiled_ext.c), and in the
- * plan (pt_tiled_tiles_req, pt_tiled_auto_search).
+ * callbacks; the feature keeps its per-run state (the tile scratch, the tile
+ * being run, the auto count: tiled_internal.h) behind its slot in the runtime
+ * object, which calls it only through its extension table (tiled_ext.c).
  */
 #ifndef PT_TILED_H
 #define PT_TILED_H

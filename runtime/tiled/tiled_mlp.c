@@ -25,8 +25,7 @@
 
 #include "device_ext.h"
 #include "planner/planner.h"
-#include "core/rt_internal.h"
-#include "tiled.h"
+#include "tiled_internal.h"
 
 int pt_tiled_check(pt_rt *rt, char *err, size_t errlen) {
     if (!rt->cfg.tiled_mlp_enabled) return PT_OK;
@@ -47,7 +46,8 @@ int pt_tiled_check(pt_rt *rt, char *err, size_t errlen) {
 }
 
 int64_t pt_tiled_tiles_req(const pt_rt *rt) {
-    return rt->cfg.tiled_mlp_tiles > 0 ? rt->cfg.tiled_mlp_tiles : rt->mlp_auto_n;
+    const pt_tiled_state *s = tiled_of(rt);
+    return rt->cfg.tiled_mlp_tiles > 0 ? rt->cfg.tiled_mlp_tiles : s ? s->mlp_auto_n : 0;
 }
 
 uint64_t pt_tiled_mlp_tiles(const pt_rt *rt) {
@@ -65,6 +65,10 @@ uint64_t pt_tiled_mlp_tiles(const pt_rt *rt) {
  * distinct tile length; the last is the profiled count itself, unadjusted. */
 int pt_tiled_auto_search(pt_rt *rt, const pt_trace *t, double prof_s, char *err,
                             size_t errlen) {
+    pt_tiled_state *s = tiled_of(rt);
+    if (!s)
+        return pt_fail(err, errlen, PT_ERR_ORDER, "[tiled_mlp] tiles = auto: searched before "
+                       "post_model_load");
     int64_t tok = rt->model->batch * rt->model->seq;
     int64_t n0 = pt_mlp_tiles_eff(tok, 0), c0 = pt_mlp_tile_len(tok, 0);
     pt_trace a;
@@ -77,10 +81,10 @@ int pt_tiled_auto_search(pt_rt *rt, const pt_trace *t, double prof_s, char *err,
         prev_c = c;
         if ((rc = pt_trace_copy(&a, t, err, errlen))) break;
         for (int b = 0; b < a.n_block; b++) {
-            a.blocks[b].fwd_scratch_bytes += (uint64_t)(c - c0) * rt->tile_tok[0];
-            a.blocks[b].bwd_scratch_bytes += (uint64_t)(c - c0) * rt->tile_tok[1];
+            a.blocks[b].fwd_scratch_bytes += (uint64_t)(c - c0) * s->tile_tok[0];
+            a.blocks[b].bwd_scratch_bytes += (uint64_t)(c - c0) * s->tile_tok[1];
         }
-        rt->mlp_auto_n = n;
+        s->mlp_auto_n = n;
         rc = pt_rt_search_and_apply(rt, &a, prof_s, err, errlen);
         if (rc != PT_ERR_INFEASIBLE) break;
         PT_LOGI(&rt->lg, "[tiled_mlp] tiles = auto: %lld tiles of %lld tokens do not fit; trying "
@@ -88,46 +92,47 @@ int pt_tiled_auto_search(pt_rt *rt, const pt_trace *t, double prof_s, char *err,
     }
     pt_trace_free(&a);
     if (rc == PT_ERR_INFEASIBLE) {
-        rt->mlp_auto_n = n0;
+        s->mlp_auto_n = n0;
         rc = pt_rt_search_and_apply(rt, t, prof_s, err, errlen);
     }
     if (rc == PT_OK)
         PT_LOGI(&rt->lg, "[tiled_mlp] tiles = auto: %lld tiles of %lld tokens, the fewest whose "
-                "plan fits", (long long)rt->mlp_auto_n,
-                (long long)pt_mlp_tile_len(tok, rt->mlp_auto_n));
+                "plan fits", (long long)s->mlp_auto_n,
+                (long long)pt_mlp_tile_len(tok, s->mlp_auto_n));
     return rc;
 }
 
 int pt_tiled_scratch(pt_rt *rt, uint64_t bytes, void **ptr, char *err, size_t errlen) {
     if (!ptr) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "tiled_mlp_scratch: ptr is NULL");
     *ptr = NULL;
-    if (!rt->in_tiles)
+    pt_tiled_state *s = tiled_of(rt);
+    if (!s || !s->in_tiles)
         return pt_fail(err, errlen, PT_ERR_ORDER,
                        "tiled_mlp_scratch called outside the host's mlp_forward / mlp_backward "
                        "callbacks");
     if (bytes == 0)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "tiled_mlp_scratch: zero bytes requested");
-    if (bytes > rt->tile_scr_bytes) {
+    if (bytes > s->tile_scr_bytes) {
         /* a larger request than the first tile's: replace (the old one's queued users
          * finish first, the free is in the stream's order) */
-        if (rt->tile_scr) {
-            int rc = pt_gpu_free_on_stream(rt->gpu, rt->tile_scr, rt->s_compute, err, errlen);
-            rt->tile_scr = NULL;
-            rt->tile_scr_bytes = 0;
+        if (s->tile_scr) {
+            int rc = pt_gpu_free_on_stream(rt->gpu, s->tile_scr, rt->s_compute, err, errlen);
+            s->tile_scr = NULL;
+            s->tile_scr_bytes = 0;
             if (rc) return rc;
         }
-        int rc = pt_gpu_alloc(rt->gpu, (size_t)bytes, PT_TAG_SCRATCH, &rt->tile_scr, err, errlen);
+        int rc = pt_gpu_alloc(rt->gpu, (size_t)bytes, PT_TAG_SCRATCH, &s->tile_scr, err, errlen);
         if (rc) {
-            rt->tile_scr = NULL;
+            s->tile_scr = NULL;
             return rc;
         }
-        rt->tile_scr_bytes = bytes;
+        s->tile_scr_bytes = bytes;
     }
     /* device bytes per row (the allocator's rounding included) for tiles = auto */
-    uint64_t fp = pt_gpu_alloc_size(rt->gpu, rt->tile_scr), cnt = (uint64_t)rt->tile_count;
+    uint64_t fp = pt_gpu_alloc_size(rt->gpu, s->tile_scr), cnt = (uint64_t)s->tile_count;
     uint64_t per = cnt ? (fp + cnt - 1) / cnt : fp;
-    if (per > rt->tile_tok[rt->tile_bwd]) rt->tile_tok[rt->tile_bwd] = per;
-    *ptr = rt->tile_scr;
+    if (per > s->tile_tok[s->tile_bwd]) s->tile_tok[s->tile_bwd] = per;
+    *ptr = s->tile_scr;
     return PT_OK;
 }
 
@@ -150,7 +155,10 @@ int pt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *err,
     if (!rt->model || b < 0 || b >= rt->n_blocks || tokens < 1)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "%s(block %d, tokens %lld): bad block "
                        "or token count", hook, (int)b, (long long)tokens);
-    if (rt->in_tiles)
+    pt_tiled_state *s = tiled_of(rt);
+    if (!s)
+        return pt_fail(err, errlen, PT_ERR_ORDER, "%s called before post_model_load", hook);
+    if (s->in_tiles)
         return pt_fail(err, errlen, PT_ERR_ORDER, "%s called from inside a tile callback", hook);
     pt_model_v1 *m = rt->model;
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
@@ -194,11 +202,11 @@ int pt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *err,
         }
     }
 
-    rt->in_tiles = 1;
+    s->in_tiles = 1;
     for (int64_t begin = 0; begin < tokens && !rc; begin += c) {
         int64_t count = tokens - begin < c ? tokens - begin : c;
-        rt->tile_count = count;
-        rt->tile_bwd = backward;
+        s->tile_count = count;
+        s->tile_bwd = backward;
         int32_t st = rt->host.mlp_forward(rt->host.user, b, begin, count);
         const char *cb = "mlp_forward";
         if (!st && backward) {
@@ -210,14 +218,14 @@ int pt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *err,
                          "returned %d", hook, (int)b, cb, (int)b, (long long)begin,
                          (long long)count, (int)st);
     }
-    rt->in_tiles = 0;
+    s->in_tiles = 0;
 
-    if (rt->tile_scr) {
+    if (s->tile_scr) {
         char e2[256];
-        int r2 = pt_gpu_free_on_stream(rt->gpu, rt->tile_scr, rt->s_compute, e2, sizeof e2);
+        int r2 = pt_gpu_free_on_stream(rt->gpu, s->tile_scr, rt->s_compute, e2, sizeof e2);
         if (r2 && !rc) rc = pt_fail(err, errlen, r2, "%s: %s", hook, e2);
-        rt->tile_scr = NULL;
-        rt->tile_scr_bytes = 0;
+        s->tile_scr = NULL;
+        s->tile_scr_bytes = 0;
     }
     if (acc) {
         size_t off = 0;

@@ -164,7 +164,7 @@ int main(void) {
         RANK = atoi(rk);
     }
     if (WORLD > 1) {
-        pt_coll_config cc = {WORLD, RANK, "env", 60.0, -1, "mpi", 0, NULL};
+        pt_coll_config cc = {WORLD, RANK, "env", 60.0, -1, "mpi", 0, NULL, NULL};
         char err[512];
         if (pt_coll_open(&cc, &COLL, err, sizeof err)) {
             fprintf(stderr, "test_rekls_tp: %s\n", err);

@@ -646,7 +646,7 @@ int main(void) {
     }
     D = WORLD / TP;
     if (WORLD > 1) {   /* keeps MPI up across the plugin's inits and finalizes */
-        pt_coll_config cc = {WORLD, RANK, "env", 60.0, -1, "mpi", 0, NULL};
+        pt_coll_config cc = {WORLD, RANK, "env", 60.0, -1, "mpi", 0, NULL, NULL};
         char err[512];
         if (pt_coll_open(&cc, &COLL, err, sizeof err)) {
             fprintf(stderr, "test_tp_plugin: %s\n", err);

@@ -478,7 +478,7 @@ int main(void) {
     snprintf(lib, sizeof lib, "%s/libprotrain_nccl.so", b ? b : "build");
     pt_coll_config cfg = {atoi(ws), atoi(rs), init && *init ? init : "env",
                           to && *to ? atof(to) : 60.0, -1, tr && *tr ? tr : "mpi",
-                          di && *di ? atoi(di) : local ? atoi(local) : 0, lib};
+                          di && *di ? atoi(di) : local ? atoi(local) : 0, lib, NULL};
     char err[512];
     if (dev && !strcmp(dev, "1")) {
         pt_gpu_config gc = {0};

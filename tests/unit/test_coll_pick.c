@@ -130,13 +130,13 @@ static void warn_log(void *user, int32_t level, const char *msg) {
         strcat(strcat(warned, msg), "\n");
 }
 
-/* backend = nccl or mpi with one rank: init goes on (nothing to refuse: no
+/* backend = nccl, mpi or host with one rank: init goes on (nothing to refuse: no
  * collective runs) and a warning names the key, the value and the one rank;
  * the control: backend = auto and none with one rank say nothing of it. */
 static void test_one_rank_backend_warns(void **s) {
     (void)s;
     static const struct { const char *backend; int warns; } cases[] = {
-        {"nccl", 1}, {"mpi", 1}, {"auto", 0}, {"none", 0}};
+        {"nccl", 1}, {"mpi", 1}, {"host", 1}, {"auto", 0}, {"none", 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char text[256], want[64];
         snprintf(text, sizeof text, "[plugin]\nbackend = host\nlog_level = warn\n[memory]\n"
@@ -218,7 +218,7 @@ static void test_file_rendezvous(void **s) {
 static int open_nccl(const char *lib, const char *rdzv, char *err, size_t errlen) {
     char init[300];
     snprintf(init, sizeof init, "file://%s", rdzv);
-    pt_coll_config cfg = {1, 0, init, 5.0, -1, "nccl", 0, lib};
+    pt_coll_config cfg = {1, 0, init, 5.0, -1, "nccl", 0, lib, NULL};
     pt_coll *c = NULL;
     int rc = pt_coll_open(&cfg, &c, err, errlen);
     if (!rc) {
@@ -257,7 +257,7 @@ static void test_front_dispatch(void **s) {
     snprintf(lib, sizeof lib, "%s/tests/plugins/fakenccl_works.so", build_dir());
     path_for(p, sizeof p, "front");
     snprintf(init, sizeof init, "file://%s", p);
-    pt_coll_config cfg = {1, 0, init, 5.0, -1, "nccl", 0, lib};
+    pt_coll_config cfg = {1, 0, init, 5.0, -1, "nccl", 0, lib, NULL};
     pt_coll *c = NULL;
     if (pt_coll_open(&cfg, &c, err, sizeof err)) fail_msg("open: %s", err);
     struct stat st;

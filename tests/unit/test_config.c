@@ -128,7 +128,10 @@ static void test_parse_rate(void **s) {
     assert_int_equal(pt_parse_rate("1e9", &v), 0), assert_true(v == 1e9);
     assert_int_equal(pt_parse_rate("1.5kib/S", &v), 0), assert_true(v == 1536);
     assert_int_equal(pt_parse_rate("100B/s", &v), 0), assert_true(v == 100);
-    static const char *const bad[] = {"12GiB", "-1", "fast", "inf", "nan", "", "1 XB/s", "/s"};
+    assert_int_equal(pt_parse_rate("2PB/s", &v), 0), assert_true(v == 2e15);
+    assert_int_equal(pt_parse_rate("1 pib/s", &v), 0), assert_true(v == 1125899906842624.0);
+    static const char *const bad[] = {"12GiB", "-1", "fast", "inf", "nan", "", "1 XB/s", "/s",
+                                      "1PB"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         assert_int_equal(pt_parse_rate(bad[i], &v), PT_ERR_CONFIG);
 }
@@ -381,7 +384,7 @@ static void test_bad_values(void **s) {
         {"[osft]\nunfreeze_rank_ratio = 1.5\n", "t.ini:2: bad value '1.5' for key 'unfreeze_rank_ratio' in [osft]: expected a float in [0, 1]"},
         {"[osft]\ntargets = attn,,mlp\n", "t.ini:2: bad value 'attn,,mlp' for key 'targets' in [osft]: expected a comma-separated list of non-empty parameter-name substrings like attn,mlp"},
         {"[dist]\ninit_method = tcp://host:1234\n", "t.ini:2: bad value 'tcp://host:1234' for key 'init_method' in [dist]: expected env, mpi or file:///absolute/path"},
-        {"[dist]\nbackend = gloo\n", "t.ini:2: bad value 'gloo' for key 'backend' in [dist]: expected one of auto|nccl|mpi|none"},
+        {"[dist]\nbackend = gloo\n", "t.ini:2: bad value 'gloo' for key 'backend' in [dist]: expected one of auto|nccl|mpi|host|none"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) expect_err(cases[i].ini, cases[i].msg);
 }
@@ -412,6 +415,10 @@ static void test_nothing_dropped(void **s) {
     expect_err_has("[host_backend]\ncopy_bandwidth = 1e300B/s\n", "outside the accepted range");
     assert_int_equal(parse("[host_backend]\ncopy_bandwidth = 1MB/s\n", &c), 0);
     assert_int_equal(parse("[host_backend]\ncopy_bandwidth = 0\n", &c), 0);
+    /* the upper limit the form names, written as it names it */
+    assert_int_equal(parse("[host_backend]\ncopy_bandwidth = 1PB/s\n", &c), 0);
+    assert_true(c.copy_bandwidth == 1e15);
+    expect_err_has("[host_backend]\ncopy_bandwidth = 1PiB/s\n", "outside the accepted range");
     /* below one byte: not silently 0 (= auto, 1 GiB) */
     expect_err_has("[memory]\ndevice_capacity = 0.0001KiB\n",
                    "t.ini:2: bad value '0.0001KiB' for key 'device_capacity' in [memory]: it is "

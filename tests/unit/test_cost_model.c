@@ -242,8 +242,8 @@ static void test_hand_all_resident(void **state) {
     pt_trace_free(&t);
 }
 
-/* REKLS: a chunk's rekls_s is added to the CPU optimizer time when the chunk is
- * offloaded and to the device optimizer time when resident; its rekls_bytes
+/* REKLS: a chunk's optim_s is added to the CPU optimizer time when the chunk is
+ * offloaded and to the device optimizer time when resident; its optim_bytes
  * (already inside the footprints, here given only by the formulas) shows in
  * the REKLS figures of the side it lives on. The AdamW-only trace is the
  * control: every difference below is exactly the REKLS term. */
@@ -254,9 +254,9 @@ static void test_rekls_terms(void **state) {
         pt_trace t0, t1;
         tiny(&t0);
         tiny(&t1);
-        t1.chunks[0].rekls_s = 0.25;
-        t1.chunks[1].rekls_s = 0.5;
-        t1.chunks[0].rekls_bytes = t1.chunks[1].rekls_bytes = 100;
+        t1.chunks[0].optim_s = 0.25;
+        t1.chunks[1].optim_s = 0.5;
+        t1.chunks[0].optim_bytes = t1.chunks[1].optim_bytes = 100;
         pt_cost_ctx *c0, *c1;
         char err[256];
         assert_int_equal(pt_cost_ctx_new(&t0, &c0, err, sizeof err), PT_OK);
@@ -267,30 +267,30 @@ static void test_rekls_terms(void **state) {
         pt_cost a, b;
         assert_int_equal(pt_cost_eval(c0, &o, &k, &a, err, sizeof err), PT_OK);
         assert_int_equal(pt_cost_eval(c1, &o, &k, &b, err, sizeof err), PT_OK);
-        assert_double_equal(a.rekls_s, 0, EPS);
-        assert_double_equal(b.rekls_s, 0.75, EPS);
+        assert_double_equal(a.optim_s, 0, EPS);
+        assert_double_equal(b.optim_s, 0.75, EPS);
         assert_double_equal(b.cpu_adam_s - a.cpu_adam_s, p == 0 ? 0.75 : 0, EPS);
         assert_double_equal(b.dev_adam_s - a.dev_adam_s, p == 2 ? 0.75 : 0, EPS);
         /* deferred, the offloaded REKLS work may hide behind the next forward, but
          * not all 0.75 s of it behind this one's compute */
         if (defer && p == 0) assert_true(b.iter_s > a.iter_s && b.iter_s <= a.iter_s + 0.75 + EPS);
         else assert_true(b.iter_s > a.iter_s);
-        assert_true(b.rekls_dev_bytes == (p == 2 ? 200u : 0u));
-        assert_true(b.rekls_host_bytes == (p == 0 ? 200u : 0u));
+        assert_true(b.optim_dev_bytes == (p == 2 ? 200u : 0u));
+        assert_true(b.optim_host_bytes == (p == 0 ? 200u : 0u));
         assert_true(b.model_state_bytes - a.model_state_bytes == (p == 2 ? 200u : 0u));
         pt_cost_ctx_free(c0);
         pt_cost_ctx_free(c1);
         pt_trace_free(&t0);
         pt_trace_free(&t1);
     }
-    /* a negative or non-finite rekls_s is refused by the trace check */
+    /* a negative or non-finite optim_s is refused by the trace check */
     pt_trace t;
     tiny(&t);
-    t.chunks[0].rekls_s = -1;
+    t.chunks[0].optim_s = -1;
     char err[256];
     pt_cost_ctx *cx = NULL;
     assert_int_not_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    assert_non_null(strstr(err, "rekls_s"));
+    assert_non_null(strstr(err, "optim_s"));
     pt_trace_free(&t);
 }
 
@@ -298,7 +298,7 @@ static void test_rekls_terms(void **state) {
  * chunks offloaded. Chunk 0 holds one REKLS param with 40 aux words and m n = 5
  * (its owner keeps 40 + 2 x 5 = 50 words), chunk 1 one with 60 and 10 (80).
  * Replicated pinned bytes H = 2 x 900 + 4 x 100 (the factors, in the formula
- * through rekls_bytes) = 2200, of which A = 400 are the factors; per rank:
+ * through optim_bytes) = 2200, of which A = 400 are the factors; per rank:
  * ceil((2200 - 400) / 2) = 900 of parts, plus the owner bound
  * 4 (ceil(130 / 2) + 80) = 580: 1480. Without REKLS: ceil(1800 / 2) = 900.
  * Time: the owners' steps (0.75 s over 2 ranks) and the exchange, 8 x 15 bytes
@@ -316,16 +316,16 @@ static void test_rekls_shard(void **state) {
             ts[i]->key.world_size = 2;
             ts[i]->hw.allgather_Bps = ts[i]->hw.reduce_scatter_Bps = 1000;
         }
-        t1.chunks[0].rekls_s = 0.25;
-        t1.chunks[1].rekls_s = 0.5;
-        t1.chunks[0].rekls_aux_words = 40;
-        t1.chunks[0].rekls_mn = 5;
-        t1.chunks[0].rekls_own_max = 50;
-        t1.chunks[1].rekls_aux_words = 60;
-        t1.chunks[1].rekls_mn = 10;
-        t1.chunks[1].rekls_own_max = 80;
-        t1.chunks[0].rekls_bytes = 160;
-        t1.chunks[1].rekls_bytes = 240;
+        t1.chunks[0].optim_s = 0.25;
+        t1.chunks[1].optim_s = 0.5;
+        t1.chunks[0].optim_aux_words = 40;
+        t1.chunks[0].optim_mn = 5;
+        t1.chunks[0].optim_own_max = 50;
+        t1.chunks[1].optim_aux_words = 60;
+        t1.chunks[1].optim_mn = 10;
+        t1.chunks[1].optim_own_max = 80;
+        t1.chunks[0].optim_bytes = 160;
+        t1.chunks[1].optim_bytes = 240;
         pt_cost_ctx *c0, *c1;
         char err[256];
         assert_int_equal(pt_cost_ctx_new(&t0, &c0, err, sizeof err), PT_OK);
@@ -337,15 +337,15 @@ static void test_rekls_shard(void **state) {
         assert_int_equal(pt_cost_eval(c1, &o, &k, &b, err, sizeof err), PT_OK);
         assert_int_equal(a.host_bytes, 900);
         assert_int_equal(b.host_bytes, 1480);
-        assert_int_equal(b.rekls_host_bytes, 580);
-        assert_double_equal(b.rekls_xchg_s, 0.06, EPS);
-        assert_double_equal(a.rekls_xchg_s, 0, EPS);
+        assert_int_equal(b.optim_host_bytes, 580);
+        assert_double_equal(b.optim_xchg_s, 0.06, EPS);
+        assert_double_equal(a.optim_xchg_s, 0, EPS);
         assert_double_equal(b.iter_s - a.iter_s, 0.375 + 0.06, EPS);
         /* mode B: the whole state on every rank, no exchange */
         o.shard = 0;
         assert_int_equal(pt_cost_eval(c1, &o, &k, &b, err, sizeof err), PT_OK);
         assert_int_equal(b.host_bytes, 2200);
-        assert_double_equal(b.rekls_xchg_s, 0, EPS);
+        assert_double_equal(b.optim_xchg_s, 0, EPS);
         pt_cost_ctx_free(c0);
         pt_cost_ctx_free(c1);
         pt_trace_free(&t0);
@@ -354,9 +354,9 @@ static void test_rekls_shard(void **state) {
     /* one param's state larger than its chunk's sum: refused by the trace check */
     pt_trace t;
     tiny(&t);
-    t.chunks[0].rekls_aux_words = 10;
-    t.chunks[0].rekls_mn = 1;
-    t.chunks[0].rekls_own_max = 13;
+    t.chunks[0].optim_aux_words = 10;
+    t.chunks[0].optim_mn = 1;
+    t.chunks[0].optim_own_max = 13;
     char err[256];
     pt_cost_ctx *cx = NULL;
     assert_int_not_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);

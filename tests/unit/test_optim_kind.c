@@ -1,5 +1,5 @@
 /*
- * test_optim_kind.c — the optimizer kinds' tables (runtime/optim/optim_kind.h)
+ * test_optim_kind.c — the optimizer kinds' tables (runtime/store/kinds/optim_kind.h)
  * as the generic code uses them: a state file's kind id finds its table and
  * name (an id no kind has finds none), and cpu_seconds, the planner's CPU time
  * of a chunk's optimizer-own work, against the time model written out here
@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "optim/optim.h"
+#include "store/kinds/optim_kind.h"
 #include "protrain.h"
 
 static void test_find_by_id(void **state) {

@@ -71,9 +71,9 @@ static void sample(pt_trace *t) {
     t->chunks[1].tp_grad_bytes = 8 * t->chunks[1].trainable_elems;
     t->chunks[1].tp_factor_bytes = 3 * t->chunks[1].tp_grad_bytes + 5;
     /* mode C REKLS figures on one chunk (they travel like the rest) */
-    t->chunks[1].rekls_aux_words = 4097;
-    t->chunks[1].rekls_mn = 1025;
-    t->chunks[1].rekls_own_max = 3001;
+    t->chunks[1].optim_aux_words = 4097;
+    t->chunks[1].optim_mn = 1025;
+    t->chunks[1].optim_own_max = 3001;
 }
 
 static void assert_same(const pt_trace *a, const pt_trace *b) {

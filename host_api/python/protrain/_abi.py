@@ -44,6 +44,23 @@ BLOCK_CB = C.CFUNCTYPE(i32, vp, i32)
 USER_CB = C.CFUNCTYPE(i32, vp)
 TILE_CB = C.CFUNCTYPE(i32, vp, i32, i64, i64)
 LAUNCH_FN = C.CFUNCTYPE(None, vp)
+# pt_host_coll_v1's ops: (user, send, recv, bytes, err, errlen) and (user, err, errlen)
+COLL_XFER = C.CFUNCTYPE(i32, vp, vp, vp, u64, vp, u64)
+COLL_BARRIER = C.CFUNCTYPE(i32, vp, vp, u64)
+
+
+class pt_host_coll_v1(C.Structure):
+    _fields_ = [
+        ("struct_size", u32),
+        ("rank", i32),
+        ("world_size", i32),
+        ("reserved0", i32),
+        ("user", vp),
+        ("all_gather", COLL_XFER),
+        ("all_to_all", COLL_XFER),
+        ("barrier", COLL_BARRIER),
+        ("reserved", vp * 4),
+    ]
 
 
 class pt_host_v1(C.Structure):
@@ -64,7 +81,8 @@ class pt_host_v1(C.Structure):
         ("mlp_forward", TILE_CB),
         ("mlp_backward", TILE_CB),
         ("fingerprint", C.c_char_p),
-        ("reserved", vp * 7),
+        ("coll", C.POINTER(pt_host_coll_v1)),
+        ("reserved", vp * 6),
     ]
 
 
@@ -196,4 +214,4 @@ class pt_plugin_v1(C.Structure):
 V1_CORE_BYTES = pt_plugin_v1.finalize.offset + C.sizeof(vp)
 
 # Structs the layout test checks against the C header.
-MIRRORED = [pt_host_v1, pt_param_v1, pt_model_v1, pt_optim_v1, pt_stats_v1, pt_plugin_v1]
+MIRRORED = [pt_host_coll_v1, pt_host_v1, pt_param_v1, pt_model_v1, pt_optim_v1, pt_stats_v1, pt_plugin_v1]

@@ -21,7 +21,7 @@ from ._blocks import BlockHooks
 from ._clip import Clipping
 from ._glue import PluginGlue, _launcher_rank
 from ._hooks import HookInstall
-from ._plugin import Context, Table
+from ._plugin import Table
 from ._recompute import Recompute
 from ._saves import Saves
 from ._schedule import StepSchedule
@@ -54,12 +54,11 @@ class Adapter(PluginGlue, ParamWindows, StepSchedule, BlockHooks, Recompute, Hoo
             (self.nonblock if info.block < 0 else self.block_params[info.block]).append(i)
         self.n_trainable = [sum(self.infos[i].trainable for i in ps) for ps in self.block_params]
         self.cb_exc = None
+        self.hostcoll = None         # _dist.HostColl when the ranks meet over torch.distributed
         if session is None:
             self.table = Table(plugin)
             self._make_host()
-            rank, world, local = _launcher_rank()
-            self.host.rank, self.host.world_size, self.host.local_rank = rank, world, local
-            self.ctx = Context(self.table, config, self.host)
+            self._open_context(config)
         else:       # cuda: the context protrain.torch.init made; its callbacks reach us
             self.table, self.host, self.ctx = session.table, session.host, session.ctx
             session.adapter = self

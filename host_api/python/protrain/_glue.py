@@ -1,6 +1,7 @@
 """The plugin side of the PyTorch host: the host descriptor and its callbacks
-(log, recompute_block, profile_step), hook calls that re-raise a callback's
-exception, and loading.
+(log, recompute_block, profile_step), the context with its ranks (over
+torch.distributed through _dist when a group or torchrun is there), hook
+calls that re-raise a callback's exception, and loading.
 
 Planning: the plugin profiles inside post_model_load through profile_step,
 which needs a real batch; the adapter therefore defers post_model_load and
@@ -16,9 +17,10 @@ import os
 import torch
 
 from . import _abi as A
+from . import _dist
 from . import _model
 from . import _state
-from ._plugin import Error
+from ._plugin import Context, Error
 from ._schedule import _batch_shape
 from ._windows import _placeholder
 
@@ -61,11 +63,34 @@ class PluginGlue:
         h.log, h.recompute_block, h.profile_step = self._cbs
         self.host = h
 
+    def _open_context(self, config):
+        """The CPU run's plugin context. Rank and world come from the launcher's
+        variables, or from torch.distributed's default group when one is
+        initialised or torchrun started the ranks (_dist.group_for): the
+        plugin's collectives then run over that group (pt_host_v1.coll)."""
+        rank, world, local = _launcher_rank()
+        group = _dist.group_for(cuda=False)
+        if group is not None and group[1] > 1:
+            rank, world = group
+            _dist.check_backend()
+            self.hostcoll = _dist.HostColl(rank, world)
+            self.host.coll = C.pointer(self.hostcoll.table)
+        self.host.rank, self.host.world_size, self.host.local_rank = rank, world, local
+        try:
+            self.ctx = Context(self.table, config, self.host)
+        except Error as e:
+            exc = self.hostcoll.take_exc() if self.hostcoll is not None else None
+            if exc is not None:
+                raise exc from e
+            raise
+
     def call(self, hook, *args):
         try:
             return self.ctx.call(hook, *args)
         except Error as e:
             exc, self.cb_exc = self.cb_exc, None
+            if exc is None and self.hostcoll is not None:
+                exc = self.hostcoll.take_exc()
             if exc is not None:
                 raise exc from e
             raise

@@ -1,6 +1,7 @@
 """Saved activations by activation mode (protrain/_acts.py): the adapter takes
 each block's mode from the plan's counts, or learns it on the plan's first
-training pass when the counts mix modes, and copies only what the plan moves. The numbers are the oracle's (test_oracle.py runs the
+training pass when the counts mix modes, and copies only what the plan moves.
+The numbers are the oracle's (test_oracle.py runs the
 same configurations against plain PyTorch); here: which mode each block got,
 that nothing is copied where nothing moves, and that the adapter refuses to
 run on modes the plan no longer has."""

@@ -1,5 +1,5 @@
 /*
- * rekls_store.h — REKLS's side of the chunk store, private to runtime/optim's
+ * rekls_store.h — REKLS's side of the chunk store, private to runtime/store/kinds'
  * rekls_store.c (which params, their state, the chunk steps, tensor parallel)
  * and rekls_dist.c (mode C: owners and their exchange). Its state hangs off
  * the store through one pointer per store (pt_store.opt: pt_rk_store) and
@@ -9,7 +9,7 @@
 #ifndef PT_REKLS_STORE_H
 #define PT_REKLS_STORE_H
 
-#include "store/store_internal.h"
+#include "../store_internal.h"
 
 /* One parameter stepped by REKLS. */
 typedef struct rk_param {

@@ -3,10 +3,12 @@
  * kind (AdamW, REKLS), so the store's step code calls the table and never
  * names a kind. The store holds the table in force (pt_store.ok) and one
  * pointer each to the kind's own state per store and per chunk; the kind
- * allocates and frees that state. The tables' code lives in runtime/optim
- * (optim_kind.c: the tables and AdamW's chunk steps; rekls_store.c and
- * rekls_dist.c: REKLS's), which alone of runtime/optim reaches the store's
- * private header (tests/check_layers.sh).
+ * allocates and frees that state. The tables' code lives beside this header
+ * in runtime/store/kinds (optim_kind.c: the tables and AdamW's chunk steps;
+ * rekls_store.c and rekls_dist.c: REKLS's), the one place where a kind's code
+ * knows the store's layout; the math they call (CPU AdamW, the REKLS step,
+ * the worker pool) is runtime/optim's, which knows no store
+ * (tests/check_layers.sh).
  *
  * What the store calls, in the order of a run:
  *  layout      plan_chunk per chunk, then plan_store: the planner terms
@@ -34,35 +36,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cpu_adam.h"
-#include "thread_pool.h"
+#include "optim/optim.h"
 
 struct pt_store;
 struct cs_chunk;
-
-/* A chunk's optimizer state beyond its Adam moments, as the planner and the
- * store's footprints count it (zero for AdamW). Words are fp32. */
-typedef struct pt_optim_terms {
-    uint64_t aux_words;       /* state words (device when resident, pinned when offloaded) */
-    uint64_t ws_words;        /* the largest device scratch of its params */
-    double gemm_flops, eigh_flops;   /* one step of its params */
-    int n_params;             /* params the kind steps with that state */
-    /* tensor parallel: fp32 bytes of its split params' full gradients and
-     * factors, which every step gathers */
-    uint64_t tp_grad_bytes, tp_fac_bytes;
-    uint64_t mn;              /* sum of its params' m n */
-    uint64_t own_max;         /* the largest aux + 2 m n of one param */
-    uint64_t own_words;       /* mode C, split chunk: the words this rank owns */
-} pt_optim_terms;
-
-/* A kind's measured CPU rates for its time model, owned by the caller (one
- * per profile, zeroed before the first chunk): the kind fills w on its first
- * need and sets measured, so the probes run once per profile and only when
- * some chunk has work to time. */
-typedef struct pt_optim_rates {
-    int measured;
-    double w[8];
-} pt_optim_rates;
 
 /* One CPU step of a chunk: AdamW constants, gradient from the fp32 accumulator
  * (from_acc) or the staged copy, lr, clip scale and 1-based step; grp NULL
