@@ -18,15 +18,15 @@ if src.endswith(".json"):
 else:
     model = AutoModelForCausalLM.from_pretrained(src)
     ids = AutoTokenizer.from_pretrained(src)(open(text).read(), return_tensors="pt").input_ids[0]
-model.config.use_cache = False           # a KV cache has no place in training
 model, opt = ptt.wrap(model, config=ini, lr=1e-3)
 sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
 for step in range(steps):
     x = torch.stack([ids[s:s + 64] for s in torch.randint(0, len(ids) - 64, (4,)).tolist()])
     loss = model(input_ids=x, labels=x).loss
     loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # the plugin's global norm
     opt.step()
     sched.step()
     print("step %d loss %.4f lr %.2e" % (step, loss.item(), sched.get_last_lr()[0]), flush=True)
 if len(sys.argv) > 5:
-    model.save_pretrained(sys.argv[5], state_dict=ptt.state_dict(model))
+    model.save_pretrained(sys.argv[5])

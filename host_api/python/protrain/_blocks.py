@@ -36,9 +36,10 @@ class BlockHooks:
             for k in ("cache", "past_key_values", "past_key_value", "layer_past"):
                 if kwargs.get(k) is not None:
                     raise RuntimeError(
-                        "protrain: block %d got a KV cache (%s) in a training pass; train with "
-                        "use_cache=False (model.config.use_cache = False): a recomputed block "
-                        "would append to the cache" % (b, k))
+                        "protrain: block %d got a KV cache (%s) in a training pass; training "
+                        "passes run without one (the wrap turns use_cache off in them), so pass "
+                        "no past_key_values: a recomputed block would append to the cache"
+                        % (b, k))
         self.call("block_pre_forward", b)
         self._bind(self.block_params[b], grads=False)
         if self.training_pass:

@@ -40,6 +40,10 @@ def install(ad):
     U.clip_grad_norm_ = CG.clip_grad_norm_ = clip_grad_norm_
 
 
+def forget(ad):
+    _adapters.discard(ad)
+
+
 def _owner(params):
     """The adapter whose parameters these are, or None when none is wrapped."""
     found = None

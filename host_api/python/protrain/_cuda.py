@@ -18,6 +18,7 @@ import os
 import torch
 
 from . import _abi as A
+from . import _log
 from . import _mem
 from ._plugin import Context, Table, _installed_libdir, _tree_build_dir
 
@@ -105,8 +106,7 @@ class Session:
     def _log(self, user, level, msg):
         if self.adapter is not None:
             return self.adapter._cb_log(user, level, msg)
-        if level <= A.PT_LOG_WARN or os.environ.get("PROTRAIN_PY_LOG"):
-            print("[protrain] %s" % msg.decode(errors="replace"), flush=True)
+        _log.emit(level, msg)
 
     def _recompute(self, user, b):
         if self.adapter is None:

@@ -18,6 +18,7 @@ import torch
 
 from . import _abi as A
 from . import _dist
+from . import _log
 from . import _model
 from . import _state
 from ._plugin import Context, Error
@@ -96,8 +97,7 @@ class PluginGlue:
             raise
 
     def _cb_log(self, user, level, msg):
-        if level <= A.PT_LOG_WARN or os.environ.get("PROTRAIN_PY_LOG"):
-            print("[protrain] %s" % msg.decode(errors="replace"), flush=True)
+        _log.emit(level, msg)
 
     def _cb_guard(self, fn, *args):
         try:
@@ -150,6 +150,7 @@ class PluginGlue:
 
     def _profile_pass(self):
         args, kwargs = self.profile_args
+        kwargs = self.no_cache(kwargs)
         self.profiling = True
         try:
             with torch.enable_grad():

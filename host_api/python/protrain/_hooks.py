@@ -1,6 +1,7 @@
 """Hook installation: the model's forward is replaced by the adapter's, and
 each block gets its forward pre/post hooks, its full backward pre-hook and its
-parameters' post-accumulate-grad hooks."""
+parameters' post-accumulate-grad hooks; uninstall undoes all of it
+(protrain.torch.unwrap)."""
 import functools
 
 from . import _clip
@@ -14,13 +15,14 @@ class HookInstall:
         model, ad = self.model, self
         orig = model.forward
 
-        # the model's own signature (inspect follows __wrapped__): the HF
-        # Trainer's remove_unused_columns keeps only the dataset columns the
-        # forward names, and with a bare (*args, **kwargs) it drops input_ids
+        # the original's name, docstring and signature (inspect follows
+        # __wrapped__): trainers read the forward's parameters to pick columns
         @functools.wraps(orig)
         def forward(*args, **kwargs):
             return ad.forward(orig, args, kwargs)
 
+        self._orig_forward = orig
+        self._own_forward = "forward" in model.__dict__   # an instance attribute before wrap
         model.forward = forward
         self.handles = []
         for b, blk in enumerate(self.blocks):
@@ -36,3 +38,25 @@ class HookInstall:
                         lambda p, b=b: ad.grad_accumulated(b)))
         self._install_saves()
         _clip.install(self)
+
+    unwrap_skip_rebind = False   # the control: leave the placeholders in place
+
+    def uninstall(self):
+        """Undo the wrap: every hook removed, the model's own forward back, and
+        each parameter an ordinary tensor holding the plugin's current value
+        (read before the context goes; CPU tensors)."""
+        values = None
+        if self.loaded and not self.unwrap_skip_rebind:
+            values = [self.read_param(i) for i in range(len(self.infos))]
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        _clip.forget(self)
+        if self._own_forward:
+            self.model.forward = self._orig_forward
+        else:
+            del self.model.forward
+        for i, info in enumerate(self.infos):
+            info.param.grad = None
+            if values is not None:
+                info.param.data = values[i]

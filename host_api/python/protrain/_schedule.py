@@ -45,6 +45,7 @@ class StepSchedule:
             self._check_previous_pass()
             training = torch.is_grad_enabled()
             if training:
+                kwargs = self.no_cache(kwargs)
                 self._check_shape(args, kwargs)
                 if self.micro >= self.grad_accum:
                     raise RuntimeError(
@@ -88,6 +89,21 @@ class StepSchedule:
                 self.loss_sum += float(loss.detach())
                 self.loss_n += 1
         return out
+
+    keep_cache = False     # the control: training passes keep use_cache
+
+    def no_cache(self, kwargs):
+        """A training pass runs without a KV cache: use_cache=False when the
+        call or the model's config (transformers' default is True) asks for
+        one. A recomputed (CKPT) block would append to the cache a second
+        time, and training never reads it; generation (under no_grad) keeps
+        it. A cache passed in (past_key_values) is still refused per block."""
+        if self.keep_cache or kwargs.get("use_cache") is False:
+            return kwargs
+        if kwargs.get("use_cache") or getattr(getattr(self.model, "config", None), "use_cache",
+                                              False):
+            return dict(kwargs, use_cache=False)
+        return kwargs
 
     def _check_shape(self, args, kwargs):
         """The plan (chunk buffers, activation modes, the predicted peak and

@@ -3,8 +3,9 @@ into the plugin's storage only between block_pre_forward/block_post_forward
 and between block_pre_backward/block_post_backward; outside them .data is a
 placeholder of the parameter's shape whose every element is one shared NaN
 (_placeholder), so a stray read computes NaN instead of stale weights and a
-stray write raises. Saves read the plugin's values instead (_saves.py). Non-block parameters are bound from the start of a pass
-(pre_step) to optimizer_step (an evaluation pass: to the end of the forward).
+stray write raises. Saves read the plugin's values instead (_saves.py).
+Non-block parameters are bound from the start of a pass (pre_step) to
+optimizer_step (an evaluation pass: to the end of the forward).
 
 The saved-tensors hooks live here too: a saved parameter, or a view of one,
 must be re-made at the address the parameter has in the backward window.

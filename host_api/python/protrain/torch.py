@@ -17,6 +17,7 @@ import torch
 
 from . import _adapter
 from . import _cuda
+from . import _log
 from . import _model
 from . import _state
 
@@ -94,6 +95,7 @@ def init(config=None, device="cuda", plugin="protrain"):
     wrap(model, config=<the same INI>) as on the CPU, with the inputs on the
     device; the model runs on protrain.torch.stream(), which init makes current.
     Rank and world come from the launcher's variables, as in wrap."""
+    _log.setup()
     _cuda.init(config, plugin, device, _adapter._launcher_rank)
 
 
@@ -135,6 +137,7 @@ def wrap(model, config="path.ini", blocks=None, lr=3e-4, betas=(0.9, 0.999), eps
             raise ValueError("protrain.torch.wrap: config %s differs from the one given to "
                              "protrain.torch.init (%s); on cuda the plugin reads its INI at "
                              "init" % (config, sess.config))
+    _log.setup()
     ad = _adapter.Adapter(model, blocks, config, optim, grad_accum, plugin, sess)
     trainable = [info.param for info in ad.infos if info.trainable]
     if not trainable:
@@ -173,6 +176,18 @@ def state_dict(model):
                 cache[i] = ad.read_param(i)
             out[k] = cache[i]
     return out
+
+
+def unwrap(model):
+    """Give the model back as it was before wrap: its own forward, no hook of
+    the wrap left, and every parameter an ordinary tensor holding the trained
+    values (on the CPU). The plugin's context is finalized; the optimizer wrap
+    returned is unusable after. The model can be wrapped again."""
+    ad = _adapter_of(model)
+    ad.uninstall()
+    finalize(model)
+    del model._protrain
+    return model
 
 
 def stats(model):

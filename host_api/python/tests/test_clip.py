@@ -21,34 +21,40 @@ MAX = 0.5
 STEPS = 6
 
 
-def _run(model, data, step, max_norm):
-    """(losses, norms): each step's loss and clip_grad_norm_'s return value."""
+def _run(model, data, step, max_norm, grad_accum=1):
+    """(losses, norms): each step's mean loss and clip_grad_norm_'s return
+    value, grad_accum micro-batches a step."""
     losses, norms = [], []
     params = list(model.parameters())
-    for x in data:
-        loss = model(input_ids=x, labels=x).loss
-        loss.backward()
+    for s in range(0, len(data), grad_accum):
+        tot = 0.0
+        for x in data[s:s + grad_accum]:
+            loss = model(input_ids=x, labels=x).loss
+            (loss / grad_accum).backward()
+            tot += loss.item()
         norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_norm)))
         step()
-        losses.append(loss.item())
+        losses.append(tot / grad_accum)
     return losses, norms
 
 
-def _pair(kind, ini, plugin_path, max_norm=MAX, setup=None, make=None, wrap_max=0.0):
+def _pair(kind, ini, plugin_path, max_norm=MAX, setup=None, make=None, wrap_max=0.0,
+          grad_accum=1):
     m = make() if make else oracle.make_model(kind)
     ref = copy.deepcopy(m)
-    data = oracle.batches(STEPS)
+    data = oracle.batches(STEPS * grad_accum)
     ropt = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=1e-3,
                              weight_decay=0.0)
 
     def rstep():
         ropt.step()
         ropt.zero_grad()
-    want, want_n = _run(ref, data, rstep, max_norm)
-    m, opt = ptt.wrap(m, config=ini, lr=1e-3, max_grad_norm=wrap_max, plugin=plugin_path)
+    want, want_n = _run(ref, data, rstep, max_norm, grad_accum)
+    m, opt = ptt.wrap(m, config=ini, lr=1e-3, max_grad_norm=wrap_max, plugin=plugin_path,
+                      grad_accum=grad_accum)
     if setup:
         setup(m)
-    got, got_n = _run(m, data, opt.step, max_norm)
+    got, got_n = _run(m, data, opt.step, max_norm, grad_accum)
     return got, want, got_n, want_n, oracle.rel_norm(ptt.state_dict(m), ref.state_dict())
 
 
@@ -57,10 +63,11 @@ def _check_norms(got_n, want_n):
         assert abs(a - b) <= 1e-5 * b, "step %d: norm %r, plain %r" % (s + 1, a, b)
 
 
-@pytest.mark.parametrize("case", ["resident", "streamed"])
+@pytest.mark.parametrize("case", ["resident", "streamed", "streamed_accum2"])
 def test_clip_matches_plain(case, ini, plugin_path):
     path = ini(RESIDENT if case == "resident" else STREAMED)
-    got, want, got_n, want_n, err = _pair("llama", path, plugin_path)
+    got, want, got_n, want_n, err = _pair("llama", path, plugin_path,
+                                          grad_accum=2 if case.endswith("2") else 1)
     assert max(want_n) > MAX                       # the clipping is active
     _check_norms(got_n, want_n)
     check(got, want, err)

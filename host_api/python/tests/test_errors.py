@@ -69,12 +69,23 @@ def test_parameter_in_two_blocks(ini, plugin_path):
 
 
 def test_kv_cache_in_training(ini, plugin_path):
+    """use_cache=True is turned off in training passes (test_cache.py); a
+    cache passed in is refused. The control: with use_cache kept, the
+    transformers default makes a cache and the block refuses it."""
+    from transformers import DynamicCache
     m = oracle.make_model("llama")
     m.config.use_cache = True
     m, opt = ptt.wrap(m, config=ini(), plugin=plugin_path)
-    x = oracle.batches(1)[0]
-    with pytest.raises(RuntimeError, match="got a KV cache .* train with use_cache=False"):
-        m(input_ids=x, labels=x)
+    x = oracle.batches(2)
+    m(input_ids=x[0], labels=x[0]).loss.backward()
+    opt.step()
+    with pytest.raises(RuntimeError, match="got a KV cache .* pass no past_key_values"):
+        m(input_ids=x[1], labels=x[1], cache=DynamicCache())
+    m2, opt2 = ptt.wrap(oracle.make_model("llama"), config=ini(), plugin=plugin_path)
+    m2.config.use_cache = True
+    m2._protrain.keep_cache = True
+    with pytest.raises(RuntimeError, match="got a KV cache"):
+        m2(input_ids=x[0], labels=x[0])
 
 
 def _fails(kind, path, plugin_path, setup):
