@@ -146,6 +146,11 @@ int pt_lc_clip_grad_norm(const pt_lifecycle *lc, int with_norm, char *err, size_
                           errlen);
 }
 
+int pt_lc_write_param(const pt_lifecycle *lc, char *err, size_t errlen) {
+    if (lc->state == PT_LC_LOADED || lc->state == PT_LC_READY) return PT_OK;
+    return order_err(lc, "write_param (between steps only)", err, errlen);
+}
+
 int pt_lc_post_step(pt_lifecycle *lc, int64_t step, char *err, size_t errlen) {
     char called[64];
     snprintf(called, sizeof called, "post_step(step %lld)", (long long)step);

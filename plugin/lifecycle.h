@@ -42,6 +42,8 @@ int pt_lc_optimizer_step(pt_lifecycle *lc, char *err, size_t errlen);
  * the last micro-batch's backward); announcing (no norm), inside a step or
  * between steps. Changes no state. */
 int pt_lc_clip_grad_norm(const pt_lifecycle *lc, int with_norm, char *err, size_t errlen);
+/* write_param: between steps only (after post_model_load or post_step). */
+int pt_lc_write_param(const pt_lifecycle *lc, char *err, size_t errlen);
 int pt_lc_post_step(pt_lifecycle *lc, int64_t step, char *err, size_t errlen);
 /* 1 when block b's params may be touched for a forward (inside its window). */
 int pt_lc_in_block(const pt_lifecycle *lc, int32_t b);

@@ -509,6 +509,14 @@ static int32_t h_read_param(void *vctx, int32_t index, void *dst, uint64_t bytes
     return done(c, rc);
 }
 
+static int32_t h_write_param(void *vctx, int32_t index, const void *src, uint64_t bytes) {
+    CTX("write_param");
+    int rc = needs_model(c, "write_param");
+    if (!rc) rc = pt_lc_write_param(&c->lc, c->err, sizeof c->err);
+    if (!rc) rc = pt_rt_write_param(c->rt, index, src, bytes, c->err, sizeof c->err);
+    return done(c, rc);
+}
+
 /* Between steps only: no gradient or CPU step may be in flight. */
 static int between_steps(pt_ctx *c, const char *hook) {
     if (c->lc.state == PT_LC_READY) return PT_OK;
@@ -527,6 +535,61 @@ static int32_t h_load_state(void *vctx, const char *dir) {
     CTX("load_state");
     int rc = between_steps(c, "load_state");
     if (!rc) rc = pt_rt_load_state(c->rt, dir, c->err, sizeof c->err);
+    return done(c, rc);
+}
+
+/* ABI 1.6: the step in progress dropped (host contract 7). From a pass or
+ * between its micro-batches; between steps there is nothing to drop. Not from
+ * inside a host callback (the hook that made it resumes on this step). */
+static int32_t h_discard_step(void *vctx) {
+    CTX("discard_step");
+    pt_lc_state s = c->lc.state;
+    if (s == PT_LC_INIT || s == PT_LC_LOADED || s == PT_LC_STEPPED)
+        return done(c, pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
+                               "hook discard_step called out of order: %s (state: %s)",
+                               s == PT_LC_STEPPED
+                                   ? "optimizer_step already applied this step; call post_step"
+                                   : "no step can run before post_model_load and "
+                                     "create_optimizer",
+                               pt_lc_state_name(s)));
+    if (c->depth > 1 || pt_rt_ext_in_launch())
+        return done(c, pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
+                               "hook discard_step called out of order: from inside %s; call it "
+                               "after that hook returns",
+                               c->depth > 1 ? c->outer : "work launched on the compute stream"));
+    if (s == PT_LC_READY) return PT_OK;   /* nothing in progress */
+    int rc = pt_rt_discard_step(c->rt, c->lc.sx.eval, c->err, sizeof c->err);
+    if (rc) return done(c, rc);
+    PT_LOGD(&c->lg, "discard_step: step %lld dropped at %s (micro-batch %d of %d)",
+            (long long)c->lc.sx.step, pt_lc_state_name(s), (int)c->lc.sx.micro,
+            (int)c->lc.sx.n_micro);
+    c->lc.state = PT_LC_READY;
+    c->lc.block = 0;
+    c->lc.inside = 0;
+    c->lc.sx.eval = 0;
+    return PT_OK;
+}
+
+/* ABI 1.6: profile and plan again for another batch shape, between steps. */
+static int replan_profile(void *user) {
+    int profiled = 0;
+    return profile((pt_ctx *)user, &profiled);
+}
+static int32_t h_replan(void *vctx, int64_t batch, int64_t seq) {
+    CTX("replan");
+    int rc = between_steps(c, "replan");
+    if (!rc && c->depth > 1)
+        rc = pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
+                     "hook replan called out of order: from inside %s; call it after that hook "
+                     "returns", c->outer);
+    if (rc) return done(c, rc);
+    rc = pt_rt_replan(c->rt, batch, seq, replan_profile, c, c->err, sizeof c->err);
+    if (rc) {
+        char inner[sizeof c->err];
+        snprintf(inner, sizeof inner, "%s", c->err);
+        pt_fail(c->err, sizeof c->err, rc, "replan(batch %lld, sequence %lld): %s",
+                (long long)batch, (long long)seq, inner);
+    }
     return done(c, rc);
 }
 
@@ -627,6 +690,7 @@ __attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
     .load_state = h_load_state,
     .set_lr = h_set_lr,
     .clip_grad_norm = h_clip_grad_norm,
+    .write_param = h_write_param,
     .launch = h_launch,
     .stream_sync = h_stream_sync,
     .osft_linear_forward = h_osft_fwd,
@@ -635,4 +699,6 @@ __attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
     .tiled_mlp_backward = h_tiled_bwd,
     .tiled_mlp_scratch = h_tiled_scratch,
     .dist_allreduce = h_dist_allreduce,
+    .discard_step = h_discard_step,   /* ABI 1.6 */
+    .replan = h_replan,               /* ABI 1.6 */
 };

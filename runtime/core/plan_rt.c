@@ -386,9 +386,9 @@ int pt_rt_call_profile_step(pt_rt *rt, char *err, size_t errlen) {
     if (hrc) {
         char inner[640] = "";
         if (err && errlen) snprintf(inner, sizeof inner, "%s", err);
-        return pt_fail(err, errlen, PT_ERR_CALLBACK, "post_model_load: the host's profile_step "
-                       "returned %d%s%s", hrc, inner[0] ? "; inside it the plugin reported: " : "",
-                       inner);
+        return pt_fail(err, errlen, PT_ERR_CALLBACK, "%s: the host's profile_step "
+                       "returned %d%s%s", rt->prof_hook ? rt->prof_hook : "post_model_load", hrc,
+                       inner[0] ? "; inside it the plugin reported: " : "", inner);
     }
     return PT_OK;
 }

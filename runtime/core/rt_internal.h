@@ -48,6 +48,7 @@ struct pt_rt {
     pt_store_knobs kn;        /* what the current store was built with */
     float last_loss;
     struct pt_prof *prof;     /* non-NULL while profiling */
+    const char *prof_hook;    /* the hook profiling runs in, for errors (NULL: post_model_load) */
     double prof_t0;
     uint64_t pred_peak;       /* the plan's predicted peak and iteration time (0: no plan) */
     double pred_iter_s;

@@ -113,6 +113,18 @@ int pt_rt_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char *
     return rc ? rc : pt_store_read_param(rt->st, index, dst, bytes, err, errlen);
 }
 
+int pt_rt_write_param(pt_rt *rt, int32_t index, const void *src, uint64_t bytes, char *err,
+                      size_t errlen) {
+    int rc = pt_rt_need_store(rt, "write_param", 0, err, errlen);
+    if (rc) return rc;
+    /* a feature that reads parameters in the store's place (OSFT's factors)
+     * holds values the store's copy does not */
+    if (pt_rt_ext_reader(rt))
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "write_param: a feature owns the "
+                       "parameters' values here (OSFT); writing them is not built");
+    return pt_store_write_param(rt->st, index, src, bytes, err, errlen);
+}
+
 int pt_rt_launch(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t errlen) {
     if (!fn) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "launch: fn is NULL");
     const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);

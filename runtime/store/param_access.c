@@ -1,8 +1,9 @@
 /*
  * param_access.c — one parameter of the store as the host and the features
- * see it: its values read back (read_param), where its fp32 copy lives
+ * see it: its values read back (read_param) and written (write_param), where its fp32 copy lives
  * (resident, pinned, or mode C's part) and which chunk holds it.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "store_internal.h"
@@ -38,6 +39,67 @@ int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, 
     if (rc) return rc;
     memcpy(dst, (char *)c->h_param + off, bytes);
     return PT_OK;
+}
+
+/* The fp32 state index of root param `root` in chunk c (its master, m, v), or
+ * UINT64_MAX when it has no optimizer state. */
+static uint64_t state_index(const pt_store *st, const cs_chunk *c, int root) {
+    uint64_t off = st->lay.param_offset[root];
+    for (int r = 0; r < c->lc->n_regions; r++) {
+        const pt_chunk_region *g = &c->lc->regions[r];
+        if (off >= g->offset && off < g->offset + g->bytes && c->reg_state[r] != UINT64_MAX)
+            return c->reg_state[r] + (off - g->offset) / pt_dtype_size(g->dtype);
+    }
+    return UINT64_MAX;
+}
+
+int pt_store_write_param(pt_store *st, int32_t index, const void *src, uint64_t bytes,
+                         char *err, size_t errlen) {
+    if (!st || index < 0 || index >= st->n_params || !src)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "write_param: bad index %d (model has "
+                       "%d params) or NULL source", index, st ? st->n_params : 0);
+    int root = st->root[index];
+    const pt_param_v1 *p = &st->env.model->params[root];
+    const char *name = p->name ? p->name : "(unnamed)";
+    uint64_t n = pt_store_param_numel(p), need = n * pt_dtype_size(p->dtype);
+    if (bytes != need)
+        return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "write_param: param %d holds %llu bytes, "
+                       "caller passed %llu", index, (unsigned long long)need,
+                       (unsigned long long)bytes);
+    cs_chunk *c = &st->ch[st->lay.param_chunk[root]];
+    uint64_t off = st->lay.param_offset[root];
+    if (c->sh)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "write_param: param %d '%s' lies in "
+                       "chunk %d, which mode C splits across the ranks; writing a split "
+                       "parameter is not built (load the weights before post_model_load, or "
+                       "through load_state)", index, name, c->id);
+    /* nothing queued or running may still read or write the chunk */
+    int rc = c->persistent ? pt_store_sync(st, err, errlen)
+                           : pt_cs_wait_task(st, c, "write_param", err, errlen);
+    if (rc) return rc;
+    uint64_t s = st->opt_ready && st->root_tr[root] ? state_index(st, c, root) : UINT64_MAX;
+    float *wide = NULL;   /* a 16-bit value widened: its fp32 master */
+    if (s != UINT64_MAX && p->dtype != PT_F32) {
+        if (!(wide = malloc(sizeof(float) * (size_t)(n ? n : 1))))
+            return pt_fail(err, errlen, PT_ERR_HOST_OOM, "write_param: out of host memory");
+        pt_cpu_cvt(wide, PT_F32, src, p->dtype, (size_t)n);
+    }
+    char e[256] = "";
+    if (c->persistent) {
+        if (pt_gpu_memcpy_sync(st->env.gpu, (char *)c->d_param + off, src, (size_t)bytes,
+                               PT_GPU_H2D, e, sizeof e) ||
+            (wide && pt_gpu_memcpy_sync(st->env.gpu, c->d_master + s, wide, sizeof(float) * n,
+                                        PT_GPU_H2D, e, sizeof e)))
+            rc = pt_fail(err, errlen, PT_ERR_BACKEND, "write_param: writing param %d failed: %s",
+                         index, e);
+    } else {
+        memcpy((char *)c->h_param + off, src, (size_t)bytes);
+        if (wide) memcpy(c->h_master + s, wide, sizeof(float) * n);
+        /* a streamed copy in a buffer slot holds the old value: untag it */
+        if (st->pool) pt_bufpool_invalidate(st->pool, c->id, NULL, 0);
+    }
+    free(wide);
+    return rc;
 }
 
 int pt_store_param_home(pt_store *st, int32_t index, float **p, int *on_device, char *err,

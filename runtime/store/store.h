@@ -144,6 +144,11 @@ int pt_store_set_lr(pt_store *st, float lr);
  * optimizer's max_grad_norm (max_norm <= 0). */
 int pt_store_clip_grad_norm(pt_store *st, float max_norm, double *norm, char *err,
                             size_t errlen);
+/* The step in progress dropped (discard.c): windows, leases, arenas and its
+ * gradients, back to the state after the last optimizer_step; eval: an
+ * evaluation pass (no gradients). Refused (PT_ERR_ORDER, nothing changed)
+ * when the CPU optimizer already stepped a chunk of this step. */
+int pt_store_discard(pt_store *st, int eval, char *err, size_t errlen);
 
 /* Host services. */
 int pt_acts_arena(pt_store *st, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen);
@@ -152,6 +157,10 @@ int pt_store_is_arena(const pt_store *st, const void *ptr);   /* block index, or
 uint64_t pt_store_arena_bytes(const pt_store *st, int32_t b); /* device bytes held now */
 int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, char *err,
                         size_t errlen);
+/* The inverse, between steps: the compute copy and, for a trainable 16-bit
+ * param with optimizer state, its fp32 master (widened); moments untouched. */
+int pt_store_write_param(pt_store *st, int32_t index, const void *src, uint64_t bytes,
+                         char *err, size_t errlen);
 /* Where fp32 param `index` lives between steps: the resident copy (device, its
  * last device AdamW may still be queued on s_compute) or the pinned master of an
  * offloaded chunk (after its CPU step). A caller that changes the values there

@@ -198,6 +198,8 @@ _table_hooks = [
     ("dist_allreduce", C.CFUNCTYPE(i32, vp, C.POINTER(C.c_double), i32)),
     # ABI 1.6, the former reserved[0]
     ("clip_grad_norm", C.CFUNCTYPE(i32, vp, C.c_float, C.POINTER(C.c_double))),
+    ("discard_step", C.CFUNCTYPE(i32, vp)),         # ABI 1.6, the former reserved[1]
+    ("replan", C.CFUNCTYPE(i32, vp, i64, i64)),     # ABI 1.6, the former reserved[2]
 ]
 
 
@@ -207,7 +209,9 @@ class pt_plugin_v1(C.Structure):
         ("struct_size", u32),
         ("name", C.c_char_p),
         ("version", C.c_char_p),
-    ] + _table_hooks + [("reserved", vp * 3)]
+    ] + _table_hooks + [("reserved", vp * 1),
+                        # ABI 1.6, appended after the reserved slots
+                        ("write_param", C.CFUNCTYPE(i32, vp, i32, vp, u64))]
 
 
 # The mandatory core of a v1 table: every field through finalize (as loader.c).

@@ -5,7 +5,7 @@ have no gradient, so torch's own function would see only the non-block ones
 
 The plugin's CPU optimizer steps offloaded chunks during backward once set_lr
 has told it the lr, so it must know before backward that a step clips. The
-adapter learns it from the first step: that step gives no set_lr (every CPU
+adapter learns it from its first step (a resumed run's too): that step gives no set_lr (every CPU
 step waits for optimizer_step), and a clip_grad_norm_ call in it is
 remembered; from then on each step announces the clipping right after
 pre_step (the hook with no norm), so the CPU steps wait for the norm while
@@ -80,13 +80,14 @@ class Clipping:
     """Mixin of Adapter: the clip_grad_norm hook, learned and announced."""
 
     clip_max = None          # the max norm of the last step's call (inf: norm only)
+    steps_run = 0            # optimizer steps this adapter ran (a resumed run counts anew)
     clip_passthrough = False  # the control: torch's own function (the partial clip)
 
     def _announce_clip(self):
         """At micro-batch 0 after pre_step: set_lr lets the CPU step offloaded
         chunks during backward, so it is given only once the first step has
         shown whether the steps clip; a clipping run announces it first."""
-        if self.step == 1 or not self.table.has("set_lr"):
+        if not self.steps_run or not self.table.has("set_lr"):
             return False
         if self.clip_max is not None and self.table.has("clip_grad_norm"):
             mx = 0.0 if math.isinf(self.clip_max) else self.clip_max

@@ -13,16 +13,21 @@ load), so a save reads each parameter once.
 
 Loads: before the first forward the parameters are still ordinary tensors
 (the plugin copies them at post_model_load), so load_state_dict writes them
-as in plain PyTorch and the plugin starts from the loaded values. After it,
-the ABI has no hook that writes a parameter's compute copy and master weights,
-so a load that reaches a wrapped parameter is refused with a sentence (resume
-with the optimizer's state_dict, which carries the weights, or load before the
-first forward); so is assign=True, which would replace the Parameter objects
-the plugin's windows rebind.
+as in plain PyTorch and the plugin starts from the loaded values. After it, a
+load-state-dict pre-hook writes each loaded value into the plugin
+(write_param: the compute copy and a 16-bit parameter's fp32 master; the
+optimizer's moments stay, as torch's load leaves its optimizer alone) and
+lends the parameter a host copy for torch's own copy_ to land in, which a
+post-hook swaps back for the placeholder. Between steps only: inside a step
+the load is refused. assign=True is refused always: it would replace the
+Parameter objects the plugin's windows rebind.
 """
+import ctypes as C
 import weakref
 
 import torch
+
+from ._windows import _placeholder
 
 
 class Saves:
@@ -40,6 +45,9 @@ class Saves:
                     lambda m, d, p, meta: self._state_dict_hook(m, d, p, meta)))
                 self.handles.append(mod.register_load_state_dict_pre_hook(
                     lambda *a: self._load_hook(*a)))
+                self.handles.append(mod.register_load_state_dict_post_hook(
+                    lambda m, keys: self._after_load()))
+        self.lent = []   # parameters lent a host copy during a load
 
     def values_changed(self):
         """The plugin's values moved (a step, a load): cached copies are stale."""
@@ -76,9 +84,33 @@ class Saves:
                 "protrain: load_state_dict(assign=True) would replace %s with new Parameter "
                 "objects, which the plugin's windows do not know; load without assign (the "
                 "values are copied in)" % names[0])
-        if self.loaded:
+        if not self.loaded:
+            return                      # ordinary tensors: torch copies into them
+        if self.micro or self.in_pass:
             raise RuntimeError(
-                "protrain: load_state_dict reaches %s after the first forward; the plugin owns "
-                "the weights from then on and has no hook to overwrite them: load the model's "
-                "weights before the first forward, or restore a run with the optimizer's "
-                "load_state_dict (its state carries the weights)" % names[0])
+                "protrain: load_state_dict reaches %s inside a training step (after %d of its "
+                "forward/backward passes); load between optimizer.step() and the next forward"
+                % (names[0], self.micro))
+        if not self.table.has("write_param"):
+            raise RuntimeError(
+                "protrain: load_state_dict reaches %s after the first forward, and the plugin "
+                "%s has no write_param hook (ABI 1.6) to take the values; load before the "
+                "first forward" % (names[0], self.table.path))
+        for name, p in mod._parameters.items():
+            key = prefix + name
+            i = self.index.get(id(p)) if p is not None else None
+            v = sd.get(key) if i is not None else None
+            if not isinstance(v, torch.Tensor) or tuple(v.shape) != self.infos[i].shape:
+                continue                # torch reports a missing or misshapen entry
+            src = v.detach().to(device="cpu", dtype=p.dtype).contiguous()
+            self.call("write_param", i, C.c_void_p(src.data_ptr()),
+                      src.numel() * src.element_size())
+            p.data = src                # torch's own copy_ lands here
+            self.lent.append(i)
+        self.values_changed()
+
+    def _after_load(self):
+        lent, self.lent = self.lent, []
+        for i in lent:
+            info = self.infos[i]
+            info.param.data = _placeholder(info.param.dtype, info.shape)

@@ -142,3 +142,25 @@ def test_late_clip_refused(ini, plugin_path):
     with pytest.raises(RuntimeError, match="clip in every step from the first, or in none"):
         torch.nn.utils.clip_grad_norm_(m.parameters(), MAX)
     opt.step()
+
+
+def test_resume_with_clipping(ini, plugin_path):
+    """A resumed run (its step count from the state) learns the clipping again
+    from its own first step: no refusal, bit-identical to the uninterrupted run."""
+    data = oracle.batches(4)
+    path = ini(STREAMED)
+
+    def run(m, opt, xs):
+        return _run(m, xs, opt.step, MAX)
+
+    m, opt = ptt.wrap(oracle.make_model("llama"), config=path, lr=1e-3, plugin=plugin_path)
+    whole = run(m, opt, data)
+    m, opt = ptt.wrap(oracle.make_model("llama"), config=path, lr=1e-3, plugin=plugin_path)
+    first = run(m, opt, data[:2])
+    sd, osd = ptt.state_dict(m), opt.state_dict()
+    m2, opt2 = ptt.wrap(oracle.make_model("llama", seed=3), config=path, lr=1e-3,
+                        plugin=plugin_path)
+    m2.load_state_dict(sd)
+    opt2.load_state_dict(osd)
+    rest = run(m2, opt2, data[2:])
+    assert first[0] + rest[0] == whole[0] and first[1] + rest[1] == whole[1]

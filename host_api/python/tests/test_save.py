@@ -5,6 +5,7 @@ shape and read NaN; the optimizer's state_dict carries the plugin's state as
 bytes, so a moved checkpoint resumes bit-exactly and nothing is left on disk.
 The control: with the state-dict hooks off the saves hold the placeholders
 and the comparison fails."""
+import copy
 import glob
 import os
 import shutil
@@ -15,7 +16,7 @@ import torch
 
 import oracle
 import protrain.torch as ptt
-from test_oracle import STREAMED
+from test_oracle import STREAMED, check
 
 
 def _train(m, opt, data):
@@ -150,11 +151,53 @@ def test_optimizer_round_trip_before_the_first_forward(ini, plugin_path, scratch
         opt.load_state_dict(sd)
 
 
-def test_load_after_first_forward_refused(ini, plugin_path):
+def test_load_after_the_first_forward(ini, plugin_path):
+    """load_state_dict into a model that has trained writes the plugin's
+    weights (read back exactly) and keeps the optimizer's moments, as torch's
+    load into a plain model keeps its AdamW state: the run continues like
+    plain PyTorch doing the same load."""
+    data = oracle.batches(4)
+    other = oracle.make_model("llama", seed=7).state_dict()
+    m = oracle.make_model("llama")
+    ref = copy.deepcopy(m)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.0)
+
+    def rstep():
+        ropt.step()
+        ropt.zero_grad()
+    want = oracle.train_losses(ref, data[:2], 1, rstep)
+    ref.load_state_dict(other)
+    want += oracle.train_losses(ref, data[2:], 1, rstep)
+    m, opt = ptt.wrap(m, config=ini(STREAMED), lr=1e-3, plugin=plugin_path)
+    got = _train(m, opt, data[:2])
+    m.load_state_dict(other)
+    assert _equal(ptt.state_dict(m), other)
+    got += _train(m, opt, data[2:])
+    check(got, want, oracle.rel_norm(ptt.state_dict(m), ref.state_dict()))
+
+
+def test_load_into_bf16_masters(ini, plugin_path):
+    """A bf16 model: the load reaches the fp32 masters too (a step at lr 0
+    writes the masters back into the weights, which keep the loaded values)."""
+    data = oracle.batches(2)
+    m, opt = ptt.wrap(oracle.make_model("llama", dtype=torch.bfloat16), config=ini(STREAMED),
+                      lr=1e-3, plugin=plugin_path)
+    _train(m, opt, data[:1])
+    other = oracle.make_model("llama", seed=7, dtype=torch.bfloat16).state_dict()
+    m.load_state_dict(other)
+    opt.param_groups[0]["lr"] = 0.0
+    _train(m, opt, data[1:])
+    assert _equal(ptt.state_dict(m), other)
+
+
+def test_load_refusals(ini, plugin_path):
     m, opt = ptt.wrap(oracle.make_model("gpt2"), config=ini(), lr=1e-3, plugin=plugin_path)
-    _train(m, opt, oracle.batches(1))
+    data = oracle.batches(2)
+    _train(m, opt, data[:1])
     sd = ptt.state_dict(m)
-    with pytest.raises(RuntimeError, match="after the first forward; the plugin owns"):
-        m.load_state_dict(sd)
     with pytest.raises(RuntimeError, match="assign=True"):
         m.load_state_dict(sd, assign=True)
+    m(input_ids=data[1], labels=data[1]).loss.backward()
+    with pytest.raises(RuntimeError, match="inside a training step"):
+        m.load_state_dict(sd)
+    opt.step()

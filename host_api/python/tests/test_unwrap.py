@@ -13,7 +13,7 @@ import protrain.torch as ptt
 from test_oracle import STREAMED
 
 HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-         "_state_dict_hooks", "_load_state_dict_pre_hooks")
+         "_state_dict_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
 
 
 def _hooks(m):

@@ -2,11 +2,11 @@
  * optim_kind.c — the optimizer kinds' tables (optim_kind.h) and AdamW's steps
  * of a chunk. AdamW keeps no state beyond the chunk's m / v (and fp32 masters,
  * which the store owns): it plans nothing, has no init, pass or image words.
- * Its steps are element-wise over each trainable region of the chunk (the
- * update of cpu_adam.h, the same element body on both sides), on the device
- * through the backend's adamw op (a 16-bit gradient widened
- * into fp32 scratch first, the 16-bit copy written from the fp32 master), and
- * on the CPU as one job whose slices every worker shares. REKLS's table
+ * Its steps hand the chunk's view (optim/optim_chunk.h: its trainable
+ * regions, the copies and state it steps) to runtime/optim's AdamW over a
+ * view, element-wise over each region (the update of cpu_adam.h, the same
+ * element body on both sides), on the device through the backend's adamw op
+ * and on the CPU as one job whose slices every worker shares. REKLS's table
  * points at rekls_store.c and rekls_dist.c, and at AdamW's steps for chunks
  * holding none of its params; its cpu_seconds (here) is rekls.c's time model.
  */
@@ -15,84 +15,87 @@
 
 #include "rekls_store.h"
 
+/* Chunk c's region r as a view's region. */
+static pt_optim_region view_region(const cs_chunk *c, int r) {
+    const pt_chunk_region *g = &c->lc->regions[r];
+    return (pt_optim_region){g->offset, g->bytes / pt_dtype_size(g->dtype), c->reg_state[r],
+                             g->dtype};
+}
+
+/* Chunk c's view (optim/optim_chunk.h) over its device copies (resident) or
+ * its pinned ones: its trainable regions into reg (room for all of the
+ * chunk's), or none when reg is NULL. */
+static void chunk_view(const cs_chunk *c, int resident, pt_optim_region *reg,
+                       pt_optim_chunk *v) {
+    memset(v, 0, sizeof *v);
+    v->id = c->id;
+    v->reg = reg;
+    for (int r = 0; reg && r < c->lc->n_regions; r++)
+        if (c->reg_state[r] != UINT64_MAX) reg[v->n_regions++] = view_region(c, r);
+    v->param = resident ? c->d_param : c->h_param;
+    v->grad = resident ? c->d_grad : c->h_gstage;
+    v->gacc = resident ? NULL : c->h_gacc;
+    v->master = resident ? c->d_master : c->h_master;
+    v->m = resident ? c->d_m : c->h_m;
+    v->v = resident ? c->d_v : c->h_v;
+    v->state = c->opt;
+}
+
+/* The regions of a view: on the stack for the usual few, else allocated
+ * (NULL: out of host memory). */
+enum { VIEW_STACK = 8 };
+static pt_optim_region *view_regions(const cs_chunk *c, pt_optim_region *stack) {
+    int n = c->lc->n_regions;
+    return n <= VIEW_STACK ? stack : malloc(sizeof(pt_optim_region) * (size_t)n);
+}
+
 /* Device AdamW over every trainable region of resident chunk c. */
 static int adamw_dev_step(pt_store *st, cs_chunk *c, float lr, float gs, char *err,
                           size_t errlen) {
-    for (int r = 0; r < c->lc->n_regions; r++) {
-        const pt_chunk_region *g = &c->lc->regions[r];
-        if (c->reg_state[r] == UINT64_MAX) continue;
-        uint64_t s = c->reg_state[r], n = g->bytes / pt_dtype_size(g->dtype);
-        pt_adamw_args a = pt_store_adamw_args(st, c, s, (size_t)n, lr, gs);
-        if (g->dtype == PT_F32) {
-            a.param = (float *)((char *)c->d_param + g->offset);
-            a.grad = (const float *)((char *)c->d_grad + g->offset);
-        } else {
-            /* widen the 16-bit gradient into fp32 scratch first */
-            if (OPS(st)->convert(IMPL(st), st->d_gtmp, PT_F32, (char *)c->d_grad + g->offset,
-                                 g->dtype, (size_t)n, 0, st->env.s_compute))
-                return pt_fail(err, errlen, PT_ERR_BACKEND,
-                               "optimizer_step: widening chunk %d's 16-bit gradient failed: "
-                               "convert failed", c->id);
-            a.param = c->d_master + s;
-            a.grad = st->d_gtmp;
-            a.param_out = (char *)c->d_param + g->offset;
-            a.out_dtype = g->dtype;
-        }
-        if (OPS(st)->adamw(IMPL(st), &a, st->env.s_compute))
-            return pt_fail(err, errlen, PT_ERR_BACKEND,
-                           "optimizer_step: device AdamW failed on chunk %d: adamw failed", c->id);
-    }
-    return PT_OK;
+    pt_optim_region stack[VIEW_STACK], *reg = view_regions(c, stack);
+    if (!reg)
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM, "optimizer_step: out of host memory for "
+                       "chunk %d's %d regions", c->id, (int)c->lc->n_regions);
+    pt_optim_chunk v;
+    chunk_view(c, 1, reg, &v);
+    pt_adamw_args hyper = pt_store_adamw_args(st, c, 0, 0, lr, gs);
+    int rc = pt_adamw_chunk_dev(OPS(st), IMPL(st), st->env.s_compute, st->d_gtmp, &v, &hyper,
+                                err, errlen);
+    if (reg != stack) free(reg);
+    return rc;
 }
 
 /* AdamW over every trainable region of an offloaded chunk, as one job whose
- * slices every worker shares (pt_cpu_adam_step_many): grp NULL steps it now
+ * slices every worker shares (pt_adamw_chunk_cpu): grp NULL steps it now
  * (from a worker: the wait runs the job's queued slices itself), else the
- * runners are queued into grp with hooks h. The regions' args are built here;
- * the job keeps its own copy. A mode C chunk is stepped over this rank's parts
- * on this thread (the store queues it as one task and passes grp NULL). */
+ * runners are queued into grp with hooks h. A mode C chunk is stepped over
+ * this rank's parts on this thread (the store queues it as one task and
+ * passes grp NULL). */
 static void adamw_cpu_step(pt_store *st, cs_chunk *c, const pt_optim_cpu *o) {
     const pt_adamw_consts *k = o->k;
     if (c->sh) {
         pt_sh_adam(c, k, o->from_acc);
         return;
     }
-    pt_cpu_adam_args one, *a = c->lc->n_regions > 1 ? malloc(sizeof *a * (size_t)c->lc->n_regions) : &one;
-    memset(&one, 0, sizeof one);
-    int n = 0;
-    for (int r = 0; r < c->lc->n_regions; r++) {
-        const pt_chunk_region *g = &c->lc->regions[r];
-        if (c->reg_state[r] == UINT64_MAX) continue;
-        uint64_t s = c->reg_state[r];
-        pt_cpu_adam_args x;
-        memset(&x, 0, sizeof x);
-        x.n = (size_t)(g->bytes / pt_dtype_size(g->dtype));
-        x.c = *k;
-        x.m = c->h_m + s;
-        x.v = c->h_v + s;
-        if (o->from_acc) {
-            x.g = c->h_gacc + s;
-            x.g_dtype = PT_F32;
-        } else {
-            x.g = (char *)c->h_gstage + g->offset;
-            x.g_dtype = g->dtype;
-        }
-        if (g->dtype == PT_F32) {
-            x.p = (float *)((char *)c->h_param + g->offset);
-        } else {
-            x.p = c->h_master + s;
-            x.out = (char *)c->h_param + g->offset;
-            x.out_dtype = g->dtype;
-        }
-        if (a) a[n++] = x;
-        else pt_cpu_adam_range(&x, 0, x.n);   /* no memory for the list: this thread, same math */
+    pt_optim_region stack[VIEW_STACK], *reg = view_regions(c, stack);
+    pt_optim_chunk v;
+    if (reg) {
+        chunk_view(c, 0, reg, &v);
+        pt_adamw_chunk_cpu(st->workers, &v, k, o->from_acc, o->grp, o->h);
+        if (reg != stack) free(reg);
+        return;
     }
-    /* a queueing failure leaves the update complete after the wait (the
-     * runners that could not be queued ran inline), so nothing to report */
+    /* no memory for the regions: each one alone, now, the same math */
+    chunk_view(c, 0, NULL, &v);
+    for (int r = 0; r < c->lc->n_regions; r++) {
+        if (c->reg_state[r] == UINT64_MAX) continue;
+        pt_optim_region one = view_region(c, r);
+        v.reg = &one;
+        v.n_regions = 1;
+        pt_adamw_chunk_cpu(st->workers, &v, k, o->from_acc, NULL, NULL);
+    }
     const pt_cpu_adam_hooks *h = o->h;
-    if (a) pt_cpu_adam_step_many(st->workers, a, n, o->grp, h, NULL, 0);
-    else if (h && h->done) h->done(h->ctx, pt_now_s(), pt_now_s());   /* stepped above */
-    if (a != &one) free(a);
+    if (h && h->done) h->done(h->ctx, pt_now_s(), pt_now_s());   /* stepped above */
 }
 
 /* REKLS's CPU step of a chunk's params beyond the Adam update: its GEMMs and
