@@ -45,6 +45,7 @@ sequence_len: 64
 sample_packing: true
 eval_sample_packing: false
 pad_to_sequence_len: false
+pad_to_multiple_of: 8
 adapter: lora
 lora_r: 8
 lora_alpha: 16
