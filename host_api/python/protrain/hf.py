@@ -78,8 +78,11 @@ def refusals(args, uniform_weight_decay=False, built=False):
         out.append("optim=%s: the plugin's optimizer is AdamW (optim=adamw_torch)" % name)
     if int(getattr(args, "world_size", 1)) > 1:
         out.append("world_size=%d: the Trainer would wrap the model in DistributedDataParallel, "
-                   "whose gradient all-reduce duplicates the plugin's own; run one process per "
-                   "rank with protrain.torch.wrap in your own loop" % int(args.world_size))
+                   "whose gradient all-reduce duplicates the plugin's own, and it saves on rank 0 "
+                   "only, while reading the weights or the optimizer state of a sharded run "
+                   "(mode C) is a collective every rank must join (the others would wait "
+                   "forever); run one process per rank with protrain.torch.wrap in your own "
+                   "loop" % int(args.world_size))
     if float(getattr(args, "weight_decay", 0.0)) > 0 and not uniform_weight_decay:
         out.append("weight_decay=%g: the Trainer's AdamW leaves biases and norm weights "
                    "undecayed, the plugin's decays every parameter alike; pass "

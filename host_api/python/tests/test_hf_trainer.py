@@ -203,8 +203,7 @@ def test_refusals():
     assert protrain.hf.refusals(types.SimpleNamespace(**ok)) == []
     for key, val, word in (("deepspeed", "ds.json", "DeepSpeed"), ("fsdp", "full_shard", "FSDP"),
                            ("gradient_checkpointing", True, "CKPT"), ("fp16", True, "GradScaler"),
-                           ("optim", "adafactor", "AdamW"), ("world_size", 2,
-                                                             "DistributedDataParallel"),
+                           ("optim", "adafactor", "AdamW"), ("world_size", 2, "rank 0 only"),
                            ("weight_decay", 0.1, "uniform_weight_decay")):
         bad = protrain.hf.refusals(types.SimpleNamespace(**dict(ok, **{key: val})))
         assert len(bad) == 1 and word in bad[0], (key, bad)
