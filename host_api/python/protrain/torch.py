@@ -114,10 +114,15 @@ def wrap(model, config="path.ini", blocks=None, lr=3e-4, betas=(0.9, 0.999), eps
     defaults). blocks: the module list whose items are the blocks (None: found
     in Hugging Face causal LMs). The optimizer settings become the plugin's
     AdamW; grad_accum forward/backward passes make one optimizer step. plugin:
-    a path or short name (found like every host finds it). The plugin plans at
-    the first forward, with that forward's batch; plan_shape=(batch, sequence)
-    plans for at least that shape from the start (the largest the run will
-    see: then no later batch needs a new profile). Returns (model, optimizer)."""
+    a path or short name (found like every host finds it). state_dir: where the
+    optimizer's state_dict() and load_state_dict() make their scratch folders
+    (removed after each; None: the temporary directory). max_grad_norm > 0
+    clips every step in the plugin; to clip from the training loop instead
+    (torch.nn.utils.clip_grad_norm_, what the Hugging Face Trainer calls), leave
+    it 0. The plugin plans at the first forward, with that forward's batch;
+    plan_shape=(batch, sequence) plans for at least that shape from the start
+    (the largest the run will see: then no later batch needs a new profile).
+    Returns (model, optimizer)."""
     _model.refuse_parallel_wrappers(model)
     if getattr(model, "_protrain", None) is not None:
         raise ValueError("protrain.torch.wrap: this model is already wrapped")
