@@ -92,10 +92,13 @@ def refusals(args, uniform_weight_decay=False, built=False):
 
 
 def wrap(model, args, config=None, blocks=None, plugin="protrain", state_dir=None,
-         uniform_weight_decay=False, _built=False):
+         uniform_weight_decay=False, plan_shape=None, _built=False):
     """protrain.torch.wrap with the optimizer settings of a TrainingArguments.
     Returns (model, (optimizer, None)) for Trainer(optimizers=...). Raises
-    ValueError listing every setting the plugin cannot serve (refusals())."""
+    ValueError listing every setting the plugin cannot serve (refusals()).
+    plan_shape=(batch, longest sequence): with per-batch padding, plan for the
+    largest batch from the start (protrain.torch.wrap), so a longer micro-batch
+    in the middle of an accumulation step needs no new plan."""
     bad = refusals(args, uniform_weight_decay, _built)
     if bad:
         raise ValueError("protrain.hf.%s: %s" % ("attach" if _built else "wrap", "; ".join(bad)))
@@ -103,12 +106,12 @@ def wrap(model, args, config=None, blocks=None, plugin="protrain", state_dir=Non
                           betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
                           weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
                           grad_accum=args.gradient_accumulation_steps, plugin=plugin,
-                          state_dir=state_dir)
+                          state_dir=state_dir, plan_shape=plan_shape)
     return model, (opt, None)
 
 
 def attach(trainer, config=None, blocks=None, plugin="protrain", state_dir=None,
-           uniform_weight_decay=False):
+           uniform_weight_decay=False, plan_shape=None):
     """Wrap a Trainer that is already built: its model goes to the plugin
     (wrap with trainer.args) and the plugin's optimizer becomes
     trainer.optimizer, on which the Trainer builds its scheduler at train().
@@ -121,6 +124,6 @@ def attach(trainer, config=None, blocks=None, plugin="protrain", state_dir=None,
                          % type(trainer.optimizer).__name__)
     _, (opt, _) = wrap(trainer.model, trainer.args, config=config, blocks=blocks, plugin=plugin,
                        state_dir=state_dir, uniform_weight_decay=uniform_weight_decay,
-                       _built=True)
+                       plan_shape=plan_shape, _built=True)
     trainer.optimizer = opt
     return trainer

@@ -2,8 +2,9 @@
 against the same Trainer with its own AdamW: Qwen2 (a family the other tests
 do not use), the Trainer's defaults (max_grad_norm 1.0, adamw_torch_fused,
 linear schedule), texts of varying length padded per batch by
-DataCollatorForLanguageModeling, gradient_accumulation_steps 2, evaluation,
-save_steps 2 with save_total_limit 1, 4 optimizer steps.
+DataCollatorForLanguageModeling (the plan made for the longest batch,
+plan_shape), gradient_accumulation_steps 2, evaluation, save_steps 2 with
+save_total_limit 1, 4 optimizer steps.
 
 Oracle: the step-1 micro-batch losses are bit-identical (nothing has been
 updated yet), every later loss is within 1e-4 relative, the weights within
@@ -71,7 +72,11 @@ def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf_trainer")
     ini = root / "t.ini"
     ini.write_text("[plugin]\nbackend = host\nlog_level = error\n" + STREAMED)
-    return types.SimpleNamespace(root=root, ini=str(ini), tok=F.tokenizer(), plugin=PLUGIN)
+    tok = F.tokenizer()
+    # plan for the longest training batch: with per-batch padding a longer
+    # micro-batch may come second in an accumulation step
+    shape = (BATCH, max(len(r["input_ids"]) for r in _data(tok)[0]))
+    return types.SimpleNamespace(root=root, ini=str(ini), tok=tok, plugin=PLUGIN, shape=shape)
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +89,12 @@ def runs(env):
     m1 = F.model("qwen2")
     m1.load_state_dict(init)
     args = _args(str(env.root / "wrapped"))
-    m1, optimizers = protrain.hf.wrap(m1, args, config=env.ini, plugin=env.plugin)
+    m1, optimizers = protrain.hf.wrap(m1, args, config=env.ini, plugin=env.plugin,
+                                      plan_shape=env.shape)
     got = _trainer(m1, args, env.tok, optimizers)
     got.train()
     return types.SimpleNamespace(root=env.root, ini=env.ini, tok=env.tok, init=init, ref=ref,
-                                 got=got, model=m1, args=args, plugin=env.plugin)
+                                 got=got, model=m1, args=args, plugin=env.plugin, shape=env.shape)
 
 
 def test_trainer_equals_plain_trainer(runs):
@@ -140,7 +146,8 @@ def test_resume_from_copied_checkpoint(runs, tmp_path):
     m = F.model("qwen2")
     m.load_state_dict(runs.init)
     args = _args(str(half), max_steps=STEPS, save_steps=2, save_total_limit=None)
-    m, optimizers = protrain.hf.wrap(m, args, config=runs.ini, plugin=runs.plugin)
+    m, optimizers = protrain.hf.wrap(m, args, config=runs.ini, plugin=runs.plugin,
+                                     plan_shape=runs.shape)
     tr = _trainer(m, args, runs.tok, optimizers)
     # stop after step 2's save: a callback ends training there
     from transformers import TrainerCallback
@@ -157,7 +164,8 @@ def test_resume_from_copied_checkpoint(runs, tmp_path):
     shutil.rmtree(half)
     m2 = F.model("qwen2", seed=123)        # other initial weights: the checkpoint must load
     args2 = _args(str(tmp_path / "resumed"))
-    m2, optimizers2 = protrain.hf.wrap(m2, args2, config=runs.ini, plugin=runs.plugin)
+    m2, optimizers2 = protrain.hf.wrap(m2, args2, config=runs.ini, plugin=runs.plugin,
+                                       plan_shape=runs.shape)
     tr2 = _trainer(m2, args2, runs.tok, optimizers2)
     tr2.train(resume_from_checkpoint=str(moved))
     assert tr2.state.global_step == STEPS
