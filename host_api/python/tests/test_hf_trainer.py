@@ -51,13 +51,20 @@ def _data(tok):
 
 
 def _trainer(model, args, tok, optimizers=(None, None), pad_to=None):
+    """A recording Trainer; .shapes collects the shape of every collated batch."""
     from transformers import DataCollatorForLanguageModeling, Trainer
+    collate = DataCollatorForLanguageModeling(tok, mlm=False, pad_to_multiple_of=pad_to)
+    shapes = []
 
+    def collator(rows):
+        out = collate(rows)
+        shapes.append(tuple(out["input_ids"].shape))
+        return out
     train, ev = _data(tok)
-    return F.recording(Trainer)(model=model, args=args, train_dataset=train, eval_dataset=ev,
-                     data_collator=DataCollatorForLanguageModeling(tok, mlm=False,
-                                                                   pad_to_multiple_of=pad_to),
-                     optimizers=optimizers)
+    tr = F.recording(Trainer)(model=model, args=args, train_dataset=train, eval_dataset=ev,
+                              data_collator=collator, optimizers=optimizers)
+    tr.shapes = shapes
+    return tr
 
 
 def _logged(tr, key):
@@ -115,8 +122,10 @@ def test_trainer_equals_plain_trainer(runs):
     assert len(ev_got) == len(ev_ref) == STEPS // 2
     for a, b in zip(ev_got, ev_ref):
         assert abs(a - b) <= TOL * abs(b), (ev_got, ev_ref)
-    # batches of several lengths went through (dynamic padding)
+    # batches of several lengths went through (dynamic padding), the longest
+    # the one planned for
     assert got.state.global_step == STEPS
+    assert len(set(got.shapes)) >= 5 and max(got.shapes) == runs.shape, sorted(set(got.shapes))
 
 
 def test_checkpoints_and_save_model(runs):
