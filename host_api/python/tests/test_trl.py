@@ -1,6 +1,7 @@
 """TRL's SFTTrainer on the plugin, against the same SFTTrainer with its own
-AdamW (Qwen2, texts of varying length padded per batch by TRL's collator, fp32,
-3 steps at lr 1e-3, max_grad_norm 1.0).
+AdamW (Qwen2, texts of varying length padded per batch by TRL's collator:
+batches 2x35, 2x19, 2x42, so the plan grows between steps; fp32, 3 steps at
+lr 1e-3, max_grad_norm 1.0).
 
 - attach: the SFTTrainer built with its default loss (loss_type='chunked_nll',
   which replaces model.forward at construction), then protrain.hf.attach:
@@ -40,8 +41,16 @@ def _sft(model, args, tok, optimizers=(None, None)):
     from datasets import Dataset
     from trl import SFTTrainer
     ds = Dataset.from_dict({"text": F.texts(12, seed=11)})
-    return F.recording(SFTTrainer)(model=model, args=args, train_dataset=ds,
-                                   processing_class=tok, optimizers=optimizers)
+    tr = F.recording(SFTTrainer)(model=model, args=args, train_dataset=ds,
+                                 processing_class=tok, optimizers=optimizers)
+    collate, tr.shapes = tr.data_collator, []
+
+    def collator(rows):          # TRL's own collator, the batch shapes recorded
+        out = collate(rows)
+        tr.shapes.append(tuple(out["input_ids"].shape))
+        return out
+    tr.data_collator = collator
+    return tr
 
 
 def test_sft_trainer(tmp_path):
@@ -63,6 +72,11 @@ def test_sft_trainer(tmp_path):
     protrain.hf.attach(got, config=str(ini), plugin=PLUGIN)
     got.train()
     assert len(got.losses) == len(ref.losses) == STEPS
+    # each step's batch has its own length, and a later one is longer than the
+    # first (the plugin planned again between steps); the loader may fetch one more
+    seen = got.shapes[:STEPS]
+    assert len(set(seen)) == STEPS and seen == ref.shapes[:STEPS], got.shapes
+    assert max(seen) > seen[0], seen
     assert got.losses[0] == ref.losses[0], (got.losses, ref.losses)
     for a, b in zip(got.losses, ref.losses):
         assert abs(a - b) <= TOL * abs(b), (got.losses, ref.losses)
