@@ -17,7 +17,7 @@
 #include "planner/planner.h"
 #include "rt_internal.h"
 
-/* The store rebuilt under rt->kn from img (and the optimizer's state when
+/* The store rebuilt under rt->plan.kn from img (and the optimizer's state when
  * it existed). */
 static int build_from(pt_rt *rt, const pt_state_image *img, char *err, size_t errlen) {
     int rc = pt_rt_build(rt, 1, err, errlen);
@@ -34,25 +34,25 @@ typedef struct kept_plan {
 } kept_plan;
 
 static int keep_plan(const pt_rt *rt, kept_plan *k, char *err, size_t errlen) {
-    *k = (kept_plan){rt->pred_peak, rt->pred_iter_s, rt->pred_fwd_s, rt->pred_bwd_s,
-                     rt->pred_opt_s, {rt->pred_coll[0], rt->pred_coll[1], rt->pred_coll[2]},
+    *k = (kept_plan){rt->plan.pred_peak, rt->plan.pred_iter_s, rt->plan.pred_fwd_s, rt->plan.pred_bwd_s,
+                     rt->plan.pred_opt_s, {rt->plan.pred_coll[0], rt->plan.pred_coll[1], rt->plan.pred_coll[2]},
                      NULL};
-    if (!rt->swap_done) return PT_OK;
+    if (!rt->plan.swap_done) return PT_OK;
     size_t n = (size_t)(rt->n_blocks > 0 ? rt->n_blocks : 1) * sizeof *k->swap_done;
     if (!(k->swap_done = malloc(n))) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
-    memcpy(k->swap_done, rt->swap_done, n);
+    memcpy(k->swap_done, rt->plan.swap_done, n);
     return PT_OK;
 }
 
 static void put_plan(pt_rt *rt, kept_plan *k) {
-    rt->pred_peak = k->peak;
-    rt->pred_iter_s = k->iter_s;
-    rt->pred_fwd_s = k->fwd_s;
-    rt->pred_bwd_s = k->bwd_s;
-    rt->pred_opt_s = k->opt_s;
-    memcpy(rt->pred_coll, k->coll, sizeof k->coll);
-    free(rt->swap_done);
-    rt->swap_done = k->swap_done;
+    rt->plan.pred_peak = k->peak;
+    rt->plan.pred_iter_s = k->iter_s;
+    rt->plan.pred_fwd_s = k->fwd_s;
+    rt->plan.pred_bwd_s = k->bwd_s;
+    rt->plan.pred_opt_s = k->opt_s;
+    memcpy(rt->plan.pred_coll, k->coll, sizeof k->coll);
+    free(rt->plan.swap_done);
+    rt->plan.swap_done = k->swap_done;
     k->swap_done = NULL;
 }
 
@@ -72,11 +72,11 @@ int pt_rt_replan(pt_rt *rt, int64_t batch, int64_t seq, pt_rt_profile_fn profile
     if (rt->broken)
         return pt_fail(err, errlen, rt->broken, "replan: the plugin lost its state in a failed "
                        "re-plan (see the log)");
-    if (rt->coll)
+    if (rt->dist.coll)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
                        "replan with %d ranks: every rank would have to profile the same shape "
                        "at the same step, which the plugin cannot agree on yet; one rank only",
-                       pt_coll_world(rt->coll));
+                       pt_coll_world(rt->dist.coll));
     int64_t ob = rt->hmodel->batch, os = rt->hmodel->seq;
     if (!pt_rt_wants_profile(rt)) {
         /* the INI's knobs run as given: nothing measured, nothing to plan */
@@ -92,12 +92,12 @@ int pt_rt_replan(pt_rt *rt, int64_t batch, int64_t seq, pt_rt_profile_fn profile
         free(kp.swap_done);
         return rc;
     }
-    pt_store_knobs okn = rt->kn;
-    int oswap = rt->swap_interval;
+    pt_store_knobs okn = rt->plan.kn;
+    int oswap = rt->plan.swap_interval;
     pt_trace old;
     pt_trace_init(&old);
-    int had_trace = rt->trace != NULL;
-    if (had_trace && (rc = pt_trace_copy(&old, rt->trace, err, errlen))) {
+    int had_trace = rt->plan.trace != NULL;
+    if (had_trace && (rc = pt_trace_copy(&old, rt->plan.trace, err, errlen))) {
         pt_store_image_free(&img);
         free(kp.swap_done);
         return rc;
@@ -105,11 +105,11 @@ int pt_rt_replan(pt_rt *rt, int64_t batch, int64_t seq, pt_rt_profile_fn profile
     PT_LOGI(&rt->lg, "replan: profiling batch %lld x sequence %lld (the plan was made for "
             "%lld x %lld)", (long long)batch, (long long)seq, (long long)ob, (long long)os);
     set_shape(rt, batch, seq);
-    rt->kn.n_persist = 0;
-    rt->kn.n_buffer = -1;
-    rt->kn.n_swap = 0;
-    rt->kn.n_checkpoint = rt->n_blocks;
-    rt->kn.source = "bootstrap";
+    rt->plan.kn.n_persist = 0;
+    rt->plan.kn.n_buffer = -1;
+    rt->plan.kn.n_swap = 0;
+    rt->plan.kn.n_checkpoint = rt->n_blocks;
+    rt->plan.kn.source = "bootstrap";
     rc = build_from(rt, &img, err, errlen);
     rt->prof_hook = "profiling the new shape";
     if (!rc) rc = profile(user);
@@ -118,10 +118,10 @@ int pt_rt_replan(pt_rt *rt, int64_t batch, int64_t seq, pt_rt_profile_fn profile
         /* back to the old shape and plan: the sentence above stays the error */
         char e2[512];
         set_shape(rt, ob, os);
-        rt->kn = okn;
-        rt->swap_interval = oswap;
+        rt->plan.kn = okn;
+        rt->plan.swap_interval = oswap;
         put_plan(rt, &kp);
-        if (had_trace) (void)pt_trace_copy(rt->trace, &old, NULL, 0);
+        if (had_trace) (void)pt_trace_copy(rt->plan.trace, &old, NULL, 0);
         int rc2 = build_from(rt, &img, e2, sizeof e2);
         if (rc2) {
             rt->broken = rc2;
