@@ -60,7 +60,7 @@ void pt_gpu_describe_locked(const pt_gpu *g, const void *p, char *buf, size_t n)
     const pt_blk *x = block_at(g, p);
     if (!x || x->state != 1) {
         snprintf(buf, n, "it lies in no live device allocation (never allocated here, already "
-                 "freed, or not device memory)");
+                         "freed, or not device memory)");
         return;
     }
     uint64_t into = (uint64_t)((uintptr_t)p - (uintptr_t)pt_gpu_blk_addr(g, x));
@@ -83,18 +83,18 @@ int pt_gpu_host_range(const pt_gpu *g, const void *p, size_t bytes, char *why, s
     int ok = 0;
     if (!x || x->state != 1) {
         snprintf(why, whylen, "is not device memory (it does not lie inside a live allocation "
-                 "from dev_alloc, an arena or a parameter)");
+                              "from dev_alloc, an arena or a parameter)");
     } else if (!host_reachable(x)) {
         snprintf(why, whylen, "lies in the plugin's %s (%" PRIu64 " bytes at %p), which the "
-                 "host may not copy to or from", plugin_role(x->tag), x->req,
+                              "host may not copy to or from",
+                 plugin_role(x->tag), x->req,
                  (void *)pt_gpu_blk_addr(g, x));
     } else {
         uint64_t into = (uint64_t)((uintptr_t)p - (uintptr_t)pt_gpu_blk_addr(g, x));
         uint64_t room = into < x->req ? x->req - into : 0;
         ok = bytes <= room;
         if (!ok)
-            snprintf(why, whylen, "runs past the end of its allocation: it starts %" PRIu64
-                     " bytes into %s%s of %" PRIu64 " bytes at %p, so %" PRIu64 " bytes fit",
+            snprintf(why, whylen, "runs past the end of its allocation: it starts %" PRIu64 " bytes into %s%s of %" PRIu64 " bytes at %p, so %" PRIu64 " bytes fit",
                      into, x->host ? "a dev_alloc block" : "the plugin's ",
                      x->host ? "" : plugin_role(x->tag), x->req, (void *)pt_gpu_blk_addr(g, x),
                      room);

@@ -42,7 +42,9 @@ static void backend_log(void *user, int32_t level, const char *msg) {
 
 /* Until the device object exists, the backend's first report is kept here so a
  * failed reservation can say what the driver said. */
-typedef struct first_report { char msg[256]; } first_report;
+typedef struct first_report {
+    char msg[256];
+} first_report;
 
 static void keep_first(void *user, int32_t level, const char *msg) {
     first_report *r = user;
@@ -77,7 +79,8 @@ static int open_with(const pt_gpu_backend *ops, void *dl, const pt_gpu_config *c
         rc = pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                      "[memory] device_capacity = %" PRIu64 " bytes is less than one %u-byte "
                      "allocation unit, so nothing fits; give the model's size (post_model_load "
-                     "names what it needs) or auto", cfg->capacity, PT_GPU_ALIGN);
+                     "names what it needs) or auto",
+                     cfg->capacity, PT_GPU_ALIGN);
         ops->close(impl);
         if (dl) dlclose(dl);
         return rc;
@@ -151,7 +154,7 @@ int pt_gpu_open_lib(const char *kind, const char *lib, const pt_gpu_config *cfg,
      * reason stays readable through pt_gpu_fallback_reason. */
     if (is_cuda || rc != PT_ERR_BACKEND) return pt_fail(err, errlen, rc, "%s", cerr);
     rc = open_with(&pt_gpu_backend_host, NULL, &c, out, err, errlen);
-    if (rc == PT_OK) snprintf((*out)->fallback, sizeof (*out)->fallback, "%s", cerr);
+    if (rc == PT_OK) snprintf((*out)->fallback, sizeof(*out)->fallback, "%s", cerr);
     return rc;
 }
 
@@ -230,12 +233,14 @@ uint64_t pt_gpu_round_size(uint64_t bytes) {
 /* alloc's flags. AL_RECORD: a request that does not fit is kept for
  * pt_gpu_last_oom (without it: a caller's optional buffer, pt_gpu_try_alloc).
  * AL_HOST: the block is the host's (dev_alloc), the only kind dev_free takes. */
-enum { AL_RECORD = 1, AL_HOST = 2 };
+enum { AL_RECORD = 1,
+       AL_HOST = 2 };
 
 static int alloc(pt_gpu *g, size_t bytes, int tag, void **p, int flags, char *err, size_t errlen) {
     if (!g || !p || tag < 0 || tag >= PT_TAG_COUNT)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "pt_gpu_alloc: %s",
-                       !g ? "device is NULL" : !p ? "output pointer is NULL" : "tag out of range");
+                       !g ? "device is NULL" : !p ? "output pointer is NULL"
+                                                  : "tag out of range");
     *p = NULL;
     uint64_t size = pt_gpu_round_size(bytes);
     pthread_mutex_lock(&g->mu);
@@ -252,7 +257,8 @@ static int alloc(pt_gpu *g, size_t bytes, int tag, void **p, int flags, char *er
         pthread_mutex_unlock(&g->mu);
         return pt_fail(err, errlen, PT_ERR_OOM,
                        "device out of memory: tag %s needs %zu bytes, more than any device "
-                       "holds (capacity %" PRIu64 ")", pt_mem_tag_name(tag), bytes,
+                       "holds (capacity %" PRIu64 ")",
+                       pt_mem_tag_name(tag), bytes,
                        g->u.capacity);
     }
     pt_blk *x = pt_ext_carve(&g->dev, size);
@@ -300,8 +306,7 @@ static int alloc(pt_gpu *g, size_t bytes, int tag, void **p, int flags, char *er
                            pt_mem_tag_name(tag), bytes, freeb, cap, largest);
         return pt_fail(err, errlen, PT_ERR_OOM,
                        "device out of memory: tag %s needs %zu bytes (%" PRIu64 " with %u-byte "
-                       "alignment), %" PRIu64 " free of %" PRIu64 " capacity (largest free block %"
-                       PRIu64 ")",
+                       "alignment), %" PRIu64 " free of %" PRIu64 " capacity (largest free block %" PRIu64 ")",
                        pt_mem_tag_name(tag), bytes, size, PT_GPU_ALIGN, freeb, cap, largest);
     }
     x->req = bytes;
@@ -324,8 +329,8 @@ static int alloc(pt_gpu *g, size_t bytes, int tag, void **p, int flags, char *er
     if (warn) {
         char msg[400];
         snprintf(msg, sizeof msg, "device capacity of %" PRIu64 " bytes exceeded (tag %s, %zu "
-                 "bytes; %" PRIu64 " in use with it): the setup goes on past it only to measure "
-                 "what it needs, and post_model_load will fail naming that size",
+                                  "bytes; %" PRIu64 " in use with it): the setup goes on past it only to measure "
+                                  "what it needs, and post_model_load will fail naming that size",
                  g->u.capacity, pt_mem_tag_name(tag), bytes, cur);
         backend_log(g, PT_LOG_WARN, msg);
     }
@@ -380,8 +385,8 @@ static int free_block(pt_gpu *g, void *p, pt_stream *s, int host_only, char *err
         /* a free has no status to fail with: an unpoisoned block is only a lost
          * debugging aid, so it is reported and the block still goes back */
         const char *bad = g->ops->memset_async(g->impl, p, 0xFF, (size_t)x->size, NULL) ? "memset"
-                          : g->ops->stream_sync(g->impl, NULL)                           ? "stream_sync"
-                                                                                         : NULL;
+                          : g->ops->stream_sync(g->impl, NULL)                          ? "stream_sync"
+                                                                                        : NULL;
         if (bad) {
             char msg[160];
             snprintf(msg, sizeof msg, "pt_gpu_free: the poison fill of %p failed (%s)", p, bad);

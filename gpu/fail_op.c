@@ -13,10 +13,21 @@
 #include "gpu.h"
 
 static const char *const op_names[PT_GPU_OP_COUNT] = {
-    "none",         "memset",       "memcpy",            "event_sync",
-    "stream_sync",  "convert",      "adamw",             "sqnorm",
-    "event_record", "stream_wait_event", "event_create", "event_elapsed_ms",
-    "host_fn",      "eigh",         "rekls_ew",
+    "none",
+    "memset",
+    "memcpy",
+    "event_sync",
+    "stream_sync",
+    "convert",
+    "adamw",
+    "sqnorm",
+    "event_record",
+    "stream_wait_event",
+    "event_create",
+    "event_elapsed_ms",
+    "host_fn",
+    "eigh",
+    "rekls_ew",
 };
 
 const char *pt_gpu_op_name(int op) {

@@ -41,7 +41,10 @@ typedef enum pt_mem_tag {
 const char *pt_mem_tag_name(int tag);
 int pt_mem_tag_parse(const char *s); /* free text -> tag (unknown -> PT_TAG_HOSTUSE) */
 
-typedef enum pt_gpu_copy { PT_GPU_H2D = 0, PT_GPU_D2H = 1, PT_GPU_D2D = 2, PT_GPU_H2H = 3 } pt_gpu_copy;
+typedef enum pt_gpu_copy { PT_GPU_H2D = 0,
+                           PT_GPU_D2H = 1,
+                           PT_GPU_D2D = 2,
+                           PT_GPU_H2H = 3 } pt_gpu_copy;
 
 /* Configuration a backend is opened with (from the INI [memory] / [host_backend]). */
 /* The throttle's accepted rates. Below 1 MB/s a step's copies take hours (a
@@ -135,7 +138,8 @@ typedef struct pt_gemm_args {
  *  PT_COLS_DOT:   acc[j] += sum over i ascending of x[i][j] * y[i][j], the sum
  *                 formed in fp32 in that order (pt_coldot_step, kernels_hd.h), so
  *                 both backends give the same bits. */
-enum { PT_COLS_SCALE = 0, PT_COLS_DOT = 1 };
+enum { PT_COLS_SCALE = 0,
+       PT_COLS_DOT = 1 };
 typedef struct pt_cols_args {
     int op;
     int64_t rows, cols, ld;
@@ -269,7 +273,7 @@ typedef struct pt_gpu_backend {
 } pt_gpu_backend;
 
 /* The table holds gemm_f32, cols_f32 and svd_f32 (inside its struct_size, non-NULL). */
-#define pt_gpu_has_linalg(ops)                                                            \
+#define pt_gpu_has_linalg(ops) \
     ((ops)->struct_size >= sizeof(pt_gpu_backend) && (ops)->gemm_f32 && (ops)->cols_f32 && \
      (ops)->svd_f32)
 

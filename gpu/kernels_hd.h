@@ -70,7 +70,10 @@ PT_HD float pt_f16_to_f32(uint16_t h) {
             u = sign;
         } else { /* subnormal: normalise */
             e = 1;
-            while (!(m & 0x400u)) { m <<= 1; e--; }
+            while (!(m & 0x400u)) {
+                m <<= 1;
+                e--;
+            }
             m &= 0x3ffu;
             u = sign | ((e + 112u) << 23) | (m << 13);
         }
@@ -101,7 +104,8 @@ PT_HD void pt_store_elem(void *p, int dtype, size_t i, float v) {
     else ((float *)p)[i] = v;
 }
 
-PT_HD size_t pt_dtype_size(int dtype) { return dtype == 0 ? 4u : dtype == 3 ? 1u : 2u; }
+PT_HD size_t pt_dtype_size(int dtype) { return dtype == 0 ? 4u : dtype == 3 ? 1u
+                                                                            : 2u; }
 
 /* ---- AdamW element body ----
  * Decoupled weight decay (PyTorch AdamW order, decay uses the old p):

@@ -7,19 +7,30 @@
 
 #include "gpu.h"
 
-static const char *const tag_names[PT_TAG_COUNT] = {"param", "grad",    "optim",   "buffer",
-                                                     "act",   "scratch", "hostuse", "other"};
+static const char *const tag_names[PT_TAG_COUNT] = {"param", "grad", "optim", "buffer",
+                                                    "act", "scratch", "hostuse", "other"};
 
 const char *pt_mem_tag_name(int tag) {
     return (tag >= 0 && tag < PT_TAG_COUNT) ? tag_names[tag] : "invalid";
 }
 
 int pt_mem_tag_parse(const char *s) {
-    static const struct { const char *name; int tag; } alias[] = {
-        {"params", PT_TAG_PARAM},      {"parameter", PT_TAG_PARAM},  {"grads", PT_TAG_GRAD},
-        {"gradient", PT_TAG_GRAD},     {"optimizer", PT_TAG_OPTIM},  {"chunk", PT_TAG_BUFFER},
-        {"activation", PT_TAG_ACT},    {"activations", PT_TAG_ACT},  {"acts", PT_TAG_ACT},
-        {"workspace", PT_TAG_SCRATCH}, {"tmp", PT_TAG_SCRATCH},      {"temp", PT_TAG_SCRATCH},
+    static const struct {
+        const char *name;
+        int tag;
+    } alias[] = {
+        {"params", PT_TAG_PARAM},
+        {"parameter", PT_TAG_PARAM},
+        {"grads", PT_TAG_GRAD},
+        {"gradient", PT_TAG_GRAD},
+        {"optimizer", PT_TAG_OPTIM},
+        {"chunk", PT_TAG_BUFFER},
+        {"activation", PT_TAG_ACT},
+        {"activations", PT_TAG_ACT},
+        {"acts", PT_TAG_ACT},
+        {"workspace", PT_TAG_SCRATCH},
+        {"tmp", PT_TAG_SCRATCH},
+        {"temp", PT_TAG_SCRATCH},
     };
     if (!s) return PT_TAG_HOSTUSE;
     for (int t = 0; t < PT_TAG_COUNT; t++)

@@ -579,10 +579,10 @@ int pt_plugin_load(const char *spec, pt_loaded_plugin *out, char *err, uint64_t 
 void pt_plugin_unload(pt_loaded_plugin *p);
 
 /* True when the hook lies inside the table's struct_size and is non-NULL. */
-#define PT_HAS_HOOK(tbl, field)                                                       \
-    ((tbl) != 0 &&                                                                    \
+#define PT_HAS_HOOK(tbl, field) \
+    ((tbl) != 0 && \
      (uint64_t)((const char *)&(tbl)->field - (const char *)(tbl)) + sizeof((tbl)->field) <= \
-         (tbl)->struct_size &&                                                        \
+         (tbl)->struct_size && \
      (tbl)->field != 0)
 
 #ifdef __cplusplus

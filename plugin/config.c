@@ -150,7 +150,7 @@ static int set_value(const pt_config_key *k, pt_config *c, const char *v, char *
          * these keys means "auto" or "none" */
         if (x == 0 && strpbrk(v, "123456789")) {
             snprintf(why, wl, "it is less than one byte and would round to 0 (which means %s); "
-                     "write %s explicitly or a size of at least 1 byte",
+                              "write %s explicitly or a size of at least 1 byte",
                      (k->flags & PT_CFG_AUTO) ? "auto" : "none",
                      (k->flags & PT_CFG_AUTO) ? "auto or 0" : "0");
             return 1;
@@ -231,9 +231,10 @@ static void unknown_section_msg(const char *name, const char *sec, char *out, si
     if (best >= 0 && close_enough(sec, bd))
         snprintf(out, len, "%sunknown section [%s]; did you mean [%s]?", name, sec, pt_cfg_sections[best]);
     else snprintf(out, len,
-             "%sunknown section [%s]; valid sections are [plugin], [memory], [protrain], "
-             "[optimizer], [osft], [tiled_mlp], [dist], [host_backend] (host trainer sections "
-             "[sample_host] and [host.*] are skipped)", name, sec);
+                  "%sunknown section [%s]; valid sections are [plugin], [memory], [protrain], "
+                  "[optimizer], [osft], [tiled_mlp], [dist], [host_backend] (host trainer sections "
+                  "[sample_host] and [host.*] are skipped)",
+                  name, sec);
 }
 
 static void unknown_key_msg(const char *name, const char *sec, const char *key, char *out,
@@ -269,7 +270,8 @@ static void unknown_key_msg(const char *name, const char *sec, const char *key, 
 static const char *testing_refusal(const char *key, char *out, size_t len) {
     snprintf(out, len, "key '%s' in [testing] is a testing knob (it makes the plugin misbehave "
                        "on purpose); it is accepted only when the environment sets "
-                       "PROTRAIN_TESTING=1, as the test suite does", key);
+                       "PROTRAIN_TESTING=1, as the test suite does",
+             key);
     return out;
 }
 
@@ -347,7 +349,8 @@ static char *reader(char *str, int num, void *stream) {
                 char rest[72];
                 trim_copy(q, (size_t)(e - q) < 64 ? (size_t)(e - q) : 64, rest, sizeof(rest));
                 st_err(st, "text '%s' after the section header [%s] would be ignored; put each "
-                           "key = value on its own line", rest, sec);
+                           "key = value on its own line",
+                       rest, sec);
             }
         }
     }
@@ -413,12 +416,15 @@ static void line_text(const char *text, int no, char *out, size_t len) {
 static int cross_check(pstate *st) {
     const pt_config *c = st->c;
     if (!c->auto_memory) {
-        const char *miss = c->n_persist < 0 ? "n_persist" : c->n_buffer < 0 ? "n_buffer"
-                           : c->n_swap < 0 ? "n_swap" : c->n_checkpoint < 0 ? "n_checkpoint" : NULL;
+        const char *miss = c->n_persist < 0 ? "n_persist" : c->n_buffer < 0   ? "n_buffer"
+                                                        : c->n_swap < 0       ? "n_swap"
+                                                        : c->n_checkpoint < 0 ? "n_checkpoint"
+                                                                              : NULL;
         if (miss) {
             st->line = st->set_line[find_key("protrain", "auto_memory")];
             st_err(st, "[protrain] auto_memory = false needs n_persist, n_buffer, n_swap and "
-                       "n_checkpoint set to numbers, but %s is auto", miss);
+                       "n_checkpoint set to numbers, but %s is auto",
+                   miss);
             return 1;
         }
     }
@@ -462,7 +468,8 @@ int pt_config_parse_string(const char *text, const char *name, pt_config *c, cha
         else
             status = pt_fail(err, errlen, PT_ERR_CONFIG,
                              "%s:%d: cannot parse '%s': expected [section], key = value, "
-                             "or a comment starting with ';' or '#'", name, rc, lt);
+                             "or a comment starting with ';' or '#'",
+                             name, rc, lt);
     } else if (st->err_line || rc != 0) {
         status = rc == -2 ? PT_ERR_HOST_OOM : PT_ERR_CONFIG;
         if (st->err_line) pt_fail(err, errlen, status, "%s", st->err);
@@ -483,8 +490,11 @@ int pt_config_parse_string(const char *text, const char *name, pt_config *c, cha
 
 /* "a directory", "a FIFO", ... for a file that is not regular. */
 static const char *file_kind(mode_t m) {
-    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device"
-           : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a plain file";
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO"
+                                    : S_ISCHR(m)    ? "a character device"
+                                    : S_ISBLK(m)    ? "a block device"
+                                    : S_ISSOCK(m)   ? "a socket"
+                                                    : "not a plain file";
 }
 
 int pt_config_load(const char *path, pt_config *c, char *err, size_t errlen) {
@@ -517,13 +527,15 @@ int pt_config_load(const char *path, pt_config *c, char *err, size_t errlen) {
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
         return pt_fail(err, errlen, PT_ERR_IO, "cannot read config file %s: it is %s, not a regular "
-                       "file (a configuration is read whole at init; a FIFO could block it and a "
-                       "device never end)", path, file_kind(sb.st_mode));
+                                               "file (a configuration is read whole at init; a FIFO could block it and a "
+                                               "device never end)",
+                       path, file_kind(sb.st_mode));
     }
     if (sb.st_size > PT_CONFIG_MAX_BYTES) {
         close(fd);
         return pt_fail(err, errlen, PT_ERR_CONFIG, "config file %s is %lld bytes; a configuration "
-                       "file may be at most %d bytes (1 MiB)", path, (long long)sb.st_size,
+                                                   "file may be at most %d bytes (1 MiB)",
+                       path, (long long)sb.st_size,
                        PT_CONFIG_MAX_BYTES);
     }
     FILE *f = fdopen(fd, "rb");
@@ -556,7 +568,8 @@ int pt_config_load(const char *path, pt_config *c, char *err, size_t errlen) {
         rc = pt_fail(err, errlen, PT_ERR_IO, "cannot read config file %s: %s", path, strerror(errno));
     } else if (n > PT_CONFIG_MAX_BYTES) {
         rc = pt_fail(err, errlen, PT_ERR_CONFIG, "config file %s is over %d bytes; a configuration "
-                     "file may be at most %d bytes (1 MiB)", path, PT_CONFIG_MAX_BYTES,
+                                                 "file may be at most %d bytes (1 MiB)",
+                     path, PT_CONFIG_MAX_BYTES,
                      PT_CONFIG_MAX_BYTES);
     }
     fclose(f);
@@ -566,7 +579,8 @@ int pt_config_load(const char *path, pt_config *c, char *err, size_t errlen) {
             int line = 1;
             for (const char *p = buf; *p; p++) line += *p == '\n';
             rc = pt_fail(err, errlen, PT_ERR_CONFIG, "%s:%d: the file contains a NUL byte; a config file must be "
-                                "text", path, line);
+                                                     "text",
+                         path, line);
         } else {
             rc = pt_config_parse_string(buf, path, c, err, errlen);
         }
@@ -621,7 +635,8 @@ static void fmt_value(const pt_config_key *k, const pt_config *c, char *b, size_
     case PT_CFG_BOOL: snprintf(b, n, "%s", *(const int *)base ? "true" : "false"); break;
     case PT_CFG_TRI: {
         int v = *(const int *)base;
-        snprintf(b, n, "%s", v < 0 ? "auto" : v ? "on" : "off");
+        snprintf(b, n, "%s", v < 0 ? "auto" : v ? "on"
+                                                : "off");
         break;
     }
     case PT_CFG_INT: {

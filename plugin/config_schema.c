@@ -29,9 +29,9 @@ static const int optim_vals[] = {PT_OPTIM_ADAMW, PT_OPTIM_REKLS};
 static const int wd_vals[] = {0, 1, 2, 3};   /* pt_rekls_wd: decoupled, independent, l2, palm */
 static const char bool_form[] = "true|false|on|off|yes|no|1|0";
 
-const char *const pt_cfg_sections[] = {"plugin",    "memory", "nvme", "protrain", "optimizer",
-                                       "osft",      "tiled_mlp", "dist",  "host_backend",
-                                       "cuda",      "testing"};
+const char *const pt_cfg_sections[] = {"plugin", "memory", "nvme", "protrain", "optimizer",
+                                       "osft", "tiled_mlp", "dist", "host_backend",
+                                       "cuda", "testing"};
 _Static_assert(sizeof(pt_cfg_sections) / sizeof(pt_cfg_sections[0]) == PT_CFG_NSECTIONS,
                "PT_CFG_NSECTIONS in config_internal.h must match pt_cfg_sections");
 
@@ -278,7 +278,7 @@ const pt_config_key pt_cfg_keys[] = {
            "Run each block's MLP in sequence tiles to cut its activation peak."),
     R_INT("tiled_mlp", "tiles", tiled_mlp_tiles, PT_CFG_AUTO | PT_CFG_NO_HI, 1, INT_MAX, 0,
           "auto", "Tiles over the batch x seq tokens (tile length ceil(tokens / tiles), the last "
-          "shorter); auto: the fewest tiles whose plan fits the device."),
+                  "shorter); auto: the fewest tiles whose plan fits the device."),
     R_WORD("dist", "backend", dist_backend, "auto|nccl|mpi|host|none", "auto",
            "Collectives between ranks. auto: the host's own when it hands them "
            "(pt_host_v1.coll, e.g. the PyTorch host under torchrun), else nccl on cuda, mpi on "
@@ -295,9 +295,9 @@ const pt_config_key pt_cfg_keys[] = {
           "until [dist] timeout; rank 0 removes it once all have joined."),
     {"dist", "timeout", PT_CFG_DUR, PT_CFG_LO_OPEN | PT_CFG_NO_HI, OFF(dist_timeout), 0, 0, 0,
      0, NULL, NULL, NULL, NULL, "300s",
-          "How long a collective (and NCCL's start-up) may wait for the other ranks; past it the "
-          "rank fails with an error instead of hanging (mpi names the rank that did not arrive; "
-          "nccl cannot tell which, aborts its communicator and names this rank)."},
+     "How long a collective (and NCCL's start-up) may wait for the other ranks; past it the "
+     "rank fails with an error instead of hanging (mpi names the rank that did not arrive; "
+     "nccl cannot tell which, aborts its communicator and names this rank)."},
     R_BOOL("dist", "overlap_allreduce", overlap_allreduce, "true",
            "Several ranks: each chunk's gradient (resident, or mode B's offloaded fp32 sum) is "
            "all-reduced as soon as backward has finished it (one chunk per bucket), while the "
@@ -370,7 +370,7 @@ const pt_config_key pt_cfg_keys[] = {
            "states)."),
     R_INT("testing", "debug_tier_fail_write", debug_tier_fail_write, PT_CFG_NO_HI, 0, INT_MAX, 0,
           "0", "Make the disk tier's N-th write-back (1-based) fail as on a full disk (ENOSPC); "
-          "0: never."),
+               "0: never."),
 };
 /* config.c sizes per-key arrays with PT_CFG_NKEYS; a row added here without
  * bumping it fails the build rather than overrunning those arrays. */
@@ -413,10 +413,12 @@ void pt_config_key_form(const pt_config_key *k, char *buf, size_t len) {
     case PT_CFG_DUR: /* one syntax for every duration (pt_parse_duration) */
         if (k->flags & PT_CFG_NO_HI)
             snprintf(buf, len, "a duration %s %gs like 300s, 1.5 s or 500ms (units s, ms, us, "
-                     "ns; no unit: seconds)", (k->flags & PT_CFG_LO_OPEN) ? ">" : ">=", k->lo);
+                               "ns; no unit: seconds)",
+                     (k->flags & PT_CFG_LO_OPEN) ? ">" : ">=", k->lo);
         else
             snprintf(buf, len, "a duration like 2ms (units s, ms, us, ns; no unit: seconds) up "
-                     "to %gs", k->hi);
+                               "to %gs",
+                     k->hi);
         break;
     case PT_CFG_ENUM:
     case PT_CFG_WORD: snprintf(buf, len, "one of %s", k->choices); break;
@@ -471,7 +473,8 @@ static int markdown(char *buf, size_t len, int testing) {
         if (!prev || strcmp(k->section, prev))
             pt_config_put(buf, len, &o,
                           "%s### [%s]\n\n| key | accepted values | default | meaning |\n"
-                          "|---|---|---|---|\n", prev ? "\n" : "", k->section);
+                          "|---|---|---|---|\n",
+                          prev ? "\n" : "", k->section);
         prev = k->section;
         pt_config_key_form(k, form, sizeof(form));
         pt_config_put(buf, len, &o, "| `%s` | ", k->key);

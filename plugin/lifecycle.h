@@ -29,7 +29,10 @@ typedef struct pt_lifecycle {
     pt_step_state sx;     /* the plugin's one copy of the step state (the runtime reads it) */
 } pt_lifecycle;
 
-enum { PT_HOOK_PRE_FWD = 0, PT_HOOK_POST_FWD, PT_HOOK_PRE_BWD, PT_HOOK_POST_BWD };
+enum { PT_HOOK_PRE_FWD = 0,
+       PT_HOOK_POST_FWD,
+       PT_HOOK_PRE_BWD,
+       PT_HOOK_POST_BWD };
 
 const char *pt_lc_state_name(pt_lc_state s);
 int pt_lc_post_model_load(pt_lifecycle *lc, int n_blocks, char *err, size_t errlen);

@@ -24,7 +24,8 @@
  * (the host may still hold the pointer and call finalize or a hook with it),
  * so reading this word is always defined and a late call is a clear
  * PT_ERR_ORDER instead of a use-after-free. */
-enum { CTX_LIVE = 0x4c495645, CTX_DEAD = 0x44454144 };
+enum { CTX_LIVE = 0x4c495645,
+       CTX_DEAD = 0x44454144 };
 
 typedef struct pt_ctx {
     uint32_t magic;
@@ -136,7 +137,8 @@ static int fail_dead(pt_ctx *c, const char *hook) {
     if (c->magic == CTX_DEAD)
         return pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
                        "hook %s called after finalize: this context is finished; call init "
-                       "for a new one", hook);
+                       "for a new one",
+                       hook);
     return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
                    "%s called with a pointer that is not a context returned by init", hook);
 }
@@ -145,7 +147,8 @@ static int fail_unknown(const char *hook) {
     return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
                    "%s called with a pointer that is not a context of this plugin: never "
                    "returned by init, or returned before the plugin was unloaded (dlclose) "
-                   "and loaded again", hook);
+                   "and loaded again",
+                   hook);
 }
 
 /* Counts the hooks of a context that are running, so finalize can refuse to
@@ -155,13 +158,13 @@ static void hook_leave(pt_ctx **pc) {
     if (*pc) (*pc)->depth--;
 }
 
-#define CTX(hook)                                                      \
-    pt_ctx *c = (pt_ctx *)vctx;                                        \
-    if (!c) return fail_null(hook);                                    \
-    if (!ctx_known(c)) return fail_unknown(hook);                      \
-    if (c->magic != CTX_LIVE) return fail_dead(c, hook);               \
-    __attribute__((cleanup(hook_leave))) pt_ctx *in_hook_ = c;         \
-    if (c->depth++ == 0) c->outer = hook;                              \
+#define CTX(hook) \
+    pt_ctx *c = (pt_ctx *)vctx; \
+    if (!c) return fail_null(hook); \
+    if (!ctx_known(c)) return fail_unknown(hook); \
+    if (c->magic != CTX_LIVE) return fail_dead(c, hook); \
+    __attribute__((cleanup(hook_leave))) pt_ctx *in_hook_ = c; \
+    if (c->depth++ == 0) c->outer = hook; \
     (void)in_hook_
 
 /* Log the failure once at debug level; the host reads last_error. */
@@ -182,7 +185,8 @@ static int check_struct_size(pt_ctx *c, const char *hook, const char *type, uint
     if (given >= need) return PT_OK;
     return pt_fail(c->err, sizeof c->err, PT_ERR_INVALID_ARG,
                    "%s: %s.struct_size is %u bytes, too small: need at least %zu (its v1 "
-                   "fields)", hook, type, (unsigned)given, need);
+                   "fields)",
+                   hook, type, (unsigned)given, need);
 }
 
 /* The host's identity fields, checked before anything is built: a rank outside
@@ -193,7 +197,8 @@ static int check_host(const pt_host_v1 *h) {
     if (h->world_size < 1)
         return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
                        "init: pt_host_v1.world_size is %d; it must be >= 1 (1 when not "
-                       "distributed)", h->world_size);
+                       "distributed)",
+                       h->world_size);
     if (h->rank < 0 || h->rank >= h->world_size)
         return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
                        "init: pt_host_v1.rank is %d; it must be in [0, world_size %d)", h->rank,
@@ -205,7 +210,8 @@ static int check_host(const pt_host_v1 *h) {
         h->device_kind != PT_DEVICE_CUDA)
         return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
                        "init: pt_host_v1.device_kind is %d; it must be 0 (auto), 1 (host) or "
-                       "2 (cuda)", h->device_kind);
+                       "2 (cuda)",
+                       h->device_kind);
     if (h->device_index < 0)
         return pt_fail(g_err, sizeof g_err, PT_ERR_INVALID_ARG,
                        "init: pt_host_v1.device_index is %d; it must be >= 0", h->device_index);
@@ -389,7 +395,8 @@ static int32_t h_optimizer_step(void *vctx, float lr) {
     if (!isfinite(lr))
         return pt_fail(c->err, sizeof c->err, PT_ERR_INVALID_ARG,
                        "optimizer_step: lr is %g; it must be finite (>= 0, or < 0 for the "
-                       "lr given to set_lr)", (double)lr);
+                       "lr given to set_lr)",
+                       (double)lr);
     pt_lifecycle saved = c->lc;
     int rc = pt_lc_optimizer_step(&c->lc, c->err, sizeof c->err);
     if (!rc) {
@@ -451,7 +458,8 @@ static int32_t h_finalize(void *vctx) {
         return pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
                        "finalize called from inside %s (from a host callback it made, such as "
                        "profile_step or recompute_block): nothing was freed; call finalize "
-                       "after %s returns", c->outer, c->outer);
+                       "after %s returns",
+                       c->outer, c->outer);
     if (pt_rt_ext_in_launch())
         return pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
                        "finalize called from work launched on the compute stream: nothing was "
@@ -486,7 +494,8 @@ static int32_t h_arena(void *vctx, int32_t b, uint64_t bytes, void **ptr) {
     if (!rc && !pt_lc_in_block(&c->lc, b))
         rc = pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
                      "hook activation_arena(%d) called out of order: call it between "
-                     "block_pre_forward(%d) and block_post_forward(%d)", b, b, b);
+                     "block_pre_forward(%d) and block_post_forward(%d)",
+                     b, b, b);
     if (!rc) rc = pt_rt_arena(c->rt, b, bytes, ptr, c->err, sizeof c->err);
     return done(c, rc);
 }
@@ -529,7 +538,8 @@ static int between_steps(pt_ctx *c, const char *hook) {
     if (c->lc.state == PT_LC_READY) return PT_OK;
     return pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
                    "hook %s called out of order: expected it between steps (after "
-                   "create_optimizer or post_step; state: %s)", hook,
+                   "create_optimizer or post_step; state: %s)",
+                   hook,
                    pt_lc_state_name(c->lc.state));
 }
 static int32_t h_save_state(void *vctx, const char *dir) {
@@ -588,7 +598,8 @@ static int32_t h_replan(void *vctx, int64_t batch, int64_t seq) {
     if (!rc && c->depth > 1)
         rc = pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
                      "hook replan called out of order: from inside %s; call it after that hook "
-                     "returns", c->outer);
+                     "returns",
+                     c->outer);
     if (rc) return done(c, rc);
     rc = pt_rt_replan(c->rt, batch, seq, replan_profile, c, c->err, sizeof c->err);
     if (rc) {
@@ -610,7 +621,8 @@ static int32_t tiled(void *vctx, int32_t b, int64_t tokens, int backward) {
     if (!rc && !(c->lc.state == want && pt_lc_in_block(&c->lc, b)))
         rc = pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
                      "hook %s(%d) called out of order: call it between block_pre_%s(%d) and "
-                     "block_post_%s(%d) (state: %s)", hook, b, backward ? "backward" : "forward",
+                     "block_post_%s(%d) (state: %s)",
+                     hook, b, backward ? "backward" : "forward",
                      b, backward ? "backward" : "forward", b, pt_lc_state_name(c->lc.state));
     if (!rc) rc = pt_tiled_mlp(c->rt, b, tokens, backward, c->err, sizeof c->err);
     return done(c, rc);
@@ -649,12 +661,14 @@ static int32_t osft_linear(void *vctx, int32_t param, const void *x, const void 
     int b = rc ? -2 : pt_osft_block_of(c->rt, param);
     if (!rc && b == -2)
         rc = pt_fail(c->err, sizeof c->err, PT_ERR_INVALID_ARG, "%s: param %d is not an OSFT "
-                     "target (pt_stats_v1.osft_targets says how many are)", hook, (int)param);
+                                                                "target (pt_stats_v1.osft_targets says how many are)",
+                     hook, (int)param);
     pt_lc_state want = backward ? PT_LC_BWD : PT_LC_FWD;
     if (!rc && b >= 0 && !(c->lc.state == want && pt_lc_in_block(&c->lc, b)))
         rc = pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
                      "hook %s(param %d) called out of order: call it between block_pre_%s(%d) "
-                     "and block_post_%s(%d) (state: %s)", hook, (int)param,
+                     "and block_post_%s(%d) (state: %s)",
+                     hook, (int)param,
                      backward ? "backward" : "forward", b, backward ? "backward" : "forward", b,
                      pt_lc_state_name(c->lc.state));
     if (!rc)

@@ -18,9 +18,7 @@
 static const struct unit {
     const char *name;
     uint64_t mult;
-} units[] = {{"", 1},           {"b", 1},           {"kb", 1000ull},    {"mb", 1000000ull},
-             {"gb", 1000000000ull}, {"tb", 1000000000000ull}, {"kib", 1ull << 10},
-             {"mib", 1ull << 20},  {"gib", 1ull << 30}, {"tib", 1ull << 40}};
+} units[] = {{"", 1}, {"b", 1}, {"kb", 1000ull}, {"mb", 1000000ull}, {"gb", 1000000000ull}, {"tb", 1000000000000ull}, {"kib", 1ull << 10}, {"mib", 1ull << 20}, {"gib", 1ull << 30}, {"tib", 1ull << 40}};
 
 /* Parses "<digits>[.<digits>]" exactly: ip = integer part, frac/10^nfrac the rest.
  * Returns the end pointer, or NULL on a malformed number or > 19 integer digits. */
@@ -121,7 +119,10 @@ int pt_parse_duration(const char *s, double *out) {
     const char *p;
     size_t n;
     if (!out || number_unit(s, &x, &p, &n)) return PT_ERR_CONFIG;
-    static const struct { const char *u; double m; } units[] = {
+    static const struct {
+        const char *u;
+        double m;
+    } units[] = {
         {"s", 1.0}, {"ms", 1e-3}, {"us", 1e-6}, {"ns", 1e-9}};
     double m = -1.0;
     if (n == 0) m = 1.0;   /* no unit: seconds, the unit every duration key is kept in */

@@ -27,7 +27,8 @@ static int check_header(const char *path, const int32_t *h, long long fsize, sh_
                         char *err, size_t errlen) {
     if (h[0] != SH_CKPT_MAGIC) {
         snprintf(err, errlen, "%s: header field magic is %d, expected %d (llm.c GPT-2 "
-                 "checkpoint)", path, h[0], SH_CKPT_MAGIC);
+                              "checkpoint)",
+                 path, h[0], SH_CKPT_MAGIC);
         return -1;
     }
     if (h[1] != SH_CKPT_VERSION) {
@@ -56,7 +57,8 @@ static int check_header(const char *path, const int32_t *h, long long fsize, sh_
     long long want = 1024 + 4 * (long long)body_floats(d);
     if (fsize != want) {
         snprintf(err, errlen, "%s: file size %lld does not match the header (1024 + 4 x %zu "
-                 "floats = %lld bytes): %s", path, fsize, body_floats(d), want,
+                              "floats = %lld bytes): %s",
+                 path, fsize, body_floats(d), want,
                  fsize < want ? "truncated" : "trailing bytes");
         return -1;
     }
@@ -132,7 +134,8 @@ static int wr_piece(void *u, int i) {
 int sh_ckpt_load(const char *path, sh_model *m, char *err, size_t errlen) {
     if (!m->init) {
         snprintf(err, errlen, "checkpoint %s: the model's initial values were already handed "
-                 "to the plugin", path);
+                              "to the plugin",
+                 path);
         return -1;
     }
     FILE *f = NULL;
@@ -143,7 +146,8 @@ int sh_ckpt_load(const char *path, sh_model *m, char *err, size_t errlen) {
     for (int i = 2; i < 8; i++) {
         if (hv[i] != mv[i]) {
             snprintf(err, errlen, "%s: mismatched shape: header field %s is %d but the model "
-                     "has %d", path, FIELD[i], hv[i], mv[i]);
+                                  "has %d",
+                     path, FIELD[i], hv[i], mv[i]);
             fclose(f);
             return -1;
         }
@@ -153,7 +157,8 @@ int sh_ckpt_load(const char *path, sh_model *m, char *err, size_t errlen) {
     fclose(f);
     if (rc) {
         snprintf(err, errlen, "%s: read error in the tensor data (file changed while "
-                 "reading?)", path);
+                              "reading?)",
+                 path);
         return -1;
     }
     return 0;
@@ -172,7 +177,7 @@ int sh_ckpt_save(const char *path, const sh_model *m, const float *flat, char *e
         return -1;
     }
     int32_t h[256] = {SH_CKPT_MAGIC, SH_CKPT_VERSION, m->d.maxT, m->d.V, m->d.L,
-                      m->d.NH,       m->d.C,          m->d.Vp};
+                      m->d.NH, m->d.C, m->d.Vp};
     int ok = fwrite(h, sizeof h, 1, f) == 1;
     io_ctx c = {.m = m, .f = f, .src = flat};
     ok = ok && visit(m, wr_piece, &c) == 0;

@@ -15,7 +15,17 @@
 
 #include "sh_llmc.h"
 
-enum { T_INT, T_U64, T_FLOAT, T_STR, T_OPTIM, T_PROGRESS, T_DEVICE, T_BOOL, T_NONFINITE, T_ORDER, T_SCHED };
+enum { T_INT,
+       T_U64,
+       T_FLOAT,
+       T_STR,
+       T_OPTIM,
+       T_PROGRESS,
+       T_DEVICE,
+       T_BOOL,
+       T_NONFINITE,
+       T_ORDER,
+       T_SCHED };
 
 typedef struct opt {
     const char *key;   /* INI key in [sample_host]; the flag is --key with '_' -> '-' */
@@ -155,8 +165,9 @@ static int testing_refused(const opt *o, const char *what, char *msg, size_t ml)
     const char *v = getenv("PROTRAIN_TESTING");
     if (!is_testing(o) || (v && !strcmp(v, "1"))) return 0;
     snprintf(msg, ml, "%s is a testing knob (it makes sample_host misbehave on purpose); it is "
-             "accepted only when the environment sets PROTRAIN_TESTING=1, as the test suite "
-             "does", what);
+                      "accepted only when the environment sets PROTRAIN_TESTING=1, as the test suite "
+                      "does",
+             what);
     return -1;
 }
 
@@ -298,7 +309,8 @@ static int on_ini(void *user, const char *section, const char *name, const char 
     const opt *o = find_key(name);
     if (!o) {
         snprintf(u->msg, sizeof u->msg, "unknown key '%s' in [sample_host] (see "
-                 "sample_host/README.md)", name);
+                                        "sample_host/README.md)",
+                 name);
         return 0;
     }
     char what[120];
@@ -328,7 +340,8 @@ static int long_line(const char *path, char *err, size_t errlen) {
             len = 0;
         } else if (++len >= INI_MAX_LINE - 1) {
             snprintf(err, errlen, "%s:%d: line longer than %d characters (the INI reader would "
-                     "cut it short)", path, line, INI_MAX_LINE - 2);
+                                  "cut it short)",
+                     path, line, INI_MAX_LINE - 2);
             rc = -1;
             break;
         }
@@ -345,13 +358,15 @@ static int not_a_config(const char *path, char *err, size_t errlen) {
     if (stat(path, &sb)) return 0;   /* ini_parse reports why it cannot open it */
     if (!S_ISREG(sb.st_mode)) {
         snprintf(err, errlen, "cannot read config file %s: it is not a regular file (%s)", path,
-                 S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISDIR(sb.st_mode) ? "a directory"
-                 : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device" : "not a plain file");
+                 S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISDIR(sb.st_mode)                      ? "a directory"
+                                               : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device"
+                                                                                            : "not a plain file");
         return -1;
     }
     if (sb.st_size > (1 << 20)) {
         snprintf(err, errlen, "config file %s is %lld bytes; a configuration file may be at most "
-                 "1048576 bytes (1 MiB)", path, (long long)sb.st_size);
+                              "1048576 bytes (1 MiB)",
+                 path, (long long)sb.st_size);
         return -1;
     }
     return 0;
@@ -431,7 +446,7 @@ static int resolve_optimizer(sh_config *c, char *err, size_t errlen) {
     if (!t[0] || strcasecmp(t, "adamw") == 0) return 0;
     if (c->no_plugin) {
         snprintf(err, errlen, "%s sets [optimizer] type = %s, but --no-plugin trains with "
-                 "sample_host's own AdamW (drop --no-plugin, or the [optimizer] type)",
+                              "sample_host's own AdamW (drop --no-plugin, or the [optimizer] type)",
                  c->config, t);
         return -1;
     }
@@ -441,7 +456,7 @@ static int resolve_optimizer(sh_config *c, char *err, size_t errlen) {
         c->optim_note = 1;
     } else if (c->optim_set == 1) {
         snprintf(err, errlen, "%s sets both [sample_host] optimizer = adamw and [optimizer] "
-                 "type = %s: remove one (optimizer = ini takes the [optimizer] section)",
+                              "type = %s: remove one (optimizer = ini takes the [optimizer] section)",
                  c->config, t);
         return -1;
     } else {
@@ -493,13 +508,15 @@ static int repeated(int argc, char **argv, char *err, size_t errlen) {
         const char *v0 = opt_value(argc, argv, first[k], n), *v1 = opt_value(argc, argv, idx, n);
         if (n == 8 && !strncmp(argv[idx], "--config", 8)) {
             snprintf(err, errlen, "command line: --config is given twice (%s and %s): "
-                     "sample_host would take settings from both but the plugin reads one file; "
-                     "give one", v0, v1);
+                                  "sample_host would take settings from both but the plugin reads one file; "
+                                  "give one",
+                     v0, v1);
             return -1;
         }
         if (strcmp(v0, v1) != 0)
             fprintf(stderr, "sample_host: note: %.*s is given twice (%s, then %s): the last, "
-                    "%s, is used\n", (int)n, argv[idx], v0, v1, v1);
+                            "%s, is used\n",
+                    (int)n, argv[idx], v0, v1, v1);
         first[k] = idx;
     }
     return 0;
@@ -522,8 +539,8 @@ static int resolve_lr(sh_config *c, char *err, size_t errlen) {
     }
     if ((float)v != c->lr) {
         snprintf(err, errlen, "%s sets [optimizer] lr = %s, and sample_host's lr is %g (%s): "
-                 "with optimizer = ini sample_host's schedule still sets the plugin's learning "
-                 "rate every step from its own lr, so one of them would be ignored; remove one",
+                              "with optimizer = ini sample_host's schedule still sets the plugin's learning "
+                              "rate every step from its own lr, so one of them would be ignored; remove one",
                  c->config, c->ini_lr, (double)c->lr,
                  c->lr_set == 2 ? "--lr" : "[sample_host] lr");
         return -1;
@@ -551,10 +568,22 @@ int sh_config_from_args(sh_config *c, int argc, char **argv, char *err, size_t e
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
-        if (strcmp(a, "--no-plugin") == 0) { c->no_plugin = 1; continue; }
-        if (strcmp(a, "--metrics-no-time") == 0) { c->metrics_no_time = 1; continue; }
-        if (strcmp(a, "--quiet") == 0) { c->quiet = 1; continue; }
-        if (strcmp(a, "--resume") == 0) { c->resume = 1; continue; }
+        if (strcmp(a, "--no-plugin") == 0) {
+            c->no_plugin = 1;
+            continue;
+        }
+        if (strcmp(a, "--metrics-no-time") == 0) {
+            c->metrics_no_time = 1;
+            continue;
+        }
+        if (strcmp(a, "--quiet") == 0) {
+            c->quiet = 1;
+            continue;
+        }
+        if (strcmp(a, "--resume") == 0) {
+            c->resume = 1;
+            continue;
+        }
         if (match(a, "--config", argc, argv, &i, &v)) continue;
         if (match(a, "--write-shard", argc, argv, &i, &v)) {
             if (!v || strlen(v) >= SH_PATH) {
@@ -609,18 +638,18 @@ int sh_config_check(const sh_config *c, char *err, size_t errlen) {
     }
     if (c->resume && !c->checkpoint_dir[0]) {
         snprintf(err, errlen, "resume needs checkpoint_dir (--checkpoint-dir DIR): the folder "
-                 "of the generations to continue from");
+                              "of the generations to continue from");
         return -1;
     }
     if (c->stop_after && !c->checkpoint_dir[0]) {
         snprintf(err, errlen, "stop_after needs checkpoint_dir: the run would stop with "
-                 "nothing to resume from");
+                              "nothing to resume from");
         return -1;
     }
     if (c->on_nonfinite == SH_NONFINITE_SKIP && !c->no_plugin) {
         snprintf(err, errlen, "on_nonfinite = skip needs --no-plugin: the plugin has no hook "
-                 "to drop a step (it steps offloaded chunks while backward runs), so use "
-                 "stop with the plugin");
+                              "to drop a step (it steps offloaded chunks while backward runs), so use "
+                              "stop with the plugin");
         return -1;
     }
     if ((double)c->batch * c->seq > 1e8) {
@@ -633,8 +662,8 @@ int sh_config_check(const sh_config *c, char *err, size_t errlen) {
 int sh_config_testing_markdown(char *buf, size_t len) {
     if (!buf || !len) return -1;
     size_t o = (size_t)snprintf(buf, len, "### [sample_host] (testing keys)\n\n"
-                                "| key | flag | accepted values | default | meaning |\n"
-                                "|---|---|---|---|---|\n");
+                                          "| key | flag | accepted values | default | meaning |\n"
+                                          "|---|---|---|---|---|\n");
     sh_config d;
     sh_config_defaults(&d);
     size_t rows = 0;
@@ -649,7 +678,8 @@ int sh_config_testing_markdown(char *buf, size_t len) {
         /* every testing knob is an integer (T_INT); another type needs its words here */
         if (k->type != T_INT) return -1;
         o += (size_t)snprintf(buf + o, len - o, "| `%s` | `%s` | an integer in [%.0f, %.0f] | "
-                              "`%d` | %s |\n", k->key, flag, k->lo, k->hi,
+                                                "`%d` | %s |\n",
+                              k->key, flag, k->lo, k->hi,
                               *(const int *)((const char *)&d + k->off), k->help);
     }
     /* a name in TESTING_KEYS that no row has would leave that row ungated */

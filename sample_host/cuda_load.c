@@ -62,14 +62,16 @@ int sh_cuda_load(sh_cuda *c, int device, char *err, size_t errlen) {
     }
     if (!c->dl) {
         snprintf(err, errlen, "--device cuda needs %s, which could not be loaded (%s); "
-                 "build it with nvcc (make) or use --device cpu", SH_CUDA_LIB, why);
+                              "build it with nvcc (make) or use --device cpu",
+                 SH_CUDA_LIB, why);
         return -1;
     }
     snprintf(c->path, sizeof c->path, "%s", path);
     const sh_cuda_api *api = (const sh_cuda_api *)dlsym(c->dl, SH_CUDA_SYMBOL);
     if (!api || api->version != SH_CUDA_VERSION || api->struct_size < sizeof *api) {
         snprintf(err, errlen, "%s is not a matching sample_host CUDA library (symbol %s %s); "
-                 "rebuild it with this sample_host", c->path, SH_CUDA_SYMBOL,
+                              "rebuild it with this sample_host",
+                 c->path, SH_CUDA_SYMBOL,
                  api ? "has another version or size" : "missing");
         sh_cuda_unload(c);
         return -1;

@@ -94,7 +94,8 @@ static int parse_shard(const char *path, const unsigned char *b, size_t n, sh_to
     int32_t magic = rd_i32(b), version = rd_i32(b + 4), ntok = rd_i32(b + 8);
     if (magic == SH_SHARD_MAGIC_U32) {
         snprintf(err, errlen, "%s: header field magic is %d (llama-3 uint32 shard); only "
-                 "uint16 shards with magic %d are supported", path, magic, SH_SHARD_MAGIC);
+                              "uint16 shards with magic %d are supported",
+                 path, magic, SH_SHARD_MAGIC);
         return -1;
     }
     if (magic != SH_SHARD_MAGIC) {
@@ -114,7 +115,8 @@ static int parse_shard(const char *path, const unsigned char *b, size_t n, sh_to
     size_t want = 1024 + 2 * (size_t)ntok;
     if (n != want) {
         snprintf(err, errlen, "%s: file size %zu does not match the header (1024 + 2 x %d "
-                 "tokens = %zu bytes): %s", path, n, ntok, want,
+                              "tokens = %zu bytes): %s",
+                 path, n, ntok, want,
                  n < want ? "truncated" : "trailing bytes");
         return -1;
     }
@@ -153,13 +155,15 @@ static int shard_like(const char *path, const unsigned char *b, size_t n, char *
     int sized = n >= 1024 && ntok >= 0 && n == 1024 + 2 * (size_t)ntok;
     if (sized)
         snprintf(err, errlen, "%s: its header (version %d, %d tokens, matching the file's %zu "
-                 "bytes) is an llm.c token shard's, but its header field magic is %d, expected "
-                 "%d: a damaged shard, refused rather than trained on as text bytes", path,
+                              "bytes) is an llm.c token shard's, but its header field magic is %d, expected "
+                              "%d: a damaged shard, refused rather than trained on as text bytes",
+                 path,
                  version, ntok, n, magic, SH_SHARD_MAGIC);
     else if (bin)
         snprintf(err, errlen, "%s: named .bin (an llm.c token shard) but its header field magic "
-                 "is %d, expected %d; refused rather than trained on as text bytes (give text "
-                 "another extension)", path, magic, SH_SHARD_MAGIC);
+                              "is %d, expected %d; refused rather than trained on as text bytes (give text "
+                              "another extension)",
+                 path, magic, SH_SHARD_MAGIC);
     return sized || bin;
 }
 
@@ -302,11 +306,17 @@ static int walk(const char *root, const char *rel, flist *fl) {
             if (fl->n == fl->cap) {
                 size_t nc = fl->cap ? 2 * fl->cap : 64;
                 char **nv = realloc(fl->v, nc * sizeof *nv);
-                if (!nv) { rc = -1; break; }
+                if (!nv) {
+                    rc = -1;
+                    break;
+                }
                 fl->v = nv;
                 fl->cap = nc;
             }
-            if (!(fl->v[fl->n] = strdup(r2))) { rc = -1; break; }
+            if (!(fl->v[fl->n] = strdup(r2))) {
+                rc = -1;
+                break;
+            }
             fl->n++;
             fl->bytes += (size_t)st.st_size;
         }
@@ -343,7 +353,10 @@ int sh_data_default_corpus(const char *root, sh_tokens *out, char *err, size_t e
         snprintf(full, sizeof full, "%s/%s", root, fl.v[i]);
         size_t n = 0;
         unsigned char *b = slurp(full, &n, err, errlen);
-        if (!b) { rc = -1; break; }
+        if (!b) {
+            rc = -1;
+            break;
+        }
         /* files may have grown since the listing: never write past the buffer */
         if (n > fl.bytes - out->n) n = fl.bytes - out->n;
         for (size_t k = 0; k < n; k++) out->tok[out->n + k] = b[k];

@@ -31,7 +31,8 @@ int sh_dist_setup(sh_config *c, char *err, size_t errlen) {
     if (w == -1 && r == -1) return 0;   /* not launched by mpirun */
     if (w < 1 || r < 0 || r >= w || l == -2) {
         snprintf(err, errlen, "the MPI launcher's environment is inconsistent: %s = %s, %s = %s "
-                 "(world size must be >= 1 and the rank in [0, size))", nw,
+                              "(world size must be >= 1 and the rank in [0, size))",
+                 nw,
                  *nw ? getenv(nw) : "unset", nr, *nr ? getenv(nr) : "unset");
         return -1;
     }
@@ -41,7 +42,8 @@ int sh_dist_setup(sh_config *c, char *err, size_t errlen) {
     if (w == 1) return 0;
     if (c->no_plugin) {
         snprintf(err, errlen, "%d ranks need the plugin (it sums the gradients across ranks); "
-                 "--no-plugin trains one rank only", w);
+                              "--no-plugin trains one rank only",
+                 w);
         return -1;
     }
     if (r > 0) {

@@ -154,18 +154,30 @@ void sh_model_arena_layout_make_t(sh_arena_layout *a, const sh_dims *d, int B, i
      * recomputes them from ln2), so fch and fch_gelu take no room */
     size_t F = tiled ? 0 : N * 4 * C;
     /* each slot starts on a 64-byte boundary (16 floats) */
-    a->ln1 = o;      o = al16(o + N * C);
-    a->ln1_mean = o; o = al16(o + N);
-    a->ln1_rstd = o; o = al16(o + N);
-    a->qkv = o;      o = al16(o + N * 3 * C);
-    a->atty = o;     o = al16(o + N * C);
-    a->att = o;      o = al16(o + (size_t)B * d->NH * T * T);
-    a->res2 = o;     o = al16(o + N * C);
-    a->ln2 = o;      o = al16(o + N * C);
-    a->ln2_mean = o; o = al16(o + N);
-    a->ln2_rstd = o; o = al16(o + N);
-    a->fch = o;      o = al16(o + F);
-    a->fch_gelu = o; o = al16(o + F);
+    a->ln1 = o;
+    o = al16(o + N * C);
+    a->ln1_mean = o;
+    o = al16(o + N);
+    a->ln1_rstd = o;
+    o = al16(o + N);
+    a->qkv = o;
+    o = al16(o + N * 3 * C);
+    a->atty = o;
+    o = al16(o + N * C);
+    a->att = o;
+    o = al16(o + (size_t)B * d->NH * T * T);
+    a->res2 = o;
+    o = al16(o + N * C);
+    a->ln2 = o;
+    o = al16(o + N * C);
+    a->ln2_mean = o;
+    o = al16(o + N);
+    a->ln2_rstd = o;
+    o = al16(o + N);
+    a->fch = o;
+    o = al16(o + F);
+    a->fch_gelu = o;
+    o = al16(o + F);
     a->total = o;
 }
 
@@ -247,8 +259,7 @@ void sh_model_block_fwd(const sh_model *m, int l, float *arena, const float *x, 
     sh_arena_layout a;
     sh_model_arena_layout_make(&a, &m->d, B, T);
     sh_model_block_fwd_attn(m, l, arena, x, B, T, 0);
-    sh_mlp_rows r = {.n = B * T, .inp = arena + a.ln2, .res = arena + a.res2, .out = out,
-                     .fch = arena + a.fch, .fch_gelu = arena + a.fch_gelu};
+    sh_mlp_rows r = {.n = B * T, .inp = arena + a.ln2, .res = arena + a.res2, .out = out, .fch = arena + a.fch, .fch_gelu = arena + a.fch_gelu};
     sh_model_mlp_fwd(m, l, &r);
 }
 
@@ -286,9 +297,7 @@ void sh_model_block_bwd(const sh_model *m, int l, const float *arena, const floa
     sh_model_arena_layout_make(&a, &m->d, B, T);
     /* out = res2 + fcproj(gelu(fc(ln2(res2)))): dres flows to res2 unchanged plus the MLP
      * branch */
-    sh_mlp_rows r = {.n = B * T, .inp = arena + a.ln2, .fch = (float *)arena + a.fch,
-                     .fch_gelu = (float *)arena + a.fch_gelu, .dout = dres, .dinp = s->dsmall,
-                     .dbig = s->dbig, .wtmp = s->wtmp};
+    sh_mlp_rows r = {.n = B * T, .inp = arena + a.ln2, .fch = (float *)arena + a.fch, .fch_gelu = (float *)arena + a.fch_gelu, .dout = dres, .dinp = s->dsmall, .dbig = s->dbig, .wtmp = s->wtmp};
     sh_model_mlp_bwd(m, l, &r);
     sh_model_block_bwd_attn(m, l, arena, x, dres, s, B, T, 0);
 }

@@ -41,8 +41,8 @@ int sh_sampler_init(sh_sampler *s, int order, const sh_tokens *t, int B, int T, 
     size_t bt = (size_t)B * (size_t)T;
     if (t->n < bt + 1) {
         snprintf(err, errlen, "data_order = %s needs at least batch x seq + 1 = %zu training "
-                 "tokens, the data has %zu", order == SH_ORDER_SEQUENTIAL ? "sequential" :
-                 "shuffled", bt + 1, t->n);
+                              "tokens, the data has %zu",
+                 order == SH_ORDER_SEQUENTIAL ? "sequential" : "shuffled", bt + 1, t->n);
         return -1;
     }
     s->nwin = (uint64_t)((t->n - 1) / bt);

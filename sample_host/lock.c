@@ -40,9 +40,10 @@ int sh_lock_dir(const char *dir, int *fd, char *err, size_t errlen) {
         char holder[48] = "another process (it has not written its pid yet)";
         if (pid > 0) snprintf(holder, sizeof holder, "process %ld", pid);
         snprintf(err, errlen, "--checkpoint-dir %s is in use by %s, which holds its lock %s: two "
-                 "runs writing one folder would remove each other's generations, and two "
-                 "--resume runs would continue one run twice; wait for it to end or give another "
-                 "folder", dir, holder, p);
+                              "runs writing one folder would remove each other's generations, and two "
+                              "--resume runs would continue one run twice; wait for it to end or give another "
+                              "folder",
+                 dir, holder, p);
         return -1;
     }
     char line[32];

@@ -30,7 +30,8 @@ static int probe_dir(const char *flag, const char *path, const char *dir, char *
     struct stat sb;
     if (stat(dir, &sb) != 0) {
         snprintf(err, errlen, "%s %s: folder %s %s (create it before the run: it would train "
-                 "and then fail to write)", flag, path, dir,
+                              "and then fail to write)",
+                 flag, path, dir,
                  errno == ENOENT ? "does not exist" : strerror(errno));
         return -1;
     }
@@ -72,9 +73,12 @@ static long name_max(const char *dir) {
 }
 
 static const char *kind_of(mode_t m) {
-    return S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device" : S_ISBLK(m)
-           ? "a block device" : S_ISSOCK(m) ? "a socket" : S_ISDIR(m) ? "a folder"
-           : S_ISLNK(m) ? "a symbolic link" : "not a regular file";
+    return S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device"
+                                : S_ISBLK(m)   ? "a block device"
+                                : S_ISSOCK(m)  ? "a socket"
+                                : S_ISDIR(m)   ? "a folder"
+                                : S_ISLNK(m)   ? "a symbolic link"
+                                               : "not a regular file";
 }
 
 /* ---- identities ---- */
@@ -154,7 +158,8 @@ static int check_file(const char *flag, const char *path, const char *suffix, fi
     const char *base = base_of(path);
     if (strlen(path) + strlen(suffix) >= PATH_MAX) {
         snprintf(err, errlen, "%s %.200s...: the path is %zu characters; the system takes at most "
-                 "%d", flag, path, strlen(path) + strlen(suffix), PATH_MAX - 1);
+                              "%d",
+                 flag, path, strlen(path) + strlen(suffix), PATH_MAX - 1);
         return -1;
     }
     if (!base[0]) {
@@ -165,7 +170,8 @@ static int check_file(const char *flag, const char *path, const char *suffix, fi
     long nm = name_max(dir);
     if ((long)(strlen(base) + strlen(suffix)) > nm) {
         snprintf(err, errlen, "%s %.200s...: the file name is %zu characters%s%s%s, more than "
-                 "the %ld its file system takes (it would train and then fail to write)", flag,
+                              "the %ld its file system takes (it would train and then fail to write)",
+                 flag,
                  path, strlen(base) + strlen(suffix), suffix[0] ? " with the temporary file's " : "",
                  suffix, suffix[0] ? " added" : "", nm);
         return -1;
@@ -183,8 +189,9 @@ static int check_file(const char *flag, const char *path, const char *suffix, fi
             ssize_t t = readlink(full, to, sizeof to - 1);
             to[t > 0 ? t : 1] = '\0';
             snprintf(err, errlen, "%s %s is a symbolic link (to %s): sample_host writes a "
-                     "temporary file and renames it over the path, which would replace the link "
-                     "and never write its target; give the target's path instead", flag, full, to);
+                                  "temporary file and renames it over the path, which would replace the link "
+                                  "and never write its target; give the target's path instead",
+                     flag, full, to);
             return -1;
         }
         if (S_ISDIR(sb.st_mode)) {
@@ -193,7 +200,8 @@ static int check_file(const char *flag, const char *path, const char *suffix, fi
         }
         if (!S_ISREG(sb.st_mode)) {
             snprintf(err, errlen, "%s %s is %s, not a regular file: writing the output would "
-                     "replace it with a file (or wait on it forever); give a file path", flag,
+                                  "replace it with a file (or wait on it forever); give a file path",
+                     flag,
                      full, kind_of(sb.st_mode));
             return -1;
         }
@@ -246,8 +254,9 @@ static int check_ckpt_dir(const sh_config *c, char *err, size_t errlen) {
     size_t inside = 5 + (size_t)step_d + 5 + 10 + 20 + (size_t)rank_d + 4;
     if (strlen(dir) + inside >= PATH_MAX) {
         snprintf(err, errlen, "%s %.200s...: the folder's path is %zu characters and the run "
-                 "writes files up to %zu characters deeper inside it, more than the system's %d "
-                 "(it would train and then fail to write a generation)", flag, dir, strlen(dir),
+                              "writes files up to %zu characters deeper inside it, more than the system's %d "
+                              "(it would train and then fail to write a generation)",
+                 flag, dir, strlen(dir),
                  inside, PATH_MAX - 1);
         return -1;
     }
@@ -269,7 +278,8 @@ static int check_ckpt_dir(const sh_config *c, char *err, size_t errlen) {
     const char *base = base_of(dir);
     if ((long)strlen(base) > name_max(parent)) {
         snprintf(err, errlen, "%s %.200s...: the folder name is %zu characters, more than the "
-                 "%ld its file system takes", flag, dir, strlen(base), name_max(parent));
+                              "%ld its file system takes",
+                 flag, dir, strlen(base), name_max(parent));
         return -1;
     }
     return probe_dir(flag, dir, parent, err, errlen);
@@ -293,7 +303,8 @@ static int in_generation(const char *ckdir, const fid *o, char *err, size_t errl
     if (!(in_ck && (strncmp(name, "gen-", 4) == 0 || strcmp(name, ".lock") == 0)) && !in_gen)
         return 0;
     snprintf(err, errlen, "%s %s is %s checkpoint folder %s, which the run writes and prunes; "
-             "give a path outside its generations", o->flag, full,
+                          "give a path outside its generations",
+             o->flag, full,
              in_gen ? "inside a generation of the" : "a generation's or the lock's name in the",
              ckdir);
     return -1;
@@ -345,7 +356,7 @@ static int check_all(const sh_config *c, fids *in, fids *out, char **keep, char 
                 if (!same(id, f)) continue;
                 char a[PATH_MAX + 64];
                 snprintf(err, errlen, "%s is the file %s %s reads, an input of this run "
-                         "(writing it would destroy it); give another path",
+                                      "(writing it would destroy it); give another path",
                          shown(id, a, sizeof a), f->flag, f->path);
                 return -1;
             }
@@ -354,7 +365,8 @@ static int check_all(const sh_config *c, fids *in, fids *out, char **keep, char 
                 if (!same(id, f)) continue;
                 char a[PATH_MAX + 64], b[PATH_MAX + 64];
                 snprintf(err, errlen, "%s and %s name one file: one output would overwrite the "
-                         "other; give two paths", shown(f, a, sizeof a), shown(id, b, sizeof b));
+                                      "other; give two paths",
+                         shown(f, a, sizeof a), shown(id, b, sizeof b));
                 return -1;
             }
         }

@@ -27,7 +27,8 @@ int sh_config_check_plugin_sections(const sh_config *c, char *err, size_t errlen
     if (pt_plugin_load(c->plugin, &lp, why, sizeof why) || !lp.table) {
         fflush(stdout);
         fprintf(stderr, "sample_host: warning: --no-plugin: the sections %s of %s are not used "
-                "and could not be checked (the plugin did not load: %s)\n", c->plugin_sections,
+                        "and could not be checked (the plugin did not load: %s)\n",
+                c->plugin_sections,
                 c->config, why);
         if (lp.dl) pt_plugin_unload(&lp);
         return 0;
@@ -46,16 +47,18 @@ int sh_config_check_plugin_sections(const sh_config *c, char *err, size_t errlen
     int out = 0;
     if (rc == PT_ERR_CONFIG) {
         snprintf(err, errlen, "--no-plugin: %s's plugin sections are not used, but they must be "
-                 "valid: %s", c->config, le ? le : "");
+                              "valid: %s",
+                 c->config, le ? le : "");
         out = -1;
     } else if (rc) {
         fflush(stdout);
         fprintf(stderr, "sample_host: warning: --no-plugin: the sections %s of %s are not used; "
-                "the plugin could not start to check them beyond its parser (status %d: %s)\n",
+                        "the plugin could not start to check them beyond its parser (status %d: %s)\n",
                 c->plugin_sections, c->config, rc, le ? le : "");
     } else if (!c->quiet) {
         printf("sample_host: --no-plugin: the sections %s of %s were checked by the plugin and "
-               "are not used\n", c->plugin_sections, c->config);
+               "are not used\n",
+               c->plugin_sections, c->config);
     }
     if (ctx) lp.table->finalize(ctx);
     pt_plugin_unload(&lp);

@@ -41,11 +41,11 @@ int sh_preflight(const sh_config *c, char *err, size_t errlen) {
     size_t need = (size_t)nt * SH_BLAS_THREAD_BYTES;
     void *p = mmap(NULL, need, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     snprintf(g_msg, sizeof g_msg, "sample_host: error: the address-space limit (ulimit -v) is %llu MiB and leaves too "
-                 "little for the GEMMs: OpenBLAS takes a 128 MiB work buffer (and a 64 MiB "
-                 "malloc arena) for each of the %d threads that call it, %zu MiB in all, and "
-                 "when it cannot get one it waits forever instead of failing; raise the limit "
-                 "by at least that much, or use fewer threads (OMP_NUM_THREADS)",
-                 (unsigned long long)(rl.rlim_cur >> 20), nt, need >> 20);
+                                  "little for the GEMMs: OpenBLAS takes a 128 MiB work buffer (and a 64 MiB "
+                                  "malloc arena) for each of the %d threads that call it, %zu MiB in all, and "
+                                  "when it cannot get one it waits forever instead of failing; raise the limit "
+                                  "by at least that much, or use fewer threads (OMP_NUM_THREADS)",
+             (unsigned long long)(rl.rlim_cur >> 20), nt, need >> 20);
     if (p == MAP_FAILED) {
         snprintf(err, errlen, "%s", g_msg + strlen("sample_host: error: "));
         return -1;
@@ -54,7 +54,8 @@ int sh_preflight(const sh_config *c, char *err, size_t errlen) {
     if (strlen(g_msg) + 1 < sizeof g_msg) strcat(g_msg, "\n");
     /* one GEMM per slab thread now: each thread's buffer is taken while the
      * space is there (OpenBLAS keeps it for the process's life) */
-    enum { N = 16 * 8, K = 16 };
+    enum { N = 16 * 8,
+           K = 16 };
     float *a = calloc((size_t)N * K * 2 + K * K, sizeof *a);
     if (!a) {
         snprintf(err, errlen, "out of host memory before the first step");

@@ -120,7 +120,10 @@ static void pause_ms(int ms) {
 
 /* ---- the generation folder names ---- */
 
-enum { E_OTHER, E_GEN, E_TMP, E_DEL };
+enum { E_OTHER,
+       E_GEN,
+       E_TMP,
+       E_DEL };
 
 /* Classify a DIR entry: gen-<step>, gen-<step>.tmp.<pid> or gen-<step>.del.<pid>. */
 static int entry_kind(const char *name, int64_t *step, long *pid) {
@@ -131,7 +134,8 @@ static int entry_kind(const char *name, int64_t *step, long *pid) {
     if (errno || s < 0) return E_OTHER;
     *step = s;
     if (*end == '\0') return E_GEN;
-    int kind = strncmp(end, ".tmp.", 5) == 0 ? E_TMP : strncmp(end, ".del.", 5) == 0 ? E_DEL : E_OTHER;
+    int kind = strncmp(end, ".tmp.", 5) == 0 ? E_TMP : strncmp(end, ".del.", 5) == 0 ? E_DEL
+                                                                                     : E_OTHER;
     if (kind == E_OTHER || end[5] < '1' || end[5] > '9') return E_OTHER;
     char *e2 = NULL;
     long p = strtol(end + 5, &e2, 10);
@@ -264,14 +268,14 @@ static int write_gen(const sh_resume *r, sh_trainer *tr, const sh_resume_state *
     } else if (r->plugin) {
         if (sh_trainer_plugin_state(tr, tmp, 0))
             return sh_resume_say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
-                       sh_trainer_error(tr));
+                                 sh_trainer_error(tr));
     } else {
         size_t n = sh_trainer_model(tr)->n_floats;
         float *buf = malloc(3 * n * sizeof(float) + 1);
         if (!buf) return sh_resume_say(err, errlen, "out of host memory for a checkpoint (%zu floats)", 3 * n);
         int rc = sh_trainer_opt_io(tr, buf, buf + n, buf + 2 * n, 0);
         if (rc) sh_resume_say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
-                    sh_trainer_error(tr));
+                              sh_trainer_error(tr));
         (void)join(p, sizeof p, tmp, PARAMS_FILE);
         const void *parts[1] = {buf};
         size_t lens[1] = {3 * n * sizeof(float)};
@@ -293,7 +297,8 @@ static int write_gen(const sh_resume *r, sh_trainer *tr, const sh_resume_state *
     if (list_files(tmp, files, 64, &nf, err, errlen)) return -1;
     char man[MANIFEST_MAX];
     int k = snprintf(man, sizeof man, "sample_host-generation 2\nstep %lld\nstate %s\n"
-                     "ident %016" PRIx64 "\nworld %d\n", (long long)st->step,
+                                      "ident %016" PRIx64 "\nworld %d\n",
+                     (long long)st->step,
                      r->plugin ? "plugin" : "host", r->run_id, c->world > 1 ? c->world : 1);
     for (int i = 0; i < nf && k > 0 && (size_t)k < sizeof man; i++) {
         char hx[20] = "-";
@@ -348,7 +353,7 @@ static int save_ranks(const sh_resume *r, sh_trainer *tr, const sh_resume_state 
     if (all_ok(tr, ok, "to create the generation's folder", err, errlen)) return -1;
     ok = !sh_trainer_plugin_state(tr, tmp, 0);
     if (!ok) sh_resume_say(err, errlen, "checkpoint at step %lld: %s", (long long)st->step,
-                 sh_trainer_error(tr));
+                           sh_trainer_error(tr));
     if (all_ok(tr, ok, "to write their plugin state", err, errlen)) {
         if (r0) rm_tree(tmp);
         return -1;
@@ -442,16 +447,16 @@ static int check_gen(const sh_resume *r, const char *gp, int64_t step, char *hos
     if (sscanf(man, "sample_host-generation %d\nstep %lld\nstate %15s\n", &fmt, &ms, state) != 3 ||
         (fmt != 1 && fmt != 2))
         return sh_resume_say(why, wl, "%s has an unknown format (this sample_host reads formats 1 and 2)",
-                   MANIFEST);
+                             MANIFEST);
     char idv[32];
     if (fmt == 2 && (sh_resume_find_val(man, "ident", 0, idv, sizeof idv) ||
                      !(seen->run_id = strtoull(idv, NULL, 16))))
         return sh_resume_say(why, wl, "%s (format 2) has no ident (the run's id)", MANIFEST);
     if (ms != step) return sh_resume_say(why, wl, "%s says step %lld, the folder %lld", MANIFEST, ms,
-                               (long long)step);
+                                         (long long)step);
     if (strcmp(state, r->plugin ? "plugin" : "host") != 0)
         return sh_resume_say(why, wl, "it holds %s state but this run is %s", state,
-                   r->plugin ? "with the plugin" : "--no-plugin");
+                             r->plugin ? "with the plugin" : "--no-plugin");
     int have_host = 0;
     for (char *line = man; line < last; line = strchr(line, '\n') + 1) {
         char name[128], hx[20];
@@ -462,7 +467,7 @@ static int check_gen(const sh_resume *r, const char *gp, int64_t step, char *hos
         if (stat(p, &sb) != 0) return sh_resume_say(why, wl, "file %s is missing", name);
         if ((long long)sb.st_size != size)
             return sh_resume_say(why, wl, "file %s is %lld bytes, the manifest says %lld (truncated?)",
-                       name, (long long)sb.st_size, size);
+                                 name, (long long)sb.st_size, size);
         if (strcmp(hx, "-") == 0) {
             if (fmt == 2) return sh_resume_say(why, wl, "%s lists %s without a checksum", MANIFEST, name);
             continue;
@@ -474,7 +479,8 @@ static int check_gen(const sh_resume *r, const char *gp, int64_t step, char *hos
             return sh_resume_say(why, wl, "file %s cannot be read whole", name);
         if (h != hw && (is_host || !r->plugin))
             return sh_resume_say(why, wl, "file %s checksum mismatch (corrupt, or not the file this "
-                       "generation wrote)", name);
+                                          "generation wrote)",
+                                 name);
         if (h != hw && !seen->suspect[0]) snprintf(seen->suspect, sizeof seen->suspect, "%s", name);
         if (is_host) {
             FILE *hf = fopen(p, "rb");
@@ -529,13 +535,14 @@ static int plugin_mixed(const sh_resume *r, sh_trainer *tr, const char *gp,
     ps.struct_size = sizeof ps;
     if (sh_trainer_stats(tr, &ps) == 0 && ps.steps != s->step)
         return sh_resume_say(err, errlen, "--resume: %s/%s holds optimizer step %lld but the generation "
-                   "is step %lld: it was copied from another generation or run",
-                   gp, file, (long long)ps.steps, (long long)s->step);
+                                          "is step %lld: it was copied from another generation or run",
+                             gp, file, (long long)ps.steps, (long long)s->step);
     if (seen->suspect[0])
         return sh_resume_say(err, errlen, "--resume: %s/%s is an intact state file but not the one this "
-                   "generation wrote (its checksum differs from the %s's): it was copied from "
-                   "another run, rank or generation; mixing it with this generation's host "
-                   "state would not continue any run", gp, file, MANIFEST);
+                                          "generation wrote (its checksum differs from the %s's): it was copied from "
+                                          "another run, rank or generation; mixing it with this generation's host "
+                                          "state would not continue any run",
+                             gp, file, MANIFEST);
     return 0;
 }
 
@@ -553,7 +560,7 @@ int sh_resume_load(sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
     int n = 0;
     if (!missing && list_gens(dir, &g, &n) != 0)
         return sh_resume_say(err, errlen, "--resume: cannot read checkpoint folder %s: %s", dir,
-                   strerror(errno));
+                             strerror(errno));
     int rc = 1;
     for (int i = 0; i < n; i++) {
         char gp[PATH_MAX], why[512], host[4096];
@@ -578,13 +585,15 @@ int sh_resume_load(sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
          * what no run writes: an error, not something to skip past */
         if (sh_gen_check_values(&s, r->c, why, sizeof why)) {
             rc = sh_resume_say(err, errlen, "--resume: %s/%s: %s; no run writes that (a hand-made or "
-                     "foreign file)", gp, HOST_FILE, why);
+                                            "foreign file)",
+                               gp, HOST_FILE, why);
             break;
         }
         if (seen.run_id && s.run_id != seen.run_id) {
             rc = sh_resume_say(err, errlen, "--resume: %s/%s has ident (the run's id) %016" PRIx64 " but "
-                     "the %s says %016" PRIx64 ": the files come from different runs", gp, HOST_FILE,
-                     s.run_id, MANIFEST, seen.run_id);
+                                            "the %s says %016" PRIx64 ": the files come from different runs",
+                               gp, HOST_FILE,
+                               s.run_id, MANIFEST, seen.run_id);
             break;
         }
         if (load_gen(r, tr, gp, why, sizeof why)) {
@@ -599,11 +608,13 @@ int sh_resume_load(sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
                 strstr(why, "is another run's") || strstr(why, "resume_changes")) {
                 if (seen.suspect[0])
                     rc = sh_resume_say(err, errlen, "--resume: %s/%s is not the file this generation "
-                             "wrote (its checksum differs from the %s's) and the plugin refuses "
-                             "it: %s", gp, seen.suspect, MANIFEST, why);
+                                                    "wrote (its checksum differs from the %s's) and the plugin refuses "
+                                                    "it: %s",
+                                       gp, seen.suspect, MANIFEST, why);
                 else
                     rc = sh_resume_say(err, errlen, "--resume: %s: the plugin refuses its state file "
-                             "although the %s lists its checksum: %s", gp, MANIFEST, why);
+                                                    "although the %s lists its checksum: %s",
+                                       gp, MANIFEST, why);
                 break;
             }
             warn_skip(gp, why);
@@ -632,18 +643,21 @@ int sh_resume_load(sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
             /* this rank's own sentence stands */
         } else if (v[2] > 0) {
             rc = sh_resume_say(err, errlen, "--resume: %g other rank(s) refused the generation in %s "
-                     "(their error names the file)", v[2], dir);
+                                            "(their error names the file)",
+                               v[2], dir);
         } else if (v[0] != v[1] * (rc == 0 ? (double)st->step : -1)) {
             rc = sh_resume_say(err, errlen, "--resume: the ranks found different generations in %s (this "
-                     "rank: %s); they must all continue from the same step", dir,
-                     rc == 0 ? gen : "none");
+                                            "rank: %s); they must all continue from the same step",
+                               dir,
+                               rc == 0 ? gen : "none");
         } else if (rc == 0 && r0) {
             prune(dir, st->step, 0, r->c->checkpoint_keep);
         }
     }
     if (rc == 1 && n > 0)
         rc = sh_resume_say(err, errlen, "--resume: none of the %d checkpoint generations in %s could be "
-                 "loaded (each is named in a warning above)", n, dir);
+                                        "loaded (each is named in a warning above)",
+                           n, dir);
     free(g);
     return rc;
 }

@@ -124,7 +124,7 @@ static const char *omitted_default(const char *key) {
 
 /* The saved run must be this run: every trajectory setting equal. */
 int sh_resume_same_run(const sh_resume *r, const char *saved, const char *gen, char *err,
-                    size_t errlen) {
+                       size_t errlen) {
     for (const char *p = r->run; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
         char key[64], mine[128], theirs[128];
         if (sscanf(p, "run %63s %127s", key, mine) != 2) break;
@@ -133,17 +133,19 @@ int sh_resume_same_run(const sh_resume *r, const char *saved, const char *gen, c
             const char *def = omitted_default(key);
             if (def)
                 return sh_resume_say(err, errlen, "--resume: %s was written by a run with %s = %s "
-                           "(the default, which generations do not record) but this run has "
-                           "%s = %s; resuming would not continue that run", gen, key, def, key,
-                           mine);
+                                                  "(the default, which generations do not record) but this run has "
+                                                  "%s = %s; resuming would not continue that run",
+                                     gen, key, def, key,
+                                     mine);
             return sh_resume_say(err, errlen, "--resume: %s does not record '%s' (written by another "
-                       "version of sample_host?)", gen, key);
+                                              "version of sample_host?)",
+                                 gen, key);
         }
         if (strcmp(mine, theirs) != 0)
             return sh_resume_say(err, errlen, "--resume: %s was written by a run with %s = %s but this "
-                       "run has %s = %s; resuming would not continue that run (settings "
-                       "that fix the losses must match; the plan may change)",
-                       gen, key, theirs, key, mine);
+                                              "run has %s = %s; resuming would not continue that run (settings "
+                                              "that fix the losses must match; the plan may change)",
+                                 gen, key, theirs, key, mine);
     }
     /* and a setting only the saved run records (written when not the default, as
      * data_order) differs from this run's default */
@@ -152,8 +154,8 @@ int sh_resume_same_run(const sh_resume *r, const char *saved, const char *gen, c
         if (sscanf(p, "run %63s %127s", key, theirs) != 2) continue;
         if (sh_resume_find_val(r->run, key, 1, mine, sizeof mine) != 0)
             return sh_resume_say(err, errlen, "--resume: %s was written by a run with %s = %s but this "
-                       "run has the default %s = %s; resuming would not continue that run",
-                       gen, key, theirs, key, omitted_default(key) ? omitted_default(key) : "?");
+                                              "run has the default %s = %s; resuming would not continue that run",
+                                 gen, key, theirs, key, omitted_default(key) ? omitted_default(key) : "?");
     }
     return 0;
 }

@@ -84,8 +84,8 @@ static int load_data(runstate *rs, char *err, size_t errlen) {
     char root[4096];
     if (sh_data_find_repo_root(root, sizeof root)) {
         snprintf(err, errlen, "no --data given and the repository root (a folder with "
-                 "host_api/protrain.h) was not found from $PT_ROOT, the current folder or "
-                 "the executable's folder");
+                              "host_api/protrain.h) was not found from $PT_ROOT, the current folder or "
+                              "the executable's folder");
         return -1;
     }
     return sh_data_default_corpus(root, &rs->all, err, errlen);
@@ -103,7 +103,11 @@ static int resolve_dims(const sh_config *c, sh_dims *d, char *err, size_t errlen
     if (!c->load[0]) return sh_model_dims_check(d, err, errlen);
     sh_dims f;
     if (sh_ckpt_read_header(c->load, &f, err, errlen)) return -1;
-    struct { unsigned bit; const char *flag, *field; int cli, file; } chk[] = {
+    struct {
+        unsigned bit;
+        const char *flag, *field;
+        int cli, file;
+    } chk[] = {
         {SH_SET_VOCAB, "--vocab", "vocab_size", c->vocab, f.V},
         {SH_SET_MAXT, "--max-seq", "max_seq_len", c->max_seq, f.maxT},
         {SH_SET_LAYERS, "--layers", "num_layers", c->layers, f.L},
@@ -261,13 +265,14 @@ static int train_loop(runstate *rs, char *err, size_t errlen) {
             if (!sk) {
                 /* the parameters are now poisoned: nothing after this may be saved */
                 snprintf(err, errlen, "the training loss is not finite (%g) at step %d: "
-                         "stopping (on_nonfinite = stop); %s", loss, step, gen);
+                                      "stopping (on_nonfinite = stop); %s",
+                         loss, step, gen);
                 return -1;
             }
             rs->n_skipped++;
             fflush(stdout);
             fprintf(stderr, "sample_host: warning: the training loss is not finite (%g) at "
-                    "step %d: optimizer step skipped (on_nonfinite = skip; %lld so far)\n",
+                            "step %d: optimizer step skipped (on_nonfinite = skip; %lld so far)\n",
                     loss, step, rs->n_skipped);
         } else {
             rs->last_loss = loss;
@@ -336,7 +341,8 @@ static int resume(runstate *rs, char *err, size_t errlen) {
         struct stat sb;
         if (!f || fstat(fileno(f), &sb) != 0 || (long long)sb.st_size < st.metrics_bytes) {
             snprintf(err, errlen, "--resume: metrics file %s is %s, but %s wrote %lld bytes of "
-                     "it (use another --metrics file to continue)", c->metrics,
+                                  "it (use another --metrics file to continue)",
+                     c->metrics,
                      f ? "shorter" : "missing", rs->resumed_from, (long long)st.metrics_bytes);
             if (f) fclose(f);
             return -1;
@@ -355,7 +361,8 @@ static int resume(runstate *rs, char *err, size_t errlen) {
     if (c->load[0]) {
         fflush(stdout);
         fprintf(stderr, "sample_host: note: --load %s is not used: the parameters come from %s "
-                "(--load gives the starting point of a fresh run only)\n", c->load,
+                        "(--load gives the starting point of a fresh run only)\n",
+                c->load,
                 rs->resumed_from);
     }
     return 0;
@@ -410,11 +417,13 @@ static void optimizer_notes(const sh_config *c) {
                c->config, c->ini_optim_type);
     if (c->lr_note == 1 && !c->quiet)
         printf("sample_host: peak learning rate %g from %s's [optimizer] lr (sample_host's "
-               "schedule sets it every step)\n", (double)c->lr, c->config);
+               "schedule sets it every step)\n",
+               (double)c->lr, c->config);
     if (c->optim_note == 2) {
         fflush(stdout);
         fprintf(stderr, "sample_host: note: --optimizer adamw on the command line overrides "
-                "%s's [optimizer] type = %s\n", c->config, c->ini_optim_type);
+                        "%s's [optimizer] type = %s\n",
+                c->config, c->ini_optim_type);
     }
 }
 
@@ -427,7 +436,8 @@ static int open_device_and_plugin(runstate *rs, char *err, size_t errlen) {
          * asks for the simulated device before anything starts */
         if (!c->no_plugin && strcmp(c->plugin_backend, "host") == 0) {
             snprintf(err, errlen, "%s: [plugin] backend = host, but device = cuda needs the "
-                     "plugin's cuda backend (set backend = cuda or auto)", c->config);
+                                  "plugin's cuda backend (set backend = cuda or auto)",
+                     c->config);
             rc = -1;
         } else if (sh_cuda_load(&rs->cuda, c->world > 1 ? c->local_rank : 0, err, errlen)) {
             /* several ranks: one GPU each, the launcher's local rank (NCCL refuses two
@@ -481,7 +491,8 @@ static int create_trainer(runstate *rs, const sh_dims *d, const char *fingerprin
         printf("sample_host: device %s\n", rs->cuda.api->device_name(rs->cuda.ctx));
     if (!c->quiet)
         printf("sample_host: L=%d C=%d NH=%d V=%d (Vp=%d) maxT=%d | batch %dx%d x%d | "
-               "%zu train / %zu val tokens | plugin %s\n", d->L, d->C, d->NH, d->V,
+               "%zu train / %zu val tokens | plugin %s\n",
+               d->L, d->C, d->NH, d->V,
                d->Vp ? d->Vp : (d->V + 127) / 128 * 128, d->maxT, c->batch, c->seq,
                c->grad_accum, rs->train.n, rs->val.n, rs->have_plugin ? rs->lp.path : "none");
     if (c->optim_from_ini && !rs->have_plugin) {

@@ -13,11 +13,15 @@
 
 /* Bits of sh_config.cli_dims: model dims given on the command line (checked against
  * a --load checkpoint instead of being replaced by it). */
-enum { SH_SET_VOCAB = 1, SH_SET_MAXT = 2, SH_SET_LAYERS = 4, SH_SET_HEADS = 8,
+enum { SH_SET_VOCAB = 1,
+       SH_SET_MAXT = 2,
+       SH_SET_LAYERS = 4,
+       SH_SET_HEADS = 8,
        SH_SET_CHANNELS = 16 };
 
 /* sh_config.device */
-enum { SH_DEVICE_CPU = 0, SH_DEVICE_CUDA = 1 };
+enum { SH_DEVICE_CPU = 0,
+       SH_DEVICE_CUDA = 1 };
 
 typedef struct sh_config {
     /* model */
@@ -72,7 +76,8 @@ typedef struct sh_config {
 } sh_config;
 
 /* sh_config.on_nonfinite */
-enum { SH_NONFINITE_STOP = 0, SH_NONFINITE_SKIP = 1 };
+enum { SH_NONFINITE_STOP = 0,
+       SH_NONFINITE_SKIP = 1 };
 
 void sh_config_defaults(sh_config *c);
 /* Read [sample_host] from path. Unknown key, bad value or duplicate -> error naming

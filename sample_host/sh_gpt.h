@@ -25,8 +25,19 @@ typedef struct sh_dims {
 
 /* Per-layer parameter slots, in declaration order inside a block. */
 enum {
-    SH_LN1W, SH_LN1B, SH_QKVW, SH_QKVB, SH_ATTPROJW, SH_ATTPROJB,
-    SH_LN2W, SH_LN2B, SH_FCW, SH_FCB, SH_FCPROJW, SH_FCPROJB, SH_NLP
+    SH_LN1W,
+    SH_LN1B,
+    SH_QKVW,
+    SH_QKVB,
+    SH_ATTPROJW,
+    SH_ATTPROJB,
+    SH_LN2W,
+    SH_LN2B,
+    SH_FCW,
+    SH_FCB,
+    SH_FCPROJW,
+    SH_FCPROJB,
+    SH_NLP
 };
 #define SH_P_WTE 0
 #define SH_P_WPE 1

@@ -30,9 +30,13 @@
 #include "sh_rng.h"
 
 /* sh_config.data_order and sh_train_opts.data_order */
-enum { SH_ORDER_RANDOM = 0, SH_ORDER_SEQUENTIAL = 1, SH_ORDER_SHUFFLED = 2 };
+enum { SH_ORDER_RANDOM = 0,
+       SH_ORDER_SEQUENTIAL = 1,
+       SH_ORDER_SHUFFLED = 2 };
 /* sh_config.lr_schedule */
-enum { SH_LR_COSINE = 0, SH_LR_CONSTANT = 1, SH_LR_LINEAR = 2 };
+enum { SH_LR_COSINE = 0,
+       SH_LR_CONSTANT = 1,
+       SH_LR_LINEAR = 2 };
 
 typedef struct sh_sampler {
     int order, B, T;

@@ -14,7 +14,9 @@ typedef struct sh_rng {
 } sh_rng;
 
 /* Streams: independent sequences from one seed (init, train batches, generation). */
-enum { SH_STREAM_INIT = 1, SH_STREAM_BATCH = 2, SH_STREAM_GEN = 3 };
+enum { SH_STREAM_INIT = 1,
+       SH_STREAM_BATCH = 2,
+       SH_STREAM_GEN = 3 };
 
 static inline uint64_t sh_rng_next(sh_rng *r) {
     /* splitmix64: state += golden gamma; output = mix(state). */

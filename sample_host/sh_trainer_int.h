@@ -67,16 +67,16 @@ int sh_trainer_copy(sh_trainer *tr, void *dst, const void *src, size_t bytes, in
 void sh_trainer_dzero(sh_trainer *tr, void *dst, size_t bytes);
 
 /* Call a plugin hook; a non-zero status returns from the caller with tr->err set. */
-#define HOOK(name, arg, ...)                                                   \
-    do {                                                                       \
-        int32_t st_ = tr->tbl->name(tr->ctx, __VA_ARGS__);                     \
-        if (st_ != 0) return sh_trainer_hook_fail(tr, #name, (long long)(arg), st_);      \
+#define HOOK(name, arg, ...) \
+    do { \
+        int32_t st_ = tr->tbl->name(tr->ctx, __VA_ARGS__); \
+        if (st_ != 0) return sh_trainer_hook_fail(tr, #name, (long long)(arg), st_); \
     } while (0)
 
 /* The CPU is about to read what launched work computed. */
-#define SYNC()                                                                 \
-    do {                                                                       \
-        if (sh_trainer_sync(tr)) return -1;                                           \
+#define SYNC() \
+    do { \
+        if (sh_trainer_sync(tr)) return -1; \
     } while (0)
 
 #endif

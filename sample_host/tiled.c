@@ -51,7 +51,8 @@ int32_t sh_tiled_cb(sh_tiled *t, int32_t b, int64_t begin, int64_t count, int ba
     if (!t->active || b != t->l || begin < 0 || count < 1 || begin + count > N ||
         (backward && !t->backward)) {
         snprintf(t->err, t->errlen, "%s(%d, %lld, %lld) called outside block %d's tiled MLP or "
-                 "with tokens outside [0, %lld)", cb, (int)b, (long long)begin, (long long)count,
+                                    "with tokens outside [0, %lld)",
+                 cb, (int)b, (long long)begin, (long long)count,
                  t->l, (long long)N);
         return PT_ERR_ORDER;
     }

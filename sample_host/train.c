@@ -34,17 +34,17 @@ int sh_trainer_fail(sh_trainer *tr, const char *fmt, ...) {
 int sh_trainer_hook_fail(sh_trainer *tr, const char *hook, long long arg, int32_t st) {
     const char *le = tr->tbl->last_error ? tr->tbl->last_error(tr->ctx) : "";
     sh_trainer_fail(tr, "plugin hook %s(%lld) failed with status %d: %s%s%s", hook, arg, (int)st,
-         le ? le : "", tr->cb_err[0] ? " (host callback: " : "", tr->cb_err[0] ? tr->cb_err : "");
+                    le ? le : "", tr->cb_err[0] ? " (host callback: " : "", tr->cb_err[0] ? tr->cb_err : "");
     if (tr->cb_err[0]) strncat(tr->err, ")", sizeof tr->err - strlen(tr->err) - 1);
     return -1;
 }
 
 
 /* Run or launch one piece of device work (sh_work.h). */
-#define WORK(...)                                                              \
-    do {                                                                       \
-        sh_op op_ = {__VA_ARGS__};                                             \
-        int32_t st_ = sh_work_run(&tr->lw, &tr->model, &op_);                  \
+#define WORK(...) \
+    do { \
+        sh_op op_ = {__VA_ARGS__}; \
+        int32_t st_ = sh_work_run(&tr->lw, &tr->model, &op_); \
         if (st_ != 0) return sh_trainer_hook_fail(tr, "launch", (long long)op_.kind, st_); \
     } while (0)
 
@@ -77,7 +77,7 @@ static int dalloc(sh_trainer *tr, size_t bytes, const char *tag, void **p) {
     if (tr->cu) {
         if (tr->cu->api->dev_alloc(tr->cu->ctx, bytes, p) != 0 || !*p)
             return sh_trainer_fail(tr, "out of GPU memory: %zu bytes for %s buffers (%s)", bytes, tag,
-                        tr->cu->api->last_error(tr->cu->ctx));
+                                   tr->cu->api->last_error(tr->cu->ctx));
         return 0;
     }
     size_t n = (bytes + 63) & ~(size_t)63;
@@ -285,14 +285,16 @@ static int32_t cb_recompute(void *user, int32_t b) {
     sh_trainer *tr = user;
     if (!tr->in_pass || b < 0 || b >= tr->model.d.L) {
         snprintf(tr->cb_err, sizeof tr->cb_err, "recompute_block(%d) called outside a "
-                 "backward pass or with a bad block index", (int)b);
+                                                "backward pass or with a bad block index",
+                 (int)b);
         return PT_ERR_ORDER;
     }
     void *p = NULL;
     int32_t st = tr->tbl->activation_arena_get(tr->ctx, b, &p);
     if (st != 0 || !p) {
         snprintf(tr->cb_err, sizeof tr->cb_err, "recompute_block(%d): activation_arena_get "
-                 "failed with status %d", (int)b, (int)st);
+                                                "failed with status %d",
+                 (int)b, (int)st);
         return st ? st : PT_ERR_INTERNAL;
     }
     /* Re-run the forward from the saved input res[b]; the block output is not needed
@@ -300,12 +302,12 @@ static int32_t cb_recompute(void *user, int32_t b) {
      * idle between blocks instead of overwriting res[b+1]. */
     /* tiled MLP: only the part up to ln2; the MLP's output is not needed and each
      * tile's backward recomputes its own intermediates */
-    sh_op op = {.kind = tr->tl.on ? SH_OP_BLOCK_FWD_ATTN : SH_OP_BLOCK_FWD, .l = b, .B = tr->curB, .T = tr->curT, .a = p,
-                .x = tr->res[b], .out = tr->scr.dsmall};
+    sh_op op = {.kind = tr->tl.on ? SH_OP_BLOCK_FWD_ATTN : SH_OP_BLOCK_FWD, .l = b, .B = tr->curB, .T = tr->curT, .a = p, .x = tr->res[b], .out = tr->scr.dsmall};
     st = sh_work_run(&tr->lw, &tr->model, &op);
     if (st != 0) {
         snprintf(tr->cb_err, sizeof tr->cb_err, "recompute_block(%d): launch failed with "
-                 "status %d", (int)b, (int)st);
+                                                "status %d",
+                 (int)b, (int)st);
         return st;
     }
     return 0;
@@ -363,13 +365,28 @@ static void log_tramp(void *user, int32_t level, const char *msg) {
 
 static int check_table(sh_trainer *tr) {
     const pt_plugin_v1 *t = tr->tbl;
-#define NEED(f)                                                                       \
-    if (!PT_HAS_HOOK(t, f)) return sh_trainer_fail(tr, "plugin %s lacks the required hook " #f,  \
-                                        t->name ? t->name : "?");
-    NEED(init) NEED(last_error) NEED(post_model_load) NEED(create_optimizer) NEED(pre_step)
-    NEED(block_pre_forward) NEED(block_post_forward) NEED(block_pre_backward)
-    NEED(block_post_backward) NEED(optimizer_step) NEED(post_step) NEED(finalize)
-    NEED(dev_alloc) NEED(dev_free) NEED(activation_arena) NEED(activation_arena_get)
+#define NEED(f) \
+    do { \
+        if (!PT_HAS_HOOK(t, f)) \
+            return sh_trainer_fail(tr, "plugin %s lacks the required hook " #f, \
+                                   t->name ? t->name : "?"); \
+    } while (0)
+    NEED(init);
+    NEED(last_error);
+    NEED(post_model_load);
+    NEED(create_optimizer);
+    NEED(pre_step);
+    NEED(block_pre_forward);
+    NEED(block_post_forward);
+    NEED(block_pre_backward);
+    NEED(block_post_backward);
+    NEED(optimizer_step);
+    NEED(post_step);
+    NEED(finalize);
+    NEED(dev_alloc);
+    NEED(dev_free);
+    NEED(activation_arena);
+    NEED(activation_arena_get);
 #undef NEED
     return 0;
 }
@@ -381,15 +398,15 @@ static int check_data(sh_trainer *tr) {
     for (int i = 0; i < 2; i++) {
         if (!s[i] || s[i]->n <= (size_t)o->T)
             return sh_trainer_fail(tr, "the %s split has %zu tokens; it needs more than seq = %d", nm[i],
-                        s[i] ? s[i]->n : (size_t)0, o->T);
+                                   s[i] ? s[i]->n : (size_t)0, o->T);
         int v = sh_data_tokens_vocab(s[i]);
         if (v > tr->model.d.V)
             return sh_trainer_fail(tr, "the %s data holds token id %d but the model vocab is %d", nm[i],
-                        v - 1, tr->model.d.V);
+                                   v - 1, tr->model.d.V);
     }
     if (o->T > tr->model.d.maxT)
         return sh_trainer_fail(tr, "seq = %d is longer than the model's max_seq = %d", o->T,
-                    tr->model.d.maxT);
+                               tr->model.d.maxT);
     return 0;
 }
 
@@ -430,8 +447,7 @@ static int start_plugin(sh_trainer *tr) {
     }
     tr->lw.tbl = tr->tbl;
     tr->lw.ctx = tr->ctx;
-    tr->tl = (sh_tiled){.tbl = tr->tbl, .ctx = tr->ctx, .lw = &tr->lw, .m = &tr->model,
-                        .err = tr->cb_err, .errlen = sizeof tr->cb_err};
+    tr->tl = (sh_tiled){.tbl = tr->tbl, .ctx = tr->ctx, .lw = &tr->lw, .m = &tr->model, .err = tr->cb_err, .errlen = sizeof tr->cb_err};
     sh_tiled_query(&tr->tl);
     /* OSFT: from init on the plugin says whether it will decompose weights; the
      * model then sends every weight whose data is NULL in its window through the
@@ -442,8 +458,8 @@ static int start_plugin(sh_trainer *tr) {
         ost.osft_targets > 0) {
         if (tr->cu)
             return sh_trainer_fail(tr, "the plugin decomposes weights ([osft] enabled = true), but "
-                        "sample_host --device cuda adds the biases of decomposed layers on the "
-                        "CPU only: set enabled = false or use --device cpu");
+                                       "sample_host --device cuda adds the biases of decomposed layers on the "
+                                       "CPU only: set enabled = false or use --device cpu");
         if (!PT_HAS_HOOK(tr->tbl, osft_linear_forward) || !PT_HAS_HOOK(tr->tbl, osft_linear_backward))
             return sh_trainer_fail(tr, "the plugin reports OSFT targets but lacks the osft_linear hooks");
         tr->model.osft_tbl = tr->tbl;
@@ -454,8 +470,8 @@ static int start_plugin(sh_trainer *tr) {
     tr->lw.async = !tr->cu && sh_work_can_launch(tr->tbl);
     if (tr->cu && tr->opened[0] && strcmp(tr->opened, "cuda") != 0)
         return sh_trainer_fail(tr, "the plugin opened its %s backend, but --device cuda needs its cuda "
-                    "backend ([plugin] backend = cuda or auto, on a machine with a GPU)",
-                    tr->opened);
+                                   "backend ([plugin] backend = cuda or auto, on a machine with a GPU)",
+                               tr->opened);
     return 0;
 }
 
@@ -542,7 +558,7 @@ int sh_trainer_create(sh_trainer **out, const sh_train_opts *o, char *err, size_
     int rc = 0;
     if (o->B < 1 || o->T < 1 || o->n_micro < 1)
         rc = sh_trainer_fail(tr, "batch (%d), seq (%d) and grad_accum (%d) must be positive", o->B, o->T,
-                  o->n_micro);
+                             o->n_micro);
     if (!rc && sh_model_create(&tr->model, &o->dims, tr->err, sizeof tr->err)) rc = -1;
     if (!rc && tr->cu) tr->model.ops = &tr->cu->ops;
     if (!rc) {
@@ -753,7 +769,7 @@ int sh_trainer_generate(sh_trainer *tr, int64_t step, uint16_t *seq, int n_promp
         if (rc) return -1;
         SYNC();   /* the logits */
         if (sh_trainer_copy(tr, tr->h_row, tr->head.logits + (size_t)(win - 1) * d->Vp,
-                 (size_t)d->Vp * sizeof(float), PT_COPY_D2H))
+                            (size_t)d->Vp * sizeof(float), PT_COPY_D2H))
             return -1;
         int pick = sh_model_pick_token(tr->h_row, d->V, temperature, rng);
         seq[len] = (uint16_t)pick;
@@ -778,4 +794,3 @@ int sh_trainer_fwdbwd(sh_trainer *tr, const int32_t *inp, const int32_t *tgt, in
     *loss = tr->loss_acc;
     return 0;
 }
-

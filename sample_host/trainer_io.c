@@ -58,7 +58,7 @@ int sh_trainer_opt_io(sh_trainer *tr, float *p, float *m, float *v, int load) {
     SYNC();   /* no update may still be writing what is read or replaced */
     for (int k = 0; k < 3; k++)
         if (sh_trainer_copy(tr, load ? dev[k] : host[k], load ? host[k] : dev[k], b,
-                 load ? PT_COPY_H2D : PT_COPY_D2H))
+                            load ? PT_COPY_H2D : PT_COPY_D2H))
             return -1;
     SYNC();
     return 0;

@@ -38,7 +38,8 @@ int pt_coll_pick(const char *dist_backend, const char *device_backend, const cha
     int file = init_method && !strncmp(init_method, "file:", 5);
     if (!cuda && !host)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[dist]: no collectives for the %s "
-                       "backend (nccl runs on cuda, mpi on host)", device_backend);
+                                                        "backend (nccl runs on cuda, mpi on host)",
+                       device_backend);
     if (!strcmp(dist_backend, "auto")) {
         *transport = cuda ? "nccl" : "mpi";
     } else if (!strcmp(dist_backend, "nccl")) {
@@ -46,7 +47,8 @@ int pt_coll_pick(const char *dist_backend, const char *device_backend, const cha
             return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
                            "[dist] backend = nccl needs the cuda backend (NCCL moves device "
                            "memory between GPUs) but this run is on the %s backend; use "
-                           "backend = mpi or auto there", device_backend);
+                           "backend = mpi or auto there",
+                           device_backend);
         *transport = "nccl";
     } else if (!strcmp(dist_backend, "mpi")) {
         if (cuda)
@@ -58,17 +60,19 @@ int pt_coll_pick(const char *dist_backend, const char *device_backend, const cha
         *transport = "mpi";
     } else if (!strcmp(dist_backend, "none")) {
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[dist] backend = none with several "
-                       "ranks: the ranks could not agree on gradients");
+                                                        "ranks: the ranks could not agree on gradients");
     } else {
         return pt_fail(err, errlen, PT_ERR_CONFIG, "[dist] backend = '%s': expected auto, "
-                       "nccl, mpi or none", dist_backend);
+                                                   "nccl, mpi or none",
+                       dist_backend);
     }
     if (file && !strcmp(*transport, "mpi")) {
         *transport = NULL;
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
                        "[dist] init_method = %s with the mpi transport: the shared-file "
                        "rendezvous hands out NCCL's id, while MPI ranks meet through mpirun "
-                       "(use init_method = env or mpi)", init_method);
+                       "(use init_method = env or mpi)",
+                       init_method);
     }
     return PT_OK;
 }
@@ -91,18 +95,21 @@ int pt_coll_pick_table(const char *dist_backend, const char *device_backend,
                        "[dist] backend = %s, but the host hands the plugin its own collectives "
                        "(pt_host_v1.coll, its process group): the ranks' gradients cannot go "
                        "over two transports; set backend = auto or host, or start the host "
-                       "without its table", dist_backend);
+                       "without its table",
+                       dist_backend);
     if (strcmp(device_backend, "host"))
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
                        "[dist] the host's own collectives (pt_host_v1.coll) run on the host "
                        "backend only: they get host memory and the plugin adds with the CPU, "
                        "while the %s backend's buffers are device memory (staging them is not "
-                       "built); on cuda pass no table and use backend = nccl", device_backend);
+                       "built); on cuda pass no table and use backend = nccl",
+                       device_backend);
     if (init_method && strcmp(init_method, "env"))
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
                        "[dist] init_method = %s, but the host hands the plugin its own "
                        "collectives (pt_host_v1.coll): its ranks have already met; leave "
-                       "init_method = env", init_method);
+                       "init_method = env",
+                       init_method);
     *transport = "host";
     return PT_OK;
 }
@@ -136,7 +143,8 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
     int file = cfg->init_method && !strncmp(cfg->init_method, "file:", 5);
     if (file && !nccl)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[dist] init_method = %s needs the nccl "
-                       "transport (MPI ranks meet through mpirun)", cfg->init_method);
+                                                        "transport (MPI ranks meet through mpirun)",
+                       cfg->init_method);
     pt_coll *c = calloc(1, sizeof *c);
     if (!c) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for collectives");
     c->world = cfg->world_size;
@@ -204,7 +212,9 @@ int pt_coll_split(pt_coll *c, int color, int key, pt_coll **sub, char *err, size
 }
 
 const char *pt_coll_transport(const pt_coll *c) {
-    return !c ? "none" : c->hc ? "host" : c->nccl ? "nccl" : "mpi";
+    return !c ? "none" : c->hc ? "host"
+                     : c->nccl ? "nccl"
+                               : "mpi";
 }
 int pt_coll_rank(const pt_coll *c) { return c ? c->rank : 0; }
 int pt_coll_world(const pt_coll *c) { return c ? c->world : 1; }
@@ -229,7 +239,8 @@ static int nccl_begin(pt_coll *c, const char *what, char *err, size_t errlen) {
         while (pt_now_s() < until) pt_coll_nccl_pause();
         c->broken = 1;
         return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist] %s: [testing] debug_hang_rank = %d: "
-                       "this rank hung on purpose", what, c->hang_rank);
+                                                    "this rank hung on purpose",
+                       what, c->hang_rank);
     }
     return PT_OK;
 }
@@ -249,8 +260,7 @@ int pt_coll_allreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sca
                    : pt_host_coll_allreduce(c->hc, buf, n, dtype, scale, what, err, errlen);
     if (c && c->nccl) {
         int rc = nccl_begin(c, what, err, errlen);
-        return rc ? rc : nccl_end(c, c->nc.ops->allreduce(c->nc.h, buf, n, dtype, scale, what,
-                                                          err, errlen));
+        return rc ? rc : nccl_end(c, c->nc.ops->allreduce(c->nc.h, buf, n, dtype, scale, what, err, errlen));
     }
     return pt_mpi_coll_allreduce(c ? c->mpi : NULL, buf, n, dtype, scale, what, err, errlen);
 }
@@ -274,8 +284,7 @@ int pt_coll_allgather(pt_coll *c, void *buf, size_t n, size_t elem_size, const c
                    : pt_host_coll_allgather(c->hc, buf, n, elem_size, what, err, errlen);
     if (c && c->nccl) {
         int rc = nccl_begin(c, what, err, errlen);
-        return rc ? rc : nccl_end(c, c->nc.ops->allgather(c->nc.h, buf, n, elem_size, what, err,
-                                                          errlen));
+        return rc ? rc : nccl_end(c, c->nc.ops->allgather(c->nc.h, buf, n, elem_size, what, err, errlen));
     }
     return pt_mpi_coll_allgather(c ? c->mpi : NULL, buf, n, elem_size, what, err, errlen);
 }
@@ -288,11 +297,13 @@ int pt_coll_allgather_ranges(pt_coll *c, void *buf, const size_t *lo, const size
         if (len[p] > s) s = len[p];
     if (!elem_size || elem_size > 8 || (s && !buf))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: all-gather of parts up to "
-                       "%zu elements of %zu bytes from %p", what, s, elem_size, buf);
+                                                        "%zu elements of %zu bytes from %p",
+                       what, s, elem_size, buf);
     /* slot p = [p s, (p + 1) s): exactly rank p's part under pt_coll_part(W s) */
     char *tmp = malloc((size_t)c->world * s * elem_size + 1);
     if (!tmp) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "[dist] %s: out of host memory for "
-                             "%zu bytes", what, (size_t)c->world * s * elem_size);
+                                                           "%zu bytes",
+                             what, (size_t)c->world * s * elem_size);
     memcpy(tmp + (size_t)c->rank * s * elem_size, (char *)buf + lo[c->rank] * elem_size,
            len[c->rank] * elem_size);
     int rc = pt_coll_allgather(c, tmp, (size_t)c->world * s, elem_size, what, err, errlen);
@@ -311,7 +322,8 @@ int pt_coll_alltoallv_gathered(pt_coll *c, const void *send, const size_t *soff,
     int w = pt_coll_world(c), me = pt_coll_rank(c);
     if (scount[me] != rcount[me])
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: this rank sends itself %zu "
-                       "bytes but expects %zu", what, scount[me], rcount[me]);
+                                                        "bytes but expects %zu",
+                       what, scount[me], rcount[me]);
     if (scount[me]) memcpy((char *)recv + roff[me], (const char *)send + soff[me], scount[me]);
     if (w == 1) return PT_OK;
     /* tab[(p * w + q) * 3 + {0, 1, 2}]: rank p's offset and count toward rank q,
@@ -338,7 +350,8 @@ int pt_coll_alltoallv_gathered(pt_coll *c, const void *send, const size_t *soff,
             size_t want = (size_t)tab[((size_t)q * w + p) * 3 + 2];
             if (p != q && sent != want)
                 rc = pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: rank %d sends %zu bytes "
-                             "to rank %d, which expects %zu", what, p, sent, q, want);
+                                                              "to rank %d, which expects %zu",
+                             what, p, sent, q, want);
         }
     char *tmp = rc ? NULL : malloc((size_t)w * S + 1);
     if (!rc && !tmp)
@@ -380,8 +393,7 @@ int pt_coll_reduce_scatter(pt_coll *c, void *buf, size_t n, int32_t dtype, doubl
                    : pt_host_coll_reduce_scatter(c->hc, buf, n, dtype, scale, what, err, errlen);
     if (c && c->nccl) {
         int rc = nccl_begin(c, what, err, errlen);
-        return rc ? rc : nccl_end(c, c->nc.ops->reduce_scatter(c->nc.h, buf, n, dtype, scale,
-                                                               what, err, errlen));
+        return rc ? rc : nccl_end(c, c->nc.ops->reduce_scatter(c->nc.h, buf, n, dtype, scale, what, err, errlen));
     }
     return pt_mpi_coll_reduce_scatter(c ? c->mpi : NULL, buf, n, dtype, scale, what, err, errlen);
 }
@@ -399,12 +411,13 @@ int pt_coll_iallreduce(pt_coll *c, void *buf, size_t n, int32_t dtype, double sc
     *out = NULL;
     if (key < 0 || key >= PT_COLL_KEYS)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: nonblocking all-reduce with "
-                       "key %d (want 0..%d)", what, (int)key, PT_COLL_KEYS - 1);
+                                                        "key %d (want 0..%d)",
+                       what, (int)key, PT_COLL_KEYS - 1);
     pt_coll_op *op = calloc(1, sizeof *op);
     if (!op) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for collectives");
     int rc = c && (c->nccl || c->hc) ? pt_coll_allreduce(c, buf, n, dtype, scale, what, err, errlen)
-                          : pt_mpi_coll_iallreduce(c ? c->mpi : NULL, buf, n, dtype, scale, key,
-                                                   what, &op->m, err, errlen);
+                                     : pt_mpi_coll_iallreduce(c ? c->mpi : NULL, buf, n, dtype, scale, key,
+                                                              what, &op->m, err, errlen);
     if (rc) {
         free(op);
         return rc;

@@ -32,7 +32,8 @@
 typedef struct pt_coll pt_coll;
 struct pt_host_coll_v1;   /* protrain.h */
 
-typedef enum pt_coll_dtype { PT_COLL_F32 = 0, PT_COLL_F64 = 1 } pt_coll_dtype;
+typedef enum pt_coll_dtype { PT_COLL_F32 = 0,
+                             PT_COLL_F64 = 1 } pt_coll_dtype;
 
 typedef struct pt_coll_config {
     int32_t world_size, rank;  /* what the host says; checked against MPI's when MPI runs */

@@ -53,7 +53,8 @@ static int take_table(void *h, const char *path, const pt_nccl_coll_ops **ops, c
                                PT_NCCL_COLL_LIB);
         }
         return pt_fail(err, errlen, PT_ERR_BACKEND, "library %s does not export %s: it is not a "
-                       "protrain NCCL transport", path, PT_NCCL_COLL_SYMBOL);
+                                                    "protrain NCCL transport",
+                       path, PT_NCCL_COLL_SYMBOL);
     }
     if (t->abi_version != PT_NCCL_COLL_VERSION || t->struct_size < sizeof *t)
         return pt_fail(err, errlen, PT_ERR_BACKEND,
@@ -64,7 +65,8 @@ static int take_table(void *h, const char *path, const pt_nccl_coll_ops **ops, c
     if (!t->unique_id || !t->open || !t->close || !t->allreduce || !t->allgather ||
         !t->reduce_scatter || !t->barrier || !t->describe)
         return pt_fail(err, errlen, PT_ERR_BACKEND, "NCCL transport library %s: its table lacks "
-                       "an op", path);
+                                                    "an op",
+                       path);
     *ops = t;
     return PT_OK;
 }
@@ -131,7 +133,8 @@ int pt_coll_file_publish(const char *path, int world, const unsigned char *id, s
             return pt_fail(err, errlen, PT_ERR_CONFIG,
                            "[dist] init_method file: %s already exists (left by an earlier run "
                            "that did not finish, or another job uses it); remove it and start "
-                           "every rank again", path);
+                           "every rank again",
+                           path);
         return pt_fail(err, errlen, PT_ERR_IO, "[dist] init_method file: cannot create %s: %s",
                        path, strerror(e));
     }
@@ -154,14 +157,17 @@ int pt_coll_file_fetch(const char *path, int rank, int world, double timeout_s, 
             fclose(f);
             if (!ok || bytes != n)
                 return pt_fail(err, errlen, PT_ERR_CONFIG, "[dist] init_method file: %s is not "
-                               "a protrain NCCL id file of %zu bytes", path, n);
+                                                           "a protrain NCCL id file of %zu bytes",
+                               path, n);
             if (w != world)
                 return pt_fail(err, errlen, PT_ERR_CONFIG,
                                "[dist] init_method file: %s was written by a rank 0 of world "
-                               "%d, but rank %d is in world %d", path, w, rank, world);
+                               "%d, but rank %d is in world %d",
+                               path, w, rank, world);
             if (got != n)
                 return pt_fail(err, errlen, PT_ERR_IO, "[dist] init_method file: %s ends "
-                               "early (%zu of %zu id bytes)", path, got, n);
+                                                       "early (%zu of %zu id bytes)",
+                               path, got, n);
             return PT_OK;
         }
         if (errno != ENOENT)
@@ -186,7 +192,8 @@ static int exchange_id(const pt_coll_config *cfg, pt_mpi_coll *mpi, const pt_col
                        unsigned char id[PT_NCCL_ID_BYTES], int *published, char *err,
                        size_t errlen) {
     const char *file = cfg->init_method && !strncmp(cfg->init_method, "file://", 7)
-                           ? cfg->init_method + 7 : NULL;
+                           ? cfg->init_method + 7
+                           : NULL;
     int rc = cfg->rank == 0 ? n->ops->unique_id(id, err, errlen) : PT_OK;
     if (rc) return rc;
     if (file && cfg->rank == 0) {
@@ -199,7 +206,7 @@ static int exchange_id(const pt_coll_config *cfg, pt_mpi_coll *mpi, const pt_col
                                   PT_NCCL_ID_BYTES, err, errlen);
     if (!mpi)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] the nccl transport needs MPI or "
-                       "init_method = file:///path to hand out its id");
+                                                        "init_method = file:///path to hand out its id");
     /* rank r's part of the W x 128 buffer is [r*128, (r+1)*128): rank 0's holds the id */
     size_t total = (size_t)cfg->world_size * PT_NCCL_ID_BYTES;
     unsigned char *all = calloc(1, total);

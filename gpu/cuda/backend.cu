@@ -88,10 +88,17 @@ int report(void *impl, int code, const char *msg) {
  * process returns them again. */
 bool sticky(cudaError_t e) {
     switch (e) {
-    case cudaErrorIllegalAddress: case cudaErrorLaunchFailure: case cudaErrorHardwareStackError:
-    case cudaErrorIllegalInstruction: case cudaErrorMisalignedAddress:
-    case cudaErrorInvalidAddressSpace: case cudaErrorInvalidPc: case cudaErrorAssert:
-    case cudaErrorECCUncorrectable: case cudaErrorLaunchTimeout: case cudaErrorUnknown:
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorUnknown:
         return true;
     default:
         return false;
@@ -108,7 +115,8 @@ int fail(void *impl, const char *op, cudaError_t e) {
     if (sticky(e) && c) {
         rc = pt_fail(msg, sizeof msg, PT_ERR_BACKEND,
                      "cuda backend: %s failed: %s (%s); the CUDA context cannot be used again "
-                     "in this process", op, cudaGetErrorString(e), cudaGetErrorName(e));
+                     "in this process",
+                     op, cudaGetErrorString(e), cudaGetErrorName(e));
         int was = 0;
         if (c->dead.load(std::memory_order_acquire) == 0) {
             snprintf(c->dead_msg, sizeof c->dead_msg, "%s in %s", cudaGetErrorName(e), op);
@@ -125,10 +133,10 @@ int fail(void *impl, const char *op, cudaError_t e) {
     return report(impl, rc, msg);
 }
 
-#define CK(impl, op, call)                                  \
-    do {                                                    \
-        cudaError_t e_ = (call);                            \
-        if (e_ != cudaSuccess) return fail(impl, op, e_);   \
+#define CK(impl, op, call) \
+    do { \
+        cudaError_t e_ = (call); \
+        if (e_ != cudaSuccess) return fail(impl, op, e_); \
     } while (0)
 
 cudaStream_t st(pt_stream *s) { return s ? (cudaStream_t)s : cudaStreamPerThread; }
@@ -171,8 +179,8 @@ struct dev_scope {
     dev_scope(const dev_scope &) = delete;
     dev_scope &operator=(const dev_scope &) = delete;
 };
-#define USE(impl)                   \
-    dev_scope scope_(impl);         \
+#define USE(impl) \
+    dev_scope scope_(impl); \
     if (scope_.rc) return scope_.rc
 
 /* Enough blocks to fill the device a few times over; the loops stride the rest. */
@@ -506,8 +514,7 @@ int be_memcpy_async(void *impl, void *dst, const void *src, size_t bytes, int ki
     if (bytes && (!dst || !src)) return PT_ERR_INVALID_ARG;
     if (kind < PT_GPU_H2D || kind > PT_GPU_H2H) {
         char msg[128];
-        return report(impl, pt_fail(msg, sizeof msg, PT_ERR_INVALID_ARG,
-                                    "cuda backend: memcpy_async: bad copy kind %d", kind),
+        return report(impl, pt_fail(msg, sizeof msg, PT_ERR_INVALID_ARG, "cuda backend: memcpy_async: bad copy kind %d", kind),
                       msg);
     }
     USE(impl);
@@ -541,7 +548,7 @@ int be_adamw(void *impl, const pt_adamw_args *a, pt_stream *s) {
     pt_adamw_consts c = pt_adamw_make_consts(a->lr, a->beta1, a->beta2, a->eps, a->weight_decay,
                                              a->bc1, a->bc2_rsqrt, a->grad_scale);
     k_adamw<<<grid_for(impl, a->n), kThreads, 0, st(s)>>>(a->param, a->grad, a->m, a->v,
-                                                         a->param_out, a->out_dtype, a->n, c);
+                                                          a->param_out, a->out_dtype, a->n, c);
     return finish(impl, "adamw kernel", s);
 }
 
@@ -556,9 +563,7 @@ int scratch_for(void *impl, cudaStream_t cs, double **out) {
         }
     if (c->n_scratch == cuda_impl::kMaxScratch) {
         char msg[160];
-        return report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND,
-                                    "cuda backend: sqnorm used on more than %d streams",
-                                    cuda_impl::kMaxScratch), msg);
+        return report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND, "cuda backend: sqnorm used on more than %d streams", cuda_impl::kMaxScratch), msg);
     }
     size_t bytes = sizeof(double) * (size_t)c->n_sm * 8;
     double *p = nullptr;
@@ -601,7 +606,7 @@ int be_convert(void *impl, void *dst, int dst_dtype, const void *src, int src_dt
     USE(impl);
     if (n == 0) return 0;
     k_convert<<<grid_for(impl, n), kThreads, 0, st(s)>>>(dst, dst_dtype, src, src_dtype, n,
-                                                        accumulate);
+                                                         accumulate);
     return finish(impl, "convert kernel", s);
 }
 
@@ -609,8 +614,7 @@ int be_convert(void *impl, void *dst, int dst_dtype, const void *src, int src_dt
 
 int la_fail(void *impl, const char *what, int code) {
     char msg[200];
-    return report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND, "cuda backend: %s failed (status %d)",
-                                what, code), msg);
+    return report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND, "cuda backend: %s failed (status %d)", what, code), msg);
 }
 
 /* Row-major C = alpha op(A) op(B) + beta C is column-major C^T = alpha op(B)^T op(A)^T +
@@ -632,9 +636,7 @@ int be_gemm_f32(void *impl, const pt_gemm_args *a, pt_stream *s) {
     cublasStatus_t e = cublasSetStream(c->blas, st(s));
     if (e == CUBLAS_STATUS_SUCCESS && !a->k) {
         /* C = beta C: scale each row (k = 0 has no product to add) */
-        CK(impl, "cudaMemset2DAsync", a->beta == 0.0f
-               ? cudaMemset2DAsync(a->c, (size_t)a->ldc * 4, 0, (size_t)a->n * 4, (size_t)a->m, st(s))
-               : cudaSuccess);
+        CK(impl, "cudaMemset2DAsync", a->beta == 0.0f ? cudaMemset2DAsync(a->c, (size_t)a->ldc * 4, 0, (size_t)a->n * 4, (size_t)a->m, st(s)) : cudaSuccess);
         if (a->beta != 0.0f)
             for (int64_t i = 0; i < a->m && e == CUBLAS_STATUS_SUCCESS; i++)
                 e = cublasSscal(c->blas, (int)a->n, &a->beta, a->c + i * a->ldc, 1);
@@ -680,7 +682,7 @@ int be_cols_f32(void *impl, const pt_cols_args *a, pt_stream *s) {
             a->x, a->s, a->out, a->rows, a->cols, a->ld);
     else
         k_coldot<<<grid_for(impl, (size_t)a->cols), kThreads, 0, st(s)>>>(a->x, a->y, a->acc,
-                                                                         a->rows, a->cols, a->ld);
+                                                                          a->rows, a->cols, a->ld);
     return finish(impl, "cols_f32 kernel", s);
 }
 

@@ -96,8 +96,7 @@ int be_eigh(void *impl, int n, float *A, float *w, int *status, pt_stream *s) {
     const cusolverEigMode_t vec = CUSOLVER_EIG_MODE_VECTOR;
     if (cusolverDnSetStream(c->solver, cs) != CUSOLVER_STATUS_SUCCESS ||
         cusolverDnSsyevd_bufferSize(c->solver, vec, lo, n, A, n, w, &lw32) != CUSOLVER_STATUS_SUCCESS) {
-        return report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND,
-                                    "cuda backend: cusolverDnSsyevd_bufferSize (n = %d) failed", n), msg);
+        return report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND, "cuda backend: cusolverDnSsyevd_bufferSize (n = %d) failed", n), msg);
     }
     cudaError_t e = cudaMallocAsync((void **)&V, nn * sizeof(float), cs);
     if (e == cudaSuccess) e = cudaMallocAsync((void **)&wv, (size_t)n * sizeof(float), cs);
@@ -111,8 +110,7 @@ int be_eigh(void *impl, int n, float *A, float *w, int *status, pt_stream *s) {
     }
     k_nonfinite<<<grid_for(impl, nn), kThreads, 0, cs>>>(A, nn, dinfo + 1);
     if (cusolverDnSsyevd(c->solver, vec, lo, n, V, n, wv, work, lw32, dinfo) != CUSOLVER_STATUS_SUCCESS) {
-        rc = report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND,
-                                  "cuda backend: cusolverDnSsyevd (n = %d) failed", n), msg);
+        rc = report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND, "cuda backend: cusolverDnSsyevd (n = %d) failed", n), msg);
         goto out;
     }
     {
@@ -143,9 +141,10 @@ int be_eigh(void *impl, int n, float *A, float *w, int *status, pt_stream *s) {
             cudaMemcpyAsync(&info, dinfo, sizeof info, cudaMemcpyDeviceToHost, cs) != cudaSuccess ||
             cudaStreamSynchronize(cs) != cudaSuccess) {
             (void)cudaGetLastError();
-            rc = report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND,
-                                      "cuda backend: cusolverDnDsyevd (n = %d, the fp64 retry) "
-                                      "failed", n), msg);
+            rc = report(impl, pt_fail(msg, sizeof msg, PT_ERR_BACKEND, "cuda backend: cusolverDnDsyevd (n = %d, the fp64 retry) "
+                                                                       "failed",
+                                      n),
+                        msg);
             goto out;
         }
         if (info == 0) k_eig_reorder<double><<<grid_for(impl, nn), kThreads, 0, cs>>>(Vd, wd, A, w, n);
@@ -173,7 +172,9 @@ int be_rekls_ew(void *impl, const pt_rekls_ew_args *a, pt_stream *s) {
     switch (a->kind) {
     case PT_RK_GRAD_IN: ok = a->src && dtype_ok(a->src_dtype); break;
     case PT_RK_SCALE_COLS: ok = a->y && a->lam && a->cols > 0 && a->n % a->cols == 0; break;
-    case PT_RK_LERP: case PT_RK_COPY: case PT_RK_AXPY: ok = a->y != nullptr; break;
+    case PT_RK_LERP:
+    case PT_RK_COPY:
+    case PT_RK_AXPY: ok = a->y != nullptr; break;
     case PT_RK_ADAM: ok = a->m && a->v; break;
     case PT_RK_APPLY: ok = a->y && (!a->dst || dtype_ok(a->dst_dtype)); break;
     default: ok = false;
@@ -184,4 +185,3 @@ int be_rekls_ew(void *impl, const pt_rekls_ew_args *a, pt_stream *s) {
     k_rekls_ew<<<grid_for(impl, a->n), kThreads, 0, st(s)>>>(*a);
     return finish(impl, "rekls_ew kernel", s);
 }
-

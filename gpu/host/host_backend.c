@@ -219,8 +219,7 @@ static int hb_convert(void *impl, void *dst, int dst_dtype, const void *src, int
     hb_op *op;
     int rc = pt_hb_op_start(impl, PT_GPU_OP_CONVERT, ok, HB_OP_CONVERT, &op);
     if (rc != PT_OK) return rc;
-    op->u.cv = (hb_convert_args){.dst = dst, .dst_dtype = dst_dtype, .src = src,
-                                 .src_dtype = src_dtype, .n = n, .acc = accumulate};
+    op->u.cv = (hb_convert_args){.dst = dst, .dst_dtype = dst_dtype, .src = src, .src_dtype = src_dtype, .n = n, .acc = accumulate};
     return pt_hb_submit(impl, s, op);
 }
 

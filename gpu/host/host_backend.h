@@ -54,14 +54,41 @@ typedef enum hb_op_kind {
 typedef struct hb hb;
 
 /* Named so an entry point fills its op in one statement (a compound literal). */
-typedef struct { void *dst; const void *src; size_t bytes; int kind; } hb_copy_args;
-typedef struct { void *p; int value; size_t bytes; } hb_memset_args;
-typedef struct { void (*fn)(void *); void *arg; double delay_s; } hb_fn_args;
-typedef struct { const void *x; int dtype; size_t n; double *out; } hb_sqnorm_args;
 typedef struct {
-    void *dst; int dst_dtype; const void *src; int src_dtype; size_t n; int acc;
+    void *dst;
+    const void *src;
+    size_t bytes;
+    int kind;
+} hb_copy_args;
+typedef struct {
+    void *p;
+    int value;
+    size_t bytes;
+} hb_memset_args;
+typedef struct {
+    void (*fn)(void *);
+    void *arg;
+    double delay_s;
+} hb_fn_args;
+typedef struct {
+    const void *x;
+    int dtype;
+    size_t n;
+    double *out;
+} hb_sqnorm_args;
+typedef struct {
+    void *dst;
+    int dst_dtype;
+    const void *src;
+    int src_dtype;
+    size_t n;
+    int acc;
 } hb_convert_args;
-typedef struct { int n; float *A, *w; int *status; } hb_eigh_args;
+typedef struct {
+    int n;
+    float *A, *w;
+    int *status;
+} hb_eigh_args;
 
 typedef struct hb_op {
     hb_op_kind kind;
@@ -70,8 +97,14 @@ typedef struct hb_op {
         hb_copy_args cp;
         hb_memset_args ms;
         hb_fn_args fn;
-        struct { pt_event *ev; uint64_t gen; } rec;
-        struct { pt_stream *src; uint64_t seq; } wait;   /* holds a ref on src */
+        struct {
+            pt_event *ev;
+            uint64_t gen;
+        } rec;
+        struct {
+            pt_stream *src;
+            uint64_t seq;
+        } wait;   /* holds a ref on src */
         pt_adamw_args adamw;
         hb_sqnorm_args sq;
         hb_convert_args cv;

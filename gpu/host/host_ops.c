@@ -24,7 +24,8 @@ static struct timespec deadline_of(double t) {
     struct timespec ts;
     ts.tv_sec = (time_t)t;
     long ns = (long)((t - (double)ts.tv_sec) * 1e9);
-    ts.tv_nsec = ns < 0 ? 0 : ns > 999999999l ? 999999999l : ns;
+    ts.tv_nsec = ns < 0 ? 0 : ns > 999999999l ? 999999999l
+                                              : ns;
     return ts;
 }
 

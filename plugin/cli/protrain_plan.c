@@ -42,7 +42,9 @@ typedef struct opts {
     char arch[16], dtype[8];
 } opts;
 
-enum { K_I64, K_F64, K_STR };
+enum { K_I64,
+       K_F64,
+       K_STR };
 typedef struct key {
     const char *section, *name;
     int type;
@@ -303,10 +305,14 @@ static void print_ds(const opts *o, int64_t P, int64_t Lm, int json) {
         const char *name;
         int stage, off_p, off_o, zi;
     } rows[] = {
-        {"zero3_offload_param_opt_zero_init", 3, 1, 1, 1}, {"zero3_offload_param_opt", 3, 1, 1, 0},
-        {"zero3_offload_opt_zero_init", 3, 0, 1, 1},       {"zero3_offload_opt", 3, 0, 1, 0},
-        {"zero3_no_offload_zero_init", 3, 0, 0, 1},        {"zero3_no_offload", 3, 0, 0, 0},
-        {"zero2_offload_opt", 2, 0, 1, 0},                 {"zero2_no_offload", 2, 0, 0, 0},
+        {"zero3_offload_param_opt_zero_init", 3, 1, 1, 1},
+        {"zero3_offload_param_opt", 3, 1, 1, 0},
+        {"zero3_offload_opt_zero_init", 3, 0, 1, 1},
+        {"zero3_offload_opt", 3, 0, 1, 0},
+        {"zero3_no_offload_zero_init", 3, 0, 0, 1},
+        {"zero3_no_offload", 3, 0, 0, 0},
+        {"zero2_offload_opt", 2, 0, 1, 0},
+        {"zero2_no_offload", 2, 0, 0, 0},
     };
     size_t nr = sizeof rows / sizeof rows[0];
     if (json)
@@ -388,7 +394,8 @@ int main(int argc, char **argv) {
     /* the mode these knobs run in (the plugin's auto_mode weighs the pinned
      * budget too; here --shard says which of B and C) */
     if (!rc && o.hw.world_size > 1) {
-        plan.exec_mode = plan.knobs.n_persist >= plan.n_chunk ? 0 : o.shard ? 2 : 1;
+        plan.exec_mode = plan.knobs.n_persist >= plan.n_chunk ? 0 : o.shard ? 2
+                                                                            : 1;
         plan.world_size = (int32_t)o.hw.world_size;
     }
     int exit_code = 0;

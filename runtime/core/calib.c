@@ -42,7 +42,9 @@
 #include "planner/planner.h"
 #include "rt_internal.h"
 
-enum { WARM = 1, MEASURE = 5, MAX_TIME_REPLANS = 2 };
+enum { WARM = 1,
+       MEASURE = 5,
+       MAX_TIME_REPLANS = 2 };
 /* a time miss above this fraction is learned (stored for the next run) even
  * when it is below the re-plan tolerance: the model's own target is 5% */
 #define TIME_LEARN 0.05
@@ -172,12 +174,14 @@ static int time_calibrate(pt_rt *rt) {
     if (n < MEASURE / 2 + 1) {
         PT_LOGI(&rt->lg, "calibration: the iteration is x%.3f the prediction, but only %d of %d "
                          "steps had their phases timed (micro-batches > 1, or evaluation passes "
-                         "in between): the plan stays", ratio, n, MEASURE);
+                         "in between): the plan stays",
+                ratio, n, MEASURE);
         return 0;
     }
     if (now && rt->cal.time_replans >= MAX_TIME_REPLANS) {
         PT_LOGW(&rt->lg, "calibration: the iteration is still x%.3f the prediction after %d "
-                         "time re-plans: the plan stays", ratio, rt->cal.time_replans);
+                         "time re-plans: the plan stays",
+                ratio, rt->cal.time_replans);
         return 0;
     }
     double mf = pt_median(ph[0], n), mb = pt_median(ph[1], n), mo = pt_median(ph[2], n);
@@ -196,7 +200,8 @@ static int time_calibrate(pt_rt *rt) {
                          "tolerance %.0f%%, beyond %.0f%%); phases on the device clock: forward "
                          "x%.3f, backward x%.3f, optimizer x%.3f; the plan stays, and the profile's "
                          "times scaled by forward x%.3f, backward x%.3f, optimizer x%.3f are kept "
-                         "for the next run", ratio, tol * 100, learn * 100, ff, fb, fo, c->fwd,
+                         "for the next run",
+                ratio, tol * 100, learn * 100, ff, fb, fo, c->fwd,
                 c->bwd, c->opt);
         return 1;
     }
@@ -212,7 +217,8 @@ static int time_calibrate(pt_rt *rt) {
     replan(rt);
     if (rt->broken) return 1;
     PT_LOGI(&rt->lg, "calibration: the new plan predicts %.4f s per iteration (%.4f s "
-                     "measured under the old one)", rt->plan.pred_iter_s, old_meas);
+                     "measured under the old one)",
+            rt->plan.pred_iter_s, old_meas);
     if (rt->plan.tl && rt->plan.tl->n && rt->plan.pred_peak == old_pred) {
         /* time factors do not move memory: the same predicted peak is the same
          * picture, and the peak measured under the old plan still belongs on it */
@@ -288,7 +294,8 @@ static void decide(pt_rt *rt, int k) {
             PT_LOGW(&rt->lg, "calibration: the peak was under-predicted by %llu bytes (device "
                              "range %llu of which %llu in use); planning again with peak "
                              "correction x%.4f on top of the profile's measured fragmentation "
-                             "x%.4f", (unsigned long long)(need - rt->plan.pred_peak),
+                             "x%.4f",
+                    (unsigned long long)(need - rt->plan.pred_peak),
                     (unsigned long long)need, (unsigned long long)u.peak, rt->plan.trace->calib.peak,
                     rt->plan.trace->frag.factor >= 1.0 ? rt->plan.trace->frag.factor : 1.0);
         } else {

@@ -69,7 +69,8 @@ static int finish(ag_text *t, pt_coll *c, const char *stage, char *err, size_t e
     int rc;
     if (t->oom || !t->s)
         rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "%s: out of host memory describing this "
-                     "rank for the ranks' agreement", stage);
+                                                   "rank for the ranks' agreement",
+                     stage);
     else
         rc = pt_agree_texts(c, stage, t->s, err, errlen);
     free(t->s);
@@ -122,19 +123,23 @@ static int name_difference(const char *stage, int r, const char *t0, size_t n0, 
         if (!hr)
             return pt_fail(err, errlen, PT_ERR_CONFIG,
                            "%s: rank %d disagrees with rank 0 on %.*s: rank %d has no such field, "
-                           "rank 0 has %.*s (%s)", stage, r, (int)k0, b0, r, (int)l0, b0, why);
+                           "rank 0 has %.*s (%s)",
+                           stage, r, (int)k0, b0, r, (int)l0, b0, why);
         if (!h0)
             return pt_fail(err, errlen, PT_ERR_CONFIG,
                            "%s: rank %d disagrees with rank 0 on %.*s: rank %d has %.*s, rank 0 "
-                           "has no such field (%s)", stage, r, (int)kr, br, r, (int)lr, br, why);
+                           "has no such field (%s)",
+                           stage, r, (int)kr, br, r, (int)lr, br, why);
         return pt_fail(err, errlen, PT_ERR_CONFIG,
                        "%s: rank %d disagrees with rank 0 on %.*s: rank %d has %.*s where rank 0 "
-                       "has %.*s (%s)", stage, r, (int)kr, br, r, (int)lr, br, (int)l0, b0, why);
+                       "has %.*s (%s)",
+                       stage, r, (int)kr, br, r, (int)lr, br, (int)l0, b0, why);
     }
     /* equal texts with different digests cannot happen; say what was seen */
     return pt_fail(err, errlen, PT_ERR_INTERNAL,
                    "%s: rank %d's description has another digest than rank 0's but the same "
-                   "text", stage, r);
+                   "text",
+                   stage, r);
 }
 
 int pt_agree_texts(pt_coll *c, const char *stage, const char *text, char *err, size_t errlen) {
@@ -144,7 +149,8 @@ int pt_agree_texts(pt_coll *c, const char *stage, const char *text, char *err, s
     uint64_t *d = calloc((size_t)W * 2, sizeof *d);
     if (!d)
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "%s: out of host memory for the ranks' "
-                       "agreement", stage);
+                                                     "agreement",
+                       stage);
     uint64_t *len = d + W;
     /* each rank owns element `rank` of a W-element buffer (pt_coll_part: one
      * element per rank), so an all-gather hands every rank every digest */
@@ -167,7 +173,8 @@ int pt_agree_texts(pt_coll *c, const char *stage, const char *text, char *err, s
     char *all = rc ? NULL : calloc((size_t)W, mx);
     if (!rc && !all)
         rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "%s: out of host memory for the ranks' "
-                     "descriptions (%d x %zu bytes)", stage, W, mx);
+                                                   "descriptions (%d x %zu bytes)",
+                     stage, W, mx);
     if (!rc) {
         memcpy(all + (size_t)me * mx, text, n);
         rc = pt_coll_allgather(c, all, (size_t)W * mx, 1, "the ranks' agreement texts", err,
@@ -202,7 +209,8 @@ void pt_agree_keep_fingerprint(pt_rt *rt) {
     rt->host.fingerprint = rt->dist.fingerprint;
 }
 
-static const char *tri(int v) { return v < 0 ? "auto" : v ? "on" : "off"; }
+static const char *tri(int v) { return v < 0 ? "auto" : v ? "on"
+                                                          : "off"; }
 
 /* The host's fingerprint, line by line, as host.<line>. */
 static void put_host(ag_text *t, const char *fp) {
@@ -242,7 +250,8 @@ int pt_agree_init(pt_rt *rt, char *err, size_t errlen) {
     put(&t, "protrain.chunk_size", "%llu", (unsigned long long)c->chunk_size);
     pt_rt_ext_agree_keys(c, &(pt_rt_keys){&t, put_text});
     const char *fp = rt->host.struct_size >= offsetof(pt_host_v1, fingerprint) + sizeof(const char *)
-                         ? rt->host.fingerprint : NULL;
+                         ? rt->host.fingerprint
+                         : NULL;
     put_host(&t, fp);
     return finish(&t, rt->dist.coll, "init", err, errlen);
 }
@@ -269,11 +278,13 @@ static int tp_needs_split(const pt_rt *rt, const pt_model_v1 *m, char *err, size
                    "(pt_param_v1.tp_split is 0 for all %d): every rank of a tensor-parallel "
                    "group would hold the whole model and no gradient would be averaged across "
                    "the group; declare the split parameters, or set tp_size = 1 for data "
-                   "parallel (config %s)", rt->cfg.tp_size, m->n_params, rt->cfg.source);
+                   "parallel (config %s)",
+                   rt->cfg.tp_size, m->n_params, rt->cfg.source);
 }
 
 static size_t dtype_bytes(int32_t d) {
-    return d == PT_F32 ? 4 : d == PT_U8 ? 1 : 2;
+    return d == PT_F32 ? 4 : d == PT_U8 ? 1
+                                        : 2;
 }
 
 /* One line per parameter (split: those with tp_split set, else the others) with
@@ -337,8 +348,8 @@ int pt_agree_optim(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t errlen) {
     const pt_config *c = &rt->cfg;
     ag_text t = {0};
     int type = (d && d->type != PT_OPTIM_FROM_CONFIG) ? d->type : c->optim_type;
-    put(&t, "optimizer.type", "%s", type == PT_OPTIM_ADAMW ? "adamw"
-                                    : type == PT_OPTIM_REKLS ? "rekls" : "unknown");
+    put(&t, "optimizer.type", "%s", type == PT_OPTIM_ADAMW ? "adamw" : type == PT_OPTIM_REKLS ? "rekls"
+                                                                                              : "unknown");
     /* the value create_optimizer resolves: the descriptor's unless NaN, then the
      * INI's (auto resolves by the type above, which is compared too) */
     static const char *const names[6] = {

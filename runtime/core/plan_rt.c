@@ -34,11 +34,11 @@ int pt_rt_replan_for_optimizer(pt_rt *rt, int clip, char *err, size_t errlen) {
     if (!rt->plan.trace || (clip == rt->plan.plan_clip && tp_l2(rt) == rt->plan.plan_tp_l2)) return PT_OK;
     if (clip != rt->plan.plan_clip)
         PT_LOGI(&rt->lg, "optimizer %s gradient clipping: planning again for the %s schedule",
-                clip ? "uses" : "does not use", clip ? "clipped (CPU steps after backward)"
-                                                     : "overlapped");
+                clip ? "uses" : "does not use", clip ? "clipped (CPU steps after backward)" : "overlapped");
     else
         PT_LOGI(&rt->lg, "optimizer %s REKLS's l2 weight decay: planning again %s the "
-                "tensor-parallel gathers of the split weights", tp_l2(rt) ? "uses" : "does not use",
+                         "tensor-parallel gathers of the split weights",
+                tp_l2(rt) ? "uses" : "does not use",
                 tp_l2(rt) ? "with" : "without");
     rt->plan.plan_clip = clip;
     return pt_rt_search_and_apply(rt, rt->plan.trace, 0.0, err, errlen);
@@ -154,8 +154,8 @@ static int pick_mode(pt_rt *rt, const pt_trace *t, pt_search_opts *o, pt_plan *p
         if (!rc && rt->dist.coll)
             snprintf(why, 400, "zero3_shard = %s: %s", rt->cfg.zero3_shard == 1 ? "on" : "off",
                      plan->knobs.n_persist >= plan->n_chunk ? "every chunk fits on the device"
-                     : rt->dist.shard ? "offloaded state split across the ranks"
-                                 : "offloaded state replicated on every rank");
+                     : rt->dist.shard                       ? "offloaded state split across the ranks"
+                                                            : "offloaded state replicated on every rank");
         return rc;
     }
     if (!rc) {
@@ -164,7 +164,7 @@ static int pick_mode(pt_rt *rt, const pt_trace *t, pt_search_opts *o, pt_plan *p
             snprintf(why, 400, "auto_mode: A, every chunk fits on the device");
         else
             snprintf(why, 400, "auto_mode: B, the replicated offloaded state and swap pool need "
-                     "%llu pinned bytes per rank, within the budget of %llu",
+                               "%llu pinned bytes per rank, within the budget of %llu",
                      (unsigned long long)plan->cost.host_bytes, (unsigned long long)o->host_ram);
         return PT_OK;
     }
@@ -179,8 +179,9 @@ static int pick_mode(pt_rt *rt, const pt_trace *t, pt_search_opts *o, pt_plan *p
         char ec[600];
         snprintf(ec, sizeof ec, "%s", err);
         return pt_fail(err, errlen, rc, "auto_mode: no mode fits %d rank(s): mode B (offloaded "
-                       "state replicated on every rank): %s; mode C (split across the %d ranks): "
-                       "%s", W, eb, W, ec);
+                                        "state replicated on every rank): %s; mode C (split across the %d ranks): "
+                                        "%s",
+                       W, eb, W, ec);
     }
     *shard = 1;
     uint64_t rep = 0;
@@ -195,7 +196,7 @@ static int pick_mode(pt_rt *rt, const pt_trace *t, pt_search_opts *o, pt_plan *p
         pt_cost_ctx_free(cx);
     }
     snprintf(why, 400, "auto_mode: C, this plan's offloaded state replicated would need %llu "
-             "pinned bytes per rank, over the budget of %llu; split across %d ranks it needs %llu",
+                       "pinned bytes per rank, over the budget of %llu; split across %d ranks it needs %llu",
              (unsigned long long)rep, (unsigned long long)o->host_ram, W,
              (unsigned long long)plan->cost.host_bytes);
     return PT_OK;
@@ -219,7 +220,8 @@ static int ranks_agree(pt_rt *rt, const pt_trace *t, pt_search_opts *o, pt_plan 
     pt_knobs k0 = {(int32_t)v[1], (int32_t)v[2], (int32_t)v[3], (int32_t)v[4]};
     if (s0 == *shard && (!s0 || !memcmp(&k0, &plan->knobs, sizeof k0))) return PT_OK;
     PT_LOGI(&rt->lg, "this rank's search chose mode %c (n_persist %d n_buffer %d n_swap %d "
-                     "n_checkpoint %d); running rank 0's mode %c%s", *shard ? 'C' : 'B',
+                     "n_checkpoint %d); running rank 0's mode %c%s",
+            *shard ? 'C' : 'B',
             plan->knobs.n_persist, plan->knobs.n_buffer, plan->knobs.n_swap,
             plan->knobs.n_checkpoint, s0 ? 'C' : 'B', s0 ? " and knobs" : "");
     *shard = s0;
@@ -319,7 +321,8 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     }
     t = &cal;
     rt->dist.shard = shard;
-    plan.exec_mode = plan.knobs.n_persist >= plan.n_chunk ? 0 : shard ? 2 : 1;
+    plan.exec_mode = plan.knobs.n_persist >= plan.n_chunk ? 0 : shard ? 2
+                                                                      : 1;
     snprintf(plan.mode_why, sizeof plan.mode_why, "%s", why);
     plan.world_size = t->key.world_size;
     pt_rt_ext_plan_fill(rt, &plan);
@@ -389,7 +392,8 @@ int pt_rt_call_profile_step(pt_rt *rt, char *err, size_t errlen) {
         char inner[640] = "";
         if (err && errlen) snprintf(inner, sizeof inner, "%s", err);
         return pt_fail(err, errlen, PT_ERR_CALLBACK, "%s: the host's profile_step "
-                       "returned %d%s%s", rt->prof_hook ? rt->prof_hook : "post_model_load", hrc,
+                                                     "returned %d%s%s",
+                       rt->prof_hook ? rt->prof_hook : "post_model_load", hrc,
                        inner[0] ? "; inside it the plugin reported: " : "", inner);
     }
     return PT_OK;
@@ -407,7 +411,8 @@ static int ranks_agree_on_cache(pt_rt *rt, int *hit, char *err, size_t errlen) {
     if (rc) return rc;
     if (miss > 0 && *hit) {
         PT_LOGI(&rt->lg, "profile cache: hit here, but %d of %d rank(s) missed; every rank "
-                         "profiles", (int)miss, pt_coll_world(rt->dist.coll));
+                         "profiles",
+                (int)miss, pt_coll_world(rt->dist.coll));
         *hit = 0;
     }
     return PT_OK;

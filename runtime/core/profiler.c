@@ -298,7 +298,8 @@ static void free_rate(pt_rt *rt, pt_trace *t) {
     t->hw.free_Bps = free_rate_of(p, p->frb);
     t->hw.free_fwd_Bps = free_rate_of(p, p->frf);
     PT_LOGI(&rt->lg, "profiler: freeing an activation arena costs the compute stream %.3g "
-                     "bytes/s after its backward, %.3g after its forward", t->hw.free_Bps,
+                     "bytes/s after its backward, %.3g after its forward",
+            t->hw.free_Bps,
             t->hw.free_fwd_Bps);
 }
 

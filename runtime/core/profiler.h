@@ -6,7 +6,10 @@
 #include "rt_internal.h"
 #include "planner/planner.h"
 
-enum { PT_PROF_PRE_FWD = 0, PT_PROF_POST_FWD = 1, PT_PROF_PRE_BWD = 2, PT_PROF_POST_BWD = 3 };
+enum { PT_PROF_PRE_FWD = 0,
+       PT_PROF_POST_FWD = 1,
+       PT_PROF_PRE_BWD = 2,
+       PT_PROF_POST_BWD = 3 };
 
 /* Starts a pass; called again, starts the next pass keeping earlier timings
  * (the first two warm up, the trace takes the median of the rest). */

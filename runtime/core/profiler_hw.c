@@ -134,7 +134,8 @@ static double copy_rate(pt_rt *rt, void *dev, void *host, size_t bytes, int kind
         dt[r] = pt_now_s() - t0;
     }
     double lo = dt[0] < dt[1] ? dt[0] : dt[1], hi = dt[0] < dt[1] ? dt[1] : dt[0];
-    double med = dt[2] < lo ? lo : dt[2] > hi ? hi : dt[2];
+    double med = dt[2] < lo ? lo : dt[2] > hi ? hi
+                                              : dt[2];
     return med > 0 ? (double)bytes / med : 0;
 }
 
@@ -220,7 +221,8 @@ static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
         !pt_gpu_pinned_alloc(rt->dev.gpu, (size_t)left, &host, e, sizeof e)) {
         PT_LOGW(&rt->lg, "profiler: timing the copy rates with %llu pinned bytes instead of %zu "
                          "(what [memory] pinned_budget leaves; %llu would time them at full "
-                         "size): the rates may read low", (unsigned long long)left, bytes,
+                         "size): the rates may read low",
+                (unsigned long long)left, bytes,
                 (unsigned long long)(pu.pinned_current + bytes));
         bytes = (size_t)left;
         prc = PT_OK;
@@ -233,11 +235,13 @@ static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
         pt_gpu_usage_get(rt->dev.gpu, &u);
         if (dev)
             snprintf(why, sizeof why, "timing the copy rates needs %zu pinned bytes: %.140s; set "
-                     "[memory] pinned_budget to at least %llu (the %llu in use + these)", bytes, e,
+                                      "[memory] pinned_budget to at least %llu (the %llu in use + these)",
+                     bytes, e,
                      (unsigned long long)(u.pinned_current + bytes),
                      (unsigned long long)u.pinned_current);
         else snprintf(why, sizeof why, "timing the copy rates needs %zu device bytes or a free "
-                      "buffer-pool slot, and neither is there", bytes);
+                                       "buffer-pool slot, and neither is there",
+                      bytes);
         prof_failed_rc(p, prc, why);
     } else {
         memset(host, 0, bytes);
@@ -251,7 +255,8 @@ static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
         if (!p->rc) hw->d2h_lat_s = copy_latency(rt, dev, host, 256, PT_GPU_D2H, hw->d2h_Bps);
         if (!p->rc)
             PT_LOGI(&rt->lg, "profiler: copies H2D %.3g B/s + %.3g s per copy, D2H %.3g B/s + "
-                             "%.3g s per copy", hw->h2d_Bps, hw->h2d_lat_s, hw->d2h_Bps,
+                             "%.3g s per copy",
+                    hw->h2d_Bps, hw->h2d_lat_s, hw->d2h_Bps,
                     hw->d2h_lat_s);
         if (p->rc) {
             const pt_gpu_backend *ops = pt_gpu_ops(rt->dev.gpu);
@@ -289,7 +294,8 @@ static void measure_coll(pt_rt *rt, pt_trace_hw *hw) {
         if (pt_gpu_try_alloc(rt->dev.gpu, n * 4, PT_TAG_SCRATCH, (void **)&dbuf, why, sizeof why)) {
             dbuf = NULL;
             PT_LOGW(&rt->lg, "profiler: timing the collectives on a host buffer (a device "
-                             "buffer of one chunk did not fit: %s)", why);
+                             "buffer of one chunk did not fit: %s)",
+                    why);
         }
     }
     buf = dbuf ? dbuf : calloc(n, 4);
@@ -305,10 +311,10 @@ static void measure_coll(pt_rt *rt, pt_trace_hw *hw) {
         double dt[4];
         for (int r = 0; r < 4; r++) {
             double t0 = pt_now_s();
-            int rc = k == 0 ? pt_coll_allreduce(rt->dist.coll, buf, n, PT_COLL_F32, 1.0, name[k], e, sizeof e)
-                   : k == 1 ? pt_coll_allgather(rt->dist.coll, buf, n, 4, name[k], e, sizeof e)
-                            : pt_coll_reduce_scatter(rt->dist.coll, buf, n, PT_COLL_F32, 1.0, name[k], e,
-                                                     sizeof e);
+            int rc = k == 0   ? pt_coll_allreduce(rt->dist.coll, buf, n, PT_COLL_F32, 1.0, name[k], e, sizeof e)
+                     : k == 1 ? pt_coll_allgather(rt->dist.coll, buf, n, 4, name[k], e, sizeof e)
+                              : pt_coll_reduce_scatter(rt->dist.coll, buf, n, PT_COLL_F32, 1.0, name[k], e,
+                                                       sizeof e);
             if (rc) {
                 char why[200];
                 snprintf(why, sizeof why, "timing the %s failed: %.150s", name[k], e);
@@ -329,7 +335,8 @@ static void measure_coll(pt_rt *rt, pt_trace_hw *hw) {
         if (ds <= 0 || db <= 0) continue;
         double seen = db * bus[k] / ds;
         PT_LOGI(&rt->lg, "profile: %s at %.1f MB/s bus back to back, %.1f MB/s in the profiled "
-                         "passes (waits for the other ranks included)%s", name[k],
+                         "passes (waits for the other ranks included)%s",
+                name[k],
                 *rate[k] / 1e6, seen / 1e6, seen < *rate[k] ? ": the cost model uses the latter" : "");
         if (seen < *rate[k]) *rate[k] = seen;
     }
@@ -475,7 +482,8 @@ static void swept_rate(pt_rt *rt, pt_trace_hw *hw) {
     double rate = E / (T - rest);
     PT_LOGI(&rt->lg, "profiler: device AdamW between passes %.3g elements/s (%d launches, %.0f "
                      "elements, %.3g s, median of %d), against %.3g on one array alone: the cost "
-                     "model uses the former", rate, p->sweep_launches, E, T, p->n_sweep,
+                     "model uses the former",
+            rate, p->sweep_launches, E, T, p->n_sweep,
             hw->dev_adam_elems_per_s);
     hw->dev_adam_elems_per_s = rate;
 }
@@ -518,7 +526,8 @@ static void measure_dev_adam(pt_rt *rt, pt_trace_hw *hw) {
         double tm = dev_time(rt, d, 0, dn, 0, dn * 16);
         hw->dev_memset_Bps = tm > 0 ? (double)(dn * 16) / tm : 0;
         PT_LOGI(&rt->lg, "profiler: device AdamW %.3g elements/s, %.3g s per device op, memset "
-                         "%.3g bytes/s", hw->dev_adam_elems_per_s, hw->dev_op_s,
+                         "%.3g bytes/s",
+                hw->dev_adam_elems_per_s, hw->dev_op_s,
                 hw->dev_memset_Bps);
         swept_rate(rt, hw);
         probe_free(rt, d, rt->plan.prof->rc != 0);

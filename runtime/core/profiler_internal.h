@@ -20,8 +20,24 @@
 #define PROF_PASSES 7
 
 /* Window edges of a pass: one event each, recorded on the compute stream. */
-enum { E_XPF, E_EPO, E_XPB, E_EPB, E_FR0, E_FR1, E_FF0, E_FF1, E_RC0, E_RC1, E_PER_BLOCK };   /* [b] each */
-enum { E_T0, E_PF0, E_HD0, E_HD1, E_EB0, E_END, E_GLOBAL };       /* after the blocks */
+enum { E_XPF,
+       E_EPO,
+       E_XPB,
+       E_EPB,
+       E_FR0,
+       E_FR1,
+       E_FF0,
+       E_FF1,
+       E_RC0,
+       E_RC1,
+       E_PER_BLOCK };   /* [b] each */
+enum { E_T0,
+       E_PF0,
+       E_HD0,
+       E_HD1,
+       E_EB0,
+       E_END,
+       E_GLOBAL };       /* after the blocks */
 
 struct pt_prof {
     int n;

@@ -33,7 +33,8 @@ static int tp_groups(pt_rt *rt, int P, char *err, size_t errlen) {
     if (!rc && W > P) rc = pt_coll_split(rt->dist.coll, r % P, r, &rt->dist.dp_coll, err, errlen);
     if (!rc)
         PT_LOGI(&rt->lg, "tensor-parallel group %d of %d (ranks %d..%d, this rank %d in it); "
-                "gradients averaged over %d replica(s)", r / P, W / P, r / P * P,
+                         "gradients averaged over %d replica(s)",
+                r / P, W / P, r / P * P,
                 r / P * P + P - 1, r % P, W / P);
     return rc;
 }
@@ -104,7 +105,7 @@ static int open_streams(pt_rt *rt, const pt_host_v1 *host, char *err, size_t err
 static void set_ordering(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host) {
     rt->dev.host_async = host && (host->flags & PT_HOST_ASYNC_COMPUTE);
     rt->dev.launch_queued = rt->dev.host_async && cfg->async_compute &&
-                        !strcmp(pt_gpu_backend_name(rt->dev.gpu), "host");
+                            !strcmp(pt_gpu_backend_name(rt->dev.gpu), "host");
     rt->dev.ordered = rt->dev.host_async;
     rt->dev.skip = (unsigned)cfg->debug_skip_ordering;
     if (rt->dev.host_async && rt->dev.skip)
@@ -127,7 +128,8 @@ static int open_dist(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host, ch
     if (rc) return rc;
     if (cfg->tp_size > 1 && strcmp(tr, "mpi"))
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[dist] tp_size > 1 runs on the "
-                       "host backend's mpi transport only (config %s)", cfg->source);
+                                                        "host backend's mpi transport only (config %s)",
+                       cfg->source);
     pt_coll_config cc = {host->world_size, host->rank, cfg->init_method,
                          (double)cfg->dist_timeout, cfg->debug_hang_rank, tr,
                          host->device_index, NULL, table};
@@ -137,7 +139,8 @@ static int open_dist(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host, ch
     if (table)
         PT_LOGI(&rt->lg, "data parallel: rank %d of %d over the host's own collectives on the "
                          "%s backend (their deadline is the host's; [dist] timeout = %g s does "
-                         "not apply)", host->rank, host->world_size, dev,
+                         "not apply)",
+                host->rank, host->world_size, dev,
                 (double)cfg->dist_timeout);
     else
         PT_LOGI(&rt->lg, "%s: rank %d of %d over %s on the %s backend (init_method %s, "
@@ -168,7 +171,7 @@ static int check_solo(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host, c
     if (rc) {
         size_t n = strlen(err);
         snprintf(err + n, errlen > n ? errlen - n : 0, " (this process was started by an MPI "
-                 "launcher; [dist] backend = none runs independent processes deliberately)");
+                                                       "launcher; [dist] backend = none runs independent processes deliberately)");
     }
     return rc;
 }
@@ -205,7 +208,8 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     if (host && host->device_kind == PT_DEVICE_CUDA) kind = "cuda";
     if (strcmp(kind, cfg->backend) && strcmp(cfg->backend, "auto"))
         PT_LOGW(&rt->lg, "the host asks for the %s backend; [plugin] backend = %s in %s is not "
-                         "used", kind, cfg->backend, cfg->source);
+                         "used",
+                kind, cfg->backend, cfg->source);
     if ((rc = pt_gpu_open(kind, &gc, &rt->dev.gpu, err, errlen))) {
         free(rt);
         return rc;
@@ -219,7 +223,8 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     const char *why = pt_gpu_fallback_reason(rt->dev.gpu);
     if (why && *why)
         PT_LOGW(&rt->lg, "backend = auto: the cuda backend was not used (%s); running on the "
-                         "simulated host device", why);
+                         "simulated host device",
+                why);
     set_ordering(rt, cfg, host);
     if (host && host->world_size > 1) rc = open_dist(rt, cfg, host, err, errlen);
     else rc = check_solo(rt, cfg, host, err, errlen);
@@ -260,10 +265,10 @@ size_t pt_rt_destroy(pt_rt *rt) {
         leaked = pt_gpu_live_allocs(rt->dev.gpu);
         if (leaked)
             PT_LOGW(&rt->lg, "finalize: %zu device allocation(s) made through dev_alloc were "
-                             "never freed by the host; reclaimed", leaked);
+                             "never freed by the host; reclaimed",
+                    leaked);
         pt_gpu_close(rt->dev.gpu);
     }
     free(rt);
     return leaked;
 }
-

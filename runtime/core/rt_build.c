@@ -17,7 +17,7 @@
 int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     if (!model || model->n_params <= 0 || !model->params || model->n_blocks < 0) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: model descriptor is empty (n_params %d, n_blocks %d)",
-            model ? model->n_params : 0, model ? model->n_blocks : 0);
+                       model ? model->n_params : 0, model ? model->n_blocks : 0);
     }
     int rc = pt_store_validate(model, err, errlen);
     if (rc) return rc;
@@ -108,17 +108,18 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
         /* found now, not at the first backward (where it surfaced as a bare
          * "profile_step returned 10") */
         rc = !strcmp(rt->plan.kn.source, "bootstrap")
-            ? pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                      "post_model_load: profiling runs a bootstrap plan that checkpoints every "
-                      "block (CKPT, recomputed through the host's recompute_block callback), but "
-                      "pt_host_v1.recompute_block is NULL: give the callback, or skip profiling "
-                      "([protrain] auto_memory = false with every n_* set and n_checkpoint = 0, "
-                      "or force_all_persistent = true)")
-            : pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                      "the plan checkpoints %d block(s) (n_checkpoint, %s), which needs the "
-                      "host's recompute_block callback, but pt_host_v1.recompute_block is NULL: "
-                      "give the callback or set [protrain] n_checkpoint = 0", n_ckpt,
-                      rt->plan.kn.source);
+                 ? pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                           "post_model_load: profiling runs a bootstrap plan that checkpoints every "
+                           "block (CKPT, recomputed through the host's recompute_block callback), but "
+                           "pt_host_v1.recompute_block is NULL: give the callback, or skip profiling "
+                           "([protrain] auto_memory = false with every n_* set and n_checkpoint = 0, "
+                           "or force_all_persistent = true)")
+                 : pt_fail(err, errlen, PT_ERR_INVALID_ARG,
+                           "the plan checkpoints %d block(s) (n_checkpoint, %s), which needs the "
+                           "host's recompute_block callback, but pt_host_v1.recompute_block is NULL: "
+                           "give the callback or set [protrain] n_checkpoint = 0",
+                           n_ckpt,
+                           rt->plan.kn.source);
     }
     if (!rc) {
         pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->dev.gpu, rt->dev.s_compute, rt->dev.s_h2d,

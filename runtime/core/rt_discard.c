@@ -11,7 +11,7 @@
 int pt_rt_discard_step(pt_rt *rt, int eval, char *err, size_t errlen) {
     if (rt->broken)
         return pt_fail(err, errlen, rt->broken, "discard_step: the plugin lost its state in a "
-                       "failed re-plan (see the log)");
+                                                "failed re-plan (see the log)");
     /* a tile loop or a recompute calls the host from inside a hook, which
      * plugin.c refuses (a nested call); profiling is checked here too */
     if (rt->plan.prof)

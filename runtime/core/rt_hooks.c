@@ -73,7 +73,7 @@ int pt_rt_optimizer_step(pt_rt *rt, float lr, char *err, size_t errlen) {
 int pt_rt_clip_grad_norm(pt_rt *rt, float max_norm, double *norm, char *err, size_t errlen) {
     if (rt->broken)
         return pt_fail(err, errlen, rt->broken, "clip_grad_norm: the plugin lost its state in a "
-                       "failed re-plan (see the log)");
+                                                "failed re-plan (see the log)");
     /* launched work wrote the gradients the norm reads */
     int rc = norm ? pt_rt_ext_async_status(rt, err, errlen) : PT_OK;
     if (!rc) rc = pt_store_clip_grad_norm(rt->st, max_norm, norm, err, errlen);
@@ -97,7 +97,8 @@ void pt_rt_dist_abort(pt_rt *rt, const char *why) {
 int pt_rt_set_lr(pt_rt *rt, float lr, char *err, size_t errlen) {
     if (!(lr >= 0) || isinf(lr)) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "set_lr: lr is %g; it must be finite "
-                       "and >= 0", (double)lr);
+                                                        "and >= 0",
+                       (double)lr);
     }
     if (!rt->st) {
         return pt_fail(err, errlen, PT_ERR_ORDER, "hook set_lr called out of order: expected post_model_load first");

@@ -206,7 +206,11 @@ int pt_rt_need_store(pt_rt *rt, const char *what, int need_opt, char *err, size_
 
 /* calib.c: marks on the device's clock at the phase edges of a measured step,
  * and the calibration at post_step (peak and time against the plan). */
-enum { PT_CAL_PRE = 0, PT_CAL_BWD = 1, PT_CAL_OPT = 2, PT_CAL_END = 3, PT_CAL_N = 4 };
+enum { PT_CAL_PRE = 0,
+       PT_CAL_BWD = 1,
+       PT_CAL_OPT = 2,
+       PT_CAL_END = 3,
+       PT_CAL_N = 4 };
 /* calib.c: a phase edge of a measured step (hook names the caller in errors),
  * and the end of a step (its sample; after the measured steps, the comparison
  * and any re-plan). A failed device op returns PT_ERR_BACKEND. */

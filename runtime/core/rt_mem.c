@@ -121,7 +121,7 @@ int pt_rt_write_param(pt_rt *rt, int32_t index, const void *src, uint64_t bytes,
      * holds values the store's copy does not */
     if (pt_rt_ext_reader(rt))
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "write_param: a feature owns the "
-                       "parameters' values here (OSFT); writing them is not built");
+                                                        "parameters' values here (OSFT); writing them is not built");
     return pt_store_write_param(rt->st, index, src, bytes, err, errlen);
 }
 

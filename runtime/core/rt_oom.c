@@ -44,10 +44,10 @@ int pt_rt_explain_oom(pt_rt *rt, int rc, char *err, size_t errlen) {
     pt_gpu_usage_get(rt->dev.gpu, &u);
     const char *src = rt->plan.kn.source ? rt->plan.kn.source : "INI";
     const char *plan = !strcmp(src, "bootstrap")
-        ? "the profiling plan (every chunk streamed through the minimal buffer pool, every "
-          "block checkpointed: the smallest plan there is)"
-        : !strcmp(src, "force_all_persistent") ? "force_all_persistent (everything resident)"
-                                               : "the plan in force";
+                           ? "the profiling plan (every chunk streamed through the minimal buffer pool, every "
+                             "block checkpointed: the smallest plan there is)"
+                       : !strcmp(src, "force_all_persistent") ? "force_all_persistent (everything resident)"
+                                                              : "the plan in force";
     const char *kind = "a lower bound: the failing request plus the bytes in use then";
     /* everything resident: the model states' exact footprint is known from the
      * store, plus whatever else was in use when the allocation failed */
@@ -95,7 +95,7 @@ int pt_rt_setup_end(pt_rt *rt, int profiled, int rc, char *err, size_t errlen) {
         size_t len = err ? strnlen(err, errlen) : 0;
         if (err && len + 1 < errlen)
             snprintf(err + len, errlen - len, " (the device, capacity %llu bytes, is also too "
-                     "small: the setup used %llu bytes before it stopped)",
+                                              "small: the setup used %llu bytes before it stopped)",
                      (unsigned long long)u.capacity, (unsigned long long)need);
         return rc;
     }
@@ -108,13 +108,14 @@ int pt_rt_setup_end(pt_rt *rt, int profiled, int rc, char *err, size_t errlen) {
     char what[400];
     if (profiled)
         snprintf(what, sizeof what, "with device_capacity set to it the profiling plan (every "
-                 "chunk streamed through the minimal buffer pool, every block checkpointed: the "
-                 "smallest plan there is) fits, and the planner picks a plan within it");
+                                    "chunk streamed through the minimal buffer pool, every block checkpointed: the "
+                                    "smallest plan there is) fits, and the planner picks a plan within it");
     else
         snprintf(what, sizeof what, "a lower bound: under %s no training step ran in the "
-                 "measurement, so a step's activations are not in it",
+                                    "measurement, so a step's activations are not in it",
                  !strcmp(src, "force_all_persistent") ? "force_all_persistent (everything "
-                 "resident)" : "the plan in force (the INI's or the profile cache's)");
+                                                        "resident)"
+                                                      : "the plan in force (the INI's or the profile cache's)");
     return pt_fail(err, errlen, PT_ERR_OOM,
                    "device out of memory: the device (capacity %llu bytes, %.2f MiB) is too small "
                    "for this model and batch: it needs %s%llu bytes (%.2f MiB), measured on the "

@@ -17,7 +17,8 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
     int type = (d && d->type != PT_OPTIM_FROM_CONFIG) ? d->type : c->optim_type;
     if (type != PT_OPTIM_ADAMW && type != PT_OPTIM_REKLS) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "create_optimizer: optimizer type %d is "
-                       "unknown (%d = adamw, %d = rekls)", type, PT_OPTIM_ADAMW, PT_OPTIM_REKLS);
+                                                        "unknown (%d = adamw, %d = rekls)",
+                       type, PT_OPTIM_ADAMW, PT_OPTIM_REKLS);
     }
     int crc = pt_rt_ext_optimizer_check(rt, type, err, errlen);
     if (crc) return crc;
@@ -33,26 +34,29 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
         if (isinf(given[i]))
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                            "create_optimizer: pt_optim_v1.%s is %g; it must be finite (NaN = "
-                           "from the INI)", names[i], (double)given[i]);
+                           "from the INI)",
+                           names[i], (double)given[i]);
     n.lr = !isnan(given[0]) ? given[0] : c->lr;
     n.beta1 = !isnan(given[1]) ? given[1] : c->beta1;
     /* [optimizer] beta2 = auto (NaN): the reference's default of the optimizer
      * actually chosen, 0.95 for REKLS (betas (0.9, 0.95)), 0.999 for AdamW */
-    n.beta2 = !isnan(given[2]) ? given[2]
-              : !isnan(c->beta2) ? c->beta2
-              : type == PT_OPTIM_REKLS ? 0.95f : 0.999f;
+    n.beta2 = !isnan(given[2])         ? given[2]
+              : !isnan(c->beta2)       ? c->beta2
+              : type == PT_OPTIM_REKLS ? 0.95f
+                                       : 0.999f;
     n.eps = !isnan(given[3]) ? given[3] : c->eps;
     /* [optimizer] weight_decay = auto (NaN), the same way: REKLS's reference
      * default 0.01, AdamW's 0 (what every AdamW run had before auto existed) */
-    n.weight_decay = !isnan(given[4]) ? given[4]
+    n.weight_decay = !isnan(given[4])          ? given[4]
                      : !isnan(c->weight_decay) ? c->weight_decay
-                     : type == PT_OPTIM_REKLS ? 0.01f : 0.0f;
+                     : type == PT_OPTIM_REKLS  ? 0.01f
+                                               : 0.0f;
     n.max_grad_norm = !isnan(given[5]) ? given[5] : c->max_grad_norm;
     if (!(n.lr >= 0) || !(n.beta1 >= 0 && n.beta1 < 1) || !(n.beta2 >= 0 && n.beta2 < 1) ||
         !(n.eps > 0) || !(n.weight_decay >= 0)) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "create_optimizer: bad hyper-parameters lr %g beta1 %g beta2 %g eps %g weight_decay %g "
-            "(need lr >= 0, betas in [0,1), eps > 0, weight_decay >= 0)",
-            n.lr, n.beta1, n.beta2, n.eps, n.weight_decay);
+                                                        "(need lr >= 0, betas in [0,1), eps > 0, weight_decay >= 0)",
+                       n.lr, n.beta1, n.beta2, n.eps, n.weight_decay);
     }
     n.type = type;
     n.lr0 = n.lr;
@@ -66,11 +70,13 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
     o->last_norm = NAN;
     if (type == PT_OPTIM_REKLS)
         PT_LOGI(&rt->lg, "optimizer rekls lr %g betas (%g, %g) shampoo_beta %g eps %g "
-                "weight_decay %g (%s) step 1 %s clip %s; AdamW (eps %g, decoupled decay) for "
-                "the parameters REKLS does not take", o->lr, o->beta1, o->beta2,
+                         "weight_decay %g (%s) step 1 %s clip %s; AdamW (eps %g, decoupled decay) for "
+                         "the parameters REKLS does not take",
+                o->lr, o->beta1, o->beta2,
                 c->rekls_shampoo_beta, o->rekls_eps, o->weight_decay,
                 c->rekls_wd_method == 1 ? "independent" : c->rekls_wd_method == 2 ? "l2"
-                : c->rekls_wd_method == 3 ? "palm" : "decoupled",
+                                                      : c->rekls_wd_method == 3   ? "palm"
+                                                                                  : "decoupled",
                 c->rekls_seed_shampoo ? "seeded with Shampoo factors" : "as the reference",
                 o->max_grad_norm > 0 ? "global-norm" : "off", o->eps);
     else

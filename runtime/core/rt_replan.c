@@ -34,9 +34,7 @@ typedef struct kept_plan {
 } kept_plan;
 
 static int keep_plan(const pt_rt *rt, kept_plan *k, char *err, size_t errlen) {
-    *k = (kept_plan){rt->plan.pred_peak, rt->plan.pred_iter_s, rt->plan.pred_fwd_s, rt->plan.pred_bwd_s,
-                     rt->plan.pred_opt_s, {rt->plan.pred_coll[0], rt->plan.pred_coll[1], rt->plan.pred_coll[2]},
-                     NULL};
+    *k = (kept_plan){rt->plan.pred_peak, rt->plan.pred_iter_s, rt->plan.pred_fwd_s, rt->plan.pred_bwd_s, rt->plan.pred_opt_s, {rt->plan.pred_coll[0], rt->plan.pred_coll[1], rt->plan.pred_coll[2]}, NULL};
     if (!rt->plan.swap_done) return PT_OK;
     size_t n = (size_t)(rt->n_blocks > 0 ? rt->n_blocks : 1) * sizeof *k->swap_done;
     if (!(k->swap_done = malloc(n))) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
@@ -71,7 +69,7 @@ int pt_rt_replan(pt_rt *rt, int64_t batch, int64_t seq, pt_rt_profile_fn profile
     if (rc) return rc;
     if (rt->broken)
         return pt_fail(err, errlen, rt->broken, "replan: the plugin lost its state in a failed "
-                       "re-plan (see the log)");
+                                                "re-plan (see the log)");
     if (rt->dist.coll)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
                        "replan with %d ranks: every rank would have to profile the same shape "
@@ -82,7 +80,8 @@ int pt_rt_replan(pt_rt *rt, int64_t batch, int64_t seq, pt_rt_profile_fn profile
         /* the INI's knobs run as given: nothing measured, nothing to plan */
         set_shape(rt, batch, seq);
         PT_LOGI(&rt->lg, "replan: batch %lld x sequence %lld recorded; no profiling with "
-                "auto_memory = false or force_all_persistent", (long long)batch, (long long)seq);
+                         "auto_memory = false or force_all_persistent",
+                (long long)batch, (long long)seq);
         return PT_OK;
     }
     kept_plan kp;
@@ -103,7 +102,8 @@ int pt_rt_replan(pt_rt *rt, int64_t batch, int64_t seq, pt_rt_profile_fn profile
         return rc;
     }
     PT_LOGI(&rt->lg, "replan: profiling batch %lld x sequence %lld (the plan was made for "
-            "%lld x %lld)", (long long)batch, (long long)seq, (long long)ob, (long long)os);
+                     "%lld x %lld)",
+            (long long)batch, (long long)seq, (long long)ob, (long long)os);
     set_shape(rt, batch, seq);
     rt->plan.kn.n_persist = 0;
     rt->plan.kn.n_buffer = -1;
@@ -129,7 +129,8 @@ int pt_rt_replan(pt_rt *rt, int64_t batch, int64_t seq, pt_rt_profile_fn profile
         } else {
             rt->broken = 0;
             PT_LOGW(&rt->lg, "replan for batch %lld x sequence %lld failed; the plan for %lld x "
-                    "%lld stays", (long long)batch, (long long)seq, (long long)ob, (long long)os);
+                             "%lld stays",
+                    (long long)batch, (long long)seq, (long long)ob, (long long)os);
         }
     }
     free(kp.swap_done);

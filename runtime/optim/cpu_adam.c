@@ -163,7 +163,10 @@ A2I void a2_body(const pt_adamw_consts *c, float *p, const void *g, int gdt, flo
 #define ADAM_CASE(BODY, G, O) \
     case (G) * 4 + (O) + 1: BODY(c, p, g, G, m, v, out, O, b, e); return;
 #define ADAM_CASES(BODY, G) \
-    ADAM_CASE(BODY, G, ODT_NONE) ADAM_CASE(BODY, G, PT_F32) ADAM_CASE(BODY, G, PT_BF16) ADAM_CASE(BODY, G, PT_F16)
+    ADAM_CASE(BODY, G, ODT_NONE) \
+    ADAM_CASE(BODY, G, PT_F32) \
+    ADAM_CASE(BODY, G, PT_BF16) \
+    ADAM_CASE(BODY, G, PT_F16)
 
 A2 static void adam_avx2(const pt_adamw_consts *c, float *p, const void *g, int gdt, float *m, float *v,
                          void *out, int odt, size_t b, size_t e) {
@@ -387,7 +390,9 @@ int pt_cpu_adam_check(const pt_cpu_adam_args *a, char *err, size_t errlen) {
                        "cpu_adam: out_dtype %d is not a floating-point pt_dtype (0 f32, 1 bf16, 2 f16; u8 parameters are never stepped)", a->out_dtype);
     if (a->n > 0 && (!a->p || !a->g || !a->m || !a->v))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "cpu_adam: n = %zu but %s is NULL", a->n,
-                       !a->p ? "p" : !a->g ? "g" : !a->m ? "m" : "v");
+                       !a->p ? "p" : !a->g ? "g"
+                                 : !a->m   ? "m"
+                                           : "v");
     return PT_OK;
 }
 

@@ -28,7 +28,8 @@ int pt_adamw_chunk_dev(const pt_gpu_backend *ops, void *impl, pt_stream *s, floa
                              (size_t)g->n, 0, s))
                 return pt_fail(err, errlen, PT_ERR_BACKEND,
                                "optimizer_step: widening chunk %d's 16-bit gradient failed: "
-                               "convert failed", c->id);
+                               "convert failed",
+                               c->id);
             a.param = c->master + st;
             a.grad = scratch;
             a.param_out = (char *)c->param + g->offset;

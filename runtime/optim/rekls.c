@@ -58,7 +58,8 @@ int pt_rekls_la_device(pt_rekls_dev *d, pt_rekls_la *la, char *err, size_t errle
     if (!pt_gpu_has_linalg(d->ops) || !d->ops->eigh || !d->ops->rekls_ew)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
                        "the %s backend has no gemm_f32 / eigh / rekls_ew ops, so REKLS cannot step "
-                       "resident parameters on it", d->ops->name);
+                       "resident parameters on it",
+                       d->ops->name);
     la->ctx = d;
     la->gemm = dev_gemm;
     la->eigh = dev_eigh;
@@ -167,11 +168,11 @@ double pt_rekls_predict_s(const pt_rekls_rates *r, double n_params, double gemm_
 }
 
 /* One table call; the first failure names its op and stops the step. */
-#define TRY(call, what)                                                                      \
-    do {                                                                                     \
-        int rc_ = (call);                                                                    \
-        if (rc_)                                                                             \
-            return pt_fail(err, errlen, rc_ < 0 ? PT_ERR_BACKEND : rc_,                       \
+#define TRY(call, what) \
+    do { \
+        int rc_ = (call); \
+        if (rc_) \
+            return pt_fail(err, errlen, rc_ < 0 ? PT_ERR_BACKEND : rc_, \
                            "REKLS step on a %d x %d parameter failed: %s failed", m, n, what); \
     } while (0)
 
@@ -270,7 +271,8 @@ int pt_rekls_core(const pt_rekls_la *la, const pt_rekls_hyper *h, int m, int n,
         if (!W)
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                            "REKLS step on a %d x %d parameter: l2 weight decay needs the "
-                           "weights, none given", m, n);
+                           "weights, none given",
+                           m, n);
         a = ew0(PT_RK_AXPY, mn);
         a.x = G;
         a.y = W;

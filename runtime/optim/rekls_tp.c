@@ -12,14 +12,16 @@ int pt_rekls_tp_check(int64_t m, int64_t n, int P, int split, char *err, size_t 
     if (P < 1 || split < 0 || split > 2 || m < 1 || n < 1)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "tensor-parallel REKLS: group size %d, split %d or shape %lld x %lld is "
-                       "invalid (split 0 = replicated, 1 = rows, 2 = columns)", P, split,
+                       "invalid (split 0 = replicated, 1 = rows, 2 = columns)",
+                       P, split,
                        (long long)m, (long long)n);
     if (split && (m % P || n % P))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "tensor-parallel REKLS: the full shape %lld x %lld does not divide by the "
                        "group size %d (%s %lld); both sides must, because the Kronecker factors "
                        "(%lld x %lld and %lld x %lld) are stored in row blocks whichever dim the "
-                       "weight is split on", (long long)m, (long long)n, P,
+                       "weight is split on",
+                       (long long)m, (long long)n, P,
                        m % P ? "rows" : "columns", (long long)(m % P ? m : n), (long long)m,
                        (long long)m, (long long)n, (long long)n);
     return PT_OK;
@@ -58,7 +60,8 @@ int pt_rekls_tp_gather_coll(void *ctx, void *buf, size_t n, size_t elem_size, co
     if (elem_size != 4 || n % (size_t)P)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "tensor-parallel gather of %s: %zu elements of %zu bytes do not split "
-                       "into %d f32 parts", what, n, elem_size, P);
+                       "into %d f32 parts",
+                       what, n, elem_size, P);
     /* n divides by P, so coll's parts (ceil(n / P) each) are exactly the n/P blocks */
     return pt_coll_allgather(c, buf, n, elem_size, what, err, errlen);
 }
@@ -76,7 +79,8 @@ int pt_rekls_tp_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_re
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "tensor-parallel REKLS: needs a split (1 or 2), a gather and a rank in "
                        "[0, %d), got split %d rank %d (a replicated weight steps with plain "
-                       "REKLS)", tp->P, tp->split, tp->rank);
+                       "REKLS)",
+                       tp->P, tp->split, tp->rank);
     const int P = tp->P, r = tp->rank, ml = m / P, nl = n / P;
     const size_t mn = (size_t)m * n, mm = (size_t)m * m, nn = (size_t)n * n;
     const size_t d2 = mm > nn ? mm : nn;
@@ -123,7 +127,8 @@ int pt_rekls_tp_step(const pt_rekls_la *la, const pt_rekls_hyper *h, const pt_re
         if (la->eigh(la->ctx, m, QL, lamL) || la->eigh(la->ctx, n, QR, lamR))
             return pt_fail(err, errlen, PT_ERR_BACKEND,
                            "tensor-parallel REKLS on a %d x %d weight: eigh of the gathered "
-                           "factors failed in fp32 and fp64", m, n);
+                           "factors failed in fp32 and fp64",
+                           m, n);
     }
 
     /* 3. REKLS steps 2-8 on the full matrices: D in G */

@@ -22,7 +22,7 @@
 #include "osft_internal.h"
 
 static const char *const fname[PT_OSFT_NF] = {"osft_U_high", "osft_S_high", "osft_V_high",
-                                              "osft_U_low",  "osft_S_low",  "osft_V_low"};
+                                              "osft_U_low", "osft_S_low", "osft_V_low"};
 
 /* Captured at launch for the hooks the launched work calls (thread-local: only
  * the thread running that work sees it). */
@@ -141,7 +141,8 @@ static int svd_one(pt_rt *rt, const float *w, int64_t N, int64_t M, float *u, fl
         pt_fail(err, errlen, rc, "osft: uploading '%s' for its SVD failed: %s", name, e);
     else if (ops->svd_f32(pt_gpu_impl(rt->dev.gpu), &a, NULL))
         rc = pt_fail(err, errlen, PT_ERR_BACKEND, "osft: the SVD of '%s' (%lld x %lld) failed "
-                     "on the %s backend: svd_f32 failed", name, (long long)N, (long long)M,
+                                                  "on the %s backend: svd_f32 failed",
+                     name, (long long)N, (long long)M,
                      pt_gpu_backend_name(rt->dev.gpu));
     else if ((rc = pt_gpu_memcpy_sync(rt->dev.gpu, &info, dinfo, 4, PT_GPU_D2H, e, sizeof e)) ||
              (rc = pt_gpu_memcpy_sync(rt->dev.gpu, u, du, 4 * nu, PT_GPU_D2H, e, sizeof e)) ||
@@ -150,7 +151,8 @@ static int svd_one(pt_rt *rt, const float *w, int64_t N, int64_t M, float *u, fl
         pt_fail(err, errlen, rc, "osft: reading the SVD of '%s' back failed: %s", name, e);
     else if (info != 0)
         rc = pt_fail(err, errlen, PT_ERR_BACKEND, "osft: the SVD of '%s' (%lld x %lld) did not "
-                     "converge (solver code %d)", name, (long long)N, (long long)M, (int)info);
+                                                  "converge (solver code %d)",
+                     name, (long long)N, (long long)M, (int)info);
     pt_gpu_free(rt->dev.gpu, d);
     return rc;
 }
@@ -160,20 +162,24 @@ static int check_target(const pt_model_v1 *h, int i, char *err, size_t errlen) {
     const pt_param_v1 *p = &h->params[i];
     if (p->dtype != PT_F32)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "osft: target '%s' is %s; OSFT factors "
-                       "are built for fp32 parameters only (narrow [osft] targets)", p->name,
-                       p->dtype == PT_BF16 ? "bf16" : p->dtype == PT_F16 ? "fp16" : "u8 (opaque bytes)");
+                                                        "are built for fp32 parameters only (narrow [osft] targets)",
+                       p->name,
+                       p->dtype == PT_BF16 ? "bf16" : p->dtype == PT_F16 ? "fp16"
+                                                                         : "u8 (opaque bytes)");
     if (p->shape[0] > INT32_MAX || p->shape[1] > INT32_MAX)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "osft: target '%s' is %lld x %lld; the "
-                       "CPU's GEMM takes dimensions below 2^31", p->name,
+                                                        "CPU's GEMM takes dimensions below 2^31",
+                       p->name,
                        (long long)p->shape[0], (long long)p->shape[1]);
     if (p->tie >= 0)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "osft: target '%s' shares storage with "
-                       "param %d (tie); a tied weight cannot be factorised (narrow [osft] "
-                       "targets)", p->name, p->tie);
+                                                        "param %d (tie); a tied weight cannot be factorised (narrow [osft] "
+                                                        "targets)",
+                       p->name, p->tie);
     for (int j = 0; j < h->n_params; j++)
         if (h->params[j].tie == i)
             return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "osft: target '%s' is tied to by "
-                           "'%s'; a tied weight cannot be factorised (narrow [osft] targets)",
+                                                            "'%s'; a tied weight cannot be factorised (narrow [osft] targets)",
                            p->name, h->params[j].name ? h->params[j].name : "(unnamed)");
     return PT_OK;
 }
@@ -258,13 +264,12 @@ static int decompose_one(pt_rt *rt, const pt_param_v1 *p, int i, build *b, char 
         char *nm = o->names[o->tmap[i] * PT_OSFT_NF + f];
         snprintf(nm, sizeof o->names[0], "%s.%s", p->name, fname[f]);
         pt_param_v1 *q = &o->xp[b->x];
-        *q = (pt_param_v1){.name = nm, .dtype = PT_F32, .ndim = shp[f][1] ? 2 : 1,
-                           .shape = {shp[f][0], shp[f][1]}, .block = p->block,
-                           .trainable = f >= PT_OSFT_UL, .tie = -1, .init = src[f]};
+        *q = (pt_param_v1){.name = nm, .dtype = PT_F32, .ndim = shp[f][1] ? 2 : 1, .shape = {shp[f][0], shp[f][1]}, .block = p->block, .trainable = f >= PT_OSFT_UL, .tie = -1, .init = src[f]};
         t->x[f] = b->x++;
     }
     PT_LOGI(&rt->lg, "osft: '%s' %lld x %lld, rank %lld: %lld frozen, %lld trainable "
-                     "(SVD %.3f s)", p->name, (long long)N, (long long)M, (long long)R,
+                     "(SVD %.3f s)",
+            p->name, (long long)N, (long long)M, (long long)R,
             (long long)k, (long long)kl, dt);
     return PT_OK;
 }
@@ -285,7 +290,8 @@ static int decompose(pt_rt *rt, const pt_model_v1 *h, size_t nvals, build *b, ch
     if (!o->vals || !scr_u || !scr_v) {
         free(scr_u), free(scr_v);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "osft: out of host memory for the factors "
-                       "(%zu floats)", nvals);
+                                                     "(%zu floats)",
+                       nvals);
     }
     b->v = o->vals;
     b->scr_u = scr_u;
@@ -345,9 +351,10 @@ int pt_osft_setup(pt_rt *rt, pt_model_v1 *h, char *err, size_t errlen) {
             snprintf(ex + u, sizeof ex - u, "%s'%.40s'", k++ ? ", " : "", p->name ? p->name : "");
         }
         return pt_fail(err, errlen, PT_ERR_CONFIG, "[osft] enabled, but no trainable 2-D "
-                       "parameter's name contains any of targets = '%s' (this model's 2-D "
-                       "weights are named like %s): set targets to substrings of those names, "
-                       "or enabled = false to train dense", rt->cfg.osft_targets,
+                                                   "parameter's name contains any of targets = '%s' (this model's 2-D "
+                                                   "weights are named like %s): set targets to substrings of those names, "
+                                                   "or enabled = false to train dense",
+                       rt->cfg.osft_targets,
                        ex[0] ? ex : "(none: no trainable 2-D parameter)");
     }
     pt_osft *o = state_new(n_host, nt);
@@ -379,7 +386,8 @@ int pt_osft_setup(pt_rt *rt, pt_model_v1 *h, char *err, size_t errlen) {
     pt_osft_bytes(rt, &fz, &tr, &dn);
     PT_LOGI(&rt->lg, "osft: %d target(s) (unfreeze_rank_ratio %g, targets '%s'), SVD %.3f s in "
                      "all; factors %.2f MiB frozen + %.2f MiB trainable in place of %.2f MiB "
-                     "dense", o->n, (double)rt->cfg.osft_urr, rt->cfg.osft_targets, b.t_all,
+                     "dense",
+            o->n, (double)rt->cfg.osft_urr, rt->cfg.osft_targets, b.t_all,
             fz / 1048576.0, tr / 1048576.0, dn / 1048576.0);
     pt_osft_mirror(rt);
     return PT_OK;
@@ -456,7 +464,8 @@ int pt_osft_lin_close(pt_rt *rt, lin *L, const char *what, char *err, size_t err
         L->rc = PT_ERR_BACKEND;
     if (L->rc)
         return pt_fail(err, errlen, PT_ERR_BACKEND, "%s: a gemm_f32 / cols_f32 op failed on the "
-                       "%s backend", what, pt_gpu_backend_name(rt->dev.gpu));
+                                                    "%s backend",
+                       what, pt_gpu_backend_name(rt->dev.gpu));
     return PT_OK;
 }
 
@@ -491,7 +500,8 @@ static int resolve(pt_rt *rt, int32_t param, const char *hook, int need_grads, c
     pt_osft *o = osft_of(rt);
     if (!o || param < 0 || param >= o->n_host || o->tmap[param] < 0)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "%s: param %d is not an OSFT target "
-                       "(%d decomposed; see the log's 'osft:' lines)", hook, (int)param,
+                                                        "(%d decomposed; see the log's 'osft:' lines)",
+                       hook, (int)param,
                        o ? o->n : 0);
     const tgt *t = &o->t[o->tmap[param]];
     if (tl_snap) *f = tl_snap->f[o->tmap[param]];
@@ -501,7 +511,8 @@ static int resolve(pt_rt *rt, int32_t param, const char *hook, int need_grads, c
                   (need_grads && (!f->g[PT_OSFT_UL] || !f->g[PT_OSFT_SL] || !f->g[PT_OSFT_VL]));
     if (missing)
         return pt_fail(err, errlen, PT_ERR_ORDER, "%s: the factors of '%s' are not on the "
-                       "device now: call it inside block %d's %s window", hook,
+                                                  "device now: call it inside block %d's %s window",
+                       hook,
                        rt->hmodel->params[param].name, t->block,
                        need_grads ? "backward" : "forward");
     *tt = t;
@@ -515,7 +526,8 @@ int pt_osft_forward(pt_rt *rt, int32_t param, const void *xv, void *yv, int64_t 
     int rc = resolve(rt, param, "osft_linear_forward", 0, &t, &f, err, errlen);
     if (!rc && (!xv || !yv || rows < 1))
         rc = pt_fail(err, errlen, PT_ERR_INVALID_ARG, "osft_linear_forward: x or y is NULL or "
-                     "rows (%lld) < 1", (long long)rows);
+                                                      "rows (%lld) < 1",
+                     (long long)rows);
     if (rc) return async_fail(rt, rc, err);
     const float *x = xv;
     float *y = yv, *a = NULL;
@@ -546,7 +558,8 @@ int pt_osft_backward(pt_rt *rt, int32_t param, const void *xv, const void *dyv, 
     int rc = resolve(rt, param, "osft_linear_backward", 1, &t, &f, err, errlen);
     if (!rc && (!xv || !dyv || rows < 1))
         rc = pt_fail(err, errlen, PT_ERR_INVALID_ARG, "osft_linear_backward: x or dy is NULL "
-                     "or rows (%lld) < 1", (long long)rows);
+                                                      "or rows (%lld) < 1",
+                     (long long)rows);
     if (rc) return async_fail(rt, rc, err);
     const float *x = xv, *dy = dyv;
     float *dx = dxv, *scr = NULL;
@@ -587,14 +600,16 @@ int pt_osft_read_param(pt_rt *rt, int32_t index, void *dst, uint64_t bytes, char
     pt_osft *o = osft_of(rt);
     if (index < 0 || index >= o->n_host || !dst)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "read_param: bad index %d (model has %d "
-                       "params) or NULL destination", index, o->n_host);
+                                                        "params) or NULL destination",
+                       index, o->n_host);
     if (o->map[index] >= 0)
         return pt_store_read_param(rt->st, o->map[index], dst, bytes, err, errlen);
     const tgt *t = &o->t[o->tmap[index]];
     int64_t N = t->N, M = t->M, R = t->R;
     if (bytes != (uint64_t)(N * M) * 4)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "read_param: param %d holds %llu bytes, "
-                       "caller passed %llu", index, (unsigned long long)(N * M * 4),
+                                                        "caller passed %llu",
+                       index, (unsigned long long)(N * M * 4),
                        (unsigned long long)bytes);
     float *f = malloc((size_t)(N * R + R + R * M) * 4);
     if (!f) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "read_param: out of host memory");

@@ -42,7 +42,13 @@ typedef struct pt_osft pt_osft;
 extern const struct pt_rt_ext pt_osft_ext;
 
 /* Which factor of a target an expanded index is. */
-enum { PT_OSFT_UH = 0, PT_OSFT_SH, PT_OSFT_VH, PT_OSFT_UL, PT_OSFT_SL, PT_OSFT_VL, PT_OSFT_NF };
+enum { PT_OSFT_UH = 0,
+       PT_OSFT_SH,
+       PT_OSFT_VH,
+       PT_OSFT_UL,
+       PT_OSFT_SL,
+       PT_OSFT_VL,
+       PT_OSFT_NF };
 
 /* Frozen directions for rank R at ratio urr (the trainable fraction). */
 int64_t pt_osft_frozen_rank(int64_t R, float urr);

@@ -149,7 +149,8 @@ static int gather(pt_rt *rt, int32_t index, float *dst, const pt_store_part *q, 
     size_t *len = lo + w;
     int rc = pt_store_param_parts(rt->st, index, lo, len)
                  ? pt_fail(err, errlen, PT_ERR_INTERNAL, "osft: factor %d is not split across "
-                           "the ranks, yet its chunk is", (int)index)
+                                                         "the ranks, yet its chunk is",
+                           (int)index)
                  : PT_OK;
     if (!rc && q->len) memcpy(dst + q->lo, q->p, (size_t)q->len * 4);
     if (!rc) {
@@ -182,7 +183,8 @@ static int cached_frozen(pt_rt *rt, const tgt *t, int v, const pt_store_part *pf
         uint64_t fzb, trb, dnb;
         pt_osft_bytes(rt, &fzb, &trb, &dnb);
         PT_LOGI(&rt->lg, "osft: mode C keeps the frozen factors whole on every rank ([osft] "
-                         "cache_frozen): up to %.2f MiB pinned", fzb / 1048576.0);
+                         "cache_frozen): up to %.2f MiB pinned",
+                fzb / 1048576.0);
     }
     float **slot = &o->fzc[2 * (t - o->t) + v];
     if (!*slot) {
@@ -258,10 +260,10 @@ static int project_split(pt_rt *rt, lin *L, const tgt *t, int v, const pt_store_
         if (rc) return rc;
         o->full_floats = need;
         PT_LOGI(&rt->lg, "osft: mode C gathers each projection path's factors whole: %.2f MiB "
-                         "pinned for the largest", need * 4 / 1048576.0);
+                         "pinned for the largest",
+                need * 4 / 1048576.0);
     }
-    pt_osft_split s = {.pf = pf, .pq = pq, .f = o->full, .q = o->full + nf, .c = c,
-                       .gather = gather_cb, .sync = sync_cb, .user = rt};
+    pt_osft_split s = {.pf = pf, .pq = pq, .f = o->full, .q = o->full + nf, .c = c, .gather = gather_cb, .sync = sync_cb, .user = rt};
     int rc = PT_OK;
     double t0 = pt_now_s();
     if (pf->split && rt->cfg.osft_cache_frozen) {

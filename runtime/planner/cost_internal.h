@@ -161,7 +161,8 @@ static inline void pt_pool_fwd(const pt_pool_walk *w, int32_t b, uint64_t *sync,
     if (b >= 1 && cx->has[b - 1]) {
         int32_t plo = pt_pool_lo(w, b - 1), phi = pt_pool_hi(w, b - 1), free = w->nbe - (phi - plo);
         nlo = lo > phi ? lo : phi;
-        pre = free < 0 ? 0 : free < hi - nlo ? free : hi - nlo;
+        pre = free < 0 ? 0 : free < hi - nlo ? free
+                                             : hi - nlo;
     }
     *sync = pt_pool_bytes(w, (int64_t)nlo + pre, hi);
     if (b + 1 < cx->N && cx->has[b + 1]) {

@@ -70,8 +70,10 @@ static int ctx_alloc(pt_cost_ctx *cx) {
     cx->fstart = malloc((size_t)N * sizeof(double));
     cx->mand_blk = calloc((size_t)N + 1, sizeof(uint64_t));
     return (!cx->fstart || !cx->mand_blk || !cx->cnt || !cx->bytes || !cx->grad || !cx->train || !cx->ntc || !cx->rks || !cx->dev || !cx->host || !cx->nm_pos || !cx->f_lo ||
-        !cx->f_hi || !cx->l_lo || !cx->l_hi || !cx->nbmin || !cx->nbmin1 || !cx->nmb || !cx->rlo || !cx->rhi ||
-        !cx->has || pt_cost_rekls_ctx(cx)) ? -1 : 0;
+            !cx->f_hi || !cx->l_lo || !cx->l_hi || !cx->nbmin || !cx->nbmin1 || !cx->nmb || !cx->rlo || !cx->rhi ||
+            !cx->has || pt_cost_rekls_ctx(cx))
+               ? -1
+               : 0;
 }
 
 /* Prefix sums over the chunks in layout order (the streamable ones; the
@@ -300,12 +302,12 @@ static int eval_modes(const pt_cost_ctx *cx, const pt_cost_opts *o, const uint8_
     int32_t lo = pt_cost_buffer_min_block(cx, p);
     if (nb < lo)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                    "n_buffer=%d is below the one-block minimum %d for n_persist=%d (the largest block streams %d "
-                    "chunks; the lookahead minimum, which lets every prefetch overlap, is %d)",
-                    nb, lo, p, lo, pt_cost_buffer_min(cx, p));
+                       "n_buffer=%d is below the one-block minimum %d for n_persist=%d (the largest block streams %d "
+                       "chunks; the lookahead minimum, which lets every prefetch overlap, is %d)",
+                       nb, lo, p, lo, pt_cost_buffer_min(cx, p));
     if (nb > cx->K - p)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                    "n_buffer=%d exceeds n_chunk - n_persist = %d - %d = %d", nb, cx->K, p, cx->K - p);
+                       "n_buffer=%d exceeds n_chunk - n_persist = %d - %d = %d", nb, cx->K, p, cx->K - p);
     pt_act_profile a;
     if (pt_act_init(cx, &a)) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "cost model: out of memory");
     a.rec_act = rec_act;
@@ -370,9 +372,12 @@ int pt_cost_mem_windows(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_k
         uint64_t stat = c.model_state_bytes + c.buffer_bytes + c.nonblock_bytes;
         for (int32_t i = 0; i < n; i++) {
             pt_mem_window *w = &win[i];
-            w->phase = i == 0 ? PT_PHASE_EMBED_FWD : i <= cx->N ? PT_PHASE_FWD : i == cx->N + 1 ? PT_PHASE_TURN
-                     : i < n - 1 ? PT_PHASE_BWD : PT_PHASE_EMBED_BWD;
-            w->block = w->phase == PT_PHASE_FWD ? i - 1 : w->phase == PT_PHASE_BWD ? 2 * cx->N + 1 - i : -1;
+            w->phase = i == 0 ? PT_PHASE_EMBED_FWD : i <= cx->N   ? PT_PHASE_FWD
+                                                 : i == cx->N + 1 ? PT_PHASE_TURN
+                                                 : i < n - 1      ? PT_PHASE_BWD
+                                                                  : PT_PHASE_EMBED_BWD;
+            w->block = w->phase == PT_PHASE_FWD ? i - 1 : w->phase == PT_PHASE_BWD ? 2 * cx->N + 1 - i
+                                                                                   : -1;
             w->model_state_bytes = c.model_state_bytes;
             w->buffer_bytes = c.buffer_bytes;
             w->nonblock_bytes = c.nonblock_bytes;

@@ -136,8 +136,14 @@ typedef struct pt_cost_opts {
  * compute stream, up_k = bytes_k / h2d, F_k the forward's compute before chunk
  * k's first block (compute only: the earliest that block can start, so the
  * delay is never under-stated). iter = fwd + bwd + dev_s + delay. */
-enum { PT_SCHED_OVERLAP = 0, PT_SCHED_AFTER_BWD = 1, PT_SCHED_DEFER = 2 };
-enum { PT_PHASE_EMBED_FWD = 0, PT_PHASE_FWD = 1, PT_PHASE_TURN = 2, PT_PHASE_BWD = 3, PT_PHASE_EMBED_BWD = 4 };
+enum { PT_SCHED_OVERLAP = 0,
+       PT_SCHED_AFTER_BWD = 1,
+       PT_SCHED_DEFER = 2 };
+enum { PT_PHASE_EMBED_FWD = 0,
+       PT_PHASE_FWD = 1,
+       PT_PHASE_TURN = 2,
+       PT_PHASE_BWD = 3,
+       PT_PHASE_EMBED_BWD = 4 };
 
 typedef struct pt_cost {
     /* memory, bytes */

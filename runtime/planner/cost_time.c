@@ -82,7 +82,8 @@ static void fwd_windows(const pt_cost_ctx *cx, const pt_act_profile *a, const pt
                 if (ph) {
                     int32_t fr = nbe - (phi - plo);
                     nlo = lo > phi ? lo : phi;
-                    pre = fr < 0 ? 0 : fr < hi - nlo ? fr : hi - nlo;
+                    pre = fr < 0 ? 0 : fr < hi - nlo ? fr
+                                                     : hi - nlo;
                 }
                 ua = nmb[nlo + pre] - nmb[nlo];
                 us = nmb[hi] - nmb[nlo + pre];

@@ -44,7 +44,8 @@ int pt_ds_zero2(int64_t params, int gpus_per_node, int nodes, int offload_opt, d
  * A GPT-2 or Llama-style decoder described by its sizes, turned into parameter
  * counts and into a synthetic profile trace (model_shape.c: both need the same
  * per-tensor parameter list). */
-enum { PT_ARCH_GPT = 0, PT_ARCH_LLAMA = 1 };
+enum { PT_ARCH_GPT = 0,
+       PT_ARCH_LLAMA = 1 };
 
 typedef struct pt_model_shape {
     int32_t arch;                 /* PT_ARCH_GPT: LayerNorm+bias, GELU MLP, learned positions;

@@ -79,22 +79,43 @@ static tens *tensor_list(const pt_model_shape *m, int64_t *n) {
     }
     for (int32_t b = 0; b < L; b++) {
         if (m->arch == PT_ARCH_GPT) {
-            T(h, b); T(h, b); mod++;                    /* ln1 */
-            T(3 * h * h, b); T(3 * h, b); mod++;        /* qkv */
-            T(h * h, b); T(h, b); mod++;                /* attention projection */
-            T(h, b); T(h, b); mod++;                    /* ln2 */
-            T(f * h, b); T(f, b); mod++;                /* fc */
-            T(h * f, b); T(h, b); mod++;                /* fc projection */
+            T(h, b);
+            T(h, b);
+            mod++;                    /* ln1 */
+            T(3 * h * h, b);
+            T(3 * h, b);
+            mod++;        /* qkv */
+            T(h * h, b);
+            T(h, b);
+            mod++;                /* attention projection */
+            T(h, b);
+            T(h, b);
+            mod++;                    /* ln2 */
+            T(f * h, b);
+            T(f, b);
+            mod++;                /* fc */
+            T(h * f, b);
+            T(h, b);
+            mod++;                /* fc projection */
         } else {
-            T(h, b); mod++;                             /* attention norm */
-            T(h * h, b); mod++;                         /* q */
-            T(kvh * h, b); mod++;                       /* k */
-            T(kvh * h, b); mod++;                       /* v */
-            T(h * h, b); mod++;                         /* o */
-            T(h, b); mod++;                             /* mlp norm */
-            T(f * h, b); mod++;                         /* gate */
-            T(f * h, b); mod++;                         /* up */
-            T(h * f, b); mod++;                         /* down */
+            T(h, b);
+            mod++;                             /* attention norm */
+            T(h * h, b);
+            mod++;                         /* q */
+            T(kvh * h, b);
+            mod++;                       /* k */
+            T(kvh * h, b);
+            mod++;                       /* v */
+            T(h * h, b);
+            mod++;                         /* o */
+            T(h, b);
+            mod++;                             /* mlp norm */
+            T(f * h, b);
+            mod++;                         /* gate */
+            T(f * h, b);
+            mod++;                         /* up */
+            T(h * f, b);
+            mod++;                         /* down */
         }
     }
     T(h, -1);                                           /* final norm */
@@ -135,15 +156,15 @@ static int64_t pack(const tens *t, int64_t n, int64_t L, uint64_t S, int64_t esz
     uint64_t used = 0, slack = 0, last_slack = 0;
     int open = 0, cur_nb = 0;   /* cur_nb: the open chunk holds non-block params */
     pt_trace_chunk cur = {0};
-#define SEAL()                                                                                   \
-    do {                                                                                         \
-        if (open) {                                                                              \
-            if (out) out[nc] = cur;                                                              \
-            nc++;                                                                                \
-            last_slack = S > used ? S - used : 0;                                                \
-            slack += last_slack;                                                                 \
-            open = 0;                                                                            \
-        }                                                                                        \
+#define SEAL() \
+    do { \
+        if (open) { \
+            if (out) out[nc] = cur; \
+            nc++; \
+            last_slack = S > used ? S - used : 0; \
+            slack += last_slack; \
+            open = 0; \
+        } \
     } while (0)
     for (int64_t i = 0; i < n; i++) {
         uint64_t bytes = (uint64_t)t[i].elems * (uint64_t)esz;
@@ -157,8 +178,7 @@ static int64_t pack(const tens *t, int64_t n, int64_t L, uint64_t S, int64_t esz
         }
         if (bytes > S) {   /* oversized tensor: a chunk of its exact size */
             SEAL();
-            pt_trace_chunk c = {.bytes = bytes, .elems = (uint64_t)t[i].elems, .first_block = t[i].block,
-                                .last_block = t[i].block, .mandatory = nb};
+            pt_trace_chunk c = {.bytes = bytes, .elems = (uint64_t)t[i].elems, .first_block = t[i].block, .last_block = t[i].block, .mandatory = nb};
             c.trainable_elems = (uint64_t)llround(tf * (double)t[i].elems);
             if (out) out[nc] = c;
             nc++;
@@ -210,7 +230,8 @@ int pt_shape_trace(const pt_model_shape *m0, const pt_hw_shape *hw, uint64_t S, 
     pt_model_shape m = *m0;
     if (pt_shape_check(&m, err, errlen)) return PT_ERR_INVALID_ARG;
     if (!(hw->h2d_Bps > 0 && hw->d2h_Bps > 0 && hw->cpu_adam_elems_per_s > 0 && hw->dev_adam_elems_per_s > 0 &&
-          hw->flops > 0) || hw->device_bytes == 0 || hw->world_size < 1 || (hw->copy_engines != 1 && hw->copy_engines != 2)) {
+          hw->flops > 0) ||
+        hw->device_bytes == 0 || hw->world_size < 1 || (hw->copy_engines != 1 && hw->copy_engines != 2)) {
         shape_fail(err, errlen,
                    "hw: device memory, PCIe bandwidth, CPU/device Adam rates and TFLOPS must be positive, copy_engines 1 or 2, world_size >= 1");
         return PT_ERR_INVALID_ARG;

@@ -68,7 +68,8 @@ void pt_place_modes_string(const uint8_t *modes, int n_block, char *buf, size_t 
     if (!buf || !len) return;
     size_t n = 0;
     for (int b = 0; b < n_block && n + 1 < len; b++)
-        buf[n++] = modes[b] == PT_BLOCK_SWAP ? 'S' : modes[b] == PT_BLOCK_CKPT ? 'C' : 'N';
+        buf[n++] = modes[b] == PT_BLOCK_SWAP ? 'S' : modes[b] == PT_BLOCK_CKPT ? 'C'
+                                                                               : 'N';
     if (n_block > 0 && (size_t)n_block >= len && n > 0) buf[n - 1] = '~';
     buf[n] = 0;
 }

@@ -85,7 +85,9 @@ static const char *phase_name(int ph) {
     }
 }
 
-static const char *mode_name(int m) { return m == 0 ? "A" : m == 1 ? "B" : m == 2 ? "C" : "auto"; }
+static const char *mode_name(int m) { return m == 0 ? "A" : m == 1 ? "B"
+                                                        : m == 2   ? "C"
+                                                                   : "auto"; }
 
 /* Mode string of knobs (the plan's own map for the chosen plan). */
 static char *modes_of(const pt_plan *p, const pt_knobs *k, const uint8_t *given) {
@@ -121,7 +123,8 @@ char *pt_plan_text(const pt_plan *p) {
               knob_src(p, PT_KNOB_BUFFER), c->n_buffer_min_block, c->n_buffer_min);
     if (p->knobs.n_buffer < c->n_buffer_min)
         sb_printf(&b, "  %-16s below the lookahead minimum: prefetches that find no free slot are skipped and "
-                      "their chunks upload at the gather\n", "");
+                      "their chunks upload at the gather\n",
+                  "");
     sb_printf(&b, "  %-16s %8d   %s (swap interval %d blocks, cap %d)\n", "n_swap", p->knobs.n_swap,
               knob_src(p, PT_KNOB_SWAP), p->swap_interval, p->swap_cap);
     sb_printf(&b, "  %-16s %8d   %s\n", "n_checkpoint", p->knobs.n_checkpoint, knob_src(p, PT_KNOB_CKPT));
@@ -134,7 +137,8 @@ char *pt_plan_text(const pt_plan *p) {
     if (p->mlp_tiles > 0) {
         int64_t tok = p->batch * p->seq, last = tok - (p->mlp_tiles - 1) * p->mlp_tile_len;
         sb_printf(&b, "  tiled MLP        %lld tiles of %lld tokens (last %lld) over batch x seq = %lld "
-                      "tokens, %s\n", (long long)p->mlp_tiles, (long long)p->mlp_tile_len,
+                      "tokens, %s\n",
+                  (long long)p->mlp_tiles, (long long)p->mlp_tile_len,
                   (long long)last, (long long)tok,
                   p->mlp_tiles_auto ? "auto (the fewest whose plan fits)" : "tiles from the INI");
     }
@@ -150,7 +154,8 @@ char *pt_plan_text(const pt_plan *p) {
         sb_printf(&b, "    %-16s %10.3f GiB  %5.1f%%\n", mem_names[i], mem[i] / GIB, pct((double)mem[i], (double)c->raw_peak_bytes));
     if (c->optim_dev_bytes || c->optim_host_bytes)
         sb_printf(&b, "    %-16s %10.3f GiB of the model states on the device, %.3f GiB in pinned "
-                      "host memory (factors, bases; device scratch included)\n", "REKLS",
+                      "host memory (factors, bases; device scratch included)\n",
+                  "REKLS",
                   c->optim_dev_bytes / GIB, c->optim_host_bytes / GIB);
     sb_printf(&b, "    %-16s x%.3f (+%.3f GiB)\n", "fragmentation", p->opts.frag,
               (double)(c->peak_bytes - c->raw_peak_bytes) / GIB);
@@ -177,19 +182,22 @@ char *pt_plan_text(const pt_plan *p) {
     sb_printf(&b, "    %-16s CPU Adam %.4f s, device Adam %.4f s\n", "optimizer work", c->cpu_adam_s, c->dev_adam_s);
     if (c->optim_s > 0)
         sb_printf(&b, "    %-16s %.4f s of that is REKLS (eigh + GEMMs at the profiled rates, chunks "
-                      "counted one after another)\n", "", c->optim_s);
+                      "counted one after another)\n",
+                  "", c->optim_s);
     if (c->optim_xchg_s > 0)
         sb_printf(&b, "    %-16s %.4f s moving REKLS gradients to their owner ranks and the "
-                      "updates back (mode C; in the optimizer time)\n", "", c->optim_xchg_s);
+                      "updates back (mode C; in the optimizer time)\n",
+                  "", c->optim_xchg_s);
     if (p->world_size > 1)
         sb_printf(&b, "    %-16s all-reduce %.4f s, all-gather %.4f s, reduce-scatter %.4f s (what "
-                  "the iteration waits for: mode C's on the hook thread, the all-reduce's after "
-                  "backward)\n", "collectives", c->allreduce_s, c->allgather_s,
+                      "the iteration waits for: mode C's on the hook thread, the all-reduce's after "
+                      "backward)\n",
+                  "collectives", c->allreduce_s, c->allgather_s,
                   c->reduce_scatter_s);
     if (p->tp_size > 1)
         sb_printf(&b, "    %-16s tp_size %d: the all-reduce over the %d replica(s) of this rank's "
-                  "shards; REKLS gathers %.4f s (each split parameter's full gradient and "
-                  "factors%s over its group, one after another before the chunks' steps)\n",
+                      "shards; REKLS gathers %.4f s (each split parameter's full gradient and "
+                      "factors%s over its group, one after another before the chunks' steps)\n",
                   "tensor parallel", p->tp_size, p->world_size / p->tp_size, c->tp_gather_s,
                   p->opts.tp_l2 ? ", and weights for l2 decay," : "");
     sb_printf(&b, "  optimizer        %s\n",
@@ -310,9 +318,8 @@ char *pt_plan_json(const pt_plan *p) {
     JD("reduce_scatter_s", c->reduce_scatter_s);
     JD("tp_gather_s", c->tp_gather_s);
     JD("rekls_xchg_s", c->optim_xchg_s);
-    sb_printf(&b, ",\n  \"optimizer_schedule\": \"%s\"", c->schedule == PT_SCHED_AFTER_BWD ? "after_backward"
-                                              : c->schedule == PT_SCHED_DEFER ? "into_next_forward"
-                                                                              : "overlapped");
+    sb_printf(&b, ",\n  \"optimizer_schedule\": \"%s\"", c->schedule == PT_SCHED_AFTER_BWD ? "after_backward" : c->schedule == PT_SCHED_DEFER ? "into_next_forward"
+                                                                                                                                              : "overlapped");
     sb_printf(&b, ",\n  \"exec_mode\": \"%s\"", mode_name(p->exec_mode));
     sb_printf(&b, ",\n  \"exec_mode_why\": ");
     json_str(&b, p->mode_why);

@@ -41,7 +41,10 @@
 #include "cost_model.h"
 
 #define PT_PLAN_MAX_ALT 4
-enum { PT_KNOB_PERSIST = 1u, PT_KNOB_BUFFER = 2u, PT_KNOB_SWAP = 4u, PT_KNOB_CKPT = 8u };
+enum { PT_KNOB_PERSIST = 1u,
+       PT_KNOB_BUFFER = 2u,
+       PT_KNOB_SWAP = 4u,
+       PT_KNOB_CKPT = 8u };
 
 typedef struct pt_plan_alt {
     pt_knobs knobs;

@@ -71,7 +71,12 @@ void pt_pool_walk_init(const pt_cost_ctx *cx, int32_t p, int32_t nb, pt_pool_wal
 
 /* ---- backward ---- */
 
-enum { Q_GB, Q_GR, Q_D, Q_S, Q_D2, Q_N };   /* G below R, G inside R, D, S, D2 */
+enum { Q_GB,
+       Q_GR,
+       Q_D,
+       Q_S,
+       Q_D2,
+       Q_N };   /* G below R, G inside R, D, S, D2 */
 
 typedef struct run {
     int64_t q[Q_N], taken[Q_N];

@@ -361,17 +361,17 @@ static void full_cost(const search *S, pt_act_profile *a, uint8_t *modes, const 
 static int check_overrides(const pt_trace *t, const pt_search_opts *o, char *err, size_t errlen) {
     if (o->n_persist > t->n_chunk)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "override n_persist=%d exceeds the %d chunks", o->n_persist,
-                    t->n_chunk);
+                       t->n_chunk);
     if (o->n_buffer > t->n_chunk)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "override n_buffer=%d exceeds the %d chunks", o->n_buffer,
-                    t->n_chunk);
+                       t->n_chunk);
     if (o->n_persist >= 0 && o->n_buffer >= 0 && o->n_persist + o->n_buffer > t->n_chunk)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "overrides n_persist=%d + n_buffer=%d exceed the %d chunks",
-                    o->n_persist, o->n_buffer, t->n_chunk);
+                       o->n_persist, o->n_buffer, t->n_chunk);
     int s = o->n_swap > 0 ? o->n_swap : 0, c = o->n_checkpoint > 0 ? o->n_checkpoint : 0;
     if (s + c > t->n_block)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "overrides n_swap=%d + n_checkpoint=%d exceed the %d blocks",
-                    s, c, t->n_block);
+                       s, c, t->n_block);
     return PT_OK;
 }
 
@@ -391,20 +391,21 @@ static int buffer_unusable(search *S, int32_t p0, int32_t p1, char *err, size_t 
     }
     if (worst < 0)   /* only n_persist + n_buffer > n_chunk (check_overrides names a fixed pair) */
         return pt_fail(err, errlen, PT_ERR_INFEASIBLE,
-                    "no n_persist works with the fixed n_buffer=%d: n_persist + n_buffer must stay within the %d chunks "
-                    "and n_persist=%d is the smallest allowed", nb, K, p0);
+                       "no n_persist works with the fixed n_buffer=%d: n_persist + n_buffer must stay within the %d chunks "
+                       "and n_persist=%d is the smallest allowed",
+                       nb, K, p0);
     int32_t lo1 = pt_cost_buffer_min_block(S->cx, worst), lo2 = pt_cost_buffer_min(S->cx, worst);
     if (p0 == p1)
         return pt_fail(err, errlen, PT_ERR_INFEASIBLE,
-                    "n_buffer=%d is below the one-block minimum %d for n_persist=%d: the largest block streams %d "
-                    "non-persistent chunks and each needs a slot while the block runs (the lookahead minimum, at "
-                    "which every prefetch overlaps, is %d); raise n_buffer to at least %d or n_persist",
-                    nb, lo1, worst, lo1, lo2, lo1);
+                       "n_buffer=%d is below the one-block minimum %d for n_persist=%d: the largest block streams %d "
+                       "non-persistent chunks and each needs a slot while the block runs (the lookahead minimum, at "
+                       "which every prefetch overlaps, is %d); raise n_buffer to at least %d or n_persist",
+                       nb, lo1, worst, lo1, lo2, lo1);
     return pt_fail(err, errlen, PT_ERR_INFEASIBLE,
-                "no n_persist in [%d, %d] works with the fixed n_buffer=%d: it is below the one-block minimum (the "
-                "non-persistent chunks of the largest block) wherever n_persist + n_buffer fits the %d chunks; the "
-                "closest is n_persist=%d with a one-block minimum of %d (lookahead minimum %d)",
-                p0, p1, nb, K, worst, lo1, lo2);
+                   "no n_persist in [%d, %d] works with the fixed n_buffer=%d: it is below the one-block minimum (the "
+                   "non-persistent chunks of the largest block) wherever n_persist + n_buffer fits the %d chunks; the "
+                   "closest is n_persist=%d with a one-block minimum of %d (lookahead minimum %d)",
+                   p0, p1, nb, K, worst, lo1, lo2);
 }
 
 /* Infeasible: name the real reason — a fixed n_buffer no n_persist accepts,
@@ -451,22 +452,22 @@ static int explain_infeasible(search *S, pt_act_profile *a, uint8_t *modes, pt_p
     }
     if (best_need == UINT64_MAX)
         return pt_fail(err, errlen, PT_ERR_INFEASIBLE,
-                    "no plan fits host RAM: the smallest pinned host footprint (n_persist=%d n_swap=%d: offloaded "
-                    "chunk states plus swap pool) is %llu bytes (%.2f GiB), the budget is %llu bytes (%.2f GiB)",
-                    host_at.p, host_at.s, (unsigned long long)min_host, min_host / 1073741824.0,
-                    (unsigned long long)S->host_budget, S->host_budget / 1073741824.0);
+                       "no plan fits host RAM: the smallest pinned host footprint (n_persist=%d n_swap=%d: offloaded "
+                       "chunk states plus swap pool) is %llu bytes (%.2f GiB), the budget is %llu bytes (%.2f GiB)",
+                       host_at.p, host_at.s, (unsigned long long)min_host, min_host / 1073741824.0,
+                       (unsigned long long)S->host_budget, S->host_budget / 1073741824.0);
     plan->min_capacity = best_need;
     plan->knobs = (pt_knobs){best.p, best.nb, best.s, best.c};
     full_cost(S, a, modes, &best, &plan->cost);
     memcpy(plan->modes, modes, (size_t)N);
     return pt_fail(err, errlen, PT_ERR_INFEASIBLE,
-                "no plan fits the device: capacity %llu bytes minus reserve %llu and headroom %llu leaves %llu; the smallest "
-                "peak (n_persist=%d n_buffer=%d n_swap=%d n_checkpoint=%d) is %llu bytes, so the device needs at least "
-                "%llu bytes (%.2f GiB)",
-                (unsigned long long)plan->capacity, (unsigned long long)o->cost.reserve_bytes,
-                (unsigned long long)o->cost.headroom_bytes, (unsigned long long)S->budget, best.p, best.nb, best.s,
-                best.c, (unsigned long long)plan->cost.peak_bytes, (unsigned long long)best_need,
-                best_need / 1073741824.0);
+                   "no plan fits the device: capacity %llu bytes minus reserve %llu and headroom %llu leaves %llu; the smallest "
+                   "peak (n_persist=%d n_buffer=%d n_swap=%d n_checkpoint=%d) is %llu bytes, so the device needs at least "
+                   "%llu bytes (%.2f GiB)",
+                   (unsigned long long)plan->capacity, (unsigned long long)o->cost.reserve_bytes,
+                   (unsigned long long)o->cost.headroom_bytes, (unsigned long long)S->budget, best.p, best.nb, best.s,
+                   best.c, (unsigned long long)plan->cost.peak_bytes, (unsigned long long)best_need,
+                   best_need / 1073741824.0);
 }
 
 /* The plan's description of the search: budgets, options, the trace's shape. */
@@ -600,7 +601,8 @@ int pt_search(const pt_trace *t, const pt_search_opts *o, pt_plan *plan, char *e
     S.budget = pt_cost_budget(plan->capacity, &o->cost);
     S.host_budget = o->host_ram ? o->host_ram : t->hw.host_ram_bytes;
     S.best_T = INFINITY;
-    S.alt_want = o->n_alt < 0 ? 0 : o->n_alt > PT_PLAN_MAX_ALT ? PT_PLAN_MAX_ALT : o->n_alt;
+    S.alt_want = o->n_alt < 0 ? 0 : o->n_alt > PT_PLAN_MAX_ALT ? PT_PLAN_MAX_ALT
+                                                               : o->n_alt;
     plan_header(&S, I, cap, plan);
     plan->modes = calloc((size_t)N, 1);
     uint8_t *modes = malloc((size_t)N);

@@ -22,7 +22,12 @@
 #define GIB 1073741824.0
 
 /* Canvas and margins, user units (= px). */
-enum { W = 1100, H = 520, ML = 96, MR = 300, MT = 64, MB = 96 };   /* MR: room for the legend */
+enum { W = 1100,
+       H = 520,
+       ML = 96,
+       MR = 300,
+       MT = 64,
+       MB = 96 };   /* MR: room for the legend */
 
 typedef struct cat {
     const char *name, *color;
@@ -97,7 +102,9 @@ static double tick_unit(double top) { return top >= 2 * GIB ? GIB : MIB; }
  * in the unit the labels use, at most about six ticks over [0, top]. */
 static double tick_step(double top) {
     double unit = tick_unit(top), x = top / unit / 6, mag = pow(10, floor(log10(x > 0 ? x : 1e-9)));
-    double m = x / mag, k = m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10;
+    double m = x / mag, k = m <= 1 ? 1 : m <= 2 ? 2
+                                     : m <= 5   ? 5
+                                                : 10;
     return k * mag * unit;
 }
 
@@ -112,14 +119,16 @@ typedef struct geo {
 static void svg_head(FILE *f, const geo *g, const pt_timeline_svg_opts *o) {
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
-               "font-family=\"sans-serif\" font-size=\"12\">\n", W, H, W, H);
+               "font-family=\"sans-serif\" font-size=\"12\">\n",
+            W, H, W, H);
     fprintf(f, "<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"white\"/>\n", W, H);
     fprintf(f, "<text x=\"%d\" y=\"22\" font-size=\"15\" font-weight=\"bold\">", ML);
     if (o->title) put_escaped(f, o->title);
     else fputs("Predicted device memory of one step", f);
     fprintf(f, "</text>\n");
     fprintf(f, "<text x=\"%d\" y=\"42\" fill=\"#444\">one bar per window, forward then backward; "
-               "the stack is the cost model&apos;s terms, its top the predicted total</text>\n", ML);
+               "the stack is the cost model&apos;s terms, its top the predicted total</text>\n",
+            ML);
 
     /* y grid and tick labels */
     double step = tick_step(g->ymax);
@@ -135,7 +144,6 @@ static void svg_head(FILE *f, const geo *g, const pt_timeline_svg_opts *o) {
         fprintf(f, "<text x=\"%d\" y=\"%.1f\">%s</text>\n", ML - 6, Y(v) + 4, t);
     }
     fprintf(f, "</g>\n");
-
 }
 
 /* The stacked bars, the predicted total through their tops, the measured dots. */
@@ -167,7 +175,6 @@ static void svg_bars(FILE *f, const geo *g, const pt_mem_window *win, int32_t n,
                 fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\"/>\n", X(i) + g->bw / 2, Y(o->measured[i]));
         fprintf(f, "</g>\n");
     }
-
 }
 
 /* Capacity, usable budget, measured peak, and the predicted peak's marker. */
@@ -179,7 +186,8 @@ static void svg_marks(FILE *f, const geo *g, const pt_mem_window *win, int32_t n
         char t[32];
         human(t, sizeof t, (double)o->capacity_bytes);
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c00\" stroke-width=\"1.5\" "
-                   "stroke-dasharray=\"8,4\"/>\n", ML, Y(o->capacity_bytes), ML + g->pw, Y(o->capacity_bytes));
+                   "stroke-dasharray=\"8,4\"/>\n",
+                ML, Y(o->capacity_bytes), ML + g->pw, Y(o->capacity_bytes));
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"#c00\">capacity %s</text>\n", ML + g->pw - 4,
                 Y(o->capacity_bytes) - 4, t);
     }
@@ -187,7 +195,8 @@ static void svg_marks(FILE *f, const geo *g, const pt_mem_window *win, int32_t n
         char t[32];
         human(t, sizeof t, (double)o->budget_bytes);
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e07000\" stroke-width=\"1\" "
-                   "stroke-dasharray=\"3,3\"/>\n", ML, Y(o->budget_bytes), ML + g->pw, Y(o->budget_bytes));
+                   "stroke-dasharray=\"3,3\"/>\n",
+                ML, Y(o->budget_bytes), ML + g->pw, Y(o->budget_bytes));
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"#e07000\">usable %s</text>\n",
                 ML + g->pw - 4, Y(o->budget_bytes) + 14, t);
     }
@@ -198,7 +207,8 @@ static void svg_marks(FILE *f, const geo *g, const pt_mem_window *win, int32_t n
         human(t, sizeof t, (double)o->measured_peak_bytes);
         double y = Y(o->measured_peak_bytes);
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#d62728\" stroke-width=\"1.5\" "
-                   "stroke-dasharray=\"2,3\"/>\n", ML, y, ML + g->pw, y);
+                   "stroke-dasharray=\"2,3\"/>\n",
+                ML, y, ML + g->pw, y);
         /* below its line at the right end, clear of the peak label above the bars */
         fprintf(f, "<text id=\"measured-peak\" x=\"%.1f\" y=\"%.1f\" fill=\"#d62728\" "
                    "text-anchor=\"end\" stroke=\"white\" stroke-width=\"3\" paint-order=\"stroke\">"
@@ -210,13 +220,14 @@ static void svg_marks(FILE *f, const geo *g, const pt_mem_window *win, int32_t n
     human(pb, sizeof pb, (double)peak);
     pt_timeline_window_name(&win[pk], pn, sizeof pn);
     double px = X(pk) + g->bw / 2, py = Y(peak);
-    const char *anchor = pk < n / 3 ? "start" : pk > 2 * n / 3 ? "end" : "middle";
+    const char *anchor = pk < n / 3 ? "start" : pk > 2 * n / 3 ? "end"
+                                                               : "middle";
     fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"none\" stroke=\"#000\" stroke-width=\"2\"/>\n", px,
             py);
     fprintf(f, "<text id=\"peak\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" font-weight=\"bold\" "
                "stroke=\"white\" stroke-width=\"3\" paint-order=\"stroke\">peak %llu B (%s) at %s"
-               "</text>\n", px, py - 10, anchor, (unsigned long long)peak, pb, pn);
-
+               "</text>\n",
+            px, py - 10, anchor, (unsigned long long)peak, pb, pn);
 }
 
 /* Axes, x labels (thinned to about 40 so they stay readable), titles. */
@@ -236,10 +247,11 @@ static void svg_axes(FILE *f, const geo *g, const pt_mem_window *win, int32_t n,
     }
     fprintf(f, "</g>\n");
     fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">window of one step (forward, turn = head and loss, "
-               "backward; the optimizer step adds no device bytes)</text>\n", ML + g->pw / 2, H - 8);
+               "backward; the optimizer step adds no device bytes)</text>\n",
+            ML + g->pw / 2, H - 8);
     fprintf(f, "<text x=\"18\" y=\"%.1f\" text-anchor=\"middle\" transform=\"rotate(-90 18 %.1f)\">device bytes"
-               "</text>\n", MT + g->ph / 2, MT + g->ph / 2);
-
+               "</text>\n",
+            MT + g->ph / 2, MT + g->ph / 2);
 }
 
 /* The legend, top category first as in the stack. */
@@ -256,7 +268,8 @@ static void svg_legend(FILE *f, const geo *g, const pt_timeline_svg_opts *o) {
     ly += 20;
     if (o->capacity_bytes) {
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c00\" stroke-width=\"1.5\" "
-                   "stroke-dasharray=\"4,2\"/>\n", lx, ly + 7, lx + 14, ly + 7);
+                   "stroke-dasharray=\"4,2\"/>\n",
+                lx, ly + 7, lx + 14, ly + 7);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">device capacity</text>\n", lx + 20, ly + 11);
         ly += 20;
     }
@@ -267,7 +280,8 @@ static void svg_legend(FILE *f, const geo *g, const pt_timeline_svg_opts *o) {
     }
     if (o->measured_peak_bytes) {
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#d62728\" stroke-width=\"1.5\" "
-                   "stroke-dasharray=\"2,3\"/>\n", lx, ly + 7, lx + 14, ly + 7);
+                   "stroke-dasharray=\"2,3\"/>\n",
+                lx, ly + 7, lx + 14, ly + 7);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">measured peak</text>\n", lx + 20, ly + 11);
     }
 }
@@ -331,7 +345,8 @@ int pt_timeline_from_plan(const pt_trace *t, const pt_plan *plan, pt_timeline *t
              plan->device, (int)plan->n_block);
     size_t len = strlen(tl->title);
     for (int32_t b = 0; b < plan->n_block && modes && len + 1 < sizeof tl->title; b++)
-        tl->title[len++] = modes[b] == PT_BLOCK_SWAP ? 'S' : modes[b] == PT_BLOCK_CKPT ? 'C' : 'N';
+        tl->title[len++] = modes[b] == PT_BLOCK_SWAP ? 'S' : modes[b] == PT_BLOCK_CKPT ? 'C'
+                                                                                       : 'N';
     tl->title[len] = 0;
     return PT_OK;
 }

@@ -33,15 +33,15 @@ int pt_trace_alloc(pt_trace *t, int32_t n_block, int32_t n_chunk, char *err, siz
     if (n_block < 1 || n_block > PT_TRACE_MAX_BLOCKS || n_chunk < 1 ||
         n_chunk > PT_TRACE_MAX_CHUNKS)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                    "trace: n_block=%d and n_chunk=%d must be in [1, %d] and [1, %d]", n_block,
-                    n_chunk, PT_TRACE_MAX_BLOCKS, PT_TRACE_MAX_CHUNKS);
+                       "trace: n_block=%d and n_chunk=%d must be in [1, %d] and [1, %d]", n_block,
+                       n_chunk, PT_TRACE_MAX_BLOCKS, PT_TRACE_MAX_CHUNKS);
     pt_trace_block *b = calloc((size_t)n_block, sizeof *b);
     pt_trace_chunk *c = calloc((size_t)n_chunk, sizeof *c);
     if (!b || !c) {
         free(b);
         free(c);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "trace: cannot allocate %zu bytes for %d blocks and %d chunks",
-                    (size_t)n_block * sizeof *b + (size_t)n_chunk * sizeof *c, n_block, n_chunk);
+                       (size_t)n_block * sizeof *b + (size_t)n_chunk * sizeof *c, n_block, n_chunk);
     }
     free(t->blocks);
     free(t->chunks);
@@ -148,12 +148,12 @@ static int check_header(const pt_trace *t, char *err, size_t errlen) {
     if (t->n_block < 1 || t->n_block > PT_TRACE_MAX_BLOCKS || t->n_chunk < 1 ||
         t->n_chunk > PT_TRACE_MAX_CHUNKS)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: n_block=%d or n_chunk=%d out of range",
-                    t->n_block, t->n_chunk);
+                       t->n_block, t->n_chunk);
     if (memchr(t->key.device, 0, sizeof t->key.device) == NULL)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: key.device is not NUL-terminated");
     if (t->key.world_size < 1 || t->key.batch < 0 || t->key.seq < 0)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: key world_size=%d batch=%lld seq=%lld invalid",
-                    t->key.world_size, (long long)t->key.batch, (long long)t->key.seq);
+                       t->key.world_size, (long long)t->key.batch, (long long)t->key.seq);
     if (t->chunk_size == 0) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk_size is 0");
     if (t->tp_size < 0 || (t->tp_size > 1 && t->key.world_size % t->tp_size))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
@@ -163,9 +163,9 @@ static int check_header(const pt_trace *t, char *err, size_t errlen) {
         t->master_elem_bytes > 8 || t->adam_m_elem_bytes > 8 || t->adam_v_elem_bytes > 8 ||
         t->host_grad_elem_bytes > 8)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                    "trace: per-element byte sizes (param %u grad %u master %u m %u v %u host grad %u) out of range",
-                    t->param_elem_bytes, t->grad_elem_bytes, t->master_elem_bytes, t->adam_m_elem_bytes,
-                    t->adam_v_elem_bytes, t->host_grad_elem_bytes);
+                       "trace: per-element byte sizes (param %u grad %u master %u m %u v %u host grad %u) out of range",
+                       t->param_elem_bytes, t->grad_elem_bytes, t->master_elem_bytes, t->adam_m_elem_bytes,
+                       t->adam_v_elem_bytes, t->host_grad_elem_bytes);
     if (!finite_nonneg(t->embed_fwd_s) || !finite_nonneg(t->embed_bwd_s) || !finite_nonneg(t->head_fwd_s) ||
         !finite_nonneg(t->head_bwd_s))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: a non-block time is negative or not finite");
@@ -182,8 +182,8 @@ static int check_hw(const pt_trace *t, char *err, size_t errlen) {
         !finite_nonneg(h->dev_op_s) || !finite_nonneg(h->dev_memset_Bps) ||
         !finite_nonneg(h->h2d_lat_s) || !finite_nonneg(h->d2h_lat_s) || !finite_nonneg(h->free_Bps) || !finite_nonneg(h->free_fwd_Bps))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                    "trace: hw rates must be positive and finite (h2d %g d2h %g B/s, cpu adam %g, dev adam %g elem/s)",
-                    h->h2d_Bps, h->d2h_Bps, h->cpu_adam_elems_per_s, h->dev_adam_elems_per_s);
+                       "trace: hw rates must be positive and finite (h2d %g d2h %g B/s, cpu adam %g, dev adam %g elem/s)",
+                       h->h2d_Bps, h->d2h_Bps, h->cpu_adam_elems_per_s, h->dev_adam_elems_per_s);
     if (h->copy_engines != 1 && h->copy_engines != 2)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: hw.copy_engines=%d must be 1 or 2", h->copy_engines);
     const pt_trace_calib *cb = &t->calib;
@@ -191,13 +191,15 @@ static int check_hw(const pt_trace *t, char *err, size_t errlen) {
         !finite_nonneg(cb->opt))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "trace: calibration factors must be finite and >= 0 (peak %g, fwd %g, bwd %g, "
-                       "opt %g)", cb->peak, cb->fwd, cb->bwd, cb->opt);
+                       "opt %g)",
+                       cb->peak, cb->fwd, cb->bwd, cb->opt);
     const pt_trace_frag *fr = &t->frag;
     if (!(fr->factor == 0.0 || (isfinite(fr->factor) && fr->factor >= 1.0 && fr->factor <= 64.0)) ||
         fr->rounding_bytes > fr->peak_bytes || (fr->span_bytes && fr->span_bytes < fr->peak_bytes))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "trace: fragmentation figures are inconsistent (factor %g must be 0 or in "
-                       "[1, 64]; rounding %llu and span %llu against peak %llu bytes)", fr->factor,
+                       "[1, 64]; rounding %llu and span %llu against peak %llu bytes)",
+                       fr->factor,
                        (unsigned long long)fr->rounding_bytes, (unsigned long long)fr->span_bytes,
                        (unsigned long long)fr->peak_bytes);
     return PT_OK;
@@ -208,20 +210,20 @@ static int check_chunk(const pt_trace *t, int32_t k, char *err, size_t errlen) {
     const pt_trace_chunk *c = &t->chunks[k];
     if (c->trainable_elems > c->elems)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d has trainable_elems %llu > elems %llu", k,
-                    (unsigned long long)c->trainable_elems, (unsigned long long)c->elems);
+                       (unsigned long long)c->trainable_elems, (unsigned long long)c->elems);
     if (c->elems > (1ull << 48) || c->bytes > (1ull << 52))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d has %llu elements / %llu bytes (limit 2^48 / 2^52)",
-                    k, (unsigned long long)c->elems, (unsigned long long)c->bytes);
+                       k, (unsigned long long)c->elems, (unsigned long long)c->bytes);
     if (!exact_ok(c->dev_bytes, c->bytes, dev_formula(t, c)))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                    "trace: chunk %d dev_bytes %llu is outside [bytes %llu, 2 x formula %llu + 2048] (0 = use the formula)",
-                    k, (unsigned long long)c->dev_bytes, (unsigned long long)c->bytes,
-                    (unsigned long long)dev_formula(t, c));
+                       "trace: chunk %d dev_bytes %llu is outside [bytes %llu, 2 x formula %llu + 2048] (0 = use the formula)",
+                       k, (unsigned long long)c->dev_bytes, (unsigned long long)c->bytes,
+                       (unsigned long long)dev_formula(t, c));
     if (!exact_ok(c->host_bytes, c->bytes, host_formula(t, c)))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                    "trace: chunk %d host_bytes %llu is outside [bytes %llu, 2 x formula %llu + 2048] (0 = use the formula)",
-                    k, (unsigned long long)c->host_bytes, (unsigned long long)c->bytes,
-                    (unsigned long long)host_formula(t, c));
+                       "trace: chunk %d host_bytes %llu is outside [bytes %llu, 2 x formula %llu + 2048] (0 = use the formula)",
+                       k, (unsigned long long)c->host_bytes, (unsigned long long)c->bytes,
+                       (unsigned long long)host_formula(t, c));
     if (!finite_nonneg(c->optim_s))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "trace: chunk %d optim_s %g is not a finite number >= 0", k, c->optim_s);
@@ -234,7 +236,8 @@ static int check_chunk(const pt_trace *t, int32_t k, char *err, size_t errlen) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "trace: chunk %d tensor-parallel gather bytes (gradient %llu, factors "
                        "%llu) do not fit tp_size %d and %llu trainable elements (both 0 "
-                       "without tensor parallel)", k, (unsigned long long)c->tp_grad_bytes,
+                       "without tensor parallel)",
+                       k, (unsigned long long)c->tp_grad_bytes,
                        (unsigned long long)c->tp_factor_bytes, t->tp_size,
                        (unsigned long long)c->trainable_elems);
     /* one param's state is part of the sum; the factors are part of the host bytes */
@@ -245,15 +248,16 @@ static int check_chunk(const pt_trace *t, int32_t k, char *err, size_t errlen) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "trace: chunk %d REKLS words %llu / m n %llu / largest %llu are "
                        "inconsistent (the largest above the sum, or the factors above the "
-                       "chunk's host bytes)", k, (unsigned long long)c->optim_aux_words,
+                       "chunk's host bytes)",
+                       k, (unsigned long long)c->optim_aux_words,
                        (unsigned long long)c->optim_mn, (unsigned long long)c->optim_own_max);
     if (c->first_block < -1 || c->last_block < c->first_block || c->last_block >= t->n_block ||
         (c->first_block == -1) != (c->last_block == -1))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: chunk %d block range [%d, %d] invalid for %d blocks",
-                    k, c->first_block, c->last_block, t->n_block);
+                       k, c->first_block, c->last_block, t->n_block);
     if (c->first_block < 0 && !c->mandatory)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                    "trace: chunk %d uses no block but is not mandatory (non-block params stay persistent)", k);
+                       "trace: chunk %d uses no block but is not mandatory (non-block params stay persistent)", k);
     return PT_OK;
 }
 
@@ -274,8 +278,8 @@ static int check_ranges(const pt_trace *t, char *err, size_t errlen) {
         if (t->blocks[b].chunk_lo != lo || t->blocks[b].chunk_hi != hi) {
             free(rng);
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                        "trace: block %d chunk range [%d, %d) differs from the chunks' [%d, %d) (call pt_trace_derive_ranges)",
-                        b, t->blocks[b].chunk_lo, t->blocks[b].chunk_hi, lo, hi);
+                           "trace: block %d chunk range [%d, %d) differs from the chunks' [%d, %d) (call pt_trace_derive_ranges)",
+                           b, t->blocks[b].chunk_lo, t->blocks[b].chunk_hi, lo, hi);
         }
     }
     free(rng);
@@ -299,14 +303,14 @@ int pt_trace_validate(const pt_trace *t, char *err, size_t errlen) {
         if (c->mandatory) continue;
         if (c->first_block < last_first || c->last_block < last_last)
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
-                        "trace: chunk %d blocks [%d, %d] go backwards after [%d, %d]; chunks must be in execution order",
-                        k, c->first_block, c->last_block, last_first, last_last);
+                           "trace: chunk %d blocks [%d, %d] go backwards after [%d, %d]; chunks must be in execution order",
+                           k, c->first_block, c->last_block, last_first, last_last);
         last_first = c->first_block;
         last_last = c->last_block;
         if (c->bytes > max_stream) max_stream = c->bytes;
     }
     if (t->slot_bytes < max_stream)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "trace: slot_bytes %llu cannot hold the largest streamed chunk (%llu bytes)",
-                    (unsigned long long)t->slot_bytes, (unsigned long long)max_stream);
+                       (unsigned long long)t->slot_bytes, (unsigned long long)max_stream);
     return check_ranges(t, err, errlen);
 }

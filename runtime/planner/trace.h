@@ -102,7 +102,9 @@
 #define PT_TRACE_MAX_CHUNKS (1 << 24)
 
 /* Per-block activation modes (the plan's mode map). */
-enum { PT_BLOCK_NONE = 0, PT_BLOCK_CKPT = 1, PT_BLOCK_SWAP = 2 };
+enum { PT_BLOCK_NONE = 0,
+       PT_BLOCK_CKPT = 1,
+       PT_BLOCK_SWAP = 2 };
 
 /* Cache key: a trace is reusable only for the same model, shapes, device, world. */
 typedef struct pt_trace_key {

@@ -176,7 +176,7 @@ static int decode_payload(rbuf *r, pt_trace *t, char *err, size_t errlen) {
         return pt_fail(err, errlen, PT_ERR_FORMAT, "block/chunk counts %d/%d out of range", nb, nc);
     if ((uint64_t)r->n != SCALAR_BYTES + (uint64_t)nb * BLOCK_BYTES + (uint64_t)nc * CHUNK_BYTES)
         return pt_fail(err, errlen, PT_ERR_FORMAT, "payload of %zu bytes does not match %d blocks and %d chunks", r->n,
-                    nb, nc);
+                       nb, nc);
     int rc = pt_trace_alloc(t, nb, nc, err, errlen);
     if (rc) return rc;
     t->chunk_size = get_u64(r);
@@ -380,7 +380,7 @@ int pt_trace_read_file(const char *path, const pt_trace_key *expect, pt_trace *o
     if (got != sizeof hdr) {
         fclose(f);
         return pt_fail(err, errlen, PT_ERR_FORMAT, "trace %s is truncated: %zu of %u header bytes", path, got,
-                    PT_TRACE_HEADER_BYTES);
+                       PT_TRACE_HEADER_BYTES);
     }
     rbuf r = {hdr, sizeof hdr, 0, 0};
     if (memcmp(hdr, MAGIC, 8) != 0) {
@@ -402,7 +402,7 @@ int pt_trace_read_file(const char *path, const pt_trace_key *expect, pt_trace *o
     if (fver != PT_TRACE_FILE_VERSION || hsize != PT_TRACE_HEADER_BYTES) {
         fclose(f);
         return pt_fail(err, errlen, PT_ERR_FORMAT, "trace %s has file format %u (header %u), this build reads %u", path,
-                    fver, hsize, PT_TRACE_FILE_VERSION);
+                       fver, hsize, PT_TRACE_FILE_VERSION);
     }
     if (memchr(k.device, 0, sizeof k.device) == NULL) {
         fclose(f);
@@ -411,13 +411,13 @@ int pt_trace_read_file(const char *path, const pt_trace_key *expect, pt_trace *o
     if (k.version != PT_TRACE_VERSION) {
         fclose(f);
         return pt_fail(err, errlen, PT_ERR_FORMAT, "trace %s is trace version %u, this build wants %u", path, k.version,
-                    PT_TRACE_VERSION);
+                       PT_TRACE_VERSION);
     }
     if (expect && !key_equal(&k, expect)) {
         fclose(f);
         return pt_fail(err, errlen, PT_ERR_FORMAT,
-                    "trace %s belongs to another key (arch %016llx batch %lld seq %lld device '%s' world %d)", path,
-                    (unsigned long long)k.arch_hash, (long long)k.batch, (long long)k.seq, k.device, k.world_size);
+                       "trace %s belongs to another key (arch %016llx batch %lld seq %lld device '%s' world %d)", path,
+                       (unsigned long long)k.arch_hash, (long long)k.batch, (long long)k.seq, k.device, k.world_size);
     }
     /* Size check against the real file before allocating anything. */
     struct stat st;
@@ -427,7 +427,7 @@ int pt_trace_read_file(const char *path, const pt_trace_key *expect, pt_trace *o
                     (uint64_t)PT_TRACE_MAX_CHUNKS * CHUNK_BYTES) {
         fclose(f);
         return pt_fail(err, errlen, PT_ERR_FORMAT, "trace %s is truncated or oversized: header says %llu payload bytes, file has %lld",
-                    path, (unsigned long long)psize, (long long)st.st_size - PT_TRACE_HEADER_BYTES);
+                       path, (unsigned long long)psize, (long long)st.st_size - PT_TRACE_HEADER_BYTES);
     }
     unsigned char *pay = malloc(psize ? psize : 1);
     if (!pay) {
@@ -439,7 +439,7 @@ int pt_trace_read_file(const char *path, const pt_trace_key *expect, pt_trace *o
     if (got != psize) {
         free(pay);
         return pt_fail(err, errlen, PT_ERR_FORMAT, "trace %s is truncated: %zu of %llu payload bytes", path, got,
-                    (unsigned long long)psize);
+                       (unsigned long long)psize);
     }
     if (pt_fnv1a64(pay, psize) != sum) {
         free(pay);

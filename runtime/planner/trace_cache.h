@@ -43,7 +43,8 @@
                                       10: free_Bps, free_fwd_Bps (2 f64) after d2h_lat_s */
 #define PT_TRACE_HEADER_BYTES 128u
 
-enum { PT_CACHE_MISS = 0, PT_CACHE_HIT = 1 };
+enum { PT_CACHE_MISS = 0,
+       PT_CACHE_HIT = 1 };
 
 /* Path of the cache file for key: "<dir>/<hex>.trace". 0, or PT_ERR_INVALID_ARG
  * when it does not fit in len. */

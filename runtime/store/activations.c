@@ -25,7 +25,8 @@
 
 
 const char *pt_acts_mode_name(int m) {
-    return m == PT_ACT_CKPT ? "CKPT" : m == PT_ACT_SWAP ? "SWAP" : "NONE";
+    return m == PT_ACT_CKPT ? "CKPT" : m == PT_ACT_SWAP ? "SWAP"
+                                                        : "NONE";
 }
 
 /* Window w (forward of block w) starts: the swapped arenas the plan released by
@@ -92,7 +93,8 @@ static int reap(pt_store *st, int wait, char *err, size_t errlen) {
             if (OPS(st)->event_sync(IMPL(st), a->ev_out))
                 return pt_fail(err, errlen, PT_ERR_BACKEND,
                                "waiting for block %d's activation swap-out failed: event_sync "
-                               "failed", b);
+                               "failed",
+                               b);
         } else if (a->done_at >= 0 || !OPS(st)->event_query(IMPL(st), a->ev_out)) {
             continue;
         }
@@ -118,7 +120,7 @@ static int arena_alloc(pt_store *st, pt_arena *a, uint64_t bytes, char *err, siz
 int pt_acts_arena(pt_store *st, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen) {
     if (!ptr || b < 0 || b >= st->n_blocks || bytes == 0) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "activation_arena: bad arguments (block %d of %d, %llu bytes)", b, st->n_blocks,
-            (unsigned long long)bytes);
+                       (unsigned long long)bytes);
     }
     pt_arena *a = &st->arena[b];
     if (a->swapping_out) {
@@ -145,7 +147,8 @@ int pt_acts_arena_get(pt_store *st, int32_t b, void **ptr, char *err, size_t err
     pt_arena *a = &st->arena[b];
     if (!a->ptr || a->swapping_out) {
         return pt_fail(err, errlen, PT_ERR_ORDER, "activation_arena_get: block %d has no arena on the device now (mode %s; its "
-            "activations are restored in block_pre_backward(%d))", b, pt_acts_mode_name(a->mode), b);
+                                                  "activations are restored in block_pre_backward(%d))",
+                       b, pt_acts_mode_name(a->mode), b);
     }
     *ptr = a->ptr;
     return PT_OK;

@@ -116,7 +116,10 @@ static int acquire_locked(pt_bufpool *bp, int32_t chunk, int32_t *out, int32_t *
     for (int32_t j = 0; j < bp->n_slots; j++) {
         const slot *s = &bp->slots[j];
         if (s->leases) continue;
-        if (s->chunk < 0) { victim = j; break; }
+        if (s->chunk < 0) {
+            victim = j;
+            break;
+        }
         if (victim < 0 || s->stamp < bp->slots[victim].stamp) victim = j;
     }
     if (victim < 0) {
@@ -214,14 +217,14 @@ int32_t pt_bufpool_lookup(pt_bufpool *bp, int32_t chunk) {
 }
 
 /* Read one field of a slot under the lock; dflt when the slot does not exist. */
-#define SLOT_GETTER(name, type, expr, dflt)                    \
-    type name(pt_bufpool *bp, int32_t i) {                     \
-        if (!bp) return dflt;                                  \
-        pthread_mutex_lock(&bp->mu);                           \
-        const slot *s = get(bp, i);                            \
-        type v = s ? (expr) : dflt;                            \
-        pthread_mutex_unlock(&bp->mu);                         \
-        return v;                                              \
+#define SLOT_GETTER(name, type, expr, dflt) \
+    type name(pt_bufpool *bp, int32_t i) { \
+        if (!bp) return dflt; \
+        pthread_mutex_lock(&bp->mu); \
+        const slot *s = get(bp, i); \
+        type v = s ? (expr) : dflt; \
+        pthread_mutex_unlock(&bp->mu); \
+        return v; \
     }
 SLOT_GETTER(pt_bufpool_slot_ptr, void *, s->ptr, NULL)
 SLOT_GETTER(pt_bufpool_slot_size, uint64_t, bp->slot_bytes, 0)
@@ -248,4 +251,3 @@ void pt_bufpool_stats_get(pt_bufpool *bp, pt_bufpool_stats *st) {
     for (int32_t i = 0; i < bp->n_slots; i++) st->leased_slots += bp->slots[i].leases > 0;
     pthread_mutex_unlock(&bp->mu);
 }
-

@@ -24,8 +24,10 @@ static uint64_t align_up(uint64_t x) {
 
 /* One placed param (a tie root) with its sort keys. */
 typedef struct ent {
-    int64_t ue; int32_t ui;   /* unit key: min (exec, index) over the unit */
-    int64_t e; int32_t i;     /* own key: min (exec, index) over its tie group */
+    int64_t ue;
+    int32_t ui;   /* unit key: min (exec, index) over the unit */
+    int64_t e;
+    int32_t i;     /* own key: min (exec, index) over its tie group */
     int32_t root;             /* the param owning the storage */
     int32_t block;            /* effective block (-1 = non-block) */
     int32_t trainable;
@@ -80,13 +82,15 @@ static int prep_build(const pt_layout_param *p, int32_t n, int32_t n_blocks, pre
         if (!es || p[i].elem_size != es) {
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                            "chunk layout: param %d has dtype %d with elem_size %u "
-                           "(f32 needs 4, bf16/f16 need 2, u8 needs 1)", (int)i, (int)p[i].dtype,
+                           "(f32 needs 4, bf16/f16 need 2, u8 needs 1)",
+                           (int)i, (int)p[i].dtype,
                            (unsigned)p[i].elem_size);
         }
         if (p[i].bytes == 0 || p[i].bytes % es) {
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                            "chunk layout: param %d has %llu bytes, not a positive "
-                           "multiple of its element size %u", (int)i,
+                           "multiple of its element size %u",
+                           (int)i,
                            (unsigned long long)p[i].bytes, (unsigned)es);
         }
         if (p[i].block < -1 || p[i].block >= n_blocks) {
@@ -97,7 +101,8 @@ static int prep_build(const pt_layout_param *p, int32_t n, int32_t n_blocks, pre
         if (p[i].tie < -1 || p[i].tie >= n || p[i].tie == i) {
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                            "chunk layout: param %d has tie %d (must be -1 or another "
-                           "param in [0, %d))", (int)i, (int)p[i].tie, (int)n);
+                           "param in [0, %d))",
+                           (int)i, (int)p[i].tie, (int)n);
         }
     }
     pr->n = n;
@@ -117,7 +122,10 @@ static int prep_build(const pt_layout_param *p, int32_t n, int32_t n_blocks, pre
     for (int32_t i = 0; i < n; i++) pr->root[i] = -1;
     for (int32_t i = 0; i < n; i++) {
         int32_t r = i, steps = 0;
-        while (pr->root[r] < 0 && p[r].tie >= 0 && steps <= n) { r = p[r].tie; steps++; }
+        while (pr->root[r] < 0 && p[r].tie >= 0 && steps <= n) {
+            r = p[r].tie;
+            steps++;
+        }
         if (steps > n) {
             rc = pt_fail(err, errlen, PT_ERR_INVALID_ARG, "chunk layout: param %d has a tie cycle", (int)i);
             goto out;
@@ -133,7 +141,8 @@ static int prep_build(const pt_layout_param *p, int32_t n, int32_t n_blocks, pre
         if (p[r].dtype != p[i].dtype || p[r].bytes != p[i].bytes) {
             rc = pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                          "chunk layout: param %d is tied to param %d but has dtype %d "
-                         "and %llu bytes vs dtype %d and %llu bytes", (int)i, (int)r,
+                         "and %llu bytes vs dtype %d and %llu bytes",
+                         (int)i, (int)r,
                          (int)p[i].dtype, (unsigned long long)p[i].bytes, (int)p[r].dtype,
                          (unsigned long long)p[r].bytes);
             goto out;
@@ -156,12 +165,18 @@ static int prep_build(const pt_layout_param *p, int32_t n, int32_t n_blocks, pre
         if (r == i) continue;
         ent *e = &pr->ents[slot[r]];
         int64_t ex = p[i].exec_order >= 0 ? p[i].exec_order : UNOBSERVED;
-        if (key_less(ex, i, e->e, e->i)) { e->e = ex; e->i = i; }
+        if (key_less(ex, i, e->e, e->i)) {
+            e->e = ex;
+            e->i = i;
+        }
         if (p[i].block != p[r].block) e->block = -1;  /* shared across blocks: resident */
         e->trainable |= p[i].trainable != 0;
     }
     /* Unit keys: a block's key is the min over its roots; non-block roots are units. */
-    for (int32_t b = 0; b < n_blocks; b++) { bkey_e[b] = UNOBSERVED; bkey_i[b] = INT32_MAX; }
+    for (int32_t b = 0; b < n_blocks; b++) {
+        bkey_e[b] = UNOBSERVED;
+        bkey_i[b] = INT32_MAX;
+    }
     for (int32_t k = 0; k < pr->n_ents; k++) {
         ent *e = &pr->ents[k];
         if (e->block >= 0 && key_less(e->e, e->i, bkey_e[e->block], bkey_i[e->block])) {
@@ -171,8 +186,13 @@ static int prep_build(const pt_layout_param *p, int32_t n, int32_t n_blocks, pre
     }
     for (int32_t k = 0; k < pr->n_ents; k++) {
         ent *e = &pr->ents[k];
-        if (e->block >= 0) { e->ue = bkey_e[e->block]; e->ui = bkey_i[e->block]; }
-        else { e->ue = e->e; e->ui = e->i; }
+        if (e->block >= 0) {
+            e->ue = bkey_e[e->block];
+            e->ui = bkey_i[e->block];
+        } else {
+            e->ue = e->e;
+            e->ui = e->i;
+        }
     }
     qsort(pr->ents, (size_t)pr->n_ents, sizeof *pr->ents, ent_cmp);
 out:
@@ -275,7 +295,7 @@ static int pack(const pt_layout_param *p, const prep *pr, uint64_t S, pt_layout 
     size_t ne = (size_t)(pr->n_ents ? pr->n_ents : 1);
     size_t np = (size_t)(pr->n ? pr->n : 1);
     size_t nb = (size_t)(pr->n_blocks ? pr->n_blocks : 1);
-    packer k = { .p = p, .L = L, .S = S, .cur = -1 };
+    packer k = {.p = p, .L = L, .S = S, .cur = -1};
     L->chunk_size = S;
     L->n_params = pr->n;
     L->n_blocks = pr->n_blocks;
@@ -341,7 +361,8 @@ int pt_layout_build(const pt_layout_param *p, int32_t n_params, int32_t n_blocks
     if (chunk_size == 0 || chunk_size % PT_LAYOUT_ALIGN) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "chunk layout: chunk size %llu bytes is not a positive multiple "
-                       "of the %u-byte parameter alignment", (unsigned long long)chunk_size,
+                       "of the %u-byte parameter alignment",
+                       (unsigned long long)chunk_size,
                        (unsigned)PT_LAYOUT_ALIGN);
     }
     prep pr;
@@ -458,7 +479,8 @@ int pt_layout_params_from_model(const pt_model_v1 *m, const int32_t *exec_order,
                 free(own);
                 return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                                "param %d (%s): shape[%d] = %lld is not positive or "
-                               "the size overflows", (int)i, nm, (int)d, (long long)q->shape[d]);
+                               "the size overflows",
+                               (int)i, nm, (int)d, (long long)q->shape[d]);
             }
             numel *= (uint64_t)q->shape[d];
         }
@@ -490,7 +512,7 @@ static uint64_t pow2floor(uint64_t x) {
 }
 
 int pt_layout_chunk_size_choose(const pt_layout_param *p, int32_t n_params, int32_t n_blocks,
-                         pt_chunk_size_choice *out, char *err, size_t errlen) {
+                                pt_chunk_size_choice *out, char *err, size_t errlen) {
     if (!out) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "chunk size: NULL output");
     }
@@ -561,10 +583,13 @@ int pt_layout_chunk_size_choose(const pt_layout_param *p, int32_t n_params, int3
 }
 
 static void fmt_bytes(uint64_t b, char *buf, size_t len) {
-    static const char *unit[] = { "B", "KiB", "MiB", "GiB", "TiB" };
+    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int u = 0;
     double v = (double)b;
-    while (v >= 1024.0 && u < 4) { v /= 1024.0; u++; }
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
     if (u == 0) snprintf(buf, len, "%llu B", (unsigned long long)b);
     else if (v == (double)(uint64_t)v) snprintf(buf, len, "%llu %s", (unsigned long long)v, unit[u]);
     else snprintf(buf, len, "%.1f %s", v, unit[u]);
@@ -573,14 +598,15 @@ static void fmt_bytes(uint64_t b, char *buf, size_t len) {
 size_t pt_layout_chunk_size_table(const pt_chunk_size_choice *c, char *buf, size_t len) {
     size_t n = 0;
     char s[32], w[32];
-#define PUT(...)                                                                 \
-    do {                                                                         \
+#define PUT(...) \
+    do { \
         int k_ = snprintf(buf && n < len ? buf + n : NULL, buf && n < len ? len - n : 0, \
-                          __VA_ARGS__);                                          \
-        if (k_ > 0) n += (size_t)k_;                                             \
+                          __VA_ARGS__); \
+        if (k_ > 0) n += (size_t)k_; \
     } while (0)
     PUT("chunk size candidates (least non-tail waste among those with >= %d chunks; "
-        "ties to the smaller):\n", (int)c->min_chunks);
+        "ties to the smaller):\n",
+        (int)c->min_chunks);
     PUT("     S_chunk   chunks oversize  waste\n");
     for (int32_t i = 0; i < c->n_cand; i++) {
         const pt_chunk_candidate *k = &c->cand[i];

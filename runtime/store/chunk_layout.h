@@ -162,7 +162,7 @@ typedef struct pt_chunk_size_choice {
  * n_buffer * S_chunk footprint).
  */
 int pt_layout_chunk_size_choose(const pt_layout_param *p, int32_t n_params, int32_t n_blocks,
-                         pt_chunk_size_choice *out, char *err, size_t errlen);
+                                pt_chunk_size_choice *out, char *err, size_t errlen);
 
 /* The candidate table as text, one line per size, the chosen one marked; for the plan
  * log. Returns the length that would have been written (snprintf-style). */

@@ -39,7 +39,6 @@
 #include "store_internal.h"
 
 
-
 int pt_cs_after_compute(pt_store *st, pt_stream *s, unsigned bit) {
     if (!pt_cs_ord(st, bit)) return PT_OK;
     int rc = OPS(st)->event_record(IMPL(st), st->ev_compute, st->env.s_compute);
@@ -76,7 +75,8 @@ static int task_status(pt_store *st, cs_chunk *c, const char *hook, char *err, s
                        c->id, te);
     return pt_fail(err, errlen, rc,
                    "%s: event_sync on chunk %d's gradient copy to the host failed on the CPU "
-                   "optimizer's worker, so its gradient was not used", hook, c->id);
+                   "optimizer's worker, so its gradient was not used",
+                   hook, c->id);
 }
 
 int pt_cs_wait_task(pt_store *st, cs_chunk *c, const char *hook, char *err, size_t errlen) {
@@ -110,7 +110,8 @@ int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen) {
                        "[protrain] chunk_size = %llu bytes: an offloaded chunk streams through "
                        "buffer slots of 2 x chunk_size (its parameters and gradients), %llu "
                        "bytes each, more than the device's whole capacity of %llu bytes; lower "
-                       "chunk_size (auto sizes it to the model)", (unsigned long long)S,
+                       "chunk_size (auto sizes it to the model)",
+                       (unsigned long long)S,
                        (unsigned long long)(2 * S), (unsigned long long)u.capacity);
     if ((rc = pt_bufpool_create(st->env.gpu, ms->n_buffer, 2 * S, &ms->pool, err, errlen))) return rc;
     ms->buffer_bytes = (uint64_t)ms->n_buffer * 2 * S;
@@ -227,7 +228,7 @@ static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     else if (c->sh) {   /* mode C: this rank's part, then the all-gather */
         if ((src = pt_sh_upload(st, c, dst, err, errlen))) op = "";
     } else if (pt_gpu_memcpy_async(st->env.gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D,
-                                 st->env.s_h2d))
+                                   st->env.s_h2d))
         op = "memcpy";
     else if (o->event_record(IMPL(st), c->ev_up, st->env.s_h2d))
         op = "event_record";
@@ -305,7 +306,8 @@ int pt_cs_gather(pt_store *st, int32_t b, int backward, char *err, size_t errlen
                  * params, and destroying the pool frees leased slots too */
                 return pt_fail(err, errlen, PT_ERR_BACKEND,
                                "zeroing chunk %d's gradient before block %d's backward failed: %s "
-                               "failed", c->id, b, op);
+                               "failed",
+                               c->id, b, op);
             }
             c->bwd_zeroed = 1;
         }
@@ -369,7 +371,10 @@ static void chunk_accumulate(cs_chunk *c, int first) {
     }
 }
 
-typedef struct { pt_store *st; cs_chunk *c; } chunk_job;
+typedef struct {
+    pt_store *st;
+    cs_chunk *c;
+} chunk_job;
 
 /* Chunk c's CPU step is done (or, as the negative control of PT_ORD_STEPPED,
  * about to start): the caller's chunk_stepped runs now, on this thread, inside
@@ -496,7 +501,7 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     if (c->sh) {   /* mode C: reduce-scatter, then only this rank's part comes back */
         if ((rc = pt_sh_grad_out(st, c, gsrc, err, errlen))) return rc;
     } else if (pt_cs_ord(st, PT_ORD_GRAD) &&
-        o->stream_wait_event(IMPL(st), st->env.s_d2h, ms->slot_used[c->slot]))
+               o->stream_wait_event(IMPL(st), st->env.s_d2h, ms->slot_used[c->slot]))
         op = "stream_wait_event";
     else if (pt_gpu_memcpy_async(st->env.gpu, c->h_gstage, gsrc, (size_t)c->used, PT_GPU_D2H,
                                  st->env.s_d2h))
@@ -567,7 +572,8 @@ int pt_cs_release(pt_store *st, int32_t b, int backward, char *err, size_t errle
             OPS(st)->event_record(IMPL(st), ms->slot_used[c->slot], st->env.s_compute))
             return pt_fail(err, errlen, PT_ERR_BACKEND,
                            "marking the end of block %d's use of chunk %d's slot failed: "
-                           "event_record failed", b, c->id);
+                           "event_record failed",
+                           b, c->id);
         if (backward && c->trainable && c->lc->block_first == b && !st->env.sx->eval) {
             int rc = offload_grad(st, c, err, errlen);
             if (rc) return rc;

@@ -63,7 +63,8 @@ static int zero_resident_grads(pt_store *st, char *err, size_t errlen) {
         if (OPS(st)->memset_async(IMPL(st), c->d_grad, 0, (size_t)c->used, st->env.s_compute))
             return pt_fail(err, errlen, PT_ERR_BACKEND,
                            "discard_step: zeroing chunk %d's device gradient failed: memset "
-                           "failed", c->id);
+                           "failed",
+                           c->id);
     }
     if (OPS(st)->stream_sync(IMPL(st), st->env.s_compute))
         return pt_fail(err, errlen, PT_ERR_BACKEND,
@@ -79,7 +80,8 @@ int pt_store_discard(pt_store *st, int eval, char *err, size_t errlen) {
                        "this step during its backward (set_lr gave the lr early, so steps "
                        "overlap backward), which changed their weights and moments; the step "
                        "cannot be undone: finish it (backward and optimizer_step) or load a "
-                       "saved state", n);
+                       "saved state",
+                       n);
     /* every CPU task and queued copy is over before their memory is reused */
     int rc = pt_store_sync(st, err, errlen);
     if (rc) return rc;

@@ -134,7 +134,8 @@ int pt_cs_dist_bucket(pt_store *st, int32_t b, char *err, size_t errlen) {
             if (OPS(st)->event_record(IMPL(st), ms->ev_bkt[k], st->env.s_compute))
                 return pt_fail(err, errlen, PT_ERR_BACKEND,
                                "marking the end of chunk %d's backward failed: event_record "
-                               "failed", c->id);
+                               "failed",
+                               c->id);
         }
         ms->bq[ms->bq_n++] = k;
     }
@@ -172,7 +173,8 @@ static int advance(pt_store *st, int block, char *err, size_t errlen) {
                         : OPS(st)->event_query(IMPL(st), ms->ev_bkt[k]);
             if (q < 0)
                 return pt_fail(err, errlen, PT_ERR_BACKEND, "querying the end of chunk %d's "
-                               "backward failed: event_query failed", c->id);
+                                                            "backward failed: event_query failed",
+                               c->id);
             if (!q) {
                 if (!block) break;
                 /* the device is still on backward: started reductions are
@@ -188,7 +190,8 @@ static int advance(pt_store *st, int block, char *err, size_t errlen) {
                     pt_pool_wait(ms->workers, &c->tg);   /* its status: wait_tasks reports it */
                 } else if (OPS(st)->event_sync(IMPL(st), ms->ev_bkt[k])) {
                     return pt_fail(err, errlen, PT_ERR_BACKEND, "waiting for the end of chunk %d's "
-                                   "backward failed: event_sync failed", ms->ch[k].id);
+                                                                "backward failed: event_sync failed",
+                                   ms->ch[k].id);
                 }
                 continue;
             }
@@ -278,7 +281,8 @@ int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen) {
                 rc = pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
                              "optimizer_step: resident chunk %d holds 16-bit gradients; "
                              "reducing them across ranks is not built yet (fp32 parameters, "
-                             "or 16-bit ones in offloaded chunks, are)", c->id);
+                             "or 16-bit ones in offloaded chunks, are)",
+                             c->id);
             } else if (keyed(st)) {
                 t0 = pt_now_s();
                 rc = finish_region(st, c, r, err, errlen);

@@ -67,7 +67,8 @@ int pt_sh_setup(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
             return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
                            "[protrain] zero3_shard: chunk %d holds trainable 16-bit parameters; "
                            "sharding them across ranks (mode C) is not built yet (fp32 "
-                           "parameters are; mode B runs 16-bit ones)", c->id);
+                           "parameters are; mode B runs 16-bit ones)",
+                           c->id);
         q->st_sh = state;
         c->reg_state[r] = state;
         state += q->s;
@@ -186,7 +187,8 @@ int pt_sh_grad_out(pt_store *st, cs_chunk *c, void *gbuf, char *err, size_t errl
      * computing on its own thread is done already) */
     if (pt_cs_ord(st, PT_ORD_SHARD) && o->event_sync(IMPL(st), st->slot_used[c->slot]))
         return pt_fail(err, errlen, PT_ERR_BACKEND, "waiting for the backward of chunk %d "
-                       "before its reduce-scatter failed: event_sync failed", c->id);
+                                                    "before its reduce-scatter failed: event_sync failed",
+                       c->id);
     char what[64];
     snprintf(what, sizeof what, "reduce-scatter of chunk %d's gradient", c->id);
     double scale = 1.0 / st->world, t0 = pt_now_s();
@@ -214,7 +216,8 @@ int pt_sh_grad_out(pt_store *st, cs_chunk *c, void *gbuf, char *err, size_t errl
                 o->event_record(IMPL(st), st->slot_free[c->slot], st->env.s_d2h)))
         op = "event_record";
     return op ? pt_fail(err, errlen, PT_ERR_BACKEND, "copy of this rank's part of chunk %d's "
-                        "gradient to the host failed: %s failed", c->id, op)
+                                                     "gradient to the host failed: %s failed",
+                        c->id, op)
               : PT_OK;
 }
 

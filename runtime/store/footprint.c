@@ -99,7 +99,8 @@ int pt_ms_check_pinned(pt_store *st, uint64_t need, char *err, size_t errlen) {
                                         : c->used;
             }
             snprintf(alt, sizeof alt, " (this rank's parts in mode C, split over %d ranks; "
-                     "replicated on every rank, mode B, they would need %llu)", st->world,
+                                      "replicated on every rank, mode B, they would need %llu)",
+                     st->world,
                      (unsigned long long)rep);
         }
         /* a profiling run then times the copy rates through one more pinned
@@ -109,12 +110,13 @@ int pt_ms_check_pinned(pt_store *st, uint64_t need, char *err, size_t errlen) {
          * max(2 x chunk_size, 64 KiB) is a budget that runs */
         uint64_t tb = 2 * st->lay.chunk_size > 65536 ? 2 * st->lay.chunk_size : 65536;
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "pinned host memory: the offloaded chunks need %llu bytes%s, but the budget is %llu "
-            "(pinned_budget = %s), MemAvailable is %llu and RLIMIT_MEMLOCK is %s; lower "
-            "offload (raise n_persist / device_capacity) or set [memory] pinned_budget to at "
-            "least %llu (the chunks, plus %llu that profiling uses to time the copy rates)",
-            (unsigned long long)need, alt, (unsigned long long)eff, budget ? "set" : "auto: 90% of "
-            "MemAvailable", (unsigned long long)avail, lim, (unsigned long long)(need + tb),
-            (unsigned long long)tb);
+                                                     "(pinned_budget = %s), MemAvailable is %llu and RLIMIT_MEMLOCK is %s; lower "
+                                                     "offload (raise n_persist / device_capacity) or set [memory] pinned_budget to at "
+                                                     "least %llu (the chunks, plus %llu that profiling uses to time the copy rates)",
+                       (unsigned long long)need, alt, (unsigned long long)eff, budget ? "set" : "auto: 90% of "
+                                                                                                "MemAvailable",
+                       (unsigned long long)avail, lim, (unsigned long long)(need + tb),
+                       (unsigned long long)tb);
     }
     return PT_OK;
 }

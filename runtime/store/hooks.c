@@ -112,7 +112,8 @@ int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
         ms->pinned_bytes += more;
         ms->gacc_ready = 1;
         PT_LOGI(st->env.lg, "gradient accumulation over %d micro-batches: %.2f MiB more pinned "
-                         "memory for fp32 gradient sums", st->env.sx->n_micro, more / 1048576.0);
+                            "memory for fp32 gradient sums",
+                st->env.sx->n_micro, more / 1048576.0);
     }
     return PT_OK;
 }

@@ -33,36 +33,40 @@ int pt_store_validate(const pt_model_v1 *m, char *err, size_t errlen) {
         for (int d = 0; d < p->ndim; d++)
             if (p->shape[d] <= 0) {
                 return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' has shape[%d] = %lld (need > 0)", i, nm, d,
-                    (long long)p->shape[d]);
+                               (long long)p->shape[d]);
             }
         if (p->dtype < PT_F32 || p->dtype > PT_U8) {
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' has unknown dtype %d (0 f32, 1 bf16, 2 f16, 3 u8)", i,
-                nm, p->dtype);
+                           nm, p->dtype);
         }
         if (p->dtype == PT_U8 && p->trainable) {
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' is u8 (opaque bytes) and trainable; byte "
-                "parameters have no gradient or optimizer, so they must be frozen (trainable = 0)", i, nm);
+                                                            "parameters have no gradient or optimizer, so they must be frozen (trainable = 0)",
+                           i, nm);
         }
         if (p->block < -1 || p->block >= m->n_blocks) {
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' names block %d but the model has %d blocks", i,
-                nm, p->block, m->n_blocks);
+                           nm, p->block, m->n_blocks);
         }
         if (p->tp_split < 0 || p->tp_split > 2 || (p->tp_split == 2 && p->ndim < 2) ||
             (p->tp_split && p->tie >= 0)) {
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' has tp_split %d with ndim %d and tie %d (0 = "
-                "not split, 1 = rows, 2 = columns of a tensor of at least 2 dims; a tied param "
-                "takes its split from the one it is tied to)", i, nm, p->tp_split, p->ndim,
-                p->tie);
+                                                            "not split, 1 = rows, 2 = columns of a tensor of at least 2 dims; a tied param "
+                                                            "takes its split from the one it is tied to)",
+                           i, nm, p->tp_split, p->ndim,
+                           p->tie);
         }
         if (p->tie >= 0) {
             if (p->tie >= m->n_params || p->tie == i || m->params[p->tie].tie >= 0) {
                 return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' is tied to %d, which is not a valid untied "
-                    "param", i, nm, p->tie);
+                                                                "param",
+                               i, nm, p->tie);
             }
             const pt_param_v1 *t = &m->params[p->tie];
             if (pt_store_param_numel(t) != pt_store_param_numel(p) || t->dtype != p->dtype) {
                 return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' is tied to '%s' but their sizes or dtypes "
-                    "differ", i, nm, t->name ? t->name : "(unnamed)");
+                                                                "differ",
+                               i, nm, t->name ? t->name : "(unnamed)");
             }
         } else if (!p->init) {
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "post_model_load: param %d '%s' has no initial values (init is NULL)", i, nm);
@@ -255,7 +259,7 @@ static int tier_chunks(pt_store *st, uint64_t *pinned, char *err, size_t errlen)
         *pinned += pt_ms_chunk_pinned(c, 0);
     }
     PT_LOGI(st->env.lg, "nvme tier: the offloaded chunks' states go to disk: %llu pinned bytes "
-            "left for the chunks, plus %llu of staging (%d slots of the largest chunk's states)",
+                        "left for the chunks, plus %llu of staging (%d slots of the largest chunk's states)",
             (unsigned long long)*pinned, (unsigned long long)pt_tier_staging_bytes(st, 0),
             st->env.cfg->nvme_slots);
     *pinned += pt_tier_staging_bytes(st, 0);
@@ -332,7 +336,8 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
     ms->np_fixed = np >= 0;
     if (np > L->n_chunks)
         PT_LOGW(st->env.lg, "n_persist = %d (%s) is more than the model's %d chunks: all %d are "
-                            "resident (n_persist %d is used)", np, st->kn.source, L->n_chunks,
+                            "resident (n_persist %d is used)",
+                np, st->kn.source, L->n_chunks,
                 L->n_chunks, L->n_chunks);
     if (np < 0 || np > L->n_chunks) np = L->n_chunks;
     if ((rc = setup_chunks(st, np, err, errlen))) return rc;
@@ -344,8 +349,8 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
     if (nb < 0) nb = look;
     if (nb < need) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "n_buffer = %d is too small: block streaming needs at least %d buffer(s) to hold one "
-            "block's offloaded chunks (%d with one-block prefetch); raise [protrain] n_buffer",
-            nb, need, look);
+                                                        "block's offloaded chunks (%d with one-block prefetch); raise [protrain] n_buffer",
+                       nb, need, look);
     }
     if (nb > ms->n_offloaded) {
         /* a slot holds one streamed chunk: more slots than streamed chunks are never
@@ -353,7 +358,8 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
         if (ms->nb_fixed)
             PT_LOGW(st->env.lg, "n_buffer = %d (%s) is more than the %d chunk(s) this plan streams: "
                                 "%d buffer(s) are made (a buffer holds one streamed chunk, so more "
-                                "would never be used)", nb, st->kn.source, ms->n_offloaded,
+                                "would never be used)",
+                    nb, st->kn.source, ms->n_offloaded,
                     ms->n_offloaded);
         nb = ms->n_offloaded;
     }
@@ -380,16 +386,16 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
     PT_LOGI(st->env.lg, "model: %d params (%llu elements, %llu trainable), %d blocks", m->n_params,
             (unsigned long long)n_el, (unsigned long long)n_tr, m->n_blocks);
     PT_LOGI(st->env.lg, "chunks: S_chunk %llu bytes, N_chunk %d (%d mandatory persistent), "
-                     "%d resident (n_persist %d, %s), n_buffer %d (%s; minimum %d, with "
-                     "prefetch %d)",
+                        "%d resident (n_persist %d, %s), n_buffer %d (%s; minimum %d, with "
+                        "prefetch %d)",
             (unsigned long long)L->chunk_size, L->n_chunks, L->n_mandatory, ms->n_persist,
             np, ms->np_fixed ? st->kn.source : "all resident", ms->n_buffer,
             nb_src, need, look);
     PT_LOGI(st->env.lg, "memory: persistent chunks %.2f MiB, buffers %.2f MiB on the device; "
-                     "pinned host %.2f MiB allocated in %.3f s; mode %s",
+                        "pinned host %.2f MiB allocated in %.3f s; mode %s",
             ms->persist_bytes / 1048576.0, ms->buffer_bytes / 1048576.0, pinned / 1048576.0,
-            ms->pin_seconds, !ms->n_offloaded ? "A (everything resident)"
-                             : ms->shard ? "C (offload, sharded across the ranks)" : "B (offload)");
+            ms->pin_seconds, !ms->n_offloaded ? "A (everything resident)" : ms->shard ? "C (offload, sharded across the ranks)"
+                                                                                      : "B (offload)");
     return PT_OK;
 }
 
@@ -424,7 +430,7 @@ int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
                 const pt_chunk_region *g = &c->lc->regions[r];
                 if (c->reg_state[r] == UINT64_MAX || g->dtype == PT_F32) continue;
                 pt_cpu_cvt(c->h_master + c->reg_state[r], PT_F32, (char *)c->h_param + g->offset,
-                       g->dtype, g->bytes / 2);
+                           g->dtype, g->bytes / 2);
             }
             continue;
         }
@@ -447,7 +453,8 @@ int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
                                  (char *)c->d_param + g->offset, g->dtype, g->bytes / 2, 0, NULL))
                     return pt_fail(err, errlen, PT_ERR_BACKEND,
                                    "widening chunk %d's 16-bit parameters into fp32 masters "
-                                   "failed: convert failed", c->id);
+                                   "failed: convert failed",
+                                   c->id);
                 if (g->bytes / 2 > max16) max16 = g->bytes / 2;
             }
         }
@@ -465,7 +472,8 @@ int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
                        "create_optimizer: the disk tier ([nvme] path) holds AdamW's states "
                        "only, and the optimizer is %s: raise [memory] pinned_budget so the "
-                       "chunks fit without the tier, or use adamw", kind->name);
+                       "chunks fit without the tier, or use adamw",
+                       kind->name);
     if (kind != st->ok) {
         if (st->ok->fini) st->ok->fini(st);
         st->ok = kind;

@@ -86,7 +86,7 @@ static int device_norms(pt_store *st, char *err, size_t errlen) {
 }
 
 pt_adamw_args pt_store_adamw_args(const pt_store *st, cs_chunk *c, uint64_t s, size_t n, float lr,
-                                float gs) {
+                                  float gs) {
     const pt_optim_state *o = st->env.opt;
     pt_adamw_args a;
     memset(&a, 0, sizeof a);
@@ -173,7 +173,8 @@ static int kind_failed(pt_store *st, char *err, size_t errlen) {
     int rc = st->ok->failed ? st->ok->failed(st) : PT_OK;
     if (!rc) return PT_OK;
     return pt_fail(err, errlen, rc, "optimizer_step: a %s step on the CPU failed (the log names "
-                   "the parameter and the cause)", st->ok->name);
+                                    "the parameter and the cause)",
+                   st->ok->name);
 }
 
 void pt_store_set_profiling(pt_store *st, int on) { st->profiling = on; }
@@ -187,8 +188,9 @@ static int step_lr(pt_store *st, float lr_arg, float *lr, char *err, size_t errl
     if (st->lr_set) {
         if (st->overlapped && lr_arg >= 0 && lr_arg != st->lr_next) {
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "optimizer_step: lr %g differs from the lr %g given to set_lr, which the CPU "
-                "optimizer already applied while backward ran", (double)lr_arg,
-                (double)st->lr_next);
+                                                            "optimizer already applied while backward ran",
+                           (double)lr_arg,
+                           (double)st->lr_next);
         }
         *lr = st->lr_next;
     }
@@ -283,12 +285,12 @@ int pt_store_clip_grad_norm(pt_store *st, float max_norm, double *norm, char *er
     const pt_optim_state *o = st->env.opt;
     if (!isfinite(max_norm))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "clip_grad_norm: max_norm is %g; it "
-                       "must be finite (> 0 clips, <= 0 only computes the norm)",
+                                                        "must be finite (> 0 clips, <= 0 only computes the norm)",
                        (double)max_norm);
     if (max_norm > 0 && o->max_grad_norm > 0 && max_norm != o->max_grad_norm)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "clip_grad_norm: max_norm %g differs "
-                       "from the optimizer's max_grad_norm %g, which already clips every step; "
-                       "give one of them (clipping twice would shrink the step twice)",
+                                                        "from the optimizer's max_grad_norm %g, which already clips every step; "
+                                                        "give one of them (clipping twice would shrink the step twice)",
                        (double)max_norm, (double)o->max_grad_norm);
     /* an offloaded chunk the CPU optimizer already stepped during backward
      * used the unclipped gradient, and without its norm computed first the
@@ -297,10 +299,11 @@ int pt_store_clip_grad_norm(pt_store *st, float max_norm, double *norm, char *er
         const cs_chunk *c = &st->ch[k];
         if (c->persistent || !c->stepped || (c->t_norm && !(max_norm > 0))) continue;
         return pt_fail(err, errlen, PT_ERR_ORDER, "clip_grad_norm: the CPU optimizer already "
-                       "stepped chunk %d with this step's unclipped gradient while backward ran "
-                       "(set_lr came before backward and nothing announced the clipping); "
-                       "announce it before the step's backward (clip_grad_norm with norm NULL) "
-                       "or give the lr only to optimizer_step", c->id);
+                                                  "stepped chunk %d with this step's unclipped gradient while backward ran "
+                                                  "(set_lr came before backward and nothing announced the clipping); "
+                                                  "announce it before the step's backward (clip_grad_norm with norm NULL) "
+                                                  "or give the lr only to optimizer_step",
+                       c->id);
     }
     st->want_norm = 1;
     if (!norm) {   /* announced: the backward's tasks compute the norm */
@@ -385,7 +388,8 @@ static int drop_stale_copies(pt_store *st, char *err, size_t errlen) {
             if (op && !prc)
                 prc = pt_fail(err, errlen, PT_ERR_BACKEND,
                               "optimizer_step: poisoning the stale copy of chunk %d failed: %s "
-                              "failed", c->id, op);
+                              "failed",
+                              c->id, op);
         }
     }
     return prc;

@@ -9,18 +9,18 @@
 #include "store_internal.h"
 
 int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, char *err,
-                     size_t errlen) {
+                        size_t errlen) {
     pt_store *ms = st;
     if (!ms || index < 0 || index >= ms->n_params || !dst) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "read_param: bad index %d (model has %d params) or NULL destination", index,
-            ms ? ms->n_params : 0);
+                       ms ? ms->n_params : 0);
     }
     int root = ms->root[index];
     const pt_param_v1 *p = &st->env.model->params[root];
     uint64_t need = pt_store_param_numel(p) * pt_dtype_size(p->dtype);
     if (bytes != need) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "read_param: param %d holds %llu bytes, caller passed %llu", index,
-            (unsigned long long)need, (unsigned long long)bytes);
+                       (unsigned long long)need, (unsigned long long)bytes);
     }
     cs_chunk *c = &ms->ch[ms->lay.param_chunk[root]];
     uint64_t off = ms->lay.param_offset[root];
@@ -57,22 +57,25 @@ int pt_store_write_param(pt_store *st, int32_t index, const void *src, uint64_t 
                          char *err, size_t errlen) {
     if (!st || index < 0 || index >= st->n_params || !src)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "write_param: bad index %d (model has "
-                       "%d params) or NULL source", index, st ? st->n_params : 0);
+                                                        "%d params) or NULL source",
+                       index, st ? st->n_params : 0);
     int root = st->root[index];
     const pt_param_v1 *p = &st->env.model->params[root];
     const char *name = p->name ? p->name : "(unnamed)";
     uint64_t n = pt_store_param_numel(p), need = n * pt_dtype_size(p->dtype);
     if (bytes != need)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "write_param: param %d holds %llu bytes, "
-                       "caller passed %llu", index, (unsigned long long)need,
+                                                        "caller passed %llu",
+                       index, (unsigned long long)need,
                        (unsigned long long)bytes);
     cs_chunk *c = &st->ch[st->lay.param_chunk[root]];
     uint64_t off = st->lay.param_offset[root];
     if (c->sh)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "write_param: param %d '%s' lies in "
-                       "chunk %d, which mode C splits across the ranks; writing a split "
-                       "parameter is not built (load the weights before post_model_load, or "
-                       "through load_state)", index, name, c->id);
+                                                        "chunk %d, which mode C splits across the ranks; writing a split "
+                                                        "parameter is not built (load the weights before post_model_load, or "
+                                                        "through load_state)",
+                       index, name, c->id);
     /* nothing queued or running may still read or write the chunk */
     int rc = c->persistent ? pt_store_sync(st, err, errlen)
                            : pt_cs_wait_task(st, c, "write_param", err, errlen);
@@ -113,7 +116,8 @@ int pt_store_param_home(pt_store *st, int32_t index, float **p, int *on_device, 
     *p = NULL;
     if (!ms || index < 0 || index >= ms->n_params)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "param_home: bad index %d (model has %d "
-                       "params)", index, ms ? ms->n_params : 0);
+                                                        "params)",
+                       index, ms ? ms->n_params : 0);
     int root = ms->root[index];
     const pt_param_v1 *q = &st->env.model->params[root];
     if (q->dtype != PT_F32)
@@ -123,7 +127,8 @@ int pt_store_param_home(pt_store *st, int32_t index, float **p, int *on_device, 
     uint64_t off = ms->lay.param_offset[root];
     if (c->sh)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "param_home: param %d '%s' lies in "
-                       "chunk %d, which mode C splits across the ranks", index,
+                                                        "chunk %d, which mode C splits across the ranks",
+                       index,
                        q->name ? q->name : "(unnamed)", c->id);
     if (c->persistent) {
         *p = (float *)((char *)c->d_param + off);
@@ -142,7 +147,8 @@ int pt_store_param_part(pt_store *st, int32_t index, pt_store_part *out, char *e
     memset(out, 0, sizeof *out);
     if (!st || index < 0 || index >= st->n_params)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "param_part: bad index %d (model has %d "
-                       "params)", index, st ? st->n_params : 0);
+                                                        "params)",
+                       index, st ? st->n_params : 0);
     int root = st->root[index];
     cs_chunk *c = &st->ch[st->lay.param_chunk[root]];
     const pt_param_v1 *q = &st->env.model->params[root];

@@ -58,7 +58,8 @@ _Static_assert(sizeof(st_header) == 104, "the header's size is part of the forma
 /* st_header.flags. lr is the lr of the last step (a host's schedule moves it
  * every step), so it says nothing about whether two runs were created alike;
  * lr0 does. Files without the flag (older writers) compare beta1..max_grad_norm. */
-enum { ST_HAS_LR0 = 1u, ST_HAS_RUN = 2u };
+enum { ST_HAS_LR0 = 1u,
+       ST_HAS_RUN = 2u };
 
 /* The run's identity as its host states it: FNV-1a 64 over the lines of
  * pt_host_v1.fingerprint whose names start with "run." (in order, each with its
@@ -158,15 +159,19 @@ static int refuse_value(const unsigned char *p, uint64_t n, int dt, int nonneg, 
         x = f;
     }
     return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: parameter '%s' holds a %s %s value "
-                   "(%g at element %lld); a saved run never has one (a hand-made, foreign or "
-                   "diverged file)", name, isfinite(x) ? "negative" : "non-finite", what, x,
+                                               "(%g at element %lld); a saved run never has one (a hand-made, foreign or "
+                                               "diverged file)",
+                   name, isfinite(x) ? "negative" : "non-finite", what, x,
                    (long long)k);
 }
 
 /* Walk every root param. mode W_SIZE: only the size; W_SAVE: store -> img;
  * W_CHECK: compare img's per-param headers with the model, move nothing;
  * W_LOAD: img -> store (after a W_CHECK, so a bad file changes nothing). */
-enum { W_SIZE, W_SAVE, W_CHECK, W_LOAD };
+enum { W_SIZE,
+       W_SAVE,
+       W_CHECK,
+       W_LOAD };
 static int walk(pt_store *st, unsigned char *img, size_t *size, int mode, char *err, size_t errlen) {
     int to_img = mode == W_SAVE;
     int move = mode == W_SAVE || mode == W_LOAD;
@@ -202,17 +207,19 @@ static int walk(pt_store *st, unsigned char *img, size_t *size, int mode, char *
                 uint32_t d = 0;
                 while (d < nl && d < avail && mn[d] == fname[d]) d++;
                 return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: parameter %d is named "
-                    "'%.96s' (%u bytes) in the model but '%.*s' (%u bytes) in the file; the "
-                    "names first differ at byte %u", i, mn, nl, (int)(avail < 96 ? avail : 96),
-                    fname, fnl, d);
+                                                           "'%.96s' (%u bytes) in the model but '%.*s' (%u bytes) in the file; the "
+                                                           "names first differ at byte %u",
+                               i, mn, nl, (int)(avail < 96 ? avail : 96),
+                               fname, fnl, d);
             }
             memcpy(&fdt, img + pos + 4 + nl, 4);
             memcpy(&ftr, img + pos + 8 + nl, 4);
             memcpy(&fn, img + pos + 12 + nl, 8);
             if (fdt != dt || ftr != tr || fn != n) {
                 return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: parameter '%s' has dtype %u, trainable %u, %llu elements in the "
-                    "model but %u, %u, %llu in the file", p->name ? p->name : "", dt, tr,
-                    (unsigned long long)n, fdt, ftr, (unsigned long long)fn);
+                                                           "model but %u, %u, %llu in the file",
+                               p->name ? p->name : "", dt, tr,
+                               (unsigned long long)n, fdt, ftr, (unsigned long long)fn);
             }
         }
         pos += 20 + nl;
@@ -247,7 +254,7 @@ static int walk(pt_store *st, unsigned char *img, size_t *size, int mode, char *
             pos += fb;
         }
         if (move && (xfer(st, c, img + pos, mm + s, fb, to_img) ||
-                    xfer(st, c, img + pos + fb, vv + s, fb, to_img)))
+                     xfer(st, c, img + pos + fb, vv + s, fb, to_img)))
             goto io;
         pos += 2 * fb;
         uint64_t ow = 0;   /* the optimizer kind's own words (REKLS: factors, bases, eigenvalues) */
@@ -336,7 +343,7 @@ static int check_image(pt_store *st, const pt_state_image *img, char *err, size_
     if (rc) return rc;
     if (img->has_opt != st->opt_ready) {
         return pt_fail(err, errlen, PT_ERR_ORDER, "state restore: the image %s optimizer state but the optimizer %s",
-            img->has_opt ? "holds" : "lacks", st->opt_ready ? "exists" : "does not exist yet");
+                       img->has_opt ? "holds" : "lacks", st->opt_ready ? "exists" : "does not exist yet");
     }
     size_t need = 0;
     if ((rc = walk(st, NULL, &need, W_SIZE, err, errlen))) return rc;
@@ -344,7 +351,8 @@ static int check_image(pt_store *st, const pt_state_image *img, char *err, size_
     if ((rc = walk(st, img->data, &have, W_CHECK, err, errlen))) return rc;
     if (need != img->bytes) {
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: the state holds %zu bytes of parameters and optimizer state, this "
-            "model needs %zu (a different model)", img->bytes, need);
+                                                   "model needs %zu (a different model)",
+                       img->bytes, need);
     }
     return PT_OK;
 }
@@ -429,7 +437,8 @@ static void remove_stale_temps(pt_store *st, const char *dir) {
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         if (!unlink(path))
             PT_LOGI(st->env.lg, "save_state: removed %s, left by a save whose process (pid %ld) "
-                                "no longer exists", path, pid);
+                                "no longer exists",
+                    path, pid);
         else
             PT_LOGW(st->env.lg, "save_state: cannot remove the stale temp file %s: %s", path,
                     strerror(errno));
@@ -518,13 +527,14 @@ static int check_header(pt_store *st, const st_header *h, const char *path, int 
      * size is fine (the image is per parameter) */
     if (h->rank != (uint32_t)from || h->world_size < 1 || h->rank >= h->world_size)
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s says it was saved by rank %u "
-                       "of %u, but its name is rank %d's", path, h->rank, h->world_size, from);
+                                                   "of %u, but its name is rank %d's",
+                       path, h->rank, h->world_size, from);
     /* split params hold a 1/P shard: another P would read another shard's
      * values (a changed shard size would also fail the element counts) */
     uint32_t ftp = h->tp_size ? h->tp_size : 1;
     if (ftp != (uint32_t)pt_cs_tp_size(st))
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s was saved with [dist] "
-                       "tp_size %u, this run has %d: its split parameters are other shards",
+                                                   "tp_size %u, this run has %d: its split parameters are other shards",
                        path, ftp, pt_cs_tp_size(st));
     /* the file's kind (0: a file from before the field, AdamW) against the
      * running one; an id no kind has is named unknown */
@@ -532,20 +542,23 @@ static int check_header(pt_store *st, const st_header *h, const char *path, int 
     const pt_optim_kind *runk = pt_optk_of(st->env.opt->type);
     if (filek != runk)
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s holds %s optimizer state, "
-                       "the running optimizer is %s", path, filek ? filek->name : "unknown", runk->name);
+                                                   "the running optimizer is %s",
+                       path, filek ? filek->name : "unknown", runk->name);
     /* a file of another run (a copy from another seed's run, at the same step):
      * refused when both the file and this run carry an identity */
     uint64_t fid = (uint64_t)h->run_hi << 32 | h->run_lo, rid = run_ident(st);
     if ((h->flags & ST_HAS_RUN) && rid && fid != rid)
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is another run's: its run "
-                       "identity %016llx (from the \"run.\" lines of the saving host's "
-                       "pt_host_v1.fingerprint) differs from this run's %016llx, so the host "
-                       "says the runs differ (another seed, data, model, batch, accumulation or "
-                       "schedule)", path,
+                                                   "identity %016llx (from the \"run.\" lines of the saving host's "
+                                                   "pt_host_v1.fingerprint) differs from this run's %016llx, so the host "
+                                                   "says the runs differ (another seed, data, model, batch, accumulation or "
+                                                   "schedule)",
+                       path,
                        (unsigned long long)fid, (unsigned long long)rid);
     if (h->step < 0 || h->step > ST_MAX_STEP)
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s has step %lld; a step count "
-                       "must be in [0, 2^40] (more is a hand-made or foreign file)", path,
+                                                   "must be in [0, 2^40] (more is a hand-made or foreign file)",
+                       path,
                        (long long)h->step);
     const float hp[7] = {h->lr, h->beta1, h->beta2, h->eps, h->weight_decay, h->max_grad_norm,
                          h->lr0};
@@ -554,7 +567,8 @@ static int check_header(pt_store *st, const st_header *h, const char *path, int 
     for (int i = 0; i < 7; i++)
         if (!isfinite(hp[i]))
             return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s has %s = %g; "
-                           "hyper-parameters must be finite", path, names[i], (double)hp[i]);
+                                                       "hyper-parameters must be finite",
+                           path, names[i], (double)hp[i]);
     return PT_OK;
 }
 
@@ -581,12 +595,14 @@ static int check_hparams(pt_store *st, const st_header *h, const char *path, int
                            "load_state: %s was saved with %s = %g, the running optimizer has "
                            "%s = %g: a resume continues the same run, so its optimizer "
                            "settings must match; to change them on resume deliberately, set "
-                           "[optimizer] resume_changes = true (config %s)", path, names[i],
+                           "[optimizer] resume_changes = true (config %s)",
+                           path, names[i],
                            (double)saved[i], names[i], (double)run[i],
                            st->env.cfg ? st->env.cfg->source : "?");
         if (warn)
             PT_LOGW(st->env.lg, "load_state: %s was saved with %s = %g; the running optimizer's "
-                                "%s = %g is kept ([optimizer] resume_changes = true)", path,
+                                "%s = %g is kept ([optimizer] resume_changes = true)",
+                    path,
                     names[i], (double)saved[i], names[i], (double)run[i]);
     }
     return PT_OK;
@@ -613,13 +629,15 @@ int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
         rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is not a protrain state file (magic %08x)", path, h.magic);
     } else if (h.version != ST_VERSION && h.version != 2) {
         rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s has state format version %u, "
-            "this plugin reads version %u (and version 2, AdamW only)%s", path, h.version, ST_VERSION,
-            h.version == 1 ? " (version 1 did not checksum its header, so its step and "
-                             "hyper-parameters cannot be trusted)" : "");
+                                                 "this plugin reads version %u (and version 2, AdamW only)%s",
+                     path, h.version, ST_VERSION,
+                     h.version == 1 ? " (version 1 did not checksum its header, so its step and "
+                                      "hyper-parameters cannot be trusted)"
+                                    : "");
     } else if (fstat(fileno(f), &sb) || (uint64_t)sb.st_size < sizeof h ||
                (uint64_t)sb.st_size - sizeof h != h.payload_bytes) {
         rc = pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is %lld bytes, its header says %llu (truncated or trailing bytes)",
-            path, (long long)sb.st_size, (unsigned long long)(sizeof h + h.payload_bytes));
+                     path, (long long)sb.st_size, (unsigned long long)(sizeof h + h.payload_bytes));
     } else if (!(img.data = malloc(h.payload_bytes ? h.payload_bytes : 1))) {
         rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "load_state: out of host memory (%llu bytes)", (unsigned long long)h.payload_bytes);
     } else if (fread(img.data, 1, h.payload_bytes, f) != h.payload_bytes) {
@@ -644,7 +662,8 @@ int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
     if (!rc) {
         (void)check_hparams(st, &h, path, 1, NULL, 0);
         PT_LOGI(st->env.lg, "state loaded from %s (step %lld; saved by rank %u of %u, this is "
-                            "rank %d of %d)", path, (long long)h.step, h.rank, h.world_size,
+                            "rank %d of %d)",
+                path, (long long)h.step, h.rank, h.world_size,
                 st->env.host->rank, running_world(st));
     }
     return rc;

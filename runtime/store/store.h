@@ -26,7 +26,9 @@
 #include "gpu.h"
 #include "protrain.h"
 
-enum { PT_ACT_NONE = 0, PT_ACT_CKPT = 1, PT_ACT_SWAP = 2 };
+enum { PT_ACT_NONE = 0,
+       PT_ACT_CKPT = 1,
+       PT_ACT_SWAP = 2 };
 
 /* Optimizer hyper-parameters and progress (owned by the caller, lent to the store). */
 typedef struct pt_optim_state {
@@ -46,7 +48,9 @@ typedef struct pt_store_knobs {
 } pt_store_knobs;
 
 /* What the store runs with; every pointer outlives the store. */
-enum { PT_STORE_MARK_RECOMPUTE = 0, PT_STORE_MARK_ARENA_FREE = 1, PT_STORE_MARK_ARENA_FREE_FWD = 2 };
+enum { PT_STORE_MARK_RECOMPUTE = 0,
+       PT_STORE_MARK_ARENA_FREE = 1,
+       PT_STORE_MARK_ARENA_FREE_FWD = 2 };
 
 typedef struct pt_store_env {
     const pt_config *cfg;

@@ -261,7 +261,7 @@ int pt_cs_wait_task(pt_store *st, cs_chunk *c, const char *hook, char *err, size
  * moments, hyper-parameters, bias corrections of step t+1 and grad scale gs
  * (param, grad and param_out are the caller's). */
 pt_adamw_args pt_store_adamw_args(const pt_store *st, cs_chunk *c, uint64_t s, size_t n, float lr,
-                               float gs);
+                                  float gs);
 int pt_cs_init_runtime(pt_store *st, char *err, size_t errlen);
 void pt_cs_fini_runtime(pt_store *st);
 void pt_cs_set_pointers(pt_store *st, cs_chunk *c, void *param_base, void *grad_base);

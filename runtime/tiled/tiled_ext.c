@@ -23,7 +23,7 @@ static int model_load(pt_rt *rt, pt_model_v1 *host, char *err, size_t errlen) {
         s = calloc(1, sizeof *s);
         if (!s)
             return pt_fail(err, errlen, PT_ERR_HOST_OOM, "post_model_load: out of host memory "
-                           "for TiledMLP's state");
+                                                         "for TiledMLP's state");
         pt_rt_ext_set_state(rt, &pt_tiled_ext, s);
     }
     s->mlp_auto_n = 0;   /* tiles = auto: decided after the profile */

@@ -32,14 +32,16 @@ int pt_tiled_check(pt_rt *rt, char *err, size_t errlen) {
     if (!rt->host.mlp_forward || !rt->host.mlp_backward)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
                        "[tiled_mlp] enabled = true, but the host gives no mlp_forward / "
-                       "mlp_backward callbacks in pt_host_v1 (config %s)", rt->cfg.source);
+                       "mlp_backward callbacks in pt_host_v1 (config %s)",
+                       rt->cfg.source);
     const pt_model_v1 *m = rt->model;
     for (int i = 0; i < m->n_params; i++) {
         const pt_param_v1 *p = &m->params[i];
         if (p->block >= 0 && p->trainable && p->tie < 0 && p->dtype != PT_F32)
             return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
                            "[tiled_mlp] enabled = true: parameter %d (%s) is not fp32; the tile "
-                           "gradient sum is built for fp32 gradients only", i,
+                           "gradient sum is built for fp32 gradients only",
+                           i,
                            p->name ? p->name : "?");
     }
     return PT_OK;
@@ -47,7 +49,8 @@ int pt_tiled_check(pt_rt *rt, char *err, size_t errlen) {
 
 int64_t pt_tiled_tiles_req(const pt_rt *rt) {
     const pt_tiled_state *s = tiled_of(rt);
-    return rt->cfg.tiled_mlp_tiles > 0 ? rt->cfg.tiled_mlp_tiles : s ? s->mlp_auto_n : 0;
+    return rt->cfg.tiled_mlp_tiles > 0 ? rt->cfg.tiled_mlp_tiles : s ? s->mlp_auto_n
+                                                                     : 0;
 }
 
 uint64_t pt_tiled_mlp_tiles(const pt_rt *rt) {
@@ -64,11 +67,11 @@ uint64_t pt_tiled_mlp_tiles(const pt_rt *rt) {
  * plan the adjusted profile fits does fit. Candidates go from 1 tile up, one per
  * distinct tile length; the last is the profiled count itself, unadjusted. */
 int pt_tiled_auto_search(pt_rt *rt, const pt_trace *t, double prof_s, char *err,
-                            size_t errlen) {
+                         size_t errlen) {
     pt_tiled_state *s = tiled_of(rt);
     if (!s)
         return pt_fail(err, errlen, PT_ERR_ORDER, "[tiled_mlp] tiles = auto: searched before "
-                       "post_model_load");
+                                                  "post_model_load");
     int64_t tok = rt->model->batch * rt->model->seq;
     int64_t n0 = pt_mlp_tiles_eff(tok, 0), c0 = pt_mlp_tile_len(tok, 0);
     pt_trace a;
@@ -88,7 +91,8 @@ int pt_tiled_auto_search(pt_rt *rt, const pt_trace *t, double prof_s, char *err,
         rc = pt_rt_search_and_apply(rt, &a, prof_s, err, errlen);
         if (rc != PT_ERR_INFEASIBLE) break;
         PT_LOGI(&rt->lg, "[tiled_mlp] tiles = auto: %lld tiles of %lld tokens do not fit; trying "
-                "more", (long long)n, (long long)c);
+                         "more",
+                (long long)n, (long long)c);
     }
     pt_trace_free(&a);
     if (rc == PT_ERR_INFEASIBLE) {
@@ -97,7 +101,8 @@ int pt_tiled_auto_search(pt_rt *rt, const pt_trace *t, double prof_s, char *err,
     }
     if (rc == PT_OK)
         PT_LOGI(&rt->lg, "[tiled_mlp] tiles = auto: %lld tiles of %lld tokens, the fewest whose "
-                "plan fits", (long long)s->mlp_auto_n,
+                         "plan fits",
+                (long long)s->mlp_auto_n,
                 (long long)pt_mlp_tile_len(tok, s->mlp_auto_n));
     return rc;
 }
@@ -147,14 +152,15 @@ static int tgrad(const pt_param_v1 *p, int32_t b) {
 }
 
 int pt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *err,
-                    size_t errlen) {
+                 size_t errlen) {
     const char *hook = backward ? "tiled_mlp_backward" : "tiled_mlp_forward";
     if (!rt->cfg.tiled_mlp_enabled)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
                        "%s: [tiled_mlp] enabled = false in %s", hook, rt->cfg.source);
     if (!rt->model || b < 0 || b >= rt->n_blocks || tokens < 1)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "%s(block %d, tokens %lld): bad block "
-                       "or token count", hook, (int)b, (long long)tokens);
+                                                        "or token count",
+                       hook, (int)b, (long long)tokens);
     pt_tiled_state *s = tiled_of(rt);
     if (!s)
         return pt_fail(err, errlen, PT_ERR_ORDER, "%s called before post_model_load", hook);
@@ -189,7 +195,8 @@ int pt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *err,
                 pt_gpu_free(rt->dev.gpu, acc);
                 free(saved);
                 return pt_fail(err, errlen, PT_ERR_BACKEND, "%s: zeroing the gradient "
-                               "accumulator failed", hook);
+                                                            "accumulator failed",
+                               hook);
             }
             size_t off = 0;
             for (int i = 0; i < m->n_params; i++) {
@@ -215,7 +222,8 @@ int pt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *err,
         }
         if (st)
             rc = pt_fail(err, errlen, PT_ERR_CALLBACK, "%s(%d): the host's %s(%d, %lld, %lld) "
-                         "returned %d", hook, (int)b, cb, (int)b, (long long)begin,
+                                                       "returned %d",
+                         hook, (int)b, cb, (int)b, (long long)begin,
                          (long long)count, (int)st);
     }
     s->in_tiles = 0;
@@ -238,7 +246,8 @@ int pt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *err,
             if (!rc && ops->convert(impl, saved[i], PT_F32, acc + off, PT_F32, numel(p), 1,
                                     rt->dev.s_compute))
                 rc = pt_fail(err, errlen, PT_ERR_BACKEND, "%s: the gradient add (convert with "
-                             "accumulate) of parameter %d failed", hook, i);
+                                                          "accumulate) of parameter %d failed",
+                             hook, i);
             off += numel(p);
         }
         free(saved);

@@ -93,7 +93,7 @@ void shc_layernorm_bwd(void *ctx, float *dinp, float *dw, float *db, const float
     if (N < 1) return;
     if (dinp) {
         k_ln_bwd_dx<<<shc_row_grid((size_t)N), 256, 0, c->s>>>(dinp, dout, inp, w, mean, rstd,
-                                                              N, C);
+                                                               N, C);
         SHC_LAUNCHED(c, "layernorm_bwd (dx)");
     }
     k_ln_bwd_wb<<<(C + 31) / 32, dim3(32, 8), 0, c->s>>>(dw, db, dout, inp, mean, rstd, N, C);

@@ -194,10 +194,7 @@ int main(int argc, char **argv) {
                     pt_pool_set_spin(pool, k == 4 ? 0.0 : spin);
                     float bc1, bc2r;
                     pt_adamw_bias(0.9f, 0.999f, r + 2, &bc1, &bc2r);
-                    pt_cpu_adam_args a = {.p = p, .g = g, .g_dtype = PT_F32, .m = m, .v = v,
-                                          .out = k == 1 ? out16 : NULL, .out_dtype = PT_BF16, .n = n,
-                                          .c = pt_adamw_make_consts(1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, bc1, bc2r,
-                                                                    1.0f)};
+                    pt_cpu_adam_args a = {.p = p, .g = g, .g_dtype = PT_F32, .m = m, .v = v, .out = k == 1 ? out16 : NULL, .out_dtype = PT_BF16, .n = n, .c = pt_adamw_make_consts(1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, bc1, bc2r, 1.0f)};
                     double t0 = pt_now_s();
                     for (size_t it = 0; it < inner && rc == 0; it++) {
                         if (k < 2 || k == 4) {

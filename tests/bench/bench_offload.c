@@ -121,7 +121,8 @@ int main(void) {
     }
     sh_data_split(&H.all, &H.train, &H.val);
     printf("bench_offload: default model L=%d C=%d NH=%d B=%d T=%d, %d timed steps per run, "
-           "median of %d alternating runs\n", CFG.layers, CFG.channels, CFG.heads, CFG.batch,
+           "median of %d alternating runs\n",
+           CFG.layers, CFG.channels, CFG.heads, CFG.batch,
            CFG.seq, 6, REPEATS);
     const char *resident = ini("resident", "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
                                            "force_all_persistent = true\nn_swap = 0\nn_checkpoint = 0");
@@ -133,7 +134,8 @@ int main(void) {
     snprintf(s_path, sizeof s_path, "%s", streamed);
     char c_path[256], ck_text[256];
     snprintf(ck_text, sizeof ck_text, "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
-             "force_all_persistent = true\nn_swap = 0\nn_checkpoint = %d", CFG.layers);
+                                      "force_all_persistent = true\nn_swap = 0\nn_checkpoint = %d",
+             CFG.layers);
     snprintf(c_path, sizeof c_path, "%s", ini("ckpt", ck_text));
 
     /* PT_BENCH_ONLY=clip: only the stream and clip sections (the goals of the
@@ -179,18 +181,21 @@ int main(void) {
         if (run(H.plug.table, r_path, 2, &none)) return 1;
         /* activation bytes per step: measure with SWAP on every block once, unthrottled */
         snprintf(txt, sizeof txt, "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
-                 "force_all_persistent = true\nn_swap = %d\nn_checkpoint = 0", CFG.layers);
+                                  "force_all_persistent = true\nn_swap = %d\nn_checkpoint = 0",
+                 CFG.layers);
         if (run(H.plug.table, ini("swapfree", txt), 2, &sw)) return 1;
         double bytes_per_step = (double)sw.st.swap_bytes / 3.0;   /* 3 steps (1 warm-up) */
         double fwd_s = none.step_s / 3.0;                          /* forward ~ 1/3 of a step */
         double bw = bytes_per_step / fwd_s;                         /* swap-out fits the forward */
         snprintf(txt, sizeof txt, "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
-                 "force_all_persistent = true\nn_swap = 0\nn_checkpoint = 0\n"
-                 "[host_backend]\ncopy_bandwidth = %.0f\npoison = false", bw);
+                                  "force_all_persistent = true\nn_swap = 0\nn_checkpoint = 0\n"
+                                  "[host_backend]\ncopy_bandwidth = %.0f\npoison = false",
+                 bw);
         snprintf(t_none, sizeof t_none, "%s", ini("thr_none", txt));
         snprintf(txt, sizeof txt, "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
-                 "force_all_persistent = true\nn_swap = %d\nn_checkpoint = 0\n"
-                 "[host_backend]\ncopy_bandwidth = %.0f\npoison = false", CFG.layers, bw);
+                                  "force_all_persistent = true\nn_swap = %d\nn_checkpoint = 0\n"
+                                  "[host_backend]\ncopy_bandwidth = %.0f\npoison = false",
+                 CFG.layers, bw);
         snprintf(t_swap, sizeof t_swap, "%s", ini("thr_swap", txt));
         double hidden[REPEATS];
         for (int k = 0; k < REPEATS; k++) {
@@ -198,10 +203,11 @@ int main(void) {
             double xfer = 2.0 * bytes_per_step / bw;   /* out in forward + back in backward */
             double extra = sw.step_s - none.step_s;
             hidden[k] = 1.0 - (extra > 0 ? extra : 0) / xfer;
-    }
-    printf("swap:     copy throttle %.1f MB/s (one step's %.2f MiB of activations per forward), "
-           "swap traffic hidden behind compute: %.1f%%\n", bw / 1e6, bytes_per_step / 1048576.0,
-           100.0 * sh_median(hidden, REPEATS));
+        }
+        printf("swap:     copy throttle %.1f MB/s (one step's %.2f MiB of activations per forward), "
+               "swap traffic hidden behind compute: %.1f%%\n",
+               bw / 1e6, bytes_per_step / 1048576.0,
+               100.0 * sh_median(hidden, REPEATS));
     }
 
     /* stream: every chunk streamed, copies throttled to half a step's traffic time */
@@ -210,8 +216,9 @@ int main(void) {
     double cbytes = (double)(su.st.h2d_bytes + su.st.d2h_bytes) / 3.0;  /* per step */
     double sbw = cbytes / (0.5 * su.step_s);
     snprintf(txt, sizeof txt, "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
-             "n_persist = 0\nn_buffer = auto\nn_swap = 0\nn_checkpoint = 0\n"
-             "[host_backend]\ncopy_bandwidth = %.0f\npoison = false", sbw);
+                              "n_persist = 0\nn_buffer = auto\nn_swap = 0\nn_checkpoint = 0\n"
+                              "[host_backend]\ncopy_bandwidth = %.0f\npoison = false",
+             sbw);
     char t_str[256];
     snprintf(t_str, sizeof t_str, "%s", ini("thr_stream", txt));
     double shid[REPEATS];
@@ -227,8 +234,9 @@ int main(void) {
 
     /* clip: the throttled streamed run with clipping, steps deferred vs waited for */
     snprintf(txt, sizeof txt, "[memory]\ndevice_capacity = 1GiB\n[protrain]\n"
-             "n_persist = 0\nn_buffer = auto\nn_swap = 0\nn_checkpoint = 0\n"
-             "defer_cpu_steps = false\n[host_backend]\ncopy_bandwidth = %.0f\npoison = false", sbw);
+                              "n_persist = 0\nn_buffer = auto\nn_swap = 0\nn_checkpoint = 0\n"
+                              "defer_cpu_steps = false\n[host_backend]\ncopy_bandwidth = %.0f\npoison = false",
+             sbw);
     char t_wait[256];
     snprintf(t_wait, sizeof t_wait, "%s", ini("thr_wait", txt));
     g_clip = 1.0f;
@@ -245,12 +253,14 @@ int main(void) {
     double m_expd = sh_median(exp_d, REPEATS);
     printf("clip:     clipped, streamed, throttled as above; CPU optimizer %.4f s/step; exposed "
            "(optim_wait / cpu_optim): deferred %.1f%% (goal <= 10%%), waited in optimizer_step "
-           "%.1f%%; step time deferred / waited %.3fx\n", cpu_step, 100.0 * m_expd,
+           "%.1f%%; step time deferred / waited %.3fx\n",
+           cpu_step, 100.0 * m_expd,
            100.0 * sh_median(exp_w, REPEATS), sh_median(st_ratio, REPEATS));
     int strict = getenv("PT_BENCH_STRICT") && *getenv("PT_BENCH_STRICT") == '1';
     int missed = m_over < 0.98 || m_shid < 0.90 || !(m_expd <= 0.10);
     if (missed) printf("bench_offload: a goal was missed (overhead %.3f, stream hidden %.1f%%, "
-                       "clipped optimizer exposed %.1f%%)\n", m_over, 100.0 * m_shid, 100.0 * m_expd);
+                       "clipped optimizer exposed %.1f%%)\n",
+                       m_over, 100.0 * m_shid, 100.0 * m_expd);
     if (sh_harness_close(&H)) return 1;
     return strict && missed ? 1 : 0;
 }

@@ -63,7 +63,9 @@ static void logf_(void *u, int32_t level, const char *msg) {
     if (level <= PT_LOG_WARN) fprintf(stderr, "protrain: %s\n", msg);
 }
 
-typedef struct res { double fb, post, opt, step, svd; } res;
+typedef struct res {
+    double fb, post, opt, step, svd;
+} res;
 
 static int run(int64_t N, int64_t M, int64_t rows, float urr, int reps, res *r) {
     char path[64];
@@ -72,10 +74,10 @@ static int run(int64_t N, int64_t M, int64_t rows, float urr, int reps, res *r) 
     if (!f) return -1;
     fprintf(f, "[plugin]\nbackend = host\nlog_level = info\n[memory]\ndevice_capacity = 2GiB\n"
                "[protrain]\nforce_all_persistent = true\n[osft]\nenabled = true\n"
-               "unfreeze_rank_ratio = %g\ntargets = w\n", (double)urr);
+               "unfreeze_rank_ratio = %g\ntargets = w\n",
+            (double)urr);
     fclose(f);
-    pt_host_v1 h = {.abi_version = PT_ABI_VERSION, .struct_size = sizeof h, .world_size = 1,
-                    .device_kind = PT_DEVICE_HOST, .log = logf_};
+    pt_host_v1 h = {.abi_version = PT_ABI_VERSION, .struct_size = sizeof h, .world_size = 1, .device_kind = PT_DEVICE_HOST, .log = logf_};
     void *ctx = NULL;
     if (P->init(path, &h, &ctx)) {
         fprintf(stderr, "init: %s\n", P->last_error(NULL));
@@ -84,10 +86,8 @@ static int run(int64_t N, int64_t M, int64_t rows, float urr, int reps, res *r) 
     unlink(path);
     float *w = malloc((size_t)(N * M) * 4);
     for (int64_t i = 0; i < N * M; i++) w[i] = 0.02f * (float)((i * 7919) % 201 - 100) / 100.0f;
-    pt_param_v1 p = {.name = "l.w", .dtype = PT_F32, .ndim = 2, .shape = {N, M}, .block = 0,
-                     .trainable = 1, .tie = -1, .init = w};
-    pt_model_v1 m = {.struct_size = sizeof m, .n_params = 1, .params = &p, .n_blocks = 1,
-                     .batch = 1, .seq = rows, .arch = "bench-osft"};
+    pt_param_v1 p = {.name = "l.w", .dtype = PT_F32, .ndim = 2, .shape = {N, M}, .block = 0, .trainable = 1, .tie = -1, .init = w};
+    pt_model_v1 m = {.struct_size = sizeof m, .n_params = 1, .params = &p, .n_blocks = 1, .batch = 1, .seq = rows, .arch = "bench-osft"};
     svd_s = 0;
     int rc = P->post_model_load(ctx, &m) || P->create_optimizer(ctx, NULL);
     if (rc) fprintf(stderr, "setup: %s\n", P->last_error(ctx));
@@ -210,7 +210,9 @@ static void dx_fused(int64_t N, int64_t M, int64_t rows, float urr, int reps, do
     free(t2), free(t1);
 }
 
-enum { BLOCKS = 4, DN = 512, DROWS = 256 };
+enum { BLOCKS = 4,
+       DN = 512,
+       DROWS = 256 };
 
 /* The BLOCKS-block model streamed with clipping: median optimizer_step and step
  * seconds with defer_cpu_steps on or off. */
@@ -223,10 +225,10 @@ static int run_defer(int defer, int reps, double *opt, double *step) {
                "[protrain]\nauto_memory = false\nn_persist = 0\nn_buffer = 2\nn_swap = 0\n"
                "n_checkpoint = 0\nchunk_size = 4MiB\ndefer_cpu_steps = %s\n"
                "[optimizer]\nmax_grad_norm = 1e6\n[osft]\nenabled = true\n"
-               "unfreeze_rank_ratio = 0.25\ntargets = w\n", defer ? "true" : "false");
+               "unfreeze_rank_ratio = 0.25\ntargets = w\n",
+            defer ? "true" : "false");
     fclose(f);
-    pt_host_v1 h = {.abi_version = PT_ABI_VERSION, .struct_size = sizeof h, .world_size = 1,
-                    .device_kind = PT_DEVICE_HOST, .log = logf_};
+    pt_host_v1 h = {.abi_version = PT_ABI_VERSION, .struct_size = sizeof h, .world_size = 1, .device_kind = PT_DEVICE_HOST, .log = logf_};
     void *ctx = NULL;
     if (P->init(path, &h, &ctx)) {
         fprintf(stderr, "init: %s\n", P->last_error(NULL));
@@ -240,12 +242,9 @@ static int run_defer(int defer, int reps, double *opt, double *step) {
         w[i] = 0.02f * (float)((i * 7919) % 201 - 100) / 100.0f;
     for (int b = 0; b < BLOCKS; b++) {
         snprintf(names[b], sizeof names[b], "b%d.w", b);
-        p[b] = (pt_param_v1){.name = names[b], .dtype = PT_F32, .ndim = 2, .shape = {DN, DN},
-                             .block = b, .trainable = 1, .tie = -1,
-                             .init = w + (size_t)b * DN * DN};
+        p[b] = (pt_param_v1){.name = names[b], .dtype = PT_F32, .ndim = 2, .shape = {DN, DN}, .block = b, .trainable = 1, .tie = -1, .init = w + (size_t)b * DN * DN};
     }
-    pt_model_v1 m = {.struct_size = sizeof m, .n_params = BLOCKS, .params = p,
-                     .n_blocks = BLOCKS, .batch = 1, .seq = DROWS, .arch = "bench-osft-defer"};
+    pt_model_v1 m = {.struct_size = sizeof m, .n_params = BLOCKS, .params = p, .n_blocks = BLOCKS, .batch = 1, .seq = DROWS, .arch = "bench-osft-defer"};
     int rc = P->post_model_load(ctx, &m) || P->create_optimizer(ctx, NULL);
     if (rc) fprintf(stderr, "setup: %s\n", P->last_error(ctx));
     float *x = NULL, *y = NULL, *dy = NULL, *dx = NULL;

@@ -60,7 +60,9 @@ static float frand(void) {
     return (float)((double)(rs >> 11) * 0x1.0p-53 - 0.5);
 }
 
-typedef struct { double gemm, eigh, ew, total; } split;
+typedef struct {
+    double gemm, eigh, ew, total;
+} split;
 
 /* steps of an m x n parameter; the split of the last one */
 static split run_shape(int m, int n, int steps) {
@@ -86,7 +88,12 @@ static split run_shape(int m, int n, int steps) {
         s.eigh = t_eigh;
         s.ew = t_ew;
     }
-    free(W); free(g); free(M); free(V); free(aux); free(ws);
+    free(W);
+    free(g);
+    free(M);
+    free(V);
+    free(aux);
+    free(ws);
     return s;
 }
 
@@ -97,12 +104,12 @@ int main(void) {
     pt_rekls_measure_rates(&R);
     printf("REKLS step on the CPU path (one thread of the optimizer; OpenBLAS + LAPACKE)\n");
     printf("model: sgemm %.1f us/call + %.1f GFLOP/s, eigh %.1f us/call + %.1f GFLOP/s-equivalent "
-           "(9 d^3), fitted at 64 and 384\n", R.gemm_call_s * 1e6, R.gemm_flops_per_s / 1e9,
+           "(9 d^3), fitted at 64 and 384\n",
+           R.gemm_call_s * 1e6, R.gemm_flops_per_s / 1e9,
            R.eigh_call_s * 1e6, R.eigh_flops_per_s / 1e9);
     printf("%11s | %9s %9s %9s %9s | %9s %9s %9s | %6s\n", "shape", "eigh s", "gemm s", "elem s",
            "total s", "pred eigh", "pred gemm", "pred tot", "meas/pred");
-    static const int shapes[][2] = {{64, 64}, {128, 128}, {256, 256}, {512, 512}, {1024, 1024},
-                                    {768, 3072}};
+    static const int shapes[][2] = {{64, 64}, {128, 128}, {256, 256}, {512, 512}, {1024, 1024}, {768, 3072}};
     int bad = 0;
     for (int i = 0; i < 6; i++) {
         int m = shapes[i][0], n = shapes[i][1];
@@ -126,7 +133,8 @@ int main(void) {
                                        pt_rekls_eigh_flops(blk[i][0], blk[i][1]));
     }
     printf("sample_host default model (6 blocks, C = 192): REKLS work %.3f s per step on one "
-           "thread (predicted %.3f s); compare with its step time in make run\n", tot, pred);
+           "thread (predicted %.3f s); compare with its step time in make run\n",
+           tot, pred);
     if (bad && strict) {
         printf("STRICT: a shape was measured outside [0.5, 2] x its prediction\n");
         return 1;

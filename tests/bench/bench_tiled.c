@@ -34,7 +34,8 @@ static int run(int T, int tiles, res *r) {
     if (tiles > 0) snprintf(tl, sizeof tl, "[tiled_mlp]\nenabled = true\ntiles = %d\n", tiles);
     snprintf(text, sizeof text,
              "[plugin]\nlog_level = error\nbackend = host\n[memory]\ndevice_capacity = 1GiB\n"
-             "[protrain]\nforce_all_persistent = true\nn_swap = 0\nn_checkpoint = 0\n%s", tl);
+             "[protrain]\nforce_all_persistent = true\nn_swap = 0\nn_checkpoint = 0\n%s",
+             tl);
     const char *ini = sh_harness_ini(&H, "cfg", text);
     if (!ini) return 1;
     sh_train_opts o = sh_harness_opts(&H, 1, 128, 4, 1, T);

@@ -64,7 +64,8 @@ static uint8_t *fit(const uint8_t *f, size_t n, size_t *on) {
     int32_t h[8] = {0};
     if (n >= sizeof h) memcpy(h, f, sizeof h);
     uint64_t body = n >= 1024 && h[0] == SH_CKPT_MAGIC && h[1] == SH_CKPT_VERSION
-                    ? body_floats(h) : 0;
+                        ? body_floats(h)
+                        : 0;
     if (body) *on = 1024 + 4 * (size_t)body;
     uint8_t *o = calloc(*on ? *on : 1, 1);
     if (!o) abort();

@@ -34,7 +34,7 @@ static inline const char *fuzz_file(const uint8_t *data, size_t size) {
 
 /* A reader that fails must say why: an empty sentence is a finding. */
 #define FUZZ_EXPECT_SENTENCE(rc, err) \
-    do {                              \
+    do { \
         if ((rc) != 0 && !(err)[0]) abort(); \
     } while (0)
 

@@ -40,7 +40,10 @@ static size_t NF;
 static void quiet(void *u, int32_t level, const char *msg) { (void)u, (void)level, (void)msg; }
 
 /* The state file's framing (runtime/store/state_io.c: st_header). */
-enum { HDR = 104, OFF_MAGIC = 0, OFF_PAYLOAD = 32, OFF_SUM = 40 };
+enum { HDR = 104,
+       OFF_MAGIC = 0,
+       OFF_PAYLOAD = 32,
+       OFF_SUM = 40 };
 static const uint32_t MAGIC = 0x54535450u;   /* "PTST" */
 
 /* Seal f[0..n) in place when it has a header with the state magic. */

@@ -28,7 +28,9 @@
 
 _Static_assert(PT_TRACE_HEADER_BYTES == 128u && PT_TRACE_FILE_VERSION == 10u,
                "the trace file's framing changed: update OFF_* and seal() to trace_cache.h");
-enum { HDR = 128, OFF_PAYLOAD = 112, OFF_SUM = 120 };
+enum { HDR = 128,
+       OFF_PAYLOAD = 112,
+       OFF_SUM = 120 };
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

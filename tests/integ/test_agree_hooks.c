@@ -73,14 +73,12 @@ int main(void) {
     static const char *names[3] = {"emb", "b0.w", "b1.w"};
     for (int i = 0; i < 3; i++) {
         for (int k = 0; k < NEL; k++) init[i][k] = 0.01f * (float)((i * 7 + k) % 13);
-        p[i] = (pt_param_v1){.name = names[i], .dtype = PT_F32, .ndim = 1, .shape = {NEL},
-                             .block = i - 1, .trainable = 1, .tie = -1, .init = init[i]};
+        p[i] = (pt_param_v1){.name = names[i], .dtype = PT_F32, .ndim = 1, .shape = {NEL}, .block = i - 1, .trainable = 1, .tie = -1, .init = init[i]};
     }
     if (odd && !strcmp(cs, "name")) p[1].name = "b0.weight";
     if (odd && !strcmp(cs, "dtype")) p[1].dtype = PT_BF16;
     if (odd && !strcmp(cs, "init")) init[2][5] += 1e-3f;
-    pt_model_v1 m = {.struct_size = sizeof m, .n_params = 3, .params = p, .n_blocks = 2,
-                     .batch = 1, .seq = 1, .arch = "agree"};
+    pt_model_v1 m = {.struct_size = sizeof m, .n_params = 3, .params = p, .n_blocks = 2, .batch = 1, .seq = 1, .arch = "agree"};
     if ((rc = P->post_model_load(ctx, &m))) return fail_at(ctx, rank, "post_model_load", rc);
     if ((rc = P->create_optimizer(ctx, NULL))) return fail_at(ctx, rank, "create_optimizer", rc);
     int nm = odd && !strcmp(cs, "micro") ? 2 : 1;

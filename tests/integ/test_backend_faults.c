@@ -194,15 +194,15 @@ static int check_plan(const plan *pl) {
 static const char *STREAMED = "chunk_size = 64KiB\nn_persist = 1\nn_buffer = 2\n"
                               "n_checkpoint = 1\nn_swap = 2\nauto_memory = false";
 
-static const int OPS_SYNC[] = {PT_GPU_OP_MEMSET,       PT_GPU_OP_MEMCPY,
-                               PT_GPU_OP_EVENT_SYNC,   PT_GPU_OP_STREAM_SYNC,
+static const int OPS_SYNC[] = {PT_GPU_OP_MEMSET, PT_GPU_OP_MEMCPY,
+                               PT_GPU_OP_EVENT_SYNC, PT_GPU_OP_STREAM_SYNC,
                                PT_GPU_OP_EVENT_RECORD, PT_GPU_OP_STREAM_WAIT_EVENT,
-                               PT_GPU_OP_SQNORM,       PT_GPU_OP_ADAMW,
+                               PT_GPU_OP_SQNORM, PT_GPU_OP_ADAMW,
                                PT_GPU_OP_EVENT_CREATE, 0};
-static const int OPS_ASYNC[] = {PT_GPU_OP_EVENT_SYNC,   PT_GPU_OP_STREAM_SYNC,
+static const int OPS_ASYNC[] = {PT_GPU_OP_EVENT_SYNC, PT_GPU_OP_STREAM_SYNC,
                                 PT_GPU_OP_EVENT_RECORD, PT_GPU_OP_STREAM_WAIT_EVENT,
-                                PT_GPU_OP_MEMCPY,       PT_GPU_OP_MEMSET,
-                                PT_GPU_OP_HOST_FN,      0};
+                                PT_GPU_OP_MEMCPY, PT_GPU_OP_MEMSET,
+                                PT_GPU_OP_HOST_FN, 0};
 static const int OPS_RESIDENT[] = {PT_GPU_OP_ADAMW, PT_GPU_OP_SQNORM, PT_GPU_OP_MEMSET,
                                    PT_GPU_OP_STREAM_SYNC, 0};
 static const int OPS_PROFILED[] = {PT_GPU_OP_EVENT_RECORD, PT_GPU_OP_EVENT_ELAPSED_MS,
@@ -239,7 +239,9 @@ static void test_profiled(void **st) {
 
 static const pt_plugin_v1 *P = &protrain_plugin_v1;
 
-enum { NP = 5, NB = 2, MAXN = 96 };
+enum { NP = 5,
+       NB = 2,
+       MAXN = 96 };
 
 typedef struct bf16_model {
     pt_param_v1 p[NP];
@@ -280,7 +282,8 @@ static int bf16_run(int n, capture *cap, char *le, size_t lelen, int *fini_rc) {
     snprintf(text, sizeof text,
              "[plugin]\nbackend = host\nlog_level = warn\n[memory]\ndevice_capacity = 4MiB\n"
              "[protrain]\nforce_all_persistent = true\n[host_backend]\npoison = false\n"
-             "[testing]\nfail_op = convert:%d\n", n);
+             "[testing]\nfail_op = convert:%d\n",
+             n);
     pt_host_v1 host = hb_host(cap);
     host.device_kind = PT_DEVICE_HOST;
     host.log = cap_log;

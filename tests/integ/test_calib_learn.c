@@ -64,7 +64,8 @@ static void test_peak_learned(void **st) {
     hh_done(&a);
     if (!(sa.pred_peak >= pred0 + (256u << 10)))
         fail_msg("the re-plan predicts %llu bytes, the first plan %llu: the hidden 256 KiB "
-                 "was not learned", (unsigned long long)sa.pred_peak, (unsigned long long)pred0);
+                 "was not learned",
+                 (unsigned long long)sa.pred_peak, (unsigned long long)pred0);
 
     hh_host b;
     hh_make(&b, &o, ini);
@@ -93,7 +94,8 @@ static void test_time_learned(void **st) {
      * whatever the profile measured (under TSan a profile took 21 ms) */
     if (!(sa.pred_iter_s > 0.08 && sa.pred_iter_s > pred0))
         fail_msg("predicted iteration %.6f s after calibration, %.6f s before: the sleeps "
-                 "were not learned", sa.pred_iter_s, pred0);
+                 "were not learned",
+                 sa.pred_iter_s, pred0);
 
     hh_host b;
     hh_make(&b, &o, ini);
@@ -113,7 +115,8 @@ static void test_time_learned_without_replan(void **st) {
         char dir[300], ini[200];
         snprintf(dir, sizeof dir, "%s/quiet%d", cache, cal);
         snprintf(ini, sizeof ini, "[memory]\ndevice_capacity = 8MiB\n[protrain]\n"
-                 "time_replan_tolerance = 1e12\ntime_calibration = %s", cal ? "true" : "false");
+                                  "time_replan_tolerance = 1e12\ntime_calibration = %s",
+                 cal ? "true" : "false");
         hh_opts o = {.sleep_us = 10000, .cache_dir = dir};
         hh_host a;
         hh_make(&a, &o, ini);

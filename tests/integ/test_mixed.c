@@ -67,7 +67,8 @@ static void adamw_case(int dtype, const char *protrain) {
     char text[1024];
     snprintf(text, sizeof text,
              "[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 4MiB\n"
-             "[optimizer]\nlr = 0.01\nweight_decay = 0.1\n%s", protrain);
+             "[optimizer]\nlr = 0.01\nweight_decay = 0.1\n%s",
+             protrain);
     mixed_model t;
     void *ctx = mixed_open(&t, dtype, 0, "mixed", text);
 
@@ -91,7 +92,8 @@ static void adamw_case(int dtype, const char *protrain) {
     assert_int_equal(P->get_stats(ctx, &st), PT_OK);
     expect_plan(&st, protrain);
     printf("  %s, %s: %d chunks, %d resident, mode %d: 16-bit params bit-identical to the "
-           "fp32-master reference after 4 steps\n", dtype == PT_BF16 ? "bf16" : "fp16",
+           "fp32-master reference after 4 steps\n",
+           dtype == PT_BF16 ? "bf16" : "fp16",
            strstr(protrain, "n_persist = 0") ? "streamed (CPU AdamW)" : "resident (device AdamW)",
            st.n_chunk, st.n_persist, st.mode);
     assert_int_equal(P->finalize(ctx), PT_OK);
@@ -104,16 +106,35 @@ static void tier_case(int dtype) {
     char dir[] = "/tmp/test_mixed_tier.XXXXXX", ini[512];
     assert_non_null(mkdtemp(dir));
     snprintf(ini, sizeof ini, "%s[nvme]\npath = %s\nblock_size = 512\n[testing]\n"
-             "debug_tier_force = true\n", MX_STREAMED, dir);
+                              "debug_tier_force = true\n",
+             MX_STREAMED, dir);
     adamw_case(dtype, ini);
     assert_int_equal(rmdir(dir), 0);   /* finalize removed the tier's files */
 }
-static void test_bf16_tier(void **s) { (void)s; tier_case(PT_BF16); }
-static void test_fp16_tier(void **s) { (void)s; tier_case(PT_F16); }
-static void test_bf16_resident(void **s) { (void)s; adamw_case(PT_BF16, MX_RESIDENT); }
-static void test_bf16_streamed(void **s) { (void)s; adamw_case(PT_BF16, MX_STREAMED); }
-static void test_fp16_resident(void **s) { (void)s; adamw_case(PT_F16, MX_RESIDENT); }
-static void test_fp16_streamed(void **s) { (void)s; adamw_case(PT_F16, MX_STREAMED); }
+static void test_bf16_tier(void **s) {
+    (void)s;
+    tier_case(PT_BF16);
+}
+static void test_fp16_tier(void **s) {
+    (void)s;
+    tier_case(PT_F16);
+}
+static void test_bf16_resident(void **s) {
+    (void)s;
+    adamw_case(PT_BF16, MX_RESIDENT);
+}
+static void test_bf16_streamed(void **s) {
+    (void)s;
+    adamw_case(PT_BF16, MX_STREAMED);
+}
+static void test_fp16_resident(void **s) {
+    (void)s;
+    adamw_case(PT_F16, MX_RESIDENT);
+}
+static void test_fp16_streamed(void **s) {
+    (void)s;
+    adamw_case(PT_F16, MX_STREAMED);
+}
 
 /* ---- REKLS ---- */
 
@@ -129,7 +150,8 @@ static void rekls_case(int dtype, const char *protrain) {
     snprintf(text, sizeof text,
              "[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 8MiB\n"
              "[optimizer]\ntype = rekls\nlr = 0.01\nbeta2 = 0.95\nweight_decay = 0.1\n"
-             "rekls_eps = 1e-6\n%s", protrain);
+             "rekls_eps = 1e-6\n%s",
+             protrain);
     mixed_model t;
     void *ctx = mixed_open(&t, dtype, 1, "rekls-mixed", text);
 
@@ -174,16 +196,29 @@ static void rekls_case(int dtype, const char *protrain) {
     assert_int_equal(P->get_stats(ctx, &st), PT_OK);
     expect_plan(&st, protrain);
     printf("  %s, %s: %d chunks, %d resident: 16-bit params bit-identical to the fp32-master "
-           "reference after 4 steps\n", dtype == PT_BF16 ? "bf16" : "fp16",
+           "reference after 4 steps\n",
+           dtype == PT_BF16 ? "bf16" : "fp16",
            strstr(protrain, "n_persist = 0") ? "streamed (CPU REKLS)" : "resident (device REKLS)",
            st.n_chunk, st.n_persist);
     assert_int_equal(P->finalize(ctx), PT_OK);
 }
 
-static void test_rekls_bf16_resident(void **s) { (void)s; rekls_case(PT_BF16, MX_RESIDENT); }
-static void test_rekls_bf16_streamed(void **s) { (void)s; rekls_case(PT_BF16, MX_STREAMED); }
-static void test_rekls_fp16_resident(void **s) { (void)s; rekls_case(PT_F16, MX_RESIDENT); }
-static void test_rekls_fp16_streamed(void **s) { (void)s; rekls_case(PT_F16, MX_STREAMED); }
+static void test_rekls_bf16_resident(void **s) {
+    (void)s;
+    rekls_case(PT_BF16, MX_RESIDENT);
+}
+static void test_rekls_bf16_streamed(void **s) {
+    (void)s;
+    rekls_case(PT_BF16, MX_STREAMED);
+}
+static void test_rekls_fp16_resident(void **s) {
+    (void)s;
+    rekls_case(PT_F16, MX_RESIDENT);
+}
+static void test_rekls_fp16_streamed(void **s) {
+    (void)s;
+    rekls_case(PT_F16, MX_STREAMED);
+}
 
 int main(void) {
     const struct CMUnitTest adamw[] = {

@@ -52,8 +52,8 @@ static const char *ini(const char *name, const char *memory, const char *protrai
     static int runs;
     char text[1024];
     snprintf(text, sizeof text, "[plugin]\nlog_level = warn\nbackend = host\n[memory]\n%s\n"
-             "[protrain]\nchunk_size = 16KiB\n%s\n[host_backend]\nasync_compute = true\n"
-             "[testing]\ncompute_jitter = 200us\njitter_seed = %d\n",
+                                "[protrain]\nchunk_size = 16KiB\n%s\n[host_backend]\nasync_compute = true\n"
+                                "[testing]\ncompute_jitter = 200us\njitter_seed = %d\n",
              memory ? memory : "device_capacity = 256MiB", protrain, 1 + runs++ % 3);
     const char *path = sh_harness_ini(&H, name, text);
     assert_non_null(path);
@@ -96,7 +96,8 @@ static void run(const pt_plugin_v1 *tbl, const char *ini_path, float clip, int n
 static run_out REF1, REF4, REFC; /* --no-plugin: n_micro 1, n_micro 4, clipping */
 
 static const run_out *ref(int n_micro, float clip) {
-    run_out *r = clip > 0 ? &REFC : n_micro == 4 ? &REF4 : &REF1;
+    run_out *r = clip > 0 ? &REFC : n_micro == 4 ? &REF4
+                                                 : &REF1;
     if (!r->params) {
         run(NULL, NULL, clip, n_micro, r);
         assert_true(r->loss[STEPS - 1] < r->loss[0]);
@@ -195,7 +196,8 @@ static void test_capacity(void **s) {
     snprintf(mem, sizeof mem, "device_capacity = %llu", (unsigned long long)cap);
     run(H.plug.table, ini("small", mem, ""), 0, 1, &p);
     printf("  capacity %.2f MiB (60%% of resident peak %.2f MiB): peak %.2f MiB, n_persist %d/%d, "
-           "n_buffer %d, n_swap %d, n_checkpoint %d\n", cap / 1048576.0,
+           "n_buffer %d, n_swap %d, n_checkpoint %d\n",
+           cap / 1048576.0,
            full.st.dev_peak / 1048576.0, p.st.dev_peak / 1048576.0, p.st.n_persist, p.st.n_chunk,
            p.st.n_buffer, p.st.n_swap, p.st.n_checkpoint);
     assert_true(p.st.dev_capacity == cap);

@@ -58,7 +58,8 @@ static int setup(void **st) {
     sh_harness_log_level = 0; /* errors only: calibration warnings are expected here */
     return sh_harness_open(&H, "test_plan_accuracy",
                            " !\"#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`"
-                           "abcdefghijklmnopqrstuvwxyz{|}~", 20000, 7, 1);
+                           "abcdefghijklmnopqrstuvwxyz{|}~",
+                           20000, 7, 1);
 }
 
 static int teardown(void **st) {
@@ -78,8 +79,9 @@ static void run_in(const char *cache, int learn, const char *knobs, meas *m) {
     char text[1024], dir[400] = "";
     if (cache) snprintf(dir, sizeof dir, "cache_dir = %s/%s\n", H.dir, cache);
     snprintf(text, sizeof text, "[plugin]\nlog_level = error\nbackend = host\n[memory]\n"
-             "device_capacity = 256MiB\n[host_backend]\ncopy_bandwidth = 400MB/s\n[protrain]\n"
-             "chunk_size = 128KiB\n%stime_calibration = %s\n%s\n", dir,
+                                "device_capacity = 256MiB\n[host_backend]\ncopy_bandwidth = 400MB/s\n[protrain]\n"
+                                "chunk_size = 128KiB\n%stime_calibration = %s\n%s\n",
+             dir,
              learn ? "true" : "false", knobs);
     const char *path = sh_harness_ini(&H, "cfg", text);
     assert_non_null(path);
@@ -122,7 +124,9 @@ static int cmp_d(const void *a, const void *b) {
  *   LEARNED  the same, with the calibration that first run learned from its
  *            own steps stored with the profile (as the next job on a machine
  *            plans). */
-enum { OWN, SHARED, LEARNED };
+enum { OWN,
+       SHARED,
+       LEARNED };
 static const char *const sweep_name[] = {
     "every run profiles itself and is measured against its own prediction",
     "one cached profile predicts every run",
@@ -131,7 +135,8 @@ static const char *const sweep_name[] = {
 /* One sweep over the 12 configurations; returns how many are within 15% and
  * the median and max of |measured/predicted - 1| in *med, *max. */
 static int sweep(int kind, int strict, double *med, double *max) {
-    const char *cache = kind == OWN ? NULL : kind == SHARED ? "cache" : "cache_learned";
+    const char *cache = kind == OWN ? NULL : kind == SHARED ? "cache"
+                                                            : "cache_learned";
     /* n_persist counts the prefix in execution order; mandatory chunks stay too.
      * A first run (all knobs searched) tells the chunk count N. */
     meas first;
@@ -144,7 +149,10 @@ static int sweep(int kind, int strict, double *med, double *max) {
         snprintf(all[k], sizeof all[k], "n_persist = %d\nn_buffer = 0\nn_swap = %d\nn_checkpoint = %d",
                  N, allsc[k][0], allsc[k][1]);
     const char *cfg[] = {
-        all[0], all[1], all[2], all[3],
+        all[0],
+        all[1],
+        all[2],
+        all[3],
         "n_persist = 0\nn_buffer = auto\nn_swap = 0\nn_checkpoint = 0",
         "n_persist = 0\nn_buffer = auto\nn_swap = 0\nn_checkpoint = 4",
         "n_persist = 0\nn_buffer = auto\nn_swap = 2\nn_checkpoint = 1",
@@ -196,7 +204,8 @@ static int sweep(int kind, int strict, double *med, double *max) {
     *med = err[n / 2];
     *max = err[n - 1];
     printf("  time within 15%%: %d of %d configurations; |measured/predicted - 1| median %.1f%%, "
-           "max %.1f%%%s\n", time_ok, n, *med * 100, *max * 100,
+           "max %.1f%%%s\n",
+           time_ok, n, *med * 100, *max * 100,
            strict ? " (strict: median of 3 runs each, in 3 round-robin rounds)" : "");
     return time_ok;
 }

@@ -137,7 +137,8 @@ static void test_between_passes(void **st) {
     snprintf(dir, sizeof dir, "%s/probe", H.dir);
     snprintf(text, sizeof text,
              "[plugin]\nlog_level = error\nbackend = host\n[memory]\ndevice_capacity = 64MiB\n"
-             "[protrain]\ncache_dir = %s\nchunk_size = 64KiB\n", dir);
+             "[protrain]\ncache_dir = %s\nchunk_size = 64KiB\n",
+             dir);
     start_only("probe", text, 256, 4, 1, 16);   /* wide and short: state over activations */
     DIR *d = opendir(dir);
     assert_non_null(d);
@@ -152,7 +153,8 @@ static void test_between_passes(void **st) {
     uint64_t scratch = 0;
     for (int k = 0; k < t.n_chunk; k++) scratch += 16 * t.chunks[k].trainable_elems;
     printf("  free %.3g B/s (after forward %.3g), device AdamW %.3g elements/s, fragmentation reading at a %llu-byte "
-           "peak, sweep scratch %llu bytes\n", t.hw.free_Bps, t.hw.free_fwd_Bps, t.hw.dev_adam_elems_per_s,
+           "peak, sweep scratch %llu bytes\n",
+           t.hw.free_Bps, t.hw.free_fwd_Bps, t.hw.dev_adam_elems_per_s,
            (unsigned long long)t.frag.peak_bytes, (unsigned long long)scratch);
     assert_true(t.hw.free_Bps > 0);
     assert_true(t.hw.free_fwd_Bps > 0);   /* every profiled block is CKPT: freed after forward too */

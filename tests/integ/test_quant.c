@@ -48,7 +48,11 @@
 static const pt_plugin_v1 *P = &protrain_plugin_v1;
 
 /* params: 0 emb, 1 lut, then (w_b, q_b) per block, last head */
-enum { NB = 4, NW = 8192, NEL = 4096, NPAR = 3 + 2 * NB, STEPS = 4 };
+enum { NB = 4,
+       NW = 8192,
+       NEL = 4096,
+       NPAR = 3 + 2 * NB,
+       STEPS = 4 };
 
 typedef struct qhost {
     void *ctx;
@@ -149,8 +153,7 @@ static int start(qhost *h, int G, int32_t q_trainable, const char *ini_extra) {
     unsigned rng = 12345u;
     for (int i = 0; i < NPAR; i++) {
         pt_param_v1 *q = &h->p[i];
-        *q = (pt_param_v1){.name = h->names[i], .ndim = 1, .block = -1, .trainable = 1,
-                           .tie = -1};
+        *q = (pt_param_v1){.name = h->names[i], .ndim = 1, .block = -1, .trainable = 1, .tie = -1};
         if (i == 0 || i == NPAR - 1) {
             snprintf(h->names[i], sizeof h->names[i], i ? "head" : "emb");
             float *v = xmalloc(NEL * sizeof(float));
@@ -195,8 +198,7 @@ static int start(qhost *h, int G, int32_t q_trainable, const char *ini_extra) {
         }
         q->init = h->init[i];
     }
-    h->m = (pt_model_v1){.struct_size = sizeof h->m, .n_params = NPAR, .params = h->p,
-                         .n_blocks = NB, .batch = 1, .seq = 1, .arch = "quant-test"};
+    h->m = (pt_model_v1){.struct_size = sizeof h->m, .n_params = NPAR, .params = h->p, .n_blocks = NB, .batch = 1, .seq = 1, .arch = "quant-test"};
     char text[1024];
     int n = snprintf(text, sizeof text,
                      "[plugin]\nbackend = host\nlog_level = %s\n[memory]\ndevice_capacity = "
@@ -212,9 +214,7 @@ static int start(qhost *h, int G, int32_t q_trainable, const char *ini_extra) {
 
 static void make(qhost *h, int G, const char *ini_extra) {
     if (start(h, G, 0, ini_extra)) fail_msg("post_model_load: %s", P->last_error(h->ctx));
-    pt_optim_v1 od = {.struct_size = sizeof od, .type = PT_OPTIM_ADAMW, .lr = 1e-2f,
-                     .beta1 = NAN, .beta2 = NAN, .eps = NAN, .weight_decay = NAN,
-                     .max_grad_norm = NAN};
+    pt_optim_v1 od = {.struct_size = sizeof od, .type = PT_OPTIM_ADAMW, .lr = 1e-2f, .beta1 = NAN, .beta2 = NAN, .eps = NAN, .weight_decay = NAN, .max_grad_norm = NAN};
     if (P->create_optimizer(h->ctx, &od)) fail_msg("create_optimizer: %s", P->last_error(h->ctx));
 }
 
@@ -379,7 +379,8 @@ static void test_plan_counts_bytes(void **st) {
     plan_of(32, nc2, &ms2, &h2, &r2, &nc2);
     if (ms2 - ms1 != NB * 2 * D)
         fail_msg("resident model states grew by %.0f bytes for %.0f more bytes in each of %d "
-                 "blocks (want %.0f)", ms2 - ms1, D, NB, NB * 2 * D);
+                 "blocks (want %.0f)",
+                 ms2 - ms1, D, NB, NB * 2 * D);
     assert_true(r2 - r1 == ms2 - ms1);
 }
 

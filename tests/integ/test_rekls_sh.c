@@ -125,7 +125,8 @@ static void offload_vs_resident(float clip, int n_micro, run_out *keep) {
     for (int s = 0; s < 6; s++) assert_true(isfinite(a.loss[s]));
     assert_true(same(&a, &b, 6));
     printf("  clip %g, %d micro-batch(es): resident and offloaded REKLS bit-identical over 6 steps "
-           "(loss %.6f -> %.9f)\n", (double)clip, n_micro, a.loss[0], a.loss[5]);
+           "(loss %.6f -> %.9f)\n",
+           (double)clip, n_micro, a.loss[0], a.loss[5]);
     if (keep) *keep = a;
     else free(a.params);
     free(b.params);
@@ -218,7 +219,8 @@ static void test_refuses_osft(void **s) {
     snprintf(text, sizeof text,
              "[plugin]\nlog_level = error\nbackend = host\n[memory]\ndevice_capacity = 256MiB\n"
              "[protrain]\nforce_all_persistent = true\n[optimizer]\n%s\n[osft]\nenabled = true\n"
-             "targets = qkvw,attprojw,fcw,fcprojw\n", REKLS);
+             "targets = qkvw,attprojw,fcw,fcprojw\n",
+             REKLS);
     sh_train_opts o = sh_harness_opts(&H, NL, 32, 2, 4, 32);
     o.tbl = H.plug.table;
     o.ini_path = sh_harness_ini(&H, "osft", text);

@@ -95,8 +95,19 @@ static int run_case_wd(int m, int n, int split, float oracle_bs, float wd, int w
             memcmp(Rl, v.R + (size_t)r * (n / P) * n, (size_t)(n / P) * n * 4))
             same = 0;
     }
-    free(W); free(g); free(M); free(V); free(aux); free(ws); free(Wl); free(gl); free(Mt);
-    free(Vt); free(Ll); free(Rl); free(wst);
+    free(W);
+    free(g);
+    free(M);
+    free(V);
+    free(aux);
+    free(ws);
+    free(Wl);
+    free(gl);
+    free(Mt);
+    free(Vt);
+    free(Ll);
+    free(Rl);
+    free(wst);
     return same;
 }
 static int run_case(int m, int n, int split, float oracle_bs) {

@@ -62,7 +62,8 @@ static void write_ini(char *path, const char *name, const char *protrain) {
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     fprintf(f, "[plugin]\nlog_level = warn\nbackend = host\n[memory]\ndevice_capacity = 1GiB\n"
-               "[protrain]\n%s\n", protrain);
+               "[protrain]\n%s\n",
+            protrain);
     assert_int_equal(fclose(f), 0);
 }
 
@@ -105,10 +106,24 @@ static char *path_in(char *buf, const char *name) {
 static void cfg(sh_config *c, const char *ini, const char *metrics, const char *save,
                 const char *ckdir) {
     sh_config_defaults(c);
-    c->layers = 2; c->heads = 2; c->channels = 32; c->seq = 16; c->batch = 4;
-    c->grad_accum = 2; c->steps = STEPS; c->seed = 11; c->lr = 3e-3f; c->warmup = 2;
-    c->weight_decay = 0.1f; c->max_grad_norm = 0.5f; c->val_every = 3; c->val_batches = 2;
-    c->gen_every = 3; c->gen_len = 6; c->metrics_no_time = 1; c->quiet = 1;
+    c->layers = 2;
+    c->heads = 2;
+    c->channels = 32;
+    c->seq = 16;
+    c->batch = 4;
+    c->grad_accum = 2;
+    c->steps = STEPS;
+    c->seed = 11;
+    c->lr = 3e-3f;
+    c->warmup = 2;
+    c->weight_decay = 0.1f;
+    c->max_grad_norm = 0.5f;
+    c->val_every = 3;
+    c->val_batches = 2;
+    c->gen_every = 3;
+    c->gen_len = 6;
+    c->metrics_no_time = 1;
+    c->quiet = 1;
     snprintf(c->data, sizeof c->data, "%s", TEXT);
     snprintf(c->metrics, sizeof c->metrics, "%s", metrics);
     if (save) snprintf(c->save, sizeof c->save, "%s", save);
@@ -272,10 +287,11 @@ static void need_exe(void) {
 static void bin_args(char *buf, size_t n, const char *ini, const char *metrics, const char *save,
                      const char *ck, const char *extra) {
     snprintf(buf, n, "--layers 2 --heads 2 --channels 32 --seq 16 --batch 4 --grad-accum 2 "
-             "--steps %d --seed 11 --lr 3e-3 --warmup 2 --weight-decay 0.1 --max-grad-norm 0.5 "
-             "--val-every 3 --val-batches 2 --gen-every 3 --gen-len 6 --metrics-no-time "
-             "--progress off --data '%s' --metrics '%s' --save '%s' --checkpoint-dir '%s' "
-             "%s%s%s %s", STEPS, TEXT, metrics, save, ck,
+                     "--steps %d --seed 11 --lr 3e-3 --warmup 2 --weight-decay 0.1 --max-grad-norm 0.5 "
+                     "--val-every 3 --val-batches 2 --gen-every 3 --gen-len 6 --metrics-no-time "
+                     "--progress off --data '%s' --metrics '%s' --save '%s' --checkpoint-dir '%s' "
+                     "%s%s%s %s",
+             STEPS, TEXT, metrics, save, ck,
              ini ? "--config '" : "--no-plugin", ini ? ini : "", ini ? "'" : "", extra);
     if (ini) {
         size_t u = strlen(buf);
@@ -420,7 +436,8 @@ static void test_sigkill(void **st) {
         in_save += mid;
         progress = newest(ck);
         printf("  kill %d%s: newest generation %d%s\n", i + 1,
-               i < 2 ? " (early)" : in_phase ? " (in a save)" : " (after a new generation)",
+               i < 2 ? " (early)" : in_phase ? " (in a save)"
+                                             : " (after a new generation)",
                newest(ck), mid ? ", inside a save" : "");
     }
     assert_int_equal(run_bin(args, lg), 0);
@@ -433,7 +450,8 @@ static void test_sigkill(void **st) {
     assert_int_equal(count_entries(ck, ".del."), 0);
     assert_int_equal(count_entries(ck, "gen-"), 2);
     printf("  %d kills (%d inside a save), then identical losses and parameters; no "
-           "leftovers\n", kills, in_save);
+           "leftovers\n",
+           kills, in_save);
     assert_true(in_save >= 2);   /* kills 3 and 4 waited for a save in progress */
     assert_true(progress >= 3);  /* kills 5-7 each waited for one more generation */
 }

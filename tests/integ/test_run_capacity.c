@@ -104,7 +104,8 @@ static void test_metrics_within_capacity(void **st) {
 
     /* the same capacity with everything forced resident: a clear error, exit != 0 */
     rc = run("[plugin]\nbackend = host\nlog_level = warn\n[memory]\ndevice_capacity = 6MiB\n"
-             "[protrain]\nforce_all_persistent = true\nn_checkpoint = 0\nn_swap = 0\n", "");
+             "[protrain]\nforce_all_persistent = true\nn_checkpoint = 0\nn_swap = 0\n",
+             "");
     assert_int_not_equal(rc, 0);
     char *all = out_text();
     printf("  forced resident: %s", strstr(all, "out of memory") ? strstr(all, "out of memory") : all);
@@ -133,7 +134,8 @@ static void test_pinned_one_round(void **st) {
     free(all);
     printf("  pinned_budget = 1: the refusal asks for %llu bytes\n", want);
     snprintf(ini, sizeof ini, "[plugin]\nbackend = host\nlog_level = warn\n"
-                              "[memory]\ndevice_capacity = 6MiB\npinned_budget = %llu\n", want);
+                              "[memory]\ndevice_capacity = 6MiB\npinned_budget = %llu\n",
+             want);
     int rc = run(ini, "--steps 2");
     show_out(rc);
     assert_int_equal(rc, 0);
@@ -154,7 +156,8 @@ static int rounds_from(const char *start, unsigned long long *said) {
     snprintf(cap, sizeof cap, "%s", start);
     for (int r = 1; r <= 20; r++) {
         snprintf(ini, sizeof ini, "[plugin]\nbackend = host\nlog_level = warn\n"
-                                  "[memory]\ndevice_capacity = %s\n", cap);
+                                  "[memory]\ndevice_capacity = %s\n",
+                 cap);
         if (run(ini, "--steps 3") == 0) return r;
         char *all = out_text();
         const char *at = strstr(all, "it needs ");

@@ -50,10 +50,24 @@ static int teardown(void **st) {
 
 static void tiny(sh_config *c, const char *metrics, uint64_t seed) {
     sh_config_defaults(c);
-    c->layers = 2; c->heads = 2; c->channels = 16; c->seq = 16; c->batch = 4;
-    c->grad_accum = 2; c->steps = 8; c->seed = seed; c->lr = 3e-3f; c->warmup = 2;
-    c->weight_decay = 0.1f; c->max_grad_norm = 0.5f; c->val_every = 4; c->val_batches = 2;
-    c->gen_every = 4; c->gen_len = 8; c->no_plugin = 1; c->metrics_no_time = 1;
+    c->layers = 2;
+    c->heads = 2;
+    c->channels = 16;
+    c->seq = 16;
+    c->batch = 4;
+    c->grad_accum = 2;
+    c->steps = 8;
+    c->seed = seed;
+    c->lr = 3e-3f;
+    c->warmup = 2;
+    c->weight_decay = 0.1f;
+    c->max_grad_norm = 0.5f;
+    c->val_every = 4;
+    c->val_batches = 2;
+    c->gen_every = 4;
+    c->gen_len = 8;
+    c->no_plugin = 1;
+    c->metrics_no_time = 1;
     c->quiet = 1;
     snprintf(c->data, sizeof c->data, "%s", TEXT);
     snprintf(c->metrics, sizeof c->metrics, "%s", metrics);
@@ -140,12 +154,20 @@ static void test_accumulation(void **st) {
     sh_train_opts o;
     memset(&o, 0, sizeof o);
     o.dims = (sh_dims){.V = 256, .maxT = 16, .L = 2, .NH = 2, .C = 16};
-    o.T = 16; o.seed = 9; o.lr = 1e-3f; o.beta1 = 0.9f; o.beta2 = 0.95f; o.eps = 1e-8f;
-    o.train = &tr_tok; o.val = &va_tok;
+    o.T = 16;
+    o.seed = 9;
+    o.lr = 1e-3f;
+    o.beta1 = 0.9f;
+    o.beta2 = 0.95f;
+    o.eps = 1e-8f;
+    o.train = &tr_tok;
+    o.val = &va_tok;
     sh_trainer *a = NULL, *b = NULL;
-    o.B = 4; o.n_micro = 1;
+    o.B = 4;
+    o.n_micro = 1;
     assert_int_equal(sh_trainer_create(&a, &o, err, sizeof err), 0);
-    o.B = 2; o.n_micro = 2;
+    o.B = 2;
+    o.n_micro = 2;
     assert_int_equal(sh_trainer_create(&b, &o, err, sizeof err), 0);
     for (int s = 1; s <= 3; s++) {
         double la, lb;
@@ -181,7 +203,8 @@ static void test_binary(void **st) {
                          "--metrics-no-time --progress off";
     for (int i = 1; i <= 2; i++) {
         snprintf(args, sizeof args, "%s --data '%s' --steps 6 --seed 3 --metrics '%s/b%d.jsonl' "
-                 "--save '%s/b.ckpt'", common, TEXT, DIR_, i, DIR_);
+                                    "--save '%s/b.ckpt'",
+                 common, TEXT, DIR_, i, DIR_);
         assert_int_equal(run_bin(exe, args), 0);
     }
     char p1[300], p2[300], lg[300];

@@ -78,7 +78,8 @@ static const char *write_ini(const char *name, const char *protrain_section) {
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     fprintf(f, "[plugin]\nlog_level = warn\nbackend = host\n[memory]\ndevice_capacity = 1GiB\n"
-               "[protrain]\n%s\n", protrain_section);
+               "[protrain]\n%s\n",
+            protrain_section);
     assert_int_equal(fclose(f), 0);
     return path;
 }
@@ -97,10 +98,20 @@ static void run(const pt_plugin_v1 *tbl, const char *ini, float clip, int n_micr
     sh_train_opts o;
     memset(&o, 0, sizeof o);
     o.dims = (sh_dims){.V = 256, .maxT = 32, .L = 4, .NH = 2, .C = 32};
-    o.B = 4; o.T = 32; o.n_micro = n_micro; o.seed = 21;
-    o.lr = 2e-3f; o.beta1 = 0.9f; o.beta2 = 0.95f; o.eps = 1e-8f; o.weight_decay = 0.1f;
+    o.B = 4;
+    o.T = 32;
+    o.n_micro = n_micro;
+    o.seed = 21;
+    o.lr = 2e-3f;
+    o.beta1 = 0.9f;
+    o.beta2 = 0.95f;
+    o.eps = 1e-8f;
+    o.weight_decay = 0.1f;
     o.max_grad_norm = clip;
-    o.tbl = tbl; o.ini_path = ini; o.train = &TR; o.val = &VA;
+    o.tbl = tbl;
+    o.ini_path = ini;
+    o.train = &TR;
+    o.val = &VA;
     o.log = quiet_log;
     sh_trainer *tr = NULL;
     char err[1024];
@@ -153,7 +164,8 @@ static void expect_identical(const char *what, const run_out *a, const run_out *
 static void expect_plan(const run_out *r, int mode, int n_swap, int n_ckpt) {
     const pt_stats_v1 *s = &r->st;
     printf("  %-22s plan: mode %d, %d of %d chunks resident, %d SWAP, %d CKPT; %.2f MiB "
-           "swapped out, %lld recomputes, %.2f MiB to the host, CPU optimizer %.3f s\n", "",
+           "swapped out, %lld recomputes, %.2f MiB to the host, CPU optimizer %.3f s\n",
+           "",
            s->mode, s->n_persist, s->n_chunk, s->n_swap, s->n_checkpoint,
            (double)s->swap_bytes / 1048576.0, (long long)s->recomputes,
            (double)s->d2h_bytes / 1048576.0, s->cpu_optim_s);
@@ -200,7 +212,8 @@ static void test_resident(void **st) {
     ensure_ref();
     run_out p;
     run(PLUG.table, write_ini("resident", "force_all_persistent = true\nn_checkpoint = 0\n"
-                                          "n_swap = 0"), 0.0f, 2, &p);
+                                          "n_swap = 0"),
+        0.0f, 2, &p);
     assert_true(p.dev_peak > 0 && p.dev_peak <= p.dev_capacity);
     PEAK_RESIDENT = p.dev_peak;
     expect_identical("resident (mode A)", &p, &REF);
@@ -212,7 +225,8 @@ static void test_checkpoint_all(void **st) {
     run_out p;
     ensure_ref();
     run(PLUG.table, write_ini("ckpt", "force_all_persistent = true\nn_checkpoint = 4\n"
-                                      "n_swap = 0"), 0.0f, 2, &p);
+                                      "n_swap = 0"),
+        0.0f, 2, &p);
     expect_identical("CKPT on every block", &p, &REF);
     /* the INI took effect: dropping the arenas lowers the peak */
     if (PEAK_RESIDENT) assert_true(p.dev_peak < PEAK_RESIDENT);
@@ -224,7 +238,8 @@ static void test_swap_ckpt(void **st) {
     run_out p;
     ensure_ref();
     run(PLUG.table, write_ini("swap", "force_all_persistent = true\nn_checkpoint = 1\n"
-                                      "n_swap = 2"), 0.0f, 2, &p);
+                                      "n_swap = 2"),
+        0.0f, 2, &p);
     expect_identical("SWAP 2 + CKPT 1", &p, &REF);
     expect_plan(&p, 0, 2, 1);
     free(p.params);
@@ -240,7 +255,8 @@ static void test_offload(void **st) {
     run_out p;
     ensure_ref();
     run(PLUG.table, write_ini("offload", "chunk_size = 64KiB\nn_persist = 1\nn_buffer = 2\n"
-                                         "n_checkpoint = 2\nn_swap = 1"), 0.0f, 2, &p);
+                                         "n_checkpoint = 2\nn_swap = 1"),
+        0.0f, 2, &p);
     expect_identical("offload + SWAP/CKPT", &p, &REF);
     expect_plan(&p, 1, 1, 2);
     free(p.params);

@@ -45,7 +45,8 @@ static const char *ini(const char *name, const char *prot) {
     snprintf(text, sizeof text,
              "[plugin]\nlog_level = warn\nbackend = host\n[memory]\ndevice_capacity = 1GiB\n"
              "[protrain]\n%s\n[osft]\nenabled = true\nunfreeze_rank_ratio = 0.4\n"
-             "targets = qkvw,attprojw,fcw,fcprojw\n", prot);
+             "targets = qkvw,attprojw,fcw,fcprojw\n",
+             prot);
     const char *p = sh_harness_ini(&H, name, text);
     assert_non_null(p);
     return p;
@@ -88,7 +89,8 @@ static void test_streamed_equals_resident(void **st) {
     assert_int_equal(sh_trainer_stats(b, &s), 0);
     assert_int_equal(sh_trainer_destroy(b), 0);
     printf("  OSFT in sample_host: loss %.5f -> %.5f over %d steps; streamed (%d of %d chunks "
-           "resident, CPU Adam) bit-identical to resident\n", lr[0], lr[STEPS - 1], STEPS,
+           "resident, CPU Adam) bit-identical to resident\n",
+           lr[0], lr[STEPS - 1], STEPS,
            s.n_persist, s.n_chunk);
     assert_true(s.n_persist < s.n_chunk);
     assert_true(lr[STEPS - 1] < lr[0]);
@@ -120,7 +122,8 @@ static void test_export_dense(void **st) {
     assert_int_equal(sh_trainer_eval(d, STEPS, 2, &vd), 0);
     assert_int_equal(sh_trainer_destroy(d), 0);
     printf("  export: validation loss factorised %.9f, dense checkpoint without the plugin "
-           "%.9f (relative %.3g)\n", vf, vd, fabs(vf - vd) / vd);
+           "%.9f (relative %.3g)\n",
+           vf, vd, fabs(vf - vd) / vd);
     assert_true(fabs(vf - vd) / vd <= 1e-5);
 }
 

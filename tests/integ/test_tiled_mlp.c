@@ -116,7 +116,8 @@ static void test_tile_counts(void **st) {
         run(&o, ini(nm, prot, tiles[i]), STEPS, &t);
         double d = max_rel_loss(&t, &ref, STEPS);
         printf("tiles %2d over 50 tokens (B 2 x T 25): N_eff %llu, max relative loss "
-               "difference over %d steps %.3g\n", tiles[i], (unsigned long long)t.st.mlp_tiles,
+               "difference over %d steps %.3g\n",
+               tiles[i], (unsigned long long)t.st.mlp_tiles,
                STEPS, d);
         assert_int_equal(t.st.mlp_tiles, (uint64_t)neff[i]);
         assert_true(d <= 1e-6);
@@ -207,7 +208,8 @@ static void test_grads(void **st) {
         }
     }
     printf("MLP weight gradients, tiles 3 vs untiled: max relative difference %.3g (after "
-           "micro-batch 1, G0 + dW: %.3g); dW1 / |G| = %.3g\n", worst, worst_acc, worst_scale);
+           "micro-batch 1, G0 + dW: %.3g); dW1 / |G| = %.3g\n",
+           worst, worst_acc, worst_scale);
     assert_true(worst <= 1e-6);
     assert_true(worst_scale > 1e-2);
     for (int c = 0; c < 4; c++)
@@ -227,7 +229,8 @@ static void test_ckpt_streamed(void **st) {
     run(&o, ini("cs_tiled", prot, 7), 10, &t);
     double d = max_rel_loss(&t, &ref, 10);
     printf("CKPT every block + streamed chunks (CPU Adam), tiles 7, 2 micro-batches: max "
-           "relative loss difference over 10 steps %.3g; recomputes %lld, H2D %llu bytes\n", d,
+           "relative loss difference over 10 steps %.3g; recomputes %lld, H2D %llu bytes\n",
+           d,
            (long long)t.st.recomputes, (unsigned long long)t.st.h2d_bytes);
     assert_true(d <= 1e-6);
     assert_true(t.st.recomputes > 0);
@@ -244,7 +247,8 @@ static void test_peak(void **st) {
     run(&o, ini("p_untiled", prot, 0), 2, &ref);
     run(&o, ini("p_tiled", prot, 8), 2, &t);
     printf("T 1024, C 256, 1 block: device peak untiled %.2f MiB, tiles 8 %.2f MiB; "
-           "losses %.9f / %.9f\n", ref.st.dev_peak / 1048576.0, t.st.dev_peak / 1048576.0,
+           "losses %.9f / %.9f\n",
+           ref.st.dev_peak / 1048576.0, t.st.dev_peak / 1048576.0,
            ref.loss[1], t.loss[1]);
     assert_true(t.st.dev_peak < ref.st.dev_peak);
     assert_true(max_rel_loss(&t, &ref, 2) <= 1e-6);
@@ -272,7 +276,8 @@ static void test_plan(void **st) {
     assert_non_null(strstr(buf, "\"mlp_tiles\": 4, \"mlp_tile_len\": 128"));
     printf("24 MiB device, L 4, C 128, B 2 x T 256: untiled n_swap %d n_checkpoint %d, peak "
            "%.2f MiB (predicted %.2f); tiles 4: n_swap %d n_checkpoint %d, peak %.2f MiB "
-           "(predicted %.2f)\n", ref.st.n_swap, ref.st.n_checkpoint, ref.st.dev_peak / 1048576.0,
+           "(predicted %.2f)\n",
+           ref.st.n_swap, ref.st.n_checkpoint, ref.st.dev_peak / 1048576.0,
            ref.st.pred_peak / 1048576.0, t.st.n_swap, t.st.n_checkpoint,
            t.st.dev_peak / 1048576.0, t.st.pred_peak / 1048576.0);
     assert_true(t.st.n_swap + t.st.n_checkpoint < ref.st.n_swap + ref.st.n_checkpoint);
@@ -293,7 +298,8 @@ static void test_auto(void **st) {
     run(&o, ini("auto72", "[memory]\ndevice_capacity = 72MiB", -1), 1, &b);
     printf("tiles = auto over 1024 tokens: 56 MiB device -> %llu tiles, peak %.2f MiB "
            "(predicted %.2f); 72 MiB -> %llu tiles, peak %.2f MiB (predicted %.2f); losses "
-           "%.9f / %.9f\n", (unsigned long long)a.st.mlp_tiles, a.st.dev_peak / 1048576.0,
+           "%.9f / %.9f\n",
+           (unsigned long long)a.st.mlp_tiles, a.st.dev_peak / 1048576.0,
            a.st.pred_peak / 1048576.0, (unsigned long long)b.st.mlp_tiles,
            b.st.dev_peak / 1048576.0, b.st.pred_peak / 1048576.0, a.loss[0], b.loss[0]);
     /* The byte counts depend on the host's backward scratch, which holds one

@@ -80,7 +80,8 @@ static const pt_plugin_v1 *PL = &protrain_plugin_v1;
 static pt_coll *COLL;
 static int WORLD = 1, RANK = 0, TP = 1, D = 1;
 
-enum { NW = 4, STEPS = 5 };
+enum { NW = 4,
+       STEPS = 5 };
 static const int FM[NW] = {16, 32, 24, 32}, FN[NW] = {32, 16, 40, 1};
 static const int SPLIT0[NW] = {1, 2, 0, 1};
 static int SPLIT[NW] = {1, 2, 0, 1};   /* test_all_split_resident splits b2.w too */
@@ -129,7 +130,10 @@ static int32_t pass(void *user) {
     }
     return isfinite(loss) ? 0 : PT_ERR_INTERNAL;
 }
-static int32_t recompute(void *user, int32_t b) { (void)user, (void)b; return 0; }
+static int32_t recompute(void *user, int32_t b) {
+    (void)user, (void)b;
+    return 0;
+}
 static void hlog(void *user, int32_t level, const char *msg) {
     (void)user, (void)level;
     if (getenv("TP_LOG")) fprintf(stderr, "[rank %d] %s\n", RANK, msg);
@@ -156,13 +160,9 @@ static int start(host *h, int P, const char *extra, int split0, int cols0, int d
                 pt_store_elem(h->init[w], dtype, (size_t)i * h->ln[w] + j,
                               winit(w, fi(h, w, i), fj(h, w, j)));
         snprintf(names[w], sizeof names[w], w == 3 ? "b%d.b" : "b%d.w", w);
-        h->p[w] = (pt_param_v1){.name = names[w], .dtype = dtype, .ndim = w == 3 ? 1 : 2,
-                                .shape = {h->lm[w], w == 3 ? 0 : h->ln[w]}, .block = w,
-                                .trainable = 1, .tie = -1,
-                                .tp_split = w == 0 ? split0 : SPLIT[w], .init = h->init[w]};
+        h->p[w] = (pt_param_v1){.name = names[w], .dtype = dtype, .ndim = w == 3 ? 1 : 2, .shape = {h->lm[w], w == 3 ? 0 : h->ln[w]}, .block = w, .trainable = 1, .tie = -1, .tp_split = w == 0 ? split0 : SPLIT[w], .init = h->init[w]};
     }
-    h->m = (pt_model_v1){.struct_size = sizeof h->m, .n_params = NW, .params = h->p,
-                         .n_blocks = NW, .batch = 1, .seq = 1, .arch = "tp-hooks"};
+    h->m = (pt_model_v1){.struct_size = sizeof h->m, .n_params = NW, .params = h->p, .n_blocks = NW, .batch = 1, .seq = 1, .arch = "tp-hooks"};
     char text[1024];
     int n = snprintf(text, sizeof text,
                      "[plugin]\nbackend = host\nlog_level = %s\n[optimizer]\ncpu_threads = 1\n"
@@ -189,9 +189,7 @@ static void stop(host *h) {
 
 /* beta2, wd: the descriptor's (NaN: the INI's) */
 static int create_opt(host *h, int type, float max_norm, float beta2, float wd) {
-    pt_optim_v1 od = {.struct_size = sizeof od, .type = type, .lr = 1e-3f,
-                      .beta1 = 0.9f, .beta2 = beta2, .eps = NAN, .weight_decay = wd,
-                      .max_grad_norm = max_norm};
+    pt_optim_v1 od = {.struct_size = sizeof od, .type = type, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = beta2, .eps = NAN, .weight_decay = wd, .max_grad_norm = max_norm};
     return PL->create_optimizer(h->ctx, &od);
 }
 
@@ -376,8 +374,14 @@ static int run(const runopt *o, double *norm_err) {
         fclose(fp);
     }
     for (int w = 0; w < NW; w++) {
-        free(W[w]); free(G[w]); free(M[w]); free(V[w]); free(aux[w]); free(ws[w]);
-        free(acc[w]); free(Wc[w]);
+        free(W[w]);
+        free(G[w]);
+        free(M[w]);
+        free(V[w]);
+        free(aux[w]);
+        free(ws[w]);
+        free(acc[w]);
+        free(Wc[w]);
     }
     stop(&h);
     return same;
@@ -502,7 +506,8 @@ static void test_plan_terms(void **s) {
     snprintf(cache, sizeof cache, "/tmp/pt_tp_cache_%d", (int)getpid());
     snprintf(plan, sizeof plan, "%s.plan.json", cache);
     snprintf(extra, sizeof extra, "[optimizer]\ntype = rekls\n[protrain]\ncache_dir = %s\n"
-             "plan_file = %s\n", cache, plan);
+                                  "plan_file = %s\n",
+             cache, plan);
     host h;
     if (start(&h, TP, extra, SPLIT[0], FN[0], PT_F32))
         fail_msg("rank %d: start: %s", RANK, PL->last_error(h.ctx));
@@ -592,7 +597,8 @@ static void test_resume(void **s) {
         o.resume_at = 3;
         int ok = run(&o, &ne);
         report(pl ? "offloaded, saved after step 3 and loaded into a new instance"
-                  : "resident, saved after step 3 and loaded into a new instance", ok);
+                  : "resident, saved after step 3 and loaded into a new instance",
+               ok);
         assert_true(ok);
     }
     /* control: a new instance without load_state starts over */

@@ -26,7 +26,10 @@
 
 static const pt_plugin_v1 *const HH_P = &protrain_plugin_v1;
 
-enum { HH_NB = 8, HH_NEL = 16384, HH_NPAR = HH_NB + 2, HH_STEPS = 4 };
+enum { HH_NB = 8,
+       HH_NEL = 16384,
+       HH_NPAR = HH_NB + 2,
+       HH_STEPS = 4 };
 
 typedef struct hh_opts {
     int interleave;            /* declare blocks 0, 4, 1, 5, 2, 6, 3, 7 */
@@ -171,13 +174,9 @@ static void hh_make(hh_host *h, const hh_opts *o, const char *extra) {
         assert_non_null(h->init[i]);
         for (int k = 0; k < HH_NEL; k++)   /* values depend on the param, not its position */
             h->init[i][k] = 0.001f * (float)(((blk + 3) * 31 + k) % 101) - 0.05f;
-        h->p[i] = (pt_param_v1){.name = h->names[i], .dtype = PT_F32, .ndim = 1,
-                                .shape = {HH_NEL}, .block = blk, .trainable = 1, .tie = -1,
-                                .init = h->init[i]};
+        h->p[i] = (pt_param_v1){.name = h->names[i], .dtype = PT_F32, .ndim = 1, .shape = {HH_NEL}, .block = blk, .trainable = 1, .tie = -1, .init = h->init[i]};
     }
-    h->m = (pt_model_v1){.struct_size = sizeof h->m, .n_params = HH_NPAR, .params = h->p,
-                         .n_blocks = HH_NB, .batch = 1, .seq = 1,
-                         .arch = interleave ? "exec-order-interleaved" : "exec-order-ordered"};
+    h->m = (pt_model_v1){.struct_size = sizeof h->m, .n_params = HH_NPAR, .params = h->p, .n_blocks = HH_NB, .batch = 1, .seq = 1, .arch = interleave ? "exec-order-interleaved" : "exec-order-ordered"};
     char text[2048];
     int n = snprintf(text, sizeof text,
                      "[plugin]\nbackend = host\nlog_level = %s\n[protrain]\n"
@@ -191,9 +190,7 @@ static void hh_make(hh_host *h, const hh_opts *o, const char *extra) {
     hs.recompute_block = hh_recompute;
     h->ctx = hb_open(HH_P, text, &hs);
     if (HH_P->post_model_load(h->ctx, &h->m)) fail_msg("post_model_load: %s", HH_P->last_error(h->ctx));
-    pt_optim_v1 od = {.struct_size = sizeof od, .type = PT_OPTIM_ADAMW, .lr = 1e-2f,
-                     .beta1 = NAN, .beta2 = NAN, .eps = NAN, .weight_decay = NAN,
-                     .max_grad_norm = NAN};
+    pt_optim_v1 od = {.struct_size = sizeof od, .type = PT_OPTIM_ADAMW, .lr = 1e-2f, .beta1 = NAN, .beta2 = NAN, .eps = NAN, .weight_decay = NAN, .max_grad_norm = NAN};
     if (HH_P->create_optimizer(h->ctx, &od)) fail_msg("create_optimizer: %s", HH_P->last_error(h->ctx));
 }
 

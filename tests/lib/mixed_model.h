@@ -25,7 +25,9 @@
 
 static const pt_plugin_v1 *const MX_P = &protrain_plugin_v1;
 
-enum { MX_NP = 5, MX_NB = 2, MX_MAXN = 96 };
+enum { MX_NP = 5,
+       MX_NB = 2,
+       MX_MAXN = 96 };
 static const char *MX_NAMES[MX_NP] = {"emb", "b0.w", "b0.b", "b1.w", "b1.b"};
 static const int64_t MX_ROWS[MX_NP] = {64, 12, 8, 8, 8}, MX_COLS[MX_NP] = {1, 8, 1, 12, 1};
 static const int MX_BLOCK[MX_NP] = {-1, 0, 0, 1, 1};

@@ -19,8 +19,14 @@
 
 #include "osft/osft.h"
 
-enum { OM_ROWS = 5, OM_NPAR = 5, OM_NT = 2 };
-enum { OM_I_SCALE = 0, OM_I_W0, OM_I_B0, OM_I_W1, OM_I_B1 };
+enum { OM_ROWS = 5,
+       OM_NPAR = 5,
+       OM_NT = 2 };
+enum { OM_I_SCALE = 0,
+       OM_I_W0,
+       OM_I_B0,
+       OM_I_W1,
+       OM_I_B1 };
 static const int64_t OM_TN[OM_NT] = {12, 7}, OM_TM[OM_NT] = {9, 12};   /* targets: out x in */
 static const int OM_TIDX[OM_NT] = {OM_I_W0, OM_I_W1};
 #define OM_D0 9   /* input width */
@@ -82,7 +88,8 @@ static void ref_open(ref *R, float urr, float lr, float eps) {
          * fp32 SVD pair by pair; the trajectory does not depend on them) */
         assert_int_equal(LAPACKE_dgesdd(LAPACK_ROW_MAJOR, 'S', (lapack_int)q->N,
                                         (lapack_int)q->M, a, (lapack_int)q->M, q->S, q->U,
-                                        (lapack_int)q->R, q->Vt, (lapack_int)q->M), 0);
+                                        (lapack_int)q->R, q->Vt, (lapack_int)q->M),
+                         0);
         free(a);
         size_t nu = (size_t)(q->N * q->R), nv = (size_t)(q->R * q->M);
         q->gU = dz(nu), q->mU = dz(nu), q->vU = dz(nu);

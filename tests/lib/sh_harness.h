@@ -33,7 +33,7 @@ static inline void sh_harness_log(void *u, int32_t level, const char *msg) {
 /* Scratch folder, plugin, and `n` tokens repeating `text` with stride num/den
  * (structured, so a model learns and gradients are not noise). 0 or -1. */
 static inline int sh_harness_open(sh_harness *h, const char *name, const char *text, size_t n,
-                           size_t num, size_t den) {
+                                  size_t num, size_t den) {
     memset(h, 0, sizeof *h);
     snprintf(h->dir, sizeof h->dir, "/tmp/%s.XXXXXX", name);
     if (!mkdtemp(h->dir)) return -1;

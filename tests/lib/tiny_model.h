@@ -14,7 +14,9 @@
 
 #include "protrain.h"
 
-enum { TINY_NP = 3, TINY_NB = 2, TINY_NEL = 64 };
+enum { TINY_NP = 3,
+       TINY_NB = 2,
+       TINY_NEL = 64 };
 typedef struct tiny {
     pt_param_v1 p[TINY_NP];
     pt_model_v1 m;
@@ -28,12 +30,10 @@ static void tiny_make(tiny *t) {
     static const int blk[TINY_NP] = {-1, 0, 1};
     for (int i = 0; i < TINY_NP; i++) {
         snprintf(t->names[i], sizeof t->names[i], "%s", names[i]);
-        t->p[i] = (pt_param_v1){.name = t->names[i], .dtype = PT_F32, .ndim = 1, .shape = {TINY_NEL},
-                                .block = blk[i], .trainable = 1, .tie = -1, .init = t->init[i]};
+        t->p[i] = (pt_param_v1){.name = t->names[i], .dtype = PT_F32, .ndim = 1, .shape = {TINY_NEL}, .block = blk[i], .trainable = 1, .tie = -1, .init = t->init[i]};
         for (int k = 0; k < TINY_NEL; k++) t->init[i][k] = 0.01f * (float)((i * 7 + k) % 13);
     }
-    t->m = (pt_model_v1){.struct_size = sizeof t->m, .n_params = TINY_NP, .params = t->p,
-                         .n_blocks = TINY_NB, .batch = 1, .seq = 1, .arch = "tiny"};
+    t->m = (pt_model_v1){.struct_size = sizeof t->m, .n_params = TINY_NP, .params = t->p, .n_blocks = TINY_NB, .batch = 1, .seq = 1, .arch = "tiny"};
 }
 
 #endif

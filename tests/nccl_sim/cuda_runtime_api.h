@@ -30,7 +30,8 @@ struct cudaPointerAttributes {
     int device;
     void *devicePointer, *hostPointer;
 };
-enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
+enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1,
+                      cudaMemcpyDeviceToHost = 2 };
 #define cudaStreamNonBlocking 0x01
 
 cudaError_t cudaGetDeviceCount(int *n);

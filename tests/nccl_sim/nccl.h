@@ -19,7 +19,9 @@
 #define NCCL_VERSION_CODE NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)
 #define NCCL_UNIQUE_ID_BYTES 128
 
-typedef struct { char internal[NCCL_UNIQUE_ID_BYTES]; } ncclUniqueId;
+typedef struct {
+    char internal[NCCL_UNIQUE_ID_BYTES];
+} ncclUniqueId;
 typedef struct sim_comm *ncclComm_t;
 
 typedef enum {
@@ -33,7 +35,10 @@ typedef enum {
     ncclInProgress = 7,
 } ncclResult_t;
 
-typedef enum { ncclInt8 = 0, ncclUint8 = 1, ncclFloat32 = 7, ncclFloat64 = 8 } ncclDataType_t;
+typedef enum { ncclInt8 = 0,
+               ncclUint8 = 1,
+               ncclFloat32 = 7,
+               ncclFloat64 = 8 } ncclDataType_t;
 
 typedef struct {
     size_t size;

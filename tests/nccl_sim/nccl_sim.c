@@ -31,7 +31,11 @@ int sim_inprogress = 0;
 int sim_sum_early = 0;
 static __thread int tl_dev = 0;
 
-typedef struct { char *p; size_t n; int dev; } sim_alloc;
+typedef struct {
+    char *p;
+    size_t n;
+    int dev;
+} sim_alloc;
 static sim_alloc allocs[4096];
 static int nallocs;
 
@@ -45,8 +49,14 @@ struct sim_comm {
     ncclResult_t async_err;
 };
 
-enum { K_COPY, K_SUM, K_GROUP };
-typedef struct { int send, peer, done; char *buf; size_t bytes; } sim_p2p;
+enum { K_COPY,
+       K_SUM,
+       K_GROUP };
+typedef struct {
+    int send, peer, done;
+    char *buf;
+    size_t bytes;
+} sim_p2p;
 typedef struct sim_op {
     int kind;
     struct sim_op *next;
@@ -65,9 +75,16 @@ typedef struct sim_op {
     sim_p2p *it;
     int nit, active;
 } sim_op;
-struct sim_stream { sim_op *head, *tail; };
+struct sim_stream {
+    sim_op *head, *tail;
+};
 
-typedef struct sim_post { sim_world *w; int from, to; sim_p2p *item; struct sim_post *next; } sim_post;
+typedef struct sim_post {
+    sim_world *w;
+    int from, to;
+    sim_p2p *item;
+    struct sim_post *next;
+} sim_post;
 static sim_post *posts;   /* active sends, oldest first */
 
 static __thread sim_op *tl_group;       /* being built between GroupStart and GroupEnd */
@@ -151,7 +168,8 @@ static void advance(cudaStream_t s) {
                             continue;
                         if (p->item->bytes != r->bytes) {
                             fprintf(stderr, "sim: rank %d receives %zu bytes from rank %d, which "
-                                    "sends %zu\n", o->comm->rank, r->bytes, r->peer, p->item->bytes);
+                                            "sends %zu\n",
+                                    o->comm->rank, r->bytes, r->peer, p->item->bytes);
                             abort();   /* real NCCL would hang or corrupt: a transport bug */
                         }
                         memcpy(r->buf, p->item->buf, r->bytes);
@@ -406,7 +424,8 @@ ncclResult_t ncclGroupEnd(void) {
 }
 static ncclResult_t p2p(int send, const void *buf, size_t count, ncclDataType_t t, int peer,
                         ncclComm_t comm, cudaStream_t s) {
-    size_t es = t == ncclFloat64 ? 8 : t == ncclFloat32 ? 4 : 1;
+    size_t es = t == ncclFloat64 ? 8 : t == ncclFloat32 ? 4
+                                                        : 1;
     int solo = tl_group_depth == 0;
     if (solo) ncclGroupStart();
     sim_op *g = tl_group;

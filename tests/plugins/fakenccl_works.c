@@ -75,6 +75,14 @@ static int barrier(void *h, char *err, size_t errlen) {
 }
 
 __attribute__((visibility("default"))) const pt_nccl_coll_ops pt_nccl_coll_v1 = {
-    PT_NCCL_COLL_VERSION, (uint32_t)sizeof(pt_nccl_coll_ops), describe, unique_id, fopen_,
-    fclose_, allreduce, allgather, allreduce, barrier,
+    PT_NCCL_COLL_VERSION,
+    (uint32_t)sizeof(pt_nccl_coll_ops),
+    describe,
+    unique_id,
+    fopen_,
+    fclose_,
+    allreduce,
+    allgather,
+    allreduce,
+    barrier,
 };

@@ -17,15 +17,39 @@ static const char *stub_last_error(void *ctx) {
     (void)ctx;
     return "good-test: no error";
 }
-static int32_t stub_model(void *ctx, pt_model_v1 *m) { (void)ctx; (void)m; return PT_OK; }
-static int32_t stub_optim(void *ctx, const pt_optim_v1 *d) { (void)ctx; (void)d; return PT_OK; }
-static int32_t stub_pre_step(void *ctx, int64_t s, int32_t m, int32_t n) {
-    (void)ctx; (void)s; (void)m; (void)n;
+static int32_t stub_model(void *ctx, pt_model_v1 *m) {
+    (void)ctx;
+    (void)m;
     return PT_OK;
 }
-static int32_t stub_block(void *ctx, int32_t b) { (void)ctx; (void)b; return PT_OK; }
-static int32_t stub_step(void *ctx, float lr) { (void)ctx; (void)lr; return PT_OK; }
-static int32_t stub_post(void *ctx, int64_t s, float l) { (void)ctx; (void)s; (void)l; return PT_OK; }
+static int32_t stub_optim(void *ctx, const pt_optim_v1 *d) {
+    (void)ctx;
+    (void)d;
+    return PT_OK;
+}
+static int32_t stub_pre_step(void *ctx, int64_t s, int32_t m, int32_t n) {
+    (void)ctx;
+    (void)s;
+    (void)m;
+    (void)n;
+    return PT_OK;
+}
+static int32_t stub_block(void *ctx, int32_t b) {
+    (void)ctx;
+    (void)b;
+    return PT_OK;
+}
+static int32_t stub_step(void *ctx, float lr) {
+    (void)ctx;
+    (void)lr;
+    return PT_OK;
+}
+static int32_t stub_post(void *ctx, int64_t s, float l) {
+    (void)ctx;
+    (void)s;
+    (void)l;
+    return PT_OK;
+}
 static int32_t stub_finalize(void *ctx) { return ctx == &g_ctx_token ? PT_OK : PT_ERR_INVALID_ARG; }
 
 const pt_plugin_v1 protrain_plugin_v1 = {

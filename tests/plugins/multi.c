@@ -8,7 +8,10 @@ static const char *multi_last_error(void *ctx) {
     (void)ctx;
     return "multi-test";
 }
-static int32_t multi_finalize(void *ctx) { (void)ctx; return PT_OK; }
+static int32_t multi_finalize(void *ctx) {
+    (void)ctx;
+    return PT_OK;
+}
 
 typedef struct fake_v2 {
     uint32_t abi_version;

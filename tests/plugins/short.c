@@ -12,9 +12,15 @@ static const char *short_last_error(void *ctx) {
     (void)ctx;
     return "short-test";
 }
-static int32_t short_finalize(void *ctx) { (void)ctx; return PT_OK; }
+static int32_t short_finalize(void *ctx) {
+    (void)ctx;
+    return PT_OK;
+}
 static int32_t short_dev_alloc(void *ctx, uint64_t b, const char *tag, void **p) {
-    (void)ctx; (void)b; (void)tag; (void)p;
+    (void)ctx;
+    (void)b;
+    (void)tag;
+    (void)p;
     return PT_ERR_INTERNAL;
 }
 

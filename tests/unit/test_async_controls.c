@@ -36,14 +36,16 @@
 static const pt_plugin_v1 *P = &protrain_plugin_v1;
 
 /* long enough that the host's next call lands inside it even on a loaded machine */
-enum { WAIT_MS = 200, N = 64 };
+enum { WAIT_MS = 200,
+       N = 64 };
 
 static void *start(tiny *t, int skip) {
     char ini[320];
     snprintf(ini, sizeof ini,
              "[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 4MiB\n"
              "[protrain]\nforce_all_persistent = true\n[host_backend]\nasync_compute = true\n"
-             "[testing]\ndebug_skip_ordering = %d\n", skip);
+             "[testing]\ndebug_skip_ordering = %d\n",
+             skip);
     pt_host_v1 host = hb_host(NULL);
     host.flags = PT_HOST_ASYNC_COMPUTE;
     void *ctx = hb_open(P, ini, &host);

@@ -78,8 +78,16 @@ static void *dalloc(size_t bytes) {
 }
 static void h2d(void *d, const void *h, size_t n) { assert_int_equal(pt_gpu_memcpy(G, d, h, n, PT_GPU_H2D), 0); }
 static void d2h(void *h, const void *d, size_t n) { assert_int_equal(pt_gpu_memcpy(G, h, d, n, PT_GPU_D2H), 0); }
-static uint32_t bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float fbits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float fbits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 /* ---- copies and memset ---- */
 
@@ -118,7 +126,11 @@ static void test_copies(void **state) {
 
 /* ---- streams and events ---- */
 
-typedef struct seen { const volatile uint32_t *p; uint32_t v; int ran; } seen;
+typedef struct seen {
+    const volatile uint32_t *p;
+    uint32_t v;
+    int ran;
+} seen;
 static void read_back(void *arg) {
     seen *s = arg;
     s->v = *s->p;
@@ -259,7 +271,13 @@ static void adamw_case(size_t n, size_t off, int out_dtype, int steps) {
     pt_gpu_free(G, dm);
     pt_gpu_free(G, dv);
     if (dout) pt_gpu_free(G, dout);
-    free(p); free(g); free(m); free(v); free(o16); free(back); free(back16);
+    free(p);
+    free(g);
+    free(m);
+    free(v);
+    free(o16);
+    free(back);
+    free(back16);
 }
 
 static void test_adamw(void **state) {
@@ -327,7 +345,8 @@ static void test_linalg(void **state) {
         }
     gemm_case(0, 0, 4, 6, 0, 1.0f, 0.0f);   /* k = 0: C = 0 */
     /* cols: scale and column dots, bit-identical to the shared bodies */
-    enum { R = 37, C = 11 };
+    enum { R = 37,
+           C = 11 };
     float x[R * C], y[R * C], sv[C], acc0[C], acc[C], out[R * C], want[R * C], wacc[C];
     for (int i = 0; i < R * C; i++) x[i] = rndf(-2, 2), y[i] = rndf(-2, 2);
     for (int j = 0; j < C; j++) sv[j] = rndf(-1, 1), acc0[j] = rndf(-1, 1);
@@ -517,7 +536,9 @@ static void test_convert_accumulate(void **state) {
         assert_int_equal(bits(got[i]), bits(acc[i] + pt_bf16_to_f32(src[i])));
     pt_gpu_free(G, dacc);
     pt_gpu_free(G, dsrc);
-    free(acc); free(got); free(src);
+    free(acc);
+    free(got);
+    free(src);
 }
 
 /* fp32 += fp32 on a stream: TiledMLP's gradient add (g = g + the tiles' sum),
@@ -548,7 +569,9 @@ static void test_convert_accumulate_f32(void **state) {
     }
     pt_gpu_free(G, dg);
     pt_gpu_free(G, da);
-    free(g); free(a); free(got);
+    free(g);
+    free(a);
+    free(got);
 }
 
 /* ---- argument checks (the same on every backend) ---- */
@@ -613,8 +636,16 @@ static void test_large(void **state) {
     assert_int_equal(OPS->memset_async(IMPL, v, 0, n * 4, NULL), 0);
     pt_adamw_args a;
     memset(&a, 0, sizeof a);
-    a.param = src; a.grad = src; a.m = m; a.v = v; a.n = n;
-    a.lr = 1e-3f; a.beta1 = 0.9f; a.beta2 = 0.999f; a.eps = 1e-8f; a.weight_decay = 0.01f;
+    a.param = src;
+    a.grad = src;
+    a.m = m;
+    a.v = v;
+    a.n = n;
+    a.lr = 1e-3f;
+    a.beta1 = 0.9f;
+    a.beta2 = 0.999f;
+    a.eps = 1e-8f;
+    a.weight_decay = 0.01f;
     a.grad_scale = 1.0f;
     pt_adamw_bias(a.beta1, a.beta2, 1, &a.bc1, &a.bc2_rsqrt);
     assert_int_equal(OPS->adamw(IMPL, &a, NULL), 0);
@@ -754,7 +785,15 @@ static void test_rekls_ops(void **state) {
             assert_memory_equal(o16, o16r, ne * 2);
         }
     }
-    free(x); free(y); free(m); free(v); free(xr); free(mr); free(vr); free(o16); free(o16r);
+    free(x);
+    free(y);
+    free(m);
+    free(v);
+    free(xr);
+    free(mr);
+    free(vr);
+    free(o16);
+    free(o16r);
     void *dev[] = {dA, dB, dC, dS, dw, dst, dx, dy, dm, dv, dl, do16};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) pt_gpu_free(G, dev[i]);
 }

@@ -38,7 +38,8 @@ static int32_t acq(pt_bufpool *bp, int32_t chunk, int32_t *hit) {
  * rest miss. Data written on a miss (the "upload") is read back on the hit. */
 static void test_forward_backward_reuse(void **st) {
     (void)st;
-    enum { NS = 3, NC = 8 };
+    enum { NS = 3,
+           NC = 8 };
     pt_bufpool *bp = mk(NS, 256);
     int32_t fwd_slot[NC];
     for (int32_t c = 0; c < NC; c++) {
@@ -191,12 +192,19 @@ static void test_bad_args_and_accessors(void **st) {
 
 /* Two threads (the hook thread and a stream callback, say) acquire and release
  * disjoint chunk sets concurrently; leases must balance. Run under TSan too. */
-typedef struct thr_arg { pt_bufpool *bp; int32_t base; int fails; } thr_arg;
+typedef struct thr_arg {
+    pt_bufpool *bp;
+    int32_t base;
+    int fails;
+} thr_arg;
 static void *worker(void *p) {
     thr_arg *a = p;
     for (int i = 0; i < 2000; i++) {
         int32_t s, h;
-        if (pt_bufpool_acquire(a->bp, a->base + i % 5, &s, &h, NULL, 0)) { a->fails++; continue; }
+        if (pt_bufpool_acquire(a->bp, a->base + i % 5, &s, &h, NULL, 0)) {
+            a->fails++;
+            continue;
+        }
         if (pt_bufpool_slot_chunk(a->bp, s) != a->base + i % 5) a->fails++;
         if (pt_bufpool_release(a->bp, s, NULL, 0)) a->fails++;
     }
@@ -205,7 +213,7 @@ static void *worker(void *p) {
 static void test_threads(void **st) {
     (void)st;
     pt_bufpool *bp = mk(4, 64);
-    thr_arg a = { bp, 0, 0 }, b = { bp, 100, 0 };
+    thr_arg a = {bp, 0, 0}, b = {bp, 100, 0};
     pthread_t t1, t2;
     assert_int_equal(pthread_create(&t1, NULL, worker, &a), 0);
     assert_int_equal(pthread_create(&t2, NULL, worker, &b), 0);
@@ -221,7 +229,7 @@ static void test_threads(void **st) {
 
 
 static pt_gpu *open_host(uint64_t capacity) {
-    pt_gpu_config cfg = { .capacity = capacity, .poison = 1 };
+    pt_gpu_config cfg = {.capacity = capacity, .poison = 1};
     pt_gpu *g = NULL;
     char err[256] = "";
     if (pt_gpu_open("host", &cfg, &g, err, sizeof err)) fail_msg("pt_gpu_open: %s", err);

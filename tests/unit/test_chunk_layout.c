@@ -18,8 +18,7 @@
 #define KiB 1024u
 
 static pt_layout_param P(uint64_t bytes, int32_t dtype, int32_t block, int32_t exec) {
-    pt_layout_param q = { .bytes = bytes, .elem_size = dtype == PT_F32 ? 4 : 2, .dtype = dtype,
-                          .block = block, .tie = -1, .trainable = 1, .exec_order = exec };
+    pt_layout_param q = {.bytes = bytes, .elem_size = dtype == PT_F32 ? 4 : 2, .dtype = dtype, .block = block, .tie = -1, .trainable = 1, .exec_order = exec};
     return q;
 }
 
@@ -82,7 +81,8 @@ static void check_invariants(const pt_layout_param *p, int n, int nb, const pt_l
             assert_true(off >= prev_end);                        /* no overlap, in order */
             prev_end = off + p[r].bytes;
             int ttrain = 0;
-            for (int i = 0; i < n; i++) if (L->param_root[i] == r) ttrain |= p[i].trainable != 0;
+            for (int i = 0; i < n; i++)
+                if (L->param_root[i] == r) ttrain |= p[i].trainable != 0;
             if (ttrain) tbytes += p[r].bytes;
             int32_t b = eff_block(p, n, L, r);
             if (b < 0) has_nonblock = 1;
@@ -160,13 +160,14 @@ static void check_invariants(const pt_layout_param *p, int n, int nb, const pt_l
 /* GPT-2-like: wte, wpe, 4 blocks of 7 params, ln_f, lm_head tied to wte. */
 static void test_gpt_like(void **st) {
     (void)st;
-    enum { NB = 4, NP = 2 + NB * 7 + 2 };
+    enum { NB = 4,
+           NP = 2 + NB * 7 + 2 };
     pt_layout_param p[NP];
     int n = 0;
     p[n++] = P(64 * KiB, PT_F32, -1, -1);        /* 0 wte */
     p[n++] = P(16 * KiB, PT_F32, -1, -1);        /* 1 wpe */
     for (int b = 0; b < NB; b++) {
-        uint64_t sz[7] = { 256, 256, 12 * KiB, 4 * KiB, 256, 16 * KiB, 16 * KiB };
+        uint64_t sz[7] = {256, 256, 12 * KiB, 4 * KiB, 256, 16 * KiB, 16 * KiB};
         for (int j = 0; j < 7; j++) p[n++] = P(sz[j], PT_F32, b, -1);
     }
     p[n++] = P(256, PT_F32, -1, -1);             /* ln_f */
@@ -200,13 +201,13 @@ static void test_gpt_like(void **st) {
  * unobserved (< 0) go last in declaration order. */
 static void test_exec_order(void **st) {
     (void)st;
-    pt_layout_param p[6] = { P(256, PT_F32, -1, 3), P(256, PT_F32, -1, 1), P(256, PT_F32, -1, 1),
-                             P(256, PT_F32, -1, 0), P(256, PT_F32, -1, -1),
-                             P(256, PT_F32, -1, -1) };
+    pt_layout_param p[6] = {P(256, PT_F32, -1, 3), P(256, PT_F32, -1, 1), P(256, PT_F32, -1, 1),
+                            P(256, PT_F32, -1, 0), P(256, PT_F32, -1, -1),
+                            P(256, PT_F32, -1, -1)};
     pt_layout L;
     assert_int_equal(pt_layout_build(p, 6, 0, 4 * KiB, &L, NULL, 0), PT_OK);
     check_invariants(p, 6, 0, &L);
-    int32_t want[6] = { 3, 1, 2, 0, 4, 5 };
+    int32_t want[6] = {3, 1, 2, 0, 4, 5};
     for (int k = 0; k < 6; k++) assert_int_equal(L.order[k], want[k]);
     assert_int_equal(L.n_chunks, 1);
     /* 64-byte aligned, densely packed 256-byte params. */
@@ -228,7 +229,7 @@ static void test_block_unit_order(void **st) {
     pt_layout L;
     assert_int_equal(pt_layout_build(p, 5, 2, 4 * KiB, &L, NULL, 0), PT_OK);
     check_invariants(p, 5, 2, &L);
-    int32_t want[5] = { 0, 3, 2, 4, 1 };   /* block1 {0,3}, nonblock 2, block0 by exec {4,1} */
+    int32_t want[5] = {0, 3, 2, 4, 1};   /* block1 {0,3}, nonblock 2, block0 by exec {4,1} */
     for (int k = 0; k < 5; k++) assert_int_equal(L.order[k], want[k]);
     /* Non-block param gets its own chunk between the blocks' chunks. */
     assert_int_equal(L.n_chunks, 3);
@@ -243,8 +244,8 @@ static void test_block_unit_order(void **st) {
  * (3008 + 2048 > 4096) so chunk 0 is sealed; block2 = 1024 B fits behind block1. */
 static void test_seal_before_block(void **st) {
     (void)st;
-    pt_layout_param p[4] = { P(3000, PT_F32, 0, 0), P(1024, PT_F32, 1, 1),
-                             P(1024, PT_F32, 1, 2), P(1024, PT_F32, 2, 3) };
+    pt_layout_param p[4] = {P(3000, PT_F32, 0, 0), P(1024, PT_F32, 1, 1),
+                            P(1024, PT_F32, 1, 2), P(1024, PT_F32, 2, 3)};
     pt_layout L;
     assert_int_equal(pt_layout_build(p, 4, 3, 4 * KiB, &L, NULL, 0), PT_OK);
     check_invariants(p, 4, 3, &L);
@@ -265,7 +266,7 @@ static void test_seal_before_block(void **st) {
  * spans 3 consecutive chunks holding 2, 2, 1 params (1600 is a multiple of 64). */
 static void test_block_spans(void **st) {
     (void)st;
-    pt_layout_param p[6] = { P(1024, PT_F32, 0, 0) };
+    pt_layout_param p[6] = {P(1024, PT_F32, 0, 0)};
     for (int i = 1; i < 6; i++) p[i] = P(1600, PT_F32, 1, i);
     pt_layout L;
     assert_int_equal(pt_layout_build(p, 6, 2, 4 * KiB, &L, NULL, 0), PT_OK);
@@ -284,8 +285,8 @@ static void test_block_spans(void **st) {
  * is sealed and the params after it start a fresh chunk. */
 static void test_oversize(void **st) {
     (void)st;
-    pt_layout_param p[4] = { P(1024, PT_F32, 0, 0), P(10000, PT_F32, 0, 1),
-                             P(1024, PT_F32, 0, 2), P(8192, PT_BF16, -1, 3) };
+    pt_layout_param p[4] = {P(1024, PT_F32, 0, 0), P(10000, PT_F32, 0, 1),
+                            P(1024, PT_F32, 0, 2), P(8192, PT_BF16, -1, 3)};
     pt_layout L;
     assert_int_equal(pt_layout_build(p, 4, 1, 4 * KiB, &L, NULL, 0), PT_OK);
     check_invariants(p, 4, 1, &L);
@@ -304,9 +305,9 @@ static void test_oversize(void **st) {
  * inside the region; trainable_bytes counts trainable params only. */
 static void test_regions(void **st) {
     (void)st;
-    pt_layout_param p[6] = { P(100 * 4, PT_F32, 0, 0), P(30 * 4, PT_F32, 0, 1),
-                             P(50 * 2, PT_BF16, 0, 2), P(64, PT_F32, 0, 3),
-                             P(128, PT_F32, 0, 4), P(6, PT_F16, 0, 5) };
+    pt_layout_param p[6] = {P(100 * 4, PT_F32, 0, 0), P(30 * 4, PT_F32, 0, 1),
+                            P(50 * 2, PT_BF16, 0, 2), P(64, PT_F32, 0, 3),
+                            P(128, PT_F32, 0, 4), P(6, PT_F16, 0, 5)};
     p[4].trainable = 0;
     pt_layout L;
     assert_int_equal(pt_layout_build(p, 6, 1, 4 * KiB, &L, NULL, 0), PT_OK);
@@ -314,7 +315,7 @@ static void test_regions(void **st) {
     assert_int_equal(L.n_chunks, 1);
     const pt_chunk *ch = &L.chunks[0];
     /* offsets: 0 (400 B), 448 (120 B), 576 (100 B), 704 (64 B), 768 (128 B), 896 (6 B) */
-    uint64_t off[6] = { 0, 448, 576, 704, 768, 896 };
+    uint64_t off[6] = {0, 448, 576, 704, 768, 896};
     for (int i = 0; i < 6; i++) assert_true(L.param_offset[i] == off[i]);
     assert_int_equal(ch->n_regions, 5);
     assert_true(ch->regions[0].offset == 0 && ch->regions[0].bytes == 568);
@@ -331,8 +332,8 @@ static void test_regions(void **st) {
  * every param, their own (u8, frozen) region; a wrong element size is refused. */
 static void test_u8_regions(void **st) {
     (void)st;
-    pt_layout_param p[4] = { P(100 * 4, PT_F32, 0, 0), P(37, PT_U8, 0, 1), P(100, PT_U8, 0, 2),
-                             P(16 * 4, PT_F32, 0, 3) };
+    pt_layout_param p[4] = {P(100 * 4, PT_F32, 0, 0), P(37, PT_U8, 0, 1), P(100, PT_U8, 0, 2),
+                            P(16 * 4, PT_F32, 0, 3)};
     for (int i = 1; i <= 2; i++) {
         p[i].elem_size = 1;
         p[i].trainable = 0;
@@ -341,7 +342,7 @@ static void test_u8_regions(void **st) {
     assert_int_equal(pt_layout_build(p, 4, 1, 4 * KiB, &L, NULL, 0), PT_OK);
     check_invariants(p, 4, 1, &L);
     /* offsets: 0 (400 B), 448 (37 B), 512 (100 B), 640 (64 B) */
-    uint64_t off[4] = { 0, 448, 512, 640 };
+    uint64_t off[4] = {0, 448, 512, 640};
     for (int i = 0; i < 4; i++) assert_true(L.param_offset[i] == off[i]);
     const pt_chunk *ch = &L.chunks[0];
     assert_int_equal(ch->n_regions, 3);
@@ -355,11 +356,9 @@ static void test_u8_regions(void **st) {
     assert_int_equal(pt_layout_build(p, 4, 1, 4 * KiB, &L, err, sizeof err), PT_ERR_INVALID_ARG);
     assert_non_null(strstr(err, "u8 needs 1"));
     /* from the host's descriptor: bytes = numel, element size 1 */
-    pt_param_v1 mp[2] = { { .name = "q", .dtype = PT_U8, .ndim = 2, .shape = { 3, 5 },
-                            .block = 0, .trainable = 0, .tie = -1 },
-                          { .name = "w", .dtype = PT_F32, .ndim = 1, .shape = { 7 },
-                            .block = 0, .trainable = 1, .tie = -1 } };
-    pt_model_v1 m = { .struct_size = sizeof m, .n_params = 2, .params = mp, .n_blocks = 1 };
+    pt_param_v1 mp[2] = {{.name = "q", .dtype = PT_U8, .ndim = 2, .shape = {3, 5}, .block = 0, .trainable = 0, .tie = -1},
+                         {.name = "w", .dtype = PT_F32, .ndim = 1, .shape = {7}, .block = 0, .trainable = 1, .tie = -1}};
+    pt_model_v1 m = {.struct_size = sizeof m, .n_params = 2, .params = mp, .n_blocks = 1};
     pt_layout_param lp[2];
     assert_int_equal(pt_layout_params_from_model(&m, NULL, lp, err, sizeof err), PT_OK);
     assert_true(lp[0].bytes == 15 && lp[0].elem_size == 1 && lp[0].dtype == PT_U8);
@@ -370,9 +369,9 @@ static void test_u8_regions(void **st) {
  * spanning two blocks becomes non-block (mandatory persistent). */
 static void test_ties(void **st) {
     (void)st;
-    pt_layout_param p[6] = { P(512, PT_F32, -1, 5), P(512, PT_F32, 0, 1), P(512, PT_F32, 1, 2),
-                             P(512, PT_F32, -1, 0), P(512, PT_F32, -1, 6),
-                             P(512, PT_F32, 1, 3) };
+    pt_layout_param p[6] = {P(512, PT_F32, -1, 5), P(512, PT_F32, 0, 1), P(512, PT_F32, 1, 2),
+                            P(512, PT_F32, -1, 0), P(512, PT_F32, -1, 6),
+                            P(512, PT_F32, 1, 3)};
     p[3].tie = 4;     /* 3 -> 4 -> 0: chain; 3 is used first (exec 0) */
     p[4].tie = 0;
     p[5].tie = 1;     /* block 1 param tied to a block 0 param -> shared, non-block */
@@ -426,7 +425,7 @@ static void expect_err(pt_layout_param *p, int n, int nb, uint64_t S, const char
 
 static void test_errors(void **st) {
     (void)st;
-    pt_layout_param p[3] = { P(512, PT_F32, 0, 0), P(512, PT_F32, 0, 1), P(512, PT_F32, 0, 2) };
+    pt_layout_param p[3] = {P(512, PT_F32, 0, 0), P(512, PT_F32, 0, 1), P(512, PT_F32, 0, 2)};
     expect_err(p, 3, 1, 1000, "1000 bytes");
     p[1].elem_size = 2;
     expect_err(p, 3, 1, 4096, "param 1");
@@ -434,14 +433,18 @@ static void test_errors(void **st) {
     p[2].block = 1;
     expect_err(p, 3, 1, 4096, "param 2 has block 1");
     p[2].block = 0;
-    p[0].tie = 1; p[1].tie = 0;
+    p[0].tie = 1;
+    p[1].tie = 0;
     expect_err(p, 3, 1, 4096, "cycle");
-    p[0].tie = -1; p[1].tie = -1;
-    p[2].tie = 0; p[2].bytes = 256;
+    p[0].tie = -1;
+    p[1].tie = -1;
+    p[2].tie = 0;
+    p[2].bytes = 256;
     expect_err(p, 3, 1, 4096, "tied to param 0");
     p[2].tie = 2;
     expect_err(p, 3, 1, 4096, "param 2 has tie 2");
-    p[2].tie = -1; p[2].bytes = 6;
+    p[2].tie = -1;
+    p[2].bytes = 6;
     expect_err(p, 3, 1, 4096, "multiple of its element size");
 }
 
@@ -470,7 +473,9 @@ static void test_random_invariants(void **st) {
             if (i && RND() % 8 == 0) {  /* tie to an earlier param with the same shape */
                 int t = (int)(RND() % (uint32_t)i);
                 p[i].tie = t;
-                p[i].bytes = p[t].bytes; p[i].dtype = p[t].dtype; p[i].elem_size = p[t].elem_size;
+                p[i].bytes = p[t].bytes;
+                p[i].dtype = p[t].dtype;
+                p[i].elem_size = p[t].elem_size;
             }
         }
         uint64_t S = PT_LAYOUT_ALIGN * (1 + RND() % 128);
@@ -486,13 +491,11 @@ static void test_random_invariants(void **st) {
 
 static void test_from_model(void **st) {
     (void)st;
-    pt_param_v1 mp[2] = { { .name = "w", .dtype = PT_BF16, .ndim = 2, .shape = { 3, 5 },
-                            .block = 0, .trainable = 1, .tie = -1 },
-                          { .name = "b", .dtype = PT_F32, .ndim = 1, .shape = { 7 },
-                            .block = -1, .trainable = 0, .tie = -1 } };
-    pt_model_v1 m = { .struct_size = sizeof m, .n_params = 2, .params = mp, .n_blocks = 1 };
+    pt_param_v1 mp[2] = {{.name = "w", .dtype = PT_BF16, .ndim = 2, .shape = {3, 5}, .block = 0, .trainable = 1, .tie = -1},
+                         {.name = "b", .dtype = PT_F32, .ndim = 1, .shape = {7}, .block = -1, .trainable = 0, .tie = -1}};
+    pt_model_v1 m = {.struct_size = sizeof m, .n_params = 2, .params = mp, .n_blocks = 1};
     pt_layout_param p[2];
-    int32_t ex[2] = { 4, 2 };
+    int32_t ex[2] = {4, 2};
     char err[256] = "";
     assert_int_equal(pt_layout_params_from_model(&m, ex, p, err, sizeof err), PT_OK);
     assert_true(p[0].bytes == 30 && p[0].elem_size == 2 && p[0].exec_order == 4);
@@ -526,8 +529,7 @@ static void test_contract_order(void **st) {
     static const int blk[N] = {-1, 0, 2, 1, 3, -1};
     pt_param_v1 mp[N];
     for (int i = 0; i < N; i++)
-        mp[i] = (pt_param_v1){.name = "p", .dtype = PT_F32, .ndim = 1, .shape = {256},
-                              .block = blk[i], .trainable = 1, .tie = -1};
+        mp[i] = (pt_param_v1){.name = "p", .dtype = PT_F32, .ndim = 1, .shape = {256}, .block = blk[i], .trainable = 1, .tie = -1};
     pt_model_v1 m = {.struct_size = sizeof m, .n_params = N, .params = mp, .n_blocks = 4};
     pt_layout_param p[N];
     char err[256] = "";
@@ -615,7 +617,7 @@ static void test_size_min_chunks(void **st) {
     pt_chunk_size_choice c;
     assert_int_equal(pt_layout_chunk_size_choose(p, 6, 2, &c, NULL, 0), PT_OK);
     assert_int_equal(c.n_cand, 4);
-    uint64_t want[4] = { 5 * KiB, 9 * KiB, 7 * KiB, 0 };
+    uint64_t want[4] = {5 * KiB, 9 * KiB, 7 * KiB, 0};
     for (int i = 0; i < 4; i++) assert_true(c.cand[i].waste == want[i]);
     assert_false(c.cand[3].eligible);
     assert_int_equal(c.cand[3].n_chunks, 1);
@@ -627,7 +629,8 @@ static void test_size_min_chunks(void **st) {
  * block tensor is oversize at any candidate. Uses bytes only (nothing is allocated). */
 static void test_size_scales(void **st) {
     (void)st;
-    enum { NB = 32, NP = 2 + NB * 7 };
+    enum { NB = 32,
+           NP = 2 + NB * 7 };
     pt_layout_param *p = calloc(NP, sizeof *p);
     assert_non_null(p);
     int n = 0;
@@ -652,16 +655,24 @@ static void test_size_scales(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gpt_like),          cmocka_unit_test(test_exec_order),
-        cmocka_unit_test(test_block_unit_order),  cmocka_unit_test(test_seal_before_block),
-        cmocka_unit_test(test_block_spans),       cmocka_unit_test(test_oversize),
-        cmocka_unit_test(test_regions),           cmocka_unit_test(test_ties),
-        cmocka_unit_test(test_tie_chain_long),    cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_random_invariants), cmocka_unit_test(test_from_model),
+        cmocka_unit_test(test_gpt_like),
+        cmocka_unit_test(test_exec_order),
+        cmocka_unit_test(test_block_unit_order),
+        cmocka_unit_test(test_seal_before_block),
+        cmocka_unit_test(test_block_spans),
+        cmocka_unit_test(test_oversize),
+        cmocka_unit_test(test_regions),
+        cmocka_unit_test(test_ties),
+        cmocka_unit_test(test_tie_chain_long),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_random_invariants),
+        cmocka_unit_test(test_from_model),
         cmocka_unit_test(test_contract_order),
         cmocka_unit_test(test_u8_regions),
-        cmocka_unit_test(test_size_least_waste),  cmocka_unit_test(test_size_tie_smaller),
-        cmocka_unit_test(test_size_min_chunks),   cmocka_unit_test(test_size_scales),
+        cmocka_unit_test(test_size_least_waste),
+        cmocka_unit_test(test_size_tie_smaller),
+        cmocka_unit_test(test_size_min_chunks),
+        cmocka_unit_test(test_size_scales),
     };
     return cmocka_run_group_tests_name("chunk_layout", tests, NULL, NULL);
 }

@@ -86,7 +86,8 @@ static int run_case(const clip_case *cc, float ref_max, int check_weights) {
         if (cc->set_lr) assert_int_equal(P->set_lr(ctx, 0.01f), PT_OK);
         if (cc->announce)
             assert_int_equal(P->clip_grad_norm(ctx, cc->ann_max > 0 ? cc->ann_max : cc->call_max,
-                                               NULL), PT_OK);
+                                               NULL),
+                             PT_OK);
         pass(ctx, &t, step, gval);
         double sq = 0;
         for (int i = 0; i < TINY_NP; i++)
@@ -228,10 +229,14 @@ static void test_order(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_resident_clip),   cmocka_unit_test(test_offloaded_announced),
-        cmocka_unit_test(test_offloaded_late),  cmocka_unit_test(test_norm_only),
-        cmocka_unit_test(test_stepped_refused), cmocka_unit_test(test_configured_clip),
-        cmocka_unit_test(test_order),           cmocka_unit_test(test_announced_without_call),
+        cmocka_unit_test(test_resident_clip),
+        cmocka_unit_test(test_offloaded_announced),
+        cmocka_unit_test(test_offloaded_late),
+        cmocka_unit_test(test_norm_only),
+        cmocka_unit_test(test_stepped_refused),
+        cmocka_unit_test(test_configured_clip),
+        cmocka_unit_test(test_order),
+        cmocka_unit_test(test_announced_without_call),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

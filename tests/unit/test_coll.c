@@ -153,8 +153,10 @@ static void test_allgather_ranges(void **s) {
     char err[512];
     for (size_t k = 0; k < NLENS; k++)
         for (int cut = 0; cut < 3; cut++) {
-            size_t n = LENS[k], e0 = cut == 0 ? 0 : cut == 1 ? n / 3 : n / 2 + (n > 2);
-            size_t m = cut == 0 ? n : cut == 1 ? n / 2 : n - (e0 < n ? e0 : n);
+            size_t n = LENS[k], e0 = cut == 0 ? 0 : cut == 1 ? n / 3
+                                                             : n / 2 + (n > 2);
+            size_t m = cut == 0 ? n : cut == 1 ? n / 2
+                                               : n - (e0 < n ? e0 : n);
             if (e0 > n) e0 = n;
             if (e0 + m > n) m = n - e0;
             size_t *lo = malloc(2 * sizeof(size_t) * (size_t)W), *len = lo + W;
@@ -182,9 +184,11 @@ static void test_allgather_ranges(void **s) {
             }
             if (bad || memcmp(&buf[0], &guard, 4) || memcmp(&buf[m + 1], &guard, 4))
                 fail_msg("all-gather of the window [%zu, %zu) of %zu on rank %d of %d: %zu wrong "
-                         "elements, guards %s", e0, e0 + m, n, R, W, bad,
+                         "elements, guards %s",
+                         e0, e0 + m, n, R, W, bad,
                          memcmp(&buf[0], &guard, 4) || memcmp(&buf[m + 1], &guard, 4)
-                             ? "overwritten" : "intact");
+                             ? "overwritten"
+                             : "intact");
             free(lo);
             free(buf);
         }
@@ -236,7 +240,8 @@ static void a2a_case(int k, int gathered) {
     for (; pos < rb; pos++) gap += rcv[pos] != 0xCD;
     if (bad || gap)
         fail_msg("exchange case %d (%s) on rank %d of %d: %zu wrong bytes, %zu gap bytes "
-                 "written", k, gathered ? "gathered" : "direct", R, W, bad, gap);
+                 "written",
+                 k, gathered ? "gathered" : "direct", R, W, bad, gap);
     free(snd);
     free(rcv);
 }
@@ -409,7 +414,8 @@ static void test_iallreduce(void **s) {
         }
         if (bad_sum || bad_ar)
             fail_msg("iallreduce of %zu floats on rank %d of %d: %zu elements differ from the "
-                     "rank-order sum, %zu from the blocking all-reduce", n, R, W, bad_sum, bad_ar);
+                     "rank-order sum, %zu from the blocking all-reduce",
+                     n, R, W, bad_sum, bad_ar);
         free(buf[k]);
         free(ar[k]);
     }
@@ -440,7 +446,8 @@ static void test_agree(void **s) {
     agree_case("a value on the last rank, named",
                R == last ? "a=1\nb=7\nc=3\n" : "a=1\nb=2\nc=3\n", PT_ERR_CONFIG, want);
     snprintf(want, sizeof want, "rank %d disagrees with rank 0 on d: rank %d has d=4, rank 0 has "
-             "no such field", last, last);
+                                "no such field",
+             last, last);
     agree_case("an extra line", R == last ? "a=1\nb=2\nc=3\nd=4\n" : "a=1\nb=2\nc=3\n",
                PT_ERR_CONFIG, want);
     /* every rank r > 0 differs in its own line: rank 1, the lowest, is named */
@@ -478,7 +485,9 @@ int main(void) {
     snprintf(lib, sizeof lib, "%s/libprotrain_nccl.so", b ? b : "build");
     pt_coll_config cfg = {atoi(ws), atoi(rs), init && *init ? init : "env",
                           to && *to ? atof(to) : 60.0, -1, tr && *tr ? tr : "mpi",
-                          di && *di ? atoi(di) : local ? atoi(local) : 0, lib, NULL};
+                          di && *di ? atoi(di) : local ? atoi(local)
+                                                       : 0,
+                          lib, NULL};
     char err[512];
     if (dev && !strcmp(dev, "1")) {
         pt_gpu_config gc = {0};

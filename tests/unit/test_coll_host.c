@@ -130,7 +130,8 @@ static pt_coll_config host_cfg(const pt_host_coll_v1 *t, int rank, int world) {
  * x0 + (x1 + x2) or (x0 + x2) + x1 = 1, so an order other than 0, 1, 2 shows. */
 static double val(int p, size_t e, int f64) {
     double big = f64 ? 9007199254740992.0 : 16777216.0;
-    if (e % 2 == 0) return p == 0 ? big : p == 1 ? 1.0 : -big;
+    if (e % 2 == 0) return p == 0 ? big : p == 1 ? 1.0
+                                                 : -big;
     return (double)((e * 7 + (size_t)p * 13) % 1000) / 64.0 - 7.0;
 }
 
@@ -410,7 +411,11 @@ static void test_open_refusals(void **s) {
 
 static void test_pick_table(void **s) {
     (void)s;
-    struct { const char *dist, *dev, *init; int table; const char *want, *why; } cases[] = {
+    struct {
+        const char *dist, *dev, *init;
+        int table;
+        const char *want, *why;
+    } cases[] = {
         {"auto", "host", "env", 1, "host", NULL},
         {"host", "host", "env", 1, "host", NULL},
         {"auto", "host", "env", 0, "mpi", NULL},
@@ -454,7 +459,8 @@ static int32_t refuse_gather(void *user, const void *send, void *recv, uint64_t 
 static int init_with_table(const char *dist, const pt_host_coll_v1 *t, char *msg, size_t cap) {
     char text[512];
     snprintf(text, sizeof text, "[plugin]\nbackend = host\nlog_level = error\n[memory]\n"
-             "device_capacity = 4MiB\n[dist]\n%s", dist);
+                                "device_capacity = 4MiB\n[dist]\n%s",
+             dist);
     pt_host_v1 host = hb_host(NULL);
     host.world_size = 2;
     host.rank = 0;

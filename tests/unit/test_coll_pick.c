@@ -54,7 +54,9 @@ static void test_pick(void **s) {
     (void)s;
     char err[512];
     const char *tr = "x";
-    struct { const char *dist, *dev, *init, *want, *why1, *why2; } cases[] = {
+    struct {
+        const char *dist, *dev, *init, *want, *why1, *why2;
+    } cases[] = {
         {"auto", "cuda", "env", "nccl", NULL, NULL},
         {"auto", "cuda", "mpi", "nccl", NULL, NULL},
         {"auto", "cuda", "file:///tmp/id", "nccl", NULL, NULL},
@@ -96,7 +98,8 @@ static void test_pick(void **s) {
 static int init_dist(const char *dist, char *msg, size_t cap) {
     char text[512];
     snprintf(text, sizeof text, "[plugin]\nbackend = host\nlog_level = error\n[memory]\n"
-             "device_capacity = 4MiB\n[dist]\n%s", dist);
+                                "device_capacity = 4MiB\n[dist]\n%s",
+             dist);
     pt_host_v1 host = hb_host(NULL);
     host.world_size = 2;
     host.rank = 0;
@@ -135,12 +138,16 @@ static void warn_log(void *user, int32_t level, const char *msg) {
  * the control: backend = auto and none with one rank say nothing of it. */
 static void test_one_rank_backend_warns(void **s) {
     (void)s;
-    static const struct { const char *backend; int warns; } cases[] = {
+    static const struct {
+        const char *backend;
+        int warns;
+    } cases[] = {
         {"nccl", 1}, {"mpi", 1}, {"host", 1}, {"auto", 0}, {"none", 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char text[256], want[64];
         snprintf(text, sizeof text, "[plugin]\nbackend = host\nlog_level = warn\n[memory]\n"
-                 "device_capacity = 4MiB\n[dist]\nbackend = %s\n", cases[i].backend);
+                                    "device_capacity = 4MiB\n[dist]\nbackend = %s\n",
+                 cases[i].backend);
         pt_host_v1 host = hb_host(NULL);
         host.log = warn_log;
         warned[0] = '\0';

@@ -95,12 +95,23 @@ static void test_schema_rows(void **s) {
 
 static void test_parse_size(void **s) {
     (void)s;
-    static const struct { const char *in; uint64_t want; } ok[] = {
-        {"4096", 4096},          {"64MiB", 64ull << 20}, {"1.5 GiB", 3ull << 29},
-        {"2GB", 2000000000ull},  {"0", 0},               {"1kib", 1024},
-        {" 7 B ", 7},            {"0.5KB", 500},         {"1.1KiB", 1126}, /* 1126.4 rounds down */
-        {"3TiB", 3ull << 40},    {"1.25tb", 1250000000000ull},
-        {"18446744073709551615", UINT64_MAX}, {"0.000000001GB", 1},
+    static const struct {
+        const char *in;
+        uint64_t want;
+    } ok[] = {
+        {"4096", 4096},
+        {"64MiB", 64ull << 20},
+        {"1.5 GiB", 3ull << 29},
+        {"2GB", 2000000000ull},
+        {"0", 0},
+        {"1kib", 1024},
+        {" 7 B ", 7},
+        {"0.5KB", 500},
+        {"1.1KiB", 1126}, /* 1126.4 rounds down */
+        {"3TiB", 3ull << 40},
+        {"1.25tb", 1250000000000ull},
+        {"18446744073709551615", UINT64_MAX},
+        {"0.000000001GB", 1},
     };
     for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
         uint64_t v = 12345;
@@ -108,8 +119,8 @@ static void test_parse_size(void **s) {
         if (v != ok[i].want) print_error("%s -> %llu\n", ok[i].in, (unsigned long long)v);
         assert_true(v == ok[i].want);
     }
-    static const char *const bad[] = {"-1",   "",      "abc",  "1.",    ".5",
-                                      "12 XB", "1e3",  "1,000", "1.5.2", "18446744073709551616",
+    static const char *const bad[] = {"-1", "", "abc", "1.", ".5",
+                                      "12 XB", "1e3", "1,000", "1.5.2", "18446744073709551616",
                                       "17000000TiB", "16777216TiB", "5 MiB/s", "auto", "+3"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         uint64_t v = 7;
@@ -154,14 +165,19 @@ static void test_parse_duration(void **s) {
     pt_config c;
     char err[512];
     assert_int_equal(pt_config_parse_string("[testing]\ncompute_jitter = 2s\n", "j.ini", &c,
-                                            err, sizeof err), PT_ERR_CONFIG);
+                                            err, sizeof err),
+                     PT_ERR_CONFIG);
     assert_non_null(strstr(err, "j.ini:2"));
     assert_non_null(strstr(err, "compute_jitter"));
     assert_int_equal(pt_config_parse_string("[testing]\ncompute_jitter = 250us\n", "j.ini",
-                                            &c, err, sizeof err), 0);
+                                            &c, err, sizeof err),
+                     0);
     assert_true(c.compute_jitter == 250 * 1e-6);
     /* [dist] timeout takes the same syntax as every other duration */
-    static const struct { const char *v; double want; } to[] = {
+    static const struct {
+        const char *v;
+        double want;
+    } to[] = {
         {"10 s", 10.0}, {"10s", 10.0}, {"300", 300.0}, {"2ms", 2e-3}, {"1.5 S", 1.5}};
     for (size_t i = 0; i < sizeof to / sizeof to[0]; i++) {
         char text[64];
@@ -288,7 +304,9 @@ static void test_bools_and_autos(void **s) {
     assert_int_equal(parse("[protrain]\nn_persist = auto\nn_buffer = 0\nzero3_shard = off\n"
                            "chunk_size = auto\n[memory]\ndevice_capacity = AUTO\n"
                            "pinned_budget = 0\n[tiled_mlp]\ntiles = auto\n"
-                           "[optimizer]\ncpu_threads = 0\n", &c), 0);
+                           "[optimizer]\ncpu_threads = 0\n",
+                           &c),
+                     0);
     assert_true(c.n_persist == -1 && c.n_buffer == 0 && c.zero3_shard == 0 && c.chunk_size == 0);
     assert_true(c.device_capacity == 0 && c.pinned_budget == 0 && c.tiled_mlp_tiles == 0);
     assert_int_equal(c.cpu_threads, 0);
@@ -310,7 +328,9 @@ static void test_syntax_forms(void **s) {
     pt_config c;
     assert_int_equal(parse("; comment\n# comment\n\n[optimizer]   ; trailing\n"
                            "  lr = 1e-3 ; inline\n\tbeta1 = 0.8\n    [ memory ]\n reserve=1KiB\n"
-                           "[optimizer]\neps : 1e-7\n", &c), 0);
+                           "[optimizer]\neps : 1e-7\n",
+                           &c),
+                     0);
     /* indented lines are separate keys, not continuations of lr */
     assert_true(c.lr == 1e-3f && c.beta1 == 0.8f && c.reserve == 1024 && c.eps == 1e-7f);
     assert_int_equal(parse("\xEF\xBB\xBF[optimizer]\r\nlr = 2e-3\r\n\r\nbeta2 = 0.9\r\n", &c), 0);
@@ -320,7 +340,9 @@ static void test_syntax_forms(void **s) {
                "t.ini:3: bad value '2' for key 'beta2' in [optimizer]: expected auto or a float in [0, 1)");
     /* host sections: anything goes inside, known sections resume after */
     assert_int_equal(parse("[sample_host]\nlr = abc\nmodel = gpt2\nmodel = twice\n"
-                           "[host.data]\nwhatever = 1\n[optimizer]\nlr = 5e-4\n", &c), 0);
+                           "[host.data]\nwhatever = 1\n[optimizer]\nlr = 5e-4\n",
+                           &c),
+                     0);
     assert_true(c.lr == 5e-4f);
     /* an empty file is all defaults */
     assert_int_equal(parse("", &c), 0);
@@ -356,7 +378,9 @@ static void test_bad_values(void **s) {
     (void)s;
     expect_err("[plugin]\nbackend = host\n\n\n\n\n\n\n\n\n\n\n\n\n[optimizer]\nlr = abc\n",
                "t.ini:16: bad value 'abc' for key 'lr' in [optimizer]: expected a float > 0");
-    static const struct { const char *ini, *msg; } cases[] = {
+    static const struct {
+        const char *ini, *msg;
+    } cases[] = {
         {"[optimizer]\nbeta1 = 1\n", "t.ini:2: bad value '1' for key 'beta1' in [optimizer]: expected a float in [0, 1)"},
         {"[optimizer]\nbeta2 = -0.1\n", "t.ini:2: bad value '-0.1' for key 'beta2' in [optimizer]: expected auto or a float in [0, 1)"},
         {"[optimizer]\neps = 0\n", "t.ini:2: bad value '0' for key 'eps' in [optimizer]: expected a float > 0"},
@@ -464,7 +488,9 @@ static void test_cross_rule(void **s) {
                "n_checkpoint set to numbers, but n_checkpoint is auto");
     pt_config c;
     assert_int_equal(parse("[protrain]\nauto_memory = false\nn_persist = 1\nn_buffer = 2\n"
-                           "n_swap = 0\nn_checkpoint = 3\n", &c), 0);
+                           "n_swap = 0\nn_checkpoint = 3\n",
+                           &c),
+                     0);
     assert_true(c.auto_memory == 0 && c.n_checkpoint == 3);
 }
 
@@ -606,7 +632,8 @@ static void test_not_regular_files(void **s) {
     static const char key[] = "[optimizer]\nlr = 1e-3\n";
     size_t k = strlen(key);
     memcpy(text, key, k);
-    for (size_t i = k; i < LIMIT; i++) text[i] = (i - k) % 100 == 0 ? ';' : (i - k) % 100 == 99 ? '\n' : 'x';
+    for (size_t i = k; i < LIMIT; i++) text[i] = (i - k) % 100 == 0 ? ';' : (i - k) % 100 == 99 ? '\n'
+                                                                                                : 'x';
     text[LIMIT - 1] = '\n';
     snprintf(big, sizeof big, "%s/big.ini", tmpdir);
     write_file(big, text, LIMIT);

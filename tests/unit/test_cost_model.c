@@ -55,8 +55,7 @@ static void build(pt_trace *t, const synth *s) {
 
 /* The 2-block trace of the hand computations below. */
 static void tiny(pt_trace *t) {
-    synth s = {.n_block = 2, .cpb = 1, .engines = 2, .chunk_bytes = 100, .arena = 1000, .input = 10, .fscr = 5,
-               .bscr = 7, .gact = 20, .fwd = 1.0, .bwd = 2.0, .h2d = 100, .d2h = 50, .cpu = 25, .dev = 100, .tf = 1};
+    synth s = {.n_block = 2, .cpb = 1, .engines = 2, .chunk_bytes = 100, .arena = 1000, .input = 10, .fscr = 5, .bscr = 7, .gact = 20, .fwd = 1.0, .bwd = 2.0, .h2d = 100, .d2h = 50, .cpu = 25, .dev = 100, .tf = 1};
     build(t, &s);
     t->nonblock_bytes = 3;
     t->nonblock_scratch_bytes = 1;
@@ -91,7 +90,9 @@ static pt_cost hand_cost(const pt_trace *t, pt_knobs k) {
  * charged. Without buckets both follow backward. */
 static void test_hand_buckets(void **state) {
     (void)state;
-    static const struct { double rate, on, off; } cases[] = {
+    static const struct {
+        double rate, on, off;
+    } cases[] = {
         /* 0.4 s per chunk: 2.7 + 0.4 = 3.1; max(3.1, 4.7) + 0.4 = 5.1 -> 0.2 */
         {500, 0.2, 0.8},
         /* 2 s per chunk: 2.7 + 2 = 4.7; max(4.7, 4.7) + 2 = 6.7 -> 1.8 (queued) */
@@ -156,10 +157,11 @@ static void test_hand_buckets(void **state) {
  * (overlap_allreduce) are off under tensor parallel whatever the option. */
 static void test_tp_terms(void **state) {
     (void)state;
-    static const struct { int W, P, l2; double ar, tg; } cases[] = {
-        {4, 2, 0, 0.8, 4.0}, {4, 2, 1, 0.8, 3200.0 / 600.0}, {2, 2, 0, 0.0, 4.0},
-        {4, 4, 0, 0.0, 6.0}, {4, 4, 1, 0.0, 8.0},
-        {4, 1, 0, 1.2, 0.0},   /* control: no tensor parallel, the old terms */
+    static const struct {
+        int W, P, l2;
+        double ar, tg;
+    } cases[] = {
+        {4, 2, 0, 0.8, 4.0}, {4, 2, 1, 0.8, 3200.0 / 600.0}, {2, 2, 0, 0.0, 4.0}, {4, 4, 0, 0.0, 6.0}, {4, 4, 1, 0.0, 8.0}, {4, 1, 0, 1.2, 0.0},   /* control: no tensor parallel, the old terms */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         pt_trace t;
@@ -565,9 +567,7 @@ static void test_hand_ckpt_swap(void **state) {
 }
 
 static synth big(void) {
-    synth s = {.n_block = 8, .cpb = 2, .mand_first = 1, .mand_last = 1, .engines = 2, .chunk_bytes = 1 << 20,
-               .arena = 40 << 20, .input = 1 << 20, .fscr = 3 << 20, .bscr = 5 << 20, .gact = 2 << 20,
-               .fwd = 0.010, .bwd = 0.020, .h2d = 1e9, .d2h = 1e10, .cpu = 2e8, .dev = 1e10, .tf = 1};
+    synth s = {.n_block = 8, .cpb = 2, .mand_first = 1, .mand_last = 1, .engines = 2, .chunk_bytes = 1 << 20, .arena = 40 << 20, .input = 1 << 20, .fscr = 3 << 20, .bscr = 5 << 20, .gact = 2 << 20, .fwd = 0.010, .bwd = 0.020, .h2d = 1e9, .d2h = 1e10, .cpu = 2e8, .dev = 1e10, .tf = 1};
     return s;
 }
 
@@ -653,7 +653,7 @@ static void test_time_monotone_in_buffers(void **state) {
         for (int p = 0; p <= K; p++)
             for (int sw = 0; sw <= 2; sw++)
                 for (int c = 0; c <= 3; c++)
-                    for (int clip = 0; clip < 3; clip++)   /* 2: clipping, steps deferred */ {
+                    for (int clip = 0; clip < 3; clip++) /* 2: clipping, steps deferred */ {
                         pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2, 0, 0, 0, 0};
                         double prev = INFINITY;
                         uint64_t prev_peak = 0;

@@ -119,8 +119,7 @@ static pt_adamw_consts consts_for(int64_t t, float wd, float gs) {
 }
 
 static pt_cpu_adam_args args_of(const state *s, int gdt, int odt, pt_adamw_consts c) {
-    pt_cpu_adam_args a = {.p = s->p, .g = s->g, .g_dtype = gdt, .m = s->m, .v = s->v,
-                          .out = s->out, .out_dtype = odt < 0 ? 0 : odt, .n = s->n, .c = c};
+    pt_cpu_adam_args a = {.p = s->p, .g = s->g, .g_dtype = gdt, .m = s->m, .v = s->v, .out = s->out, .out_dtype = odt < 0 ? 0 : odt, .n = s->n, .c = c};
     return a;
 }
 
@@ -203,7 +202,8 @@ static void test_adam_decay_small_lr(void **st) {
     double old6, old7;
     double r6 = decay_ratio(1e-4f, 0.01f, &old6), r7 = decay_ratio(1e-5f, 0.01f, &old7);
     print_message("  decay applied / asked: lr*wd 1e-6 %.4f, 1e-7 %.4f (as p * (1 - lr*wd): "
-                  "%.4f, %.4f)\n", r6, r7, old6, old7);
+                  "%.4f, %.4f)\n",
+                  r6, r7, old6, old7);
     assert_true(fabs(r6 - 1.0) < 0.05);
     assert_true(fabs(r7 - 1.0) < 0.05);
     assert_true(old7 > 1.1);
@@ -475,8 +475,7 @@ static void mixed_vs_fp32(int dt, double rel_bound) {
         float bc1, bc2r;
         pt_adamw_bias(0.9f, 0.999f, t, &bc1, &bc2r);
         pt_adamw_consts c = pt_adamw_make_consts(lr, 0.9f, 0.999f, 1e-8f, wd, bc1, bc2r, gs);
-        pt_cpu_adam_args a = {.p = w, .g = g16, .g_dtype = dt, .m = m, .v = v,
-                              .out = copy, .out_dtype = dt, .n = n, .c = c};
+        pt_cpu_adam_args a = {.p = w, .g = g16, .g_dtype = dt, .m = m, .v = v, .out = copy, .out_dtype = dt, .n = n, .c = c};
         assert_int_equal(pt_cpu_adam_step(pool, &a, NULL, NULL, 0), PT_OK);
         for (size_t i = 0; i < n; i++) wr[i] = pt_adamw_elem(&c, wr[i], g32[i], &mr[i], &vr[i]);
     }
@@ -496,8 +495,14 @@ static void mixed_vs_fp32(int dt, double rel_bound) {
     pt_pool_destroy(pool);
     free(w), free(m), free(v), free(wr), free(mr), free(vr), free(g32), free(g16), free(copy);
 }
-static void test_mixed_bf16_vs_fp32(void **st) { (void)st; mixed_vs_fp32(PT_BF16, ldexp(1.0, -8)); }
-static void test_mixed_f16_vs_fp32(void **st) { (void)st; mixed_vs_fp32(PT_F16, ldexp(1.0, -10)); }
+static void test_mixed_bf16_vs_fp32(void **st) {
+    (void)st;
+    mixed_vs_fp32(PT_BF16, ldexp(1.0, -8));
+}
+static void test_mixed_f16_vs_fp32(void **st) {
+    (void)st;
+    mixed_vs_fp32(PT_F16, ldexp(1.0, -10));
+}
 
 /* ---- converters ---- */
 
@@ -638,7 +643,8 @@ static void test_cvt_generic(void **st) {
             for (size_t i = 0; i < n; i += 1) {
                 float x = pt_load_elem(mid, sdt, i);
                 float y = pt_load_elem(d1, ddt, i);
-                uint32_t want = ddt == PT_F32 ? bits(x) : ddt == PT_BF16 ? pt_f32_to_bf16(x) : pt_f32_to_f16(x);
+                uint32_t want = ddt == PT_F32 ? bits(x) : ddt == PT_BF16 ? pt_f32_to_bf16(x)
+                                                                         : pt_f32_to_f16(x);
                 uint32_t got = ddt == PT_F32 ? bits(y) : ((uint16_t *)d1)[i];
                 assert_int_equal(got, want);
             }

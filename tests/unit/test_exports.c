@@ -315,10 +315,7 @@ static void cuda_smoke(const pt_gpu_backend *be, void *impl) {
     assert_int_equal(be->memcpy_async(impl, dv, v, fb, PT_GPU_H2D, NULL), 0);
     float bc1, bc2r;
     pt_adamw_bias(0.9f, 0.999f, 3, &bc1, &bc2r);
-    pt_adamw_args a = {.param = dp, .grad = dg, .m = dm, .v = dv, .param_out = d16,
-                       .out_dtype = PT_F16, .n = N, .lr = 1e-3f, .beta1 = 0.9f,
-                       .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f, .bc1 = bc1,
-                       .bc2_rsqrt = bc2r, .grad_scale = 0.5f};
+    pt_adamw_args a = {.param = dp, .grad = dg, .m = dm, .v = dv, .param_out = d16, .out_dtype = PT_F16, .n = N, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f, .bc1 = bc1, .bc2_rsqrt = bc2r, .grad_scale = 0.5f};
     assert_int_equal(be->adamw(impl, &a, NULL), 0);
     assert_int_equal(be->memcpy_async(impl, got, dp, fb, PT_GPU_D2H, NULL), 0);
     pt_adamw_consts c = pt_adamw_make_consts(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, bc1,
@@ -386,14 +383,33 @@ static void test_cuda_backend_exports(void **state) {
     snprintf(want, sizeof want, "%s_v%u", PT_CUDA_BACKEND_SYMBOL_STEM, PT_GPU_BACKEND_VERSION);
     assert_string_equal(PT_CUDA_BACKEND_SYMBOL, want);
     /* Every op is implemented. */
-#define OP(f) if (!be->f) fail_msg(PT_CUDA_BACKEND_SYMBOL "." #f " is NULL")
-    OP(open); OP(close); OP(set_log); OP(device_name); OP(total_memory);
-    OP(dev_alloc); OP(dev_free); OP(host_alloc); OP(host_free);
-    OP(stream_create); OP(stream_destroy); OP(stream_sync);
-    OP(event_create); OP(event_destroy); OP(event_record); OP(stream_wait_event);
-    OP(event_sync); OP(event_query); OP(event_elapsed_ms);
-    OP(memset_async); OP(memcpy_async); OP(host_fn);
-    OP(adamw); OP(sqnorm); OP(convert);
+#define OP(f) \
+    if (!be->f) fail_msg(PT_CUDA_BACKEND_SYMBOL "." #f " is NULL")
+    OP(open);
+    OP(close);
+    OP(set_log);
+    OP(device_name);
+    OP(total_memory);
+    OP(dev_alloc);
+    OP(dev_free);
+    OP(host_alloc);
+    OP(host_free);
+    OP(stream_create);
+    OP(stream_destroy);
+    OP(stream_sync);
+    OP(event_create);
+    OP(event_destroy);
+    OP(event_record);
+    OP(stream_wait_event);
+    OP(event_sync);
+    OP(event_query);
+    OP(event_elapsed_ms);
+    OP(memset_async);
+    OP(memcpy_async);
+    OP(host_fn);
+    OP(adamw);
+    OP(sqnorm);
+    OP(convert);
 #undef OP
 
     pt_gpu_config cfg = {0};

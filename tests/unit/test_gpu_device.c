@@ -475,7 +475,8 @@ static void test_pinned_arena(void **state) {
     assert_ptr_equal(again, p[1]);
     for (size_t k = 0; k < 200 * KiB + 1; k++) assert_int_equal(p[2][k], 3);  /* neighbours intact */
     pt_gpu_pinned_free(g, again);
-    for (int i = 0; i < 4; i++) if (i != 1) pt_gpu_pinned_free(g, p[i]);
+    for (int i = 0; i < 4; i++)
+        if (i != 1) pt_gpu_pinned_free(g, p[i]);
     pt_gpu_pinned_free(g, big);
     assert_int_equal(pt_gpu_live_pinned(g), 0);
     pt_gpu_usage_get(g, &u);
@@ -631,7 +632,11 @@ static uint64_t rnd(void) { /* splitmix64 */
     return z ^ (z >> 31);
 }
 
-typedef struct live { unsigned char *p; uint64_t n; unsigned char fill; } live;
+typedef struct live {
+    unsigned char *p;
+    uint64_t n;
+    unsigned char fill;
+} live;
 
 static int cmp_live(const void *a, const void *b) {
     const live *x = a, *y = b;
@@ -689,7 +694,11 @@ static void test_random_invariants(void **state) {
 
 /* ---- concurrency (run under TSan) ---- */
 
-typedef struct worker_arg { pt_gpu *g; int seed; int failures; } worker_arg;
+typedef struct worker_arg {
+    pt_gpu *g;
+    int seed;
+    int failures;
+} worker_arg;
 
 static void *alloc_worker(void *arg) {
     worker_arg *w = arg;
@@ -734,7 +743,10 @@ static void test_threads(void **state) {
 
 /* ---- leak report at close ---- */
 
-typedef struct captured { int calls; char msg[512]; } captured;
+typedef struct captured {
+    int calls;
+    char msg[512];
+} captured;
 
 static void capture_log(void *user, int32_t level, const char *msg) {
     captured *c = user;

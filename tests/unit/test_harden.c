@@ -79,9 +79,12 @@ static void test_after_finalize(void **state) {
 static void test_init_bad_host(void **state) {
     (void)state;
     static const char ini[] = "[plugin]\nbackend = host\nlog_level = error\n";
-    struct { int field; int32_t value; const char *name; } cases[] = {
-        {0, 0, "world_size is 0"}, {1, -7, "rank is -7"}, {2, 99, "device_kind is 99"},
-        {1, 1, "rank is 1"}, {3, -1, "device_index is -1"}, {4, -2, "local_rank is -2"}};
+    struct {
+        int field;
+        int32_t value;
+        const char *name;
+    } cases[] = {
+        {0, 0, "world_size is 0"}, {1, -7, "rank is -7"}, {2, 99, "device_kind is 99"}, {1, 1, "rank is 1"}, {3, -1, "device_index is -1"}, {4, -2, "local_rank is -2"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         pt_host_v1 h = hb_host(NULL);
         switch (cases[i].field) {
@@ -117,9 +120,7 @@ static void test_nonfinite_hparams(void **state) {
     void *ctx = start(&t, "[optimizer]\nlr = 0.01\n");
     const char *fields[] = {"lr", "beta1", "beta2", "eps", "weight_decay", "max_grad_norm"};
     for (int f = 0; f < 6; f++) {
-        pt_optim_v1 d = {.struct_size = sizeof d, .type = PT_OPTIM_FROM_CONFIG, .lr = NAN,
-                         .beta1 = NAN, .beta2 = NAN, .eps = NAN, .weight_decay = NAN,
-                         .max_grad_norm = NAN};
+        pt_optim_v1 d = {.struct_size = sizeof d, .type = PT_OPTIM_FROM_CONFIG, .lr = NAN, .beta1 = NAN, .beta2 = NAN, .eps = NAN, .weight_decay = NAN, .max_grad_norm = NAN};
         float *slot[] = {&d.lr, &d.beta1, &d.beta2, &d.eps, &d.weight_decay, &d.max_grad_norm};
         *slot[f] = (f & 1) ? -INFINITY : INFINITY;
         assert_int_equal(P->create_optimizer(ctx, &d), PT_ERR_INVALID_ARG);
@@ -252,7 +253,8 @@ static void test_chunk_size_larger_than_device(void **state) {
     (void)state;
     void *ctx = hb_open(P, "[plugin]\nbackend = host\nlog_level = error\n[memory]\n"
                            "device_capacity = 4MiB\n[protrain]\nauto_memory = false\nn_persist = 0\n"
-                           "n_buffer = 1\nn_swap = 0\nn_checkpoint = 0\nchunk_size = 1TiB\n", NULL);
+                           "n_buffer = 1\nn_swap = 0\nn_checkpoint = 0\nchunk_size = 1TiB\n",
+                        NULL);
     tiny t;
     tiny_make(&t);
     assert_int_equal(P->post_model_load(ctx, &t.m), PT_ERR_INVALID_ARG);
@@ -411,7 +413,9 @@ static void test_too_small_names_minimum(void **state) {
 
     phost h2 = {.arena = 4096};
     assert_int_equal(ph_start(&h2, &t, "device_capacity = 1KiB\n[protrain]\n"
-                                       "force_all_persistent = true\n", 1, 0), PT_ERR_OOM);
+                                       "force_all_persistent = true\n",
+                              1, 0),
+                     PT_ERR_OOM);
     e = P->last_error(h2.ctx);
     if (!has(e, "too small for this model and batch") || !has(e, "force_all_persistent") ||
         !has(e, "needs at least"))

@@ -66,7 +66,8 @@ static void *start_fp(tiny *t, const char *fp) {
         h.fingerprint = buf;
     }
     void *ctx = hb_open(P, "[plugin]\nbackend = host\nlog_level = warn\n[memory]\n"
-                           "device_capacity = 4MiB\n", &h);
+                           "device_capacity = 4MiB\n",
+                        &h);
     snprintf(buf, sizeof buf, "run.seed=999\n");
     tiny_make(t);
     assert_int_equal(P->post_model_load(ctx, &t->m), PT_OK);
@@ -264,7 +265,12 @@ static void test_values_refused(void **s) {
     size_t n;
     unsigned char *good = slurp(&n);
     const size_t data = HEADER_BYTES + 23, m = data + 4 * TINY_NEL, v = m + 4 * TINY_NEL;
-    struct { size_t off; float val; int64_t step; const char *want; } cases[] = {
+    struct {
+        size_t off;
+        float val;
+        int64_t step;
+        const char *want;
+    } cases[] = {
         {data + 8, NAN, 0, "non-finite"},
         {m + 4, -INFINITY, 0, "non-finite"},
         {v + 12, -1.0f, 0, "negative"},

@@ -355,10 +355,7 @@ static void test_adamw_matches_reference(void **state) {
         for (int i = 0; i < N; i++) g[i] = frand() * 3.0f;
         float bc1, bc2r;
         pt_adamw_bias(b1, b2, t, &bc1, &bc2r);
-        pt_adamw_args a = {.param = p, .grad = g, .m = m, .v = v, .param_out = out,
-                           .out_dtype = PT_BF16, .n = N, .lr = lr, .beta1 = b1, .beta2 = b2,
-                           .eps = eps, .weight_decay = wd, .bc1 = bc1, .bc2_rsqrt = bc2r,
-                           .grad_scale = gs};
+        pt_adamw_args a = {.param = p, .grad = g, .m = m, .v = v, .param_out = out, .out_dtype = PT_BF16, .n = N, .lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd, .bc1 = bc1, .bc2_rsqrt = bc2r, .grad_scale = gs};
         /* t = 2 runs on the NULL stream, the others on a worker stream */
         assert_int_equal(B->adamw(h, &a, t == 2 ? NULL : s), PT_OK);
         assert_int_equal(B->stream_sync(h, s), PT_OK);
@@ -378,7 +375,14 @@ static void test_adamw_matches_reference(void **state) {
         }
     }
     B->stream_destroy(h, s);
-    free(p); free(g); free(m); free(v); free(rp); free(rm); free(rv); free(out);
+    free(p);
+    free(g);
+    free(m);
+    free(v);
+    free(rp);
+    free(rm);
+    free(rv);
+    free(out);
     B->close(h);
 }
 

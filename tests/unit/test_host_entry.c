@@ -50,8 +50,8 @@ static int bad_call(void *h, int op) {
 }
 
 static const int INJECTABLE[] = {PT_GPU_OP_MEMSET, PT_GPU_OP_MEMCPY, PT_GPU_OP_HOST_FN,
-                                 PT_GPU_OP_ADAMW,  PT_GPU_OP_SQNORM, PT_GPU_OP_CONVERT,
-                                 PT_GPU_OP_EIGH,   PT_GPU_OP_REKLS_EW};
+                                 PT_GPU_OP_ADAMW, PT_GPU_OP_SQNORM, PT_GPU_OP_CONVERT,
+                                 PT_GPU_OP_EIGH, PT_GPU_OP_REKLS_EW};
 
 /* fail_op_at = 2: the first bad call is refused as bad (and counted), the
  * second is the injected failure, the third is refused as bad again (the
@@ -81,8 +81,7 @@ static void test_uninjectable_ops(void **state) {
     (void)state;
     void *h = open_failing(PT_GPU_OP_NONE, 1);
     float a = 2.0f, b = 3.0f, c = -1.0f;
-    pt_gemm_args g = {.m = 1, .n = 1, .k = 1, .alpha = 1.0f, .beta = 0.0f,
-                      .a = &a, .lda = 1, .b = &b, .ldb = 1, .c = &c, .ldc = 1};
+    pt_gemm_args g = {.m = 1, .n = 1, .k = 1, .alpha = 1.0f, .beta = 0.0f, .a = &a, .lda = 1, .b = &b, .ldb = 1, .c = &c, .ldc = 1};
     for (int k = 0; k < 3; k++) {
         c = -1.0f;
         assert_int_equal(B->gemm_f32(h, &g, NULL), PT_OK);

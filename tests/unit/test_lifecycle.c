@@ -34,7 +34,8 @@ static void write_ini(const char *text) {
 
 /* A tiny model: 2 blocks, one weight + bias each, plus a non-block embedding
  * and a head tied to it. */
-enum { NP = 6, NB = 2 };
+enum { NP = 6,
+       NB = 2 };
 typedef struct tiny {
     pt_param_v1 p[NP];
     pt_model_v1 m;
@@ -287,16 +288,37 @@ static void adam_case(float max_norm, int n_micro, const char *protrain, int use
     assert_int_equal(P->finalize(ctx), PT_OK);
 }
 
-static void test_adam_matches_reference(void **s) { (void)s; adam_case(0.0f, 1, NULL, 0); }
-static void test_adam_accumulation(void **s) { (void)s; adam_case(0.0f, 3, NULL, 0); }
-static void test_adam_clipping(void **s) { (void)s; adam_case(1.0f, 2, NULL, 0); }
+static void test_adam_matches_reference(void **s) {
+    (void)s;
+    adam_case(0.0f, 1, NULL, 0);
+}
+static void test_adam_accumulation(void **s) {
+    (void)s;
+    adam_case(0.0f, 3, NULL, 0);
+}
+static void test_adam_clipping(void **s) {
+    (void)s;
+    adam_case(1.0f, 2, NULL, 0);
+}
 
 /* Offloaded: every block chunk streamed through one buffer, CPU Adam. */
 #define STREAMED "[protrain]\nn_persist = 0\nn_buffer = 1\nchunk_size = 4KiB\n"
-static void test_offload_deferred(void **s) { (void)s; adam_case(0.0f, 1, STREAMED, 0); }
-static void test_offload_overlapped(void **s) { (void)s; adam_case(0.0f, 1, STREAMED, 1); }
-static void test_offload_accumulation(void **s) { (void)s; adam_case(0.0f, 3, STREAMED, 1); }
-static void test_offload_clipping(void **s) { (void)s; adam_case(1.0f, 2, STREAMED, 1); }
+static void test_offload_deferred(void **s) {
+    (void)s;
+    adam_case(0.0f, 1, STREAMED, 0);
+}
+static void test_offload_overlapped(void **s) {
+    (void)s;
+    adam_case(0.0f, 1, STREAMED, 1);
+}
+static void test_offload_accumulation(void **s) {
+    (void)s;
+    adam_case(0.0f, 3, STREAMED, 1);
+}
+static void test_offload_clipping(void **s) {
+    (void)s;
+    adam_case(1.0f, 2, STREAMED, 1);
+}
 
 /* A host that keeps an offloaded param's pointer past its block reads poison. */
 static void test_offload_poison(void **state) {
@@ -651,7 +673,7 @@ static void test_state_roundtrip(void **state) {
     tiny_make(&tc);
     char other[256];
     snprintf(other, sizeof other, "[plugin]\nbackend = host\nlog_level = error\n"
-             "[memory]\ndevice_capacity = 4MiB\n");
+                                  "[memory]\ndevice_capacity = 4MiB\n");
     write_ini(other);
     assert_int_equal(P->init(ini_path, NULL, &c), PT_OK);
     tc.p[3].shape[0] = 40;
@@ -754,9 +776,18 @@ static void act_case(const char *modes_ini, int expect_ckpt, int expect_swap) {
     assert_int_equal(P->finalize(ctx), PT_OK);
 }
 
-static void test_act_none(void **s) { (void)s; act_case("[protrain]\nn_swap = 0\nn_checkpoint = 0\n", 0, 0); }
-static void test_act_ckpt(void **s) { (void)s; act_case("[protrain]\nn_checkpoint = 2\n", 2, 0); }
-static void test_act_swap(void **s) { (void)s; act_case("[protrain]\nn_swap = 1\nn_checkpoint = 1\n", 1, 1); }
+static void test_act_none(void **s) {
+    (void)s;
+    act_case("[protrain]\nn_swap = 0\nn_checkpoint = 0\n", 0, 0);
+}
+static void test_act_ckpt(void **s) {
+    (void)s;
+    act_case("[protrain]\nn_checkpoint = 2\n", 2, 0);
+}
+static void test_act_swap(void **s) {
+    (void)s;
+    act_case("[protrain]\nn_swap = 1\nn_checkpoint = 1\n", 1, 1);
+}
 static void test_act_swap_streamed(void **s) {
     (void)s;
     act_case("[protrain]\nn_swap = 2\nn_persist = 0\nn_buffer = 1\nchunk_size = 4KiB\n", 0, 2);

@@ -155,7 +155,8 @@ static void *rank_main(void *arg) {
             if (memcmp(&x[i], &xv, 4) || memcmp(&y[i], &want, 4)) {
                 j->bad++;
                 note(j, "%zu floats, element %zu (%s part): reduce-scatter %a all-reduce %a, "
-                     "want %a / %a", n, i, own ? "own" : "other", x[i], y[i], xv, want);
+                        "want %a / %a",
+                     n, i, own ? "own" : "other", x[i], y[i], xv, want);
             }
         }
         buf_free(j, x);
@@ -363,7 +364,8 @@ static void test_refusals(void **s) {
     /* the mirror that stages a host buffer does not fit */
     sim_malloc_limit = 8;
     assert_int_equal(T->allreduce(h, host, 4, PT_COLL_F32, 1.0, "big host buffer", err,
-                                  sizeof err), PT_ERR_OOM);
+                                  sizeof err),
+                     PT_ERR_OOM);
     if (!strstr(err, "stage a host buffer")) fail_msg("mirror: '%s'", err);
     sim_malloc_limit = (size_t)1 << 40;
     /* and after that refusal (nothing was enqueued) the group still works */

@@ -50,8 +50,7 @@ static void test_cpu_seconds(void **state) {
     assert_int_equal(r.measured, 0);
     /* rates given: 1 ms per GEMM call at 1 GFLOP/s, 5 ms per eigh call at
      * 0.5 GFLOP/s; 3 params with 6e9 GEMM and 2e9 eigh FLOPs in all */
-    pt_rekls_rates k = {.gemm_call_s = 1e-3, .gemm_flops_per_s = 1e9,
-                        .eigh_call_s = 5e-3, .eigh_flops_per_s = 0.5e9};
+    pt_rekls_rates k = {.gemm_call_s = 1e-3, .gemm_flops_per_s = 1e9, .eigh_call_s = 5e-3, .eigh_flops_per_s = 0.5e9};
     memcpy(r.w, &k, sizeof k);
     r.measured = 1;
     t.n_params = 3;

@@ -62,7 +62,7 @@ typedef struct net {
     opt o;
     pt_param_v1 p[OM_NPAR];
     pt_model_v1 m;
-    float init[OM_NPAR][OM_H * OM_D0 > OM_O * OM_H ? OM_H * OM_D0 : OM_O * OM_H];
+    float init[OM_NPAR][OM_H * OM_D0 > OM_O *OM_H ? OM_H *OM_D0 : OM_O *OM_H];
     char names[OM_NPAR][32];
     float *x0, *h, *y, *dy, *dh, *tg;   /* device buffers */
     double loss;
@@ -82,7 +82,8 @@ static char *ini_text(const opt *o) {
             (double)o->urr);
     if (o->streamed)
         fprintf(f, "[protrain]\nauto_memory = false\nn_persist = %d\nn_buffer = %d\nn_swap = 0\n"
-                   "n_checkpoint = 0\nchunk_size = %s\n", o->split ? 3 : 0, o->split ? 4 : 1,
+                   "n_checkpoint = 0\nchunk_size = %s\n",
+                o->split ? 3 : 0, o->split ? 4 : 1,
                 o->split ? "256B" : "1KiB");
     else
         fprintf(f, "[protrain]\nforce_all_persistent = true\n");
@@ -111,24 +112,22 @@ static void net_open(net *n, const opt *o, float *const wv[OM_NT], const float *
     for (int i = 0; i < OM_NPAR; i++) {
         snprintf(n->names[i], sizeof n->names[i], "%s", nm[i]);
         pt_param_v1 *q = &n->p[i];
-        *q = (pt_param_v1){.name = n->names[i], .dtype = PT_F32, .ndim = shp[i][1] ? 2 : 1,
-                           .shape = {shp[i][0], shp[i][1]}, .block = blk[i], .trainable = 1,
-                           .tie = -1, .init = n->init[i]};
+        *q = (pt_param_v1){.name = n->names[i], .dtype = PT_F32, .ndim = shp[i][1] ? 2 : 1, .shape = {shp[i][0], shp[i][1]}, .block = blk[i], .trainable = 1, .tie = -1, .init = n->init[i]};
         int64_t ne = shp[i][0] * (shp[i][1] ? shp[i][1] : 1);
         for (int64_t e = 0; e < ne; e++) {
             if (i == OM_I_W0 || i == OM_I_W1) {
                 int t = i == OM_I_W1;
                 n->init[i][e] = wv && wv[t] ? wv[t][e] : w_init(t, e);
             } else {
-                int v = i == OM_I_SCALE ? 0 : i == OM_I_B0 ? 1 : 2;
+                int v = i == OM_I_SCALE ? 0 : i == OM_I_B0 ? 1
+                                                           : 2;
                 n->init[i][e] = vecs && vecs[v] ? vecs[v][e]
                                                 : (i == OM_I_SCALE ? 1.0f + 0.05f * (float)e
-                                                                : 0.01f * (float)(e % 5) - 0.02f);
+                                                                   : 0.01f * (float)(e % 5) - 0.02f);
             }
         }
     }
-    n->m = (pt_model_v1){.struct_size = sizeof n->m, .n_params = OM_NPAR, .params = n->p,
-                         .n_blocks = 2, .batch = 1, .seq = OM_ROWS, .arch = "osft-test"};
+    n->m = (pt_model_v1){.struct_size = sizeof n->m, .n_params = OM_NPAR, .params = n->p, .n_blocks = 2, .batch = 1, .seq = OM_ROWS, .arch = "osft-test"};
     if (P->post_model_load(n->ctx, &n->m)) fail_msg("post_model_load: %s", P->last_error(n->ctx));
     if (P->create_optimizer(n->ctx, NULL)) fail_msg("create_optimizer: %s", P->last_error(n->ctx));
     float **bufs[6] = {&n->x0, &n->h, &n->y, &n->dy, &n->dh, &n->tg};
@@ -550,7 +549,8 @@ static void test_projection_50_steps(void **s) {
                 s2 += want * want;
             }
         printf("  target %d after 50 steps: |Uh^T Ul| rel %.3g, |Vl Vh^T| rel %.3g, frozen "
-               "triplets rel %.3g, frozen factors bit-identical\n", t, ou, ov, sqrt(e2 / s2));
+               "triplets rel %.3g, frozen factors bit-identical\n",
+               t, ou, ov, sqrt(e2 / s2));
         assert_true(ou <= 1e-5 && ov <= 1e-5 && sqrt(e2 / s2) <= 1e-5);
         for (int j = 0; j < 6; j++) free(f[j]);
     }
@@ -777,7 +777,8 @@ static void test_refusals(void **s) {
     /* OSFT with TiledMLP: refused at init, naming both */
     void *ctx = NULL;
     assert_int_equal(hb_init(P, "[plugin]\nbackend = host\nlog_level = error\n[osft]\nenabled = "
-                                "true\n[tiled_mlp]\nenabled = true\n", NULL, &ctx),
+                                "true\n[tiled_mlp]\nenabled = true\n",
+                             NULL, &ctx),
                      PT_ERR_UNSUPPORTED);
     assert_non_null(strstr(P->last_error(NULL), "[tiled_mlp]"));
     /* a bf16 target, a tied target */
@@ -788,14 +789,9 @@ static void test_refusals(void **s) {
         uint16_t w16[16] = {0};
         float w32[16] = {0};
         pt_param_v1 p[2] = {
-            {.name = "a.w", .dtype = c2 ? PT_F32 : PT_BF16, .ndim = 2, .shape = {4, 4},
-             .block = -1, .trainable = 1, .tie = -1,
-             .init = c2 ? (const void *)w32 : (const void *)w16},
-            {.name = "b.w", .dtype = c2 ? PT_F32 : PT_BF16, .ndim = 2, .shape = {4, 4},
-             .block = -1, .trainable = 1, .tie = c2 ? 0 : -1,
-             .init = c2 ? (const void *)w32 : (const void *)w16}};
-        pt_model_v1 m = {.struct_size = sizeof m, .n_params = 2, .params = p, .n_blocks = 0,
-                         .batch = 1, .seq = 1, .arch = "r"};
+            {.name = "a.w", .dtype = c2 ? PT_F32 : PT_BF16, .ndim = 2, .shape = {4, 4}, .block = -1, .trainable = 1, .tie = -1, .init = c2 ? (const void *)w32 : (const void *)w16},
+            {.name = "b.w", .dtype = c2 ? PT_F32 : PT_BF16, .ndim = 2, .shape = {4, 4}, .block = -1, .trainable = 1, .tie = c2 ? 0 : -1, .init = c2 ? (const void *)w32 : (const void *)w16}};
+        pt_model_v1 m = {.struct_size = sizeof m, .n_params = 2, .params = p, .n_blocks = 0, .batch = 1, .seq = 1, .arch = "r"};
         assert_int_equal(P->post_model_load(ctx, &m), PT_ERR_UNSUPPORTED);
         assert_non_null(strstr(P->last_error(ctx), c2 ? "tie" : "bf16"));
         assert_int_equal(P->finalize(ctx), 0);
@@ -812,7 +808,7 @@ static int ortho_main(int argc, char **argv) {
     int bad = 0;
     for (int a = 3; a < argc; a++) {
         static const char *nm[6] = {"osft_U_high", "osft_S_high", "osft_V_high",
-                                    "osft_U_low",  "osft_S_low",  "osft_V_low"};
+                                    "osft_U_low", "osft_S_low", "osft_V_low"};
         float *f[6];
         uint64_t c[6];
         int missing = 0;
@@ -832,7 +828,8 @@ static int ortho_main(int argc, char **argv) {
             ortho(f[0], f[3], f[2], f[5], N, M, k, kl, &ou, &ov);
             int ok = ou <= 1e-5 && ov <= 1e-5;
             printf("ortho: %s (%lld x %lld, k %lld, kl %lld): |Uh^T Ul| rel %.3g, |Vl Vh^T| rel "
-                   "%.3g%s\n", argv[a], (long long)N, (long long)M, (long long)k, (long long)kl,
+                   "%.3g%s\n",
+                   argv[a], (long long)N, (long long)M, (long long)k, (long long)kl,
                    ou, ov, ok ? "" : "  > 1e-5");
             bad |= !ok;
         }

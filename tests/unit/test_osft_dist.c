@@ -24,7 +24,12 @@
 
 /* ---- the plugin's sharded projection, on an in-process collective ---- */
 
-enum { SN = 7, SM = 11, SK = 5, SKL = 3, SR = SK + SKL, MAXW = 3 };
+enum { SN = 7,
+       SM = 11,
+       SK = 5,
+       SKL = 3,
+       SR = SK + SKL,
+       MAXW = 3 };
 
 /* One factor split across W ranks: the values before any rank projected
  * (what every rank's all-gather returns) and each rank's element range. */
@@ -97,10 +102,8 @@ static void test_plugin_sharded_projection(void **s) {
     project_ref(uh, ul, vh, vl, ulx, vlx);
     tgt t = {.hidx = 0, .block = 0, .N = SN, .M = SM, .R = SR, .k = SK, .kl = SKL};
     for (int f = 0; f < PT_OSFT_NF; f++) t.x[f] = f;
-    const float *init[PT_OSFT_NF] = {[PT_OSFT_UH] = uh, [PT_OSFT_VH] = vh,
-                                     [PT_OSFT_UL] = ul, [PT_OSFT_VL] = vl};
-    const size_t nel[PT_OSFT_NF] = {[PT_OSFT_UH] = SN * SK, [PT_OSFT_VH] = SK * SM,
-                                    [PT_OSFT_UL] = SN * SKL, [PT_OSFT_VL] = SKL * SM};
+    const float *init[PT_OSFT_NF] = {[PT_OSFT_UH] = uh, [PT_OSFT_VH] = vh, [PT_OSFT_UL] = ul, [PT_OSFT_VL] = vl};
+    const size_t nel[PT_OSFT_NF] = {[PT_OSFT_UH] = SN * SK, [PT_OSFT_VH] = SK * SM, [PT_OSFT_UL] = SN * SKL, [PT_OSFT_VL] = SKL * SM};
     for (int w = 2; w <= MAXW; w++)
         for (int cached = 0; cached <= 1; cached++) {
             fake_coll fc;
@@ -117,14 +120,10 @@ static void test_plugin_sharded_projection(void **s) {
             for (int r = 0; r < w; r++)
                 for (int v = 0; v < 2; v++) {
                     int fz = v ? PT_OSFT_VH : PT_OSFT_UH, tr = v ? PT_OSFT_VL : PT_OSFT_UL;
-                    pt_store_part pf = {.p = own[r][fz], .split = 1, .lo = fc.fac[fz].lo[r],
-                                        .len = fc.fac[fz].len[r]};
-                    pt_store_part pq = {.p = own[r][tr], .split = 1, .lo = fc.fac[tr].lo[r],
-                                        .len = fc.fac[tr].len[r]};
+                    pt_store_part pf = {.p = own[r][fz], .split = 1, .lo = fc.fac[fz].lo[r], .len = fc.fac[fz].len[r]};
+                    pt_store_part pq = {.p = own[r][tr], .split = 1, .lo = fc.fac[tr].lo[r], .len = fc.fac[tr].len[r]};
                     float fbuf[SN * SM], qbuf[SN * SM], c[SK * SKL];
-                    pt_osft_split sp = {.pf = &pf, .pq = &pq, .fz = cached ? init[fz] : NULL,
-                                        .f = fbuf, .q = qbuf, .c = c, .gather = fake_gather,
-                                        .user = &fc};
+                    pt_osft_split sp = {.pf = &pf, .pq = &pq, .fz = cached ? init[fz] : NULL, .f = fbuf, .q = qbuf, .c = c, .gather = fake_gather, .user = &fc};
                     lin L = {.cpu = 1};
                     char err[256] = "";
                     assert_int_equal(pt_osft_split_path(&L, &t, v, &sp, err, sizeof err), 0);
@@ -143,7 +142,8 @@ static void test_plugin_sharded_projection(void **s) {
                         efz = fmax(efz, fabs(own[r][f][i] - init[f][fc.fac[f].lo[r] + i]));
             }
             printf("  plugin's sharded projection, %d ranks%s: U path %.2g, V path %.2g "
-                   "(max abs error against double)\n", w, cached ? ", frozen cached" : "", eu,
+                   "(max abs error against double)\n",
+                   w, cached ? ", frozen cached" : "", eu,
                    ev);
             /* float32 products of length <= 11 on values below 1.5: rounding is
              * ~1e-6; a wrong split (the local-coefficient sum) is off by > 1e-2 */

@@ -16,7 +16,9 @@
 #include "protrain.h"
 #include "planner/trace_cache.h"
 
-enum { S = PT_BLOCK_SWAP, C = PT_BLOCK_CKPT, N = PT_BLOCK_NONE };
+enum { S = PT_BLOCK_SWAP,
+       C = PT_BLOCK_CKPT,
+       N = PT_BLOCK_NONE };
 
 static void check_map(int n, int s, int c, int I, const uint8_t *m) {
     int ns = 0, nc = 0, last_s = -1, first_n = n, first_s = n;
@@ -163,8 +165,10 @@ static void test_swap_interval(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_all_combinations), cmocka_unit_test(test_edge_cases),
-        cmocka_unit_test(test_invalid),          cmocka_unit_test(test_modes_string_truncates),
+        cmocka_unit_test(test_all_combinations),
+        cmocka_unit_test(test_edge_cases),
+        cmocka_unit_test(test_invalid),
+        cmocka_unit_test(test_modes_string_truncates),
         cmocka_unit_test(test_swap_interval),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -162,7 +162,9 @@ static void random_trace(pt_trace *t, unsigned *seed, int frozen) {
         fl[n][1] = l;
         n++;
         unsigned r = rnd(seed) % 10;
-        int nf = r < 4 ? l : r < 6 ? f : r < 9 ? l + 1 : l + 2;   /* l + 2 leaves block l + 1 empty */
+        int nf = r < 4 ? l : r < 6 ? f
+                         : r < 9   ? l + 1
+                                   : l + 2;   /* l + 2 leaves block l + 1 empty */
         if (nf < f) nf = f;
         if (nf > N - 1) nf = N - 1;
         int nl = (nf > l ? nf : l) + (int)(rnd(seed) % 5 == 0) + (int)(rnd(seed) % 9 == 0);
@@ -338,7 +340,8 @@ static void test_matches_runtime_replay(void **state) {
     sweep(0);
     /* the sweep must reach the interesting cases, not only trivial ones */
     printf("replay: %ld (n_persist, n_buffer) compared, %ld below the lookahead minimum, %ld one-block "
-           "minimums confirmed\n", n_compared, n_between, n_min_refused);
+           "minimums confirmed\n",
+           n_compared, n_between, n_min_refused);
     assert_true(n_compared > 3000);
     assert_true(n_between > 300);
     assert_true(n_min_refused > 100);
@@ -362,8 +365,7 @@ static void test_lru_evicts_own_cached_chunks(void **state) {
     pt_trace_init(&t);
     assert_int_equal(pt_trace_alloc(&t, 5, 10, NULL, 0), PT_OK);
     for (int k = 0; k < 10; k++)
-        t.chunks[k] = (pt_trace_chunk){.bytes = 100 + (uint64_t)k, .elems = 50, .trainable_elems = 50,
-                                       .first_block = k / 2, .last_block = k / 2};
+        t.chunks[k] = (pt_trace_chunk){.bytes = 100 + (uint64_t)k, .elems = 50, .trainable_elems = 50, .first_block = k / 2, .last_block = k / 2};
     for (int b = 0; b < 5; b++) t.blocks[b] = (pt_trace_block){.fwd_s = 1, .bwd_s = 2, .recompute_s = 1};
     pt_trace_derive_ranges(&t);
     t.chunk_size = 128;

@@ -136,8 +136,15 @@ static void dref_init(dref *r, int m, int n, const float *W0) {
     for (int i = 0; i < n; i++) r->QR[i * n + i] = 1;
 }
 static void dref_free(dref *r) {
-    free(r->W); free(r->M); free(r->V); free(r->L); free(r->QL); free(r->R); free(r->QR);
-    free(r->lL); free(r->lR);
+    free(r->W);
+    free(r->M);
+    free(r->V);
+    free(r->L);
+    free(r->QL);
+    free(r->R);
+    free(r->QR);
+    free(r->lL);
+    free(r->lR);
 }
 
 /* C = Q diag(1/(d max(l, eps))) Q^T */
@@ -152,7 +159,10 @@ static void dinvfac(int d, const double *Q, const double *l, double eps, double 
 
 /* Decay modes of the reference, numbered as [optimizer]
  * rekls_weight_decay_method lists them. */
-enum { REF_DECOUPLED, REF_INDEPENDENT, REF_L2, REF_PALM };
+enum { REF_DECOUPLED,
+       REF_INDEPENDENT,
+       REF_L2,
+       REF_PALM };
 
 /* One step of the reference (the step order), decay mode wdm. */
 static void dref_step_wd(dref *r, const float *g, double lr, double b1, double b2, double bs,
@@ -207,7 +217,14 @@ static void dref_step_wd(dref *r, const float *g, double lr, double b1, double b
     dmul(0, 0, m, n, m, r->QL, U, T);
     dmul(0, 1, m, n, n, T, r->QR, U);   /* Delta */
     for (size_t i = 0; i < mn; i++) r->W[i] -= lr * U[i];
-    free(G); free(T); free(U); free(Mw); free(CL); free(CR); free(XL); free(XR);
+    free(G);
+    free(T);
+    free(U);
+    free(Mw);
+    free(CL);
+    free(CR);
+    free(XL);
+    free(XR);
 }
 
 /* ---- the implementation, CPU table ---- */
@@ -231,7 +248,11 @@ static void fimpl_init(fimpl *f, int m, int n, const float *W0) {
     pt_rekls_aux_init_host(f->aux, m, n);
 }
 static void fimpl_free(fimpl *f) {
-    free(f->W); free(f->M); free(f->V); free(f->aux); free(f->ws);
+    free(f->W);
+    free(f->M);
+    free(f->V);
+    free(f->aux);
+    free(f->ws);
 }
 
 static pt_rekls_hyper hyp(float lr, float b1, float b2, float bs, float eps, float wd, int seed,
@@ -251,7 +272,11 @@ static void fimpl_step(fimpl *f, const pt_rekls_la *la, const float *g, const pt
 }
 
 /* Gradients with a spread spectrum: G = A diag(s) B^T + noise, fixed A, B. */
-typedef struct { int m, n; float *base; double noise, scale; } gsrc;
+typedef struct {
+    int m, n;
+    float *base;
+    double noise, scale;
+} gsrc;
 static void gsrc_init(gsrc *s, int m, int n, double scale, double noise) {
     s->m = m;
     s->n = n;
@@ -329,8 +354,8 @@ static void test_wd_modes(void **state) {
     static const char *const name[4] = {"decoupled", "independent", "l2", "palm"};
     static const int shapes[2][2] = {{8, 8}, {16, 16}};
     _Static_assert((int)PT_REKLS_WD_DECOUPLED == (int)REF_DECOUPLED &&
-                   (int)PT_REKLS_WD_INDEPENDENT == (int)REF_INDEPENDENT &&
-                   (int)PT_REKLS_WD_L2 == (int)REF_L2 && (int)PT_REKLS_WD_PALM == (int)REF_PALM,
+                       (int)PT_REKLS_WD_INDEPENDENT == (int)REF_INDEPENDENT &&
+                       (int)PT_REKLS_WD_L2 == (int)REF_L2 && (int)PT_REKLS_WD_PALM == (int)REF_PALM,
                    "the test numbers the modes as the implementation does");
     for (int sh = 0; sh < 2; sh++) {
         int m = shapes[sh][0], n = shapes[sh][1];
@@ -341,7 +366,8 @@ static void test_wd_modes(void **state) {
             rng = 4000 + (uint64_t)(10 * sh + md);
             double x = run_vs_ref_wd(m, n, 1e-3, 0.5, 1e-2f, 0, 0.2f, md, (md + 1) % 4);
             printf("  %2d x %2d wd 0.2 %-11s: worst relative update error %.2e (bound 1e-5); "
-                   "against the reference in %s mode %.2e\n", m, n, name[md], e,
+                   "against the reference in %s mode %.2e\n",
+                   m, n, name[md], e,
                    name[(md + 1) % 4], x);
             assert_true(e <= 1e-5);
             assert_true(x > 1e-3);
@@ -501,8 +527,16 @@ static void test_kl_factor_closed_form(void **state) {
     }
     printf("  R: max |closed form - REKLS| / max |R| = %.2e\n", num / den);
     assert_true(num / den < 1e-5);
-    free(Q); free(l); free(C); free(G); free(T); free(X); free(pre); free(gs.base);
-    free(W0); free(g);
+    free(Q);
+    free(l);
+    free(C);
+    free(G);
+    free(T);
+    free(X);
+    free(pre);
+    free(gs.base);
+    free(W0);
+    free(g);
     fimpl_free(&f);
 }
 
@@ -554,7 +588,14 @@ static void test_step1_closed_form(void **state) {
     }
     printf("  step-1 update vs G V diag(1/(s+eps)) V^T: %.2e relative (max norm)\n", e / d);
     assert_true(e / d < 1e-4);
-    free(G); free(X); free(V); free(s2); free(T); free(D); free(W0); free(g);
+    free(G);
+    free(X);
+    free(V);
+    free(s2);
+    free(T);
+    free(D);
+    free(W0);
+    free(g);
     fimpl_free(&f);
 }
 
@@ -625,7 +666,11 @@ static void test_bases(void **state) {
     for (size_t i = 0; i < mn; i++) e = fmax(e, fabs(P[i] - X[i]));
     printf("  projection round trip: max error %.2e\n", e);
     assert_true(e <= 1e-5 * 4);
-    free(X); free(T); free(P); free(W0); free(g);
+    free(X);
+    free(T);
+    free(P);
+    free(W0);
+    free(g);
     fimpl_free(&f);
 }
 

@@ -33,7 +33,8 @@ static void run(const char *optim, float desc_eps, uint16_t out[MX_NP][MX_MAXN])
     char text[512];
     snprintf(text, sizeof text,
              "[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 8MiB\n"
-             "[optimizer]\ntype = rekls\nlr = 0.01\nbeta2 = 0.95\n%s\n" MX_RESIDENT, optim);
+             "[optimizer]\ntype = rekls\nlr = 0.01\nbeta2 = 0.95\n%s\n" MX_RESIDENT,
+             optim);
     void *ctx = hb_open(MX_P, text, NULL);
     mixed_model t;
     mixed_make(&t, PT_BF16, 1, "rekls-eps");

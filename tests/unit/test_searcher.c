@@ -45,7 +45,7 @@ static void build(pt_trace *t, const synth *s) {
     t->chunks[k++] = (pt_trace_chunk){4 * MB, 2 * MB, 2 * MB, -1, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     for (int b = 0; b < s->n_block; b++)
         t->blocks[b] = (pt_trace_block){s->fwd * (1 + 0.1 * (b % 2)), 2 * s->fwd, s->fwd, (20 + (uint64_t)b) * MB, MB,
-                                         2 * MB, 3 * MB, 2 * MB, 0, 0};
+                                        2 * MB, 3 * MB, 2 * MB, 0, 0};
     pt_trace_derive_ranges(t);
     t->chunk_size = 8 * MB;
     t->param_elem_bytes = t->grad_elem_bytes = 2;
@@ -167,7 +167,9 @@ static void test_matches_brute_force(void **state) {
     (void)state;
     const uint64_t MB = 1 << 20;
     synth cases[] = {
-        {5, 2, 2, 1.0, 0.004, 2e9, 0, 0}, {5, 2, 1, 1.0, 0.004, 2e9, 0, 0}, {6, 2, 2, 0.0, 0.002, 1e9, 0, 0},
+        {5, 2, 2, 1.0, 0.004, 2e9, 0, 0},
+        {5, 2, 1, 1.0, 0.004, 2e9, 0, 0},
+        {6, 2, 2, 0.0, 0.002, 1e9, 0, 0},
         {4, 3, 2, 0.3, 0.02, 8e9, 0, 0},
     };
     uint64_t caps[] = {150, 180, 220, 260, 330, 420, 600, 1000};
@@ -210,8 +212,10 @@ static void test_matches_brute_force_small_pools(void **state) {
     (void)state;
     const uint64_t MB = 1 << 20;
     synth cases[] = {
-        {5, 3, 2, 1.0, 0.004, 2e9, 1, 0},    {5, 3, 1, 1.0, 0.004, 2e9, 1, 3e7},
-        {4, 3, 2, 0.5, 0.01, 4e9, 1, 1e7},   {6, 2, 2, 1.0, 0.002, 2e9, 1, 2e7},
+        {5, 3, 2, 1.0, 0.004, 2e9, 1, 0},
+        {5, 3, 1, 1.0, 0.004, 2e9, 1, 3e7},
+        {4, 3, 2, 0.5, 0.01, 4e9, 1, 1e7},
+        {6, 2, 2, 1.0, 0.002, 2e9, 1, 2e7},
     };
     uint64_t caps[] = {120, 140, 160, 180, 200, 230, 270, 330};
     int before_below = n_below_lookahead, before_feasible = n_feasible;
@@ -255,17 +259,14 @@ static void test_matches_brute_force_random(void **state) {
         pt_trace_init(&t);
         assert_int_equal(pt_trace_alloc(&t, N, K, NULL, 0), PT_OK);
         int k = 0;
-        t.chunks[k++] = (pt_trace_chunk){.bytes = 8 * MB, .elems = 4 * MB, .trainable_elems = 4 * MB,
-                                         .first_block = -1, .last_block = -1, .mandatory = 1};
+        t.chunks[k++] = (pt_trace_chunk){.bytes = 8 * MB, .elems = 4 * MB, .trainable_elems = 4 * MB, .first_block = -1, .last_block = -1, .mandatory = 1};
         for (int b = 0; b < N; b++)
             for (int j = 0; j < cpb; j++) {
                 uint64_t by = (4 + (uint64_t)(unif() * 5)) * MB, el = by / 2;
                 int last = (j == cpb - 1 && b + 1 < N && unif() < 0.7) ? b + 1 : b;
-                t.chunks[k++] = (pt_trace_chunk){.bytes = by, .elems = el, .trainable_elems = unif() < 0.9 ? el : 0,
-                                                 .first_block = b, .last_block = last};
+                t.chunks[k++] = (pt_trace_chunk){.bytes = by, .elems = el, .trainable_elems = unif() < 0.9 ? el : 0, .first_block = b, .last_block = last};
             }
-        t.chunks[k++] = (pt_trace_chunk){.bytes = 4 * MB, .elems = 2 * MB, .trainable_elems = 2 * MB,
-                                         .first_block = -1, .last_block = -1, .mandatory = 1};
+        t.chunks[k++] = (pt_trace_chunk){.bytes = 4 * MB, .elems = 2 * MB, .trainable_elems = 2 * MB, .first_block = -1, .last_block = -1, .mandatory = 1};
         double fwd = 0.001 + unif() * 0.01;
         for (int b = 0; b < N; b++)
             t.blocks[b] = (pt_trace_block){fwd * (0.8 + 0.4 * unif()), 2 * fwd, fwd, (10 + (uint64_t)(unif() * 20)) * MB,
@@ -583,10 +584,13 @@ static void test_shape_trace_respects_capacity(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_matches_brute_force),       cmocka_unit_test(test_matches_brute_force_small_pools),
-        cmocka_unit_test(test_matches_brute_force_random), cmocka_unit_test(test_fixed_small_buffer),
+        cmocka_unit_test(test_matches_brute_force),
+        cmocka_unit_test(test_matches_brute_force_small_pools),
+        cmocka_unit_test(test_matches_brute_force_random),
+        cmocka_unit_test(test_fixed_small_buffer),
         cmocka_unit_test(test_overrides),
-        cmocka_unit_test(test_capacity_monotone),         cmocka_unit_test(test_infeasible_states_capacity),
+        cmocka_unit_test(test_capacity_monotone),
+        cmocka_unit_test(test_infeasible_states_capacity),
         cmocka_unit_test(test_shape_trace_respects_capacity),
         cmocka_unit_test(test_tier_only_when_needed),
     };

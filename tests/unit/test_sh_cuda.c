@@ -152,7 +152,8 @@ static void test_gelu_bits(void **st) {
 
 static void test_layernorm_bits(void **st) {
     (void)st;
-    enum { N = 37, C = 83 };
+    enum { N = 37,
+           C = 83 };
     size_t nc = (size_t)N * C;
     float *x = malloc(nc * 4), *w = malloc(C * 4), *b = malloc(C * 4), *dy = malloc(nc * 4);
     float *o1 = malloc(nc * 4), *o2 = malloc(nc * 4), m1[N], m2[N], r1[N], r2[N];
@@ -283,7 +284,8 @@ static void test_no_gpu(void **st) {
                         "--val-batches 1 --gen-every 0 --quiet";
     /* a missing library: one sentence naming it, exit 1 (GPU or not) */
     snprintf(cmd, sizeof cmd, "SH_CUDA_LIB=/nonexistent/libsample_cuda.so '%s' --no-plugin "
-             "--device cuda %s", exe, model);
+                              "--device cuda %s",
+             exe, model);
     assert_int_equal(run_cmd(cmd, out, sizeof out), 1);
     assert_int_equal(lines(out), 1);
     assert_non_null(strstr(out, "sample_host: error: --device cuda needs libsample_cuda.so"));
@@ -324,9 +326,12 @@ static void test_host_backend_refused(void **st) {
 int main(void) {
     sh_rng_seed(&R, 2024, 9);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gelu_bits),     cmocka_unit_test(test_layernorm_bits),
-        cmocka_unit_test(test_adamw_bits),    cmocka_unit_test(test_device_config),
-        cmocka_unit_test(test_no_gpu),        cmocka_unit_test(test_host_backend_refused),
+        cmocka_unit_test(test_gelu_bits),
+        cmocka_unit_test(test_layernorm_bits),
+        cmocka_unit_test(test_adamw_bits),
+        cmocka_unit_test(test_device_config),
+        cmocka_unit_test(test_no_gpu),
+        cmocka_unit_test(test_host_backend_refused),
     };
     return cmocka_run_group_tests_name("sample_host cuda path", tests, NULL, NULL);
 }

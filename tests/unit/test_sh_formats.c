@@ -84,10 +84,19 @@ static sh_train_opts tiny_opts(const sh_tokens *tr, const sh_tokens *va, const c
     sh_train_opts o;
     memset(&o, 0, sizeof o);
     o.dims = TINY;
-    o.B = 2; o.T = 16; o.n_micro = 1; o.seed = 11;
-    o.lr = 3e-3f; o.beta1 = 0.9f; o.beta2 = 0.95f; o.eps = 1e-8f; o.weight_decay = 0.1f;
+    o.B = 2;
+    o.T = 16;
+    o.n_micro = 1;
+    o.seed = 11;
+    o.lr = 3e-3f;
+    o.beta1 = 0.9f;
+    o.beta2 = 0.95f;
+    o.eps = 1e-8f;
+    o.weight_decay = 0.1f;
     o.max_grad_norm = 1.0f;
-    o.train = tr; o.val = va; o.load_path = load;
+    o.train = tr;
+    o.val = va;
+    o.load_path = load;
     return o;
 }
 
@@ -117,8 +126,12 @@ static void test_ckpt_roundtrip(void **st) {
     memcpy(h, raw, sizeof h);
     assert_int_equal(h[0], SH_CKPT_MAGIC);
     assert_int_equal(h[1], SH_CKPT_VERSION);
-    assert_int_equal(h[2], 16); assert_int_equal(h[3], 200); assert_int_equal(h[4], 2);
-    assert_int_equal(h[5], 2); assert_int_equal(h[6], 8); assert_int_equal(h[7], 256);
+    assert_int_equal(h[2], 16);
+    assert_int_equal(h[3], 200);
+    assert_int_equal(h[4], 2);
+    assert_int_equal(h[5], 2);
+    assert_int_equal(h[6], 8);
+    assert_int_equal(h[7], 256);
     size_t C = 8, off = 1024 + 4 * (256 * C + 16 * C);
     assert_memory_equal(raw + off, fa + ma->off[SH_P_LAYER(0, SH_LN1W)], C * 4);
     assert_memory_equal(raw + off + 4 * C, fa + ma->off[SH_P_LAYER(1, SH_LN1W)], C * 4);
@@ -182,15 +195,46 @@ static void expect_bad_ckpt(const char *name, void (*mut)(unsigned char **b, siz
     sh_model_destroy(&m);
 }
 
-static void m_magic(unsigned char **b, size_t *n) { (void)n; (*b)[0] ^= 0x55; }
-static void m_version(unsigned char **b, size_t *n) { (void)n; int32_t v = 5; memcpy(*b + 4, &v, 4); }
-static void m_hdr(unsigned char **b, size_t *n) { (void)b; *n = 100; }
-static void m_body(unsigned char **b, size_t *n) { (void)b; *n -= 4; }
-static void m_trail(unsigned char **b, size_t *n) { (void)b; *n += 8; }
-static void m_layers(unsigned char **b, size_t *n) { (void)n; int32_t v = 0; memcpy(*b + 16, &v, 4); }
-static void m_heads(unsigned char **b, size_t *n) { (void)n; int32_t v = 3; memcpy(*b + 20, &v, 4); }
-static void m_none(unsigned char **b, size_t *n) { (void)b; (void)n; }
-static void m_vp0(unsigned char **b, size_t *n) { (void)n; int32_t v = 0; memcpy(*b + 28, &v, 4); }
+static void m_magic(unsigned char **b, size_t *n) {
+    (void)n;
+    (*b)[0] ^= 0x55;
+}
+static void m_version(unsigned char **b, size_t *n) {
+    (void)n;
+    int32_t v = 5;
+    memcpy(*b + 4, &v, 4);
+}
+static void m_hdr(unsigned char **b, size_t *n) {
+    (void)b;
+    *n = 100;
+}
+static void m_body(unsigned char **b, size_t *n) {
+    (void)b;
+    *n -= 4;
+}
+static void m_trail(unsigned char **b, size_t *n) {
+    (void)b;
+    *n += 8;
+}
+static void m_layers(unsigned char **b, size_t *n) {
+    (void)n;
+    int32_t v = 0;
+    memcpy(*b + 16, &v, 4);
+}
+static void m_heads(unsigned char **b, size_t *n) {
+    (void)n;
+    int32_t v = 3;
+    memcpy(*b + 20, &v, 4);
+}
+static void m_none(unsigned char **b, size_t *n) {
+    (void)b;
+    (void)n;
+}
+static void m_vp0(unsigned char **b, size_t *n) {
+    (void)n;
+    int32_t v = 0;
+    memcpy(*b + 28, &v, 4);
+}
 
 static void test_ckpt_malformed(void **st) {
     (void)st;
@@ -346,7 +390,9 @@ static void test_config(void **st) {
     assert_true(c.cli_dims & SH_SET_LAYERS);
     assert_false(c.cli_dims & SH_SET_CHANNELS);
 
-    struct { const char *ini, *want; } bad[] = {
+    struct {
+        const char *ini, *want;
+    } bad[] = {
         {"[sample_host]\nlayers = 2\nlayrs = 3\n", ":3: unknown key 'layrs'"},
         {"[sample_host]\nlayers = 2\n\nlayers = 3\n", ":4: duplicate key 'layers'"},
         {"[sample_host]\nlr = fast\n", ":2: 'lr' = 'fast' is not a number"},
@@ -435,9 +481,12 @@ static void test_binary_exit(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ckpt_roundtrip), cmocka_unit_test(test_ckpt_malformed),
-        cmocka_unit_test(test_shard_roundtrip), cmocka_unit_test(test_shard_malformed),
-        cmocka_unit_test(test_config),         cmocka_unit_test(test_binary_exit),
+        cmocka_unit_test(test_ckpt_roundtrip),
+        cmocka_unit_test(test_ckpt_malformed),
+        cmocka_unit_test(test_shard_roundtrip),
+        cmocka_unit_test(test_shard_malformed),
+        cmocka_unit_test(test_config),
+        cmocka_unit_test(test_binary_exit),
     };
     return cmocka_run_group_tests_name("sample_host formats", tests, setup, teardown);
 }

@@ -85,7 +85,10 @@ static double check_input(const char *what, float *x, const float *ga, size_t n,
 }
 
 /* ---- layernorm ---- */
-typedef struct { int N, C; float *x, *w, *b, *out, *mean, *rstd, *wout; } ln_case;
+typedef struct {
+    int N, C;
+    float *x, *w, *b, *out, *mean, *rstd, *wout;
+} ln_case;
 static double ln_obj(void *u) {
     ln_case *c = u;
     sh_layers_layernorm_fwd(c->out, c->mean, c->rstd, c->x, c->w, c->b, c->N, c->C);
@@ -97,12 +100,18 @@ static void test_layernorm(void **st) {
     size_t nc = (size_t)c.N * c.C;
     /* x, out, wout, dx (N,C) | w, b, dw, db (C) | mean, rstd (N) */
     float *buf = calloc(4 * nc + 4 * (size_t)c.C + 2 * (size_t)c.N, sizeof(float));
-    c.x = buf; c.out = buf + nc; c.wout = buf + 2 * nc;
+    c.x = buf;
+    c.out = buf + nc;
+    c.wout = buf + 2 * nc;
     float *dx = buf + 3 * nc;
-    c.w = buf + 4 * nc; c.b = c.w + c.C;
+    c.w = buf + 4 * nc;
+    c.b = c.w + c.C;
     float *dw = c.b + c.C, *db = dw + c.C;
-    c.mean = db + c.C; c.rstd = c.mean + c.N;
-    fill(c.x, nc, -2, 2); fill(c.w, (size_t)c.C, 0.5f, 1.5f); fill(c.b, (size_t)c.C, -1, 1);
+    c.mean = db + c.C;
+    c.rstd = c.mean + c.N;
+    fill(c.x, nc, -2, 2);
+    fill(c.w, (size_t)c.C, 0.5f, 1.5f);
+    fill(c.b, (size_t)c.C, -1, 1);
     fill(c.wout, nc, -1, 1);
     ln_obj(&c);
     sh_layers_layernorm_bwd(dx, dw, db, c.wout, c.x, c.w, c.mean, c.rstd, c.N, c.C);
@@ -125,7 +134,10 @@ static void test_layernorm(void **st) {
 }
 
 /* ---- matmul ---- */
-typedef struct { int N, IC, OC; float *x, *W, *bias, *out, *wout; } mm_case;
+typedef struct {
+    int N, IC, OC;
+    float *x, *W, *bias, *out, *wout;
+} mm_case;
 static double mm_obj(void *u) {
     mm_case *c = u;
     sh_layers_matmul_fwd(c->out, c->x, c->W, c->bias, c->N, c->IC, c->OC);
@@ -134,11 +146,16 @@ static double mm_obj(void *u) {
 static void run_matmul(int N, int IC, int OC) {
     mm_case c = {.N = N, .IC = IC, .OC = OC};
     size_t nx = (size_t)N * IC, nw = (size_t)OC * IC, no = (size_t)N * OC;
-    c.x = malloc(nx * 4); c.W = malloc(nw * 4); c.bias = malloc((size_t)OC * 4);
-    c.out = malloc(no * 4); c.wout = malloc(no * 4);
+    c.x = malloc(nx * 4);
+    c.W = malloc(nw * 4);
+    c.bias = malloc((size_t)OC * 4);
+    c.out = malloc(no * 4);
+    c.wout = malloc(no * 4);
     float *dx = malloc(nx * 4), *dW = calloc(nw, 4), *db = calloc((size_t)OC, 4);
     float *wtmp = malloc(nw * 4);
-    fill(c.x, nx, -1, 1); fill(c.W, nw, -1, 1); fill(c.bias, (size_t)OC, -1, 1);
+    fill(c.x, nx, -1, 1);
+    fill(c.W, nw, -1, 1);
+    fill(c.bias, (size_t)OC, -1, 1);
     fill(c.wout, no, -1, 1);
     mm_obj(&c);
     sh_layers_matmul_bwd(dx, dW, db, c.wout, c.x, c.W, N, IC, OC, wtmp);
@@ -146,8 +163,10 @@ static void run_matmul(int N, int IC, int OC) {
      * the result from zero (what a plugin summing micro-batch totals computes) */
     float *g0 = malloc(nw * 4), *b0 = malloc((size_t)OC * 4);
     float *ga = malloc(nw * 4), *ba = malloc((size_t)OC * 4);
-    fill(g0, nw, -1, 1); fill(b0, (size_t)OC, -1, 1);
-    memcpy(ga, g0, nw * 4); memcpy(ba, b0, (size_t)OC * 4);
+    fill(g0, nw, -1, 1);
+    fill(b0, (size_t)OC, -1, 1);
+    memcpy(ga, g0, nw * 4);
+    memcpy(ba, b0, (size_t)OC * 4);
     sh_layers_matmul_bwd(NULL, ga, ba, c.wout, c.x, c.W, N, IC, OC, wtmp);
     for (size_t k = 0; k < nw; k++) assert_true(ga[k] == g0[k] + dW[k]);
     for (int k = 0; k < OC; k++) assert_true(ba[k] == b0[k] + db[k]);
@@ -155,7 +174,10 @@ static void run_matmul(int N, int IC, int OC) {
     memcpy(ga, g0, nw * 4);
     sh_layers_matmul_bwd(NULL, ga, NULL, c.wout, c.x, c.W, N, IC, OC, NULL);
     for (size_t k = 0; k < nw; k++) assert_true(fabsf(ga[k] - (g0[k] + dW[k])) <= 1e-5f);
-    free(g0); free(b0); free(ga); free(ba);
+    free(g0);
+    free(b0);
+    free(ga);
+    free(ba);
     char nm[64];
     snprintf(nm, sizeof nm, "matmul %dx%dx%d dinp", N, IC, OC);
     assert_true(check_input(nm, c.x, dx, nx, mm_obj, &c) < LAYER_BOUND);
@@ -163,7 +185,14 @@ static void run_matmul(int N, int IC, int OC) {
     assert_true(check_input(nm, c.W, dW, nw, mm_obj, &c) < LAYER_BOUND);
     snprintf(nm, sizeof nm, "matmul %dx%dx%d dbias", N, IC, OC);
     assert_true(check_input(nm, c.bias, db, (size_t)OC, mm_obj, &c) < LAYER_BOUND);
-    free(c.x); free(c.W); free(c.bias); free(c.out); free(c.wout); free(dx); free(dW); free(db);
+    free(c.x);
+    free(c.W);
+    free(c.bias);
+    free(c.out);
+    free(c.wout);
+    free(dx);
+    free(dW);
+    free(db);
     free(wtmp);
 }
 static void test_matmul(void **st) {
@@ -173,7 +202,10 @@ static void test_matmul(void **st) {
 }
 
 /* ---- attention ---- */
-typedef struct { int B, T, C, NH; float *qkv, *out, *att, *wout; } at_case;
+typedef struct {
+    int B, T, C, NH;
+    float *qkv, *out, *att, *wout;
+} at_case;
 static double at_obj(void *u) {
     at_case *c = u;
     sh_layers_attention_fwd(c->out, c->att, c->qkv, c->B, c->T, c->C, c->NH);
@@ -185,10 +217,13 @@ static void test_attention(void **st) {
     size_t nq = (size_t)c.B * c.T * 3 * c.C, no = (size_t)c.B * c.T * c.C;
     size_t na = (size_t)c.B * c.NH * c.T * c.T;
     int slots = sh_layers_attention_slots();
-    c.qkv = malloc(nq * 4); c.out = malloc(no * 4); c.att = malloc(na * 4);
+    c.qkv = malloc(nq * 4);
+    c.out = malloc(no * 4);
+    c.att = malloc(na * 4);
     c.wout = malloc(no * 4);
     float *dqkv = malloc(nq * 4), *datt = malloc((size_t)slots * c.T * c.T * 4);
-    fill(c.qkv, nq, -1.5f, 1.5f); fill(c.wout, no, -1, 1);
+    fill(c.qkv, nq, -1.5f, 1.5f);
+    fill(c.wout, no, -1, 1);
     at_obj(&c);
     /* causal: probabilities above the diagonal are exactly 0, rows sum to 1 */
     for (int r = 0; r < c.B * c.NH * c.T; r++) {
@@ -204,11 +239,19 @@ static void test_attention(void **st) {
     memset(dqkv, 0xff, nq * 4); /* NaN garbage: backward must overwrite every entry */
     sh_layers_attention_bwd(dqkv, datt, slots, c.wout, c.qkv, c.att, c.B, c.T, c.C, c.NH);
     assert_true(check_input("attention dqkv", c.qkv, dqkv, nq, at_obj, &c) < LAYER_BOUND);
-    free(c.qkv); free(c.out); free(c.att); free(c.wout); free(dqkv); free(datt);
+    free(c.qkv);
+    free(c.out);
+    free(c.att);
+    free(c.wout);
+    free(dqkv);
+    free(datt);
 }
 
 /* ---- gelu ---- */
-typedef struct { size_t n; float *x, *out, *wout; } ge_case;
+typedef struct {
+    size_t n;
+    float *x, *out, *wout;
+} ge_case;
 static double ge_obj(void *u) {
     ge_case *c = u;
     sh_layers_gelu_fwd(c->out, c->x, c->n);
@@ -217,9 +260,12 @@ static double ge_obj(void *u) {
 static void test_gelu(void **st) {
     (void)st;
     ge_case c = {.n = 64};
-    c.x = malloc(c.n * 4); c.out = malloc(c.n * 4); c.wout = malloc(c.n * 4);
+    c.x = malloc(c.n * 4);
+    c.out = malloc(c.n * 4);
+    c.wout = malloc(c.n * 4);
     float *dx = malloc(c.n * 4);
-    fill(c.x, c.n, -4, 4); fill(c.wout, c.n, -1, 1);
+    fill(c.x, c.n, -4, 4);
+    fill(c.wout, c.n, -1, 1);
     ge_obj(&c);
     /* spot values of the tanh form: gelu(1) = 0.841192, gelu(-1) = -0.158808 */
     float xs[2] = {1.0f, -1.0f}, ys[2];
@@ -228,11 +274,18 @@ static void test_gelu(void **st) {
     assert_float_equal(ys[1], -0.158808f, 1e-5f);
     sh_layers_gelu_bwd(dx, c.x, c.wout, c.n);
     assert_true(check_input("gelu dinp", c.x, dx, c.n, ge_obj, &c) < LAYER_BOUND);
-    free(c.x); free(c.out); free(c.wout); free(dx);
+    free(c.x);
+    free(c.out);
+    free(c.wout);
+    free(dx);
 }
 
 /* ---- softmax cross-entropy ---- */
-typedef struct { int N, V, Vp; float *z, *p, *losses; int32_t *y; } ce_case;
+typedef struct {
+    int N, V, Vp;
+    float *z, *p, *losses;
+    int32_t *y;
+} ce_case;
 static double ce_obj(void *u) {
     ce_case *c = u;
     memcpy(c->p, c->z, sizeof(float) * (size_t)c->N * c->Vp);
@@ -242,7 +295,9 @@ static void test_crossentropy(void **st) {
     (void)st;
     ce_case c = {.N = 4, .V = 10, .Vp = 16};
     size_t nz = (size_t)c.N * c.Vp;
-    c.z = malloc(nz * 4); c.p = malloc(nz * 4); c.losses = malloc((size_t)c.N * 4);
+    c.z = malloc(nz * 4);
+    c.p = malloc(nz * 4);
+    c.losses = malloc((size_t)c.N * 4);
     c.y = malloc((size_t)c.N * 4);
     float *dz = malloc(nz * 4);
     fill(c.z, nz, -3, 3);
@@ -260,11 +315,19 @@ static void test_crossentropy(void **st) {
     assert_true(check_input("crossentropy dlogits", c.z, dz, nz, ce_obj, &c) < LAYER_BOUND);
     for (int n = 0; n < c.N; n++)
         for (int i = c.V; i < c.Vp; i++) assert_true(dz[(size_t)n * c.Vp + i] == 0.0f);
-    free(c.z); free(c.p); free(c.losses); free(c.y); free(dz);
+    free(c.z);
+    free(c.p);
+    free(c.losses);
+    free(c.y);
+    free(dz);
 }
 
 /* ---- embedding ---- */
-typedef struct { int B, T, C; int32_t *tok; float *wte, *wpe, *out, *wout; } en_case;
+typedef struct {
+    int B, T, C;
+    int32_t *tok;
+    float *wte, *wpe, *out, *wout;
+} en_case;
 static double en_obj(void *u) {
     en_case *c = u;
     sh_layers_encoder_fwd(c->out, c->tok, c->wte, c->wpe, c->B, c->T, c->C);
@@ -277,10 +340,13 @@ static void test_embedding(void **st) {
     int32_t tok[6] = {1, 3, 1, 4, 1, 0}; /* token 1 repeats: its row sums 3 positions */
     c.tok = tok;
     size_t no = (size_t)c.B * c.T * c.C;
-    c.wte = malloc((size_t)V * c.C * 4); c.wpe = malloc((size_t)c.T * c.C * 4);
-    c.out = malloc(no * 4); c.wout = malloc(no * 4);
+    c.wte = malloc((size_t)V * c.C * 4);
+    c.wpe = malloc((size_t)c.T * c.C * 4);
+    c.out = malloc(no * 4);
+    c.wout = malloc(no * 4);
     float *dwte = calloc((size_t)V * c.C, 4), *dwpe = calloc((size_t)c.T * c.C, 4);
-    fill(c.wte, (size_t)V * c.C, -1, 1); fill(c.wpe, (size_t)c.T * c.C, -1, 1);
+    fill(c.wte, (size_t)V * c.C, -1, 1);
+    fill(c.wpe, (size_t)c.T * c.C, -1, 1);
     fill(c.wout, no, -1, 1);
     en_obj(&c);
     sh_layers_encoder_bwd(dwte, dwpe, c.wout, c.tok, c.B, c.T, c.C);
@@ -289,11 +355,19 @@ static void test_embedding(void **st) {
     assert_true(check_input("embedding dwpe", c.wpe, dwpe, (size_t)c.T * c.C, en_obj, &c) <
                 LAYER_BOUND);
     for (int k = 0; k < c.C; k++) assert_true(dwte[2 * c.C + k] == 0.0f); /* unused token */
-    free(c.wte); free(c.wpe); free(c.out); free(c.wout); free(dwte); free(dwpe);
+    free(c.wte);
+    free(c.wpe);
+    free(c.out);
+    free(c.wout);
+    free(dwte);
+    free(dwpe);
 }
 
 /* ---- whole tiny model through the trainer (no plugin) ---- */
-typedef struct { sh_trainer *tr; int32_t *inp, *tgt; } md_case;
+typedef struct {
+    sh_trainer *tr;
+    int32_t *inp, *tgt;
+} md_case;
 static double md_obj(void *u) {
     md_case *c = u;
     double loss = 0.0;
@@ -302,7 +376,8 @@ static double md_obj(void *u) {
 }
 static void test_model(void **st) {
     (void)st;
-    enum { B = 2, T = 8 };
+    enum { B = 2,
+           T = 8 };
     sh_tokens all = {0}, tr_tok, va_tok;
     all.n = 400;
     all.tok = malloc(all.n * sizeof(uint16_t));
@@ -311,9 +386,16 @@ static void test_model(void **st) {
     sh_train_opts o;
     memset(&o, 0, sizeof o);
     o.dims = (sh_dims){.V = 16, .Vp = 0, .maxT = 8, .L = 2, .NH = 2, .C = 8};
-    o.B = B; o.T = T; o.n_micro = 1; o.seed = 7;
-    o.lr = 1e-3f; o.beta1 = 0.9f; o.beta2 = 0.95f; o.eps = 1e-8f;
-    o.train = &tr_tok; o.val = &va_tok;
+    o.B = B;
+    o.T = T;
+    o.n_micro = 1;
+    o.seed = 7;
+    o.lr = 1e-3f;
+    o.beta1 = 0.9f;
+    o.beta2 = 0.95f;
+    o.eps = 1e-8f;
+    o.train = &tr_tok;
+    o.val = &va_tok;
     sh_trainer *tr = NULL;
     char err[512];
     int rc = sh_trainer_create(&tr, &o, err, sizeof err);
@@ -380,9 +462,12 @@ int main(void) {
     sh_rng_seed(&R, 12345, 99);
     sh_layers_init();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_layernorm),  cmocka_unit_test(test_matmul),
-        cmocka_unit_test(test_attention),  cmocka_unit_test(test_gelu),
-        cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_gelu),
+        cmocka_unit_test(test_crossentropy),
+        cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_model),
     };
     return cmocka_run_group_tests_name("sample_host gradient checks", tests, NULL, NULL);

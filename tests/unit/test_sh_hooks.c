@@ -269,14 +269,28 @@ static int32_t m_read_param(void *ctx, int32_t i, void *dst, uint64_t bytes) {
 }
 
 static const pt_plugin_v1 MOCK = {
-    .abi_version = 1, .struct_size = sizeof(pt_plugin_v1), .name = "mock", .version = "0",
-    .init = m_init, .last_error = m_last_error, .post_model_load = m_post_model_load,
-    .create_optimizer = m_create_optimizer, .pre_step = m_pre_step,
-    .block_pre_forward = m_pre_fwd, .block_post_forward = m_post_fwd,
-    .block_pre_backward = m_pre_bwd, .block_post_backward = m_post_bwd,
-    .optimizer_step = m_optimizer_step, .post_step = m_post_step, .finalize = m_finalize,
-    .dev_alloc = m_dev_alloc, .dev_free = m_dev_free, .activation_arena = m_arena,
-    .activation_arena_get = m_arena_get, .read_param = m_read_param, .set_lr = m_set_lr,
+    .abi_version = 1,
+    .struct_size = sizeof(pt_plugin_v1),
+    .name = "mock",
+    .version = "0",
+    .init = m_init,
+    .last_error = m_last_error,
+    .post_model_load = m_post_model_load,
+    .create_optimizer = m_create_optimizer,
+    .pre_step = m_pre_step,
+    .block_pre_forward = m_pre_fwd,
+    .block_post_forward = m_post_fwd,
+    .block_pre_backward = m_pre_bwd,
+    .block_post_backward = m_post_bwd,
+    .optimizer_step = m_optimizer_step,
+    .post_step = m_post_step,
+    .finalize = m_finalize,
+    .dev_alloc = m_dev_alloc,
+    .dev_free = m_dev_free,
+    .activation_arena = m_arena,
+    .activation_arena_get = m_arena_get,
+    .read_param = m_read_param,
+    .set_lr = m_set_lr,
 };
 
 static sh_tokens ALL, TR, VA;
@@ -305,9 +319,17 @@ static sh_trainer *make(int ckpt, int swap) {
     sh_train_opts o;
     memset(&o, 0, sizeof o);
     o.dims = (sh_dims){.V = 256, .maxT = 16, .L = 2, .NH = 2, .C = 16};
-    o.B = 2; o.T = 16; o.n_micro = 2; o.seed = 5;
-    o.lr = 0.1f; o.beta1 = 0.9f; o.beta2 = 0.95f; o.eps = 1e-8f;
-    o.tbl = &MOCK; o.train = &TR; o.val = &VA;
+    o.B = 2;
+    o.T = 16;
+    o.n_micro = 2;
+    o.seed = 5;
+    o.lr = 0.1f;
+    o.beta1 = 0.9f;
+    o.beta2 = 0.95f;
+    o.eps = 1e-8f;
+    o.tbl = &MOCK;
+    o.train = &TR;
+    o.val = &VA;
     sh_trainer *tr = NULL;
     char err[512];
     int rc = sh_trainer_create(&tr, &o, err, sizeof err);
@@ -327,7 +349,8 @@ static void test_order(void **st) {
     const char *micro = "F0 A0 f0 F1 A1 f1 B1 G1 b1 B0 G0 b0 ";
     char want[1024];
     snprintf(want, sizeof want, "pre_step(1,0,2) set_lr %spre_step(1,1,2) %soptimizer_step "
-             "post_step(1) ", micro, micro);
+                                "post_step(1) ",
+             micro, micro);
     assert_string_equal(M.ev, want);
     M.ev[0] = '\0';
     assert_int_equal(sh_trainer_eval(tr, 1, 1, &loss), 0);

@@ -63,8 +63,16 @@ static int teardown(void **st) {
 
 static void cfg(sh_config *c) {
     sh_config_defaults(c);
-    c->layers = 1; c->heads = 2; c->channels = 16; c->seq = 8; c->batch = 2; c->steps = 2;
-    c->val_every = 0; c->gen_every = 0; c->quiet = 1; c->no_plugin = 1;
+    c->layers = 1;
+    c->heads = 2;
+    c->channels = 16;
+    c->seq = 8;
+    c->batch = 2;
+    c->steps = 2;
+    c->val_every = 0;
+    c->gen_every = 0;
+    c->quiet = 1;
+    c->no_plugin = 1;
     snprintf(c->data, sizeof c->data, "%s", TEXT);
 }
 
@@ -100,7 +108,8 @@ static void ran(const sh_config *c) {
 
 /* --save, --metrics or --write-shard (k = 0, 1, 2) set to p. */
 static void set_out(sh_config *c, int k, const char *p) {
-    char *f = k == 0 ? c->save : k == 1 ? c->metrics : c->write_shard;
+    char *f = k == 0 ? c->save : k == 1 ? c->metrics
+                                        : c->write_shard;
     cp(f, SH_PATH, p);
 }
 
@@ -120,7 +129,10 @@ static void test_not_regular(void **st) {
     /* a node of its own for the root case (the device of /dev/full) */
     int have_dev = mknod(dev, S_IFCHR | 0600, makedev(1, 7)) == 0;
     if (!have_dev) printf("  (not root: no private device node; /dev/full only)\n");
-    struct { const char *path, *kind; mode_t type; } nodes[] = {
+    struct {
+        const char *path, *kind;
+        mode_t type;
+    } nodes[] = {
         {fifo, "a FIFO", S_IFIFO},
         {sock, "a socket", S_IFSOCK},
         {dev, "a character device", S_IFCHR},
@@ -395,9 +407,12 @@ static void test_args(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_not_regular),  cmocka_unit_test(test_symlink),
-        cmocka_unit_test(test_inputs),       cmocka_unit_test(test_long_names),
-        cmocka_unit_test(test_lock),         cmocka_unit_test(test_inside_generation),
+        cmocka_unit_test(test_not_regular),
+        cmocka_unit_test(test_symlink),
+        cmocka_unit_test(test_inputs),
+        cmocka_unit_test(test_long_names),
+        cmocka_unit_test(test_lock),
+        cmocka_unit_test(test_inside_generation),
         cmocka_unit_test(test_resume_order),
         cmocka_unit_test(test_args),
     };

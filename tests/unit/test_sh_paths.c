@@ -43,8 +43,16 @@ static int teardown(void **st) {
 
 static void cfg(sh_config *c, const char *metrics) {
     sh_config_defaults(c);
-    c->layers = 1; c->heads = 2; c->channels = 16; c->seq = 8; c->batch = 2; c->steps = 30;
-    c->val_every = 0; c->gen_every = 0; c->quiet = 1; c->no_plugin = 1;
+    c->layers = 1;
+    c->heads = 2;
+    c->channels = 16;
+    c->seq = 8;
+    c->batch = 2;
+    c->steps = 30;
+    c->val_every = 0;
+    c->gen_every = 0;
+    c->quiet = 1;
+    c->no_plugin = 1;
     snprintf(c->data, sizeof c->data, "%s", TEXT);
     snprintf(c->metrics, sizeof c->metrics, "%s", metrics);
 }

@@ -84,8 +84,15 @@ static void test_optimizer_type(void **st) {
 }
 
 static void small(sh_config *c, const char *path) {
-    c->layers = 1; c->heads = 2; c->channels = 16; c->seq = 8; c->batch = 2; c->steps = 1;
-    c->val_every = 0; c->gen_every = 0; c->quiet = 1;
+    c->layers = 1;
+    c->heads = 2;
+    c->channels = 16;
+    c->seq = 8;
+    c->batch = 2;
+    c->steps = 1;
+    c->val_every = 0;
+    c->gen_every = 0;
+    c->quiet = 1;
     snprintf(c->data, sizeof c->data, "%s", TEXT);
     snprintf(c->plugin, sizeof c->plugin, "%s", PLUGIN);
     (void)path;

@@ -162,7 +162,8 @@ static void test_readme_table(void **st) {
         FILE *f = fopen(p, "w");
         if (f) fputs(gen, f), fclose(f);
         print_error("tests/README.md is out of date with sample_host's key table; paste %s "
-                    "between the SAMPLE_HOST markers\n", p);
+                    "between the SAMPLE_HOST markers\n",
+                    p);
     }
     assert_true(same);
     free(md);

@@ -122,9 +122,7 @@ static void sc_open(sc_host *s, const char *ini_extra, int64_t batch, int64_t se
     s->h.ctx = hb_open(HH_P, text, &hs);
     if (HH_P->post_model_load(s->h.ctx, &s->h.m))
         fail_msg("post_model_load: %s", HH_P->last_error(s->h.ctx));
-    pt_optim_v1 od = {.struct_size = sizeof od, .type = PT_OPTIM_ADAMW, .lr = 1e-2f,
-                      .beta1 = NAN, .beta2 = NAN, .eps = NAN, .weight_decay = NAN,
-                      .max_grad_norm = NAN};
+    pt_optim_v1 od = {.struct_size = sizeof od, .type = PT_OPTIM_ADAMW, .lr = 1e-2f, .beta1 = NAN, .beta2 = NAN, .eps = NAN, .weight_decay = NAN, .max_grad_norm = NAN};
     if (HH_P->create_optimizer(s->h.ctx, &od))
         fail_msg("create_optimizer: %s", HH_P->last_error(s->h.ctx));
 }
@@ -334,7 +332,8 @@ static void test_discard_order(void **state) {
 
     /* from inside recompute_block (a CKPT block's backward) */
     sc_open(&s, "auto_memory = false\nforce_all_persistent = false\nn_persist = 0\n"
-                "n_buffer = 3\nn_swap = 0\nn_checkpoint = 8\n", 1, 8);
+                "n_buffer = 3\nn_swap = 0\nn_checkpoint = 8\n",
+            1, 8);
     s.discard_in_recompute = 1;
     s.inner_rc = -1;
     ok(&s, HH_P->pre_step(s.h.ctx, 1, 0, 1), "pre_step");

@@ -57,9 +57,7 @@ static void sample(pt_trace *t) {
     assert_int_equal(pt_shape_trace(&m, &hw, 4 << 20, t, err, sizeof err), PT_OK);
     t->blocks[3].fwd_s = 1.0 / 3.0;   /* a value that needs all 64 bits */
     /* the allocator's fragmentation as a profile records it */
-    t->frag = (pt_trace_frag){.factor = 7.0 / 6.0, .peak_bytes = 6ull << 20,
-                              .span_bytes = 7ull << 20, .largest_free = 3ull << 20,
-                              .rounding_bytes = 4608};
+    t->frag = (pt_trace_frag){.factor = 7.0 / 6.0, .peak_bytes = 6ull << 20, .span_bytes = 7ull << 20, .largest_free = 3ull << 20, .rounding_bytes = 4608};
     /* exact footprints on some chunks (as the profiler fills them), 0 on others */
     for (int32_t k = 0; k < t->n_chunk; k += 2) {
         t->chunks[k].dev_bytes = pt_trace_chunk_dev_state(t, &t->chunks[k]) + 256 * (uint64_t)(k % 5) + 17;

@@ -30,7 +30,8 @@ static void *start(tiny *t, const char *extra, int bf16) {
     char text[512];
     snprintf(text, sizeof text,
              "[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 4MiB\n"
-             "[optimizer]\nlr = 0.01\nweight_decay = 0.1\n%s", extra ? extra : "");
+             "[optimizer]\nlr = 0.01\nweight_decay = 0.1\n%s",
+             extra ? extra : "");
     void *ctx = hb_open(P, text, NULL);
     tiny_make(t);
     if (bf16) {   /* param 1 in bf16: its init is 64 bf16 values in the same buffer */
@@ -103,8 +104,14 @@ static void written_then_stepped(const char *extra) {
     assert_int_equal(P->finalize(ctx), PT_OK);
 }
 
-static void test_resident(void **s) { (void)s; written_then_stepped(NULL); }
-static void test_offloaded(void **s) { (void)s; written_then_stepped(STREAMED); }
+static void test_resident(void **s) {
+    (void)s;
+    written_then_stepped(NULL);
+}
+static void test_offloaded(void **s) {
+    (void)s;
+    written_then_stepped(STREAMED);
+}
 
 /* A bf16 param's master takes the written value: at lr 0 the step writes the
  * master back into the compute copy, which must still be the written value. */
@@ -114,7 +121,8 @@ static void test_bf16_master(void **state) {
     assert_non_null(mkdtemp(dir));
     /* and streamed through the disk tier: the master lives in its file */
     snprintf(tier, sizeof tier, STREAMED "[nvme]\npath = %s\nblock_size = 512\n[testing]\n"
-             "debug_tier_force = true\n", dir);
+                                         "debug_tier_force = true\n",
+             dir);
     const char *cases[] = {NULL, STREAMED, tier};
     for (int c = 0; c < 3; c++) {
         tiny t;
@@ -152,8 +160,10 @@ static void test_refusals(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_resident), cmocka_unit_test(test_offloaded),
-        cmocka_unit_test(test_bf16_master), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_resident),
+        cmocka_unit_test(test_offloaded),
+        cmocka_unit_test(test_bf16_master),
+        cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

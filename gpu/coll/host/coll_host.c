@@ -101,12 +101,13 @@ int pt_host_coll_open(const pt_coll_config *cfg, pt_host_coll **out, char *err, 
     const pt_host_coll_v1 *t = cfg->host_coll;
     if (!t)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] backend = host: the host gave "
-                       "no collectives table (pt_host_v1.coll is NULL)");
+                                                        "no collectives table (pt_host_v1.coll is NULL)");
     if (t->struct_size < offsetof(pt_host_coll_v1, all_gather) + sizeof t->all_gather ||
         !t->all_gather)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "init: pt_host_v1.coll is not usable: struct_size %u (need at least %zu) "
-                       "and all_gather %s", t->struct_size,
+                       "and all_gather %s",
+                       t->struct_size,
                        offsetof(pt_host_coll_v1, all_gather) + sizeof t->all_gather,
                        t->all_gather ? "set" : "NULL");
     if (t->rank != cfg->rank || t->world_size != cfg->world_size)
@@ -117,7 +118,8 @@ int pt_host_coll_open(const pt_coll_config *cfg, pt_host_coll **out, char *err, 
     if (cfg->debug_hang_rank >= 0)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
                        "[testing] debug_hang_rank = %d with the host's collectives: the "
-                       "deadline is the host's, which the plugin cannot play", cfg->debug_hang_rank);
+                       "deadline is the host's, which the plugin cannot play",
+                       cfg->debug_hang_rank);
     pt_host_coll *c = calloc(1, sizeof *c);
     if (!c) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for collectives");
     c->world = cfg->world_size;
@@ -146,7 +148,8 @@ int pt_host_coll_open(const pt_coll_config *cfg, pt_host_coll **out, char *err, 
             rc = pt_fail(err, errlen, PT_ERR_CONFIG,
                          "[dist]: the host's collectives disagree on the group: slot %d of the "
                          "start-up exchange holds rank %d of %d, this rank %d expected rank %d "
-                         "of %d", p, all[2 * p], all[2 * p + 1], c->rank, p, c->world);
+                         "of %d",
+                         p, all[2 * p], all[2 * p + 1], c->rank, p, c->world);
     free(all);
     if (rc) {
         pt_host_coll_close(c);

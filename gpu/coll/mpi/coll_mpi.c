@@ -74,7 +74,6 @@ struct pt_mpi_coll {
 };
 
 
-
 /* A failed collective breaks the whole tree: the outermost group must not
  * finalize, and no sub-group may wait on a peer that is gone. */
 static void set_broken(pt_mpi_coll *c) {
@@ -155,7 +154,8 @@ static int note_check(pt_mpi_coll *c, const char *what, char *err, size_t errlen
             return pt_fail(err, errlen, PT_ERR_BACKEND,
                            "[dist] %s: rank %d ended its run after a failure (closed the "
                            "plugin's group) while this rank waited for it; its own output says "
-                           "why", what, from);
+                           "why",
+                           what, from);
         }
         if (r->clean_from < 0) {
             r->clean_from = from;
@@ -168,7 +168,8 @@ static int note_check(pt_mpi_coll *c, const char *what, char *err, size_t errlen
         return pt_fail(err, errlen, PT_ERR_BACKEND,
                        "[dist] %s: rank %d ended its run (closed the plugin's group) while this "
                        "rank waited for it; it stopped without saying why through the plugin "
-                       "(its own output does)", what, r->clean_from);
+                       "(its own output does)",
+                       what, r->clean_from);
     }
     return PT_OK;
 }
@@ -278,7 +279,8 @@ static int check_declared(pt_mpi_coll *c, const pt_coll_config *cfg, int w, int 
         if (MPI_Irecv(got + 2 * p, 2, MPI_INT, p, DECLARE_TAG, MPI_COMM_WORLD, &req[n++]) ||
             MPI_Isend(mine, 2, MPI_INT, p, DECLARE_TAG, MPI_COMM_WORLD, &req[n++])) {
             rc = pt_fail(err, errlen, PT_ERR_BACKEND, "[dist]: posting the start-up exchange "
-                         "with rank %d failed", p);
+                                                      "with rank %d failed",
+                         p);
             break;
         }
     }
@@ -286,7 +288,7 @@ static int check_declared(pt_mpi_coll *c, const pt_coll_config *cfg, int w, int 
     for (int done = 0; !rc && !done;) {
         if (MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
             rc = pt_fail(err, errlen, PT_ERR_BACKEND, "[dist]: the start-up exchange of the "
-                         "ranks' world sizes failed");
+                                                      "ranks' world sizes failed");
         } else if (!done && pt_now_s() > deadline) {
             int miss = -1;
             for (int i = 0; i < n && miss < 0; i += 2) {
@@ -296,7 +298,8 @@ static int check_declared(pt_mpi_coll *c, const pt_coll_config *cfg, int w, int 
             }
             rc = pt_fail(err, errlen, PT_ERR_BACKEND,
                          "[dist]: rank %d did not join the start-up exchange within [dist] "
-                         "timeout = %g s (this is rank %d of %d)", miss, cfg->timeout_s, r, w);
+                         "timeout = %g s (this is rank %d of %d)",
+                         miss, cfg->timeout_s, r, w);
         } else if (!done) {
             pause_briefly();
         }
@@ -308,7 +311,8 @@ static int check_declared(pt_mpi_coll *c, const pt_coll_config *cfg, int w, int 
                          "[dist]: %s mismatch: the host of MPI's rank %d%s declares "
                          "world_size %d and rank %d in pt_host_v1, but MPI started %d "
                          "process(es); start every rank with mpirun -np N and pass MPI's "
-                         "numbers", got[2 * p] != w ? "world size" : "rank", p,
+                         "numbers",
+                         got[2 * p] != w ? "world size" : "rank", p,
                          p == r ? " (this process)" : "", got[2 * p], got[2 * p + 1], w);
     free(got);
     free(req);
@@ -341,7 +345,8 @@ int pt_mpi_coll_open(const pt_coll_config *cfg, pt_mpi_coll **out, char *err, si
             free(c);
             return pt_fail(err, errlen, PT_ERR_BACKEND,
                            "[dist] init_method = %s: MPI_Init_thread failed (run the host under "
-                           "mpirun)", cfg->init_method);
+                           "mpirun)",
+                           cfg->init_method);
         }
         c->we_init = 1;
     }
@@ -491,8 +496,9 @@ static int test_reqs_n(pt_mpi_coll *c, MPI_Request *req, int nreq, int nrecv, co
                 if (got != want[i]) {
                     set_broken(c);
                     return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist] %s (%s): rank %d sent %d "
-                                   "bytes where this rank expected %d (the ranks disagree on "
-                                   "what they exchange)", what, label, peer[i], got, want[i]);
+                                                                "bytes where this rank expected %d (the ranks disagree on "
+                                                                "what they exchange)",
+                                   what, label, peer[i], got, want[i]);
                 }
             }
         }
@@ -505,7 +511,8 @@ static int test_reqs_n(pt_mpi_coll *c, MPI_Request *req, int nreq, int nrecv, co
                     return pt_fail(err, errlen, PT_ERR_BACKEND,
                                    "[dist] %s (%s): rank %d did not %s within "
                                    "[dist] timeout = %g s (it exited, hung or fell behind); "
-                                   "this rank stops", what, label, peer[i],
+                                   "this rank stops",
+                                   what, label, peer[i],
                                    i < nrecv ? "send its part" : "take this rank's part",
                                    c->timeout_s);
                 }
@@ -546,7 +553,8 @@ static int begin_n(pt_mpi_coll *c, int count, const char *what, char *err, size_
         while (pt_now_s() < until) pause_briefly();
         set_broken(c);
         return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist] %s: [testing] debug_hang_rank = %d: "
-                       "this rank hung on purpose", what, c->hang_rank);
+                                                    "this rank hung on purpose",
+                       what, c->hang_rank);
     }
     return PT_OK;
 }
@@ -601,7 +609,7 @@ static void rank_sources(const pt_mpi_coll *c, const char **src, const void *min
 }
 
 int pt_mpi_coll_allreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,
-                      const char *what, char *err, size_t errlen) {
+                          const char *what, char *err, size_t errlen) {
     if (!c || c->world == 1) {
         scale_buf(buf, n, dtype, scale);
         return PT_OK;
@@ -671,7 +679,7 @@ static size_t seg_len(size_t part_len, size_t off) {
 }
 
 int pt_mpi_coll_allgather(pt_mpi_coll *c, void *buf, size_t n, size_t elem_size, const char *what,
-                      char *err, size_t errlen) {
+                          char *err, size_t errlen) {
     if (!c || c->world == 1) return PT_OK;
     if (!elem_size || elem_size > 8 || (n && !buf))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
@@ -716,7 +724,7 @@ int pt_mpi_coll_allgather(pt_mpi_coll *c, void *buf, size_t n, size_t elem_size,
 }
 
 int pt_mpi_coll_reduce_scatter(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,
-                           const char *what, char *err, size_t errlen) {
+                               const char *what, char *err, size_t errlen) {
     if (!c || c->world == 1) {
         scale_buf(buf, n, dtype, scale);
         return PT_OK;
@@ -726,7 +734,8 @@ int pt_mpi_coll_reduce_scatter(pt_mpi_coll *c, void *buf, size_t n, int32_t dtyp
                        what, (int)dtype);
     if (n && !buf)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: reduce-scatter of %zu "
-                       "elements from NULL", what, n);
+                                                        "elements from NULL",
+                       what, n);
     int brc = begin(c, what, err, errlen);
     if (brc) return brc;
     size_t es = dtype == PT_COLL_F64 ? 8 : 4;
@@ -795,7 +804,8 @@ int pt_mpi_coll_alltoallv(pt_mpi_coll *c, const void *send, const size_t *soff,
     int me = c ? c->rank : 0, w = c ? c->world : 1;
     if (scount[me] != rcount[me])
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: this rank sends itself %zu "
-                       "bytes but expects %zu", what, scount[me], rcount[me]);
+                                                        "bytes but expects %zu",
+                       what, scount[me], rcount[me]);
     if (scount[me]) memcpy((char *)recv + roff[me], (const char *)send + soff[me], scount[me]);
     if (!c || w == 1) return PT_OK;
     int brc = begin(c, what, err, errlen);
@@ -810,7 +820,8 @@ int pt_mpi_coll_alltoallv(pt_mpi_coll *c, const void *send, const size_t *soff,
         free(peer);
         free(want);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "[dist] %s: out of host memory for %zu "
-                       "messages", what, nr + ns);
+                                                     "messages",
+                       what, nr + ns);
     }
     int tag = (int)(c->seq & 0x3fff), i = 0;
     for (int p = 0; p < w; p++)
@@ -858,7 +869,7 @@ struct pt_mpi_op {
 };
 
 int pt_mpi_coll_iallreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale, int32_t key,
-                       const char *what, pt_mpi_op **out, char *err, size_t errlen) {
+                           const char *what, pt_mpi_op **out, char *err, size_t errlen) {
     *out = NULL;
     if (dtype != PT_COLL_F32 && dtype != PT_COLL_F64)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: dtype %d is not f32 or f64",
@@ -866,7 +877,8 @@ int pt_mpi_coll_iallreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, d
     if (key < 0 || key >= PT_COLL_KEYS || (n && !buf))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "[dist] %s: nonblocking all-reduce with key %d (want 0..%d) of %zu "
-                       "elements from %p", what, (int)key, PT_COLL_KEYS - 1, n, buf);
+                       "elements from %p",
+                       what, (int)key, PT_COLL_KEYS - 1, n, buf);
     pt_mpi_op *op = calloc(1, sizeof *op);
     if (!op) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     op->buf = buf;

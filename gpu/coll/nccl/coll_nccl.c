@@ -95,7 +95,8 @@ static int cuda_fail(nc *c, cudaError_t e, const char *call, const char *what, c
                      size_t errlen) {
     if (c) c->broken = 1;
     return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist] %s (NCCL transport, rank %d): %s failed: "
-                   "%s", what, c ? c->rank : -1, call, cudaGetErrorString(e));
+                                                "%s",
+                   what, c ? c->rank : -1, call, cudaGetErrorString(e));
 }
 
 /* The deadline passed: abort the communicator (its kernels end) and say so. */
@@ -203,10 +204,12 @@ static int nc_open(const unsigned char id[PT_NCCL_ID_BYTES], int rank, int world
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess)
         return pt_fail(err, errlen, PT_ERR_BACKEND, "[dist] NCCL on rank %d: no CUDA device "
-                       "(cudaGetDeviceCount: %s)", rank, cudaGetErrorString(e));
+                                                    "(cudaGetDeviceCount: %s)",
+                       rank, cudaGetErrorString(e));
     if (device < 0 || device >= ndev)
         return pt_fail(err, errlen, PT_ERR_CONFIG, "[dist] NCCL on rank %d: CUDA device %d does "
-                       "not exist (this machine has %d)", rank, device, ndev);
+                                                   "not exist (this machine has %d)",
+                       rank, device, ndev);
     nc *c = calloc(1, sizeof *c);
     if (!c) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for collectives");
     c->rank = rank;
@@ -224,8 +227,8 @@ static int nc_open(const unsigned char id[PT_NCCL_ID_BYTES], int rank, int world
     } else if ((e = cudaMalloc(&c->scratch, (size_t)world * SEG_ELEMS * 8)) != cudaSuccess) {
         c->scratch = NULL;
         rc = pt_fail(err, errlen, PT_ERR_OOM, "[dist] NCCL on rank %d: cudaMalloc of %zu "
-                     "bytes of collective scratch failed (%s); leave that much device memory "
-                     "outside [memory] capacity, plus NCCL's own buffers",
+                                              "bytes of collective scratch failed (%s); leave that much device memory "
+                                              "outside [memory] capacity, plus NCCL's own buffers",
                      rank, (size_t)world * SEG_ELEMS * 8, cudaGetErrorString(e));
     } else {
         ncclUniqueId u;
@@ -268,7 +271,8 @@ static int stage_in(nc *c, void *buf, size_t bytes, void **dbuf, int *staged, co
     if (a.type == cudaMemoryTypeDevice) {
         if (a.device != c->device)
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: the buffer is on CUDA "
-                           "device %d but this rank's communicator is on device %d", what,
+                                                            "device %d but this rank's communicator is on device %d",
+                           what,
                            a.device, c->device);
         return PT_OK;
     }
@@ -279,8 +283,9 @@ static int stage_in(nc *c, void *buf, size_t bytes, void **dbuf, int *staged, co
         if (e != cudaSuccess) {
             c->mirror = NULL;
             return pt_fail(err, errlen, PT_ERR_OOM, "[dist] %s: cudaMalloc of %zu bytes "
-                           "to stage a host buffer for NCCL failed (%s); leave that much device "
-                           "memory outside [memory] capacity", what, bytes, cudaGetErrorString(e));
+                                                    "to stage a host buffer for NCCL failed (%s); leave that much device "
+                                                    "memory outside [memory] capacity",
+                           what, bytes, cudaGetErrorString(e));
         }
         c->mirror_cap = bytes;
     }
@@ -373,7 +378,9 @@ static int begin(nc *c, const char *what, int *prev, char *err, size_t errlen) {
     return e == cudaSuccess ? PT_OK : cuda_fail(c, e, "cudaSetDevice", what, err, errlen);
 }
 
-enum { OP_ALLREDUCE, OP_ALLGATHER, OP_REDUCE_SCATTER };
+enum { OP_ALLREDUCE,
+       OP_ALLGATHER,
+       OP_REDUCE_SCATTER };
 
 static int run(nc *c, int op, void *buf, size_t n, int32_t dtype, size_t elem_size, double scale,
                const char *what, char *err, size_t errlen) {
@@ -382,11 +389,13 @@ static int run(nc *c, int op, void *buf, size_t n, int32_t dtype, size_t elem_si
                        what, (int)dtype);
     if (op == OP_ALLGATHER && (!elem_size || elem_size > 8))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: all-gather of %zu-byte "
-                       "elements", what, elem_size);
+                                                        "elements",
+                       what, elem_size);
     if (n && !buf)
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "[dist] %s: %zu elements from NULL", what,
                        n);
-    size_t es = op == OP_ALLGATHER ? elem_size : dtype == PT_COLL_F64 ? 8 : 4;
+    size_t es = op == OP_ALLGATHER ? elem_size : dtype == PT_COLL_F64 ? 8
+                                                                      : 4;
     int prev = 0, staged = 0;
     int rc = begin(c, what, &prev, err, errlen);
     if (rc) return rc;
@@ -430,6 +439,14 @@ static int nc_barrier(void *h, char *err, size_t errlen) {
 }
 
 __attribute__((visibility("default"))) const pt_nccl_coll_ops pt_nccl_coll_v1 = {
-    PT_NCCL_COLL_VERSION, (uint32_t)sizeof(pt_nccl_coll_ops), describe, unique_id, nc_open,
-    nc_close, nc_allreduce, nc_allgather, nc_reduce_scatter, nc_barrier,
+    PT_NCCL_COLL_VERSION,
+    (uint32_t)sizeof(pt_nccl_coll_ops),
+    describe,
+    unique_id,
+    nc_open,
+    nc_close,
+    nc_allreduce,
+    nc_allgather,
+    nc_reduce_scatter,
+    nc_barrier,
 };

@@ -55,7 +55,8 @@ static int adamw_dev_step(pt_store *st, cs_chunk *c, float lr, float gs, char *e
     pt_optim_region stack[VIEW_STACK], *reg = view_regions(c, stack);
     if (!reg)
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "optimizer_step: out of host memory for "
-                       "chunk %d's %d regions", c->id, (int)c->lc->n_regions);
+                                                     "chunk %d's %d regions",
+                       c->id, (int)c->lc->n_regions);
     pt_optim_chunk v;
     chunk_view(c, 1, reg, &v);
     pt_adamw_args hyper = pt_store_adamw_args(st, c, 0, 0, lr, gs);

@@ -166,7 +166,8 @@ int pt_rk_sh_owners(pt_store *st, int plan, char *err, size_t errlen) {
          * (T - w) / W before taking this param) */
         if (best < 0) {
             int rc = pt_fail(err, errlen, PT_ERR_INTERNAL, "REKLS mode C: no rank can own '%s' "
-                             "within the cap of %llu words", m->params[c->param].name,
+                                                           "within the cap of %llu words",
+                             m->params[c->param].name,
                              (unsigned long long)cap);
             free(load);
             free(work);
@@ -310,7 +311,8 @@ static int pass_open(sh_pass *P, pt_store *st, float lr, float gs, char *err, si
     if (!P->idx || !P->jobs || !P->mats) {
         pass_close(P);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "optimizer_step: out of host memory for "
-                       "mode C's REKLS matrices (%zu floats)", full);
+                                                     "mode C's REKLS matrices (%zu floats)",
+                       full);
     }
     size_t *idx = P->idx;
     P->x = (xplan){idx, idx + P->W, idx + 2 * P->W, idx + 3 * P->W, 0, 0};
@@ -339,7 +341,7 @@ static int to_owners(sh_pass *P, char *err, size_t errlen) {
     P->sb = malloc(P->x.sbytes + 1);
     P->rb = malloc(P->x.rbytes + 1);
     int rc = !P->sb || !P->rb ? pt_fail(err, errlen, PT_ERR_HOST_OOM, "optimizer_step: out of host "
-                                        "memory for mode C's REKLS exchange (%zu + %zu bytes)",
+                                                                      "memory for mode C's REKLS exchange (%zu + %zu bytes)",
                                         P->x.sbytes, P->x.rbytes)
                               : PT_OK;
     size_t *pos = P->pos = calloc((size_t)W, sizeof *pos);
@@ -391,7 +393,8 @@ static int owner_steps(sh_pass *P, char *err, size_t errlen) {
     for (int j = 0; j < P->nj; j++)
         if (P->jobs[j].rc)
             return pt_fail(err, errlen, P->jobs[j].rc, "optimizer_step: mode C REKLS step of '%s' "
-                           "on its owner: %s", st->env.model->params[P->jobs[j].q->param].name,
+                                                       "on its owner: %s",
+                           st->env.model->params[P->jobs[j].q->param].name,
                            P->jobs[j].err);
     return PT_OK;
 }
@@ -412,7 +415,8 @@ static int from_owners(sh_pass *P, float lr, int rc, char *err, size_t errlen) {
         P->rb = malloc(P->x.rbytes + 1);
         if (!P->sb || !P->rb)
             rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "optimizer_step: out of host memory for "
-                         "mode C's REKLS updates (%zu + %zu bytes)", P->x.sbytes, P->x.rbytes);
+                                                       "mode C's REKLS updates (%zu + %zu bytes)",
+                         P->x.sbytes, P->x.rbytes);
     }
     for (int p = 0; p < W && pos; p++) pos[p] = 0;
     for (int j = 0; !rc && j < P->nj; j++) {
@@ -547,7 +551,8 @@ int pt_rk_sh_views_open(pt_store *st, int gather, char *err, size_t errlen) {
         if (!c->sh || !pc || !pc->view_words) continue;
         if (!(pc->view = calloc((size_t)pc->view_words, sizeof(float))))
             rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "state: out of host memory for chunk %d's "
-                         "REKLS view", c->id);
+                                                       "REKLS view",
+                         c->id);
     }
     if (rc || !gather) {
         if (rc) pt_rk_sh_views_close(st, 0);
@@ -570,7 +575,7 @@ int pt_rk_sh_views_open(pt_store *st, int gather, char *err, size_t errlen) {
         free(rb);
         pt_rk_sh_views_close(st, 0);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "state: out of host memory for the REKLS "
-                       "state of mode C's owners");
+                                                     "state of mode C's owners");
     }
     size_t *soff = idx, *sn = idx + W, *roff = idx + 2 * W, *rn = idx + 3 * W;
     for (int p = 0; p < W; p++) {

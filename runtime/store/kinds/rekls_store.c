@@ -166,7 +166,8 @@ static int add_param(pt_store *st, int k, int i, rk_counts *n, char *err, size_t
     q->owner = c->sh && rs->owner ? rs->owner[i] : -1;
     if (c->sh && q->owner < 0)
         return pt_fail(err, errlen, PT_ERR_INTERNAL, "REKLS: parameter '%s' of the "
-                       "split chunk %d has no owner rank", m->params[i].name, k);
+                                                     "split chunk %d has no owner rank",
+                       m->params[i].name, k);
     q->aux = pc->aux_words;
     if (c->sh) {   /* mode C: only its owner keeps it, moments included */
         for (int r = 0; r < c->lc->n_regions; r++) {
@@ -241,7 +242,8 @@ static void log_init(const pt_store *st, const rk_counts *n) {
     PT_LOGI(st->env.lg,
             "REKLS on %d 2-D block parameter(s) (%.1f MiB of factors and bases beyond the Adam "
             "moments on this rank; in mode C with the moments of the params it owns); AdamW on the other %d trainable parameter(s): not 2-D, outside blocks "
-            "(embeddings, final norm, head), tied, or a side above %d", rs->n_rk,
+            "(embeddings, final norm, head), tied, or a side above %d",
+            rs->n_rk,
             (double)n->words * 4 / 1048576.0, n->adam, PT_REKLS_MAX_DIM);
     if (n->sh) {
         /* the owner bound (rekls_dist.c) over the same words, for the log */
@@ -255,15 +257,16 @@ static void log_init(const pt_store *st, const rk_counts *n) {
             if (q->owner == st->rank) mine += w;
         }
         PT_LOGI(st->env.lg, "mode C REKLS: %d of them in chunks split across the %d ranks, each "
-                "kept and stepped whole by one owner rank; this rank owns %d (%llu words of "
-                "state; every rank at most ceil(%llu / %d) + %llu = %llu)", n->sh, st->world,
+                            "kept and stepped whole by one owner rank; this rank owns %d (%llu words of "
+                            "state; every rank at most ceil(%llu / %d) + %llu = %llu)",
+                n->sh, st->world,
                 n->own, (unsigned long long)mine, (unsigned long long)tot, st->world,
                 (unsigned long long)wmax,
                 (unsigned long long)((tot + (uint64_t)st->world - 1) / (uint64_t)st->world + wmax));
     }
     if (n->split)
         PT_LOGI(st->env.lg, "tensor-parallel REKLS on %d split parameter(s) over a group of %d "
-                "ranks (full matrices stepped on every rank, factors kept in row blocks)",
+                            "ranks (full matrices stepped on every rank, factors kept in row blocks)",
                 n->split, pt_cs_tp_size(st));
 }
 
@@ -311,8 +314,9 @@ void pt_rk_fini(pt_store *st) {
     if (!rs) return;
     if (rs->sh_steps)
         PT_LOGI(st->env.lg, "REKLS mode C: %d steps; per step %.2f ms gathering gradients at "
-                "their owners (%.1f KiB received), %.2f ms in the owners' steps, %.2f ms sending "
-                "the updates back and applying them (%.1f KiB received)", rs->sh_steps,
+                            "their owners (%.1f KiB received), %.2f ms in the owners' steps, %.2f ms sending "
+                            "the updates back and applying them (%.1f KiB received)",
+                rs->sh_steps,
                 1e3 * rs->sh_s[0] / rs->sh_steps, rs->sh_bytes[0] / 1024.0 / rs->sh_steps,
                 1e3 * rs->sh_s[1] / rs->sh_steps, 1e3 * rs->sh_s[2] / rs->sh_steps,
                 rs->sh_bytes[1] / 1024.0 / rs->sh_steps);
@@ -460,7 +464,8 @@ static int dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, s
             if (ops->convert(impl, st->d_gtmp, PT_F32, graw, p->dtype, n, 0, st->env.s_compute))
                 return pt_fail(err, errlen, PT_ERR_BACKEND,
                                "optimizer_step: widening '%s''s 16-bit gradient failed: convert "
-                               "failed", p->name);
+                               "failed",
+                               p->name);
             a.grad = st->d_gtmp;
         }
         if (ops->adamw(impl, &a, st->env.s_compute))
@@ -473,11 +478,13 @@ static int dev_chunk(pt_store *st, cs_chunk *c, float lr, float gs, char *err, s
     if (ops->stream_sync(impl, st->env.s_compute) || pt_gpu_memcpy(st->env.gpu, &status, rs->d_status, sizeof status, PT_GPU_D2H))
         return pt_fail(err, errlen, PT_ERR_BACKEND,
                        "optimizer_step: reading REKLS's eigh status of chunk %d failed: "
-                       "stream_sync or memcpy failed", c->id);
+                       "stream_sync or memcpy failed",
+                       c->id);
     if (status)
         return pt_fail(err, errlen, PT_ERR_BACKEND,
                        "optimizer_step: REKLS eigh did not converge in fp32 nor in fp64 in chunk "
-                       "%d (non-finite gradients?)", c->id);
+                       "%d (non-finite gradients?)",
+                       c->id);
     return PT_OK;
 }
 
@@ -505,7 +512,7 @@ static int tp_pass(pt_store *st, float lr, float gs, char *err, size_t errlen) {
         float *M = pt_rk_of_chunk(c)->aux + q->aux, *V = M + mn, *L = V + mn;
         float *R = L + (size_t)(q->m / tp.P) * (size_t)q->m;
         float *ws = malloc(sizeof(float) * (size_t)pt_rekls_tp_ws_words((uint64_t)q->m,
-                                                                         (uint64_t)q->n));
+                                                                        (uint64_t)q->n));
         if (!ws)
             return pt_fail(err, errlen, PT_ERR_HOST_OOM,
                            "out of host memory for the tensor-parallel REKLS scratch of '%s'",

@@ -344,8 +344,9 @@ int pt_tier_open(pt_store *st, char *err, size_t errlen) {
     int n = 0;
     for (int k = 0; k < st->n_chunks; k++) n += st->ch[k].tiered;
     PT_LOGI(st->env.lg, "nvme tier: %d chunk(s)' optimizer states in %s (%.2f MiB, %s I/O, "
-            "block %llu), %d staging slot(s) of %.2f MiB pinned, %d I/O thread(s); one record "
-            "written in %.3f ms (%.0f MB/s), read in %.3f ms (%.0f MB/s)", n, t->file,
+                        "block %llu), %d staging slot(s) of %.2f MiB pinned, %d I/O thread(s); one record "
+                        "written in %.3f ms (%.0f MB/s), read in %.3f ms (%.0f MB/s)",
+            n, t->file,
             t->total / 1048576.0, t->direct ? "O_DIRECT" : "buffered (O_DIRECT refused here)",
             (unsigned long long)t->blk, t->n_slots, t->slot_bytes / 1048576.0, t->n_th,
             wr_s * 1e3, wr_s > 0 ? t->slot_bytes / wr_s / 1e6 : 0.0, rd_s * 1e3,
@@ -365,8 +366,8 @@ void pt_tier_close(pt_store *st) {
         pt_gpu_usage u;
         pt_gpu_usage_get(st->env.gpu, &u);
         PT_LOGI(st->env.lg, "nvme tier: %lld read(s) %.2f MiB in %.3f s, %lld write(s) %.2f MiB "
-                "in %.3f s (I/O thread seconds); the steps waited %.3f s for their states (the "
-                "read, and a free slot before it); pinned peak %llu bytes (budget %llu)",
+                            "in %.3f s (I/O thread seconds); the steps waited %.3f s for their states (the "
+                            "read, and a free slot before it); pinned peak %llu bytes (budget %llu)",
                 (long long)t->reads, t->rd_bytes / 1048576.0, t->rd_s, (long long)t->writes,
                 t->wr_bytes / 1048576.0, t->wr_s, t->wait_s, (unsigned long long)u.pinned_peak,
                 (unsigned long long)u.pinned_budget);

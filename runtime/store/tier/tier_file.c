@@ -39,7 +39,8 @@ static int take_lock(pt_tier *t, int rank, char *err, size_t errlen) {
         if (e == EWOULDBLOCK)
             return pt_fail(err, errlen, PT_ERR_IO,
                            "[nvme] path %s is in use by another run (pid %s holds %s); give "
-                           "each run its own folder", t->dir, buf[0] ? buf : "unknown", t->lock);
+                           "each run its own folder",
+                           t->dir, buf[0] ? buf : "unknown", t->lock);
         return pt_fail(err, errlen, PT_ERR_IO, "[nvme] path: cannot lock %s: %s", t->lock,
                        strerror(e));
     }
@@ -59,8 +60,8 @@ static int take_lock(pt_tier *t, int rank, char *err, size_t errlen) {
 /* The sentence of a failed write or reservation: a full disk and a file-size
  * limit named as such. */
 int pt_tier_io_fail(pt_tier *t, int e, const char *what, char *err, size_t errlen) {
-    const char *why = e == ENOSPC  ? "the disk is full"
-                      : e == EFBIG ? "the file exceeds the file-size limit (ulimit -f)"
+    const char *why = e == ENOSPC   ? "the disk is full"
+                      : e == EFBIG  ? "the file exceeds the file-size limit (ulimit -f)"
                       : e == EDQUOT ? "the disk quota is exhausted"
                                     : strerror(e);
     return pt_fail(err, errlen, PT_ERR_IO, "[nvme] tier file %s: %s failed: %s (%s)", t->file,
@@ -168,7 +169,8 @@ int pt_tier_rw(pt_tier *t, int write, void *buf, uint64_t off, uint64_t len, cha
                                   (off_t)(off + done));
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
-            int e = n < 0 ? errno : write ? ENOSPC : EIO;
+            int e = n < 0 ? errno : write ? ENOSPC
+                                          : EIO;
             char what[96];
             snprintf(what, sizeof what, "%s of %llu bytes at %llu", write ? "a write" : "a read",
                      (unsigned long long)len, (unsigned long long)off);

@@ -10,7 +10,11 @@
 #include "../store_internal.h"
 #include "tier.h"
 
-enum { TC_IDLE, TC_READING, TC_READY, TC_STEPPING, TC_WRITING };
+enum { TC_IDLE,
+       TC_READING,
+       TC_READY,
+       TC_STEPPING,
+       TC_WRITING };
 
 typedef struct tier_job {
     int write;   /* 0: read chunk's record into its slot; 1: write it back */
