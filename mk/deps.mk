@@ -2,7 +2,7 @@
 # or prints the apt-get line; every build step waits for check-deps.
 
 DEB_PKGS := libinih-dev libcmocka-dev libopenblas-dev liblapacke-dev libopenmpi-dev openmpi-bin pkg-config python3-venv \
-            clang libclang-rt-14-dev
+            clang libclang-rt-14-dev clang-format-19
 
 # ---- dependencies ----
 deps: ## install the Debian packages (root) or print the apt-get line

@@ -1,6 +1,6 @@
 # Style checks: make lint (ruff over the Python host and the test/bench scripts,
 # ruff.toml; make test runs it) and make format-check (clang-format over the C
-# and CUDA sources, .clang-format; not part of make test). make format rewrites
+# and CUDA sources, .clang-format; make test runs it too). make format rewrites
 # the C sources in place.
 
 # ruff at the version pinned in host_api/python/requirements.txt, installed into

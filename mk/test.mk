@@ -14,7 +14,7 @@ OMP_ENV := OMP_WAIT_POLICY=PASSIVE
 # knobs of their negative controls, tests/README.md); a training run may not.
 TEST_ENV := PT_BUILD=$(abspath $(BUILD)) PT_ROOT=$(CURDIR) PT_SAN=$(SAN) OMP_NUM_THREADS=2 $(OMP_ENV) \
             CMOCKA_MESSAGE_OUTPUT=stdout PROTRAIN_TESTING=1 $(if $(filter tsan,$(SAN)),OPENBLAS_NUM_THREADS=1)
-test: all ## build and run every test suite (cmocka, shell, pytest, lint, fuzz smoke)
+test: all ## build and run every test suite (cmocka, shell, pytest, lint, format, fuzz smoke)
 	@fail=0; for t in $(TEST_BINS); do \
 	  echo "=== $$t"; \
 	  $(TEST_ENV) $$t || { echo "FAILED: $$t"; fail=1; }; \
@@ -23,7 +23,9 @@ test: all ## build and run every test suite (cmocka, shell, pytest, lint, fuzz s
 	if [ -z "$(SAN)" ]; then echo "=== pytest host_api/python (the PyTorch host)"; \
 	  $(TEST_ENV) $(PY) -m pytest -q -p no:cacheprovider host_api/python/tests || { echo "FAILED: pytest host_api/python"; fail=1; }; fi; \
 	if [ -z "$(SAN)" ]; then echo "=== lint (ruff)"; \
-	  $(MAKE) --no-print-directory lint || { echo "FAILED: lint"; fail=1; }; fi; \
+	  $(MAKE) --no-print-directory lint || { echo "FAILED: lint"; fail=1; }; \
+	  echo "=== format-check (clang-format)"; \
+	  $(MAKE) --no-print-directory format-check || { echo "FAILED: format-check"; fail=1; }; fi; \
 	if [ -z "$(SAN)" ]; then echo "=== fuzz smoke (2 s per target)"; \
 	  $(MAKE) --no-print-directory fuzz FUZZ_SECONDS=2 || { echo "FAILED: fuzz smoke"; fail=1; }; fi; \
 	if [ $$fail = 0 ]; then echo "ALL TESTS PASSED ($(BUILD))"; else echo "SOME TESTS FAILED ($(BUILD))"; exit 1; fi
