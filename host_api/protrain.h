@@ -487,7 +487,19 @@ typedef struct pt_plugin_table_v1 {
      * (the step stays valid, unclipped). Everything is reset by optimizer_step. */
     int32_t (*clip_grad_norm)(void *ctx, float max_norm, double *norm);
 
-    void *reserved[3];
+    void *reserved[2];
+    /* ABI 1.6 (the former reserved[3]; NULL in older plugins). Several ranks:
+     * this rank stops, for the reason `why` (one sentence; NULL: none given).
+     * Call it when the host ends a multi-rank run with an error, before
+     * finalize: every other rank's collective that waits for this one, now or
+     * later, fails within a poll with "rank r stopped: why" instead of waiting
+     * [dist] timeout, so every rank reports the first rank's cause. Afterwards
+     * only finalize (and last_error, get_stats) make sense; hooks that need the
+     * other ranks fail at once. Sent once (a rank that already heard another
+     * rank's abort sends nothing: that rank told everyone); one rank: a no-op.
+     * Returns PT_OK. On the mpi transport; over NCCL the other ranks still
+     * wait [dist] timeout. */
+    int32_t (*dist_abort)(void *ctx, const char *why);
 
     /* ABI 1.6, appended after the reserved slots (a 1.5 table's struct_size
      * ends before it; PT_HAS_HOOK checks): the inverse of read_param. Copies

@@ -211,6 +211,12 @@ const pt_config_key pt_cfg_keys[] = {
            "l2: wd * W is added to the gradient after the Kronecker factor update, so Adam in "
            "the eigenbasis sees it and the factors do not. Parameters REKLS leaves to AdamW "
            "keep decoupled decay."),
+    R_BOOL("optimizer", "resume_changes", resume_changes, "false",
+           "load_state of a state file saved under other optimizer settings (lr as the run "
+           "was created, beta1, beta2, eps, weight_decay, max_grad_norm): false refuses it, "
+           "naming the first that differs (a resume continues the same run); true loads it, "
+           "keeps this run's settings and logs each change as a warning (a deliberate change "
+           "on resume)."),
     R_BOOL("osft", "enabled", osft_enabled, "false",
            "Orthogonal Subspace Fine-Tuning on the target weights."),
     R_FLT("osft", "unfreeze_rank_ratio", osft_urr, 0, 0, 1, "0.25",

@@ -404,6 +404,13 @@ static int32_t h_dist_allreduce(void *vctx, double *values, int32_t n) {
     return done(c, pt_rt_dist_allreduce(c->rt, values, n, c->err, sizeof c->err));
 }
 
+/* Any state: a host ending a multi-rank run with an error tells the others. */
+static int32_t h_dist_abort(void *vctx, const char *why) {
+    CTX("dist_abort");
+    pt_rt_dist_abort(c->rt, why ? why : "its host gave no reason");
+    return PT_OK;
+}
+
 static int32_t h_clip_grad_norm(void *vctx, float max_norm, double *norm) {
     CTX("clip_grad_norm");
     int rc = pt_lc_clip_grad_norm(&c->lc, norm != NULL, c->err, sizeof c->err);
@@ -644,4 +651,5 @@ __attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
     .tiled_mlp_backward = h_tiled_bwd,
     .tiled_mlp_scratch = h_tiled_scratch,
     .dist_allreduce = h_dist_allreduce,
+    .dist_abort = h_dist_abort,
 };

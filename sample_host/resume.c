@@ -591,10 +591,12 @@ int sh_resume_load(sh_resume *r, sh_trainer *tr, sh_resume_state *st, char *gen,
             /* the plugin's own checksum or size check failing is a torn or flipped
              * file; any other refusal of a file that is not this generation's
              * (another rank's, another model's) is a mix */
-            /* the plugin's header naming another run is a mix whatever the
-             * MANIFEST says (a MANIFEST made to list the foreign file) */
+            /* the plugin's header naming another run, or other optimizer
+             * settings, is a mix whatever the MANIFEST says (a MANIFEST made to
+             * list the foreign file); an older generation would be refused the
+             * same way, so none is skipped to */
             if ((seen.suspect[0] && !strstr(why, "corrupt") && !strstr(why, "truncated")) ||
-                strstr(why, "is another run's")) {
+                strstr(why, "is another run's") || strstr(why, "resume_changes")) {
                 if (seen.suspect[0])
                     rc = sh_resume_say(err, errlen, "--resume: %s/%s is not the file this generation "
                              "wrote (its checksum differs from the %s's) and the plugin refuses "

@@ -507,6 +507,9 @@ static int finish(runstate *rs, int rc, char *err, size_t errlen) {
         fflush(stdout);
         fprintf(stderr, "sample_host: rank %d: error: %s\n", c->rank, err);
         fflush(stderr);
+        /* and told to the others, whose collectives would otherwise wait
+         * [dist] timeout for this rank before failing without its cause */
+        sh_trainer_dist_abort(rs->tr, err);
         err[0] = '\0';
     }
     if (rs->tr) {
@@ -570,8 +573,8 @@ int sh_run(const sh_config *c, char *err, size_t errlen) {
     }
     if (!rc) rc = open_device_and_plugin(&rs, err, errlen);
     rs.bar = !c->quiet && (c->progress == 1 || (c->progress == -1 && isatty(STDOUT_FILENO)));
-    char fingerprint[1024];
-    if (!rc && sh_fingerprint(c, &rs.train, &rs.val, fingerprint, sizeof fingerprint)) {
+    char fingerprint[PT_HOST_FINGERPRINT_MAX];
+    if (!rc && sh_fingerprint(c, &d, &rs.train, &rs.val, fingerprint, sizeof fingerprint)) {
         snprintf(err, errlen, "the run's fingerprint does not fit %zu bytes", sizeof fingerprint);
         rc = -1;
     }

@@ -109,6 +109,9 @@ int sh_trainer_plugin_state(sh_trainer *tr, const char *dir, int load);
 /* Several ranks: v[0..n) summed over the ranks in place (the plugin's
  * dist_allreduce; also what keeps the ranks in step around a checkpoint). */
 int sh_trainer_dist_sum(sh_trainer *tr, double *v, int n);
+/* Several ranks: this rank stops with the sentence why, and the others' waits
+ * end with it (the plugin's dist_abort, ABI 1.6; nothing without it). */
+void sh_trainer_dist_abort(sh_trainer *tr, const char *why);
 
 /* Gradient-check entry (no-plugin only): one forward on (inp, tgt) of (B,T) tokens,
  * plus backward with dloss = 1/(B*T) when backward != 0 (grads accumulate). */

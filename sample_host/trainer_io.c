@@ -71,6 +71,11 @@ int sh_trainer_dist_sum(sh_trainer *tr, double *v, int n) {
     return 0;
 }
 
+void sh_trainer_dist_abort(sh_trainer *tr, const char *why) {
+    if (tr && tr->tbl && tr->ctx && PT_HAS_HOOK(tr->tbl, dist_abort))
+        (void)tr->tbl->dist_abort(tr->ctx, why);
+}
+
 int sh_trainer_plugin_state(sh_trainer *tr, const char *dir, int load) {
     if (!tr->tbl) return sh_trainer_fail(tr, "no plugin: its state cannot be saved or loaded");
     if (!(load ? PT_HAS_HOOK(tr->tbl, load_state) : PT_HAS_HOOK(tr->tbl, save_state)))

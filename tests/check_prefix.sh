@@ -34,9 +34,12 @@ names_src() {
 prefixes() {
   awk -F_ -v ns="$1" '$1 == ns && NF >= 2 && $2 != "" { print $1 "_" $2 "_"; next } { print "(" $0 ")" }' | sort -u
 }
-# check FILE NAMES-FILE NS: 0 when the names share one prefix, else a message
+# check FILE NAMES-FILE NS: 0 when the names share one prefix of the
+# namespace, else a message (a name outside it fails alone: one such name is
+# one "prefix" by count, but no prefix at all)
 check() {
   local p; p=$(prefixes "$3" < "$2" | tr '\n' ' ')
+  if grep -q '(' <<<"$p"; then echo "$1 has public names outside ${3}_<word>_: $p"; return 1; fi
   [ "$(wc -w <<<"$p")" -le 1 ] && return 0
   echo "$1 mixes prefixes: $p"; return 1
 }
@@ -58,6 +61,13 @@ check two.c "$tmp/n" pt > /dev/null && bad "negative control: a file with pt_alp
 grep -v pt_beta_two "$tmp/two.c" > "$tmp/one.c"
 names_src "$tmp/one.c" > "$tmp/n"
 check one.c "$tmp/n" pt > /dev/null || bad "control: a file with pt_alpha_ only failed"
+# ... and a file whose one public function has no prefix must fail too
+printf 'int helper_one(void) { return 1; }\n' > "$tmp/bare.c"
+if ! ${CC:-cc} -c -o "$tmp/bare.o" "$tmp/bare.c"; then bad "cannot compile the negative control"; fi
+names_obj "$tmp/bare.o" > "$tmp/n"
+check bare.c "$tmp/n" pt > /dev/null && bad "negative control: a file with one unprefixed function passed (object)"
+names_src "$tmp/bare.c" > "$tmp/n"
+check bare.c "$tmp/n" pt > /dev/null && bad "negative control: a file with one unprefixed function passed (source)"
 
 checked=0; skipped=0
 while IFS= read -r f; do

@@ -170,6 +170,12 @@ void pt_coll_close(pt_coll *c) {
     free(c);
 }
 
+void pt_coll_abort(pt_coll *c, const char *why) {
+    if (!c) return;
+    c->broken = 1;
+    pt_mpi_coll_abort(c->mpi, why);   /* NULL (file:// NCCL, host): nothing to tell with */
+}
+
 int pt_coll_split(pt_coll *c, int color, int key, pt_coll **sub, char *err, size_t errlen) {
     *sub = NULL;
     if (!c)

@@ -77,6 +77,17 @@ int pt_coll_open(const pt_coll_config *cfg, pt_coll **out, char *err, size_t err
  * collective failed (a broken group cannot finalize: that would wait for the
  * missing rank); destroys the NCCL communicator (aborts it when broken). */
 void pt_coll_close(pt_coll *c);
+/* This rank stops, for the reason `why` (one sentence): every other rank's
+ * collective that is waiting, or that waits later, fails within one poll with
+ * "rank r stopped: why" instead of waiting [dist] timeout, and the group is
+ * broken here (later calls fail at once). Sent once; c NULL or one rank:
+ * nothing. On the mpi transport (and over NCCL's MPI bootstrap, where the NCCL
+ * waits do not read it yet: they still end at [dist] timeout; the host
+ * transport, a host's own collectives, does not carry it: only this rank's
+ * group breaks). Close also tells the others that this rank ended (clean or
+ * not), so a rank still waiting for it in a collective fails soon rather than
+ * at the deadline. */
+void pt_coll_abort(pt_coll *c, const char *why);
 /* "mpi", "nccl" or "host" (c NULL: "none") */
 const char *pt_coll_transport(const pt_coll *c);
 int pt_coll_rank(const pt_coll *c);

@@ -19,6 +19,8 @@ void pt_mpi_coll_close(pt_mpi_coll *c);
 /* Another transport's group (NCCL's, bootstrapped here) broke: a rank may be
  * gone, so close must not finalize MPI (that would wait for it). */
 void pt_mpi_coll_mark_broken(pt_mpi_coll *c);
+/* coll.h's pt_coll_abort on this transport: the abort notice to every peer. */
+void pt_mpi_coll_abort(pt_mpi_coll *c, const char *why);
 /* coll.h's pt_coll_split on this transport (MPI_Comm_split after a barrier). */
 int pt_mpi_coll_split(pt_mpi_coll *c, int color, int key, pt_mpi_coll **sub, char *err,
                       size_t errlen);

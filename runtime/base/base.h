@@ -54,6 +54,8 @@ typedef struct pt_config {
     float rekls_shampoo_beta; /* default 0.95 */
     float rekls_eps;          /* default 1e-8 */
     int rekls_wd_method;      /* decoupled|independent|l2|palm -> 0..3 (pt_rekls_wd in optim/rekls.h) */
+    int resume_changes;       /* bool, default 0: load_state refuses a file saved under other
+                                 lr/beta1/beta2/eps/weight_decay/max_grad_norm */
     /* [osft] */
     int osft_enabled;         /* enabled = bool, default 0 */
     float osft_urr;           /* unfreeze_rank_ratio in [0,1], default 0.25: the TRAINABLE fraction of

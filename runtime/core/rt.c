@@ -147,6 +147,32 @@ static int open_dist(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host, ch
     return PT_OK;
 }
 
+/* A host that declares one rank although an MPI launcher started this process
+ * (its variables are set): every process would train alone and write the same
+ * outputs. MPI's own count is the truth, so the host's world size and rank are
+ * checked against it, as for several ranks (pt_coll_open says which rank
+ * declared what). [dist] backend = none opts out: independent processes under
+ * one launcher, deliberately. */
+static int check_solo(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host, char *err,
+                      size_t errlen) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE",
+                                       "PMI_RANK"};
+    int launched = 0;
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) launched |= getenv(vars[i]) != NULL;
+    /* backend = host: the host's own collectives, not MPI, say who the ranks are */
+    if (!launched || !strcmp(cfg->dist_backend, "none") || !strcmp(cfg->dist_backend, "host"))
+        return PT_OK;
+    pt_coll_config cc = {1, host ? host->rank : 0, "env", (double)cfg->dist_timeout, -1, "mpi",
+                         host ? host->device_index : 0, NULL, NULL};
+    int rc = pt_coll_open(&cc, &rt->solo, err, errlen);
+    if (rc) {
+        size_t n = strlen(err);
+        snprintf(err + n, errlen > n ? errlen - n : 0, " (this process was started by an MPI "
+                 "launcher; [dist] backend = none runs independent processes deliberately)");
+    }
+    return rc;
+}
+
 int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *lg,
                  const pt_step_state *sx, pt_rt **out, char *err, size_t errlen) {
     *out = NULL;
@@ -195,7 +221,9 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
         PT_LOGW(&rt->lg, "backend = auto: the cuda backend was not used (%s); running on the "
                          "simulated host device", why);
     set_ordering(rt, cfg, host);
-    if (host && host->world_size > 1 && (rc = open_dist(rt, cfg, host, err, errlen))) {
+    if (host && host->world_size > 1) rc = open_dist(rt, cfg, host, err, errlen);
+    else rc = check_solo(rt, cfg, host, err, errlen);
+    if (rc) {
         pt_rt_destroy(rt);
         return rc;
     }
@@ -219,6 +247,8 @@ size_t pt_rt_destroy(pt_rt *rt) {
     pt_coll_close(rt->tp_coll);
     pt_coll_close(rt->coll);
     rt->coll = NULL;
+    pt_coll_close(rt->solo);
+    rt->solo = NULL;
     size_t leaked = 0;
     pt_rt_calib_free(rt);
     if (rt->gpu) {

@@ -60,6 +60,9 @@ int pt_rt_set_lr(pt_rt *rt, float lr, char *err, size_t errlen);
 int pt_rt_clip_grad_norm(pt_rt *rt, float max_norm, double *norm, char *err, size_t errlen);
 /* Host doubles summed over the ranks in rank order (no-op with one rank). */
 int pt_rt_dist_allreduce(pt_rt *rt, double *values, int32_t n, char *err, size_t errlen);
+/* This rank stops for the reason why: the other ranks' waits end with it
+ * (pt_coll_abort; no-op with one rank). */
+void pt_rt_dist_abort(pt_rt *rt, const char *why);
 int pt_rt_post_step(pt_rt *rt, int64_t step, float loss, char *err, size_t errlen);
 
 int pt_rt_dev_alloc(pt_rt *rt, uint64_t bytes, const char *tag, void **ptr, char *err,

@@ -90,6 +90,10 @@ int pt_rt_dist_allreduce(pt_rt *rt, double *values, int32_t n, char *err, size_t
                              err, errlen);
 }
 
+void pt_rt_dist_abort(pt_rt *rt, const char *why) {
+    pt_coll_abort(rt->coll, why);   /* the sub-groups share its notices */
+}
+
 int pt_rt_set_lr(pt_rt *rt, float lr, char *err, size_t errlen) {
     if (!(lr >= 0) || isinf(lr)) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "set_lr: lr is %g; it must be finite "

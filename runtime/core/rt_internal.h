@@ -29,6 +29,8 @@ struct pt_rt {
     pt_gpu *gpu;
     pt_coll *coll;            /* data-parallel collectives (world > 1), else NULL */
     pt_coll *tp_coll, *dp_coll; /* sub-groups of coll with [dist] tp_size > 1 (store.h) */
+    pt_coll *solo;            /* world 1 under an MPI launcher: the MPI group that checked
+                                 it (kept open to the end, so MPI starts and ends once) */
     int shard;                /* mode C: offloaded chunks split across the ranks (with coll) */
     pt_stream *s_compute, *s_h2d, *s_d2h;
     pt_model_v1 *model;       /* what the store lays out: the host's model, or with OSFT

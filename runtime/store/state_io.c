@@ -325,8 +325,9 @@ static void invalidate_slots(pt_store *st) {
     if (ms->pool) pt_bufpool_invalidate_all(ms->pool);
 }
 
-int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t errlen) {
-    if (pt_store_sync(st, err, errlen)) return PT_ERR_BACKEND;   /* queued work may use the state */
+/* The image fits this store (names, shapes, sizes), checked without changing
+ * anything. */
+static int check_image(pt_store *st, const pt_state_image *img, char *err, size_t errlen) {
     int rc = ready(st, "state restore", img->has_opt, err, errlen);
     if (rc) return rc;
     if (img->has_opt != st->opt_ready) {
@@ -341,6 +342,13 @@ int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t 
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: the state holds %zu bytes of parameters and optimizer state, this "
             "model needs %zu (a different model)", img->bytes, need);
     }
+    return PT_OK;
+}
+
+int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t errlen) {
+    if (pt_store_sync(st, err, errlen)) return PT_ERR_BACKEND;   /* queued work may use the state */
+    int rc = check_image(st, img, err, errlen);
+    if (rc) return rc;
     size_t n = img->bytes;
     /* mode C: whole-chunk views receive the image; this rank keeps its parts */
     if (st->shard && (rc = pt_sh_views_open(st, 0, err, errlen))) return rc;
@@ -521,7 +529,8 @@ static int check_header(pt_store *st, const st_header *h, const char *path, int 
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s is another run's: its run "
                        "identity %016llx (from the \"run.\" lines of the saving host's "
                        "pt_host_v1.fingerprint) differs from this run's %016llx, so the host "
-                       "says the runs differ (another seed or data)", path,
+                       "says the runs differ (another seed, data, model, batch, accumulation or "
+                       "schedule)", path,
                        (unsigned long long)fid, (unsigned long long)rid);
     if (h->step < 0 || h->step > ST_MAX_STEP)
         return pt_fail(err, errlen, PT_ERR_FORMAT, "load_state: %s has step %lld; a step count "
@@ -538,19 +547,38 @@ static int check_header(pt_store *st, const st_header *h, const char *path, int 
     return PT_OK;
 }
 
-/* The running optimizer's settings stay in force after a load (the host's
- * create_optimizer chose them); a file saved under others is worth a word. */
-static void warn_hparams(pt_store *st, const st_header *h, const char *path) {
+/* The optimizer's hyper-parameters the file was saved under against the running
+ * ones (the host's create_optimizer chose them; lr as the run was created, lr0,
+ * not the last step's scheduled lr): a resume continues the same run, so a
+ * difference is refused, naming the first, unless [optimizer] resume_changes
+ * allows a deliberate change; then the running ones stay in force and each
+ * change is logged (warn = 1, after the load). Files without lr0 (older
+ * writers) compare beta1..max_grad_norm. */
+static int check_hparams(pt_store *st, const st_header *h, const char *path, int warn,
+                         char *err, size_t errlen) {
     const pt_optim_state *o = st->env.opt;
     const float saved[6] = {h->lr0, h->beta1, h->beta2, h->eps, h->weight_decay, h->max_grad_norm};
     const float run[6] = {o->lr0, o->beta1, o->beta2, o->eps, o->weight_decay, o->max_grad_norm};
     static const char *const names[6] = {"lr", "beta1", "beta2", "eps", "weight_decay",
                                          "max_grad_norm"};
-    for (int i = (h->flags & ST_HAS_LR0) ? 0 : 1; i < 6; i++)
-        if (saved[i] != run[i])
+    const int allow = st->env.cfg && st->env.cfg->resume_changes;
+    for (int i = (h->flags & ST_HAS_LR0) ? 0 : 1; i < 6; i++) {
+        if (saved[i] == run[i]) continue;
+        if (!allow && !err) return PT_ERR_CONFIG;
+        if (!allow)
+            return pt_fail(err, errlen, PT_ERR_CONFIG,
+                           "load_state: %s was saved with %s = %g, the running optimizer has "
+                           "%s = %g: a resume continues the same run, so its optimizer "
+                           "settings must match; to change them on resume deliberately, set "
+                           "[optimizer] resume_changes = true (config %s)", path, names[i],
+                           (double)saved[i], names[i], (double)run[i],
+                           st->env.cfg ? st->env.cfg->source : "?");
+        if (warn)
             PT_LOGW(st->env.lg, "load_state: %s was saved with %s = %g; the running optimizer's "
-                                "%s = %g is kept", path, names[i], (double)saved[i], names[i],
-                    (double)run[i]);
+                                "%s = %g is kept ([optimizer] resume_changes = true)", path,
+                    names[i], (double)saved[i], names[i], (double)run[i]);
+    }
+    return PT_OK;
 }
 
 int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
@@ -596,11 +624,14 @@ int pt_store_load(pt_store *st, const char *dir, char *err, size_t errlen) {
         img.bytes = h.payload_bytes;
         img.step = h.step;
         img.has_opt = 1;
-        rc = pt_store_restore(st, &img, err, errlen);
+        /* another model is named as such before other optimizer settings */
+        rc = check_image(st, &img, err, errlen);
     }
+    if (!rc) rc = check_hparams(st, &h, path, 0, err, errlen);
+    if (!rc) rc = pt_store_restore(st, &img, err, errlen);
     pt_store_image_free(&img);
     if (!rc) {
-        warn_hparams(st, &h, path);
+        (void)check_hparams(st, &h, path, 1, NULL, 0);
         PT_LOGI(st->env.lg, "state loaded from %s (step %lld; saved by rank %u of %u, this is "
                             "rank %d of %d)", path, (long long)h.step, h.rank, h.world_size,
                 st->env.host->rank, running_world(st));

@@ -58,6 +58,9 @@ fail=0; pass=0; skip=0
 ok() { echo "PASS $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL $1"; fail=1; }
 skipped() { echo "SKIP $1 ($2)"; skip=$((skip + 1)); }
+# Not measurable on this machine (fewer GPUs than the check needs): said on its
+# own line, neither run nor skipped; run.sh and verdict.sh list it apart.
+na() { echo "N/A  $1 ($2)"; }
 MPI=(mpirun --oversubscribe --allow-run-as-root)
 TC=$B/tests/test_coll
 NC=(env PT_TEST_COLL_TRANSPORT=nccl)
@@ -124,12 +127,12 @@ else
 fi
 
 if [ "$NGPU" -lt 2 ]; then
-  skipped "2-rank NCCL checks (test_coll on 2-3 ranks, sample_host modes A/B/C, hung rank)" \
+  na "2-rank NCCL checks (test_coll on 2-3 ranks, sample_host modes A/B/C, hung rank)" \
     "this machine has $NGPU GPU; NCCL needs one GPU per rank"
 else
   # 4.
   for np in 2 3; do
-    if [ "$NGPU" -lt $np ]; then skipped "test_coll on $np ranks" "$NGPU GPUs"; continue; fi
+    if [ "$NGPU" -lt $np ]; then na "test_coll on $np ranks" "this machine has $NGPU GPUs"; continue; fi
     for dev in 0 1; do
       what=host; [ $dev = 1 ] && what=device
       coll "$np ranks over NCCL, MPI bootstrap, $what buffers" $np env $dev

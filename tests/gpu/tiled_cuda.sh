@@ -10,7 +10,9 @@
 #  (b) the same at a 16 MiB device (parameter chunks streamed, CPU Adam) vs that
 #      capacity untiled: within 1e-6 as well;
 #  the plan must say the MLP ran tiled (its "tiled MLP" line), so an ignored
-#  [tiled_mlp] section cannot pass as an equal run.
+#  [tiled_mlp] section cannot pass as an equal run, and every step of both runs
+#  must have run the pair's plan (metrics mode A with no pinned bytes for (a),
+#  B with pinned bytes for (b)).
 # Without a GPU or libsample_cuda.so it says so and exits 0.
 set -u
 ROOT=${PT_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -39,7 +41,7 @@ run() { # run NAME CONFIG
   fi
 }
 fail=0
-pair() { # pair LABEL CAPACITY
+pair() { # pair LABEL CAPACITY PLAN: PLAN the mode both runs must run in
   local t=$1_t u=$1_u
   if ! run "$t" "$(ini "$t" "$2" 3)" || ! run "$u" "$(ini "$u" "$2" 0)"; then
     echo "FAIL $1: a run failed"; fail=1; return
@@ -47,6 +49,9 @@ pair() { # pair LABEL CAPACITY
   if ! grep -q "tiled MLP *3 tiles of 171 tokens" "$tmp/$t.out"; then
     echo "FAIL $1: the tiled run's plan does not say 3 tiles of 171 tokens:"
     grep -i "tiled" "$tmp/$t.out" | head -3 | sed 's/^/  | /'; fail=1; return
+  fi
+  if ! plan_is "$tmp/$t.jsonl" "$3" || ! plan_is "$tmp/$u.jsonl" "$3"; then
+    echo "FAIL $1: the runs did not run mode $3 (the plan this pair is about)"; fail=1; return
   fi
   local d
   d=$(maxrel "$tmp/$t.jsonl" "$tmp/$u.jsonl")
@@ -56,6 +61,6 @@ pair() { # pair LABEL CAPACITY
     echo "FAIL $1: tiles 3 vs untiled at $2 on cuda (max relative loss difference $d > 1e-6)"; fail=1
   fi
 }
-pair a auto
-pair b 16MiB
+pair a auto A
+pair b 16MiB B
 exit $fail

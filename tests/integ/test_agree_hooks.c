@@ -11,7 +11,13 @@
  *          that parameter's initial values);
  *   fp     its pt_host_v1.fingerprint line "data=b" against rank 0's "data=a"
  *          (init names host.data), while a host without a fingerprint (every
- *          other case: NULL) agrees with itself.
+ *          other case: NULL) agrees with itself;
+ *   leave  rank 0 finalizes right after init, as a host ending without a word
+ *          (exit 3): rank 1's post_model_load fails within seconds saying
+ *          rank 0 ended its run, not at [dist] timeout;
+ *   abort  rank 0 calls dist_abort("the host stops here") after init, then
+ *          finalizes (exit 3): rank 1's post_model_load fails at once with
+ *          "rank 0 stopped: the host stops here".
  * Each rank prints "agree rank R: HOOK status S: SENTENCE" when a hook fails
  * and exits with the status (0 after a clean step); the script checks each
  * rank's status and sentence. Alone (not under mpirun) it says it is skipped.
@@ -54,6 +60,13 @@ int main(void) {
     void *ctx = NULL;
     int rc = P->init(ini, &h, &ctx);
     if (rc) return fail_at(NULL, rank, "init", rc);
+    if (!odd && (!strcmp(cs, "leave") || !strcmp(cs, "abort"))) {
+        if (!strcmp(cs, "abort")) P->dist_abort(ctx, "the host stops here");
+        P->finalize(ctx);
+        printf("agree rank %d: %s after init\n", rank, cs);
+        fflush(stdout);
+        return 3;
+    }
 
     static float init[3][NEL];
     pt_param_v1 p[3];

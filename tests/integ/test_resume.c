@@ -704,6 +704,27 @@ static void test_mixed_generation(void **st) {
      * plugin's own header says whose run the file is */
     reseal(g6, "protrain_state_rank0.bin");
     expect_refused(ck, m, s, lg, "protrain_state_rank0.bin", "another run's");
+    /* ... and of runs with the same seed and data but another schedule, another
+     * accumulation, or another lr: the first two by the run identity, lr by the
+     * optimizer settings the file records (its first step's lr) */
+    static const char *const other[][2] = {
+        {"--warmup 3", "another run's"},
+        {"--grad-accum 1", "another run's"},
+        {"--lr 6e-3", "was saved with lr = 0.006"},
+    };
+    for (size_t k = 0; k < sizeof other / sizeof other[0]; k++) {
+        char xa[200];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s' '%s'", ck, m, ck2);
+        assert_int_equal(system(cmd), 0);
+        snprintf(xa, sizeof xa, "--checkpoint-every 2 --stop-after 6 %s", other[k][0]);
+        bin_args(args, sizeof args, INI_RES, m2, s2, ck2, xa);
+        assert_int_equal(run_bin(args, lg), 0);
+        two_gens(ck, m, s, lg);
+        snprintf(from, sizeof from, "%s/gen-00000006/protrain_state_rank0.bin", ck2);
+        copy_file(from, to);
+        reseal(g6, "protrain_state_rank0.bin");
+        expect_refused(ck, m, s, lg, "protrain_state_rank0.bin", other[k][1]);
+    }
     /* host state with values no run writes, its checksums made valid */
     static const char *const bad[][3] = {
         {"n_skipped", "-1", "n_skipped"},

@@ -29,8 +29,9 @@
  *    INT_MAX), checked at the tail.
  * With PT_TEST_BACKEND=cuda and no usable GPU the program says so and exits 0
  * without claiming anything. PT_TEST_FILTER (a cmocka name pattern, e.g.
- * "test_linalg") runs only the matching tests.
+ * "test_linalg") runs only the matching tests; one that matches none fails.
  */
+#include <fnmatch.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -804,6 +805,16 @@ int main(void) {
     };
     /* make test-gpu names groups of these checks on lines of their own */
     const char *only = getenv("PT_TEST_FILTER");
-    if (only && *only) cmocka_set_test_filter(only);
+    if (only && *only) {
+        /* a pattern that matches nothing would run 0 tests and pass */
+        size_t hits = 0;
+        for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
+            hits += fnmatch(only, tests[i].name, 0) == 0;
+        if (!hits) {
+            fprintf(stderr, "test_backend_ops: FAIL: PT_TEST_FILTER=%s matches no test\n", only);
+            return 1;
+        }
+        cmocka_set_test_filter(only);
+    }
     return cmocka_run_group_tests_name(kind_name(), tests, setup, teardown);
 }

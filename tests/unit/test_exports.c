@@ -248,7 +248,9 @@ static void test_plugin_exports(void **state) {
          h < (const void *const *)&t->reserved; h++)
         present += *h != NULL;
     assert_int_equal(present, 31);
-    /* appended after the reserved slots (ABI 1.6) */
+    /* after the reserved slots (ABI 1.6): a rank that stops tells the others,
+     * and the appended write_param */
+    assert_true(PT_HAS_HOOK(t, dist_abort));
     assert_true(PT_HAS_HOOK(t, write_param));
     assert_non_null(t->last_error(NULL));   /* "never NULL; ctx may be NULL" */
     pt_plugin_unload(&p);

@@ -528,8 +528,13 @@ static void test_backend_selection(void **state) {
     assert_non_null(strstr(err, "tpu"));
 
     /* Whether a cuda backend can open here: only when its library loads and a GPU
-     * answers. The test asserts what must follow in either case. */
+     * answers. The test asserts what must follow in either case; on a GPU
+     * machine (make test-gpu sets PT_TEST_REQUIRE_CUDA=1) it must open, or this
+     * test would pass without having touched the device. */
     int rc = pt_gpu_open("cuda", &c, &g, err, sizeof err);
+    const char *req = getenv("PT_TEST_REQUIRE_CUDA");
+    if (rc != PT_OK && req && !strcmp(req, "1"))
+        fail_msg("PT_TEST_REQUIRE_CUDA=1 but the cuda backend did not open: %s", err);
     if (rc == PT_OK) {
         assert_string_equal(pt_gpu_backend_name(g), "cuda");
         pt_gpu_close(g);

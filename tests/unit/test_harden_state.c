@@ -195,20 +195,44 @@ static void test_header_bit_flips(void **s) {
     assert_int_equal(P->finalize(b), PT_OK);
 }
 
-/* Hyper-parameters that differ from the running ones: loaded, with a warning. */
-static void test_hparam_warning(void **s) {
+/* Optimizer settings that differ from the running ones (lr as created, beta1,
+ * weight_decay): a resume continues the same run, so the file is refused naming
+ * the setting and both values, and nothing is restored; with [optimizer]
+ * resume_changes = true the change is deliberate: loaded, with a warning. */
+static void test_hparam_change(void **s) {
     (void)s;
-    tiny ta, tb;
-    void *a = start(&ta, "[optimizer]\nlr = 0.01\n", NULL);
-    train(a, &ta, 1);
-    assert_int_equal(P->save_state(a, dir), PT_OK);
-    void *b = start(&tb, "[optimizer]\nlr = 0.02\n", NULL);
-    logbuf[0] = '\0';
-    assert_int_equal(P->load_state(b, dir), PT_OK);
-    if (!strstr(logbuf, "lr = 0.01") || !strstr(logbuf, "lr = 0.02"))
-        fail_msg("no warning naming both learning rates in the log: '%s'", logbuf);
-    assert_int_equal(P->finalize(a), PT_OK);
-    assert_int_equal(P->finalize(b), PT_OK);
+    static const char *const cases[][3] = {
+        {"lr = 0.01\n", "lr = 0.02\n", "lr = 0.01, the running optimizer has lr = 0.02"},
+        {"beta1 = 0.9\n", "beta1 = 0.8\n", "beta1 = 0.9"},
+        {"weight_decay = 0\n", "weight_decay = 0.1\n", "weight_decay = 0, the running"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        tiny ta, tb, tc;
+        char ia[128], ib[128], ic[160];
+        snprintf(ia, sizeof ia, "[optimizer]\n%s", cases[k][0]);
+        snprintf(ib, sizeof ib, "[optimizer]\n%s", cases[k][1]);
+        snprintf(ic, sizeof ic, "[optimizer]\n%sresume_changes = true\n", cases[k][1]);
+        void *a = start(&ta, ia, NULL);
+        train(a, &ta, 1);
+        assert_int_equal(P->save_state(a, dir), PT_OK);
+        void *b = start(&tb, ib, NULL);
+        assert_int_equal(P->load_state(b, dir), PT_ERR_CONFIG);
+        const char *e = P->last_error(b);
+        printf("  %s", cases[k][1]);
+        printf("    refused: %s\n", e);
+        if (!strstr(e, cases[k][2]) || !strstr(e, "resume_changes = true"))
+            fail_msg("'%s' does not name '%s' and the way to allow it", e, cases[k][2]);
+        assert_int_equal(steps_of(b), 0);   /* nothing restored */
+        void *c = start(&tc, ic, NULL);
+        logbuf[0] = '\0';
+        assert_int_equal(P->load_state(c, dir), PT_OK);
+        assert_int_equal(steps_of(c), 1);
+        if (!strstr(logbuf, "was saved with") || !strstr(logbuf, "resume_changes = true"))
+            fail_msg("no warning naming the change in the log: '%s'", logbuf);
+        assert_int_equal(P->finalize(a), PT_OK);
+        assert_int_equal(P->finalize(b), PT_OK);
+        assert_int_equal(P->finalize(c), PT_OK);
+    }
 }
 
 /* FNV-1a 64 (the state file's checksum): the header with its checksum field
@@ -384,7 +408,7 @@ static void test_other_run_refused(void **s) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_header_bit_flips, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_hparam_warning, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hparam_change, setup, teardown),
         cmocka_unit_test_setup_teardown(test_name_mismatch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_temps, setup, teardown),
         cmocka_unit_test_setup_teardown(test_values_refused, setup, teardown),

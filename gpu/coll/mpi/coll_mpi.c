@@ -13,6 +13,23 @@
  * All calls come from the thread that calls the plugin's hooks
  * (MPI_THREAD_FUNNELED is enough). Traffic uses a duplicate of
  * MPI_COMM_WORLD, so a host that uses MPI itself cannot match our messages.
+ *
+ * Notices. A second duplicate carries one-way notices between the ranks, so a
+ * rank that stops tells the others at once instead of leaving them to wait
+ * [dist] timeout inside a collective (or itself waiting in MPI_Finalize for
+ * ranks that are still in one). A notice is one message: a kind byte and a
+ * NUL-terminated sentence.
+ *   'A' abort: this rank stops, with the sentence why (pt_mpi_coll_abort);
+ *   'L' leave: this rank closes the group after a clean run;
+ *   'B' leave: this rank closes a broken group (it failed or heard an abort).
+ * Every wait of a collective that does not finish at once probes for notices
+ * between its polls, and fails on an abort ("rank r stopped: why") or a failed
+ * rank's leave at once, on a clean leave when the sender's parts are still
+ * missing LEAVE_GRACE_S later (they were sent before it, so normally they are
+ * in by then). Close sends this rank's
+ * leave to every peer and collects every peer's (within [dist] timeout), so
+ * every notice sent is also received, and does not finalize MPI when a rank
+ * aborted or left after a failure.
  */
 #include <dlfcn.h>
 #include <mpi.h>
@@ -29,6 +46,10 @@
 /* Elements per segment: 1 Mi floats = 4 MiB per peer in flight. */
 #define SEG_ELEMS ((size_t)1 << 20)
 
+/* Notices: their tag on their own communicator, and their longest sentence. */
+#define NOTE_TAG 1
+#define NOTE_MAX 1024
+
 struct pt_mpi_coll {
     int world, rank;
     int we_init;        /* pt_coll_open called MPI_Init_thread */
@@ -41,7 +62,18 @@ struct pt_mpi_coll {
     MPI_Request *req;   /* 2*(world-1) */
     pt_mpi_coll *parent; /* a sub-group's group (pt_mpi_coll_split), else NULL */
     int *root_broken;   /* the outermost group's broken flag (its own for it) */
+    /* notices (the outermost group only) */
+    MPI_Comm ncomm;     /* their communicator, MPI_COMM_NULL before it exists */
+    char *left;         /* [world]: the leave kind each peer sent ('L'/'B'), else 0 */
+    int heard;          /* an abort or a failed rank's leave came in while waiting */
+    int clean_from;     /* the first peer whose clean leave came in while waiting, or -1 */
+    double clean_at;    /* when (pt_now_s) */
+    int told;           /* this rank sent its abort */
+    MPI_Request *nreq;  /* [2 * world]: this rank's abort, then its leave, per peer */
+    char nbuf[2][NOTE_MAX + 2];   /* their texts, alive until sent */
 };
+
+
 
 /* A failed collective breaks the whole tree: the outermost group must not
  * finalize, and no sub-group may wait on a peer that is gone. */
@@ -52,6 +84,10 @@ static void set_broken(pt_mpi_coll *c) {
 }
 static int is_broken(const pt_mpi_coll *c) {
     return c->broken || (c->root_broken && *c->root_broken);
+}
+static pt_mpi_coll *root_of(pt_mpi_coll *c) {
+    while (c->parent) c = c->parent;
+    return c;
 }
 
 static void pause_briefly(void) {
@@ -67,6 +103,151 @@ static const char *mpi_text(int code, char *buf, size_t cap) {
     if (MPI_Error_string(code, s, &len) != MPI_SUCCESS) snprintf(s, sizeof s, "code %d", code);
     snprintf(buf, cap, "%s", s);
     return buf;
+}
+
+/* ---- notices (see the top of this file) ---- */
+
+/* Takes one waiting notice off the outermost group r (*got = 0: none): its
+ * sender, kind and sentence (text holds NOTE_MAX bytes); a leave is recorded
+ * in r->left. -1: MPI failed. */
+static int note_recv(pt_mpi_coll *r, int *got, int *from, char *kind, char *text) {
+    *got = 0;
+    if (r->ncomm == MPI_COMM_NULL) return 0;
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, NOTE_TAG, r->ncomm, &flag, &st) != MPI_SUCCESS) return -1;
+    if (!flag) return 0;
+    char buf[NOTE_MAX + 2];
+    if (MPI_Recv(buf, (int)sizeof buf, MPI_CHAR, st.MPI_SOURCE, NOTE_TAG, r->ncomm,
+                 MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        return -1;
+    buf[sizeof buf - 1] = '\0';
+    *got = 1;
+    *from = st.MPI_SOURCE;
+    *kind = buf[0];
+    size_t n = strnlen(buf + 1, NOTE_MAX - 1);
+    memcpy(text, buf + 1, n);
+    text[n] = '\0';
+    if (*kind != 'A' && *from >= 0 && *from < r->world) r->left[*from] = *kind;
+    return 0;
+}
+
+/* Inside a collective's wait: an abort or a failed rank's leave ends it at once
+ * with that rank's sentence. A clean leave means its sender finished every
+ * collective it will make, so its last parts are already on their way (sent
+ * before the leave, on the same link): the wait goes on for LEAVE_GRACE_S, and
+ * only if it is still missing parts then does it fail, saying that rank ended
+ * its run while this one waited for it. */
+#define LEAVE_GRACE_S 2.0
+static int note_check(pt_mpi_coll *c, const char *what, char *err, size_t errlen) {
+    pt_mpi_coll *r = root_of(c);
+    int got = 0, from = -1;
+    char kind = 0, text[NOTE_MAX];
+    if (!note_recv(r, &got, &from, &kind, text) && got) {
+        if (kind == 'A') {
+            r->heard = 1;
+            set_broken(c);
+            return pt_fail(err, errlen, PT_ERR_BACKEND, "rank %d stopped: %s", from, text);
+        }
+        if (kind == 'B') {
+            r->heard = 1;
+            set_broken(c);
+            return pt_fail(err, errlen, PT_ERR_BACKEND,
+                           "[dist] %s: rank %d ended its run after a failure (closed the "
+                           "plugin's group) while this rank waited for it; its own output says "
+                           "why", what, from);
+        }
+        if (r->clean_from < 0) {
+            r->clean_from = from;
+            r->clean_at = pt_now_s();
+        }
+    }
+    if (r->clean_from >= 0 && pt_now_s() > r->clean_at + LEAVE_GRACE_S) {
+        r->heard = 1;
+        set_broken(c);
+        return pt_fail(err, errlen, PT_ERR_BACKEND,
+                       "[dist] %s: rank %d ended its run (closed the plugin's group) while this "
+                       "rank waited for it; it stopped without saying why through the plugin "
+                       "(its own output does)", what, r->clean_from);
+    }
+    return PT_OK;
+}
+
+/* Posts notice `slot` (0 abort, 1 leave) of kind with sentence why to every peer. */
+static void note_send(pt_mpi_coll *r, int slot, char kind, const char *why) {
+    char *m = r->nbuf[slot];
+    m[0] = kind;
+    snprintf(m + 1, NOTE_MAX + 1, "%s", why ? why : "");
+    int n = (int)strlen(m + 1) + 2;
+    for (int p = 0; p < r->world; p++)
+        if (p != r->rank)
+            MPI_Isend(m, n, MPI_CHAR, p, NOTE_TAG, r->ncomm, &r->nreq[slot * r->world + p]);
+}
+
+void pt_mpi_coll_abort(pt_mpi_coll *c, const char *why) {
+    if (!c) return;
+    pt_mpi_coll *r = root_of(c);
+    set_broken(c);
+    /* one abort per rank; a rank that heard another's has nothing to add: that
+     * rank told every rank */
+    if (r->world < 2 || r->told || r->heard || r->ncomm == MPI_COMM_NULL || !r->nreq) return;
+    note_send(r, 0, 'A', why);
+    r->told = 1;
+}
+
+/* Close's leave round on the outermost group: this rank's leave to every peer,
+ * and every peer's collected, for [dist] timeout at most (a peer may still be
+ * working, e.g. rank 0 writing a file, or may never close this group: a host
+ * that ends without finalizing one rank's context). Afterwards the group is
+ * marked broken (no finalize: that would wait for a peer that is gone) when a
+ * peer aborted or left after a failure, or this rank is broken itself; a clean
+ * rank whose peers were merely slow finalizes as before. */
+static void note_close(pt_mpi_coll *c) {
+    if (c->ncomm == MPI_COMM_NULL || c->world < 2 || !c->nreq) return;
+    int broken = is_broken(c);
+    note_send(c, 1, broken ? 'B' : 'L', "");
+    double deadline = pt_now_s() + c->timeout_s;
+    int late = 0;
+    for (;;) {
+        int all = 1;
+        for (int p = 0; p < c->world; p++)
+            if (p != c->rank && !c->left[p]) all = 0;
+        if (all) break;
+        int got = 0, from = -1;
+        char kind = 0, text[NOTE_MAX];
+        if (note_recv(c, &got, &from, &kind, text)) {
+            broken = 1;
+            break;
+        }
+        if (got) {
+            if (kind != 'L') broken = 1;
+            continue;
+        }
+        if (pt_now_s() > deadline) {
+            late = 1;
+            break;
+        }
+        pause_briefly();
+    }
+    for (int p = 0; p < c->world; p++)
+        if (p != c->rank && c->left[p] && c->left[p] != 'L') broken = 1;
+    /* this rank's notices: taken by every peer that collected the leaves; any
+     * still out (a late or gone peer) are left to MPI */
+    for (;;) {
+        int done = 0;
+        if (MPI_Testall(2 * c->world, c->nreq, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+            broken = 1;
+            done = 0;
+        }
+        if (done) break;
+        if (late || broken || pt_now_s() > deadline) {
+            for (int i = 0; i < 2 * c->world; i++)
+                if (c->nreq[i] != MPI_REQUEST_NULL) MPI_Request_free(&c->nreq[i]);
+            break;
+        }
+        pause_briefly();
+    }
+    if (broken) set_broken(c);
 }
 
 /* Tag of the start-up exchange on MPI_COMM_WORLD (before the plugin has a
@@ -148,6 +329,8 @@ int pt_mpi_coll_open(const pt_coll_config *cfg, pt_mpi_coll **out, char *err, si
     /* calloc's zero is not MPI_COMM_NULL in every MPI (Open MPI's is the address
      * of a library object): a close before the dup must see "no communicator" */
     c->comm = MPI_COMM_NULL;
+    c->ncomm = MPI_COMM_NULL;
+    c->clean_from = -1;
     if (!inited) {
         /* The plugin is dlopened RTLD_LOCAL; Open MPI's own components are
          * dlopened later and need libmpi's symbols global. Promote it (it is
@@ -180,6 +363,10 @@ int pt_mpi_coll_open(const pt_coll_config *cfg, pt_mpi_coll **out, char *err, si
         c->comm = MPI_COMM_NULL;
         rc = pt_fail(err, errlen, PT_ERR_BACKEND, "[dist]: MPI_Comm_dup failed");
     }
+    if (!rc && MPI_Comm_dup(MPI_COMM_WORLD, &c->ncomm) != MPI_SUCCESS) {
+        c->ncomm = MPI_COMM_NULL;
+        rc = pt_fail(err, errlen, PT_ERR_BACKEND, "[dist]: MPI_Comm_dup (notices) failed");
+    }
     if (have_eh) {
         MPI_Comm_set_errhandler(MPI_COMM_WORLD, host_eh);
         MPI_Errhandler_free(&host_eh);
@@ -195,9 +382,13 @@ int pt_mpi_coll_open(const pt_coll_config *cfg, pt_mpi_coll **out, char *err, si
     c->hang_rank = cfg->debug_hang_rank;
     /* a failed peer must become an error we report, not an abort inside MPI */
     MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(c->ncomm, MPI_ERRORS_RETURN);
     c->recv = malloc((size_t)(w > 1 ? w - 1 : 1) * SEG_ELEMS * sizeof(double));
     c->req = calloc((size_t)(2 * w), sizeof *c->req);
-    if (!c->recv || !c->req) {
+    c->left = calloc((size_t)w, 1);
+    c->nreq = malloc(sizeof *c->nreq * (size_t)(2 * w));
+    for (int i = 0; c->nreq && i < 2 * w; i++) c->nreq[i] = MPI_REQUEST_NULL;
+    if (!c->recv || !c->req || !c->left || !c->nreq) {
         pt_mpi_coll_close(c);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for collectives");
     }
@@ -211,12 +402,16 @@ void pt_mpi_coll_close(pt_mpi_coll *c) {
      * unload closes the group, and no MPI call may follow MPI_Finalize */
     int done = 0;
     MPI_Finalized(&done);
+    if (!done && !c->parent) note_close(c);
     if (!done && !c->broken && !(c->root_broken && *c->root_broken)) {
         if (c->comm != MPI_COMM_NULL) MPI_Comm_free(&c->comm);
+        if (c->ncomm != MPI_COMM_NULL) MPI_Comm_free(&c->ncomm);
         if (c->we_init) MPI_Finalize();
     }
     free(c->recv);
     free(c->req);
+    free(c->left);
+    free(c->nreq);
     free(c);
 }
 
@@ -240,6 +435,8 @@ int pt_mpi_coll_split(pt_mpi_coll *c, int color, int key, pt_mpi_coll **sub, cha
     pt_mpi_coll *s = calloc(1, sizeof *s);
     if (!s) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory for a sub-group");
     s->comm = MPI_COMM_NULL;
+    s->ncomm = MPI_COMM_NULL;
+    s->clean_from = -1;
     s->parent = c;
     s->root_broken = c->root_broken;
     s->timeout_s = c->timeout_s;
@@ -313,6 +510,8 @@ static int test_reqs_n(pt_mpi_coll *c, MPI_Request *req, int nreq, int nrecv, co
                                    c->timeout_s);
                 }
         }
+        int nrc = note_check(c, what, err, errlen);
+        if (nrc) return nrc;
         pause_briefly();
     }
 }

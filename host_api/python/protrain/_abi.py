@@ -207,7 +207,9 @@ class pt_plugin_v1(C.Structure):
         ("struct_size", u32),
         ("name", C.c_char_p),
         ("version", C.c_char_p),
-    ] + _table_hooks + [("reserved", vp * 3),
+    ] + _table_hooks + [("reserved", vp * 2),
+                        # ABI 1.6 (the former reserved[3]; NULL in older plugins)
+                        ("dist_abort", C.CFUNCTYPE(i32, vp, C.c_char_p)),
                         # ABI 1.6, appended after the reserved slots
                         ("write_param", C.CFUNCTYPE(i32, vp, i32, vp, u64))]
 

@@ -46,6 +46,8 @@ def test_lr_scheduler_and_zero_grad(ini, plugin_path):
     assert opt.param_groups[0]["lr"] == ropt.param_groups[0]["lr"] != 1e-3
     oracle_check = __import__("test_oracle").check
     oracle_check(got, want, oracle.rel_norm(ptt.state_dict(m), ref.state_dict()))
+    # the streamed plan ran, so the scheduled lr reached the CPU optimizer too
+    __import__("test_oracle").assert_plan(m, "streamed", steps=len(data))
 
 
 def _train(m, opt, data):

@@ -26,7 +26,9 @@ def _program():
     return "\n".join(lines) + "\n"
 
 
-def test_struct_layout_matches_header(tmp_path):
+def _c_layout(tmp_path):
+    """sizeof and every field's offsetof of the mirrored structs, as the C
+    compiler lays them out from host_api/protrain.h."""
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None:
         pytest.fail("no C compiler to build the layout probe")
@@ -40,18 +42,43 @@ def test_struct_layout_matches_header(tmp_path):
     for line in out.splitlines():
         n, f, v = line.split()
         c_side[(n, f)] = int(v)
-    checked = 0
-    for s in A.MIRRORED:
-        n = s.__name__
-        assert c_side[(n, "sizeof")] == C.sizeof(s), n
-        for f in s._fields_:
-            assert c_side[(n, f[0])] == getattr(s, f[0]).offset, (n, f[0])
+    return c_side
+
+
+def _drifts(mirrors, c_side):
+    """Where the ctypes mirrors (name -> Structure) differ from the C layout:
+    (struct, field or "sizeof", C's number, the mirror's), and how many fields
+    were compared."""
+    out, checked = [], 0
+    for n, s in mirrors.items():
+        if c_side[(n, "sizeof")] != C.sizeof(s):
+            out.append((n, "sizeof", c_side[(n, "sizeof")], C.sizeof(s)))
+        have = {f[0] for f in s._fields_}
+        for (cn, f), v in c_side.items():
+            if cn != n or f == "sizeof":
+                continue
             checked += 1
+            got = getattr(s, f).offset if f in have else None
+            if got != v:
+                out.append((n, f, v, got))
+    return out, checked
+
+
+def test_struct_layout_matches_header(tmp_path):
+    drifts, checked = _drifts({s.__name__: s for s in A.MIRRORED}, _c_layout(tmp_path))
+    assert not drifts, drifts
     assert checked > 100
 
 
-def test_layout_probe_catches_a_drift():
-    """The comparison is not vacuous: a mirror with one field removed differs."""
+def test_layout_probe_catches_a_drift(tmp_path):
+    """The comparison above is not vacuous: the same C layout against the
+    adapter's mirrors with pt_optim_v1 drifted (its eps field dropped, so every
+    later field moves) is reported, naming the struct and the fields."""
     fields = [f for f in A.pt_optim_v1._fields_ if f[0] != "eps"]
-    Short = type("Short", (C.Structure,), {"_fields_": fields})
-    assert C.sizeof(Short) != C.sizeof(A.pt_optim_v1)
+    Short = type("pt_optim_v1", (C.Structure,), {"_fields_": fields})
+    mirrors = {s.__name__: s for s in A.MIRRORED}
+    mirrors["pt_optim_v1"] = Short
+    drifts, _ = _drifts(mirrors, _c_layout(tmp_path))
+    named = {(n, f) for n, f, _, _ in drifts}
+    assert ("pt_optim_v1", "eps") in named and ("pt_optim_v1", "sizeof") in named, drifts
+    assert all(n == "pt_optim_v1" for n, _ in named), drifts

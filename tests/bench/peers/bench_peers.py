@@ -23,7 +23,9 @@ before it starts.
 
 Without a GPU: a CPU rehearsal (the tiny model; protrain and plain PyTorch,
 every other system reported as skipped with the reason) that checks the two
-agree and exits 0; make test runs it (tests/bench_peers.sh).
+agree, and that the same check fails protrain at twice the lr (its negative
+control); make test runs it (tests/bench_peers.sh). On a GPU the run exits 1
+when protrain or plain PyTorch trained no model, or a system failed.
 """
 import argparse
 import json
@@ -62,6 +64,11 @@ def cpu_tasks(args):
     if args.bisect:
         t.append(dict(model="tiny", kind="bisect", hi=4, steps=1, min_s=2))
     return t
+
+
+# The rehearsal's negative control: protrain once more at twice the lr; the
+# loss check below must fail that run, or it could not catch a wrong update.
+CONTROL = dict(model="tiny", kind="control", warmup=1, min_s=1, max_s=30, lr_scale=2.0)
 
 
 def worker(args):
@@ -226,8 +233,10 @@ def main():
         budget = max(0.0, (args.budget - elapsed) * share[s] / left_share)
         left_share -= share[s]
         print("=== %s: budget %.0f s" % (s, budget), flush=True)
-        got, status, took = run_system(s, args, [dict(kind="build")] if s == "ds-ops" else tasks,
-                                       budget, cuda)
+        mine = [dict(kind="build")] if s == "ds-ops" else tasks
+        if not cuda and s == "protrain":
+            mine = tasks + [dict(CONTROL, steps=args.steps)]
+        got, status, took = run_system(s, args, mine, budget, cuda)
         if not got:
             got = [dict(system=s, model=tasks[0]["model"], kind="measure", status="failed",
                         reason=status)]
@@ -251,7 +260,38 @@ def main():
         f.write("# bench-peers: %s\n\n%s\n\n%s\n\n%s\n" % (mode, pc.FLOPS_FORMULA, md,
                                                         "\n".join("- " + x for x in agree)))
     print("written: %s/peers.json, %s/peers.md" % (args.out, args.out))
-    return rehearsal_check(rows, worst) if not cuda else 0
+    return rehearsal_check(rows, worst) if not cuda else gpu_check(rows)
+
+
+def gpu_check(rows):
+    """A GPU day ends red when what it came to measure did not run: protrain
+    and plain PyTorch each trained at least one model (a peer out of memory at
+    the cap, or skipped for a missing wheel, is a result, not a failure), every
+    loss that was reported is finite, and no system failed."""
+    import math
+    bad = []
+    ran = {r["system"] for r in rows if r.get("kind") == "measure" and r["status"] == "ok"}
+    for s in ("protrain", "torch"):
+        if s not in ran:
+            bad.append("%s trained no model (its rows: %s)" % (s, ", ".join(
+                "%s %s" % (r["model"], r["status"]) for r in rows if r["system"] == s) or "none"))
+    for r in rows:
+        if r.get("losses") and not all(math.isfinite(x) for x in r["losses"]):
+            bad.append("%s %s: a loss is not finite" % (r["system"], r["model"]))
+        if r["status"] == "failed":
+            bad.append("%s %s failed: %s" % (r["system"], r["model"], r.get("reason")))
+    for b in bad:
+        print("bench-peers: FAIL: " + b)
+    if not bad:
+        print("bench-peers: OK (%s trained)" % ", ".join(sorted(ran)))
+    return 1 if bad else 0
+
+
+def rel_diffs(ref, other):
+    """Step 1's and the largest relative loss difference of other to ref."""
+    k = min(len(ref), len(other))
+    d = max(abs(other[i] - ref[i]) / abs(ref[i]) for i in range(k))
+    return abs(other[0] - ref[0]) / abs(ref[0]), d
 
 
 def rehearsal_check(rows, worst):
@@ -273,11 +313,30 @@ def rehearsal_check(rows, worst):
             bad.append("%s: a loss is not finite" % r["system"])
         if r["status"] == "failed":
             bad.append("%s failed: %s" % (r["system"], r.get("reason")))
-    if "protrain" in ran and "tiny" in worst:
+    if "protrain" not in ran:
+        bad.append("protrain did not train the tiny model (its rows: %s): nothing was compared"
+                   % ", ".join(r["status"] for r in rows if r["system"] == "protrain"))
+    elif "tiny" not in worst:
+        bad.append("no losses of the tiny model to compare")
+    else:
         d1, d = worst["tiny"]
         if not (d1 <= 1e-6 and d <= 1e-4):
             bad.append("protrain vs plain PyTorch: step-1 loss differs by %.2e (want <= 1e-6), "
                        "the steps by up to %.2e (want <= 1e-4)" % (d1, d))
+    # the negative control: protrain at twice the lr must miss the same bound
+    ref = [r for r in rows if r["system"] == "torch" and r.get("kind") == "measure"
+           and r.get("losses")]
+    ctl = [r for r in rows if r.get("kind") == "control" and r["status"] == "ok"
+           and r.get("losses")]
+    if not ref or not ctl:
+        bad.append("the negative control (protrain at %g x lr) did not run" % CONTROL["lr_scale"])
+    else:
+        c1, c = rel_diffs(ref[0]["losses"], ctl[0]["losses"])
+        print("bench-peers rehearsal: control, protrain at %g x lr: step-1 loss differs by "
+              "%.2e, the steps by up to %.2e (the check must fail it)" % (CONTROL["lr_scale"], c1, c))
+        if c1 <= 1e-6 and c <= 1e-4:
+            bad.append("the loss check passes protrain at %g x lr (differences %.2e / %.2e): it "
+                       "cannot tell a wrong update" % (CONTROL["lr_scale"], c1, c))
     for b in bad:
         print("bench-peers rehearsal: FAIL: " + b)
     if not bad:

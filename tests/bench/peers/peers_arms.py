@@ -231,7 +231,10 @@ class ProtrainArm:
             init(ini)
             ctx["protrain_init"] = True
         model = pc.build_model(spec, layers, torch.bfloat16, "cpu")
-        self.model, self.opt = ptt.wrap(model, config=ini, lr=OPT["lr"], betas=OPT["betas"],
+        # lr_scale: the rehearsal's negative control (bench_peers.py) trains at
+        # another lr, which its loss check must tell apart
+        lr = OPT["lr"] * ctx.get("lr_scale", 1.0)
+        self.model, self.opt = ptt.wrap(model, config=ini, lr=lr, betas=OPT["betas"],
                                         eps=OPT["eps"], weight_decay=OPT["weight_decay"],
                                         max_grad_norm=OPT["max_grad_norm"], grad_accum=1)
 
@@ -346,6 +349,9 @@ def run_one(system, task, ctx):
                    % (HOST_BYTES_PER_PARAM[system], need / 2**30, 100 * HOST_FRACTION,
                       pc.host_mem_total() / 2**30))
         return row
+    if task.get("lr_scale", 1.0) != 1.0:
+        row["lr_scale"] = task["lr_scale"]
+    ctx["lr_scale"] = task.get("lr_scale", 1.0)
     t0 = time.perf_counter()
     arm = None
     _cuda_stats(ctx, system, reset=True)
