@@ -1,8 +1,16 @@
 """Tokens/s of a Hugging Face Llama trained through the plugin (resident and
 streamed plans) against plain PyTorch with torch.optim.AdamW on the CPU, and the
 adapter's own time per block per step (its hooks, the saved-tensor pack/unpack
-and the plugin calls inside them). Goal: resident >= 0.95 of plain PyTorch;
-PT_BENCH_STRICT=1 makes a missed goal fail.
+and the plugin calls inside them). Goal: resident and streamed >= 0.97 of
+plain PyTorch. PT_BENCH_STRICT=1 fails the run below BAR (0.95, resident and
+streamed): on the shared 2-core machine a median of 5-9 pairs still moves by
+about 0.02 between runs, so a bar at the goal itself would fail runs that meet
+it; docs/benchmarks.md reports each run against the goal.
+
+The simulated device's poison (freed device memory filled with NaN, a
+debugging aid a real GPU does not have) is off, as in bench_offload: with it
+every freed activation arena is rewritten once per block per step, inside
+block_post_backward (about 0.8 ms per block here).
 
 usage: bench_torch.py [STEPS]   (PT_BUILD: the build folder with the plugin)"""
 import os
@@ -19,6 +27,7 @@ import protrain.torch as ptt  # noqa: E402
 from protrain import _acts, _adapter  # noqa: E402
 
 L, HID, SEQ, BATCH, VOCAB = 4, 256, 128, 4, 1024
+GOAL, BAR = 0.97, 0.95
 TIMED = ("block_pre_forward", "block_post_forward", "block_pre_backward", "grad_accumulated",
          "_pack", "_unpack", "_recompute")
 spent = [0.0, 0.0]    # adapter hooks in all; of which copies into arenas
@@ -73,7 +82,8 @@ def main():
     arms = {"plain": (pm, torch.optim.AdamW(pm.parameters(), lr=1e-4), None)}
     for name, text in inis.items():
         with tempfile.NamedTemporaryFile("w", suffix=".ini", delete=False) as f:
-            f.write("[plugin]\nbackend = host\nlog_level = error\n" + text)
+            f.write("[plugin]\nbackend = host\nlog_level = error\n[host_backend]\npoison = false\n"
+                    + text)
         m, opt = ptt.wrap(model(), config=f.name, lr=1e-4, plugin=plugin)
         os.unlink(f.name)
         arms[name] = (m, opt, name)
@@ -105,8 +115,10 @@ def main():
               "saved tensors into the arena"
               % (n, med(tps_all[n]), r, reps, " ".join("%.2f" % x for x in ratios[n]),
                  med(h[0] for h in hooks[n]), med(h[1] for h in hooks[n])))
-        if n == "resident" and r < 0.95:
-            print("  goal missed: resident >= 0.95 of plain PyTorch")
+        if r < GOAL:
+            print("  goal missed: %s >= %.2f of plain PyTorch%s"
+                  % (n, GOAL, "" if r >= BAR else " (and below the strict bar %.2f)" % BAR))
+        if r < BAR:
             ok = False
     for n in inis:
         ptt.finalize(arms[n][0])
