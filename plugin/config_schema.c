@@ -13,6 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "gpu.h"
 #include "protrain.h"
@@ -26,7 +29,7 @@ static const int optim_vals[] = {PT_OPTIM_ADAMW, PT_OPTIM_REKLS};
 static const int wd_vals[] = {0, 1, 2, 3};   /* pt_rekls_wd: decoupled, independent, l2, palm */
 static const char bool_form[] = "true|false|on|off|yes|no|1|0";
 
-const char *const pt_cfg_sections[] = {"plugin",    "memory", "protrain", "optimizer",
+const char *const pt_cfg_sections[] = {"plugin",    "memory", "nvme", "protrain", "optimizer",
                                        "osft",      "tiled_mlp", "dist",  "host_backend",
                                        "cuda",      "testing"};
 _Static_assert(sizeof(pt_cfg_sections) / sizeof(pt_cfg_sections[0]) == PT_CFG_NSECTIONS,
@@ -76,6 +79,28 @@ static int check_fail_op(char *v, size_t cap, char *why, size_t wl) {
     return pt_gpu_fail_op_parse(v, NULL, NULL, why, wl) ? 1 : 0;
 }
 
+/* The tier's folder, checked when the file is read: it must exist, be a
+ * folder and be writable (a read-only mount is refused here, not at the first
+ * write). Empty: no tier. */
+static int check_nvme_path(char *v, size_t cap, char *why, size_t wl) {
+    (void)cap;
+    if (!*v) return 0;
+    struct stat sb;
+    if (stat(v, &sb)) {
+        snprintf(why, wl, "the folder %s cannot be used: %s", v, strerror(errno));
+        return 1;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        snprintf(why, wl, "%s is not a folder", v);
+        return 1;
+    }
+    if (access(v, W_OK | X_OK)) {
+        snprintf(why, wl, "the folder %s is not writable: %s", v, strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
 /* ---- the schema: one row per key, in file order ---- */
 #define R_BOOL(s, k, f, d, h) {s, k, PT_CFG_BOOL, 0, OFF(f), 0, 0, 0, 0, NULL, NULL, NULL, NULL, d, h}
 #define R_INT(s, k, f, fl, lo, hi, ai, d, h) \
@@ -110,6 +135,26 @@ const pt_config_key pt_cfg_keys[] = {
     R_SIZE("memory", "extra_headroom", extra_headroom, 0, "0",
            "Device bytes the profiler cannot see (library workspaces, other allocators); the "
            "planner keeps them free on top of its own margin."),
+    R_STR("nvme", "path", nvme_path, "a writable folder, or empty for none", check_nvme_path, "",
+          "Folder on a fast local disk for the disk tier: when the offloaded chunks do not fit "
+          "pinned_budget, their fp32 Adam moments (and the fp32 masters of 16-bit parameters) "
+          "live in one file per rank here and pass through a few pinned staging buffers; the "
+          "tier is scratch (state files stay the checkpoint) and its files are removed at "
+          "finalize. Two runs cannot share the folder (a lock file). Empty: no tier, and a "
+          "run whose chunks exceed pinned_budget is refused."),
+    R_INT("nvme", "io_threads", nvme_io_threads, 0, 1, 64, 0, "2",
+          "Threads doing the tier's reads and writes (the queue depth: each has one request "
+          "in flight)."),
+    R_INT("nvme", "staging_slots", nvme_slots, 0, 3, 64, 0, "3",
+          "Pinned staging buffers, each the largest chunk's states: one being stepped, one "
+          "being written back, the rest read ahead. Counted in pinned_budget."),
+    R_SIZE("nvme", "block_size", nvme_block, 0, "4096",
+           "File offsets and lengths of the tier align to this (a power of two, at least 512): "
+           "O_DIRECT needs the disk's logical block; where the filesystem refuses O_DIRECT "
+           "(tmpfs) the tier uses buffered I/O and says so."),
+    R_SIZE("nvme", "budget", nvme_budget, PT_CFG_AUTO, "auto",
+           "Disk bytes the tier may use; auto: the free space of the folder's filesystem. The "
+           "whole file is reserved at post_model_load, so a full disk is found there."),
     R_BOOL("protrain", "auto_memory", auto_memory, "true",
            "true: the searcher picks every n_* knob left at auto (a number fixes that knob). "
            "false: no search; n_persist, n_buffer, n_swap and n_checkpoint must all be set."),
@@ -287,14 +332,16 @@ const pt_config_key pt_cfg_keys[] = {
      * show a guard matters. A file may set them only when the environment has
      * PROTRAIN_TESTING=1 (config.c); conf/default.ini and conf/CONFIG.md leave
      * them out and tests/README.md lists them (pt_config_testing_markdown). */
-    R_INT("testing", "debug_skip_ordering", debug_skip_ordering, 0, 0, 16383, 0, "0",
+    R_INT("testing", "debug_skip_ordering", debug_skip_ordering, 0, 0, 65535, 0, "0",
           "Orderings to skip, a bit mask (1 uploads, 2 slot reuse, 4 gradient "
           "copies, 8 swaps, 16 frees, 32 optimizer step, 64 host memcpy, 128 OSFT projection, "
           "256 an upload after its chunk's deferred CPU step, 512 mode C's collectives on a "
           "chunk's slot, 1024 a gradient bucket's all-reduce during backward, 2048 OSFT's value "
           "projection after a chunk's CPU step (skipped: before it), 4096 mode C REKLS's update "
           "sent back from a parameter's owner to the other ranks' parts, 8192 mode C REKLS's "
-          "restored state taken by each parameter's owner; 16383 all), so a test shows it "
+          "restored state taken by each parameter's owner, 16384 the disk tier's read of a "
+          "chunk's states before its step (skipped: the staging buffer keeps what it held), "
+          "32768 the tier's write-back after a step (skipped: dropped); 65535 all), so a test shows it "
           "fails without each; the bits are runtime/store/ord_bits.h's PT_ORD_*."),
     {"testing", "debug_cpu_step_delay", PT_CFG_DUR, 0, OFF(debug_cpu_step_delay), 0, 0,
      1.0, 0, NULL, NULL, NULL, NULL, "0",
@@ -317,6 +364,13 @@ const pt_config_key pt_cfg_keys[] = {
     R_INT("testing", "debug_hang_rank", debug_hang_rank, PT_CFG_NO_HI, -1, INT_MAX, 0, "-1",
           "This rank stops joining collectives (as if hung) so the others must time out "
           "naming it; -1: none."),
+    R_BOOL("testing", "debug_tier_force", debug_tier_force, "false",
+           "With [nvme] path: the offloaded chunks' states go to the disk tier even when they "
+           "fit pinned_budget (small test models, whose staging slots alone exceed their "
+           "states)."),
+    R_INT("testing", "debug_tier_fail_write", debug_tier_fail_write, PT_CFG_NO_HI, 0, INT_MAX, 0,
+          "0", "Make the disk tier's N-th write-back (1-based) fail as on a full disk (ENOSPC); "
+          "0: never."),
 };
 /* config.c sizes per-key arrays with PT_CFG_NKEYS; a row added here without
  * bumping it fails the build rather than overrunning those arrays. */

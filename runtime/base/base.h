@@ -30,6 +30,12 @@ typedef struct pt_config {
     uint64_t reserve;         /* reserve = <size>, default 0: kept free on the device */
     uint64_t pinned_budget;   /* pinned_budget = auto | <size>; 0 = auto (MemAvailable-based) */
     uint64_t extra_headroom;  /* extra_headroom = <size>, default 0: memory the profiler cannot see */
+    /* [nvme]: the disk tier of offloaded chunks' optimizer states (store/tier/) */
+    char nvme_path[512];      /* path = a writable folder, "" (default) = no tier */
+    int nvme_io_threads;      /* io_threads = 1..64, default 2: threads doing the tier's reads/writes */
+    int nvme_slots;           /* staging_slots = 3..64, default 3: pinned staging buffers */
+    uint64_t nvme_block;      /* block_size = <size>, default 4096: file offsets and lengths align to it */
+    uint64_t nvme_budget;     /* budget = auto | <size>: disk bytes the tier may use; 0 = auto (free space) */
     /* [protrain] */
     int auto_memory;          /* bool, default 1 */
     int time_calibration;     /* bool, default 1: re-plan on a time misprediction */
@@ -84,6 +90,8 @@ typedef struct pt_config {
     double debug_cpu_step_delay; /* seconds, default 0 (testing): sleep before each CPU step
                                   * optimizer_step queues */
     int jitter_seed;          /* default 1 */
+    int debug_tier_force;     /* testing: tier the offloaded states even when they fit */
+    int debug_tier_fail_write; /* testing: the N-th tier write-back fails with ENOSPC, 0 = never */
     int debug_skip_ordering;  /* PT_ORD_* mask, default 0: testing only (negative controls) */
     /* [cuda] */
     int cuda_poison;          /* bool, default 0: poison freed memory on a real GPU too */

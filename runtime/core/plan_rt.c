@@ -281,6 +281,8 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
                   (t->calib.peak > 0 ? t->calib.peak : 1.0);
     o.capacity = t->hw.device_capacity;
     o.host_ram = host_budget(rt);
+    /* [nvme] path: a plan over the pinned budget keeps the offloaded states on disk */
+    if (rt->cfg.nvme_path[0]) o.cost.tier_slots = rt->cfg.nvme_slots, o.cost.tier_above = o.host_ram;
     o.n_persist = rt->cfg.n_persist;
     o.n_buffer = rt->cfg.n_buffer;
     o.n_swap = rt->cfg.n_swap;

@@ -247,6 +247,25 @@ uint64_t pt_cost_host_bytes(const pt_cost_ctx *cx, const pt_act_profile *a, int3
     return h + (a ? a->swap_pool : 0);
 }
 
+uint64_t pt_cost_pinned(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p,
+                        const pt_cost_opts *o, int32_t *tier) {
+    uint64_t h = pt_cost_host_bytes(cx, a, p, o ? o->shard : 0);
+    if (tier) *tier = 0;
+    if (!o || !o->tier_slots || o->shard || h <= o->tier_above) return h;
+    const pt_trace *t = cx->t;
+    uint64_t pin = 0, big = 0, w = t->param_elem_bytes != 4 ? 3 : 2;
+    for (int32_t k = imax(p, 0); k < cx->K; k++) {
+        const pt_trace_chunk *c = &t->chunks[k];
+        if (c->mandatory) continue;
+        if (c->optim_bytes) return h;   /* a kind with its own state (REKLS): no tier */
+        pin += c->trainable_elems ? 2 * c->bytes : c->bytes;
+        uint64_t rec = (c->trainable_elems * 4 * w + 4095) / 4096 * 4096;
+        if (rec > big) big = rec;
+    }
+    if (tier) *tier = 1;
+    return pin + (uint64_t)o->tier_slots * (big + 4096) + (a ? a->swap_pool : 0);
+}
+
 void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_profile *a, int32_t p, int32_t nb,
                     pt_cost *out) {
     const pt_trace *t = cx->t;
@@ -269,7 +288,7 @@ void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_p
     out->peak_phase = a->peak_phase;
     out->peak_block = a->peak_block;
     out->swap_pool_bytes = a->swap_pool;
-    out->host_bytes = pt_cost_host_bytes(cx, a, p, o ? o->shard : 0);
+    out->host_bytes = pt_cost_pinned(cx, a, p, o, &out->on_tier);
 }
 
 /* pt_cost_eval with an explicit mode map (modes[n_block]); rec_act/rec_scr

@@ -118,6 +118,10 @@ typedef struct pt_cost_opts {
     int32_t tp_l2;            /* tensor parallel: REKLS's l2 weight decay is on
                                  (rekls_weight_decay_method = l2, weight_decay != 0), so
                                  each split param's weights are gathered too */
+    int32_t tier_slots;       /* [nvme] path set: the disk tier's staging slots (0: no tier) */
+    uint64_t tier_above;      /* with tier_slots: the pinned budget; a plan whose pinned
+                                 bytes exceed it keeps the offloaded chunks' Adam states on
+                                 the disk tier (runtime/store/tier/tier.h) */
 } pt_cost_opts;
 
 /* OVERLAP: each chunk's CPU step starts as its gradient lands in backward.
@@ -155,6 +159,8 @@ typedef struct pt_cost {
     int32_t peak_block;          /* its block (-1 for non-block windows) */
     uint64_t host_bytes;         /* pinned host bytes needed (per rank) */
     uint64_t swap_pool_bytes;    /* part of host_bytes: SWAP arenas */
+    int32_t on_tier;             /* the offloaded chunks' states on the disk tier: host_bytes
+                                    counts their params, gradients and the staging slots */
     /* time, seconds */
     double iter_s;               /* fwd_s + bwd_s + opt_s */
     double fwd_s;                /* embedding + block forwards (window times) */
@@ -268,6 +274,15 @@ void pt_cost_offload_sums(const pt_cost_ctx *cx, int32_t n_persist, uint64_t *by
  * plan, and the searcher reports the larger (so "all resident" reads N_chunk). */
 int pt_cost_persist_redundant(const pt_cost_ctx *cx, int32_t n_persist);
 uint64_t pt_cost_host_bytes(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, int shard);
+/* The pinned bytes a plan needs under o: pt_cost_host_bytes, or, when that
+ * exceeds o->tier_above and a tier is configured (one rank's whole chunks,
+ * AdamW), the offloaded chunks without their states (trainable: staged param
+ * and gradient, 2 x bytes; frozen: bytes) plus tier_slots staging buffers of the
+ * largest chunk's states (m, v and 16-bit masters, 4 KiB aligned, plus 4 KiB)
+ * and the swap pool; *tier (may be NULL) says which. I/O time is not modelled:
+ * the tier is used only where the budget requires it. */
+uint64_t pt_cost_pinned(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist,
+                        const pt_cost_opts *o, int32_t *tier);
 /* Time part of the prediction: fills the time fields of out. */
 void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, int32_t n_buffer,
                   const pt_cost_opts *o, pt_cost *out);

@@ -205,6 +205,10 @@ char *pt_plan_text(const pt_plan *p) {
         sb_printf(&b, "%.3f GiB\n", p->host_budget / GIB);
     else
         sb_printf(&b, "unlimited\n");
+    if (c->on_tier)
+        sb_printf(&b, "  disk tier        the offloaded chunks' Adam states on [nvme] path (pinned: "
+                      "their params, gradients and %d staging slots; I/O time not modelled)\n",
+                  p->opts.tier_slots);
     sb_printf(&b, "  execution mode   %s\n", p->exec_mode < 0 ? "not decided (auto)" : mode_name(p->exec_mode));
     if (p->mode_why[0]) sb_printf(&b, "                   %s\n", p->mode_why);
     if (p->n_alt > 0) sb_printf(&b, "  runner-ups\n");
@@ -283,6 +287,7 @@ char *pt_plan_json(const pt_plan *p) {
     JU("budget_bytes", p->budget);
     JU("host_bytes", c->host_bytes);
     JU("swap_pool_bytes", c->swap_pool_bytes);
+    JU("nvme_tier", (uint64_t)c->on_tier);
     JU("host_budget_bytes", p->host_budget);
     JD("iter_s", c->iter_s);
     JD("fwd_s", c->fwd_s);

@@ -433,7 +433,7 @@ static int explain_infeasible(search *S, pt_act_profile *a, uint8_t *modes, pt_p
                     if (o->n_buffer < nb || o->n_buffer > K - p) continue;
                     nb = o->n_buffer;
                 }
-                uint64_t host = pt_cost_host_bytes(S->cx, a, p, o->cost.shard);
+                uint64_t host = pt_cost_pinned(S->cx, a, p, &o->cost, NULL);
                 if (host < min_host) {
                     min_host = host;
                     host_at = (cand){.s = s, .c = c, .p = p, .nb = nb};
@@ -516,7 +516,7 @@ static void scan(search *S, pt_act_profile *a, uint8_t *modes, int32_t I, int32_
             for (int32_t p = p1 < p_hi ? p1 : p_hi; p >= p0; p--) {
                 if (prunable(S, pt_cost_time_lb_persist(S->cx, a, p, &o->cost))) break;
                 if (o->n_persist < 0 && pt_cost_persist_redundant(S->cx, p)) continue;
-                if (S->host_budget && pt_cost_host_bytes(S->cx, a, p, o->cost.shard) > S->host_budget) continue;
+                if (S->host_budget && pt_cost_pinned(S->cx, a, p, &o->cost, NULL) > S->host_budget) continue;
                 uint64_t raw_fixed = pt_cost_persist_bytes(S->cx, p) + t->nonblock_bytes + a->peak_dyn;
                 int32_t lo1 = pt_cost_buffer_min_block(S->cx, p), lo2 = pt_cost_buffer_min(S->cx, p);
                 int32_t q = pt_cost_n_offloaded(S->cx, p);

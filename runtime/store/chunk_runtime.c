@@ -69,8 +69,11 @@ void pt_cs_free(pt_store *st, void *p) {
 static int task_status(pt_store *st, cs_chunk *c, const char *hook, char *err, size_t errlen) {
     int rc = c->t_rc;
     c->t_rc = PT_OK;
-    (void)st;
     if (!rc) return PT_OK;
+    char te[512];
+    if (c->tiered && pt_tier_failed(st, te, sizeof te))   /* the disk tier's I/O */
+        return pt_fail(err, errlen, rc, "%s: chunk %d's optimizer step was not taken: %s", hook,
+                       c->id, te);
     return pt_fail(err, errlen, rc,
                    "%s: event_sync on chunk %d's gradient copy to the host failed on the CPU "
                    "optimizer's worker, so its gradient was not used", hook, c->id);
@@ -411,7 +414,10 @@ static void grad_task(void *arg) {
     if (last && c->t_step_now) {
         if (pt_cs_stepped_first(st)) pt_cs_stepped(st, c);
         const pt_optim_cpu a = {&c->t_consts, acc, c->t_lr, 1.0f, c->t_k, NULL, NULL};
-        st->ok->cpu_step(st, c, &a);   /* the optimizer kind's step, on this worker */
+        int trc = c->tiered ? pt_tier_begin(st, c) : PT_OK;   /* its states in a slot */
+        if (!trc) st->ok->cpu_step(st, c, &a);   /* the optimizer kind's step, on this worker */
+        if (c->tiered) pt_tier_end(st, c, !trc);
+        if (trc) c->t_rc = trc;
         if (!pt_cs_stepped_first(st)) pt_cs_stepped(st, c);
     }
     double t1 = pt_now_s();
@@ -524,11 +530,30 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     /* the chunk's own group: the next micro-batch's copy into h_gstage waits on it,
      * and optimizer_step waits on every chunk's group */
     char why[160];
+    /* its states' read starts now, in the order the tasks are queued */
+    if (c->t_step_now && c->tiered) pt_tier_want(st, c);
     if ((rc = pt_pool_submit(ms->workers, grad_task, j, &c->tg, why, sizeof why))) {
         free(j);
+        if (c->t_step_now && c->tiered && !pt_tier_begin(st, c)) pt_tier_end(st, c, 0);
+        else if (c->t_step_now && c->tiered) pt_tier_end(st, c, 0);
         return pt_fail(err, errlen, rc, "cannot queue the CPU optimizer task of chunk %d (%s)", c->id, why);
     }
     return PT_OK;
+}
+
+/* The condition offload_grad's t_step_now tests, known here already: the
+ * step's last micro-batch, lr set, no clipping, one rank. A want whose step
+ * then does not come (a failed hook) keeps its slot until the chunk's next
+ * step takes it. */
+void pt_cs_tier_ahead(pt_store *st, int32_t b) {
+    const pt_step_state *sx = st->env.sx;
+    if (!st->tier || sx->eval || sx->micro != sx->n_micro - 1 || !st->lr_set ||
+        st->env.opt->max_grad_norm > 0 || st->env.coll || st->lay.block_chunk_first[b] < 0)
+        return;
+    for (int k = st->lay.block_chunk_first[b]; k <= st->lay.block_chunk_last[b]; k++) {
+        cs_chunk *c = &st->ch[k];
+        if (c->tiered && c->lc->block_first == b) pt_tier_want(st, c);
+    }
 }
 
 int pt_cs_release(pt_store *st, int32_t b, int backward, char *err, size_t errlen) {

@@ -12,14 +12,16 @@
 
 /* Pinned bytes of one offloaded chunk (the real cost of an offloaded parameter,
  * never 2 bytes per parameter), exactly as alloc_offloaded allocates them;
- * rounded: each allocation rounded as the pinned arena carves it. */
-uint64_t pt_ms_chunk_pinned(const cs_chunk *c, int rounded) {
+ * rounded: each allocation rounded as the pinned arena carves it; tiered: its
+ * states on the disk tier. */
+static uint64_t pinned_of(const cs_chunk *c, int rounded, int tiered) {
     if (c->sh) {   /* this rank's parts, and the optimizer state of the params it owns */
         uint64_t own = c->plan.own_words * 4;
         return pt_sh_pinned(c, rounded) + (rounded && own ? pt_gpu_round_size(own) : own);
     }
     uint64_t pb = rounded ? pt_gpu_round_size(c->used) : c->used;
     if (!c->trainable) return pb;                              /* h_param only */
+    if (tiered) return 2 * pb;   /* h_param, h_gstage: the states are on disk */
     uint64_t eb = (uint64_t)c->n_state * 4, ob = c->plan.aux_words * 4;
     if (rounded) eb = pt_gpu_round_size(eb), ob = ob ? pt_gpu_round_size(ob) : 0;
     /* h_param, h_gstage, m, v, fp32 masters, the optimizer kind's state (REKLS:
@@ -27,7 +29,14 @@ uint64_t pt_ms_chunk_pinned(const cs_chunk *c, int rounded) {
     return 2 * pb + 2 * eb + (c->has16 ? eb : 0) + ob;
 }
 
-uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c) { return pt_ms_chunk_pinned(c, 0); }
+uint64_t pt_ms_chunk_pinned(const cs_chunk *c, int rounded) {
+    return pinned_of(c, rounded, c->tiered);
+}
+
+/* What the planner sees (the profile's host_bytes): the chunk's pinned cost
+ * with its states in pinned memory, tier or not, so a profile is the same
+ * either way and the cost model decides where the states go (pt_cost_pinned). */
+uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c) { return pinned_of(c, 0, 0); }
 
 /* Device bytes of one resident chunk as alloc_persistent and pt_store_optimizer_init
  * allocate them, each allocation rounded like the allocator rounds it. */
@@ -58,6 +67,11 @@ static uint64_t mem_available(void) {
         if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
     fclose(f);
     return (uint64_t)kb * 1024;
+}
+
+uint64_t pt_ms_pinned_limit(const pt_store *st) {
+    uint64_t b = st->env.cfg->pinned_budget;
+    return b ? b : mem_available() / 10 * 9;
 }
 
 int pt_ms_check_pinned(pt_store *st, uint64_t need, char *err, size_t errlen) {

@@ -22,6 +22,7 @@ int pt_store_post_forward(pt_store *st, int32_t b, char *err, size_t errlen) {
 int pt_store_pre_backward(pt_store *st, int32_t b, char *err, size_t errlen) {
     int rc = pt_cs_dist_poll(st, err, errlen);   /* gradient buckets whose backward ended */
     if (!rc) rc = pt_cs_gather(st, b, 1, err, errlen);
+    if (!rc) pt_cs_tier_ahead(st, b);   /* the disk tier's reads of this block's steps */
     return rc ? rc : pt_acts_pre_backward(st, b, err, errlen);
 }
 
@@ -58,6 +59,9 @@ int pt_store_sync(pt_store *st, char *err, size_t errlen) {
             pt_pool_wait(st->workers, &st->ch[k].sg);
             pt_pool_wait(st->workers, &st->ch[k].tg);
         }
+    /* and the disk tier's write-backs of those steps */
+    char te[512];
+    int trc = pt_tier_sync(st, te, sizeof te);
     pt_stream *s[3] = {st->env.s_compute, st->env.s_h2d, st->env.s_d2h};
     static const char *const name[3] = {"compute", "h2d", "d2h"};
     int bad = -1;
@@ -66,6 +70,7 @@ int pt_store_sync(pt_store *st, char *err, size_t errlen) {
     if (bad >= 0)
         return pt_fail(err, errlen, PT_ERR_BACKEND, "stream_sync of the %s stream failed",
                        name[bad]);
+    if (trc) return pt_fail(err, errlen, trc, "%s", te);
     return PT_OK;
 }
 

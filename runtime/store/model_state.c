@@ -148,8 +148,9 @@ static int alloc_offloaded(pt_store *st, cs_chunk *c, char *err, size_t errlen) 
     if ((rc = pt_gpu_pinned_alloc(st->env.gpu, pb, &c->h_param, err, errlen))) return rc;
     memset(c->h_param, 0, pb);
     if (!c->trainable) return PT_OK;
-    if ((rc = pt_gpu_pinned_alloc(st->env.gpu, gb, &c->h_gstage, err, errlen)) ||
-        (rc = pt_gpu_pinned_alloc(st->env.gpu, eb, (void **)&c->h_m, err, errlen)) ||
+    if ((rc = pt_gpu_pinned_alloc(st->env.gpu, gb, &c->h_gstage, err, errlen))) return rc;
+    if (c->tiered) return PT_OK;   /* states on disk (tier/tier.h) */
+    if ((rc = pt_gpu_pinned_alloc(st->env.gpu, eb, (void **)&c->h_m, err, errlen)) ||
         (rc = pt_gpu_pinned_alloc(st->env.gpu, eb, (void **)&c->h_v, err, errlen)))
         return rc;
     memset(c->h_m, 0, eb);
@@ -239,6 +240,28 @@ static int setup_chunks(pt_store *st, int np, char *err, size_t errlen) {
     return PT_OK;
 }
 
+/* [nvme] path set: every offloaded trainable chunk's states go to the disk
+ * tier, and *pinned becomes the chunks' pinned bytes without them plus the
+ * staging slots. Mode C and REKLS keep theirs in pinned memory (not built:
+ * the tier holds AdamW's m, v and masters of whole chunks only). */
+static int tier_chunks(pt_store *st, uint64_t *pinned, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    if (!st->env.cfg->nvme_path[0] || st->shard || st->ok != &pt_optk_adamw) return PT_OK;
+    *pinned = 0;
+    for (int k = 0; k < st->n_chunks; k++) {
+        cs_chunk *c = &st->ch[k];
+        if (c->persistent) continue;
+        c->tiered = c->trainable;
+        *pinned += pt_ms_chunk_pinned(c, 0);
+    }
+    PT_LOGI(st->env.lg, "nvme tier: the offloaded chunks' states go to disk: %llu pinned bytes "
+            "left for the chunks, plus %llu of staging (%d slots of the largest chunk's states)",
+            (unsigned long long)*pinned, (unsigned long long)pt_tier_staging_bytes(st, 0),
+            st->env.cfg->nvme_slots);
+    *pinned += pt_tier_staging_bytes(st, 0);
+    return PT_OK;
+}
+
 /* Every chunk's storage: the pinned budget checked first, one pinned arena for
  * the offloaded chunks, then each chunk's allocations. */
 static int alloc_storage(pt_store *st, char *err, size_t errlen) {
@@ -247,6 +270,10 @@ static int alloc_storage(pt_store *st, char *err, size_t errlen) {
     uint64_t pinned = 0;
     for (int k = 0; k < ms->n_chunks; k++)
         if (!ms->ch[k].persistent) pinned += pt_ms_chunk_pinned(&ms->ch[k], 0);
+    /* over the pinned limit with a disk tier: the states go to disk */
+    if ((pinned > pt_ms_pinned_limit(st) || st->env.cfg->debug_tier_force) &&
+        (rc = tier_chunks(st, &pinned, err, errlen)))
+        return rc;
     if ((rc = pt_ms_check_pinned(st, pinned, err, errlen))) return rc;
     /* One pinned arena for every offloaded chunk, so no chunk costs its own
      * driver allocation (and no later free a device-wide wait). If it cannot be
@@ -254,6 +281,7 @@ static int alloc_storage(pt_store *st, char *err, size_t errlen) {
     uint64_t arena = 0;
     for (int k = 0; k < ms->n_chunks; k++)
         if (!ms->ch[k].persistent) arena += pt_ms_chunk_pinned(&ms->ch[k], 1);
+    arena += pt_tier_staging_bytes(st, 1);
     char why[512];
     if (pt_gpu_pinned_reserve(st->env.gpu, (size_t)arena, why, sizeof why))
         PT_LOGW(st->env.lg, "offloaded chunks get one pinned allocation each: %s", why);
@@ -265,6 +293,7 @@ static int alloc_storage(pt_store *st, char *err, size_t errlen) {
                            : alloc_offloaded(st, c, err, errlen);
         if (rc) return rc;
     }
+    if (pt_tier_staging_bytes(st, 0) && (rc = pt_tier_open(st, err, errlen))) return rc;
     ms->pin_seconds = pt_now_s() - t0;
     ms->pinned_bytes = pinned;
     return PT_OK;
@@ -383,6 +412,9 @@ int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
     const pt_gpu_backend *ops = pt_gpu_ops(st->env.gpu);
     void *impl = pt_gpu_impl(st->env.gpu);
     uint64_t max16 = 0;
+    /* tiered chunks: zero moments and the masters below go to disk */
+    int trc = pt_tier_views_open(st, 0, err, errlen);
+    if (trc) return trc;
     for (int k = 0; k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
         if (!c->trainable) continue;
@@ -420,6 +452,7 @@ int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
             }
         }
     }
+    if ((trc = pt_tier_views_close(st, 1, err, errlen))) return trc;
     if (max16) {
         ms->gtmp_elems = max16;
         int rc = pt_gpu_alloc(st->env.gpu, max16 * 4, PT_TAG_OTHER, &ms->d_gtmp, err, errlen);
@@ -428,6 +461,11 @@ int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
     /* the kind create_optimizer chose; a layout planned for another hands
      * that one's state back first (the planner terms stay as planned) */
     const pt_optim_kind *kind = pt_optk_of(st->env.opt->type);
+    if (st->tier && kind != &pt_optk_adamw)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED,
+                       "create_optimizer: the disk tier ([nvme] path) holds AdamW's states "
+                       "only, and the optimizer is %s: raise [memory] pinned_budget so the "
+                       "chunks fit without the tier, or use adamw", kind->name);
     if (kind != st->ok) {
         if (st->ok->fini) st->ok->fini(st);
         st->ok = kind;
@@ -566,6 +604,7 @@ int pt_store_destroy(pt_store *st, char *err, size_t errlen) {
     else if (src) PT_LOGW(st->env.lg, "freeing the chunk store: %s", e);
     pt_acts_fini(st);
     pt_cs_fini_runtime(st);
+    pt_tier_close(st);
     if (st->ok && st->ok->fini) st->ok->fini(st);
     for (int k = 0; ms->ch && k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];

@@ -161,7 +161,10 @@ static void step_task(void *arg) {
     cs_chunk *c = arg;
     step_start(c);
     double t0 = pt_now_s();
-    cpu_step(c, NULL, NULL);
+    int trc = c->tiered ? pt_tier_begin(c->owner, c) : PT_OK;   /* its states in a slot */
+    if (!trc) cpu_step(c, NULL, NULL);
+    if (c->tiered) pt_tier_end(c->owner, c, !trc);
+    if (trc) c->t_rc = trc;
     step_done(c, t0, pt_now_s());
 }
 
@@ -209,6 +212,7 @@ static int wait_offloaded(pt_store *st, double *cpu_wait, char *err, size_t errl
     if (rc || trc) return rc ? rc : trc;
     /* a step of the last step (deferred) or of this one failed */
     if ((rc = kind_failed(st, err, errlen))) return rc;
+    if ((rc = pt_tier_failed(st, err, errlen))) return rc;
     return pt_cs_account_hidden(st, err, errlen);
 }
 
@@ -334,8 +338,10 @@ static void queue_cpu_steps(pt_store *st, float lr, float gs, pt_task_group *g) 
         /* negative control: chunk_stepped before the step (its previous
          * tasks were waited for above, so nothing else touches it now) */
         if (pt_cs_stepped_first(st)) pt_cs_stepped(st, c);
-        if (c->sh || (st->ok->whole_task && st->ok->whole_task(c))) {
-            /* one task: the kind's own loop, or this rank's mode C parts */
+        if (c->sh || c->tiered || (st->ok->whole_task && st->ok->whole_task(c))) {
+            /* one task: the kind's own loop, this rank's mode C parts, or a
+             * tiered chunk's read, step (every worker) and write-back */
+            if (c->tiered) pt_tier_want(st, c);
             if (pt_pool_submit(st->workers, step_task, c, defer ? &c->sg : g, NULL, 0)) {
                 step_task(c);   /* no task node: step it here */
                 continue;

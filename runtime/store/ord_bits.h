@@ -35,7 +35,12 @@ enum {
                             * parts of the param (skipped: only the owner's part moves) */
     PT_ORD_RKLOAD = 8192,  /* mode C REKLS: a restored state's REKLS part reaches each
                             * param's owner (skipped: the owners keep what they had) */
-    PT_ORD_ALL = 16383
+    PT_ORD_TIER_READ = 16384, /* the disk tier reads a chunk's states into its staging
+                               * buffer before the step (skipped: the buffer keeps what
+                               * it held) */
+    PT_ORD_TIER_WRITE = 32768, /* the disk tier writes a stepped chunk's states back
+                                * (skipped: dropped) */
+    PT_ORD_ALL = 65535
 };
 
 #endif

@@ -94,7 +94,12 @@ int pt_store_write_param(pt_store *st, int32_t index, const void *src, uint64_t 
                          index, e);
     } else {
         memcpy((char *)c->h_param + off, src, (size_t)bytes);
-        if (wide) memcpy(c->h_master + s, wide, sizeof(float) * n);
+        /* a tiered chunk's master is in the tier's file: through a view */
+        int tv = wide && c->tiered;
+        if (!(tv && (rc = pt_tier_chunk_open(st, c, err, errlen))) && wide) {
+            memcpy(c->h_master + s, wide, sizeof(float) * n);
+            if (tv) rc = pt_tier_chunk_close(st, c, 1, err, errlen);
+        }
         /* a streamed copy in a buffer slot holds the old value: untag it */
         if (st->pool) pt_bufpool_invalidate(st->pool, c->id, NULL, 0);
     }

@@ -312,7 +312,11 @@ int pt_store_snapshot(pt_store *st, pt_state_image *img, char *err, size_t errle
         pt_store_image_free(img);
         return rc;
     }
+    /* the disk tier's states in memory while the walk reads them */
+    if (!rc && st->opt_ready && (rc = pt_tier_views_open(st, 1, err, errlen))) goto out;
     rc = walk(st, img->data, &n, W_SAVE, err, errlen);
+    pt_tier_views_close(st, 0, NULL, 0);
+out:
     if (st->shard && st->ok->views_close) st->ok->views_close(st, 0);
     if (st->shard) pt_sh_views_close(st, 0);
     if (rc) pt_store_image_free(img);
@@ -357,7 +361,14 @@ int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t 
         pt_sh_views_close(st, 0);
         return rc;
     }
+    /* the disk tier: the image's states written to its file (a resume refills it) */
+    if (st->opt_ready && (rc = pt_tier_views_open(st, 1, err, errlen))) goto out;
     rc = walk(st, img->data, &n, W_LOAD, err, errlen);
+    {
+        int trc = pt_tier_views_close(st, !rc, err, errlen);
+        if (!rc) rc = trc;
+    }
+out:
     /* the kind's state goes back where it lives (REKLS: its owners take it,
      * moments from the m / v views, so before those close) */
     if (st->shard && st->ok->views_close) st->ok->views_close(st, !rc);

@@ -20,6 +20,8 @@
  *                h_gstage [U] pinned (gradient landing zone, compute dtype),
  *                h_m/h_v [E], h_master [E] (16-bit regions), h_gacc [E] fp32
  *                (accumulated gradient, only when n_micro > 1).
+ *   tiered (tier/tier.h, [nvme] path): h_m, h_v, h_master live in the tier's file and
+ *                point into a staging slot only during the chunk's step (or a state view).
  *   Streamed chunks live on the device only inside a buffer-pool slot of 2*S_chunk
  *   bytes: [0, S) params, [S, 2S) gradients.
  *   sharded (mode C, dist_shard.c): an offloaded chunk keeps only this rank's part of
@@ -41,6 +43,7 @@
 #include "optim/optim.h"
 #include "ord_bits.h"
 #include "store.h"
+#include "tier/tier.h"
 
 typedef struct pt_arena {
     int mode;             /* PT_ACT_* */
@@ -88,6 +91,8 @@ typedef struct cs_chunk {
     void *h_param, *h_gstage;
     float *h_master, *h_m, *h_v, *h_gacc;
     cs_shard *sh;             /* mode C: this rank's parts (dist_shard.c), else NULL */
+    int tiered;               /* its m, v, h_master live in the disk tier (tier/tier.h):
+                               * NULL outside its step and state views */
     /* runtime (hook thread only, except where noted) */
     int slot;                 /* pool slot while leased, else -1 */
     int users;                /* gathers by blocks (pointers set while > 0) */
@@ -197,6 +202,7 @@ struct pt_store {
      * it allocates and frees (NULL for AdamW) */
     const pt_optim_kind *ok;
     void *opt;
+    pt_tier *tier;            /* the disk tier ([nvme] path) when some chunk is tiered */
 };
 
 /* footprint.c: device bytes of a resident chunk, pinned bytes of an offloaded
@@ -207,6 +213,9 @@ uint64_t pt_ms_chunk_host_bytes(const cs_chunk *c);
 uint64_t pt_ms_chunk_pinned(const cs_chunk *c, int rounded);
 uint64_t pt_ms_chunk_optim_dev_bytes(const cs_chunk *c);
 int pt_ms_check_pinned(pt_store *st, uint64_t need, char *err, size_t errlen);
+/* The pinned bytes the chunks may take: [memory] pinned_budget, or auto 90% of
+ * MemAvailable. */
+uint64_t pt_ms_pinned_limit(const pt_store *st);
 
 /* The device backend's op table and its instance (one helper for the store). */
 static inline const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->env.gpu); }
@@ -279,6 +288,10 @@ int pt_cs_dist_drain(pt_store *st, char *err, size_t errlen);
  * backward and optimizer_step: the group is broken then) and the events. */
 void pt_cs_dist_fini(pt_store *st);
 int pt_cs_release(pt_store *st, int32_t b, int backward, char *err, size_t errlen);
+/* Before block b's backward: the disk tier's reads of the chunks whose CPU step
+ * the release after it will queue (lowest block b, stepping during backward),
+ * in the order it queues them, so each read runs during the block's backward. */
+void pt_cs_tier_ahead(pt_store *st, int32_t b);
 
 /* dist_shard.c — mode C. Geometry of chunk c's parts (after reg_state is set for the
  * unsharded layout; rewrites reg_state and n_state for the parts). */

@@ -10,6 +10,9 @@
  * dtype. Same arithmetic, so the 16-bit values the plugin returns must be
  * bit-identical to the reference.
  *
+ * test_bf16_tier / test_fp16_tier: streamed through the disk tier ([nvme]), the
+ * masters and moments in its file between steps: the same bits.
+ *
  * REKLS cases (test_rekls_*): bf16 / fp16 2-D block weights with fp32 masters,
  * stepped by REKLS on the device (resident chunks: the 16-bit gradient is
  * widened by the step's gradient kernel) and on the CPU (streamed chunks: it
@@ -61,7 +64,7 @@ static void expect_plan(const pt_stats_v1 *st, const char *protrain) {
 }
 
 static void adamw_case(int dtype, const char *protrain) {
-    char text[512];
+    char text[1024];
     snprintf(text, sizeof text,
              "[plugin]\nbackend = host\nlog_level = error\n[memory]\ndevice_capacity = 4MiB\n"
              "[optimizer]\nlr = 0.01\nweight_decay = 0.1\n%s", protrain);
@@ -94,6 +97,19 @@ static void adamw_case(int dtype, const char *protrain) {
     assert_int_equal(P->finalize(ctx), PT_OK);
 }
 
+/* Streamed through the disk tier ([nvme]): the fp32 masters and moments live in
+ * the tier's file between steps (forced: this model's states are smaller than
+ * the staging slots), the same bits. */
+static void tier_case(int dtype) {
+    char dir[] = "/tmp/test_mixed_tier.XXXXXX", ini[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(ini, sizeof ini, "%s[nvme]\npath = %s\nblock_size = 512\n[testing]\n"
+             "debug_tier_force = true\n", MX_STREAMED, dir);
+    adamw_case(dtype, ini);
+    assert_int_equal(rmdir(dir), 0);   /* finalize removed the tier's files */
+}
+static void test_bf16_tier(void **s) { (void)s; tier_case(PT_BF16); }
+static void test_fp16_tier(void **s) { (void)s; tier_case(PT_F16); }
 static void test_bf16_resident(void **s) { (void)s; adamw_case(PT_BF16, MX_RESIDENT); }
 static void test_bf16_streamed(void **s) { (void)s; adamw_case(PT_BF16, MX_STREAMED); }
 static void test_fp16_resident(void **s) { (void)s; adamw_case(PT_F16, MX_RESIDENT); }
@@ -175,6 +191,8 @@ int main(void) {
         cmocka_unit_test(test_bf16_streamed),
         cmocka_unit_test(test_fp16_resident),
         cmocka_unit_test(test_fp16_streamed),
+        cmocka_unit_test(test_bf16_tier),
+        cmocka_unit_test(test_fp16_tier),
     };
     const struct CMUnitTest rekls[] = {
         cmocka_unit_test(test_rekls_bf16_resident),

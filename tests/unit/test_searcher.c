@@ -513,6 +513,46 @@ static void test_infeasible_states_capacity(void **state) {
     pt_trace_free(&t);
 }
 
+/* The disk tier ([nvme] path): a fixed offload whose states exceed the pinned
+ * budget is infeasible without a tier and planned with one, its pinned bytes
+ * then within the budget and below the full states'; at a budget that holds
+ * the states the tier is not used. */
+static void test_tier_only_when_needed(void **state) {
+    (void)state;
+    pt_trace t;
+    synth s = {6, 2, 2, 1.0, 0.004, 2e9, 0, 0};
+    build(&t, &s);
+    pt_plan plan;
+    pt_plan_init(&plan);
+    char err[512];
+    pt_search_opts o;
+    pt_search_opts_default(&o);
+    o.capacity = 1ull << 30;
+    o.n_persist = 0;
+    o.host_ram = 1ull << 40;
+    assert_int_equal(pt_search(&t, &o, &plan, err, sizeof err), PT_OK);
+    uint64_t full = plan.cost.host_bytes;
+    assert_int_equal(plan.cost.on_tier, 0);
+    o.host_ram = full - 1;
+    assert_int_equal(pt_search(&t, &o, &plan, err, sizeof err), PT_ERR_INFEASIBLE);
+    o.cost.tier_slots = 3;
+    o.cost.tier_above = o.host_ram;
+    assert_int_equal(pt_search(&t, &o, &plan, err, sizeof err), PT_OK);
+    assert_int_equal(plan.cost.on_tier, 1);
+    assert_true(plan.cost.host_bytes <= o.host_ram);
+    assert_true(plan.cost.host_bytes < full);
+    char *txt = pt_plan_text(&plan);
+    assert_non_null(txt);
+    assert_non_null(strstr(txt, "disk tier"));
+    free(txt);
+    o.host_ram = o.cost.tier_above = full;
+    assert_int_equal(pt_search(&t, &o, &plan, err, sizeof err), PT_OK);
+    assert_int_equal(plan.cost.on_tier, 0);
+    assert_int_equal(plan.cost.host_bytes, full);
+    pt_plan_free(&plan);
+    pt_trace_free(&t);
+}
+
 static void test_shape_trace_respects_capacity(void **state) {
     (void)state;
     /* GPT-2 124M, bf16, batch 8: a realistic layout from the shape synthesiser */
@@ -548,6 +588,7 @@ int main(void) {
         cmocka_unit_test(test_overrides),
         cmocka_unit_test(test_capacity_monotone),         cmocka_unit_test(test_infeasible_states_capacity),
         cmocka_unit_test(test_shape_trace_respects_capacity),
+        cmocka_unit_test(test_tier_only_when_needed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,7 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -108,8 +110,13 @@ static void test_offloaded(void **s) { (void)s; written_then_stepped(STREAMED); 
  * master back into the compute copy, which must still be the written value. */
 static void test_bf16_master(void **state) {
     (void)state;
-    const char *cases[] = {NULL, STREAMED};
-    for (int c = 0; c < 2; c++) {
+    char dir[] = "/tmp/test_write_param.XXXXXX", tier[256];
+    assert_non_null(mkdtemp(dir));
+    /* and streamed through the disk tier: the master lives in its file */
+    snprintf(tier, sizeof tier, STREAMED "[nvme]\npath = %s\nblock_size = 512\n[testing]\n"
+             "debug_tier_force = true\n", dir);
+    const char *cases[] = {NULL, STREAMED, tier};
+    for (int c = 0; c < 3; c++) {
         tiny t;
         void *ctx = start(&t, cases[c], 1);
         step(ctx, &t, 0, 0.3f, 0.01f);
@@ -121,6 +128,7 @@ static void test_bf16_master(void **state) {
         assert_memory_equal(back, w, sizeof w);
         assert_int_equal(P->finalize(ctx), PT_OK);
     }
+    assert_int_equal(rmdir(dir), 0);
 }
 
 static void test_refusals(void **state) {

@@ -1,0 +1,62 @@
+/*
+ * tier_int.h — the disk tier's own state, shared by tier.c (staging slots,
+ * I/O threads, views) and tier_file.c (lock, file, record I/O) only.
+ */
+#ifndef PT_STORE_TIER_INT_H
+#define PT_STORE_TIER_INT_H
+
+#include <pthread.h>
+
+#include "../store_internal.h"
+#include "tier.h"
+
+enum { TC_IDLE, TC_READING, TC_READY, TC_STEPPING, TC_WRITING };
+
+typedef struct tier_job {
+    int write;   /* 0: read chunk's record into its slot; 1: write it back */
+    int chunk;
+} tier_job;
+
+struct pt_tier {
+    pt_store *st;
+    char dir[512], file[600], lock[600];
+    int fd, lock_fd, direct;
+    uint64_t blk, budget, total;
+    /* per chunk (by id): record offset and length in the file, state, slot */
+    uint64_t *off, *len;
+    int *cs, *slot;
+    int *wq;         /* its read is wanted: queued, in flight or in a slot, until end */
+    /* staging slots: pinned allocation, its aligned start, the chunk it holds */
+    int n_slots;
+    uint64_t slot_bytes;
+    void **slot_alloc;
+    char **slot_mem;
+    int *slot_chunk;
+    /* wanted reads not started (FIFO of chunk ids) and the I/O threads' jobs */
+    int *q, qh, qn;
+    tier_job *jobs;
+    int jh, jn, jcap, busy;
+    pthread_t *th;
+    int n_th, stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_job, cv_done;
+    /* the first failure, sticky */
+    int err_rc;
+    char err[512];
+    /* accounting (mu) */
+    uint64_t rd_bytes, wr_bytes;
+    double rd_s, wr_s, wait_s;
+    int64_t reads, writes, tried; /* tried: write-backs started (the testing failure) */
+    /* views (state images): ordinary memory per tiered chunk */
+    float **view;
+};
+
+int pt_tier_file_open(pt_tier *t, int rank, char *err, size_t errlen);
+void pt_tier_file_close(pt_tier *t);
+/* The sentence of a failed write (errno e) of `what`: a full disk and a
+ * file-size limit named as such. */
+int pt_tier_io_fail(pt_tier *t, int e, const char *what, char *err, size_t errlen);
+int pt_tier_rw(pt_tier *t, int write, void *buf, uint64_t off, uint64_t len, char *err,
+               size_t errlen);
+
+#endif
