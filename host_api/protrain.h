@@ -487,7 +487,38 @@ typedef struct pt_plugin_table_v1 {
      * (the step stays valid, unclipped). Everything is reset by optimizer_step. */
     int32_t (*clip_grad_norm)(void *ctx, float max_norm, double *norm);
 
-    void *reserved[2];
+    /* ABI 1.6 (the former reserved[1]; NULL in older plugins). Drops the step
+     * in progress after a failure in the host's forward or backward (an
+     * exception, a bad input) or a forward whose loss was never back-propagated:
+     * every micro-batch since the last optimizer_step (their gradients are
+     * summed in place, so one cannot be told from another), the open block
+     * windows, leased buffers and activation arenas; the next call is
+     * pre_step(step, 0, n_micro), and training goes on as if the step had never
+     * started (optimizer state, weights and step count as after the last
+     * optimizer_step). Dropping an evaluation pass (pre_step(step, -1, 0))
+     * closes it. Between steps it does nothing. Refused with PT_ERR_ORDER and
+     * nothing changed: before create_optimizer; after optimizer_step (call
+     * post_step); from inside a host callback; when the CPU optimizer already
+     * stepped an offloaded chunk of this step during its backward (set_lr told
+     * the lr early, so steps overlap backward and moved weights and moments:
+     * finish the step or load a saved state). PT_ERR_UNSUPPORTED with several
+     * ranks. Addresses the host read in the dropped step's windows are invalid. */
+    int32_t (*discard_step)(void *ctx);
+
+    /* ABI 1.6 (the former reserved[2]; NULL in older plugins). Profile and plan
+     * again for micro-batches of batch x seq (pt_model_v1.batch / .seq are
+     * updated), between steps (after create_optimizer or post_step): the plugin
+     * calls the host's profile_step as at post_model_load (the host runs it on a
+     * batch of that shape), searches a plan and rebuilds under it, carrying
+     * weights and optimizer state. A plan holds any smaller micro-batch (its
+     * activations take less memory); call replan before a larger one. When the
+     * device cannot hold the shape (PT_ERR_OOM, PT_ERR_INFEASIBLE: the sentence
+     * names the bytes) or profiling fails, the old shape and plan stay in force.
+     * Refused with PT_ERR_ORDER inside a step or a callback, PT_ERR_UNSUPPORTED
+     * with several ranks. Without profiling ([protrain] auto_memory = false or
+     * force_all_persistent) it only records the shape. */
+    int32_t (*replan)(void *ctx, int64_t batch, int64_t seq);
+
     /* ABI 1.6 (the former reserved[3]; NULL in older plugins). Several ranks:
      * this rank stops, for the reason `why` (one sentence; NULL: none given).
      * Call it when the host ends a multi-rank run with an error, before
@@ -501,7 +532,7 @@ typedef struct pt_plugin_table_v1 {
      * wait [dist] timeout. */
     int32_t (*dist_abort)(void *ctx, const char *why);
 
-    /* ABI 1.6, appended after the reserved slots (a 1.5 table's struct_size
+    /* ABI 1.6, appended after the former reserved slots (a 1.5 table's struct_size
      * ends before it; PT_HAS_HOOK checks): the inverse of read_param. Copies
      * bytes (= numel * dtype size) of host memory into param `index`: its
      * compute copy and, for a trainable 16-bit param once create_optimizer ran,

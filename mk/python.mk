@@ -10,6 +10,15 @@ $(PY):
 	python3 -m venv $(PY_VENV)
 	$(PY) -m pip install -r host_api/python/requirements.txt
 test: $(if $(SAN),,$(PY)) $(PLUGIN)
+# The real trainers the tests drive (TRL's SFTTrainer, axolotl's CLI):
+# host_api/python/requirements-trainers.txt, every version pinned, installed
+# without dependencies on top of requirements.txt (axolotl declares Python 3.12
+# and other torch/transformers pins; docs/trainers.md), again when the file changes.
+PY_TRAINERS := $(PY_VENV)/.requirements-trainers
+$(PY_TRAINERS): host_api/python/requirements-trainers.txt | $(PY)
+	$(PY) -m pip install -q --no-deps --ignore-requires-python -r $<
+	cp $< $@
+test: $(if $(SAN),,$(PY_TRAINERS))
 # The CUDAPluggableAllocator shim of the PyTorch host (plain C: no CUDA or torch
 # headers; torch loads it with ctypes and calls it for every CUDA allocation).
 TORCH_SHIM := $(BUILD)/pt_torch_alloc.so

@@ -545,6 +545,61 @@ static int32_t h_load_state(void *vctx, const char *dir) {
     return done(c, rc);
 }
 
+/* ABI 1.6: the step in progress dropped (host contract 7). From a pass or
+ * between its micro-batches; between steps there is nothing to drop. Not from
+ * inside a host callback (the hook that made it resumes on this step). */
+static int32_t h_discard_step(void *vctx) {
+    CTX("discard_step");
+    pt_lc_state s = c->lc.state;
+    if (s == PT_LC_INIT || s == PT_LC_LOADED || s == PT_LC_STEPPED)
+        return done(c, pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
+                               "hook discard_step called out of order: %s (state: %s)",
+                               s == PT_LC_STEPPED
+                                   ? "optimizer_step already applied this step; call post_step"
+                                   : "no step can run before post_model_load and "
+                                     "create_optimizer",
+                               pt_lc_state_name(s)));
+    if (c->depth > 1 || pt_rt_ext_in_launch())
+        return done(c, pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
+                               "hook discard_step called out of order: from inside %s; call it "
+                               "after that hook returns",
+                               c->depth > 1 ? c->outer : "work launched on the compute stream"));
+    if (s == PT_LC_READY) return PT_OK;   /* nothing in progress */
+    int rc = pt_rt_discard_step(c->rt, c->lc.sx.eval, c->err, sizeof c->err);
+    if (rc) return done(c, rc);
+    PT_LOGD(&c->lg, "discard_step: step %lld dropped at %s (micro-batch %d of %d)",
+            (long long)c->lc.sx.step, pt_lc_state_name(s), (int)c->lc.sx.micro,
+            (int)c->lc.sx.n_micro);
+    c->lc.state = PT_LC_READY;
+    c->lc.block = 0;
+    c->lc.inside = 0;
+    c->lc.sx.eval = 0;
+    return PT_OK;
+}
+
+/* ABI 1.6: profile and plan again for another batch shape, between steps. */
+static int replan_profile(void *user) {
+    int profiled = 0;
+    return profile((pt_ctx *)user, &profiled);
+}
+static int32_t h_replan(void *vctx, int64_t batch, int64_t seq) {
+    CTX("replan");
+    int rc = between_steps(c, "replan");
+    if (!rc && c->depth > 1)
+        rc = pt_fail(c->err, sizeof c->err, PT_ERR_ORDER,
+                     "hook replan called out of order: from inside %s; call it after that hook "
+                     "returns", c->outer);
+    if (rc) return done(c, rc);
+    rc = pt_rt_replan(c->rt, batch, seq, replan_profile, c, c->err, sizeof c->err);
+    if (rc) {
+        char inner[sizeof c->err];
+        snprintf(inner, sizeof inner, "%s", c->err);
+        pt_fail(c->err, sizeof c->err, rc, "replan(batch %lld, sequence %lld): %s",
+                (long long)batch, (long long)seq, inner);
+    }
+    return done(c, rc);
+}
+
 /* TiledMLP: inside block b's forward (or backward) window only, where the
  * block's parameters are in place and the host's tile callbacks may use them. */
 static int32_t tiled(void *vctx, int32_t b, int64_t tokens, int backward) {
@@ -651,5 +706,7 @@ __attribute__((visibility("default"))) const pt_plugin_v1 protrain_plugin_v1 = {
     .tiled_mlp_backward = h_tiled_bwd,
     .tiled_mlp_scratch = h_tiled_scratch,
     .dist_allreduce = h_dist_allreduce,
+    .discard_step = h_discard_step,   /* ABI 1.6 */
+    .replan = h_replan,               /* ABI 1.6 */
     .dist_abort = h_dist_abort,
 };

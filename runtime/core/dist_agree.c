@@ -198,8 +198,8 @@ void pt_agree_keep_fingerprint(pt_rt *rt) {
     const int has = rt->host.struct_size >= offsetof(pt_host_v1, fingerprint) + sizeof(const char *);
     if (!has || !rt->host.fingerprint) return;
     /* at most PT_HOST_FINGERPRINT_MAX bytes: init refused a longer one */
-    snprintf(rt->fingerprint, sizeof rt->fingerprint, "%s", rt->host.fingerprint);
-    rt->host.fingerprint = rt->fingerprint;
+    snprintf(rt->dist.fingerprint, sizeof rt->dist.fingerprint, "%s", rt->host.fingerprint);
+    rt->host.fingerprint = rt->dist.fingerprint;
 }
 
 static const char *tri(int v) { return v < 0 ? "auto" : v ? "on" : "off"; }
@@ -225,14 +225,14 @@ static void put_host(ag_text *t, const char *fp) {
 }
 
 int pt_agree_init(pt_rt *rt, char *err, size_t errlen) {
-    if (!rt->coll) return PT_OK;
+    if (!rt->dist.coll) return PT_OK;
     const pt_config *c = &rt->cfg;
     ag_text t = {0};
     put(&t, "plugin.version", "%s", PT_PLUGIN_VERSION);
     put(&t, "plugin.abi_minor", "%d", PT_ABI_MINOR);
-    put(&t, "world_size", "%d", pt_coll_world(rt->coll));
-    put(&t, "plugin.device_backend", "%s", pt_gpu_backend_name(rt->gpu));
-    put(&t, "dist.transport", "%s", pt_coll_transport(rt->coll));
+    put(&t, "world_size", "%d", pt_coll_world(rt->dist.coll));
+    put(&t, "plugin.device_backend", "%s", pt_gpu_backend_name(rt->dev.gpu));
+    put(&t, "dist.transport", "%s", pt_coll_transport(rt->dist.coll));
     put(&t, "dist.tp_size", "%d", c->tp_size);
     put(&t, "dist.overlap_allreduce", "%d", c->overlap_allreduce);
     /* what decides the mode and the chunks every collective runs over */
@@ -244,7 +244,7 @@ int pt_agree_init(pt_rt *rt, char *err, size_t errlen) {
     const char *fp = rt->host.struct_size >= offsetof(pt_host_v1, fingerprint) + sizeof(const char *)
                          ? rt->host.fingerprint : NULL;
     put_host(&t, fp);
-    return finish(&t, rt->coll, "init", err, errlen);
+    return finish(&t, rt->dist.coll, "init", err, errlen);
 }
 
 static const char *dtype_name(int32_t d) {
@@ -297,7 +297,7 @@ static void put_inits(ag_text *t, const pt_model_v1 *m, int split) {
 }
 
 int pt_agree_model(pt_rt *rt, const pt_model_v1 *m, char *err, size_t errlen) {
-    if (!rt->coll) return PT_OK;
+    if (!rt->dist.coll) return PT_OK;
     ag_text t = {0};
     /* counts first, so a different depth is named as such */
     put(&t, "model.n_blocks", "%d", m->n_blocks);
@@ -318,14 +318,14 @@ int pt_agree_model(pt_rt *rt, const pt_model_v1 *m, char *err, size_t errlen) {
     }
     /* initial values last, so a shape or dtype that differs is named as such */
     put_inits(&t, m, 0);
-    int rc = finish(&t, rt->coll, "post_model_load", err, errlen);
+    int rc = finish(&t, rt->dist.coll, "post_model_load", err, errlen);
     /* a tensor-parallel split parameter: each rank of a group holds another
      * shard, so its values are compared among the ranks holding the same one */
-    if (!rc && rt->dp_coll && m->params) {
+    if (!rc && rt->dist.dp_coll && m->params) {
         ag_text ts = {0};
         put_inits(&ts, m, 1);
         if (ts.s || ts.oom)   /* no split parameter: nothing to compare */
-            rc = finish(&ts, rt->dp_coll, "post_model_load (tensor-parallel shards)", err,
+            rc = finish(&ts, rt->dist.dp_coll, "post_model_load (tensor-parallel shards)", err,
                         errlen);
     }
     if (!rc && m->params) rc = tp_needs_split(rt, m, err, errlen);
@@ -333,7 +333,7 @@ int pt_agree_model(pt_rt *rt, const pt_model_v1 *m, char *err, size_t errlen) {
 }
 
 int pt_agree_optim(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t errlen) {
-    if (!rt->coll) return PT_OK;
+    if (!rt->dist.coll) return PT_OK;
     const pt_config *c = &rt->cfg;
     ag_text t = {0};
     int type = (d && d->type != PT_OPTIM_FROM_CONFIG) ? d->type : c->optim_type;
@@ -364,12 +364,12 @@ int pt_agree_optim(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t errlen) {
     put_f(&t, "optimizer.rekls_eps (as resolved: the descriptor's eps when given)",
           !isnan(given[3]) ? given[3] : c->rekls_eps);
     put(&t, "optimizer.rekls_weight_decay_method", "%d", c->rekls_wd_method);
-    return finish(&t, rt->coll, "create_optimizer", err, errlen);
+    return finish(&t, rt->dist.coll, "create_optimizer", err, errlen);
 }
 
 int pt_agree_micro(pt_rt *rt, int32_t n_micro, char *err, size_t errlen) {
-    if (!rt->coll) return PT_OK;
+    if (!rt->dist.coll) return PT_OK;
     ag_text t = {0};
     put(&t, "n_micro", "%d", n_micro);
-    return finish(&t, rt->coll, "pre_step", err, errlen);
+    return finish(&t, rt->dist.coll, "pre_step", err, errlen);
 }

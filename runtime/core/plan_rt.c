@@ -31,8 +31,8 @@ static int tp_l2(const pt_rt *rt) {
 /* The optimizer decides the schedule (clipping defers the CPU steps past backward);
  * a plan made for the other schedule is searched again before any state exists. */
 int pt_rt_replan_for_optimizer(pt_rt *rt, int clip, char *err, size_t errlen) {
-    if (!rt->trace || (clip == rt->plan_clip && tp_l2(rt) == rt->plan_tp_l2)) return PT_OK;
-    if (clip != rt->plan_clip)
+    if (!rt->plan.trace || (clip == rt->plan.plan_clip && tp_l2(rt) == rt->plan.plan_tp_l2)) return PT_OK;
+    if (clip != rt->plan.plan_clip)
         PT_LOGI(&rt->lg, "optimizer %s gradient clipping: planning again for the %s schedule",
                 clip ? "uses" : "does not use", clip ? "clipped (CPU steps after backward)"
                                                      : "overlapped");
@@ -40,19 +40,19 @@ int pt_rt_replan_for_optimizer(pt_rt *rt, int clip, char *err, size_t errlen) {
         PT_LOGI(&rt->lg, "optimizer %s REKLS's l2 weight decay: planning again %s the "
                 "tensor-parallel gathers of the split weights", tp_l2(rt) ? "uses" : "does not use",
                 tp_l2(rt) ? "with" : "without");
-    rt->plan_clip = clip;
-    return pt_rt_search_and_apply(rt, rt->trace, 0.0, err, errlen);
+    rt->plan.plan_clip = clip;
+    return pt_rt_search_and_apply(rt, rt->plan.trace, 0.0, err, errlen);
 }
 
 void pt_rt_plan_free(pt_rt *rt) {
-    free(rt->swap_done);
-    rt->swap_done = NULL;
-    pt_timeline_free(rt->tl);
-    free(rt->tl);
-    rt->tl = NULL;
-    if (rt->trace) pt_trace_free(rt->trace);
-    free(rt->trace);
-    rt->trace = NULL;
+    free(rt->plan.swap_done);
+    rt->plan.swap_done = NULL;
+    pt_timeline_free(rt->plan.tl);
+    free(rt->plan.tl);
+    rt->plan.tl = NULL;
+    if (rt->plan.trace) pt_trace_free(rt->plan.trace);
+    free(rt->plan.trace);
+    rt->plan.trace = NULL;
 }
 
 int pt_rt_auto_shard(const pt_rt *rt) {
@@ -61,7 +61,7 @@ int pt_rt_auto_shard(const pt_rt *rt) {
      * split factors; the cost model does not charge that gather yet. REKLS runs
      * in mode C with each param's state at one owner rank, which the cost model
      * counts: the owner bound per rank and the exchange's time.) */
-    return rt->coll && rt->cfg.auto_mode && rt->cfg.zero3_shard < 0 && rt->cfg.tp_size <= 1;
+    return rt->dist.coll && rt->cfg.auto_mode && rt->cfg.zero3_shard < 0 && rt->cfg.tp_size <= 1;
 }
 
 int pt_rt_wants_profile(const pt_rt *rt) {
@@ -71,9 +71,9 @@ int pt_rt_wants_profile(const pt_rt *rt) {
 }
 
 int pt_rt_profile_begin(pt_rt *rt, char *err, size_t errlen) {
-    if (!rt->prof) rt->prof_t0 = pt_now_s();
+    if (!rt->plan.prof) rt->plan.prof_t0 = pt_now_s();
     int rc = pt_prof_begin(rt, err, errlen);
-    pt_store_set_profiling(rt->st, rt->prof != NULL);
+    pt_store_set_profiling(rt->st, rt->plan.prof != NULL);
     return rc;
 }
 
@@ -93,8 +93,8 @@ int pt_rt_profile_end(pt_rt *rt, char *err, size_t errlen) {
         pt_trace_free(&t);
         return rc;
     }
-    double prof_s = pt_now_s() - rt->prof_t0;
-    rt->swap_interval = 0;
+    double prof_s = pt_now_s() - rt->plan.prof_t0;
+    rt->plan.swap_interval = 0;
     if (rt->cfg.cache_dir[0]) {
         char e2[512];
         if (pt_trace_cache_store(rt->cfg.cache_dir, &t, e2, sizeof e2))
@@ -132,7 +132,7 @@ static uint64_t host_budget(const pt_rt *rt) {
 static int pick_mode(pt_rt *rt, const pt_trace *t, pt_search_opts *o, pt_plan *plan,
                      int *shard, char *why, char *err, size_t errlen) {
     int autom = pt_rt_auto_shard(rt);
-    int W = rt->coll ? pt_coll_world(rt->coll) : 1;
+    int W = rt->dist.coll ? pt_coll_world(rt->dist.coll) : 1;
     if (autom && o->n_persist < 0) {
         /* A whenever every chunk fits, even where the search would call an
          * offloaded plan as fast (then no collective touches a chunk's state) */
@@ -150,11 +150,11 @@ static int pick_mode(pt_rt *rt, const pt_trace *t, pt_search_opts *o, pt_plan *p
     if (autom) o->cost.shard = 0;
     int rc = pt_search(t, o, plan, err, errlen);
     if (!autom) {
-        *shard = rt->shard;
-        if (!rc && rt->coll)
+        *shard = rt->dist.shard;
+        if (!rc && rt->dist.coll)
             snprintf(why, 400, "zero3_shard = %s: %s", rt->cfg.zero3_shard == 1 ? "on" : "off",
                      plan->knobs.n_persist >= plan->n_chunk ? "every chunk fits on the device"
-                     : rt->shard ? "offloaded state split across the ranks"
+                     : rt->dist.shard ? "offloaded state split across the ranks"
                                  : "offloaded state replicated on every rank");
         return rc;
     }
@@ -208,11 +208,11 @@ static int pick_mode(pt_rt *rt, const pt_trace *t, pt_search_opts *o, pt_plan *p
  * knobs (its reductions go region by region), but not a differing mode. */
 static int ranks_agree(pt_rt *rt, const pt_trace *t, pt_search_opts *o, pt_plan *plan,
                        int *shard, char *why, char *err, size_t errlen) {
-    int r0 = pt_coll_rank(rt->coll) == 0;
+    int r0 = pt_coll_rank(rt->dist.coll) == 0;
     double v[5] = {*shard, plan->knobs.n_persist, plan->knobs.n_buffer, plan->knobs.n_swap,
                    plan->knobs.n_checkpoint};
     if (!r0) memset(v, 0, sizeof v);
-    int rc = pt_coll_allreduce(rt->coll, v, 5, PT_COLL_F64, 1.0, "the plan of rank 0", err,
+    int rc = pt_coll_allreduce(rt->dist.coll, v, 5, PT_COLL_F64, 1.0, "the plan of rank 0", err,
                                errlen);
     if (rc) return rc;
     int s0 = v[0] != 0;
@@ -242,13 +242,13 @@ static int ranks_agree(pt_rt *rt, const pt_trace *t, pt_search_opts *o, pt_plan 
         char e[600];
         snprintf(e, sizeof e, "%s", err);
         return pt_fail(err, errlen, rc, "running rank 0's plan on rank %d: %s",
-                       pt_coll_rank(rt->coll), e);
+                       pt_coll_rank(rt->dist.coll), e);
     }
     snprintf(why + strlen(why), 400 - strlen(why), " (rank 0's choice)");
     return PT_OK;
 }
 
-/* Rebuild the store under rt->kn, carrying every parameter value (and the
+/* Rebuild the store under rt->plan.kn, carrying every parameter value (and the
  * optimizer state when it exists) across through a per-parameter image: the
  * host's initial tensors are only guaranteed during post_model_load. */
 static int rebuild_keeping_state(pt_rt *rt, char *err, size_t errlen) {
@@ -270,10 +270,10 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     pt_search_opts_default(&o);
     o.cost.reserve_bytes = rt->cfg.reserve;
     o.cost.headroom_bytes = rt->cfg.extra_headroom;
-    o.cost.clip = rt->plan_clip;
+    o.cost.clip = rt->plan.plan_clip;
     o.cost.defer = rt->cfg.defer_cpu_steps;
     o.cost.overlap_ar = rt->cfg.overlap_allreduce;
-    o.cost.tp_l2 = rt->plan_tp_l2 = tp_l2(rt);
+    o.cost.tp_l2 = rt->plan.plan_tp_l2 = tp_l2(rt);
     /* the allocator's fragmentation as the profile measured it, times what
      * calibration learned on top (an under-predicted peak folds measured /
      * predicted into calib.peak, and the prediction already had this factor) */
@@ -289,36 +289,36 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     o.n_checkpoint = rt->cfg.n_checkpoint;
     /* CKPT recomputes through the host's callback: without it no plan may use it */
     if (!rt->host.recompute_block && o.n_checkpoint < 0) o.n_checkpoint = 0;
-    o.cost.shard = rt->shard;
+    o.cost.shard = rt->dist.shard;
     pt_plan plan;
     pt_plan_init(&plan);
     int rc = PT_OK;
-    if (t != rt->trace) {  /* keep it: create_optimizer may re-plan (clipping) */
-        if (!rt->trace) {
-            if (!(rt->trace = calloc(1, sizeof *rt->trace)))
+    if (t != rt->plan.trace) {  /* keep it: create_optimizer may re-plan (clipping) */
+        if (!rt->plan.trace) {
+            if (!(rt->plan.trace = calloc(1, sizeof *rt->plan.trace)))
                 return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
-            pt_trace_init(rt->trace);
+            pt_trace_init(rt->plan.trace);
         }
         /* a second search (tiles = auto tries several) replaces the kept trace */
-        rc = pt_trace_copy(rt->trace, t, err, errlen);
+        rc = pt_trace_copy(rt->plan.trace, t, err, errlen);
         if (rc) return rc;
     }
     /* search on the profile with what calibration learned applied (times;
      * the peak factor is o.cost.frag) */
     pt_trace cal;
     pt_trace_init(&cal);
-    rc = pt_trace_calibrated(&cal, rt->trace, err, errlen);
+    rc = pt_trace_calibrated(&cal, rt->plan.trace, err, errlen);
     char why[400] = "";
-    int shard = rt->shard;
+    int shard = rt->dist.shard;
     if (!rc) rc = pick_mode(rt, &cal, &o, &plan, &shard, why, err, errlen);
-    if (!rc && rt->coll) rc = ranks_agree(rt, &cal, &o, &plan, &shard, why, err, errlen);
+    if (!rc && rt->dist.coll) rc = ranks_agree(rt, &cal, &o, &plan, &shard, why, err, errlen);
     if (rc) {
         pt_trace_free(&cal);
         pt_plan_free(&plan);
         return rc;
     }
     t = &cal;
-    rt->shard = shard;
+    rt->dist.shard = shard;
     plan.exec_mode = plan.knobs.n_persist >= plan.n_chunk ? 0 : shard ? 2 : 1;
     snprintf(plan.mode_why, sizeof plan.mode_why, "%s", why);
     plan.world_size = t->key.world_size;
@@ -338,44 +338,44 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     }
     if (rt->cfg.timeline_file[0]) {
         /* an unwritable path fails like plan_file: the user asked for the file */
-        if (!rt->tl && !(rt->tl = calloc(1, sizeof *rt->tl))) rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
-        pt_timeline_free(rt->tl);
-        if (!rc) rc = pt_timeline_from_plan(t, &plan, rt->tl, err, errlen);
-        if (!rc) rc = pt_timeline_write_file(rt->tl, NULL, 0, rt->cfg.timeline_file, err, errlen);
+        if (!rt->plan.tl && !(rt->plan.tl = calloc(1, sizeof *rt->plan.tl))) rc = pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
+        pt_timeline_free(rt->plan.tl);
+        if (!rc) rc = pt_timeline_from_plan(t, &plan, rt->plan.tl, err, errlen);
+        if (!rc) rc = pt_timeline_write_file(rt->plan.tl, NULL, 0, rt->cfg.timeline_file, err, errlen);
         if (rc) {
             pt_trace_free(&cal);
             pt_plan_free(&plan);
             return rc;
         }
     }
-    rt->pred_peak = plan.cost.peak_bytes;
-    rt->pred_iter_s = plan.cost.iter_s;
-    rt->pred_fwd_s = plan.cost.fwd_s;
-    rt->pred_bwd_s = plan.cost.bwd_s;
-    rt->pred_opt_s = plan.cost.opt_s;
-    rt->pred_coll[0] = plan.cost.allreduce_s;
-    rt->pred_coll[1] = plan.cost.allgather_s;
-    rt->pred_coll[2] = plan.cost.reduce_scatter_s;
-    rt->swap_interval = plan.swap_interval;
+    rt->plan.pred_peak = plan.cost.peak_bytes;
+    rt->plan.pred_iter_s = plan.cost.iter_s;
+    rt->plan.pred_fwd_s = plan.cost.fwd_s;
+    rt->plan.pred_bwd_s = plan.cost.bwd_s;
+    rt->plan.pred_opt_s = plan.cost.opt_s;
+    rt->plan.pred_coll[0] = plan.cost.allreduce_s;
+    rt->plan.pred_coll[1] = plan.cost.allgather_s;
+    rt->plan.pred_coll[2] = plan.cost.reduce_scatter_s;
+    rt->plan.swap_interval = plan.swap_interval;
     /* the plan's release window of each swapped arena (the cost model's swap-out
      * schedule), so the runtime holds exactly what the prediction counted */
-    free(rt->swap_done);
-    rt->swap_done = NULL;
+    free(rt->plan.swap_done);
+    rt->plan.swap_done = NULL;
     pt_cost_ctx *cx = NULL;
     pt_act_profile ap;
     if (!pt_cost_ctx_new(t, &cx, err, errlen) && !pt_act_init(cx, &ap)) {
         pt_act_compute(cx, plan.modes, &ap);
-        rt->swap_done = malloc((size_t)plan.n_block * sizeof *rt->swap_done);
-        if (rt->swap_done) memcpy(rt->swap_done, ap.swap_done, (size_t)plan.n_block * sizeof *rt->swap_done);
+        rt->plan.swap_done = malloc((size_t)plan.n_block * sizeof *rt->plan.swap_done);
+        if (rt->plan.swap_done) memcpy(rt->plan.swap_done, ap.swap_done, (size_t)plan.n_block * sizeof *rt->plan.swap_done);
         pt_act_free(&ap);
     }
     pt_cost_ctx_free(cx);
     pt_trace_free(&cal);
-    rt->kn.n_persist = plan.knobs.n_persist;
-    rt->kn.n_buffer = plan.knobs.n_buffer;
-    rt->kn.n_swap = plan.knobs.n_swap;
-    rt->kn.n_checkpoint = plan.knobs.n_checkpoint;
-    rt->kn.source = "searched";
+    rt->plan.kn.n_persist = plan.knobs.n_persist;
+    rt->plan.kn.n_buffer = plan.knobs.n_buffer;
+    rt->plan.kn.n_swap = plan.knobs.n_swap;
+    rt->plan.kn.n_checkpoint = plan.knobs.n_checkpoint;
+    rt->plan.kn.source = "searched";
     pt_plan_free(&plan);
     return rebuild_keeping_state(rt, err, errlen);
 }
@@ -388,9 +388,9 @@ int pt_rt_call_profile_step(pt_rt *rt, char *err, size_t errlen) {
     if (hrc) {
         char inner[640] = "";
         if (err && errlen) snprintf(inner, sizeof inner, "%s", err);
-        return pt_fail(err, errlen, PT_ERR_CALLBACK, "post_model_load: the host's profile_step "
-                       "returned %d%s%s", hrc, inner[0] ? "; inside it the plugin reported: " : "",
-                       inner);
+        return pt_fail(err, errlen, PT_ERR_CALLBACK, "%s: the host's profile_step "
+                       "returned %d%s%s", rt->prof_hook ? rt->prof_hook : "post_model_load", hrc,
+                       inner[0] ? "; inside it the plugin reported: " : "", inner);
     }
     return PT_OK;
 }
@@ -400,14 +400,14 @@ int pt_rt_call_profile_step(pt_rt *rt, char *err, size_t errlen) {
  * trains would leave them waiting for each other. Every rank adds 1 for a miss;
  * a rank that hit drops its trace when any rank missed. */
 static int ranks_agree_on_cache(pt_rt *rt, int *hit, char *err, size_t errlen) {
-    if (!rt->coll) return PT_OK;
+    if (!rt->dist.coll) return PT_OK;
     double miss = !*hit;
-    int rc = pt_coll_allreduce(rt->coll, &miss, 1, PT_COLL_F64, 1.0,
+    int rc = pt_coll_allreduce(rt->dist.coll, &miss, 1, PT_COLL_F64, 1.0,
                                "the profile-cache decision", err, errlen);
     if (rc) return rc;
     if (miss > 0 && *hit) {
         PT_LOGI(&rt->lg, "profile cache: hit here, but %d of %d rank(s) missed; every rank "
-                         "profiles", (int)miss, pt_coll_world(rt->coll));
+                         "profiles", (int)miss, pt_coll_world(rt->dist.coll));
         *hit = 0;
     }
     return PT_OK;
@@ -455,5 +455,5 @@ int pt_rt_plan_from_cache(pt_rt *rt, int *hit, char *err, size_t errlen) {
 }
 
 int pt_rt_profiling(const pt_rt *rt) {
-    return rt->kn.source && !strcmp(rt->kn.source, "bootstrap");
+    return rt->plan.kn.source && !strcmp(rt->plan.kn.source, "bootstrap");
 }

@@ -38,13 +38,13 @@
 
 static uint64_t cur_bytes(pt_rt *rt) {
     pt_gpu_usage u;
-    pt_gpu_usage_get(rt->gpu, &u);
+    pt_gpu_usage_get(rt->dev.gpu, &u);
     return u.current;
 }
 
 static uint64_t peak_bytes(pt_rt *rt) {
     pt_gpu_usage u;
-    pt_gpu_usage_get(rt->gpu, &u);
+    pt_gpu_usage_get(rt->dev.gpu, &u);
     return u.peak;
 }
 
@@ -54,9 +54,9 @@ static int ev_index(const struct pt_prof *p, int kind, int b) {
 
 /* A window edge: the device's clock when the compute stream reaches this point. */
 static void mark(pt_rt *rt, int kind, int b) {
-    struct pt_prof *p = rt->prof;
+    struct pt_prof *p = rt->plan.prof;
     int i = ev_index(p, kind, b);
-    if (!pt_gpu_ops(rt->gpu)->event_record(pt_gpu_impl(rt->gpu), p->ev[i], rt->s_compute))
+    if (!pt_gpu_ops(rt->dev.gpu)->event_record(pt_gpu_impl(rt->dev.gpu), p->ev[i], rt->dev.s_compute))
         p->ev_set[i] = 1;
     else
         prof_failed(p, "event_record of a window edge on the compute stream failed");
@@ -64,11 +64,11 @@ static void mark(pt_rt *rt, int kind, int b) {
 
 /* Seconds between two edges of this pass (0 when either was not recorded). */
 static double span(pt_rt *rt, int ka, int ba, int kb, int bb) {
-    struct pt_prof *p = rt->prof;
+    struct pt_prof *p = rt->plan.prof;
     int a = ev_index(p, ka, ba), b = ev_index(p, kb, bb);
     float ms = 0.0f;
     if (!p->ev_set[a] || !p->ev_set[b]) return 0.0;
-    if (pt_gpu_ops(rt->gpu)->event_elapsed_ms(pt_gpu_impl(rt->gpu), p->ev[a], p->ev[b], &ms)) {
+    if (pt_gpu_ops(rt->dev.gpu)->event_elapsed_ms(pt_gpu_impl(rt->dev.gpu), p->ev[a], p->ev[b], &ms)) {
         prof_failed(p, "event_elapsed_ms between two window edges failed");
         return 0.0;
     }
@@ -77,8 +77,8 @@ static double span(pt_rt *rt, int ka, int ba, int kb, int bb) {
 
 /* The pass has been launched: wait for the device, turn its edges into times. */
 static void resolve_pass(pt_rt *rt) {
-    struct pt_prof *p = rt->prof;
-    if (pt_gpu_ops(rt->gpu)->stream_sync(pt_gpu_impl(rt->gpu), rt->s_compute))
+    struct pt_prof *p = rt->plan.prof;
+    if (pt_gpu_ops(rt->dev.gpu)->stream_sync(pt_gpu_impl(rt->dev.gpu), rt->dev.s_compute))
         prof_failed(p, "stream_sync of the compute stream at the end of a pass failed");
     for (int b = 0; b < p->n; b++) {
         AT(p->fwd, b) = span(rt, E_XPF, b, E_EPO, b);
@@ -95,19 +95,19 @@ static void resolve_pass(pt_rt *rt) {
 
 /* The allocator's fragmentation over the window that ends now. */
 static void fold_frag(pt_rt *rt) {
-    struct pt_prof *p = rt->prof;
+    struct pt_prof *p = rt->plan.prof;
     if (!p->win_open) return;
     pt_gpu_usage u;
-    pt_gpu_usage_get(rt->gpu, &u);
+    pt_gpu_usage_get(rt->dev.gpu, &u);
     if (u.peak > p->fr.peak) p->fr = u;
     if (u.span_peak > p->span) p->span = u.span_peak;
 }
 
 static void window_start(pt_rt *rt) {
     fold_frag(rt);
-    rt->prof->c0 = cur_bytes(rt);
-    pt_gpu_reset_peak(rt->gpu);
-    rt->prof->win_open = 1;
+    rt->plan.prof->c0 = cur_bytes(rt);
+    pt_gpu_reset_peak(rt->dev.gpu);
+    rt->plan.prof->win_open = 1;
 }
 
 /* The step's fragmentation for the trace: the address range its pattern
@@ -127,8 +127,8 @@ static void frag_figures(const struct pt_prof *p, pt_trace_frag *f) {
 int pt_prof_passes(void) { return PROF_PASSES; }
 
 int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
-    if (rt->prof) {                  /* a further pass: keep the earlier passes' timings */
-        struct pt_prof *p = rt->prof;
+    if (rt->plan.prof) {                  /* a further pass: keep the earlier passes' timings */
+        struct pt_prof *p = rt->plan.prof;
         resolve_pass(rt);
         /* the first sweep warms up (page mappings of the scratch); none after a
          * failure (this begin returns it) */
@@ -156,21 +156,21 @@ int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
         !(p->fscr = calloc((size_t)n, 8)) || !(p->bscr = calloc((size_t)n, 8)) ||
         !(p->ev = calloc((size_t)(E_PER_BLOCK * n + E_GLOBAL), sizeof *p->ev)) ||
         !(p->ev_set = calloc((size_t)(E_PER_BLOCK * n + E_GLOBAL), 1))) {
-        rt->prof = p;
+        rt->plan.prof = p;
         pt_prof_free(rt);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
     p->n = rt->n_blocks;
-    rt->prof = p;
+    rt->plan.prof = p;
     pt_store_coll_seconds(rt->st, p->cs0);
     pt_store_coll_bytes(rt->st, p->cb0);
     for (int i = 0; i < E_PER_BLOCK * p->n + E_GLOBAL; i++)
-        if (pt_gpu_event_create_timing(rt->gpu, &p->ev[i])) {
+        if (pt_gpu_event_create_timing(rt->dev.gpu, &p->ev[i])) {
             pt_prof_free(rt);
             return pt_fail(err, errlen, PT_ERR_BACKEND, "profiler: event_create failed: cannot create device events");
         }
     pt_gpu_usage u;
-    pt_gpu_usage_get(rt->gpu, &u);
+    pt_gpu_usage_get(rt->dev.gpu, &u);
     /* what the host holds outside blocks (inputs, residual streams, logits, scratch)
      * and the plugin's own small device buffers (norm accumulator) */
     p->nonblock = u.tag_current[PT_TAG_ACT] + u.tag_current[PT_TAG_SCRATCH] +
@@ -181,7 +181,7 @@ int pt_prof_begin(pt_rt *rt, char *err, size_t errlen) {
 }
 
 void pt_prof_free(pt_rt *rt) {
-    struct pt_prof *p = rt->prof;
+    struct pt_prof *p = rt->plan.prof;
     if (!p) return;
     free(p->fwd);
     free(p->bwd);
@@ -193,21 +193,21 @@ void pt_prof_free(pt_rt *rt) {
     free(p->fscr);
     free(p->bscr);
     for (int i = 0; p->ev && i < E_PER_BLOCK * p->n + E_GLOBAL; i++)
-        if (p->ev[i]) pt_gpu_ops(rt->gpu)->event_destroy(pt_gpu_impl(rt->gpu), p->ev[i]);
+        if (p->ev[i]) pt_gpu_ops(rt->dev.gpu)->event_destroy(pt_gpu_impl(rt->dev.gpu), p->ev[i]);
     free(p->ev);
     free(p->ev_set);
     free(p);
-    rt->prof = NULL;
+    rt->plan.prof = NULL;
 }
 
 static void nonblock_window_end(pt_rt *rt) {
-    struct pt_prof *p = rt->prof;
+    struct pt_prof *p = rt->plan.prof;
     uint64_t pk = peak_bytes(rt);
     if (pk > p->c0 && pk - p->c0 > p->nonblock_scr) p->nonblock_scr = pk - p->c0;
 }
 
 void pt_prof_hook(pt_rt *rt, int which, int32_t b, int exit) {
-    struct pt_prof *p = rt->prof;
+    struct pt_prof *p = rt->plan.prof;
     if (!p || b < 0 || b >= p->n) return;
     if (!exit) {               /* hook entry: a window ends */
         switch (which) {
@@ -252,7 +252,7 @@ void pt_prof_hook(pt_rt *rt, int which, int32_t b, int exit) {
 }
 
 void pt_prof_store_mark(pt_rt *rt, int kind, int32_t b, int after) {
-    struct pt_prof *p = rt->prof;
+    struct pt_prof *p = rt->plan.prof;
     if (!p || b < 0 || b >= p->n) return;
     if (kind == PT_STORE_MARK_RECOMPUTE) mark(rt, after ? E_RC1 : E_RC0, b);
     else if (kind == PT_STORE_MARK_ARENA_FREE) mark(rt, after ? E_FR1 : E_FR0, b);
@@ -294,7 +294,7 @@ static double free_rate_of(const struct pt_prof *p, const double *spans) {
 }
 
 static void free_rate(pt_rt *rt, pt_trace *t) {
-    struct pt_prof *p = rt->prof;
+    struct pt_prof *p = rt->plan.prof;
     t->hw.free_Bps = free_rate_of(p, p->frb);
     t->hw.free_fwd_Bps = free_rate_of(p, p->frf);
     PT_LOGI(&rt->lg, "profiler: freeing an activation arena costs the compute stream %.3g "
@@ -313,13 +313,13 @@ static void free_rate(pt_rt *rt, pt_trace *t) {
 /* The tensor-parallel group size the store runs under (1: none, as the store
  * counts it: a group needs the collectives). */
 static int32_t tp_size(const pt_rt *rt) {
-    return rt->coll && rt->cfg.tp_size > 1 ? rt->cfg.tp_size : 1;
+    return rt->dist.coll && rt->cfg.tp_size > 1 ? rt->cfg.tp_size : 1;
 }
 
 static uint64_t measured_inputs(pt_rt *rt) {
     const pt_config *c = &rt->cfg;
     pt_gpu_usage u;
-    pt_gpu_usage_get(rt->gpu, &u);
+    pt_gpu_usage_get(rt->dev.gpu, &u);
     struct {
         uint64_t chunk, chunk_cfg, capacity;
         double copy_bw, jitter;
@@ -334,7 +334,7 @@ static uint64_t measured_inputs(pt_rt *rt) {
     in.optim = c->optim_type;
     in.async = c->async_compute;
     in.tp = tp_size(rt);   /* a split param's chunk holds its shard */
-    const char *be = pt_gpu_backend_name(rt->gpu);
+    const char *be = pt_gpu_backend_name(rt->dev.gpu);
     uint64_t h = pt_fnv1a64(&in, sizeof in);
     h ^= pt_fnv1a64(be, strlen(be)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     return pt_rt_ext_cache_key(c, h);   /* the features' settings */
@@ -342,7 +342,7 @@ static uint64_t measured_inputs(pt_rt *rt) {
 
 void pt_prof_key(pt_rt *rt, pt_trace_key *k) {
     memset(k, 0, sizeof *k);
-    pt_gpu_device_name(rt->gpu, k->device, sizeof k->device);
+    pt_gpu_device_name(rt->dev.gpu, k->device, sizeof k->device);
     k->batch = rt->model->batch;
     k->seq = rt->model->seq;
     k->world_size = rt->host.world_size > 0 ? rt->host.world_size : 1;
@@ -352,7 +352,7 @@ void pt_prof_key(pt_rt *rt, pt_trace_key *k) {
 }
 
 int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
-    struct pt_prof *p = rt->prof;
+    struct pt_prof *p = rt->plan.prof;
     pt_model_v1 *m = rt->model;
     int n_chunks = pt_store_n_chunks(rt->st);
     pt_trace_init(t);   /* the caller frees it on failure too */
@@ -438,7 +438,7 @@ int pt_prof_finish(pt_rt *rt, pt_trace *t, char *err, size_t errlen) {
     if ((rc = prof_status(p, err, errlen))) return rc;
     t->hw.copy_engines = 2;
     pt_gpu_usage u;
-    pt_gpu_usage_get(rt->gpu, &u);
+    pt_gpu_usage_get(rt->dev.gpu, &u);
     t->hw.device_capacity = u.capacity;
     t->hw.host_ram_bytes = rt->cfg.pinned_budget;
     return pt_trace_validate(t, err, errlen);

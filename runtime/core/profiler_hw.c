@@ -16,10 +16,10 @@
  * before it on the compute stream may still use the buffer: it goes back once
  * the stream is idle, or in the stream's order when even the wait fails. */
 static void probe_free(pt_rt *rt, void *d, int failed) {
-    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->dev.gpu);
     char e[256];
-    if (!failed || !ops->stream_sync(pt_gpu_impl(rt->gpu), rt->s_compute)) pt_gpu_free(rt->gpu, d);
-    else pt_gpu_free_on_stream(rt->gpu, d, rt->s_compute, e, sizeof e);
+    if (!failed || !ops->stream_sync(pt_gpu_impl(rt->dev.gpu), rt->dev.s_compute)) pt_gpu_free(rt->dev.gpu, d);
+    else pt_gpu_free_on_stream(rt->dev.gpu, d, rt->dev.s_compute, e, sizeof e);
 }
 
 /* AdamW arguments for the profiler's timing runs: fixed hyper-parameters (the
@@ -56,7 +56,7 @@ static pt_adamw_args timing_adamw(void) {
  * device) or nothing trainable: no sample. A failed op is recorded like any
  * other. */
 void pt_prof_sweep(pt_rt *rt, int timed) {
-    struct pt_prof *p = rt->prof;
+    struct pt_prof *p = rt->plan.prof;
     const uint64_t cap = (uint64_t)4 << 20;   /* elements: 64 MiB of fp32 p, g, m, v */
     int nk = pt_store_n_chunks(rt->st), launches = 0;
     uint64_t E = 0;
@@ -70,15 +70,15 @@ void pt_prof_sweep(pt_rt *rt, int timed) {
     if (!E) return;
     void *d = NULL;
     char e[256];
-    if (pt_gpu_try_alloc(rt->gpu, (size_t)E * 16, PT_TAG_OTHER, &d, e, sizeof e)) return;
-    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
-    void *impl = pt_gpu_impl(rt->gpu);
+    if (pt_gpu_try_alloc(rt->dev.gpu, (size_t)E * 16, PT_TAG_OTHER, &d, e, sizeof e)) return;
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->dev.gpu);
+    void *impl = pt_gpu_impl(rt->dev.gpu);
     pt_event *e0 = p->ev[E_PER_BLOCK * p->n + E_T0], *e1 = p->ev[E_PER_BLOCK * p->n + E_END];
     float *base = d;   /* [4][E]: param, grad, m, v */
     pt_adamw_args a = timing_adamw();
     const char *bad = NULL;
-    if (ops->memset_async(impl, d, 0, (size_t)E * 16, rt->s_compute)) bad = "memset";
-    if (!bad && ops->event_record(impl, e0, rt->s_compute)) bad = "event_record";
+    if (ops->memset_async(impl, d, 0, (size_t)E * 16, rt->dev.s_compute)) bad = "memset";
+    if (!bad && ops->event_record(impl, e0, rt->dev.s_compute)) bad = "event_record";
     uint64_t off = 0;
     for (int k = 0; k < nk && off < E && !bad; k++) {
         pt_store_chunk_info ci;
@@ -90,12 +90,12 @@ void pt_prof_sweep(pt_rt *rt, int timed) {
         a.m = base + 2 * E + off;
         a.v = base + 3 * E + off;
         a.n = (size_t)n;
-        if (ops->adamw(impl, &a, rt->s_compute)) bad = "adamw";
-        else if (ops->memset_async(impl, base + E + off, 0, (size_t)n * 4, rt->s_compute)) bad = "memset";
+        if (ops->adamw(impl, &a, rt->dev.s_compute)) bad = "adamw";
+        else if (ops->memset_async(impl, base + E + off, 0, (size_t)n * 4, rt->dev.s_compute)) bad = "memset";
         off += n;
     }
     float ms = 0;
-    if (!bad && ops->event_record(impl, e1, rt->s_compute)) bad = "event_record";
+    if (!bad && ops->event_record(impl, e1, rt->dev.s_compute)) bad = "event_record";
     if (!bad && ops->event_sync(impl, e1)) bad = "event_sync";
     if (!bad && ops->event_elapsed_ms(impl, e0, e1, &ms)) bad = "event_elapsed_ms";
     probe_free(rt, d, bad != NULL);
@@ -116,19 +116,19 @@ void pt_prof_sweep(pt_rt *rt, int timed) {
 /* Median of three timed copies of `bytes`, as bytes/s (0 after a failure, which
  * is kept in the profile's status). */
 static double copy_rate(pt_rt *rt, void *dev, void *host, size_t bytes, int kind) {
-    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
-    pt_stream *s = kind == PT_GPU_H2D ? rt->s_h2d : rt->s_d2h;
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->dev.gpu);
+    pt_stream *s = kind == PT_GPU_H2D ? rt->dev.s_h2d : rt->dev.s_d2h;
     double dt[3];
     for (int r = 0; r < 3; r++) {
         double t0 = pt_now_s();
         void *d = kind == PT_GPU_H2D ? dev : host;
         const void *src = kind == PT_GPU_H2D ? host : dev;
-        if (pt_gpu_memcpy_async(rt->gpu, d, src, bytes, kind, s)) {
-            prof_failed(rt->prof, "memcpy timing a copy rate failed");
+        if (pt_gpu_memcpy_async(rt->dev.gpu, d, src, bytes, kind, s)) {
+            prof_failed(rt->plan.prof, "memcpy timing a copy rate failed");
             return 0;
         }
-        if (ops->stream_sync(pt_gpu_impl(rt->gpu), s)) {
-            prof_failed(rt->prof, "stream_sync timing a copy rate failed");
+        if (ops->stream_sync(pt_gpu_impl(rt->dev.gpu), s)) {
+            prof_failed(rt->plan.prof, "stream_sync timing a copy rate failed");
             return 0;
         }
         dt[r] = pt_now_s() - t0;
@@ -146,13 +146,13 @@ static double copy_rate(pt_rt *rt, void *dev, void *host, size_t bytes, int kind
  * bias chunks pay far above their bytes. Median of 5, >= 0; 0 after a
  * failure (recorded). */
 static double copy_latency(pt_rt *rt, void *dev, void *host, size_t bytes, int kind, double rate) {
-    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
-    void *impl = pt_gpu_impl(rt->gpu);
-    pt_stream *s = kind == PT_GPU_H2D ? rt->s_h2d : rt->s_d2h;
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->dev.gpu);
+    void *impl = pt_gpu_impl(rt->dev.gpu);
+    pt_stream *s = kind == PT_GPU_H2D ? rt->dev.s_h2d : rt->dev.s_d2h;
     pt_event *e0 = NULL, *e1 = NULL, *ec = NULL;
-    if (pt_gpu_event_create_timing(rt->gpu, &e0) || pt_gpu_event_create_timing(rt->gpu, &e1) ||
+    if (pt_gpu_event_create_timing(rt->dev.gpu, &e0) || pt_gpu_event_create_timing(rt->dev.gpu, &e1) ||
         ops->event_create(impl, &ec)) {
-        prof_failed(rt->prof, "event_create timing a copy latency failed");
+        prof_failed(rt->plan.prof, "event_create timing a copy latency failed");
         if (e0) ops->event_destroy(impl, e0);
         if (e1) ops->event_destroy(impl, e1);
         return 0;
@@ -164,18 +164,18 @@ static double copy_latency(pt_rt *rt, void *dev, void *host, size_t bytes, int k
         void *d = kind == PT_GPU_H2D ? dev : host;
         const void *src = kind == PT_GPU_H2D ? host : dev;
         const char *op = NULL;
-        if (ops->event_record(impl, e0, rt->s_compute)) op = "event_record";
+        if (ops->event_record(impl, e0, rt->dev.s_compute)) op = "event_record";
         else if (ops->stream_wait_event(impl, s, e0)) op = "stream_wait_event";
-        else if (pt_gpu_memcpy_async(rt->gpu, d, src, bytes, kind, s)) op = "memcpy";
+        else if (pt_gpu_memcpy_async(rt->dev.gpu, d, src, bytes, kind, s)) op = "memcpy";
         else if (ops->event_record(impl, ec, s)) op = "event_record";
-        else if (ops->stream_wait_event(impl, rt->s_compute, ec)) op = "stream_wait_event";
-        else if (ops->event_record(impl, e1, rt->s_compute)) op = "event_record";
+        else if (ops->stream_wait_event(impl, rt->dev.s_compute, ec)) op = "stream_wait_event";
+        else if (ops->event_record(impl, e1, rt->dev.s_compute)) op = "event_record";
         else if (ops->event_sync(impl, e1)) op = "event_sync";
         else if (ops->event_elapsed_ms(impl, e0, e1, &ms)) op = "event_elapsed_ms";
         if (op) {
             char why[128];
             snprintf(why, sizeof why, "%s timing a copy latency failed", op);
-            prof_failed(rt->prof, why);
+            prof_failed(rt->plan.prof, why);
             break;
         }
         double x = ms * 1e-3 - (rate > 0 ? (double)bytes / rate : 0);
@@ -191,7 +191,7 @@ static double copy_latency(pt_rt *rt, void *dev, void *host, size_t bytes, int k
  * largest activation arena (a per-copy latency makes small copies look slower;
  * measuring at a small size made swap-outs look twice as long as they are). */
 static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
-    struct pt_prof *p = rt->prof;
+    struct pt_prof *p = rt->plan.prof;
     size_t bytes = (size_t)(2 * pt_store_chunk_size(rt->st));
     for (int b = 0; b < p->n; b++)
         if (p->arena[b] > bytes) bytes = (size_t)p->arena[b];
@@ -199,25 +199,25 @@ static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
     void *dev = NULL, *host = NULL;
     char e[256];
     int own = 0;
-    if (!pt_gpu_try_alloc(rt->gpu, bytes, PT_TAG_OTHER, &dev, e, sizeof e)) {
+    if (!pt_gpu_try_alloc(rt->dev.gpu, bytes, PT_TAG_OTHER, &dev, e, sizeof e)) {
         own = 1;
     } else {
         /* no room for a block that size: time with an idle pool slot */
         uint64_t sb = 0;
         if (pt_store_borrow_slot(rt->st, &dev, &sb)) bytes = (size_t)sb;
     }
-    int prc = dev ? pt_gpu_pinned_alloc(rt->gpu, bytes, &host, e, sizeof e) : PT_ERR_OOM;
+    int prc = dev ? pt_gpu_pinned_alloc(rt->dev.gpu, bytes, &host, e, sizeof e) : PT_ERR_OOM;
     /* the pinned budget leaves less than the wanted size (the arenas, which set
      * it, are not known when the chunks' pinned memory is checked against the
      * budget): time at what is left, down to 64 KiB, and say so. A smaller copy
      * carries more of the per-copy latency, so the rates come out low: the
      * plan errs towards overlapping less, never towards more memory. */
     pt_gpu_usage pu;
-    pt_gpu_usage_get(rt->gpu, &pu);
+    pt_gpu_usage_get(rt->dev.gpu, &pu);
     uint64_t left = pu.pinned_budget > pu.pinned_current ? pu.pinned_budget - pu.pinned_current : 0;
     left -= left % PT_GPU_ALIGN;
     if (prc == PT_ERR_HOST_OOM && pu.pinned_budget && left >= 65536 && left < bytes &&
-        !pt_gpu_pinned_alloc(rt->gpu, (size_t)left, &host, e, sizeof e)) {
+        !pt_gpu_pinned_alloc(rt->dev.gpu, (size_t)left, &host, e, sizeof e)) {
         PT_LOGW(&rt->lg, "profiler: timing the copy rates with %llu pinned bytes instead of %zu "
                          "(what [memory] pinned_budget leaves; %llu would time them at full "
                          "size): the rates may read low", (unsigned long long)left, bytes,
@@ -230,7 +230,7 @@ static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
          * later with a sentence that does not say why */
         char why[320];
         pt_gpu_usage u;
-        pt_gpu_usage_get(rt->gpu, &u);
+        pt_gpu_usage_get(rt->dev.gpu, &u);
         if (dev)
             snprintf(why, sizeof why, "timing the copy rates needs %zu pinned bytes: %.140s; set "
                      "[memory] pinned_budget to at least %llu (the %llu in use + these)", bytes, e,
@@ -254,13 +254,13 @@ static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
                              "%.3g s per copy", hw->h2d_Bps, hw->h2d_lat_s, hw->d2h_Bps,
                     hw->d2h_lat_s);
         if (p->rc) {
-            const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
-            (void)ops->stream_sync(pt_gpu_impl(rt->gpu), rt->s_h2d);
-            (void)ops->stream_sync(pt_gpu_impl(rt->gpu), rt->s_d2h);
+            const pt_gpu_backend *ops = pt_gpu_ops(rt->dev.gpu);
+            (void)ops->stream_sync(pt_gpu_impl(rt->dev.gpu), rt->dev.s_h2d);
+            (void)ops->stream_sync(pt_gpu_impl(rt->dev.gpu), rt->dev.s_d2h);
         }
-        pt_gpu_pinned_free(rt->gpu, host);
+        pt_gpu_pinned_free(rt->dev.gpu, host);
     }
-    if (own) pt_gpu_free(rt->gpu, dev);
+    if (own) pt_gpu_free(rt->dev.gpu, dev);
 }
 
 /* Several ranks: the collectives' rates at chunk size, as bus bytes/s (the
@@ -281,12 +281,12 @@ static void measure_copies(pt_rt *rt, pt_trace_hw *hw) {
  * observed rate, bytes * bus / seconds waited in them, is what training sees:
  * the slower of the two rates is kept. */
 static void measure_coll(pt_rt *rt, pt_trace_hw *hw) {
-    if (!rt->coll || pt_coll_world(rt->coll) < 2 || rt->prof->rc) return;
+    if (!rt->dist.coll || pt_coll_world(rt->dist.coll) < 2 || rt->plan.prof->rc) return;
     size_t bytes = (size_t)pt_store_chunk_size(rt->st), n = bytes / 4 ? bytes / 4 : 1;
     float *buf = NULL, *dbuf = NULL;
-    if (strcmp(pt_gpu_backend_name(rt->gpu), "host")) {
+    if (strcmp(pt_gpu_backend_name(rt->dev.gpu), "host")) {
         char why[256];
-        if (pt_gpu_try_alloc(rt->gpu, n * 4, PT_TAG_SCRATCH, (void **)&dbuf, why, sizeof why)) {
+        if (pt_gpu_try_alloc(rt->dev.gpu, n * 4, PT_TAG_SCRATCH, (void **)&dbuf, why, sizeof why)) {
             dbuf = NULL;
             PT_LOGW(&rt->lg, "profiler: timing the collectives on a host buffer (a device "
                              "buffer of one chunk did not fit: %s)", why);
@@ -294,38 +294,38 @@ static void measure_coll(pt_rt *rt, pt_trace_hw *hw) {
     }
     buf = dbuf ? dbuf : calloc(n, 4);
     if (!buf) {
-        prof_failed(rt->prof, "out of host memory timing the collectives");
+        prof_failed(rt->plan.prof, "out of host memory timing the collectives");
         return;
     }
-    double W = pt_coll_world(rt->coll), bus[3] = {2 * (W - 1) / W, (W - 1) / W, (W - 1) / W};
+    double W = pt_coll_world(rt->dist.coll), bus[3] = {2 * (W - 1) / W, (W - 1) / W, (W - 1) / W};
     double *rate[3] = {&hw->allreduce_Bps, &hw->allgather_Bps, &hw->reduce_scatter_Bps};
     static const char *const name[3] = {"all-reduce", "all-gather", "reduce-scatter"};
     char e[512];
-    for (int k = 0; k < 3 && !rt->prof->rc; k++) {
+    for (int k = 0; k < 3 && !rt->plan.prof->rc; k++) {
         double dt[4];
         for (int r = 0; r < 4; r++) {
             double t0 = pt_now_s();
-            int rc = k == 0 ? pt_coll_allreduce(rt->coll, buf, n, PT_COLL_F32, 1.0, name[k], e, sizeof e)
-                   : k == 1 ? pt_coll_allgather(rt->coll, buf, n, 4, name[k], e, sizeof e)
-                            : pt_coll_reduce_scatter(rt->coll, buf, n, PT_COLL_F32, 1.0, name[k], e,
+            int rc = k == 0 ? pt_coll_allreduce(rt->dist.coll, buf, n, PT_COLL_F32, 1.0, name[k], e, sizeof e)
+                   : k == 1 ? pt_coll_allgather(rt->dist.coll, buf, n, 4, name[k], e, sizeof e)
+                            : pt_coll_reduce_scatter(rt->dist.coll, buf, n, PT_COLL_F32, 1.0, name[k], e,
                                                      sizeof e);
             if (rc) {
                 char why[200];
                 snprintf(why, sizeof why, "timing the %s failed: %.150s", name[k], e);
-                prof_failed(rt->prof, why);
+                prof_failed(rt->plan.prof, why);
                 break;
             }
             dt[r] = pt_now_s() - t0;
         }
-        if (rt->prof->rc) break;
+        if (rt->plan.prof->rc) break;
         double med = pt_median(dt + 1, 3);   /* the first is a warm-up */
         *rate[k] = med > 0 ? (double)(n * 4) * bus[k] / med : 0;
     }
     double cs[3], cb[3];
     pt_store_coll_seconds(rt->st, cs);
     pt_store_coll_bytes(rt->st, cb);
-    for (int k = 1; k < 3 && !rt->prof->rc; k++) {
-        double ds = cs[k] - rt->prof->cs0[k], db = cb[k] - rt->prof->cb0[k];
+    for (int k = 1; k < 3 && !rt->plan.prof->rc; k++) {
+        double ds = cs[k] - rt->plan.prof->cs0[k], db = cb[k] - rt->plan.prof->cb0[k];
         if (ds <= 0 || db <= 0) continue;
         double seen = db * bus[k] / ds;
         PT_LOGI(&rt->lg, "profile: %s at %.1f MB/s bus back to back, %.1f MB/s in the profiled "
@@ -333,7 +333,7 @@ static void measure_coll(pt_rt *rt, pt_trace_hw *hw) {
                 *rate[k] / 1e6, seen / 1e6, seen < *rate[k] ? ": the cost model uses the latter" : "");
         if (seen < *rate[k]) *rate[k] = seen;
     }
-    if (dbuf) pt_gpu_free(rt->gpu, dbuf);
+    if (dbuf) pt_gpu_free(rt->dev.gpu, dbuf);
     else free(buf);
 }
 
@@ -342,11 +342,11 @@ static void measure_coll(pt_rt *rt, pt_trace_hw *hw) {
  * fill > 0) one memset of fill bytes. d holds 4 arrays of stride floats
  * (param, grad, m, v). 0 when the events or the work failed (recorded). */
 static double dev_time(pt_rt *rt, void *d, size_t n, size_t stride, int launches, size_t fill) {
-    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
-    void *impl = pt_gpu_impl(rt->gpu);
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->dev.gpu);
+    void *impl = pt_gpu_impl(rt->dev.gpu);
     pt_event *e0 = NULL, *e1 = NULL;
-    if (pt_gpu_event_create_timing(rt->gpu, &e0) || pt_gpu_event_create_timing(rt->gpu, &e1)) {
-        prof_failed(rt->prof, "event_create timing the device optimizer failed");
+    if (pt_gpu_event_create_timing(rt->dev.gpu, &e0) || pt_gpu_event_create_timing(rt->dev.gpu, &e1)) {
+        prof_failed(rt->plan.prof, "event_create timing the device optimizer failed");
         if (e0) ops->event_destroy(impl, e0);
         return 0;
     }
@@ -357,20 +357,20 @@ static double dev_time(pt_rt *rt, void *d, size_t n, size_t stride, int launches
     a.v = (float *)d + 3 * stride;
     a.n = n;
     double best = 0;
-    for (int r = 0; r < 3 && !rt->prof->rc; r++) {
+    for (int r = 0; r < 3 && !rt->plan.prof->rc; r++) {
         float ms = 0;
         const char *op = NULL;
-        if (ops->event_record(impl, e0, rt->s_compute)) op = "event_record";
+        if (ops->event_record(impl, e0, rt->dev.s_compute)) op = "event_record";
         for (int k = 0; !op && fill == 0 && k < launches; k++)
-            if (ops->adamw(impl, &a, rt->s_compute)) op = "adamw";
-        if (!op && fill && ops->memset_async(impl, d, 0, fill, rt->s_compute)) op = "memset";
-        if (!op && ops->event_record(impl, e1, rt->s_compute)) op = "event_record";
+            if (ops->adamw(impl, &a, rt->dev.s_compute)) op = "adamw";
+        if (!op && fill && ops->memset_async(impl, d, 0, fill, rt->dev.s_compute)) op = "memset";
+        if (!op && ops->event_record(impl, e1, rt->dev.s_compute)) op = "event_record";
         if (!op && ops->event_sync(impl, e1)) op = "event_sync";
         if (!op && ops->event_elapsed_ms(impl, e0, e1, &ms)) op = "event_elapsed_ms";
         if (op) {
             char why[128];
             snprintf(why, sizeof why, "%s timing the device optimizer failed", op);
-            prof_failed(rt->prof, why);
+            prof_failed(rt->plan.prof, why);
             break;
         }
         double dt = ms * 1e-3;
@@ -439,7 +439,7 @@ static void measure_adam(pt_rt *rt, const pt_trace *t, int dtype, pt_trace_hw *h
                     char why[150];
                     double t0 = pt_now_s();
                     if (pt_cpu_adam_step_many(pool, &a[i], 1, pool ? &g : NULL, NULL, why, sizeof why))
-                        prof_failed(rt->prof, why);
+                        prof_failed(rt->plan.prof, why);
                     if (pool) pt_pool_wait(pool, &g);
                     double dt = pt_now_s() - t0;
                     if (r == 0 || (r > 0 && dt < tmin[i])) tmin[i] = dt;
@@ -464,7 +464,7 @@ static void measure_adam(pt_rt *rt, const pt_trace *t, int dtype, pt_trace_hw *h
  *   rate = E / (T - 2 L t_op - 4 E / r_memset)
  * Kept when positive; otherwise the one-array rate stands. */
 static void swept_rate(pt_rt *rt, pt_trace_hw *hw) {
-    struct pt_prof *p = rt->prof;
+    struct pt_prof *p = rt->plan.prof;
     if (!p->n_sweep) return;
     double t[PROF_PASSES];
     memcpy(t, p->sweep_t, (size_t)p->n_sweep * sizeof t[0]);
@@ -499,12 +499,12 @@ static void measure_dev_adam(pt_rt *rt, pt_trace_hw *hw) {
     size_t dn = (size_t)4 << 20;
     void *d = NULL;
     char e[256];
-    while (dn >= 4096 && pt_gpu_try_alloc(rt->gpu, dn * 16, PT_TAG_OTHER, &d, e, sizeof e)) dn /= 4;
+    while (dn >= 4096 && pt_gpu_try_alloc(rt->dev.gpu, dn * 16, PT_TAG_OTHER, &d, e, sizeof e)) dn /= 4;
     if (d) {
-        const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
-        void *impl = pt_gpu_impl(rt->gpu);
+        const pt_gpu_backend *ops = pt_gpu_ops(rt->dev.gpu);
+        void *impl = pt_gpu_impl(rt->dev.gpu);
         if (ops->memset_async(impl, d, 0, dn * 16, NULL))
-            prof_failed(rt->prof, "memset of the device AdamW timing buffer failed");
+            prof_failed(rt->plan.prof, "memset of the device AdamW timing buffer failed");
         size_t n1 = dn / 16, n2 = dn;
         double t1 = dev_time(rt, d, n1, dn, 1, 0), t2 = dev_time(rt, d, n2, dn, 1, 0);
         double rate = 0;
@@ -521,7 +521,7 @@ static void measure_dev_adam(pt_rt *rt, pt_trace_hw *hw) {
                          "%.3g bytes/s", hw->dev_adam_elems_per_s, hw->dev_op_s,
                 hw->dev_memset_Bps);
         swept_rate(rt, hw);
-        probe_free(rt, d, rt->prof->rc != 0);
+        probe_free(rt, d, rt->plan.prof->rc != 0);
     } else {
         /* no room at all: assume the CPU rate (the host backend runs the same loop) */
         hw->dev_adam_elems_per_s = hw->cpu_adam_elems_per_s;

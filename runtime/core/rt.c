@@ -28,9 +28,9 @@ static void gpu_log(void *user, int32_t level, const char *msg) {
  * the world / P ranks that hold the same shard, one per group, across which
  * gradients are averaged (none when world == P). */
 static int tp_groups(pt_rt *rt, int P, char *err, size_t errlen) {
-    int r = pt_coll_rank(rt->coll), W = pt_coll_world(rt->coll);
-    int rc = pt_coll_split(rt->coll, r / P, r, &rt->tp_coll, err, errlen);
-    if (!rc && W > P) rc = pt_coll_split(rt->coll, r % P, r, &rt->dp_coll, err, errlen);
+    int r = pt_coll_rank(rt->dist.coll), W = pt_coll_world(rt->dist.coll);
+    int rc = pt_coll_split(rt->dist.coll, r / P, r, &rt->dist.tp_coll, err, errlen);
+    if (!rc && W > P) rc = pt_coll_split(rt->dist.coll, r % P, r, &rt->dist.dp_coll, err, errlen);
     if (!rc)
         PT_LOGI(&rt->lg, "tensor-parallel group %d of %d (ranks %d..%d, this rank %d in it); "
                 "gradients averaged over %d replica(s)", r / P, W / P, r / P * P,
@@ -82,35 +82,35 @@ static int gpu_config(const pt_config *cfg, const pt_host_v1 *host, pt_gpu_confi
 /* The compute stream (the host's own on cuda, which the plugin orders against)
  * and the two copy streams. */
 static int open_streams(pt_rt *rt, const pt_host_v1 *host, char *err, size_t errlen) {
-    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
-    void *impl = pt_gpu_impl(rt->gpu);
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->dev.gpu);
+    void *impl = pt_gpu_impl(rt->dev.gpu);
     int rc;
     if (host && host->compute_stream) {
-        if ((rc = pt_gpu_adopt_stream(rt->gpu, host->compute_stream, &rt->s_compute, err,
+        if ((rc = pt_gpu_adopt_stream(rt->dev.gpu, host->compute_stream, &rt->dev.s_compute, err,
                                       errlen)))
             return rc;
-        rt->adopted_compute = 1;
-    } else if ((rc = ops->stream_create(impl, &rt->s_compute))) {
-        rt->s_compute = NULL;
+        rt->dev.adopted_compute = 1;
+    } else if ((rc = ops->stream_create(impl, &rt->dev.s_compute))) {
+        rt->dev.s_compute = NULL;
     }
-    if (rc || !rt->s_compute || (rc = ops->stream_create(impl, &rt->s_h2d)) ||
-        (rc = ops->stream_create(impl, &rt->s_d2h)))
+    if (rc || !rt->dev.s_compute || (rc = ops->stream_create(impl, &rt->dev.s_h2d)) ||
+        (rc = ops->stream_create(impl, &rt->dev.s_d2h)))
         return pt_fail(err, errlen, PT_ERR_BACKEND, "cannot create device streams on the %s backend",
-                       pt_gpu_backend_name(rt->gpu));
+                       pt_gpu_backend_name(rt->dev.gpu));
     return PT_OK;
 }
 
 /* How the plugin's work is ordered after the host's (PT_HOST_ASYNC_COMPUTE). */
 static void set_ordering(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host) {
-    rt->host_async = host && (host->flags & PT_HOST_ASYNC_COMPUTE);
-    rt->launch_queued = rt->host_async && cfg->async_compute &&
-                        !strcmp(pt_gpu_backend_name(rt->gpu), "host");
-    rt->ordered = rt->host_async;
-    rt->skip = (unsigned)cfg->debug_skip_ordering;
-    if (rt->host_async && rt->skip)
+    rt->dev.host_async = host && (host->flags & PT_HOST_ASYNC_COMPUTE);
+    rt->dev.launch_queued = rt->dev.host_async && cfg->async_compute &&
+                        !strcmp(pt_gpu_backend_name(rt->dev.gpu), "host");
+    rt->dev.ordered = rt->dev.host_async;
+    rt->dev.skip = (unsigned)cfg->debug_skip_ordering;
+    if (rt->dev.host_async && rt->dev.skip)
         PT_LOGW(&rt->lg, "[testing] debug_skip_ordering = %u: the plugin skips some of its "
                          "ordering after the host's compute (a testing aid: training is wrong)",
-                rt->skip);
+                rt->dev.skip);
 }
 
 /* Several ranks: the collectives, and the tensor-parallel groups. */
@@ -120,7 +120,7 @@ static int open_dist(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host, ch
      * have fallen back to host): nccl on cuda, mpi on host, or the host's own
      * collectives when it hands them (rt->host holds NULL past its struct_size) */
     const char *tr = NULL;
-    const char *dev = pt_gpu_backend_name(rt->gpu);
+    const char *dev = pt_gpu_backend_name(rt->dev.gpu);
     const pt_host_coll_v1 *table = rt->host.coll;
     int rc = pt_coll_pick_table(cfg->dist_backend, dev, cfg->init_method, table != NULL, &tr,
                                 err, errlen);
@@ -131,7 +131,7 @@ static int open_dist(pt_rt *rt, const pt_config *cfg, const pt_host_v1 *host, ch
     pt_coll_config cc = {host->world_size, host->rank, cfg->init_method,
                          (double)cfg->dist_timeout, cfg->debug_hang_rank, tr,
                          host->device_index, NULL, table};
-    if ((rc = pt_coll_open(&cc, &rt->coll, err, errlen)) || (rc = pt_agree_init(rt, err, errlen)))
+    if ((rc = pt_coll_open(&cc, &rt->dist.coll, err, errlen)) || (rc = pt_agree_init(rt, err, errlen)))
         return rc;
     if (cfg->tp_size > 1 && (rc = tp_groups(rt, cfg->tp_size, err, errlen))) return rc;
     if (table)
@@ -183,7 +183,7 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     rt->cfg = *cfg;
     rt->lg = *lg;
     rt->sx = sx;
-    rt->plan_clip = cfg->max_grad_norm > 0;
+    rt->plan.plan_clip = cfg->max_grad_norm > 0;
     if (host) {
         size_t n = host->struct_size < sizeof rt->host ? host->struct_size : sizeof rt->host;
         memcpy(&rt->host, host, n);
@@ -206,7 +206,7 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
     if (strcmp(kind, cfg->backend) && strcmp(cfg->backend, "auto"))
         PT_LOGW(&rt->lg, "the host asks for the %s backend; [plugin] backend = %s in %s is not "
                          "used", kind, cfg->backend, cfg->source);
-    if ((rc = pt_gpu_open(kind, &gc, &rt->gpu, err, errlen))) {
+    if ((rc = pt_gpu_open(kind, &gc, &rt->dev.gpu, err, errlen))) {
         free(rt);
         return rc;
     }
@@ -215,8 +215,8 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
         return rc;
     }
     /* the device layer's reports (leaks at close, backend failures) go to the log */
-    pt_gpu_set_log(rt->gpu, gpu_log, rt);
-    const char *why = pt_gpu_fallback_reason(rt->gpu);
+    pt_gpu_set_log(rt->dev.gpu, gpu_log, rt);
+    const char *why = pt_gpu_fallback_reason(rt->dev.gpu);
     if (why && *why)
         PT_LOGW(&rt->lg, "backend = auto: the cuda backend was not used (%s); running on the "
                          "simulated host device", why);
@@ -228,11 +228,11 @@ int pt_rt_create(const pt_config *cfg, const pt_host_v1 *host, const pt_logger *
         return rc;
     }
     char name[128];
-    pt_gpu_device_name(rt->gpu, name, sizeof name);
+    pt_gpu_device_name(rt->dev.gpu, name, sizeof name);
     pt_gpu_usage u;
-    pt_gpu_usage_get(rt->gpu, &u);
+    pt_gpu_usage_get(rt->dev.gpu, &u);
     PT_LOGI(&rt->lg, "backend %s (%s), device capacity %.1f MiB, config %s",
-            pt_gpu_backend_name(rt->gpu), name, u.capacity / 1048576.0, cfg->source);
+            pt_gpu_backend_name(rt->dev.gpu), name, u.capacity / 1048576.0, cfg->source);
     *out = rt;
     return PT_OK;
 }
@@ -243,25 +243,25 @@ size_t pt_rt_destroy(pt_rt *rt) {
     pt_rt_ext_unload(rt);
     pt_rt_ext_fini(rt);
     pt_rt_plan_free(rt);
-    pt_coll_close(rt->dp_coll);   /* sub-groups before their group */
-    pt_coll_close(rt->tp_coll);
-    pt_coll_close(rt->coll);
-    rt->coll = NULL;
+    pt_coll_close(rt->dist.dp_coll);   /* sub-groups before their group */
+    pt_coll_close(rt->dist.tp_coll);
+    pt_coll_close(rt->dist.coll);
+    rt->dist.coll = NULL;
     pt_coll_close(rt->solo);
     rt->solo = NULL;
     size_t leaked = 0;
     pt_rt_calib_free(rt);
-    if (rt->gpu) {
-        const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
-        void *impl = pt_gpu_impl(rt->gpu);
-        if (rt->s_compute && !rt->adopted_compute) ops->stream_destroy(impl, rt->s_compute);
-        if (rt->s_h2d) ops->stream_destroy(impl, rt->s_h2d);
-        if (rt->s_d2h) ops->stream_destroy(impl, rt->s_d2h);
-        leaked = pt_gpu_live_allocs(rt->gpu);
+    if (rt->dev.gpu) {
+        const pt_gpu_backend *ops = pt_gpu_ops(rt->dev.gpu);
+        void *impl = pt_gpu_impl(rt->dev.gpu);
+        if (rt->dev.s_compute && !rt->dev.adopted_compute) ops->stream_destroy(impl, rt->dev.s_compute);
+        if (rt->dev.s_h2d) ops->stream_destroy(impl, rt->dev.s_h2d);
+        if (rt->dev.s_d2h) ops->stream_destroy(impl, rt->dev.s_d2h);
+        leaked = pt_gpu_live_allocs(rt->dev.gpu);
         if (leaked)
             PT_LOGW(&rt->lg, "finalize: %zu device allocation(s) made through dev_alloc were "
                              "never freed by the host; reclaimed", leaked);
-        pt_gpu_close(rt->gpu);
+        pt_gpu_close(rt->dev.gpu);
     }
     free(rt);
     return leaked;

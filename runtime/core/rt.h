@@ -64,6 +64,18 @@ int pt_rt_dist_allreduce(pt_rt *rt, double *values, int32_t n, char *err, size_t
  * (pt_coll_abort; no-op with one rank). */
 void pt_rt_dist_abort(pt_rt *rt, const char *why);
 int pt_rt_post_step(pt_rt *rt, int64_t step, float loss, char *err, size_t errlen);
+/* discard_step (rt_discard.c): the step in progress dropped (eval: an
+ * evaluation pass, which holds no gradient); refused before any change when
+ * it cannot be undone (store/discard.c), with several ranks, or while
+ * profiling. */
+int pt_rt_discard_step(pt_rt *rt, int eval, char *err, size_t errlen);
+/* replan (rt_replan.c): profile and plan again for batch x seq, between steps.
+ * profile(user) runs the profiling passes through the host's profile_step and
+ * the search (the caller's, which owns the hook order) and returns a status
+ * whose sentence is in err; on any failure the old shape and plan are rebuilt. */
+typedef int (*pt_rt_profile_fn)(void *user);
+int pt_rt_replan(pt_rt *rt, int64_t batch, int64_t seq, pt_rt_profile_fn profile, void *user,
+                 char *err, size_t errlen);
 
 int pt_rt_dev_alloc(pt_rt *rt, uint64_t bytes, const char *tag, void **ptr, char *err,
                     size_t errlen);

@@ -21,7 +21,7 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     }
     int rc = pt_store_validate(model, err, errlen);
     if (rc) return rc;
-    pt_gpu_oom_reset(rt->gpu);   /* pt_rt_explain_oom speaks of this call only */
+    pt_gpu_oom_reset(rt->dev.gpu);   /* pt_rt_explain_oom speaks of this call only */
     /* a retry after a failed post_model_load starts from nothing */
     (void)pt_rt_store_free(rt, NULL, 0);
     pt_rt_plan_free(rt);
@@ -29,25 +29,25 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
     /* the features may refuse the model or replace the list the store lays out */
     if ((rc = pt_rt_ext_model_load(rt, model, err, errlen))) return rc;
     rt->n_blocks = model->n_blocks;
-    rt->kn.n_persist = rt->cfg.force_all_persistent ? -1 : rt->cfg.n_persist;
-    rt->kn.n_buffer = rt->cfg.n_buffer;
-    rt->kn.n_swap = rt->cfg.n_swap;
-    rt->kn.n_checkpoint = rt->cfg.n_checkpoint;
-    rt->kn.source = rt->cfg.force_all_persistent ? "force_all_persistent" : "INI";
+    rt->plan.kn.n_persist = rt->cfg.force_all_persistent ? -1 : rt->cfg.n_persist;
+    rt->plan.kn.n_buffer = rt->cfg.n_buffer;
+    rt->plan.kn.n_swap = rt->cfg.n_swap;
+    rt->plan.kn.n_checkpoint = rt->cfg.n_checkpoint;
+    rt->plan.kn.source = rt->cfg.force_all_persistent ? "force_all_persistent" : "INI";
     /* mode C when asked for (several ranks only) */
-    rt->shard = rt->coll && rt->cfg.zero3_shard == 1;
+    rt->dist.shard = rt->dist.coll && rt->cfg.zero3_shard == 1;
     if (pt_rt_wants_profile(rt)) {
         /* auto_mode may pick C after the search: profile sharded, which needs
          * the least pinned memory (the profile records the replicated figures) */
-        if (pt_rt_auto_shard(rt)) rt->shard = 1;
+        if (pt_rt_auto_shard(rt)) rt->dist.shard = 1;
         /* bootstrap: stream every chunk through the minimal pool, checkpoint every
          * block — what fits if anything does, so profiling itself never OOMs
          * where a plan exists */
-        rt->kn.n_persist = 0;
-        rt->kn.n_buffer = -1;
-        rt->kn.n_swap = 0;
-        rt->kn.n_checkpoint = model->n_blocks;
-        rt->kn.source = "bootstrap";
+        rt->plan.kn.n_persist = 0;
+        rt->plan.kn.n_buffer = -1;
+        rt->plan.kn.n_swap = 0;
+        rt->plan.kn.n_checkpoint = model->n_blocks;
+        rt->plan.kn.source = "bootstrap";
     }
     return pt_rt_build(rt, 0, err, errlen);
 }
@@ -57,13 +57,13 @@ int pt_rt_model_load(pt_rt *rt, pt_model_v1 *model, char *err, size_t errlen) {
  * interval comes from the profile when there is one, else 1. */
 static int block_modes(pt_rt *rt, int32_t *modes, char *err, size_t errlen) {
     int n = rt->n_blocks;
-    int ns = rt->kn.n_swap > 0 ? rt->kn.n_swap : 0;
-    int nc = rt->kn.n_checkpoint > 0 ? rt->kn.n_checkpoint : 0;
+    int ns = rt->plan.kn.n_swap > 0 ? rt->plan.kn.n_swap : 0;
+    int nc = rt->plan.kn.n_checkpoint > 0 ? rt->plan.kn.n_checkpoint : 0;
     uint8_t *m8 = calloc((size_t)(n > 0 ? n : 1), 1);
     if (!m8) {
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
-    int rc = pt_place_blocks(n, ns, nc, rt->swap_interval > 0 ? rt->swap_interval : 1, m8, err,
+    int rc = pt_place_blocks(n, ns, nc, rt->plan.swap_interval > 0 ? rt->plan.swap_interval : 1, m8, err,
                              errlen);
     if (rc) {
         free(m8);
@@ -82,7 +82,7 @@ static void store_mark(void *user, int kind, int32_t b, int after) {
     /* the host's recompute reads its descriptors: the addresses the store's
      * gather just set must be there (OSFT keeps them in its own list) */
     if (kind == PT_STORE_MARK_RECOMPUTE && !after) pt_rt_ext_after_hook(rt);
-    if (rt->prof) pt_prof_store_mark(rt, kind, b, after);
+    if (rt->plan.prof) pt_prof_store_mark(rt, kind, b, after);
 }
 
 int pt_rt_store_free(pt_rt *rt, char *err, size_t errlen) {
@@ -91,7 +91,7 @@ int pt_rt_store_free(pt_rt *rt, char *err, size_t errlen) {
     return rc;
 }
 
-/* (Re)build the store and the activation policy from rt->kn; from_image: the
+/* (Re)build the store and the activation policy from rt->plan.kn; from_image: the
  * caller restores parameter values from a state image next. */
 int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
     /* the store's destructor can only log a failed wait; here a hook is
@@ -107,7 +107,7 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
     if (!rc && n_ckpt && !rt->host.recompute_block) {
         /* found now, not at the first backward (where it surfaced as a bare
          * "profile_step returned 10") */
-        rc = !strcmp(rt->kn.source, "bootstrap")
+        rc = !strcmp(rt->plan.kn.source, "bootstrap")
             ? pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                       "post_model_load: profiling runs a bootstrap plan that checkpoints every "
                       "block (CKPT, recomputed through the host's recompute_block callback), but "
@@ -118,23 +118,23 @@ int pt_rt_build(pt_rt *rt, int from_image, char *err, size_t errlen) {
                       "the plan checkpoints %d block(s) (n_checkpoint, %s), which needs the "
                       "host's recompute_block callback, but pt_host_v1.recompute_block is NULL: "
                       "give the callback or set [protrain] n_checkpoint = 0", n_ckpt,
-                      rt->kn.source);
+                      rt->plan.kn.source);
     }
     if (!rc) {
-        pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->gpu, rt->s_compute, rt->s_h2d,
-                            rt->s_d2h, rt->model, &rt->opt, rt->sx, store_mark, rt,
-                            rt->ordered, rt->skip, rt->coll, rt->shard, rt->tp_coll,
-                            rt->dp_coll, pt_rt_ext_chunk_stepped(rt)};
+        pt_store_env env = {&rt->cfg, &rt->lg, &rt->host, rt->dev.gpu, rt->dev.s_compute, rt->dev.s_h2d,
+                            rt->dev.s_d2h, rt->model, &rt->opt, rt->sx, store_mark, rt,
+                            rt->dev.ordered, rt->dev.skip, rt->dist.coll, rt->dist.shard, rt->dist.tp_coll,
+                            rt->dist.dp_coll, pt_rt_ext_chunk_stepped(rt)};
         /* chunk_stepped: after an offloaded chunk's CPU step, on its worker, a
          * feature's work on the values the step changed there (OSFT's
          * projection), so nothing waits for other chunks' steps */
-        rc = pt_store_create(&env, &rt->kn, modes, rt->swap_done, from_image, &rt->st, err,
+        rc = pt_store_create(&env, &rt->plan.kn, modes, rt->plan.swap_done, from_image, &rt->st, err,
                              errlen);
         pt_rt_ext_after_hook(rt);
     }
     free(modes);
     /* peaks from here on belong to the plan in force (not to profiling) */
-    pt_gpu_reset_peak(rt->gpu);
-    rt->calib_steps = 0;
+    pt_gpu_reset_peak(rt->dev.gpu);
+    rt->cal.calib_steps = 0;
     return rc;
 }

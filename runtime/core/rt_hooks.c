@@ -33,9 +33,9 @@ int pt_rt_pre_step(pt_rt *rt, char *err, size_t errlen) {
  * while profiling. */
 typedef int (*store_hook)(pt_store *st, int32_t b, char *err, size_t errlen);
 static int hook(pt_rt *rt, int which, store_hook fn, int32_t b, char *err, size_t errlen) {
-    if (rt->prof) pt_prof_hook(rt, which, b, 0);
+    if (rt->plan.prof) pt_prof_hook(rt, which, b, 0);
     int rc = fn(rt->st, b, err, errlen);
-    if (rt->prof) pt_prof_hook(rt, which, b, 1);
+    if (rt->plan.prof) pt_prof_hook(rt, which, b, 1);
     pt_rt_ext_after_hook(rt);
     return rc;
 }
@@ -85,13 +85,13 @@ int pt_rt_dist_allreduce(pt_rt *rt, double *values, int32_t n, char *err, size_t
     if (n < 0 || (n > 0 && !values))
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG,
                        "dist_allreduce: values is NULL or n (%d) is negative", (int)n);
-    if (!rt->coll) return PT_OK;
-    return pt_coll_allreduce(rt->coll, values, (size_t)n, PT_COLL_F64, 1.0, "dist_allreduce",
+    if (!rt->dist.coll) return PT_OK;
+    return pt_coll_allreduce(rt->dist.coll, values, (size_t)n, PT_COLL_F64, 1.0, "dist_allreduce",
                              err, errlen);
 }
 
 void pt_rt_dist_abort(pt_rt *rt, const char *why) {
-    pt_coll_abort(rt->coll, why);   /* the sub-groups share its notices */
+    pt_coll_abort(rt->dist.coll, why);   /* the sub-groups share its notices */
 }
 
 int pt_rt_set_lr(pt_rt *rt, float lr, char *err, size_t errlen) {

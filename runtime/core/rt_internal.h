@@ -23,16 +23,8 @@ struct pt_rt {
     pt_config cfg;
     pt_logger lg;
     pt_host_v1 host;
-    /* the host's fingerprint, kept (pt_agree_keep_fingerprint): the host's own
-     * text is only valid during init, and host.fingerprint points here after */
-    char fingerprint[PT_HOST_FINGERPRINT_MAX + 1];
-    pt_gpu *gpu;
-    pt_coll *coll;            /* data-parallel collectives (world > 1), else NULL */
-    pt_coll *tp_coll, *dp_coll; /* sub-groups of coll with [dist] tp_size > 1 (store.h) */
     pt_coll *solo;            /* world 1 under an MPI launcher: the MPI group that checked
                                  it (kept open to the end, so MPI starts and ends once) */
-    int shard;                /* mode C: offloaded chunks split across the ranks (with coll) */
-    pt_stream *s_compute, *s_h2d, *s_d2h;
     pt_model_v1 *model;       /* what the store lays out: the host's model, or with OSFT
                                  the expanded list holding the factors (osft.h) */
     pt_model_v1 *hmodel;      /* the host's model (its descriptors get the addresses) */
@@ -42,37 +34,58 @@ struct pt_rt {
     int opt_created;          /* create_optimizer succeeded */
     const pt_step_state *sx;  /* where the host is in its step (the lifecycle's) */
     pt_store *st;             /* the store under the plan in force, or NULL */
-    int host_async;           /* the host set PT_HOST_ASYNC_COMPUTE */
-    int launch_queued;        /* launch queues on s_compute (host backend, async_compute) */
-    int adopted_compute;      /* s_compute is the host's own stream: not ours to destroy */
-    int ordered;              /* order plugin work after the host's with events */
-    unsigned skip;            /* PT_ORD_* orderings a test switched off */
-    pt_store_knobs kn;        /* what the current store was built with */
     float last_loss;
-    struct pt_prof *prof;     /* non-NULL while profiling */
-    double prof_t0;
-    uint64_t pred_peak;       /* the plan's predicted peak and iteration time (0: no plan) */
-    double pred_iter_s;
-    struct pt_trace *trace;   /* the profile the plan came from (kept for re-planning) */
-    int plan_clip;            /* the plan assumed clipping (deferred CPU steps) */
-    int plan_tp_l2;           /* the plan assumed tensor-parallel REKLS gathers the weights (l2) */
+    const char *prof_hook;    /* the hook profiling runs in, for errors (NULL: post_model_load) */
     int broken;               /* a failed rebuild left no usable store: every hook fails */
-    int calib_steps;          /* post_steps since the plan took effect */
-    double calib_t[8];        /* their timestamps */
-    uint64_t meas_peak;       /* measured at calibration (0: not yet) */
-    double pred_coll[3];      /* the plan's all-reduce / all-gather / reduce-scatter s per iteration */
-    double coll0[3];          /* the store's collective seconds when calibration's measuring began */
-    double meas_iter_s;
-    double pred_fwd_s, pred_bwd_s, pred_opt_s;  /* the plan's phases (cost model) */
-    pt_event *cal_ev[4];      /* PT_CAL_* timing events on s_compute (calib.c) */
-    unsigned cal_seen;        /* PT_CAL_* bits recorded in the running step */
-    double cal_ph[5][3];      /* measured steps' forward, backward, optimizer phases (s) */
-    int cal_ok[5];            /* that step's phases were timed */
-    int time_replans;         /* re-plans a time misprediction caused in this run */
-    int swap_interval;        /* blocks of forward compute that hide one swap-out (>= 1) */
-    int32_t *swap_done;       /* [n_blocks] the plan's release window per SWAP arena, or NULL */
-    struct pt_timeline *tl;   /* timeline_file set: the plan's memory picture, kept so calibration
-                                 can write it again with the measured peak; else NULL */
+    /* device services: the device layer, its streams and the ordering after the host's */
+    struct {
+        pt_gpu *gpu;
+        pt_stream *s_compute, *s_h2d, *s_d2h;
+        int host_async;           /* the host set PT_HOST_ASYNC_COMPUTE */
+        int launch_queued;        /* launch queues on s_compute (host backend, async_compute) */
+        int adopted_compute;      /* s_compute is the host's own stream: not ours to destroy */
+        int ordered;              /* order plugin work after the host's with events */
+        unsigned skip;            /* PT_ORD_* orderings a test switched off */
+    } dev;
+    /* the ranks: collectives and what they agree on */
+    struct {
+        /* the host's fingerprint, kept (pt_agree_keep_fingerprint): the host's own
+         * text is only valid during init, and host.fingerprint points here after */
+        char fingerprint[PT_HOST_FINGERPRINT_MAX + 1];
+        pt_coll *coll;            /* data-parallel collectives (world > 1), else NULL */
+        pt_coll *tp_coll, *dp_coll; /* sub-groups of coll with [dist] tp_size > 1 (store.h) */
+        int shard;                /* mode C: offloaded chunks split across the ranks (with coll) */
+    } dist;
+    /* the plan in force and the profile it came from */
+    struct {
+        pt_store_knobs kn;        /* what the current store was built with */
+        struct pt_prof *prof;     /* non-NULL while profiling */
+        double prof_t0;
+        uint64_t pred_peak;       /* the plan's predicted peak and iteration time (0: no plan) */
+        double pred_iter_s;
+        struct pt_trace *trace;   /* the profile the plan came from (kept for re-planning) */
+        int plan_clip;            /* the plan assumed clipping (deferred CPU steps) */
+        int plan_tp_l2;           /* the plan assumed tensor-parallel REKLS gathers the weights (l2) */
+        double pred_coll[3];      /* the plan's all-reduce / all-gather / reduce-scatter s per iteration */
+        double pred_fwd_s, pred_bwd_s, pred_opt_s;  /* the plan's phases (cost model) */
+        int swap_interval;        /* blocks of forward compute that hide one swap-out (>= 1) */
+        int32_t *swap_done;       /* [n_blocks] the plan's release window per SWAP arena, or NULL */
+        struct pt_timeline *tl;   /* timeline_file set: the plan's memory picture, kept so calibration
+                                     can write it again with the measured peak; else NULL */
+    } plan;
+    /* calibration: the measured steps against the plan (calib.c) */
+    struct {
+        int calib_steps;          /* post_steps since the plan took effect */
+        double calib_t[8];        /* their timestamps */
+        uint64_t meas_peak;       /* measured at calibration (0: not yet) */
+        double coll0[3];          /* the store's collective seconds when calibration's measuring began */
+        double meas_iter_s;
+        pt_event *cal_ev[4];      /* PT_CAL_* timing events on s_compute (calib.c) */
+        unsigned cal_seen;        /* PT_CAL_* bits recorded in the running step */
+        double cal_ph[5][3];      /* measured steps' forward, backward, optimizer phases (s) */
+        int cal_ok[5];            /* that step's phases were timed */
+        int time_replans;         /* re-plans a time misprediction caused in this run */
+    } cal;
 };
 
 /* A feature that extends the runtime object (osft/, tiled/): rt.c and

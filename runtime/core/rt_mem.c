@@ -19,7 +19,7 @@ int pt_rt_dev_alloc(pt_rt *rt, uint64_t bytes, const char *tag, void **ptr, char
     if (bytes == 0) {
         return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "dev_alloc: zero-byte request (tag %s)", tag ? tag : "(none)");
     }
-    return pt_gpu_alloc_host(rt->gpu, (size_t)bytes, pt_mem_tag_parse(tag), ptr, err, errlen);
+    return pt_gpu_alloc_host(rt->dev.gpu, (size_t)bytes, pt_mem_tag_parse(tag), ptr, err, errlen);
 }
 
 int pt_rt_dev_free(pt_rt *rt, void *ptr, char *err, size_t errlen) {
@@ -30,8 +30,8 @@ int pt_rt_dev_free(pt_rt *rt, void *ptr, char *err, size_t errlen) {
                        "dev_free: %p is block %d's activation arena, which the plugin owns", ptr, b);
     /* the host's queued kernels may still use it: free in the compute stream's
      * order; only the host's own blocks (a parameter's address is the plugin's) */
-    pt_stream *s = rt->ordered && !(rt->skip & PT_ORD_FREE) ? rt->s_compute : NULL;
-    return pt_gpu_free_host(rt->gpu, ptr, s, err, errlen);
+    pt_stream *s = rt->dev.ordered && !(rt->dev.skip & PT_ORD_FREE) ? rt->dev.s_compute : NULL;
+    return pt_gpu_free_host(rt->dev.gpu, ptr, s, err, errlen);
 }
 
 int pt_rt_arena(pt_rt *rt, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen) {
@@ -61,27 +61,27 @@ int pt_rt_memcpy(pt_rt *rt, void *dst, const void *src, uint64_t bytes, int32_t 
         char why[320];
         const void *bad = NULL;
         const char *side = NULL;
-        if (kind != PT_COPY_D2H && !pt_gpu_host_range(rt->gpu, dst, (size_t)bytes, why, sizeof why))
+        if (kind != PT_COPY_D2H && !pt_gpu_host_range(rt->dev.gpu, dst, (size_t)bytes, why, sizeof why))
             bad = dst, side = "destination";
         else if (kind != PT_COPY_H2D &&
-                 !pt_gpu_host_range(rt->gpu, src, (size_t)bytes, why, sizeof why))
+                 !pt_gpu_host_range(rt->dev.gpu, src, (size_t)bytes, why, sizeof why))
             bad = src, side = "source";
         if (bad)
             return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "memcpy(%s, %llu bytes): the %s %p %s",
                            kn[kind], (unsigned long long)bytes, side, bad, why);
     }
     /* a copy on the compute stream: after the host's launched work */
-    int rc = rt->ordered && !(rt->skip & PT_ORD_HOSTIO) ? pt_rt_stream_sync(rt, err, errlen) : PT_OK;
+    int rc = rt->dev.ordered && !(rt->dev.skip & PT_ORD_HOSTIO) ? pt_rt_stream_sync(rt, err, errlen) : PT_OK;
     if (rc) return rc;
     char e[256];
-    rc = pt_gpu_memcpy_sync(rt->gpu, dst, src, (size_t)bytes, kind, e, sizeof e);
+    rc = pt_gpu_memcpy_sync(rt->dev.gpu, dst, src, (size_t)bytes, kind, e, sizeof e);
     if (rc) pt_fail(err, errlen, rc, "memcpy: %s", e);
     return rc;
 }
 
 int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out) {
     pt_gpu_usage u;
-    pt_gpu_usage_get(rt->gpu, &u);
+    pt_gpu_usage_get(rt->dev.gpu, &u);
     pt_stats_v1 s;
     memset(&s, 0, sizeof s);
     s.struct_size = sizeof s;
@@ -95,8 +95,8 @@ int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out) {
     s.d2h_bytes = u.d2h_bytes;
     s.last_grad_norm = rt->opt.last_norm;
     s.steps = rt->opt.t;
-    s.pred_peak = rt->pred_peak;
-    s.pred_iter_s = rt->pred_iter_s;
+    s.pred_peak = rt->plan.pred_peak;
+    s.pred_iter_s = rt->plan.pred_iter_s;
     pt_store_stats(rt->st, &s);
     pt_rt_ext_stats(rt, &s);
     uint32_t n = out->struct_size && out->struct_size < sizeof s ? out->struct_size : sizeof s;
@@ -127,19 +127,19 @@ int pt_rt_write_param(pt_rt *rt, int32_t index, const void *src, uint64_t bytes,
 
 int pt_rt_launch(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t errlen) {
     if (!fn) return pt_fail(err, errlen, PT_ERR_INVALID_ARG, "launch: fn is NULL");
-    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
-    void *impl = pt_gpu_impl(rt->gpu);
-    const pt_rt_ext *x = rt->launch_queued ? pt_rt_ext_launcher(rt) : NULL;
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->dev.gpu);
+    void *impl = pt_gpu_impl(rt->dev.gpu);
+    const pt_rt_ext *x = rt->dev.launch_queued ? pt_rt_ext_launcher(rt) : NULL;
     if (x) return x->launch(rt, fn, arg, err, errlen);
-    if (rt->launch_queued) {
-        if (ops->host_fn(impl, rt->s_compute, fn, arg))
+    if (rt->dev.launch_queued) {
+        if (ops->host_fn(impl, rt->dev.s_compute, fn, arg))
             return pt_fail(err, errlen, PT_ERR_BACKEND,
                            "launch: queueing work on the compute stream failed: host_fn failed");
         return PT_OK;
     }
     /* cuda: fn enqueues its kernels on the compute stream, behind the plugin's
      * waits; nothing to wait for here */
-    if (rt->host_async && strcmp(pt_gpu_backend_name(rt->gpu), "host")) {
+    if (rt->dev.host_async && strcmp(pt_gpu_backend_name(rt->dev.gpu), "host")) {
         fn(arg);
         return PT_OK;
     }
@@ -151,8 +151,8 @@ int pt_rt_launch(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t err
 }
 
 int pt_rt_stream_sync(pt_rt *rt, char *err, size_t errlen) {
-    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
-    if (ops->stream_sync(pt_gpu_impl(rt->gpu), rt->s_compute))
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->dev.gpu);
+    if (ops->stream_sync(pt_gpu_impl(rt->dev.gpu), rt->dev.s_compute))
         return pt_fail(err, errlen, PT_ERR_BACKEND, "stream_sync: the compute stream failed");
     return pt_rt_ext_async_status(rt, err, errlen);
 }

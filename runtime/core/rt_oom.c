@@ -38,11 +38,11 @@ static void tag_list(const uint64_t tags[PT_TAG_COUNT], char *held, size_t n) {
 
 int pt_rt_explain_oom(pt_rt *rt, int rc, char *err, size_t errlen) {
     uint64_t tags[PT_TAG_COUNT];
-    uint64_t need = pt_gpu_last_oom(rt->gpu, tags);
+    uint64_t need = pt_gpu_last_oom(rt->dev.gpu, tags);
     if (!rc || !need || !err || !errlen) return rc;
     pt_gpu_usage u;
-    pt_gpu_usage_get(rt->gpu, &u);
-    const char *src = rt->kn.source ? rt->kn.source : "INI";
+    pt_gpu_usage_get(rt->dev.gpu, &u);
+    const char *src = rt->plan.kn.source ? rt->plan.kn.source : "INI";
     const char *plan = !strcmp(src, "bootstrap")
         ? "the profiling plan (every chunk streamed through the minimal buffer pool, every "
           "block checkpointed: the smallest plan there is)"
@@ -81,14 +81,14 @@ int pt_rt_explain_oom(pt_rt *rt, int rc, char *err, size_t errlen) {
 }
 
 void pt_rt_measure_setup(pt_rt *rt) {
-    if (rt) (void)pt_gpu_measure_begin(rt->gpu);
+    if (rt) (void)pt_gpu_measure_begin(rt->dev.gpu);
 }
 
 int pt_rt_setup_end(pt_rt *rt, int profiled, int rc, char *err, size_t errlen) {
-    uint64_t need = pt_gpu_measure_end(rt->gpu);
+    uint64_t need = pt_gpu_measure_end(rt->dev.gpu);
     if (!need) return rc ? pt_rt_explain_oom(rt, rc, err, errlen) : rc;
     pt_gpu_usage u;
-    pt_gpu_usage_get(rt->gpu, &u);
+    pt_gpu_usage_get(rt->dev.gpu, &u);
     if (rc && rc != PT_ERR_OOM && rc != PT_ERR_INFEASIBLE) {
         /* a failure of its own (a bad argument, a host callback): it stays the
          * cause; the size is a note, measured up to where the setup stopped */
@@ -104,7 +104,7 @@ int pt_rt_setup_end(pt_rt *rt, int profiled, int rc, char *err, size_t errlen) {
     char held[512], first[768] = "";
     tag_list(u.tag_peak, held, sizeof held);
     if (rc && err && errlen) snprintf(first, sizeof first, "; what failed then: %s", err);
-    const char *src = rt->kn.source ? rt->kn.source : "INI";
+    const char *src = rt->plan.kn.source ? rt->plan.kn.source : "INI";
     char what[400];
     if (profiled)
         snprintf(what, sizeof what, "with device_capacity set to it the profiling plan (every "

@@ -61,7 +61,7 @@ int pt_rt_create_optimizer(pt_rt *rt, const pt_optim_v1 *d, char *err, size_t er
      * the AdamW eps of the parameters REKLS does not take, the same number. */
     n.rekls_eps = !isnan(given[3]) ? given[3] : c->rekls_eps;
     *o = n;
-    pt_gpu_oom_reset(rt->gpu);
+    pt_gpu_oom_reset(rt->dev.gpu);
     o->t = 0;
     o->last_norm = NAN;
     if (type == PT_OPTIM_REKLS)

@@ -75,13 +75,13 @@ void pt_osft_free(pt_rt *rt) {
     pt_osft *o = osft_of(rt);
     if (!o) return;
     if (rt->model == &o->xm) rt->model = rt->hmodel;
-    if (o->scr) pt_gpu_free(rt->gpu, o->scr);
+    if (o->scr) pt_gpu_free(rt->dev.gpu, o->scr);
     if (o->split_steps)
         PT_LOGI(&rt->lg, "osft: mode C value projection of split factors: %.3f s over %lld "
                          "steps (%.2f ms a step), of which gathering the factors %.3f s",
                 o->split_s, (long long)o->split_steps, 1e3 * o->split_s / (double)o->split_steps,
                 o->gather_s);
-    if (o->full) pt_gpu_pinned_free(rt->gpu, o->full);
+    if (o->full) pt_gpu_pinned_free(rt->dev.gpu, o->full);
     pt_osft_drop_frozen(rt);
     free(o->fzc);
     pthread_mutex_destroy(&o->mu);
@@ -130,28 +130,28 @@ static int svd_one(pt_rt *rt, const float *w, int64_t N, int64_t M, float *u, fl
     size_t na = (size_t)(N * M), nu = (size_t)(N * R), nv = (size_t)(R * M);
     size_t bytes = 4 * (na + nu + (size_t)R + nv) + 16;
     char *d = NULL;
-    int rc = pt_gpu_alloc(rt->gpu, bytes, PT_TAG_SCRATCH, (void **)&d, err, errlen);
+    int rc = pt_gpu_alloc(rt->dev.gpu, bytes, PT_TAG_SCRATCH, (void **)&d, err, errlen);
     if (rc) return rc;
     float *da = (float *)d, *du = da + na, *ds = du + nu, *dv = ds + R;
     int32_t *dinfo = (int32_t *)(dv + nv), info = -1;
     pt_svd_args a = {N, M, da, du, ds, dv, dinfo};
-    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->dev.gpu);
     char e[256];
-    if ((rc = pt_gpu_memcpy_sync(rt->gpu, da, w, 4 * na, PT_GPU_H2D, e, sizeof e)))
+    if ((rc = pt_gpu_memcpy_sync(rt->dev.gpu, da, w, 4 * na, PT_GPU_H2D, e, sizeof e)))
         pt_fail(err, errlen, rc, "osft: uploading '%s' for its SVD failed: %s", name, e);
-    else if (ops->svd_f32(pt_gpu_impl(rt->gpu), &a, NULL))
+    else if (ops->svd_f32(pt_gpu_impl(rt->dev.gpu), &a, NULL))
         rc = pt_fail(err, errlen, PT_ERR_BACKEND, "osft: the SVD of '%s' (%lld x %lld) failed "
                      "on the %s backend: svd_f32 failed", name, (long long)N, (long long)M,
-                     pt_gpu_backend_name(rt->gpu));
-    else if ((rc = pt_gpu_memcpy_sync(rt->gpu, &info, dinfo, 4, PT_GPU_D2H, e, sizeof e)) ||
-             (rc = pt_gpu_memcpy_sync(rt->gpu, u, du, 4 * nu, PT_GPU_D2H, e, sizeof e)) ||
-             (rc = pt_gpu_memcpy_sync(rt->gpu, s, ds, 4 * (size_t)R, PT_GPU_D2H, e, sizeof e)) ||
-             (rc = pt_gpu_memcpy_sync(rt->gpu, vt, dv, 4 * nv, PT_GPU_D2H, e, sizeof e)))
+                     pt_gpu_backend_name(rt->dev.gpu));
+    else if ((rc = pt_gpu_memcpy_sync(rt->dev.gpu, &info, dinfo, 4, PT_GPU_D2H, e, sizeof e)) ||
+             (rc = pt_gpu_memcpy_sync(rt->dev.gpu, u, du, 4 * nu, PT_GPU_D2H, e, sizeof e)) ||
+             (rc = pt_gpu_memcpy_sync(rt->dev.gpu, s, ds, 4 * (size_t)R, PT_GPU_D2H, e, sizeof e)) ||
+             (rc = pt_gpu_memcpy_sync(rt->dev.gpu, vt, dv, 4 * nv, PT_GPU_D2H, e, sizeof e)))
         pt_fail(err, errlen, rc, "osft: reading the SVD of '%s' back failed: %s", name, e);
     else if (info != 0)
         rc = pt_fail(err, errlen, PT_ERR_BACKEND, "osft: the SVD of '%s' (%lld x %lld) did not "
                      "converge (solver code %d)", name, (long long)N, (long long)M, (int)info);
-    pt_gpu_free(rt->gpu, d);
+    pt_gpu_free(rt->dev.gpu, d);
     return rc;
 }
 
@@ -368,7 +368,7 @@ int pt_osft_setup(pt_rt *rt, pt_model_v1 *h, char *err, size_t errlen) {
     o->xm.n_params = b.x;
     o->xm.params = o->xp;
     uint64_t need = scratch_floats(o, h);
-    if ((rc = pt_gpu_alloc(rt->gpu, (size_t)need * 4, PT_TAG_SCRATCH, (void **)&o->scr, err,
+    if ((rc = pt_gpu_alloc(rt->dev.gpu, (size_t)need * 4, PT_TAG_SCRATCH, (void **)&o->scr, err,
                            errlen))) {
         pt_osft_free(rt);
         return rc;
@@ -423,9 +423,9 @@ void pt_osft_live_ptrs(const pt_osft *o, const tgt *t, fptr *f) {
 }
 
 void pt_osft_lin_open(pt_rt *rt, lin *L) {
-    L->ops = pt_gpu_ops(rt->gpu);
-    L->impl = pt_gpu_impl(rt->gpu);
-    L->s = tl_snap ? NULL : rt->s_compute;
+    L->ops = pt_gpu_ops(rt->dev.gpu);
+    L->impl = pt_gpu_impl(rt->dev.gpu);
+    L->s = tl_snap ? NULL : rt->dev.s_compute;
     L->cpu = 0;
     L->rc = PT_OK;
 }
@@ -435,28 +435,28 @@ int pt_osft_scratch_get(pt_rt *rt, uint64_t n, float **p, char *err, size_t errl
         *p = osft_of(rt)->scr;
         return PT_OK;
     }
-    return pt_gpu_alloc(rt->gpu, (size_t)n * 4, PT_TAG_SCRATCH, (void **)p, err, errlen);
+    return pt_gpu_alloc(rt->dev.gpu, (size_t)n * 4, PT_TAG_SCRATCH, (void **)p, err, errlen);
 }
 
 void pt_osft_scratch_free(pt_rt *rt, void *p) {
     if (!p || p == osft_of(rt)->scr) return;
     if (tl_snap) {
-        pt_gpu_free(rt->gpu, p);
+        pt_gpu_free(rt->dev.gpu, p);
         return;
     }
     char e[128];
-    if (pt_gpu_free_on_stream(rt->gpu, p, rt->s_compute, e, sizeof e))
+    if (pt_gpu_free_on_stream(rt->dev.gpu, p, rt->dev.s_compute, e, sizeof e))
         PT_LOGW(&rt->lg, "osft: freeing scratch: %s", e);
 }
 
 /* Ops queued on the compute stream: a host computing on its own thread reads the
  * results when the hook returns, so wait for them there. */
 int pt_osft_lin_close(pt_rt *rt, lin *L, const char *what, char *err, size_t errlen) {
-    if (!L->rc && !tl_snap && !rt->ordered && L->ops->stream_sync(L->impl, rt->s_compute))
+    if (!L->rc && !tl_snap && !rt->dev.ordered && L->ops->stream_sync(L->impl, rt->dev.s_compute))
         L->rc = PT_ERR_BACKEND;
     if (L->rc)
         return pt_fail(err, errlen, PT_ERR_BACKEND, "%s: a gemm_f32 / cols_f32 op failed on the "
-                       "%s backend", what, pt_gpu_backend_name(rt->gpu));
+                       "%s backend", what, pt_gpu_backend_name(rt->dev.gpu));
     return PT_OK;
 }
 
@@ -650,8 +650,8 @@ int pt_osft_launch(pt_rt *rt, void (*fn)(void *), void *arg, char *err, size_t e
     sp->arg = arg;
     sp->rt = rt;
     for (int i = 0; i < o->n; i++) pt_osft_live_ptrs(o, &o->t[i], &sp->f[i]);
-    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
-    if (ops->host_fn(pt_gpu_impl(rt->gpu), rt->s_compute, trampoline, sp)) {
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->dev.gpu);
+    if (ops->host_fn(pt_gpu_impl(rt->dev.gpu), rt->dev.s_compute, trampoline, sp)) {
         free(sp);
         return pt_fail(err, errlen, PT_ERR_BACKEND,
                        "launch: queueing work on the compute stream failed: host_fn failed");

@@ -51,10 +51,10 @@ static uint64_t cache_key(const pt_config *c, uint64_t h) {
 }
 
 static int model_load(pt_rt *rt, pt_model_v1 *host, char *err, size_t errlen) {
-    if (rt->cfg.osft_enabled && !pt_gpu_has_linalg(pt_gpu_ops(rt->gpu)))
+    if (rt->cfg.osft_enabled && !pt_gpu_has_linalg(pt_gpu_ops(rt->dev.gpu)))
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "[osft] enabled, but the %s backend "
                        "library has no gemm_f32 / svd_f32 (built before OSFT): rebuild it",
-                       pt_gpu_backend_name(rt->gpu));
+                       pt_gpu_backend_name(rt->dev.gpu));
     /* the store lays out the factors in place of the targets */
     return pt_osft_setup(rt, host, err, errlen);
 }

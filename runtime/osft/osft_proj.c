@@ -80,7 +80,7 @@ int pt_osft_project_grads(pt_rt *rt, int32_t b, char *err, size_t errlen) {
     lin L;
     pt_osft_lin_open(rt, &L);
     /* negative control: at once on this thread, before the backward has run */
-    if (rt->ordered && (rt->skip & PT_ORD_OSFT)) L.s = NULL;
+    if (rt->dev.ordered && (rt->dev.skip & PT_ORD_OSFT)) L.s = NULL;
     for (int i = 0; i < o->n; i++) {
         const tgt *t = &o->t[i];
         if (t->block != b || !t->k) continue;
@@ -143,7 +143,7 @@ void pt_osft_chunk_stepped(pt_rt *rt, int32_t chunk) {
  * buffer it is given into ceil(n / W) parts, cannot do it). A copy: exact. */
 static int gather(pt_rt *rt, int32_t index, float *dst, const pt_store_part *q, char *err,
                   size_t errlen) {
-    int w = pt_coll_world(rt->coll);
+    int w = pt_coll_world(rt->dist.coll);
     size_t *lo = malloc(2 * sizeof(size_t) * (size_t)w);
     if (!lo) return pt_fail(err, errlen, PT_ERR_HOST_OOM, "osft: out of host memory");
     size_t *len = lo + w;
@@ -156,7 +156,7 @@ static int gather(pt_rt *rt, int32_t index, float *dst, const pt_store_part *q, 
         char what[200];
         snprintf(what, sizeof what, "osft: gathering '%s' for its value projection",
                  osft_of(rt)->xp[index].name);
-        rc = pt_coll_allgather_ranges(rt->coll, dst, lo, len, 4, what, err, errlen);
+        rc = pt_coll_allgather_ranges(rt->dist.coll, dst, lo, len, 4, what, err, errlen);
     }
     free(lo);
     return rc;
@@ -165,7 +165,7 @@ static int gather(pt_rt *rt, int32_t index, float *dst, const pt_store_part *q, 
 void pt_osft_drop_frozen(pt_rt *rt) {
     pt_osft *o = osft_of(rt);
     for (int i = 0; o && o->fzc && i < 2 * o->n; i++) {
-        if (o->fzc[i]) pt_gpu_pinned_free(rt->gpu, o->fzc[i]);
+        if (o->fzc[i]) pt_gpu_pinned_free(rt->dev.gpu, o->fzc[i]);
         o->fzc[i] = NULL;
     }
 }
@@ -187,9 +187,9 @@ static int cached_frozen(pt_rt *rt, const tgt *t, int v, const pt_store_part *pf
     float **slot = &o->fzc[2 * (t - o->t) + v];
     if (!*slot) {
         size_t nf = (size_t)(v ? t->k * t->M : t->N * t->k);
-        int rc = pt_gpu_pinned_alloc(rt->gpu, nf * 4, (void **)slot, err, errlen);
+        int rc = pt_gpu_pinned_alloc(rt->dev.gpu, nf * 4, (void **)slot, err, errlen);
         if (!rc && (rc = gather(rt, t->x[FZ[v]], *slot, pf, err, errlen))) {
-            pt_gpu_pinned_free(rt->gpu, *slot);
+            pt_gpu_pinned_free(rt->dev.gpu, *slot);
             *slot = NULL;
         }
         if (rc) return rc;
@@ -241,7 +241,7 @@ static int gather_cb(void *user, int32_t index, float *dst, const pt_store_part 
 
 static int sync_cb(void *user) {
     pt_rt *rt = user;
-    return pt_gpu_ops(rt->gpu)->stream_sync(pt_gpu_impl(rt->gpu), rt->s_compute);
+    return pt_gpu_ops(rt->dev.gpu)->stream_sync(pt_gpu_impl(rt->dev.gpu), rt->dev.s_compute);
 }
 
 static int project_split(pt_rt *rt, lin *L, const tgt *t, int v, const pt_store_part *pf,
@@ -254,7 +254,7 @@ static int project_split(pt_rt *rt, lin *L, const tgt *t, int v, const pt_store_
             uint64_t a = (uint64_t)((o->t[i].N > o->t[i].M ? o->t[i].N : o->t[i].M) * o->t[i].R);
             if (a > need) need = a;
         }
-        int rc = pt_gpu_pinned_alloc(rt->gpu, (size_t)need * 4, (void **)&o->full, err, errlen);
+        int rc = pt_gpu_pinned_alloc(rt->dev.gpu, (size_t)need * 4, (void **)&o->full, err, errlen);
         if (rc) return rc;
         o->full_floats = need;
         PT_LOGI(&rt->lg, "osft: mode C gathers each projection path's factors whole: %.2f MiB "
@@ -312,6 +312,6 @@ int pt_osft_project_params(pt_rt *rt, char *err, size_t errlen) {
     }
     /* values in pinned host memory are uploaded by the next gather on another
      * stream: they must be final when this hook returns */
-    if (any_host && !L.rc && L.ops->stream_sync(L.impl, rt->s_compute)) L.rc = PT_ERR_BACKEND;
+    if (any_host && !L.rc && L.ops->stream_sync(L.impl, rt->dev.s_compute)) L.rc = PT_ERR_BACKEND;
     return pt_osft_lin_close(rt, &L, "osft: value projection", err, errlen);
 }

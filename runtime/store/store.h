@@ -144,6 +144,11 @@ int pt_store_set_lr(pt_store *st, float lr);
  * optimizer's max_grad_norm (max_norm <= 0). */
 int pt_store_clip_grad_norm(pt_store *st, float max_norm, double *norm, char *err,
                             size_t errlen);
+/* The step in progress dropped (discard.c): windows, leases, arenas and its
+ * gradients, back to the state after the last optimizer_step; eval: an
+ * evaluation pass (no gradients). Refused (PT_ERR_ORDER, nothing changed)
+ * when the CPU optimizer already stepped a chunk of this step. */
+int pt_store_discard(pt_store *st, int eval, char *err, size_t errlen);
 
 /* Host services. */
 int pt_acts_arena(pt_store *st, int32_t b, uint64_t bytes, void **ptr, char *err, size_t errlen);

@@ -116,12 +116,12 @@ int pt_tiled_scratch(pt_rt *rt, uint64_t bytes, void **ptr, char *err, size_t er
         /* a larger request than the first tile's: replace (the old one's queued users
          * finish first, the free is in the stream's order) */
         if (s->tile_scr) {
-            int rc = pt_gpu_free_on_stream(rt->gpu, s->tile_scr, rt->s_compute, err, errlen);
+            int rc = pt_gpu_free_on_stream(rt->dev.gpu, s->tile_scr, rt->dev.s_compute, err, errlen);
             s->tile_scr = NULL;
             s->tile_scr_bytes = 0;
             if (rc) return rc;
         }
-        int rc = pt_gpu_alloc(rt->gpu, (size_t)bytes, PT_TAG_SCRATCH, &s->tile_scr, err, errlen);
+        int rc = pt_gpu_alloc(rt->dev.gpu, (size_t)bytes, PT_TAG_SCRATCH, &s->tile_scr, err, errlen);
         if (rc) {
             s->tile_scr = NULL;
             return rc;
@@ -129,7 +129,7 @@ int pt_tiled_scratch(pt_rt *rt, uint64_t bytes, void **ptr, char *err, size_t er
         s->tile_scr_bytes = bytes;
     }
     /* device bytes per row (the allocator's rounding included) for tiles = auto */
-    uint64_t fp = pt_gpu_alloc_size(rt->gpu, s->tile_scr), cnt = (uint64_t)s->tile_count;
+    uint64_t fp = pt_gpu_alloc_size(rt->dev.gpu, s->tile_scr), cnt = (uint64_t)s->tile_count;
     uint64_t per = cnt ? (fp + cnt - 1) / cnt : fp;
     if (per > s->tile_tok[s->tile_bwd]) s->tile_tok[s->tile_bwd] = per;
     *ptr = s->tile_scr;
@@ -161,8 +161,8 @@ int pt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *err,
     if (s->in_tiles)
         return pt_fail(err, errlen, PT_ERR_ORDER, "%s called from inside a tile callback", hook);
     pt_model_v1 *m = rt->model;
-    const pt_gpu_backend *ops = pt_gpu_ops(rt->gpu);
-    void *impl = pt_gpu_impl(rt->gpu);
+    const pt_gpu_backend *ops = pt_gpu_ops(rt->dev.gpu);
+    void *impl = pt_gpu_impl(rt->dev.gpu);
     int64_t c = pt_mlp_tile_len(tokens, pt_tiled_tiles_req(rt));
     int rc = PT_OK;
 
@@ -179,14 +179,14 @@ int pt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *err,
             if (!saved)
                 return pt_fail(err, errlen, PT_ERR_HOST_OOM, "%s: out of host memory", hook);
             void *p = NULL;
-            rc = pt_gpu_alloc(rt->gpu, acc_n * sizeof(float), PT_TAG_SCRATCH, &p, err, errlen);
+            rc = pt_gpu_alloc(rt->dev.gpu, acc_n * sizeof(float), PT_TAG_SCRATCH, &p, err, errlen);
             if (rc) {
                 free(saved);
                 return rc;
             }
             acc = p;
-            if (ops->memset_async(impl, acc, 0, acc_n * sizeof(float), rt->s_compute)) {
-                pt_gpu_free(rt->gpu, acc);
+            if (ops->memset_async(impl, acc, 0, acc_n * sizeof(float), rt->dev.s_compute)) {
+                pt_gpu_free(rt->dev.gpu, acc);
                 free(saved);
                 return pt_fail(err, errlen, PT_ERR_BACKEND, "%s: zeroing the gradient "
                                "accumulator failed", hook);
@@ -222,7 +222,7 @@ int pt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *err,
 
     if (s->tile_scr) {
         char e2[256];
-        int r2 = pt_gpu_free_on_stream(rt->gpu, s->tile_scr, rt->s_compute, e2, sizeof e2);
+        int r2 = pt_gpu_free_on_stream(rt->dev.gpu, s->tile_scr, rt->dev.s_compute, e2, sizeof e2);
         if (r2 && !rc) rc = pt_fail(err, errlen, r2, "%s: %s", hook, e2);
         s->tile_scr = NULL;
         s->tile_scr_bytes = 0;
@@ -236,18 +236,18 @@ int pt_tiled_mlp(pt_rt *rt, int32_t b, int64_t tokens, int backward, char *err,
             /* after the tiles' queued work, before the store's later reads of the
              * gradient (its copies wait on the compute stream) */
             if (!rc && ops->convert(impl, saved[i], PT_F32, acc + off, PT_F32, numel(p), 1,
-                                    rt->s_compute))
+                                    rt->dev.s_compute))
                 rc = pt_fail(err, errlen, PT_ERR_BACKEND, "%s: the gradient add (convert with "
                              "accumulate) of parameter %d failed", hook, i);
             off += numel(p);
         }
         free(saved);
         char e2[256];
-        int r2 = pt_gpu_free_on_stream(rt->gpu, acc, rt->s_compute, e2, sizeof e2);
+        int r2 = pt_gpu_free_on_stream(rt->dev.gpu, acc, rt->dev.s_compute, e2, sizeof e2);
         if (r2 && !rc) rc = pt_fail(err, errlen, r2, "%s: %s", hook, e2);
     }
     /* a host without PT_HOST_ASYNC_COMPUTE expects the plugin's work done on return */
-    if (!rc && !rt->host_async && ops->stream_sync(impl, rt->s_compute))
+    if (!rc && !rt->dev.host_async && ops->stream_sync(impl, rt->dev.s_compute))
         rc = pt_fail(err, errlen, PT_ERR_BACKEND, "%s: device stream sync failed", hook);
     return rc;
 }

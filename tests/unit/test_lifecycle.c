@@ -89,7 +89,7 @@ static void test_table_header(void **state) {
     assert_string_equal(P->name, "protrain");
     /* Every hook present (the OSFT kernels included), never a stub. */
     const void *const *first = (const void *const *)&P->init;
-    const void *const *end = (const void *const *)&P->reserved;
+    const void *const *end = (const void *const *)&P->write_param + 1;   /* the last field */
     for (const void *const *h = first; h < end; h++) assert_non_null(*h);
 }
 

@@ -198,6 +198,8 @@ _table_hooks = [
     ("dist_allreduce", C.CFUNCTYPE(i32, vp, C.POINTER(C.c_double), i32)),
     # ABI 1.6, the former reserved[0]
     ("clip_grad_norm", C.CFUNCTYPE(i32, vp, C.c_float, C.POINTER(C.c_double))),
+    ("discard_step", C.CFUNCTYPE(i32, vp)),         # ABI 1.6, the former reserved[1]
+    ("replan", C.CFUNCTYPE(i32, vp, i64, i64)),     # ABI 1.6, the former reserved[2]
 ]
 
 
@@ -207,10 +209,10 @@ class pt_plugin_v1(C.Structure):
         ("struct_size", u32),
         ("name", C.c_char_p),
         ("version", C.c_char_p),
-    ] + _table_hooks + [("reserved", vp * 2),
+    ] + _table_hooks + [
                         # ABI 1.6 (the former reserved[3]; NULL in older plugins)
                         ("dist_abort", C.CFUNCTYPE(i32, vp, C.c_char_p)),
-                        # ABI 1.6, appended after the reserved slots
+                        # ABI 1.6, appended after the former reserved slots
                         ("write_param", C.CFUNCTYPE(i32, vp, i32, vp, u64))]
 
 

@@ -10,8 +10,8 @@ nothing steps the weights between a forward and its backward).
 Each collected tensor gets an offset (64-byte aligned, each with its own shape
 and strides; an expanded view is laid out densely), and at the block's forward
 post-hook the arena is asked for exactly that many bytes: a batch of another
-shape asks for another size (the adapter refuses a training batch whose shape
-differs from the profiled one, see _schedule.py).
+shape asks for another size (a smaller batch than the plan's, a smaller
+arena; a larger one is planned for first, see _shapes.py).
 
 What happens to the tensors themselves depends on the block's activation mode
 under the plan (BlockActs.mode, learned by the adapter from the plugin's own

@@ -8,30 +8,37 @@ concern:
   _windows.ParamWindows  parameter windows (bind/unbind, placeholders), the
                          saved-tensor hooks, read_param
   _schedule.StepSchedule the wrapped forward: pre_step, micro-batches, the
-                         shape and plan checks, optimizer_step/post_step
+                         plan check, optimizer_step/post_step
+  _shapes.ShapePlan      the plan's batch shape: smaller batches reuse it, a
+                         larger one is planned for (replan)
+  _recover.StepRecovery  a failed pass dropped with its step (discard_step)
   _blocks.BlockHooks     block forward windows and the backward order
   _recompute.Recompute   CKPT recompute with the forward's RNG and autocast
   _hooks.HookInstall     module and autograd hook installation
   _saves.Saves           state_dict and load_state_dict through the plugin
   _clip.Clipping         torch.nn.utils.clip_grad_norm_ through the plugin
+  _dtype.DtypeGuard      dtype conversions after wrap refused
 """
 from . import _acts
 from . import _model
 from ._blocks import BlockHooks
 from ._clip import Clipping
+from ._dtype import DtypeGuard
 from ._glue import PluginGlue, _launcher_rank
 from ._hooks import HookInstall
 from ._plugin import Table
 from ._recompute import Recompute
+from ._recover import StepRecovery
 from ._saves import Saves
 from ._schedule import StepSchedule
+from ._shapes import ShapePlan, check_plan_shape
 from ._windows import ParamWindows
 
-__all__ = ["Adapter", "_launcher_rank"]
+__all__ = ["Adapter", "_launcher_rank", "check_plan_shape"]
 
 
-class Adapter(PluginGlue, ParamWindows, StepSchedule, BlockHooks, Recompute, HookInstall,
-              Saves, Clipping):
+class Adapter(PluginGlue, ParamWindows, StepSchedule, ShapePlan, StepRecovery, BlockHooks,
+              Recompute, HookInstall, Saves, Clipping, DtypeGuard):
     """One wrapped model: the state every part of the adapter shares. The
     methods live with their concern: _glue (the plugin context, callbacks,
     loading), _windows (parameter windows, saved tensors, read_param),
@@ -87,6 +94,10 @@ class Adapter(PluginGlue, ParamWindows, StepSchedule, BlockHooks, Recompute, Hoo
         self.pending_load = None     # state files to load at the first forward
         self.state_dir = None        # parent of the scratch folders of state files
         self.shape = None            # (batch, sequence) the plan was profiled for
+        self.replans = 0             # plans made for a larger batch (_shapes)
+        self.plan_shape = None       # wrap(plan_shape=): the least shape to plan for
+        self.dropped_steps = 0       # steps dropped after a failure (_recover)
+        self.just_dropped = False    # the last training pass's step was dropped
         # activation modes (_acts: COPY, REF, META) per block under the current
         # plan, from the plan's counts or its first training pass (_check_plan)
         self.act_modes = [_acts.COPY] * self.L
@@ -102,4 +113,9 @@ class Adapter(PluginGlue, ParamWindows, StepSchedule, BlockHooks, Recompute, Hoo
         self.skip_post_backward_wait = False
         self.post_backward_at_count = False
         self.skip_rebind = False
+        # the plan's batch shape frozen (refuse any other, no replan); a
+        # failed pass left in place instead of dropped
+        self.frozen_shape = False
+        self.skip_discard = False
+        self._install_dtype_guard()
         self._install()

@@ -8,8 +8,8 @@ which needs a real batch; the adapter therefore defers post_model_load and
 create_optimizer to the first forward and profiles with that forward's inputs
 (profile_step runs one forward and a backward of the output: the loss when the
 model returns one, else the sum of the first output). The plan is made for
-that batch's shape, and the ABI has no hook to plan again: a training batch of
-another shape is refused (_schedule.StepSchedule._check_shape).
+that batch's shape; smaller batches reuse it and a larger one is planned for
+again (_shapes.ShapePlan, the plugin's replan).
 """
 import ctypes as C
 import os
@@ -23,6 +23,7 @@ from . import _model
 from . import _state
 from ._plugin import Context, Error
 from ._schedule import _batch_shape
+from ._shapes import padded
 from ._windows import _placeholder
 
 
@@ -115,26 +116,35 @@ class PluginGlue:
 
     # ---- loading (deferred to the first forward, which profiles) ----
     def _load(self, args, kwargs):
-        self.params, self._keep = _model.describe(self.infos)
+        # after a failed first forward (its profile raised) the parameters
+        # hold placeholders: the descriptors made then still hold the values
+        if getattr(self, "_keep", None) is None:
+            self.params, self._keep = _model.describe(self.infos)
         m = A.pt_model_v1()
         m.struct_size = C.sizeof(m)
         m.n_params = len(self.infos)
         m.params = C.cast(self.params, C.POINTER(A.pt_param_v1))
         m.n_blocks = self.L
-        self.shape = _batch_shape(args, kwargs)
+        first = _batch_shape(args, kwargs)
+        self.shape = self._first_shape(first)
         m.batch, m.seq = self.shape if self.shape is not None else (1, 1)
         self._arch = ("torch:%s:%s" % (type(self.model).__name__, getattr(
             getattr(self.model, "config", None), "model_type", "?"))).encode()
         m.arch = self._arch
         self.model_desc = m
-        self.profile_args = (args, kwargs)
+        self.profile_args = padded(args, kwargs, first, self.shape)
         for info in self.infos:
             info.param.data = _placeholder(info.param.dtype, info.shape)
         # the profile's passes draw from the RNG (dropout); fork it so training
         # sees the same random stream as without the plugin
-        with torch.random.fork_rng(devices=self._rng_devices()):
-            self.call("post_model_load", C.byref(m))
-        self.profile_args = None
+        try:
+            with torch.random.fork_rng(devices=self._rng_devices()):
+                self.call("post_model_load", C.byref(m))
+        except BaseException:
+            self._reset_pass()     # the profile's pass, if one was open
+            raise
+        finally:
+            self.profile_args = None
         self._keep = None          # the plugin copied the initial values
         o = A.pt_optim_v1()
         o.struct_size = C.sizeof(o)

@@ -5,9 +5,12 @@ Micro-batches: grad_accum = N forward/backward passes before optimizer.step()
 are pre_step(step, m, N), m = 0..N-1; a forward with gradients disabled is an
 evaluation pass, pre_step(step, -1, 0).
 """
+import warnings
+
 import torch
 
 from . import _acts
+from ._recover import _what
 
 
 def _batch_shape(args, kwargs):
@@ -37,35 +40,47 @@ class StepSchedule:
     def forward(self, orig, args, kwargs):
         if self.recomputing is not None:
             return orig(*args, **kwargs)
-        if not self.profiling:
-            if self.device is not None:
-                self._check_stream()
-            if not self.loaded:
-                self._load(args, kwargs)
-            self._check_previous_pass()
-            training = torch.is_grad_enabled()
-            if training:
-                kwargs = self.no_cache(kwargs)
-                self._check_shape(args, kwargs)
-                if self.micro >= self.grad_accum:
-                    raise RuntimeError(
-                        "protrain: forward pass %d of a step with grad_accum = %d; call "
-                        "optimizer.step() after every %d forward/backward passes"
-                        % (self.micro + 1, self.grad_accum, self.grad_accum))
-                if self.micro == 0:
-                    self.step += 1
-                self.call("pre_step", self.step, self.micro, self.grad_accum)
-                if self.micro == 0 and self._announce_clip():
-                    self.lr_set = float(self.optimizer.param_groups[0]["lr"])
-                    self.call("set_lr", self.lr_set)
-                self.micro += 1
-                self._check_plan()
-            else:
-                self.call("pre_step", self.step, -1, 0)
-            self.training_pass = training
-        else:
+        if self.profiling:
             self.training_pass = True
             self.learning = False
+            return self._run_pass(orig, args, kwargs)
+        if self.device is not None:
+            self._check_stream()
+        if not self.loaded:
+            self._load(args, kwargs)
+        self._recover_previous()
+        self._check_dtypes()
+        training = torch.is_grad_enabled()
+        if training:
+            kwargs = self.no_cache(kwargs)
+            self._fit_shape(args, kwargs)
+            if self.micro >= self.grad_accum:
+                raise RuntimeError(
+                    "protrain: forward pass %d of a step with grad_accum = %d; call "
+                    "optimizer.step() after every %d forward/backward passes"
+                    % (self.micro + 1, self.grad_accum, self.grad_accum))
+            step = self.step + 1 if self.micro == 0 else self.step
+            self.call("pre_step", step, self.micro, self.grad_accum)
+            self.step = step
+            self.micro += 1
+            self.just_dropped = False
+        else:
+            self.call("pre_step", self.step, -1, 0)
+        # from here a pass is open in the plugin: a failure drops it (_recover)
+        self.training_pass, self.in_pass = training, True
+        try:
+            if training:
+                if self.micro == 1 and self._announce_clip():
+                    self.lr_set = float(self.optimizer.param_groups[0]["lr"])
+                    self.call("set_lr", self.lr_set)
+                self._check_plan()
+            return self._run_pass(orig, args, kwargs)
+        except BaseException as e:
+            if self.in_pass:
+                self._discard(_what(training, e))
+            raise
+
+    def _run_pass(self, orig, args, kwargs):
         self._bind(self.nonblock, grads=self.training_pass)
         self.in_pass = True
         self.next_fwd = 0
@@ -105,28 +120,11 @@ class StepSchedule:
             return dict(kwargs, use_cache=False)
         return kwargs
 
-    def _check_shape(self, args, kwargs):
-        """The plan (chunk buffers, activation modes, the predicted peak and
-        times) was searched on the profile of the first forward's batch; the
-        ABI has no hook to profile and plan again, so a training batch of
-        another shape would run on a plan measured for other activation sizes.
-        Evaluation passes are not checked: they ask for no arena."""
-        shape = _batch_shape(args, kwargs)
-        if shape != self.shape:
-            raise RuntimeError(
-                "protrain: this training batch is %s, but the plan was profiled and made for %s "
-                "(the first forward's); the plugin has no hook to profile and plan again, and a "
-                "plan is only valid for the activation sizes it measured: keep the shape (pad or "
-                "pack to the profiled length, drop a short last batch), or wrap the model again "
-                "for the new shape" % (_shape_text(shape), _shape_text(self.shape)))
-
     def _check_previous_pass(self):
+        """A training pass that never ended is dropped (_recover); one whose
+        backward ended is closed."""
+        self._recover_previous()
         if self.in_pass and self.training_pass:
-            if not self.bw_started:
-                raise RuntimeError(
-                    "protrain: a training forward ran without its backward; call backward() on "
-                    "its loss before the next forward or optimizer.step() (an evaluation "
-                    "forward runs under torch.no_grad())")
             self._finish_backward()
 
     # ---- activation modes under the plan ----
@@ -169,6 +167,14 @@ class StepSchedule:
         if not self.loaded:
             raise RuntimeError("protrain: optimizer.step() before the first forward/backward")
         self._check_previous_pass()
+        if self.micro == 0 and self.just_dropped:
+            # the step's passes were dropped: nothing to step (as a GradScaler
+            # skips a step whose gradients overflowed)
+            self.just_dropped = False
+            warnings.warn("protrain: optimizer.step() after its step was dropped: nothing to "
+                          "step, skipped (the step number stays %d)" % (self.step + 1),
+                          RuntimeWarning, stacklevel=3)
+            return
         if self.micro != self.grad_accum:
             raise RuntimeError("protrain: optimizer.step() after %d forward/backward passes; "
                                "grad_accum = %d" % (self.micro, self.grad_accum))

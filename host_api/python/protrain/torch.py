@@ -106,7 +106,8 @@ def stream():
 
 
 def wrap(model, config="path.ini", blocks=None, lr=3e-4, betas=(0.9, 0.999), eps=1e-8,
-         weight_decay=0.0, max_grad_norm=0.0, grad_accum=1, plugin="protrain", state_dir=None):
+         weight_decay=0.0, max_grad_norm=0.0, grad_accum=1, plugin="protrain", state_dir=None,
+         plan_shape=None):
     """Hand `model`'s parameters, gradients and activations to the plugin.
 
     config: the plugin's INI file (None: $PROTRAIN_CONFIG, else built-in
@@ -118,7 +119,9 @@ def wrap(model, config="path.ini", blocks=None, lr=3e-4, betas=(0.9, 0.999), eps
     (removed after each; None: the temporary directory). max_grad_norm > 0
     clips every step in the plugin; to clip from the training loop instead
     (torch.nn.utils.clip_grad_norm_, what the Hugging Face Trainer calls), leave
-    it 0. The plugin plans at the first forward, with that forward's batch.
+    it 0. The plugin plans at the first forward, with that forward's batch;
+    plan_shape=(batch, sequence) plans for at least that shape from the start
+    (the largest the run will see: then no later batch needs a new profile).
     Returns (model, optimizer)."""
     _model.refuse_parallel_wrappers(model)
     if getattr(model, "_protrain", None) is not None:
@@ -142,8 +145,10 @@ def wrap(model, config="path.ini", blocks=None, lr=3e-4, betas=(0.9, 0.999), eps
             raise ValueError("protrain.torch.wrap: config %s differs from the one given to "
                              "protrain.torch.init (%s); on cuda the plugin reads its INI at "
                              "init" % (config, sess.config))
+    plan_shape = _adapter.check_plan_shape(plan_shape)
     _log.setup()
     ad = _adapter.Adapter(model, blocks, config, optim, grad_accum, plugin, sess)
+    ad.plan_shape = plan_shape
     trainable = [info.param for info in ad.infos if info.trainable]
     if not trainable:
         raise ValueError("protrain.torch.wrap: the model has no trainable parameter")

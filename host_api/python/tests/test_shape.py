@@ -1,8 +1,8 @@
 """The plan is made for the batch shape the plugin profiled (pt_model_v1.batch
-and .seq, from the first forward); the ABI has no re-plan hook, so a training
-batch of another shape is refused with a sentence naming both shapes, before
-any hook of that pass runs. Evaluation passes (no arena, no backward) take any
-shape."""
+and .seq, from the first forward); a smaller training batch trains on it, a
+larger one is planned for first (replan). Evaluation passes (no arena, no
+backward) take any shape. Dynamic shapes against plain PyTorch:
+test_shapes_dynamic.py."""
 import pytest
 import torch
 
@@ -24,25 +24,31 @@ def _trained(ini, plugin_path, text=RESIDENT):
     return m, opt
 
 
-@pytest.mark.parametrize("shape", [(2 * oracle.BATCH, oracle.SEQ), (oracle.BATCH, oracle.SEQ // 2),
-                                   (oracle.BATCH - 1, oracle.SEQ)])
-def test_training_batch_of_another_shape_is_refused(shape, ini, plugin_path):
+@pytest.mark.parametrize("shape,replans", [((2 * oracle.BATCH, oracle.SEQ), 1),
+                                           ((oracle.BATCH, oracle.SEQ // 2), 0),
+                                           ((oracle.BATCH - 1, oracle.SEQ), 0)])
+def test_training_batch_of_another_shape_trains(shape, replans, ini, plugin_path):
+    """A smaller batch trains on the plan; a larger one is planned for first
+    (under force_all_persistent replan records the shape) and becomes the
+    plan's shape."""
     m, opt = _trained(ini, plugin_path)
     steps = ptt.stats(m).steps
     x = _batch(*shape)
-    want = ("this training batch is batch %d x sequence %d, but the plan was profiled and made "
-            "for batch %d x sequence %d" % (shape[0], shape[1], oracle.BATCH, oracle.SEQ))
-    with pytest.raises(RuntimeError, match=want):
-        m(input_ids=x, labels=x)
-    # nothing of the refused pass reached the plugin: the profiled shape still trains
+    m(input_ids=x, labels=x).loss.backward()
+    opt.step()
+    ad = m._protrain
+    assert ad.replans == replans
+    assert ad.shape == (shape if replans else (oracle.BATCH, oracle.SEQ))
     x = _batch(oracle.BATCH, oracle.SEQ, seed=6)
     m(input_ids=x, labels=x).loss.backward()
     opt.step()
-    assert ptt.stats(m).steps == steps + 1
+    assert ptt.stats(m).steps == steps + 2
 
 
-def test_inputs_embeds_shape_is_checked(ini, plugin_path):
-    """The shape is read from inputs_embeds too (batch x sequence x hidden)."""
+def test_inputs_embeds_shape_is_read(ini, plugin_path):
+    """The shape is read from inputs_embeds too (batch x sequence x hidden): a
+    shorter one trains; with the shape frozen (the negative control) it is
+    refused naming that shape."""
     m, opt = ptt.wrap(oracle.make_model("llama"), config=ini(CKPT), plugin=plugin_path)
     emb = m.get_input_embeddings()
     x = _batch(oracle.BATCH, oracle.SEQ)
@@ -50,6 +56,9 @@ def test_inputs_embeds_shape_is_checked(ini, plugin_path):
         e = emb.weight[x].clone()
     m(inputs_embeds=e, labels=x).loss.backward()
     opt.step()
+    m(inputs_embeds=e[:, :32], labels=x[:, :32]).loss.backward()
+    opt.step()
+    m._protrain.frozen_shape = True
     with pytest.raises(RuntimeError, match="batch 4 x sequence 32, but the plan was profiled"):
         m(inputs_embeds=e[:, :32], labels=x[:, :32])
 
