@@ -3,9 +3,9 @@ streamed plans) against plain PyTorch with torch.optim.AdamW on the CPU, and the
 adapter's own time per block per step (its hooks, the saved-tensor pack/unpack
 and the plugin calls inside them). Goal: resident and streamed >= 0.97 of
 plain PyTorch. PT_BENCH_STRICT=1 fails the run when the resident median is
-below BAR (0.95): on the shared 2-core machine a median of 5-9 pairs still
-moves by about 0.02 between runs, so a bar at the goal itself would fail runs
-that meet it. The streamed median is reported against the goal but fails
+below BAR (0.95), a bar for a gross regression: on the shared 2-core machine
+a median of 9 pairs still moves by tenths between runs, so a bar at the goal
+itself would pass or fail at random. The streamed median is reported against the goal but fails
 nothing: its pairs spread from 0.7 to 1.6 under other jobs' load (its copy
 threads compete with them), and its median sits near 0.95.
 docs/benchmarks.md reports each run against the goal. Each arm's tokens
