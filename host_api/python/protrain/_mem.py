@@ -17,6 +17,7 @@ from . import _abi as A
 DTYPES = {torch.float32: A.PT_F32, torch.bfloat16: A.PT_BF16, torch.float16: A.PT_F16}
 
 _cache = {}
+_shaped = {}        # (address, dtype, shape) -> view(): a window's rebinding looks it up
 _CACHE_MAX = 8192
 _device = None      # None: host backend (CPU tensors); else the torch.device of cuda
 
@@ -36,7 +37,7 @@ def set_device(device):
     """Views from now on are CUDA tensors on `device` (None: CPU tensors)."""
     global _device
     _device = device
-    _cache.clear()
+    drop_cache()
 
 
 def empty(shape, dtype):
@@ -60,14 +61,21 @@ def flat(ptr, nbytes, dtype):
 
 
 def view(ptr, dtype, shape):
-    """A contiguous tensor of `shape` at ptr."""
+    """A contiguous tensor of `shape` at ptr. Cached like flat(): a parameter
+    is rebound at every window of every step, mostly to the same address."""
+    key = (ptr, dtype, shape)
+    t = _shaped.get(key)
+    if t is not None:
+        return t
     n = 1
     for s in shape:
         n *= s
-    es = dtype.itemsize
     if n == 0:
         return empty(shape, dtype)
-    return flat(ptr, n * es, dtype).view(shape)
+    if len(_shaped) >= _CACHE_MAX:
+        _shaped.clear()
+    t = _shaped[key] = flat(ptr, n * dtype.itemsize, dtype).view(shape)
+    return t
 
 
 def strided(ptr, dtype, span, shape, stride):
@@ -80,3 +88,4 @@ def strided(ptr, dtype, span, shape, stride):
 
 def drop_cache():
     _cache.clear()
+    _shaped.clear()

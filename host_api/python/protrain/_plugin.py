@@ -152,11 +152,17 @@ class Context:
             raise Error(rc, table.last_error(None), "init")
         self.ctx = ctx
         self.live = True
+        # hook name -> the table's function: looked up once, as a hook call
+        # (six per block per step) would otherwise re-read the struct field
+        self._fns = {}
 
     def call(self, hook, *args):
         if not self.live:
             raise Error(A.PT_ERR_ORDER, "%s called after finalize" % hook, hook)
-        rc = self.tbl.fn(hook)(self.ctx, *args)
+        fn = self._fns.get(hook)
+        if fn is None:
+            fn = self._fns[hook] = self.tbl.fn(hook)
+        rc = fn(self.ctx, *args)
         if rc:
             raise Error(rc, self.tbl.last_error(self.ctx), hook)
         return rc

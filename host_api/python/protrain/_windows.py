@@ -26,11 +26,15 @@ def _placeholder(dtype, shape):
     numel(), shapes, model.device and parameter counts stay the model's, a
     computation that reads it gives NaN (never stale weights) and an in-place
     write raises (every element is one memory location)."""
-    key = (dtype, _mem._device)
+    key = (dtype, _mem._device, shape)
     t = _NAN.get(key)
     if t is None:
-        t = _NAN[key] = torch.full((), float("nan"), dtype=dtype, device=_mem._device)
-    return t.expand(shape)
+        one = _NAN.get(key[:2])
+        if one is None:
+            one = _NAN[key[:2]] = torch.full((), float("nan"), dtype=dtype, device=_mem._device)
+        # one expanded view per shape, kept: every window's end assigns it
+        t = _NAN[key] = one.expand(shape)
+    return t
 
 
 class ParamWindows:
@@ -39,45 +43,48 @@ class ParamWindows:
 
     # ---- parameter windows ----
     def _bind(self, idx, grads):
+        infos, params, view = self.infos, self.params, _mem.view
         for i in idx:
-            info = self.infos[i]
-            d = self.params[i]
+            info = infos[i]
+            d = params[i]
             p = info.param
-            if d.data is None:
+            ptr = d.data
+            if ptr is None:
                 raise RuntimeError("protrain: the plugin gave no address for %s inside its window"
                                    % info.name)
-            p.data = _mem.view(d.data, p.dtype, info.shape)
+            p.data = view(ptr, p.dtype, info.shape)
             if grads and info.trainable:
-                if d.grad is None:
+                ptr = d.grad
+                if ptr is None:
                     raise RuntimeError("protrain: the plugin gave no gradient address for %s"
                                        % info.name)
-                p.grad = _mem.view(d.grad, p.dtype, info.shape)
+                p.grad = view(ptr, p.dtype, info.shape)
 
     def _unbind(self, idx):
+        infos = self.infos
         for i in idx:
-            p = self.infos[i].param
+            info = infos[i]
+            p = info.param
             p.grad = None
-            p.data = _placeholder(p.dtype, self.infos[i].shape)
+            p.data = _placeholder(p.dtype, info.shape)
 
     # ---- saved tensors ----
     cur_fwd = None
     param_ptrs = {}
+    # ids of the parameters bound in the current window (_bound_ptrs's, rebuilt
+    # at each block's forward and recompute): a saved tensor that is one of
+    # them is kept as it is
     param_ids = frozenset()
-
-    def _is_param(self, t):
-        """t is one of the parameters bound in the current window (the set is
-        _bound_ptrs's, rebuilt at each block's forward and recompute)."""
-        return id(t) in self.param_ids
 
     def _pack(self, t):
         if self.recomputing is not None:
             b = self.recomputing
-            if not self._is_param(t) and \
+            if id(t) not in self.param_ids and \
                     t.untyped_storage().data_ptr() not in self.param_ptrs:
                 self.acts[b].refill_one(t)
             return None
         b = self.cur_fwd
-        if b is None or self._is_param(t):
+        if b is None or id(t) in self.param_ids:
             return t
         i = self.param_ptrs.get(t.untyped_storage().data_ptr())
         if i is not None:
@@ -89,11 +96,12 @@ class ParamWindows:
         return acts.add(t, copy=acts.mode is _acts.COPY)
 
     def _unpack(self, h):
+        cls = type(h)
+        if cls is _acts.Handle:
+            return self.acts[h.block].view(h)
         if isinstance(h, torch.Tensor):
             return h
-        if isinstance(h, _acts.Handle):
-            return self.acts[h.block].view(h)
-        if isinstance(h, _acts.ParamView):
+        if cls is _acts.ParamView:
             blk = self.infos[h.index].block
             ptr = self.params[h.index].data
             if ptr is None or (blk >= 0 and blk != self.bw_open):
