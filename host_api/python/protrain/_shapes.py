@@ -96,6 +96,14 @@ class ShapePlan:
             raise ValueError("protrain: declare_step: n_micro must be in [1, grad_accum = %d] "
                              "(a step runs at most wrap's grad_accum passes), got %r"
                              % (self.grad_accum, n_micro))
+        if n != self.grad_accum and self.world > 1:
+            # the plugin compares n_micro across ranks at the first step only; a
+            # rank stepping after fewer passes would pair its gradient all-reduce
+            # with another rank's next one
+            raise ValueError("protrain: declare_step(%d) with %d ranks: every rank runs "
+                             "grad_accum = %d passes per step (a short step on one rank "
+                             "would meet the others' all-reduces out of step)"
+                             % (n, self.world, self.grad_accum))
         if self.micro != 0:
             raise RuntimeError("protrain: declare_step inside a step (%d of its passes ran); "
                                "declare a step before its first forward" % self.micro)

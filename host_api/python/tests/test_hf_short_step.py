@@ -203,6 +203,12 @@ def test_own_loop_declare_step(env):
         ptt.declare_step(m, 1)
     m(input_ids=ids, labels=ids).loss.backward()
     opt.step()
+    ad = m._protrain
+    ad.world = 2        # as under 2 ranks: a short step would desynchronise the all-reduces
+    with pytest.raises(ValueError, match="every rank runs grad_accum = 2"):
+        ptt.declare_step(m, 1)
+    ptt.declare_step(m, 2, [(2, 12)])               # the full count only declares shapes
+    ad.world, ad.declared = 1, None
     for bad in (0, 3):
         with pytest.raises(ValueError, match=r"n_micro must be in \[1, grad_accum = 2\]"):
             ptt.declare_step(m, bad)
