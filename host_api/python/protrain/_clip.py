@@ -119,10 +119,12 @@ class Clipping:
         if not self.table.has("clip_grad_norm"):
             raise RuntimeError("protrain: the plugin %s has no clip_grad_norm hook (ABI 1.6); "
                                "clip with wrap(max_grad_norm=...) instead" % self.table.path)
-        if not self.loaded or self.micro != self.grad_accum:
+        if not self.loaded or self.micro != self._step_n():
             raise RuntimeError("protrain: clip_grad_norm_ after %d of the step's %d "
                                "forward/backward passes; call it after the last backward, "
-                               "before optimizer.step()" % (self.micro, self.grad_accum))
+                               "before optimizer.step() (a step of another count than "
+                               "grad_accum is declared first: protrain.torch.declare_step)"
+                               % (self.micro, self._step_n()))
         self._check_previous_pass()
         norm = C.c_double()
         mx = 0.0 if math.isinf(max_norm) else max_norm

@@ -3,7 +3,10 @@ calls and optimizer.step() into optimizer_step/post_step.
 
 Micro-batches: grad_accum = N forward/backward passes before optimizer.step()
 are pre_step(step, m, N), m = 0..N-1; a forward with gradients disabled is an
-evaluation pass, pre_step(step, -1, 0).
+evaluation pass, pre_step(step, -1, 0). A step of another count (an epoch's
+short last step) is declared before its first forward (declare_step): its
+passes are pre_step(step, m, n), and the plugin takes each step's n as given
+(it accumulates when n > 1, and steps after the n-th pass).
 """
 import warnings
 
@@ -54,13 +57,16 @@ class StepSchedule:
         if training:
             kwargs = self.no_cache(kwargs)
             self._fit_shape(args, kwargs)
-            if self.micro >= self.grad_accum:
+            n = self._step_n()
+            if self.micro >= n:
                 raise RuntimeError(
-                    "protrain: forward pass %d of a step with grad_accum = %d; call "
-                    "optimizer.step() after every %d forward/backward passes"
-                    % (self.micro + 1, self.grad_accum, self.grad_accum))
+                    "protrain: forward pass %d of a step with grad_accum = %d%s; call "
+                    "optimizer.step() after the step's %d forward/backward passes (or wrap with "
+                    "the grad_accum your loop runs)" % (self.micro + 1, self.grad_accum,
+                                                    " (declared: %d)" % n if self.declared else "",
+                                                    n))
             step = self.step + 1 if self.micro == 0 else self.step
-            self.call("pre_step", step, self.micro, self.grad_accum)
+            self.call("pre_step", step, self.micro, n)
             self.step = step
             self.micro += 1
             self.just_dropped = False
@@ -175,9 +181,14 @@ class StepSchedule:
                           "step, skipped (the step number stays %d)" % (self.step + 1),
                           RuntimeWarning, stacklevel=3)
             return
-        if self.micro != self.grad_accum:
-            raise RuntimeError("protrain: optimizer.step() after %d forward/backward passes; "
-                               "grad_accum = %d" % (self.micro, self.grad_accum))
+        n = self._step_n()
+        if self.micro != n:
+            raise RuntimeError(
+                "protrain: optimizer.step() after %d forward/backward passes; grad_accum = %d%s; "
+                "a step of another count (an epoch's short last step) must be declared before "
+                "its first forward with protrain.torch.declare_step(model, %d)"
+                % (self.micro, self.grad_accum, " (declared: %d)" % n if self.declared else "",
+                   self.micro))
         self.call("optimizer_step", float(lr))
         self.values_changed()
         if not self.clip_called:        # this step did not clip: the next announces nothing
@@ -188,4 +199,5 @@ class StepSchedule:
         loss = self.loss_sum / self.loss_n if self.loss_n else float("nan")
         self.call("post_step", self.step, loss)
         self.micro, self.loss_sum, self.loss_n = 0, 0.0, 0
+        self.declared = None
 

@@ -27,6 +27,12 @@ accepts; only its sizes matter to the profile. Cost: one profile (as at the
 first forward) per growth; without plan_shape, put the largest batch first
 (the HF Trainer's group_by_length does).
 
+Inside an accumulation step the plan cannot change (the plugin re-plans only
+between steps), so a micro-batch longer than the step's first is refused
+unless the step was declared before its first forward (declare_step, which
+protrain.hf calls with the batches the Trainer fetched for the step): the
+plan then grows to the step's largest shape at its first micro-batch.
+
 Evaluation passes take any shape: they hold no activations for backward.
 """
 import torch
@@ -77,6 +83,38 @@ def padded(args, kwargs, shape, target):
 class ShapePlan:
     """Mixin of Adapter: the plan's batch shape, and planning for a larger one."""
 
+    declared = None     # (n_micro, largest shape) of the step to come (declare_step)
+
+    def declare_step(self, n_micro, shapes=()):
+        """The next step runs n_micro <= grad_accum forward/backward passes
+        (grad_accum when never declared), of the batch shapes `shapes`
+        ((batch, sequence) or None each). Called between steps; it holds for
+        that step only. The plan grows to the largest shape before the first
+        pass, so a longer micro-batch later in the step needs no new plan."""
+        n = int(n_micro)
+        if not 1 <= n <= self.grad_accum:
+            raise ValueError("protrain: declare_step: n_micro must be in [1, grad_accum = %d] "
+                             "(a step runs at most wrap's grad_accum passes), got %r"
+                             % (self.grad_accum, n_micro))
+        if n != self.grad_accum and self.world > 1:
+            # the plugin compares n_micro across ranks at the first step only; a
+            # rank stepping after fewer passes would pair its gradient all-reduce
+            # with another rank's next one
+            raise ValueError("protrain: declare_step(%d) with %d ranks: every rank runs "
+                             "grad_accum = %d passes per step (a short step on one rank "
+                             "would meet the others' all-reduces out of step)"
+                             % (n, self.world, self.grad_accum))
+        if self.micro != 0:
+            raise RuntimeError("protrain: declare_step inside a step (%d of its passes ran); "
+                               "declare a step before its first forward" % self.micro)
+        big = None
+        for s in shapes:
+            big = _grown(big, None if s is None else (int(s[0]), int(s[1])))
+        self.declared = (n, big)
+
+    def _step_n(self):
+        return self.declared[0] if self.declared else self.grad_accum
+
     def _fits(self, shape):
         plan = self.shape
         if shape == plan:
@@ -86,8 +124,10 @@ class ShapePlan:
         return shape[0] <= plan[0] and shape[1] <= plan[1]
 
     def _fit_shape(self, args, kwargs):
-        shape = _batch_shape(args, kwargs)
-        if self._fits(shape):
+        shape = want = _batch_shape(args, kwargs)
+        if self.declared and self.micro == 0 and shape is not None and not self.frozen_shape:
+            want = _grown(shape, self.declared[1])     # the step's largest (declare_step)
+        if self._fits(want):
             return
         if self.frozen_shape or shape is None or self.shape is None or \
                 not self.table.has("replan"):
@@ -98,15 +138,16 @@ class ShapePlan:
                 "protrain: this training batch is %s, but the plan was profiled and made for %s; "
                 "%s: keep the shape (pad or pack to the profiled length), or wrap the model "
                 "again for the new shape" % (_shape_text(shape), _shape_text(self.shape), why))
-        self._replan(shape, args, kwargs)
+        self._replan(shape, args, kwargs, want)
 
     def _first_shape(self, shape):
         """The shape the first forward plans for."""
-        return _grown(shape, self.plan_shape)
+        step = self.declared[1] if self.declared and shape is not None else None
+        return _grown(_grown(shape, self.plan_shape), step)
 
-    def _replan(self, shape, args, kwargs):
+    def _replan(self, shape, args, kwargs, want=None):
         old = self.shape
-        target = _grown(shape, old)
+        target = _grown(want or shape, old)
         self.profile_args = padded(args, kwargs, shape, target)
         try:
             with torch.random.fork_rng(devices=self._rng_devices()):
@@ -114,11 +155,16 @@ class ShapePlan:
         except Error as e:
             self._reset_pass()
             cause = e.__cause__ if isinstance(e.__cause__, Error) else e
+            hint = "" if self.micro == 0 else (
+                "; a step's longest micro-batch must be known before its first: pass "
+                "plan_shape=(batch, longest sequence) to wrap, or declare the step "
+                "(protrain.torch.declare_step(model, n, shapes))")
             raise RuntimeError(
                 "protrain: this training batch is %s, larger than the %s the plan was made for, "
                 "and planning for %s failed: %s; the plan for %s stays in force (batches up to "
-                "that shape train)" % (_shape_text(shape), _shape_text(old), _shape_text(target),
-                                       cause.sentence, _shape_text(old))) from e
+                "that shape train)%s" % (_shape_text(shape), _shape_text(old),
+                                         _shape_text(target), cause.sentence, _shape_text(old),
+                                         hint)) from e
         except BaseException:
             self._reset_pass()
             raise

@@ -29,8 +29,21 @@ INI); fp16's GradScaler scales gradients the Trainer's optimizer never sees;
 an optimizer other than AdamW; several processes (the Trainer would wrap the
 model in DistributedDataParallel, whose all-reduce duplicates the plugin's);
 weight decay, unless uniform_weight_decay=True (below).
+
+Each step's micro-batches: the Trainer fetches all of an optimizer step's
+micro-batches before the first (Trainer.get_batch_samples), fewer than
+gradient_accumulation_steps at an epoch's end when its batch count is not a
+multiple of it. wrap and attach hook that method (on the Trainer class, for
+Trainers whose model is wrapped; attach also on the instance, for subclasses
+that override it) and declare the step to the adapter
+(protrain.torch.declare_step): its count, and its largest batch shape, which
+the plan grows to before the first micro-batch.
 """
+import functools
+from collections.abc import Mapping
+
 import protrain.torch as ptt
+from protrain._schedule import _batch_shape
 
 _ADAMW = ("adamw_torch", "adamw_torch_fused")
 
@@ -91,14 +104,60 @@ def refusals(args, uniform_weight_decay=False, built=False):
     return out
 
 
+def _declare(trainer, batches):
+    """Tell the trainer's wrapped model how many micro-batches this step runs
+    and their shapes (batches: what get_batch_samples returned)."""
+    ad = getattr(getattr(trainer, "model", None), "_protrain", None)
+    if ad is None or not batches:
+        return
+    if len(batches) > ad.grad_accum:
+        raise RuntimeError(
+            "protrain.hf: the Trainer's step has %d micro-batches (gradient_accumulation_steps "
+            "= %s), but the model was wrapped with grad_accum = %d; wrap it with "
+            "protrain.hf.wrap(model, args), which takes the count from the arguments"
+            % (len(batches), getattr(trainer.args, "gradient_accumulation_steps", "?"),
+               ad.grad_accum))
+    ad.declare_step(len(batches), [_batch_shape((), b) if isinstance(b, Mapping) else None
+                                   for b in batches])
+
+
+def _hooked(fetch):
+    """fetch (get_batch_samples, bound or not) declaring each step it returns."""
+    if getattr(fetch, "_protrain", False):
+        return fetch
+
+    @functools.wraps(fetch)
+    def get_batch_samples(*a, **kw):
+        out = fetch(*a, **kw)
+        owner = getattr(fetch, "__self__", None)
+        _declare(a[0] if owner is None else owner, out[0])
+        return out
+    get_batch_samples._protrain = True
+    return get_batch_samples
+
+
+def _hook_trainer_class():
+    """transformers.Trainer.get_batch_samples declares each step to a wrapped
+    model (a no-op for any other model). Without the method (transformers < 4.46)
+    nothing is hooked: steps must then be of gradient_accumulation_steps passes
+    and a longer micro-batch needs plan_shape (the adapter refuses otherwise)."""
+    try:
+        from transformers import Trainer
+    except ImportError:
+        return
+    f = Trainer.__dict__.get("get_batch_samples")
+    if f is not None:
+        Trainer.get_batch_samples = _hooked(f)
+
+
 def wrap(model, args, config=None, blocks=None, plugin="protrain", state_dir=None,
          uniform_weight_decay=False, plan_shape=None, _built=False):
     """protrain.torch.wrap with the optimizer settings of a TrainingArguments.
     Returns (model, (optimizer, None)) for Trainer(optimizers=...). Raises
     ValueError listing every setting the plugin cannot serve (refusals()).
-    plan_shape=(batch, longest sequence): with per-batch padding, plan for the
-    largest batch from the start (protrain.torch.wrap), so a longer micro-batch
-    in the middle of an accumulation step needs no new plan."""
+    plan_shape=(batch, longest sequence): plan for that shape from the first
+    forward (protrain.torch.wrap); not needed under the Trainer, whose steps
+    are declared with their largest micro-batch (get_batch_samples above)."""
     bad = refusals(args, uniform_weight_decay, _built)
     if bad:
         raise ValueError("protrain.hf.%s: %s" % ("attach" if _built else "wrap", "; ".join(bad)))
@@ -107,6 +166,7 @@ def wrap(model, args, config=None, blocks=None, plugin="protrain", state_dir=Non
                           weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
                           grad_accum=args.gradient_accumulation_steps, plugin=plugin,
                           state_dir=state_dir, plan_shape=plan_shape)
+    _hook_trainer_class()
     return model, (opt, None)
 
 
@@ -126,4 +186,7 @@ def attach(trainer, config=None, blocks=None, plugin="protrain", state_dir=None,
                        state_dir=state_dir, uniform_weight_decay=uniform_weight_decay,
                        plan_shape=plan_shape, _built=True)
     trainer.optimizer = opt
+    fetch = getattr(trainer, "get_batch_samples", None)
+    if fetch is not None and not getattr(fetch, "_protrain", False):
+        trainer.get_batch_samples = _hooked(fetch)
     return trainer

@@ -165,6 +165,16 @@ def _adapter_of(model):
     return ad
 
 
+def declare_step(model, n_micro, shapes=()):
+    """Declare the next optimizer step before its first forward: n_micro
+    forward/backward passes, 1 <= n_micro <= wrap's grad_accum (an epoch's
+    short last step), and the (batch, sequence) shapes of its micro-batches, so the
+    plan grows to the largest before the first pass. It holds for that step
+    only. protrain.hf does this for the Trainer, which fetches each step's
+    micro-batches up front."""
+    _adapter_of(model).declare_step(n_micro, [None if s is None else tuple(s) for s in shapes])
+
+
 def state_dict(model):
     """The model's state dict with dense copies of every parameter read from
     the plugin (read_param). model.state_dict() gives the same through its
