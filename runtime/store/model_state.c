@@ -385,10 +385,13 @@ static int load_chunks(pt_store *st, char *err, size_t errlen) {
         }
     PT_LOGI(st->env.lg, "model: %d params (%llu elements, %llu trainable), %d blocks", m->n_params,
             (unsigned long long)n_el, (unsigned long long)n_tr, m->n_blocks);
-    PT_LOGI(st->env.lg, "chunks: S_chunk %llu bytes, N_chunk %d (%d mandatory persistent), "
-                        "%d resident (n_persist %d, %s), n_buffer %d (%s; minimum %d, with "
-                        "prefetch %d)",
-            (unsigned long long)L->chunk_size, L->n_chunks, L->n_mandatory, ms->n_persist,
+    /* Mandatory (non-block params) and oversize chunks (one tensor larger than
+     * S_chunk) stay resident whatever n_persist says: the count says why. */
+    PT_LOGI(st->env.lg, "chunks: S_chunk %llu bytes, N_chunk %d (%d mandatory persistent, %d "
+                        "oversize kept resident), %d resident (n_persist %d, %s), n_buffer %d "
+                        "(%s; minimum %d, with prefetch %d)",
+            (unsigned long long)L->chunk_size, L->n_chunks, L->n_mandatory, L->n_oversize,
+            ms->n_persist,
             np, ms->np_fixed ? st->kn.source : "all resident", ms->n_buffer,
             nb_src, need, look);
     PT_LOGI(st->env.lg, "memory: persistent chunks %.2f MiB, buffers %.2f MiB on the device; "
