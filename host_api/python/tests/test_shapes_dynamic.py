@@ -144,9 +144,9 @@ def test_larger_batch_replans(ini, plugin_path):
     def setup(ad):
         orig = ad._replan
 
-        def spy(shape, args, kwargs):
+        def spy(*a):
             peaks.append(ad.ctx.stats().pred_peak)
-            orig(shape, args, kwargs)
+            orig(*a)
             peaks.append(ad.ctx.stats().pred_peak)
         ad._replan = spy
     got, want, err, m = _pair(ini(PROFILED), plugin_path, data, setup=setup)
