@@ -440,3 +440,13 @@ void pt_coll_op_free(pt_coll *c, pt_coll_op *op) {
     pt_mpi_coll_op_free(c ? c->mpi : NULL, op->m);
     free(op);
 }
+
+void pt_coll_scale(void *buf, size_t n, int32_t dtype, double scale) {
+    if (scale == 1.0) return;
+    if (dtype == PT_COLL_F64) {
+        for (size_t e = 0; e < n; e++) ((double *)buf)[e] *= scale;
+    } else {
+        float s = (float)scale;
+        for (size_t e = 0; e < n; e++) ((float *)buf)[e] *= s;
+    }
+}

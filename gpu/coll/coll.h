@@ -69,6 +69,10 @@ int pt_coll_pick_table(const char *dist_backend, const char *device_backend,
                        const char *init_method, int has_table, const char **transport, char *err,
                        size_t errlen);
 
+/* buf[e] *= scale for n elements of dtype (f32 scaled in f32): the averaging
+ * step the transports share after a sum (scale 1: nothing). */
+void pt_coll_scale(void *buf, size_t n, int32_t dtype, double scale);
+
 /* Opens cfg->transport. mpi: starts (or joins the host's) MPI and checks its
  * rank and size against cfg. nccl: loads libprotrain_nccl.so, hands rank 0's
  * unique id to every rank (over MPI, or through the file) and joins the

@@ -180,16 +180,6 @@ static int check_dtype(int32_t dtype, const void *buf, size_t n, const char *wha
     return PT_OK;
 }
 
-static void scale_buf(void *buf, size_t n, int32_t dtype, double scale) {
-    if (scale == 1.0) return;
-    if (dtype == PT_COLL_F64) {
-        for (size_t e = 0; e < n; e++) ((double *)buf)[e] *= scale;
-    } else {
-        float s = (float)scale;
-        for (size_t e = 0; e < n; e++) ((float *)buf)[e] *= s;
-    }
-}
-
 /* dst[e] = blk_0[e] + blk_1[e] + ... + blk_{W-1}[e], blocks `stride` bytes
  * apart, the first addend taken as is, f32 sums in f32. */
 static void sum_blocks(void *dst, const char *blk, size_t stride, int w, size_t m, int32_t dtype) {
@@ -234,7 +224,7 @@ static int reduce_scatter(pt_host_coll *c, void *buf, size_t n, int32_t dtype, d
         size_t mm = seg_len(len_me, off, c->seg);
         if (mm) sum_blocks((char *)buf + (lo_me + off) * es, c->recv, block, c->world, mm, dtype);
     }
-    scale_buf((char *)buf + lo_me * es, len_me, dtype, scale);
+    pt_coll_scale((char *)buf + lo_me * es, len_me, dtype, scale);
     return PT_OK;
 }
 
@@ -265,7 +255,7 @@ int pt_host_coll_reduce_scatter(pt_host_coll *c, void *buf, size_t n, int32_t dt
     int rc = check_dtype(dtype, buf, n, what, err, errlen);
     if (rc) return rc;
     if (!c || c->world == 1) {
-        scale_buf(buf, n, dtype, scale);
+        pt_coll_scale(buf, n, dtype, scale);
         return PT_OK;
     }
     return (rc = begin(c, what, err, errlen)) ? rc
@@ -278,7 +268,7 @@ int pt_host_coll_allreduce(pt_host_coll *c, void *buf, size_t n, int32_t dtype, 
     int rc = check_dtype(dtype, buf, n, what, err, errlen);
     if (rc) return rc;
     if (!c || c->world == 1) {
-        scale_buf(buf, n, dtype, scale);
+        pt_coll_scale(buf, n, dtype, scale);
         return PT_OK;
     }
     if ((rc = begin(c, what, err, errlen))) return rc;

@@ -563,16 +563,6 @@ static int begin(pt_mpi_coll *c, const char *what, char *err, size_t errlen) {
     return begin_n(c, 1, what, err, errlen);
 }
 
-static void scale_buf(void *buf, size_t n, int32_t dtype, double scale) {
-    if (scale == 1.0) return;
-    if (dtype == PT_COLL_F64) {
-        for (size_t e = 0; e < n; e++) ((double *)buf)[e] *= scale;
-    } else {
-        float s = (float)scale;
-        for (size_t e = 0; e < n; e++) ((float *)buf)[e] *= s;
-    }
-}
-
 /* dst[e] = src[0][e] + src[1][e] + ... + src[w-1][e] for m elements of dtype,
  * added in rank order with the first addend taken as is (not added to 0, so
  * -0 and NaN payloads match a single rank's accumulation); f32 sums stay f32,
@@ -611,7 +601,7 @@ static void rank_sources(const pt_mpi_coll *c, const char **src, const void *min
 int pt_mpi_coll_allreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,
                           const char *what, char *err, size_t errlen) {
     if (!c || c->world == 1) {
-        scale_buf(buf, n, dtype, scale);
+        pt_coll_scale(buf, n, dtype, scale);
         return PT_OK;
     }
     if (dtype != PT_COLL_F32 && dtype != PT_COLL_F64)
@@ -660,7 +650,7 @@ int pt_mpi_coll_allreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, do
     }
     free(peer);
     free(src);
-    if (!rc) scale_buf(buf, n, dtype, scale);
+    if (!rc) pt_coll_scale(buf, n, dtype, scale);
     return rc;
 }
 
@@ -726,7 +716,7 @@ int pt_mpi_coll_allgather(pt_mpi_coll *c, void *buf, size_t n, size_t elem_size,
 int pt_mpi_coll_reduce_scatter(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, double scale,
                                const char *what, char *err, size_t errlen) {
     if (!c || c->world == 1) {
-        scale_buf(buf, n, dtype, scale);
+        pt_coll_scale(buf, n, dtype, scale);
         return PT_OK;
     }
     if (dtype != PT_COLL_F32 && dtype != PT_COLL_F64)
@@ -785,7 +775,7 @@ int pt_mpi_coll_reduce_scatter(pt_mpi_coll *c, void *buf, size_t n, int32_t dtyp
     }
     free(peer);
     free(src);
-    if (!rc) scale_buf((char *)buf + lo_me * es, len_me, dtype, scale);
+    if (!rc) pt_coll_scale((char *)buf + lo_me * es, len_me, dtype, scale);
     return rc;
 }
 
@@ -889,7 +879,7 @@ int pt_mpi_coll_iallreduce(pt_mpi_coll *c, void *buf, size_t n, int32_t dtype, d
     snprintf(op->what, sizeof op->what, "%s", what);
     *out = op;
     if (!c || c->world == 1) {   /* nothing to wait for: the result is formed now */
-        scale_buf(buf, n, dtype, scale);
+        pt_coll_scale(buf, n, dtype, scale);
         op->done = 1;
         return PT_OK;
     }
@@ -938,7 +928,7 @@ static void op_finish(pt_mpi_coll *c, pt_mpi_op *op) {
     const char *src[c->world];
     rank_sources(c, src, op->buf, op->recv, op->n * es);
     sum_ranks(op->buf, src, c->world, op->n, op->dtype);
-    scale_buf(op->buf, op->n, op->dtype, op->scale);
+    pt_coll_scale(op->buf, op->n, op->dtype, op->scale);
     op->done = 1;
 }
 
