@@ -330,6 +330,8 @@ int pt_tier_open(pt_store *st, char *err, size_t errlen) {
         pt_tier_close(st);
         return rc;
     }
+    t->probe_rd_bps = rd_s > 0 ? t->slot_bytes / rd_s : 0;
+    t->probe_wr_bps = wr_s > 0 ? t->slot_bytes / wr_s : 0;
     t->n_th = cfg->nvme_io_threads;
     if (!(t->th = calloc((size_t)t->n_th, sizeof *t->th))) {
         pt_tier_close(st);
@@ -385,4 +387,17 @@ void pt_tier_close(pt_store *st) {
     pthread_mutex_destroy(&t->mu);
     free(t);
     st->tier = NULL;
+}
+
+void pt_tier_get_counters(const pt_store *st, pt_tier_counters *out) {
+    memset(out, 0, sizeof *out);
+    pt_tier *t = st->tier;
+    if (!t) return;
+    pthread_mutex_lock(&t->mu);
+    out->rd_bytes = t->rd_bytes, out->wr_bytes = t->wr_bytes;
+    out->reads = t->reads, out->writes = t->writes;
+    out->rd_s = t->rd_s, out->wr_s = t->wr_s, out->wait_s = t->wait_s;
+    out->probe_rd_bps = t->probe_rd_bps, out->probe_wr_bps = t->probe_wr_bps;
+    out->level = 1;
+    pthread_mutex_unlock(&t->mu);
 }

@@ -71,4 +71,18 @@ int pt_tier_chunk_open(struct pt_store *st, struct cs_chunk *c, char *err, size_
 int pt_tier_chunk_close(struct pt_store *st, struct cs_chunk *c, int store, char *err,
                         size_t errlen);
 
+/* What the tier has moved since it opened (zeros when there is no tier):
+ * bytes and I/O-thread seconds each way, and the seconds the steps, uploads
+ * and gradient copies waited for a chunk's image (its read, and a free slot
+ * before it): the tier's exposed time. hidden share = 1 - wait_s / (rd_s + wr_s)
+ * bounds how much of the I/O ran under other work. */
+typedef struct pt_tier_counters {
+    uint64_t rd_bytes, wr_bytes;
+    int64_t reads, writes;
+    double rd_s, wr_s, wait_s;
+    double probe_rd_bps, probe_wr_bps; /* the rates timed at open (one record each way) */
+    int level;                         /* 0: no tier, 1: states, 2: whole chunk images */
+} pt_tier_counters;
+void pt_tier_get_counters(const struct pt_store *st, pt_tier_counters *out);
+
 #endif

@@ -50,6 +50,7 @@ struct pt_tier {
     /* accounting (mu) */
     uint64_t rd_bytes, wr_bytes;
     double rd_s, wr_s, wait_s;
+    double probe_rd_bps, probe_wr_bps;
     int64_t reads, writes, tried; /* tried: write-backs started (the testing failure) */
     /* views (state images): ordinary memory per tiered chunk */
     float **view;
