@@ -126,8 +126,9 @@ tier_report() {
     need=$(awk -v r="$rmb" -v w="$wmb" -v n="$steps" -v s="${st[pin]}" 'BEGIN { printf "%.0f", (r + w) * 1048576 / n / s / 1e6 }')
     t_disk=$(awk -v r="$rmb" -v w="$wmb" -v n="$steps" -v R="$rd" -v W="$wr" -v s="${st[pin]}" \
         'BEGIN { if (R > 0 && W > 0) print (r * 1048576 / n / (R * 1e6) + w * 1048576 / n / (W * 1e6)) / s; else print 99 }')
-    printf 'bench_nvme: model %s, %s: tier I/O %.3f s (I/O threads), waited %.3f s: hidden %.1f%%; disk probe write %s MB/s, read %s MB/s; a step moves %.2f + %.2f MiB, %s MB/s at the pinned step time (one thread at the probe rates: %.2f of a step)\n' \
-        "$m" "$3" "$io" "$wt" "$(awk -v h="$hid" 'BEGIN { print h * 100 }')" "$wr" "$rd" \
+    lv=$(sed -n 's/.*nvme tier: level \([0-9]\),.*/\1/p' "$tmp/$m.$a.1.log" | tail -1)
+    printf 'bench_nvme: model %s, %s, level %s: tier I/O %.3f s (I/O threads), waited %.3f s: hidden %.1f%%; disk probe write %s MB/s, read %s MB/s; a step moves %.2f + %.2f MiB, %s MB/s at the pinned step time (one thread at the probe rates: %.2f of a step)\n' \
+        "$m" "$3" "${lv:-?}" "$io" "$wt" "$(awk -v h="$hid" 'BEGIN { print h * 100 }')" "$wr" "$rd" \
         "$(awk -v v="$rmb" -v n="$steps" 'BEGIN { print v / n }')" "$(awk -v v="$wmb" -v n="$steps" 'BEGIN { print v / n }')" \
         "$need" "$t_disk"
     if ! awk -v t="$t_disk" 'BEGIN { exit !(t <= 1) }'; then
