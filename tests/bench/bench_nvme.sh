@@ -9,9 +9,11 @@
 # Each model runs with its states in pinned memory (budget 64 MiB) and on the
 # tier (the small budget), under a fixed plan (n_persist 0: every block chunk
 # offloaded) and under a searched one (auto_memory with a profile; device
-# capacity 6 / 40 MiB so the search offloads); L's fixed plan also on the tier
-# with 5 staging slots at 9 MiB (a block of L has 4 chunks: 5 slots read a whole
-# block ahead, the default 3 read 3 of its 4). Clipping off, so the CPU steps
+# capacity 6 / 40 MiB so the search offloads). Fixed plans also: S at 3 MiB, where
+# the states alone on disk do not fit and the tier takes whole chunk images
+# (level 2: parameters, gradients and states read before each use); L on the
+# tier with 5 staging slots at 9 MiB (a block of L has 4 chunks: 5 slots read a
+# whole block ahead, the default 3 read 3 of its 4). Clipping off, so the CPU steps
 # overlap backward. The runs alternate (reversed in every other repeat); a run's
 # step is its median step (steps 6..N, from the metrics' tok_s), and every figure
 # is the median over the repeats, ratios taken within a repeat first.
@@ -50,7 +52,7 @@ trap 'rm -rf "$tmp" "$tier"' EXIT
 fstype=$(df -P -T "$tier" | awk 'NR == 2 { print $2 }')
 
 # per model: sample_host flags, tokens per step, chunk size, tier budget, searched device capacity, steps
-S_args=(--channels 96 --layers 3 --batch 2 --seq 64); S_tok=128; S_chunk=160KiB; S_budget=4MiB; S_cap=6MiB; S_steps=30
+S_args=(--channels 96 --layers 3 --batch 2 --seq 64); S_tok=128; S_chunk=160KiB; S_budget=4MiB; S_cap=6MiB; S_steps=24
 L_args=(--channels 192 --layers 4 --heads 4 --batch 4 --seq 64); L_tok=256; L_chunk=512KiB; L_budget=8MiB; L_cap=40MiB; L_steps=16
 mib() { awk -v v="${1%MiB}" 'BEGIN { printf "%d", v * 1048576 }'; }
 ini() {   # ini FILE CHUNK BUDGET fixed|CAP [STAGING_SLOTS]
@@ -78,9 +80,9 @@ ratio() {
     done | med
 }
 
-# arms: pin / tier (fixed plan), apin / atier (searched); L also tier5
-arms_S=(pin tier apin atier); arms_L=(pin tier tier5 apin atier)
-budget_of() { case $2 in pin|apin) echo 64MiB ;; tier5) echo 9MiB ;; *) eval "echo \$${1}_budget" ;; esac; }
+# arms: pin / tier (fixed plan), apin / atier (searched); S also tier2, L tier5
+arms_S=(pin tier tier2 apin atier); arms_L=(pin tier tier5 apin atier)
+budget_of() { case $2 in pin|apin) echo 64MiB ;; tier5) echo 9MiB ;; tier2) echo 3MiB ;; *) eval "echo \$${1}_budget" ;; esac; }
 for m in S L; do
     eval "c=\$${m}_chunk cap=\$${m}_cap arms=(\"\${arms_${m}[@]}\")"
     for a in "${arms[@]}"; do
@@ -151,7 +153,7 @@ for m in S L; do
             esac
         done
     done
-    for t in tier tier5; do
+    for t in tier tier2 tier5; do
         [ -n "${st[$t]:-}" ] || continue
         for r in $(seq 1 "$reps"); do
             [ "$(jf "$tmp/$m.$t.$r.jsonl" loss)" = "$(jf "$tmp/$m.pin.$r.jsonl" loss)" ] ||
