@@ -355,10 +355,12 @@ typedef struct pt_stats_v1 {
      * high-water mark of pinned_current since init or the last reset (as dev_peak),
      * what [memory] pinned_budget caps. The disk tier ([nvme] path), cumulative since
      * it last opened (post_model_load; each re-plan opens a new one; 0 without it):
-     * tier_io_us, microseconds its I/O threads spent reading and writing the
-     * states (summed over threads); tier_wait_us, microseconds the steps, uploads
-     * and gradient copies waited for a chunk's states (the read, and a free
-     * staging slot before it): the tier's exposed time. The share of its I/O
+     * tier_io_us, microseconds its I/O threads spent reading and writing its
+     * records (a chunk's states; where the tier holds whole chunk images, the
+     * image; summed over threads); tier_wait_us, microseconds the steps, uploads
+     * and gradient copies waited for a chunk's record (the read, and a free
+     * staging slot before it), summed over the waiting threads: the tier's
+     * exposed time. The share of its I/O
      * hidden under other work is at least 1 - tier_wait_us / tier_io_us. */
     uint64_t pinned_peak;
     uint64_t tier_io_us;
