@@ -17,7 +17,10 @@
 #    comparison;
 #  - stopped after step 2 with a checkpoint generation and resumed: the same
 #    losses (the tier is refilled from the state file);
-#  - two ranks: refused with a sentence (level 2 is built for one rank).
+#  - two ranks in mode C (each rank's parts in its own records): bit-identical
+#    to the same ranks without the tier and within 1e-6 of one rank with two
+#    micro-batches, pinned peak within the budget; mode B on two ranks is
+#    refused with a sentence.
 set -u
 root="${PT_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
 build="${PT_BUILD:-$root/build}"
@@ -102,12 +105,37 @@ ck="$tmp/ck"
 grep -q "nvme tier: level 2" "$tmp/r2.out" || bad "the resumed run has no level-2 tier"
 same "$tmp/r.jsonl" "$tmp/ref.jsonl" && ok || bad "stop at 2 + resume does not reproduce the --no-plugin losses"
 
-# 5. two ranks: refused with the sentence, exit 1
-if command -v mpirun >/dev/null 2>&1 && [ -z "${PT_SAN:-}" ]; then
-    (cd "$tmp" && OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -np 2 "$sh" \
-        --config "$tmp/t.ini" --plugin "$plug" "${run[@]}") > "$tmp/m2.out" 2>&1
-    if grep -q "built for one rank only (2 ranks here)" "$tmp/m2.out"; then ok
-    else bad "2 ranks at level 2: no refusal sentence: $(grep -m1 error "$tmp/m2.out")"; fi
+# 5. two ranks. Mode C (zero3_shard = on, each rank's parts in its own records):
+# bit-identical to the same two ranks without the tier, within 1e-6 of one rank
+# with 2 micro-batches (the sums' order differs, as in tests/dist.sh). Mode B
+# (replicated): refused with the sentence.
+if command -v mpirun >/dev/null 2>&1; then
+    mpi=(mpirun --oversubscribe --allow-run-as-root -np 2)
+    if [ -n "${PT_SAN:-}" ]; then   # Open MPI's own allocations and races, as in dist.sh
+        export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+        export TSAN_OPTIONS="${TSAN_OPTIONS:-} suppressions=$root/tests/tsan_openmpi.supp"
+    fi
+    sed 's/^zero3_shard = off$/zero3_shard = on/' "$tmp/t.ini" > "$tmp/c.ini"
+    sed -e 's/^pinned_budget = 4MiB/pinned_budget = 64MiB/' -e '/^\[nvme\]/,$d' "$tmp/c.ini" > "$tmp/cp.ini"
+    (cd "$tmp" && OMP_NUM_THREADS=1 "${mpi[@]}" "$sh" --config "$tmp/c.ini" --plugin "$plug" "${run[@]}" \
+        --metrics "$tmp/c2.jsonl") > "$tmp/c2.out" 2>&1 || bad "mode C, 2 ranks, level 2 failed: $(grep -m1 error "$tmp/c2.out")"
+    (cd "$tmp" && OMP_NUM_THREADS=1 "${mpi[@]}" "$sh" --config "$tmp/cp.ini" --plugin "$plug" "${run[@]}" \
+        --metrics "$tmp/cp.jsonl") > "$tmp/cp.out" 2>&1 || bad "mode C, 2 ranks, pinned failed"
+    "$sh" --config "$tmp/t.ini" --plugin "$plug" "${run[@]}" --grad-accum 2 --metrics "$tmp/c1.jsonl" \
+        > "$tmp/c1.out" 2>&1 || bad "1 rank x 2 micro-batches at level 2 failed"
+    grep -q "mode C" "$tmp/c2.out" && grep -q "nvme tier: level 2, [0-9]* chunk(s)' whole images" "$tmp/c2.out" && ok ||
+        bad "the 2-rank run was not mode C at level 2"
+    same "$tmp/c2.jsonl" "$tmp/cp.jsonl" && ok || bad "mode C: level-2 losses differ from the same ranks without the tier"
+    if awk -v a="$(losses "$tmp/c2.jsonl" | tr '\n' ' ')" -v b="$(losses "$tmp/c1.jsonl" | tr '\n' ' ')" 'BEGIN {
+        n = split(a, x, " "); m = split(b, y, " "); if (n != 4 || m != 4) exit 1
+        for (i = 1; i <= n; i++) { d = (x[i] - y[i]) / x[i]; if (d < 0) d = -d; if (d > 1e-6) exit 1 } }'; then ok
+    else bad "mode C 2 ranks vs 1 rank x 2 micro-batches: losses differ by more than 1e-6"; fi
+    peak=$(sed -n 's/.*pinned peak \([0-9]*\) bytes (budget \([0-9]*\)).*/\1/p' "$tmp/c2.out" | sort -n | tail -1)
+    [ -n "$peak" ] && [ "$peak" -le 4194304 ] && ok || bad "mode C: pinned peak ${peak:-none} over 4194304"
+    (cd "$tmp" && OMP_NUM_THREADS=1 "${mpi[@]}" "$sh" --config "$tmp/t.ini" --plugin "$plug" "${run[@]}") \
+        > "$tmp/m2.out" 2>&1
+    if grep -q "not for mode B on 2 ranks" "$tmp/m2.out"; then ok
+    else bad "mode B, 2 ranks at level 2: no refusal sentence: $(grep -m1 error "$tmp/m2.out")"; fi
 fi
 
 echo "nvme_images: $pass passed, $fail failed"

@@ -227,6 +227,21 @@ static const char *tier_upload(pt_store *st, cs_chunk *c, void *dst) {
     return "host_fn";
 }
 
+/* Mode C: this rank's part, from its image in a staging slot at level 2 (the
+ * upload is done when pt_sh_upload returns: the all-gather waited for it). */
+static int tier_sh_upload(pt_store *st, cs_chunk *c, void *dst, char *err, size_t errlen) {
+    if (c->tiered != 2) return pt_sh_upload(st, c, dst, err, errlen);
+    c->owner = st;
+    pt_tier_hold(st, c);
+    pt_tier_slot(st, c);
+    int rc = OPS(st)->host_fn(IMPL(st), st->env.s_h2d, pt_tier_stream_ready, c)
+                 ? pt_fail(err, errlen, PT_ERR_BACKEND, "upload of chunk %d: host_fn failed", c->id)
+                 : pt_sh_upload(st, c, dst, err, errlen);
+    if (rc) (void)OPS(st)->stream_sync(IMPL(st), st->env.s_h2d);   /* nothing reads it after */
+    pt_tier_drop(st, c, PT_TIER_CLEAN);
+    return rc;
+}
+
 /* Upload chunk c into a leased slot (async on the h2d stream). */
 static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     pt_store *ms = st;
@@ -249,7 +264,7 @@ static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
              o->host_fn(IMPL(st), st->env.s_h2d, wait_step, c))
         op = "host_fn";
     else if (c->sh) {   /* mode C: this rank's part, then the all-gather */
-        if ((src = pt_sh_upload(st, c, dst, err, errlen))) op = "";
+        if ((src = tier_sh_upload(st, c, dst, err, errlen))) op = "";
     } else if (c->tiered == 2 && (op = tier_upload(st, c, dst)))
         ;
     else if (c->tiered != 2 && pt_gpu_memcpy_async(st->env.gpu, dst, c->h_param, (size_t)c->used,

@@ -15,12 +15,15 @@
  * rounded: each allocation rounded as the pinned arena carves it; tiered: its
  * states on the disk tier. */
 static uint64_t pinned_of(const cs_chunk *c, int rounded, int tiered) {
+    if (tiered == 2) return 0;   /* the whole image on disk: only staging slots */
     if (c->sh) {   /* this rank's parts, and the optimizer state of the params it owns */
-        uint64_t own = c->plan.own_words * 4;
-        return pt_sh_pinned(c, rounded) + (rounded && own ? pt_gpu_round_size(own) : own);
+        uint64_t own = c->plan.own_words * 4, eb = (uint64_t)c->n_state * 4;
+        if (rounded) eb = pt_gpu_round_size(eb);
+        /* tiered: m and v of its parts on disk */
+        uint64_t sh = pt_sh_pinned(c, rounded) - (tiered && c->trainable ? 2 * eb : 0);
+        return sh + (rounded && own ? pt_gpu_round_size(own) : own);
     }
     uint64_t pb = rounded ? pt_gpu_round_size(c->used) : c->used;
-    if (tiered == 2) return 0;   /* the whole image on disk: only staging slots */
     if (!c->trainable) return pb;                              /* h_param only */
     if (tiered) return 2 * pb;   /* h_param, h_gstage: the states are on disk */
     uint64_t eb = (uint64_t)c->n_state * 4, ob = c->plan.aux_words * 4;

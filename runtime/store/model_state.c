@@ -189,14 +189,14 @@ static int alloc_offloaded(pt_store *st, cs_chunk *c, char *err, size_t errlen) 
     memset(c->h_param, 0, pb);
     if (!c->trainable) return PT_OK;
     if ((rc = pt_gpu_pinned_alloc(st->env.gpu, gb, &c->h_gstage, err, errlen))) return rc;
+    /* a part's padding elements are never copied in: they must read as zero */
+    if (c->sh) memset(c->h_gstage, 0, gb);
     if (c->tiered) return PT_OK;   /* states on disk (tier/tier.h) */
     if ((rc = pt_gpu_pinned_alloc(st->env.gpu, eb, (void **)&c->h_m, err, errlen)) ||
         (rc = pt_gpu_pinned_alloc(st->env.gpu, eb, (void **)&c->h_v, err, errlen)))
         return rc;
     memset(c->h_m, 0, eb);
     memset(c->h_v, 0, eb);
-    /* a part's padding elements are never copied in: they must read as zero */
-    if (c->sh) memset(c->h_gstage, 0, gb);
     if (c->has16) {
         if ((rc = pt_gpu_pinned_alloc(st->env.gpu, eb, (void **)&c->h_master, err, errlen))) return rc;
         memset(c->h_master, 0, eb);
@@ -226,14 +226,15 @@ static int upload_initial(pt_store *st, char *err, size_t errlen) {
         }
     }
     for (int k = 0; k < ms->n_chunks; k++)
-        if (ms->ch[k].sh) pt_sh_init_values(st, &ms->ch[k]);
+        if (ms->ch[k].sh && ms->ch[k].tiered != 2) pt_sh_init_values(st, &ms->ch[k]);
     /* whole images on the disk tier: each chunk's record written once */
     for (int k = 0; k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
         if (c->tiered != 2) continue;
         int rc = pt_tier_chunk_open(st, c, 0, err, errlen);
         if (rc) return rc;
-        for (int i = 0; i < m->n_params; i++) {
+        if (c->sh) pt_sh_init_values(st, c);
+        for (int i = 0; !c->sh && i < m->n_params; i++) {
             if (ms->root[i] != i || ms->lay.param_chunk[i] != k) continue;
             const pt_param_v1 *p = &m->params[i];
             memcpy((char *)c->h_param + ms->lay.param_offset[i], p->init,
@@ -295,7 +296,9 @@ static int setup_chunks(pt_store *st, int np, char *err, size_t errlen) {
 }
 
 /* The offloaded chunks at tier level lv (0: none): their pinned bytes plus
- * the staging slots. */
+ * the staging slots; with several ranks below level 2 also the fp32 gradient
+ * sums every step then allocates (h_gacc, 4E a chunk), which level 2 keeps in
+ * its records. */
 static uint64_t tier_at(pt_store *st, int lv) {
     uint64_t pinned = 0;
     for (int k = 0; k < st->n_chunks; k++) {
@@ -303,29 +306,31 @@ static uint64_t tier_at(pt_store *st, int lv) {
         if (c->persistent) continue;
         c->tiered = lv == 2 ? 2 : lv == 1 && c->trainable;
         pinned += pt_ms_chunk_pinned(c, 0);
+        if (lv < 2 && st->world > 1 && c->trainable) pinned += (uint64_t)c->n_state * 4;
     }
     return pinned + pt_tier_staging_bytes(st, 0);
 }
 
 /* [nvme] path set: the offloaded chunks go to the disk tier at the lowest
  * level whose pinned bytes (*pinned, the chunks' and the staging slots') fit
- * the limit: 1, their Adam states; 2, their whole images. Mode C and REKLS
- * keep theirs in pinned memory (not built: the tier holds AdamW's state of
- * whole chunks only), and level 2 needs one rank (several all-reduce the
- * gradient sums in place, which level 2 keeps on disk). */
+ * the limit: 1, their Adam states; 2, their whole images (mode C: this rank's
+ * parts). REKLS keeps its state in pinned memory (not built: the tier holds
+ * AdamW's), and level 2 is not built for mode B on several ranks (its
+ * optimizer_step all-reduces every chunk's gradient sum in place). */
 static int tier_chunks(pt_store *st, uint64_t *pinned, char *err, size_t errlen) {
     const pt_config *cfg = st->env.cfg;
-    if (!cfg->nvme_path[0] || st->shard || st->ok != &pt_optk_adamw) return PT_OK;
+    if (!cfg->nvme_path[0] || st->ok != &pt_optk_adamw) return PT_OK;
     uint64_t lim = pt_ms_pinned_limit(st), p1 = tier_at(st, 1);
     int lv = cfg->debug_tier_level ? cfg->debug_tier_level : p1 <= lim ? 1
                                                                        : 2;
-    if (lv == 2 && st->world > 1)
+    if (lv == 2 && st->world > 1 && !st->shard)
         return pt_fail(err, errlen, PT_ERR_HOST_OOM,
                        "pinned host memory: with their Adam states on the disk tier the "
                        "offloaded chunks still need %llu pinned bytes (their parameters and "
                        "gradients, and %d staging slots), over the budget of %llu; moving the "
-                       "parameters and gradients to disk too is built for one rank only (%d "
-                       "ranks here): raise [memory] pinned_budget or lower offload",
+                       "parameters and gradients to disk too is built for one rank or mode C "
+                       "(zero3_shard), not for mode B on %d ranks: raise [memory] pinned_budget, "
+                       "lower offload or shard the chunks",
                        (unsigned long long)p1, cfg->nvme_slots, (unsigned long long)lim,
                        st->world);
     *pinned = lv == 1 ? p1 : tier_at(st, lv);

@@ -24,7 +24,15 @@ int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, 
     }
     cs_chunk *c = &ms->ch[ms->lay.param_chunk[root]];
     uint64_t off = ms->lay.param_offset[root];
-    if (c->sh) return pt_sh_read_param(st, c, off, dst, (size_t)bytes, err, errlen);
+    if (c->sh) {   /* a collective; at level 2 this rank's parts through a view */
+        int rc = c->tiered == 2 ? pt_tier_chunk_open(st, c, 1, err, errlen) : PT_OK;
+        if (!rc) rc = pt_sh_read_param(st, c, off, dst, (size_t)bytes, err, errlen);
+        if (c->tiered == 2) {
+            int trc = pt_tier_chunk_close(st, c, 0, err, errlen);
+            if (!rc) rc = trc;
+        }
+        return rc;
+    }
     if (c->persistent) {
         /* the last step's device optimizer step may still be queued */
         int rc = pt_cs_ord(st, PT_ORD_STEP) ? pt_store_sync(st, err, errlen) : PT_OK;
@@ -168,6 +176,11 @@ int pt_store_param_part(pt_store *st, int32_t index, pt_store_part *out, char *e
     if (q->dtype != PT_F32)
         return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "param_part: param %d '%s' is not fp32",
                        index, q->name ? q->name : "(unnamed)");
+    if (c->tiered == 2)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "param_part: param %d '%s' lies in "
+                                                        "chunk %d, whose parts are on the disk tier ([nvme]): they have no "
+                                                        "fixed host copy (raise [memory] pinned_budget)",
+                       index, q->name ? q->name : "(unnamed)", c->id);
     int rc = pt_cs_wait_task(st, c, "param_part", err, errlen);
     if (rc) return rc;
     out->split = 1;

@@ -304,10 +304,16 @@ int pt_store_snapshot(pt_store *st, pt_state_image *img, char *err, size_t errle
     img->bytes = n;
     img->step = st->env.opt->t;
     img->has_opt = st->opt_ready;
-    /* mode C: every rank's parts gathered into whole chunks first (a collective:
-     * every rank snapshots at the same point), so the image is the same per
-     * parameter image a single rank writes */
+    /* the disk tier's records in memory (mode C: this rank's parts), then mode C:
+     * every rank's parts gathered into whole chunks (a collective: every rank
+     * snapshots at the same point), so the image is the same per parameter
+     * image a single rank writes */
+    if ((st->opt_ready || pt_tier_level(st) == 2) && (rc = pt_tier_views_open(st, 1, err, errlen))) {
+        pt_store_image_free(img);
+        return rc;
+    }
     if (st->shard && (rc = pt_sh_views_open(st, 1, err, errlen))) {
+        pt_tier_views_close(st, 0, NULL, 0);
         pt_store_image_free(img);
         return rc;
     }
@@ -316,18 +322,14 @@ int pt_store_snapshot(pt_store *st, pt_state_image *img, char *err, size_t errle
     if (st->shard && st->opt_ready && st->ok->views_open &&
         (rc = st->ok->views_open(st, 1, err, errlen))) {
         pt_sh_views_close(st, 0);
+        pt_tier_views_close(st, 0, NULL, 0);
         pt_store_image_free(img);
         return rc;
     }
-    /* the disk tier's states in memory while the walk reads them */
-    if (!rc && (st->opt_ready || pt_tier_level(st) == 2) &&
-        (rc = pt_tier_views_open(st, 1, err, errlen)))
-        goto out;
     rc = walk(st, img->data, &n, W_SAVE, err, errlen);
-    pt_tier_views_close(st, 0, NULL, 0);
-out:
     if (st->shard && st->ok->views_close) st->ok->views_close(st, 0);
     if (st->shard) pt_sh_views_close(st, 0);
+    pt_tier_views_close(st, 0, NULL, 0);
     if (rc) pt_store_image_free(img);
     return rc;
 }
@@ -364,26 +366,30 @@ int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t 
     int rc = check_image(st, img, err, errlen);
     if (rc) return rc;
     size_t n = img->bytes;
-    /* mode C: whole-chunk views receive the image; this rank keeps its parts */
-    if (st->shard && (rc = pt_sh_views_open(st, 0, err, errlen))) return rc;
+    /* the disk tier: its records in memory, the image's values written to its
+     * file at the end (a resume refills it); mode C: whole-chunk views receive
+     * the image, this rank keeps its parts */
+    if ((st->opt_ready || pt_tier_level(st) == 2) && (rc = pt_tier_views_open(st, 1, err, errlen)))
+        return rc;
+    if (st->shard && (rc = pt_sh_views_open(st, 0, err, errlen))) {
+        pt_tier_views_close(st, 0, NULL, 0);
+        return rc;
+    }
     if (st->shard && st->opt_ready && st->ok->views_open &&
         (rc = st->ok->views_open(st, 0, err, errlen))) {
         pt_sh_views_close(st, 0);
+        pt_tier_views_close(st, 0, NULL, 0);
         return rc;
     }
-    /* the disk tier: the image's states written to its file (a resume refills it) */
-    if ((st->opt_ready || pt_tier_level(st) == 2) && (rc = pt_tier_views_open(st, 1, err, errlen)))
-        goto out;
     rc = walk(st, img->data, &n, W_LOAD, err, errlen);
-    {
-        int trc = pt_tier_views_close(st, !rc, err, errlen);
-        if (!rc) rc = trc;
-    }
-out:
     /* the kind's state goes back where it lives (REKLS: its owners take it,
      * moments from the m / v views, so before those close) */
     if (st->shard && st->ok->views_close) st->ok->views_close(st, !rc);
     if (st->shard) pt_sh_views_close(st, !rc);
+    {
+        int trc = pt_tier_views_close(st, !rc, err, errlen);
+        if (!rc) rc = trc;
+    }
     if (rc) return rc;
     st->env.opt->t = img->step;
     invalidate_slots(st);

@@ -17,14 +17,17 @@
 
 /* Byte offsets of chunk c's sections in its record at level lv, each section
  * 64-byte aligned (the CPU kernels' vector loads), UINT64_MAX where there is
- * none; returns the record's bytes before padding to the block. */
+ * none; returns the record's bytes before padding to the block. A mode C
+ * chunk's record holds this rank's parts (E = its part's elements, the
+ * landing zone in fp32). */
 static uint64_t layout(const cs_chunk *c, int lv, tier_sec *o) {
     const uint64_t none = UINT64_MAX, e4 = (uint64_t)c->n_state * 4;
+    const uint64_t pb = c->sh ? c->sh->p_bytes : c->used, gb = c->sh ? e4 : c->used;
     uint64_t at = 0;
 #define PUT(f, n) (o->f = at, at += ((n) + 63) / 64 * 64)
     o->param = o->gstage = o->m = o->v = o->master = o->gacc = none;
-    if (lv == 2) PUT(param, c->used);
-    if (c->trainable && lv == 2) PUT(gstage, c->used);
+    if (lv == 2) PUT(param, pb);
+    if (c->trainable && lv == 2) PUT(gstage, gb);
     if (c->trainable) PUT(m, e4), PUT(v, e4);
     if (c->trainable && c->has16) PUT(master, e4);
     if (c->trainable && lv == 2) PUT(gacc, e4);
