@@ -12,7 +12,10 @@
 #include "optim/optim.h"
 #include "planner/planner.h"
 #include "profiler.h"
+#include "profiler_disk.h"
 #include "rt_internal.h"
+
+#include <sys/statvfs.h>
 
 
 /* auto_memory: profile and plan, even when the INI fixes all four knobs (the plan
@@ -121,6 +124,44 @@ static uint64_t host_budget(const pt_rt *rt) {
         fclose(f);
     }
     return (uint64_t)kb * 1024 / 10 * 9;
+}
+
+/* [nvme] path: the disk tier's terms of the search (cost_model.h): its
+ * staging slots, block, whether gradients accumulate (several ranks in mode
+ * B; several micro-batches on one rank are not known before the first step),
+ * its rates (timed once per run, cached under cache_dir per device:
+ * profiler_disk.h) and the disk bytes it may take ([nvme] budget, or the
+ * folder's free space). A probe that fails leaves the I/O time unmodelled
+ * and says why; the store's own checks still refuse a folder that cannot
+ * be used. */
+static void tier_terms(pt_rt *rt, pt_search_opts *o) {
+    const pt_config *c = &rt->cfg;
+    if (!c->nvme_path[0]) return;
+    o->cost.tier_slots = c->nvme_slots;
+    o->cost.tier_above = o->host_ram;
+    o->cost.tier_block = c->nvme_block;
+    o->cost.tier_accum = rt->dist.coll && pt_coll_world(rt->dist.coll) > 1 && !rt->dist.shard;
+    if (!rt->plan.tier_rd_Bps && !rt->plan.tier_rates[0]) {
+        pt_disk_rates r;
+        char e[600];
+        if (pt_disk_probe(c->nvme_path, c->nvme_io_threads, c->cache_dir, &r, e, sizeof e)) {
+            PT_LOGW(&rt->lg, "disk tier: its I/O time is not in the plan: %s", e);
+            snprintf(rt->plan.tier_rates, sizeof rt->plan.tier_rates, "timing %.100s failed", c->nvme_path);
+        } else {
+            rt->plan.tier_rd_Bps = r.rd_Bps;
+            rt->plan.tier_wr_Bps = r.wr_Bps;
+            snprintf(rt->plan.tier_rates, sizeof rt->plan.tier_rates, "%s %d thread(s), %s%s", r.cached ? "cached for" : "timed with",
+                     c->nvme_io_threads, r.direct ? "O_DIRECT" : "buffered", r.cached ? "" : " just now");
+            PT_LOGI(&rt->lg, "disk tier: %s reads %.3g B/s, writes %.3g B/s (%s%s%.3f s)", c->nvme_path, r.rd_Bps,
+                    r.wr_Bps, rt->plan.tier_rates, r.cached ? "" : ", in ", r.probe_s);
+        }
+    }
+    o->cost.tier_rd_Bps = rt->plan.tier_rd_Bps;
+    o->cost.tier_wr_Bps = rt->plan.tier_wr_Bps;
+    struct statvfs vs;
+    uint64_t avail = statvfs(c->nvme_path, &vs) ? 0 : (uint64_t)vs.f_bavail * vs.f_frsize;
+    o->disk_budget = c->nvme_budget ? c->nvme_budget : avail;
+    if (c->nvme_budget && avail && avail < c->nvme_budget) o->disk_budget = avail;
 }
 
 /* The search, and with several ranks the mode (auto_mode, zero3_shard = auto):
@@ -283,8 +324,8 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
                   (t->calib.peak > 0 ? t->calib.peak : 1.0);
     o.capacity = t->hw.device_capacity;
     o.host_ram = host_budget(rt);
-    /* [nvme] path: a plan over the pinned budget keeps the offloaded states on disk */
-    if (rt->cfg.nvme_path[0]) o.cost.tier_slots = rt->cfg.nvme_slots, o.cost.tier_above = o.host_ram;
+    /* [nvme] path: a plan over the pinned budget puts the offloaded states on disk */
+    tier_terms(rt, &o);
     o.n_persist = rt->cfg.n_persist;
     o.n_buffer = rt->cfg.n_buffer;
     o.n_swap = rt->cfg.n_swap;
@@ -324,6 +365,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     plan.exec_mode = plan.knobs.n_persist >= plan.n_chunk ? 0 : shard ? 2
                                                                       : 1;
     snprintf(plan.mode_why, sizeof plan.mode_why, "%s", why);
+    snprintf(plan.tier_rates, sizeof plan.tier_rates, "%s", rt->plan.tier_rates);
     plan.world_size = t->key.world_size;
     pt_rt_ext_plan_fill(rt, &plan);
     char *text = pt_plan_text(&plan);

@@ -120,8 +120,16 @@ typedef struct pt_cost_opts {
                                  each split param's weights are gathered too */
     int32_t tier_slots;       /* [nvme] path set: the disk tier's staging slots (0: no tier) */
     uint64_t tier_above;      /* with tier_slots: the pinned budget; a plan whose pinned
-                                 bytes exceed it keeps the offloaded chunks' Adam states on
-                                 the disk tier (runtime/store/tier/tier.h) */
+                                 bytes exceed it puts the offloaded chunks' states on the
+                                 disk tier (runtime/store/tier/tier.h; levels below) */
+    uint64_t tier_block;      /* [nvme] block_size: every record section is padded to it
+                                 (0: 4096) */
+    int32_t tier_accum;       /* gradients accumulate over micro-batches or ranks: the fp32
+                                 sum h_gacc (4E) is pinned at level 1, a record section at
+                                 level 2 */
+    double tier_rd_Bps;       /* the tier's read and write rates, bytes/s, with [nvme]
+                                 io_threads requests in flight (the profiler's probe of the */
+    double tier_wr_Bps;       /* folder, or given); 0: the I/O time is not modelled */
 } pt_cost_opts;
 
 /* OVERLAP: each chunk's CPU step starts as its gradient lands in backward.
@@ -165,8 +173,14 @@ typedef struct pt_cost {
     int32_t peak_block;          /* its block (-1 for non-block windows) */
     uint64_t host_bytes;         /* pinned host bytes needed (per rank) */
     uint64_t swap_pool_bytes;    /* part of host_bytes: SWAP arenas */
-    int32_t on_tier;             /* the offloaded chunks' states on the disk tier: host_bytes
-                                    counts their params, gradients and the staging slots */
+    int32_t on_tier;             /* disk tier level (pt_cost_tier): 0 none, 1 the offloaded
+                                    chunks' Adam states on disk, 2 their whole images;
+                                    host_bytes is that level's pinned figure */
+    uint64_t tier_disk_bytes;    /* the tier's file: the records of the tiered chunks */
+    uint64_t tier_io_bytes;      /* read + written per iteration */
+    double tier_io_s;            /* those bytes at the tier's rates (0: no tier or no rates) */
+    double tier_exposed_s;       /* the part of tier_io_s outside its overlap window: in
+                                    iter_s (the forward's share in fwd_s, the rest in opt_s) */
     /* time, seconds */
     double iter_s;               /* fwd_s + bwd_s + opt_s */
     double fwd_s;                /* embedding + block forwards (window times) */
@@ -280,15 +294,54 @@ void pt_cost_offload_sums(const pt_cost_ctx *cx, int32_t n_persist, uint64_t *by
  * plan, and the searcher reports the larger (so "all resident" reads N_chunk). */
 int pt_cost_persist_redundant(const pt_cost_ctx *cx, int32_t n_persist);
 uint64_t pt_cost_host_bytes(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, int shard);
-/* The pinned bytes a plan needs under o: pt_cost_host_bytes, or, when that
- * exceeds o->tier_above and a tier is configured (one rank's whole chunks,
- * AdamW), the offloaded chunks without their states (trainable: staged param
- * and gradient, 2 x bytes; frozen: bytes) plus tier_slots staging buffers of the
- * largest chunk's states (m, v and 16-bit masters, 4 KiB aligned, plus 4 KiB)
- * and the swap pool; *tier (may be NULL) says which. I/O time is not modelled:
- * the tier is used only where the budget requires it. */
+/* The disk tier ([nvme] path, o->tier_slots > 0) for the offloaded chunks
+ * [n_persist, K), as the store decides it. Per offloaded trainable chunk with
+ * E fp32 state elements and U param bytes, w = 3 with 16-bit params (their
+ * fp32 masters) else 2, A = 1 when o->tier_accum, pad() = up to tier_block:
+ *   level 0 (no tier): the profile's pinned bytes (pt_cost_host_bytes);
+ *   level 1: pinned 2U (+ 4E when A), frozen chunks U, plus tier_slots x
+ *            (largest R1 + block); record R1 = pad(4 w E) ([m|v|masters]);
+ *   level 2: pinned frozen chunks U, plus tier_slots x (largest R2 + block);
+ *            record R2 = 2 pad(U) + pad(8E) + (w == 3) pad(4E) + A pad(4E)
+ *            ([params|gradient landing|m,v|masters|accumulator]).
+ * Each level adds the swap pool. Rule: level 0 when its bytes fit
+ * o->tier_above; else level 1 when its bytes do; else level 2 (which may
+ * not fit either: the searcher refuses such a plan). No tier in mode C
+ * (o->shard) or when a chunk has its own optimizer kind's state (REKLS).
+ * Per iteration each tiered trainable chunk reads R1 and writes R1 (level 1),
+ * or reads R2 for the forward's upload, R2 for the backward's, and writes R2
+ * after its step (level 2: a chunk still in a staging slot is not re-read,
+ * counted as read anyway). */
+typedef struct pt_tier_fig {
+    int32_t level;
+    uint64_t pinned;        /* the level's pinned bytes (swap pool included) */
+    uint64_t disk;          /* the file: sum of the tiered chunks' records */
+    uint64_t fwd_rd;        /* bytes read for the forward (level 2) */
+    uint64_t rd, wr;        /* bytes read and written after the forward */
+} pt_tier_fig;
+void pt_cost_tier(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, const pt_cost_opts *o,
+                  pt_tier_fig *f);
+/* pt_cost_tier's pinned bytes; *tier (may be NULL) its level. */
 uint64_t pt_cost_pinned(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist,
                         const pt_cost_opts *o, int32_t *tier);
+/* The tier's I/O seconds and its exposed part given the time fields of c (no
+ * tier, or no rates: zeros). The I/O runs on io_threads beside the compute
+ * (the rates are measured with that many requests in flight; reads and
+ * writes share the disk):
+ *   io_f = fwd_rd / rd_Bps                       (level 2's forward reads)
+ *   io_b = rd / rd_Bps + wr / wr_Bps             (the rest)
+ * io_f overlaps the forward (F = c->fwd_s): its reads run ahead of the
+ * uploads while earlier blocks compute; io_b overlaps what follows the
+ * forward, B = c->iter_s - c->fwd_s (backward, the CPU optimizer of other
+ * chunks, collectives: a chunk's read is queued a block before its step and
+ * its write-back runs under the next chunks' steps). What does not fit its
+ * window is exposed:
+ *   exposed = max(0, io_f - F) + max(0, io_b - B),
+ * so the iteration is max(F, io_f) + max(B, io_b): the disk's time where it
+ * is the slower resource, the compute's where it is not. Neither the first
+ * read's latency nor the slots' limit on read-ahead is charged. */
+void pt_cost_tier_time(const pt_tier_fig *f, const pt_cost_opts *o, const pt_cost *c, double *io_s,
+                       double *exposed_f, double *exposed_b);
 /* Time part of the prediction: fills the time fields of out. */
 void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, int32_t n_buffer,
                   const pt_cost_opts *o, pt_cost *out);

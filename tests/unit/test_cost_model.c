@@ -75,7 +75,7 @@ static pt_cost hand_cost(const pt_trace *t, pt_knobs k) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     pt_cost c;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
     pt_cost_ctx_free(cx);
@@ -115,7 +115,7 @@ static void test_hand_buckets(void **state) {
         assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
         pt_knobs k = {2, 0, 0, 0};
         pt_cost on, off;
-        pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 1, 0, 0, 0};
+        pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0};
         assert_int_equal(pt_cost_eval(cx, &o, &k, &on, err, sizeof err), PT_OK);
         o.overlap_ar = 0;
         assert_int_equal(pt_cost_eval(cx, &o, &k, &off, err, sizeof err), PT_OK);
@@ -181,7 +181,7 @@ static void test_tp_terms(void **state) {
         pt_knobs k = {2, 0, 0, 0};
         for (int ov = 0; ov < 2; ov++) {
             pt_cost c;
-            pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, ov, cases[i].l2, 0, 0};
+            pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, ov, cases[i].l2, 0, 0, 0, 0, 0, 0};
             assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
             if (ov && cases[i].P == 1) {   /* buckets hide part of it without tensor parallel */
                 assert_true(c.allreduce_s < cases[i].ar - 0.1);
@@ -197,7 +197,7 @@ static void test_tp_terms(void **state) {
         pt_cost_ctx *c0;
         assert_int_equal(pt_cost_ctx_new(&t, &c0, err, sizeof err), PT_OK);
         pt_cost c;
-        pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, cases[i].l2, 0, 0};
+        pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, cases[i].l2, 0, 0, 0, 0, 0, 0};
         assert_int_equal(pt_cost_eval(c0, &o, &k, &c, err, sizeof err), PT_OK);
         assert_double_equal(c.tp_gather_s, 0.0, EPS);
         pt_cost_ctx_free(c0);
@@ -213,7 +213,7 @@ static void test_hand_all_resident(void **state) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     pt_knobs k = {2, 0, 0, 0};
     pt_cost c;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
@@ -264,7 +264,7 @@ static void test_rekls_terms(void **state) {
         assert_int_equal(pt_cost_ctx_new(&t0, &c0, err, sizeof err), PT_OK);
         assert_int_equal(pt_cost_ctx_new(&t1, &c1, err, sizeof err), PT_OK);
         /* clipping: optimizer after backward, or deferred into the next forward */
-        pt_cost_opts o = {1.0, 0, 0, 1, 0, defer, 0, 0, 0, 0};
+        pt_cost_opts o = {1.0, 0, 0, 1, 0, defer, 0, 0, 0, 0, 0, 0, 0, 0};
         pt_knobs k = {p, p == 2 ? 0 : 2, 0, 0};
         pt_cost a, b;
         assert_int_equal(pt_cost_eval(c0, &o, &k, &a, err, sizeof err), PT_OK);
@@ -332,7 +332,7 @@ static void test_rekls_shard(void **state) {
         char err[256];
         assert_int_equal(pt_cost_ctx_new(&t0, &c0, err, sizeof err), PT_OK);
         assert_int_equal(pt_cost_ctx_new(&t1, &c1, err, sizeof err), PT_OK);
-        pt_cost_opts o = {1.0, 0, 0, 1, 1, defer, 0, 0, 0, 0};
+        pt_cost_opts o = {1.0, 0, 0, 1, 1, defer, 0, 0, 0, 0, 0, 0, 0, 0};
         pt_knobs k = {0, 2, 0, 0};
         pt_cost a, b;
         assert_int_equal(pt_cost_eval(c0, &o, &k, &a, err, sizeof err), PT_OK);
@@ -379,7 +379,7 @@ static void test_hand_streamed(void **state) {
     assert_int_equal(pt_cost_buffer_min_block(cx, 0), 1);   /* one chunk per block */
     assert_int_equal(pt_cost_buffer_min_block(cx, 1), 1);
     assert_int_equal(pt_cost_buffer_min_block(cx, 2), 0);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     pt_knobs k = {0, 2, 0, 0};
     pt_cost c;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
@@ -518,7 +518,7 @@ static void test_hand_ckpt_swap(void **state) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     pt_cost c;
     /* both CKPT: only inputs stay; peak = backward of block 1 with its
      * recomputed arena: 20 + 1000 + 20 + max(7, 5) */
@@ -572,7 +572,7 @@ static synth big(void) {
 }
 
 static uint64_t peak_of(pt_cost_ctx *cx, int p, int nb, int s, int c) {
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     pt_knobs k = {p, nb, s, c};
     pt_cost r;
     char err[256];
@@ -654,7 +654,7 @@ static void test_time_monotone_in_buffers(void **state) {
             for (int sw = 0; sw <= 2; sw++)
                 for (int c = 0; c <= 3; c++)
                     for (int clip = 0; clip < 3; clip++) /* 2: clipping, steps deferred */ {
-                        pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2, 0, 0, 0, 0};
+                        pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2, 0, 0, 0, 0, 0, 0, 0, 0};
                         double prev = INFINITY;
                         uint64_t prev_peak = 0;
                         for (int nb = pt_cost_buffer_min(cx, p); nb <= K - p; nb++) {
@@ -707,7 +707,7 @@ static void test_exact_footprints(void **state) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     int K = t.n_chunk;
     pt_knobs all = {K, 0, 0, 0}, half = {K / 2, pt_cost_buffer_min(cx, K / 2), 0, 0};
     pt_cost c0, h0, c1, h1;
@@ -791,7 +791,7 @@ static void test_bounds_below_lookahead(void **state) {
                 assert_int_equal(pt_place_blocks(t.n_block, sc == 2, sc, pt_cost_swap_interval(cx), modes, NULL, 0),
                                  PT_OK);
                 pt_act_compute(cx, modes, &a);
-                pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2, 0, 0, 0, 0};
+                pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2, 0, 0, 0, 0, 0, 0, 0, 0};
                 for (int p = 0; p <= t.n_chunk; p++) {
                     int lo1 = pt_cost_buffer_min_block(cx, p), lo2 = pt_cost_buffer_min(cx, p);
                     int q = pt_cost_n_offloaded(cx, p);
