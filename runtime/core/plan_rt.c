@@ -150,10 +150,11 @@ static void tier_terms(pt_rt *rt, pt_search_opts *o) {
         } else {
             rt->plan.tier_rd_Bps = r.rd_Bps;
             rt->plan.tier_wr_Bps = r.wr_Bps;
-            snprintf(rt->plan.tier_rates, sizeof rt->plan.tier_rates, "%s %d thread(s), %s%s", r.cached ? "cached for" : "timed with",
-                     c->nvme_io_threads, r.direct ? "O_DIRECT" : "buffered", r.cached ? "" : " just now");
-            PT_LOGI(&rt->lg, "disk tier: %s reads %.3g B/s, writes %.3g B/s (%s%s%.3f s)", c->nvme_path, r.rd_Bps,
-                    r.wr_Bps, rt->plan.tier_rates, r.cached ? "" : ", in ", r.probe_s);
+            snprintf(rt->plan.tier_rates, sizeof rt->plan.tier_rates, "%s (%d thread(s), %s)",
+                     r.cached ? "from the cache" : "timed at the first plan", c->nvme_io_threads,
+                     r.direct ? "O_DIRECT" : "buffered");
+            PT_LOGI(&rt->lg, "disk tier: %s reads %.3g B/s, writes %.3g B/s, %s; timing took %.3f s", c->nvme_path,
+                    r.rd_Bps, r.wr_Bps, rt->plan.tier_rates, r.probe_s);
         }
     }
     o->cost.tier_rd_Bps = rt->plan.tier_rd_Bps;

@@ -842,6 +842,134 @@ static void test_bounds_below_lookahead(void **state) {
     assert_true(any_stronger > 0);
 }
 
+/* ---- the disk tier (pt_cost_tier, pt_cost_tier_time) ----
+ * 8 blocks of 2 chunks, none mandatory: 16 offloaded chunks of U = 1000 bytes
+ * (bf16, so w = 3: masters on the record), E = 500, n_persist = 0, no swap
+ * (no swap pool), 3 slots, block 512. By hand:
+ *   level 0: the profile's 16 x (U + 16 E) = 16 x 9000 = 144000
+ *   level 1: R1 = pad(4 x 3 x 500 = 6000) = 6144; pinned 16 x 2U + 3 x (6144 + 512)
+ *            = 32000 + 19968 = 51968; disk 16 x 6144 = 98304
+ *            accumulating: + 16 x 4E = 32000 -> 83968
+ *   level 2: R2 = 2 pad(1000) + pad(8E = 4000) + pad(4E = 2000) = 2048 + 4096 + 2048
+ *            = 8192; pinned 3 x (8192 + 512) = 26112; disk 16 x 8192 = 131072
+ *            accumulating: R2 + pad(2000) = 10240; pinned 3 x 10752 = 32256 */
+static void tier_trace(pt_trace *t) {
+    synth s = {.n_block = 8, .cpb = 2, .engines = 2, .chunk_bytes = 1000, .arena = 100, .input = 10, .fscr = 5, .bscr = 7, .gact = 20, .fwd = 0.001, .bwd = 0.002, .h2d = 1e9, .d2h = 1e9, .cpu = 1e8, .dev = 1e9, .tf = 1};
+    build(t, &s);
+}
+
+static pt_cost_opts tier_opts(uint64_t budget, int accum) {
+    pt_cost_opts o = {.frag = 1.0, .tier_slots = 3, .tier_above = budget, .tier_block = 512, .tier_accum = accum};
+    return o;
+}
+
+/* Level 0/1/2 at three budgets, and the pinned and disk figures of each. */
+static void test_tier_levels(void **state) {
+    (void)state;
+    pt_trace t;
+    tier_trace(&t);
+    pt_cost_ctx *cx;
+    char err[256];
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    static const struct {
+        uint64_t budget;
+        int accum, level;
+        uint64_t pinned, disk, io;
+    } cases[] = {
+        {144000, 0, 0, 144000, 0, 0},             /* the states fit: no tier */
+        {143999, 0, 1, 51968, 98304, 2 * 98304},  /* one byte short: level 1 */
+        {51968, 0, 1, 51968, 98304, 2 * 98304},   /* level 1 exactly at the budget */
+        {51967, 0, 2, 26112, 131072, 3 * 131072}, /* below level 1: level 2 */
+        {20000, 0, 2, 26112, 131072, 3 * 131072}, /* level 2 does not fit either: still its figure */
+        {83968, 1, 1, 83968, 98304, 2 * 98304},   /* accumulating: h_gacc pinned at level 1 */
+        {83967, 1, 2, 32256, 163840, 3 * 163840}, /* ... and a record section at level 2 */
+    };
+    pt_knobs k = {0, 2, 0, 0};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pt_cost_opts o = tier_opts(cases[i].budget, cases[i].accum);
+        pt_cost c;
+        assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+        assert_int_equal(c.on_tier, cases[i].level);
+        assert_int_equal(c.host_bytes, cases[i].pinned);
+        assert_int_equal(c.tier_disk_bytes, cases[i].disk);
+        assert_int_equal(c.tier_io_bytes, cases[i].io);
+        int32_t lvl = -1;
+        assert_int_equal(pt_cost_pinned(cx, NULL, 0, &o, &lvl), cases[i].pinned);
+        assert_int_equal(lvl, cases[i].level);
+    }
+    /* mode C and no [nvme] path: never a tier */
+    pt_cost_opts o = tier_opts(1000, 0);
+    o.shard = 1;
+    assert_int_equal(pt_cost_pinned(cx, NULL, 0, &o, NULL), 144000);
+    o = tier_opts(1000, 0);
+    o.tier_slots = 0;
+    int32_t lvl = -1;
+    assert_int_equal(pt_cost_pinned(cx, NULL, 0, &o, &lvl), 144000);
+    assert_int_equal(lvl, 0);
+    pt_cost_ctx_free(cx);
+    pt_trace_free(&t);
+}
+
+/* The I/O term: the bytes above at read 1e6 and write 5e5 bytes/s.
+ *   level 1: io = 98304 / 1e6 + 98304 / 5e5 = 0.098304 + 0.196608 = 0.294912 s,
+ *            all after the forward: exposed = max(0, 0.294912 - B)
+ *   level 2: io_f = 131072 / 1e6 = 0.131072 s (forward reads),
+ *            io_b = 0.131072 + 131072 / 5e5 = 0.131072 + 0.262144 = 0.393216 s,
+ *            exposed = max(0, io_f - F) + max(0, io_b - B)
+ * with F, B the forward and the rest of the same plan without the tier. At
+ * rates 1e12 every byte hides: the iteration is the untiered one. */
+static void test_tier_io_time(void **state) {
+    (void)state;
+    pt_trace t;
+    tier_trace(&t);
+    pt_cost_ctx *cx;
+    char err[256];
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    pt_knobs k = {0, 2, 0, 0};
+    pt_cost_opts o0 = {.frag = 1.0};
+    pt_cost c0, c;
+    assert_int_equal(pt_cost_eval(cx, &o0, &k, &c0, err, sizeof err), PT_OK);
+    double F = c0.fwd_s, B = c0.iter_s - c0.fwd_s;
+    /* the windows are small next to the I/O: a real exposed part */
+    assert_true(F < 0.131072 && B < 0.294912);
+
+    pt_cost_opts o = tier_opts(100000, 0);
+    o.tier_rd_Bps = 1e6;
+    o.tier_wr_Bps = 5e5;
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_int_equal(c.on_tier, 1);
+    assert_double_equal(c.tier_io_s, 0.294912, EPS);
+    assert_double_equal(c.tier_exposed_s, 0.294912 - B, EPS);
+    assert_double_equal(c.iter_s, c0.iter_s + 0.294912 - B, EPS);
+    assert_double_equal(c.fwd_s, c0.fwd_s, EPS);   /* level 1 reads nothing for the forward */
+    assert_double_equal(c.opt_s, c0.opt_s + 0.294912 - B, EPS);
+    assert_double_equal(c.iter_s, c.fwd_s + c.bwd_s + c.opt_s, EPS);
+
+    o.tier_above = 40000;
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_int_equal(c.on_tier, 2);
+    assert_double_equal(c.tier_io_s, 0.131072 + 0.393216, EPS);
+    assert_double_equal(c.tier_exposed_s, (0.131072 - F) + (0.393216 - B), EPS);
+    assert_double_equal(c.fwd_s, 0.131072, EPS);   /* max(F, io_f) */
+    assert_double_equal(c.iter_s, 0.131072 + 0.393216, EPS);   /* max(F, io_f) + max(B, io_b) */
+
+    o.tier_rd_Bps = o.tier_wr_Bps = 1e12;
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_int_equal(c.on_tier, 2);
+    assert_double_equal(c.tier_exposed_s, 0, EPS);
+    assert_double_equal(c.iter_s, c0.iter_s, EPS);
+    assert_true(c.tier_io_s > 0);
+
+    /* no rates: the bytes are known, their time is not modelled */
+    o.tier_rd_Bps = o.tier_wr_Bps = 0;
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_int_equal(c.tier_io_bytes, 3 * 131072);
+    assert_double_equal(c.tier_io_s, 0, EPS);
+    assert_double_equal(c.iter_s, c0.iter_s, EPS);
+    pt_cost_ctx_free(cx);
+    pt_trace_free(&t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tp_terms),
@@ -859,6 +987,8 @@ int main(void) {
         cmocka_unit_test(test_bad_trace_rejected),
         cmocka_unit_test(test_exact_footprints),
         cmocka_unit_test(test_bounds_below_lookahead),
+        cmocka_unit_test(test_tier_levels),
+        cmocka_unit_test(test_tier_io_time),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
