@@ -19,7 +19,7 @@
 
 /* Row and section counts as constants, so config.c can size per-key arrays
  * (pstate.set_line); config_schema.c static-asserts both against its tables. */
-#define PT_CFG_NKEYS 64
+#define PT_CFG_NKEYS 65
 #define PT_CFG_NSECTIONS 11
 
 /* The schema rows in file order (PT_CFG_NKEYS of them) and the section names a

@@ -364,6 +364,10 @@ const pt_config_key pt_cfg_keys[] = {
     R_INT("testing", "debug_hang_rank", debug_hang_rank, PT_CFG_NO_HI, -1, INT_MAX, 0, "-1",
           "This rank stops joining collectives (as if hung) so the others must time out "
           "naming it; -1: none."),
+    R_INT("testing", "debug_tier_level", debug_tier_level, 0, 0, 2, 0, "0",
+          "With the disk tier in use: its level, 1 (the offloaded chunks' Adam states on "
+          "disk) or 2 (their whole images: parameters and gradients too); 0: the lowest level "
+          "whose pinned bytes fit pinned_budget."),
     R_BOOL("testing", "debug_tier_force", debug_tier_force, "false",
            "With [nvme] path: the offloaded chunks' states go to the disk tier even when they "
            "fit pinned_budget (small test models, whose staging slots alone exceed their "

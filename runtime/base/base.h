@@ -91,6 +91,7 @@ typedef struct pt_config {
                                   * optimizer_step queues */
     int jitter_seed;          /* default 1 */
     int debug_tier_force;     /* testing: tier the offloaded states even when they fit */
+    int debug_tier_level;     /* testing: with the tier in use, this level (0: the budget's) */
     int debug_tier_fail_write; /* testing: the N-th tier write-back fails with ENOSPC, 0 = never */
     int debug_skip_ordering;  /* PT_ORD_* mask, default 0: testing only (negative controls) */
     /* [cuda] */

@@ -204,6 +204,29 @@ static void wait_step(void *arg) {
     pt_cs_add_optim_wait(c->owner, pt_now_s() - t0);
 }
 
+/* A whole image on the disk tier: held in a staging slot from here until the
+ * h2d stream has copied it (the stream waits for its read first); NULL, or
+ * the operation that failed. */
+static const char *tier_upload(pt_store *st, cs_chunk *c, void *dst) {
+    const pt_gpu_backend *o = OPS(st);
+    c->owner = st;
+    pt_tier_hold(st, c);
+    pt_tier_slot(st, c);
+    const char *op = NULL;
+    if (o->host_fn(IMPL(st), st->env.s_h2d, pt_tier_stream_ready, c)) op = "host_fn";
+    else if (pt_gpu_memcpy_async(st->env.gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D,
+                                 st->env.s_h2d))
+        op = "memcpy";
+    if (op) {
+        pt_tier_drop(st, c, PT_TIER_CLEAN);
+        return op;
+    }
+    if (!o->host_fn(IMPL(st), st->env.s_h2d, pt_tier_stream_drop, c)) return NULL;
+    (void)o->stream_sync(IMPL(st), st->env.s_h2d);   /* the copy is done: drop it here */
+    pt_tier_drop(st, c, PT_TIER_CLEAN);
+    return "host_fn";
+}
+
 /* Upload chunk c into a leased slot (async on the h2d stream). */
 static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     pt_store *ms = st;
@@ -227,8 +250,10 @@ static int lease(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
         op = "host_fn";
     else if (c->sh) {   /* mode C: this rank's part, then the all-gather */
         if ((src = pt_sh_upload(st, c, dst, err, errlen))) op = "";
-    } else if (pt_gpu_memcpy_async(st->env.gpu, dst, c->h_param, (size_t)c->used, PT_GPU_H2D,
-                                   st->env.s_h2d))
+    } else if (c->tiered == 2 && (op = tier_upload(st, c, dst)))
+        ;
+    else if (c->tiered != 2 && pt_gpu_memcpy_async(st->env.gpu, dst, c->h_param, (size_t)c->used,
+                                                   PT_GPU_H2D, st->env.s_h2d))
         op = "memcpy";
     else if (o->event_record(IMPL(st), c->ev_up, st->env.s_h2d))
         op = "event_record";
@@ -406,9 +431,15 @@ static void grad_task(void *arg) {
      * and the hook that waits for this task reports the status */
     if (OPS(st)->event_sync(IMPL(st), c->ev_d2h)) {
         c->t_rc = PT_ERR_BACKEND;
+        if (c->tiered == 2) pt_tier_drop(st, c, PT_TIER_DISCARD);
         return;
     }
     double t0 = pt_now_s();
+    /* a whole image on the tier: held from the gradient copy to here */
+    if (c->tiered == 2 && (c->t_rc = pt_tier_ready(st, c))) {
+        pt_tier_drop(st, c, PT_TIER_DISCARD);
+        return;
+    }
     /* the task times are the worker's: a profiling pass's task may still run
      * when the next pre_step comes, so they are reset here, not there */
     if (c->t_micro == 0) c->t_early = 0;
@@ -419,9 +450,9 @@ static void grad_task(void *arg) {
     if (last && c->t_step_now) {
         if (pt_cs_stepped_first(st)) pt_cs_stepped(st, c);
         const pt_optim_cpu a = {&c->t_consts, acc, c->t_lr, 1.0f, c->t_k, NULL, NULL};
-        int trc = c->tiered ? pt_tier_begin(st, c) : PT_OK;   /* its states in a slot */
+        int trc = c->tiered == 1 ? pt_tier_ready(st, c) : PT_OK;   /* its states in a slot */
         if (!trc) st->ok->cpu_step(st, c, &a);   /* the optimizer kind's step, on this worker */
-        if (c->tiered) pt_tier_end(st, c, !trc);
+        if (c->tiered == 1) pt_tier_drop(st, c, trc ? PT_TIER_DISCARD : PT_TIER_DIRTY);
         if (trc) c->t_rc = trc;
         if (!pt_cs_stepped_first(st)) pt_cs_stepped(st, c);
     }
@@ -432,6 +463,7 @@ static void grad_task(void *arg) {
     } else {
         c->t_early += t1 - t0;   /* an earlier micro-batch: done inside the step's backward */
     }
+    if (c->tiered == 2) pt_tier_drop(st, c, PT_TIER_DIRTY);   /* its gradient, and its step */
     pt_cs_add_optim_time(st, t1 - t0);
 }
 
@@ -498,6 +530,16 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     /* the gradient is complete once the host's backward of this block has run */
     const pt_gpu_backend *o = OPS(st);
     const char *op = NULL;
+    if (c->tiered == 2) {   /* it lands in the chunk's image: in a slot, read first */
+        c->owner = st;
+        pt_tier_hold(st, c);
+        pt_tier_slot(st, c);
+        if (o->host_fn(IMPL(st), st->env.s_d2h, pt_tier_stream_ready, c)) {
+            pt_tier_drop(st, c, PT_TIER_DISCARD);
+            return pt_fail(err, errlen, PT_ERR_BACKEND,
+                           "gradient copy of chunk %d to the host failed: host_fn failed", c->id);
+        }
+    }
     if (c->sh) {   /* mode C: reduce-scatter, then only this rank's part comes back */
         if ((rc = pt_sh_grad_out(st, c, gsrc, err, errlen))) return rc;
     } else if (pt_cs_ord(st, PT_ORD_GRAD) &&
@@ -510,6 +552,7 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
              o->event_record(IMPL(st), ms->slot_free[c->slot], st->env.s_d2h))
         op = "event_record";
     if (op) {
+        if (c->tiered == 2) pt_tier_drop(st, c, PT_TIER_DISCARD);
         return pt_fail(err, errlen, PT_ERR_BACKEND,
                        "gradient copy of chunk %d to the host failed: %s failed", c->id, op);
     }
@@ -528,6 +571,7 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     }
     chunk_job *j = malloc(sizeof *j);
     if (!j) {
+        if (c->tiered == 2) pt_tier_drop(st, c, PT_TIER_DISCARD);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     }
     j->st = st;
@@ -535,29 +579,36 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     /* the chunk's own group: the next micro-batch's copy into h_gstage waits on it,
      * and optimizer_step waits on every chunk's group */
     char why[160];
-    /* its states' read starts now, in the order the tasks are queued */
-    if (c->t_step_now && c->tiered) pt_tier_want(st, c);
+    /* level 1: its states' read starts now (unless block_pre_backward started
+     * it), in the order the tasks are queued */
+    int th = c->t_step_now && c->tiered == 1;
+    if (th && c->tier_ahead) c->tier_ahead = 0;   /* that hold is this step's */
+    else if (th) pt_tier_hold(st, c);
     if ((rc = pt_pool_submit(ms->workers, grad_task, j, &c->tg, why, sizeof why))) {
         free(j);
-        if (c->t_step_now && c->tiered && !pt_tier_begin(st, c)) pt_tier_end(st, c, 0);
-        else if (c->t_step_now && c->tiered) pt_tier_end(st, c, 0);
+        if (th || c->tiered == 2) pt_tier_drop(st, c, PT_TIER_DISCARD);
         return pt_fail(err, errlen, rc, "cannot queue the CPU optimizer task of chunk %d (%s)", c->id, why);
     }
     return PT_OK;
 }
 
-/* The condition offload_grad's t_step_now tests, known here already: the
- * step's last micro-batch, lr set, no clipping, one rank. A want whose step
- * then does not come (a failed hook) keeps its slot until the chunk's next
- * step takes it. */
+/* Level 1: the condition offload_grad's t_step_now tests, known here already:
+ * the step's last micro-batch, lr set, no clipping, one rank. A hold whose
+ * step then does not come (a failed hook) keeps its image until the chunk's
+ * next step takes it or a view drops it. (Level 2 holds from the gradient
+ * copy on: a hold here could fill the slots while the hook thread waits.) */
 void pt_cs_tier_ahead(pt_store *st, int32_t b) {
     const pt_step_state *sx = st->env.sx;
-    if (!st->tier || sx->eval || sx->micro != sx->n_micro - 1 || !st->lr_set ||
+    if (pt_tier_level(st) != 1 || sx->eval || sx->micro != sx->n_micro - 1 || !st->lr_set ||
         st->env.opt->max_grad_norm > 0 || st->env.coll || st->lay.block_chunk_first[b] < 0)
         return;
     for (int k = st->lay.block_chunk_first[b]; k <= st->lay.block_chunk_last[b]; k++) {
         cs_chunk *c = &st->ch[k];
-        if (c->tiered && c->lc->block_first == b) pt_tier_want(st, c);
+        if (c->tiered && c->lc->block_first == b && !c->tier_ahead) {
+            c->owner = st;
+            c->tier_ahead = 1;
+            pt_tier_hold(st, c);
+        }
     }
 }
 

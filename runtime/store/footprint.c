@@ -20,6 +20,7 @@ static uint64_t pinned_of(const cs_chunk *c, int rounded, int tiered) {
         return pt_sh_pinned(c, rounded) + (rounded && own ? pt_gpu_round_size(own) : own);
     }
     uint64_t pb = rounded ? pt_gpu_round_size(c->used) : c->used;
+    if (tiered == 2) return 0;   /* the whole image on disk: only staging slots */
     if (!c->trainable) return pb;                              /* h_param only */
     if (tiered) return 2 * pb;   /* h_param, h_gstage: the states are on disk */
     uint64_t eb = (uint64_t)c->n_state * 4, ob = c->plan.aux_words * 4;

@@ -101,10 +101,12 @@ int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
          * chunk's dtype (a 16-bit sum would round at every rank) */
         uint64_t more = 0;
         for (int k = 0; k < ms->n_chunks; k++)
-            if (!ms->ch[k].persistent && ms->ch[k].trainable) more += 4 * ms->ch[k].n_state;
+            if (!ms->ch[k].persistent && ms->ch[k].trainable && ms->ch[k].tiered != 2)
+                more += 4 * ms->ch[k].n_state;
         for (int k = 0; k < ms->n_chunks; k++) {
             cs_chunk *c = &ms->ch[k];
-            if (c->persistent || !c->trainable) continue;
+            if (c->persistent || !c->trainable || c->tiered == 2) continue;   /* level 2: in
+                                                                                 * its record */
             int rc = pt_gpu_pinned_alloc(st->env.gpu, (size_t)c->n_state * 4, (void **)&c->h_gacc,
                                          err, errlen);
             if (rc) return rc;

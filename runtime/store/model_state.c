@@ -92,6 +92,40 @@ static int min_buffers(const pt_store *ms, int n_blocks, int lookahead) {
     return need;
 }
 
+/* With [nvme] path and a set pinned_budget: an automatic chunk size whose
+ * disk-tier staging fits the budget, in case the offloaded chunks need the
+ * tier's level 2. A slot holds the largest record plus a block: at level 2 a
+ * chunk of S bytes has record 5S when fp32 (params S, gradient S, m, v and
+ * the gradient sum S each) and 10S when 16-bit (E = S/2 elements: 2S, plus
+ * m, v, masters, gradient sum 4E each); profiling then times copies through
+ * max(2S, 64 KiB) more. The least waste among the sizes that fit, else the
+ * smallest (the budget check then refuses with the bytes). */
+static void tier_chunk_size(pt_store *st, const pt_layout_param *lp, pt_chunk_size_choice *ch) {
+    const pt_config *cfg = st->env.cfg;
+    if (!cfg->nvme_path[0] || !cfg->pinned_budget || !ch->n_cand) return;
+    uint64_t ratio = 5;
+    for (int i = 0; i < st->env.model->n_params; i++)
+        if (lp[i].trainable && lp[i].dtype != PT_F32) ratio = 10;
+    int best = -1;
+    for (int i = 0; i < ch->n_cand; i++) {
+        const pt_chunk_candidate *c = &ch->cand[i];
+        uint64_t prof = 2 * c->size > 65536 ? 2 * c->size : 65536;
+        uint64_t need = (uint64_t)cfg->nvme_slots * (ratio * c->size + 2 * cfg->nvme_block) + prof;
+        if (need > cfg->pinned_budget) continue;
+        if (best < 0) best = i;
+        const pt_chunk_candidate *b = &ch->cand[best];
+        if (c->eligible > b->eligible || (c->eligible == b->eligible && c->waste < b->waste))
+            best = i;
+    }
+    if (best < 0) best = 0;   /* the grid ascends: the smallest */
+    if (ch->cand[best].size >= ch->chosen) return;
+    PT_LOGI(st->env.lg, "chunk size %llu bytes instead of %llu: the disk tier's staging slots "
+                        "must fit [memory] pinned_budget",
+            (unsigned long long)ch->cand[best].size, (unsigned long long)ch->chosen);
+    ch->chosen = ch->cand[best].size;
+    ch->chosen_index = best;
+}
+
 static int choose_layout(pt_store *st, char *err, size_t errlen) {
     pt_store *ms = st;
     pt_model_v1 *m = st->env.model;
@@ -104,6 +138,7 @@ static int choose_layout(pt_store *st, char *err, size_t errlen) {
     pt_chunk_size_choice choice;
     if (!rc && !S) {
         rc = pt_layout_chunk_size_choose(lp, m->n_params, m->n_blocks, &choice, err, errlen);
+        if (!rc) tier_chunk_size(st, lp, &choice);
         if (!rc) {
             S = choice.chosen;
             char tab[4096];
@@ -149,6 +184,7 @@ static int alloc_offloaded(pt_store *st, cs_chunk *c, char *err, size_t errlen) 
     /* sharded: this rank's parts only, the staged gradient in fp32 */
     size_t eb = (size_t)c->n_state * sizeof(float);
     size_t pb = c->sh ? (size_t)c->sh->p_bytes : (size_t)c->used, gb = c->sh ? eb : pb;
+    if (c->tiered == 2) return PT_OK;   /* all of it on disk (tier/tier.h) */
     if ((rc = pt_gpu_pinned_alloc(st->env.gpu, pb, &c->h_param, err, errlen))) return rc;
     memset(c->h_param, 0, pb);
     if (!c->trainable) return PT_OK;
@@ -178,7 +214,7 @@ static int upload_initial(pt_store *st, char *err, size_t errlen) {
         cs_chunk *c = &ms->ch[ms->lay.param_chunk[i]];
         uint64_t off = ms->lay.param_offset[i];
         size_t bytes = (size_t)(pt_store_param_numel(p) * pt_dtype_size(p->dtype));
-        if (c->sh) continue;   /* below, chunk by chunk */
+        if (c->sh || c->tiered == 2) continue;   /* below, chunk by chunk */
         if (c->persistent) {
             char e[256];
             if (pt_gpu_memcpy_sync(st->env.gpu, (char *)c->d_param + off, p->init, bytes,
@@ -191,6 +227,20 @@ static int upload_initial(pt_store *st, char *err, size_t errlen) {
     }
     for (int k = 0; k < ms->n_chunks; k++)
         if (ms->ch[k].sh) pt_sh_init_values(st, &ms->ch[k]);
+    /* whole images on the disk tier: each chunk's record written once */
+    for (int k = 0; k < ms->n_chunks; k++) {
+        cs_chunk *c = &ms->ch[k];
+        if (c->tiered != 2) continue;
+        int rc = pt_tier_chunk_open(st, c, 0, err, errlen);
+        if (rc) return rc;
+        for (int i = 0; i < m->n_params; i++) {
+            if (ms->root[i] != i || ms->lay.param_chunk[i] != k) continue;
+            const pt_param_v1 *p = &m->params[i];
+            memcpy((char *)c->h_param + ms->lay.param_offset[i], p->init,
+                   (size_t)(pt_store_param_numel(p) * pt_dtype_size(p->dtype)));
+        }
+        if ((rc = pt_tier_chunk_close(st, c, 1, err, errlen))) return rc;
+    }
     return PT_OK;
 }
 
@@ -244,25 +294,47 @@ static int setup_chunks(pt_store *st, int np, char *err, size_t errlen) {
     return PT_OK;
 }
 
-/* [nvme] path set: every offloaded trainable chunk's states go to the disk
- * tier, and *pinned becomes the chunks' pinned bytes without them plus the
- * staging slots. Mode C and REKLS keep theirs in pinned memory (not built:
- * the tier holds AdamW's m, v and masters of whole chunks only). */
-static int tier_chunks(pt_store *st, uint64_t *pinned, char *err, size_t errlen) {
-    (void)err, (void)errlen;
-    if (!st->env.cfg->nvme_path[0] || st->shard || st->ok != &pt_optk_adamw) return PT_OK;
-    *pinned = 0;
+/* The offloaded chunks at tier level lv (0: none): their pinned bytes plus
+ * the staging slots. */
+static uint64_t tier_at(pt_store *st, int lv) {
+    uint64_t pinned = 0;
     for (int k = 0; k < st->n_chunks; k++) {
         cs_chunk *c = &st->ch[k];
         if (c->persistent) continue;
-        c->tiered = c->trainable;
-        *pinned += pt_ms_chunk_pinned(c, 0);
+        c->tiered = lv == 2 ? 2 : lv == 1 && c->trainable;
+        pinned += pt_ms_chunk_pinned(c, 0);
     }
-    PT_LOGI(st->env.lg, "nvme tier: the offloaded chunks' states go to disk: %llu pinned bytes "
-                        "left for the chunks, plus %llu of staging (%d slots of the largest chunk's states)",
-            (unsigned long long)*pinned, (unsigned long long)pt_tier_staging_bytes(st, 0),
-            st->env.cfg->nvme_slots);
-    *pinned += pt_tier_staging_bytes(st, 0);
+    return pinned + pt_tier_staging_bytes(st, 0);
+}
+
+/* [nvme] path set: the offloaded chunks go to the disk tier at the lowest
+ * level whose pinned bytes (*pinned, the chunks' and the staging slots') fit
+ * the limit: 1, their Adam states; 2, their whole images. Mode C and REKLS
+ * keep theirs in pinned memory (not built: the tier holds AdamW's state of
+ * whole chunks only), and level 2 needs one rank (several all-reduce the
+ * gradient sums in place, which level 2 keeps on disk). */
+static int tier_chunks(pt_store *st, uint64_t *pinned, char *err, size_t errlen) {
+    const pt_config *cfg = st->env.cfg;
+    if (!cfg->nvme_path[0] || st->shard || st->ok != &pt_optk_adamw) return PT_OK;
+    uint64_t lim = pt_ms_pinned_limit(st), p1 = tier_at(st, 1);
+    int lv = cfg->debug_tier_level ? cfg->debug_tier_level : p1 <= lim ? 1
+                                                                       : 2;
+    if (lv == 2 && st->world > 1)
+        return pt_fail(err, errlen, PT_ERR_HOST_OOM,
+                       "pinned host memory: with their Adam states on the disk tier the "
+                       "offloaded chunks still need %llu pinned bytes (their parameters and "
+                       "gradients, and %d staging slots), over the budget of %llu; moving the "
+                       "parameters and gradients to disk too is built for one rank only (%d "
+                       "ranks here): raise [memory] pinned_budget or lower offload",
+                       (unsigned long long)p1, cfg->nvme_slots, (unsigned long long)lim,
+                       st->world);
+    *pinned = lv == 1 ? p1 : tier_at(st, lv);
+    PT_LOGI(st->env.lg, "nvme tier: level %d, the offloaded chunks' %s go to disk: %llu pinned "
+                        "bytes left for the chunks, plus %llu of staging (%d slots of the largest "
+                        "record)",
+            lv, lv == 1 ? "Adam states" : "whole images (parameters, gradients, Adam states)",
+            (unsigned long long)(*pinned - pt_tier_staging_bytes(st, 0)),
+            (unsigned long long)pt_tier_staging_bytes(st, 0), cfg->nvme_slots);
     return PT_OK;
 }
 
@@ -421,12 +493,19 @@ int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
     const pt_gpu_backend *ops = pt_gpu_ops(st->env.gpu);
     void *impl = pt_gpu_impl(st->env.gpu);
     uint64_t max16 = 0;
-    /* tiered chunks: zero moments and the masters below go to disk */
-    int trc = pt_tier_views_open(st, 0, err, errlen);
-    if (trc) return trc;
+    int trc;
     for (int k = 0; k < ms->n_chunks; k++) {
         cs_chunk *c = &ms->ch[k];
         if (!c->trainable) continue;
+        /* a tiered chunk's record in memory: zero moments and the masters below
+         * go to disk (level 2: beside its parameters, read first) */
+        if (c->tiered && (trc = pt_tier_chunk_open(st, c, c->tiered == 2, err, errlen))) return trc;
+        if (c->tiered) {
+            size_t eb = (size_t)c->n_state * sizeof(float);
+            memset(c->h_m, 0, eb);
+            memset(c->h_v, 0, eb);
+            if (c->h_master) memset(c->h_master, 0, eb);
+        }
         if (!c->persistent) {
             /* fp32 masters of 16-bit regions from the staged copy */
             for (int r = 0; c->has16 && r < c->lc->n_regions; r++) {
@@ -435,6 +514,7 @@ int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
                 pt_cpu_cvt(c->h_master + c->reg_state[r], PT_F32, (char *)c->h_param + g->offset,
                            g->dtype, g->bytes / 2);
             }
+            if (c->tiered && (trc = pt_tier_chunk_close(st, c, 1, err, errlen))) return trc;
             continue;
         }
         size_t eb = (size_t)c->n_state * sizeof(float);
@@ -462,7 +542,6 @@ int pt_store_optimizer_init(pt_store *st, char *err, size_t errlen) {
             }
         }
     }
-    if ((trc = pt_tier_views_close(st, 1, err, errlen))) return trc;
     if (max16) {
         ms->gtmp_elems = max16;
         int rc = pt_gpu_alloc(st->env.gpu, max16 * 4, PT_TAG_OTHER, &ms->d_gtmp, err, errlen);

@@ -161,9 +161,9 @@ static void step_task(void *arg) {
     cs_chunk *c = arg;
     step_start(c);
     double t0 = pt_now_s();
-    int trc = c->tiered ? pt_tier_begin(c->owner, c) : PT_OK;   /* its states in a slot */
+    int trc = c->tiered ? pt_tier_ready(c->owner, c) : PT_OK;   /* its image in a slot */
     if (!trc) cpu_step(c, NULL, NULL);
-    if (c->tiered) pt_tier_end(c->owner, c, !trc);
+    if (c->tiered) pt_tier_drop(c->owner, c, trc ? PT_TIER_DISCARD : PT_TIER_DIRTY);
     if (trc) c->t_rc = trc;
     step_done(c, t0, pt_now_s());
 }
@@ -344,7 +344,7 @@ static void queue_cpu_steps(pt_store *st, float lr, float gs, pt_task_group *g) 
         if (c->sh || c->tiered || (st->ok->whole_task && st->ok->whole_task(c))) {
             /* one task: the kind's own loop, this rank's mode C parts, or a
              * tiered chunk's read, step (every worker) and write-back */
-            if (c->tiered) pt_tier_want(st, c);
+            if (c->tiered) pt_tier_hold(st, c);
             if (pt_pool_submit(st->workers, step_task, c, defer ? &c->sg : g, NULL, 0)) {
                 step_task(c);   /* no task node: step it here */
                 continue;

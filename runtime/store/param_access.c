@@ -37,8 +37,10 @@ int pt_store_read_param(pt_store *st, int32_t index, void *dst, uint64_t bytes, 
     }
     int rc = pt_cs_wait_task(st, c, "read_param", err, errlen);
     if (rc) return rc;
+    /* a whole image on the disk tier: through a view of its record */
+    if (c->tiered == 2 && (rc = pt_tier_chunk_open(st, c, 1, err, errlen))) return rc;
     memcpy(dst, (char *)c->h_param + off, bytes);
-    return PT_OK;
+    return c->tiered == 2 ? pt_tier_chunk_close(st, c, 0, err, errlen) : PT_OK;
 }
 
 /* The fp32 state index of root param `root` in chunk c (its master, m, v), or
@@ -96,11 +98,12 @@ int pt_store_write_param(pt_store *st, int32_t index, const void *src, uint64_t 
             rc = pt_fail(err, errlen, PT_ERR_BACKEND, "write_param: writing param %d failed: %s",
                          index, e);
     } else {
-        memcpy((char *)c->h_param + off, src, (size_t)bytes);
-        /* a tiered chunk's master is in the tier's file: through a view */
-        int tv = wide && c->tiered;
-        if (!(tv && (rc = pt_tier_chunk_open(st, c, err, errlen))) && wide) {
-            memcpy(c->h_master + s, wide, sizeof(float) * n);
+        /* a tiered chunk's master (level 2: the whole chunk) is in the tier's
+         * file: through a view */
+        int tv = (wide && c->tiered) || c->tiered == 2;
+        if (!(tv && (rc = pt_tier_chunk_open(st, c, 1, err, errlen)))) {
+            memcpy((char *)c->h_param + off, src, (size_t)bytes);
+            if (wide) memcpy(c->h_master + s, wide, sizeof(float) * n);
             if (tv) rc = pt_tier_chunk_close(st, c, 1, err, errlen);
         }
         /* a streamed copy in a buffer slot holds the old value: untag it */
@@ -135,6 +138,11 @@ int pt_store_param_home(pt_store *st, int32_t index, float **p, int *on_device, 
         *on_device = 1;
         return PT_OK;
     }
+    if (c->tiered == 2)
+        return pt_fail(err, errlen, PT_ERR_UNSUPPORTED, "param_home: param %d '%s' lies in "
+                                                        "chunk %d, whose whole image is on the disk tier ([nvme]): it has "
+                                                        "no fixed host copy (raise [memory] pinned_budget)",
+                       index, q->name ? q->name : "(unnamed)", c->id);
     int rc = pt_cs_wait_task(st, c, "param_home", err, errlen);
     if (rc) return rc;
     *p = (float *)((char *)c->h_param + off);
@@ -213,7 +221,7 @@ int pt_store_param_chunk(const pt_store *st, int32_t index, float **pinned) {
     if (!st || index < 0 || index >= st->n_params) return -1;
     int root = st->root[index];
     const cs_chunk *c = &st->ch[st->lay.param_chunk[root]];
-    if (!c->persistent && !c->sh && st->env.model->params[root].dtype == PT_F32)
+    if (!c->persistent && !c->sh && c->tiered != 2 && st->env.model->params[root].dtype == PT_F32)
         *pinned = (float *)((char *)c->h_param + st->lay.param_offset[root]);
     return c->id;
 }

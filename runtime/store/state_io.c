@@ -320,7 +320,9 @@ int pt_store_snapshot(pt_store *st, pt_state_image *img, char *err, size_t errle
         return rc;
     }
     /* the disk tier's states in memory while the walk reads them */
-    if (!rc && st->opt_ready && (rc = pt_tier_views_open(st, 1, err, errlen))) goto out;
+    if (!rc && (st->opt_ready || pt_tier_level(st) == 2) &&
+        (rc = pt_tier_views_open(st, 1, err, errlen)))
+        goto out;
     rc = walk(st, img->data, &n, W_SAVE, err, errlen);
     pt_tier_views_close(st, 0, NULL, 0);
 out:
@@ -370,7 +372,8 @@ int pt_store_restore(pt_store *st, const pt_state_image *img, char *err, size_t 
         return rc;
     }
     /* the disk tier: the image's states written to its file (a resume refills it) */
-    if (st->opt_ready && (rc = pt_tier_views_open(st, 1, err, errlen))) goto out;
+    if ((st->opt_ready || pt_tier_level(st) == 2) && (rc = pt_tier_views_open(st, 1, err, errlen)))
+        goto out;
     rc = walk(st, img->data, &n, W_LOAD, err, errlen);
     {
         int trc = pt_tier_views_close(st, !rc, err, errlen);

@@ -20,8 +20,9 @@
  *                h_gstage [U] pinned (gradient landing zone, compute dtype),
  *                h_m/h_v [E], h_master [E] (16-bit regions), h_gacc [E] fp32
  *                (accumulated gradient, only when n_micro > 1).
- *   tiered (tier/tier.h, [nvme] path): h_m, h_v, h_master live in the tier's file and
- *                point into a staging slot only during the chunk's step (or a state view).
+ *   tiered (tier/tier.h, [nvme] path): h_m, h_v, h_master (level 2: every host
+ *                buffer above) live in the tier's file and point into a staging
+ *                slot only while the chunk is held there (or into a state view).
  *   Streamed chunks live on the device only inside a buffer-pool slot of 2*S_chunk
  *   bytes: [0, S) params, [S, 2S) gradients.
  *   sharded (mode C, dist_shard.c): an offloaded chunk keeps only this rank's part of
@@ -91,8 +92,10 @@ typedef struct cs_chunk {
     void *h_param, *h_gstage;
     float *h_master, *h_m, *h_v, *h_gacc;
     cs_shard *sh;             /* mode C: this rank's parts (dist_shard.c), else NULL */
-    int tiered;               /* its m, v, h_master live in the disk tier (tier/tier.h):
-                               * NULL outside its step and state views */
+    int tiered;               /* 0, or the disk tier's level (tier/tier.h): its host
+                               * buffers there are NULL outside holds and views */
+    int tier_ahead;           /* hook thread: a hold taken at block_pre_backward for
+                               * the step offload_grad will queue */
     /* runtime (hook thread only, except where noted) */
     int slot;                 /* pool slot while leased, else -1 */
     int users;                /* gathers by blocks (pointers set while > 0) */

@@ -15,17 +15,34 @@
 
 #include "tier_int.h"
 
-static uint64_t rec_words(const cs_chunk *c) { return (c->has16 ? 3u : 2u) * c->n_state; }
+/* Byte offsets of chunk c's sections in its record at level lv, each section
+ * 64-byte aligned (the CPU kernels' vector loads), UINT64_MAX where there is
+ * none; returns the record's bytes before padding to the block. */
+static uint64_t layout(const cs_chunk *c, int lv, tier_sec *o) {
+    const uint64_t none = UINT64_MAX, e4 = (uint64_t)c->n_state * 4;
+    uint64_t at = 0;
+#define PUT(f, n) (o->f = at, at += ((n) + 63) / 64 * 64)
+    o->param = o->gstage = o->m = o->v = o->master = o->gacc = none;
+    if (lv == 2) PUT(param, c->used);
+    if (c->trainable && lv == 2) PUT(gstage, c->used);
+    if (c->trainable) PUT(m, e4), PUT(v, e4);
+    if (c->trainable && c->has16) PUT(master, e4);
+    if (c->trainable && lv == 2) PUT(gacc, e4);
+#undef PUT
+    return at;
+}
 
-static uint64_t rec_len(const cs_chunk *c, uint64_t blk) {
-    uint64_t b = rec_words(c) * 4;
+static uint64_t rec_len(const cs_chunk *c, int lv, uint64_t blk) {
+    tier_sec o;
+    uint64_t b = layout(c, lv, &o);
     return (b + blk - 1) / blk * blk;
 }
 
 static uint64_t max_len(const pt_store *st) {
     uint64_t m = 0;
     for (int k = 0; k < st->n_chunks; k++) {
-        uint64_t l = st->ch[k].tiered ? rec_len(&st->ch[k], st->env.cfg->nvme_block) : 0;
+        const cs_chunk *c = &st->ch[k];
+        uint64_t l = c->tiered ? rec_len(c, c->tiered, st->env.cfg->nvme_block) : 0;
         if (l > m) m = l;
     }
     return m;
@@ -39,30 +56,60 @@ uint64_t pt_tier_staging_bytes(const pt_store *st, int rounded) {
     return one * (uint64_t)st->env.cfg->nvme_slots;
 }
 
-/* Point chunk c's states at base (NULL: none). */
-static void point(cs_chunk *c, float *base) {
-    c->h_m = base;
-    c->h_v = base ? base + c->n_state : NULL;
-    c->h_master = base && c->has16 ? base + 2 * c->n_state : NULL;
+int pt_tier_level(const pt_store *st) { return st->tier ? st->tier->level : 0; }
+
+/* A pointer field changed only when its value does: a holder reading it on
+ * another thread while a second holder takes the same image sees no write. */
+static void setp(void **f, void *v) {
+    if (*f != v) *f = v;
 }
 
-/* Start wanted reads while a slot is free (mu held). The head of the queue
- * waits for its own chunk's write-back: a read must see the last step. */
+/* Point chunk k's host buffers that live in the record at base (NULL: none). */
+static void point(pt_tier *t, int k, char *base) {
+    cs_chunk *c = &t->st->ch[k];
+    const tier_sec *o = &t->sec[k];
+#define AT(f) (base && o->f != UINT64_MAX ? (void *)(base + o->f) : NULL)
+    setp((void **)&c->h_m, AT(m));
+    setp((void **)&c->h_v, AT(v));
+    setp((void **)&c->h_master, AT(master));
+    if (t->level == 2) {
+        setp(&c->h_param, AT(param));
+        setp(&c->h_gstage, AT(gstage));
+        setp((void **)&c->h_gacc, AT(gacc));
+    }
+#undef AT
+}
+
+/* Give wanted images slots while one is free or holds a clean image nobody
+ * holds (the least recently used goes), and start their reads (mu held).
+ * FIFO: the head waits for a slot before any later image gets one. */
 static void dispatch(pt_tier *t) {
     while (t->qn) {
-        int k = t->q[t->qh];
-        if (t->cs[k] == TC_WRITING) return;
-        int s = -1;
+        int k = t->q[t->qh], s = -1;
+        uint64_t best = UINT64_MAX;
         for (int i = 0; i < t->n_slots && s < 0; i++)
             if (t->slot_chunk[i] < 0) s = i;
-        if (s < 0) return;
+        if (s < 0) {
+            for (int i = 0; i < t->n_slots; i++) {
+                int j = t->slot_chunk[i];
+                if (t->ref[j] || t->cs[j] != TC_READY || t->dirty[j] || t->lru[j] >= best) continue;
+                best = t->lru[j];
+                s = i;
+            }
+            if (s < 0) return;
+            int j = t->slot_chunk[s];   /* evicted: the file holds what the slot did */
+            t->cs[j] = TC_IDLE;
+            t->slot[j] = -1;
+        }
         t->qh = (t->qh + 1) % t->st->n_chunks;
         t->qn--;
+        t->queued[k] = 0;
         t->slot_chunk[s] = k;
         t->slot[k] = s;
         t->cs[k] = TC_READING;
         t->jobs[(t->jh + t->jn++) % t->jcap] = (tier_job){0, k};
         pthread_cond_signal(&t->cv_job);
+        pthread_cond_broadcast(&t->cv_done);
     }
 }
 
@@ -97,70 +144,114 @@ static void *io_main(void *arg) {
         pthread_mutex_lock(&t->mu);
         t->busy--;
         if (rc) fail_once(t, rc, e);
-        if (j.write) {
-            t->wr_bytes += len, t->wr_s += dt, t->writes++;
-            t->slot_chunk[s] = -1;
-            t->slot[j.chunk] = -1;
-            t->cs[j.chunk] = TC_IDLE;
-            dispatch(t);
-        } else {
-            t->rd_bytes += len, t->rd_s += dt, t->reads++;
-            t->cs[j.chunk] = TC_READY;
-        }
+        if (j.write) t->wr_bytes += len, t->wr_s += dt, t->writes++;
+        else t->rd_bytes += len, t->rd_s += dt, t->reads++;
+        /* the slot holds the image, now clean: a later hold finds it there */
+        t->cs[j.chunk] = TC_READY;
+        t->lru[j.chunk] = ++t->tick;
+        dispatch(t);
         pthread_cond_broadcast(&t->cv_done);
     }
     pthread_mutex_unlock(&t->mu);
     return NULL;
 }
 
-/* Queue chunk k's read unless it is queued or in a slot already (mu held). */
-static void want(pt_tier *t, int k) {
-    if (t->wq[k]) return;
-    t->wq[k] = 1;   /* until its step ends */
-    t->q[(t->qh + t->qn++) % t->st->n_chunks] = k;
-    dispatch(t);
+static void hold(pt_tier *t, int k) {
+    t->ref[k]++;
+    if (t->cs[k] == TC_IDLE && !t->queued[k]) {
+        t->queued[k] = 1;
+        t->q[(t->qh + t->qn++) % t->st->n_chunks] = k;
+        dispatch(t);
+    }
 }
 
-void pt_tier_want(pt_store *st, cs_chunk *c) {
+void pt_tier_hold(pt_store *st, cs_chunk *c) {
     pt_tier *t = st->tier;
     pthread_mutex_lock(&t->mu);
-    want(t, c->id);
+    hold(t, c->id);
     pthread_mutex_unlock(&t->mu);
 }
 
-int pt_tier_begin(pt_store *st, cs_chunk *c) {
+void pt_tier_slot(pt_store *st, cs_chunk *c) {
     pt_tier *t = st->tier;
     int k = c->id;
     pthread_mutex_lock(&t->mu);
-    want(t, k);
+    double t0 = pt_now_s();
+    while (t->slot[k] < 0) pthread_cond_wait(&t->cv_done, &t->mu);
+    t->wait_s += pt_now_s() - t0;
+    point(t, k, t->slot_mem[t->slot[k]]);
+    pthread_mutex_unlock(&t->mu);
+}
+
+int pt_tier_ready(pt_store *st, cs_chunk *c) {
+    pt_tier *t = st->tier;
+    int k = c->id;
+    pthread_mutex_lock(&t->mu);
     double t0 = pt_now_s();
     while (t->cs[k] != TC_READY) pthread_cond_wait(&t->cv_done, &t->mu);
     t->wait_s += pt_now_s() - t0;
-    t->cs[k] = TC_STEPPING;
-    point(c, (float *)t->slot_mem[t->slot[k]]);
+    point(t, k, t->slot_mem[t->slot[k]]);
     int rc = t->err_rc;
     pthread_mutex_unlock(&t->mu);
     return rc;
 }
 
-void pt_tier_end(pt_store *st, cs_chunk *c, int write) {
+void pt_tier_drop(pt_store *st, cs_chunk *c, int how) {
     pt_tier *t = st->tier;
     int k = c->id;
     pthread_mutex_lock(&t->mu);
-    point(c, NULL);
-    t->wq[k] = 0;
-    if (write && !t->err_rc) {
-        t->cs[k] = TC_WRITING;
-        t->jobs[(t->jh + t->jn++) % t->jcap] = (tier_job){1, k};
-        pthread_cond_signal(&t->cv_job);
-    } else {
-        t->slot_chunk[t->slot[k]] = -1;
-        t->slot[k] = -1;
-        t->cs[k] = TC_IDLE;
+    if (how == PT_TIER_DIRTY) t->dirty[k] = 1;
+    if (how == PT_TIER_DISCARD) t->discard[k] = 1;
+    if (--t->ref[k] == 0) {
+        point(t, k, NULL);
+        if (t->cs[k] == TC_IDLE) {   /* never got a slot: leave the queue */
+            for (int i = 0, n = t->qn; i < n; i++) {
+                if (t->q[(t->qh + i) % st->n_chunks] != k) continue;
+                for (int j = i; j < n - 1; j++)
+                    t->q[(t->qh + j) % st->n_chunks] = t->q[(t->qh + j + 1) % st->n_chunks];
+                t->qn--;
+                break;
+            }
+            t->queued[k] = 0;
+        } else if (t->cs[k] == TC_READY && (t->discard[k] || (t->dirty[k] && t->err_rc))) {
+            /* its changes are not to be kept (a failed step, or the tier already
+             * failed): the file keeps the last good image */
+            t->slot_chunk[t->slot[k]] = -1;
+            t->slot[k] = -1;
+            t->cs[k] = TC_IDLE;
+        } else if (t->cs[k] == TC_READY && t->dirty[k]) {
+            t->cs[k] = TC_WRITING;
+            t->jobs[(t->jh + t->jn++) % t->jcap] = (tier_job){1, k};
+            pthread_cond_signal(&t->cv_job);
+        } else if (t->cs[k] == TC_READY) {
+            t->lru[k] = ++t->tick;
+        }   /* reading: it becomes a clean image when the read ends */
+        t->dirty[k] = t->discard[k] = 0;
         dispatch(t);
-        pthread_cond_broadcast(&t->cv_done);
     }
+    pthread_cond_broadcast(&t->cv_done);
     pthread_mutex_unlock(&t->mu);
+}
+
+/* On a device stream, ahead of a copy into or out of chunk c's slot: the
+ * image is in the slot (its read, or a write-back of it, done). */
+void pt_tier_stream_ready(void *arg) {
+    cs_chunk *c = arg;
+    pt_tier *t = c->owner->tier;
+    pthread_mutex_lock(&t->mu);
+    double t0 = pt_now_s();
+    /* (a holder whose copy failed to queue may have dropped it since: then
+     * nothing is copied behind this and the wait ends) */
+    while (t->cs[c->id] == TC_READING || t->cs[c->id] == TC_WRITING)
+        pthread_cond_wait(&t->cv_done, &t->mu);
+    t->wait_s += pt_now_s() - t0;
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* On the h2d stream after an upload from chunk c's slot: its hold is dropped. */
+void pt_tier_stream_drop(void *arg) {
+    cs_chunk *c = arg;
+    pt_tier_drop(c->owner, c, PT_TIER_CLEAN);
 }
 
 int pt_tier_sync(pt_store *st, char *err, size_t errlen) {
@@ -190,50 +281,78 @@ int pt_tier_failed(pt_store *st, char *err, size_t errlen) {
     return rc;
 }
 
-/* Chunk k's record into a fresh view (or zeroed), pointed at by its h_m, h_v,
- * h_master; the caller has waited for every step and I/O of the chunk. */
+/* A read queued ahead of a step that then did not come (a failed hook) is
+ * dropped before a view, which needs the image out of every slot. */
+static void forget_ahead(pt_store *st, int k) {
+    cs_chunk *c = &st->ch[k];
+    if (!c->tier_ahead) return;
+    c->tier_ahead = 0;
+    pt_tier_drop(st, c, PT_TIER_CLEAN);
+}
+
+/* Chunk k out of the slots, nobody holding it, its I/O done, so the file is
+ * its only copy (mu not held). */
+static int settle(pt_tier *t, int k, char *err, size_t errlen) {
+    forget_ahead(t->st, k);
+    pthread_mutex_lock(&t->mu);
+    while (t->ref[k] || t->cs[k] == TC_READING || t->cs[k] == TC_WRITING)
+        pthread_cond_wait(&t->cv_done, &t->mu);
+    if (t->slot[k] >= 0) {
+        t->slot_chunk[t->slot[k]] = -1;
+        t->slot[k] = -1;
+        t->cs[k] = TC_IDLE;
+        dispatch(t);
+    }
+    int rc = t->err_rc;
+    if (rc) pt_fail(err, errlen, rc, "%s", t->err);
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+/* Chunk k's record into a fresh view (or zeroed), its host pointers at it. */
 static int view_one(pt_tier *t, int k, int fill, char *err, size_t errlen) {
+    int rc = settle(t, k, err, errlen);
+    if (rc) return rc;
     void *p = NULL;
     if (posix_memalign(&p, (size_t)t->blk, (size_t)t->len[k]))
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "out of host memory");
     t->view[k] = p;
     memset(p, 0, (size_t)t->len[k]);
-    point(&t->st->ch[k], p);
+    pthread_mutex_lock(&t->mu);
+    point(t, k, p);
+    pthread_mutex_unlock(&t->mu);
     return fill ? pt_tier_rw(t, 0, p, t->off[k], t->len[k], err, errlen) : PT_OK;
 }
 
-int pt_tier_chunk_open(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
-    pt_tier *t = st->tier;
-    int k = c->id;
-    pthread_mutex_lock(&t->mu);
-    while (t->cs[k] != TC_IDLE || t->wq[k]) pthread_cond_wait(&t->cv_done, &t->mu);
-    int rc = t->err_rc;
-    if (rc) pt_fail(err, errlen, rc, "%s", t->err);
-    pthread_mutex_unlock(&t->mu);
-    if (!rc && (rc = view_one(t, k, 1, err, errlen))) pt_tier_chunk_close(st, c, 0, NULL, 0);
-    return rc;
-}
-
-int pt_tier_chunk_close(pt_store *st, cs_chunk *c, int store, char *err, size_t errlen) {
-    pt_tier *t = st->tier;
-    int k = c->id, rc = PT_OK;
+static int view_close(pt_tier *t, int k, int store, char *err, size_t errlen) {
+    int rc = PT_OK;
     if (!t->view[k]) return PT_OK;
     if (store) rc = pt_tier_rw(t, 1, t->view[k], t->off[k], t->len[k], err, errlen);
     free(t->view[k]);
     t->view[k] = NULL;
-    point(c, NULL);
+    pthread_mutex_lock(&t->mu);
+    point(t, k, NULL);
+    pthread_mutex_unlock(&t->mu);
     return rc;
+}
+
+int pt_tier_chunk_open(pt_store *st, cs_chunk *c, int fill, char *err, size_t errlen) {
+    int rc = view_one(st->tier, c->id, fill, err, errlen);
+    if (rc) view_close(st->tier, c->id, 0, NULL, 0);
+    return rc;
+}
+
+int pt_tier_chunk_close(pt_store *st, cs_chunk *c, int store, char *err, size_t errlen) {
+    return view_close(st->tier, c->id, store, err, errlen);
 }
 
 int pt_tier_views_open(pt_store *st, int fill, char *err, size_t errlen) {
     pt_tier *t = st->tier;
     if (!t) return PT_OK;
-    int rc = pt_tier_sync(st, err, errlen);
-    if (rc) return rc;
     for (int k = 0; k < st->n_chunks; k++) {
-        cs_chunk *c = &st->ch[k];
-        if (!c->tiered) continue;
-        if ((rc = view_one(t, k, fill, err, errlen))) {
+        if (!st->ch[k].tiered) continue;
+        int rc = view_one(t, k, fill, err, errlen);
+        if (rc) {
             pt_tier_views_close(st, 0, NULL, 0);
             return rc;
         }
@@ -246,30 +365,23 @@ int pt_tier_views_close(pt_store *st, int store, char *err, size_t errlen) {
     if (!t) return PT_OK;
     int rc = PT_OK;
     for (int k = 0; k < st->n_chunks; k++) {
-        if (!t->view[k]) continue;
-        if (store && !rc) rc = pt_tier_rw(t, 1, t->view[k], t->off[k], t->len[k], err, errlen);
-        free(t->view[k]);
-        t->view[k] = NULL;
-        point(&st->ch[k], NULL);
+        int r = view_close(t, k, store && !rc, err, errlen);
+        if (!rc) rc = r;
     }
     return rc;
 }
 
 static int alloc_arrays(pt_tier *t, int n, int n_slots) {
-    t->off = calloc((size_t)n, sizeof *t->off);
-    t->len = calloc((size_t)n, sizeof *t->len);
-    t->cs = calloc((size_t)n, sizeof *t->cs);
-    t->slot = calloc((size_t)n, sizeof *t->slot);
-    t->q = calloc((size_t)n, sizeof *t->q);
-    t->wq = calloc((size_t)n, sizeof *t->wq);
-    t->view = calloc((size_t)n, sizeof *t->view);
+#define ARR(f) (t->f = calloc((size_t)n, sizeof *t->f)) != NULL
+    int ok = ARR(off) && ARR(len) && ARR(cs) && ARR(slot) && ARR(q) && ARR(ref) && ARR(queued) &&
+             ARR(dirty) && ARR(discard) && ARR(lru) && ARR(view) && ARR(sec);
+#undef ARR
     t->jcap = n + n_slots;
     t->jobs = calloc((size_t)t->jcap, sizeof *t->jobs);
     t->slot_alloc = calloc((size_t)n_slots, sizeof *t->slot_alloc);
     t->slot_mem = calloc((size_t)n_slots, sizeof *t->slot_mem);
     t->slot_chunk = calloc((size_t)n_slots, sizeof *t->slot_chunk);
-    return t->off && t->len && t->cs && t->slot && t->q && t->wq && t->view && t->jobs && t->slot_alloc &&
-           t->slot_mem && t->slot_chunk;
+    return ok && t->jobs && t->slot_alloc && t->slot_mem && t->slot_chunk;
 }
 
 int pt_tier_open(pt_store *st, char *err, size_t errlen) {
@@ -294,8 +406,10 @@ int pt_tier_open(pt_store *st, char *err, size_t errlen) {
         cs_chunk *c = &st->ch[k];
         t->slot[k] = -1;
         if (!c->tiered) continue;
+        t->level = c->tiered;
+        layout(c, c->tiered, &t->sec[k]);
         t->off[k] = t->total;
-        t->len[k] = rec_len(c, t->blk);
+        t->len[k] = rec_len(c, c->tiered, t->blk);
         t->total += t->len[k];
     }
     int rc = pt_tier_file_open(t, st->rank, err, errlen);
@@ -345,10 +459,10 @@ int pt_tier_open(pt_store *st, char *err, size_t errlen) {
         }
     int n = 0;
     for (int k = 0; k < st->n_chunks; k++) n += st->ch[k].tiered;
-    PT_LOGI(st->env.lg, "nvme tier: %d chunk(s)' optimizer states in %s (%.2f MiB, %s I/O, "
+    PT_LOGI(st->env.lg, "nvme tier: level %d, %d chunk(s)' %s in %s (%.2f MiB, %s I/O, "
                         "block %llu), %d staging slot(s) of %.2f MiB pinned, %d I/O thread(s); one record "
                         "written in %.3f ms (%.0f MB/s), read in %.3f ms (%.0f MB/s)",
-            n, t->file,
+            t->level, n, t->level == 1 ? "optimizer states" : "whole images", t->file,
             t->total / 1048576.0, t->direct ? "O_DIRECT" : "buffered (O_DIRECT refused here)",
             (unsigned long long)t->blk, t->n_slots, t->slot_bytes / 1048576.0, t->n_th,
             wr_s * 1e3, wr_s > 0 ? t->slot_bytes / wr_s / 1e6 : 0.0, rd_s * 1e3,
@@ -378,9 +492,10 @@ void pt_tier_close(pt_store *st) {
     for (int k = 0; t->view && k < st->n_chunks; k++) free(t->view[k]);
     for (int i = 0; t->slot_alloc && i < t->n_slots; i++)
         pt_gpu_pinned_free(st->env.gpu, t->slot_alloc[i]);
-    for (int k = 0; k < st->n_chunks; k++)
-        if (st->ch[k].tiered) point(&st->ch[k], NULL);
-    free(t->off), free(t->len), free(t->cs), free(t->slot), free(t->q), free(t->wq), free(t->view);
+    for (int k = 0; t->sec && k < st->n_chunks; k++)
+        if (st->ch[k].tiered) point(t, k, NULL);
+    free(t->off), free(t->len), free(t->cs), free(t->slot), free(t->q), free(t->view);
+    free(t->ref), free(t->queued), free(t->dirty), free(t->discard), free(t->lru), free(t->sec);
     free(t->jobs), free(t->slot_alloc), free(t->slot_mem), free(t->slot_chunk), free(t->th);
     pthread_cond_destroy(&t->cv_job);
     pthread_cond_destroy(&t->cv_done);
@@ -398,6 +513,6 @@ void pt_tier_get_counters(const pt_store *st, pt_tier_counters *out) {
     out->reads = t->reads, out->writes = t->writes;
     out->rd_s = t->rd_s, out->wr_s = t->wr_s, out->wait_s = t->wait_s;
     out->probe_rd_bps = t->probe_rd_bps, out->probe_wr_bps = t->probe_wr_bps;
-    out->level = 1;
+    out->level = t->level;
     pthread_mutex_unlock(&t->mu);
 }

@@ -1,32 +1,43 @@
 /*
- * tier.h — the disk tier ([nvme] path): where the optimizer states of the
- * offloaded chunks live when the chunks do not fit [memory] pinned_budget.
+ * tier.h — the disk tier ([nvme] path): where the offloaded chunks live when
+ * they do not fit [memory] pinned_budget. One file per rank under the folder,
+ * one record per tiered chunk, padded to [nvme] block_size, at two levels:
  *
- * A tiered chunk keeps h_param and h_gstage in pinned memory (the upload source
- * and the gradient landing zone); its fp32 Adam moments m, v (and the fp32
- * masters of its 16-bit regions) live in one file per rank under the folder,
- * one record per chunk: [m | v | master], E fp32 words each (E = the chunk's
- * n_state), the record padded to [nvme] block_size. Outside a step the chunk's
- * h_m / h_v / h_master are NULL. A step passes through one of staging_slots
- * pinned buffers, each as large as the largest record:
+ *   1 (states): [m | v | masters of 16-bit regions], E fp32 words each (E =
+ *     the chunk's n_state); h_param, h_gstage and h_gacc stay pinned;
+ *   2 (whole images, when level 1 still does not fit): [params U | gradient
+ *     landing zone U | m | v | masters | fp32 gradient sum], U the chunk's
+ *     parameter bytes; nothing of the chunk stays pinned.
  *
- *   want (hook thread, where the step's task is queued): the record's read is
- *        queued; it starts once a slot is free and no write of the same chunk
- *        is in flight (reads start in the order they were wanted);
- *   begin (the step's task, on a CPU worker): waits for the read, points h_m,
- *        h_v, h_master into the slot;
- *   end  (same task, after the step): the pointers cleared, the record's
- *        write-back queued; the slot is free once it is on disk.
+ * Pinned memory holds staging_slots buffers, each the largest record plus one
+ * block. The slots cache images: a chunk's host pointers (h_m, h_v, h_master;
+ * at level 2 h_param, h_gstage, h_gacc too) point into its slot only while
+ * somebody holds it, else NULL.
  *
- * So the CPU steps chunk k while io_threads read the chunks after it and
- * write the ones before it back. Reads are wanted in the order the tasks are
- * queued and the worker pool starts tasks in FIFO order, so every slot is held
- * by a chunk whose task has started: a task waiting for its read never waits
- * on a task that cannot run.
+ *   hold  (any thread): one more holder; the image's read is queued unless it
+ *         is in a slot already. Images get slots in the order they were first
+ *         held; a slot goes to the next one when it is free or holds a clean
+ *         image nobody holds (the least recently used);
+ *   slot  (hook thread): wait until the held image has its slot and point the
+ *         chunk at it, so a device copy can be queued at that address behind
+ *         pt_tier_stream_ready on its stream;
+ *   ready (a CPU task): wait until the image is in its slot and point at it;
+ *   drop  (clean, dirty: the holder changed it, discard: its changes are not
+ *         to be kept): the last holder's drop queues the write-back of a dirty
+ *         image; the slot keeps the image, clean, once it is on disk.
  *
- * The tier is scratch: state images and files read and write the states
- * through views (ordinary memory, read from and written to the file), so a
- * resume refills it; the files are removed when the store is destroyed.
+ * Why it cannot deadlock: every holder that has a slot finishes without the
+ * hook thread (its read and write-back need only the I/O threads; its device
+ * copy only the streams, whose earlier work again belongs to holders with
+ * slots or to deferred steps of chunks in slots), so slots come free; images
+ * get them in FIFO order, the order in which the worker pool starts the tasks
+ * that hold them; only the hook thread waits for a slot, and nothing it holds
+ * waits for it.
+ *
+ * The tier is scratch: state images and files read and write the records
+ * through views (ordinary memory, read from and written to the file, with the
+ * image out of every slot), so a resume refills it; the files are removed
+ * when the store is destroyed.
  */
 #ifndef PT_STORE_TIER_H
 #define PT_STORE_TIER_H
@@ -47,27 +58,34 @@ int pt_tier_open(struct pt_store *st, char *err, size_t errlen);
 /* Wait for every read and write, stop the threads, remove the files, free the
  * staging buffers; logs what the tier moved. NULL-safe. */
 void pt_tier_close(struct pt_store *st);
-/* Hook thread: chunk c's step will be queued next; its read is queued now. */
-void pt_tier_want(struct pt_store *st, struct cs_chunk *c);
-/* The step's task: wait for c's states in a slot (queued here if no want did)
- * and point c's h_m / h_v / h_master at them. Non-zero: the read failed (the
- * tier keeps the sentence); end(c, 0) must still follow. */
-int pt_tier_begin(struct pt_store *st, struct cs_chunk *c);
-/* After the step: write = 1 queues the write-back, 0 drops the slot. */
-void pt_tier_end(struct pt_store *st, struct cs_chunk *c, int write);
+enum { PT_TIER_CLEAN,
+       PT_TIER_DIRTY,
+       PT_TIER_DISCARD };
+/* The tier's level (0: no tier). */
+int pt_tier_level(const struct pt_store *st);
+void pt_tier_hold(struct pt_store *st, struct cs_chunk *c);
+void pt_tier_slot(struct pt_store *st, struct cs_chunk *c);
+/* Non-zero: the tier failed (it keeps the sentence); drop must still follow. */
+int pt_tier_ready(struct pt_store *st, struct cs_chunk *c);
+void pt_tier_drop(struct pt_store *st, struct cs_chunk *c, int how);
+/* Host functions on a device stream (arg: the chunk, its owner the store):
+ * wait for the image in its slot; drop a clean hold after an upload. */
+void pt_tier_stream_ready(void *chunk);
+void pt_tier_stream_drop(void *chunk);
 /* Every queued read and write done; the first I/O failure (with its sentence). */
 int pt_tier_sync(struct pt_store *st, char *err, size_t errlen);
 /* The first I/O failure so far, without waiting (0: none). */
 int pt_tier_failed(struct pt_store *st, char *err, size_t errlen);
-/* The states of every tiered chunk in ordinary memory (fill: read from the
- * file, else zeroed), for state images and the initial fill; close writes them
- * back when store, then frees them. */
+/* Every tiered chunk's record in ordinary memory, for state images; close
+ * writes them back when store, then frees them. */
 int pt_tier_views_open(struct pt_store *st, int fill, char *err, size_t errlen);
 int pt_tier_views_close(struct pt_store *st, int store, char *err, size_t errlen);
 
-/* One chunk's states in ordinary memory (after its steps and I/O are done),
- * for a parameter written between steps; close writes them back when store. */
-int pt_tier_chunk_open(struct pt_store *st, struct cs_chunk *c, char *err, size_t errlen);
+/* One chunk's record in ordinary memory (fill: read from the file, else
+ * zeroed), after its holders are done: a parameter read or written between
+ * steps, the initial values; close writes it back when store. */
+int pt_tier_chunk_open(struct pt_store *st, struct cs_chunk *c, int fill, char *err,
+                       size_t errlen);
 int pt_tier_chunk_close(struct pt_store *st, struct cs_chunk *c, int store, char *err,
                         size_t errlen);
 

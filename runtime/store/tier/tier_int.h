@@ -10,11 +10,17 @@
 #include "../store_internal.h"
 #include "tier.h"
 
+/* A chunk's image: not in a slot, being read into one, in one (clean unless a
+ * holder marked it dirty), being written back from one. */
 enum { TC_IDLE,
        TC_READING,
        TC_READY,
-       TC_STEPPING,
        TC_WRITING };
+
+/* Byte offsets of a record's sections, UINT64_MAX where it has none. */
+typedef struct tier_sec {
+    uint64_t param, gstage, m, v, master, gacc;
+} tier_sec;
 
 typedef struct tier_job {
     int write;   /* 0: read chunk's record into its slot; 1: write it back */
@@ -26,17 +32,20 @@ struct pt_tier {
     char dir[512], file[600], lock[600];
     int fd, lock_fd, direct;
     uint64_t blk, budget, total;
-    /* per chunk (by id): record offset and length in the file, state, slot */
+    int level;       /* 1: states only, 2: whole chunk images (tier.h) */
+    /* per chunk (by id): record offset, length and sections in the file; image
+     * state, slot, holders, queued for a slot, marks for the last drop, last use */
     uint64_t *off, *len;
-    int *cs, *slot;
-    int *wq;         /* its read is wanted: queued, in flight or in a slot, until end */
+    tier_sec *sec;
+    int *cs, *slot, *ref, *queued, *dirty, *discard;
+    uint64_t *lru, tick;
     /* staging slots: pinned allocation, its aligned start, the chunk it holds */
     int n_slots;
     uint64_t slot_bytes;
     void **slot_alloc;
     char **slot_mem;
     int *slot_chunk;
-    /* wanted reads not started (FIFO of chunk ids) and the I/O threads' jobs */
+    /* held images waiting for a slot (FIFO of chunk ids) and the I/O threads' jobs */
     int *q, qh, qn;
     tier_job *jobs;
     int jh, jn, jcap, busy;
@@ -53,7 +62,7 @@ struct pt_tier {
     double probe_rd_bps, probe_wr_bps;
     int64_t reads, writes, tried; /* tried: write-backs started (the testing failure) */
     /* views (state images): ordinary memory per tiered chunk */
-    float **view;
+    char **view;
 };
 
 int pt_tier_file_open(pt_tier *t, int rank, char *err, size_t errlen);
