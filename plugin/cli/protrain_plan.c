@@ -326,7 +326,6 @@ static int tier_opts(const opts *o, uint64_t pinned_budget, pt_search_opts *so, 
     so->cost.tier_slots = (int32_t)o->nvme_slots;
     so->cost.tier_above = pinned_budget;
     so->cost.tier_block = (uint64_t)o->nvme_block;
-    so->cost.tier_accum = o->hw.world_size > 1 && !o->shard;
     so->disk_budget = (uint64_t)(o->nvme_budget_gib * GIB);
     if (o->nvme_bw[0]) {
         char *end = NULL;

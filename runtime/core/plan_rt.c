@@ -127,9 +127,7 @@ static uint64_t host_budget(const pt_rt *rt) {
 }
 
 /* [nvme] path: the disk tier's terms of the search (cost_model.h): its
- * staging slots, block, whether gradients accumulate (several ranks in mode
- * B; several micro-batches on one rank are not known before the first step),
- * its rates (timed once per run, cached under cache_dir per device:
+ * staging slots, block, its rates (timed once per run, cached under cache_dir per device:
  * profiler_disk.h) and the disk bytes it may take ([nvme] budget, or the
  * folder's free space). A probe that fails leaves the I/O time unmodelled
  * and says why; the store's own checks still refuse a folder that cannot
@@ -140,7 +138,7 @@ static void tier_terms(pt_rt *rt, pt_search_opts *o) {
     o->cost.tier_slots = c->nvme_slots;
     o->cost.tier_above = o->host_ram;
     o->cost.tier_block = c->nvme_block;
-    o->cost.tier_accum = rt->dist.coll && pt_coll_world(rt->dist.coll) > 1 && !rt->dist.shard;
+    o->cost.tier_force = (c->debug_tier_force ? 1 : 0) | (c->debug_tier_level << 1);
     if (!rt->plan.tier_rd_Bps && !rt->plan.tier_rates[0]) {
         pt_disk_rates r;
         char e[600];

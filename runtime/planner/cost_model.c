@@ -250,42 +250,47 @@ uint64_t pt_cost_host_bytes(const pt_cost_ctx *cx, const pt_act_profile *a, int3
 }
 
 static uint64_t pad(uint64_t x, uint64_t blk) { return (x + blk - 1) / blk * blk; }
+static uint64_t r64(uint64_t x) { return (x + 63) / 64 * 64; }
 
 void pt_cost_tier(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, const pt_cost_opts *o,
                   pt_tier_fig *f) {
     memset(f, 0, sizeof *f);
     f->pinned = pt_cost_host_bytes(cx, a, p, o ? o->shard : 0);
-    if (!o || !o->tier_slots || o->shard || f->pinned <= o->tier_above) return;
+    if (!o || !o->tier_slots || o->shard || (f->pinned <= o->tier_above && !(o->tier_force & 1))) return;
     const pt_trace *t = cx->t;
     const uint64_t blk = o->tier_block ? o->tier_block : 4096, sw = a ? a->swap_pool : 0;
-    const uint64_t w = t->param_elem_bytes != 4 ? 3 : 2, acc = o->tier_accum ? 1 : 0;
-    uint64_t pin1 = 0, pin2 = 0, big1 = 0, big2 = 0, disk1 = 0, disk2 = 0;
+    const uint64_t w = t->param_elem_bytes != 4 ? 3 : 2;
+    uint64_t pin1 = 0, big1 = 0, big2 = 0, disk1 = 0, disk2 = 0, wr2 = 0;
     for (int32_t k = imax(p, 0); k < cx->K; k++) {
         const pt_trace_chunk *c = &t->chunks[k];
         if (c->mandatory) continue;
         if (c->optim_bytes) return;   /* a kind with its own state (REKLS): no tier */
         const uint64_t E = c->trainable_elems, U = c->bytes;
-        if (!E) {   /* frozen: h_param stays pinned at either level */
+        if (!E) {   /* frozen: h_param pinned at level 1, its image on disk at level 2 */
+            uint64_t r2 = pad(r64(U), blk);
             pin1 += U;
-            pin2 += U;
+            disk2 += r2;
+            if (r2 > big2) big2 = r2;
             continue;
         }
-        uint64_t r1 = pad(4 * w * E, blk);
-        uint64_t r2 = 2 * pad(U, blk) + pad(8 * E, blk) + (w == 3 ? pad(4 * E, blk) : 0) + acc * pad(4 * E, blk);
-        pin1 += 2 * U + acc * 4 * E;
+        uint64_t r1 = pad(w * r64(4 * E), blk);
+        uint64_t r2 = pad(2 * r64(U) + (w + 1) * r64(4 * E), blk);
+        pin1 += 2 * U;
         disk1 += r1;
         disk2 += r2;
+        wr2 += r2;
         if (r1 > big1) big1 = r1;
         if (r2 > big2) big2 = r2;
     }
     const uint64_t slots = (uint64_t)o->tier_slots;
     pin1 += slots * (big1 + blk) + sw;
-    pin2 += slots * (big2 + blk) + sw;
-    if (pin1 <= o->tier_above) {
+    const int32_t force = (o->tier_force >> 1) & 3;
+    if (force == 1 || (!force && (pin1 <= o->tier_above || t->key.world_size > 1))) {
         *f = (pt_tier_fig){.level = 1, .pinned = pin1, .disk = disk1, .rd = disk1, .wr = disk1};
         return;
     }
-    *f = (pt_tier_fig){.level = 2, .pinned = pin2, .disk = disk2, .fwd_rd = disk2, .rd = disk2, .wr = disk2};
+    *f = (pt_tier_fig){
+        .level = 2, .pinned = slots * (big2 + blk) + sw, .disk = disk2, .fwd_rd = disk2, .rd = disk2, .wr = wr2};
 }
 
 uint64_t pt_cost_pinned(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p,

@@ -124,12 +124,12 @@ typedef struct pt_cost_opts {
                                  disk tier (runtime/store/tier/tier.h; levels below) */
     uint64_t tier_block;      /* [nvme] block_size: every record section is padded to it
                                  (0: 4096) */
-    int32_t tier_accum;       /* gradients accumulate over micro-batches or ranks: the fp32
-                                 sum h_gacc (4E) is pinned at level 1, a record section at
-                                 level 2 */
     double tier_rd_Bps;       /* the tier's read and write rates, bytes/s, with [nvme]
                                  io_threads requests in flight (the profiler's probe of the */
     double tier_wr_Bps;       /* folder, or given); 0: the I/O time is not modelled */
+    int32_t tier_force;       /* tests ([testing] debug_tier_force / debug_tier_level), as the
+                                 store: bit 0 the tier even where the states fit; bits 1-2 the
+                                 level whenever the tier is used (0: the rule) */
 } pt_cost_opts;
 
 /* OVERLAP: each chunk's CPU step starts as its gradient lands in backward.
@@ -295,23 +295,28 @@ void pt_cost_offload_sums(const pt_cost_ctx *cx, int32_t n_persist, uint64_t *by
 int pt_cost_persist_redundant(const pt_cost_ctx *cx, int32_t n_persist);
 uint64_t pt_cost_host_bytes(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, int shard);
 /* The disk tier ([nvme] path, o->tier_slots > 0) for the offloaded chunks
- * [n_persist, K), as the store decides it. Per offloaded trainable chunk with
- * E fp32 state elements and U param bytes, w = 3 with 16-bit params (their
- * fp32 masters) else 2, A = 1 when o->tier_accum, pad() = up to tier_block:
+ * [n_persist, K), as the store lays it out (runtime/store/tier/tier.c). Per
+ * offloaded chunk with U param bytes and, when trainable, E fp32 state
+ * elements; w = 3 with 16-bit params (their fp32 masters) else 2; r() rounds
+ * a record section up to 64 bytes, pad() a record up to tier_block:
  *   level 0 (no tier): the profile's pinned bytes (pt_cost_host_bytes);
- *   level 1: pinned 2U (+ 4E when A), frozen chunks U, plus tier_slots x
- *            (largest R1 + block); record R1 = pad(4 w E) ([m|v|masters]);
- *   level 2: pinned frozen chunks U, plus tier_slots x (largest R2 + block);
- *            record R2 = 2 pad(U) + pad(8E) + (w == 3) pad(4E) + A pad(4E)
- *            ([params|gradient landing|m,v|masters|accumulator]).
+ *   level 1: pinned 2U per trainable chunk (staged params, gradient landing),
+ *            U per frozen one, plus tier_slots x (largest R1 + block);
+ *            R1 = pad(w r(4E)) ([m|v|masters]) per trainable chunk;
+ *   level 2: pinned only tier_slots x (largest R2 + block); every offloaded
+ *            chunk's whole image on disk, R2 = pad(r(U) + r(U) + w r(4E) +
+ *            r(4E)) ([params|gradient landing|m|v|masters|fp32 gradient sum])
+ *            for a trainable chunk, pad(r(U)) for a frozen one.
  * Each level adds the swap pool. Rule: level 0 when its bytes fit
- * o->tier_above; else level 1 when its bytes do; else level 2 (which may
- * not fit either: the searcher refuses such a plan). No tier in mode C
- * (o->shard) or when a chunk has its own optimizer kind's state (REKLS).
- * Per iteration each tiered trainable chunk reads R1 and writes R1 (level 1),
- * or reads R2 for the forward's upload, R2 for the backward's, and writes R2
- * after its step (level 2: a chunk still in a staging slot is not re-read,
- * counted as read anyway). */
+ * o->tier_above; else level 1 when its bytes do, or with several ranks
+ * (level 2 is built for one rank); else level 2 (o->tier_force overrides
+ * both steps, as the store's testing keys do). The level's figure may not
+ * fit either: the searcher refuses such a plan. No tier in mode C (o->shard)
+ * or when a chunk has its own optimizer kind's state (REKLS).
+ * Per iteration a level-1 chunk reads and writes R1; at level 2 every chunk
+ * reads R2 for the forward's upload and for the backward's (a chunk still in
+ * a staging slot is not re-read, counted as read anyway), and a trainable
+ * one writes R2 after its step (a frozen image is never dirty). */
 typedef struct pt_tier_fig {
     int32_t level;
     uint64_t pinned;        /* the level's pinned bytes (swap pool included) */

@@ -481,10 +481,14 @@ static int explain_infeasible(search *S, pt_act_profile *a, uint8_t *modes, pt_p
     if (best_need == UINT64_MAX && host_fig.level)
         return pt_fail(err, errlen, PT_ERR_INFEASIBLE,
                        "no plan fits host RAM, even with the disk tier: the smallest pinned host footprint (n_persist=%d "
-                       "n_swap=%d, the tier at level %d: %d staging slots of the largest chunk's image, the frozen "
-                       "chunks' params and the swap pool) is %llu bytes (%.2f GiB) with %llu bytes (%.2f GiB) on disk; "
+                       "n_swap=%d, the tier at level %d%s: %d staging slots of the largest record, the %s and the swap "
+                       "pool) is %llu bytes (%.2f GiB) with %llu bytes (%.2f GiB) on disk; "
                        "the pinned budget is %llu bytes (%.2f GiB)",
-                       host_at.p, host_at.s, host_fig.level, o->cost.tier_slots, (unsigned long long)min_host,
+                       host_at.p, host_at.s, host_fig.level,
+                       host_fig.level == 1 && t->key.world_size > 1 ? " (level 2 is built for one rank)" : "",
+                       o->cost.tier_slots,
+                       host_fig.level == 1 ? "offloaded chunks' params and gradients" : "chunks' images on disk",
+                       (unsigned long long)min_host,
                        min_host / 1073741824.0, (unsigned long long)host_fig.disk, host_fig.disk / 1073741824.0,
                        (unsigned long long)S->host_budget, S->host_budget / 1073741824.0);
     if (best_need == UINT64_MAX)

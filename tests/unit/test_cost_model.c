@@ -845,21 +845,24 @@ static void test_bounds_below_lookahead(void **state) {
 /* ---- the disk tier (pt_cost_tier, pt_cost_tier_time) ----
  * 8 blocks of 2 chunks, none mandatory: 16 offloaded chunks of U = 1000 bytes
  * (bf16, so w = 3: masters on the record), E = 500, n_persist = 0, no swap
- * (no swap pool), 3 slots, block 512. By hand:
+ * (no swap pool), 3 slots, block 512, sections rounded to 64 bytes
+ * (r(4E) = r(2000) = 2048, r(U) = 1024). By hand:
  *   level 0: the profile's 16 x (U + 16 E) = 16 x 9000 = 144000
- *   level 1: R1 = pad(4 x 3 x 500 = 6000) = 6144; pinned 16 x 2U + 3 x (6144 + 512)
- *            = 32000 + 19968 = 51968; disk 16 x 6144 = 98304
- *            accumulating: + 16 x 4E = 32000 -> 83968
- *   level 2: R2 = 2 pad(1000) + pad(8E = 4000) + pad(4E = 2000) = 2048 + 4096 + 2048
- *            = 8192; pinned 3 x (8192 + 512) = 26112; disk 16 x 8192 = 131072
- *            accumulating: R2 + pad(2000) = 10240; pinned 3 x 10752 = 32256 */
+ *   level 1: R1 = pad(3 x 2048 = 6144) = 6144; pinned 16 x 2U + 3 x (6144 + 512)
+ *            = 32000 + 19968 = 51968; disk 16 x 6144 = 98304; I/O 2 x 98304
+ *   level 2: R2 = pad(2 x 1024 + 4 x 2048 = 10240) = 10240; pinned 3 x (10240 +
+ *            512) = 32256; disk 16 x 10240 = 163840; I/O 3 x 163840
+ * Chunk 0 frozen: level 0 15 x 9000 + 1000 = 136000; level 1 pinned 15 x 2000
+ * + 1000 + 19968 = 50968, disk 15 x 6144 = 92160; level 2 pinned 32256, disk
+ * 15 x 10240 + pad(1024) = 154624, read twice, written 153600 (a frozen image
+ * is never dirty): I/O 2 x 154624 + 153600 = 462848. */
 static void tier_trace(pt_trace *t) {
     synth s = {.n_block = 8, .cpb = 2, .engines = 2, .chunk_bytes = 1000, .arena = 100, .input = 10, .fscr = 5, .bscr = 7, .gact = 20, .fwd = 0.001, .bwd = 0.002, .h2d = 1e9, .d2h = 1e9, .cpu = 1e8, .dev = 1e9, .tf = 1};
     build(t, &s);
 }
 
-static pt_cost_opts tier_opts(uint64_t budget, int accum) {
-    pt_cost_opts o = {.frag = 1.0, .tier_slots = 3, .tier_above = budget, .tier_block = 512, .tier_accum = accum};
+static pt_cost_opts tier_opts(uint64_t budget) {
+    pt_cost_opts o = {.frag = 1.0, .tier_slots = 3, .tier_above = budget, .tier_block = 512};
     return o;
 }
 
@@ -872,21 +875,30 @@ static void test_tier_levels(void **state) {
     char err[256];
     assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
     static const struct {
+        int frozen, world;
         uint64_t budget;
-        int accum, level;
+        int level;
         uint64_t pinned, disk, io;
     } cases[] = {
-        {144000, 0, 0, 144000, 0, 0},             /* the states fit: no tier */
-        {143999, 0, 1, 51968, 98304, 2 * 98304},  /* one byte short: level 1 */
-        {51968, 0, 1, 51968, 98304, 2 * 98304},   /* level 1 exactly at the budget */
-        {51967, 0, 2, 26112, 131072, 3 * 131072}, /* below level 1: level 2 */
-        {20000, 0, 2, 26112, 131072, 3 * 131072}, /* level 2 does not fit either: still its figure */
-        {83968, 1, 1, 83968, 98304, 2 * 98304},   /* accumulating: h_gacc pinned at level 1 */
-        {83967, 1, 2, 32256, 163840, 3 * 163840}, /* ... and a record section at level 2 */
+        {0, 1, 144000, 0, 144000, 0, 0},             /* the states fit: no tier */
+        {0, 1, 143999, 1, 51968, 98304, 2 * 98304},  /* one byte short: level 1 */
+        {0, 1, 51968, 1, 51968, 98304, 2 * 98304},   /* level 1 exactly at the budget */
+        {0, 1, 51967, 2, 32256, 163840, 3 * 163840}, /* below level 1: level 2 */
+        {0, 1, 20000, 2, 32256, 163840, 3 * 163840}, /* level 2 does not fit either: still its figure */
+        {0, 2, 51967, 1, 51968, 98304, 2 * 98304},   /* two ranks: level 2 is not built for them */
+        {1, 1, 136000, 0, 136000, 0, 0},             /* chunk 0 frozen */
+        {1, 1, 135999, 1, 50968, 92160, 2 * 92160},  /* ... its params pinned at level 1 */
+        {1, 1, 50967, 2, 32256, 154624, 462848},     /* ... its image on disk at level 2 */
     };
     pt_knobs k = {0, 2, 0, 0};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        pt_cost_opts o = tier_opts(cases[i].budget, cases[i].accum);
+        pt_trace_free(&t);
+        tier_trace(&t);
+        if (cases[i].frozen) t.chunks[0].trainable_elems = 0;
+        t.key.world_size = cases[i].world;
+        pt_cost_ctx_free(cx);
+        assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+        pt_cost_opts o = tier_opts(cases[i].budget);
         pt_cost c;
         assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
         assert_int_equal(c.on_tier, cases[i].level);
@@ -897,11 +909,28 @@ static void test_tier_levels(void **state) {
         assert_int_equal(pt_cost_pinned(cx, NULL, 0, &o, &lvl), cases[i].pinned);
         assert_int_equal(lvl, cases[i].level);
     }
+    pt_trace_free(&t);
+    tier_trace(&t);
+    pt_cost_ctx_free(cx);
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    /* the store's testing keys: the tier where the states fit (bit 0), a forced level (bits 1-2) */
+    static const struct {
+        uint64_t budget;
+        int32_t force, level;
+        uint64_t pinned;
+    } forced[] = {{144000, 1, 1, 51968}, {144000, 1 | 2 << 1, 2, 32256}, {20000, 1 << 1, 1, 51968}};
+    for (size_t i = 0; i < sizeof forced / sizeof forced[0]; i++) {
+        pt_cost_opts o = tier_opts(forced[i].budget);
+        o.tier_force = forced[i].force;
+        int32_t lvl = -1;
+        assert_int_equal(pt_cost_pinned(cx, NULL, 0, &o, &lvl), forced[i].pinned);
+        assert_int_equal(lvl, forced[i].level);
+    }
     /* mode C and no [nvme] path: never a tier */
-    pt_cost_opts o = tier_opts(1000, 0);
+    pt_cost_opts o = tier_opts(1000);
     o.shard = 1;
     assert_int_equal(pt_cost_pinned(cx, NULL, 0, &o, NULL), 144000);
-    o = tier_opts(1000, 0);
+    o = tier_opts(1000);
     o.tier_slots = 0;
     int32_t lvl = -1;
     assert_int_equal(pt_cost_pinned(cx, NULL, 0, &o, &lvl), 144000);
@@ -913,8 +942,8 @@ static void test_tier_levels(void **state) {
 /* The I/O term: the bytes above at read 1e6 and write 5e5 bytes/s.
  *   level 1: io = 98304 / 1e6 + 98304 / 5e5 = 0.098304 + 0.196608 = 0.294912 s,
  *            all after the forward: exposed = max(0, 0.294912 - B)
- *   level 2: io_f = 131072 / 1e6 = 0.131072 s (forward reads),
- *            io_b = 0.131072 + 131072 / 5e5 = 0.131072 + 0.262144 = 0.393216 s,
+ *   level 2: io_f = 163840 / 1e6 = 0.16384 s (forward reads),
+ *            io_b = 0.16384 + 163840 / 5e5 = 0.16384 + 0.32768 = 0.49152 s,
  *            exposed = max(0, io_f - F) + max(0, io_b - B)
  * with F, B the forward and the rest of the same plan without the tier. At
  * rates 1e12 every byte hides: the iteration is the untiered one. */
@@ -931,9 +960,9 @@ static void test_tier_io_time(void **state) {
     assert_int_equal(pt_cost_eval(cx, &o0, &k, &c0, err, sizeof err), PT_OK);
     double F = c0.fwd_s, B = c0.iter_s - c0.fwd_s;
     /* the windows are small next to the I/O: a real exposed part */
-    assert_true(F < 0.131072 && B < 0.294912);
+    assert_true(F < 0.16384 && B < 0.294912);
 
-    pt_cost_opts o = tier_opts(100000, 0);
+    pt_cost_opts o = tier_opts(100000);
     o.tier_rd_Bps = 1e6;
     o.tier_wr_Bps = 5e5;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
@@ -948,10 +977,10 @@ static void test_tier_io_time(void **state) {
     o.tier_above = 40000;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
     assert_int_equal(c.on_tier, 2);
-    assert_double_equal(c.tier_io_s, 0.131072 + 0.393216, EPS);
-    assert_double_equal(c.tier_exposed_s, (0.131072 - F) + (0.393216 - B), EPS);
-    assert_double_equal(c.fwd_s, 0.131072, EPS);   /* max(F, io_f) */
-    assert_double_equal(c.iter_s, 0.131072 + 0.393216, EPS);   /* max(F, io_f) + max(B, io_b) */
+    assert_double_equal(c.tier_io_s, 0.16384 + 0.49152, EPS);
+    assert_double_equal(c.tier_exposed_s, (0.16384 - F) + (0.49152 - B), EPS);
+    assert_double_equal(c.fwd_s, 0.16384, EPS); /* max(F, io_f) */
+    assert_double_equal(c.iter_s, 0.16384 + 0.49152, EPS); /* max(F, io_f) + max(B, io_b) */
 
     o.tier_rd_Bps = o.tier_wr_Bps = 1e12;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
@@ -963,7 +992,7 @@ static void test_tier_io_time(void **state) {
     /* no rates: the bytes are known, their time is not modelled */
     o.tier_rd_Bps = o.tier_wr_Bps = 0;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
-    assert_int_equal(c.tier_io_bytes, 3 * 131072);
+    assert_int_equal(c.tier_io_bytes, 3 * 163840);
     assert_double_equal(c.tier_io_s, 0, EPS);
     assert_double_equal(c.iter_s, c0.iter_s, EPS);
     pt_cost_ctx_free(cx);
