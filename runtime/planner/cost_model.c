@@ -255,10 +255,13 @@ static uint64_t r64(uint64_t x) { return (x + 63) / 64 * 64; }
 void pt_cost_tier(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, const pt_cost_opts *o,
                   pt_tier_fig *f) {
     memset(f, 0, sizeof *f);
+    const uint64_t sw = a ? a->swap_pool : 0;
     f->pinned = pt_cost_host_bytes(cx, a, p, o ? o->shard : 0);
-    if (!o || !o->tier_slots || o->shard || (f->pinned <= o->tier_above && !(o->tier_force & 1))) return;
+    /* the store decides on the chunks' bytes alone: the swap pool is allocated
+     * later, under the same cap */
+    if (!o || !o->tier_slots || o->shard || (f->pinned - sw <= o->tier_above && !(o->tier_force & 1))) return;
     const pt_trace *t = cx->t;
-    const uint64_t blk = o->tier_block ? o->tier_block : 4096, sw = a ? a->swap_pool : 0;
+    const uint64_t blk = o->tier_block ? o->tier_block : 4096;
     const uint64_t w = t->param_elem_bytes != 4 ? 3 : 2;
     uint64_t pin1 = 0, big1 = 0, big2 = 0, disk1 = 0, disk2 = 0, wr2 = 0;
     for (int32_t k = imax(p, 0); k < cx->K; k++) {
@@ -283,10 +286,10 @@ void pt_cost_tier(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, con
         if (r2 > big2) big2 = r2;
     }
     const uint64_t slots = (uint64_t)o->tier_slots;
-    pin1 += slots * (big1 + blk) + sw;
+    pin1 += slots * (big1 + blk);
     const int32_t force = (o->tier_force >> 1) & 3;
     if (force == 1 || (!force && (pin1 <= o->tier_above || t->key.world_size > 1))) {
-        *f = (pt_tier_fig){.level = 1, .pinned = pin1, .disk = disk1, .rd = disk1, .wr = disk1};
+        *f = (pt_tier_fig){.level = 1, .pinned = pin1 + sw, .disk = disk1, .rd = disk1, .wr = disk1};
         return;
     }
     *f = (pt_tier_fig){
@@ -308,6 +311,7 @@ void pt_cost_tier_time(const pt_tier_fig *f, const pt_cost_opts *o, const pt_cos
     double io_f = (double)f->fwd_rd / o->tier_rd_Bps;
     double io_b = (double)f->rd / o->tier_rd_Bps + (double)f->wr / o->tier_wr_Bps;
     double F = c->fwd_s, B = c->iter_s - c->fwd_s;
+    if (f->level == 1 && c->schedule != PT_SCHED_OVERLAP) B = c->cpu_adam_s > c->opt_s ? c->cpu_adam_s : c->opt_s;
     *io_s = io_f + io_b;
     *exposed_f = io_f > F ? io_f - F : 0;
     *exposed_b = io_b > B ? io_b - B : 0;

@@ -307,9 +307,11 @@ uint64_t pt_cost_host_bytes(const pt_cost_ctx *cx, const pt_act_profile *a, int3
  *            chunk's whole image on disk, R2 = pad(r(U) + r(U) + w r(4E) +
  *            r(4E)) ([params|gradient landing|m|v|masters|fp32 gradient sum])
  *            for a trainable chunk, pad(r(U)) for a frozen one.
- * Each level adds the swap pool. Rule: level 0 when its bytes fit
- * o->tier_above; else level 1 when its bytes do, or with several ranks
- * (level 2 is built for one rank); else level 2 (o->tier_force overrides
+ * Each level's pinned figure adds the swap pool, but the rule, as the
+ * store's, weighs the chunks' bytes alone (the pool is allocated later under
+ * the same cap): level 0 when they fit o->tier_above; else level 1 when its
+ * bytes do, or with several ranks (level 2 is built for one rank); else
+ * level 2 (o->tier_force overrides
  * both steps, as the store's testing keys do). The level's figure may not
  * fit either: the searcher refuses such a plan. No tier in mode C (o->shard)
  * or when a chunk has its own optimizer kind's state (REKLS).
@@ -336,15 +338,22 @@ uint64_t pt_cost_pinned(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t 
  *   io_f = fwd_rd / rd_Bps                       (level 2's forward reads)
  *   io_b = rd / rd_Bps + wr / wr_Bps             (the rest)
  * io_f overlaps the forward (F = c->fwd_s): its reads run ahead of the
- * uploads while earlier blocks compute; io_b overlaps what follows the
- * forward, B = c->iter_s - c->fwd_s (backward, the CPU optimizer of other
- * chunks, collectives: a chunk's read is queued a block before its step and
- * its write-back runs under the next chunks' steps). What does not fit its
- * window is exposed:
+ * uploads while earlier blocks compute. io_b overlaps a window B that
+ * follows the store's schedule:
+ *   level 2, or level 1 with the steps overlapping backward (PT_SCHED_OVERLAP:
+ *     a chunk's read is queued at the backward of the block that queues its
+ *     step): B = c->iter_s - c->fwd_s (backward, the CPU optimizer of other
+ *     chunks, collectives);
+ *   level 1 with the steps after backward (clipping or several ranks: the
+ *     reads are queued in optimizer_step): B = max(c->cpu_adam_s, c->opt_s),
+ *     the steps' own span (deferred into the next forward) or the tail after
+ *     backward, whichever is longer.
+ * What does not fit its window is exposed:
  *   exposed = max(0, io_f - F) + max(0, io_b - B),
- * so the iteration is max(F, io_f) + max(B, io_b): the disk's time where it
- * is the slower resource, the compute's where it is not. Neither the first
- * read's latency nor the slots' limit on read-ahead is charged. */
+ * so the iteration grows by the disk's time where it is the slower resource.
+ * Not charged: a request's latency, and the slots' limit on read-ahead (with
+ * fewer slots than a block has chunks, a block's later reads wait for an
+ * earlier step's write-back, which a window sum cannot see). */
 void pt_cost_tier_time(const pt_tier_fig *f, const pt_cost_opts *o, const pt_cost *c, double *io_s,
                        double *exposed_f, double *exposed_b);
 /* Time part of the prediction: fills the time fields of out. */

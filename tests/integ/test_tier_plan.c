@@ -2,14 +2,15 @@
  * test_tier_plan.c — the runtime plans the disk tier as the store builds it.
  *
  * sample_host's trainer in process, a model whose offloaded chunks exceed
- * [memory] pinned_budget, [nvme] path set, a searched plan written to
- * plan_file. The plan's pinned bytes (less its swap pool) must be the store's
+ * [memory] pinned_budget (n_persist fixed at 1: with more resident chunks the
+ * states may fit), [nvme] path set, the other knobs searched, the plan
+ * written to plan_file. The plan's pinned bytes (less its swap pool) must be the store's
  * own figure, read from its log line ("... N pinned bytes left for the
  * chunks, plus M of staging"), at the level the store chose; the plan carries
  * the disk's rates and its I/O bytes (a level-1 record read and written once
  * per step: twice the file). The rates are timed once and cached: a second
  * trainer with a rate file planted under the cache key plans with exactly the
- * planted rates.
+ * planted rates. At a budget below level 1's figure, level 2 the same way.
  */
 #include <dirent.h>
 #include <math.h>
@@ -40,6 +41,7 @@ static void on_log(void *user, int32_t level, const char *msg) {
     tier_log *t = user;
     int lv;
     unsigned long long a, b;
+    if (!strncmp(msg, "plan (", 6)) memset(t, 0, sizeof *t);   /* a store built after this plan follows */
     if (sscanf(msg, "nvme tier: level %d, the offloaded chunks' %*[^:]: %llu pinned bytes left for the chunks, plus %llu",
                &lv, &a, &b) == 3) {
         t->level = lv;
@@ -80,14 +82,15 @@ static int entries(const char *dir) {
 
 /* One trainer (profile or cached trace, search, rebuild) and one step; the
  * plan's JSON text (caller frees) and the store's last tier line. */
-static char *run(tier_log *tl) {
+static char *run(const char *budget, tier_log *tl) {
     char text[1200], plan[400];
     snprintf(plan, sizeof plan, "%s/plan.json", H.dir);
     snprintf(text, sizeof text,
-             "[plugin]\nlog_level = info\nbackend = host\n[memory]\npinned_budget = 4MiB\n"
-             "device_capacity = 6MiB\n[protrain]\nchunk_size = 160KiB\ncache_dir = %s/cache\nplan_file = %s\n"
+             "[plugin]\nlog_level = info\nbackend = host\n[memory]\npinned_budget = %s\n"
+             "device_capacity = 6MiB\n[protrain]\nchunk_size = 160KiB\nn_persist = 1\ncache_dir = %s/cache\n"
+             "plan_file = %s\n"
              "[nvme]\npath = %s/tier\n",
-             H.dir, plan, H.dir);
+             budget, H.dir, plan, H.dir);
     const char *path = sh_harness_ini(&H, "cfg", text);
     assert_non_null(path);
     sh_train_opts o = sh_harness_opts(&H, 3, 96, 4, 2, 64);
@@ -116,9 +119,13 @@ static void test_plan_matches_store(void **state) {
     assert_int_equal(mkdir(dir, 0700), 0);
 
     tier_log tl;
-    char *js = run(&tl);
+    char *js = run("4MiB", &tl);
     assert_true(tl.level >= 1);
-    assert_true(jnum(js, "nvme_tier") == tl.level);
+    if (jnum(js, "nvme_tier") != tl.level)
+        fail_msg("plan: level %.0f, n_persist %.0f n_swap %.0f, %.0f pinned (swap pool %.0f); store: level %d, %llu + "
+                 "%llu",
+                 jnum(js, "nvme_tier"), jnum(js, "n_persist"), jnum(js, "n_swap"), jnum(js, "host_bytes"),
+                 jnum(js, "swap_pool_bytes"), tl.level, tl.chunks_pinned, tl.staging);
     double pinned = jnum(js, "host_bytes") - jnum(js, "swap_pool_bytes");
     if (pinned != (double)(tl.chunks_pinned + tl.staging))
         fail_msg("plan pins %.0f bytes, the store %llu + %llu", pinned, tl.chunks_pinned, tl.staging);
@@ -146,10 +153,26 @@ static void test_plan_matches_store(void **state) {
     fprintf(f, "protrain disk rates 1\ndev %llu\nthreads 2\nbytes %llu\nread_Bps 1.5e9\nwrite_Bps 2.5e9\ndirect 1\n",
             (unsigned long long)r.dev, (unsigned long long)PT_DISK_PROBE_BYTES);
     fclose(f);
-    js = run(&tl);
+    js = run("4MiB", &tl);
     assert_true(jnum(js, "tier_read_Bps") == 1.5e9);
     assert_true(jnum(js, "tier_write_Bps") == 2.5e9);
     free(js);
+
+    /* 3 MiB: level 1's 3.4 MiB does not fit, the whole images go to disk; the
+     * plan's pinned bytes are the store's staging slots, the I/O three times
+     * the file (every chunk trainable: two reads and a write each) */
+    js = run("3MiB", &tl);
+    assert_int_equal(tl.level, 2);
+    assert_true(jnum(js, "nvme_tier") == 2);
+    pinned = jnum(js, "host_bytes") - jnum(js, "swap_pool_bytes");
+    if (pinned != (double)(tl.chunks_pinned + tl.staging))
+        fail_msg("level 2: plan pins %.0f bytes, the store %llu + %llu", pinned, tl.chunks_pinned, tl.staging);
+    assert_true(tl.chunks_pinned == 0);
+    disk = jnum(js, "tier_disk_bytes");
+    assert_true(disk > 0 && jnum(js, "tier_io_bytes") == 3 * disk);
+    assert_true(jnum(js, "tier_read_Bps") == 1.5e9);
+    free(js);
+    assert_int_equal(entries(dir), 0);
 }
 
 int main(void) {

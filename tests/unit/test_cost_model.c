@@ -913,6 +913,22 @@ static void test_tier_levels(void **state) {
     tier_trace(&t);
     pt_cost_ctx_free(cx);
     assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    /* a swap pool counts in the plan's pinned bytes but not in the store's
+     * choice of level (it is allocated later, under the same cap): at level
+     * 1's exact figure, one SWAP block keeps level 1 and its pool on top */
+    {
+        pt_knobs ks = {0, 2, 1, 0};
+        pt_cost_opts o = tier_opts(51968);
+        pt_cost c;
+        assert_int_equal(pt_cost_eval(cx, &o, &ks, &c, err, sizeof err), PT_OK);
+        assert_true(c.swap_pool_bytes > 0);
+        assert_int_equal(c.on_tier, 1);
+        assert_int_equal(c.host_bytes, 51968 + c.swap_pool_bytes);
+        o = tier_opts(144000);   /* and the states that fit alone stay pinned */
+        assert_int_equal(pt_cost_eval(cx, &o, &ks, &c, err, sizeof err), PT_OK);
+        assert_int_equal(c.on_tier, 0);
+        assert_int_equal(c.host_bytes, 144000 + c.swap_pool_bytes);
+    }
     /* the store's testing keys: the tier where the states fit (bit 0), a forced level (bits 1-2) */
     static const struct {
         uint64_t budget;
@@ -941,7 +957,8 @@ static void test_tier_levels(void **state) {
 
 /* The I/O term: the bytes above at read 1e6 and write 5e5 bytes/s.
  *   level 1: io = 98304 / 1e6 + 98304 / 5e5 = 0.098304 + 0.196608 = 0.294912 s,
- *            all after the forward: exposed = max(0, 0.294912 - B)
+ *            all after the forward: exposed = max(0, 0.294912 - B); with
+ *            clipping the reads wait for optimizer_step: B = max(CPU Adam, tail)
  *   level 2: io_f = 163840 / 1e6 = 0.16384 s (forward reads),
  *            io_b = 0.16384 + 163840 / 5e5 = 0.16384 + 0.32768 = 0.49152 s,
  *            exposed = max(0, io_f - F) + max(0, io_b - B)
@@ -973,6 +990,19 @@ static void test_tier_io_time(void **state) {
     assert_double_equal(c.fwd_s, c0.fwd_s, EPS);   /* level 1 reads nothing for the forward */
     assert_double_equal(c.opt_s, c0.opt_s + 0.294912 - B, EPS);
     assert_double_equal(c.iter_s, c.fwd_s + c.bwd_s + c.opt_s, EPS);
+
+    /* clipping: the reads are queued in optimizer_step, after backward; only
+     * the steps' span (or the tail) hides them */
+    pt_cost cc0, cc;
+    o0.clip = o.clip = 1;
+    assert_int_equal(pt_cost_eval(cx, &o0, &k, &cc0, err, sizeof err), PT_OK);
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &cc, err, sizeof err), PT_OK);
+    assert_int_equal(cc.schedule, PT_SCHED_AFTER_BWD);
+    double Bc = cc0.cpu_adam_s > cc0.opt_s ? cc0.cpu_adam_s : cc0.opt_s;
+    assert_true(Bc < B);
+    assert_double_equal(cc.tier_exposed_s, 0.294912 - Bc, EPS);
+    assert_double_equal(cc.iter_s, cc0.iter_s + 0.294912 - Bc, EPS);
+    o0.clip = o.clip = 0;
 
     o.tier_above = 40000;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
