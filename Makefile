@@ -14,7 +14,7 @@
 #                  bench-peers, peers-wheels
 #   mk/build.mk    sources, objects, the plugin, planner CLI, sample_host, test binaries
 #   mk/cuda.mk     the CUDA libraries (backend, NCCL transport, sample_host's layers)
-#   mk/test.mk     test, asan, tsan, run, bench, clean
+#   mk/test.mk     test, asan, tsan, run, bench, bench-nvme, clean
 #   mk/python.mk   the PyTorch host's environment (build/venv), its allocator shim,
 #                  bench-torch
 #   mk/fuzz.mk     libFuzzer targets (clang): fuzz, fuzz-build

@@ -351,7 +351,20 @@ typedef struct pt_stats_v1 {
      * how the host tells which ones they are); the host runs its linear layer
      * through osft_linear_forward / osft_linear_backward. */
     uint64_t osft_targets;
-    uint64_t reserved[3];
+    /* ABI 1.7, the former reserved[3] (0 from older plugins). pinned_peak: the
+     * high-water mark of pinned_current since init or the last reset (as dev_peak),
+     * what [memory] pinned_budget caps. The disk tier ([nvme] path), cumulative since
+     * it last opened (post_model_load; each re-plan opens a new one; 0 without it):
+     * tier_io_us, microseconds its I/O threads spent reading and writing its
+     * records (a chunk's states; where the tier holds whole chunk images, the
+     * image; summed over threads); tier_wait_us, microseconds the steps, uploads
+     * and gradient copies waited for a chunk's record (the read, and a free
+     * staging slot before it), summed over the waiting threads: the tier's
+     * exposed time. The share of its I/O
+     * hidden under other work is at least 1 - tier_wait_us / tier_io_us. */
+    uint64_t pinned_peak;
+    uint64_t tier_io_us;
+    uint64_t tier_wait_us;
 } pt_stats_v1;
 
 /* The plugin's table. The struct tag differs from the exported object's name

@@ -44,6 +44,14 @@ bench: all ## benchmarks (STRICT=1: a missed goal fails)
 	@PT_BUILD=$(abspath $(BUILD)) PT_ROOT=$(CURDIR) PT_BENCH_STRICT=$(STRICT) bash tests/bench/bench_dist.sh || exit 1
 	@echo "=== cost-model accuracy, strict (3 round-robin rounds, median of 3 runs per configuration; bar on the sweep where every run profiles itself: median 5%, max 15%)"
 	@$(TEST_ENV) PT_ACCURACY_STRICT=1 $(BUILD)/tests/test_plan_accuracy
+	@$(MAKE) --no-print-directory bench-nvme
+
+# The disk tier vs pinned memory (docs/nvme.md): step time, I/O hidden, the plan's
+# prediction. PT_NVME_DIR: the folder the tier's file goes under (default /var/tmp).
+.PHONY: bench-nvme
+bench-nvme: $(PLUGIN) $(SAMPLE) ## disk tier ([nvme]) vs pinned states (STRICT=1: a missed goal fails)
+	@echo "=== tests/bench/bench_nvme.sh (disk tier vs pinned memory)"
+	@PT_BUILD=$(abspath $(BUILD)) PT_ROOT=$(CURDIR) $(OMP_ENV) PT_BENCH_STRICT=$(STRICT) bash tests/bench/bench_nvme.sh
 
 asan: ## the test suite in build-asan (ASan + UBSan)
 	$(MAKE) test BUILD=build-asan SAN=asan OPT=-O1 CUDA_TARGET=

@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +157,23 @@ static void show_step(runstate *rs, int step, double loss, float lr, double tok_
     }
 }
 
+/* The tail of a metrics line (ABI 1.7 stats; null from an older plugin or none):
+ * pinned_peak, the pinned high-water mark (what [memory] pinned_budget caps);
+ * tier_io_s / tier_wait_s, the disk tier's I/O-thread seconds and the seconds the
+ * steps waited for it, since it last opened; pred_iter_s, the plan's predicted
+ * iteration. The timed ones are null with --metrics-no-time. */
+static void write_metrics_mem(FILE *f, int no_time, int have_st, const pt_stats_v1 *st) {
+    int v17 = have_st && st->struct_size >= offsetof(pt_stats_v1, tier_wait_us) + sizeof st->tier_wait_us;
+    if (v17) fprintf(f, ",\"pinned_peak\":%llu", (unsigned long long)st->pinned_peak);
+    else fprintf(f, ",\"pinned_peak\":null");
+    if (v17 && !no_time)
+        fprintf(f, ",\"tier_io_s\":%.6f,\"tier_wait_s\":%.6f", st->tier_io_us / 1e6,
+                st->tier_wait_us / 1e6);
+    else fprintf(f, ",\"tier_io_s\":null,\"tier_wait_s\":null");
+    if (have_st && !no_time) fprintf(f, ",\"pred_iter_s\":%.6g}\n", st->pred_iter_s);
+    else fprintf(f, ",\"pred_iter_s\":null}\n");
+}
+
 static void write_metrics(runstate *rs, int step, double loss, float lr, double tok_s,
                           int have_st, const pt_stats_v1 *st) {
     if (!rs->metrics) return;
@@ -174,11 +192,12 @@ static void write_metrics(runstate *rs, int step, double loss, float lr, double 
     /* pinned_bytes: this rank's pinned host memory in use (the state of offloaded
      * chunks, the swap pool): what modes B and C differ in */
     if (have_st)
-        fprintf(f, ",\"dev_peak\":%llu,\"dev_capacity\":%llu,\"pinned_bytes\":%llu}\n",
+        fprintf(f, ",\"dev_peak\":%llu,\"dev_capacity\":%llu,\"pinned_bytes\":%llu",
                 (unsigned long long)st->dev_peak, (unsigned long long)st->dev_capacity,
                 (unsigned long long)st->pinned_current);
     else
-        fprintf(f, ",\"dev_peak\":null,\"dev_capacity\":null,\"pinned_bytes\":null}\n");
+        fprintf(f, ",\"dev_peak\":null,\"dev_capacity\":null,\"pinned_bytes\":null");
+    write_metrics_mem(f, rs->c->metrics_no_time, have_st, st);
 }
 
 static int evaluate(runstate *rs, int step) {

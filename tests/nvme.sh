@@ -6,7 +6,9 @@
 #  - with it, it trains: losses bit-identical to --no-plugin, without and with
 #    clipping (--max-grad-norm: the CPU steps are deferred into the next
 #    forward), the tier file exists while it trains and is gone after, and the
-#    pinned peak the tier logs at the end stays within the budget; searched
+#    pinned peak (the metrics' pinned_peak, pt_stats_v1 ABI 1.7; the tier's log
+#    line says the same) stays within the budget, while the same model without
+#    the tier at 64 MiB is flagged by that check (control); searched
 #    (profile, a plan saying "disk tier", rebuilds carrying the state) too;
 #  - negative controls ([testing] debug_skip_ordering): the tier's read before a
 #    step skipped (16384), or its write-back after one dropped (32768), and the
@@ -33,6 +35,7 @@ ok() { pass=$((pass + 1)); }
 model=(--channels 96 --layers 3 --batch 2 --seq 64 --steps 4 --metrics-no-time
        --progress off --gen-every 0)
 tier="$tmp/tier"; mkdir -p "$tier"
+timed=(); for a in "${model[@]}"; do [ "$a" = --metrics-no-time ] || timed+=("$a"); done
 ini() {   # ini FILE [nvme-path] [extra lines...]
     local f=$1 p=${2:-}; shift 2 2>/dev/null || shift $#
     { printf '[memory]\npinned_budget = %s\n[protrain]\nchunk_size = 160KiB\n' "${budget:-4MiB}"
@@ -42,6 +45,14 @@ ini() {   # ini FILE [nvme-path] [extra lines...]
       for l in "$@"; do printf '%s\n' "$l"; done; } > "$f"
 }
 losses() { sed -n 's/.*"loss":\([^,]*\),.*/\1/p' "$1"; }
+jf() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
+# peak_within METRICS BUDGET: every line's pinned_peak a number, the last one in (0, BUDGET]
+peak_within() {
+    local p; p=$(jf "$1" pinned_peak | tail -1)
+    if [ "$(jf "$1" pinned_peak | grep -vc '^[0-9][0-9]*$')" != 0 ] || [ -z "$p" ]; then
+        why="pinned_peak missing from $1 ($(tail -1 "$1"))"; return 1; fi
+    if [ "$p" -le 0 ] || [ "$p" -gt "$2" ]; then why="pinned peak $p bytes, budget $2"; return 1; fi
+}
 
 "$sh" --no-plugin "${model[@]}" --metrics "$tmp/ref.jsonl" > /dev/null 2>&1 || bad "--no-plugin run failed"
 "$sh" --no-plugin "${model[@]}" --max-grad-norm 0.05 --metrics "$tmp/refc.jsonl" > /dev/null 2>&1 ||
@@ -74,19 +85,37 @@ else ok; fi
 [ $seen = 1 ] && ok || bad "no tier file appeared under the folder while the run trained"
 [ -z "$(ls -A "$tier")" ] && ok || bad "the tier's files were left behind: $(ls -A "$tier")"
 grep -q "nvme tier: .* chunk(s)' optimizer states" "$tmp/tier.out" && ok || bad "the tier did not open"
+# the pinned peak from the metrics (pt_stats_v1.pinned_peak, ABI 1.7) within the budget,
+# and the same figure the tier logs at the end
 peak=$(sed -n 's/.*pinned peak \([0-9]*\) bytes (budget \([0-9]*\)).*/\1 \2/p' "$tmp/tier.out" | tail -1)
-if [ -z "$peak" ]; then bad "no pinned peak logged"
-elif [ "${peak% *}" -gt "${peak#* }" ] || [ "${peak#* }" != 4194304 ]; then
-    bad "pinned peak ${peak% *} exceeds the budget ${peak#* }"
+if peak_within "$tmp/tier.jsonl" 4194304; then ok; else bad "tiered run: $why"; fi
+if [ -z "$peak" ] || [ "${peak#* }" != 4194304 ]; then bad "no pinned peak logged against the 4 MiB budget"
+elif [ "${peak% *}" != "$(jf "$tmp/tier.jsonl" pinned_peak | tail -1)" ]; then
+    bad "the logged pinned peak ${peak% *} is not the metrics' $(jf "$tmp/tier.jsonl" pinned_peak | tail -1)"
 else ok; fi
+# control: the same model without the tier at 64 MiB pins its full states, and the
+# check flags that peak against 4 MiB (the metric tracks the allocations)
+budget=64MiB ini "$tmp/pin.ini" ""
+"$sh" --config "$tmp/pin.ini" --plugin "$plug" "${timed[@]}" --metrics "$tmp/pin.jsonl" > "$tmp/pin.out" 2>&1 ||
+    bad "the run without the tier at 64 MiB failed: $(tail -2 "$tmp/pin.out")"
+[ "$(jf "$tmp/pin.jsonl" tier_io_s | tail -1)" = 0.000000 ] && ok ||
+    bad "the run without the tier reports tier I/O: $(tail -1 "$tmp/pin.jsonl")"
+if peak_within "$tmp/pin.jsonl" 4194304; then bad "control: a run pinning its full states passes the 4 MiB peak check"
+elif [ "$(jf "$tmp/pin.jsonl" pinned_peak | tail -1)" -ge 5368320 ] 2>/dev/null; then ok
+else bad "control: $why (want a peak of at least the chunks' 5368320 bytes)"; fi
 reads=$(sed -n 's/.*nvme tier: \([0-9]*\) read(s).*/\1/p' "$tmp/tier.out" | tail -1)
 [ "${reads:-0}" -ge 36 ] && ok || bad "the tier read ${reads:-no} records (9 chunks x 4 steps expected)"
 
 # without clipping: the steps overlap backward
 ini "$tmp/tier2.ini" "$tier"
-if "$sh" --config "$tmp/tier2.ini" --plugin "$plug" "${model[@]}" --metrics "$tmp/t2.jsonl" \
+if "$sh" --config "$tmp/tier2.ini" --plugin "$plug" "${timed[@]}" --metrics "$tmp/t2.jsonl" \
     > "$tmp/t2.out" 2>&1 && [ "$(losses "$tmp/t2.jsonl")" = "$(losses "$tmp/ref.jsonl")" ]; then ok
 else bad "tiered losses without clipping differ from --no-plugin (or the run failed)"; fi
+# the tier's counters reach the metrics (timed, so without --metrics-no-time): I/O
+# seconds > 0 here (0 in the run without the tier above)
+if awk -v io="$(jf "$tmp/t2.jsonl" tier_io_s | tail -1)" -v w="$(jf "$tmp/t2.jsonl" tier_wait_s | tail -1)" \
+    'BEGIN { exit !(io + 0 > 0 && w ~ /^[0-9.]+$/) }'; then ok
+else bad "tiered run: metrics tier_io_s / tier_wait_s: $(tail -1 "$tmp/t2.jsonl")"; fi
 
 # searched: profile, a plan that puts the states on the tier, rebuilds carrying the
 # state through it (calibration may re-plan), still bit-identical
@@ -165,7 +194,7 @@ if command -v mpirun >/dev/null 2>&1; then
         "${m2[@]}" --metrics "$tmp/m2p.jsonl") > "$tmp/m2p.out" 2>&1 || bad "2 ranks without the tier failed"
     "$sh" --config "$tmp/m_t.ini" --plugin "$plug" "${model[@]}" "${m2[@]}" --grad-accum 2 \
         --metrics "$tmp/m1t.jsonl" > "$tmp/m1t.out" 2>&1 || bad "1 rank x 2 micro-batches with the tier failed"
-    grep -q "nvme tier: 36 read(s)" "$tmp/m2t.out" && ok || bad "2 ranks: rank 0 did not step through the tier"
+    grep -q "nvme tier: [0-9]* read(s) .* 36 write(s)" "$tmp/m2t.out" && ok || bad "2 ranks: rank 0 did not step through the tier (36 write-backs: 9 chunks x 4 steps)"
     if [ "$(losses "$tmp/m2t.jsonl" | wc -l)" = 4 ] && [ "$(losses "$tmp/m2t.jsonl")" = "$(losses "$tmp/m2p.jsonl")" ]; then ok
     else bad "2 ranks: tier and pinned losses differ"; fi
     if awk -v a="$(losses "$tmp/m2t.jsonl" | tr '\n' ' ')" -v b="$(losses "$tmp/m1t.jsonl" | tr '\n' ' ')" 'BEGIN {

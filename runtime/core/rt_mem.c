@@ -89,6 +89,7 @@ int pt_rt_stats(pt_rt *rt, pt_stats_v1 *out) {
     s.dev_current = u.current;
     s.dev_peak = u.peak;
     s.pinned_current = u.pinned_current;
+    s.pinned_peak = u.pinned_peak;
     s.pinned_arena = u.pinned_arena;
     s.pinned_own_allocs = u.pinned_own_allocs;
     s.h2d_bytes = u.h2d_bytes;

@@ -588,6 +588,10 @@ void pt_store_stats(const pt_store *st, pt_stats_v1 *s) {
     }
     s->recomputes = ms->recomputes;
     s->swap_bytes = ms->swap_out_bytes;
+    pt_tier_counters tc;
+    pt_tier_get_counters(ms, &tc);
+    s->tier_io_us = (uint64_t)llround((tc.rd_s + tc.wr_s) * 1e6);
+    s->tier_wait_us = (uint64_t)llround(tc.wait_s * 1e6);
 }
 
 uint64_t pt_store_chunk_size(const pt_store *st) { return st->lay.chunk_size; }

@@ -109,7 +109,8 @@ static void test_same_seed_same_metrics(void **st) {
     assert_int_equal(lines, 8);
     assert_non_null(strstr(a, "{\"step\":1,\"loss\":"));
     assert_non_null(strstr(a, "\"tok_s\":null,\"world\":1,\"mode\":null,\"dev_peak\":null,"
-                              "\"dev_capacity\":null,\"pinned_bytes\":null}"));
+                              "\"dev_capacity\":null,\"pinned_bytes\":null,\"pinned_peak\":null,"
+                              "\"tier_io_s\":null,\"tier_wait_s\":null,\"pred_iter_s\":null}"));
     free(a);
     free(b);
     free(d);

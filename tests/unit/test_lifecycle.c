@@ -347,6 +347,23 @@ static void test_offload_poison(void **state) {
     assert_int_equal(st.n_persist, 1); /* only the mandatory chunk(s) */
     assert_int_equal(st.mode, 1);
     assert_true(st.h2d_bytes > 0 && st.d2h_bytes > 0);
+    /* ABI 1.7: the pinned high-water mark covers what is pinned now; no disk tier */
+    assert_int_equal(st.struct_size, sizeof st);
+    assert_true(st.pinned_current > 0 && st.pinned_peak >= st.pinned_current);
+    assert_int_equal(st.tier_io_us, 0);
+    assert_int_equal(st.tier_wait_us, 0);
+    /* a 1.6 host's struct ends before pinned_peak: the plugin writes no further */
+    union {
+        pt_stats_v1 st;
+        unsigned char b[sizeof(pt_stats_v1)];
+    } old;
+    memset(&old, 0xab, sizeof old);
+    old.st.struct_size = offsetof(pt_stats_v1, pinned_peak);
+    assert_int_equal(P->get_stats(ctx, &old.st), PT_OK);
+    assert_int_equal(old.st.struct_size, offsetof(pt_stats_v1, pinned_peak));
+    assert_int_equal(old.st.pinned_current, st.pinned_current);
+    for (size_t i = offsetof(pt_stats_v1, pinned_peak); i < sizeof old; i++)
+        assert_int_equal(old.b[i], 0xab);
     assert_int_equal(P->post_step(ctx, 0, 1.0f), PT_OK);
     assert_int_equal(P->finalize(ctx), PT_OK);
 }

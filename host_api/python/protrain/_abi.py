@@ -160,7 +160,11 @@ class pt_stats_v1(C.Structure):
         ("cpu_optim_hidden_s", C.c_double),
         ("mlp_tiles", u64),
         ("osft_targets", u64),
-        ("reserved", u64 * 3),
+        # ABI 1.7 (0 from older plugins): pinned high-water mark, the disk
+        # tier's I/O-thread and exposed wait microseconds
+        ("pinned_peak", u64),
+        ("tier_io_us", u64),
+        ("tier_wait_us", u64),
     ]
 
 

@@ -80,30 +80,72 @@ static void point(pt_tier *t, int k, char *base) {
 #undef AT
 }
 
-/* Give wanted images slots while one is free or holds a clean image nobody
- * holds (the least recently used goes), and start their reads (mu held).
- * FIFO: the head waits for a slot before any later image gets one. */
+static void q_push(pt_tier *t, int k) {
+    t->queued[k] = 1;
+    t->q[(t->qh + t->qn++) % t->st->n_chunks] = k;
+}
+
+/* Take chunk k out of the queue of images waiting for a slot. */
+static void q_remove(pt_tier *t, int k) {
+    int n = t->st->n_chunks;
+    for (int i = 0; i < t->qn; i++) {
+        if (t->q[(t->qh + i) % n] != k) continue;
+        for (int j = i; j < t->qn - 1; j++) t->q[(t->qh + j) % n] = t->q[(t->qh + j + 1) % n];
+        t->qn--;
+        break;
+    }
+    t->queued[k] = 0;
+}
+
+/* A slot for the next image: a free one, else the least recently used clean
+ * image nobody holds; for an image somebody waits for, else also a clean one
+ * that is held but not in use yet (a step queued behind the waiter, a read
+ * ahead), which goes back to the queue. -1: none. */
+static int find_slot(pt_tier *t, int waited) {
+    uint64_t best = UINT64_MAX;
+    int s = -1;
+    for (int i = 0; i < t->n_slots; i++)
+        if (t->slot_chunk[i] < 0) return i;
+    for (int i = 0; i < t->n_slots; i++) {
+        int j = t->slot_chunk[i];
+        if (t->ref[j] || t->cs[j] != TC_READY || t->dirty[j] || t->lru[j] >= best) continue;
+        best = t->lru[j];
+        s = i;
+    }
+    for (int i = 0; i < t->n_slots && s < 0 && waited; i++) {
+        int j = t->slot_chunk[i];
+        if (t->ref[j] && !t->use[j] && !t->waiting[j] && t->cs[j] == TC_READY && !t->dirty[j]) s = i;
+    }
+    if (s < 0) return -1;
+    int j = t->slot_chunk[s];   /* out: the file holds what the slot did */
+    t->cs[j] = TC_IDLE;
+    t->slot[j] = -1;
+    t->slot_chunk[s] = -1;
+    if (t->ref[j]) q_push(t, j);   /* still held: it waits for a slot again */
+    return s;
+}
+
+/* Give held images slots and start their reads (mu held): first an image a
+ * thread waits for (a step task, a device copy being queued), then the
+ * others in the order they were first held, while slots can be had.
+ *
+ * Why it cannot deadlock: an image in use (its holder asked for its address
+ * or its contents) is never taken from its slot, and every such holder
+ * finishes without waiting for another slot: a task steps the chunk, a device
+ * copy runs on its stream behind work of chunks that are in use too. So the
+ * slots in use come free, and a thread that waits gets the next free, clean
+ * or not-yet-used slot before any read ahead does. */
 static void dispatch(pt_tier *t) {
     while (t->qn) {
-        int k = t->q[t->qh], s = -1;
-        uint64_t best = UINT64_MAX;
-        for (int i = 0; i < t->n_slots && s < 0; i++)
-            if (t->slot_chunk[i] < 0) s = i;
-        if (s < 0) {
-            for (int i = 0; i < t->n_slots; i++) {
-                int j = t->slot_chunk[i];
-                if (t->ref[j] || t->cs[j] != TC_READY || t->dirty[j] || t->lru[j] >= best) continue;
-                best = t->lru[j];
-                s = i;
-            }
-            if (s < 0) return;
-            int j = t->slot_chunk[s];   /* evicted: the file holds what the slot did */
-            t->cs[j] = TC_IDLE;
-            t->slot[j] = -1;
+        int k = -1;
+        for (int i = 0; i < t->qn && k < 0; i++) {
+            int j = t->q[(t->qh + i) % t->st->n_chunks];
+            if (t->waiting[j]) k = j;
         }
-        t->qh = (t->qh + 1) % t->st->n_chunks;
-        t->qn--;
-        t->queued[k] = 0;
+        int s = find_slot(t, k >= 0);
+        if (k < 0) k = t->q[t->qh];
+        if (s < 0) return;
+        q_remove(t, k);
         t->slot_chunk[s] = k;
         t->slot[k] = s;
         t->cs[k] = TC_READING;
@@ -159,10 +201,23 @@ static void *io_main(void *arg) {
 static void hold(pt_tier *t, int k) {
     t->ref[k]++;
     if (t->cs[k] == TC_IDLE && !t->queued[k]) {
-        t->queued[k] = 1;
-        t->q[(t->qh + t->qn++) % t->st->n_chunks] = k;
+        q_push(t, k);
         dispatch(t);
     }
+}
+
+/* Wait (mu held) until chunk k has a slot, or with ready its image is in it;
+ * then it is in use until its last holder drops it. */
+static void await(pt_tier *t, int k, int ready) {
+    double t0 = pt_now_s();
+    t->waiting[k]++;
+    dispatch(t);   /* a waiter goes first */
+    while (t->slot[k] < 0 || (ready && t->cs[k] != TC_READY))
+        pthread_cond_wait(&t->cv_done, &t->mu);
+    t->waiting[k]--;
+    t->use[k] = 1;
+    t->wait_s += pt_now_s() - t0;
+    point(t, k, t->slot_mem[t->slot[k]]);
 }
 
 void pt_tier_hold(pt_store *st, cs_chunk *c) {
@@ -176,10 +231,7 @@ void pt_tier_slot(pt_store *st, cs_chunk *c) {
     pt_tier *t = st->tier;
     int k = c->id;
     pthread_mutex_lock(&t->mu);
-    double t0 = pt_now_s();
-    while (t->slot[k] < 0) pthread_cond_wait(&t->cv_done, &t->mu);
-    t->wait_s += pt_now_s() - t0;
-    point(t, k, t->slot_mem[t->slot[k]]);
+    await(t, k, 0);
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -187,10 +239,7 @@ int pt_tier_ready(pt_store *st, cs_chunk *c) {
     pt_tier *t = st->tier;
     int k = c->id;
     pthread_mutex_lock(&t->mu);
-    double t0 = pt_now_s();
-    while (t->cs[k] != TC_READY) pthread_cond_wait(&t->cv_done, &t->mu);
-    t->wait_s += pt_now_s() - t0;
-    point(t, k, t->slot_mem[t->slot[k]]);
+    await(t, k, 1);
     int rc = t->err_rc;
     pthread_mutex_unlock(&t->mu);
     return rc;
@@ -204,15 +253,9 @@ void pt_tier_drop(pt_store *st, cs_chunk *c, int how) {
     if (how == PT_TIER_DISCARD) t->discard[k] = 1;
     if (--t->ref[k] == 0) {
         point(t, k, NULL);
+        t->use[k] = 0;
         if (t->cs[k] == TC_IDLE) {   /* never got a slot: leave the queue */
-            for (int i = 0, n = t->qn; i < n; i++) {
-                if (t->q[(t->qh + i) % st->n_chunks] != k) continue;
-                for (int j = i; j < n - 1; j++)
-                    t->q[(t->qh + j) % st->n_chunks] = t->q[(t->qh + j + 1) % st->n_chunks];
-                t->qn--;
-                break;
-            }
-            t->queued[k] = 0;
+            q_remove(t, k);
         } else if (t->cs[k] == TC_READY && (t->discard[k] || (t->dirty[k] && t->err_rc))) {
             /* its changes are not to be kept (a failed step, or the tier already
              * failed): the file keeps the last good image */
@@ -374,7 +417,8 @@ int pt_tier_views_close(pt_store *st, int store, char *err, size_t errlen) {
 static int alloc_arrays(pt_tier *t, int n, int n_slots) {
 #define ARR(f) (t->f = calloc((size_t)n, sizeof *t->f)) != NULL
     int ok = ARR(off) && ARR(len) && ARR(cs) && ARR(slot) && ARR(q) && ARR(ref) && ARR(queued) &&
-             ARR(dirty) && ARR(discard) && ARR(lru) && ARR(view) && ARR(sec);
+             ARR(dirty) && ARR(discard) && ARR(lru) && ARR(view) && ARR(sec) && ARR(use) &&
+             ARR(waiting);
 #undef ARR
     t->jcap = n + n_slots;
     t->jobs = calloc((size_t)t->jcap, sizeof *t->jobs);
@@ -496,6 +540,7 @@ void pt_tier_close(pt_store *st) {
         if (st->ch[k].tiered) point(t, k, NULL);
     free(t->off), free(t->len), free(t->cs), free(t->slot), free(t->q), free(t->view);
     free(t->ref), free(t->queued), free(t->dirty), free(t->discard), free(t->lru), free(t->sec);
+    free(t->use), free(t->waiting);
     free(t->jobs), free(t->slot_alloc), free(t->slot_mem), free(t->slot_chunk), free(t->th);
     pthread_cond_destroy(&t->cv_job);
     pthread_cond_destroy(&t->cv_done);

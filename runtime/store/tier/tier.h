@@ -16,8 +16,9 @@
  *
  *   hold  (any thread): one more holder; the image's read is queued unless it
  *         is in a slot already. Images get slots in the order they were first
- *         held; a slot goes to the next one when it is free or holds a clean
- *         image nobody holds (the least recently used);
+ *         held (a read ahead), an image some thread waits for first; a slot
+ *         goes to the next one when it is free or holds a clean image nobody
+ *         holds (the least recently used);
  *   slot  (hook thread): wait until the held image has its slot and point the
  *         chunk at it, so a device copy can be queued at that address behind
  *         pt_tier_stream_ready on its stream;
@@ -26,13 +27,13 @@
  *         to be kept): the last holder's drop queues the write-back of a dirty
  *         image; the slot keeps the image, clean, once it is on disk.
  *
- * Why it cannot deadlock: every holder that has a slot finishes without the
- * hook thread (its read and write-back need only the I/O threads; its device
- * copy only the streams, whose earlier work again belongs to holders with
- * slots or to deferred steps of chunks in slots), so slots come free; images
- * get them in FIFO order, the order in which the worker pool starts the tasks
- * that hold them; only the hook thread waits for a slot, and nothing it holds
- * waits for it.
+ * Why it cannot deadlock: an image in use (its holder asked for its slot or
+ * its contents) stays in its slot until its last holder drops it, and every
+ * such holder finishes without another slot (a task steps the chunk; a device
+ * copy runs on its stream behind copies of images in use and deferred steps of
+ * chunks whose images it holds). A thread that waits for an image gets the
+ * next slot that is free, clean and unheld, or held but not in use yet (that
+ * image goes back to the queue) before any read ahead does.
  *
  * The tier is scratch: state images and files read and write the records
  * through views (ordinary memory, read from and written to the file, with the

@@ -38,6 +38,8 @@ struct pt_tier {
     uint64_t *off, *len;
     tier_sec *sec;
     int *cs, *slot, *ref, *queued, *dirty, *discard;
+    int *use;        /* a holder asked for its address or contents: not taken from its slot */
+    int *waiting;    /* threads waiting for its slot or read */
     uint64_t *lru, tick;
     /* staging slots: pinned allocation, its aligned start, the chunk it holds */
     int n_slots;
