@@ -5,9 +5,11 @@
  *   protrain-plan --layers 32 --hidden 4096 --heads 32 --arch llama --device-memory-gib 24
  *   protrain-plan --trace cache/0123456789abcdef.trace
  *   protrain-plan --model gpt2.ini --timeline step.svg
+ *   protrain-plan --arch llama ... --host-ram-gib 64 --nvme-path /mnt/nvme   (or --nvme-bw R,W)
  *
  * Every INI key is also a flag (--key value, '-' or '_' alike). Sections:
- * [model] (the shape), [hw] (the machine), [plan] (search options). The model
+ * [model] (the shape), [hw] (the machine), [plan] (search options), [nvme]
+ * (the disk tier: a folder to time, or assumed rates; cost_model.h). The model
  * shape is turned into a synthetic trace (runtime/ds_estimates.h), the
  * searcher picks the plan, and the plan is printed beside DeepSpeed's ZeRO-2 /
  * ZeRO-3 model-state estimates for the same model (DeepSpeed's own formulas).
@@ -22,7 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/statvfs.h>
 
+#include "core/profiler_disk.h"
 #include "planner/planner.h"
 #include "protrain.h"
 
@@ -40,6 +44,9 @@ typedef struct opts {
     const char *trace_path, *json_file, *timeline_file;
     int json;
     char arch[16], dtype[8];
+    char nvme_path[512], nvme_bw[64];
+    int64_t nvme_slots, nvme_block, nvme_io_threads;
+    double nvme_budget_gib;
 } opts;
 
 enum { K_I64,
@@ -97,6 +104,13 @@ static const key KEYS[] = {
     {"plan", "chunk_mib", K_F64, O(chunk_mib), 0, "chunk size (default: least-waste grid)"},
     {"plan", "shard", K_I64, O(shard), 0, "1: host state sharded over ranks (mode C)"},
     {"plan", "runner_ups", K_I64, O(runner_ups), 0, "alternatives to show (default 3)"},
+    {"nvme", "nvme_path", K_STR, O(nvme_path), 512, "disk tier folder: its rates are timed there (a few MiB)"},
+    {"nvme", "nvme_bw", K_STR, O(nvme_bw), 64, "READ,WRITE bytes/s: the tier's rates assumed, not timed"},
+    {"nvme", "nvme_io_threads", K_I64, O(nvme_io_threads), 0, "requests in flight (default 2)"},
+    {"nvme", "nvme_slots", K_I64, O(nvme_slots), 0, "staging slots (default 3)"},
+    {"nvme", "nvme_block", K_I64, O(nvme_block), 0, "block size, power of two >= 512 (default 4096)"},
+    {"nvme", "nvme_budget_gib", K_F64, O(nvme_budget_gib), 0,
+     "disk the tier may take (default: the folder's free space, unlimited without one)"},
 };
 #define NKEYS (sizeof KEYS / sizeof KEYS[0])
 
@@ -123,6 +137,9 @@ static void defaults(opts *o) {
     o->n_persist = o->n_buffer = o->n_swap = o->n_checkpoint = -1;
     o->runner_ups = 3;
     o->defer = 1;
+    o->nvme_slots = 3;
+    o->nvme_block = 4096;
+    o->nvme_io_threads = 2;
 }
 
 /* Set key `name` (section may be NULL = any). 0 ok, 1 unknown key, 2 bad value. */
@@ -293,6 +310,49 @@ static int finish_opts(opts *o) {
     o->hw.reduce_scatter_Bps = o->reduce_scatter_gbps * 1e9;
     o->hw.host_ram_bytes = (uint64_t)(o->host_ram_gib * GIB);
     if (o->gpus_per_node <= 0) o->gpus_per_node = o->hw.world_size > 0 ? o->hw.world_size : 1;
+    if (o->nvme_slots < 3 || o->nvme_slots > 64 || o->nvme_io_threads < 1 || o->nvme_io_threads > 64 ||
+        o->nvme_block < 512 || (o->nvme_block & (o->nvme_block - 1)) || !(o->nvme_budget_gib >= 0)) {
+        fprintf(stderr, "protrain-plan: nvme_slots must be in [3, 64], nvme_io_threads in [1, 64], nvme_block a "
+                        "power of two of at least 512, nvme_budget_gib >= 0\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* [nvme]: the tier's terms of the search. Rates: --nvme-bw as given
+ * (assumed), else timed in --nvme-path (profiler_disk.h; no cache). */
+static int tier_opts(const opts *o, uint64_t pinned_budget, pt_search_opts *so, char *src, size_t srclen) {
+    if (!o->nvme_path[0] && !o->nvme_bw[0]) return 0;
+    so->cost.tier_slots = (int32_t)o->nvme_slots;
+    so->cost.tier_above = pinned_budget;
+    so->cost.tier_block = (uint64_t)o->nvme_block;
+    so->disk_budget = (uint64_t)(o->nvme_budget_gib * GIB);
+    if (o->nvme_bw[0]) {
+        char *end = NULL;
+        double r = strtod(o->nvme_bw, &end), w = end && *end == ',' ? strtod(end + 1, &end) : NAN;
+        if (!end || *end || !(r > 0) || !(w > 0) || !isfinite(r) || !isfinite(w)) {
+            fprintf(stderr, "protrain-plan: --nvme-bw '%s' must be READ,WRITE in bytes/s, both > 0\n", o->nvme_bw);
+            return 2;
+        }
+        so->cost.tier_rd_Bps = r;
+        so->cost.tier_wr_Bps = w;
+        snprintf(src, srclen, "assumed (--nvme-bw)");
+        return 0;
+    }
+    pt_disk_rates dr;
+    char err[700];
+    if (pt_disk_probe(o->nvme_path, (int)o->nvme_io_threads, NULL, &dr, err, sizeof err)) {
+        fprintf(stderr, "protrain-plan: %s (or give the rates with --nvme-bw READ,WRITE)\n", err);
+        return 2;
+    }
+    so->cost.tier_rd_Bps = dr.rd_Bps;
+    so->cost.tier_wr_Bps = dr.wr_Bps;
+    snprintf(src, srclen, "timed in %.80s with %d thread(s), %s", o->nvme_path, (int)o->nvme_io_threads,
+             dr.direct ? "O_DIRECT" : "buffered");
+    if (!so->disk_budget) {
+        struct statvfs vs;
+        if (!statvfs(o->nvme_path, &vs)) so->disk_budget = (uint64_t)vs.f_bavail * vs.f_frsize;
+    }
     return 0;
 }
 
@@ -388,9 +448,15 @@ int main(int argc, char **argv) {
     so.n_swap = (int32_t)o.n_swap;
     so.n_checkpoint = (int32_t)o.n_checkpoint;
     so.n_alt = (int32_t)o.runner_ups;
+    char tier_src[160] = "";
+    if ((rc = tier_opts(&o, so.host_ram ? so.host_ram : t.hw.host_ram_bytes, &so, tier_src, sizeof tier_src))) {
+        pt_trace_free(&t);
+        return rc;
+    }
     pt_plan plan;
     pt_plan_init(&plan);
     rc = pt_search(&t, &so, &plan, err, sizeof err);
+    snprintf(plan.tier_rates, sizeof plan.tier_rates, "%s", tier_src);
     /* the mode these knobs run in (the plugin's auto_mode weighs the pinned
      * budget too; here --shard says which of B and C) */
     if (!rc && o.hw.world_size > 1) {

@@ -12,7 +12,10 @@
 #include "optim/optim.h"
 #include "planner/planner.h"
 #include "profiler.h"
+#include "profiler_disk.h"
 #include "rt_internal.h"
+
+#include <sys/statvfs.h>
 
 
 /* auto_memory: profile and plan, even when the INI fixes all four knobs (the plan
@@ -121,6 +124,67 @@ static uint64_t host_budget(const pt_rt *rt) {
         fclose(f);
     }
     return (uint64_t)kb * 1024 / 10 * 9;
+}
+
+/* The disk tier's rates, once per run: timed (or read from the cache under
+ * cache_dir, per device: profiler_disk.h) by rank 0 alone and sent to the
+ * other ranks (an all-reduce where they add zeros), so every rank plans with
+ * the same numbers and no two ranks time the same disk at once. A probe that
+ * fails leaves the I/O time unmodelled and says why (the store's own checks
+ * still refuse a folder that cannot be used). 0, or a failed collective. */
+static int tier_rates(pt_rt *rt, char *err, size_t errlen) {
+    const pt_config *c = &rt->cfg;
+    if (rt->plan.tier_rates[0]) return PT_OK;   /* every rank sets it at its first plan */
+    int W = rt->dist.coll ? pt_coll_world(rt->dist.coll) : 1, r0 = W == 1 || pt_coll_rank(rt->dist.coll) == 0;
+    double v[2] = {0, 0};
+    pt_disk_rates r;
+    memset(&r, 0, sizeof r);
+    char e[600] = "";
+    if (r0 && pt_disk_probe(c->nvme_path, c->nvme_io_threads, c->cache_dir, &r, e, sizeof e))
+        PT_LOGW(&rt->lg, "disk tier: its I/O time is not in the plan: %s", e);
+    else if (r0)
+        v[0] = r.rd_Bps, v[1] = r.wr_Bps;
+    if (W > 1) {
+        int rc = pt_coll_allreduce(rt->dist.coll, v, 2, PT_COLL_F64, 1.0, "the disk tier's rates of rank 0", err,
+                                   errlen);
+        if (rc) return rc;
+    }
+    rt->plan.tier_rd_Bps = v[0];
+    rt->plan.tier_wr_Bps = v[1];
+    if (!(v[0] > 0 && v[1] > 0))
+        snprintf(rt->plan.tier_rates, sizeof rt->plan.tier_rates, "timing %.100s failed%s", c->nvme_path,
+                 r0 ? "" : " on rank 0");
+    else if (!r0)
+        snprintf(rt->plan.tier_rates, sizeof rt->plan.tier_rates, "rank 0's (%d thread(s))", c->nvme_io_threads);
+    else
+        snprintf(rt->plan.tier_rates, sizeof rt->plan.tier_rates, "%s (%d thread(s), %s)",
+                 r.cached ? "from the cache" : "timed at the first plan", c->nvme_io_threads,
+                 r.direct ? "O_DIRECT" : "buffered");
+    if (r0 && v[0] > 0)
+        PT_LOGI(&rt->lg, "disk tier: %s reads %.3g B/s, writes %.3g B/s, %s; timing took %.3f s", c->nvme_path,
+                r.rd_Bps, r.wr_Bps, rt->plan.tier_rates, r.probe_s);
+    return PT_OK;
+}
+
+/* [nvme] path: the disk tier's terms of the search (cost_model.h): its
+ * staging slots, block, rates (tier_rates), the store's testing keys, and
+ * the disk bytes it may take ([nvme] budget, or the folder's free space). */
+static int tier_terms(pt_rt *rt, pt_search_opts *o, char *err, size_t errlen) {
+    const pt_config *c = &rt->cfg;
+    if (!c->nvme_path[0]) return PT_OK;
+    o->cost.tier_slots = c->nvme_slots;
+    o->cost.tier_above = o->host_ram;
+    o->cost.tier_block = c->nvme_block;
+    o->cost.tier_force = (c->debug_tier_force ? 1 : 0) | (c->debug_tier_level << 1);
+    int rc = tier_rates(rt, err, errlen);
+    if (rc) return rc;
+    o->cost.tier_rd_Bps = rt->plan.tier_rd_Bps;
+    o->cost.tier_wr_Bps = rt->plan.tier_wr_Bps;
+    struct statvfs vs;
+    uint64_t avail = statvfs(c->nvme_path, &vs) ? 0 : (uint64_t)vs.f_bavail * vs.f_frsize;
+    o->disk_budget = c->nvme_budget ? c->nvme_budget : avail;
+    if (c->nvme_budget && avail && avail < c->nvme_budget) o->disk_budget = avail;
+    return PT_OK;
 }
 
 /* The search, and with several ranks the mode (auto_mode, zero3_shard = auto):
@@ -283,8 +347,9 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
                   (t->calib.peak > 0 ? t->calib.peak : 1.0);
     o.capacity = t->hw.device_capacity;
     o.host_ram = host_budget(rt);
-    /* [nvme] path: a plan over the pinned budget keeps the offloaded states on disk */
-    if (rt->cfg.nvme_path[0]) o.cost.tier_slots = rt->cfg.nvme_slots, o.cost.tier_above = o.host_ram;
+    /* [nvme] path: a plan over the pinned budget puts the offloaded states on disk */
+    int rc = tier_terms(rt, &o, err, errlen);
+    if (rc) return rc;
     o.n_persist = rt->cfg.n_persist;
     o.n_buffer = rt->cfg.n_buffer;
     o.n_swap = rt->cfg.n_swap;
@@ -294,7 +359,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     o.cost.shard = rt->dist.shard;
     pt_plan plan;
     pt_plan_init(&plan);
-    int rc = PT_OK;
+    rc = PT_OK;
     if (t != rt->plan.trace) {  /* keep it: create_optimizer may re-plan (clipping) */
         if (!rt->plan.trace) {
             if (!(rt->plan.trace = calloc(1, sizeof *rt->plan.trace)))
@@ -324,6 +389,7 @@ int pt_rt_search_and_apply(pt_rt *rt, const pt_trace *t, double prof_s, char *er
     plan.exec_mode = plan.knobs.n_persist >= plan.n_chunk ? 0 : shard ? 2
                                                                       : 1;
     snprintf(plan.mode_why, sizeof plan.mode_why, "%s", why);
+    snprintf(plan.tier_rates, sizeof plan.tier_rates, "%s", rt->plan.tier_rates);
     plan.world_size = t->key.world_size;
     pt_rt_ext_plan_fill(rt, &plan);
     char *text = pt_plan_text(&plan);

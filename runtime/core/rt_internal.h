@@ -68,6 +68,10 @@ struct pt_rt {
         int plan_tp_l2;           /* the plan assumed tensor-parallel REKLS gathers the weights (l2) */
         double pred_coll[3];      /* the plan's all-reduce / all-gather / reduce-scatter s per iteration */
         double pred_fwd_s, pred_bwd_s, pred_opt_s;  /* the plan's phases (cost model) */
+        /* [nvme] path: the disk tier's rates (profiler_disk.h), probed once per
+         * run at the first search (0: not yet), and where they came from */
+        double tier_rd_Bps, tier_wr_Bps;
+        char tier_rates[160];
         int swap_interval;        /* blocks of forward compute that hide one swap-out (>= 1) */
         int32_t *swap_done;       /* [n_blocks] the plan's release window per SWAP arena, or NULL */
         struct pt_timeline *tl;   /* timeline_file set: the plan's memory picture, kept so calibration

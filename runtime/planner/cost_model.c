@@ -249,23 +249,72 @@ uint64_t pt_cost_host_bytes(const pt_cost_ctx *cx, const pt_act_profile *a, int3
     return h + (a ? a->swap_pool : 0);
 }
 
-uint64_t pt_cost_pinned(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p,
-                        const pt_cost_opts *o, int32_t *tier) {
-    uint64_t h = pt_cost_host_bytes(cx, a, p, o ? o->shard : 0);
-    if (tier) *tier = 0;
-    if (!o || !o->tier_slots || o->shard || h <= o->tier_above) return h;
+static uint64_t pad(uint64_t x, uint64_t blk) { return (x + blk - 1) / blk * blk; }
+static uint64_t r64(uint64_t x) { return (x + 63) / 64 * 64; }
+
+void pt_cost_tier(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, const pt_cost_opts *o,
+                  pt_tier_fig *f) {
+    memset(f, 0, sizeof *f);
+    const uint64_t sw = a ? a->swap_pool : 0;
+    f->pinned = pt_cost_host_bytes(cx, a, p, o ? o->shard : 0);
+    /* the store decides on the chunks' bytes alone: the swap pool is allocated
+     * later, under the same cap */
+    if (!o || !o->tier_slots || o->shard || (f->pinned - sw <= o->tier_above && !(o->tier_force & 1))) return;
     const pt_trace *t = cx->t;
-    uint64_t pin = 0, big = 0, w = t->param_elem_bytes != 4 ? 3 : 2;
+    const uint64_t blk = o->tier_block ? o->tier_block : 4096;
+    const uint64_t w = t->param_elem_bytes != 4 ? 3 : 2;
+    uint64_t pin1 = 0, big1 = 0, big2 = 0, disk1 = 0, disk2 = 0, wr2 = 0;
     for (int32_t k = imax(p, 0); k < cx->K; k++) {
         const pt_trace_chunk *c = &t->chunks[k];
         if (c->mandatory) continue;
-        if (c->optim_bytes) return h;   /* a kind with its own state (REKLS): no tier */
-        pin += c->trainable_elems ? 2 * c->bytes : c->bytes;
-        uint64_t rec = (c->trainable_elems * 4 * w + 4095) / 4096 * 4096;
-        if (rec > big) big = rec;
+        if (c->optim_bytes) return;   /* a kind with its own state (REKLS): no tier */
+        const uint64_t E = c->trainable_elems, U = c->bytes;
+        if (!E) {   /* frozen: h_param pinned at level 1, its image on disk at level 2 */
+            uint64_t r2 = pad(r64(U), blk);
+            pin1 += U;
+            disk2 += r2;
+            if (r2 > big2) big2 = r2;
+            continue;
+        }
+        uint64_t r1 = pad(w * r64(4 * E), blk);
+        uint64_t r2 = pad(2 * r64(U) + (w + 1) * r64(4 * E), blk);
+        pin1 += 2 * U;
+        disk1 += r1;
+        disk2 += r2;
+        wr2 += r2;
+        if (r1 > big1) big1 = r1;
+        if (r2 > big2) big2 = r2;
     }
-    if (tier) *tier = 1;
-    return pin + (uint64_t)o->tier_slots * (big + 4096) + (a ? a->swap_pool : 0);
+    const uint64_t slots = (uint64_t)o->tier_slots;
+    pin1 += slots * (big1 + blk);
+    const int32_t force = (o->tier_force >> 1) & 3;
+    if (force == 1 || (!force && (pin1 <= o->tier_above || t->key.world_size > 1))) {
+        *f = (pt_tier_fig){.level = 1, .pinned = pin1 + sw, .disk = disk1, .rd = disk1, .wr = disk1};
+        return;
+    }
+    *f = (pt_tier_fig){
+        .level = 2, .pinned = slots * (big2 + blk) + sw, .disk = disk2, .fwd_rd = disk2, .rd = disk2, .wr = wr2};
+}
+
+uint64_t pt_cost_pinned(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p,
+                        const pt_cost_opts *o, int32_t *tier) {
+    pt_tier_fig f;
+    pt_cost_tier(cx, a, p, o, &f);
+    if (tier) *tier = f.level;
+    return f.pinned;
+}
+
+void pt_cost_tier_time(const pt_tier_fig *f, const pt_cost_opts *o, const pt_cost *c, double *io_s,
+                       double *exposed_f, double *exposed_b) {
+    *io_s = *exposed_f = *exposed_b = 0;
+    if (!f->level || !o || !(o->tier_rd_Bps > 0) || !(o->tier_wr_Bps > 0)) return;
+    double io_f = (double)f->fwd_rd / o->tier_rd_Bps;
+    double io_b = (double)f->rd / o->tier_rd_Bps + (double)f->wr / o->tier_wr_Bps;
+    double F = c->fwd_s, B = c->iter_s - c->fwd_s;
+    if (f->level == 1 && c->schedule != PT_SCHED_OVERLAP) B = c->cpu_adam_s > c->opt_s ? c->cpu_adam_s : c->opt_s;
+    *io_s = io_f + io_b;
+    *exposed_f = io_f > F ? io_f - F : 0;
+    *exposed_b = io_b > B ? io_b - B : 0;
 }
 
 void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_profile *a, int32_t p, int32_t nb,
@@ -290,7 +339,12 @@ void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_p
     out->peak_phase = a->peak_phase;
     out->peak_block = a->peak_block;
     out->swap_pool_bytes = a->swap_pool;
-    out->host_bytes = pt_cost_pinned(cx, a, p, o, &out->on_tier);
+    pt_tier_fig f;
+    pt_cost_tier(cx, a, p, o, &f);
+    out->host_bytes = f.pinned;
+    out->on_tier = f.level;
+    out->tier_disk_bytes = f.disk;
+    out->tier_io_bytes = f.fwd_rd + f.rd + f.wr;
 }
 
 /* pt_cost_eval with an explicit mode map (modes[n_block]); rec_act/rec_scr

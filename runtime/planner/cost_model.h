@@ -120,8 +120,16 @@ typedef struct pt_cost_opts {
                                  each split param's weights are gathered too */
     int32_t tier_slots;       /* [nvme] path set: the disk tier's staging slots (0: no tier) */
     uint64_t tier_above;      /* with tier_slots: the pinned budget; a plan whose pinned
-                                 bytes exceed it keeps the offloaded chunks' Adam states on
-                                 the disk tier (runtime/store/tier/tier.h) */
+                                 bytes exceed it puts the offloaded chunks' states on the
+                                 disk tier (runtime/store/tier/tier.h; levels below) */
+    uint64_t tier_block;      /* [nvme] block_size: every record section is padded to it
+                                 (0: 4096) */
+    double tier_rd_Bps;       /* the tier's read and write rates, bytes/s, with [nvme]
+                                 io_threads requests in flight (the profiler's probe of the */
+    double tier_wr_Bps;       /* folder, or given); 0: the I/O time is not modelled */
+    int32_t tier_force;       /* tests ([testing] debug_tier_force / debug_tier_level), as the
+                                 store: bit 0 the tier even where the states fit; bits 1-2 the
+                                 level whenever the tier is used (0: the rule) */
 } pt_cost_opts;
 
 /* OVERLAP: each chunk's CPU step starts as its gradient lands in backward.
@@ -165,8 +173,14 @@ typedef struct pt_cost {
     int32_t peak_block;          /* its block (-1 for non-block windows) */
     uint64_t host_bytes;         /* pinned host bytes needed (per rank) */
     uint64_t swap_pool_bytes;    /* part of host_bytes: SWAP arenas */
-    int32_t on_tier;             /* the offloaded chunks' states on the disk tier: host_bytes
-                                    counts their params, gradients and the staging slots */
+    int32_t on_tier;             /* disk tier level (pt_cost_tier): 0 none, 1 the offloaded
+                                    chunks' Adam states on disk, 2 their whole images;
+                                    host_bytes is that level's pinned figure */
+    uint64_t tier_disk_bytes;    /* the tier's file: the records of the tiered chunks */
+    uint64_t tier_io_bytes;      /* read + written per iteration */
+    double tier_io_s;            /* those bytes at the tier's rates (0: no tier or no rates) */
+    double tier_exposed_s;       /* the part of tier_io_s outside its overlap window: in
+                                    iter_s (the forward's share in fwd_s, the rest in opt_s) */
     /* time, seconds */
     double iter_s;               /* fwd_s + bwd_s + opt_s */
     double fwd_s;                /* embedding + block forwards (window times) */
@@ -280,15 +294,68 @@ void pt_cost_offload_sums(const pt_cost_ctx *cx, int32_t n_persist, uint64_t *by
  * plan, and the searcher reports the larger (so "all resident" reads N_chunk). */
 int pt_cost_persist_redundant(const pt_cost_ctx *cx, int32_t n_persist);
 uint64_t pt_cost_host_bytes(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, int shard);
-/* The pinned bytes a plan needs under o: pt_cost_host_bytes, or, when that
- * exceeds o->tier_above and a tier is configured (one rank's whole chunks,
- * AdamW), the offloaded chunks without their states (trainable: staged param
- * and gradient, 2 x bytes; frozen: bytes) plus tier_slots staging buffers of the
- * largest chunk's states (m, v and 16-bit masters, 4 KiB aligned, plus 4 KiB)
- * and the swap pool; *tier (may be NULL) says which. I/O time is not modelled:
- * the tier is used only where the budget requires it. */
+/* The disk tier ([nvme] path, o->tier_slots > 0) for the offloaded chunks
+ * [n_persist, K), as the store lays it out (runtime/store/tier/tier.c). Per
+ * offloaded chunk with U param bytes and, when trainable, E fp32 state
+ * elements; w = 3 with 16-bit params (their fp32 masters) else 2; r() rounds
+ * a record section up to 64 bytes, pad() a record up to tier_block:
+ *   level 0 (no tier): the profile's pinned bytes (pt_cost_host_bytes);
+ *   level 1: pinned 2U per trainable chunk (staged params, gradient landing),
+ *            U per frozen one, plus tier_slots x (largest R1 + block);
+ *            R1 = pad(w r(4E)) ([m|v|masters]) per trainable chunk;
+ *   level 2: pinned only tier_slots x (largest R2 + block); every offloaded
+ *            chunk's whole image on disk, R2 = pad(r(U) + r(U) + w r(4E) +
+ *            r(4E)) ([params|gradient landing|m|v|masters|fp32 gradient sum])
+ *            for a trainable chunk, pad(r(U)) for a frozen one.
+ * Each level's pinned figure adds the swap pool, but the rule, as the
+ * store's, weighs the chunks' bytes alone (the pool is allocated later under
+ * the same cap): level 0 when they fit o->tier_above; else level 1 when its
+ * bytes do, or with several ranks (level 2 is built for one rank); else
+ * level 2 (o->tier_force overrides
+ * both steps, as the store's testing keys do). The level's figure may not
+ * fit either: the searcher refuses such a plan. No tier in mode C (o->shard)
+ * or when a chunk has its own optimizer kind's state (REKLS).
+ * Per iteration a level-1 chunk reads and writes R1; at level 2 every chunk
+ * reads R2 for the forward's upload and for the backward's (a chunk still in
+ * a staging slot is not re-read, counted as read anyway), and a trainable
+ * one writes R2 after its step (a frozen image is never dirty). */
+typedef struct pt_tier_fig {
+    int32_t level;
+    uint64_t pinned;        /* the level's pinned bytes (swap pool included) */
+    uint64_t disk;          /* the file: sum of the tiered chunks' records */
+    uint64_t fwd_rd;        /* bytes read for the forward (level 2) */
+    uint64_t rd, wr;        /* bytes read and written after the forward */
+} pt_tier_fig;
+void pt_cost_tier(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, const pt_cost_opts *o,
+                  pt_tier_fig *f);
+/* pt_cost_tier's pinned bytes; *tier (may be NULL) its level. */
 uint64_t pt_cost_pinned(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist,
                         const pt_cost_opts *o, int32_t *tier);
+/* The tier's I/O seconds and its exposed part given the time fields of c (no
+ * tier, or no rates: zeros). The I/O runs on io_threads beside the compute
+ * (the rates are measured with that many requests in flight; reads and
+ * writes share the disk):
+ *   io_f = fwd_rd / rd_Bps                       (level 2's forward reads)
+ *   io_b = rd / rd_Bps + wr / wr_Bps             (the rest)
+ * io_f overlaps the forward (F = c->fwd_s): its reads run ahead of the
+ * uploads while earlier blocks compute. io_b overlaps a window B that
+ * follows the store's schedule:
+ *   level 2, or level 1 with the steps overlapping backward (PT_SCHED_OVERLAP:
+ *     a chunk's read is queued at the backward of the block that queues its
+ *     step): B = c->iter_s - c->fwd_s (backward, the CPU optimizer of other
+ *     chunks, collectives);
+ *   level 1 with the steps after backward (clipping or several ranks: the
+ *     reads are queued in optimizer_step): B = max(c->cpu_adam_s, c->opt_s),
+ *     the steps' own span (deferred into the next forward) or the tail after
+ *     backward, whichever is longer.
+ * What does not fit its window is exposed:
+ *   exposed = max(0, io_f - F) + max(0, io_b - B),
+ * so the iteration grows by the disk's time where it is the slower resource.
+ * Not charged: a request's latency, and the slots' limit on read-ahead (with
+ * fewer slots than a block has chunks, a block's later reads wait for an
+ * earlier step's write-back, which a window sum cannot see). */
+void pt_cost_tier_time(const pt_tier_fig *f, const pt_cost_opts *o, const pt_cost *c, double *io_s,
+                       double *exposed_f, double *exposed_b);
 /* Time part of the prediction: fills the time fields of out. */
 void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, int32_t n_buffer,
                   const pt_cost_opts *o, pt_cost *out);

@@ -364,6 +364,18 @@ void pt_cost_time(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, int
     out->d2h_s = (double)out->d2h_bytes * id;
     out->n_buffer_min = pt_cost_buffer_min(cx, p);
     out->n_buffer_min_block = pt_cost_buffer_min_block(cx, p);
+    /* the disk tier's I/O where the plan's pinned bytes need it (cost_model.h:
+     * pt_cost_tier_time); the lower bounds below leave it out (it only adds) */
+    if (o && o->tier_slots) {
+        pt_tier_fig tf;
+        double ef, eb;
+        pt_cost_tier(cx, a, p, o, &tf);
+        pt_cost_tier_time(&tf, o, out, &out->tier_io_s, &ef, &eb);
+        out->tier_exposed_s = ef + eb;
+        out->iter_s += ef + eb;
+        out->fwd_s += ef;
+        out->opt_s += eb;
+    }
 }
 
 /* The one formula behind pt_cost_time_lb and pt_cost_time_lb_persist: the

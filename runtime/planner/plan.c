@@ -213,10 +213,22 @@ char *pt_plan_text(const pt_plan *p) {
         sb_printf(&b, "%.3f GiB\n", p->host_budget / GIB);
     else
         sb_printf(&b, "unlimited\n");
-    if (c->on_tier)
-        sb_printf(&b, "  disk tier        the offloaded chunks' Adam states on [nvme] path (pinned: "
-                      "their params, gradients and %d staging slots; I/O time not modelled)\n",
-                  p->opts.tier_slots);
+    if (c->on_tier) {
+        sb_printf(&b, "  disk tier        %s on [nvme] path (level %d; pinned: %s%d staging slots), "
+                      "%.3f GiB on disk\n",
+                  c->on_tier == 1 ? "the offloaded chunks' Adam states" : "the offloaded chunks' whole images",
+                  c->on_tier, c->on_tier == 1 ? "their params and gradients and " : "only ", p->opts.tier_slots,
+                  c->tier_disk_bytes / GIB);
+        if (p->opts.tier_rd_Bps > 0 && p->opts.tier_wr_Bps > 0)
+            sb_printf(&b, "                   I/O %.3f GiB per iteration, %.4f s at read %.3g / write %.3g "
+                          "B/s, exposed %.4f s (in iter)%s%s\n",
+                      c->tier_io_bytes / GIB, c->tier_io_s, p->opts.tier_rd_Bps, p->opts.tier_wr_Bps,
+                      c->tier_exposed_s, p->tier_rates[0] ? "; rates " : "", p->tier_rates);
+        else
+            sb_printf(&b, "                   I/O %.3f GiB per iteration; its time is not modelled (no disk "
+                          "rates%s%s)\n",
+                      c->tier_io_bytes / GIB, p->tier_rates[0] ? ": " : "", p->tier_rates);
+    }
     sb_printf(&b, "  execution mode   %s\n", p->exec_mode < 0 ? "not decided (auto)" : mode_name(p->exec_mode));
     if (p->mode_why[0]) sb_printf(&b, "                   %s\n", p->mode_why);
     if (p->n_alt > 0) sb_printf(&b, "  runner-ups\n");
@@ -296,6 +308,12 @@ char *pt_plan_json(const pt_plan *p) {
     JU("host_bytes", c->host_bytes);
     JU("swap_pool_bytes", c->swap_pool_bytes);
     JU("nvme_tier", (uint64_t)c->on_tier);
+    JU("tier_disk_bytes", c->tier_disk_bytes);
+    JU("tier_io_bytes", c->tier_io_bytes);
+    JD("tier_io_s", c->tier_io_s);
+    JD("tier_exposed_s", c->tier_exposed_s);
+    JD("tier_read_Bps", p->opts.tier_rd_Bps);
+    JD("tier_write_Bps", p->opts.tier_wr_Bps);
     JU("host_budget_bytes", p->host_budget);
     JD("iter_s", c->iter_s);
     JD("fwd_s", c->fwd_s);

@@ -66,6 +66,8 @@ typedef struct pt_plan {
     uint64_t host_budget;       /* 0 = unlimited */
     int32_t exec_mode;          /* -1 = not decided, 0 = A, 1 = B, 2 = C */
     char mode_why[400];         /* why that mode (auto_mode with several ranks), or "" */
+    char tier_rates[160];       /* with [nvme] path: where opts.tier_rd_Bps / tier_wr_Bps came
+                                   from (probed, cached, assumed), or "" */
     int32_t world_size;
     int32_t tp_size;            /* tensor-parallel group size of the trace (0 or 1: none) */
     char device[64];

@@ -71,6 +71,15 @@ void pt_search_opts_default(pt_search_opts *o) {
     o->n_alt = 3;
 }
 
+/* Do n_persist = p's pinned bytes fit the host budget, and with the disk
+ * tier its file the disk budget? */
+static int host_fits(const search *S, const pt_act_profile *a, int32_t p) {
+    pt_tier_fig f;
+    pt_cost_tier(S->cx, a, p, &S->o->cost, &f);
+    if (S->host_budget && f.pinned > S->host_budget) return 0;
+    return !(f.level && S->o->disk_budget && f.disk > S->o->disk_budget);
+}
+
 /* Does raw (without frag) fit the budget? */
 static int fits(const search *S, uint64_t raw) { return pt_cost_frag_bytes(S->o->cost.frag, raw) <= S->budget; }
 
@@ -421,8 +430,9 @@ static int explain_infeasible(search *S, pt_act_profile *a, uint8_t *modes, pt_p
     range(o->n_persist, 0, K, &p0, &p1);
     int rc = buffer_unusable(S, p0, p1, err, errlen);
     if (rc) return rc;
-    uint64_t best_need = UINT64_MAX, min_host = UINT64_MAX;
-    cand best = {.T = 0}, host_at = {.T = 0};
+    uint64_t best_need = UINT64_MAX, min_host = UINT64_MAX, min_disk = UINT64_MAX;
+    pt_tier_fig host_fig = {0}, disk_fig = {0};
+    cand best = {.T = 0}, host_at = {.T = 0}, disk_at = {.T = 0};
     for (int32_t c = c0; c <= c1; c++) {
         range(o->n_swap, 0, N - c < pt_place_swap_cap(N, I) ? N - c : pt_place_swap_cap(N, I), &s0, &s1);
         for (int32_t s = s0; s <= s1 && s + c <= N; s++) {
@@ -434,12 +444,22 @@ static int explain_infeasible(search *S, pt_act_profile *a, uint8_t *modes, pt_p
                     if (o->n_buffer < nb || o->n_buffer > K - p) continue;
                     nb = o->n_buffer;
                 }
-                uint64_t host = pt_cost_pinned(S->cx, a, p, &o->cost, NULL);
-                if (host < min_host) {
-                    min_host = host;
+                pt_tier_fig f;
+                pt_cost_tier(S->cx, a, p, &o->cost, &f);
+                if (f.pinned < min_host) {
+                    min_host = f.pinned;
+                    host_fig = f;
                     host_at = (cand){.s = s, .c = c, .p = p, .nb = nb};
                 }
-                if (S->host_budget && host > S->host_budget) continue;
+                if (S->host_budget && f.pinned > S->host_budget) continue;
+                if (f.level && o->disk_budget && f.disk > o->disk_budget) {
+                    if (f.disk < min_disk) {
+                        min_disk = f.disk;
+                        disk_fig = f;
+                        disk_at = (cand){.s = s, .c = c, .p = p, .nb = nb};
+                    }
+                    continue;
+                }
                 uint64_t raw = pt_cost_persist_bytes(S->cx, p) + pt_cost_buffer_bytes(S->cx, p, nb) +
                                t->nonblock_bytes + a->peak_dyn;
                 uint64_t need = pt_cost_frag_bytes(o->cost.frag, raw) + o->cost.reserve_bytes + o->cost.headroom_bytes;
@@ -450,6 +470,27 @@ static int explain_infeasible(search *S, pt_act_profile *a, uint8_t *modes, pt_p
             }
         }
     }
+    if (best_need == UINT64_MAX && min_disk < UINT64_MAX)
+        return pt_fail(err, errlen, PT_ERR_INFEASIBLE,
+                       "no plan fits the disk tier: the plans whose pinned bytes fit the budget of %llu need the disk "
+                       "tier, and the smallest (n_persist=%d n_swap=%d, level %d: %llu pinned bytes) puts %llu bytes "
+                       "(%.2f GiB) on disk, over the %llu bytes (%.2f GiB) [nvme] budget or the folder's free space allows",
+                       (unsigned long long)S->host_budget, disk_at.p, disk_at.s, disk_fig.level,
+                       (unsigned long long)disk_fig.pinned, (unsigned long long)min_disk, min_disk / 1073741824.0,
+                       (unsigned long long)o->disk_budget, o->disk_budget / 1073741824.0);
+    if (best_need == UINT64_MAX && host_fig.level)
+        return pt_fail(err, errlen, PT_ERR_INFEASIBLE,
+                       "no plan fits host RAM, even with the disk tier: the smallest pinned host footprint (n_persist=%d "
+                       "n_swap=%d, the tier at level %d%s: %d staging slots of the largest record, the %s and the swap "
+                       "pool) is %llu bytes (%.2f GiB) with %llu bytes (%.2f GiB) on disk; "
+                       "the pinned budget is %llu bytes (%.2f GiB)",
+                       host_at.p, host_at.s, host_fig.level,
+                       host_fig.level == 1 && t->key.world_size > 1 ? " (level 2 is built for one rank)" : "",
+                       o->cost.tier_slots,
+                       host_fig.level == 1 ? "offloaded chunks' params and gradients" : "chunks' images on disk",
+                       (unsigned long long)min_host,
+                       min_host / 1073741824.0, (unsigned long long)host_fig.disk, host_fig.disk / 1073741824.0,
+                       (unsigned long long)S->host_budget, S->host_budget / 1073741824.0);
     if (best_need == UINT64_MAX)
         return pt_fail(err, errlen, PT_ERR_INFEASIBLE,
                        "no plan fits host RAM: the smallest pinned host footprint (n_persist=%d n_swap=%d: offloaded "
@@ -460,14 +501,20 @@ static int explain_infeasible(search *S, pt_act_profile *a, uint8_t *modes, pt_p
     plan->knobs = (pt_knobs){best.p, best.nb, best.s, best.c};
     full_cost(S, a, modes, &best, &plan->cost);
     memcpy(plan->modes, modes, (size_t)N);
+    char disk[300] = "";
+    if (min_disk < UINT64_MAX)
+        snprintf(disk, sizeof disk,
+                 " (plans offloading more fit the pinned budget only with more disk than the %llu bytes allowed: the "
+                 "smallest, n_persist=%d, puts %llu bytes on disk)",
+                 (unsigned long long)o->disk_budget, disk_at.p, (unsigned long long)min_disk);
     return pt_fail(err, errlen, PT_ERR_INFEASIBLE,
                    "no plan fits the device: capacity %llu bytes minus reserve %llu and headroom %llu leaves %llu; the smallest "
                    "peak (n_persist=%d n_buffer=%d n_swap=%d n_checkpoint=%d) is %llu bytes, so the device needs at least "
-                   "%llu bytes (%.2f GiB)",
+                   "%llu bytes (%.2f GiB)%s",
                    (unsigned long long)plan->capacity, (unsigned long long)o->cost.reserve_bytes,
                    (unsigned long long)o->cost.headroom_bytes, (unsigned long long)S->budget, best.p, best.nb, best.s,
                    best.c, (unsigned long long)plan->cost.peak_bytes, (unsigned long long)best_need,
-                   best_need / 1073741824.0);
+                   best_need / 1073741824.0, disk);
 }
 
 /* The plan's description of the search: budgets, options, the trace's shape. */
@@ -517,7 +564,7 @@ static void scan(search *S, pt_act_profile *a, uint8_t *modes, int32_t I, int32_
             for (int32_t p = p1 < p_hi ? p1 : p_hi; p >= p0; p--) {
                 if (prunable(S, pt_cost_time_lb_persist(S->cx, a, p, &o->cost))) break;
                 if (o->n_persist < 0 && pt_cost_persist_redundant(S->cx, p)) continue;
-                if (S->host_budget && pt_cost_pinned(S->cx, a, p, &o->cost, NULL) > S->host_budget) continue;
+                if (!host_fits(S, a, p)) continue;
                 uint64_t raw_fixed = pt_cost_persist_bytes(S->cx, p) + t->nonblock_bytes + a->peak_dyn;
                 int32_t lo1 = pt_cost_buffer_min_block(S->cx, p), lo2 = pt_cost_buffer_min(S->cx, p);
                 int32_t q = pt_cost_n_offloaded(S->cx, p);

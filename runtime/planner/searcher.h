@@ -40,7 +40,10 @@
  * No feasible plan: the error sentence names the real reason, first match of
  *  - a fixed n_buffer below the one-block minimum of every allowed n_persist
  *    (both numbers given);
- *  - host RAM: no plan's pinned footprint fits the host budget (smallest given);
+ *  - host RAM: no plan's pinned footprint fits the host budget (smallest given;
+ *    with the disk tier, at its level 2, with the bytes it would put on disk);
+ *  - the disk: every plan whose pinned bytes fit needs more disk than
+ *    disk_budget (the smallest given);
  *  - the device: the search is repeated with unlimited device capacity
  *    minimising the peak (host budget and fixed knobs still apply) and the
  *    sentence states the smallest capacity that works; plan->min_capacity
@@ -59,6 +62,8 @@ typedef struct pt_search_opts {
     pt_cost_opts cost;          /* frag, reserve, headroom, clip, shard */
     uint64_t capacity;          /* device bytes; 0 = trace hw.device_capacity */
     uint64_t host_ram;          /* host budget; 0 = trace hw.host_ram_bytes (0 there = unlimited) */
+    uint64_t disk_budget;       /* with the disk tier (cost.tier_slots): bytes its file may take
+                                   ([nvme] budget, or the folder's free space); 0 = unlimited */
     int32_t n_persist, n_buffer, n_swap, n_checkpoint;   /* >= 0 fixes the knob, -1 searches it */
     int32_t n_alt;              /* runner-ups to keep, <= PT_PLAN_MAX_ALT */
     int32_t defer_small;        /* tests: score the n_buffer values below the lookahead minimum only

@@ -75,7 +75,7 @@ static pt_cost hand_cost(const pt_trace *t, pt_knobs k) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     pt_cost c;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
     pt_cost_ctx_free(cx);
@@ -115,7 +115,7 @@ static void test_hand_buckets(void **state) {
         assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
         pt_knobs k = {2, 0, 0, 0};
         pt_cost on, off;
-        pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 1, 0, 0, 0};
+        pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0};
         assert_int_equal(pt_cost_eval(cx, &o, &k, &on, err, sizeof err), PT_OK);
         o.overlap_ar = 0;
         assert_int_equal(pt_cost_eval(cx, &o, &k, &off, err, sizeof err), PT_OK);
@@ -181,7 +181,7 @@ static void test_tp_terms(void **state) {
         pt_knobs k = {2, 0, 0, 0};
         for (int ov = 0; ov < 2; ov++) {
             pt_cost c;
-            pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, ov, cases[i].l2, 0, 0};
+            pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, ov, cases[i].l2, 0, 0, 0, 0, 0, 0};
             assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
             if (ov && cases[i].P == 1) {   /* buckets hide part of it without tensor parallel */
                 assert_true(c.allreduce_s < cases[i].ar - 0.1);
@@ -197,7 +197,7 @@ static void test_tp_terms(void **state) {
         pt_cost_ctx *c0;
         assert_int_equal(pt_cost_ctx_new(&t, &c0, err, sizeof err), PT_OK);
         pt_cost c;
-        pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, cases[i].l2, 0, 0};
+        pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, cases[i].l2, 0, 0, 0, 0, 0, 0};
         assert_int_equal(pt_cost_eval(c0, &o, &k, &c, err, sizeof err), PT_OK);
         assert_double_equal(c.tp_gather_s, 0.0, EPS);
         pt_cost_ctx_free(c0);
@@ -213,7 +213,7 @@ static void test_hand_all_resident(void **state) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     pt_knobs k = {2, 0, 0, 0};
     pt_cost c;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
@@ -264,7 +264,7 @@ static void test_rekls_terms(void **state) {
         assert_int_equal(pt_cost_ctx_new(&t0, &c0, err, sizeof err), PT_OK);
         assert_int_equal(pt_cost_ctx_new(&t1, &c1, err, sizeof err), PT_OK);
         /* clipping: optimizer after backward, or deferred into the next forward */
-        pt_cost_opts o = {1.0, 0, 0, 1, 0, defer, 0, 0, 0, 0};
+        pt_cost_opts o = {1.0, 0, 0, 1, 0, defer, 0, 0, 0, 0, 0, 0, 0, 0};
         pt_knobs k = {p, p == 2 ? 0 : 2, 0, 0};
         pt_cost a, b;
         assert_int_equal(pt_cost_eval(c0, &o, &k, &a, err, sizeof err), PT_OK);
@@ -332,7 +332,7 @@ static void test_rekls_shard(void **state) {
         char err[256];
         assert_int_equal(pt_cost_ctx_new(&t0, &c0, err, sizeof err), PT_OK);
         assert_int_equal(pt_cost_ctx_new(&t1, &c1, err, sizeof err), PT_OK);
-        pt_cost_opts o = {1.0, 0, 0, 1, 1, defer, 0, 0, 0, 0};
+        pt_cost_opts o = {1.0, 0, 0, 1, 1, defer, 0, 0, 0, 0, 0, 0, 0, 0};
         pt_knobs k = {0, 2, 0, 0};
         pt_cost a, b;
         assert_int_equal(pt_cost_eval(c0, &o, &k, &a, err, sizeof err), PT_OK);
@@ -379,7 +379,7 @@ static void test_hand_streamed(void **state) {
     assert_int_equal(pt_cost_buffer_min_block(cx, 0), 1);   /* one chunk per block */
     assert_int_equal(pt_cost_buffer_min_block(cx, 1), 1);
     assert_int_equal(pt_cost_buffer_min_block(cx, 2), 0);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     pt_knobs k = {0, 2, 0, 0};
     pt_cost c;
     assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
@@ -518,7 +518,7 @@ static void test_hand_ckpt_swap(void **state) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     pt_cost c;
     /* both CKPT: only inputs stay; peak = backward of block 1 with its
      * recomputed arena: 20 + 1000 + 20 + max(7, 5) */
@@ -572,7 +572,7 @@ static synth big(void) {
 }
 
 static uint64_t peak_of(pt_cost_ctx *cx, int p, int nb, int s, int c) {
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     pt_knobs k = {p, nb, s, c};
     pt_cost r;
     char err[256];
@@ -654,7 +654,7 @@ static void test_time_monotone_in_buffers(void **state) {
             for (int sw = 0; sw <= 2; sw++)
                 for (int c = 0; c <= 3; c++)
                     for (int clip = 0; clip < 3; clip++) /* 2: clipping, steps deferred */ {
-                        pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2, 0, 0, 0, 0};
+                        pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2, 0, 0, 0, 0, 0, 0, 0, 0};
                         double prev = INFINITY;
                         uint64_t prev_peak = 0;
                         for (int nb = pt_cost_buffer_min(cx, p); nb <= K - p; nb++) {
@@ -707,7 +707,7 @@ static void test_exact_footprints(void **state) {
     pt_cost_ctx *cx;
     char err[256];
     assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
-    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     int K = t.n_chunk;
     pt_knobs all = {K, 0, 0, 0}, half = {K / 2, pt_cost_buffer_min(cx, K / 2), 0, 0};
     pt_cost c0, h0, c1, h1;
@@ -791,7 +791,7 @@ static void test_bounds_below_lookahead(void **state) {
                 assert_int_equal(pt_place_blocks(t.n_block, sc == 2, sc, pt_cost_swap_interval(cx), modes, NULL, 0),
                                  PT_OK);
                 pt_act_compute(cx, modes, &a);
-                pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2, 0, 0, 0, 0};
+                pt_cost_opts o = {1.0, 0, 0, clip > 0, 0, clip == 2, 0, 0, 0, 0, 0, 0, 0, 0};
                 for (int p = 0; p <= t.n_chunk; p++) {
                     int lo1 = pt_cost_buffer_min_block(cx, p), lo2 = pt_cost_buffer_min(cx, p);
                     int q = pt_cost_n_offloaded(cx, p);
@@ -842,6 +842,193 @@ static void test_bounds_below_lookahead(void **state) {
     assert_true(any_stronger > 0);
 }
 
+/* ---- the disk tier (pt_cost_tier, pt_cost_tier_time) ----
+ * 8 blocks of 2 chunks, none mandatory: 16 offloaded chunks of U = 1000 bytes
+ * (bf16, so w = 3: masters on the record), E = 500, n_persist = 0, no swap
+ * (no swap pool), 3 slots, block 512, sections rounded to 64 bytes
+ * (r(4E) = r(2000) = 2048, r(U) = 1024). By hand:
+ *   level 0: the profile's 16 x (U + 16 E) = 16 x 9000 = 144000
+ *   level 1: R1 = pad(3 x 2048 = 6144) = 6144; pinned 16 x 2U + 3 x (6144 + 512)
+ *            = 32000 + 19968 = 51968; disk 16 x 6144 = 98304; I/O 2 x 98304
+ *   level 2: R2 = pad(2 x 1024 + 4 x 2048 = 10240) = 10240; pinned 3 x (10240 +
+ *            512) = 32256; disk 16 x 10240 = 163840; I/O 3 x 163840
+ * Chunk 0 frozen: level 0 15 x 9000 + 1000 = 136000; level 1 pinned 15 x 2000
+ * + 1000 + 19968 = 50968, disk 15 x 6144 = 92160; level 2 pinned 32256, disk
+ * 15 x 10240 + pad(1024) = 154624, read twice, written 153600 (a frozen image
+ * is never dirty): I/O 2 x 154624 + 153600 = 462848. */
+static void tier_trace(pt_trace *t) {
+    synth s = {.n_block = 8, .cpb = 2, .engines = 2, .chunk_bytes = 1000, .arena = 100, .input = 10, .fscr = 5, .bscr = 7, .gact = 20, .fwd = 0.001, .bwd = 0.002, .h2d = 1e9, .d2h = 1e9, .cpu = 1e8, .dev = 1e9, .tf = 1};
+    build(t, &s);
+}
+
+static pt_cost_opts tier_opts(uint64_t budget) {
+    pt_cost_opts o = {.frag = 1.0, .tier_slots = 3, .tier_above = budget, .tier_block = 512};
+    return o;
+}
+
+/* Level 0/1/2 at three budgets, and the pinned and disk figures of each. */
+static void test_tier_levels(void **state) {
+    (void)state;
+    pt_trace t;
+    tier_trace(&t);
+    pt_cost_ctx *cx;
+    char err[256];
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    static const struct {
+        int frozen, world;
+        uint64_t budget;
+        int level;
+        uint64_t pinned, disk, io;
+    } cases[] = {
+        {0, 1, 144000, 0, 144000, 0, 0},             /* the states fit: no tier */
+        {0, 1, 143999, 1, 51968, 98304, 2 * 98304},  /* one byte short: level 1 */
+        {0, 1, 51968, 1, 51968, 98304, 2 * 98304},   /* level 1 exactly at the budget */
+        {0, 1, 51967, 2, 32256, 163840, 3 * 163840}, /* below level 1: level 2 */
+        {0, 1, 20000, 2, 32256, 163840, 3 * 163840}, /* level 2 does not fit either: still its figure */
+        {0, 2, 51967, 1, 51968, 98304, 2 * 98304},   /* two ranks: level 2 is not built for them */
+        {1, 1, 136000, 0, 136000, 0, 0},             /* chunk 0 frozen */
+        {1, 1, 135999, 1, 50968, 92160, 2 * 92160},  /* ... its params pinned at level 1 */
+        {1, 1, 50967, 2, 32256, 154624, 462848},     /* ... its image on disk at level 2 */
+    };
+    pt_knobs k = {0, 2, 0, 0};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pt_trace_free(&t);
+        tier_trace(&t);
+        if (cases[i].frozen) t.chunks[0].trainable_elems = 0;
+        t.key.world_size = cases[i].world;
+        pt_cost_ctx_free(cx);
+        assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+        pt_cost_opts o = tier_opts(cases[i].budget);
+        pt_cost c;
+        assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+        assert_int_equal(c.on_tier, cases[i].level);
+        assert_int_equal(c.host_bytes, cases[i].pinned);
+        assert_int_equal(c.tier_disk_bytes, cases[i].disk);
+        assert_int_equal(c.tier_io_bytes, cases[i].io);
+        int32_t lvl = -1;
+        assert_int_equal(pt_cost_pinned(cx, NULL, 0, &o, &lvl), cases[i].pinned);
+        assert_int_equal(lvl, cases[i].level);
+    }
+    pt_trace_free(&t);
+    tier_trace(&t);
+    pt_cost_ctx_free(cx);
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    /* a swap pool counts in the plan's pinned bytes but not in the store's
+     * choice of level (it is allocated later, under the same cap): at level
+     * 1's exact figure, one SWAP block keeps level 1 and its pool on top */
+    {
+        pt_knobs ks = {0, 2, 1, 0};
+        pt_cost_opts o = tier_opts(51968);
+        pt_cost c;
+        assert_int_equal(pt_cost_eval(cx, &o, &ks, &c, err, sizeof err), PT_OK);
+        assert_true(c.swap_pool_bytes > 0);
+        assert_int_equal(c.on_tier, 1);
+        assert_int_equal(c.host_bytes, 51968 + c.swap_pool_bytes);
+        o = tier_opts(144000);   /* and the states that fit alone stay pinned */
+        assert_int_equal(pt_cost_eval(cx, &o, &ks, &c, err, sizeof err), PT_OK);
+        assert_int_equal(c.on_tier, 0);
+        assert_int_equal(c.host_bytes, 144000 + c.swap_pool_bytes);
+    }
+    /* the store's testing keys: the tier where the states fit (bit 0), a forced level (bits 1-2) */
+    static const struct {
+        uint64_t budget;
+        int32_t force, level;
+        uint64_t pinned;
+    } forced[] = {{144000, 1, 1, 51968}, {144000, 1 | 2 << 1, 2, 32256}, {20000, 1 << 1, 1, 51968}};
+    for (size_t i = 0; i < sizeof forced / sizeof forced[0]; i++) {
+        pt_cost_opts o = tier_opts(forced[i].budget);
+        o.tier_force = forced[i].force;
+        int32_t lvl = -1;
+        assert_int_equal(pt_cost_pinned(cx, NULL, 0, &o, &lvl), forced[i].pinned);
+        assert_int_equal(lvl, forced[i].level);
+    }
+    /* mode C and no [nvme] path: never a tier */
+    pt_cost_opts o = tier_opts(1000);
+    o.shard = 1;
+    assert_int_equal(pt_cost_pinned(cx, NULL, 0, &o, NULL), 144000);
+    o = tier_opts(1000);
+    o.tier_slots = 0;
+    int32_t lvl = -1;
+    assert_int_equal(pt_cost_pinned(cx, NULL, 0, &o, &lvl), 144000);
+    assert_int_equal(lvl, 0);
+    pt_cost_ctx_free(cx);
+    pt_trace_free(&t);
+}
+
+/* The I/O term: the bytes above at read 1e6 and write 5e5 bytes/s.
+ *   level 1: io = 98304 / 1e6 + 98304 / 5e5 = 0.098304 + 0.196608 = 0.294912 s,
+ *            all after the forward: exposed = max(0, 0.294912 - B); with
+ *            clipping the reads wait for optimizer_step: B = max(CPU Adam, tail)
+ *   level 2: io_f = 163840 / 1e6 = 0.16384 s (forward reads),
+ *            io_b = 0.16384 + 163840 / 5e5 = 0.16384 + 0.32768 = 0.49152 s,
+ *            exposed = max(0, io_f - F) + max(0, io_b - B)
+ * with F, B the forward and the rest of the same plan without the tier. At
+ * rates 1e12 every byte hides: the iteration is the untiered one. */
+static void test_tier_io_time(void **state) {
+    (void)state;
+    pt_trace t;
+    tier_trace(&t);
+    pt_cost_ctx *cx;
+    char err[256];
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    pt_knobs k = {0, 2, 0, 0};
+    pt_cost_opts o0 = {.frag = 1.0};
+    pt_cost c0, c;
+    assert_int_equal(pt_cost_eval(cx, &o0, &k, &c0, err, sizeof err), PT_OK);
+    double F = c0.fwd_s, B = c0.iter_s - c0.fwd_s;
+    /* the windows are small next to the I/O: a real exposed part */
+    assert_true(F < 0.16384 && B < 0.294912);
+
+    pt_cost_opts o = tier_opts(100000);
+    o.tier_rd_Bps = 1e6;
+    o.tier_wr_Bps = 5e5;
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_int_equal(c.on_tier, 1);
+    assert_double_equal(c.tier_io_s, 0.294912, EPS);
+    assert_double_equal(c.tier_exposed_s, 0.294912 - B, EPS);
+    assert_double_equal(c.iter_s, c0.iter_s + 0.294912 - B, EPS);
+    assert_double_equal(c.fwd_s, c0.fwd_s, EPS);   /* level 1 reads nothing for the forward */
+    assert_double_equal(c.opt_s, c0.opt_s + 0.294912 - B, EPS);
+    assert_double_equal(c.iter_s, c.fwd_s + c.bwd_s + c.opt_s, EPS);
+
+    /* clipping: the reads are queued in optimizer_step, after backward; only
+     * the steps' span (or the tail) hides them */
+    pt_cost cc0, cc;
+    o0.clip = o.clip = 1;
+    assert_int_equal(pt_cost_eval(cx, &o0, &k, &cc0, err, sizeof err), PT_OK);
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &cc, err, sizeof err), PT_OK);
+    assert_int_equal(cc.schedule, PT_SCHED_AFTER_BWD);
+    double Bc = cc0.cpu_adam_s > cc0.opt_s ? cc0.cpu_adam_s : cc0.opt_s;
+    assert_true(Bc < B);
+    assert_double_equal(cc.tier_exposed_s, 0.294912 - Bc, EPS);
+    assert_double_equal(cc.iter_s, cc0.iter_s + 0.294912 - Bc, EPS);
+    o0.clip = o.clip = 0;
+
+    o.tier_above = 40000;
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_int_equal(c.on_tier, 2);
+    assert_double_equal(c.tier_io_s, 0.16384 + 0.49152, EPS);
+    assert_double_equal(c.tier_exposed_s, (0.16384 - F) + (0.49152 - B), EPS);
+    assert_double_equal(c.fwd_s, 0.16384, EPS); /* max(F, io_f) */
+    assert_double_equal(c.iter_s, 0.16384 + 0.49152, EPS); /* max(F, io_f) + max(B, io_b) */
+
+    o.tier_rd_Bps = o.tier_wr_Bps = 1e12;
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_int_equal(c.on_tier, 2);
+    assert_double_equal(c.tier_exposed_s, 0, EPS);
+    assert_double_equal(c.iter_s, c0.iter_s, EPS);
+    assert_true(c.tier_io_s > 0);
+
+    /* no rates: the bytes are known, their time is not modelled */
+    o.tier_rd_Bps = o.tier_wr_Bps = 0;
+    assert_int_equal(pt_cost_eval(cx, &o, &k, &c, err, sizeof err), PT_OK);
+    assert_int_equal(c.tier_io_bytes, 3 * 163840);
+    assert_double_equal(c.tier_io_s, 0, EPS);
+    assert_double_equal(c.iter_s, c0.iter_s, EPS);
+    pt_cost_ctx_free(cx);
+    pt_trace_free(&t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tp_terms),
@@ -859,6 +1046,8 @@ int main(void) {
         cmocka_unit_test(test_bad_trace_rejected),
         cmocka_unit_test(test_exact_footprints),
         cmocka_unit_test(test_bounds_below_lookahead),
+        cmocka_unit_test(test_tier_levels),
+        cmocka_unit_test(test_tier_io_time),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -248,6 +248,51 @@ static void test_cli_big_model_offloads(void **state) {
     free(err);
 }
 
+/* The disk tier from the command line: a Llama-7B shape on a 24 GiB card with
+ * 32 GiB of pinned RAM does not fit without it; with assumed rates it does at
+ * level 1 (its pinned bytes within the budget), at 8 GiB at level 2, with the
+ * I/O in the JSON; malformed rates and a missing folder are refused (exit 2). */
+static void test_cli_nvme(void **state) {
+    (void)state;
+    const char *m = "--arch llama --layers 32 --hidden 4096 --heads 32 --vocab 32000 --seq 2048 --flash-attn 1 "
+                    "--tied 0 --device-memory-gib 24 --pcie-gbps 16";
+    char args[600];
+    char *out, *err;
+    snprintf(args, sizeof args, "%s --host-ram-gib 32 --json", m);
+    assert_int_equal(run(args, &out, &err), 1);
+    free(out);
+    free(err);
+    static const struct {
+        int ram, level;
+    } cases[] = {{32, 1}, {8, 2}};
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "%s --host-ram-gib %d --nvme-bw 3e9,2e9 --json", m, cases[i].ram);
+        int rc = run(args, &out, &err);
+        if (rc) fprintf(stderr, "%s", err);
+        assert_int_equal(rc, 0);
+        assert_json(out);
+        assert_true(jnum(out, "nvme_tier") == cases[i].level);
+        assert_true(jnum(out, "host_bytes") <= cases[i].ram * GIB);
+        assert_true(jnum(out, "tier_disk_bytes") > 0);
+        double io = jnum(out, "tier_io_s"), ex = jnum(out, "tier_exposed_s");
+        assert_true(io > 0 && ex >= 0 && ex <= io);
+        assert_true(jnum(out, "tier_read_Bps") == 3e9 && jnum(out, "tier_write_Bps") == 2e9);
+        assert_true(jnum(out, "iter_s") >= ex);
+        free(out);
+        free(err);
+    }
+    snprintf(args, sizeof args, "%s --host-ram-gib 8 --nvme-bw 3e9", m);
+    assert_int_equal(run(args, &out, &err), 2);
+    assert_non_null(strstr(err, "READ,WRITE"));
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "%s --host-ram-gib 8 --nvme-path /nonexistent/pt_nvme", m);
+    assert_int_equal(run(args, &out, &err), 2);
+    assert_non_null(strstr(err, "/nonexistent/pt_nvme"));
+    free(out);
+    free(err);
+}
+
 static void write_file(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
     assert_non_null(f);
@@ -342,6 +387,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_cli_big_model_offloads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cli_ini_and_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cli_trace_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cli_nvme, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -272,7 +272,7 @@ static void compare(const pt_trace *t, pt_cost_ctx *cx, int p, int nb, int all_t
     /* a full prediction moves the same bytes in the same windows: rebuild its
      * forward and backward from the per-window uploads (no activation modes,
      * two copy engines, clipping so the backward is the plain window sum) */
-    pt_cost_opts opts = {1.0, 0, 0, 1, 0, 0, 0, 0, 0, 0};
+    pt_cost_opts opts = {1.0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     pt_knobs k = {p, nb, 0, 0};
     pt_cost c;
     char err[256];
@@ -323,7 +323,7 @@ static void sweep(int frozen) {
                 assert_false(replay_iter(&r, a, b, c, d));
                 replay_close(&r);
                 pt_knobs k = {p, lo - 1, 0, 0};
-                pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+                pt_cost_opts o = {1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
                 pt_cost cost;
                 assert_int_equal(pt_cost_eval(cx, &o, &k, &cost, err, sizeof err), PT_ERR_INVALID_ARG);
                 assert_non_null(strstr(err, "below the one-block minimum"));

@@ -554,6 +554,73 @@ static void test_tier_only_when_needed(void **state) {
     pt_trace_free(&t);
 }
 
+/* A fixed offload that fits no level of the disk tier is refused with a
+ * sentence naming its pinned and disk bytes (level 2's, computed here by
+ * pt_cost_tier); a disk budget below level 2's file likewise; one byte more
+ * of either and the plan is made, at level 2, with its I/O in the plan's
+ * text and JSON. */
+static void test_tier_refusal_names_bytes(void **state) {
+    (void)state;
+    pt_trace t;
+    synth s = {6, 2, 2, 1.0, 0.004, 2e9, 0, 0};
+    build(&t, &s);
+    pt_search_opts o;
+    pt_search_opts_default(&o);
+    o.capacity = 1ull << 30;
+    o.n_persist = 0;
+    o.n_swap = 0;   /* no swap pool: the pinned bytes are the tier's alone */
+    o.cost.tier_slots = 3;
+    o.cost.tier_block = 4096;
+    o.cost.tier_rd_Bps = 2e9;
+    o.cost.tier_wr_Bps = 1e9;
+    pt_cost_ctx *cx;
+    char err[1024];
+    assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+    pt_tier_fig f;
+    o.cost.tier_above = 1;
+    pt_cost_tier(cx, NULL, 0, &o.cost, &f);
+    pt_cost_ctx_free(cx);
+    assert_int_equal(f.level, 2);
+    char pin[32], disk[32];
+    snprintf(pin, sizeof pin, "%llu", (unsigned long long)f.pinned);
+    snprintf(disk, sizeof disk, "%llu", (unsigned long long)f.disk);
+    pt_plan plan;
+    pt_plan_init(&plan);
+
+    o.host_ram = o.cost.tier_above = f.pinned - 1;
+    assert_int_equal(pt_search(&t, &o, &plan, err, sizeof err), PT_ERR_INFEASIBLE);
+    assert_non_null(strstr(err, "even with the disk tier"));
+    assert_non_null(strstr(err, "level 2"));
+    assert_non_null(strstr(err, pin));
+    assert_non_null(strstr(err, disk));
+
+    o.host_ram = o.cost.tier_above = f.pinned;
+    o.disk_budget = f.disk - 1;
+    assert_int_equal(pt_search(&t, &o, &plan, err, sizeof err), PT_ERR_INFEASIBLE);
+    assert_non_null(strstr(err, "no plan fits the disk tier"));
+    assert_non_null(strstr(err, pin));
+    assert_non_null(strstr(err, disk));
+
+    o.disk_budget = f.disk;
+    assert_int_equal(pt_search(&t, &o, &plan, err, sizeof err), PT_OK);
+    assert_int_equal(plan.cost.on_tier, 2);
+    assert_int_equal(plan.cost.host_bytes, f.pinned);
+    assert_int_equal(plan.cost.tier_disk_bytes, f.disk);
+    assert_true(plan.cost.tier_io_s > 0);
+    char *txt = pt_plan_text(&plan), *js = pt_plan_json(&plan);
+    assert_non_null(txt);
+    assert_non_null(js);
+    assert_non_null(strstr(txt, "whole images on [nvme] path (level 2"));
+    assert_non_null(strstr(txt, "exposed"));
+    assert_non_null(strstr(js, "\"tier_exposed_s\""));
+    assert_non_null(strstr(js, "\"tier_io_s\""));
+    assert_non_null(strstr(js, "\"nvme_tier\": 2"));
+    free(txt);
+    free(js);
+    pt_plan_free(&plan);
+    pt_trace_free(&t);
+}
+
 static void test_shape_trace_respects_capacity(void **state) {
     (void)state;
     /* GPT-2 124M, bf16, batch 8: a realistic layout from the shape synthesiser */
@@ -593,6 +660,7 @@ int main(void) {
         cmocka_unit_test(test_infeasible_states_capacity),
         cmocka_unit_test(test_shape_trace_respects_capacity),
         cmocka_unit_test(test_tier_only_when_needed),
+        cmocka_unit_test(test_tier_refusal_names_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -246,7 +246,7 @@ static void test_windows_peak_every_knob_set(void **state) {
     assert_int_equal(pt_cost_n_windows(cx), 2 * N + 3);
     double frags[] = {1.0, 1.13};
     for (size_t fi = 0; fi < 2; fi++) {
-        pt_cost_opts o = {frags[fi], 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        pt_cost_opts o = {frags[fi], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
         for (int32_t p = 0; p <= K; p++) {
             int32_t lo = pt_cost_buffer_min_block(cx, p), nbs[3] = {lo, pt_cost_buffer_min(cx, p), K - p};
             for (int j = 0; j < 3; j++)
