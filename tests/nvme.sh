@@ -117,9 +117,11 @@ if awk -v io="$(jf "$tmp/t2.jsonl" tier_io_s | tail -1)" -v w="$(jf "$tmp/t2.jso
     'BEGIN { exit !(io + 0 > 0 && w ~ /^[0-9.]+$/) }'; then ok
 else bad "tiered run: metrics tier_io_s / tier_wait_s: $(tail -1 "$tmp/t2.jsonl")"; fi
 
-# searched: profile, a plan that puts the states on the tier, rebuilds carrying the
+# searched (n_persist fixed at 0, so the plan cannot avoid the tier by keeping
+# chunks resident, which it prefers now that its I/O costs time): profile, a plan
+# that puts the states on the tier, rebuilds carrying the
 # state through it (calibration may re-plan), still bit-identical
-printf '[memory]\npinned_budget = 4MiB\ndevice_capacity = 6MiB\n[protrain]\nchunk_size = 160KiB\n[nvme]\npath = %s\n' \
+printf '[memory]\npinned_budget = 4MiB\ndevice_capacity = 6MiB\n[protrain]\nchunk_size = 160KiB\nn_persist = 0\n[nvme]\npath = %s\n' \
     "$tier" > "$tmp/auto.ini"
 if "$sh" --config "$tmp/auto.ini" --plugin "$plug" "${model[@]}" --metrics "$tmp/auto.jsonl" \
     > "$tmp/auto.out" 2>&1 && [ "$(losses "$tmp/auto.jsonl")" = "$(losses "$tmp/ref.jsonl")" ]; then ok

@@ -11,6 +11,7 @@
 #    --no-plugin, with clipping and 2 micro-batches per step as well (deferred
 #    steps, fp32 gradient sums in the records); the tier file exists while it
 #    trains and is gone after; the pinned peak stays within the budget;
+#  - a searched plan (device_capacity 32MiB) puts them there too and says so;
 #  - negative controls ([testing] debug_skip_ordering): the tier's read skipped
 #    (16384: an upload or step finds another chunk's image in the slot) or its
 #    write-back dropped (32768: an evicted image comes back stale) breaks the
@@ -86,6 +87,16 @@ else ok; fi
 if "$sh" --config "$tmp/t.ini" --plugin "$plug" "${run[@]}" --max-grad-norm 0.05 --grad-accum 2 \
     --metrics "$tmp/c.jsonl" > "$tmp/c.out" 2>&1 && same "$tmp/c.jsonl" "$tmp/refc.jsonl"; then ok
 else bad "level 2 with clipping and 2 micro-batches differs from --no-plugin (or failed): $(tail -1 "$tmp/c.out")"; fi
+
+# searched: the planner (profile, search) places the states on the tier at level 2
+# itself, says so, and the rebuilds carry the state through the records
+printf '[memory]\ndevice_capacity = 32MiB\npinned_budget = 4MiB\n[protrain]\nn_persist = 0\n[nvme]\npath = %s\n' \
+    "$tier" > "$tmp/auto.ini"
+if "$sh" --config "$tmp/auto.ini" --plugin "$plug" "${run[@]}" --metrics "$tmp/auto.jsonl" \
+    > "$tmp/auto.out" 2>&1 && same "$tmp/auto.jsonl" "$tmp/ref.jsonl"; then ok
+else bad "a searched plan at level 2 differs from --no-plugin (or failed): $(grep -m1 error "$tmp/auto.out")"; fi
+grep -q "disk tier .*whole images on \[nvme\] path (level 2" "$tmp/auto.out" && ok ||
+    bad "the searched plan does not say level 2"
 
 # 3. negative controls
 for bit in 16384 32768; do

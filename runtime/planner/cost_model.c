@@ -259,16 +259,22 @@ void pt_cost_tier(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, con
     f->pinned = pt_cost_host_bytes(cx, a, p, o ? o->shard : 0);
     /* the store decides on the chunks' bytes alone: the swap pool is allocated
      * later, under the same cap */
-    if (!o || !o->tier_slots || o->shard || (f->pinned - sw <= o->tier_above && !(o->tier_force & 1))) return;
+    if (!o || !o->tier_slots || (f->pinned - sw <= o->tier_above && !(o->tier_force & 1))) return;
     const pt_trace *t = cx->t;
     const uint64_t blk = o->tier_block ? o->tier_block : 4096;
-    const uint64_t w = t->param_elem_bytes != 4 ? 3 : 2;
+    /* mode C: this rank's parts (about 1/W of each chunk; no masters, the
+     * landing zone fp32); several ranks below level 2 also pin the fp32
+     * gradient sums (4E a chunk) */
+    const uint64_t W = t->key.world_size > 1 ? (uint64_t)t->key.world_size : 1;
+    const int sh = o->shard && W > 1;
+    const uint64_t w = !sh && t->param_elem_bytes != 4 ? 3 : 2;
     uint64_t pin1 = 0, big1 = 0, big2 = 0, disk1 = 0, disk2 = 0, wr2 = 0;
     for (int32_t k = imax(p, 0); k < cx->K; k++) {
         const pt_trace_chunk *c = &t->chunks[k];
         if (c->mandatory) continue;
         if (c->optim_bytes) return;   /* a kind with its own state (REKLS): no tier */
-        const uint64_t E = c->trainable_elems, U = c->bytes;
+        const uint64_t E = sh ? (c->trainable_elems + W - 1) / W : c->trainable_elems;
+        const uint64_t U = sh ? (c->bytes + W - 1) / W : c->bytes, G = sh ? 4 * E : U;
         if (!E) {   /* frozen: h_param pinned at level 1, its image on disk at level 2 */
             uint64_t r2 = pad(r64(U), blk);
             pin1 += U;
@@ -277,8 +283,8 @@ void pt_cost_tier(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, con
             continue;
         }
         uint64_t r1 = pad(w * r64(4 * E), blk);
-        uint64_t r2 = pad(2 * r64(U) + (w + 1) * r64(4 * E), blk);
-        pin1 += 2 * U;
+        uint64_t r2 = pad(r64(U) + r64(G) + (w + 1) * r64(4 * E), blk);
+        pin1 += U + G + (W > 1 ? 4 * E : 0);
         disk1 += r1;
         disk2 += r2;
         wr2 += r2;
@@ -288,7 +294,7 @@ void pt_cost_tier(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, con
     const uint64_t slots = (uint64_t)o->tier_slots;
     pin1 += slots * (big1 + blk);
     const int32_t force = (o->tier_force >> 1) & 3;
-    if (force == 1 || (!force && (pin1 <= o->tier_above || t->key.world_size > 1))) {
+    if (force == 1 || (!force && (pin1 <= o->tier_above || (W > 1 && !sh)))) {
         *f = (pt_tier_fig){.level = 1, .pinned = pin1 + sw, .disk = disk1, .rd = disk1, .wr = disk1};
         return;
     }

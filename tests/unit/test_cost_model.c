@@ -885,7 +885,9 @@ static void test_tier_levels(void **state) {
         {0, 1, 51968, 1, 51968, 98304, 2 * 98304},   /* level 1 exactly at the budget */
         {0, 1, 51967, 2, 32256, 163840, 3 * 163840}, /* below level 1: level 2 */
         {0, 1, 20000, 2, 32256, 163840, 3 * 163840}, /* level 2 does not fit either: still its figure */
-        {0, 2, 51967, 1, 51968, 98304, 2 * 98304},   /* two ranks: level 2 is not built for them */
+        /* two ranks (mode B): level 2 is not built for them; level 1 pins the
+         * fp32 gradient sums too (4E a chunk, 32000 bytes in all) */
+        {0, 2, 51967, 1, 51968 + 32000, 98304, 2 * 98304},
         {1, 1, 136000, 0, 136000, 0, 0},             /* chunk 0 frozen */
         {1, 1, 135999, 1, 50968, 92160, 2 * 92160},  /* ... its params pinned at level 1 */
         {1, 1, 50967, 2, 32256, 154624, 462848},     /* ... its image on disk at level 2 */
@@ -908,6 +910,21 @@ static void test_tier_levels(void **state) {
         int32_t lvl = -1;
         assert_int_equal(pt_cost_pinned(cx, NULL, 0, &o, &lvl), cases[i].pinned);
         assert_int_equal(lvl, cases[i].level);
+    }
+    /* mode C on two ranks: this rank's parts, level 2 when level 1 (with the
+     * gradient sums) does not fit; its records are about half the chunk's */
+    {
+        pt_trace_free(&t);
+        tier_trace(&t);
+        t.key.world_size = 2;
+        pt_cost_ctx_free(cx);
+        assert_int_equal(pt_cost_ctx_new(&t, &cx, err, sizeof err), PT_OK);
+        pt_cost_opts o = tier_opts(20000);
+        o.shard = 1;
+        int32_t lvl = -1;
+        uint64_t pin = pt_cost_pinned(cx, NULL, 0, &o, &lvl);
+        assert_int_equal(lvl, 2);
+        assert_true(pin < 32256);   /* one rank's level-2 staging is larger */
     }
     pt_trace_free(&t);
     tier_trace(&t);
@@ -942,10 +959,11 @@ static void test_tier_levels(void **state) {
         assert_int_equal(pt_cost_pinned(cx, NULL, 0, &o, &lvl), forced[i].pinned);
         assert_int_equal(lvl, forced[i].level);
     }
-    /* mode C and no [nvme] path: never a tier */
+    /* mode C asked on one rank is not sharded: the tier as usual; no [nvme]
+     * path: never a tier */
     pt_cost_opts o = tier_opts(1000);
     o.shard = 1;
-    assert_int_equal(pt_cost_pinned(cx, NULL, 0, &o, NULL), 144000);
+    assert_int_equal(pt_cost_pinned(cx, NULL, 0, &o, NULL), 32256);
     o = tier_opts(1000);
     o.tier_slots = 0;
     int32_t lvl = -1;
