@@ -145,9 +145,11 @@ const pt_config_key pt_cfg_keys[] = {
     R_INT("nvme", "io_threads", nvme_io_threads, 0, 1, 64, 0, "2",
           "Threads doing the tier's reads and writes (the queue depth: each has one request "
           "in flight)."),
-    R_INT("nvme", "staging_slots", nvme_slots, 0, 3, 64, 0, "3",
-          "Pinned staging buffers, each the largest chunk's states: one being stepped, one "
-          "being written back, the rest read ahead. Counted in pinned_budget."),
+    R_INT("nvme", "staging_slots", nvme_slots, PT_CFG_AUTO, 3, 64, -1, "auto",
+          "Pinned staging buffers, each the largest record: one being stepped, one being "
+          "written back, the rest read ahead. Counted in pinned_budget. auto: the most chunks "
+          "one block's backward completes plus 2 (every step of a block read ahead), at least "
+          "3, no more than pinned_budget leaves."),
     R_SIZE("nvme", "block_size", nvme_block, 0, "4096",
            "File offsets and lengths of the tier align to this (a power of two, at least 512): "
            "O_DIRECT needs the disk's logical block; where the filesystem refuses O_DIRECT "

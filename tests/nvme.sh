@@ -196,6 +196,11 @@ if command -v mpirun >/dev/null 2>&1; then
         "${m2[@]}" --metrics "$tmp/m2p.jsonl") > "$tmp/m2p.out" 2>&1 || bad "2 ranks without the tier failed"
     "$sh" --config "$tmp/m_t.ini" --plugin "$plug" "${model[@]}" "${m2[@]}" --grad-accum 2 \
         --metrics "$tmp/m1t.jsonl" > "$tmp/m1t.out" 2>&1 || bad "1 rank x 2 micro-batches with the tier failed"
+    # staging_slots = auto took what the budget left (5 slots); the sums of 2
+    # micro-batches then took slots back at the first step (without that the
+    # first pre_step ran out of pinned budget)
+    grep -q "nvme tier: 3 staging slot(s) instead of [4-9]" "$tmp/m1t.out" && ok ||
+        bad "1 rank x 2 micro-batches: the automatic slots did not make room for the gradient sums"
     grep -q "nvme tier: [0-9]* read(s) .* 36 write(s)" "$tmp/m2t.out" && ok || bad "2 ranks: rank 0 did not step through the tier (36 write-backs: 9 chunks x 4 steps)"
     if [ "$(losses "$tmp/m2t.jsonl" | wc -l)" = 4 ] && [ "$(losses "$tmp/m2t.jsonl")" = "$(losses "$tmp/m2p.jsonl")" ]; then ok
     else bad "2 ranks: tier and pinned losses differ"; fi

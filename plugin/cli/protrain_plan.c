@@ -107,7 +107,7 @@ static const key KEYS[] = {
     {"nvme", "nvme_path", K_STR, O(nvme_path), 512, "disk tier folder: its rates are timed there (a few MiB)"},
     {"nvme", "nvme_bw", K_STR, O(nvme_bw), 64, "READ,WRITE bytes/s: the tier's rates assumed, not timed"},
     {"nvme", "nvme_io_threads", K_I64, O(nvme_io_threads), 0, "requests in flight (default 2)"},
-    {"nvme", "nvme_slots", K_I64, O(nvme_slots), 0, "staging slots (default 3)"},
+    {"nvme", "nvme_slots", K_I64, O(nvme_slots), 0, "staging slots (default -1: auto, as the store sizes them)"},
     {"nvme", "nvme_block", K_I64, O(nvme_block), 0, "block size, power of two >= 512 (default 4096)"},
     {"nvme", "nvme_budget_gib", K_F64, O(nvme_budget_gib), 0,
      "disk the tier may take (default: the folder's free space, unlimited without one)"},
@@ -137,7 +137,7 @@ static void defaults(opts *o) {
     o->n_persist = o->n_buffer = o->n_swap = o->n_checkpoint = -1;
     o->runner_ups = 3;
     o->defer = 1;
-    o->nvme_slots = 3;
+    o->nvme_slots = -1;
     o->nvme_block = 4096;
     o->nvme_io_threads = 2;
 }
@@ -310,9 +310,9 @@ static int finish_opts(opts *o) {
     o->hw.reduce_scatter_Bps = o->reduce_scatter_gbps * 1e9;
     o->hw.host_ram_bytes = (uint64_t)(o->host_ram_gib * GIB);
     if (o->gpus_per_node <= 0) o->gpus_per_node = o->hw.world_size > 0 ? o->hw.world_size : 1;
-    if (o->nvme_slots < 3 || o->nvme_slots > 64 || o->nvme_io_threads < 1 || o->nvme_io_threads > 64 ||
+    if ((o->nvme_slots != -1 && (o->nvme_slots < 3 || o->nvme_slots > 64)) || o->nvme_io_threads < 1 || o->nvme_io_threads > 64 ||
         o->nvme_block < 512 || (o->nvme_block & (o->nvme_block - 1)) || !(o->nvme_budget_gib >= 0)) {
-        fprintf(stderr, "protrain-plan: nvme_slots must be in [3, 64], nvme_io_threads in [1, 64], nvme_block a "
+        fprintf(stderr, "protrain-plan: nvme_slots must be in [3, 64] or -1 (auto), nvme_io_threads in [1, 64], nvme_block a "
                         "power of two of at least 512, nvme_budget_gib >= 0\n");
         return 2;
     }

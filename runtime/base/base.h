@@ -33,7 +33,7 @@ typedef struct pt_config {
     /* [nvme]: the disk tier of offloaded chunks' optimizer states (store/tier/) */
     char nvme_path[512];      /* path = a writable folder, "" (default) = no tier */
     int nvme_io_threads;      /* io_threads = 1..64, default 2: threads doing the tier's reads/writes */
-    int nvme_slots;           /* staging_slots = 3..64, default 3: pinned staging buffers */
+    int nvme_slots;           /* staging_slots = 3..64, -1 = auto (the store sizes them) */
     uint64_t nvme_block;      /* block_size = <size>, default 4096: file offsets and lengths align to it */
     uint64_t nvme_budget;     /* budget = auto | <size>: disk bytes the tier may use; 0 = auto (free space) */
     /* [protrain] */

@@ -252,6 +252,27 @@ uint64_t pt_cost_host_bytes(const pt_cost_ctx *cx, const pt_act_profile *a, int3
 static uint64_t pad(uint64_t x, uint64_t blk) { return (x + blk - 1) / blk * blk; }
 static uint64_t r64(uint64_t x) { return (x + 63) / 64 * 64; }
 
+/* staging_slots = auto (o->tier_slots < 0), as the store sizes them: the
+ * most offloaded trainable chunks whose first block is one block, plus 2, in
+ * [3, 64], and no more than the budget leaves beside base pinned bytes at
+ * per bytes a slot; else the fixed count. */
+static int32_t auto_slots(const pt_trace *t, int32_t p, const pt_cost_opts *o, uint64_t base, uint64_t per,
+                          int32_t fixed) {
+    /* base: the level's other pinned bytes (one rank's gradient sums of several
+     * micro-batches come later: the store gives slots back for them) */
+    if (o->tier_slots > 0) return fixed;
+    int32_t want = 0;
+    for (int32_t b = 0; b < t->n_block; b++) {
+        int32_t n = 0;
+        for (int32_t k = imax(p, 0); k < t->n_chunk; k++)
+            n += !t->chunks[k].mandatory && t->chunks[k].trainable_elems && t->chunks[k].first_block == b;
+        want = imax(want, n);
+    }
+    want = imin(imax(want + 2, 3), 64);
+    uint64_t fit = o->tier_above > base && per ? (o->tier_above - base) / per : 3;
+    return fit < 3 ? 3 : imin(want, (int32_t)(fit > 64 ? 64 : fit));
+}
+
 void pt_cost_tier(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, const pt_cost_opts *o,
                   pt_tier_fig *f) {
     memset(f, 0, sizeof *f);
@@ -291,15 +312,18 @@ void pt_cost_tier(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, con
         if (r1 > big1) big1 = r1;
         if (r2 > big2) big2 = r2;
     }
-    const uint64_t slots = (uint64_t)o->tier_slots;
+    /* the level is chosen with 3 slots when they are auto, as the store does */
+    const uint64_t slots = o->tier_slots > 0 ? (uint64_t)o->tier_slots : 3;
+    const uint64_t base1 = pin1;
     pin1 += slots * (big1 + blk);
     const int32_t force = (o->tier_force >> 1) & 3;
     if (force == 1 || (!force && (pin1 <= o->tier_above || (W > 1 && !sh)))) {
-        *f = (pt_tier_fig){.level = 1, .pinned = pin1 + sw, .disk = disk1, .rd = disk1, .wr = disk1};
+        int32_t n = auto_slots(t, p, o, base1, big1 + blk, (int32_t)slots);
+        *f = (pt_tier_fig){.level = 1, .pinned = base1 + (uint64_t)n * (big1 + blk) + sw, .disk = disk1, .rd = disk1, .wr = disk1, .slots = n};
         return;
     }
-    *f = (pt_tier_fig){
-        .level = 2, .pinned = slots * (big2 + blk) + sw, .disk = disk2, .fwd_rd = disk2, .rd = disk2, .wr = wr2};
+    int32_t n = auto_slots(t, p, o, 0, big2 + blk, (int32_t)slots);
+    *f = (pt_tier_fig){.level = 2, .pinned = (uint64_t)n * (big2 + blk) + sw, .disk = disk2, .fwd_rd = disk2, .rd = disk2, .wr = wr2, .slots = n};
 }
 
 uint64_t pt_cost_pinned(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p,
@@ -349,6 +373,7 @@ void pt_cost_memory(const pt_cost_ctx *cx, const pt_cost_opts *o, const pt_act_p
     pt_cost_tier(cx, a, p, o, &f);
     out->host_bytes = f.pinned;
     out->on_tier = f.level;
+    out->tier_slots = f.slots;
     out->tier_disk_bytes = f.disk;
     out->tier_io_bytes = f.fwd_rd + f.rd + f.wr;
 }

@@ -118,7 +118,8 @@ typedef struct pt_cost_opts {
     int32_t tp_l2;            /* tensor parallel: REKLS's l2 weight decay is on
                                  (rekls_weight_decay_method = l2, weight_decay != 0), so
                                  each split param's weights are gathered too */
-    int32_t tier_slots;       /* [nvme] path set: the disk tier's staging slots (0: no tier) */
+    int32_t tier_slots;       /* [nvme] path set: the disk tier's staging slots (0: no tier,
+                                 -1: auto, sized as pt_cost_tier says) */
     uint64_t tier_above;      /* with tier_slots: the pinned budget; a plan whose pinned
                                  bytes exceed it puts the offloaded chunks' states on the
                                  disk tier (runtime/store/tier/tier.h; levels below) */
@@ -173,6 +174,7 @@ typedef struct pt_cost {
     int32_t peak_block;          /* its block (-1 for non-block windows) */
     uint64_t host_bytes;         /* pinned host bytes needed (per rank) */
     uint64_t swap_pool_bytes;    /* part of host_bytes: SWAP arenas */
+    int32_t tier_slots;          /* with on_tier: its staging slots (auto resolved) */
     int32_t on_tier;             /* disk tier level (pt_cost_tier): 0 none, 1 the offloaded
                                     chunks' Adam states on disk, 2 their whole images;
                                     host_bytes is that level's pinned figure */
@@ -325,6 +327,7 @@ typedef struct pt_tier_fig {
     uint64_t disk;          /* the file: sum of the tiered chunks' records */
     uint64_t fwd_rd;        /* bytes read for the forward (level 2) */
     uint64_t rd, wr;        /* bytes read and written after the forward */
+    int32_t slots;          /* staging slots (auto resolved) */
 } pt_tier_fig;
 void pt_cost_tier(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t n_persist, const pt_cost_opts *o,
                   pt_tier_fig *f);

@@ -217,7 +217,7 @@ char *pt_plan_text(const pt_plan *p) {
         sb_printf(&b, "  disk tier        %s on [nvme] path (level %d; pinned: %s%d staging slots), "
                       "%.3f GiB on disk\n",
                   c->on_tier == 1 ? "the offloaded chunks' Adam states" : "the offloaded chunks' whole images",
-                  c->on_tier, c->on_tier == 1 ? "their params and gradients and " : "only ", p->opts.tier_slots,
+                  c->on_tier, c->on_tier == 1 ? "their params and gradients and " : "only ", c->tier_slots,
                   c->tier_disk_bytes / GIB);
         if (p->opts.tier_rd_Bps > 0 && p->opts.tier_wr_Bps > 0)
             sb_printf(&b, "                   I/O %.3f GiB per iteration, %.4f s at read %.3g / write %.3g "

@@ -486,7 +486,7 @@ static int explain_infeasible(search *S, pt_act_profile *a, uint8_t *modes, pt_p
                        "the pinned budget is %llu bytes (%.2f GiB)",
                        host_at.p, host_at.s, host_fig.level,
                        host_fig.level == 1 && t->key.world_size > 1 ? " (level 2 is built for one rank)" : "",
-                       o->cost.tier_slots,
+                       host_fig.slots,
                        host_fig.level == 1 ? "offloaded chunks' params and gradients" : "chunks' images on disk",
                        (unsigned long long)min_host,
                        min_host / 1073741824.0, (unsigned long long)host_fig.disk, host_fig.disk / 1073741824.0,

@@ -103,12 +103,16 @@ int pt_store_pre_step(pt_store *st, char *err, size_t errlen) {
         for (int k = 0; k < ms->n_chunks; k++)
             if (!ms->ch[k].persistent && ms->ch[k].trainable && ms->ch[k].tiered != 2)
                 more += 4 * ms->ch[k].n_state;
+        /* automatic staging slots beyond 3 give their memory back where the sums
+         * would not fit beside them */
+        int rc = pt_tier_make_room(st, more, err, errlen);
+        if (rc) return rc;
         for (int k = 0; k < ms->n_chunks; k++) {
             cs_chunk *c = &ms->ch[k];
             if (c->persistent || !c->trainable || c->tiered == 2) continue;   /* level 2: in
                                                                                  * its record */
-            int rc = pt_gpu_pinned_alloc(st->env.gpu, (size_t)c->n_state * 4, (void **)&c->h_gacc,
-                                         err, errlen);
+            rc = pt_gpu_pinned_alloc(st->env.gpu, (size_t)c->n_state * 4, (void **)&c->h_gacc,
+                                     err, errlen);
             if (rc) return rc;
         }
         ms->pinned_bytes += more;

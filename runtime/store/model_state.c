@@ -110,7 +110,8 @@ static void tier_chunk_size(pt_store *st, const pt_layout_param *lp, pt_chunk_si
     for (int i = 0; i < ch->n_cand; i++) {
         const pt_chunk_candidate *c = &ch->cand[i];
         uint64_t prof = 2 * c->size > 65536 ? 2 * c->size : 65536;
-        uint64_t need = (uint64_t)cfg->nvme_slots * (ratio * c->size + 2 * cfg->nvme_block) + prof;
+        uint64_t slots = cfg->nvme_slots > 0 ? (uint64_t)cfg->nvme_slots : 3;   /* auto: at least 3 */
+        uint64_t need = slots * (ratio * c->size + 2 * cfg->nvme_block) + prof;
         if (need > cfg->pinned_budget) continue;
         if (best < 0) best = i;
         const pt_chunk_candidate *b = &ch->cand[best];
@@ -311,6 +312,31 @@ static uint64_t tier_at(pt_store *st, int lv) {
     return pinned + pt_tier_staging_bytes(st, 0);
 }
 
+/* staging_slots = auto: enough to read every step of a block ahead (the most
+ * tiered trainable chunks whose gradients one block completes, plus one
+ * being written back and one more read ahead), at least 3, at most 64, and
+ * no more than pinned_budget leaves (lim) beside the level's other bytes. On
+ * one rank at level 1 the fp32 gradient sums of several micro-batches come at
+ * their first step: the slots beyond 3 make room for them then
+ * (pt_tier_make_room). The planner sizes them alike (pt_cost_tier). */
+static void auto_slots(pt_store *st, uint64_t *pinned, uint64_t lim) {
+    int want = 0;
+    for (int b = 0; b < st->n_blocks; b++) {
+        int n = 0;
+        for (int k = 0; k < st->n_chunks; k++)
+            n += st->ch[k].tiered && st->ch[k].trainable && st->ch[k].lc->block_first == b;
+        if (n > want) want = n;
+    }
+    want = want + 2 < 3 ? 3 : want + 2 > 64 ? 64
+                                            : want + 2;
+    uint64_t base = *pinned - pt_tier_staging_bytes(st, 0), per = pt_tier_staging_bytes(st, 0) / 3;
+    uint64_t fit = lim > base && per ? (lim - base) / per : 3;
+    if (fit > 64) fit = 64;
+    st->tier_slots = (uint64_t)want < fit ? want : fit < 3 ? 3
+                                                           : (int)fit;
+    *pinned = base + (uint64_t)st->tier_slots * per;
+}
+
 /* [nvme] path set: the offloaded chunks go to the disk tier at the lowest
  * level whose pinned bytes (*pinned, the chunks' and the staging slots') fit
  * the limit: 1, their Adam states; 2, their whole images (mode C: this rank's
@@ -320,6 +346,7 @@ static uint64_t tier_at(pt_store *st, int lv) {
 static int tier_chunks(pt_store *st, uint64_t *pinned, char *err, size_t errlen) {
     const pt_config *cfg = st->env.cfg;
     if (!cfg->nvme_path[0] || st->ok != &pt_optk_adamw) return PT_OK;
+    st->tier_slots = cfg->nvme_slots > 0 ? cfg->nvme_slots : 3;   /* auto: 3 to choose the level */
     uint64_t lim = pt_ms_pinned_limit(st), p1 = tier_at(st, 1);
     int lv = cfg->debug_tier_level ? cfg->debug_tier_level : p1 <= lim ? 1
                                                                        : 2;
@@ -331,15 +358,16 @@ static int tier_chunks(pt_store *st, uint64_t *pinned, char *err, size_t errlen)
                        "parameters and gradients to disk too is built for one rank or mode C "
                        "(zero3_shard), not for mode B on %d ranks: raise [memory] pinned_budget, "
                        "lower offload or shard the chunks",
-                       (unsigned long long)p1, cfg->nvme_slots, (unsigned long long)lim,
+                       (unsigned long long)p1, st->tier_slots, (unsigned long long)lim,
                        st->world);
     *pinned = lv == 1 ? p1 : tier_at(st, lv);
+    if (cfg->nvme_slots <= 0) auto_slots(st, pinned, lim);
     PT_LOGI(st->env.lg, "nvme tier: level %d, the offloaded chunks' %s go to disk: %llu pinned "
                         "bytes left for the chunks, plus %llu of staging (%d slots of the largest "
                         "record)",
             lv, lv == 1 ? "Adam states" : "whole images (parameters, gradients, Adam states)",
             (unsigned long long)(*pinned - pt_tier_staging_bytes(st, 0)),
-            (unsigned long long)pt_tier_staging_bytes(st, 0), cfg->nvme_slots);
+            (unsigned long long)pt_tier_staging_bytes(st, 0), st->tier_slots);
     return PT_OK;
 }
 

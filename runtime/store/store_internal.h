@@ -206,6 +206,7 @@ struct pt_store {
     const pt_optim_kind *ok;
     void *opt;
     pt_tier *tier;            /* the disk tier ([nvme] path) when some chunk is tiered */
+    int tier_slots;           /* its staging slots ([nvme] staging_slots, auto resolved) */
 };
 
 /* footprint.c: device bytes of a resident chunk, pinned bytes of an offloaded

@@ -56,7 +56,7 @@ uint64_t pt_tier_staging_bytes(const pt_store *st, int rounded) {
     if (!one) return 0;
     one += st->env.cfg->nvme_block;
     if (rounded) one = pt_gpu_round_size(one);
-    return one * (uint64_t)st->env.cfg->nvme_slots;
+    return one * (uint64_t)st->tier_slots;
 }
 
 int pt_tier_level(const pt_store *st) { return st->tier ? st->tier->level : 0; }
@@ -317,6 +317,55 @@ int pt_tier_sync(pt_store *st, char *err, size_t errlen) {
     return rc;
 }
 
+/* A read queued ahead of a step that then did not come (a failed hook) is
+ * dropped before a view, which needs the image out of every slot. */
+static void forget_ahead(pt_store *st, int k) {
+    cs_chunk *c = &st->ch[k];
+    if (!c->tier_ahead) return;
+    c->tier_ahead = 0;
+    pt_tier_drop(st, c, PT_TIER_CLEAN);
+}
+
+int pt_tier_make_room(pt_store *st, uint64_t bytes, char *err, size_t errlen) {
+    pt_tier *t = st->tier;
+    if (!t || st->env.cfg->nvme_slots > 0 || t->n_slots <= 3) return PT_OK;
+    pt_gpu_usage u;
+    pt_gpu_usage_get(st->env.gpu, &u);
+    uint64_t lim = pt_ms_pinned_limit(st), per = t->slot_bytes + t->blk;
+    if (u.pinned_current + bytes <= lim) return PT_OK;
+    int keep = t->n_slots;
+    while (keep > 3 && u.pinned_current + bytes > lim + (uint64_t)(t->n_slots - keep) * per) keep--;
+    /* nothing may hold an image: every chunk's tasks, then the I/O */
+    for (int k = 0; k < st->n_chunks; k++) {
+        pt_pool_wait(st->workers, &st->ch[k].sg);
+        pt_pool_wait(st->workers, &st->ch[k].tg);
+        forget_ahead(st, k);
+    }
+    int rc = pt_tier_sync(st, err, errlen);
+    if (rc) return rc;
+    pthread_mutex_lock(&t->mu);
+    for (int i = keep; i < t->n_slots; i++) {   /* (a copy's hold may still be on a stream) */
+        int j = t->slot_chunk[i];
+        while (j >= 0 && (t->ref[j] || t->cs[j] == TC_READING || t->cs[j] == TC_WRITING)) {
+            pthread_cond_wait(&t->cv_done, &t->mu);
+            j = t->slot_chunk[i];
+        }
+    }
+    for (int i = keep; i < t->n_slots; i++) {
+        int j = t->slot_chunk[i];
+        if (j >= 0) t->cs[j] = TC_IDLE, t->slot[j] = -1;   /* clean: the file holds it */
+        pt_gpu_pinned_free(st->env.gpu, t->slot_alloc[i]);
+        t->slot_alloc[i] = NULL, t->slot_mem[i] = NULL, t->slot_chunk[i] = -1;
+    }
+    PT_LOGI(st->env.lg, "nvme tier: %d staging slot(s) instead of %d, so the %llu bytes of fp32 "
+                        "gradient sums fit [memory] pinned_budget",
+            keep, t->n_slots, (unsigned long long)bytes);
+    t->n_slots = keep;
+    st->tier_slots = keep;
+    pthread_mutex_unlock(&t->mu);
+    return PT_OK;
+}
+
 int pt_tier_failed(pt_store *st, char *err, size_t errlen) {
     pt_tier *t = st->tier;
     if (!t) return PT_OK;
@@ -325,15 +374,6 @@ int pt_tier_failed(pt_store *st, char *err, size_t errlen) {
     if (rc) pt_fail(err, errlen, rc, "%s", t->err);
     pthread_mutex_unlock(&t->mu);
     return rc;
-}
-
-/* A read queued ahead of a step that then did not come (a failed hook) is
- * dropped before a view, which needs the image out of every slot. */
-static void forget_ahead(pt_store *st, int k) {
-    cs_chunk *c = &st->ch[k];
-    if (!c->tier_ahead) return;
-    c->tier_ahead = 0;
-    pt_tier_drop(st, c, PT_TIER_CLEAN);
 }
 
 /* Chunk k out of the slots, nobody holding it, its I/O done, so the file is
@@ -439,7 +479,7 @@ int pt_tier_open(pt_store *st, char *err, size_t errlen) {
     t->fd = t->lock_fd = -1;
     t->blk = cfg->nvme_block;
     t->budget = cfg->nvme_budget;
-    t->n_slots = cfg->nvme_slots;
+    t->n_slots = st->tier_slots;
     snprintf(t->dir, sizeof t->dir, "%s", cfg->nvme_path);
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv_job, NULL);

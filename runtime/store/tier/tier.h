@@ -73,6 +73,11 @@ void pt_tier_drop(struct pt_store *st, struct cs_chunk *c, int how);
  * wait for the image in its slot; drop a clean hold after an upload. */
 void pt_tier_stream_ready(void *chunk);
 void pt_tier_stream_drop(void *chunk);
+/* Automatic staging slots (staging_slots = auto) beyond 3 given back, as many
+ * as bytes more pinned bytes need under pinned_budget, after every step and
+ * I/O is done (the gradient sums several micro-batches allocate at their first
+ * step). No tier, fixed slots, or room enough: nothing. */
+int pt_tier_make_room(struct pt_store *st, uint64_t bytes, char *err, size_t errlen);
 /* Every queued read and write done; the first I/O failure (with its sentence). */
 int pt_tier_sync(struct pt_store *st, char *err, size_t errlen);
 /* The first I/O failure so far, without waiting (0: none). */
