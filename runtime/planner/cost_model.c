@@ -269,7 +269,8 @@ static int32_t auto_slots(const pt_trace *t, int32_t p, const pt_cost_opts *o, u
         want = imax(want, n);
     }
     want = imin(imax(want + 2, 3), 64);
-    uint64_t fit = o->tier_above > base && per ? (o->tier_above - base) / per : 3;
+    uint64_t prof = 2 * t->chunk_size > 65536 ? 2 * t->chunk_size : 65536;   /* profiling's copies */
+    uint64_t fit = o->tier_above > base + prof && per ? (o->tier_above - base - prof) / per : 3;
     return fit < 3 ? 3 : imin(want, (int32_t)(fit > 64 ? 64 : fit));
 }
 

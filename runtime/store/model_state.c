@@ -315,7 +315,8 @@ static uint64_t tier_at(pt_store *st, int lv) {
 /* staging_slots = auto: enough to read every step of a block ahead (the most
  * tiered trainable chunks whose gradients one block completes, plus one
  * being written back and one more read ahead), at least 3, at most 64, and
- * no more than pinned_budget leaves (lim) beside the level's other bytes. On
+ * no more than pinned_budget leaves (lim) beside the level's other bytes and
+ * the buffer profiling times the copy rates with. On
  * one rank at level 1 the fp32 gradient sums of several micro-batches come at
  * their first step: the slots beyond 3 make room for them then
  * (pt_tier_make_room). The planner sizes them alike (pt_cost_tier). */
@@ -329,8 +330,11 @@ static void auto_slots(pt_store *st, uint64_t *pinned, uint64_t lim) {
     }
     want = want + 2 < 3 ? 3 : want + 2 > 64 ? 64
                                             : want + 2;
+    st->tier_want = want;
     uint64_t base = *pinned - pt_tier_staging_bytes(st, 0), per = pt_tier_staging_bytes(st, 0) / 3;
-    uint64_t fit = lim > base && per ? (lim - base) / per : 3;
+    /* and what profiling times the copy rates with: max(2 S, 64 KiB) */
+    uint64_t prof = 2 * st->lay.chunk_size > 65536 ? 2 * st->lay.chunk_size : 65536;
+    uint64_t fit = lim > base + prof && per ? (lim - base - prof) / per : 3;
     if (fit > 64) fit = 64;
     st->tier_slots = (uint64_t)want < fit ? want : fit < 3 ? 3
                                                            : (int)fit;
@@ -362,12 +366,16 @@ static int tier_chunks(pt_store *st, uint64_t *pinned, char *err, size_t errlen)
                        st->world);
     *pinned = lv == 1 ? p1 : tier_at(st, lv);
     if (cfg->nvme_slots <= 0) auto_slots(st, pinned, lim);
+    char why[96] = "";
+    if (st->tier_want)
+        snprintf(why, sizeof why, "; auto: %d read a block ahead%s", st->tier_want,
+                 st->tier_want > st->tier_slots ? ", more than the budget leaves" : "");
     PT_LOGI(st->env.lg, "nvme tier: level %d, the offloaded chunks' %s go to disk: %llu pinned "
                         "bytes left for the chunks, plus %llu of staging (%d slots of the largest "
-                        "record)",
+                        "record%s)",
             lv, lv == 1 ? "Adam states" : "whole images (parameters, gradients, Adam states)",
             (unsigned long long)(*pinned - pt_tier_staging_bytes(st, 0)),
-            (unsigned long long)pt_tier_staging_bytes(st, 0), st->tier_slots);
+            (unsigned long long)pt_tier_staging_bytes(st, 0), st->tier_slots, why);
     return PT_OK;
 }
 

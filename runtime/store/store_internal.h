@@ -207,6 +207,7 @@ struct pt_store {
     void *opt;
     pt_tier *tier;            /* the disk tier ([nvme] path) when some chunk is tiered */
     int tier_slots;           /* its staging slots ([nvme] staging_slots, auto resolved) */
+    int tier_want;            /* auto: the slots that read a whole block ahead (0: fixed) */
 };
 
 /* footprint.c: device bytes of a resident chunk, pinned bytes of an offloaded

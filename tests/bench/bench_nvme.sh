@@ -12,8 +12,9 @@
 # capacity 6 / 40 MiB so the search offloads). Fixed plans also: S at 3 MiB, where
 # the states alone on disk do not fit and the tier takes whole chunk images
 # (level 2: parameters, gradients and states read before each use); L on the
-# tier with 5 staging slots at 9 MiB (a block of L has 4 chunks: 5 slots read a
-# whole block ahead, the default 3 read 3 of its 4). Clipping off, so the CPU steps
+# tier at 9 MiB too, where staging_slots = auto gets more slots than at 8 MiB (a
+# block of L has 4 chunks: 6 slots read all of a block's steps ahead; the log says
+# how many the budget left). Clipping off, so the CPU steps
 # overlap backward. The runs alternate (reversed in every other repeat); a run's
 # step is its median step (steps 6..N, from the metrics' tok_s), and every figure
 # is the median over the repeats, ratios taken within a repeat first.
@@ -25,7 +26,10 @@
 #   - beside it the disk: the rates the tier timed at open (one record each way),
 #     the bytes a step moves, and what the steps consume: bytes per step / the
 #     pinned step time. Goal: hidden >= 90% where the probe's rate exceeds that
-#     consumption (else the disk cannot keep up and the goal does not apply);
+#     consumption (else the disk cannot keep up and the goal does not apply) and
+#     the budget leaves the staging slots that read a block's steps ahead (the
+#     tier's log says "more than the budget leaves" when it does not: then the
+#     exposed I/O is the budget's price, reported, not a miss);
 #   - searched plans (n_persist and n_buffer searched; CKPT and SWAP off, else
 #     the search may keep enough chunks persistent to fit without the tier): the
 #     plan's predicted iteration (pred_iter_s) vs the measured step, goal within
@@ -80,14 +84,14 @@ ratio() {
     done | med
 }
 
-# arms: pin / tier (fixed plan), apin / atier (searched); S also tier2, L tier5
-arms_S=(pin tier tier2 apin atier); arms_L=(pin tier tier5 apin atier)
-budget_of() { case $2 in pin|apin) echo 64MiB ;; tier5) echo 9MiB ;; tier2) echo 3MiB ;; *) eval "echo \$${1}_budget" ;; esac; }
+# arms: pin / tier (fixed plan), apin / atier (searched); S also tier2, L tier9
+arms_S=(pin tier tier2 apin atier); arms_L=(pin tier tier9 apin atier)
+budget_of() { case $2 in pin|apin) echo 64MiB ;; tier9) echo 9MiB ;; tier2) echo 3MiB ;; *) eval "echo \$${1}_budget" ;; esac; }
 for m in S L; do
     eval "c=\$${m}_chunk cap=\$${m}_cap arms=(\"\${arms_${m}[@]}\")"
     for a in "${arms[@]}"; do
         plan=fixed; case $a in a*) plan=$cap ;; esac
-        slots=; [ $a = tier5 ] && slots=5
+        slots=
         ini "$tmp/$m.$a.ini" "$c" "$(budget_of $m $a)" "$plan" $slots
     done
 done
@@ -133,9 +137,13 @@ tier_report() {
         "$m" "$3" "${lv:-?}" "$io" "$wt" "$(awk -v h="$hid" 'BEGIN { print h * 100 }')" "$wr" "$rd" \
         "$(awk -v v="$rmb" -v n="$steps" 'BEGIN { print v / n }')" "$(awk -v v="$wmb" -v n="$steps" 'BEGIN { print v / n }')" \
         "$need" "$t_disk"
-    if ! awk -v t="$t_disk" 'BEGIN { exit !(t <= 1) }'; then
+    if awk -v h="$hid" 'BEGIN { exit !(h >= 0.90) }'; then echo "bench_nvme: model $m, $3: hidden >= 90%: met"
+    elif ! awk -v t="$t_disk" 'BEGIN { exit !(t <= 1) }'; then
         echo "bench_nvme: model $m, $3: the disk needs more than a step for a step's states at its probe rates: the 90% goal does not apply"
-    elif awk -v h="$hid" 'BEGIN { exit !(h >= 0.90) }'; then echo "bench_nvme: model $m, $3: hidden >= 90%: met"
+    elif grep -q "more than the budget leaves" "$tmp/$m.$a.1.log"; then
+        # the disk keeps up, but pinned_budget leaves fewer staging slots than
+        # reading a block ahead takes: the exposed part is the budget's price
+        echo "bench_nvme: model $m, $3: fewer staging slots than a block's reads ahead need (the budget): the 90% goal does not apply; $(grep -o 'auto: [0-9]* read a block ahead' "$tmp/$m.$a.1.log" | head -1)"
     else miss "model $m, $3: tier I/O hidden $(awk -v h="$hid" 'BEGIN { printf "%.1f", h * 100 }')% < 90% with a disk that keeps up"; fi
 }
 for m in S L; do
@@ -153,7 +161,7 @@ for m in S L; do
             esac
         done
     done
-    for t in tier tier2 tier5; do
+    for t in tier tier2 tier9; do
         [ -n "${st[$t]:-}" ] || continue
         for r in $(seq 1 "$reps"); do
             [ "$(jf "$tmp/$m.$t.$r.jsonl" loss)" = "$(jf "$tmp/$m.pin.$r.jsonl" loss)" ] ||
@@ -164,7 +172,8 @@ for m in S L; do
         printf 'bench_nvme: model %s (%s), fixed plan, n_persist 0: step pinned %s ms, %s %s ms: x%.3f; pinned peak %s vs %s bytes (budget %s)\n' \
             "$m" "${args[*]}" "$(ms "${st[pin]}")" "$t" "$(ms "${st[$t]}")" "$(ratio "$m" "$t" pin)" \
             "$(last $m pin pinned_peak)" "$(last $m $t pinned_peak)" "$(mib "$(budget_of $m $t)")"
-        tier_report "$m" "$t" "$t ($(budget_of $m $t), $([ $t = tier5 ] && echo 5 || echo 3) staging slots)"
+        sl=$(sed -n 's/.*plus [0-9]* of staging (\([0-9]*\) slots.*/\1/p' "$tmp/$m.$t.1.log" | tail -1)
+        tier_report "$m" "$t" "$t ($(budget_of $m $t), ${sl:-?} staging slots)"
     done
     for a in apin atier; do
         pr=$(last "$m" "$a" pred_iter_s)
