@@ -17,7 +17,8 @@
 #    write-back dropped (32768: an evicted image comes back stale) breaks the
 #    comparison;
 #  - stopped after step 2 with a checkpoint generation and resumed: the same
-#    losses (the tier is refilled from the state file);
+#    losses (the tier is refilled from the state file); killed (-9) after
+#    generation 2 and resumed: the same losses, no files left after;
 #  - two ranks in mode C (each rank's parts in its own records): bit-identical
 #    to the same ranks without the tier and within 1e-6 of one rank with two
 #    micro-batches, pinned peak within the budget; mode B on two ranks is
@@ -115,6 +116,30 @@ ck="$tmp/ck"
     --metrics "$tmp/r.jsonl" > "$tmp/r2.out" 2>&1 || bad "the resumed run failed: $(tail -2 "$tmp/r2.out")"
 grep -q "nvme tier: level 2" "$tmp/r2.out" || bad "the resumed run has no level-2 tier"
 same "$tmp/r.jsonl" "$tmp/ref.jsonl" && ok || bad "stop at 2 + resume does not reproduce the --no-plugin losses"
+
+# kill -9 after generation 2 (the tier's file and lock stay behind, the lock
+# released with the process), then --resume: the tier file is truncated and
+# refilled, and the metrics (cut back to the generation and continued) hold the
+# --no-plugin losses
+ck2="$tmp/ck2"
+"$sh" --config "$tmp/t.ini" --plugin "$plug" "${run[@]}" --checkpoint-dir "$ck2" --checkpoint-every 1 \
+    --debug-save-sleep-ms 20 --metrics "$tmp/k1.jsonl" > "$tmp/k1.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 1000); do
+    [ -d "$ck2/gen-00000002" ] && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.01
+done
+kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+if [ ! -d "$ck2/gen-00000002" ]; then bad "the run to kill wrote no generation 2: $(tail -1 "$tmp/k1.out")"
+else
+    "$sh" --config "$tmp/t.ini" --plugin "$plug" "${run[@]}" --checkpoint-dir "$ck2" --checkpoint-every 1 \
+        --resume --metrics "$tmp/k1.jsonl" > "$tmp/k2.out" 2>&1 || bad "the resume after kill -9 failed: $(tail -1 "$tmp/k2.out")"
+    from=$(sed -n 's/.*resumed from .*step \([0-9]*\).*/\1/p' "$tmp/k2.out" | head -1)
+    if [ -n "$from" ] && [ "$from" -ge 2 ] && same "$tmp/k1.jsonl" "$tmp/ref.jsonl"; then ok
+    else bad "kill -9 + resume (from step ${from:-?}): losses differ from --no-plugin"; fi
+fi
+[ -z "$(ls -A "$tier")" ] && ok || bad "files left in the tier folder after the resumed run: $(ls -A "$tier")"
 
 # 5. two ranks. Mode C (zero3_shard = on, each rank's parts in its own records):
 # bit-identical to the same two ranks without the tier, within 1e-6 of one rank
