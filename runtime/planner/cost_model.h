@@ -312,11 +312,17 @@ uint64_t pt_cost_host_bytes(const pt_cost_ctx *cx, const pt_act_profile *a, int3
  * Each level's pinned figure adds the swap pool, but the rule, as the
  * store's, weighs the chunks' bytes alone (the pool is allocated later under
  * the same cap): level 0 when they fit o->tier_above; else level 1 when its
- * bytes do, or with several ranks (level 2 is built for one rank); else
- * level 2 (o->tier_force overrides
- * both steps, as the store's testing keys do). The level's figure may not
- * fit either: the searcher refuses such a plan. No tier in mode C (o->shard)
- * or when a chunk has its own optimizer kind's state (REKLS).
+ * bytes (with 3 slots) do, or in mode B on several ranks (level 2 is built
+ * for one rank and mode C); else level 2 (o->tier_force overrides both
+ * steps, as the store's testing keys do). Mode C (o->shard on several
+ * ranks) uses this rank's parts: E and U about 1/W, the landing zone 4E, no
+ * masters; several ranks below level 2 pin the fp32 gradient sums (4E) too.
+ * tier_slots < 0 (auto) then sizes the slots as the store does: the most
+ * offloaded trainable chunks one block's backward completes plus 2, in
+ * [3, 64], no more than the budget leaves beside the level's other bytes and
+ * max(2 S, 64 KiB) for profiling. The level's figure may not fit either: the
+ * searcher refuses such a plan. No tier when a chunk has its own optimizer
+ * kind's state (REKLS).
  * Per iteration a level-1 chunk reads and writes R1; at level 2 every chunk
  * reads R2 for the forward's upload and for the backward's (a chunk still in
  * a staging slot is not re-read, counted as read anyway), and a trainable

@@ -485,7 +485,7 @@ static int explain_infeasible(search *S, pt_act_profile *a, uint8_t *modes, pt_p
                        "pool) is %llu bytes (%.2f GiB) with %llu bytes (%.2f GiB) on disk; "
                        "the pinned budget is %llu bytes (%.2f GiB)",
                        host_at.p, host_at.s, host_fig.level,
-                       host_fig.level == 1 && t->key.world_size > 1 ? " (level 2 is built for one rank)" : "",
+                       host_fig.level == 1 && t->key.world_size > 1 ? " (level 2 is built for one rank and mode C)" : "",
                        host_fig.slots,
                        host_fig.level == 1 ? "offloaded chunks' params and gradients" : "chunks' images on disk",
                        (unsigned long long)min_host,

@@ -112,6 +112,18 @@ static void test_offloaded(void **s) {
     (void)s;
     written_then_stepped(STREAMED);
 }
+/* the whole chunk images on the disk tier (level 2): the written values and
+ * their read back go through views of the records */
+static void test_tier_images(void **s) {
+    (void)s;
+    char dir[] = "/tmp/test_write_param.XXXXXX", ini[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(ini, sizeof ini, STREAMED "[nvme]\npath = %s\nblock_size = 512\n[testing]\n"
+                                       "debug_tier_force = true\ndebug_tier_level = 2\n",
+             dir);
+    written_then_stepped(ini);
+    assert_int_equal(rmdir(dir), 0);
+}
 
 /* A bf16 param's master takes the written value: at lr 0 the step writes the
  * master back into the compute copy, which must still be the written value. */
@@ -123,8 +135,10 @@ static void test_bf16_master(void **state) {
     snprintf(tier, sizeof tier, STREAMED "[nvme]\npath = %s\nblock_size = 512\n[testing]\n"
                                          "debug_tier_force = true\n",
              dir);
-    const char *cases[] = {NULL, STREAMED, tier};
-    for (int c = 0; c < 3; c++) {
+    char tier2[300];   /* level 2: the bf16 param itself in the file too */
+    snprintf(tier2, sizeof tier2, "%sdebug_tier_level = 2\n", tier);
+    const char *cases[] = {NULL, STREAMED, tier, tier2};
+    for (int c = 0; c < 4; c++) {
         tiny t;
         void *ctx = start(&t, cases[c], 1);
         step(ctx, &t, 0, 0.3f, 0.01f);
@@ -162,6 +176,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resident),
         cmocka_unit_test(test_offloaded),
+        cmocka_unit_test(test_tier_images),
         cmocka_unit_test(test_bf16_master),
         cmocka_unit_test(test_refusals),
     };
