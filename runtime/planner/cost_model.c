@@ -290,7 +290,7 @@ void pt_cost_tier(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, con
     const uint64_t W = t->key.world_size > 1 ? (uint64_t)t->key.world_size : 1;
     const int sh = o->shard && W > 1;
     const uint64_t w = !sh && t->param_elem_bytes != 4 ? 3 : 2;
-    uint64_t pin1 = 0, big1 = 0, big2 = 0, disk1 = 0, disk2 = 0, wr2 = 0;
+    uint64_t pin1 = 0, big1 = 0, big2 = 0, disk1 = 0, disk2 = 0, wr2 = 0, fwd2 = 0;
     for (int32_t k = imax(p, 0); k < cx->K; k++) {
         const pt_trace_chunk *c = &t->chunks[k];
         if (c->mandatory) continue;
@@ -301,6 +301,7 @@ void pt_cost_tier(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, con
             uint64_t r2 = pad(r64(U), blk);
             pin1 += U;
             disk2 += r2;
+            fwd2 += r2;
             if (r2 > big2) big2 = r2;
             continue;
         }
@@ -309,6 +310,7 @@ void pt_cost_tier(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, con
         pin1 += U + G + (W > 1 ? 4 * E : 0);
         disk1 += r1;
         disk2 += r2;
+        fwd2 += pad(r64(U), blk) < r2 ? pad(r64(U), blk) : r2;   /* an upload: the params' blocks */
         wr2 += r2;
         if (r1 > big1) big1 = r1;
         if (r2 > big2) big2 = r2;
@@ -324,7 +326,7 @@ void pt_cost_tier(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p, con
         return;
     }
     int32_t n = auto_slots(t, p, o, 0, big2 + blk, (int32_t)slots);
-    *f = (pt_tier_fig){.level = 2, .pinned = (uint64_t)n * (big2 + blk) + sw, .disk = disk2, .fwd_rd = disk2, .rd = disk2, .wr = wr2, .slots = n};
+    *f = (pt_tier_fig){.level = 2, .pinned = (uint64_t)n * (big2 + blk) + sw, .disk = disk2, .fwd_rd = fwd2, .rd = disk2, .wr = wr2, .slots = n};
 }
 
 uint64_t pt_cost_pinned(const pt_cost_ctx *cx, const pt_act_profile *a, int32_t p,

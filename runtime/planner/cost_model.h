@@ -324,9 +324,10 @@ uint64_t pt_cost_host_bytes(const pt_cost_ctx *cx, const pt_act_profile *a, int3
  * searcher refuses such a plan. No tier when a chunk has its own optimizer
  * kind's state (REKLS).
  * Per iteration a level-1 chunk reads and writes R1; at level 2 every chunk
- * reads R2 for the forward's upload and for the backward's (a chunk still in
- * a staging slot is not re-read, counted as read anyway), and a trainable
- * one writes R2 after its step (a frozen image is never dirty). */
+ * reads its parameters' blocks, pad(r(U)), for the forward's upload and R2
+ * for the backward (its upload, then the rest for its gradient and step; a
+ * chunk still in a staging slot is not re-read, counted as read anyway), and
+ * a trainable one writes R2 after its step (a frozen image is never dirty). */
 typedef struct pt_tier_fig {
     int32_t level;
     uint64_t pinned;        /* the level's pinned bytes (swap pool included) */

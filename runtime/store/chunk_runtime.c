@@ -210,7 +210,7 @@ static void wait_step(void *arg) {
 static const char *tier_upload(pt_store *st, cs_chunk *c, void *dst) {
     const pt_gpu_backend *o = OPS(st);
     c->owner = st;
-    pt_tier_hold(st, c);
+    pt_tier_hold_params(st, c);
     pt_tier_slot(st, c);
     const char *op = NULL;
     if (o->host_fn(IMPL(st), st->env.s_h2d, pt_tier_stream_ready, c)) op = "host_fn";
@@ -232,7 +232,7 @@ static const char *tier_upload(pt_store *st, cs_chunk *c, void *dst) {
 static int tier_sh_upload(pt_store *st, cs_chunk *c, void *dst, char *err, size_t errlen) {
     if (c->tiered != 2) return pt_sh_upload(st, c, dst, err, errlen);
     c->owner = st;
-    pt_tier_hold(st, c);
+    pt_tier_hold_params(st, c);
     pt_tier_slot(st, c);
     int rc = OPS(st)->host_fn(IMPL(st), st->env.s_h2d, pt_tier_stream_ready, c)
                  ? pt_fail(err, errlen, PT_ERR_BACKEND, "upload of chunk %d: host_fn failed", c->id)

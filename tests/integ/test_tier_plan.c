@@ -159,8 +159,9 @@ static void test_plan_matches_store(void **state) {
     free(js);
 
     /* 3 MiB: level 1's 3.4 MiB does not fit, the whole images go to disk; the
-     * plan's pinned bytes are the store's staging slots, the I/O three times
-     * the file (every chunk trainable: two reads and a write each) */
+     * plan's pinned bytes are the store's staging slots, the I/O twice the
+     * file (every chunk trainable: the backward's read and a write each) plus
+     * the forward's reads of the params' blocks, less than a record each */
     js = run("3MiB", &tl);
     assert_int_equal(tl.level, 2);
     assert_true(jnum(js, "nvme_tier") == 2);
@@ -169,7 +170,8 @@ static void test_plan_matches_store(void **state) {
         fail_msg("level 2: plan pins %.0f bytes, the store %llu + %llu", pinned, tl.chunks_pinned, tl.staging);
     assert_true(tl.chunks_pinned == 0);
     disk = jnum(js, "tier_disk_bytes");
-    assert_true(disk > 0 && jnum(js, "tier_io_bytes") == 3 * disk);
+    double io = jnum(js, "tier_io_bytes");
+    assert_true(disk > 0 && io > 2 * disk && io < 3 * disk);
     assert_true(jnum(js, "tier_read_Bps") == 1.5e9);
     free(js);
     assert_int_equal(entries(dir), 0);

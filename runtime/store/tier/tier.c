@@ -122,10 +122,26 @@ static int find_slot(pt_tier *t, int waited) {
     if (s < 0) return -1;
     int j = t->slot_chunk[s];   /* out: the file holds what the slot did */
     t->cs[j] = TC_IDLE;
+    t->valid[j] = 0;
     t->slot[j] = -1;
     t->slot_chunk[s] = -1;
     if (t->ref[j]) q_push(t, j);   /* still held: it waits for a slot again */
     return s;
+}
+
+/* Read what chunk k's holders need and its slot lacks (mu held): the
+ * parameters' blocks for an upload, the rest (or all) for anything else. */
+static void start_read(pt_tier *t, int k) {
+    int upto = t->need[k] >= 2 ? 2 : 1;
+    uint64_t from = t->valid[k] >= 1 ? t->plen[k] : 0, to = upto == 2 ? t->len[k] : t->plen[k];
+    if (from >= to) {   /* nothing to read (level 1: the parameters are not in it) */
+        t->valid[k] = upto;
+        t->cs[k] = TC_READY;
+        return;
+    }
+    t->cs[k] = TC_READING;
+    t->jobs[(t->jh + t->jn++) % t->jcap] = (tier_job){0, k, from, to, upto};
+    pthread_cond_signal(&t->cv_job);
 }
 
 /* Give held images slots and start their reads (mu held): first an image a
@@ -151,9 +167,8 @@ static void dispatch(pt_tier *t) {
         q_remove(t, k);
         t->slot_chunk[s] = k;
         t->slot[k] = s;
-        t->cs[k] = TC_READING;
-        t->jobs[(t->jh + t->jn++) % t->jcap] = (tier_job){0, k};
-        pthread_cond_signal(&t->cv_job);
+        t->valid[k] = 0;
+        start_read(t, k);
         pthread_cond_broadcast(&t->cv_done);
     }
 }
@@ -176,12 +191,12 @@ static void *io_main(void *arg) {
         t->busy++;
         int64_t tried = j.write ? ++t->tried : 0;
         int s = t->slot[j.chunk];
-        uint64_t off = t->off[j.chunk], len = t->len[j.chunk];
+        uint64_t off = t->off[j.chunk] + j.from, len = j.to - j.from;
         pthread_mutex_unlock(&t->mu);
         unsigned skip = t->st->env.skip & (j.write ? PT_ORD_TIER_WRITE : PT_ORD_TIER_READ);
         char e[512];
         double t0 = pt_now_s();
-        int rc = skip ? PT_OK : pt_tier_rw(t, j.write, t->slot_mem[s], off, len, e, sizeof e);
+        int rc = skip ? PT_OK : pt_tier_rw(t, j.write, t->slot_mem[s] + j.from, off, len, e, sizeof e);
         if (j.write && !rc && tried == t->st->env.cfg->debug_tier_fail_write)
             rc = pt_tier_io_fail(t, ENOSPC, "a write-back (testing: debug_tier_fail_write)", e,
                                  sizeof e);
@@ -191,9 +206,13 @@ static void *io_main(void *arg) {
         if (rc) fail_once(t, rc, e);
         if (j.write) t->wr_bytes += len, t->wr_s += dt, t->writes++;
         else t->rd_bytes += len, t->rd_s += dt, t->reads++;
-        /* the slot holds the image, now clean: a later hold finds it there */
+        /* the slot holds the image, now clean: a later hold finds it there
+         * (a read of the parameters alone goes on where a holder came since
+         * that needs the rest) */
         t->cs[j.chunk] = TC_READY;
         t->lru[j.chunk] = ++t->tick;
+        if (!j.write) t->valid[j.chunk] = j.upto;
+        if (t->valid[j.chunk] < t->need[j.chunk]) start_read(t, j.chunk);
         dispatch(t);
         pthread_cond_broadcast(&t->cv_done);
     }
@@ -201,11 +220,14 @@ static void *io_main(void *arg) {
     return NULL;
 }
 
-static void hold(pt_tier *t, int k) {
+static void hold(pt_tier *t, int k, int need) {
     t->ref[k]++;
+    if (need > t->need[k]) t->need[k] = need;
     if (t->cs[k] == TC_IDLE && !t->queued[k]) {
         q_push(t, k);
         dispatch(t);
+    } else if (t->cs[k] == TC_READY && t->valid[k] < t->need[k]) {
+        start_read(t, k);   /* in its slot with the parameters only */
     }
 }
 
@@ -215,7 +237,7 @@ static void await(pt_tier *t, int k, int ready) {
     double t0 = pt_now_s();
     t->waiting[k]++;
     dispatch(t);   /* a waiter goes first */
-    while (t->slot[k] < 0 || (ready && t->cs[k] != TC_READY))
+    while (t->slot[k] < 0 || (ready && (t->cs[k] != TC_READY || t->valid[k] < 2)))
         pthread_cond_wait(&t->cv_done, &t->mu);
     t->waiting[k]--;
     t->use[k] = 1;
@@ -226,7 +248,14 @@ static void await(pt_tier *t, int k, int ready) {
 void pt_tier_hold(pt_store *st, cs_chunk *c) {
     pt_tier *t = st->tier;
     pthread_mutex_lock(&t->mu);
-    hold(t, c->id);
+    hold(t, c->id, 2);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void pt_tier_hold_params(pt_store *st, cs_chunk *c) {
+    pt_tier *t = st->tier;
+    pthread_mutex_lock(&t->mu);
+    hold(t, c->id, 1);
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -256,7 +285,7 @@ void pt_tier_drop(pt_store *st, cs_chunk *c, int how) {
     if (how == PT_TIER_DISCARD) t->discard[k] = 1;
     if (--t->ref[k] == 0) {
         point(t, k, NULL);
-        t->use[k] = 0;
+        t->use[k] = t->need[k] = 0;
         if (t->cs[k] == TC_IDLE) {   /* never got a slot: leave the queue */
             q_remove(t, k);
         } else if (t->cs[k] == TC_READY && (t->discard[k] || (t->dirty[k] && t->err_rc))) {
@@ -265,9 +294,10 @@ void pt_tier_drop(pt_store *st, cs_chunk *c, int how) {
             t->slot_chunk[t->slot[k]] = -1;
             t->slot[k] = -1;
             t->cs[k] = TC_IDLE;
+            t->valid[k] = 0;
         } else if (t->cs[k] == TC_READY && t->dirty[k]) {
             t->cs[k] = TC_WRITING;
-            t->jobs[(t->jh + t->jn++) % t->jcap] = (tier_job){1, k};
+            t->jobs[(t->jh + t->jn++) % t->jcap] = (tier_job){1, k, 0, t->len[k], 2};
             pthread_cond_signal(&t->cv_job);
         } else if (t->cs[k] == TC_READY) {
             t->lru[k] = ++t->tick;
@@ -353,7 +383,7 @@ int pt_tier_make_room(pt_store *st, uint64_t bytes, char *err, size_t errlen) {
     }
     for (int i = keep; i < t->n_slots; i++) {
         int j = t->slot_chunk[i];
-        if (j >= 0) t->cs[j] = TC_IDLE, t->slot[j] = -1;   /* clean: the file holds it */
+        if (j >= 0) t->cs[j] = TC_IDLE, t->slot[j] = -1, t->valid[j] = 0;   /* clean: the file holds it */
         pt_gpu_pinned_free(st->env.gpu, t->slot_alloc[i]);
         t->slot_alloc[i] = NULL, t->slot_mem[i] = NULL, t->slot_chunk[i] = -1;
     }
@@ -387,6 +417,7 @@ static int settle(pt_tier *t, int k, char *err, size_t errlen) {
         t->slot_chunk[t->slot[k]] = -1;
         t->slot[k] = -1;
         t->cs[k] = TC_IDLE;
+        t->valid[k] = 0;
         dispatch(t);
     }
     int rc = t->err_rc;
@@ -461,7 +492,7 @@ static int alloc_arrays(pt_tier *t, int n, int n_slots) {
 #define ARR(f) (t->f = calloc((size_t)n, sizeof *t->f)) != NULL
     int ok = ARR(off) && ARR(len) && ARR(cs) && ARR(slot) && ARR(q) && ARR(ref) && ARR(queued) &&
              ARR(dirty) && ARR(discard) && ARR(lru) && ARR(view) && ARR(sec) && ARR(use) &&
-             ARR(waiting);
+             ARR(waiting) && ARR(valid) && ARR(need) && ARR(plen);
 #undef ARR
     t->jcap = n + n_slots;
     t->jobs = calloc((size_t)t->jcap, sizeof *t->jobs);
@@ -498,6 +529,10 @@ int pt_tier_open(pt_store *st, char *err, size_t errlen) {
         t->off[k] = t->total;
         t->len[k] = rec_len(c, c->tiered, t->blk);
         t->total += t->len[k];
+        /* level 2: the parameters' blocks (an upload reads only those) */
+        uint64_t pe = t->sec[k].gstage != UINT64_MAX ? t->sec[k].gstage : t->len[k];
+        t->plen[k] = c->tiered == 2 ? (pe + t->blk - 1) / t->blk * t->blk : t->len[k];
+        if (t->plen[k] > t->len[k]) t->plen[k] = t->len[k];
     }
     int rc = pt_tier_file_open(t, st->rank, err, errlen);
     if (rc) {
@@ -583,7 +618,7 @@ void pt_tier_close(pt_store *st) {
         if (st->ch[k].tiered) point(t, k, NULL);
     free(t->off), free(t->len), free(t->cs), free(t->slot), free(t->q), free(t->view);
     free(t->ref), free(t->queued), free(t->dirty), free(t->discard), free(t->lru), free(t->sec);
-    free(t->use), free(t->waiting);
+    free(t->use), free(t->waiting), free(t->valid), free(t->need), free(t->plen);
     free(t->jobs), free(t->slot_alloc), free(t->slot_mem), free(t->slot_chunk), free(t->th);
     pthread_cond_destroy(&t->cv_job);
     pthread_cond_destroy(&t->cv_done);

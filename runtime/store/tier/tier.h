@@ -65,6 +65,10 @@ enum { PT_TIER_CLEAN,
 /* The tier's level (0: no tier). */
 int pt_tier_level(const struct pt_store *st);
 void pt_tier_hold(struct pt_store *st, struct cs_chunk *c);
+/* Level 2, an upload: a hold that needs only the parameters, so only the
+ * record's first blocks are read (the rest as well where another holder
+ * needs them). */
+void pt_tier_hold_params(struct pt_store *st, struct cs_chunk *c);
 void pt_tier_slot(struct pt_store *st, struct cs_chunk *c);
 /* Non-zero: the tier failed (it keeps the sentence); drop must still follow. */
 int pt_tier_ready(struct pt_store *st, struct cs_chunk *c);

@@ -25,6 +25,8 @@ typedef struct tier_sec {
 typedef struct tier_job {
     int write;   /* 0: read chunk's record into its slot; 1: write it back */
     int chunk;
+    uint64_t from, to; /* the bytes of the record (a read: the part not yet in the slot) */
+    int upto;          /* a read: the image's validity after it (tier_int.h: valid) */
 } tier_job;
 
 struct pt_tier {
@@ -39,6 +41,10 @@ struct pt_tier {
     tier_sec *sec;
     int *cs, *slot, *ref, *queued, *dirty, *discard;
     int *use;        /* a holder asked for its address or contents: not taken from its slot */
+    int *valid;      /* in its slot: 0 nothing, 1 the parameters (level 2's first
+                      * section, plen bytes), 2 the whole record */
+    int *need;       /* what its holders need (1: an upload's parameters, 2: all) */
+    uint64_t *plen;  /* the record's first bytes that hold the parameters (level 2) */
     int *waiting;    /* threads waiting for its slot or read */
     uint64_t *lru, tick;
     /* staging slots: pinned allocation, its aligned start, the chunk it holds */
