@@ -599,6 +599,10 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     int th = c->t_step_now && c->tiered == 1;
     if (th && c->tier_ahead) c->tier_ahead = 0;   /* that hold is this step's */
     else if (th) pt_tier_hold(st, c);
+    else if (c->tier_ahead) {   /* the step waits for optimizer_step after all */
+        c->tier_ahead = 0;
+        pt_tier_drop(st, c, PT_TIER_CLEAN);
+    }
     if ((rc = pt_pool_submit(ms->workers, grad_task, j, &c->tg, why, sizeof why))) {
         free(j);
         if (th || c->tiered == 2) pt_tier_drop(st, c, PT_TIER_DISCARD);
@@ -615,7 +619,7 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
 void pt_cs_tier_ahead(pt_store *st, int32_t b) {
     const pt_step_state *sx = st->env.sx;
     if (pt_tier_level(st) != 1 || sx->eval || sx->micro != sx->n_micro - 1 || !st->lr_set ||
-        st->env.opt->max_grad_norm > 0 || st->env.coll || st->lay.block_chunk_first[b] < 0)
+        pt_store_clips(st) || st->clip_ann || st->env.coll || st->lay.block_chunk_first[b] < 0)
         return;
     for (int k = st->lay.block_chunk_first[b]; k <= st->lay.block_chunk_last[b]; k++) {
         cs_chunk *c = &st->ch[k];

@@ -255,13 +255,22 @@ static int clip_scale(pt_store *st, float *gs, char *err, size_t errlen) {
 
 /* Norms of offloaded chunks whose gradient task did not compute them (the norm
  * was asked for only after their backward; one rank: several ranks compute
- * them in the reduction). The gradients are in host memory: the tasks are done. */
-static void late_norms(pt_store *st) {
+ * them in the reduction). The gradients are in host memory: the tasks are done
+ * (a whole image on the disk tier is held in a staging slot meanwhile). */
+static int late_norms(pt_store *st, char *err, size_t errlen) {
     for (int k = 0; k < st->n_chunks; k++) {
         cs_chunk *c = &st->ch[k];
         if (c->persistent || !c->trainable || c->sh || c->t_norm) continue;
+        int img = c->tiered == 2, rc = PT_OK;
+        if (img) pt_tier_hold(st, c);
+        if (img && (rc = pt_tier_ready(st, c))) {
+            pt_tier_drop(st, c, PT_TIER_CLEAN);
+            return pt_fail(err, errlen, rc, "optimizer_step: the disk tier failed reading chunk %d", c->id);
+        }
         pt_cs_chunk_norms(st, c, c->t_n_micro > 1);
+        if (img) pt_tier_drop(st, c, PT_TIER_CLEAN);
     }
+    return PT_OK;
 }
 
 /* The step's gradients complete: buckets started, CPU tasks done, reduced
@@ -275,7 +284,7 @@ static int gather(pt_store *st, double *cpu_wait, char *err, size_t errlen) {
     if (rc) return rc;
     if (st->n_offloaded && (rc = wait_offloaded(st, cpu_wait, err, errlen))) return rc;
     if (st->env.coll && (rc = pt_cs_dist_reduce(st, err, errlen))) return rc;
-    if (!st->env.coll && pt_store_want_norms(st)) late_norms(st);
+    if (!st->env.coll && pt_store_want_norms(st) && (rc = late_norms(st, err, errlen))) return rc;
     st->reduced = 1;
     return PT_OK;
 }
