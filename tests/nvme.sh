@@ -44,7 +44,7 @@ ini() {   # ini FILE [nvme-path] [extra lines...]
       [ -n "$p" ] && printf '[nvme]\npath = %s\n' "$p"
       for l in "$@"; do printf '%s\n' "$l"; done; } > "$f"
 }
-losses() { sed -n 's/.*"loss":\([^,]*\),.*/\1/p' "$1"; }
+. "$root/tests/lib/tier_lib.sh"
 jf() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
 # peak_within METRICS BUDGET: every line's pinned_peak a number, the last one in (0, BUDGET]
 peak_within() {
@@ -182,11 +182,7 @@ else bad "a failed write-back: exit $rc, $(tail -1 "$tmp/full.out")"; fi
 # sum's order differs, as in tests/dist.sh). 5 MiB: the accumulated gradients
 # (h_gacc, pinned) come on top with several micro-batches or ranks.
 if command -v mpirun >/dev/null 2>&1; then
-    mpi=(mpirun --oversubscribe --allow-run-as-root -np 2)
-    if [ -n "${PT_SAN:-}" ]; then   # Open MPI's own allocations and races, as in dist.sh
-        export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
-        export TSAN_OPTIONS="${TSAN_OPTIONS:-} suppressions=$root/tests/tsan_openmpi.supp"
-    fi
+    tier_mpi_setup
     budget=5MiB ini "$tmp/m_t.ini" "$tier"
     budget=64MiB ini "$tmp/m_p.ini" ""
     m2=(--max-grad-norm 0.05)
@@ -204,9 +200,7 @@ if command -v mpirun >/dev/null 2>&1; then
     grep -q "nvme tier: [0-9]* read(s) .* 36 write(s)" "$tmp/m2t.out" && ok || bad "2 ranks: rank 0 did not step through the tier (36 write-backs: 9 chunks x 4 steps)"
     if [ "$(losses "$tmp/m2t.jsonl" | wc -l)" = 4 ] && [ "$(losses "$tmp/m2t.jsonl")" = "$(losses "$tmp/m2p.jsonl")" ]; then ok
     else bad "2 ranks: tier and pinned losses differ"; fi
-    if awk -v a="$(losses "$tmp/m2t.jsonl" | tr '\n' ' ')" -v b="$(losses "$tmp/m1t.jsonl" | tr '\n' ' ')" 'BEGIN {
-        n = split(a, x, " "); m = split(b, y, " "); if (n != 4 || m != 4) exit 1
-        for (i = 1; i <= n; i++) { d = (x[i] - y[i]) / x[i]; if (d < 0) d = -d; if (d > 1e-6) exit 1 } }'; then ok
+    if tier_close "$tmp/m2t.jsonl" "$tmp/m1t.jsonl" 4 1e-6; then ok
     else bad "2 ranks vs 1 rank x 2 micro-batches: losses differ by more than 1e-6"; fi
 fi
 

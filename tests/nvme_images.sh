@@ -42,7 +42,7 @@ ini() {   # ini FILE [nvme-path] [extra lines...]
       [ -n "$p" ] && printf '[nvme]\npath = %s\n' "$p"
       for l in "$@"; do printf '%s\n' "$l"; done; } > "$f"
 }
-losses() { sed -n 's/.*"loss":\([^,]*\),.*/\1/p' "$1"; }
+. "$root/tests/lib/tier_lib.sh"
 same() { [ "$(losses "$1" | wc -l)" = 4 ] && [ "$(losses "$1")" = "$(losses "$2")" ]; }
 
 "$sh" --no-plugin "${run[@]}" --metrics "$tmp/ref.jsonl" > /dev/null 2>&1 || bad "--no-plugin run failed"
@@ -146,11 +146,7 @@ fi
 # with 2 micro-batches (the sums' order differs, as in tests/dist.sh). Mode B
 # (replicated): refused with the sentence.
 if command -v mpirun >/dev/null 2>&1; then
-    mpi=(mpirun --oversubscribe --allow-run-as-root -np 2)
-    if [ -n "${PT_SAN:-}" ]; then   # Open MPI's own allocations and races, as in dist.sh
-        export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
-        export TSAN_OPTIONS="${TSAN_OPTIONS:-} suppressions=$root/tests/tsan_openmpi.supp"
-    fi
+    tier_mpi_setup
     sed 's/^zero3_shard = off$/zero3_shard = on/' "$tmp/t.ini" > "$tmp/c.ini"
     sed -e 's/^pinned_budget = 4MiB/pinned_budget = 64MiB/' -e '/^\[nvme\]/,$d' "$tmp/c.ini" > "$tmp/cp.ini"
     (cd "$tmp" && OMP_NUM_THREADS=1 "${mpi[@]}" "$sh" --config "$tmp/c.ini" --plugin "$plug" "${run[@]}" \
@@ -162,9 +158,7 @@ if command -v mpirun >/dev/null 2>&1; then
     grep -q "mode C" "$tmp/c2.out" && grep -q "nvme tier: level 2, [0-9]* chunk(s)' whole images" "$tmp/c2.out" && ok ||
         bad "the 2-rank run was not mode C at level 2"
     same "$tmp/c2.jsonl" "$tmp/cp.jsonl" && ok || bad "mode C: level-2 losses differ from the same ranks without the tier"
-    if awk -v a="$(losses "$tmp/c2.jsonl" | tr '\n' ' ')" -v b="$(losses "$tmp/c1.jsonl" | tr '\n' ' ')" 'BEGIN {
-        n = split(a, x, " "); m = split(b, y, " "); if (n != 4 || m != 4) exit 1
-        for (i = 1; i <= n; i++) { d = (x[i] - y[i]) / x[i]; if (d < 0) d = -d; if (d > 1e-6) exit 1 } }'; then ok
+    if tier_close "$tmp/c2.jsonl" "$tmp/c1.jsonl" 4 1e-6; then ok
     else bad "mode C 2 ranks vs 1 rank x 2 micro-batches: losses differ by more than 1e-6"; fi
     peak=$(sed -n 's/.*pinned peak \([0-9]*\) bytes (budget \([0-9]*\)).*/\1/p' "$tmp/c2.out" | sort -n | tail -1)
     [ -n "$peak" ] && [ "$peak" -le 4194304 ] && ok || bad "mode C: pinned peak ${peak:-none} over 4194304"

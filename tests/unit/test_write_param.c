@@ -112,15 +112,21 @@ static void test_offloaded(void **s) {
     (void)s;
     written_then_stepped(STREAMED);
 }
+/* Streamed through the disk tier in folder dir at its level (1: the states,
+ * the masters with them; 2: the whole chunk images). */
+static void tier_ini(char *buf, size_t n, const char *dir, int level) {
+    snprintf(buf, n, STREAMED "[nvme]\npath = %s\nblock_size = 512\n[testing]\n"
+                              "debug_tier_force = true\ndebug_tier_level = %d\n",
+             dir, level);
+}
+
 /* the whole chunk images on the disk tier (level 2): the written values and
  * their read back go through views of the records */
 static void test_tier_images(void **s) {
     (void)s;
     char dir[] = "/tmp/test_write_param.XXXXXX", ini[512];
     assert_non_null(mkdtemp(dir));
-    snprintf(ini, sizeof ini, STREAMED "[nvme]\npath = %s\nblock_size = 512\n[testing]\n"
-                                       "debug_tier_force = true\ndebug_tier_level = 2\n",
-             dir);
+    tier_ini(ini, sizeof ini, dir, 2);
     written_then_stepped(ini);
     assert_int_equal(rmdir(dir), 0);
 }
@@ -129,14 +135,12 @@ static void test_tier_images(void **s) {
  * master back into the compute copy, which must still be the written value. */
 static void test_bf16_master(void **state) {
     (void)state;
-    char dir[] = "/tmp/test_write_param.XXXXXX", tier[256];
+    char dir[] = "/tmp/test_write_param.XXXXXX", tier[512], tier2[512];
     assert_non_null(mkdtemp(dir));
-    /* and streamed through the disk tier: the master lives in its file */
-    snprintf(tier, sizeof tier, STREAMED "[nvme]\npath = %s\nblock_size = 512\n[testing]\n"
-                                         "debug_tier_force = true\n",
-             dir);
-    char tier2[300];   /* level 2: the bf16 param itself in the file too */
-    snprintf(tier2, sizeof tier2, "%sdebug_tier_level = 2\n", tier);
+    /* and streamed through the disk tier: the master lives in its file (level
+     * 2: the bf16 param itself too) */
+    tier_ini(tier, sizeof tier, dir, 1);
+    tier_ini(tier2, sizeof tier2, dir, 2);
     const char *cases[] = {NULL, STREAMED, tier, tier2};
     for (int c = 0; c < 4; c++) {
         tiny t;
