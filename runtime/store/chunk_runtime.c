@@ -209,7 +209,6 @@ static void wait_step(void *arg) {
  * the operation that failed. */
 static const char *tier_upload(pt_store *st, cs_chunk *c, void *dst) {
     const pt_gpu_backend *o = OPS(st);
-    c->owner = st;
     pt_tier_hold_params(st, c);
     pt_tier_slot(st, c);
     const char *op = NULL;
@@ -231,7 +230,6 @@ static const char *tier_upload(pt_store *st, cs_chunk *c, void *dst) {
  * upload is done when pt_sh_upload returns: the all-gather waited for it). */
 static int tier_sh_upload(pt_store *st, cs_chunk *c, void *dst, char *err, size_t errlen) {
     if (c->tiered != 2) return pt_sh_upload(st, c, dst, err, errlen);
-    c->owner = st;
     pt_tier_hold_params(st, c);
     pt_tier_slot(st, c);
     int rc = OPS(st)->host_fn(IMPL(st), st->env.s_h2d, pt_tier_stream_ready, c)
@@ -546,7 +544,6 @@ static int offload_grad(pt_store *st, cs_chunk *c, char *err, size_t errlen) {
     const pt_gpu_backend *o = OPS(st);
     const char *op = NULL;
     if (c->tiered == 2) {   /* it lands in the chunk's image: in a slot, read first */
-        c->owner = st;
         pt_tier_hold(st, c);
         pt_tier_slot(st, c);
         if (o->host_fn(IMPL(st), st->env.s_d2h, pt_tier_stream_ready, c)) {
@@ -624,7 +621,6 @@ void pt_cs_tier_ahead(pt_store *st, int32_t b) {
     for (int k = st->lay.block_chunk_first[b]; k <= st->lay.block_chunk_last[b]; k++) {
         cs_chunk *c = &st->ch[k];
         if (c->tiered && c->lc->block_first == b && !c->tier_ahead) {
-            c->owner = st;
             c->tier_ahead = 1;
             pt_tier_hold(st, c);
         }

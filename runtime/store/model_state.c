@@ -267,6 +267,7 @@ static int setup_chunks(pt_store *st, int np, char *err, size_t errlen) {
         cs_chunk *c = &ms->ch[k];
         c->lc = &L->chunks[k];
         c->id = k;
+        c->owner = st;   /* host functions on the streams find the store through it */
         c->slot = -1;
         c->cap = c->lc->capacity;
         c->used = c->lc->bytes_used;

@@ -341,7 +341,6 @@ static void queue_cpu_steps(pt_store *st, float lr, float gs, pt_task_group *g) 
     for (int k = 0; st->n_offloaded && k < st->n_chunks; k++) {
         cs_chunk *c = &st->ch[k];
         if (c->persistent || !c->trainable || c->stepped) continue;
-        c->owner = st;
         c->s_acc = st->env.sx->n_micro > 1 || st->env.coll;
         pt_cs_step_consts(st, lr, gs, &c->s_consts);
         c->s_lr = lr;

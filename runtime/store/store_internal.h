@@ -118,10 +118,12 @@ typedef struct cs_chunk {
      * read after waiting for tg): the durations of the tasks of earlier
      * micro-batches, and the last task's interval */
     double t_early, t_start, t_end;
+    /* the store, set once at setup: the host functions on the streams (a
+     * deferred step's wait, the disk tier's) find it through the chunk */
+    struct pt_store *owner;
     /* a step optimizer_step left running (deferred into the next forward): the
      * chunk's next upload waits for it on the h2d stream (written by the hook
      * thread before submit; the task reads them) */
-    struct pt_store *owner;
     pt_adamw_consts s_consts;
     int s_acc;
     float s_lr, s_gs;         /* the same step's lr, clip scale and 1-based step */
