@@ -391,6 +391,16 @@ void pt_cs_chunk_norms(pt_store *st, cs_chunk *c, int from_acc) {
     }
 }
 
+int pt_cs_chunk_norms_held(pt_store *st, cs_chunk *c, int from_acc, char *err, size_t errlen) {
+    int img = c->tiered == 2, rc = PT_OK;
+    if (img) pt_tier_hold(st, c);
+    if (img && (rc = pt_tier_ready(st, c)))
+        pt_fail(err, errlen, rc, "optimizer_step: the disk tier failed reading chunk %d", c->id);
+    else pt_cs_chunk_norms(st, c, from_acc);
+    if (img) pt_tier_drop(st, c, PT_TIER_CLEAN);
+    return rc;
+}
+
 /* acc (+)= stage, region by region, widening to fp32. */
 static void chunk_accumulate(cs_chunk *c, int first) {
     if (c->sh) {

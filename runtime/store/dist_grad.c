@@ -270,13 +270,7 @@ int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen) {
         cs_chunk *c = &ms->ch[k];
         if (!c->trainable) continue;
         if (c->sh) {   /* reduced at its backward (mode C): only its part's norms */
-            int img = clip && c->tiered == 2;   /* its gradient sum in its image on disk */
-            if (img) pt_tier_hold(st, c);
-            if (img && (rc = pt_tier_ready(st, c)))
-                pt_fail(err, errlen, rc, "optimizer_step: the disk tier failed reading chunk %d",
-                        c->id);
-            else if (clip) pt_cs_chunk_norms(st, c, 1);
-            if (img) pt_tier_drop(st, c, PT_TIER_CLEAN);
+            if (clip) rc = pt_cs_chunk_norms_held(st, c, 1, err, errlen);
             continue;
         }
         snprintf(what, sizeof what, "gradient of chunk %d", c->id);

@@ -73,6 +73,8 @@ static uint64_t mem_available(void) {
     return (uint64_t)kb * 1024;
 }
 
+uint64_t pt_ms_profile_pinned(uint64_t s) { return 2 * s > 65536 ? 2 * s : 65536; }
+
 uint64_t pt_ms_pinned_limit(const pt_store *st) {
     uint64_t b = st->env.cfg->pinned_budget;
     return b ? b : mem_available() / 10 * 9;
@@ -112,7 +114,7 @@ int pt_ms_check_pinned(pt_store *st, uint64_t need, char *err, size_t errlen) {
          * are not known yet, and where the budget leaves less the profiler
          * times at what is left (profiler_hw.c), so the chunks plus
          * max(2 x chunk_size, 64 KiB) is a budget that runs */
-        uint64_t tb = 2 * st->lay.chunk_size > 65536 ? 2 * st->lay.chunk_size : 65536;
+        uint64_t tb = pt_ms_profile_pinned(st->lay.chunk_size);
         return pt_fail(err, errlen, PT_ERR_HOST_OOM, "pinned host memory: the offloaded chunks need %llu bytes%s, but the budget is %llu "
                                                      "(pinned_budget = %s), MemAvailable is %llu and RLIMIT_MEMLOCK is %s; lower "
                                                      "offload (raise n_persist / device_capacity) or set [memory] pinned_budget to at "

@@ -109,7 +109,7 @@ static void tier_chunk_size(pt_store *st, const pt_layout_param *lp, pt_chunk_si
     int best = -1;
     for (int i = 0; i < ch->n_cand; i++) {
         const pt_chunk_candidate *c = &ch->cand[i];
-        uint64_t prof = 2 * c->size > 65536 ? 2 * c->size : 65536;
+        uint64_t prof = pt_ms_profile_pinned(c->size);
         uint64_t slots = cfg->nvme_slots > 0 ? (uint64_t)cfg->nvme_slots : 3;   /* auto: at least 3 */
         uint64_t need = slots * (ratio * c->size + 2 * cfg->nvme_block) + prof;
         if (need > cfg->pinned_budget) continue;
@@ -334,7 +334,7 @@ static void auto_slots(pt_store *st, uint64_t *pinned, uint64_t lim) {
     st->tier_want = want;
     uint64_t base = *pinned - pt_tier_staging_bytes(st, 0), per = pt_tier_staging_bytes(st, 0) / 3;
     /* and what profiling times the copy rates with: max(2 S, 64 KiB) */
-    uint64_t prof = 2 * st->lay.chunk_size > 65536 ? 2 * st->lay.chunk_size : 65536;
+    uint64_t prof = pt_ms_profile_pinned(st->lay.chunk_size);
     uint64_t fit = lim > base + prof && per ? (lim - base - prof) / per : 3;
     if (fit > 64) fit = 64;
     st->tier_slots = (uint64_t)want < fit ? want : fit < 3 ? 3

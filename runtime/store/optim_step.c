@@ -261,14 +261,8 @@ static int late_norms(pt_store *st, char *err, size_t errlen) {
     for (int k = 0; k < st->n_chunks; k++) {
         cs_chunk *c = &st->ch[k];
         if (c->persistent || !c->trainable || c->sh || c->t_norm) continue;
-        int img = c->tiered == 2, rc = PT_OK;
-        if (img) pt_tier_hold(st, c);
-        if (img && (rc = pt_tier_ready(st, c))) {
-            pt_tier_drop(st, c, PT_TIER_CLEAN);
-            return pt_fail(err, errlen, rc, "optimizer_step: the disk tier failed reading chunk %d", c->id);
-        }
-        pt_cs_chunk_norms(st, c, c->t_n_micro > 1);
-        if (img) pt_tier_drop(st, c, PT_TIER_CLEAN);
+        int rc = pt_cs_chunk_norms_held(st, c, c->t_n_micro > 1, err, errlen);
+        if (rc) return rc;
     }
     return PT_OK;
 }

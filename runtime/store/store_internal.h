@@ -223,6 +223,10 @@ int pt_ms_check_pinned(pt_store *st, uint64_t need, char *err, size_t errlen);
 /* The pinned bytes the chunks may take: [memory] pinned_budget, or auto 90% of
  * MemAvailable. */
 uint64_t pt_ms_pinned_limit(const pt_store *st);
+/* Pinned bytes a profiling run times the copy rates with, at chunk size s:
+ * max(2 s, 64 KiB) (profiler_hw.c; where the budget leaves less it times at
+ * what is left). */
+uint64_t pt_ms_profile_pinned(uint64_t s);
 
 /* The device backend's op table and its instance (one helper for the store). */
 static inline const pt_gpu_backend *OPS(pt_store *st) { return pt_gpu_ops(st->env.gpu); }
@@ -279,6 +283,9 @@ int pt_cs_tp_size(const pt_store *st);
 /* Squared norms of chunk c's parameters into psq[], from the fp32 accumulator
  * (from_acc) or the staged gradient. */
 void pt_cs_chunk_norms(pt_store *st, cs_chunk *c, int from_acc);
+/* The same on the hook thread after the chunk's tasks: a whole image on the
+ * disk tier is held in a staging slot meanwhile. Non-zero: the tier failed. */
+int pt_cs_chunk_norms_held(pt_store *st, cs_chunk *c, int from_acc, char *err, size_t errlen);
 /* Data parallel (env.coll): every trainable gradient becomes the mean over the
  * ranks, before clipping and the optimizer (dist_grad.c). */
 int pt_cs_dist_reduce(pt_store *st, char *err, size_t errlen);
